@@ -1,0 +1,102 @@
+"""The backend contract: what a model runtime must do, and nothing about serving.
+
+A backend never sees HTTP, tenants, queues or priorities. It loads a model, tells
+what tensors it takes and gives, runs one batch at a time, and unloads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from sordino.inference import Tensor
+
+__all__ = ["Backend", "BackendStatistics", "ModelMetadata", "TensorSpec"]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One input or output of a model.
+
+    ``shape`` is the full shape as the model declares it, batch dimension included
+    when ``batched`` is true; ``-1`` marks a dimension of any size. ``datatype`` is
+    the KServe v2 name (``FP32``, ``INT64``, ``BYTES``, ...).
+    """
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    @property
+    def item_shape(self) -> tuple[int, ...]:
+        """The shape of one batch item (``shape`` without the leading batch dimension)."""
+        return self.shape[1:]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelMetadata:
+    """What a loaded model takes and gives.
+
+    ``batched`` is true when every input and output has a leading batch dimension
+    of variable size, so requests can be stacked along it.
+    """
+
+    name: str
+    version: str
+    platform: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    batched: bool
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def input(self, name: str) -> TensorSpec | None:
+        """Return the input called ``name``, or None."""
+        for spec in self.inputs:
+            if spec.name == name:
+                return spec
+        return None
+
+    def output(self, name: str) -> TensorSpec | None:
+        """Return the output called ``name``, or None."""
+        for spec in self.outputs:
+            if spec.name == name:
+                return spec
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class BackendStatistics:
+    """Counters a backend keeps about its own work."""
+
+    batches: int
+    items: int
+    failures: int
+    busy_seconds: float
+
+
+class Backend(Protocol):
+    """A loaded model that runs batches.
+
+    ``infer`` is called from a worker thread, one batch at a time per backend
+    instance; it must not touch the event loop.
+    """
+
+    @property
+    def metadata(self) -> ModelMetadata: ...
+
+    def load(self, model_path: Path, device: str) -> None:
+        """Load the model from ``model_path`` onto ``device`` (``cpu``, ``cuda:0``, ...)."""
+        ...
+
+    def infer(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Run one batch; return every output the model declares, keyed by name."""
+        ...
+
+    def unload(self) -> None:
+        """Release the model's resources. The backend is unusable afterwards."""
+        ...
+
+    def statistics(self) -> BackendStatistics:
+        """Return a snapshot of this backend's counters."""
+        ...

@@ -1,0 +1,167 @@
+"""The one error hierarchy of sordino.
+
+Every error a client or an operator can see is one of these. ``protocol/status.py``
+is the only place that turns them into HTTP statuses and gRPC codes; the messages
+are written for the person who has to fix the problem, so they name the offending
+value and what would have been accepted.
+
+::
+
+    SordinoError
+    ├── ConfigError                  bad configuration (start-up stops)
+    ├── ModelLoadError               a model file or repository entry cannot be loaded
+    ├── InvalidRequest               400: the request itself is wrong
+    │   ├── MalformedBody            not JSON, bad binary framing, body too large (413)
+    │   └── TensorError              wrong datatype, shape, element count, tensor name
+    ├── NotFound                     404: unknown model, version, or route
+    ├── Unavailable                  503: the server cannot take it now
+    │   ├── ModelNotReady            model loading, draining or unloaded
+    │   ├── QueueFull                the queue is at its limit (Retry-After)
+    │   ├── QueueTimeout             the request's deadline passed while it waited
+    │   └── ShuttingDown             the server is stopping
+    ├── RateLimited                  429: a rate limit (Retry-After)
+    ├── Unsupported                  400: a feature that is configured or asked for but not
+    │                                implemented; never silently ignored
+    ├── Cancelled                    the client cancelled the request
+    └── InferenceFailed              500: the backend raised while running the batch
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "Cancelled",
+    "ConfigError",
+    "InferenceFailed",
+    "InvalidRequest",
+    "MalformedBody",
+    "ModelLoadError",
+    "ModelNotReady",
+    "NotFound",
+    "QueueFull",
+    "QueueTimeout",
+    "RateLimited",
+    "ShuttingDown",
+    "SordinoError",
+    "TensorError",
+    "Unavailable",
+    "Unsupported",
+]
+
+
+class SordinoError(Exception):
+    """Base of every error sordino raises on purpose.
+
+    ``reason`` is a short machine-readable label used as a metrics label value.
+    """
+
+    reason: str = "error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ConfigError(SordinoError):
+    """The configuration is invalid; the message names the key, the value and what is allowed."""
+
+    reason = "config"
+
+
+class ModelLoadError(SordinoError):
+    """A model could not be loaded from disk."""
+
+    reason = "model_load"
+
+
+class InvalidRequest(SordinoError):
+    """The request is wrong and retrying it unchanged cannot succeed."""
+
+    reason = "invalid_request"
+
+
+class MalformedBody(InvalidRequest):
+    """The body cannot be parsed: bad JSON, bad binary framing, or too large."""
+
+    reason = "malformed_body"
+
+    def __init__(self, message: str, *, too_large: bool = False) -> None:
+        super().__init__(message)
+        self.too_large = too_large
+
+
+class TensorError(InvalidRequest):
+    """A tensor does not match the model: name, datatype, shape or element count."""
+
+    reason = "bad_tensor"
+
+
+class NotFound(SordinoError):
+    """The model, version or resource does not exist."""
+
+    reason = "not_found"
+
+
+class Unavailable(SordinoError):
+    """The server cannot take the request now; a later retry may succeed."""
+
+    reason = "unavailable"
+    retry_after_s: float | None = None
+
+
+class ModelNotReady(Unavailable):
+    """The model exists but is not serving (loading, draining, unloaded)."""
+
+    reason = "model_not_ready"
+
+
+class QueueFull(Unavailable):
+    """The model's queue is at its configured limit."""
+
+    reason = "queue_full"
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class QueueTimeout(Unavailable):
+    """The request's deadline passed while it waited in the queue; it was never run."""
+
+    reason = "queue_timeout"
+
+
+class ShuttingDown(Unavailable):
+    """The server is stopping and takes no new work."""
+
+    reason = "shutting_down"
+
+
+class RateLimited(SordinoError):
+    """A rate limit refused the request; retry after ``retry_after_s``."""
+
+    reason = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class Unsupported(SordinoError):
+    """A feature was asked for that sordino does not implement (yet)."""
+
+    reason = "unsupported"
+
+
+class Cancelled(SordinoError):
+    """The client cancelled the request before it ran."""
+
+    reason = "cancelled"
+
+
+class InferenceFailed(SordinoError):
+    """The backend raised while running the batch that held this request."""
+
+    reason = "inference_failed"

@@ -1,0 +1,71 @@
+"""The request and response records that travel past the protocol layer.
+
+The protocol layer decodes HTTP (and later gRPC) bodies into :class:`InferRequest`
+and encodes :class:`InferResponse` back; nothing below it sees wire formats.
+Tensors are numpy arrays here: numeric datatypes use their numpy dtype, ``BYTES``
+tensors are ``object`` arrays of ``bytes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["InferRequest", "InferResponse", "RequestedOutput", "Tensor"]
+
+Tensor = npt.NDArray[Any]
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    """One output the client asked for, and how it wants it encoded.
+
+    ``binary`` is ``None`` when the client did not say; the encoder then applies the
+    request-wide ``binary_data_output`` parameter.
+    """
+
+    name: str
+    binary: bool | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferRequest:
+    """One decoded inference request.
+
+    ``inputs`` maps input names to arrays whose shape includes the batch dimension
+    when the model batches. ``outputs`` is ``None`` when the client asked for every
+    output. ``parameters`` holds the request-level parameters as sent (priority,
+    timeout, tag, binary_data_output, ...); admission reads them.
+    """
+
+    model: str
+    inputs: dict[str, Tensor]
+    version: str | None = None
+    id: str | None = None
+    outputs: list[RequestedOutput] | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    input_datatypes: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferResponse:
+    """The result of one request: its outputs, in the order the model declares them."""
+
+    model: str
+    version: str
+    outputs: dict[str, Tensor]
+    output_datatypes: dict[str, str]
+    id: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+def batch_size_of(inputs: dict[str, Tensor]) -> int:
+    """Return the size of the leading (batch) dimension shared by ``inputs``."""
+    first = next(iter(inputs.values()))
+    return int(first.shape[0]) if first.ndim else 1
+
