@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["InferRequest", "InferResponse", "RequestedOutput", "Tensor"]
+__all__ = ["InferRequest", "InferResponse", "ModelKey", "RequestedOutput", "Tensor"]
 
 Tensor = npt.NDArray[Any]
 
@@ -69,3 +69,14 @@ def batch_size_of(inputs: dict[str, Tensor]) -> int:
     first = next(iter(inputs.values()))
     return int(first.shape[0]) if first.ndim else 1
 
+
+
+@dataclass(frozen=True, slots=True)
+class ModelKey:
+    """A loaded model version: what the executor and the statistics are keyed by."""
+
+    name: str
+    version: str
+
+    def __str__(self) -> str:
+        return f"{self.name}/{self.version}"

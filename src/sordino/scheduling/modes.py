@@ -1,0 +1,279 @@
+"""Scheduler modes: how each one turns the configured numbers into a batch policy.
+
+==================  ===========================================================
+mode                what it does
+==================  ===========================================================
+manual              the configured numbers exactly (Triton's dynamic batcher)
+conservative        batch cap halved, queue capped at 4 batches per instance:
+                    headroom over throughput
+ultra_low_latency   never waits to fill a batch (delay 0); still runs together
+                    whatever queued while the model was busy
+adaptive            AIMD toward ``slo_p99_ms``: the batch cap and the wait grow
+                    additively while p99 has room and are cut multiplicatively
+                    when p99 passes the SLO; never waits when the arrival rate
+                    says the wait cannot fill the batch
+auto                measures the model's batch-latency curve at load: if batching
+                    does not pay (speedup < 1.5x at the largest size) it runs as
+                    ultra_low_latency, otherwise as adaptive
+hybrid              measures the curve and caps the batch at the largest size whose
+                    latency fits in a quarter of the SLO, then tunes the wait
+                    adaptively under that cap
+==================  ===========================================================
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Literal, Protocol
+
+from sordino.clock import Clock
+from sordino.scheduling.batcher import BatchPolicy
+
+__all__ = [
+    "AimdController",
+    "BatchCurve",
+    "ControllerStatistics",
+    "Mode",
+    "ModeController",
+    "StaticController",
+    "build_controller",
+    "measure_batch_curve",
+]
+
+Mode = Literal["auto", "manual", "hybrid", "adaptive", "conservative", "ultra_low_latency"]
+
+AUTO_MIN_SPEEDUP = 1.5
+CONSERVATIVE_BATCHES_QUEUED = 4
+HYBRID_SLO_SHARE = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class BatchCurve:
+    """Measured latency (seconds) of one batch at each batch size."""
+
+    sizes: tuple[int, ...]
+    latencies_s: tuple[float, ...]
+
+    def speedup(self) -> float:
+        """Return throughput at the largest size over throughput at size 1."""
+        if len(self.sizes) < 2 or self.latencies_s[-1] <= 0:
+            return 1.0
+        per_item_1 = self.latencies_s[0] / self.sizes[0]
+        per_item_n = self.latencies_s[-1] / self.sizes[-1]
+        return per_item_1 / per_item_n if per_item_n > 0 else 1.0
+
+    def largest_within(self, budget_s: float) -> int:
+        """Return the largest measured size whose batch latency fits ``budget_s`` (at least 1)."""
+        fitting = [s for s, lat in zip(self.sizes, self.latencies_s, strict=True) if lat <= budget_s]
+        return max(fitting) if fitting else 1
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerStatistics:
+    """What a mode controller is doing now."""
+
+    mode: str
+    effective_mode: str
+    max_batch: int
+    max_delay_s: float
+    p99_s: float | None
+    adjustments: int
+
+
+class ModeController(Protocol):
+    """Owns the current batch policy of one model and may adapt it from observations."""
+
+    def policy(self) -> BatchPolicy:
+        """Return the batch policy to use for the next decision."""
+        ...
+
+    def observe(self, now: float, latency_s: float) -> None:
+        """Record one finished request's end-to-end latency."""
+        ...
+
+    def statistics(self) -> ControllerStatistics:
+        """Return what the controller is doing now."""
+        ...
+
+
+class StaticController:
+    """A fixed policy (manual, conservative, ultra_low_latency)."""
+
+    def __init__(self, mode: str, policy: BatchPolicy, effective_mode: str | None = None) -> None:
+        self._mode = mode
+        self._effective = effective_mode or mode
+        self._policy = policy
+
+    def policy(self) -> BatchPolicy:
+        return self._policy
+
+    def observe(self, now: float, latency_s: float) -> None:
+        return None
+
+    def statistics(self) -> ControllerStatistics:
+        return ControllerStatistics(
+            self._mode, self._effective, self._policy.max_batch, self._policy.max_delay_s, None, 0
+        )
+
+
+class AimdController:
+    """Additive-increase, multiplicative-decrease tuning toward a p99 latency target.
+
+    Every ``interval_s`` with at least ``min_samples`` latencies in the last
+    ``window_s``: p99 above the SLO cuts the batch cap by ``decrease`` and halves the
+    wait; p99 under ``headroom`` x SLO grows the cap by one and the wait by an eighth
+    of its ceiling. Both stay within the configured ceilings.
+    """
+
+    def __init__(
+        self,
+        mode: str,
+        ceiling: BatchPolicy,
+        slo_s: float,
+        *,
+        effective_mode: str = "adaptive",
+        window_s: float = 2.0,
+        interval_s: float = 0.5,
+        min_samples: int = 20,
+        decrease: float = 0.75,
+        headroom: float = 0.7,
+    ) -> None:
+        self._mode = mode
+        self._effective = effective_mode
+        self._ceiling = ceiling
+        self._slo_s = slo_s
+        self._window_s = window_s
+        self._interval_s = interval_s
+        self._min_samples = min_samples
+        self._decrease = decrease
+        self._headroom = headroom
+        self._samples: deque[tuple[float, float]] = deque()
+        self._next_adjust: float | None = None
+        self._p99: float | None = None
+        self._adjustments = 0
+        self._policy = replace(ceiling, predictive=True)
+
+    def policy(self) -> BatchPolicy:
+        return self._policy
+
+    def observe(self, now: float, latency_s: float) -> None:
+        self._samples.append((now, latency_s))
+        if self._next_adjust is None:
+            self._next_adjust = now + self._interval_s
+        if now < self._next_adjust:
+            return
+        self._next_adjust = now + self._interval_s
+        while self._samples and self._samples[0][0] < now - self._window_s:
+            self._samples.popleft()
+        if len(self._samples) < self._min_samples:
+            return
+        latencies = sorted(lat for _, lat in self._samples)
+        p99 = latencies[min(len(latencies) - 1, math.ceil(0.99 * len(latencies)) - 1)]
+        self._p99 = p99
+        current = self._policy
+        if p99 > self._slo_s:
+            cap = max(1, math.floor(current.max_batch * self._decrease))
+            delay = current.max_delay_s / 2
+        elif p99 < self._headroom * self._slo_s:
+            cap = min(self._ceiling.max_batch, current.max_batch + 1)
+            delay = min(self._ceiling.max_delay_s, current.max_delay_s + self._ceiling.max_delay_s / 8)
+        else:
+            return
+        if cap != current.max_batch or delay != current.max_delay_s:
+            self._adjustments += 1
+            self._policy = replace(current, max_batch=cap, max_delay_s=delay,
+                                   min_batch=min(current.min_batch, cap))
+
+    def statistics(self) -> ControllerStatistics:
+        return ControllerStatistics(
+            self._mode,
+            self._effective,
+            self._policy.max_batch,
+            self._policy.max_delay_s,
+            self._p99,
+            self._adjustments,
+        )
+
+
+def build_controller(
+    mode: Mode, configured: BatchPolicy, slo_s: float, curve: BatchCurve | None = None
+) -> ModeController:
+    """Return the controller implementing ``mode`` over the ``configured`` numbers.
+
+    ``auto`` and ``hybrid`` need the model's measured ``curve``; without one (a model
+    that does not batch) they fall back to the configured numbers.
+    """
+    if configured.max_batch <= 1:
+        return StaticController(mode, replace(configured, max_batch=1, max_delay_s=0.0), "manual")
+    if mode == "manual":
+        return StaticController(mode, configured)
+    if mode == "conservative":
+        return StaticController(mode, conservative_policy(configured))
+    if mode == "ultra_low_latency":
+        return StaticController(mode, ultra_low_latency_policy(configured))
+    if mode == "adaptive":
+        return AimdController(mode, configured, slo_s)
+    if curve is None:
+        return AimdController(mode, configured, slo_s)
+    if mode == "auto":
+        if curve.speedup() < AUTO_MIN_SPEEDUP:
+            return StaticController(mode, ultra_low_latency_policy(configured), "ultra_low_latency")
+        return AimdController(mode, configured, slo_s)
+    cap = min(configured.max_batch, curve.largest_within(slo_s * HYBRID_SLO_SHARE))
+    capped = replace(
+        configured,
+        max_batch=cap,
+        min_batch=min(configured.min_batch, cap),
+        preferred=tuple(p for p in configured.preferred if p <= cap),
+    )
+    return AimdController(mode, capped, slo_s, effective_mode="adaptive")
+
+
+def conservative_policy(configured: BatchPolicy) -> BatchPolicy:
+    """Halve the batch cap (at least 1): smaller batches leave latency headroom."""
+    cap = max(1, configured.max_batch // 2)
+    return replace(
+        configured,
+        max_batch=cap,
+        min_batch=min(configured.min_batch, cap),
+        preferred=tuple(p for p in configured.preferred if p <= cap),
+    )
+
+
+def conservative_queue_size(max_queue_size: int, max_batch: int, instances: int) -> int:
+    """Cap the queue at a few batches per instance so a backlog cannot build up."""
+    return max(1, min(max_queue_size, CONSERVATIVE_BATCHES_QUEUED * max_batch * instances))
+
+
+def ultra_low_latency_policy(configured: BatchPolicy) -> BatchPolicy:
+    """Never wait: run whatever is queued the moment the model is free."""
+    return replace(configured, min_batch=1, max_delay_s=0.0, preferred=(), predictive=False)
+
+
+async def measure_batch_curve(
+    run: Callable[[int], Awaitable[None]],
+    clock: Clock,
+    max_batch: int,
+    *,
+    repeats: int = 3,
+) -> BatchCurve:
+    """Time ``run(batch_size)`` at 1, 2, 4, ... up to ``max_batch``; keep each size's median."""
+    sizes: list[int] = []
+    size = 1
+    while size < max_batch:
+        sizes.append(size)
+        size *= 2
+    sizes.append(max_batch)
+    latencies: list[float] = []
+    await run(1)  # warm-up: first runs pay for lazy initialisation
+    for size in sizes:
+        samples = []
+        for _ in range(repeats):
+            start = clock.now()
+            await run(size)
+            samples.append(clock.now() - start)
+        latencies.append(sorted(samples)[len(samples) // 2])
+    return BatchCurve(tuple(sizes), tuple(latencies))

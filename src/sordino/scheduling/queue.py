@@ -1,0 +1,196 @@
+"""The per-model request queue: priority levels, a size limit, deadlines.
+
+Triton semantics: priority 1 is the highest; within a level, arrival order. Items
+whose deadline passed are either removed (REJECT) or kept behind the items of their
+level that have not expired (DELAY). The queue never grows past ``max_size`` items.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from sordino.errors import QueueFull
+from sordino.scheduling.work import Signature, WorkItem
+
+__all__ = ["QueueStatistics", "RequestQueue"]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatistics:
+    """A snapshot of one model's queue."""
+
+    depth: int
+    rows: int
+    max_size: int
+    depth_by_priority: tuple[int, ...]
+    oldest_arrival: float | None
+
+
+class RequestQueue:
+    """Priority-ordered work items with a hard size limit.
+
+    The queue does no waiting of its own: the scheduler asks it for the batch to run
+    and for items whose deadlines have passed.
+    """
+
+    def __init__(self, *, priority_levels: int, max_size: int, delay_expired: bool) -> None:
+        if priority_levels < 1:
+            raise ValueError("priority_levels must be >= 1")
+        self._levels: list[deque[WorkItem]] = [deque() for _ in range(priority_levels)]
+        self._delayed: list[deque[WorkItem]] = [deque() for _ in range(priority_levels)]
+        self._deadlines: list[tuple[float, int, WorkItem]] = []
+        self._queued: set[WorkItem] = set()
+        self._rows = 0
+        self.max_size = max_size
+        self.delay_expired = delay_expired
+
+    def __len__(self) -> int:
+        return len(self._queued)
+
+    @property
+    def rows(self) -> int:
+        """Total batch rows of every queued item."""
+        return self._rows
+
+    def put_nowait(self, item: WorkItem) -> None:
+        """Queue ``item``, or raise :class:`QueueFull` at once if the queue is at its limit."""
+        if len(self._queued) >= self.max_size:
+            raise QueueFull(
+                f"the queue is full ({self.max_size} requests waiting); retry later or raise "
+                "max_queue_size in the model's queue policy",
+            )
+        if not 1 <= item.priority <= len(self._levels):
+            raise ValueError(f"priority {item.priority} outside 1..{len(self._levels)}")
+        self._levels[item.priority - 1].append(item)
+        self._queued.add(item)
+        self._rows += item.rows
+        if item.deadline is not None:
+            heapq.heappush(self._deadlines, (item.deadline, item.seq, item))
+
+    def remove(self, item: WorkItem) -> bool:
+        """Take ``item`` out of the queue (cancellation). Return False if it was not queued."""
+        if item not in self._queued:
+            return False
+        level = (self._delayed if item.delayed else self._levels)[item.priority - 1]
+        level.remove(item)
+        self._forget(item)
+        return True
+
+    def next_deadline(self) -> float | None:
+        """Return the earliest deadline of an item that is still queued and not yet delayed."""
+        while self._deadlines:
+            _, _, item = self._deadlines[0]
+            if item in self._queued and not item.delayed:
+                return self._deadlines[0][0]
+            heapq.heappop(self._deadlines)
+        return None
+
+    def expire(self, now: float) -> list[WorkItem]:
+        """Handle every item whose deadline is ``<= now``.
+
+        Under REJECT they are removed and returned (the caller fails them); under
+        DELAY they move behind the unexpired items of their level and nothing is
+        returned.
+        """
+        rejected: list[WorkItem] = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, item = heapq.heappop(self._deadlines)
+            if item not in self._queued or item.delayed:
+                continue
+            self._levels[item.priority - 1].remove(item)
+            if self.delay_expired:
+                item.delayed = True
+                self._delayed[item.priority - 1].append(item)
+            else:
+                self._forget(item)
+                rejected.append(item)
+        return rejected
+
+    def oldest_arrival(self) -> float | None:
+        """Return the arrival time of the longest-waiting queued item."""
+        arrivals = [level[0].arrival for level in self._iter_levels() if level]
+        return min(arrivals) if arrivals else None
+
+    def head(self) -> WorkItem | None:
+        """Return the item that runs next: highest priority, then arrival order."""
+        for level in self._iter_levels():
+            if level:
+                return level[0]
+        return None
+
+    def compatible_rows(self, signature: Signature, limit: int) -> int:
+        """Count the rows of queued items matching ``signature``, stopping once past ``limit``."""
+        total = 0
+        for item in self._iter_items():
+            if item.signature == signature:
+                total += item.rows
+                if total >= limit:
+                    break
+        return total
+
+    def take(self, signature: Signature, max_rows: int) -> list[WorkItem]:
+        """Remove and return items for one batch, in priority order.
+
+        Takes items matching ``signature`` while their rows fit in ``max_rows``; the
+        first matching item is always taken, even if it alone exceeds the limit.
+        Items that do not match or do not fit stay queued in place.
+        """
+        taken: list[WorkItem] = []
+        rows = 0
+        for level in self._iter_levels():
+            kept: list[WorkItem] = []
+            while level:
+                item = level.popleft()
+                if item.signature == signature and (not taken or rows + item.rows <= max_rows):
+                    taken.append(item)
+                    rows += item.rows
+                    self._forget(item)
+                    if rows >= max_rows:
+                        break
+                else:
+                    kept.append(item)
+            level.extendleft(reversed(kept))
+            if rows >= max_rows:
+                break
+        return taken
+
+    def drain(self) -> list[WorkItem]:
+        """Remove and return every queued item (shutdown)."""
+        items = list(self._iter_items())
+        for level in self._iter_levels():
+            level.clear()
+        self._queued.clear()
+        self._deadlines.clear()
+        self._rows = 0
+        return items
+
+    def statistics(self) -> QueueStatistics:
+        """Return a snapshot of the queue."""
+        by_priority = tuple(
+            len(a) + len(b) for a, b in zip(self._levels, self._delayed, strict=True)
+        )
+        return QueueStatistics(
+            depth=len(self._queued),
+            rows=self._rows,
+            max_size=self.max_size,
+            depth_by_priority=by_priority,
+            oldest_arrival=self.oldest_arrival(),
+        )
+
+    def _iter_levels(self) -> Iterator[deque[WorkItem]]:
+        # Delayed items of a level run after that level's unexpired items but before
+        # the next lower priority level, as Triton's DELAY action does.
+        for regular, delayed in zip(self._levels, self._delayed, strict=True):
+            yield regular
+            yield delayed
+
+    def _iter_items(self) -> Iterator[WorkItem]:
+        for level in self._iter_levels():
+            yield from level
+
+    def _forget(self, item: WorkItem) -> None:
+        self._queued.discard(item)
+        self._rows -= item.rows

@@ -1,0 +1,44 @@
+"""Scripted executors: run batches with a chosen latency, record them, fail on demand."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sordino.clock import Clock
+from sordino.inference import ModelKey, Tensor
+
+__all__ = ["ScriptedExecutor"]
+
+
+@dataclass
+class ScriptedExecutor:
+    """An :class:`sordino.execution.Executor` whose model is a Python function.
+
+    Each batch takes ``latency(rows)`` seconds of ``clock`` time; ``fn`` maps the
+    batch inputs to outputs (identity by default). Every batch's row count is kept
+    in ``batches`` so tests can assert how requests were grouped. Set ``fail`` to an
+    exception to make the next batches raise it.
+    """
+
+    clock: Clock
+    latency: Callable[[int], float] = lambda rows: 0.0
+    fn: Callable[[dict[str, Tensor]], dict[str, Tensor]] = lambda batch: dict(batch)
+    count: int = 1
+    fail: Exception | None = None
+    batches: list[int] = field(default_factory=list)
+    contents: list[dict[str, Tensor]] = field(default_factory=list)
+
+    def instances(self, model: ModelKey) -> int:
+        return self.count
+
+    async def run(self, model: ModelKey, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        rows = int(next(iter(batch.values())).shape[0]) if batch else 0
+        self.batches.append(rows)
+        self.contents.append(batch)
+        delay = self.latency(rows)
+        if delay > 0:
+            await self.clock.sleep(delay)
+        if self.fail is not None:
+            raise self.fail
+        return self.fn(batch)

@@ -1,0 +1,77 @@
+"""Mode controllers: AIMD steering, auto and hybrid choices from a batch curve."""
+
+from __future__ import annotations
+
+from sordino.scheduling.batcher import BatchPolicy
+from sordino.scheduling.modes import AimdController, BatchCurve, build_controller, measure_batch_curve
+from sordino.testing import VirtualClock
+
+CEILING = BatchPolicy(max_batch=16, max_delay_s=0.016)
+
+
+def _feed(ctl: AimdController, start: float, latency: float, n: int = 50) -> float:
+    t = start
+    for _ in range(n):
+        t += 0.02
+        ctl.observe(t, latency)
+    return t
+
+
+def test_aimd_cuts_when_p99_passes_slo() -> None:
+    ctl = AimdController("adaptive", CEILING, slo_s=0.1)
+    _feed(ctl, 0.0, 0.5)
+    assert ctl.policy().max_batch < 16
+    assert ctl.policy().max_delay_s < 0.016
+
+
+def test_aimd_grows_back_while_latency_has_room() -> None:
+    ctl = AimdController("adaptive", CEILING, slo_s=0.1)
+    t = _feed(ctl, 0.0, 0.5)
+    low = ctl.policy().max_batch
+    _feed(ctl, t + 10, 0.001, n=400)
+    assert ctl.policy().max_batch > low
+    assert ctl.policy().max_batch <= 16
+
+
+def test_aimd_holds_inside_band() -> None:
+    ctl = AimdController("adaptive", CEILING, slo_s=0.1)
+    _feed(ctl, 0.0, 0.085)
+    assert ctl.policy().max_batch == 16
+    assert ctl.statistics().adjustments == 0
+
+
+def test_auto_picks_ultra_low_latency_when_batching_does_not_pay() -> None:
+    linear = BatchCurve((1, 2, 4, 8), (0.001, 0.002, 0.004, 0.008))
+    ctl = build_controller("auto", BatchPolicy(max_batch=8, max_delay_s=0.01), 0.1, linear)
+    assert ctl.statistics().effective_mode == "ultra_low_latency"
+    assert ctl.policy().max_delay_s == 0.0
+
+
+def test_auto_picks_adaptive_when_batching_pays() -> None:
+    flat = BatchCurve((1, 2, 4, 8), (0.001, 0.001, 0.0012, 0.0015))
+    ctl = build_controller("auto", BatchPolicy(max_batch=8, max_delay_s=0.01), 0.1, flat)
+    assert ctl.statistics().effective_mode == "adaptive"
+
+
+def test_hybrid_caps_batch_to_slo_share() -> None:
+    curve = BatchCurve((1, 2, 4, 8), (0.005, 0.01, 0.02, 0.04))
+    ctl = build_controller("hybrid", BatchPolicy(max_batch=8, max_delay_s=0.01), 0.1, curve)
+    assert ctl.policy().max_batch == 4  # 4 rows take 20 ms <= 25 ms (a quarter of 100 ms)
+
+
+def test_unbatched_model_gets_batch_of_one() -> None:
+    ctl = build_controller("adaptive", BatchPolicy(max_batch=1, max_delay_s=0.01), 0.1)
+    assert ctl.policy().max_batch == 1 and ctl.policy().max_delay_s == 0.0
+
+
+async def test_measure_batch_curve_times_each_size() -> None:
+    clock = VirtualClock()
+    seen: list[int] = []
+
+    async def run(size: int) -> None:
+        seen.append(size)
+        clock._now += 0.001 * size  # the model takes 1 ms per row
+
+    curve = await measure_batch_curve(run, clock, 8, repeats=1)
+    assert curve.sizes == (1, 2, 4, 8)
+    assert [round(x, 6) for x in curve.latencies_s] == [0.001, 0.002, 0.004, 0.008]

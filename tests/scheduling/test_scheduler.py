@@ -1,0 +1,281 @@
+"""ModelScheduler on a virtual clock: ordering, batching, deadlines, modes, accounting."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from sordino.errors import InferenceFailed, QueueFull, QueueTimeout, ShuttingDown
+from sordino.inference import ModelKey
+from sordino.scheduling.batcher import BatchPolicy
+from sordino.scheduling.modes import StaticController, build_controller
+from sordino.scheduling.scheduler import ModelScheduler, QueueSettings
+from sordino.testing import ScriptedExecutor, VirtualClock
+
+KEY = ModelKey("m", "1")
+
+
+def _scheduler(
+    clock: VirtualClock,
+    executor: ScriptedExecutor,
+    policy: BatchPolicy | None = None,
+    settings: QueueSettings | None = None,
+    mode: str = "manual",
+) -> ModelScheduler:
+    policy = policy or BatchPolicy(max_batch=8, max_delay_s=0.010)
+    controller = build_controller(mode, policy, slo_s=0.1)  # type: ignore[arg-type]
+    sched = ModelScheduler(
+        KEY,
+        batched=True,
+        executor=executor,
+        controller=controller,
+        settings=settings or QueueSettings(),
+        clock=clock,
+    )
+    sched.start()
+    return sched
+
+
+def _x(value: float, rows: int = 1) -> dict[str, np.ndarray]:
+    return {"x": np.full((rows, 2), value, dtype=np.float32)}
+
+
+async def test_concurrent_requests_share_a_batch_and_get_their_own_rows() -> None:
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, fn=lambda b: {"y": b["x"] * 2})
+    sched = _scheduler(clock, executor)
+    tasks = [asyncio.create_task(sched.infer(_x(i), priority=2)) for i in range(5)]
+    await clock.advance(0.02)
+    results = await asyncio.gather(*tasks)
+    assert executor.batches == [5]
+    for i, out in enumerate(results):
+        np.testing.assert_array_equal(out["y"], np.full((1, 2), 2 * i, dtype=np.float32))
+    await sched.close()
+
+
+async def test_batch_waits_no_longer_than_delay() -> None:
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=8, max_delay_s=0.010))
+    task = asyncio.create_task(sched.infer(_x(1), priority=2))
+    await clock.advance(0.009)
+    assert executor.batches == []
+    await clock.advance(0.002)
+    assert executor.batches == [1]
+    await task
+    await sched.close()
+
+
+async def test_full_batch_does_not_wait() -> None:
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=4, max_delay_s=10.0))
+    tasks = [asyncio.create_task(sched.infer(_x(i), priority=2)) for i in range(4)]
+    await clock.settle()
+    assert executor.batches == [4]
+    await asyncio.gather(*tasks)
+    await sched.close()
+
+
+async def test_max_batch_splits_large_backlog() -> None:
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 0.005)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=4, max_delay_s=0.001))
+    tasks = [asyncio.create_task(sched.infer(_x(i), priority=2)) for i in range(10)]
+    await clock.advance(0.1)
+    await asyncio.gather(*tasks)
+    assert executor.batches == [4, 4, 2]
+    await sched.close()
+
+
+async def test_high_priority_is_batched_first() -> None:
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 0.005)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=2, max_delay_s=0.0))
+    # The first request occupies the only instance; the rest queue behind it.
+    first = asyncio.create_task(sched.infer(_x(0), priority=2))
+    await clock.settle()
+    low = [asyncio.create_task(sched.infer(_x(10 + i), priority=3)) for i in range(2)]
+    high = [asyncio.create_task(sched.infer(_x(20 + i), priority=1)) for i in range(2)]
+    await clock.advance(0.1)
+    await asyncio.gather(first, *low, *high)
+    order = [float(b["x"][0, 0]) for b in executor.contents]
+    assert order == [0.0, 20.0, 10.0]
+    await sched.close()
+
+
+async def test_different_shapes_never_share_a_batch() -> None:
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock)
+    sched = _scheduler(clock, executor)
+    a = asyncio.create_task(sched.infer({"x": np.zeros((1, 2), np.float32)}, priority=2))
+    b = asyncio.create_task(sched.infer({"x": np.zeros((1, 3), np.float32)}, priority=2))
+    await clock.advance(0.05)
+    await asyncio.gather(a, b)
+    assert sorted(executor.batches) == [1, 1]
+    await sched.close()
+
+
+async def test_expired_request_is_never_run() -> None:
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 1.0)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=1))
+    busy = asyncio.create_task(sched.infer(_x(0), priority=2))
+    await clock.settle()
+    waiting = asyncio.create_task(sched.infer(_x(1), priority=2, timeout_s=0.1))
+    await clock.advance(0.2)
+    with pytest.raises(QueueTimeout, match="timed out in the queue"):
+        await waiting
+    await clock.advance(1.0)
+    await busy
+    assert executor.batches == [1]
+    assert sched.statistics().timed_out == 1
+    await sched.close()
+
+
+async def test_full_queue_rejects_immediately() -> None:
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 1.0)
+    sched = _scheduler(
+        clock, executor, BatchPolicy(max_batch=1), QueueSettings(max_queue_size=2)
+    )
+    tasks = [asyncio.create_task(sched.infer(_x(0), priority=2))]
+    await clock.settle()  # the first runs
+    tasks += [asyncio.create_task(sched.infer(_x(i), priority=2)) for i in (1, 2)]
+    await clock.settle()  # two queue behind it
+    with pytest.raises(QueueFull):
+        sched.submit(_x(9), priority=2)
+    assert sched.statistics().rejected == 1
+    await clock.advance(5.0)
+    await asyncio.gather(*tasks)
+    await sched.close()
+
+
+async def test_backend_failure_fails_every_request_of_the_batch() -> None:
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, fail=RuntimeError("boom"))
+    sched = _scheduler(clock, executor)
+    tasks = [asyncio.create_task(sched.infer(_x(i), priority=2)) for i in range(3)]
+    await clock.advance(0.05)
+    for task in tasks:
+        with pytest.raises(InferenceFailed, match="boom"):
+            await task
+    stats = sched.statistics()
+    assert stats.failed == 3 and stats.succeeded == 0
+    await sched.close()
+
+
+async def test_cancelled_request_is_removed_and_counted() -> None:
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 1.0)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=1))
+    busy = asyncio.create_task(sched.infer(_x(0), priority=2))
+    await clock.settle()
+    queued = asyncio.create_task(sched.infer(_x(1), priority=2))
+    await clock.settle()
+    queued.cancel()
+    await clock.advance(2.0)
+    await busy
+    assert executor.batches == [1]
+    stats = sched.statistics()
+    assert stats.cancelled == 1
+    assert stats.accepted == stats.succeeded + stats.failed + stats.cancelled + stats.in_flight
+    await sched.close()
+
+
+async def test_close_drains_queued_work_and_refuses_new() -> None:
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 0.01)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=1))
+    tasks = [asyncio.create_task(sched.infer(_x(i), priority=2)) for i in range(3)]
+    await clock.settle()
+    closing = asyncio.create_task(sched.close())
+    await clock.settle()
+    with pytest.raises(ShuttingDown):
+        sched.submit(_x(9), priority=2)
+    await clock.advance(1.0)
+    await closing
+    assert len(await asyncio.gather(*tasks)) == 3
+
+
+async def test_close_without_drain_fails_queued_explicitly() -> None:
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 0.01)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=1))
+    tasks = [asyncio.create_task(sched.infer(_x(i), priority=2)) for i in range(3)]
+    await clock.settle()
+    closing = asyncio.create_task(sched.close(drain=False))
+    await clock.advance(1.0)
+    await closing
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert sum(isinstance(r, ShuttingDown) for r in results) == 2
+    stats = sched.statistics()
+    assert stats.accepted == stats.succeeded + stats.failed + stats.cancelled + stats.in_flight
+
+
+async def test_ultra_low_latency_never_waits() -> None:
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock)
+    sched = _scheduler(
+        clock, executor, BatchPolicy(max_batch=8, max_delay_s=1.0), mode="ultra_low_latency"
+    )
+    task = asyncio.create_task(sched.infer(_x(1), priority=2))
+    await clock.settle()
+    assert executor.batches == [1]
+    await task
+    await sched.close()
+
+
+async def test_manual_mode_waits_full_delay_at_light_load() -> None:
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=8, max_delay_s=0.05))
+    task = asyncio.create_task(sched.infer(_x(1), priority=2))
+    await clock.advance(0.04)
+    assert executor.batches == []
+    await clock.advance(0.02)
+    await task
+    await sched.close()
+
+
+async def test_adaptive_mode_does_not_add_delay_at_light_load() -> None:
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=8, max_delay_s=0.05), mode="adaptive")
+    for i in range(3):
+        task = asyncio.create_task(sched.infer(_x(i), priority=2))
+        await clock.settle()
+        assert executor.batches == [1] * (i + 1)  # ran without waiting for the delay
+        await task
+        await clock.advance(1.0)  # one request a second: light load
+    await sched.close()
+
+
+async def test_conservative_mode_halves_batches() -> None:
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=8, max_delay_s=0.01), mode="conservative")
+    tasks = [asyncio.create_task(sched.infer(_x(i), priority=2)) for i in range(8)]
+    await clock.advance(0.1)
+    await asyncio.gather(*tasks)
+    assert executor.batches == [4, 4]
+    await sched.close()
+
+
+async def test_two_instances_run_batches_concurrently() -> None:
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 0.1, count=2)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=1))
+    tasks = [asyncio.create_task(sched.infer(_x(i), priority=2)) for i in range(2)]
+    await clock.settle()
+    assert sched.statistics().running_batches == 2
+    await clock.advance(0.2)
+    await asyncio.gather(*tasks)
+    await sched.close()
+
+
+def test_static_controller_reports_its_policy() -> None:
+    stats = StaticController("manual", BatchPolicy(max_batch=4, max_delay_s=0.01)).statistics()
+    assert (stats.max_batch, stats.max_delay_s) == (4, 0.01)
