@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Literal, Protocol
 
 import numpy as np
@@ -111,7 +112,7 @@ class ModelScheduler:
         controller: ModeController,
         settings: QueueSettings,
         clock: Clock,
-        observer: SchedulerObserver | None = None,
+        observers: Sequence[SchedulerObserver] = (),
     ) -> None:
         self.model = model
         self.batched = batched
@@ -119,7 +120,7 @@ class ModelScheduler:
         self._executor = executor
         self._controller = controller
         self._clock = clock
-        self._observer = observer
+        self._observers = tuple(observers)
         self._queue = RequestQueue(
             priority_levels=settings.priority_levels,
             max_size=settings.max_queue_size,
@@ -374,8 +375,8 @@ class ModelScheduler:
         total = now - item.arrival
         if outcome == "success":
             self._controller.observe(now, total)
-        if self._observer is not None:
-            self._observer.request_done(
+        for observer in self._observers:
+            observer.request_done(
                 self.model,
                 outcome,
                 reason,
@@ -388,8 +389,8 @@ class ModelScheduler:
     def _batch_observed(
         self, rows: int, requests: int, input_s: float, infer_s: float, output_s: float, *, ok: bool
     ) -> None:
-        if self._observer is not None:
-            self._observer.batch_done(
+        for observer in self._observers:
+            observer.batch_done(
                 self.model,
                 rows=rows,
                 requests=requests,
@@ -400,8 +401,8 @@ class ModelScheduler:
             )
 
     def _queue_changed(self) -> None:
-        if self._observer is not None:
-            self._observer.queue_changed(self.model, len(self._queue))
+        for observer in self._observers:
+            observer.queue_changed(self.model, len(self._queue))
 
     def _note_arrival(self, now: float, rows: int) -> None:
         if self._last_arrival is not None:

@@ -1,0 +1,157 @@
+"""Admission: a chain of small callables run in order before a request is queued.
+
+A link is ``(request, context) -> None``: it may fill in the context (the priority,
+the deadline) or raise to refuse the request with an error that says why. New
+policies (auth, tenant quotas, memory admission, cache lookup) add a link; none
+edits the server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from sordino.errors import InvalidRequest, Unsupported
+from sordino.inference import InferRequest
+from sordino.scheduling.scheduler import QueueSettings
+
+__all__ = [
+    "AdmissionChain",
+    "AdmissionContext",
+    "Link",
+    "default_links",
+    "parse_priority",
+    "resolve_priority",
+    "resolve_timeout",
+    "reject_unsupported_parameters",
+]
+
+PRIORITY_NAMES = ("high", "normal", "low")
+TAG_HEADER = "x-sordino-tag"
+
+
+@dataclass(slots=True)
+class AdmissionContext:
+    """What admission knows about the target model, and what it decided.
+
+    ``priority_rules`` maps request tags to priorities (``stream_priority`` rules).
+    Links fill ``priority`` (1 = highest) and ``timeout_s`` (None = no deadline).
+    """
+
+    model: str
+    settings: QueueSettings
+    priority_rules: Mapping[str, int | str]
+    priority: int = 0
+    timeout_s: float | None = None
+
+
+Link = Callable[[InferRequest, AdmissionContext], None]
+
+
+class AdmissionChain:
+    """Runs its links in order; the first to raise refuses the request."""
+
+    def __init__(self, links: Sequence[Link]) -> None:
+        self.links = list(links)
+
+    def admit(self, request: InferRequest, context: AdmissionContext) -> AdmissionContext:
+        """Run every link on ``request``; return the filled ``context``."""
+        for link in self.links:
+            link(request, context)
+        return context
+
+
+def parse_priority(value: object, settings: QueueSettings, source: str) -> int:
+    """Turn a priority given as a number or as high/normal/low into a level.
+
+    0 means the model's default level, as in Triton. ``source`` names where the
+    value came from, for the error message.
+    """
+    levels = settings.priority_levels
+    if isinstance(value, str) and not value.strip().lstrip("-").isdigit():
+        name = value.strip().lower()
+        if name == "high":
+            return 1
+        if name == "low":
+            return levels
+        if name == "normal":
+            return settings.default_priority
+        raise InvalidRequest(
+            f"{source} {value!r} is not a priority: use a level 1..{levels} (1 is highest) "
+            "or one of high, normal, low"
+        )
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise InvalidRequest(f"{source} must be an integer 1..{levels} or high/normal/low")
+    level = int(value)
+    if level == 0:
+        return settings.default_priority
+    if not 1 <= level <= levels:
+        raise InvalidRequest(
+            f"{source} {level} is outside the model's priority levels 1..{levels} (1 is highest)"
+        )
+    return level
+
+
+def resolve_priority(request: InferRequest, context: AdmissionContext) -> None:
+    """Priority from ``parameters.priority``, else from the request's tag, else the default."""
+    params = request.parameters
+    if "priority" in params:
+        context.priority = parse_priority(params["priority"], context.settings, "priority")
+        return
+    tag = params.get("tag") or request.headers.get(TAG_HEADER)
+    if tag is not None:
+        if not isinstance(tag, str):
+            raise InvalidRequest("parameter 'tag' must be a string")
+        rule = context.priority_rules.get(tag)
+        if rule is not None:
+            context.priority = parse_priority(rule, context.settings, f"priority rule for tag {tag!r}")
+            return
+    context.priority = context.settings.default_priority
+
+
+def resolve_timeout(request: InferRequest, context: AdmissionContext) -> None:
+    """Deadline from ``parameters.timeout`` (microseconds, Triton's name), capped by policy.
+
+    A request may only shorten the model's default timeout, and only when the queue
+    policy allows overrides; without a default, its own timeout applies.
+    """
+    settings = context.settings
+    default = settings.default_timeout_s or None
+    value = request.parameters.get("timeout")
+    if value is None or not settings.allow_timeout_override:
+        context.timeout_s = default
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidRequest(
+            f"parameter 'timeout' must be a non-negative integer of microseconds, got {value!r}"
+        )
+    requested = value / 1e6 if value else None
+    if requested is None:
+        context.timeout_s = default
+    elif default is None:
+        context.timeout_s = requested
+    else:
+        context.timeout_s = min(requested, default)
+
+
+_UNSUPPORTED_PARAMETERS = {
+    "sequence_id": "sequence batching",
+    "sequence_start": "sequence batching",
+    "sequence_end": "sequence batching",
+}
+
+
+def reject_unsupported_parameters(request: InferRequest, context: AdmissionContext) -> None:
+    """Refuse parameters that ask for features sordino does not implement."""
+    for name, feature in _UNSUPPORTED_PARAMETERS.items():
+        value = request.parameters.get(name)
+        if value not in (None, 0, False, ""):
+            raise Unsupported(
+                f"parameter {name!r} asks for {feature}, which sordino does not support; "
+                "send the request without it"
+            )
+
+
+def default_links() -> list[Link]:
+    """The links every request goes through, in order."""
+    return [reject_unsupported_parameters, resolve_priority, resolve_timeout]

@@ -1,0 +1,24 @@
+"""The ``sordino`` command: one group, one module per subcommand."""
+
+from __future__ import annotations
+
+import click
+
+from sordino import __version__
+from sordino.cli.start import start
+
+__all__ = ["cli", "main"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="sordino")
+def cli() -> None:
+    """sordino: an inference runtime for AIGC services (KServe v2 over HTTP)."""
+
+
+cli.add_command(start)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli()

@@ -1,0 +1,146 @@
+"""``sordino start``: load models and serve them until Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from sordino.config import RuntimeConfig, load_config
+from sordino.errors import ConfigError, SordinoError
+from sordino.models.repository import (
+    ModelSource,
+    builtin_sources,
+    model_from_spec,
+    scan_repository,
+    sources_for,
+)
+from sordino.server.runtime import LoadedModel, Runtime
+from sordino.server.serve import HttpServer
+
+__all__ = ["collect_sources", "start"]
+
+log = logging.getLogger("sordino")
+
+
+def collect_sources(
+    config: RuntimeConfig, specs: tuple[str, ...], builtin: bool | None
+) -> list[ModelSource]:
+    """Every model version to load: config entries, ``--model`` specs, the repository.
+
+    The built-in models are added when ``builtin`` is true, or when it is None and
+    nothing else was given. Two models with the same name are a configuration error.
+    """
+    sources: list[ModelSource] = []
+    for model in config.models:
+        sources += sources_for(model)
+    for spec in specs:
+        sources += sources_for(model_from_spec(spec))
+    if config.model_repository is not None:
+        sources += scan_repository(config.model_repository)
+    if builtin or (builtin is None and not sources):
+        sources = builtin_sources() + sources
+    seen: dict[tuple[str, str], ModelSource] = {}
+    for source in sources:
+        key = (source.name, source.version)
+        if key in seen:
+            raise ConfigError(
+                f"model {source.name!r} version {source.version} is given twice "
+                f"({seen[key].path} and {source.path}); rename one with --model name=path"
+            )
+        seen[key] = source
+    if not sources:
+        raise ConfigError("no models to serve: give --model, --model-repository or --builtin")
+    return sources
+
+
+def _describe(model: LoadedModel) -> str:
+    meta = model.metadata
+    inputs = ", ".join(f"{s.name} {s.datatype}{list(s.shape)}" for s in meta.inputs)
+    controller = model.scheduler.statistics().controller
+    batching = (
+        f"batch ≤{controller.max_batch}, mode {controller.effective_mode}"
+        if model.max_batch_size
+        else "no batching"
+    )
+    return f"loaded {meta.name} v{meta.version}: {inputs} ({batching})"
+
+
+async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> None:
+    runtime = Runtime(config, sources)
+    await runtime.start(on_loaded=lambda model: click.echo(_describe(model)))
+    server = HttpServer(runtime, config.server.host, config.server.http_port)
+    await server.start()
+    click.echo(f"sordino listening on {server.url} (KServe v2 HTTP, metrics at {server.url}/metrics)")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    click.echo("shutting down: finishing queued requests", err=True)
+    await runtime.stop(drain=True, timeout_s=config.server.shutdown_timeout)
+    await server.stop()
+    click.echo("stopped", err=True)
+
+
+@click.command()
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="runtime_config.yaml; flags override its values.")
+@click.option("--model", "models", multiple=True, metavar="[NAME=]PATH",
+              help="An .onnx file or versioned folder to serve (repeatable).")
+@click.option("--model-repository", type=click.Path(path_type=Path, file_okay=False),
+              help="A Triton-style folder: one sub-folder per model.")
+@click.option("--builtin/--no-builtin", default=None,
+              help="Serve the built-in demo models (default: only when no other model is given).")
+@click.option("--host", help="Address to listen on (default 127.0.0.1).")
+@click.option("--http-port", type=int, help="HTTP port (default 8000; 0 picks a free port).")
+@click.option("--data-dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Where sordino keeps its state (default ~/.sordino).")
+@click.option("--mode", type=click.Choice(
+    ["auto", "manual", "hybrid", "adaptive", "conservative", "ultra_low_latency"]),
+    help="Scheduler mode for every model (overrides scheduler.mode).")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def start(
+    config_path: Path | None,
+    models: tuple[str, ...],
+    model_repository: Path | None,
+    builtin: bool | None,
+    host: str | None,
+    http_port: int | None,
+    data_dir: Path | None,
+    mode: str | None,
+    log_level: str,
+) -> None:
+    """Load models and serve them over KServe v2 HTTP until Ctrl-C or SIGTERM."""
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    overrides = {
+        "server.host": host,
+        "server.http_port": http_port,
+        "server.data_dir": str(data_dir) if data_dir else None,
+        "scheduler.mode": mode,
+        "model_repository": str(model_repository) if model_repository else None,
+    }
+    try:
+        config = load_config(config_path, {k: v for k, v in overrides.items() if v is not None})
+        sources = collect_sources(config, models, builtin)
+        config.server.data_dir.mkdir(parents=True, exist_ok=True)
+        _run(config, sources)
+    except (SordinoError, OSError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+
+
+def _run(config: RuntimeConfig, sources: list[ModelSource]) -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
+        asyncio.run(_serve(config, sources))
+    else:
+        uvloop.run(_serve(config, sources))

@@ -1,0 +1,65 @@
+"""The one place errors become HTTP statuses and gRPC codes (Triton's mapping)."""
+
+from __future__ import annotations
+
+import math
+
+from sordino.errors import (
+    Cancelled,
+    InferenceFailed,
+    InvalidRequest,
+    MalformedBody,
+    NotFound,
+    RateLimited,
+    SordinoError,
+    Unavailable,
+    Unsupported,
+)
+
+__all__ = ["grpc_code_name", "http_status", "retry_after_header"]
+
+
+def http_status(error: SordinoError) -> int:
+    """Return the HTTP status for ``error``."""
+    if isinstance(error, MalformedBody) and error.too_large:
+        return 413
+    if isinstance(error, InvalidRequest | Unsupported):
+        return 400
+    if isinstance(error, NotFound):
+        return 404
+    if isinstance(error, RateLimited):
+        return 429
+    if isinstance(error, Unavailable):
+        return 503
+    if isinstance(error, Cancelled):
+        return 499
+    if isinstance(error, InferenceFailed):
+        return 500
+    return 500
+
+
+def grpc_code_name(error: SordinoError) -> str:
+    """Return the gRPC status code name (``grpc.StatusCode`` member) for ``error``."""
+    if isinstance(error, MalformedBody) and error.too_large:
+        return "RESOURCE_EXHAUSTED"
+    if isinstance(error, InvalidRequest):
+        return "INVALID_ARGUMENT"
+    if isinstance(error, Unsupported):
+        return "UNIMPLEMENTED"
+    if isinstance(error, NotFound):
+        return "NOT_FOUND"
+    if isinstance(error, RateLimited):
+        return "RESOURCE_EXHAUSTED"
+    if isinstance(error, Unavailable):
+        return "UNAVAILABLE"
+    if isinstance(error, Cancelled):
+        return "CANCELLED"
+    return "INTERNAL"
+
+
+def retry_after_header(error: SordinoError) -> str | None:
+    """Return a ``Retry-After`` value (whole seconds) when the error invites a retry."""
+    seconds = getattr(error, "retry_after_s", None)
+    if seconds is None:
+        return None
+    return str(max(1, math.ceil(seconds)))

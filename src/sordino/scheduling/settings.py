@@ -1,0 +1,76 @@
+"""From configuration to a model's batch policy, queue settings and mode.
+
+The rules, in one place:
+
+- The model's ``max_batch_size`` bounds the rows one request may carry and the rows
+  of one batch; when unset it defaults to the scheduler's ``max_batch``. A model
+  whose tensors have no variable leading dimension never batches (0).
+- The batch cap is ``min(max_batch_size, scheduler max_batch)``.
+- The wait is the model's ``max_queue_delay_microseconds`` if set, else the
+  scheduler's ``timeout_ms``; ``min_batch`` and preferred sizes likewise.
+- ``dynamic_batching.enabled: false`` turns batching off (cap 1, no wait).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sordino.config import ModelConfig, SchedulerConfig
+from sordino.scheduling.batcher import BatchPolicy
+from sordino.scheduling.modes import Mode, conservative_policy, conservative_queue_size
+from sordino.scheduling.scheduler import QueueSettings
+
+__all__ = ["ModelScheduling", "scheduling_for"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelScheduling:
+    """Everything the scheduler of one model needs from configuration."""
+
+    mode: Mode
+    max_batch_size: int
+    policy: BatchPolicy
+    queue: QueueSettings
+    slo_s: float
+
+
+def scheduling_for(
+    scheduler: SchedulerConfig, model: ModelConfig, *, batched: bool, instances: int = 1
+) -> ModelScheduling:
+    """Resolve the effective scheduling of ``model`` under ``scheduler``."""
+    strategy = scheduler.dynamic_batching
+    batching = model.dynamic_batching
+    mode: Mode = model.scheduler_mode or scheduler.mode
+    if not batched:
+        max_batch_size = 0
+    elif model.max_batch_size is not None:
+        max_batch_size = model.max_batch_size
+    else:
+        max_batch_size = strategy.max_batch
+    cap = min(max_batch_size, strategy.max_batch) if strategy.enabled else 1
+    cap = max(cap, 1)
+    if batching.max_queue_delay_microseconds is not None:
+        delay_s = batching.max_queue_delay_microseconds / 1e6
+    else:
+        delay_s = strategy.timeout_ms / 1000
+    min_batch = batching.min_batch_size or strategy.min_batch
+    preferred = batching.preferred_batch_size or strategy.preferred_batch
+    policy = BatchPolicy(
+        max_batch=cap,
+        min_batch=min(min_batch, cap),
+        max_delay_s=delay_s if cap > 1 else 0.0,
+        preferred=tuple(sorted(p for p in preferred if p <= cap)),
+    )
+    queue_policy = batching.default_queue_policy
+    max_queue = queue_policy.max_queue_size
+    if mode == "conservative":
+        max_queue = conservative_queue_size(max_queue, conservative_policy(policy).max_batch, instances)
+    queue = QueueSettings(
+        priority_levels=batching.priority_levels,
+        default_priority=batching.default_priority_level,
+        max_queue_size=max_queue,
+        timeout_action=queue_policy.timeout_action,
+        default_timeout_s=queue_policy.default_timeout_microseconds / 1e6,
+        allow_timeout_override=queue_policy.allow_timeout_override,
+    )
+    return ModelScheduling(mode, max_batch_size, policy, queue, scheduler.slo_p99_ms / 1000)

@@ -1,0 +1,83 @@
+"""Model metadata and Triton's model-config JSON for a loaded model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sordino.backends.base import TensorSpec
+from sordino.datatypes import to_triton_type
+from sordino.server.runtime import LoadedModel
+
+__all__ = ["model_metadata_json", "triton_config_json"]
+
+
+def model_metadata_json(model: LoadedModel, versions: list[str]) -> dict[str, Any]:
+    """Return the KServe v2 model metadata response."""
+    meta = model.metadata
+    return {
+        "name": meta.name,
+        "versions": versions,
+        "platform": meta.platform,
+        "inputs": [_tensor(spec) for spec in meta.inputs],
+        "outputs": [_tensor(spec) for spec in meta.outputs],
+    }
+
+
+def _tensor(spec: TensorSpec) -> dict[str, Any]:
+    return {"name": spec.name, "datatype": spec.datatype, "shape": list(spec.shape)}
+
+
+def _config_tensor(spec: TensorSpec, batched: bool) -> dict[str, Any]:
+    dims = spec.item_shape if batched else spec.shape
+    return {"name": spec.name, "data_type": to_triton_type(spec.datatype), "dims": list(dims)}
+
+
+def triton_config_json(model: LoadedModel) -> dict[str, Any]:
+    """Return the model configuration in Triton's JSON form (``GET .../config``)."""
+    meta = model.metadata
+    scheduling = model.scheduling
+    batched = scheduling.max_batch_size > 0
+    policy = scheduling.policy
+    queue = scheduling.queue
+    controller = model.scheduler.statistics().controller
+    config: dict[str, Any] = {
+        "name": meta.name,
+        "platform": meta.platform,
+        "backend": "onnxruntime",
+        "version_policy": _version_policy(model),
+        "max_batch_size": scheduling.max_batch_size,
+        "input": [_config_tensor(spec, batched) for spec in meta.inputs],
+        "output": [_config_tensor(spec, batched) for spec in meta.outputs],
+        "instance_group": [
+            {"name": f"{meta.name}_0", "kind": "KIND_CPU", "count": len(model.backends)}
+        ],
+        "parameters": {
+            "sordino_mode": {"string_value": scheduling.mode},
+            "sordino_effective_mode": {"string_value": controller.effective_mode},
+            "sordino_max_batch": {"string_value": str(controller.max_batch)},
+        },
+    }
+    if batched:
+        config["dynamic_batching"] = {
+            "preferred_batch_size": list(policy.preferred),
+            "max_queue_delay_microseconds": round(policy.max_delay_s * 1e6),
+            "preserve_ordering": False,
+            "priority_levels": queue.priority_levels,
+            "default_priority_level": queue.default_priority,
+            "default_queue_policy": {
+                "timeout_action": queue.timeout_action,
+                "default_timeout_microseconds": round(queue.default_timeout_s * 1e6),
+                "allow_timeout_override": queue.allow_timeout_override,
+                "max_queue_size": queue.max_queue_size,
+            },
+        }
+    return config
+
+
+def _version_policy(model: LoadedModel) -> dict[str, Any]:
+    policy = model.source.config.version_policy
+    if policy.latest is not None:
+        return {"latest": {"num_versions": policy.latest.num_versions}}
+    if policy.specific is not None:
+        return {"specific": {"versions": list(policy.specific.versions)}}
+    return {"all": {}}

@@ -1,0 +1,302 @@
+"""The runtime: the one core behind every protocol.
+
+It loads models into backends, gives each model version a scheduler, and runs a
+decoded request through validation, admission and scheduling to a response. HTTP
+(and later gRPC) handlers are thin shells over :meth:`Runtime.infer`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sordino.admission.chain import AdmissionChain, AdmissionContext, default_links
+from sordino.backends.base import Backend, ModelMetadata
+from sordino.backends.onnx import OnnxBackend
+from sordino.clock import Clock, MonotonicClock
+from sordino.config import RuntimeConfig
+from sordino.datatypes import to_numpy_dtype
+from sordino.errors import ModelNotReady, NotFound, SordinoError
+from sordino.events import EventSink
+from sordino.execution.executor import InProcessExecutor
+from sordino.inference import InferRequest, InferResponse, ModelKey, Tensor
+from sordino.models.repository import ModelSource
+from sordino.protocol.validate import validate_request
+from sordino.scheduling.modes import BatchCurve, build_controller, measure_batch_curve
+from sordino.scheduling.scheduler import ModelScheduler, SchedulerStatistics
+from sordino.scheduling.settings import ModelScheduling, scheduling_for
+from sordino.telemetry.metrics import Metrics
+from sordino.telemetry.model_stats import ModelStats
+
+__all__ = ["LoadedModel", "Runtime", "dummy_batch"]
+
+log = logging.getLogger("sordino.runtime")
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    """One served model version."""
+
+    source: ModelSource
+    key: ModelKey
+    metadata: ModelMetadata
+    scheduling: ModelScheduling
+    scheduler: ModelScheduler
+    curve: BatchCurve | None = None
+    backends: list[Backend] = field(default_factory=list)
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.scheduling.max_batch_size
+
+
+def dummy_batch(metadata: ModelMetadata, rows: int) -> dict[str, Tensor]:
+    """Return zero-filled inputs of ``rows`` rows (variable dimensions of size 1)."""
+    batch: dict[str, Tensor] = {}
+    for spec in metadata.inputs:
+        dims = [max(d, 1) for d in spec.shape]
+        if metadata.batched:
+            dims[0] = rows
+        if spec.datatype == "BYTES":
+            batch[spec.name] = np.full(dims, b"", dtype=object)
+        else:
+            batch[spec.name] = np.zeros(dims, dtype=to_numpy_dtype(spec.datatype))
+    return batch
+
+
+class Runtime:
+    """Loads models and serves inference requests through their schedulers."""
+
+    def __init__(
+        self,
+        config: RuntimeConfig,
+        sources: Sequence[ModelSource],
+        *,
+        clock: Clock | None = None,
+        events: EventSink | None = None,
+    ) -> None:
+        self.config = config
+        self.clock: Clock = clock or MonotonicClock()
+        self.events = events or EventSink()
+        self.metrics = Metrics()
+        self.stats = ModelStats()
+        self.executor = InProcessExecutor()
+        self.admission = AdmissionChain(default_links())
+        self._sources = list(sources)
+        self._models: dict[str, dict[str, LoadedModel]] = {}
+        self._priority_rules = {r.tag: r.priority for r in config.scheduler.priority_rules}
+        self._started = False
+        self._stopping = False
+        self.metrics.watch_schedulers(self.scheduler_statistics)
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self, on_loaded: Callable[[LoadedModel], None] | None = None) -> None:
+        """Load every model source; call ``on_loaded`` after each one is serving."""
+        for source in self._sources:
+            model = await self.load(source)
+            if on_loaded is not None:
+                on_loaded(model)
+        self._started = True
+        self.events.emit("server_started", "runtime", models=len(self._sources))
+
+    async def stop(self, *, drain: bool = True, timeout_s: float | None = None) -> None:
+        """Stop every scheduler and unload every model.
+
+        New requests are refused at once. With ``drain`` queued requests still run;
+        those not finished within ``timeout_s`` end with an explicit ShuttingDown
+        error. Nothing accepted is left without an answer.
+        """
+        self._stopping = True
+        models = self.models()
+        if models:
+            closing = [asyncio.ensure_future(m.scheduler.close(drain=drain)) for m in models]
+            _, pending = await asyncio.wait(closing, timeout=timeout_s)
+            if pending:
+                for model in models:
+                    await model.scheduler.close(drain=False)
+                await asyncio.gather(*pending)
+        for model in models:
+            await self.unload(model.key.name, model.key.version, drain=False)
+        self.events.emit("server_stopped", "runtime")
+
+    @property
+    def ready(self) -> bool:
+        """True once every model has loaded and until shutdown starts."""
+        return self._started and not self._stopping
+
+    async def load(self, source: ModelSource) -> LoadedModel:
+        """Load one model version, warm it up, and start its scheduler."""
+        key = ModelKey(source.name, source.version)
+        if source.version in self._models.get(source.name, {}):
+            raise ModelNotReady(f"model {key} is already loaded")
+        config = source.config
+        backends: list[Backend] = []
+        loop = asyncio.get_running_loop()
+        for _ in range(config.instance_count):
+            backend = OnnxBackend(
+                name=source.name,
+                version=source.version,
+                providers=list(config.execution_providers),
+                intra_op_threads=config.intra_op_threads,
+            )
+            await loop.run_in_executor(None, backend.load, source.path, "cpu")
+            backends.append(backend)
+        metadata = backends[0].metadata
+        self.executor.register(key, backends)
+        scheduling = scheduling_for(
+            self.config.scheduler, config, batched=metadata.batched, instances=len(backends)
+        )
+        try:
+            await self.executor.run(key, dummy_batch(metadata, 1))  # warm-up
+            curve = None
+            if scheduling.mode in ("auto", "hybrid") and scheduling.policy.max_batch > 1:
+
+                async def run(rows: int) -> None:
+                    await self.executor.run(key, dummy_batch(metadata, rows))
+
+                curve = await measure_batch_curve(run, self.clock, scheduling.policy.max_batch)
+        except Exception:
+            self.executor.unregister(key)
+            raise
+        controller = build_controller(
+            scheduling.mode, scheduling.policy, scheduling.slo_s, curve
+        )
+        scheduler = ModelScheduler(
+            key,
+            batched=metadata.batched,
+            executor=self.executor,
+            controller=controller,
+            settings=scheduling.queue,
+            clock=self.clock,
+            observers=(self.metrics, self.stats),
+        )
+        scheduler.start()
+        model = LoadedModel(source, key, metadata, scheduling, scheduler, curve, backends)
+        self._models.setdefault(source.name, {})[source.version] = model
+        self.events.emit(
+            "model_loaded",
+            str(key),
+            mode=controller.statistics().effective_mode,
+            max_batch=scheduling.policy.max_batch,
+            instances=len(backends),
+        )
+        return model
+
+    async def unload(self, name: str, version: str, *, drain: bool = True) -> None:
+        """Stop serving one model version; queued requests finish first when ``drain``."""
+        versions = self._models.get(name, {})
+        model = versions.pop(version, None)
+        if model is None:
+            raise NotFound(f"model {name!r} version {version!r} is not loaded")
+        if not versions:
+            self._models.pop(name, None)
+        await model.scheduler.close(drain=drain)
+        for backend in self.executor.unregister(model.key):
+            backend.unload()
+        self.stats.forget(model.key)
+        self.events.emit("model_unloaded", str(model.key))
+
+    # -- lookup ----------------------------------------------------------------------
+
+    def models(self) -> list[LoadedModel]:
+        """Every loaded model version, by name then version."""
+        return [
+            model
+            for name in sorted(self._models)
+            for _, model in sorted(self._models[name].items(), key=lambda kv: _version_key(kv[0]))
+        ]
+
+    def get(self, name: str, version: str | None = None) -> LoadedModel:
+        """Return the model version to serve (the highest loaded when ``version`` is None)."""
+        versions = self._models.get(name)
+        if not versions:
+            known = ", ".join(sorted(self._models)) or "none"
+            raise NotFound(f"unknown model {name!r}; loaded models: {known}")
+        if version is None or version == "":
+            return versions[max(versions, key=_version_key)]
+        model = versions.get(version)
+        if model is None:
+            raise NotFound(
+                f"model {name!r} has no version {version!r}; loaded versions: "
+                f"{', '.join(sorted(versions, key=_version_key))}"
+            )
+        return model
+
+    def versions(self, name: str) -> list[str]:
+        """Return the loaded versions of ``name``, ascending."""
+        return sorted(self._models.get(name, {}), key=_version_key)
+
+    # -- the request path ------------------------------------------------------------
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """Validate, admit, queue and run one request; return its response.
+
+        Raises a :class:`SordinoError` whose class says what went wrong; the
+        protocol layer maps it to a status.
+        """
+        try:
+            model = self.get(request.model, request.version)
+            validate_request(request, model.metadata, max_batch_size=model.max_batch_size)
+            context = self.admission.admit(
+                request,
+                AdmissionContext(
+                    model=request.model,
+                    settings=model.scheduling.queue,
+                    priority_rules=self._priority_rules,
+                ),
+            )
+            pending = model.scheduler.infer(
+                request.inputs,
+                priority=context.priority,
+                timeout_s=context.timeout_s,
+                request_id=request.id,
+            )
+        except SordinoError as exc:
+            self.metrics.request_rejected(request.model, exc.reason)
+            raise
+        outputs = await pending
+        return self._response(model, request, outputs)
+
+    def _response(
+        self, model: LoadedModel, request: InferRequest, outputs: dict[str, Tensor]
+    ) -> InferResponse:
+        wanted = [o.name for o in request.outputs] if request.outputs else None
+        chosen = {
+            spec.name: outputs[spec.name]
+            for spec in model.metadata.outputs
+            if wanted is None or spec.name in wanted
+        }
+        return InferResponse(
+            model=model.key.name,
+            version=model.key.version,
+            outputs=chosen,
+            output_datatypes={spec.name: spec.datatype for spec in model.metadata.outputs},
+            id=request.id,
+        )
+
+    # -- statistics ------------------------------------------------------------------
+
+    def scheduler_statistics(self) -> list[SchedulerStatistics]:
+        """Return every loaded model's scheduler statistics."""
+        return [model.scheduler.statistics() for model in self.models()]
+
+    def triton_statistics(self, name: str | None = None, version: str | None = None) -> Any:
+        """Return Triton's statistics-extension JSON for one model or all of them."""
+        if name is None:
+            keys = [m.key for m in self.models()]
+        elif version:
+            keys = [self.get(name, version).key]
+        else:
+            self.get(name)
+            keys = [ModelKey(name, v) for v in self.versions(name)]
+        return self.stats.triton_json(keys)
+
+
+def _version_key(version: str) -> tuple[int, str]:
+    return (int(version), "") if version.isdigit() else (1 << 62, version)

@@ -1,0 +1,95 @@
+"""Running the HTTP server: binding, start-up, graceful shutdown.
+
+:class:`HttpServer` runs uvicorn on a socket it binds itself, so ``port 0`` gives a
+free port that is known before the first request. Shutdown refuses new requests,
+lets queued ones finish (or fail explicitly after the shutdown timeout), then closes
+the connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Generator
+
+import uvicorn
+
+from sordino.server.http import build_app
+from sordino.server.runtime import Runtime
+
+__all__ = ["HttpServer", "bind_socket"]
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind and listen on ``host:port`` (0 = any free port) with TCP_NODELAY set.
+
+    Linux copies TCP_NODELAY from the listening socket to accepted connections, and
+    the event loop sets it on each transport too: small responses are never delayed
+    by Nagle's algorithm.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(
+            f"cannot listen on {host}:{port}: {exc.strerror}; pick another port with "
+            "--http-port (0 picks a free one)"
+        ) from exc
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+class _EmbeddedServer(uvicorn.Server):
+    # The owner of the event loop handles signals; uvicorn must not replace its handlers.
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+class HttpServer:
+    """The KServe v2 HTTP endpoint of one runtime."""
+
+    def __init__(self, runtime: Runtime, host: str, port: int) -> None:
+        self.runtime = runtime
+        self.host = host
+        self._sock = bind_socket(host, port)
+        self.port: int = self._sock.getsockname()[1]
+        config = uvicorn.Config(
+            build_app(runtime),
+            loop="none",
+            http="httptools",
+            lifespan="off",
+            access_log=False,
+            log_level="warning",
+            timeout_graceful_shutdown=5,
+            timeout_keep_alive=30,
+        )
+        self._server = _EmbeddedServer(config)
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> None:
+        """Start serving; return once the socket accepts connections."""
+        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[self._sock]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises what stopped it
+                raise RuntimeError("the HTTP server stopped during start-up")
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        """Close the listening socket and the connections."""
+        self._server.should_exit = True
+        if self._task is not None:
+            await self._task
+        self._sock.close()

@@ -1,0 +1,171 @@
+"""The Prometheus metrics of one runtime, in a registry of its own.
+
+Each :class:`Metrics` owns a ``CollectorRegistry`` so several runtimes (tests) never
+share counters. Scheduler statistics (queue depth, in-flight) are read at scrape time
+from the parts' ``statistics()``, never mirrored by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from sordino.inference import ModelKey
+from sordino.scheduling.scheduler import Outcome, SchedulerStatistics
+
+__all__ = ["LATENCY_BUCKETS", "Metrics"]
+
+# Fine enough below 100 ms for a meaningful p99 of small models, and up to 30 s for diffusion.
+LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
+    0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0,
+)  # fmt: skip
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class _SchedulerCollector(Collector):
+    def __init__(self, source: Callable[[], Iterable[SchedulerStatistics]]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        depth = GaugeMetricFamily(
+            "sordino_queue_depth", "Requests waiting in the model's queue.", labels=["model", "version"]
+        )
+        inflight = GaugeMetricFamily(
+            "sordino_inflight_requests",
+            "Requests accepted and not yet finished (queued or running).",
+            labels=["model", "version"],
+        )
+        running = GaugeMetricFamily(
+            "sordino_running_batches", "Batches executing now.", labels=["model", "version"]
+        )
+        max_batch = GaugeMetricFamily(
+            "sordino_scheduler_max_batch",
+            "The batch size cap the scheduler mode uses now.",
+            labels=["model", "version", "mode"],
+        )
+        delay = GaugeMetricFamily(
+            "sordino_scheduler_max_delay_seconds",
+            "The batching wait the scheduler mode uses now.",
+            labels=["model", "version", "mode"],
+        )
+        for stats in self._source():
+            labels = [stats.model, stats.version]
+            depth.add_metric(labels, stats.queue.depth)
+            inflight.add_metric(labels, stats.in_flight)
+            running.add_metric(labels, stats.running_batches)
+            mode_labels = [*labels, stats.controller.effective_mode]
+            max_batch.add_metric(mode_labels, stats.controller.max_batch)
+            delay.add_metric(mode_labels, stats.controller.max_delay_s)
+        yield from (depth, inflight, running, max_batch, delay)
+
+
+class Metrics:
+    """Request, latency and batch metrics; also a :class:`SchedulerObserver`."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "sordino_requests",
+            "Finished requests by model, outcome and reason.",
+            ["model", "version", "outcome", "reason"],
+            registry=self.registry,
+        )
+        self.rejected = Counter(
+            "sordino_rejected_requests",
+            "Requests refused before they were accepted, by reason.",
+            ["model", "reason"],
+            registry=self.registry,
+        )
+        self.queue_seconds = Histogram(
+            "sordino_request_queue_seconds",
+            "Time a request waited in the queue.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.compute_seconds = Histogram(
+            "sordino_request_compute_seconds",
+            "Time the batch holding the request took to run.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.total_seconds = Histogram(
+            "sordino_request_seconds",
+            "Time from acceptance to result.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.batch_size = Histogram(
+            "sordino_batch_size",
+            "Rows per executed batch.",
+            ["model"],
+            buckets=BATCH_BUCKETS,
+            registry=self.registry,
+        )
+        self.batches = Counter(
+            "sordino_batches", "Executed batches by outcome.", ["model", "outcome"],
+            registry=self.registry,
+        )  # fmt: skip
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def watch_schedulers(self, source: Callable[[], Iterable[SchedulerStatistics]]) -> None:
+        """Export queue depth and in-flight counts read from ``source`` at scrape time."""
+        self.registry.register(_SchedulerCollector(source))
+
+    def exposition(self) -> bytes:
+        """Return the Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    # -- SchedulerObserver -----------------------------------------------------------
+
+    def request_done(
+        self,
+        model: ModelKey,
+        outcome: Outcome,
+        reason: str,
+        *,
+        priority: int,
+        queue_s: float,
+        compute_s: float,
+        total_s: float,
+    ) -> None:
+        self._child(self.requests, model.name, model.version, outcome, reason).inc()
+        if outcome == "success":
+            self._child(self.queue_seconds, model.name).observe(queue_s)
+            self._child(self.compute_seconds, model.name).observe(compute_s)
+            self._child(self.total_seconds, model.name).observe(total_s)
+
+    def batch_done(
+        self,
+        model: ModelKey,
+        *,
+        rows: int,
+        requests: int,
+        input_s: float,
+        infer_s: float,
+        output_s: float,
+        ok: bool,
+    ) -> None:
+        self._child(self.batch_size, model.name).observe(rows)
+        self._child(self.batches, model.name, "success" if ok else "failure").inc()
+
+    def queue_changed(self, model: ModelKey, depth: int) -> None:
+        return None
+
+    def request_rejected(self, model: str, reason: str) -> None:
+        """Count a request refused before acceptance (bad input, queue full, unknown model)."""
+        self._child(self.rejected, model, reason).inc()

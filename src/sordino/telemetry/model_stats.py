@@ -1,0 +1,144 @@
+"""Per-model statistics in the shape of Triton's statistics extension.
+
+``GET /v2/models/{m}/stats`` returns these: cumulative counts and nanoseconds for
+successes, failures, queueing and the three compute phases, and the same per batch
+size. Each request in a batch is charged that batch's compute time, as Triton does.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sordino.inference import ModelKey
+from sordino.scheduling.scheduler import Outcome
+
+__all__ = ["ModelStats"]
+
+
+@dataclass
+class _Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, seconds: float, count: int = 1) -> None:
+        self.count += count
+        self.ns += int(seconds * 1e9) * count
+
+    def as_dict(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass
+class _BatchStats:
+    compute_input: _Duration = field(default_factory=_Duration)
+    compute_infer: _Duration = field(default_factory=_Duration)
+    compute_output: _Duration = field(default_factory=_Duration)
+
+
+class ModelStats:
+    """Triton-style statistics for every model version; also a :class:`SchedulerObserver`."""
+
+    def __init__(self) -> None:
+        self._models: dict[ModelKey, dict[str, Any]] = {}
+
+    def _entry(self, model: ModelKey) -> dict[str, Any]:
+        entry = self._models.get(model)
+        if entry is None:
+            entry = self._models[model] = {
+                "last_inference": 0,
+                "inference_count": 0,
+                "execution_count": 0,
+                "success": _Duration(),
+                "fail": _Duration(),
+                "queue": _Duration(),
+                "compute_input": _Duration(),
+                "compute_infer": _Duration(),
+                "compute_output": _Duration(),
+                "batches": {},
+            }
+        return entry
+
+    def forget(self, model: ModelKey) -> None:
+        """Drop the statistics of an unloaded model version."""
+        self._models.pop(model, None)
+
+    def request_done(
+        self,
+        model: ModelKey,
+        outcome: Outcome,
+        reason: str,
+        *,
+        priority: int,
+        queue_s: float,
+        compute_s: float,
+        total_s: float,
+    ) -> None:
+        entry = self._entry(model)
+        if outcome == "success":
+            entry["success"].add(total_s)
+            entry["queue"].add(queue_s)
+            entry["last_inference"] = int(time.time() * 1000)
+        elif outcome == "failure":
+            entry["fail"].add(total_s)
+
+    def batch_done(
+        self,
+        model: ModelKey,
+        *,
+        rows: int,
+        requests: int,
+        input_s: float,
+        infer_s: float,
+        output_s: float,
+        ok: bool,
+    ) -> None:
+        if not ok:
+            return
+        entry = self._entry(model)
+        entry["inference_count"] += rows
+        entry["execution_count"] += 1
+        entry["compute_input"].add(input_s, requests)
+        entry["compute_infer"].add(infer_s, requests)
+        entry["compute_output"].add(output_s, requests)
+        batch = entry["batches"].setdefault(rows, _BatchStats())
+        batch.compute_input.add(input_s)
+        batch.compute_infer.add(infer_s)
+        batch.compute_output.add(output_s)
+
+    def queue_changed(self, model: ModelKey, depth: int) -> None:
+        return None
+
+    def triton_json(self, models: list[ModelKey]) -> dict[str, Any]:
+        """Return ``{"model_stats": [...]}`` for ``models`` as Triton's extension shapes it."""
+        out = []
+        for model in models:
+            entry = self._entry(model)
+            out.append(
+                {
+                    "name": model.name,
+                    "version": model.version,
+                    "last_inference": entry["last_inference"],
+                    "inference_count": entry["inference_count"],
+                    "execution_count": entry["execution_count"],
+                    "inference_stats": {
+                        key: entry[key].as_dict()
+                        for key in (
+                            "success", "fail", "queue",
+                            "compute_input", "compute_infer", "compute_output",
+                        )
+                    }
+                    | {"cache_hit": {"count": 0, "ns": 0}, "cache_miss": {"count": 0, "ns": 0}},
+                    "batch_stats": [
+                        {
+                            "batch_size": size,
+                            "compute_input": b.compute_input.as_dict(),
+                            "compute_infer": b.compute_infer.as_dict(),
+                            "compute_output": b.compute_output.as_dict(),
+                        }
+                        for size, b in sorted(entry["batches"].items())
+                    ],
+                }
+            )  # fmt: skip
+        return {"model_stats": out}

@@ -1,0 +1,297 @@
+"""Build sordino's built-in demo models.
+
+Writes into ``--out`` (default: ``src/sordino/models/builtin``):
+
+* ``digits-classifier.onnx`` - scikit-learn MLP trained on the 8x8 digits data set;
+  raw pixels (0-16) in, 10 class probabilities out.
+* ``simple.onnx`` - Triton's canonical "simple" example (INT32 add and subtract).
+* ``text-normalizer.onnx`` - lower-cases strings (exercises the BYTES datatype).
+* ``models.yaml`` - the list of built-ins the runtime serves.
+
+Rerun with::
+
+    python tools/build_builtin_models.py [--out DIR]
+
+Needs numpy, scikit-learn, onnx and onnxruntime (``pip install -e '.[build-models]'``);
+the graphs are written by hand with ``onnx.helper`` (no skl2onnx). Every step uses a fixed
+seed, so reruns with the same library versions produce byte-identical files. Each model is
+checked with ONNX Runtime before it is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+IR_VERSION = 8  # onnxruntime >= 1.17 loads IR <= 9; IR 8 is the version that goes with opset 17
+PRODUCER = "sordino tools/build_builtin_models.py"
+BATCH = "batch"  # symbolic name of the leading (batch) dimension of every input and output
+MAX_BATCH_SIZE = 64
+SEED = 0
+
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "src" / "sordino" / "models" / "builtin"
+
+
+@dataclass(frozen=True)
+class Builtin:
+    name: str
+    description: str
+    max_batch_size: int = MAX_BATCH_SIZE
+
+    @property
+    def file(self) -> str:
+        return f"{self.name}.onnx"
+
+
+DIGITS = Builtin(
+    "digits-classifier",
+    "MLP on scikit-learn's 8x8 digits; pixels 0-16 in, 10 class probabilities out",
+)
+SIMPLE = Builtin(
+    "simple",
+    'Triton\'s "simple" example - OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 (INT32)',
+)
+TEXT = Builtin(
+    "text-normalizer",
+    "lower-cases BYTES strings (exercises the BYTES datatype)",
+)
+BUILTINS = (DIGITS, SIMPLE, TEXT)
+
+
+# --------------------------------------------------------------------------------------
+# helpers
+
+
+def _finish(graph: onnx.GraphProto, doc: str) -> onnx.ModelProto:
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        ir_version=IR_VERSION,
+        producer_name=PRODUCER,
+        producer_version="1",
+        doc_string=doc,
+    )
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _session(model: onnx.ModelProto) -> Any:  # onnxruntime.InferenceSession
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+
+
+def _check(condition: bool, message: str) -> None:
+    # Not `assert`: the checks must also run under `python -O`.
+    if not condition:
+        raise SystemExit(f"check failed: {message}")
+
+
+# --------------------------------------------------------------------------------------
+# digits-classifier
+
+
+def build_digits() -> tuple[onnx.ModelProto, float]:
+    """Train the MLP, export it by hand, check it against scikit-learn; return model, accuracy."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    from sklearn.neural_network import MLPClassifier
+
+    x, y = load_digits(return_X_y=True)  # x: (1797, 64) float64 in 0..16, y: 0..9
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=SEED)
+    # The network is trained on pixels scaled to 0..1; the graph does that scaling itself so
+    # clients send the raw 0..16 values.
+    clf = MLPClassifier(hidden_layer_sizes=(64,), random_state=SEED, max_iter=500)
+    clf.fit(x_train / 16.0, y_train)
+    accuracy = float(clf.score(x_test / 16.0, y_test))
+    print(f"{DIGITS.name}: test accuracy {accuracy:.4f} ({len(y_test)} held-out samples)")
+    _check(accuracy >= 0.9, f"digits test accuracy {accuracy:.4f} < 0.9")
+    _check(clf.activation == "relu", "expected a ReLU hidden layer")
+    _check(clf.out_activation_ == "softmax", "expected a softmax output layer")
+    _check(list(clf.classes_) == list(range(10)), "expected classes 0..9 in order")
+
+    (w1, w2), (b1, b2) = clf.coefs_, clf.intercepts_  # w1: (64, 64), w2: (64, 10)
+    f32 = np.float32
+    initializers = [
+        numpy_helper.from_array(np.array([1.0 / 16.0], dtype=f32), "scale"),
+        numpy_helper.from_array(w1.astype(f32), "W1"),
+        numpy_helper.from_array(b1.astype(f32), "B1"),
+        numpy_helper.from_array(w2.astype(f32), "W2"),
+        numpy_helper.from_array(b2.astype(f32), "B2"),
+    ]
+    nodes = [
+        helper.make_node("Mul", ["pixels", "scale"], ["scaled"], name="scale"),
+        helper.make_node("Gemm", ["scaled", "W1", "B1"], ["hidden_pre"], name="dense1"),
+        helper.make_node("Relu", ["hidden_pre"], ["hidden"], name="relu1"),
+        helper.make_node("Gemm", ["hidden", "W2", "B2"], ["logits"], name="dense2"),
+        helper.make_node("Softmax", ["logits"], ["probabilities"], name="softmax", axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "digits_classifier",
+        [helper.make_tensor_value_info("pixels", TensorProto.FLOAT, [BATCH, 64])],
+        [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [BATCH, 10])],
+        initializer=initializers,
+    )
+    model = _finish(graph, DIGITS.description)
+
+    (got,) = _session(model).run(None, {"pixels": x_test.astype(f32)})
+    expected = clf.predict_proba(x_test / 16.0)
+    diff = float(np.max(np.abs(got - expected)))
+    print(f"{DIGITS.name}: max |onnxruntime - predict_proba| = {diff:.2e}")
+    _check(got.shape == (len(x_test), 10), f"unexpected output shape {got.shape}")
+    _check(diff <= 1e-5, f"onnxruntime differs from predict_proba by {diff:.2e}")
+    return model, accuracy
+
+
+# --------------------------------------------------------------------------------------
+# simple
+
+
+def build_simple() -> onnx.ModelProto:
+    def tensor(name: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, TensorProto.INT32, [BATCH, 16])
+
+    nodes = [
+        helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"], name="add"),
+        helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"], name="sub"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "simple",
+        [tensor("INPUT0"), tensor("INPUT1")],
+        [tensor("OUTPUT0"), tensor("OUTPUT1")],
+    )
+    model = _finish(graph, SIMPLE.description)
+
+    a = np.arange(32, dtype=np.int32).reshape(2, 16)
+    b = np.full((2, 16), 7, dtype=np.int32)
+    out0, out1 = _session(model).run(None, {"INPUT0": a, "INPUT1": b})
+    _check(out0.dtype == np.int32 and out1.dtype == np.int32, "simple outputs must be INT32")
+    _check(np.array_equal(out0, a + b), "OUTPUT0 != INPUT0 + INPUT1")
+    _check(np.array_equal(out1, a - b), "OUTPUT1 != INPUT0 - INPUT1")
+    print(f"{SIMPLE.name}: ok")
+    return model
+
+
+# --------------------------------------------------------------------------------------
+# text-normalizer
+
+
+def build_text() -> onnx.ModelProto:
+    # StringNormalizer only takes [C] or [1, C], so flatten [batch, 1] -> [batch] and back.
+    # locale="C": onnxruntime otherwise defaults to "en_US.UTF-8" on Linux and refuses to load
+    # the model on hosts without that locale installed (most containers). "C" exists
+    # everywhere; the cost is that only ASCII letters are lower-cased.
+    initializers = [
+        numpy_helper.from_array(np.array([-1], dtype=np.int64), "flat_shape"),
+        numpy_helper.from_array(np.array([-1, 1], dtype=np.int64), "column_shape"),
+    ]
+    nodes = [
+        helper.make_node("Reshape", ["text", "flat_shape"], ["flat"], name="flatten"),
+        helper.make_node(
+            "StringNormalizer",
+            ["flat"],
+            ["lowered"],
+            name="lower",
+            case_change_action="LOWER",
+            is_case_sensitive=0,
+            locale="C",
+        ),
+        helper.make_node("Reshape", ["lowered", "column_shape"], ["normalized"], name="unflatten"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "text_normalizer",
+        [helper.make_tensor_value_info("text", TensorProto.STRING, [BATCH, 1])],
+        [helper.make_tensor_value_info("normalized", TensorProto.STRING, [BATCH, 1])],
+        initializer=initializers,
+    )
+    model = _finish(graph, TEXT.description)
+
+    # onnxruntime's Python binding takes str (not bytes) elements: a bytes object in an object
+    # array is passed through str() and arrives as "b'...'". Callers decode BYTES as UTF-8 first.
+    sample = np.array([[b"Hello World"], [b"ABC def"], [b"  Keep  Spaces "]], dtype=object)
+    feed = np.vectorize(lambda v: v.decode("utf-8"), otypes=[object])(sample)
+    (got,) = _session(model).run(None, {"text": feed})
+    expected = [["hello world"], ["abc def"], ["  keep  spaces "]]
+    _check(got.shape == (3, 1), f"unexpected output shape {got.shape}")
+    _check(got.tolist() == expected, f"text-normalizer returned {got.tolist()!r}")
+    print(f"{TEXT.name}: ok")
+    return model
+
+
+# --------------------------------------------------------------------------------------
+# models.yaml
+
+_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._/'\"()+=,;-]*")
+
+
+def _yaml_scalar(value: str) -> str:
+    """A YAML scalar for `value`: plain when obviously safe, else a JSON (double-quoted) string."""
+    if _PLAIN.fullmatch(value) and ": " not in value and " #" not in value:
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+def models_yaml(builtins: tuple[Builtin, ...]) -> str:
+    lines = [
+        "# Built-in demo models served by sordino.",
+        "# Generated by tools/build_builtin_models.py - rerun it rather than editing by hand.",
+    ]
+    for b in builtins:
+        lines += [
+            f"- name: {_yaml_scalar(b.name)}",
+            f"  file: {_yaml_scalar(b.file)}",
+            f"  description: {_yaml_scalar(b.description)}",
+            f"  max_batch_size: {b.max_batch_size}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help="output directory (default: src/sordino/models/builtin)",
+    )
+    args = parser.parse_args(argv)
+
+    models = {
+        DIGITS.file: build_digits()[0],
+        SIMPLE.file: build_simple(),
+        TEXT.file: build_text(),
+    }
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    for file, model in models.items():
+        path = out / file
+        path.write_bytes(model.SerializeToString(deterministic=True))
+        print(f"wrote {path} ({path.stat().st_size} bytes)")
+    path = out / "models.yaml"
+    path.write_text(models_yaml(BUILTINS), encoding="utf-8")
+    print(f"wrote {path} ({path.stat().st_size} bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
