@@ -5,5 +5,6 @@ These isolate what a test is about; they are never used by the runtime itself.
 
 from sordino.testing.backends import ScriptedExecutor
 from sordino.testing.clock import VirtualClock
+from sordino.testing.server import RunningServer, serve_in_thread
 
-__all__ = ["ScriptedExecutor", "VirtualClock"]
+__all__ = ["RunningServer", "ScriptedExecutor", "VirtualClock", "serve_in_thread"]

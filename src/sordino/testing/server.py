@@ -1,0 +1,90 @@
+"""An in-process server on a free loopback port, for tests that use real clients."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from sordino.config import RuntimeConfig
+from sordino.models.repository import ModelSource, builtin_sources
+from sordino.server.runtime import Runtime
+from sordino.server.serve import HttpServer
+
+__all__ = ["RunningServer", "serve_in_thread"]
+
+
+@dataclass
+class RunningServer:
+    """A server started by :func:`serve_in_thread`.
+
+    ``runtime`` lives on the server's own event loop: read its ``statistics()`` from
+    tests, but call coroutines only through :meth:`call`.
+    """
+
+    url: str
+    port: int
+    runtime: Runtime
+    loop: asyncio.AbstractEventLoop
+
+    def call(self, coro: object, timeout: float = 60.0) -> object:
+        """Run a coroutine on the server's loop and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)  # type: ignore[arg-type]
+
+
+@contextmanager
+def serve_in_thread(
+    config: RuntimeConfig | None = None,
+    sources: Sequence[ModelSource] | None = None,
+    *,
+    startup_timeout: float = 120.0,
+) -> Iterator[RunningServer]:
+    """Run a real HTTP server on 127.0.0.1 in a background thread while the block runs.
+
+    Serves ``sources`` (the built-in models by default) under ``config``. On exit the
+    server shuts down as on SIGTERM: queued requests finish, then connections close.
+    """
+    config = config or RuntimeConfig()
+    chosen = list(sources) if sources is not None else builtin_sources()
+    started = threading.Event()
+    failure: list[BaseException] = []
+    holder: dict[str, object] = {}
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        holder["stop"] = stop
+        holder["loop"] = asyncio.get_running_loop()
+        try:
+            runtime = Runtime(config, chosen)
+            await runtime.start()
+            server = HttpServer(runtime, "127.0.0.1", 0)
+            await server.start()
+        except BaseException as exc:
+            failure.append(exc)
+            started.set()
+            return
+        holder["running"] = RunningServer(server.url, server.port, runtime, asyncio.get_running_loop())
+        started.set()
+        await stop.wait()
+        await runtime.stop(drain=True, timeout_s=config.server.shutdown_timeout)
+        await server.stop()
+
+    thread = threading.Thread(target=lambda: asyncio.run(main()), name="sordino-test-server")
+    thread.start()
+    if not started.wait(startup_timeout):
+        raise TimeoutError("the test server did not start in time")
+    if failure:
+        thread.join()
+        raise failure[0]
+    running = holder["running"]
+    assert isinstance(running, RunningServer)
+    try:
+        yield running
+    finally:
+        loop = holder["loop"]
+        stop = holder["stop"]
+        assert isinstance(loop, asyncio.AbstractEventLoop) and isinstance(stop, asyncio.Event)
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(timeout=60)
