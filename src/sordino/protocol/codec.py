@@ -1,0 +1,396 @@
+"""The KServe v2 wire codec: inference bodies to records and back.
+
+A request body is a JSON header, optionally followed by raw tensor bytes (Triton's
+binary tensor data extension). When binary data follows, the client says where the
+JSON ends with the ``Inference-Header-Content-Length`` header; each binary input
+declares ``parameters.binary_data_size`` and the inputs' bytes follow the JSON in
+input order, with nothing left over. Responses use the same framing for outputs the
+client asked to get as binary.
+
+Binary inputs become zero-copy, read-only numpy views on the request body; JSON
+inputs become new arrays. Every error names the tensor and says what is accepted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from sordino.datatypes import (
+    DATATYPES,
+    from_numpy_dtype,
+    serialize_bytes_tensor,
+    tensor_from_binary,
+    tensor_from_json,
+)
+from sordino.errors import InferenceFailed, InvalidRequest, MalformedBody, TensorError, Unsupported
+from sordino.inference import InferRequest, InferResponse, RequestedOutput, Tensor
+
+__all__ = [
+    "HEADER_CONTENT_LENGTH",
+    "decode_infer_request",
+    "encode_error",
+    "encode_infer_response",
+    "encode_json",
+    "parse_header_length",
+]
+
+HEADER_CONTENT_LENGTH = "Inference-Header-Content-Length"
+"""The HTTP header that gives the byte length of the JSON part of a binary body."""
+
+
+@dataclass(frozen=True, slots=True)
+class _InputHeader:
+    """One entry of the JSON ``inputs`` list, checked but not yet turned into an array."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: Any
+    binary_size: int | None
+
+
+def parse_header_length(value: str | None) -> int | None:
+    """Return the ``Inference-Header-Content-Length`` header as an int, or None if absent.
+
+    Raises MalformedBody when the value is not a non-negative integer.
+    """
+    if value is None:
+        return None
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()):
+        raise MalformedBody(
+            f"{HEADER_CONTENT_LENGTH} is {value!r}; it must be the byte length of the JSON "
+            "header at the start of the body"
+        )
+    return int(text)
+
+
+def decode_infer_request(
+    body: bytes,
+    *,
+    model: str,
+    version: str | None,
+    header_length: int | None,
+    headers: Mapping[str, str] | None = None,
+) -> InferRequest:
+    """Decode an inference request body into an :class:`InferRequest`.
+
+    ``header_length`` is the ``Inference-Header-Content-Length`` value: the JSON
+    header is that many leading bytes and binary input data follows; None means the
+    whole body is JSON. Raises MalformedBody for unparsable JSON or framing,
+    TensorError for a tensor that is inconsistent in itself (datatype, shape, element
+    count, values), InvalidRequest for other schema errors and Unsupported for
+    extensions sordino does not implement. Checking the tensors against the model is
+    :func:`sordino.protocol.validate.validate_request`'s job.
+    """
+    header = _parse_header(body, header_length)
+    json_end = len(body) if header_length is None else header_length
+
+    request_id = header.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidRequest(f"the request 'id' must be a string, got {request_id!r}")
+    parameters = _parameters(header.get("parameters"), "the request")
+    if not isinstance(parameters.get("binary_data_output", False), bool):
+        raise InvalidRequest("request parameter 'binary_data_output' must be true or false")
+
+    specs = _parse_inputs(header["inputs"])
+    _check_framing(specs, len(body) - json_end, header_length)
+
+    inputs: dict[str, Tensor] = {}
+    offset = json_end
+    for spec in specs:
+        if spec.binary_size is None:
+            inputs[spec.name] = tensor_from_json(spec.name, spec.datatype, spec.shape, spec.data)
+        else:
+            end = offset + spec.binary_size
+            view = memoryview(body)[offset:end]
+            inputs[spec.name] = tensor_from_binary(spec.name, spec.datatype, spec.shape, view)
+            offset = end
+
+    return InferRequest(
+        model=model,
+        inputs=inputs,
+        version=version,
+        id=request_id,
+        outputs=_parse_outputs(header.get("outputs")),
+        parameters=parameters,
+        input_datatypes={spec.name: spec.datatype for spec in specs},
+        headers=dict(headers) if headers else {},
+    )
+
+
+def _parse_header(body: bytes, header_length: int | None) -> dict[str, Any]:
+    if header_length is None:
+        where = "the request body"
+        text: bytes | memoryview = body
+    else:
+        if header_length < 0 or header_length > len(body):
+            raise MalformedBody(
+                f"{HEADER_CONTENT_LENGTH} is {header_length} but the body is {len(body)} bytes; "
+                "it must be the byte length of the JSON header at the start of the body"
+            )
+        where = f"the first {header_length} bytes of the body ({HEADER_CONTENT_LENGTH})"
+        text = memoryview(body)[:header_length]
+    try:
+        header = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedBody(f"{where} is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise MalformedBody(
+            f"the request must be a JSON object with an 'inputs' list, got {_json_kind(header)}"
+        )
+    if not isinstance(header.get("inputs"), list):
+        raise MalformedBody(
+            "the request has no 'inputs' list; send "
+            '{"inputs": [{"name": ..., "shape": [...], "datatype": ..., "data": [...]}]}'
+        )
+    return header
+
+
+def _parameters(raw: object, owner: str) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise InvalidRequest(
+            f"'parameters' of {owner} must be a JSON object, got {_json_kind(raw)}"
+        )
+    return raw
+
+
+def _parse_inputs(raw_inputs: list[Any]) -> list[_InputHeader]:
+    specs: list[_InputHeader] = []
+    seen: set[str] = set()
+    for index, raw in enumerate(raw_inputs):
+        if not isinstance(raw, dict):
+            raise InvalidRequest(
+                f"inputs[{index}] must be a JSON object with name, shape, datatype and data"
+            )
+        spec = _parse_input(index, raw)
+        if spec.name in seen:
+            raise TensorError(f"input {spec.name!r} appears more than once; send each input once")
+        seen.add(spec.name)
+        specs.append(spec)
+    return specs
+
+
+def _parse_input(index: int, raw: dict[str, Any]) -> _InputHeader:
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise TensorError(f"inputs[{index}] has no 'name'; give every input its tensor name")
+    datatype = raw.get("datatype")
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
+        raise TensorError(
+            f"input {name!r} has datatype {datatype!r}; use one of {', '.join(DATATYPES)}"
+        )
+    shape = raw.get("shape")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise TensorError(
+            f"input {name!r} has shape {shape!r}; the shape must be a list of non-negative integers"
+        )
+    parameters = _parameters(raw.get("parameters"), f"input {name!r}")
+    if "shared_memory_region" in parameters:
+        raise Unsupported(
+            f"input {name!r} names a shared memory region; the shared-memory extension is not "
+            "supported; send the tensor in 'data' or as binary data"
+        )
+    size = parameters.get("binary_data_size")
+    data = raw.get("data")
+    if size is None and data is None:
+        raise TensorError(
+            f"input {name!r} has neither 'data' nor parameters.binary_data_size; "
+            "send its values in 'data' or as binary data"
+        )
+    if size is not None and data is not None:
+        raise TensorError(
+            f"input {name!r} has both 'data' and parameters.binary_data_size; "
+            "send its values one way only"
+        )
+    if size is not None and (type(size) is not int or size < 0):
+        raise TensorError(
+            f"input {name!r} has binary_data_size {size!r}; it must be a non-negative byte count"
+        )
+    return _InputHeader(name, datatype, tuple(shape), data, size)
+
+
+def _check_framing(specs: list[_InputHeader], available: int, header_length: int | None) -> None:
+    binary = [spec for spec in specs if spec.binary_size is not None]
+    needed = sum(spec.binary_size or 0 for spec in binary)
+    if needed == available:
+        return
+    sizes = ", ".join(f"{spec.name!r}: {spec.binary_size}" for spec in binary) or "none"
+    if header_length is None:
+        raise MalformedBody(
+            f"binary input data is declared ({sizes}) but the request has no "
+            f"{HEADER_CONTENT_LENGTH} header; set it to the byte length of the JSON header"
+        )
+    raise MalformedBody(
+        f"the body holds {available} bytes after the {header_length}-byte JSON header but the "
+        f"inputs' binary_data_size values ({sizes}) add up to {needed}; they must match exactly"
+    )
+
+
+def _parse_outputs(raw: object) -> list[RequestedOutput] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise InvalidRequest(
+            f"'outputs' must be a list of {{\"name\": ...}} objects, got {_json_kind(raw)}"
+        )
+    outputs: list[RequestedOutput] = []
+    seen: set[str] = set()
+    for index, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise InvalidRequest(f"outputs[{index}] must be a JSON object with a 'name'")
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            raise TensorError(f"outputs[{index}] has no 'name'; name the output you want")
+        if name in seen:
+            raise TensorError(f"output {name!r} is requested more than once; list it once")
+        seen.add(name)
+        parameters = dict(_parameters(item.get("parameters"), f"output {name!r}"))
+        binary = parameters.pop("binary_data", None)
+        if binary is not None and not isinstance(binary, bool):
+            raise InvalidRequest(f"output {name!r}: 'binary_data' must be true or false")
+        if "classification" in parameters:
+            raise Unsupported(
+                f"output {name!r}: the classification extension is not supported; "
+                "request the raw output"
+            )
+        if "shared_memory_region" in parameters:
+            raise Unsupported(
+                f"output {name!r} names a shared memory region; the shared-memory extension "
+                "is not supported; request the output in the response body"
+            )
+        outputs.append(RequestedOutput(name=name, binary=binary, parameters=parameters))
+    # An empty list asks for nothing in particular, which the protocol reads as "all".
+    return outputs or None
+
+
+def encode_infer_response(
+    response: InferResponse, request: InferRequest
+) -> tuple[bytes, dict[str, str]]:
+    """Encode ``response`` for ``request``; return the body and the headers to add.
+
+    Outputs come in the order the request listed them, or the response's order when
+    it listed none. An output is binary when its RequestedOutput says so, or when it
+    does not say and the request parameter ``binary_data_output`` is true. With any
+    binary output the headers carry ``Inference-Header-Content-Length``. Raises
+    InvalidRequest for a BYTES output that is not UTF-8 but was asked for as JSON, and
+    InferenceFailed when the model did not return a requested output or returned an
+    array whose dtype contradicts its declared datatype.
+    """
+    default_binary = bool(request.parameters.get("binary_data_output", False))
+    if request.outputs is None:
+        wanted = [(name, default_binary) for name in response.outputs]
+    else:
+        wanted = [
+            (out.name, default_binary if out.binary is None else out.binary)
+            for out in request.outputs
+        ]
+
+    entries: list[dict[str, Any]] = []
+    chunks: list[bytes | memoryview] = []
+    for name, binary in wanted:
+        array = response.outputs.get(name)
+        if array is None:
+            raise InferenceFailed(
+                f"model {response.model!r} did not return output {name!r}; "
+                f"it returned {', '.join(map(repr, response.outputs)) or 'nothing'}"
+            )
+        datatype = _output_datatype(response, name, array)
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        if binary:
+            chunk = _binary_output(name, datatype, array)
+            entry["parameters"] = {"binary_data_size": len(chunk)}
+            chunks.append(chunk)
+        else:
+            entry["data"] = _json_output(name, datatype, array)
+        entries.append(entry)
+
+    document: dict[str, Any] = {"model_name": response.model, "model_version": response.version}
+    if request.id is not None:
+        document["id"] = request.id
+    if response.parameters:
+        document["parameters"] = response.parameters
+    document["outputs"] = entries
+    header = encode_json(document)
+    if not any(binary for _, binary in wanted):
+        return header, {"Content-Type": "application/json"}
+    headers = {
+        HEADER_CONTENT_LENGTH: str(len(header)),
+        "Content-Type": "application/octet-stream",
+    }
+    return b"".join([header, *chunks]), headers
+
+
+def _output_datatype(response: InferResponse, name: str, array: Tensor) -> str:
+    try:
+        actual = from_numpy_dtype(array.dtype)
+    except TensorError as exc:
+        raise InferenceFailed(f"model {response.model!r} output {name!r}: {exc.message}") from None
+    declared = response.output_datatypes.get(name, actual)
+    if declared != actual:
+        raise InferenceFailed(
+            f"model {response.model!r} returned output {name!r} as {actual} "
+            f"(numpy {array.dtype}) but declares it {declared}"
+        )
+    return declared
+
+
+def _binary_output(name: str, datatype: str, array: Tensor) -> bytes | memoryview:
+    if datatype == "BYTES":
+        try:
+            return serialize_bytes_tensor(array)
+        except TensorError as exc:
+            raise InferenceFailed(f"output {name!r}: {exc.message}") from None
+    little = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+    # A byte view, not tobytes(): the final join is then the only copy.
+    return little.reshape(-1).view(np.uint8).data
+
+
+def _json_output(name: str, datatype: str, array: Tensor) -> object:
+    flat = array.reshape(-1)
+    if datatype != "BYTES":
+        # orjson writes numeric arrays itself when they are native-endian and contiguous.
+        return np.ascontiguousarray(flat, dtype=flat.dtype.newbyteorder("="))
+    strings: list[str] = []
+    for index, item in enumerate(flat.tolist()):
+        if isinstance(item, str):
+            strings.append(item)
+            continue
+        try:
+            strings.append(item.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise InvalidRequest(
+                f"output {name!r} element {index} is not valid UTF-8 and cannot be sent as "
+                'JSON; request the output with "binary_data": true'
+            ) from None
+        except AttributeError:
+            raise InferenceFailed(
+                f"output {name!r} element {index} is a {type(item).__name__}; "
+                "BYTES outputs must hold bytes or str"
+            ) from None
+    return strings
+
+
+def encode_error(message: str) -> bytes:
+    """Return the KServe v2 error body ``{"error": message}``."""
+    return orjson.dumps({"error": message})
+
+
+def encode_json(obj: object) -> bytes:
+    """Serialize ``obj`` as JSON with orjson; numpy arrays and scalars are written natively."""
+    return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _json_kind(value: object) -> str:
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    return "null" if value is None else f"the value {value!r}"

@@ -1,0 +1,110 @@
+"""Check a decoded request against the model it is for, before it is queued.
+
+The codec only checks that each tensor is consistent in itself; this module checks
+that the tensors are the ones the model takes: names, datatypes, ranks, fixed
+dimensions and batch sizes. Nothing is cast or reshaped to make a request fit: a
+mismatch is the client's to fix, and the message says what the model expects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from sordino.backends.base import ModelMetadata, TensorSpec
+from sordino.datatypes import from_numpy_dtype
+from sordino.errors import TensorError
+from sordino.inference import InferRequest, Tensor
+
+__all__ = ["validate_request"]
+
+
+def validate_request(
+    request: InferRequest, metadata: ModelMetadata, *, max_batch_size: int
+) -> None:
+    """Raise TensorError unless ``request`` fits the model ``metadata`` describes.
+
+    Every model input must be present and no other; each input's datatype and rank
+    must equal the spec's and every fixed dimension (``>= 0`` in the spec) must
+    match. When the model is batched, the leading dimension is the batch size: it
+    must be at least 1, at most ``max_batch_size`` when that is positive, and the
+    same for every input. Requested outputs must be outputs of the model.
+    """
+    model = metadata.name
+    expected = [spec.name for spec in metadata.inputs]
+    for name in request.inputs:
+        if metadata.input(name) is None:
+            raise TensorError(
+                f"model {model!r} has no input {name!r}; its inputs are {_names(expected)}"
+            )
+    for spec in metadata.inputs:
+        array = request.inputs.get(spec.name)
+        if array is None:
+            raise TensorError(
+                f"model {model!r} expects input {spec.name!r} ({spec.datatype}, shape "
+                f"{_shape(spec.shape)}) but the request does not have it"
+            )
+        _check_input(request, model, spec, array, batched=metadata.batched)
+    if metadata.batched:
+        _check_batch(request, metadata, max_batch_size)
+    if request.outputs is not None:
+        outputs = [spec.name for spec in metadata.outputs]
+        for requested in request.outputs:
+            if metadata.output(requested.name) is None:
+                raise TensorError(
+                    f"model {model!r} has no output {requested.name!r}; "
+                    f"its outputs are {_names(outputs)}"
+                )
+
+
+def _check_input(
+    request: InferRequest, model: str, spec: TensorSpec, array: Tensor, *, batched: bool
+) -> None:
+    datatype = request.input_datatypes.get(spec.name) or from_numpy_dtype(array.dtype)
+    if datatype != spec.datatype:
+        raise TensorError(
+            f"input {spec.name!r} has datatype {datatype} but model {model!r} expects "
+            f"{spec.datatype}"
+        )
+    if array.ndim != len(spec.shape):
+        raise TensorError(
+            f"input {spec.name!r} has shape {_shape(array.shape)} (rank {array.ndim}) but "
+            f"model {model!r} expects rank {len(spec.shape)}: {_shape(spec.shape)}"
+        )
+    # The batch dimension of a batched model is variable whatever the spec says.
+    first = 1 if batched else 0
+    for axis in range(first, array.ndim):
+        want = spec.shape[axis]
+        if want >= 0 and array.shape[axis] != want:
+            raise TensorError(
+                f"input {spec.name!r} has shape {_shape(array.shape)} but model {model!r} "
+                f"expects {_shape(spec.shape)}: dimension {axis} must be {want}"
+            )
+
+
+def _check_batch(request: InferRequest, metadata: ModelMetadata, max_batch_size: int) -> None:
+    sizes = {spec.name: int(request.inputs[spec.name].shape[0]) for spec in metadata.inputs}
+    if len(set(sizes.values())) > 1:
+        listed = ", ".join(f"{name!r}: {size}" for name, size in sizes.items())
+        raise TensorError(
+            f"inputs have different batch sizes ({listed}); every input of model "
+            f"{metadata.name!r} must have the same leading dimension"
+        )
+    for name, size in sizes.items():
+        if size < 1:
+            raise TensorError(
+                f"input {name!r} has batch size 0; send at least one item along dimension 0"
+            )
+        if 0 < max_batch_size < size:
+            raise TensorError(
+                f"input {name!r} has batch size {size} but model {metadata.name!r} takes at "
+                f"most {max_batch_size} items per request; split the request"
+            )
+
+
+def _names(names: Iterable[str]) -> str:
+    listed = ", ".join(repr(name) for name in names)
+    return listed or "none"
+
+
+def _shape(shape: Iterable[int]) -> str:
+    return "[" + ", ".join(str(dim) for dim in shape) + "]"
