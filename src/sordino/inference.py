@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 
 __all__ = ["InferRequest", "InferResponse", "ModelKey", "RequestedOutput", "Tensor"]
@@ -68,7 +67,6 @@ def batch_size_of(inputs: dict[str, Tensor]) -> int:
     """Return the size of the leading (batch) dimension shared by ``inputs``."""
     first = next(iter(inputs.values()))
     return int(first.shape[0]) if first.ndim else 1
-
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from sordino.scheduling.batcher import BatchPolicy
-from sordino.scheduling.modes import AimdController, BatchCurve, build_controller, measure_batch_curve
+from sordino.scheduling.modes import (
+    AimdController,
+    BatchCurve,
+    build_controller,
+    measure_batch_curve,
+)
 from sordino.testing import VirtualClock
 
 CEILING = BatchPolicy(max_batch=16, max_delay_s=0.016)

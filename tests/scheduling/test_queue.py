@@ -12,14 +12,26 @@ from sordino.scheduling.queue import RequestQueue
 from sordino.scheduling.work import WorkItem, signature_of
 
 
-def _item(priority: int = 2, rows: int = 1, width: int = 4, arrival: float = 0.0,
-          deadline: float | None = None) -> WorkItem:
+def _item(
+    priority: int = 2,
+    rows: int = 1,
+    width: int = 4,
+    arrival: float = 0.0,
+    deadline: float | None = None,
+) -> WorkItem:
     inputs = {"x": np.zeros((rows, width), dtype=np.float32)}
     loop = asyncio.new_event_loop()
     future = loop.create_future()
     loop.close()
-    return WorkItem(inputs=inputs, rows=rows, signature=signature_of(inputs, True),
-                    priority=priority, arrival=arrival, future=future, deadline=deadline)
+    return WorkItem(
+        inputs=inputs,
+        rows=rows,
+        signature=signature_of(inputs, True),
+        priority=priority,
+        arrival=arrival,
+        future=future,
+        deadline=deadline,
+    )
 
 
 def _queue(max_size: int = 100, delay: bool = False) -> RequestQueue:

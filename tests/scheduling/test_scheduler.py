@@ -138,9 +138,7 @@ async def test_expired_request_is_never_run() -> None:
 async def test_full_queue_rejects_immediately() -> None:
     clock = VirtualClock()
     executor = ScriptedExecutor(clock, latency=lambda rows: 1.0)
-    sched = _scheduler(
-        clock, executor, BatchPolicy(max_batch=1), QueueSettings(max_queue_size=2)
-    )
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=1), QueueSettings(max_queue_size=2))
     tasks = [asyncio.create_task(sched.infer(_x(0), priority=2))]
     await clock.settle()  # the first runs
     tasks += [asyncio.create_task(sched.infer(_x(i), priority=2)) for i in (1, 2)]
@@ -256,7 +254,9 @@ async def test_adaptive_mode_does_not_add_delay_at_light_load() -> None:
 async def test_conservative_mode_halves_batches() -> None:
     clock = VirtualClock()
     executor = ScriptedExecutor(clock)
-    sched = _scheduler(clock, executor, BatchPolicy(max_batch=8, max_delay_s=0.01), mode="conservative")
+    sched = _scheduler(
+        clock, executor, BatchPolicy(max_batch=8, max_delay_s=0.01), mode="conservative"
+    )
     tasks = [asyncio.create_task(sched.infer(_x(i), priority=2)) for i in range(8)]
     await clock.advance(0.1)
     await asyncio.gather(*tasks)

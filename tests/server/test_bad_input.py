@@ -13,7 +13,9 @@ from sordino.testing import RunningServer
 PIXELS = {"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": [1.0] * 64}
 
 
-def _binary(header: dict, payload: bytes, declared: int | None = None) -> tuple[bytes, dict[str, str]]:
+def _binary(
+    header: dict, payload: bytes, declared: int | None = None
+) -> tuple[bytes, dict[str, str]]:
     raw = json.dumps(header).encode()
     length = len(raw) if declared is None else declared
     return raw + payload, {"Inference-Header-Content-Length": str(length)}
@@ -24,39 +26,111 @@ CASES: list[tuple[str, str, dict[str, object], int, str]] = [
     ("JSON not an object", "digits-classifier", {"content": b"[1, 2]"}, 400, "object"),
     ("missing inputs", "digits-classifier", {"json": {"outputs": []}}, 400, "inputs"),
     ("unknown model", "no-such-model", {"json": {"inputs": [PIXELS]}}, 404, "no-such-model"),
-    ("unknown version", "digits-classifier/versions/9", {"json": {"inputs": [PIXELS]}}, 404, "version"),
-    ("unknown input", "digits-classifier",
-     {"json": {"inputs": [{**PIXELS, "name": "pixelz"}]}}, 400, "pixelz"),
-    ("unknown output", "digits-classifier",
-     {"json": {"inputs": [PIXELS], "outputs": [{"name": "logits"}]}}, 400, "logits"),
-    ("wrong datatype", "digits-classifier",
-     {"json": {"inputs": [{**PIXELS, "datatype": "INT32", "data": [1] * 64}]}}, 400, "FP32"),
-    ("unknown datatype", "digits-classifier",
-     {"json": {"inputs": [{**PIXELS, "datatype": "FLOAT"}]}}, 400, "FLOAT"),
-    ("wrong shape", "digits-classifier",
-     {"json": {"inputs": [{**PIXELS, "shape": [1, 63], "data": [1.0] * 63}]}}, 400, "64"),
-    ("element count mismatch", "digits-classifier",
-     {"json": {"inputs": [{**PIXELS, "data": [1.0] * 10}]}}, 400, "10"),
-    ("string in numeric slot", "digits-classifier",
-     {"json": {"inputs": [{**PIXELS, "data": ["x"] * 64}]}}, 400, "pixels"),
-    ("BYTES tensor in numeric slot", "digits-classifier",
-     {"json": {"inputs": [{**PIXELS, "datatype": "BYTES", "data": ["a"] * 64}]}}, 400, "BYTES"),
-    ("number in BYTES slot", "text-normalizer",
-     {"json": {"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": [5]}]}},
-     400, "text"),
-    ("batch over max_batch_size", "digits-classifier",
-     {"json": {"inputs": [{**PIXELS, "shape": [65, 64], "data": [1.0] * 65 * 64}]}}, 400, "64"),
-    ("bad priority", "digits-classifier",
-     {"json": {"inputs": [PIXELS], "parameters": {"priority": 7}}}, 400, "priority"),
-    ("sequence batching asked for", "digits-classifier",
-     {"json": {"inputs": [PIXELS], "parameters": {"sequence_id": 3}}}, 400, "sequence"),
+    (
+        "unknown version",
+        "digits-classifier/versions/9",
+        {"json": {"inputs": [PIXELS]}},
+        404,
+        "version",
+    ),
+    (
+        "unknown input",
+        "digits-classifier",
+        {"json": {"inputs": [{**PIXELS, "name": "pixelz"}]}},
+        400,
+        "pixelz",
+    ),
+    (
+        "unknown output",
+        "digits-classifier",
+        {"json": {"inputs": [PIXELS], "outputs": [{"name": "logits"}]}},
+        400,
+        "logits",
+    ),
+    (
+        "wrong datatype",
+        "digits-classifier",
+        {"json": {"inputs": [{**PIXELS, "datatype": "INT32", "data": [1] * 64}]}},
+        400,
+        "FP32",
+    ),
+    (
+        "unknown datatype",
+        "digits-classifier",
+        {"json": {"inputs": [{**PIXELS, "datatype": "FLOAT"}]}},
+        400,
+        "FLOAT",
+    ),
+    (
+        "wrong shape",
+        "digits-classifier",
+        {"json": {"inputs": [{**PIXELS, "shape": [1, 63], "data": [1.0] * 63}]}},
+        400,
+        "64",
+    ),
+    (
+        "element count mismatch",
+        "digits-classifier",
+        {"json": {"inputs": [{**PIXELS, "data": [1.0] * 10}]}},
+        400,
+        "10",
+    ),
+    (
+        "string in numeric slot",
+        "digits-classifier",
+        {"json": {"inputs": [{**PIXELS, "data": ["x"] * 64}]}},
+        400,
+        "pixels",
+    ),
+    (
+        "BYTES tensor in numeric slot",
+        "digits-classifier",
+        {"json": {"inputs": [{**PIXELS, "datatype": "BYTES", "data": ["a"] * 64}]}},
+        400,
+        "BYTES",
+    ),
+    (
+        "number in BYTES slot",
+        "text-normalizer",
+        {"json": {"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": [5]}]}},
+        400,
+        "text",
+    ),
+    (
+        "batch over max_batch_size",
+        "digits-classifier",
+        {"json": {"inputs": [{**PIXELS, "shape": [65, 64], "data": [1.0] * 65 * 64}]}},
+        400,
+        "64",
+    ),
+    (
+        "bad priority",
+        "digits-classifier",
+        {"json": {"inputs": [PIXELS], "parameters": {"priority": 7}}},
+        400,
+        "priority",
+    ),
+    (
+        "sequence batching asked for",
+        "digits-classifier",
+        {"json": {"inputs": [PIXELS], "parameters": {"sequence_id": 3}}},
+        400,
+        "sequence",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("label", "model", "kwargs", "status", "needle"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("label", "model", "kwargs", "status", "needle"), CASES, ids=[c[0] for c in CASES]
+)
 def test_bad_input_gets_clear_4xx(
-    server: RunningServer, caplog: pytest.LogCaptureFixture,
-    label: str, model: str, kwargs: dict[str, object], status: int, needle: str,
+    server: RunningServer,
+    caplog: pytest.LogCaptureFixture,
+    label: str,
+    model: str,
+    kwargs: dict[str, object],
+    status: int,
+    needle: str,
 ) -> None:
     with caplog.at_level(logging.ERROR, logger="sordino"), httpx.Client(base_url=server.url) as c:
         response = c.post(f"/v2/models/{model}/infer", **kwargs)  # type: ignore[arg-type]
@@ -88,8 +162,11 @@ def test_binary_size_not_matching_body(server: RunningServer) -> None:
 
 def test_non_numeric_header_length(server: RunningServer) -> None:
     with httpx.Client(base_url=server.url) as c:
-        r = c.post("/v2/models/digits-classifier/infer", content=b"{}",
-                   headers={"Inference-Header-Content-Length": "abc"})
+        r = c.post(
+            "/v2/models/digits-classifier/infer",
+            content=b"{}",
+            headers={"Inference-Header-Content-Length": "abc"},
+        )
     assert r.status_code == 400
 
 

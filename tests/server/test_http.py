@@ -20,7 +20,9 @@ def client(server: RunningServer) -> httpx.Client:
         yield c
 
 
-def _infer_json(client: httpx.Client, model: str, inputs: list[dict[str, Any]], **extra: Any) -> httpx.Response:
+def _infer_json(
+    client: httpx.Client, model: str, inputs: list[dict[str, Any]], **extra: Any
+) -> httpx.Response:
     return client.post(f"/v2/models/{model}/infer", json={"inputs": inputs, **extra})
 
 
@@ -59,7 +61,8 @@ def test_model_config_is_triton_shaped(client: httpx.Client) -> None:
 def test_infer_json_matches_onnxruntime(client: httpx.Client, reference: dict[str, Any]) -> None:
     pixels = digits_pixels(3)
     response = _infer_json(
-        client, "digits-classifier",
+        client,
+        "digits-classifier",
         [{"name": "pixels", "shape": [3, 64], "datatype": "FP32", "data": pixels.tolist()}],
     )
     assert response.status_code == 200, response.text
@@ -74,13 +77,28 @@ def test_infer_json_matches_onnxruntime(client: httpx.Client, reference: dict[st
 def test_infer_binary_input_and_output(client: httpx.Client, reference: dict[str, Any]) -> None:
     a = np.arange(32, dtype=np.int32).reshape(2, 16)
     b = np.ones((2, 16), dtype=np.int32)
-    header = json.dumps({
-        "inputs": [
-            {"name": "INPUT0", "shape": [2, 16], "datatype": "INT32", "parameters": {"binary_data_size": a.nbytes}},
-            {"name": "INPUT1", "shape": [2, 16], "datatype": "INT32", "parameters": {"binary_data_size": b.nbytes}},
-        ],
-        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}, {"name": "OUTPUT1"}],
-    }).encode()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "shape": [2, 16],
+                    "datatype": "INT32",
+                    "parameters": {"binary_data_size": a.nbytes},
+                },
+                {
+                    "name": "INPUT1",
+                    "shape": [2, 16],
+                    "datatype": "INT32",
+                    "parameters": {"binary_data_size": b.nbytes},
+                },
+            ],
+            "outputs": [
+                {"name": "OUTPUT0", "parameters": {"binary_data": True}},
+                {"name": "OUTPUT1"},
+            ],
+        }
+    ).encode()
     response = client.post(
         "/v2/models/simple/infer",
         content=header + a.tobytes() + b.tobytes(),
@@ -97,7 +115,8 @@ def test_infer_binary_input_and_output(client: httpx.Client, reference: dict[str
 
 def test_infer_bytes_model(client: httpx.Client) -> None:
     response = _infer_json(
-        client, "text-normalizer",
+        client,
+        "text-normalizer",
         [{"name": "text", "shape": [2, 1], "datatype": "BYTES", "data": ["Hello World", "ABC"]}],
     )
     assert response.status_code == 200, response.text
@@ -107,12 +126,22 @@ def test_infer_bytes_model(client: httpx.Client) -> None:
 def test_infer_bytes_binary_roundtrip(client: httpx.Client) -> None:
     words = [b"MiXeD", b"CASE"]
     raw = b"".join(struct.pack("<I", len(w)) + w for w in words)
-    header = json.dumps({
-        "inputs": [{"name": "text", "shape": [2, 1], "datatype": "BYTES", "parameters": {"binary_data_size": len(raw)}}],
-        "parameters": {"binary_data_output": True},
-    }).encode()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "text",
+                    "shape": [2, 1],
+                    "datatype": "BYTES",
+                    "parameters": {"binary_data_size": len(raw)},
+                }
+            ],
+            "parameters": {"binary_data_output": True},
+        }
+    ).encode()
     response = client.post(
-        "/v2/models/text-normalizer/infer", content=header + raw,
+        "/v2/models/text-normalizer/infer",
+        content=header + raw,
         headers={"Inference-Header-Content-Length": str(len(header))},
     )
     assert response.status_code == 200, response.text
@@ -123,7 +152,8 @@ def test_infer_bytes_binary_roundtrip(client: httpx.Client) -> None:
 
 def test_versioned_infer_route(client: httpx.Client) -> None:
     response = _infer_json(
-        client, "digits-classifier/versions/1",
+        client,
+        "digits-classifier/versions/1",
         [{"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}],
     )
     assert response.status_code == 200, response.text
@@ -131,12 +161,14 @@ def test_versioned_infer_route(client: httpx.Client) -> None:
 
 def test_request_id_and_selected_output_echoed(client: httpx.Client) -> None:
     response = _infer_json(
-        client, "simple",
+        client,
+        "simple",
         [
             {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": list(range(16))},
             {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
         ],
-        id="req-7", outputs=[{"name": "OUTPUT1"}],
+        id="req-7",
+        outputs=[{"name": "OUTPUT1"}],
     )
     body = response.json()
     assert body["id"] == "req-7"
@@ -146,12 +178,19 @@ def test_request_id_and_selected_output_echoed(client: httpx.Client) -> None:
 def test_statistics_count_real_work(client: httpx.Client) -> None:
     before = client.get("/v2/models/simple/stats").json()["model_stats"][0]
     for _ in range(3):
-        _infer_json(client, "simple", [
-            {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
-            {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
-        ])
+        _infer_json(
+            client,
+            "simple",
+            [
+                {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
+                {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
+            ],
+        )
     after = client.get("/v2/models/simple/stats").json()["model_stats"][0]
-    assert after["inference_stats"]["success"]["count"] == before["inference_stats"]["success"]["count"] + 3
+    assert (
+        after["inference_stats"]["success"]["count"]
+        == before["inference_stats"]["success"]["count"] + 3
+    )
     assert after["inference_stats"]["success"]["ns"] > before["inference_stats"]["success"]["ns"]
     assert after["inference_count"] >= before["inference_count"] + 3
     assert after["batch_stats"]
@@ -161,19 +200,40 @@ def test_statistics_count_real_work(client: httpx.Client) -> None:
 
 def test_priority_and_tag_parameters_accepted(client: httpx.Client) -> None:
     inputs = [{"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": [1.0] * 64}]
-    assert _infer_json(client, "digits-classifier", inputs, parameters={"priority": 1}).status_code == 200
-    assert _infer_json(client, "digits-classifier", inputs, parameters={"priority": "low"}).status_code == 200
-    r = client.post("/v2/models/digits-classifier/infer", json={"inputs": inputs}, headers={"X-Sordino-Tag": "anything"})
+    assert (
+        _infer_json(client, "digits-classifier", inputs, parameters={"priority": 1}).status_code
+        == 200
+    )
+    assert (
+        _infer_json(client, "digits-classifier", inputs, parameters={"priority": "low"}).status_code
+        == 200
+    )
+    r = client.post(
+        "/v2/models/digits-classifier/infer",
+        json={"inputs": inputs},
+        headers={"X-Sordino-Tag": "anything"},
+    )
     assert r.status_code == 200
 
 
 def test_metrics_exposition_after_traffic(client: httpx.Client) -> None:
-    _infer_json(client, "digits-classifier", [{"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": [1.0] * 64}])
+    _infer_json(
+        client,
+        "digits-classifier",
+        [{"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": [1.0] * 64}],
+    )
     text = client.get("/metrics").text
     for family in (
-        "sordino_requests_total", "sordino_request_queue_seconds_bucket",
-        "sordino_request_compute_seconds_bucket", "sordino_request_seconds_bucket",
-        "sordino_batch_size_bucket", "sordino_queue_depth", "sordino_inflight_requests",
+        "sordino_requests_total",
+        "sordino_request_queue_seconds_bucket",
+        "sordino_request_compute_seconds_bucket",
+        "sordino_request_seconds_bucket",
+        "sordino_batch_size_bucket",
+        "sordino_queue_depth",
+        "sordino_inflight_requests",
     ):
         assert family in text, family
-    assert 'sordino_requests_total{model="digits-classifier",outcome="success",reason="ok",version="1"}' in text
+    assert (
+        'sordino_requests_total{model="digits-classifier",outcome="success",reason="ok",version="1"}'
+        in text
+    )

@@ -21,9 +21,9 @@ __all__ = [
     "Link",
     "default_links",
     "parse_priority",
+    "reject_unsupported_parameters",
     "resolve_priority",
     "resolve_timeout",
-    "reject_unsupported_parameters",
 ]
 
 PRIORITY_NAMES = ("high", "normal", "low")
@@ -104,7 +104,9 @@ def resolve_priority(request: InferRequest, context: AdmissionContext) -> None:
             raise InvalidRequest("parameter 'tag' must be a string")
         rule = context.priority_rules.get(tag)
         if rule is not None:
-            context.priority = parse_priority(rule, context.settings, f"priority rule for tag {tag!r}")
+            context.priority = parse_priority(
+                rule, context.settings, f"priority rule for tag {tag!r}"
+            )
             return
     context.priority = context.settings.default_priority
 

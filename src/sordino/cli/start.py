@@ -75,7 +75,9 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> None:
     await runtime.start(on_loaded=lambda model: click.echo(_describe(model)))
     server = HttpServer(runtime, config.server.host, config.server.http_port)
     await server.start()
-    click.echo(f"sordino listening on {server.url} (KServe v2 HTTP, metrics at {server.url}/metrics)")
+    click.echo(
+        f"sordino listening on {server.url} (KServe v2 HTTP, metrics at {server.url}/metrics)"
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -88,23 +90,49 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> None:
 
 
 @click.command()
-@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
-              help="runtime_config.yaml; flags override its values.")
-@click.option("--model", "models", multiple=True, metavar="[NAME=]PATH",
-              help="An .onnx file or versioned folder to serve (repeatable).")
-@click.option("--model-repository", type=click.Path(path_type=Path, file_okay=False),
-              help="A Triton-style folder: one sub-folder per model.")
-@click.option("--builtin/--no-builtin", default=None,
-              help="Serve the built-in demo models (default: only when no other model is given).")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="runtime_config.yaml; flags override its values.",
+)
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    metavar="[NAME=]PATH",
+    help="An .onnx file or versioned folder to serve (repeatable).",
+)
+@click.option(
+    "--model-repository",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="A Triton-style folder: one sub-folder per model.",
+)
+@click.option(
+    "--builtin/--no-builtin",
+    default=None,
+    help="Serve the built-in demo models (default: only when no other model is given).",
+)
 @click.option("--host", help="Address to listen on (default 127.0.0.1).")
 @click.option("--http-port", type=int, help="HTTP port (default 8000; 0 picks a free port).")
-@click.option("--data-dir", type=click.Path(path_type=Path, file_okay=False),
-              help="Where sordino keeps its state (default ~/.sordino).")
-@click.option("--mode", type=click.Choice(
-    ["auto", "manual", "hybrid", "adaptive", "conservative", "ultra_low_latency"]),
-    help="Scheduler mode for every model (overrides scheduler.mode).")
-@click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Where sordino keeps its state (default ~/.sordino).",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(
+        ["auto", "manual", "hybrid", "adaptive", "conservative", "ultra_low_latency"]
+    ),
+    help="Scheduler mode for every model (overrides scheduler.mode).",
+)
+@click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+)
 def start(
     config_path: Path | None,
     models: tuple[str, ...],

@@ -133,7 +133,9 @@ def _model_file(folder: Path, name: str) -> Path:
     if len(candidates) == 1:
         return candidates[0]
     if not candidates:
-        raise ModelLoadError(f"model {name!r}: no .onnx file in {folder} (expected {MODEL_FILENAME})")
+        raise ModelLoadError(
+            f"model {name!r}: no .onnx file in {folder} (expected {MODEL_FILENAME})"
+        )
     raise ModelLoadError(
         f"model {name!r}: several .onnx files in {folder}; name the one to serve {MODEL_FILENAME}"
     )

@@ -67,7 +67,9 @@ class BatchCurve:
 
     def largest_within(self, budget_s: float) -> int:
         """Return the largest measured size whose batch latency fits ``budget_s`` (at least 1)."""
-        fitting = [s for s, lat in zip(self.sizes, self.latencies_s, strict=True) if lat <= budget_s]
+        fitting = [
+            s for s, lat in zip(self.sizes, self.latencies_s, strict=True) if lat <= budget_s
+        ]
         return max(fitting) if fitting else 1
 
 
@@ -179,13 +181,16 @@ class AimdController:
             delay = current.max_delay_s / 2
         elif p99 < self._headroom * self._slo_s:
             cap = min(self._ceiling.max_batch, current.max_batch + 1)
-            delay = min(self._ceiling.max_delay_s, current.max_delay_s + self._ceiling.max_delay_s / 8)
+            delay = min(
+                self._ceiling.max_delay_s, current.max_delay_s + self._ceiling.max_delay_s / 8
+            )
         else:
             return
         if cap != current.max_batch or delay != current.max_delay_s:
             self._adjustments += 1
-            self._policy = replace(current, max_batch=cap, max_delay_s=delay,
-                                   min_batch=min(current.min_batch, cap))
+            self._policy = replace(
+                current, max_batch=cap, max_delay_s=delay, min_batch=min(current.min_batch, cap)
+            )
 
     def statistics(self) -> ControllerStatistics:
         return ControllerStatistics(

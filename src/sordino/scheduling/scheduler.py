@@ -8,8 +8,8 @@ deadline fires, or on close. It never polls.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import numpy as np
@@ -181,10 +181,7 @@ class ModelScheduler:
         if self._closing:
             raise ShuttingDown(f"model {self.model} is shutting down; retry on another replica")
         now = self._clock.now()
-        if self.batched:
-            rows = int(next(iter(inputs.values())).shape[0])
-        else:
-            rows = 1
+        rows = int(next(iter(inputs.values())).shape[0]) if self.batched else 1
         future: asyncio.Future[dict[str, Tensor]] = asyncio.get_running_loop().create_future()
         item = WorkItem(
             inputs=inputs,
@@ -233,7 +230,9 @@ class ModelScheduler:
             return
         if self._queue.remove(item):
             self._queue_changed()
-        self._finish(item, "cancelled", Cancelled.reason, error=Cancelled("cancelled by the client"))
+        self._finish(
+            item, "cancelled", Cancelled.reason, error=Cancelled("cancelled by the client")
+        )
 
     # -- the scheduling loop ---------------------------------------------------------
 
@@ -437,4 +436,3 @@ class ModelScheduler:
             queue=self._queue.statistics(),
             controller=self._controller.statistics(),
         )
-

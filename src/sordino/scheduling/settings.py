@@ -64,7 +64,9 @@ def scheduling_for(
     queue_policy = batching.default_queue_policy
     max_queue = queue_policy.max_queue_size
     if mode == "conservative":
-        max_queue = conservative_queue_size(max_queue, conservative_policy(policy).max_batch, instances)
+        max_queue = conservative_queue_size(
+            max_queue, conservative_policy(policy).max_batch, instances
+        )
     queue = QueueSettings(
         priority_levels=batching.priority_levels,
         default_priority=batching.default_priority_level,

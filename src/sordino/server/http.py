@@ -35,7 +35,13 @@ __all__ = ["EXTENSIONS", "build_app"]
 
 log = logging.getLogger("sordino.http")
 
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "schedule_policy", "parameters"]
+EXTENSIONS = [
+    "binary_tensor_data",
+    "model_configuration",
+    "statistics",
+    "schedule_policy",
+    "parameters",
+]
 JSON = "application/json"
 Handler = Callable[[Request], Awaitable[Response]]
 

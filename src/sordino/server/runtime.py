@@ -164,9 +164,7 @@ class Runtime:
         except Exception:
             self.executor.unregister(key)
             raise
-        controller = build_controller(
-            scheduling.mode, scheduling.policy, scheduling.slo_s, curve
-        )
+        controller = build_controller(scheduling.mode, scheduling.policy, scheduling.slo_s, curve)
         scheduler = ModelScheduler(
             key,
             batched=metadata.batched,

@@ -80,7 +80,9 @@ class HttpServer:
 
     async def start(self) -> None:
         """Start serving; return once the socket accepts connections."""
-        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[self._sock]))
+        self._task = asyncio.get_running_loop().create_task(
+            self._server.serve(sockets=[self._sock])
+        )
         while not self._server.started:
             if self._task.done():
                 self._task.result()  # raises what stopped it

@@ -33,7 +33,9 @@ class _SchedulerCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         depth = GaugeMetricFamily(
-            "sordino_queue_depth", "Requests waiting in the model's queue.", labels=["model", "version"]
+            "sordino_queue_depth",
+            "Requests waiting in the model's queue.",
+            labels=["model", "version"],
         )
         inflight = GaugeMetricFamily(
             "sordino_inflight_requests",

@@ -65,7 +65,9 @@ def serve_in_thread(
             failure.append(exc)
             started.set()
             return
-        holder["running"] = RunningServer(server.url, server.port, runtime, asyncio.get_running_loop())
+        holder["running"] = RunningServer(
+            server.url, server.port, runtime, asyncio.get_running_loop()
+        )
         started.set()
         await stop.wait()
         await runtime.stop(drain=True, timeout_s=config.server.shutdown_timeout)
