@@ -71,6 +71,10 @@ def _describe(model: LoadedModel) -> str:
 
 
 async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     runtime = Runtime(config, sources)
     await runtime.start(on_loaded=lambda model: click.echo(_describe(model)))
     server = HttpServer(runtime, config.server.host, config.server.http_port)
@@ -78,12 +82,9 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> None:
     click.echo(
         f"sordino listening on {server.url} (KServe v2 HTTP, metrics at {server.url}/metrics)"
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     click.echo("shutting down: finishing queued requests", err=True)
+    server.stop_accepting()
     await runtime.stop(drain=True, timeout_s=config.server.shutdown_timeout)
     await server.stop()
     click.echo("stopped", err=True)

@@ -62,12 +62,17 @@ def _error(exc: SordinoError) -> Response:
     return Response(encode_error(str(exc)), status_code=status, media_type=JSON, headers=headers)
 
 
-def _guard(handler: Handler) -> Handler:
+def _guard(runtime: Runtime, handler: Handler) -> Handler:
     async def guarded(request: Request) -> Response:
         try:
-            return await handler(request)
+            response = await handler(request)
         except SordinoError as exc:
-            return _error(exc)
+            response = _error(exc)
+        if runtime.stopping:
+            # Tell keep-alive clients to reconnect elsewhere rather than reuse a connection
+            # the server is about to close.
+            response.headers["Connection"] = "close"
+        return response
 
     return guarded
 
@@ -149,19 +154,19 @@ def build_app(runtime: Runtime) -> Starlette:
         )
 
     routes: list[Route] = [
-        Route("/v2", _guard(server_metadata), methods=["GET"]),
-        Route("/v2/health/live", _guard(live), methods=["GET"]),
-        Route("/v2/health/ready", _guard(ready), methods=["GET"]),
-        Route("/v2/models/stats", _guard(all_stats), methods=["GET"]),
-        Route("/metrics", _guard(metrics), methods=["GET"]),
+        Route("/v2", _guard(runtime, server_metadata), methods=["GET"]),
+        Route("/v2/health/live", _guard(runtime, live), methods=["GET"]),
+        Route("/v2/health/ready", _guard(runtime, ready), methods=["GET"]),
+        Route("/v2/models/stats", _guard(runtime, all_stats), methods=["GET"]),
+        Route("/metrics", _guard(runtime, metrics), methods=["GET"]),
     ]
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes += [
-            Route(prefix, _guard(model_metadata), methods=["GET"]),
-            Route(prefix + "/ready", _guard(model_ready), methods=["GET"]),
-            Route(prefix + "/config", _guard(model_config), methods=["GET"]),
-            Route(prefix + "/stats", _guard(model_stats), methods=["GET"]),
-            Route(prefix + "/infer", _guard(infer), methods=["POST"]),
+            Route(prefix, _guard(runtime, model_metadata), methods=["GET"]),
+            Route(prefix + "/ready", _guard(runtime, model_ready), methods=["GET"]),
+            Route(prefix + "/config", _guard(runtime, model_config), methods=["GET"]),
+            Route(prefix + "/stats", _guard(runtime, model_stats), methods=["GET"]),
+            Route(prefix + "/infer", _guard(runtime, infer), methods=["POST"]),
         ]
 
     async def http_error(request: Request, exc: Exception) -> Response:

@@ -21,7 +21,7 @@ from sordino.backends.onnx import OnnxBackend
 from sordino.clock import Clock, MonotonicClock
 from sordino.config import RuntimeConfig
 from sordino.datatypes import to_numpy_dtype
-from sordino.errors import ModelNotReady, NotFound, SordinoError
+from sordino.errors import ModelNotReady, NotFound, ShuttingDown, SordinoError
 from sordino.events import EventSink
 from sordino.execution.executor import InProcessExecutor
 from sordino.inference import InferRequest, InferResponse, ModelKey, Tensor
@@ -126,6 +126,11 @@ class Runtime:
         self.events.emit("server_stopped", "runtime")
 
     @property
+    def stopping(self) -> bool:
+        """True once shutdown has started: new requests are refused."""
+        return self._stopping
+
+    @property
     def ready(self) -> bool:
         """True once every model has loaded and until shutdown starts."""
         return self._started and not self._stopping
@@ -212,6 +217,8 @@ class Runtime:
 
     def get(self, name: str, version: str | None = None) -> LoadedModel:
         """Return the model version to serve (the highest loaded when ``version`` is None)."""
+        if self._stopping:
+            raise ShuttingDown("the server is shutting down; retry on another replica")
         versions = self._models.get(name)
         if not versions:
             known = ", ".join(sorted(self._models)) or "none"

@@ -89,6 +89,11 @@ class HttpServer:
                 raise RuntimeError("the HTTP server stopped during start-up")
             await asyncio.sleep(0.01)
 
+    def stop_accepting(self) -> None:
+        """Close the listening socket; open connections keep being served."""
+        for server in self._server.servers:
+            server.close()
+
     async def stop(self) -> None:
         """Close the listening socket and the connections."""
         self._server.should_exit = True

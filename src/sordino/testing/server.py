@@ -70,6 +70,7 @@ def serve_in_thread(
         )
         started.set()
         await stop.wait()
+        server.stop_accepting()
         await runtime.stop(drain=True, timeout_s=config.server.shutdown_timeout)
         await server.stop()
 

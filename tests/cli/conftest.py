@@ -1,0 +1,67 @@
+"""Run ``sordino start`` as a real process and find the URL it prints."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+URL = re.compile(r"listening on (http://\S+)")
+
+
+@dataclass
+class ServerProcess:
+    process: subprocess.Popen[str]
+    url: str
+    lines: list[str] = field(default_factory=list)
+
+
+def _pump(stream: object, sink: queue.Queue[str | None], lines: list[str]) -> None:
+    for line in stream:  # type: ignore[attr-defined]
+        lines.append(line.rstrip("\n"))
+        sink.put(line)
+    sink.put(None)
+
+
+@contextmanager
+def sordino_start(
+    args: list[str], tmp_path: Path, timeout: float = 90.0
+) -> Iterator[ServerProcess]:
+    """Start ``sordino start ARGS --http-port 0`` and yield once it prints its URL."""
+    cmd = [sys.executable, "-m", "sordino", "start", "--http-port", "0",
+           "--data-dir", str(tmp_path / "data"), *args]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    lines: list[str] = []
+    sink: queue.Queue[str | None] = queue.Queue()
+    threading.Thread(target=_pump, args=(process.stdout, sink, lines), daemon=True).start()
+    url = None
+    try:
+        while url is None:
+            line = sink.get(timeout=timeout)
+            if line is None:
+                raise AssertionError("sordino start exited early:\n" + "\n".join(lines))
+            match = URL.search(line)
+            if match:
+                url = match.group(1)
+        yield ServerProcess(process, url, lines)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
+
+
+@pytest.fixture
+def start(tmp_path: Path):  # type: ignore[no-untyped-def]
+    return lambda args: sordino_start(args, tmp_path)
