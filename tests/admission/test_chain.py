@@ -1,0 +1,83 @@
+"""Admission links: priority by number, name or tag; deadlines capped by policy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sordino.admission.chain import AdmissionChain, AdmissionContext, default_links
+from sordino.errors import InvalidRequest, Unsupported
+from sordino.inference import InferRequest
+from sordino.scheduling.scheduler import QueueSettings
+
+RULES = {"premium_user": "high", "batch_job": "low", "vip": 1}
+
+
+def _admit(params: dict[str, object], headers: dict[str, str] | None = None,
+           settings: QueueSettings | None = None) -> AdmissionContext:  # fmt: skip
+    request = InferRequest(
+        model="m", inputs={"x": np.zeros((1, 1))}, parameters=params, headers=headers or {}
+    )
+    context = AdmissionContext(model="m", settings=settings or QueueSettings(), priority_rules=RULES)
+    return AdmissionChain(default_links()).admit(request, context)
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [({}, 2), ({"priority": 1}, 1), ({"priority": 0}, 2), ({"priority": "high"}, 1),
+     ({"priority": "low"}, 3), ({"priority": "normal"}, 2), ({"priority": "3"}, 3)],
+)  # fmt: skip
+def test_priority_from_parameter(params: dict[str, object], expected: int) -> None:
+    assert _admit(params).priority == expected
+
+
+def test_priority_from_tag_parameter() -> None:
+    assert _admit({"tag": "premium_user"}).priority == 1
+    assert _admit({"tag": "batch_job"}).priority == 3
+    assert _admit({"tag": "vip"}).priority == 1
+
+
+def test_priority_from_tag_header() -> None:
+    assert _admit({}, headers={"x-sordino-tag": "batch_job"}).priority == 3
+
+
+def test_explicit_priority_beats_tag() -> None:
+    assert _admit({"priority": 3, "tag": "premium_user"}).priority == 3
+
+
+def test_unknown_tag_gets_default() -> None:
+    assert _admit({"tag": "nobody"}).priority == 2
+
+
+@pytest.mark.parametrize("value", [4, -1, "urgent", 1.5, True])
+def test_bad_priority_is_refused(value: object) -> None:
+    with pytest.raises(InvalidRequest, match="priorit"):
+        _admit({"priority": value})
+
+
+def test_timeout_from_parameter_in_microseconds() -> None:
+    assert _admit({"timeout": 250_000}).timeout_s == pytest.approx(0.25)
+    assert _admit({}).timeout_s is None
+
+
+def test_timeout_capped_by_default() -> None:
+    settings = QueueSettings(default_timeout_s=0.1)
+    assert _admit({"timeout": 5_000_000}, settings=settings).timeout_s == pytest.approx(0.1)
+    assert _admit({"timeout": 50_000}, settings=settings).timeout_s == pytest.approx(0.05)
+    assert _admit({}, settings=settings).timeout_s == pytest.approx(0.1)
+
+
+def test_timeout_override_can_be_disallowed() -> None:
+    settings = QueueSettings(default_timeout_s=0.1, allow_timeout_override=False)
+    assert _admit({"timeout": 50_000}, settings=settings).timeout_s == pytest.approx(0.1)
+
+
+def test_bad_timeout_is_refused() -> None:
+    with pytest.raises(InvalidRequest, match="microseconds"):
+        _admit({"timeout": "soon"})
+
+
+def test_sequence_batching_is_not_supported() -> None:
+    with pytest.raises(Unsupported, match="sequence"):
+        _admit({"sequence_id": 4})
+    assert _admit({"sequence_id": 0}).priority == 2
