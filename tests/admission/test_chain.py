@@ -18,7 +18,8 @@ def _admit(params: dict[str, object], headers: dict[str, str] | None = None,
     request = InferRequest(
         model="m", inputs={"x": np.zeros((1, 1))}, parameters=params, headers=headers or {}
     )
-    context = AdmissionContext(model="m", settings=settings or QueueSettings(), priority_rules=RULES)
+    settings = settings or QueueSettings()
+    context = AdmissionContext(model="m", settings=settings, priority_rules=RULES)
     return AdmissionChain(default_links()).admit(request, context)
 
 

@@ -1,0 +1,161 @@
+"""Shared pieces of the benchmarks: a server process, a closed-loop client, tables."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+console = Console(width=110)
+RESULTS = Path(__file__).parent / "results"
+
+
+@dataclass
+class Measurement:
+    """One row of a benchmark table."""
+
+    label: str
+    concurrency: int
+    requests: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+    mean_batch: float | None = None
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.seconds
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "rate": self.rate}
+
+
+def summarize(label: str, concurrency: int, latencies: list[float], seconds: float,
+              mean_batch: float | None = None) -> Measurement:  # fmt: skip
+    arr = np.asarray(latencies) * 1000
+    return Measurement(
+        label, concurrency, len(latencies), seconds,
+        float(np.percentile(arr, 50)), float(np.percentile(arr, 99)), mean_batch,
+    )  # fmt: skip
+
+
+@contextmanager
+def sordino_server(args: list[str], env: dict[str, str] | None = None) -> Iterator[str]:
+    """Run ``sordino start --http-port 0 ARGS`` in its own process; yield its URL."""
+    cmd = [sys.executable, "-m", "sordino", "start", "--http-port", "0", "--log-level", "warning",
+           *args]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    url = None
+    for line in proc.stdout:
+        match = re.search(r"listening on (http://\S+)", line)
+        if match:
+            url = match.group(1)
+            break
+    if url is None:
+        raise RuntimeError("sordino start did not come up")
+    try:
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+async def closed_loop(
+    url: str, payloads: list[bytes], concurrency: int, headers: dict[str, str],
+    check: Callable[[int, bytes], None] | None = None, on_done: Callable[[], None] | None = None,
+) -> tuple[list[float], float]:  # fmt: skip
+    """Send every payload with ``concurrency`` clients, each waiting for its answer.
+
+    Return per-request latencies (seconds) and the wall time of the whole run.
+    """
+    latencies: list[float] = []
+    next_index = 0
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        nonlocal next_index
+        while next_index < len(payloads):
+            i = next_index
+            next_index += 1
+            start = time.perf_counter()
+            async with session.post(url, data=payloads[i], headers=headers) as response:
+                body = await response.read()
+                if response.status != 200:
+                    raise RuntimeError(f"HTTP {response.status}: {body[:200]!r}")
+            latencies.append(time.perf_counter() - start)
+            if check is not None:
+                check(i, body)
+            if on_done is not None:
+                on_done()
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        started = time.perf_counter()
+        await asyncio.gather(*(client(session) for _ in range(concurrency)))
+        return latencies, time.perf_counter() - started
+
+
+def progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console,
+    )  # fmt: skip
+
+
+def batch_metrics(url: str, model: str) -> tuple[float, float]:
+    """Return (count, sum) of the server's batch-size histogram for ``model``."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"{url}/metrics").read().decode()
+    count = total = 0.0
+    for family in text_string_to_metric_families(text):
+        if family.name == "sordino_batch_size":
+            for s in family.samples:
+                if s.labels.get("model") == model and s.name.endswith("_count"):
+                    count = s.value
+                elif s.labels.get("model") == model and s.name.endswith("_sum"):
+                    total = s.value
+    return count, total
+
+
+def show(title: str, rows: list[Measurement], unit: str = "req/s") -> None:
+    table = Table(title=title)
+    for column in ("what", "concurrency", unit, "p50 ms", "p99 ms", "mean batch"):
+        table.add_column(column, justify="right" if column != "what" else "left")
+    for m in rows:
+        table.add_row(
+            m.label, str(m.concurrency), f"{m.rate:,.0f}", f"{m.p50_ms:.2f}", f"{m.p99_ms:.2f}",
+            f"{m.mean_batch:.1f}" if m.mean_batch else "",
+        )  # fmt: skip
+    console.print(table)
+
+
+def save(name: str, payload: dict[str, Any]) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2))
+    return path
