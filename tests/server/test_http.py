@@ -237,3 +237,26 @@ def test_metrics_exposition_after_traffic(client: httpx.Client) -> None:
         'sordino_requests_total{model="digits-classifier",outcome="success",reason="ok",version="1"}'
         in text
     )
+
+
+def test_accepted_connections_use_tcp_nodelay(server: RunningServer) -> None:
+    import os
+    import socket
+
+    with socket.create_connection(("127.0.0.1", server.port)) as client:
+        client.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert client.recv(1024).startswith(b"HTTP/1.1 200")
+        local = client.getsockname()
+        found = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                sock = socket.socket(fileno=os.dup(int(fd)))
+            except OSError:
+                continue
+            with sock:
+                try:
+                    if sock.type == socket.SOCK_STREAM and sock.getpeername() == local:
+                        found.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                except OSError:
+                    pass
+        assert found and all(found), found
