@@ -84,7 +84,7 @@ def main() -> None:
         for i in range(max(args.requests, args.single))
     ]
 
-    def check(i: int, body: bytes) -> None:
+    def check(i: int, body: bytes, header_length: str | None) -> None:
         got = np.asarray(orjson.loads(body)["outputs"][0]["data"], dtype=np.float32)
         if not np.allclose(got, expected[i % len(pixels)], rtol=1e-4, atol=1e-6):
             raise AssertionError(f"answer {i} differs from in-process onnxruntime")

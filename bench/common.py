@@ -85,7 +85,8 @@ def sordino_server(args: list[str], env: dict[str, str] | None = None) -> Iterat
 
 async def closed_loop(
     url: str, payloads: list[bytes], concurrency: int, headers: dict[str, str],
-    check: Callable[[int, bytes], None] | None = None, on_done: Callable[[], None] | None = None,
+    check: Callable[[int, bytes, str | None], None] | None = None,
+    on_done: Callable[[], None] | None = None,
 ) -> tuple[list[float], float]:  # fmt: skip
     """Send every payload with ``concurrency`` clients, each waiting for its answer.
 
@@ -104,9 +105,10 @@ async def closed_loop(
                 body = await response.read()
                 if response.status != 200:
                     raise RuntimeError(f"HTTP {response.status}: {body[:200]!r}")
+                header_length = response.headers.get("Inference-Header-Content-Length")
             latencies.append(time.perf_counter() - start)
             if check is not None:
-                check(i, body)
+                check(i, body, header_length)
             if on_done is not None:
                 on_done()
 
@@ -159,3 +161,71 @@ def save(name: str, payload: dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2))
     return path
+
+
+def json_request(name: str, array: np.ndarray, datatype: str = "FP32") -> bytes:
+    """A KServe v2 JSON body with one input."""
+    import orjson
+
+    return orjson.dumps(
+        {"inputs": [{"name": name, "shape": list(array.shape), "datatype": datatype,
+                     "data": array.ravel().tolist()}]}
+    )  # fmt: skip
+
+
+def binary_request(name: str, array: np.ndarray, datatype: str = "FP32") -> tuple[bytes, str]:
+    """A binary-tensor-extension body (binary output too); returns (body, header length)."""
+    import orjson
+
+    header = orjson.dumps(
+        {
+            "inputs": [{"name": name, "shape": list(array.shape), "datatype": datatype,
+                        "parameters": {"binary_data_size": array.nbytes}}],
+            "parameters": {"binary_data_output": True},
+        }
+    )  # fmt: skip
+    return header + np.ascontiguousarray(array).tobytes(), str(len(header))
+
+
+def decode_output(body: bytes, header_length: str | None) -> np.ndarray:
+    """The first output of a KServe v2 response, JSON or binary, as FP32."""
+    import orjson
+
+    if header_length is None:
+        return np.asarray(orjson.loads(body)["outputs"][0]["data"], dtype=np.float32)
+    return np.frombuffer(body[int(header_length) :], dtype=np.float32)
+
+
+async def open_loop(
+    url: str, payloads: list[bytes], rate: float, headers: dict[str, str],
+    max_in_flight: int = 512,
+) -> tuple[list[float], float, int]:  # fmt: skip
+    """Send payloads at a fixed arrival ``rate`` regardless of answers (open loop).
+
+    Latency is measured from each request's intended send time, so a server that
+    falls behind is charged for the delay it causes (no coordinated omission).
+    Returns latencies (seconds), wall time, and how many requests failed.
+    """
+    latencies: list[float] = []
+    failures = 0
+    connector = aiohttp.TCPConnector(limit=max_in_flight)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        start = time.perf_counter()
+
+        async def one(i: int) -> None:
+            nonlocal failures
+            intended = start + i / rate
+            delay = intended - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            try:
+                async with session.post(url, data=payloads[i], headers=headers) as response:
+                    await response.read()
+                    if response.status != 200:
+                        failures += 1
+            except aiohttp.ClientError:
+                failures += 1
+            latencies.append(time.perf_counter() - intended)
+
+        await asyncio.gather(*(one(i) for i in range(len(payloads))))
+        return latencies, time.perf_counter() - start, failures

@@ -1,0 +1,219 @@
+"""Workload benchmarks W1 (light MLP) and W2 (compute-bound CNN), side by side with the limit.
+
+    python -m bench.bench_workloads w1            # HTTP JSON and binary vs ONNX Runtime
+    python -m bench.bench_workloads w2 --slo-ms 100
+    python -m bench.bench_workloads w1 --open-loop
+
+For each transport, ``sordino start`` serves the model in its own process with the
+peers' settings (max batch 32, 10 ms wait, one instance, 2 intra-op threads), and an
+aiohttp client in this process sends a closed loop at 64 (W1) or 16 (W2) concurrent,
+then one request at a time. ONNX Runtime in-process at batch 1 and at its best batch
+size gives the limit, measured in the same run. A sample of answers is checked against
+in-process ONNX Runtime. ``--open-loop`` also searches the highest fixed arrival rate
+the server sustains with p99 <= 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from bench import models
+from bench.common import (
+    Measurement,
+    batch_metrics,
+    binary_request,
+    closed_loop,
+    console,
+    decode_output,
+    json_request,
+    open_loop,
+    progress,
+    save,
+    show,
+    sordino_server,
+    summarize,
+)
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    model_file: Path
+    input_name: str
+    item_shape: tuple[int, ...]
+    concurrency: int
+    requests: int
+    single: int
+
+
+def workload(name: str, requests: int | None, single: int | None) -> Workload:
+    if name == "w1":
+        return Workload("w1", models.mlp(), "x", (256,), 64, requests or 2000, single or 300)
+    return Workload("w2", models.cnn(), "image", (3, 64, 64), 16, requests or 600, single or 100)
+
+
+def raw_limit(w: Workload, threads: int) -> list[Measurement]:
+    """ONNX Runtime in-process: batch 1, and the best of batch 1..32."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(w.model_file), options, providers=["CPUExecutionProvider"])
+    rows = []
+    for batch in (1, 4, 8, 16, 32):
+        x = np.random.default_rng(batch).random((batch, *w.item_shape), dtype=np.float32)
+        session.run(None, {w.input_name: x})
+        latencies = []
+        start = time.perf_counter()
+        while time.perf_counter() - start < 1.0:
+            t = time.perf_counter()
+            session.run(None, {w.input_name: x})
+            latencies.append(time.perf_counter() - t)
+        seconds = time.perf_counter() - start
+        m = summarize(f"onnxruntime in-process, batch {batch}", 1, latencies, seconds, batch)
+        rows.append(
+            Measurement(m.label, 1, len(latencies) * batch, seconds, m.p50_ms, m.p99_ms, batch)
+        )
+    best = max(rows, key=lambda m: m.rate)
+    return [rows[0], best] if best is not rows[0] else [rows[0]]
+
+
+def server_config(w: Workload, directory: Path, threads: int) -> Path:
+    path = directory / "runtime_config.yaml"
+    path.write_text(
+        "scheduler:\n"
+        "  strategies:\n"
+        "    - {name: dynamic_batching, max_batch: 32, timeout_ms: 10}\n"
+        "models:\n"
+        f"  - name: {w.name}\n"
+        f"    path: {w.model_file}\n"
+        "    max_batch_size: 32\n"
+        f"    intra_op_threads: {threads}\n"
+    )
+    return path
+
+
+def run(args: argparse.Namespace) -> None:
+    w = workload(args.workload, args.requests, args.single)
+    session = ort.InferenceSession(str(w.model_file), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    inputs = rng.random((256, *w.item_shape), dtype=np.float32)
+    expected = session.run(None, {w.input_name: inputs})[0]
+    rows: list[Measurement] = []
+    open_rows: dict[str, float] = {}
+    transports = args.transports.split(",")
+    with tempfile.TemporaryDirectory() as scratch, progress() as bar:
+        config = server_config(w, Path(scratch), args.threads)
+        with sordino_server(["--no-builtin", "--config", str(config)]) as url:
+            infer = f"{url}/v2/models/{w.name}/infer"
+            for transport in transports:
+                n = max(w.requests, w.single)
+                bodies: list[bytes] = []
+                headers = {"Content-Type": "application/json"}
+                for i in range(n):
+                    row = inputs[i % len(inputs)][None]
+                    if transport == "json":
+                        bodies.append(json_request(w.input_name, row))
+                    else:
+                        body, length = binary_request(w.input_name, row)
+                        bodies.append(body)
+                        headers = {"Inference-Header-Content-Length": length}
+
+                def check(i: int, body: bytes, header_length: str | None) -> None:
+                    if i % 17:
+                        return
+                    got = decode_output(body, header_length)
+                    if not np.allclose(
+                        got, expected[i % len(inputs)].ravel(), rtol=1e-3, atol=1e-4
+                    ):
+                        raise AssertionError(f"answer {i} differs from in-process onnxruntime")
+
+                warm = bar.add_task(f"{transport}: warm-up", total=100)
+                asyncio.run(
+                    closed_loop(
+                        infer, bodies[:100], 8, headers, on_done=lambda t=warm: bar.advance(t)
+                    )
+                )
+                for concurrency, count in ((w.concurrency, w.requests), (1, w.single)):
+                    task = bar.add_task(f"{transport}: {concurrency} concurrent", total=count)
+                    before = batch_metrics(url, w.name)
+                    latencies, seconds = asyncio.run(
+                        closed_loop(infer, bodies[:count], concurrency, headers, check,
+                                    lambda t=task: bar.advance(t))
+                    )  # fmt: skip
+                    after = batch_metrics(url, w.name)
+                    mean = (after[1] - before[1]) / max(after[0] - before[0], 1)
+                    rows.append(
+                        summarize(
+                            f"sordino HTTP {transport}", concurrency, latencies, seconds, mean
+                        )
+                    )
+                if args.open_loop:
+                    open_rows[transport] = search_rate(infer, bodies, headers, bar, args.p99_ms)
+    limit = raw_limit(w, args.threads)
+    rows += limit
+    show(f"{w.name.upper()}: {w.model_file.name}", rows, unit="req/s (rows/s)")
+    best = max(limit, key=lambda m: m.rate)
+    ratios = {
+        f"{r.label} c{r.concurrency} / raw best": r.rate / best.rate for r in rows[: -len(limit)]
+    }
+    for label, ratio in ratios.items():
+        console.print(f"{label}: {ratio:.3f}")
+    for transport, rate in open_rows.items():
+        console.print(
+            f"open loop {transport}: highest rate with p99 <= {args.p99_ms} ms: {rate:.0f} req/s"
+        )
+    report = {
+        "benchmark": w.name,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version(), "onnxruntime": ort.__version__},
+        "rows": [r.as_dict() for r in rows],
+        "ratios_to_raw_best": ratios,
+        "open_loop_max_rate": open_rows,
+    }  # fmt: skip
+    console.print(f"wrote {save(w.name, report)}")
+
+
+def search_rate(
+    infer: str, bodies: list[bytes], headers: dict[str, str], bar, p99_ms: float
+) -> float:  # type: ignore[no-untyped-def]
+    """Highest fixed arrival rate (req/s) whose p99 stays within ``p99_ms``, by bisection."""
+    low, high = 50.0, 4000.0
+    task = bar.add_task("open loop: rate search", total=7)
+    for _ in range(7):
+        rate = (low + high) / 2
+        count = min(len(bodies), max(100, int(rate * 2)))  # about two seconds of traffic
+        latencies, _, failures = asyncio.run(open_loop(infer, bodies[:count], rate, headers))
+        p99 = float(np.percentile(np.asarray(latencies) * 1000, 99))
+        if failures == 0 and p99 <= p99_ms:
+            low = rate
+        else:
+            high = rate
+        bar.advance(task)
+    return low
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workload", choices=["w1", "w2"])
+    parser.add_argument("--transports", default="json,binary")
+    parser.add_argument("--requests", type=int, help="requests in the concurrent closed loop")
+    parser.add_argument("--single", type=int, help="requests sent one at a time")
+    parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
+    parser.add_argument("--open-loop", action="store_true")
+    parser.add_argument("--p99-ms", type=float, default=50.0, help="open-loop latency bound")
+    run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()
