@@ -32,8 +32,8 @@ from sordino.protocol.validate import validate_request
 from sordino.scheduling.modes import BatchCurve, build_controller, measure_batch_curve
 from sordino.scheduling.scheduler import ModelScheduler, SchedulerStatistics
 from sordino.scheduling.settings import ModelScheduling, scheduling_for
-from sordino.telemetry.metrics import Metrics
 from sordino.server.streaming import stream_spec_for
+from sordino.telemetry.metrics import Metrics
 from sordino.telemetry.model_stats import ModelStats
 
 __all__ = ["LoadedModel", "Runtime", "dummy_batch"]
