@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,17 +204,19 @@ class ModelControl:
                 if version in loaded:
                     if self._stamps.get((name, version)) == stamp:
                         continue
-                    await self._step(name, version, "UNLOADING", runtime.unload(name, version))
+                    await self._step(
+                        name, version, "UNLOADING", lambda: runtime.unload(name, version)
+                    )
                     self._reloads += 1
                 else:
                     self._loads += 1
-                await self._step(name, version, "LOADING", runtime.load(source))
+                await self._step(name, version, "LOADING", lambda: runtime.load(source))
                 self._stamps[(name, version)] = stamp
                 self._configs[name] = source.config
             stale = sorted(loaded - set(wanted))
             self._unloads += len(stale)
             await asyncio.gather(
-                *(self._step(name, v, "UNLOADING", runtime.unload(name, v)) for v in stale)
+                *(self._step(name, v, "UNLOADING", _unloader(runtime, name, v)) for v in stale)
             )
         except SordinoError as exc:
             self._failures += 1
@@ -225,11 +227,11 @@ class ModelControl:
             self._stamps.pop((name, version), None)
 
     async def _step(
-        self, name: str, version: str, state: str, operation: Awaitable[object]
+        self, name: str, version: str, state: str, operation: Callable[[], Awaitable[object]]
     ) -> None:
         self._transient[(name, version)] = state
         try:
-            await operation
+            await operation()
         finally:
             self._transient.pop((name, version), None)
 
@@ -240,6 +242,10 @@ class ModelControl:
                 await self.poll_once()
             except Exception:  # a broken repository must not stop polling
                 log.exception("repository poll failed")
+
+
+def _unloader(runtime: Runtime, name: str, version: str) -> Callable[[], Awaitable[None]]:
+    return lambda: runtime.unload(name, version)
 
 
 def _stamp(source: ModelSource) -> _Stamp | None:
