@@ -8,6 +8,7 @@ the backend: the cancelled request never ran.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import queue
 import socket
@@ -73,13 +74,11 @@ def test_grpc_aio_task_cancel_removes_queued_request(server: RunningServer) -> N
     async def cancel_one() -> None:
         async with aioclient.InferenceServerClient(server.grpc_url) as aio:
             task = asyncio.ensure_future(aio.infer("simple", _inputs(aioclient)))
-            while stats(server, "simple").queue.depth != 1:
-                await asyncio.sleep(0.005)
+            queued = lambda: stats(server, "simple").queue.depth == 1  # noqa: E731
+            await asyncio.to_thread(wait_for, queued, "the request to queue")
             task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await task
-            except asyncio.CancelledError:
-                pass
 
     with Gate(server, "simple") as gate:
         held = _hold(server, client)

@@ -226,11 +226,10 @@ async def test_poll_mode_follows_the_repository(repo: Path) -> None:
         assert control.statistics().polls == 0
         await clock.advance(1)
 
-        async def settled() -> None:
-            while runtime.versions("other") != ["2"] or runtime.versions("simple") != ["2"]:
-                await asyncio.sleep(0.01)
+        def settled() -> bool:
+            return runtime.versions("other") == ["2"] and runtime.versions("simple") == ["2"]
 
-        await asyncio.wait_for(settled(), 60)
+        await asyncio.to_thread(wait_for, settled, "the poll to load and drain")
         assert runtime.versions("simple") == ["2"]
         shutil.rmtree(repo / "other")
         await control.poll_once()

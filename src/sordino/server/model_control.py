@@ -20,6 +20,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from sordino.config import ModelConfig
@@ -205,18 +206,18 @@ class ModelControl:
                     if self._stamps.get((name, version)) == stamp:
                         continue
                     await self._step(
-                        name, version, "UNLOADING", lambda: runtime.unload(name, version)
+                        name, version, "UNLOADING", partial(runtime.unload, name, version)
                     )
                     self._reloads += 1
                 else:
                     self._loads += 1
-                await self._step(name, version, "LOADING", lambda: runtime.load(source))
+                await self._step(name, version, "LOADING", partial(runtime.load, source))
                 self._stamps[(name, version)] = stamp
                 self._configs[name] = source.config
             stale = sorted(loaded - set(wanted))
             self._unloads += len(stale)
             await asyncio.gather(
-                *(self._step(name, v, "UNLOADING", _unloader(runtime, name, v)) for v in stale)
+                *(self._step(name, v, "UNLOADING", partial(runtime.unload, name, v)) for v in stale)
             )
         except SordinoError as exc:
             self._failures += 1
@@ -242,10 +243,6 @@ class ModelControl:
                 await self.poll_once()
             except Exception:  # a broken repository must not stop polling
                 log.exception("repository poll failed")
-
-
-def _unloader(runtime: Runtime, name: str, version: str) -> Callable[[], Awaitable[None]]:
-    return lambda: runtime.unload(name, version)
 
 
 def _stamp(source: ModelSource) -> _Stamp | None:
