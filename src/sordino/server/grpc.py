@@ -44,17 +44,27 @@ log = logging.getLogger("sordino.grpc")
 SERVICE = "inference.GRPCInferenceService"
 """The service's name on the wire (its method paths are ``/SERVICE/Method``)."""
 
+_SHM = (
+    "the {} shared-memory extension is not supported by sordino; send tensors in the "
+    "request (contents or raw_input_contents)"
+)
 UNSUPPORTED_RPCS: dict[str, str] = {
-    "SystemSharedMemoryStatus": "the system shared-memory extension",
-    "SystemSharedMemoryRegister": "the system shared-memory extension",
-    "SystemSharedMemoryUnregister": "the system shared-memory extension",
-    "CudaSharedMemoryStatus": "the CUDA shared-memory extension",
-    "CudaSharedMemoryRegister": "the CUDA shared-memory extension",
-    "CudaSharedMemoryUnregister": "the CUDA shared-memory extension",
-    "TraceSetting": "the trace extension",
-    "LogSettings": "the logging extension",
+    "SystemSharedMemoryStatus": _SHM.format("system"),
+    "SystemSharedMemoryRegister": _SHM.format("system"),
+    "SystemSharedMemoryUnregister": _SHM.format("system"),
+    "CudaSharedMemoryStatus": _SHM.format("CUDA"),
+    "CudaSharedMemoryRegister": _SHM.format("CUDA"),
+    "CudaSharedMemoryUnregister": _SHM.format("CUDA"),
+    "TraceSetting": (
+        "the trace extension is not supported by sordino; use the metrics at /metrics and "
+        "the ModelStatistics RPC"
+    ),
+    "LogSettings": (
+        "the logging extension is not supported by sordino; set the level with "
+        "sordino start --log-level"
+    ),
 }
-"""Triton RPCs sordino answers with UNIMPLEMENTED and a message naming the extension."""
+"""Triton RPCs sordino answers with UNIMPLEMENTED, and the message it sends (after ``Name: ``)."""
 
 FINAL_RESPONSE = "triton_final_response"
 EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"
@@ -227,13 +237,9 @@ async def _abort(context: Any, exc: SordinoError) -> None:
     await context.abort(code, str(exc))
 
 
-def _unsupported(method: str, feature: str) -> Unary:
+def _unsupported(method: str, message: str) -> Unary:
     async def refuse(raw: bytes, context: Any) -> Any:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            f"{method}: {feature} is not supported by sordino; send tensors in the request "
-            "and use the endpoints listed in docs/grpc.md",
-        )
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method}: {message}")
 
     return refuse
 
@@ -271,8 +277,8 @@ def build_handler(servicer: InferenceServicer) -> Any:
     handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
         stream, response_serializer=_serialize
     )
-    for name, feature in UNSUPPORTED_RPCS.items():
-        handlers[name] = grpc.unary_unary_rpc_method_handler(_unsupported(name, feature))
+    for name, message in UNSUPPORTED_RPCS.items():
+        handlers[name] = grpc.unary_unary_rpc_method_handler(_unsupported(name, message))
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
 
