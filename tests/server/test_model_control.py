@@ -117,7 +117,9 @@ def test_new_version_drains_queued_requests_on_the_old_one(
             results.append((result, error))
 
     with Gate(explicit, "simple", "1") as gate:
-        for _ in range(3):  # one runs (held), two queue on version 1
+        client.async_infer("simple", _inputs(), record)
+        wait_for(gate.entered.is_set, "the held batch to start")
+        for _ in range(2):  # queued on version 1 behind the held one
             client.async_infer("simple", _inputs(), record)
         queued = explicit.runtime.get("simple", "1").scheduler
         wait_for(lambda: queued.statistics().queue.depth == 2, "two requests queued on v1")

@@ -309,8 +309,8 @@ def encode_infer_response(response: InferResponse, request: InferRequest) -> pb.
                 f"it returned {', '.join(map(repr, response.outputs)) or 'nothing'}"
             )
         datatype = _output_datatype(response, name, array)
-        output = message.outputs.add(name=name, datatype=datatype, shape=array.shape)
-        del output  # the values go in raw_output_contents, in the same order
+        # The values go in raw_output_contents, in the same order as outputs.
+        message.outputs.add(name=name, datatype=datatype, shape=array.shape)
         message.raw_output_contents.append(_raw_bytes(name, datatype, array))
     encode_parameters(response.parameters, message.parameters)
     return message

@@ -215,16 +215,12 @@ def _guard(method: Unary) -> Unary:
         except SordinoError as exc:
             await _abort(context, exc)
         except Exception as exc:
-            if isinstance(exc, asyncio.CancelledError) or _is_abort(exc):
+            if isinstance(exc, grpc.aio.AbortError):
                 raise
             log.exception("gRPC handler failed")
             await context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
 
     return guarded
-
-
-def _is_abort(exc: BaseException) -> bool:
-    return type(exc).__name__ == "AbortError"
 
 
 async def _abort(context: Any, exc: SordinoError) -> None:
