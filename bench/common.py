@@ -58,7 +58,8 @@ def summarize(label: str, concurrency: int, latencies: list[float], seconds: flo
 @contextmanager
 def sordino_server(args: list[str], env: dict[str, str] | None = None) -> Iterator[str]:
     """Run ``sordino start --http-port 0 ARGS`` in its own process; yield its URL."""
-    cmd = [sys.executable, "-m", "sordino", "start", "--http-port", "0", "--log-level", "warning",
+    cmd = [sys.executable, "-m", "sordino", "start", "--http-port", "0", "--grpc-port", "0",
+           "--log-level", "warning",
            *args]  # fmt: skip
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -31,6 +31,10 @@ SIGNATURES: dict[str, tuple[list[tuple[str, str, list[Any]]], list[tuple[str, st
         [("text", "tensor(string)", ["batch", 1])],
         [("normalized", "tensor(string)", ["batch", 1])],
     ),
+    "countdown": (
+        [("COUNT", "tensor(int32)", ["batch", 1])],
+        [("REMAINING", "tensor(int32)", ["batch", 1]), ("DONE", "tensor(bool)", ["batch", 1])],
+    ),
 }
 
 
@@ -65,7 +69,7 @@ def test_manifest_lists_exactly_the_onnx_files_present() -> None:
 
 def test_manifest_entries_are_well_formed() -> None:
     for entry in _manifest():
-        assert set(entry) == {"name", "file", "description", "max_batch_size"}
+        assert set(entry) - {"streaming"} == {"name", "file", "description", "max_batch_size"}
         assert entry["file"] == f"{entry['name']}.onnx"
         assert isinstance(entry["description"], str) and entry["description"]
         assert isinstance(entry["max_batch_size"], int) and entry["max_batch_size"] > 0
@@ -127,3 +131,12 @@ def test_text_normalizer_batch_of_one(sessions: dict[str, ort.InferenceSession])
         None, {"text": np.array([["MiXeD 123"]], dtype=object)}
     )
     assert normalized.tolist() == [["mixed 123"]]
+
+
+def test_countdown_is_one_step_of_a_stream(sessions: dict[str, ort.InferenceSession]) -> None:
+    count = np.array([[3], [1], [0]], dtype=np.int32)
+    remaining, done = sessions["countdown"].run(None, {"COUNT": count})
+    assert remaining.tolist() == [[2], [0], [0]]
+    assert done.tolist() == [[False], [True], [True]]
+    entry = next(e for e in _manifest() if e["name"] == "countdown")
+    assert entry["streaming"] == {"carry": {"REMAINING": "COUNT"}, "done": "DONE"}

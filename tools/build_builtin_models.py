@@ -6,6 +6,8 @@ Writes into ``--out`` (default: ``src/sordino/models/builtin``):
   raw pixels (0-16) in, 10 class probabilities out.
 * ``simple.onnx`` - Triton's canonical "simple" example (INT32 add and subtract).
 * ``text-normalizer.onnx`` - lower-cases strings (exercises the BYTES datatype).
+* ``countdown.onnx`` - one step of a streaming model: COUNT in, REMAINING = COUNT - 1
+  (floored at 0) and DONE out; served with ``streaming:`` it streams a countdown.
 * ``models.yaml`` - the list of built-ins the runtime serves.
 
 Rerun with::
@@ -47,6 +49,8 @@ class Builtin:
     name: str
     description: str
     max_batch_size: int = MAX_BATCH_SIZE
+    # A flow mapping written as the model's `streaming:` entry (a step model), or "".
+    streaming: str = ""
 
     @property
     def file(self) -> str:
@@ -65,7 +69,12 @@ TEXT = Builtin(
     "text-normalizer",
     "lower-cases BYTES strings (exercises the BYTES datatype)",
 )
-BUILTINS = (DIGITS, SIMPLE, TEXT)
+COUNTDOWN = Builtin(
+    "countdown",
+    "streams one response per step - REMAINING counts down from COUNT to 0 (exercises streaming)",
+    streaming="{carry: {REMAINING: COUNT}, done: DONE}",
+)
+BUILTINS = (DIGITS, SIMPLE, TEXT, COUNTDOWN)
 
 
 # --------------------------------------------------------------------------------------
@@ -236,6 +245,42 @@ def build_text() -> onnx.ModelProto:
 
 
 # --------------------------------------------------------------------------------------
+# countdown
+
+
+def build_countdown() -> onnx.ModelProto:
+    # One step of a streaming model: the runtime feeds REMAINING back in as COUNT until
+    # DONE is true for every row (see `streaming:` in models.yaml).
+    def tensor(name: str, kind: int) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, kind, [BATCH, 1])
+
+    initializers = [
+        numpy_helper.from_array(np.array(1, dtype=np.int32), "one"),
+        numpy_helper.from_array(np.array(0, dtype=np.int32), "zero"),
+    ]
+    nodes = [
+        helper.make_node("Sub", ["COUNT", "one"], ["decremented"], name="decrement"),
+        helper.make_node("Max", ["decremented", "zero"], ["REMAINING"], name="floor_at_zero"),
+        helper.make_node("LessOrEqual", ["REMAINING", "zero"], ["DONE"], name="done"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "countdown",
+        [tensor("COUNT", TensorProto.INT32)],
+        [tensor("REMAINING", TensorProto.INT32), tensor("DONE", TensorProto.BOOL)],
+        initializer=initializers,
+    )
+    model = _finish(graph, COUNTDOWN.description)
+
+    count = np.array([[3], [1], [0]], dtype=np.int32)
+    remaining, done = _session(model).run(None, {"COUNT": count})
+    _check(remaining.tolist() == [[2], [0], [0]], f"countdown returned {remaining.tolist()!r}")
+    _check(done.tolist() == [[False], [True], [True]], f"countdown DONE was {done.tolist()!r}")
+    print(f"{COUNTDOWN.name}: ok")
+    return model
+
+
+# --------------------------------------------------------------------------------------
 # models.yaml
 
 _PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._/'\"()+=,;-]*")
@@ -260,6 +305,8 @@ def models_yaml(builtins: tuple[Builtin, ...]) -> str:
             f"  description: {_yaml_scalar(b.description)}",
             f"  max_batch_size: {b.max_batch_size}",
         ]
+        if b.streaming:
+            lines.append(f"  streaming: {b.streaming}")
     return "\n".join(lines) + "\n"
 
 
@@ -280,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         DIGITS.file: build_digits()[0],
         SIMPLE.file: build_simple(),
         TEXT.file: build_text(),
+        COUNTDOWN.file: build_countdown(),
     }
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)

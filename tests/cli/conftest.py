@@ -37,7 +37,7 @@ def sordino_start(
     args: list[str], tmp_path: Path, timeout: float = 90.0
 ) -> Iterator[ServerProcess]:
     """Start ``sordino start ARGS --http-port 0`` and yield once it prints its URL."""
-    cmd = [sys.executable, "-m", "sordino", "start", "--http-port", "0",
+    cmd = [sys.executable, "-m", "sordino", "start", "--http-port", "0", "--grpc-port", "0",
            "--data-dir", str(tmp_path / "data"), *args]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(

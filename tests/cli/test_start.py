@@ -22,7 +22,7 @@ PIXELS = {"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": [2.0] 
 def test_start_serves_builtins_and_stops_on_sigterm(tmp_path: Path) -> None:
     with sordino_start([], tmp_path) as server:
         loaded = [line for line in server.lines if line.startswith("loaded ")]
-        assert len(loaded) == 3
+        assert len(loaded) == 4
         r = httpx.post(f"{server.url}/v2/models/digits-classifier/infer", json={"inputs": [PIXELS]})
         assert r.status_code == 200
         server.process.send_signal(signal.SIGTERM)
@@ -159,7 +159,7 @@ def test_port_in_use_is_clear(tmp_path: Path) -> None:
     with sordino_start([], tmp_path) as server:
         port = server.url.rsplit(":", 1)[1]
         result = subprocess.run(
-            [sys.executable, "-m", "sordino", "start", "--http-port", port,
+            [sys.executable, "-m", "sordino", "start", "--http-port", port, "--grpc-port", "0",
              "--data-dir", str(tmp_path / "d2")],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip

@@ -195,7 +195,12 @@ def test_statistics_count_real_work(client: httpx.Client) -> None:
     assert after["inference_count"] >= before["inference_count"] + 3
     assert after["batch_stats"]
     everything = client.get("/v2/models/stats").json()["model_stats"]
-    assert {m["name"] for m in everything} == {"digits-classifier", "simple", "text-normalizer"}
+    assert {m["name"] for m in everything} == {
+        "digits-classifier",
+        "simple",
+        "text-normalizer",
+        "countdown",
+    }
 
 
 def test_priority_and_tag_parameters_accepted(client: httpx.Client) -> None:

@@ -2,6 +2,16 @@
 
 A backend never sees HTTP, tenants, queues or priorities. It loads a model, tells
 what tensors it takes and gives, runs one batch at a time, and unloads.
+
+Streaming models (several responses per request: progress, partial results, tokens)
+use the same contract, run step by step. A step model's :class:`ModelMetadata` carries
+a :class:`StreamSpec`; each call to ``infer`` is one step for a batch of requests, and
+every step's outputs are one response to each request in the batch. The runtime feeds
+the ``carry`` outputs back as the next step's inputs until the ``done`` output is true.
+Each step is a separate work item for the scheduler, so requests at different steps
+share batches, priorities apply at every step, and a cancelled stream stops between
+steps. A backend can declare its own StreamSpec; for ONNX models it comes from the
+model's ``streaming:`` configuration.
 """
 
 from __future__ import annotations
@@ -12,7 +22,7 @@ from typing import Protocol
 
 from sordino.inference import Tensor
 
-__all__ = ["Backend", "BackendStatistics", "ModelMetadata", "TensorSpec"]
+__all__ = ["Backend", "BackendStatistics", "ModelMetadata", "StreamSpec", "TensorSpec"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,11 +45,27 @@ class TensorSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamSpec:
+    """How a step model streams: what feeds the next step, and when the stream ends.
+
+    ``carry`` maps an output name to the input it becomes on the next step (same
+    datatype and shape); inputs not carried keep the request's values. ``done`` names
+    a BOOL output: the stream of a request ends after the step where it is true for
+    every row. A request still not done after ``max_steps`` steps fails.
+    """
+
+    carry: tuple[tuple[str, str], ...]
+    done: str
+    max_steps: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
 class ModelMetadata:
     """What a loaded model takes and gives.
 
     ``batched`` is true when every input and output has a leading batch dimension
-    of variable size, so requests can be stacked along it.
+    of variable size, so requests can be stacked along it. ``stream`` is set for a
+    step model that streams a response per step (see the module docstring).
     """
 
     name: str
@@ -49,6 +75,7 @@ class ModelMetadata:
     outputs: tuple[TensorSpec, ...]
     batched: bool
     extra: dict[str, str] = field(default_factory=dict)
+    stream: StreamSpec | None = None
 
     def input(self, name: str) -> TensorSpec | None:
         """Return the input called ``name``, or None."""

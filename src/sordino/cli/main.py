@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from sordino import __version__
+from sordino.cli.models import models
 from sordino.cli.start import start
 
 __all__ = ["cli", "main"]
@@ -13,10 +14,11 @@ __all__ = ["cli", "main"]
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="sordino")
 def cli() -> None:
-    """sordino: an inference runtime for AIGC services (KServe v2 over HTTP)."""
+    """sordino: an inference runtime for AIGC services (KServe v2 over HTTP and gRPC)."""
 
 
 cli.add_command(start)
+cli.add_command(models)
 
 
 def main() -> None:

@@ -19,6 +19,8 @@ from sordino.models.repository import (
     scan_repository,
     sources_for,
 )
+from sordino.server.grpc import GrpcServer
+from sordino.server.model_control import ModelControl
 from sordino.server.runtime import LoadedModel, Runtime
 from sordino.server.serve import HttpServer
 
@@ -77,15 +79,25 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> None:
         loop.add_signal_handler(sig, stop.set)
     runtime = Runtime(config, sources)
     await runtime.start(on_loaded=lambda model: click.echo(_describe(model)))
-    server = HttpServer(runtime, config.server.host, config.server.http_port)
+    control = ModelControl(runtime)
+    server = HttpServer(runtime, config.server.host, config.server.http_port, control)
+    grpc_server = GrpcServer(runtime, config.server.host, config.server.grpc_port, control)
+    await grpc_server.start()
     await server.start()
+    control.start()
     click.echo(
         f"sordino listening on {server.url} (KServe v2 HTTP, metrics at {server.url}/metrics)"
+    )
+    click.echo(
+        f"sordino listening on grpc://{grpc_server.address} (KServe v2 gRPC, "
+        f"model control: {control.mode})"
     )
     await stop.wait()
     click.echo("shutting down: finishing queued requests", err=True)
     server.stop_accepting()
+    await control.close()
     await runtime.stop(drain=True, timeout_s=config.server.shutdown_timeout)
+    await grpc_server.stop()
     await server.stop()
     click.echo("stopped", err=True)
 
@@ -116,6 +128,17 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> None:
 )
 @click.option("--host", help="Address to listen on (default 127.0.0.1).")
 @click.option("--http-port", type=int, help="HTTP port (default 8000; 0 picks a free port).")
+@click.option("--grpc-port", type=int, help="gRPC port (default 8001; 0 picks a free port).")
+@click.option(
+    "--model-control-mode",
+    type=click.Choice(["none", "explicit", "poll"]),
+    help="none: fixed models; explicit: load/unload API; poll: follow the repository.",
+)
+@click.option(
+    "--repository-poll-secs",
+    type=float,
+    help="How often poll mode rescans the repository (default 15).",
+)
 @click.option(
     "--data-dir",
     type=click.Path(path_type=Path, file_okay=False),
@@ -141,17 +164,23 @@ def start(
     builtin: bool | None,
     host: str | None,
     http_port: int | None,
+    grpc_port: int | None,
+    model_control_mode: str | None,
+    repository_poll_secs: float | None,
     data_dir: Path | None,
     mode: str | None,
     log_level: str,
 ) -> None:
-    """Load models and serve them over KServe v2 HTTP until Ctrl-C or SIGTERM."""
+    """Load models and serve them over KServe v2 HTTP and gRPC until Ctrl-C or SIGTERM."""
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     overrides = {
         "server.host": host,
         "server.http_port": http_port,
+        "server.grpc_port": grpc_port,
+        "server.model_control_mode": model_control_mode,
+        "server.repository_poll_secs": repository_poll_secs,
         "server.data_dir": str(data_dir) if data_dir else None,
         "scheduler.mode": mode,
         "model_repository": str(model_repository) if model_repository else None,

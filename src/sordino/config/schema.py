@@ -38,6 +38,7 @@ __all__ = [
     "FallbackChainStrategy",
     "LatestVersions",
     "ModelConfig",
+    "ModelControlMode",
     "PriorityRule",
     "QueuePolicy",
     "RuntimeConfig",
@@ -47,6 +48,7 @@ __all__ = [
     "SpecificVersions",
     "Strategy",
     "StreamPriorityStrategy",
+    "StreamingConfig",
     "VersionPolicy",
 ]
 
@@ -73,13 +75,22 @@ class _Section(BaseModel):
 # --- server -------------------------------------------------------------------------------
 
 
+ModelControlMode = Literal["none", "explicit", "poll"]
+
+
 class ServerConfig(_Section):
-    """Where and how the HTTP front end listens."""
+    """Where and how the HTTP and gRPC front ends listen."""
 
     host: str = Field(default="127.0.0.1", min_length=1)
     """Interface to bind; "0.0.0.0" listens on every interface."""
     http_port: int = Field(default=8000, ge=0, le=65535)
     """TCP port for the KServe v2 HTTP API; 0 picks a free port."""
+    grpc_port: int = Field(default=8001, ge=0, le=65535)
+    """TCP port for the KServe v2 gRPC API (inference.GRPCInferenceService); 0 picks a free port."""
+    model_control_mode: ModelControlMode = "none"
+    """Triton's model control: none (fixed set), explicit (load/unload API), poll (rescan)."""
+    repository_poll_secs: Duration = Field(default=15.0, gt=0)
+    """How often ``poll`` mode rescans the model repository."""
     data_dir: ExpandedPath = Field(default=Path("~/.sordino"), validate_default=True)
     """Where sordino keeps state (reports, caches); "~" is expanded."""
     max_request_size: Size = Field(default=parse_size("64MB"), ge=1)
@@ -346,6 +357,22 @@ class VersionPolicy(_Section):
         return tuple(present)
 
 
+class StreamingConfig(_Section):
+    """Serve the model as a step model that streams one response per step.
+
+    Each step's outputs are sent to the client; the outputs named in ``carry`` become
+    the inputs of the next step, and the stream ends once the BOOL output ``done`` is
+    true for every row (or after ``max_steps`` steps, which is an error).
+    """
+
+    carry: dict[str, str] = Field(min_length=1)
+    """Output name -> the input it feeds on the next step."""
+    done: str = Field(min_length=1)
+    """A BOOL output; true ends the stream of that row."""
+    max_steps: int = Field(default=1000, ge=1)
+    """Most steps one request may take; a model still not done then fails the request."""
+
+
 # Flat Triton keys that belong under dynamic_batching; ModelConfig moves them there.
 _BATCHING_KEYS = (
     "preferred_batch_size",
@@ -417,6 +444,8 @@ class ModelConfig(_Section):
     """Overrides ``scheduler.mode`` for this model."""
     version_policy: VersionPolicy = VersionPolicy(latest=LatestVersions())
     """Which numbered versions to serve; the highest one by default."""
+    streaming: StreamingConfig | None = None
+    """Run the model step by step, streaming a response per step; None: one response."""
 
     @model_validator(mode="before")
     @classmethod
@@ -491,6 +520,15 @@ class RuntimeConfig(_Section):
     """Explicitly listed models; each needs ``name`` and ``path``."""
     model_repository: ExpandedPath | None = None
     """A Triton-style folder with one sub-folder per model."""
+
+    @model_validator(mode="after")
+    def _poll_needs_repository(self) -> RuntimeConfig:
+        if self.server.model_control_mode == "poll" and self.model_repository is None:
+            raise ValueError(
+                "server.model_control_mode poll rescans the model repository, but "
+                "model_repository is not set; set it or use explicit"
+            )
+        return self
 
     @field_validator("models")
     @classmethod

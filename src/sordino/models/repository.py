@@ -55,7 +55,12 @@ def builtin_sources() -> list[ModelSource]:
     sources = []
     for entry in entries:
         path = Path(str(root.joinpath(entry["file"])))
-        config = ModelConfig(name=entry["name"], path=path, max_batch_size=entry["max_batch_size"])
+        config = ModelConfig(
+            name=entry["name"],
+            path=path,
+            max_batch_size=entry["max_batch_size"],
+            streaming=entry.get("streaming"),
+        )
         sources.append(ModelSource(entry["name"], "1", path, config, entry.get("description", "")))
     return sources
 

@@ -7,6 +7,7 @@ Handlers are thin: read the body, decode, call the runtime, encode. Every error 
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -28,7 +29,10 @@ from sordino.protocol.codec import (
     parse_header_length,
 )
 from sordino.protocol.status import http_status, retry_after_header
+from sordino.server.disconnect import until_disconnect
+from sordino.server.http_routes import extra_routes
 from sordino.server.model_config import model_metadata_json, triton_config_json
+from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
 
 __all__ = ["EXTENSIONS", "build_app"]
@@ -41,6 +45,8 @@ EXTENSIONS = [
     "statistics",
     "schedule_policy",
     "parameters",
+    "model_repository",
+    "generate",
 ]
 JSON = "application/json"
 Handler = Callable[[Request], Awaitable[Response]]
@@ -96,9 +102,10 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def build_app(runtime: Runtime) -> Starlette:
-    """Return the ASGI application serving ``runtime``."""
+def build_app(runtime: Runtime, control: ModelControl | None = None) -> Starlette:
+    """Return the ASGI application serving ``runtime`` (and ``control``'s repository API)."""
     limit = runtime.config.server.max_request_size
+    control = control or ModelControl(runtime)
 
     async def server_metadata(request: Request) -> Response:
         return _json({"name": "sordino", "version": __version__, "extensions": EXTENSIONS})
@@ -144,7 +151,7 @@ def build_app(runtime: Runtime) -> Starlette:
             if (tag := request.headers.get("x-sordino-tag")) is not None
             else None,
         )
-        response = await runtime.infer(decoded)
+        response = await until_disconnect(request, runtime.infer(decoded))
         payload, headers = encode_infer_response(response, decoded)
         return Response(payload, headers=headers)
 
@@ -168,6 +175,7 @@ def build_app(runtime: Runtime) -> Starlette:
             Route(prefix + "/stats", _guard(runtime, model_stats), methods=["GET"]),
             Route(prefix + "/infer", _guard(runtime, infer), methods=["POST"]),
         ]
+    routes += extra_routes(runtime, control, functools.partial(_guard, runtime), _json)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

@@ -57,6 +57,9 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
             "sordino_max_batch": {"string_value": str(controller.max_batch)},
         },
     }
+    if meta.stream is not None:
+        # Triton's word for a model that may send several responses per request.
+        config["model_transaction_policy"] = {"decoupled": True}
     if batched:
         config["dynamic_batching"] = {
             "preferred_batch_size": list(policy.preferred),

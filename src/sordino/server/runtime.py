@@ -2,12 +2,14 @@
 
 It loads models into backends, gives each model version a scheduler, and runs a
 decoded request through validation, admission and scheduling to a response. HTTP
-(and later gRPC) handlers are thin shells over :meth:`Runtime.infer`.
+and gRPC handlers are thin shells over :meth:`Runtime.infer` (and, for streaming
+models, ``server/streaming.py``'s :func:`stream_responses`, built on :meth:`Runtime.admit`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +23,7 @@ from sordino.backends.onnx import OnnxBackend
 from sordino.clock import Clock, MonotonicClock
 from sordino.config import RuntimeConfig
 from sordino.datatypes import to_numpy_dtype
-from sordino.errors import ModelNotReady, NotFound, ShuttingDown, SordinoError
+from sordino.errors import ModelNotReady, NotFound, ShuttingDown, SordinoError, Unsupported
 from sordino.events import EventSink
 from sordino.execution.executor import InProcessExecutor
 from sordino.inference import InferRequest, InferResponse, ModelKey, Tensor
@@ -30,6 +32,7 @@ from sordino.protocol.validate import validate_request
 from sordino.scheduling.modes import BatchCurve, build_controller, measure_batch_curve
 from sordino.scheduling.scheduler import ModelScheduler, SchedulerStatistics
 from sordino.scheduling.settings import ModelScheduling, scheduling_for
+from sordino.server.streaming import stream_spec_for
 from sordino.telemetry.metrics import Metrics
 from sordino.telemetry.model_stats import ModelStats
 
@@ -153,6 +156,9 @@ class Runtime:
             await loop.run_in_executor(None, backend.load, source.path, "cpu")
             backends.append(backend)
         metadata = backends[0].metadata
+        if config.streaming is not None:
+            spec = stream_spec_for(config.streaming, metadata)
+            metadata = dataclasses.replace(metadata, stream=spec)
         self.executor.register(key, backends)
         scheduling = scheduling_for(
             self.config.scheduler, config, batched=metadata.batched, instances=len(backends)
@@ -239,11 +245,11 @@ class Runtime:
 
     # -- the request path ------------------------------------------------------------
 
-    async def infer(self, request: InferRequest) -> InferResponse:
-        """Validate, admit, queue and run one request; return its response.
+    def admit(self, request: InferRequest) -> tuple[LoadedModel, AdmissionContext]:
+        """Find the model, validate ``request`` against it and run admission.
 
-        Raises a :class:`SordinoError` whose class says what went wrong; the
-        protocol layer maps it to a status.
+        Returns the model and the admission decisions (priority, deadline); raises the
+        :class:`SordinoError` that refuses the request. Nothing is queued yet.
         """
         try:
             model = self.get(request.model, request.version)
@@ -256,21 +262,39 @@ class Runtime:
                     priority_rules=self._priority_rules,
                 ),
             )
-            pending = model.scheduler.infer(
-                request.inputs,
-                priority=context.priority,
-                timeout_s=context.timeout_s,
-                request_id=request.id,
-            )
         except SordinoError as exc:
             self.metrics.request_rejected(request.model, exc.reason)
             raise
-        outputs = await pending
-        return self._response(model, request, outputs)
+        return model, context
 
-    def _response(
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """Validate, admit, queue and run one request; return its response.
+
+        Raises a :class:`SordinoError` whose class says what went wrong; the
+        protocol layer maps it to a status. A streaming model is refused: its
+        responses come from ``server/streaming.py``'s ``stream_responses``.
+        """
+        model, context = self.admit(request)
+        if model.metadata.stream is not None:
+            error = Unsupported(
+                f"model {model.key.name!r} streams its responses (one per step); use "
+                "ModelStreamInfer over gRPC or POST "
+                f"/v2/models/{model.key.name}/generate_stream over HTTP"
+            )
+            self.metrics.request_rejected(request.model, error.reason)
+            raise error
+        outputs = await model.scheduler.infer(
+            request.inputs,
+            priority=context.priority,
+            timeout_s=context.timeout_s,
+            request_id=request.id,
+        )
+        return self.response(model, request, outputs)
+
+    def response(
         self, model: LoadedModel, request: InferRequest, outputs: dict[str, Tensor]
     ) -> InferResponse:
+        """Build the response to ``request`` from ``outputs``: the outputs it asked for."""
         wanted = [o.name for o in request.outputs] if request.outputs else None
         chosen = {
             spec.name: outputs[spec.name]

@@ -16,6 +16,7 @@ from collections.abc import Generator
 import uvicorn
 
 from sordino.server.http import build_app
+from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
 
 __all__ = ["HttpServer", "bind_socket"]
@@ -55,13 +56,15 @@ class _EmbeddedServer(uvicorn.Server):
 class HttpServer:
     """The KServe v2 HTTP endpoint of one runtime."""
 
-    def __init__(self, runtime: Runtime, host: str, port: int) -> None:
+    def __init__(
+        self, runtime: Runtime, host: str, port: int, control: ModelControl | None = None
+    ) -> None:
         self.runtime = runtime
         self.host = host
         self._sock = bind_socket(host, port)
         self.port: int = self._sock.getsockname()[1]
         config = uvicorn.Config(
-            build_app(runtime),
+            build_app(runtime, control),
             loop="none",
             http="httptools",
             lifespan="off",

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from sordino.config import RuntimeConfig
 from sordino.models.repository import ModelSource, builtin_sources
+from sordino.server.grpc import GrpcServer
+from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
 from sordino.server.serve import HttpServer
 
@@ -21,13 +23,20 @@ class RunningServer:
     """A server started by :func:`serve_in_thread`.
 
     ``runtime`` lives on the server's own event loop: read its ``statistics()`` from
-    tests, but call coroutines only through :meth:`call`.
+    tests, but call coroutines only through :meth:`call`. ``grpc_url`` is the
+    ``host:port`` of the gRPC endpoint, which shares the runtime with HTTP.
     """
 
     url: str
     port: int
     runtime: Runtime
     loop: asyncio.AbstractEventLoop
+    grpc_port: int = 0
+    control: ModelControl | None = None
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
 
     def call(self, coro: object, timeout: float = 60.0) -> object:
         """Run a coroutine on the server's loop and return its result."""
@@ -41,7 +50,7 @@ def serve_in_thread(
     *,
     startup_timeout: float = 120.0,
 ) -> Iterator[RunningServer]:
-    """Run a real HTTP server on 127.0.0.1 in a background thread while the block runs.
+    """Run real HTTP and gRPC servers on 127.0.0.1 in a background thread while the block runs.
 
     Serves ``sources`` (the built-in models by default) under ``config``. On exit the
     server shuts down as on SIGTERM: queued requests finish, then connections close.
@@ -59,19 +68,30 @@ def serve_in_thread(
         try:
             runtime = Runtime(config, chosen)
             await runtime.start()
-            server = HttpServer(runtime, "127.0.0.1", 0)
+            control = ModelControl(runtime)
+            control.start()
+            server = HttpServer(runtime, "127.0.0.1", 0, control)
             await server.start()
+            grpc_server = GrpcServer(runtime, "127.0.0.1", 0, control)
+            await grpc_server.start()
         except BaseException as exc:
             failure.append(exc)
             started.set()
             return
         holder["running"] = RunningServer(
-            server.url, server.port, runtime, asyncio.get_running_loop()
+            server.url,
+            server.port,
+            runtime,
+            asyncio.get_running_loop(),
+            grpc_port=grpc_server.port,
+            control=control,
         )
         started.set()
         await stop.wait()
         server.stop_accepting()
+        await control.close()
         await runtime.stop(drain=True, timeout_s=config.server.shutdown_timeout)
+        await grpc_server.stop()
         await server.stop()
 
     thread = threading.Thread(target=lambda: asyncio.run(main()), name="sordino-test-server")

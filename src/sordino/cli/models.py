@@ -1,0 +1,97 @@
+"""``sordino models list|load|unload``: model control of a running server, over HTTP.
+
+A thin client of the repository endpoints (``POST /v2/repository/index``,
+``/v2/repository/models/{m}/load`` and ``/unload``). The server must run with
+``--model-control-mode explicit`` for load and unload; its error says so otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.error
+import urllib.request
+from typing import Any
+from urllib.parse import quote
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["models"]
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+_url_option = click.option(
+    "--url",
+    default=DEFAULT_URL,
+    show_default=True,
+    envvar="SORDINO_URL",
+    help="The server's HTTP address (also $SORDINO_URL).",
+)
+
+
+def _post(url: str, path: str, body: dict[str, Any] | None = None, timeout: float = 600) -> Any:
+    """POST JSON to the server; return the decoded reply, or exit 1 with the server's error."""
+    data = json.dumps(body or {}).encode()
+    request = urllib.request.Request(
+        url.rstrip("/") + path,
+        data=data,
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            text = reply.read()
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            message = json.loads(raw)["error"]
+        except (ValueError, KeyError, TypeError):
+            message = raw.decode(errors="replace") or exc.reason
+        click.echo(f"error: {message} (HTTP {exc.code})", err=True)
+        sys.exit(1)
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        click.echo(f"error: cannot reach sordino at {url}: {reason}", err=True)
+        sys.exit(1)
+    return json.loads(text) if text.strip() else None
+
+
+@click.group()
+def models() -> None:
+    """List, load and unload the models of a running server."""
+
+
+@models.command("list")
+@_url_option
+@click.option("--ready", is_flag=True, help="Only models ready for inference.")
+@click.option("--json", "as_json", is_flag=True, help="Print the index as JSON.")
+def list_models(url: str, ready: bool, as_json: bool) -> None:
+    """Show every model the server knows, with its version and state."""
+    entries = _post(url, "/v2/repository/index", {"ready": ready}) or []
+    if as_json:
+        click.echo(json.dumps(entries, indent=2))
+        return
+    table = Table("model", "version", "state", "reason", box=None)
+    for entry in entries:
+        table.add_row(entry["name"], entry["version"], entry["state"], entry.get("reason", ""))
+    Console().print(table)
+
+
+@models.command("load")
+@click.argument("name")
+@_url_option
+def load_model(name: str, url: str) -> None:
+    """Load NAME, or reload it: new versions load first, retired ones drain and unload."""
+    _post(url, f"/v2/repository/models/{quote(name, safe='')}/load")
+    click.echo(f"loaded {name}")
+
+
+@models.command("unload")
+@click.argument("name")
+@_url_option
+def unload_model(name: str, url: str) -> None:
+    """Unload every version of NAME once its queued requests have finished."""
+    _post(url, f"/v2/repository/models/{quote(name, safe='')}/unload")
+    click.echo(f"unloaded {name}")

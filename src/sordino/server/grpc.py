@@ -1,0 +1,331 @@
+"""The KServe v2 gRPC endpoint: ``inference.GRPCInferenceService`` on grpc.aio.
+
+The servicer runs in the same event loop as the HTTP server and calls the same
+:class:`Runtime`, so a gRPC request and an HTTP request share admission, queues,
+batches, metrics and statistics. Every error is a :class:`SordinoError` mapped to a
+gRPC status by ``protocol/status.py``, with the same message HTTP would send.
+
+Requests arrive as bytes and are parsed here, so a message that is not valid protobuf
+gets INVALID_ARGUMENT naming the message type, and on ``ModelStreamInfer`` it gets an
+error response on that stream while the stream stays open. A cancelled call cancels
+the task awaiting the runtime, which removes its queued request (counted as cancelled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import grpc
+
+from sordino import __version__
+from sordino.errors import SordinoError, Unsupported
+from sordino.protocol.grpc_codec import (
+    decode_infer_request,
+    encode_infer_response,
+    encode_parameters,
+    message_from_json,
+    parse_message,
+)
+from sordino.protocol.pb import kserve_v2_pb2 as pb
+from sordino.protocol.status import grpc_code_name, retry_after_header
+from sordino.server.http import EXTENSIONS
+from sordino.server.model_config import model_metadata_json, triton_config_json
+from sordino.server.model_control import ModelControl
+from sordino.server.runtime import Runtime
+from sordino.server.streaming import stream_responses
+
+__all__ = ["SERVICE", "UNSUPPORTED_RPCS", "GrpcServer", "InferenceServicer"]
+
+log = logging.getLogger("sordino.grpc")
+
+SERVICE = "inference.GRPCInferenceService"
+"""The service's name on the wire (its method paths are ``/SERVICE/Method``)."""
+
+_SHM = (
+    "the {} shared-memory extension is not supported by sordino; send tensors in the "
+    "request (contents or raw_input_contents)"
+)
+UNSUPPORTED_RPCS: dict[str, str] = {
+    "SystemSharedMemoryStatus": _SHM.format("system"),
+    "SystemSharedMemoryRegister": _SHM.format("system"),
+    "SystemSharedMemoryUnregister": _SHM.format("system"),
+    "CudaSharedMemoryStatus": _SHM.format("CUDA"),
+    "CudaSharedMemoryRegister": _SHM.format("CUDA"),
+    "CudaSharedMemoryUnregister": _SHM.format("CUDA"),
+    "TraceSetting": (
+        "the trace extension is not supported by sordino; use the metrics at /metrics and "
+        "the ModelStatistics RPC"
+    ),
+    "LogSettings": (
+        "the logging extension is not supported by sordino; set the level with "
+        "sordino start --log-level"
+    ),
+}
+"""Triton RPCs sordino answers with UNIMPLEMENTED, and the message it sends (after ``Name: ``)."""
+
+FINAL_RESPONSE = "triton_final_response"
+EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"
+
+Unary = Callable[[bytes, Any], Awaitable[Any]]
+
+
+class InferenceServicer:
+    """The RPC implementations; each takes the raw request bytes and the call context."""
+
+    def __init__(self, runtime: Runtime, control: ModelControl) -> None:
+        self.runtime = runtime
+        self.control = control
+
+    async def ServerLive(self, raw: bytes, context: Any) -> pb.ServerLiveResponse:
+        parse_message(pb.ServerLiveRequest, raw)
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, raw: bytes, context: Any) -> pb.ServerReadyResponse:
+        parse_message(pb.ServerReadyRequest, raw)
+        return pb.ServerReadyResponse(ready=self.runtime.ready)
+
+    async def ModelReady(self, raw: bytes, context: Any) -> pb.ModelReadyResponse:
+        request = parse_message(pb.ModelReadyRequest, raw)
+        # Like Triton: an unknown model is "not ready", not an error.
+        versions = self.runtime.versions(request.name)
+        wanted = not request.version or request.version in versions
+        ready = self.runtime.ready and bool(versions) and wanted
+        return pb.ModelReadyResponse(ready=ready)
+
+    async def ServerMetadata(self, raw: bytes, context: Any) -> pb.ServerMetadataResponse:
+        parse_message(pb.ServerMetadataRequest, raw)
+        return pb.ServerMetadataResponse(name="sordino", version=__version__, extensions=EXTENSIONS)
+
+    async def ModelMetadata(self, raw: bytes, context: Any) -> pb.ModelMetadataResponse:
+        request = parse_message(pb.ModelMetadataRequest, raw)
+        model = self.runtime.get(request.name, request.version or None)
+        document = model_metadata_json(model, self.runtime.versions(request.name))
+        return message_from_json(document, pb.ModelMetadataResponse)
+
+    async def ModelConfig(self, raw: bytes, context: Any) -> pb.ModelConfigResponse:
+        request = parse_message(pb.ModelConfigRequest, raw)
+        model = self.runtime.get(request.name, request.version or None)
+        config = message_from_json(triton_config_json(model), pb.ModelConfig)
+        return pb.ModelConfigResponse(config=config)
+
+    async def ModelStatistics(self, raw: bytes, context: Any) -> pb.ModelStatisticsResponse:
+        request = parse_message(pb.ModelStatisticsRequest, raw)
+        document = self.runtime.triton_statistics(request.name or None, request.version or None)
+        return message_from_json(document, pb.ModelStatisticsResponse)
+
+    async def ModelInfer(self, raw: bytes, context: Any) -> pb.ModelInferResponse:
+        request = decode_infer_request(parse_message(pb.ModelInferRequest, raw))
+        response = await self.runtime.infer(request)
+        return encode_infer_response(response, request)
+
+    async def RepositoryIndex(self, raw: bytes, context: Any) -> pb.RepositoryIndexResponse:
+        request = parse_message(pb.RepositoryIndexRequest, raw)
+        response = pb.RepositoryIndexResponse()
+        for entry in self.control.index(ready_only=request.ready):
+            response.models.add(
+                name=entry.name, version=entry.version, state=entry.state, reason=entry.reason
+            )
+        return response
+
+    async def RepositoryModelLoad(self, raw: bytes, context: Any) -> pb.RepositoryModelLoadResponse:
+        request = parse_message(pb.RepositoryModelLoadRequest, raw)
+        _refuse_load_parameters(request.parameters.keys())
+        await self.control.load(request.model_name)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(
+        self, raw: bytes, context: Any
+    ) -> pb.RepositoryModelUnloadResponse:
+        request = parse_message(pb.RepositoryModelUnloadRequest, raw)
+        await self.control.unload(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+    async def ModelStreamInfer(self, context: Any) -> None:
+        """Serve one bidirectional stream: each request runs concurrently; errors stay in it.
+
+        Each request gets its responses (several for a streaming model), the last
+        flagged ``triton_final_response``; a request that fails gets one response with
+        ``error_message`` and the stream goes on. When the client half-closes, the
+        requests in progress finish; when it cancels, they are cancelled.
+        """
+        lock = asyncio.Lock()
+
+        async def send(message: pb.ModelStreamInferResponse) -> None:
+            async with lock:
+                await context.write(message)
+
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                raw = await context.read()
+                if raw is grpc.aio.EOF:
+                    break
+                task = asyncio.get_running_loop().create_task(self._stream_one(raw, send))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _stream_one(
+        self, raw: bytes, send: Callable[[pb.ModelStreamInferResponse], Awaitable[None]]
+    ) -> None:
+        request_id = model = version = ""
+        try:
+            message = parse_message(pb.ModelInferRequest, raw)
+            request_id, model, version = message.id, message.model_name, message.model_version
+            request = decode_infer_request(message)
+            empty_final = bool(request.parameters.pop(EMPTY_FINAL_RESPONSE, False))
+            async for response, final in stream_responses(self.runtime, request):
+                encoded = encode_infer_response(response, request)
+                encode_parameters({FINAL_RESPONSE: final and not empty_final}, encoded.parameters)
+                model, version = encoded.model_name, encoded.model_version
+                await send(pb.ModelStreamInferResponse(infer_response=encoded))
+            if empty_final:
+                last = pb.ModelInferResponse(model_name=model, model_version=version, id=request_id)
+                encode_parameters({FINAL_RESPONSE: True}, last.parameters)
+                await send(pb.ModelStreamInferResponse(infer_response=last))
+        except SordinoError as exc:
+            log.debug("stream request %r failed: %s", request_id, exc)
+            failed = pb.ModelInferResponse(model_name=model, model_version=version, id=request_id)
+            await send(pb.ModelStreamInferResponse(error_message=str(exc), infer_response=failed))
+
+
+def _refuse_load_parameters(names: Iterable[str]) -> None:
+    for name in names:
+        raise Unsupported(
+            f"load parameter {name!r} is not supported (sordino loads a model from its "
+            "repository folder as it is); send the load request without parameters"
+        )
+
+
+def _guard(method: Unary) -> Unary:
+    """Answer a SordinoError with its gRPC status and message; anything else is INTERNAL."""
+
+    async def guarded(raw: bytes, context: Any) -> Any:
+        try:
+            return await method(raw, context)
+        except SordinoError as exc:
+            await _abort(context, exc)
+        except Exception as exc:
+            if isinstance(exc, grpc.aio.AbortError):
+                raise
+            log.exception("gRPC handler failed")
+            await context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+    return guarded
+
+
+async def _abort(context: Any, exc: SordinoError) -> None:
+    code = getattr(grpc.StatusCode, grpc_code_name(exc))
+    retry = retry_after_header(exc)
+    if retry is not None:
+        context.set_trailing_metadata((("retry-after", retry),))
+    level = logging.ERROR if code == grpc.StatusCode.INTERNAL else logging.DEBUG
+    log.log(level, "%s %s", code.name, exc)
+    await context.abort(code, str(exc))
+
+
+def _unsupported(method: str, message: str) -> Unary:
+    async def refuse(raw: bytes, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method}: {message}")
+
+    return refuse
+
+
+def _serialize(message: Any) -> bytes:
+    data: bytes = message.SerializeToString()
+    return data
+
+
+def build_handler(servicer: InferenceServicer) -> Any:
+    """Return the generic handler serving ``servicer`` as ``inference.GRPCInferenceService``."""
+    unary = [
+        "ServerLive",
+        "ServerReady",
+        "ModelReady",
+        "ServerMetadata",
+        "ModelMetadata",
+        "ModelInfer",
+        "ModelConfig",
+        "ModelStatistics",
+        "RepositoryIndex",
+        "RepositoryModelLoad",
+        "RepositoryModelUnload",
+    ]
+    handlers: dict[str, Any] = {
+        name: grpc.unary_unary_rpc_method_handler(
+            _guard(getattr(servicer, name)), response_serializer=_serialize
+        )
+        for name in unary
+    }
+
+    async def stream(_requests: Any, context: Any) -> None:
+        await servicer.ModelStreamInfer(context)
+
+    handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+        stream, response_serializer=_serialize
+    )
+    for name, message in UNSUPPORTED_RPCS.items():
+        handlers[name] = grpc.unary_unary_rpc_method_handler(_unsupported(name, message))
+    return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+
+class GrpcServer:
+    """The KServe v2 gRPC endpoint of one runtime, on grpc.aio in the running loop."""
+
+    def __init__(self, runtime: Runtime, host: str, port: int, control: ModelControl) -> None:
+        self.runtime = runtime
+        self.host = host
+        self._requested_port = port
+        self.port = port
+        self._servicer = InferenceServicer(runtime, control)
+        self._server: Any = None
+
+    @property
+    def address(self) -> str:
+        """``host:port``, as gRPC clients take it."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    async def start(self) -> None:
+        """Bind the port and start serving; raise OSError if the port cannot be bound."""
+        limit = self.runtime.config.server.max_request_size
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", -1),
+                # Without this a second server could bind the same port and steal calls.
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        server.add_generic_rpc_handlers((build_handler(self._servicer),))
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        try:
+            port = server.add_insecure_port(f"{host}:{self._requested_port}")
+        except RuntimeError as exc:
+            port = 0
+            cause: Exception | None = exc
+        else:
+            cause = None
+        if not port:
+            raise OSError(
+                f"cannot listen for gRPC on {self.host}:{self._requested_port}; pick another "
+                "port with --grpc-port (0 picks a free one)"
+            ) from cause
+        self.port = port
+        await server.start()
+        self._server = server
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Stop accepting calls; calls in progress get ``grace_s`` seconds to finish."""
+        if self._server is not None:
+            await self._server.stop(grace_s)
+            self._server = None

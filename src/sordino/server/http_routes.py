@@ -1,0 +1,133 @@
+"""HTTP endpoints beyond plain inference: repository control and Triton's generate.
+
+- ``POST /v2/repository/index``: every model the server knows and its state.
+- ``POST /v2/repository/models/{m}/load`` and ``/unload``: model control.
+- ``POST /v2/models/{m}[/versions/{v}]/generate``: one response as flat JSON.
+- ``POST /v2/models/{m}[/versions/{v}]/generate_stream``: every response as a
+  Server-Sent Event; an error after the first event is sent as ``data: {"error": ...}``.
+
+Handlers are as thin as the KServe ones in ``http.py`` and share its error mapping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from sordino.errors import InvalidRequest, MalformedBody, SordinoError, Unsupported
+from sordino.inference import InferRequest
+from sordino.protocol.generate import (
+    decode_generate_request,
+    encode_generate_response,
+    sse_event,
+)
+from sordino.server.disconnect import EventStream, until_disconnect
+from sordino.server.model_control import ModelControl
+from sordino.server.runtime import Runtime
+from sordino.server.streaming import stream_responses
+
+__all__ = ["extra_routes"]
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def extra_routes(
+    runtime: Runtime,
+    control: ModelControl,
+    guard: Callable[[Handler], Handler],
+    json: Callable[[object], Response],
+) -> list[Route]:
+    """Return the repository and generate routes; ``guard`` maps errors as ``http.py`` does."""
+
+    async def index(request: Request) -> Response:
+        body = await _json_body(request)
+        ready = body.get("ready", False)
+        if not isinstance(ready, bool):
+            raise InvalidRequest("'ready' must be true or false")
+        entries = control.index(ready_only=ready)
+        return json(
+            [
+                {"name": e.name, "version": e.version, "state": e.state, "reason": e.reason}
+                for e in entries
+            ]
+        )
+
+    async def load(request: Request) -> Response:
+        body = await _json_body(request)
+        parameters = body.get("parameters") or {}
+        if parameters:
+            raise Unsupported(
+                f"load parameters {sorted(parameters)} are not supported (sordino loads a model "
+                "from its repository folder as it is); send the load request without them"
+            )
+        await control.load(request.path_params["model"])
+        return Response(status_code=200)
+
+    async def unload(request: Request) -> Response:
+        await _json_body(request)
+        await control.unload(request.path_params["model"])
+        return Response(status_code=200)
+
+    async def generate(request: Request) -> Response:
+        decoded = await _generate_request(runtime, request)
+        response = await until_disconnect(request, runtime.infer(decoded))
+        return json(encode_generate_response(response))
+
+    async def generate_stream(request: Request) -> Response:
+        decoded = await _generate_request(runtime, request)
+        responses = stream_responses(runtime, decoded)
+        # Refusals (validation, admission) are answered with a status before streaming.
+        first = await until_disconnect(request, anext(responses))
+        return EventStream(_events(first[0], responses))
+
+    routes = [
+        Route("/v2/repository/index", guard(index), methods=["POST"]),
+        Route("/v2/repository/models/{model}/load", guard(load), methods=["POST"]),
+        Route("/v2/repository/models/{model}/unload", guard(unload), methods=["POST"]),
+    ]
+    for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        routes += [
+            Route(prefix + "/generate", guard(generate), methods=["POST"]),
+            Route(prefix + "/generate_stream", guard(generate_stream), methods=["POST"]),
+        ]
+    return routes
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    body = await request.body()
+    if not body.strip():
+        return {}
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedBody(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise MalformedBody("the request body must be a JSON object")
+    return document
+
+
+async def _generate_request(runtime: Runtime, request: Request) -> InferRequest:
+    name = request.path_params["model"]
+    version = request.path_params.get("version")
+    model = runtime.get(name, version)
+    limit = runtime.config.server.max_request_size
+    body = await request.body()
+    if len(body) > limit:
+        raise MalformedBody(
+            f"the request body is larger than the limit of {limit} bytes", too_large=True
+        )
+    return decode_generate_request(body, model.metadata, model=name, version=version)
+
+
+async def _events(first: Any, rest: AsyncIterator[tuple[Any, bool]]) -> AsyncIterator[bytes]:
+    yield sse_event(encode_generate_response(first))
+    try:
+        async for response, _ in rest:
+            yield sse_event(encode_generate_response(response))
+    except SordinoError as exc:
+        yield sse_event({"error": str(exc)})

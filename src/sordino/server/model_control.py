@@ -1,0 +1,254 @@
+"""Model control: load, reload and unload models while the server runs (Triton's modes).
+
+``none``: the models loaded at start-up are served until shutdown; load and unload
+are refused. ``explicit``: the load and unload endpoints (HTTP, gRPC, ``sordino
+models``) change what is served. ``poll``: the model repository is rescanned every
+``server.repository_poll_secs`` and what is served follows it; load and unload are
+refused. Unlike Triton, every mode starts with all configured models loaded.
+
+Loading a model (re)reads its repository folder (or its start-up configuration) and
+brings the served versions in line with it: new versions are loaded first, versions
+whose file changed are reloaded, and versions no longer selected are unloaded last,
+with a drain, so requests already queued on them still finish and new requests go to
+the versions that stay. Control operations run one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+from sordino.config import ModelConfig
+from sordino.errors import NotFound, SordinoError, Unsupported
+from sordino.models.repository import ModelSource, load_repository_model, sources_for
+from sordino.server.runtime import Runtime
+
+__all__ = ["IndexEntry", "ModelControl", "ModelControlStatistics"]
+
+log = logging.getLogger("sordino.control")
+
+_Stamp = tuple[str, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    """One row of the repository index: a model version and its state.
+
+    ``state`` is READY, LOADING, UNLOADING or UNAVAILABLE (Triton's names); ``version``
+    is empty for a model with no version loaded, and ``reason`` says why.
+    """
+
+    name: str
+    version: str
+    state: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelControlStatistics:
+    """Counters of the control operations since start-up."""
+
+    mode: str
+    loads: int
+    reloads: int
+    unloads: int
+    failures: int
+    polls: int
+
+
+class ModelControl:
+    """Loads and unloads the models of one runtime on request or by polling."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        server = runtime.config.server
+        self.mode = server.model_control_mode
+        self.repository: Path | None = runtime.config.model_repository
+        self.poll_s = server.repository_poll_secs
+        self._configs: dict[str, ModelConfig] = {}
+        self._stamps: dict[tuple[str, str], _Stamp | None] = {}
+        for model in runtime.models():
+            self._configs.setdefault(model.key.name, model.source.config)
+            self._stamps[(model.key.name, model.key.version)] = _stamp(model.source)
+        self._transient: dict[tuple[str, str], str] = {}
+        self._failed: dict[str, str] = {}
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._loads = self._reloads = self._unloads = self._failures = self._polls = 0
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start polling the repository (``poll`` mode only)."""
+        if self.mode == "poll" and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._poll_loop(), name="sordino-repository-poll"
+            )
+
+    async def close(self) -> None:
+        """Stop polling; an operation in progress finishes first."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    # -- the operations --------------------------------------------------------------
+
+    def index(self, *, ready_only: bool = False) -> list[IndexEntry]:
+        """Every model the server knows: loaded versions, and models it could load."""
+        names = set(self._configs) | {m.key.name for m in self.runtime.models()}
+        names |= set(self._repository_names())
+        entries: list[IndexEntry] = []
+        for name in sorted(names):
+            versions = self.runtime.versions(name)
+            for version in versions:
+                state = self._transient.get((name, version), "READY")
+                entries.append(IndexEntry(name, version, state))
+            for (model, version), state in sorted(self._transient.items()):
+                if model == name and version not in versions:
+                    entries.append(IndexEntry(name, version, state))
+            if not any(entry.name == name for entry in entries):
+                reason = self._failed.get(name, "unloaded")
+                entries.append(IndexEntry(name, "", "UNAVAILABLE", reason))
+        if ready_only:
+            return [entry for entry in entries if entry.state == "READY"]
+        return entries
+
+    async def load(self, name: str) -> None:
+        """Load or reload ``name`` from the repository (``explicit`` mode only)."""
+        self._require_explicit("load")
+        async with self._lock:
+            await self._apply(name, self._resolve(name))
+
+    async def unload(self, name: str) -> None:
+        """Unload every version of ``name`` after its queued requests finish."""
+        self._require_explicit("unload")
+        async with self._lock:
+            known = name in self._configs or name in self._repository_names()
+            if not self.runtime.versions(name) and not known:
+                raise NotFound(f"unknown model {name!r}; nothing to unload")
+            await self._apply(name, [])
+
+    async def poll_once(self) -> None:
+        """Rescan the repository once and follow it: load, reload and unload models."""
+        if self.repository is None:
+            return
+        async with self._lock:
+            self._polls += 1
+            present = self._repository_names()
+            for name in present:
+                try:
+                    await self._apply(name, load_repository_model(self.repository, name))
+                except SordinoError as exc:
+                    log.error("repository poll: model %r: %s", name, exc)
+            for name in sorted(self._repository_loaded() - set(present)):
+                await self._apply(name, [])
+
+    def statistics(self) -> ModelControlStatistics:
+        """Return the counters of control operations."""
+        return ModelControlStatistics(
+            self.mode, self._loads, self._reloads, self._unloads, self._failures, self._polls
+        )
+
+    # -- internals -------------------------------------------------------------------
+
+    def _require_explicit(self, action: str) -> None:
+        if self.mode == "explicit":
+            return
+        if self.mode == "poll":
+            raise Unsupported(
+                f"cannot {action} models explicitly while the repository is polled "
+                "(model_control_mode poll): change the repository folder instead, or start "
+                "with --model-control-mode explicit"
+            )
+        raise Unsupported(
+            f"cannot {action} models: model control is off (model_control_mode none); "
+            "start sordino with --model-control-mode explicit to load and unload at run time"
+        )
+
+    def _repository_names(self) -> list[str]:
+        root = self.repository
+        if root is None or not root.is_dir():
+            return []
+        return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    def _repository_loaded(self) -> set[str]:
+        root = self.repository
+        if root is None:
+            return set()
+        return {m.key.name for m in self.runtime.models() if m.source.path.is_relative_to(root)}
+
+    def _resolve(self, name: str) -> list[ModelSource]:
+        if self.repository is not None and (self.repository / name).is_dir():
+            return load_repository_model(self.repository, name)
+        config = self._configs.get(name)
+        if config is not None:
+            return sources_for(config)
+        where = f"the model repository {self.repository}" if self.repository else "no repository"
+        known = ", ".join(sorted(set(self._configs) | set(self._repository_names()))) or "none"
+        raise NotFound(f"no model {name!r} to load in {where}; known models: {known}")
+
+    async def _apply(self, name: str, sources: list[ModelSource]) -> None:
+        """Make the served versions of ``name`` exactly ``sources``: add, reload, then drain."""
+        runtime = self.runtime
+        wanted = {source.version: source for source in sources}
+        loaded = set(runtime.versions(name))
+        try:
+            for version, source in sorted(wanted.items()):
+                stamp = _stamp(source)
+                if version in loaded:
+                    if self._stamps.get((name, version)) == stamp:
+                        continue
+                    await self._step(
+                        name, version, "UNLOADING", partial(runtime.unload, name, version)
+                    )
+                    self._reloads += 1
+                else:
+                    self._loads += 1
+                await self._step(name, version, "LOADING", partial(runtime.load, source))
+                self._stamps[(name, version)] = stamp
+                self._configs[name] = source.config
+            stale = sorted(loaded - set(wanted))
+            self._unloads += len(stale)
+            await asyncio.gather(
+                *(self._step(name, v, "UNLOADING", partial(runtime.unload, name, v)) for v in stale)
+            )
+        except SordinoError as exc:
+            self._failures += 1
+            self._failed[name] = str(exc)
+            raise
+        self._failed.pop(name, None)
+        for version in sorted(loaded - set(wanted)):
+            self._stamps.pop((name, version), None)
+
+    async def _step(
+        self, name: str, version: str, state: str, operation: Callable[[], Awaitable[object]]
+    ) -> None:
+        self._transient[(name, version)] = state
+        try:
+            await operation()
+        finally:
+            self._transient.pop((name, version), None)
+
+    async def _poll_loop(self) -> None:
+        while True:
+            await self.runtime.clock.sleep(self.poll_s)
+            try:
+                await self.poll_once()
+            except Exception:  # a broken repository must not stop polling
+                log.exception("repository poll failed")
+
+
+def _stamp(source: ModelSource) -> _Stamp | None:
+    """What identifies a model file's contents cheaply: path, modification time and size."""
+    try:
+        stat = source.path.stat()
+    except OSError:
+        return None
+    return (str(source.path), stat.st_mtime_ns, stat.st_size)

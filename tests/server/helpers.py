@@ -1,0 +1,60 @@
+"""Helpers for tests that hold a model mid-batch: a gate on its backend, bounded waits."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sordino.inference import Tensor
+from sordino.scheduling.scheduler import SchedulerStatistics
+from sordino.testing import RunningServer
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Wait until ``predicate()`` holds (a state change, not a duration); fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+def stats(server: RunningServer, name: str, version: str | None = None) -> SchedulerStatistics:
+    return server.runtime.get(name, version).scheduler.statistics()
+
+
+class Gate:
+    """Holds every batch of one model version inside its backend until released.
+
+    ``rows`` records each batch that reached the backend, so a test can prove a
+    cancelled request never ran.
+    """
+
+    def __init__(self, server: RunningServer, name: str, version: str | None = None) -> None:
+        self.backend: Any = server.runtime.get(name, version).backends[0]
+        self._original = self.backend.infer
+        self.entered = threading.Event()
+        self.released = threading.Event()
+        self.rows: list[int] = []
+        self.backend.infer = self._infer
+
+    def _infer(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        self.rows.append(int(next(iter(batch.values())).shape[0]))
+        self.entered.set()
+        if not self.released.wait(60):
+            raise RuntimeError("the test never released the gate")
+        result: dict[str, Tensor] = self._original(batch)
+        return result
+
+    def release(self) -> None:
+        """Let the held batch and every later one run (they are still recorded)."""
+        self.released.set()
+
+    def __enter__(self) -> Gate:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.released.set()
+        self.backend.infer = self._original

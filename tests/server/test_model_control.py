@@ -1,0 +1,242 @@
+"""Model control over HTTP, gRPC and the CLI: index, load, unload, reload under traffic, poll."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import threading
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from click.testing import CliRunner
+from tritonclient.utils import InferenceServerException
+
+from sordino.cli.main import cli
+from sordino.config import load_config
+from sordino.models.repository import scan_repository
+from sordino.server.model_control import ModelControl
+from sordino.server.runtime import Runtime
+from sordino.testing import RunningServer, VirtualClock, serve_in_thread
+from tests.server.helpers import Gate, wait_for
+
+SIMPLE = Path(str(resources.files("sordino.models.builtin").joinpath("simple.onnx")))
+ONES = np.ones((1, 16), dtype=np.int32)
+
+
+def _add_version(repo: Path, version: int, name: str = "simple") -> None:
+    folder = repo / name / str(version)
+    folder.mkdir(parents=True)
+    shutil.copyfile(SIMPLE, folder / "model.onnx")
+
+
+def _inputs() -> list[grpcclient.InferInput]:
+    tensors = []
+    for name in ("INPUT0", "INPUT1"):
+        tensor = grpcclient.InferInput(name, [1, 16], "INT32")
+        tensor.set_data_from_numpy(ONES)
+        tensors.append(tensor)
+    return tensors
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    _add_version(root, 1)
+    return root
+
+
+@pytest.fixture
+def explicit(repo: Path) -> Iterator[RunningServer]:
+    config = load_config(
+        None,
+        {"model_repository": str(repo), "server.model_control_mode": "explicit"},
+    )
+    with serve_in_thread(config, scan_repository(repo)) as running:
+        yield running
+
+
+def test_index_load_unload_over_grpc(explicit: RunningServer, repo: Path) -> None:
+    client = grpcclient.InferenceServerClient(explicit.grpc_url)
+    index = client.get_model_repository_index(as_json=True)["models"]
+    assert index == [{"name": "simple", "version": "1", "state": "READY"}]
+    client.unload_model("simple")
+    assert not client.is_model_ready("simple")
+    index = client.get_model_repository_index(as_json=True)["models"]
+    assert index == [{"name": "simple", "state": "UNAVAILABLE", "reason": "unloaded"}]
+    client.load_model("simple")
+    assert client.is_model_ready("simple")
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model("no-such-model")
+    assert info.value.status() == "StatusCode.NOT_FOUND"
+    assert "no-such-model" in info.value.message()
+
+
+def test_index_load_unload_over_http(explicit: RunningServer, repo: Path) -> None:
+    client = httpclient.InferenceServerClient(explicit.url[len("http://") :])
+    assert client.get_model_repository_index() == [
+        {"name": "simple", "version": "1", "state": "READY", "reason": ""}
+    ]
+    client.unload_model("simple")
+    assert not client.is_model_ready("simple")
+    _add_version(repo, 2)
+    client.load_model("simple")
+    ready = client.get_model_repository_index()
+    assert [(e["version"], e["state"]) for e in ready] == [("2", "READY")]
+
+
+def test_cli_lists_loads_and_unloads(explicit: RunningServer) -> None:
+    runner = CliRunner()
+    listed = runner.invoke(cli, ["models", "list", "--url", explicit.url, "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert '"state": "READY"' in listed.output
+    assert runner.invoke(cli, ["models", "unload", "simple", "--url", explicit.url]).exit_code == 0
+    assert explicit.runtime.versions("simple") == []
+    loaded = runner.invoke(cli, ["models", "load", "simple", "--url", explicit.url])
+    assert loaded.exit_code == 0 and "loaded simple" in loaded.output
+    table = runner.invoke(cli, ["models", "list", "--url", explicit.url])
+    assert "simple" in table.output and "READY" in table.output
+    missing = runner.invoke(cli, ["models", "load", "nope", "--url", explicit.url])
+    assert missing.exit_code == 1 and "nope" in missing.output and "404" in missing.output
+
+
+def test_new_version_drains_queued_requests_on_the_old_one(
+    explicit: RunningServer, repo: Path
+) -> None:
+    client = grpcclient.InferenceServerClient(explicit.grpc_url)
+    results: list[tuple[Any, Any]] = []
+    lock = threading.Lock()
+
+    def record(result: Any, error: Any) -> None:
+        with lock:
+            results.append((result, error))
+
+    with Gate(explicit, "simple", "1") as gate:
+        client.async_infer("simple", _inputs(), record)
+        wait_for(gate.entered.is_set, "the held batch to start")
+        for _ in range(2):  # queued on version 1 behind the held one
+            client.async_infer("simple", _inputs(), record)
+        queued = explicit.runtime.get("simple", "1").scheduler
+        wait_for(lambda: queued.statistics().queue.depth == 2, "two requests queued on v1")
+        _add_version(repo, 2)
+        loader = threading.Thread(target=lambda: client.load_model("simple"))
+        loader.start()
+        wait_for(lambda: explicit.runtime.versions("simple") == ["2"], "v2 to take over")
+        # New traffic goes to version 2 while version 1 is still draining.
+        fresh = client.infer("simple", _inputs())
+        assert fresh.get_response().model_version == "2"
+        assert loader.is_alive()  # the unload of v1 waits for its queued requests
+        gate.release()
+        loader.join(60)
+        assert not loader.is_alive()
+    wait_for(lambda: len(results) == 3, "the drained requests to answer")
+    assert all(error is None for _, error in results)
+    assert {r.get_response().model_version for r, _ in results} == {"1"}
+    assert sum(gate.rows) == 3
+
+
+def test_reload_under_steady_load_loses_nothing(explicit: RunningServer, repo: Path) -> None:
+    stop = threading.Event()
+    failures: list[str] = []
+    versions: list[str] = []
+    lock = threading.Lock()
+
+    def traffic(use_http: bool) -> None:
+        grpc_client = grpcclient.InferenceServerClient(explicit.grpc_url)
+        http_client = httpclient.InferenceServerClient(explicit.url[len("http://") :])
+        for _ in range(5000):  # bounded; stops far earlier
+            if stop.is_set():
+                return
+            try:
+                if use_http:
+                    inputs = []
+                    for name in ("INPUT0", "INPUT1"):
+                        tensor = httpclient.InferInput(name, [1, 16], "INT32")
+                        tensor.set_data_from_numpy(ONES)
+                        inputs.append(tensor)
+                    version = http_client.infer("simple", inputs).get_response()["model_version"]
+                else:
+                    version = grpc_client.infer("simple", _inputs()).get_response().model_version
+            except Exception as exc:
+                with lock:
+                    failures.append(repr(exc))
+                return
+            with lock:
+                versions.append(version)
+
+    workers = [threading.Thread(target=traffic, args=(i % 2 == 1,)) for i in range(4)]
+    for worker in workers:
+        worker.start()
+    try:
+        control = grpcclient.InferenceServerClient(explicit.grpc_url)
+        wait_for(lambda: len(versions) >= 20, "traffic on version 1")
+        _add_version(repo, 2)
+        control.load_model("simple")
+        seen = len(versions)
+        wait_for(lambda: len(versions) >= seen + 20, "traffic on version 2")
+        _add_version(repo, 3)
+        (repo / "simple" / "2" / "model.onnx").unlink()
+        control.load_model("simple")
+        seen = len(versions)
+        wait_for(lambda: len(versions) >= seen + 20, "traffic on version 3")
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(60)
+    assert failures == []
+    assert {"1", "2", "3"} <= set(versions)
+    assert versions[-1] == "3"
+
+
+def test_load_and_unload_refused_without_model_control(server: RunningServer) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException) as info:
+        client.unload_model("simple")
+    assert "model-control-mode explicit" in info.value.message()
+    http = httpclient.InferenceServerClient(server.url[len("http://") :])
+    with pytest.raises(InferenceServerException) as http_info:
+        http.load_model("simple")
+    assert "model control is off" in str(http_info.value.message())
+    assert server.runtime.versions("simple") == ["1"]
+
+
+async def test_poll_mode_follows_the_repository(repo: Path) -> None:
+    clock = VirtualClock()
+    config = load_config(
+        None,
+        {
+            "model_repository": str(repo),
+            "server.model_control_mode": "poll",
+            "server.repository_poll_secs": "30s",
+        },
+    )
+    runtime = Runtime(config, scan_repository(repo), clock=clock)
+    await runtime.start()
+    control = ModelControl(runtime)
+    control.start()
+    try:
+        with pytest.raises(Exception, match="polled"):
+            await control.load("simple")
+        _add_version(repo, 2)
+        shutil.copytree(repo / "simple", repo / "other")
+        await clock.advance(29)
+        assert control.statistics().polls == 0
+        await clock.advance(1)
+
+        def settled() -> bool:
+            return runtime.versions("other") == ["2"] and runtime.versions("simple") == ["2"]
+
+        await asyncio.to_thread(wait_for, settled, "the poll to load and drain")
+        assert runtime.versions("simple") == ["2"]
+        shutil.rmtree(repo / "other")
+        await control.poll_once()
+        assert runtime.versions("other") == []
+        assert [e.name for e in control.index(ready_only=True)] == ["simple"]
+    finally:
+        await control.close()
+        await runtime.stop()
