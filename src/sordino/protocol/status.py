@@ -6,9 +6,11 @@ import math
 
 from sordino.errors import (
     Cancelled,
+    ConfigError,
     InferenceFailed,
     InvalidRequest,
     MalformedBody,
+    ModelLoadError,
     NotFound,
     RateLimited,
     SordinoError,
@@ -23,7 +25,7 @@ def http_status(error: SordinoError) -> int:
     """Return the HTTP status for ``error``."""
     if isinstance(error, MalformedBody) and error.too_large:
         return 413
-    if isinstance(error, InvalidRequest | Unsupported):
+    if isinstance(error, InvalidRequest | Unsupported | ModelLoadError | ConfigError):
         return 400
     if isinstance(error, NotFound):
         return 404
@@ -42,7 +44,7 @@ def grpc_code_name(error: SordinoError) -> str:
     """Return the gRPC status code name (``grpc.StatusCode`` member) for ``error``."""
     if isinstance(error, MalformedBody) and error.too_large:
         return "RESOURCE_EXHAUSTED"
-    if isinstance(error, InvalidRequest):
+    if isinstance(error, InvalidRequest | ModelLoadError | ConfigError):
         return "INVALID_ARGUMENT"
     if isinstance(error, Unsupported):
         return "UNIMPLEMENTED"
