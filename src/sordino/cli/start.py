@@ -72,11 +72,17 @@ def _describe(model: LoadedModel) -> str:
 
 async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> None:
     runtime = Runtime(config, sources)
+    if config.telemetry.journal:
+        journal = runtime.telemetry.open_journal(
+            config.server.data_dir / config.telemetry.journal_file
+        )
+        click.echo(f"journal at {journal.path}")
     await runtime.start(on_loaded=lambda model: click.echo(_describe(model)))
     server = HttpServer(runtime, config.server.host, config.server.http_port)
     await server.start()
     click.echo(
-        f"sordino listening on {server.url} (KServe v2 HTTP, metrics at {server.url}/metrics)"
+        f"sordino listening on {server.url} (KServe v2 HTTP, metrics at {server.url}/metrics, "
+        f"dashboard at {server.url}/dashboard)"
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -29,6 +29,7 @@ from sordino.protocol.codec import (
 )
 from sordino.protocol.status import http_status, retry_after_header
 from sordino.server.model_config import model_metadata_json, triton_config_json
+from sordino.server.observe import observe_routes
 from sordino.server.runtime import Runtime
 
 __all__ = ["EXTENSIONS", "build_app"]
@@ -135,9 +136,12 @@ def build_app(runtime: Runtime) -> Starlette:
             model=name,
             version=version,
             header_length=parse_header_length(request.headers.get(HEADER_CONTENT_LENGTH)),
-            headers={"x-sordino-tag": tag}
-            if (tag := request.headers.get("x-sordino-tag")) is not None
-            else None,
+            headers={
+                name: value
+                for name in ("x-sordino-tag", "x-sordino-tenant")
+                if (value := request.headers.get(name)) is not None
+            }
+            or None,
         )
         response = await runtime.infer(decoded)
         payload, headers = encode_infer_response(response, decoded)
@@ -154,6 +158,7 @@ def build_app(runtime: Runtime) -> Starlette:
         Route("/v2/health/ready", _guard(ready), methods=["GET"]),
         Route("/v2/models/stats", _guard(all_stats), methods=["GET"]),
         Route("/metrics", _guard(metrics), methods=["GET"]),
+        *observe_routes(runtime, _guard),
     ]
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes += [

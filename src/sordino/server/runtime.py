@@ -30,6 +30,7 @@ from sordino.protocol.validate import validate_request
 from sordino.scheduling.modes import BatchCurve, build_controller, measure_batch_curve
 from sordino.scheduling.scheduler import ModelScheduler, SchedulerStatistics
 from sordino.scheduling.settings import ModelScheduling, scheduling_for
+from sordino.telemetry.hub import Telemetry
 from sordino.telemetry.metrics import Metrics
 from sordino.telemetry.model_stats import ModelStats
 
@@ -87,6 +88,15 @@ class Runtime:
         self.stats = ModelStats()
         self.executor = InProcessExecutor()
         self.admission = AdmissionChain(default_links())
+        self.telemetry = Telemetry(
+            config.telemetry,
+            events=self.events,
+            registry=self.metrics.registry,
+            models=self.scheduler_statistics,
+            instances=self.executor.instances,
+            slo_s=lambda key: config.scheduler.slo_p99_ms / 1000,
+            clock=self.clock,
+        )
         self._sources = list(sources)
         self._models: dict[str, dict[str, LoadedModel]] = {}
         self._priority_rules = {r.tag: r.priority for r in config.scheduler.priority_rules}
@@ -98,6 +108,7 @@ class Runtime:
 
     async def start(self, on_loaded: Callable[[LoadedModel], None] | None = None) -> None:
         """Load every model source; call ``on_loaded`` after each one is serving."""
+        await self.telemetry.start()
         for source in self._sources:
             model = await self.load(source)
             if on_loaded is not None:
@@ -124,6 +135,7 @@ class Runtime:
         for model in models:
             await self.unload(model.key.name, model.key.version, drain=False)
         self.events.emit("server_stopped", "runtime")
+        await self.telemetry.stop()
 
     @property
     def ready(self) -> bool:
@@ -172,7 +184,7 @@ class Runtime:
             controller=controller,
             settings=scheduling.queue,
             clock=self.clock,
-            observers=(self.metrics, self.stats),
+            observers=(self.metrics, self.stats, self.telemetry.series),
         )
         scheduler.start()
         model = LoadedModel(source, key, metadata, scheduling, scheduler, curve, backends)
@@ -257,8 +269,19 @@ class Runtime:
             )
         except SordinoError as exc:
             self.metrics.request_rejected(request.model, exc.reason)
+            self.telemetry.request_finished(request.model, _tenant(request), 0, "rejected")
             raise
-        outputs = await pending
+        try:
+            outputs = await pending
+        except BaseException as exc:
+            outcome = "cancelled" if isinstance(exc, asyncio.CancelledError) else "failure"
+            self.telemetry.request_finished(
+                request.model, _tenant(request), context.priority, outcome
+            )
+            raise
+        self.telemetry.request_finished(
+            request.model, _tenant(request), context.priority, "success"
+        )
         return self._response(model, request, outputs)
 
     def _response(
@@ -294,6 +317,11 @@ class Runtime:
             self.get(name)
             keys = [ModelKey(name, v) for v in self.versions(name)]
         return self.stats.triton_json(keys)
+
+
+def _tenant(request: InferRequest) -> str:
+    tenant = request.parameters.get("tenant") or request.headers.get("x-sordino-tenant")
+    return tenant if isinstance(tenant, str) and tenant else "default"
 
 
 def _version_key(version: str) -> tuple[int, str]:
