@@ -5,6 +5,8 @@ from __future__ import annotations
 import click
 
 from sordino import __version__
+from sordino.cli.monitor import monitor
+from sordino.cli.profile import profile
 from sordino.cli.start import start
 
 __all__ = ["cli", "main"]
@@ -17,6 +19,8 @@ def cli() -> None:
 
 
 cli.add_command(start)
+cli.add_command(monitor)
+cli.add_command(profile)
 
 
 def main() -> None:
