@@ -7,7 +7,6 @@ message a person can act on; the commands print it, never a traceback.
 from __future__ import annotations
 
 import json
-import socket
 import urllib.error
 import urllib.request
 from typing import Any
@@ -37,7 +36,7 @@ def _request(request: urllib.request.Request, timeout: float) -> Any:
     except urllib.error.URLError as exc:
         reason = exc.reason.strerror if isinstance(exc.reason, OSError) else exc.reason
         raise ServerUnreachable(f"cannot reach {url}: {reason or exc.reason}") from None
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         raise ServerUnreachable(f"{url} did not answer within {timeout:g} s") from None
     except (ConnectionError, OSError) as exc:
         raise ServerUnreachable(f"cannot reach {url}: {exc}") from None
