@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from sordino import __version__
+from sordino.cli.diagnose import diagnose
 from sordino.cli.monitor import monitor
 from sordino.cli.profile import profile
 from sordino.cli.start import start
@@ -21,6 +22,7 @@ def cli() -> None:
 cli.add_command(start)
 cli.add_command(monitor)
 cli.add_command(profile)
+cli.add_command(diagnose)
 
 
 def main() -> None:

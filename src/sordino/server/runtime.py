@@ -195,6 +195,7 @@ class Runtime:
             mode=controller.statistics().effective_mode,
             max_batch=scheduling.policy.max_batch,
             instances=len(backends),
+            slo_p99_ms=scheduling.slo_s * 1000,
         )
         return model
 

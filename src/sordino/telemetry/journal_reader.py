@@ -134,6 +134,15 @@ class JournalReader:
         ]
         return JournalWindow(start, end, series, resources, events)
 
+    def latest_events(self, kind: str, before: float, limit: int = 5) -> list[JournalEvent]:
+        """The last ``limit`` events of ``kind`` before ``before``, oldest first."""
+        rows = self._conn.execute(
+            "SELECT t, kind, subject, cause, payload FROM events WHERE kind = ? AND t < ? "
+            "ORDER BY t DESC LIMIT ?",
+            (kind, before, limit),
+        ).fetchall()
+        return [JournalEvent(t, k, s, c, orjson.loads(p)) for t, k, s, c, p in reversed(rows)]
+
     def per_minute(self, since: float) -> dict[str, list[tuple[int, float]]]:
         """Mean QPS per minute of every model since ``since`` (minute start, qps)."""
         out: dict[str, list[tuple[int, float]]] = {}
