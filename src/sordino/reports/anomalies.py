@@ -126,16 +126,20 @@ def latency_spikes(
 ) -> list[Anomaly]:
     """Stretches where one model's per-second p99 rose well above its median.
 
-    A second is anomalous when its p99 exceeds ``factor`` times the baseline, the
-    baseline plus six robust standard deviations, and the baseline plus
-    ``min_increase_ms``; two such seconds at least make a spike.
+    A second is anomalous when its p99 exceeds ``factor`` times the baseline (the
+    lower quartile of the window's p99s), the baseline plus six robust standard
+    deviations, and the baseline plus ``min_increase_ms``; two such seconds at least
+    make a spike.
     """
     timed = [(r.t, r.p99_ms) for r in rows if r.p99_ms is not None]
     if len(timed) < 10:
         return []
     values = np.array([v for _, v in timed])
-    median = float(np.median(values))
-    mad = float(np.median(np.abs(values - median))) * 1.4826
+    # The baseline is the lower quartile and the spread is measured on the lower half,
+    # so a spike covering up to half the window cannot raise its own threshold.
+    median = float(np.percentile(values, 25))
+    lower = values[values <= np.median(values)]
+    mad = float(np.median(np.abs(lower - median))) * 1.4826
     threshold = max(factor * median, median + 6 * mad, median + min_increase_ms)
     flagged = [t for t, v in timed if v > threshold]
     out = []
