@@ -70,6 +70,9 @@ def test_sparkline_scales_to_the_maximum_and_keeps_gaps() -> None:
     assert sparkline([0, 1, 2, 4], width=4) == "▁▂▄█"
     assert sparkline([None, 3], width=3) == "  █"
     assert sparkline([], width=2) == "  "
+    # A long history is squeezed into the width, each block the maximum of its share.
+    assert sparkline([0] * 50 + [8] + [0] * 49, width=4) == "▁▁█▁"
+    assert sparkline([100, 104, 108], width=3, relative=True) == "▁▄█"
 
 
 def test_live_view_renders_a_snapshot(server: RunningServer) -> None:

@@ -70,6 +70,17 @@ def test_chaos_at_the_onset_is_the_likely_cause() -> None:
     assert all(c.event.kind != "config_changed" for c in ranked.causes)  # after the window
 
 
+def test_an_injection_cleared_before_the_onset_is_not_the_cause() -> None:
+    (spike,) = latency_spikes(_spiky(range(40, 50)))
+    events = [
+        JournalEvent(10.0, "chaos_injected", "worker m#0", "latency", {"model": "m"}),
+        JournalEvent(20.0, "chaos_cleared", "worker m#0", "", {"model": "m"}),
+    ]
+    ranked = correlate(spike, events)
+    assert ranked.likely_cause is None
+    assert "cleared 20 s before the onset" in ranked.causes[0].why
+
+
 def test_without_events_there_is_no_likely_cause() -> None:
     (spike,) = latency_spikes(_spiky(range(40, 50)))
     assert correlate(spike, []).likely_cause is None

@@ -88,7 +88,8 @@ def test_html_report_names_the_window_and_the_chaos_event(
     window = re.search(r"from (\d\d:\d\d:\d\d) to (\d\d:\d\d:\d\d)", match)
     assert window is not None, match
     assert abs(_seconds(window.group(1)) - _seconds(start)) <= 2, (window.group(0), start)
-    assert abs(_seconds(window.group(2)) - _seconds(end)) <= 3, (window.group(0), end)
+    # The backlog built during the injection may take a few seconds to drain.
+    assert -2 <= _seconds(window.group(2)) - _seconds(end) <= 6, (window.group(0), end)
     assert "Likely cause: chaos_injected on worker digits-classifier#0" in match
     assert "data:image/png;base64," in html
     assert "No tuning is needed" in html

@@ -71,7 +71,7 @@ def monitor(
                 try:
                     snap = get_json(url, path)
                     attempt = 0
-                    view.update(live_view(snap, metrics, url), refresh=True)
+                    view.update(live_view(snap, metrics, url, console.width), refresh=True)
                 except (ServerUnreachable, ServerError) as exc:
                     attempt += 1
                     view.update(unreachable_view(str(exc), url, attempt), refresh=True)

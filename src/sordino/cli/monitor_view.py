@@ -23,19 +23,37 @@ METRICS = ("qps", "latency", "error_rate", "mem_frag", "batch", "queue", "busy",
 _BLOCKS = "▁▂▃▄▅▆▇█"
 
 
-def sparkline(values: Sequence[float | None], width: int = 24) -> str:
-    """The last ``width`` values as block characters scaled to their maximum (gaps blank)."""
-    tail = list(values)[-width:]
+def _buckets(values: Sequence[float | None], width: int) -> list[float | None]:
+    """Squeeze ``values`` into ``width`` buckets, keeping each bucket's maximum."""
+    if len(values) <= width:
+        return list(values)
+    out: list[float | None] = []
+    for i in range(width):
+        chunk = values[i * len(values) // width : (i + 1) * len(values) // width]
+        known = [v for v in chunk if v is not None]
+        out.append(max(known) if known else None)
+    return out
+
+
+def sparkline(values: Sequence[float | None], width: int = 24, *, relative: bool = False) -> str:
+    """``values`` as ``width`` block characters, each the maximum of its share of them.
+
+    Heights are scaled to the maximum (from zero, or from the minimum when
+    ``relative``); gaps (None) stay blank.
+    """
+    tail = _buckets(values, width)
     known = [v for v in tail if v is not None]
     top = max(known, default=0.0)
+    bottom = min(known, default=0.0) if relative else 0.0
     out = []
     for value in tail:
         if value is None:
             out.append(" ")
-        elif top <= 0:
+        elif top <= bottom:
             out.append(_BLOCKS[0])
         else:
-            out.append(_BLOCKS[min(len(_BLOCKS) - 1, int(value / top * (len(_BLOCKS) - 1)))])
+            level = (value - bottom) / (top - bottom) * (len(_BLOCKS) - 1)
+            out.append(_BLOCKS[min(len(_BLOCKS) - 1, int(level))])
     return "".join(out).rjust(width)
 
 
@@ -124,7 +142,9 @@ def plain_snapshot(snap: dict[str, Any], metrics: Sequence[str], url: str) -> st
     return "\n".join(lines)
 
 
-def live_view(snap: dict[str, Any], metrics: Sequence[str], url: str) -> RenderableType:
+def live_view(
+    snap: dict[str, Any], metrics: Sequence[str], url: str, width: int = 150
+) -> RenderableType:
     """The full-screen view: resources, a row per model with sparklines, the latest events."""
     cols = _columns(metrics)
     server = snap["server"]
@@ -136,19 +156,21 @@ def live_view(snap: dict[str, Any], metrics: Sequence[str], url: str) -> Rendera
         series = snap["resources"]["series"]
         if any(v is not None for v in series.get("fragmentation", [])):
             resources.append("  frag " + sparkline(series["fragmentation"]), style="magenta")
-        resources.append("  RSS " + sparkline(series.get("rss_bytes", [])), style="cyan")
+        resources.append(
+            "  RSS " + sparkline(series.get("rss_bytes", []), relative=True), style="cyan"
+        )
     table = Table(expand=True, header_style="bold")
-    table.add_column("model", no_wrap=True)
-    for header, _, column in cols:
+    table.add_column("model", no_wrap=True, min_width=22)
+    spark = max(6, min(30, (width - 28) // max(1, len(cols)) - 11))
+    for header, _, _ in cols:
         table.add_column(header, justify="right", no_wrap=True)
-        if column is not None:
-            table.add_column("", no_wrap=True, style="green")
     for model in snap["models"]:
-        cells: list[str] = [f"{model['name']}/{model['version']}"]
+        cells: list[Text | str] = [f"{model['name']}/{model['version']}"]
         for _, fmt, column in cols:
-            cells.append(fmt(model["current"]))
+            cell = Text(fmt(model["current"]).rjust(8))
             if column is not None:
-                cells.append(sparkline(model["series"].get(column, [])))
+                cell.append(" " + sparkline(model["series"].get(column, []), spark), style="green")
+            cells.append(cell)
         table.add_row(*cells)
     events = Table(expand=True, show_header=False, box=None)
     for event in snap["events"][-8:]:

@@ -101,9 +101,13 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return float(np.mean(known)) if known else None
 
 
-def _context(rows: Sequence[SecondRow], start: int, end: int) -> dict[str, float | None]:
+def _context(
+    rows: Sequence[SecondRow], start: int, end: int, others: Sequence[tuple[int, int]] = ()
+) -> dict[str, float | None]:
+    """The figures inside ``[start, end)`` and outside every window (the baseline)."""
     inside = [r for r in rows if start <= r.t < end]
-    outside = [r for r in rows if not start <= r.t < end]
+    windows = [(start, end), *others]
+    outside = [r for r in rows if not any(a <= r.t < b for a, b in windows)]
     return {
         "qps_baseline": _mean([r.requests for r in outside]),
         "qps_during": _mean([r.requests for r in inside]),
@@ -144,7 +148,8 @@ def latency_spikes(
     flagged = [t for t, v in timed if v > threshold]
     out = []
     model = rows[0].model
-    for start, end in _windows(flagged, min_len=2):
+    spans = _windows(flagged, min_len=2)
+    for start, end in spans:
         inside = [v for t, v in timed if start <= t < end]
         normal = [v for t, v in timed if not start <= t < end and v <= threshold]
         out.append(
@@ -158,7 +163,7 @@ def latency_spikes(
                 baseline=float(np.median(normal)) if normal else median,
                 peak=float(max(inside)),
                 during=float(np.mean(inside)),
-                context=_context(rows, start, end),
+                context=_context(rows, start, end, spans),
             )
         )
     return out
@@ -295,14 +300,15 @@ def correlate(anomaly: Anomaly, events: Sequence[JournalEvent]) -> Anomaly:
         else:
             score *= math.exp(-(lead - 5) / 30)
             why.append(f"{lead:.0f} s before the onset")
-        ended = [
+        cleared = [
             e
             for e in events
-            if e.kind.endswith("_cleared")
-            and e.subject == event.subject
-            and e.t >= event.t
-            and abs(e.t - anomaly.end) <= 5
+            if e.kind.endswith("_cleared") and e.subject == event.subject and e.t >= event.t
         ]
+        if cleared and cleared[0].t < anomaly.start:
+            score *= 0.1  # over before the anomaly began: it cannot have caused it
+            why.append(f"cleared {anomaly.start - cleared[0].t:.0f} s before the onset")
+        ended = [e for e in cleared if abs(e.t - anomaly.end) <= 5]
         if ended:
             score *= 1.3
             why.append(f"cleared {ended[0].t - anomaly.end:+.1f} s from the anomaly's end")
