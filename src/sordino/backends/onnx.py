@@ -137,6 +137,15 @@ class OnnxBackend:
     def unload(self) -> None:
         self._session = None
 
+    def replace_session(self, session: Any) -> Any:
+        """Serve later batches from ``session`` (same model; e.g. with profiling on).
+
+        Returns the session it replaces, to be put back the same way. A batch already
+        running finishes on the session it started with.
+        """
+        previous, self._session = self._session, session
+        return previous
+
     def statistics(self) -> BackendStatistics:
         with self._lock:
             return BackendStatistics(self._batches, self._items, self._failures, self._busy)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import click
 
 from sordino import __version__
+from sordino.cli.diagnose import diagnose
 from sordino.cli.models import models
+from sordino.cli.monitor import monitor
+from sordino.cli.profile import profile
 from sordino.cli.start import start
 
 __all__ = ["cli", "main"]
@@ -19,6 +22,9 @@ def cli() -> None:
 
 cli.add_command(start)
 cli.add_command(models)
+cli.add_command(monitor)
+cli.add_command(profile)
+cli.add_command(diagnose)
 
 
 def main() -> None:

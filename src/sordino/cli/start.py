@@ -78,6 +78,11 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     runtime = Runtime(config, sources)
+    if config.telemetry.journal:
+        journal = runtime.telemetry.open_journal(
+            config.server.data_dir / config.telemetry.journal_file
+        )
+        click.echo(f"journal at {journal.path}")
     await runtime.start(on_loaded=lambda model: click.echo(_describe(model)))
     control = ModelControl(runtime)
     server = HttpServer(runtime, config.server.host, config.server.http_port, control)
@@ -86,7 +91,8 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> None:
     await server.start()
     control.start()
     click.echo(
-        f"sordino listening on {server.url} (KServe v2 HTTP, metrics at {server.url}/metrics)"
+        f"sordino listening on {server.url} (KServe v2 HTTP, metrics at {server.url}/metrics, "
+        f"dashboard at {server.url}/dashboard)"
     )
     click.echo(
         f"sordino listening on grpc://{grpc_server.address} (KServe v2 gRPC, "

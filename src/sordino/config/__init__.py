@@ -26,6 +26,7 @@ from sordino.config.schema import (
     SpecificVersions,
     Strategy,
     StreamPriorityStrategy,
+    TelemetryConfig,
     VersionPolicy,
 )
 from sordino.config.units import Duration, Milliseconds, Size, parse_duration, parse_size
@@ -51,6 +52,7 @@ __all__ = [
     "SpecificVersions",
     "Strategy",
     "StreamPriorityStrategy",
+    "TelemetryConfig",
     "VersionPolicy",
     "load_config",
     "load_model_config_file",

@@ -49,6 +49,7 @@ __all__ = [
     "Strategy",
     "StreamPriorityStrategy",
     "StreamingConfig",
+    "TelemetryConfig",
     "VersionPolicy",
 ]
 
@@ -97,6 +98,28 @@ class ServerConfig(_Section):
     """Largest request body accepted; larger bodies get 413."""
     shutdown_timeout: Duration = 30.0
     """How long a graceful stop waits for in-flight requests before cancelling them."""
+
+
+# --- telemetry ----------------------------------------------------------------------------
+
+
+class TelemetryConfig(_Section):
+    """The per-second time series, the SQLite journal under ``server.data_dir``, forecasts."""
+
+    journal: bool = True
+    """Record the time series and events in ``<data_dir>/<journal_file>`` (SQLite, WAL)."""
+    journal_file: str = Field(default="journal.sqlite3", min_length=1)
+    """File name of the journal inside ``server.data_dir``."""
+    retention: Duration = Field(default=7 * 86400.0, gt=0)
+    """How long journal rows are kept; older ones are pruned in the background."""
+    flush_interval: Duration = Field(default=1.0, gt=0, le=10)
+    """How often the journal writer commits; a crash loses at most this much."""
+    recent_window: Duration = Field(default=900.0, ge=60)
+    """How much of the series is kept in memory for /dashboard and ``sordino monitor``."""
+    forecast: bool = True
+    """Forecast the next hour's QPS and memory from the journal (needs statsmodels)."""
+    forecast_interval: Duration = Field(default=300.0, ge=10)
+    """How often the forecast is refitted."""
 
 
 # --- scheduler strategies -----------------------------------------------------------------
@@ -516,6 +539,7 @@ class RuntimeConfig(_Section):
 
     server: ServerConfig = ServerConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
     models: tuple[Annotated[ModelConfig, AfterValidator(_named_with_path)], ...] = ()
     """Explicitly listed models; each needs ``name`` and ``path``."""
     model_repository: ExpandedPath | None = None

@@ -218,6 +218,10 @@ class ModelScheduler:
         removed from the queue if it has not started, and counted as cancelled.
         """
         item = self.submit(inputs, priority=priority, timeout_s=timeout_s, request_id=request_id)
+        return await self.result(item)
+
+    async def result(self, item: WorkItem) -> dict[str, Tensor]:
+        """Wait for the outputs of a submitted ``item``; cancel it if the waiter is cancelled."""
         try:
             return await asyncio.shield(item.future)
         except asyncio.CancelledError:

@@ -33,6 +33,7 @@ from sordino.server.disconnect import until_disconnect
 from sordino.server.http_routes import extra_routes
 from sordino.server.model_config import model_metadata_json, triton_config_json
 from sordino.server.model_control import ModelControl
+from sordino.server.observe import observe_routes
 from sordino.server.runtime import Runtime
 
 __all__ = ["EXTENSIONS", "build_app"]
@@ -147,9 +148,12 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> Starlett
             model=name,
             version=version,
             header_length=parse_header_length(request.headers.get(HEADER_CONTENT_LENGTH)),
-            headers={"x-sordino-tag": tag}
-            if (tag := request.headers.get("x-sordino-tag")) is not None
-            else None,
+            headers={
+                name: value
+                for name in ("x-sordino-tag", "x-sordino-tenant")
+                if (value := request.headers.get(name)) is not None
+            }
+            or None,
         )
         response = await until_disconnect(request, runtime.infer(decoded))
         payload, headers = encode_infer_response(response, decoded)
@@ -166,6 +170,7 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> Starlett
         Route("/v2/health/ready", _guard(runtime, ready), methods=["GET"]),
         Route("/v2/models/stats", _guard(runtime, all_stats), methods=["GET"]),
         Route("/metrics", _guard(runtime, metrics), methods=["GET"]),
+        *observe_routes(runtime, functools.partial(_guard, runtime)),
     ]
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes += [

@@ -33,6 +33,7 @@ from sordino.scheduling.modes import BatchCurve, build_controller, measure_batch
 from sordino.scheduling.scheduler import ModelScheduler, SchedulerStatistics
 from sordino.scheduling.settings import ModelScheduling, scheduling_for
 from sordino.server.streaming import stream_spec_for
+from sordino.telemetry.hub import Telemetry
 from sordino.telemetry.metrics import Metrics
 from sordino.telemetry.model_stats import ModelStats
 
@@ -90,6 +91,15 @@ class Runtime:
         self.stats = ModelStats()
         self.executor = InProcessExecutor()
         self.admission = AdmissionChain(default_links())
+        self.telemetry = Telemetry(
+            config.telemetry,
+            events=self.events,
+            registry=self.metrics.registry,
+            models=self.scheduler_statistics,
+            instances=self.executor.instances,
+            slo_s=lambda key: config.scheduler.slo_p99_ms / 1000,
+            clock=self.clock,
+        )
         self._sources = list(sources)
         self._models: dict[str, dict[str, LoadedModel]] = {}
         self._priority_rules = {r.tag: r.priority for r in config.scheduler.priority_rules}
@@ -101,6 +111,7 @@ class Runtime:
 
     async def start(self, on_loaded: Callable[[LoadedModel], None] | None = None) -> None:
         """Load every model source; call ``on_loaded`` after each one is serving."""
+        await self.telemetry.start()
         for source in self._sources:
             model = await self.load(source)
             if on_loaded is not None:
@@ -127,6 +138,7 @@ class Runtime:
         for model in models:
             await self.unload(model.key.name, model.key.version, drain=False)
         self.events.emit("server_stopped", "runtime")
+        await self.telemetry.stop()
 
     @property
     def stopping(self) -> bool:
@@ -183,7 +195,7 @@ class Runtime:
             controller=controller,
             settings=scheduling.queue,
             clock=self.clock,
-            observers=(self.metrics, self.stats),
+            observers=(self.metrics, self.stats, self.telemetry.series),
         )
         scheduler.start()
         model = LoadedModel(source, key, metadata, scheduling, scheduler, curve, backends)
@@ -194,6 +206,7 @@ class Runtime:
             mode=controller.statistics().effective_mode,
             max_batch=scheduling.policy.max_batch,
             instances=len(backends),
+            slo_p99_ms=scheduling.slo_s * 1000,
         )
         return model
 
@@ -263,7 +276,7 @@ class Runtime:
                 ),
             )
         except SordinoError as exc:
-            self.metrics.request_rejected(request.model, exc.reason)
+            self._refused(request, exc)
             raise
         return model, context
 
@@ -281,15 +294,34 @@ class Runtime:
                 "ModelStreamInfer over gRPC or POST "
                 f"/v2/models/{model.key.name}/generate_stream over HTTP"
             )
-            self.metrics.request_rejected(request.model, error.reason)
+            self._refused(request, error)
             raise error
-        outputs = await model.scheduler.infer(
-            request.inputs,
-            priority=context.priority,
-            timeout_s=context.timeout_s,
-            request_id=request.id,
+        try:
+            item = model.scheduler.submit(
+                request.inputs,
+                priority=context.priority,
+                timeout_s=context.timeout_s,
+                request_id=request.id,
+            )
+        except SordinoError as exc:  # queue full, shutting down: never accepted
+            self._refused(request, exc)
+            raise
+        try:
+            outputs = await model.scheduler.result(item)
+        except BaseException as exc:
+            outcome = "cancelled" if isinstance(exc, asyncio.CancelledError) else "failure"
+            self.telemetry.request_finished(
+                request.model, _tenant(request), context.priority, outcome
+            )
+            raise
+        self.telemetry.request_finished(
+            request.model, _tenant(request), context.priority, "success"
         )
         return self.response(model, request, outputs)
+
+    def _refused(self, request: InferRequest, error: SordinoError) -> None:
+        self.metrics.request_rejected(request.model, error.reason)
+        self.telemetry.request_finished(request.model, _tenant(request), 0, "rejected")
 
     def response(
         self, model: LoadedModel, request: InferRequest, outputs: dict[str, Tensor]
@@ -325,6 +357,11 @@ class Runtime:
             self.get(name)
             keys = [ModelKey(name, v) for v in self.versions(name)]
         return self.stats.triton_json(keys)
+
+
+def _tenant(request: InferRequest) -> str:
+    tenant = request.parameters.get("tenant") or request.headers.get("x-sordino-tenant")
+    return tenant if isinstance(tenant, str) and tenant else "default"
 
 
 def _version_key(version: str) -> tuple[int, str]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from sordino.config import RuntimeConfig
 from sordino.models.repository import ModelSource, builtin_sources
@@ -49,11 +50,15 @@ def serve_in_thread(
     sources: Sequence[ModelSource] | None = None,
     *,
     startup_timeout: float = 120.0,
+    data_dir: Path | None = None,
+    prepare: Callable[[Runtime], None] | None = None,
 ) -> Iterator[RunningServer]:
     """Run real HTTP and gRPC servers on 127.0.0.1 in a background thread while the block runs.
 
     Serves ``sources`` (the built-in models by default) under ``config``. On exit the
     server shuts down as on SIGTERM: queued requests finish, then connections close.
+    With ``data_dir`` the runtime journals there as ``sordino start --data-dir`` does;
+    ``prepare`` is called with the runtime before it starts (to install test doubles).
     """
     config = config or RuntimeConfig()
     chosen = list(sources) if sources is not None else builtin_sources()
@@ -67,6 +72,10 @@ def serve_in_thread(
         holder["loop"] = asyncio.get_running_loop()
         try:
             runtime = Runtime(config, chosen)
+            if data_dir is not None:
+                runtime.telemetry.open_journal(data_dir / config.telemetry.journal_file)
+            if prepare is not None:
+                prepare(runtime)
             await runtime.start()
             control = ModelControl(runtime)
             control.start()

@@ -1,0 +1,168 @@
+"""``sordino diagnose``: explain a time window of the journal as an HTML or PDF report."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlencode
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from sordino.cli.client import ServerError, ServerUnreachable, get_json
+from sordino.reports.timerange import parse_time_range
+from sordino.telemetry.journal_reader import JournalReader, JournalWindow, MissingJournal
+from sordino.telemetry.profile_data import OperatorProfile
+
+__all__ = ["diagnose"]
+
+_STEPS = 9  # read, baselines, anomalies, correlation, forecast, recommendations, 3 charts
+
+
+class _Failure(Exception):
+    """A clear message for the person running the command."""
+
+
+def _from_journal(path: Path, time_range: str) -> tuple[JournalWindow, list[OperatorProfile]]:
+    try:
+        reader = JournalReader(path)
+    except MissingJournal as exc:
+        raise _Failure(str(exc)) from None
+    with reader:
+        span = reader.span()
+        if span is None:
+            raise _Failure(
+                f"the journal at {path} is empty: the server has not recorded a full second "
+                "yet; send it traffic and try again in a few seconds"
+            )
+        start, end = _range(time_range, first=span[0])
+        window = reader.window(start, end)
+        profiles = [
+            OperatorProfile.from_json(e.payload)
+            for e in reader.latest_events("operator_profile", end)
+            if e.t < start and "operators" in e.payload
+        ]
+    if not window.series:
+        raise _Failure(
+            f"the journal at {path} has no rows between {_when(start)} and {_when(end)}; it "
+            f"covers {_when(span[0])} to {_when(span[1])}: choose a --time-range inside that"
+        )
+    return window, profiles
+
+
+def _from_server(url: str, time_range: str) -> JournalWindow:
+    start, end = _range(time_range, first=0.0)
+    query = urlencode({"start": start, "end": end})
+    try:
+        window = JournalWindow.from_json(get_json(url, f"/v2/sordino/journal?{query}", timeout=60))
+    except (ServerUnreachable, ServerError) as exc:
+        raise _Failure(str(exc)) from None
+    if not window.series:
+        raise _Failure(
+            f"the server at {url} journaled nothing between {_when(start)} and {_when(end)}"
+        )
+    return window
+
+
+def _range(text: str, *, first: float) -> tuple[float, float]:
+    try:
+        return parse_time_range(text, now=time.time(), first=first)
+    except ValueError as exc:
+        raise _Failure(str(exc)) from None
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+@click.command()
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="The server's data directory (its journal is read directly).",
+)
+@click.option("--url", help="Read the journal of a running server instead.")
+@click.option("--journal-file", default="journal.sqlite3", show_default=True)
+@click.option(
+    "--time-range",
+    default="last_1h",
+    show_default=True,
+    help='last_30m, last_1h, last_2d, all, or "2026-12-01 10:00..11:00" (local time).',
+)
+@click.option(
+    "--focus",
+    type=click.Choice(["latency_spike", "memory", "errors", "all"]),
+    default="all",
+    show_default=True,
+)
+@click.option(
+    "--output",
+    type=click.Path(path_type=Path, dir_okay=False),
+    required=True,
+    help="The report: .html or .pdf.",
+)
+def diagnose(
+    data_dir: Path | None,
+    url: str | None,
+    journal_file: str,
+    time_range: str,
+    focus: str,
+    output: Path,
+) -> None:
+    """Find anomalies in the journal, correlate them with events, recommend what to do."""
+    suffix = output.suffix.lower()
+    if suffix not in (".html", ".htm", ".pdf"):
+        click.echo(f"error: --output must end in .html or .pdf, not {output.name!r}", err=True)
+        sys.exit(2)
+    if data_dir is not None and url is not None:
+        click.echo("error: give --data-dir or --url, not both", err=True)
+        sys.exit(2)
+    try:
+        from sordino.reports.diagnose import diagnose as run
+        from sordino.reports.render import draw_charts, render_html, render_pdf
+    except ImportError as exc:
+        click.echo(
+            f"error: diagnose needs the reports extra ({exc.name} is missing): "
+            "pip install 'sordino[reports]'",
+            err=True,
+        )
+        sys.exit(2)
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description:<28}"), BarColumn(), TimeElapsedColumn())
+    try:
+        with Progress(*columns, console=console, transient=False) as progress:
+            task = progress.add_task("reading the journal", total=_STEPS)
+
+            def step(name: str) -> None:
+                progress.update(task, advance=1, description=name)
+
+            profiles: list[OperatorProfile] = []
+            if url is not None:
+                window, source = _from_server(url, time_range), url
+            else:
+                directory = (data_dir or Path("~/.sordino")).expanduser()
+                window, profiles = _from_journal(directory / journal_file, time_range)
+                source = str(directory / journal_file)
+            step("baselines")
+            diagnosis = run(window, focus=focus, source=source, profiles=profiles, step=step)
+            chart_list = draw_charts(diagnosis, step=step)
+            progress.update(task, description=f"writing {output.name}")
+            output.parent.mkdir(parents=True, exist_ok=True)
+            if suffix == ".pdf":
+                render_pdf(diagnosis, chart_list, output)
+            else:
+                output.write_text(render_html(diagnosis, chart_list), encoding="utf-8")
+            progress.update(task, completed=_STEPS, description="done")
+    except _Failure as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    click.echo(f"{len(diagnosis.anomalies)} finding(s); report written to {output}")
+    for anomaly in diagnosis.anomalies:
+        cause = anomaly.likely_cause
+        culprit = f" — likely cause: {cause.event.kind} on {cause.event.subject}" if cause else ""
+        click.echo(
+            f"  {anomaly.kind} {anomaly.model or ''} {_when(anomaly.start)} .. "
+            f"{_when(anomaly.end)}{culprit}"
+        )

@@ -1,0 +1,80 @@
+"""``sordino monitor``: a live terminal view of a running server (or one plain snapshot)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+from rich.console import Console
+from rich.live import Live
+
+from sordino.cli.client import ServerError, ServerUnreachable, get_json
+from sordino.cli.monitor_view import METRICS, live_view, plain_snapshot, unreachable_view
+
+__all__ = ["monitor"]
+
+
+def _metrics(value: str) -> list[str]:
+    chosen = [m.strip() for m in value.split(",") if m.strip()]
+    unknown = [m for m in chosen if m not in METRICS]
+    if unknown or not chosen:
+        raise click.BadParameter(
+            f"unknown metric(s) {', '.join(unknown) or '(none given)'}; choose from "
+            f"{', '.join(METRICS)}"
+        )
+    return chosen
+
+
+@click.command()
+@click.option("--url", default="http://127.0.0.1:8000", show_default=True, help="The server.")
+@click.option("--live/--once", default=True, help="Full-screen view (default) or one snapshot.")
+@click.option(
+    "--metrics",
+    "metric_list",
+    default="qps,latency,error_rate,mem_frag",
+    show_default=True,
+    help=f"Comma-separated, from: {', '.join(METRICS)}.",
+)
+@click.option("--interval", default=1.0, show_default=True, help="Seconds between refreshes.")
+@click.option("--history", default=180, show_default=True, help="Seconds of sparkline history.")
+@click.option(
+    "--retries", default=3, show_default=True, help="With --once: attempts before giving up."
+)
+def monitor(
+    url: str, live: bool, metric_list: str, interval: float, history: int, retries: int
+) -> None:
+    """Watch a running server: a row per model with sparklines, resources and events."""
+    metrics = _metrics(metric_list)
+    path = f"/v2/sordino/telemetry?seconds={max(1, history)}&events=20"
+    if not live:
+        for attempt in range(1, max(1, retries) + 1):
+            try:
+                snap = get_json(url, path)
+            except ServerUnreachable as exc:
+                click.echo(f"{exc} (attempt {attempt} of {retries})", err=True)
+                if attempt < retries:
+                    time.sleep(interval)
+                continue
+            except ServerError as exc:
+                click.echo(f"error: {exc}", err=True)
+                sys.exit(1)
+            click.echo(plain_snapshot(snap, metrics, url))
+            return
+        click.echo(f"error: no server answered at {url}; start one with `sordino start`", err=True)
+        sys.exit(1)
+    console = Console()
+    attempt = 0
+    try:
+        with Live(console=console, screen=True, auto_refresh=False) as view:
+            while True:
+                try:
+                    snap = get_json(url, path)
+                    attempt = 0
+                    view.update(live_view(snap, metrics, url, console.width), refresh=True)
+                except (ServerUnreachable, ServerError) as exc:
+                    attempt += 1
+                    view.update(unreachable_view(str(exc), url, attempt), refresh=True)
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,64 @@
+"""``sordino profile``: profile a served model's operators for a while, print the top ones."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from sordino.cli.client import ServerError, ServerUnreachable, post_json
+from sordino.telemetry.profile_data import OperatorProfile
+
+__all__ = ["profile", "profile_header", "profile_table"]
+
+
+def profile_header(result: OperatorProfile) -> str:
+    """One line saying what was profiled."""
+    source = "zero-filled batches (no live traffic)" if result.synthetic else "live traffic"
+    return (
+        f"{result.model}/{result.version}: {result.batches} batches of {source} in "
+        f"{result.seconds:g} s, {result.total_ms:.1f} ms inside operators"
+    )
+
+
+def profile_table(result: OperatorProfile, top: int) -> Table:
+    """The ``top`` operator types of ``result`` as a table."""
+    table = Table()
+    for name, justify in (("operator", "left"), ("total ms", "right"), ("share", "right"),
+                          ("calls", "right"), ("provider", "left")):  # fmt: skip
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for op in result.top(top):
+        table.add_row(op.op, f"{op.total_ms:.2f}", f"{op.share:.1%}", str(op.calls), op.provider)
+    return table
+
+
+@click.command()
+@click.option("--url", default="http://127.0.0.1:8000", show_default=True, help="The server.")
+@click.option("--model", required=True, help="The model to profile.")
+@click.option("--version", "model_version", default=None, help="Its version (default: latest).")
+@click.option("--seconds", default=10.0, show_default=True, help="How long to profile.")
+@click.option("--top", default=10, show_default=True, help="How many operators to print.")
+def profile(url: str, model: str, model_version: str | None, seconds: float, top: int) -> None:
+    """Profile MODEL's operators with ONNX Runtime's profiler and print the top ones.
+
+    The live traffic of the next SECONDS is profiled (zero-filled batches when none
+    arrives); the breakdown is journaled as an ``operator_profile`` event and exported
+    as ``sordino_operator_seconds``.
+    """
+    body = {"model": model, "seconds": seconds}
+    if model_version:
+        body["version"] = model_version
+    click.echo(f"profiling {model} for {seconds:g} s …", err=True)
+    try:
+        data = post_json(url, "/v2/sordino/profile", body, timeout=seconds + 60)
+    except (ServerUnreachable, ServerError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    result = OperatorProfile.from_json(data)
+    click.echo(profile_header(result))
+    Console().print(profile_table(result, top))
+    if result.kernel_launches is not None:
+        click.echo(f"kernel launches: {result.kernel_launches}")
+    click.echo("journaled as an operator_profile event")

@@ -1,0 +1,1 @@
+"""control: the admin side (profiling triggers; later hot reconfiguration and chaos)."""

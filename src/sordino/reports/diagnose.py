@@ -1,0 +1,302 @@
+"""Diagnose: from a journal window to findings, likely causes and recommendations.
+
+:func:`diagnose` is pure: it takes a :class:`JournalWindow` (read from a journal file
+or fetched from a server) and returns a :class:`Diagnosis`. Rendering it as HTML or
+PDF is :mod:`sordino.reports.render`'s business.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sordino.reports.anomalies import (
+    Anomaly,
+    correlate,
+    error_bursts,
+    fragmentation_climbs,
+    latency_spikes,
+    memory_growth,
+)
+from sordino.telemetry.forecast import ForecastSeries, forecast_series
+from sordino.telemetry.journal_reader import JournalWindow
+from sordino.telemetry.profile_data import OperatorProfile
+
+__all__ = ["FOCUS", "Diagnosis", "ModelSummary", "diagnose", "when"]
+
+FOCUS = ("latency_spike", "memory", "errors", "all")
+_KINDS = {
+    "latency_spike": {"latency_spike"},
+    "memory": {"fragmentation_climb", "memory_growth"},
+    "errors": {"error_burst"},
+}
+
+
+def when(t: float) -> str:
+    """A local wall-clock time for reports."""
+    return dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _hms(t: float) -> str:
+    return dt.datetime.fromtimestamp(t).strftime("%H:%M:%S")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSummary:
+    """One model over the whole window."""
+
+    name: str
+    seconds: int
+    requests: int
+    errors: int
+    qps_mean: float
+    qps_peak: int
+    p50_ms: float | None
+    p99_ms: float | None
+    p99_max_ms: float | None
+    slo_ms: float | None
+    slo_attainment: float | None
+    batch_mean: float | None
+    busy_mean: float
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    """What diagnose found in a window, ready to render."""
+
+    start: float
+    end: float
+    focus: str
+    source: str
+    window: JournalWindow
+    models: list[ModelSummary]
+    anomalies: list[Anomaly]
+    recommendations: list[str]
+    profiles: list[OperatorProfile] = field(default_factory=list)
+    forecasts: dict[str, ForecastSeries] = field(default_factory=dict)
+    memory_forecast: ForecastSeries | None = None
+
+
+def _summary(window: JournalWindow, name: str, slo_ms: float | None) -> ModelSummary:
+    rows = window.rows_of(name)
+    requests = sum(r.requests for r in rows)
+    p50 = [r.p50_ms for r in rows if r.p50_ms is not None]
+    p99 = [r.p99_ms for r in rows if r.p99_ms is not None]
+    sizes = [r.batch_size for r in rows if r.batch_size is not None]
+    return ModelSummary(
+        name=name,
+        seconds=len(rows),
+        requests=requests,
+        errors=sum(r.errors for r in rows),
+        qps_mean=requests / len(rows) if rows else 0.0,
+        qps_peak=max((r.requests for r in rows), default=0),
+        p50_ms=float(np.median(p50)) if p50 else None,
+        p99_ms=float(np.median(p99)) if p99 else None,
+        p99_max_ms=max(p99) if p99 else None,
+        slo_ms=slo_ms,
+        slo_attainment=sum(r.slo_met for r in rows) / requests if requests else None,
+        batch_mean=float(np.mean(sizes)) if sizes else None,
+        busy_mean=float(np.mean([r.busy for r in rows])) if rows else 0.0,
+    )
+
+
+def _slos(window: JournalWindow) -> dict[str, float]:
+    slos = {}
+    for event in window.events:
+        if event.kind == "model_loaded" and "slo_p99_ms" in event.payload:
+            slos[event.subject.split("/")[0]] = float(event.payload["slo_p99_ms"])
+    return slos
+
+
+def _per_minute(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    minutes: dict[int, list[float]] = {}
+    for t, v in points:
+        minutes.setdefault(t // 60 * 60, []).append(v)
+    return [(m, float(np.mean(vs))) for m, vs in sorted(minutes.items())]
+
+
+def diagnose(
+    window: JournalWindow,
+    *,
+    focus: str = "all",
+    source: str = "",
+    profiles: list[OperatorProfile] | None = None,
+    step: Callable[[str], None] | None = None,
+) -> Diagnosis:
+    """Find anomalies in ``window``, rank their causes, and recommend what to do."""
+    if focus not in FOCUS:
+        raise ValueError(f"focus {focus!r} is not one of {', '.join(FOCUS)}")
+    progress = step or (lambda name: None)
+    wanted = set().union(*_KINDS.values()) if focus == "all" else _KINDS[focus]
+    slos = _slos(window)
+    progress("baselines")
+    models = [_summary(window, name, slos.get(name)) for name in window.models]
+    progress("anomalies")
+    found: list[Anomaly] = []
+    for name in window.models:
+        rows = window.rows_of(name)
+        if "latency_spike" in wanted:
+            found += latency_spikes(rows)
+        if "error_burst" in wanted:
+            found += error_bursts(rows)
+    if "fragmentation_climb" in wanted:
+        found += fragmentation_climbs(window.resources)
+    if "memory_growth" in wanted:
+        found += memory_growth(window.resources)
+    progress("correlation")
+    anomalies = sorted((correlate(a, window.events) for a in found), key=lambda a: a.start)
+    progress("forecast")
+    forecasts = {}
+    for name in window.models:
+        series = forecast_series(_per_minute([(r.t, r.requests) for r in window.rows_of(name)]))
+        if series is not None:
+            forecasts[name] = series
+    memory = forecast_series(_per_minute([(r.t, r.rss_bytes) for r in window.resources]))
+    found_profiles = list(profiles or [])
+    for event in window.events:
+        if event.kind == "operator_profile" and "operators" in event.payload:
+            profile = OperatorProfile.from_json(event.payload)
+            if all(p.started_at != profile.started_at for p in found_profiles):
+                found_profiles.append(profile)
+    diagnosis = Diagnosis(
+        start=window.start,
+        end=window.end,
+        focus=focus,
+        source=source,
+        window=window,
+        models=models,
+        anomalies=anomalies,
+        recommendations=[],
+        profiles=found_profiles,
+        forecasts=forecasts,
+        memory_forecast=memory,
+    )
+    progress("recommendations")
+    diagnosis.recommendations.extend(recommend(diagnosis))
+    return diagnosis
+
+
+def describe(anomaly: Anomaly) -> str:
+    """One sentence with the numbers of ``anomaly``."""
+    span = f"from {_hms(anomaly.start)} to {_hms(anomaly.end)} ({anomaly.duration_s} s)"
+    if anomaly.kind == "latency_spike":
+        return (
+            f"p99 latency of {anomaly.model} rose from {anomaly.baseline:.1f} ms to a peak of "
+            f"{anomaly.peak:.1f} ms ({anomaly.ratio:.0f}×, mean {anomaly.during:.1f} ms) {span}"
+        )
+    if anomaly.kind == "error_burst":
+        reasons = ", ".join(
+            f"{k} {v}" for k, v in sorted(anomaly.detail.items(), key=lambda kv: -kv[1])
+        )
+        return (
+            f"{anomaly.model} failed {anomaly.during:.1%} of its requests {span} "
+            f"(usually {anomaly.baseline:.2%}); reasons: {reasons or 'unknown'}"
+        )
+    if anomaly.kind == "fragmentation_climb":
+        return (
+            f"memory pool fragmentation climbed from {anomaly.baseline:.0%} to "
+            f"{anomaly.peak:.0%} {span}"
+        )
+    mb = 2**20
+    rate = anomaly.context.get("bytes_per_hour") or 0.0
+    return (
+        f"process memory grew from {anomaly.baseline / mb:.0f} MB to {anomaly.during / mb:.0f} MB "
+        f"(+{rate / mb:.0f} MB/h) {span}"
+    )
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _advice(anomaly: Anomaly) -> str:
+    cause = anomaly.likely_cause
+    ctx = anomaly.context
+    if cause is not None:
+        event = cause.event
+        if event.kind.startswith("chaos"):
+            return (
+                f"The {event.kind} event at {_hms(event.t)} on {event.subject} "
+                f"({event.cause}) explains it ({cause.why}). No tuning is needed: the "
+                "runtime behaved as injected; if the injection was not planned, find who ran it."
+            )
+        return (
+            f"The likely cause is the {event.kind} event at {_hms(event.t)} on {event.subject}"
+            f"{' (' + event.cause + ')' if event.cause else ''}: {cause.why}. Check that change "
+            "first; revert it if the effect was not intended."
+        )
+    qb, qd = ctx.get("qps_baseline"), ctx.get("qps_during")
+    if qb and qd and qd > 1.5 * qb:
+        return (
+            f"No event explains it, but load rose from {qb:.1f} to {qd:.1f} requests/s "
+            f"({qd / qb:.1f}×) with the queue up to {ctx.get('queue_depth_max', 0):.0f} and "
+            f"instances {_fmt((ctx.get('busy_during') or 0) * 100, 0)}% busy: add instances "
+            "(instance_count) or let batches grow (max_batch_size) for such bursts."
+        )
+    cb, cd = ctx.get("compute_ms_baseline"), ctx.get("compute_ms_during")
+    if cb and cd and cd > 2 * cb:
+        temp = ctx.get("temperature_during")
+        hot = f"; the device was at {temp:.0f} °C" if temp is not None else ""
+        return (
+            f"No event explains it and load was steady, but compute per request rose from "
+            f"{cb:.2f} to {cd:.2f} ms{hot}: look for contention on the machine (other "
+            "processes, throttling) or profile the model with `sordino profile`."
+        )
+    return (
+        "No journaled event or load change explains it: compare with the host's own logs "
+        "for the same minutes, and profile the model with `sordino profile` if it recurs."
+    )
+
+
+def recommend(diagnosis: Diagnosis) -> list[str]:
+    """Recommendations, each citing the numbers that support it."""
+    out = []
+    for anomaly in diagnosis.anomalies:
+        if anomaly.kind in ("latency_spike", "error_burst"):
+            out.append(f"{describe(anomaly)}. {_advice(anomaly)}")
+        elif anomaly.kind == "fragmentation_climb":
+            out.append(
+                f"{describe(anomaly)}. Lower the pool's compaction threshold below "
+                f"{anomaly.peak:.0%} or give batches fixed size classes."
+            )
+        else:
+            out.append(
+                f"{describe(anomaly)}. If the growth continues at this rate, plan memory for "
+                "it or look for a cache without a bound."
+            )
+    for model in diagnosis.models:
+        if model.slo_attainment is not None and model.slo_ms and model.slo_attainment < 0.99:
+            out.append(
+                f"{model.name} answered {model.slo_attainment:.1%} of {model.requests} requests "
+                f"within its {model.slo_ms:.0f} ms SLO (target 99%); p99 was "
+                f"{_fmt(model.p99_ms)} ms typically and {_fmt(model.p99_max_ms)} ms at worst."
+            )
+        if model.busy_mean > 0.8:
+            out.append(
+                f"{model.name}'s instances were {model.busy_mean:.0%} busy on average: add "
+                "instances before the next peak."
+            )
+        forecast = diagnosis.forecasts.get(model.name)
+        if forecast is not None and model.qps_peak and forecast.peak > 1.2 * model.qps_peak:
+            out.append(
+                f"{model.name}'s forecast peaks at {forecast.peak:.0f} requests/s in the next "
+                f"hour, above the window's highest {model.qps_peak} requests/s: check capacity."
+            )
+    for profile in diagnosis.profiles:
+        top = profile.top(1)
+        if top and top[0].share > 0.5:
+            out.append(
+                f"In {profile.model}, {top[0].op} takes {top[0].share:.0%} of operator time "
+                f"({top[0].total_ms:.1f} ms over {profile.batches} batches): it is where "
+                "optimisation (fusion, quantisation, a faster provider) pays most."
+            )
+    if not diagnosis.anomalies:
+        worst = max((m.p99_max_ms or 0 for m in diagnosis.models), default=0)
+        out.append(
+            f"No anomaly found between {when(diagnosis.start)} and {when(diagnosis.end)}: "
+            f"the worst per-second p99 was {worst:.1f} ms and no error burst occurred."
+        )
+    return out

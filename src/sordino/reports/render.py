@@ -1,0 +1,290 @@
+"""Diagnose reports as a self-contained HTML page or a PDF, both with the same charts.
+
+The HTML page embeds its charts as PNG data URLs (one file to mail or archive). The
+PDF is laid out with matplotlib: text pages, then one page per pair of charts,
+embedded as images.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import textwrap
+from base64 import b64encode
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sordino.reports import charts
+from sordino.reports.diagnose import Diagnosis, describe, when
+
+__all__ = ["Chart", "draw_charts", "render_html", "render_pdf"]
+
+
+@dataclass(frozen=True, slots=True)
+class Chart:
+    title: str
+    png: bytes
+
+
+def draw_charts(diagnosis: Diagnosis, step: Callable[[str], None] | None = None) -> list[Chart]:
+    """Every chart of the report, in reading order."""
+    progress = step or (lambda name: None)
+    out = [Chart("Overview", charts.overview_chart(diagnosis))]
+    progress("overview chart")
+    for i, anomaly in enumerate(diagnosis.anomalies, 1):
+        out.append(Chart(f"Finding {i}: {anomaly.kind}", charts.anomaly_chart(diagnosis, anomaly)))
+    progress("finding charts")
+    resources = charts.resources_chart(diagnosis)
+    if resources is not None:
+        out.append(Chart("Resources", resources))
+    for profile in diagnosis.profiles:
+        out.append(Chart(f"Operators of {profile.model}", charts.profile_chart(profile)))
+    progress("resource charts")
+    return out
+
+
+def _fmt(value: float | None, digits: int = 1, suffix: str = "") -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def _summary_rows(diagnosis: Diagnosis) -> list[list[str]]:
+    rows = []
+    for m in diagnosis.models:
+        rows.append(
+            [
+                m.name,
+                str(m.requests),
+                _fmt(m.qps_mean),
+                str(m.qps_peak),
+                _fmt(m.p50_ms, 2),
+                _fmt(m.p99_ms, 2),
+                _fmt(m.p99_max_ms, 1),
+                "n/a" if m.slo_attainment is None else f"{m.slo_attainment:.1%}",
+                str(m.errors),
+                _fmt(m.batch_mean),
+            ]
+        )
+    return rows
+
+
+SUMMARY_HEADER = [
+    "model", "requests", "mean qps", "peak qps", "p50 ms", "p99 ms", "worst p99 ms",
+    "within SLO", "errors", "mean batch",
+]  # fmt: skip
+
+
+def _finding_lines(diagnosis: Diagnosis) -> list[tuple[str, list[str]]]:
+    out = []
+    for i, anomaly in enumerate(diagnosis.anomalies, 1):
+        lines = [describe(anomaly) + "."]
+        cause = anomaly.likely_cause
+        if cause is not None:
+            e = cause.event
+            lines.append(
+                f"Likely cause: {e.kind} on {e.subject} at {when(e.t)}"
+                f"{' (' + e.cause + ')' if e.cause else ''} [{cause.why}]."
+            )
+        else:
+            lines.append("Likely cause: no journaled event explains it.")
+        ctx = anomaly.context
+        if "qps_during" in ctx:
+            lines.append(
+                f"Around it: {_fmt(ctx.get('qps_baseline'))} → {_fmt(ctx.get('qps_during'))} "
+                f"requests/s, compute {_fmt(ctx.get('compute_ms_baseline'), 2)} → "
+                f"{_fmt(ctx.get('compute_ms_during'), 2)} ms, queue wait "
+                f"{_fmt(ctx.get('queue_ms_baseline'), 2)} → {_fmt(ctx.get('queue_ms_during'), 2)} "
+                f"ms, queue depth up to {_fmt(ctx.get('queue_depth_max'), 0)}, busy "
+                f"{_fmt((ctx.get('busy_baseline') or 0) * 100, 0)} → "
+                f"{_fmt((ctx.get('busy_during') or 0) * 100, 0)}%."
+            )
+        for other in anomaly.causes[1:3]:
+            lines.append(
+                f"Also near: {other.event.kind} on {other.event.subject} at "
+                f"{when(other.event.t)} (score {other.score:.2f}; {other.why})."
+            )
+        out.append((f"Finding {i}: {anomaly.kind.replace('_', ' ')}", lines))
+    return out
+
+
+def _forecast_lines(diagnosis: Diagnosis) -> list[str]:
+    lines = []
+    for name, series in diagnosis.forecasts.items():
+        lines.append(
+            f"{name}: {series.mean:.1f} requests/s on average next hour, peak {series.peak:.1f} "
+            f"({series.method}, {series.history_points} points of {series.step_s} s)"
+        )
+    if diagnosis.memory_forecast is not None:
+        memory = diagnosis.memory_forecast
+        lines.append(
+            f"memory: {memory.mean / 2**20:.0f} MB on average next hour, peak "
+            f"{memory.peak / 2**20:.0f} MB ({memory.method})"
+        )
+    return lines or ["too little history in this window for a forecast (10 minutes at least)"]
+
+
+_CSS = """
+body{font:14px/1.5 system-ui,sans-serif;margin:24px auto;max-width:1060px;color:#1d2330}
+h1{margin-bottom:0}.meta{color:#667085}table{border-collapse:collapse;margin:8px 0}
+th,td{border-bottom:1px solid #e4e7ec;padding:3px 8px;text-align:right}
+th:first-child,td:first-child{text-align:left}.finding{border-left:4px solid #e8590c;
+padding:4px 12px;margin:12px 0;background:#fff8f0}img{max-width:100%}
+li{margin-bottom:6px}.events td{text-align:left;font-size:12px}
+"""
+
+
+def render_html(diagnosis: Diagnosis, chart_list: list[Chart]) -> str:
+    """The report as one self-contained HTML page."""
+    e = html.escape
+    parts = [
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>sordino diagnose {e(when(diagnosis.start))}</title><style>{_CSS}</style>",
+        "</head><body><h1>sordino runtime health</h1>",
+        f"<p class='meta'>{e(when(diagnosis.start))} – {e(when(diagnosis.end))} · focus "
+        f"{e(diagnosis.focus)} · source {e(diagnosis.source)} · "
+        f"{len(diagnosis.window.series)} series rows, {len(diagnosis.window.events)} events</p>",
+        "<h2>Summary</h2><table><tr>",
+        "".join(f"<th>{e(h)}</th>" for h in SUMMARY_HEADER),
+        "</tr>",
+    ]
+    for row in _summary_rows(diagnosis):
+        parts.append("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>")
+    parts.append("</table>")
+    parts.append(f"<h2>Findings ({len(diagnosis.anomalies)})</h2>")
+    if not diagnosis.anomalies:
+        parts.append("<p>No anomaly against the window's baseline.</p>")
+    by_title = {c.title: c for c in chart_list}
+    for i, (title, lines) in enumerate(_finding_lines(diagnosis), 1):
+        parts.append(f"<div class='finding'><h3>{e(title)}</h3>")
+        parts += [f"<p>{e(line)}</p>" for line in lines]
+        chart = by_title.get(f"Finding {i}: {diagnosis.anomalies[i - 1].kind}")
+        if chart is not None:
+            parts.append(_img(chart))
+        parts.append("</div>")
+    parts.append("<h2>Recommendations</h2><ol>")
+    parts += [f"<li>{e(r)}</li>" for r in diagnosis.recommendations]
+    parts.append("</ol><h2>Charts</h2>")
+    parts += [
+        f"<h3>{e(c.title)}</h3>{_img(c)}" for c in chart_list if not c.title.startswith("Finding")
+    ]
+    parts.append("<h2>Forecast</h2><ul>")
+    parts += [f"<li>{e(line)}</li>" for line in _forecast_lines(diagnosis)]
+    parts.append("</ul>")
+    for profile in diagnosis.profiles:
+        parts.append(
+            f"<h2>Operators of {e(profile.model)}/{e(profile.version)}</h2><p class='meta'>"
+            f"profiled {e(when(profile.started_at))} for {profile.seconds:g} s, "
+            f"{profile.batches} batches{' (synthetic)' if profile.synthetic else ''}</p><table>"
+            "<tr><th>operator</th><th>ms</th><th>share</th><th>calls</th></tr>"
+        )
+        parts += [
+            f"<tr><td>{e(o.op)}</td><td>{o.total_ms:.2f}</td><td>{o.share:.1%}</td>"
+            f"<td>{o.calls}</td></tr>"
+            for o in profile.top(10)
+        ]
+        parts.append("</table>")
+    parts.append("<h2>Events</h2><table class='events'><tr><th>time</th><th>kind</th>"
+                 "<th>subject</th><th>cause</th></tr>")  # fmt: skip
+    for event in diagnosis.window.events[-200:]:
+        parts.append(
+            f"<tr><td>{e(when(event.t))}</td><td>{e(event.kind)}</td><td>{e(event.subject)}</td>"
+            f"<td>{e(event.cause)}</td></tr>"
+        )
+    parts.append("</table></body></html>")
+    return "\n".join(parts)
+
+
+def _img(chart: Chart) -> str:
+    data = b64encode(chart.png).decode()
+    return f"<img alt='{html.escape(chart.title)}' src='data:image/png;base64,{data}'>"
+
+
+class _TextPages:
+    """Writes wrapped lines onto A4 matplotlib pages, starting a new page when full."""
+
+    def __init__(self, pdf: Any) -> None:
+        self._pdf = pdf
+        self._fig: Any = None
+        self._y = 0.0
+
+    def _page(self) -> None:
+        from matplotlib.figure import Figure
+
+        self.close()
+        self._fig = Figure(figsize=(8.27, 11.69))
+        self._y = 0.95
+
+    def line(self, text: str, *, size: float = 9, bold: bool = False, mono: bool = False) -> None:
+        width = int((95 if mono else 105) * 9 / size)
+        chunks = [text[:width]] if mono else textwrap.wrap(text, width=width) or [""]
+        for chunk in chunks:
+            if self._fig is None or self._y < 0.05:
+                self._page()
+            self._fig.text(
+                0.07, self._y, chunk, fontsize=size, va="top",
+                fontweight="bold" if bold else "normal",
+                fontfamily="monospace" if mono else "sans-serif",
+            )  # fmt: skip
+            self._y -= size * 0.0019
+
+    def gap(self, amount: float = 0.01) -> None:
+        self._y -= amount
+
+    def close(self) -> None:
+        if self._fig is not None:
+            self._pdf.savefig(self._fig)
+            self._fig = None
+
+
+def render_pdf(diagnosis: Diagnosis, chart_list: list[Chart], path: Path) -> None:
+    """Write the report as a PDF: text pages, then the charts two to a page."""
+    import matplotlib.image as mpimg
+    from matplotlib.backends.backend_pdf import PdfPages
+    from matplotlib.figure import Figure
+
+    with PdfPages(path) as pdf:
+        text = _TextPages(pdf)
+        text.line("sordino runtime health", size=18, bold=True)
+        text.line(
+            f"{when(diagnosis.start)} – {when(diagnosis.end)} · focus {diagnosis.focus} · "
+            f"source {diagnosis.source}"
+        )
+        text.gap()
+        text.line("Summary", size=13, bold=True)
+        table = [SUMMARY_HEADER, *_summary_rows(diagnosis)]
+        widths = [max(len(row[i]) for row in table) for i in range(len(SUMMARY_HEADER))]
+        for n, row in enumerate(table):
+            cells = [
+                c.ljust(w) if i == 0 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            ]
+            text.line(" ".join(cells), size=7, bold=n == 0, mono=True)
+        text.gap()
+        text.line(f"Findings ({len(diagnosis.anomalies)})", size=13, bold=True)
+        if not diagnosis.anomalies:
+            text.line("No anomaly against the window's baseline.")
+        for title, lines in _finding_lines(diagnosis):
+            text.line(title, bold=True, size=10)
+            for line in lines:
+                text.line(line)
+            text.gap(0.005)
+        text.gap()
+        text.line("Recommendations", size=13, bold=True)
+        for i, recommendation in enumerate(diagnosis.recommendations, 1):
+            text.line(f"{i}. {recommendation}")
+            text.gap(0.004)
+        text.gap()
+        text.line("Forecast", size=13, bold=True)
+        for line in _forecast_lines(diagnosis):
+            text.line(line)
+        text.close()
+        for first in range(0, len(chart_list), 2):
+            fig = Figure(figsize=(8.27, 11.69))
+            pair = chart_list[first : first + 2]
+            for slot, chart in enumerate(pair):
+                ax = fig.add_axes((0.05, 0.52 - 0.47 * slot, 0.9, 0.43))
+                ax.imshow(mpimg.imread(io.BytesIO(chart.png), format="png"))
+                ax.set_title(chart.title, fontsize=10)
+                ax.axis("off")
+            pdf.savefig(fig)

@@ -1,0 +1,145 @@
+"""Observability endpoints: the telemetry snapshot, the journal, profiling, the dashboard.
+
+``GET  /v2/sordino/telemetry`` live figures and series (``sordino monitor``, /dashboard)
+``GET  /v2/sordino/journal``   a time window of the journal (``sordino diagnose --url``)
+``POST /v2/sordino/profile``   profile a model's operators (``sordino profile``)
+``GET  /dashboard``            the web dashboard; its assets under ``/dashboard/static/``
+
+The dashboard's chart library is vendored in ``server/static`` (no CDN): the page
+works on a machine without internet access.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import asdict
+from importlib import resources
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from sordino.control.profiling import profile_model
+from sordino.errors import InvalidRequest, NotFound
+from sordino.protocol.codec import encode_json
+from sordino.server.runtime import Runtime, dummy_batch
+from sordino.telemetry.journal_reader import JournalReader, MissingJournal
+from sordino.telemetry.snapshot import snapshot
+
+__all__ = ["observe_routes"]
+
+MAX_PROFILE_S = 300.0
+_STATIC_TYPES = {
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".html": "text/html; charset=utf-8",
+    ".txt": "text/plain; charset=utf-8",
+}
+
+
+def _number(request: Request, name: str, default: float, low: float, high: float) -> float:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidRequest(f"query parameter {name!r} must be a number, got {raw!r}") from None
+    if not low <= value <= high:
+        raise InvalidRequest(f"query parameter {name!r} must be between {low:g} and {high:g}")
+    return value
+
+
+def _json(obj: object) -> Response:
+    return Response(encode_json(obj), media_type="application/json")
+
+
+def _static(name: str) -> bytes | None:
+    root = resources.files("sordino.server").joinpath("static")
+    if "/" in name or name.startswith("."):
+        return None
+    item = root.joinpath(name)
+    return item.read_bytes() if item.is_file() else None
+
+
+def observe_routes(runtime: Runtime, guard: Any) -> list[Route]:
+    """The routes above; ``guard`` maps :class:`SordinoError` to error responses."""
+    telemetry = runtime.telemetry
+    window = int(runtime.config.telemetry.recent_window)
+
+    async def live(request: Request) -> Response:
+        seconds = int(_number(request, "seconds", 300, 1, window))
+        events = int(_number(request, "events", 50, 0, 1000))
+        workers = asdict(runtime.executor.statistics())
+        return _json(snapshot(telemetry, seconds=seconds, events=events, workers=workers))
+
+    async def journal(request: Request) -> Response:
+        now = time.time()
+        end = _number(request, "end", now, 0, 1e12)
+        start = _number(request, "start", end - 3600, 0, end)
+        if telemetry.journal is None:
+            raise NotFound(
+                "this server keeps no journal: start it with --data-dir and telemetry.journal: true"
+            )
+        path = telemetry.journal.path
+
+        def read() -> dict[str, Any]:
+            try:
+                with JournalReader(path) as reader:
+                    return reader.window(start, end).to_json()
+            except MissingJournal as exc:
+                raise NotFound(str(exc)) from exc
+
+        return _json(await asyncio.get_running_loop().run_in_executor(None, read))
+
+    async def profile(request: Request) -> Response:
+        try:
+            body = json.loads(await request.body() or b"{}")
+        except ValueError as exc:
+            raise InvalidRequest(f"the profile request body is not JSON: {exc}") from None
+        if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+            raise InvalidRequest('send {"model": NAME, "seconds": N} (version optional)')
+        seconds = body.get("seconds", 10)
+        if not isinstance(seconds, int | float) or not 0 < seconds <= MAX_PROFILE_S:
+            raise InvalidRequest(f"seconds must be a number in (0, {MAX_PROFILE_S:g}]")
+        model = runtime.get(body["model"], body.get("version"))
+        result = await profile_model(
+            model.key,
+            model_path=model.source.path,
+            providers=model.source.config.execution_providers,
+            intra_op_threads=model.source.config.intra_op_threads,
+            backends=model.backends,
+            seconds=float(seconds),
+            synthetic_batch=lambda: dummy_batch(model.metadata, 1),
+            clock=runtime.clock,
+        )
+        telemetry.record_profile(result)
+        return _json(result.to_json())
+
+    async def dashboard(request: Request) -> Response:
+        page = _static("dashboard.html")
+        assert page is not None, "sordino/server/static/dashboard.html is missing"
+        return Response(page, media_type=_STATIC_TYPES[".html"])
+
+    async def static(request: Request) -> Response:
+        name = request.path_params["name"]
+        data = _static(name)
+        if data is None:
+            raise NotFound(f"no dashboard asset {name!r}")
+        suffix = name[name.rfind(".") :]
+        return Response(
+            data,
+            media_type=_STATIC_TYPES.get(suffix, "application/octet-stream"),
+            headers={"Cache-Control": "max-age=3600"},
+        )
+
+    return [
+        Route("/v2/sordino/telemetry", guard(live), methods=["GET"]),
+        Route("/v2/sordino/journal", guard(journal), methods=["GET"]),
+        Route("/v2/sordino/profile", guard(profile), methods=["POST"]),
+        Route("/dashboard", guard(dashboard), methods=["GET"]),
+        Route("/dashboard/static/{name}", guard(static), methods=["GET"]),
+    ]

@@ -1,0 +1,165 @@
+// sordino dashboard: polls GET /v2/sordino/telemetry (the JSON `sordino monitor` reads too)
+// once a second and draws it with uPlot (vendored beside this file).
+"use strict";
+
+(function () {
+  const SECONDS = 300;
+  const PALETTE = ["#2f6fed", "#e8590c", "#2b8a3e", "#ae3ec9", "#c92a2a", "#0b7285", "#5f3dc4", "#e67700"];
+  const state = { ready: false, updates: 0, failures: 0, last: null, charts: {}, shapes: {} };
+  window.sordino = state;
+
+  const $ = (id) => document.getElementById(id);
+  const fmt = (v, digits = 1) => (v === null || v === undefined ? "n/a" : Number(v).toFixed(digits));
+  const mb = (v) => (v === null || v === undefined ? null : v / 1048576);
+  const time = (t) => new Date(t * 1000).toLocaleTimeString();
+
+  // Align per-model columns on the union of their seconds (models load at different times).
+  function align(models, columns) {
+    const ts = new Set();
+    models.forEach((m) => m.series.t.forEach((t) => ts.add(t)));
+    const xs = Array.from(ts).sort((a, b) => a - b);
+    const index = new Map(xs.map((t, i) => [t, i]));
+    const data = [xs];
+    const labels = [];
+    models.forEach((m) => {
+      columns.forEach(([column, suffix]) => {
+        const ys = new Array(xs.length).fill(null);
+        m.series.t.forEach((t, i) => { ys[index.get(t)] = m.series[column][i]; });
+        data.push(ys);
+        labels.push(m.name + (suffix ? " " + suffix : ""));
+      });
+    });
+    return { data, labels };
+  }
+
+  function width(el) { return Math.max(320, el.clientWidth || 540); }
+
+  function draw(name, el, labels, data, opts = {}) {
+    const shape = labels.join("|");
+    let chart = state.charts[name];
+    if (chart && state.shapes[name] === shape) {
+      chart.setData(data);
+      return chart;
+    }
+    if (chart) chart.destroy();
+    const series = [{}].concat(labels.map((label, i) => Object.assign({
+      label,
+      stroke: PALETTE[i % PALETTE.length],
+      width: 1.5,
+      spanGaps: false,
+      points: { show: false },
+    }, (opts.series && opts.series[i]) || {})));
+    chart = new uPlot({
+      width: width(el),
+      height: 220,
+      series,
+      axes: opts.axes || [{}, { size: 60 }],
+      scales: opts.scales || { x: { time: true } },
+      legend: { live: true },
+    }, data, el);
+    state.charts[name] = chart;
+    state.shapes[name] = shape;
+    return chart;
+  }
+
+  function figures(snap) {
+    const res = snap.resources.current;
+    const w = snap.workers || {};
+    const items = [
+      ["models", String(snap.models.length)],
+      ["process RSS", fmt(mb(res.rss_bytes), 0) + " MB"],
+      ["CPU temperature", res.cpu_temp_c === null ? "n/a" : fmt(res.cpu_temp_c) + " °C"],
+      ["pool in use", res.pool_in_use_bytes === null ? "no pool" : fmt(mb(res.pool_in_use_bytes)) + " MB"],
+      ["fragmentation", res.fragmentation === null ? "no pool" : fmt(res.fragmentation * 100) + " %"],
+      ["workers busy", w.instances === undefined ? "n/a" : `${w.busy}/${w.instances}`],
+    ];
+    (snap.resources.gpus || []).forEach((g) => {
+      items.push([`GPU ${g.index} memory`, fmt(mb(g.memory_used_bytes), 0) + " MB"]);
+      if (g.temperature_c !== null) items.push([`GPU ${g.index} temperature`, fmt(g.temperature_c) + " °C"]);
+    });
+    snap.models.forEach((m) => {
+      const c = m.current || {};
+      items.push([m.name, `${fmt(c.qps)} qps · p99 ${fmt(c.p99_ms, 2)} ms`]);
+    });
+    $("figures").innerHTML = items.map(([l, v]) =>
+      `<div class="figure"><div class="label">${escape(l)}</div><div class="value">${escape(v)}</div></div>`).join("");
+  }
+
+  function escape(s) {
+    return String(s).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]));
+  }
+
+  function events(snap) {
+    const rows = snap.events.slice(-15).reverse();
+    $("events").querySelector("tbody").innerHTML = rows.map((e) =>
+      `<tr class="${e.kind.startsWith("chaos") ? "chaos" : ""}"><td>${time(e.t)}</td>` +
+      `<td class="kind">${escape(e.kind)}</td><td>${escape(e.subject)}</td><td>${escape(e.cause)}</td></tr>`).join("");
+    const kinds = Array.from(new Set(snap.events.map((e) => e.kind))).sort();
+    const xs = snap.events.map((e) => e.t);
+    const ys = snap.events.map((e) => kinds.indexOf(e.kind));
+    const order = xs.map((_, i) => i).sort((a, b) => xs[a] - xs[b]);
+    const end = snap.time || Date.now() / 1000;
+    draw("events", $("chart-events"), ["event"], [order.map((i) => xs[i]), order.map((i) => ys[i])], {
+      series: [{ paths: () => null, points: { show: true, size: 9, fill: "#e8590c" } }],
+      scales: { x: { time: true, range: () => [end - SECONDS, end + 1] }, y: { range: [-0.5, Math.max(kinds.length - 0.5, 0.5)] } },
+      axes: [{}, { size: 130, splits: () => kinds.map((_, i) => i), values: (u, ticks) => ticks.map((v) => kinds[v] || "") }],
+    });
+  }
+
+  function memory(snap) {
+    const s = snap.resources.series;
+    const data = [s.t, s.rss_bytes.map(mb), s.pool_reserved_bytes.map(mb), s.pool_in_use_bytes.map(mb), s.fragmentation];
+    draw("memory", $("chart-memory"), ["RSS MB", "pool reserved MB", "pool in use MB", "fragmentation"], data, {
+      series: [{}, {}, {}, { scale: "ratio", dash: [4, 3] }],
+      scales: { x: { time: true }, ratio: { range: [0, 1] } },
+      axes: [{}, { size: 60 }, { side: 1, scale: "ratio", grid: { show: false } }],
+    });
+    const hasPool = s.pool_reserved_bytes.some((v) => v !== null);
+    $("memory-note").textContent = hasPool ? "" : "No memory pool reports to this server: pool and fragmentation lines stay empty.";
+  }
+
+  function render(snap) {
+    const models = snap.models;
+    $("server").textContent = `${snap.server.name} ${snap.server.version} · up since ${time(snap.server.started_at)}`;
+    figures(snap);
+    let a = align(models, [["qps", ""]]);
+    draw("qps", $("chart-qps"), a.labels, a.data);
+    a = align(models, [["p50_ms", "p50"], ["p99_ms", "p99"]]);
+    draw("latency", $("chart-latency"), a.labels, a.data, {
+      series: a.labels.map((l, i) => ({ stroke: PALETTE[Math.floor(i / 2) % PALETTE.length], dash: i % 2 ? undefined : [4, 3] })),
+    });
+    a = align(models, [["batch_size", ""]]);
+    draw("batch", $("chart-batch"), a.labels, a.data, { series: a.labels.map(() => ({ points: { show: true, size: 3 } })) });
+    a = align(models, [["errors", ""]]);
+    draw("errors", $("chart-errors"), a.labels, a.data);
+    memory(snap);
+    events(snap);
+  }
+
+  async function poll() {
+    try {
+      const response = await fetch(`/v2/sordino/telemetry?seconds=${SECONDS}&events=200`, { cache: "no-store" });
+      if (!response.ok) throw new Error(`HTTP ${response.status}`);
+      const snap = await response.json();
+      state.last = snap;
+      render(snap);
+      state.updates += 1;
+      state.ready = true;
+      $("status").textContent = `live · updated ${new Date().toLocaleTimeString()}`;
+      $("status").className = "status";
+    } catch (err) {
+      state.failures += 1;
+      $("status").textContent = `cannot reach the server (${err.message}); retrying`;
+      $("status").className = "status down";
+    }
+  }
+
+  window.addEventListener("resize", () => {
+    Object.entries(state.charts).forEach(([name, chart]) => {
+      const el = $("chart-" + name);
+      if (el) chart.setSize({ width: width(el), height: 220 });
+    });
+  });
+  poll();
+  setInterval(poll, 1000);
+})();

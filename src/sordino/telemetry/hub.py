@@ -1,0 +1,186 @@
+"""The telemetry hub of one runtime: series, resources, journal, forecasts, profiles.
+
+The runtime creates one :class:`Telemetry` and passes it to every scheduler as an
+observer (through :attr:`Telemetry.series`). A ticker task closes each wall-clock
+second: it samples resources, turns the second's buckets into rows, and hands them
+to the journal's queue. Nothing here blocks the request path: observers only append
+to in-memory buckets, and SQLite and the forecast fit run on their own threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter
+
+from sordino.clock import Clock
+from sordino.config import TelemetryConfig
+from sordino.events import EventSink
+from sordino.inference import ModelKey
+from sordino.scheduling.scheduler import SchedulerStatistics
+from sordino.telemetry.collectors import TelemetryCollector, TelemetryView
+from sordino.telemetry.forecast import Forecast, forecast_from_journal
+from sordino.telemetry.journal import Journal
+from sordino.telemetry.profile_data import OperatorProfile
+from sordino.telemetry.resources import ResourceSampler
+from sordino.telemetry.series import SeriesRecorder
+
+__all__ = ["SLO_WINDOW_S", "Telemetry"]
+
+log = logging.getLogger("sordino.telemetry")
+
+SLO_WINDOW_S = 60
+
+
+class Telemetry:
+    """Everything telemetry keeps about one runtime, beside the request path."""
+
+    def __init__(
+        self,
+        config: TelemetryConfig,
+        *,
+        events: EventSink,
+        registry: CollectorRegistry,
+        models: Callable[[], Iterable[SchedulerStatistics]],
+        instances: Callable[[ModelKey], int],
+        slo_s: Callable[[ModelKey], float],
+        clock: Clock,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.events = events
+        self.clock = clock
+        self._wall = wall
+        self._slo_s = slo_s
+        self.started_at = wall()
+        self.series = SeriesRecorder(
+            models=models,
+            instances=instances,
+            slo_s=slo_s,
+            wall=wall,
+            window_s=int(config.recent_window),
+        )
+        self.resources = ResourceSampler()
+        self.journal: Journal | None = None
+        self.forecast: Forecast | None = None
+        self.profiles: dict[str, OperatorProfile] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._requests = Counter(
+            "sordino_tenant_requests",
+            "Requests by model, tenant, priority level and outcome (rejected = refused "
+            "before queueing).",
+            ["model", "tenant", "priority", "outcome"],
+            registry=registry,
+        )
+        registry.register(TelemetryCollector(self.view))
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def open_journal(self, path: Path) -> Journal:
+        """Journal series and events to ``path`` from now on (call before ``start``)."""
+        journal = Journal(
+            path,
+            retention_s=self.config.retention,
+            flush_interval_s=self.config.flush_interval,
+            wall=self._wall,
+        )
+        journal.open()
+        self.journal = journal
+        self.series.subscribe(journal.write_rows)
+        self.events.subscribe(journal.write_event)
+        return journal
+
+    async def start(self) -> None:
+        """Start the per-second ticker (and the forecaster when a journal is open)."""
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._tick(), name="sordino-telemetry-tick"))
+        if self.journal is not None and self.config.forecast:
+            self._tasks.append(loop.create_task(self._forecast(), name="sordino-forecast"))
+
+    async def stop(self) -> None:
+        """Close the current second, stop the tasks, commit and close the journal."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        self.series.close_until(int(self._wall()) + 1, self.resources.sample())
+        if self.journal is not None:
+            journal, self.journal = self.journal, None
+            await asyncio.get_running_loop().run_in_executor(None, journal.close)
+
+    async def _tick(self) -> None:
+        while True:
+            now = self._wall()
+            # Wake just after the second boundary, so the closed second is complete.
+            await self.clock.sleep(math.floor(now) + 1.02 - now)
+            try:
+                self.series.close_until(int(self._wall()), self.resources.sample())
+            except Exception:  # telemetry must never take the server down
+                log.exception("closing a telemetry second failed")
+
+    async def _forecast(self) -> None:
+        journal = self.journal
+        assert journal is not None
+        try:
+            import statsmodels  # noqa: F401
+        except ImportError:
+            log.info("no forecasts: install sordino[reports] (statsmodels) to get them")
+            return
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                self.forecast = await loop.run_in_executor(
+                    None, forecast_from_journal, journal.path
+                )
+            except Exception:
+                log.exception("forecast from %s failed", journal.path)
+            await self.clock.sleep(self.config.forecast_interval)
+
+    # -- recording -------------------------------------------------------------------
+
+    def request_finished(self, model: str, tenant: str, priority: int, outcome: str) -> None:
+        """Count one request by model, tenant, priority and outcome."""
+        self._requests.labels(model, tenant, str(priority) if priority else "-", outcome).inc()
+
+    def record_profile(self, profile: OperatorProfile) -> None:
+        """Keep ``profile`` as the model's latest and journal it as an event."""
+        self.profiles[profile.model] = profile
+        top = profile.top(3)
+        self.events.emit(
+            "operator_profile",
+            f"{profile.model}/{profile.version}",
+            "profile requested"
+            + (f": top {top[0].op} {top[0].share:.0%}" if top else ": no operators ran"),
+            **profile.to_json(),
+        )
+
+    # -- reading ---------------------------------------------------------------------
+
+    def slo_attainment(self) -> dict[tuple[str, str], tuple[float, float | None]]:
+        """Per model: (SLO target in seconds, share of the last minute within it or None)."""
+        out: dict[tuple[str, str], tuple[float, float | None]] = {}
+        for key, rows in self.series.recent(SLO_WINDOW_S).items():
+            total = sum(r.requests for r in rows)
+            met = sum(r.slo_met for r in rows)
+            out[(key.name, key.version)] = (self._slo_s(key), met / total if total else None)
+        return out
+
+    def view(self) -> TelemetryView:
+        """The records the Prometheus collector exports."""
+        last = [rows[-1] for rows in self.series.recent(1).values() if rows]
+        return TelemetryView(
+            last_rows=last,
+            slo=self.slo_attainment(),
+            resources=self.resources.last(),
+            forecast=self.forecast,
+            profiles=dict(self.profiles),
+            journal=self.journal.statistics() if self.journal is not None else None,
+        )

@@ -1,0 +1,254 @@
+"""The journal: per-second series and events in SQLite (WAL mode) under ``data_dir``.
+
+Writes never happen on the request path or the event loop. Producers put rows and
+events on a queue (``write_rows``, ``write_event``: never blocking); one writer
+thread drains the queue and commits everything it found in one transaction, at
+least every ``flush_interval``. SQLite in WAL mode commits atomically, so killing
+the process (even with SIGKILL) loses at most what was not yet committed, about a
+second, and never leaves a corrupt file. Rows older than ``retention_s`` are pruned
+by the same thread in the background.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import astuple, dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from sordino.events import Event
+from sordino.telemetry.series import ResourceRow, SecondRow
+
+__all__ = ["SCHEMA", "Journal", "JournalStatistics", "connect", "encode_payload"]
+
+log = logging.getLogger("sordino.journal")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS series (
+    t INTEGER NOT NULL, model TEXT NOT NULL, version TEXT NOT NULL,
+    requests INTEGER NOT NULL, errors INTEGER NOT NULL, errors_by_reason TEXT NOT NULL,
+    p50_ms REAL, p99_ms REAL, queue_ms REAL, compute_ms REAL,
+    batches INTEGER NOT NULL, batch_size REAL, queue_depth INTEGER NOT NULL,
+    busy REAL NOT NULL, slo_met INTEGER NOT NULL, fragmentation REAL, temperature_c REAL,
+    PRIMARY KEY (t, model, version)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS resources (
+    t INTEGER PRIMARY KEY, rss_bytes INTEGER NOT NULL, cpu_percent REAL NOT NULL,
+    pool_reserved_bytes INTEGER, pool_in_use_bytes INTEGER, fragmentation REAL,
+    cpu_temp_c REAL, gpu_memory_used_bytes INTEGER, gpu_temp_c REAL, gpu_power_w REAL
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL, kind TEXT NOT NULL,
+    subject TEXT NOT NULL, cause TEXT NOT NULL, payload TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_by_time ON events (t);
+CREATE INDEX IF NOT EXISTS events_by_kind ON events (kind, t);
+"""
+SCHEMA_VERSION = "1"
+
+_SERIES_SQL = f"INSERT OR REPLACE INTO series VALUES ({', '.join('?' * 17)})"
+_RESOURCES_SQL = f"INSERT OR REPLACE INTO resources VALUES ({', '.join('?' * 10)})"
+_EVENTS_SQL = "INSERT INTO events (t, kind, subject, cause, payload) VALUES (?, ?, ?, ?, ?)"
+_STOP = object()
+
+
+def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
+    """Open the journal at ``path`` (WAL mode; a writer also creates the tables)."""
+    if readonly:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+        conn.execute("PRAGMA query_only = ON")
+        return conn
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(str(path), timeout=10, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode = WAL")
+    # NORMAL in WAL mode: a commit survives a process crash; only power loss may undo
+    # the last transactions, and the file is never corrupt either way.
+    conn.execute("PRAGMA synchronous = NORMAL")
+    conn.executescript(SCHEMA)
+    conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
+    conn.commit()
+    return conn
+
+
+def encode_payload(payload: dict[str, Any]) -> str:
+    """Events' payloads as JSON; values JSON cannot hold are written as their ``str``."""
+    return orjson.dumps(payload, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+def _series_values(row: SecondRow) -> tuple[Any, ...]:
+    values = list(astuple(row))
+    values[5] = orjson.dumps(row.errors_by_reason).decode()
+    return tuple(values)
+
+
+@dataclass(frozen=True, slots=True)
+class JournalStatistics:
+    """What the writer has done; ``pending`` items wait in its queue."""
+
+    path: str
+    rows_written: int
+    events_written: int
+    commits: int
+    pending: int
+    pruned_rows: int
+    failures: int
+    last_commit: float | None
+
+
+class Journal:
+    """Writes the series and events of one server to its SQLite journal."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        retention_s: float = 7 * 86400.0,
+        flush_interval_s: float = 1.0,
+        prune_every_s: float | None = None,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = path
+        self._retention = retention_s
+        self._flush_interval = flush_interval_s
+        self._prune_every = prune_every_s or min(600.0, max(retention_s / 10, 1.0))
+        self._wall = wall
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._rows = self._events = self._commits = self._pruned = self._failures = 0
+        self._last_commit: float | None = None
+        self._idle = threading.Condition()
+        self._submitted = self._done = 0
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Create the file and tables (raising here if it cannot), start the writer."""
+        self._conn = connect(self.path)
+        self._prune()
+        self._thread = threading.Thread(target=self._run, name="sordino-journal", daemon=True)
+        self._thread.start()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Commit what is queued, then stop the writer and close the file."""
+        if self._thread is None:
+            return
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+        self._thread = None
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until everything queued so far is committed; False on timeout."""
+        with self._idle:
+            target = self._submitted
+            return self._idle.wait_for(lambda: self._done >= target, timeout)
+
+    # -- producers (any thread, never blocking) -------------------------------------
+
+    def write_rows(self, rows: list[SecondRow], resources: ResourceRow | None) -> None:
+        """Queue one closed second's rows (a :class:`SeriesRecorder` listener)."""
+        if rows or resources is not None:
+            self._put(("rows", rows, resources))
+
+    def write_event(self, event: Event) -> None:
+        """Queue one event (an :class:`EventSink` subscriber)."""
+        self._put(("event", event))
+
+    def _put(self, item: Any) -> None:
+        with self._idle:
+            self._submitted += 1
+        self._queue.put(item)
+
+    # -- the writer thread -----------------------------------------------------------
+
+    def _run(self) -> None:
+        assert self._conn is not None
+        next_prune = time.monotonic() + self._prune_every
+        stop = False
+        while not stop:
+            try:
+                first = self._queue.get(timeout=self._flush_interval)
+            except queue.Empty:
+                first = None
+            batch = [] if first is None else [first]
+            while True:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = any(item is _STOP for item in batch)
+            items = [item for item in batch if item is not _STOP]
+            if items:
+                self._commit(items)
+            if time.monotonic() >= next_prune:
+                self._prune()
+                next_prune = time.monotonic() + self._prune_every
+        self._conn.close()
+        self._conn = None
+
+    def _commit(self, items: list[Any]) -> None:
+        assert self._conn is not None
+        series: list[tuple[Any, ...]] = []
+        resources: list[tuple[Any, ...]] = []
+        events: list[tuple[Any, ...]] = []
+        for item in items:
+            if item[0] == "rows":
+                series += [_series_values(row) for row in item[1]]
+                if item[2] is not None:
+                    resources.append(astuple(item[2]))
+            else:
+                e: Event = item[1]
+                events.append((e.time, e.kind, e.subject, e.cause, encode_payload(e.payload)))
+        try:
+            with self._conn:  # one transaction: all of it lands, or none
+                self._conn.executemany(_SERIES_SQL, series)
+                self._conn.executemany(_RESOURCES_SQL, resources)
+                self._conn.executemany(_EVENTS_SQL, events)
+        except sqlite3.Error:
+            self._failures += 1
+            log.exception("journal write of %d items failed; they are lost", len(items))
+        else:
+            self._rows += len(series)
+            self._events += len(events)
+            self._commits += 1
+            self._last_commit = self._wall()
+        with self._idle:
+            self._done += len(items)
+            self._idle.notify_all()
+
+    def _prune(self) -> None:
+        assert self._conn is not None
+        cutoff = self._wall() - self._retention
+        try:
+            with self._conn:
+                pruned = 0
+                for table in ("series", "resources", "events"):
+                    pruned += self._conn.execute(
+                        f"DELETE FROM {table} WHERE t < ?", (cutoff,)
+                    ).rowcount
+            self._pruned += pruned
+        except sqlite3.Error:
+            self._failures += 1
+            log.exception("journal pruning failed")
+
+    def statistics(self) -> JournalStatistics:
+        with self._idle:
+            pending = self._submitted - self._done
+        return JournalStatistics(
+            path=str(self.path),
+            rows_written=self._rows,
+            events_written=self._events,
+            commits=self._commits,
+            pending=pending,
+            pruned_rows=self._pruned,
+            failures=self._failures,
+            last_commit=self._last_commit,
+        )

@@ -1,0 +1,172 @@
+"""Reading the journal back: a time window of series, resources and events.
+
+Readers open the file read-only and never block the writer (WAL lets both run at
+once). Diagnose, the forecaster and ``GET /v2/sordino/journal`` all read through
+:class:`JournalReader`; a :class:`JournalWindow` also travels as JSON, so a report can
+be made from a server's journal over HTTP.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from sordino.telemetry.series import ResourceRow, SecondRow
+
+__all__ = ["JournalEvent", "JournalReader", "JournalWindow", "MissingJournal"]
+
+_SERIES_FIELDS = [f.name for f in fields(SecondRow)]
+_RESOURCE_FIELDS = [f.name for f in fields(ResourceRow)]
+
+
+class MissingJournal(FileNotFoundError):
+    """There is no journal where one was expected; the message says where and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEvent:
+    """One journaled event."""
+
+    t: float
+    kind: str
+    subject: str
+    cause: str
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class JournalWindow:
+    """Everything the journal holds between ``start`` and ``end`` (epoch seconds)."""
+
+    start: float
+    end: float
+    series: list[SecondRow]
+    resources: list[ResourceRow]
+    events: list[JournalEvent]
+
+    @property
+    def models(self) -> list[str]:
+        return sorted({row.model for row in self.series})
+
+    def rows_of(self, model: str) -> list[SecondRow]:
+        return [row for row in self.series if row.model == model]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "start": self.start,
+            "end": self.end,
+            "series": [asdict(r) for r in self.series],
+            "resources": [asdict(r) for r in self.resources],
+            "events": [asdict(e) for e in self.events],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JournalWindow:
+        return cls(
+            start=float(data["start"]),
+            end=float(data["end"]),
+            series=[SecondRow(**r) for r in data["series"]],
+            resources=[ResourceRow(**r) for r in data["resources"]],
+            events=[JournalEvent(**e) for e in data["events"]],
+        )
+
+
+class JournalReader:
+    """Queries one journal file."""
+
+    def __init__(self, path: Path) -> None:
+        if not path.exists():
+            raise MissingJournal(
+                f"no journal at {path}: start the server with `sordino start --data-dir "
+                f"{path.parent}` (telemetry.journal is on by default) and let it run a while"
+            )
+        self.path = path
+        self._conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+        try:
+            self._conn.execute("SELECT 1 FROM series LIMIT 1")
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            raise MissingJournal(f"{path} is not a sordino journal: {exc}") from exc
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> JournalReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def span(self) -> tuple[float, float] | None:
+        """The first and last second the journal has a series row for, or None if empty."""
+        first, last = self._conn.execute("SELECT MIN(t), MAX(t) FROM series").fetchone()
+        return None if first is None else (float(first), float(last))
+
+    def window(self, start: float, end: float) -> JournalWindow:
+        """Every row and event with ``start <= t < end``, oldest first."""
+        series = [
+            _series_row(r)
+            for r in self._conn.execute(
+                f"SELECT {', '.join(_SERIES_FIELDS)} FROM series WHERE t >= ? AND t < ? "
+                "ORDER BY t, model, version",
+                (int(start), end),
+            )
+        ]
+        resources = [
+            ResourceRow(*r)
+            for r in self._conn.execute(
+                f"SELECT {', '.join(_RESOURCE_FIELDS)} FROM resources WHERE t >= ? AND t < ? "
+                "ORDER BY t",
+                (int(start), end),
+            )
+        ]
+        events = [
+            JournalEvent(t, kind, subject, cause, orjson.loads(payload))
+            for t, kind, subject, cause, payload in self._conn.execute(
+                "SELECT t, kind, subject, cause, payload FROM events WHERE t >= ? AND t < ? "
+                "ORDER BY t, id",
+                (start, end),
+            )
+        ]
+        return JournalWindow(start, end, series, resources, events)
+
+    def latest_events(self, kind: str, before: float, limit: int = 5) -> list[JournalEvent]:
+        """The last ``limit`` events of ``kind`` before ``before``, oldest first."""
+        rows = self._conn.execute(
+            "SELECT t, kind, subject, cause, payload FROM events WHERE kind = ? AND t < ? "
+            "ORDER BY t DESC LIMIT ?",
+            (kind, before, limit),
+        ).fetchall()
+        return [JournalEvent(t, k, s, c, orjson.loads(p)) for t, k, s, c, p in reversed(rows)]
+
+    def per_minute(self, since: float) -> dict[str, list[tuple[int, float]]]:
+        """Mean QPS per minute of every model since ``since`` (minute start, qps)."""
+        out: dict[str, list[tuple[int, float]]] = {}
+        for model, minute, total, seconds in self._conn.execute(
+            "SELECT model, t / 60 AS m, SUM(requests), COUNT(DISTINCT t) FROM series "
+            "WHERE t >= ? GROUP BY model, m ORDER BY model, m",
+            (int(since),),
+        ):
+            out.setdefault(model, []).append((int(minute) * 60, total / max(seconds, 1)))
+        return out
+
+    def memory_per_minute(self, since: float) -> list[tuple[int, float]]:
+        """Mean process RSS (plus pool in use when larger) per minute since ``since``."""
+        return [
+            (int(minute) * 60, float(rss))
+            for minute, rss in self._conn.execute(
+                "SELECT t / 60 AS m, AVG(MAX(rss_bytes, COALESCE(pool_in_use_bytes, 0))) "
+                "FROM resources WHERE t >= ? GROUP BY m ORDER BY m",
+                (int(since),),
+            )
+        ]
+
+
+def _series_row(values: tuple[Any, ...]) -> SecondRow:
+    data = dict(zip(_SERIES_FIELDS, values, strict=True))
+    data["errors_by_reason"] = orjson.loads(data["errors_by_reason"])
+    return SecondRow(**data)

@@ -1,0 +1,83 @@
+"""sordino monitor: --once against a running server, the live view, an absent server."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+from click.testing import CliRunner
+from rich.console import Console
+
+from sordino.cli.main import cli
+from sordino.cli.monitor_view import live_view, sparkline
+from sordino.testing import RunningServer
+
+
+def _traffic(url: str, n: int) -> None:
+    body = {
+        "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [2.0] * 64}]
+    }
+    with httpx.Client(base_url=url, timeout=30) as client:
+        for _ in range(n):
+            assert client.post("/v2/models/digits-classifier/infer", json=body).status_code == 200
+
+
+def test_once_prints_the_models_and_current_figures(server: RunningServer) -> None:
+    _traffic(server.url, 30)
+    time.sleep(1.2)
+    result = CliRunner().invoke(
+        cli,
+        ["monitor", "--url", server.url, "--once", "--metrics", "qps,latency,error_rate,mem_frag"],
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "QPS" in result.output and "p99 ms" in result.output and "errors" in result.output
+    row = next(line for line in lines if line.startswith("digits-classifier/1"))
+    qps, p50, p99, errors = row.split()[1:5]
+    assert float(qps) > 0 and float(p99) >= float(p50) > 0 and errors.endswith("%")
+    assert any(line.startswith("simple/1") for line in lines)
+    assert "mem_frag n/a (no memory pool)" in result.output  # absent, never faked
+    assert "model_loaded" in result.output
+
+
+def test_an_unreachable_server_gives_a_message_not_a_traceback() -> None:
+    result = CliRunner().invoke(
+        cli,
+        [
+            "monitor",
+            "--url",
+            "http://127.0.0.1:9",
+            "--once",
+            "--retries",
+            "2",
+            "--interval",
+            "0.01",
+        ],
+    )
+    assert result.exit_code == 1
+    assert "cannot reach http://127.0.0.1:9" in result.output
+    assert "attempt 2 of 2" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_unknown_metrics_are_refused_with_the_valid_ones() -> None:
+    result = CliRunner().invoke(cli, ["monitor", "--once", "--metrics", "qps,vibes"])
+    assert result.exit_code == 2 and "vibes" in result.output and "mem_frag" in result.output
+
+
+def test_sparkline_scales_to_the_maximum_and_keeps_gaps() -> None:
+    assert sparkline([0, 1, 2, 4], width=4) == "▁▂▄█"
+    assert sparkline([None, 3], width=3) == "  █"
+    assert sparkline([], width=2) == "  "
+    # A long history is squeezed into the width, each block the maximum of its share.
+    assert sparkline([0] * 50 + [8] + [0] * 49, width=4) == "▁▁█▁"
+    assert sparkline([100, 104, 108], width=3, relative=True) == "▁▄█"
+
+
+def test_live_view_renders_a_snapshot(server: RunningServer) -> None:
+    snap: Any = httpx.get(f"{server.url}/v2/sordino/telemetry?seconds=60").json()
+    console = Console(width=160, record=True)
+    console.print(live_view(snap, ["qps", "latency", "mem_frag", "error_rate", "busy"], server.url))
+    text = console.export_text()
+    assert "digits-classifier/1" in text and "latest events" in text and "RSS" in text

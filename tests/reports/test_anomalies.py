@@ -1,0 +1,117 @@
+"""Anomaly detectors and event correlation on synthetic journal windows."""
+
+from __future__ import annotations
+
+from sordino.reports.anomalies import (
+    correlate,
+    error_bursts,
+    fragmentation_climbs,
+    latency_spikes,
+    memory_growth,
+)
+from sordino.reports.diagnose import diagnose
+from sordino.telemetry.journal_reader import JournalEvent, JournalWindow
+from sordino.telemetry.series import ResourceRow, SecondRow
+
+
+def _row(
+    t: int, p99: float, *, requests: int = 50, errors: int = 0, reason: str = "x"
+) -> SecondRow:
+    return SecondRow(
+        t=t, model="m", version="1", requests=requests, errors=errors,
+        errors_by_reason={reason: errors} if errors else {}, p50_ms=p99 / 2, p99_ms=p99,
+        queue_ms=0.1, compute_ms=p99 / 3, batches=10, batch_size=5.0, queue_depth=1,
+        busy=0.2, slo_met=requests - errors,
+    )  # fmt: skip
+
+
+def _res(t: int, rss: int = 100 << 20, frag: float | None = None) -> ResourceRow:
+    return ResourceRow(t, rss, 5.0, None, None, frag, None, None, None, None)
+
+
+def _spiky(spike: range) -> list[SecondRow]:
+    return [_row(t, 200.0 if t in spike else 2.0 + (t % 3) * 0.1) for t in range(100)]
+
+
+def test_a_latency_spike_is_found_with_its_window_and_numbers() -> None:
+    (spike,) = latency_spikes(_spiky(range(40, 50)))
+    assert (spike.start, spike.end, spike.model) == (40, 50, "m")
+    assert spike.peak == 200.0 and 1.9 < spike.baseline < 2.3
+    assert spike.context["qps_during"] == 50.0
+
+
+def test_noise_and_single_blips_are_not_spikes() -> None:
+    assert latency_spikes(_spiky(range(0))) == []
+    assert latency_spikes(_spiky(range(40, 41))) == []  # one second is a blip
+    # Doubling a 2 ms p99 is under the 10 ms minimum increase.
+    assert latency_spikes([_row(t, 4.0 if 40 <= t < 50 else 2.0) for t in range(100)]) == []
+
+
+def test_nearby_seconds_merge_into_one_spike() -> None:
+    rows = _spiky(range(40, 50))
+    rows[45] = _row(45, 2.0)
+    (spike,) = latency_spikes(rows)
+    assert (spike.start, spike.end) == (40, 50)
+
+
+def test_chaos_at_the_onset_is_the_likely_cause() -> None:
+    (spike,) = latency_spikes(_spiky(range(40, 50)))
+    events = [
+        JournalEvent(10.0, "model_loaded", "m/1", "", {}),
+        JournalEvent(39.6, "chaos_injected", "worker m#0", "latency +200 ms", {"model": "m"}),
+        JournalEvent(39.8, "chaos_injected", "worker other#0", "latency", {"model": "other"}),
+        JournalEvent(49.7, "chaos_cleared", "worker m#0", "", {"model": "m"}),
+        JournalEvent(300.0, "config_changed", "scheduler", "", {}),
+    ]
+    ranked = correlate(spike, events)
+    assert ranked.likely_cause is not None
+    assert ranked.likely_cause.event.subject == "worker m#0"
+    assert "cleared" in ranked.likely_cause.why
+    assert all(c.event.kind != "config_changed" for c in ranked.causes)  # after the window
+
+
+def test_an_injection_cleared_before_the_onset_is_not_the_cause() -> None:
+    (spike,) = latency_spikes(_spiky(range(40, 50)))
+    events = [
+        JournalEvent(10.0, "chaos_injected", "worker m#0", "latency", {"model": "m"}),
+        JournalEvent(20.0, "chaos_cleared", "worker m#0", "", {"model": "m"}),
+    ]
+    ranked = correlate(spike, events)
+    assert ranked.likely_cause is None
+    assert "cleared 20 s before the onset" in ranked.causes[0].why
+
+
+def test_without_events_there_is_no_likely_cause() -> None:
+    (spike,) = latency_spikes(_spiky(range(40, 50)))
+    assert correlate(spike, []).likely_cause is None
+
+
+def test_error_bursts_carry_their_reasons() -> None:
+    rows = [
+        _row(t, 2.0, errors=20 if 30 <= t < 33 else 0, reason="queue_timeout") for t in range(60)
+    ]
+    (burst,) = error_bursts(rows)
+    assert (burst.start, burst.end) == (30, 33)
+    assert burst.detail == {"queue_timeout": 60}
+    assert burst.during == 0.4
+
+
+def test_fragmentation_climb_and_memory_growth() -> None:
+    frag = [_res(t, frag=0.05 if t < 50 else 0.05 + (t - 50) * 0.01) for t in range(100)]
+    (climb,) = fragmentation_climbs(frag)
+    assert climb.peak > 0.5 and climb.baseline == 0.05
+    assert fragmentation_climbs([_res(t, frag=0.1) for t in range(100)]) == []
+    growing = [_res(t, rss=(100 << 20) + t * (2 << 20)) for t in range(120)]
+    (growth,) = memory_growth(growing)
+    assert growth.context["bytes_per_hour"] > 0
+    assert memory_growth([_res(t) for t in range(120)]) == []
+
+
+def test_diagnose_recommends_with_numbers_and_honours_focus() -> None:
+    rows = _spiky(range(40, 50))
+    events = [JournalEvent(39.5, "chaos_injected", "worker m#0", "latency", {"model": "m"})]
+    window = JournalWindow(0, 100, rows, [_res(t) for t in range(100)], events)
+    diagnosis = diagnose(window, focus="all")
+    assert [a.kind for a in diagnosis.anomalies] == ["latency_spike"]
+    assert any("chaos_injected" in r and "200.0 ms" in r for r in diagnosis.recommendations)
+    assert diagnose(window, focus="memory").anomalies == []

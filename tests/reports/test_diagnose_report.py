@@ -1,0 +1,127 @@
+"""sordino diagnose end to end: a journal recorded with a planted latency spike.
+
+The spike comes from :class:`sordino.testing.chaos.LatencyChaos` (a test double that
+emits ``chaos_injected`` as the chaos injector will): 10 s of +150 ms on every batch
+of digits-classifier while two clients send requests.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from click.testing import CliRunner
+from pypdf import PdfReader
+
+from sordino.cli.main import cli
+from sordino.server.runtime import Runtime
+from sordino.testing import serve_in_thread
+from sordino.testing.chaos import LatencyChaos, install_latency_chaos
+
+BODY = {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [3.0] * 64}]}
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    data_dir = tmp_path_factory.mktemp("journal")
+    chaos: list[LatencyChaos] = []
+
+    def prepare(runtime: Runtime) -> None:
+        chaos.append(install_latency_chaos(runtime))
+
+    stop = threading.Event()
+    with serve_in_thread(data_dir=data_dir, prepare=prepare) as server:
+
+        def client() -> None:
+            with httpx.Client(base_url=server.url, timeout=30) as c:
+                while not stop.is_set():
+                    assert (
+                        c.post("/v2/models/digits-classifier/infer", json=BODY).status_code == 200
+                    )
+                    time.sleep(0.01)
+
+        threads = [threading.Thread(target=client) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        time.sleep(6)
+        injected_at = time.time()
+        server.loop.call_soon_threadsafe(chaos[0].inject, "digits-classifier", 0.15, 10.0)
+        time.sleep(10 + 4)
+        stop.set()
+        for thread in threads:
+            thread.join()
+        time.sleep(1.2)
+    yield {"data_dir": data_dir, "injected_at": injected_at, "chaos": chaos[0]}
+
+
+def _diagnose(data_dir: Path, output: Path, *extra: str) -> Any:
+    return CliRunner().invoke(
+        cli, ["diagnose", "--data-dir", str(data_dir), "--time-range", "last_1h",
+              "--output", str(output), *extra],
+    )  # fmt: skip
+
+
+@pytest.mark.timeout(120)
+def test_html_report_names_the_window_and_the_chaos_event(
+    recorded: dict[str, Any], tmp_path: Path
+) -> None:
+    out = tmp_path / "runtime_health.html"
+    result = _diagnose(recorded["data_dir"], out)
+    assert result.exit_code == 0, result.output
+    assert recorded["chaos"].delayed_batches > 10
+    assert "likely cause: chaos_injected on worker digits-classifier#0" in result.output
+    html = out.read_text()
+    injected = recorded["injected_at"]
+    start = dt.datetime.fromtimestamp(injected).strftime("%H:%M:%S")
+    end = dt.datetime.fromtimestamp(injected + 10).strftime("%H:%M:%S")
+    finding = html[html.index("Finding 1: latency spike") :]
+    match = finding[: finding.index("</div>")]
+    assert "p99 latency of digits-classifier rose" in match
+    # The window found starts with the injection and lasts about its 10 s.
+    window = re.search(r"from (\d\d:\d\d:\d\d) to (\d\d:\d\d:\d\d)", match)
+    assert window is not None, match
+    assert abs(_seconds(window.group(1)) - _seconds(start)) <= 2, (window.group(0), start)
+    # The backlog built during the injection may take a few seconds to drain.
+    assert -2 <= _seconds(window.group(2)) - _seconds(end) <= 6, (window.group(0), end)
+    assert "Likely cause: chaos_injected on worker digits-classifier#0" in match
+    assert "data:image/png;base64," in html
+    assert "No tuning is needed" in html
+
+
+def _seconds(hms: str) -> int:
+    h, m, s = (int(x) for x in hms.split(":"))
+    return h * 3600 + m * 60 + s
+
+
+@pytest.mark.timeout(120)
+def test_pdf_report_has_pages_with_images(recorded: dict[str, Any], tmp_path: Path) -> None:
+    out = tmp_path / "runtime_health.pdf"
+    result = _diagnose(recorded["data_dir"], out, "--focus", "latency_spike")
+    assert result.exit_code == 0, result.output
+    reader = PdfReader(out)
+    assert len(reader.pages) >= 2
+    text = reader.pages[0].extract_text()
+    assert "chaos_injected" in text and "latency spike" in text
+    assert sum(len(page.images) for page in reader.pages) >= 2
+
+
+def test_an_empty_or_missing_journal_gives_a_clear_message(tmp_path: Path) -> None:
+    result = _diagnose(tmp_path / "none", tmp_path / "r.html")
+    assert result.exit_code == 1 and "no journal at" in result.output
+    from sordino.telemetry.journal import Journal
+
+    journal = Journal(tmp_path / "empty" / "journal.sqlite3")
+    journal.open()
+    journal.close()
+    result = _diagnose(tmp_path / "empty", tmp_path / "r.html")
+    assert result.exit_code == 1 and "is empty" in result.output
+    assert "Traceback" not in result.output
+    bad = CliRunner().invoke(cli, ["diagnose", "--output", str(tmp_path / "r.txt")])
+    assert bad.exit_code == 2 and ".html or .pdf" in bad.output
