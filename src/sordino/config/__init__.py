@@ -12,6 +12,7 @@ from sordino.config.schema import (
     EXECUTION_PROVIDERS,
     STRATEGY_NAMES,
     AllVersions,
+    DeviceConfig,
     DynamicBatchingConfig,
     DynamicBatchingStrategy,
     FallbackChainStrategy,
@@ -27,13 +28,16 @@ from sordino.config.schema import (
     Strategy,
     StreamPriorityStrategy,
     VersionPolicy,
+    WorkersConfig,
 )
+from sordino.config.threshold import Threshold, parse_threshold
 from sordino.config.units import Duration, Milliseconds, Size, parse_duration, parse_size
 
 __all__ = [
     "EXECUTION_PROVIDERS",
     "STRATEGY_NAMES",
     "AllVersions",
+    "DeviceConfig",
     "Duration",
     "DynamicBatchingConfig",
     "DynamicBatchingStrategy",
@@ -51,10 +55,13 @@ __all__ = [
     "SpecificVersions",
     "Strategy",
     "StreamPriorityStrategy",
+    "Threshold",
     "VersionPolicy",
+    "WorkersConfig",
     "load_config",
     "load_model_config_file",
     "parse_duration",
     "parse_size",
+    "parse_threshold",
     "validate_config",
 ]

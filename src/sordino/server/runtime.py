@@ -17,19 +17,19 @@ import numpy as np
 
 from sordino.admission.chain import AdmissionChain, AdmissionContext, default_links
 from sordino.backends.base import Backend, ModelMetadata
-from sordino.backends.onnx import OnnxBackend
 from sordino.clock import Clock, MonotonicClock
 from sordino.config import RuntimeConfig
 from sordino.datatypes import to_numpy_dtype
 from sordino.errors import ModelNotReady, NotFound, SordinoError
 from sordino.events import EventSink
-from sordino.execution.executor import InProcessExecutor
+from sordino.execution.chain import ChainExecutor
 from sordino.inference import InferRequest, InferResponse, ModelKey, Tensor
 from sordino.models.repository import ModelSource
 from sordino.protocol.validate import validate_request
 from sordino.scheduling.modes import BatchCurve, build_controller, measure_batch_curve
 from sordino.scheduling.scheduler import ModelScheduler, SchedulerStatistics
 from sordino.scheduling.settings import ModelScheduling, scheduling_for
+from sordino.telemetry.execution_metrics import ExecutionCollector
 from sordino.telemetry.metrics import Metrics
 from sordino.telemetry.model_stats import ModelStats
 
@@ -49,6 +49,7 @@ class LoadedModel:
     scheduler: ModelScheduler
     curve: BatchCurve | None = None
     backends: list[Backend] = field(default_factory=list)
+    instances: int = 1
 
     @property
     def max_batch_size(self) -> int:
@@ -85,7 +86,7 @@ class Runtime:
         self.events = events or EventSink()
         self.metrics = Metrics()
         self.stats = ModelStats()
-        self.executor = InProcessExecutor()
+        self.executor = ChainExecutor(config, clock=self.clock, events=self.events)
         self.admission = AdmissionChain(default_links())
         self._sources = list(sources)
         self._models: dict[str, dict[str, LoadedModel]] = {}
@@ -93,6 +94,7 @@ class Runtime:
         self._started = False
         self._stopping = False
         self.metrics.watch_schedulers(self.scheduler_statistics)
+        self.metrics.registry.register(ExecutionCollector(self.executor.statistics))
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -123,6 +125,7 @@ class Runtime:
                 await asyncio.gather(*pending)
         for model in models:
             await self.unload(model.key.name, model.key.version, drain=False)
+        await self.executor.aclose()
         self.events.emit("server_stopped", "runtime")
 
     @property
@@ -136,21 +139,10 @@ class Runtime:
         if source.version in self._models.get(source.name, {}):
             raise ModelNotReady(f"model {key} is already loaded")
         config = source.config
-        backends: list[Backend] = []
-        loop = asyncio.get_running_loop()
-        for _ in range(config.instance_count):
-            backend = OnnxBackend(
-                name=source.name,
-                version=source.version,
-                providers=list(config.execution_providers),
-                intra_op_threads=config.intra_op_threads,
-            )
-            await loop.run_in_executor(None, backend.load, source.path, "cpu")
-            backends.append(backend)
-        metadata = backends[0].metadata
-        self.executor.register(key, backends)
+        metadata = await self.executor.load(key, source.path, config)
+        instances = self.executor.instances(key)
         scheduling = scheduling_for(
-            self.config.scheduler, config, batched=metadata.batched, instances=len(backends)
+            self.config.scheduler, config, batched=metadata.batched, instances=instances
         )
         try:
             await self.executor.run(key, dummy_batch(metadata, 1))  # warm-up
@@ -162,7 +154,7 @@ class Runtime:
 
                 curve = await measure_batch_curve(run, self.clock, scheduling.policy.max_batch)
         except Exception:
-            self.executor.unregister(key)
+            await self.executor.unload(key)
             raise
         controller = build_controller(scheduling.mode, scheduling.policy, scheduling.slo_s, curve)
         scheduler = ModelScheduler(
@@ -175,14 +167,15 @@ class Runtime:
             observers=(self.metrics, self.stats),
         )
         scheduler.start()
-        model = LoadedModel(source, key, metadata, scheduling, scheduler, curve, backends)
+        model = LoadedModel(source, key, metadata, scheduling, scheduler, curve, [], instances)
         self._models.setdefault(source.name, {})[source.version] = model
         self.events.emit(
             "model_loaded",
             str(key),
             mode=controller.statistics().effective_mode,
             max_batch=scheduling.policy.max_batch,
-            instances=len(backends),
+            instances=instances,
+            isolation=config.isolation,
         )
         return model
 
@@ -195,8 +188,7 @@ class Runtime:
         if not versions:
             self._models.pop(name, None)
         await model.scheduler.close(drain=drain)
-        for backend in self.executor.unregister(model.key):
-            backend.unload()
+        await self.executor.unload(model.key)
         self.stats.forget(model.key)
         self.events.emit("model_unloaded", str(model.key))
 
