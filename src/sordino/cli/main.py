@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from sordino import __version__
+from sordino.cli.chaos import chaos
 from sordino.cli.start import start
 
 __all__ = ["cli", "main"]
@@ -17,6 +18,7 @@ def cli() -> None:
 
 
 cli.add_command(start)
+cli.add_command(chaos)
 
 
 def main() -> None:

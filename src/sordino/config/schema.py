@@ -607,7 +607,9 @@ class RuntimeConfig(_Section):
 
     @field_validator("scheduler")
     @classmethod
-    def _chain_names_devices(cls, scheduler: SchedulerConfig, info: ValidationInfo) -> SchedulerConfig:
+    def _chain_names_devices(
+        cls, scheduler: SchedulerConfig, info: ValidationInfo
+    ) -> SchedulerConfig:
         chain = scheduler.fallback_chain
         devices = info.data.get("devices")
         if chain is None or devices is None:

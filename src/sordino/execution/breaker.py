@@ -111,7 +111,9 @@ class CircuitBreaker:
             measured = self._measure()
             if measured is not None and self.threshold.holds(measured):
                 shown = (
-                    f"{measured:.0%}" if self.threshold.metric == "error_rate" else f"{measured:g} s"
+                    f"{measured:.0%}"
+                    if self.threshold.metric == "error_rate"
+                    else f"{measured:g} s"
                 )
                 self._move(
                     "open",

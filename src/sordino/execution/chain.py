@@ -145,7 +145,9 @@ class ChainExecutor:
                     opening.append((slot, instance))
                     index += 1
             slots.append(slot)
-        results = await asyncio.gather(*(inst.open() for _, inst in opening), return_exceptions=True)
+        results = await asyncio.gather(
+            *(inst.open() for _, inst in opening), return_exceptions=True
+        )
         metadata: ModelMetadata | None = None
         errors: list[str] = []
         for (slot, instance), result in zip(opening, results, strict=True):
@@ -214,8 +216,7 @@ class ChainExecutor:
             free = shm_free_bytes()
             if free is not None and free < size:
                 log.warning(
-                    "/dev/shm has %d bytes free, less than workers.shared_memory (%d); "
-                    "using %d",
+                    "/dev/shm has %d bytes free, less than workers.shared_memory (%d); using %d",
                     free,
                     size,
                     free // 2,
@@ -257,7 +258,9 @@ class ChainExecutor:
 
     # -- staging ---------------------------------------------------------------------
 
-    async def assemble(self, model: ModelKey, parts: Sequence[dict[str, Tensor]]) -> dict[str, Tensor]:
+    async def assemble(
+        self, model: ModelKey, parts: Sequence[dict[str, Tensor]]
+    ) -> dict[str, Tensor]:
         """Concatenate request inputs into one batch, in the arena for worker processes."""
         entry = self._models.get(model)
         batch: dict[str, Tensor] = {}
@@ -405,12 +408,12 @@ class ChainExecutor:
                 return None
             serving = [s for s in live if any(i.serving for i in s.instances)]
             allowed = [s for s in serving if s.breaker is None or s.breaker.allows()]
-            slot = (allowed or serving or [None])[0]
-            if slot is not None:
-                for instance in slot.instances:
+            candidates = allowed or serving
+            if candidates:
+                for instance in candidates[0].instances:
                     if instance.serving and not instance.busy:
                         instance.busy = True
-                        return slot, instance
+                        return candidates[0], instance
             await model.signal.wait()
 
     # -- devices and breakers --------------------------------------------------------
@@ -427,9 +430,7 @@ class ChainExecutor:
     ) -> None:
         level = logging.WARNING if after == "open" else logging.INFO
         log.log(level, "device %s breaker %s -> %s: %s", breaker.name, before, after, cause)
-        self._events.emit(
-            f"breaker_{after}", f"device:{breaker.name}", cause, previous=before
-        )
+        self._events.emit(f"breaker_{after}", f"device:{breaker.name}", cause, previous=before)
         for model in self._models.values():
             model.signal.fire()
 

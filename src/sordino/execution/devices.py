@@ -94,13 +94,10 @@ def model_tiers(model: ModelConfig, chain: list[Device] | None) -> list[Tier]:
             for device in chain
         ]
     threads = model.intra_op_threads
+    providers: tuple[str, ...] = tuple(model.execution_providers)
     if model.instance_kind == "gpu":
-        ids = model.gpus or (0,)
         providers = (EXECUTION_PROVIDERS["cuda"],)
-        devices = tuple(Device(f"gpu{i}", providers, i, threads) for i in ids)
-        return [Tier("gpu", devices)]
-    providers = tuple(model.execution_providers)
-    if model.instance_kind == "cpu":
+    elif model.instance_kind == "cpu":
         providers = (EXECUTION_PROVIDERS["cpu"],)
     if providers[0] in _ACCELERATED:
         ids = model.gpus or (0,)
@@ -116,6 +113,5 @@ def missing_provider(device: Device) -> str | None:
     if not absent:
         return None
     return (
-        f"{', '.join(absent)} is not in this onnxruntime build "
-        f"(available: {', '.join(available)})"
+        f"{', '.join(absent)} is not in this onnxruntime build (available: {', '.join(available)})"
     )

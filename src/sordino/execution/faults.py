@@ -199,7 +199,11 @@ class FaultRegistry:
             if spec.expires is not None and now >= spec.expires:
                 del self._faults[spec.id]
                 self._events.emit(
-                    "fault_cleared", str(spec.target), "duration elapsed", id=spec.id, fault=spec.kind
+                    "fault_cleared",
+                    str(spec.target),
+                    "duration elapsed",
+                    id=spec.id,
+                    fault=spec.kind,
                 )
         return list(self._faults.values())
 

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from sordino.backends.base import ModelMetadata
 from sordino.backends.onnx import OnnxBackend
@@ -115,9 +115,7 @@ class ThreadInstance(_Base):
 
     isolation = "thread"
 
-    def __init__(
-        self, key: ModelKey, index: int, tier: str, device: Device, path: str
-    ) -> None:
+    def __init__(self, key: ModelKey, index: int, tier: str, device: Device, path: str) -> None:
         super().__init__(key, index, tier, device)
         self._path = path
         self._backend = OnnxBackend(
@@ -132,7 +130,9 @@ class ThreadInstance(_Base):
         from pathlib import Path
 
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._pool, self._backend.load, Path(self._path), self.device.target)
+        await loop.run_in_executor(
+            self._pool, self._backend.load, Path(self._path), self.device.target
+        )
         self.state = "ready"
         return self._backend.metadata
 
@@ -307,7 +307,8 @@ class ProcessInstance(_Base):
         timeout = self._settings.heartbeat_timeout
         while not worker.dead.done():
             tick = asyncio.ensure_future(self._clock.sleep(interval))
-            await asyncio.wait({tick, worker.dead}, return_when=asyncio.FIRST_COMPLETED)
+            waiting: set[asyncio.Future[Any]] = {tick, worker.dead}
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             tick.cancel()
             silent = self._clock.now() - worker.last_beat
             if not worker.dead.done() and worker.alive and silent > timeout:

@@ -65,7 +65,9 @@ class SwitchRecorder:
     def __init__(self) -> None:
         self._data: dict[tuple[str, str, str], list[float]] = {}
 
-    def record(self, model: str, source: str, target: str, switch_s: float, dispatch_s: float) -> None:
+    def record(
+        self, model: str, source: str, target: str, switch_s: float, dispatch_s: float
+    ) -> None:
         entry = self._data.setdefault((model, source, target), [0, 0.0, 0.0, 0.0, 0.0])
         entry[0] += 1
         entry[1] += switch_s

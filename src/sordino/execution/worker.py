@@ -9,6 +9,7 @@ with :class:`WorkerLost`, whatever the process does next.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import multiprocessing
@@ -102,8 +103,9 @@ class WorkerProcess:
         threading.Thread(
             target=self._read, daemon=True, name=f"sordino-reader-{self.spec.model}"
         ).start()
+        waiting: set[asyncio.Future[Any]] = {self._ready, self.dead}
         done, _ = await asyncio.wait(
-            {self._ready, self.dead}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+            waiting, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
         )
         if self._ready in done:
             self.last_beat = self._clock.now()
@@ -160,10 +162,8 @@ class WorkerProcess:
             return
         self._kill_cause = cause
         if self.pid is not None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self._fail_pending(cause)
 
     async def stop(self, timeout_s: float = 5.0) -> None:
@@ -174,10 +174,8 @@ class WorkerProcess:
             self._kill_cause = "stopped"
             self.dead.set_result("stopped")
             return
-        try:
+        with contextlib.suppress(OSError):
             self._conn.send(("stop",))
-        except OSError:
-            pass
         try:
             await asyncio.wait_for(asyncio.shield(self.dead), timeout_s)
         except TimeoutError:

@@ -145,11 +145,11 @@ def attach_segment(name: str) -> shared_memory.SharedMemory:
     would unlink the server's segment when the worker exits; registration is skipped.
     """
     register = resource_tracker.register
-    resource_tracker.register = lambda *args, **kwargs: None  # type: ignore[assignment]
+    resource_tracker.register = lambda *args, **kwargs: None
     try:
         return shared_memory.SharedMemory(name=name)
     finally:
-        resource_tracker.register = register  # type: ignore[assignment]
+        resource_tracker.register = register
 
 
 def shm_free_bytes() -> int | None:

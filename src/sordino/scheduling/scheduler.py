@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-
 from sordino.clock import Clock, TimerHandle
 from sordino.errors import (
     Cancelled,

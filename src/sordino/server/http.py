@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from sordino import __version__
+from sordino.control.admin import admin_routes, admin_token
 from sordino.errors import MalformedBody, ModelNotReady, SordinoError
 from sordino.protocol.codec import (
     HEADER_CONTENT_LENGTH,
@@ -155,6 +156,8 @@ def build_app(runtime: Runtime) -> Starlette:
         Route("/v2/models/stats", _guard(all_stats), methods=["GET"]),
         Route("/metrics", _guard(metrics), methods=["GET"]),
     ]
+    token = admin_token(runtime.config.server.admin_token)
+    routes += admin_routes(runtime.executor, runtime.clock, token)
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes += [
             Route(prefix, _guard(model_metadata), methods=["GET"]),

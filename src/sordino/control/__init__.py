@@ -1,0 +1,1 @@
+"""control: the admin API (chaos injection today) and its client."""
