@@ -248,7 +248,8 @@ def test_malformed_switch_threshold_message(files: ConfigFiles) -> None:
     text = (
         "devices: [{name: a}, {name: b}]\n"
         + STRATEGIES
-        + "    - {name: fallback_chain, primary: a, fallbacks: [b], switch_threshold: 'errors>5%'}\n"
+        + "    - {name: fallback_chain, primary: a, fallbacks: [b],\n"
+        + "       switch_threshold: 'errors>5%'}\n"
     )
     with pytest.raises(ConfigError) as caught:
         load_config(files.write(text))
