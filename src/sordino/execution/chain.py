@@ -333,12 +333,12 @@ class ChainExecutor:
 
     async def _dispatch(self, model: _Model, batch: StagedBatch) -> dict[str, Tensor]:
         tried: set[str] = set()
-        lost = 0
+        lost: set[int] = set()
         failed_at: float | None = None
         failed_tier = ""
         last_error = ""
         while True:
-            choice = await self._choose(model, tried)
+            choice = await self._choose(model, tried, lost)
             if choice is None:
                 raise InferenceFailed(
                     f"model {model.key} failed on every device it runs on: {last_error}"
@@ -357,8 +357,8 @@ class ChainExecutor:
                 if slot.breaker is not None:
                     slot.breaker.record(False, now - started, probe=probe, cause=cause)
                 if isinstance(exc, WorkerLost):
-                    lost += 1
-                    if lost > 1:
+                    lost.add(instance.index)
+                    if len(lost) > 1:
                         raise InferenceFailed(
                             f"model {model.key}: the batch lost two instances ({cause})"
                         ) from None
@@ -395,8 +395,13 @@ class ChainExecutor:
                 )
             return outputs
 
-    async def _choose(self, model: _Model, tried: set[str]) -> tuple[_TierSlot, Instance] | None:
-        """Wait for an idle serving instance on the best tier; None when none is left."""
+    async def _choose(
+        self, model: _Model, tried: set[str], lost: set[int]
+    ) -> tuple[_TierSlot, Instance] | None:
+        """Wait for an idle serving instance on the best tier; None when none is left.
+
+        Instances that already lost this batch are passed over while another serves.
+        """
         while True:
             live = [
                 slot
@@ -406,12 +411,20 @@ class ChainExecutor:
             ]
             if not live:
                 return None
-            serving = [s for s in live if any(i.serving for i in s.instances)]
+
+            others = any(i.serving and i.index not in lost for s in live for i in s.instances)
+            usable = {
+                id(i)
+                for s in live
+                for i in s.instances
+                if i.serving and (i.index not in lost or not others)
+            }
+            serving = [s for s in live if any(id(i) in usable for i in s.instances)]
             allowed = [s for s in serving if s.breaker is None or s.breaker.allows()]
             candidates = allowed or serving
             if candidates:
                 for instance in candidates[0].instances:
-                    if instance.serving and not instance.busy:
+                    if id(instance) in usable and not instance.busy:
                         instance.busy = True
                         return candidates[0], instance
             await model.signal.wait()

@@ -197,6 +197,10 @@ class ProcessInstance(_Base):
     def pid(self) -> int | None:
         return self._pid()
 
+    @property
+    def serving(self) -> bool:
+        return self.state == "ready" and self._worker is not None and self._worker.alive
+
     async def open(self) -> ModelMetadata:
         """Start the first worker; raise :class:`ModelLoadError` if it cannot load."""
         metadata = await self._start_worker()

@@ -85,13 +85,14 @@ class WorkerProcess:
         self._pending: dict[int, asyncio.Future[tuple[dict[str, TensorHandle], float]]] = {}
         self._allocate: dict[int, Allocate] = {}
         self._kill_cause: str | None = None
+        self._broken = False
         self.pid: int | None = None
         self.last_beat = clock.now()
         self.load_s = 0.0
 
     @property
     def alive(self) -> bool:
-        return not self.dead.done() and self._kill_cause is None
+        return not self.dead.done() and self._kill_cause is None and not self._broken
 
     async def start(self, timeout_s: float) -> ModelMetadata:
         """Spawn the process; return the model's metadata once it has warmed up."""
@@ -149,7 +150,9 @@ class WorkerProcess:
             self._conn.send(("run", batch_id, inputs, space, fault))
             return await future
         except OSError as exc:
-            raise WorkerLost(f"pipe to the worker broke: {exc}") from None
+            # The process is gone; its exit (and the real cause) is reported by the reader.
+            self._broken = True
+            raise WorkerLost(f"the worker is gone ({exc.strerror or exc})") from None
         finally:
             if timer is not None:
                 timer.cancel()
