@@ -8,7 +8,8 @@
   (1 for the current state), ``sordino_device_breaker_opened_total{device}``,
   ``sordino_device_breaker_error_rate{device}`` (over the threshold window)
 - ``sordino_device_switches_total{model,from_device,to_device}`` and
-  ``sordino_device_switch_seconds`` (sum/count, plus ``_max``): failure to result
+  ``sordino_device_switch_seconds`` (sum/count, plus ``_max``): failure to result;
+  ``sordino_device_switch_dispatch_seconds``: failure to the hand-over to the next device
 - ``sordino_shm_*``: the shared-memory arena (reserved, in use, peak, fragmentation)
 - ``sordino_faults_active``, ``sordino_faults_applied_total``
 """
@@ -92,6 +93,11 @@ class ExecutionCollector(Collector):
             "Time from a device's failure to the result from the next device.",
             labels=switch_labels,
         )
+        dispatch = SummaryMetricFamily(
+            "sordino_device_switch_dispatch_seconds",
+            "Time from a device's failure to the batch being handed to the next device.",
+            labels=switch_labels,
+        )
         worst = GaugeMetricFamily(
             "sordino_device_switch_seconds_max", "Longest switch seen.", labels=switch_labels
         )
@@ -99,8 +105,9 @@ class ExecutionCollector(Collector):
             values = [s.model, s.from_device, s.to_device]
             switches.add_metric(values, s.count)
             seconds.add_metric(values, s.count, s.total_s)
+            dispatch.add_metric(values, s.count, s.dispatch_total_s)
             worst.add_metric(values, s.max_s)
-        yield from (switches, seconds, worst)
+        yield from (switches, seconds, dispatch, worst)
         if stats.arena is not None:
             arena = stats.arena
             for name, value, text in (
