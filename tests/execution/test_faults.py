@@ -6,7 +6,13 @@ import pytest
 
 from sordino.errors import InvalidRequest
 from sordino.events import EventSink
-from sordino.execution.faults import FaultRegistry, parse_target
+from sordino.execution.faults import (
+    FaultAction,
+    FaultRegistry,
+    InjectedFault,
+    parse_target,
+    perform,
+)
 from sordino.testing import VirtualClock
 
 
@@ -48,3 +54,16 @@ def test_bad_faults_are_refused() -> None:
         registry.inject(parse_target("device:cpu"), "meltdown")
     with pytest.raises(InvalidRequest, match="rate"):
         registry.inject(parse_target("device:cpu"), "error", rate=1.5)
+
+
+def test_oom_is_a_real_allocation_failure() -> None:
+    """The oom fault asks the allocator for 1 PiB and gets a real MemoryError."""
+    with pytest.raises(MemoryError):
+        perform(FaultAction("oom"), in_process=True)
+
+
+def test_crash_and_hang_never_run_inside_the_server() -> None:
+    """On a thread-isolated instance crash and hang become plain errors."""
+    for kind in ("crash", "hang"):
+        with pytest.raises(InjectedFault, match="thread-isolated"):
+            perform(FaultAction(kind), in_process=True)  # type: ignore[arg-type]

@@ -1,6 +1,6 @@
 """Worker processes under real load: SIGKILL, hang and latency faults, thread isolation.
 
-One server (two worker processes for the digits classifier, a 2 s heartbeat timeout)
+One server (two worker processes for the digits classifier, a 3 s heartbeat timeout)
 serves every test here; each counts events from its own starting mark.
 """
 
@@ -28,9 +28,9 @@ def pair() -> Iterator[RunningServer]:
         {
             "server": {"admin_token": TOKEN},
             "workers": {
-                "heartbeat_timeout": "2s",
+                "heartbeat_timeout": "3s",
                 "execution_timeout": "30s",
-                "restart_backoff": "200ms",
+                "restart_backoff": "1s",
             },
         }
     )
@@ -77,11 +77,28 @@ def test_hang_is_detected_retried_and_replaced(pair: RunningServer) -> None:
     assert failed.subject == "digits-classifier/1"
     assert failed.cause.startswith("hang: no heartbeat for")
     silent = float(re.search(r"for ([\d.]+) s", failed.cause).group(1))  # type: ignore[union-attr]
-    assert 2.0 < silent < 15.0
+    assert 3.0 < silent < 20.0
     retried = events(pair, "batch_retried", start)
     assert [e.subject for e in retried] == ["digits-classifier/1"]
     assert worker(pair, 1).pid != hung.pid
     assert [e.kind for e in events(pair, "fault_injected", start)] == ["fault_injected"]
+
+
+def test_crash_fault_exits_the_worker_and_it_comes_back(pair: RunningServer) -> None:
+    """A crash fault makes the worker exit mid-batch; the batch is retried, the worker restarted."""
+    start = mark(pair)
+    admin = AdminClient(pair.url, TOKEN)
+    with Load(pair.url, clients=4) as load:
+        load.wait_ok(20)
+        fault = admin.inject("worker:digits-classifier/0", "crash")
+        wait_until(lambda: events(pair, "worker_failed", start), 60, "the crash")
+        admin.clear(fault["id"])
+        wait_until(lambda: events(pair, "worker_restarted", start), 60, "the replacement")
+        load.wait_ok(20)
+    assert load.errors == []
+    (failed,) = events(pair, "worker_failed", start)
+    assert (failed.subject, failed.cause) == ("digits-classifier/0", "exited with code 70")
+    assert [e.subject for e in events(pair, "batch_retried", start)] == ["digits-classifier/0"]
 
 
 def _buckets(url: str) -> list[tuple[float, float]]:
