@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from importlib import resources
 from typing import Any
@@ -10,6 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from sordino.models.repository import ModelSource, builtin_sources
 from sordino.testing import RunningServer, serve_in_thread
 
 
@@ -17,6 +19,25 @@ from sordino.testing import RunningServer, serve_in_thread
 def server() -> Iterator[RunningServer]:
     """The built-in models served by a real server for the whole session."""
     with serve_in_thread() as running:
+        yield running
+
+
+def thread_isolated(sources: list[ModelSource]) -> list[ModelSource]:
+    """``sources`` with every model run on a thread of the server process.
+
+    Tests that hold a batch inside a backend (``tests/server/helpers.Gate``) or swap its
+    session need the backend in this process; worker processes are tested on their own.
+    """
+    return [
+        dataclasses.replace(s, config=s.config.model_copy(update={"isolation": "thread"}))
+        for s in sources
+    ]
+
+
+@pytest.fixture(scope="session")
+def thread_server() -> Iterator[RunningServer]:
+    """The built-in models on threads of a real server (see :func:`thread_isolated`)."""
+    with serve_in_thread(sources=thread_isolated(builtin_sources())) as running:
         yield running
 
 

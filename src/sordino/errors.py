@@ -18,7 +18,8 @@ value and what would have been accepted.
     │   ├── ModelNotReady            model loading, draining or unloaded
     │   ├── QueueFull                the queue is at its limit (Retry-After)
     │   ├── QueueTimeout             the request's deadline passed while it waited
-    │   └── ShuttingDown             the server is stopping
+    │   ├── ShuttingDown             the server is stopping
+    │   └── OutOfMemory              the shared-memory arena cannot hold the tensors now
     ├── RateLimited                  429: a rate limit (Retry-After)
     ├── Unsupported                  400: a feature that is configured or asked for but not
     │                                implemented; never silently ignored
@@ -37,6 +38,7 @@ __all__ = [
     "ModelLoadError",
     "ModelNotReady",
     "NotFound",
+    "OutOfMemory",
     "QueueFull",
     "QueueTimeout",
     "RateLimited",
@@ -137,6 +139,12 @@ class ShuttingDown(Unavailable):
     """The server is stopping and takes no new work."""
 
     reason = "shutting_down"
+
+
+class OutOfMemory(Unavailable):
+    """The shared-memory arena has no free block large enough for the tensors."""
+
+    reason = "out_of_memory"
 
 
 class RateLimited(SordinoError):

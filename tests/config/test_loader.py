@@ -232,14 +232,30 @@ def test_min_batch_above_max_batch_message(files: ConfigFiles) -> None:
         load_config(files.write(text))
 
 
-def test_fallback_chain_message(files: ConfigFiles) -> None:
-    """fallback_chain is refused with the not-supported-yet explanation."""
+def test_fallback_chain_names_undeclared_devices(files: ConfigFiles) -> None:
+    """A fallback_chain naming devices that are not declared says which ones and how to add them."""
     text = STRATEGIES + "    - {name: fallback_chain, primary: cuda, fallbacks: [cpu]}\n"
     with pytest.raises(ConfigError) as caught:
         load_config(files.write(text))
     assert problems(caught)[0].startswith(
-        "scheduler.strategies.0: fallback_chain is not supported yet: device fallback chains "
-        "arrive with worker processes; remove the strategy"
+        "scheduler: fallback_chain names devices ['cuda', 'cpu'] that are not declared under "
+        "devices (declared: none)"
+    )
+
+
+def test_malformed_switch_threshold_message(files: ConfigFiles) -> None:
+    """A switch threshold that does not parse is refused with the valid form."""
+    text = (
+        "devices: [{name: a}, {name: b}]\n"
+        + STRATEGIES
+        + "    - {name: fallback_chain, primary: a, fallbacks: [b],\n"
+        + "       switch_threshold: 'errors>5%'}\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(files.write(text))
+    assert problems(caught)[0].startswith(
+        "scheduler.strategies.0.switch_threshold: switch threshold 'errors>5%': unknown metric "
+        "'errors'"
     )
 
 

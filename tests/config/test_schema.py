@@ -133,11 +133,44 @@ def test_unknown_strategy_lists_valid_names() -> None:
         SchedulerConfig.model_validate({"strategies": [{"name": "round_robin"}]})
 
 
-def test_fallback_chain_refused_as_not_supported() -> None:
-    """A configured fallback_chain is refused rather than ignored."""
-    strategy = {"name": "fallback_chain", "primary": "cuda", "fallbacks": ["cpu"]}
-    with pytest.raises(ValidationError, match="fallback_chain is not supported yet"):
+def test_fallback_chain_accepted_with_declared_devices() -> None:
+    """The issue's devices + fallback_chain example validates, and the chain is in order."""
+    config = RuntimeConfig.model_validate(
+        {
+            "devices": [
+                {"name": "accelerator_v3", "provider": "cuda", "device_id": 0},
+                {"name": "accelerator_v2", "provider": "cuda", "device_id": 1},
+                {"name": "cpu_fallback", "provider": "cpu"},
+            ],
+            "scheduler": {
+                "strategies": [
+                    {
+                        "name": "fallback_chain",
+                        "primary": "accelerator_v3",
+                        "fallbacks": ["accelerator_v2", "cpu_fallback"],
+                        "switch_threshold": "error_rate>5% for 30s",
+                    }
+                ]
+            },
+        }
+    )
+    chain = config.scheduler.fallback_chain
+    assert chain is not None
+    assert chain.chain == ("accelerator_v3", "accelerator_v2", "cpu_fallback")
+    assert config.device("accelerator_v2").provider == "CUDAExecutionProvider"
+
+
+def test_fallback_chain_rejects_a_device_twice() -> None:
+    """A device may appear once in a chain."""
+    strategy = {"name": "fallback_chain", "primary": "a", "fallbacks": ["b", "a"]}
+    with pytest.raises(ValidationError, match=r"devices \['a'\] appear more than once"):
         SchedulerConfig.model_validate({"strategies": [strategy]})
+
+
+def test_device_names_unique() -> None:
+    """Two devices with one name are refused."""
+    with pytest.raises(ValidationError, match="used more than once"):
+        RuntimeConfig.model_validate({"devices": [{"name": "a"}, {"name": "a"}]})
 
 
 @pytest.mark.parametrize("priority", ["high", "normal", "low", 1, 7])
@@ -230,11 +263,24 @@ def test_instance_group_sets_instance_count() -> None:
     assert ModelConfig.model_validate(data).instance_count == 3
 
 
-def test_instance_group_gpu_not_supported() -> None:
-    """KIND_GPU instance groups are refused as not supported yet."""
-    data = {"instance_group": [{"count": 1, "kind": "KIND_GPU"}]}
-    with pytest.raises(ValidationError, match="KIND_GPU is not supported yet"):
+def test_instance_group_gpu_sets_kind_and_gpus() -> None:
+    """KIND_GPU with gpus becomes instance_kind gpu on those device ids."""
+    data = {"instance_group": [{"count": 2, "kind": "KIND_GPU", "gpus": [0, 1]}]}
+    model = ModelConfig.model_validate(data)
+    assert (model.instance_count, model.instance_kind, model.gpus) == (2, "gpu", (0, 1))
+
+
+def test_instance_group_unknown_kind() -> None:
+    """An unknown instance kind names the valid ones."""
+    data = {"instance_group": [{"count": 1, "kind": "KIND_TPU"}]}
+    with pytest.raises(ValidationError, match="KIND_CPU, KIND_GPU or KIND_AUTO"):
         ModelConfig.model_validate(data)
+
+
+def test_isolation_defaults_to_process() -> None:
+    """Models run in worker processes unless isolation says thread."""
+    assert ModelConfig().isolation == "process"
+    assert ModelConfig(isolation="thread").isolation == "thread"
 
 
 def test_instance_group_needs_exactly_one_entry() -> None:

@@ -15,11 +15,19 @@ import socket
 from typing import Any
 
 import numpy as np
+import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 
 from sordino.testing import RunningServer
 from tests.server.helpers import Gate, stats, wait_for
+
+
+@pytest.fixture(scope="module")
+def server(thread_server: RunningServer) -> RunningServer:
+    """Batches are held inside the backend here, so the models run on server threads."""
+    return thread_server
+
 
 ONES = np.ones((1, 16), dtype=np.int32)
 

@@ -19,6 +19,12 @@ from tests.server.helpers import Gate, stats, wait_for
 
 
 @pytest.fixture(scope="module")
+def server(thread_server: RunningServer) -> RunningServer:
+    """Batches are held inside the backend here, so the models run on server threads."""
+    return thread_server
+
+
+@pytest.fixture(scope="module")
 def client(server: RunningServer) -> grpcclient.InferenceServerClient:
     return grpcclient.InferenceServerClient(server.grpc_url)
 

@@ -33,6 +33,8 @@ def _add_version(repo: Path, version: int, name: str = "simple") -> None:
     folder = repo / name / str(version)
     folder.mkdir(parents=True)
     shutil.copyfile(SIMPLE, folder / "model.onnx")
+    # Batches are held inside the backend (Gate), so the model runs on a server thread.
+    (repo / name / "config.yaml").write_text("isolation: thread\n")
 
 
 def _inputs() -> list[grpcclient.InferInput]:

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from sordino.telemetry.profile_data import OperatorProfile, parse_ort_profile
 from sordino.testing import RunningServer
+
+
+@pytest.fixture(scope="module")
+def server(thread_server: RunningServer) -> RunningServer:
+    """Batches are held inside the backend here, so the models run on server threads."""
+    return thread_server
+
 
 TRACE = [
     {"cat": "Session", "name": "model_run", "dur": 500},

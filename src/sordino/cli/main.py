@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from sordino import __version__
+from sordino.cli.chaos import chaos
 from sordino.cli.diagnose import diagnose
 from sordino.cli.models import models
 from sordino.cli.monitor import monitor
@@ -25,6 +26,7 @@ cli.add_command(models)
 cli.add_command(monitor)
 cli.add_command(profile)
 cli.add_command(diagnose)
+cli.add_command(chaos)
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ from sordino.config.schema import (
     EXECUTION_PROVIDERS,
     STRATEGY_NAMES,
     AllVersions,
+    DeviceConfig,
     DynamicBatchingConfig,
     DynamicBatchingStrategy,
     FallbackChainStrategy,
@@ -28,13 +29,16 @@ from sordino.config.schema import (
     StreamPriorityStrategy,
     TelemetryConfig,
     VersionPolicy,
+    WorkersConfig,
 )
+from sordino.config.threshold import Threshold, parse_threshold
 from sordino.config.units import Duration, Milliseconds, Size, parse_duration, parse_size
 
 __all__ = [
     "EXECUTION_PROVIDERS",
     "STRATEGY_NAMES",
     "AllVersions",
+    "DeviceConfig",
     "Duration",
     "DynamicBatchingConfig",
     "DynamicBatchingStrategy",
@@ -53,10 +57,13 @@ __all__ = [
     "Strategy",
     "StreamPriorityStrategy",
     "TelemetryConfig",
+    "Threshold",
     "VersionPolicy",
+    "WorkersConfig",
     "load_config",
     "load_model_config_file",
     "parse_duration",
     "parse_size",
+    "parse_threshold",
     "validate_config",
 ]

@@ -27,12 +27,15 @@ from pydantic import (
     model_validator,
 )
 
+from sordino.config.threshold import parse_threshold
 from sordino.config.units import Duration, Milliseconds, Size, parse_size
+from sordino.errors import ConfigError
 
 __all__ = [
     "EXECUTION_PROVIDERS",
     "STRATEGY_NAMES",
     "AllVersions",
+    "DeviceConfig",
     "DynamicBatchingConfig",
     "DynamicBatchingStrategy",
     "FallbackChainStrategy",
@@ -51,6 +54,7 @@ __all__ = [
     "StreamingConfig",
     "TelemetryConfig",
     "VersionPolicy",
+    "WorkersConfig",
 ]
 
 SchedulerMode = Literal["auto", "manual", "hybrid", "adaptive", "conservative", "ultra_low_latency"]
@@ -98,6 +102,8 @@ class ServerConfig(_Section):
     """Largest request body accepted; larger bodies get 413."""
     shutdown_timeout: Duration = 30.0
     """How long a graceful stop waits for in-flight requests before cancelling them."""
+    admin_token: str | None = Field(default=None, min_length=8, repr=False)
+    """Bearer token of the admin API (/v2/admin/...); env SORDINO_ADMIN_TOKEN if unset."""
 
 
 # --- telemetry ----------------------------------------------------------------------------
@@ -204,20 +210,49 @@ class StreamPriorityStrategy(_Section):
 
 
 class FallbackChainStrategy(_Section):
-    """Device fallback chain. Parsed so its shape is checked, then refused: not implemented."""
+    """Device fallback chain: every model runs on ``primary``, then on each fallback in order.
+
+    Each device has a circuit breaker that opens when ``switch_threshold`` holds over
+    its window (with at least ``min_requests`` batches in it), sends traffic down the
+    chain while open, and lets ``half_open_probes`` batches test the device after
+    ``cooldown`` before closing again.
+    """
 
     name: Literal["fallback_chain"]
     primary: str
-    fallbacks: tuple[str, ...]
+    """Name of the device (from ``devices``) that serves while it is healthy."""
+    fallbacks: tuple[str, ...] = Field(min_length=1)
+    """Devices to use, in order, while the ones before them are failing or missing."""
     switch_threshold: str = "error_rate>5% for 30s"
+    """When a device's breaker opens: '<metric> <op> <value> for <window>'."""
+    min_requests: int = Field(default=10, ge=1)
+    """Batches a window must hold before the threshold may open the breaker."""
+    cooldown: Duration = 5.0
+    """How long an open breaker waits before half-open probes test the device again."""
+    half_open_probes: int = Field(default=3, ge=1)
+    """Consecutive successful probe batches that close the breaker again."""
+
+    @field_validator("switch_threshold")
+    @classmethod
+    def _parsable(cls, text: str) -> str:
+        try:
+            parse_threshold(text)
+        except ConfigError as exc:  # pydantic reports only ValueError as a validation error
+            raise ValueError(str(exc)) from None
+        return text
 
     @model_validator(mode="after")
-    def _not_supported(self) -> FallbackChainStrategy:
-        # A configured feature that would be silently ignored is worse than a refusal.
-        raise ValueError(
-            "fallback_chain is not supported yet: device fallback chains arrive with "
-            "worker processes; remove the strategy"
-        )
+    def _distinct(self) -> FallbackChainStrategy:
+        chain = [self.primary, *self.fallbacks]
+        repeated = sorted({name for name in chain if chain.count(name) > 1})
+        if repeated:
+            raise ValueError(f"devices {repeated} appear more than once in the chain")
+        return self
+
+    @property
+    def chain(self) -> tuple[str, ...]:
+        """Device names in order: the primary, then the fallbacks."""
+        return (self.primary, *self.fallbacks)
 
 
 Strategy = Annotated[
@@ -252,6 +287,14 @@ class SchedulerConfig(_Section):
             if isinstance(strategy, DynamicBatchingStrategy):
                 return strategy
         return DynamicBatchingStrategy(name="dynamic_batching")
+
+    @property
+    def fallback_chain(self) -> FallbackChainStrategy | None:
+        """The ``fallback_chain`` strategy, or None when models run on one device."""
+        for strategy in self.strategies:
+            if isinstance(strategy, FallbackChainStrategy):
+                return strategy
+        return None
 
     @property
     def priority_rules(self) -> tuple[PriorityRule, ...]:
@@ -418,22 +461,28 @@ def _provider_name(name: object) -> object:
     raise ValueError(f"unknown execution provider {name!r}; valid: {choices}")
 
 
-def _triton_instance_count(groups: object) -> object:
+_KINDS = {"KIND_CPU": "cpu", "KIND_GPU": "gpu", "KIND_AUTO": "auto"}
+
+
+def _triton_instance_group(groups: object) -> dict[str, object]:
     if not isinstance(groups, list | tuple) or len(groups) != 1 or not isinstance(groups[0], dict):
         raise ValueError("instance_group must be a list with exactly one {count, kind} entry")
-    unknown = sorted(set(groups[0]) - {"count", "kind"})
+    unknown = sorted(set(groups[0]) - {"count", "kind", "gpus"})
     if unknown:
-        raise ValueError(f"instance_group keys {unknown} are not supported; use count and kind")
-    kind = groups[0].get("kind", "KIND_AUTO")
-    if kind == "KIND_GPU":
         raise ValueError(
-            "instance_group kind KIND_GPU is not supported yet: GPU instances arrive with "
-            "worker processes; use KIND_CPU or KIND_AUTO and pick the device with "
-            "execution_providers"
+            f"instance_group keys {unknown} are not supported; use count, kind and gpus"
         )
-    if kind not in ("KIND_CPU", "KIND_AUTO"):
-        raise ValueError(f"instance_group kind {kind!r} is not valid; use KIND_CPU or KIND_AUTO")
-    return groups[0].get("count", 1)
+    kind = groups[0].get("kind", "KIND_AUTO")
+    short = _KINDS.get(kind.upper(), kind.lower()) if isinstance(kind, str) else kind
+    if short not in ("cpu", "gpu", "auto"):
+        raise ValueError(
+            f"instance_group kind {kind!r} is not valid; use KIND_CPU, KIND_GPU or KIND_AUTO"
+        )
+    folded: dict[str, object] = {"instance_count": groups[0].get("count", 1)}
+    folded["instance_kind"] = short
+    if "gpus" in groups[0]:
+        folded["gpus"] = groups[0]["gpus"]
+    return folded
 
 
 class ModelConfig(_Section):
@@ -456,7 +505,13 @@ class ModelConfig(_Section):
     """Largest batch; None uses the scheduler's max_batch; 0 means never batch."""
     dynamic_batching: DynamicBatchingConfig = DynamicBatchingConfig()
     instance_count: int = Field(default=1, ge=1)
-    """Model instances (sessions) run in parallel."""
+    """Model instances (sessions) run in parallel, on each device the model runs on."""
+    instance_kind: Literal["cpu", "gpu", "auto"] = "auto"
+    """Where instances run: cpu, gpu (CUDA devices ``gpus``), auto (``execution_providers``)."""
+    gpus: tuple[Annotated[int, Field(ge=0)], ...] = ()
+    """CUDA device ids for ``instance_kind: gpu``; empty means device 0."""
+    isolation: Literal["process", "thread"] = "process"
+    """process: each instance in its own worker process; thread: inside the server."""
     execution_providers: tuple[Annotated[str, BeforeValidator(_provider_name)], ...] = (
         "CPUExecutionProvider",
     )
@@ -486,7 +541,7 @@ class ModelConfig(_Section):
         if "instance_group" in data:
             if "instance_count" in data:
                 raise ValueError("give instance_count or instance_group, not both")
-            data["instance_count"] = _triton_instance_count(data.pop("instance_group"))
+            data.update(_triton_instance_group(data.pop("instance_group")))
         flat = {key: data.pop(key) for key in _BATCHING_KEYS if key in data}
         if flat or data.get("dynamic_batching", {}) is None:
             nested = data.get("dynamic_batching") or {}
@@ -524,6 +579,43 @@ class ModelConfig(_Section):
         return self
 
 
+# --- devices and workers ------------------------------------------------------------------
+
+
+class DeviceConfig(_Section):
+    """One device a fallback chain can name: an ONNX Runtime provider and its settings."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    """Name used by ``fallback_chain`` and by chaos targets (``device:NAME``)."""
+    provider: Annotated[str, BeforeValidator(_provider_name)] = "CPUExecutionProvider"
+    """ONNX Runtime provider (aliases cpu, cuda, tensorrt, ... accepted)."""
+    device_id: int = Field(default=0, ge=0)
+    """Device index for CUDA/TensorRT providers; ignored for cpu."""
+    intra_op_threads: int | None = Field(default=None, ge=1)
+    """Threads per operator on this device; overrides the model's ``intra_op_threads``."""
+
+
+class WorkersConfig(_Section):
+    """How worker processes are watched, restarted and fed."""
+
+    heartbeat_timeout: Duration = 10.0
+    """A worker silent this long is hung: it is killed, its batch retried, it is restarted."""
+    execution_timeout: Duration = 60.0
+    """Longest one batch may run in a worker before the worker is replaced; 0 disables."""
+    start_timeout: Duration = 120.0
+    """Longest a worker may take to load its model and warm up."""
+    restart_backoff: Duration = 1.0
+    """Delay before the first restart; it doubles on each further failure."""
+    restart_backoff_max: Duration = 60.0
+    """The cap of the restart delay."""
+    restart_backoff_reset: Duration = 600.0
+    """A worker up this long without failing restarts with the first delay again."""
+    warmup_batches: int = Field(default=1, ge=0)
+    """Dummy batches a (re)started worker runs before it takes traffic."""
+    shared_memory: Size = Field(default=parse_size("256MB"), ge=4096)
+    """Size of the shared-memory arena that tensors travel through."""
+
+
 # --- the whole file -----------------------------------------------------------------------
 
 
@@ -538,12 +630,15 @@ class RuntimeConfig(_Section):
     """Everything sordino reads at start-up; one immutable snapshot."""
 
     server: ServerConfig = ServerConfig()
+    devices: tuple[DeviceConfig, ...] = ()
+    """Named devices a ``fallback_chain`` strategy chains together."""
     scheduler: SchedulerConfig = SchedulerConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     models: tuple[Annotated[ModelConfig, AfterValidator(_named_with_path)], ...] = ()
     """Explicitly listed models; each needs ``name`` and ``path``."""
     model_repository: ExpandedPath | None = None
     """A Triton-style folder with one sub-folder per model."""
+    workers: WorkersConfig = WorkersConfig()
 
     @model_validator(mode="after")
     def _poll_needs_repository(self) -> RuntimeConfig:
@@ -562,3 +657,39 @@ class RuntimeConfig(_Section):
         if repeated:
             raise ValueError(f"model names {repeated} are used more than once")
         return models
+
+    @field_validator("devices")
+    @classmethod
+    def _device_names_unique(cls, devices: tuple[DeviceConfig, ...]) -> tuple[DeviceConfig, ...]:
+        names = [device.name for device in devices]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"device names {repeated} are used more than once")
+        return devices
+
+    @field_validator("scheduler")
+    @classmethod
+    def _chain_names_devices(
+        cls, scheduler: SchedulerConfig, info: ValidationInfo
+    ) -> SchedulerConfig:
+        chain = scheduler.fallback_chain
+        devices = info.data.get("devices")
+        if chain is None or devices is None:
+            return scheduler
+        known = {device.name for device in devices}
+        missing = [name for name in chain.chain if name not in known]
+        if missing:
+            declared = ", ".join(sorted(known)) or "none"
+            raise ValueError(
+                f"fallback_chain names devices {missing} that are not declared under "
+                f"devices (declared: {declared}); add e.g. '- {{name: {missing[0]}, "
+                "provider: cpu}' to devices"
+            )
+        return scheduler
+
+    def device(self, name: str) -> DeviceConfig:
+        """Return the device called ``name``."""
+        for device in self.devices:
+            if device.name == name:
+                return device
+        raise KeyError(name)

@@ -1,1 +1,1 @@
-"""control: the admin side (profiling triggers; later hot reconfiguration and chaos)."""
+"""control: the admin side: chaos injection (admin API and its client), profiling triggers."""

@@ -13,11 +13,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from sordino.backends.base import Backend
 from sordino.errors import ModelNotReady
 from sordino.inference import ModelKey, Tensor
 
-__all__ = ["Executor", "ExecutorStatistics", "InProcessExecutor"]
+__all__ = ["Executor", "ExecutorStatistics", "InProcessExecutor", "assemble"]
 
 
 class Executor(Protocol):
@@ -95,3 +97,19 @@ class InProcessExecutor:
         total = sum(len(v) for v in self._all.values())
         idle = sum(q.qsize() for q in self._idle.values())
         return ExecutorStatistics(len(self._all), total, total - idle)
+
+
+async def assemble(
+    executor: Executor, model: ModelKey, parts: list[dict[str, Tensor]]
+) -> dict[str, Tensor]:
+    """Concatenate the inputs of several requests into one batch.
+
+    An executor may provide ``assemble(model, parts)`` to build the batch where it will
+    run (the chain executor writes it straight into the shared-memory arena, so the
+    batch is copied once); otherwise the arrays are concatenated here.
+    """
+    hook = getattr(executor, "assemble", None)
+    if hook is not None:
+        batch: dict[str, Tensor] = await hook(model, parts)
+        return batch
+    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}

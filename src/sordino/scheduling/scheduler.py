@@ -12,8 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-import numpy as np
-
 from sordino.clock import Clock, TimerHandle
 from sordino.errors import (
     Cancelled,
@@ -22,7 +20,7 @@ from sordino.errors import (
     ShuttingDown,
     SordinoError,
 )
-from sordino.execution.executor import Executor
+from sordino.execution.executor import Executor, assemble
 from sordino.inference import ModelKey, Tensor
 from sordino.scheduling.batcher import Dispatch, decide
 from sordino.scheduling.modes import ControllerStatistics, ModeController
@@ -303,17 +301,14 @@ class ModelScheduler:
         live = [item for item in items if not item.future.done()]
         if not live:
             return
-        t0 = self._clock.now()
-        if len(live) == 1:
-            batch = live[0].inputs
-        else:
-            batch = {
-                name: np.concatenate([item.inputs[name] for item in live])
-                for name in live[0].inputs
-            }
+        t0 = t1 = self._clock.now()
         rows = sum(item.rows for item in live)
-        t1 = self._clock.now()
         try:
+            if len(live) == 1:
+                batch = live[0].inputs
+            else:
+                batch = await assemble(self._executor, self.model, [item.inputs for item in live])
+            t1 = self._clock.now()
             outputs = await self._executor.run(self.model, batch)
         except asyncio.CancelledError:
             raise

@@ -19,6 +19,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from sordino import __version__
+from sordino.control.admin import admin_routes, admin_token
 from sordino.errors import MalformedBody, ModelNotReady, SordinoError
 from sordino.protocol.codec import (
     HEADER_CONTENT_LENGTH,
@@ -172,6 +173,8 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> Starlett
         Route("/metrics", _guard(runtime, metrics), methods=["GET"]),
         *observe_routes(runtime, functools.partial(_guard, runtime)),
     ]
+    token = admin_token(runtime.config.server.admin_token)
+    routes += admin_routes(runtime.executor, runtime.clock, token)
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes += [
             Route(prefix, _guard(runtime, model_metadata), methods=["GET"]),

@@ -49,7 +49,7 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
         "input": [_config_tensor(spec, batched) for spec in meta.inputs],
         "output": [_config_tensor(spec, batched) for spec in meta.outputs],
         "instance_group": [
-            {"name": f"{meta.name}_0", "kind": "KIND_CPU", "count": len(model.backends)}
+            {"name": f"{meta.name}_0", "kind": "KIND_CPU", "count": model.instances}
         ],
         "parameters": {
             "sordino_mode": {"string_value": scheduling.mode},

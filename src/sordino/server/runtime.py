@@ -19,13 +19,12 @@ import numpy as np
 
 from sordino.admission.chain import AdmissionChain, AdmissionContext, default_links
 from sordino.backends.base import Backend, ModelMetadata
-from sordino.backends.onnx import OnnxBackend
 from sordino.clock import Clock, MonotonicClock
 from sordino.config import RuntimeConfig
 from sordino.datatypes import to_numpy_dtype
 from sordino.errors import ModelNotReady, NotFound, ShuttingDown, SordinoError, Unsupported
 from sordino.events import EventSink
-from sordino.execution.executor import InProcessExecutor
+from sordino.execution.chain import ChainExecutor
 from sordino.inference import InferRequest, InferResponse, ModelKey, Tensor
 from sordino.models.repository import ModelSource
 from sordino.protocol.validate import validate_request
@@ -33,6 +32,7 @@ from sordino.scheduling.modes import BatchCurve, build_controller, measure_batch
 from sordino.scheduling.scheduler import ModelScheduler, SchedulerStatistics
 from sordino.scheduling.settings import ModelScheduling, scheduling_for
 from sordino.server.streaming import stream_spec_for
+from sordino.telemetry.execution_metrics import ExecutionCollector
 from sordino.telemetry.hub import Telemetry
 from sordino.telemetry.metrics import Metrics
 from sordino.telemetry.model_stats import ModelStats
@@ -53,6 +53,7 @@ class LoadedModel:
     scheduler: ModelScheduler
     curve: BatchCurve | None = None
     backends: list[Backend] = field(default_factory=list)
+    instances: int = 1
 
     @property
     def max_batch_size(self) -> int:
@@ -89,7 +90,7 @@ class Runtime:
         self.events = events or EventSink()
         self.metrics = Metrics()
         self.stats = ModelStats()
-        self.executor = InProcessExecutor()
+        self.executor = ChainExecutor(config, clock=self.clock, events=self.events)
         self.admission = AdmissionChain(default_links())
         self.telemetry = Telemetry(
             config.telemetry,
@@ -106,6 +107,7 @@ class Runtime:
         self._started = False
         self._stopping = False
         self.metrics.watch_schedulers(self.scheduler_statistics)
+        self.metrics.registry.register(ExecutionCollector(self.executor.statistics))
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -137,6 +139,7 @@ class Runtime:
                 await asyncio.gather(*pending)
         for model in models:
             await self.unload(model.key.name, model.key.version, drain=False)
+        await self.executor.aclose()
         self.events.emit("server_stopped", "runtime")
         await self.telemetry.stop()
 
@@ -156,24 +159,13 @@ class Runtime:
         if source.version in self._models.get(source.name, {}):
             raise ModelNotReady(f"model {key} is already loaded")
         config = source.config
-        backends: list[Backend] = []
-        loop = asyncio.get_running_loop()
-        for _ in range(config.instance_count):
-            backend = OnnxBackend(
-                name=source.name,
-                version=source.version,
-                providers=list(config.execution_providers),
-                intra_op_threads=config.intra_op_threads,
-            )
-            await loop.run_in_executor(None, backend.load, source.path, "cpu")
-            backends.append(backend)
-        metadata = backends[0].metadata
+        metadata = await self.executor.load(key, source.path, config)
+        instances = self.executor.instances(key)
         if config.streaming is not None:
             spec = stream_spec_for(config.streaming, metadata)
             metadata = dataclasses.replace(metadata, stream=spec)
-        self.executor.register(key, backends)
         scheduling = scheduling_for(
-            self.config.scheduler, config, batched=metadata.batched, instances=len(backends)
+            self.config.scheduler, config, batched=metadata.batched, instances=instances
         )
         try:
             await self.executor.run(key, dummy_batch(metadata, 1))  # warm-up
@@ -185,7 +177,7 @@ class Runtime:
 
                 curve = await measure_batch_curve(run, self.clock, scheduling.policy.max_batch)
         except Exception:
-            self.executor.unregister(key)
+            await self.executor.unload(key)
             raise
         controller = build_controller(scheduling.mode, scheduling.policy, scheduling.slo_s, curve)
         scheduler = ModelScheduler(
@@ -198,14 +190,18 @@ class Runtime:
             observers=(self.metrics, self.stats, self.telemetry.series),
         )
         scheduler.start()
-        model = LoadedModel(source, key, metadata, scheduling, scheduler, curve, backends)
+        model = LoadedModel(
+            source, key, metadata, scheduling, scheduler, curve,
+            self.executor.local_backends(key), instances,
+        )  # fmt: skip
         self._models.setdefault(source.name, {})[source.version] = model
         self.events.emit(
             "model_loaded",
             str(key),
             mode=controller.statistics().effective_mode,
             max_batch=scheduling.policy.max_batch,
-            instances=len(backends),
+            instances=instances,
+            isolation=config.isolation,
             slo_p99_ms=scheduling.slo_s * 1000,
         )
         return model
@@ -219,8 +215,7 @@ class Runtime:
         if not versions:
             self._models.pop(name, None)
         await model.scheduler.close(drain=drain)
-        for backend in self.executor.unregister(model.key):
-            backend.unload()
+        await self.executor.unload(model.key)
         self.stats.forget(model.key)
         self.events.emit("model_unloaded", str(model.key))
 

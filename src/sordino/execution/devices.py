@@ -1,0 +1,117 @@
+"""Devices: where model instances run, and which ones this machine actually has.
+
+Without a ``fallback_chain`` a model runs on one tier of devices chosen by its
+instance group (``cpu``, ``gpu`` with its ``gpus`` ids, or ``auto`` which follows the
+model's ``execution_providers``). With a chain, every model runs ``instance_count``
+instances on every available device of the chain, in chain order, so a switch finds a
+warm instance waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from sordino.config import EXECUTION_PROVIDERS, ModelConfig, RuntimeConfig
+
+__all__ = ["Device", "Tier", "available_providers", "chain_devices", "model_tiers"]
+
+log = logging.getLogger("sordino.devices")
+
+_ACCELERATED = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One place to run instances: an ONNX Runtime provider list and a device index."""
+
+    name: str
+    providers: tuple[str, ...]
+    device_id: int | None = None
+    intra_op_threads: int | None = None
+
+    @property
+    def target(self) -> str:
+        """What the backend's ``load`` gets: ``cpu`` or ``cuda:N``."""
+        if self.device_id is not None and self.providers[0] in _ACCELERATED:
+            return f"cuda:{self.device_id}"
+        return "cpu"
+
+    @property
+    def kind(self) -> str:
+        return "gpu" if self.providers[0] in _ACCELERATED else "cpu"
+
+
+@dataclass(frozen=True, slots=True)
+class Tier:
+    """One link of a model's chain: a name (its breaker's) and the devices it spans."""
+
+    name: str
+    devices: tuple[Device, ...]
+
+
+def available_providers() -> list[str]:
+    """The execution providers of this onnxruntime build."""
+    import onnxruntime as ort
+
+    return list(ort.get_available_providers())
+
+
+def chain_devices(config: RuntimeConfig) -> list[Device] | None:
+    """The devices of the configured fallback chain, in order; None without a chain."""
+    chain = config.scheduler.fallback_chain
+    if chain is None:
+        return None
+    devices = []
+    for name in chain.chain:
+        spec = config.device(name)
+        devices.append(
+            Device(
+                name=spec.name,
+                providers=(spec.provider,),
+                device_id=spec.device_id if spec.provider in _ACCELERATED else None,
+                intra_op_threads=spec.intra_op_threads,
+            )
+        )
+    return devices
+
+
+def model_tiers(model: ModelConfig, chain: list[Device] | None) -> list[Tier]:
+    """The tiers ``model`` runs on, best first (one tier without a fallback chain)."""
+    if chain is not None:
+        return [
+            Tier(
+                device.name,
+                (
+                    Device(
+                        device.name,
+                        device.providers,
+                        device.device_id,
+                        device.intra_op_threads or model.intra_op_threads,
+                    ),
+                ),
+            )
+            for device in chain
+        ]
+    threads = model.intra_op_threads
+    providers: tuple[str, ...] = tuple(model.execution_providers)
+    if model.instance_kind == "gpu":
+        providers = (EXECUTION_PROVIDERS["cuda"],)
+    elif model.instance_kind == "cpu":
+        providers = (EXECUTION_PROVIDERS["cpu"],)
+    if providers[0] in _ACCELERATED:
+        ids = model.gpus or (0,)
+        devices = tuple(Device(f"gpu{i}", providers, i, threads) for i in ids)
+        return [Tier("gpu", devices)]
+    return [Tier("cpu", (Device("cpu", providers, None, threads),))]
+
+
+def missing_provider(device: Device) -> str | None:
+    """Why ``device`` cannot run on this machine, or None when its provider exists."""
+    available = available_providers()
+    absent = [p for p in device.providers if p not in available]
+    if not absent:
+        return None
+    return (
+        f"{', '.join(absent)} is not in this onnxruntime build (available: {', '.join(available)})"
+    )

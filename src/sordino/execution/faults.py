@@ -1,0 +1,224 @@
+"""Fault injection (chaos): faults chosen here, carried out for real inside the worker.
+
+An operator (or a test) injects a fault on a target: ``device:NAME`` (every instance
+on that device) or ``worker:MODEL`` / ``worker:MODEL/N`` (every instance of a model,
+or its N-th). For each batch the executor asks :meth:`FaultRegistry.pick` whether a
+fault hits it (``rate`` is the chance per batch); the chosen :class:`FaultAction`
+travels with the batch and :func:`perform` carries it out where the model runs:
+
+- ``error``: a real exception raised instead of running the model;
+- ``latency``: a real sleep before the model runs;
+- ``crash``: the worker process exits (code 70) in the middle of the batch;
+- ``hang``: the worker process stops itself (SIGSTOP): no result, no heartbeat;
+- ``oom``: a real allocation far beyond any machine's memory (MemoryError).
+
+Every injection, clearing and expiry is an event.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import signal
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, get_args
+
+from sordino.clock import Clock
+from sordino.errors import InvalidRequest
+from sordino.events import EventSink
+
+__all__ = [
+    "CRASH_EXIT_CODE",
+    "FaultAction",
+    "FaultKind",
+    "FaultRegistry",
+    "FaultSpec",
+    "InjectedFault",
+    "Target",
+    "parse_target",
+    "perform",
+]
+
+FaultKind = Literal["error", "latency", "crash", "hang", "oom"]
+FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
+CRASH_EXIT_CODE = 70
+
+
+class InjectedFault(RuntimeError):
+    """The exception an ``error`` fault raises inside the worker."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What a fault hits: a device by name, or a model's instances (one, or all)."""
+
+    kind: Literal["device", "worker"]
+    name: str
+    index: int | None = None
+
+    def __str__(self) -> str:
+        suffix = f"/{self.index}" if self.index is not None else ""
+        return f"{self.kind}:{self.name}{suffix}"
+
+
+def parse_target(text: str) -> Target:
+    """Parse ``device:NAME``, ``worker:MODEL`` or ``worker:MODEL/N``."""
+    kind, _, rest = text.partition(":")
+    if kind not in ("device", "worker") or not rest:
+        raise InvalidRequest(
+            f"invalid fault target {text!r}: use device:NAME, worker:MODEL or worker:MODEL/N"
+        )
+    if kind == "device":
+        return Target("device", rest)
+    name, _, index = rest.partition("/")
+    if index and not index.isdigit():
+        raise InvalidRequest(f"invalid fault target {text!r}: the instance N must be a number")
+    return Target("worker", name, int(index) if index else None)
+
+
+@dataclass(frozen=True, slots=True)
+class FaultAction:
+    """One fault to carry out on one batch (picklable; sent to the worker)."""
+
+    kind: FaultKind
+    latency_s: float = 0.0
+    fault_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class FaultSpec:
+    """An injected fault: what, where, how often, for how long."""
+
+    id: str
+    target: Target
+    kind: FaultKind
+    rate: float
+    latency_s: float
+    created: float
+    expires: float | None
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        data = asdict(self)
+        data["target"] = str(self.target)
+        data["remaining_s"] = None if self.expires is None else max(0.0, self.expires - now)
+        del data["created"], data["expires"]
+        return data
+
+
+def perform(action: FaultAction, *, in_process: bool) -> None:
+    """Carry out ``action`` here, where the model runs. Returns only for ``latency``."""
+    if action.kind == "latency":
+        time.sleep(action.latency_s)
+        return
+    if action.kind == "error":
+        raise InjectedFault(f"injected error fault {action.fault_id}")
+    if action.kind == "oom":
+        import numpy as np
+
+        # A real allocation request that no allocator can satisfy (1 PiB).
+        np.empty(1 << 50, dtype=np.uint8)
+        raise MemoryError("the allocation unexpectedly succeeded")
+    if in_process:  # never take the server down with its own chaos
+        raise InjectedFault(f"{action.kind} fault on a thread-isolated instance")
+    if action.kind == "crash":
+        os._exit(CRASH_EXIT_CODE)
+    if action.kind == "hang":
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
+
+
+class FaultRegistry:
+    """The injected faults, their expiry on the clock, and the per-batch choice."""
+
+    def __init__(self, clock: Clock, events: EventSink, *, seed: int | None = None) -> None:
+        self._clock = clock
+        self._events = events
+        self._faults: dict[str, FaultSpec] = {}
+        self._ids = itertools.count(1)
+        self._random = random.Random(seed)
+        self.applied = 0
+
+    def inject(
+        self,
+        target: Target,
+        kind: str,
+        *,
+        rate: float = 1.0,
+        latency_s: float = 0.2,
+        duration_s: float | None = None,
+        cause: str = "chaos API",
+    ) -> FaultSpec:
+        """Add a fault; it hits each matching batch with probability ``rate``."""
+        if kind not in FAULT_KINDS:
+            raise InvalidRequest(f"unknown fault {kind!r}; use one of {', '.join(FAULT_KINDS)}")
+        if not 0 < rate <= 1:
+            raise InvalidRequest(f"fault rate {rate} must lie in (0, 1]")
+        if latency_s < 0 or (duration_s is not None and duration_s <= 0):
+            raise InvalidRequest("latency must be >= 0 and duration > 0")
+        now = self._clock.now()
+        spec = FaultSpec(
+            id=f"f{next(self._ids)}",
+            target=target,
+            kind=kind,  # type: ignore[arg-type]
+            rate=rate,
+            latency_s=latency_s if kind == "latency" else 0.0,
+            created=now,
+            expires=now + duration_s if duration_s else None,
+        )
+        self._faults[spec.id] = spec
+        self._events.emit(
+            "fault_injected",
+            str(target),
+            cause,
+            id=spec.id,
+            fault=kind,
+            rate=rate,
+            latency_s=spec.latency_s,
+            duration_s=duration_s,
+        )
+        return spec
+
+    def clear(self, fault_id: str | None = None, *, cause: str = "chaos API") -> list[FaultSpec]:
+        """Remove one fault (by id) or all of them; return what was removed."""
+        if fault_id is not None and fault_id not in self._faults:
+            raise InvalidRequest(
+                f"no fault {fault_id!r}; active: {', '.join(self._faults) or 'none'}"
+            )
+        ids = [fault_id] if fault_id is not None else list(self._faults)
+        removed = [self._faults.pop(i) for i in ids]
+        for spec in removed:
+            self._events.emit("fault_cleared", str(spec.target), cause, id=spec.id, fault=spec.kind)
+        return removed
+
+    def active(self) -> list[FaultSpec]:
+        """The faults in force now (expired ones are dropped, with an event)."""
+        now = self._clock.now()
+        for spec in list(self._faults.values()):
+            if spec.expires is not None and now >= spec.expires:
+                del self._faults[spec.id]
+                self._events.emit(
+                    "fault_cleared",
+                    str(spec.target),
+                    "duration elapsed",
+                    id=spec.id,
+                    fault=spec.kind,
+                )
+        return list(self._faults.values())
+
+    def pick(self, model: str, index: int, device: str) -> FaultAction | None:
+        """Return the fault that hits a batch on instance ``index`` of ``model`` on ``device``."""
+        if not self._faults:
+            return None
+        for spec in self.active():
+            target = spec.target
+            if target.kind == "device":
+                if target.name != device:
+                    continue
+            elif target.name != model or target.index not in (None, index):
+                continue
+            if spec.rate >= 1 or self._random.random() < spec.rate:
+                self.applied += 1
+                return FaultAction(spec.kind, spec.latency_s, spec.id)
+        return None

@@ -1,0 +1,329 @@
+"""Model instances: a supervised worker process, or a backend on a thread of the server.
+
+A :class:`ProcessInstance` owns one worker slot. When its worker exits, is killed,
+stops sending heartbeats or overruns a batch, the instance records why, waits out its
+restart backoff on the runtime's clock, starts a replacement (which loads and warms
+up before it says ready) and only then takes traffic again. Every failure and every
+restart is an event with its cause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sordino.backends.base import ModelMetadata
+from sordino.backends.onnx import OnnxBackend
+from sordino.clock import Clock
+from sordino.config import WorkersConfig
+from sordino.events import EventSink
+from sordino.execution.backoff import RestartBackoff
+from sordino.execution.devices import Device
+from sordino.execution.faults import FaultAction, perform
+from sordino.execution.worker import WorkerError, WorkerLost, WorkerProcess
+from sordino.execution.worker_main import WorkerSpec
+from sordino.inference import ModelKey, Tensor
+from sordino.memory.allocator import Block
+from sordino.memory.tensors import TensorHandle, read_tensor
+
+__all__ = ["ProcessInstance", "StagedBatch", "ThreadInstance", "WorkerStatistics"]
+
+log = logging.getLogger("sordino.workers")
+
+InstanceState = Literal["starting", "ready", "restarting", "stopped"]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStatistics:
+    """One model instance: where it runs, whether it serves, how often it was replaced."""
+
+    model: str
+    version: str
+    index: int
+    tier: str
+    device: str
+    isolation: str
+    state: InstanceState
+    busy: bool
+    pid: int | None
+    restarts: int
+    batches: int
+    failures: int
+    last_cause: str
+
+
+@dataclass(slots=True)
+class StagedBatch:
+    """A batch ready to run: its arrays, and (process isolation) its place in the arena."""
+
+    arrays: dict[str, Tensor]
+    handles: dict[str, TensorHandle] = field(default_factory=dict)
+    space: dict[str, TensorHandle] = field(default_factory=dict)
+    blocks: list[Block] = field(default_factory=list)
+    allocate: Callable[[dict[str, int]], Awaitable[dict[str, TensorHandle]]] | None = None
+    buffer: memoryview | None = None
+
+
+class _Base:
+    isolation = "thread"
+
+    def __init__(self, key: ModelKey, index: int, tier: str, device: Device) -> None:
+        self.key = key
+        self.index = index
+        self.tier = tier
+        self.device = device
+        self.state: InstanceState = "starting"
+        self.busy = False
+        self.batches = self.failures = self.restarts = 0
+        self.last_cause = ""
+
+    @property
+    def subject(self) -> str:
+        return f"{self.key.name}/{self.index}"
+
+    @property
+    def serving(self) -> bool:
+        return self.state == "ready"
+
+    def _pid(self) -> int | None:
+        return None
+
+    def statistics(self) -> WorkerStatistics:
+        return WorkerStatistics(
+            model=self.key.name,
+            version=self.key.version,
+            index=self.index,
+            tier=self.tier,
+            device=self.device.name,
+            isolation=self.isolation,
+            state=self.state,
+            busy=self.busy,
+            pid=self._pid(),
+            restarts=self.restarts,
+            batches=self.batches,
+            failures=self.failures,
+            last_cause=self.last_cause,
+        )
+
+
+class ThreadInstance(_Base):
+    """A backend loaded in the server process, run on a thread of its own."""
+
+    isolation = "thread"
+
+    def __init__(self, key: ModelKey, index: int, tier: str, device: Device, path: str) -> None:
+        super().__init__(key, index, tier, device)
+        self._path = path
+        self._backend = OnnxBackend(
+            name=key.name,
+            version=key.version,
+            providers=list(device.providers),
+            intra_op_threads=device.intra_op_threads,
+        )
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sordino-{key.name}")
+
+    @property
+    def backend(self) -> OnnxBackend:
+        """The in-process backend (tests hold batches on it; profiling swaps its session)."""
+        return self._backend
+
+    async def open(self) -> ModelMetadata:
+        from pathlib import Path
+
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(
+            self._pool, self._backend.load, Path(self._path), self.device.target
+        )
+        self.state = "ready"
+        return self._backend.metadata
+
+    async def run(self, batch: StagedBatch, fault: FaultAction | None) -> dict[str, Tensor]:
+        def call() -> dict[str, Tensor]:
+            if fault is not None:
+                perform(fault, in_process=True)
+            return self._backend.infer(batch.arrays)
+
+        loop = asyncio.get_running_loop()
+        self.batches += 1
+        try:
+            return await loop.run_in_executor(self._pool, call)
+        except MemoryError as exc:
+            self.failures += 1
+            raise WorkerError("oom", f"MemoryError: {exc}") from None
+        except Exception as exc:
+            self.failures += 1
+            raise WorkerError("error", f"{type(exc).__name__}: {exc}") from None
+
+    async def aclose(self) -> None:
+        self.state = "stopped"
+        self._pool.shutdown(wait=False)
+        self._backend.unload()
+
+
+class ProcessInstance(_Base):
+    """A worker-process slot: keeps one healthy worker running, restarting as needed."""
+
+    isolation = "process"
+
+    def __init__(
+        self,
+        key: ModelKey,
+        index: int,
+        tier: str,
+        device: Device,
+        spec: WorkerSpec,
+        *,
+        settings: WorkersConfig,
+        clock: Clock,
+        events: EventSink,
+        notify: Callable[[], None],
+    ) -> None:
+        super().__init__(key, index, tier, device)
+        self._spec = spec
+        self._settings = settings
+        self._clock = clock
+        self._events = events
+        self._notify = notify
+        self._backoff = RestartBackoff(
+            settings.restart_backoff, settings.restart_backoff_max, settings.restart_backoff_reset
+        )
+        self._worker: WorkerProcess | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self._closing = False
+
+    def _pid(self) -> int | None:
+        return self._worker.pid if self._worker is not None else None
+
+    @property
+    def pid(self) -> int | None:
+        return self._pid()
+
+    @property
+    def serving(self) -> bool:
+        return self.state == "ready" and self._worker is not None and self._worker.alive
+
+    async def open(self) -> ModelMetadata:
+        """Start the first worker; raise :class:`ModelLoadError` if it cannot load."""
+        metadata = await self._start_worker()
+        self._watch = asyncio.get_running_loop().create_task(
+            self._supervise(), name=f"sordino-watch-{self.subject}"
+        )
+        return metadata
+
+    async def run(self, batch: StagedBatch, fault: FaultAction | None) -> dict[str, Tensor]:
+        worker = self._worker
+        if worker is None or not self.serving:
+            raise WorkerLost("the worker is restarting")
+        assert batch.allocate is not None and batch.buffer is not None
+        self.batches += 1
+        try:
+            outputs, _ = await worker.run(
+                batch.handles,
+                batch.space,
+                fault,
+                batch.allocate,
+                self._settings.execution_timeout,
+            )
+        except (WorkerLost, WorkerError):
+            self.failures += 1
+            raise
+        return {name: read_tensor(batch.buffer, handle) for name, handle in outputs.items()}
+
+    def kill(self, cause: str) -> None:
+        """Kill the current worker (it is then replaced as after any failure)."""
+        if self._worker is not None:
+            self._worker.kill(cause)
+
+    async def aclose(self) -> None:
+        self._closing = True
+        self.state = "stopped"
+        if self._watch is not None:
+            self._watch.cancel()
+        if self._worker is not None:
+            await self._worker.stop()
+
+    # -- supervision -----------------------------------------------------------------
+
+    async def _start_worker(self) -> ModelMetadata:
+        self.state = "starting"
+        worker = WorkerProcess(self._spec, self._clock)
+        self._worker = worker
+        metadata = await worker.start(self._settings.start_timeout)
+        self._backoff.started(self._clock.now())
+        self.state = "ready"
+        self._notify()
+        return metadata
+
+    async def _supervise(self) -> None:
+        interval = max(0.02, min(1.0, self._settings.heartbeat_timeout / 4))
+        while not self._closing:
+            worker = self._worker
+            assert worker is not None
+            cause = await self._watch_worker(worker, interval)
+            if self._closing:
+                return
+            failed_at = self._clock.now()
+            self.state = "restarting"
+            self.last_cause = cause
+            self._notify()
+            delay = self._backoff.next_delay(failed_at)
+            log.warning(
+                "worker %s (pid %s) %s; restarting in %g s", self.subject, worker.pid, cause, delay
+            )
+            self._events.emit(
+                "worker_failed",
+                self.subject,
+                cause,
+                version=self.key.version,
+                device=self.device.name,
+                pid=worker.pid,
+                restart_in_s=delay,
+            )
+            await self._clock.sleep(delay)
+            while not self._closing:
+                try:
+                    await self._start_worker()
+                    break
+                except Exception as exc:
+                    delay = self._backoff.next_delay(self._clock.now())
+                    self.last_cause = f"restart failed: {exc}"
+                    self._events.emit(
+                        "worker_start_failed", self.subject, str(exc), retry_in_s=delay
+                    )
+                    await self._clock.sleep(delay)
+            if self._closing:
+                return
+            self.restarts += 1
+            assert self._worker is not None
+            self._events.emit(
+                "worker_restarted",
+                self.subject,
+                cause,
+                version=self.key.version,
+                device=self.device.name,
+                pid=self._worker.pid,
+                restarts=self.restarts,
+                downtime_s=self._clock.now() - failed_at,
+                load_s=self._worker.load_s,
+            )
+
+    async def _watch_worker(self, worker: WorkerProcess, interval: float) -> str:
+        """Return the cause once ``worker`` is gone; kill it if its heartbeat stops."""
+        timeout = self._settings.heartbeat_timeout
+        while not worker.dead.done():
+            tick = asyncio.ensure_future(self._clock.sleep(interval))
+            waiting: set[asyncio.Future[Any]] = {tick, worker.dead}
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            tick.cancel()
+            silent = self._clock.now() - worker.last_beat
+            if not worker.dead.done() and worker.alive and silent > timeout:
+                worker.kill(f"hang: no heartbeat for {silent:.1f} s (timeout {timeout:g} s)")
+            if not worker.alive and self.state == "ready":
+                # Killed (hang, timeout): stop routing to it before the exit is seen.
+                self.state = "restarting"
+                self._notify()
+        return worker.dead.result()

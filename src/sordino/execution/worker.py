@@ -1,0 +1,261 @@
+"""The server's handle on one worker process: start, run a batch, watch it, kill it.
+
+A reader thread per worker blocks on the pipe and hands each message to the event
+loop; end-of-file means the process is gone, and the exit code or signal becomes the
+cause. Killing a worker (hang, execution timeout, shutdown) fails its batch at once
+with :class:`WorkerLost`, whatever the process does next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+from collections.abc import Awaitable, Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from sordino.backends.base import ModelMetadata
+from sordino.clock import Clock
+from sordino.errors import ModelLoadError
+from sordino.execution.faults import FaultAction
+from sordino.execution.worker_main import WorkerSpec, worker_main
+from sordino.memory.tensors import TensorHandle
+
+__all__ = ["WorkerError", "WorkerLost", "WorkerProcess"]
+
+log = logging.getLogger("sordino.workers")
+
+_SPAWN = multiprocessing.get_context("spawn")
+
+Allocate = Callable[[dict[str, int]], Awaitable[dict[str, TensorHandle]]]
+
+
+class WorkerLost(Exception):
+    """The worker died, hung or timed out with the batch; ``cause`` says which."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(cause)
+        self.cause = cause
+
+
+class WorkerError(Exception):
+    """The model raised inside the worker; the worker itself is fine."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def describe_exit(code: int | None) -> str:
+    """``exited with code 3`` / ``killed by SIGKILL``."""
+    if code is None:
+        return "exited"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class WorkerProcess:
+    """One spawned worker process and its pipe."""
+
+    def __init__(self, spec: WorkerSpec, clock: Clock) -> None:
+        self.spec = spec
+        self._clock = clock
+        self._loop = asyncio.get_running_loop()
+        self._conn, child = _SPAWN.Pipe(duplex=True)
+        self._child_conn: Connection | None = child
+        self._process = _SPAWN.Process(
+            target=worker_main,
+            args=(spec, child),
+            name=f"sordino-{spec.model}-{spec.index}",
+            daemon=True,
+        )
+        self._ids = itertools.count(1)
+        self._ready: asyncio.Future[ModelMetadata] = self._loop.create_future()
+        self.dead: asyncio.Future[str] = self._loop.create_future()
+        self._pending: dict[int, asyncio.Future[tuple[dict[str, TensorHandle], float]]] = {}
+        self._allocate: dict[int, Allocate] = {}
+        self._kill_cause: str | None = None
+        self._broken = False
+        self.pid: int | None = None
+        self.last_beat = clock.now()
+        self.load_s = 0.0
+
+    @property
+    def alive(self) -> bool:
+        return not self.dead.done() and self._kill_cause is None and not self._broken
+
+    async def start(self, timeout_s: float) -> ModelMetadata:
+        """Spawn the process; return the model's metadata once it has warmed up."""
+        await self._loop.run_in_executor(None, self._process.start)
+        assert self._child_conn is not None
+        self._child_conn.close()  # our copy; the child's end closing must mean EOF here
+        self._child_conn = None
+        self.pid = self._process.pid
+        threading.Thread(
+            target=self._read, daemon=True, name=f"sordino-reader-{self.spec.model}"
+        ).start()
+        waiting: set[asyncio.Future[Any]] = {self._ready, self.dead}
+        done, _ = await asyncio.wait(
+            waiting, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
+        if self._ready in done:
+            self.last_beat = self._clock.now()
+            return self._ready.result()
+        if not done:
+            self.kill(f"did not start within {timeout_s:g} s")
+            raise ModelLoadError(
+                f"worker for {self.spec.model} did not load and warm up within {timeout_s:g} s; "
+                "raise workers.start_timeout"
+            )
+        if self._ready.done() and self._ready.exception() is not None:
+            raise self._ready.exception()  # type: ignore[misc]
+        raise ModelLoadError(f"worker for {self.spec.model} {self.dead.result()} while starting")
+
+    async def run(
+        self,
+        inputs: dict[str, TensorHandle],
+        space: dict[str, TensorHandle],
+        fault: FaultAction | None,
+        allocate: Allocate,
+        timeout_s: float,
+    ) -> tuple[dict[str, TensorHandle], float]:
+        """Run one batch; return its output handles and the time the model took.
+
+        Raises :class:`WorkerLost` if the worker dies, is killed or exceeds
+        ``timeout_s`` (0: no limit), :class:`WorkerError` if the model raised.
+        """
+        if not self.alive:
+            raise WorkerLost(self._kill_cause or "the worker is not running")
+        batch_id = next(self._ids)
+        future: asyncio.Future[tuple[dict[str, TensorHandle], float]] = self._loop.create_future()
+        self._pending[batch_id] = future
+        self._allocate[batch_id] = allocate
+        timer = None
+        if timeout_s > 0:
+            timer = self._clock.call_at(
+                self._clock.now() + timeout_s,
+                lambda: self.kill(f"execution timeout: a batch ran over {timeout_s:g} s"),
+            )
+        try:
+            self._conn.send(("run", batch_id, inputs, space, fault))
+            return await future
+        except OSError as exc:
+            # The process is gone; its exit (and the real cause) is reported by the reader.
+            self._broken = True
+            raise WorkerLost(f"the worker is gone ({exc.strerror or exc})") from None
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._pending.pop(batch_id, None)
+            self._allocate.pop(batch_id, None)
+
+    def kill(self, cause: str) -> None:
+        """SIGKILL the process (it may be hung or stopped); fail its batch with ``cause``."""
+        if self._kill_cause is not None or self.dead.done():
+            return
+        self._kill_cause = cause
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+        self._fail_pending(cause)
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Ask the worker to exit; kill it if it has not within ``timeout_s``."""
+        if self.dead.done():
+            return
+        if self.pid is None:
+            self._kill_cause = "stopped"
+            self.dead.set_result("stopped")
+            return
+        with contextlib.suppress(OSError):
+            self._conn.send(("stop",))
+        try:
+            await asyncio.wait_for(asyncio.shield(self.dead), timeout_s)
+        except TimeoutError:
+            self.kill("did not stop in time")
+            await asyncio.wait_for(asyncio.shield(self.dead), timeout_s)
+
+    # -- the reader thread and its callbacks -----------------------------------------
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self._conn.recv()
+            except (EOFError, OSError):
+                break
+            if not self._post(self._on_message, message):
+                return
+        self._process.join(timeout=10)
+        self._post(self._on_exit, self._process.exitcode)
+
+    def _post(self, callback: Callable[[Any], None], arg: Any) -> bool:
+        try:
+            self._loop.call_soon_threadsafe(callback, arg)
+        except RuntimeError:  # the loop is closed: the server is gone
+            return False
+        return True
+
+    def _on_message(self, message: tuple[Any, ...]) -> None:
+        self.last_beat = self._clock.now()
+        kind = message[0]
+        if kind == "hb":
+            return
+        if kind == "ready":
+            _, metadata, pid, load_s = message
+            self.pid, self.load_s = pid, load_s
+            if not self._ready.done():
+                self._ready.set_result(metadata)
+        elif kind == "load_failed":
+            if not self._ready.done():
+                self._ready.set_exception(ModelLoadError(message[1]))
+        elif kind == "done":
+            _, batch_id, outputs, infer_s = message
+            future = self._pending.get(batch_id)
+            if future is not None and not future.done():
+                future.set_result((outputs, infer_s))
+        elif kind == "error":
+            _, batch_id, error_kind, text = message
+            future = self._pending.get(batch_id)
+            if future is not None and not future.done():
+                future.set_exception(WorkerError(error_kind, text))
+        elif kind == "alloc":
+            _, batch_id, sizes = message
+            self._loop.create_task(self._serve_alloc(batch_id, sizes))
+
+    async def _serve_alloc(self, batch_id: int, sizes: dict[str, int]) -> None:
+        allocate = self._allocate.get(batch_id)
+        if allocate is None:
+            return
+        try:
+            space = await allocate(sizes)
+            self._conn.send(("alloc_ok", batch_id, space))
+        except Exception as exc:
+            future = self._pending.get(batch_id)
+            if future is not None and not future.done():
+                future.set_exception(WorkerError("error", f"cannot place outputs: {exc}"))
+            self.kill(f"output allocation failed: {exc}")
+
+    def _on_exit(self, code: int | None) -> None:
+        cause = self._kill_cause or describe_exit(code)
+        self._fail_pending(cause)
+        if not self._ready.done():
+            self._ready.set_exception(ModelLoadError(f"worker {cause} while loading"))
+            self._ready.exception()
+        if not self.dead.done():
+            self.dead.set_result(cause)
+        self._conn.close()
+
+    def _fail_pending(self, cause: str) -> None:
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(WorkerLost(cause))

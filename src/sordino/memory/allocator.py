@@ -1,0 +1,169 @@
+"""A best-fit allocator over one contiguous range of bytes, with size-class bins.
+
+Free blocks are kept in bins by size class (powers of two of the alignment unit).
+Best fit: the smallest free block that holds the request is found in the request's
+own bin (bisecting its size-sorted list) or, failing that, is the smallest block of
+the next non-empty bin, since every block of a higher bin is larger. A released block
+merges with its free neighbours at once (coalescing), so two adjacent holes never
+stay apart. Offsets and sizes are multiples of :data:`ALIGNMENT`.
+
+The allocator only does arithmetic on offsets; :class:`sordino.memory.Arena` puts it
+over a shared-memory segment. It is not thread-safe: its owner serialises calls.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from sordino.errors import OutOfMemory
+
+__all__ = ["ALIGNMENT", "Allocator", "AllocatorStatistics", "Block"]
+
+ALIGNMENT = 64
+"""Every block starts on, and is sized in, multiples of 64 bytes (a cache line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """A reserved range of the arena: ``size`` bytes (aligned) at ``offset``."""
+
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatorStatistics:
+    """Bytes reserved, in use and free, and how scattered the free bytes are.
+
+    ``fragmentation`` is ``1 - largest_free / free`` (0 when nothing is free): 0 means
+    every free byte is in one block, values near 1 mean the free bytes are scattered
+    in holes too small to be useful.
+    """
+
+    reserved_bytes: int
+    in_use_bytes: int
+    peak_bytes: int
+    free_bytes: int
+    largest_free: int
+    free_blocks: int
+    used_blocks: int
+    fragmentation: float
+    acquired: int
+    failed: int
+
+
+def _aligned(nbytes: int) -> int:
+    return max(ALIGNMENT, -(-nbytes // ALIGNMENT) * ALIGNMENT)
+
+
+def _size_class(size: int) -> int:
+    return (size // ALIGNMENT).bit_length() - 1
+
+
+class Allocator:
+    """Best-fit allocation with coalescing over ``capacity`` bytes."""
+
+    def __init__(self, capacity: int) -> None:
+        capacity = capacity // ALIGNMENT * ALIGNMENT
+        if capacity <= 0:
+            raise ValueError(f"an allocator needs at least {ALIGNMENT} bytes")
+        self.capacity = capacity
+        self._bins: list[list[tuple[int, int]]] = [[] for _ in range(_size_class(capacity) + 1)]
+        self._free_at: dict[int, int] = {}  # offset -> size
+        self._free_end: dict[int, int] = {}  # end offset -> start offset
+        self._used: dict[int, int] = {}  # offset -> size
+        self._in_use = self._peak = self._acquired = self._failed = 0
+        self._add_free(0, capacity)
+
+    def acquire_nowait(self, nbytes: int) -> Block:
+        """Reserve at least ``nbytes`` bytes; raise :class:`OutOfMemory` if no free block fits."""
+        size = _aligned(nbytes)
+        found = self._best_fit(size)
+        if found is None:
+            self._failed += 1
+            raise OutOfMemory(
+                f"shared memory exhausted: {nbytes} bytes asked, {self.capacity - self._in_use} "
+                f"free of {self.capacity} (largest free block {self.largest_free()}); raise "
+                "workers.shared_memory or lower the batch size"
+            )
+        offset, free_size = found
+        self._remove_free(offset, free_size)
+        if free_size > size:
+            self._add_free(offset + size, free_size - size)
+        self._used[offset] = size
+        self._in_use += size
+        self._peak = max(self._peak, self._in_use)
+        self._acquired += 1
+        return Block(offset, size)
+
+    def release(self, block: Block) -> None:
+        """Return ``block``; it merges with free neighbours. Releasing twice is an error."""
+        size = self._used.pop(block.offset, None)
+        if size is None or size != block.size:
+            raise ValueError(f"block at offset {block.offset} is not in use")
+        self._in_use -= size
+        offset, end = block.offset, block.offset + size
+        before = self._free_end.get(offset)
+        if before is not None:
+            self._remove_free(before, offset - before)
+            offset = before
+        after = self._free_at.get(end)
+        if after is not None:
+            self._remove_free(end, after)
+            end += after
+        self._add_free(offset, end - offset)
+
+    def fits(self, nbytes: int) -> bool:
+        """True when a request of ``nbytes`` could be served now."""
+        return self._best_fit(_aligned(nbytes)) is not None
+
+    def largest_free(self) -> int:
+        for bin_ in reversed(self._bins):
+            if bin_:
+                return bin_[-1][0]
+        return 0
+
+    def statistics(self) -> AllocatorStatistics:
+        free = self.capacity - self._in_use
+        largest = self.largest_free()
+        return AllocatorStatistics(
+            reserved_bytes=self.capacity,
+            in_use_bytes=self._in_use,
+            peak_bytes=self._peak,
+            free_bytes=free,
+            largest_free=largest,
+            free_blocks=len(self._free_at),
+            used_blocks=len(self._used),
+            fragmentation=1.0 - largest / free if free else 0.0,
+            acquired=self._acquired,
+            failed=self._failed,
+        )
+
+    # -- free lists ------------------------------------------------------------------
+
+    def _best_fit(self, size: int) -> tuple[int, int] | None:
+        first = _size_class(size)
+        if first >= len(self._bins):
+            return None
+        bin_ = self._bins[first]
+        at = bisect.bisect_left(bin_, (size, -1))
+        if at < len(bin_):
+            found_size, offset = bin_[at]
+            return offset, found_size
+        for bin_ in self._bins[first + 1 :]:
+            if bin_:
+                found_size, offset = bin_[0]
+                return offset, found_size
+        return None
+
+    def _add_free(self, offset: int, size: int) -> None:
+        bisect.insort(self._bins[_size_class(size)], (size, offset))
+        self._free_at[offset] = size
+        self._free_end[offset + size] = offset
+
+    def _remove_free(self, offset: int, size: int) -> None:
+        bin_ = self._bins[_size_class(size)]
+        del bin_[bisect.bisect_left(bin_, (size, offset))]
+        del self._free_at[offset]
+        del self._free_end[offset + size]

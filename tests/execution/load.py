@@ -1,0 +1,94 @@
+"""A steady load from real HTTP clients, and waiting on what the server reports."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import httpx
+
+from sordino.config import ModelConfig
+from sordino.events import Event
+from sordino.models.repository import ModelSource, builtin_sources
+from sordino.testing import RunningServer
+
+BODY = {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [1.0] * 64}]}
+
+
+def digits(**config: object) -> list[ModelSource]:
+    """The built-in digits classifier with extra model configuration."""
+    source = next(s for s in builtin_sources() if s.name == "digits-classifier")
+    updated = ModelConfig.model_validate({**source.config.model_dump(), **config})
+    return [replace(source, config=updated)]
+
+
+class Load:
+    """``clients`` threads, each sending one request after another until stopped."""
+
+    def __init__(self, url: str, clients: int = 4) -> None:
+        self._url = url + "/v2/models/digits-classifier/infer"
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.ok = 0
+        self.errors: list[str] = []
+        self._threads = [threading.Thread(target=self._client) for _ in range(clients)]
+
+    def __enter__(self) -> Load:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(60)
+
+    def _client(self) -> None:
+        with httpx.Client(timeout=60) as client:
+            while not self._stop.is_set():
+                try:
+                    response = client.post(self._url, json=BODY)
+                except httpx.HTTPError as exc:
+                    with self._lock:
+                        self.errors.append(repr(exc))
+                    continue
+                with self._lock:
+                    if response.status_code == 200:
+                        self.ok += 1
+                    else:
+                        self.errors.append(f"{response.status_code} {response.text}")
+
+    def wait_ok(self, more: int, timeout: float = 60) -> None:
+        """Wait until ``more`` further requests have succeeded."""
+        target = self.ok + more
+        wait_until(lambda: self.ok >= target, timeout, f"{more} more successful requests")
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``predicate`` every 20 ms; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def events(server: RunningServer, kind: str, since: int = 0) -> list[Event]:
+    """Events of ``kind`` (after the first ``since`` events of all kinds)."""
+    return [e for e in list(server.runtime.events.recent())[since:] if e.kind == kind]
+
+
+def mark(server: RunningServer) -> int:
+    """A position in the event stream to count from."""
+    return len(server.runtime.events.recent())
+
+
+def worker(server: RunningServer, index: int) -> object:
+    """The statistics of instance ``index`` of the digits classifier."""
+    return next(
+        w
+        for w in server.runtime.executor.statistics().workers
+        if w.model == "digits-classifier" and w.index == index
+    )

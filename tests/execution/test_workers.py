@@ -1,0 +1,166 @@
+"""Worker processes under real load: SIGKILL, hang and latency faults, thread isolation.
+
+One server (two worker processes for the digits classifier, a 3 s heartbeat timeout)
+serves every test here; each counts events from its own starting mark.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from sordino.config import RuntimeConfig
+from sordino.control.client import AdminClient
+from sordino.testing import RunningServer, serve_in_thread
+from tests.execution.load import BODY, Load, digits, events, mark, wait_until, worker
+
+TOKEN = "test-admin-token"
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[RunningServer]:
+    config = RuntimeConfig.model_validate(
+        {
+            "server": {"admin_token": TOKEN},
+            "workers": {
+                "heartbeat_timeout": "3s",
+                "execution_timeout": "30s",
+                "restart_backoff": "1s",
+            },
+        }
+    )
+    with serve_in_thread(config, digits(instance_count=2)) as server:
+        yield server
+
+
+def test_sigkill_under_load_loses_no_request(pair: RunningServer) -> None:
+    """SIGKILL a worker under steady load: no failed request, one restart, the new one serves."""
+    start = mark(pair)
+    before = worker(pair, 0)
+    with Load(pair.url, clients=6) as load:
+        load.wait_ok(50)
+        os.kill(before.pid, signal.SIGKILL)
+        wait_until(lambda: events(pair, "worker_restarted", start), 60, "the restart")
+        replaced = worker(pair, 0)
+        assert replaced.pid != before.pid and replaced.state == "ready"
+        served = replaced.batches
+        wait_until(lambda: worker(pair, 0).batches > served + 5, 60, "the new worker to serve")
+        load.wait_ok(20)
+    assert load.errors == []
+    failed = events(pair, "worker_failed", start)
+    restarted = events(pair, "worker_restarted", start)
+    assert [e.cause for e in failed] == ["killed by SIGKILL"]
+    assert len(restarted) == 1 and restarted[0].cause == "killed by SIGKILL"
+    assert restarted[0].subject == "digits-classifier/0"
+    assert worker(pair, 0).restarts == before.restarts + 1
+
+
+def test_hang_is_detected_retried_and_replaced(pair: RunningServer) -> None:
+    """A hung worker is found by its heartbeat, its batch runs elsewhere, it is replaced."""
+    start = mark(pair)
+    admin = AdminClient(pair.url, TOKEN)
+    hung = worker(pair, 1)
+    with Load(pair.url, clients=6) as load:
+        load.wait_ok(20)
+        fault = admin.inject("worker:digits-classifier/1", "hang")
+        wait_until(lambda: events(pair, "worker_failed", start), 60, "hang detection")
+        admin.clear(fault["id"])
+        wait_until(lambda: events(pair, "worker_restarted", start), 60, "the replacement")
+        load.wait_ok(20)
+    assert load.errors == []
+    (failed,) = events(pair, "worker_failed", start)
+    assert failed.subject == "digits-classifier/1"
+    assert failed.cause.startswith("hang: no heartbeat for")
+    silent = float(re.search(r"for ([\d.]+) s", failed.cause).group(1))  # type: ignore[union-attr]
+    assert 3.0 < silent < 20.0
+    retried = events(pair, "batch_retried", start)
+    assert [e.subject for e in retried] == ["digits-classifier/1"]
+    assert worker(pair, 1).pid != hung.pid
+    assert [e.kind for e in events(pair, "fault_injected", start)] == ["fault_injected"]
+
+
+def test_crash_fault_exits_the_worker_and_it_comes_back(pair: RunningServer) -> None:
+    """A crash fault makes the worker exit mid-batch; the batch is retried, the worker restarted."""
+    start = mark(pair)
+    admin = AdminClient(pair.url, TOKEN)
+    with Load(pair.url, clients=4) as load:
+        load.wait_ok(20)
+        fault = admin.inject("worker:digits-classifier/0", "crash")
+        wait_until(lambda: events(pair, "worker_failed", start), 60, "the crash")
+        admin.clear(fault["id"])
+        wait_until(lambda: events(pair, "worker_restarted", start), 60, "the replacement")
+        load.wait_ok(20)
+    assert load.errors == []
+    (failed,) = events(pair, "worker_failed", start)
+    assert (failed.subject, failed.cause) == ("digits-classifier/0", "exited with code 70")
+    assert [e.subject for e in events(pair, "batch_retried", start)] == ["digits-classifier/0"]
+
+
+def _buckets(url: str) -> list[tuple[float, float]]:
+    """The cumulative buckets of sordino_request_seconds from /metrics."""
+    text = httpx.get(url + "/metrics").text
+    return [
+        (float(le), float(count))
+        for le, count in re.findall(
+            r'sordino_request_seconds_bucket\{le="([^"]+)",model="digits-classifier"\} (\S+)', text
+        )
+    ]
+
+
+def _p99(before: list[tuple[float, float]], after: list[tuple[float, float]]) -> float:
+    """The p99 (bucket upper bound) of the requests finished between two scrapes."""
+    counts = [(le, n - m) for (le, n), (_, m) in zip(after, before, strict=True)]
+    total = counts[-1][1]
+    return next(le for le, count in counts if count >= 0.99 * total)
+
+
+def test_latency_fault_raises_p99_without_errors(pair: RunningServer) -> None:
+    """200 ms of injected latency shows in the p99 of /metrics; nothing fails."""
+    admin = AdminClient(pair.url, TOKEN)
+    with Load(pair.url, clients=4) as load:
+        start = _buckets(pair.url)
+        load.wait_ok(50)
+        calm = _buckets(pair.url)
+        admin.inject("worker:digits-classifier", "latency", latency="300ms")
+        try:
+            load.wait_ok(8)  # requests already in flight may still be fast
+            slow = _buckets(pair.url)
+            load.wait_ok(24, timeout=120)
+        finally:
+            admin.clear()
+        end = _buckets(pair.url)
+    assert load.errors == []
+    assert _p99(slow, end) >= 0.3
+    assert _p99(slow, end) >= _p99(start, calm)
+
+
+def test_admin_api_needs_the_token(pair: RunningServer) -> None:
+    """Without the bearer token the admin API answers 401 and injects nothing."""
+    response = httpx.post(pair.url + "/v2/admin/chaos", json={"target": "x", "fault": "error"})
+    assert response.status_code == 401
+    response = httpx.get(
+        pair.url + "/v2/admin/chaos", headers={"Authorization": "Bearer wrong-token"}
+    )
+    assert response.status_code == 401
+    assert AdminClient(pair.url, TOKEN).faults() == []
+
+
+def test_admin_api_is_off_without_a_token(server: RunningServer) -> None:
+    """A server without an admin token refuses the admin API (403) with the fix."""
+    response = httpx.get(server.url + "/v2/admin/chaos")
+    assert response.status_code == 403
+    assert "SORDINO_ADMIN_TOKEN" in response.json()["error"]
+
+
+def test_thread_isolation_serves_in_process() -> None:
+    """isolation: thread runs the model inside the server, with no worker process."""
+    with serve_in_thread(RuntimeConfig(), digits(isolation="thread")) as server:
+        response = httpx.post(server.url + "/v2/models/digits-classifier/infer", json=BODY)
+        assert response.status_code == 200
+        (stats,) = server.runtime.executor.statistics().workers
+        assert (stats.isolation, stats.pid) == ("thread", None)
