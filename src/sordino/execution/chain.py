@@ -47,7 +47,7 @@ from sordino.execution.worker import WorkerError, WorkerLost
 from sordino.execution.worker_main import WorkerSpec
 from sordino.inference import ModelKey, Tensor
 from sordino.memory.allocator import Block
-from sordino.memory.arena import Arena, shm_free_bytes
+from sordino.memory.arena import Arena, ArenaStatistics, shm_free_bytes
 from sordino.memory.tensors import TensorHandle, tensor_nbytes, write_tensor
 
 __all__ = ["ChainExecutor"]
@@ -249,6 +249,10 @@ class ChainExecutor:
 
     def metadata(self, model: ModelKey) -> ModelMetadata:
         return self._model(model).metadata
+
+    def arena_statistics(self) -> ArenaStatistics | None:
+        """The shared-memory arena's figures, or None before a worker process needs it."""
+        return self._arena.statistics() if self._arena is not None else None
 
     def local_backends(self, model: ModelKey) -> list[Backend]:
         """The backends of ``model`` that run in this process (thread isolation), in order."""

@@ -15,6 +15,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
@@ -64,6 +65,36 @@ def describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
+_MAIN_LOCK = threading.Lock()
+
+
+def _start_apart_from_main(process: Any) -> None:
+    """Start ``process`` without re-running the embedding program's main script in it.
+
+    ``spawn`` re-imports the parent's ``__main__`` in every child, so a script that
+    embeds sordino without an ``if __name__ == "__main__"`` guard would start itself
+    again in each worker. A worker needs only sordino, so the main module's path is
+    hidden for the moment of the start.
+    """
+    main = sys.modules.get("__main__")
+    with _MAIN_LOCK:
+        saved = {
+            name: main.__dict__.pop(name)
+            for name in ("__file__",)
+            if main and name in main.__dict__
+        }
+        spec = getattr(main, "__spec__", None)
+        if main is not None and spec is not None and not spec.name.endswith("__main__"):
+            main.__spec__ = None
+        try:
+            process.start()
+        finally:
+            if main is not None:
+                main.__dict__.update(saved)
+                if spec is not None:
+                    main.__spec__ = spec
+
+
 class WorkerProcess:
     """One spawned worker process and its pipe."""
 
@@ -96,7 +127,7 @@ class WorkerProcess:
 
     async def start(self, timeout_s: float) -> ModelMetadata:
         """Spawn the process; return the model's metadata once it has warmed up."""
-        await self._loop.run_in_executor(None, self._process.start)
+        await self._loop.run_in_executor(None, _start_apart_from_main, self._process)
         assert self._child_conn is not None
         self._child_conn.close()  # our copy; the child's end closing must mean EOF here
         self._child_conn = None

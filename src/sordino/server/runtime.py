@@ -108,6 +108,8 @@ class Runtime:
         self._stopping = False
         self.metrics.watch_schedulers(self.scheduler_statistics)
         self.metrics.registry.register(ExecutionCollector(self.executor.statistics))
+        # The arena's fragmentation and use reach the journal, the monitor and the dashboard.
+        self.telemetry.resources.add_pool("shm_arena", self.executor.arena_statistics)
 
     # -- lifecycle -------------------------------------------------------------------
 

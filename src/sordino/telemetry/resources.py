@@ -176,7 +176,11 @@ class ResourceSampler:
         self._last: ResourceSample | None = None
 
     def add_pool(self, name: str, statistics: Callable[[], Any]) -> None:
-        """Report the pool whose ``statistics()`` is ``statistics`` under ``name``."""
+        """Report the pool whose ``statistics()`` is ``statistics`` under ``name``.
+
+        ``statistics`` may return None while the pool does not exist yet; it is then
+        left out of the sample.
+        """
         self._pools[name] = statistics
 
     def remove_pool(self, name: str) -> None:
@@ -191,7 +195,9 @@ class ResourceSampler:
         pools = []
         for name, source in list(self._pools.items()):
             try:
-                pools.append(pool_sample(name, source()))
+                stats = source()
+                if stats is not None:
+                    pools.append(pool_sample(name, stats))
             except Exception:
                 log.exception("memory pool %s statistics failed", name)
         self._last = ResourceSample(
