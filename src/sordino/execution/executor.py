@@ -1,8 +1,9 @@
 """The executor: one async call that runs a batch on some instance of a model.
 
 ``await executor.run(model, batch) -> outputs``. Which instance, worker process and
-device, retries and breakers live behind this call; the scheduler never knows. :class:`sordino.execution.chain.ChainExecutor` is the one
-the runtime uses; ``sordino.testing.ScriptedExecutor`` isolates scheduling in tests.
+device, retries and breakers live behind this call; the scheduler never knows.
+:class:`sordino.execution.chain.ChainExecutor` is the one the runtime uses;
+``sordino.testing.ScriptedExecutor`` isolates scheduling in tests.
 """
 
 from __future__ import annotations
