@@ -10,11 +10,9 @@ cancelled. :class:`EventStream` does the same for a Server-Sent Events response.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -30,27 +28,36 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Return ``work``'s result; cancel it and raise Cancelled if the client disconnects.
+async def until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
+    """Return ``work``'s result; if the client disconnects first, cancel it and raise Cancelled.
 
     Call it after the request body has been read: the receive channel then carries
-    nothing but the disconnect.
+    nothing but the disconnect. The work runs in the calling task and one watcher task
+    listens on the channel; a disconnect cancels the calling task, so a queued request
+    is removed by the scheduler and counted as cancelled.
     """
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request.receive))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not task.done():
+    task = asyncio.current_task()
+    assert task is not None
+    watcher: asyncio.Future[Any] = asyncio.ensure_future(receive())
+    gone = False
+
+    def on_message(future: asyncio.Future[Any]) -> None:
+        nonlocal gone
+        if not future.cancelled() and future.exception() is None:
+            gone = True
             task.cancel()
+
+    watcher.add_done_callback(on_message)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        task.uncancel()
+        raise Cancelled("the client disconnected before the response was ready") from None
+    finally:
+        watcher.remove_done_callback(on_message)
         watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
-    if task.cancelled():
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        raise Cancelled("the client disconnected before the response was ready")
-    return task.result()
 
 
 class EventStream(Response):

@@ -8,7 +8,6 @@ Handlers are thin: read the body, decode, call the runtime, encode. Every error 
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -17,20 +16,16 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from sordino import __version__
 from sordino.control.admin import admin_routes, admin_token
-from sordino.errors import MalformedBody, ModelNotReady, SordinoError
+from sordino.errors import ModelNotReady, SordinoError
 from sordino.protocol.codec import (
-    HEADER_CONTENT_LENGTH,
-    decode_infer_request,
     encode_error,
-    encode_infer_response,
     encode_json,
-    parse_header_length,
 )
-from sordino.protocol.status import http_status, retry_after_header
-from sordino.server.disconnect import until_disconnect
+from sordino.server.fast_infer import error_parts, with_fast_infer
 from sordino.server.http_routes import extra_routes
 from sordino.server.model_config import model_metadata_json, triton_config_json
 from sordino.server.model_control import ModelControl
@@ -38,8 +33,6 @@ from sordino.server.observe import observe_routes
 from sordino.server.runtime import Runtime
 
 __all__ = ["EXTENSIONS", "build_app"]
-
-log = logging.getLogger("sordino.http")
 
 EXTENSIONS = [
     "binary_tensor_data",
@@ -59,15 +52,8 @@ def _json(obj: object, status: int = 200) -> Response:
 
 
 def _error(exc: SordinoError) -> Response:
-    status = http_status(exc)
-    headers = {}
-    retry = retry_after_header(exc)
-    if retry is not None:
-        headers["Retry-After"] = retry
-    # Client mistakes and back-pressure are not server errors: keep them out of the error log.
-    level = logging.ERROR if status >= 500 and status != 503 else logging.DEBUG
-    log.log(level, "%s %s", status, exc)
-    return Response(encode_error(str(exc)), status_code=status, media_type=JSON, headers=headers)
+    status, body, headers = error_parts(exc)
+    return Response(body, status_code=status, headers=headers)
 
 
 def _guard(runtime: Runtime, handler: Handler) -> Handler:
@@ -85,28 +71,12 @@ def _guard(runtime: Runtime, handler: Handler) -> Handler:
     return guarded
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    too_large = MalformedBody(
-        f"the request body is larger than the limit of {limit} bytes; send less data per "
-        "request or raise server.max_request_size",
-        too_large=True,
-    )
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large
-    chunks = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
-    return b"".join(chunks)
+def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
+    """Return the ASGI application serving ``runtime`` (and ``control``'s repository API).
 
-
-def build_app(runtime: Runtime, control: ModelControl | None = None) -> Starlette:
-    """Return the ASGI application serving ``runtime`` (and ``control``'s repository API)."""
-    limit = runtime.config.server.max_request_size
+    Inference requests take the fast path (``server/fast_infer.py``); every other
+    endpoint is a Starlette route below.
+    """
     control = control or ModelControl(runtime)
 
     async def server_metadata(request: Request) -> Response:
@@ -141,25 +111,6 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> Starlett
     async def all_stats(request: Request) -> Response:
         return _json(runtime.triton_statistics())
 
-    async def infer(request: Request) -> Response:
-        name, version = _model_params(request)
-        body = await _read_body(request, limit)
-        decoded = decode_infer_request(
-            body,
-            model=name,
-            version=version,
-            header_length=parse_header_length(request.headers.get(HEADER_CONTENT_LENGTH)),
-            headers={
-                name: value
-                for name in ("x-sordino-tag", "x-sordino-tenant")
-                if (value := request.headers.get(name)) is not None
-            }
-            or None,
-        )
-        response = await until_disconnect(request, runtime.infer(decoded))
-        payload, headers = encode_infer_response(response, decoded)
-        return Response(payload, headers=headers)
-
     async def metrics(request: Request) -> Response:
         return Response(
             runtime.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8"
@@ -181,7 +132,6 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> Starlett
             Route(prefix + "/ready", _guard(runtime, model_ready), methods=["GET"]),
             Route(prefix + "/config", _guard(runtime, model_config), methods=["GET"]),
             Route(prefix + "/stats", _guard(runtime, model_stats), methods=["GET"]),
-            Route(prefix + "/infer", _guard(runtime, infer), methods=["POST"]),
         ]
     routes += extra_routes(runtime, control, functools.partial(_guard, runtime), _json)
 
@@ -198,7 +148,7 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> Starlett
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
         HTTPException: http_error,
     }
-    return Starlette(routes=routes, exception_handlers=handlers)
+    return with_fast_infer(Starlette(routes=routes, exception_handlers=handlers), runtime)
 
 
 def _model_params(request: Request) -> tuple[str, str | None]:

@@ -75,14 +75,14 @@ def extra_routes(
 
     async def generate(request: Request) -> Response:
         decoded = await _generate_request(runtime, request)
-        response = await until_disconnect(request, runtime.infer(decoded))
+        response = await until_disconnect(request.receive, runtime.infer(decoded))
         return json(encode_generate_response(response))
 
     async def generate_stream(request: Request) -> Response:
         decoded = await _generate_request(runtime, request)
         responses = stream_responses(runtime, decoded)
         # Refusals (validation, admission) are answered with a status before streaming.
-        first = await until_disconnect(request, anext(responses))
+        first = await until_disconnect(request.receive, anext(responses))
         return EventStream(_events(first[0], responses))
 
     routes = [

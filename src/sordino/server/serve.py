@@ -72,6 +72,8 @@ class HttpServer:
             log_level="warning",
             timeout_graceful_shutdown=5,
             timeout_keep_alive=30,
+            # sordino reads no client address; skip the X-Forwarded-* middleware per request.
+            proxy_headers=False,
         )
         self._server = _EmbeddedServer(config)
         self._task: asyncio.Task[None] | None = None

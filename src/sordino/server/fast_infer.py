@@ -1,0 +1,143 @@
+"""The inference fast path: ``POST …/infer`` answered straight on ASGI.
+
+Every other endpoint goes through Starlette. Inference is the one endpoint on the hot
+path, and at small tensor sizes Starlette's router, middleware stack and
+Request/Response objects cost more than decoding the request (the profile is in
+``docs/benchmarks.md``). The semantics are those of a Starlette handler: the same
+errors and statuses, the same headers, and the queued request is cancelled when the
+client disconnects.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from sordino.errors import Cancelled, MalformedBody, SordinoError
+from sordino.protocol.codec import (
+    decode_infer_request,
+    encode_error,
+    encode_infer_response,
+    parse_header_length,
+)
+from sordino.protocol.status import http_status, retry_after_header
+from sordino.server.disconnect import until_disconnect
+from sordino.server.runtime import Runtime
+
+__all__ = ["INFER_PATH", "error_parts", "with_fast_infer"]
+
+log = logging.getLogger("sordino.http")
+
+INFER_PATH = re.compile(r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
+_FORWARDED = {b"x-sordino-tag": "x-sordino-tag", b"x-sordino-tenant": "x-sordino-tenant"}
+_JSON = b"application/json"
+
+
+def error_parts(error: SordinoError) -> tuple[int, bytes, dict[str, str]]:
+    """Return the status, ``{"error": ...}`` body and headers that answer ``error``.
+
+    Client mistakes and back-pressure are logged at debug level, never as errors.
+    """
+    status = http_status(error)
+    headers = {"Content-Type": "application/json"}
+    retry = retry_after_header(error)
+    if retry is not None:
+        headers["Retry-After"] = retry
+    level = logging.ERROR if status >= 500 and status != 503 else logging.DEBUG
+    log.log(level, "%s %s", status, error)
+    return status, encode_error(str(error)), headers
+
+
+def with_fast_infer(app: ASGIApp, runtime: Runtime) -> ASGIApp:
+    """Wrap ``app`` so inference requests skip its router and middleware."""
+    limit = runtime.config.server.max_request_size
+
+    async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            match = INFER_PATH.fullmatch(scope["path"])
+            if match is not None:
+                if scope["method"] == "POST":
+                    await _infer(runtime, limit, match, scope, receive, send)
+                else:
+                    message = f"{scope['method']} is not allowed on {scope['path']}; use POST"
+                    await _send(send, 405, encode_error(message), {"Allow": "POST"})
+                return
+        await app(scope, receive, send)
+
+    return asgi
+
+
+async def _infer(
+    runtime: Runtime,
+    limit: int,
+    match: re.Match[str],
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+) -> None:
+    declared: bytes | None = None
+    header_length: bytes | None = None
+    forwarded: dict[str, str] = {}
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            declared = value
+        elif name == b"inference-header-content-length":
+            header_length = value
+        elif name in _FORWARDED:
+            forwarded[_FORWARDED[name]] = value.decode("latin-1")
+    headers: dict[str, str]
+    try:
+        body = await _read_body(receive, limit, declared)
+        request = decode_infer_request(
+            body,
+            model=match["model"],
+            version=match["version"],
+            header_length=parse_header_length(
+                header_length.decode("latin-1") if header_length is not None else None
+            ),
+            headers=forwarded or None,
+        )
+        response = await until_disconnect(receive, runtime.infer(request))
+        payload, headers = encode_infer_response(response, request)
+        status = 200
+    except SordinoError as exc:
+        status, payload, headers = error_parts(exc)
+    if runtime.stopping:
+        # Tell keep-alive clients to reconnect elsewhere rather than reuse a connection
+        # the server is about to close.
+        headers["Connection"] = "close"
+    await _send(send, status, payload, headers)
+
+
+async def _send(send: Send, status: int, payload: bytes, headers: dict[str, str]) -> None:
+    raw = [(b"content-length", str(len(payload)).encode())]
+    raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    if "Content-Type" not in headers:
+        raw.append((b"content-type", _JSON))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": payload})
+
+
+async def _read_body(receive: Receive, limit: int, declared: bytes | None) -> bytes:
+    too_large = MalformedBody(
+        f"the request body is larger than the limit of {limit} bytes; send less data per "
+        "request or raise server.max_request_size",
+        too_large=True,
+    )
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise Cancelled("the client disconnected while sending the request")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
