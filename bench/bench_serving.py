@@ -91,7 +91,8 @@ def main() -> None:
 
     rows: list[Measurement] = []
     headers = {"Content-Type": "application/json"}
-    with sordino_server(["--no-builtin", "--model", f"{MODEL}={path}"]) as url, progress() as bar:
+    with sordino_server(["--no-builtin", "--model", f"{MODEL}={path}"]) as ends, progress() as bar:
+        url = ends.http
         infer = f"{url}/v2/models/{MODEL}/infer"
         warm = bar.add_task("warm-up", total=200)
         asyncio.run(

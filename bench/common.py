@@ -9,6 +9,8 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -55,33 +57,47 @@ def summarize(label: str, concurrency: int, latencies: list[float], seconds: flo
     )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Endpoints:
+    """Where a benchmarked server listens."""
+
+    http: str  # http://127.0.0.1:PORT
+    grpc: str  # 127.0.0.1:PORT
+
+
 @contextmanager
-def sordino_server(args: list[str], env: dict[str, str] | None = None) -> Iterator[str]:
-    """Run ``sordino start --http-port 0 ARGS`` in its own process; yield its URL."""
+def sordino_server(args: list[str], env: dict[str, str] | None = None) -> Iterator[Endpoints]:
+    """Run ``sordino start`` (free ports, scratch data dir) in its own process."""
+    scratch = tempfile.TemporaryDirectory(prefix="sordino-bench-")
     cmd = [sys.executable, "-m", "sordino", "start", "--http-port", "0", "--grpc-port", "0",
-           "--log-level", "warning",
-           *args]  # fmt: skip
+           "--log-level", "warning", "--data-dir", scratch.name, *args]  # fmt: skip
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )  # fmt: skip
     assert proc.stdout is not None
-    url = None
+    http = grpc = None
     for line in proc.stdout:
-        match = re.search(r"listening on (http://\S+)", line)
-        if match:
-            url = match.group(1)
+        if match := re.search(r"listening on (http://\S+)", line):
+            http = match.group(1)
+        elif match := re.search(r"listening on grpc://(\S+)", line):
+            grpc = match.group(1)
+        if http and grpc:
             break
-    if url is None:
+    if http is None or grpc is None:
+        proc.kill()
         raise RuntimeError("sordino start did not come up")
+    # Keep reading its output so the server never blocks on a full pipe.
+    threading.Thread(target=lambda: [None for _ in proc.stdout or ()], daemon=True).start()
     try:
-        yield url
+        yield Endpoints(http, grpc)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+        scratch.cleanup()
 
 
 async def closed_loop(
@@ -230,3 +246,38 @@ async def open_loop(
 
         await asyncio.gather(*(one(i) for i in range(len(payloads))))
         return latencies, time.perf_counter() - start, failures
+
+
+async def grpc_closed_loop(
+    address: str, model: str, input_name: str, datatype: str, arrays: list[np.ndarray],
+    concurrency: int, check: Callable[[int, np.ndarray], None] | None = None,
+    on_done: Callable[[], None] | None = None,
+) -> tuple[list[float], float]:  # fmt: skip
+    """The closed loop of :func:`closed_loop` over KServe v2 gRPC (tritonclient's aio client)."""
+    import tritonclient.grpc.aio as grpcclient
+
+    latencies: list[float] = []
+    next_index = 0
+    client = grpcclient.InferenceServerClient(address)
+
+    async def one_client() -> None:
+        nonlocal next_index
+        while next_index < len(arrays):
+            i = next_index
+            next_index += 1
+            tensor = grpcclient.InferInput(input_name, list(arrays[i].shape), datatype)
+            tensor.set_data_from_numpy(arrays[i])
+            start = time.perf_counter()
+            result = await client.infer(model, [tensor])
+            latencies.append(time.perf_counter() - start)
+            if check is not None:
+                check(i, result.as_numpy(result.get_response().outputs[0].name))
+            if on_done is not None:
+                on_done()
+
+    try:
+        started = time.perf_counter()
+        await asyncio.gather(*(one_client() for _ in range(concurrency)))
+        return latencies, time.perf_counter() - started
+    finally:
+        await client.close()
