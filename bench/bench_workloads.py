@@ -5,12 +5,14 @@
     python -m bench.bench_workloads w1 --open-loop
 
 For each transport, ``sordino start`` serves the model in its own process with the
-peers' settings (max batch 32, 10 ms wait, one instance, 2 intra-op threads), and an
-aiohttp client in this process sends a closed loop at 64 (W1) or 16 (W2) concurrent,
-then one request at a time. ONNX Runtime in-process at batch 1 and at its best batch
-size gives the limit, measured in the same run. A sample of answers is checked against
-in-process ONNX Runtime. ``--open-loop`` also searches the highest fixed arrival rate
-the server sustains with p99 <= 50 ms.
+peers' settings (max batch 32, 10 ms wait, one instance, 2 intra-op threads; W1 in the
+default adaptive mode, W2 in auto mode), and a client in this process (aiohttp, or
+tritonclient's gRPC aio client) sends a closed loop at 64 (W1) or 16 (W2) concurrent,
+then one request at a time. ``--slo-ms`` is the scheduler's p99 target and the bound
+the report checks the concurrent rows against. ONNX Runtime in-process at batch 1 and
+at its best batch size gives the limit, measured in the same run. A sample of answers
+is checked against in-process ONNX Runtime. ``--open-loop`` also searches the highest
+fixed arrival rate the server sustains with p99 <= 50 ms.
 """
 
 from __future__ import annotations
@@ -57,12 +59,18 @@ class Workload:
     concurrency: int
     requests: int
     single: int
+    mode: str
 
 
 def workload(name: str, requests: int | None, single: int | None) -> Workload:
     if name == "w1":
-        return Workload("w1", models.mlp(), "x", (256,), 64, requests or 2000, single or 300)
-    return Workload("w2", models.cnn(), "image", (3, 64, 64), 16, requests or 600, single or 100)
+        return Workload(
+            "w1", models.mlp(), "x", (256,), 64, requests or 2000, single or 300, "adaptive"
+        )
+    # W2 runs in auto mode: the batch cap comes from the model's measured curve.
+    return Workload(
+        "w2", models.cnn(), "image", (3, 64, 64), 16, requests or 600, single or 100, "auto"
+    )
 
 
 def raw_limit(w: Workload, threads: int) -> list[Measurement]:
@@ -88,10 +96,12 @@ def raw_limit(w: Workload, threads: int) -> list[Measurement]:
     return [rows[0], max(rows, key=lambda m: m.rate)]
 
 
-def server_config(w: Workload, directory: Path, threads: int) -> Path:
+def server_config(w: Workload, directory: Path, threads: int, mode: str, slo_ms: float) -> Path:
     path = directory / "runtime_config.yaml"
     path.write_text(
         "scheduler:\n"
+        f"  mode: {mode}\n"
+        f"  slo_p99_ms: {slo_ms}\n"
         "  strategies:\n"
         "    - {name: dynamic_batching, max_batch: 32, timeout_ms: 10}\n"
         "models:\n"
@@ -125,7 +135,7 @@ def run(args: argparse.Namespace) -> None:
             raise AssertionError(f"answer {i} differs from in-process onnxruntime")
 
     with tempfile.TemporaryDirectory() as scratch, progress() as bar:
-        config = server_config(w, Path(scratch), args.threads)
+        config = server_config(w, Path(scratch), args.threads, args.mode or w.mode, args.slo_ms)
         with sordino_server(["--no-builtin", "--config", str(config)]) as ends:
             infer = f"{ends.http}/v2/models/{w.name}/infer"
             for transport in transports:
@@ -178,6 +188,11 @@ def run(args: argparse.Namespace) -> None:
     ratios = {f"{r.label} c{r.concurrency} / raw best": r.rate / best.rate for r in rows[:served]}
     for label, ratio in ratios.items():
         console.print(f"{label}: {ratio:.3f}")
+    for r in rows[:served]:
+        if r.concurrency > 1:
+            verdict = "within" if r.p99_ms <= args.slo_ms else "OVER"
+            slo = f"{args.slo_ms:g} ms SLO"
+            console.print(f"{r.label} c{r.concurrency}: p99 {r.p99_ms:.1f} ms {verdict} the {slo}")
     for transport, rate in open_rows.items():
         console.print(
             f"open loop {transport}: highest rate with p99 <= {args.p99_ms} ms: {rate:.0f} req/s"
@@ -190,6 +205,8 @@ def run(args: argparse.Namespace) -> None:
         "rows": [r.as_dict() for r in rows],
         "ratios_to_raw_best": ratios,
         "open_loop_max_rate": open_rows,
+        "slo_p99_ms": args.slo_ms,
+        "mode": args.mode or w.mode,
     }  # fmt: skip
     console.print(f"wrote {save(w.name, report)}")
 
@@ -220,6 +237,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, help="requests in the concurrent closed loop")
     parser.add_argument("--single", type=int, help="requests sent one at a time")
     parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
+    parser.add_argument("--mode", help="scheduler mode (default: adaptive for w1, auto for w2)")
+    parser.add_argument("--slo-ms", type=float, default=100.0, help="p99 target (ms)")
     parser.add_argument("--open-loop", action="store_true")
     parser.add_argument("--p99-ms", type=float, default=50.0, help="open-loop latency bound")
     run(parser.parse_args())

@@ -58,6 +58,22 @@ def test_auto_picks_adaptive_when_batching_pays() -> None:
     assert ctl.statistics().effective_mode == "adaptive"
 
 
+def test_auto_caps_batch_where_throughput_stops_growing() -> None:
+    # rows/s: 1000, 1818, 3333, 3478, 3404 -> 95 % of the best is first reached at 4 rows
+    knee = BatchCurve((1, 2, 4, 8, 16), (0.001, 0.0011, 0.0012, 0.0023, 0.0047))
+    ctl = build_controller("auto", BatchPolicy(max_batch=16, max_delay_s=0.01), 0.1, knee)
+    assert ctl.statistics().effective_mode == "adaptive"
+    assert ctl.policy().max_batch == 4
+
+
+def test_auto_turns_batching_off_when_it_hurts() -> None:
+    # A convolution on a CPU: rows/s fall as the batch grows.
+    worse = BatchCurve((1, 2, 4), (0.0024, 0.0060, 0.0127))
+    ctl = build_controller("auto", BatchPolicy(max_batch=4, max_delay_s=0.01), 0.1, worse)
+    assert ctl.statistics().effective_mode == "ultra_low_latency"
+    assert ctl.policy().max_batch == 1
+
+
 def test_hybrid_caps_batch_to_slo_share() -> None:
     curve = BatchCurve((1, 2, 4, 8), (0.005, 0.01, 0.02, 0.04))
     ctl = build_controller("hybrid", BatchPolicy(max_batch=8, max_delay_s=0.01), 0.1, curve)

@@ -12,9 +12,11 @@ adaptive            AIMD toward ``slo_p99_ms``: the batch cap and the wait grow
                     additively while p99 has room and are cut multiplicatively
                     when p99 passes the SLO; never waits when the arrival rate
                     says the wait cannot fill the batch
-auto                measures the model's batch-latency curve at load: if batching
-                    does not pay (speedup < 1.5x at the largest size) it runs as
-                    ultra_low_latency, otherwise as adaptive
+auto                measures the model's batch-latency curve at load and caps the
+                    batch at the smallest size reaching 95 % of the best measured
+                    throughput; if batching does not pay (that size is 1, or the
+                    speedup at the largest size is < 1.5x) it runs as
+                    ultra_low_latency, otherwise as adaptive under that cap
 hybrid              measures the curve and caps the batch at the largest size whose
                     latency fits in a quarter of the SLO, then tunes the wait
                     adaptively under that cap
@@ -46,6 +48,7 @@ __all__ = [
 Mode = Literal["auto", "manual", "hybrid", "adaptive", "conservative", "ultra_low_latency"]
 
 AUTO_MIN_SPEEDUP = 1.5
+AUTO_THROUGHPUT_SHARE = 0.95
 CONSERVATIVE_BATCHES_QUEUED = 4
 HYBRID_SLO_SHARE = 0.25
 
@@ -64,6 +67,21 @@ class BatchCurve:
         per_item_1 = self.latencies_s[0] / self.sizes[0]
         per_item_n = self.latencies_s[-1] / self.sizes[-1]
         return per_item_1 / per_item_n if per_item_n > 0 else 1.0
+
+    def throughput_knee(self, share: float = AUTO_THROUGHPUT_SHARE) -> int:
+        """Return the smallest size reaching ``share`` of the best measured rows/s.
+
+        Past it a bigger batch only adds latency; on a model where batching hurts
+        (common for convolutions on a CPU) this is 1.
+        """
+        rates = [
+            s / lat if lat > 0 else 0.0 for s, lat in zip(self.sizes, self.latencies_s, strict=True)
+        ]
+        best = max(rates, default=0.0)
+        for size, rate in zip(self.sizes, rates, strict=True):
+            if rate >= share * best:
+                return size
+        return self.sizes[-1] if self.sizes else 1
 
     def largest_within(self, budget_s: float) -> int:
         """Return the largest measured size whose batch latency fits ``budget_s`` (at least 1)."""
@@ -224,28 +242,27 @@ def build_controller(
     if curve is None:
         return AimdController(mode, configured, slo_s)
     if mode == "auto":
-        if curve.speedup() < AUTO_MIN_SPEEDUP:
-            return StaticController(mode, ultra_low_latency_policy(configured), "ultra_low_latency")
-        return AimdController(mode, configured, slo_s)
+        cap = min(configured.max_batch, curve.throughput_knee())
+        if cap == 1 or curve.speedup() < AUTO_MIN_SPEEDUP:
+            policy = ultra_low_latency_policy(_capped(configured, cap))
+            return StaticController(mode, policy, "ultra_low_latency")
+        return AimdController(mode, _capped(configured, cap), slo_s)
     cap = min(configured.max_batch, curve.largest_within(slo_s * HYBRID_SLO_SHARE))
-    capped = replace(
-        configured,
-        max_batch=cap,
-        min_batch=min(configured.min_batch, cap),
-        preferred=tuple(p for p in configured.preferred if p <= cap),
-    )
-    return AimdController(mode, capped, slo_s, effective_mode="adaptive")
+    return AimdController(mode, _capped(configured, cap), slo_s, effective_mode="adaptive")
 
 
-def conservative_policy(configured: BatchPolicy) -> BatchPolicy:
-    """Halve the batch cap (at least 1): smaller batches leave latency headroom."""
-    cap = max(1, configured.max_batch // 2)
+def _capped(configured: BatchPolicy, cap: int) -> BatchPolicy:
     return replace(
         configured,
         max_batch=cap,
         min_batch=min(configured.min_batch, cap),
         preferred=tuple(p for p in configured.preferred if p <= cap),
     )
+
+
+def conservative_policy(configured: BatchPolicy) -> BatchPolicy:
+    """Halve the batch cap (at least 1): smaller batches leave latency headroom."""
+    return _capped(configured, max(1, configured.max_batch // 2))
 
 
 def conservative_queue_size(max_queue_size: int, max_batch: int, instances: int) -> int:
