@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
@@ -22,19 +24,31 @@ def _describe(fault: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+DEFAULT_URL = "http://127.0.0.1:8000"
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _server_options(command: F) -> F:
+    """``--url`` and ``--token``, accepted before or after the subcommand's name."""
+    command = click.option("--token", default=None, help=f"Admin token (env {TOKEN_ENV}).")(command)
+    return click.option(
+        "--url", default=None, help=f"The server (env SORDINO_URL; default {DEFAULT_URL})."
+    )(command)
+
+
 @click.group()
-@click.option(
-    "--url",
-    envvar="SORDINO_URL",
-    default="http://127.0.0.1:8000",
-    show_default=True,
-    help="The server (env SORDINO_URL).",
-)
-@click.option("--token", envvar=TOKEN_ENV, help=f"Admin token (env {TOKEN_ENV}).")
+@_server_options
 @click.pass_context
-def chaos(ctx: click.Context, url: str, token: str | None) -> None:
+def chaos(ctx: click.Context, url: str | None, token: str | None) -> None:
     """Inject faults into a running server's workers and devices."""
-    ctx.obj = AdminClient(url, token)
+    ctx.obj = {"url": url, "token": token}
+
+
+def _client(ctx: click.Context, url: str | None, token: str | None) -> AdminClient:
+    # The subcommand's own options win over the group's, which win over the environment.
+    chosen_url = url or ctx.obj["url"] or os.environ.get("SORDINO_URL") or DEFAULT_URL
+    chosen_token = token or ctx.obj["token"] or os.environ.get(TOKEN_ENV)
+    return AdminClient(chosen_url, chosen_token)
 
 
 def _run(call: Any) -> Any:
@@ -58,19 +72,30 @@ def _run(call: Any) -> Any:
 @click.option("--rate", type=float, default=1.0, show_default=True, help="Share of batches hit.")
 @click.option("--latency", default="200ms", show_default=True, help="Added delay (latency).")
 @click.option("--duration", default=None, help="Clear by itself after this long (e.g. 30s).")
-@click.pass_obj
+@_server_options
+@click.pass_context
 def inject(
-    client: AdminClient, target: str, fault: str, rate: float, latency: str, duration: str | None
+    ctx: click.Context,
+    target: str,
+    fault: str,
+    rate: float,
+    latency: str,
+    duration: str | None,
+    url: str | None,
+    token: str | None,
 ) -> None:
     """Inject a fault; it acts inside the worker processes it targets."""
+    client = _client(ctx, url, token)
     spec = _run(lambda: client.inject(target, fault, rate=rate, latency=latency, duration=duration))
     click.echo(f"injected {_describe(spec)}")
 
 
 @chaos.command(name="list")
-@click.pass_obj
-def list_faults(client: AdminClient) -> None:
+@_server_options
+@click.pass_context
+def list_faults(ctx: click.Context, url: str | None, token: str | None) -> None:
     """List the active faults."""
+    client = _client(ctx, url, token)
     faults = _run(client.faults)
     if not faults:
         click.echo("no active faults")
@@ -80,8 +105,10 @@ def list_faults(client: AdminClient) -> None:
 
 @chaos.command()
 @click.option("--id", "fault_id", default=None, help="Clear only this fault.")
-@click.pass_obj
-def clear(client: AdminClient, fault_id: str | None) -> None:
+@_server_options
+@click.pass_context
+def clear(ctx: click.Context, fault_id: str | None, url: str | None, token: str | None) -> None:
     """Clear one fault, or all of them."""
+    client = _client(ctx, url, token)
     removed = _run(lambda: client.clear(fault_id))
     click.echo(f"cleared {len(removed)} fault(s)")
