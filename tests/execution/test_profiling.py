@@ -110,6 +110,21 @@ def test_without_traffic_zero_filled_batches_are_profiled(served: RunningServer)
     assert "Gemm" in _ops(profile)
 
 
+def test_one_profiling_window_at_a_time_per_model(served: RunningServer) -> None:
+    _both_serving(served)
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(_profile, served.url, "digits-classifier", 1.0)
+        wait_until(
+            lambda: all(worker(served, i).profiling for i in (0, 1)),  # type: ignore[attr-defined]
+            30,
+            "both workers to profile",
+        )
+        second = _profile(served.url, "digits-classifier", 0.2)
+        assert first.result(timeout=60).status_code == 200
+    assert second.status_code == 503
+    assert "is being profiled already" in second.json()["error"]
+
+
 def _kill_mid_profile(server: RunningServer, indexes: tuple[int, ...]) -> httpx.Response:
     """Profile for 3 s with no traffic; SIGKILL the workers ``indexes`` once both profile."""
     _both_serving(server)

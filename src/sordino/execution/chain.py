@@ -32,7 +32,14 @@ from sordino.backends.base import Backend, ModelMetadata
 from sordino.clock import Clock
 from sordino.config import ModelConfig, RuntimeConfig, parse_threshold
 from sordino.datatypes import to_numpy_dtype
-from sordino.errors import InferenceFailed, InvalidRequest, ModelLoadError, ModelNotReady, NotFound
+from sordino.errors import (
+    InferenceFailed,
+    InvalidRequest,
+    ModelLoadError,
+    ModelNotReady,
+    NotFound,
+    Unavailable,
+)
 from sordino.events import EventSink
 from sordino.execution.breaker import BreakerState, CircuitBreaker
 from sordino.execution.devices import Device, Tier, chain_devices, missing_provider, model_tiers
@@ -107,6 +114,7 @@ class ChainExecutor:
         self._switches = SwitchRecorder()
         self._retries = 0
         self._unavailable: dict[str, str] = {}
+        self._profiling: set[ModelKey] = set()
         self._breakers: dict[str, CircuitBreaker] = {}
         self._chain = chain_devices(config)
         strategy = config.scheduler.fallback_chain
@@ -463,23 +471,30 @@ class ChainExecutor:
 
         Worker processes and thread instances alike; zero-filled ``synthetic_batch()``
         batches run on the profiling instances (past the breakers and faults) when no
-        live batch ran. Raises :class:`Unavailable` when no instance left a trace.
+        live batch ran. Raises :class:`Unavailable` when no instance left a trace, or
+        while ``model`` is being profiled already (one window at a time per model).
         """
         entry = self._model(model)
+        if model in self._profiling:
+            raise Unavailable(f"model {model} is being profiled already; retry when that ends")
         instances = [i for tier in entry.tiers for i in tier.instances]
 
         async def run_synthetic(instance: Profiled) -> object:
             assert isinstance(instance, ProcessInstance | ThreadInstance)
             return await self._run_on(entry, instance, synthetic_batch())
 
-        return await profile_instances(
-            str(model),
-            instances,
-            seconds=seconds,
-            trace_dir=trace_dir,
-            clock=self._clock,
-            run_synthetic=run_synthetic,
-        )
+        self._profiling.add(model)
+        try:
+            return await profile_instances(
+                str(model),
+                instances,
+                seconds=seconds,
+                trace_dir=trace_dir,
+                clock=self._clock,
+                run_synthetic=run_synthetic,
+            )
+        finally:
+            self._profiling.discard(model)
 
     async def _run_on(
         self, model: _Model, instance: Instance, batch: dict[str, Tensor]
