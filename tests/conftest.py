@@ -25,8 +25,8 @@ def server() -> Iterator[RunningServer]:
 def thread_isolated(sources: list[ModelSource]) -> list[ModelSource]:
     """``sources`` with every model run on a thread of the server process.
 
-    Tests that hold a batch inside a backend (``tests/server/helpers.Gate``) or swap its
-    session need the backend in this process; worker processes are tested on their own.
+    Tests that hold a batch inside a backend (``tests/server/helpers.Gate``) need the
+    backend in this process; worker processes are tested on their own.
     """
     return [
         dataclasses.replace(s, config=s.config.model_copy(update={"isolation": "thread"}))

@@ -1,7 +1,8 @@
 """Regenerate the observability screenshots in docs/images/.
 
-Serves the built-in models with a journal, sends traffic for about 40 s with a
-10 s latency injection in the middle, then captures:
+Serves the built-in models with a journal, sends traffic for about 40 s with a real
+10 s latency fault (+120 ms, injected through the admin API on the digits classifier's
+worker) in the middle, then captures:
 
 - docs/images/dashboard.png       /dashboard in headless Chromium
 - docs/images/monitor.png         the `sordino monitor` live view (rich's HTML export, in Chromium)
@@ -27,12 +28,13 @@ from rich.terminal_theme import MONOKAI
 
 from sordino.cli.main import cli
 from sordino.cli.monitor_view import live_view
-from sordino.server.runtime import Runtime
+from sordino.config import RuntimeConfig
+from sordino.control.client import AdminClient
 from sordino.testing import serve_in_thread
-from sordino.testing.chaos import LatencyChaos, install_latency_chaos
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGES = ROOT / "docs" / "images"
+TOKEN = "screenshots-admin-token"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
 
@@ -52,13 +54,9 @@ def _traffic(url: str, stop: threading.Event, rows: int, pause: float) -> None:
 def main() -> None:
     IMAGES.mkdir(parents=True, exist_ok=True)
     data_dir = Path(tempfile.mkdtemp(prefix="sordino-shots-"))
-    chaos: list[LatencyChaos] = []
-
-    def prepare(runtime: Runtime) -> None:
-        chaos.append(install_latency_chaos(runtime))
-
+    config = RuntimeConfig.model_validate({"server": {"admin_token": TOKEN}})
     stop = threading.Event()
-    with serve_in_thread(data_dir=data_dir, prepare=prepare) as server:
+    with serve_in_thread(config, data_dir=data_dir) as server:
         threads = [
             threading.Thread(target=_traffic, args=(server.url, stop, rows, pause))
             for rows, pause in ((1, 0.01), (3, 0.02), (2, 0.005))
@@ -66,7 +64,9 @@ def main() -> None:
         for thread in threads:
             thread.start()
         time.sleep(15)
-        server.loop.call_soon_threadsafe(chaos[0].inject, "digits-classifier", 0.12, 10.0)
+        AdminClient(server.url, TOKEN).inject(
+            "worker:digits-classifier", "latency", latency="120ms", duration="10s"
+        )
         time.sleep(25)
         # Stop the load first: Chromium competing with it for 2 cores makes spikes of its own.
         stop.set()

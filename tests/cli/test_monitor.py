@@ -38,9 +38,18 @@ def test_once_prints_the_models_and_current_figures(server: RunningServer) -> No
     qps, p50, p99, errors = row.split()[1:5]
     assert float(qps) > 0 and float(p99) >= float(p50) > 0 and errors.endswith("%")
     assert any(line.startswith("simple/1") for line in lines)
-    # The worker processes' shared-memory arena is the pool: its size and fragmentation.
+    # The worker processes' shared-memory arena is the memory pool.
     assert re.search(r"pool \d+ MB/256 MB frag \d+\.\d%", result.output), result.output
     assert "model_loaded" in result.output
+
+
+def test_once_says_when_there_is_no_memory_pool(thread_server: RunningServer) -> None:
+    """Models on server threads use no shared-memory arena: absent, never faked."""
+    result = CliRunner().invoke(
+        cli, ["monitor", "--url", thread_server.url, "--once", "--metrics", "qps,mem_frag"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "mem_frag n/a (no memory pool)" in result.output
 
 
 def test_an_unreachable_server_gives_a_message_not_a_traceback() -> None:

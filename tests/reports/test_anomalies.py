@@ -54,31 +54,45 @@ def test_nearby_seconds_merge_into_one_spike() -> None:
     assert (spike.start, spike.end) == (40, 50)
 
 
+def _fault(t: float, kind: str, target: str, fault_id: str) -> JournalEvent:
+    """A chaos event as ``FaultRegistry`` journals it."""
+    if kind == "fault_injected":
+        payload = {"id": fault_id, "fault": "latency", "rate": 1.0, "latency_s": 0.2}
+        return JournalEvent(t, kind, target, "chaos API", payload)
+    return JournalEvent(t, kind, target, "duration elapsed", {"id": fault_id, "fault": "latency"})
+
+
 def test_chaos_at_the_onset_is_the_likely_cause() -> None:
     (spike,) = latency_spikes(_spiky(range(40, 50)))
     events = [
         JournalEvent(10.0, "model_loaded", "m/1", "", {}),
-        JournalEvent(39.6, "chaos_injected", "worker m#0", "latency +200 ms", {"model": "m"}),
-        JournalEvent(39.8, "chaos_injected", "worker other#0", "latency", {"model": "other"}),
-        JournalEvent(49.7, "chaos_cleared", "worker m#0", "", {"model": "m"}),
+        _fault(39.6, "fault_injected", "worker:m", "f1"),
+        _fault(39.8, "fault_injected", "worker:other/0", "f2"),
+        _fault(49.7, "fault_cleared", "worker:m", "f1"),
         JournalEvent(300.0, "config_changed", "scheduler", "", {}),
     ]
     ranked = correlate(spike, events)
     assert ranked.likely_cause is not None
-    assert ranked.likely_cause.event.subject == "worker m#0"
-    assert "cleared" in ranked.likely_cause.why
+    assert ranked.likely_cause.event.subject == "worker:m"
+    assert "concerns m" in ranked.likely_cause.why and "cleared" in ranked.likely_cause.why
+    other = next(c for c in ranked.causes if c.event.subject == "worker:other/0")
+    assert "concerns another model (other)" in other.why
     assert all(c.event.kind != "config_changed" for c in ranked.causes)  # after the window
 
 
 def test_an_injection_cleared_before_the_onset_is_not_the_cause() -> None:
     (spike,) = latency_spikes(_spiky(range(40, 50)))
     events = [
-        JournalEvent(10.0, "chaos_injected", "worker m#0", "latency", {"model": "m"}),
-        JournalEvent(20.0, "chaos_cleared", "worker m#0", "", {"model": "m"}),
+        _fault(10.0, "fault_injected", "worker:m", "f1"),
+        _fault(20.0, "fault_cleared", "worker:m", "f1"),
     ]
     ranked = correlate(spike, events)
     assert ranked.likely_cause is None
     assert "cleared 20 s before the onset" in ranked.causes[0].why
+    # A later fault on the same target is not ended by f1's clearing.
+    events.append(_fault(39.5, "fault_injected", "worker:m", "f3"))
+    ranked = correlate(spike, events)
+    assert ranked.likely_cause is not None and ranked.likely_cause.event.payload["id"] == "f3"
 
 
 def test_without_events_there_is_no_likely_cause() -> None:
@@ -109,9 +123,12 @@ def test_fragmentation_climb_and_memory_growth() -> None:
 
 def test_diagnose_recommends_with_numbers_and_honours_focus() -> None:
     rows = _spiky(range(40, 50))
-    events = [JournalEvent(39.5, "chaos_injected", "worker m#0", "latency", {"model": "m"})]
+    events = [_fault(39.5, "fault_injected", "worker:m", "f1")]
     window = JournalWindow(0, 100, rows, [_res(t) for t in range(100)], events)
     diagnosis = diagnose(window, focus="all")
     assert [a.kind for a in diagnosis.anomalies] == ["latency_spike"]
-    assert any("chaos_injected" in r and "200.0 ms" in r for r in diagnosis.recommendations)
+    assert any(
+        "fault_injected" in r and "a latency fault" in r and "200.0 ms" in r
+        for r in diagnosis.recommendations
+    )
     assert diagnose(window, focus="memory").anomalies == []

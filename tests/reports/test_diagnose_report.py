@@ -1,8 +1,9 @@
 """sordino diagnose end to end: a journal recorded with a planted latency spike.
 
-The spike comes from :class:`sordino.testing.chaos.LatencyChaos` (a test double that
-emits ``chaos_injected`` as the chaos injector will): 10 s of +150 ms on every batch
-of digits-classifier while two clients send requests.
+The spike is real chaos: a ``latency`` fault injected through the admin API on the
+digits-classifier's worker (+150 ms slept in the worker before each batch, for 10 s)
+while two clients send requests. The runtime journals it as ``fault_injected`` and,
+when the duration has elapsed, ``fault_cleared``.
 """
 
 from __future__ import annotations
@@ -21,23 +22,20 @@ from click.testing import CliRunner
 from pypdf import PdfReader
 
 from sordino.cli.main import cli
-from sordino.server.runtime import Runtime
+from sordino.config import RuntimeConfig
+from sordino.control.client import AdminClient
 from sordino.testing import serve_in_thread
-from sordino.testing.chaos import LatencyChaos, install_latency_chaos
 
+TOKEN = "diagnose-admin-token"
 BODY = {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [3.0] * 64}]}
 
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     data_dir = tmp_path_factory.mktemp("journal")
-    chaos: list[LatencyChaos] = []
-
-    def prepare(runtime: Runtime) -> None:
-        chaos.append(install_latency_chaos(runtime))
-
+    config = RuntimeConfig.model_validate({"server": {"admin_token": TOKEN}})
     stop = threading.Event()
-    with serve_in_thread(data_dir=data_dir, prepare=prepare) as server:
+    with serve_in_thread(config, data_dir=data_dir) as server:
 
         def client() -> None:
             with httpx.Client(base_url=server.url, timeout=30) as c:
@@ -52,13 +50,16 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
             thread.start()
         time.sleep(6)
         injected_at = time.time()
-        server.loop.call_soon_threadsafe(chaos[0].inject, "digits-classifier", 0.15, 10.0)
+        fault = AdminClient(server.url, TOKEN).inject(
+            "worker:digits-classifier", "latency", latency="150ms", duration="10s"
+        )
         time.sleep(10 + 4)
         stop.set()
         for thread in threads:
             thread.join()
+        applied = server.runtime.executor.statistics().faults_applied
         time.sleep(1.2)
-    yield {"data_dir": data_dir, "injected_at": injected_at, "chaos": chaos[0]}
+    yield {"data_dir": data_dir, "injected_at": injected_at, "fault": fault, "applied": applied}
 
 
 def _diagnose(data_dir: Path, output: Path, *extra: str) -> Any:
@@ -75,8 +76,8 @@ def test_html_report_names_the_window_and_the_chaos_event(
     out = tmp_path / "runtime_health.html"
     result = _diagnose(recorded["data_dir"], out)
     assert result.exit_code == 0, result.output
-    assert recorded["chaos"].delayed_batches > 10
-    assert "likely cause: chaos_injected on worker digits-classifier#0" in result.output
+    assert recorded["fault"]["kind"] == "latency" and recorded["applied"] > 10
+    assert "likely cause: fault_injected on worker:digits-classifier" in result.output
     html = out.read_text()
     injected = recorded["injected_at"]
     start = dt.datetime.fromtimestamp(injected).strftime("%H:%M:%S")
@@ -90,9 +91,9 @@ def test_html_report_names_the_window_and_the_chaos_event(
     assert abs(_seconds(window.group(1)) - _seconds(start)) <= 2, (window.group(0), start)
     # The backlog built during the injection may take a few seconds to drain.
     assert -2 <= _seconds(window.group(2)) - _seconds(end) <= 6, (window.group(0), end)
-    assert "Likely cause: chaos_injected on worker digits-classifier#0" in match
+    assert "Likely cause: fault_injected on worker:digits-classifier" in match
     assert "data:image/png;base64," in html
-    assert "No tuning is needed" in html
+    assert "No tuning is needed" in html and "a latency fault" in html
 
 
 def _seconds(hms: str) -> int:
@@ -108,7 +109,7 @@ def test_pdf_report_has_pages_with_images(recorded: dict[str, Any], tmp_path: Pa
     reader = PdfReader(out)
     assert len(reader.pages) >= 2
     text = reader.pages[0].extract_text()
-    assert "chaos_injected" in text and "latency spike" in text
+    assert "fault_injected" in text and "latency spike" in text
     assert sum(len(page.images) for page in reader.pages) >= 2
 
 

@@ -38,7 +38,7 @@ def test_rows_and_events_round_trip(tmp_path: Path) -> None:
     journal.open()
     journal.write_rows([_row(100), _row(100, model="n")], _resources(100))
     journal.write_rows([_row(101)], None)
-    journal.write_event(Event("chaos_injected", "worker m#0", "latency", {"ms": 5}, time=100.5))
+    journal.write_event(Event("fault_injected", "worker:m", "chaos API", {"id": "f1"}, time=100.5))
     assert journal.flush()
     stats = journal.statistics()
     assert (stats.rows_written, stats.events_written, stats.pending) == (3, 1, 0)
@@ -50,7 +50,11 @@ def test_rows_and_events_round_trip(tmp_path: Path) -> None:
     assert window.models == ["m", "n"]
     assert window.resources == [_resources(100)]
     (event,) = window.events
-    assert (event.kind, event.subject, event.payload) == ("chaos_injected", "worker m#0", {"ms": 5})
+    assert (event.kind, event.subject, event.payload) == (
+        "fault_injected",
+        "worker:m",
+        {"id": "f1"},
+    )
 
 
 def test_the_file_is_in_wal_mode(tmp_path: Path) -> None:

@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import httpx
-import pytest
 
+from sordino.execution.profiling import SYNTHETIC_BATCHES
 from sordino.telemetry.profile_data import OperatorProfile, parse_ort_profile
 from sordino.testing import RunningServer
-
-
-@pytest.fixture(scope="module")
-def server(thread_server: RunningServer) -> RunningServer:
-    """Batches are held inside the backend here, so the models run on server threads."""
-    return thread_server
-
 
 TRACE = [
     {"cat": "Session", "name": "model_run", "dur": 500},
@@ -49,6 +42,7 @@ def test_gpu_kernel_events_count_as_launches() -> None:
 
 
 def test_profile_endpoint_profiles_a_served_model(server: RunningServer) -> None:
+    """The models run in worker processes (the default isolation)."""
     with httpx.Client(base_url=server.url, timeout=30) as client:
         response = client.post(
             "/v2/sordino/profile", json={"model": "digits-classifier", "seconds": 0.3}
@@ -62,3 +56,17 @@ def test_profile_endpoint_profiles_a_served_model(server: RunningServer) -> None
         assert any(e.kind == "operator_profile" for e in server.runtime.events.recent())
         bad = client.post("/v2/sordino/profile", json={"model": "nope"})
         assert bad.status_code == 404 and "unknown model" in bad.json()["error"]
+
+
+def test_profile_endpoint_profiles_a_thread_isolated_model(thread_server: RunningServer) -> None:
+    """A model on a server thread is profiled by swapping its backend's session."""
+    with httpx.Client(base_url=thread_server.url, timeout=30) as client:
+        response = client.post(
+            "/v2/sordino/profile", json={"model": "digits-classifier", "seconds": 0.2}
+        )
+    assert response.status_code == 200, response.text
+    profile = OperatorProfile.from_json(response.json())
+    assert profile.synthetic and profile.batches == SYNTHETIC_BATCHES
+    assert "Gemm" in {op.op for op in profile.operators}
+    backends = thread_server.runtime.get("digits-classifier", None).backends
+    assert backends and not any(b.profiling for b in backends)  # type: ignore[attr-defined]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,8 @@ class OnnxBackend:
         self._lock = threading.Lock()
         self._batches = self._items = self._failures = 0
         self._busy = 0.0
+        self._source: tuple[Path, str] | None = None
+        self._profiling: _Profiling | None = None
 
     @property
     def metadata(self) -> ModelMetadata:
@@ -73,25 +76,11 @@ class OnnxBackend:
                 f"{', '.join(ort.get_available_providers())}); install the matching onnxruntime "
                 "package or remove them from execution_providers"
             )
-        options = ort.SessionOptions()
-        if self._intra_op_threads:
-            options.intra_op_num_threads = self._intra_op_threads
-        options.log_severity_level = 3
-        provider_options: list[dict[str, str]] = []
-        for provider in self._providers:
-            opts: dict[str, str] = {}
-            if provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider") and ":" in device:
-                opts["device_id"] = device.split(":", 1)[1]
-            provider_options.append(opts)
         try:
-            session = ort.InferenceSession(
-                str(model_path),
-                sess_options=options,
-                providers=self._providers,
-                provider_options=provider_options,
-            )
+            session = self._session_for(model_path, device)
         except Exception as exc:  # onnxruntime raises its own exception types
             raise ModelLoadError(f"model {self._name}: cannot load {model_path}: {exc}") from exc
+        self._source = (model_path, device)
         inputs = tuple(
             TensorSpec(i.name, from_onnx_type(i.type), _dims(i.shape)) for i in session.get_inputs()
         )
@@ -109,6 +98,30 @@ class OnnxBackend:
             inputs=inputs,
             outputs=outputs,
             batched=batched,
+        )
+
+    def _session_for(self, model_path: Path, device: str, profile_prefix: str = "") -> Any:
+        """A new session on ``model_path``; with ``profile_prefix``, one that profiles."""
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        if self._intra_op_threads:
+            options.intra_op_num_threads = self._intra_op_threads
+        options.log_severity_level = 3
+        if profile_prefix:
+            options.enable_profiling = True
+            options.profile_file_prefix = profile_prefix
+        provider_options: list[dict[str, str]] = []
+        for provider in self._providers:
+            opts: dict[str, str] = {}
+            if provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider") and ":" in device:
+                opts["device_id"] = device.split(":", 1)[1]
+            provider_options.append(opts)
+        return ort.InferenceSession(
+            str(model_path),
+            sess_options=options,
+            providers=self._providers,
+            provider_options=provider_options,
         )
 
     def infer(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -136,19 +149,59 @@ class OnnxBackend:
 
     def unload(self) -> None:
         self._session = None
+        self._profiling = None
 
-    def replace_session(self, session: Any) -> Any:
-        """Serve later batches from ``session`` (same model; e.g. with profiling on).
+    def start_profiling(self, prefix: str) -> None:
+        """Serve later batches from a profiling session; its trace file starts with ``prefix``.
 
-        Returns the session it replaces, to be put back the same way. A batch already
-        running finishes on the session it started with.
+        ONNX Runtime profiles only a session created with profiling on, so a second
+        session is opened on the same file, device and options, and swapped in (a batch
+        already running finishes on the session it started with). Profiling that is
+        already on is ended first and its trace abandoned. Raises what onnxruntime raises
+        if the session cannot be created; the serving session is then unchanged.
         """
-        previous, self._session = self._session, session
-        return previous
+        if self._source is None:
+            raise ModelLoadError(f"model {self._name} is not loaded")
+        session = self._session_for(*self._source, profile_prefix=prefix)
+        abandoned = self._profiling
+        original = abandoned.original if abandoned is not None else self._session
+        with self._lock:
+            self._profiling = _Profiling(session, original, self._batches)
+            self._session = session
+        if abandoned is not None:
+            abandoned.session.end_profiling()
+
+    def stop_profiling(self) -> tuple[str, int]:
+        """Put the serving session back; return the trace file and the batches profiled.
+
+        Call it when no batch is running on this backend (a batch still running on the
+        profiling session would race with the end of the trace). Raises
+        :class:`RuntimeError` when profiling is not on.
+        """
+        profiling = self._profiling
+        if profiling is None:
+            raise RuntimeError(f"model {self._name} is not being profiled")
+        with self._lock:
+            self._profiling = None
+            self._session = profiling.original
+            batches = self._batches - profiling.batches_before
+        return str(profiling.session.end_profiling()), batches
+
+    @property
+    def profiling(self) -> bool:
+        """Whether batches are being profiled now."""
+        return self._profiling is not None
 
     def statistics(self) -> BackendStatistics:
         with self._lock:
             return BackendStatistics(self._batches, self._items, self._failures, self._busy)
+
+
+@dataclass(frozen=True, slots=True)
+class _Profiling:
+    session: Any
+    original: Any
+    batches_before: int
 
 
 def _to_str_array(arr: Tensor) -> Tensor:

@@ -59,6 +59,8 @@ def profile(url: str, model: str, model_version: str | None, seconds: float, top
     result = OperatorProfile.from_json(data)
     click.echo(profile_header(result))
     Console().print(profile_table(result, top))
+    for lost in result.lost:
+        click.echo(f"not profiled to the end (its trace is lost): {lost}")
     if result.kernel_launches is not None:
         click.echo(f"kernel launches: {result.kernel_launches}")
     click.echo("journaled as an operator_profile event")

@@ -2,10 +2,13 @@
 
 ONNX Runtime can only profile a session created with profiling on, so for the
 profiling window each instance of the model serves from a second session on the
-same file with ``enable_profiling`` set; afterwards the original sessions are put
-back and the trace files are parsed into an :class:`OperatorProfile`. When no live
-batch ran during the window, a few zero-filled batches are run so the breakdown
-still exists, and the profile says it is ``synthetic``.
+same file with profiling on, whether it runs in a worker process (the worker swaps
+its session between batches when the server asks) or on a thread of the server;
+afterwards the original sessions are put back (see ``execution/profiling.py``). The
+trace files, written by whichever process ran the instance into a temporary
+directory both can reach, are parsed here into an :class:`OperatorProfile`. When no
+live batch ran during the window, zero-filled batches are profiled instead and the
+profile says it is ``synthetic``.
 """
 
 from __future__ import annotations
@@ -18,100 +21,58 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from sordino.clock import Clock
-from sordino.errors import Unsupported
+from sordino.execution.profiling import ProfileTraces
 from sordino.inference import ModelKey, Tensor
 from sordino.telemetry.profile_data import OperatorProfile, parse_ort_profile
 
-__all__ = ["ProfilableBackend", "profile_model"]
-
-SYNTHETIC_BATCHES = 20
+__all__ = ["ProfilingExecutor", "profile_model"]
 
 
-class ProfilableBackend(Protocol):
-    """A backend whose ONNX Runtime session can be swapped (``OnnxBackend``)."""
+class ProfilingExecutor(Protocol):
+    """What profiling needs from the executor (``ChainExecutor.profile``)."""
 
-    def replace_session(self, session: Any) -> Any: ...
-
-    def infer(self, batch: dict[str, Tensor]) -> dict[str, Tensor]: ...
-
-    def statistics(self) -> Any: ...
-
-
-def _profiling_session(
-    model_path: Path, providers: list[str], threads: int | None, prefix: str
-) -> Any:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.enable_profiling = True
-    options.profile_file_prefix = prefix
-    options.log_severity_level = 3
-    if threads:
-        options.intra_op_num_threads = threads
-    return ort.InferenceSession(str(model_path), sess_options=options, providers=providers)
+    async def profile(
+        self,
+        model: ModelKey,
+        *,
+        seconds: float,
+        trace_dir: Path,
+        synthetic_batch: Callable[[], dict[str, Tensor]],
+    ) -> ProfileTraces: ...
 
 
-def _end_profiling(sessions: list[Any]) -> list[list[dict[str, Any]]]:
-    traces = []
-    for session in sessions:
-        path = Path(session.end_profiling())
-        if path.is_file():
-            traces.append(json.loads(path.read_text()))
-    return traces
+def _read_traces(paths: Sequence[Path]) -> list[list[dict[str, Any]]]:
+    # ONNX Runtime names the file even when it could not write it: skip what is missing.
+    return [json.loads(path.read_text()) for path in paths if path.is_file()]
 
 
 async def profile_model(
     model: ModelKey,
     *,
-    model_path: Path,
-    providers: Sequence[str],
-    intra_op_threads: int | None,
-    backends: Sequence[Any],
+    executor: ProfilingExecutor,
     seconds: float,
     synthetic_batch: Callable[[], dict[str, Tensor]],
-    clock: Clock,
 ) -> OperatorProfile:
-    """Profile ``model``'s live traffic for ``seconds`` and return the operator breakdown."""
-    swappable = [b for b in backends if hasattr(b, "replace_session")]
-    if not swappable:
-        raise Unsupported(
-            f"model {model} runs on a backend without ONNX Runtime sessions to profile"
-        )
-    loop = asyncio.get_running_loop()
+    """Profile ``model``'s traffic for ``seconds`` and return the operator breakdown.
+
+    Raises :class:`sordino.errors.Unavailable` when no instance of the model could be
+    profiled to the end (each one lost, with its cause, in the message); instances
+    lost while others finished are listed in the profile's ``lost``.
+    """
     started = time.time()
+    loop = asyncio.get_running_loop()
     with tempfile.TemporaryDirectory(prefix="sordino-profile-") as tmp:
-        sessions = [
-            await loop.run_in_executor(
-                None,
-                _profiling_session,
-                model_path,
-                list(providers),
-                intra_op_threads,
-                str(Path(tmp) / f"{model.name}-{i}"),
-            )
-            for i in range(len(swappable))
-        ]
-        before = sum(b.statistics().batches for b in swappable)
-        originals = [b.replace_session(s) for b, s in zip(swappable, sessions, strict=True)]
-        try:
-            await clock.sleep(seconds)
-            batches = sum(b.statistics().batches for b in swappable) - before
-            synthetic = batches == 0
-            if synthetic:
-                batch = synthetic_batch()
-                for _ in range(SYNTHETIC_BATCHES):
-                    await loop.run_in_executor(None, swappable[0].infer, batch)
-        finally:
-            for backend, original in zip(swappable, originals, strict=True):
-                backend.replace_session(original)
-        traces = await loop.run_in_executor(None, _end_profiling, sessions)
+        result = await executor.profile(
+            model, seconds=seconds, trace_dir=Path(tmp), synthetic_batch=synthetic_batch
+        )
+        traces = await loop.run_in_executor(None, _read_traces, result.paths)
     return parse_ort_profile(
         traces,
         model=model.name,
         version=model.version,
         started_at=started,
         seconds=seconds,
-        batches=SYNTHETIC_BATCHES if synthetic else batches,
-        synthetic=synthetic,
+        batches=result.batches,
+        synthetic=result.synthetic,
+        lost=result.lost,
     )

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,12 +32,20 @@ from sordino.backends.base import Backend, ModelMetadata
 from sordino.clock import Clock
 from sordino.config import ModelConfig, RuntimeConfig, parse_threshold
 from sordino.datatypes import to_numpy_dtype
-from sordino.errors import InferenceFailed, InvalidRequest, ModelLoadError, ModelNotReady, NotFound
+from sordino.errors import (
+    InferenceFailed,
+    InvalidRequest,
+    ModelLoadError,
+    ModelNotReady,
+    NotFound,
+    Unavailable,
+)
 from sordino.events import EventSink
 from sordino.execution.breaker import BreakerState, CircuitBreaker
 from sordino.execution.devices import Device, Tier, chain_devices, missing_provider, model_tiers
 from sordino.execution.faults import FaultRegistry, FaultSpec, Target, parse_target
 from sordino.execution.instances import ProcessInstance, StagedBatch, ThreadInstance
+from sordino.execution.profiling import Profiled, ProfileTraces, profile_instances
 from sordino.execution.stats import (
     DeviceStatistics,
     ExecutionStatistics,
@@ -106,6 +114,7 @@ class ChainExecutor:
         self._switches = SwitchRecorder()
         self._retries = 0
         self._unavailable: dict[str, str] = {}
+        self._profiling: set[ModelKey] = set()
         self._breakers: dict[str, CircuitBreaker] = {}
         self._chain = chain_devices(config)
         strategy = config.scheduler.fallback_chain
@@ -343,9 +352,12 @@ class ChainExecutor:
         try:
             return await self._dispatch(entry, staged)
         finally:
-            if self._arena is not None:
-                for block in staged.blocks:
-                    self._arena.release(block)
+            self._release(staged)
+
+    def _release(self, staged: StagedBatch) -> None:
+        if self._arena is not None:
+            for block in staged.blocks:
+                self._arena.release(block)
 
     async def _dispatch(self, model: _Model, batch: StagedBatch) -> dict[str, Tensor]:
         tried: set[str] = set()
@@ -444,6 +456,64 @@ class ChainExecutor:
                         instance.busy = True
                         return candidates[0], instance
             await model.signal.wait()
+
+    # -- profiling -------------------------------------------------------------------
+
+    async def profile(
+        self,
+        model: ModelKey,
+        *,
+        seconds: float,
+        trace_dir: Path,
+        synthetic_batch: Callable[[], dict[str, Tensor]],
+    ) -> ProfileTraces:
+        """Profile every instance of ``model`` for ``seconds``; see ``execution/profiling``.
+
+        Worker processes and thread instances alike; zero-filled ``synthetic_batch()``
+        batches run on the profiling instances (past the breakers and faults) when no
+        live batch ran. Raises :class:`Unavailable` when no instance left a trace, or
+        while ``model`` is being profiled already (one window at a time per model).
+        """
+        entry = self._model(model)
+        if model in self._profiling:
+            raise Unavailable(f"model {model} is being profiled already; retry when that ends")
+        instances = [i for tier in entry.tiers for i in tier.instances]
+
+        async def run_synthetic(instance: Profiled) -> object:
+            assert isinstance(instance, ProcessInstance | ThreadInstance)
+            return await self._run_on(entry, instance, synthetic_batch())
+
+        self._profiling.add(model)
+        try:
+            return await profile_instances(
+                str(model),
+                instances,
+                seconds=seconds,
+                trace_dir=trace_dir,
+                clock=self._clock,
+                run_synthetic=run_synthetic,
+            )
+        finally:
+            self._profiling.discard(model)
+
+    async def _run_on(
+        self, model: _Model, instance: Instance, batch: dict[str, Tensor]
+    ) -> dict[str, Tensor]:
+        """Run ``batch`` on ``instance`` once idle; :class:`WorkerLost` if it stops serving."""
+        while instance.busy and instance.serving:
+            await model.signal.wait()
+        if not instance.serving:
+            raise WorkerLost(f"{instance.subject} is {instance.state}, not serving")
+        instance.busy = True
+        try:
+            staged = await self._stage(model, batch)
+            try:
+                return await instance.run(staged, None)
+            finally:
+                self._release(staged)
+        finally:
+            instance.busy = False
+            model.signal.fire()
 
     # -- devices and breakers --------------------------------------------------------
 

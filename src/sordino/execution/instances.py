@@ -5,6 +5,10 @@ stops sending heartbeats or overruns a batch, the instance records why, waits ou
 restart backoff on the runtime's clock, starts a replacement (which loads and warms
 up before it says ready) and only then takes traffic again. Every failure and every
 restart is an event with its cause.
+
+Both kinds can be profiled (``start_profiling`` / ``stop_profiling``): a thread
+instance swaps its backend's session itself, a process instance asks its worker to,
+between batches (see ``execution/worker.py``).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class WorkerStatistics:
     batches: int
     failures: int
     last_cause: str
+    profiling: bool
 
 
 @dataclass(slots=True)
@@ -92,6 +97,11 @@ class _Base:
     def _pid(self) -> int | None:
         return None
 
+    @property
+    def profiling(self) -> bool:
+        """Whether this instance serves from a profiling session now."""
+        return False
+
     def statistics(self) -> WorkerStatistics:
         return WorkerStatistics(
             model=self.key.name,
@@ -107,6 +117,7 @@ class _Base:
             batches=self.batches,
             failures=self.failures,
             last_cause=self.last_cause,
+            profiling=self.profiling,
         )
 
 
@@ -158,6 +169,21 @@ class ThreadInstance(_Base):
             self.failures += 1
             raise WorkerError("error", f"{type(exc).__name__}: {exc}") from None
 
+    @property
+    def profiling(self) -> bool:
+        return self._backend.profiling
+
+    async def start_profiling(self, prefix: str) -> None:
+        """Swap in a profiling session (built off the instance's thread: batches go on)."""
+        await asyncio.get_running_loop().run_in_executor(
+            None, self._backend.start_profiling, prefix
+        )
+
+    async def stop_profiling(self) -> tuple[str, int]:
+        """Put the serving session back once the running batch is done; see the backend."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._backend.stop_profiling)
+
     async def aclose(self) -> None:
         self.state = "stopped"
         self._pool.shutdown(wait=False)
@@ -194,6 +220,7 @@ class ProcessInstance(_Base):
         self._worker: WorkerProcess | None = None
         self._watch: asyncio.Task[None] | None = None
         self._closing = False
+        self._profiled: WorkerProcess | None = None
 
     def _pid(self) -> int | None:
         return self._worker.pid if self._worker is not None else None
@@ -232,6 +259,35 @@ class ProcessInstance(_Base):
             self.failures += 1
             raise
         return {name: read_tensor(batch.buffer, handle) for name, handle in outputs.items()}
+
+    @property
+    def profiling(self) -> bool:
+        return self._profiled is not None and self._profiled.alive
+
+    async def start_profiling(self, prefix: str) -> None:
+        """Have the worker serve from a profiling session, once its running batch is done.
+
+        Raises :class:`WorkerLost` when no worker serves now or it is lost meanwhile,
+        :class:`WorkerError` when the worker cannot open the session or does not answer
+        within ``workers.start_timeout``.
+        """
+        worker = self._worker
+        if worker is None or not self.serving:
+            raise WorkerLost(f"the instance is {self.state}, not serving")
+        await worker.call("profile_start", prefix, timeout_s=self._settings.start_timeout)
+        self._profiled = worker
+
+    async def stop_profiling(self) -> tuple[str, int]:
+        """End profiling in the worker that started it; return its trace file and batches.
+
+        Raises :class:`WorkerLost` if that worker is gone (its trace with it), even when
+        a replacement serves by now.
+        """
+        worker, self._profiled = self._profiled, None
+        if worker is None:
+            raise WorkerLost("profiling was not started on this instance")
+        path, batches = await worker.call("profile_stop", timeout_s=self._settings.start_timeout)
+        return str(path), int(batches)
 
     def kill(self, cause: str) -> None:
         """Kill the current worker (it is then replaced as after any failure)."""

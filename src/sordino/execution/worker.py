@@ -4,6 +4,12 @@ A reader thread per worker blocks on the pipe and hands each message to the even
 loop; end-of-file means the process is gone, and the exit code or signal becomes the
 cause. Killing a worker (hang, execution timeout, shutdown) fails its batch at once
 with :class:`WorkerLost`, whatever the process does next.
+
+The pipe carries one exchange at a time: a batch (``run``, perhaps an ``alloc`` round
+trip, then ``done`` or ``error``) or a command (:meth:`WorkerProcess.call`, such as
+``profile_start``). A command waits for the running batch to finish, and a batch
+for the running command, so no message lands in the middle of a batch's ``alloc``
+exchange, where the worker reads the pipe for the allocation alone.
 """
 
 from __future__ import annotations
@@ -115,6 +121,8 @@ class WorkerProcess:
         self.dead: asyncio.Future[str] = self._loop.create_future()
         self._pending: dict[int, asyncio.Future[tuple[dict[str, TensorHandle], float]]] = {}
         self._allocate: dict[int, Allocate] = {}
+        self._calls: dict[int, asyncio.Future[Any]] = {}
+        self._turn = asyncio.Lock()  # one exchange on the pipe at a time (see above)
         self._kill_cause: str | None = None
         self._broken = False
         self.pid: int | None = None
@@ -163,10 +171,22 @@ class WorkerProcess:
         """Run one batch; return its output handles and the time the model took.
 
         Raises :class:`WorkerLost` if the worker dies, is killed or exceeds
-        ``timeout_s`` (0: no limit), :class:`WorkerError` if the model raised.
+        ``timeout_s`` (0: no limit), :class:`WorkerError` if the model raised. The
+        batch waits for a command in progress; ``timeout_s`` counts from its start.
         """
+        async with self._turn:
+            return await self._run(inputs, space, fault, allocate, timeout_s)
+
+    async def _run(
+        self,
+        inputs: dict[str, TensorHandle],
+        space: dict[str, TensorHandle],
+        fault: FaultAction | None,
+        allocate: Allocate,
+        timeout_s: float,
+    ) -> tuple[dict[str, TensorHandle], float]:
         if not self.alive:
-            raise WorkerLost(self._kill_cause or "the worker is not running")
+            raise WorkerLost(self._lost_cause())
         batch_id = next(self._ids)
         future: asyncio.Future[tuple[dict[str, TensorHandle], float]] = self._loop.create_future()
         self._pending[batch_id] = future
@@ -189,6 +209,40 @@ class WorkerProcess:
                 timer.cancel()
             self._pending.pop(batch_id, None)
             self._allocate.pop(batch_id, None)
+
+    async def call(self, command: str, *args: Any, timeout_s: float) -> Any:
+        """Send ``command`` to the worker between batches; return its reply.
+
+        Raises :class:`WorkerLost` if the worker dies or is killed first,
+        :class:`WorkerError` if the command failed in the worker (``kind`` "error") or
+        no reply came within ``timeout_s`` of sending it (``kind`` "timeout"; the worker
+        may still carry the command out later).
+        """
+        async with self._turn:
+            if not self.alive:
+                raise WorkerLost(self._lost_cause())
+            call_id = next(self._ids)
+            future: asyncio.Future[Any] = self._loop.create_future()
+            self._calls[call_id] = future
+            try:
+                self._conn.send((command, call_id, *args))
+                return await asyncio.wait_for(future, timeout_s)
+            except OSError as exc:
+                self._broken = True
+                raise WorkerLost(f"the worker is gone ({exc.strerror or exc})") from None
+            except TimeoutError:
+                raise WorkerError(
+                    "timeout", f"the worker did not answer {command} within {timeout_s:g} s"
+                ) from None
+            finally:
+                self._calls.pop(call_id, None)
+
+    def _lost_cause(self) -> str:
+        if self._kill_cause is not None:
+            return self._kill_cause
+        if self.dead.done():
+            return self.dead.result()
+        return "the worker is not running"
 
     def kill(self, cause: str) -> None:
         """SIGKILL the process (it may be hung or stopped); fail its batch with ``cause``."""
@@ -259,6 +313,14 @@ class WorkerProcess:
             future = self._pending.get(batch_id)
             if future is not None and not future.done():
                 future.set_exception(WorkerError(error_kind, text))
+        elif kind in ("reply", "call_failed"):
+            _, call_id, value = message
+            call = self._calls.get(call_id)
+            if call is not None and not call.done():
+                if kind == "reply":
+                    call.set_result(value)
+                else:
+                    call.set_exception(WorkerError("error", value))
         elif kind == "alloc":
             _, batch_id, sizes = message
             self._loop.create_task(self._serve_alloc(batch_id, sizes))
@@ -287,6 +349,6 @@ class WorkerProcess:
         self._conn.close()
 
     def _fail_pending(self, cause: str) -> None:
-        for future in self._pending.values():
+        for future in [*self._pending.values(), *self._calls.values()]:
             if not future.done():
                 future.set_exception(WorkerLost(cause))

@@ -4,8 +4,16 @@ Started with the ``spawn`` method (fork after threads and onnxruntime is unsafe)
 maps the arena, loads its model, runs warm-up batches, says ``ready`` and then
 serves ``run`` messages one at a time: inputs are read in place from the arena,
 outputs written back into blocks the server reserved (or asks for with ``alloc``
-when their size could not be known in advance). A heartbeat thread says ``hb``
-every ``heartbeat_s``. The server's end closing (EOF) means: exit.
+when their size could not be known in advance). Between batches the server may
+send commands, ``(name, call_id, *args)``, each answered with ``("reply", call_id,
+value)`` or ``("call_failed", call_id, message)``:
+
+- ``profile_start PREFIX``: serve from a profiling session whose trace file name
+  starts with PREFIX (see ``OnnxBackend.start_profiling``); replies None;
+- ``profile_stop``: put the serving session back; replies ``(trace_path, batches)``.
+
+A heartbeat thread says ``hb`` every ``heartbeat_s``. The server's end closing
+(EOF) means: exit.
 
 Messages are small tuples; tensor data never goes through the pipe.
 """
@@ -15,6 +23,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -119,6 +128,24 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         if message[0] == "run":
             _, batch_id, inputs, outputs, fault = message
             _run(link, backend, buffer, batch_id, inputs, outputs, fault)
+        elif message[0] in _COMMANDS:
+            _command(link, backend, message)
+
+
+_COMMANDS: dict[str, Callable[..., Any]] = {
+    "profile_start": lambda backend, prefix: backend.start_profiling(prefix),
+    "profile_stop": lambda backend: backend.stop_profiling(),
+}
+
+
+def _command(link: _Link, backend: Any, message: tuple[Any, ...]) -> None:
+    name, call_id, *args = message
+    try:
+        value = _COMMANDS[name](backend, *args)
+    except Exception as exc:
+        link.send(("call_failed", call_id, f"{name}: {type(exc).__name__}: {exc}"))
+        return
+    link.send(("reply", call_id, value))
 
 
 def _run(

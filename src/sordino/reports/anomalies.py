@@ -24,6 +24,7 @@ __all__ = [
     "correlate",
     "error_bursts",
     "fragmentation_climbs",
+    "is_chaos",
     "latency_spikes",
     "memory_growth",
 ]
@@ -31,9 +32,12 @@ __all__ = [
 MAX_GAP_S = 3
 LOOKBACK_S = 60.0
 
+# The events of chaos: ``fault_injected`` and ``fault_cleared`` (execution/faults.py).
+CHAOS_PREFIX = "fault_"
+
 # How much an event kind says about a sudden change, by prefix (first match wins).
 _KIND_WEIGHTS = (
-    ("chaos", 1.0),
+    (CHAOS_PREFIX, 1.0),
     ("config", 0.8),
     ("worker", 0.8),
     ("device", 0.8),
@@ -266,6 +270,28 @@ def memory_growth(
     ]
 
 
+def is_chaos(kind: str) -> bool:
+    """Whether an event of ``kind`` records an injected fault (chaos) or its end."""
+    return kind.startswith(CHAOS_PREFIX)
+
+
+def _concerns(event: JournalEvent) -> str | None:
+    """The model an event is about: its ``model`` field, or a ``worker:MODEL[/N]`` subject."""
+    about = event.payload.get("model")
+    if isinstance(about, str):
+        return about
+    kind, _, rest = event.subject.partition(":")
+    if kind == "worker" and rest:
+        return rest.partition("/")[0]
+    return None
+
+
+def _same_injection(cleared: JournalEvent, event: JournalEvent) -> bool:
+    """Whether ``cleared`` ends ``event``: the same subject and, when both carry one, id."""
+    ids = (cleared.payload.get("id"), event.payload.get("id"))
+    return cleared.subject == event.subject and (None in ids or ids[0] == ids[1])
+
+
 def _weight(kind: str) -> float:
     for prefix, weight in _KIND_WEIGHTS:
         if kind.startswith(prefix):
@@ -283,11 +309,13 @@ def correlate(anomaly: Anomaly, events: Sequence[JournalEvent]) -> Anomaly:
             continue
         score = _weight(event.kind)
         why = []
-        about = event.payload.get("model")
-        if anomaly.model is not None and (about == anomaly.model or anomaly.model in event.subject):
+        about = _concerns(event)
+        if anomaly.model is None:
+            pass
+        elif about == anomaly.model or (about is None and anomaly.model in event.subject):
             score *= 1.5
             why.append(f"concerns {anomaly.model}")
-        elif anomaly.model is not None and isinstance(about, str):
+        elif about is not None:
             score *= 0.3
             why.append(f"concerns another model ({about})")
         lead = anomaly.start - event.t
@@ -303,7 +331,7 @@ def correlate(anomaly: Anomaly, events: Sequence[JournalEvent]) -> Anomaly:
         cleared = [
             e
             for e in events
-            if e.kind.endswith("_cleared") and e.subject == event.subject and e.t >= event.t
+            if e.kind.endswith("_cleared") and _same_injection(e, event) and e.t >= event.t
         ]
         if cleared and cleared[0].t < anomaly.start:
             score *= 0.1  # over before the anomaly began: it cannot have caused it

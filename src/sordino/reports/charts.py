@@ -11,7 +11,7 @@ import io
 from collections.abc import Sequence
 from typing import Any
 
-from sordino.reports.anomalies import Anomaly
+from sordino.reports.anomalies import Anomaly, is_chaos
 from sordino.reports.diagnose import Diagnosis
 from sordino.telemetry.journal_reader import JournalEvent
 from sordino.telemetry.profile_data import OperatorProfile
@@ -61,7 +61,7 @@ def _mark_events(ax: Any, events: Sequence[JournalEvent], label: bool) -> None:
     for event in events:
         if event.kind.endswith("_cleared"):
             continue
-        chaos = event.kind.startswith("chaos")
+        chaos = is_chaos(event.kind)
         ax.axvline(
             dt.datetime.fromtimestamp(event.t),
             color="#c92a2a" if chaos else "#868e96",

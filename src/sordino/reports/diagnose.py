@@ -18,6 +18,7 @@ from sordino.reports.anomalies import (
     correlate,
     error_bursts,
     fragmentation_climbs,
+    is_chaos,
     latency_spikes,
     memory_growth,
 )
@@ -217,10 +218,12 @@ def _advice(anomaly: Anomaly) -> str:
     ctx = anomaly.context
     if cause is not None:
         event = cause.event
-        if event.kind.startswith("chaos"):
+        if is_chaos(event.kind):
+            fault = event.payload.get("fault")
+            what = f"a {fault} fault, " if isinstance(fault, str) else ""
             return (
                 f"The {event.kind} event at {_hms(event.t)} on {event.subject} "
-                f"({event.cause}) explains it ({cause.why}). No tuning is needed: the "
+                f"({what}{event.cause}) explains it ({cause.why}). No tuning is needed: the "
                 "runtime behaved as injected; if the injection was not planned, find who ran it."
             )
         return (

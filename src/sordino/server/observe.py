@@ -108,13 +108,9 @@ def observe_routes(runtime: Runtime, guard: Any) -> list[Route]:
         model = runtime.get(body["model"], body.get("version"))
         result = await profile_model(
             model.key,
-            model_path=model.source.path,
-            providers=model.source.config.execution_providers,
-            intra_op_threads=model.source.config.intra_op_threads,
-            backends=model.backends,
+            executor=runtime.executor,
             seconds=float(seconds),
             synthetic_batch=lambda: dummy_batch(model.metadata, 1),
-            clock=runtime.clock,
         )
         telemetry.record_profile(result)
         return _json(result.to_json())

@@ -28,7 +28,11 @@ class OperatorTime:
 
 @dataclass(frozen=True, slots=True)
 class OperatorProfile:
-    """The result of profiling one model for a while."""
+    """The result of profiling one model for a while.
+
+    ``lost`` names the instances whose trace was lost in the window (``"model/N:
+    cause"``, e.g. a worker killed); the figures cover the other instances.
+    """
 
     model: str
     version: str
@@ -40,6 +44,7 @@ class OperatorProfile:
     operators: tuple[OperatorTime, ...]
     nodes: tuple[OperatorTime, ...]
     kernel_launches: int | None
+    lost: tuple[str, ...] = ()
 
     def top(self, n: int = 10) -> tuple[OperatorTime, ...]:
         return self.operators[:n]
@@ -52,6 +57,7 @@ class OperatorProfile:
         values = dict(data)
         values["operators"] = tuple(OperatorTime(**o) for o in data["operators"])
         values["nodes"] = tuple(OperatorTime(**o) for o in data["nodes"])
+        values["lost"] = tuple(data.get("lost", ()))
         return cls(**values)
 
 
@@ -78,6 +84,7 @@ def parse_ort_profile(
     seconds: float,
     batches: int,
     synthetic: bool,
+    lost: tuple[str, ...] = (),
 ) -> OperatorProfile:
     """Sum the node events of one or more ONNX Runtime profile files by operator type."""
     by_op: dict[str, list[Any]] = {}
@@ -112,4 +119,5 @@ def parse_ort_profile(
         operators=_ranked(by_op, total_us),
         nodes=_ranked(by_node, total_us)[:20],
         kernel_launches=kernels or None,
+        lost=lost,
     )
