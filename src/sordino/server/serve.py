@@ -99,8 +99,21 @@ class HttpServer:
         for server in self._server.servers:
             server.close()
 
-    async def stop(self) -> None:
-        """Close the listening socket and the connections."""
+    async def stop(self, *, grace_s: float = 2.0) -> None:
+        """Close the listening socket and, after a grace period, the connections.
+
+        During the grace period connections are still served (after shutdown began,
+        every response says ``Connection: close``), so a keep-alive client that is
+        between two requests gets an answer and closes its side, instead of having
+        the connection closed under a request it is sending. Connections still open
+        when the grace period ends are closed.
+        """
+        self.stop_accepting()
+        deadline = asyncio.get_running_loop().time() + grace_s
+        while self._server.server_state.connections:
+            if asyncio.get_running_loop().time() >= deadline:
+                break
+            await asyncio.sleep(0.01)
         self._server.should_exit = True
         if self._task is not None:
             await self._task
