@@ -140,9 +140,9 @@ class WorkerProcess:
         self._child_conn.close()  # our copy; the child's end closing must mean EOF here
         self._child_conn = None
         self.pid = self._process.pid
-        threading.Thread(
-            target=self._read, daemon=True, name=f"sordino-reader-{self.spec.model}"
-        ).start()
+        # Replies are read on the event loop itself (no reader thread): no GIL hand-off
+        # and no cross-thread wake-up per batch.
+        self._loop.add_reader(self._conn.fileno(), self._readable)
         waiting: set[asyncio.Future[Any]] = {self._ready, self.dead}
         done, _ = await asyncio.wait(
             waiting, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
@@ -270,25 +270,21 @@ class WorkerProcess:
             self.kill("did not stop in time")
             await asyncio.wait_for(asyncio.shield(self.dead), timeout_s)
 
-    # -- the reader thread and its callbacks -----------------------------------------
+    # -- reading replies and their callbacks -----------------------------------------
 
-    def _read(self) -> None:
-        while True:
-            try:
-                message = self._conn.recv()
-            except (EOFError, OSError):
-                break
-            if not self._post(self._on_message, message):
-                return
-        self._process.join(timeout=10)
-        self._post(self._on_exit, self._process.exitcode)
-
-    def _post(self, callback: Callable[[Any], None], arg: Any) -> bool:
+    def _readable(self) -> None:
+        """Handle every message waiting on the pipe; on end of file, report the exit."""
         try:
-            self._loop.call_soon_threadsafe(callback, arg)
-        except RuntimeError:  # the loop is closed: the server is gone
-            return False
-        return True
+            while self._conn.poll():
+                self._on_message(self._conn.recv())
+        except (EOFError, OSError):
+            self._loop.remove_reader(self._conn.fileno())
+            self._loop.create_task(self._reap())
+
+    async def _reap(self) -> None:
+        # The pipe closes as the process exits; wait for it off the loop to read its code.
+        await self._loop.run_in_executor(None, self._process.join, 10)
+        self._on_exit(self._process.exitcode)
 
     def _on_message(self, message: tuple[Any, ...]) -> None:
         self.last_beat = self._clock.now()
