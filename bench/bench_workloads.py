@@ -121,6 +121,7 @@ def run(args: argparse.Namespace) -> None:
     expected = session.run(None, {w.input_name: inputs})[0]
     rows: list[Measurement] = []
     open_rows: dict[str, float] = {}
+    cpu_ms: dict[str, dict[str, float]] = {}
     transports = args.transports.split(",")
     # The limit is measured before and after the server runs; the better figure is kept,
     # so a busy moment on the machine can only make sordino's ratio look worse.
@@ -171,10 +172,17 @@ def run(args: argparse.Namespace) -> None:
                 for concurrency, count in ((w.concurrency, w.requests), (1, w.single)):
                     task = bar.add_task(f"{label}: {concurrency} concurrent", total=count)
                     before = batch_metrics(ends.http, w.name)
+                    cpu_before = ends.cpu_seconds()
                     latencies, seconds = load(count, concurrency, task)
+                    cpu_after = ends.cpu_seconds()
                     after = batch_metrics(ends.http, w.name)
                     mean = (after[1] - before[1]) / max(after[0] - before[0], 1)
                     rows.append(summarize(label, concurrency, latencies, seconds, mean))
+                    # Where the machine's CPU went, per request, while this row ran.
+                    cpu_ms[f"{label} c{concurrency}"] = {
+                        part: (cpu_after[part] - cpu_before[part]) * 1000 / count
+                        for part in cpu_after
+                    }
                 if args.open_loop and transport != "grpc":
                     open_rows[transport] = search_rate(infer, bodies, headers, bar, args.p99_ms)
     limit_after = raw_limit(w, args.threads)
@@ -188,6 +196,9 @@ def run(args: argparse.Namespace) -> None:
     ratios = {f"{r.label} c{r.concurrency} / raw best": r.rate / best.rate for r in rows[:served]}
     for label, ratio in ratios.items():
         console.print(f"{label}: {ratio:.3f}")
+    for label, parts in cpu_ms.items():
+        spent = ", ".join(f"{part} {ms:.2f}" for part, ms in parts.items())
+        console.print(f"CPU ms per request, {label}: {spent}")
     for r in rows[:served]:
         if r.concurrency > 1:
             verdict = "within" if r.p99_ms <= args.slo_ms else "OVER"
@@ -205,6 +216,7 @@ def run(args: argparse.Namespace) -> None:
         "rows": [r.as_dict() for r in rows],
         "ratios_to_raw_best": ratios,
         "open_loop_max_rate": open_rows,
+        "cpu_ms_per_request": cpu_ms,
         "slo_p99_ms": args.slo_ms,
         "mode": args.mode or w.mode,
     }  # fmt: skip

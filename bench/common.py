@@ -63,6 +63,26 @@ class Endpoints:
 
     http: str  # http://127.0.0.1:PORT
     grpc: str  # 127.0.0.1:PORT
+    pid: int  # the server process; its children are the workers
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds used so far by the server process, its workers, and this client."""
+        import psutil
+
+        server = psutil.Process(self.pid)
+        workers = 0.0
+        for child in server.children(recursive=True):
+            try:
+                times = child.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            workers += times.user + times.system
+        own, mine = server.cpu_times(), psutil.Process().cpu_times()
+        return {
+            "server": own.user + own.system,
+            "workers": workers,
+            "client": mine.user + mine.system,
+        }
 
 
 @contextmanager
@@ -90,7 +110,7 @@ def sordino_server(args: list[str], env: dict[str, str] | None = None) -> Iterat
     # Keep reading its output so the server never blocks on a full pipe.
     threading.Thread(target=lambda: [None for _ in proc.stdout or ()], daemon=True).start()
     try:
-        yield Endpoints(http, grpc)
+        yield Endpoints(http, grpc, proc.pid)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
