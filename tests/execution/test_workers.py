@@ -6,6 +6,7 @@ serves every test here; each counts events from its own starting mark.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -164,3 +165,41 @@ def test_thread_isolation_serves_in_process() -> None:
         assert response.status_code == 200
         (stats,) = server.runtime.executor.statistics().workers
         assert (stats.isolation, stats.pid) == ("thread", None)
+
+
+def test_a_batch_cancelled_mid_run_replaces_its_worker(pair: RunningServer) -> None:
+    """A cancelled batch leaves the worker's pipe exchange half done: it is replaced, and
+    the model keeps serving."""
+    start = mark(pair)
+    client = AdminClient(pair.url, TOKEN)
+    client.inject("worker:digits-classifier", "latency", latency="5s", duration="30s")
+    try:
+        runtime = pair.runtime
+        model = runtime.get("digits-classifier")
+
+        async def cancel_one() -> None:
+            import asyncio
+
+            from sordino.server.runtime import dummy_batch
+
+            task = asyncio.ensure_future(
+                runtime.executor.run(model.key, dummy_batch(model.metadata, 1))
+            )
+            # Cancel once a worker is inside the batch (held there by the latency fault).
+            for _ in range(1000):
+                if any(w.busy for w in runtime.executor.statistics().workers):
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)  # past the hand-over: well inside the 5 s fault
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+        pair.call(cancel_one())
+    finally:
+        client.clear()
+    wait_until(lambda: events(pair, "worker_restarted", start), 60, "the replacement")
+    failed = events(pair, "worker_failed", start)
+    assert [e.cause for e in failed] == ["its batch was cancelled while it ran"]
+    r = httpx.post(f"{pair.url}/v2/models/digits-classifier/infer", json=BODY, timeout=60)
+    assert r.status_code == 200

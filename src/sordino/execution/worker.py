@@ -200,6 +200,11 @@ class WorkerProcess:
         try:
             self._conn.send(("run", batch_id, inputs, space, fault))
             return await future
+        except asyncio.CancelledError:
+            # The worker is still inside the batch and may yet ask for output space: the
+            # pipe's exchange is half done, so the worker is replaced rather than reused.
+            self.kill("its batch was cancelled while it ran")
+            raise
         except OSError as exc:
             # The process is gone; its exit (and the real cause) is reported by the reader.
             self._broken = True
