@@ -127,3 +127,21 @@ class Backend(Protocol):
     def statistics(self) -> BackendStatistics:
         """Return a snapshot of this backend's counters."""
         ...
+
+
+def dummy_inputs(metadata: ModelMetadata, rows: int) -> dict[str, Tensor]:
+    """Zero-filled inputs of ``rows`` rows (variable dimensions of size 1), for warm-ups."""
+    import numpy as np
+
+    from sordino.datatypes import to_numpy_dtype
+
+    batch: dict[str, Tensor] = {}
+    for spec in metadata.inputs:
+        dims = [max(d, 1) for d in spec.shape]
+        if metadata.batched:
+            dims[0] = rows
+        if spec.datatype == "BYTES":
+            batch[spec.name] = np.full(dims, b"", dtype=object)
+        else:
+            batch[spec.name] = np.zeros(dims, dtype=to_numpy_dtype(spec.datatype))
+    return batch

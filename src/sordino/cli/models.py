@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 import sys
-import urllib.error
-import urllib.request
 from typing import Any
 from urllib.parse import quote
 
 import click
 from rich.console import Console
 from rich.table import Table
+
+from sordino.control.client import ClientError, request_json
 
 __all__ = ["models"]
 
@@ -33,29 +33,11 @@ _url_option = click.option(
 
 def _post(url: str, path: str, body: dict[str, Any] | None = None, timeout: float = 600) -> Any:
     """POST JSON to the server; return the decoded reply, or exit 1 with the server's error."""
-    data = json.dumps(body or {}).encode()
-    request = urllib.request.Request(
-        url.rstrip("/") + path,
-        data=data,
-        method="POST",
-        headers={"Content-Type": "application/json"},
-    )
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as reply:
-            text = reply.read()
-    except urllib.error.HTTPError as exc:
-        raw = exc.read()
-        try:
-            message = json.loads(raw)["error"]
-        except (ValueError, KeyError, TypeError):
-            message = raw.decode(errors="replace") or exc.reason
-        click.echo(f"error: {message} (HTTP {exc.code})", err=True)
+        return request_json("POST", url.rstrip("/") + path, body or {}, timeout=timeout)
+    except ClientError as exc:
+        click.echo(f"error: {exc}", err=True)
         sys.exit(1)
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        click.echo(f"error: cannot reach sordino at {url}: {reason}", err=True)
-        sys.exit(1)
-    return json.loads(text) if text.strip() else None
 
 
 @click.group()

@@ -1,4 +1,9 @@
-"""A small client for the admin API (standard library only, for the CLI)."""
+"""A small JSON client for talking to a running server (standard library only).
+
+The CLI commands (``models``, ``monitor``, ``profile``, ``diagnose``, ``chaos``) use
+it. Every failure becomes :class:`ServerUnreachable` or :class:`ServerError` with a
+message a person can act on; the commands print it, never a traceback.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +12,63 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-__all__ = ["AdminClient", "AdminError"]
+__all__ = [
+    "AdminClient",
+    "AdminError",
+    "ClientError",
+    "ServerError",
+    "ServerUnreachable",
+    "request_json",
+]
 
 
-class AdminError(Exception):
-    """The admin API answered with an error (or could not be reached)."""
+class ClientError(Exception):
+    """A call to the server did not succeed."""
+
+
+class ServerUnreachable(ClientError):
+    """No server answered at the URL."""
+
+
+class ServerError(ClientError):
+    """The server answered with an error status; the message is its ``error`` field."""
+
+
+AdminError = ClientError
+"""What :class:`AdminClient` raises: an unreachable server or an error answer."""
+
+
+def request_json(
+    method: str,
+    url: str,
+    body: Any = None,
+    *,
+    headers: dict[str, str] | None = None,
+    timeout: float = 5.0,
+) -> Any:
+    """Send ``body`` (JSON, if any) with ``method`` to ``url``; return the decoded answer."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        try:
+            message = json.loads(exc.read()).get("error", exc.reason)
+        except (ValueError, AttributeError):
+            message = exc.reason
+        raise ServerError(f"{url} answered {exc.code}: {message}") from None
+    except urllib.error.URLError as exc:
+        reason = exc.reason.strerror if isinstance(exc.reason, OSError) else exc.reason
+        raise ServerUnreachable(f"cannot reach {url}: {reason or exc.reason}") from None
+    except TimeoutError:
+        raise ServerUnreachable(f"{url} did not answer within {timeout:g} s") from None
+    except (ConnectionError, OSError) as exc:
+        raise ServerUnreachable(f"cannot reach {url}: {exc}") from None
+    except ValueError as exc:
+        raise ServerError(f"{url} did not answer JSON: {exc}") from None
 
 
 class AdminClient:
@@ -23,22 +80,8 @@ class AdminClient:
         self.timeout_s = timeout_s
 
     def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.url + path, data=data, method=method)
-        request.add_header("Content-Type", "application/json")
-        if self.token:
-            request.add_header("Authorization", f"Bearer {self.token}")
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                return json.loads(response.read() or b"null")
-        except urllib.error.HTTPError as exc:
-            try:
-                message = json.loads(exc.read()).get("error", exc.reason)
-            except (ValueError, AttributeError):
-                message = exc.reason
-            raise AdminError(f"{exc.code}: {message}") from None
-        except urllib.error.URLError as exc:
-            raise AdminError(f"cannot reach {self.url}: {exc.reason}") from None
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        return request_json(method, self.url + path, body, headers=headers, timeout=self.timeout_s)
 
     def inject(self, target: str, fault: str, **options: Any) -> dict[str, Any]:
         body = {"target": target, "fault": fault}

@@ -29,13 +29,11 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from sordino.backends.base import dummy_inputs
 from sordino.execution.faults import FaultAction, perform
-from sordino.inference import Tensor
 from sordino.memory.tensors import TensorHandle, tensor_nbytes, view_tensor, write_tensor
 
-__all__ = ["WorkerSpec", "dummy_inputs", "worker_main"]
+__all__ = ["WorkerSpec", "worker_main"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,22 +50,6 @@ class WorkerSpec:
     arena: str
     heartbeat_s: float
     warmup_batches: int
-
-
-def dummy_inputs(metadata: Any, rows: int) -> dict[str, Tensor]:
-    """Zero-filled inputs of ``rows`` rows (variable dimensions of size 1)."""
-    from sordino.datatypes import to_numpy_dtype
-
-    batch: dict[str, Tensor] = {}
-    for spec in metadata.inputs:
-        dims = [max(d, 1) for d in spec.shape]
-        if metadata.batched:
-            dims[0] = rows
-        if spec.datatype == "BYTES":
-            batch[spec.name] = np.full(dims, b"", dtype=object)
-        else:
-            batch[spec.name] = np.zeros(dims, dtype=to_numpy_dtype(spec.datatype))
-    return batch
 
 
 class _Link:

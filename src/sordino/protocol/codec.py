@@ -36,6 +36,7 @@ __all__ = [
     "encode_error",
     "encode_infer_response",
     "encode_json",
+    "output_datatype",
     "parse_header_length",
 ]
 
@@ -302,7 +303,7 @@ def encode_infer_response(
                 f"model {response.model!r} did not return output {name!r}; "
                 f"it returned {', '.join(map(repr, response.outputs)) or 'nothing'}"
             )
-        datatype = _output_datatype(response, name, array)
+        datatype = output_datatype(response, name, array)
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         if binary:
             chunk = _binary_output(name, datatype, array)
@@ -328,7 +329,8 @@ def encode_infer_response(
     return b"".join([header, *chunks]), headers
 
 
-def _output_datatype(response: InferResponse, name: str, array: Tensor) -> str:
+def output_datatype(response: InferResponse, name: str, array: Tensor) -> str:
+    """Return the datatype of output ``name``; raise InferenceFailed if it contradicts the model."""
     try:
         actual = from_numpy_dtype(array.dtype)
     except TensorError as exc:

@@ -24,13 +24,13 @@ from google.protobuf.message import DecodeError, Message
 
 from sordino.datatypes import (
     DATATYPES,
-    from_numpy_dtype,
     serialize_bytes_tensor,
     tensor_from_binary,
     to_numpy_dtype,
 )
 from sordino.errors import InferenceFailed, InvalidRequest, MalformedBody, TensorError, Unsupported
 from sordino.inference import InferRequest, InferResponse, RequestedOutput, Tensor
+from sordino.protocol.codec import output_datatype
 from sordino.protocol.pb import kserve_v2_pb2 as pb
 
 __all__ = [
@@ -308,26 +308,12 @@ def encode_infer_response(response: InferResponse, request: InferRequest) -> pb.
                 f"model {response.model!r} did not return output {name!r}; "
                 f"it returned {', '.join(map(repr, response.outputs)) or 'nothing'}"
             )
-        datatype = _output_datatype(response, name, array)
+        datatype = output_datatype(response, name, array)
         # The values go in raw_output_contents, in the same order as outputs.
         message.outputs.add(name=name, datatype=datatype, shape=array.shape)
         message.raw_output_contents.append(_raw_bytes(name, datatype, array))
     encode_parameters(response.parameters, message.parameters)
     return message
-
-
-def _output_datatype(response: InferResponse, name: str, array: Tensor) -> str:
-    try:
-        actual = from_numpy_dtype(array.dtype)
-    except TensorError as exc:
-        raise InferenceFailed(f"model {response.model!r} output {name!r}: {exc.message}") from None
-    declared = response.output_datatypes.get(name, actual)
-    if declared != actual:
-        raise InferenceFailed(
-            f"model {response.model!r} returned output {name!r} as {actual} "
-            f"(numpy {array.dtype}) but declares it {declared}"
-        )
-    return declared
 
 
 def _raw_bytes(name: str, datatype: str, array: Tensor) -> bytes:

@@ -22,10 +22,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from sordino.backends.base import dummy_inputs
 from sordino.control.profiling import profile_model
 from sordino.errors import InvalidRequest, NotFound
 from sordino.protocol.codec import encode_json
-from sordino.server.runtime import Runtime, dummy_batch
+from sordino.server.runtime import Runtime
 from sordino.telemetry.journal_reader import JournalReader, MissingJournal
 from sordino.telemetry.snapshot import snapshot
 
@@ -110,7 +111,7 @@ def observe_routes(runtime: Runtime, guard: Any) -> list[Route]:
             model.key,
             executor=runtime.executor,
             seconds=float(seconds),
-            synthetic_batch=lambda: dummy_batch(model.metadata, 1),
+            synthetic_batch=lambda: dummy_inputs(model.metadata, 1),
         )
         telemetry.record_profile(result)
         return _json(result.to_json())

@@ -15,13 +15,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from sordino.admission.chain import AdmissionChain, AdmissionContext, default_links
-from sordino.backends.base import Backend, ModelMetadata
+from sordino.backends.base import Backend, ModelMetadata, dummy_inputs
 from sordino.clock import Clock, MonotonicClock
 from sordino.config import RuntimeConfig
-from sordino.datatypes import to_numpy_dtype
 from sordino.errors import ModelNotReady, NotFound, ShuttingDown, SordinoError, Unsupported
 from sordino.events import EventSink
 from sordino.execution.chain import ChainExecutor
@@ -37,7 +34,7 @@ from sordino.telemetry.hub import Telemetry
 from sordino.telemetry.metrics import Metrics
 from sordino.telemetry.model_stats import ModelStats
 
-__all__ = ["LoadedModel", "Runtime", "dummy_batch"]
+__all__ = ["LoadedModel", "Runtime"]
 
 log = logging.getLogger("sordino.runtime")
 
@@ -58,20 +55,6 @@ class LoadedModel:
     @property
     def max_batch_size(self) -> int:
         return self.scheduling.max_batch_size
-
-
-def dummy_batch(metadata: ModelMetadata, rows: int) -> dict[str, Tensor]:
-    """Return zero-filled inputs of ``rows`` rows (variable dimensions of size 1)."""
-    batch: dict[str, Tensor] = {}
-    for spec in metadata.inputs:
-        dims = [max(d, 1) for d in spec.shape]
-        if metadata.batched:
-            dims[0] = rows
-        if spec.datatype == "BYTES":
-            batch[spec.name] = np.full(dims, b"", dtype=object)
-        else:
-            batch[spec.name] = np.zeros(dims, dtype=to_numpy_dtype(spec.datatype))
-    return batch
 
 
 class Runtime:
@@ -170,12 +153,12 @@ class Runtime:
             self.config.scheduler, config, batched=metadata.batched, instances=instances
         )
         try:
-            await self.executor.run(key, dummy_batch(metadata, 1))  # warm-up
+            await self.executor.run(key, dummy_inputs(metadata, 1))  # warm-up
             curve = None
             if scheduling.mode in ("auto", "hybrid") and scheduling.policy.max_batch > 1:
 
                 async def run(rows: int) -> None:
-                    await self.executor.run(key, dummy_batch(metadata, rows))
+                    await self.executor.run(key, dummy_inputs(metadata, rows))
 
                 curve = await measure_batch_curve(run, self.clock, scheduling.policy.max_batch)
         except Exception:
