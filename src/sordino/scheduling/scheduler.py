@@ -277,14 +277,22 @@ class ModelScheduler:
             await self._wake.wait()
 
     def _set_timer(self, when: float | None) -> None:
-        if when == self._timer_at:
+        """Wake the loop at ``when`` (None: no timer), keeping a pending timer for that time."""
+        if when == self._timer_at and self._timer is not None:
             return
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         self._timer_at = when
         if when is not None:
-            self._timer = self._clock.call_at(when, self._wake.set)
+            self._timer = self._clock.call_at(when, self._timer_fired)
+
+    def _timer_fired(self) -> None:
+        # Forget the timer: event-loop timers may fire a little before ``when`` (uvloop
+        # rounds to milliseconds), and the loop must then be able to set it again.
+        self._timer = None
+        self._timer_at = None
+        self._wake.set()
 
     def _dispatch(self, items: list[WorkItem], now: float) -> None:
         for item in items:
