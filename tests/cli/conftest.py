@@ -34,15 +34,16 @@ def _pump(stream: object, sink: queue.Queue[str | None], lines: list[str]) -> No
 
 @contextmanager
 def sordino_start(
-    args: list[str], tmp_path: Path, timeout: float = 90.0
+    args: list[str], tmp_path: Path, timeout: float = 90.0, *, new_session: bool = False
 ) -> Iterator[ServerProcess]:
     """Start ``sordino start ARGS --http-port 0`` and yield once it prints its URL."""
     cmd = [sys.executable, "-m", "sordino", "start", "--http-port", "0", "--grpc-port", "0",
            "--data-dir", str(tmp_path / "data"), *args]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        start_new_session=new_session,
+    )  # fmt: skip
     lines: list[str] = []
     sink: queue.Queue[str | None] = queue.Queue()
     threading.Thread(target=_pump, args=(process.stdout, sink, lines), daemon=True).start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -34,6 +35,16 @@ def test_start_stops_on_ctrl_c(tmp_path: Path) -> None:
     with sordino_start([], tmp_path) as server:
         server.process.send_signal(signal.SIGINT)
         assert server.process.wait(timeout=60) == 0
+
+
+def test_ctrl_c_to_the_process_group_stops_workers_quietly(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches the workers too; only the server decides they stop."""
+    with sordino_start([], tmp_path, new_session=True) as server:
+        os.killpg(server.process.pid, signal.SIGINT)
+        assert server.process.wait(timeout=60) == 0
+    output = "\n".join(server.lines)
+    assert "stopped" in output
+    assert "restarting" not in output and "killed by" not in output
 
 
 def test_sigterm_during_load_answers_every_request(tmp_path: Path) -> None:

@@ -78,17 +78,23 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     runtime = Runtime(config, sources)
-    if config.telemetry.journal:
-        journal = runtime.telemetry.open_journal(
-            config.server.data_dir / config.telemetry.journal_file
-        )
-        click.echo(f"journal at {journal.path}")
-    await runtime.start(on_loaded=lambda model: click.echo(_describe(model)))
     control = ModelControl(runtime)
+    # The HTTP port is bound first, so a port in use stops start-up before models load.
     server = HttpServer(runtime, config.server.host, config.server.http_port, control)
     grpc_server = GrpcServer(runtime, config.server.host, config.server.grpc_port, control)
-    await grpc_server.start()
-    await server.start()
+    try:
+        if config.telemetry.journal:
+            journal = runtime.telemetry.open_journal(
+                config.server.data_dir / config.telemetry.journal_file
+            )
+            click.echo(f"journal at {journal.path}")
+        await runtime.start(on_loaded=lambda model: click.echo(_describe(model)))
+        await grpc_server.start()
+        await server.start()
+    except BaseException:
+        # Whatever stopped start-up, stop the workers already running before leaving.
+        await runtime.stop(drain=False)
+        raise
     control.start()
     click.echo(
         f"sordino listening on {server.url} (KServe v2 HTTP, metrics at {server.url}/metrics, "

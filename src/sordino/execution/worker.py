@@ -15,6 +15,7 @@ exchange, where the worker reads the pipe for the allocation alone.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import itertools
 import logging
@@ -72,6 +73,18 @@ def describe_exit(code: int | None) -> str:
 
 
 _MAIN_LOCK = threading.Lock()
+
+# Workers ignore SIGINT and SIGTERM (a terminal's Ctrl-C reaches the whole process
+# group; the server decides when they stop). Should the server exit without stopping
+# them, this kills what is left, before multiprocessing's own exit hook waits for them.
+_LIVE_PIDS: set[int] = set()
+
+
+@atexit.register
+def _kill_leftover_workers() -> None:
+    for pid in list(_LIVE_PIDS):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _start_apart_from_main(process: Any) -> None:
@@ -140,6 +153,8 @@ class WorkerProcess:
         self._child_conn.close()  # our copy; the child's end closing must mean EOF here
         self._child_conn = None
         self.pid = self._process.pid
+        if self.pid is not None:
+            _LIVE_PIDS.add(self.pid)
         # Replies are read on the event loop itself (no reader thread): no GIL hand-off
         # and no cross-thread wake-up per batch.
         self._loop.add_reader(self._conn.fileno(), self._readable)
@@ -340,6 +355,8 @@ class WorkerProcess:
             self.kill(f"output allocation failed: {exc}")
 
     def _on_exit(self, code: int | None) -> None:
+        if self._process.pid is not None:
+            _LIVE_PIDS.discard(self._process.pid)
         cause = self._kill_cause or describe_exit(code)
         self._fail_pending(cause)
         if not self._ready.done():

@@ -21,6 +21,7 @@ Messages are small tuples; tensor data never goes through the pipe.
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -75,6 +76,10 @@ def _heartbeat(link: _Link, interval: float) -> None:
 
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     """Entry point of the worker process."""
+    # Ctrl-C and SIGTERM reach the whole process group; the server decides when its
+    # workers stop (a "stop" message, or end of file on the pipe when it is gone).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from sordino.backends.onnx import OnnxBackend
     from sordino.memory.arena import attach_segment
 

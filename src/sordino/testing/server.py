@@ -70,8 +70,8 @@ def serve_in_thread(
         stop = asyncio.Event()
         holder["stop"] = stop
         holder["loop"] = asyncio.get_running_loop()
+        runtime = Runtime(config, chosen)
         try:
-            runtime = Runtime(config, chosen)
             if data_dir is not None:
                 runtime.telemetry.open_journal(data_dir / config.telemetry.journal_file)
             if prepare is not None:
@@ -85,6 +85,7 @@ def serve_in_thread(
             await grpc_server.start()
         except BaseException as exc:
             failure.append(exc)
+            await runtime.stop(drain=False)  # workers already started must not outlive this
             started.set()
             return
         holder["running"] = RunningServer(
