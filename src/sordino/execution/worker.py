@@ -190,45 +190,37 @@ class WorkerProcess:
         batch waits for a command in progress; ``timeout_s`` counts from its start.
         """
         async with self._turn:
-            return await self._run(inputs, space, fault, allocate, timeout_s)
-
-    async def _run(
-        self,
-        inputs: dict[str, TensorHandle],
-        space: dict[str, TensorHandle],
-        fault: FaultAction | None,
-        allocate: Allocate,
-        timeout_s: float,
-    ) -> tuple[dict[str, TensorHandle], float]:
-        if not self.alive:
-            raise WorkerLost(self._lost_cause())
-        batch_id = next(self._ids)
-        future: asyncio.Future[tuple[dict[str, TensorHandle], float]] = self._loop.create_future()
-        self._pending[batch_id] = future
-        self._allocate[batch_id] = allocate
-        timer = None
-        if timeout_s > 0:
-            timer = self._clock.call_at(
-                self._clock.now() + timeout_s,
-                lambda: self.kill(f"execution timeout: a batch ran over {timeout_s:g} s"),
+            if not self.alive:
+                raise WorkerLost(self._lost_cause())
+            batch_id = next(self._ids)
+            future: asyncio.Future[tuple[dict[str, TensorHandle], float]] = (
+                self._loop.create_future()
             )
-        try:
-            self._conn.send(("run", batch_id, inputs, space, fault))
-            return await future
-        except asyncio.CancelledError:
-            # The worker is still inside the batch and may yet ask for output space: the
-            # pipe's exchange is half done, so the worker is replaced rather than reused.
-            self.kill("its batch was cancelled while it ran")
-            raise
-        except OSError as exc:
-            # The process is gone; its exit (and the real cause) is reported by the reader.
-            self._broken = True
-            raise WorkerLost(f"the worker is gone ({exc.strerror or exc})") from None
-        finally:
-            if timer is not None:
-                timer.cancel()
-            self._pending.pop(batch_id, None)
-            self._allocate.pop(batch_id, None)
+            self._pending[batch_id] = future
+            self._allocate[batch_id] = allocate
+            timer = None
+            if timeout_s > 0:
+                timer = self._clock.call_at(
+                    self._clock.now() + timeout_s,
+                    lambda: self.kill(f"execution timeout: a batch ran over {timeout_s:g} s"),
+                )
+            try:
+                self._conn.send(("run", batch_id, inputs, space, fault))
+                return await future
+            except asyncio.CancelledError:
+                # The worker is still inside the batch and may yet ask for output space: the
+                # pipe's exchange is half done, so the worker is replaced rather than reused.
+                self.kill("its batch was cancelled while it ran")
+                raise
+            except OSError as exc:
+                # The process is gone; its exit and real cause come when the pipe closes.
+                self._broken = True
+                raise WorkerLost(f"the worker is gone ({exc.strerror or exc})") from None
+            finally:
+                if timer is not None:
+                    timer.cancel()
+                self._pending.pop(batch_id, None)
+                self._allocate.pop(batch_id, None)
 
     async def call(self, command: str, *args: Any, timeout_s: float) -> Any:
         """Send ``command`` to the worker between batches; return its reply.

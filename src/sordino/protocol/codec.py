@@ -38,6 +38,7 @@ __all__ = [
     "encode_json",
     "output_datatype",
     "parse_header_length",
+    "refuse_output_extensions",
 ]
 
 HEADER_CONTENT_LENGTH = "Inference-Header-Content-Length"
@@ -257,19 +258,24 @@ def _parse_outputs(raw: object) -> list[RequestedOutput] | None:
         binary = parameters.pop("binary_data", None)
         if binary is not None and not isinstance(binary, bool):
             raise InvalidRequest(f"output {name!r}: 'binary_data' must be true or false")
-        if "classification" in parameters:
-            raise Unsupported(
-                f"output {name!r}: the classification extension is not supported; "
-                "request the raw output"
-            )
-        if "shared_memory_region" in parameters:
-            raise Unsupported(
-                f"output {name!r} names a shared memory region; the shared-memory extension "
-                "is not supported; request the output in the response body"
-            )
+        refuse_output_extensions(name, parameters)
         outputs.append(RequestedOutput(name=name, binary=binary, parameters=parameters))
     # An empty list asks for nothing in particular, which the protocol reads as "all".
     return outputs or None
+
+
+def refuse_output_extensions(name: str, parameters: Mapping[str, Any]) -> None:
+    """Refuse output parameters that ask for extensions sordino does not implement."""
+    if "classification" in parameters:
+        raise Unsupported(
+            f"output {name!r}: the classification extension is not supported; "
+            "request the raw output"
+        )
+    if "shared_memory_region" in parameters:
+        raise Unsupported(
+            f"output {name!r} names a shared memory region; the shared-memory extension "
+            "is not supported; request the output in the response"
+        )
 
 
 def encode_infer_response(

@@ -30,7 +30,7 @@ from sordino.datatypes import (
 )
 from sordino.errors import InferenceFailed, InvalidRequest, MalformedBody, TensorError, Unsupported
 from sordino.inference import InferRequest, InferResponse, RequestedOutput, Tensor
-from sordino.protocol.codec import output_datatype
+from sordino.protocol.codec import output_datatype, refuse_output_extensions
 from sordino.protocol.pb import kserve_v2_pb2 as pb
 
 __all__ = [
@@ -276,16 +276,7 @@ def _requested_outputs(
         seen.add(name)
         parameters = decode_parameters(output.parameters, f"output {name!r}")
         parameters.pop("binary_data", None)  # HTTP's choice; gRPC outputs are always raw
-        if "classification" in parameters:
-            raise Unsupported(
-                f"output {name!r}: the classification extension is not supported; "
-                "request the raw output"
-            )
-        if "shared_memory_region" in parameters:
-            raise Unsupported(
-                f"output {name!r} names a shared memory region; the shared-memory extension "
-                "is not supported; request the output in the response"
-            )
+        refuse_output_extensions(name, parameters)
         requested.append(RequestedOutput(name=name, parameters=parameters))
     return requested or None
 
