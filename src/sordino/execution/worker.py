@@ -1,8 +1,8 @@
 """The server's handle on one worker process: start, run a batch, watch it, kill it.
 
-A reader thread per worker blocks on the pipe and hands each message to the event
-loop; end-of-file means the process is gone, and the exit code or signal becomes the
-cause. Killing a worker (hang, execution timeout, shutdown) fails its batch at once
+The event loop watches each worker's pipe (``add_reader``) and handles every message
+as it arrives; end-of-file means the process is gone, and the exit code or signal
+becomes the cause. Killing a worker (hang, execution timeout, shutdown) fails its batch at once
 with :class:`WorkerLost`, whatever the process does next.
 
 The pipe carries one exchange at a time: a batch (``run``, perhaps an ``alloc`` round
