@@ -78,3 +78,70 @@ class ModelKey:
 
     def __str__(self) -> str:
         return f"{self.name}/{self.version}"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One input or output of a model.
+
+    ``shape`` is the full shape as the model declares it, batch dimension included
+    when ``batched`` is true; ``-1`` marks a dimension of any size. ``datatype`` is
+    the KServe v2 name (``FP32``, ``INT64``, ``BYTES``, ...).
+    """
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    @property
+    def item_shape(self) -> tuple[int, ...]:
+        """The shape of one batch item (``shape`` without the leading batch dimension)."""
+        return self.shape[1:]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSpec:
+    """How a step model streams: what feeds the next step, and when the stream ends.
+
+    ``carry`` maps an output name to the input it becomes on the next step (same
+    datatype and shape); inputs not carried keep the request's values. ``done`` names
+    a BOOL output: the stream of a request ends after the step where it is true for
+    every row. A request still not done after ``max_steps`` steps fails.
+    """
+
+    carry: tuple[tuple[str, str], ...]
+    done: str
+    max_steps: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ModelMetadata:
+    """What a loaded model takes and gives.
+
+    ``batched`` is true when every input and output has a leading batch dimension
+    of variable size, so requests can be stacked along it. ``stream`` is set for a
+    step model that streams a response per step (see ``backends/base.py``).
+    """
+
+    name: str
+    version: str
+    platform: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    batched: bool
+    extra: dict[str, str] = field(default_factory=dict)
+    stream: StreamSpec | None = None
+
+    def input(self, name: str) -> TensorSpec | None:
+        """Return the input called ``name``, or None."""
+        for spec in self.inputs:
+            if spec.name == name:
+                return spec
+        return None
+
+    def output(self, name: str) -> TensorSpec | None:
+        """Return the output called ``name``, or None."""
+        for spec in self.outputs:
+            if spec.name == name:
+                return spec
+        return None

@@ -8,7 +8,7 @@ import pytest
 from sordino.admission.chain import AdmissionChain, AdmissionContext, default_links
 from sordino.errors import InvalidRequest, Unsupported
 from sordino.inference import InferRequest
-from sordino.scheduling.scheduler import QueueSettings
+from sordino.records import QueueSettings
 
 RULES = {"premium_user": "high", "batch_job": "low", "vip": 1}
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from sordino.config import parse_threshold
-from sordino.execution.breaker import BreakerState, CircuitBreaker
+from sordino.execution.breaker import CircuitBreaker
+from sordino.records import BreakerState
 from sordino.testing import VirtualClock
 
 

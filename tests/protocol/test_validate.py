@@ -7,10 +7,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sordino.backends.base import ModelMetadata, TensorSpec
 from sordino.datatypes import from_numpy_dtype
 from sordino.errors import TensorError
-from sordino.inference import InferRequest, RequestedOutput
+from sordino.inference import InferRequest, ModelMetadata, RequestedOutput, TensorSpec
 from sordino.protocol.validate import validate_request
 
 DIGITS = ModelMetadata(

@@ -9,9 +9,10 @@ import pytest
 
 from sordino.errors import InferenceFailed, QueueFull, QueueTimeout, ShuttingDown
 from sordino.inference import ModelKey
+from sordino.records import QueueSettings
 from sordino.scheduling.batcher import BatchPolicy
 from sordino.scheduling.modes import StaticController, build_controller
-from sordino.scheduling.scheduler import ModelScheduler, QueueSettings
+from sordino.scheduling.scheduler import ModelScheduler
 from sordino.testing import ScriptedExecutor, VirtualClock
 
 KEY = ModelKey("m", "1")

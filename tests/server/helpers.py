@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sordino.inference import Tensor
-from sordino.scheduling.scheduler import SchedulerStatistics
+from sordino.records import SchedulerStatistics
 from sordino.testing import RunningServer
 
 

@@ -7,8 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from sordino.inference import ModelKey
-from sordino.scheduling.queue import QueueStatistics
-from sordino.scheduling.scheduler import SchedulerStatistics
+from sordino.records import QueueStatistics, SchedulerStatistics
 from sordino.telemetry.series import ResourceRow, SecondRow, SeriesRecorder
 
 KEY = ModelKey("m", "1")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from sordino.errors import InvalidRequest, Unsupported
 from sordino.inference import InferRequest
-from sordino.scheduling.scheduler import QueueSettings
+from sordino.records import QueueSettings
 
 __all__ = [
     "AdmissionChain",

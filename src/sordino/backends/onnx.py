@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from sordino.backends.base import BackendStatistics, ModelMetadata, TensorSpec
+from sordino.backends.base import BackendStatistics
 from sordino.datatypes import from_onnx_type
 from sordino.errors import ModelLoadError
-from sordino.inference import Tensor
+from sordino.inference import ModelMetadata, Tensor, TensorSpec
 
 __all__ = ["OnnxBackend", "available_providers"]
 

@@ -14,33 +14,15 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
 
 from sordino.clock import Clock
 from sordino.config.threshold import Threshold
+from sordino.records import BreakerState, BreakerStatistics
 
-__all__ = ["BreakerState", "BreakerStatistics", "CircuitBreaker"]
+__all__ = ["CircuitBreaker"]
 
-BreakerState = Literal["closed", "open", "half_open"]
 
 StateListener = Callable[["CircuitBreaker", BreakerState, BreakerState, str], None]
-
-
-@dataclass(frozen=True, slots=True)
-class BreakerStatistics:
-    """A snapshot of one breaker and the window it judges by."""
-
-    name: str
-    state: BreakerState
-    window_requests: int
-    window_failures: int
-    error_rate: float
-    opened: int
-    closed: int
-    probes_in_flight: int
-    probe_successes: int
-    since: float
 
 
 class CircuitBreaker:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sordino.backends.base import Backend, ModelMetadata
+from sordino.backends.base import Backend
 from sordino.clock import Clock
 from sordino.config import ModelConfig, RuntimeConfig, parse_threshold
 from sordino.datatypes import to_numpy_dtype
@@ -41,22 +41,19 @@ from sordino.errors import (
     Unavailable,
 )
 from sordino.events import EventSink
-from sordino.execution.breaker import BreakerState, CircuitBreaker
+from sordino.execution.breaker import CircuitBreaker
 from sordino.execution.devices import Device, Tier, chain_devices, missing_provider, model_tiers
 from sordino.execution.faults import FaultRegistry, FaultSpec, Target, parse_target
 from sordino.execution.instances import ProcessInstance, StagedBatch, ThreadInstance
 from sordino.execution.profiling import Profiled, ProfileTraces, profile_instances
-from sordino.execution.stats import (
-    DeviceStatistics,
-    ExecutionStatistics,
-    SwitchRecorder,
-)
+from sordino.execution.stats import SwitchRecorder
 from sordino.execution.worker import WorkerError, WorkerLost
 from sordino.execution.worker_main import WorkerSpec
-from sordino.inference import ModelKey, Tensor
+from sordino.inference import ModelKey, ModelMetadata, Tensor
 from sordino.memory.allocator import Block
-from sordino.memory.arena import Arena, ArenaStatistics, shm_free_bytes
+from sordino.memory.arena import Arena, shm_free_bytes
 from sordino.memory.tensors import TensorHandle, tensor_nbytes, write_tensor
+from sordino.records import ArenaStatistics, BreakerState, DeviceStatistics, ExecutionStatistics
 
 __all__ = ["ChainExecutor"]
 

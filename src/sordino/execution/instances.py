@@ -18,9 +18,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from sordino.backends.base import ModelMetadata
 from sordino.backends.onnx import OnnxBackend
 from sordino.clock import Clock
 from sordino.config import WorkersConfig
@@ -30,35 +29,14 @@ from sordino.execution.devices import Device
 from sordino.execution.faults import FaultAction, perform
 from sordino.execution.worker import WorkerError, WorkerLost, WorkerProcess
 from sordino.execution.worker_main import WorkerSpec
-from sordino.inference import ModelKey, Tensor
+from sordino.inference import ModelKey, ModelMetadata, Tensor
 from sordino.memory.allocator import Block
 from sordino.memory.tensors import TensorHandle, read_tensor
+from sordino.records import InstanceState, WorkerStatistics
 
-__all__ = ["ProcessInstance", "StagedBatch", "ThreadInstance", "WorkerStatistics"]
+__all__ = ["ProcessInstance", "StagedBatch", "ThreadInstance"]
 
 log = logging.getLogger("sordino.workers")
-
-InstanceState = Literal["starting", "ready", "restarting", "stopped"]
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerStatistics:
-    """One model instance: where it runs, whether it serves, how often it was replaced."""
-
-    model: str
-    version: str
-    index: int
-    tier: str
-    device: str
-    isolation: str
-    state: InstanceState
-    busy: bool
-    pid: int | None
-    restarts: int
-    batches: int
-    failures: int
-    last_cause: str
-    profiling: bool
 
 
 @dataclass(slots=True)

@@ -28,11 +28,11 @@ from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from sordino.backends.base import ModelMetadata
 from sordino.clock import Clock
 from sordino.errors import ModelLoadError
 from sordino.execution.faults import FaultAction
 from sordino.execution.worker_main import WorkerSpec, worker_main
+from sordino.inference import ModelMetadata
 from sordino.memory.tensors import TensorHandle
 
 __all__ = ["WorkerError", "WorkerLost", "WorkerProcess"]

@@ -8,8 +8,9 @@ pickled.
 """
 
 from sordino.memory.allocator import ALIGNMENT, Allocator, AllocatorStatistics, Block
-from sordino.memory.arena import Arena, ArenaStatistics, attach_segment
+from sordino.memory.arena import Arena, attach_segment
 from sordino.memory.tensors import TensorHandle, read_tensor, tensor_nbytes, write_tensor
+from sordino.records import ArenaStatistics
 
 __all__ = [
     "ALIGNMENT",

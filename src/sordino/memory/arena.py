@@ -13,32 +13,15 @@ import asyncio
 import logging
 import os
 from collections import deque
-from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
 
 from sordino.errors import OutOfMemory
 from sordino.memory.allocator import ALIGNMENT, Allocator, Block
+from sordino.records import ArenaStatistics
 
-__all__ = ["Arena", "ArenaStatistics", "attach_segment"]
+__all__ = ["Arena", "attach_segment"]
 
 log = logging.getLogger("sordino.memory")
-
-
-@dataclass(frozen=True, slots=True)
-class ArenaStatistics:
-    """A snapshot of the arena: bytes reserved / in use / at peak, and fragmentation."""
-
-    name: str
-    reserved_bytes: int
-    in_use_bytes: int
-    peak_bytes: int
-    free_bytes: int
-    largest_free: int
-    fragmentation: float
-    used_blocks: int
-    acquired: int
-    failed: int
-    waiting: int
 
 
 class Arena:

@@ -17,10 +17,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from sordino.backends.base import ModelMetadata, TensorSpec
 from sordino.datatypes import tensor_from_json
 from sordino.errors import InvalidRequest, MalformedBody, TensorError
-from sordino.inference import InferRequest, InferResponse, Tensor
+from sordino.inference import InferRequest, InferResponse, ModelMetadata, Tensor, TensorSpec
 from sordino.protocol.codec import encode_json
 
 __all__ = ["decode_generate_request", "encode_generate_response", "sse_event"]

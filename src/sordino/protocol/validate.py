@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sordino.backends.base import ModelMetadata, TensorSpec
 from sordino.datatypes import from_numpy_dtype
 from sordino.errors import TensorError
-from sordino.inference import InferRequest, Tensor
+from sordino.inference import InferRequest, ModelMetadata, Tensor, TensorSpec
 
 __all__ = ["validate_request"]
 

@@ -32,12 +32,12 @@ from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 from sordino.clock import Clock
+from sordino.records import ControllerStatistics
 from sordino.scheduling.batcher import BatchPolicy
 
 __all__ = [
     "AimdController",
     "BatchCurve",
-    "ControllerStatistics",
     "Mode",
     "ModeController",
     "StaticController",
@@ -89,18 +89,6 @@ class BatchCurve:
             s for s, lat in zip(self.sizes, self.latencies_s, strict=True) if lat <= budget_s
         ]
         return max(fitting) if fitting else 1
-
-
-@dataclass(frozen=True, slots=True)
-class ControllerStatistics:
-    """What a mode controller is doing now."""
-
-    mode: str
-    effective_mode: str
-    max_batch: int
-    max_delay_s: float
-    p99_s: float | None
-    adjustments: int
 
 
 class ModeController(Protocol):

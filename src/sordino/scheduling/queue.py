@@ -10,23 +10,12 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from sordino.errors import QueueFull
+from sordino.records import QueueStatistics
 from sordino.scheduling.work import Signature, WorkItem
 
-__all__ = ["QueueStatistics", "RequestQueue"]
-
-
-@dataclass(frozen=True, slots=True)
-class QueueStatistics:
-    """A snapshot of one model's queue."""
-
-    depth: int
-    rows: int
-    max_size: int
-    depth_by_priority: tuple[int, ...]
-    oldest_arrival: float | None
+__all__ = ["RequestQueue"]
 
 
 class RequestQueue:

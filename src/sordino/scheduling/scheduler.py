@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal, Protocol
 
 from sordino.clock import Clock, TimerHandle
 from sordino.errors import (
@@ -22,80 +20,13 @@ from sordino.errors import (
 )
 from sordino.execution.executor import Executor, assemble
 from sordino.inference import ModelKey, Tensor
+from sordino.records import Outcome, QueueSettings, SchedulerObserver, SchedulerStatistics
 from sordino.scheduling.batcher import Dispatch, decide
-from sordino.scheduling.modes import ControllerStatistics, ModeController
-from sordino.scheduling.queue import QueueStatistics, RequestQueue
+from sordino.scheduling.modes import ModeController
+from sordino.scheduling.queue import RequestQueue
 from sordino.scheduling.work import WorkItem, signature_of
 
-__all__ = ["ModelScheduler", "QueueSettings", "SchedulerObserver", "SchedulerStatistics"]
-
-Outcome = Literal["success", "failure", "cancelled"]
-
-
-@dataclass(frozen=True, slots=True)
-class QueueSettings:
-    """Queue policy of one model (Triton's ``dynamic_batching`` queue fields)."""
-
-    priority_levels: int = 3
-    default_priority: int = 2
-    max_queue_size: int = 1024
-    timeout_action: Literal["REJECT", "DELAY"] = "REJECT"
-    default_timeout_s: float = 0.0
-    allow_timeout_override: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerStatistics:
-    """A snapshot of one model's scheduler.
-
-    ``accepted == succeeded + failed + cancelled + in_flight`` always holds: every
-    accepted request ends in exactly one outcome.
-    """
-
-    model: str
-    version: str
-    accepted: int
-    succeeded: int
-    failed: int
-    cancelled: int
-    in_flight: int
-    rejected: int
-    timed_out: int
-    batches: int
-    batched_rows: int
-    running_batches: int
-    queue: QueueStatistics
-    controller: ControllerStatistics
-
-
-class SchedulerObserver(Protocol):
-    """Receives what happens to requests and batches (telemetry implements this)."""
-
-    def request_done(
-        self,
-        model: ModelKey,
-        outcome: Outcome,
-        reason: str,
-        *,
-        priority: int,
-        queue_s: float,
-        compute_s: float,
-        total_s: float,
-    ) -> None: ...
-
-    def batch_done(
-        self,
-        model: ModelKey,
-        *,
-        rows: int,
-        requests: int,
-        input_s: float,
-        infer_s: float,
-        output_s: float,
-        ok: bool,
-    ) -> None: ...
-
-    def queue_changed(self, model: ModelKey, depth: int) -> None: ...
+__all__ = ["ModelScheduler"]
 
 
 class ModelScheduler:

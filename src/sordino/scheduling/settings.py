@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sordino.config import ModelConfig, SchedulerConfig
+from sordino.records import QueueSettings
 from sordino.scheduling.batcher import BatchPolicy
 from sordino.scheduling.modes import Mode, conservative_policy, conservative_queue_size
-from sordino.scheduling.scheduler import QueueSettings
 
 __all__ = ["ModelScheduling", "scheduling_for"]
 

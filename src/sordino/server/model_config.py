@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sordino.backends.base import TensorSpec
 from sordino.datatypes import to_triton_type
+from sordino.inference import TensorSpec
 from sordino.server.runtime import LoadedModel
 
 __all__ = ["model_metadata_json", "triton_config_json"]

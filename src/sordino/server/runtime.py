@@ -16,17 +16,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sordino.admission.chain import AdmissionChain, AdmissionContext, default_links
-from sordino.backends.base import Backend, ModelMetadata, dummy_inputs
+from sordino.backends.base import Backend, dummy_inputs
 from sordino.clock import Clock, MonotonicClock
 from sordino.config import RuntimeConfig
 from sordino.errors import ModelNotReady, NotFound, ShuttingDown, SordinoError, Unsupported
 from sordino.events import EventSink
 from sordino.execution.chain import ChainExecutor
-from sordino.inference import InferRequest, InferResponse, ModelKey, Tensor
+from sordino.inference import InferRequest, InferResponse, ModelKey, ModelMetadata, Tensor
 from sordino.models.repository import ModelSource
 from sordino.protocol.validate import validate_request
+from sordino.records import SchedulerStatistics
 from sordino.scheduling.modes import BatchCurve, build_controller, measure_batch_curve
-from sordino.scheduling.scheduler import ModelScheduler, SchedulerStatistics
+from sordino.scheduling.scheduler import ModelScheduler
 from sordino.scheduling.settings import ModelScheduling, scheduling_for
 from sordino.server.streaming import stream_spec_for
 from sordino.telemetry.execution_metrics import ExecutionCollector

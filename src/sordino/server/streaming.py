@@ -19,10 +19,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sordino.backends.base import ModelMetadata, StreamSpec
 from sordino.config.schema import StreamingConfig
 from sordino.errors import InferenceFailed, ModelLoadError
-from sordino.inference import InferRequest, InferResponse
+from sordino.inference import InferRequest, InferResponse, ModelMetadata, StreamSpec
 
 if TYPE_CHECKING:
     from sordino.server.runtime import Runtime

@@ -26,7 +26,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from sordino.execution.stats import ExecutionStatistics
+from sordino.records import ExecutionStatistics
 
 __all__ = ["ExecutionCollector"]
 

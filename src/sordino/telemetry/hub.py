@@ -23,7 +23,7 @@ from sordino.clock import Clock
 from sordino.config import TelemetryConfig
 from sordino.events import EventSink
 from sordino.inference import ModelKey
-from sordino.scheduling.scheduler import SchedulerStatistics
+from sordino.records import SchedulerStatistics
 from sordino.telemetry.collectors import TelemetryCollector, TelemetryView
 from sordino.telemetry.forecast import Forecast, forecast_from_journal
 from sordino.telemetry.journal import Journal

@@ -15,7 +15,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sordino.inference import ModelKey
-from sordino.scheduling.scheduler import Outcome, SchedulerStatistics
+from sordino.records import Outcome, SchedulerStatistics
 
 __all__ = ["LATENCY_BUCKETS", "Metrics"]
 

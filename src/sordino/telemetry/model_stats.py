@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sordino.inference import ModelKey
-from sordino.scheduling.scheduler import Outcome
+from sordino.records import Outcome
 
 __all__ = ["ModelStats"]
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sordino.inference import ModelKey
-from sordino.scheduling.scheduler import Outcome, SchedulerStatistics
+from sordino.records import Outcome, SchedulerStatistics
 from sordino.telemetry.resources import ResourceSample
 
 __all__ = ["ResourceRow", "SecondRow", "SeriesRecorder", "SeriesStatistics"]

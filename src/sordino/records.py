@@ -1,0 +1,229 @@
+"""The shared records: what the parts of the runtime report, and who listens.
+
+Every stateful part has ``statistics()`` returning a frozen record; telemetry exports
+these, the guardian will judge by them, and the monitor and dashboard show them. The
+records live here, at the bottom of the import graph (beside ``inference.py``), so
+that telemetry depends on records and events only, never on the scheduling,
+execution or memory layers that produce them (``tests/test_layers.py`` enforces
+this). A part imports its own record from here; nothing here imports a layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from sordino.inference import ModelKey
+
+__all__ = [
+    "ArenaStatistics",
+    "BreakerState",
+    "BreakerStatistics",
+    "ControllerStatistics",
+    "DeviceStatistics",
+    "ExecutionStatistics",
+    "InstanceState",
+    "Outcome",
+    "QueueSettings",
+    "QueueStatistics",
+    "SchedulerObserver",
+    "SchedulerStatistics",
+    "SwitchStatistics",
+    "WorkerStatistics",
+]
+
+Outcome = Literal["success", "failure", "cancelled"]
+"""How an accepted request ended."""
+
+InstanceState = Literal["starting", "ready", "restarting", "stopped"]
+BreakerState = Literal["closed", "open", "half_open"]
+
+
+# -- scheduling ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    """Queue policy of one model (Triton's ``dynamic_batching`` queue fields)."""
+
+    priority_levels: int = 3
+    default_priority: int = 2
+    max_queue_size: int = 1024
+    timeout_action: Literal["REJECT", "DELAY"] = "REJECT"
+    default_timeout_s: float = 0.0
+    allow_timeout_override: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatistics:
+    """A snapshot of one model's queue."""
+
+    depth: int
+    rows: int
+    max_size: int
+    depth_by_priority: tuple[int, ...]
+    oldest_arrival: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerStatistics:
+    """What a mode controller is doing now."""
+
+    mode: str
+    effective_mode: str
+    max_batch: int
+    max_delay_s: float
+    p99_s: float | None
+    adjustments: int
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStatistics:
+    """A snapshot of one model's scheduler.
+
+    ``accepted == succeeded + failed + cancelled + in_flight`` always holds: every
+    accepted request ends in exactly one outcome.
+    """
+
+    model: str
+    version: str
+    accepted: int
+    succeeded: int
+    failed: int
+    cancelled: int
+    in_flight: int
+    rejected: int
+    timed_out: int
+    batches: int
+    batched_rows: int
+    running_batches: int
+    queue: QueueStatistics
+    controller: ControllerStatistics
+
+
+class SchedulerObserver(Protocol):
+    """Receives what happens to requests and batches (telemetry implements this)."""
+
+    def request_done(
+        self,
+        model: ModelKey,
+        outcome: Outcome,
+        reason: str,
+        *,
+        priority: int,
+        queue_s: float,
+        compute_s: float,
+        total_s: float,
+    ) -> None: ...
+
+    def batch_done(
+        self,
+        model: ModelKey,
+        *,
+        rows: int,
+        requests: int,
+        input_s: float,
+        infer_s: float,
+        output_s: float,
+        ok: bool,
+    ) -> None: ...
+
+    def queue_changed(self, model: ModelKey, depth: int) -> None: ...
+
+
+# -- execution and memory ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStatistics:
+    """One model instance: where it runs, whether it serves, how often it was replaced."""
+
+    model: str
+    version: str
+    index: int
+    tier: str
+    device: str
+    isolation: str
+    state: InstanceState
+    busy: bool
+    pid: int | None
+    restarts: int
+    batches: int
+    failures: int
+    last_cause: str
+    profiling: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerStatistics:
+    """A snapshot of one breaker and the window it judges by."""
+
+    name: str
+    state: BreakerState
+    window_requests: int
+    window_failures: int
+    error_rate: float
+    opened: int
+    closed: int
+    probes_in_flight: int
+    probe_successes: int
+    since: float
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceStatistics:
+    """A device: whether this machine has it, and its breaker (chains only)."""
+
+    name: str
+    available: bool
+    reason: str
+    breaker: BreakerStatistics | None
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchStatistics:
+    """Batches of one model moved from one device to the next after a failure.
+
+    ``total_s``/``max_s``/``last_s``: time from the failure on ``from_device`` to the
+    result from ``to_device``; ``dispatch_total_s``: from the failure to the batch
+    being handed to the next device (the switch itself, without the fallback's compute).
+    """
+
+    model: str
+    from_device: str
+    to_device: str
+    count: int
+    total_s: float
+    max_s: float
+    last_s: float
+    dispatch_total_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ArenaStatistics:
+    """A snapshot of the arena: bytes reserved / in use / at peak, and fragmentation."""
+
+    name: str
+    reserved_bytes: int
+    in_use_bytes: int
+    peak_bytes: int
+    free_bytes: int
+    largest_free: int
+    fragmentation: float
+    used_blocks: int
+    acquired: int
+    failed: int
+    waiting: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionStatistics:
+    """Everything the executor knows about its workers, devices, switches and arena."""
+
+    workers: tuple[WorkerStatistics, ...]
+    devices: tuple[DeviceStatistics, ...]
+    switches: tuple[SwitchStatistics, ...]
+    retries: int
+    arena: ArenaStatistics | None
+    faults_active: int
+    faults_applied: int
