@@ -1,0 +1,295 @@
+"""Owned tensor references: tensors in the arena, and who lets go of their blocks.
+
+Past the protocol layer a request's tensors travel as :class:`Tensors`: a read-only
+mapping of names to numpy arrays, each array a :class:`TensorRef` that knows where it
+lies in the shared-memory arena (``offset``; ``None`` for an array on the heap). The
+arena blocks under them belong to :class:`Lease` objects, and a ``Tensors`` holds
+each of its leases once. Releasing the ``Tensors`` lets go of those holds; a lease
+gives its blocks back to the arena when its last holder lets go. So a batch's output
+block, sliced into one result per request, returns to the arena only after the last
+request's response is encoded, and a streaming step's carried outputs stay in the
+arena while they feed the next step.
+
+The rules that make leaks impossible by construction:
+
+- a block goes into a lease the moment it is acquired (:meth:`Lease.acquire`);
+- whoever creates or receives a ``Tensors`` releases it exactly once (``release()``
+  is idempotent, and ``with tensors:`` releases on exit);
+- deriving a ``Tensors`` (:meth:`Tensors.rows`, :meth:`Tensors.compose`) adds holds,
+  so the original and the derived one are released independently.
+
+All calls come from the event loop's thread, as for the arena itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sordino.inference import Tensor
+from sordino.memory.allocator import Block
+
+if TYPE_CHECKING:
+    from sordino.memory.arena import Arena
+
+__all__ = ["Lease", "TensorRef", "Tensors", "TensorsBuilder"]
+
+
+class Lease:
+    """Arena blocks owned together; given back when the last holder lets go.
+
+    A new lease has one holder: its creator. :meth:`hold` adds one, :meth:`release`
+    removes one. Releasing more often than held is a bug and raises.
+    """
+
+    __slots__ = ("_arena", "_blocks", "_holders", "owner")
+
+    def __init__(self, arena: Arena, *, owner: str = "default") -> None:
+        self._arena = arena
+        self._blocks: list[Block] = []
+        self._holders = 1
+        self.owner = owner
+
+    @property
+    def arena(self) -> Arena:
+        return self._arena
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of arena the lease holds now."""
+        return sum(block.size for block in self._blocks)
+
+    @property
+    def released(self) -> bool:
+        return self._holders == 0
+
+    def acquire_nowait(self, nbytes: int) -> Block:
+        """Reserve a block that belongs to this lease; raise OutOfMemory if none fits now."""
+        self._check_live()
+        block = self._arena.acquire_nowait(nbytes)
+        self._blocks.append(block)
+        return block
+
+    async def acquire(self, nbytes: int) -> Block:
+        """Reserve a block that belongs to this lease, waiting for space if needed."""
+        self._check_live()
+        block = await self._arena.acquire(nbytes)
+        if self._holders == 0:  # released while waiting: give the block straight back
+            self._arena.release(block)
+            raise RuntimeError("the lease was released while it waited for space")
+        self._blocks.append(block)
+        return block
+
+    def hold(self) -> Lease:
+        """Add a holder; return the lease."""
+        self._check_live()
+        self._holders += 1
+        return self
+
+    def release(self) -> None:
+        """Remove a holder; the last one gives every block back to the arena."""
+        self._check_live()
+        self._holders -= 1
+        if self._holders == 0:
+            blocks, self._blocks = self._blocks, []
+            for block in blocks:
+                self._arena.release(block)
+
+    def _check_live(self) -> None:
+        if self._holders <= 0:
+            raise RuntimeError("this lease was already released by its last holder")
+
+
+@dataclass(frozen=True, slots=True)
+class TensorRef:
+    """One tensor: a numpy array and, when it lies in the arena, its byte offset there.
+
+    Numeric tensors in the arena are C-contiguous views of their block; ``offset`` is
+    where ``array``'s first byte is (not necessarily the block's start: a request's
+    rows of a batch output start inside the batch's block).
+    """
+
+    array: Tensor
+    offset: int | None = None
+
+    @property
+    def in_arena(self) -> bool:
+        return self.offset is not None
+
+    def rows(self, start: int, stop: int) -> TensorRef:
+        """Rows ``[start, stop)`` along the leading dimension, as a view."""
+        view = self.array[start:stop]
+        if self.offset is None or self.array.ndim == 0:
+            return TensorRef(view)
+        row_bytes = math.prod(self.array.shape[1:]) * self.array.dtype.itemsize
+        return TensorRef(view, self.offset + start * row_bytes)
+
+
+class Tensors(Mapping[str, Tensor]):
+    """Named tensors and the leases that keep their arena blocks alive.
+
+    Reads like ``dict[str, numpy array]``. ``release()`` lets go of the leases (once;
+    later calls do nothing). A ``Tensors`` of heap arrays (:meth:`of`) holds no lease.
+    """
+
+    __slots__ = ("_leases", "_refs", "_released")
+
+    def __init__(self, refs: Mapping[str, TensorRef], leases: tuple[Lease, ...] = ()) -> None:
+        """Take over one hold of each of ``leases`` (the caller's, not a new one)."""
+        self._refs = dict(refs)
+        self._leases = leases
+        self._released = False
+
+    @classmethod
+    def of(cls, arrays: Mapping[str, Any]) -> Tensors:
+        """Heap arrays, owned by nobody in particular (nothing to give back)."""
+        if isinstance(arrays, Tensors):
+            return arrays
+        return cls({name: TensorRef(np.asarray(a)) for name, a in arrays.items()})
+
+    # -- the mapping -----------------------------------------------------------------
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self._refs[name].array
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._refs)
+
+    def __len__(self) -> int:
+        return len(self._refs)
+
+    def __repr__(self) -> str:
+        parts = ", ".join(
+            f"{n}: {r.array.dtype}{list(r.array.shape)}{'@arena' if r.in_arena else ''}"
+            for n, r in self._refs.items()
+        )
+        return f"Tensors({parts}{', released' if self._released else ''})"
+
+    def ref(self, name: str) -> TensorRef:
+        """The reference behind ``self[name]``."""
+        return self._refs[name]
+
+    @property
+    def leases(self) -> tuple[Lease, ...]:
+        return self._leases
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    # -- deriving --------------------------------------------------------------------
+
+    def rows(self, start: int, stop: int) -> Tensors:
+        """Rows ``[start, stop)`` of every tensor, as views sharing this one's blocks."""
+        refs = {name: ref.rows(start, stop) for name, ref in self._refs.items()}
+        return Tensors(refs, self._hold_all())
+
+    def share(self) -> Tensors:
+        """Another owner of the same tensors (released independently of this one)."""
+        return Tensors(self._refs, self._hold_all())
+
+    @staticmethod
+    def compose(parts: Mapping[str, tuple[Tensors, str]]) -> Tensors:
+        """New tensors: each ``name`` is ``source[source_name]``; holds every source's leases."""
+        refs: dict[str, TensorRef] = {}
+        leases: dict[int, Lease] = {}
+        for name, (source, source_name) in parts.items():
+            source._check_live()
+            refs[name] = source._refs[source_name]
+            for lease in source._leases:
+                leases.setdefault(id(lease), lease)
+        return Tensors(refs, tuple(lease.hold() for lease in leases.values()))
+
+    def _hold_all(self) -> tuple[Lease, ...]:
+        self._check_live()
+        return tuple(lease.hold() for lease in self._leases)
+
+    def _check_live(self) -> None:
+        if self._released:
+            raise RuntimeError("these tensors were released; their arena blocks may be reused")
+
+    # -- letting go ------------------------------------------------------------------
+
+    def release(self) -> None:
+        """Let go of every lease (once; a second call does nothing)."""
+        if self._released:
+            return
+        self._released = True
+        for lease in self._leases:
+            lease.release()
+
+    def __enter__(self) -> Tensors:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+class TensorsBuilder:
+    """Builds a :class:`Tensors` tensor by tensor, numeric ones straight into the arena.
+
+    Decoding uses it so a request's numeric tensors are written once, from the socket
+    buffer (or the parsed JSON) into their arena block, and never copied again on the
+    way to the worker. Without an arena (thread isolation), or when the arena has no
+    room right now, a tensor stays on the heap; it is copied into the arena later if
+    a worker process needs it. ``BYTES`` tensors stay on the heap as object arrays.
+    If building fails, :meth:`abandon` gives back what was placed.
+    """
+
+    __slots__ = ("_lease", "_refs")
+
+    def __init__(self, arena: Arena | None, *, owner: str = "default") -> None:
+        self._lease = Lease(arena, owner=owner) if arena is not None else None
+        self._refs: dict[str, TensorRef] = {}
+
+    def empty(self, name: str, dtype: np.dtype[Any], shape: tuple[int, ...]) -> Tensor:
+        """A writable array for tensor ``name``: an arena view when there is room."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        if self._lease is not None and dtype != np.object_ and nbytes > 0:
+            from sordino.errors import OutOfMemory
+
+            try:
+                block = self._lease.acquire_nowait(nbytes)
+            except OutOfMemory:
+                pass
+            else:
+                buffer = self._lease.arena.buffer
+                view: Tensor = np.ndarray(shape, dtype, buffer, block.offset)
+                self._refs[name] = TensorRef(view, block.offset)
+                return view
+        array: Tensor = np.empty(shape, dtype)
+        self._refs[name] = TensorRef(array)
+        return array
+
+    def put(self, name: str, array: Tensor) -> None:
+        """Add ``array`` as tensor ``name``, copied into the arena when it is numeric."""
+        if array.dtype == np.object_ or array.size == 0 or self._lease is None:
+            self._refs[name] = TensorRef(array)
+            return
+        target = self.empty(name, array.dtype.newbyteorder("="), array.shape)
+        target[...] = array
+
+    def finish(self) -> Tensors:
+        """The tensors built; the builder's hold passes to them."""
+        leases = (self._lease,) if self._lease is not None and self._lease.nbytes else ()
+        if self._lease is not None and not leases:
+            self._lease.release()  # nothing was placed in the arena
+        self._lease = None
+        return Tensors(self._refs, leases)
+
+    def abandon(self) -> None:
+        """Give back everything placed so far (decoding failed)."""
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
+        self._refs.clear()
