@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sordino.backends.base import ModelMetadata, StreamSpec
-from sordino.config.schema import StreamingConfig
+from sordino.config.models import StreamingConfig
 from sordino.errors import InferenceFailed, ModelLoadError
 from sordino.inference import InferRequest, InferResponse
 
