@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from sordino.config.schema import (
+from sordino.config import (
     DynamicBatchingConfig,
     DynamicBatchingStrategy,
     ModelConfig,

@@ -7,10 +7,11 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from typing import get_args
 
 import click
 
-from sordino.config import RuntimeConfig, load_config
+from sordino.config import RuntimeConfig, SchedulerMode, load_config
 from sordino.errors import ConfigError, SordinoError
 from sordino.models.repository import (
     ModelSource,
@@ -158,9 +159,7 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> None:
 )
 @click.option(
     "--mode",
-    type=click.Choice(
-        ["auto", "manual", "hybrid", "adaptive", "conservative", "ultra_low_latency"]
-    ),
+    type=click.Choice(get_args(SchedulerMode)),
     help="Scheduler mode for every model (overrides scheduler.mode).",
 )
 @click.option(

@@ -1,5 +1,9 @@
 """Configuration: the schema, the unit parsers it uses, and the loader.
 
+The schema is one module per section: ``server``, ``telemetry``, ``scheduler``,
+``devices``, ``workers``, ``models``, and ``runtime`` for the root that composes
+them; ``base`` holds what they share.
+
 ``load_config(path, overrides)`` is the one entry point at start-up; it returns a
 frozen :class:`RuntimeConfig` or raises one :class:`sordino.errors.ConfigError` that
 lists every problem. ``docs/configuration.md`` is the reference for every key.
@@ -7,32 +11,33 @@ lists every problem. ``docs/configuration.md`` is the reference for every key.
 
 from __future__ import annotations
 
+from sordino.config.devices import EXECUTION_PROVIDERS, DeviceConfig
 from sordino.config.loader import load_config, load_model_config_file, validate_config
-from sordino.config.schema import (
-    EXECUTION_PROVIDERS,
-    STRATEGY_NAMES,
+from sordino.config.models import (
     AllVersions,
-    DeviceConfig,
     DynamicBatchingConfig,
-    DynamicBatchingStrategy,
-    FallbackChainStrategy,
     LatestVersions,
     ModelConfig,
-    PriorityRule,
     QueuePolicy,
-    RuntimeConfig,
+    SpecificVersions,
+    VersionPolicy,
+)
+from sordino.config.runtime import RuntimeConfig
+from sordino.config.scheduler import (
+    STRATEGY_NAMES,
+    DynamicBatchingStrategy,
+    FallbackChainStrategy,
+    PriorityRule,
     SchedulerConfig,
     SchedulerMode,
-    ServerConfig,
-    SpecificVersions,
     Strategy,
     StreamPriorityStrategy,
-    TelemetryConfig,
-    VersionPolicy,
-    WorkersConfig,
 )
+from sordino.config.server import ServerConfig
+from sordino.config.telemetry import TelemetryConfig
 from sordino.config.threshold import Threshold, parse_threshold
 from sordino.config.units import Duration, Milliseconds, Size, parse_duration, parse_size
+from sordino.config.workers import WorkersConfig
 
 __all__ = [
     "EXECUTION_PROVIDERS",

@@ -28,7 +28,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from sordino.config.schema import STRATEGY_NAMES, ModelConfig, RuntimeConfig
+from sordino.config.models import ModelConfig
+from sordino.config.runtime import RuntimeConfig
+from sordino.config.scheduler import STRATEGY_NAMES
 from sordino.errors import ConfigError
 
 __all__ = ["load_config", "load_model_config_file", "validate_config"]

@@ -29,9 +29,10 @@ import math
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Literal, Protocol
+from typing import Protocol
 
 from sordino.clock import Clock
+from sordino.config import SchedulerMode as Mode
 from sordino.records import ControllerStatistics
 from sordino.scheduling.batcher import BatchPolicy
 
@@ -44,8 +45,6 @@ __all__ = [
     "build_controller",
     "measure_batch_curve",
 ]
-
-Mode = Literal["auto", "manual", "hybrid", "adaptive", "conservative", "ultra_low_latency"]
 
 AUTO_MIN_SPEEDUP = 1.5
 AUTO_THROUGHPUT_SHARE = 0.95

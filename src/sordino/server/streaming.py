@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sordino.config.schema import StreamingConfig
+from sordino.config.models import StreamingConfig
 from sordino.errors import InferenceFailed, ModelLoadError
 from sordino.inference import InferRequest, InferResponse, ModelMetadata, StreamSpec
 

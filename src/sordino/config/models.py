@@ -1,0 +1,286 @@
+"""The ``models`` entries: one model's configuration, in Triton's vocabulary.
+
+The per-model section speaks Triton's vocabulary (``max_batch_size``,
+``dynamic_batching``, ``instance_group``, ``version_policy``) so that a Triton
+``config.pbtxt`` translates key for key. ``docs/configuration.md`` is the reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from sordino.config.base import ExpandedPath, Section
+from sordino.config.devices import ProviderName
+from sordino.config.scheduler import SchedulerMode
+
+__all__ = [
+    "AllVersions",
+    "DynamicBatchingConfig",
+    "LatestVersions",
+    "ModelConfig",
+    "QueuePolicy",
+    "SpecificVersions",
+    "StreamingConfig",
+    "VersionPolicy",
+]
+
+
+class QueuePolicy(Section):
+    """Triton's ``default_queue_policy``: deadlines and the size limit of a model's queue."""
+
+    timeout_action: Literal["REJECT", "DELAY"] = "REJECT"
+    """At the deadline: REJECT fails the request; DELAY keeps it but behind on-time ones."""
+    default_timeout_microseconds: int = Field(default=0, ge=0)
+    """Queue deadline per request; 0 means no deadline."""
+    allow_timeout_override: bool = True
+    """Whether a request may set its own (shorter or longer) queue deadline."""
+    max_queue_size: int = 1024
+    """Most requests waiting; more are refused with 503 (QueueFull)."""
+
+    @field_validator("max_queue_size")
+    @classmethod
+    def _bounded(cls, size: int) -> int:
+        if size == 0:
+            raise ValueError(
+                "max_queue_size 0 means an unbounded queue in Triton; sordino never runs an "
+                "unbounded queue, set a positive limit"
+            )
+        if size < 0:
+            raise ValueError("max_queue_size must be a positive limit")
+        return size
+
+
+class DynamicBatchingConfig(Section):
+    """Triton's ``dynamic_batching`` section; None inherits the scheduler's strategy."""
+
+    preferred_batch_size: tuple[Annotated[int, Field(ge=1)], ...] = ()
+    """Batch sizes to form when possible; empty inherits ``preferred_batch``."""
+    max_queue_delay_microseconds: int | None = Field(default=None, ge=0)
+    """Longest wait for a batch to fill; None inherits ``timeout_ms``."""
+    min_batch_size: int | None = Field(default=None, ge=1)
+    """Smallest batch worth running early (sordino extension); None inherits ``min_batch``."""
+    priority_levels: int = Field(default=3, ge=1)
+    """Number of priority levels; level 1 is served first."""
+    default_priority_level: int = 2
+    """Level of requests that ask for none; when omitted, the middle level."""
+    default_queue_policy: QueuePolicy = QueuePolicy()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_level_is_middle(cls, data: object) -> object:
+        if isinstance(data, Mapping) and "default_priority_level" not in data:
+            levels = data.get("priority_levels")
+            if isinstance(levels, int) and not isinstance(levels, bool) and levels >= 1:
+                return {**data, "default_priority_level": (levels + 1) // 2}
+        return data
+
+    @field_validator("default_priority_level")
+    @classmethod
+    def _level_in_range(cls, level: int, info: ValidationInfo) -> int:
+        levels = info.data.get("priority_levels")
+        if levels is not None and not 1 <= level <= levels:
+            raise ValueError(
+                f"default_priority_level ({level}) must be between 1 and priority_levels ({levels})"
+            )
+        return level
+
+
+class LatestVersions(Section):
+    num_versions: int = Field(default=1, ge=1)
+    """How many of the highest-numbered versions to serve."""
+
+
+class AllVersions(Section):
+    pass
+
+
+class SpecificVersions(Section):
+    versions: tuple[Annotated[int, Field(ge=1)], ...] = Field(min_length=1)
+    """The version numbers to serve."""
+
+
+class VersionPolicy(Section):
+    """Triton's ``version_policy``: exactly one of ``latest``, ``all``, ``specific``."""
+
+    latest: LatestVersions | None = None
+    all: AllVersions | None = None
+    specific: SpecificVersions | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_means_present(cls, data: object) -> object:
+        # YAML writes Triton's `all: {}` as `all:` (None), but a dumped policy writes the
+        # kinds it is not as None too: None means "chosen" only when nothing else is set.
+        if not isinstance(data, Mapping):
+            return data
+        chosen = {key: value for key, value in data.items() if value is not None}
+        return chosen or {key: {} for key in data}
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> VersionPolicy:
+        chosen = [kind for kind in ("latest", "all", "specific") if getattr(self, kind) is not None]
+        if len(chosen) != 1:
+            raise ValueError(f"give exactly one of latest, all, specific (got {chosen or 'none'})")
+        return self
+
+    @property
+    def kind(self) -> Literal["latest", "all", "specific"]:
+        """Which of the three policies this is."""
+        if self.latest is not None:
+            return "latest"
+        return "all" if self.all is not None else "specific"
+
+    def select(self, available: Iterable[int]) -> tuple[int, ...]:
+        """Return the versions to serve out of ``available``, ascending."""
+        present = sorted(set(available))
+        if self.latest is not None:
+            return tuple(present[-self.latest.num_versions :])
+        if self.specific is not None:
+            return tuple(v for v in present if v in self.specific.versions)
+        return tuple(present)
+
+
+class StreamingConfig(Section):
+    """Serve the model as a step model that streams one response per step.
+
+    Each step's outputs are sent to the client; the outputs named in ``carry`` become
+    the inputs of the next step, and the stream ends once the BOOL output ``done`` is
+    true for every row (or after ``max_steps`` steps, which is an error).
+    """
+
+    carry: dict[str, str] = Field(min_length=1)
+    """Output name -> the input it feeds on the next step."""
+    done: str = Field(min_length=1)
+    """A BOOL output; true ends the stream of that row."""
+    max_steps: int = Field(default=1000, ge=1)
+    """Most steps one request may take; a model still not done then fails the request."""
+
+
+# Flat Triton keys that belong under dynamic_batching; ModelConfig moves them there.
+_BATCHING_KEYS = (
+    "preferred_batch_size",
+    "max_queue_delay_microseconds",
+    "priority_levels",
+    "default_priority_level",
+    "default_queue_policy",
+    "min_batch_size",
+)
+
+
+_KINDS = {"KIND_CPU": "cpu", "KIND_GPU": "gpu", "KIND_AUTO": "auto"}
+
+
+def _triton_instance_group(groups: object) -> dict[str, object]:
+    if not isinstance(groups, list | tuple) or len(groups) != 1 or not isinstance(groups[0], dict):
+        raise ValueError("instance_group must be a list with exactly one {count, kind} entry")
+    unknown = sorted(set(groups[0]) - {"count", "kind", "gpus"})
+    if unknown:
+        raise ValueError(
+            f"instance_group keys {unknown} are not supported; use count, kind and gpus"
+        )
+    kind = groups[0].get("kind", "KIND_AUTO")
+    short = _KINDS.get(kind.upper(), kind.lower()) if isinstance(kind, str) else kind
+    if short not in ("cpu", "gpu", "auto"):
+        raise ValueError(
+            f"instance_group kind {kind!r} is not valid; use KIND_CPU, KIND_GPU or KIND_AUTO"
+        )
+    folded: dict[str, object] = {"instance_count": groups[0].get("count", 1)}
+    folded["instance_kind"] = short
+    if "gpus" in groups[0]:
+        folded["gpus"] = groups[0]["gpus"]
+    return folded
+
+
+class ModelConfig(Section):
+    """One model: an explicit ``models:`` entry, or a repository folder's ``config.yaml``.
+
+    In a repository, ``name`` and ``path`` come from the folder and may be omitted.
+    Triton spellings are accepted as aliases (see :attr:`triton_aliases`).
+    """
+
+    triton_aliases: ClassVar[tuple[str, ...]] = ("platform", "instance_group", *_BATCHING_KEYS)
+    """Keys accepted in the file that are folded into the fields below."""
+
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    """Model name used in URLs (/v2/models/<name>)."""
+    path: ExpandedPath | None = None
+    """An .onnx file, or a folder of numbered version folders (1/model.onnx, 2/...)."""
+    backend: Literal["onnxruntime"] = "onnxruntime"
+    """Runtime that executes the model; Triton's ``platform: onnxruntime_onnx`` means this."""
+    max_batch_size: int | None = Field(default=None, ge=0)
+    """Largest batch; None uses the scheduler's max_batch; 0 means never batch."""
+    dynamic_batching: DynamicBatchingConfig = DynamicBatchingConfig()
+    instance_count: int = Field(default=1, ge=1)
+    """Model instances (sessions) run in parallel, on each device the model runs on."""
+    instance_kind: Literal["cpu", "gpu", "auto"] = "auto"
+    """Where instances run: cpu, gpu (CUDA devices ``gpus``), auto (``execution_providers``)."""
+    gpus: tuple[Annotated[int, Field(ge=0)], ...] = ()
+    """CUDA device ids for ``instance_kind: gpu``; empty means device 0."""
+    isolation: Literal["process", "thread"] = "process"
+    """process: each instance in its own worker process; thread: inside the server."""
+    execution_providers: tuple[ProviderName, ...] = ("CPUExecutionProvider",)
+    """ONNX Runtime providers in order of preference (aliases cpu, cuda, ... accepted)."""
+    intra_op_threads: int | None = Field(default=None, ge=1)
+    """Threads ONNX Runtime uses inside one operator; None lets ONNX Runtime decide."""
+    scheduler_mode: SchedulerMode | None = None
+    """Overrides ``scheduler.mode`` for this model."""
+    version_policy: VersionPolicy = VersionPolicy(latest=LatestVersions())
+    """Which numbered versions to serve; the highest one by default."""
+    streaming: StreamingConfig | None = None
+    """Run the model step by step, streaming a response per step; None: one response."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_triton_aliases(cls, data: object) -> object:
+        if not isinstance(data, Mapping):
+            return data
+        data = dict(data)
+        if "platform" in data:
+            platform = data.pop("platform")
+            if "backend" in data:
+                raise ValueError("give backend or platform, not both")
+            if platform != "onnxruntime_onnx":
+                raise ValueError(f"platform {platform!r} is not supported; use onnxruntime_onnx")
+            data["backend"] = "onnxruntime"
+        if "instance_group" in data:
+            if "instance_count" in data:
+                raise ValueError("give instance_count or instance_group, not both")
+            data.update(_triton_instance_group(data.pop("instance_group")))
+        flat = {key: data.pop(key) for key in _BATCHING_KEYS if key in data}
+        if flat or data.get("dynamic_batching", {}) is None:
+            nested = data.get("dynamic_batching") or {}
+            if not isinstance(nested, Mapping):
+                return data  # let the type error for dynamic_batching speak
+            both = sorted(set(flat) & set(nested))
+            if both:
+                raise ValueError(f"{both} given both on the model and under dynamic_batching")
+            data["dynamic_batching"] = {**nested, **flat}
+        return data
+
+    @field_validator("execution_providers")
+    @classmethod
+    def _some_provider(cls, providers: tuple[str, ...]) -> tuple[str, ...]:
+        if not providers:
+            raise ValueError("execution_providers needs at least one provider, e.g. [cpu]")
+        return providers
+
+    @model_validator(mode="after")
+    def _batching_fits_max_batch_size(self) -> ModelConfig:
+        batching, limit = self.dynamic_batching, self.max_batch_size
+        if limit == 0 and (batching.preferred_batch_size or batching.min_batch_size is not None):
+            raise ValueError(
+                "max_batch_size 0 means this model never batches, so preferred_batch_size "
+                "and min_batch_size cannot apply; remove them or raise max_batch_size"
+            )
+        if limit:
+            too_big = [size for size in batching.preferred_batch_size if size > limit]
+            if too_big:
+                raise ValueError(f"preferred_batch_size {too_big} exceeds max_batch_size {limit}")
+            if batching.min_batch_size is not None and batching.min_batch_size > limit:
+                raise ValueError(
+                    f"min_batch_size ({batching.min_batch_size}) exceeds max_batch_size ({limit})"
+                )
+        return self

@@ -1,0 +1,92 @@
+"""The root of the configuration: :class:`RuntimeConfig` composes every section.
+
+Checks that span sections live here: a fallback chain names declared devices, poll
+mode needs a model repository, explicit models and devices have distinct names.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator, ValidationInfo, field_validator, model_validator
+
+from sordino.config.base import ExpandedPath, Section, reject_repeated_names
+from sordino.config.devices import DeviceConfig
+from sordino.config.models import ModelConfig
+from sordino.config.scheduler import SchedulerConfig
+from sordino.config.server import ServerConfig
+from sordino.config.telemetry import TelemetryConfig
+from sordino.config.workers import WorkersConfig
+
+__all__ = ["RuntimeConfig"]
+
+
+def _named_with_path(model: ModelConfig) -> ModelConfig:
+    missing = [key for key in ("name", "path") if getattr(model, key) is None]
+    if missing:
+        raise ValueError(f"an entry of models needs {' and '.join(missing)}")
+    return model
+
+
+class RuntimeConfig(Section):
+    """Everything sordino reads at start-up; one immutable snapshot."""
+
+    server: ServerConfig = ServerConfig()
+    devices: tuple[DeviceConfig, ...] = ()
+    """Named devices a ``fallback_chain`` strategy chains together."""
+    scheduler: SchedulerConfig = SchedulerConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
+    models: tuple[Annotated[ModelConfig, AfterValidator(_named_with_path)], ...] = ()
+    """Explicitly listed models; each needs ``name`` and ``path``."""
+    model_repository: ExpandedPath | None = None
+    """A Triton-style folder with one sub-folder per model."""
+    workers: WorkersConfig = WorkersConfig()
+
+    @model_validator(mode="after")
+    def _poll_needs_repository(self) -> RuntimeConfig:
+        if self.server.model_control_mode == "poll" and self.model_repository is None:
+            raise ValueError(
+                "server.model_control_mode poll rescans the model repository, but "
+                "model_repository is not set; set it or use explicit"
+            )
+        return self
+
+    @field_validator("models")
+    @classmethod
+    def _names_unique(cls, models: tuple[ModelConfig, ...]) -> tuple[ModelConfig, ...]:
+        # Every entry has a name by now: _named_with_path refused those without one.
+        reject_repeated_names((str(model.name) for model in models), what="model names")
+        return models
+
+    @field_validator("devices")
+    @classmethod
+    def _device_names_unique(cls, devices: tuple[DeviceConfig, ...]) -> tuple[DeviceConfig, ...]:
+        reject_repeated_names((device.name for device in devices), what="device names")
+        return devices
+
+    @field_validator("scheduler")
+    @classmethod
+    def _chain_names_devices(
+        cls, scheduler: SchedulerConfig, info: ValidationInfo
+    ) -> SchedulerConfig:
+        chain = scheduler.fallback_chain
+        devices = info.data.get("devices")
+        if chain is None or devices is None:
+            return scheduler
+        known = {device.name for device in devices}
+        missing = [name for name in chain.chain if name not in known]
+        if missing:
+            declared = ", ".join(sorted(known)) or "none"
+            raise ValueError(
+                f"fallback_chain names devices {missing} that are not declared under "
+                f"devices (declared: {declared}); add e.g. '- {{name: {missing[0]}, "
+                "provider: cpu}' to devices"
+            )
+        return scheduler
+
+    def device(self, name: str) -> DeviceConfig:
+        """Return the device called ``name``."""
+        for device in self.devices:
+            if device.name == name:
+                return device
+        raise KeyError(name)

@@ -1,0 +1,38 @@
+"""The ``server`` section: where the HTTP and gRPC front ends listen, and limits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from sordino.config.base import ExpandedPath, Section
+from sordino.config.units import Duration, Size, parse_size
+
+__all__ = ["ModelControlMode", "ServerConfig"]
+
+ModelControlMode = Literal["none", "explicit", "poll"]
+
+
+class ServerConfig(Section):
+    """Where and how the HTTP and gRPC front ends listen."""
+
+    host: str = Field(default="127.0.0.1", min_length=1)
+    """Interface to bind; "0.0.0.0" listens on every interface."""
+    http_port: int = Field(default=8000, ge=0, le=65535)
+    """TCP port for the KServe v2 HTTP API; 0 picks a free port."""
+    grpc_port: int = Field(default=8001, ge=0, le=65535)
+    """TCP port for the KServe v2 gRPC API (inference.GRPCInferenceService); 0 picks a free port."""
+    model_control_mode: ModelControlMode = "none"
+    """Triton's model control: none (fixed set), explicit (load/unload API), poll (rescan)."""
+    repository_poll_secs: Duration = Field(default=15.0, gt=0)
+    """How often ``poll`` mode rescans the model repository."""
+    data_dir: ExpandedPath = Field(default=Path("~/.sordino"), validate_default=True)
+    """Where sordino keeps state (reports, caches); "~" is expanded."""
+    max_request_size: Size = Field(default=parse_size("64MB"), ge=1)
+    """Largest request body accepted; larger bodies get 413."""
+    shutdown_timeout: Duration = 30.0
+    """How long a graceful stop waits for in-flight requests before cancelling them."""
+    admin_token: str | None = Field(default=None, min_length=8, repr=False)
+    """Bearer token of the admin API (/v2/admin/...); env SORDINO_ADMIN_TOKEN if unset."""
