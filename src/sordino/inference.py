@@ -8,6 +8,7 @@ tensors are ``object`` arrays of ``bytes``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,13 +43,17 @@ class InferRequest:
     """
 
     model: str
-    inputs: dict[str, Tensor]
+    inputs: Mapping[str, Tensor]
     version: str | None = None
     id: str | None = None
     outputs: list[RequestedOutput] | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
     input_datatypes: dict[str, str] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
+
+    def release(self) -> None:
+        """Give back the arena blocks under ``inputs``, if they are owned tensors."""
+        _release(self.inputs)
 
 
 @dataclass(slots=True)
@@ -57,10 +62,20 @@ class InferResponse:
 
     model: str
     version: str
-    outputs: dict[str, Tensor]
+    outputs: Mapping[str, Tensor]
     output_datatypes: dict[str, str]
     id: str | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
+
+    def release(self) -> None:
+        """Give back the arena blocks under ``outputs`` once they are encoded."""
+        _release(self.outputs)
+
+
+def _release(tensors: Mapping[str, Tensor]) -> None:
+    release = getattr(tensors, "release", None)  # memory.refs.Tensors, which sits above us
+    if release is not None:
+        release()
 
 
 def batch_size_of(inputs: dict[str, Tensor]) -> int:

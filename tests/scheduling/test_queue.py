@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 import pytest
 
@@ -20,16 +18,12 @@ def _item(
     deadline: float | None = None,
 ) -> WorkItem:
     inputs = {"x": np.zeros((rows, width), dtype=np.float32)}
-    loop = asyncio.new_event_loop()
-    future = loop.create_future()
-    loop.close()
     return WorkItem(
         inputs=inputs,
         rows=rows,
         signature=signature_of(inputs, True),
         priority=priority,
         arrival=arrival,
-        future=future,
         deadline=deadline,
     )
 

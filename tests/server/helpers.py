@@ -33,7 +33,8 @@ class Gate:
     """
 
     def __init__(self, server: RunningServer, name: str, version: str | None = None) -> None:
-        self.backend: Any = server.runtime.get(name, version).backends[0]
+        key = server.runtime.get(name, version).key
+        self.backend: Any = server.runtime.executor.local_backends(key)[0]
         self._original = self.backend.infer
         self.entered = threading.Event()
         self.released = threading.Event()

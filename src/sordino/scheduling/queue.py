@@ -44,9 +44,13 @@ class RequestQueue:
         """Total batch rows of every queued item."""
         return self._rows
 
-    def put_nowait(self, item: WorkItem) -> None:
-        """Queue ``item``, or raise :class:`QueueFull` at once if the queue is at its limit."""
-        if len(self._queued) >= self.max_size:
+    def put_nowait(self, item: WorkItem, *, force: bool = False) -> None:
+        """Queue ``item``, or raise :class:`QueueFull` at once if the queue is at its limit.
+
+        ``force`` queues past the limit: the next step of a request already accepted is
+        never refused (the limit bounds new requests, not the work promised to them).
+        """
+        if len(self._queued) >= self.max_size and not force:
             raise QueueFull(
                 f"the queue is full ({self.max_size} requests waiting); retry later or raise "
                 "max_queue_size in the model's queue policy",

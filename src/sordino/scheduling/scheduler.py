@@ -1,14 +1,30 @@
-"""The per-model scheduler: admits work items, forms batches, runs them, splits results.
+"""The per-model scheduler: the engine that owns requests from acceptance to their end.
 
-One scheduler task per model version waits on a single wake-up event, set when work
-arrives, when an instance frees up, when a timer for the batch delay or the next
-deadline fires, or on close. It never polls.
+It has the shape of vLLM's engine core. One task per model version loops over:
+
+1. **schedule** — expire queued work past its deadline, then let the batcher decide:
+   run a batch now (taking compatible work items from the priority queue) or wait;
+2. **execute** — the batch runs on the executor (one async call), as a task of its
+   own, so several batches run at once when the model has several instances;
+3. **update from output** — each request gets its rows of the outputs; a request
+   whose stream is not done is queued again for its next step, with the carried
+   outputs as state (they stay in the arena); a finished one is counted and observed.
+
+The loop waits on a single wake-up event, set when work arrives, when a batch ends,
+when a timer for the batch delay or the next deadline fires, or on close. It never
+polls. Requests are :class:`~sordino.scheduling.work.Request` objects the scheduler
+owns; one-shot and streaming requests take the same path, so every request ends in
+exactly one outcome and reaches the observers once.
+
+Tensor ownership (see ``memory/refs.py``): a work item's inputs are released once its
+step has run or it is dropped; the request's own inputs when it finishes; each step's
+outputs are handed to the reader of the request's responses, who releases them.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 
 from sordino.clock import Clock, TimerHandle
 from sordino.errors import (
@@ -19,18 +35,19 @@ from sordino.errors import (
     SordinoError,
 )
 from sordino.execution.executor import Executor, assemble
-from sordino.inference import ModelKey, Tensor
+from sordino.inference import ModelKey, StreamSpec, Tensor
+from sordino.memory.refs import Tensors
 from sordino.records import Outcome, QueueSettings, SchedulerObserver, SchedulerStatistics
 from sordino.scheduling.batcher import Dispatch, decide
 from sordino.scheduling.modes import ModeController
 from sordino.scheduling.queue import RequestQueue
-from sordino.scheduling.work import WorkItem, signature_of
+from sordino.scheduling.work import Request, StepOutput, WorkItem, signature_of
 
 __all__ = ["ModelScheduler"]
 
 
 class ModelScheduler:
-    """Queues, batches and runs the requests of one model version."""
+    """Queues, batches and runs the requests of one model version, step by step."""
 
     def __init__(
         self,
@@ -61,6 +78,7 @@ class ModelScheduler:
         self._task: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
         self._closing = False
+        self._aborting = False
         self._last_arrival: float | None = None
         self._gap_ewma: float | None = None
         self._accepted = self._succeeded = self._failed = self._cancelled = 0
@@ -76,14 +94,17 @@ class ModelScheduler:
             )
 
     async def close(self, *, drain: bool = True) -> None:
-        """Stop taking work; run what is queued (``drain``) or fail it, then stop.
+        """Stop taking requests; finish the accepted ones (``drain``) or fail them, then stop.
 
-        Every queued request ends with a result or an explicit :class:`ShuttingDown`.
+        With ``drain``, queued requests run, and streams keep stepping to their end.
+        Without, queued work and the next steps of running streams end with an explicit
+        :class:`ShuttingDown`. Every accepted request ends with an outcome.
         """
         self._closing = True
         if not drain:
+            self._aborting = True
             for item in self._queue.drain():
-                self._finish_error(item, ShuttingDown("the model is being unloaded"))
+                self._drop(item, ShuttingDown("the model is being unloaded"))
         self._wake.set()
         if self._task is not None:
             await self._task
@@ -96,76 +117,97 @@ class ModelScheduler:
 
     def submit(
         self,
-        inputs: dict[str, Tensor],
+        inputs: Mapping[str, Tensor],
         *,
         priority: int,
         timeout_s: float | None = None,
         request_id: str | None = None,
-    ) -> WorkItem:
-        """Queue one request and return its work item, whose future carries the result.
+        stream: StreamSpec | None = None,
+    ) -> Request:
+        """Accept one request and queue its first step; return the request.
 
-        Raises at once, without queueing, when the queue is full or the scheduler is
-        closing.
+        The scheduler takes ownership of ``inputs`` (a :class:`Tensors` is released when
+        the request finishes). Raises at once, without accepting, when the queue is
+        full or the scheduler is closing; ``inputs`` then stay the caller's.
         """
         if self._closing:
             raise ShuttingDown(f"model {self.model} is shutting down; retry on another replica")
         now = self._clock.now()
-        rows = int(next(iter(inputs.values())).shape[0]) if self.batched else 1
-        future: asyncio.Future[dict[str, Tensor]] = asyncio.get_running_loop().create_future()
-        item = WorkItem(
-            inputs=inputs,
-            rows=rows,
-            signature=signature_of(inputs, self.batched),
+        tensors = Tensors.of(inputs)
+        request = Request(
+            inputs=tensors,
             priority=priority,
             arrival=now,
-            future=future,
-            deadline=now + timeout_s if timeout_s else None,
-            request_id=request_id,
+            timeout_s=timeout_s,
+            id=request_id,
+            stream=stream,
         )
+        item = self._work_item(request, tensors, now)
         try:
             self._queue.put_nowait(item)
         except SordinoError:
             self._rejected += 1
             raise
+        item.inputs = tensors.share()  # the step's hold; the request keeps its own
         self._accepted += 1
-        self._note_arrival(now, rows)
+        self._note_arrival(now, item.rows)
         self._queue_changed()
         self._wake.set()
-        return item
+        return request
 
     async def infer(
         self,
-        inputs: dict[str, Tensor],
+        inputs: Mapping[str, Tensor],
         *,
         priority: int,
         timeout_s: float | None = None,
         request_id: str | None = None,
-    ) -> dict[str, Tensor]:
-        """Queue one request and wait for its outputs.
+    ) -> Tensors:
+        """Run a one-shot request and return its outputs (the caller releases them).
 
         If the awaiting task is cancelled (the client went away), the request is
         removed from the queue if it has not started, and counted as cancelled.
         """
-        item = self.submit(inputs, priority=priority, timeout_s=timeout_s, request_id=request_id)
-        return await self.result(item)
-
-    async def result(self, item: WorkItem) -> dict[str, Tensor]:
-        """Wait for the outputs of a submitted ``item``; cancel it if the waiter is cancelled."""
+        request = self.submit(inputs, priority=priority, timeout_s=timeout_s, request_id=request_id)
         try:
-            return await asyncio.shield(item.future)
-        except asyncio.CancelledError:
-            self.cancel(item)
+            result = await request.outputs.get()
+        except BaseException:
+            self.cancel(request)
+            _discard_outputs(request)
             raise
+        if isinstance(result, SordinoError):
+            raise result
+        return result.outputs
 
-    def cancel(self, item: WorkItem) -> None:
-        """Cancel ``item``: drop it if still queued; a running one finishes unseen."""
-        if item.future.done():
+    async def responses(self, request: Request) -> AsyncGenerator[StepOutput, None]:
+        """Yield each step's outputs of ``request`` until its final one; raise its error.
+
+        The reader owns each yielded ``outputs`` and releases it. If the reader stops
+        early (its task is cancelled, or it leaves the loop), the request is cancelled.
+        """
+        try:
+            while True:
+                result = await request.outputs.get()
+                if isinstance(result, SordinoError):
+                    raise result
+                yield result
+                if result.final:
+                    return
+        finally:
+            if not request.finished:
+                self.cancel(request)
+            _discard_outputs(request)
+
+    def cancel(self, request: Request) -> None:
+        """Cancel ``request``: drop its queued step; a running step finishes unseen."""
+        if request.finished:
             return
-        if self._queue.remove(item):
+        item = request.item
+        if item is not None and self._queue.remove(item):
             self._queue_changed()
-        self._finish(
-            item, "cancelled", Cancelled.reason, error=Cancelled("cancelled by the client")
-        )
+            _release(item.inputs)
+            request.item = None
+        self._finish(request, "cancelled", Cancelled.reason)
 
     # -- the scheduling loop ---------------------------------------------------------
 
@@ -173,39 +215,50 @@ class ModelScheduler:
         while True:
             self._wake.clear()
             now = self._clock.now()
-            for item in self._queue.expire(now):
-                self._timed_out += 1
-                waited_ms = (now - item.arrival) * 1000
-                self._finish_error(
-                    item,
-                    QueueTimeout(
-                        f"request timed out in the queue of model {self.model} after "
-                        f"{waited_ms:.0f} ms without running; raise its timeout or reduce load"
-                    ),
-                )
-            if len(self._queue) == 0:
-                if self._closing:
+            batch = self._schedule(now)
+            if batch is None:
+                if self._closing and len(self._queue) == 0 and not self._running:
                     return
-                self._set_timer(None)
                 await self._wake.wait()
                 continue
-            if len(self._running) >= max(1, self._executor.instances(self.model)):
-                self._set_timer(self._queue.next_deadline())
-                await self._wake.wait()
-                continue
-            decision = decide(self._queue, self._controller.policy(), now, self._arrival_rate())
-            if isinstance(decision, Dispatch):
-                items = self._queue.take(decision.signature, decision.rows)
-                self._queue_changed()
-                self._dispatch(items, now)
-                continue
-            assert decision is not None
-            wake_at = decision.until
-            deadline = self._queue.next_deadline()
-            if deadline is not None:
-                wake_at = min(wake_at, deadline)
-            self._set_timer(wake_at)
-            await self._wake.wait()
+            self._queue_changed()
+            for item in batch:
+                item.dispatched_at = now
+                if item.request is not None:
+                    item.request.state = "running"
+                    item.request.queue_s += now - item.arrival
+            task = asyncio.get_running_loop().create_task(self._execute(batch))
+            self._running.add(task)
+            task.add_done_callback(self._batch_finished)
+
+    def _schedule(self, now: float) -> list[WorkItem] | None:
+        """Return the work items to run as one batch now, or None (a timer is set)."""
+        for item in self._queue.expire(now):
+            self._timed_out += 1
+            waited_ms = (now - item.arrival) * 1000
+            self._drop(
+                item,
+                QueueTimeout(
+                    f"request timed out in the queue of model {self.model} after "
+                    f"{waited_ms:.0f} ms without running; raise its timeout or reduce load"
+                ),
+            )
+        if len(self._queue) == 0:
+            self._set_timer(None)
+            return None
+        if len(self._running) >= max(1, self._executor.instances(self.model)):
+            self._set_timer(self._queue.next_deadline())
+            return None
+        decision = decide(self._queue, self._controller.policy(), now, self._arrival_rate())
+        if isinstance(decision, Dispatch):
+            return self._queue.take(decision.signature, decision.rows)
+        assert decision is not None
+        wake_at = decision.until
+        deadline = self._queue.next_deadline()
+        if deadline is not None:
+            wake_at = min(wake_at, deadline)
+        self._set_timer(wake_at)
+        return None
 
     def _set_timer(self, when: float | None) -> None:
         """Wake the loop at ``when`` (None: no timer), keeping a pending timer for that time."""
@@ -225,30 +278,28 @@ class ModelScheduler:
         self._timer_at = None
         self._wake.set()
 
-    def _dispatch(self, items: list[WorkItem], now: float) -> None:
-        for item in items:
-            item.dispatched_at = now
-        task = asyncio.get_running_loop().create_task(self._run_batch(items))
-        self._running.add(task)
-        task.add_done_callback(self._batch_finished)
-
     def _batch_finished(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
         self._wake.set()
 
-    async def _run_batch(self, items: list[WorkItem]) -> None:
-        live = [item for item in items if not item.future.done()]
+    async def _execute(self, items: list[WorkItem]) -> None:
+        """Run one batch and hand each request its rows; release the steps' inputs."""
+        live = [i for i in items if i.request is None or not i.request.finished]
+        for item in items:
+            if item not in live:
+                _release(item.inputs)
         if not live:
             return
         t0 = t1 = self._clock.now()
         rows = sum(item.rows for item in live)
+        batch: Mapping[str, Tensor] | None = None
         try:
             if len(live) == 1:
                 batch = live[0].inputs
             else:
-                batch = await assemble(self._executor, self.model, [item.inputs for item in live])
+                batch = await assemble(self._executor, self.model, [dict(i.inputs) for i in live])
             t1 = self._clock.now()
-            outputs = await self._executor.run(self.model, batch)
+            outputs = Tensors.of(await self._executor.run(self.model, dict(batch)))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the backend's failure is the requests' failure
@@ -262,65 +313,133 @@ class ModelScheduler:
             )
             self._batch_observed(rows, len(live), t1 - t0, t2 - t1, 0.0, ok=False)
             for item in live:
-                self._finish_error(item, error, compute_s=t2 - t0)
+                self._step_failed(item, error, t2 - t0)
             return
+        finally:
+            if batch is not None and len(live) > 1:
+                _release(batch)
+            for item in live:
+                _release(item.inputs)
         t2 = self._clock.now()
-        offset = 0
-        for item in live:
-            if len(live) == 1:
-                result = outputs
-            else:
-                result = {name: arr[offset : offset + item.rows] for name, arr in outputs.items()}
-            offset += item.rows
-            if not item.future.done():
-                item.future.set_result(result)
-                self._finish(item, "success", "ok", compute_s=t2 - t0)
+        with outputs:
+            offset = 0
+            for item in live:
+                if len(live) == 1:
+                    result = outputs.share()
+                else:
+                    result = outputs.rows(offset, offset + item.rows)
+                offset += item.rows
+                self._update_from_output(item, result, t2 - t0)
         t3 = self._clock.now()
         self._batches += 1
         self._batched_rows += rows
         self._batch_observed(rows, len(live), t1 - t0, t2 - t1, t3 - t2, ok=True)
 
+    def _update_from_output(self, item: WorkItem, result: Tensors, compute_s: float) -> None:
+        """Deliver one step's ``result`` to its request; queue the next step or finish."""
+        request = item.request
+        if request is None or request.finished:
+            result.release()  # cancelled while it ran: nobody reads this any more
+            return
+        request.item = None
+        request.steps += 1
+        request.compute_s += compute_s
+        now = self._clock.now()
+        self._controller.observe(now, now - item.arrival)
+        spec = request.stream
+        final = spec is None or _stream_done(result, spec)
+        if not final and request.steps >= request.max_steps:
+            assert spec is not None
+            result.release()
+            self._fail(
+                request,
+                InferenceFailed(
+                    f"model {self.model} streamed {request.steps} responses without setting "
+                    f"{spec.done!r}; raise streaming.max_steps or fix the model"
+                ),
+            )
+            return
+        if not final:
+            assert spec is not None
+            if self._aborting:
+                result.release()
+                self._fail(request, ShuttingDown("the model is being unloaded"))
+                return
+            # ``carry`` maps an output to the input it feeds on the next step.
+            by_input = {target: source for source, target in spec.carry}
+            parts = {
+                name: (result, by_input[name]) if name in by_input else (request.inputs, name)
+                for name in request.inputs
+            }
+            state = Tensors.compose(parts)
+            next_item = self._work_item(request, state, now)
+            self._queue.put_nowait(next_item, force=True)
+            request.state = "queued"
+            self._queue_changed()
+            self._wake.set()
+        request.outputs.put_nowait(StepOutput(result, final, request.steps))
+        if final:
+            self._finish(request, "success", "ok")
+
     # -- bookkeeping -----------------------------------------------------------------
 
-    def _finish_error(self, item: WorkItem, error: SordinoError, compute_s: float = 0.0) -> None:
-        if item.future.done():
-            return
-        item.future.set_exception(error)
-        # Retrieve it at once so an unawaited future (client gone) logs no warning.
-        item.future.exception()
-        self._finish(item, "failure", error.reason, compute_s=compute_s)
+    def _work_item(self, request: Request, inputs: Tensors, now: float) -> WorkItem:
+        rows = int(next(iter(inputs.values())).shape[0]) if self.batched else 1
+        timeout_s = request.timeout_s
+        item = WorkItem(
+            inputs=inputs,
+            rows=rows,
+            signature=signature_of(inputs, self.batched),
+            priority=request.priority,
+            arrival=now,
+            deadline=now + timeout_s if timeout_s else None,
+            request=request,
+        )
+        request.item = item
+        return item
 
-    def _finish(
-        self,
-        item: WorkItem,
-        outcome: Outcome,
-        reason: str,
-        *,
-        compute_s: float = 0.0,
-        error: SordinoError | None = None,
-    ) -> None:
+    def _drop(self, item: WorkItem, error: SordinoError) -> None:
+        """A queued item will never run: release its inputs and fail its request."""
+        _release(item.inputs)
+        if item.request is not None:
+            item.request.item = None
+            self._fail(item.request, error)
+
+    def _step_failed(self, item: WorkItem, error: SordinoError, compute_s: float) -> None:
+        request = item.request
+        if request is None or request.finished:
+            return
+        request.item = None
+        request.compute_s += compute_s
+        self._fail(request, error)
+
+    def _fail(self, request: Request, error: SordinoError) -> None:
+        if request.finished:
+            return
+        request.outputs.put_nowait(error)
+        self._finish(request, "failure", error.reason)
+
+    def _finish(self, request: Request, outcome: Outcome, reason: str) -> None:
+        request.state = "finished"
+        request.outcome = outcome
+        request.inputs.release()
         if outcome == "success":
             self._succeeded += 1
         elif outcome == "cancelled":
             self._cancelled += 1
-            if error is not None and not item.future.done():
-                item.future.cancel()
+            _discard_outputs(request)
         else:
             self._failed += 1
         now = self._clock.now()
-        started = item.dispatched_at if item.dispatched_at is not None else now
-        total = now - item.arrival
-        if outcome == "success":
-            self._controller.observe(now, total)
         for observer in self._observers:
             observer.request_done(
                 self.model,
                 outcome,
                 reason,
-                priority=item.priority,
-                queue_s=started - item.arrival,
-                compute_s=compute_s,
-                total_s=total,
+                priority=request.priority,
+                queue_s=request.queue_s,
+                compute_s=request.compute_s,
+                total_s=now - request.arrival,
             )
 
     def _batch_observed(
@@ -374,3 +493,22 @@ class ModelScheduler:
             queue=self._queue.statistics(),
             controller=self._controller.statistics(),
         )
+
+
+def _release(inputs: Mapping[str, Tensor]) -> None:
+    if isinstance(inputs, Tensors):
+        inputs.release()
+
+
+def _discard_outputs(request: Request) -> None:
+    """Release step outputs nobody will read (the reader left or the request was cancelled)."""
+    while not request.outputs.empty():
+        result = request.outputs.get_nowait()
+        if isinstance(result, StepOutput):
+            result.outputs.release()
+
+
+def _stream_done(outputs: Tensors, spec: StreamSpec) -> bool:
+    import numpy as np
+
+    return bool(np.all(outputs[spec.done]))

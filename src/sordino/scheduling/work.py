@@ -1,27 +1,41 @@
-"""Work items: what the scheduler queues, batches and completes.
+"""What the scheduler owns: requests across their steps, and the work items it batches.
 
-A work item is one request for a one-shot model. Later, for iterative (diffusion)
-models, it is one denoising step of one request; batching, priorities, deadlines and
-fairness act on work items, so step-level batching needs no second scheduler.
+A :class:`Request` is created when the scheduler accepts a request and lives until its
+last response, error or cancellation. A one-shot request has one step; a streaming
+(step) model's request has one step per response, and between steps the scheduler
+keeps its state: the tensors that feed the next step (the request's own inputs and
+the outputs carried from the step before, still in the arena).
+
+A :class:`WorkItem` is one step of one request waiting in the queue or running in a
+batch. Batching, priorities, deadlines and fairness act on work items, so requests at
+different steps share batches and a cancelled stream stops between steps, with no
+second scheduler.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
-from sordino.inference import Tensor
+from sordino.errors import SordinoError
+from sordino.inference import StreamSpec, Tensor
+from sordino.memory.refs import Tensors
+from sordino.records import Outcome
 
-__all__ = ["Signature", "WorkItem", "signature_of"]
+__all__ = ["Request", "RequestState", "Signature", "StepOutput", "WorkItem", "signature_of"]
 
 # (input name, numpy dtype string, shape of one batch item) for every input, sorted by name.
 Signature = tuple[tuple[str, str, tuple[int, ...]], ...]
 
+RequestState = Literal["queued", "running", "finished"]
+
 _sequence = itertools.count()
 
 
-def signature_of(inputs: dict[str, Tensor], batched: bool) -> Signature:
+def signature_of(inputs: Mapping[str, Tensor], batched: bool) -> Signature:
     """Return what must match for two work items to share a batch."""
     return tuple(
         sorted(
@@ -31,24 +45,66 @@ def signature_of(inputs: dict[str, Tensor], batched: bool) -> Signature:
     )
 
 
-@dataclass(eq=False, slots=True)
-class WorkItem:
-    """One unit of schedulable work and the future its result is delivered to.
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """One step's outputs for one request; the receiver owns (and releases) ``outputs``."""
 
-    ``rows`` is the item's extent along the batch dimension. ``deadline`` is on the
-    scheduler's clock, or None for no deadline. ``delayed`` is set when the item's
-    deadline passed under the DELAY timeout action: it stays queued but yields to
-    items that have not expired.
+    outputs: Tensors
+    final: bool
+    step: int
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    """One accepted request, owned by its model's scheduler until it finishes.
+
+    ``inputs`` are the request's own tensors (released when it finishes); ``stream`` is
+    the step model's spec, or None for a one-shot request. ``outputs`` carries each
+    step's :class:`StepOutput` (or the error that ended the request) to whoever reads
+    the responses. ``queue_s`` and ``compute_s`` add up over the steps.
     """
 
-    inputs: dict[str, Tensor]
+    inputs: Tensors
+    priority: int
+    arrival: float
+    timeout_s: float | None = None
+    id: str | None = None
+    stream: StreamSpec | None = None
+    state: RequestState = "queued"
+    outcome: Outcome | None = None
+    steps: int = 0
+    queue_s: float = 0.0
+    compute_s: float = 0.0
+    item: WorkItem | None = None
+    outputs: asyncio.Queue[StepOutput | SordinoError] = field(default_factory=asyncio.Queue)
+
+    @property
+    def max_steps(self) -> int:
+        return 1 if self.stream is None else self.stream.max_steps
+
+    @property
+    def finished(self) -> bool:
+        return self.state == "finished"
+
+
+@dataclass(eq=False, slots=True)
+class WorkItem:
+    """One step of one request: what the queue orders and the batcher groups.
+
+    ``inputs`` belong to the item (the scheduler releases them once the step has run
+    or is dropped). ``rows`` is the item's extent along the batch dimension.
+    ``deadline`` is on the scheduler's clock, or None for no deadline. ``delayed`` is
+    set when the deadline passed under the DELAY timeout action: the item stays queued
+    but yields to items that have not expired.
+    """
+
+    inputs: Mapping[str, Tensor]
     rows: int
     signature: Signature
     priority: int
     arrival: float
-    future: asyncio.Future[dict[str, Tensor]]
     deadline: float | None = None
-    request_id: str | None = None
+    request: Request | None = None
     delayed: bool = False
     dispatched_at: float | None = None
     seq: int = field(default_factory=lambda: next(_sequence))

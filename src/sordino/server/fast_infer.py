@@ -99,8 +99,11 @@ async def _infer(
             ),
             headers=forwarded or None,
         )
-        response = await until_disconnect(receive, runtime.infer(request))
-        payload, headers = encode_infer_response(response, request)
+        response = await until_disconnect(receive, runtime.service.infer(request))
+        try:
+            payload, headers = encode_infer_response(response, request)
+        finally:
+            response.release()
         status = 200
     except SordinoError as exc:
         status, payload, headers = error_parts(exc)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from contextlib import aclosing
 from typing import Any
 
 import grpc
@@ -35,7 +36,6 @@ from sordino.server.http import EXTENSIONS
 from sordino.server.model_config import model_metadata_json, triton_config_json
 from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
-from sordino.server.streaming import stream_responses
 
 __all__ = ["SERVICE", "UNSUPPORTED_RPCS", "GrpcServer", "InferenceServicer"]
 
@@ -118,8 +118,11 @@ class InferenceServicer:
 
     async def ModelInfer(self, raw: bytes, context: Any) -> pb.ModelInferResponse:
         request = decode_infer_request(parse_message(pb.ModelInferRequest, raw))
-        response = await self.runtime.infer(request)
-        return encode_infer_response(response, request)
+        response = await self.runtime.service.infer(request)
+        try:
+            return encode_infer_response(response, request)
+        finally:
+            response.release()
 
     async def RepositoryIndex(self, raw: bytes, context: Any) -> pb.RepositoryIndexResponse:
         request = parse_message(pb.RepositoryIndexRequest, raw)
@@ -183,11 +186,17 @@ class InferenceServicer:
             request_id, model, version = message.id, message.model_name, message.model_version
             request = decode_infer_request(message)
             empty_final = bool(request.parameters.pop(EMPTY_FINAL_RESPONSE, False))
-            async for response, final in stream_responses(self.runtime, request):
-                encoded = encode_infer_response(response, request)
-                encode_parameters({FINAL_RESPONSE: final and not empty_final}, encoded.parameters)
-                model, version = encoded.model_name, encoded.model_version
-                await send(pb.ModelStreamInferResponse(infer_response=encoded))
+            async with aclosing(self.runtime.service.responses(request)) as responses:
+                async for response, final in responses:
+                    try:
+                        encoded = encode_infer_response(response, request)
+                    finally:
+                        response.release()
+                    encode_parameters(
+                        {FINAL_RESPONSE: final and not empty_final}, encoded.parameters
+                    )
+                    model, version = encoded.model_name, encoded.model_version
+                    await send(pb.ModelStreamInferResponse(infer_response=encoded))
             if empty_final:
                 last = pb.ModelInferResponse(model_name=model, model_version=version, id=request_id)
                 encode_parameters({FINAL_RESPONSE: True}, last.parameters)

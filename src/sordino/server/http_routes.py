@@ -11,7 +11,8 @@ Handlers are as thin as the KServe ones in ``http.py`` and share its error mappi
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from typing import Any
 
 import orjson
@@ -20,7 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from sordino.errors import InvalidRequest, MalformedBody, SordinoError, Unsupported
-from sordino.inference import InferRequest
+from sordino.inference import InferRequest, InferResponse
 from sordino.protocol.generate import (
     decode_generate_request,
     encode_generate_response,
@@ -29,7 +30,6 @@ from sordino.protocol.generate import (
 from sordino.server.disconnect import EventStream, until_disconnect
 from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
-from sordino.server.streaming import stream_responses
 
 __all__ = ["extra_routes"]
 
@@ -75,15 +75,26 @@ def extra_routes(
 
     async def generate(request: Request) -> Response:
         decoded = await _generate_request(runtime, request)
-        response = await until_disconnect(request.receive, runtime.infer(decoded))
-        return json(encode_generate_response(response))
+        response = await until_disconnect(request.receive, runtime.service.infer(decoded))
+        try:
+            return json(encode_generate_response(response))
+        finally:
+            response.release()
 
     async def generate_stream(request: Request) -> Response:
         decoded = await _generate_request(runtime, request)
-        responses = stream_responses(runtime, decoded)
+        responses = runtime.service.responses(decoded)
         # Refusals (validation, admission) are answered with a status before streaming.
-        first = await until_disconnect(request.receive, anext(responses))
-        return EventStream(_events(first[0], responses))
+        try:
+            first, _ = await until_disconnect(request.receive, anext(responses))
+        except BaseException:
+            await responses.aclose()
+            raise
+        try:
+            event = sse_event(encode_generate_response(first))
+        finally:
+            first.release()
+        return EventStream(_events(event, responses))
 
     routes = [
         Route("/v2/repository/index", guard(index), methods=["POST"]),
@@ -124,10 +135,17 @@ async def _generate_request(runtime: Runtime, request: Request) -> InferRequest:
     return decode_generate_request(body, model.metadata, model=name, version=version)
 
 
-async def _events(first: Any, rest: AsyncIterator[tuple[Any, bool]]) -> AsyncIterator[bytes]:
-    yield sse_event(encode_generate_response(first))
-    try:
-        async for response, _ in rest:
-            yield sse_event(encode_generate_response(response))
-    except SordinoError as exc:
-        yield sse_event({"error": str(exc)})
+async def _events(
+    first: bytes, rest: AsyncGenerator[tuple[InferResponse, bool], None]
+) -> AsyncIterator[bytes]:
+    yield first
+    async with aclosing(rest):
+        try:
+            async for response, _ in rest:
+                try:
+                    event = sse_event(encode_generate_response(response))
+                finally:
+                    response.release()
+                yield event
+        except SordinoError as exc:
+            yield sse_event({"error": str(exc)})

@@ -1,0 +1,159 @@
+"""The load pipeline: a model source becomes a served model version, and back.
+
+Loading starts the model's instances (the executor), checks a step model's
+``streaming:`` configuration against it (:func:`stream_spec_for`), derives its
+scheduling (mode, batch policy, queue policy), warms it up with one real batch,
+measures its batch-latency curve when the mode needs one, starts its scheduler and
+registers it. Unloading drains the scheduler, stops the instances and forgets the
+model's statistics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from sordino.backends.base import dummy_inputs
+from sordino.clock import Clock
+from sordino.config import RuntimeConfig
+from sordino.config.models import StreamingConfig
+from sordino.errors import ModelLoadError
+from sordino.events import EventSink
+from sordino.execution.chain import ChainExecutor
+from sordino.inference import ModelKey, ModelMetadata, StreamSpec, Tensor
+from sordino.memory.refs import Tensors
+from sordino.models.repository import ModelSource
+from sordino.records import SchedulerObserver
+from sordino.scheduling.modes import build_controller, measure_batch_curve
+from sordino.scheduling.scheduler import ModelScheduler
+from sordino.scheduling.settings import scheduling_for
+from sordino.server.registry import LoadedModel, ModelRegistry
+from sordino.telemetry.model_stats import ModelStats
+
+__all__ = ["ModelLoader", "stream_spec_for"]
+
+
+class ModelLoader:
+    """Loads model versions into the executor and the registry, and unloads them."""
+
+    def __init__(
+        self,
+        config: RuntimeConfig,
+        *,
+        executor: ChainExecutor,
+        registry: ModelRegistry,
+        observers: Sequence[SchedulerObserver],
+        stats: ModelStats,
+        clock: Clock,
+        events: EventSink,
+    ) -> None:
+        self._config = config
+        self._executor = executor
+        self._registry = registry
+        self._observers = tuple(observers)
+        self._stats = stats
+        self._clock = clock
+        self._events = events
+
+    async def load(self, source: ModelSource) -> LoadedModel:
+        """Load one model version, warm it up, and start its scheduler."""
+        key = ModelKey(source.name, source.version)
+        if self._registry.contains(source.name, source.version):
+            raise ModelLoadError(
+                f"model {key} is already loaded; unload it first or load another version"
+            )
+        config = source.config
+        metadata = await self._executor.load(key, source.path, config)
+        instances = self._executor.instances(key)
+        if config.streaming is not None:
+            spec = stream_spec_for(config.streaming, metadata)
+            metadata = dataclasses.replace(metadata, stream=spec)
+        scheduling = scheduling_for(
+            self._config.scheduler, config, batched=metadata.batched, instances=instances
+        )
+        try:
+            await self._warm_up(key, dummy_inputs(metadata, 1))
+            curve = None
+            if scheduling.mode in ("auto", "hybrid") and scheduling.policy.max_batch > 1:
+
+                async def run(rows: int) -> None:
+                    await self._warm_up(key, dummy_inputs(metadata, rows))
+
+                curve = await measure_batch_curve(run, self._clock, scheduling.policy.max_batch)
+        except Exception:
+            await self._executor.unload(key)
+            raise
+        controller = build_controller(scheduling.mode, scheduling.policy, scheduling.slo_s, curve)
+        scheduler = ModelScheduler(
+            key,
+            batched=metadata.batched,
+            executor=self._executor,
+            controller=controller,
+            settings=scheduling.queue,
+            clock=self._clock,
+            observers=self._observers,
+        )
+        scheduler.start()
+        model = LoadedModel(source, key, metadata, scheduling, scheduler, curve, instances)
+        self._registry.add(model)
+        self._events.emit(
+            "model_loaded",
+            str(key),
+            mode=controller.statistics().effective_mode,
+            max_batch=scheduling.policy.max_batch,
+            instances=instances,
+            isolation=config.isolation,
+            slo_p99_ms=scheduling.slo_s * 1000,
+        )
+        return model
+
+    async def _warm_up(self, key: ModelKey, inputs: dict[str, Tensor]) -> None:
+        outputs = await self._executor.run(key, inputs)
+        if isinstance(outputs, Tensors):
+            outputs.release()
+
+    async def unload(self, name: str, version: str, *, drain: bool = True) -> None:
+        """Stop serving one model version; queued requests finish first when ``drain``."""
+        model = self._registry.remove(name, version)
+        await model.scheduler.close(drain=drain)
+        await self._executor.unload(model.key)
+        self._stats.forget(model.key)
+        self._events.emit("model_unloaded", str(model.key))
+
+
+def stream_spec_for(config: StreamingConfig, metadata: ModelMetadata) -> StreamSpec:
+    """Check a model's ``streaming:`` configuration against the model; return its spec.
+
+    Every carried output must exist and match the input it feeds (datatype and
+    shape), and ``done`` must be a BOOL output. Raises ModelLoadError naming the
+    mismatch otherwise.
+    """
+    model = metadata.name
+    for output_name, input_name in config.carry.items():
+        output = metadata.output(output_name)
+        target = metadata.input(input_name)
+        if output is None:
+            raise ModelLoadError(
+                f"model {model!r}: streaming.carry names output {output_name!r}, but the "
+                f"model's outputs are {', '.join(s.name for s in metadata.outputs)}"
+            )
+        if target is None:
+            raise ModelLoadError(
+                f"model {model!r}: streaming.carry feeds input {input_name!r}, but the "
+                f"model's inputs are {', '.join(s.name for s in metadata.inputs)}"
+            )
+        if (output.datatype, output.shape) != (target.datatype, target.shape):
+            raise ModelLoadError(
+                f"model {model!r}: streaming.carry feeds output {output_name!r} "
+                f"({output.datatype} {list(output.shape)}) into input {input_name!r} "
+                f"({target.datatype} {list(target.shape)}); they must match"
+            )
+    done = metadata.output(config.done)
+    if done is None or done.datatype != "BOOL":
+        raise ModelLoadError(
+            f"model {model!r}: streaming.done must name a BOOL output; "
+            f"{config.done!r} is {'not an output' if done is None else done.datatype}"
+        )
+    return StreamSpec(
+        carry=tuple(config.carry.items()), done=config.done, max_steps=config.max_steps
+    )

@@ -1,0 +1,95 @@
+"""The model registry: which model versions are loaded, and finding the one to serve."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sordino.errors import NotFound, ShuttingDown
+from sordino.inference import ModelKey, ModelMetadata
+from sordino.models.repository import ModelSource
+from sordino.records import SchedulerStatistics
+from sordino.scheduling.modes import BatchCurve
+from sordino.scheduling.scheduler import ModelScheduler
+from sordino.scheduling.settings import ModelScheduling
+
+__all__ = ["LoadedModel", "ModelRegistry", "version_key"]
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    """One served model version: where it came from, what it takes, its scheduler."""
+
+    source: ModelSource
+    key: ModelKey
+    metadata: ModelMetadata
+    scheduling: ModelScheduling
+    scheduler: ModelScheduler
+    curve: BatchCurve | None = None
+    instances: int = 1
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.scheduling.max_batch_size
+
+
+class ModelRegistry:
+    """Loaded model versions by name and version; refuses lookups once shutdown began."""
+
+    def __init__(self) -> None:
+        self._models: dict[str, dict[str, LoadedModel]] = {}
+        self.stopping = False
+
+    def add(self, model: LoadedModel) -> None:
+        self._models.setdefault(model.key.name, {})[model.key.version] = model
+
+    def contains(self, name: str, version: str) -> bool:
+        return version in self._models.get(name, {})
+
+    def remove(self, name: str, version: str) -> LoadedModel:
+        """Take one version out of service; raise NotFound if it is not loaded."""
+        versions = self._models.get(name, {})
+        model = versions.pop(version, None)
+        if model is None:
+            raise NotFound(f"model {name!r} version {version!r} is not loaded")
+        if not versions:
+            self._models.pop(name, None)
+        return model
+
+    def models(self) -> list[LoadedModel]:
+        """Every loaded model version, by name then version."""
+        return [
+            model
+            for name in sorted(self._models)
+            for _, model in sorted(self._models[name].items(), key=lambda kv: version_key(kv[0]))
+        ]
+
+    def get(self, name: str, version: str | None = None) -> LoadedModel:
+        """Return the model version to serve (the highest loaded when ``version`` is None)."""
+        if self.stopping:
+            raise ShuttingDown("the server is shutting down; retry on another replica")
+        versions = self._models.get(name)
+        if not versions:
+            known = ", ".join(sorted(self._models)) or "none"
+            raise NotFound(f"unknown model {name!r}; loaded models: {known}")
+        if version is None or version == "":
+            return versions[max(versions, key=version_key)]
+        model = versions.get(version)
+        if model is None:
+            raise NotFound(
+                f"model {name!r} has no version {version!r}; loaded versions: "
+                f"{', '.join(sorted(versions, key=version_key))}"
+            )
+        return model
+
+    def versions(self, name: str) -> list[str]:
+        """Return the loaded versions of ``name``, ascending."""
+        return sorted(self._models.get(name, {}), key=version_key)
+
+    def scheduler_statistics(self) -> list[SchedulerStatistics]:
+        """Every loaded model's scheduler statistics."""
+        return [model.scheduler.statistics() for model in self.models()]
+
+
+def version_key(version: str) -> tuple[int, str]:
+    """Sort numeric versions numerically, after them any others by name."""
+    return (int(version), "") if version.isdigit() else (1 << 62, version)

@@ -1,0 +1,183 @@
+"""The inference service: the one request path that every transport calls.
+
+A decoded request is validated against its model, admitted (priority, deadline),
+handed to the model's scheduler and driven to its end by one driver,
+:meth:`InferenceService.responses`, for one-shot and streaming requests alike:
+``infer`` is that driver for a request with one response. Whatever the outcome
+(a result, a refusal, an error, a cancellation), the request is counted once in the
+business metrics (``sordino_tenant_requests_total``).
+
+Tensor ownership: the service takes over the request's input tensors (released if
+it is refused; otherwise the scheduler releases them), and hands each response's
+outputs to the transport, which calls :meth:`InferResponse.release` once it has
+encoded them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from typing import Any
+
+from sordino.admission.chain import AdmissionChain, AdmissionContext
+from sordino.errors import SordinoError, Unsupported
+from sordino.inference import InferRequest, InferResponse, ModelKey
+from sordino.memory.refs import Tensors
+from sordino.protocol.validate import validate_request
+from sordino.server.registry import LoadedModel, ModelRegistry
+from sordino.telemetry.hub import Telemetry
+from sordino.telemetry.metrics import Metrics
+from sordino.telemetry.model_stats import ModelStats
+
+__all__ = ["InferenceService"]
+
+
+class InferenceService:
+    """Validates, admits, schedules and answers inference requests."""
+
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        *,
+        admission: AdmissionChain,
+        priority_rules: dict[str, str | int],
+        metrics: Metrics,
+        stats: ModelStats,
+        telemetry: Telemetry,
+    ) -> None:
+        self._registry = registry
+        self._admission = admission
+        self._priority_rules = priority_rules
+        self._metrics = metrics
+        self._stats = stats
+        self._telemetry = telemetry
+
+    def admit(self, request: InferRequest) -> tuple[LoadedModel, AdmissionContext]:
+        """Find the model, validate ``request`` against it and run admission.
+
+        Returns the model and the admission decisions (priority, deadline); raises the
+        :class:`SordinoError` that refuses the request (and releases its tensors).
+        Nothing is queued yet.
+        """
+        try:
+            model = self._registry.get(request.model, request.version)
+            validate_request(request, model.metadata, max_batch_size=model.max_batch_size)
+            context = self._admission.admit(
+                request,
+                AdmissionContext(
+                    model=request.model,
+                    settings=model.scheduling.queue,
+                    priority_rules=self._priority_rules,
+                ),
+            )
+        except SordinoError as exc:
+            self._refused(request, exc)
+            raise
+        return model, context
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """Run a one-response request; return its response (the caller releases it).
+
+        A streaming model is refused: its responses come from :meth:`responses`.
+        """
+        async with aclosing(self._drive(request, one_shot=True)) as responses:
+            async for response, _ in responses:
+                return response
+        raise AssertionError("a request ended without a response")  # pragma: no cover
+
+    def responses(self, request: InferRequest) -> AsyncGenerator[tuple[InferResponse, bool], None]:
+        """Yield ``(response, final)`` for each response to ``request``; ``final`` marks the last.
+
+        Validation and admission happen before the first step, so a refused request
+        raises before anything is yielded. Errors of a later step raise from the
+        iteration (the responses already yielded stand). Each yielded response is the
+        reader's to release. A reader that stops early cancels the request; close the
+        iterator (``contextlib.aclosing``) when leaving it early.
+        """
+        return self._drive(request, one_shot=False)
+
+    async def _drive(
+        self, request: InferRequest, *, one_shot: bool
+    ) -> AsyncGenerator[tuple[InferResponse, bool], None]:
+        """The one driver of every request, from admission to its last response."""
+        model, context = self.admit(request)
+        if one_shot and model.metadata.stream is not None:
+            error = Unsupported(
+                f"model {model.key.name!r} streams its responses (one per step); use "
+                "ModelStreamInfer over gRPC or POST "
+                f"/v2/models/{model.key.name}/generate_stream over HTTP"
+            )
+            self._refused(request, error)
+            raise error
+        scheduler = model.scheduler
+        try:
+            accepted = scheduler.submit(
+                request.inputs,
+                priority=context.priority,
+                timeout_s=context.timeout_s,
+                request_id=request.id,
+                stream=model.metadata.stream,
+            )
+        except SordinoError as exc:  # queue full, shutting down: never accepted
+            self._refused(request, exc)
+            raise
+        outcome = "failure"
+        try:
+            async with aclosing(scheduler.responses(accepted)) as steps:
+                async for step in steps:
+                    if step.final:
+                        outcome = "success"
+                    yield self.response(model, request, step.outputs), step.final
+        except (asyncio.CancelledError, GeneratorExit):
+            if outcome != "success":
+                outcome = "cancelled"
+            raise
+        finally:
+            self._telemetry.request_finished(
+                request.model, _tenant(request), context.priority, outcome
+            )
+
+    def _refused(self, request: InferRequest, error: SordinoError) -> None:
+        request.release()
+        self._metrics.request_rejected(request.model, error.reason)
+        self._telemetry.request_finished(request.model, _tenant(request), 0, "rejected")
+
+    def response(
+        self, model: LoadedModel, request: InferRequest, outputs: Tensors
+    ) -> InferResponse:
+        """The response to ``request``: the outputs it asked for (it owns ``outputs``)."""
+        wanted = {o.name for o in request.outputs} if request.outputs else None
+        chosen = {
+            spec.name: (outputs, spec.name)
+            for spec in model.metadata.outputs
+            if wanted is None or spec.name in wanted
+        }
+        if len(chosen) < len(outputs):
+            picked = Tensors.compose(chosen)
+            outputs.release()
+        else:
+            picked = outputs
+        return InferResponse(
+            model=model.key.name,
+            version=model.key.version,
+            outputs=picked,
+            output_datatypes={spec.name: spec.datatype for spec in model.metadata.outputs},
+            id=request.id,
+        )
+
+    def triton_statistics(self, name: str | None = None, version: str | None = None) -> Any:
+        """Return Triton's statistics-extension JSON for one model or all of them."""
+        if name is None:
+            keys = [m.key for m in self._registry.models()]
+        elif version:
+            keys = [self._registry.get(name, version).key]
+        else:
+            self._registry.get(name)
+            keys = [ModelKey(name, v) for v in self._registry.versions(name)]
+        return self._stats.triton_json(keys)
+
+
+def _tenant(request: InferRequest) -> str:
+    tenant = request.parameters.get("tenant") or request.headers.get("x-sordino-tenant")
+    return tenant if isinstance(tenant, str) and tenant else "default"
