@@ -33,8 +33,7 @@ class Gate:
     """
 
     def __init__(self, server: RunningServer, name: str, version: str | None = None) -> None:
-        key = server.runtime.get(name, version).key
-        self.backend: Any = server.runtime.executor.local_backends(key)[0]
+        self.backend: Any = server.thread_backends(name, version)[0]
         self._original = self.backend.infer
         self.entered = threading.Event()
         self.released = threading.Event()

@@ -68,5 +68,5 @@ def test_profile_endpoint_profiles_a_thread_isolated_model(thread_server: Runnin
     profile = OperatorProfile.from_json(response.json())
     assert profile.synthetic and profile.batches == SYNTHETIC_BATCHES
     assert "Gemm" in {op.op for op in profile.operators}
-    backends = thread_server.runtime.get("digits-classifier", None).backends
+    backends = thread_server.thread_backends("digits-classifier")
     assert backends and not any(b.profiling for b in backends)  # type: ignore[attr-defined]

@@ -20,10 +20,8 @@ from sordino.models.repository import (
     scan_repository,
     sources_for,
 )
-from sordino.server.grpc import GrpcServer
-from sordino.server.model_control import ModelControl
-from sordino.server.runtime import LoadedModel, Runtime
-from sordino.server.serve import HttpServer
+from sordino.server.lifecycle import open_server
+from sordino.server.registry import LoadedModel
 
 __all__ = ["collect_sources", "start"]
 
@@ -78,40 +76,24 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    runtime = Runtime(config, sources)
-    control = ModelControl(runtime)
-    # The HTTP port is bound first, so a port in use stops start-up before models load.
-    server = HttpServer(runtime, config.server.host, config.server.http_port, control)
-    grpc_server = GrpcServer(runtime, config.server.host, config.server.grpc_port, control)
-    try:
-        if config.telemetry.journal:
-            journal = runtime.telemetry.open_journal(
-                config.server.data_dir / config.telemetry.journal_file
-            )
-            click.echo(f"journal at {journal.path}")
-        await runtime.start(on_loaded=lambda model: click.echo(_describe(model)))
-        await grpc_server.start()
-        await server.start()
-    except BaseException:
-        # Whatever stopped start-up, stop the workers already running before leaving.
-        await runtime.stop(drain=False)
-        raise
-    control.start()
-    click.echo(
-        f"sordino listening on {server.url} (KServe v2 HTTP, metrics at {server.url}/metrics, "
-        f"dashboard at {server.url}/dashboard)"
-    )
-    click.echo(
-        f"sordino listening on grpc://{grpc_server.address} (KServe v2 gRPC, "
-        f"model control: {control.mode})"
-    )
-    await stop.wait()
-    click.echo("shutting down: finishing queued requests", err=True)
-    server.stop_accepting()
-    await control.close()
-    await runtime.stop(drain=True, timeout_s=config.server.shutdown_timeout)
-    await grpc_server.stop()
-    await server.stop()
+    journal = config.server.data_dir / config.telemetry.journal_file
+    async with open_server(
+        config,
+        sources,
+        journal=journal if config.telemetry.journal else None,
+        on_journal=lambda path: click.echo(f"journal at {path}"),
+        on_loaded=lambda model: click.echo(_describe(model)),
+    ) as server:
+        click.echo(
+            f"sordino listening on {server.url} (KServe v2 HTTP, metrics at "
+            f"{server.url}/metrics, dashboard at {server.url}/dashboard)"
+        )
+        click.echo(
+            f"sordino listening on grpc://{server.grpc.address} (KServe v2 gRPC, "
+            f"model control: {server.control.mode})"
+        )
+        await stop.wait()
+        click.echo("shutting down: finishing queued requests", err=True)
     click.echo("stopped", err=True)
 
 

@@ -96,7 +96,7 @@ class HttpServer:
 
     def stop_accepting(self) -> None:
         """Close the listening socket; open connections keep being served."""
-        for server in self._server.servers:
+        for server in getattr(self._server, "servers", ()):  # none before start()
             server.close()
 
     async def stop(self, *, grace_s: float = 2.0) -> None:

@@ -9,12 +9,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from sordino.backends.base import Backend
 from sordino.config import RuntimeConfig
 from sordino.models.repository import ModelSource, builtin_sources
-from sordino.server.grpc import GrpcServer
+from sordino.server.lifecycle import open_server
 from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
-from sordino.server.serve import HttpServer
 
 __all__ = ["RunningServer", "serve_in_thread"]
 
@@ -34,6 +34,10 @@ class RunningServer:
     loop: asyncio.AbstractEventLoop
     grpc_port: int = 0
     control: ModelControl | None = None
+
+    def thread_backends(self, name: str, version: str | None = None) -> list[Backend]:
+        """The in-process backends of a thread-isolated model (tests hold or inspect them)."""
+        return self.runtime.executor.local_backends(self.runtime.get(name, version).key)
 
     @property
     def grpc_url(self) -> str:
@@ -61,6 +65,9 @@ def serve_in_thread(
     ``prepare`` is called with the runtime before it starts (to install test doubles).
     """
     config = config or RuntimeConfig()
+    # Loopback and free ports, whatever the config says: tests never collide on a port.
+    loopback = {"host": "127.0.0.1", "http_port": 0, "grpc_port": 0}
+    config = config.model_copy(update={"server": config.server.model_copy(update=loopback)})
     chosen = list(sources) if sources is not None else builtin_sources()
     started = threading.Event()
     failure: list[BaseException] = []
@@ -70,39 +77,29 @@ def serve_in_thread(
         stop = asyncio.Event()
         holder["stop"] = stop
         holder["loop"] = asyncio.get_running_loop()
-        runtime = Runtime(config, chosen)
         try:
-            if data_dir is not None:
-                runtime.telemetry.open_journal(data_dir / config.telemetry.journal_file)
-            if prepare is not None:
-                prepare(runtime)
-            await runtime.start()
-            control = ModelControl(runtime)
-            control.start()
-            server = HttpServer(runtime, "127.0.0.1", 0, control)
-            await server.start()
-            grpc_server = GrpcServer(runtime, "127.0.0.1", 0, control)
-            await grpc_server.start()
+            async with open_server(
+                config,
+                chosen,
+                journal=data_dir / config.telemetry.journal_file if data_dir else None,
+                prepare=prepare,
+            ) as server:
+                holder["running"] = RunningServer(
+                    server.url,
+                    server.http.port,
+                    server.runtime,
+                    asyncio.get_running_loop(),
+                    grpc_port=server.grpc.port,
+                    control=server.control,
+                )
+                started.set()
+                await stop.wait()
         except BaseException as exc:
-            failure.append(exc)
-            await runtime.stop(drain=False)  # workers already started must not outlive this
-            started.set()
-            return
-        holder["running"] = RunningServer(
-            server.url,
-            server.port,
-            runtime,
-            asyncio.get_running_loop(),
-            grpc_port=grpc_server.port,
-            control=control,
-        )
-        started.set()
-        await stop.wait()
-        server.stop_accepting()
-        await control.close()
-        await runtime.stop(drain=True, timeout_s=config.server.shutdown_timeout)
-        await grpc_server.stop()
-        await server.stop()
+            if not started.is_set():
+                failure.append(exc)
+                started.set()
+                return
+            raise
 
     thread = threading.Thread(target=lambda: asyncio.run(main()), name="sordino-test-server")
     thread.start()

@@ -1,0 +1,97 @@
+"""One open/close for a whole server: ``async with open_server(...) as server``.
+
+``sordino start`` and the in-process test server both use it, so start-up and
+shutdown happen in one order everywhere:
+
+open
+    bind the HTTP port first (a port in use stops start-up before any model loads),
+    open the journal, load every model (``on_loaded`` after each), start gRPC, start
+    HTTP, start model control (poll mode's rescans);
+close
+    stop accepting connections, stop model control, let queued requests finish
+    (those still queued after ``server.shutdown_timeout`` get an explicit 503), stop
+    gRPC, then close HTTP connections after their grace period.
+
+If opening fails at any step, whatever was started is stopped (workers included)
+before the error propagates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from sordino.config import RuntimeConfig
+from sordino.models.repository import ModelSource
+from sordino.server.grpc import GrpcServer
+from sordino.server.model_control import ModelControl
+from sordino.server.registry import LoadedModel
+from sordino.server.runtime import Runtime
+from sordino.server.serve import HttpServer
+
+__all__ = ["Server", "open_server"]
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    """A running server: its runtime, model control and the two endpoints."""
+
+    runtime: Runtime
+    control: ModelControl
+    http: HttpServer
+    grpc: GrpcServer
+    journal: Path | None
+
+    @property
+    def url(self) -> str:
+        return self.http.url
+
+
+@asynccontextmanager
+async def open_server(
+    config: RuntimeConfig,
+    sources: Sequence[ModelSource],
+    *,
+    journal: Path | None = None,
+    prepare: Callable[[Runtime], None] | None = None,
+    on_journal: Callable[[Path], None] | None = None,
+    on_loaded: Callable[[LoadedModel], None] | None = None,
+) -> AsyncIterator[Server]:
+    """Start a server for ``config`` serving ``sources``; stop it when the block ends.
+
+    ``journal`` is the SQLite journal to write (None: none). ``prepare`` is called
+    with the runtime before any model loads (tests install doubles there); ``on_journal``
+    with the journal's path once it is open, ``on_loaded`` with each model once it serves.
+    """
+    runtime = Runtime(config, sources)
+    control = ModelControl(runtime)
+    http = HttpServer(runtime, config.server.host, config.server.http_port, control)
+    grpc = GrpcServer(runtime, config.server.host, config.server.grpc_port, control)
+    try:
+        opened = runtime.telemetry.open_journal(journal) if journal is not None else None
+        if opened is not None and on_journal is not None:
+            on_journal(opened.path)
+        if prepare is not None:
+            prepare(runtime)
+        await runtime.start(on_loaded=on_loaded)
+        await grpc.start()
+        await http.start()
+        control.start()
+    except BaseException:
+        # Whatever stopped start-up, stop the workers already running before leaving.
+        await control.close()
+        await runtime.stop(drain=False)
+        await grpc.stop()
+        await http.stop(grace_s=0)
+        raise
+    server = Server(runtime, control, http, grpc, opened.path if opened is not None else None)
+    try:
+        yield server
+    finally:
+        http.stop_accepting()
+        await control.close()
+        await runtime.stop(drain=True, timeout_s=config.server.shutdown_timeout)
+        await grpc.stop()
+        await http.stop()
