@@ -52,7 +52,8 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self._dir = tempfile.TemporaryDirectory()
         path = Path(self._dir.name) / "sordino.yaml"
-        config = {"server": {"http_port": self.port, "data_dir": self._dir.name}, **config}
+        server = {"http_port": self.port, "grpc_port": 0, "data_dir": self._dir.name}
+        config = {"server": server, **config}
         path.write_text(yaml.safe_dump(config))
         self._process = subprocess.Popen(
             [sys.executable, "-m", "sordino", "start", "--config", str(path), "--no-builtin"],

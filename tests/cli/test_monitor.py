@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 from typing import Any
 
 import httpx
@@ -13,6 +12,7 @@ from rich.console import Console
 from sordino.cli.main import cli
 from sordino.cli.monitor_view import live_view, sparkline
 from sordino.testing import RunningServer
+from tests.waiting import wait_for_closed_second
 
 
 def _traffic(url: str, n: int) -> None:
@@ -26,7 +26,7 @@ def _traffic(url: str, n: int) -> None:
 
 def test_once_prints_the_models_and_current_figures(server: RunningServer) -> None:
     _traffic(server.url, 30)
-    time.sleep(1.2)
+    wait_for_closed_second(server)
     result = CliRunner().invoke(
         cli,
         ["monitor", "--url", server.url, "--once", "--metrics", "qps,latency,error_rate,mem_frag"],

@@ -148,7 +148,8 @@ def test_bad_config_stops_startup_with_clear_error(
     config = tmp_path / "bad.yaml"
     config.write_text(content)
     result = subprocess.run(
-        [sys.executable, "-m", "sordino", "start", "--config", str(config), "--http-port", "0"],
+        [sys.executable, "-m", "sordino", "start", "--config", str(config), "--http-port", "0",
+         "--grpc-port", "0"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 2
@@ -159,7 +160,7 @@ def test_bad_config_stops_startup_with_clear_error(
 def test_missing_model_file_is_clear(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "sordino", "start", "--model", str(tmp_path / "nope.onnx"),
-         "--http-port", "0"],
+         "--http-port", "0", "--grpc-port", "0"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 2

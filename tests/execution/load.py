@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -13,6 +12,7 @@ from sordino.config import ModelConfig
 from sordino.events import Event
 from sordino.models.repository import ModelSource, builtin_sources
 from sordino.testing import RunningServer
+from tests.waiting import wait_for
 
 BODY = {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [1.0] * 64}]}
 
@@ -67,12 +67,8 @@ class Load:
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll ``predicate`` every 20 ms; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
+    """:func:`tests.waiting.wait_for` with the timeout first, as these tests call it."""
+    wait_for(predicate, what, timeout)
 
 
 def events(server: RunningServer, kind: str, since: int = 0) -> list[Event]:

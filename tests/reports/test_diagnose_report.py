@@ -24,10 +24,19 @@ from pypdf import PdfReader
 from sordino.cli.main import cli
 from sordino.config import RuntimeConfig
 from sordino.control.client import AdminClient
+from sordino.events import Event
 from sordino.testing import serve_in_thread
+from tests.waiting import wait_for
 
 TOKEN = "diagnose-admin-token"
 BODY = {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [3.0] * 64}]}
+
+# The detectors judge the spike against the window's own normal seconds, so the
+# journal needs normal traffic on both sides of the fault: whole seconds of it, counted
+# as the telemetry ticker closes them (a partial second at each end comes on top).
+BASELINE_S = 5
+FAULT_S = 10
+RECOVERY_S = 3
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +44,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     data_dir = tmp_path_factory.mktemp("journal")
     config = RuntimeConfig.model_validate({"server": {"admin_token": TOKEN}})
     stop = threading.Event()
+    answered = threading.Event()
     with serve_in_thread(config, data_dir=data_dir) as server:
 
         def client() -> None:
@@ -43,22 +53,44 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
                     assert (
                         c.post("/v2/models/digits-classifier/infer", json=BODY).status_code == 200
                     )
+                    answered.set()
                     time.sleep(0.01)
+
+        def closed_through(second: int) -> bool:
+            return (server.runtime.telemetry.series.statistics().last_closed or 0) >= second
 
         threads = [threading.Thread(target=client) for _ in range(2)]
         for thread in threads:
             thread.start()
-        time.sleep(6)
+        wait_for(answered.is_set, "the first answer")
+        first = int(time.time())
+        wait_for(
+            lambda: closed_through(first + BASELINE_S),
+            f"{BASELINE_S} s of normal traffic in the journal",
+        )
         injected_at = time.time()
         fault = AdminClient(server.url, TOKEN).inject(
-            "worker:digits-classifier", "latency", latency="150ms", duration="10s"
+            "worker:digits-classifier", "latency", latency="150ms", duration=f"{FAULT_S}s"
         )
-        time.sleep(10 + 4)
+
+        def cleared() -> list[Event]:
+            return [
+                e
+                for e in server.runtime.events.recent()
+                if e.kind == "fault_cleared" and e.payload.get("id") == fault["id"]
+            ]
+
+        wait_for(cleared, f"the {FAULT_S} s fault to expire", timeout=FAULT_S + 30)
+        recovered = int(cleared()[0].time) + RECOVERY_S
+        wait_for(
+            lambda: closed_through(recovered),
+            f"{RECOVERY_S} s of normal traffic in the journal after the fault",
+        )
         stop.set()
         for thread in threads:
             thread.join()
         applied = server.runtime.executor.statistics().faults_applied
-        time.sleep(1.2)
+        # Leaving the block stops the server, which journals the second still open.
     yield {"data_dir": data_dir, "injected_at": injected_at, "fault": fault, "applied": applied}
 
 
@@ -81,11 +113,11 @@ def test_html_report_names_the_window_and_the_chaos_event(
     html = out.read_text()
     injected = recorded["injected_at"]
     start = dt.datetime.fromtimestamp(injected).strftime("%H:%M:%S")
-    end = dt.datetime.fromtimestamp(injected + 10).strftime("%H:%M:%S")
+    end = dt.datetime.fromtimestamp(injected + FAULT_S).strftime("%H:%M:%S")
     finding = html[html.index("Finding 1: latency spike") :]
     match = finding[: finding.index("</div>")]
     assert "p99 latency of digits-classifier rose" in match
-    # The window found starts with the injection and lasts about its 10 s.
+    # The window found starts with the injection and lasts about its FAULT_S seconds.
     window = re.search(r"from (\d\d:\d\d:\d\d) to (\d\d:\d\d:\d\d)", match)
     assert window is not None, match
     assert abs(_seconds(window.group(1)) - _seconds(start)) <= 2, (window.group(0), start)

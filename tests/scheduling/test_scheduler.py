@@ -228,14 +228,20 @@ async def test_ultra_low_latency_never_waits() -> None:
 
 
 async def test_manual_mode_waits_full_delay_at_light_load() -> None:
+    """Unlike adaptive, manual mode holds every lone request for the whole delay."""
     clock = VirtualClock()
     executor = ScriptedExecutor(clock)
-    sched = _scheduler(clock, executor, BatchPolicy(max_batch=8, max_delay_s=0.05))
-    task = asyncio.create_task(sched.infer(_x(1), priority=2))
-    await clock.advance(0.04)
-    assert executor.batches == []
-    await clock.advance(0.02)
-    await task
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=8, max_delay_s=0.05), mode="manual")
+    for i in range(3):
+        task = asyncio.create_task(sched.infer(_x(i), priority=2))
+        await clock.advance(0.04)
+        assert executor.batches == [1] * i  # still waiting, however light the load has been
+        await clock.advance(0.02)
+        assert executor.batches == [1] * (i + 1)
+        np.testing.assert_array_equal(executor.contents[-1]["x"], _x(i)["x"])
+        out = await task
+        np.testing.assert_array_equal(out["x"], _x(i)["x"])
+        await clock.advance(1.0)  # one request a second: light load
     await sched.close()
 
 

@@ -1,24 +1,13 @@
-"""Helpers for tests that hold a model mid-batch: a gate on its backend, bounded waits."""
+"""Helpers for tests that hold a model mid-batch: a gate on its backend, queue statistics."""
 
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 from sordino.inference import Tensor
 from sordino.records import SchedulerStatistics
 from sordino.testing import RunningServer
-
-
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    """Wait until ``predicate()`` holds (a state change, not a duration); fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 def stats(server: RunningServer, name: str, version: str | None = None) -> SchedulerStatistics:

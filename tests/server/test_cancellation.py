@@ -20,7 +20,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 
 from sordino.testing import RunningServer
-from tests.server.helpers import Gate, stats, wait_for
+from tests.server.helpers import Gate, stats
+from tests.waiting import wait_for
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from sordino.testing import RunningServer
+from tests.waiting import wait_for_closed_second
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = [
@@ -52,7 +53,7 @@ def test_dashboard_charts_the_traffic_just_sent(server: RunningServer) -> None:
     from playwright.sync_api import sync_playwright
 
     sent = _send(server.url, 3, 2.5)
-    time.sleep(1.2)
+    wait_for_closed_second(server)
     problems: list[str] = []
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)

@@ -15,7 +15,8 @@ from tritonclient.utils import InferenceServerException
 
 from sordino.testing import RunningServer
 from tests.conftest import digits_pixels
-from tests.server.helpers import Gate, stats, wait_for
+from tests.server.helpers import Gate, stats
+from tests.waiting import wait_for
 
 
 @pytest.fixture(scope="module")

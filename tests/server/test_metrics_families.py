@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from sordino.testing import RunningServer
+from tests.waiting import wait_for_closed_second
 
 EXPECTED = {
     # execution
@@ -35,7 +34,7 @@ def test_metrics_parse_and_cover_every_layer(server: RunningServer) -> None:
                 headers={"x-sordino-tenant": "acme"},
             )
             assert response.status_code == 200
-        time.sleep(1.3)  # let the telemetry ticker close the second
+        wait_for_closed_second(server)  # the per-second families are fed from closed rows
         text = client.get("/metrics").text
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert set(families) >= EXPECTED, EXPECTED - set(families)

@@ -23,7 +23,8 @@ from sordino.models.repository import scan_repository
 from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
 from sordino.testing import RunningServer, VirtualClock, serve_in_thread
-from tests.server.helpers import Gate, wait_for
+from tests.server.helpers import Gate
+from tests.waiting import wait_for
 
 SIMPLE = Path(str(resources.files("sordino.models.builtin").joinpath("simple.onnx")))
 ONES = np.ones((1, 16), dtype=np.int32)

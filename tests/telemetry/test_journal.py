@@ -19,6 +19,7 @@ from sordino.events import Event
 from sordino.telemetry.journal import Journal
 from sordino.telemetry.journal_reader import JournalReader, MissingJournal
 from sordino.telemetry.series import ResourceRow, SecondRow
+from tests.waiting import wait_for
 
 
 def _row(t: int, requests: int = 10, model: str = "m") -> SecondRow:
@@ -67,16 +68,19 @@ def test_the_file_is_in_wal_mode(tmp_path: Path) -> None:
 
 def test_retention_prunes_old_rows(tmp_path: Path) -> None:
     now = [10_000.0]
+    # A short flush interval wakes the idle writer thread often enough to prune soon.
     journal = Journal(
-        tmp_path / "j.sqlite3", retention_s=100, prune_every_s=0.05, wall=lambda: now[0]
+        tmp_path / "j.sqlite3",
+        retention_s=100,
+        flush_interval_s=0.05,
+        prune_every_s=0.05,
+        wall=lambda: now[0],
     )
     journal.open()
     journal.write_rows([_row(9_850), _row(9_990)], None)
     journal.write_event(Event("old", "x", time=9_800.0))
     assert journal.flush()
-    deadline = time.monotonic() + 10
-    while journal.statistics().pruned_rows < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: journal.statistics().pruned_rows >= 2, "the old row and event to be pruned")
     journal.close()
     with JournalReader(tmp_path / "j.sqlite3") as reader:
         window = reader.window(0, 20_000)
@@ -102,7 +106,7 @@ def test_journal_survives_kill_9_and_matches_the_traffic(tmp_path: Path) -> None
     """SIGKILL the real server mid-traffic: the file is intact and loses at most ~1 s."""
     process = subprocess.Popen(
         [sys.executable, "-m", "sordino", "start", "--data-dir", str(tmp_path),
-         "--http-port", "0", "--log-level", "warning"],
+         "--http-port", "0", "--grpc-port", "0", "--log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:

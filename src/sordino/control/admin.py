@@ -1,6 +1,7 @@
 """The admin API: fault injection over HTTP, behind a bearer token.
 
-Routes (JSON bodies, ``{"error": ...}`` on failure):
+Routes (JSON bodies; a failure answers ``{"error": ...}`` with the status that
+:mod:`sordino.protocol.status` gives the error on every other endpoint):
 
 - ``GET /v2/admin/chaos``: the active faults
 - ``POST /v2/admin/chaos``: inject ``{"target", "fault", "rate", "latency", "duration"}``
@@ -26,8 +27,9 @@ from starlette.routing import Route
 
 from sordino.clock import Clock
 from sordino.config import parse_duration
-from sordino.errors import ConfigError, InvalidRequest, NotFound, SordinoError
+from sordino.errors import ConfigError, InvalidRequest, SordinoError
 from sordino.execution.faults import FaultSpec
+from sordino.protocol.status import http_status, retry_after_header
 
 __all__ = ["TOKEN_ENV", "ChaosControl", "admin_routes", "admin_token"]
 
@@ -61,15 +63,16 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type=JSON)
 
 
-def _error(message: str, status: int) -> Response:
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return (
-        _json({"error": message}, status)
-        if headers is None
-        else Response(
-            orjson.dumps({"error": message}), status_code=status, media_type=JSON, headers=headers
-        )
+def _error(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        orjson.dumps({"error": message}), status_code=status, media_type=JSON, headers=headers
     )
+
+
+def _refusal(error: SordinoError) -> Response:
+    """Answer ``error`` with the status and ``Retry-After`` the rest of the API would use."""
+    retry = retry_after_header(error)
+    return _error(str(error), http_status(error), None if retry is None else {"Retry-After": retry})
 
 
 def _seconds(body: dict[str, Any], key: str, default: float | None) -> float | None:
@@ -99,14 +102,14 @@ def admin_routes(chaos: ChaosControl, clock: Clock, token: str | None) -> list[R
                 value.strip().encode(), token.encode()
             ):
                 return _error(
-                    "missing or wrong admin token: send Authorization: Bearer <token>", 401
+                    "missing or wrong admin token: send Authorization: Bearer <token>",
+                    401,
+                    {"WWW-Authenticate": "Bearer"},
                 )
             try:
                 return await handler(request)
-            except NotFound as exc:
-                return _error(str(exc), 404)
             except SordinoError as exc:
-                return _error(str(exc), 400)
+                return _refusal(exc)
 
         return check
 

@@ -1,6 +1,16 @@
-"""Test doubles for code that uses sordino: a virtual clock, scripted backends.
+"""What tests of sordino, and of code that embeds it, need.
 
-These isolate what a test is about; they are never used by the runtime itself.
+- :class:`VirtualClock`: a :class:`sordino.clock.Clock` whose time moves only when the
+  test advances it, so delays, deadlines and timers are tested without sleeping.
+- :class:`ScriptedExecutor`: an executor whose model is a Python function, with a
+  chosen latency and failures on demand; it records every batch, so a scheduler can be
+  tested without a backend or a worker process.
+- :func:`serve_in_thread`: real HTTP and gRPC servers on free loopback ports, in a
+  background thread, yielding a :class:`RunningServer` for tests that use real clients.
+
+Faults on a running server are injected with the real chaos API
+(:class:`sordino.control.client.AdminClient`), not with a double. The runtime itself
+never imports this package.
 """
 
 from sordino.testing.backends import ScriptedExecutor

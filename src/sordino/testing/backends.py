@@ -1,4 +1,8 @@
-"""Scripted executors: run batches with a chosen latency, record them, fail on demand."""
+"""A scripted executor: batches run by a Python function, recorded, failing on demand.
+
+It stands in for the chain executor, and with it the backends and worker processes,
+in scheduler tests.
+"""
 
 from __future__ import annotations
 
@@ -13,12 +17,14 @@ __all__ = ["ScriptedExecutor"]
 
 @dataclass
 class ScriptedExecutor:
-    """An :class:`sordino.execution.Executor` whose model is a Python function.
+    """An :class:`sordino.execution.executor.Executor` whose model is a Python function.
 
     Each batch takes ``latency(rows)`` seconds of ``clock`` time; ``fn`` maps the
-    batch inputs to outputs (identity by default). Every batch's row count is kept
-    in ``batches`` so tests can assert how requests were grouped. Set ``fail`` to an
-    exception to make the next batches raise it.
+    batch inputs to outputs (identity by default). ``count`` is the number of
+    instances, so how many batches the scheduler may run at once. Every batch is
+    recorded as it starts: its row count in ``batches`` (to assert how requests were
+    grouped) and its inputs in ``contents``. While ``fail`` holds an exception, every
+    batch raises it once its latency has passed (and is still recorded).
     """
 
     clock: Clock

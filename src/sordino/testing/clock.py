@@ -24,8 +24,9 @@ class _Timer:
 class VirtualClock:
     """A :class:`sordino.clock.Clock` whose time advances only through :meth:`advance`.
 
-    Timers and sleeps fire in time order while the clock advances, and the event
-    loop is given a few turns after each one so the woken tasks can react before
+    Timers and sleeps fire in time order while the clock advances (one already due
+    fires on the next :meth:`advance`, even ``advance(0)``), and the event loop is
+    given ``settle_turns`` turns after each one so the woken tasks can react before
     time moves on.
     """
 

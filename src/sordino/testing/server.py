@@ -1,4 +1,8 @@
-"""An in-process server on a free loopback port, for tests that use real clients."""
+"""Real HTTP and gRPC servers in a background thread, for tests that use real clients.
+
+Both listen on free loopback ports and share one runtime and one model control, as
+``sordino start`` runs them.
+"""
 
 from __future__ import annotations
 
@@ -23,9 +27,10 @@ __all__ = ["RunningServer", "serve_in_thread"]
 class RunningServer:
     """A server started by :func:`serve_in_thread`.
 
-    ``runtime`` lives on the server's own event loop: read its ``statistics()`` from
-    tests, but call coroutines only through :meth:`call`. ``grpc_url`` is the
-    ``host:port`` of the gRPC endpoint, which shares the runtime with HTTP.
+    ``url`` and ``port`` are the HTTP endpoint's; ``grpc_url`` is the ``host:port`` of
+    the gRPC endpoint, which shares the runtime and ``control`` (the model control)
+    with HTTP. ``runtime`` lives on the server's own event loop: read its
+    ``statistics()`` from tests, but call coroutines only through :meth:`call`.
     """
 
     url: str
@@ -59,10 +64,13 @@ def serve_in_thread(
 ) -> Iterator[RunningServer]:
     """Run real HTTP and gRPC servers on 127.0.0.1 in a background thread while the block runs.
 
-    Serves ``sources`` (the built-in models by default) under ``config``. On exit the
-    server shuts down as on SIGTERM: queued requests finish, then connections close.
-    With ``data_dir`` the runtime journals there as ``sordino start --data-dir`` does;
-    ``prepare`` is called with the runtime before it starts (to install test doubles).
+    Serves ``sources`` (the built-in models by default) under ``config``, whose host
+    and ports are not used. On exit the server shuts down as on SIGTERM: queued
+    requests finish, then connections close. With ``data_dir`` the runtime journals
+    there as ``sordino start --data-dir`` does; ``prepare`` is called with the runtime
+    before it starts (to install test doubles). A failure during start-up is raised
+    here, after the workers already started are stopped; a start-up slower than
+    ``startup_timeout`` seconds raises :class:`TimeoutError`.
     """
     config = config or RuntimeConfig()
     # Loopback and free ports, whatever the config says: tests never collide on a port.
