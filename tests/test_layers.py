@@ -117,10 +117,7 @@ def _violations() -> list[str]:
     for path in _modules():
         relative = path.relative_to(SRC)
         part = relative.parts[0].removesuffix(".py")
-        if part in FOUNDATION:
-            allowed = FOUNDATION
-        else:
-            allowed = FOUNDATION | ALLOWED[part] | {part}
+        allowed = FOUNDATION if part in FOUNDATION else FOUNDATION | ALLOWED[part] | {part}
         for line, module in _imports(path):
             target = _part(module)
             if target not in allowed:
