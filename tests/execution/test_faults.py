@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
-from sordino.errors import InvalidRequest
+from sordino.errors import InvalidRequest, NotFound
 from sordino.events import EventSink
+from sordino.execution.devices import Device
 from sordino.execution.faults import (
     FaultAction,
     FaultRegistry,
     InjectedFault,
+    check_target,
     parse_target,
     perform,
 )
+from sordino.inference import ModelKey
 from sordino.testing import VirtualClock
 
 
@@ -67,3 +72,30 @@ def test_crash_and_hang_never_run_inside_the_server() -> None:
     for kind in ("crash", "hang"):
         with pytest.raises(InjectedFault, match="thread-isolated"):
             perform(FaultAction(kind), in_process=True)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class _Instance:
+    key: ModelKey
+    index: int
+    device: Device
+    isolation: str
+
+
+def test_targets_are_checked_against_what_is_loaded() -> None:
+    """A target must name a loaded model, instance or known device; crash needs a process."""
+    cpu = Device("cpu", ("CPUExecutionProvider",))
+    instances = [
+        _Instance(ModelKey("digits", "1"), 0, cpu, "process"),
+        _Instance(ModelKey("text", "1"), 1, cpu, "thread"),
+    ]
+    assert check_target("worker:digits/0", "crash", instances=instances).index == 0
+    assert check_target("device:gpu", "error", instances=instances, devices=["gpu"]).name == "gpu"
+    with pytest.raises(NotFound, match="devices: cpu, gpu"):
+        check_target("device:tpu", "error", instances=instances, devices=["gpu"])
+    with pytest.raises(NotFound, match="models: digits, text"):
+        check_target("worker:other", "error", instances=instances)
+    with pytest.raises(NotFound, match="no instance 3"):
+        check_target("worker:digits/3", "error", instances=instances)
+    with pytest.raises(InvalidRequest, match="needs process isolation"):
+        check_target("device:cpu", "hang", instances=instances)

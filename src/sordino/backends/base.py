@@ -12,17 +12,20 @@ Each step is a separate work item for the scheduler, so requests at different st
 share batches, priorities apply at every step, and a cancelled stream stops between
 steps. A backend can declare its own StreamSpec; for ONNX models it comes from the
 model's ``streaming:`` configuration.
+
+A backend that can profile its operators also satisfies :class:`ProfilingBackend`;
+the runtime checks for it before it starts a profiling window.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from sordino.inference import ModelMetadata, Tensor
 
-__all__ = ["Backend", "BackendStatistics"]
+__all__ = ["Backend", "BackendStatistics", "ProfilingBackend"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +62,28 @@ class Backend(Protocol):
 
     def statistics(self) -> BackendStatistics:
         """Return a snapshot of this backend's counters."""
+        ...
+
+
+@runtime_checkable
+class ProfilingBackend(Protocol):
+    """The profiling switch of a backend that can trace the operators of its batches.
+
+    ``isinstance(backend, ProfilingBackend)`` tells whether a backend has it (on
+    Python 3.11 that reads ``profiling``, which must therefore be a cheap flag).
+    """
+
+    @property
+    def profiling(self) -> bool:
+        """Whether batches are being profiled now."""
+        ...
+
+    def start_profiling(self, prefix: str) -> None:
+        """Trace later batches into a file whose name starts with ``prefix``."""
+        ...
+
+    def stop_profiling(self) -> tuple[str, int]:
+        """Stop tracing; return the trace file and the batches traced."""
         ...
 
 

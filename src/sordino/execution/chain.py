@@ -3,97 +3,56 @@
 ``await executor.run(model, batch)`` stays the one call the scheduler makes. Behind
 it, for each batch:
 
-1. The batch is staged: its tensors are copied once into the shared-memory arena
-   (batches the scheduler assembled with :meth:`ChainExecutor.assemble` are already
-   there), and blocks are reserved for outputs whose size is known in advance.
-2. A tier is chosen: the first device of the chain whose breaker lets traffic
-   through and that has a serving instance. The batch waits for an idle instance
-   there (a busy primary is not a failing primary).
+1. The batch is staged (``execution/staging.py``): its tensors are copied once into
+   the shared-memory arena (batches the scheduler assembled with
+   :meth:`ChainExecutor.assemble` are already there), and blocks are reserved for
+   outputs whose size is known in advance.
+2. A tier is chosen (``execution/placement.py``): the first device of the chain whose
+   breaker lets traffic through and that has a serving instance. The batch waits for
+   an idle instance there (a busy primary is not a failing primary).
 3. If the model raises there, the failure feeds the device's breaker and the batch is
    retried at once on the next device of the chain; the time this costs is measured
    as the switch time. If the instance itself is lost (crash, hang, timeout), the
    batch is retried once on another serving instance while the lost one restarts.
 
-Only when every device failed does the batch fail, with the last error.
+Only when every device failed does the batch fail, with the last error. The
+executor also loads and unloads instances (``execution/instances.py``), delegates
+profiling windows (``execution/profiling.py``), takes chaos faults after
+``execution/faults.py`` has checked their target, and reports its statistics.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from sordino.backends.base import Backend
+from sordino.backends.registry import check_backend_kind
 from sordino.clock import Clock
-from sordino.config import ModelConfig, RuntimeConfig, parse_threshold
-from sordino.datatypes import to_numpy_dtype
-from sordino.errors import (
-    InferenceFailed,
-    InvalidRequest,
-    ModelLoadError,
-    ModelNotReady,
-    NotFound,
-    Unavailable,
-)
+from sordino.config import ModelConfig, RuntimeConfig
+from sordino.errors import InferenceFailed, ModelLoadError, ModelNotReady, Unavailable
 from sordino.events import EventSink
-from sordino.execution.breaker import CircuitBreaker
-from sordino.execution.devices import Device, Tier, chain_devices, missing_provider, model_tiers
-from sordino.execution.faults import FaultRegistry, FaultSpec, Target, parse_target
-from sordino.execution.instances import ProcessInstance, StagedBatch, ThreadInstance
+from sordino.execution.devices import Device, Tier
+from sordino.execution.faults import FaultRegistry, FaultSpec, check_target
+from sordino.execution.instances import ProcessInstance, ThreadInstance
+from sordino.execution.placement import (
+    Instance,
+    PlacedModel,
+    Placement,
+    Signal,
+    TierSlot,
+    choose,
+)
 from sordino.execution.profiling import Profiled, ProfileTraces, profile_instances
+from sordino.execution.staging import StagedBatch, Staging
 from sordino.execution.stats import SwitchRecorder
 from sordino.execution.worker import WorkerError, WorkerLost
 from sordino.execution.worker_main import WorkerSpec
 from sordino.inference import ModelKey, ModelMetadata, Tensor
-from sordino.memory.allocator import Block
-from sordino.memory.arena import Arena, shm_free_bytes
-from sordino.memory.tensors import TensorHandle, tensor_nbytes, write_tensor
-from sordino.records import ArenaStatistics, BreakerState, DeviceStatistics, ExecutionStatistics
+from sordino.records import ArenaStatistics, ExecutionStatistics
 
 __all__ = ["ChainExecutor"]
-
-log = logging.getLogger("sordino.execution")
-
-Instance = ProcessInstance | ThreadInstance
-
-
-class _Signal:
-    """Wakes every waiter when an instance frees up or changes state."""
-
-    def __init__(self) -> None:
-        self._waiters: list[asyncio.Future[None]] = []
-
-    def fire(self) -> None:
-        for future in self._waiters:
-            if not future.done():
-                future.set_result(None)
-        self._waiters.clear()
-
-    async def wait(self) -> None:
-        future = asyncio.get_running_loop().create_future()
-        self._waiters.append(future)
-        await future
-
-
-@dataclass(slots=True)
-class _TierSlot:
-    name: str
-    breaker: CircuitBreaker | None
-    instances: list[Instance]
-
-
-@dataclass(slots=True)
-class _Model:
-    key: ModelKey
-    isolation: str
-    metadata: ModelMetadata
-    tiers: list[_TierSlot]
-    signal: _Signal
 
 
 class ChainExecutor:
@@ -105,31 +64,12 @@ class ChainExecutor:
         self._events = events
         self._settings = config.workers
         self.faults = FaultRegistry(clock, events)
-        self._models: dict[ModelKey, _Model] = {}
-        self._arena: Arena | None = None
-        self._assembled: dict[int, tuple[Tensor, Block]] = {}
+        self._models: dict[ModelKey, PlacedModel] = {}
+        self._staging = Staging(self._settings.shared_memory)
+        self._placement = Placement(config, clock=clock, events=events)
         self._switches = SwitchRecorder()
         self._retries = 0
-        self._unavailable: dict[str, str] = {}
         self._profiling: set[ModelKey] = set()
-        self._breakers: dict[str, CircuitBreaker] = {}
-        self._chain = chain_devices(config)
-        strategy = config.scheduler.fallback_chain
-        if self._chain is not None and strategy is not None:
-            threshold = parse_threshold(strategy.switch_threshold)
-            for device in self._chain:
-                self._breakers[device.name] = CircuitBreaker(
-                    device.name,
-                    threshold,
-                    clock=clock,
-                    min_requests=strategy.min_requests,
-                    cooldown_s=strategy.cooldown,
-                    probes=strategy.half_open_probes,
-                    on_change=self._breaker_changed,
-                )
-                reason = missing_provider(device)
-                if reason is not None:
-                    self._mark_unavailable(device.name, reason)
 
     # -- loading ---------------------------------------------------------------------
 
@@ -137,14 +77,14 @@ class ChainExecutor:
         """Start ``config.instance_count`` instances of ``key`` on each device it runs on."""
         if key in self._models:
             raise ModelLoadError(f"model {key} is already loaded")
-        model_signal = _Signal()
-        slots: list[_TierSlot] = []
-        opening: list[tuple[_TierSlot, Instance]] = []
+        check_backend_kind(config.backend, model=str(key))
+        model_signal = Signal()
+        slots: list[TierSlot] = []
+        opening: list[tuple[TierSlot, Instance]] = []
         index = 0
-        for tier in model_tiers(config, self._chain):
-            slot = _TierSlot(tier.name, self._breakers.get(tier.name), [])
+        for tier, slot in self._placement.tiers(config):
             for device in tier.devices:
-                if device.name in self._unavailable:
+                if not self._placement.available(device.name):
                     continue
                 for _ in range(config.instance_count):
                     instance = self._instance(key, index, tier, device, path, config, model_signal)
@@ -159,8 +99,7 @@ class ChainExecutor:
         for (slot, instance), result in zip(opening, results, strict=True):
             if isinstance(result, BaseException):
                 errors.append(f"{instance.device.name}: {result}")
-                if self._chain is not None:
-                    self._mark_unavailable(instance.device.name, str(result))
+                self._placement.open_failed(instance.device.name, str(result))
                 await instance.aclose()
                 continue
             metadata = metadata or result
@@ -177,7 +116,8 @@ class ChainExecutor:
         if metadata is None:
             raise ModelLoadError(f"model {key} could not start on any device: {'; '.join(errors)}")
         tiers = [slot for slot in slots if slot.instances]
-        self._models[key] = _Model(key, config.isolation, metadata, tiers, model_signal)
+        self._models[key] = PlacedModel(key, config.isolation, metadata, tiers, model_signal)
+        self._placement.watch(model_signal)
         return metadata
 
     def _instance(
@@ -188,19 +128,20 @@ class ChainExecutor:
         device: Device,
         path: Path,
         config: ModelConfig,
-        model_signal: _Signal,
+        model_signal: Signal,
     ) -> Instance:
         if config.isolation == "thread":
-            return ThreadInstance(key, index, tier.name, device, str(path))
+            return ThreadInstance(key, index, tier.name, device, str(path), backend=config.backend)
         spec = WorkerSpec(
             model=key.name,
             version=key.version,
             index=index,
             path=str(path),
+            backend=config.backend,
             providers=device.providers,
             target=device.target,
             intra_op_threads=device.intra_op_threads,
-            arena=self._open_arena().name,
+            arena=self._staging.arena.name,
             heartbeat_s=max(0.02, min(1.0, self._settings.heartbeat_timeout / 5)),
             warmup_batches=self._settings.warmup_batches,
         )
@@ -216,36 +157,20 @@ class ChainExecutor:
             notify=model_signal.fire,
         )
 
-    def _open_arena(self) -> Arena:
-        if self._arena is None:
-            size = self._settings.shared_memory
-            free = shm_free_bytes()
-            if free is not None and free < size:
-                log.warning(
-                    "/dev/shm has %d bytes free, less than workers.shared_memory (%d); using %d",
-                    free,
-                    size,
-                    free // 2,
-                )
-                size = max(4096, free // 2)
-            self._arena = Arena(size)
-        return self._arena
-
     async def unload(self, key: ModelKey) -> None:
         """Stop every instance of ``key``."""
         model = self._models.pop(key, None)
         if model is None:
             return
-        await asyncio.gather(*(i.aclose() for t in model.tiers for i in t.instances))
+        self._placement.unwatch(model.signal)
+        await asyncio.gather(*(i.aclose() for i in model.instances()))
         model.signal.fire()  # waiters find no serving instance and fail explicitly
 
     async def aclose(self) -> None:
         """Stop every instance and remove the arena."""
         for key in list(self._models):
             await self.unload(key)
-        self._assembled.clear()
-        if self._arena is not None:
-            self._arena.close()
+        self._staging.close()
 
     def instances(self, model: ModelKey) -> int:
         entry = self._models.get(model)
@@ -258,112 +183,57 @@ class ChainExecutor:
 
     def arena_statistics(self) -> ArenaStatistics | None:
         """The shared-memory arena's figures, or None before a worker process needs it."""
-        return self._arena.statistics() if self._arena is not None else None
+        return self._staging.statistics()
 
     def local_backends(self, model: ModelKey) -> list[Backend]:
         """The backends of ``model`` that run in this process (thread isolation), in order."""
         entry = self._models.get(model)
         if entry is None:
             return []
-        return [
-            inst.backend
-            for tier in entry.tiers
-            for inst in tier.instances
-            if isinstance(inst, ThreadInstance)
-        ]
+        return [inst.backend for inst in entry.instances() if isinstance(inst, ThreadInstance)]
 
-    def _model(self, key: ModelKey) -> _Model:
+    def _model(self, key: ModelKey) -> PlacedModel:
         model = self._models.get(key)
         if model is None:
             raise ModelNotReady(f"model {key} has no loaded instance")
         return model
 
-    # -- staging ---------------------------------------------------------------------
+    # -- running ---------------------------------------------------------------------
 
     async def assemble(
         self, model: ModelKey, parts: Sequence[dict[str, Tensor]]
     ) -> dict[str, Tensor]:
         """Concatenate request inputs into one batch, in the arena for worker processes."""
         entry = self._models.get(model)
-        batch: dict[str, Tensor] = {}
-        for name in parts[0]:
-            arrays = [part[name] for part in parts]
-            first = arrays[0]
-            if entry is None or entry.isolation != "process" or first.dtype == np.object_:
-                batch[name] = np.concatenate(arrays)
-                continue
-            shape = (sum(a.shape[0] for a in arrays), *first.shape[1:])
-            nbytes = math.prod(shape) * first.dtype.itemsize
-            arena = self._open_arena()
-            block = await arena.acquire(nbytes)
-            view: Tensor = np.ndarray(shape, first.dtype, arena.buffer, block.offset)
-            np.concatenate(arrays, out=view)
-            self._assembled[view.ctypes.data] = (view, block)
-            batch[name] = view
-        return batch
-
-    async def _stage(self, model: _Model, batch: dict[str, Tensor]) -> StagedBatch:
-        staged = StagedBatch(arrays=batch)
-        if model.isolation != "process":
-            return staged
-        arena = self._open_arena()
-        staged.buffer = arena.buffer
-        for name, array in batch.items():
-            owned = self._assembled.pop(array.ctypes.data, None) if array.size else None
-            if owned is not None and owned[0] is array:
-                block = owned[1]
-                staged.blocks.append(block)
-                staged.handles[name] = TensorHandle(
-                    block.offset, int(array.nbytes), array.dtype.str, tuple(array.shape), block.size
-                )
-                continue
-            block = await arena.acquire(tensor_nbytes(array))
-            staged.blocks.append(block)
-            staged.handles[name] = write_tensor(arena.buffer, block.offset, block.size, array)
-        rows = int(next(iter(batch.values())).shape[0]) if model.metadata.batched else 1
-        for spec in model.metadata.outputs:
-            dims = spec.item_shape if model.metadata.batched else spec.shape
-            if spec.datatype == "BYTES" or any(d < 0 for d in dims):
-                continue
-            size = rows * math.prod(dims) * to_numpy_dtype(spec.datatype).itemsize
-            block = await arena.acquire(size)
-            staged.blocks.append(block)
-            staged.space[spec.name] = TensorHandle.space(block)
-
-        async def allocate(sizes: dict[str, int]) -> dict[str, TensorHandle]:
-            space = {}
-            for name, size in sizes.items():
-                block = await arena.acquire(size)
-                staged.blocks.append(block)
-                space[name] = TensorHandle.space(block)
-            return space
-
-        staged.allocate = allocate
-        return staged
-
-    # -- running ---------------------------------------------------------------------
+        in_arena = entry is not None and entry.isolation == "process"
+        return await self._staging.assemble(parts, in_arena=in_arena)
 
     async def run(self, model: ModelKey, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        entry = self._model(model)
+        try:
+            entry = self._model(model)
+        except ModelNotReady:
+            self._staging.discard(batch)  # assembled for a model unloaded since
+            raise
         staged = await self._stage(entry, batch)
         try:
             return await self._dispatch(entry, staged)
         finally:
-            self._release(staged)
+            self._staging.release(staged)
 
-    def _release(self, staged: StagedBatch) -> None:
-        if self._arena is not None:
-            for block in staged.blocks:
-                self._arena.release(block)
+    async def _stage(self, model: PlacedModel, batch: dict[str, Tensor]) -> StagedBatch:
+        return await self._staging.stage(
+            batch, model.metadata, in_arena=model.isolation == "process"
+        )
 
-    async def _dispatch(self, model: _Model, batch: StagedBatch) -> dict[str, Tensor]:
+    async def _dispatch(self, model: PlacedModel, batch: StagedBatch) -> dict[str, Tensor]:
+        """Run ``batch`` where :func:`choose` says, down the chain and past lost instances."""
         tried: set[str] = set()
         lost: set[int] = set()
         failed_at: float | None = None
         failed_tier = ""
         last_error = ""
         while True:
-            choice = await self._choose(model, tried, lost)
+            choice = await choose(model, tried, lost)
             if choice is None:
                 raise InferenceFailed(
                     f"model {model.key} failed on every device it runs on: {last_error}"
@@ -420,40 +290,6 @@ class ChainExecutor:
                 )
             return outputs
 
-    async def _choose(
-        self, model: _Model, tried: set[str], lost: set[int]
-    ) -> tuple[_TierSlot, Instance] | None:
-        """Wait for an idle serving instance on the best tier; None when none is left.
-
-        Instances that already lost this batch are passed over while another serves.
-        """
-        while True:
-            live = [
-                slot
-                for slot in model.tiers
-                if slot.name not in tried
-                and any(i.serving or i.state in ("starting", "restarting") for i in slot.instances)
-            ]
-            if not live:
-                return None
-
-            others = any(i.serving and i.index not in lost for s in live for i in s.instances)
-            usable = {
-                id(i)
-                for s in live
-                for i in s.instances
-                if i.serving and (i.index not in lost or not others)
-            }
-            serving = [s for s in live if any(id(i) in usable for i in s.instances)]
-            allowed = [s for s in serving if s.breaker is None or s.breaker.allows()]
-            candidates = allowed or serving
-            if candidates:
-                for instance in candidates[0].instances:
-                    if id(instance) in usable and not instance.busy:
-                        instance.busy = True
-                        return candidates[0], instance
-            await model.signal.wait()
-
     # -- profiling -------------------------------------------------------------------
 
     async def profile(
@@ -474,7 +310,7 @@ class ChainExecutor:
         entry = self._model(model)
         if model in self._profiling:
             raise Unavailable(f"model {model} is being profiled already; retry when that ends")
-        instances = [i for tier in entry.tiers for i in tier.instances]
+        instances = entry.instances()
 
         async def run_synthetic(instance: Profiled) -> object:
             assert isinstance(instance, ProcessInstance | ThreadInstance)
@@ -494,7 +330,7 @@ class ChainExecutor:
             self._profiling.discard(model)
 
     async def _run_on(
-        self, model: _Model, instance: Instance, batch: dict[str, Tensor]
+        self, model: PlacedModel, instance: Instance, batch: dict[str, Tensor]
     ) -> dict[str, Tensor]:
         """Run ``batch`` on ``instance`` once idle; :class:`WorkerLost` if it stops serving."""
         while instance.busy and instance.serving:
@@ -507,27 +343,9 @@ class ChainExecutor:
             try:
                 return await instance.run(staged, None)
             finally:
-                self._release(staged)
+                self._staging.release(staged)
         finally:
             instance.busy = False
-            model.signal.fire()
-
-    # -- devices and breakers --------------------------------------------------------
-
-    def _mark_unavailable(self, name: str, reason: str) -> None:
-        if name in self._unavailable:
-            return
-        self._unavailable[name] = reason
-        log.warning("device %s is unavailable: %s; skipping it", name, reason)
-        self._events.emit("device_unavailable", f"device:{name}", reason)
-
-    def _breaker_changed(
-        self, breaker: CircuitBreaker, before: BreakerState, after: BreakerState, cause: str
-    ) -> None:
-        level = logging.WARNING if after == "open" else logging.INFO
-        log.log(level, "device %s breaker %s -> %s: %s", breaker.name, before, after, cause)
-        self._events.emit(f"breaker_{after}", f"device:{breaker.name}", cause, previous=before)
-        for model in self._models.values():
             model.signal.fire()
 
     # -- chaos (the control interface the admin API uses) ----------------------------
@@ -541,34 +359,12 @@ class ChainExecutor:
         latency_s: float = 0.2,
         duration_s: float | None = None,
     ) -> FaultSpec:
-        """Inject a fault after checking that its target exists."""
-        parsed = parse_target(target)
-        self._check_target(parsed, kind)
+        """Inject a fault after checking that its target exists (see ``check_target``)."""
+        instances = [i for model in self._models.values() for i in model.instances()]
+        parsed = check_target(target, kind, instances=instances, devices=self._placement.chain)
         return self.faults.inject(
             parsed, kind, rate=rate, latency_s=latency_s, duration_s=duration_s
         )
-
-    def _check_target(self, target: Target, kind: str) -> None:
-        instances = [i for m in self._models.values() for t in m.tiers for i in t.instances]
-        if target.kind == "device":
-            names = sorted({i.device.name for i in instances} | set(self._breakers))
-            if target.name not in names:
-                raise NotFound(f"no device {target.name!r}; devices: {', '.join(names)}")
-            chosen = [i for i in instances if i.device.name == target.name]
-        else:
-            chosen = [i for i in instances if i.key.name == target.name]
-            if not chosen:
-                names = sorted({i.key.name for i in instances})
-                raise NotFound(f"no model {target.name!r} is loaded; models: {', '.join(names)}")
-            if target.index is not None:
-                chosen = [i for i in chosen if i.index == target.index]
-                if not chosen:
-                    raise NotFound(f"model {target.name!r} has no instance {target.index}")
-        if kind in ("crash", "hang") and any(i.isolation == "thread" for i in chosen):
-            raise InvalidRequest(
-                f"a {kind} fault needs process isolation; {target} includes thread-isolated "
-                "instances, which run inside the server"
-            )
 
     # -- statistics ------------------------------------------------------------------
 
@@ -576,27 +372,14 @@ class ChainExecutor:
         workers = tuple(
             instance.statistics()
             for model in self._models.values()
-            for tier in model.tiers
-            for instance in tier.instances
+            for instance in model.instances()
         )
-        devices = []
-        names = list(self._breakers) or sorted({w.device for w in workers})
-        for name in names:
-            breaker = self._breakers.get(name)
-            devices.append(
-                DeviceStatistics(
-                    name=name,
-                    available=name not in self._unavailable,
-                    reason=self._unavailable.get(name, ""),
-                    breaker=breaker.statistics() if breaker is not None else None,
-                )
-            )
         return ExecutionStatistics(
             workers=workers,
-            devices=tuple(devices),
+            devices=self._placement.statistics(workers),
             switches=self._switches.statistics(),
             retries=self._retries,
-            arena=self._arena.statistics() if self._arena is not None else None,
+            arena=self._staging.statistics(),
             faults_active=len(self.faults.active()),
             faults_applied=self.faults.applied,
         )

@@ -12,7 +12,9 @@ travels with the batch and :func:`perform` carries it out where the model runs:
 - ``hang``: the worker process stops itself (SIGSTOP): no result, no heartbeat;
 - ``oom``: a real allocation far beyond any machine's memory (MemoryError).
 
-Every injection, clearing and expiry is an event.
+Every injection, clearing and expiry is an event. Before a fault is injected through
+the executor, :func:`check_target` makes sure its target exists among the loaded
+instances and devices, and that a ``crash`` or ``hang`` hits only worker processes.
 """
 
 from __future__ import annotations
@@ -22,12 +24,15 @@ import os
 import random
 import signal
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Protocol, get_args
 
 from sordino.clock import Clock
-from sordino.errors import InvalidRequest
+from sordino.errors import InvalidRequest, NotFound
 from sordino.events import EventSink
+from sordino.execution.devices import Device
+from sordino.inference import ModelKey
 
 __all__ = [
     "CRASH_EXIT_CODE",
@@ -37,6 +42,7 @@ __all__ = [
     "FaultSpec",
     "InjectedFault",
     "Target",
+    "check_target",
     "parse_target",
     "perform",
 ]
@@ -76,6 +82,56 @@ def parse_target(text: str) -> Target:
     if index and not index.isdigit():
         raise InvalidRequest(f"invalid fault target {text!r}: the instance N must be a number")
     return Target("worker", name, int(index) if index else None)
+
+
+class Placed(Protocol):
+    """What :func:`check_target` reads of a model instance."""
+
+    @property
+    def key(self) -> ModelKey: ...
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def device(self) -> Device: ...
+
+    @property
+    def isolation(self) -> str: ...
+
+
+def check_target(
+    text: str, kind: str, *, instances: Sequence[Placed], devices: Iterable[str] = ()
+) -> Target:
+    """Parse ``text`` and check that a ``kind`` fault can hit it; return the target.
+
+    ``instances`` are the loaded model instances; ``devices`` names devices that exist
+    even with no instance on them (the fallback chain's). Raises :class:`NotFound`
+    for a device, model or instance that is not there (naming those that are), and
+    :class:`InvalidRequest` for a bad target or a ``crash`` or ``hang`` fault that
+    would hit a thread-isolated instance, which runs inside the server.
+    """
+    target = parse_target(text)
+    if target.kind == "device":
+        names = sorted({i.device.name for i in instances} | set(devices))
+        if target.name not in names:
+            raise NotFound(f"no device {target.name!r}; devices: {', '.join(names)}")
+        chosen = [i for i in instances if i.device.name == target.name]
+    else:
+        chosen = [i for i in instances if i.key.name == target.name]
+        if not chosen:
+            names = sorted({i.key.name for i in instances})
+            raise NotFound(f"no model {target.name!r} is loaded; models: {', '.join(names)}")
+        if target.index is not None:
+            chosen = [i for i in chosen if i.index == target.index]
+            if not chosen:
+                raise NotFound(f"model {target.name!r} has no instance {target.index}")
+    if kind in ("crash", "hang") and any(i.isolation == "thread" for i in chosen):
+        raise InvalidRequest(
+            f"a {kind} fault needs process isolation; {target} includes thread-isolated "
+            "instances, which run inside the server"
+        )
+    return target
 
 
 @dataclass(frozen=True, slots=True)

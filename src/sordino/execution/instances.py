@@ -6,49 +6,45 @@ restart backoff on the runtime's clock, starts a replacement (which loads and wa
 up before it says ready) and only then takes traffic again. Every failure and every
 restart is an event with its cause.
 
+Both build their backend with :func:`sordino.backends.registry.create_backend` from
+the model's ``backend`` kind (a process instance through its :class:`WorkerSpec`).
+Both run a :class:`StagedBatch` (see ``execution/staging.py``): a thread instance on
+its arrays, a process instance on its handles in the shared-memory arena.
+
 Both kinds can be profiled (``start_profiling`` / ``stop_profiling``): a thread
 instance swaps its backend's session itself, a process instance asks its worker to,
-between batches (see ``execution/worker.py``).
+between batches (see ``execution/messages.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from sordino.backends.onnx import OnnxBackend
+from sordino.backends.base import Backend, ProfilingBackend
+from sordino.backends.registry import create_backend
 from sordino.clock import Clock
 from sordino.config import WorkersConfig
+from sordino.errors import Unavailable
 from sordino.events import EventSink
 from sordino.execution.backoff import RestartBackoff
 from sordino.execution.devices import Device
 from sordino.execution.faults import FaultAction, perform
+from sordino.execution.messages import ProfileStart, ProfileStop, ProfileStopped
+from sordino.execution.staging import StagedBatch
 from sordino.execution.worker import WorkerError, WorkerLost, WorkerProcess
 from sordino.execution.worker_main import WorkerSpec
 from sordino.inference import ModelKey, ModelMetadata, Tensor
-from sordino.memory.allocator import Block
-from sordino.memory.tensors import TensorHandle, read_tensor
+from sordino.memory.tensors import read_tensor
 from sordino.records import InstanceState, WorkerStatistics
 
-__all__ = ["ProcessInstance", "StagedBatch", "ThreadInstance"]
+__all__ = ["ProcessInstance", "ThreadInstance"]
 
 log = logging.getLogger("sordino.workers")
-
-
-@dataclass(slots=True)
-class StagedBatch:
-    """A batch ready to run: its arrays, and (process isolation) its place in the arena."""
-
-    arrays: dict[str, Tensor]
-    handles: dict[str, TensorHandle] = field(default_factory=dict)
-    space: dict[str, TensorHandle] = field(default_factory=dict)
-    blocks: list[Block] = field(default_factory=list)
-    allocate: Callable[[dict[str, int]], Awaitable[dict[str, TensorHandle]]] | None = None
-    buffer: memoryview | None = None
 
 
 class _Base:
@@ -104,25 +100,30 @@ class ThreadInstance(_Base):
 
     isolation = "thread"
 
-    def __init__(self, key: ModelKey, index: int, tier: str, device: Device, path: str) -> None:
+    def __init__(
+        self, key: ModelKey, index: int, tier: str, device: Device, path: str, *, backend: str
+    ) -> None:
+        """Build the ``backend`` kind's backend (unloaded); :meth:`open` loads it.
+
+        Raises :class:`ModelLoadError` for a backend kind this build does not know.
+        """
         super().__init__(key, index, tier, device)
         self._path = path
-        self._backend = OnnxBackend(
+        self._backend = create_backend(
+            backend,
             name=key.name,
             version=key.version,
-            providers=list(device.providers),
+            providers=device.providers,
             intra_op_threads=device.intra_op_threads,
         )
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sordino-{key.name}")
 
     @property
-    def backend(self) -> OnnxBackend:
+    def backend(self) -> Backend:
         """The in-process backend (tests hold batches on it; profiling swaps its session)."""
         return self._backend
 
     async def open(self) -> ModelMetadata:
-        from pathlib import Path
-
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(
             self._pool, self._backend.load, Path(self._path), self.device.target
@@ -149,18 +150,25 @@ class ThreadInstance(_Base):
 
     @property
     def profiling(self) -> bool:
-        return self._backend.profiling
+        backend = self._backend
+        return isinstance(backend, ProfilingBackend) and backend.profiling
+
+    def _profiler(self) -> ProfilingBackend:
+        backend = self._backend
+        if not isinstance(backend, ProfilingBackend):
+            raise Unavailable(f"the {type(backend).__name__} backend cannot profile")
+        return backend
 
     async def start_profiling(self, prefix: str) -> None:
         """Swap in a profiling session (built off the instance's thread: batches go on)."""
-        await asyncio.get_running_loop().run_in_executor(
-            None, self._backend.start_profiling, prefix
-        )
+        profiler = self._profiler()
+        await asyncio.get_running_loop().run_in_executor(None, profiler.start_profiling, prefix)
 
     async def stop_profiling(self) -> tuple[str, int]:
         """Put the serving session back once the running batch is done; see the backend."""
+        profiler = self._profiler()
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._backend.stop_profiling)
+        return await loop.run_in_executor(self._pool, profiler.stop_profiling)
 
     async def aclose(self) -> None:
         self.state = "stopped"
@@ -252,7 +260,7 @@ class ProcessInstance(_Base):
         worker = self._worker
         if worker is None or not self.serving:
             raise WorkerLost(f"the instance is {self.state}, not serving")
-        await worker.call("profile_start", prefix, timeout_s=self._settings.start_timeout)
+        await worker.call(ProfileStart(prefix), timeout_s=self._settings.start_timeout)
         self._profiled = worker
 
     async def stop_profiling(self) -> tuple[str, int]:
@@ -264,8 +272,10 @@ class ProcessInstance(_Base):
         worker, self._profiled = self._profiled, None
         if worker is None:
             raise WorkerLost("profiling was not started on this instance")
-        path, batches = await worker.call("profile_stop", timeout_s=self._settings.start_timeout)
-        return str(path), int(batches)
+        reply = await worker.call(ProfileStop(), timeout_s=self._settings.start_timeout)
+        if not isinstance(reply, ProfileStopped):
+            raise WorkerError("error", f"the worker answered profile_stop with {reply!r}")
+        return reply.path, reply.batches
 
     def kill(self, cause: str) -> None:
         """Kill the current worker (it is then replaced as after any failure)."""

@@ -5,11 +5,12 @@ as it arrives; end-of-file means the process is gone, and the exit code or signa
 becomes the cause. Killing a worker (hang, execution timeout, shutdown) fails its batch at once
 with :class:`WorkerLost`, whatever the process does next.
 
-The pipe carries one exchange at a time: a batch (``run``, perhaps an ``alloc`` round
-trip, then ``done`` or ``error``) or a command (:meth:`WorkerProcess.call`, such as
-``profile_start``). A command waits for the running batch to finish, and a batch
-for the running command, so no message lands in the middle of a batch's ``alloc``
-exchange, where the worker reads the pipe for the allocation alone.
+The pipe carries one exchange at a time (the messages and their order are in
+``execution/messages.py``): a batch (:meth:`WorkerProcess.run`) or a command
+(:meth:`WorkerProcess.call`, such as :class:`ProfileStart`). A command waits for the
+running batch to finish, and a batch for the running command, so no message lands in
+the middle of a batch's :class:`Alloc` exchange, where the worker reads the pipe for
+the allocation alone.
 """
 
 from __future__ import annotations
@@ -31,6 +32,23 @@ from typing import Any
 from sordino.clock import Clock
 from sordino.errors import ModelLoadError
 from sordino.execution.faults import FaultAction
+from sordino.execution.messages import (
+    STOP,
+    Alloc,
+    Allocated,
+    Call,
+    CallFailed,
+    Command,
+    Done,
+    FromWorker,
+    Heartbeat,
+    LoadFailed,
+    ProfileStopped,
+    Ready,
+    Reply,
+    Run,
+    RunFailed,
+)
 from sordino.execution.worker_main import WorkerSpec, worker_main
 from sordino.inference import ModelMetadata
 from sordino.memory.tensors import TensorHandle
@@ -134,7 +152,8 @@ class WorkerProcess:
         self.dead: asyncio.Future[str] = self._loop.create_future()
         self._pending: dict[int, asyncio.Future[tuple[dict[str, TensorHandle], float]]] = {}
         self._allocate: dict[int, Allocate] = {}
-        self._calls: dict[int, asyncio.Future[Any]] = {}
+        self._allocating: dict[int, asyncio.Task[None]] = {}
+        self._calls: dict[int, asyncio.Future[ProfileStopped | None]] = {}
         self._turn = asyncio.Lock()  # one exchange on the pipe at a time (see above)
         self._kill_cause: str | None = None
         self._broken = False
@@ -205,7 +224,7 @@ class WorkerProcess:
                     lambda: self.kill(f"execution timeout: a batch ran over {timeout_s:g} s"),
                 )
             try:
-                self._conn.send(("run", batch_id, inputs, space, fault))
+                self._conn.send(Run(batch_id, inputs, space, fault))
                 return await future
             except asyncio.CancelledError:
                 # The worker is still inside the batch and may yet ask for output space: the
@@ -221,9 +240,14 @@ class WorkerProcess:
                     timer.cancel()
                 self._pending.pop(batch_id, None)
                 self._allocate.pop(batch_id, None)
+                allocating = self._allocating.pop(batch_id, None)
+                if allocating is not None:
+                    # The batch ended (lost, killed, cancelled) while its outputs still
+                    # waited for arena space: stop waiting, so the space goes elsewhere.
+                    allocating.cancel()
 
-    async def call(self, command: str, *args: Any, timeout_s: float) -> Any:
-        """Send ``command`` to the worker between batches; return its reply.
+    async def call(self, command: Command, *, timeout_s: float) -> ProfileStopped | None:
+        """Send ``command`` to the worker between batches; return its reply's value.
 
         Raises :class:`WorkerLost` if the worker dies or is killed first,
         :class:`WorkerError` if the command failed in the worker (``kind`` "error") or
@@ -234,17 +258,17 @@ class WorkerProcess:
             if not self.alive:
                 raise WorkerLost(self._lost_cause())
             call_id = next(self._ids)
-            future: asyncio.Future[Any] = self._loop.create_future()
+            future: asyncio.Future[ProfileStopped | None] = self._loop.create_future()
             self._calls[call_id] = future
             try:
-                self._conn.send((command, call_id, *args))
+                self._conn.send(Call(call_id, command))
                 return await asyncio.wait_for(future, timeout_s)
             except OSError as exc:
                 self._broken = True
                 raise WorkerLost(f"the worker is gone ({exc.strerror or exc})") from None
             except TimeoutError:
                 raise WorkerError(
-                    "timeout", f"the worker did not answer {command} within {timeout_s:g} s"
+                    "timeout", f"the worker did not answer {command.name} within {timeout_s:g} s"
                 ) from None
             finally:
                 self._calls.pop(call_id, None)
@@ -275,7 +299,7 @@ class WorkerProcess:
             self.dead.set_result("stopped")
             return
         with contextlib.suppress(OSError):
-            self._conn.send(("stop",))
+            self._conn.send(STOP)
         try:
             await asyncio.wait_for(asyncio.shield(self.dead), timeout_s)
         except TimeoutError:
@@ -298,53 +322,52 @@ class WorkerProcess:
         await self._loop.run_in_executor(None, self._process.join, 10)
         self._on_exit(self._process.exitcode)
 
-    def _on_message(self, message: tuple[Any, ...]) -> None:
+    def _on_message(self, message: FromWorker) -> None:
         self.last_beat = self._clock.now()
-        kind = message[0]
-        if kind == "hb":
-            return
-        if kind == "ready":
-            _, metadata, pid, load_s = message
-            self.pid, self.load_s = pid, load_s
-            if not self._ready.done():
-                self._ready.set_result(metadata)
-        elif kind == "load_failed":
-            if not self._ready.done():
-                self._ready.set_exception(ModelLoadError(message[1]))
-        elif kind == "done":
-            _, batch_id, outputs, infer_s = message
-            future = self._pending.get(batch_id)
-            if future is not None and not future.done():
-                future.set_result((outputs, infer_s))
-        elif kind == "error":
-            _, batch_id, error_kind, text = message
-            future = self._pending.get(batch_id)
-            if future is not None and not future.done():
-                future.set_exception(WorkerError(error_kind, text))
-        elif kind in ("reply", "call_failed"):
-            _, call_id, value = message
-            call = self._calls.get(call_id)
-            if call is not None and not call.done():
-                if kind == "reply":
+        match message:
+            case Heartbeat():
+                pass
+            case Ready(metadata=metadata, pid=pid, load_s=load_s):
+                self.pid, self.load_s = pid, load_s
+                if not self._ready.done():
+                    self._ready.set_result(metadata)
+            case LoadFailed(message=text):
+                if not self._ready.done():
+                    self._ready.set_exception(ModelLoadError(text))
+            case Done(batch_id=batch_id, outputs=outputs, infer_s=infer_s):
+                future = self._pending.get(batch_id)
+                if future is not None and not future.done():
+                    future.set_result((outputs, infer_s))
+            case RunFailed(batch_id=batch_id, kind=kind, message=text):
+                future = self._pending.get(batch_id)
+                if future is not None and not future.done():
+                    future.set_exception(WorkerError(kind, text))
+            case Reply(call_id=call_id, value=value):
+                call = self._calls.get(call_id)
+                if call is not None and not call.done():
                     call.set_result(value)
-                else:
-                    call.set_exception(WorkerError("error", value))
-        elif kind == "alloc":
-            _, batch_id, sizes = message
-            self._loop.create_task(self._serve_alloc(batch_id, sizes))
+            case CallFailed(call_id=call_id, message=text):
+                call = self._calls.get(call_id)
+                if call is not None and not call.done():
+                    call.set_exception(WorkerError("error", text))
+            case Alloc(batch_id=batch_id, sizes=sizes):
+                allocate = self._allocate.get(batch_id)
+                if allocate is not None:
+                    self._allocating[batch_id] = self._loop.create_task(
+                        self._serve_alloc(batch_id, allocate, sizes)
+                    )
 
-    async def _serve_alloc(self, batch_id: int, sizes: dict[str, int]) -> None:
-        allocate = self._allocate.get(batch_id)
-        if allocate is None:
-            return
+    async def _serve_alloc(self, batch_id: int, allocate: Allocate, sizes: dict[str, int]) -> None:
         try:
             space = await allocate(sizes)
-            self._conn.send(("alloc_ok", batch_id, space))
+            self._conn.send(Allocated(batch_id, space))
         except Exception as exc:
             future = self._pending.get(batch_id)
             if future is not None and not future.done():
                 future.set_exception(WorkerError("error", f"cannot place outputs: {exc}"))
             self.kill(f"output allocation failed: {exc}")
+        finally:
+            self._allocating.pop(batch_id, None)
 
     def _on_exit(self, code: int | None) -> None:
         if self._process.pid is not None:
@@ -359,6 +382,7 @@ class WorkerProcess:
         self._conn.close()
 
     def _fail_pending(self, cause: str) -> None:
-        for future in [*self._pending.values(), *self._calls.values()]:
+        futures: list[asyncio.Future[Any]] = [*self._pending.values(), *self._calls.values()]
+        for future in futures:
             if not future.done():
                 future.set_exception(WorkerLost(cause))

@@ -1,0 +1,138 @@
+"""Staging batches in the shared-memory arena: every block comes back, whatever happens."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from sordino.clock import MonotonicClock
+from sordino.config import RuntimeConfig
+from sordino.errors import OutOfMemory
+from sordino.events import EventSink
+from sordino.execution.chain import ChainExecutor
+from sordino.execution.staging import Staging
+from sordino.inference import ModelKey, ModelMetadata, TensorSpec
+from sordino.models.repository import builtin_sources
+
+ROWS = 4
+
+
+def _metadata(outputs: int) -> ModelMetadata:
+    """A batched model taking 16 floats a row and giving ``outputs`` floats a row."""
+    return ModelMetadata(
+        name="m",
+        version="1",
+        platform="test",
+        inputs=(TensorSpec("x", "FP32", (-1, 16)),),
+        outputs=(TensorSpec("y", "FP32", (-1, outputs)),),
+        batched=True,
+    )
+
+
+def _batch() -> dict[str, np.ndarray]:
+    return {"x": np.ones((ROWS, 16), np.float32)}  # 256 bytes
+
+
+@pytest.fixture
+def staging() -> Iterator[Staging]:
+    staging = Staging(1024)
+    yield staging
+    staging.close()
+
+
+def _in_use(staging: Staging) -> int:
+    stats = staging.statistics()
+    assert stats is not None
+    return stats.in_use_bytes
+
+
+async def test_a_staged_batch_gives_every_block_back(staging: Staging) -> None:
+    """Inputs, reserved outputs and output space allocated later all return on release."""
+    staged = await staging.stage(_batch(), _metadata(8), in_arena=True)
+    assert staged.allocate is not None
+    await staged.allocate({"extra": 64})
+    assert _in_use(staging) > 0 and len(staged.blocks) == 3
+    staging.release(staged)
+    staging.release(staged)  # a second release does nothing
+    assert _in_use(staging) == 0
+
+
+async def test_outputs_too_large_for_the_arena_release_the_inputs(staging: Staging) -> None:
+    """An output reservation that can never fit fails, and the input block goes back."""
+    with pytest.raises(OutOfMemory):
+        await staging.stage(_batch(), _metadata(1024), in_arena=True)  # 16 KiB of outputs
+    assert _in_use(staging) == 0
+
+
+async def test_a_cancelled_wait_for_output_space_releases_the_inputs(staging: Staging) -> None:
+    """Cancelled while waiting for output space, staging gives back the inputs it placed."""
+    hog = staging.arena.acquire_nowait(512)  # inputs fit beside it, outputs (512 B) do not
+    stage = asyncio.ensure_future(staging.stage(_batch(), _metadata(32), in_arena=True))
+    for _ in range(100):
+        if staging.arena.statistics().waiting:
+            break
+        await asyncio.sleep(0)
+    assert staging.arena.statistics().waiting == 1
+    stage.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stage
+    staging.arena.release(hog)
+    assert _in_use(staging) == 0
+
+
+async def test_a_failed_stage_releases_an_assembled_batch(staging: Staging) -> None:
+    """Inputs assembled in the arena are given back with the batch that failed to stage."""
+    parts = [{"x": np.ones((2, 16), np.float32)}, {"x": np.ones((2, 16), np.float32)}]
+    batch = await staging.assemble(parts, in_arena=True)
+    assert _in_use(staging) > 0
+    with pytest.raises(OutOfMemory):
+        await staging.stage(batch, _metadata(1024), in_arena=True)
+    assert _in_use(staging) == 0
+
+
+async def test_output_space_granted_after_release_goes_back(staging: Staging) -> None:
+    """Space the worker asked for that arrives once the batch has ended is not kept."""
+    staged = await staging.stage(_batch(), _metadata(8), in_arena=True)
+    assert staged.allocate is not None
+    hog = staging.arena.acquire_nowait(512)
+    waiting = asyncio.ensure_future(staged.allocate({"extra": 512}))
+    for _ in range(100):
+        if staging.arena.statistics().waiting:
+            break
+        await asyncio.sleep(0)
+    staging.release(staged)  # frees room: the waiting allocation is granted now
+    staging.arena.release(hog)
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert _in_use(staging) == 0
+
+
+async def test_thread_isolated_batches_stay_off_the_arena(staging: Staging) -> None:
+    """Without ``in_arena`` a batch runs on its own arrays and no arena is created."""
+    staged = await staging.stage(_batch(), _metadata(8), in_arena=False)
+    assert staged.blocks == [] and staged.allocate is None
+    assert staging.statistics() is None
+
+
+async def test_the_executor_releases_inputs_when_output_space_never_comes() -> None:
+    """Through ``ChainExecutor.run``: a batch whose outputs cannot be placed is cancelled,
+    and its inputs leave the arena with it."""
+    source = next(s for s in builtin_sources() if s.name == "digits-classifier")
+    config = RuntimeConfig.model_validate({"workers": {"shared_memory": 4096}})
+    executor = ChainExecutor(config, clock=MonotonicClock(), events=EventSink())
+    key = ModelKey(source.name, source.version)
+    try:
+        await executor.load(key, source.path, source.config)
+        # 14 rows: 3,584 bytes of pixels fit in the 4 KiB arena; 560 of outputs do not.
+        batch = {"pixels": np.zeros((14, 64), np.float32)}
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(executor.run(key, batch), 0.5)
+        stats = executor.arena_statistics()
+        assert stats is not None and stats.in_use_bytes == 0 and stats.waiting == 0
+        small = await executor.run(key, {"pixels": np.zeros((2, 64), np.float32)})
+        assert small["probabilities"].shape == (2, 10)
+    finally:
+        await executor.aclose()
