@@ -15,6 +15,7 @@ from sordino.events import EventSink
 from sordino.execution.chain import ChainExecutor
 from sordino.execution.staging import Staging
 from sordino.inference import ModelKey, ModelMetadata, TensorSpec
+from sordino.memory.refs import TensorsBuilder
 from sordino.models.repository import builtin_sources
 
 ROWS = 4
@@ -32,8 +33,8 @@ def _metadata(outputs: int) -> ModelMetadata:
     )
 
 
-def _batch() -> dict[str, np.ndarray]:
-    return {"x": np.ones((ROWS, 16), np.float32)}  # 256 bytes
+def _batch() -> list[dict[str, np.ndarray]]:
+    return [{"x": np.ones((ROWS, 16), np.float32)}]  # 256 bytes, one part
 
 
 @pytest.fixture
@@ -52,9 +53,9 @@ def _in_use(staging: Staging) -> int:
 async def test_a_staged_batch_gives_every_block_back(staging: Staging) -> None:
     """Inputs, reserved outputs and output space allocated later all return on release."""
     staged = await staging.stage(_batch(), _metadata(8), in_arena=True)
-    assert staged.allocate is not None
+    assert staged.allocate is not None and staged.copies and staged.outputs
     await staged.allocate({"extra": 64})
-    assert _in_use(staging) > 0 and len(staged.blocks) == 3
+    assert staged.copies.nbytes == 256 and staged.outputs.nbytes == 128 + 64
     staging.release(staged)
     staging.release(staged)  # a second release does nothing
     assert _in_use(staging) == 0
@@ -83,13 +84,31 @@ async def test_a_cancelled_wait_for_output_space_releases_the_inputs(staging: St
     assert _in_use(staging) == 0
 
 
-async def test_a_failed_stage_releases_an_assembled_batch(staging: Staging) -> None:
-    """Inputs assembled in the arena are given back with the batch that failed to stage."""
-    parts = [{"x": np.ones((2, 16), np.float32)}, {"x": np.ones((2, 16), np.float32)}]
-    batch = await staging.assemble(parts, in_arena=True)
-    assert _in_use(staging) > 0
-    with pytest.raises(OutOfMemory):
-        await staging.stage(batch, _metadata(1024), in_arena=True)
+async def test_inputs_in_the_arena_go_by_reference(staging: Staging) -> None:
+    """Parts already in the arena become handles to their own bytes: nothing is copied."""
+    parts = []
+    for value in (1.0, 2.0):
+        builder = TensorsBuilder(staging.arena)
+        builder.put("x", np.full((2, 16), value, np.float32))
+        parts.append(builder.finish())
+    before = _in_use(staging)
+    staged = await staging.stage(parts, _metadata(8), in_arena=True)
+    assert staged.copies is not None and staged.copies.nbytes == 0
+    assert [h.offset for h in staged.handles["x"]] == [p.ref("x").offset for p in parts]
+    assert _in_use(staging) == before + 128  # only the outputs' block
+    staging.release(staged)
+    for part in parts:
+        part.release()
+    assert _in_use(staging) == 0
+
+
+async def test_outputs_handed_over_outlive_the_staged_batch(staging: Staging) -> None:
+    """The output block goes with the results; releasing them gives it back."""
+    staged = await staging.stage(_batch(), _metadata(8), in_arena=True)
+    outputs = staging.outputs(staged, {})
+    staging.release(staged)
+    assert _in_use(staging) == 128
+    outputs.release()
     assert _in_use(staging) == 0
 
 
@@ -113,7 +132,7 @@ async def test_output_space_granted_after_release_goes_back(staging: Staging) ->
 async def test_thread_isolated_batches_stay_off_the_arena(staging: Staging) -> None:
     """Without ``in_arena`` a batch runs on its own arrays and no arena is created."""
     staged = await staging.stage(_batch(), _metadata(8), in_arena=False)
-    assert staged.blocks == [] and staged.allocate is None
+    assert staged.copies is None and staged.allocate is None
     assert staging.statistics() is None
 
 
@@ -127,12 +146,12 @@ async def test_the_executor_releases_inputs_when_output_space_never_comes() -> N
     try:
         await executor.load(key, source.path, source.config)
         # 14 rows: 3,584 bytes of pixels fit in the 4 KiB arena; 560 of outputs do not.
-        batch = {"pixels": np.zeros((14, 64), np.float32)}
+        batch = [{"pixels": np.zeros((14, 64), np.float32)}]
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(executor.run(key, batch), 0.5)
         stats = executor.arena_statistics()
         assert stats is not None and stats.in_use_bytes == 0 and stats.waiting == 0
-        small = await executor.run(key, {"pixels": np.zeros((2, 64), np.float32)})
-        assert small["probabilities"].shape == (2, 10)
+        with await executor.run(key, [{"pixels": np.zeros((2, 64), np.float32)}]) as small:
+            assert small["probabilities"].shape == (2, 10)
     finally:
         await executor.aclose()

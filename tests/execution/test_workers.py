@@ -183,7 +183,7 @@ def test_a_batch_cancelled_mid_run_replaces_its_worker(pair: RunningServer) -> N
             from sordino.backends.base import dummy_inputs
 
             task = asyncio.ensure_future(
-                runtime.executor.run(model.key, dummy_inputs(model.metadata, 1))
+                runtime.executor.run(model.key, [dummy_inputs(model.metadata, 1)])
             )
             # Cancel once a worker is inside the batch (held there by the latency fault).
             for _ in range(1000):

@@ -1,12 +1,13 @@
 """The default executor: model instances on a chain of devices, behind circuit breakers.
 
-``await executor.run(model, batch)`` stays the one call the scheduler makes. Behind
-it, for each batch:
+``await executor.run(model, parts) -> outputs`` is the one call the scheduler makes,
+with each request's inputs as one part. Behind it, for each batch:
 
-1. The batch is staged (``execution/staging.py``): its tensors are copied once into
-   the shared-memory arena (batches the scheduler assembled with
-   :meth:`ChainExecutor.assemble` are already there), and blocks are reserved for
-   outputs whose size is known in advance.
+1. The batch is staged (``execution/staging.py``): inputs already in the
+   shared-memory arena go to the worker by reference, others are copied in once, and
+   blocks are reserved for outputs whose size is known in advance. The outputs come
+   back as views of those blocks (a :class:`~sordino.memory.refs.Tensors` that holds
+   them); nothing is copied out.
 2. A tier is chosen (``execution/placement.py``): the first device of the chain whose
    breaker lets traffic through and that has a serving instance. The batch waits for
    an idle instance there (a busy primary is not a failing primary).
@@ -24,7 +25,7 @@ profiling windows (``execution/profiling.py``), takes chaos faults after
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from sordino.backends.base import Backend
@@ -50,6 +51,8 @@ from sordino.execution.stats import SwitchRecorder
 from sordino.execution.worker import WorkerError, WorkerLost
 from sordino.execution.worker_main import WorkerSpec
 from sordino.inference import ModelKey, ModelMetadata, Tensor
+from sordino.memory.arena import Arena
+from sordino.memory.refs import TensorRef, Tensors
 from sordino.records import ArenaStatistics, ExecutionStatistics
 
 __all__ = ["ChainExecutor"]
@@ -200,32 +203,29 @@ class ChainExecutor:
 
     # -- running ---------------------------------------------------------------------
 
-    async def assemble(
-        self, model: ModelKey, parts: Sequence[dict[str, Tensor]]
-    ) -> dict[str, Tensor]:
-        """Concatenate request inputs into one batch, in the arena for worker processes."""
+    def input_arena(self, model: ModelKey) -> Arena | None:
+        """Where to decode ``model``'s request tensors: the arena for worker processes."""
         entry = self._models.get(model)
-        in_arena = entry is not None and entry.isolation == "process"
-        return await self._staging.assemble(parts, in_arena=in_arena)
+        if entry is None or entry.isolation != "process":
+            return None
+        return self._staging.arena
 
-    async def run(self, model: ModelKey, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+    async def run(self, model: ModelKey, parts: Sequence[Mapping[str, Tensor]]) -> Tensors:
+        """Run ``parts`` (each request's inputs) as one batch; return its outputs.
+
+        The parts stay the caller's; the outputs are the caller's to release (for a
+        worker process they are views of arena blocks that they hold).
+        """
+        entry = self._model(model)
+        staged = await self._staging.stage(
+            parts, entry.metadata, in_arena=entry.isolation == "process"
+        )
         try:
-            entry = self._model(model)
-        except ModelNotReady:
-            self._staging.discard(batch)  # assembled for a model unloaded since
-            raise
-        staged = await self._stage(entry, batch)
-        try:
-            return await self._dispatch(entry, staged)
+            return self._staging.outputs(staged, await self._dispatch(entry, staged))
         finally:
             self._staging.release(staged)
 
-    async def _stage(self, model: PlacedModel, batch: dict[str, Tensor]) -> StagedBatch:
-        return await self._staging.stage(
-            batch, model.metadata, in_arena=model.isolation == "process"
-        )
-
-    async def _dispatch(self, model: PlacedModel, batch: StagedBatch) -> dict[str, Tensor]:
+    async def _dispatch(self, model: PlacedModel, batch: StagedBatch) -> dict[str, TensorRef]:
         """Run ``batch`` where :func:`choose` says, down the chain and past lost instances."""
         tried: set[str] = set()
         lost: set[int] = set()
@@ -314,7 +314,8 @@ class ChainExecutor:
 
         async def run_synthetic(instance: Profiled) -> object:
             assert isinstance(instance, ProcessInstance | ThreadInstance)
-            return await self._run_on(entry, instance, synthetic_batch())
+            await self._run_on(entry, instance, synthetic_batch())
+            return None
 
         self._profiling.add(model)
         try:
@@ -331,7 +332,7 @@ class ChainExecutor:
 
     async def _run_on(
         self, model: PlacedModel, instance: Instance, batch: dict[str, Tensor]
-    ) -> dict[str, Tensor]:
+    ) -> None:
         """Run ``batch`` on ``instance`` once idle; :class:`WorkerLost` if it stops serving."""
         while instance.busy and instance.serving:
             await model.signal.wait()
@@ -339,9 +340,11 @@ class ChainExecutor:
             raise WorkerLost(f"{instance.subject} is {instance.state}, not serving")
         instance.busy = True
         try:
-            staged = await self._stage(model, batch)
+            staged = await self._staging.stage(
+                [batch], model.metadata, in_arena=model.isolation == "process"
+            )
             try:
-                return await instance.run(staged, None)
+                await instance.run(staged, None)  # synthetic: the outputs are not needed
             finally:
                 self._staging.release(staged)
         finally:

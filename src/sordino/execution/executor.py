@@ -1,45 +1,34 @@
 """The executor: one async call that runs a batch on some instance of a model.
 
-``await executor.run(model, batch) -> outputs``. Which instance, worker process and
-device, retries and breakers live behind this call; the scheduler never knows.
-:class:`sordino.execution.chain.ChainExecutor` is the one the runtime uses;
-``sordino.testing.ScriptedExecutor`` isolates scheduling in tests.
+``await executor.run(model, parts) -> outputs``: ``parts`` are the inputs of the
+requests that share the batch, one mapping each, with matching shapes past the batch
+dimension; ``outputs`` are the whole batch's, in the same row order. Which instance,
+worker process and device, retries and breakers live behind this call; the
+scheduler never knows. :class:`sordino.execution.chain.ChainExecutor` is the one the
+runtime uses; ``sordino.testing.ScriptedExecutor`` isolates scheduling in tests.
+
+Ownership: the parts stay the caller's; the outputs are the caller's to release
+(:meth:`~sordino.memory.refs.Tensors.release`), since they may hold arena blocks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-import numpy as np
-
 from sordino.inference import ModelKey, Tensor
+from sordino.memory.refs import Tensors
 
-__all__ = ["Executor", "assemble"]
+__all__ = ["Executor"]
 
 
 class Executor(Protocol):
     """Runs batches for registered models."""
 
-    async def run(self, model: ModelKey, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        """Run ``batch`` on an idle instance of ``model`` and return every output."""
+    async def run(self, model: ModelKey, parts: Sequence[Mapping[str, Tensor]]) -> Tensors:
+        """Run ``parts`` as one batch on an idle instance of ``model``; return every output."""
         ...
 
     def instances(self, model: ModelKey) -> int:
         """Return how many batches of ``model`` can run at once."""
         ...
-
-
-async def assemble(
-    executor: Executor, model: ModelKey, parts: list[dict[str, Tensor]]
-) -> dict[str, Tensor]:
-    """Concatenate the inputs of several requests into one batch.
-
-    An executor may provide ``assemble(model, parts)`` to build the batch where it will
-    run (the chain executor writes it straight into the shared-memory arena, so the
-    batch is copied once); otherwise the arrays are concatenated here.
-    """
-    hook = getattr(executor, "assemble", None)
-    if hook is not None:
-        batch: dict[str, Tensor] = await hook(model, parts)
-        return batch
-    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}

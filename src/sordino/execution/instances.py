@@ -35,11 +35,11 @@ from sordino.execution.backoff import RestartBackoff
 from sordino.execution.devices import Device
 from sordino.execution.faults import FaultAction, perform
 from sordino.execution.messages import ProfileStart, ProfileStop, ProfileStopped
-from sordino.execution.staging import StagedBatch
+from sordino.execution.staging import StagedBatch, read_outputs
 from sordino.execution.worker import WorkerError, WorkerLost, WorkerProcess
 from sordino.execution.worker_main import WorkerSpec
-from sordino.inference import ModelKey, ModelMetadata, Tensor
-from sordino.memory.tensors import read_tensor
+from sordino.inference import ModelKey, ModelMetadata
+from sordino.memory.refs import TensorRef
 from sordino.records import InstanceState, WorkerStatistics
 
 __all__ = ["ProcessInstance", "ThreadInstance"]
@@ -131,11 +131,12 @@ class ThreadInstance(_Base):
         self.state = "ready"
         return self._backend.metadata
 
-    async def run(self, batch: StagedBatch, fault: FaultAction | None) -> dict[str, Tensor]:
-        def call() -> dict[str, Tensor]:
+    async def run(self, batch: StagedBatch, fault: FaultAction | None) -> dict[str, TensorRef]:
+        def call() -> dict[str, TensorRef]:
             if fault is not None:
                 perform(fault, in_process=True)
-            return self._backend.infer(batch.arrays)
+            outputs = self._backend.infer(batch.arrays)
+            return {name: TensorRef(array) for name, array in outputs.items()}
 
         loop = asyncio.get_running_loop()
         self.batches += 1
@@ -227,7 +228,8 @@ class ProcessInstance(_Base):
         )
         return metadata
 
-    async def run(self, batch: StagedBatch, fault: FaultAction | None) -> dict[str, Tensor]:
+    async def run(self, batch: StagedBatch, fault: FaultAction | None) -> dict[str, TensorRef]:
+        """Run ``batch``; its outputs are views of the arena blocks the batch holds."""
         worker = self._worker
         if worker is None or not self.serving:
             raise WorkerLost("the worker is restarting")
@@ -244,7 +246,7 @@ class ProcessInstance(_Base):
         except (WorkerLost, WorkerError):
             self.failures += 1
             raise
-        return {name: read_tensor(batch.buffer, handle) for name, handle in outputs.items()}
+        return read_outputs(batch.buffer, outputs)
 
     @property
     def profiling(self) -> bool:

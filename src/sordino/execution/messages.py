@@ -65,10 +65,14 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """Run one batch: inputs in the arena, and space reserved for outputs of known size."""
+    """Run one batch: inputs in the arena, and space reserved for outputs of known size.
+
+    Each input is one handle per part of the batch (a request's rows); the worker
+    concatenates the parts when there are several.
+    """
 
     batch_id: int
-    inputs: dict[str, TensorHandle]
+    inputs: dict[str, tuple[TensorHandle, ...]]
     space: dict[str, TensorHandle]
     fault: FaultAction | None
 

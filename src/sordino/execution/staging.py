@@ -1,34 +1,41 @@
 """Staging: putting a batch into the shared-memory arena for a worker process.
 
-The executor's client of the memory manager. For a model in worker processes, a
-batch is staged before it runs: each input is copied once into an arena block (a
-batch built by :meth:`Staging.assemble` is there already and is only adopted), and
-blocks are reserved for the outputs whose size the model's metadata fixes. Outputs
-of unknown size (strings, variable dimensions) get their space later, when the
-worker asks, through the batch's ``allocate`` callback. Thread-isolated models run
-on the arrays as they are; staging leaves them alone.
+The executor's client of the memory manager. A batch arrives as *parts*, one
+:class:`~sordino.memory.refs.Tensors` per request (or per step). For a model in worker
+processes each part's tensor is passed by reference: a tensor already in the arena
+(decoded there, or carried from a previous step) becomes a :class:`TensorHandle` to
+its bytes, with no copy; only a tensor on the heap is copied in, once. The worker
+concatenates the parts of an input when there are several, so the server never
+copies a request's bytes a second time to build the batch. Blocks are reserved for
+outputs whose size the model's metadata fixes; outputs of unknown size (strings,
+variable dimensions) get space when the worker asks, through ``allocate``.
 
-Every block a staged batch holds is listed in :attr:`StagedBatch.blocks` the moment
-it is acquired, and :meth:`Staging.release` gives all of them back. :meth:`Staging.stage`
-gives back what it acquired when it fails or is cancelled; after that the caller
-releases the batch once it has run, whatever happened (``try`` / ``finally``).
+Two leases hold what a staged batch acquired: ``copies`` (heap inputs copied in;
+given back when the batch is released) and ``outputs`` (output space; handed to the
+caller with the results by :meth:`Staging.outputs`, or given back on release). A
+block goes into its lease the moment it is acquired, and :meth:`Staging.stage` gives
+everything back if it fails or is cancelled, so no failure path can leak a block.
+
+Thread-isolated models run on the parts concatenated in the server process
+(:attr:`StagedBatch.arrays`); staging reserves nothing for them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from sordino.datatypes import to_numpy_dtype
 from sordino.inference import ModelMetadata, Tensor
-from sordino.memory.allocator import Block
 from sordino.memory.arena import Arena, shm_free_bytes
-from sordino.memory.tensors import TensorHandle, tensor_nbytes, write_tensor
+from sordino.memory.refs import Lease, TensorRef, Tensors
+from sordino.memory.tensors import BYTES, TensorHandle, tensor_nbytes, view_tensor, write_tensor
 from sordino.records import ArenaStatistics
 
 __all__ = ["StagedBatch", "Staging"]
@@ -36,24 +43,48 @@ __all__ = ["StagedBatch", "Staging"]
 log = logging.getLogger("sordino.execution")
 
 Allocate = Callable[[dict[str, int]], Awaitable[dict[str, TensorHandle]]]
+Part = Mapping[str, Tensor]
 
 
 @dataclass(slots=True)
 class StagedBatch:
-    """A batch ready to run: its arrays, and (process isolation) its place in the arena.
+    """A batch ready to run: its parts and, for a worker process, its place in the arena.
 
-    ``handles`` name the inputs in the arena, ``space`` the blocks reserved for
-    outputs, ``blocks`` every block the batch holds; ``allocate`` reserves more output
-    space while the batch runs.
+    ``handles`` name each input's parts in the arena (the worker concatenates them),
+    ``space`` the blocks reserved for outputs; ``allocate`` reserves more output space
+    while the batch runs.
     """
 
-    arrays: dict[str, Tensor]
-    handles: dict[str, TensorHandle] = field(default_factory=dict)
+    parts: Sequence[Part]
+    batched: bool
+    handles: dict[str, tuple[TensorHandle, ...]] = field(default_factory=dict)
     space: dict[str, TensorHandle] = field(default_factory=dict)
-    blocks: list[Block] = field(default_factory=list)
+    copies: Lease | None = None
+    outputs: Lease | None = None
     allocate: Allocate | None = None
     buffer: memoryview | None = None
     released: bool = False
+    _arrays: dict[str, Tensor] | None = None
+
+    @property
+    def rows(self) -> int:
+        """Rows of the whole batch (1 for a model without a batch dimension)."""
+        if not self.batched:
+            return 1
+        return sum(int(next(iter(part.values())).shape[0]) for part in self.parts)
+
+    @property
+    def arrays(self) -> dict[str, Tensor]:
+        """The batch as one array per input (concatenated once, on first use)."""
+        if self._arrays is None:
+            first = self.parts[0]
+            if len(self.parts) == 1:
+                self._arrays = dict(first)
+            else:
+                self._arrays = {
+                    name: np.concatenate([part[name] for part in self.parts]) for name in first
+                }
+        return self._arrays
 
 
 class Staging:
@@ -66,7 +97,6 @@ class Staging:
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
         self._arena: Arena | None = None
-        self._assembled: dict[int, tuple[Tensor, Block]] = {}
 
     @property
     def arena(self) -> Arena:
@@ -90,128 +120,90 @@ class Staging:
         return self._arena.statistics() if self._arena is not None else None
 
     def close(self) -> None:
-        """Remove the arena; batches still assembled there are forgotten with it."""
-        self._assembled.clear()
+        """Remove the arena."""
         if self._arena is not None:
             self._arena.close()
 
-    async def assemble(
-        self, parts: Sequence[dict[str, Tensor]], *, in_arena: bool
-    ) -> dict[str, Tensor]:
-        """Concatenate request inputs into one batch; with ``in_arena``, straight into the arena.
-
-        An arena-built batch is adopted by the :meth:`stage` that gets it (or given
-        back by :meth:`discard`). If building it fails or is cancelled, the blocks it
-        took so far are given back.
-        """
-        batch: dict[str, Tensor] = {}
-        taken: list[Tensor] = []
-        try:
-            for name in parts[0]:
-                arrays = [part[name] for part in parts]
-                first = arrays[0]
-                if not in_arena or first.dtype == np.object_:
-                    batch[name] = np.concatenate(arrays)
-                    continue
-                shape = (sum(a.shape[0] for a in arrays), *first.shape[1:])
-                nbytes = math.prod(shape) * first.dtype.itemsize
-                arena = self.arena
-                block = await arena.acquire(nbytes)
-                view: Tensor = np.ndarray(shape, first.dtype, arena.buffer, block.offset)
-                self._assembled[view.ctypes.data] = (view, block)
-                taken.append(view)
-                np.concatenate(arrays, out=view)
-                batch[name] = view
-        except BaseException:
-            for view in taken:
-                self._give_back(view)
-            raise
-        return batch
-
-    def discard(self, batch: dict[str, Tensor]) -> None:
-        """Give back the blocks of an assembled ``batch`` that will not be staged."""
-        for array in batch.values():
-            self._give_back(array)
-
     async def stage(
-        self, batch: dict[str, Tensor], metadata: ModelMetadata, *, in_arena: bool
+        self, parts: Sequence[Part], metadata: ModelMetadata, *, in_arena: bool
     ) -> StagedBatch:
-        """Stage ``batch``; with ``in_arena``, place it and its known outputs in the arena.
+        """Stage ``parts`` as one batch; with ``in_arena``, by reference into the arena.
 
         On any failure or cancellation (an output that can never fit, a wait for
         space that is cancelled) every block acquired here is given back before the
-        error propagates; assembled inputs it adopted are given back too.
+        error propagates. The parts stay the caller's.
         """
-        staged = StagedBatch(arrays=batch)
+        staged = StagedBatch(parts=parts, batched=metadata.batched)
         if not in_arena:
             return staged
         arena = self.arena
         staged.buffer = arena.buffer
+        staged.copies = Lease(arena)
+        staged.outputs = Lease(arena)
         try:
-            for name, array in batch.items():
-                owned = self._adopt(array)
-                if owned is not None:
-                    staged.blocks.append(owned)
-                    staged.handles[name] = TensorHandle(
-                        owned.offset,
-                        int(array.nbytes),
-                        array.dtype.str,
-                        tuple(array.shape),
-                        owned.size,
-                    )
-                    continue
-                block = await arena.acquire(tensor_nbytes(array))
-                staged.blocks.append(block)
-                staged.handles[name] = write_tensor(arena.buffer, block.offset, block.size, array)
-            rows = int(next(iter(batch.values())).shape[0]) if metadata.batched else 1
+            for name in parts[0]:
+                staged.handles[name] = tuple(
+                    [await self._handle(staged.copies, part, name) for part in parts]
+                )
+            rows = staged.rows
             for spec in metadata.outputs:
                 dims = spec.item_shape if metadata.batched else spec.shape
                 if spec.datatype == "BYTES" or any(d < 0 for d in dims):
                     continue
                 size = rows * math.prod(dims) * to_numpy_dtype(spec.datatype).itemsize
-                block = await arena.acquire(size)
-                staged.blocks.append(block)
+                block = await staged.outputs.acquire(size)
                 staged.space[spec.name] = TensorHandle.space(block)
         except BaseException:
             self.release(staged)
-            # Inputs assembled for this batch but not adopted yet go back as well.
-            self.discard(batch)
             raise
+        outputs = staged.outputs
 
         async def allocate(sizes: dict[str, int]) -> dict[str, TensorHandle]:
             space = {}
             for name, size in sizes.items():
-                block = await arena.acquire(size)
+                if not staged.released:
+                    with contextlib.suppress(RuntimeError):  # released while it waited
+                        space[name] = TensorHandle.space(await outputs.acquire(size))
                 if staged.released:
-                    # The batch ended while this waited for space (the worker's handle
-                    # cancels the wait then; this is the guard should it not have).
-                    arena.release(block)
+                    # The batch ended while the worker asked (its handle cancels the
+                    # wait then; this is the guard should it not have).
                     raise asyncio.CancelledError
-                staged.blocks.append(block)
-                space[name] = TensorHandle.space(block)
             return space
 
         staged.allocate = allocate
         return staged
 
+    async def _handle(self, copies: Lease, part: Part, name: str) -> TensorHandle:
+        """A handle to ``part[name]`` in the arena: its own bytes, or a copy made once."""
+        ref = part.ref(name) if isinstance(part, Tensors) else TensorRef(part[name])
+        array = ref.array
+        if ref.offset is not None and array.flags.c_contiguous:
+            nbytes = int(array.nbytes)
+            return TensorHandle(ref.offset, nbytes, array.dtype.str, tuple(array.shape), nbytes)
+        block = await copies.acquire(tensor_nbytes(array))
+        return write_tensor(copies.arena.buffer, block.offset, block.size, array)
+
+    def outputs(self, staged: StagedBatch, results: Mapping[str, TensorRef]) -> Tensors:
+        """The batch's outputs, holding its output space (the caller releases them)."""
+        lease, staged.outputs = staged.outputs, None
+        return Tensors(results, (lease,) if lease is not None else ())
+
     def release(self, staged: StagedBatch) -> None:
-        """Give back every block ``staged`` holds; later calls do nothing."""
+        """Give back the copies and (unless handed over) the output space; once."""
+        if staged.released:
+            return
         staged.released = True
-        blocks, staged.blocks = staged.blocks, []
-        if self._arena is not None:
-            for block in blocks:
-                self._arena.release(block)
+        for lease in (staged.copies, staged.outputs):
+            if lease is not None:
+                lease.release()
+        staged.copies = staged.outputs = None
 
-    def _adopt(self, array: Tensor) -> Block | None:
-        """The block under ``array`` if :meth:`assemble` built it; it is the caller's now."""
-        key = array.ctypes.data
-        owned = self._assembled.get(key)
-        if owned is None or owned[0] is not array:
-            return None
-        del self._assembled[key]
-        return owned[1]
 
-    def _give_back(self, array: Tensor) -> None:
-        block = self._adopt(array)
-        if block is not None and self._arena is not None:
-            self._arena.release(block)
+def read_outputs(buffer: memoryview, handles: Mapping[str, TensorHandle]) -> dict[str, TensorRef]:
+    """The worker's outputs as references: numeric ones are views of their arena block."""
+    return {
+        name: TensorRef(
+            view_tensor(buffer, handle), None if handle.dtype == BYTES else handle.offset
+        )
+        for name, handle in handles.items()
+    }

@@ -34,7 +34,7 @@ from sordino.errors import (
     ShuttingDown,
     SordinoError,
 )
-from sordino.execution.executor import Executor, assemble
+from sordino.execution.executor import Executor
 from sordino.inference import ModelKey, StreamSpec, Tensor
 from sordino.memory.refs import Tensors
 from sordino.records import Outcome, QueueSettings, SchedulerObserver, SchedulerStatistics
@@ -292,14 +292,8 @@ class ModelScheduler:
             return
         t0 = t1 = self._clock.now()
         rows = sum(item.rows for item in live)
-        batch: Mapping[str, Tensor] | None = None
         try:
-            if len(live) == 1:
-                batch = live[0].inputs
-            else:
-                batch = await assemble(self._executor, self.model, [dict(i.inputs) for i in live])
-            t1 = self._clock.now()
-            outputs = Tensors.of(await self._executor.run(self.model, dict(batch)))
+            outputs = await self._executor.run(self.model, [item.inputs for item in live])
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the backend's failure is the requests' failure
@@ -316,8 +310,6 @@ class ModelScheduler:
                 self._step_failed(item, error, t2 - t0)
             return
         finally:
-            if batch is not None and len(live) > 1:
-                _release(batch)
             for item in live:
                 _release(item.inputs)
         t2 = self._clock.now()

@@ -21,7 +21,6 @@ from sordino.errors import ModelLoadError
 from sordino.events import EventSink
 from sordino.execution.chain import ChainExecutor
 from sordino.inference import ModelKey, ModelMetadata, StreamSpec, Tensor
-from sordino.memory.refs import Tensors
 from sordino.models.repository import ModelSource
 from sordino.records import SchedulerObserver
 from sordino.scheduling.modes import build_controller, measure_batch_curve
@@ -108,9 +107,8 @@ class ModelLoader:
         return model
 
     async def _warm_up(self, key: ModelKey, inputs: dict[str, Tensor]) -> None:
-        outputs = await self._executor.run(key, inputs)
-        if isinstance(outputs, Tensors):
-            outputs.release()
+        outputs = await self._executor.run(key, [inputs])
+        outputs.release()
 
     async def unload(self, name: str, version: str, *, drain: bool = True) -> None:
         """Stop serving one model version; queued requests finish first when ``drain``."""

@@ -7,23 +7,26 @@ handed to the model's scheduler and driven to its end by one driver,
 (a result, a refusal, an error, a cancellation), the request is counted once in the
 business metrics (``sordino_tenant_requests_total``).
 
-Tensor ownership: the service takes over the request's input tensors (released if
-it is refused; otherwise the scheduler releases them), and hands each response's
-outputs to the transport, which calls :meth:`InferResponse.release` once it has
-encoded them.
+Tensor ownership: once a request is admitted, its numeric inputs are copied once
+into the shared-memory arena (for models in worker processes), straight from the
+request body; from there they travel by reference to the worker. The service owns
+the request's tensors until the scheduler accepts them (a refused request is
+released here), and hands each response's outputs to the transport, which calls
+:meth:`InferResponse.release` once it has encoded them.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
 from typing import Any
 
 from sordino.admission.chain import AdmissionChain, AdmissionContext
 from sordino.errors import SordinoError, Unsupported
-from sordino.inference import InferRequest, InferResponse, ModelKey
-from sordino.memory.refs import Tensors
+from sordino.inference import InferRequest, InferResponse, ModelKey, Tensor
+from sordino.memory.arena import Arena
+from sordino.memory.refs import Tensors, TensorsBuilder
 from sordino.protocol.validate import validate_request
 from sordino.server.registry import LoadedModel, ModelRegistry
 from sordino.telemetry.hub import Telemetry
@@ -45,8 +48,10 @@ class InferenceService:
         metrics: Metrics,
         stats: ModelStats,
         telemetry: Telemetry,
+        input_arena: Callable[[ModelKey], Arena | None] = lambda key: None,
     ) -> None:
         self._registry = registry
+        self._input_arena = input_arena
         self._admission = admission
         self._priority_rules = priority_rules
         self._metrics = metrics
@@ -111,6 +116,9 @@ class InferenceService:
             self._refused(request, error)
             raise error
         scheduler = model.scheduler
+        arena = self._input_arena(model.key)
+        if arena is not None and not isinstance(request.inputs, Tensors):
+            request.inputs = _place(request.inputs, arena, owner=_tenant(request))
         try:
             accepted = scheduler.submit(
                 request.inputs,
@@ -181,3 +189,15 @@ class InferenceService:
 def _tenant(request: InferRequest) -> str:
     tenant = request.parameters.get("tenant") or request.headers.get("x-sordino-tenant")
     return tenant if isinstance(tenant, str) and tenant else "default"
+
+
+def _place(inputs: Mapping[str, Tensor], arena: Arena, *, owner: str) -> Tensors:
+    """Copy a request's numeric inputs once into the arena (from the body or parsed JSON)."""
+    builder = TensorsBuilder(arena, owner=owner)
+    try:
+        for name, array in inputs.items():
+            builder.put(name, array)
+    except BaseException:
+        builder.abandon()
+        raise
+    return builder.finish()

@@ -6,11 +6,14 @@ in scheduler tests.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from sordino.clock import Clock
 from sordino.inference import ModelKey, Tensor
+from sordino.memory.refs import Tensors
 
 __all__ = ["ScriptedExecutor"]
 
@@ -38,7 +41,8 @@ class ScriptedExecutor:
     def instances(self, model: ModelKey) -> int:
         return self.count
 
-    async def run(self, model: ModelKey, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+    async def run(self, model: ModelKey, parts: Sequence[Mapping[str, Tensor]]) -> Tensors:
+        batch = {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
         rows = int(next(iter(batch.values())).shape[0]) if batch else 0
         self.batches.append(rows)
         self.contents.append(batch)
@@ -47,4 +51,4 @@ class ScriptedExecutor:
             await self.clock.sleep(delay)
         if self.fail is not None:
             raise self.fail
-        return self.fn(batch)
+        return Tensors.of(self.fn(batch))
