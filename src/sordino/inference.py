@@ -1,9 +1,14 @@
-"""The request and response records that travel past the protocol layer.
+"""The records that travel past the protocol layer, and what describes a model.
 
-The protocol layer decodes HTTP (and later gRPC) bodies into :class:`InferRequest`
-and encodes :class:`InferResponse` back; nothing below it sees wire formats.
-Tensors are numpy arrays here: numeric datatypes use their numpy dtype, ``BYTES``
-tensors are ``object`` arrays of ``bytes``.
+The protocol layer decodes HTTP and gRPC bodies into :class:`InferRequest` and encodes
+:class:`InferResponse` back; nothing below it sees wire formats. A request's
+``inputs`` and a response's ``outputs`` are mappings of names to numpy arrays
+(numeric datatypes in their numpy dtype, ``BYTES`` as ``object`` arrays of
+``bytes``). Past admission they are :class:`sordino.memory.refs.Tensors`, owned
+references into the shared-memory arena: whoever holds a request or a response
+calls ``release()`` when done with it (see docs/architecture.md, "Who owns a
+tensor"). :class:`ModelMetadata` says what a loaded model takes and gives; the
+protocol, scheduling and execution layers all read it.
 """
 
 from __future__ import annotations
@@ -14,7 +19,16 @@ from typing import Any
 
 import numpy.typing as npt
 
-__all__ = ["InferRequest", "InferResponse", "ModelKey", "RequestedOutput", "Tensor"]
+__all__ = [
+    "InferRequest",
+    "InferResponse",
+    "ModelKey",
+    "ModelMetadata",
+    "RequestedOutput",
+    "StreamSpec",
+    "Tensor",
+    "TensorSpec",
+]
 
 Tensor = npt.NDArray[Any]
 

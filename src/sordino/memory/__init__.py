@@ -1,14 +1,18 @@
 """Memory: the shared-memory arena that tensors live in between the server and its workers.
 
-Past the protocol layer a tensor travels as a :class:`TensorHandle` (offset, size,
-datatype, shape) into one :class:`Arena` segment: batches are assembled there, worker
-processes map the same segment, read their inputs in place and write their outputs
-there. Only these small handles cross the process boundary; tensor data is never
-pickled.
+:class:`Arena` is one shared-memory segment with a best-fit allocator
+(``allocator.py``). Past admission a request's tensors are :class:`Tensors`
+(``refs.py``): owned references whose arena blocks belong to :class:`Lease` objects,
+given back exactly once, when the last holder lets go. To a worker process a tensor
+travels as a :class:`TensorHandle` (offset, size, datatype, shape; ``tensors.py``);
+workers map the same segment, read their inputs in place and write their outputs
+into blocks the server reserved. Only handles cross the process boundary; tensor
+data is never pickled.
 """
 
 from sordino.memory.allocator import ALIGNMENT, Allocator, AllocatorStatistics, Block
 from sordino.memory.arena import Arena, attach_segment
+from sordino.memory.refs import Lease, TensorRef, Tensors, TensorsBuilder
 from sordino.memory.tensors import TensorHandle, read_tensor, tensor_nbytes, write_tensor
 from sordino.records import ArenaStatistics
 
@@ -19,7 +23,11 @@ __all__ = [
     "Arena",
     "ArenaStatistics",
     "Block",
+    "Lease",
     "TensorHandle",
+    "TensorRef",
+    "Tensors",
+    "TensorsBuilder",
     "attach_segment",
     "read_tensor",
     "tensor_nbytes",

@@ -13,7 +13,8 @@ import numpy as np
 
 from sordino.clock import Clock
 from sordino.inference import ModelKey, Tensor
-from sordino.memory.refs import Tensors
+from sordino.memory.arena import Arena
+from sordino.memory.refs import Tensors, TensorsBuilder
 
 __all__ = ["ScriptedExecutor"]
 
@@ -27,7 +28,9 @@ class ScriptedExecutor:
     instances, so how many batches the scheduler may run at once. Every batch is
     recorded as it starts: its row count in ``batches`` (to assert how requests were
     grouped) and its inputs in ``contents``. While ``fail`` holds an exception, every
-    batch raises it once its latency has passed (and is still recorded).
+    batch raises it once its latency has passed (and is still recorded). With an
+    ``arena``, outputs are placed in it as a worker's are, so tests can check that
+    every block comes back.
     """
 
     clock: Clock
@@ -37,6 +40,7 @@ class ScriptedExecutor:
     fail: Exception | None = None
     batches: list[int] = field(default_factory=list)
     contents: list[dict[str, Tensor]] = field(default_factory=list)
+    arena: Arena | None = None
 
     def instances(self, model: ModelKey) -> int:
         return self.count
@@ -51,4 +55,9 @@ class ScriptedExecutor:
             await self.clock.sleep(delay)
         if self.fail is not None:
             raise self.fail
-        return Tensors.of(self.fn(batch))
+        if self.arena is None:
+            return Tensors.of(self.fn(batch))
+        builder = TensorsBuilder(self.arena)
+        for name, array in self.fn(batch).items():
+            builder.put(name, array)
+        return builder.finish()
