@@ -84,21 +84,30 @@ async def test_a_cancelled_wait_for_output_space_releases_the_inputs(staging: St
     assert _in_use(staging) == 0
 
 
-async def test_inputs_in_the_arena_go_by_reference(staging: Staging) -> None:
-    """Parts already in the arena become handles to their own bytes: nothing is copied."""
-    parts = []
-    for value in (1.0, 2.0):
-        builder = TensorsBuilder(staging.arena)
-        builder.put("x", np.full((2, 16), value, np.float32))
-        parts.append(builder.finish())
+async def test_one_part_in_the_arena_goes_by_reference(staging: Staging) -> None:
+    """A part already in the arena (a stream's state) becomes a handle to its own bytes."""
+    builder = TensorsBuilder(staging.arena)
+    builder.put("x", np.full((2, 16), 1.0, np.float32))
+    part = builder.finish()
     before = _in_use(staging)
-    staged = await staging.stage(parts, _metadata(8), in_arena=True)
+    staged = await staging.stage([part], _metadata(8), in_arena=True)
     assert staged.copies is not None and staged.copies.nbytes == 0
-    assert [h.offset for h in staged.handles["x"]] == [p.ref("x").offset for p in parts]
-    assert _in_use(staging) == before + 128  # only the outputs' block
+    assert staged.handles["x"].offset == part.ref("x").offset
+    assert _in_use(staging) == before + 64  # only the outputs' block
     staging.release(staged)
-    for part in parts:
-        part.release()
+    part.release()
+    assert _in_use(staging) == 0
+
+
+async def test_several_parts_are_written_once_into_one_block(staging: Staging) -> None:
+    """Requests batched together are concatenated straight into the batch's block."""
+    parts = [{"x": np.full((1, 16), float(i), np.float32)} for i in range(3)]
+    staged = await staging.stage(parts, _metadata(8), in_arena=True)
+    assert staged.copies is not None and staged.copies.nbytes == 192
+    handle = staged.handles["x"]
+    batch = np.ndarray(handle.shape, np.dtype(handle.dtype), staging.arena.buffer, handle.offset)
+    np.testing.assert_array_equal(batch[:, 0], [0.0, 1.0, 2.0])
+    staging.release(staged)
     assert _in_use(staging) == 0
 
 

@@ -204,7 +204,11 @@ class ChainExecutor:
     # -- running ---------------------------------------------------------------------
 
     def input_arena(self, model: ModelKey) -> Arena | None:
-        """Where to decode ``model``'s request tensors: the arena for worker processes."""
+        """The arena ``model``'s batches are staged in (None for thread isolation).
+
+        Tensors already there (placed with :class:`~sordino.memory.refs.TensorsBuilder`)
+        reach the worker without a copy when they run as a batch of their own.
+        """
         entry = self._models.get(model)
         if entry is None or entry.isolation != "process":
             return None

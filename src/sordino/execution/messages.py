@@ -65,14 +65,10 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """Run one batch: inputs in the arena, and space reserved for outputs of known size.
-
-    Each input is one handle per part of the batch (a request's rows); the worker
-    concatenates the parts when there are several.
-    """
+    """Run one batch: inputs in the arena, and space reserved for outputs of known size."""
 
     batch_id: int
-    inputs: dict[str, tuple[TensorHandle, ...]]
+    inputs: dict[str, TensorHandle]
     space: dict[str, TensorHandle]
     fault: FaultAction | None
 

@@ -1,16 +1,16 @@
 """Staging: putting a batch into the shared-memory arena for a worker process.
 
 The executor's client of the memory manager. A batch arrives as *parts*, one
-:class:`~sordino.memory.refs.Tensors` per request (or per step). For a model in worker
-processes each part's tensor is passed by reference: a tensor already in the arena
-(decoded there, or carried from a previous step) becomes a :class:`TensorHandle` to
-its bytes, with no copy; only a tensor on the heap is copied in, once. The worker
-concatenates the parts of an input when there are several, so the server never
-copies a request's bytes a second time to build the batch. Blocks are reserved for
-outputs whose size the model's metadata fixes; outputs of unknown size (strings,
-variable dimensions) get space when the worker asks, through ``allocate``.
+:class:`~sordino.memory.refs.Tensors` per request (or per stream step). For a model in
+worker processes each input must lie in the arena as one tensor. A single part that is
+already there (a stream's carried state, in the block the worker wrote it to) is passed
+by reference, with no copy. Otherwise the parts are written once into one new block,
+straight from where they lie — for a binary request, the socket buffer it arrived in —
+so a request's bytes are copied once between the network and the model. Blocks are
+reserved for outputs whose size the model's metadata fixes; outputs of unknown size
+(strings, variable dimensions) get space when the worker asks, through ``allocate``.
 
-Two leases hold what a staged batch acquired: ``copies`` (heap inputs copied in;
+Two leases hold what a staged batch acquired: ``copies`` (the inputs written in;
 given back when the batch is released) and ``outputs`` (output space; handed to the
 caller with the results by :meth:`Staging.outputs`, or given back on release). A
 block goes into its lease the moment it is acquired, and :meth:`Staging.stage` gives
@@ -50,14 +50,13 @@ Part = Mapping[str, Tensor]
 class StagedBatch:
     """A batch ready to run: its parts and, for a worker process, its place in the arena.
 
-    ``handles`` name each input's parts in the arena (the worker concatenates them),
-    ``space`` the blocks reserved for outputs; ``allocate`` reserves more output space
-    while the batch runs.
+    ``handles`` name each input in the arena, ``space`` the blocks reserved for
+    outputs; ``allocate`` reserves more output space while the batch runs.
     """
 
     parts: Sequence[Part]
     batched: bool
-    handles: dict[str, tuple[TensorHandle, ...]] = field(default_factory=dict)
+    handles: dict[str, TensorHandle] = field(default_factory=dict)
     space: dict[str, TensorHandle] = field(default_factory=dict)
     copies: Lease | None = None
     outputs: Lease | None = None
@@ -142,9 +141,7 @@ class Staging:
         staged.outputs = Lease(arena)
         try:
             for name in parts[0]:
-                staged.handles[name] = tuple(
-                    [await self._handle(staged.copies, part, name) for part in parts]
-                )
+                staged.handles[name] = await self._handle(staged.copies, parts, name)
             rows = staged.rows
             for spec in metadata.outputs:
                 dims = spec.item_shape if metadata.batched else spec.shape
@@ -173,15 +170,35 @@ class Staging:
         staged.allocate = allocate
         return staged
 
-    async def _handle(self, copies: Lease, part: Part, name: str) -> TensorHandle:
-        """A handle to ``part[name]`` in the arena: its own bytes, or a copy made once."""
-        ref = part.ref(name) if isinstance(part, Tensors) else TensorRef(part[name])
-        array = ref.array
-        if ref.offset is not None and array.flags.c_contiguous:
-            nbytes = int(array.nbytes)
-            return TensorHandle(ref.offset, nbytes, array.dtype.str, tuple(array.shape), nbytes)
-        block = await copies.acquire(tensor_nbytes(array))
-        return write_tensor(copies.arena.buffer, block.offset, block.size, array)
+    async def _handle(self, copies: Lease, parts: Sequence[Part], name: str) -> TensorHandle:
+        """A handle to input ``name`` of the batch in the arena.
+
+        One part already in the arena (a stream's carried state, a batch output fed
+        back) is passed as it lies. Otherwise the parts are written once into one new
+        block, straight from where they are (for a binary request, the socket buffer).
+        """
+        if len(parts) == 1:
+            part = parts[0]
+            ref = part.ref(name) if isinstance(part, Tensors) else TensorRef(part[name])
+            array = ref.array
+            if ref.offset is not None and array.flags.c_contiguous:
+                nbytes = int(array.nbytes)
+                return TensorHandle(ref.offset, nbytes, array.dtype.str, tuple(array.shape), nbytes)
+            block = await copies.acquire(tensor_nbytes(array))
+            return write_tensor(copies.arena.buffer, block.offset, block.size, array)
+        arrays = [part[name] for part in parts]
+        first = arrays[0]
+        if first.dtype == np.object_:  # BYTES: serialized in the KServe layout
+            joined = np.concatenate(arrays)
+            block = await copies.acquire(tensor_nbytes(joined))
+            return write_tensor(copies.arena.buffer, block.offset, block.size, joined)
+        shape = (sum(a.shape[0] for a in arrays), *first.shape[1:])
+        dtype = first.dtype.newbyteorder("=")
+        nbytes = math.prod(shape) * dtype.itemsize
+        block = await copies.acquire(nbytes)
+        view: Tensor = np.ndarray(shape, dtype, copies.arena.buffer, block.offset)
+        np.concatenate(arrays, out=view)
+        return TensorHandle(block.offset, nbytes, dtype.str, shape, block.size)
 
     def outputs(self, staged: StagedBatch, results: Mapping[str, TensorRef]) -> Tensors:
         """The batch's outputs, holding its output space (the caller releases them)."""

@@ -196,7 +196,7 @@ class WorkerProcess:
 
     async def run(
         self,
-        inputs: dict[str, tuple[TensorHandle, ...]],
+        inputs: dict[str, TensorHandle],
         space: dict[str, TensorHandle],
         fault: FaultAction | None,
         allocate: Allocate,

@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-import numpy as np
-
 from sordino.backends.base import Backend, ProfilingBackend, dummy_inputs
 from sordino.execution.faults import perform
 from sordino.execution.messages import (
@@ -41,8 +39,7 @@ from sordino.execution.messages import (
     RunFailed,
     Stop,
 )
-from sordino.inference import Tensor
-from sordino.memory.tensors import TensorHandle, tensor_nbytes, view_tensor, write_tensor
+from sordino.memory.tensors import tensor_nbytes, view_tensor, write_tensor
 
 __all__ = ["WorkerSpec", "worker_main"]
 
@@ -157,7 +154,7 @@ def _run(link: _Link, backend: Backend, buffer: memoryview, run: Run) -> bool:
     """Run one batch and answer it; False when the server said to stop meanwhile."""
     started = time.perf_counter()
     try:
-        batch = {name: _input(buffer, parts) for name, parts in run.inputs.items()}
+        batch = {name: view_tensor(buffer, handle) for name, handle in run.inputs.items()}
         if run.fault is not None:
             perform(run.fault, in_process=False)
         results = backend.infer(batch)
@@ -188,10 +185,3 @@ def _run(link: _Link, backend: Backend, buffer: memoryview, run: Run) -> bool:
     }
     link.send(Done(run.batch_id, written, infer_s))
     return True
-
-
-def _input(buffer: memoryview, parts: tuple[TensorHandle, ...]) -> Tensor:
-    """One input of the batch: a view of its one part, or its parts concatenated here."""
-    if len(parts) == 1:
-        return view_tensor(buffer, parts[0])
-    return np.concatenate([view_tensor(buffer, part) for part in parts])

@@ -123,11 +123,11 @@ class TensorRef:
 
     def rows(self, start: int, stop: int) -> TensorRef:
         """Rows ``[start, stop)`` along the leading dimension, as a view."""
-        view = self.array[start:stop]
-        if self.offset is None or self.array.ndim == 0:
+        array = self.array
+        view = array[start:stop]
+        if self.offset is None or array.ndim == 0:
             return TensorRef(view)
-        row_bytes = math.prod(self.array.shape[1:]) * self.array.dtype.itemsize
-        return TensorRef(view, self.offset + start * row_bytes)
+        return TensorRef(view, self.offset + start * array.strides[0])
 
 
 class Tensors(Mapping[str, Tensor]):
@@ -146,11 +146,26 @@ class Tensors(Mapping[str, Tensor]):
         self._released = False
 
     @classmethod
+    def _adopt(cls, refs: dict[str, TensorRef], leases: tuple[Lease, ...]) -> Tensors:
+        # The hot-path constructor: ``refs`` is never mutated, so it is shared, not copied.
+        tensors = cls.__new__(cls)
+        tensors._refs = refs
+        tensors._leases = leases
+        tensors._released = False
+        return tensors
+
+    @classmethod
     def of(cls, arrays: Mapping[str, Any]) -> Tensors:
         """Heap arrays, owned by nobody in particular (nothing to give back)."""
         if isinstance(arrays, Tensors):
             return arrays
-        return cls({name: TensorRef(np.asarray(a)) for name, a in arrays.items()})
+        return cls._adopt(
+            {
+                name: TensorRef(a if isinstance(a, np.ndarray) else np.asarray(a))
+                for name, a in arrays.items()
+            },
+            (),
+        )
 
     # -- the mapping -----------------------------------------------------------------
 
@@ -187,11 +202,11 @@ class Tensors(Mapping[str, Tensor]):
     def rows(self, start: int, stop: int) -> Tensors:
         """Rows ``[start, stop)`` of every tensor, as views sharing this one's blocks."""
         refs = {name: ref.rows(start, stop) for name, ref in self._refs.items()}
-        return Tensors(refs, self._hold_all())
+        return Tensors._adopt(refs, self._hold_all())
 
     def share(self) -> Tensors:
         """Another owner of the same tensors (released independently of this one)."""
-        return Tensors(self._refs, self._hold_all())
+        return Tensors._adopt(self._refs, self._hold_all())
 
     @staticmethod
     def compose(parts: Mapping[str, tuple[Tensors, str]]) -> Tensors:
@@ -207,6 +222,8 @@ class Tensors(Mapping[str, Tensor]):
 
     def _hold_all(self) -> tuple[Lease, ...]:
         self._check_live()
+        if not self._leases:
+            return ()
         return tuple(lease.hold() for lease in self._leases)
 
     def _check_live(self) -> None:

@@ -169,6 +169,14 @@ class ModelScheduler:
         removed from the queue if it has not started, and counted as cancelled.
         """
         request = self.submit(inputs, priority=priority, timeout_s=timeout_s, request_id=request_id)
+        return await self.result(request)
+
+    async def result(self, request: Request) -> Tensors:
+        """Wait for the one response of a one-shot ``request``; the caller releases it.
+
+        If the waiting task is cancelled, the request is cancelled (dropped from the
+        queue if it has not started) and any output it got meanwhile is released.
+        """
         try:
             result = await request.outputs.get()
         except BaseException:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -25,7 +26,15 @@ from sordino.inference import StreamSpec, Tensor
 from sordino.memory.refs import Tensors
 from sordino.records import Outcome
 
-__all__ = ["Request", "RequestState", "Signature", "StepOutput", "WorkItem", "signature_of"]
+__all__ = [
+    "Outbox",
+    "Request",
+    "RequestState",
+    "Signature",
+    "StepOutput",
+    "WorkItem",
+    "signature_of",
+]
 
 # (input name, numpy dtype string, shape of one batch item) for every input, sorted by name.
 Signature = tuple[tuple[str, str, tuple[int, ...]], ...]
@@ -43,6 +52,41 @@ def signature_of(inputs: Mapping[str, Tensor], batched: bool) -> Signature:
             for name, arr in inputs.items()
         )
     )
+
+
+class Outbox:
+    """What the scheduler has for a request's one reader: step outputs, or the error.
+
+    A deque and at most one waiting future: lighter than ``asyncio.Queue`` on a path
+    taken once per request. A reader cancelled while waiting loses nothing.
+    """
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque[StepOutput | SordinoError] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: StepOutput | SordinoError) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> StepOutput | SordinoError:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
+
+    def get_nowait(self) -> StepOutput | SordinoError:
+        return self._items.popleft()
+
+    def empty(self) -> bool:
+        return not self._items
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +120,7 @@ class Request:
     queue_s: float = 0.0
     compute_s: float = 0.0
     item: WorkItem | None = None
-    outputs: asyncio.Queue[StepOutput | SordinoError] = field(default_factory=asyncio.Queue)
+    outputs: Outbox = field(default_factory=Outbox)
 
     @property
     def max_steps(self) -> int:

@@ -123,14 +123,17 @@ async def _send(send: Send, status: int, payload: bytes, headers: dict[str, str]
     await send({"type": "http.response.body", "body": payload})
 
 
-async def _read_body(receive: Receive, limit: int, declared: bytes | None) -> bytes:
-    too_large = MalformedBody(
+def _too_large(limit: int) -> MalformedBody:
+    return MalformedBody(
         f"the request body is larger than the limit of {limit} bytes; send less data per "
         "request or raise server.max_request_size",
         too_large=True,
     )
+
+
+async def _read_body(receive: Receive, limit: int, declared: bytes | None) -> bytes:
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large
+        raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -140,7 +143,7 @@ async def _read_body(receive: Receive, limit: int, declared: bytes | None) -> by
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise too_large
+            raise _too_large(limit)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)

@@ -82,7 +82,6 @@ class Runtime:
             metrics=self.metrics,
             stats=self.stats,
             telemetry=self.telemetry,
-            input_arena=self.executor.input_arena,
         )
         self._sources = list(sources)
         self._started = False

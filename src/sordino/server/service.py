@@ -1,33 +1,32 @@
 """The inference service: the one request path that every transport calls.
 
 A decoded request is validated against its model, admitted (priority, deadline),
-handed to the model's scheduler and driven to its end by one driver,
-:meth:`InferenceService.responses`, for one-shot and streaming requests alike:
-``infer`` is that driver for a request with one response. Whatever the outcome
-(a result, a refusal, an error, a cancellation), the request is counted once in the
-business metrics (``sordino_tenant_requests_total``).
+handed to the model's scheduler, which drives it step by step to its end. One-shot
+(:meth:`InferenceService.infer`) and streaming (:meth:`InferenceService.responses`)
+requests take the same way in (``_accept``) and out (``_finished``): whatever the
+outcome (a result, a refusal, an error, a cancellation), the request is counted once
+in the business metrics (``sordino_tenant_requests_total``).
 
-Tensor ownership: once a request is admitted, its numeric inputs are copied once
-into the shared-memory arena (for models in worker processes), straight from the
-request body; from there they travel by reference to the worker. The service owns
-the request's tensors until the scheduler accepts them (a refused request is
-released here), and hands each response's outputs to the transport, which calls
-:meth:`InferResponse.release` once it has encoded them.
+Tensor ownership: the service owns the request's tensors until the scheduler accepts
+them (a refused request is released here), and hands each response's outputs to the
+transport, which calls :meth:`InferResponse.release` once it has encoded them. (A
+binary request's tensors are views on the request body until the executor writes the
+batch into the arena: one copy between the socket and the model.)
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
 from sordino.admission.chain import AdmissionChain, AdmissionContext
 from sordino.errors import SordinoError, Unsupported
-from sordino.inference import InferRequest, InferResponse, ModelKey, Tensor
-from sordino.memory.arena import Arena
-from sordino.memory.refs import Tensors, TensorsBuilder
+from sordino.inference import InferRequest, InferResponse, ModelKey
+from sordino.memory.refs import Tensors
 from sordino.protocol.validate import validate_request
+from sordino.scheduling.work import Request
 from sordino.server.registry import LoadedModel, ModelRegistry
 from sordino.telemetry.hub import Telemetry
 from sordino.telemetry.metrics import Metrics
@@ -48,10 +47,8 @@ class InferenceService:
         metrics: Metrics,
         stats: ModelStats,
         telemetry: Telemetry,
-        input_arena: Callable[[ModelKey], Arena | None] = lambda key: None,
     ) -> None:
         self._registry = registry
-        self._input_arena = input_arena
         self._admission = admission
         self._priority_rules = priority_rules
         self._metrics = metrics
@@ -86,12 +83,21 @@ class InferenceService:
 
         A streaming model is refused: its responses come from :meth:`responses`.
         """
-        async with aclosing(self._drive(request, one_shot=True)) as responses:
-            async for response, _ in responses:
-                return response
-        raise AssertionError("a request ended without a response")  # pragma: no cover
+        model, context, accepted = self._accept(request, one_shot=True)
+        outcome = "failure"
+        try:
+            outputs = await model.scheduler.result(accepted)
+            outcome = "success"
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            self._finished(request, context, outcome)
+        return self.response(model, request, outputs)
 
-    def responses(self, request: InferRequest) -> AsyncGenerator[tuple[InferResponse, bool], None]:
+    async def responses(
+        self, request: InferRequest
+    ) -> AsyncGenerator[tuple[InferResponse, bool], None]:
         """Yield ``(response, final)`` for each response to ``request``; ``final`` marks the last.
 
         Validation and admission happen before the first step, so a refused request
@@ -100,39 +106,10 @@ class InferenceService:
         reader's to release. A reader that stops early cancels the request; close the
         iterator (``contextlib.aclosing``) when leaving it early.
         """
-        return self._drive(request, one_shot=False)
-
-    async def _drive(
-        self, request: InferRequest, *, one_shot: bool
-    ) -> AsyncGenerator[tuple[InferResponse, bool], None]:
-        """The one driver of every request, from admission to its last response."""
-        model, context = self.admit(request)
-        if one_shot and model.metadata.stream is not None:
-            error = Unsupported(
-                f"model {model.key.name!r} streams its responses (one per step); use "
-                "ModelStreamInfer over gRPC or POST "
-                f"/v2/models/{model.key.name}/generate_stream over HTTP"
-            )
-            self._refused(request, error)
-            raise error
-        scheduler = model.scheduler
-        arena = self._input_arena(model.key)
-        if arena is not None and not isinstance(request.inputs, Tensors):
-            request.inputs = _place(request.inputs, arena, owner=_tenant(request))
-        try:
-            accepted = scheduler.submit(
-                request.inputs,
-                priority=context.priority,
-                timeout_s=context.timeout_s,
-                request_id=request.id,
-                stream=model.metadata.stream,
-            )
-        except SordinoError as exc:  # queue full, shutting down: never accepted
-            self._refused(request, exc)
-            raise
+        model, context, accepted = self._accept(request, one_shot=False)
         outcome = "failure"
         try:
-            async with aclosing(scheduler.responses(accepted)) as steps:
+            async with aclosing(model.scheduler.responses(accepted)) as steps:
                 async for step in steps:
                     if step.final:
                         outcome = "success"
@@ -142,9 +119,39 @@ class InferenceService:
                 outcome = "cancelled"
             raise
         finally:
-            self._telemetry.request_finished(
-                request.model, _tenant(request), context.priority, outcome
+            self._finished(request, context, outcome)
+
+    def _accept(
+        self, request: InferRequest, *, one_shot: bool
+    ) -> tuple[LoadedModel, AdmissionContext, Request]:
+        """Admit ``request`` and hand it to its model's scheduler (both ways in share this).
+
+        Raises, having counted and released the request, when it is refused.
+        """
+        model, context = self.admit(request)
+        if one_shot and model.metadata.stream is not None:
+            error = Unsupported(
+                f"model {model.key.name!r} streams its responses (one per step); use "
+                "ModelStreamInfer over gRPC or POST "
+                f"/v2/models/{model.key.name}/generate_stream over HTTP"
             )
+            self._refused(request, error)
+            raise error
+        try:
+            accepted = model.scheduler.submit(
+                request.inputs,
+                priority=context.priority,
+                timeout_s=context.timeout_s,
+                request_id=request.id,
+                stream=model.metadata.stream,
+            )
+        except SordinoError as exc:  # queue full, shutting down: never accepted
+            self._refused(request, exc)
+            raise
+        return model, context, accepted
+
+    def _finished(self, request: InferRequest, context: AdmissionContext, outcome: str) -> None:
+        self._telemetry.request_finished(request.model, _tenant(request), context.priority, outcome)
 
     def _refused(self, request: InferRequest, error: SordinoError) -> None:
         request.release()
@@ -189,15 +196,3 @@ class InferenceService:
 def _tenant(request: InferRequest) -> str:
     tenant = request.parameters.get("tenant") or request.headers.get("x-sordino-tenant")
     return tenant if isinstance(tenant, str) and tenant else "default"
-
-
-def _place(inputs: Mapping[str, Tensor], arena: Arena, *, owner: str) -> Tensors:
-    """Copy a request's numeric inputs once into the arena (from the body or parsed JSON)."""
-    builder = TensorsBuilder(arena, owner=owner)
-    try:
-        for name, array in inputs.items():
-            builder.put(name, array)
-    except BaseException:
-        builder.abandon()
-        raise
-    return builder.finish()
