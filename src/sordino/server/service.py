@@ -162,17 +162,17 @@ class InferenceService:
         self, model: LoadedModel, request: InferRequest, outputs: Tensors
     ) -> InferResponse:
         """The response to ``request``: the outputs it asked for (it owns ``outputs``)."""
-        wanted = {o.name for o in request.outputs} if request.outputs else None
-        chosen = {
-            spec.name: (outputs, spec.name)
-            for spec in model.metadata.outputs
-            if wanted is None or spec.name in wanted
-        }
-        if len(chosen) < len(outputs):
-            picked = Tensors.compose(chosen)
-            outputs.release()
-        else:
-            picked = outputs
+        picked = outputs
+        if request.outputs:
+            wanted = {o.name for o in request.outputs}
+            chosen = {
+                spec.name: (outputs, spec.name)
+                for spec in model.metadata.outputs
+                if spec.name in wanted
+            }
+            if len(chosen) < len(outputs):
+                picked = Tensors.compose(chosen)
+                outputs.release()
         return InferResponse(
             model=model.key.name,
             version=model.key.version,
