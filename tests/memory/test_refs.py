@@ -103,8 +103,19 @@ def test_compose_holds_every_source(arena: Arena) -> None:
     assert _in_use(arena) == 0
 
 
-def test_released_tensors_cannot_be_shared() -> None:
-    tensors = Tensors({"x": TensorRef(np.zeros(2))})
+def test_released_tensors_cannot_be_shared(arena: Arena) -> None:
+    """Once released, arena tensors refuse to be shared (their blocks may be reused)."""
+    builder = TensorsBuilder(arena)
+    builder.put("x", np.zeros(2))
+    tensors = builder.finish()
     tensors.release()
     with pytest.raises(RuntimeError, match="released"):
         tensors.share()
+
+
+def test_heap_tensors_have_nothing_to_give_back() -> None:
+    """Releasing tensors that hold no arena block changes nothing; they stay usable."""
+    tensors = Tensors({"x": TensorRef(np.zeros(2))})
+    tensors.release()
+    assert not tensors.released
+    assert tensors.share()["x"].shape == (2,)

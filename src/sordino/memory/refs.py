@@ -24,7 +24,7 @@ All calls come from the event loop's thread, as for the arena itself.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -137,11 +137,12 @@ class Tensors(Mapping[str, Tensor]):
     later calls do nothing). A ``Tensors`` of heap arrays (:meth:`of`) holds no lease.
     """
 
-    __slots__ = ("_leases", "_refs", "_released")
+    __slots__ = ("_arrays", "_leases", "_refs", "_released")
 
     def __init__(self, refs: Mapping[str, TensorRef], leases: tuple[Lease, ...] = ()) -> None:
         """Take over one hold of each of ``leases`` (the caller's, not a new one)."""
         self._refs = dict(refs)
+        self._arrays = {name: ref.array for name, ref in self._refs.items()}
         self._leases = leases
         self._released = False
 
@@ -150,6 +151,7 @@ class Tensors(Mapping[str, Tensor]):
         # The hot-path constructor: ``refs`` is never mutated, so it is shared, not copied.
         tensors = cls.__new__(cls)
         tensors._refs = refs
+        tensors._arrays = {name: ref.array for name, ref in refs.items()}
         tensors._leases = leases
         tensors._released = False
         return tensors
@@ -159,24 +161,38 @@ class Tensors(Mapping[str, Tensor]):
         """Heap arrays, owned by nobody in particular (nothing to give back)."""
         if isinstance(arrays, Tensors):
             return arrays
-        return cls._adopt(
-            {
-                name: TensorRef(a if isinstance(a, np.ndarray) else np.asarray(a))
-                for name, a in arrays.items()
-            },
-            (),
-        )
+        tensors = cls.__new__(cls)
+        tensors._arrays = {
+            name: a if isinstance(a, np.ndarray) else np.asarray(a) for name, a in arrays.items()
+        }
+        tensors._refs = {name: TensorRef(a) for name, a in tensors._arrays.items()}
+        tensors._leases = ()
+        tensors._released = False
+        return tensors
 
     # -- the mapping -----------------------------------------------------------------
 
+    # The arrays are also kept in a plain dict: the Mapping mixins iterate in Python.
     def __getitem__(self, name: str) -> Tensor:
-        return self._refs[name].array
+        return self._arrays[name]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._refs)
+        return iter(self._arrays)
 
     def __len__(self) -> int:
-        return len(self._refs)
+        return len(self._arrays)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._arrays
+
+    def keys(self) -> KeysView[str]:
+        return self._arrays.keys()
+
+    def items(self) -> ItemsView[str, Tensor]:
+        return self._arrays.items()
+
+    def values(self) -> ValuesView[Tensor]:
+        return self._arrays.values()
 
     def __repr__(self) -> str:
         parts = ", ".join(
@@ -233,8 +249,12 @@ class Tensors(Mapping[str, Tensor]):
     # -- letting go ------------------------------------------------------------------
 
     def release(self) -> None:
-        """Let go of every lease (once; a second call does nothing)."""
-        if self._released:
+        """Let go of every lease (once; a second call does nothing).
+
+        Tensors that hold no lease (heap arrays) have nothing to give back: releasing
+        them changes nothing, and they stay usable.
+        """
+        if self._released or not self._leases:
             return
         self._released = True
         for lease in self._leases:

@@ -148,7 +148,8 @@ class ModelScheduler:
         except SordinoError:
             self._rejected += 1
             raise
-        item.inputs = tensors.share()  # the step's hold; the request keeps its own
+        # The step's own hold (the request keeps its own); heap tensors need none.
+        item.inputs = tensors.share() if tensors.leases else tensors
         self._accepted += 1
         self._note_arrival(now, item.rows)
         self._queue_changed()
