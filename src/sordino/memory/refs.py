@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
-from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -105,8 +104,7 @@ class Lease:
             raise RuntimeError("this lease was already released by its last holder")
 
 
-@dataclass(frozen=True, slots=True)
-class TensorRef:
+class TensorRef(NamedTuple):
     """One tensor: a numpy array and, when it lies in the arena, its byte offset there.
 
     Numeric tensors in the arena are C-contiguous views of their block; ``offset`` is

@@ -19,7 +19,7 @@ import itertools
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from sordino.errors import SordinoError
 from sordino.inference import StreamSpec, Tensor
@@ -89,8 +89,7 @@ class Outbox:
         return not self._items
 
 
-@dataclass(frozen=True, slots=True)
-class StepOutput:
+class StepOutput(NamedTuple):
     """One step's outputs for one request; the receiver owns (and releases) ``outputs``."""
 
     outputs: Tensors
@@ -151,4 +150,4 @@ class WorkItem:
     request: Request | None = None
     delayed: bool = False
     dispatched_at: float | None = None
-    seq: int = field(default_factory=lambda: next(_sequence))
+    seq: int = field(default_factory=_sequence.__next__)
