@@ -26,6 +26,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Mapping, Sequence
 
+import numpy as np
+
 from sordino.clock import Clock, TimerHandle
 from sordino.errors import (
     Cancelled,
@@ -293,12 +295,16 @@ class ModelScheduler:
 
     async def _execute(self, items: list[WorkItem]) -> None:
         """Run one batch and hand each request its rows; release the steps' inputs."""
-        live = [i for i in items if i.request is None or not i.request.finished]
+        live: list[WorkItem] = []
         for item in items:
-            if item not in live:
-                _release(item.inputs)
+            if item.request is not None and item.request.finished:
+                _release(item.inputs)  # cancelled between the queue and here
+            else:
+                live.append(item)
         if not live:
             return
+        # Staging (the inputs into the arena) happens inside the executor's one call,
+        # so its time counts as compute, and the Triton "compute_input" phase is 0.
         t0 = t1 = self._clock.now()
         rows = sum(item.rows for item in live)
         try:
@@ -510,6 +516,4 @@ def _discard_outputs(request: Request) -> None:
 
 
 def _stream_done(outputs: Tensors, spec: StreamSpec) -> bool:
-    import numpy as np
-
     return bool(np.all(outputs[spec.done]))
