@@ -17,6 +17,7 @@ from sordino.inference import ModelKey
 
 __all__ = [
     "ArenaStatistics",
+    "BatchDone",
     "BreakerState",
     "BreakerStatistics",
     "ControllerStatistics",
@@ -26,6 +27,7 @@ __all__ = [
     "Outcome",
     "QueueSettings",
     "QueueStatistics",
+    "RequestDone",
     "SchedulerObserver",
     "SchedulerStatistics",
     "SwitchStatistics",
@@ -101,32 +103,38 @@ class SchedulerStatistics:
     controller: ControllerStatistics
 
 
+@dataclass(frozen=True, slots=True)
+class RequestDone:
+    """An accepted request ended: how, and where its time went (over all its steps)."""
+
+    model: ModelKey
+    outcome: Outcome
+    reason: str
+    priority: int
+    queue_s: float
+    compute_s: float
+    total_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class BatchDone:
+    """A batch ran: its rows and requests, and the time of each phase."""
+
+    model: ModelKey
+    rows: int
+    requests: int
+    input_s: float
+    infer_s: float
+    output_s: float
+    ok: bool
+
+
 class SchedulerObserver(Protocol):
     """Receives what happens to requests and batches (telemetry implements this)."""
 
-    def request_done(
-        self,
-        model: ModelKey,
-        outcome: Outcome,
-        reason: str,
-        *,
-        priority: int,
-        queue_s: float,
-        compute_s: float,
-        total_s: float,
-    ) -> None: ...
+    def request_done(self, done: RequestDone) -> None: ...
 
-    def batch_done(
-        self,
-        model: ModelKey,
-        *,
-        rows: int,
-        requests: int,
-        input_s: float,
-        infer_s: float,
-        output_s: float,
-        ok: bool,
-    ) -> None: ...
+    def batch_done(self, done: BatchDone) -> None: ...
 
     def queue_changed(self, model: ModelKey, depth: int) -> None: ...
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from sordino.inference import ModelKey
-from sordino.records import QueueStatistics, SchedulerStatistics
+from sordino.records import BatchDone, QueueStatistics, RequestDone, SchedulerStatistics
 from sordino.telemetry.series import ResourceRow, SecondRow, SeriesRecorder
 
 KEY = ModelKey("m", "1")
@@ -43,10 +43,8 @@ def _recorder(wall: Wall, depth: Callable[[], int] = lambda: 0) -> SeriesRecorde
 def _done(
     rec: SeriesRecorder, total_s: float, outcome: str = "success", reason: str = "ok"
 ) -> None:
-    rec.request_done(
-        KEY, outcome, reason, priority=2, queue_s=total_s / 2, compute_s=total_s / 2,
-        total_s=total_s,
-    )  # type: ignore[arg-type]  # fmt: skip
+    done = RequestDone(KEY, outcome, reason, 2, total_s / 2, total_s / 2, total_s)  # type: ignore[arg-type]
+    rec.request_done(done)
 
 
 def test_requests_land_in_the_second_they_finish_in() -> None:
@@ -93,9 +91,7 @@ def test_batches_give_batch_size_and_busy_fraction() -> None:
     wall = Wall(10.0)
     rec = _recorder(wall)
     for rows in (4, 8):
-        rec.batch_done(
-            KEY, rows=rows, requests=rows, input_s=0.0, infer_s=0.25, output_s=0.0, ok=True
-        )
+        rec.batch_done(BatchDone(KEY, rows, rows, 0.0, 0.25, 0.0, ok=True))
     rec.queue_changed(KEY, 7)
     (row,) = rec.close_until(11)
     assert row.batches == 2 and row.batch_size == 6.0

@@ -39,7 +39,14 @@ from sordino.errors import (
 from sordino.execution.executor import Executor
 from sordino.inference import ModelKey, StreamSpec, Tensor
 from sordino.memory.refs import Tensors
-from sordino.records import Outcome, QueueSettings, SchedulerObserver, SchedulerStatistics
+from sordino.records import (
+    BatchDone,
+    Outcome,
+    QueueSettings,
+    RequestDone,
+    SchedulerObserver,
+    SchedulerStatistics,
+)
 from sordino.scheduling.batcher import Dispatch, decide
 from sordino.scheduling.modes import ModeController
 from sordino.scheduling.queue import RequestQueue
@@ -437,31 +444,24 @@ class ModelScheduler:
             _discard_outputs(request)
         else:
             self._failed += 1
-        now = self._clock.now()
+        done = RequestDone(
+            self.model,
+            outcome,
+            reason,
+            request.priority,
+            request.queue_s,
+            request.compute_s,
+            self._clock.now() - request.arrival,
+        )
         for observer in self._observers:
-            observer.request_done(
-                self.model,
-                outcome,
-                reason,
-                priority=request.priority,
-                queue_s=request.queue_s,
-                compute_s=request.compute_s,
-                total_s=now - request.arrival,
-            )
+            observer.request_done(done)
 
     def _batch_observed(
         self, rows: int, requests: int, input_s: float, infer_s: float, output_s: float, *, ok: bool
     ) -> None:
+        done = BatchDone(self.model, rows, requests, input_s, infer_s, output_s, ok)
         for observer in self._observers:
-            observer.batch_done(
-                self.model,
-                rows=rows,
-                requests=requests,
-                input_s=input_s,
-                infer_s=infer_s,
-                output_s=output_s,
-                ok=ok,
-            )
+            observer.batch_done(done)
 
     def _queue_changed(self) -> None:
         for observer in self._observers:

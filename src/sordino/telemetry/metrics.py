@@ -15,7 +15,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sordino.inference import ModelKey
-from sordino.records import Outcome, SchedulerStatistics
+from sordino.records import BatchDone, RequestDone, SchedulerStatistics
 
 __all__ = ["LATENCY_BUCKETS", "Metrics"]
 
@@ -134,36 +134,18 @@ class Metrics:
 
     # -- SchedulerObserver -----------------------------------------------------------
 
-    def request_done(
-        self,
-        model: ModelKey,
-        outcome: Outcome,
-        reason: str,
-        *,
-        priority: int,
-        queue_s: float,
-        compute_s: float,
-        total_s: float,
-    ) -> None:
-        self._child(self.requests, model.name, model.version, outcome, reason).inc()
-        if outcome == "success":
-            self._child(self.queue_seconds, model.name).observe(queue_s)
-            self._child(self.compute_seconds, model.name).observe(compute_s)
-            self._child(self.total_seconds, model.name).observe(total_s)
+    def request_done(self, done: RequestDone) -> None:
+        self._child(
+            self.requests, done.model.name, done.model.version, done.outcome, done.reason
+        ).inc()
+        if done.outcome == "success":
+            self._child(self.queue_seconds, done.model.name).observe(done.queue_s)
+            self._child(self.compute_seconds, done.model.name).observe(done.compute_s)
+            self._child(self.total_seconds, done.model.name).observe(done.total_s)
 
-    def batch_done(
-        self,
-        model: ModelKey,
-        *,
-        rows: int,
-        requests: int,
-        input_s: float,
-        infer_s: float,
-        output_s: float,
-        ok: bool,
-    ) -> None:
-        self._child(self.batch_size, model.name).observe(rows)
-        self._child(self.batches, model.name, "success" if ok else "failure").inc()
+    def batch_done(self, done: BatchDone) -> None:
+        self._child(self.batch_size, done.model.name).observe(done.rows)
+        self._child(self.batches, done.model.name, "success" if done.ok else "failure").inc()
 
     def queue_changed(self, model: ModelKey, depth: int) -> None:
         return None

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sordino.inference import ModelKey
-from sordino.records import Outcome
+from sordino.records import BatchDone, RequestDone
 
 __all__ = ["ModelStats"]
 
@@ -64,48 +64,28 @@ class ModelStats:
         """Drop the statistics of an unloaded model version."""
         self._models.pop(model, None)
 
-    def request_done(
-        self,
-        model: ModelKey,
-        outcome: Outcome,
-        reason: str,
-        *,
-        priority: int,
-        queue_s: float,
-        compute_s: float,
-        total_s: float,
-    ) -> None:
-        entry = self._entry(model)
-        if outcome == "success":
-            entry["success"].add(total_s)
-            entry["queue"].add(queue_s)
+    def request_done(self, done: RequestDone) -> None:
+        entry = self._entry(done.model)
+        if done.outcome == "success":
+            entry["success"].add(done.total_s)
+            entry["queue"].add(done.queue_s)
             entry["last_inference"] = int(time.time() * 1000)
-        elif outcome == "failure":
-            entry["fail"].add(total_s)
+        elif done.outcome == "failure":
+            entry["fail"].add(done.total_s)
 
-    def batch_done(
-        self,
-        model: ModelKey,
-        *,
-        rows: int,
-        requests: int,
-        input_s: float,
-        infer_s: float,
-        output_s: float,
-        ok: bool,
-    ) -> None:
-        if not ok:
+    def batch_done(self, done: BatchDone) -> None:
+        if not done.ok:
             return
-        entry = self._entry(model)
-        entry["inference_count"] += rows
+        entry = self._entry(done.model)
+        entry["inference_count"] += done.rows
         entry["execution_count"] += 1
-        entry["compute_input"].add(input_s, requests)
-        entry["compute_infer"].add(infer_s, requests)
-        entry["compute_output"].add(output_s, requests)
-        batch = entry["batches"].setdefault(rows, _BatchStats())
-        batch.compute_input.add(input_s)
-        batch.compute_infer.add(infer_s)
-        batch.compute_output.add(output_s)
+        entry["compute_input"].add(done.input_s, done.requests)
+        entry["compute_infer"].add(done.infer_s, done.requests)
+        entry["compute_output"].add(done.output_s, done.requests)
+        batch = entry["batches"].setdefault(done.rows, _BatchStats())
+        batch.compute_input.add(done.input_s)
+        batch.compute_infer.add(done.infer_s)
+        batch.compute_output.add(done.output_s)
 
     def queue_changed(self, model: ModelKey, depth: int) -> None:
         return None

@@ -10,7 +10,7 @@ scheduler.
 from __future__ import annotations
 
 from sordino.inference import ModelKey
-from sordino.records import Outcome, SchedulerObserver
+from sordino.records import BatchDone, RequestDone, SchedulerObserver
 
 __all__ = ["SchedulerObservers"]
 
@@ -21,49 +21,13 @@ class SchedulerObservers:
     def __init__(self, *observers: SchedulerObserver) -> None:
         self._observers = observers
 
-    def request_done(
-        self,
-        model: ModelKey,
-        outcome: Outcome,
-        reason: str,
-        *,
-        priority: int,
-        queue_s: float,
-        compute_s: float,
-        total_s: float,
-    ) -> None:
+    def request_done(self, done: RequestDone) -> None:
         for observer in self._observers:
-            observer.request_done(
-                model,
-                outcome,
-                reason,
-                priority=priority,
-                queue_s=queue_s,
-                compute_s=compute_s,
-                total_s=total_s,
-            )
+            observer.request_done(done)
 
-    def batch_done(
-        self,
-        model: ModelKey,
-        *,
-        rows: int,
-        requests: int,
-        input_s: float,
-        infer_s: float,
-        output_s: float,
-        ok: bool,
-    ) -> None:
+    def batch_done(self, done: BatchDone) -> None:
         for observer in self._observers:
-            observer.batch_done(
-                model,
-                rows=rows,
-                requests=requests,
-                input_s=input_s,
-                infer_s=infer_s,
-                output_s=output_s,
-                ok=ok,
-            )
+            observer.batch_done(done)
 
     def queue_changed(self, model: ModelKey, depth: int) -> None:
         for observer in self._observers:

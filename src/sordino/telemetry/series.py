@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sordino.inference import ModelKey
-from sordino.records import Outcome, SchedulerStatistics
+from sordino.records import BatchDone, RequestDone, SchedulerStatistics
 from sordino.telemetry.resources import ResourceSample
 
 __all__ = ["ResourceRow", "SecondRow", "SeriesRecorder", "SeriesStatistics"]
@@ -163,43 +163,23 @@ class SeriesRecorder:
 
     # -- SchedulerObserver -----------------------------------------------------------
 
-    def request_done(
-        self,
-        model: ModelKey,
-        outcome: Outcome,
-        reason: str,
-        *,
-        priority: int,
-        queue_s: float,
-        compute_s: float,
-        total_s: float,
-    ) -> None:
-        bucket = self._bucket(model)
-        if outcome == "success":
+    def request_done(self, done: RequestDone) -> None:
+        bucket = self._bucket(done.model)
+        if done.outcome == "success":
             bucket.successes += 1
-            bucket.latencies.append(total_s)
-            bucket.queue_s += queue_s
-            bucket.compute_s += compute_s
-            if total_s <= self._slo_s(model):
+            bucket.latencies.append(done.total_s)
+            bucket.queue_s += done.queue_s
+            bucket.compute_s += done.compute_s
+            if done.total_s <= self._slo_s(done.model):
                 bucket.slo_met += 1
-        elif outcome == "failure":
-            bucket.errors[reason] = bucket.errors.get(reason, 0) + 1
+        elif done.outcome == "failure":
+            bucket.errors[done.reason] = bucket.errors.get(done.reason, 0) + 1
 
-    def batch_done(
-        self,
-        model: ModelKey,
-        *,
-        rows: int,
-        requests: int,
-        input_s: float,
-        infer_s: float,
-        output_s: float,
-        ok: bool,
-    ) -> None:
-        bucket = self._bucket(model)
+    def batch_done(self, done: BatchDone) -> None:
+        bucket = self._bucket(done.model)
         bucket.batches += 1
-        bucket.rows += rows
-        bucket.busy_s += input_s + infer_s + output_s
+        bucket.rows += done.rows
+        bucket.busy_s += done.input_s + done.infer_s + done.output_s
 
     def queue_changed(self, model: ModelKey, depth: int) -> None:
         bucket = self._bucket(model)
