@@ -21,6 +21,21 @@ FOUNDATION = frozenset(
     {"__init__", "errors", "clock", "events", "datatypes", "inference", "records", "config"}
 )
 
+# The request path's parts: what the server is built from.
+_SERVING = frozenset(
+    {
+        "protocol",
+        "admission",
+        "scheduling",
+        "execution",
+        "memory",
+        "backends",
+        "models",
+        "control",
+        "telemetry",
+    }
+)
+
 # Which parts (besides the foundation and itself) each part may import. Keep in step
 # with the table in docs/architecture.md.
 ALLOWED: dict[str, frozenset[str]] = {
@@ -36,49 +51,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     "control": frozenset(
         {"execution", "scheduling", "memory", "backends", "telemetry", "protocol", "models"}
     ),
-    "server": frozenset(
-        {
-            "protocol",
-            "admission",
-            "scheduling",
-            "execution",
-            "memory",
-            "backends",
-            "models",
-            "control",
-            "telemetry",
-        }
-    ),
-    "cli": frozenset(
-        {
-            "server",
-            "reports",
-            "control",
-            "telemetry",
-            "models",
-            "protocol",
-            "scheduling",
-            "execution",
-            "memory",
-            "backends",
-            "admission",
-        }
-    ),
+    "server": _SERVING,
+    "cli": _SERVING | {"server", "reports"},
     "__main__": frozenset({"cli"}),
-    "testing": frozenset(
-        {
-            "server",
-            "control",
-            "telemetry",
-            "models",
-            "protocol",
-            "scheduling",
-            "execution",
-            "memory",
-            "backends",
-            "admission",
-        }
-    ),
+    "testing": _SERVING | {"server"},
 }
 
 
