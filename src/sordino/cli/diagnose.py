@@ -119,16 +119,10 @@ def diagnose(
     if data_dir is not None and url is not None:
         click.echo("error: give --data-dir or --url, not both", err=True)
         sys.exit(2)
-    try:
-        from sordino.reports.diagnose import diagnose as run
-        from sordino.reports.render import draw_charts, render_html, render_pdf
-    except ImportError as exc:
-        click.echo(
-            f"error: diagnose needs the reports extra ({exc.name} is missing): "
-            "pip install 'sordino[reports]'",
-            err=True,
-        )
-        sys.exit(2)
+    # Imported here, so that the other commands start without the report code.
+    from sordino.reports.diagnose import diagnose as run
+    from sordino.reports.render import draw_charts, render_html, render_pdf
+
     console = Console(stderr=True)
     columns = (TextColumn("{task.description:<28}"), BarColumn(), TimeElapsedColumn())
     try:
