@@ -17,10 +17,14 @@ __all__ = ["profile", "profile_header", "profile_table"]
 
 def profile_header(result: OperatorProfile) -> str:
     """One line saying what was profiled."""
-    source = "zero-filled batches (no live traffic)" if result.synthetic else "live traffic"
+    plural = "es" if result.batches != 1 else ""
+    if result.synthetic:
+        what = f"{result.batches} zero-filled batch{plural} (no live traffic)"
+    else:
+        what = f"{result.batches} batch{plural} of live traffic"
     return (
-        f"{result.model}/{result.version}: {result.batches} batches of {source} in "
-        f"{result.seconds:g} s, {result.total_ms:.1f} ms inside operators"
+        f"{result.model}/{result.version}: {what} in {result.seconds:g} s, "
+        f"{result.total_ms:.1f} ms inside operators"
     )
 
 
