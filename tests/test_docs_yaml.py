@@ -35,7 +35,11 @@ from tests.cli.conftest import sordino_start
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
-FENCE = re.compile(r"^```yaml[^\n]*\n(?P<body>.*?)^```\s*$", re.MULTILINE | re.DOTALL)
+# A fence may be indented (inside a list item); its body is dedented.
+FENCE = re.compile(
+    r"^(?P<indent>[ \t]*)```ya?ml[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$",
+    re.MULTILINE | re.DOTALL,
+)
 UNDER = re.compile(r"#\s*under\s+(?P<keys>[a-z_]+(?:\.[a-z_]+)*)\s*:?\s*$")
 MODEL_CONFIG = re.compile(r"#\s*\S+/[^/\s]+/config\.yaml\s*$")
 
@@ -47,7 +51,7 @@ def yaml_blocks() -> list[tuple[str, str]]:
         text = page.read_text(encoding="utf-8")
         for match in FENCE.finditer(text):
             line = text.count("\n", 0, match.start()) + 1
-            blocks.append((f"{page.relative_to(ROOT)}:{line}", match["body"]))
+            blocks.append((f"{page.relative_to(ROOT)}:{line}", textwrap.dedent(match["body"])))
     return blocks
 
 
