@@ -126,6 +126,13 @@ def test_text_normalizer_lower_cases(sessions: dict[str, ort.InferenceSession]) 
     assert normalized.tolist() == [["hello world"], ["abc def"], ["  keep  spaces "]]
 
 
+def test_text_normalizer_lower_cases_unicode(sessions: dict[str, ort.InferenceSession]) -> None:
+    """Not only ASCII: accented, Greek and Cyrillic capitals have lower cases too."""
+    text = np.array([["ÉCOLE"], ["Ça Va"], ["ΣΟΦΙΑ"], ["ДОМ"], ["ẞ"]], dtype=object)
+    (normalized,) = sessions["text-normalizer"].run(None, {"text": text})
+    assert normalized.tolist() == [["école"], ["ça va"], ["σοφια"], ["дом"], ["ß"]]
+
+
 def test_text_normalizer_batch_of_one(sessions: dict[str, ort.InferenceSession]) -> None:
     (normalized,) = sessions["text-normalizer"].run(
         None, {"text": np.array([["MiXeD 123"]], dtype=object)}
@@ -140,3 +147,22 @@ def test_countdown_is_one_step_of_a_stream(sessions: dict[str, ort.InferenceSess
     assert done.tolist() == [[False], [True], [True]]
     entry = next(e for e in _manifest() if e["name"] == "countdown")
     assert entry["streaming"] == {"carry": {"REMAINING": "COUNT"}, "done": "DONE"}
+
+
+def test_committed_text_normalizer_and_manifest_are_what_the_tool_builds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The committed files stay in step with tools/build_builtin_models.py (rerun it)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "build_builtin_models.py"
+    spec = importlib.util.spec_from_file_location("build_builtin_models", path)
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, tool)  # its dataclasses look themselves up
+    spec.loader.exec_module(tool)
+    committed = (_builtin_dir() / "text-normalizer.onnx").read_bytes()
+    assert tool.build_text().SerializeToString(deterministic=True) == committed
+    assert tool.models_yaml(tool.BUILTINS) == (_builtin_dir() / "models.yaml").read_text("utf-8")

@@ -5,7 +5,8 @@ Writes into ``--out`` (default: ``src/sordino/models/builtin``):
 * ``digits-classifier.onnx`` - scikit-learn MLP trained on the 8x8 digits data set;
   raw pixels (0-16) in, 10 class probabilities out.
 * ``simple.onnx`` - Triton's canonical "simple" example (INT32 add and subtract).
-* ``text-normalizer.onnx`` - lower-cases strings (exercises the BYTES datatype).
+* ``text-normalizer.onnx`` - lower-cases strings, Unicode included (exercises the BYTES
+  datatype).
 * ``countdown.onnx`` - one step of a streaming model: COUNT in, REMAINING = COUNT - 1
   (floored at 0) and DONE out; served with ``streaming:`` it streams a countdown.
 * ``models.yaml`` - the list of built-ins the runtime serves.
@@ -67,7 +68,7 @@ SIMPLE = Builtin(
 )
 TEXT = Builtin(
     "text-normalizer",
-    "lower-cases BYTES strings (exercises the BYTES datatype)",
+    "lower-cases BYTES strings, Unicode included (exercises the BYTES datatype)",
 )
 COUNTDOWN = Builtin(
     "countdown",
@@ -203,9 +204,11 @@ def build_simple() -> onnx.ModelProto:
 
 def build_text() -> onnx.ModelProto:
     # StringNormalizer only takes [C] or [1, C], so flatten [batch, 1] -> [batch] and back.
-    # locale="C": onnxruntime otherwise defaults to "en_US.UTF-8" on Linux and refuses to load
-    # the model on hosts without that locale installed (most containers). "C" exists
-    # everywhere; the cost is that only ASCII letters are lower-cased.
+    # The locale decides which letters have a lower case. onnxruntime defaults to
+    # "en_US.UTF-8" on Linux and refuses to load the model on hosts without it (most
+    # containers); "C" exists everywhere but lower-cases ASCII letters only. "C.UTF-8" is
+    # the C locale over all of Unicode: built into glibc since 2.35 and shipped by Debian,
+    # Ubuntu, Fedora and RHEL 8+ (and musl) long before, so "ÉCOLE" becomes "école".
     initializers = [
         numpy_helper.from_array(np.array([-1], dtype=np.int64), "flat_shape"),
         numpy_helper.from_array(np.array([-1, 1], dtype=np.int64), "column_shape"),
@@ -219,7 +222,7 @@ def build_text() -> onnx.ModelProto:
             name="lower",
             case_change_action="LOWER",
             is_case_sensitive=0,
-            locale="C",
+            locale="C.UTF-8",
         ),
         helper.make_node("Reshape", ["lowered", "column_shape"], ["normalized"], name="unflatten"),
     ]
@@ -234,11 +237,14 @@ def build_text() -> onnx.ModelProto:
 
     # onnxruntime's Python binding takes str (not bytes) elements: a bytes object in an object
     # array is passed through str() and arrives as "b'...'". Callers decode BYTES as UTF-8 first.
-    sample = np.array([[b"Hello World"], [b"ABC def"], [b"  Keep  Spaces "]], dtype=object)
+    sample = np.array(
+        [[b"Hello World"], [b"ABC def"], [b"  Keep  Spaces "], ["ÉCOLE ΣΟΦΙΑ".encode()]],
+        dtype=object,
+    )
     feed = np.vectorize(lambda v: v.decode("utf-8"), otypes=[object])(sample)
     (got,) = _session(model).run(None, {"text": feed})
-    expected = [["hello world"], ["abc def"], ["  keep  spaces "]]
-    _check(got.shape == (3, 1), f"unexpected output shape {got.shape}")
+    expected = [["hello world"], ["abc def"], ["  keep  spaces "], ["école σοφια"]]
+    _check(got.shape == (4, 1), f"unexpected output shape {got.shape}")
     _check(got.tolist() == expected, f"text-normalizer returned {got.tolist()!r}")
     print(f"{TEXT.name}: ok")
     return model

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sordino.cli.profile import profile_header
+from sordino.telemetry.profile_data import OperatorProfile
 from tests.cli.conftest import sordino_start
 
 
@@ -24,8 +26,24 @@ def test_profile_prints_the_top_operators_of_a_worker_process_model(tmp_path: Pa
         result = _profile(server.url, "--model", "digits-classifier", "--seconds", "0.5")
         assert result.returncode == 0, result.stderr
         out = result.stdout
-        assert "digits-classifier/1: 20 batches of zero-filled batches (no live traffic)" in out
+        assert "digits-classifier/1: 20 zero-filled batches (no live traffic) in " in out
         assert "operator" in out and "total ms" in out and "Gemm" in out
         assert "journaled as an operator_profile event" in out
         missing = _profile(server.url, "--model", "nope", "--seconds", "0.5")
         assert missing.returncode == 1 and "unknown model" in missing.stderr
+
+
+def _result(batches: int, synthetic: bool) -> OperatorProfile:
+    return OperatorProfile(
+        model="m", version="1", started_at=0.0, seconds=2.0, batches=batches,
+        synthetic=synthetic, total_ms=3.5, operators=(), nodes=(), kernel_launches=None,
+    )  # fmt: skip
+
+
+def test_header_says_what_ran_once() -> None:
+    """Zero-filled batches are not "batches of zero-filled batches"; one batch is singular."""
+    assert profile_header(_result(20, True)) == (
+        "m/1: 20 zero-filled batches (no live traffic) in 2 s, 3.5 ms inside operators"
+    )
+    assert profile_header(_result(7, False)).startswith("m/1: 7 batches of live traffic in 2 s")
+    assert profile_header(_result(1, False)).startswith("m/1: 1 batch of live traffic")

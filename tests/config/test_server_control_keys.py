@@ -32,8 +32,14 @@ def test_keys_from_overrides(tmp_path: Path) -> None:
 
 
 def test_poll_needs_a_repository() -> None:
-    with pytest.raises(ConfigError, match="model_repository is not set"):
+    """The error names the flag to add, not "(top level)" and the whole configuration."""
+    with pytest.raises(ConfigError) as failure:
         load_config(None, {"server.model_control_mode": "poll"})
+    assert str(failure.value).splitlines()[1:] == [
+        "  server.model_control_mode: poll rescans a model repository, but none is given: "
+        "pass --model-repository DIR (model_repository in a config file), or use the mode "
+        "explicit"
+    ]
 
 
 def test_unknown_mode_is_refused() -> None:

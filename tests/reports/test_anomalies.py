@@ -80,6 +80,23 @@ def test_chaos_at_the_onset_is_the_likely_cause() -> None:
     assert all(c.event.kind != "config_changed" for c in ranked.causes)  # after the window
 
 
+def test_clearing_near_the_end_is_said_in_words_not_signs() -> None:
+    """Said in words ("cleared 0.3 s before the anomaly ended"), never with a sign."""
+    (spike,) = latency_spikes(_spiky(range(40, 50)))
+    for cleared_at, words in [
+        (49.7, "cleared 0.3 s before the anomaly ended"),
+        (51.5, "cleared 1.5 s after the anomaly ended"),
+        (50.0, "cleared as the anomaly ended"),
+    ]:
+        events = [
+            _fault(39.6, "fault_injected", "worker:m", "f1"),
+            _fault(cleared_at, "fault_cleared", "worker:m", "f1"),
+        ]
+        why = correlate(spike, events).causes[0].why
+        assert words in why, why
+        assert "-" not in why and "+" not in why
+
+
 def test_an_injection_cleared_before_the_onset_is_not_the_cause() -> None:
     (spike,) = latency_spikes(_spiky(range(40, 50)))
     events = [
@@ -132,3 +149,32 @@ def test_diagnose_recommends_with_numbers_and_honours_focus() -> None:
         for r in diagnosis.recommendations
     )
     assert diagnose(window, focus="memory").anomalies == []
+
+
+def _steady(requests: int, seconds: int, p99: float | None = 2.0) -> JournalWindow:
+    """``seconds`` quiet seconds of ``requests`` each, every one of them over a 1 ms SLO."""
+    rows = []
+    for t in range(seconds):
+        rows.append(SecondRow(
+            t=t, model="m", version="1", requests=requests, errors=0, errors_by_reason={},
+            p50_ms=p99, p99_ms=p99, queue_ms=0.1, compute_ms=0.5, batches=1, batch_size=1.0,
+            queue_depth=0, busy=0.1, slo_met=0,
+        ))  # fmt: skip
+    slo = JournalEvent(0.0, "model_loaded", "m/1", "", {"slo_p99_ms": 1.0})
+    return JournalWindow(0, seconds, rows, [], [slo])
+
+
+def test_no_slo_recommendation_from_a_handful_of_requests() -> None:
+    """One request over its SLO is no evidence; a hundred of them are."""
+    few = diagnose(_steady(requests=1, seconds=1)).recommendations
+    assert not any("SLO" in r for r in few), few
+    many = diagnose(_steady(requests=10, seconds=10)).recommendations
+    assert any("answered 0.0% of 100 requests within its 1 ms SLO (target 99%)" in r for r in many)
+
+
+def test_no_number_is_written_as_n_a_ms() -> None:
+    """Without per-second p99s the SLO line leaves the p99 out instead of "n/a ms"."""
+    lines = diagnose(_steady(requests=10, seconds=10, p99=None)).recommendations
+    (slo,) = [r for r in lines if "SLO" in r]
+    assert slo.endswith("within its 1 ms SLO (target 99%).")
+    assert not any("n/a" in r for r in lines), lines

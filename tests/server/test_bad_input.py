@@ -26,6 +26,10 @@ CASES: list[tuple[str, str, dict[str, object], int, str]] = [
     ("JSON not an object", "digits-classifier", {"content": b"[1, 2]"}, 400, "object"),
     ("missing inputs", "digits-classifier", {"json": {"outputs": []}}, 400, "inputs"),
     ("unknown model", "no-such-model", {"json": {"inputs": [PIXELS]}}, 404, "no-such-model"),
+    # The unknown model wins over what is wrong with the body, as in Triton.
+    ("unknown model, empty body", "no-such-model", {"json": {}}, 404, "no-such-model"),
+    ("unknown model, not JSON", "no-such-model", {"content": b"{not json"}, 404, "no-such-model"),
+    ("unknown version, empty body", "digits-classifier/versions/9", {"json": {}}, 404, "version"),
     (
         "unknown version",
         "digits-classifier/versions/9",

@@ -94,6 +94,13 @@ CASES: list[tuple[str, bytes, grpc.StatusCode, str]] = [
         "version",
     ),
     (
+        # The unknown model wins over what is wrong with the message, as in Triton.
+        "unknown model without inputs",
+        pb.ModelInferRequest(model_name="no-such-model").SerializeToString(),
+        grpc.StatusCode.NOT_FOUND,
+        "no-such-model",
+    ),
+    (
         "wrong raw content length",
         _raw_pixels(b"\0" * 100).SerializeToString(),
         grpc.StatusCode.INVALID_ARGUMENT,
@@ -199,6 +206,10 @@ def test_garbage_on_a_stream_errors_on_that_stream_only(channel: grpc.Channel) -
     outgoing.put(bad_tensor.SerializeToString())
     third = next(responses)
     assert third.infer_response.id == "bad" and "COUNT" in third.error_message
+    outgoing.put(pb.ModelInferRequest(model_name="no-such-model", id="lost").SerializeToString())
+    fourth = next(responses)  # the unknown model wins over the missing inputs
+    assert fourth.infer_response.id == "lost"
+    assert "unknown model 'no-such-model'" in fourth.error_message
     outgoing.put(None)
     assert list(responses) == []
     elsewhere = list(other(iter([good.SerializeToString()]), timeout=60))

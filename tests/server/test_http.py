@@ -117,10 +117,11 @@ def test_infer_bytes_model(client: httpx.Client) -> None:
     response = _infer_json(
         client,
         "text-normalizer",
-        [{"name": "text", "shape": [2, 1], "datatype": "BYTES", "data": ["Hello World", "ABC"]}],
-    )
+        [{"name": "text", "shape": [3, 1], "datatype": "BYTES",
+          "data": ["Hello World", "ABC", "ÉCOLE"]}],
+    )  # fmt: skip
     assert response.status_code == 200, response.text
-    assert response.json()["outputs"][0]["data"] == ["hello world", "abc"]
+    assert response.json()["outputs"][0]["data"] == ["hello world", "abc", "école"]
 
 
 def test_infer_bytes_binary_roundtrip(client: httpx.Client) -> None:

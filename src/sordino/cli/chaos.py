@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
+from sordino.cli.server_url import server_url, url_option
 from sordino.control.admin import TOKEN_ENV
 from sordino.control.client import AdminClient, AdminError
 
@@ -24,16 +25,13 @@ def _describe(fault: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-DEFAULT_URL = "http://127.0.0.1:8000"
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _server_options(command: F) -> F:
     """``--url`` and ``--token``, accepted before or after the subcommand's name."""
     command = click.option("--token", default=None, help=f"Admin token (env {TOKEN_ENV}).")(command)
-    return click.option(
-        "--url", default=None, help=f"The server (env SORDINO_URL; default {DEFAULT_URL})."
-    )(command)
+    return url_option(command)
 
 
 @click.group()
@@ -46,7 +44,7 @@ def chaos(ctx: click.Context, url: str | None, token: str | None) -> None:
 
 def _client(ctx: click.Context, url: str | None, token: str | None) -> AdminClient:
     # The subcommand's own options win over the group's, which win over the environment.
-    chosen_url = url or ctx.obj["url"] or os.environ.get("SORDINO_URL") or DEFAULT_URL
+    chosen_url = server_url(url, ctx.obj["url"])
     chosen_token = token or ctx.obj["token"] or os.environ.get(TOKEN_ENV)
     return AdminClient(chosen_url, chosen_token)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sordino.cli.client import ServerError, ServerUnreachable, get_json
+from sordino.cli.server_url import URL_ENV, server_url
 from sordino.reports.timerange import parse_time_range
 from sordino.telemetry.journal_reader import JournalReader, JournalWindow, MissingJournal
 from sordino.telemetry.profile_data import OperatorProfile
@@ -81,9 +83,13 @@ def _when(t: float) -> str:
 @click.option(
     "--data-dir",
     type=click.Path(path_type=Path, file_okay=False),
-    help="The server's data directory (its journal is read directly).",
+    help="The server's data directory (its journal is read directly; default ~/.sordino).",
 )
-@click.option("--url", help="Read the journal of a running server instead.")
+@click.option(
+    "--url",
+    metavar="URL",
+    help=f"Read the journal of a running server instead (without --data-dir: ${URL_ENV} when set).",
+)
 @click.option("--journal-file", default="journal.sqlite3", show_default=True)
 @click.option(
     "--time-range",
@@ -111,7 +117,11 @@ def diagnose(
     focus: str,
     output: Path,
 ) -> None:
-    """Find anomalies in the journal, correlate them with events, recommend what to do."""
+    """Find anomalies in the journal, correlate them with events, recommend what to do.
+
+    The journal is read from --data-dir, or from the server at --url; with neither, from
+    the server at $SORDINO_URL when it is set, else from ~/.sordino.
+    """
     suffix = output.suffix.lower()
     if suffix not in (".html", ".htm", ".pdf"):
         click.echo(f"error: --output must end in .html or .pdf, not {output.name!r}", err=True)
@@ -119,16 +129,12 @@ def diagnose(
     if data_dir is not None and url is not None:
         click.echo("error: give --data-dir or --url, not both", err=True)
         sys.exit(2)
-    try:
-        from sordino.reports.diagnose import diagnose as run
-        from sordino.reports.render import draw_charts, render_html, render_pdf
-    except ImportError as exc:
-        click.echo(
-            f"error: diagnose needs the reports extra ({exc.name} is missing): "
-            "pip install 'sordino[reports]'",
-            err=True,
-        )
-        sys.exit(2)
+    if data_dir is None and url is None and os.environ.get(URL_ENV):
+        url = server_url()
+    # Imported here, so that the other commands start without the report code.
+    from sordino.reports.diagnose import diagnose as run
+    from sordino.reports.render import draw_charts, render_html, render_pdf
+
     console = Console(stderr=True)
     columns = (TextColumn("{task.description:<28}"), BarColumn(), TimeElapsedColumn())
     try:

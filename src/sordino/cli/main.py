@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from sordino import __version__
@@ -13,6 +15,10 @@ from sordino.cli.profile import profile
 from sordino.cli.start import start
 
 __all__ = ["cli", "main"]
+
+# Modules whose pip package has another name.
+_PACKAGES = {"sklearn": "scikit-learn", "yaml": "pyyaml", "pynvml": "nvidia-ml-py",
+             "google": "protobuf", "PIL": "pillow"}  # fmt: skip
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -30,5 +36,22 @@ cli.add_command(chaos)
 
 
 def main() -> None:
-    """Console-script entry point."""
-    cli()
+    """Console-script entry point.
+
+    A module missing from the environment (a dependency uninstalled, or an optional
+    one never installed) ends the command with one line naming what to install and
+    exit status 1, never with a traceback.
+    """
+    try:
+        cli()
+    except ModuleNotFoundError as exc:
+        module = (exc.name or "").partition(".")[0]
+        if not module or module == "sordino":
+            raise  # sordino's own code is missing: a broken installation, keep the trace
+        package = _PACKAGES.get(module, module)
+        click.echo(
+            f"error: this command needs the Python package {package!r}, which is not "
+            f"installed: pip install {package}",
+            err=True,
+        )
+        sys.exit(1)

@@ -16,25 +16,18 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from sordino.cli.server_url import server_url, url_option
 from sordino.control.client import ClientError, request_json
 
 __all__ = ["models"]
 
-DEFAULT_URL = "http://127.0.0.1:8000"
 
-_url_option = click.option(
-    "--url",
-    default=DEFAULT_URL,
-    show_default=True,
-    envvar="SORDINO_URL",
-    help="The server's HTTP address (also $SORDINO_URL).",
-)
-
-
-def _post(url: str, path: str, body: dict[str, Any] | None = None, timeout: float = 600) -> Any:
+def _post(
+    url: str | None, path: str, body: dict[str, Any] | None = None, timeout: float = 600
+) -> Any:
     """POST JSON to the server; return the decoded reply, or exit 1 with the server's error."""
     try:
-        return request_json("POST", url.rstrip("/") + path, body or {}, timeout=timeout)
+        return request_json("POST", server_url(url).rstrip("/") + path, body or {}, timeout=timeout)
     except ClientError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
@@ -46,10 +39,10 @@ def models() -> None:
 
 
 @models.command("list")
-@_url_option
+@url_option
 @click.option("--ready", is_flag=True, help="Only models ready for inference.")
 @click.option("--json", "as_json", is_flag=True, help="Print the index as JSON.")
-def list_models(url: str, ready: bool, as_json: bool) -> None:
+def list_models(url: str | None, ready: bool, as_json: bool) -> None:
     """Show every model the server knows, with its version and state."""
     entries = _post(url, "/v2/repository/index", {"ready": ready}) or []
     if as_json:
@@ -63,8 +56,8 @@ def list_models(url: str, ready: bool, as_json: bool) -> None:
 
 @models.command("load")
 @click.argument("name")
-@_url_option
-def load_model(name: str, url: str) -> None:
+@url_option
+def load_model(name: str, url: str | None) -> None:
     """Load NAME, or reload it: new versions load first, retired ones drain and unload."""
     _post(url, f"/v2/repository/models/{quote(name, safe='')}/load")
     click.echo(f"loaded {name}")
@@ -72,8 +65,8 @@ def load_model(name: str, url: str) -> None:
 
 @models.command("unload")
 @click.argument("name")
-@_url_option
-def unload_model(name: str, url: str) -> None:
+@url_option
+def unload_model(name: str, url: str | None) -> None:
     """Unload every version of NAME once its queued requests have finished."""
     _post(url, f"/v2/repository/models/{quote(name, safe='')}/unload")
     click.echo(f"unloaded {name}")

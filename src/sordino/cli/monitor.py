@@ -11,6 +11,7 @@ from rich.live import Live
 
 from sordino.cli.client import ServerError, ServerUnreachable, get_json
 from sordino.cli.monitor_view import METRICS, live_view, plain_snapshot, unreachable_view
+from sordino.cli.server_url import server_url, url_option
 
 __all__ = ["monitor"]
 
@@ -27,7 +28,7 @@ def _metrics(value: str) -> list[str]:
 
 
 @click.command()
-@click.option("--url", default="http://127.0.0.1:8000", show_default=True, help="The server.")
+@url_option
 @click.option("--live/--once", default=True, help="Full-screen view (default) or one snapshot.")
 @click.option(
     "--metrics",
@@ -42,10 +43,11 @@ def _metrics(value: str) -> list[str]:
     "--retries", default=3, show_default=True, help="With --once: attempts before giving up."
 )
 def monitor(
-    url: str, live: bool, metric_list: str, interval: float, history: int, retries: int
+    url: str | None, live: bool, metric_list: str, interval: float, history: int, retries: int
 ) -> None:
     """Watch a running server: a row per model with sparklines, resources and events."""
     metrics = _metrics(metric_list)
+    url = server_url(url)
     path = f"/v2/sordino/telemetry?seconds={max(1, history)}&events=20"
     if not live:
         for attempt in range(1, max(1, retries) + 1):

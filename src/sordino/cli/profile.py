@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sordino.cli.client import ServerError, ServerUnreachable, post_json
+from sordino.cli.server_url import server_url, url_option
 from sordino.telemetry.profile_data import OperatorProfile
 
 __all__ = ["profile", "profile_header", "profile_table"]
@@ -16,10 +17,14 @@ __all__ = ["profile", "profile_header", "profile_table"]
 
 def profile_header(result: OperatorProfile) -> str:
     """One line saying what was profiled."""
-    source = "zero-filled batches (no live traffic)" if result.synthetic else "live traffic"
+    plural = "es" if result.batches != 1 else ""
+    if result.synthetic:
+        what = f"{result.batches} zero-filled batch{plural} (no live traffic)"
+    else:
+        what = f"{result.batches} batch{plural} of live traffic"
     return (
-        f"{result.model}/{result.version}: {result.batches} batches of {source} in "
-        f"{result.seconds:g} s, {result.total_ms:.1f} ms inside operators"
+        f"{result.model}/{result.version}: {what} in {result.seconds:g} s, "
+        f"{result.total_ms:.1f} ms inside operators"
     )
 
 
@@ -35,12 +40,14 @@ def profile_table(result: OperatorProfile, top: int) -> Table:
 
 
 @click.command()
-@click.option("--url", default="http://127.0.0.1:8000", show_default=True, help="The server.")
+@url_option
 @click.option("--model", required=True, help="The model to profile.")
 @click.option("--version", "model_version", default=None, help="Its version (default: latest).")
 @click.option("--seconds", default=10.0, show_default=True, help="How long to profile.")
 @click.option("--top", default=10, show_default=True, help="How many operators to print.")
-def profile(url: str, model: str, model_version: str | None, seconds: float, top: int) -> None:
+def profile(
+    url: str | None, model: str, model_version: str | None, seconds: float, top: int
+) -> None:
     """Profile MODEL's operators with ONNX Runtime's profiler and print the top ones.
 
     The live traffic of the next SECONDS is profiled (zero-filled batches when none
@@ -52,7 +59,7 @@ def profile(url: str, model: str, model_version: str | None, seconds: float, top
         body["version"] = model_version
     click.echo(f"profiling {model} for {seconds:g} s …", err=True)
     try:
-        data = post_json(url, "/v2/sordino/profile", body, timeout=seconds + 60)
+        data = post_json(server_url(url), "/v2/sordino/profile", body, timeout=seconds + 60)
     except (ServerUnreachable, ServerError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)

@@ -33,18 +33,23 @@ def collect_sources(
 ) -> list[ModelSource]:
     """Every model version to load: config entries, ``--model`` specs, the repository.
 
-    The built-in models are added when ``builtin`` is true, or when it is None and
-    nothing else was given. Two models with the same name are a configuration error.
+    The built-in models are added when ``builtin`` is true, or when it is None and no
+    model source was named at all. A repository that holds no model is a
+    configuration error when nothing at all would be served (model control ``none``),
+    and a warning otherwise. Two models with the same name are a configuration error.
     """
     sources: list[ModelSource] = []
     for model in config.models:
         sources += sources_for(model)
     for spec in specs:
         sources += sources_for(model_from_spec(spec))
-    if config.model_repository is not None:
-        sources += scan_repository(config.model_repository)
-    if builtin or (builtin is None and not sources):
+    if builtin or (builtin is None and not (sources or config.model_repository)):
         sources = builtin_sources() + sources
+    if config.model_repository is not None:
+        found = scan_repository(config.model_repository)
+        if not found:
+            _empty_repository(config.model_repository, config.server.model_control_mode, sources)
+        sources += found
     seen: dict[tuple[str, str], ModelSource] = {}
     for source in sources:
         key = (source.name, source.version)
@@ -54,9 +59,25 @@ def collect_sources(
                 f"({seen[key].path} and {source.path}); rename one with --model name=path"
             )
         seen[key] = source
-    if not sources:
+    if not sources and config.model_repository is None:
         raise ConfigError("no models to serve: give --model, --model-repository or --builtin")
     return sources
+
+
+def _empty_repository(root: Path, mode: str, others: list[ModelSource]) -> None:
+    """Refuse a repository without models when nothing would be served; warn otherwise."""
+    layout = f"one folder per model, such as {root / 'NAME' / '1' / 'model.onnx'}"
+    if mode == "none" and not others:
+        raise ConfigError(
+            f"model repository {root} holds no models, so there is nothing to serve: add "
+            f"{layout}; or pass --builtin for the demo models, or --model-control-mode "
+            "explicit or poll to add models while serving"
+        )
+    later = {
+        "poll": "; poll mode loads them as they appear",
+        "explicit": "; load them with `sordino models load NAME`",
+    }.get(mode, "")
+    log.warning("model repository %s holds no models (expected %s)%s", root, layout, later)
 
 
 def _describe(model: LoadedModel) -> str:
@@ -119,7 +140,8 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> None:
 @click.option(
     "--builtin/--no-builtin",
     default=None,
-    help="Serve the built-in demo models (default: only when no other model is given).",
+    help="Serve the built-in demo models (default: only when no model, --model or "
+    "repository is given).",
 )
 @click.option("--host", help="Address to listen on (default 127.0.0.1).")
 @click.option("--http-port", type=int, help="HTTP port (default 8000; 0 picks a free port).")

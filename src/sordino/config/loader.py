@@ -243,7 +243,7 @@ def _describe(
     """Format one pydantic error as ``location: problem (got value)[ [line N]]``."""
     kind, raw_loc = error["type"], tuple(error["loc"])
     loc, _ = _resolve(schema, raw_loc)
-    dotted = ".".join(str(part) for part in loc) or "(top level)"
+    dotted = ".".join(str(part) for part in loc)
     got: str | None = _short_repr(error["input"])
     if kind == "extra_forbidden":
         parent_loc, section = _resolve(schema, raw_loc[:-1])
@@ -259,6 +259,9 @@ def _describe(
         got = _short_repr(tag) if tag is not None else None
     else:
         problem = str(error["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    if not loc:
+        # A check across sections: its message names the keys; the input is the whole file.
+        return problem
     text = f"{dotted}: {problem}" + (f" (got {got})" if got is not None else "")
     as_text = tuple(str(part) for part in loc)
     if root is not None and not any(as_text[: len(key)] == key for key in overridden):

@@ -45,9 +45,11 @@ class RuntimeConfig(Section):
     @model_validator(mode="after")
     def _poll_needs_repository(self) -> RuntimeConfig:
         if self.server.model_control_mode == "poll" and self.model_repository is None:
+            # A check across sections: the message names its own location (see loader).
             raise ValueError(
-                "server.model_control_mode poll rescans the model repository, but "
-                "model_repository is not set; set it or use explicit"
+                "server.model_control_mode: poll rescans a model repository, but none is "
+                "given: pass --model-repository DIR (model_repository in a config file), "
+                "or use the mode explicit"
             )
         return self
 

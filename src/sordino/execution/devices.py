@@ -2,9 +2,11 @@
 
 Without a ``fallback_chain`` a model runs on one tier of devices chosen by its
 instance group (``cpu``, ``gpu`` with its ``gpus`` ids, or ``auto`` which follows the
-model's ``execution_providers``). With a chain, every model runs ``instance_count``
-instances on every available device of the chain, in chain order, so a switch finds a
-warm instance waiting.
+model's ``execution_providers``). ``execution_providers`` is a list of preferences: the
+providers this onnxruntime build lacks are dropped with one log line, and only a list
+of which none is available stops the model from loading. With a chain, every model runs
+``instance_count`` instances on every available device of the chain, in chain order, so
+a switch finds a warm instance waiting.
 """
 
 from __future__ import annotations
@@ -13,8 +15,17 @@ import logging
 from dataclasses import dataclass
 
 from sordino.config import EXECUTION_PROVIDERS, ModelConfig, RuntimeConfig
+from sordino.errors import ModelLoadError
 
-__all__ = ["Device", "Tier", "available_providers", "chain_devices", "model_tiers"]
+__all__ = [
+    "Device",
+    "Tier",
+    "available_providers",
+    "chain_devices",
+    "missing_provider",
+    "model_tiers",
+    "preferred_providers",
+]
 
 log = logging.getLogger("sordino.devices")
 
@@ -94,16 +105,44 @@ def model_tiers(model: ModelConfig, chain: list[Device] | None) -> list[Tier]:
             for device in chain
         ]
     threads = model.intra_op_threads
-    providers: tuple[str, ...] = tuple(model.execution_providers)
     if model.instance_kind == "gpu":
-        providers = (EXECUTION_PROVIDERS["cuda"],)
+        providers: tuple[str, ...] = (EXECUTION_PROVIDERS["cuda"],)
     elif model.instance_kind == "cpu":
         providers = (EXECUTION_PROVIDERS["cpu"],)
+    else:
+        providers = preferred_providers(model)
     if providers[0] in _ACCELERATED:
         ids = model.gpus or (0,)
         devices = tuple(Device(f"gpu{i}", providers, i, threads) for i in ids)
         return [Tier("gpu", devices)]
     return [Tier("cpu", (Device("cpu", providers, None, threads),))]
+
+
+def preferred_providers(model: ModelConfig) -> tuple[str, ...]:
+    """The model's ``execution_providers`` this machine has, in its order of preference.
+
+    A missing preferred provider is dropped with one log line, as a chain skips an
+    absent device; a list of which none is available is a :class:`ModelLoadError` that
+    names what is.
+    """
+    wanted = tuple(model.execution_providers)
+    available = available_providers()
+    usable = tuple(p for p in wanted if p in available)
+    absent = [p for p in wanted if p not in available]
+    if not usable:
+        raise ModelLoadError(
+            f"model {model.name}: none of its execution_providers ({', '.join(wanted)}) is in "
+            f"this onnxruntime build (available: {', '.join(available)}); add one of those "
+            "to execution_providers or install the matching onnxruntime package"
+        )
+    if absent:
+        log.warning(
+            "model %s: %s not in this onnxruntime build; falling back to %s",
+            model.name,
+            ", ".join(absent) + (" is" if len(absent) == 1 else " are"),
+            ", ".join(usable),
+        )
+    return usable
 
 
 def missing_provider(device: Device) -> str | None:

@@ -299,6 +299,13 @@ def _weight(kind: str) -> float:
     return 0.3
 
 
+def _cleared_at_end(offset: float) -> str:
+    """Say when a fault was cleared relative to the anomaly's end, ``offset`` seconds after."""
+    if abs(offset) < 0.05:
+        return "cleared as the anomaly ended"
+    return f"cleared {abs(offset):.1f} s {'after' if offset > 0 else 'before'} the anomaly ended"
+
+
 def correlate(anomaly: Anomaly, events: Sequence[JournalEvent]) -> Anomaly:
     """Return ``anomaly`` with the events near its onset ranked as causes."""
     causes = []
@@ -339,7 +346,7 @@ def correlate(anomaly: Anomaly, events: Sequence[JournalEvent]) -> Anomaly:
         ended = [e for e in cleared if abs(e.t - anomaly.end) <= 5]
         if ended:
             score *= 1.3
-            why.append(f"cleared {ended[0].t - anomaly.end:+.1f} s from the anomaly's end")
+            why.append(_cleared_at_end(ended[0].t - anomaly.end))
         causes.append(Cause(event, score, "; ".join(why)))
     causes.sort(key=lambda c: -c.score)
     return replace(anomaly, causes=tuple(causes[:5]))

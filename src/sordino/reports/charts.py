@@ -1,6 +1,6 @@
 """The charts of a diagnose report, drawn with matplotlib into PNG bytes.
 
-matplotlib is imported here only (the ``reports`` extra), through its
+matplotlib is imported here only, when a chart is drawn, through its
 object-oriented API (``Figure``), so it never touches a GUI backend or global state.
 """
 

@@ -29,6 +29,10 @@ from sordino.telemetry.profile_data import OperatorProfile
 __all__ = ["FOCUS", "Diagnosis", "ModelSummary", "diagnose", "when"]
 
 FOCUS = ("latency_spike", "memory", "errors", "all")
+# The share of requests a model should answer within its SLO, and the fewest requests
+# that share is judged on: below 100 a single slow request would decide a 99% target.
+SLO_TARGET = 0.99
+MIN_SLO_REQUESTS = 100
 _KINDS = {
     "latency_spike": {"latency_spike"},
     "memory": {"fragmentation_climb", "memory_growth"},
@@ -271,11 +275,20 @@ def recommend(diagnosis: Diagnosis) -> list[str]:
                 "it or look for a cache without a bound."
             )
     for model in diagnosis.models:
-        if model.slo_attainment is not None and model.slo_ms and model.slo_attainment < 0.99:
+        if (
+            model.slo_attainment is not None
+            and model.slo_ms
+            and model.requests >= MIN_SLO_REQUESTS
+            and model.slo_attainment < SLO_TARGET
+        ):
+            p99 = (
+                f"; p99 was {model.p99_ms:.1f} ms typically and {model.p99_max_ms:.1f} ms at worst"
+                if model.p99_ms is not None and model.p99_max_ms is not None
+                else ""
+            )
             out.append(
                 f"{model.name} answered {model.slo_attainment:.1%} of {model.requests} requests "
-                f"within its {model.slo_ms:.0f} ms SLO (target 99%); p99 was "
-                f"{_fmt(model.p99_ms)} ms typically and {_fmt(model.p99_max_ms)} ms at worst."
+                f"within its {model.slo_ms:.0f} ms SLO (target {SLO_TARGET:.0%}){p99}."
             )
         if model.busy_mean > 0.8:
             out.append(
@@ -297,9 +310,10 @@ def recommend(diagnosis: Diagnosis) -> list[str]:
                 "optimisation (fusion, quantisation, a faster provider) pays most."
             )
     if not diagnosis.anomalies:
-        worst = max((m.p99_max_ms or 0 for m in diagnosis.models), default=0)
+        p99s = [m.p99_max_ms for m in diagnosis.models if m.p99_max_ms is not None]
+        latency = f"the worst per-second p99 was {max(p99s):.1f} ms and " if p99s else ""
         out.append(
             f"No anomaly found between {when(diagnosis.start)} and {when(diagnosis.end)}: "
-            f"the worst per-second p99 was {worst:.1f} ms and no error burst occurred."
+            f"{latency}no error burst occurred."
         )
     return out

@@ -90,6 +90,8 @@ async def _infer(
     headers: dict[str, str]
     try:
         body = await _read_body(receive, limit, declared)
+        # An unknown model is answered 404 whatever the body holds, as Triton does.
+        runtime.get(match["model"], match["version"])
         request = decode_infer_request(
             body,
             model=match["model"],

@@ -117,7 +117,10 @@ class InferenceServicer:
         return message_from_json(document, pb.ModelStatisticsResponse)
 
     async def ModelInfer(self, raw: bytes, context: Any) -> pb.ModelInferResponse:
-        request = decode_infer_request(parse_message(pb.ModelInferRequest, raw))
+        message = parse_message(pb.ModelInferRequest, raw)
+        # An unknown model is answered NOT_FOUND whatever the message holds, as Triton does.
+        self.runtime.get(message.model_name, message.model_version or None)
+        request = decode_infer_request(message)
         response = await self.runtime.service.infer(request)
         try:
             return encode_infer_response(response, request)
@@ -184,6 +187,7 @@ class InferenceServicer:
         try:
             message = parse_message(pb.ModelInferRequest, raw)
             request_id, model, version = message.id, message.model_name, message.model_version
+            self.runtime.get(model, version or None)  # an unknown model wins over a bad message
             request = decode_infer_request(message)
             empty_final = bool(request.parameters.pop(EMPTY_FINAL_RESPONSE, False))
             async with aclosing(self.runtime.service.responses(request)) as responses:

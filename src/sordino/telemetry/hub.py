@@ -132,7 +132,7 @@ class Telemetry:
         try:
             import statsmodels  # noqa: F401
         except ImportError:
-            log.info("no forecasts: install sordino[reports] (statsmodels) to get them")
+            log.info("no forecasts: statsmodels is not installed (pip install statsmodels)")
             return
         loop = asyncio.get_running_loop()
         while True:
