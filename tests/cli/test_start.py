@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +26,9 @@ def test_start_serves_builtins_and_stops_on_sigterm(tmp_path: Path) -> None:
     with sordino_start([], tmp_path) as server:
         loaded = [line for line in server.lines if line.startswith("loaded ")]
         assert len(loaded) == 4
+        # The batch cap (scheduler max_batch) and the request limit (max_batch_size) differ.
+        digits = next(line for line in loaded if "digits-classifier" in line)
+        assert "batch ≤32, ≤64 items per request, mode " in digits
         r = httpx.post(f"{server.url}/v2/models/digits-classifier/infer", json={"inputs": [PIXELS]})
         assert r.status_code == 200
         server.process.send_signal(signal.SIGTERM)
@@ -177,3 +182,128 @@ def test_port_in_use_is_clear(tmp_path: Path) -> None:
         )  # fmt: skip
     assert result.returncode == 2
     assert "cannot listen" in result.stderr
+
+
+def _popen(args: list[str], *, new_session: bool = False) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "sordino", "start", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=new_session,
+    )  # fmt: skip
+
+
+def _read_until(process: subprocess.Popen[str], needle: str, lines: list[str]) -> None:
+    """Read output lines into ``lines`` until one contains ``needle`` (fail at the end)."""
+    assert process.stdout is not None
+    for line in process.stdout:
+        lines.append(line.rstrip("\n"))
+        if needle in line:
+            return
+    raise AssertionError(f"sordino start ended before {needle!r}:\n" + "\n".join(lines))
+
+
+def _children(pid: int) -> set[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # it ended meanwhile
+        if int(fields[1]) == pid:
+            found.add(int(stat.parent.name))
+    return found
+
+
+def test_ctrl_c_during_start_up_says_interrupted_and_exits_130(tmp_path: Path) -> None:
+    """Ctrl-C to the whole process group while models load: one line, status 130."""
+    process = _popen(
+        ["--http-port", "0", "--grpc-port", "0", "--data-dir", str(tmp_path)], new_session=True
+    )
+    lines: list[str] = []
+    try:
+        # The first of the four built-in models is loaded; Ctrl-C comes as soon as the
+        # next one's worker exists, in its interpreter's start-up and imports.
+        _read_until(process, "loaded ", lines)
+        before = _children(process.pid)
+        for _ in range(2000):
+            if _children(process.pid) - before:
+                break
+            threading.Event().wait(0.005)
+        else:
+            raise AssertionError("no worker was started for the second model")
+        os.killpg(process.pid, signal.SIGINT)
+        rest, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    output = "\n".join(lines) + "\n" + rest
+    assert process.returncode == 130, output
+    assert rest.splitlines()[-1] == "interrupted", output
+    assert "listening on" not in output
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output
+    assert "could not start" not in output and "SIGINT" not in output
+    for _ in range(200):  # the workers went with the server
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            break
+        threading.Event().wait(0.05)
+    else:
+        raise AssertionError("a worker outlived the interrupted start-up")
+
+
+def test_http_port_0_alone_takes_a_free_grpc_port_too(tmp_path: Path) -> None:
+    """A second server needs no --grpc-port: 8001 may be taken (here it is, by us or another)."""
+    holder = socket.socket()
+    try:
+        holder.bind(("127.0.0.1", 8001))
+        holder.listen()
+    except OSError:
+        pass  # 8001 is taken already, which is the case under test
+    simple = BUILTIN / "simple.onnx"
+    process = _popen(["--http-port", "0", "--model", str(simple), "--data-dir", str(tmp_path)])
+    lines: list[str] = []
+    try:
+        _read_until(process, "grpc://", lines)
+        port = int(re.search(r"grpc://127\.0\.0\.1:(\d+)", lines[-1]).group(1))  # type: ignore[union-attr]
+        assert port not in (0, 8001)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    finally:
+        holder.close()
+        if process.poll() is None:
+            process.kill()
+
+
+def test_a_taken_grpc_port_is_named_before_any_model_loads(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "sordino", "start", "--http-port", "0", "--grpc-port",
+             str(port), "--data-dir", str(tmp_path)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"error: cannot listen for gRPC on 127.0.0.1:{port}: Address already in use; pick "
+        "another port with --grpc-port (0 picks a free one)"
+    )
+    assert "loaded" not in result.stdout and "Failed to add port" not in result.stderr
+
+
+def test_a_second_server_on_the_same_data_dir_is_refused(tmp_path: Path) -> None:
+    """Two servers writing one journal would mix their series in diagnose."""
+    with sordino_start([], tmp_path) as first:
+        result = subprocess.run(
+            [sys.executable, "-m", "sordino", "start", "--http-port", "0", "--grpc-port", "0",
+             "--data-dir", str(tmp_path / "data")],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert httpx.get(f"{first.url}/v2/health/ready").status_code == 200
+    assert result.returncode == 2
+    assert "in use by another sordino server" in result.stderr
+    assert "--data-dir" in result.stderr and "Traceback" not in result.stderr
+    assert "loaded" not in result.stdout

@@ -21,12 +21,12 @@ import tritonclient.grpc as grpcclient
 from sordino.clock import MonotonicClock
 from sordino.config import RuntimeConfig
 from sordino.errors import InferenceFailed
-from sordino.events import EventSink
+from sordino.events import Event, EventSink
 from sordino.execution.chain import ChainExecutor
 from sordino.inference import ModelKey
 from sordino.memory.refs import Tensors, TensorsBuilder
 from sordino.models.repository import builtin_sources
-from sordino.testing import serve_in_thread
+from sordino.testing import VirtualClock, serve_in_thread
 from tests.waiting import wait_for
 
 SOURCE = next(s for s in builtin_sources() if s.name == "digits-classifier")
@@ -79,18 +79,49 @@ async def test_a_batch_that_succeeds_holds_only_its_outputs(executor: ChainExecu
 
 
 async def test_worker_death_mid_batch(executor: ChainExecutor) -> None:
+    """The only worker dies with the batch, and again with its retry: the batch fails."""
     parts = [_inputs(executor), _inputs(executor, 2)]
-    executor.inject_fault("worker:digits-classifier", "crash", rate=1.0, duration_s=0.5)
-    with pytest.raises(InferenceFailed):
+    fault = executor.inject_fault("worker:digits-classifier", "crash", rate=1.0)
+    with pytest.raises(InferenceFailed, match="lost its worker twice"):
         await executor.run(KEY, parts)
     for part in parts:
         part.release()
     assert _in_use(executor) == 0
+    executor.faults.clear(fault.id)
     await _serving(executor)
-    await asyncio.sleep(0.6)  # the fault window ends
     with _inputs(executor) as inputs, await executor.run(KEY, [inputs]) as after:
         assert after["probabilities"].shape == (3, 10)
     assert _in_use(executor) == 0
+    assert executor.statistics().retries == 1
+
+
+async def test_a_crash_on_the_only_instance_is_retried_on_its_restart() -> None:
+    """One instance crashes with a batch: the batch waits for the restart and runs there."""
+    events = EventSink()
+    config = RuntimeConfig.model_validate({"workers": {"restart_backoff": "50ms"}})
+    executor = ChainExecutor(config, clock=MonotonicClock(), events=events)
+    await executor.load(KEY, SOURCE.path, SOURCE.config)
+    try:
+        fault = executor.inject_fault("worker:digits-classifier", "crash", rate=1.0)
+
+        def clear_on_crash(event: Event) -> None:
+            # The crash is seen before the restart begins: the retry runs without the fault.
+            if event.kind == "worker_failed":
+                executor.faults.clear(fault.id)
+
+        events.subscribe(clear_on_crash)
+        parts = [_inputs(executor), _inputs(executor, 2)]
+        with await executor.run(KEY, parts) as outputs:
+            assert outputs["probabilities"].shape == (5, 10)
+        for part in parts:
+            part.release()
+        assert _in_use(executor) == 0
+        (worker,) = executor.statistics().workers
+        assert (worker.restarts, worker.state) == (1, "ready")
+        assert [e.cause for e in events.recent("batch_retried")] == ["exited with code 70"]
+        assert executor.statistics().retries == 1
+    finally:
+        await executor.aclose()
 
 
 async def test_cancelled_while_the_worker_runs(executor: ChainExecutor) -> None:
@@ -156,3 +187,32 @@ def test_a_server_under_mixed_traffic_returns_to_zero() -> None:
             return stats is not None and stats.in_use_bytes == 0
 
         wait_for(idle, "the arena to hold nothing once every request ended")
+
+
+async def test_a_retry_gives_up_when_the_only_instance_does_not_come_back_in_time() -> None:
+    """The restart lies beyond workers.start_timeout: the batch fails, saying so."""
+    clock = VirtualClock()
+    events = EventSink()
+    config = RuntimeConfig.model_validate(
+        {"workers": {"restart_backoff": "30s", "start_timeout": "20s"}}
+    )
+    executor = ChainExecutor(config, clock=clock, events=events)
+    await executor.load(KEY, SOURCE.path, SOURCE.config)
+    try:
+        executor.inject_fault("worker:digits-classifier", "crash", rate=1.0)
+        inputs = _inputs(executor)
+        task = asyncio.ensure_future(executor.run(KEY, [inputs]))
+        for _ in range(1000):
+            if events.recent("worker_failed") or task.done():
+                break
+            await asyncio.sleep(0.01)
+        assert not task.done() and events.recent("batch_retried")
+        await clock.advance(19)
+        assert not task.done()  # still waiting for the restart
+        await clock.advance(1)
+        with pytest.raises(InferenceFailed, match=r"within 20 s \(workers.start_timeout\)"):
+            await task
+        inputs.release()
+        assert _in_use(executor) == 0
+    finally:
+        await executor.aclose()

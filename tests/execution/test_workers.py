@@ -17,6 +17,7 @@ import pytest
 
 from sordino.config import RuntimeConfig
 from sordino.control.client import AdminClient
+from sordino.events import Event
 from sordino.testing import RunningServer, serve_in_thread
 from tests.execution.load import BODY, Load, digits, events, mark, wait_until, worker
 
@@ -203,3 +204,30 @@ def test_a_batch_cancelled_mid_run_replaces_its_worker(pair: RunningServer) -> N
     assert [e.cause for e in failed] == ["its batch was cancelled while it ran"]
     r = httpx.post(f"{pair.url}/v2/models/digits-classifier/infer", json=BODY, timeout=60)
     assert r.status_code == 200
+
+
+def test_crash_on_the_only_instance_costs_the_client_no_error() -> None:
+    """One instance (the default) and one crashed batch: the client gets its answer."""
+    config = RuntimeConfig.model_validate(
+        {"server": {"admin_token": TOKEN}, "workers": {"restart_backoff": "100ms"}}
+    )
+    with serve_in_thread(config, digits()) as server:
+        admin = AdminClient(server.url, TOKEN)
+        fault = admin.inject("worker:digits-classifier", "crash")
+
+        def clear_on_crash(event: Event) -> None:
+            # On the server's loop, as the crash is seen: the retry runs without the fault.
+            if event.kind == "worker_failed":
+                server.runtime.executor.faults.clear(fault["id"])
+
+        server.runtime.events.subscribe(clear_on_crash)
+        response = httpx.post(f"{server.url}/v2/models/digits-classifier/infer", json=BODY)
+        assert response.status_code == 200, response.text
+        assert [e.cause for e in events(server, "batch_retried")] == ["exited with code 70"]
+        assert worker(server, 0).restarts == 1
+
+        def arena_empty() -> bool:
+            arena = server.runtime.executor.arena_statistics()
+            return arena is not None and arena.in_use_bytes == 0
+
+        wait_until(arena_empty, 30, "the arena to hold nothing once the response went out")

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from sordino.events import Event
-from sordino.telemetry.journal import Journal
+from sordino.telemetry.journal import Journal, JournalInUse
 from sordino.telemetry.journal_reader import JournalReader, MissingJournal
 from sordino.telemetry.series import ResourceRow, SecondRow
 from tests.waiting import wait_for
@@ -154,3 +154,17 @@ def test_journal_survives_kill_9_and_matches_the_traffic(tmp_path: Path) -> None
         if row.t in per_second and row.t < int(kill_at) - 2:
             assert abs(row.requests - per_second[row.t]) <= 2, row
     assert {e.kind for e in window.events} >= {"server_started", "model_loaded"}
+
+
+def test_a_second_writer_of_one_journal_is_refused(tmp_path: Path) -> None:
+    """Two servers on one data dir would mix their series: the second is refused."""
+    first = Journal(tmp_path / "j.sqlite3")
+    first.open()
+    try:
+        with pytest.raises(JournalInUse, match=rf"pid {os.getpid()}.*--data-dir"):
+            Journal(tmp_path / "j.sqlite3").open()
+    finally:
+        first.close()
+    again = Journal(tmp_path / "j.sqlite3")  # the lock went with the first one's close
+    again.open()
+    again.close()

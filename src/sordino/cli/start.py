@@ -1,4 +1,9 @@
-"""``sordino start``: load models and serve them until Ctrl-C or SIGTERM."""
+"""``sordino start``: load models and serve them until Ctrl-C or SIGTERM.
+
+A signal during start-up cancels it (the workers already started are stopped): Ctrl-C
+prints ``interrupted`` and exits 130 (SIGTERM: ``terminated``, 143). Once serving, a
+signal stops the server gracefully.
+"""
 
 from __future__ import annotations
 
@@ -84,38 +89,74 @@ def _describe(model: LoadedModel) -> str:
     meta = model.metadata
     inputs = ", ".join(f"{s.name} {s.datatype}{list(s.shape)}" for s in meta.inputs)
     controller = model.scheduler.statistics().controller
-    batching = (
-        f"batch ≤{controller.max_batch}, mode {controller.effective_mode}"
-        if model.max_batch_size
-        else "no batching"
-    )
+    if not model.max_batch_size:
+        batching = "no batching"
+    elif model.max_batch_size == controller.max_batch:
+        batching = f"batch ≤{controller.max_batch}, mode {controller.effective_mode}"
+    else:
+        # A request may carry more rows than a batch the scheduler forms: say both.
+        batching = (
+            f"batch ≤{controller.max_batch}, ≤{model.max_batch_size} items per request, "
+            f"mode {controller.effective_mode}"
+        )
     return f"loaded {meta.name} v{meta.version}: {inputs} ({batching})"
 
 
-async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> None:
+INTERRUPTED = 128 + signal.SIGINT
+"""The exit status after Ctrl-C, as a shell reports a process ended by SIGINT (130)."""
+
+
+async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
+    """Serve until SIGINT or SIGTERM; return the exit status.
+
+    During start-up either signal cancels it: what already started is stopped, one
+    line says so (``interrupted``, ``terminated``) and the status is 128 + the signal's
+    number (130 for Ctrl-C). Once serving, a signal starts the graceful stop (status 0).
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    assert main is not None
+    serving = False
+    interrupted_by: signal.Signals | None = None
+
+    def on_signal(sig: signal.Signals) -> None:
+        nonlocal interrupted_by
+        if serving:
+            stop.set()
+        elif interrupted_by is None:  # later signals while start-up unwinds change nothing
+            interrupted_by = sig
+            main.cancel()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     journal = config.server.data_dir / config.telemetry.journal_file
-    async with open_server(
-        config,
-        sources,
-        journal=journal if config.telemetry.journal else None,
-        on_journal=lambda path: click.echo(f"journal at {path}"),
-        on_loaded=lambda model: click.echo(_describe(model)),
-    ) as server:
-        click.echo(
-            f"sordino listening on {server.url} (KServe v2 HTTP, metrics at "
-            f"{server.url}/metrics, dashboard at {server.url}/dashboard)"
-        )
-        click.echo(
-            f"sordino listening on grpc://{server.grpc.address} (KServe v2 gRPC, "
-            f"model control: {server.control.mode})"
-        )
-        await stop.wait()
-        click.echo("shutting down: finishing queued requests", err=True)
+    try:
+        async with open_server(
+            config,
+            sources,
+            journal=journal if config.telemetry.journal else None,
+            on_journal=lambda path: click.echo(f"journal at {path}"),
+            on_loaded=lambda model: click.echo(_describe(model)),
+        ) as server:
+            serving = True
+            click.echo(
+                f"sordino listening on {server.url} (KServe v2 HTTP, metrics at "
+                f"{server.url}/metrics, dashboard at {server.url}/dashboard)"
+            )
+            click.echo(
+                f"sordino listening on grpc://{server.grpc.address} (KServe v2 gRPC, "
+                f"model control: {server.control.mode})"
+            )
+            await stop.wait()
+            click.echo("shutting down: finishing queued requests", err=True)
+    except asyncio.CancelledError:
+        if interrupted_by is None or main.uncancel() > 0:
+            raise
+        click.echo("interrupted" if interrupted_by == signal.SIGINT else "terminated", err=True)
+        return 128 + interrupted_by
     click.echo("stopped", err=True)
+    return 0
 
 
 @click.command()
@@ -144,7 +185,12 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> None:
     "repository is given).",
 )
 @click.option("--host", help="Address to listen on (default 127.0.0.1).")
-@click.option("--http-port", type=int, help="HTTP port (default 8000; 0 picks a free port).")
+@click.option(
+    "--http-port",
+    type=int,
+    help="HTTP port (default 8000; 0 picks a free port, and then a free gRPC port too "
+    "unless --grpc-port or server.grpc_port is given).",
+)
 @click.option("--grpc-port", type=int, help="gRPC port (default 8001; 0 picks a free port).")
 @click.option(
     "--model-control-mode",
@@ -159,7 +205,7 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> None:
 @click.option(
     "--data-dir",
     type=click.Path(path_type=Path, file_okay=False),
-    help="Where sordino keeps its state (default ~/.sordino).",
+    help="Where sordino keeps its state (default ~/.sordino); one server per data dir.",
 )
 @click.option(
     "--mode",
@@ -186,7 +232,12 @@ def start(
     mode: str | None,
     log_level: str,
 ) -> None:
-    """Load models and serve them over KServe v2 HTTP and gRPC until Ctrl-C or SIGTERM."""
+    """Load models and serve them over KServe v2 HTTP and gRPC until Ctrl-C or SIGTERM.
+
+    Exit status: 0 after a graceful stop, 2 when start-up fails (a bad configuration,
+    a port or data dir in use, a model that cannot load), 130 after Ctrl-C (143 after
+    SIGTERM) while models are still loading.
+    """
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -202,18 +253,35 @@ def start(
     }
     try:
         config = load_config(config_path, {k: v for k, v in overrides.items() if v is not None})
+        config = _free_grpc_port_with_free_http_port(config)
         sources = collect_sources(config, models, builtin)
         config.server.data_dir.mkdir(parents=True, exist_ok=True)
-        _run(config, sources)
+        status = _run(config, sources)
     except (SordinoError, OSError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C before the event loop took the signal over
+        click.echo("interrupted", err=True)
+        sys.exit(INTERRUPTED)
+    if status:
+        sys.exit(status)
 
 
-def _run(config: RuntimeConfig, sources: list[ModelSource]) -> None:
+def _free_grpc_port_with_free_http_port(config: RuntimeConfig) -> RuntimeConfig:
+    """HTTP port 0 with no gRPC port given (flag or file): gRPC takes a free port too.
+
+    Otherwise a second server started with ``--http-port 0`` alone would fail on the
+    first one's gRPC port, 8001.
+    """
+    server = config.server
+    if server.http_port != 0 or "grpc_port" in server.model_fields_set:
+        return config
+    return config.model_copy(update={"server": server.model_copy(update={"grpc_port": 0})})
+
+
+def _run(config: RuntimeConfig, sources: list[ModelSource]) -> int:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
-        asyncio.run(_serve(config, sources))
-    else:
-        uvloop.run(_serve(config, sources))
+        return asyncio.run(_serve(config, sources))
+    return uvloop.run(_serve(config, sources))

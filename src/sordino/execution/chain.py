@@ -14,7 +14,9 @@ with each request's inputs as one part. Behind it, for each batch:
 3. If the model raises there, the failure feeds the device's breaker and the batch is
    retried at once on the next device of the chain; the time this costs is measured
    as the switch time. If the instance itself is lost (crash, hang, timeout), the
-   batch is retried once on another serving instance while the lost one restarts.
+   batch is retried once on another serving instance while the lost one restarts;
+   when no other instance serves, on the restarted one (if it serves again within
+   ``workers.start_timeout``).
 
 Only when every device failed does the batch fail, with the last error. The
 executor also loads and unloads instances (``execution/instances.py``), delegates
@@ -30,7 +32,7 @@ from pathlib import Path
 
 from sordino.backends.base import Backend
 from sordino.backends.registry import check_backend_kind
-from sordino.clock import Clock
+from sordino.clock import Clock, TimerHandle
 from sordino.config import ModelConfig, RuntimeConfig
 from sordino.errors import InferenceFailed, ModelLoadError, ModelNotReady, Unavailable
 from sordino.events import EventSink
@@ -94,9 +96,14 @@ class ChainExecutor:
                     opening.append((slot, instance))
                     index += 1
             slots.append(slot)
-        results = await asyncio.gather(
-            *(inst.open() for _, inst in opening), return_exceptions=True
-        )
+        try:
+            results = await asyncio.gather(
+                *(inst.open() for _, inst in opening), return_exceptions=True
+            )
+        except asyncio.CancelledError:
+            # Start-up interrupted: stop the workers already spawned (or spawning).
+            await asyncio.gather(*(inst.aclose() for _, inst in opening), return_exceptions=True)
+            raise
         metadata: ModelMetadata | None = None
         errors: list[str] = []
         for (slot, instance), result in zip(opening, results, strict=True):
@@ -230,69 +237,93 @@ class ChainExecutor:
             self._staging.release(staged)
 
     async def _dispatch(self, model: PlacedModel, batch: StagedBatch) -> dict[str, TensorRef]:
-        """Run ``batch`` where :func:`choose` says, down the chain and past lost instances."""
+        """Run ``batch`` where :func:`choose` says, down the chain and past lost instances.
+
+        A batch whose instance is lost is retried once: on another serving instance,
+        or, when none serves, on the lost one once it is restarted, if that happens
+        within ``workers.start_timeout`` of the loss.
+        """
         tried: set[str] = set()
         lost: set[int] = set()
         failed_at: float | None = None
         failed_tier = ""
         last_error = ""
-        while True:
-            choice = await choose(model, tried, lost)
-            if choice is None:
-                raise InferenceFailed(
-                    f"model {model.key} failed on every device it runs on: {last_error}"
-                )
-            slot, instance = choice
-            probe = slot.breaker.begin() if slot.breaker is not None else False
-            fault = self.faults.pick(model.key.name, instance.index, instance.device.name)
-            started = self._clock.now()
-            dispatch_s = started - failed_at if failed_at is not None else 0.0
-            try:
-                outputs = await instance.run(batch, fault)
-            except (WorkerError, WorkerLost) as exc:
-                now = self._clock.now()
-                cause = exc.cause if isinstance(exc, WorkerLost) else str(exc)
-                last_error = cause
-                if slot.breaker is not None:
-                    slot.breaker.record(False, now - started, probe=probe, cause=cause)
-                if isinstance(exc, WorkerLost):
-                    lost.add(instance.index)
-                    if len(lost) > 1:
+        give_up_at: float | None = None
+        timer: TimerHandle | None = None
+
+        def give_up() -> bool:
+            return give_up_at is not None and self._clock.now() >= give_up_at
+
+        try:
+            while True:
+                choice = await choose(model, tried, lost, give_up=give_up)
+                if choice is None:
+                    if give_up():
                         raise InferenceFailed(
-                            f"model {model.key}: the batch lost two instances ({cause})"
-                        ) from None
-                    self._retries += 1
-                    self._events.emit(
-                        "batch_retried", instance.subject, cause, device=instance.device.name
+                            f"model {model.key}: {last_error}, and no instance served again "
+                            f"within {self._settings.start_timeout:g} s (workers.start_timeout)"
+                        )
+                    raise InferenceFailed(
+                        f"model {model.key} failed on every device it runs on: {last_error}"
                     )
-                else:
-                    tried.add(slot.name)
-                    if len(model.tiers) == 1:
-                        raise InferenceFailed(
-                            f"model {model.key} failed on a batch: {cause}"
-                        ) from None
-                if failed_at is None:
-                    failed_at, failed_tier = now, slot.name
-                continue
-            finally:
-                instance.busy = False
-                model.signal.fire()
-            now = self._clock.now()
-            if slot.breaker is not None:
-                slot.breaker.record(True, now - started, probe=probe)
-            if failed_at is not None and slot.name != failed_tier:
-                switch_s = now - failed_at
-                self._switches.record(model.key.name, failed_tier, slot.name, switch_s, dispatch_s)
-                self._events.emit(
-                    "device_switch",
-                    str(model.key),
-                    last_error,
-                    from_device=failed_tier,
-                    to_device=slot.name,
-                    switch_s=switch_s,
-                    dispatch_s=dispatch_s,
-                )
-            return outputs
+                slot, instance = choice
+                probe = slot.breaker.begin() if slot.breaker is not None else False
+                fault = self.faults.pick(model.key.name, instance.index, instance.device.name)
+                started = self._clock.now()
+                dispatch_s = started - failed_at if failed_at is not None else 0.0
+                try:
+                    outputs = await instance.run(batch, fault)
+                except (WorkerError, WorkerLost) as exc:
+                    now = self._clock.now()
+                    cause = exc.cause if isinstance(exc, WorkerLost) else str(exc)
+                    last_error = cause
+                    if slot.breaker is not None:
+                        slot.breaker.record(False, now - started, probe=probe, cause=cause)
+                    if isinstance(exc, WorkerLost):
+                        if give_up_at is not None:
+                            raise InferenceFailed(
+                                f"model {model.key}: the batch lost its worker twice ({cause})"
+                            ) from None
+                        lost.add(instance.index)
+                        give_up_at = now + self._settings.start_timeout
+                        timer = self._clock.call_at(give_up_at, model.signal.fire)
+                        self._retries += 1
+                        self._events.emit(
+                            "batch_retried", instance.subject, cause, device=instance.device.name
+                        )
+                    else:
+                        tried.add(slot.name)
+                        if len(model.tiers) == 1:
+                            raise InferenceFailed(
+                                f"model {model.key} failed on a batch: {cause}"
+                            ) from None
+                    if failed_at is None:
+                        failed_at, failed_tier = now, slot.name
+                    continue
+                finally:
+                    instance.busy = False
+                    model.signal.fire()
+                now = self._clock.now()
+                if slot.breaker is not None:
+                    slot.breaker.record(True, now - started, probe=probe)
+                if failed_at is not None and slot.name != failed_tier:
+                    switch_s = now - failed_at
+                    self._switches.record(
+                        model.key.name, failed_tier, slot.name, switch_s, dispatch_s
+                    )
+                    self._events.emit(
+                        "device_switch",
+                        str(model.key),
+                        last_error,
+                        from_device=failed_tier,
+                        to_device=slot.name,
+                        switch_s=switch_s,
+                        dispatch_s=dispatch_s,
+                    )
+                return outputs
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     # -- profiling -------------------------------------------------------------------
 

@@ -243,10 +243,25 @@ class ProcessInstance(_Base):
                 batch.allocate,
                 self._settings.execution_timeout,
             )
-        except (WorkerLost, WorkerError):
+        except WorkerError:
             self.failures += 1
             raise
+        except WorkerLost:
+            self.failures += 1
+            self._lost(worker)
+            raise
         return read_outputs(batch.buffer, outputs)
+
+    def _lost(self, worker: WorkerProcess) -> None:
+        """Stop routing to ``worker`` now that it is gone; the supervisor replaces it.
+
+        The supervisor hears of the exit a moment later; until then the instance must
+        not look "ready" with no live worker, or a batch retried at once would find no
+        instance to wait for.
+        """
+        if worker is self._worker and not worker.alive and self.state == "ready":
+            self.state = "restarting"
+            self._notify()
 
     @property
     def profiling(self) -> bool:
@@ -368,8 +383,7 @@ class ProcessInstance(_Base):
             silent = self._clock.now() - worker.last_beat
             if not worker.dead.done() and worker.alive and silent > timeout:
                 worker.kill(f"hang: no heartbeat for {silent:.1f} s (timeout {timeout:g} s)")
-            if not worker.alive and self.state == "ready":
+            if not worker.alive:
                 # Killed (hang, timeout): stop routing to it before the exit is seen.
-                self.state = "restarting"
-                self._notify()
+                self._lost(worker)
         return worker.dead.result()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sordino.clock import Clock
@@ -77,14 +78,20 @@ class PlacedModel:
 
 
 async def choose(
-    model: PlacedModel, tried: set[str], lost: set[int]
+    model: PlacedModel,
+    tried: set[str],
+    lost: set[int],
+    *,
+    give_up: Callable[[], bool] | None = None,
 ) -> tuple[TierSlot, Instance] | None:
     """Wait for an idle serving instance on the best tier; None when none is left.
 
     Tiers in ``tried`` failed this batch already and are passed over. Instances in
     ``lost`` lost this batch (crash, hang, timeout) and are passed over while another
-    serves. The instance returned is marked busy; the caller frees it and fires
-    ``model.signal``.
+    serves; when none other does, the batch waits for a lost one to be restarted.
+    ``give_up`` is asked each time the wait ends without an instance (the caller fires
+    ``model.signal`` when its time is up): once it says True, None is returned. The
+    instance returned is marked busy; the caller frees it and fires ``model.signal``.
     """
     while True:
         live = [
@@ -111,6 +118,8 @@ async def choose(
                 if id(instance) in usable and not instance.busy:
                     instance.busy = True
                     return candidates[0], instance
+        if give_up is not None and give_up():
+            return None
         await model.signal.wait()
 
 

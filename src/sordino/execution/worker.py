@@ -97,6 +97,12 @@ _MAIN_LOCK = threading.Lock()
 # them, this kills what is left, before multiprocessing's own exit hook waits for them.
 _LIVE_PIDS: set[int] = set()
 
+# Blocked in the thread that spawns a worker, so the child starts with them blocked
+# (a blocked mask survives fork and exec): a Ctrl-C during the child's interpreter
+# start-up and imports stays pending instead of raising KeyboardInterrupt there, and
+# is discarded when worker_main ignores these signals and unblocks them.
+WORKER_IGNORED_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
+
 
 @atexit.register
 def _kill_leftover_workers() -> None:
@@ -111,9 +117,18 @@ def _start_apart_from_main(process: Any) -> None:
     ``spawn`` re-imports the parent's ``__main__`` in every child, so a script that
     embeds sordino without an ``if __name__ == "__main__"`` guard would start itself
     again in each worker. A worker needs only sordino, so the main module's path is
-    hidden for the moment of the start.
+    hidden for the moment of the start. SIGINT and SIGTERM are blocked in this thread
+    meanwhile, so the child starts with them blocked (see ``WORKER_IGNORED_SIGNALS``).
     """
     main = sys.modules.get("__main__")
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_IGNORED_SIGNALS)
+    try:
+        _start_without_main(process, main)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+def _start_without_main(process: Any, main: Any) -> None:
     with _MAIN_LOCK:
         saved = {
             name: main.__dict__.pop(name)
@@ -166,17 +181,21 @@ class WorkerProcess:
         return not self.dead.done() and self._kill_cause is None and not self._broken
 
     async def start(self, timeout_s: float) -> ModelMetadata:
-        """Spawn the process; return the model's metadata once it has warmed up."""
-        await self._loop.run_in_executor(None, _start_apart_from_main, self._process)
-        assert self._child_conn is not None
-        self._child_conn.close()  # our copy; the child's end closing must mean EOF here
-        self._child_conn = None
-        self.pid = self._process.pid
-        if self.pid is not None:
-            _LIVE_PIDS.add(self.pid)
-        # Replies are read on the event loop itself (no reader thread): no GIL hand-off
-        # and no cross-thread wake-up per batch.
-        self._loop.add_reader(self._conn.fileno(), self._readable)
+        """Spawn the process; return the model's metadata once it has warmed up.
+
+        If the caller is cancelled, a process already spawning is still watched, so
+        that :meth:`stop` can end it.
+        """
+        spawning = self._loop.run_in_executor(None, _start_apart_from_main, self._process)
+        try:
+            await asyncio.shield(spawning)
+        except asyncio.CancelledError:
+            # The spawn goes on in its thread: wait for it (moments), then watch the child.
+            with contextlib.suppress(Exception):
+                await spawning
+            self._watch()
+            raise
+        self._watch()
         waiting: set[asyncio.Future[Any]] = {self._ready, self.dead}
         done, _ = await asyncio.wait(
             waiting, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
@@ -193,6 +212,20 @@ class WorkerProcess:
         if self._ready.done() and self._ready.exception() is not None:
             raise self._ready.exception()  # type: ignore[misc]
         raise ModelLoadError(f"worker for {self.spec.model} {self.dead.result()} while starting")
+
+    def _watch(self) -> None:
+        """Read the pipe of the spawned process from now on (nothing if it did not spawn)."""
+        if self._child_conn is None:
+            return
+        self._child_conn.close()  # our copy; the child's end closing must mean EOF here
+        self._child_conn = None
+        self.pid = self._process.pid
+        if self.pid is None:
+            return
+        _LIVE_PIDS.add(self.pid)
+        # Replies are read on the event loop itself (no reader thread): no GIL hand-off
+        # and no cross-thread wake-up per batch.
+        self._loop.add_reader(self._conn.fileno(), self._readable)
 
     async def run(
         self,
@@ -291,15 +324,21 @@ class WorkerProcess:
         self._fail_pending(cause)
 
     async def stop(self, timeout_s: float = 5.0) -> None:
-        """Ask the worker to exit; kill it if it has not within ``timeout_s``."""
+        """Ask the worker to exit; kill it if it has not within ``timeout_s``.
+
+        A worker still loading reads no message yet: it is killed at once.
+        """
         if self.dead.done():
             return
         if self.pid is None:
             self._kill_cause = "stopped"
             self.dead.set_result("stopped")
             return
-        with contextlib.suppress(OSError):
-            self._conn.send(STOP)
+        if not self._ready.done():
+            self.kill("stopped while loading")
+        else:
+            with contextlib.suppress(OSError):
+                self._conn.send(STOP)
         try:
             await asyncio.wait_for(asyncio.shield(self.dead), timeout_s)
         except TimeoutError:

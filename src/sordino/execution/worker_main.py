@@ -90,9 +90,12 @@ def _heartbeat(link: _Link, interval: float) -> None:
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     """Entry point of the worker process."""
     # Ctrl-C and SIGTERM reach the whole process group; the server decides when its
-    # workers stop (a Stop message, or end of file on the pipe when it is gone).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # workers stop (a Stop message, or end of file on the pipe when it is gone). They
+    # arrive blocked from the spawning thread (see worker.py); one already pending is
+    # discarded by SIG_IGN before they are unblocked.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     from sordino.backends.registry import create_backend
     from sordino.memory.arena import attach_segment
 

@@ -36,6 +36,7 @@ from sordino.server.http import EXTENSIONS
 from sordino.server.model_config import model_metadata_json, triton_config_json
 from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
+from sordino.server.serve import check_port
 
 __all__ = ["SERVICE", "UNSUPPORTED_RPCS", "GrpcServer", "InferenceServicer"]
 
@@ -301,6 +302,7 @@ class GrpcServer:
         self.port = port
         self._servicer = InferenceServicer(runtime, control)
         self._server: Any = None
+        self._started = False
 
     @property
     def address(self) -> str:
@@ -308,8 +310,15 @@ class GrpcServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}"
 
-    async def start(self) -> None:
-        """Bind the port and start serving; raise OSError if the port cannot be bound."""
+    def bind(self) -> None:
+        """Bind the port now (serving starts with :meth:`start`).
+
+        Raises OSError naming ``--grpc-port`` if the port is taken: checked with a
+        plain socket first, so that gRPC's own error log line never shows.
+        """
+        if self._server is not None:
+            return
+        check_port(self.host, self._requested_port, flag="--grpc-port", what=" for gRPC")
         limit = self.runtime.config.server.max_request_size
         server = grpc.aio.server(
             options=[
@@ -334,11 +343,23 @@ class GrpcServer:
                 "port with --grpc-port (0 picks a free one)"
             ) from cause
         self.port = port
-        await server.start()
         self._server = server
 
+    async def start(self) -> None:
+        """Start serving (binding first if :meth:`bind` was not called)."""
+        self.bind()
+        await self._server.start()
+        self._started = True
+
     async def stop(self, grace_s: float = 5.0) -> None:
-        """Stop accepting calls; calls in progress get ``grace_s`` seconds to finish."""
+        """Stop accepting calls; calls in progress get ``grace_s`` seconds to finish.
+
+        A server bound but never started gives its port back.
+        """
         if self._server is not None:
+            if not self._started:
+                # grpc.aio releases a bound port only from a started server.
+                await self._server.start()
             await self._server.stop(grace_s)
             self._server = None
+            self._started = False

@@ -4,9 +4,10 @@
 shutdown happen in one order everywhere:
 
 open
-    bind the HTTP port first (a port in use stops start-up before any model loads),
-    open the journal, load every model (``on_loaded`` after each), start gRPC, start
-    HTTP, start model control (poll mode's rescans);
+    bind the HTTP port, then the gRPC port (a port in use stops start-up before any
+    model loads, naming the flag that changes it), open the journal (locked: one
+    server per journal), load every model (``on_loaded`` after each), start gRPC,
+    start HTTP, start model control (poll mode's rescans);
 close
     stop accepting connections, stop model control, let queued requests finish
     (those still queued after ``server.shutdown_timeout`` get an explicit 503), stop
@@ -70,6 +71,7 @@ async def open_server(
     http = HttpServer(runtime, config.server.host, config.server.http_port, control)
     grpc = GrpcServer(runtime, config.server.host, config.server.grpc_port, control)
     try:
+        grpc.bind()
         opened = runtime.telemetry.open_journal(journal) if journal is not None else None
         if opened is not None and on_journal is not None:
             on_journal(opened.path)

@@ -79,7 +79,7 @@ class ModelLoader:
                     await self._warm_up(key, dummy_inputs(metadata, rows))
 
                 curve = await measure_batch_curve(run, self._clock, scheduling.policy.max_batch)
-        except Exception:
+        except BaseException:  # a failed warm-up, or start-up cancelled (Ctrl-C)
             await self._executor.unload(key)
             raise
         controller = build_controller(scheduling.mode, scheduling.policy, scheduling.slo_s, curve)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import asdict
 from importlib import resources
 from typing import Any
 
@@ -74,8 +73,8 @@ def observe_routes(runtime: Runtime, guard: Any) -> list[Route]:
     async def live(request: Request) -> Response:
         seconds = int(_number(request, "seconds", 300, 1, window))
         events = int(_number(request, "events", 50, 0, 1000))
-        workers = asdict(runtime.executor.statistics())
-        return _json(snapshot(telemetry, seconds=seconds, events=events, workers=workers))
+        execution = runtime.executor.statistics()
+        return _json(snapshot(telemetry, seconds=seconds, events=events, execution=execution))
 
     async def journal(request: Request) -> Response:
         now = time.time()

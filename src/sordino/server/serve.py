@@ -19,7 +19,23 @@ from sordino.server.http import build_app
 from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
 
-__all__ = ["HttpServer", "bind_socket"]
+__all__ = ["HttpServer", "bind_socket", "check_port"]
+
+
+def _bound(host: str, port: int, flag: str, what: str) -> socket.socket:
+    """A socket bound to ``host:port`` (not listening); OSError naming ``flag`` if taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(
+            f"cannot listen{what} on {host}:{port}: {exc.strerror}; pick another port with "
+            f"{flag} (0 picks a free one)"
+        ) from exc
+    return sock
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -27,23 +43,24 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
     Linux copies TCP_NODELAY from the listening socket to accepted connections, and
     the event loop sets it on each transport too: small responses are never delayed
-    by Nagle's algorithm.
+    by Nagle's algorithm. A port in use raises OSError naming ``--http-port``.
     """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock = _bound(host, port, "--http-port", "")
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise OSError(
-            f"cannot listen on {host}:{port}: {exc.strerror}; pick another port with "
-            "--http-port (0 picks a free one)"
-        ) from exc
     sock.listen(2048)
     sock.setblocking(False)
     return sock
+
+
+def check_port(host: str, port: int, *, flag: str, what: str = "") -> None:
+    """Raise OSError naming ``flag`` if ``host:port`` cannot be bound now (0 always can).
+
+    For a listener that binds through a library which would only log the failure
+    (gRPC): the check gives the same message as :func:`bind_socket`, before any
+    model loads.
+    """
+    if port != 0:
+        _bound(host, port, flag, what).close()
 
 
 class _EmbeddedServer(uvicorn.Server):

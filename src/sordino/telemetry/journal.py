@@ -7,11 +7,18 @@ least every ``flush_interval``. SQLite in WAL mode commits atomically, so killin
 the process (even with SIGKILL) loses at most what was not yet committed, about a
 second, and never leaves a corrupt file. Rows older than ``retention_s`` are pruned
 by the same thread in the background.
+
+One server writes a journal: :meth:`Journal.open` takes an exclusive ``flock`` on
+``<journal>.lock`` beside it, held until :meth:`Journal.close` or the process ends, so
+a second server on the same ``--data-dir`` is refused instead of mixing its series
+into the first one's. Readers (``sordino diagnose``) take no lock.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -19,14 +26,22 @@ import time
 from collections.abc import Callable
 from dataclasses import astuple, dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import orjson
 
 from sordino.events import Event
 from sordino.telemetry.series import ResourceRow, SecondRow
 
-__all__ = ["SCHEMA", "Journal", "JournalStatistics", "connect", "encode_payload"]
+__all__ = [
+    "SCHEMA",
+    "Journal",
+    "JournalInUse",
+    "JournalStatistics",
+    "connect",
+    "encode_payload",
+    "lock_path",
+]
 
 log = logging.getLogger("sordino.journal")
 
@@ -78,6 +93,43 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
     return conn
 
 
+class JournalInUse(OSError):
+    """Another server writes this journal (its series and events would mix with ours)."""
+
+
+def lock_path(path: Path) -> Path:
+    """The lock file next to the journal at ``path``."""
+    return path.with_name(path.name + ".lock")
+
+
+def _lock(path: Path) -> IO[str]:
+    """Hold an exclusive lock on the journal's lock file until the file is closed.
+
+    ``flock`` locks belong to the open file: another process, or another journal in
+    this one, fails to take it; the lock goes when the holder closes the file or exits,
+    however it exits, so a stale lock file never blocks a later start.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    target = lock_path(path)
+    handle = open(target, "a+", encoding="utf-8")  # noqa: SIM115 - held until close()
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip()
+        handle.close()
+        who = f"pid {holder}" if holder.isdigit() else "another process"
+        raise JournalInUse(
+            f"the journal {path} is in use by another sordino server ({who}); give this "
+            "server its own --data-dir (or telemetry.journal: false)"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
 def encode_payload(payload: dict[str, Any]) -> str:
     """Events' payloads as JSON; values JSON cannot hold are written as their ``str``."""
     return orjson.dumps(payload, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
@@ -127,23 +179,39 @@ class Journal:
         self._last_commit: float | None = None
         self._idle = threading.Condition()
         self._submitted = self._done = 0
+        self._lock: IO[str] | None = None
 
     # -- lifecycle -------------------------------------------------------------------
 
     def open(self) -> None:
-        """Create the file and tables (raising here if it cannot), start the writer."""
-        self._conn = connect(self.path)
-        self._prune()
+        """Lock the journal, create the file and tables, start the writer.
+
+        Raises :class:`JournalInUse` when another server (any process) writes this
+        journal, OSError or sqlite3.Error when the file cannot be created.
+        """
+        self._lock = _lock(self.path)
+        try:
+            self._conn = connect(self.path)
+            self._prune()
+        except BaseException:
+            self._unlock()
+            raise
         self._thread = threading.Thread(target=self._run, name="sordino-journal", daemon=True)
         self._thread.start()
 
     def close(self, timeout: float = 10.0) -> None:
-        """Commit what is queued, then stop the writer and close the file."""
+        """Commit what is queued, then stop the writer, close the file and unlock it."""
         if self._thread is None:
             return
         self._queue.put(_STOP)
         self._thread.join(timeout)
         self._thread = None
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # closing the descriptor releases the lock
+            self._lock = None
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until everything queued so far is committed; False on timeout."""

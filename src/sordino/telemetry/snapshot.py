@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 
 from sordino import __version__
+from sordino.records import ExecutionStatistics
 from sordino.telemetry.hub import Telemetry
 from sordino.telemetry.series import ResourceRow, SecondRow
 
-__all__ = ["CURRENT_WINDOW_S", "current_figures", "snapshot"]
+__all__ = ["CURRENT_WINDOW_S", "current_figures", "snapshot", "workers_summary"]
 
 CURRENT_WINDOW_S = 5
 SERIES_COLUMNS = (
@@ -76,14 +77,33 @@ def _resource_columns(rows: list[ResourceRow]) -> dict[str, list[Any]]:
     return out
 
 
+def workers_summary(execution: ExecutionStatistics | None) -> dict[str, Any]:
+    """The ``workers`` object: counts over every model instance, then the full statistics.
+
+    ``instances`` counts every instance, ``busy`` those running a batch now, ``serving``
+    those ready to take one and ``restarting`` those being (re)started; the rest of the
+    object is :class:`ExecutionStatistics` as it is (``workers``, ``devices``, ...).
+    """
+    if execution is None:
+        return {}
+    instances = execution.workers
+    return {
+        "instances": len(instances),
+        "busy": sum(1 for w in instances if w.busy),
+        "serving": sum(1 for w in instances if w.state == "ready"),
+        "restarting": sum(1 for w in instances if w.state in ("starting", "restarting")),
+        **asdict(execution),
+    }
+
+
 def snapshot(
     telemetry: Telemetry,
     *,
     seconds: int = 300,
     events: int = 50,
-    workers: dict[str, Any] | None = None,
+    execution: ExecutionStatistics | None = None,
 ) -> dict[str, Any]:
-    """The JSON document of ``GET /v2/sordino/telemetry``."""
+    """The JSON document of ``GET /v2/sordino/telemetry``; ``execution`` gives ``workers``."""
     now = telemetry.series.statistics().last_closed
     slo = telemetry.slo_attainment()
     models = []
@@ -119,7 +139,7 @@ def snapshot(
             "gpus": [asdict(g) for g in sample.gpus],
             "series": _resource_columns(telemetry.series.recent_resources(seconds)),
         },
-        "workers": workers or {},
+        "workers": workers_summary(execution),
         "events": [
             {"t": e.time, "kind": e.kind, "subject": e.subject, "cause": e.cause}
             for e in telemetry.events.recent()[-events:]

@@ -12,6 +12,20 @@
   const fmt = (v, digits = 1) => (v === null || v === undefined ? "n/a" : Number(v).toFixed(digits));
   const mb = (v) => (v === null || v === undefined ? null : v / 1048576);
   const time = (t) => new Date(t * 1000).toLocaleTimeString();
+  const pad = (n) => String(n).padStart(2, "0");
+
+  // The x axis shows the time of day only (every chart spans minutes, never days), with
+  // seconds when ticks are under a minute apart, and at least 80 px between ticks:
+  // uPlot's default two-line date and time labels overlapped in a chart this narrow.
+  function clockLabels(u, ticks, axisIdx, space, incr) {
+    return ticks.map((t) => {
+      const d = new Date(t * 1000);
+      const hm = `${pad(d.getHours())}:${pad(d.getMinutes())}`;
+      return incr < 60 ? `${hm}:${pad(d.getSeconds())}` : hm;
+    });
+  }
+  const X_AXIS = { space: 80, values: clockLabels };
+  state.clockLabels = clockLabels;
 
   // Align per-model columns on the union of their seconds (models load at different times).
   function align(models, columns) {
@@ -53,7 +67,7 @@
       width: width(el),
       height: 220,
       series,
-      axes: opts.axes || [{}, { size: 60 }],
+      axes: (opts.axes || [{}, { size: 60 }]).map((axis, i) => (i === 0 ? Object.assign({}, X_AXIS, axis) : axis)),
       scales: opts.scales || { x: { time: true } },
       legend: { live: true },
     }, data, el);
