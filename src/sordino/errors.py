@@ -24,7 +24,8 @@ value and what would have been accepted.
     ├── Unsupported                  400: a feature that is configured or asked for but not
     │                                implemented; never silently ignored
     ├── Cancelled                    the client cancelled the request
-    └── InferenceFailed              500: the backend raised while running the batch
+    └── InferenceFailed              500: the batch failed (worker lost, every device failed)
+        └── ModelError               the model itself raised on the batch's inputs
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ __all__ = [
     "InferenceFailed",
     "InvalidRequest",
     "MalformedBody",
+    "ModelError",
     "ModelLoadError",
     "ModelNotReady",
     "NotFound",
@@ -173,3 +175,12 @@ class InferenceFailed(SordinoError):
     """The backend raised while running the batch that held this request."""
 
     reason = "inference_failed"
+
+
+class ModelError(InferenceFailed):
+    """The model raised on a batch: something in the inputs may be at fault.
+
+    The scheduler re-runs a failed batch of several requests one request at a time,
+    so that only the request the model cannot take fails (never a whole batch for one
+    bad request).
+    """

@@ -84,7 +84,8 @@ class SchedulerStatistics:
     """A snapshot of one model's scheduler.
 
     ``accepted == succeeded + failed + cancelled + in_flight`` always holds: every
-    accepted request ends in exactly one outcome.
+    accepted request ends in exactly one outcome. ``isolated_batches`` counts batches
+    the model raised on that were re-run one request at a time.
     """
 
     model: str
@@ -99,6 +100,7 @@ class SchedulerStatistics:
     batches: int
     batched_rows: int
     running_batches: int
+    isolated_batches: int
     queue: QueueStatistics
     controller: ControllerStatistics
 

@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from sordino.errors import InferenceFailed, QueueFull, QueueTimeout, ShuttingDown
+from sordino.errors import InferenceFailed, ModelError, QueueFull, QueueTimeout, ShuttingDown
 from sordino.inference import ModelKey
 from sordino.records import QueueSettings
 from sordino.scheduling.batcher import BatchPolicy
@@ -305,4 +305,45 @@ async def test_batch_runs_when_the_delay_timer_fires_early() -> None:
     await clock.advance(0.05)
     assert executor.batches == [1], "the request was left waiting after an early timer"
     await task
+    await sched.close()
+
+
+def _poisonable(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A model that raises on any negative value, as a model does on an input it cannot take."""
+    if (batch["x"] < 0).any():
+        raise ModelError("model m failed on a batch: negative input")
+    return {"y": batch["x"] * 2}
+
+
+async def test_a_request_the_model_raises_on_fails_alone() -> None:
+    """A batch the model raised on is re-run one request at a time: only the offender fails."""
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, fn=_poisonable)
+    sched = _scheduler(clock, executor)
+    values = [1.0, 2.0, -1.0, 3.0]
+    tasks = [asyncio.create_task(sched.infer(_x(v), priority=2)) for v in values]
+    await clock.advance(0.05)
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert executor.batches == [4, 1, 1, 1, 1]
+    assert isinstance(results[2], ModelError)
+    for value, result in zip(values, results, strict=True):
+        if value >= 0:
+            assert not isinstance(result, BaseException)
+            np.testing.assert_array_equal(result["y"], np.full((1, 2), 2 * value, np.float32))
+    stats = sched.statistics()
+    assert (stats.succeeded, stats.failed, stats.isolated_batches) == (3, 1, 1)
+    await sched.close()
+
+
+async def test_a_batch_lost_for_another_reason_is_not_re_run_per_request() -> None:
+    """Only a model error isolates requests; a lost worker or dead device fails the batch."""
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, fail=InferenceFailed("the batch lost its worker twice"))
+    sched = _scheduler(clock, executor)
+    tasks = [asyncio.create_task(sched.infer(_x(i), priority=2)) for i in range(3)]
+    await clock.advance(0.05)
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert executor.batches == [3]
+    assert all(isinstance(r, InferenceFailed) for r in results)
+    assert sched.statistics().isolated_batches == 0
     await sched.close()

@@ -34,7 +34,7 @@ from sordino.backends.base import Backend
 from sordino.backends.registry import check_backend_kind
 from sordino.clock import Clock, TimerHandle
 from sordino.config import ModelConfig, RuntimeConfig
-from sordino.errors import InferenceFailed, ModelLoadError, ModelNotReady, Unavailable
+from sordino.errors import InferenceFailed, ModelError, ModelLoadError, ModelNotReady, Unavailable
 from sordino.events import EventSink
 from sordino.execution.devices import Device, Tier
 from sordino.execution.faults import FaultRegistry, FaultSpec, check_target
@@ -248,6 +248,7 @@ class ChainExecutor:
         failed_at: float | None = None
         failed_tier = ""
         last_error = ""
+        model_raised = False  # the last failure was the model raising on these inputs
         give_up_at: float | None = None
         timer: TimerHandle | None = None
 
@@ -263,7 +264,8 @@ class ChainExecutor:
                             f"model {model.key}: {last_error}, and no instance served again "
                             f"within {self._settings.start_timeout:g} s (workers.start_timeout)"
                         )
-                    raise InferenceFailed(
+                    failed = ModelError if model_raised else InferenceFailed
+                    raise failed(
                         f"model {model.key} failed on every device it runs on: {last_error}"
                     )
                 slot, instance = choice
@@ -277,6 +279,7 @@ class ChainExecutor:
                     now = self._clock.now()
                     cause = exc.cause if isinstance(exc, WorkerLost) else str(exc)
                     last_error = cause
+                    model_raised = isinstance(exc, WorkerError) and exc.kind == "error"
                     if slot.breaker is not None:
                         slot.breaker.record(False, now - started, probe=probe, cause=cause)
                     if isinstance(exc, WorkerLost):
@@ -294,9 +297,8 @@ class ChainExecutor:
                     else:
                         tried.add(slot.name)
                         if len(model.tiers) == 1:
-                            raise InferenceFailed(
-                                f"model {model.key} failed on a batch: {cause}"
-                            ) from None
+                            failed = ModelError if model_raised else InferenceFailed
+                            raise failed(f"model {model.key} failed on a batch: {cause}") from None
                     if failed_at is None:
                         failed_at, failed_tier = now, slot.name
                     continue

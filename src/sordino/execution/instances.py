@@ -33,7 +33,7 @@ from sordino.errors import Unavailable
 from sordino.events import EventSink
 from sordino.execution.backoff import RestartBackoff
 from sordino.execution.devices import Device
-from sordino.execution.faults import FaultAction, perform
+from sordino.execution.faults import FaultAction, InjectedFault, perform
 from sordino.execution.messages import ProfileStart, ProfileStop, ProfileStopped
 from sordino.execution.staging import StagedBatch, read_outputs
 from sordino.execution.worker import WorkerError, WorkerLost, WorkerProcess
@@ -145,6 +145,9 @@ class ThreadInstance(_Base):
         except MemoryError as exc:
             self.failures += 1
             raise WorkerError("oom", f"MemoryError: {exc}") from None
+        except InjectedFault as exc:
+            self.failures += 1
+            raise WorkerError("fault", f"{type(exc).__name__}: {exc}") from None
         except Exception as exc:
             self.failures += 1
             raise WorkerError("error", f"{type(exc).__name__}: {exc}") from None

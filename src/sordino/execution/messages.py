@@ -163,7 +163,8 @@ class Done:
 
 @dataclass(frozen=True, slots=True)
 class RunFailed:
-    """The model raised on batch ``batch_id``; ``kind`` is ``"oom"`` or ``"error"``."""
+    """Batch ``batch_id`` failed: ``kind`` is ``"oom"`` (a MemoryError), ``"fault"`` (an
+    injected chaos fault) or ``"error"`` (the model raised)."""
 
     batch_id: int
     kind: str

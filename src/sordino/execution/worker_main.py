@@ -19,7 +19,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from sordino.backends.base import Backend, ProfilingBackend, dummy_inputs
-from sordino.execution.faults import perform
+from sordino.execution.faults import InjectedFault, perform
 from sordino.execution.messages import (
     HEARTBEAT,
     Alloc,
@@ -164,6 +164,9 @@ def _run(link: _Link, backend: Backend, buffer: memoryview, run: Run) -> bool:
         del batch
     except MemoryError as exc:
         link.send(RunFailed(run.batch_id, "oom", f"MemoryError: {exc}"))
+        return True
+    except InjectedFault as exc:
+        link.send(RunFailed(run.batch_id, "fault", f"{type(exc).__name__}: {exc}"))
         return True
     except Exception as exc:
         link.send(RunFailed(run.batch_id, "error", f"{type(exc).__name__}: {exc}"))

@@ -14,7 +14,7 @@ from sordino.datatypes import from_numpy_dtype
 from sordino.errors import TensorError
 from sordino.inference import InferRequest, ModelMetadata, Tensor, TensorSpec
 
-__all__ = ["validate_request"]
+__all__ = ["check_text_inputs", "validate_request"]
 
 
 def validate_request(
@@ -107,3 +107,30 @@ def _names(names: Iterable[str]) -> str:
 
 def _shape(shape: Iterable[int]) -> str:
     return "[" + ", ".join(str(dim) for dim in shape) + "]"
+
+
+def check_text_inputs(request: InferRequest, metadata: ModelMetadata) -> None:
+    """Raise TensorError if a ``BYTES`` input of a model that reads text is not UTF-8.
+
+    ONNX models take ``BYTES`` tensors as strings, and one element that is not UTF-8
+    makes the model fail for the whole batch it is in; it is refused here, per
+    request, with the element named, before it can share a batch with others.
+    """
+    if not metadata.platform.startswith("onnxruntime"):
+        return
+    for spec in metadata.inputs:
+        if spec.datatype != "BYTES":
+            continue
+        array = request.inputs.get(spec.name)
+        if array is None:
+            continue
+        for index, element in enumerate(array.reshape(-1)):
+            if isinstance(element, bytes):
+                try:
+                    element.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise TensorError(
+                        f"input {spec.name!r} element {index} is not valid UTF-8 (byte "
+                        f"{exc.start}: {element[exc.start : exc.start + 1]!r}); model "
+                        f"{metadata.name!r} reads BYTES inputs as UTF-8 text"
+                    ) from None

@@ -32,6 +32,7 @@ from sordino.clock import Clock, TimerHandle
 from sordino.errors import (
     Cancelled,
     InferenceFailed,
+    ModelError,
     QueueTimeout,
     ShuttingDown,
     SordinoError,
@@ -92,6 +93,7 @@ class ModelScheduler:
         self._gap_ewma: float | None = None
         self._accepted = self._succeeded = self._failed = self._cancelled = 0
         self._rejected = self._timed_out = self._batches = self._batched_rows = 0
+        self._isolated = 0
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -312,6 +314,13 @@ class ModelScheduler:
             return
         # Staging (the inputs into the arena) happens inside the executor's one call,
         # so its time counts as compute, and the Triton "compute_input" phase is 0.
+        try:
+            await self._run_batch(live)
+        finally:
+            for item in live:
+                _release(item.inputs)
+
+    async def _run_batch(self, live: list[WorkItem]) -> None:
         t0 = t1 = self._clock.now()
         rows = sum(item.rows for item in live)
         try:
@@ -328,12 +337,17 @@ class ModelScheduler:
                 else InferenceFailed(f"model {self.model} failed on a batch of {rows}: {message}")
             )
             self._batch_observed(rows, len(live), t1 - t0, t2 - t1, 0.0, ok=False)
+            if isinstance(error, ModelError) and len(live) > 1:
+                # One request the model cannot take must not fail the others: run each
+                # alone, so only the offender fails (a poisoned batch costs its size).
+                self._isolated += 1
+                for item in live:
+                    if item.request is None or not item.request.finished:
+                        await self._run_batch([item])
+                return
             for item in live:
                 self._step_failed(item, error, t2 - t0)
             return
-        finally:
-            for item in live:
-                _release(item.inputs)
         t2 = self._clock.now()
         with outputs:
             offset = 0
@@ -496,6 +510,7 @@ class ModelScheduler:
             timed_out=self._timed_out,
             batches=self._batches,
             batched_rows=self._batched_rows,
+            isolated_batches=self._isolated,
             running_batches=len(self._running),
             queue=self._queue.statistics(),
             controller=self._controller.statistics(),

@@ -25,7 +25,7 @@ from sordino.admission.chain import AdmissionChain, AdmissionContext
 from sordino.errors import SordinoError, Unsupported
 from sordino.inference import InferRequest, InferResponse, ModelKey
 from sordino.memory.refs import Tensors
-from sordino.protocol.validate import validate_request
+from sordino.protocol.validate import check_text_inputs, validate_request
 from sordino.scheduling.work import Request
 from sordino.server.registry import LoadedModel, ModelRegistry
 from sordino.telemetry.hub import Telemetry
@@ -65,6 +65,7 @@ class InferenceService:
         try:
             model = self._registry.get(request.model, request.version)
             validate_request(request, model.metadata, max_batch_size=model.max_batch_size)
+            check_text_inputs(request, model.metadata)
             context = self._admission.admit(
                 request,
                 AdmissionContext(
