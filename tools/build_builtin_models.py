@@ -15,10 +15,11 @@ Rerun with::
 
     python tools/build_builtin_models.py [--out DIR]
 
-Needs numpy, scikit-learn, onnx and onnxruntime (``pip install -e '.[build-models]'``);
-the graphs are written by hand with ``onnx.helper`` (no skl2onnx). Every step uses a fixed
-seed, so reruns with the same library versions produce byte-identical files. Each model is
-checked with ONNX Runtime before it is written.
+Needs numpy, scikit-learn, onnx and onnxruntime (the README's test environment,
+``.venv-test``, has them; or ``pip install -e '.[build-models]'`` in an environment that
+serves nothing); the graphs are written by hand with ``onnx.helper`` (no skl2onnx). Every
+step uses a fixed seed, so reruns with the same library versions produce byte-identical
+files. Each model is checked with ONNX Runtime before it is written.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Writes ``kserve_v2_pb2.py`` and its type stub ``kserve_v2_pb2.pyi`` next to the
 .proto in ``src/sordino/protocol/pb/``. The generated files are committed, so serving
 needs only the protobuf runtime, never grpcio-tools. Rerun after editing the .proto::
 
-    pip install -e '.[build-grpc]'
+    source .venv-test/bin/activate           # the README's test environment has grpcio-tools
     python tools/generate_grpc.py            # regenerate
     python tools/generate_grpc.py --check    # exit 1 if the committed files are stale
 

@@ -1,15 +1,18 @@
-"""``sordino models list|load|unload``: model control of a running server, over HTTP.
+"""``sordino models list|load|unload|export-builtin``: model control, and models to serve.
 
-A thin client of the repository endpoints (``POST /v2/repository/index``,
-``/v2/repository/models/{m}/load`` and ``/unload``). The server must run with
-``--model-control-mode explicit`` for load and unload; its error says so otherwise.
+``list``, ``load`` and ``unload`` are a thin client of a running server's repository
+endpoints (``POST /v2/repository/index``, ``/v2/repository/models/{m}/load`` and
+``/unload``). The server must run with ``--model-control-mode explicit`` for load and
+unload; its error says so otherwise. ``export-builtin`` needs no server: it writes the
+built-in models out as a model repository to serve, edit and reload.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 from urllib.parse import quote
 
 import click
@@ -18,6 +21,7 @@ from rich.table import Table
 
 from sordino.cli.server_url import server_url, url_option
 from sordino.control.client import ClientError, request_json
+from sordino.models.repository import MODEL_FILENAME, export_builtin
 
 __all__ = ["models"]
 
@@ -35,7 +39,7 @@ def _post(
 
 @click.group()
 def models() -> None:
-    """List, load and unload the models of a running server."""
+    """List, load and unload the models of a running server; export the built-in ones."""
 
 
 @models.command("list")
@@ -70,3 +74,29 @@ def unload_model(name: str, url: str | None) -> None:
     """Unload every version of NAME once its queued requests have finished."""
     _post(url, f"/v2/repository/models/{quote(name, safe='')}/unload")
     click.echo(f"unloaded {name}")
+
+
+@models.command("export-builtin", short_help="Write the built-in models to a folder.")
+@click.argument("directory", type=click.Path(path_type=Path))
+def export_builtin_models(directory: Path) -> None:
+    """Write the built-in models to DIRECTORY as a model repository (new or empty folder).
+
+    Each model gets DIRECTORY/NAME/1/model.onnx and DIRECTORY/NAME/config.yaml, so
+    `sordino start --model-repository DIRECTORY` serves what the built-ins serve.
+    """
+    if directory.exists() and not directory.is_dir():
+        _refuse(f"{directory} is a file; give a new or empty folder")
+    if directory.is_dir() and any(directory.iterdir()):
+        _refuse(f"{directory} is not empty; give a new or empty folder (nothing in it was changed)")
+    try:
+        folders = export_builtin(directory)
+    except OSError as exc:
+        _refuse(f"cannot write to {directory}: {exc.strerror or exc}")
+    names = ", ".join(folder.name for folder in folders)
+    click.echo(f"wrote {names} to {directory} (NAME/config.yaml, NAME/1/{MODEL_FILENAME})")
+    click.echo(f"serve them with: sordino start --model-repository {directory}")
+
+
+def _refuse(message: str) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)

@@ -17,6 +17,7 @@ A repository is Triton's layout::
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -29,6 +30,7 @@ from sordino.errors import ConfigError, ModelLoadError
 __all__ = [
     "ModelSource",
     "builtin_sources",
+    "export_builtin",
     "model_from_spec",
     "scan_repository",
     "sources_for",
@@ -63,6 +65,30 @@ def builtin_sources() -> list[ModelSource]:
         )
         sources.append(ModelSource(entry["name"], "1", path, config, entry.get("description", "")))
     return sources
+
+
+def export_builtin(root: Path) -> list[Path]:
+    """Write the built-in models into ``root`` as a repository; return their model folders.
+
+    Each model gets ``root/NAME/1/model.onnx`` and a ``config.yaml`` with what the
+    built-in entry sets, so ``--model-repository root`` serves what the built-ins serve.
+    ``root`` is created if needed; a model folder that already exists is never
+    overwritten (FileExistsError).
+    """
+    folders = []
+    for source in builtin_sources():
+        folder = root / source.name
+        (folder / source.version).mkdir(parents=True, exist_ok=False)
+        shutil.copyfile(source.path, folder / source.version / MODEL_FILENAME)
+        settings = source.config.model_dump(
+            mode="json", exclude={"name", "path"}, exclude_unset=True, exclude_none=True
+        )
+        header = f"# {source.name}: {source.description}\n" if source.description else ""
+        (folder / "config.yaml").write_text(
+            header + yaml.safe_dump(settings, sort_keys=False), encoding="utf-8"
+        )
+        folders.append(folder)
+    return folders
 
 
 def model_from_spec(spec: str) -> ModelConfig:
