@@ -17,6 +17,7 @@ value and what would have been accepted.
     ├── Unavailable                  503: the server cannot take it now
     │   ├── ModelNotReady            model loading, draining or unloaded
     │   ├── QueueFull                the queue is at its limit (Retry-After)
+    │   │   └── Shed                 the work ahead would make it miss its deadline
     │   ├── QueueTimeout             the request's deadline passed while it waited
     │   ├── ShuttingDown             the server is stopping
     │   └── OutOfMemory              the shared-memory arena cannot hold the tensors now
@@ -44,6 +45,7 @@ __all__ = [
     "QueueFull",
     "QueueTimeout",
     "RateLimited",
+    "Shed",
     "ShuttingDown",
     "SordinoError",
     "TensorError",
@@ -129,6 +131,16 @@ class QueueFull(Unavailable):
     def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class Shed(QueueFull):
+    """Refused at arrival: the work queued ahead would make the request miss its deadline.
+
+    Lower priorities are shed first, since only the work at the same or a higher
+    priority is ahead of a request.
+    """
+
+    reason = "shed"
 
 
 class QueueTimeout(Unavailable):

@@ -96,3 +96,14 @@ async def test_measure_batch_curve_times_each_size() -> None:
     curve = await measure_batch_curve(run, clock, 8, repeats=1)
     assert curve.sizes == (1, 2, 4, 8)
     assert [round(x, 6) for x in curve.latencies_s] == [0.001, 0.002, 0.004, 0.008]
+
+
+def test_aimd_grows_under_a_backlog_whatever_the_p99() -> None:
+    """Overloaded (a full batch waiting), high latency is queueing: the cap grows, never shrinks."""
+    ctl = AimdController("adaptive", CEILING, slo_s=0.1)
+    t = _feed(ctl, 0.0, 0.5)  # first cut by a p99 over the SLO, with no backlog
+    low = ctl.policy().max_batch
+    for _ in range(100):
+        t += 0.02
+        ctl.observe(t, 0.5, backlog_rows=64)
+    assert ctl.policy().max_batch == 16 > low

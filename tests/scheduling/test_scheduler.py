@@ -7,7 +7,14 @@ import asyncio
 import numpy as np
 import pytest
 
-from sordino.errors import InferenceFailed, ModelError, QueueFull, QueueTimeout, ShuttingDown
+from sordino.errors import (
+    InferenceFailed,
+    ModelError,
+    QueueFull,
+    QueueTimeout,
+    Shed,
+    ShuttingDown,
+)
 from sordino.inference import ModelKey
 from sordino.records import QueueSettings
 from sordino.scheduling.batcher import BatchPolicy
@@ -346,4 +353,46 @@ async def test_a_batch_lost_for_another_reason_is_not_re_run_per_request() -> No
     assert executor.batches == [3]
     assert all(isinstance(r, InferenceFailed) for r in results)
     assert sched.statistics().isolated_batches == 0
+    await sched.close()
+
+
+async def test_low_priority_is_shed_first_and_fast_when_the_work_ahead_misses_its_deadline() -> (
+    None
+):
+    """With a backlog, a low-priority request whose deadline the queue cannot meet is
+    refused at arrival (503, never accepted), while a high-priority one still gets in."""
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 0.1)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=4))
+    warm = asyncio.create_task(sched.infer(_x(0, rows=4), priority=2))
+    await clock.advance(0.2)
+    await warm  # the scheduler has seen a batch: 4 rows in 0.1 s
+    backlog = [asyncio.create_task(sched.infer(_x(i), priority=3)) for i in range(40)]
+    await clock.settle()
+    with pytest.raises(Shed, match="overloaded") as refused:
+        sched.submit(_x(9), priority=3, timeout_s=0.5)  # 36 rows queued ahead: about 1 s
+    assert refused.value.retry_after_s > 0.5
+    high = asyncio.create_task(sched.infer(_x(7), priority=1, timeout_s=0.5))
+    await clock.advance(0.3)
+    out = await high
+    np.testing.assert_array_equal(out["x"], _x(7)["x"])
+    assert sched.statistics().rejected == 1
+    await clock.advance(2.0)
+    await asyncio.gather(*backlog)
+    await sched.close()
+
+
+async def test_work_that_cannot_finish_before_its_deadline_is_not_started() -> None:
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 0.2)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=1))
+    await asyncio.gather(sched.infer(_x(0), priority=2), clock.advance(0.3))
+    first = asyncio.create_task(sched.infer(_x(1), priority=2))
+    await clock.settle()  # runs for 0.2 s
+    late = asyncio.create_task(sched.infer(_x(2), priority=2, timeout_s=0.3))
+    await clock.advance(1.0)
+    await first
+    with pytest.raises(QueueTimeout, match="cannot finish before its deadline"):
+        await late
+    assert executor.batches == [1, 1]  # the hopeless one never ran
     await sched.close()

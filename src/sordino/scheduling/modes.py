@@ -97,8 +97,8 @@ class ModeController(Protocol):
         """Return the batch policy to use for the next decision."""
         ...
 
-    def observe(self, now: float, latency_s: float) -> None:
-        """Record one finished request's end-to-end latency."""
+    def observe(self, now: float, latency_s: float, *, backlog_rows: int = 0) -> None:
+        """Record one finished request's latency; ``backlog_rows`` are queued behind it."""
         ...
 
     def statistics(self) -> ControllerStatistics:
@@ -117,7 +117,7 @@ class StaticController:
     def policy(self) -> BatchPolicy:
         return self._policy
 
-    def observe(self, now: float, latency_s: float) -> None:
+    def observe(self, now: float, latency_s: float, *, backlog_rows: int = 0) -> None:
         return None
 
     def statistics(self) -> ControllerStatistics:
@@ -132,7 +132,9 @@ class AimdController:
     Every ``interval_s`` with at least ``min_samples`` latencies in the last
     ``window_s``: p99 above the SLO cuts the batch cap by ``decrease`` and halves the
     wait; p99 under ``headroom`` x SLO grows the cap by one and the wait by an eighth
-    of its ceiling. Both stay within the configured ceilings.
+    of its ceiling. Both stay within the configured ceilings. Under overload — a full
+    batch or more queued — the cap grows instead, whatever the p99: then the latency
+    is queueing, and only bigger batches serve more rows per second.
     """
 
     def __init__(
@@ -161,13 +163,15 @@ class AimdController:
         self._next_adjust: float | None = None
         self._p99: float | None = None
         self._adjustments = 0
+        self._backlog = 0
         self._policy = replace(ceiling, predictive=True)
 
     def policy(self) -> BatchPolicy:
         return self._policy
 
-    def observe(self, now: float, latency_s: float) -> None:
+    def observe(self, now: float, latency_s: float, *, backlog_rows: int = 0) -> None:
         self._samples.append((now, latency_s))
+        self._backlog = backlog_rows
         if self._next_adjust is None:
             self._next_adjust = now + self._interval_s
         if now < self._next_adjust:
@@ -181,7 +185,13 @@ class AimdController:
         p99 = latencies[min(len(latencies) - 1, math.ceil(0.99 * len(latencies)) - 1)]
         self._p99 = p99
         current = self._policy
-        if p99 > self._slo_s:
+        if self._backlog >= current.max_batch:
+            # Overloaded: a full batch is already waiting, so the latency is queueing, not
+            # batch size. A smaller batch would only serve fewer rows per second and make
+            # the queue longer; grow toward the ceiling instead (and never wait to fill).
+            cap = min(self._ceiling.max_batch, max(current.max_batch + 1, self._backlog))
+            delay = current.max_delay_s
+        elif p99 > self._slo_s:
             cap = max(1, math.floor(current.max_batch * self._decrease))
             delay = current.max_delay_s / 2
         elif p99 < self._headroom * self._slo_s:

@@ -33,6 +33,7 @@ class RequestQueue:
         self._deadlines: list[tuple[float, int, WorkItem]] = []
         self._queued: set[WorkItem] = set()
         self._rows = 0
+        self._level_rows = [0] * priority_levels
         self.max_size = max_size
         self.delay_expired = delay_expired
 
@@ -43,6 +44,10 @@ class RequestQueue:
     def rows(self) -> int:
         """Total batch rows of every queued item."""
         return self._rows
+
+    def rows_ahead(self, priority: int) -> int:
+        """Rows queued that run before a new item of ``priority`` (its level and higher)."""
+        return sum(self._level_rows[:priority])
 
     def put_nowait(self, item: WorkItem, *, force: bool = False) -> None:
         """Queue ``item``, or raise :class:`QueueFull` at once if the queue is at its limit.
@@ -60,6 +65,7 @@ class RequestQueue:
         self._levels[item.priority - 1].append(item)
         self._queued.add(item)
         self._rows += item.rows
+        self._level_rows[item.priority - 1] += item.rows
         if item.deadline is not None:
             heapq.heappush(self._deadlines, (item.deadline, item.seq, item))
 
@@ -158,6 +164,7 @@ class RequestQueue:
         self._queued.clear()
         self._deadlines.clear()
         self._rows = 0
+        self._level_rows = [0] * len(self._levels)
         return items
 
     def statistics(self) -> QueueStatistics:
@@ -187,3 +194,4 @@ class RequestQueue:
     def _forget(self, item: WorkItem) -> None:
         self._queued.discard(item)
         self._rows -= item.rows
+        self._level_rows[item.priority - 1] -= item.rows

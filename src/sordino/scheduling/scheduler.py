@@ -34,6 +34,7 @@ from sordino.errors import (
     InferenceFailed,
     ModelError,
     QueueTimeout,
+    Shed,
     ShuttingDown,
     SordinoError,
 )
@@ -94,6 +95,8 @@ class ModelScheduler:
         self._accepted = self._succeeded = self._failed = self._cancelled = 0
         self._rejected = self._timed_out = self._batches = self._batched_rows = 0
         self._isolated = 0
+        self._batch_s: float | None = None
+        self._batch_rows: float | None = None
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -155,6 +158,7 @@ class ModelScheduler:
         )
         item = self._work_item(request, tensors, now)
         try:
+            self._shed_if_late(item, timeout_s)
             self._queue.put_nowait(item)
         except SordinoError:
             self._rejected += 1
@@ -271,7 +275,11 @@ class ModelScheduler:
             return None
         decision = decide(self._queue, self._controller.policy(), now, self._arrival_rate())
         if isinstance(decision, Dispatch):
-            return self._queue.take(decision.signature, decision.rows)
+            batch = self._drop_hopeless(self._queue.take(decision.signature, decision.rows), now)
+            if not batch:
+                self._wake.set()  # every item was hopeless: look at the queue again at once
+                return None
+            return batch
         assert decision is not None
         wake_at = decision.until
         deadline = self._queue.next_deadline()
@@ -279,6 +287,33 @@ class ModelScheduler:
             wake_at = min(wake_at, deadline)
         self._set_timer(wake_at)
         return None
+
+    def _drop_hopeless(self, batch: list[WorkItem], now: float) -> list[WorkItem]:
+        """Never start work that cannot finish before its deadline (REJECT action only).
+
+        A batch takes about the recent batches' run time; an item whose deadline is
+        nearer than that is answered now (503) instead of computed for a client that
+        will have given up.
+        """
+        if self._batch_s is None or self.settings.timeout_action != "REJECT":
+            return batch
+        finish = now + self._batch_s
+        kept = []
+        for item in batch:
+            if item.deadline is not None and item.deadline < finish:
+                self._timed_out += 1
+                self._drop(
+                    item,
+                    QueueTimeout(
+                        f"request to model {self.model} cannot finish before its deadline "
+                        f"({(item.deadline - now) * 1000:.0f} ms left, a batch takes about "
+                        f"{self._batch_s * 1000:.0f} ms); it was not run. Raise its timeout "
+                        "or reduce load"
+                    ),
+                )
+            else:
+                kept.append(item)
+        return kept
 
     def _set_timer(self, when: float | None) -> None:
         """Wake the loop at ``when`` (None: no timer), keeping a pending timer for that time."""
@@ -349,6 +384,7 @@ class ModelScheduler:
                 self._step_failed(item, error, t2 - t0)
             return
         t2 = self._clock.now()
+        self._note_batch(rows, t2 - t0)
         with outputs:
             offset = 0
             for item in live:
@@ -373,7 +409,7 @@ class ModelScheduler:
         request.steps += 1
         request.compute_s += compute_s
         now = self._clock.now()
-        self._controller.observe(now, now - item.arrival)
+        self._controller.observe(now, now - item.arrival, backlog_rows=self._queue.rows)
         spec = request.stream
         final = spec is None or _stream_done(result, spec)
         if not final and request.steps >= request.max_steps:
@@ -480,6 +516,37 @@ class ModelScheduler:
     def _queue_changed(self) -> None:
         for observer in self._observers:
             observer.queue_changed(self.model, len(self._queue))
+
+    def _shed_if_late(self, item: WorkItem, timeout_s: float | None) -> None:
+        """Refuse ``item`` now if the work ahead of it would make it miss its deadline.
+
+        Ahead of it are the rows queued at its priority and higher, served at the rate
+        the model's recent batches ran at (``instances`` batches at a time), plus one
+        batch's time for its own. Lower priorities have more ahead, so they are shed
+        first and fast, while higher ones are still accepted.
+        """
+        if not timeout_s or self._batch_s is None or self._batch_rows is None:
+            return
+        instances = max(1, self._executor.instances(self.model))
+        rows_per_s = instances * self._batch_rows / max(self._batch_s, 1e-6)
+        ahead = self._queue.rows_ahead(item.priority)
+        expected_s = ahead / rows_per_s + self._batch_s
+        if expected_s > timeout_s:
+            raise Shed(
+                f"model {self.model} is overloaded: {ahead} rows at priority {item.priority} "
+                f"or higher are ahead, about {expected_s * 1000:.0f} ms of work, more than "
+                f"the request's {timeout_s * 1000:.0f} ms deadline; retry later, raise the "
+                "deadline or the priority",
+                retry_after_s=expected_s,
+            )
+
+    def _note_batch(self, rows: int, seconds: float) -> None:
+        """Keep moving averages of a batch's rows and run time (for :meth:`_shed_if_late`)."""
+        if self._batch_s is None or self._batch_rows is None:
+            self._batch_s, self._batch_rows = seconds, float(rows)
+        else:
+            self._batch_s = 0.9 * self._batch_s + 0.1 * seconds
+            self._batch_rows = 0.9 * self._batch_rows + 0.1 * rows
 
     def _note_arrival(self, now: float, rows: int) -> None:
         if self._last_arrival is not None:
