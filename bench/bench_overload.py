@@ -66,7 +66,7 @@ def _request(host: str, body: bytes) -> bytes:
     return head.encode() + body
 
 
-@dataclass
+@dataclass(eq=False, slots=True)
 class Outcome:
     """What happened to one request: its status (0: connection error) and latency."""
 
@@ -116,30 +116,59 @@ class _Connection(asyncio.Protocol):
                 self.transport.close()
             if waiter is not None:
                 waiter(status)
-            if not self.closed:
-                self.pool.idle.append(self)
+            self.pool.release(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
+        was_closed, self.closed = self.closed, True
         waiter, self.waiter = self.waiter, None
         if waiter is not None:
             waiter(0)
+        if not was_closed:
+            self.pool.release(self)
 
 
 @dataclass
 class _Pool:
+    """Keep-alive connections, at most ``limit`` open; past it a request waits for one."""
+
     host: str
     port: int
+    limit: int = 512
     idle: deque[_Connection] = field(default_factory=deque)
+    waiting: deque[asyncio.Future[None]] = field(default_factory=deque)
     opened: int = 0
+    open_now: int = 0
+
+    def release(self, conn: _Connection) -> None:
+        if conn.closed:
+            self.open_now -= 1
+        else:
+            self.idle.append(conn)
+        while self.waiting:
+            waiter = self.waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                break
 
     async def connection(self) -> _Connection:
-        while self.idle:
-            conn = self.idle.popleft()
-            if not conn.closed:
-                return conn
+        while True:
+            while self.idle:
+                conn = self.idle.popleft()
+                if not conn.closed:
+                    return conn
+                self.open_now -= 1
+            if self.open_now < self.limit:
+                break
+            waiter = asyncio.get_running_loop().create_future()
+            self.waiting.append(waiter)
+            await waiter
+        self.open_now += 1
         loop = asyncio.get_running_loop()
-        _, conn = await loop.create_connection(lambda: _Connection(self), self.host, self.port)
+        try:
+            _, conn = await loop.create_connection(lambda: _Connection(self), self.host, self.port)
+        except OSError:
+            self.open_now -= 1
+            raise
         self.opened += 1
         return conn
 
@@ -151,11 +180,12 @@ async def open_loop(
     high_share: float,
     deadline_us: int | None,
     seed: int = 0,
+    connections: int = 2048,
 ) -> tuple[list[Outcome], float]:
     """Send at ``rate`` per second for ``seconds``, whatever the answers; return outcomes."""
     parsed = urlparse(url)
     host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
-    pool = _Pool(host, port)
+    pool = _Pool(host, port, limit=connections)
     bodies = {
         True: _request(f"{host}:{port}", _body("high", deadline_us)),
         False: _request(f"{host}:{port}", _body("low", deadline_us)),
@@ -206,10 +236,7 @@ async def closed_loop_capacity(url: str, seconds: float, concurrency: int = 64) 
         while loop.time() < stop:
             if await conn.request(body) == 200:
                 served += 1
-            if conn.closed:
-                conn = await pool.connection()
-            else:
-                pool.idle.remove(conn)
+            conn = await pool.connection()
 
     began = loop.time()
     await asyncio.gather(*(client() for _ in range(concurrency)))
@@ -231,7 +258,7 @@ def report(outcomes: list[Outcome], seconds: float, deadline_s: float) -> dict[s
         "ok": len(ok),
         "goodput_per_s": len(good) / seconds,
         "refused": len(refused),
-        "errors_5xx_other": sum(1 for o in outcomes if o.status >= 500 and o not in refused),
+        "errors_5xx_other": sum(1 for o in outcomes if o.status >= 500 and o.status != 503),
         "connection_errors": sum(1 for o in outcomes if o.status == 0),
         "high_sent": len(high),
         "high_served_share": len(high_ok) / len(high) if high else None,
@@ -252,13 +279,15 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
     console.print(f"  {capacity:,.0f} req/s")
     deadline_s = args.deadline_ms / 1000
     console.print("unloaded: open loop at 30 % of capacity …")
-    outcomes, _ = await open_loop(url, 0.3 * capacity, args.unloaded_seconds, 0.2, None)
+    outcomes, _ = await open_loop(
+        url, 0.3 * capacity, args.unloaded_seconds, 0.2, None, connections=args.connections
+    )
     unloaded = report(outcomes, args.unloaded_seconds, float("inf"))
     console.print(f"  high-priority p99 {unloaded['high_p99_ms']:.2f} ms")
     rate = args.factor * capacity
     console.print(f"overload: open loop at {args.factor:g}× = {rate:,.0f} req/s …")
     outcomes, achieved = await open_loop(
-        url, rate, args.seconds, 0.2, int(args.deadline_ms * 1000), seed=1
+        url, rate, args.seconds, 0.2, int(args.deadline_ms * 1000), 1, args.connections
     )
     overload = report(outcomes, args.seconds, deadline_s)
     overload["offered_per_s"] = rate
@@ -285,6 +314,7 @@ def main() -> None:
     parser.add_argument("--server-cpu", type=int, default=1, help="core for the server")
     parser.add_argument("--client-cpu", type=int, default=0, help="core for this client")
     parser.add_argument("--mode", default="adaptive")
+    parser.add_argument("--connections", type=int, default=2048, help="client connection cap")
     args = parser.parse_args()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
