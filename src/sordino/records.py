@@ -20,6 +20,7 @@ __all__ = [
     "BatchDone",
     "BreakerState",
     "BreakerStatistics",
+    "ConnectionStatistics",
     "ControllerStatistics",
     "DeviceStatistics",
     "ExecutionStatistics",
@@ -237,3 +238,25 @@ class ExecutionStatistics:
     arena: ArenaStatistics | None
     faults_active: int
     faults_applied: int
+
+
+# -- transports ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionStatistics:
+    """The HTTP listener's connections: open now, the limits, refusals and timeouts."""
+
+    open: int
+    clients: int
+    """Distinct client addresses with a connection open."""
+    max_connections: int
+    max_connections_per_client: int
+    refused_total: int
+    """Connections refused because the server held ``max_connections``."""
+    refused_per_client: int
+    """Connections refused because their address held ``max_connections_per_client``."""
+    header_timeouts: int
+    """Connections closed for sending no complete request headers in time."""
+    body_timeouts: int
+    """Connections closed for sending a request body too slowly."""

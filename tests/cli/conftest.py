@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,15 +34,23 @@ def _pump(stream: object, sink: queue.Queue[str | None], lines: list[str]) -> No
 
 @contextmanager
 def sordino_start(
-    args: list[str], tmp_path: Path, timeout: float = 90.0, *, new_session: bool = False
+    args: list[str],
+    tmp_path: Path,
+    timeout: float = 90.0,
+    *,
+    new_session: bool = False,
+    preexec: Callable[[], None] | None = None,
 ) -> Iterator[ServerProcess]:
-    """Start ``sordino start ARGS --http-port 0`` and yield once it prints its URL."""
+    """Start ``sordino start ARGS --http-port 0`` and yield once it prints its URL.
+
+    ``preexec`` runs in the child before ``sordino`` does (to lower a limit, say).
+    """
     cmd = [sys.executable, "-m", "sordino", "start", "--http-port", "0", "--grpc-port", "0",
            "--data-dir", str(tmp_path / "data"), *args]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-        start_new_session=new_session,
+        start_new_session=new_session, preexec_fn=preexec,
     )  # fmt: skip
     lines: list[str] = []
     sink: queue.Queue[str | None] = queue.Queue()

@@ -1,4 +1,4 @@
-"""Restart backoff: 1 s doubling to a 60 s cap, reset after a clean period."""
+"""Restart backoff: at once after healthy service; 1 s doubling to a cap in a crash loop."""
 
 from __future__ import annotations
 
@@ -6,32 +6,79 @@ from sordino.execution.backoff import RestartBackoff
 from sordino.testing import VirtualClock
 
 
-def test_doubles_up_to_the_cap() -> None:
-    """Each failure without a clean period waits twice as long, never more than the cap."""
-    backoff = RestartBackoff(1.0, 60.0, 600.0)
+def test_a_crash_loop_doubles_up_to_the_cap() -> None:
+    """Workers that die right after starting wait twice as long each time, never over the cap."""
+    backoff = RestartBackoff(1.0, 60.0, healthy_after_s=30.0, healthy_batches=10)
     clock = VirtualClock()
     delays = []
     for _ in range(9):
         delays.append(backoff.next_delay(clock.now()))
         backoff.started(clock.now() + delays[-1])
     assert delays == [1, 2, 4, 8, 16, 32, 60, 60, 60]
-
-
-async def test_resets_after_a_clean_period() -> None:
-    """A worker up longer than reset_after restarts with the first delay again."""
-    clock = VirtualClock()
-    backoff = RestartBackoff(1.0, 60.0, 600.0)
-    for _ in range(4):
-        backoff.next_delay(clock.now())
-    backoff.started(clock.now())
-    await clock.advance(599)
-    assert backoff.next_delay(clock.now()) == 16
-    backoff.started(clock.now())
-    await clock.advance(600)
-    assert backoff.next_delay(clock.now()) == 1
+    assert backoff.crash_loop == 9
 
 
 def test_failures_while_starting_keep_doubling() -> None:
-    """A replacement that fails to start never resets the delay."""
-    backoff = RestartBackoff(0.5, 4.0, 10.0)
+    """A replacement that fails to start (never started) is a crash loop."""
+    backoff = RestartBackoff(0.5, 4.0, healthy_after_s=10.0)
     assert [backoff.next_delay(100.0) for _ in range(5)] == [0.5, 1, 2, 4, 4]
+
+
+async def test_a_worker_up_for_the_healthy_period_restarts_at_once() -> None:
+    """Up restart_backoff_reset without failing: no delay, and the loop starts over."""
+    clock = VirtualClock()
+    backoff = RestartBackoff(1.0, 60.0, healthy_after_s=30.0, healthy_batches=10)
+    for _ in range(4):
+        backoff.next_delay(clock.now())
+    backoff.started(clock.now())
+    await clock.advance(29)
+    assert backoff.next_delay(clock.now()) == 16  # not healthy yet: still a crash loop
+    backoff.started(clock.now())
+    await clock.advance(30)
+    assert backoff.next_delay(clock.now()) == 0
+    assert backoff.crash_loop == 0
+    assert backoff.next_delay(clock.now()) == 1  # the restart failed: the loop starts at 1 s
+
+
+async def test_a_worker_that_served_enough_batches_restarts_at_once() -> None:
+    """A worker killed 2 s after it started, having run its batches, is not a crash loop."""
+    clock = VirtualClock()
+    backoff = RestartBackoff(1.0, 60.0, healthy_after_s=30.0, healthy_batches=10)
+    backoff.started(clock.now())
+    for _ in range(9):
+        backoff.served()
+    await clock.advance(2)
+    assert backoff.next_delay(clock.now()) == 1  # 9 batches: not yet healthy
+    backoff.started(clock.now() + 1)
+    for _ in range(10):
+        backoff.served()
+    await clock.advance(2)
+    assert backoff.next_delay(clock.now()) == 0
+
+
+async def test_repeated_kills_of_a_serving_worker_never_back_off() -> None:
+    """The drill's pattern: killed every 10 s while serving, each restart is immediate."""
+    clock = VirtualClock()
+    backoff = RestartBackoff(1.0, 60.0, healthy_after_s=30.0, healthy_batches=10)
+    delays = []
+    for _ in range(30):
+        backoff.started(clock.now())
+        for _ in range(100):  # 10 s at a modest rate
+            backoff.served()
+        await clock.advance(10)
+        delays.append(backoff.next_delay(clock.now()))
+        await clock.advance(1)  # the replacement loads
+    assert delays == [0] * 30
+
+
+def test_batches_of_an_earlier_worker_do_not_count_for_the_next() -> None:
+    """The count starts again with each worker: a replacement must earn its own health."""
+    backoff = RestartBackoff(1.0, 60.0, healthy_after_s=30.0, healthy_batches=10)
+    backoff.started(0.0)
+    for _ in range(10):
+        backoff.served()
+    assert backoff.next_delay(1.0) == 0
+    backoff.started(2.0)
+    for _ in range(3):
+        backoff.served()
+    assert backoff.next_delay(3.0) == 1

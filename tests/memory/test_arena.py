@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import multiprocessing.synchronize
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from sordino.errors import OutOfMemory
 from sordino.memory import Arena, attach_segment, read_tensor, write_tensor
+from sordino.memory.arena import remove_stale_segments
 from sordino.memory.tensors import view_tensor
 
 
@@ -75,3 +79,44 @@ async def test_acquire_waits_for_a_release() -> None:
             await arena.acquire(1 << 20)
     finally:
         arena.close()
+
+
+def _hold_recorded_arena(registry: str, ready: multiprocessing.synchronize.Event) -> None:
+    arena = Arena(1 << 16, registry=Path(registry))
+    ready.set()
+    time.sleep(60)  # until SIGKILLed: nothing removes the segment
+    arena.close()
+
+
+def test_a_recorded_segment_of_a_live_arena_is_left_alone(tmp_path: Path) -> None:
+    """The arena's own record is locked: a cleanup meanwhile removes nothing."""
+    arena = Arena(1 << 16, registry=tmp_path)
+    try:
+        assert (tmp_path / arena.name).exists()
+        assert remove_stale_segments(tmp_path) == []
+        assert Path("/dev/shm", arena.name).exists()
+    finally:
+        arena.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_segment_left_by_a_killed_process_is_removed_and_reported(tmp_path: Path) -> None:
+    """SIGKILL leaves the segment; the next cleanup on the registry removes it, once."""
+    context = multiprocessing.get_context("spawn")
+    ready = context.Event()
+    child = context.Process(target=_hold_recorded_arena, args=(str(tmp_path), ready))
+    child.start()
+    try:
+        assert ready.wait(60)
+        (record,) = tmp_path.iterdir()
+        assert Path("/dev/shm", record.name).exists()
+        assert remove_stale_segments(tmp_path) == []  # its owner is alive
+    finally:
+        child.kill()
+        child.join(30)
+    (stale,) = remove_stale_segments(tmp_path)
+    assert stale.name == record.name and stale.pid == child.pid
+    assert stale.size_bytes == 1 << 16 and stale.removed
+    assert not Path("/dev/shm", record.name).exists()
+    assert list(tmp_path.iterdir()) == []
+    assert remove_stale_segments(tmp_path) == []

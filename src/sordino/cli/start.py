@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import signal
 import sys
 from pathlib import Path
@@ -28,7 +29,7 @@ from sordino.models.repository import (
 from sordino.server.lifecycle import open_server
 from sordino.server.registry import LoadedModel
 
-__all__ = ["collect_sources", "start"]
+__all__ = ["collect_sources", "raise_open_file_limit", "start"]
 
 log = logging.getLogger("sordino")
 
@@ -256,6 +257,7 @@ def start(
         config = _free_grpc_port_with_free_http_port(config)
         sources = collect_sources(config, models, builtin)
         config.server.data_dir.mkdir(parents=True, exist_ok=True)
+        raise_open_file_limit()
         status = _run(config, sources)
     except (SordinoError, OSError) as exc:
         click.echo(f"error: {exc}", err=True)
@@ -277,6 +279,29 @@ def _free_grpc_port_with_free_http_port(config: RuntimeConfig) -> RuntimeConfig:
     if server.http_port != 0 or "grpc_port" in server.model_fields_set:
         return config
     return config.model_copy(update={"server": server.model_copy(update={"grpc_port": 0})})
+
+
+def raise_open_file_limit() -> int:
+    """Raise the soft limit on open files to the hard one; return the limit now in force.
+
+    Each HTTP connection holds a descriptor, and a shell's usual soft limit (1,024)
+    would let that many idle connections lock every other client out. Where the hard
+    limit cannot be taken whole (macOS reports "unlimited" but caps it lower), the
+    highest of a few smaller values that the system accepts is used.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    for target in (hard, 1 << 20, 1 << 16, 10240):
+        if target != resource.RLIM_INFINITY and hard != resource.RLIM_INFINITY:
+            target = min(target, hard)
+        if soft != resource.RLIM_INFINITY and target <= soft:
+            break
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            continue
+        log.debug("open-file limit raised from %s to %s", soft, target)
+        return target
+    return soft
 
 
 def _run(config: RuntimeConfig, sources: list[ModelSource]) -> int:

@@ -32,6 +32,19 @@ class ServerConfig(Section):
     """Where sordino keeps state (reports, caches); "~" is expanded."""
     max_request_size: Size = Field(default=parse_size("64MB"), ge=1)
     """Largest request body accepted; larger bodies get 413."""
+    header_timeout: Duration = Field(default=10.0, gt=0)
+    """Longest an HTTP client may take to send a request's headers, from connecting (or
+    from the first byte of a later request); then the connection is closed."""
+    body_timeout: Duration = Field(default=60.0, gt=0)
+    """Longest a request body may take to arrive after its headers; then 408 and close."""
+    keep_alive_timeout: Duration = Field(default=30.0, gt=0)
+    """How long an idle keep-alive HTTP connection stays open between requests."""
+    max_connections: int | None = Field(default=None, ge=1)
+    """Open HTTP connections at most; past it a new one is answered 503 and closed.
+    None: the open-file limit less 256 descriptors (kept for workers, gRPC, files)."""
+    max_connections_per_client: int = Field(default=1024, ge=1)
+    """Open HTTP connections one client address may hold; past it its new connections
+    are answered 503 and closed (other clients are still served)."""
     shutdown_timeout: Duration = 30.0
     """How long a graceful stop waits for in-flight requests before cancelling them."""
     admin_token: str | None = Field(default=None, min_length=8, repr=False)

@@ -53,7 +53,7 @@ from sordino.execution.stats import SwitchRecorder
 from sordino.execution.worker import WorkerError, WorkerLost
 from sordino.execution.worker_main import WorkerSpec
 from sordino.inference import ModelKey, ModelMetadata, Tensor
-from sordino.memory.arena import Arena
+from sordino.memory.arena import SEGMENTS_DIR, Arena
 from sordino.memory.refs import TensorRef, Tensors
 from sordino.records import ArenaStatistics, ExecutionStatistics
 
@@ -70,7 +70,9 @@ class ChainExecutor:
         self._settings = config.workers
         self.faults = FaultRegistry(clock, events)
         self._models: dict[ModelKey, PlacedModel] = {}
-        self._staging = Staging(self._settings.shared_memory)
+        self._staging = Staging(
+            self._settings.shared_memory, registry=config.server.data_dir / SEGMENTS_DIR
+        )
         self._placement = Placement(config, clock=clock, events=events)
         self._switches = SwitchRecorder()
         self._retries = 0

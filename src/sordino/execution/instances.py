@@ -1,10 +1,12 @@
 """Model instances: a supervised worker process, or a backend on a thread of the server.
 
 A :class:`ProcessInstance` owns one worker slot. When its worker exits, is killed,
-stops sending heartbeats or overruns a batch, the instance records why, waits out its
-restart backoff on the runtime's clock, starts a replacement (which loads and warms
-up before it says ready) and only then takes traffic again. Every failure and every
-restart is an event with its cause.
+stops sending heartbeats or overruns a batch, the instance records why, starts a
+replacement (which loads and warms up before it says ready) and only then takes
+traffic again. The replacement starts at once when the lost worker had served well;
+only a crash loop (failing while starting or before healthy service) waits out a
+growing backoff on the runtime's clock (``execution/backoff.py``). Every failure and
+every restart is an event with its cause.
 
 Both build their backend with :func:`sordino.backends.registry.create_backend` from
 the model's ``backend`` kind (a process instance through its :class:`WorkerSpec`).
@@ -205,7 +207,10 @@ class ProcessInstance(_Base):
         self._events = events
         self._notify = notify
         self._backoff = RestartBackoff(
-            settings.restart_backoff, settings.restart_backoff_max, settings.restart_backoff_reset
+            settings.restart_backoff,
+            settings.restart_backoff_max,
+            healthy_after_s=settings.restart_backoff_reset,
+            healthy_batches=settings.restart_backoff_reset_batches,
         )
         self._worker: WorkerProcess | None = None
         self._watch: asyncio.Task[None] | None = None
@@ -253,6 +258,8 @@ class ProcessInstance(_Base):
             self.failures += 1
             self._lost(worker)
             raise
+        if worker is self._worker:
+            self._backoff.served()
         return read_outputs(batch.buffer, outputs)
 
     def _lost(self, worker: WorkerProcess) -> None:
@@ -335,8 +342,15 @@ class ProcessInstance(_Base):
             self.last_cause = cause
             self._notify()
             delay = self._backoff.next_delay(failed_at)
+            crash_loop = self._backoff.crash_loop
             log.warning(
-                "worker %s (pid %s) %s; restarting in %g s", self.subject, worker.pid, cause, delay
+                "worker %s (pid %s) %s; restarting %s",
+                self.subject,
+                worker.pid,
+                cause,
+                f"in {delay:g} s (crash loop: {crash_loop} failures before serving)"
+                if delay
+                else "now",
             )
             self._events.emit(
                 "worker_failed",
@@ -346,8 +360,10 @@ class ProcessInstance(_Base):
                 device=self.device.name,
                 pid=worker.pid,
                 restart_in_s=delay,
+                crash_loop=crash_loop,
             )
-            await self._clock.sleep(delay)
+            if delay:
+                await self._clock.sleep(delay)
             while not self._closing:
                 try:
                     await self._start_worker()

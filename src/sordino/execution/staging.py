@@ -28,6 +28,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -90,11 +91,14 @@ class Staging:
     """Stages batches in one shared-memory arena, created when first needed.
 
     ``capacity`` is the arena's size in bytes (``workers.shared_memory``); when
-    ``/dev/shm`` has less free, the arena takes half of what is free.
+    ``/dev/shm`` has less free, the arena takes half of what is free. With ``registry``
+    (``<server.data_dir>/shm``) the segment is recorded there, so that a server
+    started after a hard crash removes it (:func:`~sordino.memory.arena.remove_stale_segments`).
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, *, registry: Path | None = None) -> None:
         self._capacity = capacity
+        self._registry = registry
         self._arena: Arena | None = None
 
     @property
@@ -111,7 +115,7 @@ class Staging:
                     free // 2,
                 )
                 size = max(4096, free // 2)
-            self._arena = Arena(size)
+            self._arena = Arena(size, registry=self._registry)
         return self._arena
 
     def statistics(self) -> ArenaStatistics | None:

@@ -88,19 +88,22 @@ async def _infer(
         elif name in _FORWARDED:
             forwarded[_FORWARDED[name]] = value.decode("latin-1")
     headers: dict[str, str]
+    model, version = match["model"], match["version"]
     try:
-        body = await _read_body(receive, limit, declared)
-        # An unknown model is answered 404 whatever the body holds, as Triton does.
-        runtime.get(match["model"], match["version"])
-        request = decode_infer_request(
-            body,
-            model=match["model"],
-            version=match["version"],
-            header_length=parse_header_length(
-                header_length.decode("latin-1") if header_length is not None else None
-            ),
-            headers=forwarded or None,
-        )
+        # Whatever ends the request before the service has it is counted there.
+        with runtime.service.receiving(model, version, forwarded.get("x-sordino-tenant")):
+            body = await _read_body(receive, limit, declared)
+            # An unknown model is answered 404 whatever the body holds, as Triton does.
+            runtime.get(model, version)
+            request = decode_infer_request(
+                body,
+                model=model,
+                version=version,
+                header_length=parse_header_length(
+                    header_length.decode("latin-1") if header_length is not None else None
+                ),
+                headers=forwarded or None,
+            )
         response = await until_disconnect(receive, runtime.service.infer(request))
         try:
             payload, headers = encode_infer_response(response, request)
@@ -109,6 +112,10 @@ async def _infer(
         status = 200
     except SordinoError as exc:
         status, payload, headers = error_parts(exc)
+    except Exception as exc:  # a defect: answered as JSON like any error, and logged
+        log.exception("inference request to %s failed", scope["path"])
+        status, payload = 500, encode_error(f"internal error: {type(exc).__name__}")
+        headers = {"Content-Type": "application/json"}
     if runtime.stopping:
         # Tell keep-alive clients to reconnect elsewhere rather than reuse a connection
         # the server is about to close.

@@ -118,10 +118,12 @@ class InferenceServicer:
         return message_from_json(document, pb.ModelStatisticsResponse)
 
     async def ModelInfer(self, raw: bytes, context: Any) -> pb.ModelInferResponse:
-        message = parse_message(pb.ModelInferRequest, raw)
-        # An unknown model is answered NOT_FOUND whatever the message holds, as Triton does.
-        self.runtime.get(message.model_name, message.model_version or None)
-        request = decode_infer_request(message)
+        with self.runtime.service.receiving() as arrival:
+            message = parse_message(pb.ModelInferRequest, raw)
+            arrival.model, arrival.version = message.model_name, message.model_version or None
+            # An unknown model is answered NOT_FOUND whatever the message holds, as Triton does.
+            self.runtime.get(message.model_name, message.model_version or None)
+            request = decode_infer_request(message)
         response = await self.runtime.service.infer(request)
         try:
             return encode_infer_response(response, request)
@@ -186,10 +188,12 @@ class InferenceServicer:
     ) -> None:
         request_id = model = version = ""
         try:
-            message = parse_message(pb.ModelInferRequest, raw)
-            request_id, model, version = message.id, message.model_name, message.model_version
-            self.runtime.get(model, version or None)  # an unknown model wins over a bad message
-            request = decode_infer_request(message)
+            with self.runtime.service.receiving() as arrival:
+                message = parse_message(pb.ModelInferRequest, raw)
+                request_id, model, version = message.id, message.model_name, message.model_version
+                arrival.model, arrival.version = model, version or None
+                self.runtime.get(model, version or None)  # an unknown model wins over a bad one
+                request = decode_infer_request(message)
             empty_final = bool(request.parameters.pop(EMPTY_FINAL_RESPONSE, False))
             async with aclosing(self.runtime.service.responses(request)) as responses:
                 async for response, final in responses:
@@ -326,6 +330,11 @@ class GrpcServer:
                 ("grpc.max_send_message_length", -1),
                 # Without this a second server could bind the same port and steal calls.
                 ("grpc.so_reuseport", 0),
+                # A connection that never starts HTTP/2 is closed like a silent HTTP one.
+                (
+                    "grpc.server_handshake_timeout_ms",
+                    max(1, round(self.runtime.config.server.header_timeout * 1000)),
+                ),
             ]
         )
         server.add_generic_rpc_handlers((build_handler(self._servicer),))

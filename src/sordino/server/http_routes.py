@@ -16,11 +16,11 @@ from contextlib import aclosing
 from typing import Any
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from sordino.errors import InvalidRequest, MalformedBody, SordinoError, Unsupported
+from sordino.errors import Cancelled, InvalidRequest, MalformedBody, SordinoError, Unsupported
 from sordino.inference import InferRequest, InferResponse
 from sordino.protocol.generate import (
     decode_generate_request,
@@ -125,14 +125,19 @@ async def _json_body(request: Request) -> dict[str, Any]:
 async def _generate_request(runtime: Runtime, request: Request) -> InferRequest:
     name = request.path_params["model"]
     version = request.path_params.get("version")
-    model = runtime.get(name, version)
-    limit = runtime.config.server.max_request_size
-    body = await request.body()
-    if len(body) > limit:
-        raise MalformedBody(
-            f"the request body is larger than the limit of {limit} bytes", too_large=True
-        )
-    return decode_generate_request(body, model.metadata, model=name, version=version)
+    # Whatever ends the request before the service has it is counted there.
+    with runtime.service.receiving(name, version, request.headers.get("x-sordino-tenant")):
+        model = runtime.get(name, version)
+        limit = runtime.config.server.max_request_size
+        try:
+            body = await request.body()
+        except ClientDisconnect:
+            raise Cancelled("the client disconnected while sending the request") from None
+        if len(body) > limit:
+            raise MalformedBody(
+                f"the request body is larger than the limit of {limit} bytes", too_large=True
+            )
+        return decode_generate_request(body, model.metadata, model=name, version=version)
 
 
 async def _events(

@@ -16,6 +16,7 @@ tests short; the transports use ``runtime.service``.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ from sordino.config import RuntimeConfig
 from sordino.events import EventSink
 from sordino.execution.chain import ChainExecutor
 from sordino.inference import InferRequest, InferResponse
+from sordino.memory.arena import SEGMENTS_DIR, StaleSegment, remove_stale_segments
 from sordino.models.repository import ModelSource
 from sordino.records import SchedulerStatistics
 from sordino.server.loader import ModelLoader
@@ -37,6 +39,8 @@ from sordino.telemetry.model_stats import ModelStats
 from sordino.telemetry.observers import SchedulerObservers
 
 __all__ = ["LoadedModel", "Runtime"]
+
+log = logging.getLogger("sordino")
 
 
 class Runtime:
@@ -93,7 +97,12 @@ class Runtime:
     # -- lifecycle -------------------------------------------------------------------
 
     async def start(self, on_loaded: Callable[[LoadedModel], None] | None = None) -> None:
-        """Load every model source; call ``on_loaded`` after each one is serving."""
+        """Load every model source; call ``on_loaded`` after each one is serving.
+
+        First the shared-memory segments left in ``server.data_dir`` by a server that
+        ended without closing them (SIGKILL, a crash) are removed, each reported.
+        """
+        self.remove_stale_segments()
         await self.telemetry.start()
         for source in self._sources:
             model = await self.loader.load(source)
@@ -123,6 +132,26 @@ class Runtime:
         await self.executor.aclose()
         self.events.emit("server_stopped", "runtime")
         await self.telemetry.stop()
+
+    def remove_stale_segments(self) -> list[StaleSegment]:
+        """Remove the arena segments of dead servers on this data dir; log and report each."""
+        removed = remove_stale_segments(self.config.server.data_dir / SEGMENTS_DIR)
+        for segment in removed:
+            size = f"{segment.size_bytes / 2**20:.0f} MiB" if segment.size_bytes else "?"
+            cause = f"left by pid {segment.pid}, which is gone"
+            if segment.removed:
+                log.warning("removed shared-memory segment %s (%s) %s", segment.name, size, cause)
+            else:
+                log.info("removed the record of shared-memory segment %s (%s)", segment.name, cause)
+            self.events.emit(
+                "stale_segment_removed",
+                segment.name,
+                cause,
+                pid=segment.pid,
+                size_bytes=segment.size_bytes,
+                segment_existed=segment.removed,
+            )
+        return removed
 
     @property
     def stopping(self) -> bool:

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import socket
 from collections.abc import Generator
 
 import uvicorn
 
+from sordino.server.connections import ConnectionGuard, default_max_connections, guarded_protocol
 from sordino.server.http import build_app
 from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
+from sordino.telemetry.connection_metrics import ConnectionCollector
 
 __all__ = ["HttpServer", "bind_socket", "check_port"]
 
@@ -71,7 +74,11 @@ class _EmbeddedServer(uvicorn.Server):
 
 
 class HttpServer:
-    """The KServe v2 HTTP endpoint of one runtime."""
+    """The KServe v2 HTTP endpoint of one runtime.
+
+    Connections are guarded (``server/connections.py``): header and body read
+    timeouts, and limits on open connections in total and per client address.
+    """
 
     def __init__(
         self, runtime: Runtime, host: str, port: int, control: ModelControl | None = None
@@ -80,15 +87,23 @@ class HttpServer:
         self.host = host
         self._sock = bind_socket(host, port)
         self.port: int = self._sock.getsockname()[1]
+        settings = runtime.config.server
+        self.guard = ConnectionGuard(
+            max_connections=settings.max_connections or default_max_connections(),
+            max_per_client=settings.max_connections_per_client,
+            header_timeout=settings.header_timeout,
+            body_timeout=settings.body_timeout,
+        )
+        runtime.metrics.registry.register(ConnectionCollector(self.guard.statistics))
         config = uvicorn.Config(
             build_app(runtime, control),
             loop="none",
-            http="httptools",
+            http=guarded_protocol(self.guard),
             lifespan="off",
             access_log=False,
             log_level="warning",
             timeout_graceful_shutdown=5,
-            timeout_keep_alive=30,
+            timeout_keep_alive=math.ceil(settings.keep_alive_timeout),  # uvicorn takes an int
             # sordino reads no client address; skip the X-Forwarded-* middleware per request.
             proxy_headers=False,
         )
@@ -134,4 +149,5 @@ class HttpServer:
         self._server.should_exit = True
         if self._task is not None:
             await self._task
+        self.guard.close_lingering()
         self._sock.close()

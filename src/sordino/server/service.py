@@ -3,9 +3,17 @@
 A decoded request is validated against its model, admitted (priority, deadline),
 handed to the model's scheduler, which drives it step by step to its end. One-shot
 (:meth:`InferenceService.infer`) and streaming (:meth:`InferenceService.responses`)
-requests take the same way in (``_accept``) and out (``_finished``): whatever the
-outcome (a result, a refusal, an error, a cancellation), the request is counted once
-in the business metrics (``sordino_tenant_requests_total``).
+requests take the same way in (``_accept``) and out (``_finished``).
+
+Every request that reaches the server is counted exactly once, with the same outcome,
+in ``sordino_requests_total`` and ``sordino_tenant_requests_total``:
+
+- one the transport could not read or decode (a bad body, an unknown model, the
+  client gone mid-body, a server fault) is counted by :meth:`InferenceService.receiving`
+  as ``rejected``;
+- one refused by validation, admission or the queue, by ``_refused`` as ``rejected``;
+- an accepted one by the scheduler (``sordino_requests_total``) and ``_finished``
+  (the tenant family), both with the outcome the scheduler gave it.
 
 Tensor ownership: the service owns the request's tensors until the scheduler accepts
 them (a refused request is released here), and hands each response's outputs to the
@@ -17,12 +25,13 @@ batch into the arena: one copy between the socket and the model.)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import aclosing, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from sordino.admission.chain import AdmissionChain, AdmissionContext
-from sordino.errors import SordinoError, Unsupported
+from sordino.errors import Cancelled, SordinoError, Unsupported
 from sordino.inference import InferRequest, InferResponse, ModelKey
 from sordino.memory.refs import Tensors
 from sordino.protocol.validate import check_text_inputs, validate_request
@@ -32,7 +41,19 @@ from sordino.telemetry.hub import Telemetry
 from sordino.telemetry.metrics import Metrics
 from sordino.telemetry.model_stats import ModelStats
 
-__all__ = ["InferenceService"]
+__all__ = ["INTERNAL", "Arrival", "InferenceService"]
+
+INTERNAL = "internal"
+"""The reason counted for a request that ended on an unexpected exception (a 500)."""
+
+
+@dataclass(slots=True)
+class Arrival:
+    """What a transport knows of a request it is still reading: whom to count it for."""
+
+    model: str
+    version: str | None
+    tenant: str | None
 
 
 class InferenceService:
@@ -75,7 +96,10 @@ class InferenceService:
                 ),
             )
         except SordinoError as exc:
-            self._refused(request, exc)
+            self._refused(request, exc.reason)
+            raise
+        except Exception:
+            self._refused(request, INTERNAL)
             raise
         return model, context
 
@@ -85,15 +109,10 @@ class InferenceService:
         A streaming model is refused: its responses come from :meth:`responses`.
         """
         model, context, accepted = self._accept(request, one_shot=True)
-        outcome = "failure"
         try:
             outputs = await model.scheduler.result(accepted)
-            outcome = "success"
-        except asyncio.CancelledError:
-            outcome = "cancelled"
-            raise
         finally:
-            self._finished(request, context, outcome)
+            self._finished(request, context, accepted)
         return self.response(model, request, outputs)
 
     async def responses(
@@ -108,19 +127,12 @@ class InferenceService:
         iterator (``contextlib.aclosing``) when leaving it early.
         """
         model, context, accepted = self._accept(request, one_shot=False)
-        outcome = "failure"
         try:
             async with aclosing(model.scheduler.responses(accepted)) as steps:
                 async for step in steps:
-                    if step.final:
-                        outcome = "success"
                     yield self.response(model, request, step.outputs), step.final
-        except (asyncio.CancelledError, GeneratorExit):
-            if outcome != "success":
-                outcome = "cancelled"
-            raise
         finally:
-            self._finished(request, context, outcome)
+            self._finished(request, context, accepted)
 
     def _accept(
         self, request: InferRequest, *, one_shot: bool
@@ -136,7 +148,7 @@ class InferenceService:
                 "ModelStreamInfer over gRPC or POST "
                 f"/v2/models/{model.key.name}/generate_stream over HTTP"
             )
-            self._refused(request, error)
+            self._refused(request, error.reason)
             raise error
         try:
             accepted = model.scheduler.submit(
@@ -147,17 +159,64 @@ class InferenceService:
                 stream=model.metadata.stream,
             )
         except SordinoError as exc:  # queue full, shutting down: never accepted
-            self._refused(request, exc)
+            self._refused(request, exc.reason)
+            raise
+        except Exception:
+            self._refused(request, INTERNAL)
             raise
         return model, context, accepted
 
-    def _finished(self, request: InferRequest, context: AdmissionContext, outcome: str) -> None:
+    @contextmanager
+    def receiving(
+        self, model: str = "", version: str | None = None, tenant: str | None = None
+    ) -> Iterator[Arrival]:
+        """Count a request that ends while its transport reads or decodes it.
+
+        A transport wraps what it does between a request's arrival and :meth:`infer` or
+        :meth:`responses` (reading the body, finding the model, decoding): whatever
+        ends the request there is counted once as ``rejected`` — with the error's
+        reason, ``cancelled`` when the task is cancelled, or ``internal`` for an
+        unexpected exception — and raised on. The transport may fill in the yielded
+        :class:`Arrival` as it learns the model (gRPC: once the message is parsed).
+        """
+        arrival = Arrival(model, version, tenant)
+        try:
+            yield arrival
+        except BaseException as exc:
+            if isinstance(exc, SordinoError):
+                reason = exc.reason
+            elif isinstance(exc, asyncio.CancelledError):
+                reason = Cancelled.reason
+            elif isinstance(exc, Exception):
+                reason = INTERNAL
+            else:  # GeneratorExit, KeyboardInterrupt: not a request's end
+                raise
+            self._count_rejected(arrival.model, arrival.version, arrival.tenant, reason)
+            raise
+
+    def _finished(
+        self, request: InferRequest, context: AdmissionContext, accepted: Request
+    ) -> None:
+        # The scheduler's outcome, which it also reported to sordino_requests_total: a
+        # task cancelled after its request succeeded is a success in both.
+        outcome = accepted.outcome if accepted.outcome is not None else "cancelled"
         self._telemetry.request_finished(request.model, _tenant(request), context.priority, outcome)
 
-    def _refused(self, request: InferRequest, error: SordinoError) -> None:
+    def _refused(self, request: InferRequest, reason: str) -> None:
         request.release()
-        self._metrics.request_rejected(request.model, error.reason)
-        self._telemetry.request_finished(request.model, _tenant(request), 0, "rejected")
+        self._count_rejected(request.model, request.version, _tenant(request), reason)
+
+    def _count_rejected(
+        self, model: str, version: str | None, tenant: str | None, reason: str
+    ) -> None:
+        # Only a loaded version is a label value; an unknown one is the client's string.
+        versions = self._registry.versions(model)
+        if version:
+            served = version if version in versions else ""
+        else:
+            served = versions[-1] if versions else ""
+        self._metrics.request_rejected(model, reason, version=served)
+        self._telemetry.request_finished(model, tenant or "default", 0, "rejected")
 
     def response(
         self, model: LoadedModel, request: InferRequest, outputs: Tensors

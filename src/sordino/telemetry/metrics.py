@@ -73,7 +73,7 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "sordino_requests",
-            "Finished requests by model, outcome and reason.",
+            "Requests by model, outcome and reason (rejected = ended before queueing).",
             ["model", "version", "outcome", "reason"],
             registry=self.registry,
         )
@@ -150,6 +150,11 @@ class Metrics:
     def queue_changed(self, model: ModelKey, depth: int) -> None:
         return None
 
-    def request_rejected(self, model: str, reason: str) -> None:
-        """Count a request refused before acceptance (bad input, queue full, unknown model)."""
+    def request_rejected(self, model: str, reason: str, *, version: str = "") -> None:
+        """Count a request refused before acceptance (bad input, queue full, unknown model).
+
+        It is counted in ``sordino_requests_total`` too (outcome ``rejected``), so that
+        family counts every request, as ``sordino_tenant_requests_total`` does.
+        """
         self._child(self.rejected, model, reason).inc()
+        self._child(self.requests, model, version, "rejected", reason).inc()

@@ -174,6 +174,7 @@ class ResourceSampler:
         self._pools: dict[str, Callable[[], Any]] = {}
         self._nvml = _Nvml() if gpus else None
         self._last: ResourceSample | None = None
+        self._unreadable = False
 
     def add_pool(self, name: str, statistics: Callable[[], Any]) -> None:
         """Report the pool whose ``statistics()`` is ``statistics`` under ``name``.
@@ -200,9 +201,24 @@ class ResourceSampler:
                     pools.append(pool_sample(name, stats))
             except Exception:
                 log.exception("memory pool %s statistics failed", name)
+        try:
+            rss = int(self._process.memory_info().rss)
+            cpu = float(self._process.cpu_percent(None))
+        except (OSError, psutil.Error) as exc:
+            # /proc cannot be read, e.g. every descriptor is taken (EMFILE): the last
+            # figures stand in, so the second is still closed and journaled.
+            last = self._last
+            if last is None:
+                raise
+            if not self._unreadable:
+                log.warning("process figures unreadable (%s); repeating the last ones", exc)
+            self._unreadable = True
+            rss, cpu = last.rss_bytes, last.cpu_percent
+        else:
+            self._unreadable = False
         self._last = ResourceSample(
-            rss_bytes=int(self._process.memory_info().rss),
-            cpu_percent=float(self._process.cpu_percent(None)),
+            rss_bytes=rss,
+            cpu_percent=cpu,
             cpu_temp_c=cpu_temperature(),
             pools=tuple(pools),
             gpus=self._nvml.sample() if self._nvml is not None else (),

@@ -1,0 +1,290 @@
+"""Guarding the HTTP listener: connection limits and read timeouts.
+
+Every connection holds a file descriptor. uvicorn times out only an idle keep-alive
+connection *after* a response; a client that connects and sends nothing, trickles
+its headers (slow-loris) or stops halfway through a body holds its descriptor for as
+long as it likes, and enough of them lock every other client out. This module adds,
+on uvicorn's httptools protocol:
+
+- a **header timeout** (``server.header_timeout``): from the connection (or the first
+  byte of a later request on it) to the end of the request's headers;
+- a **body timeout** (``server.body_timeout``): from the end of the headers to the end
+  of the body; a slow body is answered 408;
+- **connection limits**, in total (``server.max_connections``) and per client address
+  (``server.max_connections_per_client``). Past either, a new connection is answered
+  at once — 503 with ``Connection: close`` and ``Retry-After`` — and closed, without
+  reaching the application; connections already open are served as before.
+
+A refused connection lingers at most :data:`LINGER_S` (its client reads the 503),
+and no more than :data:`MAX_LINGERING` linger at once: past that, a refused
+connection is reset without an answer, so refusing can never hold many descriptors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import time
+from collections import Counter
+from typing import Any, Literal
+
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from sordino.protocol.codec import encode_error
+from sordino.records import ConnectionStatistics
+
+__all__ = [
+    "LINGER_S",
+    "MAX_LINGERING",
+    "RESERVED_DESCRIPTORS",
+    "ConnectionGuard",
+    "default_max_connections",
+    "guarded_protocol",
+]
+
+log = logging.getLogger("sordino.http")
+
+LINGER_S = 1.0
+"""How long a refused connection stays open for its client to read the 503."""
+MAX_LINGERING = 256
+"""Refused connections allowed to linger at once; more are reset at once."""
+RESERVED_DESCRIPTORS = 256
+"""Descriptors the default ``max_connections`` leaves for everything else (workers,
+gRPC, the journal, model files)."""
+_WARN_EVERY_S = 10.0
+
+Phase = Literal["header", "body"]
+
+
+def default_max_connections() -> int:
+    """The open-file limit in force less :data:`RESERVED_DESCRIPTORS` (at least 64)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 20
+    return max(64, soft - RESERVED_DESCRIPTORS)
+
+
+class ConnectionGuard:
+    """The limits and timeouts of one HTTP listener, and what they did."""
+
+    def __init__(
+        self,
+        *,
+        max_connections: int,
+        max_per_client: int,
+        header_timeout: float,
+        body_timeout: float,
+    ) -> None:
+        self.max_connections = max_connections
+        self.max_per_client = max_per_client
+        self.header_timeout = header_timeout
+        self.body_timeout = body_timeout
+        self._open: Counter[str] = Counter()
+        self._total = 0
+        self.lingering: set[asyncio.Transport] = set()
+        self._refused_total = self._refused_per_client = 0
+        self._timeouts: Counter[Phase] = Counter()
+        self._warned_at = -_WARN_EVERY_S
+
+    def admit(self, client: str) -> str | None:
+        """Count a new connection from ``client``; or return why it is refused."""
+        if self._total >= self.max_connections:
+            self._refused_total += 1
+            self._warn("the server holds %d connections (server.max_connections)", self._total)
+            return (
+                f"the server holds its limit of {self.max_connections} connections; retry "
+                "later (server.max_connections)"
+            )
+        if self._open[client] >= self.max_per_client:
+            self._refused_per_client += 1
+            self._warn(
+                "%s holds %d connections (server.max_connections_per_client)",
+                client,
+                self._open[client],
+            )
+            return (
+                f"{client} holds its limit of {self.max_per_client} open connections; reuse "
+                "them or close some (server.max_connections_per_client)"
+            )
+        self._open[client] += 1
+        self._total += 1
+        return None
+
+    def release(self, client: str) -> None:
+        """Forget a connection :meth:`admit` counted."""
+        self._total -= 1
+        self._open[client] -= 1
+        if self._open[client] <= 0:
+            del self._open[client]
+
+    def timed_out(self, phase: Phase, client: str) -> None:
+        self._timeouts[phase] += 1
+        log.debug("closed a connection from %s: no complete request %s in time", client, phase)
+
+    def close_lingering(self) -> None:
+        """Close the refused connections still lingering (at shutdown)."""
+        for transport in list(self.lingering):
+            transport.abort()
+        self.lingering.clear()
+
+    def statistics(self) -> ConnectionStatistics:
+        return ConnectionStatistics(
+            open=self._total,
+            clients=len(self._open),
+            max_connections=self.max_connections,
+            max_connections_per_client=self.max_per_client,
+            refused_total=self._refused_total,
+            refused_per_client=self._refused_per_client,
+            header_timeouts=self._timeouts["header"],
+            body_timeouts=self._timeouts["body"],
+        )
+
+    def _warn(self, message: str, *args: object) -> None:
+        # One line per burst: a flood of refusals must not become a flood of log lines.
+        now = time.monotonic()
+        if now - self._warned_at >= _WARN_EVERY_S:
+            self._warned_at = now
+            log.warning("refusing new HTTP connections: " + message, *args)
+
+
+def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
+    """The httptools protocol class for uvicorn's ``Config(http=...)``, bound to ``guard``."""
+
+    class Bound(_GuardedProtocol):
+        pass
+
+    Bound.guard = guard
+    return Bound
+
+
+class _GuardedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the limits and timeouts of a :class:`ConnectionGuard`."""
+
+    guard: ConnectionGuard
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self._address = ""
+        self._admitted = False
+        self._phase: Phase | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._request_bytes = False  # some of the current request's headers arrived
+
+    # -- the connection --------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        peer = transport.get_extra_info("peername")
+        self._address = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
+        refusal = self.guard.admit(self._address)
+        if refusal is not None:
+            self.transport = transport
+            self._refuse(transport, refusal)
+            return
+        self._admitted = True
+        super().connection_made(transport)
+        self._arm("header")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        if not self._admitted:
+            self.guard.lingering.discard(self.transport)
+            return
+        self._admitted = False
+        self.guard.release(self._address)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._admitted:
+            return  # a refused connection: its request is not read
+        if self._phase == "header":
+            self._request_bytes = True
+        super().data_received(data)
+
+    # -- parser callbacks ------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._phase is None:  # a later request on a kept-alive connection
+            self._arm("header")
+        self._request_bytes = True
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+        self._arm("body")  # on_message_complete follows at once when there is no body
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+
+    # -- timeouts and refusals -------------------------------------------------------
+
+    def _arm(self, phase: Phase) -> None:
+        self._disarm()
+        seconds = self.guard.header_timeout if phase == "header" else self.guard.body_timeout
+        self._phase = phase
+        self._timer = self.loop.call_later(seconds, self._expire, phase)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._phase = None
+        self._request_bytes = False
+
+    def _expire(self, phase: Phase) -> None:
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        self.guard.timed_out(phase, self._address)
+        cycle = self.cycle
+        idle = cycle is None or cycle.response_complete
+        if phase == "header" and self._request_bytes and idle:
+            seconds = self.guard.header_timeout
+            self._answer(408, f"the request headers did not arrive within {seconds:g} s")
+        elif phase == "body" and cycle is not None and not cycle.response_started:
+            # The application waits for the body: it now hears a disconnect, and its
+            # answer (if any) is dropped instead of following ours.
+            cycle.disconnected = True
+            cycle.message_event.set()
+            seconds = self.guard.body_timeout
+            self._answer(408, f"the request body did not arrive within {seconds:g} s")
+        self.transport.close()
+
+    def _answer(self, status: int, message: str) -> None:
+        self.transport.write(_response(status, message))
+
+    def _refuse(self, transport: asyncio.Transport, message: str) -> None:
+        if len(self.guard.lingering) >= MAX_LINGERING:
+            transport.abort()
+            return
+        self.guard.lingering.add(transport)
+        transport.write(_response(503, message, retry_after=True))
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._timer = self.loop.call_later(LINGER_S, transport.close)
+
+
+_REASONS = {408: b"Request Timeout", 503: b"Service Unavailable"}
+
+
+def _response(status: int, message: str, *, retry_after: bool = False) -> bytes:
+    body = encode_error(message)
+    head = [
+        b"HTTP/1.1 %d %s" % (status, _REASONS[status]),
+        b"content-type: application/json",
+        b"content-length: %d" % len(body),
+        b"connection: close",
+    ]
+    if retry_after:
+        head.append(b"retry-after: 1")
+    return b"\r\n".join(head) + b"\r\n\r\n" + body

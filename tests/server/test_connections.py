@@ -1,0 +1,186 @@
+"""Connections that hold a descriptor and give nothing are closed; past a limit, refused fast.
+
+Raw sockets against a real server: a silent connection, headers sent byte by byte too
+slowly, a body that stops halfway; then a client address at its connection limit,
+and the server at its total limit, while a client already connected goes on.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import orjson
+import pytest
+
+from sordino.config import RuntimeConfig
+from sordino.models.repository import builtin_sources
+from sordino.testing import RunningServer, serve_in_thread
+from tests.conftest import thread_isolated
+from tests.waiting import wait_for
+
+MODEL = "digits-classifier"
+INFER = f"/v2/models/{MODEL}/infer"
+BODY = orjson.dumps(
+    {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [1.0] * 64}]}
+)
+TIMEOUT_S = 0.5
+
+
+def _serve(**server: object) -> Iterator[RunningServer]:
+    config = RuntimeConfig.model_validate({"server": server})
+    sources = thread_isolated([s for s in builtin_sources() if s.name == MODEL])
+    with serve_in_thread(config, sources) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def impatient() -> Iterator[RunningServer]:
+    yield from _serve(header_timeout=TIMEOUT_S, body_timeout=TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def limited() -> Iterator[RunningServer]:
+    yield from _serve(max_connections_per_client=3, header_timeout="60s")
+
+
+@pytest.fixture(scope="module")
+def crowded() -> Iterator[RunningServer]:
+    yield from _serve(max_connections=4, header_timeout="60s")
+
+
+def _connect(server: RunningServer) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=10)
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def _request(path: str, body: bytes, *, length: int | None = None) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body) if length is None else length}\r\n\r\n"
+    ).encode() + body
+
+
+def _status(response: bytes) -> int:
+    return int(response.split(b" ", 2)[1])
+
+
+def _infer_on(sock: socket.socket) -> bytes:
+    """Send one inference request on an open connection and read its whole response."""
+    sock.sendall(_request(INFER, BODY))
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
+                 .split(b":")[1])  # fmt: skip
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head
+
+
+def test_a_silent_connection_is_closed_after_the_header_timeout(
+    impatient: RunningServer,
+) -> None:
+    with _connect(impatient) as sock:
+        began = time.monotonic()
+        assert _read_until_closed(sock) == b""  # closed without a word: nothing was asked
+        assert TIMEOUT_S * 0.8 <= time.monotonic() - began < 10
+
+
+def test_a_silent_grpc_connection_is_closed_after_the_header_timeout(
+    impatient: RunningServer,
+) -> None:
+    """gRPC says GOAWAY and closes a connection that never starts HTTP/2."""
+    assert impatient.grpc_port is not None
+    with socket.create_connection(("127.0.0.1", impatient.grpc_port), timeout=10) as sock:
+        began = time.monotonic()
+        assert b"handshake" in _read_until_closed(sock)
+        assert TIMEOUT_S * 0.8 <= time.monotonic() - began < 10
+
+
+def test_headers_that_trickle_in_are_answered_408(impatient: RunningServer) -> None:
+    with _connect(impatient) as sock:
+        began = time.monotonic()
+        head = iter(_request(INFER, BODY))
+        while time.monotonic() - began < TIMEOUT_S * 0.8:  # slow-loris: a byte at a time
+            sock.sendall(bytes([next(head)]))
+            time.sleep(0.05)
+        response = _read_until_closed(sock)  # a byte every 50 ms does not reset the clock
+        assert time.monotonic() - began < 10
+    assert _status(response) == 408 and b"connection: close" in response
+    assert impatient.runtime.metrics.registry.get_sample_value(
+        "sordino_http_timeouts_total", {"phase": "header"}
+    )
+
+
+def test_a_body_that_stops_halfway_is_answered_408_and_closed(impatient: RunningServer) -> None:
+    with _connect(impatient) as sock:
+        sock.sendall(_request(INFER, BODY[:20], length=len(BODY)))
+        began = time.monotonic()
+        response = _read_until_closed(sock)
+        assert TIMEOUT_S * 0.8 <= time.monotonic() - began < 10
+    assert _status(response) == 408
+    assert b"the request body did not arrive within 0.5 s" in response
+
+
+def test_a_prompt_client_is_unaffected_by_the_timeouts(impatient: RunningServer) -> None:
+    """Keep-alive requests well apart in time, each sent at once, all succeed."""
+    with _connect(impatient) as sock:
+        for _ in range(3):
+            assert _status(_infer_on(sock)) == 200
+            time.sleep(TIMEOUT_S * 1.5)  # idle between requests: the keep-alive timeout rules
+
+
+def test_past_the_per_client_limit_a_new_connection_is_refused_fast(
+    limited: RunningServer,
+) -> None:
+    """3 connections from 127.0.0.1 are its limit: the 4th gets 503 at once, the 1st goes on."""
+    with _connect(limited) as served, _connect(limited) as idle, _connect(limited):
+        assert _status(_infer_on(served)) == 200
+        with _connect(limited) as extra:
+            began = time.monotonic()
+            response = _read_until_closed(extra)
+            assert time.monotonic() - began < 2  # long before any timeout
+        assert _status(response) == 503
+        assert b"retry-after: 1" in response and b"connection: close" in response
+        assert b"max_connections_per_client" in response
+        assert _status(_infer_on(served)) == 200
+        idle.close()
+
+        def admitted_again() -> bool:
+            with _connect(limited) as again:
+                return _status(_infer_on(again)) == 200
+
+        wait_for(admitted_again, "a connection to be admitted once one closed", 10)
+    stats = limited.runtime.metrics.registry.get_sample_value(
+        "sordino_http_connections_refused_total", {"scope": "per_client"}
+    )
+    assert stats is not None and stats >= 1
+
+
+def test_past_the_total_limit_a_new_connection_is_refused(crowded: RunningServer) -> None:
+    """The server-wide cap (4) holds whoever connects; an httpx client gets the 503."""
+    held = [_connect(crowded) for _ in range(4)]
+    try:
+        assert _status(_infer_on(held[0])) == 200
+        response = httpx.post(crowded.url + INFER, content=BODY, timeout=10)
+        assert response.status_code == 503
+        assert "max_connections" in response.json()["error"]
+        assert _status(_infer_on(held[0])) == 200
+    finally:
+        for sock in held:
+            sock.close()
+    refused = crowded.runtime.metrics.registry.get_sample_value(
+        "sordino_http_connections_refused_total", {"scope": "total"}
+    )
+    assert refused == 1
