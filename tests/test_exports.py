@@ -8,12 +8,12 @@ import sordino.testing
 
 def test_package_exports() -> None:
     assert set(sordino.__all__) == {
-        "Cancelled", "Clock", "ConfigError", "Event", "EventSink", "InferRequest",
-        "InferResponse", "InferenceFailed", "InvalidRequest", "MalformedBody", "ModelKey",
-        "ModelLoadError", "ModelNotReady", "MonotonicClock", "NotFound", "QueueFull",
-        "QueueTimeout", "RateLimited", "RequestedOutput", "RuntimeConfig", "ShuttingDown",
-        "SordinoError", "TensorError", "Unavailable", "Unsupported", "__version__",
-        "load_config",
+        "Cancelled", "Clock", "ConfigError", "Event", "EventSink", "Forbidden",
+        "InferRequest", "InferResponse", "InferenceFailed", "InvalidRequest", "MalformedBody",
+        "ModelKey", "ModelLoadError", "ModelNotReady", "MonotonicClock", "NotFound",
+        "QueueFull", "QueueTimeout", "RateLimited", "RequestedOutput", "RuntimeConfig",
+        "ShuttingDown", "SordinoError", "TensorError", "Unauthenticated", "Unavailable",
+        "Unsupported", "__version__", "load_config",
     }  # fmt: skip
     for name in sordino.__all__:
         assert hasattr(sordino, name), name

@@ -12,6 +12,7 @@ from sordino.config import RuntimeConfig, load_config
 from sordino.errors import (
     Cancelled,
     ConfigError,
+    Forbidden,
     InferenceFailed,
     InvalidRequest,
     MalformedBody,
@@ -24,6 +25,7 @@ from sordino.errors import (
     ShuttingDown,
     SordinoError,
     TensorError,
+    Unauthenticated,
     Unavailable,
     Unsupported,
 )
@@ -38,6 +40,7 @@ __all__ = [
     "ConfigError",
     "Event",
     "EventSink",
+    "Forbidden",
     "InferRequest",
     "InferResponse",
     "InferenceFailed",
@@ -56,6 +59,7 @@ __all__ = [
     "ShuttingDown",
     "SordinoError",
     "TensorError",
+    "Unauthenticated",
     "Unavailable",
     "Unsupported",
     "__version__",

@@ -14,6 +14,8 @@ value and what would have been accepted.
     │   ├── MalformedBody            not JSON, bad binary framing, body too large (413)
     │   └── TensorError              wrong datatype, shape, element count, tensor name
     ├── NotFound                     404: unknown model, version, or route
+    ├── Unauthenticated              401: a protected endpoint without the admin token
+    ├── Forbidden                    403: a protected endpoint that is off (no admin token)
     ├── Unavailable                  503: the server cannot take it now
     │   ├── ModelNotReady            model loading, draining or unloaded
     │   ├── QueueFull                the queue is at its limit (Retry-After)
@@ -34,6 +36,7 @@ from __future__ import annotations
 __all__ = [
     "Cancelled",
     "ConfigError",
+    "Forbidden",
     "InferenceFailed",
     "InvalidRequest",
     "MalformedBody",
@@ -49,6 +52,7 @@ __all__ = [
     "ShuttingDown",
     "SordinoError",
     "TensorError",
+    "Unauthenticated",
     "Unavailable",
     "Unsupported",
 ]
@@ -108,6 +112,18 @@ class NotFound(SordinoError):
     """The model, version or resource does not exist."""
 
     reason = "not_found"
+
+
+class Unauthenticated(SordinoError):
+    """A protected endpoint was called without the admin token, or with a wrong one."""
+
+    reason = "unauthenticated"
+
+
+class Forbidden(SordinoError):
+    """A protected endpoint is off for this caller: no admin token is configured."""
+
+    reason = "forbidden"
 
 
 class Unavailable(SordinoError):

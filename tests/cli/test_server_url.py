@@ -17,6 +17,7 @@ from click.testing import CliRunner, Result
 from sordino.cli.main import cli
 from sordino.cli.server_url import DEFAULT_URL, URL_ENV, server_url
 from sordino.config import RuntimeConfig
+from sordino.control.admin import TOKEN_ENV
 from sordino.models.repository import builtin_sources
 from sordino.telemetry.journal import Journal
 from sordino.telemetry.series import SecondRow
@@ -48,8 +49,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 
 
 def sordino(server: RunningServer, *args: str) -> Result:
-    """Run ``sordino ARGS`` with only ``$SORDINO_URL`` naming the server."""
-    return CliRunner().invoke(cli, list(args), env={URL_ENV: server.url})
+    """Run ``sordino ARGS`` with only ``$SORDINO_URL`` naming the server (and its token)."""
+    return CliRunner().invoke(cli, list(args), env={URL_ENV: server.url, TOKEN_ENV: TOKEN})
 
 
 def test_models(server: RunningServer) -> None:

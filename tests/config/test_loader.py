@@ -13,6 +13,7 @@ from sordino.config import (
     load_model_config_file,
     validate_config,
 )
+from sordino.config.loader import looks_secret, secret_key, shown_value
 from sordino.errors import ConfigError
 
 BRIEF_EXAMPLE = """\
@@ -316,6 +317,69 @@ def test_model_config_file_errors_name_the_file(files: ConfigFiles) -> None:
         load_model_config_file(path)
     assert str(path) in caught.value.message.splitlines()[0]
     assert problems(caught)[0].startswith("dynamic_batching.max_queue_delay_microseconds:")
+
+
+# --- secrets are never echoed ------------------------------------------------------------
+
+AWS_ID = "AKIA-EXAMPLE-KEY"
+
+
+def test_a_credential_under_any_key_is_hidden(files: ConfigFiles) -> None:
+    """The drill's case: a config.yaml holding a credential where a setting was expected."""
+    path = files.write(f"backend: {AWS_ID}\nmax_batch_size: {AWS_ID}\n", "config.yaml")
+    with pytest.raises(ConfigError) as caught:
+        load_model_config_file(path)
+    message = caught.value.message
+    assert AWS_ID not in message and "AKIA" not in message
+    assert "backend:" in message and "max_batch_size:" in message
+    assert "(got <hidden: 16 characters>)" in message
+
+
+def test_the_value_of_a_secret_key_is_hidden(files: ConfigFiles) -> None:
+    """A too short admin token is reported by its length, never shown."""
+    with pytest.raises(ConfigError) as caught:
+        load_config(files.write("server:\n  admin_token: hunter2\n"))
+    (line,) = problems(caught)
+    assert "hunter2" not in line
+    assert line.startswith("server.admin_token: String should have at least 8 characters")
+    assert "(got <hidden: 7 characters>)" in line
+
+
+def test_secrets_inside_a_whole_section_are_hidden(files: ConfigFiles) -> None:
+    """When the value shown is a mapping, the secrets inside it are hidden one by one."""
+    assert shown_value({"token": "abc", "n": 1}) == "{'token': <hidden: 3 characters>, 'n': 1}"
+    assert shown_value(["ghp_" + "a1B2" * 6]) == "[<hidden: 28 characters>]"
+    assert shown_value("abc", key="api_key") == "<hidden: 3 characters>"
+    assert shown_value("resnet50-v2") == "'resnet50-v2'"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        AWS_ID, "AKIAIOSFODNN7EXAMPLE", "ghp_" + "x" * 36, "xoxb-1234-5678-abcdefgh",
+        "sk-" + "a" * 40, "-----BEGIN RSA PRIVATE KEY-----", "https://user:pa55word@host/x",
+        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.sig", "wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY",
+    ],
+)  # fmt: skip
+def test_credential_shapes_look_secret(value: str) -> None:
+    assert looks_secret(value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "digits-classifier", "distilbert-base-uncased-finetuned-sst-2-english", "/models/a/b.onnx",
+        "CUDAExecutionProvider", "round_robin", "64MB", "0.0.0.0", "~/.sordino",
+    ],
+)  # fmt: skip
+def test_ordinary_values_do_not_look_secret(value: str) -> None:
+    assert not looks_secret(value)
+
+
+def test_secret_keys() -> None:
+    names = ["admin_token", "password", "aws_secret_access_key", "api_key", "apiKey", "key"]
+    assert all(secret_key(name) for name in names)
+    assert not any(secret_key(name) for name in ["http_port", "keep_alive", "name", "monkeys"])
 
 
 # --- the reference documentation ---------------------------------------------------------

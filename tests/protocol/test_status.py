@@ -14,6 +14,8 @@ CASES = [
     (errors.Unsupported("x"), 400, "UNIMPLEMENTED"),
     (errors.ModelLoadError("x"), 400, "INVALID_ARGUMENT"),
     (errors.NotFound("x"), 404, "NOT_FOUND"),
+    (errors.Unauthenticated("x"), 401, "UNAUTHENTICATED"),
+    (errors.Forbidden("x"), 403, "PERMISSION_DENIED"),
     (errors.QueueFull("x"), 503, "UNAVAILABLE"),
     (errors.QueueTimeout("x"), 503, "UNAVAILABLE"),
     (errors.ShuttingDown("x"), 503, "UNAVAILABLE"),

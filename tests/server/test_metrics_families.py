@@ -38,13 +38,15 @@ def test_metrics_parse_and_cover_every_layer(server: RunningServer) -> None:
         text = client.get("/metrics").text
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert set(families) >= EXPECTED, EXPECTED - set(families)
+    # A tenant not in telemetry.tenant_labels is counted as "other" (a bounded label;
+    # tests/server/test_metric_labels.py pins the rule), which other tests may share.
     tenant = [
         s for s in families["sordino_tenant_requests"].samples
-        if s.name.endswith("_total") and s.labels["tenant"] == "acme"
+        if s.name.endswith("_total") and s.labels["tenant"] == "other"
+        and s.labels["model"] == "digits-classifier" and s.labels["outcome"] == "success"
     ]  # fmt: skip
-    assert {s.labels["priority"] for s in tenant} == {"1", "2"}
-    assert sum(s.value for s in tenant) == 20
-    assert all(s.labels["outcome"] == "success" for s in tenant)
+    assert {s.labels["priority"] for s in tenant} >= {"1", "2"}
+    assert sum(s.value for s in tenant) >= 20
     buckets = [s for s in families["sordino_request_seconds"].samples if s.name.endswith("_bucket")]
     assert len({s.labels["le"] for s in buckets}) >= 20  # fine enough for a p99
     rss = families["sordino_process_resident_memory_bytes"].samples[0].value

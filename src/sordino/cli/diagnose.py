@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sordino.cli.client import ServerError, ServerUnreachable, get_json
-from sordino.cli.server_url import URL_ENV, server_url
+from sordino.cli.server_url import URL_ENV, auth_headers, server_url, token_option
 from sordino.reports.timerange import parse_time_range
 from sordino.telemetry.journal_reader import JournalReader, JournalWindow, MissingJournal
 from sordino.telemetry.profile_data import OperatorProfile
@@ -54,11 +54,13 @@ def _from_journal(path: Path, time_range: str) -> tuple[JournalWindow, list[Oper
     return window, profiles
 
 
-def _from_server(url: str, time_range: str) -> JournalWindow:
+def _from_server(url: str, token: str | None, time_range: str) -> JournalWindow:
     start, end = _range(time_range, first=0.0)
     query = urlencode({"start": start, "end": end})
+    path = f"/v2/sordino/journal?{query}"
     try:
-        window = JournalWindow.from_json(get_json(url, f"/v2/sordino/journal?{query}", timeout=60))
+        data = get_json(url, path, timeout=60, headers=auth_headers(token))
+        window = JournalWindow.from_json(data)
     except (ServerUnreachable, ServerError) as exc:
         raise _Failure(str(exc)) from None
     if not window.series:
@@ -90,6 +92,7 @@ def _when(t: float) -> str:
     metavar="URL",
     help=f"Read the journal of a running server instead (without --data-dir: ${URL_ENV} when set).",
 )
+@token_option
 @click.option("--journal-file", default="journal.sqlite3", show_default=True)
 @click.option(
     "--time-range",
@@ -112,6 +115,7 @@ def _when(t: float) -> str:
 def diagnose(
     data_dir: Path | None,
     url: str | None,
+    token: str | None,
     journal_file: str,
     time_range: str,
     focus: str,
@@ -120,7 +124,9 @@ def diagnose(
     """Find anomalies in the journal, correlate them with events, recommend what to do.
 
     The journal is read from --data-dir, or from the server at --url; with neither, from
-    the server at $SORDINO_URL when it is set, else from ~/.sordino.
+    the server at $SORDINO_URL when it is set, else from ~/.sordino. Reading a server's
+    journal needs its admin token (--token, else $SORDINO_ADMIN_TOKEN) unless the server
+    runs on loopback without one.
     """
     suffix = output.suffix.lower()
     if suffix not in (".html", ".htm", ".pdf"):
@@ -146,7 +152,7 @@ def diagnose(
 
             profiles: list[OperatorProfile] = []
             if url is not None:
-                window, source = _from_server(url, time_range), url
+                window, source = _from_server(url, token, time_range), url
             else:
                 directory = (data_dir or Path("~/.sordino")).expanduser()
                 window, profiles = _from_journal(directory / journal_file, time_range)

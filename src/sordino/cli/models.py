@@ -3,8 +3,9 @@
 ``list``, ``load`` and ``unload`` are a thin client of a running server's repository
 endpoints (``POST /v2/repository/index``, ``/v2/repository/models/{m}/load`` and
 ``/unload``). The server must run with ``--model-control-mode explicit`` for load and
-unload; its error says so otherwise. ``export-builtin`` needs no server: it writes the
-built-in models out as a model repository to serve, edit and reload.
+unload; its error says so otherwise. These are protected endpoints: the admin token is
+sent from ``--token`` or ``$SORDINO_ADMIN_TOKEN``. ``export-builtin`` needs no server:
+it writes the built-in models out as a model repository to serve, edit and reload.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from sordino.cli.server_url import server_url, url_option
+from sordino.cli.server_url import auth_headers, server_url, token_option, url_option
 from sordino.control.client import ClientError, request_json
 from sordino.models.repository import MODEL_FILENAME, export_builtin
 
@@ -27,11 +28,21 @@ __all__ = ["models"]
 
 
 def _post(
-    url: str | None, path: str, body: dict[str, Any] | None = None, timeout: float = 600
+    url: str | None,
+    token: str | None,
+    path: str,
+    body: dict[str, Any] | None = None,
+    timeout: float = 600,
 ) -> Any:
     """POST JSON to the server; return the decoded reply, or exit 1 with the server's error."""
     try:
-        return request_json("POST", server_url(url).rstrip("/") + path, body or {}, timeout=timeout)
+        return request_json(
+            "POST",
+            server_url(url).rstrip("/") + path,
+            body or {},
+            headers=auth_headers(token),
+            timeout=timeout,
+        )
     except ClientError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
@@ -44,11 +55,12 @@ def models() -> None:
 
 @models.command("list")
 @url_option
+@token_option
 @click.option("--ready", is_flag=True, help="Only models ready for inference.")
 @click.option("--json", "as_json", is_flag=True, help="Print the index as JSON.")
-def list_models(url: str | None, ready: bool, as_json: bool) -> None:
+def list_models(url: str | None, token: str | None, ready: bool, as_json: bool) -> None:
     """Show every model the server knows, with its version and state."""
-    entries = _post(url, "/v2/repository/index", {"ready": ready}) or []
+    entries = _post(url, token, "/v2/repository/index", {"ready": ready}) or []
     if as_json:
         click.echo(json.dumps(entries, indent=2))
         return
@@ -61,18 +73,20 @@ def list_models(url: str | None, ready: bool, as_json: bool) -> None:
 @models.command("load")
 @click.argument("name")
 @url_option
-def load_model(name: str, url: str | None) -> None:
+@token_option
+def load_model(name: str, url: str | None, token: str | None) -> None:
     """Load NAME, or reload it: new versions load first, retired ones drain and unload."""
-    _post(url, f"/v2/repository/models/{quote(name, safe='')}/load")
+    _post(url, token, f"/v2/repository/models/{quote(name, safe='')}/load")
     click.echo(f"loaded {name}")
 
 
 @models.command("unload")
 @click.argument("name")
 @url_option
-def unload_model(name: str, url: str | None) -> None:
+@token_option
+def unload_model(name: str, url: str | None, token: str | None) -> None:
     """Unload every version of NAME once its queued requests have finished."""
-    _post(url, f"/v2/repository/models/{quote(name, safe='')}/unload")
+    _post(url, token, f"/v2/repository/models/{quote(name, safe='')}/unload")
     click.echo(f"unloaded {name}")
 
 

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sordino.cli.client import ServerError, ServerUnreachable, post_json
-from sordino.cli.server_url import server_url, url_option
+from sordino.cli.server_url import auth_headers, server_url, token_option, url_option
 from sordino.telemetry.profile_data import OperatorProfile
 
 __all__ = ["profile", "profile_header", "profile_table"]
@@ -41,25 +41,38 @@ def profile_table(result: OperatorProfile, top: int) -> Table:
 
 @click.command()
 @url_option
+@token_option
 @click.option("--model", required=True, help="The model to profile.")
 @click.option("--version", "model_version", default=None, help="Its version (default: latest).")
 @click.option("--seconds", default=10.0, show_default=True, help="How long to profile.")
 @click.option("--top", default=10, show_default=True, help="How many operators to print.")
 def profile(
-    url: str | None, model: str, model_version: str | None, seconds: float, top: int
+    url: str | None,
+    token: str | None,
+    model: str,
+    model_version: str | None,
+    seconds: float,
+    top: int,
 ) -> None:
     """Profile MODEL's operators with ONNX Runtime's profiler and print the top ones.
 
     The live traffic of the next SECONDS is profiled (zero-filled batches when none
     arrives); the breakdown is journaled as an ``operator_profile`` event and exported
-    as ``sordino_operator_seconds``.
+    as ``sordino_operator_seconds``. Profiling needs the server's admin token (--token,
+    else $SORDINO_ADMIN_TOKEN) unless the server runs on loopback without one.
     """
     body = {"model": model, "seconds": seconds}
     if model_version:
         body["version"] = model_version
     click.echo(f"profiling {model} for {seconds:g} s …", err=True)
     try:
-        data = post_json(server_url(url), "/v2/sordino/profile", body, timeout=seconds + 60)
+        data = post_json(
+            server_url(url),
+            "/v2/sordino/profile",
+            body,
+            timeout=seconds + 60,
+            headers=auth_headers(token),
+        )
     except (ServerUnreachable, ServerError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)

@@ -1,9 +1,13 @@
-"""Which server a client command talks to: one ``--url`` option, one rule, every command.
+"""Which server a client command talks to, and with which admin token.
 
 ``--url`` wins; without it, ``$SORDINO_URL``; without that, ``http://127.0.0.1:8000``
 (where ``sordino start`` listens by default). ``models``, ``chaos``, ``monitor``,
 ``profile`` and ``diagnose`` all resolve it through :func:`server_url`. ``diagnose``
 reads a server only when no ``--data-dir`` is given (see its help).
+
+The commands that call protected endpoints (``models``, ``profile``, ``diagnose --url``)
+take ``--token``, else ``$SORDINO_ADMIN_TOKEN``, and send it as a bearer token
+(:func:`auth_headers`); a loopback server without a token needs none.
 """
 
 from __future__ import annotations
@@ -14,7 +18,16 @@ from typing import Any, TypeVar
 
 import click
 
-__all__ = ["DEFAULT_URL", "URL_ENV", "server_url", "url_option"]
+from sordino.control.admin import TOKEN_ENV
+
+__all__ = [
+    "DEFAULT_URL",
+    "URL_ENV",
+    "auth_headers",
+    "server_url",
+    "token_option",
+    "url_option",
+]
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 URL_ENV = "SORDINO_URL"
@@ -42,3 +55,19 @@ def url_option(command: F) -> F:
         metavar="URL",
         help=f"The server's HTTP address (default: ${URL_ENV}, else {DEFAULT_URL}).",
     )(command)
+
+
+def token_option(command: F) -> F:
+    """The ``--token`` option; None when not given (resolve it with :func:`auth_headers`)."""
+    return click.option(
+        "--token",
+        default=None,
+        metavar="TOKEN",
+        help=f"The server's admin token (default: ${TOKEN_ENV}).",
+    )(command)
+
+
+def auth_headers(*given: str | None) -> dict[str, str]:
+    """The ``Authorization`` header for the first of ``given`` set, else $SORDINO_ADMIN_TOKEN."""
+    token = next((t for t in given if t), None) or os.environ.get(TOKEN_ENV)
+    return {"Authorization": f"Bearer {token}"} if token else {}

@@ -18,6 +18,7 @@ from typing import get_args
 import click
 
 from sordino.config import RuntimeConfig, SchedulerMode, load_config
+from sordino.control.admin import admin_token, exposure_warning
 from sordino.errors import ConfigError, SordinoError
 from sordino.models.repository import (
     ModelSource,
@@ -255,6 +256,10 @@ def start(
     try:
         config = load_config(config_path, {k: v for k, v in overrides.items() if v is not None})
         config = _free_grpc_port_with_free_http_port(config)
+        # A too short $SORDINO_ADMIN_TOKEN stops start-up here; an open host is said out loud.
+        exposed = exposure_warning(config.server.host, admin_token(config.server.admin_token))
+        if exposed is not None:
+            log.warning("%s", exposed)
         sources = collect_sources(config, models, builtin)
         config.server.data_dir.mkdir(parents=True, exist_ok=True)
         raise_open_file_limit()

@@ -14,6 +14,7 @@ from __future__ import annotations
 from sordino.config.devices import EXECUTION_PROVIDERS, DeviceConfig
 from sordino.config.loader import load_config, load_model_config_file, validate_config
 from sordino.config.models import (
+    MODEL_NAME_PATTERN,
     AllVersions,
     DynamicBatchingConfig,
     LatestVersions,
@@ -33,7 +34,7 @@ from sordino.config.scheduler import (
     Strategy,
     StreamPriorityStrategy,
 )
-from sordino.config.server import ServerConfig
+from sordino.config.server import MIN_TOKEN_LENGTH, ServerConfig
 from sordino.config.telemetry import TelemetryConfig
 from sordino.config.threshold import Threshold, parse_threshold
 from sordino.config.units import Duration, Milliseconds, Size, parse_duration, parse_size
@@ -41,6 +42,8 @@ from sordino.config.workers import WorkersConfig
 
 __all__ = [
     "EXECUTION_PROVIDERS",
+    "MIN_TOKEN_LENGTH",
+    "MODEL_NAME_PATTERN",
     "STRATEGY_NAMES",
     "AllVersions",
     "DeviceConfig",

@@ -12,12 +12,19 @@ Two conveniences happen before validation:
 * Relative paths in a file (``server.data_dir``, ``model_repository``, ``models[].path``,
   a model config's ``path``) are taken relative to the file's folder, so a config
   means the same thing whatever the working directory. Overrides are not rewritten.
+
+Messages never echo a secret: the value of a key that names one (``token``,
+``secret``, ``password``, ``key``, ``credential``, ``auth``…) and any value that looks
+like a credential (an AWS key id, a GitHub or Slack token, a PEM block, a JWT, a URL
+with a password, a long random-looking string) is shown as ``<hidden: N characters>``
+(:func:`shown_value`), in the ``(got …)`` part and in the problem text alike.
 """
 
 from __future__ import annotations
 
 import copy
 import difflib
+import math
 import re
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
@@ -33,7 +40,14 @@ from sordino.config.runtime import RuntimeConfig
 from sordino.config.scheduler import STRATEGY_NAMES
 from sordino.errors import ConfigError
 
-__all__ = ["load_config", "load_model_config_file", "validate_config"]
+__all__ = [
+    "load_config",
+    "load_model_config_file",
+    "looks_secret",
+    "secret_key",
+    "shown_value",
+    "validate_config",
+]
 
 _Config = TypeVar("_Config", bound=BaseModel)
 _Loc = tuple[str | int, ...]
@@ -45,6 +59,25 @@ _ARROW_LINE = re.compile(
     rf"(?P<k2>{_KEY})\s*:\s*(?P<v2>{_VALUE})\s*(?P<comment>#.*)?$"
 )
 _MAX_REPR = 80
+
+_SECRET_KEY = re.compile(
+    r"token|secret|passw|pwd|credential|auth|api.?key|access.?key|private.?key|"
+    r"(?:^|[_.-])key(?:$|[_.-])|key$|cookie|session",
+    re.IGNORECASE,
+)
+_SECRET_VALUE = re.compile(
+    r"""(?:A3T[A-Z0-9]|AKIA|ASIA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA)[A-Z0-9_-]{4,}
+      | gh[pousr]_[A-Za-z0-9]{16,} | github_pat_\w{16,}
+      | xox[abeprs]-[A-Za-z0-9-]{8,}
+      | sk-[A-Za-z0-9_-]{16,}
+      | AIza[0-9A-Za-z_-]{20,}
+      | -----BEGIN[ A-Z]*PRIVATE\ KEY
+      | eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}
+      | [A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]+:[^/\s@]+@
+      | \bbearer\s+\S{8,}""",
+    re.VERBOSE | re.IGNORECASE,
+)
+_RANDOM_LOOKING = re.compile(r"[A-Za-z0-9+/=_-]{20,}")
 
 
 def load_config(
@@ -234,6 +267,75 @@ def _validate(
         raise ConfigError(f"invalid configuration{source} ({count}):\n{lines}") from None
 
 
+def secret_key(key: object) -> bool:
+    """Whether a key's name says its value is a secret (``admin_token``, ``api_key``…)."""
+    return isinstance(key, str) and _SECRET_KEY.search(key) is not None
+
+
+def looks_secret(value: object) -> bool:
+    """Whether ``value`` looks like a credential, whatever key it was found under."""
+    if not isinstance(value, str):
+        return False
+    if _SECRET_VALUE.search(value):
+        return True
+    # A long random-looking word: mixed case and digits, not a path, high entropy.
+    if not _RANDOM_LOOKING.fullmatch(value) or value.startswith(("/", ".", "~")):
+        return False
+    classes = [any(test(c) for c in value) for test in (str.islower, str.isupper, str.isdigit)]
+    return all(classes) and _entropy(value) >= 3.5
+
+
+def _entropy(text: str) -> float:
+    counts = {c: text.count(c) for c in set(text)}
+    return -sum(n / len(text) * math.log2(n / len(text)) for n in counts.values())
+
+
+def _hidden(value: object) -> str:
+    if isinstance(value, str):
+        return f"<hidden: {len(value)} characters>"
+    return "<hidden>"
+
+
+class _Hidden:
+    """Stands for a secret in a value shown by ``repr``: ``<hidden: N characters>``."""
+
+    def __init__(self, value: object) -> None:
+        self._text = _hidden(value)
+
+    def __repr__(self) -> str:
+        return self._text
+
+
+def _redacted(value: object, secret: bool = False) -> object:
+    """``value`` with every secret (by key or by look) replaced by a placeholder."""
+    if secret or looks_secret(value):
+        return _Hidden(value)
+    if isinstance(value, Mapping):
+        return {k: _redacted(v, secret_key(k)) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_redacted(v) for v in value)
+    return value
+
+
+def _secrets_in(value: object, secret: bool = False) -> list[str]:
+    """The secret strings inside ``value`` (by key or by look), longest first."""
+    if isinstance(value, str):
+        return [value] if secret or looks_secret(value) else []
+    found: list[str] = []
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            found += _secrets_in(v, secret or secret_key(k))
+    elif isinstance(value, list | tuple):
+        for v in value:
+            found += _secrets_in(v, secret)
+    return sorted(found, key=len, reverse=True)
+
+
+def shown_value(value: object, *, key: object = None) -> str:
+    """``repr(value)`` for a message, shortened, with secrets hidden (see the module doc)."""
+    return _short_repr(_redacted(value, secret_key(key)))
+
+
 def _describe(
     schema: type[BaseModel],
     error: ErrorDetails,
@@ -241,10 +343,26 @@ def _describe(
     overridden: Sequence[tuple[str, ...]],
 ) -> str:
     """Format one pydantic error as ``location: problem (got value)[ [line N]]``."""
+    text = _describe_plain(schema, error, root, overridden)
+    secret = any(secret_key(part) for part in error["loc"])
+    for hidden in _secrets_in(error["input"], secret):
+        text = text.replace(repr(hidden), _hidden(hidden))
+        if len(hidden) >= 6:  # a shorter one could match parts of ordinary words
+            text = text.replace(hidden, _hidden(hidden))
+    return text
+
+
+def _describe_plain(
+    schema: type[BaseModel],
+    error: ErrorDetails,
+    root: yaml.Node | None,
+    overridden: Sequence[tuple[str, ...]],
+) -> str:
     kind, raw_loc = error["type"], tuple(error["loc"])
     loc, _ = _resolve(schema, raw_loc)
     dotted = ".".join(str(part) for part in loc)
-    got: str | None = _short_repr(error["input"])
+    secret = any(secret_key(part) for part in raw_loc)
+    got: str | None = _short_repr(_redacted(error["input"], secret))
     if kind == "extra_forbidden":
         parent_loc, section = _resolve(schema, raw_loc[:-1])
         loc = (*parent_loc, raw_loc[-1])
@@ -256,7 +374,7 @@ def _describe(
         tag = error.get("ctx", {}).get("tag")
         problem = f"unknown strategy name {tag!r}" if tag is not None else "missing key 'name'"
         problem += f"; valid names: {', '.join(STRATEGY_NAMES)}"
-        got = _short_repr(tag) if tag is not None else None
+        got = _short_repr(_redacted(tag)) if tag is not None else None
     else:
         problem = str(error["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
     if not loc:

@@ -17,6 +17,7 @@ from sordino.config.devices import ProviderName
 from sordino.config.scheduler import SchedulerMode
 
 __all__ = [
+    "MODEL_NAME_PATTERN",
     "AllVersions",
     "DynamicBatchingConfig",
     "LatestVersions",
@@ -26,6 +27,11 @@ __all__ = [
     "StreamingConfig",
     "VersionPolicy",
 ]
+
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+"""What a model name may be: letters, digits, ``_``, ``.`` and ``-``, not starting with
+``.``, ``_`` or ``-``. A name is also a folder of the model repository, so it never holds a
+path separator and is never ``.`` or ``..``."""
 
 
 class QueuePolicy(Section):
@@ -204,7 +210,7 @@ class ModelConfig(Section):
     triton_aliases: ClassVar[tuple[str, ...]] = ("platform", "instance_group", *_BATCHING_KEYS)
     """Keys accepted in the file that are folded into the fields below."""
 
-    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    name: str | None = Field(default=None, pattern=MODEL_NAME_PATTERN)
     """Model name used in URLs (/v2/models/<name>)."""
     path: ExpandedPath | None = None
     """An .onnx file, or a folder of numbered version folders (1/model.onnx, 2/...)."""

@@ -10,9 +10,12 @@ from pydantic import Field
 from sordino.config.base import ExpandedPath, Section
 from sordino.config.units import Duration, Size, parse_size
 
-__all__ = ["ModelControlMode", "ServerConfig"]
+__all__ = ["MIN_TOKEN_LENGTH", "ModelControlMode", "ServerConfig"]
 
 ModelControlMode = Literal["none", "explicit", "poll"]
+
+MIN_TOKEN_LENGTH = 8
+"""The shortest admin token accepted, from the config file or ``SORDINO_ADMIN_TOKEN``."""
 
 
 class ServerConfig(Section):
@@ -47,5 +50,6 @@ class ServerConfig(Section):
     are answered 503 and closed (other clients are still served)."""
     shutdown_timeout: Duration = 30.0
     """How long a graceful stop waits for in-flight requests before cancelling them."""
-    admin_token: str | None = Field(default=None, min_length=8, repr=False)
-    """Bearer token of the admin API (/v2/admin/...); env SORDINO_ADMIN_TOKEN if unset."""
+    admin_token: str | None = Field(default=None, min_length=MIN_TOKEN_LENGTH, repr=False)
+    """Bearer token of the admin API and the protected endpoints (model control, profiling,
+    the journal, the full telemetry view); env SORDINO_ADMIN_TOKEN if unset."""

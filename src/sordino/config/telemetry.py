@@ -27,3 +27,6 @@ class TelemetryConfig(Section):
     """Forecast the next hour's QPS and memory from the journal (needs statsmodels)."""
     forecast_interval: Duration = Field(default=300.0, ge=10)
     """How often the forecast is refitted."""
+    tenant_labels: tuple[str, ...] = Field(default=(), max_length=1000)
+    """Tenants counted under their own name in sordino_tenant_requests_total; any other
+    tenant but ``default`` is counted as ``other``, so clients cannot add series."""

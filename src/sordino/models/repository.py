@@ -13,10 +13,18 @@ A repository is Triton's layout::
         2/model.onnx
       text/
         model.onnx           a bare model file means version 1
+
+A model's name is its folder's name and must be a model name (``MODEL_NAME_PATTERN``:
+no path separators, never ``..``); a folder that is not is skipped with a warning.
+Everything a repository model loads lies inside the repository: a symbolic link (the
+model folder, a version folder, ``config.yaml``, the ``.onnx`` file) that leads outside
+it is refused, so a load request can only ever reach the repository's own files.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import shutil
 from dataclasses import dataclass
 from importlib import resources
@@ -24,19 +32,29 @@ from pathlib import Path
 
 import yaml
 
-from sordino.config import ModelConfig, load_model_config_file
+from sordino.config import MODEL_NAME_PATTERN, ModelConfig, load_model_config_file
+from sordino.config.loader import shown_value
 from sordino.errors import ConfigError, ModelLoadError
 
 __all__ = [
     "ModelSource",
     "builtin_sources",
     "export_builtin",
+    "is_model_name",
+    "load_repository_model",
     "model_from_spec",
+    "repository_names",
     "scan_repository",
     "sources_for",
 ]
 
+log = logging.getLogger("sordino.models")
+
 MODEL_FILENAME = "model.onnx"
+MAX_NAME_LENGTH = 255
+"""Longest model name: a folder name on common file systems."""
+
+_NAME = re.compile(MODEL_NAME_PATTERN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,30 +135,86 @@ def sources_for(config: ModelConfig) -> list[ModelSource]:
     raise ModelLoadError(f"model {config.name!r}: {path} does not exist")
 
 
+def is_model_name(name: str) -> bool:
+    """Whether ``name`` is a model name (and so a plain folder name, never a path)."""
+    return len(name) <= MAX_NAME_LENGTH and _NAME.fullmatch(name) is not None
+
+
+def repository_names(root: Path, *, warn: bool = False) -> list[str]:
+    """The model folders of the repository ``root`` (hidden and misnamed ones skipped).
+
+    With ``warn``, each folder skipped for its name is logged (once, at start-up).
+    """
+    if not root.is_dir():
+        return []
+    names = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if is_model_name(folder.name):
+            names.append(folder.name)
+        elif warn:
+            log.warning(
+                "model repository %s: skipping folder %r, which is not a model name "
+                "(letters, digits, '_', '.', '-', starting with a letter or digit)",
+                root,
+                folder.name,
+            )
+    return names
+
+
 def scan_repository(root: Path) -> list[ModelSource]:
     """Return every model version a Triton-style repository folder holds."""
     if not root.is_dir():
         raise ModelLoadError(f"model repository {root} is not a folder")
     sources: list[ModelSource] = []
-    for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        sources.extend(load_repository_model(root, folder.name))
+    for name in repository_names(root, warn=True):
+        sources.extend(load_repository_model(root, name))
     return sources
 
 
 def load_repository_model(root: Path, name: str) -> list[ModelSource]:
-    """Return the versions of the model folder ``root/name`` (its config.yaml applied)."""
+    """Return the versions of the model folder ``root/name`` (its config.yaml applied).
+
+    ``name`` must be a model name; every file used must lie inside ``root`` once
+    symbolic links are followed (:class:`ModelLoadError` otherwise).
+    """
+    if not is_model_name(name):
+        raise ModelLoadError(f"{_shown(name)} is not a model name, so it is not in {root}")
     folder = root / name
     if not folder.is_dir():
         raise ModelLoadError(f"model {name!r} is not in repository {root}")
+    inside = root.resolve()
+    _contained(inside, folder, name)
     config_file = folder / "config.yaml"
-    config = load_model_config_file(config_file) if config_file.exists() else ModelConfig()
+    if config_file.exists():
+        _contained(inside, config_file, name)
+        config = load_model_config_file(config_file)
+    else:
+        config = ModelConfig()
     if config.name not in (None, name):
         raise ConfigError(
-            f"{config_file}: name {config.name!r} differs from its folder {name!r}; "
+            f"{config_file}: name {shown_value(config.name)} differs from its folder {name!r}; "
             "remove name or rename the folder"
         )
     config = config.model_copy(update={"name": name, "path": folder})
-    return _versions_in(folder, name, config)
+    sources = _versions_in(folder, name, config)
+    for source in sources:
+        _contained(inside, source.path, name)
+    return sources
+
+
+def _contained(root: Path, path: Path, name: str) -> None:
+    """Refuse ``path`` unless it resolves inside ``root`` (already resolved)."""
+    if not path.resolve().is_relative_to(root):
+        raise ModelLoadError(
+            f"model {name!r}: {path.name} is a symbolic link that leads outside the model "
+            "repository; sordino loads only files inside the repository (copy the file "
+            "in, or make the repository the folder that holds it)"
+        )
+
+
+def _shown(name: str) -> str:
+    text = repr(name)
+    return text if len(text) <= 80 else text[:79] + "…"
 
 
 def _versions_in(folder: Path, name: str, config: ModelConfig) -> list[ModelSource]:

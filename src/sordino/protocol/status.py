@@ -7,6 +7,7 @@ import math
 from sordino.errors import (
     Cancelled,
     ConfigError,
+    Forbidden,
     InferenceFailed,
     InvalidRequest,
     MalformedBody,
@@ -14,6 +15,7 @@ from sordino.errors import (
     NotFound,
     RateLimited,
     SordinoError,
+    Unauthenticated,
     Unavailable,
     Unsupported,
 )
@@ -29,6 +31,10 @@ def http_status(error: SordinoError) -> int:
         return 400
     if isinstance(error, NotFound):
         return 404
+    if isinstance(error, Unauthenticated):
+        return 401
+    if isinstance(error, Forbidden):
+        return 403
     if isinstance(error, RateLimited):
         return 429
     if isinstance(error, Unavailable):
@@ -50,6 +56,10 @@ def grpc_code_name(error: SordinoError) -> str:
         return "UNIMPLEMENTED"
     if isinstance(error, NotFound):
         return "NOT_FOUND"
+    if isinstance(error, Unauthenticated):
+        return "UNAUTHENTICATED"
+    if isinstance(error, Forbidden):
+        return "PERMISSION_DENIED"
     if isinstance(error, RateLimited):
         return "RESOURCE_EXHAUSTED"
     if isinstance(error, Unavailable):

@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 
 from sordino import __version__
+from sordino.control.admin import AdminAccess
 from sordino.errors import SordinoError, Unsupported
 from sordino.protocol.grpc_codec import (
     decode_infer_request,
@@ -79,6 +80,8 @@ class InferenceServicer:
     def __init__(self, runtime: Runtime, control: ModelControl) -> None:
         self.runtime = runtime
         self.control = control
+        # The Repository* RPCs are protected endpoints, as their HTTP twins.
+        self.access = AdminAccess.from_config(runtime.config.server)
 
     async def ServerLive(self, raw: bytes, context: Any) -> pb.ServerLiveResponse:
         parse_message(pb.ServerLiveRequest, raw)
@@ -131,6 +134,7 @@ class InferenceServicer:
             response.release()
 
     async def RepositoryIndex(self, raw: bytes, context: Any) -> pb.RepositoryIndexResponse:
+        self.access.check_grpc(context)
         request = parse_message(pb.RepositoryIndexRequest, raw)
         response = pb.RepositoryIndexResponse()
         for entry in self.control.index(ready_only=request.ready):
@@ -140,6 +144,7 @@ class InferenceServicer:
         return response
 
     async def RepositoryModelLoad(self, raw: bytes, context: Any) -> pb.RepositoryModelLoadResponse:
+        self.access.check_grpc(context)
         request = parse_message(pb.RepositoryModelLoadRequest, raw)
         _refuse_load_parameters(request.parameters.keys())
         await self.control.load(request.model_name)
@@ -148,6 +153,7 @@ class InferenceServicer:
     async def RepositoryModelUnload(
         self, raw: bytes, context: Any
     ) -> pb.RepositoryModelUnloadResponse:
+        self.access.check_grpc(context)
         request = parse_message(pb.RepositoryModelUnloadRequest, raw)
         await self.control.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()

@@ -19,7 +19,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from sordino import __version__
-from sordino.control.admin import admin_routes, admin_token
+from sordino.control.admin import AdminAccess, admin_routes
 from sordino.errors import ModelNotReady, SordinoError
 from sordino.protocol.codec import (
     encode_error,
@@ -78,6 +78,7 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
     endpoint is a Starlette route below.
     """
     control = control or ModelControl(runtime)
+    access = AdminAccess.from_config(runtime.config.server)
 
     async def server_metadata(request: Request) -> Response:
         return _json({"name": "sordino", "version": __version__, "extensions": EXTENSIONS})
@@ -122,10 +123,9 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
         Route("/v2/health/ready", _guard(runtime, ready), methods=["GET"]),
         Route("/v2/models/stats", _guard(runtime, all_stats), methods=["GET"]),
         Route("/metrics", _guard(runtime, metrics), methods=["GET"]),
-        *observe_routes(runtime, functools.partial(_guard, runtime)),
+        *observe_routes(runtime, functools.partial(_guard, runtime), access),
     ]
-    token = admin_token(runtime.config.server.admin_token)
-    routes += admin_routes(runtime.executor, runtime.clock, token)
+    routes += admin_routes(runtime.executor, runtime.clock, access.token)
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes += [
             Route(prefix, _guard(runtime, model_metadata), methods=["GET"]),
@@ -133,7 +133,7 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
             Route(prefix + "/config", _guard(runtime, model_config), methods=["GET"]),
             Route(prefix + "/stats", _guard(runtime, model_stats), methods=["GET"]),
         ]
-    routes += extra_routes(runtime, control, functools.partial(_guard, runtime), _json)
+    routes += extra_routes(runtime, control, functools.partial(_guard, runtime), _json, access)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

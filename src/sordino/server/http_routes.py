@@ -2,6 +2,9 @@
 
 - ``POST /v2/repository/index``: every model the server knows and its state.
 - ``POST /v2/repository/models/{m}/load`` and ``/unload``: model control.
+
+  The three are protected endpoints (:class:`~sordino.control.admin.AdminAccess`): the
+  admin token, or a loopback client of a loopback-bound server without a token.
 - ``POST /v2/models/{m}[/versions/{v}]/generate``: one response as flat JSON.
 - ``POST /v2/models/{m}[/versions/{v}]/generate_stream``: every response as a
   Server-Sent Event; an error after the first event is sent as ``data: {"error": ...}``.
@@ -20,6 +23,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from sordino.control.admin import AdminAccess
 from sordino.errors import Cancelled, InvalidRequest, MalformedBody, SordinoError, Unsupported
 from sordino.inference import InferRequest, InferResponse
 from sordino.protocol.generate import (
@@ -41,8 +45,12 @@ def extra_routes(
     control: ModelControl,
     guard: Callable[[Handler], Handler],
     json: Callable[[object], Response],
+    access: AdminAccess,
 ) -> list[Route]:
-    """Return the repository and generate routes; ``guard`` maps errors as ``http.py`` does."""
+    """Return the repository and generate routes; ``guard`` maps errors as ``http.py`` does.
+
+    The repository routes are behind ``access``.
+    """
 
     async def index(request: Request) -> Response:
         body = await _json_body(request)
@@ -97,9 +105,13 @@ def extra_routes(
         return EventStream(_events(event, responses))
 
     routes = [
-        Route("/v2/repository/index", guard(index), methods=["POST"]),
-        Route("/v2/repository/models/{model}/load", guard(load), methods=["POST"]),
-        Route("/v2/repository/models/{model}/unload", guard(unload), methods=["POST"]),
+        Route("/v2/repository/index", guard(access.protect(index)), methods=["POST"]),
+        Route("/v2/repository/models/{model}/load", guard(access.protect(load)), methods=["POST"]),
+        Route(
+            "/v2/repository/models/{model}/unload",
+            guard(access.protect(unload)),
+            methods=["POST"],
+        ),
     ]
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes += [

@@ -11,6 +11,12 @@ brings the served versions in line with it: new versions are loaded first, versi
 whose file changed are reloaded, and versions no longer selected are unloaded last,
 with a drain, so requests already queued on them still finish and new requests go to
 the versions that stay. Control operations run one at a time.
+
+A name given to load or unload must be a model name (``MODEL_NAME_PATTERN``); it is
+looked up among the repository's folders and the start-up configuration, never used as
+a path, and a repository model loads only files inside the repository (see
+:mod:`sordino.models.repository`). Who may call these operations is the transports'
+business (:class:`~sordino.control.admin.AdminAccess`).
 """
 
 from __future__ import annotations
@@ -24,8 +30,14 @@ from functools import partial
 from pathlib import Path
 
 from sordino.config import ModelConfig
-from sordino.errors import NotFound, SordinoError, Unsupported
-from sordino.models.repository import ModelSource, load_repository_model, sources_for
+from sordino.errors import InvalidRequest, NotFound, SordinoError, Unsupported
+from sordino.models.repository import (
+    ModelSource,
+    is_model_name,
+    load_repository_model,
+    repository_names,
+    sources_for,
+)
 from sordino.server.runtime import Runtime
 
 __all__ = ["IndexEntry", "ModelControl", "ModelControlStatistics"]
@@ -123,12 +135,14 @@ class ModelControl:
     async def load(self, name: str) -> None:
         """Load or reload ``name`` from the repository (``explicit`` mode only)."""
         self._require_explicit("load")
+        _check_name(name)
         async with self._lock:
             await self._apply(name, self._resolve(name))
 
     async def unload(self, name: str) -> None:
         """Unload every version of ``name`` after its queued requests finish."""
         self._require_explicit("unload")
+        _check_name(name)
         async with self._lock:
             known = name in self._configs or name in self._repository_names()
             if not self.runtime.versions(name) and not known:
@@ -173,10 +187,7 @@ class ModelControl:
         )
 
     def _repository_names(self) -> list[str]:
-        root = self.repository
-        if root is None or not root.is_dir():
-            return []
-        return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        return [] if self.repository is None else repository_names(self.repository)
 
     def _repository_loaded(self) -> set[str]:
         root = self.repository
@@ -185,7 +196,7 @@ class ModelControl:
         return {m.key.name for m in self.runtime.models() if m.source.path.is_relative_to(root)}
 
     def _resolve(self, name: str) -> list[ModelSource]:
-        if self.repository is not None and (self.repository / name).is_dir():
+        if self.repository is not None and name in self._repository_names():
             return load_repository_model(self.repository, name)
         config = self._configs.get(name)
         if config is not None:
@@ -243,6 +254,16 @@ class ModelControl:
                 await self.poll_once()
             except Exception:  # a broken repository must not stop polling
                 log.exception("repository poll failed")
+
+
+def _check_name(name: str) -> None:
+    """Refuse anything but a model name: a name is looked up, never used as a path."""
+    if not is_model_name(name):
+        shown = repr(name) if len(name) <= 60 else repr(name[:57]) + "…"
+        raise InvalidRequest(
+            f"{shown} is not a model name: use letters, digits, '_', '.' and '-', starting "
+            "with a letter or digit (no '/', no '..')"
+        )
 
 
 def _stamp(source: ModelSource) -> _Stamp | None:

@@ -5,6 +5,13 @@
 ``POST /v2/sordino/profile``   profile a model's operators (``sordino profile``)
 ``GET  /dashboard``            the web dashboard; its assets under ``/dashboard/static/``
 
+The journal and profiling are protected endpoints (:class:`AdminAccess`): the journal's
+event payloads hold worker PIDs and file paths, and a profile runs the model. The
+telemetry snapshot is open, so the dashboard and ``sordino monitor`` work without a
+token, but a caller the admin rule does not let in gets the public view: no worker PIDs,
+no arena segment name, no journal path, and file paths in causes replaced by ``<path>``
+(``"view": "public"``; ``"full"`` otherwise).
+
 The dashboard's chart library is vendored in ``server/static`` (no CDN): the page
 works on a machine without internet access.
 """
@@ -13,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from importlib import resources
 from typing import Any
@@ -22,6 +30,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from sordino.backends.base import dummy_inputs
+from sordino.control.admin import AdminAccess
 from sordino.control.profiling import profile_model
 from sordino.errors import InvalidRequest, NotFound
 from sordino.protocol.codec import encode_json
@@ -29,7 +38,7 @@ from sordino.server.runtime import Runtime
 from sordino.telemetry.journal_reader import JournalReader, MissingJournal
 from sordino.telemetry.snapshot import snapshot
 
-__all__ = ["observe_routes"]
+__all__ = ["observe_routes", "public_view"]
 
 MAX_PROFILE_S = 300.0
 _STATIC_TYPES = {
@@ -65,7 +74,31 @@ def _static(name: str) -> bytes | None:
     return item.read_bytes() if item.is_file() else None
 
 
-def observe_routes(runtime: Runtime, guard: Any) -> list[Route]:
+# An absolute or home-relative path (POSIX or Windows) inside a message.
+_PATH = re.compile(r"""(?<![\w:/.])(?:~|[A-Za-z]:\\|/)[^\s'"(),;]*""")
+
+
+def _without_paths(text: str) -> str:
+    return _PATH.sub("<path>", text)
+
+
+def public_view(document: dict[str, Any]) -> dict[str, Any]:
+    """The telemetry snapshot without the internals (modified in place and returned)."""
+    workers = document.get("workers") or {}
+    for worker in workers.get("workers", ()):
+        worker.pop("pid", None)
+        worker["last_cause"] = _without_paths(worker.get("last_cause") or "")
+    if isinstance(workers.get("arena"), dict):
+        workers["arena"].pop("name", None)
+    for event in document.get("events", ()):
+        event["cause"] = _without_paths(event.get("cause") or "")
+    if isinstance(document.get("journal"), dict):
+        document["journal"].pop("path", None)
+    document["view"] = "public"
+    return document
+
+
+def observe_routes(runtime: Runtime, guard: Any, access: AdminAccess) -> list[Route]:
     """The routes above; ``guard`` maps :class:`SordinoError` to error responses."""
     telemetry = runtime.telemetry
     window = int(runtime.config.telemetry.recent_window)
@@ -74,7 +107,12 @@ def observe_routes(runtime: Runtime, guard: Any) -> list[Route]:
         seconds = int(_number(request, "seconds", 300, 1, window))
         events = int(_number(request, "events", 50, 0, 1000))
         execution = runtime.executor.statistics()
-        return _json(snapshot(telemetry, seconds=seconds, events=events, execution=execution))
+        document = snapshot(telemetry, seconds=seconds, events=events, execution=execution)
+        if access.allows_request(request):
+            document["view"] = "full"
+        else:
+            public_view(document)
+        return _json(document)
 
     async def journal(request: Request) -> Response:
         now = time.time()
@@ -134,8 +172,8 @@ def observe_routes(runtime: Runtime, guard: Any) -> list[Route]:
 
     return [
         Route("/v2/sordino/telemetry", guard(live), methods=["GET"]),
-        Route("/v2/sordino/journal", guard(journal), methods=["GET"]),
-        Route("/v2/sordino/profile", guard(profile), methods=["POST"]),
+        Route("/v2/sordino/journal", guard(access.protect(journal)), methods=["GET"]),
+        Route("/v2/sordino/profile", guard(access.protect(profile)), methods=["POST"]),
         Route("/dashboard", guard(dashboard), methods=["GET"]),
         Route("/dashboard/static/{name}", guard(static), methods=["GET"]),
     ]

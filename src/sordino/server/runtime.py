@@ -34,6 +34,7 @@ from sordino.server.registry import LoadedModel, ModelRegistry
 from sordino.server.service import InferenceService
 from sordino.telemetry.execution_metrics import ExecutionCollector
 from sordino.telemetry.hub import Telemetry
+from sordino.telemetry.labels import MetricLabels
 from sordino.telemetry.metrics import Metrics
 from sordino.telemetry.model_stats import ModelStats
 from sordino.telemetry.observers import SchedulerObservers
@@ -57,10 +58,14 @@ class Runtime:
         self.config = config
         self.clock: Clock = clock or MonotonicClock()
         self.events = events or EventSink()
-        self.metrics = Metrics()
+        self.registry = ModelRegistry()
+        # Client-chosen model names and tenants never make unbounded label values.
+        labels = MetricLabels(
+            lambda name: bool(self.registry.versions(name)), config.telemetry.tenant_labels
+        )
+        self.metrics = Metrics(labels)
         self.stats = ModelStats()
         self.executor = ChainExecutor(config, clock=self.clock, events=self.events)
-        self.registry = ModelRegistry()
         self.telemetry = Telemetry(
             config.telemetry,
             events=self.events,
@@ -69,6 +74,7 @@ class Runtime:
             instances=self.executor.instances,
             slo_s=lambda key: config.scheduler.slo_p99_ms / 1000,
             clock=self.clock,
+            labels=labels,
         )
         self.loader = ModelLoader(
             config,

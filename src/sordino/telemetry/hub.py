@@ -27,6 +27,7 @@ from sordino.records import SchedulerStatistics
 from sordino.telemetry.collectors import TelemetryCollector, TelemetryView
 from sordino.telemetry.forecast import Forecast, forecast_from_journal
 from sordino.telemetry.journal import Journal
+from sordino.telemetry.labels import MetricLabels
 from sordino.telemetry.profile_data import OperatorProfile
 from sordino.telemetry.resources import ResourceSampler
 from sordino.telemetry.series import SeriesRecorder
@@ -51,9 +52,11 @@ class Telemetry:
         instances: Callable[[ModelKey], int],
         slo_s: Callable[[ModelKey], float],
         clock: Clock,
+        labels: MetricLabels,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
+        self.labels = labels
         self.events = events
         self.clock = clock
         self._wall = wall
@@ -147,8 +150,17 @@ class Telemetry:
     # -- recording -------------------------------------------------------------------
 
     def request_finished(self, model: str, tenant: str, priority: int, outcome: str) -> None:
-        """Count one request by model, tenant, priority and outcome."""
-        self._requests.labels(model, tenant, str(priority) if priority else "-", outcome).inc()
+        """Count one request by model, tenant, priority and outcome.
+
+        ``model`` and ``tenant`` are what the client sent; they are labelled through
+        :class:`MetricLabels` (``other`` for a model not loaded or a tenant not listed).
+        """
+        self._requests.labels(
+            self.labels.model(model),
+            self.labels.tenant(tenant),
+            str(priority) if priority else "-",
+            outcome,
+        ).inc()
 
     def record_profile(self, profile: OperatorProfile) -> None:
         """Keep ``profile`` as the model's latest and journal it as an event."""

@@ -2,7 +2,9 @@
 
 Each :class:`Metrics` owns a ``CollectorRegistry`` so several runtimes (tests) never
 share counters. Scheduler statistics (queue depth, in-flight) are read at scrape time
-from the parts' ``statistics()``, never mirrored by hand.
+from the parts' ``statistics()``, never mirrored by hand. A model name a client sent
+becomes a label value only while that model is loaded (:class:`MetricLabels`); refusals
+for any other name are counted under ``model="other"``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from sordino.inference import ModelKey
 from sordino.records import BatchDone, RequestDone, SchedulerStatistics
+from sordino.telemetry.labels import MetricLabels
 
 __all__ = ["LATENCY_BUCKETS", "Metrics"]
 
@@ -69,7 +72,8 @@ class _SchedulerCollector(Collector):
 class Metrics:
     """Request, latency and batch metrics; also a :class:`SchedulerObserver`."""
 
-    def __init__(self) -> None:
+    def __init__(self, labels: MetricLabels) -> None:
+        self.labels = labels
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "sordino_requests",
@@ -154,7 +158,9 @@ class Metrics:
         """Count a request refused before acceptance (bad input, queue full, unknown model).
 
         It is counted in ``sordino_requests_total`` too (outcome ``rejected``), so that
-        family counts every request, as ``sordino_tenant_requests_total`` does.
+        family counts every request, as ``sordino_tenant_requests_total`` does. ``model``
+        is the name the client sent: labelled ``other`` unless it is loaded.
         """
-        self._child(self.rejected, model, reason).inc()
-        self._child(self.requests, model, version, "rejected", reason).inc()
+        name = self.labels.model(model)
+        self._child(self.rejected, name, reason).inc()
+        self._child(self.requests, name, version if name == model else "", "rejected", reason).inc()
