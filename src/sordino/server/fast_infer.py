@@ -90,8 +90,9 @@ async def _infer(
     headers: dict[str, str]
     try:
         body = await _read_body(receive, limit, declared)
-        # An unknown model is answered 404 whatever the body holds, as Triton does.
-        runtime.get(match["model"], match["version"])
+        # An unknown model is answered 404 whatever the body holds, as Triton does; the
+        # model's shapes then bound what the body may declare, before anything is built.
+        model = runtime.get(match["model"], match["version"])
         request = decode_infer_request(
             body,
             model=match["model"],
@@ -100,6 +101,8 @@ async def _infer(
                 header_length.decode("latin-1") if header_length is not None else None
             ),
             headers=forwarded or None,
+            metadata=model.metadata,
+            max_batch_size=model.max_batch_size,
         )
         response = await until_disconnect(receive, runtime.service.infer(request))
         try:
@@ -134,7 +137,12 @@ def _too_large(limit: int) -> MalformedBody:
 
 
 async def _read_body(receive: Receive, limit: int, declared: bytes | None) -> bytes:
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    # More digits than any limit has is too large without asking int() (and its digit cap).
+    if (
+        declared is not None
+        and declared.isdigit()
+        and (len(declared) > 18 or int(declared) > limit)
+    ):
         raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0
