@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import struct
+import time
+import tracemalloc
 from typing import Any
 
 import numpy as np
@@ -10,8 +12,12 @@ import pytest
 
 from sordino.datatypes import (
     DATATYPES,
+    MAX_RANK,
+    brief_repr,
     deserialize_bytes_tensor,
+    element_count,
     element_size,
+    format_shape,
     from_numpy_dtype,
     from_onnx_type,
     serialize_bytes_tensor,
@@ -232,3 +238,68 @@ def test_tensor_from_binary_is_a_read_only_view() -> None:
     assert not out.flags.writeable
     assert not out.flags.owndata
     np.testing.assert_array_equal(out, [[0, 1], [2, 3]])
+
+
+def test_element_count_stops_past_its_bound() -> None:
+    """40,000 huge dimensions cost no big-integer arithmetic: the count stops at the bound."""
+    started = time.perf_counter()
+    assert element_count([2**62] * 40_000, most=100) == 101
+    assert element_count([2**62] * 40_000 + [0], most=100) == 0
+    assert element_count([2, 3, 4]) == 24
+    assert time.perf_counter() - started < 0.5
+
+
+def test_format_shape_elides_long_shapes() -> None:
+    assert format_shape([1, 64]) == "[1, 64]"
+    text = format_shape([2**62] * 40_000)
+    assert "40000 dimensions" in text and len(text) < 300
+
+
+def test_brief_repr_never_writes_out_big_or_deep_values() -> None:
+    deep: list[Any] = []
+    for _ in range(5000):
+        deep = [deep]
+    assert brief_repr(deep) == "a list of 1 items"
+    assert len(brief_repr("x" * 10_000)) < 50
+    assert "30 digits" in brief_repr(10**5000)
+
+
+def test_deserialize_bytes_tensor_allocates_nothing_for_a_declared_count() -> None:
+    """A 4-byte buffer declaring 2**28 elements is refused without a 2 GB array."""
+    tracemalloc.start()
+    try:
+        started = time.perf_counter()
+        with pytest.raises(TensorError, match="ends after 1 of 268435456"):
+            deserialize_bytes_tensor(struct.pack("<I", 0), 2**28)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+    assert time.perf_counter() - started < 0.5
+
+
+def test_binary_bytes_count_beyond_the_data_is_refused_before_parsing() -> None:
+    with pytest.raises(TensorError, match=r"'s' has shape .*\(268435456 elements\) but its BYTES"):
+        tensor_from_binary("s", "BYTES", (2**28, 1), struct.pack("<I", 0))
+
+
+@pytest.mark.parametrize("shape", [(2**62,) * 40, (1,) * (MAX_RANK + 1)])
+def test_too_many_dimensions_are_refused(shape: tuple[int, ...]) -> None:
+    with pytest.raises(TensorError, match=f"at most {MAX_RANK}"):
+        tensor_from_json("x", "FP32", shape, [1.0])
+    with pytest.raises(TensorError, match=f"at most {MAX_RANK}"):
+        tensor_from_binary("x", "FP32", shape, b"\0" * 4)
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "BYTES"])
+def test_empty_tensor_with_impossible_dimensions_is_refused(datatype: str) -> None:
+    """No elements, but dimensions numpy cannot hold: a TensorError, not numpy's ValueError."""
+    with pytest.raises(TensorError, match="no elements"):
+        tensor_from_json("x", datatype, (0, 2**62, 2**62), [])
+    with pytest.raises(TensorError, match="no elements"):
+        tensor_from_binary("x", datatype, (0, 2**63 - 1, 4), b"")
+
+
+def test_huge_count_mismatch_is_reported_not_raised_while_formatting() -> None:
+    with pytest.raises(TensorError, match=r"\(30 dimensions\) \(more than \d+ elements\)"):
+        tensor_from_json("x", "FP32", (2**62,) * 30, [1.0])

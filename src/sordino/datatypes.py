@@ -11,8 +11,8 @@ order. ``BYTES`` tensors are numpy ``object`` arrays holding ``bytes``.
 
 from __future__ import annotations
 
-import math
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -22,8 +22,12 @@ from sordino.errors import ModelLoadError, TensorError
 
 __all__ = [
     "DATATYPES",
+    "MAX_RANK",
+    "brief_repr",
     "deserialize_bytes_tensor",
+    "element_count",
     "element_size",
+    "format_shape",
     "from_numpy_dtype",
     "from_onnx_type",
     "serialize_bytes_tensor",
@@ -74,6 +78,79 @@ _ONNX_TYPES: dict[str, str] = {
 }
 
 _LENGTH = struct.Struct("<I")
+
+MAX_RANK = 32
+"""The most dimensions a tensor may have (numpy 1.x's limit; models use far fewer)."""
+
+_SHOWN_DIMS = 8
+_COUNT_CAP = 1 << 62
+
+
+def element_count(shape: Sequence[int], most: int = _COUNT_CAP) -> int:
+    """Return the number of elements of ``shape``, or ``most + 1`` if it has more than ``most``.
+
+    The product stops growing once it passes ``most`` (by default 2**62), so a long
+    list of huge dimensions costs no big-integer arithmetic and the result is always
+    small enough to print; a zero dimension makes the count 0. Dimensions must be
+    non-negative.
+    """
+    if 0 in shape:
+        return 0
+    count = 1
+    for dim in shape:
+        count *= dim
+        if count > most:
+            return most + 1
+    return count
+
+
+def format_shape(shape: Sequence[object]) -> str:
+    """Return ``shape`` as ``[a, b, c]`` for a message, the middle elided when it is long."""
+    if len(shape) <= _SHOWN_DIMS:
+        return "[" + ", ".join(brief_repr(dim) for dim in shape) + "]"
+    head = ", ".join(brief_repr(dim) for dim in shape[: _SHOWN_DIMS - 1])
+    return f"[{head}, ... {brief_repr(shape[-1])}] ({len(shape)} dimensions)"
+
+
+def brief_repr(value: object) -> str:
+    """Return a short repr of a value a client sent, for an error message.
+
+    Strings are cut to 40 characters, huge integers and containers are named rather
+    than written out (a deeply nested list would exhaust ``repr``'s recursion).
+    """
+    if isinstance(value, list):
+        return f"a list of {len(value)} items"
+    if isinstance(value, dict):
+        return f"an object with {len(value)} keys"
+    if isinstance(value, str | bytes):
+        return repr(value) if len(value) <= 40 else repr(value[:37]) + "..."
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return "a number of more than 30 digits"
+    if isinstance(value, bool | int | float) or value is None:
+        return repr(value)
+    return f"a {type(value).__name__}"
+
+
+def _check_rank(name: str, shape: Sequence[int]) -> None:
+    if len(shape) > MAX_RANK:
+        raise TensorError(
+            f"input {name!r} has {len(shape)} dimensions; a tensor may have at most {MAX_RANK}"
+        )
+
+
+def _count_text(count: int) -> str:
+    return str(count) if count <= _COUNT_CAP else f"more than {_COUNT_CAP}"
+
+
+def _reshape(name: str, array: npt.NDArray[Any], shape: tuple[int, ...]) -> npt.NDArray[Any]:
+    """Reshape ``array`` (of the right size); an empty one may still have impossible dims."""
+    try:
+        return array.reshape(shape)
+    except (ValueError, OverflowError):
+        raise TensorError(
+            f"input {name!r} has shape {format_shape(shape)}: it holds no elements but its "
+            "other dimensions are too large for any tensor; send sizes the data can fill"
+        ) from None
 
 
 def _check_datatype(datatype: str) -> None:
@@ -167,11 +244,12 @@ def deserialize_bytes_tensor(
 
     ``buf`` must hold exactly ``count`` elements: a truncated length prefix, a length
     that runs past the end, too few elements or trailing bytes raise TensorError
-    saying which element and offset is wrong.
+    saying which element and offset is wrong. Nothing is allocated for elements the
+    buffer does not hold, whatever ``count`` says.
     """
     view = memoryview(buf).cast("B")
     size = len(view)
-    out = np.empty(count, dtype=np.object_)
+    items: list[bytes] = []
     offset = 0
     for index in range(count):
         if offset + 4 > size:
@@ -187,13 +265,15 @@ def deserialize_bytes_tensor(
                 f"{size - offset} bytes remain; each element is a 4-byte little-endian length "
                 "followed by that many bytes"
             )
-        out[index] = bytes(view[offset : offset + length])
+        items.append(bytes(view[offset : offset + length]))
         offset += length
     if offset != size:
         raise TensorError(
             f"BYTES data holds {size - offset} bytes after its {count} elements; send exactly "
             f"{count} length-prefixed elements"
         )
+    out = np.empty(count, dtype=np.object_)
+    out[:] = items
     return out
 
 
@@ -207,17 +287,26 @@ def tensor_from_binary(
     bytes must be 0 or 1. BYTES data is Triton's length-prefixed layout and must hold
     exactly product(shape) elements. Raises TensorError naming the input otherwise.
     """
-    count = math.prod(shape)
+    _check_rank(name, shape)
     if datatype == "BYTES":
+        # Each element takes at least its 4-byte length: more than len(data) is impossible.
+        count = element_count(shape)
+        if count > len(data):
+            raise TensorError(
+                f"input {name!r} has shape {format_shape(shape)} ({_count_text(count)} "
+                f"elements) but its BYTES data is {len(data)} bytes; each element takes at "
+                "least 4 bytes (its length)"
+            )
         try:
-            return deserialize_bytes_tensor(data, count).reshape(shape)
+            return _reshape(name, deserialize_bytes_tensor(data, count), shape)
         except TensorError as exc:
             raise TensorError(f"input {name!r}: {exc.message}") from None
+    count = element_count(shape)
     expected = count * to_numpy_dtype(datatype).itemsize
     if len(data) != expected:
         raise TensorError(
-            f"input {name!r} has shape {list(shape)} ({count} {datatype} elements, "
-            f"{expected} bytes) but its binary_data_size is {len(data)}"
+            f"input {name!r} has shape {format_shape(shape)} ({_count_text(count)} {datatype} "
+            f"elements, {_count_text(expected)} bytes) but its binary_data_size is {len(data)}"
         )
     array = np.frombuffer(data, dtype=to_numpy_dtype(datatype).newbyteorder("<"), count=count)
     if datatype == "BOOL" and count:
@@ -228,7 +317,7 @@ def tensor_from_binary(
                 f"input {name!r} is BOOL but byte {index} of its binary data is "
                 f"{int(raw[index])}; each BOOL element is one byte, 0 or 1"
             )
-    return array.reshape(shape)
+    return _reshape(name, array, shape)
 
 
 # Which numpy kinds ``np.asarray`` may produce from JSON for each target kind.
@@ -251,20 +340,20 @@ def tensor_from_json(
             f"input {name!r}: 'data' must be a list (flat or nested row-major), "
             f"got {_json_kind(data)}"
         )
-    count = math.prod(shape)
+    _check_rank(name, shape)
     if datatype == "BYTES":
-        return _bytes_from_json(name, shape, count, data)
+        return _bytes_from_json(name, shape, data)
     target = to_numpy_dtype(datatype)
     try:
         array = np.asarray(data)
     except ValueError:
         raise TensorError(
-            f"input {name!r}: 'data' is a ragged nested list; nested lists must be "
-            "rectangular, or send the values as one flat list"
+            f"input {name!r}: 'data' is a ragged or too deeply nested list; nested lists "
+            "must be rectangular, or send the values as one flat list"
         ) from None
-    _check_count(name, shape, count, array.size)
+    count = _check_count(name, shape, array.size)
     if count == 0:
-        return np.empty(shape, dtype=target)
+        return _reshape(name, np.empty(0, dtype=target), shape)
     if array.dtype.kind in _JSON_KINDS[target.kind] and _fits(array, target):
         with np.errstate(over="ignore"):
             result = array.astype(target)
@@ -289,11 +378,9 @@ def tensor_from_json(
     return result.reshape(shape)
 
 
-def _bytes_from_json(
-    name: str, shape: tuple[int, ...], count: int, data: list[Any]
-) -> npt.NDArray[Any]:
+def _bytes_from_json(name: str, shape: tuple[int, ...], data: list[Any]) -> npt.NDArray[Any]:
     flat = _flatten(data)
-    _check_count(name, shape, count, len(flat))
+    count = _check_count(name, shape, len(flat))
     result = np.empty(count, dtype=np.object_)
     for index, item in enumerate(flat):
         if not isinstance(item, str):
@@ -308,15 +395,18 @@ def _bytes_from_json(
                 f"input {name!r} element {index} is not encodable as UTF-8 (a lone surrogate?); "
                 "send raw bytes as binary data"
             ) from None
-    return result.reshape(shape)
+    return _reshape(name, result, shape)
 
 
-def _check_count(name: str, shape: tuple[int, ...], count: int, got: int) -> None:
+def _check_count(name: str, shape: tuple[int, ...], got: int) -> int:
+    """Return the element count of ``shape``; raise TensorError unless it is ``got``."""
+    count = element_count(shape)
     if got != count:
         raise TensorError(
-            f"input {name!r} has shape {list(shape)} ({count} elements) but its data holds "
-            f"{got} elements"
+            f"input {name!r} has shape {format_shape(shape)} ({_count_text(count)} elements) "
+            f"but its data holds {got} elements"
         )
+    return count
 
 
 def _fits(array: npt.NDArray[Any], target: np.dtype[Any]) -> bool:
@@ -368,5 +458,5 @@ def _json_kind(value: object) -> str:
     if isinstance(value, int | float):
         return f"the number {value!r}"
     if isinstance(value, str):
-        return f"the string {value[:40]!r}"
+        return f"the string {brief_repr(value)}"
     return "a list" if isinstance(value, list) else "an object"

@@ -56,6 +56,21 @@ def test_bad_priority_is_refused(value: object) -> None:
         _admit({"priority": value})
 
 
+@pytest.mark.parametrize(
+    "value", ["9" * 5000, "-" + "9" * 5000, "²", "٣", "--3", "+-3", "3.0", "0x3", ""]
+)
+def test_priority_strings_that_are_not_small_integers_are_refused(value: str) -> None:
+    """Thousands of digits, non-ASCII digits and odd signs are a 400, never a crash."""
+    with pytest.raises(InvalidRequest, match="priorit") as info:
+        _admit({"priority": value})
+    assert len(str(info.value)) < 300  # the value is shown cut short
+
+
+@pytest.mark.parametrize(("value", "expected"), [("0" * 5000 + "3", 3), (" +1 ", 1), ("-0", 2)])
+def test_priority_strings_with_padding_are_read(value: str, expected: int) -> None:
+    assert _admit({"priority": value}).priority == expected
+
+
 def test_timeout_from_parameter_in_microseconds() -> None:
     assert _admit({"timeout": 250_000}).timeout_s == pytest.approx(0.25)
     assert _admit({}).timeout_s is None

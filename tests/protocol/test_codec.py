@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import time
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,13 @@ import pytest
 
 from sordino.datatypes import from_numpy_dtype
 from sordino.errors import InferenceFailed, InvalidRequest, MalformedBody, TensorError, Unsupported
-from sordino.inference import InferRequest, InferResponse, RequestedOutput
+from sordino.inference import (
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    RequestedOutput,
+    TensorSpec,
+)
 from sordino.protocol.codec import (
     HEADER_CONTENT_LENGTH,
     decode_infer_request,
@@ -688,3 +695,47 @@ def test_tritonclient_parses_binary_response() -> None:
     )
     np.testing.assert_array_equal(result.as_numpy("p"), resp.outputs["p"])
     assert result.as_numpy("s").tolist() == [b"\x00\xff"]
+
+
+DIGITS = ModelMetadata(
+    name="digits-classifier",
+    version="1",
+    platform="onnxruntime_onnx",
+    inputs=(TensorSpec("pixels", "FP32", (-1, 64)),),
+    outputs=(TensorSpec("probabilities", "FP32", (-1, 10)),),
+    batched=True,
+)
+
+
+def test_declared_shapes_are_checked_against_the_model_before_any_data() -> None:
+    """40,000 huge dimensions: refused by rank at once, the data never looked at."""
+    body = orjson.dumps({"inputs": [tensor("pixels", "FP32", [2**62] * 40_000, "not data")]})
+    started = time.perf_counter()
+    with pytest.raises(TensorError, match="40000 dimensions but model 'digits-classifier'"):
+        decode_infer_request(
+            body, model="m", version=None, header_length=None, metadata=DIGITS, max_batch_size=64
+        )
+    assert time.perf_counter() - started < 0.5
+
+
+def test_declared_shapes_are_bounded_by_the_body_without_a_model() -> None:
+    spec = {"name": "s", "datatype": "BYTES", "shape": [1, 2**28]}
+    body, length = binary_body(({**spec, "parameters": {"binary_data_size": 4}}, b"\0" * 4))
+    with pytest.raises(TensorError, match="dimension 1 is 268435456"):
+        decode(body, length)
+
+
+def test_a_deeply_nested_id_is_named_not_written_out() -> None:
+    body = b'{"id": ' + b"[" * 1000 + b"]" * 1000 + b', "inputs": []}'
+    with pytest.raises(InvalidRequest, match="'id' must be a string, got a list"):
+        decode(body)
+
+
+def test_shape_error_shows_the_offending_dimension() -> None:
+    with pytest.raises(TensorError, match=r"dimension 2 is 'x'"):
+        json_request(tensor("x", "FP32", [1, 2, "x"], [1.0, 2.0]))
+
+
+def test_parse_header_length_refuses_thousands_of_digits() -> None:
+    with pytest.raises(MalformedBody, match=HEADER_CONTENT_LENGTH):
+        parse_header_length("9" * 5000)

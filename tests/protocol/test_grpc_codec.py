@@ -7,7 +7,7 @@ import pytest
 
 from sordino.datatypes import DATATYPES, serialize_bytes_tensor, to_numpy_dtype
 from sordino.errors import MalformedBody, TensorError, Unsupported
-from sordino.inference import InferResponse, RequestedOutput
+from sordino.inference import InferResponse, ModelMetadata, RequestedOutput, TensorSpec
 from sordino.protocol.grpc_codec import (
     CONTENTS_FIELD,
     decode_infer_request,
@@ -114,3 +114,38 @@ def test_parameters_and_requested_outputs() -> None:
     unset.parameters["p"].CopyFrom(pb.InferParameter())
     with pytest.raises(Exception, match="no value"):
         decode_parameters(unset.parameters, "the request")
+
+
+def test_many_huge_dimensions_are_reported_without_formatting_huge_counts() -> None:
+    """Without a model at hand the count is still bounded: no 4,300-digit integer to print."""
+    message = pb.ModelInferRequest(model_name="m")
+    message.inputs.add(name="x", datatype="FP32", shape=[2**62] * 30)
+    message.raw_input_contents.append(b"\0" * 4)
+    with pytest.raises(TensorError, match="dimension 0 is 4611686018427387904"):
+        decode_infer_request(message)
+    message.inputs[0].shape.extend([2] * 5000)
+    with pytest.raises(TensorError, match="5030 dimensions but a tensor has at most 32"):
+        decode_infer_request(message)
+
+
+def test_declared_shapes_are_checked_against_the_model() -> None:
+    message = pb.ModelInferRequest(model_name="m")
+    message.inputs.add(name="x", datatype="FP32", shape=[2**62] * 40_000)
+    metadata = ModelMetadata(
+        name="m",
+        version="1",
+        platform="onnxruntime_onnx",
+        inputs=(TensorSpec("x", "FP32", (-1, 4)),),
+        outputs=(),
+        batched=True,
+    )
+    with pytest.raises(TensorError, match="40000 dimensions but model 'm' expects rank 2"):
+        decode_infer_request(message, metadata=metadata, max_batch_size=8)
+
+
+def test_empty_tensor_with_impossible_dimensions_is_refused() -> None:
+    """No values and a zero dimension, but dimensions no message of this size could fill."""
+    message = pb.ModelInferRequest(model_name="m")
+    message.inputs.add(name="x", datatype="FP16", shape=[0, 2**40, 2**40])
+    with pytest.raises(TensorError, match="dimension 1 is 1099511627776, more than a 29-byte"):
+        decode_infer_request(message)

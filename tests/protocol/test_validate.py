@@ -10,7 +10,7 @@ import pytest
 from sordino.datatypes import from_numpy_dtype
 from sordino.errors import TensorError
 from sordino.inference import InferRequest, ModelMetadata, RequestedOutput, TensorSpec
-from sordino.protocol.validate import validate_request
+from sordino.protocol.validate import check_declared_shape, validate_request
 
 DIGITS = ModelMetadata(
     name="digits-classifier",
@@ -150,3 +150,42 @@ def test_unknown_output_lists_the_model_outputs() -> None:
 def test_known_outputs_pass() -> None:
     """Requesting outputs the model has passes."""
     validate_request(pair(1, 1, ["OUTPUT1", "OUTPUT0"]), SIMPLE, max_batch_size=8)
+
+
+def test_declared_shape_that_fits_passes() -> None:
+    check_declared_shape("pixels", [2, 64], room=1000, metadata=DIGITS, max_batch_size=64)
+    check_declared_shape("x", [0, 5], room=10)  # an empty tensor, no model at hand
+
+
+def test_declared_shape_of_an_unknown_input_is_refused_first() -> None:
+    with pytest.raises(TensorError, match="has no input 'pixelz'; its inputs are 'pixels'"):
+        check_declared_shape("pixelz", [2**62] * 40_000, room=10, metadata=DIGITS)
+
+
+def test_declared_rank_above_the_model_rank_is_refused() -> None:
+    """The 40,000-dimension shape is refused by counting dimensions, nothing more."""
+    with pytest.raises(TensorError, match="40000 dimensions but model 'digits-classifier' "):
+        check_declared_shape("pixels", [2**62] * 40_000, room=840_000, metadata=DIGITS)
+
+
+def test_declared_rank_without_a_model_is_capped() -> None:
+    with pytest.raises(TensorError, match="at most 32"):
+        check_declared_shape("x", [1] * 33, room=100)
+
+
+def test_declared_batch_above_max_batch_size_is_refused() -> None:
+    with pytest.raises(TensorError, match=r"batch size 268435456 .* at most 64 items"):
+        check_declared_shape("pixels", [2**28, 64], room=112, metadata=DIGITS, max_batch_size=64)
+
+
+def test_declared_dimension_larger_than_the_request_is_refused() -> None:
+    with pytest.raises(TensorError, match="dimension 1 is 268435456, more than a 112-byte"):
+        check_declared_shape("x", [1, 2**28], room=112, metadata=UNBATCHED)
+    # Even with a zero dimension elsewhere: an empty tensor's dimensions stay plausible.
+    with pytest.raises(TensorError, match="dimension 1 is"):
+        check_declared_shape("x", [0, 2**62], room=112)
+
+
+def test_declared_element_count_larger_than_the_request_is_refused() -> None:
+    with pytest.raises(TensorError, match="holds more elements than a 100-byte request"):
+        check_declared_shape("x", [3, 50], room=100, metadata=UNBATCHED)

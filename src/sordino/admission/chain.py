@@ -8,9 +8,11 @@ edits the server.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from sordino.datatypes import brief_repr
 from sordino.errors import InvalidRequest, Unsupported
 from sordino.inference import InferRequest
 from sordino.records import QueueSettings
@@ -28,6 +30,7 @@ __all__ = [
 
 PRIORITY_NAMES = ("high", "normal", "low")
 TAG_HEADER = "x-sordino-tag"
+_INTEGER = re.compile(r"[+-]?[0-9]+")
 
 
 @dataclass(slots=True)
@@ -64,32 +67,43 @@ class AdmissionChain:
 def parse_priority(value: object, settings: QueueSettings, source: str) -> int:
     """Turn a priority given as a number or as high/normal/low into a level.
 
-    0 means the model's default level, as in Triton. ``source`` names where the
-    value came from, for the error message.
+    0 means the model's default level, as in Triton. A string may hold the number
+    (ASCII digits, optionally signed). ``source`` names where the value came from,
+    for the error message.
     """
     levels = settings.priority_levels
-    if isinstance(value, str) and not value.strip().lstrip("-").isdigit():
-        name = value.strip().lower()
+    if isinstance(value, str):
+        text = value.strip()
+        name = text.lower()
         if name == "high":
             return 1
         if name == "low":
             return levels
         if name == "normal":
             return settings.default_priority
-        raise InvalidRequest(
-            f"{source} {value!r} is not a priority: use a level 1..{levels} (1 is highest) "
-            "or one of high, normal, low"
-        )
-    if isinstance(value, bool) or not isinstance(value, int | str):
+        if not _INTEGER.fullmatch(text):
+            raise InvalidRequest(
+                f"{source} {brief_repr(value)} is not a priority: use a level 1..{levels} "
+                "(1 is highest) or one of high, normal, low"
+            )
+        # Never int() thousands of digits (leading zeros count): past Python's limit it raises.
+        digits = text.lstrip("+-").lstrip("0") or "0"
+        if len(digits) > 18:
+            raise _outside(source, brief_repr(value), levels)
+        value = -int(digits) if text.startswith("-") else int(digits)
+    if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidRequest(f"{source} must be an integer 1..{levels} or high/normal/low")
-    level = int(value)
-    if level == 0:
+    if value == 0:
         return settings.default_priority
-    if not 1 <= level <= levels:
-        raise InvalidRequest(
-            f"{source} {level} is outside the model's priority levels 1..{levels} (1 is highest)"
-        )
-    return level
+    if not 1 <= value <= levels:
+        raise _outside(source, brief_repr(value), levels)
+    return value
+
+
+def _outside(source: str, shown: str, levels: int) -> InvalidRequest:
+    return InvalidRequest(
+        f"{source} {shown} is outside the model's priority levels 1..{levels} (1 is highest)"
+    )
 
 
 def resolve_priority(request: InferRequest, context: AdmissionContext) -> None:
@@ -125,7 +139,8 @@ def resolve_timeout(request: InferRequest, context: AdmissionContext) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidRequest(
-            f"parameter 'timeout' must be a non-negative integer of microseconds, got {value!r}"
+            "parameter 'timeout' must be a non-negative integer of microseconds, got "
+            f"{brief_repr(value)}"
         )
     requested = value / 1e6 if value else None
     if requested is None:

@@ -22,13 +22,16 @@ import orjson
 
 from sordino.datatypes import (
     DATATYPES,
+    brief_repr,
+    format_shape,
     from_numpy_dtype,
     serialize_bytes_tensor,
     tensor_from_binary,
     tensor_from_json,
 )
 from sordino.errors import InferenceFailed, InvalidRequest, MalformedBody, TensorError, Unsupported
-from sordino.inference import InferRequest, InferResponse, RequestedOutput, Tensor
+from sordino.inference import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor
+from sordino.protocol.validate import check_declared_shape
 
 __all__ = [
     "HEADER_CONTENT_LENGTH",
@@ -64,10 +67,11 @@ def parse_header_length(value: str | None) -> int | None:
     if value is None:
         return None
     text = value.strip()
-    if not (text.isascii() and text.isdigit()):
+    # 18 digits keep int() cheap and within any body size sordino could accept.
+    if not (text.isascii() and text.isdigit() and len(text) <= 18):
         raise MalformedBody(
-            f"{HEADER_CONTENT_LENGTH} is {value!r}; it must be the byte length of the JSON "
-            "header at the start of the body"
+            f"{HEADER_CONTENT_LENGTH} is {brief_repr(value)}; it must be the byte length of "
+            "the JSON header at the start of the body"
         )
     return int(text)
 
@@ -79,6 +83,8 @@ def decode_infer_request(
     version: str | None,
     header_length: int | None,
     headers: Mapping[str, str] | None = None,
+    metadata: ModelMetadata | None = None,
+    max_batch_size: int = 0,
 ) -> InferRequest:
     """Decode an inference request body into an :class:`InferRequest`.
 
@@ -87,20 +93,32 @@ def decode_infer_request(
     whole body is JSON. Raises MalformedBody for unparsable JSON or framing,
     TensorError for a tensor that is inconsistent in itself (datatype, shape, element
     count, values), InvalidRequest for other schema errors and Unsupported for
-    extensions sordino does not implement. Checking the tensors against the model is
-    :func:`sordino.protocol.validate.validate_request`'s job.
+    extensions sordino does not implement.
+
+    With the model's ``metadata`` (and its ``max_batch_size``), each input's declared
+    shape is checked against the model and the body's size before any tensor is built
+    (:func:`~sordino.protocol.validate.check_declared_shape`); the full check against
+    the model is :func:`~sordino.protocol.validate.validate_request`'s job.
     """
     header = _parse_header(body, header_length)
     json_end = len(body) if header_length is None else header_length
 
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):
-        raise InvalidRequest(f"the request 'id' must be a string, got {request_id!r}")
+        raise InvalidRequest(f"the request 'id' must be a string, got {_json_kind(request_id)}")
     parameters = _parameters(header.get("parameters"), "the request")
     if not isinstance(parameters.get("binary_data_output", False), bool):
         raise InvalidRequest("request parameter 'binary_data_output' must be true or false")
 
     specs = _parse_inputs(header["inputs"])
+    for spec in specs:
+        check_declared_shape(
+            spec.name,
+            spec.shape,
+            room=len(body),
+            metadata=metadata,
+            max_batch_size=max_batch_size,
+        )
     _check_framing(specs, len(body) - json_end, header_length)
 
     inputs: dict[str, Tensor] = {}
@@ -187,13 +205,20 @@ def _parse_input(index: int, raw: dict[str, Any]) -> _InputHeader:
     datatype = raw.get("datatype")
     if not isinstance(datatype, str) or datatype not in DATATYPES:
         raise TensorError(
-            f"input {name!r} has datatype {datatype!r}; use one of {', '.join(DATATYPES)}"
+            f"input {name!r} has datatype {brief_repr(datatype)}; use one of {', '.join(DATATYPES)}"
         )
     shape = raw.get("shape")
-    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+    if not isinstance(shape, list):
         raise TensorError(
-            f"input {name!r} has shape {shape!r}; the shape must be a list of non-negative integers"
+            f"input {name!r} has shape {_json_kind(shape)}; the shape must be a list of "
+            "non-negative integers"
         )
+    for axis, dim in enumerate(shape):
+        if type(dim) is not int or dim < 0:
+            raise TensorError(
+                f"input {name!r} has shape {format_shape(shape)}: dimension {axis} is "
+                f"{brief_repr(dim)}; the shape must be a list of non-negative integers"
+            )
     parameters = _parameters(raw.get("parameters"), f"input {name!r}")
     if "shared_memory_region" in parameters:
         raise Unsupported(
@@ -214,7 +239,8 @@ def _parse_input(index: int, raw: dict[str, Any]) -> _InputHeader:
         )
     if size is not None and (type(size) is not int or size < 0):
         raise TensorError(
-            f"input {name!r} has binary_data_size {size!r}; it must be a non-negative byte count"
+            f"input {name!r} has binary_data_size {brief_repr(size)}; it must be a "
+            "non-negative byte count"
         )
     return _InputHeader(name, datatype, tuple(shape), data, size)
 
@@ -401,4 +427,4 @@ def _json_kind(value: object) -> str:
         return "an object"
     if isinstance(value, list):
         return "a list"
-    return "null" if value is None else f"the value {value!r}"
+    return "null" if value is None else f"the value {brief_repr(value)}"

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from sordino.datatypes import tensor_from_json
+from sordino.datatypes import brief_repr, tensor_from_json
 from sordino.errors import InvalidRequest, MalformedBody, TensorError
 from sordino.inference import InferRequest, InferResponse, ModelMetadata, Tensor, TensorSpec
 from sordino.protocol.codec import encode_json
@@ -46,7 +46,7 @@ def decode_generate_request(
         )
     request_id = document.get("id")
     if request_id is not None and not isinstance(request_id, str):
-        raise InvalidRequest(f"the request 'id' must be a string, got {request_id!r}")
+        raise InvalidRequest(f"the request 'id' must be a string, got {brief_repr(request_id)}")
     parameters = document.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise InvalidRequest("'parameters' must be a JSON object")

@@ -14,7 +14,6 @@ both protocols answer from the same source.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -24,14 +23,18 @@ from google.protobuf.message import DecodeError, Message
 
 from sordino.datatypes import (
     DATATYPES,
+    brief_repr,
+    element_count,
+    format_shape,
     serialize_bytes_tensor,
     tensor_from_binary,
     to_numpy_dtype,
 )
 from sordino.errors import InferenceFailed, InvalidRequest, MalformedBody, TensorError, Unsupported
-from sordino.inference import InferRequest, InferResponse, RequestedOutput, Tensor
+from sordino.inference import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor
 from sordino.protocol.codec import output_datatype, refuse_output_extensions
 from sordino.protocol.pb import kserve_v2_pb2 as pb
+from sordino.protocol.validate import check_declared_shape
 
 __all__ = [
     "CONTENTS_FIELD",
@@ -112,14 +115,23 @@ def encode_parameters(values: Mapping[str, Any], target: Any) -> None:
             parameter.string_param = str(value)
 
 
-def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
+def decode_infer_request(
+    message: pb.ModelInferRequest,
+    *,
+    metadata: ModelMetadata | None = None,
+    max_batch_size: int = 0,
+) -> InferRequest:
     """Decode a ``ModelInferRequest`` into an :class:`InferRequest`.
 
     Raises TensorError for a tensor inconsistent in itself (datatype, shape, value
     count, values in the wrong contents field, raw size), MalformedBody when
     ``raw_input_contents`` does not hold one entry per input, InvalidRequest for
     other mistakes and Unsupported for extensions sordino does not implement.
-    Checking the tensors against the model is ``validate_request``'s job.
+
+    With the model's ``metadata`` (and its ``max_batch_size``), each input's declared
+    shape is checked against the model and the message's size before any tensor is
+    built (:func:`~sordino.protocol.validate.check_declared_shape`); the full check
+    against the model is ``validate_request``'s job.
     """
     if not message.model_name:
         raise InvalidRequest("model_name is empty; name the model to run")
@@ -131,10 +143,17 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
             f"raw_input_contents has {len(raw)} entries but the request has "
             f"{len(message.inputs)} inputs; send one entry per input, in the order of inputs"
         )
+    room = message.ByteSize()
+    headers = [_check_input_header(index, tensor) for index, tensor in enumerate(message.inputs)]
+    for name, _, shape in headers:
+        check_declared_shape(
+            name, shape, room=room, metadata=metadata, max_batch_size=max_batch_size
+        )
     inputs: dict[str, Tensor] = {}
     datatypes: dict[str, str] = {}
-    for index, tensor in enumerate(message.inputs):
-        name, datatype, shape = _check_input_header(index, tensor)
+    for index, (tensor, (name, datatype, shape)) in enumerate(
+        zip(message.inputs, headers, strict=True)
+    ):
         if name in inputs:
             raise TensorError(f"input {name!r} appears more than once; send each input once")
         if raw:
@@ -166,11 +185,13 @@ def _check_input_header(
         raise TensorError(f"inputs[{index}] has no name; give every input its tensor name")
     if tensor.datatype not in DATATYPES:
         raise TensorError(
-            f"input {name!r} has datatype {tensor.datatype!r}; use one of {', '.join(DATATYPES)}"
+            f"input {name!r} has datatype {brief_repr(tensor.datatype)}; use one of "
+            f"{', '.join(DATATYPES)}"
         )
-    if any(dim < 0 for dim in tensor.shape):
+    shape = tuple(tensor.shape)
+    if any(dim < 0 for dim in shape):
         raise TensorError(
-            f"input {name!r} has shape {list(tensor.shape)}; dimensions must be non-negative"
+            f"input {name!r} has shape {format_shape(shape)}; dimensions must be non-negative"
         )
     parameters = decode_parameters(tensor.parameters, f"input {name!r}")
     if "shared_memory_region" in parameters:
@@ -178,7 +199,7 @@ def _check_input_header(
             f"input {name!r} names a shared memory region; the shared-memory extension is not "
             "supported; send the tensor in contents or raw_input_contents"
         )
-    return name, tensor.datatype, tuple(tensor.shape)
+    return name, tensor.datatype, shape
 
 
 def _filled_fields(tensor: pb.ModelInferRequest.InferInputTensor) -> list[str]:
@@ -189,11 +210,11 @@ def _filled_fields(tensor: pb.ModelInferRequest.InferInputTensor) -> list[str]:
 
 def _from_raw(index: int, name: str, datatype: str, shape: tuple[int, ...], data: bytes) -> Tensor:
     if datatype != "BYTES":
-        count = math.prod(shape)
+        count = element_count(shape)
         expected = count * to_numpy_dtype(datatype).itemsize
         if len(data) != expected:
             raise TensorError(
-                f"input {name!r} has shape {list(shape)} ({count} {datatype} elements, "
+                f"input {name!r} has shape {format_shape(shape)} ({count} {datatype} elements, "
                 f"{expected} bytes) but raw_input_contents[{index}] holds {len(data)} bytes"
             )
     return tensor_from_binary(name, datatype, shape, data)
@@ -215,18 +236,19 @@ def _from_contents(
             f"input {name!r} has datatype {datatype} but its values are in "
             f"contents.{wrong[0]}; {where}"
         )
-    count = math.prod(shape)
+    values = getattr(tensor.contents, expected) if expected is not None else ()
+    count = element_count(shape)
+    if count == 0 and not values:
+        # No values to read: the datatype's empty tensor, shape checked as for raw data.
+        return tensor_from_binary(name, datatype, shape, b"")
     if expected is None:
-        if count == 0:
-            return np.empty(shape, dtype=to_numpy_dtype(datatype))
         raise TensorError(
             f"input {name!r} is {datatype}, which has no typed contents field; send it in "
             "raw_input_contents"
         )
-    values = getattr(tensor.contents, expected)
     if len(values) != count:
         raise TensorError(
-            f"input {name!r} has shape {list(shape)} ({count} elements) but "
+            f"input {name!r} has shape {format_shape(shape)} ({count} elements) but "
             f"contents.{expected} holds {len(values)} values"
         )
     target = to_numpy_dtype(datatype)

@@ -1,20 +1,71 @@
-"""Check a decoded request against the model it is for, before it is queued.
+"""Check a request against the model it is for, before it is queued.
 
-The codec only checks that each tensor is consistent in itself; this module checks
-that the tensors are the ones the model takes: names, datatypes, ranks, fixed
-dimensions and batch sizes. Nothing is cast or reshaped to make a request fit: a
-mismatch is the client's to fix, and the message says what the model expects.
+Two steps. While decoding, before any tensor is built, :func:`check_declared_shape`
+refuses a declared shape that cannot be right, cheaply: an input the model does not
+have, more dimensions than the model's rank, a dimension or an element count larger
+than the request's bytes could hold, a batch larger than the model takes. So a small
+request declaring a huge tensor costs the server nothing. After decoding,
+:func:`validate_request` checks that the tensors are the ones the model takes: names,
+datatypes, ranks, fixed dimensions and batch sizes. Nothing is cast or reshaped to
+make a request fit: a mismatch is the client's to fix, and the message says what the
+model expects.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
-from sordino.datatypes import from_numpy_dtype
+from sordino.datatypes import MAX_RANK, element_count, format_shape, from_numpy_dtype
 from sordino.errors import TensorError
 from sordino.inference import InferRequest, ModelMetadata, Tensor, TensorSpec
 
-__all__ = ["check_text_inputs", "validate_request"]
+__all__ = ["check_declared_shape", "check_text_inputs", "validate_request"]
+
+
+def check_declared_shape(
+    name: str,
+    shape: Sequence[int],
+    *,
+    room: int,
+    metadata: ModelMetadata | None = None,
+    max_batch_size: int = 0,
+) -> None:
+    """Raise TensorError if input ``name`` cannot have ``shape``; allocate and multiply nothing big.
+
+    ``shape`` holds non-negative integers; ``room`` is the size in bytes of the request
+    that declares it, an upper bound on its element count (every element takes at
+    least a byte). In this order: with the model's ``metadata``, the input must be
+    one of the model's and have at most the model's rank for it (without, at most
+    :data:`~sordino.datatypes.MAX_RANK` dimensions); a batched model's leading
+    dimension must be at most ``max_batch_size`` (when positive); every dimension and
+    the element count must be at most ``room``.
+    """
+    if metadata is None:
+        rank, limit = MAX_RANK, f"a tensor has at most {MAX_RANK}"
+    else:
+        spec = metadata.input(name)
+        if spec is None:
+            expected = [s.name for s in metadata.inputs]
+            raise TensorError(
+                f"model {metadata.name!r} has no input {name!r}; its inputs are {_names(expected)}"
+            )
+        rank = len(spec.shape)
+        limit = f"model {metadata.name!r} expects rank {rank}: {_shape(spec.shape)}"
+    if len(shape) > rank:
+        raise TensorError(f"input {name!r} has {len(shape)} dimensions but {limit}")
+    if metadata is not None and metadata.batched and shape and 0 < max_batch_size < shape[0]:
+        raise _batch_too_large(name, shape[0], metadata.name, max_batch_size)
+    for axis, dim in enumerate(shape):
+        if dim > room:
+            raise TensorError(
+                f"input {name!r} has shape {format_shape(shape)}: dimension {axis} is {dim}, "
+                f"more than a {room}-byte request can fill; send the tensor's real shape"
+            )
+    if element_count(shape, room) > room:
+        raise TensorError(
+            f"input {name!r} has shape {format_shape(shape)}, which holds more elements than "
+            f"a {room}-byte request can carry; send the tensor's real shape"
+        )
 
 
 def validate_request(
@@ -94,10 +145,14 @@ def _check_batch(request: InferRequest, metadata: ModelMetadata, max_batch_size:
                 f"input {name!r} has batch size 0; send at least one item along dimension 0"
             )
         if 0 < max_batch_size < size:
-            raise TensorError(
-                f"input {name!r} has batch size {size} but model {metadata.name!r} takes at "
-                f"most {max_batch_size} items per request; split the request"
-            )
+            raise _batch_too_large(name, size, metadata.name, max_batch_size)
+
+
+def _batch_too_large(name: str, size: int, model: str, max_batch_size: int) -> TensorError:
+    return TensorError(
+        f"input {name!r} has batch size {size} but model {model!r} takes at most "
+        f"{max_batch_size} items per request; split the request"
+    )
 
 
 def _names(names: Iterable[str]) -> str:

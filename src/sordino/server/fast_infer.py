@@ -93,8 +93,9 @@ async def _infer(
         # Whatever ends the request before the service has it is counted there.
         with runtime.service.receiving(model, version, forwarded.get("x-sordino-tenant")):
             body = await _read_body(receive, limit, declared)
-            # An unknown model is answered 404 whatever the body holds, as Triton does.
-            runtime.get(model, version)
+            # An unknown model is answered 404 whatever the body holds, as Triton does; the
+            # model's shapes then bound what the body may declare, before anything is built.
+            loaded = runtime.get(model, version)
             request = decode_infer_request(
                 body,
                 model=model,
@@ -103,6 +104,8 @@ async def _infer(
                     header_length.decode("latin-1") if header_length is not None else None
                 ),
                 headers=forwarded or None,
+                metadata=loaded.metadata,
+                max_batch_size=loaded.max_batch_size,
             )
         response = await until_disconnect(receive, runtime.service.infer(request))
         try:
@@ -141,7 +144,12 @@ def _too_large(limit: int) -> MalformedBody:
 
 
 async def _read_body(receive: Receive, limit: int, declared: bytes | None) -> bytes:
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    # More digits than any limit has is too large without asking int() (and its digit cap).
+    if (
+        declared is not None
+        and declared.isdigit()
+        and (len(declared) > 18 or int(declared) > limit)
+    ):
         raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0

@@ -68,6 +68,9 @@ UNSUPPORTED_RPCS: dict[str, str] = {
 }
 """Triton RPCs sordino answers with UNIMPLEMENTED, and the message it sends (after ``Name: ``)."""
 
+_MAX_DETAILS = 2000
+"""The most bytes of an error message sent as a call's status details (see ``_details``)."""
+
 FINAL_RESPONSE = "triton_final_response"
 EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"
 
@@ -125,8 +128,10 @@ class InferenceServicer:
             message = parse_message(pb.ModelInferRequest, raw)
             arrival.model, arrival.version = message.model_name, message.model_version or None
             # An unknown model is answered NOT_FOUND whatever the message holds, as Triton does.
-            self.runtime.get(message.model_name, message.model_version or None)
-            request = decode_infer_request(message)
+            model = self.runtime.get(message.model_name, message.model_version or None)
+            request = decode_infer_request(
+                message, metadata=model.metadata, max_batch_size=model.max_batch_size
+            )
         response = await self.runtime.service.infer(request)
         try:
             return encode_infer_response(response, request)
@@ -163,8 +168,9 @@ class InferenceServicer:
 
         Each request gets its responses (several for a streaming model), the last
         flagged ``triton_final_response``; a request that fails gets one response with
-        ``error_message`` and the stream goes on. When the client half-closes, the
-        requests in progress finish; when it cancels, they are cancelled.
+        ``error_message`` and the stream goes on, whatever went wrong with it. When the
+        client half-closes, the requests in progress finish; when it cancels, they are
+        cancelled.
         """
         lock = asyncio.Lock()
 
@@ -182,6 +188,7 @@ class InferenceServicer:
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             if tasks:
+                # _stream_one answers its own failures, so one request never ends the others.
                 await asyncio.gather(*tasks)
         finally:
             for task in tasks:
@@ -192,14 +199,22 @@ class InferenceServicer:
     async def _stream_one(
         self, raw: bytes, send: Callable[[pb.ModelStreamInferResponse], Awaitable[None]]
     ) -> None:
+        """Answer one stream request: its responses, or one error response; never raise.
+
+        Only cancellation (the stream is going away) and a failure to write to the
+        stream itself end it without an answer.
+        """
         request_id = model = version = ""
         try:
             with self.runtime.service.receiving() as arrival:
                 message = parse_message(pb.ModelInferRequest, raw)
                 request_id, model, version = message.id, message.model_name, message.model_version
                 arrival.model, arrival.version = model, version or None
-                self.runtime.get(model, version or None)  # an unknown model wins over a bad one
-                request = decode_infer_request(message)
+                # An unknown model wins over a bad message; its shapes bound what it may declare.
+                loaded = self.runtime.get(model, version or None)
+                request = decode_infer_request(
+                    message, metadata=loaded.metadata, max_batch_size=loaded.max_batch_size
+                )
             empty_final = bool(request.parameters.pop(EMPTY_FINAL_RESPONSE, False))
             async with aclosing(self.runtime.service.responses(request)) as responses:
                 async for response, final in responses:
@@ -216,10 +231,19 @@ class InferenceServicer:
                 last = pb.ModelInferResponse(model_name=model, model_version=version, id=request_id)
                 encode_parameters({FINAL_RESPONSE: True}, last.parameters)
                 await send(pb.ModelStreamInferResponse(infer_response=last))
+            return
         except SordinoError as exc:
             log.debug("stream request %r failed: %s", request_id, exc)
-            failed = pb.ModelInferResponse(model_name=model, model_version=version, id=request_id)
-            await send(pb.ModelStreamInferResponse(error_message=str(exc), infer_response=failed))
+            error = str(exc)
+        except Exception as exc:
+            log.exception("stream request %r failed", request_id)
+            error = f"internal error: {type(exc).__name__}: {exc}"
+        failed = pb.ModelInferResponse(model_name=model, model_version=version, id=request_id)
+        try:
+            await send(pb.ModelStreamInferResponse(error_message=error, infer_response=failed))
+        except Exception:
+            # The stream itself is broken (the client is gone); nobody is left to answer.
+            log.debug("could not send the error of stream request %r", request_id)
 
 
 def _refuse_load_parameters(names: Iterable[str]) -> None:
@@ -242,7 +266,7 @@ def _guard(method: Unary) -> Unary:
             if isinstance(exc, grpc.aio.AbortError):
                 raise
             log.exception("gRPC handler failed")
-            await context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+            await context.abort(grpc.StatusCode.INTERNAL, _details(f"{type(exc).__name__}: {exc}"))
 
     return guarded
 
@@ -254,7 +278,18 @@ async def _abort(context: Any, exc: SordinoError) -> None:
         context.set_trailing_metadata((("retry-after", retry),))
     level = logging.ERROR if code == grpc.StatusCode.INTERNAL else logging.DEBUG
     log.log(level, "%s %s", code.name, exc)
-    await context.abort(code, str(exc))
+    await context.abort(code, _details(str(exc)))
+
+
+def _details(message: str) -> str:
+    """Cut ``message`` to fit the status trailer (clients refuse metadata past 8 KiB).
+
+    The trailer carries it percent-encoded, up to three bytes per byte.
+    """
+    encoded = message.encode("utf-8")
+    if len(encoded) <= _MAX_DETAILS:
+        return message
+    return encoded[:_MAX_DETAILS].decode("utf-8", "ignore") + " ... (message cut)"
 
 
 def _unsupported(method: str, message: str) -> Unary:
