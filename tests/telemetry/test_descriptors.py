@@ -3,6 +3,9 @@
 A flood of connections can take every descriptor the process may open. The resource
 sampler reads /proc and the journal writes SQLite; neither may stop the per-second
 ticker or lose the journal for good.
+
+Each scenario runs in a child process: taking every descriptor of the test process
+itself would starve whatever else runs in it (servers of other tests, their threads).
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import errno
 import os
 import resource
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,7 +45,7 @@ def no_free_descriptors() -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-def test_the_sampler_repeats_its_last_figures_when_proc_cannot_be_read() -> None:
+def _sampler_scenario() -> None:
     sampler = ResourceSampler(gpus=False)
     before = sampler.sample()
     with no_free_descriptors():
@@ -49,8 +54,8 @@ def test_the_sampler_repeats_its_last_figures_when_proc_cannot_be_read() -> None
     assert sampler.sample().rss_bytes > 10 << 20  # read afresh once descriptors are free
 
 
-def test_the_journal_survives_running_out_of_descriptors(tmp_path: Path) -> None:
-    journal = Journal(tmp_path / "j.sqlite3", flush_interval_s=0.05)
+def _journal_scenario(directory: Path) -> None:
+    journal = Journal(directory / "j.sqlite3", flush_interval_s=0.05)
     journal.open()
     try:
         journal.write_rows([_row(100)], _resources(100))
@@ -65,3 +70,20 @@ def test_the_journal_survives_running_out_of_descriptors(tmp_path: Path) -> None
         assert stats.rows_written >= 2 and stats.pending == 0
     finally:
         journal.close()
+
+
+def _in_child(call: str) -> None:
+    code = f"from pathlib import Path\nimport tests.telemetry.test_descriptors as t\nt.{call}\n"
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
+def test_the_sampler_repeats_its_last_figures_when_proc_cannot_be_read() -> None:
+    _in_child("_sampler_scenario()")
+
+
+def test_the_journal_survives_running_out_of_descriptors(tmp_path: Path) -> None:
+    _in_child(f"_journal_scenario(Path({str(tmp_path)!r}))")
