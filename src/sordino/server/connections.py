@@ -88,6 +88,26 @@ class ConnectionGuard:
         self._refused_total = self._refused_per_client = 0
         self._timeouts: Counter[Phase] = Counter()
         self._warned_at = -_WARN_EVERY_S
+        self._live: set[_GuardedProtocol] = set()
+        self._sweeping: asyncio.TimerHandle | None = None
+        # Deadlines are checked by one sweep a few times per timeout, not by a timer per
+        # request: arming a timer for every request cost the inference path ~10 % on W1.
+        self.sweep_s = min(1.0, max(0.02, min(header_timeout, body_timeout) / 8))
+
+    def watch(self, protocol: _GuardedProtocol) -> None:
+        """Check ``protocol``'s read deadline from now on (until :meth:`unwatch`)."""
+        self._live.add(protocol)
+        if self._sweeping is None:
+            self._sweeping = protocol.loop.call_later(self.sweep_s, self._sweep, protocol.loop)
+
+    def unwatch(self, protocol: _GuardedProtocol) -> None:
+        self._live.discard(protocol)
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        for protocol in [p for p in self._live if p.deadline is not None and now >= p.deadline]:
+            protocol.expire()
+        self._sweeping = loop.call_later(self.sweep_s, self._sweep, loop) if self._live else None
 
     def admit(self, client: str) -> str | None:
         """Count a new connection from ``client``; or return why it is refused."""
@@ -176,7 +196,8 @@ class _GuardedProtocol(HttpToolsProtocol):
         self._address = ""
         self._admitted = False
         self._phase: Phase | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None  # a refused connection's linger
+        self.deadline: float | None = None  # when the phase being read times out
         self._request_bytes = False  # some of the current request's headers arrived
 
     # -- the connection --------------------------------------------------------------
@@ -191,10 +212,12 @@ class _GuardedProtocol(HttpToolsProtocol):
             return
         self._admitted = True
         super().connection_made(transport)
+        self.guard.watch(self)
         self._arm("header")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self.guard.unwatch(self)
         if not self._admitted:
             self.guard.lingering.discard(self.transport)
             return
@@ -229,26 +252,26 @@ class _GuardedProtocol(HttpToolsProtocol):
     # -- timeouts and refusals -------------------------------------------------------
 
     def _arm(self, phase: Phase) -> None:
-        self._disarm()
         seconds = self.guard.header_timeout if phase == "header" else self.guard.body_timeout
         self._phase = phase
-        self._timer = self.loop.call_later(seconds, self._expire, phase)
+        self._request_bytes = False
+        self.deadline = self.loop.time() + seconds
 
     def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         self._phase = None
+        self.deadline = None
         self._request_bytes = False
 
-    def _expire(self, phase: Phase) -> None:
-        self._timer = None
-        if self.transport.is_closing():
+    def expire(self) -> None:
+        """The phase being read ran past its deadline: answer 408 if due, and close."""
+        phase, request_bytes = self._phase, self._request_bytes
+        self._disarm()
+        if phase is None or self.transport.is_closing():
             return
         self.guard.timed_out(phase, self._address)
         cycle = self.cycle
         idle = cycle is None or cycle.response_complete
-        if phase == "header" and self._request_bytes and idle:
+        if phase == "header" and request_bytes and idle:
             seconds = self.guard.header_timeout
             self._answer(408, f"the request headers did not arrive within {seconds:g} s")
         elif phase == "body" and cycle is not None and not cycle.response_started:
