@@ -135,21 +135,28 @@ class Tensors(Mapping[str, Tensor]):
     later calls do nothing). A ``Tensors`` of heap arrays (:meth:`of`) holds no lease.
     """
 
-    __slots__ = ("_arrays", "_leases", "_refs", "_released")
+    __slots__ = ("_arrays", "_leases", "_offsets", "_released")
 
     def __init__(self, refs: Mapping[str, TensorRef], leases: tuple[Lease, ...] = ()) -> None:
         """Take over one hold of each of ``leases`` (the caller's, not a new one)."""
-        self._refs = dict(refs)
-        self._arrays = {name: ref.array for name, ref in self._refs.items()}
+        self._arrays = {name: ref.array for name, ref in refs.items()}
+        offsets = {name: ref.offset for name, ref in refs.items() if ref.offset is not None}
+        self._offsets = offsets or None
         self._leases = leases
         self._released = False
 
     @classmethod
-    def _adopt(cls, refs: dict[str, TensorRef], leases: tuple[Lease, ...]) -> Tensors:
-        # The hot-path constructor: ``refs`` is never mutated, so it is shared, not copied.
+    def _adopt(
+        cls,
+        arrays: dict[str, Tensor],
+        offsets: dict[str, int] | None,
+        leases: tuple[Lease, ...],
+    ) -> Tensors:
+        # The hot-path constructor: ``arrays`` and ``offsets`` are never mutated, so they
+        # are shared, not copied; tensors on the heap carry no per-tensor object at all.
         tensors = cls.__new__(cls)
-        tensors._refs = refs
-        tensors._arrays = {name: ref.array for name, ref in refs.items()}
+        tensors._arrays = arrays
+        tensors._offsets = offsets
         tensors._leases = leases
         tensors._released = False
         return tensors
@@ -159,14 +166,11 @@ class Tensors(Mapping[str, Tensor]):
         """Heap arrays, owned by nobody in particular (nothing to give back)."""
         if isinstance(arrays, Tensors):
             return arrays
-        tensors = cls.__new__(cls)
-        tensors._arrays = {
-            name: a if isinstance(a, np.ndarray) else np.asarray(a) for name, a in arrays.items()
-        }
-        tensors._refs = {name: TensorRef(a) for name, a in tensors._arrays.items()}
-        tensors._leases = ()
-        tensors._released = False
-        return tensors
+        return cls._adopt(
+            {name: a if isinstance(a, np.ndarray) else np.asarray(a) for name, a in arrays.items()},
+            None,
+            (),
+        )
 
     # -- the mapping -----------------------------------------------------------------
 
@@ -193,15 +197,17 @@ class Tensors(Mapping[str, Tensor]):
         return self._arrays.values()
 
     def __repr__(self) -> str:
+        placed = self._offsets or {}
         parts = ", ".join(
-            f"{n}: {r.array.dtype}{list(r.array.shape)}{'@arena' if r.in_arena else ''}"
-            for n, r in self._refs.items()
+            f"{n}: {a.dtype}{list(a.shape)}{'@arena' if n in placed else ''}"
+            for n, a in self._arrays.items()
         )
         return f"Tensors({parts}{', released' if self._released else ''})"
 
     def ref(self, name: str) -> TensorRef:
-        """The reference behind ``self[name]``."""
-        return self._refs[name]
+        """The reference behind ``self[name]``: the array and its offset in the arena."""
+        offset = self._offsets.get(name) if self._offsets is not None else None
+        return TensorRef(self._arrays[name], offset)
 
     @property
     def leases(self) -> tuple[Lease, ...]:
@@ -215,12 +221,20 @@ class Tensors(Mapping[str, Tensor]):
 
     def rows(self, start: int, stop: int) -> Tensors:
         """Rows ``[start, stop)`` of every tensor, as views sharing this one's blocks."""
-        refs = {name: ref.rows(start, stop) for name, ref in self._refs.items()}
-        return Tensors._adopt(refs, self._hold_all())
+        arrays = {name: array[start:stop] for name, array in self._arrays.items()}
+        offsets = self._offsets
+        if offsets is not None:
+            offsets = {
+                name: offset + start * self._arrays[name].strides[0]
+                if self._arrays[name].ndim
+                else offset
+                for name, offset in offsets.items()
+            }
+        return Tensors._adopt(arrays, offsets, self._hold_all())
 
     def share(self) -> Tensors:
         """Another owner of the same tensors (released independently of this one)."""
-        return Tensors._adopt(self._refs, self._hold_all())
+        return Tensors._adopt(self._arrays, self._offsets, self._hold_all())
 
     @staticmethod
     def compose(parts: Mapping[str, tuple[Tensors, str]]) -> Tensors:
@@ -229,7 +243,7 @@ class Tensors(Mapping[str, Tensor]):
         leases: dict[int, Lease] = {}
         for name, (source, source_name) in parts.items():
             source._check_live()
-            refs[name] = source._refs[source_name]
+            refs[name] = source.ref(source_name)
             for lease in source._leases:
                 leases.setdefault(id(lease), lease)
         return Tensors(refs, tuple(lease.hold() for lease in leases.values()))

@@ -25,9 +25,9 @@ batch into the arena: one copy between the socket and the model.)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Iterator
-from contextlib import aclosing, contextmanager
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from types import TracebackType
 from typing import Any
 
 from sordino.admission.chain import AdmissionChain, AdmissionContext
@@ -47,13 +47,43 @@ INTERNAL = "internal"
 """The reason counted for a request that ended on an unexpected exception (a 500)."""
 
 
-@dataclass(slots=True)
 class Arrival:
-    """What a transport knows of a request it is still reading: whom to count it for."""
+    """What a transport knows of a request it is still reading: whom to count it for.
 
-    model: str
-    version: str | None
-    tenant: str | None
+    Used as the context manager :meth:`InferenceService.receiving` returns (a class,
+    not a generator: it wraps every request on the hot path).
+    """
+
+    __slots__ = ("_service", "model", "tenant", "version")
+
+    def __init__(
+        self, service: InferenceService, model: str, version: str | None, tenant: str | None
+    ) -> None:
+        self._service = service
+        self.model = model
+        self.version = version
+        self.tenant = tenant
+
+    def __enter__(self) -> Arrival:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            return
+        if isinstance(exc, SordinoError):
+            reason = exc.reason
+        elif isinstance(exc, asyncio.CancelledError):
+            reason = Cancelled.reason
+        elif isinstance(exc, Exception):
+            reason = INTERNAL
+        else:  # GeneratorExit, KeyboardInterrupt: not a request's end
+            return
+        self._service._count_rejected(self.model, self.version, self.tenant, reason)
 
 
 class InferenceService:
@@ -166,33 +196,19 @@ class InferenceService:
             raise
         return model, context, accepted
 
-    @contextmanager
     def receiving(
         self, model: str = "", version: str | None = None, tenant: str | None = None
-    ) -> Iterator[Arrival]:
+    ) -> Arrival:
         """Count a request that ends while its transport reads or decodes it.
 
         A transport wraps what it does between a request's arrival and :meth:`infer` or
-        :meth:`responses` (reading the body, finding the model, decoding): whatever
-        ends the request there is counted once as ``rejected`` — with the error's
-        reason, ``cancelled`` when the task is cancelled, or ``internal`` for an
-        unexpected exception — and raised on. The transport may fill in the yielded
+        :meth:`responses` (reading the body, finding the model, decoding) in ``with``:
+        whatever ends the request there is counted once as ``rejected`` — with the
+        error's reason, ``cancelled`` when the task is cancelled, or ``internal`` for an
+        unexpected exception — and raised on. The transport may fill in the
         :class:`Arrival` as it learns the model (gRPC: once the message is parsed).
         """
-        arrival = Arrival(model, version, tenant)
-        try:
-            yield arrival
-        except BaseException as exc:
-            if isinstance(exc, SordinoError):
-                reason = exc.reason
-            elif isinstance(exc, asyncio.CancelledError):
-                reason = Cancelled.reason
-            elif isinstance(exc, Exception):
-                reason = INTERNAL
-            else:  # GeneratorExit, KeyboardInterrupt: not a request's end
-                raise
-            self._count_rejected(arrival.model, arrival.version, arrival.tenant, reason)
-            raise
+        return Arrival(self, model, version, tenant)
 
     def _finished(
         self, request: InferRequest, context: AdmissionContext, accepted: Request
