@@ -28,6 +28,7 @@ __all__ = [
     "StreamSpec",
     "Tensor",
     "TensorSpec",
+    "release_owned",
 ]
 
 Tensor = npt.NDArray[Any]
@@ -67,7 +68,7 @@ class InferRequest:
 
     def release(self) -> None:
         """Give back the arena blocks under ``inputs``, if they are owned tensors."""
-        _release(self.inputs)
+        release_owned(self.inputs)
 
 
 @dataclass(slots=True)
@@ -83,19 +84,17 @@ class InferResponse:
 
     def release(self) -> None:
         """Give back the arena blocks under ``outputs`` once they are encoded."""
-        _release(self.outputs)
+        release_owned(self.outputs)
 
 
-def _release(tensors: Mapping[str, Tensor]) -> None:
-    release = getattr(tensors, "release", None)  # memory.refs.Tensors, which sits above us
+def release_owned(tensors: Mapping[str, Tensor]) -> None:
+    """Release ``tensors`` if they are owned references (``memory.refs.Tensors``).
+
+    Plain dicts of arrays own nothing. (Duck-typed: ``memory`` sits above this module.)
+    """
+    release = getattr(tensors, "release", None)
     if release is not None:
         release()
-
-
-def batch_size_of(inputs: dict[str, Tensor]) -> int:
-    """Return the size of the leading (batch) dimension shared by ``inputs``."""
-    first = next(iter(inputs.values()))
-    return int(first.shape[0]) if first.ndim else 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ data is never pickled.
 from sordino.memory.allocator import ALIGNMENT, Allocator, AllocatorStatistics, Block
 from sordino.memory.arena import Arena, attach_segment
 from sordino.memory.refs import Lease, TensorRef, Tensors, TensorsBuilder
-from sordino.memory.tensors import TensorHandle, read_tensor, tensor_nbytes, write_tensor
+from sordino.memory.tensors import TensorHandle, tensor_nbytes, view_tensor, write_tensor
 from sordino.records import ArenaStatistics
 
 __all__ = [
@@ -29,7 +29,7 @@ __all__ = [
     "Tensors",
     "TensorsBuilder",
     "attach_segment",
-    "read_tensor",
     "tensor_nbytes",
+    "view_tensor",
     "write_tensor",
 ]

@@ -119,14 +119,6 @@ class TensorRef(NamedTuple):
     def in_arena(self) -> bool:
         return self.offset is not None
 
-    def rows(self, start: int, stop: int) -> TensorRef:
-        """Rows ``[start, stop)`` along the leading dimension, as a view."""
-        array = self.array
-        view = array[start:stop]
-        if self.offset is None or array.ndim == 0:
-            return TensorRef(view)
-        return TensorRef(view, self.offset + start * array.strides[0])
-
 
 class Tensors(Mapping[str, Tensor]):
     """Named tensors and the leases that keep their arena blocks alive.

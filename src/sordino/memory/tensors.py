@@ -17,7 +17,7 @@ import numpy.typing as npt
 from sordino.datatypes import deserialize_bytes_tensor, serialize_bytes_tensor
 from sordino.memory.allocator import Block
 
-__all__ = ["BYTES", "TensorHandle", "read_tensor", "tensor_nbytes", "view_tensor", "write_tensor"]
+__all__ = ["BYTES", "TensorHandle", "tensor_nbytes", "view_tensor", "write_tensor"]
 
 BYTES = "bytes"
 """The ``dtype`` of a handle whose elements are length-prefixed byte strings."""
@@ -77,9 +77,3 @@ def view_tensor(buffer: memoryview, handle: TensorHandle) -> npt.NDArray[Any]:
         data = buffer[handle.offset : handle.offset + handle.nbytes]
         return deserialize_bytes_tensor(data, count).reshape(handle.shape)
     return np.ndarray(handle.shape, np.dtype(handle.dtype), buffer, handle.offset)
-
-
-def read_tensor(buffer: memoryview, handle: TensorHandle) -> npt.NDArray[Any]:
-    """Return a copy of the tensor at ``handle`` that outlives the block."""
-    array = view_tensor(buffer, handle)
-    return array if handle.dtype == BYTES else array.copy()

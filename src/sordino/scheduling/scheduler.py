@@ -39,7 +39,7 @@ from sordino.errors import (
     SordinoError,
 )
 from sordino.execution.executor import Executor
-from sordino.inference import ModelKey, StreamSpec, Tensor
+from sordino.inference import ModelKey, StreamSpec, Tensor, release_owned
 from sordino.memory.refs import Tensors
 from sordino.records import (
     BatchDone,
@@ -229,7 +229,7 @@ class ModelScheduler:
         item = request.item
         if item is not None and self._queue.remove(item):
             self._queue_changed()
-            _release(item.inputs)
+            release_owned(item.inputs)
             request.item = None
         self._finish(request, "cancelled", Cancelled.reason)
 
@@ -342,7 +342,7 @@ class ModelScheduler:
         live: list[WorkItem] = []
         for item in items:
             if item.request is not None and item.request.finished:
-                _release(item.inputs)  # cancelled between the queue and here
+                release_owned(item.inputs)  # cancelled between the queue and here
             else:
                 live.append(item)
         if not live:
@@ -353,7 +353,7 @@ class ModelScheduler:
             await self._run_batch(live)
         finally:
             for item in live:
-                _release(item.inputs)
+                release_owned(item.inputs)
 
     async def _run_batch(self, live: list[WorkItem]) -> None:
         t0 = t1 = self._clock.now()
@@ -464,7 +464,7 @@ class ModelScheduler:
 
     def _drop(self, item: WorkItem, error: SordinoError) -> None:
         """A queued item will never run: release its inputs and fail its request."""
-        _release(item.inputs)
+        release_owned(item.inputs)
         if item.request is not None:
             item.request.item = None
             self._fail(item.request, error)
@@ -582,11 +582,6 @@ class ModelScheduler:
             queue=self._queue.statistics(),
             controller=self._controller.statistics(),
         )
-
-
-def _release(inputs: Mapping[str, Tensor]) -> None:
-    if isinstance(inputs, Tensors):
-        inputs.release()
 
 
 def _discard_outputs(request: Request) -> None:
