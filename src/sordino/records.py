@@ -260,3 +260,84 @@ class ConnectionStatistics:
     """Connections closed for sending no complete request headers in time."""
     body_timeouts: int
     """Connections closed for sending a request body too slowly."""
+
+
+# -- the memory manager ----------------------------------------------------------------
+
+__all__ += [
+    "DefragReport",
+    "MemoryStatistics",
+    "OwnerStatistics",
+    "TierStatistics",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TierStatistics:
+    """One size tier and lifetime class of the ``fragmentation_aware`` allocator."""
+
+    tier: str
+    """``small``, ``medium`` or ``large``."""
+    lifetime: str
+    """``short`` (a batch's buffers) or ``long`` (carried state)."""
+    reserved_bytes: int
+    in_use_bytes: int
+    peak_bytes: int
+    largest_free: int
+    fragmentation: float
+    chunks: int
+
+
+@dataclass(frozen=True, slots=True)
+class DefragReport:
+    """One defragmentation run: what moved and what it cost."""
+
+    bytes_moved: int
+    blocks_moved: int
+    fragmentation_before: float
+    fragmentation_after: float
+    pause_s: float
+    """How long the event loop was held (no batch started meanwhile)."""
+    reason: str
+    """``interval``, ``threshold``, ``manual``, ``guardian`` or what the caller said."""
+    movable_blocks: int = 0
+    """Blocks that could move (owned only by queued work and carried state)."""
+    pinned_blocks: int = 0
+    """Blocks left where they are (in use by a running batch or a response)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerStatistics:
+    """Bytes accounted to one owner (a tenant, or ``default``) and its quota."""
+
+    owner: str
+    in_use_bytes: int
+    peak_bytes: int
+    quota_bytes: int | None
+    waits: int
+    """Requests that waited for the owner's quota."""
+    rejections: int
+    """Requests refused (429) because the quota stayed full."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryStatistics:
+    """The memory manager: the arena, its tiers, owners, overflow and defragmentation."""
+
+    strategy: str
+    arena: ArenaStatistics | None
+    tiers: tuple[TierStatistics, ...]
+    owners: tuple[OwnerStatistics, ...]
+    defrag_runs: int
+    defrag_bytes_moved: int
+    defrag_pause_s: float
+    """Sum of every run's pause."""
+    last_defrag: DefragReport | None
+    overflow_shrinks: int
+    """Batches made smaller so that they fit the arena."""
+    overflow_waits: int
+    """Batches that waited for arena space."""
+    overflow_rejections: int
+    """Requests answered 503 because the arena stayed full."""
+    oversized_rejections: int
+    """Requests refused because they alone are larger than the arena."""

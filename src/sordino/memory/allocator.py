@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import Literal, Protocol
 
 from sordino.errors import OutOfMemory
 
-__all__ = ["ALIGNMENT", "Allocator", "AllocatorStatistics", "Block"]
+__all__ = ["ALIGNMENT", "Allocator", "AllocatorStatistics", "Block", "Lifetime", "Strategy"]
+
+Lifetime = Literal["short", "long"]
+"""How long a block is expected to live: a batch's buffers (short) or a stream's state (long)."""
 
 ALIGNMENT = 64
 """Every block starts on, and is sized in, multiples of 64 bytes (a cache line)."""
@@ -53,6 +57,32 @@ class AllocatorStatistics:
     failed: int
 
 
+class Strategy(Protocol):
+    """What the arena needs of an allocator; ``best_fit``, ``simple`` and ``fragmentation_aware``.
+
+    Offsets and sizes are multiples of :data:`ALIGNMENT`. ``compact`` tidies the free
+    structures after a defragmentation released the blocks it is about to place again.
+    """
+
+    capacity: int
+
+    def acquire_nowait(self, nbytes: int, lifetime: Lifetime = "short") -> Block: ...
+
+    def release(self, block: Block) -> None: ...
+
+    def fits(self, nbytes: int, lifetime: Lifetime = "short") -> bool: ...
+
+    def largest_free(self) -> int: ...
+
+    def statistics(self) -> AllocatorStatistics: ...
+
+    def compact(self) -> None: ...
+
+    def used_blocks(self) -> dict[int, int]: ...
+
+    def free_blocks(self) -> dict[int, int]: ...
+
+
 def _aligned(nbytes: int) -> int:
     return max(ALIGNMENT, -(-nbytes // ALIGNMENT) * ALIGNMENT)
 
@@ -62,21 +92,26 @@ def _size_class(size: int) -> int:
 
 
 class Allocator:
-    """Best-fit allocation with coalescing over ``capacity`` bytes."""
+    """Best-fit allocation with coalescing over ``capacity`` bytes (starting at ``base``).
 
-    def __init__(self, capacity: int) -> None:
+    A short-lived block is carved from the start of the free block chosen, a
+    long-lived one from its end, so the two kinds grow from opposite ends of a hole.
+    """
+
+    def __init__(self, capacity: int, *, base: int = 0) -> None:
         capacity = capacity // ALIGNMENT * ALIGNMENT
         if capacity <= 0:
             raise ValueError(f"an allocator needs at least {ALIGNMENT} bytes")
         self.capacity = capacity
+        self.base = base
         self._bins: list[list[tuple[int, int]]] = [[] for _ in range(_size_class(capacity) + 1)]
         self._free_at: dict[int, int] = {}  # offset -> size
         self._free_end: dict[int, int] = {}  # end offset -> start offset
         self._used: dict[int, int] = {}  # offset -> size
         self._in_use = self._peak = self._acquired = self._failed = 0
-        self._add_free(0, capacity)
+        self._add_free(base, capacity)
 
-    def acquire_nowait(self, nbytes: int) -> Block:
+    def acquire_nowait(self, nbytes: int, lifetime: Lifetime = "short") -> Block:
         """Reserve at least ``nbytes`` bytes; raise :class:`OutOfMemory` if no free block fits."""
         size = _aligned(nbytes)
         found = self._best_fit(size)
@@ -90,7 +125,11 @@ class Allocator:
         offset, free_size = found
         self._remove_free(offset, free_size)
         if free_size > size:
-            self._add_free(offset + size, free_size - size)
+            if lifetime == "long":
+                self._add_free(offset, free_size - size)
+                offset += free_size - size
+            else:
+                self._add_free(offset + size, free_size - size)
         self._used[offset] = size
         self._in_use += size
         self._peak = max(self._peak, self._in_use)
@@ -114,9 +153,24 @@ class Allocator:
             end += after
         self._add_free(offset, end - offset)
 
-    def fits(self, nbytes: int) -> bool:
+    def fits(self, nbytes: int, lifetime: Lifetime = "short") -> bool:
         """True when a request of ``nbytes`` could be served now."""
         return self._best_fit(_aligned(nbytes)) is not None
+
+    def compact(self) -> None:
+        """Nothing to do: free neighbours merge on release."""
+
+    @property
+    def in_use(self) -> int:
+        return self._in_use
+
+    def used_blocks(self) -> dict[int, int]:
+        """Offset -> size of every block in use (a copy)."""
+        return dict(self._used)
+
+    def free_blocks(self) -> dict[int, int]:
+        """Offset -> size of every free block (a copy)."""
+        return dict(self._free_at)
 
     def largest_free(self) -> int:
         for bin_ in reversed(self._bins):

@@ -16,21 +16,28 @@ segment whose file nobody holds locked any more: its server is gone, however it 
 from __future__ import annotations
 
 import asyncio
+import copy
 import fcntl
 import logging
 import os
 import secrets
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
+
+import numpy as np
 
 from sordino.errors import OutOfMemory
-from sordino.memory.allocator import ALIGNMENT, Allocator, Block
-from sordino.records import ArenaStatistics
+from sordino.memory.allocator import ALIGNMENT, Allocator, Block, Lifetime, Strategy
+from sordino.records import ArenaStatistics, DefragReport
+
+if TYPE_CHECKING:
+    from sordino.memory.refs import Lease
 
 __all__ = ["SEGMENTS_DIR", "Arena", "StaleSegment", "attach_segment", "remove_stale_segments"]
 
@@ -41,9 +48,22 @@ log = logging.getLogger("sordino.memory")
 
 
 class Arena:
-    """A shared-memory segment of ``capacity`` bytes handed out in aligned blocks."""
+    """A shared-memory segment of ``capacity`` bytes handed out in aligned blocks.
 
-    def __init__(self, capacity: int, *, registry: Path | None = None) -> None:
+    ``allocator`` builds the allocator for the capacity (best fit by default; see
+    ``memory/strategies.py``). With ``zero_on_free`` every released block is zeroed
+    before anyone can receive it again (tenant isolation).
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        registry: Path | None = None,
+        allocator: Callable[[int], Strategy] | None = None,
+        zero_on_free: bool = False,
+        strategy: str = "best_fit",
+    ) -> None:
         """Create the segment; with ``registry``, record it there (see the module's doc)."""
         capacity = max(ALIGNMENT, capacity // ALIGNMENT * ALIGNMENT)
         self._record: IO[str] | None = None
@@ -51,9 +71,16 @@ class Arena:
             self._shm, self._record = _create_recorded(registry, capacity)
         else:
             self._shm = shared_memory.SharedMemory(create=True, size=capacity)
-        self._allocator = Allocator(capacity)
+        self._allocator: Strategy = (allocator or Allocator)(capacity)
+        self.strategy = strategy
+        self.zero_on_free = zero_on_free
         self._waiters: deque[tuple[int, asyncio.Future[Block]]] = deque()
+        self._leases: set[Lease] = set()
         self._closed = False
+
+    @property
+    def allocator(self) -> Strategy:
+        return self._allocator
 
     @property
     def name(self) -> str:
@@ -71,11 +98,15 @@ class Arena:
     def capacity(self) -> int:
         return self._allocator.capacity
 
-    def acquire_nowait(self, nbytes: int) -> Block:
+    def acquire_nowait(self, nbytes: int, lifetime: Lifetime = "short") -> Block:
         """Reserve a block of at least ``nbytes``; raise :class:`OutOfMemory` if none fits now."""
         if self._waiters:  # never overtake someone already waiting
             raise OutOfMemory(f"shared memory is short: {len(self._waiters)} requests wait")
-        return self._allocator.acquire_nowait(nbytes)
+        return self._allocator.acquire_nowait(nbytes, lifetime)
+
+    def fits(self, nbytes: int) -> bool:
+        """True when ``nbytes`` could be reserved now without waiting."""
+        return not self._waiters and self._allocator.fits(nbytes)
 
     async def acquire(self, nbytes: int) -> Block:
         """Reserve a block of at least ``nbytes``, waiting until one is released if needed."""
@@ -100,6 +131,11 @@ class Arena:
     def release(self, block: Block) -> None:
         """Return ``block`` to the arena and hand space to waiters in arrival order."""
         self._allocator.release(block)
+        if self.zero_on_free and not self._closed:
+            np.frombuffer(self.buffer, np.uint8, block.size, block.offset)[:] = 0
+        self._serve_waiters()
+
+    def _serve_waiters(self) -> None:
         while self._waiters:
             nbytes, future = self._waiters[0]
             if future.done():
@@ -109,6 +145,83 @@ class Arena:
                 break
             self._waiters.popleft()
             future.set_result(self._allocator.acquire_nowait(nbytes))
+
+    # -- leases and defragmentation --------------------------------------------------
+
+    def _track(self, lease: Lease) -> None:
+        self._leases.add(lease)
+
+    def _untrack(self, lease: Lease) -> None:
+        self._leases.discard(lease)
+
+    def defragment(self, reason: str = "manual") -> DefragReport:
+        """Move every movable block so that the free space coalesces; report what moved.
+
+        A block is movable when every holder of its lease is parked (queued work, a
+        request's own inputs, carried stream state): nothing reads it until the
+        scheduler takes the work out of the queue, and this runs on the event loop's
+        thread between batches. Blocks of running batches and of responses being
+        written are pinned where they are. Moved contents are copied byte for byte and
+        every parked :class:`~sordino.memory.refs.Tensors` is pointed at the new place.
+        If the new placement cannot be completed, nothing moves.
+        """
+        started = time.perf_counter()
+        before = self._allocator.statistics().fragmentation
+        movable: list[tuple[Lease, int, Block]] = []
+        pinned = 0
+        for lease in self._leases:
+            blocks = lease._blocks
+            if lease._movable():
+                movable.extend((lease, index, block) for index, block in enumerate(blocks))
+            else:
+                pinned += len(blocks)
+        if not movable:
+            return DefragReport(
+                0, 0, before, before, time.perf_counter() - started, reason, 0, pinned
+            )
+        buffer = np.frombuffer(self.buffer, np.uint8)
+        saved = [buffer[b.offset : b.offset + b.size].copy() for _, _, b in movable]
+        snapshot = copy.deepcopy(self._allocator)
+        try:
+            for _, _, block in movable:
+                self._allocator.release(block)
+            self._allocator.compact()
+            order = sorted(range(len(movable)), key=lambda i: -movable[i][2].size)
+            placed: dict[int, Block] = {}
+            for i in order:
+                placed[i] = self._allocator.acquire_nowait(movable[i][2].size, "long")
+        except OutOfMemory:
+            self._allocator = snapshot
+            after = self._allocator.statistics().fragmentation
+            pause = time.perf_counter() - started
+            return DefragReport(0, 0, before, after, pause, reason, len(movable), pinned)
+        moves: dict[int, int] = {}  # old offset -> new offset
+        sizes: dict[int, int] = {}
+        moved_bytes = 0
+        for i, (lease, index, old) in enumerate(movable):
+            new = placed[i]
+            if new.offset != old.offset:
+                buffer[new.offset : new.offset + new.size] = saved[i]
+                moves[old.offset] = new.offset
+                sizes[old.offset] = old.size
+                moved_bytes += old.size
+            lease._blocks[index] = new
+        if moves:
+            self._repoint({lease for lease, _, _ in movable}, moves, sizes)
+        self._serve_waiters()
+        after = self._allocator.statistics().fragmentation
+        pause = time.perf_counter() - started
+        return DefragReport(
+            moved_bytes, len(moves), before, after, pause, reason, len(movable), pinned
+        )
+
+    def _repoint(self, leases: set[Lease], moves: dict[int, int], sizes: dict[int, int]) -> None:
+        """Point every parked tensor of ``leases`` that lies in a moved block at its new place."""
+        starts = sorted(moves)
+        seen: set[int] = set()
+        for lease in leases:
+            for tensors in lease._parked:
+                tensors._relocate(self.buffer, starts, moves, sizes, seen)
 
     def statistics(self) -> ArenaStatistics:
         stats = self._allocator.statistics()

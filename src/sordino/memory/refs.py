@@ -23,6 +23,7 @@ All calls come from the event loop's thread, as for the arena itself.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
 from types import TracebackType
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from sordino.inference import Tensor
-from sordino.memory.allocator import Block
+from sordino.memory.allocator import Block, Lifetime
 
 if TYPE_CHECKING:
     from sordino.memory.arena import Arena
@@ -46,13 +47,19 @@ class Lease:
     removes one. Releasing more often than held is a bug and raises.
     """
 
-    __slots__ = ("_arena", "_blocks", "_holders", "owner")
+    __slots__ = ("__weakref__", "_arena", "_blocks", "_holders", "_parked", "owner")
 
     def __init__(self, arena: Arena, *, owner: str = "default") -> None:
         self._arena = arena
         self._blocks: list[Block] = []
         self._holders = 1
+        self._parked: list[Tensors] = []  # holders that are parked (see Tensors.park)
         self.owner = owner
+        arena._track(self)
+
+    def _movable(self) -> bool:
+        """True when every holder is a parked Tensors: defragmentation may move the blocks."""
+        return bool(self._blocks) and len(self._parked) == self._holders
 
     @property
     def arena(self) -> Arena:
@@ -67,10 +74,10 @@ class Lease:
     def released(self) -> bool:
         return self._holders == 0
 
-    def acquire_nowait(self, nbytes: int) -> Block:
+    def acquire_nowait(self, nbytes: int, lifetime: Lifetime = "short") -> Block:
         """Reserve a block that belongs to this lease; raise OutOfMemory if none fits now."""
         self._check_live()
-        block = self._arena.acquire_nowait(nbytes)
+        block = self._arena.acquire_nowait(nbytes, lifetime)
         self._blocks.append(block)
         return block
 
@@ -96,6 +103,7 @@ class Lease:
         self._holders -= 1
         if self._holders == 0:
             blocks, self._blocks = self._blocks, []
+            self._arena._untrack(self)
             for block in blocks:
                 self._arena.release(block)
 
@@ -127,7 +135,7 @@ class Tensors(Mapping[str, Tensor]):
     later calls do nothing). A ``Tensors`` of heap arrays (:meth:`of`) holds no lease.
     """
 
-    __slots__ = ("_arrays", "_leases", "_offsets", "_released")
+    __slots__ = ("_arrays", "_leases", "_offsets", "_parked", "_released")
 
     def __init__(self, refs: Mapping[str, TensorRef], leases: tuple[Lease, ...] = ()) -> None:
         """Take over one hold of each of ``leases`` (the caller's, not a new one)."""
@@ -136,6 +144,7 @@ class Tensors(Mapping[str, Tensor]):
         self._offsets = offsets or None
         self._leases = leases
         self._released = False
+        self._parked = False
 
     @classmethod
     def _adopt(
@@ -151,6 +160,7 @@ class Tensors(Mapping[str, Tensor]):
         tensors._offsets = offsets
         tensors._leases = leases
         tensors._released = False
+        tensors._parked = False
         return tensors
 
     @classmethod
@@ -250,6 +260,64 @@ class Tensors(Mapping[str, Tensor]):
         if self._released:
             raise RuntimeError("these tensors were released; their arena blocks may be reused")
 
+    # -- parking (defragmentation) ----------------------------------------------------
+
+    def park(self) -> None:
+        """Declare that nobody reads these tensors until :meth:`unpark` (queued work).
+
+        While every holder of a lease is parked, defragmentation may move its blocks;
+        the arrays of a parked ``Tensors`` are then pointed at the new place. Code that
+        parks must not keep a raw array taken from it across an ``await``.
+        """
+        if self._parked or self._released or not self._leases:
+            return
+        self._parked = True
+        for lease in self._leases:
+            lease._parked.append(self)
+
+    def unpark(self) -> None:
+        """The tensors are about to be read (the work leaves the queue): pin them again."""
+        if not self._parked:
+            return
+        self._parked = False
+        for lease in self._leases:
+            lease._parked.remove(self)
+
+    @property
+    def parked(self) -> bool:
+        return self._parked
+
+    def _relocate(
+        self,
+        buffer: memoryview,
+        starts: list[int],
+        moves: dict[int, int],
+        sizes: dict[int, int],
+        seen: set[int],
+    ) -> None:
+        """Point arrays lying in moved blocks (old start -> new start) at their new place.
+
+        ``seen`` holds the ids of offset maps already rewritten: derived tensors may
+        share one map, and each must shift once.
+        """
+        offsets = self._offsets
+        if offsets is None or id(offsets) in seen:
+            return
+        seen.add(id(offsets))
+        for name, offset in list(offsets.items()):
+            at = bisect.bisect_right(starts, offset) - 1
+            if at < 0:
+                continue
+            old = starts[at]
+            if offset >= old + sizes[old]:
+                continue
+            new_offset = moves[old] + (offset - old)
+            array = self._arrays[name]
+            self._arrays[name] = np.ndarray(
+                array.shape, array.dtype, buffer, new_offset, array.strides
+            )
+            offsets[name] = new_offset
+
     # -- letting go ------------------------------------------------------------------
 
     def release(self) -> None:
@@ -260,6 +328,7 @@ class Tensors(Mapping[str, Tensor]):
         """
         if self._released or not self._leases:
             return
+        self.unpark()
         self._released = True
         for lease in self._leases:
             lease.release()
