@@ -215,6 +215,21 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
     help="Scheduler mode for every model (overrides scheduler.mode).",
 )
 @click.option(
+    "--memory-strategy",
+    type=click.Choice(["fragmentation_aware", "best_fit", "simple"]),
+    help="The shared-memory arena's allocator (memory.strategy).",
+)
+@click.option(
+    "--enable-memory-pool/--disable-memory-pool",
+    "memory_pool",
+    default=None,
+    help="The memory manager: defragmentation, overflow protection, quotas (memory.enabled).",
+)
+@click.option("--pool-size", help="The shared-memory arena's size, e.g. 2GB (memory.pool_size).")
+@click.option(
+    "--defrag-interval", help="Defragment the arena this often, e.g. 5m; 0 = never on a timer."
+)
+@click.option(
     "--log-level",
     default="info",
     show_default=True,
@@ -232,6 +247,10 @@ def start(
     repository_poll_secs: float | None,
     data_dir: Path | None,
     mode: str | None,
+    memory_strategy: str | None,
+    memory_pool: bool | None,
+    pool_size: str | None,
+    defrag_interval: str | None,
     log_level: str,
 ) -> None:
     """Load models and serve them over KServe v2 HTTP and gRPC until Ctrl-C or SIGTERM.
@@ -251,6 +270,10 @@ def start(
         "server.repository_poll_secs": repository_poll_secs,
         "server.data_dir": str(data_dir) if data_dir else None,
         "scheduler.mode": mode,
+        "memory.strategy": memory_strategy,
+        "memory.enabled": memory_pool,
+        "memory.pool_size": pool_size,
+        "memory.defrag_interval": defrag_interval,
         "model_repository": str(model_repository) if model_repository else None,
     }
     try:

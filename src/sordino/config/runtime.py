@@ -12,6 +12,7 @@ from pydantic import AfterValidator, ValidationInfo, field_validator, model_vali
 
 from sordino.config.base import ExpandedPath, Section, reject_repeated_names
 from sordino.config.devices import DeviceConfig
+from sordino.config.memory import MemoryConfig
 from sordino.config.models import ModelConfig
 from sordino.config.scheduler import SchedulerConfig
 from sordino.config.server import ServerConfig
@@ -41,6 +42,8 @@ class RuntimeConfig(Section):
     model_repository: ExpandedPath | None = None
     """A Triton-style folder with one sub-folder per model."""
     workers: WorkersConfig = WorkersConfig()
+    memory: MemoryConfig = MemoryConfig()
+    """The shared-memory arena's manager (docs/memory.md)."""
 
     @model_validator(mode="after")
     def _poll_needs_repository(self) -> RuntimeConfig:

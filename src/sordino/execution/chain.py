@@ -37,6 +37,7 @@ from sordino.config import ModelConfig, RuntimeConfig
 from sordino.errors import InferenceFailed, ModelError, ModelLoadError, ModelNotReady, Unavailable
 from sordino.events import EventSink
 from sordino.execution.devices import Device, Tier
+from sordino.execution.executor import MemoryFit, OverflowCounters
 from sordino.execution.faults import FaultRegistry, FaultSpec, check_target
 from sordino.execution.instances import ProcessInstance, ThreadInstance
 from sordino.execution.placement import (
@@ -48,7 +49,7 @@ from sordino.execution.placement import (
     choose,
 )
 from sordino.execution.profiling import Profiled, ProfileTraces, profile_instances
-from sordino.execution.staging import StagedBatch, Staging
+from sordino.execution.staging import StagedBatch, Staging, row_bytes
 from sordino.execution.stats import SwitchRecorder
 from sordino.execution.worker import WorkerError, WorkerLost
 from sordino.execution.worker_main import WorkerSpec
@@ -71,8 +72,11 @@ class ChainExecutor:
         self.faults = FaultRegistry(clock, events)
         self._models: dict[ModelKey, PlacedModel] = {}
         self._staging = Staging(
-            self._settings.shared_memory, registry=config.server.data_dir / SEGMENTS_DIR
+            self._settings.shared_memory,
+            registry=config.server.data_dir / SEGMENTS_DIR,
+            memory=config.memory,
         )
+        self.overflow = OverflowCounters()
         self._placement = Placement(config, clock=clock, events=events)
         self._switches = SwitchRecorder()
         self._retries = 0
@@ -196,6 +200,23 @@ class ChainExecutor:
     def arena_statistics(self) -> ArenaStatistics | None:
         """The shared-memory arena's figures, or None before a worker process needs it."""
         return self._staging.statistics()
+
+    @property
+    def staging(self) -> Staging:
+        """Where batches enter the arena (the memory manager reads and defragments it)."""
+        return self._staging
+
+    def memory_fit(self, model: ModelKey, part: Mapping[str, Tensor]) -> MemoryFit | None:
+        """How rows like ``part``'s fit the arena (None: thread isolation or no protection)."""
+        entry = self._models.get(model)
+        if entry is None or entry.isolation != "process" or not self._staging.protected:
+            return None
+        arena = self._staging.existing_arena
+        capacity = self._staging.capacity()
+        free = arena.allocator.largest_free() if arena is not None else capacity
+        self.overflow.waits = self._staging.overflow_waits
+        self.overflow.rejections = self._staging.overflow_rejections
+        return MemoryFit(row_bytes(part, entry.metadata), free, capacity, self.overflow)
 
     def local_backends(self, model: ModelKey) -> list[Backend]:
         """The backends of ``model`` that run in this process (thread isolation), in order."""

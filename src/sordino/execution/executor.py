@@ -14,12 +14,39 @@ Ownership: the parts stay the caller's; the outputs are the caller's to release
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from sordino.inference import ModelKey, Tensor
 from sordino.memory.refs import Tensors
 
-__all__ = ["Executor"]
+__all__ = ["Executor", "MemoryFit", "OverflowCounters"]
+
+
+@dataclass(slots=True)
+class OverflowCounters:
+    """What overflow protection did: batches shrunk, waits, 503s, oversized requests."""
+
+    shrinks: int = 0
+    waits: int = 0
+    rejections: int = 0
+    oversized: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryFit:
+    """How a model's batches fit the shared-memory arena, for overflow protection.
+
+    ``row_bytes`` is what one row like the asked-about request needs staged (inputs
+    and fixed-size outputs), ``free`` the largest block free now, ``capacity`` the
+    arena's size. The scheduler shrinks a batch to ``free // row_bytes`` rows and
+    refuses a request larger than ``capacity``; it counts what it did in ``counters``.
+    """
+
+    row_bytes: int
+    free: int
+    capacity: int
+    counters: OverflowCounters = field(default_factory=OverflowCounters)
 
 
 class Executor(Protocol):
@@ -31,4 +58,8 @@ class Executor(Protocol):
 
     def instances(self, model: ModelKey) -> int:
         """Return how many batches of ``model`` can run at once."""
+        ...
+
+    def memory_fit(self, model: ModelKey, part: Mapping[str, Tensor]) -> MemoryFit | None:
+        """How rows like ``part``'s fit the arena; None when no protection applies."""
         ...

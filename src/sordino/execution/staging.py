@@ -32,10 +32,13 @@ from pathlib import Path
 
 import numpy as np
 
+from sordino.config.memory import MemoryConfig
 from sordino.datatypes import to_numpy_dtype
+from sordino.errors import OutOfMemory
 from sordino.inference import ModelMetadata, Tensor
 from sordino.memory.arena import Arena, shm_free_bytes
 from sordino.memory.refs import Lease, TensorRef, Tensors
+from sordino.memory.strategies import allocator_factory
 from sordino.memory.tensors import BYTES, TensorHandle, tensor_nbytes, view_tensor, write_tensor
 from sordino.records import ArenaStatistics
 
@@ -96,10 +99,29 @@ class Staging:
     started after a hard crash removes it (:func:`~sordino.memory.arena.remove_stale_segments`).
     """
 
-    def __init__(self, capacity: int, *, registry: Path | None = None) -> None:
-        self._capacity = capacity
+    def __init__(
+        self, capacity: int, *, registry: Path | None = None, memory: MemoryConfig | None = None
+    ) -> None:
+        self._memory = memory or MemoryConfig()
+        self._capacity = self._memory.pool_size or capacity
         self._registry = registry
         self._arena: Arena | None = None
+        self.overflow_waits = 0
+        self.overflow_rejections = 0
+
+    @property
+    def protected(self) -> bool:
+        """Whether overflow protection bounds the wait for arena space."""
+        return self._memory.enabled and self._memory.overflow_protection
+
+    def capacity(self) -> int:
+        """The arena's size in bytes (what it will be, before it exists)."""
+        return self._arena.capacity if self._arena is not None else self._capacity
+
+    @property
+    def existing_arena(self) -> Arena | None:
+        """The arena if something already created it."""
+        return self._arena
 
     @property
     def arena(self) -> Arena:
@@ -115,7 +137,17 @@ class Staging:
                     free // 2,
                 )
                 size = max(4096, free // 2)
-            self._arena = Arena(size, registry=self._registry)
+            memory = self._memory
+            strategy = memory.strategy if memory.enabled else "best_fit"
+            self._arena = Arena(
+                size,
+                registry=self._registry,
+                allocator=allocator_factory(
+                    strategy, small_max=memory.small_max, medium_max=memory.medium_max
+                ),
+                zero_on_free=memory.zeroes_on_free,
+                strategy=strategy,
+            )
         return self._arena
 
     def statistics(self) -> ArenaStatistics | None:
@@ -144,16 +176,24 @@ class Staging:
         staged.copies = Lease(arena)
         staged.outputs = Lease(arena)
         try:
-            for name in parts[0]:
-                staged.handles[name] = await self._handle(staged.copies, parts, name)
-            rows = staged.rows
-            for spec in metadata.outputs:
-                dims = spec.item_shape if metadata.batched else spec.shape
-                if spec.datatype == "BYTES" or any(d < 0 for d in dims):
-                    continue
-                size = rows * math.prod(dims) * to_numpy_dtype(spec.datatype).itemsize
-                block = await staged.outputs.acquire(size)
-                staged.space[spec.name] = TensorHandle.space(block)
+            if self.protected and not arena.fits(batch_bytes(parts, metadata)):
+                # Overflow protection: wait a bounded time for space, then 503.
+                self.overflow_waits += 1
+                try:
+                    async with asyncio.timeout(self._memory.overflow_wait):
+                        await self._place(staged, parts, metadata)
+                except TimeoutError:
+                    self.overflow_rejections += 1
+                    error = OutOfMemory(
+                        f"the shared-memory arena ({arena.capacity} bytes) stayed too full for "
+                        f"a batch of {batch_bytes(parts, metadata)} bytes for "
+                        f"{self._memory.overflow_wait:g} s; retry later, or raise "
+                        "memory.pool_size"
+                    )
+                    error.retry_after_s = max(1.0, self._memory.overflow_wait)
+                    raise error from None
+            else:
+                await self._place(staged, parts, metadata)
         except BaseException:
             self.release(staged)
             raise
@@ -173,6 +213,21 @@ class Staging:
 
         staged.allocate = allocate
         return staged
+
+    async def _place(
+        self, staged: StagedBatch, parts: Sequence[Part], metadata: ModelMetadata
+    ) -> None:
+        assert staged.copies is not None and staged.outputs is not None
+        for name in parts[0]:
+            staged.handles[name] = await self._handle(staged.copies, parts, name)
+        rows = staged.rows
+        for spec in metadata.outputs:
+            dims = spec.item_shape if metadata.batched else spec.shape
+            if spec.datatype == "BYTES" or any(d < 0 for d in dims):
+                continue
+            size = rows * math.prod(dims) * to_numpy_dtype(spec.datatype).itemsize
+            block = await staged.outputs.acquire(size)
+            staged.space[spec.name] = TensorHandle.space(block)
 
     async def _handle(self, copies: Lease, parts: Sequence[Part], name: str) -> TensorHandle:
         """A handle to input ``name`` of the batch in the arena.
@@ -218,6 +273,36 @@ class Staging:
             if lease is not None:
                 lease.release()
         staged.copies = staged.outputs = None
+
+
+def row_bytes(part: Part, metadata: ModelMetadata) -> int:
+    """Arena bytes one row of ``part`` needs staged: its inputs and its fixed-size outputs.
+
+    For a model without a batch dimension the whole part is one row. Outputs of
+    unknown size (strings, variable dimensions) are not counted.
+    """
+    rows = 1
+    if metadata.batched and part:
+        rows = max(1, int(next(iter(part.values())).shape[0]))
+    inputs = sum(int(array.nbytes) for array in part.values()) // rows  # BYTES: estimated
+    outputs = 0
+    for spec in metadata.outputs:
+        dims = spec.item_shape if metadata.batched else spec.shape
+        if spec.datatype == "BYTES" or any(d < 0 for d in dims):
+            continue
+        outputs += math.prod(dims) * to_numpy_dtype(spec.datatype).itemsize
+    return inputs + outputs
+
+
+def batch_bytes(parts: Sequence[Part], metadata: ModelMetadata) -> int:
+    """Arena bytes the batch of ``parts`` needs staged (an estimate from shapes)."""
+    total = 0
+    for part in parts:
+        rows = 1
+        if metadata.batched and part:
+            rows = max(1, int(next(iter(part.values())).shape[0]))
+        total += rows * row_bytes(part, metadata)
+    return total
 
 
 def read_outputs(buffer: memoryview, handles: Mapping[str, TensorHandle]) -> dict[str, TensorRef]:

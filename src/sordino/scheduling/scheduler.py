@@ -32,6 +32,7 @@ from sordino.clock import Clock, TimerHandle
 from sordino.errors import (
     Cancelled,
     InferenceFailed,
+    InvalidRequest,
     ModelError,
     QueueTimeout,
     Shed,
@@ -158,6 +159,7 @@ class ModelScheduler:
         )
         item = self._work_item(request, tensors, now)
         try:
+            self._refuse_oversized(item)
             self._shed_if_late(item, timeout_s)
             self._queue.put_nowait(item)
         except SordinoError:
@@ -165,6 +167,10 @@ class ModelScheduler:
             raise
         # The step's own hold (the request keeps its own); heap tensors need none.
         item.inputs = tensors.share() if tensors.leases else tensors
+        # Queued work and the request's own inputs are read only when the step runs:
+        # until then defragmentation may move their arena blocks.
+        _park(item.inputs)
+        tensors.park()
         self._accepted += 1
         self._note_arrival(now, item.rows)
         self._queue_changed()
@@ -229,6 +235,7 @@ class ModelScheduler:
         item = request.item
         if item is not None and self._queue.remove(item):
             self._queue_changed()
+            _unpark(item.inputs)
             release_owned(item.inputs)
             request.item = None
         self._finish(request, "cancelled", Cancelled.reason)
@@ -247,6 +254,7 @@ class ModelScheduler:
                 continue
             self._queue_changed()
             for item in batch:
+                _unpark(item.inputs)  # about to be read: pinned where it lies
                 item.dispatched_at = now
                 if item.request is not None:
                     item.request.state = "running"
@@ -275,7 +283,8 @@ class ModelScheduler:
             return None
         decision = decide(self._queue, self._controller.policy(), now, self._arrival_rate())
         if isinstance(decision, Dispatch):
-            batch = self._drop_hopeless(self._queue.take(decision.signature, decision.rows), now)
+            rows = self._rows_that_fit(decision)
+            batch = self._drop_hopeless(self._queue.take(decision.signature, rows), now)
             if not batch:
                 self._wake.set()  # every item was hopeless: look at the queue again at once
                 return None
@@ -287,6 +296,38 @@ class ModelScheduler:
             wake_at = min(wake_at, deadline)
         self._set_timer(wake_at)
         return None
+
+    def _rows_that_fit(self, decision: Dispatch) -> int:
+        """Overflow protection: shrink the batch to the rows the arena can hold now.
+
+        The head item always runs (if even it does not fit now, staging waits a
+        bounded time for space, then answers 503).
+        """
+        head = self._queue.head()
+        if head is None or head.signature != decision.signature:
+            return decision.rows
+        fit = self._executor.memory_fit(self.model, head.inputs)
+        if fit is None or fit.row_bytes <= 0:
+            return decision.rows
+        rows = max(head.rows, fit.free // fit.row_bytes)
+        if rows < decision.rows:
+            fit.counters.shrinks += 1
+            return rows
+        return decision.rows
+
+    def _refuse_oversized(self, item: WorkItem) -> None:
+        """A request that alone is larger than the arena can never run: 400 at once."""
+        fit = self._executor.memory_fit(self.model, item.inputs)
+        if fit is None:
+            return
+        needed = fit.row_bytes * item.rows
+        if needed > fit.capacity:
+            fit.counters.oversized += 1
+            raise InvalidRequest(
+                f"the request needs {needed} bytes of shared memory for its inputs and "
+                f"outputs, more than the whole arena holds ({fit.capacity} bytes, "
+                "memory.pool_size); send fewer rows per request or raise memory.pool_size"
+            )
 
     def _drop_hopeless(self, batch: list[WorkItem], now: float) -> list[WorkItem]:
         """Never start work that cannot finish before its deadline (REJECT action only).
@@ -438,6 +479,7 @@ class ModelScheduler:
             state = Tensors.compose(parts)
             next_item = self._work_item(request, state, now)
             self._queue.put_nowait(next_item, force=True)
+            state.park()  # carried state waits in the queue: defragmentation may move it
             request.state = "queued"
             self._queue_changed()
             self._wake.set()
@@ -464,6 +506,7 @@ class ModelScheduler:
 
     def _drop(self, item: WorkItem, error: SordinoError) -> None:
         """A queued item will never run: release its inputs and fail its request."""
+        _unpark(item.inputs)
         release_owned(item.inputs)
         if item.request is not None:
             item.request.item = None
@@ -582,6 +625,16 @@ class ModelScheduler:
             queue=self._queue.statistics(),
             controller=self._controller.statistics(),
         )
+
+
+def _park(inputs: Mapping[str, Tensor]) -> None:
+    if isinstance(inputs, Tensors):
+        inputs.park()
+
+
+def _unpark(inputs: Mapping[str, Tensor]) -> None:
+    if isinstance(inputs, Tensors):
+        inputs.unpark()
 
 
 def _discard_outputs(request: Request) -> None:

@@ -27,6 +27,7 @@ from sordino.protocol.codec import (
 )
 from sordino.server.fast_infer import error_parts, with_fast_infer
 from sordino.server.http_routes import extra_routes
+from sordino.server.memory_routes import memory_routes
 from sordino.server.model_config import model_metadata_json, triton_config_json
 from sordino.server.model_control import ModelControl
 from sordino.server.observe import observe_routes
@@ -126,6 +127,7 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
         *observe_routes(runtime, functools.partial(_guard, runtime), access),
     ]
     routes += admin_routes(runtime.executor, runtime.clock, access.token)
+    routes += memory_routes(runtime, functools.partial(_guard, runtime), access)
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes += [
             Route(prefix, _guard(runtime, model_metadata), methods=["GET"]),

@@ -27,6 +27,7 @@ from sordino.events import EventSink
 from sordino.execution.chain import ChainExecutor
 from sordino.inference import InferRequest, InferResponse
 from sordino.memory.arena import SEGMENTS_DIR, StaleSegment, remove_stale_segments
+from sordino.memory.manager import MemoryManager
 from sordino.models.repository import ModelSource
 from sordino.records import SchedulerStatistics
 from sordino.server.loader import ModelLoader
@@ -76,6 +77,19 @@ class Runtime:
             clock=self.clock,
             labels=labels,
         )
+        staging, overflow = self.executor.staging, self.executor.overflow
+        self.memory = MemoryManager(
+            config.memory,
+            arena=lambda: staging.existing_arena,
+            overflow=lambda: (
+                overflow.shrinks,
+                staging.overflow_waits,
+                staging.overflow_rejections,
+                overflow.oversized,
+            ),
+            clock=self.clock,
+            events=self.events,
+        )
         self.loader = ModelLoader(
             config,
             executor=self.executor,
@@ -92,6 +106,7 @@ class Runtime:
             metrics=self.metrics,
             stats=self.stats,
             telemetry=self.telemetry,
+            quotas=self.memory.quotas if config.memory.quotas else None,
         )
         self._sources = list(sources)
         self._started = False
@@ -110,6 +125,7 @@ class Runtime:
         """
         self.remove_stale_segments()
         await self.telemetry.start()
+        await self.memory.start()
         for source in self._sources:
             model = await self.loader.load(source)
             if on_loaded is not None:
@@ -135,6 +151,7 @@ class Runtime:
                 await asyncio.gather(*pending)
         for model in models:
             await self.loader.unload(model.key.name, model.key.version, drain=False)
+        await self.memory.stop()
         await self.executor.aclose()
         self.events.emit("server_stopped", "runtime")
         await self.telemetry.stop()

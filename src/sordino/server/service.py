@@ -32,7 +32,9 @@ from typing import Any
 
 from sordino.admission.chain import AdmissionChain, AdmissionContext
 from sordino.errors import Cancelled, SordinoError, Unsupported
+from sordino.execution.staging import row_bytes
 from sordino.inference import InferRequest, InferResponse, ModelKey
+from sordino.memory.quotas import QuotaLedger
 from sordino.memory.refs import Tensors
 from sordino.protocol.validate import check_text_inputs, validate_request
 from sordino.scheduling.work import Request
@@ -98,8 +100,11 @@ class InferenceService:
         metrics: Metrics,
         stats: ModelStats,
         telemetry: Telemetry,
+        quotas: QuotaLedger | None = None,
     ) -> None:
         self._registry = registry
+        self._quotas = quotas
+        self._charged: dict[int, tuple[str, int]] = {}  # id(request) -> (owner, bytes)
         self._admission = admission
         self._priority_rules = priority_rules
         self._metrics = metrics
@@ -138,7 +143,7 @@ class InferenceService:
 
         A streaming model is refused: its responses come from :meth:`responses`.
         """
-        model, context, accepted = self._accept(request, one_shot=True)
+        model, context, accepted = await self._accept(request, one_shot=True)
         try:
             outputs = await model.scheduler.result(accepted)
         finally:
@@ -156,7 +161,7 @@ class InferenceService:
         reader's to release. A reader that stops early cancels the request; close the
         iterator (``contextlib.aclosing``) when leaving it early.
         """
-        model, context, accepted = self._accept(request, one_shot=False)
+        model, context, accepted = await self._accept(request, one_shot=False)
         try:
             async with aclosing(model.scheduler.responses(accepted)) as steps:
                 async for step in steps:
@@ -164,14 +169,18 @@ class InferenceService:
         finally:
             self._finished(request, context, accepted)
 
-    def _accept(
+    async def _accept(
         self, request: InferRequest, *, one_shot: bool
     ) -> tuple[LoadedModel, AdmissionContext, Request]:
         """Admit ``request`` and hand it to its model's scheduler (both ways in share this).
 
-        Raises, having counted and released the request, when it is refused.
+        With quotas, the request's bytes are charged to its tenant first (it may wait
+        for room; 429 if none comes). Raises, having counted and released the request,
+        when it is refused.
         """
         model, context = self.admit(request)
+        if self._quotas is not None:
+            await self._charge(model, request)
         if one_shot and model.metadata.stream is not None:
             error = Unsupported(
                 f"model {model.key.name!r} streams its responses (one per step); use "
@@ -189,12 +198,37 @@ class InferenceService:
                 stream=model.metadata.stream,
             )
         except SordinoError as exc:  # queue full, shutting down: never accepted
+            self._uncharge(request)
             self._refused(request, exc.reason)
             raise
         except Exception:
+            self._uncharge(request)
             self._refused(request, INTERNAL)
             raise
         return model, context, accepted
+
+    async def _charge(self, model: LoadedModel, request: InferRequest) -> None:
+        """Charge the request's staged bytes to its tenant's quota (waits, or raises 429)."""
+        assert self._quotas is not None
+        inputs = request.inputs
+        rows = 1
+        if model.metadata.batched and inputs:
+            rows = max(1, int(next(iter(inputs.values())).shape[0]))
+        nbytes = rows * row_bytes(inputs, model.metadata)
+        try:
+            owner = await self._quotas.acquire(_tenant(request), nbytes)
+        except SordinoError as exc:
+            self._refused(request, exc.reason)
+            raise
+        except BaseException:
+            self._refused(request, Cancelled.reason)
+            raise
+        self._charged[id(request)] = (owner, nbytes)
+
+    def _uncharge(self, request: InferRequest) -> None:
+        charged = self._charged.pop(id(request), None)
+        if charged is not None and self._quotas is not None:
+            self._quotas.release(*charged)
 
     def receiving(
         self, model: str = "", version: str | None = None, tenant: str | None = None
@@ -215,6 +249,7 @@ class InferenceService:
     ) -> None:
         # The scheduler's outcome, which it also reported to sordino_requests_total: a
         # task cancelled after its request succeeded is a success in both.
+        self._uncharge(request)
         outcome = accepted.outcome if accepted.outcome is not None else "cancelled"
         self._telemetry.request_finished(request.model, _tenant(request), context.priority, outcome)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sordino.clock import Clock
+from sordino.execution.executor import MemoryFit
 from sordino.inference import ModelKey, Tensor
 from sordino.memory.arena import Arena
 from sordino.memory.refs import Tensors, TensorsBuilder
@@ -44,6 +45,10 @@ class ScriptedExecutor:
 
     def instances(self, model: ModelKey) -> int:
         return self.count
+
+    def memory_fit(self, model: ModelKey, part: Mapping[str, Tensor]) -> MemoryFit | None:
+        """Scripted models have no overflow protection."""
+        return None
 
     async def run(self, model: ModelKey, parts: Sequence[Mapping[str, Tensor]]) -> Tensors:
         batch = {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}

@@ -1,0 +1,119 @@
+"""``sordino memory``: the shared-memory arena of a running server (status, defrag)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from sordino.cli.server_url import server_url, url_option
+from sordino.control.admin import TOKEN_ENV
+from sordino.control.client import AdminClient, ClientError
+
+__all__ = ["memory"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _mib(nbytes: int | None) -> str:
+    return "-" if nbytes is None else f"{nbytes / 2**20:.1f} MiB"
+
+
+def _server_options(command: F) -> F:
+    command = click.option("--token", default=None, help=f"Admin token (env {TOKEN_ENV}).")(command)
+    return url_option(command)
+
+
+@click.group()
+@_server_options
+@click.pass_context
+def memory(ctx: click.Context, url: str | None, token: str | None) -> None:
+    """The shared-memory arena: pools, tiers, fragmentation, owners, defragmentation."""
+    ctx.obj = {"url": url, "token": token}
+
+
+def _client(ctx: click.Context, url: str | None, token: str | None) -> AdminClient:
+    chosen_url = server_url(url, ctx.obj["url"])
+    chosen_token = token or ctx.obj["token"] or os.environ.get(TOKEN_ENV)
+    return AdminClient(chosen_url, chosen_token)
+
+
+def _call(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except ClientError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+
+
+def describe_status(status: dict[str, Any]) -> list[str]:
+    """The lines ``sordino memory status`` prints for a ``/v2/sordino/memory`` document."""
+    lines = [f"strategy {status['strategy']}"]
+    arena = status.get("arena")
+    if arena is None:
+        lines.append("arena: not created yet (no model runs in a worker process)")
+    else:
+        lines.append(
+            f"arena {arena['name']}: {_mib(arena['in_use_bytes'])} in use of "
+            f"{_mib(arena['reserved_bytes'])} (peak {_mib(arena['peak_bytes'])}), largest free "
+            f"{_mib(arena['largest_free'])}, fragmentation {arena['fragmentation']:.1%}, "
+            f"{arena['waiting']} waiting"
+        )
+    for tier in status.get("tiers", []):
+        if tier["reserved_bytes"] or tier["in_use_bytes"]:
+            lines.append(
+                f"  tier {tier['tier']}/{tier['lifetime']}: {_mib(tier['in_use_bytes'])} in use "
+                f"of {_mib(tier['reserved_bytes'])} in {tier['chunks']} chunks, "
+                f"fragmentation {tier['fragmentation']:.1%}"
+            )
+    for owner in status.get("owners", []):
+        quota = owner["quota_bytes"]
+        lines.append(
+            f"owner {owner['owner']}: {_mib(owner['in_use_bytes'])} in flight (peak "
+            f"{_mib(owner['peak_bytes'])}), quota {_mib(quota) if quota else 'none'}, "
+            f"{owner['waits']} waits, {owner['rejections']} refused"
+        )
+    lines.append(
+        f"overflow: {status['overflow_shrinks']} batches shrunk, {status['overflow_waits']} "
+        f"waited, {status['overflow_rejections']} answered 503, "
+        f"{status['oversized_rejections']} larger than the arena"
+    )
+    lines.append(
+        f"defrag: {status['defrag_runs']} runs, {_mib(status['defrag_bytes_moved'])} moved, "
+        f"{status['defrag_pause_s'] * 1000:.1f} ms paused in all"
+    )
+    lines.append("forecast: not supported yet (predictive pre-warming is not built)")
+    return lines
+
+
+def describe_defrag(report: dict[str, Any]) -> str:
+    return (
+        f"moved {report['bytes_moved']} bytes in {report['blocks_moved']} blocks in "
+        f"{report['pause_s'] * 1000:.2f} ms; fragmentation {report['fragmentation_before']:.1%}"
+        f" -> {report['fragmentation_after']:.1%} ({report['pinned_blocks']} blocks pinned by "
+        "running batches or responses)"
+    )
+
+
+@memory.command()
+@_server_options
+@click.pass_context
+def status(ctx: click.Context, url: str | None, token: str | None) -> None:
+    """Show the arena, its tiers, owners and quotas, overflow and defrag figures."""
+    client = _client(ctx, url, token)
+    document = _call(lambda: client.request("GET", "/v2/sordino/memory"))
+    for line in describe_status(document):
+        click.echo(line)
+
+
+@memory.command()
+@_server_options
+@click.pass_context
+def defrag(ctx: click.Context, url: str | None, token: str | None) -> None:
+    """Defragment the arena now; report bytes moved and the pause it caused."""
+    client = _client(ctx, url, token)
+    report = _call(lambda: client.request("POST", "/v2/sordino/memory/defrag"))
+    click.echo(describe_defrag(report))

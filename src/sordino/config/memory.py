@@ -1,0 +1,109 @@
+"""The ``memory`` section: the shared-memory arena's allocator, defragmentation,
+overflow protection and per-tenant quotas."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator, Field, field_validator, model_validator
+
+from sordino.config.base import Section, reject_repeated_names
+from sordino.config.units import Duration, Size
+
+__all__ = ["MemoryConfig", "MemoryStrategy", "QuotaConfig"]
+
+MemoryStrategy = Literal["fragmentation_aware", "best_fit", "simple"]
+
+
+def _no_auto(value: object) -> object:
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        raise ValueError(
+            "auto (sizing the arena from the forecast peak) is not supported yet; "
+            "give a size such as '2GB', or leave pool_size out to use workers.shared_memory"
+        )
+    return value
+
+
+class QuotaConfig(Section):
+    """At most ``max`` bytes of the arena in flight for ``tenant`` at once."""
+
+    tenant: str = Field(min_length=1, max_length=128)
+    max: Size = Field(gt=0)
+
+
+class MemoryConfig(Section):
+    """How the shared-memory arena hands out, moves, protects and shares its bytes."""
+
+    enabled: bool = True
+    """The memory manager (``--enable-memory-pool``/``--disable-memory-pool``): with
+    false the arena is plain best fit with no defragmentation, overflow protection or
+    quotas (and none of them may be set)."""
+    strategy: MemoryStrategy = "best_fit"
+    """fragmentation_aware (size tiers and lifetime classes), best_fit, or simple
+    (bump pointer and free lists; the benchmark's baseline)."""
+    pool_size: Annotated[Size | None, BeforeValidator(_no_auto)] = Field(default=None, ge=4096)
+    """The arena's size; leave out to use workers.shared_memory. ``auto`` is not
+    supported yet."""
+    small_max: Size = Field(default=64 * 1024, ge=64)
+    """fragmentation_aware: blocks up to this size are the small tier."""
+    medium_max: Size = Field(default=4 * 1024 * 1024, ge=64)
+    """fragmentation_aware: blocks up to this size (above small_max) are the medium tier."""
+    defrag_interval: Duration = 0.0
+    """Defragment on this timer (e.g. 5m); 0 = never on a timer."""
+    defrag_threshold: float = Field(default=0.3, ge=0.0, le=1.0)
+    """Also defragment when fragmentation stays above this for ``defrag_window``; 0 = never."""
+    defrag_window: Duration = Field(default=60.0, gt=0)
+    """How long fragmentation must stay above ``defrag_threshold``."""
+    overflow_protection: bool = True
+    """Estimate a batch's bytes before assembling it: shrink it to what the arena holds,
+    wait up to ``overflow_wait`` for space, then answer 503 with Retry-After."""
+    overflow_wait: Duration = Field(default=2.0, gt=0)
+    """The longest a batch waits for arena space before its requests get 503."""
+    reuse_strategy: Literal["lru"] = "lru"
+    """What framework-side caches give back first; lru is the only policy today."""
+    quotas: tuple[QuotaConfig, ...] = ()
+    """Per-tenant limits on arena bytes in flight; a tenant over its quota waits up to
+    ``quota_wait``, then gets 429. Tenants without an entry are not limited."""
+    quota_wait: Duration = 1.0
+    """How long a request over its tenant's quota waits for room before 429; 0 = refuse at once."""
+    zero_on_free: bool | None = None
+    """Zero every released block before it is handed out again; default: on when
+    quotas are set."""
+
+    @field_validator("quotas")
+    @classmethod
+    def _tenants_unique(cls, quotas: tuple[QuotaConfig, ...]) -> tuple[QuotaConfig, ...]:
+        reject_repeated_names((q.tenant for q in quotas), what="quota tenants")
+        return quotas
+
+    @model_validator(mode="after")
+    def _coherent(self) -> MemoryConfig:
+        if self.medium_max < self.small_max:
+            raise ValueError(
+                f"memory.medium_max ({self.medium_max} bytes) is below memory.small_max "
+                f"({self.small_max} bytes); the medium tier starts where the small one ends"
+            )
+        if not self.enabled:
+            set_keys = sorted(
+                key
+                for key in ("quotas", "defrag_interval", "strategy")
+                if key in self.model_fields_set and getattr(self, key) not in ((), 0.0, "best_fit")
+            )
+            if set_keys:
+                raise ValueError(
+                    f"memory.enabled is false (--disable-memory-pool), but {', '.join(set_keys)} "
+                    "need the memory manager: enable it or remove them"
+                )
+        return self
+
+    @property
+    def zeroes_on_free(self) -> bool:
+        """Whether released blocks are zeroed (explicit setting, else: quotas are set)."""
+        return self.zero_on_free if self.zero_on_free is not None else bool(self.quotas)
+
+    def quota(self, tenant: str) -> int | None:
+        """The quota of ``tenant`` in bytes, or None when it has none."""
+        for entry in self.quotas:
+            if entry.tenant == tenant:
+                return entry.max
+        return None

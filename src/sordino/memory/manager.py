@@ -1,0 +1,196 @@
+"""The memory manager: defragmentation triggers, quotas and the figures of the arena.
+
+One per runtime (``Runtime.memory``). It owns no memory itself: the arena belongs to
+the executor's staging, which creates it when the first worker process needs it. The
+manager
+
+- defragments the arena (:meth:`MemoryManager.defragment`) on the interval, when
+  fragmentation stays above the threshold for ``defrag_window``, on demand (``sordino
+  memory defrag``, ``POST /v2/memory/defrag``) and when something calls
+  :meth:`MemoryManager.trigger_defrag` (the guardian). A run happens on the event
+  loop between batches; blocks of running batches stay where they are (see
+  :meth:`sordino.memory.arena.Arena.defragment`). Each run emits an event of kind
+  ``memory``, subject ``defrag``, with ``bytes_moved``, ``fragmentation_before``,
+  ``fragmentation_after``, ``pause_s`` and ``reason``;
+- keeps the tenants' quotas (:class:`~sordino.memory.quotas.QuotaLedger`);
+- reports everything as one :class:`~sordino.records.MemoryStatistics`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from sordino.clock import Clock
+from sordino.config.memory import MemoryConfig
+from sordino.events import EventSink
+from sordino.memory.arena import Arena
+from sordino.memory.quotas import QuotaLedger
+from sordino.records import DefragReport, MemoryStatistics, TierStatistics
+
+__all__ = ["MemoryManager"]
+
+log = logging.getLogger("sordino.memory")
+
+THRESHOLD_TICK_S = 5.0
+"""How often fragmentation is compared with ``memory.defrag_threshold``."""
+
+Overflow = Callable[[], tuple[int, int, int, int]]
+"""Returns (shrinks, waits, rejections, oversized) of overflow protection so far."""
+
+
+class MemoryManager:
+    """Defragments, enforces quotas and reports on the shared-memory arena."""
+
+    def __init__(
+        self,
+        config: MemoryConfig,
+        *,
+        arena: Callable[[], Arena | None],
+        overflow: Overflow = lambda: (0, 0, 0, 0),
+        clock: Clock,
+        events: EventSink,
+    ) -> None:
+        self.config = config
+        self._arena = arena
+        self._overflow = overflow
+        self._clock = clock
+        self._events = events
+        self.quotas = QuotaLedger(
+            {q.tenant: q.max for q in config.quotas} if config.enabled else {},
+            wait_s=config.quota_wait,
+        )
+        self._runs = self._bytes_moved = 0
+        self._pause_s = 0.0
+        self._last: DefragReport | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._pending: set[asyncio.Task[DefragReport]] = set()
+        self._above_since: float | None = None
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the timer that runs the interval and threshold triggers (if any is set)."""
+        config = self.config
+        if not config.enabled or (config.defrag_interval <= 0 and config.defrag_threshold <= 0):
+            return
+        self._task = asyncio.get_running_loop().create_task(
+            self._triggers(), name="sordino-memory-defrag"
+        )
+
+    async def stop(self) -> None:
+        for task in (self._task, *self._pending):
+            if task is not None:
+                task.cancel()
+        for task in (self._task, *self._pending):
+            if task is not None:
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+                except Exception:  # a failed run was logged where it failed
+                    pass
+        self._task = None
+        self._pending.clear()
+
+    async def _triggers(self) -> None:
+        interval = self.config.defrag_interval
+        tick = min(interval, THRESHOLD_TICK_S) if interval > 0 else THRESHOLD_TICK_S
+        next_run = self._clock.now() + interval if interval > 0 else None
+        while True:
+            await self._clock.sleep(tick)
+            now = self._clock.now()
+            if next_run is not None and now >= next_run:
+                next_run = now + interval
+                await self._run_logged("interval")
+                continue
+            if self._threshold_crossed(now):
+                await self._run_logged("threshold")
+
+    def _threshold_crossed(self, now: float) -> bool:
+        """True once fragmentation has stayed above the threshold for the whole window."""
+        threshold = self.config.defrag_threshold
+        arena = self._arena()
+        if threshold <= 0 or arena is None:
+            return False
+        if arena.statistics().fragmentation <= threshold:
+            self._above_since = None
+            return False
+        if self._above_since is None:
+            self._above_since = now
+        if now - self._above_since >= self.config.defrag_window:
+            self._above_since = None
+            return True
+        return False
+
+    async def _run_logged(self, reason: str) -> None:
+        try:
+            await self.defragment(reason)
+        except Exception:
+            log.exception("defragmentation (%s) failed", reason)
+
+    # -- defragmentation -------------------------------------------------------------
+
+    async def defragment(self, reason: str = "manual") -> DefragReport:
+        """Defragment the arena now (between batches); emit and return the report.
+
+        Before any worker process created the arena there is nothing to move: the
+        report says 0 bytes.
+        """
+        arena = self._arena()
+        if arena is None:
+            report = DefragReport(0, 0, 0.0, 0.0, 0.0, reason)
+        else:
+            report = arena.defragment(reason)
+        self._runs += 1
+        self._bytes_moved += report.bytes_moved
+        self._pause_s += report.pause_s
+        self._last = report
+        self._events.emit(
+            "memory",
+            "defrag",
+            f"moved {report.bytes_moved} bytes in {report.blocks_moved} blocks ({reason})",
+            bytes_moved=report.bytes_moved,
+            blocks_moved=report.blocks_moved,
+            fragmentation_before=report.fragmentation_before,
+            fragmentation_after=report.fragmentation_after,
+            pause_s=report.pause_s,
+            reason=reason,
+        )
+        return report
+
+    def trigger_defrag(self, reason: str = "trigger") -> asyncio.Task[DefragReport]:
+        """Start a defragmentation soon (from the event loop's thread); return its task."""
+        task = asyncio.get_running_loop().create_task(self.defragment(reason))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+        return task
+
+    # -- figures ---------------------------------------------------------------------
+
+    def statistics(self) -> MemoryStatistics:
+        arena = self._arena()
+        tiers: tuple[TierStatistics, ...] = ()
+        if arena is not None:
+            tiers_of = getattr(arena.allocator, "tiers", None)
+            if tiers_of is not None:
+                tiers = tuple(tiers_of())
+        shrinks, waits, rejections, oversized = self._overflow()
+        return MemoryStatistics(
+            strategy=arena.strategy if arena is not None else self._strategy(),
+            arena=arena.statistics() if arena is not None else None,
+            tiers=tiers,
+            owners=self.quotas.statistics(),
+            defrag_runs=self._runs,
+            defrag_bytes_moved=self._bytes_moved,
+            defrag_pause_s=self._pause_s,
+            last_defrag=self._last,
+            overflow_shrinks=shrinks,
+            overflow_waits=waits,
+            overflow_rejections=rejections,
+            oversized_rejections=oversized,
+        )
+
+    def _strategy(self) -> str:
+        return self.config.strategy if self.config.enabled else "best_fit"
