@@ -5,6 +5,8 @@
 - :class:`ScriptedExecutor`: an executor whose model is a Python function, with a
   chosen latency and failures on demand; it records every batch, so a scheduler can be
   tested without a backend or a worker process.
+- :func:`fragment_arena`: drive a runtime's shared-memory arena to a fragmentation
+  that defragmentation can undo (parked blocks with known contents).
 - :func:`serve_in_thread`: real HTTP and gRPC servers on free loopback ports, in a
   background thread, yielding a :class:`RunningServer` for tests that use real clients.
 
@@ -15,6 +17,14 @@ never imports this package.
 
 from sordino.testing.backends import ScriptedExecutor
 from sordino.testing.clock import VirtualClock
+from sordino.testing.memory import Fragmentation, fragment_arena
 from sordino.testing.server import RunningServer, serve_in_thread
 
-__all__ = ["RunningServer", "ScriptedExecutor", "VirtualClock", "serve_in_thread"]
+__all__ = [
+    "Fragmentation",
+    "RunningServer",
+    "ScriptedExecutor",
+    "VirtualClock",
+    "fragment_arena",
+    "serve_in_thread",
+]

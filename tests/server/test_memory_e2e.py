@@ -1,0 +1,266 @@
+"""The memory manager on a real server: defragmentation under load, overflow, quotas.
+
+Real worker processes, real ONNX Runtime, real HTTP clients. Every answer is compared
+with an unbatched ONNX Runtime session; no request may end in a 500 or go unanswered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import httpx
+import numpy as np
+import pytest
+
+from sordino.config import RuntimeConfig
+from sordino.config.memory import MemoryConfig
+from sordino.memory.refs import Lease, Tensors
+from sordino.models.repository import builtin_sources
+from sordino.testing import Fragmentation, RunningServer, fragment_arena, serve_in_thread
+from tests.conftest import digits_pixels
+from tests.waiting import wait_for
+
+DIGITS = "digits-classifier"
+
+
+def _config(**memory: Any) -> RuntimeConfig:
+    return RuntimeConfig(memory=MemoryConfig(**memory))
+
+
+def _sources(*names: str) -> list[Any]:
+    return [s for s in builtin_sources() if s.name in names]
+
+
+def _digits_body(pixels: np.ndarray, tenant: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "inputs": [
+            {"name": "pixels", "shape": list(pixels.shape), "datatype": "FP32",
+             "data": pixels.ravel().tolist()}
+        ]
+    }  # fmt: skip
+    if tenant is not None:
+        body["parameters"] = {"tenant": tenant}
+    return body
+
+
+def _probabilities(answer: dict[str, Any], rows: int) -> np.ndarray:
+    output = next(o for o in answer["outputs"] if o["name"] == "probabilities")
+    return np.asarray(output["data"], np.float32).reshape(rows, -1)
+
+
+@pytest.fixture(scope="module")
+def defrag_server() -> Iterator[RunningServer]:
+    config = _config(strategy="fragmentation_aware", pool_size="32MB", defrag_interval=0.2)
+    with serve_in_thread(config, _sources(DIGITS, "countdown")) as running:
+        yield running
+
+
+def test_defrag_every_200ms_under_load_keeps_every_answer_exact(
+    defrag_server: RunningServer, reference: dict[str, Any]
+) -> None:
+    """Concurrent one-shot and streaming load while defrag runs: exact answers, no error."""
+    server = defrag_server
+    runtime = server.runtime
+
+    async def fragment() -> Fragmentation:
+        return fragment_arena(runtime, 0.5)
+
+    held = server.call(fragment())
+    assert isinstance(held, Fragmentation) and held.fragmentation >= 0.5
+    kept = {int(t["block"][0]) for t in held.tensors}
+    n = 192
+    pixels = digits_pixels(n, seed=5)
+    session = reference[DIGITS]
+    expected = session.run(None, {session.get_inputs()[0].name: pixels})[0]
+
+    async def load() -> tuple[list[np.ndarray], list[list[int]]]:
+        results: list[np.ndarray] = [np.empty(0)] * n
+        streams: list[list[int]] = []
+        timeout = aiohttp.ClientTimeout(total=120)
+        async with aiohttp.ClientSession(timeout=timeout) as client:
+
+            async def one(i: int) -> None:
+                url = f"{server.url}/v2/models/{DIGITS}/infer"
+                async with client.post(url, json=_digits_body(pixels[i : i + 1])) as r:
+                    assert r.status == 200, await r.text()
+                    results[i] = _probabilities(await r.json(), 1)[0]
+
+            async def stream(count: int) -> None:
+                url = f"{server.url}/v2/models/countdown/generate_stream"
+                async with client.post(url, json={"COUNT": count}) as r:
+                    assert r.status == 200, await r.text()
+                    text = await r.text()
+                seen = [int(line.split('"REMAINING":')[1].split(",")[0].strip("[] }"))
+                        for line in text.splitlines() if "REMAINING" in line]  # fmt: skip
+                streams.append(seen)
+
+            tasks = [one(i) for i in range(n)] + [stream(6) for _ in range(24)]
+            await asyncio.gather(*tasks)
+        return results, streams
+
+    results, streams = asyncio.run(load())
+    np.testing.assert_allclose(np.stack(results), expected, rtol=1e-5, atol=1e-6)
+    assert all(seen == [5, 4, 3, 2, 1, 0] for seen in streams), streams
+    wait_for(lambda: runtime.memory.statistics().defrag_runs >= 2, "two timed defrag runs")
+    runs = [e for e in runtime.events.recent("memory") if e.subject == "defrag"]
+    assert runs and all(e.payload["reason"] == "interval" for e in runs)
+    assert {"bytes_moved", "fragmentation_before", "fragmentation_after", "pause_s"} <= set(
+        runs[0].payload
+    )
+    assert any(e.payload["bytes_moved"] > 0 for e in runs), "the fragmenting blocks never moved"
+
+    async def check_and_release() -> tuple[set[int], bool, float]:
+        firsts = {int(t["block"][0]) for t in held.tensors}
+        uniform = all(bool((t["block"] == t["block"][0]).all()) for t in held.tensors)
+        held.release()
+        return firsts, uniform, runtime.memory.statistics().arena.fragmentation  # type: ignore[union-attr]
+
+    firsts, uniform, _ = server.call(check_and_release())  # type: ignore[misc]
+    assert firsts == kept and uniform, "a moved block lost its contents"
+    wait_for(
+        lambda: runtime.memory.statistics().arena.in_use_bytes == 0,  # type: ignore[union-attr]
+        "every arena block back",
+    )
+
+
+def test_manual_defrag_report_and_status_endpoint(defrag_server: RunningServer) -> None:
+    """POST /v2/sordino/memory/defrag reports the run; GET shows tiers and counters."""
+    with httpx.Client(base_url=defrag_server.url, timeout=30) as client:
+        report = client.post("/v2/sordino/memory/defrag")
+        status = client.get("/v2/sordino/memory")
+    assert report.status_code == 200, report.text
+    assert report.json()["reason"] == "manual"
+    document = status.json()
+    assert document["strategy"] == "fragmentation_aware"
+    assert document["arena"]["reserved_bytes"] == 32 * 2**20
+    assert {t["tier"] for t in document["tiers"]} == {"small", "medium", "large"}
+    assert document["defrag_runs"] >= 1
+
+
+def test_tiny_arena_burst_shrinks_batches_and_answers_everyone() -> None:
+    """An arena of 8 KB and a burst of 8-row requests: shrunk batches, no 500, none lost."""
+    config = _config(pool_size="8KB", overflow_wait=5.0)
+    with serve_in_thread(config, _sources(DIGITS)) as server:
+        n = 120
+        pixels = digits_pixels(n * 8, seed=9)
+
+        async def burst() -> list[int]:
+            statuses: list[int] = []
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as client:
+
+                async def one(i: int) -> None:
+                    body = _digits_body(pixels[i * 8 : (i + 1) * 8])
+                    url = f"{server.url}/v2/models/{DIGITS}/infer"
+                    async with client.post(url, json=body) as r:
+                        statuses.append(r.status)
+                        if r.status == 503:
+                            assert r.headers.get("Retry-After"), "503 without Retry-After"
+
+                await asyncio.gather(*(one(i) for i in range(n)))
+            return statuses
+
+        statuses = asyncio.run(burst())
+        assert len(statuses) == n and set(statuses) <= {200, 503}, sorted(set(statuses))
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            too_big = client.post(
+                f"/v2/models/{DIGITS}/infer", json=_digits_body(digits_pixels(64, seed=1))
+            )
+        assert too_big.status_code == 400
+        assert "8192 bytes" in too_big.json()["error"], too_big.json()
+        stats = server.runtime.memory.statistics()
+        assert stats.overflow_shrinks > 0
+        assert stats.oversized_rejections == 1
+        assert stats.overflow_rejections == statuses.count(503)
+
+
+def test_a_full_arena_answers_503_with_retry_after() -> None:
+    """Space that never comes within overflow_wait: 503 + Retry-After, never a 500."""
+    config = _config(pool_size="8KB", overflow_wait=0.2)
+    with serve_in_thread(config, _sources(DIGITS)) as server:
+        arena = server.runtime.executor.staging.arena
+
+        async def fill() -> Lease:
+            lease = Lease(arena)
+            lease.acquire_nowait(arena.allocator.largest_free())
+            return lease
+
+        lease = server.call(fill())
+        assert isinstance(lease, Lease)
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            answer = client.post(
+                f"/v2/models/{DIGITS}/infer", json=_digits_body(digits_pixels(2, seed=2))
+            )
+
+        async def free() -> None:
+            lease.release()
+
+        server.call(free())
+        assert answer.status_code == 503, answer.text
+        assert int(answer.headers["Retry-After"]) >= 1
+        assert "memory.pool_size" in answer.json()["error"]
+        assert server.runtime.memory.statistics().overflow_rejections == 1
+
+
+def test_a_flooding_tenant_cannot_make_another_fail() -> None:
+    """Tenant A floods past its quota (429s); tenant B's requests all succeed."""
+    row = 64 * 4 + 10 * 4
+    config = _config(
+        quotas=[{"tenant": "flood", "max": 2 * 8 * row}, {"tenant": "calm", "max": "1MB"}],
+        quota_wait=0.02,
+    )
+    with serve_in_thread(config, _sources(DIGITS)) as server:
+        pixels = digits_pixels(8, seed=3)
+
+        async def mixed() -> tuple[list[int], list[int]]:
+            flood: list[int] = []
+            calm: list[int] = []
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as client:
+                url = f"{server.url}/v2/models/{DIGITS}/infer"
+
+                async def one(tenant: str, sink: list[int]) -> None:
+                    async with client.post(url, json=_digits_body(pixels, tenant)) as r:
+                        sink.append(r.status)
+                        if r.status == 429:
+                            assert r.headers.get("Retry-After")
+
+                tasks = [one("flood", flood) for _ in range(150)]
+                tasks += [one("calm", calm) for _ in range(40)]
+                await asyncio.gather(*tasks)
+            return flood, calm
+
+        flood, calm = asyncio.run(mixed())
+        assert calm == [200] * 40
+        assert set(flood) <= {200, 429} and 429 in flood and 200 in flood
+        owners = {o.owner: o for o in server.runtime.memory.statistics().owners}
+        assert owners["flood"].rejections == flood.count(429)
+        assert owners["flood"].peak_bytes <= 2 * 8 * row
+        assert owners["calm"].rejections == 0
+        assert all(o.in_use_bytes == 0 for o in owners.values())
+        assert server.runtime.executor.staging.arena.zero_on_free
+
+
+def test_parked_tensors_are_released_cleanly() -> None:
+    """Tensors.release unparks: a lease's parked list never keeps a released holder."""
+    config = _config()
+    with serve_in_thread(config, _sources(DIGITS)) as server:
+        arena = server.runtime.executor.staging.arena
+
+        async def scenario() -> tuple[int, int]:
+            lease = Lease(arena)
+            lease.acquire_nowait(256)
+            tensors = Tensors({}, (lease,))
+            tensors.park()
+            shared = tensors.share()
+            shared.park()
+            parked = len(lease._parked)
+            tensors.release()
+            shared.release()
+            return parked, len(lease._parked)
+
+        assert server.call(scenario()) == (2, 0)
+        report = server.call(server.runtime.memory.defragment("test"))
+        assert dataclasses.asdict(report)["reason"] == "test"  # type: ignore[call-overload]
