@@ -36,6 +36,7 @@ from sordino.server.service import InferenceService
 from sordino.telemetry.execution_metrics import ExecutionCollector
 from sordino.telemetry.hub import Telemetry
 from sordino.telemetry.labels import MetricLabels
+from sordino.telemetry.memory_metrics import MemoryCollector
 from sordino.telemetry.metrics import Metrics
 from sordino.telemetry.model_stats import ModelStats
 from sordino.telemetry.observers import SchedulerObservers
@@ -112,6 +113,7 @@ class Runtime:
         self._started = False
         self.metrics.watch_schedulers(self.registry.scheduler_statistics)
         self.metrics.registry.register(ExecutionCollector(self.executor.statistics))
+        self.metrics.registry.register(MemoryCollector(self.memory.statistics))
         # The arena's fragmentation and use reach the journal, the monitor and the dashboard.
         self.telemetry.resources.add_pool("shm_arena", self.executor.arena_statistics)
 
