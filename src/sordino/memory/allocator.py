@@ -94,16 +94,18 @@ def _size_class(size: int) -> int:
 class Allocator:
     """Best-fit allocation with coalescing over ``capacity`` bytes (starting at ``base``).
 
-    A short-lived block is carved from the start of the free block chosen, a
-    long-lived one from its end, so the two kinds grow from opposite ends of a hole.
+    Lifetimes are ignored unless ``long_at_top``: then a long-lived block goes to the
+    free block at the highest address that holds it, carved from that block's end,
+    so long-lived state gathers at the top and short-lived buffers below it.
     """
 
-    def __init__(self, capacity: int, *, base: int = 0) -> None:
+    def __init__(self, capacity: int, *, base: int = 0, long_at_top: bool = False) -> None:
         capacity = capacity // ALIGNMENT * ALIGNMENT
         if capacity <= 0:
             raise ValueError(f"an allocator needs at least {ALIGNMENT} bytes")
         self.capacity = capacity
         self.base = base
+        self.long_at_top = long_at_top
         self._bins: list[list[tuple[int, int]]] = [[] for _ in range(_size_class(capacity) + 1)]
         self._free_at: dict[int, int] = {}  # offset -> size
         self._free_end: dict[int, int] = {}  # end offset -> start offset
@@ -114,7 +116,8 @@ class Allocator:
     def acquire_nowait(self, nbytes: int, lifetime: Lifetime = "short") -> Block:
         """Reserve at least ``nbytes`` bytes; raise :class:`OutOfMemory` if no free block fits."""
         size = _aligned(nbytes)
-        found = self._best_fit(size)
+        long = lifetime == "long" and self.long_at_top
+        found = self._highest_fit(size) if long else self._best_fit(size)
         if found is None:
             self._failed += 1
             raise OutOfMemory(
@@ -125,7 +128,7 @@ class Allocator:
         offset, free_size = found
         self._remove_free(offset, free_size)
         if free_size > size:
-            if lifetime == "long":
+            if long:
                 self._add_free(offset, free_size - size)
                 offset += free_size - size
             else:
@@ -210,6 +213,14 @@ class Allocator:
                 found_size, offset = bin_[0]
                 return offset, found_size
         return None
+
+    def _highest_fit(self, size: int) -> tuple[int, int] | None:
+        """The free block at the highest address that holds ``size`` (a scan: rare calls)."""
+        best: tuple[int, int] | None = None
+        for offset, free_size in self._free_at.items():
+            if free_size >= size and (best is None or offset > best[0]):
+                best = (offset, free_size)
+        return best
 
     def _add_free(self, offset: int, size: int) -> None:
         bisect.insort(self._bins[_size_class(size)], (size, offset))

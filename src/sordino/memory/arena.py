@@ -186,7 +186,9 @@ class Arena:
             for _, _, block in movable:
                 self._allocator.release(block)
             self._allocator.compact()
-            order = sorted(range(len(movable)), key=lambda i: -movable[i][2].size)
+            # Highest first: with long-lived blocks placed at the top, blocks already
+            # packed there land where they were, and only those below a hole move.
+            order = sorted(range(len(movable)), key=lambda i: -movable[i][2].offset)
             placed: dict[int, Block] = {}
             for i in order:
                 placed[i] = self._allocator.acquire_nowait(movable[i][2].size, "long")

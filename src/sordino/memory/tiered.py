@@ -51,9 +51,14 @@ class FragmentationAwareAllocator:
     """Tiers by size and lifetime over ``capacity`` bytes (see the module's doc)."""
 
     def __init__(
-        self, capacity: int, *, small_max: int = 64 * 1024, medium_max: int = 4 * 1024 * 1024
+        self,
+        capacity: int,
+        *,
+        small_max: int = 64 * 1024,
+        medium_max: int = 4 * 1024 * 1024,
+        chunked: tuple[str, ...] = ("small",),
     ) -> None:
-        self._arena = Allocator(capacity)
+        self._arena = Allocator(capacity, long_at_top=True)
         self.capacity = self._arena.capacity
         self.small_max = _aligned(small_max)
         self.medium_max = max(self.small_max, _aligned(medium_max))
@@ -64,12 +69,16 @@ class FragmentationAwareAllocator:
         self._pools = {
             (tier, lifetime): _Pool(tier, lifetime, chunk)
             for tier, chunk in (("small", small_chunk), ("medium", medium_chunk))
+            if tier in chunked
             for lifetime in _LIFETIMES
         }
         self._owner: dict[int, _Chunk | None] = {}  # block offset -> its chunk (None: large)
         self._used: dict[int, int] = {}
-        self._large_in_use = {"short": 0, "long": 0}
-        self._long_large: set[int] = set()  # offsets of long-lived blocks outside chunks
+        # Blocks placed in the arena itself (outside chunks), by tier and lifetime.
+        self._direct_in_use = {
+            (tier, lifetime): 0 for tier in ("small", "medium", "large") for lifetime in _LIFETIMES
+        }
+        self._direct: dict[int, tuple[str, Lifetime]] = {}
         self._in_use = self._peak = self._acquired = self._failed = 0
 
     def _tier(self, size: int) -> str:
@@ -83,8 +92,8 @@ class FragmentationAwareAllocator:
         tier = self._tier(size)
         block: Block | None = None
         chunk: _Chunk | None = None
-        if tier != "large":
-            pool = self._pools[(tier, lifetime)]
+        pool = self._pools.get((tier, lifetime))
+        if pool is not None:
             if size <= pool.chunk_size:
                 chunk = self._chunk_for(pool, size)
                 if chunk is not None:
@@ -102,9 +111,8 @@ class FragmentationAwareAllocator:
                     "the batch size"
                 )
             block = self._arena.acquire_nowait(size, lifetime)
-            self._large_in_use[lifetime] += size
-            if lifetime == "long":
-                self._long_large.add(block.offset)
+            self._direct_in_use[(tier, lifetime)] += size
+            self._direct[block.offset] = (tier, lifetime)
         self._owner[block.offset] = chunk
         self._used[block.offset] = size
         self._in_use += size
@@ -124,7 +132,7 @@ class FragmentationAwareAllocator:
         if not self._arena.fits(pool.chunk_size):
             return None
         block = self._arena.acquire_nowait(pool.chunk_size, pool.lifetime)
-        chunk = _Chunk(block, Allocator(block.size, base=block.offset), pool)
+        chunk = _Chunk(block, Allocator(block.size, base=block.offset, long_at_top=True), pool)
         pool.chunks.append(chunk)
         pool.current = chunk
         return chunk
@@ -138,9 +146,7 @@ class FragmentationAwareAllocator:
         self._in_use -= size
         if chunk is None:
             self._arena.release(block)
-            lifetime: Lifetime = "long" if block.offset in self._long_large else "short"
-            self._large_in_use[lifetime] -= size
-            self._long_large.discard(block.offset)
+            self._direct_in_use[self._direct.pop(block.offset)] -= size
             return
         chunk.allocator.release(block)
         pool = chunk.pool
@@ -157,8 +163,8 @@ class FragmentationAwareAllocator:
     def fits(self, nbytes: int, lifetime: Lifetime = "short") -> bool:
         size = _aligned(nbytes)
         tier = self._tier(size)
-        if tier != "large":
-            pool = self._pools[(tier, lifetime)]
+        pool = self._pools.get((tier, lifetime))
+        if pool is not None:
             if size <= pool.chunk_size:
                 if any(chunk.allocator.fits(size) for chunk in pool.chunks):
                     return True
@@ -228,11 +234,12 @@ class FragmentationAwareAllocator:
                     chunks=len(pool.chunks),
                 )
             )
-        for lifetime in _LIFETIMES:
-            in_use = self._large_in_use[lifetime]
+        for (tier, lifetime), in_use in self._direct_in_use.items():
+            if (tier, lifetime) in self._pools:
+                continue
             records.append(
                 TierStatistics(
-                    tier="large",
+                    tier=tier,
                     lifetime=lifetime,
                     reserved_bytes=in_use,
                     in_use_bytes=in_use,

@@ -1,0 +1,283 @@
+"""The memory manager: fragmentation under drift, allocation cost, defragmentation pause.
+
+1. **Drift trace** — 100k allocations on a 256 MiB arena, replayed against every
+   strategy: batch buffers whose shapes drift (N rows -> N+1, the row width growing
+   too), mixed small tensors and large batches, short lives (a few allocations), and
+   long-lived streaming states among them. Fragmentation (1 - largest free block /
+   free bytes) is sampled every 100 allocations after the first 10 %; the table gives
+   its mean and p95 (steady state), the arena's mean use, and failed allocations.
+2. **Allocation cost** — acquire + release of 4 KiB, 1 MiB and 64 MiB on an arena that
+   holds a few hundred live blocks, per strategy, next to ``np.empty`` + first touch
+   of every page (what a fresh buffer costs without an arena).
+3. **Defragmentation pause** — a real shared-memory arena fragmented with parked blocks
+   (``sordino.testing.fragment_arena``'s pattern), one ``Arena.defragment``: bytes
+   moved and the pause, for 8 to 128 MiB of movable blocks.
+
+    python -m bench.bench_memory [--allocations 100000] [--seed 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from rich.table import Table
+
+from bench.common import RESULTS, console
+from sordino.errors import OutOfMemory
+from sordino.memory import Arena, Lease, TensorRef, Tensors
+from sordino.memory.allocator import Block, Lifetime, Strategy
+from sordino.memory.strategies import STRATEGIES, allocator_factory
+
+MiB = 1 << 20
+ARENA = 256 * MiB
+
+
+@dataclass
+class Event:
+    """Allocate ``size`` bytes, to be freed after ``life`` further allocations."""
+
+    size: int
+    life: int
+    lifetime: Lifetime
+
+
+def drift_trace(allocations: int, seed: int) -> list[Event]:
+    """Batch shapes drifting N -> N+1, small and large mixed, long-lived states among them."""
+    rng = random.Random(seed)
+    events: list[Event] = []
+    rows, width = 8, 4096  # a batch of ``rows`` rows of ``width`` bytes
+    for i in range(allocations):
+        if i % 500 == 0:  # the shapes drift: one row more, a slightly wider row
+            rows = 8 + (rows - 7) % 56
+            width += 64
+        kind = rng.random()
+        if kind < 0.03:  # a stream's carried state: lives for thousands of allocations
+            events.append(Event(rng.randint(64, 2048) * 1024, rng.randint(2000, 8000), "long"))
+        elif kind < 0.55:  # small tensors (a request's inputs, a BYTES tensor)
+            events.append(Event(rng.randint(1, 64) * 1024, rng.randint(1, 16), "short"))
+        else:  # a batch's input and output buffers, the drifting shape
+            batch = rows + rng.randint(-2, 2)
+            size = max(1, batch) * width * rng.choice((1, 2, 4))
+            events.append(Event(size, rng.randint(1, 24), "short"))
+    return events
+
+
+def compact(allocator: Strategy, dying: dict[int, list[Block]], long: set[int]) -> int:
+    """What ``Arena.defragment`` does to the allocator: re-place every long-lived block.
+
+    Long-lived blocks stand for streams' carried state, parked in the queue between
+    steps (movable); short-lived ones for running batches' buffers (pinned). Returns
+    the bytes that changed place.
+    """
+    movable = [(at, i, b) for at, blocks in dying.items() for i, b in enumerate(blocks)
+               if b.offset in long]  # fmt: skip
+    for _, _, block in movable:
+        allocator.release(block)
+    allocator.compact()
+    moved = 0
+    for at, i, block in sorted(movable, key=lambda m: -m[2].offset):
+        new = allocator.acquire_nowait(block.size, "long")
+        long.discard(block.offset)
+        long.add(new.offset)
+        dying[at][i] = new
+        moved += block.size if new.offset != block.offset else 0
+    return moved
+
+
+def replay(
+    strategy: str, events: list[Event], *, defrag: float | None = None, every: int = 1000
+) -> dict[str, float]:
+    """Replay ``events``; with ``defrag``, compact every ``every`` allocations above that."""
+    allocator: Strategy = allocator_factory(strategy)(ARENA)
+    dying: dict[int, list[Block]] = {}
+    long: set[int] = set()
+    samples: list[float] = []
+    used: list[float] = []
+    failed = runs = moved = 0
+    warmup = len(events) // 10
+    for i, event in enumerate(events):
+        for block in dying.pop(i, ()):
+            allocator.release(block)
+            long.discard(block.offset)
+        try:
+            block = allocator.acquire_nowait(event.size, event.lifetime)
+        except OutOfMemory:
+            failed += 1
+        else:
+            dying.setdefault(i + event.life, []).append(block)
+            if event.lifetime == "long":
+                long.add(block.offset)
+        if defrag is not None and i % every == 0:
+            if allocator.statistics().fragmentation > defrag:
+                runs += 1
+                moved += compact(allocator, dying, long)
+        if i >= warmup and i % 100 == 0:
+            stats = allocator.statistics()
+            samples.append(stats.fragmentation)
+            used.append(stats.in_use_bytes / stats.reserved_bytes)
+    frag = np.asarray(samples)
+    return {
+        "fragmentation_mean": float(frag.mean()),
+        "fragmentation_p95": float(np.percentile(frag, 95)),
+        "in_use_mean": float(np.mean(used)),
+        "failed": failed,
+        "defrag_runs": runs,
+        "moved_mib_per_run": moved / MiB / runs if runs else 0.0,
+    }
+
+
+def allocation_cost(strategy: str, size: int, repeats: int) -> tuple[float, float]:
+    """p50 and p99 in µs of acquire + release of ``size`` with a few hundred blocks live."""
+    allocator: Strategy = allocator_factory(strategy)(1024 * MiB)
+    rng = random.Random(1)
+    background = []
+    for _ in range(300):
+        try:
+            background.append(allocator.acquire_nowait(rng.randint(1, 256) * 1024))
+        except OutOfMemory:
+            break
+    for block in background[::3]:
+        allocator.release(block)
+    times = np.empty(repeats)
+    clock = time.perf_counter_ns
+    for r in range(repeats):
+        t0 = clock()
+        block = allocator.acquire_nowait(size)
+        allocator.release(block)
+        times[r] = clock() - t0
+    return float(np.percentile(times, 50)) / 1000, float(np.percentile(times, 99)) / 1000
+
+
+def numpy_cost(size: int, repeats: int) -> tuple[float, float]:
+    """p50 and p99 in µs of np.empty(size) and a write to each of its pages."""
+    times = np.empty(repeats)
+    clock = time.perf_counter_ns
+    for r in range(repeats):
+        t0 = clock()
+        array = np.empty(size, np.uint8)
+        array[::4096] = 1
+        times[r] = clock() - t0
+        del array
+    return float(np.percentile(times, 50)) / 1000, float(np.percentile(times, 99)) / 1000
+
+
+def defrag_pause(strategy: str, movable_mib: int) -> dict[str, float]:
+    """Fragment a 512 MiB arena with parked blocks, defragment once: bytes moved, pause."""
+    arena = Arena(512 * MiB, allocator=allocator_factory(strategy), strategy=strategy)
+    try:
+        size = 2 * MiB
+        held: list[Tensors] = []
+        for index in range(2 * movable_mib // 2):
+            lease = Lease(arena)
+            try:
+                block = lease.acquire_nowait(size)
+            except OutOfMemory:
+                lease.release()
+                break
+            view = np.ndarray((size,), np.uint8, arena.buffer, block.offset)
+            view[:] = index % 251
+            tensors = Tensors({"x": TensorRef(view, block.offset)}, (lease,))
+            tensors.park()
+            held.append(tensors)
+        for tensors in held[1::2]:  # every other one goes: holes between parked blocks
+            tensors.release()
+        report = arena.defragment("bench")
+        for tensors in held[::2]:
+            tensors.release()
+        return {
+            "bytes_moved": report.bytes_moved,
+            "pause_ms": report.pause_s * 1000,
+            "before": report.fragmentation_before,
+            "after": report.fragmentation_after,
+        }
+    finally:
+        arena.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--allocations", type=int, default=100_000)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--defrag-every", type=int, default=1000, help="check for defrag every N allocations"
+    )
+    parser.add_argument(
+        "--threshold", type=float, default=0.05, help="defrag above this fragmentation"
+    )
+    args = parser.parse_args()
+    results: dict[str, object] = {}
+
+    events = drift_trace(args.allocations, args.seed)
+    table = Table(
+        title=f"drift trace: {len(events)} allocations on a 256 MiB arena "
+        f"(defrag checked every {args.defrag_every})"
+    )
+    columns = ("strategy", "defrag", "fragmentation mean", "p95", "in use", "failed", "runs",
+               "moved/run")  # fmt: skip
+    for column in columns:
+        table.add_column(column, justify="right")
+    drift = {}
+    for strategy in STRATEGIES:
+        for defrag in (None, args.threshold):
+            row = replay(strategy, events, defrag=defrag, every=args.defrag_every)
+            drift[f"{strategy}/{'defrag' if defrag is not None else 'none'}"] = row
+            table.add_row(
+                strategy,
+                f"> {defrag:.0%}" if defrag is not None else "never",
+                f"{row['fragmentation_mean']:.1%}",
+                f"{row['fragmentation_p95']:.1%}",
+                f"{row['in_use_mean']:.0%}",
+                str(row["failed"]),
+                str(row["defrag_runs"]),
+                f"{row['moved_mib_per_run']:.0f} MiB",
+            )
+    console.print(table)
+    results["drift"] = drift
+
+    table = Table(title="acquire + release, µs (p50 / p99)")
+    table.add_column("size")
+    for name in (*STRATEGIES, "np.empty + first touch"):
+        table.add_column(name, justify="right")
+    cost: dict[str, dict[str, tuple[float, float]]] = {}
+    for label, size, repeats in (
+        ("4 KiB", 4096, 20000),
+        ("1 MiB", MiB, 20000),
+        ("64 MiB", 64 * MiB, 300),
+    ):
+        cells = {s: allocation_cost(s, size, max(repeats, 2000)) for s in STRATEGIES}
+        cells["numpy"] = numpy_cost(size, repeats)
+        cost[label] = cells
+        table.add_row(label, *(f"{p50:.2f} / {p99:.2f}" for p50, p99 in cells.values()))
+    console.print(table)
+    results["allocation_us"] = cost
+
+    table = Table(title="one defragmentation of a fragmented 512 MiB arena (parked 2 MiB blocks)")
+    for column in ("strategy", "movable", "moved", "pause", "fragmentation"):
+        table.add_column(column, justify="right")
+    pauses = {}
+    for strategy in STRATEGIES:
+        for movable in (8, 32, 128):
+            row = defrag_pause(strategy, movable)
+            pauses[f"{strategy}/{movable}"] = row
+            table.add_row(
+                strategy,
+                f"{movable} MiB",
+                f"{row['bytes_moved'] / MiB:.0f} MiB",
+                f"{row['pause_ms']:.1f} ms",
+                f"{row['before']:.0%} -> {row['after']:.0%}",
+            )
+    console.print(table)
+    results["defrag"] = pauses
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / "memory.json"
+    out.write_text(json.dumps(results, indent=2))
+    console.print(f"results in {out}")
+
+
+if __name__ == "__main__":
+    main()
