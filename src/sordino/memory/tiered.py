@@ -93,13 +93,12 @@ class FragmentationAwareAllocator:
         block: Block | None = None
         chunk: _Chunk | None = None
         pool = self._pools.get((tier, lifetime))
-        if pool is not None:
-            if size <= pool.chunk_size:
-                chunk = self._chunk_for(pool, size)
-                if chunk is not None:
-                    block = chunk.allocator.acquire_nowait(size)
-                    pool.in_use += size
-                    pool.peak = max(pool.peak, pool.in_use)
+        if pool is not None and size <= pool.chunk_size:
+            chunk = self._chunk_for(pool, size)
+            if chunk is not None:
+                block = chunk.allocator.acquire_nowait(size)
+                pool.in_use += size
+                pool.peak = max(pool.peak, pool.in_use)
         if block is None:
             chunk = None
             if not self._arena.fits(size):
@@ -164,12 +163,11 @@ class FragmentationAwareAllocator:
         size = _aligned(nbytes)
         tier = self._tier(size)
         pool = self._pools.get((tier, lifetime))
-        if pool is not None:
-            if size <= pool.chunk_size:
-                if any(chunk.allocator.fits(size) for chunk in pool.chunks):
-                    return True
-                if self._arena.fits(pool.chunk_size):
-                    return True
+        if pool is not None and size <= pool.chunk_size:
+            if any(chunk.allocator.fits(size) for chunk in pool.chunks):
+                return True
+            if self._arena.fits(pool.chunk_size):
+                return True
         return self._arena.fits(size)
 
     def largest_free(self) -> int:
