@@ -112,10 +112,10 @@ def replay(
             dying.setdefault(i + event.life, []).append(block)
             if event.lifetime == "long":
                 long.add(block.offset)
-        if defrag is not None and i % every == 0:
-            if allocator.statistics().fragmentation > defrag:
-                runs += 1
-                moved += compact(allocator, dying, long)
+        checking = defrag is not None and i % every == 0
+        if checking and allocator.statistics().fragmentation > (defrag or 0.0):
+            runs += 1
+            moved += compact(allocator, dying, long)
         if i >= warmup and i % 100 == 0:
             stats = allocator.statistics()
             samples.append(stats.fragmentation)
