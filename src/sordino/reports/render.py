@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from sordino.reports import charts
 from sordino.reports.diagnose import Diagnosis, describe, when
 
@@ -124,6 +126,40 @@ def _forecast_lines(diagnosis: Diagnosis) -> list[str]:
     return lines or ["too little history in this window for a forecast (10 minutes at least)"]
 
 
+def memory_lines(diagnosis: Diagnosis) -> list[str]:
+    """The memory section: the arena's fragmentation and use, and defragmentation runs."""
+    rows = diagnosis.window.resources
+    lines = []
+    fragmentation = [r.fragmentation for r in rows if r.fragmentation is not None]
+    if fragmentation:
+        lines.append(
+            f"shared-memory fragmentation (worst pool): mean {np.mean(fragmentation):.1%}, "
+            f"max {max(fragmentation):.1%} over {len(fragmentation)} s"
+        )
+    used = [
+        r.pool_in_use_bytes / r.pool_reserved_bytes
+        for r in rows
+        if r.pool_in_use_bytes is not None and r.pool_reserved_bytes
+    ]
+    if used:
+        lines.append(f"pools in use: mean {np.mean(used):.0%}, peak {max(used):.0%} of reserved")
+    runs = [e for e in diagnosis.window.events if e.kind == "memory" and e.subject == "defrag"]
+    if runs:
+        moved = sum(float(e.payload.get("bytes_moved", 0)) for e in runs)
+        pauses = [float(e.payload.get("pause_s", 0.0)) for e in runs]
+        reasons = sorted({str(e.payload.get("reason", "?")) for e in runs})
+        before = np.mean([float(e.payload.get("fragmentation_before", 0.0)) for e in runs])
+        after = np.mean([float(e.payload.get("fragmentation_after", 0.0)) for e in runs])
+        lines.append(
+            f"{len(runs)} defragmentation runs ({', '.join(reasons)}): {moved / 2**20:.1f} MiB "
+            f"moved, pause max {max(pauses) * 1000:.1f} ms, fragmentation {before:.1%} -> "
+            f"{after:.1%} on average"
+        )
+    else:
+        lines.append("no defragmentation ran in this window")
+    return lines
+
+
 _CSS = """
 body{font:14px/1.5 system-ui,sans-serif;margin:24px auto;max-width:1060px;color:#1d2330}
 h1{margin-bottom:0}.meta{color:#667085}table{border-collapse:collapse;margin:8px 0}
@@ -168,6 +204,9 @@ def render_html(diagnosis: Diagnosis, chart_list: list[Chart]) -> str:
     parts += [
         f"<h3>{e(c.title)}</h3>{_img(c)}" for c in chart_list if not c.title.startswith("Finding")
     ]
+    parts.append("<h2>Memory</h2><ul>")
+    parts += [f"<li>{e(line)}</li>" for line in memory_lines(diagnosis)]
+    parts.append("</ul>")
     parts.append("<h2>Forecast</h2><ul>")
     parts += [f"<li>{e(line)}</li>" for line in _forecast_lines(diagnosis)]
     parts.append("</ul>")
@@ -274,6 +313,10 @@ def render_pdf(diagnosis: Diagnosis, chart_list: list[Chart], path: Path) -> Non
         for i, recommendation in enumerate(diagnosis.recommendations, 1):
             text.line(f"{i}. {recommendation}")
             text.gap(0.004)
+        text.gap()
+        text.line("Memory", size=13, bold=True)
+        for line in memory_lines(diagnosis):
+            text.line(line)
         text.gap()
         text.line("Forecast", size=13, bold=True)
         for line in _forecast_lines(diagnosis):
