@@ -13,12 +13,17 @@
    (``sordino.testing.fragment_arena``'s pattern), one ``Arena.defragment``: bytes
    moved and the pause, for 8 to 128 MiB of movable blocks.
 
-    python -m bench.bench_memory [--allocations 100000] [--seed 7]
+    python -m bench.bench_memory [--allocations 100000] [--seed 7] [--load-seconds 20]
+
+4. (with ``--load-seconds N``) **Defrag under load** — ``sordino start`` serving the
+   digits classifier to 64 closed-loop clients for about N s, with and without
+   ``--defrag-interval 10s``: p50/p99 and the defrag runs' pauses.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
 import time
@@ -199,10 +204,55 @@ def defrag_pause(strategy: str, movable_mib: int) -> dict[str, float]:
         arena.close()
 
 
+def under_load(seconds: float) -> dict[str, dict[str, float]]:
+    """p50/p99 of the digits classifier (64 clients) with and without a defrag every 10 s.
+
+    Each run serves ``sordino start`` with ``fragmentation_aware`` and a 64 MiB arena for
+    ``seconds``; the defrag row sets ``--defrag-interval 10s`` and reports the runs and
+    their pauses from ``GET /v2/sordino/memory``.
+    """
+    import urllib.request
+
+    from bench.common import closed_loop, json_request, sordino_server
+
+    pixels = np.random.default_rng(3).integers(0, 17, (1, 64)).astype(np.float32)
+    payload = json_request("pixels", pixels)
+    rows: dict[str, dict[str, float]] = {}
+    for label, interval in (("no defrag", "0"), ("defrag every 10 s", "10s")):
+        flags = ["--builtin", "--memory-strategy", "fragmentation_aware", "--pool-size", "64MB",
+                 "--defrag-interval", interval]  # fmt: skip
+        with sordino_server(flags) as ends:
+            url = f"{ends.http}/v2/models/digits-classifier/infer"
+            headers = {"Content-Type": "application/json"}
+            asyncio.run(closed_loop(url, [payload] * 500, 16, headers))  # warm up
+            count = int(seconds * 2500)
+            latencies, wall = asyncio.run(closed_loop(url, [payload] * count, 64, headers))
+            with urllib.request.urlopen(f"{ends.http}/v2/sordino/memory") as answer:
+                status = json.loads(answer.read())
+        last = status["last_defrag"] or {}
+        ms = np.asarray(latencies) * 1000
+        rows[label] = {
+            "requests": len(latencies),
+            "seconds": wall,
+            "p50_ms": float(np.percentile(ms, 50)),
+            "p99_ms": float(np.percentile(ms, 99)),
+            "defrag_runs": status["defrag_runs"],
+            "pause_total_ms": status["defrag_pause_s"] * 1000,
+            "last_moved_bytes": last.get("bytes_moved", 0),
+        }
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--allocations", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--load-seconds",
+        type=float,
+        default=0.0,
+        help="also measure p99 under load with and without a defrag every 10 s (N s each)",
+    )
     parser.add_argument(
         "--defrag-every", type=int, default=1000, help="check for defrag every N allocations"
     )
@@ -273,6 +323,23 @@ def main() -> None:
             )
     console.print(table)
     results["defrag"] = pauses
+    if args.load_seconds > 0:
+        table = Table(title="digits-classifier, 64 clients: with and without a defrag every 10 s")
+        for column in ("run", "requests", "req/s", "p50 ms", "p99 ms", "defrag runs", "pause"):
+            table.add_column(column, justify="right")
+        load = under_load(args.load_seconds)
+        for label, row in load.items():
+            table.add_row(
+                label,
+                str(row["requests"]),
+                f"{row['requests'] / row['seconds']:.0f}",
+                f"{row['p50_ms']:.1f}",
+                f"{row['p99_ms']:.1f}",
+                str(row["defrag_runs"]),
+                f"{row['pause_total_ms']:.2f} ms",
+            )
+        console.print(table)
+        results["under_load"] = load
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "memory.json"
     out.write_text(json.dumps(results, indent=2))
