@@ -356,10 +356,15 @@ class TensorsBuilder:
     If building fails, :meth:`abandon` gives back what was placed.
     """
 
-    __slots__ = ("_lease", "_refs")
+    __slots__ = ("_lease", "_lifetime", "_refs")
 
-    def __init__(self, arena: Arena | None, *, owner: str = "default") -> None:
+    def __init__(
+        self, arena: Arena | None, *, owner: str = "default", lifetime: Lifetime = "short"
+    ) -> None:
+        """``lifetime="long"`` marks state that outlives many batches (the
+        ``fragmentation_aware`` strategy keeps it apart from batch buffers)."""
         self._lease = Lease(arena, owner=owner) if arena is not None else None
+        self._lifetime: Lifetime = lifetime
         self._refs: dict[str, TensorRef] = {}
 
     def empty(self, name: str, dtype: np.dtype[Any], shape: tuple[int, ...]) -> Tensor:
@@ -369,7 +374,7 @@ class TensorsBuilder:
             from sordino.errors import OutOfMemory
 
             try:
-                block = self._lease.acquire_nowait(nbytes)
+                block = self._lease.acquire_nowait(nbytes, self._lifetime)
             except OutOfMemory:
                 pass
             else:
