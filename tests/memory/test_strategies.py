@@ -151,3 +151,33 @@ def test_zero_on_free_clears_a_released_block() -> None:
         assert not np.frombuffer(arena.buffer, np.uint8).any()
     finally:
         arena.close()
+
+
+def test_defrag_with_zero_on_free_leaves_no_bytes_behind() -> None:
+    """A moved block's old range is zeroed (tenant isolation), its new one holds the data."""
+    arena = Arena(CAPACITY, zero_on_free=True)
+    try:
+        held = []
+        for index in range(8):
+            lease = Lease(arena)
+            block = lease.acquire_nowait(64 * 1024)
+            view = np.ndarray((64 * 1024,), np.uint8, arena.buffer, block.offset)
+            view[:] = index + 1
+            held.append(Tensors({"x": TensorRef(view, block.offset)}, (lease,)))
+        for t in held[::2]:
+            t.release()
+        for t in held[1::2]:
+            t.park()
+        report = arena.defragment("test")
+        assert report.blocks_moved > 0
+        whole = np.frombuffer(arena.buffer, np.uint8)
+        live = sum(int(t["x"].size) for t in held[1::2])
+        nonzero = int(np.count_nonzero(whole))
+        del whole, view
+        assert nonzero == live  # nothing outside the live blocks
+        assert [int(t["x"][0]) for t in held[1::2]] == [2, 4, 6, 8]
+        for t in held[1::2]:
+            t.release()
+        held.clear()
+    finally:
+        arena.close()

@@ -200,6 +200,10 @@ class Arena:
         moves: dict[int, int] = {}  # old offset -> new offset
         sizes: dict[int, int] = {}
         moved_bytes = 0
+        if self.zero_on_free:  # what stays behind in a vacated range is nobody's to read
+            for i, (_, _, old) in enumerate(movable):
+                if placed[i].offset != old.offset:
+                    buffer[old.offset : old.offset + old.size] = 0
         for i, (lease, index, old) in enumerate(movable):
             new = placed[i]
             if new.offset != old.offset:
