@@ -50,8 +50,9 @@ class MemoryConfig(Section):
     """fragmentation_aware: blocks up to this size (above small_max) are the medium tier."""
     defrag_interval: Duration = 0.0
     """Defragment on this timer (e.g. 5m); 0 = never on a timer."""
-    defrag_threshold: float = Field(default=0.3, ge=0.0, le=1.0)
-    """Also defragment when fragmentation stays above this for ``defrag_window``; 0 = never."""
+    defrag_threshold: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Also defragment when fragmentation stays above this for ``defrag_window`` (e.g.
+    0.3); 0 = never (the default)."""
     defrag_window: Duration = Field(default=60.0, gt=0)
     """How long fragmentation must stay above ``defrag_threshold``."""
     overflow_protection: bool = True
@@ -86,7 +87,7 @@ class MemoryConfig(Section):
         if not self.enabled:
             set_keys = sorted(
                 key
-                for key in ("quotas", "defrag_interval", "strategy")
+                for key in ("quotas", "defrag_interval", "defrag_threshold", "strategy")
                 if key in self.model_fields_set and getattr(self, key) not in ((), 0.0, "best_fit")
             )
             if set_keys:
