@@ -1,0 +1,68 @@
+"""The ``memory`` section: the issue's YAML loads as written; bad values say what to fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sordino.config import load_config
+from sordino.errors import ConfigError
+
+ISSUE_YAML = """\
+memory:
+  strategy: fragmentation_aware     # fragmentation_aware | best_fit | simple (bump/free-list)
+  pool_size: 2GB                    # the shared arena
+  defrag_interval: 5m               # 0 = never on a timer
+  defrag_threshold: 0.3             # also defrag when fragmentation stays above this for a minute
+  overflow_protection: true
+  reuse_strategy: lru               # what the framework-side caches give back first
+  quotas:
+    - {tenant: premium, max: 1GB}
+    - {tenant: free, max: 200MB}
+"""
+
+
+def test_the_issue_yaml_loads(tmp_path: Path) -> None:
+    path = tmp_path / "sordino.yaml"
+    path.write_text(ISSUE_YAML)
+    memory = load_config(path).memory
+    assert memory.strategy == "fragmentation_aware" and memory.pool_size == 2 * 2**30
+    assert memory.defrag_interval == 300.0 and memory.defrag_threshold == 0.3
+    assert memory.quota("premium") == 2**30 and memory.quota("free") == 200 * 2**20
+    assert memory.quota("nobody") is None
+    assert memory.zeroes_on_free  # quotas set: blocks are zeroed when freed
+
+
+def test_defaults_keep_todays_arena() -> None:
+    memory = load_config(None).memory
+    assert (memory.enabled, memory.strategy, memory.pool_size) == (True, "best_fit", None)
+    assert memory.defrag_interval == 0 and memory.defrag_threshold == 0
+    assert not memory.zeroes_on_free
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needles"),
+    [
+        ({"memory.strategy": "fast"}, ["memory.strategy", "fragmentation_aware", "'fast'"]),
+        ({"memory.pool_size": "auto"}, ["memory.pool_size", "not supported yet"]),
+        ({"memory.pool_size": "1KB"}, ["memory.pool_size", "4096"]),
+        ({"memory.defrag_interval": "soon"}, ["memory.defrag_interval", "'5m'"]),
+        ({"memory.defrag_threshold": 1.5}, ["memory.defrag_threshold", "1"]),
+        ({"memory.reuse_strategy": "fifo"}, ["memory.reuse_strategy", "lru"]),
+        ({"memory.quotas": [{"tenant": "a", "max": "1GB"}, {"tenant": "a", "max": "2GB"}]},
+         ["quota tenants ['a']"]),
+        ({"memory.quotas": [{"tenant": "a"}]}, ["memory.quotas.0", "max"]),
+        ({"memory.small_max": "8MB"}, ["medium_max", "small_max"]),
+        ({"memory.enabled": False, "memory.quotas": [{"tenant": "a", "max": 1}]},
+         ["memory.enabled is false", "quotas"]),
+        ({"memory.defrag_every": "5m"}, ["memory.defrag_every"]),
+    ],
+)  # fmt: skip
+def test_bad_values_name_the_key_and_what_is_allowed(
+    overrides: dict[str, object], needles: list[str]
+) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config(None, overrides)
+    for needle in needles:
+        assert needle in str(error.value), (needle, str(error.value))
