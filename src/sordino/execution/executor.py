@@ -61,5 +61,8 @@ class Executor(Protocol):
         ...
 
     def memory_fit(self, model: ModelKey, part: Mapping[str, Tensor]) -> MemoryFit | None:
-        """How rows like ``part``'s fit the arena; None when no protection applies."""
+        """How rows like ``part``'s fit the arena; None when no protection applies.
+
+        Optional: the scheduler treats an executor without this method as unprotected.
+        """
         ...

@@ -39,7 +39,7 @@ from sordino.errors import (
     ShuttingDown,
     SordinoError,
 )
-from sordino.execution.executor import Executor
+from sordino.execution.executor import Executor, MemoryFit
 from sordino.inference import ModelKey, StreamSpec, Tensor, release_owned
 from sordino.memory.refs import Tensors
 from sordino.records import (
@@ -297,6 +297,11 @@ class ModelScheduler:
         self._set_timer(wake_at)
         return None
 
+    def _memory_fit(self, inputs: Mapping[str, Tensor]) -> MemoryFit | None:
+        # Executors written before overflow protection have no memory_fit: no protection.
+        memory_fit = getattr(self._executor, "memory_fit", None)
+        return memory_fit(self.model, inputs) if memory_fit is not None else None
+
     def _rows_that_fit(self, decision: Dispatch) -> int:
         """Overflow protection: shrink the batch to the rows the arena can hold now.
 
@@ -306,7 +311,7 @@ class ModelScheduler:
         head = self._queue.head()
         if head is None or head.signature != decision.signature:
             return decision.rows
-        fit = self._executor.memory_fit(self.model, head.inputs)
+        fit = self._memory_fit(head.inputs)
         if fit is None or fit.row_bytes <= 0:
             return decision.rows
         rows = max(head.rows, fit.free // fit.row_bytes)
@@ -317,7 +322,7 @@ class ModelScheduler:
 
     def _refuse_oversized(self, item: WorkItem) -> None:
         """A request that alone is larger than the arena can never run: 400 at once."""
-        fit = self._executor.memory_fit(self.model, item.inputs)
+        fit = self._memory_fit(item.inputs)
         if fit is None:
             return
         needed = fit.row_bytes * item.rows
