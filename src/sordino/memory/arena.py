@@ -180,7 +180,6 @@ class Arena:
                 0, 0, before, before, time.perf_counter() - started, reason, 0, pinned
             )
         buffer = np.frombuffer(self.buffer, np.uint8)
-        saved = [buffer[b.offset : b.offset + b.size].copy() for _, _, b in movable]
         snapshot = copy.deepcopy(self._allocator)
         try:
             for _, _, block in movable:
@@ -197,13 +196,19 @@ class Arena:
             after = self._allocator.statistics().fragmentation
             pause = time.perf_counter() - started
             return DefragReport(0, 0, before, after, pause, reason, len(movable), pinned)
+        # The placement was bookkeeping only: the bytes are still where they were. Only
+        # blocks that changed place are copied, through a copy of their own, since a
+        # new place may overlap another moving block's old one.
+        shifted = [i for i, (_, _, old) in enumerate(movable) if placed[i].offset != old.offset]
+        saved = {i: buffer[b.offset : b.offset + b.size].copy()
+                 for i in shifted for b in (movable[i][2],)}  # fmt: skip
         moves: dict[int, int] = {}  # old offset -> new offset
         sizes: dict[int, int] = {}
         moved_bytes = 0
         if self.zero_on_free:  # what stays behind in a vacated range is nobody's to read
-            for i, (_, _, old) in enumerate(movable):
-                if placed[i].offset != old.offset:
-                    buffer[old.offset : old.offset + old.size] = 0
+            for i in shifted:
+                old = movable[i][2]
+                buffer[old.offset : old.offset + old.size] = 0
         for i, (lease, index, old) in enumerate(movable):
             new = placed[i]
             if new.offset != old.offset:
