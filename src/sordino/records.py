@@ -266,6 +266,7 @@ class ConnectionStatistics:
 
 __all__ += [
     "DefragReport",
+    "MemoryForecast",
     "MemoryStatistics",
     "OwnerStatistics",
     "TierStatistics",
@@ -321,6 +322,24 @@ class OwnerStatistics:
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryForecast:
+    """What one model's requests cost in the arena, learned, and what the forecast implies.
+
+    ``predicted_peak_bytes`` is Little's law on the forecast: the peak requests per
+    second of the next hour x bytes per request x seconds per request (None without
+    a forecast). The pool is not resized from it (not supported yet).
+    """
+
+    model: str
+    buckets: tuple[tuple[int, int, int], ...]
+    """(rows up to, requests seen, bytes per request) per shape bucket (powers of two)."""
+    bytes_per_request: float
+    seconds_per_request: float
+    forecast_peak_qps: float | None
+    predicted_peak_bytes: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class MemoryStatistics:
     """The memory manager: the arena, its tiers, owners, overflow and defragmentation."""
 
@@ -341,3 +360,5 @@ class MemoryStatistics:
     """Requests answered 503 because the arena stayed full."""
     oversized_rejections: int
     """Requests refused because they alone are larger than the arena."""
+    forecasts: tuple[MemoryForecast, ...] = ()
+    """Per model: learned bytes per request and the peak the forecast implies."""

@@ -31,6 +31,7 @@ def test_start_flags_then_status_and_defrag(tmp_path: Path) -> None:
         assert "strategy fragmentation_aware" in out
         assert "of 64.0 MiB" in out and "fragmentation" in out
         assert "owner default" in out and "defrag: 0 runs" in out
+        assert "pre-warming: the pool is not resized from the forecast" in out
         code, out = _memory("defrag", "--url", server.url)
         assert code == 0, out
         assert out.startswith("moved ") and "fragmentation" in out

@@ -116,3 +116,27 @@ def test_builder_places_long_lived_state_at_the_top(arena: Arena) -> None:
     assert tensors.ref("state").offset > batch.ref("x").offset  # type: ignore[operator]
     tensors.release()
     batch.release()
+
+
+def test_learned_bytes_per_request_and_the_forecast_peak() -> None:
+    """Bytes per request per shape bucket; Little's law on the forecast's peak QPS."""
+    from sordino.telemetry.forecast import Forecast, ForecastSeries
+
+    series = ForecastSeries(10.0, 50.0, (), "holt_winters", 100, 60)
+    forecast = Forecast(0.0, {"m": series}, None)
+    manager = MemoryManager(
+        MemoryConfig(), arena=lambda: None, clock=VirtualClock(), events=EventSink(),
+        forecast=lambda: forecast,
+    )  # fmt: skip
+    for _ in range(3):
+        manager.learn("m", 1, 1000, 0.02)
+    manager.learn("m", 8, 8000, 0.02)
+    manager.learn("other", 3, 500, 0.01)
+    by_model = {f.model: f for f in manager.statistics().forecasts}
+    m = by_model["m"]
+    assert m.buckets == ((1, 3, 1000), (8, 1, 8000))
+    assert m.bytes_per_request == pytest.approx((3 * 1000 + 8000) / 4)
+    assert m.forecast_peak_qps == 50.0
+    assert m.predicted_peak_bytes == pytest.approx(50.0 * m.bytes_per_request * 0.02)
+    assert by_model["other"].buckets == ((4, 1, 500),)
+    assert by_model["other"].predicted_peak_bytes is None  # no forecast for it

@@ -124,6 +124,8 @@ def test_defrag_every_200ms_under_load_keeps_every_answer_exact(
     assert {"bytes_moved", "fragmentation_before", "fragmentation_after", "pause_s"} <= set(
         runs[0].payload
     )
+    learned = {f.model: f for f in runtime.memory.statistics().forecasts}
+    assert learned[DIGITS].buckets[0][0] == 1 and learned[DIGITS].bytes_per_request > 0
     fragmented = [e for e in runs if e.payload["fragmentation_before"] >= 0.5]
     assert fragmented and fragmented[0].payload["bytes_moved"] > 0
     assert fragmented[0].payload["fragmentation_after"] < 0.5

@@ -85,7 +85,21 @@ def describe_status(status: dict[str, Any]) -> list[str]:
         f"defrag: {status['defrag_runs']} runs, {_mib(status['defrag_bytes_moved'])} moved, "
         f"{status['defrag_pause_s'] * 1000:.1f} ms paused in all"
     )
-    lines.append("forecast: not supported yet (predictive pre-warming is not built)")
+    arena_peak = arena["peak_bytes"] if arena is not None else None
+    for forecast in status.get("forecasts", []):
+        predicted = forecast["predicted_peak_bytes"]
+        qps = forecast["forecast_peak_qps"]
+        prediction = (
+            f"forecast peak {qps:.1f} req/s -> {_mib(int(predicted))} in flight"
+            if predicted is not None
+            else "no forecast yet (it needs the journal's history)"
+        )
+        lines.append(
+            f"model {forecast['model']}: {forecast['bytes_per_request'] / 1024:.1f} KiB and "
+            f"{forecast['seconds_per_request'] * 1000:.1f} ms per request; {prediction}; "
+            f"arena peak so far {_mib(arena_peak)}"
+        )
+    lines.append("pre-warming: the pool is not resized from the forecast (not supported yet)")
     return lines
 
 

@@ -90,6 +90,7 @@ class Runtime:
             ),
             clock=self.clock,
             events=self.events,
+            forecast=lambda: self.telemetry.forecast,
         )
         self.loader = ModelLoader(
             config,
@@ -108,6 +109,7 @@ class Runtime:
             stats=self.stats,
             telemetry=self.telemetry,
             quotas=self.memory.quotas if config.memory.quotas else None,
+            learn=self.memory.learn if config.memory.enabled else None,
         )
         self._sources = list(sources)
         self._started = False

@@ -25,7 +25,8 @@ batch into the arena: one copy between the socket and the model.)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+import time
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from types import TracebackType
 from typing import Any
@@ -101,10 +102,15 @@ class InferenceService:
         stats: ModelStats,
         telemetry: Telemetry,
         quotas: QuotaLedger | None = None,
+        learn: Callable[[str, int, int, float], None] | None = None,
     ) -> None:
+        """``quotas`` charges each request's staged bytes to its tenant; ``learn`` is told
+        ``(model, rows, bytes, seconds)`` of every request that succeeded."""
         self._registry = registry
         self._quotas = quotas
-        self._charged: dict[int, tuple[str, int]] = {}  # id(request) -> (owner, bytes)
+        self._learn = learn
+        # id(request) -> (quota owner or None, staged bytes, rows, accepted at)
+        self._tracked: dict[int, tuple[str | None, int, int, float]] = {}
         self._admission = admission
         self._priority_rules = priority_rules
         self._metrics = metrics
@@ -179,8 +185,6 @@ class InferenceService:
         when it is refused.
         """
         model, context = self.admit(request)
-        if self._quotas is not None:
-            await self._charge(model, request)
         if one_shot and model.metadata.stream is not None:
             error = Unsupported(
                 f"model {model.key.name!r} streams its responses (one per step); use "
@@ -189,6 +193,8 @@ class InferenceService:
             )
             self._refused(request, error.reason)
             raise error
+        if self._quotas is not None or self._learn is not None:
+            await self._charge(model, request)
         try:
             accepted = model.scheduler.submit(
                 request.inputs,
@@ -208,27 +214,33 @@ class InferenceService:
         return model, context, accepted
 
     async def _charge(self, model: LoadedModel, request: InferRequest) -> None:
-        """Charge the request's staged bytes to its tenant's quota (waits, or raises 429)."""
-        assert self._quotas is not None
+        """Note the request's staged bytes; with quotas, charge its tenant (wait, or 429)."""
         inputs = request.inputs
         rows = 1
         if model.metadata.batched and inputs:
             rows = max(1, int(next(iter(inputs.values())).shape[0]))
         nbytes = rows * row_bytes(inputs, model.metadata)
-        try:
-            owner = await self._quotas.acquire(_tenant(request), nbytes)
-        except SordinoError as exc:
-            self._refused(request, exc.reason)
-            raise
-        except BaseException:
-            self._refused(request, Cancelled.reason)
-            raise
-        self._charged[id(request)] = (owner, nbytes)
+        owner = None
+        if self._quotas is not None:
+            try:
+                owner = await self._quotas.acquire(_tenant(request), nbytes)
+            except SordinoError as exc:
+                self._refused(request, exc.reason)
+                raise
+            except BaseException:
+                self._refused(request, Cancelled.reason)
+                raise
+        self._tracked[id(request)] = (owner, nbytes, rows, time.perf_counter())
 
-    def _uncharge(self, request: InferRequest) -> None:
-        charged = self._charged.pop(id(request), None)
-        if charged is not None and self._quotas is not None:
-            self._quotas.release(*charged)
+    def _uncharge(self, request: InferRequest, *, succeeded: bool = False) -> None:
+        tracked = self._tracked.pop(id(request), None)
+        if tracked is None:
+            return
+        owner, nbytes, rows, started = tracked
+        if owner is not None and self._quotas is not None:
+            self._quotas.release(owner, nbytes)
+        if succeeded and self._learn is not None:
+            self._learn(request.model, rows, nbytes, time.perf_counter() - started)
 
     def receiving(
         self, model: str = "", version: str | None = None, tenant: str | None = None
@@ -249,7 +261,7 @@ class InferenceService:
     ) -> None:
         # The scheduler's outcome, which it also reported to sordino_requests_total: a
         # task cancelled after its request succeeded is a success in both.
-        self._uncharge(request)
+        self._uncharge(request, succeeded=accepted.outcome == "success")
         outcome = accepted.outcome if accepted.outcome is not None else "cancelled"
         self._telemetry.request_finished(request.model, _tenant(request), context.priority, outcome)
 
