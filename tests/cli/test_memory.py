@@ -49,6 +49,10 @@ def test_defrag_needs_the_admin_token_when_one_is_set() -> None:
         assert code == 0, out
         code, out = _memory("status", "--url", server.url)
         assert code == 0 and "strategy best_fit" in out
+        monitor = CliRunner().invoke(cli, ["monitor", "--url", server.url, "--once"])
+        assert monitor.exit_code == 0, monitor.output
+        assert "memory best_fit · defrag 1 runs, 0 MB moved" in monitor.output
+        assert "overflow 0 shrunk, 0 × 503 · quota 0 × 429" in monitor.output
 
 
 def test_no_server_is_a_clear_error() -> None:

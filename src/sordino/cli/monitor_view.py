@@ -119,6 +119,21 @@ def _resource_line(snap: dict[str, Any], metrics: Sequence[str]) -> str:
     return " · ".join(parts)
 
 
+def memory_line(snap: dict[str, Any]) -> str | None:
+    """The memory manager's line: strategy, defrag runs, overflow and quota refusals."""
+    memory = snap.get("memory")
+    if not memory:
+        return None
+    pause = memory.get("last_pause_s")
+    last = f" (last pause {pause * 1000:.1f} ms)" if pause is not None else ""
+    return (
+        f"memory {memory['strategy']} · defrag {memory['defrag_runs']} runs, "
+        f"{_mb(memory['defrag_bytes_moved'])} moved{last} · overflow "
+        f"{memory['overflow_shrinks']} shrunk, {memory['overflow_rejections']} × 503 · quota "
+        f"{memory['quota_rejections']} × 429"
+    )
+
+
 def plain_snapshot(snap: dict[str, Any], metrics: Sequence[str], url: str) -> str:
     """One snapshot as plain text: a header, a row per model, the latest events."""
     cols = _columns(metrics)
@@ -126,8 +141,11 @@ def plain_snapshot(snap: dict[str, Any], metrics: Sequence[str], url: str) -> st
     lines = [
         f"sordino {server['version']} at {url} · {_clock(snap.get('time'))}",
         _resource_line(snap, metrics),
-        "",
     ]
+    memory = memory_line(snap)
+    if memory is not None:
+        lines.append(memory)
+    lines.append("")
     header = ["model".ljust(24)] + [title.rjust(10) for title, _, _ in cols]
     lines.append(" ".join(header))
     for model in snap["models"]:
@@ -152,6 +170,9 @@ def live_view(
         ("sordino ", "bold"), f"{server['version']} · {url} · {_clock(snap.get('time'))}"
     )
     resources = Text(_resource_line(snap, metrics))
+    memory = memory_line(snap)
+    if memory is not None:
+        resources.append("\n" + memory)
     if "mem_frag" in metrics:
         series = snap["resources"]["series"]
         if any(v is not None for v in series.get("fragmentation", [])):

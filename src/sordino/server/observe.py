@@ -34,6 +34,7 @@ from sordino.control.admin import AdminAccess
 from sordino.control.profiling import profile_model
 from sordino.errors import InvalidRequest, NotFound
 from sordino.protocol.codec import encode_json
+from sordino.records import MemoryStatistics
 from sordino.server.runtime import Runtime
 from sordino.telemetry.journal_reader import JournalReader, MissingJournal
 from sordino.telemetry.snapshot import snapshot
@@ -98,6 +99,20 @@ def public_view(document: dict[str, Any]) -> dict[str, Any]:
     return document
 
 
+def memory_summary(stats: MemoryStatistics) -> dict[str, Any]:
+    """The memory manager in a few figures, for the monitor (no tenant names)."""
+    last = stats.last_defrag
+    return {
+        "strategy": stats.strategy,
+        "defrag_runs": stats.defrag_runs,
+        "defrag_bytes_moved": stats.defrag_bytes_moved,
+        "last_pause_s": last.pause_s if last is not None else None,
+        "overflow_shrinks": stats.overflow_shrinks,
+        "overflow_rejections": stats.overflow_rejections,
+        "quota_rejections": sum(o.rejections for o in stats.owners),
+    }
+
+
 def observe_routes(runtime: Runtime, guard: Any, access: AdminAccess) -> list[Route]:
     """The routes above; ``guard`` maps :class:`SordinoError` to error responses."""
     telemetry = runtime.telemetry
@@ -108,6 +123,7 @@ def observe_routes(runtime: Runtime, guard: Any, access: AdminAccess) -> list[Ro
         events = int(_number(request, "events", 50, 0, 1000))
         execution = runtime.executor.statistics()
         document = snapshot(telemetry, seconds=seconds, events=events, execution=execution)
+        document["memory"] = memory_summary(runtime.memory.statistics())
         if access.allows_request(request):
             document["view"] = "full"
         else:
