@@ -52,7 +52,7 @@ from sordino.records import (
 from sordino.scheduling.batcher import Dispatch, decide
 from sordino.scheduling.modes import ModeController
 from sordino.scheduling.queue import RequestQueue
-from sordino.scheduling.work import Request, StepOutput, WorkItem, signature_of
+from sordino.scheduling.work import Request, StepOutput, Stepper, WorkItem, signature_of
 
 __all__ = ["ModelScheduler"]
 
@@ -98,6 +98,10 @@ class ModelScheduler:
         self._batch_s: float | None = None
         self._batch_rows: float | None = None
 
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
     # -- lifecycle -------------------------------------------------------------------
 
     def start(self) -> None:
@@ -137,12 +141,16 @@ class ModelScheduler:
         timeout_s: float | None = None,
         request_id: str | None = None,
         stream: StreamSpec | None = None,
+        stepper: Stepper | None = None,
     ) -> Request:
         """Accept one request and queue its first step; return the request.
 
         The scheduler takes ownership of ``inputs`` (a :class:`Tensors` is released when
         the request finishes). Raises at once, without accepting, when the queue is
         full or the scheduler is closing; ``inputs`` then stay the caller's.
+
+        With a ``stepper`` (an iterative model) ``inputs`` are the first step's; after
+        each step the stepper computes the next step's inputs (see :class:`Stepper`).
         """
         if self._closing:
             raise ShuttingDown(f"model {self.model} is shutting down; retry on another replica")
@@ -155,6 +163,7 @@ class ModelScheduler:
             timeout_s=timeout_s,
             id=request_id,
             stream=stream,
+            stepper=stepper,
         )
         item = self._work_item(request, tensors, now)
         try:
@@ -410,6 +419,9 @@ class ModelScheduler:
         request.compute_s += compute_s
         now = self._clock.now()
         self._controller.observe(now, now - item.arrival, backlog_rows=self._queue.rows)
+        if request.stepper is not None:
+            self._advance(request, result, now)
+            return
         spec = request.stream
         final = spec is None or _stream_done(result, spec)
         if not final and request.steps >= request.max_steps:
@@ -442,6 +454,40 @@ class ModelScheduler:
             self._queue_changed()
             self._wake.set()
         request.outputs.put_nowait(StepOutput(result, final, request.steps))
+        if final:
+            self._finish(request, "success", "ok")
+
+    def _advance(self, request: Request, result: Tensors, now: float) -> None:
+        """An iterative request's step ran: let its stepper compute the next one."""
+        assert request.stepper is not None
+        try:
+            with result:
+                following, delivered = request.stepper.advance(result, now)
+        except SordinoError as exc:
+            self._fail(request, exc)
+            return
+        except Exception as exc:  # a bug in the sampler is this request's failure
+            self._fail(request, InferenceFailed(f"the sampler of {self.model} failed: {exc}"))
+            return
+        final = following is None
+        if following is not None:
+            if self._aborting:
+                following.release()
+                if delivered is not None:
+                    delivered.release()
+                self._fail(request, ShuttingDown("the model is being unloaded"))
+                return
+            # The request's next step: queued by its priority, so a higher-priority
+            # request's steps go first and this one resumes from its state (kept in
+            # ``following``, in the arena) when its turn comes.
+            request.inputs.release()
+            request.inputs = following.share() if following.leases else following
+            self._queue.put_nowait(self._work_item(request, following, now), force=True)
+            request.state = "queued"
+            self._queue_changed()
+            self._wake.set()
+        if delivered is not None:
+            request.outputs.put_nowait(StepOutput(delivered, final, request.steps))
         if final:
             self._finish(request, "success", "ok")
 
@@ -487,6 +533,8 @@ class ModelScheduler:
         request.state = "finished"
         request.outcome = outcome
         request.inputs.release()
+        if request.stepper is not None:
+            request.stepper.close()
         if outcome == "success":
             self._succeeded += 1
         elif outcome == "cancelled":
