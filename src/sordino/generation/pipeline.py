@@ -18,6 +18,7 @@ import asyncio
 import math
 import secrets
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -334,23 +335,28 @@ class Pipeline:
             if self.config.reuse.coalesce:
                 running = self.in_flight.join(key)
                 if running is not None:
-                    yield await asyncio.shield(running), "coalesced"
-                    return
+                    shared = await asyncio.shield(running)
+                    if not shared.degraded:
+                        yield shared, "coalesced"
+                        return
+                    # The first one was degraded (its deadline, its priority): this
+                    # request has its own and gets its own generation.
         lead = self.in_flight.lead(key) if params.seeded and self.config.reuse.coalesce else None
         outcome: Any = asyncio.CancelledError()
+        generating = self._generate(params, condition, priority, timeout_s, request_id, progress)
         try:
-            async for item in self._generate(
-                params, condition, priority, timeout_s, request_id, progress
-            ):
-                if isinstance(item, Generated):
-                    outcome = item
-                    if params.seeded and not item.degraded and not item.reused_steps:
-                        self.results.put(params.tenant, key, item)
-                    yield item, "generated"
-                else:
+            async with aclosing(generating):
+                async for item in generating:
+                    if isinstance(item, Generated):
+                        outcome = item
+                        if params.seeded and not item.degraded and not item.reused_steps:
+                            self.results.put(params.tenant, key, item)
+                        yield item, "generated"
+                        return
                     yield item
         except BaseException as exc:
-            outcome = exc
+            if not isinstance(outcome, Generated):
+                outcome = exc if isinstance(exc, Exception) else asyncio.CancelledError()
             raise
         finally:
             if lead is not None:
@@ -412,6 +418,7 @@ class Pipeline:
             seed=params.seed,
             degraded=generation.degraded,
             reused_steps=generation.reused_steps,
+            sample=final,
         )
 
     async def _decode(self, sample: npt.NDArray[np.float32]) -> npt.NDArray[np.uint8]:
