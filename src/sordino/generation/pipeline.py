@@ -182,7 +182,8 @@ class Generation:
         t_next = float(self.plan[self.index + 1]) if left > 0 else -1.0
         delivered: Tensors | None = None
         if self.progress and left > 0:
-            preview = to_image(schedule.predict_x0(self.sample, noise, np.array([t]))[0])
+            x0 = schedule.predict_x0(self.sample, noise, np.array([t]))[0]
+            preview = to_image(x0, side=self.pipeline.image_side // 4)
             delivered = Tensors.of(
                 {
                     "image": preview,
