@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sordino.config.iterative import IterativeConfig
-from sordino.errors import InvalidRequest, TensorError
+from sordino.errors import InvalidRequest, QueueTimeout, TensorError
 from sordino.generation.degrade import StepDegrader
 from sordino.generation.image import png_bytes, to_image
 from sordino.generation.prompts import parse_digit_prompt
@@ -372,9 +372,20 @@ class Pipeline:
         request_id: str | None,
         progress: bool,
     ) -> AsyncGenerator[Progress | Generated, None]:
+        arrival = self.scheduler.clock.now()
         await self._enter()
         try:
             now = self.scheduler.clock.now()
+            if timeout_s:
+                # Time spent waiting for the running cohort (request-level batching) counts.
+                waited = now - arrival
+                if waited >= timeout_s:
+                    raise QueueTimeout(
+                        f"request timed out after {waited * 1000:.0f} ms waiting for the "
+                        f"generations of model {self.key} ahead of it; raise its timeout or "
+                        "reduce load"
+                    )
+                timeout_s -= waited
             generation = Generation(
                 self,
                 params,
