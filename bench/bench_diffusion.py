@@ -48,6 +48,7 @@ from sordino.protocol.status import http_status
 from sordino.server.runtime import Runtime
 
 STEPS = 20
+MAX_BATCH = 128  # rows per batch: 64 requests' steps with guidance (two rows each)
 PREMIUM, FREE = 1, 3
 
 
@@ -85,7 +86,7 @@ def _label(classifier: Any, image: np.ndarray) -> int:
 
 def _source(iterative: IterativeConfig) -> ModelSource:
     base = next(s for s in builtin_sources() if s.name == "digits-diffusion")
-    config = base.config.model_copy(update={"iterative": iterative})
+    config = base.config.model_copy(update={"iterative": iterative, "max_batch_size": MAX_BATCH})
     return ModelSource(base.name, base.version, base.path, config, base.description)
 
 
@@ -161,7 +162,10 @@ def _arrivals(capacity: float, seconds: float, seed: int) -> list[tuple[float, s
 
 
 async def _with_runtime(kind: str, data_dir: Path, body: Any) -> Any:
-    config = RuntimeConfig.model_validate({"server": {"data_dir": str(data_dir)}})
+    strategy = {"name": "dynamic_batching", "max_batch": MAX_BATCH}
+    config = RuntimeConfig.model_validate(
+        {"server": {"data_dir": str(data_dir)}, "scheduler": {"strategies": [strategy]}}
+    )
     runtime = Runtime(config, [_source(_iterative(kind))])
     await runtime.start()
     try:

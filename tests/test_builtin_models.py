@@ -77,7 +77,7 @@ def test_manifest_lists_exactly_the_onnx_files_present() -> None:
 
 def test_manifest_entries_are_well_formed() -> None:
     for entry in _manifest():
-        keys = set(entry) - {"streaming", "iterative"}
+        keys = set(entry) - {"streaming", "iterative", "scheduler_mode"}
         assert keys == {"name", "file", "description", "max_batch_size"}
         assert entry["file"] == f"{entry['name']}.onnx"
         assert isinstance(entry["description"], str) and entry["description"]

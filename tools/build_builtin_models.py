@@ -60,6 +60,8 @@ class Builtin:
     streaming: str = ""
     # A flow mapping written as the model's `iterative:` entry (a denoiser), or "".
     iterative: str = ""
+    # The model's `scheduler_mode:` entry, or "" for the server's mode.
+    scheduler_mode: str = ""
 
     @property
     def file(self) -> str:
@@ -88,6 +90,9 @@ DIFFUSION = Builtin(
     "class-conditional denoiser on the 8x8 digits; prompt in ('a handwritten 7'), "
     "a 32x32 image and its PNG out (the runtime runs the sampler loop)",
     iterative="{sampler: ddim, steps: {default: 20, max: 50}, guidance: 3.0}",
+    # Continuous batching of steps: run whatever steps are queued, never wait to fill a
+    # batch. (The adaptive mode's per-batch p99 target would shrink batches under load.)
+    scheduler_mode="ultra_low_latency",
 )
 BUILTINS = (DIGITS, SIMPLE, TEXT, COUNTDOWN, DIFFUSION)
 
@@ -458,6 +463,8 @@ def models_yaml(builtins: tuple[Builtin, ...]) -> str:
             lines.append(f"  streaming: {b.streaming}")
         if b.iterative:
             lines.append(f"  iterative: {b.iterative}")
+        if b.scheduler_mode:
+            lines.append(f"  scheduler_mode: {b.scheduler_mode}")
     return "\n".join(lines) + "\n"
 
 

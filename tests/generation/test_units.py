@@ -81,3 +81,15 @@ def test_image_and_png() -> None:
     data = png_bytes(image)
     assert data == png_bytes(image)  # deterministic
     assert np.array_equal(np.asarray(Image.open(io.BytesIO(data))), image)
+
+
+@pytest.mark.parametrize("sampler", ["ddim", "euler"])
+@pytest.mark.parametrize(("t", "t_next"), [(999.0, 500.0), (40.0, 0.0), (3.0, -1.0)])
+def test_one_request_step_equals_the_batched_step(sampler: str, t: float, t_next: float) -> None:
+    schedule = Schedule()
+    rng = np.random.default_rng(2)
+    sample = rng.standard_normal((2, 64)).astype(np.float32)
+    noise = rng.standard_normal((2, 64)).astype(np.float32)
+    batched = schedule.step(sampler, sample, noise, np.full(2, t), np.full(2, t_next))  # type: ignore[arg-type]
+    one = schedule.step_one(sampler, sample, noise, t, t_next)  # type: ignore[arg-type]
+    assert np.max(np.abs(batched - one)) <= 1e-6

@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sordino.config.iterative import IterativeConfig
-from sordino.errors import InvalidRequest, QueueTimeout, TensorError
+from sordino.errors import InvalidRequest, OutOfMemory, QueueTimeout, Shed, TensorError
 from sordino.generation.degrade import StepDegrader
 from sordino.generation.image import png_bytes, to_image
 from sordino.generation.prompts import parse_digit_prompt
@@ -34,7 +34,7 @@ from sordino.generation.reuse import Generated, InFlight, ResultCache, StateCach
 from sordino.generation.samplers import Schedule
 from sordino.inference import InferRequest, ModelKey, ModelMetadata, Tensor, TensorSpec
 from sordino.memory.arena import Arena
-from sordino.memory.refs import Tensors, TensorsBuilder
+from sordino.memory.refs import Lease, TensorRef, Tensors
 from sordino.scheduling.scheduler import ModelScheduler
 
 __all__ = ["GenerateParams", "Generation", "Pipeline", "Progress"]
@@ -113,7 +113,8 @@ class Generation:
         self.degraded = False
         self.closed = False
         self._last = now
-        self._step_s: float | None = None
+        # The pace of this priority's recent steps, until this request has its own.
+        self._step_s: float | None = pipeline.step_period(priority)
         self.final_sample: npt.NDArray[np.float32] | None = None
 
     @property
@@ -122,27 +123,54 @@ class Generation:
         return self.index + self.reused_steps
 
     def inputs(self) -> Tensors:
-        """The next step's rows (conditional, then unconditional), placed in the arena."""
+        """The next step's rows (conditional, then unconditional), in one arena block.
+
+        One block holds the sample, timestep and condition rows (one allocation per
+        step, not three); without an arena, or with no room now, they stay on the heap.
+        """
         config = self.pipeline.config
-        t = float(self.plan[self.index])
-        builder = TensorsBuilder(self.pipeline.arena())
-        try:
-            rows = self.rows
-            sample = builder.empty(
-                config.sample_input, np.dtype(np.float32), (rows, *self.sample.shape[1:])
+        rows = self.rows
+        sample_shape = (rows, *self.sample.shape[1:])
+        width = self.condition.shape[1]
+        sizes = (math.prod(sample_shape), rows, rows * width)
+        arena = self.pipeline.arena()
+        lease: Lease | None = None
+        flat: npt.NDArray[np.float32]
+        base = 0
+        if arena is not None:
+            lease = Lease(arena)
+            try:
+                block = lease.acquire_nowait(4 * sum(sizes))
+            except OutOfMemory:
+                lease.release()
+                lease = None
+            else:
+                base = block.offset
+                flat = np.ndarray((sum(sizes),), np.float32, arena.buffer, base)
+        if lease is None:
+            flat = np.empty(sum(sizes), dtype=np.float32)
+        sample = flat[: sizes[0]].reshape(sample_shape)
+        timestep = flat[sizes[0] : sizes[0] + sizes[1]].reshape(rows, 1)
+        condition = flat[sizes[0] + sizes[1] :].reshape(rows, width)
+        sample[...] = self.sample
+        timestep[...] = float(self.plan[self.index])
+        condition[0] = self.condition[0]
+        if rows == 2:
+            condition[1] = 0.0
+        if lease is None:
+            return Tensors.of(
+                {
+                    config.sample_input: sample,
+                    config.timestep_input: timestep,
+                    config.condition_input: condition,
+                }
             )
-            sample[...] = self.sample
-            timestep = builder.empty(config.timestep_input, np.dtype(np.float32), (rows, 1))
-            timestep[...] = t
-            width = self.condition.shape[1]
-            condition = builder.empty(config.condition_input, np.dtype(np.float32), (rows, width))
-            condition[0] = self.condition[0]
-            if rows == 2:
-                condition[1] = 0.0
-        except BaseException:
-            builder.abandon()
-            raise
-        return builder.finish()
+        refs = {
+            config.sample_input: TensorRef(sample, base),
+            config.timestep_input: TensorRef(timestep, base + 4 * sizes[0]),
+            config.condition_input: TensorRef(condition, base + 4 * (sizes[0] + sizes[1])),
+        }
+        return Tensors(refs, (lease,))
 
     def advance(self, outputs: Tensors, now: float) -> tuple[Tensors | None, Tensors | None]:
         config = self.pipeline.config
@@ -159,6 +187,9 @@ class Generation:
         elapsed = now - self._last
         self._last = now
         self._step_s = elapsed if self._step_s is None else 0.7 * self._step_s + 0.3 * elapsed
+        self.pipeline.note_step(self.priority, elapsed)
+        queued = self.pipeline.scheduler.expected_wait(self.priority)
+        step_s = self._step_s if queued is None else max(self._step_s, queued)
         if self._store_at is not None and self.index == self._store_at:
             x0 = schedule.predict_x0(self.sample, noise, np.array([t]))
             self.pipeline.states.put(self.state_key, x0)
@@ -171,7 +202,7 @@ class Generation:
                 remaining=left,
                 now=now,
                 deadline=self.deadline,
-                step_s=self._step_s,
+                step_s=step_s,
             )
             if keep < left:
                 tail = schedule.plan(keep, start=float(self.plan[self.index + 1]))
@@ -191,9 +222,7 @@ class Generation:
                     "steps": np.array([len(self.plan) + self.reused_steps], dtype=np.int32),
                 }
             )
-        self.sample = schedule.step(
-            config.sampler, self.sample, noise, np.array([t]), np.array([t_next])
-        )
+        self.sample = schedule.step_one(config.sampler, self.sample, noise, t, t_next)
         self.index += 1
         if left == 0:
             self.final_sample = self.sample
@@ -231,6 +260,7 @@ class Pipeline:
         self._running = 0
         self._next_cohort: asyncio.Future[None] | None = None
         self._cohort_waiting = 0
+        self._step_s: dict[int, float] = {}
         size = math.prod(config.sample_shape)
         side = math.isqrt(size)
         self.image_side = side * 4 if side * side == size else 0
@@ -386,6 +416,7 @@ class Pipeline:
                         "reduce load"
                     )
                 timeout_s -= waited
+            self._shed_if_hopeless(params, priority, timeout_s)
             generation = Generation(
                 self,
                 params,
@@ -444,6 +475,53 @@ class Pipeline:
                 "an image needs a square number of them"
             )
         return to_image(values.reshape(-1), side=self.image_side // 4)
+
+    def step_period(self, priority: int) -> float | None:
+        """About how long one step of a generation at ``priority`` takes now (None: unknown).
+
+        The larger of the recent time between two steps at that priority and the wait
+        the queue predicts for a step queued now: the queue sees a backlog before any
+        step of it completes.
+        """
+        recent = self._step_s.get(priority)
+        queued = self.scheduler.expected_wait(priority)
+        if recent is None:
+            return queued
+        return recent if queued is None else max(recent, queued)
+
+    def note_step(self, priority: int, seconds: float) -> None:
+        """Keep the recent time between two steps of a generation, per priority."""
+        last = self._step_s.get(priority)
+        self._step_s[priority] = seconds if last is None else 0.9 * last + 0.1 * seconds
+
+    def _shed_if_hopeless(
+        self, params: GenerateParams, priority: int, timeout: float | None
+    ) -> None:
+        """Refuse (503) a request that cannot finish in time even with the fewest steps.
+
+        Its fewest steps are the degrade floor of its priority (all its steps without
+        degradation, or for a protected priority, which is never refused here). At the
+        pace recent steps of its priority took, a request that would miss its deadline
+        anyway is answered now instead of occupying the queue for nothing; so under
+        overload the queue keeps room for the requests that can still make it.
+        """
+        degrade = self.config.degrade
+        if not timeout or (degrade.protect_priority and priority <= degrade.protect_priority):
+            return
+        step_s = self.step_period(priority)
+        if step_s is None:
+            return
+        fewest = params.steps
+        if degrade.enabled:
+            fewest = min(params.steps, degrade.floors.get(priority, degrade.min_steps))
+        expected = fewest * step_s
+        if expected > timeout:
+            raise Shed(
+                f"model {self.key} is overloaded: even {fewest} steps take about "
+                f"{expected * 1000:.0f} ms now, more than the request's {timeout * 1000:.0f} "
+                "ms deadline; retry later, raise the deadline or the priority",
+                retry_after_s=expected,
+            )
 
     # -- request-level batching (the baseline) ----------------------------------------
 

@@ -17,6 +17,8 @@ The last step returns the clipped x0 estimate (the sample at timestep "-1").
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -24,6 +26,15 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = ["SamplerName", "Schedule"]
+
+
+@functools.lru_cache(maxsize=4096)
+def _alpha_bar_scalar(timesteps: int, offset: float, t: float) -> float:
+    x = (t + 1.0) / timesteps
+    f = math.cos((x + offset) / (1 + offset) * math.pi / 2) ** 2
+    f0 = math.cos(offset / (1 + offset) * math.pi / 2) ** 2
+    return min(max(f / f0, 1e-5), 0.9999)
+
 
 SamplerName = Literal["ddim", "euler"]
 FloatArray = npt.NDArray[np.float32]
@@ -38,7 +49,14 @@ class Schedule:
 
     def alpha_bar(self, t: npt.ArrayLike) -> npt.NDArray[np.float64]:
         """alpha_bar at discrete timestep(s) ``t`` (0 = almost clean, T-1 = pure noise)."""
-        x = (np.asarray(t, dtype=np.float64) + 1.0) / self.train_timesteps
+        return self._alpha_bar(np.asarray(t, dtype=np.float64))
+
+    def _alpha_bar_of(self, t: float) -> float:
+        """alpha_bar at one timestep, in plain floats (the per-request hot path)."""
+        return _alpha_bar_scalar(self.train_timesteps, self.offset, t)
+
+    def _alpha_bar(self, t: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        x = (t + 1.0) / self.train_timesteps
         s = self.offset
         f = np.cos((x + s) / (1 + s) * np.pi / 2) ** 2
         f0 = np.cos(s / (1 + s) * np.pi / 2) ** 2
@@ -80,6 +98,37 @@ class Schedule:
             slope = (z - x0) / sigma
             moved = (z + (sigma_next - sigma) * slope) * np.sqrt(ab_next)
         return np.where(last, x0, moved).astype(np.float32)
+
+    def step_one(
+        self,
+        sampler: SamplerName,
+        sample: FloatArray,
+        noise: FloatArray,
+        t: float,
+        t_next: float,
+    ) -> FloatArray:
+        """:meth:`step` for rows that share one ``t`` and ``t_next`` (one request's step).
+
+        The same arithmetic as :meth:`step` with the coefficients computed once: a
+        generation calls it once per step, so it is kept light.
+        """
+        ab = self._alpha_bar_of(t)
+        x = sample.astype(np.float64)
+        eps = noise.astype(np.float64)
+        x0 = np.clip((x - math.sqrt(1.0 - ab) * eps) / math.sqrt(ab), -1.0, 1.0)
+        if t_next < 0:
+            return x0.astype(np.float32)
+        ab_next = self._alpha_bar_of(t_next)
+        if sampler == "ddim":
+            eps_hat = (x - math.sqrt(ab) * x0) / math.sqrt(1.0 - ab)
+            moved = math.sqrt(ab_next) * x0 + math.sqrt(1.0 - ab_next) * eps_hat
+        else:
+            sigma = math.sqrt((1.0 - ab) / ab)
+            sigma_next = math.sqrt((1.0 - ab_next) / ab_next)
+            z = x / math.sqrt(ab)
+            slope = (z - x0) / sigma
+            moved = (z + (sigma_next - sigma) * slope) * math.sqrt(ab_next)
+        return moved.astype(np.float32)
 
     def predict_x0(
         self, sample: FloatArray, noise: FloatArray, t: npt.NDArray[np.float64]

@@ -81,6 +81,7 @@ def builtin_sources() -> list[ModelSource]:
             max_batch_size=entry["max_batch_size"],
             streaming=entry.get("streaming"),
             iterative=entry.get("iterative"),
+            scheduler_mode=entry.get("scheduler_mode"),
         )
         sources.append(ModelSource(entry["name"], "1", path, config, entry.get("description", "")))
     return sources

@@ -588,6 +588,19 @@ class ModelScheduler:
                 retry_after_s=expected_s,
             )
 
+    def expected_wait(self, priority: int) -> float | None:
+        """About how long a step queued now at ``priority`` takes to run (None: unknown).
+
+        The rows queued at its priority and higher, at the rate recent batches ran,
+        plus one batch: what :meth:`_shed_if_late` compares to a deadline. An iterative
+        request's steps each take about this long.
+        """
+        if self._batch_s is None or self._batch_rows is None:
+            return None
+        instances = max(1, self._executor.instances(self.model))
+        rows_per_s = instances * self._batch_rows / max(self._batch_s, 1e-6)
+        return self._queue.rows_ahead(priority) / rows_per_s + self._batch_s
+
     def _note_batch(self, rows: int, seconds: float) -> None:
         """Keep moving averages of a batch's rows and run time (for :meth:`_shed_if_late`)."""
         if self._batch_s is None or self._batch_rows is None:
