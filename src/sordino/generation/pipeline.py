@@ -506,7 +506,19 @@ class Pipeline:
         overload the queue keeps room for the requests that can still make it.
         """
         degrade = self.config.degrade
-        if not timeout or (degrade.protect_priority and priority <= degrade.protect_priority):
+        if degrade.protect_priority and priority <= degrade.protect_priority:
+            return
+        # Every generation in flight holds one queued step: unprotected requests may fill
+        # half the queue, so a full queue never refuses a protected (premium) one.
+        limit = self.scheduler.settings.max_queue_size // 2
+        if self.scheduler.queued >= limit:
+            raise Shed(
+                f"model {self.key} is overloaded: {self.scheduler.queued} generations are "
+                f"in flight; the rest of the queue is kept for priority "
+                f"{degrade.protect_priority} and higher. Retry later or raise the priority",
+                retry_after_s=self.step_period(priority) or 1.0,
+            )
+        if not timeout:
             return
         step_s = self.step_period(priority)
         if step_s is None:

@@ -588,6 +588,11 @@ class ModelScheduler:
                 retry_after_s=expected_s,
             )
 
+    @property
+    def queued(self) -> int:
+        """Work items waiting now (each request has at most one)."""
+        return len(self._queue)
+
     def expected_wait(self, priority: int) -> float | None:
         """About how long a step queued now at ``priority`` takes to run (None: unknown).
 
