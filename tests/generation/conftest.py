@@ -78,7 +78,11 @@ def arena() -> Iterator[Arena]:
 
 
 def make_engine(
-    denoiser: ort.InferenceSession, arena: Arena, config: IterativeConfig, max_batch: int = 16
+    denoiser: ort.InferenceSession,
+    arena: Arena,
+    config: IterativeConfig,
+    max_batch: int = 16,
+    max_queue_size: int = 1024,
 ) -> tuple[Engine, Any]:
     clock = VirtualClock()
 
@@ -92,7 +96,9 @@ def make_engine(
         batched=True,
         executor=executor,
         controller=build_controller("manual", BatchPolicy(max_batch=max_batch), slo_s=1.0),
-        settings=QueueSettings(priority_levels=3, default_priority=2),
+        settings=QueueSettings(
+            priority_levels=3, default_priority=2, max_queue_size=max_queue_size
+        ),
         clock=clock,
     )
 

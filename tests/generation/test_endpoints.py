@@ -115,6 +115,23 @@ def test_client_mistakes_are_clear_4xx(
     assert streamed.status_code == status
 
 
+def test_the_guardian_step_factor_degrades_low_priority(server: RunningServer) -> None:
+    body = {"prompt": "a 5", "steps": 20, "seed": 77, "parameters": {"priority": "low"}}
+    server.loop.call_soon_threadsafe(server.runtime.step_degrader.set_step_factor, 0.5)
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            low = client.post(f"{MODEL}/generate", json=body).json()["parameters"]
+            high = {**body, "seed": 78, "parameters": {"priority": "high"}}
+            premium = client.post(f"{MODEL}/generate", json=high).json()["parameters"]
+            metrics = client.get("/metrics").text
+    finally:
+        server.loop.call_soon_threadsafe(server.runtime.step_degrader.set_step_factor, None)
+    assert low["degraded"] and 4 <= low["steps_used"] < 20
+    assert premium["steps_used"] == 20 and not premium["degraded"]
+    assert "sordino_generation_degraded_requests_total 1.0" in metrics
+    assert "sordino_generation_step_factor 0.5" in metrics
+
+
 def test_kserve_infer_over_http(server: RunningServer) -> None:
     body = {
         "inputs": [

@@ -181,3 +181,27 @@ async def test_approximate_reuse_skips_steps_from_a_cached_state(
         assert reused.png != full.png  # its own seed re-noised the cached state
     finally:
         await scheduler.close(drain=False)
+
+
+async def test_free_requests_fill_at_most_half_the_queue_premium_still_enters(
+    denoiser: ort.InferenceSession, arena: Arena
+) -> None:
+    from sordino.errors import Shed
+
+    config = IterativeConfig(guidance=3.0, reuse=NO_REUSE)
+    engine, scheduler = make_engine(denoiser, arena, config, max_batch=2, max_queue_size=4)
+    scheduler.start()
+    try:
+        free = [
+            asyncio.ensure_future(engine.generate(engine.params(str(d), steps=5), priority=3))
+            for d in range(3)
+        ]
+        await engine.clock.advance(0.001)  # all three arrived; one step runs at a time
+        with pytest.raises(Shed, match="kept for priority 1"):
+            await free[2]
+        premium = asyncio.ensure_future(engine.generate(engine.params("8", steps=5), priority=1))
+        await engine.clock.advance(1.0)
+        assert (await premium)[0].steps_used == 5
+        assert [(await f)[0].steps_used for f in free[:2]] == [5, 5]
+    finally:
+        await scheduler.close(drain=False)
