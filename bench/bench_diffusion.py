@@ -4,7 +4,7 @@ Runs the digits-diffusion generator in a real runtime (worker process, shared-me
 arena, the engine) in this process and drives it through ``InferenceService.infer``,
 the path every transport calls (no HTTP client competing for the 2 CPU cores):
 
-1. capacity: closed loop at 20 steps, images/s;
+1. capacity: closed loop at 20 steps (64 clients: full 128-row batches), images/s;
 2. the same arrivals (seeded) for each row: quiet (0.3x capacity), then 2x capacity with
    bursts (a burst of 0.5 s worth of capacity every 2 s), then quiet again; 25 %
    premium (priority 1, deadline ``--premium-slo``), 75 % free (priority 3, deadline
@@ -69,6 +69,7 @@ class Row:
     name: str
     outcomes: list[Outcome] = field(default_factory=list)
     seconds: float = 0.0
+    counters: dict[str, int] = field(default_factory=dict)
 
 
 def _classifier() -> Any:
@@ -174,7 +175,7 @@ async def _with_runtime(kind: str, data_dir: Path, body: Any) -> Any:
         await runtime.stop()
 
 
-async def capacity(data_dir: Path, seconds: float = 4.0, concurrency: int = 32) -> float:
+async def capacity(data_dir: Path, seconds: float = 4.0, concurrency: int = 64) -> float:
     async def body(runtime: Runtime) -> float:
         classifier = _classifier()
         done = 0
@@ -214,6 +215,16 @@ async def run_row(
             ))  # fmt: skip
         row.outcomes = list(await asyncio.gather(*tasks))
         row.seconds = time.perf_counter() - t0
+        pipeline = runtime.get("digits-diffusion").pipeline
+        assert pipeline is not None
+        degrade = runtime.step_degrader.statistics()
+        row.counters = {
+            "degraded_requests": degrade.degraded_requests,
+            "steps_saved_by_degrading": degrade.steps_saved,
+            "reuse_hits": pipeline.states.hits,
+            "reuse_misses": pipeline.states.misses,
+            "steps_saved_by_reuse": pipeline.states.steps_saved,
+        }
         return row
 
     result: Row = await _with_runtime(kind, data_dir, body)
@@ -247,6 +258,7 @@ def summarize(row: Row, slo: dict[str, float], span: float) -> dict[str, Any]:
     out["goodput"] = good / (end - begin)
     out["mean_steps"] = float(np.mean([o.steps for o in served])) if served else 0.0
     out["agreement"] = float(np.mean([o.label == o.digit for o in served])) if served else 0.0
+    out.update(row.counters)
     return out
 
 
@@ -276,48 +288,60 @@ def show(rows: list[dict[str, Any]], capacity_rate: float) -> None:
     console.print(table)
 
 
-async def quality(data_dir: Path, per_digit: int = 20) -> dict[int, float]:
-    """Agreement at 50/20/10/4/2 steps through the served generator (no load)."""
+async def quality(data_dir: Path, per_digit: int = 20) -> dict[str, dict[int, float]]:
+    """Agreement at 50/20/10/4/2 steps through the served generator (no load), with the
+    default guidance (3) and without guidance (1)."""
 
-    async def body(runtime: Runtime) -> dict[int, float]:
+    async def body(runtime: Runtime) -> dict[str, dict[int, float]]:
         classifier = _classifier()
-        result = {}
-        for steps in (50, 20, 10, 4, 2):
-            hits = total = 0
-            for digit in range(10):
-                jobs = []
-                for k in range(per_digit):
-                    request = _request(digit, 10_000 + k, FREE, 60.0)
-                    request.inputs["steps"] = np.array([steps], dtype=np.int32)
-                    jobs.append(runtime.service.infer(request))
-                for response in await asyncio.gather(*jobs):
-                    hits += _label(classifier, np.array(response.outputs["image"])) == digit
-                    total += 1
-                    response.release()
-            result[steps] = hits / total
-            console.print(f"quality: {steps} steps -> agreement {result[steps]:.3f}")
+        result: dict[str, dict[int, float]] = {}
+        for guidance in (3.0, 1.0):
+            curve = result.setdefault(f"guidance {guidance:g}", {})
+            for steps in (50, 20, 10, 4, 2):
+                hits = total = 0
+                for digit in range(10):
+                    jobs = []
+                    for k in range(per_digit):
+                        request = _request(digit, 10_000 + k, FREE, 60.0)
+                        request.inputs["steps"] = np.array([steps], dtype=np.int32)
+                        request.inputs["guidance"] = np.array([guidance], dtype=np.float32)
+                        request.input_datatypes["guidance"] = "FP32"
+                        jobs.append(runtime.service.infer(request))
+                    for response in await asyncio.gather(*jobs):
+                        hits += _label(classifier, np.array(response.outputs["image"])) == digit
+                        total += 1
+                        response.release()
+                curve[steps] = hits / total
+                console.print(
+                    f"quality: guidance {guidance:g}, {steps} steps -> agreement {curve[steps]:.3f}"
+                )
         return result
 
-    answer: dict[int, float] = await _with_runtime("step", data_dir, body)
+    answer: dict[str, dict[int, float]] = await _with_runtime("step", data_dir, body)
     return answer
 
 
-def chart(curve: dict[int, float], path: Path) -> None:
+def chart(curves: dict[str, dict[int, float]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
-    steps = sorted(curve)
     fig, ax = plt.subplots(figsize=(5, 3.2), dpi=110)
-    ax.plot(steps, [curve[s] for s in steps], marker="o")
+    for label, curve in curves.items():
+        steps = sorted(curve)
+        ax.plot(steps, [curve[s] for s in steps], marker="o", label=label)
+    steps = sorted(next(iter(curves.values())))
     ax.set_xscale("log")
     ax.set_xticks(steps, [str(s) for s in steps])
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("denoising steps (DDIM)")
     ax.set_ylabel("agreement")
     ax.set_title("digits-diffusion: quality vs steps")
     ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path, metadata={"Software": None})
     plt.close(fig)
@@ -327,13 +351,16 @@ async def main_async(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="sordino-w3-") as scratch:
         data_dir = Path(scratch)
         payload: dict[str, Any] = {}
-        if args.quality:
-            curve = await quality(data_dir)
-            payload["quality"] = curve
-            chart(curve, Path(args.chart))
+        if args.quality or args.quality_only:
+            curves = await quality(data_dir)
+            payload["quality"] = curves
+            chart(curves, Path(args.chart))
             console.print(f"chart: {args.chart}")
+            if args.quality_only:
+                console.print(f"saved {save('diffusion-quality', payload)}")
+                return
         rate = args.capacity or await capacity(data_dir)
-        console.print(f"capacity: {rate:.1f} images/s at {STEPS} steps (closed loop, 32 clients)")
+        console.print(f"capacity: {rate:.1f} images/s at {STEPS} steps (closed loop, 64 clients)")
         slo = {"premium": args.premium_slo, "free": args.free_slo}
         arrivals = _arrivals(rate, args.seconds, seed=7)
         console.print(f"{len(arrivals)} arrivals over {args.seconds:g} s")
@@ -343,7 +370,7 @@ async def main_async(args: argparse.Namespace) -> None:
                            ("reuse", "4 = 3 + approximate reuse")):  # fmt: skip
             row = await run_row(kind, name, arrivals, slo, data_dir)
             rows.append(summarize(row, slo, args.seconds))
-            console.print(f"{name}: done in {row.seconds:.1f} s")
+            console.print(f"{name}: done in {row.seconds:.1f} s; {row.counters}")
         show(rows, rate)
         payload.update({"capacity": rate, "slo_s": slo, "arrivals": len(arrivals),
                         "seconds": args.seconds, "rows": rows})  # fmt: skip
@@ -357,6 +384,7 @@ def main() -> None:
     parser.add_argument("--free-slo", type=float, default=2.0, help="free deadline, s")
     parser.add_argument("--capacity", type=float, default=None, help="skip measuring it")
     parser.add_argument("--quality", action="store_true", help="also the quality curve")
+    parser.add_argument("--quality-only", action="store_true", help="only the quality curve")
     parser.add_argument("--chart", default="docs/images/diffusion-quality.png")
     asyncio.run(main_async(parser.parse_args()))
 
