@@ -146,8 +146,7 @@ class InferenceService:
 
         A streaming model is refused: its responses come from :meth:`responses`.
         """
-        model = self._registry.get(request.model, request.version)
-        if model.pipeline is not None:
+        if self._generates(request):
             async with aclosing(self.generate(request, progress=False)) as answers:
                 async for response, _final in answers:
                     return response
@@ -170,7 +169,7 @@ class InferenceService:
         reader's to release. A reader that stops early cancels the request; close the
         iterator (``contextlib.aclosing``) when leaving it early.
         """
-        if self._registry.get(request.model, request.version).pipeline is not None:
+        if self._generates(request):
             async with aclosing(self.generate(request, progress=True)) as answers:
                 async for answer in answers:
                     yield answer
@@ -182,6 +181,16 @@ class InferenceService:
                     yield self.response(model, request, step.outputs), step.final
         finally:
             self._finished(request, context, accepted)
+
+    def _generates(self, request: InferRequest) -> bool:
+        """True when ``request`` goes to an iterative model's generator.
+
+        A lookup that fails is left to :meth:`admit`, which counts and raises it.
+        """
+        try:
+            return self._registry.get(request.model, request.version).pipeline is not None
+        except SordinoError:
+            return False
 
     async def generate(
         self, request: InferRequest, *, progress: bool
