@@ -17,6 +17,8 @@ import httpx
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from sordino.cli.main import cli
@@ -205,3 +207,44 @@ def test_sordino_generate_writes_the_png(server: RunningServer, tmp_path: Path) 
     assert bad.exit_code == 1 and "400" in bad.output and "Traceback" not in bad.output
     gone = runner.invoke(cli, ["generate", "7", "--url", "http://127.0.0.1:9", "-o", str(out)])
     assert gone.exit_code == 1 and "cannot reach" in gone.output
+
+
+_ANY_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=2)
+    ),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["prompt", "seed", "steps", "guidance", "id", "parameters", "other"]),
+        _ANY_JSON | st.sampled_from(["7", "a handwritten 3", "nine", 3, 0, -1, 51, 2.5]),
+        max_size=5,
+    )
+)
+def test_any_generate_body_is_answered_without_a_5xx(
+    server: RunningServer, body: dict[str, object]
+) -> None:
+    if isinstance(body.get("steps"), int) and 0 < int(body["steps"]) <= 50:  # type: ignore[call-overload]
+        body["steps"] = 2  # keep the valid ones short
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        response = client.post(f"{MODEL}/generate", json=body)
+        inputs = [
+            {"name": name, "shape": [1], "datatype": datatype, "data": [value]}
+            for (name, datatype), value in zip(
+                [("prompt", "BYTES"), ("seed", "INT64"), ("steps", "INT32"), ("guidance", "FP32")],
+                [body.get("prompt", "7"), body.get("seed", 1), body.get("steps", 2), 3.0],
+                strict=True,
+            )
+        ]
+        infer = client.post(
+            f"{MODEL}/infer", json={"inputs": inputs, "outputs": [{"name": "image"}]}
+        )
+    assert response.status_code < 500, response.text
+    assert infer.status_code < 500, infer.text
+    if response.status_code != 200:
+        assert response.json()["error"]
