@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sordino.config.iterative import IterativeConfig
-from sordino.errors import InvalidRequest, OutOfMemory, QueueTimeout, Shed, TensorError
+from sordino.errors import InvalidRequest, QueueTimeout, Shed, TensorError
 from sordino.generation.degrade import StepDegrader
 from sordino.generation.image import png_bytes, to_image
 from sordino.generation.prompts import parse_digit_prompt
@@ -34,7 +34,7 @@ from sordino.generation.reuse import Generated, InFlight, ResultCache, StateCach
 from sordino.generation.samplers import Schedule
 from sordino.inference import InferRequest, ModelKey, ModelMetadata, Tensor, TensorSpec
 from sordino.memory.arena import Arena
-from sordino.memory.refs import Lease, TensorRef, Tensors
+from sordino.memory.refs import Tensors, TensorsBuilder
 from sordino.scheduling.scheduler import ModelScheduler
 
 __all__ = ["GenerateParams", "Generation", "Pipeline", "Progress"]
@@ -123,54 +123,37 @@ class Generation:
         return self.index + self.reused_steps
 
     def inputs(self) -> Tensors:
-        """The next step's rows (conditional, then unconditional), in one arena block.
+        """The next step's rows (conditional, then unconditional).
 
-        One block holds the sample, timestep and condition rows (one allocation per
-        step, not three); without an arena, or with no room now, they stay on the heap.
+        The sample rows — the generation's state — are placed in the shared-memory arena
+        with :class:`TensorsBuilder` (one block a step; without an arena, or with no room
+        now, on the heap); the timestep and condition rows are small per-step inputs on
+        the heap. :meth:`Tensors.compose` joins them, so whoever holds the result holds
+        the arena block, and the memory manager sees an ordinary ``Tensors``.
         """
         config = self.pipeline.config
         rows = self.rows
-        sample_shape = (rows, *self.sample.shape[1:])
-        width = self.condition.shape[1]
-        sizes = (math.prod(sample_shape), rows, rows * width)
-        arena = self.pipeline.arena()
-        lease: Lease | None = None
-        flat: npt.NDArray[np.float32]
-        base = 0
-        if arena is not None:
-            lease = Lease(arena)
-            try:
-                block = lease.acquire_nowait(4 * sum(sizes))
-            except OutOfMemory:
-                lease.release()
-                lease = None
-            else:
-                base = block.offset
-                flat = np.ndarray((sum(sizes),), np.float32, arena.buffer, base)
-        if lease is None:
-            flat = np.empty(sum(sizes), dtype=np.float32)
-        sample = flat[: sizes[0]].reshape(sample_shape)
-        timestep = flat[sizes[0] : sizes[0] + sizes[1]].reshape(rows, 1)
-        condition = flat[sizes[0] + sizes[1] :].reshape(rows, width)
-        sample[...] = self.sample
-        timestep[...] = float(self.plan[self.index])
+        state = TensorsBuilder(self.pipeline.arena())
+        try:
+            sample = state.empty(
+                config.sample_input, np.dtype(np.float32), (rows, *self.sample.shape[1:])
+            )
+            sample[...] = self.sample
+        except BaseException:
+            state.abandon()
+            raise
+        timestep = np.full((rows, 1), self.plan[self.index], dtype=np.float32)
+        condition = np.zeros((rows, self.condition.shape[1]), dtype=np.float32)
         condition[0] = self.condition[0]
-        if rows == 2:
-            condition[1] = 0.0
-        if lease is None:
-            return Tensors.of(
+        small = Tensors.of({config.timestep_input: timestep, config.condition_input: condition})
+        with state.finish() as placed:
+            return Tensors.compose(
                 {
-                    config.sample_input: sample,
-                    config.timestep_input: timestep,
-                    config.condition_input: condition,
+                    config.sample_input: (placed, config.sample_input),
+                    config.timestep_input: (small, config.timestep_input),
+                    config.condition_input: (small, config.condition_input),
                 }
             )
-        refs = {
-            config.sample_input: TensorRef(sample, base),
-            config.timestep_input: TensorRef(timestep, base + 4 * sizes[0]),
-            config.condition_input: TensorRef(condition, base + 4 * (sizes[0] + sizes[1])),
-        }
-        return Tensors(refs, (lease,))
 
     def advance(self, outputs: Tensors, now: float) -> tuple[Tensors | None, Tensors | None]:
         config = self.pipeline.config
