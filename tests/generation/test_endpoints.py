@@ -152,6 +152,8 @@ def test_kserve_infer_over_http(server: RunningServer) -> None:
             json={"inputs": [body["inputs"][0], {**body["inputs"][1], "datatype": "FP32"}]},
         )
         metadata = client.get(MODEL).json()
+        config = client.get(f"{MODEL}/config")
+        stats = client.get(f"{MODEL}/stats")
     assert response.status_code == 200, response.text
     length = int(response.headers["inference-header-content-length"])
     header = json.loads(response.content[:length])
@@ -161,6 +163,11 @@ def test_kserve_infer_over_http(server: RunningServer) -> None:
     assert response.content[length + 4 :].startswith(b"\x89PNG")  # after its 4-byte length
     assert wrong.status_code == 400 and "'seed' must be an integer" in wrong.json()["error"]
     assert [i["name"] for i in metadata["inputs"]] == ["prompt", "seed", "steps", "guidance"]
+    assert config.status_code == 200 and stats.status_code == 200, config.text + stats.text
+    triton = config.json()
+    assert triton["max_batch_size"] == 0  # one request's tensors; the steps are batched inside
+    assert {o["name"]: o["dims"] for o in triton["output"]} == {"image": [32, 32], "png": [1]}
+    assert triton["model_transaction_policy"] == {"decoupled": True}
 
 
 def test_kserve_infer_and_stream_over_grpc(server: RunningServer) -> None:
