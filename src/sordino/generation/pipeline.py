@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sordino.config.iterative import IterativeConfig
-from sordino.errors import InvalidRequest, QueueTimeout, Shed, TensorError
+from sordino.errors import InferenceFailed, InvalidRequest, QueueTimeout, Shed, TensorError
 from sordino.generation.degrade import StepDegrader
 from sordino.generation.image import png_bytes, to_image
 from sordino.generation.prompts import parse_digit_prompt
@@ -160,8 +160,9 @@ class Generation:
         schedule = self.pipeline.schedule
         predicted = np.asarray(outputs[config.noise_output], dtype=np.float32)
         if predicted.shape[0] != self.rows:
-            raise InvalidRequest(
-                f"the denoiser returned {predicted.shape[0]} rows for a step of {self.rows}"
+            raise InferenceFailed(
+                f"the denoiser of {self.pipeline.key} returned {predicted.shape[0]} rows for "
+                f"a step of {self.rows}; its output {config.noise_output!r} must keep the batch"
             )
         noise = predicted[:1]
         if self.rows == 2:
