@@ -23,7 +23,9 @@ from PIL import Image
 
 from sordino.cli.main import cli
 from sordino.models.repository import builtin_sources
+from sordino.records import SchedulerStatistics
 from sordino.testing import RunningServer, serve_in_thread
+from tests.waiting import wait_for
 
 MODEL = "/v2/models/digits-diffusion"
 
@@ -90,6 +92,33 @@ def test_generate_stream_sends_progress_then_the_image(server: RunningServer) ->
     assert [e["parameters"]["step"] for e in events[:-1]] == [1, 2, 3, 4]
     assert all(len(e["image"]) == 32 * 32 for e in events)
     assert "png" in events[-1] and events[-1]["parameters"]["steps_used"] == 5
+
+
+def test_a_client_that_leaves_cancels_the_generation(server: RunningServer) -> None:
+    def diffusion() -> SchedulerStatistics:
+        stats = server.runtime.scheduler_statistics()
+        return next(s for s in stats if s.model == "digits-diffusion")
+
+    before = diffusion().cancelled
+    body = {"prompt": "a 2", "steps": 50, "guidance": 3.0}
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        # Leave after the first step. (Tried up to three times: a generation that ran all
+        # its 49 other steps before the server saw the client go would not be cancelled.)
+        for _ in range(3):
+            with client.stream("POST", f"{MODEL}/generate_stream", json=body) as response:
+                assert next(response.iter_lines()).startswith("data: ")
+            try:
+                wait_for(lambda: diffusion().cancelled > before, "a cancel", timeout=5)
+                break
+            except AssertionError:
+                continue
+    assert diffusion().cancelled > before
+    wait_for(lambda: diffusion().in_flight == 0, "nothing left in flight")
+    arena = server.runtime.executor.arena_statistics()
+    wait_for(
+        lambda: arena is None or server.runtime.executor.arena_statistics().in_use_bytes == 0,  # type: ignore[union-attr]
+        "the generation's state to be released",
+    )
 
 
 @pytest.mark.parametrize(
