@@ -93,3 +93,24 @@ def test_one_request_step_equals_the_batched_step(sampler: str, t: float, t_next
     batched = schedule.step(sampler, sample, noise, np.full(2, t), np.full(2, t_next))  # type: ignore[arg-type]
     one = schedule.step_one(sampler, sample, noise, t, t_next)  # type: ignore[arg-type]
     assert np.max(np.abs(batched - one)) <= 1e-6
+
+
+def test_the_result_cache_is_bounded_lru_per_tenant() -> None:
+    from sordino.generation.reuse import Generated, ResultCache
+
+    def result(seed: int) -> Generated:
+        return Generated(np.zeros((32, 32), np.uint8), b"png%d" % seed, 4, 4, seed)
+
+    cache = ResultCache(entries=2)
+    cache.put("a", 1, result(1))
+    cache.put("a", 2, result(2))
+    assert cache.get("a", 1) is not None  # 1 is now the most recently used
+    cache.put("a", 3, result(3))  # evicts 2
+    assert cache.get("a", 2) is None and cache.get("a", 3) is not None
+    assert cache.get("b", 1) is None  # another tenant sees nothing of a's
+    cache.put("b", 1, result(1))
+    assert cache.size("a") == 2 and cache.size("b") == 1
+    assert (cache.hits, cache.misses) == (2, 2)
+    off = ResultCache(entries=0)
+    off.put("a", 1, result(1))
+    assert off.get("a", 1) is None
