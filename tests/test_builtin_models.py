@@ -35,6 +35,14 @@ SIGNATURES: dict[str, tuple[list[tuple[str, str, list[Any]]], list[tuple[str, st
         [("COUNT", "tensor(int32)", ["batch", 1])],
         [("REMAINING", "tensor(int32)", ["batch", 1]), ("DONE", "tensor(bool)", ["batch", 1])],
     ),
+    "digits-diffusion": (
+        [
+            ("sample", "tensor(float)", ["batch", 64]),
+            ("timestep", "tensor(float)", ["batch", 1]),
+            ("condition", "tensor(float)", ["batch", 10]),
+        ],
+        [("noise", "tensor(float)", ["batch", 64])],
+    ),
 }
 
 
@@ -69,7 +77,8 @@ def test_manifest_lists_exactly_the_onnx_files_present() -> None:
 
 def test_manifest_entries_are_well_formed() -> None:
     for entry in _manifest():
-        assert set(entry) - {"streaming"} == {"name", "file", "description", "max_batch_size"}
+        keys = set(entry) - {"streaming", "iterative", "scheduler_mode"}
+        assert keys == {"name", "file", "description", "max_batch_size"}
         assert entry["file"] == f"{entry['name']}.onnx"
         assert isinstance(entry["description"], str) and entry["description"]
         assert isinstance(entry["max_batch_size"], int) and entry["max_batch_size"] > 0
@@ -147,6 +156,24 @@ def test_countdown_is_one_step_of_a_stream(sessions: dict[str, ort.InferenceSess
     assert done.tolist() == [[False], [True], [True]]
     entry = next(e for e in _manifest() if e["name"] == "countdown")
     assert entry["streaming"] == {"carry": {"REMAINING": "COUNT"}, "done": "DONE"}
+
+
+def test_digits_diffusion_is_an_iterative_denoiser(
+    sessions: dict[str, ort.InferenceSession],
+) -> None:
+    """Rows are independent: a row's noise prediction does not depend on its batch mates."""
+    rng = np.random.default_rng(0)
+    feed = {
+        "sample": rng.standard_normal((4, 64)).astype(np.float32),
+        "timestep": np.array([[999.0], [500.0], [10.0], [0.0]], dtype=np.float32),
+        "condition": np.eye(10, dtype=np.float32)[[7, 3, 0, 9]],
+    }
+    (together,) = sessions["digits-diffusion"].run(None, feed)
+    (alone,) = sessions["digits-diffusion"].run(None, {k: v[1:2] for k, v in feed.items()})
+    assert np.max(np.abs(together[1:2] - alone)) <= 1e-5
+    entry = next(e for e in _manifest() if e["name"] == "digits-diffusion")
+    assert entry["iterative"]["sampler"] == "ddim"
+    assert (_builtin_dir() / "digits-diffusion.onnx").read_bytes().__len__() < 2 * 2**20
 
 
 def test_committed_text_normalizer_and_manifest_are_what_the_tool_builds(

@@ -33,6 +33,7 @@ _SERVING = frozenset(
         "models",
         "control",
         "telemetry",
+        "generation",
     }
 )
 
@@ -47,6 +48,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "admission": frozenset({"telemetry"}),
     "execution": frozenset({"backends", "memory", "telemetry"}),
     "scheduling": frozenset({"execution", "memory", "telemetry"}),
+    "generation": frozenset({"scheduling", "memory", "telemetry"}),
     "reports": frozenset({"telemetry"}),
     "control": frozenset(
         {"execution", "scheduling", "memory", "backends", "telemetry", "protocol", "models"}

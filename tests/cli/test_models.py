@@ -29,6 +29,7 @@ def test_export_writes_a_repository_that_serves_what_the_builtins_serve(tmp_path
         assert source.path.read_bytes() == builtin.path.read_bytes()
         assert source.config.max_batch_size == builtin.config.max_batch_size
         assert source.config.streaming == builtin.config.streaming
+        assert source.config.iterative == builtin.config.iterative
     header = (tmp_path / "models" / "countdown" / "config.yaml").read_text().splitlines()[0]
     assert header.startswith("# countdown: streams one response per step")
 

@@ -25,7 +25,7 @@ PIXELS = {"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": [2.0] 
 def test_start_serves_builtins_and_stops_on_sigterm(tmp_path: Path) -> None:
     with sordino_start([], tmp_path) as server:
         loaded = [line for line in server.lines if line.startswith("loaded ")]
-        assert len(loaded) == 4
+        assert len(loaded) == 5
         # The batch cap (scheduler max_batch) and the request limit (max_batch_size) differ.
         digits = next(line for line in loaded if "digits-classifier" in line)
         assert "batch ≤32, ≤64 items per request, mode " in digits

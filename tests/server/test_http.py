@@ -201,6 +201,7 @@ def test_statistics_count_real_work(client: httpx.Client) -> None:
         "simple",
         "text-normalizer",
         "countdown",
+        "digits-diffusion",
     }
 
 

@@ -9,6 +9,7 @@ import click
 from sordino import __version__
 from sordino.cli.chaos import chaos
 from sordino.cli.diagnose import diagnose
+from sordino.cli.generate import generate
 from sordino.cli.memory import memory
 from sordino.cli.models import models
 from sordino.cli.monitor import monitor
@@ -35,6 +36,7 @@ cli.add_command(profile)
 cli.add_command(diagnose)
 cli.add_command(chaos)
 cli.add_command(memory)
+cli.add_command(generate)
 
 
 def main() -> None:

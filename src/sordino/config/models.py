@@ -14,6 +14,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from sordino.config.base import ExpandedPath, Section
 from sordino.config.devices import ProviderName
+from sordino.config.iterative import IterativeConfig
 from sordino.config.scheduler import SchedulerMode
 
 __all__ = [
@@ -237,6 +238,8 @@ class ModelConfig(Section):
     """Which numbered versions to serve; the highest one by default."""
     streaming: StreamingConfig | None = None
     """Run the model step by step, streaming a response per step; None: one response."""
+    iterative: IterativeConfig | None = None
+    """Serve the model as a denoiser in a sampler loop the runtime owns (docs/generation.md)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -272,6 +275,12 @@ class ModelConfig(Section):
         if not providers:
             raise ValueError("execution_providers needs at least one provider, e.g. [cpu]")
         return providers
+
+    @model_validator(mode="after")
+    def _one_step_kind(self) -> ModelConfig:
+        if self.streaming is not None and self.iterative is not None:
+            raise ValueError("a model is either streaming or iterative, not both; remove one")
+        return self
 
     @model_validator(mode="after")
     def _batching_fits_max_batch_size(self) -> ModelConfig:

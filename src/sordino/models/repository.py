@@ -80,6 +80,8 @@ def builtin_sources() -> list[ModelSource]:
             path=path,
             max_batch_size=entry["max_batch_size"],
             streaming=entry.get("streaming"),
+            iterative=entry.get("iterative"),
+            scheduler_mode=entry.get("scheduler_mode"),
         )
         sources.append(ModelSource(entry["name"], "1", path, config, entry.get("description", "")))
     return sources

@@ -7,11 +7,18 @@ model's declared shape, with a variable dimension sized to fit the values. A res
 is ``{"model_name", "model_version", "id"?, <output>: <value>, ...}`` where a
 one-element output is a scalar and any other a flat list; BYTES are UTF-8 strings.
 The streaming form sends each response as a Server-Sent Event, ``data: <json>``.
+
+An iterative (generative) model answers the same way: its outputs named in
+``base64_outputs`` (the PNG) are base64 strings, and the response's ``parameters``
+(``steps_used``, and ``step``/``steps`` on a progress event) are sent as
+``"parameters"``.
 """
 
 from __future__ import annotations
 
+import base64
 import math
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -92,16 +99,22 @@ def _tensor(spec: TensorSpec, value: object, batched: bool) -> Tensor:
     return tensor_from_json(spec.name, spec.datatype, shape, values)
 
 
-def encode_generate_response(response: InferResponse) -> dict[str, Any]:
-    """Return the flat JSON object for one response."""
+def encode_generate_response(
+    response: InferResponse, base64_outputs: Collection[str] = ()
+) -> dict[str, Any]:
+    """Return the flat JSON object for one response (``base64_outputs``: binary BYTES)."""
     document: dict[str, Any] = {"model_name": response.model, "model_version": response.version}
     if response.id is not None:
         document["id"] = response.id
     for name, array in response.outputs.items():
         flat = array.reshape(-1).tolist()
-        if array.dtype == np.object_:
+        if name in base64_outputs:
+            flat = [base64.b64encode(item).decode("ascii") for item in flat]
+        elif array.dtype == np.object_:
             flat = [_text(name, item) for item in flat]
         document[name] = flat[0] if len(flat) == 1 else flat
+    if response.parameters:
+        document["parameters"] = response.parameters
     return document
 
 

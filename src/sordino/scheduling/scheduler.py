@@ -53,7 +53,7 @@ from sordino.records import (
 from sordino.scheduling.batcher import Dispatch, decide
 from sordino.scheduling.modes import ModeController
 from sordino.scheduling.queue import RequestQueue
-from sordino.scheduling.work import Request, StepOutput, WorkItem, signature_of
+from sordino.scheduling.work import Request, StepOutput, Stepper, WorkItem, signature_of
 
 __all__ = ["ModelScheduler"]
 
@@ -99,6 +99,10 @@ class ModelScheduler:
         self._batch_s: float | None = None
         self._batch_rows: float | None = None
 
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
     # -- lifecycle -------------------------------------------------------------------
 
     def start(self) -> None:
@@ -138,12 +142,16 @@ class ModelScheduler:
         timeout_s: float | None = None,
         request_id: str | None = None,
         stream: StreamSpec | None = None,
+        stepper: Stepper | None = None,
     ) -> Request:
         """Accept one request and queue its first step; return the request.
 
         The scheduler takes ownership of ``inputs`` (a :class:`Tensors` is released when
         the request finishes). Raises at once, without accepting, when the queue is
         full or the scheduler is closing; ``inputs`` then stay the caller's.
+
+        With a ``stepper`` (an iterative model) ``inputs`` are the first step's; after
+        each step the stepper computes the next step's inputs (see :class:`Stepper`).
         """
         if self._closing:
             raise ShuttingDown(f"model {self.model} is shutting down; retry on another replica")
@@ -156,6 +164,7 @@ class ModelScheduler:
             timeout_s=timeout_s,
             id=request_id,
             stream=stream,
+            stepper=stepper,
         )
         item = self._work_item(request, tensors, now)
         try:
@@ -456,6 +465,9 @@ class ModelScheduler:
         request.compute_s += compute_s
         now = self._clock.now()
         self._controller.observe(now, now - item.arrival, backlog_rows=self._queue.rows)
+        if request.stepper is not None:
+            self._advance(request, result, now)
+            return
         spec = request.stream
         final = spec is None or _stream_done(result, spec)
         if not final and request.steps >= request.max_steps:
@@ -489,6 +501,44 @@ class ModelScheduler:
             self._queue_changed()
             self._wake.set()
         request.outputs.put_nowait(StepOutput(result, final, request.steps))
+        if final:
+            self._finish(request, "success", "ok")
+
+    def _advance(self, request: Request, result: Tensors, now: float) -> None:
+        """An iterative request's step ran: let its stepper compute the next one."""
+        assert request.stepper is not None
+        try:
+            with result:
+                following, delivered = request.stepper.advance(result, now)
+        except SordinoError as exc:
+            self._fail(request, exc)
+            return
+        except Exception as exc:  # a bug in the sampler is this request's failure
+            self._fail(request, InferenceFailed(f"the sampler of {self.model} failed: {exc}"))
+            return
+        final = following is None
+        if following is not None:
+            if self._aborting:
+                following.release()
+                if delivered is not None:
+                    delivered.release()
+                self._fail(request, ShuttingDown("the model is being unloaded"))
+                return
+            # The request's next step: queued by its priority, so a higher-priority
+            # request's steps go first and this one resumes from its state (kept in
+            # ``following``, in the arena) when its turn comes.
+            request.inputs.release()
+            request.inputs = following.share() if following.leases else following
+            self._queue.put_nowait(self._work_item(request, following, now), force=True)
+            # The state waits in the queue: defragmentation may move it (the stepper
+            # keeps its own copy of the sample, never an array taken from ``following``).
+            following.park()
+            request.inputs.park()
+            request.state = "queued"
+            self._queue_changed()
+            self._wake.set()
+        if delivered is not None:
+            request.outputs.put_nowait(StepOutput(delivered, final, request.steps))
         if final:
             self._finish(request, "success", "ok")
 
@@ -535,6 +585,8 @@ class ModelScheduler:
         request.state = "finished"
         request.outcome = outcome
         request.inputs.release()
+        if request.stepper is not None:
+            request.stepper.close()
         if outcome == "success":
             self._succeeded += 1
         elif outcome == "cancelled":
@@ -587,6 +639,24 @@ class ModelScheduler:
                 "deadline or the priority",
                 retry_after_s=expected_s,
             )
+
+    @property
+    def queued(self) -> int:
+        """Work items waiting now (each request has at most one)."""
+        return len(self._queue)
+
+    def expected_wait(self, priority: int) -> float | None:
+        """About how long a step queued now at ``priority`` takes to run (None: unknown).
+
+        The rows queued at its priority and higher, at the rate recent batches ran,
+        plus one batch: what :meth:`_shed_if_late` compares to a deadline. An iterative
+        request's steps each take about this long.
+        """
+        if self._batch_s is None or self._batch_rows is None:
+            return None
+        instances = max(1, self._executor.instances(self.model))
+        rows_per_s = instances * self._batch_rows / max(self._batch_s, 1e-6)
+        return self._queue.rows_ahead(priority) / rows_per_s + self._batch_s
 
     def _note_batch(self, rows: int, seconds: float) -> None:
         """Keep moving averages of a batch's rows and run time (for :meth:`_shed_if_late`)."""

@@ -19,7 +19,7 @@ import itertools
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, Protocol
 
 from sordino.errors import SordinoError
 from sordino.inference import StreamSpec, Tensor
@@ -32,6 +32,7 @@ __all__ = [
     "RequestState",
     "Signature",
     "StepOutput",
+    "Stepper",
     "WorkItem",
     "signature_of",
 ]
@@ -97,6 +98,21 @@ class StepOutput(NamedTuple):
     step: int
 
 
+class Stepper(Protocol):
+    """The runtime side of an iterative request: what the next step is, computed between steps.
+
+    The scheduler calls :meth:`advance` with each step's outputs (which it owns) and
+    the time; it returns the next step's inputs (None: the request is done) and what
+    to deliver to the reader now (None: nothing for this step). The scheduler owns
+    both returned ``Tensors``. :meth:`close` is called once when the request ends, on
+    any outcome, so the stepper lets go of state it keeps.
+    """
+
+    def advance(self, outputs: Tensors, now: float) -> tuple[Tensors | None, Tensors | None]: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass(eq=False, slots=True)
 class Request:
     """One accepted request, owned by its model's scheduler until it finishes.
@@ -113,6 +129,7 @@ class Request:
     timeout_s: float | None = None
     id: str | None = None
     stream: StreamSpec | None = None
+    stepper: Stepper | None = None
     state: RequestState = "queued"
     outcome: Outcome | None = None
     steps: int = 0
@@ -123,6 +140,8 @@ class Request:
 
     @property
     def max_steps(self) -> int:
+        if self.stepper is not None:
+            return 1_000_000  # the stepper ends the request
         return 1 if self.stream is None else self.stream.max_steps
 
     @property

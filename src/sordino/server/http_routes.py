@@ -85,7 +85,7 @@ def extra_routes(
         decoded = await _generate_request(runtime, request)
         response = await until_disconnect(request.receive, runtime.service.infer(decoded))
         try:
-            return json(encode_generate_response(response))
+            return json(encode_generate_response(response, _binary(runtime, decoded)))
         finally:
             response.release()
 
@@ -98,11 +98,12 @@ def extra_routes(
         except BaseException:
             await responses.aclose()
             raise
+        binary = _binary(runtime, decoded)
         try:
-            event = sse_event(encode_generate_response(first))
+            event = sse_event(encode_generate_response(first, binary))
         finally:
             first.release()
-        return EventStream(_events(event, responses))
+        return EventStream(_events(event, responses, binary))
 
     routes = [
         Route("/v2/repository/index", guard(access.protect(index)), methods=["POST"]),
@@ -152,15 +153,26 @@ async def _generate_request(runtime: Runtime, request: Request) -> InferRequest:
         return decode_generate_request(body, model.metadata, model=name, version=version)
 
 
+def _binary(runtime: Runtime, request: InferRequest) -> tuple[str, ...]:
+    """The BYTES outputs sent as base64 in generate JSON: an iterative model's PNG."""
+    try:
+        model = runtime.get(request.model, request.version)
+    except SordinoError:
+        return ()
+    return ("png",) if model.pipeline is not None else ()
+
+
 async def _events(
-    first: bytes, rest: AsyncGenerator[tuple[InferResponse, bool], None]
+    first: bytes,
+    rest: AsyncGenerator[tuple[InferResponse, bool], None],
+    binary: tuple[str, ...] = (),
 ) -> AsyncIterator[bytes]:
     yield first
     async with aclosing(rest):
         try:
             async for response, _ in rest:
                 try:
-                    event = sse_event(encode_generate_response(response))
+                    event = sse_event(encode_generate_response(response, binary))
                 finally:
                     response.release()
                 yield event

@@ -11,7 +11,8 @@ model's statistics.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from sordino.backends.base import dummy_inputs
 from sordino.clock import Clock
@@ -29,6 +30,9 @@ from sordino.scheduling.settings import scheduling_for
 from sordino.server.registry import LoadedModel, ModelRegistry
 from sordino.telemetry.model_stats import ModelStats
 
+if TYPE_CHECKING:
+    from sordino.generation.pipeline import Pipeline
+
 __all__ = ["ModelLoader", "stream_spec_for"]
 
 
@@ -45,7 +49,9 @@ class ModelLoader:
         stats: ModelStats,
         clock: Clock,
         events: EventSink,
+        make_pipeline: Callable[[LoadedModel], Pipeline] | None = None,
     ) -> None:
+        self._make_pipeline = make_pipeline
         self._config = config
         self._executor = executor
         self._registry = registry
@@ -94,6 +100,14 @@ class ModelLoader:
         )
         scheduler.start()
         model = LoadedModel(source, key, metadata, scheduling, scheduler, curve, instances)
+        if config.iterative is not None:
+            if self._make_pipeline is None:
+                await scheduler.close(drain=False)
+                await self._executor.unload(key)
+                raise ModelLoadError(f"model {key}: iterative models are not supported here")
+            # Clients see the generator (prompt in, image out); the scheduler runs the denoiser.
+            model.pipeline = self._make_pipeline(model)
+            model.metadata = model.pipeline.metadata
         self._registry.add(model)
         self._events.emit(
             "model_loaded",

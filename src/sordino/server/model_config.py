@@ -45,9 +45,10 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
         "platform": meta.platform,
         "backend": "onnxruntime",
         "version_policy": _version_policy(model),
-        "max_batch_size": scheduling.max_batch_size,
-        "input": [_config_tensor(spec, batched) for spec in meta.inputs],
-        "output": [_config_tensor(spec, batched) for spec in meta.outputs],
+        # An iterative model's public tensors are one request's (the steps are batched).
+        "max_batch_size": scheduling.max_batch_size if meta.batched else 0,
+        "input": [_config_tensor(spec, batched and meta.batched) for spec in meta.inputs],
+        "output": [_config_tensor(spec, batched and meta.batched) for spec in meta.outputs],
         "instance_group": [
             {"name": f"{meta.name}_0", "kind": "KIND_CPU", "count": model.instances}
         ],
@@ -57,7 +58,7 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
             "sordino_max_batch": {"string_value": str(controller.max_batch)},
         },
     }
-    if meta.stream is not None:
+    if meta.stream is not None or model.pipeline is not None:
         # Triton's word for a model that may send several responses per request.
         config["model_transaction_policy"] = {"decoupled": True}
     if batched:

@@ -4,6 +4,7 @@
 ``GET  /v2/sordino/journal``   a time window of the journal (``sordino diagnose --url``)
 ``POST /v2/sordino/profile``   profile a model's operators (``sordino profile``)
 ``GET  /dashboard``            the web dashboard; its assets under ``/dashboard/static/``
+``GET  /dashboard/playground`` the generation playground (prompt -> steps -> image)
 
 The journal and profiling are protected endpoints (:class:`AdminAccess`): the journal's
 event payloads hold worker PIDs and file paths, and a profile runs the model. The
@@ -174,6 +175,11 @@ def observe_routes(runtime: Runtime, guard: Any, access: AdminAccess) -> list[Ro
         assert page is not None, "sordino/server/static/dashboard.html is missing"
         return Response(page, media_type=_STATIC_TYPES[".html"])
 
+    async def playground(request: Request) -> Response:
+        page = _static("playground.html")
+        assert page is not None, "sordino/server/static/playground.html is missing"
+        return Response(page, media_type=_STATIC_TYPES[".html"])
+
     async def static(request: Request) -> Response:
         name = request.path_params["name"]
         data = _static(name)
@@ -191,5 +197,6 @@ def observe_routes(runtime: Runtime, guard: Any, access: AdminAccess) -> list[Ro
         Route("/v2/sordino/journal", guard(access.protect(journal)), methods=["GET"]),
         Route("/v2/sordino/profile", guard(access.protect(profile)), methods=["POST"]),
         Route("/dashboard", guard(dashboard), methods=["GET"]),
+        Route("/dashboard/playground", guard(playground), methods=["GET"]),
         Route("/dashboard/static/{name}", guard(static), methods=["GET"]),
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sordino.errors import NotFound, ShuttingDown
 from sordino.inference import ModelKey, ModelMetadata
@@ -11,6 +12,9 @@ from sordino.records import SchedulerStatistics
 from sordino.scheduling.modes import BatchCurve
 from sordino.scheduling.scheduler import ModelScheduler
 from sordino.scheduling.settings import ModelScheduling
+
+if TYPE_CHECKING:
+    from sordino.generation.pipeline import Pipeline
 
 __all__ = ["LoadedModel", "ModelRegistry", "version_key"]
 
@@ -26,6 +30,8 @@ class LoadedModel:
     scheduler: ModelScheduler
     curve: BatchCurve | None = None
     instances: int = 1
+    pipeline: Pipeline | None = None
+    """Set for an iterative model: the generator in front of its denoiser."""
 
     @property
     def max_batch_size(self) -> int:

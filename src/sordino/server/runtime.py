@@ -17,17 +17,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any
 
 from sordino.admission.chain import AdmissionChain, default_links
 from sordino.clock import Clock, MonotonicClock
 from sordino.config import RuntimeConfig
+from sordino.errors import ModelLoadError
 from sordino.events import EventSink
 from sordino.execution.chain import ChainExecutor
-from sordino.inference import InferRequest, InferResponse
+from sordino.generation.degrade import StepDegrader
+from sordino.generation.metrics import GenerationCollector
+from sordino.generation.pipeline import Pipeline
+from sordino.inference import InferRequest, InferResponse, Tensor
 from sordino.memory.arena import SEGMENTS_DIR, StaleSegment, remove_stale_segments
 from sordino.memory.manager import MemoryManager
+from sordino.memory.refs import Tensors
 from sordino.models.repository import ModelSource
 from sordino.records import SchedulerStatistics
 from sordino.server.loader import ModelLoader
@@ -100,7 +105,10 @@ class Runtime:
             stats=self.stats,
             clock=self.clock,
             events=self.events,
+            make_pipeline=self._make_pipeline,
         )
+        # Degrade instead of drop, for every iterative model (the guardian's degrade_steps).
+        self.step_degrader = StepDegrader()
         self.service = InferenceService(
             self.registry,
             admission=AdmissionChain(default_links()),
@@ -116,8 +124,53 @@ class Runtime:
         self.metrics.watch_schedulers(self.registry.scheduler_statistics)
         self.metrics.registry.register(ExecutionCollector(self.executor.statistics))
         self.metrics.registry.register(MemoryCollector(self.memory.statistics))
+        self.metrics.registry.register(
+            GenerationCollector(
+                self.step_degrader,
+                lambda: [m.pipeline for m in self.registry.models() if m.pipeline is not None],
+            )
+        )
         # The arena's fragmentation and use reach the journal, the monitor and the dashboard.
         self.telemetry.resources.add_pool("shm_arena", self.executor.arena_statistics)
+
+    # -- iterative models --------------------------------------------------------------
+
+    def _make_pipeline(self, model: LoadedModel) -> Pipeline:
+        """The generator in front of an iterative model's denoiser (see ``generation/``)."""
+        config = model.source.config.iterative
+        assert config is not None
+        denoiser = model.metadata
+        for name in (config.sample_input, config.timestep_input, config.condition_input):
+            if denoiser.input(name) is None:
+                known = ", ".join(spec.name for spec in denoiser.inputs)
+                raise ModelLoadError(
+                    f"model {model.key}: iterative needs the denoiser input {name!r}; the "
+                    f"model's inputs are {known} (set iterative.sample_input, timestep_input "
+                    "and condition_input)"
+                )
+        if denoiser.output(config.noise_output) is None:
+            known = ", ".join(spec.name for spec in denoiser.outputs)
+            raise ModelLoadError(
+                f"model {model.key}: iterative.noise_output {config.noise_output!r} is not an "
+                f"output of the model; its outputs are {known}"
+            )
+        key = model.key
+        return Pipeline(
+            key,
+            config,
+            scheduler=model.scheduler,
+            arena=lambda: self.executor.input_arena(key),
+            degrader=self.step_degrader,
+            run_model=self._run_model,
+            description=model.source.description,
+        )
+
+    async def _run_model(self, name: str, inputs: Mapping[str, Tensor]) -> Tensors:
+        """Run a pre or post model of a pipeline (text encoder, decoder) once."""
+        model = self.registry.get(name)
+        return await model.scheduler.infer(
+            Tensors.of(inputs), priority=model.scheduling.queue.default_priority
+        )
 
     # -- lifecycle -------------------------------------------------------------------
 

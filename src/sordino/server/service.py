@@ -31,13 +31,18 @@ from contextlib import aclosing
 from types import TracebackType
 from typing import Any
 
+import numpy as np
+
 from sordino.admission.chain import AdmissionChain, AdmissionContext
 from sordino.errors import Cancelled, SordinoError, Unsupported
 from sordino.execution.staging import row_bytes
-from sordino.inference import InferRequest, InferResponse, ModelKey
+from sordino.generation.pipeline import Progress
+from sordino.generation.reuse import Generated
+from sordino.inference import InferRequest, InferResponse, ModelKey, Tensor
 from sordino.memory.quotas import QuotaLedger
 from sordino.memory.refs import Tensors
 from sordino.protocol.validate import check_text_inputs, validate_request
+from sordino.records import Outcome
 from sordino.scheduling.work import Request
 from sordino.server.registry import LoadedModel, ModelRegistry
 from sordino.telemetry.hub import Telemetry
@@ -126,8 +131,11 @@ class InferenceService:
         """
         try:
             model = self._registry.get(request.model, request.version)
-            validate_request(request, model.metadata, max_batch_size=model.max_batch_size)
-            check_text_inputs(request, model.metadata)
+            if model.pipeline is not None:
+                model.pipeline.parse(request)  # the generator's own inputs; 400 on a mistake
+            else:
+                validate_request(request, model.metadata, max_batch_size=model.max_batch_size)
+                check_text_inputs(request, model.metadata)
             context = self._admission.admit(
                 request,
                 AdmissionContext(
@@ -149,6 +157,11 @@ class InferenceService:
 
         A streaming model is refused: its responses come from :meth:`responses`.
         """
+        if self._generates(request):
+            async with aclosing(self.generate(request, progress=False)) as answers:
+                async for response, _final in answers:
+                    return response
+            raise AssertionError("a generation ends with a response")  # pragma: no cover
         model, context, accepted = await self._accept(request, one_shot=True)
         try:
             outputs = await model.scheduler.result(accepted)
@@ -167,6 +180,11 @@ class InferenceService:
         reader's to release. A reader that stops early cancels the request; close the
         iterator (``contextlib.aclosing``) when leaving it early.
         """
+        if self._generates(request):
+            async with aclosing(self.generate(request, progress=True)) as answers:
+                async for answer in answers:
+                    yield answer
+            return
         model, context, accepted = await self._accept(request, one_shot=False)
         try:
             async with aclosing(model.scheduler.responses(accepted)) as steps:
@@ -174,6 +192,95 @@ class InferenceService:
                     yield self.response(model, request, step.outputs), step.final
         finally:
             self._finished(request, context, accepted)
+
+    def _generates(self, request: InferRequest) -> bool:
+        """True when ``request`` goes to an iterative model's generator.
+
+        A lookup that fails is left to :meth:`admit`, which counts and raises it.
+        """
+        try:
+            return self._registry.get(request.model, request.version).pipeline is not None
+        except SordinoError:
+            return False
+
+    async def generate(
+        self, request: InferRequest, *, progress: bool
+    ) -> AsyncGenerator[tuple[InferResponse, bool], None]:
+        """Answer a request to an iterative model: progress responses (when ``progress``),
+        then the final one with ``image`` and ``png`` (``parameters.steps_used`` says how
+        many denoising steps the image got).
+
+        The steps run in the model's scheduler (counted there); a result from the cache
+        or from an identical request in flight is counted here, for the tenant.
+        """
+        model, context = self.admit(request)
+        pipeline = model.pipeline
+        assert pipeline is not None
+        params = pipeline.parse(request)
+        request.release()  # the parsed values are all the generation needs
+        outcome: Outcome = "cancelled"
+        try:
+            async with aclosing(
+                pipeline.run(
+                    params,
+                    priority=context.priority,
+                    timeout_s=context.timeout_s,
+                    request_id=request.id,
+                    progress=progress,
+                )
+            ) as answers:
+                async for answer in answers:
+                    if isinstance(answer, Progress):
+                        yield self._progress_response(model, request, answer), False
+                        continue
+                    result, how = answer
+                    outcome = "success"
+                    yield self._generated_response(model, request, result, how), True
+        except SordinoError:
+            outcome = "failure"
+            raise
+        finally:
+            self._telemetry.request_finished(
+                request.model, _tenant(request), context.priority, outcome
+            )
+
+    def _progress_response(
+        self, model: LoadedModel, request: InferRequest, progress: Progress
+    ) -> InferResponse:
+        return InferResponse(
+            model=model.key.name,
+            version=model.key.version,
+            outputs=Tensors.of({"image": progress.preview}),
+            output_datatypes={"image": "UINT8"},
+            id=request.id,
+            parameters={"step": progress.step, "steps": progress.steps},
+        )
+
+    def _generated_response(
+        self, model: LoadedModel, request: InferRequest, result: Generated, how: str
+    ) -> InferResponse:
+        outputs: dict[str, Tensor] = {
+            "image": result.image,
+            "png": np.array([result.png], dtype=object),
+        }
+        if request.outputs:
+            wanted = {o.name for o in request.outputs}
+            outputs = {name: array for name, array in outputs.items() if name in wanted}
+        return InferResponse(
+            model=model.key.name,
+            version=model.key.version,
+            outputs=Tensors.of(outputs),
+            output_datatypes={"image": "UINT8", "png": "BYTES"},
+            id=request.id,
+            parameters={
+                "steps_used": result.steps_used,
+                "steps_requested": result.steps_requested,
+                "seed": result.seed,
+                "degraded": result.degraded,
+                "reused_steps": result.reused_steps,
+                "source": how,
+            },
+        )
 
     async def _accept(
         self, request: InferRequest, *, one_shot: bool

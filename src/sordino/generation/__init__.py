@@ -1,0 +1,1 @@
+"""Iterative (diffusion) models: the sampler loop the runtime owns, prompts, images, reuse."""

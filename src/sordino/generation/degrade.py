@@ -1,0 +1,91 @@
+"""Degrade instead of drop: fewer remaining steps for a generation that would be late.
+
+At every step boundary a generation asks :meth:`StepDegrader.remaining` how many of
+its planned remaining steps to run. Two things can lower them:
+
+- its **deadline**: when the steps left, at the pace its steps have been taking,
+  would finish after its deadline, the remaining steps shrink to what fits;
+- the **global factor** (:meth:`StepDegrader.set_step_factor`, what the guardian's
+  ``degrade_steps`` action calls): 0.5 halves every generation's remaining steps.
+
+Never below the floor of the request's priority class (the total steps it gets), and
+never for a protected priority (premium: level 1 by default) unless configured.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sordino.config.iterative import DegradeConfig
+
+__all__ = ["DegradeStatistics", "StepDegrader"]
+
+
+@dataclass(frozen=True, slots=True)
+class DegradeStatistics:
+    """What degradation did since start: requests degraded, steps they did not run."""
+
+    factor: float | None
+    degraded_requests: int
+    steps_saved: int
+
+
+class StepDegrader:
+    """The degrade-instead-of-drop policy, shared by every iterative model of a runtime."""
+
+    def __init__(self) -> None:
+        self._factor: float | None = None
+        self.degraded_requests = 0
+        self.steps_saved = 0
+
+    @property
+    def factor(self) -> float | None:
+        return self._factor
+
+    def set_step_factor(self, factor: float | None) -> None:
+        """Scale every generation's remaining steps by ``factor`` (None: back to normal).
+
+        ``factor`` is in (0, 1]; floors and protected priorities still hold.
+        """
+        if (factor is not None and not (0.0 < factor <= 1.0)) or isinstance(factor, bool):
+            raise ValueError(f"step factor must be in (0, 1] or None, got {factor!r}")
+        self._factor = None if factor is None or factor == 1.0 else float(factor)
+
+    def remaining(
+        self,
+        config: DegradeConfig,
+        *,
+        priority: int,
+        done: int,
+        remaining: int,
+        now: float,
+        deadline: float | None,
+        step_s: float | None,
+    ) -> int:
+        """How many of ``remaining`` planned steps to run (``done`` steps already ran)."""
+        if not config.enabled or remaining <= 1:
+            return remaining
+        if config.protect_priority and priority <= config.protect_priority:
+            return remaining
+        floor = config.floors.get(priority, config.min_steps)
+        least = max(1, floor - done)
+        if least >= remaining:
+            return remaining
+        wanted = remaining
+        if self._factor is not None:
+            wanted = max(1, math.ceil(remaining * self._factor))
+        if deadline is not None and step_s is not None and step_s > 0:
+            fits = int((deadline - now) / step_s)
+            wanted = min(wanted, max(fits, 1))
+        return max(least, min(wanted, remaining))
+
+    def note(self, saved: int, *, first: bool) -> None:
+        """Count ``saved`` steps not run; ``first`` when the request was not degraded before."""
+        if saved > 0:
+            self.steps_saved += saved
+            if first:
+                self.degraded_requests += 1
+
+    def statistics(self) -> DegradeStatistics:
+        return DegradeStatistics(self._factor, self.degraded_requests, self.steps_saved)

@@ -1,0 +1,596 @@
+"""An iterative model served as a generator: prompt -> condition -> sampler loop -> image.
+
+:class:`Pipeline` is made once per loaded iterative model. :meth:`Pipeline.parse`
+checks a request (prompt, seed, steps, guidance; each mistake a 400 saying what to
+fix); :meth:`Pipeline.run` answers it: from the exact-result cache, by joining an
+identical generation in flight, or by submitting a :class:`Generation` to the model's
+scheduler. A generation is the scheduler's :class:`~sordino.scheduling.work.Stepper`:
+every step is one work item in the engine (requests at different timesteps share a
+batch, the timestep is a per-row input), and between steps the generation moves its
+sample with the sampler (numpy, ``samplers.py``). Its state between steps — the
+sample, timestep and condition rows of its next step — is a ``Tensors`` in the
+shared-memory arena; a cancelled request lets go of it at the next boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import secrets
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from sordino.config.iterative import IterativeConfig
+from sordino.errors import InferenceFailed, InvalidRequest, QueueTimeout, Shed, TensorError
+from sordino.generation.degrade import StepDegrader
+from sordino.generation.image import png_bytes, to_image
+from sordino.generation.prompts import parse_digit_prompt
+from sordino.generation.reuse import Generated, InFlight, ResultCache, StateCache
+from sordino.generation.samplers import Schedule
+from sordino.inference import InferRequest, ModelKey, ModelMetadata, Tensor, TensorSpec
+from sordino.memory.arena import Arena
+from sordino.memory.refs import Tensors, TensorsBuilder
+from sordino.scheduling.scheduler import ModelScheduler
+
+__all__ = ["GenerateParams", "Generation", "Pipeline", "Progress"]
+
+RunModel = Callable[[str, Mapping[str, Tensor]], Awaitable[Tensors]]
+"""Runs a loaded model (text encoder, decoder) once: name, inputs -> outputs."""
+
+_INT_TYPES = ("INT64", "INT32", "INT16", "INT8", "UINT64", "UINT32", "UINT16", "UINT8")
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateParams:
+    """A checked generation request."""
+
+    prompt: str
+    seed: int
+    steps: int
+    guidance: float
+    tenant: str
+    seeded: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """One step done: a preview of the image so far."""
+
+    step: int
+    steps: int
+    preview: npt.NDArray[np.uint8]
+
+
+class Generation:
+    """One request's sampler loop; the scheduler calls :meth:`advance` after each step."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        params: GenerateParams,
+        condition: npt.NDArray[np.float32],
+        *,
+        priority: int,
+        deadline: float | None,
+        now: float,
+        progress: bool,
+    ) -> None:
+        self.pipeline = pipeline
+        self.params = params
+        self.priority = priority
+        self.deadline = deadline
+        self.progress = progress
+        config = pipeline.config
+        self.rows = 1 if params.guidance == 1.0 else 2
+        self.condition = condition.astype(np.float32).reshape(1, -1)
+        rng = np.random.default_rng(params.seed)
+        shape = (1, *config.sample_shape)
+        noise = rng.standard_normal(shape).astype(np.float32)
+        self.plan = pipeline.schedule.plan(params.steps)
+        self.reused_steps = 0
+        self.state_key = (self.condition.tobytes(), params.guidance, config.sampler, params.steps)
+        self._store_at: int | None = None
+        sample = noise
+        if config.reuse.approximate:
+            skip = min(params.steps - 1, round(params.steps * config.reuse.approximate_skip))
+            cached = pipeline.states.get(self.state_key) if skip > 0 else None
+            if cached is not None:
+                # Start from the cached clean estimate, re-noised to step ``skip`` with this
+                # request's own noise: its steps before ``skip`` are not run.
+                self.plan = self.plan[skip:]
+                sample = pipeline.schedule.renoise(cached, noise, self.plan[:1])
+                self.reused_steps = skip
+                pipeline.states.steps_saved += skip
+            elif skip > 0:
+                self._store_at = skip - 1  # after this step, its clean estimate is kept
+        self.sample = sample
+        self.index = 0  # the position in ``plan`` of the step now queued or running
+        self.degraded = False
+        self.closed = False
+        self._last = now
+        # The pace of this priority's recent steps, until this request has its own.
+        self._step_s: float | None = pipeline.step_period(priority)
+        self.final_sample: npt.NDArray[np.float32] | None = None
+
+    @property
+    def steps_used(self) -> int:
+        """Steps this request's image took: those run plus those reused."""
+        return self.index + self.reused_steps
+
+    def inputs(self) -> Tensors:
+        """The next step's rows (conditional, then unconditional).
+
+        The sample rows — the generation's state — are placed in the shared-memory arena
+        with :class:`TensorsBuilder` (one block a step; without an arena, or with no room
+        now, on the heap); the timestep and condition rows are small per-step inputs on
+        the heap. :meth:`Tensors.compose` joins them, so whoever holds the result holds
+        the arena block, and the memory manager sees an ordinary ``Tensors``.
+        """
+        config = self.pipeline.config
+        rows = self.rows
+        state = TensorsBuilder(self.pipeline.arena())
+        try:
+            sample = state.empty(
+                config.sample_input, np.dtype(np.float32), (rows, *self.sample.shape[1:])
+            )
+            sample[...] = self.sample
+        except BaseException:
+            state.abandon()
+            raise
+        timestep = np.full((rows, 1), self.plan[self.index], dtype=np.float32)
+        condition = np.zeros((rows, self.condition.shape[1]), dtype=np.float32)
+        condition[0] = self.condition[0]
+        small = Tensors.of({config.timestep_input: timestep, config.condition_input: condition})
+        with state.finish() as placed:
+            return Tensors.compose(
+                {
+                    config.sample_input: (placed, config.sample_input),
+                    config.timestep_input: (small, config.timestep_input),
+                    config.condition_input: (small, config.condition_input),
+                }
+            )
+
+    def advance(self, outputs: Tensors, now: float) -> tuple[Tensors | None, Tensors | None]:
+        config = self.pipeline.config
+        schedule = self.pipeline.schedule
+        predicted = np.asarray(outputs[config.noise_output], dtype=np.float32)
+        if predicted.shape[0] != self.rows:
+            raise InferenceFailed(
+                f"the denoiser of {self.pipeline.key} returned {predicted.shape[0]} rows for "
+                f"a step of {self.rows}; its output {config.noise_output!r} must keep the batch"
+            )
+        noise = predicted[:1]
+        if self.rows == 2:
+            noise = predicted[1:2] + self.params.guidance * (predicted[:1] - predicted[1:2])
+        t = float(self.plan[self.index])
+        elapsed = now - self._last
+        self._last = now
+        self._step_s = elapsed if self._step_s is None else 0.7 * self._step_s + 0.3 * elapsed
+        self.pipeline.note_step(self.priority, elapsed)
+        queued = self.pipeline.scheduler.expected_wait(self.priority)
+        step_s = self._step_s if queued is None else max(self._step_s, queued)
+        if self._store_at is not None and self.index == self._store_at:
+            x0 = schedule.predict_x0(self.sample, noise, np.array([t]))
+            self.pipeline.states.put(self.state_key, x0)
+        left = len(self.plan) - self.index - 1
+        if left > 0:
+            keep = self.pipeline.degrader.remaining(
+                config.degrade,
+                priority=self.priority,
+                done=self.steps_used + 1,
+                remaining=left,
+                now=now,
+                deadline=self.deadline,
+                step_s=step_s,
+            )
+            if keep < left:
+                tail = schedule.plan(keep, start=float(self.plan[self.index + 1]))
+                self.plan = np.concatenate([self.plan[: self.index + 1], tail])
+                self.pipeline.degrader.note(left - keep, first=not self.degraded)
+                self.degraded = True
+                left = keep
+        t_next = float(self.plan[self.index + 1]) if left > 0 else -1.0
+        delivered: Tensors | None = None
+        if self.progress and left > 0:
+            x0 = schedule.predict_x0(self.sample, noise, np.array([t]))[0]
+            preview = to_image(x0, side=self.pipeline.image_side // 4)
+            delivered = Tensors.of(
+                {
+                    "image": preview,
+                    "step": np.array([self.steps_used + 1], dtype=np.int32),
+                    "steps": np.array([len(self.plan) + self.reused_steps], dtype=np.int32),
+                }
+            )
+        self.sample = schedule.step_one(config.sampler, self.sample, noise, t, t_next)
+        self.index += 1
+        if left == 0:
+            self.final_sample = self.sample
+            return None, Tensors.of({"sample": self.sample})
+        return self.inputs(), delivered
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Pipeline:
+    """The generator of one loaded iterative model version."""
+
+    def __init__(
+        self,
+        key: ModelKey,
+        config: IterativeConfig,
+        *,
+        scheduler: ModelScheduler,
+        arena: Callable[[], Arena | None],
+        degrader: StepDegrader,
+        run_model: RunModel,
+        description: str = "",
+    ) -> None:
+        self.key = key
+        self.config = config
+        self.scheduler = scheduler
+        self.arena = arena
+        self.degrader = degrader
+        self._run_model = run_model
+        self.schedule = Schedule(train_timesteps=config.train_timesteps)
+        self.results = ResultCache(config.reuse.cache_entries)
+        self.in_flight = InFlight()
+        self.states = StateCache(config.reuse.approximate_entries)
+        self._running = 0
+        self._next_cohort: asyncio.Future[None] | None = None
+        self._cohort_waiting = 0
+        self._step_s: dict[int, float] = {}
+        size = math.prod(config.sample_shape)
+        side = math.isqrt(size)
+        self.image_side = side * 4 if side * side == size else 0
+        self.metadata = ModelMetadata(
+            name=key.name,
+            version=key.version,
+            platform="sordino_iterative",
+            inputs=(
+                TensorSpec("prompt", "BYTES", (1,)),
+                TensorSpec("seed", "INT64", (1,)),
+                TensorSpec("steps", "INT32", (1,)),
+                TensorSpec("guidance", "FP32", (1,)),
+            ),
+            outputs=(
+                TensorSpec("image", "UINT8", (self.image_side, self.image_side)),
+                TensorSpec("png", "BYTES", (1,)),
+            ),
+            batched=False,
+            extra={
+                "iterative": "true",
+                "sampler": config.sampler,
+                "steps_default": str(config.steps.default),
+                "steps_max": str(config.steps.max),
+                "guidance_default": str(config.guidance),
+                "description": description,
+            },
+        )
+
+    # -- the request ---------------------------------------------------------------
+
+    def parse(self, request: InferRequest) -> GenerateParams:
+        """Check a generation request; raise a 400 that says what to fix."""
+        name = self.key.name
+        unknown = sorted(set(request.inputs) - {"prompt", "seed", "steps", "guidance"})
+        if unknown:
+            raise TensorError(
+                f"model {name!r} takes inputs prompt (BYTES), seed (INT64), steps (INT32) and "
+                f"guidance (FP32); it has no input {unknown[0]!r}"
+            )
+        if "prompt" not in request.inputs:
+            raise TensorError(
+                f"model {name!r} needs the input 'prompt' (BYTES), e.g. 'a handwritten 7'"
+            )
+        prompt = _one_text(request.inputs["prompt"])
+        types = request.input_datatypes
+        seed, seeded = secrets.randbits(31), False
+        if "seed" in request.inputs:
+            seed = _one_int(request.inputs["seed"], "seed", types.get("seed"), 0, 2**63 - 1)
+            seeded = True
+        steps = self.config.steps.default
+        if "steps" in request.inputs:
+            steps = _one_int(
+                request.inputs["steps"], "steps", types.get("steps"), 1, self.config.steps.max
+            )
+        guidance = self.config.guidance
+        if "guidance" in request.inputs:
+            guidance = _one_float(request.inputs["guidance"], "guidance", 0.0, 20.0)
+        tenant = request.parameters.get("tenant") or request.headers.get("x-sordino-tenant")
+        tenant = tenant if isinstance(tenant, str) and tenant else "default"
+        if self.config.prompt == "digits":
+            parse_digit_prompt(prompt)  # refuse an unreadable prompt before queueing
+        return GenerateParams(prompt, seed, steps, guidance, tenant, seeded)
+
+    async def condition(self, params: GenerateParams) -> npt.NDArray[np.float32]:
+        """The condition row for the prompt: the digit's one-hot, or the text encoder's output."""
+        if self.config.prompt == "digits":
+            onehot: npt.NDArray[np.float32] = np.zeros(10, dtype=np.float32)
+            onehot[parse_digit_prompt(params.prompt)] = 1.0
+            return onehot
+        assert self.config.text_encoder is not None
+        prompt = np.array([[params.prompt.encode("utf-8")]], dtype=object)
+        with await self._run_model(self.config.text_encoder, {"prompt": prompt}) as encoded:
+            return np.array(next(iter(encoded.values())), dtype=np.float32).reshape(-1)
+
+    async def run(
+        self,
+        params: GenerateParams,
+        *,
+        priority: int,
+        timeout_s: float | None,
+        request_id: str | None,
+        progress: bool,
+    ) -> AsyncGenerator[Progress | tuple[Generated, str], None]:
+        """Answer one request: progress (when asked) and then ``(result, how)``.
+
+        ``how`` is ``cache`` (an exact earlier result), ``coalesced`` (an identical
+        request in flight) or ``generated``.
+        """
+        condition = await self.condition(params)
+        key = (
+            self.key.version,
+            condition.tobytes(),
+            params.seed,
+            params.steps,
+            params.guidance,
+            self.config.sampler,
+        )
+        if params.seeded:
+            cached = self.results.get(params.tenant, key)
+            if cached is not None:
+                yield cached, "cache"
+                return
+            if self.config.reuse.coalesce:
+                running = self.in_flight.join(key)
+                if running is not None:
+                    shared = await asyncio.shield(running)
+                    if not shared.degraded:
+                        yield shared, "coalesced"
+                        return
+                    # The first one was degraded (its deadline, its priority): this
+                    # request has its own and gets its own generation.
+        lead = self.in_flight.lead(key) if params.seeded and self.config.reuse.coalesce else None
+        outcome: Any = asyncio.CancelledError()
+        generating = self._generate(params, condition, priority, timeout_s, request_id, progress)
+        try:
+            async with aclosing(generating):
+                async for item in generating:
+                    if isinstance(item, Generated):
+                        outcome = item
+                        if params.seeded and not item.degraded and not item.reused_steps:
+                            self.results.put(params.tenant, key, item)
+                        yield item, "generated"
+                        return
+                    yield item
+        except BaseException as exc:
+            if not isinstance(outcome, Generated):
+                outcome = exc if isinstance(exc, Exception) else asyncio.CancelledError()
+            raise
+        finally:
+            if lead is not None:
+                self.in_flight.settle(key, lead, outcome)
+
+    async def _generate(
+        self,
+        params: GenerateParams,
+        condition: npt.NDArray[np.float32],
+        priority: int,
+        timeout_s: float | None,
+        request_id: str | None,
+        progress: bool,
+    ) -> AsyncGenerator[Progress | Generated, None]:
+        arrival = self.scheduler.clock.now()
+        await self._enter()
+        try:
+            now = self.scheduler.clock.now()
+            if timeout_s:
+                # Time spent waiting for the running cohort (request-level batching) counts.
+                waited = now - arrival
+                if waited >= timeout_s:
+                    raise QueueTimeout(
+                        f"request timed out after {waited * 1000:.0f} ms waiting for the "
+                        f"generations of model {self.key} ahead of it; raise its timeout or "
+                        "reduce load"
+                    )
+                timeout_s -= waited
+            self._shed_if_hopeless(params, priority, timeout_s)
+            generation = Generation(
+                self,
+                params,
+                condition,
+                priority=priority,
+                deadline=now + timeout_s if timeout_s else None,
+                now=now,
+                progress=progress,
+            )
+            first = generation.inputs()
+            try:
+                request = self.scheduler.submit(
+                    first,
+                    priority=priority,
+                    timeout_s=timeout_s,
+                    request_id=request_id,
+                    stepper=generation,
+                )
+            except BaseException:
+                first.release()
+                raise
+            final: npt.NDArray[np.float32] | None = None
+            async for step in self.scheduler.responses(request):
+                with step.outputs as outputs:
+                    if step.final:
+                        final = np.array(outputs["sample"], dtype=np.float32)
+                    else:
+                        yield Progress(
+                            int(outputs["step"][0]),
+                            int(outputs["steps"][0]),
+                            np.array(outputs["image"], dtype=np.uint8),
+                        )
+            assert final is not None
+        finally:
+            self._leave()
+        image = await self._decode(final)
+        yield Generated(
+            image=image,
+            png=png_bytes(image),
+            steps_used=generation.steps_used,
+            steps_requested=params.steps,
+            seed=params.seed,
+            degraded=generation.degraded,
+            reused_steps=generation.reused_steps,
+            sample=final,
+        )
+
+    async def _decode(self, sample: npt.NDArray[np.float32]) -> npt.NDArray[np.uint8]:
+        values = sample
+        if self.config.decoder is not None:
+            with await self._run_model(self.config.decoder, {"sample": sample}) as decoded:
+                values = np.array(next(iter(decoded.values())), dtype=np.float32)
+        if values.size != math.prod(self.config.sample_shape) or not self.image_side:
+            raise InvalidRequest(
+                f"model {self.key.name!r}: the decoded sample has {values.size} values; "
+                "an image needs a square number of them"
+            )
+        return to_image(values.reshape(-1), side=self.image_side // 4)
+
+    def step_period(self, priority: int) -> float | None:
+        """About how long one step of a generation at ``priority`` takes now (None: unknown).
+
+        The larger of the recent time between two steps at that priority and the wait
+        the queue predicts for a step queued now: the queue sees a backlog before any
+        step of it completes.
+        """
+        recent = self._step_s.get(priority)
+        queued = self.scheduler.expected_wait(priority)
+        if recent is None:
+            return queued
+        return recent if queued is None else max(recent, queued)
+
+    def note_step(self, priority: int, seconds: float) -> None:
+        """Keep the recent time between two steps of a generation, per priority."""
+        last = self._step_s.get(priority)
+        self._step_s[priority] = seconds if last is None else 0.9 * last + 0.1 * seconds
+
+    def _shed_if_hopeless(
+        self, params: GenerateParams, priority: int, timeout: float | None
+    ) -> None:
+        """Refuse (503) a request that cannot finish in time even with the fewest steps.
+
+        Its fewest steps are the degrade floor of its priority (all its steps without
+        degradation, or for a protected priority, which is never refused here). At the
+        pace recent steps of its priority took, a request that would miss its deadline
+        anyway is answered now instead of occupying the queue for nothing; so under
+        overload the queue keeps room for the requests that can still make it.
+        """
+        degrade = self.config.degrade
+        if degrade.protect_priority and priority <= degrade.protect_priority:
+            return
+        # Every generation in flight holds one queued step: unprotected requests may fill
+        # half the queue, so a full queue never refuses a protected (premium) one.
+        limit = self.scheduler.settings.max_queue_size // 2
+        if self.scheduler.queued >= limit:
+            raise Shed(
+                f"model {self.key} is overloaded: {self.scheduler.queued} generations are "
+                f"in flight; the rest of the queue is kept for priority "
+                f"{degrade.protect_priority} and higher. Retry later or raise the priority",
+                retry_after_s=self.step_period(priority) or 1.0,
+            )
+        if not timeout:
+            return
+        step_s = self.step_period(priority)
+        if step_s is None:
+            return
+        fewest = params.steps
+        if degrade.enabled:
+            fewest = min(params.steps, degrade.floors.get(priority, degrade.min_steps))
+        expected = fewest * step_s
+        if expected > timeout:
+            raise Shed(
+                f"model {self.key} is overloaded: even {fewest} steps take about "
+                f"{expected * 1000:.0f} ms now, more than the request's {timeout * 1000:.0f} "
+                "ms deadline; retry later, raise the deadline or the priority",
+                retry_after_s=expected,
+            )
+
+    # -- request-level batching (the baseline) ----------------------------------------
+
+    async def _enter(self) -> None:
+        """With ``batching: request``, wait until the running cohort has finished."""
+        if self.config.batching != "request":
+            return
+        if self._running == 0 and self._next_cohort is None:
+            self._running += 1
+            return
+        if self._next_cohort is None:
+            self._next_cohort = asyncio.get_running_loop().create_future()
+        cohort = self._next_cohort
+        self._cohort_waiting += 1
+        try:
+            await asyncio.shield(cohort)
+        except BaseException:
+            if not cohort.done():
+                self._cohort_waiting -= 1
+            else:
+                self._leave()
+            raise
+
+    def _leave(self) -> None:
+        if self.config.batching != "request":
+            return
+        self._running -= 1
+        if self._running == 0 and self._next_cohort is not None:
+            cohort, self._next_cohort = self._next_cohort, None
+            self._running, self._cohort_waiting = self._cohort_waiting, 0
+            cohort.set_result(None)
+
+
+def _one(array: Tensor, name: str) -> Any:
+    values = np.asarray(array).reshape(-1)
+    if values.size != 1:
+        raise TensorError(f"input {name!r} takes one value, got {values.size}")
+    return values[0]
+
+
+def _one_text(array: Tensor) -> str:
+    value = _one(array, "prompt")
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise TensorError("input 'prompt' is not valid UTF-8 text") from None
+    if not isinstance(value, str):
+        raise TensorError(f"input 'prompt' must be text (BYTES), got {np.asarray(array).dtype}")
+    if not value.strip():
+        raise InvalidRequest("the prompt is empty; say which digit to draw, e.g. 'a handwritten 7'")
+    return value
+
+
+def _one_int(array: Tensor, name: str, datatype: str | None, low: int, high: int) -> int:
+    kind = np.asarray(array).dtype.kind
+    if (datatype is not None and datatype not in _INT_TYPES) or kind not in "iu":
+        shown = datatype or str(np.asarray(array).dtype)
+        raise TensorError(f"input {name!r} must be an integer (INT64 or INT32), got {shown}")
+    value = int(_one(array, name))
+    if not low <= value <= high:
+        if name == "steps":
+            raise InvalidRequest(
+                f"steps must be between {low} and {high} for this model, got {value}"
+            )
+        raise InvalidRequest(f"{name} must be between {low} and {high}, got {value}")
+    return value
+
+
+def _one_float(array: Tensor, name: str, low: float, high: float) -> float:
+    if np.asarray(array).dtype.kind not in "fiu":
+        raise TensorError(f"input {name!r} must be a number (FP32), got {np.asarray(array).dtype}")
+    value = float(_one(array, name))
+    if not (low <= value <= high) or math.isnan(value):
+        raise InvalidRequest(f"{name} must be between {low:g} and {high:g}, got {value:g}")
+    return value
