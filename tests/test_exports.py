@@ -22,6 +22,7 @@ def test_package_exports() -> None:
 def test_testing_exports() -> None:
     assert set(sordino.testing.__all__) == {
         "RunningServer", "ScriptedExecutor", "VirtualClock", "serve_in_thread",
+        "TinyKServe", "serve_tiny_kserve",
     }  # fmt: skip
 
 

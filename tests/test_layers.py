@@ -48,11 +48,12 @@ ALLOWED: dict[str, frozenset[str]] = {
     "execution": frozenset({"backends", "memory", "telemetry"}),
     "scheduling": frozenset({"execution", "memory", "telemetry"}),
     "reports": frozenset({"telemetry"}),
+    "loadtest": frozenset({"protocol", "telemetry", "reports"}),
     "control": frozenset(
         {"execution", "scheduling", "memory", "backends", "telemetry", "protocol", "models"}
     ),
     "server": _SERVING,
-    "cli": _SERVING | {"server", "reports"},
+    "cli": _SERVING | {"server", "reports", "loadtest"},
     "__main__": frozenset({"cli"}),
     "testing": _SERVING | {"server"},
 }

@@ -13,6 +13,7 @@ from sordino.cli.models import models
 from sordino.cli.monitor import monitor
 from sordino.cli.profile import profile
 from sordino.cli.start import start
+from sordino.cli.stress import stress_test
 
 __all__ = ["cli", "main"]
 
@@ -33,6 +34,7 @@ cli.add_command(monitor)
 cli.add_command(profile)
 cli.add_command(diagnose)
 cli.add_command(chaos)
+cli.add_command(stress_test)
 
 
 def main() -> None:

@@ -1,0 +1,130 @@
+"""The server's side of a run: ``/metrics`` read once a second while the load runs.
+
+Only a sordino server exports these series; against any other KServe v2 server the
+poller finds none and the report says the server side was not observed. Series that
+this server does not export (an older build, no memory pool, no guardian yet) are
+simply absent from the samples: every field is optional.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+__all__ = ["MetricsPoller", "ServerSample"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSample:
+    """What the server exported at wall time ``t`` (sums over models and pools)."""
+
+    t: float
+    queue_depth: float | None = None
+    inflight: float | None = None
+    batches: float | None = None  # counter: executed batches
+    batch_rows: float | None = None  # counter: rows in them (histogram sum)
+    max_batch: float | None = None  # the largest cap any model's scheduler uses now
+    busy: float | None = None  # the busiest model's busy fraction
+    rss_bytes: float | None = None
+    pool_reserved_bytes: float | None = None
+    pool_in_use_bytes: float | None = None
+    fragmentation: float | None = None  # the worst pool
+    worker_restarts: float | None = None  # counter
+    rejected: float | None = None  # counter: refused requests
+    guardian_actions: float | None = None  # counter: any sordino_guardian_* *_total series
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _add(values: dict[str, float], key: str, value: float, how: str = "sum") -> None:
+    if key not in values:
+        values[key] = value
+    elif how == "max":
+        values[key] = max(values[key], value)
+    else:
+        values[key] += value
+
+
+def parse_metrics(text: str, t: float) -> ServerSample | None:
+    """One sample from a Prometheus text page; None when it holds no sordino series."""
+    values: dict[str, float] = {}
+    seen = False
+    for family in text_string_to_metric_families(text):
+        if family.name.startswith("sordino_"):
+            seen = True
+        for s in family.samples:
+            name, v = s.name, float(s.value)
+            if name == "sordino_queue_depth":
+                _add(values, "queue_depth", v)
+            elif name == "sordino_inflight_requests":
+                _add(values, "inflight", v)
+            elif name == "sordino_batch_size_count":
+                _add(values, "batches", v)
+            elif name == "sordino_batch_size_sum":
+                _add(values, "batch_rows", v)
+            elif name == "sordino_scheduler_max_batch":
+                _add(values, "max_batch", v, "max")
+            elif name == "sordino_worker_busy_ratio":
+                _add(values, "busy", v, "max")
+            elif name == "sordino_process_resident_memory_bytes":
+                _add(values, "rss_bytes", v)
+            elif name == "sordino_memory_pool_reserved_bytes":
+                _add(values, "pool_reserved_bytes", v)
+            elif name == "sordino_memory_pool_in_use_bytes":
+                _add(values, "pool_in_use_bytes", v)
+            elif name == "sordino_memory_pool_fragmentation_ratio":
+                _add(values, "fragmentation", v, "max")
+            elif name == "sordino_worker_restarts_total":
+                _add(values, "worker_restarts", v)
+            elif name == "sordino_rejected_requests_total":
+                _add(values, "rejected", v)
+            elif name.startswith("sordino_guardian_") and name.endswith("_total"):
+                _add(values, "guardian_actions", v)
+    return ServerSample(t=t, **values) if seen else None
+
+
+class MetricsPoller:
+    """Reads ``url/metrics`` every ``interval_s`` until stopped."""
+
+    def __init__(self, url: str, interval_s: float = 1.0) -> None:
+        self.url = url.rstrip("/")
+        self.interval_s = interval_s
+        self.samples: list[ServerSample] = []
+        self.failures = 0
+        self.is_sordino: bool | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with httpx.AsyncClient(timeout=max(2.0, self.interval_s)) as client:
+            while not stop.is_set():
+                await self.poll(client)
+                if self.is_sordino is False:
+                    return  # not a sordino server: nothing to read
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.interval_s)
+            await self.poll(client)  # the final counters
+
+    async def poll(self, client: httpx.AsyncClient) -> None:
+        try:
+            response = await client.get(self.url + "/metrics")
+        except (httpx.HTTPError, OSError):
+            self.failures += 1
+            return
+        if response.status_code != 200:
+            self.is_sordino = self.is_sordino or False
+            return
+        try:
+            sample = parse_metrics(response.text, time.time())
+        except ValueError:
+            sample = None
+        if sample is None:
+            self.is_sordino = self.is_sordino or False
+            return
+        self.is_sordino = True
+        self.samples.append(sample)
