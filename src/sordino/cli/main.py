@@ -9,8 +9,10 @@ import click
 from sordino import __version__
 from sordino.cli.chaos import chaos
 from sordino.cli.diagnose import diagnose
+from sordino.cli.event import event
 from sordino.cli.models import models
 from sordino.cli.monitor import monitor
+from sordino.cli.postmortem import postmortem
 from sordino.cli.profile import profile
 from sordino.cli.start import start
 from sordino.cli.stress import stress_test
@@ -35,6 +37,8 @@ cli.add_command(profile)
 cli.add_command(diagnose)
 cli.add_command(chaos)
 cli.add_command(stress_test)
+cli.add_command(postmortem)
+cli.add_command(event)
 
 
 def main() -> None:

@@ -50,8 +50,22 @@ class _Failure(Exception):
 def _own_server(spec: str, config: Path | None, timeout_s: float = 120.0) -> Iterator[str]:
     """Run ``sordino start --model SPEC`` on a free loopback port while the block runs."""
     with tempfile.TemporaryDirectory(prefix="sordino-stress-") as data_dir:
-        cmd = [sys.executable, "-m", "sordino", "start", "--model", spec, "--host", "127.0.0.1",
-               "--http-port", "0", "--grpc-port", "0", "--data-dir", data_dir]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "sordino",
+            "start",
+            "--model",
+            spec,
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            "0",
+            "--grpc-port",
+            "0",
+            "--data-dir",
+            data_dir,
+        ]
         if config is not None:
             cmd += ["--config", str(config)]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -22,8 +22,15 @@ from sordino.loadtest.run import StressResult, Verdict
 __all__ = ["HEADLINE_HEADER", "draw_charts", "headline_rows", "render_html"]
 
 HEADLINE_HEADER = [
-    "group", "answers", "errors", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms",
-]  # fmt: skip
+    "group",
+    "answers",
+    "errors",
+    "p50 ms",
+    "p90 ms",
+    "p99 ms",
+    "p99.9 ms",
+    "max ms",
+]
 _COLORS = ["#2f6fed", "#e8590c", "#2b8a3e", "#ae3ec9", "#c92a2a", "#0b7285"]
 _CSS = """
 body{font:14px/1.5 system-ui,sans-serif;margin:24px auto;max-width:1060px;color:#1d2330}
@@ -40,8 +47,16 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 
 
 def _row(name: str, s: LatencySummary) -> list[str]:
-    return [name, str(s.count), str(s.errors), _fmt(s.p50_ms, 2), _fmt(s.p90_ms, 2),
-            _fmt(s.p99_ms, 2), _fmt(s.p999_ms, 2), _fmt(s.max_ms, 1)]  # fmt: skip
+    return [
+        name,
+        str(s.count),
+        str(s.errors),
+        _fmt(s.p50_ms, 2),
+        _fmt(s.p90_ms, 2),
+        _fmt(s.p99_ms, 2),
+        _fmt(s.p999_ms, 2),
+        _fmt(s.max_ms, 1),
+    ]
 
 
 def headline_rows(result: StressResult) -> list[list[str]]:
@@ -108,8 +123,9 @@ def _error_chart(result: StressResult) -> bytes:
     bottom = [0.0] * len(xs)
     for color, status in zip(_COLORS * 3, statuses, strict=False):
         ys = [e.get(status, 0) / result.window_s for e in result.window_errors]
-        ax.bar(xs, ys, width=result.window_s, bottom=bottom, align="edge", color=color,
-               label=status)  # fmt: skip
+        ax.bar(
+            xs, ys, width=result.window_s, bottom=bottom, align="edge", color=color, label=status
+        )
         bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
     if not statuses:
         ax.text(0.5, 0.5, "no errors", transform=ax.transAxes, ha="center")
@@ -129,8 +145,9 @@ def _server_chart(result: StressResult) -> bytes | None:
     xs = [s.t - t0 for s in samples]
     fig, (queue, memory) = _figure(5.0, rows=2)
     depth = [s.queue_depth for s in samples]
-    queue.plot(xs, [float("nan") if d is None else d for d in depth], color=_COLORS[0],
-               label="queue depth")  # fmt: skip
+    queue.plot(
+        xs, [float("nan") if d is None else d for d in depth], color=_COLORS[0], label="queue depth"
+    )
     batch = []
     for a, b in itertools.pairwise(samples):
         db = (b.batches or 0) - (a.batches or 0)
@@ -144,15 +161,21 @@ def _server_chart(result: StressResult) -> bytes | None:
         strict=False,
     ):
         ys = [getattr(s, attr) for s in samples]
-        memory.plot(xs, [float("nan") if y is None else y / 2**20 for y in ys], color=color,
-                    label=label)  # fmt: skip
+        memory.plot(
+            xs, [float("nan") if y is None else y / 2**20 for y in ys], color=color, label=label
+        )
     memory.set_ylabel("MiB")
     memory.legend(loc="upper left")
     frag = [s.fragmentation for s in samples]
     if any(f is not None for f in frag):
         twin = memory.twinx()
-        twin.plot(xs, [float("nan") if f is None else f * 100 for f in frag], color=_COLORS[4],
-                  ls=":", label="fragmentation %")  # fmt: skip
+        twin.plot(
+            xs,
+            [float("nan") if f is None else f * 100 for f in frag],
+            color=_COLORS[4],
+            ls=":",
+            label="fragmentation %",
+        )
         twin.set_ylim(0, 100)
         twin.set_ylabel("fragmentation %")
     memory.set_xlabel("seconds into the run")
@@ -175,8 +198,10 @@ def draw_charts(result: StressResult) -> list[tuple[str, bytes]]:
 
 def _verdicts(title: str, verdicts: list[Verdict], good: bool) -> list[str]:
     e = html.escape
-    parts = [f"<h2>{e(title)}</h2><table><tr><th>condition</th><th>measured</th>"
-             "<th>within target</th><th>verdict</th></tr>"]  # fmt: skip
+    parts = [
+        f"<h2>{e(title)}</h2><table><tr><th>condition</th><th>measured</th>"
+        "<th>within target</th><th>verdict</th></tr>"
+    ]
     for v in verdicts:
         c = v.condition
         if v.met is None:
@@ -230,8 +255,9 @@ def render_html(
     parts.append("</ul><h2>Suggested configuration</h2>")
     if suggested:
         parts.append("<ul>")
-        parts += [f"<li><code>{e(s.key)}</code> = {e(str(s.value))}: {e(s.why)}.</li>"
-                  for s in suggested]  # fmt: skip
+        parts += [
+            f"<li><code>{e(s.key)}</code> = {e(str(s.value))}: {e(s.why)}.</li>" for s in suggested
+        ]
         parts.append(f"</ul><pre>{e(suggestions_yaml(suggested))}</pre>")
     else:
         parts.append("<p>Nothing measured argues for a change.</p>")

@@ -160,8 +160,13 @@ class Condition:
         return f"{value:.2%}" if self.metric == "errors" else f"{value:.1f} ms"
 
     def to_json(self) -> dict[str, Any]:
-        return {"text": self.text, "selector": self.selector, "metric": self.metric,
-                "op": self.op, "value": self.value}  # fmt: skip
+        return {
+            "text": self.text,
+            "selector": self.selector,
+            "metric": self.metric,
+            "op": self.op,
+            "value": self.value,
+        }
 
 
 def parse_conditions(text: str, *, option: str, op: str) -> list[Condition]:

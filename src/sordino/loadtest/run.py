@@ -49,8 +49,12 @@ class Verdict:
     met: bool | None
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.condition.to_json(), "measured": self.measured,
-                "attainment": self.attainment, "met": self.met}  # fmt: skip
+        return {
+            **self.condition.to_json(),
+            "measured": self.measured,
+            "attainment": self.attainment,
+            "met": self.met,
+        }
 
 
 @dataclass(slots=True)

@@ -24,6 +24,7 @@ from sordino.config import TelemetryConfig
 from sordino.events import EventSink
 from sordino.inference import ModelKey
 from sordino.records import SchedulerStatistics
+from sordino.telemetry.availability import AvailabilityTally
 from sordino.telemetry.collectors import TelemetryCollector, TelemetryView
 from sordino.telemetry.forecast import Forecast, forecast_from_journal
 from sordino.telemetry.journal import Journal
@@ -70,6 +71,8 @@ class Telemetry:
             window_s=int(config.recent_window),
         )
         self.resources = ResourceSampler()
+        # Accepted requests by priority and outcome, journaled as events every 10 s.
+        self.availability = AvailabilityTally(events.emit, wall=wall)
         self.journal: Journal | None = None
         self.forecast: Forecast | None = None
         self.profiles: dict[str, OperatorProfile] = {}
@@ -115,6 +118,7 @@ class Telemetry:
                 await task
         self._tasks.clear()
         self.series.close_until(int(self._wall()) + 1, self.resources.sample())
+        self.availability.flush()
         if self.journal is not None:
             journal, self.journal = self.journal, None
             await asyncio.get_running_loop().run_in_executor(None, journal.close)
@@ -126,6 +130,7 @@ class Telemetry:
             await self.clock.sleep(math.floor(now) + 1.02 - now)
             try:
                 self.series.close_until(int(self._wall()), self.resources.sample())
+                self.availability.flush(self._wall())
             except Exception:  # telemetry must never take the server down
                 log.exception("closing a telemetry second failed")
 

@@ -86,8 +86,9 @@ def _app(state: TinyKServe) -> Starlette:
 def serve_tiny_kserve() -> Iterator[TinyKServe]:
     """Serve the tiny KServe v2 server on a free loopback port while the block runs."""
     state = TinyKServe(url="")
-    config = uvicorn.Config(_app(state), host="127.0.0.1", port=0, log_level="warning",
-                            lifespan="off")  # fmt: skip
+    config = uvicorn.Config(
+        _app(state), host="127.0.0.1", port=0, log_level="warning", lifespan="off"
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="tiny-kserve", daemon=True)
     thread.start()
