@@ -251,7 +251,7 @@ def stress_test(
         raise click.BadParameter(f"must end in .html, not {output.name!r}", param_hint="--output")
     seconds = _duration(duration, "--duration")
     timeout_s = _duration(timeout, "--timeout") or 60.0
-    # Imported here, so that the other commands start without numpy, httpx and hdrh.
+    # Imported here, so that the other commands start without numpy, aiohttp and hdrh.
     from sordino.loadtest.profiles import load_profile
     from sordino.loadtest.results import parse_conditions
 

@@ -9,12 +9,14 @@ runs the sender and the ``/metrics`` poller side by side and returns a
 from __future__ import annotations
 
 import asyncio
+import json
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 
 from sordino.errors import ConfigError
@@ -140,19 +142,23 @@ def window_for(duration_s: float) -> float:
     return float(max(1.0, np.ceil(duration_s / 120)))
 
 
-def _get(client: httpx.Client, url: str, what: str, *, expect_json: bool = True) -> Any:
+def _get(url: str, what: str, *, expect_json: bool = True) -> Any:
     try:
-        response = client.get(url)
-    except (httpx.HTTPError, OSError) as exc:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            body = response.read()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            raise Unreachable(f"{url} answered 404: {what}") from None
+        text = exc.read()[:200].decode(errors="replace")
+        raise Unreachable(f"{url} answered {exc.code}: {text}") from None
+    except urllib.error.URLError as exc:
+        raise Unreachable(f"cannot reach {url}: {exc.reason}") from None
+    except OSError as exc:
         raise Unreachable(f"cannot reach {url}: {exc}") from None
-    if response.status_code == 404:
-        raise Unreachable(f"{url} answered 404: {what}")
-    if response.status_code != 200:
-        raise Unreachable(f"{url} answered {response.status_code}: {response.text[:200]}")
     if not expect_json:
         return None
     try:
-        return response.json()
+        return json.loads(body)
     except ValueError:
         raise Unreachable(f"{url} did not answer JSON: is it a KServe v2 server?") from None
 
@@ -174,26 +180,24 @@ def prepare(
         )
     classes = []
     metadata: dict[str, list[InputSpec]] = {}
-    with httpx.Client(timeout=10.0) as client:
-        _get(client, url + "/v2/health/ready", "the server is not ready", expect_json=False)
-        for traffic in profile.mix:
-            model = traffic.model or default_model
-            if model is None:
-                raise ConfigError(
-                    "give --model NAME (or a 'model' for every class of the profile's mix)"
-                )
-            if model not in metadata:
-                doc = _get(
-                    client,
-                    f"{url}/v2/models/{model}",
-                    f"the server has no model {model!r} (see GET {url}/v2/models or "
-                    "`sordino models list`)",
-                )
-                metadata[model] = [InputSpec.from_metadata(i) for i in doc.get("inputs", [])]
-            inputs = metadata[model]
-            entries = read_data_file(data, inputs) if data is not None else None
-            payloads = build_payloads(inputs, traffic.batch, data=entries, seed=seed)
-            classes.append(ClassPlan(traffic.label, model, traffic.tenant, traffic.tag, payloads))
+    _get(url + "/v2/health/ready", "the server is not ready", expect_json=False)
+    for traffic in profile.mix:
+        model = traffic.model or default_model
+        if model is None:
+            raise ConfigError(
+                "give --model NAME (or a 'model' for every class of the profile's mix)"
+            )
+        if model not in metadata:
+            doc = _get(
+                f"{url}/v2/models/{model}",
+                f"the server has no model {model!r} (see GET {url}/v2/models or "
+                "`sordino models list`)",
+            )
+            metadata[model] = [InputSpec.from_metadata(i) for i in doc.get("inputs", [])]
+        inputs = metadata[model]
+        entries = read_data_file(data, inputs) if data is not None else None
+        payloads = build_payloads(inputs, traffic.batch, data=entries, seed=seed)
+        classes.append(ClassPlan(traffic.label, model, traffic.tenant, traffic.tag, payloads))
     schedule = make_schedule(profile, seed=seed)
     return Plan(url, profile, schedule, classes, window_for(profile.duration))
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 import psutil
 
 from sordino.loadtest.payloads import Payload
@@ -83,14 +83,36 @@ class SendStatistics:
     cpu_percent: list[float] = field(default_factory=list)  # client process, once a second
 
 
-def _status(response: httpx.Response) -> str:
-    return "ok" if response.status_code == 200 else str(response.status_code)
+_FAILURES = (aiohttp.ClientError, OSError, TimeoutError)
 
 
-def _failure(exc: Exception) -> str:
-    if isinstance(exc, httpx.TimeoutException):
+def _failure(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
         return "timeout"
     return f"client:{type(exc).__name__}"
+
+
+def _session(limit: int, timeout_s: float) -> aiohttp.ClientSession:
+    """A pool of at most ``limit`` keep-alive connections; answers slower than ``timeout_s`` fail.
+
+    aiohttp rather than httpx: measured here, httpx spent about 3.8 ms of CPU per request
+    at 64 in flight and aiohttp 0.1 ms, and an open-loop client must stay ahead of its
+    schedule.
+    """
+    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit)
+    return aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)
+    )
+
+
+async def _post(session: aiohttp.ClientSession, url: str, plan: ClassPlan, payload: Payload) -> str:
+    """Send one request; its status: "ok", the HTTP status, "timeout" or the client error."""
+    try:
+        async with session.post(url, data=payload.body, headers=plan.headers(payload)) as answer:
+            await answer.read()
+            return "ok" if answer.status == 200 else str(answer.status)
+    except _FAILURES as exc:
+        return _failure(exc)
 
 
 async def _sample_cpu(stats: SendStatistics, stop: asyncio.Event) -> None:
@@ -117,12 +139,11 @@ async def run_open_loop(
     stats = SendStatistics(scheduled=len(schedule), in_flight_cap=max_in_flight)
     loop = asyncio.get_running_loop()
     slots = asyncio.Semaphore(max_in_flight)
-    limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight)
     pending: set[asyncio.Task[None]] = set()
     counts = {"in_flight": 0, "errors": 0}
     stop = asyncio.Event()
 
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout_s) as client:
+    async with _session(max_in_flight, timeout_s) as session:
 
         async def one(offset: float, intended: float, plan: ClassPlan, payload: Payload) -> None:
             sent = loop.time()
@@ -130,12 +151,7 @@ async def run_open_loop(
             counts["in_flight"] += 1
             stats.max_in_flight = max(stats.max_in_flight, counts["in_flight"])
             try:
-                response = await client.post(
-                    plan.path, content=payload.body, headers=plan.headers(payload)
-                )
-                status = _status(response)
-            except (httpx.HTTPError, OSError) as exc:
-                status = _failure(exc)
+                status = await _post(session, url + plan.path, plan, payload)
             finally:
                 counts["in_flight"] -= 1
                 slots.release()
@@ -207,8 +223,7 @@ async def run_closed_loop(
     """
     stats = SendStatistics(in_flight_cap=concurrency)
     loop = asyncio.get_running_loop()
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout_s) as client:
+    async with _session(concurrency, timeout_s) as session:
         start = loop.time()
         stats.started_at = time.time()
         end = start + duration_s
@@ -221,13 +236,7 @@ async def run_closed_loop(
                 sent = loop.time()
                 recorder.record_send(sent - start, 0.0)
                 stats.sent += 1
-                try:
-                    response = await client.post(
-                        plan.path, content=payload.body, headers=plan.headers(payload)
-                    )
-                    status = _status(response)
-                except (httpx.HTTPError, OSError) as exc:
-                    status = _failure(exc)
+                status = await _post(session, url + plan.path, plan, payload)
                 recorder.record(sent - start, loop.time() - sent, status, plan.keys())
                 stats.answered += 1
 

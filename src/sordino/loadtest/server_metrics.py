@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 __all__ = ["MetricsPoller", "ServerSample"]
@@ -101,7 +101,8 @@ class MetricsPoller:
         self.is_sordino: bool | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
-        async with httpx.AsyncClient(timeout=max(2.0, self.interval_s)) as client:
+        timeout = aiohttp.ClientTimeout(total=max(2.0, self.interval_s))
+        async with aiohttp.ClientSession(timeout=timeout) as client:
             while not stop.is_set():
                 await self.poll(client)
                 if self.is_sordino is False:
@@ -110,17 +111,18 @@ class MetricsPoller:
                     await asyncio.wait_for(stop.wait(), self.interval_s)
             await self.poll(client)  # the final counters
 
-    async def poll(self, client: httpx.AsyncClient) -> None:
+    async def poll(self, client: aiohttp.ClientSession) -> None:
         try:
-            response = await client.get(self.url + "/metrics")
-        except (httpx.HTTPError, OSError):
+            async with client.get(self.url + "/metrics") as response:
+                status, text = response.status, await response.text()
+        except (aiohttp.ClientError, OSError, TimeoutError, UnicodeDecodeError):
             self.failures += 1
             return
-        if response.status_code != 200:
+        if status != 200:
             self.is_sordino = self.is_sordino or False
             return
         try:
-            sample = parse_metrics(response.text, time.time())
+            sample = parse_metrics(text, time.time())
         except ValueError:
             sample = None
         if sample is None:
