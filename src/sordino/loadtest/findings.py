@@ -91,18 +91,24 @@ def _peak(samples: list[ServerSample], attr: str) -> float | None:
 
 
 def _knee(result: StressResult) -> tuple[int, float, float] | None:
-    """The first window whose p99 is over twice the run's early p99: (index, before, after)."""
+    """Where p99 first stays above twice its typical value: (window, typical, then).
+
+    Typical is the median over all windows (robust to the run's own bad stretch, and
+    to a slow first window while connections open); two windows running must exceed
+    it, so one stray answer is not a knee.
+    """
     p99 = [w.p99_ms for w in result.windows]
     known = [p for p in p99 if p is not None]
     if len(known) < 4:
         return None
-    base = float(np.median(known[: max(2, len(known) // 4)]))
+    base = float(np.median(known))
 
     def high(value: float | None) -> bool:
         return value is not None and value > 2 * base and value - base > 5.0
 
-    for i, value in enumerate(p99[:-1]):
-        if high(value) and high(p99[i + 1]):  # two windows running: not one stray answer
+    for i in range(1, len(p99) - 1):
+        if high(p99[i]) and high(p99[i + 1]):
+            value = p99[i]
             assert value is not None
             return i, base, value
     return None
@@ -129,8 +135,9 @@ def findings(result: StressResult) -> list[str]:
         i, before, after = knee
         rate = result.intended_rate[i] if i < len(result.intended_rate) else float("nan")
         out.append(
-            f"p99 rose from {before:.1f} ms to {after:.1f} ms at {_mmss(i * result.window_s)} "
-            f"into the run, when the intended rate was {rate:.0f} requests/s."
+            f"p99 rose from {before:.1f} ms (typical) to {after:.1f} ms at "
+            f"{_mmss(i * result.window_s)} into the run, when the intended rate was "
+            f"{rate:.0f} requests/s."
         )
     ok_rates = [w.count / result.window_s for w in result.windows]
     if ok_rates:
@@ -179,7 +186,7 @@ def _server_findings(result: StressResult) -> list[str]:
     if busy is not None:
         out.append(f"The busiest model's instances were busy {busy:.0%} of a second at most.")
     frag = _peak(samples, "fragmentation")
-    if frag:
+    if frag is not None and frag >= 0.01:
         verb = "exceeded" if frag >= FRAGMENTATION_THRESHOLD else "rose to"
         out.append(
             f"Memory fragmentation {verb} {frag:.0%} under load "

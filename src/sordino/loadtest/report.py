@@ -84,7 +84,15 @@ def _png(fig: Any) -> bytes:
 def _rate_chart(result: StressResult) -> bytes:
     fig, (ax,) = _figure(3.2)
     xs = [i * result.window_s for i in range(len(result.windows))]
-    ax.step(xs, result.intended_rate[: len(xs)], where="post", color=_COLORS[0], label="intended")
+    ax.step(
+        xs,
+        result.intended_rate[: len(xs)],
+        where="post",
+        color=_COLORS[0],
+        lw=4,
+        alpha=0.4,
+        label="intended",
+    )
     ax.step(xs, result.sent_rate, where="post", color=_COLORS[1], label="sent")
     answered = [w.count / result.window_s for w in result.windows]
     ax.step(xs, answered, where="post", color=_COLORS[2], label="answered OK")

@@ -124,6 +124,11 @@ class Postmortem:
     def window(self) -> JournalWindow:
         return self.diagnosis.window
 
+    @property
+    def active_models(self) -> list[str]:
+        """The models that had traffic in the period."""
+        return [m.name for m in self.diagnosis.models if m.requests]
+
 
 _MOMENT_FORMATS = ("%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M")
 
@@ -264,6 +269,8 @@ def _interventions(events: Iterable[JournalEvent]) -> list[Intervention]:
 def _utilisation(window: JournalWindow) -> list[str]:
     out = []
     for model in window.models:
+        if not any(r.requests for r in window.rows_of(model)):
+            continue
         busy = [r.busy for r in window.rows_of(model)]
         if busy:
             out.append(
@@ -399,7 +406,7 @@ def postmortem(
     ]
     for model in diagnosis.models:
         target = slo_ms.get(model.name)
-        if target is None:
+        if target is None or model.requests == 0:
             continue
         rows.append(
             TargetRow(

@@ -89,7 +89,7 @@ def _decorate(ax: Any, pm: Postmortem) -> None:
 
 def _latency_chart(pm: Postmortem) -> bytes:
     fig, (ax,) = _figure(3.6)
-    for color, model in zip(_COLORS, pm.window.models, strict=False):
+    for color, model in zip(_COLORS, pm.active_models, strict=False):
         rows = pm.window.rows_of(model)
         ax.plot(
             [_t(r.t) for r in rows],
@@ -137,7 +137,7 @@ def _errors_chart(pm: Postmortem) -> bytes:
 
 def _resources_chart(pm: Postmortem) -> bytes:
     fig, (busy, memory) = _figure(4.6, rows=2)
-    for color, model in zip(_COLORS, pm.window.models, strict=False):
+    for color, model in zip(_COLORS, pm.active_models, strict=False):
         rows = pm.window.rows_of(model)
         busy.plot(
             [_t(r.t) for r in rows], [r.busy * 100 for r in rows], color=color, lw=1, label=model
@@ -231,7 +231,12 @@ def _blocks(pm: Postmortem) -> list[tuple[str, list[str], list[list[str]], list[
             )
         )
         out.append(
-            ("Availability by model", AVAILABILITY_HEADER, _availability_rows(pm.by_model), [])
+            (
+                "Availability by model",
+                AVAILABILITY_HEADER,
+                _availability_rows([c for c in pm.by_model if c.accepted]),
+                [],
+            )
         )
     if "guardian" in pm.sections:
         none = [] if pm.guardian else ["The guardian took no action in this period."]
