@@ -165,6 +165,7 @@ def _build(
             raise _Failure("the period ends before it starts")
         window = reader.window(t0, t1)
         earlier = reader.latest_events("model_loaded", t0, limit=50)
+        later = reader.window(t1, t1 + 60).events
     if not window.series and not window.events:
         raise _Failure(f"the journal at {path} holds nothing in that period")
     return postmortem(
@@ -174,6 +175,7 @@ def _build(
         targets=targets,
         sections=sections,
         earlier_events=earlier,
+        later_events=later,
     )
 
 

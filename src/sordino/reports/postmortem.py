@@ -174,10 +174,17 @@ def _priority_name(level: int) -> str:
     return f"priority {level}" + (" (highest)" if level == 1 else "")
 
 
-def _availability(window: JournalWindow) -> tuple[list[ClassAvailability], list[ClassAvailability]]:
+def _availability(
+    window: JournalWindow, later: Iterable[JournalEvent]
+) -> tuple[list[ClassAvailability], list[ClassAvailability]]:
     tallies: dict[int, dict[str, int]] = {}
-    for event in window.events:
-        if event.kind != "availability":
+    # A bucket is journaled when it closes, so the last ones of the period come after it:
+    # they are placed by the start of their bucket, not by when they were written.
+    for event in [*window.events, *later]:
+        start = event.payload.get("start")
+        if event.kind != "availability" or not isinstance(start, int | float):
+            continue
+        if not window.start - 10 < start < window.end:
             continue
         for row in event.payload.get("counts", []):
             tally = tallies.setdefault(int(row.get("priority", 0)), {})
@@ -387,11 +394,17 @@ def postmortem(
     targets: Targets = Targets(),
     sections: tuple[str, ...] = SECTIONS,
     earlier_events: Iterable[JournalEvent] = (),
+    later_events: Iterable[JournalEvent] = (),
 ) -> Postmortem:
-    """Build the postmortem of ``window`` (``earlier_events``: model loads before it)."""
+    """Build the postmortem of ``window``.
+
+    ``earlier_events`` are the model loads before it (their SLOs); ``later_events``
+    the journal's events in the minute after it (the availability tallies of its last
+    seconds are written there).
+    """
     slo_ms = _slos(window, earlier_events)
     diagnosis = diagnose(window, source=source)
-    by_priority, by_model = _availability(window)
+    by_priority, by_model = _availability(window, later_events)
     guardian = _guardian(window.events)
     accepted = sum(c.accepted for c in by_model)
     ok = sum(c.ok for c in by_model)
