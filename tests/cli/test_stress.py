@@ -12,26 +12,35 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from sordino.cli.main import cli
 from sordino.cli.stress import FAILED_CONDITION
 from sordino.config import load_config
+from sordino.control.client import AdminClient
 from sordino.loadtest.findings import Suggestion, apply_suggestions
 from sordino.models.repository import builtin_sources
 from sordino.testing import RunningServer, serve_in_thread, serve_tiny_kserve
 
+TOKEN = "stress-cli-test-token"
+
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    config = load_config(None, {"server.admin_token": TOKEN})
     digits = [s for s in builtin_sources() if s.name == "digits-classifier"]
-    with serve_in_thread(None, digits) as running:
+    with serve_in_thread(config, digits, data_dir=tmp_path_factory.mktemp("data")) as running:
         yield running
 
 
-def _stress(*args: str) -> tuple[int, str]:
+def _invoke(*args: str) -> Result:
     result = CliRunner().invoke(cli, ["stress-test", *args])
     assert "Traceback" not in result.output, result.output
+    return result
+
+
+def _stress(*args: str) -> tuple[int, str]:
+    result = _invoke(*args)
     return result.exit_code, result.output
 
 
@@ -42,10 +51,13 @@ def _pngs(html: str) -> list[bytes]:
 @pytest.mark.timeout(120)
 def test_report_json_slo_and_fail_on(server: RunningServer, tmp_path: Path) -> None:
     report, measured = tmp_path / "stress_report.html", tmp_path / "stress.json"
+    AdminClient(server.url, TOKEN).inject(
+        "worker:digits-classifier", "latency", latency="20ms", duration="2s"
+    )
     code, out = _stress(
         "--url", server.url, "--model", "digits-classifier", "--profile", "spike",
         "--duration", "6s", "--peak-rate", "90", "--output", str(report), "--json", str(measured),
-        "--slo", "p99<2s", "--fail-on", "max>1ms",
+        "--slo", "p99<2s", "--fail-on", "max>1ms", "--token", TOKEN,
     )  # fmt: skip
     assert code == FAILED_CONDITION, out
     assert "fail-on: max>1ms held" in out
@@ -68,6 +80,10 @@ def test_report_json_slo_and_fail_on(server: RunningServer, tmp_path: Path) -> N
     assert slo["met"] is True and slo["attainment"] > 0.99
     assert document["latency"]["count"] == document["client"]["answered"]
     assert any("p99" in line for line in document["findings"])
+    # The server's journal, read after the run: the fault injected as it started.
+    kinds = [e["kind"] for e in document["server"]["events"]]
+    assert "fault_injected" in kinds and "fault_cleared" in kinds, document["server"]
+    assert "Server events during the run" in html and "fault_injected" in html
 
 
 @pytest.mark.timeout(120)
@@ -111,13 +127,14 @@ def test_suggested_batching_merges_into_the_strategies_list(tmp_path: Path) -> N
 def test_runs_unchanged_against_another_kserve_v2_server(tmp_path: Path) -> None:
     report = tmp_path / "tiny.html"
     with serve_tiny_kserve() as tiny:
-        code, out = _stress(
+        result = _invoke(
             "--url", tiny.url, "--model", "adder", "--duration", "3s", "--peak-rate", "40",
             "--output", str(report), "--json", "-",
         )  # fmt: skip
         served = tiny.requests
-    assert code == 0, out
-    document = json.loads(out[out.index("{\n") : out.rindex("}") + 1])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)  # with --json -, standard output is only the JSON
+    assert "p99 ms" in result.stderr  # the headline table went to standard error
     assert document["latency"]["count"] == served == document["client"]["sent"] > 80
     assert document["errors"] == {} and document["server"]["observed"] is False
     assert "not observed" in report.read_text() and len(_pngs(report.read_text())) == 3
@@ -128,11 +145,11 @@ def test_a_model_file_without_url_gets_its_own_server(tmp_path: Path) -> None:
     model = tmp_path / "digits.onnx"
     builtin = resources.files("sordino.models.builtin").joinpath("digits-classifier.onnx")
     shutil.copyfile(str(builtin), model)
-    code, out = _stress("--model", str(model), "--profile", "ramp", "--duration", "3s",
-                        "--peak-rate", "30", "--json", "-")  # fmt: skip
-    assert code == 0, out
-    assert "started a server for" in out
-    document = json.loads(out[out.index("{\n") : out.rindex("}") + 1])
+    result = _invoke("--model", str(model), "--profile", "ramp", "--duration", "3s",
+                     "--peak-rate", "30", "--json", "-")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "started a server for" in result.stderr
+    document = json.loads(result.stdout)
     assert document["groups"]["model"]["digits"]["count"] > 20
     assert document["errors"] == {}
 

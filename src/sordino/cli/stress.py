@@ -27,6 +27,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 
 from sordino.cli.server_url import URL_ENV, server_url
 from sordino.config.units import parse_duration
+from sordino.control.admin import TOKEN_ENV
 from sordino.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -223,6 +224,13 @@ def _duration(value: str | None, option: str) -> float | None:
     help="A request unanswered this long counts as a timeout.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of arrivals and data.")
+@click.option(
+    "--token",
+    default=None,
+    metavar="TOKEN",
+    help="The server's admin token, to read its journal after the run (default: "
+    "$SORDINO_ADMIN_TOKEN; a loopback server without one needs none).",
+)
 def stress_test(
     url: str | None,
     model: str | None,
@@ -240,6 +248,7 @@ def stress_test(
     max_in_flight: int,
     timeout: str,
     seed: int,
+    token: str | None,
 ) -> None:
     """Send open-loop traffic from a profile and report latency, errors and findings.
 
@@ -264,6 +273,7 @@ def stress_test(
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
+    token = token or os.environ.get(TOKEN_ENV)
     options = _Options(
         data,
         seed,
@@ -274,6 +284,7 @@ def stress_test(
         output,
         json_path,
         apply_suggestions,
+        token,
     )
     own = model is not None and url is None and _is_model_file(model)
     try:
@@ -314,6 +325,7 @@ class _Options:
     output: Path | None
     json_path: Path | None
     apply_to: Path | None
+    token: str | None
 
 
 def _table(rows: list[list[str]]) -> list[str]:
@@ -365,22 +377,25 @@ def _run(url: str, model: str | None, profile: Profile, o: _Options) -> bool:
             slos=o.slos,
             fail_on=o.fail_on,
             progress=live,
+            token=o.token,
         )
     warnings = find.client_warnings(result)
     found = find.findings(result)
     suggested = find.suggestions(result)
+    # With --json - the JSON owns standard output; what people read goes to standard error.
+    human = o.json_path is not None and str(o.json_path) == "-"
     for line in _table([HEADLINE_HEADER, *headline_rows(result)]):
-        click.echo(line)
+        click.echo(line, err=human)
     for warning in warnings:
         click.echo(f"warning: client bottleneck: {warning}", err=True)
     for line in found[1:]:
-        click.echo(f"- {line}")
+        click.echo(f"- {line}", err=human)
     output, json_path, apply_to = o.output, o.json_path, o.apply_to
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         html = render_html(result, found, warnings, suggested, draw_charts(result))
         output.write_text(html, encoding="utf-8")
-        click.echo(f"report written to {output}")
+        click.echo(f"report written to {output}", err=human)
     if json_path is not None:
         document = result.to_json()
         document.update(
@@ -396,9 +411,9 @@ def _run(url: str, model: str | None, profile: Profile, o: _Options) -> bool:
     if apply_to is not None:
         if suggested:
             find.apply_suggestions(apply_to, suggested)
-            click.echo(f"{len(suggested)} suggestion(s) merged into {apply_to}")
+            click.echo(f"{len(suggested)} suggestion(s) merged into {apply_to}", err=human)
         else:
-            click.echo(f"no suggestions: {apply_to} left unchanged")
+            click.echo(f"no suggestions: {apply_to} left unchanged", err=human)
     tripped = [v for v in result.failures if v.met]
     for verdict in tripped:
         c = verdict.condition

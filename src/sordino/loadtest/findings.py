@@ -209,6 +209,14 @@ def _server_findings(result: StressResult) -> list[str]:
         delta = _deltas(samples, attr)
         if delta:
             out.append(f"{delta:.0f} {what} during the run.")
+    if result.server_events:
+        kinds: dict[str, int] = {}
+        for event in result.server_events:
+            kinds[event["kind"]] = kinds.get(event["kind"], 0) + 1
+        listed = ", ".join(f"{k} ×{n}" for k, n in sorted(kinds.items()))
+        out.append(f"The server journaled during the run: {listed} (listed in the report).")
+    elif result.journal_note:
+        out.append(f"Server events not read: {result.journal_note}.")
     return out
 
 

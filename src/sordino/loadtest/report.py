@@ -269,6 +269,18 @@ def render_html(
         parts.append(f"</ul><pre>{e(suggestions_yaml(suggested))}</pre>")
     else:
         parts.append("<p>Nothing measured argues for a change.</p>")
+    if result.server_events:
+        parts.append(
+            "<h2>Server events during the run</h2><table><tr><th>at</th>"
+            "<th>kind</th><th>subject</th><th>cause</th></tr>"
+        )
+        for event in result.server_events[:200]:
+            at = float(event.get("t", 0.0)) - result.send.started_at
+            parts.append(
+                f"<tr><td>{at:+.1f} s</td><td>{e(str(event.get('kind')))}</td>"
+                f"<td>{e(str(event.get('subject')))}</td><td>{e(str(event.get('cause')))}</td></tr>"
+            )
+        parts.append("</table>")
     if result.errors:
         parts.append("<h2>Errors by status</h2><table><tr><th>status</th><th>count</th></tr>")
         parts += [f"<tr><td>{e(k)}</td><td>{v}</td></tr>" for k, v in sorted(result.errors.items())]

@@ -25,7 +25,7 @@ from sordino.loadtest.profiles import Profile
 from sordino.loadtest.results import Condition, LatencySummary, Recorder
 from sordino.loadtest.schedule import Schedule, make_schedule
 from sordino.loadtest.sender import ClassPlan, Progress, SendStatistics, run_open_loop
-from sordino.loadtest.server_metrics import MetricsPoller, ServerSample
+from sordino.loadtest.server_metrics import MetricsPoller, ServerSample, journal_events
 
 __all__ = ["Plan", "StressResult", "Unreachable", "execute", "prepare", "window_for"]
 
@@ -80,6 +80,8 @@ class StressResult:
     server_observed: bool
     slos: list[Verdict] = field(default_factory=list)
     failures: list[Verdict] = field(default_factory=list)
+    server_events: list[dict[str, Any]] = field(default_factory=list)
+    journal_note: str | None = None  # why the server's journal was not read
     recorder: Recorder | None = None
 
     @property
@@ -131,6 +133,8 @@ class StressResult:
             "server": {
                 "observed": self.server_observed,
                 "samples": [s.to_json() for s in self.server],
+                "events": self.server_events,
+                "journal_note": self.journal_note,
             },
             "slos": [v.to_json() for v in self.slos],
             "fail_on": [v.to_json() for v in self.failures],
@@ -253,8 +257,13 @@ def execute(
     fail_on: Sequence[Condition] = (),
     progress: Callable[[Progress], None] | None = None,
     poll_metrics: bool = True,
+    token: str | None = None,
 ) -> StressResult:
-    """Run ``plan`` (blocking) and return what it measured."""
+    """Run ``plan`` (blocking) and return what it measured.
+
+    Against a sordino server (its ``/metrics`` answered) the events its journal holds
+    for the run are read afterwards, with the admin ``token`` when it has one.
+    """
     windows = max(1, int(np.ceil(plan.profile.duration / plan.window_s)))
     recorder = Recorder(plan.window_s, windows)
     poller = MetricsPoller(plan.url)
@@ -278,6 +287,11 @@ def execute(
                 await polling
 
     send = _run(main())
+    events: list[dict[str, Any]] = []
+    note = None
+    if poller.is_sordino:
+        end = send.started_at + max(send.elapsed_s, plan.profile.duration) + 1
+        events, note = journal_events(plan.url, send.started_at - 1, end, token)
     groups: dict[str, dict[str, LatencySummary]] = {}
     for kind, name in sorted(recorder.groups):
         groups.setdefault(kind, {})[name] = recorder.summary((kind, name))
@@ -299,6 +313,8 @@ def execute(
         server_observed=bool(poller.is_sordino),
         slos=judge(recorder, slos),
         failures=judge(recorder, fail_on),
+        server_events=events,
+        journal_note=note,
         recorder=recorder,
     )
 

@@ -10,14 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["MetricsPoller", "ServerSample"]
+__all__ = ["MetricsPoller", "ServerSample", "journal_events"]
+
+_QUIET_KINDS = ("availability", "operator_profile")  # bookkeeping, not happenings
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,3 +136,30 @@ class MetricsPoller:
             return
         self.is_sordino = True
         self.samples.append(sample)
+
+
+def journal_events(
+    url: str, start: float, end: float, token: str | None = None
+) -> tuple[list[dict[str, Any]], str | None]:
+    """The events a sordino server journaled in ``[start, end)``, and why not if none.
+
+    Reads ``GET /v2/sordino/journal`` (a protected endpoint: a loopback server without
+    an admin token answers anyone; otherwise ``token`` is needed). Returns the events
+    (``t``, ``kind``, ``subject``, ``cause``, ``payload``), oldest first, and None; or
+    an empty list and a sentence saying why they could not be read.
+    """
+    query = urllib.parse.urlencode({"start": start, "end": end})
+    request = urllib.request.Request(f"{url.rstrip('/')}/v2/sordino/journal?{query}")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            document = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            return [], f"the server's journal needs its admin token (--token): {exc.code}"
+        return [], f"the server's journal could not be read: HTTP {exc.code}"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return [], f"the server's journal could not be read: {exc}"
+    events = [e for e in document.get("events", []) if e.get("kind") not in _QUIET_KINDS]
+    return events, None
