@@ -57,31 +57,31 @@ def test_a_one_second_stall_shows_in_open_loop_p99_and_hides_from_a_closed_loop(
     server: RunningServer,
 ) -> None:
     """The same stall, measured both ways: only the open loop's p99 sees it."""
-    steady = load_profile("steady").scaled(duration=6, peak_rate=100)
+    steady = load_profile("steady").scaled(duration=4.5, peak_rate=100)
     plan = prepare(
         server.url, "digits-classifier", steady.model_copy(update={"arrivals": "constant"})
     )
     injected = threading.Event()
 
-    def at_two_seconds(progress: Progress) -> None:
-        if progress.elapsed_s >= 2.0 and not injected.is_set():
+    def at_one_and_a_half_seconds(progress: Progress) -> None:
+        if progress.elapsed_s >= 1.5 and not injected.is_set():
             injected.set()
             threading.Thread(target=_stall, args=(server,)).start()
 
-    open_loop = execute(plan, progress=at_two_seconds)
+    open_loop = execute(plan, progress=at_one_and_a_half_seconds)
     assert injected.is_set()
     assert open_loop.total.errors == 0
     assert open_loop.total.max_ms is not None and open_loop.total.max_ms >= 900
-    # About a second of arrivals (a sixth of the run) waited behind the stall.
+    # About a second of arrivals (over a fifth of the run) waited behind the stall.
     assert open_loop.total.p99_ms is not None and open_loop.total.p99_ms >= 500
     assert open_loop.total.p90_ms is not None and open_loop.total.p90_ms >= 100
 
-    recorder = Recorder(window_s=1.0, windows=6)
+    recorder = Recorder(window_s=1.0, windows=5)
 
     async def closed() -> None:
         loop = asyncio.get_running_loop()
-        loop.call_later(2.0, lambda: loop.run_in_executor(None, _stall, server))
-        await run_closed_loop(server.url, plan.classes[0], recorder, duration_s=6.0)
+        loop.call_later(1.5, lambda: loop.run_in_executor(None, _stall, server))
+        await run_closed_loop(server.url, plan.classes[0], recorder, duration_s=4.5)
 
     asyncio.run(closed())
     hidden = recorder.summary()

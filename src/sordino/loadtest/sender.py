@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -115,6 +115,14 @@ async def _post(session: aiohttp.ClientSession, url: str, plan: ClassPlan, paylo
         return _failure(exc)
 
 
+def _arrivals(schedule: Schedule, chunk: int = 8192) -> Iterator[tuple[float, int]]:
+    """(offset, class) of every arrival, converted to Python numbers a chunk at a time."""
+    for first in range(0, len(schedule), chunk):
+        times = schedule.times[first : first + chunk].tolist()
+        classes = schedule.classes[first : first + chunk].tolist()
+        yield from zip(times, classes, strict=True)
+
+
 async def _sample_cpu(stats: SendStatistics, stop: asyncio.Event) -> None:
     process = psutil.Process()
     process.cpu_percent(None)
@@ -178,7 +186,7 @@ async def run_open_loop(
         stats.started_at = time.time() + (start - loop.time())
         next_report = start
         turns = [0] * len(classes)
-        for offset, index in zip(schedule.times.tolist(), schedule.classes.tolist(), strict=True):
+        for offset, index in _arrivals(schedule):
             intended = start + offset
             delay = intended - loop.time()
             if delay > 0:

@@ -6,7 +6,9 @@ how many were refused under load (503: queue full, shed, not ready, out of memor
 shutting down) and how many timed out. :class:`AvailabilityTally` is a
 :class:`~sordino.records.SchedulerObserver` that buckets every finished request by
 ``bucket_s`` wall-clock seconds; :meth:`flush` turns each closed bucket that saw
-traffic into one ``availability`` event (journaled like any event), whose payload
+traffic into one ``availability`` event, written to the journal only (it is
+bookkeeping: the event sink's recent events, the dashboard and the monitor never show
+it, and diagnose never takes it for a cause), whose payload
 is ``{"start": t, "seconds": 10, "counts": [{"model", "priority", "accepted", "ok",
 "unavailable", "timeout", "failed", "cancelled"}, ...]}``.
 """

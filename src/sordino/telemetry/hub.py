@@ -16,12 +16,13 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
 from sordino.clock import Clock
 from sordino.config import TelemetryConfig
-from sordino.events import EventSink
+from sordino.events import Event, EventSink
 from sordino.inference import ModelKey
 from sordino.records import SchedulerStatistics
 from sordino.telemetry.availability import AvailabilityTally
@@ -71,8 +72,9 @@ class Telemetry:
             window_s=int(config.recent_window),
         )
         self.resources = ResourceSampler()
-        # Accepted requests by priority and outcome, journaled as events every 10 s.
-        self.availability = AvailabilityTally(events.emit, wall=wall)
+        # Accepted requests by priority and outcome, journaled every 10 s (straight to the
+        # journal: bookkeeping, kept out of the event sink's recent events and the dashboard).
+        self.availability = AvailabilityTally(self._journal_only, wall=wall)
         self.journal: Journal | None = None
         self.forecast: Forecast | None = None
         self.profiles: dict[str, OperatorProfile] = {}
@@ -85,6 +87,10 @@ class Telemetry:
             registry=registry,
         )
         registry.register(TelemetryCollector(self.view))
+
+    def _journal_only(self, kind: str, subject: str, cause: str = "", **payload: Any) -> None:
+        if self.journal is not None:
+            self.journal.write_event(Event(kind, subject, cause, payload, time=self._wall()))
 
     # -- lifecycle -------------------------------------------------------------------
 
