@@ -94,8 +94,8 @@ def _knee(result: StressResult) -> tuple[int, float, float] | None:
     """Where p99 first stays above twice its typical value: (window, typical, then).
 
     Typical is the median over all windows (robust to the run's own bad stretch, and
-    to a slow first window while connections open); two windows running must exceed
-    it, so one stray answer is not a knee.
+    to a slow first window while connections open); three windows running must exceed
+    it, so a stray slow second (a busy machine) is not a knee.
     """
     p99 = [w.p99_ms for w in result.windows]
     known = [p for p in p99 if p is not None]
@@ -106,8 +106,8 @@ def _knee(result: StressResult) -> tuple[int, float, float] | None:
     def high(value: float | None) -> bool:
         return value is not None and value > 2 * base and value - base > 5.0
 
-    for i in range(1, len(p99) - 1):
-        if high(p99[i]) and high(p99[i + 1]):
+    for i in range(1, len(p99) - 2):
+        if high(p99[i]) and high(p99[i + 1]) and high(p99[i + 2]):
             value = p99[i]
             assert value is not None
             return i, base, value
@@ -253,8 +253,10 @@ def suggestions(result: StressResult) -> list[Suggestion]:
             )
         )
     p99_targets = [v for v in result.slos if v.condition.metric == "p99"]
+    current = _peak(samples, "slo_target_s")
     if p99_targets:
         strictest = min(p99_targets, key=lambda v: v.condition.value)
+    if p99_targets and (current is None or abs(current * 1000 - strictest.condition.value) > 0.5):
         out.append(
             Suggestion(
                 "scheduler.slo_p99_ms",

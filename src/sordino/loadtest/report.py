@@ -38,7 +38,8 @@ h1{margin-bottom:0}.meta{color:#667085}table{border-collapse:collapse;margin:8px
 th,td{border-bottom:1px solid #e4e7ec;padding:3px 8px;text-align:right}
 th:first-child,td:first-child{text-align:left}.warn{border-left:4px solid #e8590c;
 padding:4px 12px;margin:12px 0;background:#fff8f0}img{max-width:100%}
-.met{color:#2b8a3e}.missed{color:#c92a2a}pre{background:#f6f8fa;padding:8px 12px}
+.met{color:#2b8a3e}.missed{color:#c92a2a}
+pre{background:#f6f8fa;padding:8px 12px;white-space:pre-wrap}
 """
 
 

@@ -44,6 +44,7 @@ class ServerSample:
     worker_restarts: float | None = None  # counter
     rejected: float | None = None  # counter: refused requests
     guardian_actions: float | None = None  # counter: any sordino_guardian_* *_total series
+    slo_target_s: float | None = None  # the strictest model's p99 target (slo_p99_ms)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,6 +92,8 @@ def parse_metrics(text: str, t: float) -> ServerSample | None:
                 _add(values, "worker_restarts", v)
             elif name == "sordino_rejected_requests_total":
                 _add(values, "rejected", v)
+            elif name == "sordino_slo_target_seconds":
+                values["slo_target_s"] = min(values.get("slo_target_s", v), v)
             elif name.startswith("sordino_guardian_") and name.endswith("_total"):
                 _add(values, "guardian_actions", v)
     return ServerSample(t=t, **values) if seen else None
