@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 from base64 import b64decode
 from collections.abc import Iterator
 from importlib import resources
@@ -167,3 +169,18 @@ def test_clear_errors_for_what_a_user_gets_wrong(server: RunningServer, tmp_path
     assert code == 2 and "must use '>'" in out
     code, out = _stress("--url", server.url, "--model", "m", "--duration", "soon")
     assert code == 2 and "invalid duration" in out
+
+
+def test_without_hdrhistogram_it_says_what_to_install() -> None:
+    """hdrhistogram is a new dependency: an environment without it gets one clear line."""
+    script = (
+        "import sys; sys.modules['hdrh'] = None; sys.argv = ['sordino', *sys.argv[1:]]; "
+        "from sordino.cli.main import main; main()"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, "stress-test", "--url", "http://127.0.0.1:9",
+         "--model", "m", "--duration", "1s"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().endswith("pip install hdrhistogram")

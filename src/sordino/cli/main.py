@@ -21,7 +21,7 @@ __all__ = ["cli", "main"]
 
 # Modules whose pip package has another name.
 _PACKAGES = {"sklearn": "scikit-learn", "yaml": "pyyaml", "pynvml": "nvidia-ml-py",
-             "google": "protobuf", "PIL": "pillow"}  # fmt: skip
+             "google": "protobuf", "PIL": "pillow", "hdrh": "hdrhistogram"}  # fmt: skip
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
