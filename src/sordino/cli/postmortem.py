@@ -158,7 +158,8 @@ def _build(
                         f"or mark it with `sordino event mark {name} --start`"
                     )
                 t0 = mark_start
-            t1 = t1 if t1 is not None else mark_end
+            if t1 is None and mark_end is not None:
+                t1 = mark_end + 0.001  # the end mark itself belongs to the period
         assert t0 is not None
         t1 = t1 if t1 is not None else span[1] + 1
         if t1 <= t0:
