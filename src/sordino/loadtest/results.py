@@ -93,7 +93,6 @@ class Recorder:
         self.window_errors: list[Counter[str]] = [Counter() for _ in range(windows)]
         self.errors: Counter[str] = Counter()
         self.lag = new_histogram()  # actual send time - intended send time
-        self.cap_waits = 0  # requests that waited for an in-flight slot
 
     def _window(self, t: float) -> int:
         return min(len(self.windows) - 1, max(0, int(t / self.window_s)))

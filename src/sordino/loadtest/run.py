@@ -27,7 +27,16 @@ from sordino.loadtest.schedule import Schedule, make_schedule
 from sordino.loadtest.sender import ClassPlan, Progress, SendStatistics, run_open_loop
 from sordino.loadtest.server_metrics import MetricsPoller, ServerSample, journal_events
 
-__all__ = ["Plan", "StressResult", "Unreachable", "execute", "prepare", "window_for"]
+__all__ = [
+    "Plan",
+    "StressResult",
+    "Unreachable",
+    "Verdict",
+    "execute",
+    "judge",
+    "prepare",
+    "window_for",
+]
 
 
 class Unreachable(Exception):
@@ -82,7 +91,6 @@ class StressResult:
     failures: list[Verdict] = field(default_factory=list)
     server_events: list[dict[str, Any]] = field(default_factory=list)
     journal_note: str | None = None  # why the server's journal was not read
-    recorder: Recorder | None = None
 
     @property
     def intended_mean(self) -> float:
@@ -324,7 +332,6 @@ def execute(
         failures=judge(recorder, fail_on),
         server_events=events,
         journal_note=note,
-        recorder=recorder,
     )
 
 
