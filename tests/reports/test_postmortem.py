@@ -76,18 +76,22 @@ def drill(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         execute(prepare(server.url, "digits-classifier", profile), progress=inject)
         now = time.time()
         events = server.runtime.events
-        events.emit(
-            "guardian", "digits-classifier", "p99 above target",
-            trigger="p99>100ms for 2s", action="grow_batch", started=now - 5.0,
-            ended=now - 4.0, verify="p99 under target within 10 s", rolled_back=False,
-            explanation="p99 rose to 310 ms; max batch 32 -> 64",
-        )  # fmt: skip
-        events.emit(
-            "guardian", "runtime", "fragmentation above 70%",
-            trigger="fragmentation>70%", action="defragment", started=now - 3.0,
-            ended=now - 2.0, verify="fragmentation under 50%", rolled_back=True,
-            explanation="defragmentation did not lower fragmentation; restored the pool",
-        )  # fmt: skip
+
+        async def guardian_acted() -> None:  # on the server's loop, as the guardian will
+            events.emit(
+                "guardian", "digits-classifier", "p99 above target",
+                trigger="p99>100ms for 2s", action="grow_batch", started=now - 5.0,
+                ended=now - 4.0, verify="p99 under target within 10 s", rolled_back=False,
+                explanation="p99 rose to 310 ms; max batch 32 -> 64",
+            )  # fmt: skip
+            events.emit(
+                "guardian", "runtime", "fragmentation above 70%",
+                trigger="fragmentation>70%", action="defragment", started=now - 3.0,
+                ended=now - 2.0, verify="fragmentation under 50%", rolled_back=True,
+                explanation="defragmentation did not lower fragmentation; restored the pool",
+            )  # fmt: skip
+
+        server.call(guardian_acted())
         recorded["guardian_at"] = (now - 5.0, now - 3.0)
         code, out = _cli("event", "mark", "drill", "--end", "--data-dir", str(data))
         assert code == 0, out
