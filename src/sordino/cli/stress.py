@@ -310,8 +310,9 @@ def stress_test(
 
 
 def _is_model_file(spec: str) -> bool:
+    """Whether ``--model`` names a model file (``PATH`` or ``NAME=PATH``), not a served model."""
     path = Path(spec.partition("=")[2] or spec).expanduser()
-    return path.suffix != "" or path.exists() or os.sep in spec
+    return path.exists() or path.suffix == ".onnx" or os.sep in spec
 
 
 @dataclass(frozen=True, slots=True)
