@@ -135,7 +135,7 @@ def _duration(value: str | None, option: str) -> float | None:
     "--model",
     default=None,
     metavar="NAME|PATH",
-    help="The model to load: its name on the server, or a model file (then a server "
+    help="The model to call: its name on the server, or a model file (then a server "
     "is started for it unless --url is given).",
 )
 @click.option(
