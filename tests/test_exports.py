@@ -23,6 +23,7 @@ def test_testing_exports() -> None:
     assert set(sordino.testing.__all__) == {
         "RunningServer", "ScriptedExecutor", "VirtualClock", "serve_in_thread",
         "Fragmentation", "fragment_arena",
+        "TinyKServe", "serve_tiny_kserve",
     }  # fmt: skip
 
 

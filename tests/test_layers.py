@@ -50,11 +50,12 @@ ALLOWED: dict[str, frozenset[str]] = {
     "scheduling": frozenset({"execution", "memory", "telemetry"}),
     "generation": frozenset({"scheduling", "memory", "telemetry"}),
     "reports": frozenset({"telemetry"}),
+    "loadtest": frozenset({"protocol", "telemetry", "reports"}),
     "control": frozenset(
         {"execution", "scheduling", "memory", "backends", "telemetry", "protocol", "models"}
     ),
     "server": _SERVING,
-    "cli": _SERVING | {"server", "reports"},
+    "cli": _SERVING | {"server", "reports", "loadtest"},
     "__main__": frozenset({"cli"}),
     "testing": _SERVING | {"server"},
 }

@@ -9,18 +9,21 @@ import click
 from sordino import __version__
 from sordino.cli.chaos import chaos
 from sordino.cli.diagnose import diagnose
+from sordino.cli.event import event
 from sordino.cli.generate import generate
 from sordino.cli.memory import memory
 from sordino.cli.models import models
 from sordino.cli.monitor import monitor
+from sordino.cli.postmortem import postmortem
 from sordino.cli.profile import profile
 from sordino.cli.start import start
+from sordino.cli.stress import stress_test
 
 __all__ = ["cli", "main"]
 
 # Modules whose pip package has another name.
 _PACKAGES = {"sklearn": "scikit-learn", "yaml": "pyyaml", "pynvml": "nvidia-ml-py",
-             "google": "protobuf", "PIL": "pillow"}  # fmt: skip
+             "google": "protobuf", "PIL": "pillow", "hdrh": "hdrhistogram"}  # fmt: skip
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -37,6 +40,9 @@ cli.add_command(diagnose)
 cli.add_command(chaos)
 cli.add_command(memory)
 cli.add_command(generate)
+cli.add_command(stress_test)
+cli.add_command(postmortem)
+cli.add_command(event)
 
 
 def main() -> None:

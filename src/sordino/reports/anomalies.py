@@ -19,6 +19,7 @@ from sordino.telemetry.journal_reader import JournalEvent
 from sordino.telemetry.series import ResourceRow, SecondRow
 
 __all__ = [
+    "NOT_CAUSES",
     "Anomaly",
     "Cause",
     "correlate",
@@ -34,6 +35,10 @@ LOOKBACK_S = 60.0
 
 # The events of chaos: ``fault_injected`` and ``fault_cleared`` (execution/faults.py).
 CHAOS_PREFIX = "fault_"
+
+# Bookkeeping, never a cause: the per-priority tallies (telemetry/availability.py), journaled
+# every 10 s, and the named periods of `sordino event mark`.
+NOT_CAUSES = frozenset({"availability", "event_mark"})
 
 # How much an event kind says about a sudden change, by prefix (first match wins).
 _KIND_WEIGHTS = (
@@ -310,8 +315,10 @@ def correlate(anomaly: Anomaly, events: Sequence[JournalEvent]) -> Anomaly:
     """Return ``anomaly`` with the events near its onset ranked as causes."""
     causes = []
     for event in events:
-        if not anomaly.start - LOOKBACK_S <= event.t < anomaly.end or event.kind.endswith(
-            "_cleared"
+        if (
+            not anomaly.start - LOOKBACK_S <= event.t < anomaly.end
+            or event.kind.endswith("_cleared")
+            or event.kind in NOT_CAUSES
         ):
             continue
         score = _weight(event.kind)

@@ -11,7 +11,7 @@ import io
 from collections.abc import Sequence
 from typing import Any
 
-from sordino.reports.anomalies import Anomaly, is_chaos
+from sordino.reports.anomalies import NOT_CAUSES, Anomaly, is_chaos
 from sordino.reports.diagnose import Diagnosis
 from sordino.telemetry.journal_reader import JournalEvent
 from sordino.telemetry.profile_data import OperatorProfile
@@ -59,7 +59,7 @@ def _series(rows: Sequence[SecondRow], attr: str) -> tuple[list[dt.datetime], li
 
 def _mark_events(ax: Any, events: Sequence[JournalEvent], label: bool) -> None:
     for event in events:
-        if event.kind.endswith("_cleared"):
+        if event.kind.endswith("_cleared") or event.kind in NOT_CAUSES:
             continue
         chaos = is_chaos(event.kind)
         ax.axvline(

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from sordino.reports import charts
+from sordino.reports.anomalies import NOT_CAUSES
 from sordino.reports.diagnose import Diagnosis, describe, when
 
 __all__ = ["Chart", "draw_charts", "render_html", "render_pdf"]
@@ -225,7 +226,8 @@ def render_html(diagnosis: Diagnosis, chart_list: list[Chart]) -> str:
         parts.append("</table>")
     parts.append("<h2>Events</h2><table class='events'><tr><th>time</th><th>kind</th>"
                  "<th>subject</th><th>cause</th></tr>")  # fmt: skip
-    for event in diagnosis.window.events[-200:]:
+    shown = [e for e in diagnosis.window.events if e.kind not in NOT_CAUSES]
+    for event in shown[-200:]:
         parts.append(
             f"<tr><td>{e(when(event.t))}</td><td>{e(event.kind)}</td><td>{e(event.subject)}</td>"
             f"<td>{e(event.cause)}</td></tr>"

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -136,18 +136,36 @@ class ModelControl:
         """Load or reload ``name`` from the repository (``explicit`` mode only)."""
         self._require_explicit("load")
         _check_name(name)
-        async with self._lock:
+        async with self._lock, self._journaled("load", name):
             await self._apply(name, self._resolve(name))
 
     async def unload(self, name: str) -> None:
         """Unload every version of ``name`` after its queued requests finish."""
         self._require_explicit("unload")
         _check_name(name)
-        async with self._lock:
+        async with self._lock, self._journaled("unload", name):
             known = name in self._configs or name in self._repository_names()
             if not self.runtime.versions(name) and not known:
                 raise NotFound(f"unknown model {name!r}; nothing to unload")
             await self._apply(name, [])
+
+    @contextlib.asynccontextmanager
+    async def _journaled(self, action: str, name: str) -> AsyncIterator[None]:
+        """Leave an ``admin_call`` event (a manual intervention) with its outcome."""
+        try:
+            yield
+        except Exception as exc:
+            self.runtime.events.emit(
+                "admin_call",
+                f"model:{name}",
+                "model control API",
+                action=action,
+                outcome=f"failed: {exc}",
+            )
+            raise
+        self.runtime.events.emit(
+            "admin_call", f"model:{name}", "model control API", action=action, outcome="ok"
+        )
 
     async def poll_once(self) -> None:
         """Rescan the repository once and follow it: load, reload and unload models."""

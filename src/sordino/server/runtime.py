@@ -101,7 +101,11 @@ class Runtime:
             config,
             executor=self.executor,
             registry=self.registry,
-            observers=(SchedulerObservers(self.metrics, self.stats, self.telemetry.series),),
+            observers=(
+                SchedulerObservers(
+                    self.metrics, self.stats, self.telemetry.series, self.telemetry.availability
+                ),
+            ),
             stats=self.stats,
             clock=self.clock,
             events=self.events,

@@ -16,14 +16,16 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
 from sordino.clock import Clock
 from sordino.config import TelemetryConfig
-from sordino.events import EventSink
+from sordino.events import Event, EventSink
 from sordino.inference import ModelKey
 from sordino.records import SchedulerStatistics
+from sordino.telemetry.availability import AvailabilityTally
 from sordino.telemetry.collectors import TelemetryCollector, TelemetryView
 from sordino.telemetry.forecast import Forecast, forecast_from_journal
 from sordino.telemetry.journal import Journal
@@ -70,6 +72,9 @@ class Telemetry:
             window_s=int(config.recent_window),
         )
         self.resources = ResourceSampler()
+        # Accepted requests by priority and outcome, journaled every 10 s (straight to the
+        # journal: bookkeeping, kept out of the event sink's recent events and the dashboard).
+        self.availability = AvailabilityTally(self._journal_only, wall=wall)
         self.journal: Journal | None = None
         self.forecast: Forecast | None = None
         self.profiles: dict[str, OperatorProfile] = {}
@@ -82,6 +87,10 @@ class Telemetry:
             registry=registry,
         )
         registry.register(TelemetryCollector(self.view))
+
+    def _journal_only(self, kind: str, subject: str, cause: str = "", **payload: Any) -> None:
+        if self.journal is not None:
+            self.journal.write_event(Event(kind, subject, cause, payload, time=self._wall()))
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -115,6 +124,7 @@ class Telemetry:
                 await task
         self._tasks.clear()
         self.series.close_until(int(self._wall()) + 1, self.resources.sample())
+        self.availability.flush()
         if self.journal is not None:
             journal, self.journal = self.journal, None
             await asyncio.get_running_loop().run_in_executor(None, journal.close)
@@ -126,6 +136,7 @@ class Telemetry:
             await self.clock.sleep(math.floor(now) + 1.02 - now)
             try:
                 self.series.close_until(int(self._wall()), self.resources.sample())
+                self.availability.flush(self._wall())
             except Exception:  # telemetry must never take the server down
                 log.exception("closing a telemetry second failed")
 

@@ -9,6 +9,8 @@
   that defragmentation can undo (parked blocks with known contents).
 - :func:`serve_in_thread`: real HTTP and gRPC servers on free loopback ports, in a
   background thread, yielding a :class:`RunningServer` for tests that use real clients.
+- :func:`serve_tiny_kserve`: a tiny KServe v2 server that is not sordino (one model,
+  no metrics), for clients that must work against any implementation.
 
 Faults on a running server are injected with the real chaos API
 (:class:`sordino.control.client.AdminClient`), not with a double. The runtime itself
@@ -17,6 +19,7 @@ never imports this package.
 
 from sordino.testing.backends import ScriptedExecutor
 from sordino.testing.clock import VirtualClock
+from sordino.testing.kserve import TinyKServe, serve_tiny_kserve
 from sordino.testing.memory import Fragmentation, fragment_arena
 from sordino.testing.server import RunningServer, serve_in_thread
 
@@ -24,7 +27,9 @@ __all__ = [
     "Fragmentation",
     "RunningServer",
     "ScriptedExecutor",
+    "TinyKServe",
     "VirtualClock",
     "fragment_arena",
     "serve_in_thread",
+    "serve_tiny_kserve",
 ]

@@ -1,0 +1,477 @@
+"""``sordino postmortem``: what happened during a named event, from the journal alone.
+
+:func:`postmortem` takes a :class:`JournalWindow` (read from a journal file, which
+may be a copy taken after the server is gone) and builds a :class:`Postmortem`: the
+target / actual / verdict table that opens the report, availability by priority
+class (503s and timeouts apart), p99 against each model's target over time, every
+guardian action with its outcome, the manual interventions (chaos, model control,
+event marks), resource utilisation, the worst windows with their likely causes (the
+diagnose anomaly engine) and recommendations.
+
+Where its figures come from: the per-second ``series`` rows (requests, errors by
+reason, p99, busy), the ``resources`` rows, and events — ``availability`` (accepted
+requests by priority and outcome, every 10 s), ``guardian`` (payload ``trigger``,
+``action``, ``started``, ``ended``, ``verify``, ``rolled_back``, ``explanation``),
+``fault_injected``/``fault_cleared``, ``admin_call``, ``model_loaded`` (the SLO) and
+``event_mark`` (``sordino event mark``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sordino.reports.diagnose import Diagnosis, describe, diagnose, when
+from sordino.telemetry.availability import outcome_class
+from sordino.telemetry.journal_reader import JournalEvent, JournalWindow
+
+__all__ = [
+    "SECTIONS",
+    "ClassAvailability",
+    "GuardianAction",
+    "Intervention",
+    "Postmortem",
+    "TargetRow",
+    "Targets",
+    "find_marks",
+    "parse_moment",
+    "postmortem",
+]
+
+SECTIONS = ("availability", "latency", "guardian", "interventions", "resources", "windows")
+MARK_KIND = "event_mark"
+_INTERVENTION_KINDS = ("fault_injected", "fault_cleared", "admin_call", MARK_KIND)
+
+
+@dataclass(frozen=True, slots=True)
+class Targets:
+    """What the period was meant to achieve."""
+
+    availability: float = 0.999
+    slo_attainment: float = 0.99
+
+
+@dataclass(frozen=True, slots=True)
+class TargetRow:
+    what: str
+    target: str
+    actual: str
+    verdict: str  # "met", "missed" or "n/a"
+
+
+@dataclass(frozen=True, slots=True)
+class ClassAvailability:
+    """Accepted requests of one priority class (or model) and how they ended."""
+
+    name: str
+    accepted: int
+    ok: int
+    unavailable: int
+    timeout: int
+    failed: int
+
+    @property
+    def availability(self) -> float | None:
+        return self.ok / self.accepted if self.accepted else None
+
+
+@dataclass(frozen=True, slots=True)
+class GuardianAction:
+    t: float
+    trigger: str
+    action: str
+    started: float | None
+    ended: float | None
+    verify: str
+    outcome: str  # "succeeded", "rolled back" or "unknown"
+    explanation: str
+
+
+@dataclass(frozen=True, slots=True)
+class Intervention:
+    t: float
+    kind: str
+    subject: str
+    detail: str
+
+
+@dataclass(slots=True)
+class Postmortem:
+    """Everything the report shows, in its order."""
+
+    name: str
+    start: float
+    end: float
+    source: str
+    sections: tuple[str, ...]
+    targets: list[TargetRow]
+    by_priority: list[ClassAvailability]
+    by_model: list[ClassAvailability]
+    slo_ms: dict[str, float]
+    guardian: list[GuardianAction]
+    interventions: list[Intervention]
+    utilisation: list[str]
+    worst: list[str]
+    recommendations: list[str]
+    diagnosis: Diagnosis
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def window(self) -> JournalWindow:
+        return self.diagnosis.window
+
+    @property
+    def active_models(self) -> list[str]:
+        """The models that had traffic in the period."""
+        return [m.name for m in self.diagnosis.models if m.requests]
+
+
+_MOMENT_FORMATS = ("%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M")
+
+
+def parse_moment(text: str) -> float:
+    """``"2026-11-27 08:00"`` (local time, seconds optional) or epoch seconds, as epoch seconds.
+
+    Raises ValueError saying what to write instead.
+    """
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    for fmt in _MOMENT_FORMATS:
+        try:
+            return dt.datetime.strptime(text, fmt).timestamp()
+        except ValueError:
+            pass
+    raise ValueError(f"{text!r} is not a time: write YYYY-MM-DD HH:MM[:SS] (local time)")
+
+
+def find_marks(events: Iterable[JournalEvent], name: str) -> tuple[float | None, float | None]:
+    """The last ``--start`` mark of ``name`` and the first ``--end`` mark after it."""
+    marks = [e for e in events if e.kind == MARK_KIND and e.subject == name]
+    starts = [e.t for e in marks if e.payload.get("edge") == "start"]
+    start = max(starts) if starts else None
+    ends = [
+        e.t for e in marks if e.payload.get("edge") == "end" and (start is None or e.t >= start)
+    ]
+    return start, (min(ends) if ends else None)
+
+
+def _pct(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}%}"
+
+
+def _verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("met" if ok else "missed")
+
+
+def _priority_name(level: int) -> str:
+    return f"priority {level}" + (" (highest)" if level == 1 else "")
+
+
+def _availability(
+    window: JournalWindow, later: Iterable[JournalEvent]
+) -> tuple[list[ClassAvailability], list[ClassAvailability]]:
+    tallies: dict[int, dict[str, int]] = {}
+    # A bucket is journaled when it closes, so the last ones of the period come after it:
+    # they are placed by the start of their bucket, not by when they were written.
+    for event in [*window.events, *later]:
+        start = event.payload.get("start")
+        if event.kind != "availability" or not isinstance(start, int | float):
+            continue
+        if not window.start - 10 < start < window.end:
+            continue
+        for row in event.payload.get("counts", []):
+            tally = tallies.setdefault(int(row.get("priority", 0)), {})
+            for key in ("accepted", "ok", "unavailable", "timeout", "failed"):
+                tally[key] = tally.get(key, 0) + int(row.get(key, 0))
+    by_priority = [
+        ClassAvailability(
+            _priority_name(level),
+            t["accepted"],
+            t["ok"],
+            t["unavailable"],
+            t["timeout"],
+            t["failed"],
+        )
+        for level, t in sorted(tallies.items())
+    ]
+    by_model = []
+    for model in window.models:
+        rows = window.rows_of(model)
+        counts = {"ok": 0, "unavailable": 0, "timeout": 0, "failed": 0, "cancelled": 0}
+        for row in rows:
+            counts["ok"] += row.requests - row.errors
+            for reason, n in row.errors_by_reason.items():
+                counts[outcome_class("failure", reason)] += n
+        accepted = sum(r.requests for r in rows)
+        by_model.append(
+            ClassAvailability(
+                model,
+                accepted,
+                counts["ok"],
+                counts["unavailable"],
+                counts["timeout"],
+                counts["failed"],
+            )
+        )
+    return by_priority, by_model
+
+
+def _guardian(events: Iterable[JournalEvent]) -> list[GuardianAction]:
+    out = []
+    for e in events:
+        if e.kind != "guardian":
+            continue
+        p = e.payload
+        rolled = p.get("rolled_back")
+        outcome = "rolled back" if rolled else ("succeeded" if rolled is False else "unknown")
+        out.append(
+            GuardianAction(
+                t=e.t,
+                trigger=str(p.get("trigger", e.cause or "?")),
+                action=str(p.get("action", e.subject)),
+                started=_number(p.get("started")),
+                ended=_number(p.get("ended")),
+                verify=str(p.get("verify", "")),
+                outcome=outcome,
+                explanation=str(p.get("explanation", "")),
+            )
+        )
+    return out
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _interventions(events: Iterable[JournalEvent]) -> list[Intervention]:
+    out = []
+    for e in events:
+        if e.kind not in _INTERVENTION_KINDS and not e.kind.startswith("reconfig"):
+            continue
+        p = e.payload
+        if e.kind == "fault_injected":
+            extra = f" +{p['latency_s'] * 1000:.0f} ms" if p.get("latency_s") else ""
+            duration = f" for {p['duration_s']:g} s" if p.get("duration_s") else ""
+            detail = f"{p.get('fault')} fault{extra} at rate {p.get('rate')}{duration} ({e.cause})"
+        elif e.kind == "fault_cleared":
+            detail = f"{p.get('fault')} fault {p.get('id')} cleared ({e.cause})"
+        elif e.kind == "admin_call":
+            detail = f"{p.get('action')} ({e.cause}): {p.get('outcome')}"
+        elif e.kind == MARK_KIND:
+            note = f": {p['note']}" if p.get("note") else ""
+            detail = f"event {e.subject} {p.get('edge')}s{note}"
+        else:
+            detail = e.cause or ", ".join(f"{k}={v}" for k, v in p.items())
+        out.append(Intervention(e.t, e.kind, e.subject, detail))
+    return out
+
+
+def _utilisation(window: JournalWindow) -> list[str]:
+    out = []
+    for model in window.models:
+        if not any(r.requests for r in window.rows_of(model)):
+            continue
+        busy = [r.busy for r in window.rows_of(model)]
+        if busy:
+            out.append(
+                f"{model}: instances busy {np.mean(busy):.0%} on average, "
+                f"{max(busy):.0%} at the busiest second."
+            )
+    rss = [r.rss_bytes for r in window.resources]
+    if rss:
+        out.append(
+            f"Server resident memory: {np.mean(rss) / 2**20:.0f} MiB on average, "
+            f"{max(rss) / 2**20:.0f} MiB at peak."
+        )
+    pool = [r.pool_in_use_bytes for r in window.resources if r.pool_in_use_bytes is not None]
+    reserved = [r.pool_reserved_bytes for r in window.resources if r.pool_reserved_bytes]
+    if pool and reserved:
+        out.append(
+            f"Shared-memory pool: up to {max(pool) / 2**20:.1f} MiB in use of "
+            f"{max(reserved) / 2**20:.0f} MiB."
+        )
+    frag = [r.fragmentation for r in window.resources if r.fragmentation is not None]
+    if frag:
+        out.append(f"Pool fragmentation peaked at {max(frag):.0%}.")
+    cpu = [r.cpu_percent for r in window.resources]
+    if cpu:
+        out.append(f"Server CPU: {np.mean(cpu):.0f}% on average, {max(cpu):.0f}% at peak.")
+    return out or ["The journal holds no utilisation rows for this period."]
+
+
+def _worst(diagnosis: Diagnosis, slo_ms: dict[str, float]) -> list[str]:
+    out = []
+    for anomaly in diagnosis.anomalies:
+        cause = anomaly.likely_cause
+        because = (
+            f" Likely cause: {cause.event.kind} on {cause.event.subject} at "
+            f"{when(cause.event.t)} ({cause.why})."
+            if cause is not None
+            else " No journaled event explains it."
+        )
+        out.append(f"{describe(anomaly)}.{because}")
+    window = diagnosis.window
+    for model in window.models:
+        rows = [r for r in window.rows_of(model) if r.p99_ms is not None]
+        if not rows:
+            continue
+        worst = max(rows, key=lambda r: r.p99_ms or 0.0)
+        target = slo_ms.get(model)
+        versus = f" (target {target:.0f} ms)" if target else ""
+        out.append(
+            f"{model}'s worst second was {when(worst.t)}: p99 {worst.p99_ms:.1f} ms{versus}, "
+            f"{worst.requests} requests, queue depth {worst.queue_depth}."
+        )
+    return out
+
+
+def _slos(window: JournalWindow, earlier: Iterable[JournalEvent]) -> dict[str, float]:
+    slos = {}
+    for event in [*earlier, *window.events]:
+        if event.kind == "model_loaded" and "slo_p99_ms" in event.payload:
+            slos[event.subject.split("/")[0]] = float(event.payload["slo_p99_ms"])
+    return slos
+
+
+def _recommendations(
+    diagnosis: Diagnosis, guardian: list[GuardianAction], slo_ms: dict[str, float]
+) -> list[str]:
+    out = list(diagnosis.recommendations)
+    triggers: dict[str, list[GuardianAction]] = {}
+    for action in guardian:
+        triggers.setdefault(action.trigger, []).append(action)
+    for trigger, actions in triggers.items():
+        rolled = sum(a.outcome == "rolled back" for a in actions)
+        if rolled:
+            out.append(
+                f"The guardian trigger {trigger!r} fired {len(actions)} time(s) and {rolled} "
+                "action(s) were rolled back: its threshold is too eager for this traffic; raise "
+                "it or lengthen its window."
+            )
+        elif len(actions) > 3:
+            out.append(
+                f"The guardian trigger {trigger!r} fired {len(actions)} times: the condition "
+                "it repairs recurs; fix its cause in the configuration rather than per incident."
+            )
+    window = diagnosis.window
+    for model, target in slo_ms.items():
+        p99 = [r.p99_ms for r in window.rows_of(model) if r.p99_ms is not None]
+        if p99 and target:
+            closest = max(p99) / target
+            if closest < 0.5:
+                out.append(
+                    f"{model}'s p99 never passed {closest:.0%} of its {target:.0f} ms target "
+                    "(the latency triggers never came close to firing): there is headroom to "
+                    "batch more or to run fewer instances."
+                )
+            elif closest < 1.0:
+                out.append(
+                    f"{model}'s p99 reached {closest:.0%} of its {target:.0f} ms target at worst: "
+                    "close to firing; keep the latency trigger where it is and add capacity "
+                    "before a larger event."
+                )
+    frag = [r.fragmentation for r in window.resources if r.fragmentation is not None]
+    if frag and max(frag) > 0:
+        out.append(
+            f"Fragmentation peaked at {max(frag):.0%} against the 70% defragmentation threshold "
+            f"({0.70 - max(frag):+.0%} headroom)."
+        )
+    return out
+
+
+def postmortem(
+    window: JournalWindow,
+    *,
+    name: str,
+    source: str,
+    targets: Targets = Targets(),
+    sections: tuple[str, ...] = SECTIONS,
+    earlier_events: Iterable[JournalEvent] = (),
+    later_events: Iterable[JournalEvent] = (),
+) -> Postmortem:
+    """Build the postmortem of ``window``.
+
+    ``earlier_events`` are the model loads before it (their SLOs); ``later_events``
+    the journal's events in the minute after it (the availability tallies of its last
+    seconds are written there).
+    """
+    slo_ms = _slos(window, earlier_events)
+    diagnosis = diagnose(window, source=source)
+    by_priority, by_model = _availability(window, later_events)
+    guardian = _guardian(window.events)
+    accepted = sum(c.accepted for c in by_model)
+    ok = sum(c.ok for c in by_model)
+    availability = ok / accepted if accepted else None
+    rows = [
+        TargetRow(
+            "availability (successful / accepted)",
+            f"≥ {targets.availability:.2%}",
+            _pct(availability, 3) + (f" of {accepted}" if accepted else ""),
+            _verdict(None if availability is None else availability >= targets.availability),
+        )
+    ]
+    for model in diagnosis.models:
+        target = slo_ms.get(model.name)
+        if target is None or model.requests == 0:
+            continue
+        rows.append(
+            TargetRow(
+                f"{model.name} p99 (typical / worst second)",
+                f"≤ {target:.0f} ms",
+                f"{model.p99_ms or 0:.1f} / {model.p99_max_ms or 0:.1f} ms",
+                _verdict(None if model.p99_ms is None else model.p99_ms <= target),
+            )
+        )
+        rows.append(
+            TargetRow(
+                f"{model.name} answered within its SLO",
+                f"≥ {targets.slo_attainment:.0%}",
+                _pct(model.slo_attainment),
+                _verdict(
+                    None
+                    if model.slo_attainment is None
+                    else model.slo_attainment >= targets.slo_attainment
+                ),
+            )
+        )
+    if guardian:
+        rolled = sum(a.outcome == "rolled back" for a in guardian)
+        rows.append(
+            TargetRow(
+                "guardian actions that held (not rolled back)",
+                "all",
+                f"{len(guardian) - rolled} of {len(guardian)}",
+                _verdict(rolled == 0),
+            )
+        )
+    notes = []
+    if not by_priority:
+        notes.append(
+            "This journal has no per-priority tally (availability events are journaled by "
+            "servers from this version on); availability is shown by model only."
+        )
+    return Postmortem(
+        name=name,
+        start=window.start,
+        end=window.end,
+        source=source,
+        sections=sections,
+        targets=rows,
+        by_priority=by_priority,
+        by_model=by_model,
+        slo_ms=slo_ms,
+        guardian=guardian,
+        interventions=_interventions(window.events),
+        utilisation=_utilisation(window),
+        worst=_worst(diagnosis, slo_ms),
+        recommendations=_recommendations(diagnosis, guardian, slo_ms),
+        diagnosis=diagnosis,
+        notes=notes,
+    )

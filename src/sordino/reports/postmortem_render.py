@@ -1,0 +1,346 @@
+"""The postmortem as one self-contained HTML page or a PDF, with the same charts.
+
+Charts: p99 against each model's target over time (faults shaded, guardian actions
+drawn as spans: green when they held, red when rolled back), answers and failures per
+second (503s and timeouts apart), and utilisation (busy fraction, memory).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import io
+from pathlib import Path
+from typing import Any
+
+from sordino.reports.diagnose import when
+from sordino.reports.postmortem import ClassAvailability, Postmortem
+from sordino.reports.render import Chart, _img, _TextPages
+from sordino.telemetry.availability import outcome_class
+
+__all__ = ["draw_postmortem_charts", "render_postmortem_html", "render_postmortem_pdf"]
+
+_COLORS = ["#2f6fed", "#e8590c", "#2b8a3e", "#ae3ec9", "#c92a2a", "#0b7285"]
+TARGET_HEADER = ["objective", "target", "actual", "verdict"]
+AVAILABILITY_HEADER = ["class", "accepted", "ok", "503", "timeout", "other errors", "availability"]
+GUARDIAN_HEADER = ["time", "trigger", "action", "duration", "verify", "outcome", "explanation"]
+
+
+def _figure(height: float, rows: int = 1) -> tuple[Any, Any]:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, height), layout="constrained")
+    return fig, fig.subplots(rows, 1, sharex=True, squeeze=False)[:, 0]
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return buf.getvalue()
+
+
+def _t(t: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(t)
+
+
+def _axis(ax: Any) -> None:
+    import matplotlib.dates as mdates
+
+    ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))  # type: ignore[no-untyped-call]
+    ax.grid(True, alpha=0.3)
+
+
+def _fault_spans(pm: Postmortem) -> list[tuple[float, float]]:
+    spans, opened = [], {}
+    for e in pm.window.events:
+        if e.kind == "fault_injected":
+            opened[e.payload.get("id")] = e.t
+        elif e.kind == "fault_cleared" and e.payload.get("id") in opened:
+            spans.append((opened.pop(e.payload.get("id")), e.t))
+    spans += [(t, pm.end) for t in opened.values()]
+    return spans
+
+
+def _decorate(ax: Any, pm: Postmortem) -> None:
+    for i, (start, end) in enumerate(_fault_spans(pm)):
+        ax.axvspan(
+            _t(start),
+            _t(max(end, start + 1)),
+            color="#ffa94d",
+            alpha=0.3,
+            label="chaos fault" if i == 0 else None,
+        )
+    for action in pm.guardian:
+        start = action.started or action.t
+        end = action.ended or start + 1
+        color = "#c92a2a" if action.outcome == "rolled back" else "#2b8a3e"
+        ax.axvspan(_t(start), _t(max(end, start + 1)), color=color, alpha=0.25)
+        ax.axvline(_t(start), color=color, lw=1)
+        ax.annotate(
+            f"guardian: {action.action} ({action.outcome})",
+            (_t(start), 1.0),
+            xycoords=("data", "axes fraction"),
+            fontsize=7,
+            rotation=90,
+            va="top",
+            color=color,
+        )
+
+
+def _latency_chart(pm: Postmortem) -> bytes:
+    fig, (ax,) = _figure(3.6)
+    for color, model in zip(_COLORS, pm.active_models, strict=False):
+        rows = pm.window.rows_of(model)
+        ax.plot(
+            [_t(r.t) for r in rows],
+            [float("nan") if r.p99_ms is None else r.p99_ms for r in rows],
+            color=color,
+            lw=1,
+            label=f"{model} p99",
+        )
+        target = pm.slo_ms.get(model)
+        if target:
+            ax.axhline(target, color=color, ls="--", lw=1, label=f"{model} target")
+    _decorate(ax, pm)
+    ax.set_yscale("log")
+    ax.set_ylabel("p99 ms")
+    ax.legend(loc="upper left", fontsize=8)
+    _axis(ax)
+    return _png(fig)
+
+
+def _errors_chart(pm: Postmortem) -> bytes:
+    fig, (ax,) = _figure(3.0)
+    seconds: dict[int, dict[str, int]] = {}
+    for row in pm.window.series:
+        slot = seconds.setdefault(row.t, {"ok": 0, "unavailable": 0, "timeout": 0, "failed": 0})
+        slot["ok"] += row.requests - row.errors
+        for reason, n in row.errors_by_reason.items():
+            kind = outcome_class("failure", reason)
+            slot[kind if kind in slot else "failed"] += n
+    xs = [_t(t) for t in sorted(seconds)]
+    bottom = [0.0] * len(xs)
+    for color, (key, label) in zip(
+        ["#2b8a3e", "#e8590c", "#ae3ec9", "#c92a2a"],
+        [("ok", "answered"), ("unavailable", "503"), ("timeout", "timeout"), ("failed", "error")],
+        strict=True,
+    ):
+        ys = [float(seconds[t][key]) for t in sorted(seconds)]
+        ax.bar(xs, ys, width=1 / 86400, bottom=bottom, color=color, label=label, align="edge")
+        bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
+    _decorate(ax, pm)
+    ax.set_ylabel("requests/s")
+    ax.legend(loc="upper left", fontsize=8)
+    _axis(ax)
+    return _png(fig)
+
+
+def _resources_chart(pm: Postmortem) -> bytes:
+    fig, (busy, memory) = _figure(4.6, rows=2)
+    for color, model in zip(_COLORS, pm.active_models, strict=False):
+        rows = pm.window.rows_of(model)
+        busy.plot(
+            [_t(r.t) for r in rows], [r.busy * 100 for r in rows], color=color, lw=1, label=model
+        )
+    busy.set_ylabel("busy %")
+    busy.legend(loc="upper left", fontsize=8)
+    _axis(busy)
+    res = pm.window.resources
+    memory.plot(
+        [_t(r.t) for r in res],
+        [r.rss_bytes / 2**20 for r in res],
+        color=_COLORS[0],
+        label="resident MiB",
+    )
+    pool = [(r.t, r.pool_in_use_bytes) for r in res if r.pool_in_use_bytes is not None]
+    if pool:
+        memory.plot(
+            [_t(t) for t, _ in pool],
+            [v / 2**20 for _, v in pool],
+            color=_COLORS[1],
+            label="pool in use MiB",
+        )
+    memory.set_ylabel("MiB")
+    memory.legend(loc="upper left", fontsize=8)
+    _axis(memory)
+    return _png(fig)
+
+
+def draw_postmortem_charts(pm: Postmortem) -> list[Chart]:
+    """The charts of the sections chosen, in reading order."""
+    out = []
+    if "latency" in pm.sections and pm.window.series:
+        out.append(Chart("p99 against target", _latency_chart(pm)))
+    if "availability" in pm.sections and pm.window.series:
+        out.append(Chart("Answers, 503s and timeouts per second", _errors_chart(pm)))
+    if "resources" in pm.sections and (pm.window.series or pm.window.resources):
+        out.append(Chart("Utilisation", _resources_chart(pm)))
+    return out
+
+
+def _duration(start: float | None, end: float | None) -> str:
+    if start is None or end is None:
+        return "n/a"
+    return f"{end - start:.1f} s"
+
+
+def _availability_rows(classes: list[ClassAvailability]) -> list[list[str]]:
+    return [
+        [
+            c.name,
+            str(c.accepted),
+            str(c.ok),
+            str(c.unavailable),
+            str(c.timeout),
+            str(c.failed),
+            "n/a" if c.availability is None else f"{c.availability:.3%}",
+        ]
+        for c in classes
+    ]
+
+
+def _guardian_rows(pm: Postmortem) -> list[list[str]]:
+    return [
+        [
+            when(a.started or a.t),
+            a.trigger,
+            a.action,
+            _duration(a.started, a.ended),
+            a.verify,
+            a.outcome,
+            a.explanation,
+        ]
+        for a in pm.guardian
+    ]
+
+
+def _intervention_rows(pm: Postmortem) -> list[list[str]]:
+    return [[when(i.t), i.kind, i.subject, i.detail] for i in pm.interventions]
+
+
+def _blocks(pm: Postmortem) -> list[tuple[str, list[str], list[list[str]], list[str]]]:
+    """(title, table header, table rows, paragraphs) of each section, in order."""
+    out: list[tuple[str, list[str], list[list[str]], list[str]]] = []
+    if "availability" in pm.sections:
+        out.append(
+            (
+                "Availability by priority class",
+                AVAILABILITY_HEADER,
+                _availability_rows(pm.by_priority),
+                list(pm.notes),
+            )
+        )
+        out.append(
+            (
+                "Availability by model",
+                AVAILABILITY_HEADER,
+                _availability_rows([c for c in pm.by_model if c.accepted]),
+                [],
+            )
+        )
+    if "guardian" in pm.sections:
+        none = [] if pm.guardian else ["The guardian took no action in this period."]
+        out.append(("Guardian actions", GUARDIAN_HEADER, _guardian_rows(pm), none))
+    if "interventions" in pm.sections:
+        none = [] if pm.interventions else ["No manual intervention was journaled."]
+        out.append(
+            (
+                "Manual interventions",
+                ["time", "kind", "subject", "what"],
+                _intervention_rows(pm),
+                none,
+            )
+        )
+    if "resources" in pm.sections:
+        out.append(("Resource utilisation", [], [], pm.utilisation))
+    if "windows" in pm.sections:
+        out.append(("Worst windows and likely causes", [], [], pm.worst or ["None found."]))
+    out.append(("Recommendations", [], [], pm.recommendations))
+    return out
+
+
+_CSS = """
+body{font:14px/1.5 system-ui,sans-serif;margin:24px auto;max-width:1060px;color:#1d2330}
+h1{margin-bottom:0}.meta{color:#667085}table{border-collapse:collapse;margin:8px 0}
+th,td{border-bottom:1px solid #e4e7ec;padding:3px 8px;text-align:left}
+.met{color:#2b8a3e;font-weight:bold}.missed{color:#c92a2a;font-weight:bold}img{max-width:100%}
+"""
+
+
+def render_postmortem_html(pm: Postmortem, charts: list[Chart]) -> str:
+    """The postmortem as one HTML page: the target table first."""
+    e = html.escape
+    parts = [
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>Postmortem {e(pm.name)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>Postmortem: {e(pm.name)}</h1>",
+        f"<p class='meta'>{e(when(pm.start))} – {e(when(pm.end))} · journal {e(pm.source)} · "
+        f"{len(pm.window.series)} series rows, {len(pm.window.events)} events</p>",
+        "<h2>Targets</h2><table><tr>" + "".join(f"<th>{e(h)}</th>" for h in TARGET_HEADER),
+        "</tr>",
+    ]
+    for row in pm.targets:
+        parts.append(
+            f"<tr><td>{e(row.what)}</td><td>{e(row.target)}</td><td>{e(row.actual)}</td>"
+            f"<td class='{e(row.verdict)}'>{e(row.verdict)}</td></tr>"
+        )
+    parts.append("</table>")
+    by_title = {c.title: c for c in charts}
+    placement = {
+        "Availability by priority class": "Answers, 503s and timeouts per second",
+        "Worst windows and likely causes": "p99 against target",
+        "Resource utilisation": "Utilisation",
+    }
+    for title, header, rows, paragraphs in _blocks(pm):
+        parts.append(f"<h2>{e(title)}</h2>")
+        parts += [f"<p>{e(p)}</p>" for p in paragraphs if title != "Recommendations"]
+        if title == "Recommendations":
+            parts.append("<ol>" + "".join(f"<li>{e(p)}</li>" for p in paragraphs) + "</ol>")
+        if header and rows:
+            parts.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>")
+            parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows]
+            parts.append("</table>")
+        chart = by_title.get(placement.get(title, ""))
+        if chart is not None:
+            parts.append(_img(chart))
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _table(text: _TextPages, header: list[str], rows: list[list[str]]) -> None:
+    cut = [[c[:48] for c in r] for r in [header, *rows]]
+    widths = [max(len(r[i]) for r in cut) for i in range(len(header))]
+    for n, row in enumerate(cut):
+        line = "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
+        text.line(line, size=6.5, bold=n == 0, mono=True)
+
+
+def render_postmortem_pdf(pm: Postmortem, charts: list[Chart], path: Path) -> None:
+    """The postmortem as a PDF: the target table, the sections, then the charts."""
+    import matplotlib.image as mpimg
+    from matplotlib.backends.backend_pdf import PdfPages
+    from matplotlib.figure import Figure
+
+    with PdfPages(path) as pdf:
+        text = _TextPages(pdf)
+        text.line(f"Postmortem: {pm.name}", size=18, bold=True)
+        text.line(f"{when(pm.start)} – {when(pm.end)} · journal {pm.source}")
+        text.gap()
+        text.line("Targets", size=13, bold=True)
+        _table(text, TARGET_HEADER, [[r.what, r.target, r.actual, r.verdict] for r in pm.targets])
+        for title, header, rows, paragraphs in _blocks(pm):
+            text.gap()
+            text.line(title, size=13, bold=True)
+            for i, paragraph in enumerate(paragraphs, 1):
+                text.line(f"{i}. {paragraph}" if title == "Recommendations" else paragraph)
+            if header and rows:
+                _table(text, header, rows)
+        text.close()
+        for first in range(0, len(charts), 2):
+            fig = Figure(figsize=(8.27, 11.69))
+            for slot, chart in enumerate(charts[first : first + 2]):
+                ax = fig.add_axes((0.05, 0.52 - 0.47 * slot, 0.9, 0.43))
+                ax.imshow(mpimg.imread(io.BytesIO(chart.png), format="png"))
+                ax.set_title(chart.title, fontsize=10)
+                ax.axis("off")
+            pdf.savefig(fig)

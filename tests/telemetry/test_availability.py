@@ -1,0 +1,48 @@
+"""The availability tally: accepted requests by model, priority and outcome, every 10 s."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sordino.inference import ModelKey
+from sordino.records import RequestDone
+from sordino.telemetry.availability import AvailabilityTally, outcome_class
+
+
+def _done(priority: int, outcome: str = "success", reason: str = "") -> RequestDone:
+    return RequestDone(ModelKey("m", "1"), outcome, reason, priority, 0.0, 0.0, 0.01)  # type: ignore[arg-type]
+
+
+def test_outcomes_are_classed_as_the_client_saw_them() -> None:
+    assert outcome_class("success", "") == "ok"
+    assert outcome_class("failure", "queue_full") == "unavailable"
+    assert outcome_class("failure", "shed") == "unavailable"  # a QueueFull subclass: 503
+    assert outcome_class("failure", "out_of_memory") == "unavailable"
+    assert outcome_class("failure", "queue_timeout") == "timeout"
+    assert outcome_class("failure", "inference_failed") == "failed"
+    assert outcome_class("cancelled", "cancelled") == "cancelled"
+
+
+def test_closed_buckets_become_one_event_each() -> None:
+    now = [1000.0]
+    emitted: list[tuple[str, str, str, dict[str, Any]]] = []
+    tally = AvailabilityTally(
+        lambda kind, subject, cause="", **payload: emitted.append((kind, subject, cause, payload)),
+        wall=lambda: now[0],
+    )
+    tally.request_done(_done(1))
+    tally.request_done(_done(1, "failure", "shed"))
+    tally.request_done(_done(2, "failure", "queue_timeout"))
+    now[0] = 1005.0
+    assert tally.flush(now[0]) == 0  # the bucket [1000, 1010) is still open
+    now[0] = 1012.0
+    tally.request_done(_done(2))
+    assert tally.flush(now[0]) == 1
+    ((kind, _, _, payload),) = emitted
+    assert kind == "availability" and payload["start"] == 1000 and payload["seconds"] == 10
+    first, second = payload["counts"]
+    assert first == {"model": "m", "priority": 1, "accepted": 2, "ok": 1, "unavailable": 1,
+                     "timeout": 0, "failed": 0, "cancelled": 0}  # fmt: skip
+    assert second["priority"] == 2 and second["timeout"] == 1 and second["accepted"] == 1
+    assert tally.flush() == 1  # on close, the open bucket too
+    assert emitted[-1][3]["start"] == 1010
