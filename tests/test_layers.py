@@ -33,6 +33,7 @@ _SERVING = frozenset(
         "models",
         "control",
         "telemetry",
+        "guardian",
     }
 )
 
@@ -48,6 +49,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "execution": frozenset({"backends", "memory", "telemetry"}),
     "scheduling": frozenset({"execution", "memory", "telemetry"}),
     "reports": frozenset({"telemetry"}),
+    "guardian": frozenset({"telemetry", "admission", "execution", "memory", "backends"}),
     "control": frozenset(
         {"execution", "scheduling", "memory", "backends", "telemetry", "protocol", "models"}
     ),

@@ -14,6 +14,7 @@ from sordino.config.base import ExpandedPath, Section, reject_repeated_names
 from sordino.config.devices import DeviceConfig
 from sordino.config.models import ModelConfig
 from sordino.config.scheduler import SchedulerConfig
+from sordino.config.self_healing import SelfHealingConfig
 from sordino.config.server import ServerConfig
 from sordino.config.telemetry import TelemetryConfig
 from sordino.config.workers import WorkersConfig
@@ -41,6 +42,8 @@ class RuntimeConfig(Section):
     model_repository: ExpandedPath | None = None
     """A Triton-style folder with one sub-folder per model."""
     workers: WorkersConfig = WorkersConfig()
+    self_healing: SelfHealingConfig = SelfHealingConfig()
+    """The guardian: triggers, actions, budget, recovery, alert channels."""
 
     @model_validator(mode="after")
     def _poll_needs_repository(self) -> RuntimeConfig:

@@ -26,6 +26,7 @@ from sordino.protocol.codec import (
     encode_json,
 )
 from sordino.server.fast_infer import error_parts, with_fast_infer
+from sordino.server.guarding import guardian_routes, health_response
 from sordino.server.http_routes import extra_routes
 from sordino.server.model_config import model_metadata_json, triton_config_json
 from sordino.server.model_control import ModelControl
@@ -87,6 +88,8 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
         return Response(status_code=200)
 
     async def ready(request: Request) -> Response:
+        if "deep" in request.query_params:
+            return await health_response(runtime, request)
         return Response(status_code=200 if runtime.ready else 503)
 
     async def model_metadata(request: Request) -> Response:
@@ -126,6 +129,7 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
         *observe_routes(runtime, functools.partial(_guard, runtime), access),
     ]
     routes += admin_routes(runtime.executor, runtime.clock, access.token)
+    routes += guardian_routes(runtime, functools.partial(_guard, runtime), access)
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes += [
             Route(prefix, _guard(runtime, model_metadata), methods=["GET"]),

@@ -21,14 +21,17 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 from sordino.admission.chain import AdmissionChain, default_links
+from sordino.admission.gate import TrafficGate
 from sordino.clock import Clock, MonotonicClock
 from sordino.config import RuntimeConfig
 from sordino.events import EventSink
 from sordino.execution.chain import ChainExecutor
+from sordino.guardian import Guardian
 from sordino.inference import InferRequest, InferResponse
 from sordino.memory.arena import SEGMENTS_DIR, StaleSegment, remove_stale_segments
 from sordino.models.repository import ModelSource
 from sordino.records import SchedulerStatistics
+from sordino.server.guarding import open_guardian
 from sordino.server.loader import ModelLoader
 from sordino.server.registry import LoadedModel, ModelRegistry
 from sordino.server.service import InferenceService
@@ -85,9 +88,12 @@ class Runtime:
             clock=self.clock,
             events=self.events,
         )
+        # The guardian's hand on admission: throttle, shed, skip non-critical.
+        self.gate = TrafficGate(config.self_healing.non_critical_tags)
+        self.guardian: Guardian | None = None
         self.service = InferenceService(
             self.registry,
-            admission=AdmissionChain(default_links()),
+            admission=AdmissionChain([*default_links(), self.gate]),
             priority_rules={r.tag: r.priority for r in config.scheduler.priority_rules},
             metrics=self.metrics,
             stats=self.stats,
@@ -99,6 +105,8 @@ class Runtime:
         self.metrics.registry.register(ExecutionCollector(self.executor.statistics))
         # The arena's fragmentation and use reach the journal, the monitor and the dashboard.
         self.telemetry.resources.add_pool("shm_arena", self.executor.arena_statistics)
+        # A chaos temperature fault stands in for the sensor (tests without hardware).
+        self.telemetry.resources.temperature_override = self.executor.faults.temperature
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -109,6 +117,9 @@ class Runtime:
         ended without closing them (SIGKILL, a crash) are removed, each reported.
         """
         self.remove_stale_segments()
+        if self.config.self_healing.enabled:
+            # Built first: an action this build cannot carry out fails start-up at once.
+            self.guardian = open_guardian(self)
         await self.telemetry.start()
         for source in self._sources:
             model = await self.loader.load(source)
@@ -116,6 +127,8 @@ class Runtime:
                 on_loaded(model)
         self._started = True
         self.events.emit("server_started", "runtime", models=len(self._sources))
+        if self.guardian is not None:
+            await self.guardian.start()
 
     async def stop(self, *, drain: bool = True, timeout_s: float | None = None) -> None:
         """Stop every scheduler and unload every model.
@@ -125,6 +138,8 @@ class Runtime:
         error. Nothing accepted is left without an answer.
         """
         self.registry.stopping = True
+        if self.guardian is not None:
+            await self.guardian.stop()
         models = self.registry.models()
         if models:
             closing = [asyncio.ensure_future(m.scheduler.close(drain=drain)) for m in models]
