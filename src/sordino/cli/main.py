@@ -9,6 +9,7 @@ import click
 from sordino import __version__
 from sordino.cli.chaos import chaos
 from sordino.cli.diagnose import diagnose
+from sordino.cli.events import events, guardian
 from sordino.cli.models import models
 from sordino.cli.monitor import monitor
 from sordino.cli.profile import profile
@@ -33,6 +34,8 @@ cli.add_command(monitor)
 cli.add_command(profile)
 cli.add_command(diagnose)
 cli.add_command(chaos)
+cli.add_command(events)
+cli.add_command(guardian)
 
 
 def main() -> None:

@@ -215,6 +215,21 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
     help="Scheduler mode for every model (overrides scheduler.mode).",
 )
 @click.option(
+    "--guardian-mode",
+    type=click.BOOL,
+    default=None,
+    metavar="true|false",
+    help="Run the guardian (self_healing.enabled): triggers that act on metrics.",
+)
+@click.option(
+    "--alert-channel",
+    "alert_channels",
+    multiple=True,
+    metavar="CHANNEL",
+    help="Where guardian records go (repeatable): slack:#channel (URL in "
+    "$SORDINO_SLACK_WEBHOOK), webhook:URL, file:PATH, log.",
+)
+@click.option(
     "--log-level",
     default="info",
     show_default=True,
@@ -232,6 +247,8 @@ def start(
     repository_poll_secs: float | None,
     data_dir: Path | None,
     mode: str | None,
+    guardian_mode: bool | None,
+    alert_channels: tuple[str, ...],
     log_level: str,
 ) -> None:
     """Load models and serve them over KServe v2 HTTP and gRPC until Ctrl-C or SIGTERM.
@@ -252,6 +269,8 @@ def start(
         "server.data_dir": str(data_dir) if data_dir else None,
         "scheduler.mode": mode,
         "model_repository": str(model_repository) if model_repository else None,
+        "self_healing.enabled": guardian_mode,
+        "self_healing.alert_channels": list(alert_channels) if alert_channels else None,
     }
     try:
         config = load_config(config_path, {k: v for k, v in overrides.items() if v is not None})

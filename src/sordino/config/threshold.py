@@ -219,7 +219,9 @@ def parse_threshold(text: str, metric: str | None = None) -> Threshold:
     number, unit = match.group("value"), (match.group("unit") or "").lower()
     try:
         if change is not None:
-            value = _convert(name, "fraction", number, unit, text) if unit == "%" else float(number)
+            if unit not in ("%", ""):
+                raise ConfigError(f"threshold {text!r}: give the change in percent, e.g. 40%")
+            value = float(number) / 100 if unit == "%" else float(number)
             if change == "drop" and value > 1:
                 raise ConfigError(f"threshold {text!r}: a drop lies in 0%..100%")
         else:
