@@ -37,7 +37,8 @@ def _line(event: dict[str, Any]) -> str:
     payload = event.get("payload") or {}
     if event["kind"] == "guardian":
         flags = f" [{payload.get('verify')}{', rolled back' if payload.get('rolled_back') else ''}]"
-        return f"{text}{flags}\n    {payload.get('explanation') or event['cause']}"
+        action = f": {payload.get('action')}" if payload.get("action") else ""
+        return f"{text}{action}{flags}\n    {payload.get('explanation') or event['cause']}"
     return f"{text}: {event['cause']}" if event["cause"] else text
 
 

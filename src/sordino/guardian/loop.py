@@ -96,6 +96,7 @@ class _Trigger:
     holding_since: float | None = None
     clear_since: float | None = None
     measure: Measure | None = None
+    shown: Measure | None = None
     holds: bool = False
     applying: _Running | None = None
     verifying: list[_Running] = field(default_factory=list)
@@ -214,6 +215,12 @@ class Guardian:
     ) -> None:
         current = self._measure(trigger, rows, resources, end_s, trigger.since_s)
         trigger.measure = current
+        # What status shows: the latest value, even before a window after an action filled.
+        trigger.shown = (
+            current
+            if current.value is not None or trigger.since_s is None
+            else self._measure(trigger, rows, resources, end_s, None)
+        )
         full = current.covered_s >= trigger.width
         value = current.value
         trigger.holds = full and value is not None and trigger.threshold.holds(value)
@@ -497,7 +504,7 @@ class Guardian:
         now = self._clock.now()
         triggers = []
         for t in self._triggers:
-            m = t.measure
+            m = t.shown
             cooldown_left = (
                 max(0.0, t.config.cooldown_s - (now - t.last_fired)) if t.last_fired else 0.0
             )
