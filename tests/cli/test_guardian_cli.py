@@ -19,7 +19,10 @@ TOKEN = "guardian-cli-token"
 CONFIG = """
 self_healing:
   triggers:
-    - {metric: device_temperature, threshold: "80°C", window: 2s, action: "throttle_requests_by 20%"}
+    - metric: device_temperature
+      threshold: "80°C"
+      window: 2s
+      action: "throttle_requests_by 20%"
 """
 
 
