@@ -117,6 +117,8 @@ class RequestDone:
     queue_s: float
     compute_s: float
     total_s: float
+    late_s: float | None = None
+    """For a request with a deadline: how long after it the request ended (0 if on time)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ __all__ = [
     "Applied",
     "Controls",
     "Defragmenter",
+    "ResultCache",
     "StepDegrader",
     "Verdict",
     "build_action",
@@ -58,6 +59,13 @@ class StepDegrader(Protocol):
     def set_step_factor(self, factor: float | None) -> None: ...
 
 
+@runtime_checkable
+class ResultCache(Protocol):
+    """The transport's result cache (``Runtime.result_cache``)."""
+
+    def enable(self, model: str | None, on: bool) -> None: ...
+
+
 @dataclass(slots=True)
 class Controls:
     """What actions act through; the runtime passes what this build has."""
@@ -69,6 +77,7 @@ class Controls:
     worst_instance: Callable[[ModelKey], int | None]
     defragmenter: Defragmenter | None = None
     step_degrader: StepDegrader | None = None
+    result_cache: ResultCache | None = None
     recover: Callable[[ModelKey, list[Instance]], Awaitable[None]] | None = None
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -301,6 +310,22 @@ class DegradeSteps(Action):
         return "restored the full number of steps"
 
 
+class CacheRecentResults(Action):
+    reversible = True
+
+    async def apply(self, reason: str) -> Applied:
+        cache = self.controls.result_cache
+        assert cache is not None  # check_supported refused the trigger otherwise
+        cache.enable(self.model, True)
+        scope = self.model or "every model"
+        return Applied(f"served identical recent requests of {scope} from the result cache", {})
+
+    async def revert(self) -> str | None:
+        assert self.controls.result_cache is not None
+        self.controls.result_cache.enable(self.model, False)
+        return "stopped serving from the result cache"
+
+
 class Alert(Action):
     async def apply(self, reason: str) -> Applied:
         # Every guardian record goes to the alert channels; this action only notifies.
@@ -315,14 +340,13 @@ _CLASSES: dict[str, type[Action]] = {
     "skip_non_critical": SkipNonCritical,
     "scale_workers": ScaleWorkers,
     "degrade_steps": DegradeSteps,
+    "cache_recent_results": CacheRecentResults,
     "alert": Alert,
 }
 
 _NOT_SUPPORTED = {
     "switch_device": "switch_device is not supported in this build: a device fallback "
     "chain (scheduler.strategy fallback_chain) already switches devices by its breakers",
-    "cache_recent_results": "cache_recent_results is not supported in this build (no "
-    "result cache yet); use shed_low_priority or throttle_requests",
 }
 
 
@@ -334,6 +358,8 @@ def check_supported(spec: ActionSpec, controls: Controls) -> None:
         raise ConfigError(
             "self_healing: not supported in this build: trigger_defrag needs the memory manager"
         )
+    if spec.name == "cache_recent_results" and controls.result_cache is None:
+        raise ConfigError("self_healing: cache_recent_results needs the server's result cache")
     if spec.name == "degrade_steps" and controls.step_degrader is None:
         raise ConfigError(
             "self_healing: not supported in this build: degrade_steps needs the step degrader "

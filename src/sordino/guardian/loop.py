@@ -43,7 +43,7 @@ from sordino.config.threshold import Threshold, parse_threshold
 from sordino.events import EventSink
 from sordino.guardian.actions import Action, Applied, Verdict
 from sordino.guardian.alerts import AlertSender
-from sordino.guardian.metrics import Measure, describe_value, measure
+from sordino.guardian.metrics import Measure, Timings, describe_value, measure
 from sordino.inference import ModelKey
 from sordino.records import GuardianStatistics, TriggerStatistics
 from sordino.telemetry.series import ResourceRow, SecondRow, SeriesStatistics
@@ -124,6 +124,7 @@ class Guardian:
         clock: Clock,
         wall: Callable[[], float] = time.time,
         alerts: AlertSender | None = None,
+        timings: Callable[[str], Timings] | None = None,
     ) -> None:
         self.config = config
         self._series = series
@@ -132,6 +133,7 @@ class Guardian:
         self._clock = clock
         self._wall = wall
         self.alerts = alerts
+        self._timings = timings
         self._triggers = [
             _Trigger(t, t.parsed_threshold(), t.parsed_actions()) for t in config.triggers
         ]
@@ -142,6 +144,7 @@ class Guardian:
         self._work: set[asyncio.Task[None]] = set()
         self._started_s = int(wall())
         self._budget_noted = False
+        self._timing_rows: dict[str, Timings] = {}
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -182,6 +185,10 @@ class Guardian:
         end_s = (last + 1) if last is not None else int(self._wall())
         rows = self._series.recent()
         resources = self._series.recent_resources()
+        self._timing_rows = {
+            name: self._timings(name) if self._timings is not None else {}
+            for name in ("network_latency", "frame_delay")
+        }
         for trigger in self._triggers:
             self._evaluate(trigger, now, end_s, rows, resources)
 
@@ -203,6 +210,7 @@ class Guardian:
             end_s=end_s,
             window_s=window_s or trigger.config.window_s,
             since_s=max(self._started_s, since_s or 0),
+            timings=self._timing_rows.get(trigger.config.metric),
         )
 
     def _evaluate(

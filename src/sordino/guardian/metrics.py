@@ -17,8 +17,11 @@ from sordino.telemetry.series import ResourceRow, SecondRow
 
 __all__ = ["SUPPORTED", "Measure", "describe_value", "measure"]
 
-SUPPORTED = frozenset(METRICS) - {"p90_latency", "p95_latency", "network_latency", "frame_delay"}
+SUPPORTED = frozenset(METRICS) - {"p90_latency", "p95_latency"}
 """The metrics this build measures (the series keeps p50 and p99 per second)."""
+
+Timings = Mapping[ModelKey, list[tuple[int, float]]]
+"""Per model, ``(second, p99 seconds)`` of a timing (network_latency, frame_delay)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +110,7 @@ def measure(
     end_s: int,
     window_s: float,
     since_s: int | None = None,
+    timings: Timings | None = None,
 ) -> Measure:
     """The metric over the seconds ``[end_s - window_s, end_s)`` (none before ``since_s``).
 
@@ -116,6 +120,8 @@ def measure(
     """
     metric = _canonical(threshold.metric)
     width = max(1, round(window_s))
+    if metric in ("network_latency", "frame_delay"):
+        return _timing(timings or {}, model=model, end_s=end_s, width=width, since_s=since_s)
     change = threshold.change is not None
     first = end_s - width * (2 if change else 1)
     if since_s is not None:
@@ -138,6 +144,29 @@ def measure(
         return Measure(value, tuple(samples), covered, _worst(metric, chosen, res, model))
     samples, value = _per_second(metric, everything, res)
     return Measure(value, tuple(samples), covered, _worst(metric, chosen, res, model))
+
+
+def _timing(
+    timings: Timings, *, model: str | None, end_s: int, width: int, since_s: int | None
+) -> Measure:
+    """The mean per-second p99 of a timing over the window (seconds without requests count
+    as nothing, like latencies), and the model where it was worst."""
+    first = max(end_s - width, since_s if since_s is not None else end_s - width)
+    per_model: dict[str, list[tuple[int, float]]] = {}
+    for key, rows in timings.items():
+        if model is None or key.name == model:
+            per_model.setdefault(key.name, []).extend(r for r in rows if first <= r[0] < end_s)
+    by_second: dict[int, float] = {}
+    for rows in per_model.values():
+        for t, value in rows:
+            by_second[t] = max(by_second.get(t, 0.0), value)
+    samples = [by_second[t] for t in sorted(by_second)]
+    worst = model
+    if model is None and per_model:
+        worst = max(per_model, key=lambda m: _mean([v for _, v in per_model[m]]) or 0.0)
+    # Coverage counts seconds of the window that have passed (a quiet second has no rows).
+    covered = end_s - first
+    return Measure(_mean(samples), tuple(samples), covered, worst)
 
 
 def _worst(

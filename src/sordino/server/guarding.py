@@ -127,6 +127,7 @@ def open_guardian(runtime: Runtime) -> Guardian:
         worst_instance=_WorstInstance(runtime),
         defragmenter=getattr(runtime, "memory", None),
         step_degrader=getattr(runtime, "step_degrader", None),
+        result_cache=runtime.result_cache,
         recover=recovery,
     )
     for trigger in config.triggers:
@@ -139,6 +140,7 @@ def open_guardian(runtime: Runtime) -> Guardian:
         events=runtime.events,
         clock=runtime.clock,
         alerts=alerts,
+        timings=runtime.timings.recent,
     )
 
 

@@ -34,6 +34,7 @@ from sordino.records import SchedulerStatistics
 from sordino.server.guarding import open_guardian
 from sordino.server.loader import ModelLoader
 from sordino.server.registry import LoadedModel, ModelRegistry
+from sordino.server.result_cache import ResultCache
 from sordino.server.service import InferenceService
 from sordino.telemetry.execution_metrics import ExecutionCollector
 from sordino.telemetry.hub import Telemetry
@@ -41,6 +42,7 @@ from sordino.telemetry.labels import MetricLabels
 from sordino.telemetry.metrics import Metrics
 from sordino.telemetry.model_stats import ModelStats
 from sordino.telemetry.observers import SchedulerObservers
+from sordino.telemetry.timings import TimingSeries
 
 __all__ = ["LoadedModel", "Runtime"]
 
@@ -79,11 +81,18 @@ class Runtime:
             clock=self.clock,
             labels=labels,
         )
+        # Body read times and lateness per second, for the guardian's triggers.
+        self.timings = TimingSeries()
+        # Off unless the guardian's cache_recent_results turns it on for a model.
+        self.result_cache = ResultCache()
         self.loader = ModelLoader(
             config,
             executor=self.executor,
             registry=self.registry,
-            observers=(SchedulerObservers(self.metrics, self.stats, self.telemetry.series),),
+            observers=(
+                SchedulerObservers(self.metrics, self.stats, self.telemetry.series),
+                self.timings,
+            ),
             stats=self.stats,
             clock=self.clock,
             events=self.events,
