@@ -297,7 +297,8 @@ def admin_routes(chaos: ChaosControl, clock: Clock, token: str | None) -> list[R
             rate=rate,
             latency_s=_seconds(body, "latency", 0.2) or 0.0,
             duration_s=_seconds(body, "duration", None),
-            celsius=_number(body, "celsius"),
+            # Only a temperature fault takes a reading; other controls need not know it.
+            **({"celsius": celsius} if (celsius := _number(body, "celsius")) is not None else {}),
         )
         return _json({"fault": spec.to_json(clock.now())}, 201)
 
