@@ -61,7 +61,7 @@ async def test_degrade_steps_sets_and_restores_the_factor() -> None:
     [
         ("trigger_defrag", "trigger_defrag needs the memory manager"),
         ("degrade_steps", "degrade_steps needs the step degrader"),
-        ("switch_device", "switch_device is not supported"),
+        ("switch_device", "switch_device needs a device chain"),
     ],
 )
 def test_an_action_this_build_cannot_run_is_refused(action: str, message: str) -> None:

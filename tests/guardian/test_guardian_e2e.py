@@ -261,3 +261,48 @@ def test_deep_health_names_the_failing_model() -> None:
         assert httpx.get(server.url + "/v2/health/ready").status_code == 200
         admin.clear()
         assert httpx.get(server.url + "/health?deep=true").status_code == 200
+
+
+def test_slow_primary_device_is_switched_away_from() -> None:
+    """A latency fault on the primary device → p99 over 50 ms → switch_device: its breaker
+    opens and the batches run on the fallback device."""
+    config = RuntimeConfig.model_validate(
+        {
+            "server": {"admin_token": TOKEN},
+            "devices": [
+                {"name": "cpu_fast", "provider": "cpu", "intra_op_threads": 1},
+                {"name": "cpu_wide", "provider": "cpu", "intra_op_threads": 1},
+            ],
+            "scheduler": {"strategies": [{
+                "name": "fallback_chain", "primary": "cpu_fast", "fallbacks": ["cpu_wide"],
+                "switch_threshold": "error_rate>50% for 30s", "cooldown": "60s"}]},
+            "self_healing": {"enabled": True, "triggers": [{
+                "metric": "p99_latency", "threshold": "50ms", "window": "2s",
+                "cooldown": "60s", "action": "switch_device"}]},
+        }
+    )  # fmt: skip
+    with serve_in_thread(config, digits()) as server:
+        admin = AdminClient(server.url, TOKEN)
+
+        def on(device: str) -> int:
+            workers = server.runtime.executor.statistics().workers
+            return sum(w.batches for w in workers if w.device == device)
+
+        with Load(server.url, clients=2) as load:
+            load.wait_ok(20)
+            admin.inject("device:cpu_fast", "latency", latency="100ms")
+            wait_for(lambda: server.runtime.guardian is not None
+                     and server.runtime.guardian.statistics().triggers[0].fired,
+                     "the switch", 60)  # fmt: skip
+            before = on("cpu_wide")
+            load.wait_ok(30)
+            assert on("cpu_wide") >= before + 20
+        assert load.errors == []
+        (opened,) = events(server, "breaker_open")
+        assert opened.subject == "device:cpu_fast" and opened.cause.startswith("guardian:")
+        wait_for(lambda: _records(server), "the record", 30)
+        assert _records(server)[0]["parameters"] == {
+            "model": "digits-classifier",
+            "from_device": "cpu_fast",
+            "to_device": "cpu_wide",
+        }

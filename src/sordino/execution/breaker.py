@@ -103,6 +103,12 @@ class CircuitBreaker:
                     f"'{self.threshold}'" + (f"; last error: {cause}" if cause else ""),
                 )
 
+    def trip(self, cause: str) -> None:
+        """Open now (the guardian's switch_device); half-open probes follow the cooldown."""
+        self._probes_in_flight = 0
+        self._probe_successes = 0
+        self._move("open", cause)
+
     def statistics(self) -> BreakerStatistics:
         state = self.state
         self._prune(self._clock.now())

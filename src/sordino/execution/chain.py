@@ -397,6 +397,11 @@ class ChainExecutor:
 
     # -- the guardian's controls ------------------------------------------------------
 
+    @property
+    def has_device_chain(self) -> bool:
+        """True when a fallback chain gives models more than one device to run on."""
+        return len(self._placement.chain) > 1
+
     def find_model(self, name: str) -> ModelKey | None:
         """The loaded version of model ``name`` (the newest when several are), or None."""
         keys = sorted((k for k in self._models if k.name == name), key=lambda k: k.version)
@@ -474,6 +479,26 @@ class ChainExecutor:
             )
         entry.signal.fire()
         return removed
+
+    def switch_device(self, key: ModelKey, *, cause: str) -> tuple[str, str] | None:
+        """Send ``key``'s traffic down its device chain: open the breaker of the device
+        serving it now. Returns (from, to), or None when it has no device to switch to.
+
+        The breaker's cooldown and half-open probes bring the device back, as after any
+        failure (``scheduler.strategies`` ``fallback_chain``).
+        """
+        entry = self._model(key)
+        serving = [
+            slot
+            for slot in entry.tiers
+            if any(i.serving for i in slot.instances)
+            and (slot.breaker is None or slot.breaker.allows())
+        ]
+        if len(serving) < 2 or serving[0].breaker is None:
+            return None
+        serving[0].breaker.trip(cause)
+        entry.signal.fire()
+        return serving[0].name, serving[1].name
 
     async def warm_up(self, key: ModelKey, instance: Instance, batches: int) -> int:
         """Run ``batches`` zero-filled one-row batches on ``instance``; return how many ran."""

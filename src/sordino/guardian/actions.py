@@ -326,6 +326,20 @@ class CacheRecentResults(Action):
         return "stopped serving from the result cache"
 
 
+class SwitchDevice(Action):
+    async def apply(self, reason: str) -> Applied:
+        key = self.controls.key(self.model)
+        if key is None:
+            return Applied("found no model to switch", {}, changed=False)
+        switched = self.controls.executor.switch_device(key, cause=f"guardian: {reason}")
+        if switched is None:
+            return Applied(f"found no other device serving {key.name}", {}, changed=False)
+        return Applied(
+            f"switched {key.name} from device {switched[0]} to {switched[1]}",
+            {"model": key.name, "from_device": switched[0], "to_device": switched[1]},
+        )
+
+
 class Alert(Action):
     async def apply(self, reason: str) -> Applied:
         # Every guardian record goes to the alert channels; this action only notifies.
@@ -341,19 +355,18 @@ _CLASSES: dict[str, type[Action]] = {
     "scale_workers": ScaleWorkers,
     "degrade_steps": DegradeSteps,
     "cache_recent_results": CacheRecentResults,
+    "switch_device": SwitchDevice,
     "alert": Alert,
-}
-
-_NOT_SUPPORTED = {
-    "switch_device": "switch_device is not supported in this build: a device fallback "
-    "chain (scheduler.strategy fallback_chain) already switches devices by its breakers",
 }
 
 
 def check_supported(spec: ActionSpec, controls: Controls) -> None:
     """Raise :class:`ConfigError` for an action this build (or server) cannot carry out."""
-    if spec.name in _NOT_SUPPORTED:
-        raise ConfigError(f"self_healing: {_NOT_SUPPORTED[spec.name]}")
+    if spec.name == "switch_device" and not controls.executor.has_device_chain:
+        raise ConfigError(
+            "self_healing: switch_device needs a device chain to switch along: add a "
+            "fallback_chain strategy under scheduler.strategies"
+        )
     if spec.name == "trigger_defrag" and controls.defragmenter is None:
         raise ConfigError(
             "self_healing: not supported in this build: trigger_defrag needs the memory manager"
