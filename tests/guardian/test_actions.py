@@ -13,11 +13,11 @@ from sordino.config.self_healing import SelfHealingConfig, parse_action
 from sordino.errors import ConfigError, Unavailable
 from sordino.events import EventSink
 from sordino.execution.chain import ChainExecutor
-from sordino.guardian import Controls, build_action
+from sordino.guardian import Controls, Guardian, build_action
 from sordino.inference import InferRequest
 from sordino.records import QueueSettings
 from sordino.testing import VirtualClock
-from sordino.testing.guardian import FakeDefragmenter, FakeStepDegrader
+from sordino.testing.guardian import FakeDefragmenter, FakeStepDegrader, ScriptedSeries
 
 
 def _controls(**extra: Any) -> Controls:
@@ -106,3 +106,34 @@ def test_skip_non_critical_and_shed_low_priority() -> None:
     assert _admitted(gate, 3, 10) == 0 and _admitted(gate, 2, 10) == 10
     stats = gate.statistics()
     assert stats.refused_non_critical == 10 and stats.refused_shed == 10
+
+
+async def test_fragmentation_over_the_threshold_is_defragmented_with_a_record() -> None:
+    """memory_fragmentation over 65 % for the window → trigger_defrag → below it; the
+    record carries the manager's before/after figures."""
+    clock = VirtualClock(start=0.0)
+    memory = FakeDefragmenter(0.8)
+    controls = _controls(defragmenter=memory)
+    series, sink = ScriptedSeries(), EventSink()
+    config = SelfHealingConfig.model_validate(
+        {"triggers": [{"metric": "memory_fragmentation", "threshold": "65%", "window": "2s",
+                       "action": "trigger_defrag"}]}
+    )  # fmt: skip
+    guardian = Guardian(
+        config,
+        series=series,
+        make_action=lambda spec, model: build_action(spec, model, controls),
+        events=sink,
+        clock=clock,
+        wall=clock.now,
+    )
+    for t in range(7):
+        series.add(t, "m", fragmentation=memory.fragmentation)
+        await clock.advance(1.0)
+        guardian.evaluate()
+        await clock.settle()
+    (record,) = [e.payload for e in sink.recent("guardian")]
+    assert record["action"] == "trigger_defrag" and record["verify"] == "cleared"
+    assert record["parameters"]["fragmentation_before"] == 0.8
+    assert record["parameters"]["fragmentation_after"] == 0.05
+    assert record["observed"] == [0.8, 0.8] and record["after"] == 0.05
