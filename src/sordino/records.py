@@ -301,3 +301,4 @@ class GuardianStatistics:
     alert_channels: tuple[str, ...]
     alerts_sent: int
     alerts_failed: int
+    """Failed delivery attempts (each retry counts) and alerts dropped from a full queue."""

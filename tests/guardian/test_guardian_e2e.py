@@ -214,7 +214,7 @@ def test_surge_scales_up_and_drop_alerts_while_a_dead_channel_changes_nothing() 
                 server.runtime.guardian is not None
                 and server.runtime.guardian.statistics().alerts_failed >= 1
             ),
-            "the dead channel to give up",
+            "a delivery to the dead channel to fail",
             60,
         )
         assert events(server, "recovery_done")  # the new instances were ramped in

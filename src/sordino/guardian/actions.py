@@ -119,6 +119,13 @@ class Action:
         self.spec = spec
         self.model = model
         self.controls = controls
+        self.worst_model: str | None = None
+        """Set by the guardian for a trigger over every model: where the metric was worst
+        (the model a restart, scale or device switch acts on)."""
+
+    def target(self) -> ModelKey | None:
+        """The model a per-model action acts on: its own, else the worst one."""
+        return self.controls.key(self.model or self.worst_model)
 
     @property
     def conflict_key(self) -> tuple[str, str | None]:
@@ -148,7 +155,7 @@ def _further(before: float, after: float) -> bool:
 
 class RestartWorker(Action):
     async def apply(self, reason: str) -> Applied:
-        key = self.controls.key(self.model)
+        key = self.target()
         if key is None:
             return Applied("found no model to restart", {}, changed=False)
         index = self.controls.worst_instance(key)
@@ -251,7 +258,7 @@ class ScaleWorkers(Action):
         return ("scale", self.model)
 
     async def apply(self, reason: str) -> Applied:
-        key = self.controls.key(self.model)
+        key = self.target()
         if key is None:
             return Applied("found no model to scale", {}, changed=False)
         config = self.controls.config
@@ -328,7 +335,7 @@ class CacheRecentResults(Action):
 
 class SwitchDevice(Action):
     async def apply(self, reason: str) -> Applied:
-        key = self.controls.key(self.model)
+        key = self.target()
         if key is None:
             return Applied("found no model to switch", {}, changed=False)
         switched = self.controls.executor.switch_device(key, cause=f"guardian: {reason}")

@@ -140,7 +140,7 @@ class AlertSender:
             queue.put_nowait(record)
 
     def counts(self) -> tuple[int, int]:
-        """(alerts delivered, alerts given up on) over every channel."""
+        """(alerts delivered, failed delivery attempts and alerts dropped) over every channel."""
         return sum(c.sent for c in self._channels), sum(c.failed for c in self._channels)
 
     async def _deliver(self, channel: _Channel) -> None:
@@ -155,8 +155,8 @@ class AlertSender:
                     channel.sent += 1
                     break
                 except Exception as exc:
+                    channel.failed += 1
                     if attempt == self._retries:
-                        channel.failed += 1
                         log.warning(
                             "alert to %s failed %d times, dropped: %s",
                             channel.spec,

@@ -183,8 +183,12 @@ class Guardian:
         now = self._clock.now()
         last = self._series.statistics().last_closed
         end_s = (last + 1) if last is not None else int(self._wall())
-        rows = self._series.recent()
-        resources = self._series.recent_resources()
+        # Enough seconds for the longest window (twice it for a change, plus verifying).
+        keep = max(
+            (2 * max(t.config.window_s, t.config.verify_s) for t in self._triggers), default=1
+        )
+        rows = self._series.recent(int(keep) + 2)
+        resources = self._series.recent_resources(int(keep) + 2)
         self._timing_rows = {
             name: self._timings(name) if self._timings is not None else {}
             for name in ("network_latency", "frame_delay")
@@ -285,6 +289,7 @@ class Guardian:
         spec = trigger.specs[min(trigger.step, len(trigger.specs) - 1)]
         model = trigger.config.model
         action = self._make_action(spec, model)
+        action.worst_model = trigger.measure.model if trigger.measure is not None else None
         busy = {
             r.action.conflict_key for t in self._triggers for r in t.running() if t is not trigger
         }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -150,27 +151,20 @@ def _event_json(
     return {"t": t, "kind": kind, "subject": subject, "cause": cause, "payload": payload}
 
 
-def _events(runtime: Runtime, since: float, kind: str | None) -> list[dict[str, Any]]:
-    """Events with ``t > since`` (of ``kind``), oldest first: the journal's, then memory's."""
-    recent = [e for e in runtime.events.recent(kind) if e.time > since]
-    out: list[dict[str, Any]] = []
-    journal = runtime.telemetry.journal
-    oldest = recent[0].time if recent else time.time()
-    kept = runtime.events.recent()
-    if journal is not None and kept and kept[0].time > since:
-        # The sink keeps the last events only; older ones are read back from the journal.
-        try:
-            with JournalReader(journal.path) as reader:
-                window = reader.window(since, min(oldest, kept[0].time))
-            out = [
-                _event_json(e.t, e.kind, e.subject, e.cause, e.payload)
-                for e in window.events
-                if (kind is None or e.kind == kind) and e.t > since
-            ]
-        except MissingJournal:
-            out = []
-    out += [_event_json(e.time, e.kind, e.subject, e.cause, e.payload) for e in recent]
-    return out
+def _journal_events(
+    path: Path, since: float, until: float, kind: str | None
+) -> list[dict[str, Any]]:
+    """Journaled events with ``since < t < until`` (of ``kind``), oldest first."""
+    try:
+        with JournalReader(path) as reader:
+            window = reader.window(since, until)
+    except MissingJournal:
+        return []
+    return [
+        _event_json(e.t, e.kind, e.subject, e.cause, e.payload)
+        for e in window.events
+        if (kind is None or e.kind == kind) and since < e.t < until
+    ]
 
 
 def guardian_routes(runtime: Runtime, guard: Any, access: AdminAccess) -> list[Route]:
@@ -197,8 +191,20 @@ def guardian_routes(runtime: Runtime, guard: Any, access: AdminAccess) -> list[R
                 f"since {raw!r} is not a duration (e.g. 1h, 30m) or after is not a time"
             ) from None
         kind = request.query_params.get("kind") or None
-        loop = asyncio.get_running_loop()
-        found = await loop.run_in_executor(None, _events, runtime, since, kind)
+        # The sink keeps the last events only; older ones are read back from the journal.
+        kept = runtime.events.recent()
+        found = [
+            _event_json(e.time, e.kind, e.subject, e.cause, e.payload)
+            for e in kept
+            if e.time > since and (kind is None or e.kind == kind)
+        ]
+        journal = runtime.telemetry.journal
+        if journal is not None and kept and kept[0].time > since:
+            loop = asyncio.get_running_loop()
+            older = await loop.run_in_executor(
+                None, _journal_events, journal.path, since, kept[0].time, kind
+            )
+            found = older + found
         return _json({"events": found[-5000:]})
 
     return [
