@@ -306,3 +306,35 @@ def test_slow_primary_device_is_switched_away_from() -> None:
             "from_device": "cpu_fast",
             "to_device": "cpu_wide",
         }
+
+
+def test_ready_is_false_while_no_instance_can_serve() -> None:
+    """A crashed worker waiting out its restart backoff: /v2/health/ready answers 503
+    naming nothing served, and 200 again once the worker is back."""
+    config = RuntimeConfig.model_validate(
+        {"server": {"admin_token": TOKEN}, "workers": {"restart_backoff": "3s"}}
+    )
+    with serve_in_thread(config, digits()) as server:
+        admin = AdminClient(server.url, TOKEN)
+        admin.inject("worker:digits-classifier", "crash", rate=1.0)
+
+        def send() -> None:
+            with httpx.Client(base_url=server.url, timeout=60) as client:
+                client.post(INFER, json=BODY)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        wait_for(
+            lambda: httpx.get(server.url + "/v2/health/ready").status_code == 503,
+            "ready to turn false while the only worker restarts",
+            30,
+        )
+        body = httpx.get(server.url + "/health").json()
+        assert body["failing"] == {"digits-classifier/1": body["reason"]}
+        admin.clear()
+        wait_for(
+            lambda: httpx.get(server.url + "/v2/health/ready").status_code == 200,
+            "ready again once the worker serves",
+            60,
+        )
+        sender.join(60)

@@ -397,6 +397,11 @@ class ChainExecutor:
 
     # -- the guardian's controls ------------------------------------------------------
 
+    def serving(self, key: ModelKey) -> int:
+        """How many instances of ``key`` can take a batch now."""
+        entry = self._models.get(key)
+        return sum(1 for i in entry.instances() if i.serving) if entry is not None else 0
+
     @property
     def has_device_chain(self) -> bool:
         """True when a fallback chain gives models more than one device to run on."""

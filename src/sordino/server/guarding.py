@@ -39,7 +39,7 @@ from sordino.telemetry.journal_reader import JournalReader, MissingJournal
 if TYPE_CHECKING:
     from sordino.server.runtime import Runtime
 
-__all__ = ["deep_health", "guardian_routes", "health_response", "open_guardian"]
+__all__ = ["deep_health", "guardian_routes", "health_response", "not_serving", "open_guardian"]
 
 DEEP_HEALTH_TIMEOUT_S = 10.0
 
@@ -68,6 +68,11 @@ async def deep_health(runtime: Runtime, timeout_s: float = DEEP_HEALTH_TIMEOUT_S
 
     results = await asyncio.gather(*(probe(m.key) for m in models))
     return {str(m.key): r for m, r in zip(models, results, strict=True) if r is not None}
+
+
+def not_serving(runtime: Runtime) -> list[str]:
+    """The loaded models none of whose instances can take a batch now."""
+    return [str(m.key) for m in runtime.models() if runtime.executor.serving(m.key) == 0]
 
 
 class _WorstInstance:
@@ -219,6 +224,12 @@ async def health_response(runtime: Runtime, request: Request) -> Response:
     deep = request.query_params.get("deep", "false").lower() in ("1", "true", "yes")
     if not runtime.ready:
         return _json({"ready": False, "reason": "the server is not serving"}, 503)
+    down = not_serving(runtime)
+    if down:
+        reason = "no instance can serve " + ", ".join(down)
+        return _json(
+            {"ready": False, "reason": reason, "failing": dict.fromkeys(down, reason)}, 503
+        )
     if not deep:
         return _json({"ready": True})
     failing = await deep_health(runtime)

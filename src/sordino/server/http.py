@@ -26,7 +26,7 @@ from sordino.protocol.codec import (
     encode_json,
 )
 from sordino.server.fast_infer import error_parts, with_fast_infer
-from sordino.server.guarding import guardian_routes, health_response
+from sordino.server.guarding import guardian_routes, health_response, not_serving
 from sordino.server.http_routes import extra_routes
 from sordino.server.model_config import model_metadata_json, triton_config_json
 from sordino.server.model_control import ModelControl
@@ -90,7 +90,9 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
     async def ready(request: Request) -> Response:
         if "deep" in request.query_params:
             return await health_response(runtime, request)
-        return Response(status_code=200 if runtime.ready else 503)
+        # Not ready while a loaded model has no instance that can serve (all restarting).
+        serving = runtime.ready and not not_serving(runtime)
+        return Response(status_code=200 if serving else 503)
 
     async def model_metadata(request: Request) -> Response:
         name, version = _model_params(request)
