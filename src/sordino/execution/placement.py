@@ -116,13 +116,17 @@ async def choose(
         if candidates:
             pool = [i for i in candidates[0].instances if id(i) in usable]
             full = any(i.share >= 1 for i in pool)
+            if full and len(pool) > 1 and any(i.share < 1 for i in pool):
+                # Ramping instances (progressive recovery) are offered each batch first,
+                # and take it in their share of the offers.
+                pool.sort(key=lambda i: i.share >= 1)
             for instance in pool:
                 if instance.busy:
                     continue
                 if instance.share < 1 and full:
                     # Ramping up (progressive recovery): offered its share of batches.
                     instance.credit += instance.share
-                    if instance.credit < 1:
+                    if instance.credit < 1 - 1e-9:
                         continue
                     instance.credit -= 1
                 instance.busy = True

@@ -19,6 +19,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+import psutil
+
 from sordino.admission.gate import TrafficGate
 from sordino.config.self_healing import ActionSpec, SelfHealingConfig
 from sordino.errors import ConfigError
@@ -264,11 +266,20 @@ class ScaleWorkers(Action):
         config = self.controls.config
         executor = self.controls.executor
         before = executor.instances(key)
+        delta = int(self.spec.amount or 0)
+        if delta > 0:
+            room = _instances_memory_allows(executor, key)
+            if room is not None and room < delta:
+                delta = room
+                if room == 0:
+                    return Applied(
+                        f"left {key.name} at {before} instances (not enough free memory "
+                        "for another worker)",
+                        {"model": key.name, "instances": before},
+                        changed=False,
+                    )
         changed = await executor.scale(
-            key,
-            int(self.spec.amount or 0),
-            minimum=config.min_instances,
-            maximum=config.max_instances,
+            key, delta, minimum=config.min_instances, maximum=config.max_instances
         )
         after = executor.instances(key)
         if after == before:
@@ -298,6 +309,22 @@ class ScaleWorkers(Action):
             key, -delta, minimum=config.min_instances, maximum=config.max_instances
         )
         return f"scaled {key.name} back from {before} to {executor.instances(key)} instances"
+
+
+def _instances_memory_allows(executor: ChainExecutor, key: ModelKey) -> int | None:
+    """How many more workers of ``key`` the machine's free memory holds (each as large as
+    its largest worker now, with a quarter to spare); None when that cannot be told."""
+    sizes = []
+    for worker in executor.statistics().workers:
+        if worker.model == key.name and worker.version == key.version and worker.pid:
+            try:
+                sizes.append(psutil.Process(worker.pid).memory_info().rss)
+            except (psutil.Error, OSError):
+                continue
+    if not sizes:
+        return None
+    available = psutil.virtual_memory().available
+    return max(0, int(available // (max(sizes) * 1.25)))
 
 
 class DegradeSteps(Action):
