@@ -91,3 +91,26 @@ def _digits() -> Path:
     import sordino.models.builtin as builtin
 
     return Path(builtin.__file__).parent / "digits-classifier.onnx"
+
+
+def test_the_brief_network_and_game_shapes_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """network_latency → cache_recent_results and frame_delay → skip_non_critical, as the
+    brief writes them, start and are watched."""
+    monkeypatch.setenv("SORDINO_ADMIN_TOKEN", TOKEN)
+    config = tmp_path / "runtime_config.yaml"
+    config.write_text(
+        "scheduler:\n  mode: conservative\nself_healing:\n  triggers:\n"
+        '    - metric: "network_latency"\n      threshold: "500ms"\n'
+        '      action: "cache_recent_results"\n'
+        '    - metric: "frame_delay"\n      threshold: "16ms"\n'
+        '      action: "skip_non_critical"\n',
+        encoding="utf-8",
+    )
+    args = ["--config", str(config), "--model", str(_digits()), "--guardian-mode", "true"]
+    with sordino_start(args, tmp_path) as server:
+        code, out = _run("guardian", "status", "--url", server.url)
+        assert code == 0, out
+        assert "network_latency: " in out and "vs 500ms over 30 s [ok]" in out
+        assert "frame_delay: " in out and "next: skip_non_critical" in out
