@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,6 +21,7 @@ import pytest
 
 from sordino.config import RuntimeConfig
 from sordino.control.client import AdminClient
+from sordino.telemetry.journal_reader import JournalReader
 from sordino.testing import RunningServer, serve_in_thread
 from tests.execution.load import BODY, Load, digits, events
 from tests.waiting import wait_for
@@ -90,10 +92,10 @@ def _receiver() -> Iterator[Receiver]:
 
 
 def test_error_fault_restarts_the_worst_worker_and_alerts_slack(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """error at rate 0.5 on instance 1 → restart_worker of instance 1 within 3 s of the
-    window; no error after it; one record, also delivered to Slack in its format."""
+    window; no error after it; one record, journaled, also delivered to Slack."""
     with _receiver() as slack:
         monkeypatch.setenv("SORDINO_SLACK_WEBHOOK", slack.url)
         trigger = {
@@ -104,7 +106,7 @@ def test_error_fault_restarts_the_worst_worker_and_alerts_slack(
             "action": "restart_worker",
         }
         config = _config(trigger, alert_channels=["slack:#runtime-guard"])
-        with serve_in_thread(config, digits(instance_count=2)) as server:
+        with serve_in_thread(config, digits(instance_count=2), data_dir=tmp_path) as server:
             admin = AdminClient(server.url, TOKEN)
             with Load(server.url, clients=4) as load:
                 load.wait_ok(30)
@@ -123,6 +125,17 @@ def test_error_fault_restarts_the_worst_worker_and_alerts_slack(
             restarted = events(server, "worker_restarted")
             assert [e.subject for e in restarted] == ["digits-classifier/1"]
             wait_for(lambda: slack.bodies, "the Slack webhook to receive the record", 30)
+            journal = tmp_path / config.telemetry.journal_file
+
+            def journaled() -> list[Any]:
+                with JournalReader(journal) as reader:
+                    return reader.latest_events("guardian", time.time() + 1)
+
+            wait_for(journaled, "the record in the journal", 30)
+            (kept,) = journaled()
+            assert kept.payload["explanation"] == record["explanation"]
+            assert {"trigger", "observed", "action", "parameters", "started", "ended",
+                    "verify", "rolled_back"} <= set(kept.payload)  # fmt: skip
         (message,) = slack.bodies
         assert message["channel"] == "#runtime-guard"
         assert record["explanation"] in message["text"]
