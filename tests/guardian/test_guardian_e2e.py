@@ -118,7 +118,7 @@ def test_error_fault_restarts_the_worst_worker_and_alerts_slack(
             (record,) = _records(server)
             assert record["action"] == "restart_worker" and record["verify"] == "cleared"
             assert record["parameters"] == {"model": "digits-classifier", "instance": 1}
-            assert record["started"] - (injected + 2.0) < 3.0 + 2.0  # 2 s: rows close late
+            assert record["started"] - (injected + 2.0) < 3.0 + 4.0  # generous: a loaded 2-core CI
             assert "restarted instance 1" in record["explanation"]
             assert len(load.errors) == errors_after  # error rate back to 0
             assert admin.faults() == []  # the sick process (and its fault) is gone
@@ -182,7 +182,7 @@ def test_surge_scales_up_and_drop_alerts_while_a_dead_channel_changes_nothing() 
         {
             "metric": "qps",
             "model": "digits-classifier",
-            "threshold": "sudden_rise>100% in 2s",
+            "threshold": "sudden_rise>300% in 2s",
             "cooldown": "30s",
             "action": "scale_workers +2",
         },
