@@ -34,6 +34,7 @@ async def test_a_late_request_reports_how_late_it_was() -> None:
     """A request with a 300 ms deadline that takes 1 s ends 0.7 s late; frame_delay says so."""
     clock = VirtualClock(start=100.0)
     timings = TimingSeries(wall=clock.now)
+    timings.enabled = True
     arena = Arena(1 << 16)
     executor = ScriptedExecutor(clock, latency=lambda rows: 1.0, fn=lambda b: b, arena=arena)
     scheduler = ModelScheduler(
@@ -67,6 +68,7 @@ async def test_frame_delay_over_16ms_skips_non_critical() -> None:
     """The guardian reads frame_delay from the timings: over 16 ms for the window → act."""
     clock = VirtualClock(start=0.0)
     series, timings = ScriptedSeries(), TimingSeries(wall=clock.now)
+    timings.enabled = True
     actions = RecordingActions(clock.now)
     config = SelfHealingConfig.model_validate(
         {"triggers": [{"metric": "frame_delay", "threshold": "16ms", "window": "2s",

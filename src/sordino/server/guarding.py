@@ -109,6 +109,10 @@ def open_guardian(runtime: Runtime) -> Guardian:
                 f"self_healing: the metric {trigger.metric} is not supported in this build "
                 f"(measured: {', '.join(sorted(SUPPORTED))})"
             )
+    # The request timings are recorded only when a trigger reads them.
+    runtime.timings.enabled = any(
+        t.metric in ("network_latency", "frame_delay") for t in config.triggers
+    )
     alerts = (
         AlertSender(config.alert_channels, clock=runtime.clock) if config.alert_channels else None
     )

@@ -8,7 +8,9 @@
 :class:`TimingSeries` is a scheduler observer (for lateness) that the HTTP transport
 also calls (:meth:`TimingSeries.body_read`). It keeps, per model and wall-clock
 second, the 99th percentile of each, for the last ``window_s`` seconds, in memory
-only (the guardian reads them; they are not journaled).
+only (the guardian reads them; they are not journaled). It records nothing until
+:attr:`TimingSeries.enabled` is set (by the guardian, for a trigger on one of them),
+so a server without such a trigger pays one attribute check per request.
 """
 
 from __future__ import annotations
@@ -35,13 +37,21 @@ class TimingSeries:
         self._window = window_s
         self._open: dict[tuple[str, ModelKey, int], list[float]] = {}
         self._closed: dict[tuple[str, ModelKey], deque[tuple[int, float]]] = {}
+        self._second = 0
+        self.enabled = False
 
     def body_read(self, model: ModelKey, seconds: float) -> None:
         """One request's body took ``seconds`` to arrive after its headers."""
-        self._add("network_latency", model, seconds)
+        if self.enabled:
+            self._add("network_latency", model, seconds)
 
     def _add(self, name: str, model: ModelKey, value: float) -> None:
-        key = (name, model, int(self._wall()))
+        second = int(self._wall())
+        if second != self._second:
+            # A new second: close the past ones, so nothing grows while nobody reads.
+            self._second = second
+            self._close(second)
+        key = (name, model, second)
         values = self._open.get(key)
         if values is None:
             values = self._open[key] = []
@@ -50,7 +60,7 @@ class TimingSeries:
     # -- SchedulerObserver -----------------------------------------------------------
 
     def request_done(self, done: RequestDone) -> None:
-        if done.late_s is not None:
+        if self.enabled and done.late_s is not None:
             self._add("frame_delay", done.model, done.late_s)
 
     def batch_done(self, done: BatchDone) -> None:
