@@ -10,6 +10,7 @@ per loaded model.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
     from sordino.server.runtime import Runtime
 
 __all__ = ["deep_health", "guardian_routes", "health_response", "not_serving", "open_guardian"]
+
+log = logging.getLogger("sordino.guardian")
 
 DEEP_HEALTH_TIMEOUT_S = 10.0
 
@@ -109,6 +112,8 @@ def open_guardian(runtime: Runtime) -> Guardian:
                 f"self_healing: the metric {trigger.metric} is not supported in this build "
                 f"(measured: {', '.join(sorted(SUPPORTED))})"
             )
+    if not config.triggers:
+        log.warning("the guardian is on but self_healing.triggers is empty: it has nothing to do")
     # The request timings are recorded only when a trigger reads them.
     runtime.timings.enabled = any(
         t.metric in ("network_latency", "frame_delay") for t in config.triggers

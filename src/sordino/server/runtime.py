@@ -126,7 +126,14 @@ class Runtime:
         ended without closing them (SIGKILL, a crash) are removed, each reported.
         """
         self.remove_stale_segments()
-        if self.config.self_healing.enabled:
+        healing = self.config.self_healing
+        if not healing.enabled and (healing.triggers or healing.alert_channels):
+            log.warning(
+                "self_healing lists %d trigger(s) but the guardian is off: start with "
+                "--guardian-mode true (or self_healing.enabled: true) to run them",
+                len(healing.triggers),
+            )
+        if healing.enabled:
             # Built first: an action this build cannot carry out fails start-up at once.
             self.guardian = open_guardian(self)
         await self.telemetry.start()
