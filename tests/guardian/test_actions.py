@@ -137,3 +137,13 @@ async def test_fragmentation_over_the_threshold_is_defragmented_with_a_record() 
     assert record["parameters"]["fragmentation_before"] == 0.8
     assert record["parameters"]["fragmentation_after"] == 0.05
     assert record["observed"] == [0.8, 0.8] and record["after"] == 0.05
+
+
+def test_worse_follows_the_direction_of_the_threshold() -> None:
+    """For '> x' a rise past +10 % is worse; for 'below x' a fall past -10 % is."""
+    action = build_action(parse_action("alert"), None, _controls())
+    assert action.verify(0.10, 0.12, True, ">") == "worse"
+    assert action.verify(0.10, 0.105, True, ">") == "not cleared"
+    assert action.verify(0.80, 0.70, True, "<") == "worse"
+    assert action.verify(0.80, 0.90, True, "<") == "not cleared"
+    assert action.verify(0.80, 0.50, False, "<") == "cleared"

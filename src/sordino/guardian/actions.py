@@ -137,12 +137,15 @@ class Action:
     async def apply(self, reason: str) -> Applied:
         raise NotImplementedError
 
-    def verify(self, before: float | None, after: float | None, holds_after: bool) -> Verdict:
+    def verify(
+        self, before: float | None, after: float | None, holds_after: bool, op: str = ">"
+    ) -> Verdict:
         """``cleared`` when the condition no longer holds; ``worse`` when the metric moved
-        further past the threshold by more than 10 %; else ``not cleared``."""
+        further past the threshold (up for ``>``, down for ``<``) by more than 10 %; else
+        ``not cleared``."""
         if not holds_after:
             return "cleared"
-        if before is not None and after is not None and _further(before, after):
+        if before is not None and after is not None and _further(before, after, op):
             return "worse"
         return "not cleared"
 
@@ -151,8 +154,10 @@ class Action:
         return None
 
 
-def _further(before: float, after: float) -> bool:
-    return abs(after) > abs(before) * 1.1 + 1e-9
+def _further(before: float, after: float, op: str) -> bool:
+    if op in (">", ">="):
+        return after > before + abs(before) * 0.1 + 1e-9
+    return after < before - abs(before) * 0.1 - 1e-9
 
 
 class RestartWorker(Action):

@@ -79,6 +79,7 @@ class _Running:
     started: float
     before: Measure
     p99_before: float | None
+    detected: float | None = None
     applied: Applied | None = None
     applied_wall: float = 0.0
     verify_at: float = 0.0
@@ -204,10 +205,9 @@ class Guardian:
         end_s: int,
         since_s: int | None,
         window_s: float | None = None,
-        threshold: Threshold | None = None,
     ) -> Measure:
         return measure(
-            threshold or trigger.threshold,
+            trigger.threshold,
             rows,
             resources,
             model=trigger.config.model,
@@ -302,6 +302,7 @@ class Guardian:
             started=now,
             before=trigger.measure,
             p99_before=self._p99(rows, trigger.measure.model or model, end_s, trigger),
+            detected=trigger.holding_since,
         )
         trigger.applying = running
         trigger.last_fired = now
@@ -365,7 +366,9 @@ class Guardian:
         if after.value is None and trigger.threshold.change is None:
             holds_after = False
         action = running.action
-        verdict = action.verify(running.before.value, after.value, holds_after)
+        verdict = action.verify(
+            running.before.value, after.value, holds_after, trigger.threshold.op
+        )
         target_model = running.before.model or trigger.config.model
         p99_after = self._p99(rows, target_model, end_s, trigger, since_s=since)
         p99_worse = (
@@ -489,6 +492,7 @@ class Guardian:
             "value": value,
             "action": action,
             "parameters": running.applied.parameters if running.applied else {},
+            "detected": running.detected,
             "started": running.started_wall,
             "ended": self._wall(),
             "verify": verify,
