@@ -7,6 +7,9 @@
   tested without a backend or a worker process.
 - :func:`serve_in_thread`: real HTTP and gRPC servers on free loopback ports, in a
   background thread, yielding a :class:`RunningServer` for tests that use real clients.
+- :mod:`sordino.testing.guardian`: scripted per-second rows, recording actions, and
+  stand-ins for the memory manager's defragmenter and the step degrader, to test the
+  guardian on virtual time.
 
 Faults on a running server are injected with the real chaos API
 (:class:`sordino.control.client.AdminClient`), not with a double. The runtime itself
