@@ -28,8 +28,10 @@ from sordino.guardian import (
     SUPPORTED,
     AlertSender,
     Controls,
+    Defragmenter,
     Guardian,
     Recovery,
+    StepDegrader,
     build_action,
     check_supported,
 )
@@ -134,14 +136,18 @@ def open_guardian(runtime: Runtime) -> Guardian:
         events=runtime.events,
         start_timeout_s=runtime.config.workers.start_timeout,
     )
+    # What other parts provide when this build has them (the memory manager, the
+    # diffusion models' step degrader); an object without the method does not count.
+    memory = getattr(runtime, "memory", None)
+    degrader = getattr(runtime, "step_degrader", None)
     controls = Controls(
         executor=runtime.executor,
         gate=runtime.gate,
         config=config,
         models=lambda: [m.key for m in runtime.models()],
         worst_instance=_WorstInstance(runtime),
-        defragmenter=getattr(runtime, "memory", None),
-        step_degrader=getattr(runtime, "step_degrader", None),
+        defragmenter=memory if isinstance(memory, Defragmenter) else None,
+        step_degrader=degrader if isinstance(degrader, StepDegrader) else None,
         result_cache=runtime.result_cache,
         recover=recovery,
     )
