@@ -21,8 +21,10 @@ import pytest
 
 from sordino.config import RuntimeConfig
 from sordino.control.client import AdminClient
+from sordino.server.runtime import Runtime
 from sordino.telemetry.journal_reader import JournalReader
 from sordino.testing import RunningServer, serve_in_thread
+from sordino.testing.guardian import FakeDefragmenter
 from tests.execution.load import BODY, Load, digits, events
 from tests.waiting import wait_for
 
@@ -351,3 +353,33 @@ def test_ready_is_false_while_no_instance_can_serve() -> None:
             60,
         )
         sender.join(60)
+
+
+def test_fragmentation_drives_defrag_through_the_runtime() -> None:
+    """A runtime whose memory manager (here the double the memory branch's manager
+    replaces) reports 80 % fragmentation → trigger_defrag → 5 %; the record has both."""
+    memory = FakeDefragmenter(0.8)
+
+    class Pool:
+        @property
+        def fragmentation(self) -> float:
+            return memory.fragmentation
+
+    def prepare(runtime: Runtime) -> None:
+        runtime.memory = memory  # type: ignore[attr-defined]
+        runtime.telemetry.resources.add_pool("managed", Pool)
+
+    trigger = {
+        "metric": "memory_fragmentation",
+        "threshold": "65%",
+        "window": "2s",
+        "action": "trigger_defrag",
+    }
+    with serve_in_thread(_config(trigger), digits(), prepare=prepare) as server:
+        wait_for(lambda: _records(server), "the defrag record", 60)
+        (record,) = _records(server)
+    assert record["action"] == "trigger_defrag" and record["verify"] == "cleared"
+    assert record["parameters"]["fragmentation_before"] == 0.8
+    assert record["parameters"]["fragmentation_after"] == 0.05
+    assert "fragmentation 80% → 5%" in record["explanation"]
+    assert len(memory.reasons) == 1
