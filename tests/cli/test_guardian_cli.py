@@ -69,14 +69,19 @@ def test_guardian_mode_acts_records_and_alerts(
          "trigger_defrag needs the memory manager"),
         ("{metric: p95_latency, threshold: '200ms', action: alert}",
          "p95_latency is not supported in this build"),
+        ("{metric: qps, threshold: 'sudden_drop>40% in 10m', action: alert}",
+         "raise telemetry.recent_window"),
+        ("{metric: qps, threshold: '> 5', action: alert}\n  alert_channels: ['slack:#ops']",
+         "needs the Slack incoming-webhook URL in $SORDINO_SLACK_WEBHOOK"),
     ],
 )  # fmt: skip
 def test_start_refuses_what_this_build_cannot_do(
-    tmp_path: Path, trigger: str, message: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trigger: str, message: str
 ) -> None:
     """A trigger this build cannot serve stops start-up with exit 2 and a clear line."""
     config = tmp_path / "c.yaml"
     config.write_text(f"self_healing:\n  triggers:\n    - {trigger}\n", encoding="utf-8")
+    monkeypatch.delenv("SORDINO_SLACK_WEBHOOK", raising=False)
     done = subprocess.run(
         [sys.executable, "-m", "sordino", "start", "--config", str(config), "--guardian-mode",
          "true", "--http-port", "0", "--grpc-port", "0", "--data-dir", str(tmp_path / "d"),

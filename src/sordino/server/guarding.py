@@ -114,6 +114,17 @@ def open_guardian(runtime: Runtime) -> Guardian:
                 f"self_healing: the metric {trigger.metric} is not supported in this build "
                 f"(measured: {', '.join(sorted(SUPPORTED))})"
             )
+    kept = runtime.config.telemetry.recent_window
+    for trigger in config.triggers:
+        needed = max(trigger.window_s, trigger.verify_s) * (
+            2 if trigger.parsed_threshold().change else 1
+        )
+        if needed > kept:
+            raise ConfigError(
+                f"self_healing: the trigger '{trigger.name}' needs {needed:g} s of series "
+                f"but the server keeps {kept:g} s in memory: shorten its window or raise "
+                "telemetry.recent_window"
+            )
     if not config.triggers:
         log.warning("the guardian is on but self_healing.triggers is empty: it has nothing to do")
     # The request timings are recorded only when a trigger reads them.
