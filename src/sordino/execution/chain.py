@@ -505,6 +505,16 @@ class ChainExecutor:
         entry.signal.fire()
         return serving[0].name, serving[1].name
 
+    def restore_device(self, key: ModelKey, device: str, *, cause: str) -> bool:
+        """Close the breaker :meth:`switch_device` opened on ``device``; False if not open."""
+        entry = self._model(key)
+        slot = next((t for t in entry.tiers if t.name == device), None)
+        if slot is None or slot.breaker is None or slot.breaker.state == "closed":
+            return False
+        slot.breaker.reset(cause)
+        entry.signal.fire()
+        return True
+
     async def warm_up(self, key: ModelKey, instance: Instance, batches: int) -> int:
         """Run ``batches`` zero-filled one-row batches on ``instance``; return how many ran."""
         entry = self._model(key)

@@ -366,6 +366,21 @@ class CacheRecentResults(Action):
 
 
 class SwitchDevice(Action):
+    reversible = True
+
+    def __init__(self, spec: ActionSpec, model: str | None, controls: Controls) -> None:
+        super().__init__(spec, model, controls)
+        self._switched: tuple[ModelKey, str] | None = None
+
+    async def revert(self) -> str | None:
+        if self._switched is None:
+            return None
+        key, device = self._switched
+        self._switched = None
+        if not self.controls.executor.restore_device(key, device, cause="guardian: switch back"):
+            return f"found device {device} already back for {key.name}"
+        return f"switched {key.name} back to device {device}"
+
     async def apply(self, reason: str) -> Applied:
         key = self.target()
         if key is None:
@@ -373,6 +388,7 @@ class SwitchDevice(Action):
         switched = self.controls.executor.switch_device(key, cause=f"guardian: {reason}")
         if switched is None:
             return Applied(f"found no other device serving {key.name}", {}, changed=False)
+        self._switched = (key, switched[0])
         return Applied(
             f"switched {key.name} from device {switched[0]} to {switched[1]}",
             {"model": key.name, "from_device": switched[0], "to_device": switched[1]},
