@@ -195,7 +195,7 @@ def _canonical(metric: str) -> str:
 def describe_value(metric: str, value: float | None, *, change: bool = False) -> str:
     """``value`` in words with its unit: "12 %", "512 ms", "85 °C", "2000"."""
     if value is None:
-        return "unknown"
+        return "no data"
     if change:
         return f"{value * 100:.0f} %"
     kind = METRICS.get(_canonical(metric), "count")
