@@ -137,3 +137,31 @@ async def test_no_action_during_cooldown_and_budget_never_exceeded(
     assert all(b - a >= cooldown for a, b in itertools.pairwise(times))
     assert len(times) <= budget  # the whole run lies within one hour
     assert h.guardian.statistics().actions_last_hour == len(times)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    pattern=st.lists(st.tuples(st.booleans(), st.booleans()), min_size=10, max_size=60),
+    budget=st.integers(min_value=1, max_value=5),
+)
+async def test_the_budget_holds_across_triggers(
+    pattern: list[tuple[bool, bool]], budget: int
+) -> None:
+    """Two triggers firing independently never start more than the budget in an hour."""
+    config = SelfHealingConfig.model_validate(
+        {
+            "max_actions_per_hour": budget,
+            "triggers": [
+                {"metric": "error_rate", "threshold": "5%", "window": "1s", "cooldown": "1s",
+                 "action": "restart_worker"},
+                {"metric": "p99_latency", "threshold": "50ms", "window": "1s", "cooldown": "1s",
+                 "actions": ["shed_low_priority", "scale_workers +1"]},
+            ],
+        }
+    )  # fmt: skip
+    h = Harness(config)
+    for errors, slow in pattern:
+        await h.second(errors=50 if errors else 0, p99_ms=90 if slow else 5)
+    assert len(h.actions.applied) <= budget
+    if any(e for e, _ in pattern[2:]) and budget:
+        assert h.actions.applied  # the triggers do act when allowed
