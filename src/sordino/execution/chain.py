@@ -454,7 +454,12 @@ class ChainExecutor:
                 self._instance(key, base + n, slot.name, device, path, config, entry.signal)
                 for n in range(target - count)
             ]
-            results = await asyncio.gather(*(i.open() for i in fresh), return_exceptions=True)
+            try:
+                results = await asyncio.gather(*(i.open() for i in fresh), return_exceptions=True)
+            except asyncio.CancelledError:
+                # Interrupted (the server stops): stop the workers already spawned.
+                await asyncio.gather(*(i.aclose() for i in fresh), return_exceptions=True)
+                raise
             added: list[Instance] = []
             for instance, result in zip(fresh, results, strict=True):
                 if isinstance(result, BaseException):
