@@ -34,6 +34,7 @@ _SERVING = frozenset(
         "control",
         "telemetry",
         "generation",
+        "guardian",
     }
 )
 
@@ -51,6 +52,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "generation": frozenset({"scheduling", "memory", "telemetry"}),
     "reports": frozenset({"telemetry"}),
     "loadtest": frozenset({"protocol", "telemetry", "reports"}),
+    "guardian": frozenset({"telemetry", "admission", "execution", "memory", "backends"}),
     "control": frozenset(
         {"execution", "scheduling", "memory", "backends", "telemetry", "protocol", "models"}
     ),

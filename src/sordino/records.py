@@ -117,6 +117,8 @@ class RequestDone:
     queue_s: float
     compute_s: float
     total_s: float
+    late_s: float | None = None
+    """For a request with a deadline: how long after it the request ended (0 if on time)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,3 +364,43 @@ class MemoryStatistics:
     """Requests refused because they alone are larger than the arena."""
     forecasts: tuple[MemoryForecast, ...] = ()
     """Per model: learned bytes per request and the peak the forecast implies."""
+
+
+# -- the guardian ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerStatistics:
+    """One guardian trigger now: its metric's value against its threshold, its state."""
+
+    name: str
+    metric: str
+    model: str | None
+    threshold: str
+    window_s: float
+    value: float | None
+    value_text: str
+    holds: bool
+    actions: tuple[str, ...]
+    next_action: str
+    cooldown_left_s: float
+    active: tuple[str, ...]
+    """Actions applied and not yet verified, or holding a change until the condition
+    has stayed clear for the cooldown."""
+    fired: int
+
+
+@dataclass(frozen=True, slots=True)
+class GuardianStatistics:
+    """The guardian: its triggers, the hourly action budget, the records it left."""
+
+    enabled: bool
+    interval_s: float
+    triggers: tuple[TriggerStatistics, ...]
+    budget_per_hour: int
+    actions_last_hour: int
+    records: int
+    alert_channels: tuple[str, ...]
+    alerts_sent: int
+    alerts_failed: int
+    """Failed delivery attempts (each retry counts) and alerts dropped from a full queue."""

@@ -20,6 +20,8 @@ def _describe(fault: dict[str, Any]) -> str:
     parts = [f"{fault['id']}: {fault['kind']} on {fault['target']} at rate {fault['rate']:g}"]
     if fault["kind"] == "latency":
         parts.append(f"+{fault['latency_s'] * 1000:.0f} ms")
+    if fault.get("celsius") is not None:
+        parts.append(f"reads {fault['celsius']:g} °C")
     if fault.get("remaining_s") is not None:
         parts.append(f"{fault['remaining_s']:.0f} s left")
     return ", ".join(parts)
@@ -65,11 +67,16 @@ def _run(call: Any) -> Any:
     help="A device, all instances of a model, or its N-th instance.",
 )
 @click.option(
-    "--fault", required=True, type=click.Choice(["error", "latency", "crash", "hang", "oom"])
+    "--fault",
+    required=True,
+    type=click.Choice(["error", "latency", "crash", "hang", "oom", "temperature"]),
 )
 @click.option("--rate", type=float, default=1.0, show_default=True, help="Share of batches hit.")
 @click.option("--latency", default="200ms", show_default=True, help="Added delay (latency).")
 @click.option("--duration", default=None, help="Clear by itself after this long (e.g. 30s).")
+@click.option(
+    "--celsius", type=float, default=None, help="The reading a temperature fault reports."
+)
 @_server_options
 @click.pass_context
 def inject(
@@ -79,12 +86,21 @@ def inject(
     rate: float,
     latency: str,
     duration: str | None,
+    celsius: float | None,
     url: str | None,
     token: str | None,
 ) -> None:
-    """Inject a fault; it acts inside the worker processes it targets."""
+    """Inject a fault; it acts inside the worker processes it targets.
+
+    A temperature fault (``--fault temperature --target device:cpu --celsius 85``)
+    overrides the device temperature sensor instead.
+    """
     client = _client(ctx, url, token)
-    spec = _run(lambda: client.inject(target, fault, rate=rate, latency=latency, duration=duration))
+    spec = _run(
+        lambda: client.inject(
+            target, fault, rate=rate, latency=latency, duration=duration, celsius=celsius
+        )
+    )
     click.echo(f"injected {_describe(spec)}")
 
 

@@ -10,6 +10,7 @@ from sordino import __version__
 from sordino.cli.chaos import chaos
 from sordino.cli.diagnose import diagnose
 from sordino.cli.event import event
+from sordino.cli.events import events, guardian
 from sordino.cli.generate import generate
 from sordino.cli.memory import memory
 from sordino.cli.models import models
@@ -43,6 +44,8 @@ cli.add_command(generate)
 cli.add_command(stress_test)
 cli.add_command(postmortem)
 cli.add_command(event)
+cli.add_command(events)
+cli.add_command(guardian)
 
 
 def main() -> None:

@@ -230,6 +230,21 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
     "--defrag-interval", help="Defragment the arena this often, e.g. 5m; 0 = never on a timer."
 )
 @click.option(
+    "--guardian-mode",
+    type=click.BOOL,
+    default=None,
+    metavar="true|false",
+    help="Run the guardian (self_healing.enabled): triggers that act on metrics.",
+)
+@click.option(
+    "--alert-channel",
+    "alert_channels",
+    multiple=True,
+    metavar="CHANNEL",
+    help="Where guardian records go (repeatable): slack:#channel (URL in "
+    "$SORDINO_SLACK_WEBHOOK), webhook:URL, file:PATH, log.",
+)
+@click.option(
     "--log-level",
     default="info",
     show_default=True,
@@ -251,6 +266,8 @@ def start(
     memory_pool: bool | None,
     pool_size: str | None,
     defrag_interval: str | None,
+    guardian_mode: bool | None,
+    alert_channels: tuple[str, ...],
     log_level: str,
 ) -> None:
     """Load models and serve them over KServe v2 HTTP and gRPC until Ctrl-C or SIGTERM.
@@ -275,6 +292,8 @@ def start(
         "memory.pool_size": pool_size,
         "memory.defrag_interval": defrag_interval,
         "model_repository": str(model_repository) if model_repository else None,
+        "self_healing.enabled": guardian_mode,
+        "self_healing.alert_channels": list(alert_channels) if alert_channels else None,
     }
     try:
         config = load_config(config_path, {k: v for k, v in overrides.items() if v is not None})

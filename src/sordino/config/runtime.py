@@ -15,6 +15,7 @@ from sordino.config.devices import DeviceConfig
 from sordino.config.memory import MemoryConfig
 from sordino.config.models import ModelConfig
 from sordino.config.scheduler import SchedulerConfig
+from sordino.config.self_healing import SelfHealingConfig
 from sordino.config.server import ServerConfig
 from sordino.config.telemetry import TelemetryConfig
 from sordino.config.workers import WorkersConfig
@@ -44,6 +45,8 @@ class RuntimeConfig(Section):
     workers: WorkersConfig = WorkersConfig()
     memory: MemoryConfig = MemoryConfig()
     """The shared-memory arena's manager (docs/memory.md)."""
+    self_healing: SelfHealingConfig = SelfHealingConfig()
+    """The guardian: triggers, actions, budget, recovery, alert channels."""
 
     @model_validator(mode="after")
     def _poll_needs_repository(self) -> RuntimeConfig:

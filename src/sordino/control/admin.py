@@ -72,6 +72,7 @@ class ChaosControl(Protocol):
         rate: float = 1.0,
         latency_s: float = 0.2,
         duration_s: float | None = None,
+        celsius: float | None = None,
     ) -> FaultSpec: ...
 
     @property
@@ -253,6 +254,15 @@ def _seconds(body: dict[str, Any], key: str, default: float | None) -> float | N
         raise InvalidRequest(f"{key}: {exc}") from None
 
 
+def _number(body: dict[str, Any], key: str) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidRequest(f"{key} {value!r} is not a number")
+    return float(value)
+
+
 def admin_routes(chaos: ChaosControl, clock: Clock, token: str | None) -> list[Route]:
     """The chaos API's routes, each behind the bearer token (off without one)."""
     access = AdminAccess(token, "", loopback_without_token=False)
@@ -287,6 +297,8 @@ def admin_routes(chaos: ChaosControl, clock: Clock, token: str | None) -> list[R
             rate=rate,
             latency_s=_seconds(body, "latency", 0.2) or 0.0,
             duration_s=_seconds(body, "duration", None),
+            # Only a temperature fault takes a reading; other controls need not know it.
+            **({"celsius": celsius} if (celsius := _number(body, "celsius")) is not None else {}),
         )
         return _json({"fault": spec.to_json(clock.now())}, 201)
 

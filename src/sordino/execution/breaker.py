@@ -103,6 +103,19 @@ class CircuitBreaker:
                     f"'{self.threshold}'" + (f"; last error: {cause}" if cause else ""),
                 )
 
+    def trip(self, cause: str) -> None:
+        """Open now (the guardian's switch_device); half-open probes follow the cooldown."""
+        self._probes_in_flight = 0
+        self._probe_successes = 0
+        self._move("open", cause)
+
+    def reset(self, cause: str) -> None:
+        """Close now, forgetting the window (the guardian undoing its switch_device)."""
+        self._window.clear()
+        self._probes_in_flight = 0
+        self._probe_successes = 0
+        self._move("closed", cause)
+
     def statistics(self) -> BreakerStatistics:
         state = self.state
         self._prune(self._clock.now())

@@ -30,13 +30,13 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from sordino.backends.base import Backend
+from sordino.backends.base import Backend, dummy_inputs
 from sordino.backends.registry import check_backend_kind
 from sordino.clock import Clock, TimerHandle
 from sordino.config import ModelConfig, RuntimeConfig
 from sordino.errors import InferenceFailed, ModelError, ModelLoadError, ModelNotReady, Unavailable
 from sordino.events import EventSink
-from sordino.execution.devices import Device, Tier
+from sordino.execution.devices import Device
 from sordino.execution.executor import MemoryFit, OverflowCounters
 from sordino.execution.faults import FaultRegistry, FaultSpec, check_target
 from sordino.execution.instances import ProcessInstance, ThreadInstance
@@ -81,6 +81,7 @@ class ChainExecutor:
         self._switches = SwitchRecorder()
         self._retries = 0
         self._profiling: set[ModelKey] = set()
+        self._sources: dict[ModelKey, tuple[Path, ModelConfig]] = {}
 
     # -- loading ---------------------------------------------------------------------
 
@@ -98,7 +99,9 @@ class ChainExecutor:
                 if not self._placement.available(device.name):
                     continue
                 for _ in range(config.instance_count):
-                    instance = self._instance(key, index, tier, device, path, config, model_signal)
+                    instance = self._instance(
+                        key, index, tier.name, device, path, config, model_signal
+                    )
                     opening.append((slot, instance))
                     index += 1
             slots.append(slot)
@@ -133,6 +136,7 @@ class ChainExecutor:
             raise ModelLoadError(f"model {key} could not start on any device: {'; '.join(errors)}")
         tiers = [slot for slot in slots if slot.instances]
         self._models[key] = PlacedModel(key, config.isolation, metadata, tiers, model_signal)
+        self._sources[key] = (path, config)
         self._placement.watch(model_signal)
         return metadata
 
@@ -140,14 +144,14 @@ class ChainExecutor:
         self,
         key: ModelKey,
         index: int,
-        tier: Tier,
+        tier: str,
         device: Device,
         path: Path,
         config: ModelConfig,
         model_signal: Signal,
     ) -> Instance:
         if config.isolation == "thread":
-            return ThreadInstance(key, index, tier.name, device, str(path), backend=config.backend)
+            return ThreadInstance(key, index, tier, device, str(path), backend=config.backend)
         spec = WorkerSpec(
             model=key.name,
             version=key.version,
@@ -164,7 +168,7 @@ class ChainExecutor:
         return ProcessInstance(
             key,
             index,
-            tier.name,
+            tier,
             device,
             spec,
             settings=self._settings,
@@ -176,6 +180,7 @@ class ChainExecutor:
     async def unload(self, key: ModelKey) -> None:
         """Stop every instance of ``key``."""
         model = self._models.pop(key, None)
+        self._sources.pop(key, None)
         if model is None:
             return
         self._placement.unwatch(model.signal)
@@ -411,6 +416,143 @@ class ChainExecutor:
             instance.busy = False
             model.signal.fire()
 
+    # -- the guardian's controls ------------------------------------------------------
+
+    def serving(self, key: ModelKey) -> int:
+        """How many instances of ``key`` can take a batch now."""
+        entry = self._models.get(key)
+        return sum(1 for i in entry.instances() if i.serving) if entry is not None else 0
+
+    @property
+    def has_device_chain(self) -> bool:
+        """True when a fallback chain gives models more than one device to run on."""
+        return len(self._placement.chain) > 1
+
+    def find_model(self, name: str) -> ModelKey | None:
+        """The loaded version of model ``name`` (the newest when several are), or None."""
+        keys = sorted((k for k in self._models if k.name == name), key=lambda k: k.version)
+        return keys[-1] if keys else None
+
+    def instance(self, key: ModelKey, index: int) -> Instance | None:
+        """Instance ``index`` of ``key``, or None."""
+        entry = self._models.get(key)
+        if entry is None:
+            return None
+        return next((i for i in entry.instances() if i.index == index), None)
+
+    async def restart_instance(self, key: ModelKey, index: int, *, cause: str) -> bool:
+        """Replace instance ``index`` of ``key`` with a fresh worker; False if it cannot.
+
+        The instance's supervisor restarts it as after any failure; the error, latency
+        and oom faults aimed at this one instance go with the replaced process.
+        Thread-isolated instances run inside the server and cannot be restarted.
+        """
+        entry = self._models.get(key)
+        instance = next((i for i in entry.instances() if i.index == index), None) if entry else None
+        if not isinstance(instance, ProcessInstance) or instance.pid is None:
+            return False
+        self.faults.clear_instance(key.name, index, cause="worker process replaced: " + cause)
+        instance.kill(cause)
+        return True
+
+    async def scale(
+        self, key: ModelKey, delta: int, *, minimum: int, maximum: int
+    ) -> list[Instance]:
+        """Add (``delta`` > 0) or remove instances of ``key`` on its first tier.
+
+        The count stays within ``minimum``..``maximum``. Returns the instances added
+        (serving, after their worker started) or removed (stopped).
+        """
+        entry = self._model(key)
+        path, config = self._sources[key]
+        slot = entry.tiers[0]
+        count = len(slot.instances)
+        target = max(minimum, min(maximum, count + delta))
+        if target > count:
+            base = max(i.index for i in entry.instances()) + 1
+            device = slot.instances[0].device
+            fresh = [
+                self._instance(key, base + n, slot.name, device, path, config, entry.signal)
+                for n in range(target - count)
+            ]
+            try:
+                results = await asyncio.gather(*(i.open() for i in fresh), return_exceptions=True)
+            except asyncio.CancelledError:
+                # Interrupted (the server stops): stop the workers already spawned.
+                await asyncio.gather(*(i.aclose() for i in fresh), return_exceptions=True)
+                raise
+            added: list[Instance] = []
+            for instance, result in zip(fresh, results, strict=True):
+                if isinstance(result, BaseException):
+                    await instance.aclose()
+                    self._events.emit("worker_start_failed", instance.subject, str(result))
+                    continue
+                slot.instances.append(instance)
+                added.append(instance)
+                self._events.emit(
+                    "worker_started",
+                    instance.subject,
+                    "scaled up",
+                    version=key.version,
+                    device=instance.device.name,
+                    isolation=instance.isolation,
+                    pid=instance.statistics().pid,
+                )
+            entry.signal.fire()
+            return added
+        removed = sorted(slot.instances, key=lambda i: (i.busy, -i.index))[: count - target]
+        for instance in removed:
+            slot.instances.remove(instance)
+        await asyncio.gather(*(i.aclose() for i in removed))
+        for instance in removed:
+            self._events.emit(
+                "worker_stopped", instance.subject, "scaled down", version=key.version
+            )
+        entry.signal.fire()
+        return removed
+
+    def switch_device(self, key: ModelKey, *, cause: str) -> tuple[str, str] | None:
+        """Send ``key``'s traffic down its device chain: open the breaker of the device
+        serving it now. Returns (from, to), or None when it has no device to switch to.
+
+        The breaker's cooldown and half-open probes bring the device back, as after any
+        failure (``scheduler.strategies`` ``fallback_chain``).
+        """
+        entry = self._model(key)
+        serving = [
+            slot
+            for slot in entry.tiers
+            if any(i.serving for i in slot.instances)
+            and (slot.breaker is None or slot.breaker.allows())
+        ]
+        if len(serving) < 2 or serving[0].breaker is None:
+            return None
+        serving[0].breaker.trip(cause)
+        entry.signal.fire()
+        return serving[0].name, serving[1].name
+
+    def restore_device(self, key: ModelKey, device: str, *, cause: str) -> bool:
+        """Close the breaker :meth:`switch_device` opened on ``device``; False if not open."""
+        entry = self._model(key)
+        slot = next((t for t in entry.tiers if t.name == device), None)
+        if slot is None or slot.breaker is None or slot.breaker.state == "closed":
+            return False
+        slot.breaker.reset(cause)
+        entry.signal.fire()
+        return True
+
+    async def warm_up(self, key: ModelKey, instance: Instance, batches: int) -> int:
+        """Run ``batches`` zero-filled one-row batches on ``instance``; return how many ran."""
+        entry = self._model(key)
+        ran = 0
+        for _ in range(batches):
+            try:
+                await self._run_on(entry, instance, dummy_inputs(entry.metadata, 1))
+            except (WorkerError, WorkerLost):
+                break
+            ran += 1
+        return ran
+
     # -- chaos (the control interface the admin API uses) ----------------------------
 
     def inject_fault(
@@ -421,12 +563,13 @@ class ChainExecutor:
         rate: float = 1.0,
         latency_s: float = 0.2,
         duration_s: float | None = None,
+        celsius: float | None = None,
     ) -> FaultSpec:
         """Inject a fault after checking that its target exists (see ``check_target``)."""
         instances = [i for model in self._models.values() for i in model.instances()]
         parsed = check_target(target, kind, instances=instances, devices=self._placement.chain)
         return self.faults.inject(
-            parsed, kind, rate=rate, latency_s=latency_s, duration_s=duration_s
+            parsed, kind, rate=rate, latency_s=latency_s, duration_s=duration_s, celsius=celsius
         )
 
     # -- statistics ------------------------------------------------------------------

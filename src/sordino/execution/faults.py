@@ -10,7 +10,14 @@ travels with the batch and :func:`perform` carries it out where the model runs:
 - ``latency``: a real sleep before the model runs;
 - ``crash``: the worker process exits (code 70) in the middle of the batch;
 - ``hang``: the worker process stops itself (SIGSTOP): no result, no heartbeat;
-- ``oom``: a real allocation far beyond any machine's memory (MemoryError).
+- ``oom``: a real allocation far beyond any machine's memory (MemoryError);
+- ``temperature``: not a batch fault: while active, the device temperature sensor
+  reads ``celsius`` (:meth:`FaultRegistry.temperature`), so the guardian's
+  temperature triggers can be tested on machines without sensors.
+
+Faults aimed at one instance (``worker:MODEL/N``) of the kinds that make a process
+sick without killing it (``error``, ``latency``, ``oom``) live in that process: when
+the guardian replaces it (:meth:`FaultRegistry.clear_instance`), they go with it.
 
 Every injection, clearing and expiry is an event. Before a fault is injected through
 the executor, :func:`check_target` makes sure its target exists among the loaded
@@ -47,7 +54,7 @@ __all__ = [
     "perform",
 ]
 
-FaultKind = Literal["error", "latency", "crash", "hang", "oom"]
+FaultKind = Literal["error", "latency", "crash", "hang", "oom", "temperature"]
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 CRASH_EXIT_CODE = 70
 
@@ -154,6 +161,7 @@ class FaultSpec:
     latency_s: float
     created: float
     expires: float | None
+    celsius: float | None = None
 
     def to_json(self, now: float) -> dict[str, Any]:
         data = asdict(self)
@@ -204,6 +212,7 @@ class FaultRegistry:
         rate: float = 1.0,
         latency_s: float = 0.2,
         duration_s: float | None = None,
+        celsius: float | None = None,
         cause: str = "chaos API",
     ) -> FaultSpec:
         """Add a fault; it hits each matching batch with probability ``rate``."""
@@ -213,6 +222,12 @@ class FaultRegistry:
             raise InvalidRequest(f"fault rate {rate} must lie in (0, 1]")
         if latency_s < 0 or (duration_s is not None and duration_s <= 0):
             raise InvalidRequest("latency must be >= 0 and duration > 0")
+        if kind == "temperature" and (celsius is None or not -50 <= celsius <= 200):
+            raise InvalidRequest(
+                "a temperature fault needs 'celsius', the reading to report (-50..200), e.g. 85"
+            )
+        if kind == "temperature" and target.kind != "device":
+            raise InvalidRequest("a temperature fault targets a device: device:NAME")
         now = self._clock.now()
         spec = FaultSpec(
             id=f"f{next(self._ids)}",
@@ -222,6 +237,7 @@ class FaultRegistry:
             latency_s=latency_s if kind == "latency" else 0.0,
             created=now,
             expires=now + duration_s if duration_s else None,
+            celsius=celsius if kind == "temperature" else None,
         )
         self._faults[spec.id] = spec
         self._events.emit(
@@ -233,6 +249,7 @@ class FaultRegistry:
             rate=rate,
             latency_s=spec.latency_s,
             duration_s=duration_s,
+            **({"celsius": celsius} if kind == "temperature" else {}),
         )
         return spec
 
@@ -263,11 +280,32 @@ class FaultRegistry:
                 )
         return list(self._faults.values())
 
+    def temperature(self) -> float | None:
+        """The injected temperature reading (the highest of the active faults), or None."""
+        if not self._faults:
+            return None
+        values = [s.celsius for s in self.active() if s.celsius is not None]
+        return max(values) if values else None
+
+    def clear_instance(self, model: str, index: int, *, cause: str) -> list[FaultSpec]:
+        """Clear the error, latency and oom faults aimed at instance ``index`` of ``model``.
+
+        They stand for a sick process; the caller has just replaced it.
+        """
+        ids = [
+            s.id
+            for s in self._faults.values()
+            if s.target == Target("worker", model, index) and s.kind in ("error", "latency", "oom")
+        ]
+        return [spec for fault_id in ids for spec in self.clear(fault_id, cause=cause)]
+
     def pick(self, model: str, index: int, device: str) -> FaultAction | None:
         """Return the fault that hits a batch on instance ``index`` of ``model`` on ``device``."""
         if not self._faults:
             return None
         for spec in self.active():
+            if spec.kind == "temperature":
+                continue
             target = spec.target
             if target.kind == "device":
                 if target.name != device:

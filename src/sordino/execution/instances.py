@@ -61,6 +61,9 @@ class _Base:
         self.busy = False
         self.batches = self.failures = self.restarts = 0
         self.last_cause = ""
+        self.share = 1.0
+        """The share of batches this instance is offered (below 1 while it ramps up)."""
+        self.credit = 0.0
 
     @property
     def subject(self) -> str:

@@ -114,10 +114,23 @@ async def choose(
         allowed = [s for s in serving if s.breaker is None or s.breaker.allows()]
         candidates = allowed or serving
         if candidates:
-            for instance in candidates[0].instances:
-                if id(instance) in usable and not instance.busy:
-                    instance.busy = True
-                    return candidates[0], instance
+            pool = [i for i in candidates[0].instances if id(i) in usable]
+            full = any(i.share >= 1 for i in pool)
+            if full and len(pool) > 1 and any(i.share < 1 for i in pool):
+                # Ramping instances (progressive recovery) are offered each batch first,
+                # and take it in their share of the offers.
+                pool.sort(key=lambda i: i.share >= 1)
+            for instance in pool:
+                if instance.busy:
+                    continue
+                if instance.share < 1 and full:
+                    # Ramping up (progressive recovery): offered its share of batches.
+                    instance.credit += instance.share
+                    if instance.credit < 1 - 1e-9:
+                        continue
+                    instance.credit -= 1
+                instance.busy = True
+                return candidates[0], instance
         if give_up is not None and give_up():
             return None
         await model.signal.wait()

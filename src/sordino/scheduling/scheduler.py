@@ -594,6 +594,10 @@ class ModelScheduler:
             _discard_outputs(request)
         else:
             self._failed += 1
+        now = self._clock.now()
+        late = None
+        if request.timeout_s:
+            late = max(0.0, now - request.arrival - request.timeout_s)
         done = RequestDone(
             self.model,
             outcome,
@@ -601,7 +605,8 @@ class ModelScheduler:
             request.priority,
             request.queue_s,
             request.compute_s,
-            self._clock.now() - request.arrival,
+            now - request.arrival,
+            late,
         )
         for observer in self._observers:
             observer.request_done(done)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -89,13 +90,24 @@ async def _infer(
             forwarded[_FORWARDED[name]] = value.decode("latin-1")
     headers: dict[str, str]
     model, version = match["model"], match["version"]
+    cache_key: tuple[str, str, bytes] | None = None
     try:
         # Whatever ends the request before the service has it is counted there.
         with runtime.service.receiving(model, version, forwarded.get("x-sordino-tenant")):
+            arrived = time.perf_counter()
             body = await _read_body(receive, limit, declared)
+            read_s = time.perf_counter() - arrived
             # An unknown model is answered 404 whatever the body holds, as Triton does; the
             # model's shapes then bound what the body may declare, before anything is built.
             loaded = runtime.get(model, version)
+            runtime.timings.body_read(loaded.key, read_s)
+            cache = runtime.result_cache
+            if cache.active(model):
+                cache_key = cache.key(model, version, body, header_length)
+                cached = cache.get(cache_key)
+                if cached is not None:
+                    await _send(send, 200, cached.payload, dict(cached.headers))
+                    return
             request = decode_infer_request(
                 body,
                 model=model,
@@ -113,6 +125,8 @@ async def _infer(
         finally:
             response.release()
         status = 200
+        if cache_key is not None:
+            cache.put(cache_key, payload, headers)
     except SordinoError as exc:
         status, payload, headers = error_parts(exc)
     except Exception as exc:  # a defect: answered as JSON like any error, and logged

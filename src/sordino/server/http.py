@@ -26,6 +26,7 @@ from sordino.protocol.codec import (
     encode_json,
 )
 from sordino.server.fast_infer import error_parts, with_fast_infer
+from sordino.server.guarding import guardian_routes, health_response, not_serving
 from sordino.server.http_routes import extra_routes
 from sordino.server.memory_routes import memory_routes
 from sordino.server.model_config import model_metadata_json, triton_config_json
@@ -88,7 +89,11 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
         return Response(status_code=200)
 
     async def ready(request: Request) -> Response:
-        return Response(status_code=200 if runtime.ready else 503)
+        if "deep" in request.query_params:
+            return await health_response(runtime, request)
+        # Not ready while a loaded model has no instance that can serve (all restarting).
+        serving = runtime.ready and not not_serving(runtime)
+        return Response(status_code=200 if serving else 503)
 
     async def model_metadata(request: Request) -> Response:
         name, version = _model_params(request)
@@ -128,6 +133,7 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
     ]
     routes += admin_routes(runtime.executor, runtime.clock, access.token)
     routes += memory_routes(runtime, functools.partial(_guard, runtime), access)
+    routes += guardian_routes(runtime, functools.partial(_guard, runtime), access)
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes += [
             Route(prefix, _guard(runtime, model_metadata), methods=["GET"]),

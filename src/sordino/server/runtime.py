@@ -21,6 +21,7 @@ from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any
 
 from sordino.admission.chain import AdmissionChain, default_links
+from sordino.admission.gate import TrafficGate
 from sordino.clock import Clock, MonotonicClock
 from sordino.config import RuntimeConfig
 from sordino.errors import ModelLoadError
@@ -29,14 +30,17 @@ from sordino.execution.chain import ChainExecutor
 from sordino.generation.degrade import StepDegrader
 from sordino.generation.metrics import GenerationCollector
 from sordino.generation.pipeline import Pipeline
+from sordino.guardian import Guardian
 from sordino.inference import InferRequest, InferResponse, Tensor
 from sordino.memory.arena import SEGMENTS_DIR, StaleSegment, remove_stale_segments
 from sordino.memory.manager import MemoryManager
 from sordino.memory.refs import Tensors
 from sordino.models.repository import ModelSource
 from sordino.records import SchedulerStatistics
+from sordino.server.guarding import open_guardian
 from sordino.server.loader import ModelLoader
 from sordino.server.registry import LoadedModel, ModelRegistry
+from sordino.server.result_cache import ResultCache
 from sordino.server.service import InferenceService
 from sordino.telemetry.execution_metrics import ExecutionCollector
 from sordino.telemetry.hub import Telemetry
@@ -45,6 +49,7 @@ from sordino.telemetry.memory_metrics import MemoryCollector
 from sordino.telemetry.metrics import Metrics
 from sordino.telemetry.model_stats import ModelStats
 from sordino.telemetry.observers import SchedulerObservers
+from sordino.telemetry.timings import TimingSeries
 
 __all__ = ["LoadedModel", "Runtime"]
 
@@ -97,6 +102,10 @@ class Runtime:
             events=self.events,
             forecast=lambda: self.telemetry.forecast,
         )
+        # Body read times and lateness per second, for the guardian's triggers.
+        self.timings = TimingSeries()
+        # Off unless the guardian's cache_recent_results turns it on for a model.
+        self.result_cache = ResultCache()
         self.loader = ModelLoader(
             config,
             executor=self.executor,
@@ -105,6 +114,7 @@ class Runtime:
                 SchedulerObservers(
                     self.metrics, self.stats, self.telemetry.series, self.telemetry.availability
                 ),
+                self.timings,
             ),
             stats=self.stats,
             clock=self.clock,
@@ -113,9 +123,12 @@ class Runtime:
         )
         # Degrade instead of drop, for every iterative model (the guardian's degrade_steps).
         self.step_degrader = StepDegrader()
+        # The guardian's hand on admission: throttle, shed, skip non-critical.
+        self.gate = TrafficGate(config.self_healing.non_critical_tags)
+        self.guardian: Guardian | None = None
         self.service = InferenceService(
             self.registry,
-            admission=AdmissionChain(default_links()),
+            admission=AdmissionChain([*default_links(), self.gate]),
             priority_rules={r.tag: r.priority for r in config.scheduler.priority_rules},
             metrics=self.metrics,
             stats=self.stats,
@@ -136,6 +149,8 @@ class Runtime:
         )
         # The arena's fragmentation and use reach the journal, the monitor and the dashboard.
         self.telemetry.resources.add_pool("shm_arena", self.executor.arena_statistics)
+        # A chaos temperature fault stands in for the sensor (tests without hardware).
+        self.telemetry.resources.temperature_override = self.executor.faults.temperature
 
     # -- iterative models --------------------------------------------------------------
 
@@ -185,6 +200,16 @@ class Runtime:
         ended without closing them (SIGKILL, a crash) are removed, each reported.
         """
         self.remove_stale_segments()
+        healing = self.config.self_healing
+        if not healing.enabled and (healing.triggers or healing.alert_channels):
+            log.warning(
+                "self_healing lists %d trigger(s) but the guardian is off: start with "
+                "--guardian-mode true (or self_healing.enabled: true) to run them",
+                len(healing.triggers),
+            )
+        if healing.enabled:
+            # Built first: an action this build cannot carry out fails start-up at once.
+            self.guardian = open_guardian(self)
         await self.telemetry.start()
         await self.memory.start()
         for source in self._sources:
@@ -193,6 +218,8 @@ class Runtime:
                 on_loaded(model)
         self._started = True
         self.events.emit("server_started", "runtime", models=len(self._sources))
+        if self.guardian is not None:
+            await self.guardian.start()
 
     async def stop(self, *, drain: bool = True, timeout_s: float | None = None) -> None:
         """Stop every scheduler and unload every model.
@@ -202,6 +229,8 @@ class Runtime:
         error. Nothing accepted is left without an answer.
         """
         self.registry.stopping = True
+        if self.guardian is not None:
+            await self.guardian.stop()
         models = self.registry.models()
         if models:
             closing = [asyncio.ensure_future(m.scheduler.close(drain=drain)) for m in models]

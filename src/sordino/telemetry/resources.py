@@ -59,6 +59,8 @@ class ResourceSample:
     cpu_temp_c: float | None
     pools: tuple[PoolSample, ...]
     gpus: tuple[GpuSample, ...]
+    injected_temp_c: float | None = None
+    """A reading injected by a chaos ``temperature`` fault; it wins over the sensors."""
 
     @property
     def pool_reserved_bytes(self) -> int | None:
@@ -78,7 +80,9 @@ class ResourceSample:
 
     @property
     def device_temp_c(self) -> float | None:
-        """The hottest device: a GPU when present, else the CPU package."""
+        """The hottest device: a GPU when present, else the CPU; an injected reading wins."""
+        if self.injected_temp_c is not None:
+            return self.injected_temp_c
         values = [g.temperature_c for g in self.gpus if g.temperature_c is not None]
         return max(values) if values else self.cpu_temp_c
 
@@ -175,6 +179,8 @@ class ResourceSampler:
         self._nvml = _Nvml() if gpus else None
         self._last: ResourceSample | None = None
         self._unreadable = False
+        self.temperature_override: Callable[[], float | None] | None = None
+        """Set by the runtime to the chaos registry's injected temperature."""
 
     def add_pool(self, name: str, statistics: Callable[[], Any]) -> None:
         """Report the pool whose ``statistics()`` is ``statistics`` under ``name``.
@@ -222,6 +228,7 @@ class ResourceSampler:
             cpu_temp_c=cpu_temperature(),
             pools=tuple(pools),
             gpus=self._nvml.sample() if self._nvml is not None else (),
+            injected_temp_c=self.temperature_override() if self.temperature_override else None,
         )
         return self._last
 

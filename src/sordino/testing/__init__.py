@@ -11,6 +11,9 @@
   background thread, yielding a :class:`RunningServer` for tests that use real clients.
 - :func:`serve_tiny_kserve`: a tiny KServe v2 server that is not sordino (one model,
   no metrics), for clients that must work against any implementation.
+- :mod:`sordino.testing.guardian`: scripted per-second rows, recording actions, and
+  stand-ins for the memory manager's defragmenter and the step degrader, to test the
+  guardian on virtual time.
 
 Faults on a running server are injected with the real chaos API
 (:class:`sordino.control.client.AdminClient`), not with a double. The runtime itself
