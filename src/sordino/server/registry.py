@@ -76,14 +76,18 @@ class ModelRegistry:
         versions = self._models.get(name)
         if not versions:
             known = ", ".join(sorted(self._models)) or "none"
-            raise NotFound(f"unknown model {name!r}; loaded models: {known}")
+            raise NotFound(
+                f"Request for unknown model: '{name}' is not found (sordino: unknown model "
+                f"{name!r}; loaded models: {known})"
+            )
         if version is None or version == "":
             return versions[max(versions, key=version_key)]
         model = versions.get(version)
         if model is None:
             raise NotFound(
-                f"model {name!r} has no version {version!r}; loaded versions: "
-                f"{', '.join(sorted(versions, key=version_key))}"
+                f"Request for unknown model: '{name}' version {version} is not found "
+                f"(sordino: model {name!r} has no version {version!r}; loaded versions: "
+                f"{', '.join(sorted(versions, key=version_key))})"
             )
         return model
 

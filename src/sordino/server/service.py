@@ -49,7 +49,7 @@ from sordino.telemetry.hub import Telemetry
 from sordino.telemetry.metrics import Metrics
 from sordino.telemetry.model_stats import ModelStats
 
-__all__ = ["INTERNAL", "Arrival", "InferenceService"]
+__all__ = ["INTERNAL", "Arrival", "InferenceService", "request_tenant"]
 
 INTERNAL = "internal"
 """The reason counted for a request that ended on an unexpected exception (a 500)."""
@@ -421,6 +421,11 @@ class InferenceService:
             self._registry.get(name)
             keys = [ModelKey(name, v) for v in self._registry.versions(name)]
         return self._stats.triton_json(keys)
+
+
+def request_tenant(request: InferRequest) -> str:
+    """The tenant ``request`` is served for (what quotas and shared-memory regions key on)."""
+    return _tenant(request)
 
 
 def _tenant(request: InferRequest) -> str:
