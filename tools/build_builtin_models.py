@@ -62,6 +62,12 @@ class Builtin:
     iterative: str = ""
     # The model's `scheduler_mode:` entry, or "" for the server's mode.
     scheduler_mode: str = ""
+    # Class labels, one per line, written to `<name>-labels.txt` as its `label_filename:`.
+    labels: tuple[str, ...] = ()
+
+    @property
+    def label_file(self) -> str:
+        return f"{self.name}-labels.txt" if self.labels else ""
 
     @property
     def file(self) -> str:
@@ -71,6 +77,7 @@ class Builtin:
 DIGITS = Builtin(
     "digits-classifier",
     "MLP on scikit-learn's 8x8 digits; pixels 0-16 in, 10 class probabilities out",
+    labels=("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"),
 )
 SIMPLE = Builtin(
     "simple",
@@ -465,6 +472,8 @@ def models_yaml(builtins: tuple[Builtin, ...]) -> str:
             lines.append(f"  iterative: {b.iterative}")
         if b.scheduler_mode:
             lines.append(f"  scheduler_mode: {b.scheduler_mode}")
+        if b.label_file:
+            lines.append(f"  label_filename: {_yaml_scalar(b.label_file)}")
     return "\n".join(lines) + "\n"
 
 
@@ -497,6 +506,11 @@ def main(argv: list[str] | None = None) -> int:
         path = out / file
         path.write_bytes(model.SerializeToString(deterministic=True))
         print(f"wrote {path} ({path.stat().st_size} bytes)")
+    for builtin in BUILTINS:
+        if builtin.labels:
+            path = out / builtin.label_file
+            path.write_text("\n".join(builtin.labels) + "\n", encoding="utf-8")
+            print(f"wrote {path}")
     path = out / "models.yaml"
     path.write_text(models_yaml(BUILTINS), encoding="utf-8")
     print(f"wrote {path} ({path.stat().st_size} bytes)")

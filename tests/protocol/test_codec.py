@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from sordino.datatypes import from_numpy_dtype
-from sordino.errors import InferenceFailed, InvalidRequest, MalformedBody, TensorError, Unsupported
+from sordino.errors import InferenceFailed, InvalidRequest, MalformedBody, TensorError
 from sordino.inference import (
     InferRequest,
     InferResponse,
@@ -399,10 +399,11 @@ def test_empty_outputs_list_means_every_output() -> None:
     assert json_request(tensor("x", "INT32", [1], [1]), outputs=[]).outputs is None
 
 
-def test_classification_output_is_unsupported() -> None:
-    """The classification extension is refused, never silently ignored."""
-    outputs = [{"name": "p", "parameters": {"classification": 3}}]
-    with pytest.raises(Unsupported, match="'p': the classification extension is not supported"):
+@pytest.mark.parametrize("count", [0, -1, "3", True, 2.5])
+def test_classification_count_is_checked(count: object) -> None:
+    """The classification count must be a positive integer."""
+    outputs = [{"name": "p", "parameters": {"classification": count}}]
+    with pytest.raises(InvalidRequest, match="'p': classification is"):
         json_request(tensor("x", "INT32", [1], [1]), outputs=outputs)
 
 

@@ -240,6 +240,11 @@ class ModelConfig(Section):
     """Run the model step by step, streaming a response per step; None: one response."""
     iterative: IterativeConfig | None = None
     """Serve the model as a denoiser in a sampler loop the runtime owns (docs/generation.md)."""
+    label_filename: ExpandedPath | dict[str, ExpandedPath] | None = None
+    """Labels for Triton's classification extension: a text file with one label per line
+    (line i names class i), for every output, or a mapping of output name to file.
+    A relative path is taken from the .onnx file's folder, or in a repository from the
+    model's folder (beside ``config.yaml``)."""
 
     @model_validator(mode="before")
     @classmethod

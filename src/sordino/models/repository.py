@@ -82,6 +82,7 @@ def builtin_sources() -> list[ModelSource]:
             streaming=entry.get("streaming"),
             iterative=entry.get("iterative"),
             scheduler_mode=entry.get("scheduler_mode"),
+            label_filename=entry.get("label_filename"),
         )
         sources.append(ModelSource(entry["name"], "1", path, config, entry.get("description", "")))
     return sources
@@ -103,6 +104,10 @@ def export_builtin(root: Path) -> list[Path]:
         settings = source.config.model_dump(
             mode="json", exclude={"name", "path"}, exclude_unset=True, exclude_none=True
         )
+        labels = source.config.label_filename
+        if isinstance(labels, Path):
+            shutil.copyfile(source.path.parent / labels, folder / labels.name)
+            settings["label_filename"] = labels.name
         header = f"# {source.name}: {source.description}\n" if source.description else ""
         (folder / "config.yaml").write_text(
             header + yaml.safe_dump(settings, sort_keys=False), encoding="utf-8"

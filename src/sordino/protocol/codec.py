@@ -29,7 +29,7 @@ from sordino.datatypes import (
     tensor_from_binary,
     tensor_from_json,
 )
-from sordino.errors import InferenceFailed, InvalidRequest, MalformedBody, TensorError, Unsupported
+from sordino.errors import InferenceFailed, InvalidRequest, MalformedBody, TensorError
 from sordino.inference import (
     InferRequest,
     InferResponse,
@@ -312,12 +312,19 @@ def _parse_outputs(raw: object) -> list[RequestedOutput] | None:
 
 
 def refuse_output_extensions(name: str, parameters: Mapping[str, Any]) -> None:
-    """Check an output's extension parameters; refuse those sordino does not implement."""
+    """Check an output's extension parameters (classification, shared memory)."""
     if "classification" in parameters:
-        raise Unsupported(
-            f"output {name!r}: the classification extension is not supported; "
-            "request the raw output"
-        )
+        count = parameters["classification"]
+        if type(count) is not int or count < 1:
+            raise InvalidRequest(
+                f"output {name!r}: classification is {brief_repr(count)}; it must be a "
+                "positive number of classes"
+            )
+        if "shared_memory_region" in parameters:
+            raise InvalidRequest(
+                f"output {name!r}: a classification output cannot be written into shared "
+                "memory; ask for one or the other"
+            )
     shared_memory_parameters(f"output {name!r}", parameters)
 
 

@@ -27,6 +27,7 @@ from sordino.records import SchedulerObserver
 from sordino.scheduling.modes import build_controller, measure_batch_curve
 from sordino.scheduling.scheduler import ModelScheduler
 from sordino.scheduling.settings import scheduling_for
+from sordino.server.classification import read_labels
 from sordino.server.registry import LoadedModel, ModelRegistry
 from sordino.telemetry.model_stats import ModelStats
 
@@ -100,6 +101,12 @@ class ModelLoader:
         )
         scheduler.start()
         model = LoadedModel(source, key, metadata, scheduling, scheduler, curve, instances)
+        try:
+            model.labels = read_labels(source)
+        except ModelLoadError:
+            await scheduler.close(drain=False)
+            await self._executor.unload(key)
+            raise
         if config.iterative is not None:
             if self._make_pipeline is None:
                 await scheduler.close(drain=False)

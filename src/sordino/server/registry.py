@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sordino.errors import NotFound, ShuttingDown
@@ -32,6 +32,8 @@ class LoadedModel:
     instances: int = 1
     pipeline: Pipeline | None = None
     """Set for an iterative model: the generator in front of its denoiser."""
+    labels: dict[str, list[str]] = field(default_factory=dict)
+    """Class labels per output for the classification extension (``*``: every output)."""
 
     @property
     def max_batch_size(self) -> int:

@@ -44,6 +44,7 @@ from sordino.memory.refs import Tensors
 from sordino.protocol.validate import check_text_inputs, validate_request
 from sordino.records import Outcome
 from sordino.scheduling.work import Request
+from sordino.server.classification import classify
 from sordino.server.registry import LoadedModel, ModelRegistry
 from sordino.telemetry.hub import Telemetry
 from sordino.telemetry.metrics import Metrics
@@ -403,11 +404,16 @@ class InferenceService:
             if len(chosen) < len(outputs):
                 picked = Tensors.compose(chosen)
                 outputs.release()
+        datatypes = {spec.name: spec.datatype for spec in model.metadata.outputs}
+        if request.outputs and any("classification" in o.parameters for o in request.outputs):
+            picked, datatypes = classify(
+                request, picked, datatypes, model.labels, batched=model.metadata.batched
+            )
         return InferResponse(
             model=model.key.name,
             version=model.key.version,
             outputs=picked,
-            output_datatypes={spec.name: spec.datatype for spec in model.metadata.outputs},
+            output_datatypes=datatypes,
             id=request.id,
         )
 
