@@ -46,6 +46,7 @@ EXTENSIONS = [
     "model_repository",
     "generate",
     "system_shared_memory",
+    "classification",
 ]
 JSON = "application/json"
 Handler = Callable[[Request], Awaitable[Response]]
