@@ -103,6 +103,22 @@ DIFFUSION = Builtin(
 )
 BUILTINS = (DIGITS, SIMPLE, TEXT, COUNTDOWN, DIFFUSION)
 
+# Triton's example models its client programs expect, served with
+# `sordino start --with-triton-examples` (not in the default built-in set).
+SIMPLE_STRING = Builtin(
+    "simple_string",
+    'Triton\'s "simple_string" example - BYTES strings of integers; OUTPUT0 = INPUT0 + INPUT1, '
+    "OUTPUT1 = INPUT0 - INPUT1, as strings",
+    max_batch_size=8,
+)
+SIMPLE_INT8 = Builtin(
+    "simple_int8",
+    'Triton\'s "simple_int8" example - OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 (INT8)',
+    max_batch_size=8,
+)
+EXAMPLES = (SIMPLE_STRING, SIMPLE_INT8)
+EXAMPLES_OUT = Path(__file__).resolve().parents[1] / "src" / "sordino" / "models" / "examples"
+
 
 # --------------------------------------------------------------------------------------
 # helpers
@@ -192,6 +208,83 @@ def build_digits() -> tuple[onnx.ModelProto, float]:
     _check(got.shape == (len(x_test), 10), f"unexpected output shape {got.shape}")
     _check(diff <= 1e-5, f"onnxruntime differs from predict_proba by {diff:.2e}")
     return model, accuracy
+
+
+# --------------------------------------------------------------------------------------
+# Triton's examples: simple_string, simple_int8
+
+
+def build_simple_string() -> onnx.ModelProto:
+    def tensor(name: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, TensorProto.STRING, [BATCH, 16])
+
+    nodes = [
+        helper.make_node("Cast", ["INPUT0"], ["a"], to=TensorProto.INT32, name="parse0"),
+        helper.make_node("Cast", ["INPUT1"], ["b"], to=TensorProto.INT32, name="parse1"),
+        helper.make_node("Add", ["a", "b"], ["sum"], name="add"),
+        helper.make_node("Sub", ["a", "b"], ["difference"], name="sub"),
+        helper.make_node("Cast", ["sum"], ["OUTPUT0"], to=TensorProto.STRING, name="format0"),
+        helper.make_node(
+            "Cast", ["difference"], ["OUTPUT1"], to=TensorProto.STRING, name="format1"
+        ),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "simple_string",
+        [tensor("INPUT0"), tensor("INPUT1")],
+        [tensor("OUTPUT0"), tensor("OUTPUT1")],
+    )
+    model = _finish(graph, SIMPLE_STRING.description)
+    a = np.arange(16).reshape(1, 16)
+    b = np.full((1, 16), -3)
+    out0, out1 = _session(model).run(
+        None, {"INPUT0": a.astype(str).astype(object), "INPUT1": b.astype(str).astype(object)}
+    )
+    _check(out0.ravel().tolist() == [str(v) for v in (a + b).ravel()], "OUTPUT0 != a + b")
+    _check(out1.ravel().tolist() == [str(v) for v in (a - b).ravel()], "OUTPUT1 != a - b")
+    print(f"{SIMPLE_STRING.name}: ok")
+    return model
+
+
+def build_simple_int8() -> onnx.ModelProto:
+    def tensor(name: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, TensorProto.INT8, [BATCH, 16])
+
+    nodes = [
+        helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"], name="add"),
+        helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"], name="sub"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "simple_int8",
+        [tensor("INPUT0"), tensor("INPUT1")],
+        [tensor("OUTPUT0"), tensor("OUTPUT1")],
+    )
+    model = _finish(graph, SIMPLE_INT8.description)
+    a = np.arange(16, dtype=np.int8).reshape(1, 16)
+    b = np.ones((1, 16), dtype=np.int8)
+    out0, out1 = _session(model).run(None, {"INPUT0": a, "INPUT1": b})
+    _check(out0.dtype == np.int8 and np.array_equal(out0, a + b), "OUTPUT0 != INPUT0 + INPUT1")
+    _check(np.array_equal(out1, a - b), "OUTPUT1 != INPUT0 - INPUT1")
+    print(f"{SIMPLE_INT8.name}: ok")
+    return model
+
+
+def write_examples(out: Path) -> None:
+    """Write Triton's example models and their manifest into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    models = {SIMPLE_STRING.file: build_simple_string(), SIMPLE_INT8.file: build_simple_int8()}
+    for file, model in models.items():
+        path = out / file
+        path.write_bytes(model.SerializeToString(deterministic=True))
+        print(f"wrote {path} ({path.stat().st_size} bytes)")
+    path = out / "models.yaml"
+    text = models_yaml(EXAMPLES).replace(
+        "# Built-in demo models served by sordino.",
+        "# Triton's example models, served by sordino start --with-triton-examples.",
+    )
+    path.write_text(text, encoding="utf-8")
+    print(f"wrote {path}")
 
 
 # --------------------------------------------------------------------------------------
@@ -488,7 +581,15 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_OUT,
         help="output directory (default: src/sordino/models/builtin)",
     )
+    parser.add_argument(
+        "--examples-only",
+        action="store_true",
+        help="write only Triton's example models (src/sordino/models/examples)",
+    )
     args = parser.parse_args(argv)
+    write_examples(EXAMPLES_OUT if args.out == DEFAULT_OUT else args.out / "examples")
+    if args.examples_only:
+        return 0
 
     models = {
         DIGITS.file: build_digits()[0],

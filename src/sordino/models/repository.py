@@ -70,7 +70,16 @@ class ModelSource:
 
 def builtin_sources() -> list[ModelSource]:
     """Return the demo models shipped inside the package."""
-    root = resources.files("sordino.models.builtin")
+    return _packaged_sources("sordino.models.builtin")
+
+
+def triton_example_sources() -> list[ModelSource]:
+    """Return Triton's example models (``sordino start --with-triton-examples``)."""
+    return _packaged_sources("sordino.models.examples")
+
+
+def _packaged_sources(package: str) -> list[ModelSource]:
+    root = resources.files(package)
     entries = yaml.safe_load(root.joinpath("models.yaml").read_text(encoding="utf-8"))
     sources = []
     for entry in entries:
