@@ -116,7 +116,14 @@ SIMPLE_INT8 = Builtin(
     'Triton\'s "simple_int8" example - OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 (INT8)',
     max_batch_size=8,
 )
-EXAMPLES = (SIMPLE_STRING, SIMPLE_INT8)
+REPEAT = Builtin(
+    "repeat_int32",
+    'Triton\'s decoupled "repeat_int32" example - one response per element of IN (OUT = IN[i], '
+    "IDX = i), none for an empty IN; DELAY and WAIT are accepted and not honoured",
+    max_batch_size=0,
+    streaming="{carry: {NEXT: POS}, done: DONE, emit: EMIT, state: [POS], max_steps: 100000}",
+)
+EXAMPLES = (SIMPLE_STRING, SIMPLE_INT8, REPEAT)
 EXAMPLES_OUT = Path(__file__).resolve().parents[1] / "src" / "sordino" / "models" / "examples"
 
 
@@ -270,10 +277,64 @@ def build_simple_int8() -> onnx.ModelProto:
     return model
 
 
+def build_repeat() -> onnx.ModelProto:
+    """A step model: step i answers IN[i]; POS (the step's index) is carried as NEXT."""
+    i32, u32, i64 = TensorProto.INT32, TensorProto.UINT32, TensorProto.INT64
+    inputs = [
+        helper.make_tensor_value_info("IN", i32, ["n"]),
+        helper.make_tensor_value_info("DELAY", u32, ["n"]),
+        helper.make_tensor_value_info("WAIT", u32, [1]),
+        helper.make_tensor_value_info("POS", i32, [1]),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("OUT", i32, [1]),
+        helper.make_tensor_value_info("IDX", u32, [1]),
+        helper.make_tensor_value_info("NEXT", i32, [1]),
+        helper.make_tensor_value_info("DONE", TensorProto.BOOL, [1]),
+        helper.make_tensor_value_info("EMIT", TensorProto.BOOL, [1]),
+    ]
+    nodes = [
+        helper.make_node("Shape", ["IN"], ["count"]),
+        helper.make_node("Cast", ["POS"], ["pos"], to=i64),
+        # IN with one more element, so that reading position 0 of an empty IN is defined.
+        helper.make_node("Concat", ["IN", "pad"], ["padded"], axis=0),
+        helper.make_node("Gather", ["padded", "pos"], ["OUT"], axis=0),
+        helper.make_node("Cast", ["POS"], ["IDX"], to=u32),
+        helper.make_node("Add", ["POS", "one"], ["NEXT"]),
+        helper.make_node("Less", ["pos", "count"], ["EMIT"]),
+        helper.make_node("Cast", ["NEXT"], ["next"], to=i64),
+        helper.make_node("GreaterOrEqual", ["next", "count"], ["DONE"]),
+    ]
+    initializers = [
+        numpy_helper.from_array(np.zeros(1, dtype=np.int32), "pad"),
+        numpy_helper.from_array(np.ones(1, dtype=np.int32), "one"),
+    ]
+    graph = helper.make_graph(nodes, "repeat_int32", inputs, outputs, initializer=initializers)
+    model = _finish(graph, REPEAT.description)
+    session = _session(model)
+    values = np.array([4, 2, 0, 1], dtype=np.int32)
+    feeds = {"IN": values, "DELAY": np.zeros(4, np.uint32), "WAIT": np.zeros(1, np.uint32)}
+    for i in range(4):
+        out, idx, nxt, done, emit = session.run(None, {**feeds, "POS": np.array([i], np.int32)})
+        _check(out.tolist() == [values[i]] and idx.tolist() == [i], f"repeat step {i}")
+        _check(bool(emit[0]) and bool(done[0]) == (i == 3) and nxt.tolist() == [i + 1], "flags")
+    empty = {"IN": np.zeros(0, np.int32), "DELAY": np.zeros(0, np.uint32)}
+    _, _, _, done, emit = session.run(
+        None, {**empty, "WAIT": np.zeros(1, np.uint32), "POS": np.zeros(1, np.int32)}
+    )
+    _check(bool(done[0]) and not bool(emit[0]), "an empty IN sends nothing")
+    print(f"{REPEAT.name}: ok")
+    return model
+
+
 def write_examples(out: Path) -> None:
     """Write Triton's example models and their manifest into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    models = {SIMPLE_STRING.file: build_simple_string(), SIMPLE_INT8.file: build_simple_int8()}
+    models = {
+        SIMPLE_STRING.file: build_simple_string(),
+        SIMPLE_INT8.file: build_simple_int8(),
+        REPEAT.file: build_repeat(),
+    }
     for file, model in models.items():
         path = out / file
         path.write_bytes(model.SerializeToString(deterministic=True))

@@ -159,6 +159,10 @@ class StreamSpec:
     carry: tuple[tuple[str, str], ...]
     done: str
     max_steps: int = 1000
+    emit: str | None = None
+    """A BOOL output; a step where it is false for every row sends no response."""
+    state: tuple[str, ...] = ()
+    """Inputs only the carry feeds; the first step gets zeros (the client sends none)."""
 
 
 @dataclass(frozen=True, slots=True)

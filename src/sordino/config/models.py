@@ -164,6 +164,11 @@ class StreamingConfig(Section):
     """A BOOL output; true ends the stream of that row."""
     max_steps: int = Field(default=1000, ge=1)
     """Most steps one request may take; a model still not done then fails the request."""
+    emit: str | None = None
+    """A BOOL output: a step where it is false for every row sends no response. With it
+    the model is decoupled in Triton's sense: zero, one or many responses per request."""
+    state: tuple[str, ...] = ()
+    """Carried inputs the client does not send: the first step gets zeros for them."""
 
 
 # Flat Triton keys that belong under dynamic_batching; ModelConfig moves them there.

@@ -173,6 +173,24 @@ def stream_spec_for(config: StreamingConfig, metadata: ModelMetadata) -> StreamS
             f"model {model!r}: streaming.done must name a BOOL output; "
             f"{config.done!r} is {'not an output' if done is None else done.datatype}"
         )
+    if config.emit is not None:
+        emit = metadata.output(config.emit)
+        if emit is None or emit.datatype != "BOOL":
+            raise ModelLoadError(
+                f"model {model!r}: streaming.emit must name a BOOL output; "
+                f"{config.emit!r} is {'not an output' if emit is None else emit.datatype}"
+            )
+    carried = set(config.carry.values())
+    for name in config.state:
+        if name not in carried:
+            raise ModelLoadError(
+                f"model {model!r}: streaming.state lists {name!r}, which no carried output "
+                f"feeds; state inputs are among {', '.join(sorted(carried))}"
+            )
     return StreamSpec(
-        carry=tuple(config.carry.items()), done=config.done, max_steps=config.max_steps
+        carry=tuple(config.carry.items()),
+        done=config.done,
+        max_steps=config.max_steps,
+        emit=config.emit,
+        state=config.state,
     )

@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from sordino.admission.chain import AdmissionChain, AdmissionContext
-from sordino.errors import Cancelled, SordinoError, Unsupported
+from sordino.datatypes import to_numpy_dtype
+from sordino.errors import Cancelled, SordinoError, TensorError, Unsupported
 from sordino.execution.staging import row_bytes
 from sordino.generation.pipeline import Progress
 from sordino.generation.reuse import Generated
@@ -132,6 +133,9 @@ class InferenceService:
         """
         try:
             model = self._registry.get(request.model, request.version)
+            stream = model.metadata.stream
+            if stream is not None and stream.state:
+                _initial_state(request, model, stream.state)
             if model.pipeline is not None:
                 model.pipeline.parse(request)  # the generator's own inputs; 400 on a mistake
             else:
@@ -190,6 +194,9 @@ class InferenceService:
         try:
             async with aclosing(model.scheduler.responses(accepted)) as steps:
                 async for step in steps:
+                    if step.empty:  # a decoupled request ended without a last response
+                        step.outputs.release()
+                        continue
                     yield self.response(model, request, step.outputs), step.final
         finally:
             self._finished(request, context, accepted)
@@ -427,6 +434,28 @@ class InferenceService:
             self._registry.get(name)
             keys = [ModelKey(name, v) for v in self._registry.versions(name)]
         return self._stats.triton_json(keys)
+
+
+def _initial_state(request: InferRequest, model: LoadedModel, names: tuple[str, ...]) -> None:
+    """Give a step model's state inputs (fed by its carry, never by the client) zeros."""
+    inputs = dict(request.inputs)
+    rows = 1
+    if model.metadata.batched and inputs:
+        rows = int(next(iter(inputs.values())).shape[0])
+    for name in names:
+        if name in inputs:
+            raise TensorError(
+                f"input {name!r} of model {model.key.name!r} is the model's own state (fed "
+                "from its previous step); leave it out of the request"
+            )
+        spec = model.metadata.input(name)
+        assert spec is not None  # checked at load
+        shape = [max(dim, 1) for dim in spec.shape]
+        if model.metadata.batched:
+            shape[0] = rows
+        inputs[name] = np.zeros(shape, dtype=to_numpy_dtype(spec.datatype))
+        request.input_datatypes[name] = spec.datatype
+    request.inputs = inputs
 
 
 def request_tenant(request: InferRequest) -> str:
