@@ -62,6 +62,8 @@ class Builtin:
     iterative: str = ""
     # The model's `scheduler_mode:` entry, or "" for the server's mode.
     scheduler_mode: str = ""
+    # A flow mapping written as the model's `sequence_batching:` entry, or "".
+    sequence_batching: str = ""
     # Class labels, one per line, written to `<name>-labels.txt` as its `label_filename:`.
     labels: tuple[str, ...] = ()
 
@@ -123,7 +125,19 @@ REPEAT = Builtin(
     max_batch_size=0,
     streaming="{carry: {NEXT: POS}, done: DONE, emit: EMIT, state: [POS], max_steps: 100000}",
 )
-EXAMPLES = (SIMPLE_STRING, SIMPLE_INT8, REPEAT)
+SEQUENCE = Builtin(
+    "simple_sequence",
+    'Triton\'s "simple_sequence" example - an accumulator over a sequence: OUTPUT is the sum of '
+    "the sequence's INPUTs so far (START resets it; the state is implicit)",
+    max_batch_size=8,
+    sequence_batching=(
+        "{max_sequence_idle_microseconds: 5000000, direct: {}, control_input: ["
+        "{name: START, control: [{kind: CONTROL_SEQUENCE_START, int32_false_true: [0, 1]}]}, "
+        "{name: READY, control: [{kind: CONTROL_SEQUENCE_READY, int32_false_true: [0, 1]}]}], "
+        "state: [{input_name: STATE_IN, output_name: STATE_OUT}]}"
+    ),
+)
+EXAMPLES = (SIMPLE_STRING, SIMPLE_INT8, REPEAT, SEQUENCE)
 EXAMPLES_OUT = Path(__file__).resolve().parents[1] / "src" / "sordino" / "models" / "examples"
 
 
@@ -327,6 +341,44 @@ def build_repeat() -> onnx.ModelProto:
     return model
 
 
+def build_sequence() -> onnx.ModelProto:
+    """OUTPUT = READY * (INPUT + STATE_IN * (1 - START)); STATE_OUT = OUTPUT."""
+
+    def tensor(name: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, TensorProto.INT32, [BATCH, 1])
+
+    nodes = [
+        helper.make_node("Sub", ["one", "START"], ["keep"]),
+        helper.make_node("Mul", ["STATE_IN", "keep"], ["kept"]),
+        helper.make_node("Add", ["INPUT", "kept"], ["total"]),
+        helper.make_node("Mul", ["total", "READY"], ["OUTPUT"]),
+        helper.make_node("Identity", ["OUTPUT"], ["STATE_OUT"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "simple_sequence",
+        [tensor("INPUT"), tensor("START"), tensor("READY"), tensor("STATE_IN")],
+        [tensor("OUTPUT"), tensor("STATE_OUT")],
+        initializer=[numpy_helper.from_array(np.ones((1, 1), dtype=np.int32), "one")],
+    )
+    model = _finish(graph, SEQUENCE.description)
+    session = _session(model)
+    state = np.zeros((1, 1), np.int32)
+    total = 0
+    for i, value in enumerate([11, 7, 5]):
+        feeds = {
+            "INPUT": np.array([[value]], np.int32),
+            "START": np.array([[int(i == 0)]], np.int32),
+            "READY": np.ones((1, 1), np.int32),
+            "STATE_IN": state,
+        }
+        out, state = session.run(None, feeds)
+        total += value
+        _check(out.tolist() == [[total]], f"simple_sequence step {i}")
+    print(f"{SEQUENCE.name}: ok")
+    return model
+
+
 def write_examples(out: Path) -> None:
     """Write Triton's example models and their manifest into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -334,6 +386,7 @@ def write_examples(out: Path) -> None:
         SIMPLE_STRING.file: build_simple_string(),
         SIMPLE_INT8.file: build_simple_int8(),
         REPEAT.file: build_repeat(),
+        SEQUENCE.file: build_sequence(),
     }
     for file, model in models.items():
         path = out / file
@@ -626,6 +679,8 @@ def models_yaml(builtins: tuple[Builtin, ...]) -> str:
             lines.append(f"  iterative: {b.iterative}")
         if b.scheduler_mode:
             lines.append(f"  scheduler_mode: {b.scheduler_mode}")
+        if b.sequence_batching:
+            lines.append(f"  sequence_batching: {b.sequence_batching}")
         if b.label_file:
             lines.append(f"  label_filename: {_yaml_scalar(b.label_file)}")
     return "\n".join(lines) + "\n"

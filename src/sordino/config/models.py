@@ -16,6 +16,7 @@ from sordino.config.base import ExpandedPath, Section
 from sordino.config.devices import ProviderName
 from sordino.config.iterative import IterativeConfig
 from sordino.config.scheduler import SchedulerMode
+from sordino.config.sequences import SequenceBatchingConfig
 
 __all__ = [
     "MODEL_NAME_PATTERN",
@@ -245,6 +246,8 @@ class ModelConfig(Section):
     """Run the model step by step, streaming a response per step; None: one response."""
     iterative: IterativeConfig | None = None
     """Serve the model as a denoiser in a sampler loop the runtime owns (docs/generation.md)."""
+    sequence_batching: SequenceBatchingConfig | None = None
+    """Serve a stateful model with Triton's sequence batcher (docs/http-api.md#sequences)."""
     label_filename: ExpandedPath | dict[str, ExpandedPath] | None = None
     """Labels for Triton's classification extension: a text file with one label per line
     (line i names class i), for every output, or a mapping of output name to file.

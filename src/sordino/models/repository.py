@@ -92,6 +92,7 @@ def _packaged_sources(package: str) -> list[ModelSource]:
             iterative=entry.get("iterative"),
             scheduler_mode=entry.get("scheduler_mode"),
             label_filename=entry.get("label_filename"),
+            sequence_batching=entry.get("sequence_batching"),
         )
         sources.append(ModelSource(entry["name"], "1", path, config, entry.get("description", "")))
     return sources

@@ -29,6 +29,7 @@ from sordino.scheduling.scheduler import ModelScheduler
 from sordino.scheduling.settings import scheduling_for
 from sordino.server.classification import read_labels
 from sordino.server.registry import LoadedModel, ModelRegistry
+from sordino.server.sequences import sequences_for
 from sordino.telemetry.model_stats import ModelStats
 
 if TYPE_CHECKING:
@@ -103,6 +104,14 @@ class ModelLoader:
         model = LoadedModel(source, key, metadata, scheduling, scheduler, curve, instances)
         try:
             model.labels = read_labels(source)
+            if config.sequence_batching is not None:
+                model.sequences = sequences_for(
+                    config.sequence_batching,
+                    metadata,
+                    max_batch_size=scheduling.max_batch_size,
+                    instances=instances,
+                    events=self._events,
+                )
         except ModelLoadError:
             await scheduler.close(drain=False)
             await self._executor.unload(key)

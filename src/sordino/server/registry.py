@@ -15,6 +15,7 @@ from sordino.scheduling.settings import ModelScheduling
 
 if TYPE_CHECKING:
     from sordino.generation.pipeline import Pipeline
+    from sordino.server.sequences import Sequences
 
 __all__ = ["LoadedModel", "ModelRegistry", "version_key"]
 
@@ -33,6 +34,8 @@ class LoadedModel:
     pipeline: Pipeline | None = None
     """Set for an iterative model: the generator in front of its denoiser."""
     labels: dict[str, list[str]] = field(default_factory=dict)
+    sequences: Sequences | None = None
+    """Set for a model with ``sequence_batching``: its live sequences."""
     """Class labels per output for the classification extension (``*``: every output)."""
 
     @property

@@ -47,6 +47,7 @@ from sordino.records import Outcome
 from sordino.scheduling.work import Request
 from sordino.server.classification import classify
 from sordino.server.registry import LoadedModel, ModelRegistry
+from sordino.server.sequences import Sequences
 from sordino.telemetry.hub import Telemetry
 from sordino.telemetry.metrics import Metrics
 from sordino.telemetry.model_stats import ModelStats
@@ -167,6 +168,19 @@ class InferenceService:
                 async for response, _final in answers:
                     return response
             raise AssertionError("a generation ends with a response")  # pragma: no cover
+        sequences = self._sequences(request)
+        if sequences is not None:
+            return await sequences.run(request, _tenant(request), self._infer_one)
+        return await self._infer_one(request)
+
+    def _sequences(self, request: InferRequest) -> Sequences | None:
+        """The sequence batcher of ``request``'s model, if it has one (lookups fail later)."""
+        try:
+            return self._registry.get(request.model, request.version).sequences
+        except SordinoError:
+            return None
+
+    async def _infer_one(self, request: InferRequest) -> InferResponse:
         model, context, accepted = await self._accept(request, one_shot=True)
         try:
             outputs = await model.scheduler.result(accepted)
@@ -189,6 +203,9 @@ class InferenceService:
             async with aclosing(self.generate(request, progress=True)) as answers:
                 async for answer in answers:
                     yield answer
+            return
+        if self._sequences(request) is not None:
+            yield await self.infer(request), True
             return
         model, context, accepted = await self._accept(request, one_shot=False)
         try:
