@@ -47,6 +47,7 @@ EXTENSIONS = [
     "generate",
     "system_shared_memory",
     "classification",
+    "sequence",
 ]
 JSON = "application/json"
 Handler = Callable[[Request], Awaitable[Response]]
