@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from onnx import TensorProto, helper
+from pydantic import ValidationError
 from tritonclient.utils import InferenceServerException
 
+from sordino.config.models import ModelConfig
 from sordino.config.sequences import SequenceBatchingConfig
-from sordino.models.repository import triton_example_sources
+from sordino.models.repository import ModelSource, triton_example_sources
 from sordino.testing import RunningServer, serve_in_thread
 from tests.waiting import wait_for
 
@@ -134,3 +139,98 @@ def test_idle_sequences_are_released_with_an_event_and_slots_are_bounded() -> No
             _send(client, 1, 1, start=False, end=False)
         assert _send(client, 7, 3, start=True, end=True) == 7
         client.close()
+
+
+def _corrid_model(tmp_path: Path, datatype: int, name: str) -> Any:
+    """A model that answers its CORRID control input (so the test sees what was filled)."""
+    inputs = [
+        helper.make_tensor_value_info("INPUT", TensorProto.INT32, ["batch", 1]),
+        helper.make_tensor_value_info("CORRID", datatype, ["batch", 1]),
+        helper.make_tensor_value_info("END", TensorProto.BOOL, ["batch", 1]),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("ID", datatype, ["batch", 1]),
+        helper.make_tensor_value_info("LAST", TensorProto.BOOL, ["batch", 1]),
+    ]
+    nodes = [
+        helper.make_node("Identity", ["CORRID"], ["ID"]),
+        helper.make_node("Identity", ["END"], ["LAST"]),
+    ]
+    graph = helper.make_graph(nodes, name, inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, path)
+    kind = "TYPE_STRING" if datatype == TensorProto.STRING else "TYPE_UINT64"
+    config = ModelConfig(
+        name=name,
+        path=path,
+        max_batch_size=4,
+        sequence_batching={
+            "control_input": [
+                {
+                    "name": "CORRID",
+                    "control": [{"kind": "CONTROL_SEQUENCE_CORRID", "data_type": kind}],
+                },
+                {
+                    "name": "END",
+                    "control": [{"kind": "CONTROL_SEQUENCE_END", "bool_false_true": [False, True]}],
+                },
+            ]
+        },
+    )
+    return ModelSource(name, "1", path, config)
+
+
+def test_control_inputs_corrid_uint64_and_string(tmp_path: Path) -> None:
+    sources = [
+        _corrid_model(tmp_path, TensorProto.UINT64, "ids"),
+        _corrid_model(tmp_path, TensorProto.STRING, "names"),
+    ]
+    with serve_in_thread(sources=sources) as running:
+        grpc = grpcclient.InferenceServerClient(running.grpc_url)
+        http = httpclient.InferenceServerClient(url=running.url.removeprefix("http://"))
+        # A uint64 past int64 travels over HTTP (tritonclient.grpc sends int64_param).
+        cases = [(http, "ids", 2**63 + 5), (grpc, "ids", 2**40), (grpc, "names", "user-7")]
+        for client, model, corrid in cases:
+            mod = _mod(client)
+            first = client.infer(model, _inputs(mod, 1), sequence_id=corrid, sequence_start=True)
+            last = client.infer(model, _inputs(mod, 1), sequence_id=corrid, sequence_end=True)
+            got = first.as_numpy("ID")[0][0]
+            assert (got.decode() if isinstance(got, bytes) else int(got)) == corrid
+            assert not first.as_numpy("LAST")[0][0] and last.as_numpy("LAST")[0][0]
+        with pytest.raises(InferenceServerException, match="takes integer correlation IDs"):
+            grpc.infer("ids", _inputs(grpcclient, 1), sequence_id="x", sequence_start=True)
+        grpc.close()
+        http.close()
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"direct": {}, "oldest": {}}, "direct or oldest, not both"),
+        (
+            {"control_input": [{"name": "S", "control": [{"kind": "CONTROL_SEQUENCE_START"}]}]},
+            "exactly one of",
+        ),
+        (
+            {
+                "control_input": [
+                    {
+                        "name": "C",
+                        "control": [
+                            {"kind": "CONTROL_SEQUENCE_CORRID", "int32_false_true": [0, 1]}
+                        ],
+                    }
+                ]
+            },
+            "data_type",
+        ),
+        (
+            {"control_input": [{"name": "S", "control": [{"kind": "CONTROL_SEQUENCE_BEGIN"}]}]},
+            "CONTROL_SEQUENCE_START",
+        ),
+    ],
+)
+def test_sequence_batching_config_mistakes(section: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        SequenceBatchingConfig.model_validate(section)
