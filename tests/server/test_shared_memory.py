@@ -189,3 +189,27 @@ def test_regions_belong_to_their_tenant(
 def test_cuda_shared_memory_is_unimplemented(client: Any) -> None:
     with pytest.raises(InferenceServerException, match="CUDA shared-memory extension is not"):
         client.get_cuda_shared_memory_status()
+
+
+def test_shared_memory_over_the_grpc_stream(
+    server: RunningServer, regions: tuple[Any, Any]
+) -> None:
+    """ModelStreamInfer reads inputs from and writes outputs into regions too."""
+    import queue
+
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    shm.set_shared_memory_region(regions[0], [a, a])
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    _register(client, regions)
+    answers: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    inputs, outputs = _simple_request("grpc")
+    client.async_stream_infer("simple", inputs, outputs=outputs)
+    result, error = answers.get(timeout=30)
+    client.stop_stream()
+    assert error is None, error
+    assert result.get_output("OUTPUT0").datatype == "INT32"
+    got = shm.get_contents_as_numpy(regions[1], np.int32, [1, 16])
+    np.testing.assert_array_equal(got, a + a)
+    client.unregister_system_shared_memory()
+    client.close()

@@ -44,6 +44,9 @@ SHM_DIR = "/dev/shm"
 MAX_REGIONS = 256
 """The most regions one tenant may have registered at a time."""
 
+MAX_REGIONS_TOTAL = 1024
+"""The most regions registered at a time over every tenant (each holds a mapping)."""
+
 _OWN_PREFIXES = ("sordino-", "psm_")
 """Names of sordino's own arena segments (named, and Python's unnamed ones)."""
 
@@ -92,20 +95,25 @@ class SystemSharedMemory:
             )
         path = _object_path(name, key)
         with self._lock:
-            regions = self._regions.setdefault(tenant, {})
+            regions = self._regions.get(tenant, {})
             if name in regions:
                 raise InvalidRequest(
                     f"shared memory region '{name}' already in manager (sordino: unregister "
                     "it first, or register under another name)"
+                )
+            if sum(len(r) for r in self._regions.values()) >= MAX_REGIONS_TOTAL:
+                raise InvalidRequest(
+                    f"the server has {MAX_REGIONS_TOTAL} shared memory regions registered, "
+                    "the most allowed; unregister regions no longer used"
                 )
             if len(regions) >= MAX_REGIONS:
                 raise InvalidRequest(
                     f"tenant {tenant!r} has {MAX_REGIONS} shared memory regions registered, "
                     "the most allowed; unregister one first"
                 )
-            regions[name] = Region(
-                name, key, offset, byte_size, _map(name, key, path, offset, byte_size)
-            )
+            view = _map(name, key, path, offset, byte_size)
+            region = Region(name, key, offset, byte_size, view)
+            self._regions.setdefault(tenant, {})[name] = region
 
     def unregister(self, tenant: str, name: str | None = None) -> None:
         """Forget region ``name`` (every region of the tenant when None); unknown is no error."""
