@@ -66,8 +66,7 @@ def _checked(url: str, source: str) -> str:
             problem = "it names no host"
     if problem is not None:
         raise click.UsageError(
-            f"{source} {url!r} is not a server address ({problem}); "
-            f"give one like {DEFAULT_URL}"
+            f"{source} {url!r} is not a server address ({problem}); give one like {DEFAULT_URL}"
         )
     return url.rstrip("/")
 
