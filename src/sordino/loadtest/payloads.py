@@ -27,7 +27,7 @@ import numpy as np
 from sordino.datatypes import serialize_bytes_tensor, to_numpy_dtype
 from sordino.errors import ConfigError
 
-__all__ = ["InputSpec", "Payload", "build_payloads", "read_data_file"]
+__all__ = ["InputSpec", "Payload", "build_payloads", "build_stream_payloads", "read_data_file"]
 
 _VARIANTS = 8  # different random bodies per class, sent in turn
 
@@ -50,10 +50,13 @@ class Payload:
     """One request body and the headers that go with it."""
 
     body: bytes
-    header_length: int
+    header_length: int | None
+    """The JSON header's length in a binary body; None for a JSON body (generate)."""
 
     @property
     def headers(self) -> dict[str, str]:
+        if self.header_length is None:
+            return {"Content-Type": "application/json"}
         return {
             "Content-Type": "application/octet-stream",
             "Inference-Header-Content-Length": str(self.header_length),
@@ -127,6 +130,42 @@ def build_payloads(
         _encode({s.name: (s.datatype, _random(s, _shape(s, rows), rng)) for s in inputs})
         for _ in range(_VARIANTS)
     ]
+
+
+def build_stream_payloads(
+    inputs: list[InputSpec],
+    values: dict[str, Any] | None,
+    *,
+    data: list[dict[str, np.ndarray]] | None = None,
+    seed: int = 0,
+) -> list[Payload]:
+    """JSON bodies for ``generate_stream`` (one request, one row): the profile's
+    ``inputs`` values, else each ``--data`` entry, else random values per input."""
+    if values is not None:
+        known = {s.name for s in inputs}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(
+                f"the streaming class's inputs name {', '.join(map(repr, unknown))}, which "
+                f"the model does not have (its inputs: {', '.join(sorted(known))})"
+            )
+        return [Payload(json.dumps(values).encode(), None)]
+    if data:
+        entries = [{k: _json_values(v) for k, v in entry.items()} for entry in data]
+    else:
+        rng = np.random.default_rng(seed)
+        entries = [
+            {s.name: _json_values(_random(s, _shape(s, 1)[1:] or (1,), rng)) for s in inputs}
+            for _ in range(_VARIANTS)
+        ]
+    return [Payload(json.dumps(entry).encode(), None) for entry in entries]
+
+
+def _json_values(array: np.ndarray) -> list[Any]:
+    flat = np.ravel(array)
+    if flat.dtype == object:
+        return [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in flat]
+    return list(flat.tolist())
 
 
 def _tensor(name: str, value: object, spec: InputSpec) -> np.ndarray:

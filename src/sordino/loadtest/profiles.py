@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import yaml
@@ -99,7 +99,21 @@ class TrafficClass(Section):
     batch: int = Field(default=1, ge=1, le=4096)
     """Rows per request: the size of the batch dimension."""
     stream: bool = False
-    """Streaming requests; not supported by stress-test yet (it says so)."""
+    """Streaming requests: ``POST …/generate_stream`` (Server-Sent Events), one response
+    per step of a streaming or iterative model; the latency is to the last event, and
+    the time to the first one is reported as the group ``first response``."""
+    inputs: dict[str, Any] | None = None
+    """For a streaming class: the generate body's input values (``{"prompt": "a 7",
+    "steps": 20}``); without it, random values of each input's datatype and shape."""
+
+    @model_validator(mode="after")
+    def _inputs_need_stream(self) -> TrafficClass:
+        if self.inputs is not None and not self.stream:
+            raise ValueError(
+                "'inputs' is the body of a streaming request: set stream: true, or give "
+                "unary payloads with --data"
+            )
+        return self
 
     @property
     def label(self) -> str:

@@ -16,7 +16,7 @@ from base64 import b64encode
 from typing import Any
 
 from sordino.loadtest.findings import Suggestion, suggestions_yaml
-from sordino.loadtest.results import LatencySummary
+from sordino.loadtest.results import FIRST_RESPONSE, LatencySummary
 from sordino.loadtest.run import StressResult, Verdict
 
 __all__ = ["HEADLINE_HEADER", "draw_charts", "headline_rows", "render_html"]
@@ -64,7 +64,7 @@ def headline_rows(result: StressResult) -> list[list[str]]:
     """The headline table: all traffic, then each model, class and tenant."""
     rows = [_row("all", result.total)]
     for kind, members in result.groups.items():
-        if len(members) > 1 or kind == "model":
+        if len(members) > 1 or kind in ("model", FIRST_RESPONSE):
             rows += [_row(f"{kind} {name}", s) for name, s in members.items()]
     return rows
 

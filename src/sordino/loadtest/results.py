@@ -20,6 +20,7 @@ from sordino.config.units import parse_duration
 from sordino.errors import ConfigError
 
 __all__ = [
+    "FIRST_RESPONSE",
     "PERCENTILES",
     "Condition",
     "LatencySummary",
@@ -28,6 +29,7 @@ __all__ = [
 ]
 
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+FIRST_RESPONSE = "first response"  # group kind: streaming requests' first event
 _HIGHEST_US = 600_000_000  # ten minutes; slower answers are recorded as ten minutes
 
 
@@ -116,6 +118,11 @@ class Recorder:
             self.window_errors[self._window(intended)][status] += 1
             for group in groups:
                 group.errors += 1
+
+    def record_first(self, label: str, latency_s: float) -> None:
+        """A streaming request's first event: the group (``first response``, class)."""
+        group = self.groups.setdefault((FIRST_RESPONSE, label), _Group())
+        group.histogram.record_value(max(1, int(latency_s * 1e6)))
 
     def summary(self, key: tuple[str, str] | None = None) -> LatencySummary:
         group = self.total if key is None else self.groups.get(key, _Group())

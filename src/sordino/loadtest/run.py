@@ -20,7 +20,12 @@ from typing import Any
 import numpy as np
 
 from sordino.errors import ConfigError
-from sordino.loadtest.payloads import InputSpec, build_payloads, read_data_file
+from sordino.loadtest.payloads import (
+    InputSpec,
+    build_payloads,
+    build_stream_payloads,
+    read_data_file,
+)
 from sordino.loadtest.profiles import Profile
 from sordino.loadtest.results import Condition, LatencySummary, Recorder
 from sordino.loadtest.schedule import Schedule, make_schedule
@@ -188,11 +193,6 @@ def prepare(
 ) -> Plan:
     """Check the server and models, build the payloads, and draw the schedule."""
     url = url.rstrip("/")
-    if any(c.stream for c in profile.mix):
-        raise ConfigError(
-            "the profile's mix has 'stream: true': streaming requests are not supported by "
-            "stress-test yet; remove the streaming classes or set stream: false"
-        )
     classes = []
     metadata: dict[str, list[InputSpec]] = {}
     _get(url + "/v2/health/ready", "the server is not ready", expect_json=False)
@@ -211,8 +211,13 @@ def prepare(
             metadata[model] = [InputSpec.from_metadata(i) for i in doc.get("inputs", [])]
         inputs = metadata[model]
         entries = read_data_file(data, inputs) if data is not None else None
-        payloads = build_payloads(inputs, traffic.batch, data=entries, seed=seed)
-        classes.append(ClassPlan(traffic.label, model, traffic.tenant, traffic.tag, payloads))
+        if traffic.stream:
+            payloads = build_stream_payloads(inputs, traffic.inputs, data=entries, seed=seed)
+        else:
+            payloads = build_payloads(inputs, traffic.batch, data=entries, seed=seed)
+        classes.append(
+            ClassPlan(traffic.label, model, traffic.tenant, traffic.tag, payloads, traffic.stream)
+        )
     schedule = make_schedule(profile, seed=seed)
     return Plan(url, profile, schedule, classes, window_for(profile.duration))
 

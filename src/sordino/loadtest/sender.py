@@ -37,9 +37,12 @@ class ClassPlan:
     tenant: str | None
     tag: str | None
     payloads: Sequence[Payload]
+    stream: bool = False
 
     @property
     def path(self) -> str:
+        if self.stream:
+            return f"/v2/models/{self.model}/generate_stream"
         return f"/v2/models/{self.model}/infer"
 
     def headers(self, payload: Payload) -> dict[str, str]:
@@ -105,12 +108,36 @@ def _session(limit: int, timeout_s: float) -> aiohttp.ClientSession:
     )
 
 
-async def _post(session: aiohttp.ClientSession, url: str, plan: ClassPlan, payload: Payload) -> str:
-    """Send one request; its status: "ok", the HTTP status, "timeout" or the client error."""
+async def _post(
+    session: aiohttp.ClientSession,
+    url: str,
+    plan: ClassPlan,
+    payload: Payload,
+    first: Callable[[], None] | None = None,
+) -> str:
+    """Send one request; its status: "ok", the HTTP status, "timeout" or the client error.
+
+    A streaming request reads its Server-Sent Events to the end, calling ``first`` at
+    the first one; an event carrying ``error`` (the server failed mid-stream) is the
+    status ``stream-error``.
+    """
     try:
         async with session.post(url, data=payload.body, headers=plan.headers(payload)) as answer:
-            await answer.read()
-            return "ok" if answer.status == 200 else str(answer.status)
+            if answer.status != 200 or not plan.stream:
+                await answer.read()
+                return "ok" if answer.status == 200 else str(answer.status)
+            events = 0
+            failed = False
+            async for line in answer.content:
+                if not line.startswith(b"data: "):
+                    continue
+                events += 1
+                if events == 1 and first is not None:
+                    first()
+                failed = failed or line.startswith(b'data: {"error"')
+            if failed:
+                return "stream-error"
+            return "ok" if events else "stream-empty"
     except _FAILURES as exc:
         return _failure(exc)
 
@@ -158,8 +185,13 @@ async def run_open_loop(
             recorder.record_send(offset, sent - intended)
             counts["in_flight"] += 1
             stats.max_in_flight = max(stats.max_in_flight, counts["in_flight"])
+            first = (
+                (lambda: recorder.record_first(plan.label, loop.time() - intended))
+                if plan.stream
+                else None
+            )
             try:
-                status = await _post(session, url + plan.path, plan, payload)
+                status = await _post(session, url + plan.path, plan, payload, first)
             finally:
                 counts["in_flight"] -= 1
                 slots.release()
