@@ -41,6 +41,7 @@ from starlette.routing import Route
 
 from sordino.clock import Clock
 from sordino.config import MIN_TOKEN_LENGTH, ServerConfig, parse_duration
+from sordino.config.tenants import AuthConfig, hash_key
 from sordino.errors import ConfigError, Forbidden, InvalidRequest, SordinoError, Unauthenticated
 from sordino.execution.faults import FaultSpec
 from sordino.protocol.status import http_status, retry_after_header
@@ -133,16 +134,42 @@ class AdminAccess:
     loopback clients of a loopback-bound server in when no token is set (chaos: False).
     """
 
-    def __init__(self, token: str | None, host: str, *, loopback_without_token: bool = True):
+    def __init__(
+        self,
+        token: str | None,
+        host: str,
+        *,
+        loopback_without_token: bool = True,
+        keys: Iterable[str] = (),
+        tenant_key: Callable[[str], bool] | None = None,
+    ):
+        """``keys`` are hashed admin keys (``auth.admin_keys``); ``tenant_key`` tells a
+        tenant's valid (non-admin) key, which is refused with 403 rather than 401."""
         self.token = token
         self.host = host
+        self.keys = frozenset(keys)
+        self._tenant_key = tenant_key
         self._loopback_rule = loopback_without_token
-        self._loopback_open = loopback_without_token and token is None and is_loopback(host)
+        self._loopback_open = (
+            loopback_without_token and token is None and not self.keys and is_loopback(host)
+        )
 
     @classmethod
-    def from_config(cls, server: ServerConfig) -> AdminAccess:
-        """The access rule of a server configured as ``server`` (token from env too)."""
-        return cls(admin_token(server.admin_token), server.host)
+    def from_config(
+        cls,
+        server: ServerConfig,
+        auth: AuthConfig | None = None,
+        tenant_key: Callable[[str], bool] | None = None,
+    ) -> AdminAccess:
+        """The access rule of a server configured as ``server`` (token from env too)
+        and ``auth`` (its admin keys)."""
+        keys = auth.admin_keys if auth is not None else ()
+        return cls(admin_token(server.admin_token), server.host, keys=keys, tenant_key=tenant_key)
+
+    @property
+    def has_credentials(self) -> bool:
+        """Whether an admin token or admin keys are set."""
+        return self.token is not None or bool(self.keys)
 
     def check(self, authorization: str | None, peer: str | None, *, proxied: bool = False) -> None:
         """Return if the caller may proceed; raise Unauthenticated or Forbidden otherwise.
@@ -152,7 +179,7 @@ class AdminAccess:
         ``X-Forwarded-For``, ``X-Real-IP``): such a request is no loopback client, even
         when the proxy connects from loopback.
         """
-        if self.token is None:
+        if not self.has_credentials:
             if self._loopback_open and is_loopback(peer) and not proxied:
                 return
             why = (
@@ -163,13 +190,21 @@ class AdminAccess:
             )
             raise Forbidden(f"the admin API is off: set server.admin_token or {TOKEN_ENV} ({why})")
         scheme, _, value = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            value.strip().encode(), self.token.encode()
-        ):
-            raise Unauthenticated(
-                "missing or wrong admin token: send Authorization: Bearer <token> (the "
-                f"server's server.admin_token or {TOKEN_ENV})"
-            )
+        value = value.strip()
+        if scheme.lower() == "bearer" and value:
+            if self.token is not None and hmac.compare_digest(value.encode(), self.token.encode()):
+                return
+            if hash_key(value) in self.keys:
+                return
+            if self._tenant_key is not None and self._tenant_key(value):
+                raise Forbidden(
+                    "this key is a tenant's, not an admin's: the admin API needs an admin key "
+                    "(auth.admin_keys) or the admin token"
+                )
+        raise Unauthenticated(
+            "missing or wrong admin token: send Authorization: Bearer <token> (the "
+            f"server's server.admin_token or {TOKEN_ENV}, or a key of auth.admin_keys)"
+        )
 
     def check_request(self, request: Request) -> None:
         """:meth:`check` for an HTTP request: its header, its peer, its proxy headers."""
@@ -263,9 +298,15 @@ def _number(body: dict[str, Any], key: str) -> float | None:
     return float(value)
 
 
-def admin_routes(chaos: ChaosControl, clock: Clock, token: str | None) -> list[Route]:
-    """The chaos API's routes, each behind the bearer token (off without one)."""
-    access = AdminAccess(token, "", loopback_without_token=False)
+def admin_routes(
+    chaos: ChaosControl,
+    clock: Clock,
+    token: str | None,
+    keys: Iterable[str] = (),
+    tenant_key: Callable[[str], bool] | None = None,
+) -> list[Route]:
+    """The chaos API's routes, each behind the bearer token or an admin key (off without)."""
+    access = AdminAccess(token, "", loopback_without_token=False, keys=keys, tenant_key=tenant_key)
 
     def guarded(handler: Handler) -> Handler:
         async def run(request: Request) -> Response:

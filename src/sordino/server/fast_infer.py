@@ -32,7 +32,11 @@ __all__ = ["INFER_PATH", "error_parts", "with_fast_infer"]
 log = logging.getLogger("sordino.http")
 
 INFER_PATH = re.compile(r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
-_FORWARDED = {b"x-sordino-tag": "x-sordino-tag", b"x-sordino-tenant": "x-sordino-tenant"}
+_FORWARDED = {
+    b"x-sordino-tag": "x-sordino-tag",
+    b"x-sordino-tenant": "x-sordino-tenant",
+    b"authorization": "authorization",  # the API key: the service authenticates it
+}
 _JSON = b"application/json"
 
 

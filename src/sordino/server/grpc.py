@@ -24,6 +24,7 @@ import grpc
 from sordino import __version__
 from sordino.control.admin import AdminAccess
 from sordino.errors import SordinoError, Unsupported
+from sordino.inference import InferRequest
 from sordino.protocol.grpc_codec import (
     decode_infer_request,
     encode_infer_response,
@@ -84,7 +85,9 @@ class InferenceServicer:
         self.runtime = runtime
         self.control = control
         # The Repository* RPCs are protected endpoints, as their HTTP twins.
-        self.access = AdminAccess.from_config(runtime.config.server)
+        self.access = AdminAccess.from_config(
+            runtime.config.server, runtime.config.auth, runtime.tenants.is_tenant_key
+        )
 
     async def ServerLive(self, raw: bytes, context: Any) -> pb.ServerLiveResponse:
         parse_message(pb.ServerLiveRequest, raw)
@@ -132,6 +135,7 @@ class InferenceServicer:
             request = decode_infer_request(
                 message, metadata=model.metadata, max_batch_size=model.max_batch_size
             )
+        _credentials(request, context)
         response = await self.runtime.service.infer(request)
         try:
             return encode_infer_response(response, request)
@@ -184,7 +188,7 @@ class InferenceServicer:
                 raw = await context.read()
                 if raw is grpc.aio.EOF:
                     break
-                task = asyncio.get_running_loop().create_task(self._stream_one(raw, send))
+                task = asyncio.get_running_loop().create_task(self._stream_one(raw, send, context))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             if tasks:
@@ -197,7 +201,10 @@ class InferenceServicer:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _stream_one(
-        self, raw: bytes, send: Callable[[pb.ModelStreamInferResponse], Awaitable[None]]
+        self,
+        raw: bytes,
+        send: Callable[[pb.ModelStreamInferResponse], Awaitable[None]],
+        context: Any = None,
     ) -> None:
         """Answer one stream request: its responses, or one error response; never raise.
 
@@ -215,6 +222,7 @@ class InferenceServicer:
                 request = decode_infer_request(
                     message, metadata=loaded.metadata, max_batch_size=loaded.max_batch_size
                 )
+            _credentials(request, context)
             empty_final = bool(request.parameters.pop(EMPTY_FINAL_RESPONSE, False))
             async with aclosing(self.runtime.service.responses(request)) as responses:
                 async for response, final in responses:
@@ -244,6 +252,16 @@ class InferenceServicer:
         except Exception:
             # The stream itself is broken (the client is gone); nobody is left to answer.
             log.debug("could not send the error of stream request %r", request_id)
+
+
+def _credentials(request: InferRequest, context: Any) -> None:
+    """Hand the call's ``authorization`` metadata (the API key) to the service."""
+    if context is None:
+        return
+    for key, value in context.invocation_metadata() or ():
+        if str(key).lower() == "authorization":
+            request.headers["authorization"] = str(value)
+            return
 
 
 def _refuse_load_parameters(names: Iterable[str]) -> None:

@@ -80,7 +80,9 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
     endpoint is a Starlette route below.
     """
     control = control or ModelControl(runtime)
-    access = AdminAccess.from_config(runtime.config.server)
+    access = AdminAccess.from_config(
+        runtime.config.server, runtime.config.auth, runtime.tenants.is_tenant_key
+    )
 
     async def server_metadata(request: Request) -> Response:
         return _json({"name": "sordino", "version": __version__, "extensions": EXTENSIONS})
@@ -131,7 +133,9 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
         Route("/metrics", _guard(runtime, metrics), methods=["GET"]),
         *observe_routes(runtime, functools.partial(_guard, runtime), access),
     ]
-    routes += admin_routes(runtime.executor, runtime.clock, access.token)
+    routes += admin_routes(
+        runtime.executor, runtime.clock, access.token, access.keys, runtime.tenants.is_tenant_key
+    )
     routes += memory_routes(runtime, functools.partial(_guard, runtime), access)
     routes += guardian_routes(runtime, functools.partial(_guard, runtime), access)
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):

@@ -22,8 +22,10 @@ from typing import Any
 
 from sordino.admission.chain import AdmissionChain, default_links
 from sordino.admission.gate import TrafficGate
+from sordino.admission.tenants import Tenants
 from sordino.clock import Clock, MonotonicClock
 from sordino.config import RuntimeConfig
+from sordino.control.admin import admin_token
 from sordino.errors import ModelLoadError
 from sordino.events import EventSink
 from sordino.execution.chain import ChainExecutor
@@ -67,6 +69,9 @@ class Runtime:
         clock: Clock | None = None,
         events: EventSink | None = None,
     ) -> None:
+        if any(t.memory_quota is not None for t in config.tenants):
+            # A tenant's memory_quota is a memory.quotas entry for every part that reads them.
+            config = config.model_copy(update={"memory": config.memory_with_tenant_quotas})
         self.config = config
         self.clock: Clock = clock or MonotonicClock()
         self.events = events or EventSink()
@@ -126,15 +131,26 @@ class Runtime:
         # The guardian's hand on admission: throttle, shed, skip non-critical.
         self.gate = TrafficGate(config.self_healing.non_critical_tags)
         self.guardian: Guardian | None = None
+        # Who a request is (its API key) and its tenant's limits (docs/tenants.md).
+        self.tenants = Tenants(
+            config.tenants,
+            required=config.auth.required,
+            admin_keys=config.auth.admin_keys,
+            admin_token=admin_token(config.server.admin_token),
+            clock=self.clock.now,
+        )
         self.service = InferenceService(
             self.registry,
-            admission=AdmissionChain([*default_links(), self.gate]),
+            admission=AdmissionChain(
+                [*default_links(), self.tenants.cap_priority, self.gate, self.tenants]
+            ),
             priority_rules={r.tag: r.priority for r in config.scheduler.priority_rules},
             metrics=self.metrics,
             stats=self.stats,
             telemetry=self.telemetry,
             quotas=self.memory.quotas if config.memory.quotas else None,
             learn=self.memory.learn if config.memory.enabled else None,
+            tenants=self.tenants,
         )
         self._sources = list(sources)
         self._started = False

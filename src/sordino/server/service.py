@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from sordino.admission.chain import AdmissionChain, AdmissionContext
-from sordino.errors import Cancelled, SordinoError, Unsupported
+from sordino.admission.tenants import Tenants
+from sordino.errors import Cancelled, InvalidRequest, SordinoError, Unsupported
 from sordino.execution.staging import row_bytes
 from sordino.generation.pipeline import Progress
 from sordino.generation.reuse import Generated
@@ -108,10 +109,13 @@ class InferenceService:
         telemetry: Telemetry,
         quotas: QuotaLedger | None = None,
         learn: Callable[[str, int, int, float], None] | None = None,
+        tenants: Tenants | None = None,
     ) -> None:
         """``quotas`` charges each request's staged bytes to its tenant; ``learn`` is told
-        ``(model, rows, bytes, seconds)`` of every request that succeeded."""
+        ``(model, rows, bytes, seconds)`` of every request that succeeded; ``tenants``
+        authenticates requests and applies each tenant's limits."""
         self._registry = registry
+        self._tenants = tenants
         self._quotas = quotas
         self._learn = learn
         # id(request) -> (quota owner or None, staged bytes, rows, accepted at)
@@ -129,7 +133,17 @@ class InferenceService:
         :class:`SordinoError` that refuses the request (and releases its tensors).
         Nothing is queued yet.
         """
+        tenant = "default"
         try:
+            tenants = self._tenants
+            if tenants is not None and tenants.enabled:
+                # The key names the tenant: a claimed one is dropped, even when refused.
+                request.parameters.pop("tenant", None)
+                request.headers.pop("x-sordino-tenant", None)
+                tenant = tenants.authenticate(request.headers.get("authorization"))
+                request.parameters["tenant"] = tenant
+            else:
+                tenant = _tenant(request)
             model = self._registry.get(request.model, request.version)
             if model.pipeline is not None:
                 model.pipeline.parse(request)  # the generator's own inputs; 400 on a mistake
@@ -142,9 +156,12 @@ class InferenceService:
                     model=request.model,
                     settings=model.scheduling.queue,
                     priority_rules=self._priority_rules,
+                    tenant=tenant,
                 ),
             )
         except SordinoError as exc:
+            if isinstance(exc, InvalidRequest) and self._tenants is not None:
+                self._tenants.failed(tenant)  # bad inputs count towards the tenant's breaker
             self._refused(request, exc.reason)
             raise
         except Exception:
@@ -240,6 +257,7 @@ class InferenceService:
             outcome = "failure"
             raise
         finally:
+            self._end_slot(context, outcome)
             self._telemetry.request_finished(
                 request.model, _tenant(request), context.priority, outcome
             )
@@ -298,10 +316,15 @@ class InferenceService:
                 "ModelStreamInfer over gRPC or POST "
                 f"/v2/models/{model.key.name}/generate_stream over HTTP"
             )
+            self._end_slot(context, None)
             self._refused(request, error.reason)
             raise error
         if self._quotas is not None or self._learn is not None:
-            await self._charge(model, request)
+            try:
+                await self._charge(model, request)
+            except BaseException:
+                self._end_slot(context, None)
+                raise
         try:
             accepted = model.scheduler.submit(
                 request.inputs,
@@ -311,10 +334,12 @@ class InferenceService:
                 stream=model.metadata.stream,
             )
         except SordinoError as exc:  # queue full, shutting down: never accepted
+            self._end_slot(context, None)
             self._uncharge(request)
             self._refused(request, exc.reason)
             raise
         except Exception:
+            self._end_slot(context, None)
             self._uncharge(request)
             self._refused(request, INTERNAL)
             raise
@@ -370,7 +395,13 @@ class InferenceService:
         # task cancelled after its request succeeded is a success in both.
         self._uncharge(request, succeeded=accepted.outcome == "success")
         outcome = accepted.outcome if accepted.outcome is not None else "cancelled"
+        self._end_slot(context, outcome)
         self._telemetry.request_finished(request.model, _tenant(request), context.priority, outcome)
+
+    def _end_slot(self, context: AdmissionContext, outcome: str | None) -> None:
+        """Give back the tenant slot ``context`` holds; ``outcome`` feeds its breaker."""
+        if context.slot and self._tenants is not None:
+            self._tenants.finished(context, outcome)
 
     def _refused(self, request: InferRequest, reason: str) -> None:
         request.release()

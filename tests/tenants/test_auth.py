@@ -1,0 +1,151 @@
+"""API keys, admin keys and per-tenant limits over HTTP and gRPC, on a real server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from sordino.config import load_config
+from sordino.config.tenants import hash_key
+from sordino.models.repository import builtin_sources
+from sordino.testing import RunningServer, serve_in_thread
+
+ACME_KEY = "acme-key-0123456789"
+SMALL_KEY = "small-key-0123456789"
+ADMIN_KEY = "admin-key-0123456789"
+BODY = {
+    "inputs": [
+        {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": list(range(16))},
+        {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
+    ]
+}
+
+
+def _config(**extra: Any) -> Any:
+    return load_config(
+        None,
+        {
+            "tenants": [
+                {
+                    "name": "acme",
+                    "keys": [hash_key(ACME_KEY)],
+                    "weight": 4,
+                    "max_priority": "normal",
+                },
+                {"name": "small", "keys": [hash_key(SMALL_KEY)], "rate": "2/s", "burst": 3},
+            ],
+            "auth": {"required": True, "admin_keys": [hash_key(ADMIN_KEY)]},
+            **extra,
+        },
+    )
+
+
+def _simple() -> list[Any]:
+    return [s for s in builtin_sources() if s.name == "simple"]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    with serve_in_thread(_config(), _simple()) as running:
+        yield running
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _infer(server: RunningServer, headers: dict[str, str]) -> httpx.Response:
+    return httpx.post(
+        f"{server.url}/v2/models/simple/infer", json=BODY, headers=headers, timeout=30
+    )
+
+
+def test_http_keys(server: RunningServer) -> None:
+    ok = _infer(server, _auth(ACME_KEY))
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["outputs"][0]["data"] == [i + 1 for i in range(16)]
+    missing = _infer(server, {})
+    assert missing.status_code == 401 and "requires an API key" in missing.json()["error"]
+    wrong = _infer(server, _auth("not-a-key-at-all"))
+    assert wrong.status_code == 401 and "wrong or revoked" in wrong.json()["error"]
+    malformed = _infer(server, {"Authorization": "Basic abc"})
+    assert malformed.status_code == 401 and "Bearer" in malformed.json()["error"]
+
+
+def test_a_key_decides_the_tenant_not_the_header(server: RunningServer) -> None:
+    before = server.runtime.tenants.describe("small")["requests"]
+    claimed = _infer(server, {**_auth(ACME_KEY), "X-Sordino-Tenant": "small"})
+    assert claimed.status_code == 200
+    assert server.runtime.tenants.describe("small")["requests"] == before
+
+
+def test_admin_endpoints_want_an_admin_key(server: RunningServer) -> None:
+    url = f"{server.url}/v2/admin/chaos"
+    assert httpx.get(url, headers=_auth(ADMIN_KEY)).status_code == 200
+    assert httpx.get(url).status_code == 401
+    assert httpx.get(url, headers=_auth("wrong-key-123456")).status_code == 401
+    tenant = httpx.get(url, headers=_auth(ACME_KEY))
+    assert tenant.status_code == 403 and "tenant's, not an admin's" in tenant.json()["error"]
+    # Model control and the journal follow the same rule: no loopback exception with keys.
+    index = f"{server.url}/v2/repository/index"
+    assert httpx.post(index).status_code == 401
+    assert httpx.post(index, headers=_auth(ACME_KEY)).status_code == 403
+    assert httpx.post(index, headers=_auth(ADMIN_KEY)).status_code == 200
+
+
+def _grpc_auth(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}  # gRPC metadata keys are lower case
+
+
+def _grpc_inputs() -> list[grpcclient.InferInput]:
+    inputs = []
+    for name, data in (("INPUT0", np.arange(16)), ("INPUT1", np.ones(16))):
+        tensor = grpcclient.InferInput(name, [1, 16], "INT32")
+        tensor.set_data_from_numpy(data.astype(np.int32).reshape(1, 16))
+        inputs.append(tensor)
+    return inputs
+
+
+def test_grpc_keys(server: RunningServer) -> None:
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    try:
+        result = client.infer("simple", _grpc_inputs(), headers=_grpc_auth(ACME_KEY))
+        assert result.as_numpy("OUTPUT0").tolist() == [[i + 1 for i in range(16)]]
+        for headers in ({}, _grpc_auth("wrong-key-123456")):
+            with pytest.raises(InferenceServerException) as caught:
+                client.infer("simple", _grpc_inputs(), headers=headers)
+            assert caught.value.status() == "StatusCode.UNAUTHENTICATED"
+        with pytest.raises(InferenceServerException) as caught:
+            client.get_model_repository_index(headers=_grpc_auth(SMALL_KEY))
+        assert caught.value.status() == "StatusCode.PERMISSION_DENIED"
+        client.get_model_repository_index(headers=_grpc_auth(ADMIN_KEY))
+    finally:
+        client.close()
+
+
+def test_rate_limit_answers_429_with_retry_after(server: RunningServer) -> None:
+    answers = [_infer(server, _auth(SMALL_KEY)) for _ in range(8)]
+    statuses = [a.status_code for a in answers]
+    assert statuses.count(200) >= 3, statuses  # the burst
+    limited = [a for a in answers if a.status_code == 429]
+    assert limited, statuses
+    assert int(limited[0].headers["Retry-After"]) >= 1
+    assert "over its rate" in limited[0].json()["error"]
+    # The other tenant is not limited by it.
+    assert _infer(server, _auth(ACME_KEY)).status_code == 200
+
+
+def test_max_priority_caps_a_claim(server: RunningServer) -> None:
+    body = {**BODY, "parameters": {"priority": "high"}}
+    before = server.runtime.tenants.describe("acme")["requests"]
+    answer = httpx.post(
+        f"{server.url}/v2/models/simple/infer", json=body, headers=_auth(ACME_KEY), timeout=30
+    )
+    assert answer.status_code == 200
+    assert server.runtime.tenants.describe("acme")["requests"] == before + 1
