@@ -33,6 +33,7 @@ from sordino.server.model_config import model_metadata_json, triton_config_json
 from sordino.server.model_control import ModelControl
 from sordino.server.observe import observe_routes
 from sordino.server.runtime import Runtime
+from sordino.server.tenant_routes import tenant_routes
 
 __all__ = ["EXTENSIONS", "build_app"]
 
@@ -137,6 +138,7 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
         runtime.executor, runtime.clock, access.token, access.keys, runtime.tenants.is_tenant_key
     )
     routes += memory_routes(runtime, functools.partial(_guard, runtime), access)
+    routes += tenant_routes(runtime, functools.partial(_guard, runtime), access)
     routes += guardian_routes(runtime, functools.partial(_guard, runtime), access)
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes += [
