@@ -52,6 +52,7 @@ __all__ = [
     "ChaosControl",
     "admin_routes",
     "admin_token",
+    "exposure_refusal",
     "exposure_warning",
     "is_loopback",
 ]
@@ -124,6 +125,19 @@ def exposure_warning(host: str, token: str | None) -> str | None:
         "/metrics, the dashboard and the public telemetry view; model control, profiling, "
         "the journal and chaos answer 403 until server.admin_token or "
         f"{TOKEN_ENV} is set. Put an authenticating proxy in front to restrict inference."
+    )
+
+
+def exposure_refusal(host: str, auth_required: bool, *, insecure: bool = False) -> str | None:
+    """Why a server on ``host`` must not start, or None: off loopback, a key is required
+    (``auth.required``) unless the operator says ``--insecure``."""
+    if auth_required or insecure or is_loopback(host):
+        return None
+    return (
+        f"refusing to listen on {host}, reachable from other machines, without "
+        "auth.required: anyone who reaches the port could run inference. Set auth.required: "
+        "true with tenants' keys (docs/tenants.md), bind to 127.0.0.1, or pass --insecure "
+        "to serve it open anyway"
     )
 
 
