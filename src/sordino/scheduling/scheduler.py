@@ -143,8 +143,12 @@ class ModelScheduler:
         request_id: str | None = None,
         stream: StreamSpec | None = None,
         stepper: Stepper | None = None,
+        tenant: str = "",
+        weight: int = 1,
     ) -> Request:
         """Accept one request and queue its first step; return the request.
+
+        ``tenant`` and ``weight`` share a priority level among tenants (see the queue).
 
         The scheduler takes ownership of ``inputs`` (a :class:`Tensors` is released when
         the request finishes). Raises at once, without accepting, when the queue is
@@ -165,6 +169,8 @@ class ModelScheduler:
             id=request_id,
             stream=stream,
             stepper=stepper,
+            tenant=tenant,
+            weight=weight,
         )
         item = self._work_item(request, tensors, now)
         try:

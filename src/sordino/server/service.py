@@ -332,6 +332,8 @@ class InferenceService:
                 timeout_s=context.timeout_s,
                 request_id=request.id,
                 stream=model.metadata.stream,
+                # Fair share only among authenticated tenants (claimed names are free to invent).
+                **self._share(context),
             )
         except SordinoError as exc:  # queue full, shutting down: never accepted
             self._end_slot(context, None)
@@ -397,6 +399,12 @@ class InferenceService:
         outcome = accepted.outcome if accepted.outcome is not None else "cancelled"
         self._end_slot(context, outcome)
         self._telemetry.request_finished(request.model, _tenant(request), context.priority, outcome)
+
+    def _share(self, context: AdmissionContext) -> dict[str, Any]:
+        tenants = self._tenants
+        if tenants is None or not tenants.enabled:
+            return {}
+        return {"tenant": context.tenant, "weight": tenants.weight(context.tenant)}
 
     def _end_slot(self, context: AdmissionContext, outcome: str | None) -> None:
         """Give back the tenant slot ``context`` holds; ``outcome`` feeds its breaker."""
