@@ -21,7 +21,8 @@ so faults are never injected by accident. Routes (JSON bodies; a failure answers
 ``{"error": ...}`` with the status :mod:`sordino.protocol.status` gives the error):
 
 - ``GET /v2/admin/chaos``: the active faults
-- ``POST /v2/admin/chaos``: inject ``{"target", "fault", "rate", "latency", "duration"}``
+- ``POST /v2/admin/chaos``: inject ``{"target", "fault", "rate", "latency", "duration",
+  "tenant"}`` (``tenant``: only batches holding that tenant's requests)
   (``latency``/``duration`` as durations: ``"200ms"``, ``"30s"`` or seconds)
 - ``DELETE /v2/admin/chaos[?id=f1]``: clear one fault or all of them
 """
@@ -75,6 +76,7 @@ class ChaosControl(Protocol):
         latency_s: float = 0.2,
         duration_s: float | None = None,
         celsius: float | None = None,
+        tenant: str | None = None,
     ) -> FaultSpec: ...
 
     @property
@@ -346,14 +348,20 @@ def admin_routes(
             rate = float(body.get("rate", 1.0))
         except (TypeError, ValueError):
             raise InvalidRequest(f"rate {body.get('rate')!r} is not a number") from None
+        # Only a temperature fault takes a reading, and only a scoped fault a tenant:
+        # other controls need not know them.
+        extra: dict[str, Any] = {}
+        if (celsius := _number(body, "celsius")) is not None:
+            extra["celsius"] = celsius
+        if body.get("tenant"):
+            extra["tenant"] = str(body["tenant"])
         spec = chaos.inject_fault(
             str(body["target"]),
             str(body["fault"]),
             rate=rate,
             latency_s=_seconds(body, "latency", 0.2) or 0.0,
             duration_s=_seconds(body, "duration", None),
-            # Only a temperature fault takes a reading; other controls need not know it.
-            **({"celsius": celsius} if (celsius := _number(body, "celsius")) is not None else {}),
+            **extra,
         )
         return _json({"fault": spec.to_json(clock.now())}, 201)
 

@@ -40,6 +40,7 @@ from sordino.errors import (
     SordinoError,
 )
 from sordino.execution.executor import Executor, MemoryFit
+from sordino.execution.faults import BATCH_TENANTS
 from sordino.inference import ModelKey, StreamSpec, Tensor, release_owned
 from sordino.memory.refs import Tensors
 from sordino.records import (
@@ -420,7 +421,16 @@ class ModelScheduler:
         t0 = t1 = self._clock.now()
         rows = sum(item.rows for item in live)
         try:
-            outputs = await self._executor.run(self.model, [item.inputs for item in live])
+            tenants = frozenset(
+                item.request.tenant for item in live if item.request and item.request.tenant
+            )
+            # Chaos faults scoped to a tenant hit only batches holding its requests.
+            scope = BATCH_TENANTS.set(tenants) if tenants else None
+            try:
+                outputs = await self._executor.run(self.model, [item.inputs for item in live])
+            finally:
+                if scope is not None:
+                    BATCH_TENANTS.reset(scope)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the backend's failure is the requests' failure

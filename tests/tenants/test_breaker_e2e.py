@@ -1,0 +1,70 @@
+"""A chaos fault scoped to tenant A: A's breaker opens, B is unaffected (a real server)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from sordino.admission.tenants import BREAKER_FAILURES
+from sordino.config import load_config
+from sordino.config.tenants import hash_key
+from sordino.models.repository import builtin_sources
+from sordino.testing import serve_in_thread
+from tests.tenants.test_auth import BODY
+
+A_KEY = "breaker-a-key-012345"
+B_KEY = "breaker-b-key-012345"
+ADMIN_KEY = "breaker-admin-key-0123"
+
+
+def test_a_tenant_scoped_fault_trips_only_that_tenants_breaker() -> None:
+    config = load_config(
+        None,
+        {
+            "tenants": [
+                {"name": "a", "keys": [hash_key(A_KEY)]},
+                {"name": "b", "keys": [hash_key(B_KEY)]},
+            ],
+            "auth": {"required": True, "admin_keys": [hash_key(ADMIN_KEY)]},
+        },
+    )
+    sources = [s for s in builtin_sources() if s.name == "simple"]
+    with serve_in_thread(config, sources) as server:
+        injected = httpx.post(
+            f"{server.url}/v2/admin/chaos",
+            json={"target": "worker:simple", "fault": "error", "tenant": "a"},
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+        )
+        assert injected.status_code == 201, injected.text
+        assert injected.json()["fault"]["tenant"] == "a"
+        url = f"{server.url}/v2/models/simple/infer"
+
+        async def round_of(client: httpx.AsyncClient) -> list[tuple[str, int, str]]:
+            async def one(name: str, key: str) -> tuple[str, int, str]:
+                answer = await client.post(
+                    url, json=BODY, headers={"Authorization": f"Bearer {key}"}
+                )
+                return name, answer.status_code, answer.text
+
+            # Sent together, so A's and B's requests may share a batch.
+            calls = [one("a", A_KEY), one("b", B_KEY), one("b", B_KEY)]
+            return list(await asyncio.gather(*calls))
+
+        async def run() -> list[tuple[str, int, str]]:
+            async with httpx.AsyncClient(timeout=30) as client:
+                answers = []
+                for _ in range(BREAKER_FAILURES + 2):
+                    answers += await round_of(client)
+                return answers
+
+        answers = asyncio.run(run())
+        state = server.runtime.tenants.describe("a")
+    b = [status for name, status, _ in answers if name == "b"]
+    assert b == [200] * len(b), answers
+    a = [(status, text) for name, status, text in answers if name == "a"]
+    assert all(status >= 500 for status, _ in a), a
+    assert all(status != 503 for status, _ in a[:BREAKER_FAILURES]), a
+    assert a[-1][0] == 503 and "breaker is open" in a[-1][1], a[-1]
+    assert state["breaker"] == "open" and state["breaker_trips"] == 1
+    assert state["refused_breaker"] >= 1
