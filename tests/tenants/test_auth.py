@@ -149,3 +149,30 @@ def test_max_priority_caps_a_claim(server: RunningServer) -> None:
     )
     assert answer.status_code == 200
     assert server.runtime.tenants.describe("acme")["requests"] == before + 1
+
+
+def test_auth_required_covers_every_endpoint_but_health(server: RunningServer) -> None:
+    assert httpx.get(f"{server.url}/v2/health/ready").status_code == 200
+    for path in ("/v2", "/v2/models/simple", "/metrics", "/v2/models/stats"):
+        refused = httpx.get(server.url + path)
+        assert refused.status_code == 401, path
+        assert refused.headers["WWW-Authenticate"] == "Bearer"
+        assert httpx.get(server.url + path, headers=_auth(SMALL_KEY)).status_code == 200
+    assert httpx.get(f"{server.url}/v2", headers=_auth("wrong-key-1234")).status_code == 401
+
+
+def test_a_tenant_reads_only_its_own_figures(server: RunningServer) -> None:
+    assert _infer(server, _auth(ACME_KEY)).status_code == 200
+    own = httpx.get(f"{server.url}/metrics", headers=_auth(SMALL_KEY)).text
+    assert 'tenant="small"' in own  # its requests of the tests above
+    assert 'tenant="acme"' not in own
+    everyone = httpx.get(f"{server.url}/metrics", headers=_auth(ADMIN_KEY)).text
+    assert 'tenant="acme"' in everyone
+    me = httpx.get(f"{server.url}/v2/tenants/me", headers=_auth(ACME_KEY))
+    assert me.status_code == 200 and me.json()["name"] == "acme"
+    assert me.json()["requests"] >= 1 and "in_flight" in me.json()
+    assert httpx.get(f"{server.url}/v2/admin/tenants", headers=_auth(ACME_KEY)).status_code == 403
+    listed = httpx.get(f"{server.url}/v2/admin/tenants", headers=_auth(ADMIN_KEY)).json()
+    assert {t["name"] for t in listed["tenants"]} == {"acme", "small"}
+    # Only key ids are shown, never the stored hashes.
+    assert hash_key(ACME_KEY) not in str(listed)

@@ -25,6 +25,7 @@ from sordino.protocol.codec import (
     encode_error,
     encode_json,
 )
+from sordino.server.auth import caller, me_routes, visible_metrics, with_authentication
 from sordino.server.fast_infer import error_parts, with_fast_infer
 from sordino.server.guarding import guardian_routes, health_response, not_serving
 from sordino.server.http_routes import extra_routes
@@ -122,9 +123,9 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
         return _json(runtime.triton_statistics())
 
     async def metrics(request: Request) -> Response:
-        return Response(
-            runtime.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8"
-        )
+        # A tenant's key reads its own tenant's series only (server/auth.py).
+        exposition = visible_metrics(runtime.metrics.exposition(), caller(runtime, request))
+        return Response(exposition, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     routes: list[Route] = [
         Route("/v2", _guard(runtime, server_metadata), methods=["GET"]),
@@ -139,6 +140,7 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
     )
     routes += memory_routes(runtime, functools.partial(_guard, runtime), access)
     routes += tenant_routes(runtime, functools.partial(_guard, runtime), access)
+    routes += me_routes(runtime)
     routes += guardian_routes(runtime, functools.partial(_guard, runtime), access)
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes += [
@@ -162,7 +164,8 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
         HTTPException: http_error,
     }
-    return with_fast_infer(Starlette(routes=routes, exception_handlers=handlers), runtime)
+    app = with_fast_infer(Starlette(routes=routes, exception_handlers=handlers), runtime)
+    return with_authentication(app, runtime)
 
 
 def _model_params(request: Request) -> tuple[str, str | None]:

@@ -78,7 +78,9 @@ class Runtime:
         self.registry = ModelRegistry()
         # Client-chosen model names and tenants never make unbounded label values.
         labels = MetricLabels(
-            lambda name: bool(self.registry.versions(name)), config.telemetry.tenant_labels
+            lambda name: bool(self.registry.versions(name)),
+            # Configured tenants are labels too: their names are the operator's, not a client's.
+            (*config.telemetry.tenant_labels, *(t.name for t in config.tenants)),
         )
         self.metrics = Metrics(labels)
         self.stats = ModelStats()
