@@ -123,3 +123,10 @@ def test_breaker_opens_for_the_failing_tenant_only() -> None:
     tenants(REQUEST, _context("b"))
     clock.t += BREAKER_COOLDOWN_S
     tenants(REQUEST, _context("a"))
+
+
+def test_a_plain_key_in_the_config_is_never_echoed() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, {"auth": {"admin_keys": ["my-secret-admin-key"]}})
+    assert "not a hashed key" in str(caught.value)
+    assert "my-secret-admin-key" not in str(caught.value)

@@ -15,9 +15,9 @@ run time by the admin API) and does four cheap things per request:
   in flight (429), and a token bucket of ``rate`` requests per second holding at most
   ``burst`` (429 with ``Retry-After``: when the next token comes).
 - **break**: a tenant whose requests keep failing (:data:`BREAKER_FAILURES` failures in
-  a row, a worker crash counts) gets fast 503s for :data:`BREAKER_COOLDOWN_S`; then one
-  request is let through, and its success closes the breaker. Other tenants are
-  unaffected.
+  a row: bad inputs, model errors, timeouts, worker crashes) gets fast 503s for
+  :data:`BREAKER_COOLDOWN_S`; then its requests are admitted again, and as many failures
+  in a row open it again. Other tenants are unaffected.
 
 A request that passed the limits holds a slot; the service gives it back with
 :meth:`Tenants.finished` when the request ends, however it ends.
