@@ -154,7 +154,7 @@ class RequestQueue:
         rows = 0
         for index, level in enumerate(self._iter_levels()):
             if len(self._level_tenants[index // 2]) > 1 and level:
-                rows = self._take_fair(level, signature, max_rows, taken, rows)
+                rows = self._take_fair(index // 2, level, signature, max_rows, taken, rows)
                 if rows >= max_rows:
                     break
                 continue
@@ -176,6 +176,7 @@ class RequestQueue:
 
     def _take_fair(
         self,
+        level_index: int,
         level: deque[WorkItem],
         signature: Signature,
         max_rows: int,
@@ -183,10 +184,26 @@ class RequestQueue:
         rows: int,
     ) -> int:
         """Take matching items of ``level`` by weighted deficit round robin; return the rows."""
+        # Scan only the prefix that can matter: until every tenant on the level has a
+        # batch's worth of matching rows collected (or the level ends).
         queues: dict[str, deque[WorkItem]] = {}
+        collected: dict[str, int] = {}
+        wanting = len(self._level_tenants[level_index])
+        scanned = 0
         for item in level:
-            if item.signature == signature:
-                queues.setdefault(_tenant(item), deque()).append(item)
+            scanned += 1
+            if item.signature != signature:
+                continue
+            tenant = _tenant(item)
+            have = collected.get(tenant, 0)
+            if have >= max_rows:
+                continue
+            queues.setdefault(tenant, deque()).append(item)
+            collected[tenant] = have + item.rows
+            if have + item.rows >= max_rows:
+                wanting -= 1
+                if wanting <= 0:
+                    break
         if not queues:
             return rows
         chosen: set[WorkItem] = set()
@@ -225,9 +242,8 @@ class RequestQueue:
                     self._resume = later[0] if later else (active[0] if active else None)
                     break
         if chosen:
-            remaining = [item for item in level if item not in chosen]
-            level.clear()
-            level.extend(remaining)
+            prefix = [level.popleft() for _ in range(scanned)]
+            level.extendleft(reversed([item for item in prefix if item not in chosen]))
             for item in chosen:
                 self._forget(item)
         return rows
