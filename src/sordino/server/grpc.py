@@ -39,6 +39,7 @@ from sordino.server.model_config import model_metadata_json, triton_config_json
 from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
 from sordino.server.serve import check_port
+from sordino.server.tls import load_tls
 
 __all__ = ["SERVICE", "UNSUPPORTED_RPCS", "GrpcServer", "InferenceServicer"]
 
@@ -399,7 +400,12 @@ class GrpcServer:
         server.add_generic_rpc_handlers((build_handler(self._servicer),))
         host = f"[{self.host}]" if ":" in self.host else self.host
         try:
-            port = server.add_insecure_port(f"{host}:{self._requested_port}")
+            tls = load_tls(self.runtime.config.server.tls)
+            address = f"{host}:{self._requested_port}"
+            if tls is not None:
+                port = server.add_secure_port(address, tls.grpc_credentials())
+            else:
+                port = server.add_insecure_port(address)
         except RuntimeError as exc:
             port = 0
             cause: Exception | None = exc
