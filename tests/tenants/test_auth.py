@@ -125,6 +125,16 @@ def test_grpc_keys(server: RunningServer) -> None:
             client.get_model_repository_index(headers=_grpc_auth(SMALL_KEY))
         assert caught.value.status() == "StatusCode.PERMISSION_DENIED"
         client.get_model_repository_index(headers=_grpc_auth(ADMIN_KEY))
+        # Health needs no key; metadata, config and statistics do.
+        assert client.is_server_live() and client.is_server_ready()
+        with pytest.raises(InferenceServerException) as caught:
+            client.get_server_metadata()
+        assert caught.value.status() == "StatusCode.UNAUTHENTICATED"
+        with pytest.raises(InferenceServerException) as caught:
+            client.get_model_metadata("simple", headers=_grpc_auth("wrong-key-123456"))
+        assert caught.value.status() == "StatusCode.UNAUTHENTICATED"
+        assert client.get_model_metadata("simple", headers=_grpc_auth(SMALL_KEY)).name == "simple"
+        client.get_inference_statistics("simple", headers=_grpc_auth(SMALL_KEY))
     finally:
         client.close()
 

@@ -90,6 +90,18 @@ class InferenceServicer:
             runtime.config.server, runtime.config.auth, runtime.tenants.is_tenant_key
         )
 
+    def _key(self, context: Any) -> None:
+        """With ``auth.required``, the call must bear a tenant's or an admin key (the
+        health RPCs ServerLive and ServerReady need none)."""
+        tenants = self.runtime.tenants
+        if not tenants.required:
+            return
+        given = None
+        for key, value in context.invocation_metadata() or ():
+            if str(key).lower() == "authorization":
+                given = str(value)
+        tenants.authenticate(given)
+
     async def ServerLive(self, raw: bytes, context: Any) -> pb.ServerLiveResponse:
         parse_message(pb.ServerLiveRequest, raw)
         return pb.ServerLiveResponse(live=True)
@@ -99,6 +111,7 @@ class InferenceServicer:
         return pb.ServerReadyResponse(ready=self.runtime.ready)
 
     async def ModelReady(self, raw: bytes, context: Any) -> pb.ModelReadyResponse:
+        self._key(context)
         request = parse_message(pb.ModelReadyRequest, raw)
         # Like Triton: an unknown model is "not ready", not an error.
         versions = self.runtime.versions(request.name)
@@ -107,22 +120,26 @@ class InferenceServicer:
         return pb.ModelReadyResponse(ready=ready)
 
     async def ServerMetadata(self, raw: bytes, context: Any) -> pb.ServerMetadataResponse:
+        self._key(context)
         parse_message(pb.ServerMetadataRequest, raw)
         return pb.ServerMetadataResponse(name="sordino", version=__version__, extensions=EXTENSIONS)
 
     async def ModelMetadata(self, raw: bytes, context: Any) -> pb.ModelMetadataResponse:
+        self._key(context)
         request = parse_message(pb.ModelMetadataRequest, raw)
         model = self.runtime.get(request.name, request.version or None)
         document = model_metadata_json(model, self.runtime.versions(request.name))
         return message_from_json(document, pb.ModelMetadataResponse)
 
     async def ModelConfig(self, raw: bytes, context: Any) -> pb.ModelConfigResponse:
+        self._key(context)
         request = parse_message(pb.ModelConfigRequest, raw)
         model = self.runtime.get(request.name, request.version or None)
         config = message_from_json(triton_config_json(model), pb.ModelConfig)
         return pb.ModelConfigResponse(config=config)
 
     async def ModelStatistics(self, raw: bytes, context: Any) -> pb.ModelStatisticsResponse:
+        self._key(context)
         request = parse_message(pb.ModelStatisticsRequest, raw)
         document = self.runtime.triton_statistics(request.name or None, request.version or None)
         return message_from_json(document, pb.ModelStatisticsResponse)
