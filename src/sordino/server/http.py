@@ -33,6 +33,7 @@ from sordino.server.memory_routes import memory_routes
 from sordino.server.model_config import model_metadata_json, triton_config_json
 from sordino.server.model_control import ModelControl
 from sordino.server.observe import observe_routes
+from sordino.server.openapi import openapi_document
 from sordino.server.runtime import Runtime
 from sordino.server.tenant_routes import tenant_routes
 
@@ -150,6 +151,12 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
             Route(prefix + "/stats", _guard(runtime, model_stats), methods=["GET"]),
         ]
     routes += extra_routes(runtime, control, functools.partial(_guard, runtime), _json, access)
+
+    async def openapi(request: Request) -> Response:
+        """The HTTP API as OpenAPI 3.1 (generated from these routes)."""
+        return _json(openapi_document(routes))
+
+    routes.append(Route("/v2/openapi.json", _guard(runtime, openapi), methods=["GET"]))
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
