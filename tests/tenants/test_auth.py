@@ -186,3 +186,20 @@ def test_a_tenant_reads_only_its_own_figures(server: RunningServer) -> None:
     assert {t["name"] for t in listed["tenants"]} == {"acme", "small"}
     # Only key ids are shown, never the stored hashes.
     assert hash_key(ACME_KEY) not in str(listed)
+
+
+def test_a_cached_answer_still_wants_the_key(server: RunningServer) -> None:
+    cache = server.runtime.result_cache
+    cache.enable("simple", True)
+    try:
+        assert _infer(server, _auth(ACME_KEY)).status_code == 200
+        assert _infer(server, _auth(ACME_KEY)).status_code == 200  # from the cache
+        assert len(cache._entries) >= 1
+        assert _infer(server, _auth("wrong-key-1234")).status_code == 401
+        assert _infer(server, {}).status_code == 401
+    finally:
+        cache.enable("simple", False)
+
+
+def test_blocks_are_zeroed_between_tenants(server: RunningServer) -> None:
+    assert server.runtime.config.memory.zeroes_on_free

@@ -107,7 +107,11 @@ async def _infer(
             runtime.timings.body_read(loaded.key, read_s)
             cache = runtime.result_cache
             if cache.active(model):
-                cache_key = cache.key(model, version, body, header_length)
+                tenant = ""
+                if runtime.tenants.enabled:
+                    # A cached answer is no way around the key, nor another tenant's result.
+                    tenant = runtime.tenants.authenticate(forwarded.get("authorization"))
+                cache_key = cache.key(model, version, body, header_length, tenant)
                 cached = cache.get(cache_key)
                 if cached is not None:
                     await _send(send, 200, cached.payload, dict(cached.headers))

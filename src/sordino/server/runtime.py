@@ -69,9 +69,13 @@ class Runtime:
         clock: Clock | None = None,
         events: EventSink | None = None,
     ) -> None:
-        if any(t.memory_quota is not None for t in config.tenants):
-            # A tenant's memory_quota is a memory.quotas entry for every part that reads them.
-            config = config.model_copy(update={"memory": config.memory_with_tenant_quotas})
+        if config.tenants:
+            # A tenant's memory_quota is a memory.quotas entry for every part that reads them,
+            # and blocks are zeroed before changing hands (unless memory.zero_on_free says no).
+            memory = config.memory_with_tenant_quotas
+            if memory.zero_on_free is None:
+                memory = memory.model_copy(update={"zero_on_free": True})
+            config = config.model_copy(update={"memory": memory})
         self.config = config
         self.clock: Clock = clock or MonotonicClock()
         self.events = events or EventSink()
