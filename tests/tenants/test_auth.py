@@ -19,6 +19,7 @@ from sordino.testing import RunningServer, serve_in_thread
 ACME_KEY = "acme-key-0123456789"
 SMALL_KEY = "small-key-0123456789"
 ADMIN_KEY = "admin-key-0123456789"
+TINY_KEY = "tiny-key-0123456789"
 BODY = {
     "inputs": [
         {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": list(range(16))},
@@ -39,6 +40,7 @@ def _config(**extra: Any) -> Any:
                     "max_priority": "normal",
                 },
                 {"name": "small", "keys": [hash_key(SMALL_KEY)], "rate": "2/s", "burst": 3},
+                {"name": "tiny", "keys": [hash_key(TINY_KEY)], "memory_quota": 64},
             ],
             "auth": {"required": True, "admin_keys": [hash_key(ADMIN_KEY)]},
             **extra,
@@ -183,7 +185,7 @@ def test_a_tenant_reads_only_its_own_figures(server: RunningServer) -> None:
     assert me.json()["requests"] >= 1 and "in_flight" in me.json()
     assert httpx.get(f"{server.url}/v2/admin/tenants", headers=_auth(ACME_KEY)).status_code == 403
     listed = httpx.get(f"{server.url}/v2/admin/tenants", headers=_auth(ADMIN_KEY)).json()
-    assert {t["name"] for t in listed["tenants"]} == {"acme", "small"}
+    assert {t["name"] for t in listed["tenants"]} == {"acme", "small", "tiny"}
     # Only key ids are shown, never the stored hashes.
     assert hash_key(ACME_KEY) not in str(listed)
 
@@ -203,3 +205,10 @@ def test_a_cached_answer_still_wants_the_key(server: RunningServer) -> None:
 
 def test_blocks_are_zeroed_between_tenants(server: RunningServer) -> None:
     assert server.runtime.config.memory.zeroes_on_free
+
+
+def test_memory_quota_is_the_tenants_memory_quota(server: RunningServer) -> None:
+    answer = _infer(server, _auth(TINY_KEY))
+    assert answer.status_code == 400
+    assert "more than tenant 'tiny'" in answer.json()["error"]
+    assert _infer(server, _auth(ACME_KEY)).status_code == 200

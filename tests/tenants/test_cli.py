@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import grpc
 import httpx
 import pytest
 from click.testing import CliRunner
@@ -56,6 +57,13 @@ def test_add_key_use_revoke(server: RunningServer) -> None:
     code, out, err = _run(server, "revoke-key", "studio", key_id)
     assert code == 0, err
     assert _infer(server, key) == 401
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        metadata = (("authorization", f"Bearer {key}"),)
+        with pytest.raises(grpc.RpcError) as caught:
+            channel.unary_unary("/inference.GRPCInferenceService/ServerMetadata")(
+                b"", metadata=metadata, timeout=10
+            )
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
     calls = [e for e in server.runtime.events.recent("admin_call") if e.subject == "tenant:studio"]
     assert [e.payload["action"] for e in calls] == ["add", "add-key", "set", "revoke-key"]
     assert all(e.payload["outcome"] == "ok" for e in calls)
