@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from sordino.admission.tenants import BREAKER_FAILURES
 from sordino.config import load_config
@@ -60,6 +61,21 @@ def test_a_tenant_scoped_fault_trips_only_that_tenants_breaker() -> None:
 
         answers = asyncio.run(run())
         state = server.runtime.tenants.describe("a")
+        admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        exposition = httpx.get(f"{server.url}/metrics", headers=admin).text
+        own = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {B_KEY}"}).text
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+    }
+    assert samples[("sordino_tenant_breaker_open", (("tenant", "a"),))] == 1.0
+    assert samples[("sordino_tenant_breaker_open", (("tenant", "b"),))] == 0.0
+    assert samples[("sordino_tenant_breaker_trips_total", (("tenant", "a"),))] == 1.0
+    refused = (("limit", "breaker"), ("tenant", "a"))
+    assert samples[("sordino_tenant_refused_total", refused)] >= 1
+    # B's key reads B's series only.
+    assert 'tenant="b"' in own and 'tenant="a"' not in own
     b = [status for name, status, _ in answers if name == "b"]
     assert b == [200] * len(b), answers
     a = [(status, text) for name, status, text in answers if name == "a"]

@@ -36,6 +36,7 @@ from sordino.admission.chain import AdmissionContext, parse_priority
 from sordino.config.tenants import TenantConfig, hash_key
 from sordino.errors import InvalidRequest, NotFound, RateLimited, Unauthenticated, Unavailable
 from sordino.inference import InferRequest
+from sordino.records import TenantStatistics
 
 __all__ = [
     "ADMIN_TENANT",
@@ -194,6 +195,24 @@ class Tenants:
             "breaker": "open" if state.open_until > self._clock() else "closed",
             "breaker_trips": state.trips,
         }
+
+    def statistics(self) -> list[TenantStatistics]:
+        """Every configured tenant's live figures (the ``/metrics`` families read these)."""
+        now = self._clock()
+        return [
+            TenantStatistics(
+                tenant=name,
+                weight=state.config.weight,
+                in_flight=state.in_flight,
+                admitted=state.requests,
+                refused_rate=state.refused_rate,
+                refused_concurrency=state.refused_concurrency,
+                refused_breaker=state.refused_breaker,
+                breaker_open=state.open_until > now,
+                breaker_trips=state.trips,
+            )
+            for name, state in sorted(self._table.tenants.items())
+        ]
 
     def weight(self, tenant: str) -> int:
         state = self._table.tenants.get(tenant)

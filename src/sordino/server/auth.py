@@ -29,7 +29,7 @@ __all__ = ["caller", "me_routes", "visible_metrics", "with_authentication"]
 
 _OPEN = re.compile(r"/v2/health/(live|ready)|/health|/dashboard(/playground|/static/[^/]+)?")
 _GENERATE = re.compile(r"/v2/models/[^/]+(/versions/[^/]+)?/generate(_stream)?")
-_TENANT_LABEL = re.compile(rb'tenant="((?:[^"\\]|\\.)*)"')
+_TENANT_LABEL = re.compile(rb'(?:tenant|owner)="((?:[^"\\]|\\.)*)"')
 
 
 def with_authentication(app: ASGIApp, runtime: Runtime) -> ASGIApp:
@@ -88,7 +88,7 @@ def visible_metrics(exposition: bytes, tenant: str | None) -> bytes:
     own = tenant.encode()
     kept = []
     for line in exposition.split(b"\n"):
-        match = _TENANT_LABEL.search(line) if b"tenant=" in line else None
+        match = _TENANT_LABEL.search(line) if (b"tenant=" in line or b"owner=" in line) else None
         if match is None or match[1] == own:
             kept.append(line)
     return b"\n".join(kept)

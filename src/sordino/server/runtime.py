@@ -51,6 +51,7 @@ from sordino.telemetry.memory_metrics import MemoryCollector
 from sordino.telemetry.metrics import Metrics
 from sordino.telemetry.model_stats import ModelStats
 from sordino.telemetry.observers import SchedulerObservers
+from sordino.telemetry.tenant_metrics import TenantCollector
 from sordino.telemetry.timings import TimingSeries
 
 __all__ = ["LoadedModel", "Runtime"]
@@ -163,6 +164,7 @@ class Runtime:
         self.metrics.watch_schedulers(self.registry.scheduler_statistics)
         self.metrics.registry.register(ExecutionCollector(self.executor.statistics))
         self.metrics.registry.register(MemoryCollector(self.memory.statistics))
+        self.metrics.registry.register(TenantCollector(self.tenants.statistics))
         self.metrics.registry.register(
             GenerationCollector(
                 self.step_degrader,
