@@ -78,7 +78,9 @@ class RequestQueue:
         self._queued.add(item)
         self._rows += item.rows
         self._level_rows[item.priority - 1] += item.rows
-        self._level_tenants[item.priority - 1][_tenant(item)] += 1
+        request = item.request
+        if request is not None and request.tenant:  # untenanted work costs nothing here
+            self._level_tenants[item.priority - 1][request.tenant] += 1
         if item.deadline is not None:
             heapq.heappush(self._deadlines, (item.deadline, item.seq, item))
 
@@ -152,8 +154,10 @@ class RequestQueue:
         """
         taken: list[WorkItem] = []
         rows = 0
+        shared = [len(counts) > 1 for counts in self._level_tenants]
+        fair = any(shared)
         for index, level in enumerate(self._iter_levels()):
-            if len(self._level_tenants[index // 2]) > 1 and level:
+            if fair and shared[index // 2] and level:
                 rows = self._take_fair(index // 2, level, signature, max_rows, taken, rows)
                 if rows >= max_rows:
                     break
@@ -289,11 +293,12 @@ class RequestQueue:
         self._queued.discard(item)
         self._rows -= item.rows
         self._level_rows[item.priority - 1] -= item.rows
-        counts = self._level_tenants[item.priority - 1]
-        tenant = _tenant(item)
-        counts[tenant] -= 1
-        if counts[tenant] <= 0:
-            del counts[tenant]
+        request = item.request
+        if request is not None and request.tenant:
+            counts = self._level_tenants[item.priority - 1]
+            counts[request.tenant] -= 1
+            if counts[request.tenant] <= 0:
+                del counts[request.tenant]
 
 
 def _tenant(item: WorkItem) -> str:

@@ -421,11 +421,14 @@ class ModelScheduler:
         t0 = t1 = self._clock.now()
         rows = sum(item.rows for item in live)
         try:
-            tenants = frozenset(
-                item.request.tenant for item in live if item.request and item.request.tenant
-            )
-            # Chaos faults scoped to a tenant hit only batches holding its requests.
-            scope = BATCH_TENANTS.set(tenants) if tenants else None
+            # Chaos faults scoped to a tenant hit only batches holding its requests. Work
+            # is all tenanted (tenants configured) or none of it is: the first item says.
+            first = live[0].request
+            scope = None
+            if first is not None and first.tenant:
+                scope = BATCH_TENANTS.set(
+                    frozenset(i.request.tenant for i in live if i.request is not None)
+                )
             try:
                 outputs = await self._executor.run(self.model, [item.inputs for item in live])
             finally:
