@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from sordino.admission.tenants import BREAKER_FAILURES
+from sordino.cli.main import cli
 from sordino.config import load_config
 from sordino.config.tenants import hash_key
 from sordino.models.repository import builtin_sources
@@ -32,13 +34,11 @@ def test_a_tenant_scoped_fault_trips_only_that_tenants_breaker() -> None:
     )
     sources = [s for s in builtin_sources() if s.name == "simple"]
     with serve_in_thread(config, sources) as server:
-        injected = httpx.post(
-            f"{server.url}/v2/admin/chaos",
-            json={"target": "worker:simple", "fault": "error", "tenant": "a"},
-            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
-        )
-        assert injected.status_code == 201, injected.text
-        assert injected.json()["fault"]["tenant"] == "a"
+        command = ["chaos", "inject", "--target", "worker:simple", "--fault", "error"]
+        command += ["--tenant", "a", "--url", server.url, "--token", ADMIN_KEY]
+        injected = CliRunner().invoke(cli, command)
+        assert injected.exit_code == 0, injected.output
+        assert "only tenant a" in injected.stdout
         url = f"{server.url}/v2/models/simple/infer"
 
         async def round_of(client: httpx.AsyncClient) -> list[tuple[str, int, str]]:
