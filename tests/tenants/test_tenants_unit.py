@@ -130,3 +130,12 @@ def test_a_plain_key_in_the_config_is_never_echoed() -> None:
         load_config(None, {"auth": {"admin_keys": ["my-secret-admin-key"]}})
     assert "not a hashed key" in str(caught.value)
     assert "my-secret-admin-key" not in str(caught.value)
+
+
+def test_a_tenant_called_default_limits_anonymous_requests() -> None:
+    tenants = Tenants([TenantConfig(name="default", max_concurrency=1)], required=False)
+    tenant = tenants.authenticate(None)
+    assert tenant == "default"
+    tenants(REQUEST, _context(tenant))
+    with pytest.raises(RateLimited, match="max_concurrency"):
+        tenants(REQUEST, _context(tenant))
