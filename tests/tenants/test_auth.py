@@ -11,6 +11,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from sordino.cli.monitor_view import tenant_lines
 from sordino.config import load_config
 from sordino.config.tenants import hash_key
 from sordino.models.repository import builtin_sources
@@ -212,3 +213,14 @@ def test_memory_quota_is_the_tenants_memory_quota(server: RunningServer) -> None
     assert answer.status_code == 400
     assert "more than tenant 'tiny'" in answer.json()["error"]
     assert _infer(server, _auth(ACME_KEY)).status_code == 200
+
+
+def test_the_monitor_shows_tenants_to_whom_may_see_them(server: RunningServer) -> None:
+    url = f"{server.url}/v2/sordino/telemetry"
+    everyone = httpx.get(url, headers=_auth(ADMIN_KEY)).json()["tenants"]
+    assert {t["tenant"] for t in everyone} == {"acme", "small", "tiny"}
+    own = httpx.get(url, headers=_auth(SMALL_KEY)).json()
+    assert [t["tenant"] for t in own["tenants"]] == ["small"]
+    lines = tenant_lines(own)
+    assert len(lines) == 1 and lines[0].startswith("tenant small (weight 1):")
+    assert "refused" in lines[0] and "breaker closed" in lines[0]
