@@ -404,3 +404,18 @@ class GuardianStatistics:
     alerts_sent: int
     alerts_failed: int
     """Failed delivery attempts (each retry counts) and alerts dropped from a full queue."""
+
+
+@dataclass(frozen=True, slots=True)
+class TenantStatistics:
+    """One configured tenant's live figures (admission/tenants.py)."""
+
+    tenant: str
+    weight: int
+    in_flight: int
+    admitted: int
+    refused_rate: int
+    refused_concurrency: int
+    refused_breaker: int
+    breaker_open: bool
+    breaker_trips: int

@@ -166,13 +166,14 @@ def test_start_warns_on_an_open_host_without_a_token(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.delenv(TOKEN_ENV, raising=False)
+    open_host = ["--host", "0.0.0.0", "--insecure"]  # without auth.required: see below
     with caplog.at_level(logging.WARNING, logger="sordino"):
-        result = _start(monkeypatch, tmp_path, ["--host", "0.0.0.0"], {})
+        result = _start(monkeypatch, tmp_path, open_host, {})
     assert result.exit_code == 0, result.output
     assert any("reachable from other machines" in r.getMessage() for r in caplog.records)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="sordino"):
-        result = _start(monkeypatch, tmp_path, ["--host", "0.0.0.0"], {TOKEN_ENV: TOKEN})
+        result = _start(monkeypatch, tmp_path, open_host, {TOKEN_ENV: TOKEN})
     assert result.exit_code == 0, result.output
     assert not any("reachable" in r.getMessage() for r in caplog.records)
 
@@ -183,3 +184,18 @@ def test_start_refuses_a_short_environment_token(
     result = _start(monkeypatch, tmp_path, [], {TOKEN_ENV: "abc"})
     assert result.exit_code == 2
     assert f"{TOKEN_ENV} is 3 characters long" in result.output
+
+
+def test_start_refuses_an_open_host_without_auth_required(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    result = _start(monkeypatch, tmp_path, ["--host", "0.0.0.0"], {})
+    assert result.exit_code == 2
+    assert "refusing to listen on 0.0.0.0" in result.output
+    assert "auth.required" in result.output and "--insecure" in result.output
+    assert "Traceback" not in result.output
+    config = tmp_path / "auth.yaml"
+    config.write_text("auth: {required: true}\n")
+    result = _start(monkeypatch, tmp_path, ["--host", "0.0.0.0", "--config", str(config)], {})
+    assert result.exit_code == 0, result.output

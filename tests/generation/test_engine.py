@@ -157,6 +157,13 @@ async def test_cache_and_coalescing_return_identical_bytes(engine: Engine) -> No
     await engine.clock.advance(1.0)
     assert (await fourth)[1] == "generated"  # caches are per tenant
     assert (await fourth)[0].png == first.png  # the same seed: the same image
+    # In flight, too, another tenant's identical request is not coalesced with this one.
+    fifth = params.__class__(params.prompt, 43, 8, 3.0, "tenant-a", True)
+    sixth = params.__class__(params.prompt, 43, 8, 3.0, "tenant-b", True)
+    pair = asyncio.gather(engine.generate(fifth), engine.generate(sixth))
+    await engine.clock.advance(1.0)
+    (_, how5), (_, how6) = await pair
+    assert (how5, how6) == ("generated", "generated")
 
 
 async def test_approximate_reuse_skips_steps_from_a_cached_state(

@@ -46,6 +46,10 @@ class AdmissionContext:
     priority_rules: Mapping[str, int | str]
     priority: int = 0
     timeout_s: float | None = None
+    tenant: str = "default"
+    """Who the request is (from its key when tenants are configured)."""
+    slot: bool = False
+    """True while the request holds a slot of its tenant's limits (admission/tenants.py)."""
 
 
 Link = Callable[[InferRequest, AdmissionContext], None]

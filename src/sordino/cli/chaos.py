@@ -22,6 +22,8 @@ def _describe(fault: dict[str, Any]) -> str:
         parts.append(f"+{fault['latency_s'] * 1000:.0f} ms")
     if fault.get("celsius") is not None:
         parts.append(f"reads {fault['celsius']:g} °C")
+    if fault.get("tenant") is not None:
+        parts.append(f"only tenant {fault['tenant']}")
     if fault.get("remaining_s") is not None:
         parts.append(f"{fault['remaining_s']:.0f} s left")
     return ", ".join(parts)
@@ -77,6 +79,7 @@ def _run(call: Any) -> Any:
 @click.option(
     "--celsius", type=float, default=None, help="The reading a temperature fault reports."
 )
+@click.option("--tenant", default=None, help="Hit only batches holding this tenant's requests.")
 @_server_options
 @click.pass_context
 def inject(
@@ -87,6 +90,7 @@ def inject(
     latency: str,
     duration: str | None,
     celsius: float | None,
+    tenant: str | None,
     url: str | None,
     token: str | None,
 ) -> None:
@@ -98,7 +102,13 @@ def inject(
     client = _client(ctx, url, token)
     spec = _run(
         lambda: client.inject(
-            target, fault, rate=rate, latency=latency, duration=duration, celsius=celsius
+            target,
+            fault,
+            rate=rate,
+            latency=latency,
+            duration=duration,
+            celsius=celsius,
+            tenant=tenant,
         )
     )
     click.echo(f"injected {_describe(spec)}")

@@ -19,6 +19,7 @@ from sordino.cli.postmortem import postmortem
 from sordino.cli.profile import profile
 from sordino.cli.start import start
 from sordino.cli.stress import stress_test
+from sordino.cli.tenants import tenants
 
 __all__ = ["cli", "main"]
 
@@ -46,6 +47,7 @@ cli.add_command(postmortem)
 cli.add_command(event)
 cli.add_command(events)
 cli.add_command(guardian)
+cli.add_command(tenants)
 
 
 def main() -> None:

@@ -134,6 +134,20 @@ def memory_line(snap: dict[str, Any]) -> str | None:
     )
 
 
+def tenant_lines(snap: dict[str, Any]) -> list[str]:
+    """One line per tenant the caller may see: in flight, admitted, refusals, breaker."""
+    lines = []
+    for t in snap.get("tenants") or ():
+        breaker = "OPEN" if t["breaker_open"] else "closed"
+        lines.append(
+            f"tenant {t['tenant']} (weight {t['weight']}): {t['in_flight']} in flight, "
+            f"{t['admitted']} admitted · refused {t['refused_rate']} rate, "
+            f"{t['refused_concurrency']} concurrency, {t['refused_breaker']} breaker · "
+            f"breaker {breaker} ({t['breaker_trips']} trips)"
+        )
+    return lines
+
+
 def plain_snapshot(snap: dict[str, Any], metrics: Sequence[str], url: str) -> str:
     """One snapshot as plain text: a header, a row per model, the latest events."""
     cols = _columns(metrics)
@@ -145,6 +159,7 @@ def plain_snapshot(snap: dict[str, Any], metrics: Sequence[str], url: str) -> st
     memory = memory_line(snap)
     if memory is not None:
         lines.append(memory)
+    lines += tenant_lines(snap)
     lines.append("")
     header = ["model".ljust(24)] + [title.rjust(10) for title, _, _ in cols]
     lines.append(" ".join(header))
@@ -173,6 +188,8 @@ def live_view(
     memory = memory_line(snap)
     if memory is not None:
         resources.append("\n" + memory)
+    for line in tenant_lines(snap):
+        resources.append("\n" + line)
     if "mem_frag" in metrics:
         series = snap["resources"]["series"]
         if any(v is not None for v in series.get("fragmentation", [])):

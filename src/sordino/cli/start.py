@@ -18,7 +18,7 @@ from typing import get_args
 import click
 
 from sordino.config import RuntimeConfig, SchedulerMode, load_config
-from sordino.control.admin import admin_token, exposure_warning
+from sordino.control.admin import admin_token, exposure_refusal, exposure_warning
 from sordino.errors import ConfigError, SordinoError
 from sordino.models.repository import (
     ModelSource,
@@ -259,6 +259,13 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
     "$SORDINO_SLACK_WEBHOOK), webhook:URL, file:PATH, log.",
 )
 @click.option(
+    "--insecure",
+    is_flag=True,
+    default=False,
+    help="Serve on a non-loopback --host without auth.required (anyone who reaches the "
+    "port may run inference).",
+)
+@click.option(
     "--log-level",
     default="info",
     show_default=True,
@@ -283,6 +290,7 @@ def start(
     defrag_interval: str | None,
     guardian_mode: bool | None,
     alert_channels: tuple[str, ...],
+    insecure: bool,
     log_level: str,
 ) -> None:
     """Load models and serve them over KServe v2 HTTP and gRPC until Ctrl-C or SIGTERM.
@@ -314,6 +322,9 @@ def start(
         config = load_config(config_path, {k: v for k, v in overrides.items() if v is not None})
         config = _free_grpc_port_with_free_http_port(config)
         # A too short $SORDINO_ADMIN_TOKEN stops start-up here; an open host is said out loud.
+        refusal = exposure_refusal(config.server.host, config.auth.required, insecure=insecure)
+        if refusal is not None:
+            raise ConfigError(refusal)
         exposed = exposure_warning(config.server.host, admin_token(config.server.admin_token))
         if exposed is not None:
             log.warning("%s", exposed)

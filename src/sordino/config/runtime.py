@@ -12,12 +12,13 @@ from pydantic import AfterValidator, ValidationInfo, field_validator, model_vali
 
 from sordino.config.base import ExpandedPath, Section, reject_repeated_names
 from sordino.config.devices import DeviceConfig
-from sordino.config.memory import MemoryConfig
+from sordino.config.memory import MemoryConfig, QuotaConfig
 from sordino.config.models import ModelConfig
 from sordino.config.scheduler import SchedulerConfig
 from sordino.config.self_healing import SelfHealingConfig
 from sordino.config.server import ServerConfig
 from sordino.config.telemetry import TelemetryConfig
+from sordino.config.tenants import AuthConfig, TenantConfig
 from sordino.config.workers import WorkersConfig
 
 __all__ = ["RuntimeConfig"]
@@ -47,6 +48,46 @@ class RuntimeConfig(Section):
     """The shared-memory arena's manager (docs/memory.md)."""
     self_healing: SelfHealingConfig = SelfHealingConfig()
     """The guardian: triggers, actions, budget, recovery, alert channels."""
+    tenants: tuple[TenantConfig, ...] = ()
+    """Tenants: API keys, weights, rates, concurrency, memory quotas (docs/tenants.md)."""
+    auth: AuthConfig = AuthConfig()
+    """Whether a key is required, and the admin keys (docs/security.md)."""
+
+    @model_validator(mode="after")
+    def _tenants_coherent(self) -> RuntimeConfig:
+        reject_repeated_names((t.name for t in self.tenants), what="tenant names")
+        owners: dict[str, str] = {key: "auth.admin_keys" for key in self.auth.admin_keys}
+        for tenant in self.tenants:
+            for key in tenant.keys:
+                if key in owners:
+                    raise ValueError(
+                        f"tenants: key {key[:15]}… of tenant {tenant.name!r} is also in "
+                        f"{owners[key]}; each key belongs to one tenant or to the admins"
+                    )
+                owners[key] = f"tenant {tenant.name!r}"
+            if tenant.memory_quota is not None and self.memory.quota(tenant.name) is not None:
+                raise ValueError(
+                    f"tenant {tenant.name!r} has a memory_quota and an entry in memory.quotas; "
+                    "keep one of them"
+                )
+            if tenant.memory_quota is not None and not self.memory.enabled:
+                raise ValueError(
+                    f"tenant {tenant.name!r} has a memory_quota, but memory.enabled is false: "
+                    "enable the memory manager or remove the quota"
+                )
+        return self
+
+    @property
+    def memory_with_tenant_quotas(self) -> MemoryConfig:
+        """``memory`` with each tenant's ``memory_quota`` added to ``memory.quotas``."""
+        extra = tuple(
+            QuotaConfig(tenant=t.name, max=t.memory_quota)
+            for t in self.tenants
+            if t.memory_quota is not None
+        )
+        if not extra:
+            return self.memory
+        return self.memory.model_copy(update={"quotas": self.memory.quotas + extra})
 
     @model_validator(mode="after")
     def _poll_needs_repository(self) -> RuntimeConfig:

@@ -10,12 +10,24 @@ from pydantic import Field
 from sordino.config.base import ExpandedPath, Section
 from sordino.config.units import Duration, Size, parse_size
 
-__all__ = ["MIN_TOKEN_LENGTH", "ModelControlMode", "ServerConfig"]
+__all__ = ["MIN_TOKEN_LENGTH", "ModelControlMode", "ServerConfig", "TlsConfig"]
 
 ModelControlMode = Literal["none", "explicit", "poll"]
 
 MIN_TOKEN_LENGTH = 8
 """The shortest admin token accepted, from the config file or ``SORDINO_ADMIN_TOKEN``."""
+
+
+class TlsConfig(Section):
+    """TLS for both endpoints: the server's certificate and key (PEM), and optionally
+    the CA whose client certificates it requires (mutual TLS)."""
+
+    cert: ExpandedPath
+    """The server's certificate chain (PEM)."""
+    key: ExpandedPath
+    """The certificate's private key (PEM)."""
+    client_ca: ExpandedPath | None = None
+    """CA certificates (PEM); when set, every client must present a certificate it signed."""
 
 
 class ServerConfig(Section):
@@ -50,6 +62,8 @@ class ServerConfig(Section):
     are answered 503 and closed (other clients are still served)."""
     shutdown_timeout: Duration = 30.0
     """How long a graceful stop waits for in-flight requests before cancelling them."""
+    tls: TlsConfig | None = None
+    """TLS for HTTP (https://) and gRPC; absent: plain text (docs/security.md)."""
     admin_token: str | None = Field(default=None, min_length=MIN_TOKEN_LENGTH, repr=False)
     """Bearer token of the admin API and the protected endpoints (model control, profiling,
     the journal, the full telemetry view); env SORDINO_ADMIN_TOKEN if unset."""

@@ -21,7 +21,8 @@ so faults are never injected by accident. Routes (JSON bodies; a failure answers
 ``{"error": ...}`` with the status :mod:`sordino.protocol.status` gives the error):
 
 - ``GET /v2/admin/chaos``: the active faults
-- ``POST /v2/admin/chaos``: inject ``{"target", "fault", "rate", "latency", "duration"}``
+- ``POST /v2/admin/chaos``: inject ``{"target", "fault", "rate", "latency", "duration",
+  "tenant"}`` (``tenant``: only batches holding that tenant's requests)
   (``latency``/``duration`` as durations: ``"200ms"``, ``"30s"`` or seconds)
 - ``DELETE /v2/admin/chaos[?id=f1]``: clear one fault or all of them
 """
@@ -41,6 +42,7 @@ from starlette.routing import Route
 
 from sordino.clock import Clock
 from sordino.config import MIN_TOKEN_LENGTH, ServerConfig, parse_duration
+from sordino.config.tenants import AuthConfig, hash_key
 from sordino.errors import ConfigError, Forbidden, InvalidRequest, SordinoError, Unauthenticated
 from sordino.execution.faults import FaultSpec
 from sordino.protocol.status import http_status, retry_after_header
@@ -51,6 +53,7 @@ __all__ = [
     "ChaosControl",
     "admin_routes",
     "admin_token",
+    "exposure_refusal",
     "exposure_warning",
     "is_loopback",
 ]
@@ -73,6 +76,7 @@ class ChaosControl(Protocol):
         latency_s: float = 0.2,
         duration_s: float | None = None,
         celsius: float | None = None,
+        tenant: str | None = None,
     ) -> FaultSpec: ...
 
     @property
@@ -126,6 +130,19 @@ def exposure_warning(host: str, token: str | None) -> str | None:
     )
 
 
+def exposure_refusal(host: str, auth_required: bool, *, insecure: bool = False) -> str | None:
+    """Why a server on ``host`` must not start, or None: off loopback, a key is required
+    (``auth.required``) unless the operator says ``--insecure``."""
+    if auth_required or insecure or is_loopback(host):
+        return None
+    return (
+        f"refusing to listen on {host}, reachable from other machines, without "
+        "auth.required: anyone who reaches the port could run inference. Set auth.required: "
+        "true with tenants' keys (docs/tenants.md), bind to 127.0.0.1, or pass --insecure "
+        "to serve it open anyway"
+    )
+
+
 class AdminAccess:
     """Decides who may call a protected endpoint (see the module's docstring).
 
@@ -133,16 +150,42 @@ class AdminAccess:
     loopback clients of a loopback-bound server in when no token is set (chaos: False).
     """
 
-    def __init__(self, token: str | None, host: str, *, loopback_without_token: bool = True):
+    def __init__(
+        self,
+        token: str | None,
+        host: str,
+        *,
+        loopback_without_token: bool = True,
+        keys: Iterable[str] = (),
+        tenant_key: Callable[[str], bool] | None = None,
+    ):
+        """``keys`` are hashed admin keys (``auth.admin_keys``); ``tenant_key`` tells a
+        tenant's valid (non-admin) key, which is refused with 403 rather than 401."""
         self.token = token
         self.host = host
+        self.keys = frozenset(keys)
+        self._tenant_key = tenant_key
         self._loopback_rule = loopback_without_token
-        self._loopback_open = loopback_without_token and token is None and is_loopback(host)
+        self._loopback_open = (
+            loopback_without_token and token is None and not self.keys and is_loopback(host)
+        )
 
     @classmethod
-    def from_config(cls, server: ServerConfig) -> AdminAccess:
-        """The access rule of a server configured as ``server`` (token from env too)."""
-        return cls(admin_token(server.admin_token), server.host)
+    def from_config(
+        cls,
+        server: ServerConfig,
+        auth: AuthConfig | None = None,
+        tenant_key: Callable[[str], bool] | None = None,
+    ) -> AdminAccess:
+        """The access rule of a server configured as ``server`` (token from env too)
+        and ``auth`` (its admin keys)."""
+        keys = auth.admin_keys if auth is not None else ()
+        return cls(admin_token(server.admin_token), server.host, keys=keys, tenant_key=tenant_key)
+
+    @property
+    def has_credentials(self) -> bool:
+        """Whether an admin token or admin keys are set."""
+        return self.token is not None or bool(self.keys)
 
     def check(self, authorization: str | None, peer: str | None, *, proxied: bool = False) -> None:
         """Return if the caller may proceed; raise Unauthenticated or Forbidden otherwise.
@@ -152,7 +195,7 @@ class AdminAccess:
         ``X-Forwarded-For``, ``X-Real-IP``): such a request is no loopback client, even
         when the proxy connects from loopback.
         """
-        if self.token is None:
+        if not self.has_credentials:
             if self._loopback_open and is_loopback(peer) and not proxied:
                 return
             why = (
@@ -163,13 +206,21 @@ class AdminAccess:
             )
             raise Forbidden(f"the admin API is off: set server.admin_token or {TOKEN_ENV} ({why})")
         scheme, _, value = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            value.strip().encode(), self.token.encode()
-        ):
-            raise Unauthenticated(
-                "missing or wrong admin token: send Authorization: Bearer <token> (the "
-                f"server's server.admin_token or {TOKEN_ENV})"
-            )
+        value = value.strip()
+        if scheme.lower() == "bearer" and value:
+            if self.token is not None and hmac.compare_digest(value.encode(), self.token.encode()):
+                return
+            if hash_key(value) in self.keys:
+                return
+            if self._tenant_key is not None and self._tenant_key(value):
+                raise Forbidden(
+                    "this key is a tenant's, not an admin's: the admin API needs an admin key "
+                    "(auth.admin_keys) or the admin token"
+                )
+        raise Unauthenticated(
+            "missing or wrong admin token: send Authorization: Bearer <token> (the "
+            f"server's server.admin_token or {TOKEN_ENV}, or a key of auth.admin_keys)"
+        )
 
     def check_request(self, request: Request) -> None:
         """:meth:`check` for an HTTP request: its header, its peer, its proxy headers."""
@@ -263,9 +314,15 @@ def _number(body: dict[str, Any], key: str) -> float | None:
     return float(value)
 
 
-def admin_routes(chaos: ChaosControl, clock: Clock, token: str | None) -> list[Route]:
-    """The chaos API's routes, each behind the bearer token (off without one)."""
-    access = AdminAccess(token, "", loopback_without_token=False)
+def admin_routes(
+    chaos: ChaosControl,
+    clock: Clock,
+    token: str | None,
+    keys: Iterable[str] = (),
+    tenant_key: Callable[[str], bool] | None = None,
+) -> list[Route]:
+    """The chaos API's routes, each behind the bearer token or an admin key (off without)."""
+    access = AdminAccess(token, "", loopback_without_token=False, keys=keys, tenant_key=tenant_key)
 
     def guarded(handler: Handler) -> Handler:
         async def run(request: Request) -> Response:
@@ -291,14 +348,20 @@ def admin_routes(chaos: ChaosControl, clock: Clock, token: str | None) -> list[R
             rate = float(body.get("rate", 1.0))
         except (TypeError, ValueError):
             raise InvalidRequest(f"rate {body.get('rate')!r} is not a number") from None
+        # Only a temperature fault takes a reading, and only a scoped fault a tenant:
+        # other controls need not know them.
+        extra: dict[str, Any] = {}
+        if (celsius := _number(body, "celsius")) is not None:
+            extra["celsius"] = celsius
+        if body.get("tenant"):
+            extra["tenant"] = str(body["tenant"])
         spec = chaos.inject_fault(
             str(body["target"]),
             str(body["fault"]),
             rate=rate,
             latency_s=_seconds(body, "latency", 0.2) or 0.0,
             duration_s=_seconds(body, "duration", None),
-            # Only a temperature fault takes a reading; other controls need not know it.
-            **({"celsius": celsius} if (celsius := _number(body, "celsius")) is not None else {}),
+            **extra,
         )
         return _json({"fault": spec.to_json(clock.now())}, 201)
 

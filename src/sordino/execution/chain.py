@@ -567,12 +567,19 @@ class ChainExecutor:
         latency_s: float = 0.2,
         duration_s: float | None = None,
         celsius: float | None = None,
+        tenant: str | None = None,
     ) -> FaultSpec:
         """Inject a fault after checking that its target exists (see ``check_target``)."""
         instances = [i for model in self._models.values() for i in model.instances()]
         parsed = check_target(target, kind, instances=instances, devices=self._placement.chain)
         return self.faults.inject(
-            parsed, kind, rate=rate, latency_s=latency_s, duration_s=duration_s, celsius=celsius
+            parsed,
+            kind,
+            rate=rate,
+            latency_s=latency_s,
+            duration_s=duration_s,
+            celsius=celsius,
+            tenant=tenant,
         )
 
     # -- statistics ------------------------------------------------------------------

@@ -15,6 +15,12 @@ travels with the batch and :func:`perform` carries it out where the model runs:
   reads ``celsius`` (:meth:`FaultRegistry.temperature`), so the guardian's
   temperature triggers can be tested on machines without sensors.
 
+A fault may be scoped to a tenant (``tenant``): it hits only batches holding a request
+of that tenant (the scheduler names a batch's tenants in :data:`BATCH_TENANTS`). Its
+``error`` is then a poisoned input (:class:`PoisonedInput`, a model error): the engine
+re-runs the batch one request at a time, so only that tenant's requests fail. A scoped
+``crash`` still takes the whole batch down with the worker, as a real crash would.
+
 Faults aimed at one instance (``worker:MODEL/N``) of the kinds that make a process
 sick without killing it (``error``, ``latency``, ``oom``) live in that process: when
 the guardian replaces it (:meth:`FaultRegistry.clear_instance`), they go with it.
@@ -32,6 +38,7 @@ import random
 import signal
 import time
 from collections.abc import Iterable, Sequence
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol, get_args
 
@@ -42,12 +49,14 @@ from sordino.execution.devices import Device
 from sordino.inference import ModelKey
 
 __all__ = [
+    "BATCH_TENANTS",
     "CRASH_EXIT_CODE",
     "FaultAction",
     "FaultKind",
     "FaultRegistry",
     "FaultSpec",
     "InjectedFault",
+    "PoisonedInput",
     "Target",
     "check_target",
     "parse_target",
@@ -59,8 +68,16 @@ FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 CRASH_EXIT_CODE = 70
 
 
+BATCH_TENANTS: ContextVar[frozenset[str]] = ContextVar("sordino_batch_tenants", default=frozenset())
+"""The tenants whose requests are in the batch being dispatched (set by the scheduler)."""
+
+
 class InjectedFault(RuntimeError):
     """The exception an ``error`` fault raises inside the worker."""
+
+
+class PoisonedInput(ValueError):
+    """What a tenant-scoped ``error`` fault raises: as if the model refused an input."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +165,8 @@ class FaultAction:
     kind: FaultKind
     latency_s: float = 0.0
     fault_id: str = ""
+    poison: bool = False
+    """An ``error`` that stands for a poisoned input (a tenant-scoped fault)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +181,7 @@ class FaultSpec:
     created: float
     expires: float | None
     celsius: float | None = None
+    tenant: str | None = None
 
     def to_json(self, now: float) -> dict[str, Any]:
         data = asdict(self)
@@ -176,6 +196,8 @@ def perform(action: FaultAction, *, in_process: bool) -> None:
     if action.kind == "latency":
         time.sleep(action.latency_s)
         return
+    if action.kind == "error" and action.poison:
+        raise PoisonedInput(f"injected poisoned-input fault {action.fault_id}")
     if action.kind == "error":
         raise InjectedFault(f"injected error fault {action.fault_id}")
     if action.kind == "oom":
@@ -214,6 +236,7 @@ class FaultRegistry:
         duration_s: float | None = None,
         celsius: float | None = None,
         cause: str = "chaos API",
+        tenant: str | None = None,
     ) -> FaultSpec:
         """Add a fault; it hits each matching batch with probability ``rate``."""
         if kind not in FAULT_KINDS:
@@ -226,6 +249,8 @@ class FaultRegistry:
             raise InvalidRequest(
                 "a temperature fault needs 'celsius', the reading to report (-50..200), e.g. 85"
             )
+        if tenant is not None and kind not in ("error", "latency", "crash", "hang", "oom"):
+            raise InvalidRequest(f"a {kind} fault cannot be scoped to a tenant")
         if kind == "temperature" and target.kind != "device":
             raise InvalidRequest("a temperature fault targets a device: device:NAME")
         now = self._clock.now()
@@ -238,6 +263,7 @@ class FaultRegistry:
             created=now,
             expires=now + duration_s if duration_s else None,
             celsius=celsius if kind == "temperature" else None,
+            tenant=tenant,
         )
         self._faults[spec.id] = spec
         self._events.emit(
@@ -250,6 +276,7 @@ class FaultRegistry:
             latency_s=spec.latency_s,
             duration_s=duration_s,
             **({"celsius": celsius} if kind == "temperature" else {}),
+            **({"tenant": tenant} if tenant is not None else {}),
         )
         return spec
 
@@ -306,6 +333,8 @@ class FaultRegistry:
         for spec in self.active():
             if spec.kind == "temperature":
                 continue
+            if spec.tenant is not None and spec.tenant not in BATCH_TENANTS.get():
+                continue
             target = spec.target
             if target.kind == "device":
                 if target.name != device:
@@ -314,5 +343,5 @@ class FaultRegistry:
                 continue
             if spec.rate >= 1 or self._random.random() < spec.rate:
                 self.applied += 1
-                return FaultAction(spec.kind, spec.latency_s, spec.id)
+                return FaultAction(spec.kind, spec.latency_s, spec.id, spec.tenant is not None)
         return None

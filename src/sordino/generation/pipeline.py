@@ -342,13 +342,16 @@ class Pipeline:
             params.guidance,
             self.config.sampler,
         )
+        # Like the result cache, coalescing stays within a tenant: another tenant's
+        # identical request neither waits on nor learns of this one.
+        flight = (params.tenant, *key)
         if params.seeded:
             cached = self.results.get(params.tenant, key)
             if cached is not None:
                 yield cached, "cache"
                 return
             if self.config.reuse.coalesce:
-                running = self.in_flight.join(key)
+                running = self.in_flight.join(flight)
                 if running is not None:
                     shared = await asyncio.shield(running)
                     if not shared.degraded:
@@ -356,7 +359,7 @@ class Pipeline:
                         return
                     # The first one was degraded (its deadline, its priority): this
                     # request has its own and gets its own generation.
-        lead = self.in_flight.lead(key) if params.seeded and self.config.reuse.coalesce else None
+        lead = self.in_flight.lead(flight) if params.seeded and self.config.reuse.coalesce else None
         outcome: Any = asyncio.CancelledError()
         generating = self._generate(params, condition, priority, timeout_s, request_id, progress)
         try:
@@ -375,7 +378,7 @@ class Pipeline:
             raise
         finally:
             if lead is not None:
-                self.in_flight.settle(key, lead, outcome)
+                self.in_flight.settle(flight, lead, outcome)
 
     async def _generate(
         self,

@@ -3,12 +3,20 @@
 Triton semantics: priority 1 is the highest; within a level, arrival order. Items
 whose deadline passed are either removed (REJECT) or kept behind the items of their
 level that have not expired (DELAY). The queue never grows past ``max_size`` items.
+
+**Fair share.** When one level holds the items of more than one tenant, a batch takes
+that level's rows by weighted deficit round robin over the tenants (each round a
+tenant earns ``weight`` quanta of rows and spends them on its oldest items), so a tenant
+sending many times its weight gets its weight's share under contention and none
+starves; a tenant with nothing queued earns nothing, so its share goes to the others
+(work conserving). Priority still comes first: a level is served before the next. With
+one tenant per level (the usual case) ``take`` is plain arrival order, as before.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator
 
 from sordino.errors import QueueFull
@@ -34,6 +42,10 @@ class RequestQueue:
         self._queued: set[WorkItem] = set()
         self._rows = 0
         self._level_rows = [0] * priority_levels
+        # Items per tenant on each level (regular and delayed): fair share only when >1.
+        self._level_tenants: list[Counter[str]] = [Counter() for _ in range(priority_levels)]
+        self._deficit: dict[str, float] = {}
+        self._resume: str | None = None  # whose turn the last fair batch ended before
         self.max_size = max_size
         self.delay_expired = delay_expired
 
@@ -66,6 +78,9 @@ class RequestQueue:
         self._queued.add(item)
         self._rows += item.rows
         self._level_rows[item.priority - 1] += item.rows
+        request = item.request
+        if request is not None and request.tenant:  # untenanted work costs nothing here
+            self._level_tenants[item.priority - 1][request.tenant] += 1
         if item.deadline is not None:
             heapq.heappush(self._deadlines, (item.deadline, item.seq, item))
 
@@ -139,7 +154,14 @@ class RequestQueue:
         """
         taken: list[WorkItem] = []
         rows = 0
-        for level in self._iter_levels():
+        shared = [len(counts) > 1 for counts in self._level_tenants]
+        fair = any(shared)
+        for index, level in enumerate(self._iter_levels()):
+            if fair and shared[index // 2] and level:
+                rows = self._take_fair(index // 2, level, signature, max_rows, taken, rows)
+                if rows >= max_rows:
+                    break
+                continue
             kept: list[WorkItem] = []
             while level:
                 item = level.popleft()
@@ -156,6 +178,80 @@ class RequestQueue:
                 break
         return taken
 
+    def _take_fair(
+        self,
+        level_index: int,
+        level: deque[WorkItem],
+        signature: Signature,
+        max_rows: int,
+        taken: list[WorkItem],
+        rows: int,
+    ) -> int:
+        """Take matching items of ``level`` by weighted deficit round robin; return the rows."""
+        # Scan only the prefix that can matter: until every tenant on the level has a
+        # batch's worth of matching rows collected (or the level ends).
+        queues: dict[str, deque[WorkItem]] = {}
+        collected: dict[str, int] = {}
+        wanting = len(self._level_tenants[level_index])
+        scanned = 0
+        for item in level:
+            scanned += 1
+            if item.signature != signature:
+                continue
+            tenant = _tenant(item)
+            have = collected.get(tenant, 0)
+            if have >= max_rows:
+                continue
+            queues.setdefault(tenant, deque()).append(item)
+            collected[tenant] = have + item.rows
+            if have + item.rows >= max_rows:
+                wanting -= 1
+                if wanting <= 0:
+                    break
+        if not queues:
+            return rows
+        chosen: set[WorkItem] = set()
+        active = list(queues)  # in order of each tenant's oldest item
+        if self._resume in queues:
+            # The round goes on where the last batch cut it: the next tenant in turn first.
+            start = active.index(self._resume)
+            active = active[start:] + active[:start]
+        while active and rows < max_rows:
+            quantum = min(queues[t][0].rows for t in active)
+            for tenant in list(active):
+                queue = queues[tenant]
+                weight = queue[0].request.weight if queue[0].request is not None else 1
+                deficit = self._deficit.get(tenant, 0.0) + weight * quantum
+                while queue and queue[0].rows <= deficit:
+                    item = queue[0]
+                    if taken and rows + item.rows > max_rows:
+                        break
+                    queue.popleft()
+                    deficit -= item.rows
+                    taken.append(item)
+                    chosen.add(item)
+                    rows += item.rows
+                    if rows >= max_rows:
+                        break
+                if not queue:
+                    # An idle tenant keeps no credit: its share goes to the others.
+                    self._deficit.pop(tenant, None)
+                    active.remove(tenant)
+                    continue
+                if taken and rows + queue[0].rows > max_rows:
+                    active.remove(tenant)  # its next item does not fit this batch
+                self._deficit[tenant] = deficit
+                if rows >= max_rows:
+                    later = active[active.index(tenant) + 1 :] if tenant in active else []
+                    self._resume = later[0] if later else (active[0] if active else None)
+                    break
+        if chosen:
+            prefix = [level.popleft() for _ in range(scanned)]
+            level.extendleft(reversed([item for item in prefix if item not in chosen]))
+            for item in chosen:
+                self._forget(item)
+        return rows
+
     def drain(self) -> list[WorkItem]:
         """Remove and return every queued item (shutdown)."""
         items = list(self._iter_items())
@@ -165,6 +261,8 @@ class RequestQueue:
         self._deadlines.clear()
         self._rows = 0
         self._level_rows = [0] * len(self._levels)
+        for counts in self._level_tenants:
+            counts.clear()
         return items
 
     def statistics(self) -> QueueStatistics:
@@ -195,3 +293,13 @@ class RequestQueue:
         self._queued.discard(item)
         self._rows -= item.rows
         self._level_rows[item.priority - 1] -= item.rows
+        request = item.request
+        if request is not None and request.tenant:
+            counts = self._level_tenants[item.priority - 1]
+            counts[request.tenant] -= 1
+            if counts[request.tenant] <= 0:
+                del counts[request.tenant]
+
+
+def _tenant(item: WorkItem) -> str:
+    return item.request.tenant if item.request is not None else ""

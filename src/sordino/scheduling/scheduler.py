@@ -40,6 +40,7 @@ from sordino.errors import (
     SordinoError,
 )
 from sordino.execution.executor import Executor, MemoryFit
+from sordino.execution.faults import BATCH_TENANTS
 from sordino.inference import ModelKey, StreamSpec, Tensor, release_owned
 from sordino.memory.refs import Tensors
 from sordino.records import (
@@ -143,8 +144,12 @@ class ModelScheduler:
         request_id: str | None = None,
         stream: StreamSpec | None = None,
         stepper: Stepper | None = None,
+        tenant: str = "",
+        weight: int = 1,
     ) -> Request:
         """Accept one request and queue its first step; return the request.
+
+        ``tenant`` and ``weight`` share a priority level among tenants (see the queue).
 
         The scheduler takes ownership of ``inputs`` (a :class:`Tensors` is released when
         the request finishes). Raises at once, without accepting, when the queue is
@@ -165,6 +170,8 @@ class ModelScheduler:
             id=request_id,
             stream=stream,
             stepper=stepper,
+            tenant=tenant,
+            weight=weight,
         )
         item = self._work_item(request, tensors, now)
         try:
@@ -414,7 +421,19 @@ class ModelScheduler:
         t0 = t1 = self._clock.now()
         rows = sum(item.rows for item in live)
         try:
-            outputs = await self._executor.run(self.model, [item.inputs for item in live])
+            # Chaos faults scoped to a tenant hit only batches holding its requests. Work
+            # is all tenanted (tenants configured) or none of it is: the first item says.
+            first = live[0].request
+            scope = None
+            if first is not None and first.tenant:
+                scope = BATCH_TENANTS.set(
+                    frozenset(i.request.tenant for i in live if i.request is not None)
+                )
+            try:
+                outputs = await self._executor.run(self.model, [item.inputs for item in live])
+            finally:
+                if scope is not None:
+                    BATCH_TENANTS.reset(scope)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the backend's failure is the requests' failure

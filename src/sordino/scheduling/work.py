@@ -139,6 +139,10 @@ class Request:
     compute_s: float = 0.0
     item: WorkItem | None = None
     outputs: Outbox = field(default_factory=Outbox)
+    tenant: str = ""
+    """Whose request it is: the queue shares a priority level among tenants by weight."""
+    weight: int = 1
+    """The tenant's weight in the queue's deficit round robin."""
 
     @property
     def max_steps(self) -> int:

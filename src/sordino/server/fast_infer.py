@@ -26,14 +26,17 @@ from sordino.protocol.codec import (
 from sordino.protocol.status import http_status, retry_after_header
 from sordino.server.disconnect import until_disconnect
 from sordino.server.runtime import Runtime
-from sordino.server.service import request_tenant
 
 __all__ = ["INFER_PATH", "error_parts", "with_fast_infer"]
 
 log = logging.getLogger("sordino.http")
 
 INFER_PATH = re.compile(r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
-_FORWARDED = {b"x-sordino-tag": "x-sordino-tag", b"x-sordino-tenant": "x-sordino-tenant"}
+_FORWARDED = {
+    b"x-sordino-tag": "x-sordino-tag",
+    b"x-sordino-tenant": "x-sordino-tenant",
+    b"authorization": "authorization",  # the API key: the service authenticates it
+}
 _JSON = b"application/json"
 
 
@@ -104,7 +107,11 @@ async def _infer(
             runtime.timings.body_read(loaded.key, read_s)
             cache = runtime.result_cache
             if cache.active(model):
-                cache_key = cache.key(model, version, body, header_length)
+                tenant = ""
+                if runtime.tenants.enabled:
+                    # A cached answer is no way around the key, nor another tenant's result.
+                    tenant = runtime.tenants.authenticate(forwarded.get("authorization"))
+                cache_key = cache.key(model, version, body, header_length, tenant)
                 cached = cache.get(cache_key)
                 if cached is not None:
                     await _send(send, 200, cached.payload, dict(cached.headers))
@@ -120,7 +127,7 @@ async def _infer(
                 metadata=loaded.metadata,
                 max_batch_size=loaded.max_batch_size,
             )
-            tenant = request_tenant(request)
+            tenant = runtime.service.tenant_of(request)
             shared = runtime.shared_memory.uses(request)
             if shared:
                 runtime.shared_memory.attach(request, tenant)

@@ -24,6 +24,7 @@ import grpc
 from sordino import __version__
 from sordino.control.admin import AdminAccess
 from sordino.errors import SordinoError, Unsupported
+from sordino.inference import InferRequest
 from sordino.protocol.grpc_codec import (
     decode_infer_request,
     encode_infer_response,
@@ -39,7 +40,7 @@ from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
 from sordino.server.serve import check_port
 from sordino.server.service import request_tenant
-from sordino.server.shm import metadata_tenant
+from sordino.server.tls import load_tls
 
 __all__ = ["SERVICE", "UNSUPPORTED_RPCS", "GrpcServer", "InferenceServicer"]
 
@@ -84,7 +85,21 @@ class InferenceServicer:
         self.runtime = runtime
         self.control = control
         # The Repository* RPCs are protected endpoints, as their HTTP twins.
-        self.access = AdminAccess.from_config(runtime.config.server)
+        self.access = AdminAccess.from_config(
+            runtime.config.server, runtime.config.auth, runtime.tenants.is_tenant_key
+        )
+
+    def _key(self, context: Any) -> None:
+        """With ``auth.required``, the call must bear a tenant's or an admin key (the
+        health RPCs ServerLive and ServerReady need none)."""
+        tenants = self.runtime.tenants
+        if not tenants.required:
+            return
+        given = None
+        for key, value in context.invocation_metadata() or ():
+            if str(key).lower() == "authorization":
+                given = str(value)
+        tenants.authenticate(given)
 
     async def ServerLive(self, raw: bytes, context: Any) -> pb.ServerLiveResponse:
         parse_message(pb.ServerLiveRequest, raw)
@@ -95,6 +110,7 @@ class InferenceServicer:
         return pb.ServerReadyResponse(ready=self.runtime.ready)
 
     async def ModelReady(self, raw: bytes, context: Any) -> pb.ModelReadyResponse:
+        self._key(context)
         request = parse_message(pb.ModelReadyRequest, raw)
         # Like Triton: an unknown model is "not ready", not an error.
         versions = self.runtime.versions(request.name)
@@ -103,22 +119,26 @@ class InferenceServicer:
         return pb.ModelReadyResponse(ready=ready)
 
     async def ServerMetadata(self, raw: bytes, context: Any) -> pb.ServerMetadataResponse:
+        self._key(context)
         parse_message(pb.ServerMetadataRequest, raw)
         return pb.ServerMetadataResponse(name="sordino", version=__version__, extensions=EXTENSIONS)
 
     async def ModelMetadata(self, raw: bytes, context: Any) -> pb.ModelMetadataResponse:
+        self._key(context)
         request = parse_message(pb.ModelMetadataRequest, raw)
         model = self.runtime.get(request.name, request.version or None)
         document = model_metadata_json(model, self.runtime.versions(request.name))
         return message_from_json(document, pb.ModelMetadataResponse)
 
     async def ModelConfig(self, raw: bytes, context: Any) -> pb.ModelConfigResponse:
+        self._key(context)
         request = parse_message(pb.ModelConfigRequest, raw)
         model = self.runtime.get(request.name, request.version or None)
         config = message_from_json(triton_config_json(model), pb.ModelConfig)
         return pb.ModelConfigResponse(config=config)
 
     async def ModelStatistics(self, raw: bytes, context: Any) -> pb.ModelStatisticsResponse:
+        self._key(context)
         request = parse_message(pb.ModelStatisticsRequest, raw)
         document = self.runtime.triton_statistics(request.name or None, request.version or None)
         return message_from_json(document, pb.ModelStatisticsResponse)
@@ -133,9 +153,10 @@ class InferenceServicer:
                 message, metadata=model.metadata, max_batch_size=model.max_batch_size
             )
             _forward_tenant(request, context)
+            _credentials(request, context)
             shared = self.runtime.shared_memory.uses(request)
             if shared:
-                self.runtime.shared_memory.attach(request, request_tenant(request))
+                self.runtime.shared_memory.attach(request, self.runtime.service.tenant_of(request))
         response = await self.runtime.service.infer(request)
         try:
             if shared:
@@ -149,7 +170,7 @@ class InferenceServicer:
     ) -> pb.SystemSharedMemoryStatusResponse:
         request = parse_message(pb.SystemSharedMemoryStatusRequest, raw)
         regions = self.runtime.shared_memory.status(
-            metadata_tenant(_metadata(context)), request.name or None
+            self.runtime.service.caller_tenant(_metadata(context)), request.name or None
         )
         response = pb.SystemSharedMemoryStatusResponse()
         for region in regions:
@@ -163,7 +184,7 @@ class InferenceServicer:
     ) -> pb.SystemSharedMemoryRegisterResponse:
         request = parse_message(pb.SystemSharedMemoryRegisterRequest, raw)
         self.runtime.shared_memory.register(
-            metadata_tenant(_metadata(context)),
+            self.runtime.service.caller_tenant(_metadata(context)),
             request.name,
             request.key,
             request.offset,
@@ -176,7 +197,7 @@ class InferenceServicer:
     ) -> pb.SystemSharedMemoryUnregisterResponse:
         request = parse_message(pb.SystemSharedMemoryUnregisterRequest, raw)
         self.runtime.shared_memory.unregister(
-            metadata_tenant(_metadata(context)), request.name or None
+            self.runtime.service.caller_tenant(_metadata(context)), request.name or None
         )
         return pb.SystemSharedMemoryUnregisterResponse()
 
@@ -229,7 +250,7 @@ class InferenceServicer:
                 if raw is grpc.aio.EOF:
                     break
                 task = asyncio.get_running_loop().create_task(
-                    self._stream_one(raw, send, tenant_header)
+                    self._stream_one(raw, send, tenant_header, context)
                 )
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
@@ -247,6 +268,7 @@ class InferenceServicer:
         raw: bytes,
         send: Callable[[pb.ModelStreamInferResponse], Awaitable[None]],
         tenant_header: dict[str, str] | None = None,
+        context: Any = None,
     ) -> None:
         """Answer one stream request: its responses, or one error response; never raise.
 
@@ -265,9 +287,12 @@ class InferenceServicer:
                     message, metadata=loaded.metadata, max_batch_size=loaded.max_batch_size
                 )
                 request.headers.update(tenant_header or {})
+                _credentials(request, context)
                 shared = self.runtime.shared_memory.uses(request)
                 if shared:
-                    self.runtime.shared_memory.attach(request, request_tenant(request))
+                    self.runtime.shared_memory.attach(
+                        request, self.runtime.service.tenant_of(request)
+                    )
             empty_final = bool(request.parameters.pop(EMPTY_FINAL_RESPONSE, False))
             async with aclosing(self.runtime.service.responses(request)) as responses:
                 async for response, final in responses:
@@ -314,6 +339,16 @@ def _forward_tenant(request: Any, context: Any) -> None:
     tenant = _metadata(context).get("x-sordino-tenant")
     if tenant:
         request.headers["x-sordino-tenant"] = tenant
+
+
+def _credentials(request: InferRequest, context: Any) -> None:
+    """Hand the call's ``authorization`` metadata (the API key) to the service."""
+    if context is None:
+        return
+    for key, value in context.invocation_metadata() or ():
+        if str(key).lower() == "authorization":
+            request.headers["authorization"] = str(value)
+            return
 
 
 def _refuse_load_parameters(names: Iterable[str]) -> None:
@@ -454,7 +489,12 @@ class GrpcServer:
         server.add_generic_rpc_handlers((build_handler(self._servicer),))
         host = f"[{self.host}]" if ":" in self.host else self.host
         try:
-            port = server.add_insecure_port(f"{host}:{self._requested_port}")
+            tls = load_tls(self.runtime.config.server.tls)
+            address = f"{host}:{self._requested_port}"
+            if tls is not None:
+                port = server.add_secure_port(address, tls.grpc_credentials())
+            else:
+                port = server.add_insecure_port(address)
         except RuntimeError as exc:
             port = 0
             cause: Exception | None = exc

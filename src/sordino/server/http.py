@@ -25,6 +25,7 @@ from sordino.protocol.codec import (
     encode_error,
     encode_json,
 )
+from sordino.server.auth import caller, me_routes, visible_metrics, with_authentication
 from sordino.server.fast_infer import error_parts, with_fast_infer
 from sordino.server.guarding import guardian_routes, health_response, not_serving
 from sordino.server.http_routes import extra_routes
@@ -32,8 +33,10 @@ from sordino.server.memory_routes import memory_routes
 from sordino.server.model_config import model_metadata_json, triton_config_json
 from sordino.server.model_control import ModelControl
 from sordino.server.observe import observe_routes
+from sordino.server.openapi import openapi_document
 from sordino.server.runtime import Runtime
 from sordino.server.shm_routes import shm_routes
+from sordino.server.tenant_routes import tenant_routes
 
 __all__ = ["EXTENSIONS", "build_app"]
 
@@ -84,7 +87,9 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
     endpoint is a Starlette route below.
     """
     control = control or ModelControl(runtime)
-    access = AdminAccess.from_config(runtime.config.server)
+    access = AdminAccess.from_config(
+        runtime.config.server, runtime.config.auth, runtime.tenants.is_tenant_key
+    )
 
     async def server_metadata(request: Request) -> Response:
         return _json({"name": "sordino", "version": __version__, "extensions": EXTENSIONS})
@@ -126,9 +131,9 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
         return _json(runtime.triton_statistics())
 
     async def metrics(request: Request) -> Response:
-        return Response(
-            runtime.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8"
-        )
+        # A tenant's key reads its own tenant's series only (server/auth.py).
+        exposition = visible_metrics(runtime.metrics.exposition(), caller(runtime, request))
+        return Response(exposition, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     routes: list[Route] = [
         Route("/v2", _guard(runtime, server_metadata), methods=["GET"]),
@@ -138,8 +143,12 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
         Route("/metrics", _guard(runtime, metrics), methods=["GET"]),
         *observe_routes(runtime, functools.partial(_guard, runtime), access),
     ]
-    routes += admin_routes(runtime.executor, runtime.clock, access.token)
+    routes += admin_routes(
+        runtime.executor, runtime.clock, access.token, access.keys, runtime.tenants.is_tenant_key
+    )
     routes += memory_routes(runtime, functools.partial(_guard, runtime), access)
+    routes += tenant_routes(runtime, functools.partial(_guard, runtime), access)
+    routes += me_routes(runtime)
     routes += guardian_routes(runtime, functools.partial(_guard, runtime), access)
     routes += shm_routes(runtime, functools.partial(_guard, runtime))
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
@@ -150,6 +159,12 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
             Route(prefix + "/stats", _guard(runtime, model_stats), methods=["GET"]),
         ]
     routes += extra_routes(runtime, control, functools.partial(_guard, runtime), _json, access)
+
+    async def openapi(request: Request) -> Response:
+        """The HTTP API as OpenAPI 3.1 (generated from these routes)."""
+        return _json(openapi_document(routes))
+
+    routes.append(Route("/v2/openapi.json", _guard(runtime, openapi), methods=["GET"]))
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -164,7 +179,8 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
         HTTPException: http_error,
     }
-    return with_fast_infer(Starlette(routes=routes, exception_handlers=handlers), runtime)
+    app = with_fast_infer(Starlette(routes=routes, exception_handlers=handlers), runtime)
+    return with_authentication(app, runtime)
 
 
 def _model_params(request: Request) -> tuple[str, str | None]:

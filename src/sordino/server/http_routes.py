@@ -150,7 +150,11 @@ async def _generate_request(runtime: Runtime, request: Request) -> InferRequest:
             raise MalformedBody(
                 f"the request body is larger than the limit of {limit} bytes", too_large=True
             )
-        return decode_generate_request(body, model.metadata, model=name, version=version)
+        decoded = decode_generate_request(body, model.metadata, model=name, version=version)
+    authorization = request.headers.get("authorization")
+    if authorization is not None:
+        decoded.headers["authorization"] = authorization  # the service authenticates it
+    return decoded
 
 
 def _binary(runtime: Runtime, request: InferRequest) -> tuple[str, ...]:

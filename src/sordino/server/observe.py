@@ -20,6 +20,7 @@ works on a machine without internet access.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import time
@@ -33,7 +34,7 @@ from starlette.routing import Route
 from sordino.backends.base import dummy_inputs
 from sordino.control.admin import AdminAccess
 from sordino.control.profiling import profile_model
-from sordino.errors import InvalidRequest, NotFound
+from sordino.errors import InvalidRequest, NotFound, SordinoError
 from sordino.protocol.codec import encode_json
 from sordino.records import MemoryStatistics
 from sordino.server.runtime import Runtime
@@ -125,6 +126,17 @@ def observe_routes(runtime: Runtime, guard: Any, access: AdminAccess) -> list[Ro
         execution = runtime.executor.statistics()
         document = snapshot(telemetry, seconds=seconds, events=events, execution=execution)
         document["memory"] = memory_summary(runtime.memory.statistics())
+        # Tenants: an admin (or a server without keys) sees every one, a tenant itself only.
+        tenants = [dataclasses.asdict(s) for s in runtime.tenants.statistics()]
+        if runtime.tenants.enabled and not runtime.tenants.is_admin(
+            request.headers.get("authorization")
+        ):
+            try:
+                own = runtime.tenants.authenticate(request.headers.get("authorization"))
+            except SordinoError:
+                own = None
+            tenants = [t for t in tenants if t["tenant"] == own]
+        document["tenants"] = tenants
         if access.allows_request(request):
             document["view"] = "full"
         else:

@@ -57,11 +57,18 @@ class ResultCache:
 
     @staticmethod
     def key(
-        model: str, version: str | None, body: bytes, header_length: bytes | None
+        model: str,
+        version: str | None,
+        body: bytes,
+        header_length: bytes | None,
+        tenant: str = "",
     ) -> tuple[str, str, bytes]:
+        """The entry's key; ``tenant`` keeps each tenant's results its own."""
         digest = hashlib.blake2b(body, digest_size=16)
         if header_length is not None:
             digest.update(b"|" + header_length)
+        if tenant:
+            digest.update(b"|tenant:" + tenant.encode())
         return (model, version or "", digest.digest())
 
     def get(self, key: tuple[str, str, bytes]) -> CachedResponse | None:

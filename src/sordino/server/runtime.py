@@ -22,8 +22,10 @@ from typing import Any
 
 from sordino.admission.chain import AdmissionChain, default_links
 from sordino.admission.gate import TrafficGate
+from sordino.admission.tenants import Tenants
 from sordino.clock import Clock, MonotonicClock
 from sordino.config import RuntimeConfig
+from sordino.control.admin import admin_token
 from sordino.errors import ModelLoadError
 from sordino.events import EventSink
 from sordino.execution.chain import ChainExecutor
@@ -50,6 +52,7 @@ from sordino.telemetry.memory_metrics import MemoryCollector
 from sordino.telemetry.metrics import Metrics
 from sordino.telemetry.model_stats import ModelStats
 from sordino.telemetry.observers import SchedulerObservers
+from sordino.telemetry.tenant_metrics import TenantCollector
 from sordino.telemetry.timings import TimingSeries
 
 __all__ = ["LoadedModel", "Runtime"]
@@ -68,13 +71,22 @@ class Runtime:
         clock: Clock | None = None,
         events: EventSink | None = None,
     ) -> None:
+        if config.tenants:
+            # A tenant's memory_quota is a memory.quotas entry for every part that reads them,
+            # and blocks are zeroed before changing hands (unless memory.zero_on_free says no).
+            memory = config.memory_with_tenant_quotas
+            if memory.zero_on_free is None:
+                memory = memory.model_copy(update={"zero_on_free": True})
+            config = config.model_copy(update={"memory": memory})
         self.config = config
         self.clock: Clock = clock or MonotonicClock()
         self.events = events or EventSink()
         self.registry = ModelRegistry()
         # Client-chosen model names and tenants never make unbounded label values.
         labels = MetricLabels(
-            lambda name: bool(self.registry.versions(name)), config.telemetry.tenant_labels
+            lambda name: bool(self.registry.versions(name)),
+            # Configured tenants are labels too: their names are the operator's, not a client's.
+            (*config.telemetry.tenant_labels, *(t.name for t in config.tenants)),
         )
         self.metrics = Metrics(labels)
         self.stats = ModelStats()
@@ -129,21 +141,33 @@ class Runtime:
         # The guardian's hand on admission: throttle, shed, skip non-critical.
         self.gate = TrafficGate(config.self_healing.non_critical_tags)
         self.guardian: Guardian | None = None
+        # Who a request is (its API key) and its tenant's limits (docs/tenants.md).
+        self.tenants = Tenants(
+            config.tenants,
+            required=config.auth.required,
+            admin_keys=config.auth.admin_keys,
+            admin_token=admin_token(config.server.admin_token),
+            clock=self.clock.now,
+        )
         self.service = InferenceService(
             self.registry,
-            admission=AdmissionChain([*default_links(), self.gate]),
+            admission=AdmissionChain(
+                [*default_links(), self.tenants.cap_priority, self.gate, self.tenants]
+            ),
             priority_rules={r.tag: r.priority for r in config.scheduler.priority_rules},
             metrics=self.metrics,
             stats=self.stats,
             telemetry=self.telemetry,
             quotas=self.memory.quotas if config.memory.quotas else None,
             learn=self.memory.learn if config.memory.enabled else None,
+            tenants=self.tenants,
         )
         self._sources = list(sources)
         self._started = False
         self.metrics.watch_schedulers(self.registry.scheduler_statistics)
         self.metrics.registry.register(ExecutionCollector(self.executor.statistics))
         self.metrics.registry.register(MemoryCollector(self.memory.statistics))
+        self.metrics.registry.register(TenantCollector(self.tenants.statistics))
         self.metrics.registry.register(
             GenerationCollector(
                 self.step_degrader,

@@ -12,7 +12,9 @@ import asyncio
 import contextlib
 import math
 import socket
+import ssl
 from collections.abc import Generator
+from typing import Any
 
 import uvicorn
 
@@ -20,6 +22,7 @@ from sordino.server.connections import ConnectionGuard, default_max_connections,
 from sordino.server.http import build_app
 from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
+from sordino.server.tls import load_tls
 from sordino.telemetry.connection_metrics import ConnectionCollector
 
 __all__ = ["HttpServer", "bind_socket", "check_port"]
@@ -85,9 +88,10 @@ class HttpServer:
     ) -> None:
         self.runtime = runtime
         self.host = host
+        settings = runtime.config.server
+        tls = load_tls(settings.tls)  # before binding: a bad file leaves no socket behind
         self._sock = bind_socket(host, port)
         self.port: int = self._sock.getsockname()[1]
-        settings = runtime.config.server
         self.guard = ConnectionGuard(
             max_connections=settings.max_connections or default_max_connections(),
             max_per_client=settings.max_connections_per_client,
@@ -95,6 +99,17 @@ class HttpServer:
             body_timeout=settings.body_timeout,
         )
         runtime.metrics.registry.register(ConnectionCollector(self.guard.statistics))
+        self.tls = tls is not None
+        secure: dict[str, Any] = {}
+        if tls is not None:
+            secure = {
+                "ssl_certfile": str(tls.config.cert),
+                "ssl_keyfile": str(tls.config.key),
+                "ssl_version": ssl.PROTOCOL_TLS_SERVER,
+            }
+            if tls.config.client_ca is not None:
+                secure["ssl_ca_certs"] = str(tls.config.client_ca)
+                secure["ssl_cert_reqs"] = ssl.CERT_REQUIRED
         config = uvicorn.Config(
             build_app(runtime, control),
             loop="none",
@@ -106,6 +121,7 @@ class HttpServer:
             timeout_keep_alive=math.ceil(settings.keep_alive_timeout),  # uvicorn takes an int
             # sordino reads no client address; skip the X-Forwarded-* middleware per request.
             proxy_headers=False,
+            **secure,
         )
         self._server = _EmbeddedServer(config)
         self._task: asyncio.Task[None] | None = None
@@ -113,7 +129,7 @@ class HttpServer:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     async def start(self) -> None:
         """Start serving; return once the socket accepts connections."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
 from types import TracebackType
 from typing import Any
@@ -34,8 +34,9 @@ from typing import Any
 import numpy as np
 
 from sordino.admission.chain import AdmissionChain, AdmissionContext
+from sordino.admission.tenants import Tenants
 from sordino.datatypes import to_numpy_dtype
-from sordino.errors import Cancelled, SordinoError, TensorError, Unsupported
+from sordino.errors import Cancelled, InvalidRequest, SordinoError, TensorError, Unsupported
 from sordino.execution.staging import row_bytes
 from sordino.generation.pipeline import Progress
 from sordino.generation.reuse import Generated
@@ -111,10 +112,13 @@ class InferenceService:
         telemetry: Telemetry,
         quotas: QuotaLedger | None = None,
         learn: Callable[[str, int, int, float], None] | None = None,
+        tenants: Tenants | None = None,
     ) -> None:
         """``quotas`` charges each request's staged bytes to its tenant; ``learn`` is told
-        ``(model, rows, bytes, seconds)`` of every request that succeeded."""
+        ``(model, rows, bytes, seconds)`` of every request that succeeded; ``tenants``
+        authenticates requests and applies each tenant's limits."""
         self._registry = registry
+        self._tenants = tenants
         self._quotas = quotas
         self._learn = learn
         # id(request) -> (quota owner or None, staged bytes, rows, accepted at)
@@ -132,7 +136,9 @@ class InferenceService:
         :class:`SordinoError` that refuses the request (and releases its tensors).
         Nothing is queued yet.
         """
+        tenant = "default"
         try:
+            tenant = self.tenant_of(request)
             model = self._registry.get(request.model, request.version)
             stream = model.metadata.stream
             if stream is not None and stream.state:
@@ -148,15 +154,43 @@ class InferenceService:
                     model=request.model,
                     settings=model.scheduling.queue,
                     priority_rules=self._priority_rules,
+                    tenant=tenant,
                 ),
             )
         except SordinoError as exc:
+            if isinstance(exc, InvalidRequest) and self._tenants is not None:
+                self._tenants.failed(tenant)  # bad inputs count towards the tenant's breaker
             self._refused(request, exc.reason)
             raise
         except Exception:
             self._refused(request, INTERNAL)
             raise
         return model, context
+
+    def tenant_of(self, request: InferRequest) -> str:
+        """The tenant ``request`` is served for (quotas, shared-memory regions, sequences).
+
+        With tenants configured the key names it — a claimed ``parameters.tenant`` or
+        ``X-Sordino-Tenant`` is dropped, and a wrong key raises 401 — and the answer is
+        kept in ``parameters.tenant``; without, the claimed one, else ``default``.
+        """
+        tenants = self._tenants
+        if tenants is None or not tenants.enabled:
+            return _tenant(request)
+        request.parameters.pop("tenant", None)
+        request.headers.pop("x-sordino-tenant", None)
+        tenant = tenants.authenticate(request.headers.get("authorization"))
+        request.parameters["tenant"] = tenant
+        return tenant
+
+    def caller_tenant(self, headers: Mapping[str, str]) -> str:
+        """The tenant of a call that is not an inference (shared-memory registration),
+        from its HTTP headers or gRPC metadata, resolved as :meth:`tenant_of` does."""
+        tenants = self._tenants
+        if tenants is not None and tenants.enabled:
+            return tenants.authenticate(headers.get("authorization"))
+        tenant = headers.get("x-sordino-tenant")
+        return tenant if tenant else "default"
 
     async def infer(self, request: InferRequest) -> InferResponse:
         """Run a one-response request; return its response (the caller releases it).
@@ -170,7 +204,7 @@ class InferenceService:
             raise AssertionError("a generation ends with a response")  # pragma: no cover
         sequences = self._sequences(request)
         if sequences is not None:
-            return await sequences.run(request, _tenant(request), self._infer_one)
+            return await sequences.run(request, self.tenant_of(request), self._infer_one)
         return await self._infer_one(request)
 
     def _sequences(self, request: InferRequest) -> Sequences | None:
@@ -265,6 +299,7 @@ class InferenceService:
             outcome = "failure"
             raise
         finally:
+            self._end_slot(context, outcome)
             self._telemetry.request_finished(
                 request.model, _tenant(request), context.priority, outcome
             )
@@ -323,10 +358,15 @@ class InferenceService:
                 "ModelStreamInfer over gRPC or POST "
                 f"/v2/models/{model.key.name}/generate_stream over HTTP"
             )
+            self._end_slot(context, None)
             self._refused(request, error.reason)
             raise error
         if self._quotas is not None or self._learn is not None:
-            await self._charge(model, request)
+            try:
+                await self._charge(model, request)
+            except BaseException:
+                self._end_slot(context, None)
+                raise
         try:
             accepted = model.scheduler.submit(
                 request.inputs,
@@ -334,12 +374,16 @@ class InferenceService:
                 timeout_s=context.timeout_s,
                 request_id=request.id,
                 stream=model.metadata.stream,
+                # Fair share only among authenticated tenants (claimed names are free to invent).
+                **self._share(context),
             )
         except SordinoError as exc:  # queue full, shutting down: never accepted
+            self._end_slot(context, None)
             self._uncharge(request)
             self._refused(request, exc.reason)
             raise
         except Exception:
+            self._end_slot(context, None)
             self._uncharge(request)
             self._refused(request, INTERNAL)
             raise
@@ -395,7 +439,19 @@ class InferenceService:
         # task cancelled after its request succeeded is a success in both.
         self._uncharge(request, succeeded=accepted.outcome == "success")
         outcome = accepted.outcome if accepted.outcome is not None else "cancelled"
+        self._end_slot(context, outcome)
         self._telemetry.request_finished(request.model, _tenant(request), context.priority, outcome)
+
+    def _share(self, context: AdmissionContext) -> dict[str, Any]:
+        tenants = self._tenants
+        if tenants is None or not tenants.enabled:
+            return {}
+        return {"tenant": context.tenant, "weight": tenants.weight(context.tenant)}
+
+    def _end_slot(self, context: AdmissionContext, outcome: str | None) -> None:
+        """Give back the tenant slot ``context`` holds; ``outcome`` feeds its breaker."""
+        if context.slot and self._tenants is not None:
+            self._tenants.finished(context, outcome)
 
     def _refused(self, request: InferRequest, reason: str) -> None:
         request.release()

@@ -24,7 +24,6 @@ from __future__ import annotations
 import mmap
 import os
 import threading
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,9 +33,8 @@ from sordino.datatypes import serialize_bytes_tensor, tensor_from_binary
 from sordino.errors import InvalidRequest, NotFound, TensorError
 from sordino.inference import InferRequest, InferResponse
 from sordino.protocol.codec import shared_memory_parameters
-from sordino.server.service import request_tenant
 
-__all__ = ["SHM_DIR", "SystemSharedMemory", "metadata_tenant"]
+__all__ = ["SHM_DIR", "SystemSharedMemory"]
 
 SHM_DIR = "/dev/shm"
 """Where POSIX shared-memory objects live on Linux."""
@@ -228,19 +226,6 @@ class SystemSharedMemory:
                 f"{region.byte_size} bytes)"
             )
         return region.view[offset : offset + size]
-
-
-def metadata_tenant(headers: Mapping[str, str]) -> str:
-    """The tenant of a registration call, from its headers (HTTP) or metadata (gRPC).
-
-    Computed as the inference service computes a request's tenant, so a region
-    registered by a tenant is the one its inference requests find.
-    """
-    tenant = headers.get("x-sordino-tenant")
-    probe = InferRequest(
-        model="", inputs={}, headers={"x-sordino-tenant": tenant} if tenant else {}
-    )
-    return request_tenant(probe)
 
 
 def _object_path(name: str, key: str) -> str:

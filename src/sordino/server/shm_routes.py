@@ -21,7 +21,6 @@ from starlette.routing import Route
 
 from sordino.errors import InvalidRequest, MalformedBody, Unsupported
 from sordino.server.runtime import Runtime
-from sordino.server.shm import metadata_tenant
 
 __all__ = ["shm_routes"]
 
@@ -37,7 +36,7 @@ def shm_routes(runtime: Runtime, guard: Callable[[Handler], Handler]) -> list[Ro
     regions = runtime.shared_memory
 
     def tenant(request: Request) -> str:
-        return metadata_tenant(dict(request.headers))
+        return runtime.service.caller_tenant(dict(request.headers))
 
     async def status(request: Request) -> Response:
         return _json(regions.status(tenant(request), request.path_params.get("name")))

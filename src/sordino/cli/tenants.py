@@ -1,0 +1,192 @@
+"""``sordino tenants``: list, add and change tenants and their API keys on a running server.
+
+A thin shell over the tenants admin API (``server/tenant_routes.py``); every change is
+effective at once, without a restart, and journaled. ``add-key`` prints the new key
+once: the server keeps only its hash.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from sordino.cli.server_url import server_url, url_option
+from sordino.control.admin import TOKEN_ENV
+from sordino.control.client import AdminClient, ClientError
+
+__all__ = ["describe_tenant", "tenants"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _server_options(command: F) -> F:
+    command = click.option(
+        "--token", default=None, help=f"Admin token or admin key (env {TOKEN_ENV})."
+    )(command)
+    return url_option(command)
+
+
+@click.group()
+@_server_options
+@click.pass_context
+def tenants(ctx: click.Context, url: str | None, token: str | None) -> None:
+    """Tenants: API keys, weights, rates and limits, changed without a restart."""
+    ctx.obj = {"url": url, "token": token}
+
+
+def _client(ctx: click.Context, url: str | None, token: str | None) -> AdminClient:
+    chosen_url = server_url(url, ctx.obj["url"])
+    chosen_token = token or ctx.obj["token"] or os.environ.get(TOKEN_ENV)
+    return AdminClient(chosen_url, chosen_token)
+
+
+def _call(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except ClientError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+
+
+def _or_none(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def describe_tenant(t: dict[str, Any]) -> str:
+    """One line per tenant: its settings, keys and what its limits refused."""
+    rate = "-" if t["rate"] is None else f"{t['rate']:g}/s (burst {t['burst']:g})"
+    keys = ", ".join(t["keys"]) or "none"
+    return (
+        f"{t['name']}: weight {t['weight']}, rate {rate}, max_concurrency "
+        f"{_or_none(t['max_concurrency'])}, max_priority {_or_none(t['max_priority'])}, "
+        f"memory_quota {_or_none(t['memory_quota'])}; keys {keys}; {t['in_flight']} in flight, "
+        f"{t['requests']} admitted, refused {t['refused_rate']} by rate, "
+        f"{t['refused_concurrency']} by concurrency, {t['refused_breaker']} by the breaker "
+        f"(breaker {t['breaker']}, {t['breaker_trips']} trips)"
+    )
+
+
+def _settings(
+    weight: int | None,
+    rate: str | None,
+    burst: int | None,
+    max_concurrency: int | None,
+    max_priority: str | None,
+) -> dict[str, Any]:
+    given = {
+        "weight": weight,
+        "rate": rate,
+        "burst": burst,
+        "max_concurrency": max_concurrency,
+        "max_priority": max_priority,
+    }
+    return {key: value for key, value in given.items() if value is not None}
+
+
+def _setting_options(command: F) -> F:
+    for option in (
+        click.option("--max-priority", default=None, help="high, normal, low or a level."),
+        click.option("--max-concurrency", type=click.IntRange(min=1), default=None),
+        click.option("--burst", type=click.IntRange(min=1), default=None, help="Bucket size."),
+        click.option("--rate", default=None, help="Requests per unit of time, e.g. 800/s."),
+        click.option("--weight", type=click.IntRange(min=1), default=None),
+    ):
+        command = option(command)
+    return command
+
+
+@tenants.command("list")
+@_server_options
+@click.pass_context
+def list_tenants(ctx: click.Context, url: str | None, token: str | None) -> None:
+    """Every tenant, its settings and counters."""
+    document = _call(lambda: _client(ctx, url, token).request("GET", "/v2/admin/tenants"))
+    click.echo(f"auth required: {'yes' if document['auth_required'] else 'no'}")
+    if not document["tenants"]:
+        click.echo("no tenants")
+    for tenant in document["tenants"]:
+        click.echo(describe_tenant(tenant))
+
+
+@tenants.command()
+@click.argument("name")
+@_setting_options
+@_server_options
+@click.pass_context
+def add(
+    ctx: click.Context,
+    name: str,
+    weight: int | None,
+    rate: str | None,
+    burst: int | None,
+    max_concurrency: int | None,
+    max_priority: str | None,
+    url: str | None,
+    token: str | None,
+) -> None:
+    """Add tenant NAME (then give it a key with add-key)."""
+    body = {"name": name, **_settings(weight, rate, burst, max_concurrency, max_priority)}
+    document = _call(lambda: _client(ctx, url, token).request("POST", "/v2/admin/tenants", body))
+    click.echo(describe_tenant(document))
+
+
+@tenants.command("set")
+@click.argument("name")
+@_setting_options
+@_server_options
+@click.pass_context
+def set_tenant(
+    ctx: click.Context,
+    name: str,
+    weight: int | None,
+    rate: str | None,
+    burst: int | None,
+    max_concurrency: int | None,
+    max_priority: str | None,
+    url: str | None,
+    token: str | None,
+) -> None:
+    """Change tenant NAME's weight, rate, burst, concurrency or priority cap."""
+    body = _settings(weight, rate, burst, max_concurrency, max_priority)
+    if not body:
+        raise click.UsageError(
+            "nothing to set: give at least one of --weight, --rate, --burst, "
+            "--max-concurrency, --max-priority"
+        )
+    path = f"/v2/admin/tenants/{name}"
+    document = _call(lambda: _client(ctx, url, token).request("PATCH", path, body))
+    click.echo(describe_tenant(document))
+
+
+@tenants.command("add-key")
+@click.argument("name")
+@_server_options
+@click.pass_context
+def add_key(ctx: click.Context, name: str, url: str | None, token: str | None) -> None:
+    """Make a new API key for NAME and print it once (the server keeps only its hash)."""
+    path = f"/v2/admin/tenants/{name}/keys"
+    document = _call(lambda: _client(ctx, url, token).request("POST", path))
+    click.echo(document["key"])
+    click.echo(
+        f"(key id {document['id']}; shown once, the server stores only its hash; "
+        f"revoke with: sordino tenants revoke-key {name} {document['id']})",
+        err=True,
+    )
+
+
+@tenants.command("revoke-key")
+@click.argument("name")
+@click.argument("key_id")
+@_server_options
+@click.pass_context
+def revoke_key(
+    ctx: click.Context, name: str, key_id: str, url: str | None, token: str | None
+) -> None:
+    """Revoke NAME's key KEY_ID (as `list` shows it); effective at once."""
+    path = f"/v2/admin/tenants/{name}/keys/{key_id}"
+    document = _call(lambda: _client(ctx, url, token).request("DELETE", path))
+    click.echo(f"revoked key {document['revoked']} of tenant {name}")
