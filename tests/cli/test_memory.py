@@ -31,7 +31,7 @@ def test_start_flags_then_status_and_defrag(tmp_path: Path) -> None:
         assert "strategy fragmentation_aware" in out
         assert "of 64.0 MiB" in out and "fragmentation" in out
         assert "owner default" in out and "defrag: 0 runs" in out
-        assert "pre-warming: the pool is not resized from the forecast" in out
+        assert "pool: 64.0 MiB fixed; resizes: 0" in out
         code, out = _memory("defrag", "--url", server.url)
         assert code == 0, out
         assert out.startswith("moved ") and "fragmentation" in out
@@ -63,7 +63,7 @@ def test_no_server_is_a_clear_error() -> None:
 @pytest.mark.parametrize(
     ("flags", "needle"),
     [
-        (["--pool-size", "auto"], "not supported yet"),
+        (["--pool-size", "auto", "--pool-min", "1GB", "--pool-max", "64MB"], "memory.pool_max"),
         (["--pool-size", "lots"], "memory.pool_size"),
         (["--defrag-interval", "soon"], "memory.defrag_interval"),
         (["--disable-memory-pool", "--memory-strategy", "simple"], "memory.enabled"),

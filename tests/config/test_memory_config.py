@@ -45,7 +45,11 @@ def test_defaults_keep_todays_arena() -> None:
     ("overrides", "needles"),
     [
         ({"memory.strategy": "fast"}, ["memory.strategy", "fragmentation_aware", "'fast'"]),
-        ({"memory.pool_size": "auto"}, ["memory.pool_size", "not supported yet"]),
+        ({"memory.pool_size": "lots"}, ["memory.pool_size", "'auto'"]),
+        ({"memory.pool_size": "auto", "memory.pool_min": "1GB", "memory.pool_max": "64MB"},
+         ["memory.pool_max", "memory.pool_min"]),
+        ({"memory.enabled": False, "memory.pool_size": "auto"},
+         ["memory.enabled is false", "pool_size"]),
         ({"memory.pool_size": "1KB"}, ["memory.pool_size", "4096"]),
         ({"memory.defrag_interval": "soon"}, ["memory.defrag_interval", "'5m'"]),
         ({"memory.defrag_threshold": 1.5}, ["memory.defrag_threshold", "1"]),
@@ -66,3 +70,11 @@ def test_bad_values_name_the_key_and_what_is_allowed(
         load_config(None, overrides)
     for needle in needles:
         assert needle in str(error.value), (needle, str(error.value))
+
+
+def test_pool_size_auto_starts_at_pool_min() -> None:
+    memory = load_config(None, {"memory.pool_size": "auto", "memory.pool_min": "8MB"}).memory
+    assert memory.pool_size == "auto" and memory.auto_pool
+    assert memory.initial_pool(256 * 2**20) == 8 * 2**20
+    fixed = load_config(None, {"memory.pool_size": "32MB"}).memory
+    assert not fixed.auto_pool and fixed.initial_pool(1) == 32 * 2**20

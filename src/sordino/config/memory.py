@@ -8,20 +8,31 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from sordino.config.base import Section, reject_repeated_names
-from sordino.config.units import Duration, Size
+from sordino.config.units import Duration, Size, parse_size
+from sordino.errors import ConfigError
 
 __all__ = ["MemoryConfig", "MemoryStrategy", "QuotaConfig"]
 
 MemoryStrategy = Literal["fragmentation_aware", "best_fit", "simple"]
 
 
-def _no_auto(value: object) -> object:
+def _pool_size(value: object) -> object:
+    """``auto``, or a size of at least 4096 bytes."""
+    if value is None:
+        return None
     if isinstance(value, str) and value.strip().lower() == "auto":
-        raise ValueError(
-            "auto (sizing the arena from the forecast peak) is not supported yet; "
-            "give a size such as '2GB', or leave pool_size out to use workers.shared_memory"
-        )
-    return value
+        return "auto"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int | str) or isinstance(value, bool):
+        raise ValueError(f"invalid pool size {value!r}: give 'auto' or a size such as '2GB'")
+    try:
+        size = parse_size(value)
+    except ConfigError as exc:
+        raise ValueError(f"{exc.message}; or 'auto' (sized from the forecast peak)") from None
+    if size < 4096:
+        raise ValueError(f"pool size {size} bytes is too small: at least 4096 bytes, or 'auto'")
+    return size
 
 
 class QuotaConfig(Section):
@@ -41,9 +52,19 @@ class MemoryConfig(Section):
     strategy: MemoryStrategy = "best_fit"
     """fragmentation_aware (size tiers and lifetime classes), best_fit, or simple
     (bump pointer and free lists; the benchmark's baseline)."""
-    pool_size: Annotated[Size | None, BeforeValidator(_no_auto)] = Field(default=None, ge=4096)
-    """The arena's size; leave out to use workers.shared_memory. ``auto`` is not
-    supported yet."""
+    pool_size: Annotated[int | Literal["auto"] | None, BeforeValidator(_pool_size)] = None
+    """The arena's size; leave out to use workers.shared_memory. ``auto``: sized from
+    the forecast peak between ``pool_min`` and ``pool_max``, grown ahead of a peak and
+    shrunk after it (the segment is replaced at a quiet moment)."""
+    pool_min: Size = Field(default=16 * 1024 * 1024, ge=4096)
+    """pool_size auto: the smallest the arena gets (and its size at start)."""
+    pool_max: Size = Field(default=1024 * 1024 * 1024, ge=4096)
+    """pool_size auto: the largest the arena gets."""
+    prewarm_interval: Duration = Field(default=30.0, gt=0)
+    """pool_size auto: how often the target size is worked out from the forecast."""
+    prewarm_headroom: float = Field(default=1.5, ge=1.0, le=10.0)
+    """pool_size auto: the target is this times the larger of the predicted peak and
+    the peak seen since the last resize."""
     small_max: Size = Field(default=64 * 1024, ge=64)
     """fragmentation_aware: blocks up to this size are the small tier."""
     medium_max: Size = Field(default=4 * 1024 * 1024, ge=64)
@@ -84,11 +105,24 @@ class MemoryConfig(Section):
                 f"memory.medium_max ({self.medium_max} bytes) is below memory.small_max "
                 f"({self.small_max} bytes); the medium tier starts where the small one ends"
             )
+        if self.pool_max < self.pool_min:
+            raise ValueError(
+                f"memory.pool_max ({self.pool_max} bytes) is below memory.pool_min "
+                f"({self.pool_min} bytes); pool_size auto grows between the two"
+            )
         if not self.enabled:
             set_keys = sorted(
                 key
-                for key in ("quotas", "defrag_interval", "defrag_threshold", "strategy")
-                if key in self.model_fields_set and getattr(self, key) not in ((), 0.0, "best_fit")
+                for key in (
+                    "quotas",
+                    "defrag_interval",
+                    "defrag_threshold",
+                    "strategy",
+                    "pool_size",
+                )
+                if key in self.model_fields_set
+                and getattr(self, key) not in ((), 0.0, "best_fit")
+                and (key != "pool_size" or self.pool_size == "auto")
             )
             if set_keys:
                 raise ValueError(
@@ -96,6 +130,18 @@ class MemoryConfig(Section):
                     "need the memory manager: enable it or remove them"
                 )
         return self
+
+    @property
+    def auto_pool(self) -> bool:
+        """Whether the arena is sized from the forecast (``pool_size: auto``)."""
+        return self.enabled and self.pool_size == "auto"
+
+    def initial_pool(self, default: int) -> int:
+        """The arena's size at start: ``pool_size``, ``pool_min`` for ``auto``, or
+        ``default`` (``workers.shared_memory``)."""
+        if self.pool_size == "auto":
+            return self.pool_min
+        return self.pool_size if self.pool_size is not None else default
 
     @property
     def zeroes_on_free(self) -> bool:

@@ -253,6 +253,7 @@ class ProcessInstance(_Base):
                 fault,
                 batch.allocate,
                 self._settings.execution_timeout,
+                batch.segment,
             )
         except WorkerError:
             self.failures += 1

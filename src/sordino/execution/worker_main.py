@@ -10,11 +10,13 @@ back into blocks the server reserved. The messages and their order are in
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
 from dataclasses import dataclass
+from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -100,9 +102,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     from sordino.memory.arena import attach_segment
 
     link = _Link(conn)
-    segment = attach_segment(spec.arena)
-    buffer = segment.buf
-    assert buffer is not None
+    mapped = _Mapped(attach_segment(spec.arena))
     try:
         started = time.perf_counter()
         backend = create_backend(
@@ -131,10 +131,29 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
             case Stop():
                 return
             case Run():
-                if not _run(link, backend, buffer, message):
+                if not _run(link, backend, mapped.follow(message.segment), message):
                     return
             case Call(call_id=call_id, command=command):
                 _call(link, backend, call_id, command)
+
+
+class _Mapped:
+    """The arena segment this worker maps; replaced when the server resized the pool."""
+
+    def __init__(self, segment: shared_memory.SharedMemory) -> None:
+        self.segment = segment
+
+    def follow(self, name: str) -> memoryview:
+        """The buffer of segment ``name`` (the current one when empty), mapped once."""
+        if name and name != self.segment.name:
+            from sordino.memory.arena import attach_segment
+
+            old, self.segment = self.segment, attach_segment(name)
+            with contextlib.suppress(BufferError):  # a view still lives: unmapped when it goes
+                old.close()
+        buffer = self.segment.buf
+        assert buffer is not None
+        return buffer
 
 
 def _call(link: _Link, backend: Backend, call_id: int, command: Command) -> None:

@@ -101,6 +101,7 @@ class Runtime:
             clock=self.clock,
             events=self.events,
             forecast=lambda: self.telemetry.forecast,
+            pause=staging.paused,
         )
         # Body read times and lateness per second, for the guardian's triggers.
         self.timings = TimingSeries()
