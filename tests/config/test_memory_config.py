@@ -78,3 +78,32 @@ def test_pool_size_auto_starts_at_pool_min() -> None:
     assert memory.initial_pool(256 * 2**20) == 8 * 2**20
     fixed = load_config(None, {"memory.pool_size": "32MB"}).memory
     assert not fixed.auto_pool and fixed.initial_pool(1) == 32 * 2**20
+
+
+@pytest.mark.parametrize(
+    ("entry", "needles"),
+    [
+        ({"framework_memory": {"arena_extend_strategy": "kDouble"}},
+         ["framework_memory.arena_extend_strategy", "kSameAsRequested"]),
+        ({"framework_memory": {"cpu_arena": False, "shrink_after_rows": 4}},
+         ["cpu_arena is false", "shrink_after_rows"]),
+        ({"isolation": "thread", "framework_memory": {"arena_extend_strategy": "kSameAsRequested"}},
+         ["framework_memory", "not supported with isolation: thread"]),
+        ({"framework_memory": {"gpu_mem_limit": "lots"}}, ["framework_memory.gpu_mem_limit"]),
+    ],
+)  # fmt: skip
+def test_bad_framework_memory_names_the_key(entry: dict[str, object], needles: list[str]) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config(None, {"models": [{"name": "m", "path": "/m.onnx", **entry}]})
+    for needle in needles:
+        assert needle in str(error.value), (needle, str(error.value))
+
+
+def test_framework_memory_loads() -> None:
+    entry = {"name": "m", "path": "/m.onnx", "framework_memory": {
+        "arena_extend_strategy": "kSameAsRequested", "shrink_after_rows": 64,
+        "gpu_mem_limit": "2GB", "gpu_arena_extend_strategy": "kSameAsRequested"}}  # fmt: skip
+    memory = load_config(None, {"models": [entry]}).models[0].framework_memory
+    assert memory.custom_cpu_arena and memory.gpu_mem_limit == 2 * 2**30
+    assert memory.describe_gpu(("CPUExecutionProvider",)) == "absent"
+    assert "gpu_mem_limit" in memory.describe_gpu(("CUDAExecutionProvider",))

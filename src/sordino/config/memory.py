@@ -11,7 +11,7 @@ from sordino.config.base import Section, reject_repeated_names
 from sordino.config.units import Duration, Size, parse_size
 from sordino.errors import ConfigError
 
-__all__ = ["MemoryConfig", "MemoryStrategy", "QuotaConfig"]
+__all__ = ["FrameworkMemoryConfig", "MemoryConfig", "MemoryStrategy", "QuotaConfig"]
 
 MemoryStrategy = Literal["fragmentation_aware", "best_fit", "simple"]
 
@@ -154,3 +154,79 @@ class MemoryConfig(Section):
             if entry.tenant == tenant:
                 return entry.max
         return None
+
+
+ArenaExtendStrategy = Literal["kNextPowerOfTwo", "kSameAsRequested"]
+EXTEND_STRATEGIES: dict[str, int] = {"kNextPowerOfTwo": 0, "kSameAsRequested": 1}
+"""ONNX Runtime's numbers for ``arena_extend_strategy``."""
+
+
+class FrameworkMemoryConfig(Section):
+    """A model's ``framework_memory``: ONNX Runtime's arenas inside its worker process.
+
+    Applies to ``isolation: process`` (each worker is one process with its own ONNX
+    Runtime); a thread-isolated model shares the server's and accepts only the defaults.
+    """
+
+    cpu_arena: bool = True
+    """ONNX Runtime's CPU memory arena (``enable_cpu_mem_arena``)."""
+    arena_extend_strategy: ArenaExtendStrategy = "kNextPowerOfTwo"
+    """How the CPU arena grows: kNextPowerOfTwo (ONNX Runtime's default) or
+    kSameAsRequested (only what a tensor needs; less memory held after a peak)."""
+    arena_max: Size = 0
+    """The CPU arena's limit in bytes; 0 = none."""
+    shrink_after_rows: int = Field(default=0, ge=0)
+    """After a batch of at least this many rows, give the CPU arena's unused chunks
+    back (run option ``memory.enable_memory_arena_shrinkage``); 0 = never."""
+    gpu_mem_limit: Size | None = None
+    """CUDA execution provider: its arena's limit in bytes (``gpu_mem_limit``)."""
+    gpu_arena_extend_strategy: ArenaExtendStrategy | None = None
+    """CUDA execution provider: how its arena grows (``arena_extend_strategy``)."""
+
+    @model_validator(mode="after")
+    def _needs_the_arena(self) -> FrameworkMemoryConfig:
+        if not self.cpu_arena:
+            set_keys = sorted(
+                key
+                for key in ("arena_extend_strategy", "arena_max", "shrink_after_rows")
+                if key in self.model_fields_set
+            )
+            if set_keys:
+                raise ValueError(
+                    f"cpu_arena is false, but {', '.join(set_keys)} configure the CPU arena: "
+                    "turn cpu_arena on or remove them"
+                )
+        return self
+
+    @property
+    def custom_cpu_arena(self) -> bool:
+        """Whether the CPU arena differs from ONNX Runtime's own (an arena of our own)."""
+        return self.cpu_arena and (
+            self.arena_extend_strategy != "kNextPowerOfTwo" or self.arena_max > 0
+        )
+
+    @property
+    def is_default(self) -> bool:
+        return self == FrameworkMemoryConfig()
+
+    def describe_cpu(self) -> str:
+        """The CPU arena's settings in words (what ``sordino memory status`` shows)."""
+        if not self.cpu_arena:
+            return "off"
+        parts = ["on", self.arena_extend_strategy]
+        if self.arena_max:
+            parts.append(f"max {self.arena_max} bytes")
+        if self.shrink_after_rows:
+            parts.append(f"shrunk after batches of {self.shrink_after_rows}+ rows")
+        return ", ".join(parts)
+
+    def describe_gpu(self, providers: tuple[str, ...]) -> str:
+        """The CUDA arena's settings, or "absent" without the CUDA execution provider."""
+        if "CUDAExecutionProvider" not in providers:
+            return "absent"
+        parts = ["CUDA EP"]
+        if self.gpu_mem_limit is not None:
+            parts.append(f"gpu_mem_limit {self.gpu_mem_limit} bytes")
+        if self.gpu_arena_extend_strategy is not None:
+            parts.append(self.gpu_arena_extend_strategy)
+        return ", ".join(parts)

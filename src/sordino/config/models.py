@@ -15,6 +15,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from sordino.config.base import ExpandedPath, Section
 from sordino.config.devices import ProviderName
 from sordino.config.iterative import IterativeConfig
+from sordino.config.memory import FrameworkMemoryConfig
 from sordino.config.scheduler import SchedulerMode
 
 __all__ = [
@@ -240,6 +241,20 @@ class ModelConfig(Section):
     """Run the model step by step, streaming a response per step; None: one response."""
     iterative: IterativeConfig | None = None
     """Serve the model as a denoiser in a sampler loop the runtime owns (docs/generation.md)."""
+    framework_memory: FrameworkMemoryConfig = FrameworkMemoryConfig()
+    """ONNX Runtime's CPU (and CUDA) arenas in the model's worker processes (docs/memory.md)."""
+
+    @field_validator("framework_memory")
+    @classmethod
+    def _framework_memory_needs_a_process(
+        cls, value: FrameworkMemoryConfig, info: ValidationInfo
+    ) -> FrameworkMemoryConfig:
+        if info.data.get("isolation") == "thread" and not value.is_default:
+            raise ValueError(
+                "framework_memory is not supported with isolation: thread (the model shares "
+                "the server's ONNX Runtime); use isolation: process or remove framework_memory"
+            )
+        return value
 
     @model_validator(mode="before")
     @classmethod

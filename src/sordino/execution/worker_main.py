@@ -21,6 +21,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from sordino.backends.base import Backend, ProfilingBackend, dummy_inputs
+from sordino.config.memory import FrameworkMemoryConfig
 from sordino.execution.faults import InjectedFault, perform
 from sordino.execution.messages import (
     HEARTBEAT,
@@ -66,6 +67,8 @@ class WorkerSpec:
     arena: str
     heartbeat_s: float
     warmup_batches: int
+    framework_memory: FrameworkMemoryConfig | None = None
+    """ONNX Runtime's arenas in this process (the model's ``framework_memory``)."""
 
 
 class _Link:
@@ -111,6 +114,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
             version=spec.version,
             providers=spec.providers,
             intra_op_threads=spec.intra_op_threads,
+            memory=spec.framework_memory,
         )
         backend.load(Path(spec.path), spec.target)
         for _ in range(spec.warmup_batches):

@@ -102,6 +102,7 @@ class Runtime:
             events=self.events,
             forecast=lambda: self.telemetry.forecast,
             pause=staging.paused,
+            workers=self.executor.worker_memory,
         )
         # Body read times and lateness per second, for the guardian's triggers.
         self.timings = TimingSeries()
