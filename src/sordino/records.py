@@ -119,6 +119,8 @@ class RequestDone:
     total_s: float
     late_s: float | None = None
     """For a request with a deadline: how long after it the request ended (0 if on time)."""
+    step_bytes: tuple[tuple[int, int], ...] = ()
+    """A multi-step request's (input bytes, output bytes) per step; empty for one step."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -137,6 +137,8 @@ class Request:
     compute_s: float = 0.0
     item: WorkItem | None = None
     outputs: Outbox = field(default_factory=Outbox)
+    step_bytes: list[tuple[int, int]] | None = None
+    """(input bytes, output bytes) per step of a multi-step request (lifetime planning)."""
 
     @property
     def max_steps(self) -> int:

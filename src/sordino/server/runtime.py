@@ -34,6 +34,7 @@ from sordino.guardian import Guardian
 from sordino.inference import InferRequest, InferResponse, Tensor
 from sordino.memory.arena import SEGMENTS_DIR, StaleSegment, remove_stale_segments
 from sordino.memory.manager import MemoryManager
+from sordino.memory.planner import StepPlanner
 from sordino.memory.refs import Tensors
 from sordino.models.repository import ModelSource
 from sordino.records import SchedulerStatistics
@@ -89,6 +90,8 @@ class Runtime:
             labels=labels,
         )
         staging, overflow = self.executor.staging, self.executor.overflow
+        # Tensor lifetime planning of multi-step requests (a scheduler observer).
+        self.step_plans = StepPlanner()
         self.memory = MemoryManager(
             config.memory,
             arena=lambda: staging.existing_arena,
@@ -103,6 +106,7 @@ class Runtime:
             forecast=lambda: self.telemetry.forecast,
             pause=staging.paused,
             workers=self.executor.worker_memory,
+            plans=self.step_plans.statistics,
         )
         # Body read times and lateness per second, for the guardian's triggers.
         self.timings = TimingSeries()
@@ -117,6 +121,7 @@ class Runtime:
                     self.metrics, self.stats, self.telemetry.series, self.telemetry.availability
                 ),
                 self.timings,
+                self.step_plans,
             ),
             stats=self.stats,
             clock=self.clock,
