@@ -8,6 +8,8 @@ unbatched ONNX Runtime would catch it.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +26,7 @@ from sordino.models.repository import builtin_sources
 from sordino.records import ResizeReport
 from sordino.testing import RunningServer, serve_in_thread
 from tests.conftest import digits_pixels
+from tests.waiting import wait_for
 
 DIGITS = "digits-classifier"
 MIB = 1024 * 1024
@@ -152,3 +155,37 @@ def test_resize_endpoint_cli_and_auto_step(auto_server: RunningServer) -> None:
     assert result.exit_code == 0, result.output
     assert "pool auto: 4.0 MiB" in result.output and "predicted peak" in result.output
     assert "real peak" in result.output
+
+
+def test_a_worker_started_after_a_resize_serves_from_the_new_segment(
+    auto_server: RunningServer, reference: dict[str, Any]
+) -> None:
+    """The segment named when the instance was created is gone: the replacement maps
+    the one its first batch names."""
+    server = auto_server
+    runtime = server.runtime
+    pixels = digits_pixels(4, seed=21)
+    url = f"{server.url}/v2/models/{DIGITS}/infer"
+    assert httpx.post(url, json=_body(pixels), timeout=30).status_code == 200
+    capacity = runtime.executor.staging.arena.capacity
+    report = server.call(runtime.memory.resize(capacity + 2 * MIB, "manual"))
+    assert isinstance(report, ResizeReport)
+    (worker,) = [w for w in runtime.memory.statistics().workers if w.model == DIGITS]
+    assert worker.pid is not None
+    os.kill(worker.pid, signal.SIGKILL)
+
+    def replaced() -> bool:
+        workers = [w for w in runtime.memory.statistics().workers if w.model == DIGITS]
+        stats = runtime.executor.statistics().workers
+        serving = [w for w in stats if w.model == DIGITS and w.state == "ready"]
+        return bool(workers) and workers[0].pid not in (None, worker.pid) and bool(serving)
+
+    wait_for(replaced, "the killed worker to be replaced")
+    session = reference[DIGITS]
+    expected = session.run(None, {session.get_inputs()[0].name: pixels})[0]
+    r = httpx.post(url, json=_body(pixels), timeout=30)
+    assert r.status_code == 200, r.text
+    out = next(o for o in r.json()["outputs"] if o["name"] == "probabilities")
+    np.testing.assert_allclose(
+        np.asarray(out["data"], np.float32).reshape(4, -1), expected, rtol=1e-5, atol=1e-6
+    )

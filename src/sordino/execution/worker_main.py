@@ -102,10 +102,9 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     from sordino.backends.registry import create_backend
-    from sordino.memory.arena import attach_segment
 
     link = _Link(conn)
-    mapped = _Mapped(attach_segment(spec.arena))
+    mapped = _Mapped(spec.arena)
     try:
         started = time.perf_counter()
         backend = create_backend(
@@ -135,26 +134,43 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
             case Stop():
                 return
             case Run():
-                if not _run(link, backend, mapped.follow(message.segment), message):
+                try:
+                    buffer = mapped.follow(message.segment)
+                except OSError as exc:
+                    link.send(RunFailed(message.batch_id, "error", f"shared memory: {exc}"))
+                    continue
+                if not _run(link, backend, buffer, message):
                     return
             case Call(call_id=call_id, command=command):
                 _call(link, backend, call_id, command)
 
 
 class _Mapped:
-    """The arena segment this worker maps; replaced when the server resized the pool."""
+    """The arena segment this worker maps; replaced when the server resized the pool.
 
-    def __init__(self, segment: shared_memory.SharedMemory) -> None:
-        self.segment = segment
+    The segment named at spawn may be gone by the time a replacement worker starts
+    (the pool was resized since the instance was created): then nothing is mapped
+    until the first batch names the current segment.
+    """
+
+    def __init__(self, name: str) -> None:
+        from sordino.memory.arena import attach_segment
+
+        self.segment: shared_memory.SharedMemory | None = None
+        with contextlib.suppress(FileNotFoundError):
+            self.segment = attach_segment(name)
 
     def follow(self, name: str) -> memoryview:
         """The buffer of segment ``name`` (the current one when empty), mapped once."""
-        if name and name != self.segment.name:
+        if name and (self.segment is None or name != self.segment.name):
             from sordino.memory.arena import attach_segment
 
             old, self.segment = self.segment, attach_segment(name)
-            with contextlib.suppress(BufferError):  # a view still lives: unmapped when it goes
-                old.close()
+            if old is not None:
+                with contextlib.suppress(BufferError):  # a view still lives: unmapped later
+                    old.close()
+        if self.segment is None:
+            raise FileNotFoundError("no shared-memory segment is mapped; the batch named none")
         buffer = self.segment.buf
         assert buffer is not None
         return buffer
