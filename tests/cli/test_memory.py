@@ -81,3 +81,16 @@ def test_a_bad_strategy_names_the_choices(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["start", "--memory-strategy", "fast"])
     assert result.exit_code == 2
     assert "fragmentation_aware" in result.output
+
+
+def test_start_with_an_auto_pool_shows_its_bounds(tmp_path: Path) -> None:
+    flags = ["--builtin", "--pool-size", "auto", "--pool-min", "8MB", "--pool-max", "256MB"]
+    with sordino_start(flags, tmp_path) as server:
+        code, out = _memory("status", "--url", server.url)
+        assert code == 0, out
+        assert "pool auto: 8.0 MiB (bounds 8.0 MiB..256.0 MiB)" in out
+        assert "predicted peak" in out and "real peak" in out
+        code, out = _memory("resize", "1KB", "--url", server.url)
+        assert code == 1 and "4096" in out and "Traceback" not in out
+        code, out = _memory("resize", "16MB", "--url", server.url)
+        assert code == 0 and "-> 16.0 MiB" in out, out
