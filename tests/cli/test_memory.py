@@ -53,6 +53,7 @@ def test_defrag_needs_the_admin_token_when_one_is_set() -> None:
         assert monitor.exit_code == 0, monitor.output
         assert "memory best_fit · defrag 1 runs, 0 MB moved" in monitor.output
         assert "overflow 0 shrunk, 0 × 503 · quota 0 × 429" in monitor.output
+        assert "pool 256 MB, 0 resizes" in monitor.output
 
 
 def test_no_server_is_a_clear_error() -> None:

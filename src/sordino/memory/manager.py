@@ -93,13 +93,16 @@ class MemoryManager:
         pause: Callable[[], AbstractAsyncContextManager[None]] = _no_gate,
         workers: Callable[[], tuple[WorkerMemory, ...]] = tuple,
         plans: Callable[[], tuple[StepPlanStatistics, ...]] = tuple,
+        capacity: Callable[[], int] | None = None,
     ) -> None:
         """``pause`` holds new batches back while it is entered (staging's gate);
-        ``workers`` and ``plans`` report framework memory and step plans."""
+        ``workers`` and ``plans`` report framework memory and step plans; ``capacity``
+        is the arena's size before it exists."""
         self.config = config
         self._pause = pause
         self._workers = workers
         self._plans = plans
+        self._capacity = capacity or (lambda: config.initial_pool(0))
         self._resizes = self._deferred = 0
         self._last_resize: ResizeReport | None = None
         self._resize_lock = asyncio.Lock()
@@ -339,7 +342,7 @@ class MemoryManager:
         auto = config.auto_pool
         return PoolStatistics(
             auto=auto,
-            capacity_bytes=arena.capacity if arena is not None else config.initial_pool(0),
+            capacity_bytes=arena.capacity if arena is not None else self._capacity(),
             min_bytes=config.pool_min if auto else None,
             max_bytes=config.pool_max if auto else None,
             target_bytes=self.target(),

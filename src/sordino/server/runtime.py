@@ -107,6 +107,7 @@ class Runtime:
             pause=staging.paused,
             workers=self.executor.worker_memory,
             plans=self.step_plans.statistics,
+            capacity=staging.capacity,
         )
         # Body read times and lateness per second, for the guardian's triggers.
         self.timings = TimingSeries()
