@@ -140,3 +140,29 @@ async def test_auto_follows_the_real_peak_without_a_forecast() -> None:
             tensors.release()
     finally:
         arena.close()
+
+
+async def test_the_timer_runs_the_auto_step_every_prewarm_interval() -> None:
+    arena = Arena(1 * MIB)
+    clock = VirtualClock()
+    manager = MemoryManager(
+        MemoryConfig(pool_size="auto", pool_min="1MB", pool_max="8MB", prewarm_interval="30s"),
+        arena=lambda: arena,
+        clock=clock,
+        events=EventSink(),
+    )
+    held = _parked(arena, 12, 64 * KIB)  # 768 KiB in use: 1.5x is over 1 MiB
+    await manager.start()
+    try:
+        await clock.advance(29)
+        assert arena.capacity == 1 * MIB
+        await clock.advance(2)
+        assert arena.capacity == 2 * MIB
+        pool = manager.statistics().pool
+        assert pool is not None and pool.resizes == 1 and pool.last_resize is not None
+        assert pool.last_resize.reason == "grow"
+    finally:
+        await manager.stop()
+        for tensors in held:
+            tensors.release()
+        arena.close()
