@@ -474,6 +474,9 @@ class WorkerMemory:
     """The CPU arena's settings: "on, kSameAsRequested, shrink after N rows", "off"."""
     gpu: str
     """"absent" (no CUDA execution provider) or the CUDA arena's settings."""
+    gpu_bytes: int | None = None
+    """GPU memory the process holds as NVML reports it (the CUDA arena included);
+    None when the CUDA provider is absent or NVML cannot say."""
 
 
 @dataclass(frozen=True, slots=True)

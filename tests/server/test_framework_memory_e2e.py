@@ -61,7 +61,7 @@ def test_configured_arena_serves_exact_answers_and_is_reported(
     assert worker.model == "digits" and worker.pid is not None
     assert worker.rss_bytes is not None and worker.rss_bytes > 10 * 2**20  # a real process
     assert "kSameAsRequested" in worker.cpu_arena and "8+ rows" in worker.cpu_arena
-    assert worker.gpu == "absent"
+    assert worker.gpu == "absent" and worker.gpu_bytes is None  # no CUDA provider here
     result = CliRunner().invoke(cli, ["memory", "status", "--url", server.url])
     assert result.exit_code == 0, result.output
     assert "worker digits:1#0" in result.output and "MiB resident" in result.output
@@ -71,3 +71,4 @@ def test_configured_arena_serves_exact_answers_and_is_reported(
     assert 'sordino_memory_worker_gpu_present{instance="0",model="digits",version="1"} 0.0' in (
         metrics
     )
+    assert "sordino_memory_worker_gpu_bytes{" not in metrics  # no figure without CUDA

@@ -107,6 +107,7 @@ def describe_status(status: dict[str, Any]) -> list[str]:
             f"worker {worker['model']}:{worker['version']}#{worker['instance']} pid "
             f"{worker['pid']}: {_mib(worker['rss_bytes'])} resident (ONNX Runtime does not "
             f"expose its arena's size); CPU arena {worker['cpu_arena']}; GPU {worker['gpu']}"
+            + (f" ({_mib(worker['gpu_bytes'])} on the GPU)" if worker.get("gpu_bytes") else "")
         )
     for plan in status.get("plans", []):
         lines.append(

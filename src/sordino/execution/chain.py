@@ -607,6 +607,9 @@ class ChainExecutor:
                         rss_bytes=rss,
                         cpu_arena=memory.describe_cpu(),
                         gpu=memory.describe_gpu(spec.providers),
+                        gpu_bytes=_gpu_bytes(pid)
+                        if pid is not None and "CUDAExecutionProvider" in spec.providers
+                        else None,
                     )
                 )
         return tuple(found)
@@ -626,3 +629,20 @@ class ChainExecutor:
             faults_active=len(self.faults.active()),
             faults_applied=self.faults.applied,
         )
+
+
+def _gpu_bytes(pid: int) -> int | None:
+    """GPU memory process ``pid`` holds over all devices (NVML); None if unreadable."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        total = None
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if process.pid == pid and process.usedGpuMemory is not None:
+                    total = (total or 0) + int(process.usedGpuMemory)
+        return total
+    except Exception:  # no library, no driver, no permission: no figure, never a guess
+        return None

@@ -14,7 +14,8 @@
 - ``sordino_memory_worker_rss_bytes{model,version,instance}`` (a worker process's
   resident memory: its ONNX Runtime arenas included; ONNX Runtime does not expose the
   arena's size), ``sordino_memory_worker_gpu_present{model,version,instance}`` (0: the
-  CUDA provider is absent)
+  CUDA provider is absent), ``sordino_memory_worker_gpu_bytes{...}`` (NVML, only
+  with the CUDA provider)
 - ``sordino_memory_plan_{planned_peak,naive,max_planned_peak}_bytes{model}`` (tensor
   lifetime planning of multi-step models)
 """
@@ -153,12 +154,19 @@ def _workers(stats: MemoryStatistics) -> Iterator[Metric]:
         "1 when the worker's model runs with the CUDA provider, 0 when it is absent.",
         labels=labels,
     )
+    gpu_bytes = GaugeMetricFamily(
+        "sordino_memory_worker_gpu_bytes",
+        "GPU memory a worker process holds (NVML); only where the CUDA provider is used.",
+        labels=labels,
+    )
     for worker in stats.workers:
         values = [worker.model, worker.version, str(worker.instance)]
         if worker.rss_bytes is not None:
             rss.add_metric(values, worker.rss_bytes)
         gpu.add_metric(values, 0 if worker.gpu == "absent" else 1)
-    yield from (rss, gpu)
+        if worker.gpu_bytes is not None:
+            gpu_bytes.add_metric(values, worker.gpu_bytes)
+    yield from (rss, gpu, gpu_bytes)
 
 
 def _plans(stats: MemoryStatistics) -> Iterator[Metric]:
