@@ -53,7 +53,7 @@ def test_defaults_keep_todays_arena() -> None:
         ({"memory.pool_size": "1KB"}, ["memory.pool_size", "4096"]),
         ({"memory.defrag_interval": "soon"}, ["memory.defrag_interval", "'5m'"]),
         ({"memory.defrag_threshold": 1.5}, ["memory.defrag_threshold", "1"]),
-        ({"memory.reuse_strategy": "fifo"}, ["memory.reuse_strategy", "lru"]),
+        ({"memory.reuse_strategy": "fifo"}, ["memory.reuse_strategy", "lru", "lfu", "largest"]),
         ({"memory.quotas": [{"tenant": "a", "max": "1GB"}, {"tenant": "a", "max": "2GB"}]},
          ["quota tenants ['a']"]),
         ({"memory.quotas": [{"tenant": "a"}]}, ["memory.quotas.0", "max"]),

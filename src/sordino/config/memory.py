@@ -35,16 +35,6 @@ def _pool_size(value: object) -> object:
     return size
 
 
-def _only_lru(value: object) -> object:
-    if isinstance(value, str) and value != "lru":
-        raise ValueError(
-            f"reuse_strategy {value!r} is not supported: the only caches that give memory "
-            "back (the generation result and state caches) evict least recently used "
-            "first; use 'lru' or leave the key out"
-        )
-    return value
-
-
 class QuotaConfig(Section):
     """At most ``max`` bytes of the arena in flight for ``tenant`` at once."""
 
@@ -91,10 +81,10 @@ class MemoryConfig(Section):
     wait up to ``overflow_wait`` for space, then answer 503 with Retry-After."""
     overflow_wait: Duration = Field(default=2.0, gt=0)
     """The longest a batch waits for arena space before its requests get 503."""
-    reuse_strategy: Annotated[Literal["lru"], BeforeValidator(_only_lru)] = "lru"
-    """What the framework-side caches give back first. The only ones are the
-    generation caches (results per tenant, intermediate states), which evict the least
-    recently used entry; other policies are refused, never silently ignored."""
+    reuse_strategy: Literal["lru", "lfu", "largest"] = "lru"
+    """What the framework-side caches (the generation result and state caches) give
+    back first when full: the least recently used entry, the least frequently used one,
+    or the largest one."""
     quotas: tuple[QuotaConfig, ...] = ()
     """Per-tenant limits on arena bytes in flight; a tenant over its quota waits up to
     ``quota_wait``, then gets 429. Tenants without an entry are not limited."""

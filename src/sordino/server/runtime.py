@@ -190,6 +190,7 @@ class Runtime:
             degrader=self.step_degrader,
             run_model=self._run_model,
             description=model.source.description,
+            reuse_policy=self.config.memory.reuse_strategy,
         )
 
     async def _run_model(self, name: str, inputs: Mapping[str, Tensor]) -> Tensors:
