@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sordino.config.memory import MemoryConfig
 from sordino.errors import OutOfMemory
@@ -164,5 +168,57 @@ async def test_the_timer_runs_the_auto_step_every_prewarm_interval() -> None:
     finally:
         await manager.stop()
         for tensors in held:
+            tensors.release()
+        arena.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    strategy=st.sampled_from(["best_fit", "fragmentation_aware", "simple"]),
+    ops=st.lists(
+        st.tuples(st.sampled_from(["acquire", "release", "resize"]), st.integers(1, 96)),
+        min_size=1,
+        max_size=40,
+    ),
+)
+def test_random_acquire_release_resize_keeps_every_live_block(
+    strategy: str, ops: list[tuple[str, int]]
+) -> None:
+    """Contents (a checksum per block) survive every resize; live blocks never overlap."""
+    arena = Arena(1 * MIB, allocator=allocator_factory(strategy))
+    live: list[tuple[Tensors, int]] = []
+    try:
+        for n, (op, arg) in enumerate(ops):
+            if op == "acquire":
+                lease = Lease(arena)
+                try:
+                    block = lease.acquire_nowait(arg * KIB)
+                except OutOfMemory:
+                    lease.release()
+                    continue
+                view = np.ndarray((arg * KIB,), np.uint8, arena.buffer, block.offset)
+                view[:] = np.arange(arg * KIB) % 251
+                view[0] = n % 256
+                tensors = Tensors({"x": TensorRef(view, block.offset)}, (lease,))
+                tensors.park()
+                live.append((tensors, int(view.sum())))
+            elif op == "release" and live:
+                live.pop(arg % len(live))[0].release()
+            elif op == "resize":
+                size = (arg * 32 + 64) * KIB
+                before = arena.capacity
+                try:
+                    arena.resize(size)
+                except OutOfMemory:  # the live blocks do not fit: nothing changed
+                    assert arena.capacity == before
+            for tensors, checksum in live:
+                assert int(tensors["x"].sum()) == checksum
+            spans = sorted(
+                (b.offset, b.offset + b.size) for t, _ in live for b in t.leases[0]._blocks
+            )
+            assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+            assert all(end <= arena.capacity for _, end in spans)
+    finally:
+        for tensors, _ in live:
             tensors.release()
         arena.close()
