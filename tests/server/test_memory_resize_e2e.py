@@ -141,6 +141,8 @@ def test_resize_endpoint_cli_and_auto_step(auto_server: RunningServer) -> None:
     assert r.status_code == 200
     r = httpx.post(f"{server.url}/v2/sordino/memory/resize", json={"size": "lots"}, timeout=30)
     assert r.status_code == 400 and "size" in r.text
+    r = httpx.post(f"{server.url}/v2/sordino/memory/resize", json={"size": "100TB"}, timeout=30)
+    assert r.status_code == 400 and "/dev/shm has room" in r.text
     result = CliRunner().invoke(cli, ["memory", "resize", "32MB", "--url", server.url])
     assert result.exit_code == 0, result.output
     assert "-> 32.0 MiB" in result.output

@@ -40,7 +40,7 @@ from sordino.clock import Clock
 from sordino.config.memory import MemoryConfig
 from sordino.errors import OutOfMemory
 from sordino.events import EventSink
-from sordino.memory.arena import Arena
+from sordino.memory.arena import Arena, shm_free_bytes
 from sordino.memory.quotas import QuotaLedger
 from sordino.records import (
     DefragReport,
@@ -71,6 +71,13 @@ PEAK_WINDOW = 10
 """pool_size auto: the peak seen lately is the largest of the last this many intervals."""
 GRANULE = 1 << 20
 """pool_size auto rounds its target up to whole MiB."""
+
+
+def shm_room(arena: Arena) -> int | None:
+    """The largest arena /dev/shm can hold instead of ``arena`` (its pages come back
+    when it is replaced); None where /dev/shm cannot be read."""
+    free = shm_free_bytes()
+    return None if free is None else free + arena.capacity
 
 
 @contextlib.asynccontextmanager
@@ -244,6 +251,12 @@ class MemoryManager:
         arena = self._arena()
         if arena is None or capacity // 4096 * 4096 == arena.capacity:
             return None
+        room = shm_room(arena)
+        if room is not None and capacity > room:
+            log.warning(
+                "the arena was not resized to %d bytes: /dev/shm has room for %d", capacity, room
+            )
+            return None
         async with self._resize_lock:
             before = arena.capacity
             started = time.perf_counter()
@@ -256,7 +269,7 @@ class MemoryManager:
                     await asyncio.sleep(QUIET_POLL_S)
                 try:
                     report = arena.resize(capacity, reason)
-                except OutOfMemory as exc:
+                except (OutOfMemory, OSError) as exc:
                     log.warning("the arena was not resized to %d bytes: %s", capacity, exc)
                     return None
             pause = time.perf_counter() - started

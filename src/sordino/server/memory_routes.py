@@ -26,6 +26,7 @@ from starlette.routing import Route
 from sordino.config.units import parse_size
 from sordino.control.admin import AdminAccess
 from sordino.errors import ConfigError, InvalidRequest
+from sordino.memory.manager import shm_room
 from sordino.server.runtime import Runtime
 
 __all__ = ["memory_routes"]
@@ -65,6 +66,12 @@ def memory_routes(
             return _json({"resized": False, "why": "no arena yet (no model runs in a worker)"})
         if size // 4096 * 4096 == arena.capacity:
             return _json({"resized": False, "why": f"the arena is {arena.capacity} bytes already"})
+        room = shm_room(arena)
+        if room is not None and size > room:
+            raise InvalidRequest(
+                f"/dev/shm has room for an arena of at most {room} bytes, not {size}; "
+                "free /dev/shm or ask for less"
+            )
         live = arena.statistics().in_use_bytes
         if size < live:
             raise InvalidRequest(
