@@ -9,7 +9,9 @@ a steady load runs; the condition is then caused for real at time T0:
 - ``device_temperature``: a ``temperature`` fault reading 90 °C → ``throttle_requests_by 20%``;
 - ``qps sudden_rise``: the paced load (20 req/s) turns into 4 closed-loop clients →
   ``scale_workers +2``;
-- ``qps sudden_drop``: the load stops → ``alert``.
+- ``qps sudden_drop``: the load stops → ``alert``;
+- ``memory_fragmentation``: the arena is fragmented to 70 % (``sordino.testing.fragment_arena``,
+  so this kind runs the server in this process, ``serve_in_thread``) → ``trigger_defrag``.
 
 The action's start comes from its diagnostic record (``started``, from ``sordino
 events``), as does the moment the loop first saw the condition hold (``detected``).
@@ -17,7 +19,7 @@ Reported: T0 → action, and detection → action. The issue bounds detection �
 the window has elapsed; here the window's mean crosses the threshold as soon as the
 first closed second carries the condition (rows close once a second, 20 ms after
 the boundary; the loop looks every 500 ms), so T0 → action bounds detection →
-action from above. ``memory_fragmentation`` needs the memory manager and is not run.
+action from above.
 
     python -m bench.guardian_detect [--window 2] [--repeat 1] [--kinds error_rate ...]
 """
@@ -48,6 +50,7 @@ KINDS: dict[str, dict[str, Any]] = {
     "device_temperature": {"threshold": "80°C", "action": "throttle_requests_by 20%"},
     "qps sudden_rise": {"threshold": "sudden_rise>100% in {w}s", "action": "scale_workers +2"},
     "qps sudden_drop": {"threshold": "sudden_drop>40% in {w}s", "action": "alert"},
+    "memory_fragmentation": {"threshold": "65%", "action": "trigger_defrag"},
 }
 
 
@@ -93,7 +96,50 @@ class Load:
             thread.join(30)
 
 
+def run_fragmentation(window: int) -> dict[str, float]:
+    """The arena fragmented for real inside a server in this process (the chaos API has
+    no fault that fragments memory), then the same record as the other kinds."""
+    from sordino.config import RuntimeConfig
+    from sordino.models.repository import builtin_sources
+    from sordino.testing import fragment_arena, serve_in_thread
+
+    trigger = {"metric": "memory_fragmentation", "threshold": "65%", "window": f"{window}s",
+               "action": "trigger_defrag", "cooldown": "120s"}  # fmt: skip
+    config = RuntimeConfig.model_validate(
+        {"self_healing": {"enabled": True, "triggers": [trigger]}}
+    )
+    sources = [s for s in builtin_sources() if s.name == "digits-classifier"]
+    with serve_in_thread(config, sources) as server:
+        runtime = server.runtime
+
+        async def fragment() -> Any:
+            return fragment_arena(runtime, 0.7)
+
+        async def release(held: Any) -> None:
+            held.release()
+
+        time.sleep(window + 1)
+        t0 = time.time()
+        held = server.call(fragment())
+        try:
+            deadline = time.time() + 30 + 3 * window
+            while time.time() < deadline:
+                found = runtime.events.recent("guardian")
+                if found:
+                    payload = found[0].payload
+                    started = (float(payload["started"]), float(payload["detected"]))
+                    break
+                time.sleep(0.1)
+            else:
+                raise RuntimeError("the guardian did not act in time")
+        finally:
+            server.call(release(held))
+    return {"act_s": started[0] - t0, "detect_to_act_s": started[0] - started[1]}
+
+
 def run_kind(kind: str, window: int) -> dict[str, float]:
+    if kind == "memory_fragmentation":
+        return run_fragmentation(window)
     spec = KINDS[kind]
     metric = kind.split()[0]
     trigger = {

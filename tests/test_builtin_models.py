@@ -77,8 +77,10 @@ def test_manifest_lists_exactly_the_onnx_files_present() -> None:
 
 def test_manifest_entries_are_well_formed() -> None:
     for entry in _manifest():
-        keys = set(entry) - {"streaming", "iterative", "scheduler_mode"}
+        keys = set(entry) - {"streaming", "iterative", "scheduler_mode", "label_filename"}
         assert keys == {"name", "file", "description", "max_batch_size"}
+        if "label_filename" in entry:
+            assert (_builtin_dir() / entry["label_filename"]).is_file()
         assert entry["file"] == f"{entry['name']}.onnx"
         assert isinstance(entry["description"], str) and entry["description"]
         assert isinstance(entry["max_batch_size"], int) and entry["max_batch_size"] > 0

@@ -62,6 +62,14 @@ class Builtin:
     iterative: str = ""
     # The model's `scheduler_mode:` entry, or "" for the server's mode.
     scheduler_mode: str = ""
+    # A flow mapping written as the model's `sequence_batching:` entry, or "".
+    sequence_batching: str = ""
+    # Class labels, one per line, written to `<name>-labels.txt` as its `label_filename:`.
+    labels: tuple[str, ...] = ()
+
+    @property
+    def label_file(self) -> str:
+        return f"{self.name}-labels.txt" if self.labels else ""
 
     @property
     def file(self) -> str:
@@ -71,6 +79,7 @@ class Builtin:
 DIGITS = Builtin(
     "digits-classifier",
     "MLP on scikit-learn's 8x8 digits; pixels 0-16 in, 10 class probabilities out",
+    labels=("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"),
 )
 SIMPLE = Builtin(
     "simple",
@@ -95,6 +104,41 @@ DIFFUSION = Builtin(
     scheduler_mode="ultra_low_latency",
 )
 BUILTINS = (DIGITS, SIMPLE, TEXT, COUNTDOWN, DIFFUSION)
+
+# Triton's example models its client programs expect, served with
+# `sordino start --with-triton-examples` (not in the default built-in set).
+SIMPLE_STRING = Builtin(
+    "simple_string",
+    'Triton\'s "simple_string" example - BYTES strings of integers; OUTPUT0 = INPUT0 + INPUT1, '
+    "OUTPUT1 = INPUT0 - INPUT1, as strings",
+    max_batch_size=8,
+)
+SIMPLE_INT8 = Builtin(
+    "simple_int8",
+    'Triton\'s "simple_int8" example - OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 (INT8)',
+    max_batch_size=8,
+)
+REPEAT = Builtin(
+    "repeat_int32",
+    'Triton\'s decoupled "repeat_int32" example - one response per element of IN (OUT = IN[i], '
+    "IDX = i), none for an empty IN; DELAY and WAIT are accepted and not honoured",
+    max_batch_size=0,
+    streaming="{carry: {NEXT: POS}, done: DONE, emit: EMIT, state: [POS], max_steps: 100000}",
+)
+SEQUENCE = Builtin(
+    "simple_sequence",
+    'Triton\'s "simple_sequence" example - an accumulator over a sequence: OUTPUT is the sum of '
+    "the sequence's INPUTs so far (START resets it; the state is implicit)",
+    max_batch_size=8,
+    sequence_batching=(
+        "{max_sequence_idle_microseconds: 5000000, direct: {}, control_input: ["
+        "{name: START, control: [{kind: CONTROL_SEQUENCE_START, int32_false_true: [0, 1]}]}, "
+        "{name: READY, control: [{kind: CONTROL_SEQUENCE_READY, int32_false_true: [0, 1]}]}], "
+        "state: [{input_name: STATE_IN, output_name: STATE_OUT}]}"
+    ),
+)
+EXAMPLES = (SIMPLE_STRING, SIMPLE_INT8, REPEAT, SEQUENCE)
+EXAMPLES_OUT = Path(__file__).resolve().parents[1] / "src" / "sordino" / "models" / "examples"
 
 
 # --------------------------------------------------------------------------------------
@@ -185,6 +229,176 @@ def build_digits() -> tuple[onnx.ModelProto, float]:
     _check(got.shape == (len(x_test), 10), f"unexpected output shape {got.shape}")
     _check(diff <= 1e-5, f"onnxruntime differs from predict_proba by {diff:.2e}")
     return model, accuracy
+
+
+# --------------------------------------------------------------------------------------
+# Triton's examples: simple_string, simple_int8
+
+
+def build_simple_string() -> onnx.ModelProto:
+    def tensor(name: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, TensorProto.STRING, [BATCH, 16])
+
+    nodes = [
+        helper.make_node("Cast", ["INPUT0"], ["a"], to=TensorProto.INT32, name="parse0"),
+        helper.make_node("Cast", ["INPUT1"], ["b"], to=TensorProto.INT32, name="parse1"),
+        helper.make_node("Add", ["a", "b"], ["sum"], name="add"),
+        helper.make_node("Sub", ["a", "b"], ["difference"], name="sub"),
+        helper.make_node("Cast", ["sum"], ["OUTPUT0"], to=TensorProto.STRING, name="format0"),
+        helper.make_node(
+            "Cast", ["difference"], ["OUTPUT1"], to=TensorProto.STRING, name="format1"
+        ),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "simple_string",
+        [tensor("INPUT0"), tensor("INPUT1")],
+        [tensor("OUTPUT0"), tensor("OUTPUT1")],
+    )
+    model = _finish(graph, SIMPLE_STRING.description)
+    a = np.arange(16).reshape(1, 16)
+    b = np.full((1, 16), -3)
+    out0, out1 = _session(model).run(
+        None, {"INPUT0": a.astype(str).astype(object), "INPUT1": b.astype(str).astype(object)}
+    )
+    _check(out0.ravel().tolist() == [str(v) for v in (a + b).ravel()], "OUTPUT0 != a + b")
+    _check(out1.ravel().tolist() == [str(v) for v in (a - b).ravel()], "OUTPUT1 != a - b")
+    print(f"{SIMPLE_STRING.name}: ok")
+    return model
+
+
+def build_simple_int8() -> onnx.ModelProto:
+    def tensor(name: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, TensorProto.INT8, [BATCH, 16])
+
+    nodes = [
+        helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"], name="add"),
+        helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"], name="sub"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "simple_int8",
+        [tensor("INPUT0"), tensor("INPUT1")],
+        [tensor("OUTPUT0"), tensor("OUTPUT1")],
+    )
+    model = _finish(graph, SIMPLE_INT8.description)
+    a = np.arange(16, dtype=np.int8).reshape(1, 16)
+    b = np.ones((1, 16), dtype=np.int8)
+    out0, out1 = _session(model).run(None, {"INPUT0": a, "INPUT1": b})
+    _check(out0.dtype == np.int8 and np.array_equal(out0, a + b), "OUTPUT0 != INPUT0 + INPUT1")
+    _check(np.array_equal(out1, a - b), "OUTPUT1 != INPUT0 - INPUT1")
+    print(f"{SIMPLE_INT8.name}: ok")
+    return model
+
+
+def build_repeat() -> onnx.ModelProto:
+    """A step model: step i answers IN[i]; POS (the step's index) is carried as NEXT."""
+    i32, u32, i64 = TensorProto.INT32, TensorProto.UINT32, TensorProto.INT64
+    inputs = [
+        helper.make_tensor_value_info("IN", i32, ["n"]),
+        helper.make_tensor_value_info("DELAY", u32, ["n"]),
+        helper.make_tensor_value_info("WAIT", u32, [1]),
+        helper.make_tensor_value_info("POS", i32, [1]),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("OUT", i32, [1]),
+        helper.make_tensor_value_info("IDX", u32, [1]),
+        helper.make_tensor_value_info("NEXT", i32, [1]),
+        helper.make_tensor_value_info("DONE", TensorProto.BOOL, [1]),
+        helper.make_tensor_value_info("EMIT", TensorProto.BOOL, [1]),
+    ]
+    nodes = [
+        helper.make_node("Shape", ["IN"], ["count"]),
+        helper.make_node("Cast", ["POS"], ["pos"], to=i64),
+        # IN with one more element, so that reading position 0 of an empty IN is defined.
+        helper.make_node("Concat", ["IN", "pad"], ["padded"], axis=0),
+        helper.make_node("Gather", ["padded", "pos"], ["OUT"], axis=0),
+        helper.make_node("Cast", ["POS"], ["IDX"], to=u32),
+        helper.make_node("Add", ["POS", "one"], ["NEXT"]),
+        helper.make_node("Less", ["pos", "count"], ["EMIT"]),
+        helper.make_node("Cast", ["NEXT"], ["next"], to=i64),
+        helper.make_node("GreaterOrEqual", ["next", "count"], ["DONE"]),
+    ]
+    initializers = [
+        numpy_helper.from_array(np.zeros(1, dtype=np.int32), "pad"),
+        numpy_helper.from_array(np.ones(1, dtype=np.int32), "one"),
+    ]
+    graph = helper.make_graph(nodes, "repeat_int32", inputs, outputs, initializer=initializers)
+    model = _finish(graph, REPEAT.description)
+    session = _session(model)
+    values = np.array([4, 2, 0, 1], dtype=np.int32)
+    feeds = {"IN": values, "DELAY": np.zeros(4, np.uint32), "WAIT": np.zeros(1, np.uint32)}
+    for i in range(4):
+        out, idx, nxt, done, emit = session.run(None, {**feeds, "POS": np.array([i], np.int32)})
+        _check(out.tolist() == [values[i]] and idx.tolist() == [i], f"repeat step {i}")
+        _check(bool(emit[0]) and bool(done[0]) == (i == 3) and nxt.tolist() == [i + 1], "flags")
+    empty = {"IN": np.zeros(0, np.int32), "DELAY": np.zeros(0, np.uint32)}
+    _, _, _, done, emit = session.run(
+        None, {**empty, "WAIT": np.zeros(1, np.uint32), "POS": np.zeros(1, np.int32)}
+    )
+    _check(bool(done[0]) and not bool(emit[0]), "an empty IN sends nothing")
+    print(f"{REPEAT.name}: ok")
+    return model
+
+
+def build_sequence() -> onnx.ModelProto:
+    """OUTPUT = READY * (INPUT + STATE_IN * (1 - START)); STATE_OUT = OUTPUT."""
+
+    def tensor(name: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, TensorProto.INT32, [BATCH, 1])
+
+    nodes = [
+        helper.make_node("Sub", ["one", "START"], ["keep"]),
+        helper.make_node("Mul", ["STATE_IN", "keep"], ["kept"]),
+        helper.make_node("Add", ["INPUT", "kept"], ["total"]),
+        helper.make_node("Mul", ["total", "READY"], ["OUTPUT"]),
+        helper.make_node("Identity", ["OUTPUT"], ["STATE_OUT"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "simple_sequence",
+        [tensor("INPUT"), tensor("START"), tensor("READY"), tensor("STATE_IN")],
+        [tensor("OUTPUT"), tensor("STATE_OUT")],
+        initializer=[numpy_helper.from_array(np.ones((1, 1), dtype=np.int32), "one")],
+    )
+    model = _finish(graph, SEQUENCE.description)
+    session = _session(model)
+    state = np.zeros((1, 1), np.int32)
+    total = 0
+    for i, value in enumerate([11, 7, 5]):
+        feeds = {
+            "INPUT": np.array([[value]], np.int32),
+            "START": np.array([[int(i == 0)]], np.int32),
+            "READY": np.ones((1, 1), np.int32),
+            "STATE_IN": state,
+        }
+        out, state = session.run(None, feeds)
+        total += value
+        _check(out.tolist() == [[total]], f"simple_sequence step {i}")
+    print(f"{SEQUENCE.name}: ok")
+    return model
+
+
+def write_examples(out: Path) -> None:
+    """Write Triton's example models and their manifest into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    models = {
+        SIMPLE_STRING.file: build_simple_string(),
+        SIMPLE_INT8.file: build_simple_int8(),
+        REPEAT.file: build_repeat(),
+        SEQUENCE.file: build_sequence(),
+    }
+    for file, model in models.items():
+        path = out / file
+        path.write_bytes(model.SerializeToString(deterministic=True))
+        print(f"wrote {path} ({path.stat().st_size} bytes)")
+    path = out / "models.yaml"
+    text = models_yaml(EXAMPLES).replace(
+        "# Built-in demo models served by sordino.",
+        "# Triton's example models, served by sordino start --with-triton-examples.",
+    )
+    path.write_text(text, encoding="utf-8")
+    print(f"wrote {path}")
 
 
 # --------------------------------------------------------------------------------------
@@ -465,6 +679,10 @@ def models_yaml(builtins: tuple[Builtin, ...]) -> str:
             lines.append(f"  iterative: {b.iterative}")
         if b.scheduler_mode:
             lines.append(f"  scheduler_mode: {b.scheduler_mode}")
+        if b.sequence_batching:
+            lines.append(f"  sequence_batching: {b.sequence_batching}")
+        if b.label_file:
+            lines.append(f"  label_filename: {_yaml_scalar(b.label_file)}")
     return "\n".join(lines) + "\n"
 
 
@@ -479,7 +697,15 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_OUT,
         help="output directory (default: src/sordino/models/builtin)",
     )
+    parser.add_argument(
+        "--examples-only",
+        action="store_true",
+        help="write only Triton's example models (src/sordino/models/examples)",
+    )
     args = parser.parse_args(argv)
+    write_examples(EXAMPLES_OUT if args.out == DEFAULT_OUT else args.out / "examples")
+    if args.examples_only:
+        return 0
 
     models = {
         DIGITS.file: build_digits()[0],
@@ -497,6 +723,11 @@ def main(argv: list[str] | None = None) -> int:
         path = out / file
         path.write_bytes(model.SerializeToString(deterministic=True))
         print(f"wrote {path} ({path.stat().st_size} bytes)")
+    for builtin in BUILTINS:
+        if builtin.labels:
+            path = out / builtin.label_file
+            path.write_text("\n".join(builtin.labels) + "\n", encoding="utf-8")
+            print(f"wrote {path}")
     path = out / "models.yaml"
     path.write_text(models_yaml(BUILTINS), encoding="utf-8")
     print(f"wrote {path} ({path.stat().st_size} bytes)")

@@ -25,6 +25,7 @@ __all__ = [
     "ModelKey",
     "ModelMetadata",
     "RequestedOutput",
+    "SharedInput",
     "StreamSpec",
     "Tensor",
     "TensorSpec",
@@ -47,6 +48,22 @@ class RequestedOutput:
     parameters: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class SharedInput:
+    """An input whose bytes lie in a client's registered system shared-memory region.
+
+    The codec records it; the transport reads it from the region
+    (``server/shm.py``) into ``InferRequest.inputs`` before the request is served.
+    """
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    region: str
+    byte_size: int
+    offset: int = 0
+
+
 @dataclass(slots=True)
 class InferRequest:
     """One decoded inference request.
@@ -65,6 +82,8 @@ class InferRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
     input_datatypes: dict[str, str] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
+    shared_inputs: list[SharedInput] = field(default_factory=list)
+    """Inputs still to be read from shared-memory regions (Triton's extension)."""
 
     def release(self) -> None:
         """Give back the arena blocks under ``inputs``, if they are owned tensors."""
@@ -140,6 +159,10 @@ class StreamSpec:
     carry: tuple[tuple[str, str], ...]
     done: str
     max_steps: int = 1000
+    emit: str | None = None
+    """A BOOL output; a step where it is false for every row sends no response."""
+    state: tuple[str, ...] = ()
+    """Inputs only the carry feeds; the first step gets zeros (the client sends none)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,8 +65,6 @@ def test_guardian_mode_acts_records_and_alerts(
 @pytest.mark.parametrize(
     ("trigger", "message"),
     [
-        ("{metric: memory_fragmentation, threshold: '65%', action: trigger_defrag}",
-         "trigger_defrag needs the memory manager"),
         ("{metric: p95_latency, threshold: '200ms', action: alert}",
          "p95_latency is not supported in this build"),
         ("{metric: qps, threshold: 'sudden_drop>40% in 10m', action: alert}",

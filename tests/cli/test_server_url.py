@@ -104,3 +104,22 @@ def test_the_option_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -
     assert server_url(None, None) == "http://127.0.0.1:9"
     monkeypatch.setenv(URL_ENV, "")
     assert server_url(None) == DEFAULT_URL
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "said"),
+    [
+        (["--url", "http://[::1"], {}, "--url 'http://[::1' is not a server address"),
+        (["--url", "ftp://host"], {}, "it must start with http:// or https://"),
+        (["--url", "http://host:port"], {}, "--url 'http://host:port' is not a server address"),
+        ([], {URL_ENV: "localhost:8000"}, "$SORDINO_URL 'localhost:8000' is not a server"),
+    ],
+)
+def test_a_malformed_address_is_a_usage_error(
+    args: list[str], env: dict[str, str], said: str
+) -> None:
+    """A bad --url or $SORDINO_URL is refused with exit 2 and the reason, never a traceback."""
+    for command in (["models", "list"], ["memory", "status"], ["monitor", "--once"]):
+        result = CliRunner().invoke(cli, [*command, *args], env=env)
+        assert result.exit_code == 2, (command, result.output, result.exception)
+        assert said in result.output and "Traceback" not in result.output

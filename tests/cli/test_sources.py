@@ -70,3 +70,10 @@ def test_a_repository_replaces_the_demo_models(tmp_path: Path) -> None:
     shutil.copy(DIGITS, tmp_path / "digits" / "1" / "model.onnx")
     config = load_config(None, {"model_repository": str(tmp_path)})
     assert names(collect_sources(config, (), None)) == ["digits"]
+
+
+def test_triton_examples_come_with_the_flag_only(tmp_path: Path) -> None:
+    config = load_config(None, {})
+    assert "simple_string" not in names(collect_sources(config, (), None))
+    served = names(collect_sources(config, (), None, triton_examples=True))
+    assert {"simple", "simple_string", "simple_int8"} <= set(served)

@@ -21,10 +21,8 @@ import pytest
 
 from sordino.config import RuntimeConfig
 from sordino.control.client import AdminClient
-from sordino.server.runtime import Runtime
 from sordino.telemetry.journal_reader import JournalReader
-from sordino.testing import RunningServer, serve_in_thread
-from sordino.testing.guardian import FakeDefragmenter
+from sordino.testing import Fragmentation, RunningServer, fragment_arena, serve_in_thread
 from tests.execution.load import BODY, Load, digits, events
 from tests.waiting import wait_for
 
@@ -356,30 +354,38 @@ def test_ready_is_false_while_no_instance_can_serve() -> None:
 
 
 def test_fragmentation_drives_defrag_through_the_runtime() -> None:
-    """A runtime whose memory manager (here the double the memory branch's manager
-    replaces) reports 80 % fragmentation → trigger_defrag → 5 %; the record has both."""
-    memory = FakeDefragmenter(0.8)
-
-    class Pool:
-        @property
-        def fragmentation(self) -> float:
-            return memory.fragmentation
-
-    def prepare(runtime: Runtime) -> None:
-        runtime.memory = memory  # type: ignore[attr-defined]
-        runtime.telemetry.resources.add_pool("managed", Pool)
-
+    """The real memory manager's arena fragmented past 65 % → trigger_defrag → a real
+    defragmentation by the runtime's manager; the record has before and after."""
     trigger = {
         "metric": "memory_fragmentation",
         "threshold": "65%",
         "window": "2s",
         "action": "trigger_defrag",
     }
-    with serve_in_thread(_config(trigger), digits(), prepare=prepare) as server:
-        wait_for(lambda: _records(server), "the defrag record", 60)
-        (record,) = _records(server)
+    with serve_in_thread(_config(trigger), digits()) as server:
+        runtime = server.runtime
+
+        async def fragment() -> Fragmentation:
+            return fragment_arena(runtime, 0.7)
+
+        held = server.call(fragment())
+        assert isinstance(held, Fragmentation) and held.fragmentation >= 0.7
+        try:
+            wait_for(lambda: _records(server), "the defrag record", 60)
+            (record,) = _records(server)
+            statistics = runtime.memory.statistics()
+        finally:
+            server.call(_release(held))
     assert record["action"] == "trigger_defrag" and record["verify"] == "cleared"
-    assert record["parameters"]["fragmentation_before"] == 0.8
-    assert record["parameters"]["fragmentation_after"] == 0.05
-    assert "fragmentation 80% → 5%" in record["explanation"]
-    assert len(memory.reasons) == 1
+    assert record["parameters"]["fragmentation_before"] >= 0.65
+    assert record["parameters"]["fragmentation_after"] < 0.65
+    assert record["parameters"]["bytes_moved"] > 0
+    assert "fragmentation" in record["explanation"]
+    assert (
+        statistics.last_defrag is not None
+        and "memory_fragmentation" in statistics.last_defrag.reason
+    )
+
+
+async def _release(held: Fragmentation) -> None:
+    held.release()

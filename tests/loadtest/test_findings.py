@@ -60,7 +60,10 @@ def test_findings_say_what_happened_with_numbers() -> None:
         "while up to 180 requests waited"
         in suggested["scheduler.strategies.dynamic_batching.max_batch"].why
     )
-    assert suggested["workers.shared_memory"].value == "512MB"
+    assert suggested["memory.pool_size"].value == "512MB"
+    assert suggested["memory.strategy"].value == "fragmentation_aware"
+    assert "fragmentation reached 68% under load" in suggested["memory.defrag_interval"].why
+    assert suggested["memory.defrag_threshold"].value == 0.3
     assert suggested["scheduler.slo_p99_ms"].value == 250.0
     assert "server.max_connections" in suggested
     assert client_warnings(result) == []

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from sordino.datatypes import from_numpy_dtype
-from sordino.errors import InferenceFailed, InvalidRequest, MalformedBody, TensorError, Unsupported
+from sordino.errors import InferenceFailed, InvalidRequest, MalformedBody, TensorError
 from sordino.inference import (
     InferRequest,
     InferResponse,
@@ -399,18 +399,47 @@ def test_empty_outputs_list_means_every_output() -> None:
     assert json_request(tensor("x", "INT32", [1], [1]), outputs=[]).outputs is None
 
 
-def test_classification_output_is_unsupported() -> None:
-    """The classification extension is refused, never silently ignored."""
-    outputs = [{"name": "p", "parameters": {"classification": 3}}]
-    with pytest.raises(Unsupported, match="'p': the classification extension is not supported"):
+@pytest.mark.parametrize("count", [0, -1, "3", True, 2.5])
+def test_classification_count_is_checked(count: object) -> None:
+    """The classification count must be a positive integer."""
+    outputs = [{"name": "p", "parameters": {"classification": count}}]
+    with pytest.raises(InvalidRequest, match="'p': classification is"):
         json_request(tensor("x", "INT32", [1], [1]), outputs=outputs)
 
 
-def test_shared_memory_input_is_unsupported() -> None:
-    """An input in a shared memory region is refused."""
-    spec = {"name": "x", "datatype": "INT8", "shape": [1], "parameters": {}}
+def test_shared_memory_input_is_left_to_the_server() -> None:
+    """An input in a shared memory region is recorded, to be read from the region."""
+    spec = {"name": "x", "datatype": "INT8", "shape": [4], "parameters": {}}
+    spec["parameters"] = {
+        "shared_memory_region": "r",
+        "shared_memory_byte_size": 4,
+        "shared_memory_offset": 8,
+    }
+    request = json_request(spec)
+    assert "x" not in request.inputs and request.input_datatypes == {"x": "INT8"}
+    (shared,) = request.shared_inputs
+    assert (shared.region, shared.byte_size, shared.offset, shared.shape) == ("r", 4, 8, (4,))
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"shared_memory_region": "r"}, "shared_memory_byte_size is None"),
+        ({"shared_memory_region": "r", "shared_memory_byte_size": -1}, "non-negative"),
+        ({"shared_memory_region": 3, "shared_memory_byte_size": 1}, "registered region"),
+        ({"shared_memory_byte_size": 4}, "no shared_memory_region"),
+    ],
+)
+def test_shared_memory_parameters_are_checked(parameters: dict[str, Any], message: str) -> None:
+    spec = {"name": "x", "datatype": "INT8", "shape": [4], "parameters": parameters}
+    with pytest.raises(InvalidRequest, match=message):
+        json_request(spec)
+
+
+def test_shared_memory_input_with_data_is_refused() -> None:
+    spec = tensor("x", "INT8", [1], [1])
     spec["parameters"] = {"shared_memory_region": "r", "shared_memory_byte_size": 1}
-    with pytest.raises(Unsupported, match="input 'x' names a shared memory region"):
+    with pytest.raises(TensorError, match="send its values one way only"):
         json_request(spec)
 
 

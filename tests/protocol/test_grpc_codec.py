@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sordino.datatypes import DATATYPES, serialize_bytes_tensor, to_numpy_dtype
-from sordino.errors import MalformedBody, TensorError, Unsupported
+from sordino.errors import InvalidRequest, MalformedBody, TensorError
 from sordino.inference import InferResponse, ModelMetadata, RequestedOutput, TensorSpec
 from sordino.protocol.grpc_codec import (
     CONTENTS_FIELD,
@@ -108,7 +108,11 @@ def test_parameters_and_requested_outputs() -> None:
     assert request.outputs == [RequestedOutput(name="y")]
     classify = _request("INT32", _sample("INT32"), raw=False)
     classify.outputs.add(name="y").parameters["classification"].int64_param = 3
-    with pytest.raises(Unsupported, match="classification"):
+    assert decode_infer_request(classify).outputs == [
+        RequestedOutput(name="y", parameters={"classification": 3})
+    ]
+    classify.outputs[0].parameters["classification"].int64_param = 0
+    with pytest.raises(InvalidRequest, match="classification is 0"):
         decode_infer_request(classify)
     unset = pb.ModelInferRequest()
     unset.parameters["p"].CopyFrom(pb.InferParameter())

@@ -79,7 +79,9 @@ def test_datatype_mismatch_names_both_datatypes() -> None:
     with pytest.raises(TensorError) as info:
         validate_request(request(pixels=pixels().astype(np.int32)), DIGITS, max_batch_size=8)
     assert str(info.value) == (
-        "input 'pixels' has datatype INT32 but model 'digits-classifier' expects FP32"
+        "inference input 'pixels' data-type is 'INT32', but model 'digits-classifier' "
+        "expects 'FP32' (sordino: input 'pixels' has datatype INT32 but model "
+        "'digits-classifier' expects FP32)"
     )
 
 

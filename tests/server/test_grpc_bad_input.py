@@ -143,10 +143,10 @@ CASES: list[tuple[str, bytes, grpc.StatusCode, str]] = [
         "priority",
     ),
     (
-        "shared memory asked for",
+        "shared memory region without a byte size",
         _shared_memory().SerializeToString(),
-        grpc.StatusCode.UNIMPLEMENTED,
-        "shared-memory",
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "shared_memory_byte_size",
     ),
 ]
 

@@ -164,7 +164,8 @@ def reject_unsupported_parameters(request: InferRequest, context: AdmissionConte
         value = request.parameters.get(name)
         if value not in (None, 0, False, ""):
             raise Unsupported(
-                f"parameter {name!r} asks for {feature}, which sordino does not support; "
+                f"parameter {name!r} asks for {feature}, which model {request.model!r} is "
+                "not configured for (a stateful model has a sequence_batching section); "
                 "send the request without it"
             )
 

@@ -88,7 +88,10 @@ class ProfilingBackend(Protocol):
 
 
 def dummy_inputs(metadata: ModelMetadata, rows: int) -> dict[str, Tensor]:
-    """Zero-filled inputs of ``rows`` rows (variable dimensions of size 1), for warm-ups."""
+    """Zero-filled inputs (``BYTES``: ``"0"``) of ``rows`` rows, for warm-ups.
+
+    Variable dimensions have size 1.
+    """
     import numpy as np
 
     from sordino.datatypes import to_numpy_dtype
@@ -99,7 +102,8 @@ def dummy_inputs(metadata: ModelMetadata, rows: int) -> dict[str, Tensor]:
         if metadata.batched:
             dims[0] = rows
         if spec.datatype == "BYTES":
-            batch[spec.name] = np.full(dims, b"", dtype=object)
+            # "0", not "": a model that parses its strings as numbers warms up too.
+            batch[spec.name] = np.full(dims, b"0", dtype=object)
         else:
             batch[spec.name] = np.zeros(dims, dtype=to_numpy_dtype(spec.datatype))
     return batch

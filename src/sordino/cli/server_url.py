@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import click
 
@@ -43,8 +44,31 @@ def server_url(*given: str | None) -> str:
     """
     for url in given:
         if url:
-            return url
-    return os.environ.get(URL_ENV) or DEFAULT_URL
+            return _checked(url, "--url")
+    from_env = os.environ.get(URL_ENV)
+    if from_env:
+        return _checked(from_env, f"${URL_ENV}")
+    return DEFAULT_URL
+
+
+def _checked(url: str, source: str) -> str:
+    """``url`` if it is an http(s) address with a host (and a valid port), else a usage error."""
+    problem = None
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises ValueError for a port that is not a number)
+    except ValueError as exc:
+        problem = str(exc)
+    else:
+        if parts.scheme not in ("http", "https"):
+            problem = "it must start with http:// or https://"
+        elif not parts.hostname:
+            problem = "it names no host"
+    if problem is not None:
+        raise click.UsageError(
+            f"{source} {url!r} is not a server address ({problem}); give one like {DEFAULT_URL}"
+        )
+    return url.rstrip("/")
 
 
 def url_option(command: F) -> F:

@@ -26,6 +26,7 @@ from sordino.models.repository import (
     model_from_spec,
     scan_repository,
     sources_for,
+    triton_example_sources,
 )
 from sordino.server.lifecycle import open_server
 from sordino.server.registry import LoadedModel
@@ -36,12 +37,16 @@ log = logging.getLogger("sordino")
 
 
 def collect_sources(
-    config: RuntimeConfig, specs: tuple[str, ...], builtin: bool | None
+    config: RuntimeConfig,
+    specs: tuple[str, ...],
+    builtin: bool | None,
+    triton_examples: bool = False,
 ) -> list[ModelSource]:
     """Every model version to load: config entries, ``--model`` specs, the repository.
 
     The built-in models are added when ``builtin`` is true, or when it is None and no
-    model source was named at all. A repository that holds no model is a
+    model source was named at all; Triton's example models when ``triton_examples``
+    is true. A repository that holds no model is a
     configuration error when nothing at all would be served (model control ``none``),
     and a warning otherwise. Two models with the same name are a configuration error.
     """
@@ -52,6 +57,8 @@ def collect_sources(
         sources += sources_for(model_from_spec(spec))
     if builtin or (builtin is None and not (sources or config.model_repository)):
         sources = builtin_sources() + sources
+    if triton_examples:
+        sources = triton_example_sources() + sources
     if config.model_repository is not None:
         found = scan_repository(config.model_repository)
         if not found:
@@ -186,6 +193,13 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
     help="Serve the built-in demo models (default: only when no model, --model or "
     "repository is given).",
 )
+@click.option(
+    "--with-triton-examples",
+    "triton_examples",
+    is_flag=True,
+    help="Also serve Triton's example models its client programs expect (simple_string, "
+    "simple_int8; docs/http-api.md).",
+)
 @click.option("--host", help="Address to listen on (default 127.0.0.1).")
 @click.option(
     "--http-port",
@@ -260,6 +274,7 @@ def start(
     models: tuple[str, ...],
     model_repository: Path | None,
     builtin: bool | None,
+    triton_examples: bool,
     host: str | None,
     http_port: int | None,
     grpc_port: int | None,
@@ -311,7 +326,7 @@ def start(
         exposed = exposure_warning(config.server.host, admin_token(config.server.admin_token))
         if exposed is not None:
             log.warning("%s", exposed)
-        sources = collect_sources(config, models, builtin)
+        sources = collect_sources(config, models, builtin, triton_examples)
         config.server.data_dir.mkdir(parents=True, exist_ok=True)
         raise_open_file_limit()
         status = _run(config, sources)

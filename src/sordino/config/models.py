@@ -17,6 +17,7 @@ from sordino.config.devices import ProviderName
 from sordino.config.iterative import IterativeConfig
 from sordino.config.memory import FrameworkMemoryConfig
 from sordino.config.scheduler import SchedulerMode
+from sordino.config.sequences import SequenceBatchingConfig
 
 __all__ = [
     "MODEL_NAME_PATTERN",
@@ -165,6 +166,11 @@ class StreamingConfig(Section):
     """A BOOL output; true ends the stream of that row."""
     max_steps: int = Field(default=1000, ge=1)
     """Most steps one request may take; a model still not done then fails the request."""
+    emit: str | None = None
+    """A BOOL output: a step where it is false for every row sends no response. With it
+    the model is decoupled in Triton's sense: zero, one or many responses per request."""
+    state: tuple[str, ...] = ()
+    """Carried inputs the client does not send: the first step gets zeros for them."""
 
 
 # Flat Triton keys that belong under dynamic_batching; ModelConfig moves them there.
@@ -241,6 +247,13 @@ class ModelConfig(Section):
     """Run the model step by step, streaming a response per step; None: one response."""
     iterative: IterativeConfig | None = None
     """Serve the model as a denoiser in a sampler loop the runtime owns (docs/generation.md)."""
+    sequence_batching: SequenceBatchingConfig | None = None
+    """Serve a stateful model with Triton's sequence batcher (docs/http-api.md#sequences)."""
+    label_filename: ExpandedPath | dict[str, ExpandedPath] | None = None
+    """Labels for Triton's classification extension: a text file with one label per line
+    (line i names class i), for every output, or a mapping of output name to file.
+    A relative path is taken from the .onnx file's folder, or in a repository from the
+    model's folder (beside ``config.yaml``)."""
     framework_memory: FrameworkMemoryConfig = FrameworkMemoryConfig()
     """ONNX Runtime's CPU (and CUDA) arenas in the model's worker processes (docs/memory.md)."""
 

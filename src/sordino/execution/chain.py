@@ -238,7 +238,10 @@ class ChainExecutor:
     def _model(self, key: ModelKey) -> PlacedModel:
         model = self._models.get(key)
         if model is None:
-            raise ModelNotReady(f"model {key} has no loaded instance")
+            raise ModelNotReady(
+                f"Request for unknown model: '{key.name}' version {key.version} is not at "
+                f"ready state (sordino: model {key} has no loaded instance)"
+            )
         return model
 
     # -- running ---------------------------------------------------------------------

@@ -12,7 +12,10 @@ trigger:
    the trigger's next action is applied (in the background; the loop goes on).
 3. **Verify**: ``verify_window`` after the action, the metric over the seconds since
    then is judged: ``cleared``, ``not cleared`` or ``worse`` (also ``worse`` when a
-   configuration change made the model's p99 latency 50 % and 20 ms worse). The
+   configuration change made the model's p99 latency 50 % and 20 ms worse while its
+   request rate did not rise by more than 20 %: a p99 that grew with the load is the
+   load's; and never ``worse`` for a ``qps`` trigger's own metric, since demand is not
+   something an action makes worse). The
    diagnostic record is emitted then (an event of kind ``guardian``; every record
    goes to the alert channels too).
 4. **Escalate / roll back**: ``not cleared`` or ``worse`` moves the trigger to its
@@ -55,6 +58,9 @@ log = logging.getLogger("sordino.guardian")
 EVENT_KIND = "guardian"
 HOUR_S = 3600.0
 _P99 = parse_threshold("0s", "p99_latency")
+_QPS = parse_threshold("> 0", "qps")
+# A p99 that rose while the load rose by more than this is the load's, not the change's.
+LOAD_RISE = 1.2
 
 
 class SeriesSource(Protocol):
@@ -79,6 +85,7 @@ class _Running:
     started: float
     before: Measure
     p99_before: float | None
+    qps_before: float | None = None
     detected: float | None = None
     applied: Applied | None = None
     applied_wall: float = 0.0
@@ -302,6 +309,7 @@ class Guardian:
             started=now,
             before=trigger.measure,
             p99_before=self._p99(rows, trigger.measure.model or model, end_s, trigger),
+            qps_before=self._qps(rows, trigger.measure.model or model, end_s, trigger),
             detected=trigger.holding_since,
         )
         trigger.applying = running
@@ -321,6 +329,24 @@ class Guardian:
     ) -> float | None:
         return measure(
             _P99,
+            rows,
+            [],
+            model=model,
+            end_s=end_s,
+            window_s=trigger.config.window_s,
+            since_s=since_s,
+        ).value
+
+    def _qps(
+        self,
+        rows: Mapping[ModelKey, list[SecondRow]],
+        model: str | None,
+        end_s: int,
+        trigger: _Trigger,
+        since_s: int | None = None,
+    ) -> float | None:
+        return measure(
+            _QPS,
             rows,
             [],
             model=model,
@@ -369,10 +395,21 @@ class Guardian:
         verdict = action.verify(
             running.before.value, after.value, holds_after, trigger.threshold.op
         )
+        if verdict == "worse" and trigger.config.metric == "qps":
+            # Demand is not something an action makes worse: more requests after a
+            # change is the traffic, and the p99 check below judges the change.
+            verdict = "not cleared"
         target_model = running.before.model or trigger.config.model
         p99_after = self._p99(rows, target_model, end_s, trigger, since_s=since)
+        qps_after = self._qps(rows, target_model, end_s, trigger, since_s=since)
+        load_rose = (
+            running.qps_before is not None
+            and qps_after is not None
+            and qps_after > running.qps_before * LOAD_RISE
+        )
         p99_worse = (
             action.reversible
+            and not load_rose
             and running.p99_before is not None
             and p99_after is not None
             and p99_after > running.p99_before * 1.5

@@ -26,7 +26,9 @@ from sordino.loadtest.server_metrics import ServerSample
 
 __all__ = ["Suggestion", "apply_suggestions", "client_warnings", "findings", "suggestions"]
 
-FRAGMENTATION_THRESHOLD = 0.70  # where the memory manager's defragmentation is due
+FRAGMENTATION_THRESHOLD = 0.70  # the brief's alarm level for fragmentation
+# From here on the memory manager's defragmentation is suggested (docs/memory.md's example).
+DEFRAG_THRESHOLD = 0.30
 _RATE_SHORTFALL = 0.98
 _LAG_LIMIT_MS = 50.0
 _CPU_LIMIT = 90.0
@@ -246,12 +248,33 @@ def suggestions(result: StressResult) -> list[Suggestion]:
         size = _pow2(in_use * 2 / 2**20)
         out.append(
             Suggestion(
-                "workers.shared_memory",
+                "memory.pool_size",
                 f"{size}MB",
                 f"the shared-memory pool peaked at {in_use / reserved:.0%} of its "
                 f"{reserved / 2**20:.0f} MiB",
             )
         )
+    frag = _peak(samples, "fragmentation")
+    if frag is not None and frag >= DEFRAG_THRESHOLD:
+        seen = f"fragmentation reached {frag:.0%} under load"
+        out += [
+            Suggestion(
+                "memory.strategy",
+                "fragmentation_aware",
+                f"{seen}: size tiers and lifetime classes keep small and short-lived "
+                "blocks out of the region large batches need",
+            ),
+            Suggestion(
+                "memory.defrag_interval",
+                "3m",
+                f"{seen}: compact the arena between batches every few minutes",
+            ),
+            Suggestion(
+                "memory.defrag_threshold",
+                DEFRAG_THRESHOLD,
+                f"{seen}: also compact whenever it stays above {DEFRAG_THRESHOLD:.0%} for a minute",
+            ),
+        ]
     p99_targets = [v for v in result.slos if v.condition.metric == "p99"]
     current = _peak(samples, "slo_target_s")
     if p99_targets:

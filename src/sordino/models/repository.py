@@ -70,7 +70,16 @@ class ModelSource:
 
 def builtin_sources() -> list[ModelSource]:
     """Return the demo models shipped inside the package."""
-    root = resources.files("sordino.models.builtin")
+    return _packaged_sources("sordino.models.builtin")
+
+
+def triton_example_sources() -> list[ModelSource]:
+    """Return Triton's example models (``sordino start --with-triton-examples``)."""
+    return _packaged_sources("sordino.models.examples")
+
+
+def _packaged_sources(package: str) -> list[ModelSource]:
+    root = resources.files(package)
     entries = yaml.safe_load(root.joinpath("models.yaml").read_text(encoding="utf-8"))
     sources = []
     for entry in entries:
@@ -82,6 +91,8 @@ def builtin_sources() -> list[ModelSource]:
             streaming=entry.get("streaming"),
             iterative=entry.get("iterative"),
             scheduler_mode=entry.get("scheduler_mode"),
+            label_filename=entry.get("label_filename"),
+            sequence_batching=entry.get("sequence_batching"),
         )
         sources.append(ModelSource(entry["name"], "1", path, config, entry.get("description", "")))
     return sources
@@ -103,6 +114,10 @@ def export_builtin(root: Path) -> list[Path]:
         settings = source.config.model_dump(
             mode="json", exclude={"name", "path"}, exclude_unset=True, exclude_none=True
         )
+        labels = source.config.label_filename
+        if isinstance(labels, Path):
+            shutil.copyfile(source.path.parent / labels, folder / labels.name)
+            settings["label_filename"] = labels.name
         header = f"# {source.name}: {source.description}\n" if source.description else ""
         (folder / "config.yaml").write_text(
             header + yaml.safe_dump(settings, sort_keys=False), encoding="utf-8"

@@ -29,8 +29,15 @@ from sordino.datatypes import (
     tensor_from_binary,
     tensor_from_json,
 )
-from sordino.errors import InferenceFailed, InvalidRequest, MalformedBody, TensorError, Unsupported
-from sordino.inference import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor
+from sordino.errors import InferenceFailed, InvalidRequest, MalformedBody, TensorError
+from sordino.inference import (
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    RequestedOutput,
+    SharedInput,
+    Tensor,
+)
 from sordino.protocol.validate import check_declared_shape
 
 __all__ = [
@@ -39,9 +46,13 @@ __all__ = [
     "encode_error",
     "encode_infer_response",
     "encode_json",
+    "output_byte_size",
     "output_datatype",
     "parse_header_length",
     "refuse_output_extensions",
+    "shared_memory_entry",
+    "shared_memory_parameters",
+    "wants_shared_memory",
 ]
 
 HEADER_CONTENT_LENGTH = "Inference-Header-Content-Length"
@@ -57,6 +68,8 @@ class _InputHeader:
     shape: tuple[int, ...]
     data: Any
     binary_size: int | None
+    shared: tuple[str, int, int] | None = None
+    """(region, byte size, offset) for an input in a shared-memory region."""
 
 
 def parse_header_length(value: str | None) -> int | None:
@@ -115,16 +128,20 @@ def decode_infer_request(
         check_declared_shape(
             spec.name,
             spec.shape,
-            room=len(body),
+            room=max(len(body), spec.shared[1] if spec.shared else 0),
             metadata=metadata,
             max_batch_size=max_batch_size,
         )
     _check_framing(specs, len(body) - json_end, header_length)
 
     inputs: dict[str, Tensor] = {}
+    shared: list[SharedInput] = []
     offset = json_end
     for spec in specs:
-        if spec.binary_size is None:
+        if spec.shared is not None:
+            region, size, start = spec.shared
+            shared.append(SharedInput(spec.name, spec.datatype, spec.shape, region, size, start))
+        elif spec.binary_size is None:
             inputs[spec.name] = tensor_from_json(spec.name, spec.datatype, spec.shape, spec.data)
         else:
             end = offset + spec.binary_size
@@ -141,6 +158,7 @@ def decode_infer_request(
         parameters=parameters,
         input_datatypes={spec.name: spec.datatype for spec in specs},
         headers=dict(headers) if headers else {},
+        shared_inputs=shared,
     )
 
 
@@ -220,13 +238,16 @@ def _parse_input(index: int, raw: dict[str, Any]) -> _InputHeader:
                 f"{brief_repr(dim)}; the shape must be a list of non-negative integers"
             )
     parameters = _parameters(raw.get("parameters"), f"input {name!r}")
-    if "shared_memory_region" in parameters:
-        raise Unsupported(
-            f"input {name!r} names a shared memory region; the shared-memory extension is not "
-            "supported; send the tensor in 'data' or as binary data"
-        )
     size = parameters.get("binary_data_size")
     data = raw.get("data")
+    shared = shared_memory_parameters(f"input {name!r}", parameters)
+    if shared is not None:
+        if size is not None or data is not None:
+            raise TensorError(
+                f"input {name!r} names shared memory region {shared[0]!r} and also has "
+                "'data' or binary_data_size; send its values one way only"
+            )
+        return _InputHeader(name, datatype, tuple(shape), None, None, shared)
     if size is None and data is None:
         raise TensorError(
             f"input {name!r} has neither 'data' nor parameters.binary_data_size; "
@@ -291,17 +312,76 @@ def _parse_outputs(raw: object) -> list[RequestedOutput] | None:
 
 
 def refuse_output_extensions(name: str, parameters: Mapping[str, Any]) -> None:
-    """Refuse output parameters that ask for extensions sordino does not implement."""
+    """Check an output's extension parameters (classification, shared memory)."""
     if "classification" in parameters:
-        raise Unsupported(
-            f"output {name!r}: the classification extension is not supported; "
-            "request the raw output"
+        count = parameters["classification"]
+        if type(count) is not int or count < 1:
+            raise InvalidRequest(
+                f"output {name!r}: classification is {brief_repr(count)}; it must be a "
+                "positive number of classes"
+            )
+        if "shared_memory_region" in parameters:
+            raise InvalidRequest(
+                f"output {name!r}: a classification output cannot be written into shared "
+                "memory; ask for one or the other"
+            )
+    shared_memory_parameters(f"output {name!r}", parameters)
+
+
+def shared_memory_parameters(
+    owner: str, parameters: Mapping[str, Any]
+) -> tuple[str, int, int] | None:
+    """Return ``(region, byte_size, offset)`` when ``parameters`` name a shared-memory region.
+
+    Raises InvalidRequest for a region without a byte size, or a size or offset that is
+    not a non-negative integer.
+    """
+    region = parameters.get("shared_memory_region")
+    if region is None:
+        for key in ("shared_memory_byte_size", "shared_memory_offset"):
+            if key in parameters:
+                raise InvalidRequest(
+                    f"{owner} has {key} but no shared_memory_region; name the region too"
+                )
+        return None
+    if not isinstance(region, str) or not region:
+        raise InvalidRequest(
+            f"{owner}: shared_memory_region is {brief_repr(region)}; give the name of a "
+            "registered region"
         )
-    if "shared_memory_region" in parameters:
-        raise Unsupported(
-            f"output {name!r} names a shared memory region; the shared-memory extension "
-            "is not supported; request the output in the response"
-        )
+    size = parameters.get("shared_memory_byte_size")
+    offset = parameters.get("shared_memory_offset", 0)
+    for key, value in (("shared_memory_byte_size", size), ("shared_memory_offset", offset)):
+        if type(value) is not int or value < 0:
+            raise InvalidRequest(
+                f"{owner}: {key} is {brief_repr(value)}; it must be a non-negative byte count"
+            )
+    assert isinstance(size, int) and isinstance(offset, int)
+    return region, size, offset
+
+
+def shared_memory_entry(parameters: Mapping[str, Any], array: Tensor) -> dict[str, Any]:
+    """The parameters of a response entry for an output written into a region."""
+    entry: dict[str, Any] = {
+        "shared_memory_region": parameters["shared_memory_region"],
+        "shared_memory_byte_size": output_byte_size(array),
+    }
+    offset = parameters.get("shared_memory_offset", 0)
+    if offset:
+        entry["shared_memory_offset"] = offset
+    return entry
+
+
+def output_byte_size(array: Tensor) -> int:
+    """The bytes ``array`` takes on the wire (BYTES: Triton's length-prefixed layout)."""
+    if array.dtype == np.object_:
+        return len(serialize_bytes_tensor(array))
+    return int(array.nbytes)
+
+
+def wants_shared_memory(output: RequestedOutput) -> bool:
+    """True when ``output`` is to be written into a shared-memory region, not the response."""
+    return "shared_memory_region" in output.parameters
 
 
 def encode_infer_response(
@@ -318,6 +398,7 @@ def encode_infer_response(
     array whose dtype contradicts its declared datatype.
     """
     default_binary = bool(request.parameters.get("binary_data_output", False))
+    shared: dict[str, dict[str, Any]] = {}
     if request.outputs is None:
         wanted = [(name, default_binary) for name in response.outputs]
     else:
@@ -325,9 +406,11 @@ def encode_infer_response(
             (out.name, default_binary if out.binary is None else out.binary)
             for out in request.outputs
         ]
+        shared = {out.name: out.parameters for out in request.outputs if wants_shared_memory(out)}
 
     entries: list[dict[str, Any]] = []
     chunks: list[bytes | memoryview] = []
+    wanted_binary = dict(wanted)
     for name, binary in wanted:
         array = response.outputs.get(name)
         if array is None:
@@ -337,7 +420,11 @@ def encode_infer_response(
             )
         datatype = output_datatype(response, name, array)
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
-        if binary:
+        if name in shared:
+            # Written into the client's region by the server; the entry says where.
+            entry["parameters"] = shared_memory_entry(shared[name], array)
+            wanted_binary[name] = False
+        elif binary:
             chunk = _binary_output(name, datatype, array)
             entry["parameters"] = {"binary_data_size": len(chunk)}
             chunks.append(chunk)
@@ -352,7 +439,7 @@ def encode_infer_response(
         document["parameters"] = response.parameters
     document["outputs"] = entries
     header = encode_json(document)
-    if not any(binary for _, binary in wanted):
+    if not any(wanted_binary.values()):
         return header, {"Content-Type": "application/json"}
     headers = {
         HEADER_CONTENT_LENGTH: str(len(header)),

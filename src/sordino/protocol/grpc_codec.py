@@ -30,9 +30,22 @@ from sordino.datatypes import (
     tensor_from_binary,
     to_numpy_dtype,
 )
-from sordino.errors import InferenceFailed, InvalidRequest, MalformedBody, TensorError, Unsupported
-from sordino.inference import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor
-from sordino.protocol.codec import output_datatype, refuse_output_extensions
+from sordino.errors import InferenceFailed, InvalidRequest, MalformedBody, TensorError
+from sordino.inference import (
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    RequestedOutput,
+    SharedInput,
+    Tensor,
+)
+from sordino.protocol.codec import (
+    output_datatype,
+    refuse_output_extensions,
+    shared_memory_entry,
+    shared_memory_parameters,
+    wants_shared_memory,
+)
 from sordino.protocol.pb import kserve_v2_pb2 as pb
 from sordino.protocol.validate import check_declared_shape
 
@@ -138,34 +151,50 @@ def decode_infer_request(
     if not message.inputs:
         raise InvalidRequest("the request has no inputs; send every input the model takes")
     raw = message.raw_input_contents
-    if raw and len(raw) != len(message.inputs):
-        raise MalformedBody(
-            f"raw_input_contents has {len(raw)} entries but the request has "
-            f"{len(message.inputs)} inputs; send one entry per input, in the order of inputs"
-        )
     room = message.ByteSize()
     headers = [_check_input_header(index, tensor) for index, tensor in enumerate(message.inputs)]
-    for name, _, shape in headers:
+    # Inputs in shared memory have no raw_input_contents entry (as Triton's clients send).
+    in_message = sum(1 for header in headers if header[3] is None)
+    if raw and len(raw) != in_message:
+        raise MalformedBody(
+            f"raw_input_contents has {len(raw)} entries but the request has "
+            f"{in_message} inputs; send one entry per input, in the order of inputs (an "
+            "input in shared memory has none)"
+        )
+    for name, _, shape, shared_at in headers:
         check_declared_shape(
-            name, shape, room=room, metadata=metadata, max_batch_size=max_batch_size
+            name,
+            shape,
+            room=max(room, shared_at[1] if shared_at else 0),
+            metadata=metadata,
+            max_batch_size=max_batch_size,
         )
     inputs: dict[str, Tensor] = {}
     datatypes: dict[str, str] = {}
-    for index, (tensor, (name, datatype, shape)) in enumerate(
-        zip(message.inputs, headers, strict=True)
-    ):
-        if name in inputs:
+    shared: list[SharedInput] = []
+    raw_index = 0
+    for tensor, (name, datatype, shape, shared_at) in zip(message.inputs, headers, strict=True):
+        if name in datatypes:
             raise TensorError(f"input {name!r} appears more than once; send each input once")
-        if raw:
+        datatypes[name] = datatype
+        if shared_at is not None:
+            if _filled_fields(tensor):
+                raise TensorError(
+                    f"input {name!r} names shared memory region {shared_at[0]!r} and also has "
+                    "contents; send its values one way only"
+                )
+            region, size, offset = shared_at
+            shared.append(SharedInput(name, datatype, shape, region, size, offset))
+        elif raw:
             if _filled_fields(tensor):
                 raise TensorError(
                     f"input {name!r} has values in contents and the request uses "
                     "raw_input_contents; send all inputs one way"
                 )
-            inputs[name] = _from_raw(index, name, datatype, shape, raw[index])
+            inputs[name] = _from_raw(raw_index, name, datatype, shape, raw[raw_index])
+            raw_index += 1
         else:
             inputs[name] = _from_contents(name, datatype, shape, tensor)
-        datatypes[name] = datatype
     return InferRequest(
         model=message.model_name,
         inputs=inputs,
@@ -174,12 +203,13 @@ def decode_infer_request(
         outputs=_requested_outputs(message.outputs),
         parameters=decode_parameters(message.parameters, "the request"),
         input_datatypes=datatypes,
+        shared_inputs=shared,
     )
 
 
 def _check_input_header(
     index: int, tensor: pb.ModelInferRequest.InferInputTensor
-) -> tuple[str, str, tuple[int, ...]]:
+) -> tuple[str, str, tuple[int, ...], tuple[str, int, int] | None]:
     name = tensor.name
     if not name:
         raise TensorError(f"inputs[{index}] has no name; give every input its tensor name")
@@ -194,12 +224,8 @@ def _check_input_header(
             f"input {name!r} has shape {format_shape(shape)}; dimensions must be non-negative"
         )
     parameters = decode_parameters(tensor.parameters, f"input {name!r}")
-    if "shared_memory_region" in parameters:
-        raise Unsupported(
-            f"input {name!r} names a shared memory region; the shared-memory extension is not "
-            "supported; send the tensor in contents or raw_input_contents"
-        )
-    return name, tensor.datatype, shape
+    shared = shared_memory_parameters(f"input {name!r}", parameters)
+    return name, tensor.datatype, shape, shared
 
 
 def _filled_fields(tensor: pb.ModelInferRequest.InferInputTensor) -> list[str]:
@@ -314,6 +340,7 @@ def encode_infer_response(response: InferResponse, request: InferRequest) -> pb.
         model_name=response.model, model_version=response.version, id=request.id or ""
     )
     wanted = [o.name for o in request.outputs] if request.outputs else list(response.outputs)
+    shared = {o.name: o.parameters for o in request.outputs or () if wants_shared_memory(o)}
     for name in wanted:
         array = response.outputs.get(name)
         if array is None:
@@ -323,7 +350,12 @@ def encode_infer_response(response: InferResponse, request: InferRequest) -> pb.
             )
         datatype = output_datatype(response, name, array)
         # The values go in raw_output_contents, in the same order as outputs.
-        message.outputs.add(name=name, datatype=datatype, shape=array.shape)
+        entry = message.outputs.add(name=name, datatype=datatype, shape=array.shape)
+        if name in shared:
+            # Written into the client's region; an empty entry keeps raw contents in step.
+            encode_parameters(shared_memory_entry(shared[name], array), entry.parameters)
+            message.raw_output_contents.append(b"")
+            continue
         message.raw_output_contents.append(_raw_bytes(name, datatype, array))
     encode_parameters(response.parameters, message.parameters)
     return message

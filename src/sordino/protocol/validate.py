@@ -40,6 +40,7 @@ def check_declared_shape(
     dimension must be at most ``max_batch_size`` (when positive); every dimension and
     the element count must be at most ``room``.
     """
+    declared: tuple[int, ...] | None = None
     if metadata is None:
         rank, limit = MAX_RANK, f"a tensor has at most {MAX_RANK}"
     else:
@@ -47,12 +48,20 @@ def check_declared_shape(
         if spec is None:
             expected = [s.name for s in metadata.inputs]
             raise TensorError(
-                f"model {metadata.name!r} has no input {name!r}; its inputs are {_names(expected)}"
+                f"unexpected inference input '{name}' for model '{metadata.name}' (sordino: "
+                f"model {metadata.name!r} has no input {name!r}; its inputs are "
+                f"{_names(expected)})"
             )
+        declared = spec.shape
         rank = len(spec.shape)
         limit = f"model {metadata.name!r} expects rank {rank}: {_shape(spec.shape)}"
     if len(shape) > rank:
-        raise TensorError(f"input {name!r} has {len(shape)} dimensions but {limit}")
+        tail = f"input {name!r} has {len(shape)} dimensions but {limit}"
+        if metadata is None or declared is None:
+            raise TensorError(tail)
+        raise TensorError(
+            f"{_unexpected_shape(name, metadata.name, declared, shape)} (sordino: {tail})"
+        )
     if metadata is not None and metadata.batched and shape and 0 < max_batch_size < shape[0]:
         raise _batch_too_large(name, shape[0], metadata.name, max_batch_size)
     for axis, dim in enumerate(shape):
@@ -84,14 +93,16 @@ def validate_request(
     for name in request.inputs:
         if metadata.input(name) is None:
             raise TensorError(
-                f"model {model!r} has no input {name!r}; its inputs are {_names(expected)}"
+                f"unexpected inference input '{name}' for model '{model}' (sordino: "
+                f"model {model!r} has no input {name!r}; its inputs are {_names(expected)})"
             )
     for spec in metadata.inputs:
         array = request.inputs.get(spec.name)
         if array is None:
             raise TensorError(
-                f"model {model!r} expects input {spec.name!r} ({spec.datatype}, shape "
-                f"{_shape(spec.shape)}) but the request does not have it"
+                f"expected {len(expected)} inputs but got {len(request.inputs)} inputs for "
+                f"model '{model}' (sordino: model {model!r} expects input {spec.name!r} "
+                f"({spec.datatype}, shape {_shape(spec.shape)}) but the request does not have it)"
             )
         _check_input(request, model, spec, array, batched=metadata.batched)
     if metadata.batched:
@@ -101,8 +112,9 @@ def validate_request(
         for requested in request.outputs:
             if metadata.output(requested.name) is None:
                 raise TensorError(
-                    f"model {model!r} has no output {requested.name!r}; "
-                    f"its outputs are {_names(outputs)}"
+                    f"unexpected inference output '{requested.name}' for model '{model}' "
+                    f"(sordino: model {model!r} has no output {requested.name!r}; "
+                    f"its outputs are {_names(outputs)})"
                 )
 
 
@@ -112,13 +124,15 @@ def _check_input(
     datatype = request.input_datatypes.get(spec.name) or from_numpy_dtype(array.dtype)
     if datatype != spec.datatype:
         raise TensorError(
-            f"input {spec.name!r} has datatype {datatype} but model {model!r} expects "
-            f"{spec.datatype}"
+            f"inference input '{spec.name}' data-type is '{datatype}', but model '{model}' "
+            f"expects '{spec.datatype}' (sordino: input {spec.name!r} has datatype {datatype} "
+            f"but model {model!r} expects {spec.datatype})"
         )
     if array.ndim != len(spec.shape):
         raise TensorError(
+            f"{_unexpected_shape(spec.name, model, spec.shape, array.shape)} (sordino: "
             f"input {spec.name!r} has shape {_shape(array.shape)} (rank {array.ndim}) but "
-            f"model {model!r} expects rank {len(spec.shape)}: {_shape(spec.shape)}"
+            f"model {model!r} expects rank {len(spec.shape)}: {_shape(spec.shape)})"
         )
     # The batch dimension of a batched model is variable whatever the spec says.
     first = 1 if batched else 0
@@ -126,8 +140,9 @@ def _check_input(
         want = spec.shape[axis]
         if want >= 0 and array.shape[axis] != want:
             raise TensorError(
+                f"{_unexpected_shape(spec.name, model, spec.shape, array.shape)} (sordino: "
                 f"input {spec.name!r} has shape {_shape(array.shape)} but model {model!r} "
-                f"expects {_shape(spec.shape)}: dimension {axis} must be {want}"
+                f"expects {_shape(spec.shape)}: dimension {axis} must be {want})"
             )
 
 
@@ -150,9 +165,17 @@ def _check_batch(request: InferRequest, metadata: ModelMetadata, max_batch_size:
 
 def _batch_too_large(name: str, size: int, model: str, max_batch_size: int) -> TensorError:
     return TensorError(
+        f"inference request batch-size must be <= {max_batch_size} for '{model}' (sordino: "
         f"input {name!r} has batch size {size} but model {model!r} takes at most "
-        f"{max_batch_size} items per request; split the request"
+        f"{max_batch_size} items per request; split the request)"
     )
+
+
+def _unexpected_shape(name: str, model: str, expected: Iterable[int], got: Iterable[int]) -> str:
+    """Triton's phrase for a shape mismatch (its shapes are written without spaces)."""
+    want = "[" + ",".join(str(d) for d in expected) + "]"
+    have = "[" + ",".join(str(d) for d in got) + "]"
+    return f"unexpected shape for input '{name}' for model '{model}'. Expected {want}, got {have}"
 
 
 def _names(names: Iterable[str]) -> str:

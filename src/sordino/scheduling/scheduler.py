@@ -504,7 +504,15 @@ class ModelScheduler:
             request.state = "queued"
             self._queue_changed()
             self._wake.set()
-        request.outputs.put_nowait(StepOutput(result, final, request.steps))
+        if spec is not None and spec.emit is not None and not np.any(result[spec.emit]):
+            # A decoupled model's step that sends nothing; the end still tells the reader.
+            result.release()
+            if final:
+                request.outputs.put_nowait(
+                    StepOutput(Tensors.of({}), final, request.steps, empty=True)
+                )
+        else:
+            request.outputs.put_nowait(StepOutput(result, final, request.steps))
         if final:
             self._finish(request, "success", "ok")
 

@@ -96,6 +96,8 @@ class StepOutput(NamedTuple):
     outputs: Tensors
     final: bool
     step: int
+    empty: bool = False
+    """True for the end of a decoupled request whose last step sent no response."""
 
 
 class Stepper(Protocol):

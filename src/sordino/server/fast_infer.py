@@ -26,6 +26,7 @@ from sordino.protocol.codec import (
 from sordino.protocol.status import http_status, retry_after_header
 from sordino.server.disconnect import until_disconnect
 from sordino.server.runtime import Runtime
+from sordino.server.service import request_tenant
 
 __all__ = ["INFER_PATH", "error_parts", "with_fast_infer"]
 
@@ -119,13 +120,19 @@ async def _infer(
                 metadata=loaded.metadata,
                 max_batch_size=loaded.max_batch_size,
             )
+            tenant = request_tenant(request)
+            shared = runtime.shared_memory.uses(request)
+            if shared:
+                runtime.shared_memory.attach(request, tenant)
         response = await until_disconnect(receive, runtime.service.infer(request))
         try:
+            if shared:
+                runtime.shared_memory.write_outputs(request, response, tenant)
             payload, headers = encode_infer_response(response, request)
         finally:
             response.release()
         status = 200
-        if cache_key is not None:
+        if cache_key is not None and not shared:
             cache.put(cache_key, payload, headers)
     except SordinoError as exc:
         status, payload, headers = error_parts(exc)

@@ -38,6 +38,8 @@ from sordino.server.model_config import model_metadata_json, triton_config_json
 from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
 from sordino.server.serve import check_port
+from sordino.server.service import request_tenant
+from sordino.server.shm import metadata_tenant
 
 __all__ = ["SERVICE", "UNSUPPORTED_RPCS", "GrpcServer", "InferenceServicer"]
 
@@ -47,16 +49,14 @@ SERVICE = "inference.GRPCInferenceService"
 """The service's name on the wire (its method paths are ``/SERVICE/Method``)."""
 
 _SHM = (
-    "the {} shared-memory extension is not supported by sordino; send tensors in the "
-    "request (contents or raw_input_contents)"
+    "the CUDA shared-memory extension is not supported by sordino (it serves no GPU memory "
+    "to clients); use system shared memory (SystemSharedMemoryRegister) or send tensors in "
+    "the request"
 )
 UNSUPPORTED_RPCS: dict[str, str] = {
-    "SystemSharedMemoryStatus": _SHM.format("system"),
-    "SystemSharedMemoryRegister": _SHM.format("system"),
-    "SystemSharedMemoryUnregister": _SHM.format("system"),
-    "CudaSharedMemoryStatus": _SHM.format("CUDA"),
-    "CudaSharedMemoryRegister": _SHM.format("CUDA"),
-    "CudaSharedMemoryUnregister": _SHM.format("CUDA"),
+    "CudaSharedMemoryStatus": _SHM,
+    "CudaSharedMemoryRegister": _SHM,
+    "CudaSharedMemoryUnregister": _SHM,
     "TraceSetting": (
         "the trace extension is not supported by sordino; use the metrics at /metrics and "
         "the ModelStatistics RPC"
@@ -132,11 +132,53 @@ class InferenceServicer:
             request = decode_infer_request(
                 message, metadata=model.metadata, max_batch_size=model.max_batch_size
             )
+            _forward_tenant(request, context)
+            shared = self.runtime.shared_memory.uses(request)
+            if shared:
+                self.runtime.shared_memory.attach(request, request_tenant(request))
         response = await self.runtime.service.infer(request)
         try:
+            if shared:
+                self.runtime.shared_memory.write_outputs(request, response, request_tenant(request))
             return encode_infer_response(response, request)
         finally:
             response.release()
+
+    async def SystemSharedMemoryStatus(
+        self, raw: bytes, context: Any
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        request = parse_message(pb.SystemSharedMemoryStatusRequest, raw)
+        regions = self.runtime.shared_memory.status(
+            metadata_tenant(_metadata(context)), request.name or None
+        )
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in regions:
+            response.regions[region["name"]].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(**region)
+            )
+        return response
+
+    async def SystemSharedMemoryRegister(
+        self, raw: bytes, context: Any
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        request = parse_message(pb.SystemSharedMemoryRegisterRequest, raw)
+        self.runtime.shared_memory.register(
+            metadata_tenant(_metadata(context)),
+            request.name,
+            request.key,
+            request.offset,
+            request.byte_size,
+        )
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(
+        self, raw: bytes, context: Any
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        request = parse_message(pb.SystemSharedMemoryUnregisterRequest, raw)
+        self.runtime.shared_memory.unregister(
+            metadata_tenant(_metadata(context)), request.name or None
+        )
+        return pb.SystemSharedMemoryUnregisterResponse()
 
     async def RepositoryIndex(self, raw: bytes, context: Any) -> pb.RepositoryIndexResponse:
         self.access.check_grpc(context)
@@ -179,12 +221,16 @@ class InferenceServicer:
                 await context.write(message)
 
         tasks: set[asyncio.Task[None]] = set()
+        tenant = _metadata(context).get("x-sordino-tenant")
+        tenant_header = {"x-sordino-tenant": tenant} if tenant else {}
         try:
             while True:
                 raw = await context.read()
                 if raw is grpc.aio.EOF:
                     break
-                task = asyncio.get_running_loop().create_task(self._stream_one(raw, send))
+                task = asyncio.get_running_loop().create_task(
+                    self._stream_one(raw, send, tenant_header)
+                )
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             if tasks:
@@ -197,7 +243,10 @@ class InferenceServicer:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _stream_one(
-        self, raw: bytes, send: Callable[[pb.ModelStreamInferResponse], Awaitable[None]]
+        self,
+        raw: bytes,
+        send: Callable[[pb.ModelStreamInferResponse], Awaitable[None]],
+        tenant_header: dict[str, str] | None = None,
     ) -> None:
         """Answer one stream request: its responses, or one error response; never raise.
 
@@ -215,10 +264,18 @@ class InferenceServicer:
                 request = decode_infer_request(
                     message, metadata=loaded.metadata, max_batch_size=loaded.max_batch_size
                 )
+                request.headers.update(tenant_header or {})
+                shared = self.runtime.shared_memory.uses(request)
+                if shared:
+                    self.runtime.shared_memory.attach(request, request_tenant(request))
             empty_final = bool(request.parameters.pop(EMPTY_FINAL_RESPONSE, False))
             async with aclosing(self.runtime.service.responses(request)) as responses:
                 async for response, final in responses:
                     try:
+                        if shared:
+                            self.runtime.shared_memory.write_outputs(
+                                request, response, request_tenant(request)
+                            )
                         encoded = encode_infer_response(response, request)
                     finally:
                         response.release()
@@ -244,6 +301,19 @@ class InferenceServicer:
         except Exception:
             # The stream itself is broken (the client is gone); nobody is left to answer.
             log.debug("could not send the error of stream request %r", request_id)
+
+
+def _metadata(context: Any) -> dict[str, str]:
+    return {
+        key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)
+    }
+
+
+def _forward_tenant(request: Any, context: Any) -> None:
+    """Carry the call's ``x-sordino-tenant`` metadata as the request's header (as HTTP does)."""
+    tenant = _metadata(context).get("x-sordino-tenant")
+    if tenant:
+        request.headers["x-sordino-tenant"] = tenant
 
 
 def _refuse_load_parameters(names: Iterable[str]) -> None:
@@ -318,6 +388,9 @@ def build_handler(servicer: InferenceServicer) -> Any:
         "RepositoryIndex",
         "RepositoryModelLoad",
         "RepositoryModelUnload",
+        "SystemSharedMemoryStatus",
+        "SystemSharedMemoryRegister",
+        "SystemSharedMemoryUnregister",
     ]
     handlers: dict[str, Any] = {
         name: grpc.unary_unary_rpc_method_handler(

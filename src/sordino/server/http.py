@@ -33,6 +33,7 @@ from sordino.server.model_config import model_metadata_json, triton_config_json
 from sordino.server.model_control import ModelControl
 from sordino.server.observe import observe_routes
 from sordino.server.runtime import Runtime
+from sordino.server.shm_routes import shm_routes
 
 __all__ = ["EXTENSIONS", "build_app"]
 
@@ -44,6 +45,9 @@ EXTENSIONS = [
     "parameters",
     "model_repository",
     "generate",
+    "system_shared_memory",
+    "classification",
+    "sequence",
 ]
 JSON = "application/json"
 Handler = Callable[[Request], Awaitable[Response]]
@@ -104,7 +108,10 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
         name, version = _model_params(request)
         runtime.get(name, version)
         if not runtime.ready:
-            raise ModelNotReady(f"model {name!r} is not ready: the server is not serving")
+            raise ModelNotReady(
+                f"Request for unknown model: '{name}' is not at ready state (sordino: "
+                "the server is not serving)"
+            )
         return Response(status_code=200)
 
     async def model_config(request: Request) -> Response:
@@ -134,6 +141,7 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
     routes += admin_routes(runtime.executor, runtime.clock, access.token)
     routes += memory_routes(runtime, functools.partial(_guard, runtime), access)
     routes += guardian_routes(runtime, functools.partial(_guard, runtime), access)
+    routes += shm_routes(runtime, functools.partial(_guard, runtime))
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes += [
             Route(prefix, _guard(runtime, model_metadata), methods=["GET"]),

@@ -27,7 +27,9 @@ from sordino.records import SchedulerObserver
 from sordino.scheduling.modes import build_controller, measure_batch_curve
 from sordino.scheduling.scheduler import ModelScheduler
 from sordino.scheduling.settings import scheduling_for
+from sordino.server.classification import read_labels
 from sordino.server.registry import LoadedModel, ModelRegistry
+from sordino.server.sequences import sequences_for
 from sordino.telemetry.model_stats import ModelStats
 
 if TYPE_CHECKING:
@@ -100,6 +102,20 @@ class ModelLoader:
         )
         scheduler.start()
         model = LoadedModel(source, key, metadata, scheduling, scheduler, curve, instances)
+        try:
+            model.labels = read_labels(source)
+            if config.sequence_batching is not None:
+                model.sequences = sequences_for(
+                    config.sequence_batching,
+                    metadata,
+                    max_batch_size=scheduling.max_batch_size,
+                    instances=instances,
+                    events=self._events,
+                )
+        except ModelLoadError:
+            await scheduler.close(drain=False)
+            await self._executor.unload(key)
+            raise
         if config.iterative is not None:
             if self._make_pipeline is None:
                 await scheduler.close(drain=False)
@@ -166,6 +182,24 @@ def stream_spec_for(config: StreamingConfig, metadata: ModelMetadata) -> StreamS
             f"model {model!r}: streaming.done must name a BOOL output; "
             f"{config.done!r} is {'not an output' if done is None else done.datatype}"
         )
+    if config.emit is not None:
+        emit = metadata.output(config.emit)
+        if emit is None or emit.datatype != "BOOL":
+            raise ModelLoadError(
+                f"model {model!r}: streaming.emit must name a BOOL output; "
+                f"{config.emit!r} is {'not an output' if emit is None else emit.datatype}"
+            )
+    carried = set(config.carry.values())
+    for name in config.state:
+        if name not in carried:
+            raise ModelLoadError(
+                f"model {model!r}: streaming.state lists {name!r}, which no carried output "
+                f"feeds; state inputs are among {', '.join(sorted(carried))}"
+            )
     return StreamSpec(
-        carry=tuple(config.carry.items()), done=config.done, max_steps=config.max_steps
+        carry=tuple(config.carry.items()),
+        done=config.done,
+        max_steps=config.max_steps,
+        emit=config.emit,
+        state=config.state,
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sordino.errors import NotFound, ShuttingDown
@@ -15,6 +15,7 @@ from sordino.scheduling.settings import ModelScheduling
 
 if TYPE_CHECKING:
     from sordino.generation.pipeline import Pipeline
+    from sordino.server.sequences import Sequences
 
 __all__ = ["LoadedModel", "ModelRegistry", "version_key"]
 
@@ -32,6 +33,10 @@ class LoadedModel:
     instances: int = 1
     pipeline: Pipeline | None = None
     """Set for an iterative model: the generator in front of its denoiser."""
+    labels: dict[str, list[str]] = field(default_factory=dict)
+    sequences: Sequences | None = None
+    """Set for a model with ``sequence_batching``: its live sequences."""
+    """Class labels per output for the classification extension (``*``: every output)."""
 
     @property
     def max_batch_size(self) -> int:
@@ -76,14 +81,18 @@ class ModelRegistry:
         versions = self._models.get(name)
         if not versions:
             known = ", ".join(sorted(self._models)) or "none"
-            raise NotFound(f"unknown model {name!r}; loaded models: {known}")
+            raise NotFound(
+                f"Request for unknown model: '{name}' is not found (sordino: unknown model "
+                f"{name!r}; loaded models: {known})"
+            )
         if version is None or version == "":
             return versions[max(versions, key=version_key)]
         model = versions.get(version)
         if model is None:
             raise NotFound(
-                f"model {name!r} has no version {version!r}; loaded versions: "
-                f"{', '.join(sorted(versions, key=version_key))}"
+                f"Request for unknown model: '{name}' version {version} is not found "
+                f"(sordino: model {name!r} has no version {version!r}; loaded versions: "
+                f"{', '.join(sorted(versions, key=version_key))})"
             )
         return model
 

@@ -43,6 +43,7 @@ from sordino.server.loader import ModelLoader
 from sordino.server.registry import LoadedModel, ModelRegistry
 from sordino.server.result_cache import ResultCache
 from sordino.server.service import InferenceService
+from sordino.server.shm import SystemSharedMemory
 from sordino.telemetry.execution_metrics import ExecutionCollector
 from sordino.telemetry.hub import Telemetry
 from sordino.telemetry.labels import MetricLabels
@@ -113,6 +114,8 @@ class Runtime:
         self.timings = TimingSeries()
         # Off unless the guardian's cache_recent_results turns it on for a model.
         self.result_cache = ResultCache()
+        self.shared_memory = SystemSharedMemory()
+        """Clients' registered system shared-memory regions (Triton's extension)."""
         self.loader = ModelLoader(
             config,
             executor=self.executor,

@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from sordino.admission.chain import AdmissionChain, AdmissionContext
-from sordino.errors import Cancelled, SordinoError, Unsupported
+from sordino.datatypes import to_numpy_dtype
+from sordino.errors import Cancelled, SordinoError, TensorError, Unsupported
 from sordino.execution.staging import row_bytes
 from sordino.generation.pipeline import Progress
 from sordino.generation.reuse import Generated
@@ -44,12 +45,14 @@ from sordino.memory.refs import Tensors
 from sordino.protocol.validate import check_text_inputs, validate_request
 from sordino.records import Outcome
 from sordino.scheduling.work import Request
+from sordino.server.classification import classify
 from sordino.server.registry import LoadedModel, ModelRegistry
+from sordino.server.sequences import Sequences
 from sordino.telemetry.hub import Telemetry
 from sordino.telemetry.metrics import Metrics
 from sordino.telemetry.model_stats import ModelStats
 
-__all__ = ["INTERNAL", "Arrival", "InferenceService"]
+__all__ = ["INTERNAL", "Arrival", "InferenceService", "request_tenant"]
 
 INTERNAL = "internal"
 """The reason counted for a request that ended on an unexpected exception (a 500)."""
@@ -131,6 +134,9 @@ class InferenceService:
         """
         try:
             model = self._registry.get(request.model, request.version)
+            stream = model.metadata.stream
+            if stream is not None and stream.state:
+                _initial_state(request, model, stream.state)
             if model.pipeline is not None:
                 model.pipeline.parse(request)  # the generator's own inputs; 400 on a mistake
             else:
@@ -162,6 +168,19 @@ class InferenceService:
                 async for response, _final in answers:
                     return response
             raise AssertionError("a generation ends with a response")  # pragma: no cover
+        sequences = self._sequences(request)
+        if sequences is not None:
+            return await sequences.run(request, _tenant(request), self._infer_one)
+        return await self._infer_one(request)
+
+    def _sequences(self, request: InferRequest) -> Sequences | None:
+        """The sequence batcher of ``request``'s model, if it has one (lookups fail later)."""
+        try:
+            return self._registry.get(request.model, request.version).sequences
+        except SordinoError:
+            return None
+
+    async def _infer_one(self, request: InferRequest) -> InferResponse:
         model, context, accepted = await self._accept(request, one_shot=True)
         try:
             outputs = await model.scheduler.result(accepted)
@@ -185,10 +204,16 @@ class InferenceService:
                 async for answer in answers:
                     yield answer
             return
+        if self._sequences(request) is not None:
+            yield await self.infer(request), True
+            return
         model, context, accepted = await self._accept(request, one_shot=False)
         try:
             async with aclosing(model.scheduler.responses(accepted)) as steps:
                 async for step in steps:
+                    if step.empty:  # a decoupled request ended without a last response
+                        step.outputs.release()
+                        continue
                     yield self.response(model, request, step.outputs), step.final
         finally:
             self._finished(request, context, accepted)
@@ -403,11 +428,16 @@ class InferenceService:
             if len(chosen) < len(outputs):
                 picked = Tensors.compose(chosen)
                 outputs.release()
+        datatypes = {spec.name: spec.datatype for spec in model.metadata.outputs}
+        if request.outputs and any("classification" in o.parameters for o in request.outputs):
+            picked, datatypes = classify(
+                request, picked, datatypes, model.labels, batched=model.metadata.batched
+            )
         return InferResponse(
             model=model.key.name,
             version=model.key.version,
             outputs=picked,
-            output_datatypes={spec.name: spec.datatype for spec in model.metadata.outputs},
+            output_datatypes=datatypes,
             id=request.id,
         )
 
@@ -421,6 +451,33 @@ class InferenceService:
             self._registry.get(name)
             keys = [ModelKey(name, v) for v in self._registry.versions(name)]
         return self._stats.triton_json(keys)
+
+
+def _initial_state(request: InferRequest, model: LoadedModel, names: tuple[str, ...]) -> None:
+    """Give a step model's state inputs (fed by its carry, never by the client) zeros."""
+    inputs = dict(request.inputs)
+    rows = 1
+    if model.metadata.batched and inputs:
+        rows = int(next(iter(inputs.values())).shape[0])
+    for name in names:
+        if name in inputs:
+            raise TensorError(
+                f"input {name!r} of model {model.key.name!r} is the model's own state (fed "
+                "from its previous step); leave it out of the request"
+            )
+        spec = model.metadata.input(name)
+        assert spec is not None  # checked at load
+        shape = [max(dim, 1) for dim in spec.shape]
+        if model.metadata.batched:
+            shape[0] = rows
+        inputs[name] = np.zeros(shape, dtype=to_numpy_dtype(spec.datatype))
+        request.input_datatypes[name] = spec.datatype
+    request.inputs = inputs
+
+
+def request_tenant(request: InferRequest) -> str:
+    """The tenant ``request`` is served for (what quotas and shared-memory regions key on)."""
+    return _tenant(request)
 
 
 def _tenant(request: InferRequest) -> str:

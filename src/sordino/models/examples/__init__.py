@@ -1,0 +1,1 @@
+"""Triton's example models (sordino start --with-triton-examples)."""

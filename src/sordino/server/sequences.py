@@ -1,0 +1,289 @@
+"""Triton's sequence batching: stateful models served request by request in a sequence.
+
+A request to a model with ``sequence_batching`` carries a correlation ID
+(``parameters.sequence_id``: a non-zero integer or a non-empty string) and the flags
+``sequence_start`` / ``sequence_end``. Per model, :class:`Sequences` keeps each live
+sequence (keyed by tenant and correlation ID): its implicit state (the ``state``
+outputs of its last request, fed to the ``state`` inputs of the next; zeros on the
+first) and a lock, so the requests of one sequence run one after another, in the order
+they arrive, while requests of different sequences are batched together by the
+model's ordinary dynamic batcher. Control inputs (START, END, READY, CORRID) are filled
+in by the runtime; the client sends neither them nor the state inputs.
+
+Slots are bounded: a new sequence past the limit is refused with 503 until one ends. A
+sequence ends with its ``sequence_end`` request, or is released after
+``max_sequence_idle_microseconds`` without a request (a ``sequence_released`` event
+says so); a later request without ``sequence_start`` is then refused.
+
+``direct`` and ``oldest`` differ here only in the slot limit: sordino carries the
+state itself, so a sequence is never pinned to a batch slot or an instance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sordino.config.sequences import SequenceBatchingConfig
+from sordino.datatypes import to_numpy_dtype
+from sordino.errors import InvalidRequest, ModelLoadError, QueueFull
+from sordino.events import EventSink
+from sordino.inference import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor
+from sordino.memory.refs import Tensors
+
+__all__ = ["Sequences", "sequences_for"]
+
+CorrelationId = int | str
+
+
+@dataclass(slots=True)
+class _Sequence:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    state: dict[str, Tensor] = field(default_factory=dict)
+    last: float = 0.0
+    ended: bool = False
+
+
+def sequences_for(
+    config: SequenceBatchingConfig,
+    metadata: ModelMetadata,
+    *,
+    max_batch_size: int,
+    instances: int,
+    events: EventSink,
+) -> Sequences:
+    """Check ``config`` against the model; return its sequence batcher (ModelLoadError if wrong)."""
+    model = metadata.name
+    for control in config.control_input:
+        if metadata.input(control.name) is None:
+            raise ModelLoadError(
+                f"model {model!r}: sequence_batching.control_input names {control.name!r}, "
+                f"but the model's inputs are {', '.join(s.name for s in metadata.inputs)}"
+            )
+    for state in config.state:
+        source, target = metadata.output(state.output_name), metadata.input(state.input_name)
+        if source is None or target is None:
+            raise ModelLoadError(
+                f"model {model!r}: sequence_batching.state feeds {state.output_name!r} into "
+                f"{state.input_name!r}; both must be the model's (an output, an input)"
+            )
+        if (source.datatype, source.shape) != (target.datatype, target.shape):
+            raise ModelLoadError(
+                f"model {model!r}: sequence_batching.state output {state.output_name!r} and "
+                f"input {state.input_name!r} must have the same datatype and shape"
+            )
+    if config.oldest is not None:
+        slots = config.oldest.max_candidate_sequences
+    elif config.direct is not None and config.direct.max_sequences is not None:
+        slots = config.direct.max_sequences
+    else:
+        slots = max(1, max_batch_size) * instances
+    return Sequences(config, metadata, slots=slots, events=events)
+
+
+class Sequences:
+    """One model's live sequences."""
+
+    def __init__(
+        self,
+        config: SequenceBatchingConfig,
+        metadata: ModelMetadata,
+        *,
+        slots: int,
+        events: EventSink,
+    ) -> None:
+        self.config = config
+        self.metadata = metadata
+        self.slots = slots
+        self._events = events
+        self._idle_s = config.max_sequence_idle_microseconds / 1e6
+        self._live: dict[tuple[str, CorrelationId], _Sequence] = {}
+        self._state_outputs = {s.output_name: s.input_name for s in config.state}
+
+    @property
+    def hidden_inputs(self) -> set[str]:
+        """Inputs the runtime fills (control and state): never the client's to send."""
+        return {c.name for c in self.config.control_input} | {
+            s.input_name for s in self.config.state
+        }
+
+    def live(self) -> int:
+        return len(self._live)
+
+    async def run(
+        self,
+        request: InferRequest,
+        tenant: str,
+        call: Callable[[InferRequest], Awaitable[InferResponse]],
+    ) -> InferResponse:
+        """Serve ``request`` as the next of its sequence with ``call`` (the one-shot path)."""
+        corrid, start, end = self._flags(request)
+        for name in ("sequence_id", "sequence_start", "sequence_end"):
+            request.parameters.pop(name, None)  # consumed here, not admission's to refuse
+        key = (tenant, corrid)
+        sequence = self._live.get(key)
+        if start:
+            if sequence is None:
+                if len(self._live) >= self.slots:
+                    raise QueueFull(
+                        f"model {self.metadata.name!r} serves {self.slots} sequences at once "
+                        "and all are in use; end one (sequence_end) or retry later",
+                        retry_after_s=self._idle_s,
+                    )
+                sequence = self._live[key] = _Sequence()
+        elif sequence is None:
+            raise InvalidRequest(
+                f"inference request for sequence {corrid} to model '{self.metadata.name}' must "
+                "specify the START flag on the first request of the sequence (sordino: no "
+                "live sequence has this correlation ID; it ended, or was released after "
+                f"{self._idle_s:g} s idle)"
+            )
+        async with sequence.lock:
+            if start:
+                sequence.state.clear()
+                sequence.ended = False
+            self._fill(request, corrid, start=start, end=end, state=sequence.state)
+            wanted = request.outputs
+            if wanted is not None:
+                names = {o.name for o in wanted}
+                request.outputs = wanted + [
+                    RequestedOutput(name) for name in self._state_outputs if name not in names
+                ]
+            try:
+                response = await call(request)
+            except BaseException:
+                if end:
+                    self._end(key, sequence, "end")
+                raise
+            finally:
+                request.outputs = wanted
+            sequence.state = {
+                self._state_outputs[name]: np.array(response.outputs[name])
+                for name in self._state_outputs
+            }
+            response = self._strip(response, wanted)
+            sequence.last = time.monotonic()
+            if end:
+                self._end(key, sequence, "end")
+            else:
+                asyncio.get_running_loop().call_later(self._idle_s, self._expire, key, sequence)
+        return response
+
+    def _flags(self, request: InferRequest) -> tuple[CorrelationId, bool, bool]:
+        parameters = request.parameters
+        corrid: Any = parameters.get("sequence_id", 0)
+        if isinstance(corrid, bool) or not isinstance(corrid, int | str) or corrid in (0, ""):
+            raise InvalidRequest(
+                f"inference request to model '{self.metadata.name}' must specify a non-zero "
+                "or non-empty correlation ID (sordino: set parameters.sequence_id, with "
+                "sequence_start on a sequence's first request and sequence_end on its last)"
+            )
+        flags = []
+        for key in ("sequence_start", "sequence_end"):
+            value = parameters.get(key, False)
+            if not isinstance(value, bool):
+                raise InvalidRequest(f"request parameter {key!r} must be true or false")
+            flags.append(value)
+        return corrid, flags[0], flags[1]
+
+    def _fill(
+        self,
+        request: InferRequest,
+        corrid: CorrelationId,
+        *,
+        start: bool,
+        end: bool,
+        state: dict[str, Tensor],
+    ) -> None:
+        inputs = dict(request.inputs)
+        for name in self.hidden_inputs:
+            if name in inputs:
+                raise InvalidRequest(
+                    f"input {name!r} of model {self.metadata.name!r} is filled in by the "
+                    "sequence batcher (a control or state input); leave it out of the request"
+                )
+        rows = 1
+        if self.metadata.batched and inputs:
+            rows = int(next(iter(inputs.values())).shape[0])
+        signals = {
+            "CONTROL_SEQUENCE_START": start,
+            "CONTROL_SEQUENCE_END": end,
+            "CONTROL_SEQUENCE_READY": True,
+        }
+        for control_input in self.config.control_input:
+            control = control_input.control[0]
+            shape, datatype = self._shape(control_input.name, rows)
+            if control.kind == "CONTROL_SEQUENCE_CORRID":
+                value: Any = corrid
+                if datatype == "BYTES":
+                    value = str(corrid).encode()
+                elif isinstance(corrid, str):
+                    raise InvalidRequest(
+                        f"model {self.metadata.name!r} takes integer correlation IDs "
+                        f"({datatype}); sequence_id is the string {corrid!r}"
+                    )
+            else:
+                pair = (
+                    control.int32_false_true or control.fp32_false_true or control.bool_false_true
+                )
+                assert pair is not None  # checked by the config
+                value = pair[1] if signals[control.kind] else pair[0]
+            dtype = object if datatype == "BYTES" else to_numpy_dtype(datatype)
+            inputs[control_input.name] = np.full(shape, value, dtype=dtype)
+            request.input_datatypes[control_input.name] = datatype
+        for spec in self.config.state:
+            shape, datatype = self._shape(spec.input_name, rows)
+            previous = state.get(spec.input_name)
+            if previous is not None and list(previous.shape) == shape:
+                inputs[spec.input_name] = previous
+            else:
+                inputs[spec.input_name] = np.zeros(shape, dtype=to_numpy_dtype(datatype))
+            request.input_datatypes[spec.input_name] = datatype
+        request.inputs = inputs
+
+    def _shape(self, name: str, rows: int) -> tuple[list[int], str]:
+        spec = self.metadata.input(name)
+        assert spec is not None  # checked at load
+        shape = [max(dim, 1) for dim in spec.shape]
+        if self.metadata.batched:
+            shape[0] = rows
+        return shape, spec.datatype
+
+    def _strip(
+        self, response: InferResponse, wanted: list[RequestedOutput] | None
+    ) -> InferResponse:
+        keep = (
+            {o.name for o in wanted}
+            if wanted is not None
+            else {name for name in response.outputs if name not in self._state_outputs}
+        )
+        if set(response.outputs) <= keep or not isinstance(response.outputs, Tensors):
+            return response
+        outputs = response.outputs
+        response.outputs = Tensors.compose({name: (outputs, name) for name in keep})
+        outputs.release()
+        return response
+
+    def _end(self, key: tuple[str, CorrelationId], sequence: _Sequence, cause: str) -> None:
+        sequence.ended = True
+        if self._live.get(key) is sequence:
+            del self._live[key]
+        if cause != "end":
+            self._events.emit(
+                "sequence_released",
+                self.metadata.name,
+                cause,
+                tenant=key[0],
+                correlation_id=str(key[1]),
+            )
+
+    def _expire(self, key: tuple[str, CorrelationId], sequence: _Sequence) -> None:
+        if sequence.ended or sequence.lock.locked():
+            return
+        if time.monotonic() - sequence.last >= self._idle_s * 0.999:
+            self._end(key, sequence, "idle")
