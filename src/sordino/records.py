@@ -119,6 +119,8 @@ class RequestDone:
     total_s: float
     late_s: float | None = None
     """For a request with a deadline: how long after it the request ended (0 if on time)."""
+    step_bytes: tuple[tuple[int, int], ...] = ()
+    """A multi-step request's (input bytes, output bytes) per step; empty for one step."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,7 +331,8 @@ class MemoryForecast:
 
     ``predicted_peak_bytes`` is Little's law on the forecast: the peak requests per
     second of the next hour x bytes per request x seconds per request (None without
-    a forecast). The pool is not resized from it (not supported yet).
+    a forecast). With ``memory.pool_size: auto`` the arena is resized from the sum
+    over models (see :class:`PoolStatistics`).
     """
 
     model: str
@@ -364,9 +367,18 @@ class MemoryStatistics:
     """Requests refused because they alone are larger than the arena."""
     forecasts: tuple[MemoryForecast, ...] = ()
     """Per model: learned bytes per request and the peak the forecast implies."""
+    pool: PoolStatistics | None = None
+    """The arena's size, pool_size auto's target and the resizes."""
+    workers: tuple[WorkerMemory, ...] = ()
+    """Framework memory per worker process."""
+    plans: tuple[StepPlanStatistics, ...] = ()
+    """Tensor lifetime planning per multi-step model."""
 
 
 # -- the guardian ----------------------------------------------------------------------
+
+
+__all__ += ["GuardianStatistics", "TriggerStatistics"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -406,6 +418,11 @@ class GuardianStatistics:
     """Failed delivery attempts (each retry counts) and alerts dropped from a full queue."""
 
 
+# -- tenants -----------------------------------------------------------------------------
+
+__all__ += ["TenantStatistics"]
+
+
 @dataclass(frozen=True, slots=True)
 class TenantStatistics:
     """One configured tenant's live figures (admission/tenants.py)."""
@@ -419,3 +436,83 @@ class TenantStatistics:
     refused_breaker: int
     breaker_open: bool
     breaker_trips: int
+
+
+# -- the memory manager: resizing, framework memory, step plans --------------------------
+
+__all__ += ["PoolStatistics", "ResizeReport", "StepPlanStatistics", "WorkerMemory"]
+
+
+@dataclass(frozen=True, slots=True)
+class ResizeReport:
+    """One replacement of the arena's segment by a larger or smaller one."""
+
+    bytes_before: int
+    bytes_after: int
+    bytes_copied: int
+    """Live bytes copied into the new segment (parked work, carried state)."""
+    blocks_copied: int
+    pause_s: float
+    """How long the event loop was held (no batch started meanwhile)."""
+    reason: str
+    """``grow``/``shrink`` (pool_size auto), ``manual`` or what the caller said."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStatistics:
+    """The arena's size and what pool_size auto aims for."""
+
+    auto: bool
+    capacity_bytes: int
+    min_bytes: int | None
+    max_bytes: int | None
+    target_bytes: int | None
+    """What pool_size auto would size the arena to now (None: not auto, or nothing
+    learned yet)."""
+    predicted_peak_bytes: float | None
+    """The sum over models of the forecast's implied peak (Little's law)."""
+    observed_peak_bytes: int
+    """The arena's real peak in use since its segment was created."""
+    resizes: int
+    deferred: int
+    """Resizes put off because the arena was not quiet (a batch ran)."""
+    last_resize: ResizeReport | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerMemory:
+    """One worker process's framework memory, as far as it can be measured.
+
+    ONNX Runtime does not expose the size of its CPU arena, so the process's resident
+    set (psutil) is the worker's framework memory: model weights, the arena, buffers.
+    ``gpu`` is "absent" without the CUDA execution provider (never a made-up figure).
+    """
+
+    model: str
+    version: str
+    instance: int
+    pid: int | None
+    rss_bytes: int | None
+    cpu_arena: str
+    """The CPU arena's settings: "on, kSameAsRequested, shrink after N rows", "off"."""
+    gpu: str
+    """"absent" (no CUDA execution provider) or the CUDA arena's settings."""
+    gpu_bytes: int | None = None
+    """GPU memory the process holds as NVML reports it (the CUDA arena included);
+    None when the CUDA provider is absent or NVML cannot say."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlanStatistics:
+    """Tensor lifetime planning of one multi-step model: planned vs naive peak bytes."""
+
+    model: str
+    requests: int
+    steps: int
+    """Steps of the last planned request."""
+    planned_peak_bytes: int
+    """One region laid out greedy-by-size for a request's steps (the last request)."""
+    naive_bytes: int
+    """Every step's tensors in their own block, none reused (the last request)."""
+    max_planned_peak_bytes: int
+    """The largest planned region of any request so far."""

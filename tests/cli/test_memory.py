@@ -31,7 +31,7 @@ def test_start_flags_then_status_and_defrag(tmp_path: Path) -> None:
         assert "strategy fragmentation_aware" in out
         assert "of 64.0 MiB" in out and "fragmentation" in out
         assert "owner default" in out and "defrag: 0 runs" in out
-        assert "pre-warming: the pool is not resized from the forecast" in out
+        assert "pool: 64.0 MiB fixed; resizes: 0" in out
         code, out = _memory("defrag", "--url", server.url)
         assert code == 0, out
         assert out.startswith("moved ") and "fragmentation" in out
@@ -53,6 +53,7 @@ def test_defrag_needs_the_admin_token_when_one_is_set() -> None:
         assert monitor.exit_code == 0, monitor.output
         assert "memory best_fit · defrag 1 runs, 0 MB moved" in monitor.output
         assert "overflow 0 shrunk, 0 × 503 · quota 0 × 429" in monitor.output
+        assert "pool 256 MB, 0 resizes" in monitor.output
 
 
 def test_no_server_is_a_clear_error() -> None:
@@ -63,7 +64,7 @@ def test_no_server_is_a_clear_error() -> None:
 @pytest.mark.parametrize(
     ("flags", "needle"),
     [
-        (["--pool-size", "auto"], "not supported yet"),
+        (["--pool-size", "auto", "--pool-min", "1GB", "--pool-max", "64MB"], "memory.pool_max"),
         (["--pool-size", "lots"], "memory.pool_size"),
         (["--defrag-interval", "soon"], "memory.defrag_interval"),
         (["--disable-memory-pool", "--memory-strategy", "simple"], "memory.enabled"),
@@ -81,3 +82,16 @@ def test_a_bad_strategy_names_the_choices(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["start", "--memory-strategy", "fast"])
     assert result.exit_code == 2
     assert "fragmentation_aware" in result.output
+
+
+def test_start_with_an_auto_pool_shows_its_bounds(tmp_path: Path) -> None:
+    flags = ["--builtin", "--pool-size", "auto", "--pool-min", "8MB", "--pool-max", "256MB"]
+    with sordino_start(flags, tmp_path) as server:
+        code, out = _memory("status", "--url", server.url)
+        assert code == 0, out
+        assert "pool auto: 8.0 MiB (bounds 8.0 MiB..256.0 MiB)" in out
+        assert "predicted peak" in out and "real peak" in out
+        code, out = _memory("resize", "1KB", "--url", server.url)
+        assert code == 1 and "4096" in out and "Traceback" not in out
+        code, out = _memory("resize", "16MB", "--url", server.url)
+        assert code == 0 and "-> 16.0 MiB" in out, out

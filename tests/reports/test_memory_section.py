@@ -39,3 +39,14 @@ def test_memory_section_sums_the_defrag_runs() -> None:
 def test_memory_section_without_runs_says_so() -> None:
     window = JournalWindow(1000.0, 1002.0, [], [_row(1000, 0.0)], [])
     assert memory_lines(diagnose(window))[-1] == "no defragmentation ran in this window"
+
+
+def test_memory_section_lists_the_resizes() -> None:
+    resize = JournalEvent(
+        1001.0, "memory", "resize", "arena",
+        {"bytes_before": 16 << 20, "bytes_after": 48 << 20, "pause_s": 0.003, "reason": "grow"},
+    )  # fmt: skip
+    window = JournalWindow(1000.0, 1002.0, [], [_row(1000, 0.0)], [resize])
+    assert memory_lines(diagnose(window))[-1] == (
+        "1 arena resizes, pause max 3.0 ms; last: 16 -> 48 MiB (grow)"
+    )

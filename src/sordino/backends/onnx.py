@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from sordino.backends.base import BackendStatistics
+from sordino.config.memory import EXTEND_STRATEGIES, FrameworkMemoryConfig
 from sordino.datatypes import from_onnx_type
 from sordino.errors import ModelLoadError
 from sordino.inference import ModelMetadata, Tensor, TensorSpec
@@ -31,11 +32,45 @@ def _dims(shape: list[Any]) -> tuple[int, ...]:
     return tuple(d if isinstance(d, int) and d >= 0 else -1 for d in shape)
 
 
+_CPU_ARENA: FrameworkMemoryConfig | None = None
+"""The CPU arena registered in this process (ONNX Runtime allows one per device)."""
+
+
+def _register_cpu_arena(memory: FrameworkMemoryConfig) -> None:
+    """Register ONNX Runtime's shared CPU arena with ``memory``'s settings, once."""
+    global _CPU_ARENA
+    import onnxruntime as ort
+
+    if _CPU_ARENA is not None:
+        if (_CPU_ARENA.arena_extend_strategy, _CPU_ARENA.arena_max) != (
+            memory.arena_extend_strategy,
+            memory.arena_max,
+        ):
+            raise ModelLoadError(
+                "this process already has a CPU arena with other settings; framework_memory "
+                "needs a worker process of the model's own (isolation: process)"
+            )
+        return
+    info = ort.OrtMemoryInfo(
+        "Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT
+    )
+    config = ort.OrtArenaCfg(
+        memory.arena_max, EXTEND_STRATEGIES[memory.arena_extend_strategy], -1, -1
+    )
+    ort.create_and_register_allocator(info, config)
+    _CPU_ARENA = memory
+
+
 class OnnxBackend:
     """Runs an ONNX model through ONNX Runtime.
 
     ``providers`` are tried in order (ONNX Runtime falls back along the list);
     asking for one this build does not have is a load error, never silently ignored.
+    ``memory`` configures ONNX Runtime's arenas: the CPU arena on or off; a CPU arena
+    of our own (``arena_extend_strategy``, ``arena_max``) registered once in this
+    process as ONNX Runtime's shared allocator (so only in a worker process of the
+    model's own); shrinking the CPU arena after large batches; and the CUDA
+    provider's ``gpu_mem_limit``/``arena_extend_strategy`` when it is in the list.
     """
 
     def __init__(
@@ -45,8 +80,12 @@ class OnnxBackend:
         version: str,
         providers: list[str] | None = None,
         intra_op_threads: int | None = None,
+        memory: FrameworkMemoryConfig | None = None,
     ) -> None:
         self._name = name
+        self._memory = memory or FrameworkMemoryConfig()
+        self._shrink_options: Any = None
+        self.arena_shrinks = 0
         self._version = version
         self._providers = providers or ["CPUExecutionProvider"]
         self._intra_op_threads = intra_op_threads
@@ -108,6 +147,16 @@ class OnnxBackend:
         if self._intra_op_threads:
             options.intra_op_num_threads = self._intra_op_threads
         options.log_severity_level = 3
+        memory = self._memory
+        options.enable_cpu_mem_arena = memory.cpu_arena
+        if memory.custom_cpu_arena:
+            _register_cpu_arena(memory)
+            options.add_session_config_entry("session.use_env_allocators", "1")
+        if memory.shrink_after_rows and self._shrink_options is None:
+            self._shrink_options = ort.RunOptions()
+            self._shrink_options.add_run_config_entry(
+                "memory.enable_memory_arena_shrinkage", "cpu:0"
+            )
         if profile_prefix:
             options.enable_profiling = True
             options.profile_file_prefix = profile_prefix
@@ -116,6 +165,11 @@ class OnnxBackend:
             opts: dict[str, str] = {}
             if provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider") and ":" in device:
                 opts["device_id"] = device.split(":", 1)[1]
+            if provider == "CUDAExecutionProvider":
+                if memory.gpu_mem_limit is not None:
+                    opts["gpu_mem_limit"] = str(memory.gpu_mem_limit)
+                if memory.gpu_arena_extend_strategy is not None:
+                    opts["arena_extend_strategy"] = memory.gpu_arena_extend_strategy
             provider_options.append(opts)
         return ort.InferenceSession(
             str(model_path),
@@ -132,16 +186,20 @@ class OnnxBackend:
             name: _to_str_array(arr) if name in self._string_inputs else arr
             for name, arr in batch.items()
         }
+        rows = int(next(iter(batch.values())).shape[0]) if batch else 0
+        shrink = self._memory.shrink_after_rows
+        options = self._shrink_options if shrink and rows >= shrink else None
         start = time.perf_counter()
         try:
-            results = session.run(None, feed)
+            results = session.run(None, feed, options)
         except Exception:
             with self._lock:
                 self._failures += 1
             raise
         elapsed = time.perf_counter() - start
-        rows = int(next(iter(batch.values())).shape[0]) if batch else 0
         with self._lock:
+            if options is not None:
+                self.arena_shrinks += 1
             self._batches += 1
             self._items += rows
             self._busy += elapsed

@@ -10,20 +10,29 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from sordino.backends.base import Backend
+from sordino.config.memory import FrameworkMemoryConfig
 from sordino.errors import ModelLoadError
 
 __all__ = ["BACKEND_KINDS", "check_backend_kind", "create_backend"]
 
-Factory = Callable[[str, str, list[str], int | None], Backend]
+Factory = Callable[[str, str, list[str], int | None, FrameworkMemoryConfig | None], Backend]
 
 
 def _onnxruntime(
-    name: str, version: str, providers: list[str], intra_op_threads: int | None
+    name: str,
+    version: str,
+    providers: list[str],
+    intra_op_threads: int | None,
+    memory: FrameworkMemoryConfig | None,
 ) -> Backend:
     from sordino.backends.onnx import OnnxBackend
 
     return OnnxBackend(
-        name=name, version=version, providers=providers, intra_op_threads=intra_op_threads
+        name=name,
+        version=version,
+        providers=providers,
+        intra_op_threads=intra_op_threads,
+        memory=memory,
     )
 
 
@@ -50,11 +59,13 @@ def create_backend(
     version: str,
     providers: Sequence[str],
     intra_op_threads: int | None,
+    memory: FrameworkMemoryConfig | None = None,
 ) -> Backend:
     """A new, unloaded backend of ``kind`` for model ``name`` (``load`` comes next).
 
-    ``providers`` are the execution providers to try in order (for ONNX Runtime).
+    ``providers`` are the execution providers to try in order (for ONNX Runtime);
+    ``memory`` configures its arenas (only in a worker process of the model's own).
     Raises :class:`ModelLoadError` for a kind this build does not know.
     """
     factory = check_backend_kind(kind, model=name)
-    return factory(name, version, list(providers), intra_op_threads)
+    return factory(name, version, list(providers), intra_op_threads, memory)

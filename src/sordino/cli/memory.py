@@ -1,4 +1,4 @@
-"""``sordino memory``: the shared-memory arena of a running server (status, defrag)."""
+"""``sordino memory``: the shared-memory arena of a running server (status, defrag, resize)."""
 
 from __future__ import annotations
 
@@ -99,8 +99,46 @@ def describe_status(status: dict[str, Any]) -> list[str]:
             f"{forecast['seconds_per_request'] * 1000:.1f} ms per request; {prediction}; "
             f"arena peak so far {_mib(arena_peak)}"
         )
-    lines.append("pre-warming: the pool is not resized from the forecast (not supported yet)")
+    pool = status.get("pool")
+    if pool is not None:
+        lines.extend(describe_pool(pool))
+    for worker in status.get("workers", []):
+        lines.append(
+            f"worker {worker['model']}:{worker['version']}#{worker['instance']} pid "
+            f"{worker['pid']}: {_mib(worker['rss_bytes'])} resident (ONNX Runtime does not "
+            f"expose its arena's size); CPU arena {worker['cpu_arena']}; GPU {worker['gpu']}"
+            + (f" ({_mib(worker['gpu_bytes'])} on the GPU)" if worker.get("gpu_bytes") else "")
+        )
+    for plan in status.get("plans", []):
+        lines.append(
+            f"plan {plan['model']}: {plan['requests']} requests; last {plan['steps']} steps in "
+            f"{_mib(plan['planned_peak_bytes'])} planned vs {_mib(plan['naive_bytes'])} naive; "
+            f"largest {_mib(plan['max_planned_peak_bytes'])}"
+        )
     return lines
+
+
+def describe_pool(pool: dict[str, Any]) -> list[str]:
+    """The pool's lines: its size, and for pool_size auto the prediction next to reality."""
+    last = pool["last_resize"]
+    resized = (
+        f"last {_mib(last['bytes_before'])} -> {_mib(last['bytes_after'])} ({last['reason']}, "
+        f"{last['pause_s'] * 1000:.1f} ms pause)"
+        if last is not None
+        else "none yet"
+    )
+    if not pool["auto"]:
+        return [
+            f"pool: {_mib(pool['capacity_bytes'])} fixed; resizes: {pool['resizes']}, {resized}"
+        ]
+    predicted = pool["predicted_peak_bytes"]
+    return [
+        f"pool auto: {_mib(pool['capacity_bytes'])} (bounds {_mib(pool['min_bytes'])}.."
+        f"{_mib(pool['max_bytes'])}), target {_mib(pool['target_bytes'])}",
+        f"  predicted peak {_mib(int(predicted)) if predicted is not None else '- (no forecast)'}"
+        f" vs real peak {_mib(pool['observed_peak_bytes'])}; {pool['resizes']} resizes "
+        f"({pool['deferred']} deferred), {resized}",
+    ]
 
 
 def describe_defrag(report: dict[str, Any]) -> str:
@@ -131,3 +169,21 @@ def defrag(ctx: click.Context, url: str | None, token: str | None) -> None:
     client = _client(ctx, url, token)
     report = _call(lambda: client.request("POST", "/v2/sordino/memory/defrag"))
     click.echo(describe_defrag(report))
+
+
+@memory.command()
+@click.argument("size")
+@_server_options
+@click.pass_context
+def resize(ctx: click.Context, size: str, url: str | None, token: str | None) -> None:
+    """Replace the arena by one of SIZE (e.g. 256MB) at the next quiet moment."""
+    client = _client(ctx, url, token)
+    report = _call(lambda: client.request("POST", "/v2/sordino/memory/resize", {"size": size}))
+    if not report.get("resized"):
+        click.echo(f"not resized: {report.get('why')}")
+        return
+    click.echo(
+        f"arena {_mib(report['bytes_before'])} -> {_mib(report['bytes_after'])}: copied "
+        f"{report['bytes_copied']} bytes in {report['blocks_copied']} blocks, "
+        f"{report['pause_s'] * 1000:.1f} ms pause"
+    )

@@ -126,11 +126,18 @@ def memory_line(snap: dict[str, Any]) -> str | None:
         return None
     pause = memory.get("last_pause_s")
     last = f" (last pause {pause * 1000:.1f} ms)" if pause is not None else ""
+    pool = memory.get("pool_bytes")
+    sized = (
+        f" · pool {_mb(pool)}{' auto' if memory.get('pool_auto') else ''}, "
+        f"{memory.get('pool_resizes', 0)} resizes"
+        if pool
+        else ""
+    )
     return (
         f"memory {memory['strategy']} · defrag {memory['defrag_runs']} runs, "
         f"{_mb(memory['defrag_bytes_moved'])} moved{last} · overflow "
         f"{memory['overflow_shrinks']} shrunk, {memory['overflow_rejections']} × 503 · quota "
-        f"{memory['quota_rejections']} × 429"
+        f"{memory['quota_rejections']} × 429{sized}"
     )
 
 

@@ -239,7 +239,12 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
     default=None,
     help="The memory manager: defragmentation, overflow protection, quotas (memory.enabled).",
 )
-@click.option("--pool-size", help="The shared-memory arena's size, e.g. 2GB (memory.pool_size).")
+@click.option(
+    "--pool-size",
+    help="The shared-memory arena's size, e.g. 2GB, or auto (memory.pool_size).",
+)
+@click.option("--pool-min", help="pool-size auto: the smallest arena, e.g. 64MB (memory.pool_min).")
+@click.option("--pool-max", help="pool-size auto: the largest arena, e.g. 4GB (memory.pool_max).")
 @click.option(
     "--defrag-interval", help="Defragment the arena this often, e.g. 5m; 0 = never on a timer."
 )
@@ -287,6 +292,8 @@ def start(
     memory_strategy: str | None,
     memory_pool: bool | None,
     pool_size: str | None,
+    pool_min: str | None,
+    pool_max: str | None,
     defrag_interval: str | None,
     guardian_mode: bool | None,
     alert_channels: tuple[str, ...],
@@ -313,6 +320,8 @@ def start(
         "memory.strategy": memory_strategy,
         "memory.enabled": memory_pool,
         "memory.pool_size": pool_size,
+        "memory.pool_min": pool_min,
+        "memory.pool_max": pool_max,
         "memory.defrag_interval": defrag_interval,
         "model_repository": str(model_repository) if model_repository else None,
         "self_healing.enabled": guardian_mode,

@@ -8,20 +8,31 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from sordino.config.base import Section, reject_repeated_names
-from sordino.config.units import Duration, Size
+from sordino.config.units import Duration, Size, parse_size
+from sordino.errors import ConfigError
 
-__all__ = ["MemoryConfig", "MemoryStrategy", "QuotaConfig"]
+__all__ = ["FrameworkMemoryConfig", "MemoryConfig", "MemoryStrategy", "QuotaConfig"]
 
 MemoryStrategy = Literal["fragmentation_aware", "best_fit", "simple"]
 
 
-def _no_auto(value: object) -> object:
+def _pool_size(value: object) -> object:
+    """``auto``, or a size of at least 4096 bytes."""
+    if value is None:
+        return None
     if isinstance(value, str) and value.strip().lower() == "auto":
-        raise ValueError(
-            "auto (sizing the arena from the forecast peak) is not supported yet; "
-            "give a size such as '2GB', or leave pool_size out to use workers.shared_memory"
-        )
-    return value
+        return "auto"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int | str) or isinstance(value, bool):
+        raise ValueError(f"invalid pool size {value!r}: give 'auto' or a size such as '2GB'")
+    try:
+        size = parse_size(value)
+    except ConfigError as exc:
+        raise ValueError(f"{exc.message}; or 'auto' (sized from the forecast peak)") from None
+    if size < 4096:
+        raise ValueError(f"pool size {size} bytes is too small: at least 4096 bytes, or 'auto'")
+    return size
 
 
 class QuotaConfig(Section):
@@ -41,9 +52,19 @@ class MemoryConfig(Section):
     strategy: MemoryStrategy = "best_fit"
     """fragmentation_aware (size tiers and lifetime classes), best_fit, or simple
     (bump pointer and free lists; the benchmark's baseline)."""
-    pool_size: Annotated[Size | None, BeforeValidator(_no_auto)] = Field(default=None, ge=4096)
-    """The arena's size; leave out to use workers.shared_memory. ``auto`` is not
-    supported yet."""
+    pool_size: Annotated[int | Literal["auto"] | None, BeforeValidator(_pool_size)] = None
+    """The arena's size; leave out to use workers.shared_memory. ``auto``: sized from
+    the forecast peak between ``pool_min`` and ``pool_max``, grown ahead of a peak and
+    shrunk after it (the segment is replaced at a quiet moment)."""
+    pool_min: Size = Field(default=16 * 1024 * 1024, ge=4096)
+    """pool_size auto: the smallest the arena gets (and its size at start)."""
+    pool_max: Size = Field(default=1024 * 1024 * 1024, ge=4096)
+    """pool_size auto: the largest the arena gets."""
+    prewarm_interval: Duration = Field(default=30.0, gt=0)
+    """pool_size auto: how often the target size is worked out from the forecast."""
+    prewarm_headroom: float = Field(default=1.5, ge=1.0, le=10.0)
+    """pool_size auto: the target is this times the larger of the predicted peak and
+    the peak seen since the last resize."""
     small_max: Size = Field(default=64 * 1024, ge=64)
     """fragmentation_aware: blocks up to this size are the small tier."""
     medium_max: Size = Field(default=4 * 1024 * 1024, ge=64)
@@ -60,8 +81,10 @@ class MemoryConfig(Section):
     wait up to ``overflow_wait`` for space, then answer 503 with Retry-After."""
     overflow_wait: Duration = Field(default=2.0, gt=0)
     """The longest a batch waits for arena space before its requests get 503."""
-    reuse_strategy: Literal["lru"] = "lru"
-    """What framework-side caches give back first; lru is the only policy today."""
+    reuse_strategy: Literal["lru", "lfu", "largest"] = "lru"
+    """What the framework-side caches (the generation result and state caches) give
+    back first when full: the least recently used entry, the least frequently used one,
+    or the largest one."""
     quotas: tuple[QuotaConfig, ...] = ()
     """Per-tenant limits on arena bytes in flight; a tenant over its quota waits up to
     ``quota_wait``, then gets 429. Tenants without an entry are not limited."""
@@ -84,11 +107,24 @@ class MemoryConfig(Section):
                 f"memory.medium_max ({self.medium_max} bytes) is below memory.small_max "
                 f"({self.small_max} bytes); the medium tier starts where the small one ends"
             )
+        if self.pool_max < self.pool_min:
+            raise ValueError(
+                f"memory.pool_max ({self.pool_max} bytes) is below memory.pool_min "
+                f"({self.pool_min} bytes); pool_size auto grows between the two"
+            )
         if not self.enabled:
             set_keys = sorted(
                 key
-                for key in ("quotas", "defrag_interval", "defrag_threshold", "strategy")
-                if key in self.model_fields_set and getattr(self, key) not in ((), 0.0, "best_fit")
+                for key in (
+                    "quotas",
+                    "defrag_interval",
+                    "defrag_threshold",
+                    "strategy",
+                    "pool_size",
+                )
+                if key in self.model_fields_set
+                and getattr(self, key) not in ((), 0.0, "best_fit")
+                and (key != "pool_size" or self.pool_size == "auto")
             )
             if set_keys:
                 raise ValueError(
@@ -96,6 +132,18 @@ class MemoryConfig(Section):
                     "need the memory manager: enable it or remove them"
                 )
         return self
+
+    @property
+    def auto_pool(self) -> bool:
+        """Whether the arena is sized from the forecast (``pool_size: auto``)."""
+        return self.enabled and self.pool_size == "auto"
+
+    def initial_pool(self, default: int) -> int:
+        """The arena's size at start: ``pool_size``, ``pool_min`` for ``auto``, or
+        ``default`` (``workers.shared_memory``)."""
+        if self.pool_size == "auto":
+            return self.pool_min
+        return self.pool_size if self.pool_size is not None else default
 
     @property
     def zeroes_on_free(self) -> bool:
@@ -108,3 +156,79 @@ class MemoryConfig(Section):
             if entry.tenant == tenant:
                 return entry.max
         return None
+
+
+ArenaExtendStrategy = Literal["kNextPowerOfTwo", "kSameAsRequested"]
+EXTEND_STRATEGIES: dict[str, int] = {"kNextPowerOfTwo": 0, "kSameAsRequested": 1}
+"""ONNX Runtime's numbers for ``arena_extend_strategy``."""
+
+
+class FrameworkMemoryConfig(Section):
+    """A model's ``framework_memory``: ONNX Runtime's arenas inside its worker process.
+
+    Applies to ``isolation: process`` (each worker is one process with its own ONNX
+    Runtime); a thread-isolated model shares the server's and accepts only the defaults.
+    """
+
+    cpu_arena: bool = True
+    """ONNX Runtime's CPU memory arena (``enable_cpu_mem_arena``)."""
+    arena_extend_strategy: ArenaExtendStrategy = "kNextPowerOfTwo"
+    """How the CPU arena grows: kNextPowerOfTwo (ONNX Runtime's default) or
+    kSameAsRequested (only what a tensor needs; less memory held after a peak)."""
+    arena_max: Size = 0
+    """The CPU arena's limit in bytes; 0 = none."""
+    shrink_after_rows: int = Field(default=0, ge=0)
+    """After a batch of at least this many rows, give the CPU arena's unused chunks
+    back (run option ``memory.enable_memory_arena_shrinkage``); 0 = never."""
+    gpu_mem_limit: Size | None = None
+    """CUDA execution provider: its arena's limit in bytes (``gpu_mem_limit``)."""
+    gpu_arena_extend_strategy: ArenaExtendStrategy | None = None
+    """CUDA execution provider: how its arena grows (``arena_extend_strategy``)."""
+
+    @model_validator(mode="after")
+    def _needs_the_arena(self) -> FrameworkMemoryConfig:
+        if not self.cpu_arena:
+            set_keys = sorted(
+                key
+                for key in ("arena_extend_strategy", "arena_max", "shrink_after_rows")
+                if key in self.model_fields_set
+            )
+            if set_keys:
+                raise ValueError(
+                    f"cpu_arena is false, but {', '.join(set_keys)} configure the CPU arena: "
+                    "turn cpu_arena on or remove them"
+                )
+        return self
+
+    @property
+    def custom_cpu_arena(self) -> bool:
+        """Whether the CPU arena differs from ONNX Runtime's own (an arena of our own)."""
+        return self.cpu_arena and (
+            self.arena_extend_strategy != "kNextPowerOfTwo" or self.arena_max > 0
+        )
+
+    @property
+    def is_default(self) -> bool:
+        return self == FrameworkMemoryConfig()
+
+    def describe_cpu(self) -> str:
+        """The CPU arena's settings in words (what ``sordino memory status`` shows)."""
+        if not self.cpu_arena:
+            return "off"
+        parts = ["on", self.arena_extend_strategy]
+        if self.arena_max:
+            parts.append(f"max {self.arena_max} bytes")
+        if self.shrink_after_rows:
+            parts.append(f"shrunk after batches of {self.shrink_after_rows}+ rows")
+        return ", ".join(parts)
+
+    def describe_gpu(self, providers: tuple[str, ...]) -> str:
+        """The CUDA arena's settings, or "absent" without the CUDA execution provider."""
+        if "CUDAExecutionProvider" not in providers:
+            return "absent"
+        parts = ["CUDA EP"]
+        if self.gpu_mem_limit is not None:
+            parts.append(f"gpu_mem_limit {self.gpu_mem_limit} bytes")
+        if self.gpu_arena_extend_strategy is not None:
+            parts.append(self.gpu_arena_extend_strategy)
+        return ", ".join(parts)

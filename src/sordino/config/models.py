@@ -15,6 +15,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from sordino.config.base import ExpandedPath, Section
 from sordino.config.devices import ProviderName
 from sordino.config.iterative import IterativeConfig
+from sordino.config.memory import FrameworkMemoryConfig
 from sordino.config.scheduler import SchedulerMode
 from sordino.config.sequences import SequenceBatchingConfig
 
@@ -253,6 +254,20 @@ class ModelConfig(Section):
     (line i names class i), for every output, or a mapping of output name to file.
     A relative path is taken from the .onnx file's folder, or in a repository from the
     model's folder (beside ``config.yaml``)."""
+    framework_memory: FrameworkMemoryConfig = FrameworkMemoryConfig()
+    """ONNX Runtime's CPU (and CUDA) arenas in the model's worker processes (docs/memory.md)."""
+
+    @field_validator("framework_memory")
+    @classmethod
+    def _framework_memory_needs_a_process(
+        cls, value: FrameworkMemoryConfig, info: ValidationInfo
+    ) -> FrameworkMemoryConfig:
+        if info.data.get("isolation") == "thread" and not value.is_default:
+            raise ValueError(
+                "framework_memory is not supported with isolation: thread (the model shares "
+                "the server's ONNX Runtime); use isolation: process or remove framework_memory"
+            )
+        return value
 
     @model_validator(mode="before")
     @classmethod

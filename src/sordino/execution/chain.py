@@ -27,13 +27,17 @@ profiling windows (``execution/profiling.py``), takes chaos faults after
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+
+import psutil
 
 from sordino.backends.base import Backend, dummy_inputs
 from sordino.backends.registry import check_backend_kind
 from sordino.clock import Clock, TimerHandle
 from sordino.config import ModelConfig, RuntimeConfig
+from sordino.config.memory import FrameworkMemoryConfig
 from sordino.errors import InferenceFailed, ModelError, ModelLoadError, ModelNotReady, Unavailable
 from sordino.events import EventSink
 from sordino.execution.devices import Device
@@ -56,7 +60,7 @@ from sordino.execution.worker_main import WorkerSpec
 from sordino.inference import ModelKey, ModelMetadata, Tensor
 from sordino.memory.arena import SEGMENTS_DIR, Arena
 from sordino.memory.refs import TensorRef, Tensors
-from sordino.records import ArenaStatistics, ExecutionStatistics
+from sordino.records import ArenaStatistics, ExecutionStatistics, WorkerMemory
 
 __all__ = ["ChainExecutor"]
 
@@ -164,6 +168,7 @@ class ChainExecutor:
             arena=self._staging.arena.name,
             heartbeat_s=max(0.02, min(1.0, self._settings.heartbeat_timeout / 5)),
             warmup_batches=self._settings.warmup_batches,
+            framework_memory=config.framework_memory,
         )
         return ProcessInstance(
             key,
@@ -584,6 +589,41 @@ class ChainExecutor:
 
     # -- statistics ------------------------------------------------------------------
 
+    def worker_memory(self) -> tuple[WorkerMemory, ...]:
+        """Per worker process: its resident memory (psutil) and its ONNX Runtime arenas.
+
+        ONNX Runtime does not say how large its CPU arena is; the process's resident
+        set is the real figure that includes it. Without the CUDA provider the GPU
+        arena is "absent".
+        """
+        found = []
+        for model in self._models.values():
+            for instance in model.instances():
+                if not isinstance(instance, ProcessInstance):
+                    continue
+                spec = instance.spec
+                memory = spec.framework_memory or FrameworkMemoryConfig()
+                pid = instance.pid
+                rss: int | None = None
+                if pid is not None:
+                    with contextlib.suppress(psutil.Error):
+                        rss = int(psutil.Process(pid).memory_info().rss)
+                found.append(
+                    WorkerMemory(
+                        model=spec.model,
+                        version=spec.version,
+                        instance=spec.index,
+                        pid=pid,
+                        rss_bytes=rss,
+                        cpu_arena=memory.describe_cpu(),
+                        gpu=memory.describe_gpu(spec.providers),
+                        gpu_bytes=_gpu_bytes(pid)
+                        if pid is not None and "CUDAExecutionProvider" in spec.providers
+                        else None,
+                    )
+                )
+        return tuple(found)
+
     def statistics(self) -> ExecutionStatistics:
         workers = tuple(
             instance.statistics()
@@ -599,3 +639,20 @@ class ChainExecutor:
             faults_active=len(self.faults.active()),
             faults_applied=self.faults.applied,
         )
+
+
+def _gpu_bytes(pid: int) -> int | None:
+    """GPU memory process ``pid`` holds over all devices (NVML); None if unreadable."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        total = None
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if process.pid == pid and process.usedGpuMemory is not None:
+                    total = (total or 0) + int(process.usedGpuMemory)
+        return total
+    except Exception:  # no library, no driver, no permission: no figure, never a guess
+        return None

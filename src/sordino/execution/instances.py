@@ -224,6 +224,11 @@ class ProcessInstance(_Base):
         return self._worker.pid if self._worker is not None else None
 
     @property
+    def spec(self) -> WorkerSpec:
+        """What its worker processes start from."""
+        return self._spec
+
+    @property
     def pid(self) -> int | None:
         return self._pid()
 
@@ -253,6 +258,7 @@ class ProcessInstance(_Base):
                 fault,
                 batch.allocate,
                 self._settings.execution_timeout,
+                batch.segment,
             )
         except WorkerError:
             self.failures += 1

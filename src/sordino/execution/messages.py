@@ -71,6 +71,9 @@ class Run:
     inputs: dict[str, TensorHandle]
     space: dict[str, TensorHandle]
     fault: FaultAction | None
+    segment: str = ""
+    """The arena segment the handles name; when it is not the one the worker maps
+    (the pool was resized), the worker maps this one first. Empty: unchanged."""
 
 
 @dataclass(frozen=True, slots=True)

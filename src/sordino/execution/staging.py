@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,6 +66,8 @@ class StagedBatch:
     outputs: Lease | None = None
     allocate: Allocate | None = None
     buffer: memoryview | None = None
+    segment: str = ""
+    """The arena segment ``handles`` name (it changes when the pool is resized)."""
     released: bool = False
     _arrays: dict[str, Tensor] | None = None
 
@@ -103,9 +105,10 @@ class Staging:
         self, capacity: int, *, registry: Path | None = None, memory: MemoryConfig | None = None
     ) -> None:
         self._memory = memory or MemoryConfig()
-        self._capacity = self._memory.pool_size or capacity
+        self._capacity = self._memory.initial_pool(capacity)
         self._registry = registry
         self._arena: Arena | None = None
+        self._gate: asyncio.Event | None = None
         self.overflow_waits = 0
         self.overflow_rejections = 0
 
@@ -150,6 +153,29 @@ class Staging:
             )
         return self._arena
 
+    @contextlib.asynccontextmanager
+    async def paused(self) -> AsyncIterator[None]:
+        """Hold new batches back while entered (the memory manager resizes the arena)."""
+        gate = asyncio.Event()
+        self._gate = gate
+        try:
+            yield
+        finally:
+            self._gate = None
+            gate.set()
+
+    async def _wait_gate(self, parts: Sequence[Part]) -> None:
+        """Wait while the arena is resized, the parts parked meanwhile (they may move)."""
+        parked = [p for p in parts if isinstance(p, Tensors) and not p.parked and not p.released]
+        for part in parked:
+            part.park()
+        try:
+            while self._gate is not None:
+                await self._gate.wait()
+        finally:
+            for part in parked:
+                part.unpark()
+
     def statistics(self) -> ArenaStatistics | None:
         """The arena's figures, or None before anything needed it."""
         return self._arena.statistics() if self._arena is not None else None
@@ -171,8 +197,11 @@ class Staging:
         staged = StagedBatch(parts=parts, batched=metadata.batched)
         if not in_arena:
             return staged
+        if self._gate is not None:
+            await self._wait_gate(parts)
         arena = self.arena
         staged.buffer = arena.buffer
+        staged.segment = arena.name
         staged.copies = Lease(arena)
         staged.outputs = Lease(arena)
         try:

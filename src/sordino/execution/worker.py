@@ -234,6 +234,7 @@ class WorkerProcess:
         fault: FaultAction | None,
         allocate: Allocate,
         timeout_s: float,
+        segment: str = "",
     ) -> tuple[dict[str, TensorHandle], float]:
         """Run one batch; return its output handles and the time the model took.
 
@@ -257,7 +258,7 @@ class WorkerProcess:
                     lambda: self.kill(f"execution timeout: a batch ran over {timeout_s:g} s"),
                 )
             try:
-                self._conn.send(Run(batch_id, inputs, space, fault))
+                self._conn.send(Run(batch_id, inputs, space, fault, segment))
                 return await future
             except asyncio.CancelledError:
                 # The worker is still inside the batch and may yet ask for output space: the

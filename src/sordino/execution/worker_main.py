@@ -10,15 +10,18 @@ back into blocks the server reserved. The messages and their order are in
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
 from dataclasses import dataclass
+from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 from sordino.backends.base import Backend, ProfilingBackend, dummy_inputs
+from sordino.config.memory import FrameworkMemoryConfig
 from sordino.execution.faults import InjectedFault, perform
 from sordino.execution.messages import (
     HEARTBEAT,
@@ -64,6 +67,8 @@ class WorkerSpec:
     arena: str
     heartbeat_s: float
     warmup_batches: int
+    framework_memory: FrameworkMemoryConfig | None = None
+    """ONNX Runtime's arenas in this process (the model's ``framework_memory``)."""
 
 
 class _Link:
@@ -97,12 +102,9 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     from sordino.backends.registry import create_backend
-    from sordino.memory.arena import attach_segment
 
     link = _Link(conn)
-    segment = attach_segment(spec.arena)
-    buffer = segment.buf
-    assert buffer is not None
+    mapped = _Mapped(spec.arena)
     try:
         started = time.perf_counter()
         backend = create_backend(
@@ -111,6 +113,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
             version=spec.version,
             providers=spec.providers,
             intra_op_threads=spec.intra_op_threads,
+            memory=spec.framework_memory,
         )
         backend.load(Path(spec.path), spec.target)
         for _ in range(spec.warmup_batches):
@@ -131,10 +134,46 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
             case Stop():
                 return
             case Run():
+                try:
+                    buffer = mapped.follow(message.segment)
+                except OSError as exc:
+                    link.send(RunFailed(message.batch_id, "error", f"shared memory: {exc}"))
+                    continue
                 if not _run(link, backend, buffer, message):
                     return
             case Call(call_id=call_id, command=command):
                 _call(link, backend, call_id, command)
+
+
+class _Mapped:
+    """The arena segment this worker maps; replaced when the server resized the pool.
+
+    The segment named at spawn may be gone by the time a replacement worker starts
+    (the pool was resized since the instance was created): then nothing is mapped
+    until the first batch names the current segment.
+    """
+
+    def __init__(self, name: str) -> None:
+        from sordino.memory.arena import attach_segment
+
+        self.segment: shared_memory.SharedMemory | None = None
+        with contextlib.suppress(FileNotFoundError):
+            self.segment = attach_segment(name)
+
+    def follow(self, name: str) -> memoryview:
+        """The buffer of segment ``name`` (the current one when empty), mapped once."""
+        if name and (self.segment is None or name != self.segment.name):
+            from sordino.memory.arena import attach_segment
+
+            old, self.segment = self.segment, attach_segment(name)
+            if old is not None:
+                with contextlib.suppress(BufferError):  # a view still lives: unmapped later
+                    old.close()
+        if self.segment is None:
+            raise FileNotFoundError("no shared-memory segment is mapped; the batch named none")
+        buffer = self.segment.buf
+        assert buffer is not None
+        return buffer
 
 
 def _call(link: _Link, backend: Backend, call_id: int, command: Command) -> None:

@@ -30,7 +30,7 @@ from sordino.errors import InferenceFailed, InvalidRequest, QueueTimeout, Shed, 
 from sordino.generation.degrade import StepDegrader
 from sordino.generation.image import png_bytes, to_image
 from sordino.generation.prompts import parse_digit_prompt
-from sordino.generation.reuse import Generated, InFlight, ResultCache, StateCache
+from sordino.generation.reuse import Generated, InFlight, ResultCache, ReusePolicy, StateCache
 from sordino.generation.samplers import Schedule
 from sordino.inference import InferRequest, ModelKey, ModelMetadata, Tensor, TensorSpec
 from sordino.memory.arena import Arena
@@ -230,7 +230,10 @@ class Pipeline:
         degrader: StepDegrader,
         run_model: RunModel,
         description: str = "",
+        reuse_policy: ReusePolicy = "lru",
     ) -> None:
+        """``reuse_policy`` (``memory.reuse_strategy``) orders what the result and state
+        caches give back when full."""
         self.key = key
         self.config = config
         self.scheduler = scheduler
@@ -238,9 +241,9 @@ class Pipeline:
         self.degrader = degrader
         self._run_model = run_model
         self.schedule = Schedule(train_timesteps=config.train_timesteps)
-        self.results = ResultCache(config.reuse.cache_entries)
+        self.results = ResultCache(config.reuse.cache_entries, reuse_policy)
         self.in_flight = InFlight()
-        self.states = StateCache(config.reuse.approximate_entries)
+        self.states = StateCache(config.reuse.approximate_entries, reuse_policy)
         self._running = 0
         self._next_cohort: asyncio.Future[None] | None = None
         self._cohort_waiting = 0

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Generated", "InFlight", "ResultCache", "StateCache"]
+__all__ = ["Generated", "InFlight", "ResultCache", "ReusePolicy", "StateCache"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,13 +39,42 @@ class Generated:
     """The final sample before it became an image (for quality checks and tests)."""
 
 
-class ResultCache:
-    """Exact results, at most ``entries`` per tenant, least recently used evicted first."""
+ReusePolicy = Literal["lru", "lfu", "largest"]
+"""What a full cache gives back first (``memory.reuse_strategy``): the least recently
+used entry, the least frequently used one (ties: the least recently used), or the
+largest one (ties: the least recently used)."""
 
-    def __init__(self, entries: int) -> None:
+
+def _victim(entries: OrderedDict[Hashable, Any], uses: dict[Hashable, int],
+            policy: str, nbytes: Callable[[Any], int]) -> Hashable:  # fmt: skip
+    """The key ``policy`` evicts from ``entries`` (kept in least recently used order)."""
+    keys: list[Hashable] = list(entries)
+    if policy == "lfu":
+        return min(keys, key=lambda k: uses.get(k, 0))  # min keeps the first (LRU) tie
+    if policy == "largest":
+        return max(keys, key=lambda k: int(nbytes(entries[k])))  # max keeps the first tie
+    return keys[0]
+
+
+def _generated_bytes(value: Generated) -> int:
+    return (
+        int(value.image.nbytes)
+        + len(value.png)
+        + (int(value.sample.nbytes) if value.sample is not None else 0)
+    )
+
+
+class ResultCache:
+    """Exact results, at most ``entries`` per tenant; ``policy`` says which goes first
+    (least recently used by default)."""
+
+    def __init__(self, entries: int, policy: ReusePolicy = "lru") -> None:
         self.entries = entries
+        self.policy = policy
         self._tenants: dict[str, OrderedDict[Hashable, Generated]] = {}
+        self._uses: dict[tuple[str, Hashable], int] = {}
         self.hits = self.misses = 0
+        self.evictions = 0
 
     def get(self, tenant: str, key: Hashable) -> Generated | None:
         if self.entries <= 0:
@@ -56,6 +85,7 @@ class ResultCache:
             self.misses += 1
             return None
         entries.move_to_end(key)
+        self._uses[(tenant, key)] = self._uses.get((tenant, key), 0) + 1
         self.hits += 1
         return found
 
@@ -63,10 +93,14 @@ class ResultCache:
         if self.entries <= 0:
             return
         entries = self._tenants.setdefault(tenant, OrderedDict())
+        while key not in entries and len(entries) >= self.entries:
+            uses = {k: self._uses.get((tenant, k), 0) for k in entries}
+            victim = _victim(entries, uses, self.policy, _generated_bytes)
+            del entries[victim]
+            self._uses.pop((tenant, victim), None)
+            self.evictions += 1
         entries[key] = value
         entries.move_to_end(key)
-        while len(entries) > self.entries:
-            entries.popitem(last=False)
 
     def size(self, tenant: str) -> int:
         return len(self._tenants.get(tenant, ()))
@@ -106,13 +140,17 @@ class InFlight:
 
 
 class StateCache:
-    """Intermediate clean-sample estimates by key (condition, guidance, sampler), LRU."""
+    """Intermediate clean-sample estimates by key (condition, guidance, sampler);
+    ``policy`` says which goes first when full (least recently used by default)."""
 
-    def __init__(self, entries: int) -> None:
+    def __init__(self, entries: int, policy: ReusePolicy = "lru") -> None:
         self.entries = entries
+        self.policy = policy
         self._states: OrderedDict[Hashable, npt.NDArray[np.float32]] = OrderedDict()
+        self._uses: dict[Hashable, int] = {}
         self.hits = self.misses = 0
         self.steps_saved = 0
+        self.evictions = 0
 
     def get(self, key: Hashable) -> npt.NDArray[np.float32] | None:
         found = self._states.get(key)
@@ -120,11 +158,15 @@ class StateCache:
             self.misses += 1
             return None
         self._states.move_to_end(key)
+        self._uses[key] = self._uses.get(key, 0) + 1
         self.hits += 1
         return found
 
     def put(self, key: Hashable, x0: npt.NDArray[np.float32]) -> None:
+        while key not in self._states and self._states and len(self._states) >= self.entries:
+            victim = _victim(self._states, self._uses, self.policy, lambda a: int(a.nbytes))
+            del self._states[victim]
+            self._uses.pop(victim, None)
+            self.evictions += 1
         self._states[key] = np.array(x0, dtype=np.float32, copy=True)
         self._states.move_to_end(key)
-        while len(self._states) > self.entries:
-            self._states.popitem(last=False)

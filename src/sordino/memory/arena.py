@@ -34,7 +34,7 @@ import numpy as np
 
 from sordino.errors import OutOfMemory
 from sordino.memory.allocator import ALIGNMENT, Allocator, Block, Lifetime, Strategy
-from sordino.records import ArenaStatistics, DefragReport
+from sordino.records import ArenaStatistics, DefragReport, ResizeReport
 
 if TYPE_CHECKING:
     from sordino.memory.refs import Lease
@@ -71,7 +71,9 @@ class Arena:
             self._shm, self._record = _create_recorded(registry, capacity)
         else:
             self._shm = shared_memory.SharedMemory(create=True, size=capacity)
-        self._allocator: Strategy = (allocator or Allocator)(capacity)
+        self._factory: Callable[[int], Strategy] = allocator or Allocator
+        self._registry = registry
+        self._allocator: Strategy = self._factory(capacity)
         self.strategy = strategy
         self.zero_on_free = zero_on_free
         self._waiters: deque[tuple[int, asyncio.Future[Block]]] = deque()
@@ -234,6 +236,73 @@ class Arena:
             for tensors in lease._parked:
                 tensors._relocate(self.buffer, starts, moves, sizes, seen)
 
+    # -- resizing (predictive pre-warming) -------------------------------------------
+
+    def quiet(self) -> bool:
+        """True when nothing reads the segment now: no waiter, and every lease parked.
+
+        A running batch, a response being written and a request being decoded each
+        hold a lease that is not parked (or an empty one, still filling).
+        """
+        return not self._waiters and all(lease._movable() for lease in self._leases)
+
+    def resize(self, capacity: int, reason: str = "manual") -> ResizeReport | None:
+        """Replace the segment by one of ``capacity`` bytes; None when not quiet now.
+
+        Only at a quiet moment (:meth:`quiet`): every live block belongs to parked
+        work, so nobody reads the old segment. A new segment is created, every live
+        block copied into it (packed, as defragmentation would), every parked tensor
+        pointed at the new segment, and the old one removed. Worker processes map the
+        new segment when their next batch names it. Raises :class:`OutOfMemory` when
+        the live blocks do not fit ``capacity`` (nothing changes then). The allocator's
+        counters (peak, acquired) start again with the new segment.
+        """
+        started = time.perf_counter()
+        capacity = max(ALIGNMENT, capacity // ALIGNMENT * ALIGNMENT)
+        if self._closed or not self.quiet():
+            return None
+        before = self.capacity
+        live = [
+            (lease, index, block)
+            for lease in self._leases
+            for index, block in enumerate(lease._blocks)
+        ]
+        allocator = self._factory(capacity)
+        placed: list[Block] = []
+        for _, _, block in sorted(live, key=lambda item: -item[2].size):
+            placed.append(allocator.acquire_nowait(block.size, "long"))  # OutOfMemory: no change
+        by_size = sorted(range(len(live)), key=lambda i: -live[i][2].size)
+        new_blocks = {order: placed[n] for n, order in enumerate(by_size)}
+        if self._registry is not None:
+            shm, record = _create_recorded(self._registry, capacity)
+        else:
+            shm, record = shared_memory.SharedMemory(create=True, size=capacity), None
+        new_buffer = shm.buf
+        assert new_buffer is not None
+        old_buffer = np.frombuffer(self.buffer, np.uint8)
+        target = np.frombuffer(new_buffer, np.uint8)
+        moves: dict[int, int] = {}
+        sizes: dict[int, int] = {}
+        copied = 0
+        for i, (lease, index, old) in enumerate(live):
+            new = new_blocks[i]
+            target[new.offset : new.offset + old.size] = old_buffer[
+                old.offset : old.offset + old.size
+            ]
+            moves[old.offset] = new.offset
+            sizes[old.offset] = old.size
+            copied += old.size
+            lease._blocks[index] = new
+        del old_buffer, target
+        old_shm, old_record = self._shm, self._record
+        self._shm, self._record, self._allocator = shm, record, allocator
+        if moves:
+            self._repoint(set(self._leases), moves, sizes)
+        _close_segment(old_shm, old_record)
+        return ResizeReport(
+            before, self.capacity, copied, len(live), time.perf_counter() - started, reason
+        )
+
     def statistics(self) -> ArenaStatistics:
         stats = self._allocator.statistics()
         return ArenaStatistics(
@@ -259,17 +328,22 @@ class Arena:
             if not future.done():
                 future.set_exception(OutOfMemory("the shared-memory arena was closed"))
         self._waiters.clear()
-        try:
-            self._shm.close()
-        except BufferError:  # a numpy view still exists; the unlink below still frees it
-            log.debug("arena %s closed with live views", self.name)
-        self._shm.unlink()
-        if self._record is not None:
-            # Remove the record while still holding its lock: a server cleaning up
-            # meanwhile finds nothing to do, or a segment already gone.
-            Path(self._record.name).unlink(missing_ok=True)
-            self._record.close()
-            self._record = None
+        _close_segment(self._shm, self._record)
+        self._record = None
+
+
+def _close_segment(shm: shared_memory.SharedMemory, record: IO[str] | None) -> None:
+    """Unmap and remove one segment of the arena, and its record."""
+    try:
+        shm.close()
+    except BufferError:  # a numpy view still exists; the unlink below still frees it
+        log.debug("arena segment %s closed with live views", shm.name)
+    shm.unlink()
+    if record is not None:
+        # Remove the record while still holding its lock: a server cleaning up
+        # meanwhile finds nothing to do, or a segment already gone.
+        Path(record.name).unlink(missing_ok=True)
+        record.close()
 
 
 def attach_segment(name: str) -> shared_memory.SharedMemory:

@@ -12,6 +12,15 @@ manager
   :meth:`sordino.memory.arena.Arena.defragment`). Each run emits an event of kind
   ``memory``, subject ``defrag``, with ``bytes_moved``, ``fragmentation_before``,
   ``fragmentation_after``, ``pause_s`` and ``reason``;
+- resizes the arena (:meth:`MemoryManager.resize`): with ``pool_size: auto`` every
+  ``prewarm_interval`` it works out a target from the forecast's implied peak and the
+  peak seen lately (times ``prewarm_headroom``, within ``pool_min``..``pool_max``),
+  grows the arena ahead of a predicted peak and shrinks it to half or less after. A
+  resize closes staging's gate (no new batch starts), waits for a quiet moment (every
+  block parked), replaces the segment and opens the gate; workers map the new segment
+  with their next batch. Each resize is an event of kind ``memory``, subject
+  ``resize``, with ``bytes_before``, ``bytes_after``, ``bytes_copied``, ``pause_s``
+  and ``reason``;
 - keeps the tenants' quotas (:class:`~sordino.memory.quotas.QuotaLedger`);
 - reports everything as one :class:`~sordino.records.MemoryStatistics`.
 """
@@ -19,15 +28,30 @@ manager
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+import math
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 
 from sordino.clock import Clock
 from sordino.config.memory import MemoryConfig
+from sordino.errors import OutOfMemory
 from sordino.events import EventSink
-from sordino.memory.arena import Arena
+from sordino.memory.arena import Arena, shm_free_bytes
 from sordino.memory.quotas import QuotaLedger
-from sordino.records import DefragReport, MemoryForecast, MemoryStatistics, TierStatistics
+from sordino.records import (
+    DefragReport,
+    MemoryForecast,
+    MemoryStatistics,
+    PoolStatistics,
+    ResizeReport,
+    StepPlanStatistics,
+    TierStatistics,
+    WorkerMemory,
+)
 from sordino.telemetry.forecast import Forecast
 
 __all__ = ["MemoryManager"]
@@ -39,6 +63,26 @@ THRESHOLD_TICK_S = 5.0
 
 Overflow = Callable[[], tuple[int, int, int, int]]
 """Returns (shrinks, waits, rejections, oversized) of overflow protection so far."""
+
+QUIET_WAIT_S = 5.0
+"""The longest a resize holds new batches back waiting for a quiet moment."""
+QUIET_POLL_S = 0.002
+PEAK_WINDOW = 10
+"""pool_size auto: the peak seen lately is the largest of the last this many intervals."""
+GRANULE = 1 << 20
+"""pool_size auto rounds its target up to whole MiB."""
+
+
+def shm_room(arena: Arena) -> int | None:
+    """The largest arena /dev/shm can hold instead of ``arena`` (its pages come back
+    when it is replaced); None where /dev/shm cannot be read."""
+    free = shm_free_bytes()
+    return None if free is None else free + arena.capacity
+
+
+@contextlib.asynccontextmanager
+async def _no_gate() -> AsyncIterator[None]:
+    yield
 
 
 class MemoryManager:
@@ -53,8 +97,25 @@ class MemoryManager:
         clock: Clock,
         events: EventSink,
         forecast: Callable[[], Forecast | None] = lambda: None,
+        pause: Callable[[], AbstractAsyncContextManager[None]] = _no_gate,
+        workers: Callable[[], tuple[WorkerMemory, ...]] = tuple,
+        plans: Callable[[], tuple[StepPlanStatistics, ...]] = tuple,
+        capacity: Callable[[], int] | None = None,
     ) -> None:
+        """``pause`` holds new batches back while it is entered (staging's gate);
+        ``workers`` and ``plans`` report framework memory and step plans; ``capacity``
+        is the arena's size before it exists."""
         self.config = config
+        self._pause = pause
+        self._workers = workers
+        self._plans = plans
+        self._capacity = capacity or (lambda: config.initial_pool(0))
+        self._resizes = self._deferred = 0
+        self._last_resize: ResizeReport | None = None
+        self._resize_lock = asyncio.Lock()
+        self._prewarm: asyncio.Task[None] | None = None
+        self._recent_peaks: deque[int] = deque(maxlen=PEAK_WINDOW)
+        self._seen_peak = 0
         self._forecast = forecast
         # (model, rows bucket) -> [requests, bytes EWMA]; model -> seconds EWMA
         self._bytes: dict[tuple[str, int], list[float]] = {}
@@ -79,6 +140,10 @@ class MemoryManager:
     async def start(self) -> None:
         """Start the timer that runs the interval and threshold triggers (if any is set)."""
         config = self.config
+        if config.auto_pool:
+            self._prewarm = asyncio.get_running_loop().create_task(
+                self._prewarm_loop(), name="sordino-memory-prewarm"
+            )
         if not config.enabled or (config.defrag_interval <= 0 and config.defrag_threshold <= 0):
             return
         self._task = asyncio.get_running_loop().create_task(
@@ -86,10 +151,10 @@ class MemoryManager:
         )
 
     async def stop(self) -> None:
-        for task in (self._task, *self._pending):
+        for task in (self._task, self._prewarm, *self._pending):
             if task is not None:
                 task.cancel()
-        for task in (self._task, *self._pending):
+        for task in (self._task, self._prewarm, *self._pending):
             if task is not None:
                 try:
                     await task
@@ -97,7 +162,7 @@ class MemoryManager:
                     pass
                 except Exception:  # a failed run was logged where it failed
                     pass
-        self._task = None
+        self._task = self._prewarm = None
         self._pending.clear()
 
     async def _triggers(self) -> None:
@@ -173,6 +238,134 @@ class MemoryManager:
         task.add_done_callback(self._pending.discard)
         return task
 
+    # -- resizing (predictive pre-warming) ---------------------------------------------
+
+    async def resize(self, capacity: int, reason: str = "manual") -> ResizeReport | None:
+        """Replace the arena's segment by one of ``capacity`` bytes; emit and return the report.
+
+        New batches are held back (staging's gate) until every block is parked, at
+        most ``QUIET_WAIT_S``; the pause is the whole time they were held. None when
+        there is no arena yet, the size is already ``capacity``, no quiet moment came
+        (counted as deferred) or the live blocks do not fit ``capacity`` (logged).
+        """
+        arena = self._arena()
+        if arena is None or capacity // 4096 * 4096 == arena.capacity:
+            return None
+        room = shm_room(arena)
+        if room is not None and capacity > room:
+            log.warning(
+                "the arena was not resized to %d bytes: /dev/shm has room for %d", capacity, room
+            )
+            return None
+        async with self._resize_lock:
+            before = arena.capacity
+            started = time.perf_counter()
+            report: ResizeReport | None = None
+            async with self._pause():
+                deadline = started + QUIET_WAIT_S
+                # Quiet is a property of every lease at once (no single event says it):
+                # polled, while the gate keeps new batches from starting.
+                while not arena.quiet() and time.perf_counter() < deadline:  # noqa: ASYNC110
+                    await asyncio.sleep(QUIET_POLL_S)
+                try:
+                    report = arena.resize(capacity, reason)
+                except (OutOfMemory, OSError) as exc:
+                    log.warning("the arena was not resized to %d bytes: %s", capacity, exc)
+                    return None
+            pause = time.perf_counter() - started
+            if report is None:
+                self._deferred += 1
+                log.info("arena resize to %d bytes deferred: no quiet moment", capacity)
+                return None
+        report = ResizeReport(
+            report.bytes_before,
+            report.bytes_after,
+            report.bytes_copied,
+            report.blocks_copied,
+            pause,
+            reason,
+        )
+        self._resizes += 1
+        self._last_resize = report
+        self._recent_peaks.clear()
+        self._seen_peak = 0
+        self._events.emit(
+            "memory",
+            "resize",
+            f"arena {before} -> {report.bytes_after} bytes ({reason})",
+            bytes_before=before,
+            bytes_after=report.bytes_after,
+            bytes_copied=report.bytes_copied,
+            pause_s=pause,
+            reason=reason,
+        )
+        return report
+
+    def _predicted_peak(self) -> float | None:
+        peaks = [f.predicted_peak_bytes for f in self.forecasts()]
+        known = [p for p in peaks if p is not None]
+        return sum(known) if known else None
+
+    def _observe(self) -> None:
+        """Note the arena's peak in use since the last look (for pool_size auto)."""
+        arena = self._arena()
+        if arena is None:
+            return
+        stats = arena.statistics()
+        seen = stats.in_use_bytes
+        if stats.peak_bytes > self._seen_peak:  # a new high since the last look
+            seen = stats.peak_bytes
+            self._seen_peak = stats.peak_bytes
+        self._recent_peaks.append(seen)
+
+    def target(self) -> int | None:
+        """pool_size auto's target: headroom x max(predicted peak, recent peak), bounded
+        (``pool_min`` when nothing is predicted or used); None unless auto."""
+        config = self.config
+        if not config.auto_pool:
+            return None
+        basis = max(self._predicted_peak() or 0.0, float(max(self._recent_peaks, default=0)))
+        wanted = math.ceil(basis * config.prewarm_headroom / GRANULE) * GRANULE
+        return min(max(wanted, config.pool_min), config.pool_max)
+
+    async def prewarm(self) -> ResizeReport | None:
+        """One pool_size auto step: grow to the target, or shrink when it is half or less."""
+        self._observe()
+        arena = self._arena()
+        target = self.target()
+        if arena is None or target is None:
+            return None
+        if target > arena.capacity:
+            return await self.resize(target, "grow")
+        if target * 2 <= arena.capacity:
+            return await self.resize(target, "shrink")
+        return None
+
+    async def _prewarm_loop(self) -> None:
+        while True:
+            await self._clock.sleep(self.config.prewarm_interval)
+            try:
+                await self.prewarm()
+            except Exception:
+                log.exception("pre-warming the arena failed")
+
+    def pool(self) -> PoolStatistics:
+        config = self.config
+        arena = self._arena()
+        auto = config.auto_pool
+        return PoolStatistics(
+            auto=auto,
+            capacity_bytes=arena.capacity if arena is not None else self._capacity(),
+            min_bytes=config.pool_min if auto else None,
+            max_bytes=config.pool_max if auto else None,
+            target_bytes=self.target(),
+            predicted_peak_bytes=self._predicted_peak(),
+            observed_peak_bytes=arena.statistics().peak_bytes if arena is not None else 0,
+            resizes=self._resizes,
+            deferred=self._deferred,
+            last_resize=self._last_resize,
+        )
+
     # -- learning what requests cost ---------------------------------------------------
 
     def learn(self, model: str, rows: int, nbytes: int, seconds: float) -> None:
@@ -240,6 +433,9 @@ class MemoryManager:
             overflow_rejections=rejections,
             oversized_rejections=oversized,
             forecasts=self.forecasts(),
+            pool=self.pool(),
+            workers=self._workers(),
+            plans=self._plans(),
         )
 
     def _strategy(self) -> str:

@@ -158,6 +158,18 @@ def memory_lines(diagnosis: Diagnosis) -> list[str]:
         )
     else:
         lines.append("no defragmentation ran in this window")
+    resizes = [e for e in diagnosis.window.events if e.kind == "memory" and e.subject == "resize"]
+    if resizes:
+        steps = ", ".join(
+            f"{float(e.payload.get('bytes_before', 0)) / 2**20:.0f} -> "
+            f"{float(e.payload.get('bytes_after', 0)) / 2**20:.0f} MiB "
+            f"({e.payload.get('reason', '?')})"
+            for e in resizes[-5:]
+        )
+        pause = max(float(e.payload.get("pause_s", 0.0)) for e in resizes)
+        lines.append(
+            f"{len(resizes)} arena resizes, pause max {pause * 1000:.1f} ms; last: {steps}"
+        )
     return lines
 
 

@@ -482,6 +482,10 @@ class ModelScheduler:
         request.item = None
         request.steps += 1
         request.compute_s += compute_s
+        if request.stream is not None or request.stepper is not None:
+            if request.step_bytes is None:
+                request.step_bytes = []
+            request.step_bytes.append((_nbytes(item.inputs), _nbytes(result)))
         now = self._clock.now()
         self._controller.observe(now, now - item.arrival, backlog_rows=self._queue.rows)
         if request.stepper is not None:
@@ -634,6 +638,7 @@ class ModelScheduler:
             request.compute_s,
             now - request.arrival,
             late,
+            tuple(request.step_bytes) if request.step_bytes else (),
         )
         for observer in self._observers:
             observer.request_done(done)
@@ -732,6 +737,10 @@ class ModelScheduler:
             queue=self._queue.statistics(),
             controller=self._controller.statistics(),
         )
+
+
+def _nbytes(tensors: Mapping[str, Tensor]) -> int:
+    return sum(int(array.nbytes) for array in tensors.values())
 
 
 def _park(inputs: Mapping[str, Tensor]) -> None:

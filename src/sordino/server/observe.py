@@ -112,6 +112,9 @@ def memory_summary(stats: MemoryStatistics) -> dict[str, Any]:
         "overflow_shrinks": stats.overflow_shrinks,
         "overflow_rejections": stats.overflow_rejections,
         "quota_rejections": sum(o.rejections for o in stats.owners),
+        "pool_bytes": stats.pool.capacity_bytes if stats.pool is not None else None,
+        "pool_auto": stats.pool.auto if stats.pool is not None else False,
+        "pool_resizes": stats.pool.resizes if stats.pool is not None else 0,
     }
 
 

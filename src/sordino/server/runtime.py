@@ -36,6 +36,7 @@ from sordino.guardian import Guardian
 from sordino.inference import InferRequest, InferResponse, Tensor
 from sordino.memory.arena import SEGMENTS_DIR, StaleSegment, remove_stale_segments
 from sordino.memory.manager import MemoryManager
+from sordino.memory.planner import StepPlanner
 from sordino.memory.refs import Tensors
 from sordino.models.repository import ModelSource
 from sordino.records import SchedulerStatistics
@@ -102,6 +103,8 @@ class Runtime:
             labels=labels,
         )
         staging, overflow = self.executor.staging, self.executor.overflow
+        # Tensor lifetime planning of multi-step requests (a scheduler observer).
+        self.step_plans = StepPlanner()
         self.memory = MemoryManager(
             config.memory,
             arena=lambda: staging.existing_arena,
@@ -114,6 +117,10 @@ class Runtime:
             clock=self.clock,
             events=self.events,
             forecast=lambda: self.telemetry.forecast,
+            pause=staging.paused,
+            workers=self.executor.worker_memory,
+            plans=self.step_plans.statistics,
+            capacity=staging.capacity,
         )
         # Body read times and lateness per second, for the guardian's triggers.
         self.timings = TimingSeries()
@@ -130,6 +137,7 @@ class Runtime:
                     self.metrics, self.stats, self.telemetry.series, self.telemetry.availability
                 ),
                 self.timings,
+                self.step_plans,
             ),
             stats=self.stats,
             clock=self.clock,
@@ -209,6 +217,7 @@ class Runtime:
             degrader=self.step_degrader,
             run_model=self._run_model,
             description=model.source.description,
+            reuse_policy=self.config.memory.reuse_strategy,
         )
 
     async def _run_model(self, name: str, inputs: Mapping[str, Tensor]) -> Tensors:

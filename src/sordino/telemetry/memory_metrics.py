@@ -8,6 +8,16 @@
 - ``sordino_memory_overflow_{shrinks,waits,rejections,oversized}_total``
 - ``sordino_memory_defrag_runs_total``, ``sordino_memory_defrag_bytes_moved_total``,
   ``sordino_memory_defrag_pause_seconds_total``, ``sordino_memory_defrag_last_pause_seconds``
+- ``sordino_memory_pool_{capacity,target,predicted_peak}_bytes``,
+  ``sordino_memory_pool_resizes_total``, ``sordino_memory_pool_resizes_deferred_total``
+  (pool_size auto: the prediction next to reality)
+- ``sordino_memory_worker_rss_bytes{model,version,instance}`` (a worker process's
+  resident memory: its ONNX Runtime arenas included; ONNX Runtime does not expose the
+  arena's size), ``sordino_memory_worker_gpu_present{model,version,instance}`` (0: the
+  CUDA provider is absent), ``sordino_memory_worker_gpu_bytes{...}`` (NVML, only
+  with the CUDA provider)
+- ``sordino_memory_plan_{planned_peak,naive,max_planned_peak}_bytes{model}`` (tensor
+  lifetime planning of multi-step models)
 """
 
 from __future__ import annotations
@@ -100,3 +110,76 @@ class MemoryCollector(Collector):
             "sordino_memory_defrag_last_pause_seconds", "Pause of the last defrag run.",
             last.pause_s if last is not None else 0.0,
         )  # fmt: skip
+        yield from _pool(stats)
+        yield from _workers(stats)
+        yield from _plans(stats)
+
+
+def _pool(stats: MemoryStatistics) -> Iterator[Metric]:
+    pool = stats.pool
+    if pool is None:
+        return
+    yield GaugeMetricFamily(
+        "sordino_memory_pool_capacity_bytes", "The arena's size now.", pool.capacity_bytes
+    )
+    if pool.target_bytes is not None:
+        yield GaugeMetricFamily(
+            "sordino_memory_pool_target_bytes", "pool_size auto's target.", pool.target_bytes
+        )
+    if pool.predicted_peak_bytes is not None:
+        yield GaugeMetricFamily(
+            "sordino_memory_pool_predicted_peak_bytes",
+            "Arena bytes in flight at the forecast's peak (Little's law).",
+            pool.predicted_peak_bytes,
+        )
+    yield CounterMetricFamily(
+        "sordino_memory_pool_resizes", "Arena segments replaced.", pool.resizes
+    )
+    yield CounterMetricFamily(
+        "sordino_memory_pool_resizes_deferred",
+        "Resizes put off: no quiet moment came.",
+        pool.deferred,
+    )
+
+
+def _workers(stats: MemoryStatistics) -> Iterator[Metric]:
+    labels = ["model", "version", "instance"]
+    rss = GaugeMetricFamily(
+        "sordino_memory_worker_rss_bytes",
+        "A worker process's resident memory (its ONNX Runtime arenas included).",
+        labels=labels,
+    )
+    gpu = GaugeMetricFamily(
+        "sordino_memory_worker_gpu_present",
+        "1 when the worker's model runs with the CUDA provider, 0 when it is absent.",
+        labels=labels,
+    )
+    gpu_bytes = GaugeMetricFamily(
+        "sordino_memory_worker_gpu_bytes",
+        "GPU memory a worker process holds (NVML); only where the CUDA provider is used.",
+        labels=labels,
+    )
+    for worker in stats.workers:
+        values = [worker.model, worker.version, str(worker.instance)]
+        if worker.rss_bytes is not None:
+            rss.add_metric(values, worker.rss_bytes)
+        gpu.add_metric(values, 0 if worker.gpu == "absent" else 1)
+        if worker.gpu_bytes is not None:
+            gpu_bytes.add_metric(values, worker.gpu_bytes)
+    yield from (rss, gpu, gpu_bytes)
+
+
+def _plans(stats: MemoryStatistics) -> Iterator[Metric]:
+    families = {
+        name: GaugeMetricFamily(f"sordino_memory_plan_{name}_bytes", text, labels=["model"])
+        for name, text in (
+            ("planned_peak", "The last request's steps laid out in one region (greedy by size)."),
+            ("naive", "The last request's step tensors summed, none reused."),
+            ("max_planned_peak", "The largest planned region of any request."),
+        )
+    }
+    for plan in stats.plans:
+        families["planned_peak"].add_metric([plan.model], plan.planned_peak_bytes)
+        families["naive"].add_metric([plan.model], plan.naive_bytes)
+        families["max_planned_peak"].add_metric([plan.model], plan.max_planned_peak_bytes)
+    yield from families.values()

@@ -5,7 +5,7 @@
 (function () {
   const SECONDS = 300;
   const PALETTE = ["#2f6fed", "#e8590c", "#2b8a3e", "#ae3ec9", "#c92a2a", "#0b7285", "#5f3dc4", "#e67700"];
-  const state = { ready: false, updates: 0, failures: 0, last: null, charts: {}, shapes: {} };
+  const state = { ready: false, updates: 0, memoryUpdates: 0, failures: 0, last: null, charts: {}, shapes: {} };
   window.sordino = state;
 
   const $ = (id) => document.getElementById(id);
@@ -132,6 +132,40 @@
     $("memory-note").textContent = hasPool ? "" : "No memory pool reports to this server: pool and fragmentation lines stay empty.";
   }
 
+  function mib(v) {
+    return v === null || v === undefined ? "–" : (v / 1048576).toFixed(1) + " MiB";
+  }
+
+  function pct(v) {
+    return v === null || v === undefined ? "–" : (100 * v).toFixed(1) + " %";
+  }
+
+  function memoryView(doc) {
+    const rows = [];
+    const a = doc.arena;
+    if (a) rows.push(["arena", a.name, mib(a.in_use_bytes), mib(a.reserved_bytes), mib(a.peak_bytes), pct(a.fragmentation), `largest free ${mib(a.largest_free)}, ${a.waiting} waiting`]);
+    (doc.tiers || []).forEach((t) => rows.push(["tier", `${t.tier}/${t.lifetime}`, mib(t.in_use_bytes), mib(t.reserved_bytes), mib(t.peak_bytes), pct(t.fragmentation), `${t.chunks} chunks`]));
+    (doc.owners || []).forEach((o) => rows.push(["owner", o.owner, mib(o.in_use_bytes), o.quota_bytes ? mib(o.quota_bytes) : "no quota", mib(o.peak_bytes), "–", `${o.waits} waits, ${o.rejections} refused`]));
+    (doc.workers || []).forEach((w) => rows.push(["worker", `${w.model}:${w.version}#${w.instance}`, mib(w.rss_bytes), "–", "–", "–", `RSS; CPU arena ${w.cpu_arena}; GPU ${w.gpu}`]));
+    (doc.plans || []).forEach((p) => rows.push(["plan", p.model, mib(p.planned_peak_bytes), "–", mib(p.max_planned_peak_bytes), "–", `naive ${mib(p.naive_bytes)} for ${p.steps} steps`]));
+    $("memory-table").querySelector("tbody").innerHTML = rows.map((r) =>
+      `<tr class="memory-${escape(r[0])}">` + r.map((c) => `<td>${escape(c)}</td>`).join("") + "</tr>").join("");
+    const p = doc.pool;
+    $("memory-pool").textContent = !p ? "" : p.auto
+      ? `pool auto ${mib(p.capacity_bytes)} (target ${mib(p.target_bytes)}, predicted peak ${mib(p.predicted_peak_bytes)}, real peak ${mib(p.observed_peak_bytes)}), ${p.resizes} resizes`
+      : `pool ${mib(p.capacity_bytes)} fixed · strategy ${doc.strategy}`;
+    state.memoryUpdates += 1;
+  }
+
+  async function pollMemory() {
+    try {
+      const response = await fetch("/v2/sordino/memory", { cache: "no-store" });
+      if (response.ok) memoryView(await response.json());
+    } catch (err) {
+      // the telemetry poll reports an unreachable server
+    }
+  }
+
   function render(snap) {
     const models = snap.models;
     $("server").textContent = `${snap.server.name} ${snap.server.version} · up since ${time(snap.server.started_at)}`;
@@ -176,4 +210,6 @@
   });
   poll();
   setInterval(poll, 1000);
+  pollMemory();
+  setInterval(pollMemory, 2000);
 })();

@@ -1,0 +1,58 @@
+"""Multi-step requests on a real server: intermediates released step by step, planned.
+
+A 20-step stream is read line by line; after each line the arena's bytes in use are
+read on the server's loop. Were a step's intermediates kept after the next step
+consumed them, the figure would grow with the steps; it stays at a few steps' worth.
+The finished request's steps are laid out greedy by size: the planned region is
+reported next to the naive sum.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from click.testing import CliRunner
+
+from sordino.cli.main import cli
+from sordino.config import RuntimeConfig
+from sordino.models.repository import builtin_sources
+from sordino.testing import serve_in_thread
+
+STEPS = 20
+
+
+def test_twenty_steps_keep_in_use_bounded_and_are_planned() -> None:
+    sources = [s for s in builtin_sources() if s.name == "countdown"]
+    with serve_in_thread(RuntimeConfig(), sources) as server:
+        runtime = server.runtime
+
+        async def in_use() -> int:
+            arena = runtime.executor.staging.existing_arena
+            return arena.statistics().in_use_bytes if arena is not None else 0
+
+        seen: list[int] = []
+        remaining: list[str] = []
+        url = f"{server.url}/v2/models/countdown/generate_stream"
+        with httpx.stream("POST", url, json={"COUNT": STEPS}, timeout=60) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if "REMAINING" in line:
+                    remaining.append(line)
+                    seen.append(server.call(in_use()))  # type: ignore[arg-type]
+        assert len(remaining) == STEPS
+        step = max(seen[:3])
+        assert step > 0
+        # 20 steps ran; what stays in use never exceeds a few steps' worth.
+        assert max(seen) <= 4 * step, seen
+        final: Any = server.call(in_use())
+        assert final == 0  # everything given back once the request ended
+        (plan,) = runtime.memory.statistics().plans
+        assert plan.model == "countdown" and plan.requests == 1 and plan.steps == STEPS
+        assert 0 < plan.planned_peak_bytes * 5 < plan.naive_bytes
+        metrics = httpx.get(f"{server.url}/metrics", timeout=30).text
+        assert 'sordino_memory_plan_planned_peak_bytes{model="countdown"}' in metrics
+        result = CliRunner().invoke(cli, ["memory", "status", "--url", server.url])
+        assert result.exit_code == 0 and f"plan countdown: 1 requests; last {STEPS} steps" in (
+            result.output
+        )
