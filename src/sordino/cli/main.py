@@ -17,6 +17,7 @@ from sordino.cli.models import models
 from sordino.cli.monitor import monitor
 from sordino.cli.postmortem import postmortem
 from sordino.cli.profile import profile
+from sordino.cli.reconfigure import config, reconfigure
 from sordino.cli.start import start
 from sordino.cli.stress import stress_test
 
@@ -46,6 +47,8 @@ cli.add_command(postmortem)
 cli.add_command(event)
 cli.add_command(events)
 cli.add_command(guardian)
+cli.add_command(reconfigure)
+cli.add_command(config)
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ from sordino.config.base import ExpandedPath, Section, reject_repeated_names
 from sordino.config.devices import DeviceConfig
 from sordino.config.memory import MemoryConfig
 from sordino.config.models import ModelConfig
+from sordino.config.reconfigure import ReconfigureConfig
 from sordino.config.scheduler import SchedulerConfig
 from sordino.config.self_healing import SelfHealingConfig
 from sordino.config.server import ServerConfig
@@ -47,6 +48,8 @@ class RuntimeConfig(Section):
     """The shared-memory arena's manager (docs/memory.md)."""
     self_healing: SelfHealingConfig = SelfHealingConfig()
     """The guardian: triggers, actions, budget, recovery, alert channels."""
+    reconfigure: ReconfigureConfig = ReconfigureConfig()
+    """Hot reconfiguration: the verify window and rollback (docs/operations.md)."""
 
     @model_validator(mode="after")
     def _poll_needs_repository(self) -> RuntimeConfig:

@@ -19,6 +19,7 @@ manager
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -99,6 +100,20 @@ class MemoryManager:
                     pass
         self._task = None
         self._pending.clear()
+
+    async def retune(self, config: MemoryConfig) -> None:
+        """Take new defragmentation triggers live (hot reconfiguration); the timer restarts.
+
+        Only the trigger keys (interval, threshold, window) may differ from the running
+        configuration; a defragmentation run in progress finishes first.
+        """
+        self.config = config
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.start()
 
     async def _triggers(self) -> None:
         interval = self.config.defrag_interval

@@ -32,6 +32,8 @@ from sordino.server.memory_routes import memory_routes
 from sordino.server.model_config import model_metadata_json, triton_config_json
 from sordino.server.model_control import ModelControl
 from sordino.server.observe import observe_routes
+from sordino.server.reconfigure import Reconfigurer
+from sordino.server.reconfigure_routes import reconfigure_routes
 from sordino.server.runtime import Runtime
 
 __all__ = ["EXTENSIONS", "build_app"]
@@ -134,6 +136,8 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
     routes += admin_routes(runtime.executor, runtime.clock, access.token)
     routes += memory_routes(runtime, functools.partial(_guard, runtime), access)
     routes += guardian_routes(runtime, functools.partial(_guard, runtime), access)
+    reconfigurer = Reconfigurer(runtime)
+    routes += reconfigure_routes(reconfigurer, functools.partial(_guard, runtime), access)
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes += [
             Route(prefix, _guard(runtime, model_metadata), methods=["GET"]),

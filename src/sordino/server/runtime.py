@@ -278,6 +278,15 @@ class Runtime:
 
     # -- delegates -------------------------------------------------------------------
 
+    def use_config(self, config: RuntimeConfig) -> None:
+        """Serve under ``config`` from now on (hot reconfiguration, ``server/reconfigure.py``).
+
+        Models loaded later are scheduled under it; the running parts are retuned by
+        the reconfigurer itself.
+        """
+        self.config = config
+        self.loader.use_config(config)
+
     async def load(self, source: ModelSource) -> LoadedModel:
         """Load one model version (see :class:`ModelLoader`)."""
         return await self.loader.load(source)
