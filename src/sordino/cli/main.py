@@ -19,6 +19,7 @@ from sordino.cli.postmortem import postmortem
 from sordino.cli.profile import profile
 from sordino.cli.reconfigure import config, reconfigure
 from sordino.cli.start import start
+from sordino.cli.strategy import strategy
 from sordino.cli.stress import stress_test
 
 __all__ = ["cli", "main"]
@@ -49,6 +50,7 @@ cli.add_command(events)
 cli.add_command(guardian)
 cli.add_command(reconfigure)
 cli.add_command(config)
+cli.add_command(strategy)
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ from sordino.control.client import ClientError, request_json
 from sordino.errors import ConfigError, InvalidRequest
 from sordino.operations.changes import parse_assignment
 
-__all__ = ["change_config", "config", "print_entry", "reconfigure"]
+__all__ = ["change_config", "config", "get_json", "print_entry", "read_overlay", "reconfigure"]
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
@@ -55,7 +55,7 @@ def change_config(
     return result
 
 
-def _get(url: str | None, token: str | None, path: str) -> Any:
+def get_json(url: str | None, token: str | None, path: str) -> Any:
     try:
         return request_json(
             "GET", server_url(url).rstrip("/") + path, headers=auth_headers(token), timeout=30
@@ -188,7 +188,7 @@ def config() -> None:
 @token_option
 def show(as_json: bool, url: str | None, token: str | None) -> None:
     """Print the live effective configuration (every served model's settings included)."""
-    document = _get(url, token, "/v2/sordino/config")
+    document = get_json(url, token, "/v2/sordino/config")
     if as_json:
         click.echo(json.dumps(document, indent=2))
     else:
@@ -201,7 +201,7 @@ def show(as_json: bool, url: str | None, token: str | None) -> None:
 @token_option
 def history(as_json: bool, url: str | None, token: str | None) -> None:
     """List the configuration changes since start-up: who, when, what, and the result."""
-    entries = _get(url, token, "/v2/sordino/config/history")["history"]
+    entries = get_json(url, token, "/v2/sordino/config/history")["history"]
     if as_json:
         click.echo(json.dumps(entries, indent=2))
         return
