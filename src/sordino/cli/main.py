@@ -12,6 +12,7 @@ from sordino.cli.diagnose import diagnose
 from sordino.cli.event import event
 from sordino.cli.events import events, guardian
 from sordino.cli.generate import generate
+from sordino.cli.hints import hints
 from sordino.cli.memory import memory
 from sordino.cli.models import models
 from sordino.cli.monitor import monitor
@@ -51,6 +52,7 @@ cli.add_command(guardian)
 cli.add_command(reconfigure)
 cli.add_command(config)
 cli.add_command(strategy)
+cli.add_command(hints)
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ import click
 from sordino.config import RuntimeConfig, SchedulerMode, load_config
 from sordino.control.admin import admin_token, exposure_warning
 from sordino.errors import ConfigError, SordinoError
+from sordino.models.hints import with_pool_hint
 from sordino.models.repository import (
     ModelSource,
     builtin_sources,
@@ -303,6 +304,7 @@ def start(
         if exposed is not None:
             log.warning("%s", exposed)
         sources = collect_sources(config, models, builtin)
+        config = with_pool_hint(config, [source.path for source in sources])
         config.server.data_dir.mkdir(parents=True, exist_ok=True)
         raise_open_file_limit()
         status = _run(config, sources)
