@@ -18,6 +18,7 @@ from sordino.cli.models import models
 from sordino.cli.monitor import monitor
 from sordino.cli.postmortem import postmortem
 from sordino.cli.profile import profile
+from sordino.cli.quantize import quantize
 from sordino.cli.reconfigure import config, reconfigure
 from sordino.cli.start import start
 from sordino.cli.strategy import strategy
@@ -53,6 +54,7 @@ cli.add_command(reconfigure)
 cli.add_command(config)
 cli.add_command(strategy)
 cli.add_command(hints)
+cli.add_command(quantize)
 
 
 def main() -> None:

@@ -246,6 +246,13 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
     "$SORDINO_SLACK_WEBHOOK), webhook:URL, file:PATH, log.",
 )
 @click.option(
+    "--quant-aware",
+    type=click.BOOL,
+    default=None,
+    metavar="true|false",
+    help="Guard quantized models against their float reference (quant_guard.enabled).",
+)
+@click.option(
     "--log-level",
     default="info",
     show_default=True,
@@ -269,6 +276,7 @@ def start(
     defrag_interval: str | None,
     guardian_mode: bool | None,
     alert_channels: tuple[str, ...],
+    quant_aware: bool | None,
     log_level: str,
 ) -> None:
     """Load models and serve them over KServe v2 HTTP and gRPC until Ctrl-C or SIGTERM.
@@ -294,6 +302,7 @@ def start(
         "memory.defrag_interval": defrag_interval,
         "model_repository": str(model_repository) if model_repository else None,
         "self_healing.enabled": guardian_mode,
+        "quant_guard.enabled": quant_aware,
         "self_healing.alert_channels": list(alert_channels) if alert_channels else None,
     }
     try:

@@ -14,6 +14,7 @@ from sordino.config.base import ExpandedPath, Section, reject_repeated_names
 from sordino.config.devices import DeviceConfig
 from sordino.config.memory import MemoryConfig
 from sordino.config.models import ModelConfig
+from sordino.config.quant_guard import QuantGuardConfig
 from sordino.config.reconfigure import ReconfigureConfig
 from sordino.config.scheduler import SchedulerConfig
 from sordino.config.self_healing import SelfHealingConfig
@@ -50,6 +51,8 @@ class RuntimeConfig(Section):
     """The guardian: triggers, actions, budget, recovery, alert channels."""
     reconfigure: ReconfigureConfig = ReconfigureConfig()
     """Hot reconfiguration: the verify window and rollback (docs/operations.md)."""
+    quant_guard: QuantGuardConfig = QuantGuardConfig()
+    """Quantization-aware loading: the accuracy guard of int8 models (docs/operations.md)."""
 
     @model_validator(mode="after")
     def _poll_needs_repository(self) -> RuntimeConfig:

@@ -16,6 +16,7 @@ key                       meaning
 ``precision``             ``fp32``, ``fp16`` or ``int8`` (what the weights are)
 ``float_reference``       for a quantized model: the float model it came from
 ``accuracy_bound``        for a quantized model: the least top-1 agreement kept
+``guard_sample``          for a quantized model: held-out inputs (base64 .npz)
 ========================  =====================================================
 """
 
@@ -63,6 +64,8 @@ class ModelHints(Section):
     precision: Literal["fp32", "fp16", "int8"] | None = None
     float_reference: str | None = None
     accuracy_bound: float | None = Field(default=None, gt=0, le=1)
+    guard_sample: str | None = None
+    """A held-out input sample (base64 of an .npz) for the accuracy guard."""
 
     def as_props(self) -> dict[str, str]:
         """The ``metadata_props`` entries, schema version included."""
@@ -154,7 +157,7 @@ def apply_hints(config: ModelConfig, path: Path) -> AppliedHints | None:
         else:
             update[field] = value
             applied.append(f"{hint}={value}")
-    for hint in ("precision", "float_reference", "accuracy_bound"):
+    for hint in ("precision", "float_reference", "accuracy_bound"):  # read by the guard
         value = getattr(hints, hint)
         if value is not None:
             applied.append(f"{hint}={value}")

@@ -39,6 +39,7 @@ from sordino.models.repository import ModelSource
 from sordino.records import SchedulerStatistics
 from sordino.server.guarding import open_guardian
 from sordino.server.loader import ModelLoader
+from sordino.server.quant_guard import QuantGuard
 from sordino.server.registry import LoadedModel, ModelRegistry
 from sordino.server.result_cache import ResultCache
 from sordino.server.service import InferenceService
@@ -120,6 +121,16 @@ class Runtime:
             clock=self.clock,
             events=self.events,
             make_pipeline=self._make_pipeline,
+        )
+        # Quantized models checked against their float reference (--quant-aware).
+        self.quant_guard = QuantGuard(
+            config.quant_guard,
+            events=self.events,
+            registry=self.metrics.registry,
+            load=self.loader.load,
+            unload=self.loader.unload,
+            run=self._run_model,
+            sleep=self.clock.sleep,
         )
         # Degrade instead of drop, for every iterative model (the guardian's degrade_steps).
         self.step_degrader = StepDegrader()
@@ -212,11 +223,13 @@ class Runtime:
             self.guardian = open_guardian(self)
         await self.telemetry.start()
         await self.memory.start()
+        self._sources = await self.quant_guard.screen(self._sources)
         for source in self._sources:
             model = await self.loader.load(source)
             if on_loaded is not None:
                 on_loaded(model)
         self._started = True
+        self.quant_guard.start()
         self.events.emit("server_started", "runtime", models=len(self._sources))
         if self.guardian is not None:
             await self.guardian.start()
@@ -229,6 +242,7 @@ class Runtime:
         error. Nothing accepted is left without an answer.
         """
         self.registry.stopping = True
+        await self.quant_guard.stop()
         if self.guardian is not None:
             await self.guardian.stop()
         models = self.registry.models()
