@@ -41,6 +41,7 @@ from sordino.operations.changes import (
 from sordino.operations.verify import Verdict, judge
 from sordino.scheduling.modes import build_controller
 from sordino.scheduling.settings import scheduling_for
+from sordino.server.registry import LoadedModel
 from sordino.server.runtime import Runtime
 from sordino.telemetry.series import SecondRow
 
@@ -112,7 +113,7 @@ class Reconfigurer:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         models = _by_name(runtime.config.models)
-        for model in runtime.models():
+        for model in _served(runtime):
             models.setdefault(model.key.name, model.source.config)
         self.live = Snapshot(runtime.config, models)
         self._history: list[HistoryEntry] = []
@@ -213,7 +214,7 @@ class Reconfigurer:
         runtime = self.runtime
         old = self.live.config
         runtime.use_config(snapshot.config)
-        for model in runtime.models():
+        for model in _served(runtime):
             config = snapshot.models.get(model.key.name, model.source.config)
             scheduling = scheduling_for(
                 snapshot.config.scheduler,
@@ -272,7 +273,7 @@ class Reconfigurer:
         """Models loaded since (model control) join the live snapshot with their config."""
         models = dict(self.live.models)
         added = False
-        for model in self.runtime.models():
+        for model in _served(self.runtime):
             if model.key.name not in models:
                 models[model.key.name] = model.source.config
                 added = True
@@ -315,6 +316,12 @@ class Reconfigurer:
             who=request.who,
             outcome=f"{result}: {detail}",
         )
+
+
+def _served(runtime: Runtime) -> list[LoadedModel]:
+    """The served models a snapshot describes (pipelines are configured on their own)."""
+    pipelines = {pipeline.key for pipeline in runtime.pipelines}
+    return [model for model in runtime.models() if model.key not in pipelines]
 
 
 def _by_name(models: tuple[ModelConfig, ...]) -> dict[str, ModelConfig]:

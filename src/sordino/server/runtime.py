@@ -39,6 +39,7 @@ from sordino.models.repository import ModelSource
 from sordino.records import SchedulerStatistics
 from sordino.server.guarding import open_guardian
 from sordino.server.loader import ModelLoader
+from sordino.server.pipelines import build_pipeline
 from sordino.server.quant_guard import QuantGuard
 from sordino.server.registry import LoadedModel, ModelRegistry
 from sordino.server.result_cache import ResultCache
@@ -107,16 +108,18 @@ class Runtime:
         self.timings = TimingSeries()
         # Off unless the guardian's cache_recent_results turns it on for a model.
         self.result_cache = ResultCache()
+        self._observers = (
+            SchedulerObservers(
+                self.metrics, self.stats, self.telemetry.series, self.telemetry.availability
+            ),
+            self.timings,
+        )
+        self.pipelines: list[LoadedModel] = []
         self.loader = ModelLoader(
             config,
             executor=self.executor,
             registry=self.registry,
-            observers=(
-                SchedulerObservers(
-                    self.metrics, self.stats, self.telemetry.series, self.telemetry.availability
-                ),
-                self.timings,
-            ),
+            observers=self._observers,
             stats=self.stats,
             clock=self.clock,
             events=self.events,
@@ -228,6 +231,17 @@ class Runtime:
             model = await self.loader.load(source)
             if on_loaded is not None:
                 on_loaded(model)
+        for pipeline in self.config.pipelines:
+            served = build_pipeline(
+                pipeline,
+                self.registry,
+                self.config.scheduler,
+                clock=self.clock,
+                observers=self._observers,
+            )
+            self.registry.add(served)
+            self.pipelines.append(served)
+            self.events.emit("model_loaded", str(served.key), pipeline=len(pipeline.nodes))
         self._started = True
         self.quant_guard.start()
         self.events.emit("server_started", "runtime", models=len(self._sources))
@@ -245,6 +259,18 @@ class Runtime:
         await self.quant_guard.stop()
         if self.guardian is not None:
             await self.guardian.stop()
+        # Pipelines drain first: their requests still need the node models.
+        for pipeline in self.pipelines:
+            self.registry.remove(pipeline.key.name, pipeline.key.version)
+        if self.pipelines:
+            closing = [
+                asyncio.ensure_future(p.scheduler.close(drain=drain)) for p in self.pipelines
+            ]
+            _, pending = await asyncio.wait(closing, timeout=timeout_s)
+            for pipeline in self.pipelines if pending else ():
+                await pipeline.scheduler.close(drain=False)
+            await asyncio.gather(*closing, return_exceptions=True)
+            self.pipelines.clear()
         models = self.registry.models()
         if models:
             closing = [asyncio.ensure_future(m.scheduler.close(drain=drain)) for m in models]
