@@ -23,6 +23,7 @@ from sordino.cli.reconfigure import config, reconfigure
 from sordino.cli.start import start
 from sordino.cli.strategy import strategy
 from sordino.cli.stress import stress_test
+from sordino.cli.tune import tune
 
 __all__ = ["cli", "main"]
 
@@ -55,6 +56,7 @@ cli.add_command(config)
 cli.add_command(strategy)
 cli.add_command(hints)
 cli.add_command(quantize)
+cli.add_command(tune)
 
 
 def main() -> None:
