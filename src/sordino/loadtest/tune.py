@@ -31,6 +31,7 @@ _OBJECTIVE = re.compile(
     re.IGNORECASE,
 )
 MAX_ERROR_RATE = 0.01
+RETRIES = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,31 +112,43 @@ def measure(
     objective: Objective,
     candidate: Candidate | None,
 ) -> Point:
-    """Run the rate ladder once (blocking); stop at the first rung that misses the bound."""
+    """Run the rate ladder (blocking); stop at the first rung that misses the bound twice.
+
+    A rung that misses is run once more before the ladder stops: on a shared machine
+    one stall is enough to push a short run's p99 past the bound.
+    """
     runs: list[tuple[float, float, float | None, float]] = []
     best, best_p99 = 0.0, None
     for rate in rates:
-        profile = Profile(
-            name="tune",
-            arrivals="constant",
-            segments=(Segment(duration=seconds, rate=rate),),
-            mix=(TrafficClass(),),
-        )
-        result = execute(prepare(url, model, profile), poll_metrics=False, timeout_s=10)
-        total = result.total
-        served = total.count - total.errors
-        achieved = served / max(seconds, result.send.elapsed_s)
-        error_rate = total.errors / total.count if total.count else 1.0
-        runs.append((rate, round(achieved, 1), total.p99_ms, round(error_rate, 4)))
-        within = error_rate <= MAX_ERROR_RATE and (
-            objective.p99_ms is None
-            or (total.p99_ms is not None and total.p99_ms <= objective.p99_ms)
-        )
-        if not within:
+        for _attempt in range(1 + RETRIES):
+            achieved, p99, error_rate = _run(url, model, rate, seconds)
+            runs.append((rate, round(achieved, 1), p99, round(error_rate, 4)))
+            within = error_rate <= MAX_ERROR_RATE and (
+                objective.p99_ms is None or (p99 is not None and p99 <= objective.p99_ms)
+            )
+            if within:
+                break
+        else:
             break
         if achieved > best:
-            best, best_p99 = achieved, total.p99_ms
+            best, best_p99 = achieved, p99
     return Point(candidate, best, best_p99, tuple(runs))
+
+
+def _run(url: str, model: str, rate: float, seconds: float) -> tuple[float, float | None, float]:
+    """One constant-rate open-loop run: achieved rate, p99 (ms) and error rate."""
+    profile = Profile(
+        name="tune",
+        arrivals="constant",
+        segments=(Segment(duration=seconds, rate=rate),),
+        mix=(TrafficClass(),),
+    )
+    result = execute(prepare(url, model, profile), poll_metrics=False, timeout_s=10)
+    total = result.total
+    served = total.count - total.errors
+    achieved = served / max(seconds, result.send.elapsed_s)
+    error_rate = total.errors / total.count if total.count else 1.0
+    return achieved, total.p99_ms, error_rate
 
 
 def sweep(
@@ -150,7 +163,11 @@ def sweep(
     restore: dict[str, Any],
     progress: Callable[[Point], None] | None = None,
 ) -> tuple[Point, list[Point]]:
-    """Measure the live settings (the baseline), then each candidate; restore at the end."""
+    """Measure the live settings (the baseline), then each candidate; restore at the end.
+
+    A first run at the lowest rate warms the server and the client up, unrecorded.
+    """
+    _run(url, model, min(rates), min(seconds, 1.0))
     try:
         baseline = measure(url, model, rates, seconds, objective, None)
         if progress is not None:
