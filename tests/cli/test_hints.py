@@ -74,3 +74,19 @@ def test_bad_hints_stop_the_load_with_the_reason(tmp_path: Path) -> None:
     assert result.exit_code == 2, result.output
     assert "unknown runtime hint(s) sordino.hints.max_batch" in result.output
     assert "Traceback" not in result.output
+
+
+def test_hints_are_written_without_the_onnx_package_and_read_back_by_it(tmp_path: Path) -> None:
+    """The wire-format writer keeps the model intact: onnx and ONNX Runtime both read it."""
+    import onnxruntime as ort
+
+    hinted = _embed(tmp_path)
+    again = tmp_path / "again.onnx"
+    assert _cli("hints", "embed", str(hinted), "--max-batch", "8", "-o", str(again))[0] == 0
+    model = onnx.load(str(again))
+    onnx.checker.check_model(model)
+    props = {p.key: p.value for p in model.metadata_props}
+    assert props["sordino.hints.max_batch_size"] == "8"
+    assert "sordino.hints.scheduler_mode" not in props  # the earlier hints are replaced
+    session = ort.InferenceSession(str(again), providers=["CPUExecutionProvider"])
+    assert session.get_modelmeta().custom_metadata_map["sordino.hints.schema_version"] == "1"

@@ -33,6 +33,7 @@ from pydantic import Field, ValidationError
 from sordino.config import ModelConfig, RuntimeConfig, SchedulerMode, Size
 from sordino.config.base import Section
 from sordino.errors import ModelLoadError
+from sordino.models.onnx_props import read_props, write_props
 
 __all__ = [
     "NAMESPACE",
@@ -86,13 +87,7 @@ class AppliedHints:
 
 
 def _props(path: Path) -> dict[str, str]:
-    import onnx  # heavy; only when a model file is read
-
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # onnx raises DecodeError and friends
-        raise ModelLoadError(f"{path} is not an ONNX model: {exc}") from None
-    return {prop.key: prop.value for prop in model.metadata_props}
+    return read_props(path)
 
 
 def read_hints(path: Path) -> ModelHints | None:
@@ -125,17 +120,8 @@ def read_hints(path: Path) -> ModelHints | None:
 
 def embed_hints(source: Path, target: Path, hints: ModelHints) -> dict[str, str]:
     """Write ``source`` to ``target`` with ``hints`` (replacing any earlier sordino hints)."""
-    import onnx
-
-    model = onnx.load(str(source))
-    kept = [p for p in model.metadata_props if not p.key.startswith(NAMESPACE)]
-    del model.metadata_props[:]
-    model.metadata_props.extend(kept)
     props = hints.as_props()
-    for key, value in props.items():
-        entry = model.metadata_props.add()
-        entry.key, entry.value = key, value
-    onnx.save(model, str(target))
+    write_props(source, target, props, replace=NAMESPACE)
     return props
 
 

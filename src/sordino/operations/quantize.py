@@ -29,6 +29,7 @@ __all__ = [
     "compare_outputs",
     "decode_sample",
     "encode_sample",
+    "output_names",
     "quantize",
     "run_onnx",
 ]
@@ -90,6 +91,11 @@ def run_onnx(path: Path, sample: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     """Run ``sample`` through the model at ``path`` with ONNX Runtime on the CPU."""
     outputs: list[np.ndarray] = _session(path).run(None, dict(sample))
     return outputs
+
+
+def output_names(path: Path) -> list[str]:
+    """The model's output names, in ONNX Runtime's order (that of :func:`run_onnx`)."""
+    return [spec.name for spec in _session(path).get_outputs()]
 
 
 def compare_outputs(quantized: list[np.ndarray], reference: list[np.ndarray]) -> GuardFigures:

@@ -29,7 +29,13 @@ from sordino.events import EventSink
 from sordino.memory.refs import Tensors
 from sordino.models.hints import ModelHints, read_hints
 from sordino.models.repository import ModelSource
-from sordino.operations.quantize import GuardFigures, compare_outputs, decode_sample, run_onnx
+from sordino.operations.quantize import (
+    GuardFigures,
+    compare_outputs,
+    decode_sample,
+    output_names,
+    run_onnx,
+)
 
 __all__ = ["QuantGuard"]
 
@@ -50,8 +56,6 @@ def _replay(
     source: ModelSource, reference: Path, sample: dict[str, np.ndarray]
 ) -> tuple[list[np.ndarray], list[str], GuardFigures]:
     """Run the sample through both models (blocking: call it in a thread)."""
-    import onnx
-
     if not reference.is_file():
         raise ModelLoadError(
             f"model {source.name}: its float reference {reference} does not exist; the "
@@ -59,7 +63,7 @@ def _replay(
         )
     expected = run_onnx(reference, sample)
     figures = compare_outputs(run_onnx(source.path, sample), expected)
-    names = [output.name for output in onnx.load(str(reference)).graph.output]
+    names = output_names(reference)
     return expected, names, figures
 
 
