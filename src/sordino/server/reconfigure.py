@@ -50,6 +50,7 @@ __all__ = ["ChangeRequest", "Reconfigurer", "Snapshot"]
 log = logging.getLogger("sordino.reconfigure")
 
 _HIDDEN = ("admin_token",)
+_TICKER_GRACE_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +250,10 @@ class Reconfigurer:
         begin = int(started)
         end = begin + max(1, round(window_s))
         series = self.runtime.telemetry.series
-        while (series.statistics().last_closed or 0) < end:
+        # The ticker closes each second just after it ends; a stalled one is not waited
+        # for past a few seconds (the judgement then uses the rows there are).
+        deadline = time.monotonic() + (end - time.time()) + _TICKER_GRACE_S
+        while (series.statistics().last_closed or 0) < end and time.monotonic() < deadline:
             await self.runtime.clock.sleep(0.25)
         rows = series.recent()
         before = _between(rows, begin - (end - begin), begin - 1)
