@@ -26,7 +26,7 @@ WORKLOADS: dict[str, dict[str, Any]] = {
            "rates": [250, 500, 1000, 2000, 4000], "max_batch": [1, 16, 64],
            "delays": [0, 2000], "modes": ["manual", "adaptive"]},
     "w2": {"model": models.cnn, "objective": "max throughput with p99<200ms",
-           "rates": [25, 50, 100, 200, 400], "max_batch": [1, 8, 16],
+           "rates": [100, 200, 400, 800], "max_batch": [1, 8],
            "delays": [0, 5000], "modes": ["manual", "adaptive"]},
 }  # fmt: skip
 
