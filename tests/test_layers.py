@@ -35,6 +35,7 @@ _SERVING = frozenset(
         "telemetry",
         "generation",
         "guardian",
+        "operations",
     }
 )
 
@@ -56,6 +57,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "control": frozenset(
         {"execution", "scheduling", "memory", "backends", "telemetry", "protocol", "models"}
     ),
+    "operations": frozenset({"telemetry", "models", "backends"}),
     "server": _SERVING,
     "cli": _SERVING | {"server", "reports", "loadtest"},
     "__main__": frozenset({"cli"}),

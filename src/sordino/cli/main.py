@@ -12,14 +12,19 @@ from sordino.cli.diagnose import diagnose
 from sordino.cli.event import event
 from sordino.cli.events import events, guardian
 from sordino.cli.generate import generate
+from sordino.cli.hints import hints
 from sordino.cli.memory import memory
 from sordino.cli.models import models
 from sordino.cli.monitor import monitor
 from sordino.cli.postmortem import postmortem
 from sordino.cli.profile import profile
+from sordino.cli.quantize import quantize
+from sordino.cli.reconfigure import config, reconfigure
 from sordino.cli.start import start
+from sordino.cli.strategy import strategy
 from sordino.cli.stress import stress_test
 from sordino.cli.tenants import tenants
+from sordino.cli.tune import tune
 
 __all__ = ["cli", "main"]
 
@@ -48,6 +53,12 @@ cli.add_command(event)
 cli.add_command(events)
 cli.add_command(guardian)
 cli.add_command(tenants)
+cli.add_command(reconfigure)
+cli.add_command(config)
+cli.add_command(strategy)
+cli.add_command(hints)
+cli.add_command(quantize)
+cli.add_command(tune)
 
 
 def main() -> None:

@@ -12,7 +12,27 @@ from sordino.cli.client import ServerError, ServerUnreachable, post_json
 from sordino.cli.server_url import auth_headers, server_url, token_option, url_option
 from sordino.telemetry.profile_data import OperatorProfile
 
-__all__ = ["profile", "profile_header", "profile_table"]
+__all__ = ["apply_advice", "profile", "profile_header", "profile_table"]
+
+
+def apply_advice(url: str | None, token: str | None, model: str) -> None:
+    """Print the findings on ``model``'s figures; apply the live ones through reconfigure."""
+    from sordino.cli.reconfigure import change_config, get_json, print_entry
+    from sordino.operations.advice import advise
+
+    stats = get_json(url, token, f"/v2/models/{model}/stats")["model_stats"][0]
+    config = (get_json(url, token, "/v2/sordino/config").get("models") or {}).get(model, {})
+    settings: dict[str, object] = {}
+    for finding in advise(model, stats, config):
+        click.echo(f"finding: {finding.title}: {finding.detail}")
+        settings.update(finding.settings)
+    if not settings:
+        click.echo("nothing to apply")
+        return
+    entry = change_config(url, token, {"set": settings, "source": "profile --apply"}, wait_s=120)
+    print_entry(entry)
+    if entry["result"] == "rolled_back":
+        sys.exit(1)
 
 
 def profile_header(result: OperatorProfile) -> str:
@@ -46,6 +66,12 @@ def profile_table(result: OperatorProfile, top: int) -> Table:
 @click.option("--version", "model_version", default=None, help="Its version (default: latest).")
 @click.option("--seconds", default=10.0, show_default=True, help="How long to profile.")
 @click.option("--top", default=10, show_default=True, help="How many operators to print.")
+@click.option(
+    "--apply",
+    "apply_findings",
+    is_flag=True,
+    help="Turn the model's figures into suggestions and apply them through reconfigure.",
+)
 def profile(
     url: str | None,
     token: str | None,
@@ -53,6 +79,7 @@ def profile(
     model_version: str | None,
     seconds: float,
     top: int,
+    apply_findings: bool = False,
 ) -> None:
     """Profile MODEL's operators with ONNX Runtime's profiler and print the top ones.
 
@@ -84,3 +111,5 @@ def profile(
     if result.kernel_launches is not None:
         click.echo(f"kernel launches: {result.kernel_launches}")
     click.echo("journaled as an operator_profile event")
+    if apply_findings:
+        apply_advice(url, token, model)

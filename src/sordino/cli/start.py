@@ -20,6 +20,7 @@ import click
 from sordino.config import RuntimeConfig, SchedulerMode, load_config
 from sordino.control.admin import admin_token, exposure_refusal, exposure_warning
 from sordino.errors import ConfigError, SordinoError
+from sordino.models.hints import with_pool_hint
 from sordino.models.repository import (
     ModelSource,
     builtin_sources,
@@ -271,6 +272,13 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
     "port may run inference).",
 )
 @click.option(
+    "--quant-aware",
+    type=click.BOOL,
+    default=None,
+    metavar="true|false",
+    help="Guard quantized models against their float reference (quant_guard.enabled).",
+)
+@click.option(
     "--log-level",
     default="info",
     show_default=True,
@@ -298,6 +306,7 @@ def start(
     guardian_mode: bool | None,
     alert_channels: tuple[str, ...],
     insecure: bool,
+    quant_aware: bool | None,
     log_level: str,
 ) -> None:
     """Load models and serve them over KServe v2 HTTP and gRPC until Ctrl-C or SIGTERM.
@@ -325,6 +334,7 @@ def start(
         "memory.defrag_interval": defrag_interval,
         "model_repository": str(model_repository) if model_repository else None,
         "self_healing.enabled": guardian_mode,
+        "quant_guard.enabled": quant_aware,
         "self_healing.alert_channels": list(alert_channels) if alert_channels else None,
     }
     try:
@@ -338,6 +348,7 @@ def start(
         if exposed is not None:
             log.warning("%s", exposed)
         sources = collect_sources(config, models, builtin, triton_examples)
+        config = with_pool_hint(config, [source.path for source in sources])
         config.server.data_dir.mkdir(parents=True, exist_ok=True)
         raise_open_file_limit()
         status = _run(config, sources)

@@ -14,6 +14,9 @@ from sordino.config.base import ExpandedPath, Section, reject_repeated_names
 from sordino.config.devices import DeviceConfig
 from sordino.config.memory import MemoryConfig, QuotaConfig
 from sordino.config.models import ModelConfig
+from sordino.config.pipelines import PipelineConfig
+from sordino.config.quant_guard import QuantGuardConfig
+from sordino.config.reconfigure import ReconfigureConfig
 from sordino.config.scheduler import SchedulerConfig
 from sordino.config.self_healing import SelfHealingConfig
 from sordino.config.server import ServerConfig
@@ -88,6 +91,21 @@ class RuntimeConfig(Section):
         if not extra:
             return self.memory
         return self.memory.model_copy(update={"quotas": self.memory.quotas + extra})
+
+    reconfigure: ReconfigureConfig = ReconfigureConfig()
+    """Hot reconfiguration: the verify window and rollback (docs/operations.md)."""
+    quant_guard: QuantGuardConfig = QuantGuardConfig()
+    """Quantization-aware loading: the accuracy guard of int8 models (docs/operations.md)."""
+    pipelines: tuple[PipelineConfig, ...] = ()
+    """Models chained into one served model, each node with its own policy."""
+
+    @field_validator("pipelines")
+    @classmethod
+    def _pipeline_names_unique(
+        cls, pipelines: tuple[PipelineConfig, ...]
+    ) -> tuple[PipelineConfig, ...]:
+        reject_repeated_names((p.name for p in pipelines), what="pipeline names")
+        return pipelines
 
     @model_validator(mode="after")
     def _poll_needs_repository(self) -> RuntimeConfig:

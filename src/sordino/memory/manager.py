@@ -165,6 +165,20 @@ class MemoryManager:
         self._task = self._prewarm = None
         self._pending.clear()
 
+    async def retune(self, config: MemoryConfig) -> None:
+        """Take new defragmentation triggers live (hot reconfiguration); the timer restarts.
+
+        Only the trigger keys (interval, threshold, window) may differ from the running
+        configuration; a defragmentation run in progress finishes first.
+        """
+        self.config = config
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.start()
+
     async def _triggers(self) -> None:
         interval = self.config.defrag_interval
         tick = min(interval, THRESHOLD_TICK_S) if interval > 0 else THRESHOLD_TICK_S

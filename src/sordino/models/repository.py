@@ -146,10 +146,23 @@ def sources_for(config: ModelConfig) -> list[ModelSource]:
         raise ConfigError("every entry under models: needs a name and a path")
     path = config.path
     if path.is_file():
-        return [ModelSource(config.name, "1", path, config)]
+        return [_hinted(ModelSource(config.name, "1", path, config))]
     if path.is_dir():
-        return _versions_in(path, config.name, config)
+        return [_hinted(source) for source in _versions_in(path, config.name, config)]
     raise ModelLoadError(f"model {config.name!r}: {path} does not exist")
+
+
+def _hinted(source: ModelSource) -> ModelSource:
+    """``source`` with the runtime hints embedded in its file applied (models/hints.py)."""
+    from sordino.models.hints import apply_hints, log_applied
+
+    if source.path.suffix != ".onnx":
+        return source
+    result = apply_hints(source.config, source.path)
+    if result is None:
+        return source
+    log_applied(source.name, result)
+    return ModelSource(source.name, source.version, source.path, result.config, source.description)
 
 
 def is_model_name(name: str) -> bool:

@@ -133,6 +133,23 @@ class ModelScheduler:
         if self._timer is not None:
             self._timer.cancel()
 
+    def retune(self, controller: ModeController, settings: QueueSettings) -> None:
+        """Use ``controller`` and ``settings`` from the next decision on (hot reconfiguration).
+
+        Queued and running work stays as it is: nothing is dropped or re-queued. The
+        number of priority levels is the queue's shape and cannot change here.
+        """
+        if settings.priority_levels != self.settings.priority_levels:
+            raise ValueError(
+                f"model {self.model}: priority_levels cannot change while it is served "
+                f"({self.settings.priority_levels} -> {settings.priority_levels}); reload it"
+            )
+        self._controller = controller
+        self.settings = settings
+        self._queue.max_size = settings.max_queue_size
+        self._queue.delay_expired = settings.timeout_action == "DELAY"
+        self._wake.set()
+
     # -- the request side ------------------------------------------------------------
 
     def submit(

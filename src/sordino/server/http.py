@@ -34,6 +34,8 @@ from sordino.server.model_config import model_metadata_json, triton_config_json
 from sordino.server.model_control import ModelControl
 from sordino.server.observe import observe_routes
 from sordino.server.openapi import openapi_document
+from sordino.server.reconfigure import Reconfigurer
+from sordino.server.reconfigure_routes import reconfigure_routes
 from sordino.server.runtime import Runtime
 from sordino.server.shm_routes import shm_routes
 from sordino.server.tenant_routes import tenant_routes
@@ -151,6 +153,8 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
     routes += me_routes(runtime)
     routes += guardian_routes(runtime, functools.partial(_guard, runtime), access)
     routes += shm_routes(runtime, functools.partial(_guard, runtime))
+    reconfigurer = Reconfigurer(runtime)
+    routes += reconfigure_routes(reconfigurer, functools.partial(_guard, runtime), access)
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes += [
             Route(prefix, _guard(runtime, model_metadata), methods=["GET"]),

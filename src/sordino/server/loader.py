@@ -62,6 +62,10 @@ class ModelLoader:
         self._clock = clock
         self._events = events
 
+    def use_config(self, config: RuntimeConfig) -> None:
+        """Schedule models loaded from now on under ``config`` (hot reconfiguration)."""
+        self._config = config
+
     async def load(self, source: ModelSource) -> LoadedModel:
         """Load one model version, warm it up, and start its scheduler."""
         key = ModelKey(source.name, source.version)

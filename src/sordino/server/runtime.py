@@ -42,6 +42,8 @@ from sordino.models.repository import ModelSource
 from sordino.records import SchedulerStatistics
 from sordino.server.guarding import open_guardian
 from sordino.server.loader import ModelLoader
+from sordino.server.pipelines import build_pipeline
+from sordino.server.quant_guard import QuantGuard
 from sordino.server.registry import LoadedModel, ModelRegistry
 from sordino.server.result_cache import ResultCache
 from sordino.server.service import InferenceService
@@ -128,21 +130,33 @@ class Runtime:
         self.result_cache = ResultCache()
         self.shared_memory = SystemSharedMemory()
         """Clients' registered system shared-memory regions (Triton's extension)."""
+        self._observers = (
+            SchedulerObservers(
+                self.metrics, self.stats, self.telemetry.series, self.telemetry.availability
+            ),
+            self.timings,
+            self.step_plans,
+        )
+        self.pipelines: list[LoadedModel] = []
         self.loader = ModelLoader(
             config,
             executor=self.executor,
             registry=self.registry,
-            observers=(
-                SchedulerObservers(
-                    self.metrics, self.stats, self.telemetry.series, self.telemetry.availability
-                ),
-                self.timings,
-                self.step_plans,
-            ),
+            observers=self._observers,
             stats=self.stats,
             clock=self.clock,
             events=self.events,
             make_pipeline=self._make_pipeline,
+        )
+        # Quantized models checked against their float reference (--quant-aware).
+        self.quant_guard = QuantGuard(
+            config.quant_guard,
+            events=self.events,
+            registry=self.metrics.registry,
+            load=self.loader.load,
+            unload=self.loader.unload,
+            run=self._run_model,
+            sleep=self.clock.sleep,
         )
         # Degrade instead of drop, for every iterative model (the guardian's degrade_steps).
         self.step_degrader = StepDegrader()
@@ -248,11 +262,24 @@ class Runtime:
             self.guardian = open_guardian(self)
         await self.telemetry.start()
         await self.memory.start()
+        self._sources = await self.quant_guard.screen(self._sources)
         for source in self._sources:
             model = await self.loader.load(source)
             if on_loaded is not None:
                 on_loaded(model)
+        for pipeline in self.config.pipelines:
+            served = build_pipeline(
+                pipeline,
+                self.registry,
+                self.config.scheduler,
+                clock=self.clock,
+                observers=self._observers,
+            )
+            self.registry.add(served)
+            self.pipelines.append(served)
+            self.events.emit("model_loaded", str(served.key), pipeline=len(pipeline.nodes))
         self._started = True
+        self.quant_guard.start()
         self.events.emit("server_started", "runtime", models=len(self._sources))
         if self.guardian is not None:
             await self.guardian.start()
@@ -265,8 +292,21 @@ class Runtime:
         error. Nothing accepted is left without an answer.
         """
         self.registry.stopping = True
+        await self.quant_guard.stop()
         if self.guardian is not None:
             await self.guardian.stop()
+        # Pipelines drain first: their requests still need the node models.
+        for pipeline in self.pipelines:
+            self.registry.remove(pipeline.key.name, pipeline.key.version)
+        if self.pipelines:
+            closing = [
+                asyncio.ensure_future(p.scheduler.close(drain=drain)) for p in self.pipelines
+            ]
+            _, pending = await asyncio.wait(closing, timeout=timeout_s)
+            for pipeline in self.pipelines if pending else ():
+                await pipeline.scheduler.close(drain=False)
+            await asyncio.gather(*closing, return_exceptions=True)
+            self.pipelines.clear()
         models = self.registry.models()
         if models:
             closing = [asyncio.ensure_future(m.scheduler.close(drain=drain)) for m in models]
@@ -313,6 +353,15 @@ class Runtime:
         return self._started and not self.registry.stopping
 
     # -- delegates -------------------------------------------------------------------
+
+    def use_config(self, config: RuntimeConfig) -> None:
+        """Serve under ``config`` from now on (hot reconfiguration, ``server/reconfigure.py``).
+
+        Models loaded later are scheduled under it; the running parts are retuned by
+        the reconfigurer itself.
+        """
+        self.config = config
+        self.loader.use_config(config)
 
     async def load(self, source: ModelSource) -> LoadedModel:
         """Load one model version (see :class:`ModelLoader`)."""

@@ -1,0 +1,196 @@
+"""Runtime hints embedded in an ONNX file's ``metadata_props`` (ATC's ``--embed-runtime-hints``).
+
+Keys are namespaced ``sordino.hints.<key>``, with ``sordino.hints.schema_version``
+saying how to read them (this build reads version 1). ``sordino hints embed`` writes
+them; loading a model reads them and fills in what its configuration does not set
+itself — explicit configuration wins, and the log names every hint applied and every
+hint overridden. A hint that is not understood (an unknown key, a newer schema, a
+value out of range) stops the load with the reason: never silently ignored.
+
+========================  =====================================================
+key                       meaning
+========================  =====================================================
+``max_batch_size``        the model's ``max_batch_size``
+``scheduler_mode``        the model's ``scheduler_mode``
+``memory_pool``           the arena size it wants (``memory.pool_size``, e.g. 2GB)
+``precision``             ``fp32``, ``fp16`` or ``int8`` (what the weights are)
+``float_reference``       for a quantized model: the float model it came from
+``accuracy_bound``        for a quantized model: the least top-1 agreement kept
+``guard_sample``          for a quantized model: held-out inputs (base64 .npz)
+========================  =====================================================
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError
+
+from sordino.config import ModelConfig, RuntimeConfig, SchedulerMode, Size
+from sordino.config.base import Section
+from sordino.errors import ModelLoadError
+from sordino.models.onnx_props import read_props, write_props
+
+__all__ = [
+    "NAMESPACE",
+    "SCHEMA_VERSION",
+    "AppliedHints",
+    "ModelHints",
+    "apply_hints",
+    "embed_hints",
+    "log_applied",
+    "read_hints",
+    "with_pool_hint",
+]
+
+log = logging.getLogger("sordino.hints")
+
+NAMESPACE = "sordino.hints."
+SCHEMA_VERSION = 1
+
+# Which ModelConfig field each per-model hint fills in.
+_MODEL_FIELDS = {"max_batch_size": "max_batch_size", "scheduler_mode": "scheduler_mode"}
+
+
+class ModelHints(Section):
+    """The hints one model file carries (every key optional)."""
+
+    max_batch_size: int | None = Field(default=None, ge=0)
+    scheduler_mode: SchedulerMode | None = None
+    memory_pool: Size | None = Field(default=None, ge=4096)
+    precision: Literal["fp32", "fp16", "int8"] | None = None
+    float_reference: str | None = None
+    accuracy_bound: float | None = Field(default=None, gt=0, le=1)
+    guard_sample: str | None = None
+    """A held-out input sample (base64 of an .npz) for the accuracy guard."""
+
+    def as_props(self) -> dict[str, str]:
+        """The ``metadata_props`` entries, schema version included."""
+        props = {f"{NAMESPACE}schema_version": str(SCHEMA_VERSION)}
+        for key, value in self.model_dump(exclude_none=True).items():
+            props[NAMESPACE + key] = str(value)
+        return props
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedHints:
+    """What loading did with a file's hints: applied, and kept from explicit config."""
+
+    config: ModelConfig
+    hints: ModelHints
+    applied: tuple[str, ...]
+    overridden: tuple[str, ...]
+
+
+def _props(path: Path) -> dict[str, str]:
+    return read_props(path)
+
+
+def read_hints(path: Path) -> ModelHints | None:
+    """The hints in ``path``; None when it has none. Raises ModelLoadError for bad ones."""
+    props = {k[len(NAMESPACE) :]: v for k, v in _props(path).items() if k.startswith(NAMESPACE)}
+    if not props:
+        return None
+    version = props.pop("schema_version", None)
+    if version != str(SCHEMA_VERSION):
+        raise ModelLoadError(
+            f"{path}: runtime hints of schema version {version!r}; this sordino reads version "
+            f"{SCHEMA_VERSION}: re-embed them with this sordino (sordino hints embed)"
+        )
+    unknown = sorted(set(props) - set(ModelHints.model_fields))
+    if unknown:
+        raise ModelLoadError(
+            f"{path}: unknown runtime hint(s) {', '.join(NAMESPACE + k for k in unknown)}; "
+            f"known: {', '.join(ModelHints.model_fields)}"
+        )
+    try:
+        return ModelHints.model_validate(props)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        key = NAMESPACE + ".".join(str(part) for part in error["loc"])
+        raise ModelLoadError(
+            f"{path}: runtime hint {key}={props.get(str(error['loc'][0]))!r} is refused: "
+            f"{error['msg']}"
+        ) from None
+
+
+def embed_hints(source: Path, target: Path, hints: ModelHints) -> dict[str, str]:
+    """Write ``source`` to ``target`` with ``hints`` (replacing any earlier sordino hints)."""
+    props = hints.as_props()
+    write_props(source, target, props, replace=NAMESPACE)
+    return props
+
+
+def apply_hints(config: ModelConfig, path: Path) -> AppliedHints | None:
+    """``config`` with the hints of ``path`` filling what it does not set explicitly."""
+    hints = read_hints(path)
+    if hints is None:
+        return None
+    explicit = config.model_fields_set
+    update: dict[str, object] = {}
+    applied: list[str] = []
+    overridden: list[str] = []
+    for hint, field in _MODEL_FIELDS.items():
+        value = getattr(hints, hint)
+        if value is None:
+            continue
+        if field in explicit:
+            overridden.append(f"{hint}={value} (config says {getattr(config, field)})")
+        else:
+            update[field] = value
+            applied.append(f"{hint}={value}")
+    for hint in ("precision", "float_reference", "accuracy_bound"):  # read by the guard
+        value = getattr(hints, hint)
+        if value is not None:
+            applied.append(f"{hint}={value}")
+    new = config.model_copy(update=update) if update else config
+    if update:  # validate the combination as a configuration would be
+        try:
+            new = ModelConfig.model_validate(new.model_dump())
+        except ValidationError as exc:
+            raise ModelLoadError(f"{path}: runtime hints do not fit the model: {exc}") from None
+    return AppliedHints(new, hints, tuple(applied), tuple(overridden))
+
+
+def log_applied(name: str, result: AppliedHints) -> None:
+    """Say which hints a model took and which its explicit configuration overrode."""
+    if result.applied:
+        log.info("model %s: runtime hints applied: %s", name, ", ".join(result.applied))
+    if result.overridden:
+        log.info(
+            "model %s: runtime hints overridden by explicit config: %s",
+            name,
+            ", ".join(result.overridden),
+        )
+
+
+def with_pool_hint(config: RuntimeConfig, paths: Sequence[Path]) -> RuntimeConfig:
+    """``config`` with the largest ``memory_pool`` hint of ``paths`` as the arena size.
+
+    An explicit ``memory.pool_size`` (file or ``--pool-size``) wins; the log says which.
+    """
+    wanted = [
+        (hints.memory_pool, path)
+        for path in paths
+        if path.suffix == ".onnx"
+        and (hints := read_hints(path)) is not None
+        and hints.memory_pool is not None
+    ]
+    if not wanted:
+        return config
+    size, path = max(wanted)
+    if "pool_size" in config.memory.model_fields_set:
+        log.info(
+            "runtime hint memory_pool=%d bytes (%s) overridden by memory.pool_size=%s",
+            size,
+            path.name,
+            config.memory.pool_size,
+        )
+        return config
+    log.info("runtime hint memory_pool=%d bytes (%s) applied: memory.pool_size", size, path.name)
+    memory = config.memory.model_copy(update={"pool_size": size})
+    return config.model_copy(update={"memory": memory})

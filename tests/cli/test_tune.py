@@ -1,0 +1,60 @@
+"""``sordino tune``: a short real sweep, the Pareto front, a YAML reconfigure accepts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from sordino.cli.main import cli
+from sordino.config import load_config
+from sordino.errors import ConfigError
+from sordino.loadtest.tune import Candidate, Objective, Point, pareto, parse_objective, recommend
+from sordino.models.repository import builtin_sources
+from sordino.testing import serve_in_thread
+
+
+def _point(batch: int, throughput: float, p99: float) -> Point:
+    return Point(Candidate(batch, 0, "manual"), throughput, p99, ())
+
+
+def test_objectives_parse_or_say_what_is_accepted() -> None:
+    assert parse_objective("max throughput with p99<50ms") == Objective("throughput", 50.0)
+    assert parse_objective("min p99") == Objective("p99", None)
+    with pytest.raises(ConfigError, match="max throughput with p99<50ms"):
+        parse_objective("fast please")
+
+
+def test_the_pareto_front_and_the_recommendation() -> None:
+    points = [_point(1, 100, 5), _point(8, 300, 20), _point(32, 280, 30), _point(4, 300, 10)]
+    assert [p.candidate.max_batch for p in pareto(points)] == [4, 1]  # type: ignore[union-attr]
+    assert recommend(points, Objective("throughput", 50)).candidate.max_batch == 4  # type: ignore[union-attr]
+    assert recommend(points, Objective("p99", None)).candidate.max_batch == 1  # type: ignore[union-attr]
+
+
+def test_tune_sweeps_a_live_server_and_restores_it(tmp_path: Path) -> None:
+    config = load_config(None, {"server.admin_token": "tune-test-token"})
+    digits = [s for s in builtin_sources() if s.name == "digits-classifier"]
+    with serve_in_thread(config, digits) as server:
+        before = server.runtime.get("digits-classifier").scheduling
+        result = CliRunner().invoke(
+            cli,
+            ["tune", "--url", server.url, "--token", "tune-test-token",
+             "--model", "digits-classifier", "--max-batch", "1,16", "--delay-us", "0",
+             "--modes", "manual", "--rates", "50", "--seconds", "1",
+             "--objective", "max throughput with p99<500ms"],
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        assert "live settings (baseline)" in result.output
+        assert "Pareto front" in result.output and "recommended for" in result.output
+        tuned = tmp_path / "tuned.yaml"
+        tuned.write_text(result.output.split("# sordino reconfigure --file tuned.yaml\n")[1])
+        assert server.runtime.get("digits-classifier").scheduling == before
+        applied = CliRunner().invoke(
+            cli,
+            ["reconfigure", "--url", server.url, "--token", "tune-test-token",
+             "--file", str(tuned), "--verify-window", "0s"],
+        )  # fmt: skip
+        assert applied.exit_code == 0, applied.output
+        assert "applied" in applied.output or "unchanged" in applied.output
