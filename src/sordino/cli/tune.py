@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 import yaml
@@ -12,15 +12,9 @@ import yaml
 from sordino.cli.reconfigure import change_config, get_json
 from sordino.cli.server_url import server_url, token_option, url_option
 from sordino.errors import ConfigError
-from sordino.loadtest.run import Unreachable
-from sordino.loadtest.tune import (
-    Point,
-    candidates,
-    pareto,
-    parse_objective,
-    recommend,
-    sweep,
-)
+
+if TYPE_CHECKING:
+    from sordino.loadtest.tune import Point
 
 __all__ = ["tune"]
 
@@ -70,6 +64,10 @@ def tune(
     reload). The live settings are restored at the end; apply the recommendation with
     `sordino reconfigure --file`.
     """
+    # Imported here, so that the other commands start without numpy, aiohttp and hdrh.
+    from sordino.loadtest.run import Unreachable
+    from sordino.loadtest.tune import candidates, pareto, parse_objective, recommend, sweep
+
     try:
         goal = parse_objective(objective)
     except ConfigError as exc:
