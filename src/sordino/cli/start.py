@@ -245,6 +245,17 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
     "$SORDINO_SLACK_WEBHOOK), webhook:URL, file:PATH, log.",
 )
 @click.option(
+    "--executor",
+    "executor_kind",
+    type=click.Choice(["process", "ray"]),
+    help="Where model instances run (executor.kind): worker processes here, or Ray actors "
+    "(pip install 'sordino[ray]'; docs/scale-out.md).",
+)
+@click.option(
+    "--ray-address",
+    help="The Ray cluster for --executor ray (executor.address): auto, host:port, ray://host:port.",
+)
+@click.option(
     "--log-level",
     default="info",
     show_default=True,
@@ -268,6 +279,8 @@ def start(
     defrag_interval: str | None,
     guardian_mode: bool | None,
     alert_channels: tuple[str, ...],
+    executor_kind: str | None,
+    ray_address: str | None,
     log_level: str,
 ) -> None:
     """Load models and serve them over KServe v2 HTTP and gRPC until Ctrl-C or SIGTERM.
@@ -294,6 +307,8 @@ def start(
         "model_repository": str(model_repository) if model_repository else None,
         "self_healing.enabled": guardian_mode,
         "self_healing.alert_channels": list(alert_channels) if alert_channels else None,
+        "executor.kind": executor_kind,
+        "executor.address": ray_address,
     }
     try:
         config = load_config(config_path, {k: v for k, v in overrides.items() if v is not None})

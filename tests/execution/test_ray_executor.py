@@ -1,0 +1,164 @@
+"""The Ray executor against a real local Ray cluster of two nodes (``ray.cluster_utils``).
+
+One cluster (a head and a second node, two CPUs each, no dashboard) and one server
+(the digits classifier as two actors, spread over the nodes) serve the tests here;
+they run in file order, the node kill last. Skipped only where ``ray`` is not
+installed (CI installs it with the ``test`` extra).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from sordino.config import RuntimeConfig
+from sordino.testing import RunningServer, serve_in_thread
+from tests.execution.load import BODY, Load, digits, events, mark, wait_until
+
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'sordino[ray]')")
+cluster_utils = pytest.importorskip("ray.cluster_utils")
+
+MB = 1024 * 1024
+# Node loss is noticed in about 1.5 s instead of Ray's default 15 s.
+FAST_HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    made = cluster_utils.Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 2,
+            "resources": {"head": 1},
+            "include_dashboard": False,
+            "object_store_memory": 80 * MB,
+            "_system_config": FAST_HEALTH,
+        },
+    )
+    second = made.add_node(num_cpus=2, resources={"second": 1}, object_store_memory=80 * MB)
+    made.wait_for_nodes()
+    made.second = second
+    try:
+        yield made
+    finally:
+        made.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(cluster: Any) -> Iterator[RunningServer]:
+    config = RuntimeConfig.model_validate(
+        {
+            "executor": {"kind": "ray", "address": cluster.address, "namespace": "sordino-test"},
+            "workers": {"heartbeat_timeout": "5s", "restart_backoff": "0.5s"},
+        }
+    )
+    sources = digits(instance_count=2, ray={"num_cpus": 1, "placement": "spread"})
+    with serve_in_thread(config, sources) as running:
+        yield running
+
+
+def _actors(server: RunningServer) -> list[Any]:
+    return [w for w in server.runtime.executor.statistics().workers if w.isolation == "ray"]
+
+
+def test_batches_run_on_both_nodes(server: RunningServer, cluster: Any) -> None:
+    """Two actors, spread: one on each node; both run batches; /metrics shows the nodes."""
+    actors = _actors(server)
+    assert len(actors) == 2 and all(a.state == "ready" for a in actors)
+    node_ids = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    assert {a.node for a in actors} == node_ids, "spread placement puts one actor on each node"
+    with Load(server.url, clients=4) as load:
+        wait_until(lambda: all(a.batches >= 5 for a in _actors(server)), 60, "both actors to serve")
+    assert load.errors == []
+    text = httpx.get(server.url + "/metrics").text
+    assert 'sordino_node_batches_total{node="' in text
+
+
+def test_results_equal_the_process_executor(server: RunningServer) -> None:
+    """The same inputs give the same outputs through a Ray actor and a worker process."""
+    rng = np.random.default_rng(7)
+    rows = rng.random((5, 64), dtype=np.float32)
+    body = {
+        "inputs": [
+            {"name": "pixels", "datatype": "FP32", "shape": [5, 64], "data": rows.ravel().tolist()}
+        ]
+    }
+    path = "/v2/models/digits-classifier/infer"
+    on_ray = httpx.post(server.url + path, json=body, timeout=60).json()
+    with serve_in_thread(RuntimeConfig(), digits()) as local:
+        on_process = httpx.post(local.url + path, json=body, timeout=60).json()
+    assert on_ray["outputs"] == on_process["outputs"]
+
+
+def test_error_fault_runs_inside_the_actor(server: RunningServer) -> None:
+    """An injected error fault fails the batch inside the actor; the actor keeps serving."""
+    executor = server.runtime.executor
+    fault = executor.inject_fault("worker:digits-classifier/0", "error", rate=1.0)
+    try:
+        for _ in range(4):
+            httpx.post(server.url + "/v2/models/digits-classifier/infer", json=BODY, timeout=60)
+        assert executor.faults.applied >= 1
+    finally:
+        executor.faults.clear(fault.id)
+    assert all(a.state == "ready" for a in _actors(server))
+    response = httpx.post(server.url + "/v2/models/digits-classifier/infer", json=BODY, timeout=60)
+    assert response.status_code == 200
+
+
+def test_guardian_scale_adds_and_removes_actors(server: RunningServer) -> None:
+    """The guardian's scale_workers path: one more actor on the cluster, then back to two."""
+    runtime = server.runtime
+    key = runtime.executor.find_model("digits-classifier")
+    assert key is not None
+    added = server.call(runtime.executor.scale(key, 1, minimum=1, maximum=4))
+    assert len(added) == 1 and added[0].isolation == "ray" and added[0].serving
+    assert len(_actors(server)) == 3
+    removed = server.call(runtime.executor.scale(key, -1, minimum=1, maximum=4))
+    assert len(removed) == 1 and len(_actors(server)) == 2
+
+
+def test_killing_the_second_node_under_load_costs_no_request(
+    server: RunningServer, cluster: Any
+) -> None:
+    """Kill node two's raylet under load: batches retried, its actor re-placed, zero errors."""
+    start = mark(server)
+    gone = cluster.second.node_id
+    with Load(server.url, clients=6) as load:
+        load.wait_ok(30)
+        cluster.remove_node(cluster.second, allow_graceful=False)
+        wait_until(lambda: events(server, "worker_restarted", start), 90, "the re-placement")
+        wait_until(lambda: all(a.state == "ready" for a in _actors(server)), 60, "both serving")
+        load.wait_ok(30)
+    assert load.errors == []
+    (restarted,) = events(server, "worker_restarted", start)
+    assert restarted.payload["from_node"] == gone
+    assert events(server, "batch_retried", start), "the batch in flight on node two ran again"
+    live = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    assert {a.node for a in _actors(server)} <= live
+
+
+def test_without_ray_the_cli_names_the_extra(tmp_path: Path) -> None:
+    """``sordino start --executor ray`` where ray cannot be imported: one line, no traceback."""
+    blocker = tmp_path / "ray"
+    blocker.mkdir()
+    (blocker / "__init__.py").write_text("raise ImportError('No module named ray')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    result = subprocess.run(
+        [sys.executable, "-m", "sordino", "start", "--executor", "ray", "--http-port", "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert "pip install 'sordino[ray]'" in result.stderr
+    assert "Traceback" not in result.stderr
