@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from sordino.config import RuntimeConfig
+from sordino.inference import ModelKey
 from sordino.testing import RunningServer, serve_in_thread
 from tests.execution.load import BODY, Load, digits, events, mark, wait_until
 
@@ -123,6 +124,26 @@ def test_guardian_scale_adds_and_removes_actors(server: RunningServer) -> None:
     assert len(_actors(server)) == 3
     removed = server.call(runtime.executor.scale(key, -1, minimum=1, maximum=4))
     assert len(removed) == 1 and len(_actors(server)) == 2
+
+
+def test_pack_places_a_models_actors_together(server: RunningServer) -> None:
+    """placement: pack reserves one placement group; its actors share a node; unload frees it."""
+    runtime = server.runtime
+    source = digits(instance_count=2, ray={"num_cpus": 0.5, "placement": "pack"})[0]
+    key = ModelKey("packed", "1")
+    start = mark(server)
+    server.call(runtime.executor.load(key, source.path, source.config))
+    try:
+        packed = [w for w in runtime.executor.statistics().workers if w.model == "packed"]
+        assert len(packed) == 2 and len({w.node for w in packed}) == 1
+        placed = [e for e in events(server, "ray_actor_placed", start)]
+        assert {e.payload["node"] for e in placed} == {packed[0].node}
+        groups = ray.util.placement_group_table()
+        assert any(g["state"] == "CREATED" and g["strategy"] == "PACK" for g in groups.values())
+    finally:
+        server.call(runtime.executor.unload(key))
+    groups = ray.util.placement_group_table()
+    assert not any(g["state"] == "CREATED" for g in groups.values())
 
 
 def test_killing_the_second_node_under_load_costs_no_request(

@@ -249,6 +249,16 @@ class RayInstance(_Base):
         metadata: ModelMetadata
         metadata, self.node, self.node_address, self._pid_now = result
         self.load_s = self._clock.now() - started
+        self._events.emit(
+            "ray_actor_placed",
+            self.subject,
+            f"on node {self.node_address}",
+            version=self.key.version,
+            node=self.node,
+            node_address=self.node_address,
+            pid=self._pid_now,
+            load_s=self.load_s,
+        )
         self._backoff.started(self._clock.now())
         self.state = "ready"
         self._notify()
