@@ -2,13 +2,14 @@
 
 One cluster (a head and a second node, two CPUs each, no dashboard) and one server
 (the digits classifier as two actors, spread over the nodes) serve the tests here;
-they run in file order, the node kill last. Skipped only where ``ray`` is not
-installed (CI installs it with the ``test`` extra).
+they run in file order: what needs both nodes before the node kill, the crash after.
+Skipped only where ``ray`` is not installed (CI installs it with the ``test`` extra).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ import pytest
 from sordino.config import RuntimeConfig
 from sordino.inference import ModelKey
 from sordino.testing import RunningServer, serve_in_thread
+from tests.cli.conftest import sordino_start
 from tests.execution.load import BODY, Load, digits, events, mark, wait_until
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'sordino[ray]')")
@@ -114,6 +116,25 @@ def test_error_fault_runs_inside_the_actor(server: RunningServer) -> None:
     assert response.status_code == 200
 
 
+def test_sordino_start_serves_through_the_cluster(cluster: Any, tmp_path: Path) -> None:
+    """``sordino start --executor ray --ray-address ADDRESS``: serves, then stops cleanly."""
+    source = digits()[0]
+    config = tmp_path / "runtime_config.yaml"
+    config.write_text(
+        f"models:\n  - name: digits-classifier\n    path: {source.path}\n"
+        "    ray: {num_cpus: 0}\n",
+        encoding="utf-8",
+    )
+    args = ["--config", str(config), "--executor", "ray", "--ray-address", cluster.address]
+    with sordino_start(args, tmp_path, timeout=120) as running:
+        path = "/v2/models/digits-classifier/infer"
+        response = httpx.post(running.url + path, json=BODY, timeout=60)
+        assert response.status_code == 200, response.text
+        running.process.send_signal(signal.SIGTERM)
+        assert running.process.wait(timeout=60) == 0
+    assert "Traceback" not in "\n".join(running.lines)
+
+
 def test_guardian_scale_adds_and_removes_actors(server: RunningServer) -> None:
     """The guardian's scale_workers path: one more actor on the cluster, then back to two."""
     runtime = server.runtime
@@ -152,6 +173,7 @@ def test_killing_the_second_node_under_load_costs_no_request(
     """Kill node two's raylet under load: batches retried, its actor re-placed, zero errors."""
     start = mark(server)
     gone = cluster.second.node_id
+    assert gone in {a.node for a in _actors(server)}, "an actor runs on the second node"
     with Load(server.url, clients=6) as load:
         load.wait_ok(30)
         cluster.remove_node(cluster.second, allow_graceful=False)
@@ -164,6 +186,26 @@ def test_killing_the_second_node_under_load_costs_no_request(
     assert events(server, "batch_retried", start), "the batch in flight on node two ran again"
     live = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     assert {a.node for a in _actors(server)} <= live
+
+
+def test_crash_fault_ends_the_actor_which_is_replaced(server: RunningServer) -> None:
+    """A crash fault ends the actor's process: its batch runs on the other, it is replaced."""
+    start = mark(server)
+    executor = server.runtime.executor
+    before = next(a for a in _actors(server) if a.index == 1)
+    with Load(server.url, clients=4) as load:
+        load.wait_ok(10)
+        fault = executor.inject_fault("worker:digits-classifier/1", "crash", rate=1.0)
+        wait_until(lambda: events(server, "worker_failed", start), 60, "the crash")
+        executor.faults.clear(fault.id)
+        wait_until(lambda: events(server, "worker_restarted", start), 60, "the replacement")
+        load.wait_ok(20)
+    assert load.errors == []
+    (failed,) = events(server, "worker_failed", start)
+    assert failed.subject == "digits-classifier/1" and "actor lost" in failed.cause
+    after = next(a for a in _actors(server) if a.index == 1)
+    assert after.state == "ready" and after.pid != before.pid
+    assert after.restarts == before.restarts + 1
 
 
 def test_without_ray_the_cli_names_the_extra(tmp_path: Path) -> None:

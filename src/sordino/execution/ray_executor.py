@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,9 @@ class RayExecutor(ChainExecutor):
         if ray.is_initialized():
             return
         settings = self._config.executor
+        # Ray's core worker installs its own SIGTERM/SIGINT handlers (which end the
+        # process at once); the server's graceful stop must keep answering them.
+        kept = _signal_handlers()
         try:
             ray.init(
                 address=settings.address,
@@ -67,6 +72,8 @@ class RayExecutor(ChainExecutor):
                 f"cannot connect to the Ray cluster at {where} (executor.address): {exc}; "
                 "start one with `ray start --head` or fix --ray-address"
             ) from None
+        finally:
+            _restore_signal_handlers(kept)
         self._connected_here = True
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         log.info("connected to Ray: %d live nodes", len(nodes))
@@ -165,3 +172,19 @@ class RayExecutor(ChainExecutor):
         self.faults.clear_instance(key.name, index, cause="ray actor replaced: " + cause)
         instance.kill(cause)
         return True
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _signal_handlers() -> dict[signal.Signals, Any]:
+    """The Python handlers of the stop signals, when this is the main thread (else none)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
+
+
+def _restore_signal_handlers(kept: dict[signal.Signals, Any]) -> None:
+    for sig, handler in kept.items():
+        if handler is not None:
+            signal.signal(sig, handler)
