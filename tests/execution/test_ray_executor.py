@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from sordino.config import RuntimeConfig
+from sordino.errors import Unavailable
 from sordino.inference import ModelKey
 from sordino.testing import RunningServer, serve_in_thread
 from tests.cli.conftest import sordino_start
@@ -206,6 +207,33 @@ def test_crash_fault_ends_the_actor_which_is_replaced(server: RunningServer) -> 
     after = next(a for a in _actors(server) if a.index == 1)
     assert after.state == "ready" and after.pid != before.pid
     assert after.restarts == before.restarts + 1
+
+
+def test_hang_is_found_by_the_heartbeat_and_replaced(server: RunningServer) -> None:
+    """A hang fault stops the actor's process: no heartbeat, so it is killed and replaced."""
+    start = mark(server)
+    executor = server.runtime.executor
+    with Load(server.url, clients=4) as load:
+        load.wait_ok(10)
+        fault = executor.inject_fault("worker:digits-classifier/0", "hang", rate=1.0)
+        wait_until(lambda: events(server, "worker_failed", start), 60, "hang detection")
+        executor.faults.clear(fault.id)
+        wait_until(lambda: events(server, "worker_restarted", start), 60, "the replacement")
+        load.wait_ok(20)
+    assert load.errors == []
+    (failed,) = events(server, "worker_failed", start)
+    assert failed.subject == "digits-classifier/0"
+    assert failed.cause.startswith(("hang: no heartbeat", "timeout:")), failed.cause
+
+
+def test_profiling_is_refused_with_a_clear_message(server: RunningServer, tmp_path: Path) -> None:
+    executor = server.runtime.executor
+    key = executor.find_model("digits-classifier")
+    assert key is not None
+    with pytest.raises(Unavailable, match="not supported with the ray executor"):
+        server.call(
+            executor.profile(key, seconds=0.1, trace_dir=tmp_path, synthetic_batch=lambda: {})
+        )
 
 
 def test_without_ray_the_cli_names_the_extra(tmp_path: Path) -> None:
