@@ -8,10 +8,7 @@ Skipped only where ``ray`` is not installed (CI installs it with the ``test`` ex
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -234,22 +231,3 @@ def test_profiling_is_refused_with_a_clear_message(server: RunningServer, tmp_pa
         server.call(
             executor.profile(key, seconds=0.1, trace_dir=tmp_path, synthetic_batch=lambda: {})
         )
-
-
-def test_without_ray_the_cli_names_the_extra(tmp_path: Path) -> None:
-    """``sordino start --executor ray`` where ray cannot be imported: one line, no traceback."""
-    blocker = tmp_path / "ray"
-    blocker.mkdir()
-    (blocker / "__init__.py").write_text("raise ImportError('No module named ray')\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
-    result = subprocess.run(
-        [sys.executable, "-m", "sordino", "start", "--executor", "ray", "--http-port", "0"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        cwd=tmp_path,
-    )
-    assert result.returncode == 2
-    assert "pip install 'sordino[ray]'" in result.stderr
-    assert "Traceback" not in result.stderr
