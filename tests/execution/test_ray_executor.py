@@ -17,12 +17,14 @@ import httpx
 import numpy as np
 import pytest
 
-from sordino.config import RuntimeConfig
+from sordino.config import ModelConfig, RayModelOptions, RuntimeConfig
 from sordino.errors import Unavailable
+from sordino.execution.ray_instance import INLINE_BYTES
 from sordino.inference import ModelKey
 from sordino.testing import RunningServer, serve_in_thread
 from tests.cli.conftest import sordino_start
 from tests.execution.load import BODY, Load, digits, events, mark, wait_until
+from tests.models import identity_model
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'sordino[ray]')")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
@@ -204,6 +206,26 @@ def test_crash_fault_ends_the_actor_which_is_replaced(server: RunningServer) -> 
     after = next(a for a in _actors(server) if a.index == 1)
     assert after.state == "ready" and after.pid != before.pid
     assert after.restarts == before.restarts + 1
+
+
+def test_a_large_batch_goes_through_the_object_store(server: RunningServer, tmp_path: Path) -> None:
+    """A batch over INLINE_BYTES is put in the object store once; the outputs come back whole."""
+    runtime = server.runtime
+    path = identity_model(tmp_path / "wide.onnx", "FP32", width=40_000)
+    key = ModelKey("wide", "1")
+    config = ModelConfig(name="wide", ray=RayModelOptions(num_cpus=0))
+    server.call(runtime.executor.load(key, path, config))
+    try:
+        rows = np.random.default_rng(3).random((2, 40_000), dtype=np.float32)
+        assert rows.nbytes > INLINE_BYTES
+        outputs = server.call(runtime.executor.run(key, [{"x": rows}]))
+        try:
+            (name,) = list(outputs)
+            np.testing.assert_array_equal(np.asarray(outputs[name]), rows)
+        finally:
+            outputs.release()
+    finally:
+        server.call(runtime.executor.unload(key))
 
 
 def test_hang_is_found_by_the_heartbeat_and_replaced(server: RunningServer) -> None:
