@@ -167,6 +167,8 @@ class WorkerStatistics:
     failures: int
     last_cause: str
     profiling: bool
+    node: str = ""
+    """The Ray node the instance's actor runs on (executor.kind: ray); "" for this machine."""
 
 
 @dataclass(frozen=True, slots=True)

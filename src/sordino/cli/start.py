@@ -279,6 +279,17 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
     help="Guard quantized models against their float reference (quant_guard.enabled).",
 )
 @click.option(
+    "--executor",
+    "executor_kind",
+    type=click.Choice(["process", "ray"]),
+    help="Where model instances run (executor.kind): worker processes here, or Ray actors "
+    "(pip install 'sordino[ray]'; docs/scale-out.md).",
+)
+@click.option(
+    "--ray-address",
+    help="The Ray cluster for --executor ray (executor.address): auto, host:port, ray://host:port.",
+)
+@click.option(
     "--log-level",
     default="info",
     show_default=True,
@@ -307,6 +318,8 @@ def start(
     alert_channels: tuple[str, ...],
     insecure: bool,
     quant_aware: bool | None,
+    executor_kind: str | None,
+    ray_address: str | None,
     log_level: str,
 ) -> None:
     """Load models and serve them over KServe v2 HTTP and gRPC until Ctrl-C or SIGTERM.
@@ -336,6 +349,8 @@ def start(
         "self_healing.enabled": guardian_mode,
         "quant_guard.enabled": quant_aware,
         "self_healing.alert_channels": list(alert_channels) if alert_channels else None,
+        "executor.kind": executor_kind,
+        "executor.address": ray_address,
     }
     try:
         config = load_config(config_path, {k: v for k, v in overrides.items() if v is not None})

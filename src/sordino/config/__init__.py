@@ -12,6 +12,7 @@ lists every problem. ``docs/configuration.md`` is the reference for every key.
 from __future__ import annotations
 
 from sordino.config.devices import EXECUTION_PROVIDERS, DeviceConfig
+from sordino.config.executor import ExecutorConfig, RayModelOptions
 from sordino.config.loader import load_config, load_model_config_file, validate_config
 from sordino.config.models import (
     MODEL_NAME_PATTERN,
@@ -50,12 +51,14 @@ __all__ = [
     "Duration",
     "DynamicBatchingConfig",
     "DynamicBatchingStrategy",
+    "ExecutorConfig",
     "FallbackChainStrategy",
     "LatestVersions",
     "Milliseconds",
     "ModelConfig",
     "PriorityRule",
     "QueuePolicy",
+    "RayModelOptions",
     "RuntimeConfig",
     "SchedulerConfig",
     "SchedulerMode",

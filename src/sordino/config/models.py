@@ -14,6 +14,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from sordino.config.base import ExpandedPath, Section
 from sordino.config.devices import ProviderName
+from sordino.config.executor import RayModelOptions
 from sordino.config.iterative import IterativeConfig
 from sordino.config.memory import FrameworkMemoryConfig
 from sordino.config.scheduler import SchedulerMode
@@ -247,6 +248,8 @@ class ModelConfig(Section):
     """Run the model step by step, streaming a response per step; None: one response."""
     iterative: IterativeConfig | None = None
     """Serve the model as a denoiser in a sampler loop the runtime owns (docs/generation.md)."""
+    ray: RayModelOptions | None = None
+    """How Ray schedules each instance's actor; only with ``executor.kind: ray``."""
     sequence_batching: SequenceBatchingConfig | None = None
     """Serve a stateful model with Triton's sequence batcher (docs/http-api.md#sequences)."""
     label_filename: ExpandedPath | dict[str, ExpandedPath] | None = None

@@ -12,6 +12,7 @@ from pydantic import AfterValidator, ValidationInfo, field_validator, model_vali
 
 from sordino.config.base import ExpandedPath, Section, reject_repeated_names
 from sordino.config.devices import DeviceConfig
+from sordino.config.executor import ExecutorConfig
 from sordino.config.memory import MemoryConfig, QuotaConfig
 from sordino.config.models import ModelConfig
 from sordino.config.pipelines import PipelineConfig
@@ -106,6 +107,25 @@ class RuntimeConfig(Section):
     ) -> tuple[PipelineConfig, ...]:
         reject_repeated_names((p.name for p in pipelines), what="pipeline names")
         return pipelines
+
+    executor: ExecutorConfig = ExecutorConfig()
+    """Where model instances run: worker processes here, or Ray actors (docs/scale-out.md)."""
+
+    @model_validator(mode="after")
+    def _ray_options_need_ray(self) -> RuntimeConfig:
+        for model in self.models:
+            if model.ray is not None and self.executor.kind != "ray":
+                raise ValueError(
+                    f"model {model.name} has ray options, but executor.kind is "
+                    f"{self.executor.kind}: set executor.kind: ray (--executor ray) or remove "
+                    "the model's ray block"
+                )
+            if self.executor.kind == "ray" and model.isolation == "thread":
+                raise ValueError(
+                    f"model {model.name} has isolation: thread, which runs inside the server; "
+                    "with executor.kind: ray every instance is a Ray actor: remove isolation"
+                )
+        return self
 
     @model_validator(mode="after")
     def _poll_needs_repository(self) -> RuntimeConfig:

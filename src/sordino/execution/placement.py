@@ -25,6 +25,7 @@ from sordino.events import EventSink
 from sordino.execution.breaker import CircuitBreaker
 from sordino.execution.devices import Tier, chain_devices, missing_provider, model_tiers
 from sordino.execution.instances import ProcessInstance, ThreadInstance
+from sordino.execution.ray_instance import RayInstance
 from sordino.inference import ModelKey, ModelMetadata
 from sordino.records import BreakerState, DeviceStatistics, WorkerStatistics
 
@@ -32,7 +33,7 @@ __all__ = ["Instance", "PlacedModel", "Placement", "Signal", "TierSlot", "choose
 
 log = logging.getLogger("sordino.execution")
 
-Instance = ProcessInstance | ThreadInstance
+Instance = ProcessInstance | ThreadInstance | RayInstance
 
 
 class Signal:

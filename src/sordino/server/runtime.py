@@ -29,6 +29,7 @@ from sordino.control.admin import admin_token
 from sordino.errors import ModelLoadError
 from sordino.events import EventSink
 from sordino.execution.chain import ChainExecutor
+from sordino.execution.ray_executor import RayExecutor
 from sordino.generation.degrade import StepDegrader
 from sordino.generation.metrics import GenerationCollector
 from sordino.generation.pipeline import Pipeline
@@ -93,7 +94,8 @@ class Runtime:
         )
         self.metrics = Metrics(labels)
         self.stats = ModelStats()
-        self.executor = ChainExecutor(config, clock=self.clock, events=self.events)
+        executor = RayExecutor if config.executor.kind == "ray" else ChainExecutor
+        self.executor = executor(config, clock=self.clock, events=self.events)
         self.telemetry = Telemetry(
             config.telemetry,
             events=self.events,

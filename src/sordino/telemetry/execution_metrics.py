@@ -12,6 +12,8 @@
   ``sordino_device_switch_dispatch_seconds``: failure to the hand-over to the next device
 - ``sordino_shm_*``: the shared-memory arena (reserved, in use, peak, fragmentation)
 - ``sordino_faults_active``, ``sordino_faults_applied_total``
+- ``sordino_node_instances{node}`` (serving) and ``sordino_node_batches_total{node}``:
+  per Ray node, for instances that run as Ray actors (``executor.kind: ray``)
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class ExecutionCollector(Collector):
             restarts.add_metric(values, w.restarts)
             failures.add_metric(values, w.failures)
         yield from (up, restarts, failures)
+        yield from _per_node(stats)
         yield CounterMetricFamily(
             "sordino_batch_retries", "Batches retried after losing their instance.", stats.retries
         )
@@ -121,3 +124,26 @@ class ExecutionCollector(Collector):
         yield CounterMetricFamily(
             "sordino_faults_applied", "Batches hit by an injected fault.", stats.faults_applied
         )
+
+
+def _per_node(stats: ExecutionStatistics) -> Iterator[Metric]:
+    """Serving instances and batches per Ray node; nothing without Ray actors."""
+    serving: dict[str, int] = {}
+    batches: dict[str, int] = {}
+    for w in stats.workers:
+        if not w.node:
+            continue
+        serving[w.node] = serving.get(w.node, 0) + (w.state == "ready")
+        batches[w.node] = batches.get(w.node, 0) + w.batches
+    if not serving:
+        return
+    up = GaugeMetricFamily(
+        "sordino_node_instances", "Instances serving on the Ray node.", labels=["node"]
+    )
+    ran = CounterMetricFamily(
+        "sordino_node_batches", "Batches run by the Ray node's instances.", labels=["node"]
+    )
+    for node in sorted(serving):
+        up.add_metric([node], serving[node])
+        ran.add_metric([node], batches[node])
+    yield from (up, ran)

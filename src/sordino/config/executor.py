@@ -1,0 +1,71 @@
+"""The ``executor`` section and a model's ``ray`` options: where model instances run.
+
+``executor.kind: process`` (the default) runs each instance in a worker process on
+this machine; ``kind: ray`` runs each as a Ray actor on a Ray cluster
+(``execution/ray_executor.py``, docs/scale-out.md). A model's ``ray:`` block says
+what Ray schedules each of its actors with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from sordino.config.base import Section
+
+__all__ = ["ExecutorConfig", "RayModelOptions"]
+
+
+class ExecutorConfig(Section):
+    """Where model instances run: worker processes here, or actors on a Ray cluster."""
+
+    kind: Literal["process", "ray"] = "process"
+    """process: worker processes on this machine; ray: Ray actors (pip install 'sordino[ray]')."""
+    address: str | None = None
+    """The Ray cluster for ``kind: ray``: ``auto`` (the one ``ray start`` began on this
+    machine), ``ray://host:10001`` or ``host:6379``; None starts a private local one."""
+    namespace: str = Field(default="sordino", min_length=1)
+    """The Ray namespace the actors are created in."""
+
+    @field_validator("address")
+    @classmethod
+    def _address_not_blank(cls, address: str | None) -> str | None:
+        if address is not None and not address.strip():
+            raise ValueError("address is empty; give auto, host:port or ray://host:port")
+        return address
+
+    @model_validator(mode="after")
+    def _address_needs_ray(self) -> ExecutorConfig:
+        if self.address is not None and self.kind != "ray":
+            raise ValueError(
+                f"address {self.address!r} is a Ray cluster's, but kind is {self.kind}: "
+                "set kind: ray (--executor ray) or remove the address"
+            )
+        return self
+
+
+class RayModelOptions(Section):
+    """How Ray schedules each actor (instance) of one model (``kind: ray`` only)."""
+
+    num_cpus: float = Field(default=1.0, ge=0)
+    """CPUs Ray reserves for each actor."""
+    num_gpus: float = Field(default=0.0, ge=0)
+    """GPUs Ray reserves for each actor (fractions share a GPU)."""
+    resources: Mapping[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
+    """Custom Ray resources each actor needs, e.g. ``{accelerator_h200: 1}``."""
+    placement: Literal["default", "spread", "pack"] = "default"
+    """default: Ray's scheduler decides; spread: actors on as many nodes as possible;
+    pack: actors in one placement group packed onto as few nodes as possible."""
+
+    @field_validator("resources")
+    @classmethod
+    def _custom_only(cls, resources: Mapping[str, float]) -> Mapping[str, float]:
+        builtin = sorted(set(resources) & {"CPU", "GPU", "memory", "object_store_memory"})
+        if builtin:
+            raise ValueError(
+                f"resources {builtin} are Ray's own; use num_cpus / num_gpus instead, "
+                "and resources only for custom ones"
+            )
+        return dict(resources)

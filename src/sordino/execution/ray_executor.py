@@ -1,0 +1,190 @@
+"""The Ray executor: model instances as Ray actors across the nodes of a Ray cluster.
+
+``executor.kind: ray`` (``sordino start --executor ray --ray-address auto``). The
+server keeps the protocol, admission, scheduling and batching; an assembled batch goes
+to an actor (``execution/ray_instance.py``) as one object in Ray's object store. This
+is :class:`~sordino.execution.chain.ChainExecutor` with Ray actors for instances, so
+what the chain does for worker processes it does here: a batch whose actor is lost
+(its process or its node died, it hung, it overran ``workers.execution_timeout``) is
+retried at once on another actor; the lost actor is replaced with backoff, Ray
+placing the new one on a live node; device chains and breakers, chaos faults, the
+guardian's ``scale`` (more actors on the cluster) and the statistics, with each
+instance's node, work unchanged. The shared-memory arena is not used: batches travel
+through the object store instead, so overflow protection does not apply.
+
+A model's ``ray:`` options (``config/executor.py``) set each actor's resources and
+placement; ``placement: pack`` reserves a placement group of one bundle per instance
+with Ray's PACK strategy (Ray moves its bundles to live nodes when a node dies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from sordino.clock import Clock
+from sordino.config import ModelConfig, RuntimeConfig
+from sordino.config.executor import RayModelOptions
+from sordino.errors import ModelLoadError
+from sordino.events import EventSink
+from sordino.execution.chain import ChainExecutor
+from sordino.execution.devices import Device
+from sordino.execution.placement import Instance, Signal
+from sordino.execution.ray_instance import RayInstance, import_ray
+from sordino.inference import ModelKey, ModelMetadata
+
+__all__ = ["RayExecutor"]
+
+log = logging.getLogger("sordino.execution")
+
+
+class RayExecutor(ChainExecutor):
+    """Runs batches on Ray actors; connects to (or starts) the cluster on first load."""
+
+    def __init__(self, config: RuntimeConfig, *, clock: Clock, events: EventSink) -> None:
+        self._ray = import_ray()  # fails here, at start-up, naming the extra to install
+        super().__init__(config, clock=clock, events=events)
+        self._connected_here = False
+        self._groups: dict[ModelKey, Any] = {}
+
+    def _connect(self) -> None:
+        ray = self._ray
+        if ray.is_initialized():
+            return
+        settings = self._config.executor
+        # Ray's core worker installs its own SIGTERM/SIGINT handlers (which end the
+        # process at once); the server's graceful stop must keep answering them.
+        kept = _signal_handlers()
+        try:
+            ray.init(
+                address=settings.address,
+                namespace=settings.namespace,
+                log_to_driver=False,
+                include_dashboard=False if settings.address is None else None,
+            )
+        except Exception as exc:
+            where = settings.address or "a new local cluster"
+            raise ModelLoadError(
+                f"cannot connect to the Ray cluster at {where} (executor.address): {exc}; "
+                "start one with `ray start --head` or fix --ray-address"
+            ) from None
+        finally:
+            _restore_signal_handlers(kept)
+        self._connected_here = True
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        log.info("connected to Ray: %d live nodes", len(nodes))
+        self._events.emit(
+            "ray_connected",
+            "executor",
+            f"{len(nodes)} live nodes",
+            address=settings.address or "local",
+            namespace=settings.namespace,
+        )
+
+    async def load(self, key: ModelKey, path: Path, config: ModelConfig) -> ModelMetadata:
+        """Start ``config.instance_count`` actors of ``key`` per device, placed by Ray."""
+        self._connect()
+        options = config.ray or RayModelOptions()
+        if options.placement == "pack":
+            self._groups[key] = await self._placement_group(key, config, options)
+        try:
+            metadata = await super().load(key, path, config)
+        except BaseException:
+            self._remove_group(key)
+            raise
+        self._models[key].isolation = "ray"
+        return metadata
+
+    async def _placement_group(
+        self, key: ModelKey, config: ModelConfig, options: RayModelOptions
+    ) -> Any:
+        from ray.util.placement_group import placement_group
+
+        bundle: dict[str, float] = {"CPU": options.num_cpus, **options.resources}
+        if options.num_gpus:
+            bundle["GPU"] = options.num_gpus
+        bundle = {name: amount for name, amount in bundle.items() if amount}
+        group = placement_group([bundle] * config.instance_count, strategy="PACK")
+        try:
+            await asyncio.wait_for(group.ready(), self._settings.start_timeout)
+        except Exception as exc:
+            self._ray.util.remove_placement_group(group)
+            raise ModelLoadError(
+                f"model {key}: the placement group of {config.instance_count} x {bundle} "
+                f"(placement: pack) could not be reserved: {exc or 'timed out'}"
+            ) from None
+        return group
+
+    def _remove_group(self, key: ModelKey) -> None:
+        group = self._groups.pop(key, None)
+        if group is not None:
+            try:
+                self._ray.util.remove_placement_group(group)
+            except Exception as exc:  # the cluster is gone already
+                log.debug("removing a placement group: %s", exc)
+
+    def _instance(
+        self,
+        key: ModelKey,
+        index: int,
+        tier: str,
+        device: Device,
+        path: Path,
+        config: ModelConfig,
+        model_signal: Signal,
+    ) -> Instance:
+        group = self._groups.get(key)
+        # Instances past the group's bundles (scaled up) go where Ray's scheduler says.
+        bundle = index if group is not None and index < config.instance_count else -1
+        return RayInstance(
+            key,
+            index,
+            tier,
+            device,
+            path,
+            config,
+            settings=self._settings,
+            clock=self._clock,
+            events=self._events,
+            notify=model_signal.fire,
+            placement_group=group if bundle >= 0 else None,
+            bundle=bundle,
+        )
+
+    async def unload(self, key: ModelKey) -> None:
+        await super().unload(key)
+        self._remove_group(key)
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        if self._connected_here and self._ray.is_initialized():
+            self._ray.shutdown()
+
+    async def restart_instance(self, key: ModelKey, index: int, *, cause: str) -> bool:
+        """Replace actor ``index`` of ``key`` (killed, then replaced as after a failure)."""
+        instance = self.instance(key, index)
+        if not isinstance(instance, RayInstance) or not instance.serving:
+            return False
+        self.faults.clear_instance(key.name, index, cause="ray actor replaced: " + cause)
+        instance.kill(cause)
+        return True
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _signal_handlers() -> dict[signal.Signals, Any]:
+    """The Python handlers of the stop signals, when this is the main thread (else none)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
+
+
+def _restore_signal_handlers(kept: dict[signal.Signals, Any]) -> None:
+    for sig, handler in kept.items():
+        if handler is not None:
+            signal.signal(sig, handler)

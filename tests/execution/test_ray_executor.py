@@ -1,0 +1,255 @@
+"""The Ray executor against a real local Ray cluster of two nodes (``ray.cluster_utils``).
+
+One cluster (a head and a second node, two CPUs each, no dashboard) and one server
+(the digits classifier as two actors, spread over the nodes) serve the tests here;
+they run in file order: what needs both nodes before the node kill, the crash after.
+Skipped only where ``ray`` is not installed (CI installs it with the ``test`` extra).
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from sordino.config import ModelConfig, RayModelOptions, RuntimeConfig
+from sordino.errors import Unavailable
+from sordino.execution.ray_instance import INLINE_BYTES
+from sordino.inference import ModelKey
+from sordino.testing import RunningServer, serve_in_thread
+from tests.cli.conftest import sordino_start
+from tests.execution.load import BODY, Load, digits, events, mark, wait_until
+from tests.models import identity_model
+
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'sordino[ray]')")
+cluster_utils = pytest.importorskip("ray.cluster_utils")
+
+MB = 1024 * 1024
+# Node loss is noticed in about 1.5 s instead of Ray's default 15 s.
+FAST_HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    made = cluster_utils.Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 2,
+            "resources": {"head": 1},
+            "include_dashboard": False,
+            "object_store_memory": 80 * MB,
+            "_system_config": FAST_HEALTH,
+        },
+    )
+    second = made.add_node(num_cpus=2, resources={"second": 1}, object_store_memory=80 * MB)
+    made.wait_for_nodes()
+    made.second = second
+    try:
+        yield made
+    finally:
+        made.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(cluster: Any) -> Iterator[RunningServer]:
+    config = RuntimeConfig.model_validate(
+        {
+            "executor": {"kind": "ray", "address": cluster.address, "namespace": "sordino-test"},
+            "workers": {"heartbeat_timeout": "5s", "restart_backoff": "0.5s"},
+        }
+    )
+    sources = digits(instance_count=2, ray={"num_cpus": 1, "placement": "spread"})
+    with serve_in_thread(config, sources) as running:
+        yield running
+
+
+def _actors(server: RunningServer) -> list[Any]:
+    return [w for w in server.runtime.executor.statistics().workers if w.isolation == "ray"]
+
+
+def test_batches_run_on_both_nodes(server: RunningServer, cluster: Any) -> None:
+    """Two actors, spread: one on each node; both run batches; /metrics shows the nodes."""
+    actors = _actors(server)
+    assert len(actors) == 2 and all(a.state == "ready" for a in actors)
+    node_ids = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    assert {a.node for a in actors} == node_ids, "spread placement puts one actor on each node"
+    with Load(server.url, clients=4) as load:
+        wait_until(lambda: all(a.batches >= 5 for a in _actors(server)), 60, "both actors to serve")
+    assert load.errors == []
+    text = httpx.get(server.url + "/metrics").text
+    assert 'sordino_node_batches_total{node="' in text
+
+
+def test_results_equal_the_process_executor(server: RunningServer) -> None:
+    """The same inputs give the same outputs through a Ray actor and a worker process."""
+    rng = np.random.default_rng(7)
+    rows = rng.random((5, 64), dtype=np.float32)
+    body = {
+        "inputs": [
+            {"name": "pixels", "datatype": "FP32", "shape": [5, 64], "data": rows.ravel().tolist()}
+        ]
+    }
+    path = "/v2/models/digits-classifier/infer"
+    on_ray = httpx.post(server.url + path, json=body, timeout=60).json()
+    with serve_in_thread(RuntimeConfig(), digits()) as local:
+        on_process = httpx.post(local.url + path, json=body, timeout=60).json()
+    assert on_ray["outputs"] == on_process["outputs"]
+
+
+def test_error_fault_runs_inside_the_actor(server: RunningServer) -> None:
+    """An injected error fault fails the batch inside the actor; the actor keeps serving."""
+    executor = server.runtime.executor
+    fault = executor.inject_fault("worker:digits-classifier/0", "error", rate=1.0)
+    try:
+        for _ in range(4):
+            httpx.post(server.url + "/v2/models/digits-classifier/infer", json=BODY, timeout=60)
+        assert executor.faults.applied >= 1
+    finally:
+        executor.faults.clear(fault.id)
+    assert all(a.state == "ready" for a in _actors(server))
+    response = httpx.post(server.url + "/v2/models/digits-classifier/infer", json=BODY, timeout=60)
+    assert response.status_code == 200
+
+
+def test_sordino_start_serves_through_the_cluster(cluster: Any, tmp_path: Path) -> None:
+    """``sordino start --executor ray --ray-address ADDRESS``: serves, then stops cleanly."""
+    source = digits()[0]
+    config = tmp_path / "runtime_config.yaml"
+    config.write_text(
+        f"models:\n  - name: digits-classifier\n    path: {source.path}\n"
+        "    ray: {num_cpus: 0}\n",
+        encoding="utf-8",
+    )
+    args = ["--config", str(config), "--executor", "ray", "--ray-address", cluster.address]
+    with sordino_start(args, tmp_path, timeout=120) as running:
+        path = "/v2/models/digits-classifier/infer"
+        response = httpx.post(running.url + path, json=BODY, timeout=60)
+        assert response.status_code == 200, response.text
+        running.process.send_signal(signal.SIGTERM)
+        assert running.process.wait(timeout=60) == 0
+    assert "Traceback" not in "\n".join(running.lines)
+
+
+def test_guardian_scale_adds_and_removes_actors(server: RunningServer) -> None:
+    """The guardian's scale_workers path: one more actor on the cluster, then back to two."""
+    runtime = server.runtime
+    key = runtime.executor.find_model("digits-classifier")
+    assert key is not None
+    added = server.call(runtime.executor.scale(key, 1, minimum=1, maximum=4))
+    assert len(added) == 1 and added[0].isolation == "ray" and added[0].serving
+    assert len(_actors(server)) == 3
+    removed = server.call(runtime.executor.scale(key, -1, minimum=1, maximum=4))
+    assert len(removed) == 1 and len(_actors(server)) == 2
+
+
+def test_pack_places_a_models_actors_together(server: RunningServer) -> None:
+    """placement: pack reserves one placement group; its actors share a node; unload frees it."""
+    runtime = server.runtime
+    source = digits(instance_count=2, ray={"num_cpus": 0.5, "placement": "pack"})[0]
+    key = ModelKey("packed", "1")
+    start = mark(server)
+    server.call(runtime.executor.load(key, source.path, source.config))
+    try:
+        packed = [w for w in runtime.executor.statistics().workers if w.model == "packed"]
+        assert len(packed) == 2 and len({w.node for w in packed}) == 1
+        placed = [e for e in events(server, "ray_actor_placed", start)]
+        assert {e.payload["node"] for e in placed} == {packed[0].node}
+        groups = ray.util.placement_group_table()
+        assert any(g["state"] == "CREATED" and g["strategy"] == "PACK" for g in groups.values())
+    finally:
+        server.call(runtime.executor.unload(key))
+    groups = ray.util.placement_group_table()
+    assert not any(g["state"] == "CREATED" for g in groups.values())
+
+
+def test_killing_the_second_node_under_load_costs_no_request(
+    server: RunningServer, cluster: Any
+) -> None:
+    """Kill node two's raylet under load: batches retried, its actor re-placed, zero errors."""
+    start = mark(server)
+    gone = cluster.second.node_id
+    assert gone in {a.node for a in _actors(server)}, "an actor runs on the second node"
+    with Load(server.url, clients=6) as load:
+        load.wait_ok(30)
+        cluster.remove_node(cluster.second, allow_graceful=False)
+        wait_until(lambda: events(server, "worker_restarted", start), 90, "the re-placement")
+        wait_until(lambda: all(a.state == "ready" for a in _actors(server)), 60, "both serving")
+        load.wait_ok(30)
+    assert load.errors == []
+    (restarted,) = events(server, "worker_restarted", start)
+    assert restarted.payload["from_node"] == gone
+    assert events(server, "batch_retried", start), "the batch in flight on node two ran again"
+    live = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    assert {a.node for a in _actors(server)} <= live
+
+
+def test_crash_fault_ends_the_actor_which_is_replaced(server: RunningServer) -> None:
+    """A crash fault ends the actor's process: its batch runs on the other, it is replaced."""
+    start = mark(server)
+    executor = server.runtime.executor
+    before = next(a for a in _actors(server) if a.index == 1)
+    with Load(server.url, clients=4) as load:
+        load.wait_ok(10)
+        fault = executor.inject_fault("worker:digits-classifier/1", "crash", rate=1.0)
+        wait_until(lambda: events(server, "worker_failed", start), 60, "the crash")
+        executor.faults.clear(fault.id)
+        wait_until(lambda: events(server, "worker_restarted", start), 60, "the replacement")
+        load.wait_ok(20)
+    assert load.errors == []
+    (failed,) = events(server, "worker_failed", start)
+    assert failed.subject == "digits-classifier/1" and "actor lost" in failed.cause
+    after = next(a for a in _actors(server) if a.index == 1)
+    assert after.state == "ready" and after.pid != before.pid
+    assert after.restarts == before.restarts + 1
+
+
+def test_a_large_batch_goes_through_the_object_store(server: RunningServer, tmp_path: Path) -> None:
+    """A batch over INLINE_BYTES is put in the object store once; the outputs come back whole."""
+    runtime = server.runtime
+    path = identity_model(tmp_path / "wide.onnx", "FP32", width=40_000)
+    key = ModelKey("wide", "1")
+    config = ModelConfig(name="wide", ray=RayModelOptions(num_cpus=0))
+    server.call(runtime.executor.load(key, path, config))
+    try:
+        rows = np.random.default_rng(3).random((2, 40_000), dtype=np.float32)
+        assert rows.nbytes > INLINE_BYTES
+        outputs = server.call(runtime.executor.run(key, [{"x": rows}]))
+        try:
+            (name,) = list(outputs)
+            np.testing.assert_array_equal(np.asarray(outputs[name]), rows)
+        finally:
+            outputs.release()
+    finally:
+        server.call(runtime.executor.unload(key))
+
+
+def test_hang_is_found_by_the_heartbeat_and_replaced(server: RunningServer) -> None:
+    """A hang fault stops the actor's process: no heartbeat, so it is killed and replaced."""
+    start = mark(server)
+    executor = server.runtime.executor
+    with Load(server.url, clients=4) as load:
+        load.wait_ok(10)
+        fault = executor.inject_fault("worker:digits-classifier/0", "hang", rate=1.0)
+        wait_until(lambda: events(server, "worker_failed", start), 60, "hang detection")
+        executor.faults.clear(fault.id)
+        wait_until(lambda: events(server, "worker_restarted", start), 60, "the replacement")
+        load.wait_ok(20)
+    assert load.errors == []
+    (failed,) = events(server, "worker_failed", start)
+    assert failed.subject == "digits-classifier/0"
+    assert failed.cause.startswith(("hang: no heartbeat", "timeout:")), failed.cause
+
+
+def test_profiling_is_refused_with_a_clear_message(server: RunningServer, tmp_path: Path) -> None:
+    executor = server.runtime.executor
+    key = executor.find_model("digits-classifier")
+    assert key is not None
+    with pytest.raises(Unavailable, match="not supported with the ray executor"):
+        server.call(
+            executor.profile(key, seconds=0.1, trace_dir=tmp_path, synthetic_batch=lambda: {})
+        )
