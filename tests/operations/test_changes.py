@@ -54,7 +54,7 @@ def test_a_file_overlay_merges_models_by_name() -> None:
         ("models.m.dynamic_batching.max_queue_delay_microseconds", True),
         ("models.m.dynamic_batching.priority_levels", False),
         ("models.m.instance_count", False),
-        ("memory.pool_size", False),
+        ("memory.pool_size", True),
         ("memory.defrag_interval", True),
         ("server.http_port", False),
         ("scheduler.strategies.fallback_chain.primary", False),

@@ -125,20 +125,20 @@ def test_keys_that_need_a_restart_are_named_and_nothing_changes() -> None:
     with _server() as server:
         code, out = _cli(
             "reconfigure", "--url", server.url, "--token", TOKEN,
-            "--memory-pool-size", "4GB", "--set", "server.http_port=9999",
+            "--set", "memory.strategy=simple", "--set", "server.http_port=9999",
             "--set", "scheduler.mode=manual",
         )  # fmt: skip
         assert code == 1
-        assert "memory.pool_size" in out and "server.http_port" in out
+        assert "memory.strategy" in out and "server.http_port" in out
         assert "scheduler.mode" not in out.split("cannot change")[1]
         assert server.runtime.config.scheduler.mode == "adaptive"
         code, out = _cli(
             "reconfigure", "--url", server.url, "--token", TOKEN,
-            "--set", "scheduler.mode=manual", "--memory-pool-size", "4GB", "--dry-run",
+            "--set", "scheduler.mode=manual", "--set", "memory.strategy=simple", "--dry-run",
         )  # fmt: skip
         assert code == 0, out
         assert "scheduler.mode: 'adaptive' -> 'manual'  (live)" in out
-        assert "memory.pool_size: None -> 4294967296  (needs a restart" in out
+        assert "memory.strategy: 'best_fit' -> 'simple'  (needs a restart" in out
         assert "dry_run" in out and server.runtime.config.scheduler.mode == "adaptive"
 
 
@@ -179,3 +179,26 @@ def test_file_change_and_config_show(tmp_path: Path) -> None:
         code, out = _cli("config", "show", "--url", server.url, "--token", TOKEN)
         assert code == 0 and "defrag_interval: 180.0" in out and f"{MODEL}:" in out, out
         assert TOKEN not in out and "<hidden>" in out
+
+
+def test_the_memory_pool_is_resized_live_without_dropping_a_request() -> None:
+    """The brief's `reconfigure --memory-pool-size` without a restart: the arena's segment
+    is replaced at a quiet moment while clients keep sending; none of them notices."""
+    with _server() as server, Load(server, clients=4) as load:
+        wait_for(lambda: load.ok > 20, "traffic before the change", 30)
+        code, out = _cli(
+            "reconfigure", "--url", server.url, "--token", TOKEN,
+            "--memory-pool-size", "64MB", "--verify-window", "0s",
+        )  # fmt: skip
+        assert code == 0, out
+        arena = server.runtime.executor.staging.existing_arena
+        assert arena is not None and arena.capacity == 64 * 2**20
+        resized = [e for e in server.runtime.events.recent("memory") if e.subject == "resize"]
+        assert resized and resized[-1].payload["reason"] == "reconfigure"
+        served = load.ok
+        wait_for(lambda: load.ok > served + 20, "traffic after the change", 30)
+        code, out = _cli(
+            "reconfigure", "--url", server.url, "--token", TOKEN, "--set", "memory.pool_size=auto"
+        )
+        assert code == 1 and "switching to or from 'auto' needs a restart" in out, out
+    assert load.failures == []

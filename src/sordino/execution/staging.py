@@ -121,6 +121,11 @@ class Staging:
         """The arena's size in bytes (what it will be, before it exists)."""
         return self._arena.capacity if self._arena is not None else self._capacity
 
+    def plan_capacity(self, capacity: int) -> None:
+        """The size the arena gets when it is created (a reconfiguration before then)."""
+        if self._arena is None:
+            self._capacity = capacity
+
     @property
     def existing_arena(self) -> Arena | None:
         """The arena if something already created it."""

@@ -41,6 +41,7 @@ LIVE_KEYS: tuple[str, ...] = (
     "scheduler.mode",
     "scheduler.slo_p99_ms",
     "scheduler.strategies.dynamic_batching.*",
+    "memory.pool_size",
     "memory.defrag_interval",
     "memory.defrag_threshold",
     "memory.defrag_window",
@@ -87,8 +88,6 @@ def is_live(key: str) -> bool:
 def restart_reason(key: str) -> str:
     """Why ``key`` needs a restart (or a model reload), in a few words."""
     head = key.split(".", 1)[0]
-    if key.startswith("memory.pool_size"):
-        return "the shared-memory arena is mapped once at start-up and cannot be resized live"
     if key.startswith("models."):
         return "it changes how the model is loaded: reload it (sordino models load NAME)"
     if head == "server":

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sordino.config import ModelConfig, RuntimeConfig, validate_config
-from sordino.errors import ConfigError, InvalidRequest, Unsupported
+from sordino.errors import ConfigError, InvalidRequest, Unavailable, Unsupported
 from sordino.inference import ModelKey
 from sordino.operations.changes import (
     Change,
@@ -211,9 +211,14 @@ class Reconfigurer:
         return Snapshot(config.model_copy(update={"models": kept}), models)
 
     async def _apply(self, snapshot: Snapshot) -> None:
-        """Hand ``snapshot`` to the running parts; nothing queued or running is touched."""
+        """Hand ``snapshot`` to the running parts; nothing queued or running is touched.
+
+        A new ``memory.pool_size`` is applied first (the arena's segment replaced at a
+        quiet moment, ``MemoryManager.resize``); when it cannot be, nothing changes.
+        """
         runtime = self.runtime
         old = self.live.config
+        await self._resize_pool(old, snapshot.config)
         runtime.use_config(snapshot.config)
         for model in _served(runtime):
             config = snapshot.models.get(model.key.name, model.source.config)
@@ -233,6 +238,32 @@ class Reconfigurer:
         if snapshot.config.memory != old.memory:
             await runtime.memory.retune(snapshot.config.memory)
         self.live = snapshot
+
+    async def _resize_pool(self, old: RuntimeConfig, new: RuntimeConfig) -> None:
+        before, after = old.memory.pool_size, new.memory.pool_size
+        if before == after:
+            return
+        if "auto" in (before, after):
+            raise Unsupported(
+                "memory.pool_size: switching to or from 'auto' needs a restart (a size "
+                "such as 4GB changes live)"
+            )
+        default = new.workers.shared_memory
+        capacity = new.memory.initial_pool(default)
+        if capacity == old.memory.initial_pool(default):
+            return
+        memory = self.runtime.memory
+        if memory.statistics().arena is None:
+            # No worker process made the arena yet: it will be created at the new size.
+            self.runtime.executor.staging.plan_capacity(capacity)
+            return
+        report = await memory.resize(capacity, reason="reconfigure")
+        if report is None:
+            raise Unavailable(
+                f"memory.pool_size: the arena could not be resized to {capacity} bytes now "
+                "(its live blocks do not fit, /dev/shm has no room, or no quiet moment "
+                "came within 5 s); nothing was changed: retry, or restart with the new size"
+            )
 
     async def _verify(
         self,
