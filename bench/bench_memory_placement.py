@@ -5,7 +5,9 @@ drift trace as ``bench_memory`` (100k allocations, 256 MiB, no defragmentation):
 fragmentation (``1 - largest free / free``), holes as a share of the arena, and
 internal waste (bytes held beyond what was asked, over the bytes in use). The last
 rows model an incremental compaction: whenever a long-lived block dies, the lowest
-long-lived block that fits (among the K lowest) is moved into the hole it left.
+long-lived block that fits (among the K lowest) is moved into the hole it left. The
+last table is how fast fragmentation comes back after a full compaction (one every
+5,000 allocations, as ``bench_memory``'s defrag rows do it).
 
     python -m bench.bench_memory_placement [--allocations 100000] [--seed 7]
 """
@@ -18,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 from rich.table import Table
 
-from bench.bench_memory import ARENA, Event, MiB, drift_trace, replay
+from bench.bench_memory import ARENA, Event, MiB, compact, drift_trace, replay
 from bench.common import console
 from sordino.memory.allocator import Allocator, Block, Lifetime, Strategy
 from sordino.memory.tiered import FragmentationAwareAllocator
@@ -130,6 +132,29 @@ def refill_replay(events: list[Event], lowest: int) -> dict[str, float]:
     return {"fragmentation_mean": float(np.mean(samples)), "moved_mib_total": moved / MiB}
 
 
+def regrowth(events: list[Event], every: int = 5000) -> dict[int, float]:
+    """Mean fragmentation N allocations after a full compaction, for a few N."""
+    allocator = FragmentationAwareAllocator(ARENA)
+    dying: dict[int, list[tuple[Block, int]]] = {}
+    long: set[int] = set()
+    since: int | None = None
+    after: dict[int, list[float]] = {}
+    for i, event in enumerate(events):
+        for block, _ in dying.pop(i, ()):
+            allocator.release(block)
+            long.discard(block.offset)
+        block = allocator.acquire_nowait(event.size, event.lifetime)
+        dying.setdefault(i + event.life, []).append((block, event.size))
+        if event.lifetime == "long":
+            long.add(block.offset)
+        if i >= len(events) // 10 and i % every == 0:
+            compact(allocator, dying, long)
+            since = i
+        if since is not None and i - since in (0, 200, 500, 1000, 2000):
+            after.setdefault(i - since, []).append(allocator.statistics().fragmentation)
+    return {n: float(np.mean(values)) for n, values in sorted(after.items())}
+
+
 def _refill(
     allocator: FragmentationAwareAllocator,
     arena: Allocator,
@@ -193,6 +218,12 @@ def main() -> None:
         row = refill_replay(events, lowest)
         moved = f"{row['moved_mib_total'] / 1024:.1f} GiB"
         table.add_row(str(lowest), f"{row['fragmentation_mean']:.1%}", moved)
+    console.print(table)
+    table = Table(title="fragmentation N allocations after a full compaction (mean)")
+    for column in ("N", "fragmentation"):
+        table.add_column(column, justify="right")
+    for n, value in regrowth(events).items():
+        table.add_row(str(n), f"{value:.1%}")
     console.print(table)
 
 
