@@ -27,6 +27,7 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,14 +73,14 @@ def drift_trace(allocations: int, seed: int) -> list[Event]:
     return events
 
 
-def compact(allocator: Strategy, dying: dict[int, list[Block]], long: set[int]) -> int:
+def compact(allocator: Strategy, dying: dict[int, list[tuple[Block, int]]], long: set[int]) -> int:
     """What ``Arena.defragment`` does to the allocator: re-place every long-lived block.
 
     Long-lived blocks stand for streams' carried state, parked in the queue between
     steps (movable); short-lived ones for running batches' buffers (pinned). Returns
     the bytes that changed place.
     """
-    movable = [(at, i, b) for at, blocks in dying.items() for i, b in enumerate(blocks)
+    movable = [(at, i, b) for at, blocks in dying.items() for i, (b, _) in enumerate(blocks)
                if b.offset in long]  # fmt: skip
     for _, _, block in movable:
         allocator.release(block)
@@ -89,32 +90,46 @@ def compact(allocator: Strategy, dying: dict[int, list[Block]], long: set[int]) 
         new = allocator.acquire_nowait(block.size, "long")
         long.discard(block.offset)
         long.add(new.offset)
-        dying[at][i] = new
+        dying[at][i] = (new, dying[at][i][1])
         moved += block.size if new.offset != block.offset else 0
     return moved
 
 
 def replay(
-    strategy: str, events: list[Event], *, defrag: float | None = None, every: int = 1000
+    strategy: str,
+    events: list[Event],
+    *,
+    defrag: float | None = None,
+    every: int = 1000,
+    factory: Callable[[int], Strategy] | None = None,
 ) -> dict[str, float]:
-    """Replay ``events``; with ``defrag``, compact every ``every`` allocations above that."""
-    allocator: Strategy = allocator_factory(strategy)(ARENA)
-    dying: dict[int, list[Block]] = {}
+    """Replay ``events``; with ``defrag``, compact every ``every`` allocations above that.
+
+    ``factory`` builds the allocator instead of ``strategy``'s (the placement variants of
+    ``bench_memory_placement``).
+    """
+    allocator: Strategy = (factory or allocator_factory(strategy))(ARENA)
+    dying: dict[int, list[tuple[Block, int]]] = {}  # when -> (block, bytes asked)
     long: set[int] = set()
     samples: list[float] = []
     used: list[float] = []
+    holes: list[float] = []
+    waste: list[float] = []
+    asked = 0  # bytes asked by the live blocks (what they hold beyond it is internal waste)
     failed = runs = moved = 0
     warmup = len(events) // 10
     for i, event in enumerate(events):
-        for block in dying.pop(i, ()):
+        for block, nbytes in dying.pop(i, ()):
             allocator.release(block)
             long.discard(block.offset)
+            asked -= nbytes
         try:
             block = allocator.acquire_nowait(event.size, event.lifetime)
         except OutOfMemory:
             failed += 1
         else:
-            dying.setdefault(i + event.life, []).append(block)
+            dying.setdefault(i + event.life, []).append((block, event.size))
+            asked += event.size
             if event.lifetime == "long":
                 long.add(block.offset)
         checking = defrag is not None and i % every == 0
@@ -125,14 +140,19 @@ def replay(
             stats = allocator.statistics()
             samples.append(stats.fragmentation)
             used.append(stats.in_use_bytes / stats.reserved_bytes)
+            holes.append((stats.free_bytes - stats.largest_free) / stats.reserved_bytes)
+            waste.append((stats.in_use_bytes - asked) / stats.in_use_bytes)
     frag = np.asarray(samples)
     return {
         "fragmentation_mean": float(frag.mean()),
         "fragmentation_p95": float(np.percentile(frag, 95)),
+        "holes_of_arena_mean": float(np.mean(holes)),
+        "internal_waste_mean": float(np.mean(waste)),
         "in_use_mean": float(np.mean(used)),
         "failed": failed,
         "defrag_runs": runs,
         "moved_mib_per_run": moved / MiB / runs if runs else 0.0,
+        "moved_mib_total": moved / MiB,
     }
 
 
@@ -267,8 +287,9 @@ def main() -> None:
         title=f"drift trace: {len(events)} allocations on a 256 MiB arena "
         f"(defrag checked every {args.defrag_every})"
     )
-    columns = ("strategy", "defrag", "fragmentation mean", "p95", "in use", "failed", "runs",
-               "moved/run")  # fmt: skip
+    columns = ("strategy", "defrag", "fragmentation mean", "p95", "holes / arena",
+               "internal waste", "in use", "failed", "runs", "moved/run",
+               "moved total")  # fmt: skip
     for column in columns:
         table.add_column(column, justify="right")
     drift = {}
@@ -281,10 +302,13 @@ def main() -> None:
                 f"> {defrag:.0%}" if defrag is not None else "never",
                 f"{row['fragmentation_mean']:.1%}",
                 f"{row['fragmentation_p95']:.1%}",
+                f"{row['holes_of_arena_mean']:.1%}",
+                f"{row['internal_waste_mean']:.2%}",
                 f"{row['in_use_mean']:.0%}",
                 str(row["failed"]),
                 str(row["defrag_runs"]),
                 f"{row['moved_mib_per_run']:.0f} MiB",
+                f"{row['moved_mib_total'] / 1024:.1f} GiB",
             )
     console.print(table)
     results["drift"] = drift
