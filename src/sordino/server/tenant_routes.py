@@ -37,7 +37,7 @@ __all__ = ["KEY_PREFIX", "new_key", "tenant_routes"]
 
 Handler = Callable[[Request], Awaitable[Response]]
 KEY_PREFIX = "sk-"
-_SETTABLE = ("weight", "rate", "burst", "max_concurrency", "max_priority")
+_SETTABLE = ("weight", "rate", "burst", "max_concurrency", "max_priority", "breaker")
 
 
 def new_key() -> str:
