@@ -11,11 +11,14 @@ each run (printed, to replay):
   client-error code with details;
 - ``auth``: odd ``Authorization`` values over HTTP and gRPC on an ``auth.required``
   port: 200 or 401 (``UNAUTHENTICATED``), never anything else;
-- ``config``: random ``tenants:``/``auth:`` sections: they load or raise ConfigError.
+- ``config``: random ``tenants:``/``auth:`` sections: they load or raise ConfigError;
+- ``api``: schemathesis over ``/v2/openapi.json`` (``tests/tenants/test_schemathesis.py``),
+  every operation with no key, a tenant's, an admin's and a wrong one: no server error,
+  documented status codes, every 4xx naming its problem.
 
 At the end the server must still answer a normal request over both protocols.
 
-    python -m bench.fuzz [--cases 2000] [--seed N]    # writes bench/results/fuzz.json
+    python -m bench.fuzz [--cases 2000] [--seed N] [--only api]   # writes bench/results/fuzz.json
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from tests.server.test_fuzz_infer import (
     http_requests,
 )
 from tests.tenants.test_fuzz_auth import authorizations, tenant_entries
+from tests.tenants.test_schemathesis import ADMIN_KEY, TENANT_KEY, fuzz_api
 
 from bench.common import console, save, sordino_server
 from sordino.config import load_config
@@ -172,6 +176,23 @@ def _config(folder: Path, required: bool) -> Path:
     return path
 
 
+def api_campaign(folder: Path, cases: int, run_seed: int) -> tuple[Tally, bool]:
+    """Schemathesis over the OpenAPI document, ``cases`` spread over its operations."""
+    path = folder / "api.yaml"
+    path.write_text(
+        f'tenants:\n  - name: acme\n    keys: ["{hash_key(TENANT_KEY)}"]\n'
+        f'auth:\n  required: true\n  admin_keys: ["{hash_key(ADMIN_KEY)}"]\n'
+    )
+    tally = Tally()
+    with sordino_server(["--config", str(path)]) as ends:
+        result = fuzz_api(ends.http, max(1, cases // 50), run_seed)
+        ready = httpx.get(f"{ends.http}/v2/health/ready", timeout=30).status_code == 200
+    tally.cases = result.cases
+    for failure in result.failures:
+        tally.fail(failure)
+    return tally, ready
+
+
 def _still_serves(url: str, target: str, headers: dict[str, str]) -> bool:
     answer = httpx.post(f"{url}/v2/models/digits-classifier/infer", json=NORMAL, headers=headers)
     with grpc.insecure_channel(target) as channel:
@@ -185,6 +206,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=2000, help="cases per target")
     parser.add_argument("--seed", type=int, default=None, help="replay a run's seed")
+    parser.add_argument("--only", choices=["api"], default=None, help="run only this target")
     args = parser.parse_args()
     run_seed = args.seed if args.seed is not None else random.randrange(2**32)
     console.print(f"seed {run_seed} (replay with --seed {run_seed})")
@@ -193,16 +215,18 @@ def main() -> None:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
-        with sordino_server(["--config", str(_config(folder, False))]) as ends:
-            results["http"] = http_campaign(ends.http, args.cases, run_seed)
-            results["grpc"] = grpc_campaign(ends.grpc, args.cases, run_seed)
-            served["open port"] = _still_serves(ends.http, ends.grpc, {})
-        with sordino_server(["--config", str(_config(folder, True))]) as ends:
-            results["auth"] = auth_campaign(ends.http, ends.grpc, args.cases, run_seed)
-            served["auth port"] = _still_serves(
-                ends.http, ends.grpc, {"Authorization": f"Bearer {KEY}"}
-            )
-    results["config"] = config_campaign(args.cases, run_seed)
+        results["api"], served["api port"] = api_campaign(folder, args.cases, run_seed)
+        if args.only is None:
+            with sordino_server(["--config", str(_config(folder, False))]) as ends:
+                results["http"] = http_campaign(ends.http, args.cases, run_seed)
+                results["grpc"] = grpc_campaign(ends.grpc, args.cases, run_seed)
+                served["open port"] = _still_serves(ends.http, ends.grpc, {})
+            with sordino_server(["--config", str(_config(folder, True))]) as ends:
+                results["auth"] = auth_campaign(ends.http, ends.grpc, args.cases, run_seed)
+                served["auth port"] = _still_serves(
+                    ends.http, ends.grpc, {"Authorization": f"Bearer {KEY}"}
+                )
+            results["config"] = config_campaign(args.cases, run_seed)
     seconds = time.perf_counter() - started
     for name, tally in results.items():
         console.print(f"{name:7} {tally.cases:6} cases, {len(tally.failures)} failures")
@@ -210,7 +234,7 @@ def main() -> None:
             console.print(f"        {failure}")
     console.print(f"still serving afterwards: {served}; {seconds:.0f} s")
     save(
-        "fuzz",
+        "fuzz" if args.only is None else f"fuzz-{args.only}",
         {
             "seed": run_seed,
             "seconds": seconds,

@@ -54,6 +54,13 @@ def test_add_key_use_revoke(server: RunningServer) -> None:
     assert key_id in out and "1 admitted" in out
     code, out, _ = _run(server, "set", "studio", "--max-concurrency", "3")
     assert code == 0 and "max_concurrency 3" in out
+    code, out, err = _run(server, "set", "studio", "--breaker-failures", "3")
+    assert code == 0, err
+    assert "opens after 3 failures for 10 s" in out  # the cooldown kept from the default
+    code, out, err = _run(server, "set", "studio", "--breaker-cooldown", "30s")
+    assert code == 0 and "opens after 3 failures for 30 s" in out, err
+    code, _, err = _run(server, "set", "studio", "--breaker-cooldown", "soon")
+    assert code == 1 and "breaker.cooldown" in err, err
     code, out, err = _run(server, "revoke-key", "studio", key_id)
     assert code == 0, err
     assert _infer(server, key) == 401
@@ -65,8 +72,10 @@ def test_add_key_use_revoke(server: RunningServer) -> None:
             )
         assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
     calls = [e for e in server.runtime.events.recent("admin_call") if e.subject == "tenant:studio"]
-    assert [e.payload["action"] for e in calls] == ["add", "add-key", "set", "revoke-key"]
-    assert all(e.payload["outcome"] == "ok" for e in calls)
+    actions = ["add", "add-key", "set", "set", "set", "set", "revoke-key"]
+    assert [e.payload["action"] for e in calls] == actions
+    # The refused breaker setting is journaled too, as refused.
+    assert [e.payload["outcome"] == "ok" for e in calls] == [True] * 5 + [False, True]
 
 
 def test_bad_input_names_the_problem(server: RunningServer) -> None:

@@ -45,6 +45,20 @@ def test_the_document_lists_the_routes(server: RunningServer) -> None:
         assert expected in paths, expected
     infer = paths["/v2/models/{model}/infer"]["post"]
     assert infer["requestBody"]["content"]["application/json"]["schema"]["required"] == ["inputs"]
+    # The admin API's bodies are the pydantic models its handlers validate with.
+    add = paths["/v2/admin/tenants"]["post"]
+    schema = add["requestBody"]["content"]["application/json"]["schema"]
+    assert schema["required"] == ["name"] and "weight" in schema["properties"]
+    assert schema["additionalProperties"] is False
+    breaker = schema["properties"]["breaker"]["anyOf"][0]["$ref"]
+    assert breaker == "#/components/schemas/BreakerConfig"
+    assert "cooldown" in document["components"]["schemas"]["BreakerConfig"]["properties"]
+    assert "201" in add["responses"] and "200" not in add["responses"]
+    change = paths["/v2/admin/tenants/{name}"]["patch"]
+    partial = change["requestBody"]["content"]["application/json"]["schema"]
+    assert "required" not in partial and "name" not in partial["properties"]
+    assert {"weight", "breaker"} <= set(partial["properties"])
+    assert {"400", "401", "403", "404", "429", "503"} <= set(infer["responses"])
 
 
 def test_every_operation_answers_without_a_server_error(server: RunningServer) -> None:

@@ -7,8 +7,10 @@ dependency); the test is skipped where that command is missing.
 from __future__ import annotations
 
 import shutil
+import socket
 import ssl
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -141,3 +143,35 @@ def test_mutual_tls_wants_a_client_certificate(tmp_path: Path, pem: tuple[Path, 
             assert client.is_server_ready()
         finally:
             client.close()
+
+
+def _closed_after(port: int, first_bytes: bytes) -> float:
+    """Seconds until the server closes a connection that stalls its TLS handshake."""
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as stalled:
+        stalled.sendall(first_bytes)
+        try:
+            while stalled.recv(4096):  # whatever the server says, it must then close
+                pass
+        except ConnectionResetError:
+            pass
+    return time.monotonic() - started
+
+
+def test_a_stalled_handshake_is_dropped_after_the_header_timeout(
+    pem: tuple[Path, Path],
+) -> None:
+    cert, key = pem
+    settings = {"tls": {"cert": str(cert), "key": str(key)}, "header_timeout": "1s"}
+    config = load_config(None, {"server": settings})
+    sources = [s for s in builtin_sources() if s.name == "simple"]
+    with serve_in_thread(config, sources) as running:
+        # Silent after connecting, and a ClientHello cut after its record header: both
+        # are dropped near the 1 s header timeout, not after asyncio's 60 s default.
+        for first_bytes in (b"", b"\x16\x03\x01\x02\x00"):
+            assert _closed_after(running.port, first_bytes) < 20
+            assert _closed_after(running.grpc_port, first_bytes) < 20
+        ready = httpx.get(
+            f"{running.url}/v2/health/ready", verify=ssl.create_default_context(cafile=str(cert))
+        )
+        assert ready.status_code == 200

@@ -50,6 +50,8 @@ class AdmissionContext:
     """Who the request is (from its key when tenants are configured)."""
     slot: bool = False
     """True while the request holds a slot of its tenant's limits (admission/tenants.py)."""
+    trial: bool = False
+    """True when the request is the one trial of its tenant's half-open breaker."""
 
 
 Link = Callable[[InferRequest, AdmissionContext], None]

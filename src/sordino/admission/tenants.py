@@ -14,10 +14,12 @@ run time by the admin API) and does four cheap things per request:
 - **limit** (the link itself, last in the chain): at most ``max_concurrency`` requests
   in flight (429), and a token bucket of ``rate`` requests per second holding at most
   ``burst`` (429 with ``Retry-After``: when the next token comes).
-- **break**: a tenant whose requests keep failing (:data:`BREAKER_FAILURES` failures in
-  a row: bad inputs, model errors, timeouts, worker crashes) gets fast 503s for
-  :data:`BREAKER_COOLDOWN_S`; then its requests are admitted again, and as many failures
-  in a row open it again. Other tenants are unaffected.
+- **break**: a tenant whose requests keep failing (``breaker.failures`` in a row, 5 by
+  default: bad inputs, model errors, timeouts, worker crashes) gets fast 503s for
+  ``breaker.cooldown`` (10 s); then the breaker is half-open: one trial request is let
+  through while the others still get 503, and the trial's success closes the breaker,
+  its failure opens it for another cooldown (Envoy's and Hystrix's rule). Other tenants
+  are unaffected. ``tenants[].breaker`` sets a tenant's, ``auth.breaker`` the default.
 
 A request that passed the limits holds a slot; the service gives it back with
 :meth:`Tenants.finished` when the request ends, however it ends.
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sordino.admission.chain import AdmissionContext, parse_priority
-from sordino.config.tenants import TenantConfig, hash_key
+from sordino.config.tenants import BreakerConfig, TenantConfig, hash_key
 from sordino.errors import InvalidRequest, NotFound, RateLimited, Unauthenticated, Unavailable
 from sordino.inference import InferRequest
 from sordino.records import TenantStatistics
@@ -49,10 +51,10 @@ __all__ = [
 DEFAULT_TENANT = "default"
 ADMIN_TENANT = "admin"
 """The tenant of an inference request made with an admin key."""
-BREAKER_FAILURES = 5
-"""Failed requests in a row that open a tenant's breaker."""
-BREAKER_COOLDOWN_S = 10.0
-"""How long an open breaker answers 503 before it lets a trial request through."""
+BREAKER_FAILURES = BreakerConfig().failures
+"""Failed requests in a row that open a tenant's breaker, by default."""
+BREAKER_COOLDOWN_S = BreakerConfig().cooldown
+"""How long an open breaker answers 503 before it lets a trial request through, by default."""
 
 
 @dataclass(slots=True)
@@ -65,6 +67,9 @@ class _State:
     in_flight: int = 0
     failures: int = 0
     open_until: float = 0.0
+    """0: closed; in the future: open; in the past: half-open (a trial may run)."""
+    trial: bool = False
+    """Whether the half-open breaker's one trial request is in flight."""
     refused_rate: int = 0
     refused_concurrency: int = 0
     refused_breaker: int = 0
@@ -88,9 +93,11 @@ class Tenants:
         required: bool = False,
         admin_keys: Iterable[str] = (),
         admin_token: str | None = None,
+        breaker: BreakerConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.required = required
+        self._breaker = breaker or BreakerConfig()
         self._admin_keys = frozenset(admin_keys)
         self._admin_token = admin_token
         self._clock = clock
@@ -123,6 +130,7 @@ class Tenants:
             if old is not None:
                 state.in_flight, state.failures = old.in_flight, old.failures
                 state.open_until, state.trips = old.open_until, old.trips
+                state.trial = old.trial
             state.tokens = config.bucket_size or 0.0
             state.refilled = self._clock()
             self._table.tenants[config.name] = state
@@ -150,6 +158,10 @@ class Tenants:
         if "name" in changes or "keys" in changes:
             raise InvalidRequest("set cannot change name or keys; use add-key and revoke-key")
         data = current.model_dump(exclude_unset=False) | changes
+        if isinstance(changes.get("breaker"), dict):
+            # A partial breaker keeps the rest of the tenant's (or the default) breaker.
+            base = (current.breaker or self._breaker).model_dump()
+            data["breaker"] = base | changes["breaker"]
         updated = TenantConfig.model_validate(data)
         self._put(updated)
         return updated
@@ -192,8 +204,10 @@ class Tenants:
             "refused_rate": state.refused_rate,
             "refused_concurrency": state.refused_concurrency,
             "refused_breaker": state.refused_breaker,
-            "breaker": "open" if state.open_until > self._clock() else "closed",
+            "breaker": self._breaker_state(state),
             "breaker_trips": state.trips,
+            "breaker_failures": self.breaker(name).failures,
+            "breaker_cooldown": self.breaker(name).cooldown,
         }
 
     def statistics(self) -> list[TenantStatistics]:
@@ -213,6 +227,18 @@ class Tenants:
             )
             for name, state in sorted(self._table.tenants.items())
         ]
+
+    def breaker(self, tenant: str) -> BreakerConfig:
+        """The breaker settings of ``tenant``: its own, else ``auth.breaker``."""
+        state = self._table.tenants.get(tenant)
+        if state is None or state.config.breaker is None:
+            return self._breaker
+        return state.config.breaker
+
+    def _breaker_state(self, state: _State) -> str:
+        if state.open_until == 0.0:
+            return "closed"
+        return "open" if state.open_until > self._clock() else "half_open"
 
     def weight(self, tenant: str) -> int:
         state = self._table.tenants.get(tenant)
@@ -275,15 +301,27 @@ class Tenants:
             return
         config = state.config
         now = self._clock()
+        trial = False
         if state.open_until > now:
             state.refused_breaker += 1
+            failures = self.breaker(context.tenant).failures
             error = Unavailable(
-                f"tenant {context.tenant!r}'s requests kept failing ({BREAKER_FAILURES} in a "
+                f"tenant {context.tenant!r}'s requests kept failing ({failures} in a "
                 f"row): its breaker is open for {state.open_until - now:.1f} s more; fix "
                 "the requests and retry then"
             )
             error.retry_after_s = state.open_until - now
             raise error
+        if state.open_until:  # half-open: one trial request tells whether to close
+            if state.trial:
+                state.refused_breaker += 1
+                error = Unavailable(
+                    f"tenant {context.tenant!r}'s breaker is half-open: one trial request is "
+                    "running, and its outcome closes or reopens the breaker; retry shortly"
+                )
+                error.retry_after_s = 1.0
+                raise error
+            trial = True
         if config.max_concurrency is not None and state.in_flight >= config.max_concurrency:
             state.refused_concurrency += 1
             raise RateLimited(
@@ -307,6 +345,8 @@ class Tenants:
         state.in_flight += 1
         state.requests += 1
         context.slot = True
+        if trial:
+            state.trial = context.trial = True
 
     def finished(self, context: AdmissionContext, outcome: str | None) -> None:
         """Give back the request's slot and feed its outcome to the tenant's breaker."""
@@ -317,23 +357,33 @@ class Tenants:
         if state is None:
             return
         state.in_flight = max(0, state.in_flight - 1)
-        if outcome == "success":
+        if context.trial:
+            context.trial = state.trial = False
+            if outcome == "success":
+                state.open_until, state.failures = 0.0, 0
+            elif outcome == "failure":
+                self._open(state)
+            # Cancelled or refused later: no verdict; the next request is the trial.
+        elif outcome == "success":
             state.failures = 0
-        elif outcome == "failure":
+        elif outcome == "failure" and not state.open_until:
             self._failed(state)
 
     def failed(self, tenant: str) -> None:
         """Count a request of ``tenant`` refused for its own mistake (a bad input)."""
         state = self._table.tenants.get(tenant)
-        if state is not None:
+        if state is not None and not state.open_until:
             self._failed(state)
 
     def _failed(self, state: _State) -> None:
         state.failures += 1
-        if state.failures >= BREAKER_FAILURES:
-            state.failures = 0
-            state.trips += 1
-            state.open_until = self._clock() + BREAKER_COOLDOWN_S
+        if state.failures >= self.breaker(state.config.name).failures:
+            self._open(state)
+
+    def _open(self, state: _State) -> None:
+        state.failures = 0
+        state.trips += 1
+        state.open_until = self._clock() + self.breaker(state.config.name).cooldown
 
 
 def _bearer(authorization: str | None) -> str | None:

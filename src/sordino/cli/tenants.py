@@ -66,7 +66,12 @@ def describe_tenant(t: dict[str, Any]) -> str:
         f"memory_quota {_or_none(t['memory_quota'])}; keys {keys}; {t['in_flight']} in flight, "
         f"{t['requests']} admitted, refused {t['refused_rate']} by rate, "
         f"{t['refused_concurrency']} by concurrency, {t['refused_breaker']} by the breaker "
-        f"(breaker {t['breaker']}, {t['breaker_trips']} trips)"
+        f"(breaker {t['breaker']}, {t['breaker_trips']} trips"
+        + (
+            f"; opens after {t['breaker_failures']} failures for {t['breaker_cooldown']:g} s)"
+            if "breaker_failures" in t
+            else ")"
+        )
     )
 
 
@@ -76,6 +81,8 @@ def _settings(
     burst: int | None,
     max_concurrency: int | None,
     max_priority: str | None,
+    breaker_failures: int | None = None,
+    breaker_cooldown: str | None = None,
 ) -> dict[str, Any]:
     given = {
         "weight": weight,
@@ -84,11 +91,25 @@ def _settings(
         "max_concurrency": max_concurrency,
         "max_priority": max_priority,
     }
-    return {key: value for key, value in given.items() if value is not None}
+    settings: dict[str, Any] = {key: value for key, value in given.items() if value is not None}
+    breaker = {"failures": breaker_failures, "cooldown": breaker_cooldown}
+    if any(value is not None for value in breaker.values()):
+        # The server fills what is left out from the tenant's breaker (or auth.breaker).
+        settings["breaker"] = {key: value for key, value in breaker.items() if value is not None}
+    return settings
 
 
 def _setting_options(command: F) -> F:
     for option in (
+        click.option(
+            "--breaker-cooldown", default=None, help="How long an open breaker lasts, e.g. 30s."
+        ),
+        click.option(
+            "--breaker-failures",
+            type=click.IntRange(min=1),
+            default=None,
+            help="Failures in a row that open the breaker.",
+        ),
         click.option("--max-priority", default=None, help="high, normal, low or a level."),
         click.option("--max-concurrency", type=click.IntRange(min=1), default=None),
         click.option("--burst", type=click.IntRange(min=1), default=None, help="Bucket size."),
@@ -125,11 +146,16 @@ def add(
     burst: int | None,
     max_concurrency: int | None,
     max_priority: str | None,
+    breaker_failures: int | None,
+    breaker_cooldown: str | None,
     url: str | None,
     token: str | None,
 ) -> None:
     """Add tenant NAME (then give it a key with add-key)."""
-    body = {"name": name, **_settings(weight, rate, burst, max_concurrency, max_priority)}
+    settings = _settings(
+        weight, rate, burst, max_concurrency, max_priority, breaker_failures, breaker_cooldown
+    )
+    body = {"name": name, **settings}
     document = _call(lambda: _client(ctx, url, token).request("POST", "/v2/admin/tenants", body))
     click.echo(describe_tenant(document))
 
@@ -147,15 +173,19 @@ def set_tenant(
     burst: int | None,
     max_concurrency: int | None,
     max_priority: str | None,
+    breaker_failures: int | None,
+    breaker_cooldown: str | None,
     url: str | None,
     token: str | None,
 ) -> None:
-    """Change tenant NAME's weight, rate, burst, concurrency or priority cap."""
-    body = _settings(weight, rate, burst, max_concurrency, max_priority)
+    """Change tenant NAME's weight, rate, burst, concurrency, priority cap or breaker."""
+    body = _settings(
+        weight, rate, burst, max_concurrency, max_priority, breaker_failures, breaker_cooldown
+    )
     if not body:
         raise click.UsageError(
             "nothing to set: give at least one of --weight, --rate, --burst, "
-            "--max-concurrency, --max-priority"
+            "--max-concurrency, --max-priority, --breaker-failures, --breaker-cooldown"
         )
     path = f"/v2/admin/tenants/{name}"
     document = _call(lambda: _client(ctx, url, token).request("PATCH", path, body))

@@ -60,6 +60,9 @@ class ServerConfig(Section):
     max_connections_per_client: int = Field(default=1024, ge=1)
     """Open HTTP connections one client address may hold; past it its new connections
     are answered 503 and closed (other clients are still served)."""
+    max_streams_per_client: int = Field(default=256, ge=1)
+    """Open gRPC ``ModelStreamInfer`` streams one client address may hold, over all its
+    connections; past it a new stream is refused with RESOURCE_EXHAUSTED."""
     shutdown_timeout: Duration = 30.0
     """How long a graceful stop waits for in-flight requests before cancelling them."""
     tls: TlsConfig | None = None

@@ -14,12 +14,13 @@ from typing import Annotated
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator
 
 from sordino.config.base import Section, reject_repeated_names
-from sordino.config.units import Size
+from sordino.config.units import Duration, Size
 
 __all__ = [
     "KEY_PREFIX",
     "TENANT_NAME_PATTERN",
     "AuthConfig",
+    "BreakerConfig",
     "HashedKey",
     "Rate",
     "TenantConfig",
@@ -78,6 +79,17 @@ Rate = Annotated[float, BeforeValidator(parse_rate)]
 """Requests per second, written ``800/s``, ``3000/min`` or ``10/h``."""
 
 
+class BreakerConfig(Section):
+    """A tenant's circuit breaker: ``failures`` in a row open it; after ``cooldown`` one
+    trial request is let through (half-open), whose outcome closes or reopens it."""
+
+    failures: int = Field(default=5, ge=1, le=1_000_000)
+    """Failed requests in a row (bad inputs, model errors, timeouts, worker crashes)
+    that open the breaker."""
+    cooldown: Duration = Field(default=10.0, gt=0)
+    """How long an open breaker answers 503 before it lets one trial request through."""
+
+
 class TenantConfig(Section):
     """One tenant: its API keys, its share under contention and its limits."""
 
@@ -98,6 +110,8 @@ class TenantConfig(Section):
     max_priority: int | str | None = None
     """The highest priority its requests may claim (high, normal, low or a level); a
     higher claim is lowered to it."""
+    breaker: BreakerConfig | None = None
+    """This tenant's breaker; None: ``auth.breaker``, the default of every tenant."""
 
     @field_validator("max_priority")
     @classmethod
@@ -136,3 +150,5 @@ class AuthConfig(Section):
     admin_keys: tuple[HashedKey, ...] = ()
     """Hashed admin keys (``sha256:…``): chaos, model control, the journal, tenants.
     ``server.admin_token`` stays a valid admin credential too."""
+    breaker: BreakerConfig = BreakerConfig()
+    """The breaker of every tenant that does not set its own ``breaker``."""

@@ -101,6 +101,9 @@ async def _infer(
             arrived = time.perf_counter()
             body = await _read_body(receive, limit, declared)
             read_s = time.perf_counter() - arrived
+            if runtime.tenants.required:
+                # No key, no answer: which models exist is not told to strangers.
+                runtime.tenants.authenticate(forwarded.get("authorization"))
             # An unknown model is answered 404 whatever the body holds, as Triton does; the
             # model's shapes then bound what the body may declare, before anything is built.
             loaded = runtime.get(model, version)

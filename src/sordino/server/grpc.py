@@ -40,6 +40,7 @@ from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
 from sordino.server.serve import check_port
 from sordino.server.service import request_tenant
+from sordino.server.streams import StreamLimit, peer_address
 from sordino.server.tls import load_tls
 
 __all__ = ["SERVICE", "UNSUPPORTED_RPCS", "GrpcServer", "InferenceServicer"]
@@ -85,6 +86,7 @@ class InferenceServicer:
         self.runtime = runtime
         self.control = control
         # The Repository* RPCs are protected endpoints, as their HTTP twins.
+        self.streams = StreamLimit(runtime.config.server.max_streams_per_client)
         self.access = AdminAccess.from_config(
             runtime.config.server, runtime.config.auth, runtime.tenants.is_tenant_key
         )
@@ -435,7 +437,11 @@ def build_handler(servicer: InferenceServicer) -> Any:
     }
 
     async def stream(_requests: Any, context: Any) -> None:
-        await servicer.ModelStreamInfer(context)
+        try:
+            with servicer.streams.hold(peer_address(context.peer() or "")):
+                await servicer.ModelStreamInfer(context)
+        except SordinoError as exc:
+            await _abort(context, exc)
 
     handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
         stream, response_serializer=_serialize

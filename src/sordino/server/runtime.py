@@ -171,6 +171,7 @@ class Runtime:
             required=config.auth.required,
             admin_keys=config.auth.admin_keys,
             admin_token=admin_token(config.server.admin_token),
+            breaker=config.auth.breaker,
             clock=self.clock.now,
         )
         self.service = InferenceService(

@@ -12,9 +12,7 @@ import asyncio
 import contextlib
 import math
 import socket
-import ssl
 from collections.abc import Generator
-from typing import Any
 
 import uvicorn
 
@@ -100,16 +98,10 @@ class HttpServer:
         )
         runtime.metrics.registry.register(ConnectionCollector(self.guard.statistics))
         self.tls = tls is not None
-        secure: dict[str, Any] = {}
-        if tls is not None:
-            secure = {
-                "ssl_certfile": str(tls.config.cert),
-                "ssl_keyfile": str(tls.config.key),
-                "ssl_version": ssl.PROTOCOL_TLS_SERVER,
-            }
-            if tls.config.client_ca is not None:
-                secure["ssl_ca_certs"] = str(tls.config.client_ca)
-                secure["ssl_cert_reqs"] = ssl.CERT_REQUIRED
+        # With TLS the listener is made here, not by uvicorn, so that the TLS handshake
+        # is bounded by server.header_timeout (uvicorn leaves asyncio's 60 s default).
+        self._ssl = tls.ssl_context() if tls is not None else None
+        self._handshake_timeout = settings.header_timeout
         config = uvicorn.Config(
             build_app(runtime, control),
             loop="none",
@@ -121,7 +113,6 @@ class HttpServer:
             timeout_keep_alive=math.ceil(settings.keep_alive_timeout),  # uvicorn takes an int
             # sordino reads no client address; skip the X-Forwarded-* middleware per request.
             proxy_headers=False,
-            **secure,
         )
         self._server = _EmbeddedServer(config)
         self._task: asyncio.Task[None] | None = None
@@ -133,14 +124,40 @@ class HttpServer:
 
     async def start(self) -> None:
         """Start serving; return once the socket accepts connections."""
-        self._task = asyncio.get_running_loop().create_task(
-            self._server.serve(sockets=[self._sock])
-        )
+        loop = asyncio.get_running_loop()
+        sockets = [self._sock] if self._ssl is None else []
+        self._task = loop.create_task(self._server.serve(sockets=sockets))
         while not self._server.started:
             if self._task.done():
                 self._task.result()  # raises what stopped it
                 raise RuntimeError("the HTTP server stopped during start-up")
             await asyncio.sleep(0.01)
+        if self._ssl is not None:
+            await self._listen_tls(loop)
+
+    async def _listen_tls(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Accept TLS connections on the socket, as uvicorn would, but with the handshake
+        bounded: a client that stalls it is dropped after ``server.header_timeout``."""
+        server = self._server
+        config = server.config
+
+        def protocol() -> asyncio.Protocol:
+            made: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
+                config=config,
+                server_state=server.server_state,
+                app_state=server.lifespan.state,
+                _loop=loop,
+            )
+            return made
+
+        listener = await loop.create_server(
+            protocol,
+            sock=self._sock,
+            ssl=self._ssl,
+            ssl_handshake_timeout=self._handshake_timeout,
+            backlog=config.backlog,
+        )
+        server.servers.append(listener)  # closed by stop_accepting() and uvicorn's shutdown
 
     def stop_accepting(self) -> None:
         """Close the listening socket; open connections keep being served."""

@@ -31,13 +31,14 @@ from sordino.admission.tenants import key_id
 from sordino.config.tenants import TenantConfig, hash_key
 from sordino.control.admin import AdminAccess
 from sordino.errors import InvalidRequest, Unsupported
+from sordino.server.openapi import documented
 from sordino.server.runtime import Runtime
 
 __all__ = ["KEY_PREFIX", "new_key", "tenant_routes"]
 
 Handler = Callable[[Request], Awaitable[Response]]
 KEY_PREFIX = "sk-"
-_SETTABLE = ("weight", "rate", "burst", "max_concurrency", "max_priority")
+_SETTABLE = ("weight", "rate", "burst", "max_concurrency", "max_priority", "breaker")
 
 
 def new_key() -> str:
@@ -153,10 +154,17 @@ def tenant_routes(
     def protected(handler: Handler) -> Handler:
         return guard(access.protect(handler))
 
+    # The published body schemas are the models these handlers validate with.
+    adding = documented(protected(add), body=TenantConfig, success=201)
+    changing = documented(protected(change), body=TenantConfig, only=_SETTABLE)
     return [
         Route("/v2/admin/tenants", protected(listing), methods=["GET"]),
-        Route("/v2/admin/tenants", protected(add), methods=["POST"]),
-        Route("/v2/admin/tenants/{name}", protected(change), methods=["PATCH"]),
-        Route("/v2/admin/tenants/{name}/keys", protected(add_key), methods=["POST"]),
+        Route("/v2/admin/tenants", adding, methods=["POST"]),
+        Route("/v2/admin/tenants/{name}", changing, methods=["PATCH"]),
+        Route(
+            "/v2/admin/tenants/{name}/keys",
+            documented(protected(add_key), success=201),
+            methods=["POST"],
+        ),
         Route("/v2/admin/tenants/{name}/keys/{key_id}", protected(revoke_key), methods=["DELETE"]),
     ]
