@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
-from sordino.cli.server_url import server_url, url_option
-from sordino.control.admin import TOKEN_ENV
-from sordino.control.client import AdminClient, AdminError
+from sordino.cli.server_url import admin_client, admin_options, or_exit
 
 __all__ = ["chaos"]
 
@@ -32,33 +28,12 @@ def _describe(fault: dict[str, Any]) -> str:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _server_options(command: F) -> F:
-    """``--url`` and ``--token``, accepted before or after the subcommand's name."""
-    command = click.option("--token", default=None, help=f"Admin token (env {TOKEN_ENV}).")(command)
-    return url_option(command)
-
-
 @click.group()
-@_server_options
+@admin_options
 @click.pass_context
 def chaos(ctx: click.Context, url: str | None, token: str | None) -> None:
     """Inject faults into a running server's workers and devices."""
     ctx.obj = {"url": url, "token": token}
-
-
-def _client(ctx: click.Context, url: str | None, token: str | None) -> AdminClient:
-    # The subcommand's own options win over the group's, which win over the environment.
-    chosen_url = server_url(url, ctx.obj["url"])
-    chosen_token = token or ctx.obj["token"] or os.environ.get(TOKEN_ENV)
-    return AdminClient(chosen_url, chosen_token)
-
-
-def _run(call: Any) -> Any:
-    try:
-        return call()
-    except AdminError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
 
 
 @chaos.command()
@@ -80,7 +55,7 @@ def _run(call: Any) -> Any:
     "--celsius", type=float, default=None, help="The reading a temperature fault reports."
 )
 @click.option("--tenant", default=None, help="Hit only batches holding this tenant's requests.")
-@_server_options
+@admin_options
 @click.pass_context
 def inject(
     ctx: click.Context,
@@ -99,8 +74,8 @@ def inject(
     A temperature fault (``--fault temperature --target device:cpu --celsius 85``)
     overrides the device temperature sensor instead.
     """
-    client = _client(ctx, url, token)
-    spec = _run(
+    client = admin_client(ctx, url, token)
+    spec = or_exit(
         lambda: client.inject(
             target,
             fault,
@@ -115,12 +90,12 @@ def inject(
 
 
 @chaos.command(name="list")
-@_server_options
+@admin_options
 @click.pass_context
 def list_faults(ctx: click.Context, url: str | None, token: str | None) -> None:
     """List the active faults."""
-    client = _client(ctx, url, token)
-    faults = _run(client.faults)
+    client = admin_client(ctx, url, token)
+    faults = or_exit(client.faults)
     if not faults:
         click.echo("no active faults")
     for fault in faults:
@@ -129,10 +104,10 @@ def list_faults(ctx: click.Context, url: str | None, token: str | None) -> None:
 
 @chaos.command()
 @click.option("--id", "fault_id", default=None, help="Clear only this fault.")
-@_server_options
+@admin_options
 @click.pass_context
 def clear(ctx: click.Context, fault_id: str | None, url: str | None, token: str | None) -> None:
     """Clear one fault, or all of them."""
-    client = _client(ctx, url, token)
-    removed = _run(lambda: client.clear(fault_id))
+    client = admin_client(ctx, url, token)
+    removed = or_exit(lambda: client.clear(fault_id))
     click.echo(f"cleared {len(removed)} fault(s)")

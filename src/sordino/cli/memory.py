@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
-from sordino.cli.server_url import server_url, url_option
-from sordino.control.admin import TOKEN_ENV
-from sordino.control.client import AdminClient, ClientError
+from sordino.cli.server_url import admin_client, admin_options, or_exit
 
 __all__ = ["memory"]
 
@@ -22,31 +18,12 @@ def _mib(nbytes: int | None) -> str:
     return "-" if nbytes is None else f"{nbytes / 2**20:.1f} MiB"
 
 
-def _server_options(command: F) -> F:
-    command = click.option("--token", default=None, help=f"Admin token (env {TOKEN_ENV}).")(command)
-    return url_option(command)
-
-
 @click.group()
-@_server_options
+@admin_options
 @click.pass_context
 def memory(ctx: click.Context, url: str | None, token: str | None) -> None:
     """The shared-memory arena: pools, tiers, fragmentation, owners, defragmentation."""
     ctx.obj = {"url": url, "token": token}
-
-
-def _client(ctx: click.Context, url: str | None, token: str | None) -> AdminClient:
-    chosen_url = server_url(url, ctx.obj["url"])
-    chosen_token = token or ctx.obj["token"] or os.environ.get(TOKEN_ENV)
-    return AdminClient(chosen_url, chosen_token)
-
-
-def _call(call: Callable[[], Any]) -> Any:
-    try:
-        return call()
-    except ClientError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
 
 
 def describe_status(status: dict[str, Any]) -> list[str]:
@@ -151,34 +128,34 @@ def describe_defrag(report: dict[str, Any]) -> str:
 
 
 @memory.command()
-@_server_options
+@admin_options
 @click.pass_context
 def status(ctx: click.Context, url: str | None, token: str | None) -> None:
     """Show the arena, its tiers, owners and quotas, overflow and defrag figures."""
-    client = _client(ctx, url, token)
-    document = _call(lambda: client.request("GET", "/v2/sordino/memory"))
+    client = admin_client(ctx, url, token)
+    document = or_exit(lambda: client.request("GET", "/v2/sordino/memory"))
     for line in describe_status(document):
         click.echo(line)
 
 
 @memory.command()
-@_server_options
+@admin_options
 @click.pass_context
 def defrag(ctx: click.Context, url: str | None, token: str | None) -> None:
     """Defragment the arena now; report bytes moved and the pause it caused."""
-    client = _client(ctx, url, token)
-    report = _call(lambda: client.request("POST", "/v2/sordino/memory/defrag"))
+    client = admin_client(ctx, url, token)
+    report = or_exit(lambda: client.request("POST", "/v2/sordino/memory/defrag"))
     click.echo(describe_defrag(report))
 
 
 @memory.command()
 @click.argument("size")
-@_server_options
+@admin_options
 @click.pass_context
 def resize(ctx: click.Context, size: str, url: str | None, token: str | None) -> None:
     """Replace the arena by one of SIZE (e.g. 256MB) at the next quiet moment."""
-    client = _client(ctx, url, token)
-    report = _call(lambda: client.request("POST", "/v2/sordino/memory/resize", {"size": size}))
+    client = admin_client(ctx, url, token)
+    report = or_exit(lambda: client.request("POST", "/v2/sordino/memory/resize", {"size": size}))
     if not report.get("resized"):
         click.echo(f"not resized: {report.get('why')}")
         return

@@ -13,6 +13,7 @@ take ``--token``, else ``$SORDINO_ADMIN_TOKEN``, and send it as a bearer token
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -20,11 +21,15 @@ from urllib.parse import urlsplit
 import click
 
 from sordino.control.admin import TOKEN_ENV
+from sordino.control.client import AdminClient, ClientError
 
 __all__ = [
     "DEFAULT_URL",
     "URL_ENV",
+    "admin_client",
+    "admin_options",
     "auth_headers",
+    "or_exit",
     "server_url",
     "token_option",
     "url_option",
@@ -95,3 +100,29 @@ def auth_headers(*given: str | None) -> dict[str, str]:
     """The ``Authorization`` header for the first of ``given`` set, else $SORDINO_ADMIN_TOKEN."""
     token = next((t for t in given if t), None) or os.environ.get(TOKEN_ENV)
     return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def admin_options(command: F) -> F:
+    """``--url`` and ``--token`` on a command group and its subcommands (before or after
+    the subcommand's name); the group keeps its values in ``ctx.obj``."""
+    command = click.option(
+        "--token", default=None, help=f"Admin token or admin key (env {TOKEN_ENV})."
+    )(command)
+    return url_option(command)
+
+
+def admin_client(ctx: click.Context, url: str | None, token: str | None) -> AdminClient:
+    """The admin client for a subcommand: its own options win over its group's, which
+    win over the environment."""
+    chosen_url = server_url(url, ctx.obj["url"])
+    chosen_token = token or ctx.obj["token"] or os.environ.get(TOKEN_ENV)
+    return AdminClient(chosen_url, chosen_token)
+
+
+def or_exit(call: Callable[[], Any]) -> Any:
+    """``call()``, or ``error: …`` and exit 1 when the server refused or was not there."""
+    try:
+        return call()
+    except ClientError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)

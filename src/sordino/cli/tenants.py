@@ -7,49 +7,24 @@ once: the server keeps only its hash.
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
-from sordino.cli.server_url import server_url, url_option
-from sordino.control.admin import TOKEN_ENV
-from sordino.control.client import AdminClient, ClientError
+from sordino.cli.server_url import admin_client, admin_options, or_exit
 
 __all__ = ["describe_tenant", "tenants"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _server_options(command: F) -> F:
-    command = click.option(
-        "--token", default=None, help=f"Admin token or admin key (env {TOKEN_ENV})."
-    )(command)
-    return url_option(command)
-
-
 @click.group()
-@_server_options
+@admin_options
 @click.pass_context
 def tenants(ctx: click.Context, url: str | None, token: str | None) -> None:
     """Tenants: API keys, weights, rates and limits, changed without a restart."""
     ctx.obj = {"url": url, "token": token}
-
-
-def _client(ctx: click.Context, url: str | None, token: str | None) -> AdminClient:
-    chosen_url = server_url(url, ctx.obj["url"])
-    chosen_token = token or ctx.obj["token"] or os.environ.get(TOKEN_ENV)
-    return AdminClient(chosen_url, chosen_token)
-
-
-def _call(call: Callable[[], Any]) -> Any:
-    try:
-        return call()
-    except ClientError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
 
 
 def _or_none(value: object) -> str:
@@ -121,11 +96,11 @@ def _setting_options(command: F) -> F:
 
 
 @tenants.command("list")
-@_server_options
+@admin_options
 @click.pass_context
 def list_tenants(ctx: click.Context, url: str | None, token: str | None) -> None:
     """Every tenant, its settings and counters."""
-    document = _call(lambda: _client(ctx, url, token).request("GET", "/v2/admin/tenants"))
+    document = or_exit(lambda: admin_client(ctx, url, token).request("GET", "/v2/admin/tenants"))
     click.echo(f"auth required: {'yes' if document['auth_required'] else 'no'}")
     if not document["tenants"]:
         click.echo("no tenants")
@@ -136,7 +111,7 @@ def list_tenants(ctx: click.Context, url: str | None, token: str | None) -> None
 @tenants.command()
 @click.argument("name")
 @_setting_options
-@_server_options
+@admin_options
 @click.pass_context
 def add(
     ctx: click.Context,
@@ -156,14 +131,16 @@ def add(
         weight, rate, burst, max_concurrency, max_priority, breaker_failures, breaker_cooldown
     )
     body = {"name": name, **settings}
-    document = _call(lambda: _client(ctx, url, token).request("POST", "/v2/admin/tenants", body))
+    document = or_exit(
+        lambda: admin_client(ctx, url, token).request("POST", "/v2/admin/tenants", body)
+    )
     click.echo(describe_tenant(document))
 
 
 @tenants.command("set")
 @click.argument("name")
 @_setting_options
-@_server_options
+@admin_options
 @click.pass_context
 def set_tenant(
     ctx: click.Context,
@@ -188,18 +165,18 @@ def set_tenant(
             "--max-concurrency, --max-priority, --breaker-failures, --breaker-cooldown"
         )
     path = f"/v2/admin/tenants/{name}"
-    document = _call(lambda: _client(ctx, url, token).request("PATCH", path, body))
+    document = or_exit(lambda: admin_client(ctx, url, token).request("PATCH", path, body))
     click.echo(describe_tenant(document))
 
 
 @tenants.command("add-key")
 @click.argument("name")
-@_server_options
+@admin_options
 @click.pass_context
 def add_key(ctx: click.Context, name: str, url: str | None, token: str | None) -> None:
     """Make a new API key for NAME and print it once (the server keeps only its hash)."""
     path = f"/v2/admin/tenants/{name}/keys"
-    document = _call(lambda: _client(ctx, url, token).request("POST", path))
+    document = or_exit(lambda: admin_client(ctx, url, token).request("POST", path))
     click.echo(document["key"])
     click.echo(
         f"(key id {document['id']}; shown once, the server stores only its hash; "
@@ -211,12 +188,12 @@ def add_key(ctx: click.Context, name: str, url: str | None, token: str | None) -
 @tenants.command("revoke-key")
 @click.argument("name")
 @click.argument("key_id")
-@_server_options
+@admin_options
 @click.pass_context
 def revoke_key(
     ctx: click.Context, name: str, key_id: str, url: str | None, token: str | None
 ) -> None:
     """Revoke NAME's key KEY_ID (as `list` shows it); effective at once."""
     path = f"/v2/admin/tenants/{name}/keys/{key_id}"
-    document = _call(lambda: _client(ctx, url, token).request("DELETE", path))
+    document = or_exit(lambda: admin_client(ctx, url, token).request("DELETE", path))
     click.echo(f"revoked key {document['revoked']} of tenant {name}")

@@ -308,8 +308,8 @@ class Guardian:
             started_wall=self._wall(),
             started=now,
             before=trigger.measure,
-            p99_before=self._p99(rows, trigger.measure.model or model, end_s, trigger),
-            qps_before=self._qps(rows, trigger.measure.model or model, end_s, trigger),
+            p99_before=self._figure(rows, trigger.measure.model or model, end_s, trigger),
+            qps_before=self._figure(rows, trigger.measure.model or model, end_s, trigger, of=_QPS),
             detected=trigger.holding_since,
         )
         trigger.applying = running
@@ -319,34 +319,19 @@ class Guardian:
         self._history.append(now)
         self._background(self._apply(trigger, running))
 
-    def _p99(
+    def _figure(
         self,
         rows: Mapping[ModelKey, list[SecondRow]],
         model: str | None,
         end_s: int,
         trigger: _Trigger,
         since_s: int | None = None,
+        *,
+        of: Threshold = _P99,
     ) -> float | None:
+        """The model's p99 latency (``of=_QPS``: its request rate) over the trigger's window."""
         return measure(
-            _P99,
-            rows,
-            [],
-            model=model,
-            end_s=end_s,
-            window_s=trigger.config.window_s,
-            since_s=since_s,
-        ).value
-
-    def _qps(
-        self,
-        rows: Mapping[ModelKey, list[SecondRow]],
-        model: str | None,
-        end_s: int,
-        trigger: _Trigger,
-        since_s: int | None = None,
-    ) -> float | None:
-        return measure(
-            _QPS,
+            of,
             rows,
             [],
             model=model,
@@ -400,8 +385,8 @@ class Guardian:
             # change is the traffic, and the p99 check below judges the change.
             verdict = "not cleared"
         target_model = running.before.model or trigger.config.model
-        p99_after = self._p99(rows, target_model, end_s, trigger, since_s=since)
-        qps_after = self._qps(rows, target_model, end_s, trigger, since_s=since)
+        p99_after = self._figure(rows, target_model, end_s, trigger, since_s=since)
+        qps_after = self._figure(rows, target_model, end_s, trigger, since_s=since, of=_QPS)
         load_rose = (
             running.qps_before is not None
             and qps_after is not None
