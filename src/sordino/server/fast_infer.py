@@ -130,8 +130,8 @@ async def _infer(
                 metadata=loaded.metadata,
                 max_batch_size=loaded.max_batch_size,
             )
-            tenant = runtime.service.tenant_of(request)
             shared = runtime.shared_memory.uses(request)
+            tenant = runtime.service.tenant_of(request) if shared else ""
             if shared:
                 runtime.shared_memory.attach(request, tenant)
         response = await until_disconnect(receive, runtime.service.infer(request))
