@@ -50,27 +50,18 @@ def describe_tenant(t: dict[str, Any]) -> str:
     )
 
 
-def _settings(
-    weight: int | None,
-    rate: str | None,
-    burst: int | None,
-    max_concurrency: int | None,
-    max_priority: str | None,
-    breaker_failures: int | None = None,
-    breaker_cooldown: str | None = None,
-) -> dict[str, Any]:
-    given = {
-        "weight": weight,
-        "rate": rate,
-        "burst": burst,
-        "max_concurrency": max_concurrency,
-        "max_priority": max_priority,
+def _settings(**options: Any) -> dict[str, Any]:
+    """The body of an add or set: the options given (``None``: not given), the breaker's
+    two under ``breaker``."""
+    breaker = {
+        key: options.pop(f"breaker_{key}")
+        for key in ("failures", "cooldown")
+        if options.get(f"breaker_{key}") is not None
     }
-    settings: dict[str, Any] = {key: value for key, value in given.items() if value is not None}
-    breaker = {"failures": breaker_failures, "cooldown": breaker_cooldown}
-    if any(value is not None for value in breaker.values()):
+    settings: dict[str, Any] = {key: value for key, value in options.items() if value is not None}
+    if breaker:
         # The server fills what is left out from the tenant's breaker (or auth.breaker).
-        settings["breaker"] = {key: value for key, value in breaker.items() if value is not None}
+        settings["breaker"] = breaker
     return settings
 
 
@@ -114,23 +105,10 @@ def list_tenants(ctx: click.Context, url: str | None, token: str | None) -> None
 @admin_options
 @click.pass_context
 def add(
-    ctx: click.Context,
-    name: str,
-    weight: int | None,
-    rate: str | None,
-    burst: int | None,
-    max_concurrency: int | None,
-    max_priority: str | None,
-    breaker_failures: int | None,
-    breaker_cooldown: str | None,
-    url: str | None,
-    token: str | None,
+    ctx: click.Context, /, name: str, url: str | None, token: str | None, **options: Any
 ) -> None:
     """Add tenant NAME (then give it a key with add-key)."""
-    settings = _settings(
-        weight, rate, burst, max_concurrency, max_priority, breaker_failures, breaker_cooldown
-    )
-    body = {"name": name, **settings}
+    body = {"name": name, **_settings(**options)}
     document = or_exit(
         lambda: admin_client(ctx, url, token).request("POST", "/v2/admin/tenants", body)
     )
@@ -143,22 +121,10 @@ def add(
 @admin_options
 @click.pass_context
 def set_tenant(
-    ctx: click.Context,
-    name: str,
-    weight: int | None,
-    rate: str | None,
-    burst: int | None,
-    max_concurrency: int | None,
-    max_priority: str | None,
-    breaker_failures: int | None,
-    breaker_cooldown: str | None,
-    url: str | None,
-    token: str | None,
+    ctx: click.Context, /, name: str, url: str | None, token: str | None, **options: Any
 ) -> None:
     """Change tenant NAME's weight, rate, burst, concurrency, priority cap or breaker."""
-    body = _settings(
-        weight, rate, burst, max_concurrency, max_priority, breaker_failures, breaker_cooldown
-    )
+    body = _settings(**options)
     if not body:
         raise click.UsageError(
             "nothing to set: give at least one of --weight, --rate, --burst, "
