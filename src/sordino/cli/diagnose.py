@@ -13,9 +13,10 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sordino.cli.client import ServerError, ServerUnreachable, get_json
+from sordino.cli.report_files import ReportFailure, check_output, open_journal, output_option
 from sordino.cli.server_url import URL_ENV, auth_headers, server_url, token_option
 from sordino.reports.timerange import parse_time_range
-from sordino.telemetry.journal_reader import JournalReader, JournalWindow, MissingJournal
+from sordino.telemetry.journal_reader import JournalWindow
 from sordino.telemetry.profile_data import OperatorProfile
 
 __all__ = ["diagnose"]
@@ -23,19 +24,11 @@ __all__ = ["diagnose"]
 _STEPS = 9  # read, baselines, anomalies, correlation, forecast, recommendations, 3 charts
 
 
-class _Failure(Exception):
-    """A clear message for the person running the command."""
-
-
 def _from_journal(path: Path, time_range: str) -> tuple[JournalWindow, list[OperatorProfile]]:
-    try:
-        reader = JournalReader(path)
-    except MissingJournal as exc:
-        raise _Failure(str(exc)) from None
-    with reader:
+    with open_journal(path) as reader:
         span = reader.span()
         if span is None:
-            raise _Failure(
+            raise ReportFailure(
                 f"the journal at {path} is empty: the server has not recorded a full second "
                 "yet; send it traffic and try again in a few seconds"
             )
@@ -47,7 +40,7 @@ def _from_journal(path: Path, time_range: str) -> tuple[JournalWindow, list[Oper
             if e.t < start and "operators" in e.payload
         ]
     if not window.series:
-        raise _Failure(
+        raise ReportFailure(
             f"the journal at {path} has no rows between {_when(start)} and {_when(end)}; it "
             f"covers {_when(span[0])} to {_when(span[1])}: choose a --time-range inside that"
         )
@@ -62,9 +55,9 @@ def _from_server(url: str, token: str | None, time_range: str) -> JournalWindow:
         data = get_json(url, path, timeout=60, headers=auth_headers(token))
         window = JournalWindow.from_json(data)
     except (ServerUnreachable, ServerError) as exc:
-        raise _Failure(str(exc)) from None
+        raise ReportFailure(str(exc)) from None
     if not window.series:
-        raise _Failure(
+        raise ReportFailure(
             f"the server at {url} journaled nothing between {_when(start)} and {_when(end)}"
         )
     return window
@@ -74,7 +67,7 @@ def _range(text: str, *, first: float) -> tuple[float, float]:
     try:
         return parse_time_range(text, now=time.time(), first=first)
     except ValueError as exc:
-        raise _Failure(str(exc)) from None
+        raise ReportFailure(str(exc)) from None
 
 
 def _when(t: float) -> str:
@@ -106,12 +99,7 @@ def _when(t: float) -> str:
     default="all",
     show_default=True,
 )
-@click.option(
-    "--output",
-    type=click.Path(path_type=Path, dir_okay=False),
-    required=True,
-    help="The report: .html or .pdf.",
-)
+@output_option
 def diagnose(
     data_dir: Path | None,
     url: str | None,
@@ -128,10 +116,7 @@ def diagnose(
     journal needs its admin token (--token, else $SORDINO_ADMIN_TOKEN) unless the server
     runs on loopback without one.
     """
-    suffix = output.suffix.lower()
-    if suffix not in (".html", ".htm", ".pdf"):
-        click.echo(f"error: --output must end in .html or .pdf, not {output.name!r}", err=True)
-        sys.exit(2)
+    suffix = check_output(output)
     if data_dir is not None and url is not None:
         click.echo("error: give --data-dir or --url, not both", err=True)
         sys.exit(2)
@@ -167,7 +152,7 @@ def diagnose(
             else:
                 output.write_text(render_html(diagnosis, chart_list), encoding="utf-8")
             progress.update(task, completed=_STEPS, description="done")
-    except _Failure as exc:
+    except ReportFailure as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     click.echo(f"{len(diagnosis.anomalies)} finding(s); report written to {output}")

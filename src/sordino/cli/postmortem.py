@@ -12,15 +12,13 @@ from typing import TYPE_CHECKING
 
 import click
 
+from sordino.cli.report_files import ReportFailure, check_output, open_journal, output_option
+
 if TYPE_CHECKING:
     from sordino.reports.postmortem import Postmortem, Targets
     from sordino.reports.render import Chart
 
 __all__ = ["postmortem"]
-
-
-class _Failure(Exception):
-    """A clear message for the person running the command."""
 
 
 def _sections(text: str) -> tuple[str, ...]:
@@ -69,12 +67,7 @@ def _percent(value: str, option: str) -> float:
 )
 @click.option("--availability-target", default="99.9%", show_default=True)
 @click.option("--slo-target", default="99%", show_default=True, help="Share within the SLO.")
-@click.option(
-    "--output",
-    type=click.Path(path_type=Path, dir_okay=False),
-    required=True,
-    help="The report: .html or .pdf.",
-)
+@output_option
 def postmortem(
     name: str | None,
     start: str | None,
@@ -91,11 +84,7 @@ def postmortem(
     The period is --from..--to, or the one `sordino event mark NAME` named (--event
     without --from/--to); --to defaults to the end mark, else the journal's end.
     """
-    suffix = output.suffix.lower()
-    if suffix not in (".html", ".htm", ".pdf"):
-        raise click.BadParameter(
-            f"must end in .html or .pdf, not {output.name!r}", param_hint="--output"
-        )
+    check_output(output)
     if name is None and start is None:
         raise click.UsageError("give --event NAME (a marked period) or --from TIME")
     sections = _sections(metrics)
@@ -112,7 +101,7 @@ def postmortem(
         report = _build(path, name, start, end, targets, sections)
         charts = draw_postmortem_charts(report)
         _write(report, charts, output)
-    except _Failure as exc:
+    except ReportFailure as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     click.echo(f"postmortem of {report.name} written to {output}")
@@ -133,27 +122,22 @@ def _build(
     sections: tuple[str, ...],
 ) -> Postmortem:
     from sordino.reports.postmortem import find_marks, parse_moment, postmortem
-    from sordino.telemetry.journal_reader import JournalReader, MissingJournal
 
-    try:
-        reader = JournalReader(path)
-    except MissingJournal as exc:
-        raise _Failure(str(exc)) from None
-    with reader:
+    with open_journal(path) as reader:
         span = reader.span()
         if span is None:
-            raise _Failure(f"the journal at {path} is empty")
+            raise ReportFailure(f"the journal at {path} is empty")
         try:
             t0 = parse_moment(start) if start else None
             t1 = parse_moment(end) if end else None
         except ValueError as exc:
-            raise _Failure(str(exc)) from None
+            raise ReportFailure(str(exc)) from None
         if name is not None and (t0 is None or t1 is None):
             marked = reader.window(0, span[1] + 86400).events
             mark_start, mark_end = find_marks(marked, name)
             if t0 is None:
                 if mark_start is None:
-                    raise _Failure(
+                    raise ReportFailure(
                         f"the journal at {path} has no start mark for {name!r}: give --from, "
                         f"or mark it with `sordino event mark {name} --start`"
                     )
@@ -163,12 +147,12 @@ def _build(
         assert t0 is not None
         t1 = t1 if t1 is not None else span[1] + 1
         if t1 <= t0:
-            raise _Failure("the period ends before it starts")
+            raise ReportFailure("the period ends before it starts")
         window = reader.window(t0, t1)
         earlier = reader.latest_events("model_loaded", t0, limit=50)
         later = reader.window(t1, t1 + 60).events
     if not window.series and not window.events:
-        raise _Failure(f"the journal at {path} holds nothing in that period")
+        raise ReportFailure(f"the journal at {path} holds nothing in that period")
     return postmortem(
         window,
         name=name or "period",
