@@ -3,9 +3,7 @@ its check, the journal opened with a clear message, and the failure they print."
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import click
 
@@ -13,21 +11,18 @@ from sordino.telemetry.journal_reader import JournalReader, MissingJournal
 
 __all__ = ["ReportFailure", "check_output", "open_journal", "output_option"]
 
-F = TypeVar("F", bound=Callable[..., Any])
-
 
 class ReportFailure(Exception):
     """A clear message for the person running the command (printed as ``error: …``)."""
 
 
-def output_option(command: F) -> F:
-    """``--output``: the report file, .html or .pdf (required)."""
-    return click.option(
-        "--output",
-        type=click.Path(path_type=Path, dir_okay=False),
-        required=True,
-        help="The report: .html or .pdf.",
-    )(command)
+output_option = click.option(
+    "--output",
+    type=click.Path(path_type=Path, dir_okay=False),
+    required=True,
+    help="The report: .html or .pdf.",
+)
+"""``--output``: the report file, .html or .pdf (required)."""
 
 
 def check_output(output: Path) -> str:
