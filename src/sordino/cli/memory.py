@@ -86,12 +86,57 @@ def describe_status(status: dict[str, Any]) -> list[str]:
             f"expose its arena's size); CPU arena {worker['cpu_arena']}; GPU {worker['gpu']}"
             + (f" ({_mib(worker['gpu_bytes'])} on the GPU)" if worker.get("gpu_bytes") else "")
         )
+    lines.extend(describe_nodes(status.get("nodes", [])))
     for plan in status.get("plans", []):
         lines.append(
             f"plan {plan['model']}: {plan['requests']} requests; last {plan['steps']} steps in "
             f"{_mib(plan['planned_peak_bytes'])} planned vs {_mib(plan['naive_bytes'])} naive; "
             f"largest {_mib(plan['max_planned_peak_bytes'])}"
         )
+    return lines
+
+
+def describe_nodes(nodes: list[dict[str, Any]]) -> list[str]:
+    """The Ray nodes' pools as a table: one row per node, then its owners with a quota
+    or bytes in flight (executor.kind: ray)."""
+    if not nodes:
+        return []
+    header = ("node", "address", "in use", "reserved", "peak", "largest free", "frag", "quota use")
+    rows = [header]
+    for node in nodes:
+        arena = node["arena"]
+        limited = [o for o in node["owners"] if o["quota_bytes"]]
+        quota = ", ".join(
+            f"{o['owner']} {_mib(o['in_use_bytes'])}/{_mib(o['quota_bytes'])}" for o in limited
+        )
+        rows.append(
+            (
+                node["node"][:12],
+                node["address"],
+                _mib(arena["in_use_bytes"]),
+                _mib(arena["reserved_bytes"]),
+                _mib(arena["peak_bytes"]),
+                _mib(arena["largest_free"]),
+                f"{arena['fragmentation']:.1%}",
+                quota or "no quotas",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["ray node pools:"]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+              for row in rows]  # fmt: skip
+    for node in nodes:
+        for owner in node["owners"]:
+            if owner["waits"] or owner["rejections"]:
+                lines.append(
+                    f"  node {node['node'][:12]} owner {owner['owner']}: {owner['waits']} "
+                    f"waits, {owner['rejections']} refused by its per-node quota"
+                )
+        if node["overflow_waits"] or node["overflow_rejections"]:
+            lines.append(
+                f"  node {node['node'][:12]}: {node['overflow_waits']} batches waited for "
+                f"space, {node['overflow_rejections']} answered 503"
+            )
     return lines
 
 
