@@ -78,7 +78,9 @@ class RayExecutor(ChainExecutor):
         kept = _signal_handlers()
         try:
             ray.init(
-                address=settings.address,
+                # No address: a private local instance, never a cluster that another
+                # process on this machine started (ray.init() alone would join it).
+                address=settings.address or "local",
                 namespace=settings.namespace,
                 log_to_driver=False,
                 include_dashboard=False if settings.address is None else None,
