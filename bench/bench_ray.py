@@ -2,7 +2,8 @@
 
 Builds the executor the runtime uses for each ``executor.kind`` (``process``: worker
 processes fed through the shared-memory arena; ``ray``: Ray actors fed through the
-object store, on a private local Ray cluster started here) and drives its one call,
+object store, each batch placed in its node's pool as by default, on a private
+local Ray cluster started here) and drives its one call,
 ``await executor.run(model, parts)``, in closed loops, so that only the hop from the
 server to the instance and back differs:
 
