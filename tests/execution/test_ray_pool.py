@@ -9,12 +9,14 @@ The two-node tests in ``test_ray_executor.py`` run both on a real Ray cluster.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from multiprocessing import shared_memory
 from typing import Any
 
 import numpy as np
 import pytest
 
+from sordino.cli.memory import describe_nodes
 from sordino.config.memory import MemoryConfig
 from sordino.errors import InvalidRequest, OutOfMemory, RateLimited
 from sordino.execution.ray_pool import NodePool, place_and_run
@@ -161,3 +163,21 @@ def test_the_actor_runs_the_batch_in_its_block() -> None:
         segment.close()
         shm.close()
         shm.unlink()
+
+
+async def test_memory_status_shows_a_table_by_node() -> None:
+    """``sordino memory status``'s node table, from the figures /v2/sordino/memory sends."""
+    pool = _pool(capacity=2 * 2**20, quotas={"small": 2**20})
+    rows = [_part(2**16)]  # 1 MiB staged in this node's pool, half of it in and half out
+    placed = await pool.place(rows, _arrays(rows), ("small",), METADATA, MEMORY)
+    with pytest.raises(RateLimited):
+        await pool.place(rows, _arrays(rows), ("small",), METADATA, MEMORY)
+    document = dataclasses.asdict(pool.statistics())
+    placed.release()
+    lines = describe_nodes([document])
+    assert lines[0] == "ray node pools:"
+    header, row = lines[1].split(), lines[2].split()
+    assert header[:2] == ["node", "address"] and header[-2:] == ["quota", "use"]
+    assert row[:4] == ["n1", "10.0.0.1", "1.0", "MiB"]  # in use
+    assert "small 1.0 MiB/1.0 MiB" in lines[2]
+    assert lines[3].strip() == "node n1 owner small: 1 waits, 1 refused by its per-node quota"
