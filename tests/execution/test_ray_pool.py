@@ -178,6 +178,6 @@ async def test_memory_status_shows_a_table_by_node() -> None:
     assert lines[0] == "ray node pools:"
     header, row = lines[1].split(), lines[2].split()
     assert header[:2] == ["node", "address"] and header[-2:] == ["quota", "use"]
-    assert row[:4] == ["n1", "10.0.0.1", "1.0", "MiB"]  # in use
+    assert row[:6] == ["n1", "10.0.0.1", "1.0", "MiB", "2.0", "MiB"]  # in use, reserved
     assert "small 1.0 MiB/1.0 MiB" in lines[2]
     assert lines[3].strip() == "node n1 owner small: 1 waits, 1 refused by its per-node quota"

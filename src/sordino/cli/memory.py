@@ -30,7 +30,11 @@ def describe_status(status: dict[str, Any]) -> list[str]:
     """The lines ``sordino memory status`` prints for a ``/v2/sordino/memory`` document."""
     lines = [f"strategy {status['strategy']}"]
     arena = status.get("arena")
-    if arena is None:
+    # The Ray executor's node pools, when there are some, hold the bytes and the quotas.
+    on_nodes = bool(status.get("nodes")) and arena is None
+    if on_nodes:
+        lines.append("arena: not used (the Ray nodes have their own pools, below)")
+    elif arena is None:
         lines.append("arena: not created yet (no model runs in a worker process)")
     else:
         lines.append(
@@ -46,7 +50,7 @@ def describe_status(status: dict[str, Any]) -> list[str]:
                 f"of {_mib(tier['reserved_bytes'])} in {tier['chunks']} chunks, "
                 f"fragmentation {tier['fragmentation']:.1%}"
             )
-    for owner in status.get("owners", []):
+    for owner in [] if on_nodes else status.get("owners", []):
         quota = owner["quota_bytes"]
         lines.append(
             f"owner {owner['owner']}: {_mib(owner['in_use_bytes'])} in flight (peak "
@@ -96,6 +100,11 @@ def describe_status(status: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _size(nbytes: int) -> str:
+    """Bytes in KiB below one MiB (a node pool's batches are often that small), else MiB."""
+    return f"{nbytes / 1024:.1f} KiB" if nbytes < 2**20 else _mib(nbytes)
+
+
 def describe_nodes(nodes: list[dict[str, Any]]) -> list[str]:
     """The Ray nodes' pools as a table: one row per node, then its owners with a quota
     or bytes in flight (executor.kind: ray)."""
@@ -107,16 +116,16 @@ def describe_nodes(nodes: list[dict[str, Any]]) -> list[str]:
         arena = node["arena"]
         limited = [o for o in node["owners"] if o["quota_bytes"]]
         quota = ", ".join(
-            f"{o['owner']} {_mib(o['in_use_bytes'])}/{_mib(o['quota_bytes'])}" for o in limited
+            f"{o['owner']} {_size(o['in_use_bytes'])}/{_size(o['quota_bytes'])}" for o in limited
         )
         rows.append(
             (
                 node["node"][:12],
                 node["address"],
-                _mib(arena["in_use_bytes"]),
-                _mib(arena["reserved_bytes"]),
-                _mib(arena["peak_bytes"]),
-                _mib(arena["largest_free"]),
+                _size(arena["in_use_bytes"]),
+                _size(arena["reserved_bytes"]),
+                _size(arena["peak_bytes"]),
+                _size(arena["largest_free"]),
                 f"{arena['fragmentation']:.1%}",
                 quota or "no quotas",
             )
