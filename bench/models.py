@@ -98,3 +98,14 @@ def cnn(path: Path = MODELS_DIR / "cnn.onnx") -> Path:
 if __name__ == "__main__":
     for build in (mlp, cnn):
         print(build())
+
+
+def identity(width: int, path: Path | None = None) -> Path:
+    """``x`` FP32 [batch, width] → ``y`` = x: no compute, only the data path (bench_ray)."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        f"identity_{width}",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", width])],
+    )
+    return _save(graph, path or MODELS_DIR / f"identity_{width}.onnx")

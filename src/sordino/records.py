@@ -375,6 +375,8 @@ class MemoryStatistics:
     """Framework memory per worker process."""
     plans: tuple[StepPlanStatistics, ...] = ()
     """Tensor lifetime planning per multi-step model."""
+    nodes: tuple[NodeMemoryStatistics, ...] = ()
+    """Per Ray node, its memory pool (executor.kind: ray)."""
 
 
 # -- the guardian ----------------------------------------------------------------------
@@ -518,3 +520,29 @@ class StepPlanStatistics:
     """Every step's tensors in their own block, none reused (the last request)."""
     max_planned_peak_bytes: int
     """The largest planned region of any request so far."""
+
+
+# -- node pools of the Ray executor ----------------------------------------------------
+
+
+__all__ += ["NodeMemoryStatistics"]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMemoryStatistics:
+    """One Ray node's memory pool (``executor.kind: ray``): its arena, owners and quotas."""
+
+    node: str
+    """The Ray node id (what ``sordino_node_*{node}`` and the workers' ``node`` say)."""
+    address: str
+    """The node's IP address."""
+    arena: ArenaStatistics
+    """The node pool's segment and its allocator's figures (``memory.strategy``)."""
+    owners: tuple[OwnerStatistics, ...]
+    """Bytes in flight per owner on this node, against the per-node quotas."""
+    batches: int
+    """Batches placed in the pool."""
+    overflow_waits: int
+    """Batches that waited for space in the pool."""
+    overflow_rejections: int
+    """Batches answered 503 because the pool stayed full."""

@@ -17,6 +17,7 @@ import httpx
 import numpy as np
 import pytest
 
+from sordino.cli.memory import describe_status
 from sordino.config import ModelConfig, RayModelOptions, RuntimeConfig
 from sordino.errors import Unavailable
 from sordino.execution.ray_instance import INLINE_BYTES
@@ -30,6 +31,8 @@ ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'sord
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 MB = 1024 * 1024
+QUOTA = 8192
+"""Tenant "small"'s per-node quota: a digits row stages a few hundred bytes."""
 # Node loss is noticed in about 1.5 s instead of Ray's default 15 s.
 FAST_HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
 
@@ -61,6 +64,12 @@ def server(cluster: Any) -> Iterator[RunningServer]:
         {
             "executor": {"kind": "ray", "address": cluster.address, "namespace": "sordino-test"},
             "workers": {"heartbeat_timeout": "5s", "restart_backoff": "0.5s"},
+            # Each node's pool: 16 MB; tenant "small" may hold QUOTA bytes in each.
+            "memory": {
+                "pool_size": "16MB",
+                "quotas": [{"tenant": "small", "max": QUOTA}],
+                "quota_wait": "2s",
+            },
         }
     )
     sources = digits(instance_count=2, ray={"num_cpus": 1, "placement": "spread"})
@@ -83,6 +92,86 @@ def test_batches_run_on_both_nodes(server: RunningServer, cluster: Any) -> None:
     assert load.errors == []
     text = httpx.get(server.url + "/metrics").text
     assert 'sordino_node_batches_total{node="' in text
+
+
+def _memory(server: RunningServer) -> dict[str, Any]:
+    response = httpx.get(server.url + "/v2/sordino/memory", timeout=30)
+    assert response.status_code == 200, response.text
+    document: dict[str, Any] = response.json()
+    return document
+
+
+def test_memory_is_reported_per_node(server: RunningServer) -> None:
+    """After batches ran on both nodes, each node's pool has figures: in the memory
+    document, ``sordino memory status``'s table, /metrics by node and the telemetry."""
+    node_ids = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    nodes = {n["node"]: n for n in _memory(server)["nodes"]}
+    assert set(nodes) == node_ids
+    for node in nodes.values():
+        arena = node["arena"]
+        assert node["batches"] >= 5, "the batches of the first test ran in this node's pool"
+        assert arena["reserved_bytes"] == 16 * MB and arena["acquired"] >= node["batches"]
+        assert 0 < arena["peak_bytes"] <= arena["reserved_bytes"]
+        assert arena["largest_free"] <= arena["free_bytes"]
+        assert 0.0 <= arena["fragmentation"] <= 1.0
+        small = next(o for o in node["owners"] if o["owner"] == "small")
+        assert small["quota_bytes"] == QUOTA
+    lines = describe_status(_memory(server))
+    table = lines[lines.index("ray node pools:") + 1 :]
+    assert table[0].split()[:2] == ["node", "address"]
+    assert {line.split()[0] for line in table[1:3]} == {n[:12] for n in node_ids}
+    metrics = httpx.get(server.url + "/metrics", timeout=30).text
+    for node in node_ids:
+        assert f'sordino_memory_node_peak_bytes{{node="{node}"}}' in metrics
+        assert f'sordino_memory_node_owner_quota_bytes{{node="{node}",owner="small"}}' in metrics
+    pools = {p.name for p in server.runtime.telemetry.resources.sample().pools}
+    assert {f"ray_node:{node}" for node in node_ids} <= pools
+
+
+def _infer_as(server: RunningServer, tenant: str, rows: int = 1) -> httpx.Response:
+    body = {
+        "inputs": [
+            {"name": "pixels", "datatype": "FP32", "shape": [rows, 64], "data": [0.5] * 64 * rows}
+        ]
+    }
+    return httpx.post(
+        server.url + "/v2/models/digits-classifier/infer",
+        json=body,
+        headers={"x-sordino-tenant": tenant},
+        timeout=60,
+    )
+
+
+def test_a_tenant_over_its_per_node_quota_waits_then_is_refused(server: RunningServer) -> None:
+    """Tenant "small" holding its whole quota on both nodes: its request waits
+    memory.quota_wait there, then gets 429; another tenant is served meanwhile; once
+    its bytes on the node are given back, it is served again."""
+    pools = server.runtime.executor.pools
+    assert pools is not None
+    held = [pools.get(node) for node, _ in pools.nodes()]
+    for pool in held:
+        assert pool is not None
+        server.call(pool.quotas.acquire("small", QUOTA))  # as if batches of it ran there
+    try:
+        refused = _infer_as(server, "small")
+        assert refused.status_code == 429, refused.text
+        assert "quota" in refused.json()["error"]
+        assert _infer_as(server, "other-tenant").status_code == 200
+        waits = {n["node"]: n for n in _memory(server)["nodes"]}
+        small = [next(o for o in n["owners"] if o["owner"] == "small") for n in waits.values()]
+        assert sum(o["rejections"] for o in small) == 1 and sum(o["waits"] for o in small) == 1
+        assert all(o["in_use_bytes"] == QUOTA for o in small)
+    finally:
+        for pool in held:
+            assert pool is not None
+            server.call(_release(pool, "small", QUOTA))
+    assert _infer_as(server, "small").status_code == 200
+    too_large = _infer_as(server, "small", rows=40)  # > QUOTA bytes on its own
+    assert too_large.status_code == 400 and "whole quota" in too_large.json()["error"]
+
+
+async def _release(pool: Any, owner: str, nbytes: int) -> None:
+    pool.quotas.release(owner, nbytes)
 
 
 def test_results_equal_the_process_executor(server: RunningServer) -> None:

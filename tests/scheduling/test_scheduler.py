@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,10 +14,13 @@ from sordino.errors import (
     ModelError,
     QueueFull,
     QueueTimeout,
+    RateLimited,
     Shed,
     ShuttingDown,
 )
+from sordino.execution.executor import BATCH_OWNERS
 from sordino.inference import ModelKey
+from sordino.memory.refs import Tensors
 from sordino.records import QueueSettings
 from sordino.scheduling.batcher import BatchPolicy
 from sordino.scheduling.modes import StaticController, build_controller
@@ -339,6 +344,39 @@ async def test_a_request_the_model_raises_on_fails_alone() -> None:
             np.testing.assert_array_equal(result["y"], np.full((1, 2), 2 * value, np.float32))
     stats = sched.statistics()
     assert (stats.succeeded, stats.failed, stats.isolated_batches) == (3, 1, 1)
+    await sched.close()
+
+
+class _NodeQuota(ScriptedExecutor):
+    """Refuses (429) any batch holding a part of owner "small", as a Ray node pool
+    refuses a tenant over its per-node quota; records each batch's owners."""
+
+    owners: list[tuple[str, ...]]
+
+    async def run(self, model: ModelKey, parts: Sequence[Mapping[str, Any]]) -> Tensors:
+        owners = BATCH_OWNERS.get()
+        self.owners.append(owners)
+        assert len(owners) == len(parts), "one owner per part, in the parts' order"
+        if "small" in owners:
+            raise RateLimited("tenant 'small' is over its quota on node n1")
+        return await super().run(model, parts)
+
+
+async def test_a_tenant_refused_by_a_node_quota_fails_alone() -> None:
+    """The executor learns each part's owner; a RateLimited batch of several requests is
+    re-run one request at a time, so only the over-quota tenant's request fails."""
+    clock = VirtualClock()
+    executor = _NodeQuota(clock)
+    executor.owners = []
+    sched = _scheduler(clock, executor)
+    owners = ["acme", "small", "default"]
+    requests = [sched.submit(_x(i), priority=2, owner=o) for i, o in enumerate(owners)]
+    await clock.advance(0.05)
+    results = await asyncio.gather(*(sched.result(r) for r in requests), return_exceptions=True)
+    assert executor.owners == [("acme", "small", "default"), ("acme",), ("small",), ("default",)]
+    assert isinstance(results[1], RateLimited)
+    assert not isinstance(results[0], BaseException) and not isinstance(results[2], BaseException)
+    assert sched.statistics().isolated_batches == 1
     await sched.close()
 
 

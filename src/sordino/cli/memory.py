@@ -30,7 +30,11 @@ def describe_status(status: dict[str, Any]) -> list[str]:
     """The lines ``sordino memory status`` prints for a ``/v2/sordino/memory`` document."""
     lines = [f"strategy {status['strategy']}"]
     arena = status.get("arena")
-    if arena is None:
+    # The Ray executor's node pools, when there are some, hold the bytes and the quotas.
+    on_nodes = bool(status.get("nodes")) and arena is None
+    if on_nodes:
+        lines.append("arena: not used (the Ray nodes have their own pools, below)")
+    elif arena is None:
         lines.append("arena: not created yet (no model runs in a worker process)")
     else:
         lines.append(
@@ -46,7 +50,7 @@ def describe_status(status: dict[str, Any]) -> list[str]:
                 f"of {_mib(tier['reserved_bytes'])} in {tier['chunks']} chunks, "
                 f"fragmentation {tier['fragmentation']:.1%}"
             )
-    for owner in status.get("owners", []):
+    for owner in [] if on_nodes else status.get("owners", []):
         quota = owner["quota_bytes"]
         lines.append(
             f"owner {owner['owner']}: {_mib(owner['in_use_bytes'])} in flight (peak "
@@ -86,12 +90,62 @@ def describe_status(status: dict[str, Any]) -> list[str]:
             f"expose its arena's size); CPU arena {worker['cpu_arena']}; GPU {worker['gpu']}"
             + (f" ({_mib(worker['gpu_bytes'])} on the GPU)" if worker.get("gpu_bytes") else "")
         )
+    lines.extend(describe_nodes(status.get("nodes", [])))
     for plan in status.get("plans", []):
         lines.append(
             f"plan {plan['model']}: {plan['requests']} requests; last {plan['steps']} steps in "
             f"{_mib(plan['planned_peak_bytes'])} planned vs {_mib(plan['naive_bytes'])} naive; "
             f"largest {_mib(plan['max_planned_peak_bytes'])}"
         )
+    return lines
+
+
+def _size(nbytes: int) -> str:
+    """Bytes in KiB below one MiB (a node pool's batches are often that small), else MiB."""
+    return f"{nbytes / 1024:.1f} KiB" if nbytes < 2**20 else _mib(nbytes)
+
+
+def describe_nodes(nodes: list[dict[str, Any]]) -> list[str]:
+    """The Ray nodes' pools as a table: one row per node, then its owners with a quota
+    or bytes in flight (executor.kind: ray)."""
+    if not nodes:
+        return []
+    header = ("node", "address", "in use", "reserved", "peak", "largest free", "frag", "quota use")
+    rows = [header]
+    for node in nodes:
+        arena = node["arena"]
+        limited = [o for o in node["owners"] if o["quota_bytes"]]
+        quota = ", ".join(
+            f"{o['owner']} {_size(o['in_use_bytes'])}/{_size(o['quota_bytes'])}" for o in limited
+        )
+        rows.append(
+            (
+                node["node"][:12],
+                node["address"],
+                _size(arena["in_use_bytes"]),
+                _size(arena["reserved_bytes"]),
+                _size(arena["peak_bytes"]),
+                _size(arena["largest_free"]),
+                f"{arena['fragmentation']:.1%}",
+                quota or "no quotas",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["ray node pools:"]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+              for row in rows]  # fmt: skip
+    for node in nodes:
+        for owner in node["owners"]:
+            if owner["waits"] or owner["rejections"]:
+                lines.append(
+                    f"  node {node['node'][:12]} owner {owner['owner']}: {owner['waits']} "
+                    f"waits, {owner['rejections']} refused by its per-node quota"
+                )
+        if node["overflow_waits"] or node["overflow_rejections"]:
+            lines.append(
+                f"  node {node['node'][:12]}: {node['overflow_waits']} batches waited for "
+                f"space, {node['overflow_rejections']} answered 503"
+            )
     return lines
 
 

@@ -28,6 +28,10 @@ class ExecutorConfig(Section):
     machine), ``ray://host:10001`` or ``host:6379``; None starts a private local one."""
     namespace: str = Field(default="sordino", min_length=1)
     """The Ray namespace the actors are created in."""
+    node_pool: bool = True
+    """kind: ray: each node gets a shared-memory pool managed like the arena (``memory:``
+    strategy, size, per-node tenant quotas; figures per node); false: batches only go
+    through Ray's object store and ``memory.quotas`` are charged at admission."""
 
     @field_validator("address")
     @classmethod

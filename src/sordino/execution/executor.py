@@ -14,13 +14,19 @@ Ownership: the parts stay the caller's; the outputs are the caller's to release
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from sordino.inference import ModelKey, Tensor
 from sordino.memory.refs import Tensors
 
-__all__ = ["Executor", "MemoryFit", "OverflowCounters"]
+__all__ = ["BATCH_OWNERS", "Executor", "MemoryFit", "OverflowCounters"]
+
+BATCH_OWNERS: ContextVar[tuple[str, ...]] = ContextVar("sordino_batch_owners", default=())
+"""While a batch runs: each part's memory owner (the request's tenant as memory quotas
+name it, ``default`` for none), in the order of ``parts``; set by the scheduler, read
+by executors that account memory per batch (the Ray executor's node pools)."""
 
 
 @dataclass(slots=True)

@@ -9,8 +9,12 @@ what the chain does for worker processes it does here: a batch whose actor is lo
 retried at once on another actor; the lost actor is replaced with backoff, Ray
 placing the new one on a live node; device chains and breakers, chaos faults, the
 guardian's ``scale`` (more actors on the cluster) and the statistics, with each
-instance's node, work unchanged. The shared-memory arena is not used: batches travel
-through the object store instead, so overflow protection does not apply.
+instance's node, work unchanged. The server's shared-memory arena is not used:
+batches travel through the object store. With ``executor.node_pool`` (the default)
+each node that runs an actor gets its own pool, managed like the arena
+(``execution/ray_pool.py``): the memory strategy, per-node tenant quotas and
+overflow waits apply there, and its figures are reported per node
+(:meth:`RayExecutor.node_memory`).
 
 A model's ``ray:`` options (``config/executor.py``) set each actor's resources and
 placement; ``placement: pack`` reserves a placement group of one bundle per instance
@@ -20,9 +24,11 @@ with Ray's PACK strategy (Ray moves its bundles to live nodes when a node dies).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +41,9 @@ from sordino.execution.chain import ChainExecutor
 from sordino.execution.devices import Device
 from sordino.execution.placement import Instance, Signal
 from sordino.execution.ray_instance import RayInstance, import_ray
+from sordino.execution.ray_pool import NodePools
 from sordino.inference import ModelKey, ModelMetadata
+from sordino.records import ArenaStatistics, NodeMemoryStatistics
 
 __all__ = ["RayExecutor"]
 
@@ -50,6 +58,15 @@ class RayExecutor(ChainExecutor):
         super().__init__(config, clock=clock, events=events)
         self._connected_here = False
         self._groups: dict[ModelKey, Any] = {}
+        settings = config.executor
+        self.pools = (
+            NodePools(config.memory, config.workers.shared_memory) if settings.node_pool else None
+        )
+        """Each node's memory pool (None with ``executor.node_pool: false``)."""
+        self._pool_watchers: list[Callable[[str, Callable[[], ArenaStatistics | None]], None]] = []
+        self._watched: set[str] = set()
+        if self.pools is not None:
+            self.pools.made.append(lambda pool: self._watch_new_pools())
 
     def _connect(self) -> None:
         ray = self._ray
@@ -61,7 +78,9 @@ class RayExecutor(ChainExecutor):
         kept = _signal_handlers()
         try:
             ray.init(
-                address=settings.address,
+                # No address: a private local instance, never a cluster that another
+                # process on this machine started (ray.init() alone would join it).
+                address=settings.address or "local",
                 namespace=settings.namespace,
                 log_to_driver=False,
                 include_dashboard=False if settings.address is None else None,
@@ -153,6 +172,7 @@ class RayExecutor(ChainExecutor):
             notify=model_signal.fire,
             placement_group=group if bundle >= 0 else None,
             bundle=bundle,
+            pools=self.pools,
         )
 
     async def unload(self, key: ModelKey) -> None:
@@ -161,8 +181,36 @@ class RayExecutor(ChainExecutor):
 
     async def aclose(self) -> None:
         await super().aclose()
+        if self.pools is not None and self._ray.is_initialized():
+            self.pools.close()
         if self._connected_here and self._ray.is_initialized():
             self._ray.shutdown()
+
+    def node_memory(self) -> tuple[NodeMemoryStatistics, ...]:
+        """Each node pool's figures (the memory manager's ``nodes``); none without pools."""
+        if self.pools is None:
+            return ()
+        self._watch_new_pools()
+        return self.pools.statistics()
+
+    def watch_node_pools(
+        self, add_pool: Callable[[str, Callable[[], ArenaStatistics | None]], None]
+    ) -> None:
+        """Call ``add_pool(name, statistics)`` for each node pool, now and as they appear
+        (the telemetry's memory pools: ``ray_node:<node id>``)."""
+        self._pool_watchers.append(add_pool)
+        self._watch_new_pools()
+
+    def _watch_new_pools(self) -> None:
+        pools = self.pools
+        if pools is None or not self._pool_watchers:
+            return
+        for node, _ in pools.nodes():
+            if node in self._watched:
+                continue
+            self._watched.add(node)
+            for add in self._pool_watchers:
+                add(f"ray_node:{node}", functools.partial(pools.arena_statistics, node))
 
     async def restart_instance(self, key: ModelKey, index: int, *, cause: str) -> bool:
         """Replace actor ``index`` of ``key`` (killed, then replaced as after a failure)."""

@@ -40,8 +40,10 @@ from sordino.errors import ModelLoadError, Unavailable
 from sordino.events import EventSink
 from sordino.execution.backoff import RestartBackoff
 from sordino.execution.devices import Device
+from sordino.execution.executor import BATCH_OWNERS
 from sordino.execution.faults import FaultAction, InjectedFault, perform
 from sordino.execution.instances import _Base
+from sordino.execution.ray_pool import NodePools, PlacedBatch, place_and_run
 from sordino.execution.staging import StagedBatch
 from sordino.execution.worker import WorkerError, WorkerLost
 from sordino.inference import ModelKey, ModelMetadata, Tensor
@@ -53,6 +55,10 @@ __all__ = ["ModelActor", "RayInstance", "import_ray"]
 log = logging.getLogger("sordino.workers")
 
 INSTALL_HINT = "pip install 'sordino[ray]'"
+
+LOST_BLOCK_HOLD_S = 2.0
+"""A batch whose actor was lost keeps its node pool block this long before it is
+reused: the killed actor's process may not have stopped writing into it yet."""
 
 INLINE_BYTES = 64 * 1024
 """A batch up to this size travels inside the call (Ray inlines small arguments: about
@@ -98,14 +104,23 @@ class ModelActor:
         return backend.metadata, context.get_node_id(), address, os.getpid()
 
     def infer(
-        self, arrays: Mapping[str, Tensor], fault: FaultAction | None
+        self,
+        arrays: Mapping[str, Tensor],
+        fault: FaultAction | None,
+        placement: Mapping[str, Any] | None = None,
     ) -> tuple[str, dict[str, Tensor] | str]:
-        """Run one batch: ``("ok", outputs)`` or ``(kind, message)`` when the model raised."""
-        assert self._backend is not None, "load first"
+        """Run one batch: ``("ok", outputs)`` or ``(kind, message)`` when the model raised.
+
+        With ``placement`` the batch runs in its block of the node pool (``ray_pool.py``).
+        """
+        backend = self._backend
+        assert backend is not None, "load first"
         try:
             if fault is not None:
                 perform(fault, in_process=False)
-            return "ok", self._backend.infer(dict(arrays))
+            if placement is not None:
+                return "ok", place_and_run(placement, arrays, backend.infer)
+            return "ok", backend.infer(dict(arrays))
         except MemoryError as exc:
             return "oom", f"MemoryError: {exc}"
         except InjectedFault as exc:
@@ -175,7 +190,9 @@ class RayInstance(_Base):
         notify: Callable[[], None],
         placement_group: Any = None,
         bundle: int = -1,
+        pools: NodePools | None = None,
     ) -> None:
+        """``pools``: the node pools batches are placed in (None: object store only)."""
         super().__init__(key, index, tier, device)
         self._spec = {
             "model": key.name,
@@ -194,6 +211,9 @@ class RayInstance(_Base):
         self._notify = notify
         self._placement_group = placement_group
         self._bundle = bundle
+        self._pools = pools
+        self._metadata: ModelMetadata | None = None
+        self._releasing: set[asyncio.Task[None]] = set()
         self._backoff = RestartBackoff(
             settings.restart_backoff,
             settings.restart_backoff_max,
@@ -254,6 +274,16 @@ class RayInstance(_Base):
             raise ModelLoadError(f"{self.subject}: the Ray actor failed to load: {exc}") from None
         metadata: ModelMetadata
         metadata, self.node, self.node_address, self._pid_now = result
+        self._metadata = metadata
+        if self._pools is not None:
+            try:
+                await self._pools.ensure(self.node, self.node_address, self._settings.start_timeout)
+            except Exception as exc:
+                self._kill_actor(actor)
+                raise ModelLoadError(
+                    f"{self.subject}: the memory pool of node {self.node_address} could not "
+                    f"be made: {exc or 'timed out'} (executor.node_pool: false goes without)"
+                ) from None
         self.load_s = self._clock.now() - started
         self._events.emit(
             "ray_actor_placed",
@@ -282,6 +312,9 @@ class RayInstance(_Base):
         if actor is None or not self.serving:
             raise WorkerLost("the actor is restarting")
         ray = import_ray()
+        placed = await self._place(batch)  # before it counts: a refusal is not the actor's
+        lost = False
+        call: Any = None
         self.batches += 1
         timeout = self._settings.execution_timeout or None
         try:
@@ -289,9 +322,13 @@ class RayInstance(_Base):
             inputs = arrays
             if sum(int(array.nbytes) for array in arrays.values()) > INLINE_BYTES:
                 inputs = ray.put(arrays)  # once per batch; the actor reads it zero-copy
-            kind, result = await asyncio.wait_for(actor.infer.remote(inputs, fault), timeout)
+            placement = placed.placement if placed is not None else None
+            call = actor.infer.remote(inputs, fault, placement)
+            kind, result = await asyncio.wait_for(call, timeout)
+            call = None
         except TimeoutError:
             self.failures += 1
+            lost = True
             cause = f"timeout: the batch ran over {timeout:g} s (workers.execution_timeout)"
             self._lose(actor, cause)
             raise WorkerLost(cause) from None
@@ -299,9 +336,13 @@ class RayInstance(_Base):
             raise
         except Exception as exc:  # the actor or its node died, or the object was lost
             self.failures += 1
+            lost = True
             cause = _lost_cause(exc)
             self._lose(actor, cause)
             raise WorkerLost(cause) from None
+        finally:
+            if placed is not None:
+                self._give_back(placed, call if not lost else None, lost)
         if kind != "ok":
             self.failures += 1
             assert isinstance(result, str)
@@ -310,6 +351,38 @@ class RayInstance(_Base):
         if actor is self._actor:
             self._backoff.served()
         return {name: TensorRef(np.asarray(array)) for name, array in result.items()}
+
+    def _give_back(self, placed: PlacedBatch, running: Any, lost: bool) -> None:
+        """Give the batch's pool block back once the actor no longer writes into it."""
+        if lost:  # killed: its process may still be stopping
+            asyncio.get_running_loop().call_later(LOST_BLOCK_HOLD_S, placed.release)
+        elif running is not None:  # cancelled here while the actor still runs the batch
+            timeout = self._settings.execution_timeout or None
+
+            async def after() -> None:
+                try:
+                    await asyncio.wait_for(running, timeout)
+                except BaseException as exc:  # the batch's end is all that is awaited here
+                    log.debug("a cancelled batch ended: %r", exc)
+                finally:
+                    placed.release()
+
+            task = asyncio.get_running_loop().create_task(after())
+            self._releasing.add(task)
+            task.add_done_callback(self._releasing.discard)
+        else:
+            placed.release()  # the outputs are back (copied out of the block)
+
+    async def _place(self, batch: StagedBatch) -> PlacedBatch | None:
+        """Charge and reserve ``batch`` in its node's pool (None without node pools)."""
+        if self._pools is None:
+            return None
+        pool = self._pools.get(self.node)
+        if pool is None or self._metadata is None:
+            raise WorkerLost(f"node {self.node_address} has no memory pool yet")
+        return await pool.place(
+            batch.parts, batch.arrays, BATCH_OWNERS.get(), self._metadata, self._pools.memory
+        )
 
     def _lose(self, actor: Any, cause: str) -> None:
         """Stop routing to ``actor``; the supervisor replaces it."""

@@ -46,6 +46,7 @@ from sordino.records import (
     DefragReport,
     MemoryForecast,
     MemoryStatistics,
+    NodeMemoryStatistics,
     PoolStatistics,
     ResizeReport,
     StepPlanStatistics,
@@ -101,14 +102,16 @@ class MemoryManager:
         workers: Callable[[], tuple[WorkerMemory, ...]] = tuple,
         plans: Callable[[], tuple[StepPlanStatistics, ...]] = tuple,
         capacity: Callable[[], int] | None = None,
+        nodes: Callable[[], tuple[NodeMemoryStatistics, ...]] = tuple,
     ) -> None:
         """``pause`` holds new batches back while it is entered (staging's gate);
         ``workers`` and ``plans`` report framework memory and step plans; ``capacity``
-        is the arena's size before it exists."""
+        is the arena's size before it exists; ``nodes`` the Ray nodes' pools."""
         self.config = config
         self._pause = pause
         self._workers = workers
         self._plans = plans
+        self._nodes = nodes
         self._capacity = capacity or (lambda: config.initial_pool(0))
         self._resizes = self._deferred = 0
         self._last_resize: ResizeReport | None = None
@@ -450,6 +453,7 @@ class MemoryManager:
             pool=self.pool(),
             workers=self._workers(),
             plans=self._plans(),
+            nodes=self._nodes(),
         )
 
     def _strategy(self) -> str:

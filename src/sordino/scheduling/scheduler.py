@@ -35,11 +35,12 @@ from sordino.errors import (
     InvalidRequest,
     ModelError,
     QueueTimeout,
+    RateLimited,
     Shed,
     ShuttingDown,
     SordinoError,
 )
-from sordino.execution.executor import Executor, MemoryFit
+from sordino.execution.executor import BATCH_OWNERS, Executor, MemoryFit
 from sordino.execution.faults import BATCH_TENANTS
 from sordino.inference import ModelKey, StreamSpec, Tensor, release_owned
 from sordino.memory.refs import Tensors
@@ -163,10 +164,12 @@ class ModelScheduler:
         stepper: Stepper | None = None,
         tenant: str = "",
         weight: int = 1,
+        owner: str = "",
     ) -> Request:
         """Accept one request and queue its first step; return the request.
 
-        ``tenant`` and ``weight`` share a priority level among tenants (see the queue).
+        ``tenant`` and ``weight`` share a priority level among tenants (see the queue);
+        ``owner`` is whom the request's memory is charged to in a Ray node's pool.
 
         The scheduler takes ownership of ``inputs`` (a :class:`Tensors` is released when
         the request finishes). Raises at once, without accepting, when the queue is
@@ -189,6 +192,7 @@ class ModelScheduler:
             stepper=stepper,
             tenant=tenant,
             weight=weight,
+            owner=owner,
         )
         item = self._work_item(request, tensors, now)
         try:
@@ -446,9 +450,13 @@ class ModelScheduler:
                 scope = BATCH_TENANTS.set(
                     frozenset(i.request.tenant for i in live if i.request is not None)
                 )
+            owners = BATCH_OWNERS.set(
+                tuple(i.request.owner if i.request is not None else "" for i in live)
+            )
             try:
                 outputs = await self._executor.run(self.model, [item.inputs for item in live])
             finally:
+                BATCH_OWNERS.reset(owners)
                 if scope is not None:
                     BATCH_TENANTS.reset(scope)
         except asyncio.CancelledError:
@@ -463,9 +471,10 @@ class ModelScheduler:
                 else InferenceFailed(f"model {self.model} failed on a batch of {rows}: {message}")
             )
             self._batch_observed(rows, len(live), t1 - t0, t2 - t1, 0.0, ok=False)
-            if isinstance(error, ModelError) and len(live) > 1:
+            if isinstance(error, ModelError | RateLimited) and len(live) > 1:
                 # One request the model cannot take must not fail the others: run each
                 # alone, so only the offender fails (a poisoned batch costs its size).
+                # So too a tenant over its quota in a Ray node's pool (RateLimited).
                 self._isolated += 1
                 for item in live:
                     if item.request is None or not item.request.finished:

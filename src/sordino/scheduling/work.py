@@ -143,6 +143,8 @@ class Request:
     """Whose request it is: the queue shares a priority level among tenants by weight."""
     weight: int = 1
     """The tenant's weight in the queue's deficit round robin."""
+    owner: str = ""
+    """Whom its memory is charged to (memory.quotas), where an executor charges per batch."""
     step_bytes: list[tuple[int, int]] | None = None
     """(input bytes, output bytes) per step of a multi-step request (lifetime planning)."""
 

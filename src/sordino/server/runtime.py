@@ -124,6 +124,7 @@ class Runtime:
             pause=staging.paused,
             workers=self.executor.worker_memory,
             plans=self.step_plans.statistics,
+            nodes=getattr(self.executor, "node_memory", tuple),
             capacity=staging.capacity,
         )
         # Body read times and lateness per second, for the guardian's triggers.
@@ -183,7 +184,8 @@ class Runtime:
             metrics=self.metrics,
             stats=self.stats,
             telemetry=self.telemetry,
-            quotas=self.memory.quotas if config.memory.quotas else None,
+            # Ray node pools charge memory.quotas per node, per batch (execution/ray_pool.py).
+            quotas=self.memory.quotas if config.memory.quotas and not _node_pools(config) else None,
             learn=self.memory.learn if config.memory.enabled else None,
             tenants=self.tenants,
         )
@@ -201,6 +203,9 @@ class Runtime:
         )
         # The arena's fragmentation and use reach the journal, the monitor and the dashboard.
         self.telemetry.resources.add_pool("shm_arena", self.executor.arena_statistics)
+        watch_node_pools = getattr(self.executor, "watch_node_pools", None)
+        if watch_node_pools is not None:  # the Ray executor: each node's pool, as it appears
+            watch_node_pools(self.telemetry.resources.add_pool)
         # A chaos temperature fault stands in for the sensor (tests without hardware).
         self.telemetry.resources.temperature_override = self.executor.faults.temperature
 
@@ -395,3 +400,8 @@ class Runtime:
 
     def triton_statistics(self, name: str | None = None, version: str | None = None) -> Any:
         return self.service.triton_statistics(name, version)
+
+
+def _node_pools(config: RuntimeConfig) -> bool:
+    """Whether the Ray executor's node pools account memory (and its quotas) per node."""
+    return config.executor.kind == "ray" and config.executor.node_pool

@@ -376,6 +376,7 @@ class InferenceService:
                 stream=model.metadata.stream,
                 # Fair share only among authenticated tenants (claimed names are free to invent).
                 **self._share(context),
+                owner=_tenant(request),
             )
         except SordinoError as exc:  # queue full, shutting down: never accepted
             self._end_slot(context, None)

@@ -18,6 +18,12 @@
   with the CUDA provider)
 - ``sordino_memory_plan_{planned_peak,naive,max_planned_peak}_bytes{model}`` (tensor
   lifetime planning of multi-step models)
+- ``sordino_memory_node_{reserved,in_use,peak,largest_free}_bytes{node}``,
+  ``sordino_memory_node_fragmentation_ratio{node}``,
+  ``sordino_memory_node_{overflow_waits,overflow_rejections}_total{node}``,
+  ``sordino_memory_node_owner_{in_use,peak,quota}_bytes{node,owner}`` and
+  ``sordino_memory_node_quota_{waits,rejections}_total{node,owner}``: each Ray node's
+  pool (``executor.kind: ray``; ``node`` is the Ray node id, as in ``sordino_node_*``)
 """
 
 from __future__ import annotations
@@ -113,6 +119,7 @@ class MemoryCollector(Collector):
         yield from _pool(stats)
         yield from _workers(stats)
         yield from _plans(stats)
+        yield from _nodes(stats)
 
 
 def _pool(stats: MemoryStatistics) -> Iterator[Metric]:
@@ -183,3 +190,65 @@ def _plans(stats: MemoryStatistics) -> Iterator[Metric]:
         families["naive"].add_metric([plan.model], plan.naive_bytes)
         families["max_planned_peak"].add_metric([plan.model], plan.max_planned_peak_bytes)
     yield from families.values()
+
+
+def _nodes(stats: MemoryStatistics) -> Iterator[Metric]:
+    node = ["node"]
+    pool = {
+        name: GaugeMetricFamily(f"sordino_memory_node_{name}", text, labels=node)
+        for name, text in (
+            ("reserved_bytes", "The Ray node pool's size."),
+            ("in_use_bytes", "Bytes of the node pool held by running batches."),
+            ("peak_bytes", "Highest in_use_bytes of the node pool."),
+            ("largest_free_bytes", "Largest free block of the node pool."),
+            ("fragmentation_ratio", "1 - largest free / free, in the node pool."),
+        )
+    }
+    waits = CounterMetricFamily(
+        "sordino_memory_node_overflow_waits",
+        "Batches that waited for node pool space.",
+        labels=node,
+    )
+    refused = CounterMetricFamily(
+        "sordino_memory_node_overflow_rejections",
+        "Batches answered 503: the node pool stayed full.",
+        labels=node,
+    )
+    owner = ["node", "owner"]
+    owners = {
+        name: GaugeMetricFamily(f"sordino_memory_node_owner_{name}_bytes", text, labels=owner)
+        for name, text in (
+            ("in_use", "The owner's bytes in flight in the node pool."),
+            ("peak", "The owner's highest bytes in flight in the node pool."),
+            ("quota", "The owner's quota in each node pool (memory.quotas)."),
+        )
+    }
+    quota_waits = CounterMetricFamily(
+        "sordino_memory_node_quota_waits",
+        "Batches that waited for a quota on the node.",
+        labels=owner,
+    )
+    quota_refused = CounterMetricFamily(
+        "sordino_memory_node_quota_rejections",
+        "Batches refused by a quota on the node.",
+        labels=owner,
+    )
+    for n in stats.nodes:
+        arena = n.arena
+        pool["reserved_bytes"].add_metric([n.node], arena.reserved_bytes)
+        pool["in_use_bytes"].add_metric([n.node], arena.in_use_bytes)
+        pool["peak_bytes"].add_metric([n.node], arena.peak_bytes)
+        pool["largest_free_bytes"].add_metric([n.node], arena.largest_free)
+        pool["fragmentation_ratio"].add_metric([n.node], arena.fragmentation)
+        waits.add_metric([n.node], n.overflow_waits)
+        refused.add_metric([n.node], n.overflow_rejections)
+        for o in n.owners:
+            values = [n.node, o.owner]
+            owners["in_use"].add_metric(values, o.in_use_bytes)
+            owners["peak"].add_metric(values, o.peak_bytes)
+            if o.quota_bytes is not None:
+                owners["quota"].add_metric(values, o.quota_bytes)
+            quota_waits.add_metric(values, o.waits)
+            quota_refused.add_metric(values, o.rejections)
+    yield from pool.values()
+    yield from (waits, refused, *owners.values(), quota_waits, quota_refused)

@@ -147,6 +147,11 @@
     (doc.tiers || []).forEach((t) => rows.push(["tier", `${t.tier}/${t.lifetime}`, mib(t.in_use_bytes), mib(t.reserved_bytes), mib(t.peak_bytes), pct(t.fragmentation), `${t.chunks} chunks`]));
     (doc.owners || []).forEach((o) => rows.push(["owner", o.owner, mib(o.in_use_bytes), o.quota_bytes ? mib(o.quota_bytes) : "no quota", mib(o.peak_bytes), "–", `${o.waits} waits, ${o.rejections} refused`]));
     (doc.workers || []).forEach((w) => rows.push(["worker", `${w.model}:${w.version}#${w.instance}`, mib(w.rss_bytes), "–", "–", "–", `RSS; CPU arena ${w.cpu_arena}; GPU ${w.gpu}`]));
+    (doc.nodes || []).forEach((n) => {
+      const a = n.arena;
+      rows.push(["node", `${n.node.slice(0, 12)} (${n.address})`, mib(a.in_use_bytes), mib(a.reserved_bytes), mib(a.peak_bytes), pct(a.fragmentation), `largest free ${mib(a.largest_free)}, ${n.batches} batches`]);
+      n.owners.filter((o) => o.quota_bytes || o.in_use_bytes).forEach((o) => rows.push(["node-owner", `${n.node.slice(0, 12)} ${o.owner}`, mib(o.in_use_bytes), o.quota_bytes ? mib(o.quota_bytes) : "no quota", mib(o.peak_bytes), "–", `${o.waits} waits, ${o.rejections} refused`]));
+    });
     (doc.plans || []).forEach((p) => rows.push(["plan", p.model, mib(p.planned_peak_bytes), "–", mib(p.max_planned_peak_bytes), "–", `naive ${mib(p.naive_bytes)} for ${p.steps} steps`]));
     $("memory-table").querySelector("tbody").innerHTML = rows.map((r) =>
       `<tr class="memory-${escape(r[0])}">` + r.map((c) => `<td>${escape(c)}</td>`).join("") + "</tr>").join("");
