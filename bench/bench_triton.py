@@ -343,6 +343,27 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return found  # fmt: skip
 
 
+def idle_cpu(targets: dict[str, Target], order: list[str], seconds: float) -> dict[str, float]:
+    """Each server tree's CPU (% of one core) while nothing is sent to anyone (measured
+    before the first cell and after the last).
+
+    All the servers stay up for the whole run, so what an idle one burns is taken from
+    the one under load; this makes that visible.
+    """
+    if seconds <= 0:
+        return {}
+    pids = {targets[label].pid: targets[label].front for label in order}
+    before = {pid: tree_cpu(pid, bucket) for pid, bucket in pids.items()}
+    time.sleep(seconds)
+    spent = {pid: cpu_delta(before[pid], tree_cpu(pid, bucket)) for pid, bucket in pids.items()}
+    found = {label: spent[targets[label].pid]["total"] * 100 / seconds for label in order}
+    console.print(
+        "idle CPU, % of a core: " + ", ".join(f"{k} {v:.1f}" for k, v in found.items()),
+        markup=False, highlight=False,
+    )  # fmt: skip
+    return found
+
+
 def show(rows: list[dict[str, Any]], found: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
@@ -423,6 +444,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         except RuntimeError as error:
             _fail(f"sordino start failed: {error}")
         order = [label for label in wanted if label in targets]
+        idle = {"before": idle_cpu(targets, order, args.idle)}
         plan = cells_plan(order, args.repeat, tuple(int(c) for c in args.concurrency.split(",")))
         cells = []
         started = time.monotonic()
@@ -437,6 +459,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 + (f", {cell['failed']} FAILED ({cell['first_error']})" if cell["failed"] else ""),
                 markup=False, highlight=False,
             )  # fmt: skip
+        idle["after"] = idle_cpu(targets, order, args.idle)
     rows = aggregate(cells)
     found = verdicts(rows)
     show(rows, found)
@@ -448,7 +471,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "load_1m": os.getloadavg()[0]},
         "settings": {"seconds": args.seconds, "repeat": args.repeat, "warmup": args.warmup,
                      "servers": order, "concurrency": args.concurrency},
-        "rows": rows, "targets": found, "cells": cells,
+        "rows": rows, "targets": found, "idle_cpu_percent": idle, "cells": cells,
     }  # fmt: skip
     console.print(f"wrote {save(args.name, report)}")
     return report
@@ -459,6 +482,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds a cell")
     parser.add_argument("--repeat", type=int, default=2, help="rounds over every cell")
     parser.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds a cell")
+    parser.add_argument("--idle", type=float, default=3.0,
+                        help="seconds of idle CPU measured before and after (0: skip)")  # fmt: skip
     parser.add_argument("--concurrency", default="1,8,64", help="requests in flight")
     parser.add_argument("--servers", default=",".join((SORDINO, DEFAULTS, TRITON, TRITON_0, MOSEC)),
                         help="comma-separated subset of the servers")  # fmt: skip
