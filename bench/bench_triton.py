@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlparse
 
 import numpy as np
@@ -225,6 +225,52 @@ def run_cell(
     }  # fmt: skip
 
 
+def perf_analyzer_cell(binary: Path, libs: Path, target: Target, transport: str,
+                       concurrency: int, seconds: float) -> dict[str, Any]:  # fmt: skip
+    """One perf_analyzer (C++) run: its own req/s and latencies, and CPU per request of
+    the server tree and of perf_analyzer itself (requests counted by the server).
+
+    Its windows are a third of ``seconds`` (it measures at least three, and reports the
+    last); the stability bound is wide open, as this shared machine never holds 10 %.
+    """
+    import csv
+    import resource
+    import subprocess
+
+    address = target.grpc if transport == "grpc" else urlparse(target.http).netloc
+    assert address is not None
+    with tempfile.TemporaryDirectory() as scratch:
+        report = Path(scratch) / "pa.csv"
+        cmd = [str(binary), "-m", target.model, "-u", address, "-i", transport,
+               "--concurrency-range", str(concurrency), "-p", str(int(seconds * 1000 / 3)),
+               "--percentile=99", "--stability-percentage=1000", "--max-trials=3",
+               "-f", str(report)]  # fmt: skip
+        env = {**os.environ, "LD_LIBRARY_PATH": str(libs)}
+        batches_before, cpu_before = target.batches(), tree_cpu(target.pid, target.front)
+        own_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, env=env, timeout=seconds * 8 + 60
+        )
+        own_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_after, batches_after = tree_cpu(target.pid, target.front), target.batches()
+        if done.returncode != 0 or not report.exists():
+            tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["no output"]
+            return {"server": target.label, "transport": transport, "concurrency": concurrency,
+                    "error": tail[0]}  # fmt: skip
+        row = next(csv.DictReader(report.open()))
+    served = (batches_after[1] - batches_before[1]) if batches_before and batches_after else 0
+    n = max(served, 1)
+    own = (own_after.ru_utime + own_after.ru_stime) - (own_before.ru_utime + own_before.ru_stime)
+    return {
+        "server": target.label, "transport": transport, "concurrency": concurrency,
+        "rate": float(row["Inferences/Second"]), "p50_ms": float(row["p50 latency"]) / 1000,
+        "p99_ms": float(row["p99 latency"]) / 1000, "served": served,
+        "mean_batch": mean_batch(batches_before, batches_after),
+        "cpu_ms": {k: v * 1000 / n for k, v in cpu_delta(cpu_before, cpu_after).items()},
+        "client_cpu_ms": own * 1000 / n,
+    }  # fmt: skip
+
+
 @contextmanager
 def _runner() -> Iterator[asyncio.Runner]:
     try:
@@ -393,7 +439,49 @@ def show(rows: list[dict[str, Any]], found: list[dict[str, Any]]) -> None:
         console.print(f"{v['target']}: {value} (target {sign} {v['bound']:g}) — {verdict}")
 
 
-def _fail(message: str) -> None:
+def cross_check(args: argparse.Namespace, targets: dict[str, Target],
+                order: list[str]) -> list[dict[str, Any]]:  # fmt: skip
+    """The same KServe cells once more from perf_analyzer (C++), interleaved likewise."""
+    try:
+        python = peers.ensure_venv("triton", peers.TRITON_PACKAGES, "import pytriton")
+        binary, libs = peers.ensure_perf_analyzer(python)
+    except peers.PeerError as error:
+        _fail(str(error))
+    found = []
+    concurrencies = tuple(int(c) for c in args.concurrency.split(","))
+    for _, concurrency, transport, label in cells_plan(order, 1, concurrencies):
+        if label == MOSEC:  # not KServe: perf_analyzer cannot drive it
+            continue
+        cell = perf_analyzer_cell(binary, libs, targets[label], transport, concurrency,
+                                  args.seconds)  # fmt: skip
+        found.append(cell)
+        what = cell.get("error") or f"{cell['rate']:,.0f} req/s, p99 {cell['p99_ms']:.1f} ms"
+        console.print(f"[perf_analyzer] {label} {transport} c{concurrency}: {what}",
+                      markup=False, highlight=False)  # fmt: skip
+    return found
+
+
+def show_perf_analyzer(cells: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    table = Table(title="The same, from perf_analyzer (C++), one run each (CPU: ms per request)")
+    for c in ("server", "transport", "in flight", "req/s", "p50 ms", "p99 ms", "mean batch",
+              "CPU total", "perf_analyzer CPU"):  # fmt: skip
+        table.add_column(c, justify="left" if c in ("server", "transport") else "right")
+    for c in cells:
+        if "error" in c:
+            table.add_row(c["server"], c["transport"], str(c["concurrency"]), c["error"])
+            continue
+        table.add_row(
+            c["server"], c["transport"], str(c["concurrency"]), f"{c['rate']:,.0f}",
+            f"{c['p50_ms']:.2f}", f"{c['p99_ms']:.1f}",
+            "n/a" if c["mean_batch"] is None else f"{c['mean_batch']:.1f}",
+            f"{c['cpu_ms']['total']:.3f}", f"{c['client_cpu_ms']:.3f}",
+        )  # fmt: skip
+    console.print(table)
+
+
+def _fail(message: str) -> NoReturn:
     console.print(f"bench_triton: {message}", markup=False, highlight=False)
     sys.exit(2)
 
@@ -460,9 +548,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 markup=False, highlight=False,
             )  # fmt: skip
         idle["after"] = idle_cpu(targets, order, args.idle)
+        analyzed = cross_check(args, targets, order) if args.perf_analyzer else []
     rows = aggregate(cells)
     found = verdicts(rows)
     show(rows, found)
+    if analyzed:
+        show_perf_analyzer(analyzed)
     report = {
         "benchmark": "triton",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -472,6 +563,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "settings": {"seconds": args.seconds, "repeat": args.repeat, "warmup": args.warmup,
                      "servers": order, "concurrency": args.concurrency},
         "rows": rows, "targets": found, "idle_cpu_percent": idle, "cells": cells,
+        "perf_analyzer": analyzed,
     }  # fmt: skip
     console.print(f"wrote {save(args.name, report)}")
     return report
@@ -487,6 +579,8 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,8,64", help="requests in flight")
     parser.add_argument("--servers", default=",".join((SORDINO, DEFAULTS, TRITON, TRITON_0, MOSEC)),
                         help="comma-separated subset of the servers")  # fmt: skip
+    parser.add_argument("--perf-analyzer", action="store_true",
+                        help="then the KServe cells again from perf_analyzer (C++)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="2 s a cell, one repeat")
     parser.add_argument("--name", default="triton", help="results file bench/results/NAME.json")
     args = parser.parse_args()

@@ -301,3 +301,44 @@ def mosec_server(python: Path, onnx_path: Path) -> Iterator[Server]:
             _wait_ready(proc, f"http://127.0.0.1:{port}/", "mosec", log)
             url = f"http://127.0.0.1:{port}"
             yield Server("mosec", url, None, f"{url}/metrics", proc.pid)
+
+
+PERF_ANALYZER_WHEEL = "tritonclient==2.41.0"  # the last wheels that carried bin/perf_analyzer
+
+
+def ensure_perf_analyzer(triton_python: Path) -> tuple[Path, Path]:
+    """perf_analyzer (C++) from the tritonclient 2.41.0 wheel; return (binary, its libs).
+
+    The binary needs ``libb64.so.0d`` and ``libcudart.so.12``; the nvidia-pytriton
+    wheel carries both under hashed names, so two links in a private folder do.
+    """
+    import zipfile
+
+    home = PEERS / "perf_analyzer"
+    binary, libs = home / "perf_analyzer", home / "libs"
+    if not binary.exists():
+        home.mkdir(parents=True, exist_ok=True)
+        log = PEERS / "perf_analyzer-install.log"
+        with log.open("w") as out:
+            got = subprocess.run(
+                [str(triton_python), "-m", "pip", "download", "--no-deps", "-d", str(home),
+                 PERF_ANALYZER_WHEEL], stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        wheels = sorted(home.glob("tritonclient-2.41.0-*.whl"))
+        if got.returncode != 0 or not wheels:
+            raise PeerError(f"downloading {PERF_ANALYZER_WHEEL} failed; see {log}")
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            member = next((n for n in wheel.namelist() if n.endswith("bin/perf_analyzer")), None)
+            if member is None:
+                raise PeerError(f"{wheels[0].name} has no bin/perf_analyzer")
+            binary.write_bytes(wheel.read(member))
+        binary.chmod(0o755)
+    _, _, bundled = triton_layout(triton_python)
+    libs.mkdir(exist_ok=True)
+    for link, pattern in (("libb64.so.0d", "libb64-*.so.0d"), ("libcudart.so.12", "libcudart-*")):
+        found = sorted(bundled.glob(pattern))
+        if not found:
+            raise PeerError(f"{bundled} has no {pattern} for perf_analyzer")
+        (libs / link).unlink(missing_ok=True)
+        (libs / link).symlink_to(found[0])
+    return binary, libs
