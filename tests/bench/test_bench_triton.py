@@ -6,10 +6,13 @@ the benchmark.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
@@ -121,3 +124,27 @@ def test_check_decodes_binary_kserve_answers_and_counts_failures() -> None:
     failed, worst, first = peer_load.check(answers, expected, peer_load.kserve_http_output)
     assert (failed, worst) == (1, 0.5)
     assert first is not None and "503" in first
+
+
+def test_a_peer_that_exits_at_start_is_reported_in_one_line(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text("starting\nerror: no such backend 'python'\n")
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    proc.wait()
+    with pytest.raises(peers.PeerError, match=r"exited with 3 at start: error: no such backend"):
+        peers._wait_ready(proc, "http://127.0.0.1:9/", "tritonserver", log, timeout=5)
+
+
+def test_a_failed_install_ends_the_run_with_one_line_and_status_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(name: str, packages: tuple[str, ...], probe: str) -> Path:
+        raise peers.PeerError(f"installing {name} failed; see install.log")
+
+    monkeypatch.setattr(peers, "ensure_venv", broken)
+    monkeypatch.setattr(sys, "argv", ["bench_triton", "--servers", "triton 10ms", "--idle", "0"])
+    with pytest.raises(SystemExit) as exited:
+        bench_triton.main()
+    assert exited.value.code == 2
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == ["bench_triton: installing triton failed; see install.log"]
