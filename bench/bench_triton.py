@@ -578,7 +578,7 @@ def main() -> None:
                         help="seconds of idle CPU measured before and after (0: skip)")  # fmt: skip
     parser.add_argument("--concurrency", default="1,8,64", help="requests in flight")
     parser.add_argument("--servers", default=",".join((SORDINO, DEFAULTS, TRITON, TRITON_0, MOSEC)),
-                        help="comma-separated subset of the servers")  # fmt: skip
+                        help="a comma-separated subset, quoted (default: all five)")  # fmt: skip
     parser.add_argument("--perf-analyzer", action="store_true",
                         help="then the KServe cells again from perf_analyzer (C++)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="2 s a cell, one repeat")
