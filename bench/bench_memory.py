@@ -102,8 +102,15 @@ def replay(
     defrag: float | None = None,
     every: int = 1000,
     factory: Callable[[int], Strategy] | None = None,
+    step: int = 0,
+    boundary: int = 2,
 ) -> dict[str, float]:
     """Replay ``events``; with ``defrag``, compact every ``every`` allocations above that.
+
+    With ``step``, a batch boundary every ``boundary`` allocations runs one step of
+    incremental compaction of at most ``step`` bytes (``Strategy.shift``, what the
+    memory manager runs after every batch with ``memory.compact_step``) over the
+    long-lived blocks.
 
     ``factory`` builds the allocator instead of ``strategy``'s (the placement variants of
     ``bench_memory_placement``).
@@ -116,7 +123,8 @@ def replay(
     holes: list[float] = []
     waste: list[float] = []
     asked = 0  # bytes asked by the live blocks (what they hold beyond it is internal waste)
-    failed = runs = moved = 0
+    failed = runs = moved = steps = 0
+    pauses: list[float] = []
     warmup = len(events) // 10
     for i, event in enumerate(events):
         for block, nbytes in dying.pop(i, ()):
@@ -132,6 +140,19 @@ def replay(
             asked += event.size
             if event.lifetime == "long":
                 long.add(block.offset)
+        if step and i % boundary == 0:
+            where = {b.offset: (at, j) for at, blocks in dying.items()
+                     for j, (b, _) in enumerate(blocks) if b.offset in long}  # fmt: skip
+            t0 = time.perf_counter()
+            shifted = allocator.shift([dying[at][j][0] for at, j in where.values()], step)
+            pauses.append(time.perf_counter() - t0)
+            steps += 1
+            for old, new in shifted:
+                at, j = where.pop(old.offset)
+                dying[at][j] = (new, dying[at][j][1])
+                long.discard(old.offset)
+                long.add(new.offset)
+                moved += old.size
         checking = defrag is not None and i % every == 0
         if checking and allocator.statistics().fragmentation > (defrag or 0.0):
             runs += 1
@@ -153,6 +174,10 @@ def replay(
         "defrag_runs": runs,
         "moved_mib_per_run": moved / MiB / runs if runs else 0.0,
         "moved_mib_total": moved / MiB,
+        "steps": steps,
+        "moved_kib_per_allocation": moved / 1024 / len(events),
+        "step_bookkeeping_us_p50": float(np.percentile(pauses, 50)) * 1e6 if pauses else 0.0,
+        "step_bookkeeping_us_p99": float(np.percentile(pauses, 99)) * 1e6 if pauses else 0.0,
     }
 
 

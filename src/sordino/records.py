@@ -375,6 +375,8 @@ class MemoryStatistics:
     """Framework memory per worker process."""
     plans: tuple[StepPlanStatistics, ...] = ()
     """Tensor lifetime planning per multi-step model."""
+    compaction: CompactionStatistics | None = None
+    """Incremental compaction at batch boundaries (``memory.compact_step``)."""
 
 
 # -- the guardian ----------------------------------------------------------------------
@@ -518,3 +520,33 @@ class StepPlanStatistics:
     """Every step's tensors in their own block, none reused (the last request)."""
     max_planned_peak_bytes: int
     """The largest planned region of any request so far."""
+
+
+# -- incremental compaction (issue 10) -------------------------------------------------
+
+
+__all__ += ["CompactionStatistics", "CompactionStep"]
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionStep:
+    """One step of incremental compaction at a batch boundary: what moved, the pause."""
+
+    bytes_moved: int
+    blocks_moved: int
+    pause_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionStatistics:
+    """Incremental compaction so far: steps taken, those that moved bytes, the pauses."""
+
+    budget_bytes: int
+    """``memory.compact_step``: the most bytes one step moves."""
+    steps: int
+    steps_moving: int
+    bytes_moved: int
+    blocks_moved: int
+    pause_s: float
+    """Sum of every step's pause."""
+    max_pause_s: float
