@@ -121,6 +121,9 @@ class RequestDone:
     """For a request with a deadline: how long after it the request ended (0 if on time)."""
     step_bytes: tuple[tuple[int, int], ...] = ()
     """A multi-step request's (input bytes, output bytes) per step; empty for one step."""
+    region: tuple[int, int, int] | tuple[()] = ()
+    """A multi-step request's output region: (planned bytes, the most bytes of it in
+    use at once, output blocks that did not fit it); empty without a region."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -520,6 +523,14 @@ class StepPlanStatistics:
     """Every step's tensors in their own block, none reused (the last request)."""
     max_planned_peak_bytes: int
     """The largest planned region of any request so far."""
+    region_bytes: int = 0
+    """The last request's output region as reserved: the plan of its steps' outputs."""
+    region_peak_bytes: int = 0
+    """The most bytes of that region its steps really used at once."""
+    region_fallbacks: int = 0
+    """Output blocks of that request that did not fit its region (taken from the arena)."""
+    regions: int = 0
+    """Requests that ran in a region of their own so far."""
 
 
 # -- incremental compaction (issue 10) -------------------------------------------------

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from sordino.cli.main import cli
 from sordino.config import RuntimeConfig
+from sordino.memory.allocator import ALIGNMENT
 from sordino.models.repository import builtin_sources
 from sordino.testing import serve_in_thread
 
@@ -52,6 +53,11 @@ def test_twenty_steps_keep_in_use_bounded_and_are_planned() -> None:
         assert 0 < plan.planned_peak_bytes * 5 < plan.naive_bytes
         metrics = httpx.get(f"{server.url}/metrics", timeout=30).text
         assert 'sordino_memory_plan_planned_peak_bytes{model="countdown"}' in metrics
+        # The steps' outputs ran in one region of the request, reserved at the plan's
+        # size: REMAINING and DONE (one element each, 64 bytes aligned) of two steps.
+        assert plan.regions == 1 and plan.region_bytes == 4 * ALIGNMENT
+        assert plan.region_peak_bytes == plan.region_bytes  # what really happened
+        assert plan.region_fallbacks == 0
         result = CliRunner().invoke(cli, ["memory", "status", "--url", server.url])
         assert result.exit_code == 0 and f"plan countdown: 1 requests; last {STEPS} steps" in (
             result.output

@@ -209,6 +209,15 @@ class Allocator:
                 budget -= block.size
         return moves
 
+    def rebase(self, base: int) -> None:
+        """Every offset moves with the range, which now starts at ``base``."""
+        delta = base - self.base
+        self.base = base
+        self._bins = [[(size, offset + delta) for size, offset in bin_] for bin_ in self._bins]
+        self._free_at = {offset + delta: size for offset, size in self._free_at.items()}
+        self._free_end = {end + delta: start + delta for end, start in self._free_end.items()}
+        self._used = {offset + delta: size for offset, size in self._used.items()}
+
     @property
     def in_use(self) -> int:
         return self._in_use

@@ -274,6 +274,9 @@ class Arena:
         """Point every parked tensor of ``leases`` that lies in a moved block at its new place."""
         starts = sorted(moves)
         seen: set[int] = set()
+        for lease in list(leases):
+            if lease._inner is not None:  # a region: its blocks moved with it
+                leases = leases | lease._inner.moved(moves)
         for lease in leases:
             for tensors in lease._parked:
                 tensors._relocate(self.buffer, starts, moves, sizes, seen)
