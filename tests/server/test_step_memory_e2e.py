@@ -53,6 +53,9 @@ def test_twenty_steps_keep_in_use_bounded_and_are_planned() -> None:
         assert 0 < plan.planned_peak_bytes * 5 < plan.naive_bytes
         metrics = httpx.get(f"{server.url}/metrics", timeout=30).text
         assert 'sordino_memory_plan_planned_peak_bytes{model="countdown"}' in metrics
+        assert f'sordino_memory_plan_region_peak_bytes{{model="countdown"}} {4 * ALIGNMENT}' in (
+            metrics
+        )
         # The steps' outputs ran in one region of the request, reserved at the plan's
         # size: REMAINING and DONE (one element each, 64 bytes aligned) of two steps.
         assert plan.regions == 1 and plan.region_bytes == 4 * ALIGNMENT
@@ -62,3 +65,4 @@ def test_twenty_steps_keep_in_use_bounded_and_are_planned() -> None:
         assert result.exit_code == 0 and f"plan countdown: 1 requests; last {STEPS} steps" in (
             result.output
         )
+        assert f"outputs in one region of {4 * ALIGNMENT} bytes" in result.output
