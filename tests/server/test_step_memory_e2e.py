@@ -66,3 +66,26 @@ def test_twenty_steps_keep_in_use_bounded_and_are_planned() -> None:
             result.output
         )
         assert f"outputs in one region of {4 * ALIGNMENT} bytes" in result.output
+
+
+def test_a_generation_runs_its_steps_in_one_region_of_one_steps_outputs() -> None:
+    """digits-diffusion: the sampler reads step k's outputs within step k, so the region
+    is planned at one step's outputs, and that is exactly what its steps used."""
+    sources = [s for s in builtin_sources() if s.name == "digits-diffusion"]
+    with serve_in_thread(RuntimeConfig(), sources) as server:
+        runtime = server.runtime
+        body = {"prompt": "a 7", "steps": 8, "seed": 3}
+        answer = httpx.post(
+            f"{server.url}/v2/models/digits-diffusion/generate", json=body, timeout=60
+        )
+        assert answer.status_code == 200, answer.text
+        (plan,) = runtime.memory.statistics().plans
+        assert plan.model == "digits-diffusion" and plan.regions == 1
+        assert plan.region_bytes > 0 and plan.region_fallbacks == 0
+        assert plan.region_peak_bytes == plan.region_bytes
+
+        async def in_use() -> int:
+            arena = runtime.executor.staging.existing_arena
+            return arena.statistics().in_use_bytes if arena is not None else 0
+
+        assert server.call(in_use()) == 0  # the region went back with the request
