@@ -8,10 +8,13 @@ none of its steps runs, defragmentation and resizing move it with its contents.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sordino.memory import Arena, Lease, TensorRef, Tensors
 from sordino.memory.allocator import ALIGNMENT
@@ -29,14 +32,14 @@ def arena() -> Iterator[Arena]:
     arena.close()
 
 
-def _step(region: StepRegion, arena: Arena, value: int) -> Tensors:
+def _step(region: StepRegion, arena: Arena, value: int, size: int = OUT) -> Tensors:
     """Stage one step's two outputs in the region, as staging does, and fill them."""
-    lease = region.lease(arena, [OUT, OUT])
+    lease = region.lease(arena, [size, size])
     assert lease is not None
     refs = {}
     for name in ("a", "b"):
-        block = lease.acquire_nowait(OUT)
-        view = np.ndarray((OUT,), np.uint8, lease.arena.buffer, block.offset)
+        block = lease.acquire_nowait(size)
+        view = np.ndarray((size,), np.uint8, lease.arena.buffer, block.offset)
         view[:] = value
         refs[name] = TensorRef(view, block.offset)
     return Tensors(refs, (lease,))
@@ -122,3 +125,60 @@ def test_a_parked_region_moves_with_its_contents(arena: Arena, how: str) -> None
     following.release()
     region.close()
     assert arena.statistics().in_use_bytes == 0
+
+
+_op = st.one_of(
+    st.tuples(st.just("step"), st.integers(0, 2)),
+    st.tuples(st.just("release"), st.integers(0, 1000)),
+    st.tuples(st.sampled_from(["defrag", "shift", "resize"]), st.just(0)),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(_op, min_size=1, max_size=40))
+def test_random_steps_releases_and_moves_keep_every_output(ops: list[tuple[str, int]]) -> None:
+    """Steps of three requests, released in any order, the arena defragmented, compacted
+    or resized between them (everything parked): every output keeps its bytes, regions
+    never overlap anything, and everything goes back in the end."""
+    arena = Arena(1 << 20, allocator=allocator_factory("fragmentation_aware"))
+    regions = [StepRegion(carried=bool(i % 2)) for i in range(3)]
+    sizes = [1000, 40_000, 70_000]  # the small tier (chunks) and the arena itself
+    live: list[tuple[Tensors, int]] = []
+    stamp = 0
+    try:
+        for op, arg in ops:
+            if op == "step":
+                stamp += 1
+                live.append((_step(regions[arg], arena, stamp % 251, sizes[arg]), stamp % 251))
+            elif op == "release" and live:
+                live.pop(arg % len(live))[0].release()
+            elif op in ("defrag", "shift", "resize"):
+                for tensors, _ in live:
+                    tensors.park()
+                if op == "defrag":  # (about a third of the examples move a region)
+                    arena.defragment("test")
+                elif op == "shift":
+                    arena.shift(1 << 20)
+                else:
+                    arena.resize(arena.capacity, "test")
+                for tensors, _ in live:
+                    tensors.unpark()
+            used = sorted(arena.allocator.used_blocks().items())
+            for (a, size_a), (b, _) in itertools.pairwise(used):
+                assert a + size_a <= b
+            base = np.frombuffer(arena.buffer, np.uint8).__array_interface__["data"][0]
+            holders = {o: o + size for o, size in arena.allocator.used_blocks().items()}
+            for tensors, value in live:
+                for name in ("a", "b"):
+                    ref = tensors.ref(name)
+                    assert int(ref.array.min()) == int(ref.array.max()) == value
+                    assert ref.array.__array_interface__["data"][0] - base == ref.offset
+                    assert ref.offset is not None  # inside a block the arena has handed out
+                    assert any(o <= ref.offset < end for o, end in holders.items())
+        for region in regions:
+            region.close()
+        for tensors, _ in live:
+            tensors.release()
+        assert arena.statistics().in_use_bytes == 0
+    finally:
+        arena.close()
