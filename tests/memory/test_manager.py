@@ -178,3 +178,20 @@ def test_compaction_steps_are_off_for_other_strategies_and_at_zero(arena: Arena)
         assert stats is not None and stats.steps == 0 and stats.bytes_moved == 0
     for tensors in held:
         tensors.release()
+
+
+async def test_compact_step_is_taken_live(arena: Arena) -> None:
+    """A reconfiguration's new memory.compact_step applies from the next batch on."""
+    held = _fragment(arena)
+    manager = _manager(arena, VirtualClock(), strategy="fragmentation_aware", compact_step=0)
+    done = BatchDone(ModelKey("m", "1"), 1, 1, 0.0, 0.0, 0.0, True)
+    manager.batch_done(done)
+    assert manager.compaction().steps == 0
+    await manager.retune(
+        MemoryConfig.model_validate({"strategy": "fragmentation_aware", "compact_step": "1MiB"})
+    )
+    manager.batch_done(done)
+    assert manager.compaction().steps == 1 and manager.compaction().bytes_moved > 0
+    await manager.stop()
+    for tensors in held:
+        tensors.release()
