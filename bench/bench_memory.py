@@ -11,7 +11,13 @@
    of every page (what a fresh buffer costs without an arena).
 3. **Defragmentation pause** — a real shared-memory arena fragmented with parked blocks
    (``sordino.testing.fragment_arena``'s pattern), one ``Arena.defragment``: bytes
-   moved and the pause, for 8 to 128 MiB of movable blocks.
+   moved and the pause, for 8 to 128 MiB of movable blocks; and the same arena
+   compacted by ``Arena.shift`` steps of at most ``--step`` MiB (what
+   ``memory.compact_step`` runs at every batch boundary): steps and pause per step.
+
+The drift table's "steps" rows replay incremental compaction: a batch boundary after
+every allocation (or every 2nd), each moving at most ``--step`` MiB of long-lived
+blocks; "runs" is then the steps, "moved/run" the MiB moved per allocation.
 
     python -m bench.bench_memory [--allocations 100000] [--seed 7] [--load-seconds 20]
 
@@ -102,8 +108,15 @@ def replay(
     defrag: float | None = None,
     every: int = 1000,
     factory: Callable[[int], Strategy] | None = None,
+    step: int = 0,
+    boundary: int = 2,
 ) -> dict[str, float]:
     """Replay ``events``; with ``defrag``, compact every ``every`` allocations above that.
+
+    With ``step``, a batch boundary every ``boundary`` allocations runs one step of
+    incremental compaction of at most ``step`` bytes (``Strategy.shift``, what the
+    memory manager runs after every batch with ``memory.compact_step``) over the
+    long-lived blocks.
 
     ``factory`` builds the allocator instead of ``strategy``'s (the placement variants of
     ``bench_memory_placement``).
@@ -116,7 +129,8 @@ def replay(
     holes: list[float] = []
     waste: list[float] = []
     asked = 0  # bytes asked by the live blocks (what they hold beyond it is internal waste)
-    failed = runs = moved = 0
+    failed = runs = moved = steps = 0
+    pauses: list[float] = []
     warmup = len(events) // 10
     for i, event in enumerate(events):
         for block, nbytes in dying.pop(i, ()):
@@ -132,6 +146,19 @@ def replay(
             asked += event.size
             if event.lifetime == "long":
                 long.add(block.offset)
+        if step and i % boundary == 0:
+            where = {b.offset: (at, j) for at, blocks in dying.items()
+                     for j, (b, _) in enumerate(blocks) if b.offset in long}  # fmt: skip
+            t0 = time.perf_counter()
+            shifted = allocator.shift([dying[at][j][0] for at, j in where.values()], step)
+            pauses.append(time.perf_counter() - t0)
+            steps += 1
+            for old, new in shifted:
+                at, j = where.pop(old.offset)
+                dying[at][j] = (new, dying[at][j][1])
+                long.discard(old.offset)
+                long.add(new.offset)
+                moved += old.size
         checking = defrag is not None and i % every == 0
         if checking and allocator.statistics().fragmentation > (defrag or 0.0):
             runs += 1
@@ -153,6 +180,10 @@ def replay(
         "defrag_runs": runs,
         "moved_mib_per_run": moved / MiB / runs if runs else 0.0,
         "moved_mib_total": moved / MiB,
+        "steps": steps,
+        "moved_kib_per_allocation": moved / 1024 / len(events),
+        "step_bookkeeping_us_p50": float(np.percentile(pauses, 50)) * 1e6 if pauses else 0.0,
+        "step_bookkeeping_us_p99": float(np.percentile(pauses, 99)) * 1e6 if pauses else 0.0,
     }
 
 
@@ -224,6 +255,46 @@ def defrag_pause(strategy: str, movable_mib: int) -> dict[str, float]:
         arena.close()
 
 
+def shift_pauses(movable_mib: int, step: int) -> dict[str, float]:
+    """The same fragmented 512 MiB arena as :func:`defrag_pause` (fragmentation_aware),
+    compacted by ``Arena.shift(step)`` steps until nothing moves: steps, pause per step."""
+    arena = Arena(
+        512 * MiB,
+        allocator=allocator_factory("fragmentation_aware"),
+        strategy="fragmentation_aware",
+    )
+    try:
+        size = 2 * MiB
+        held: list[Tensors] = []
+        for index in range(movable_mib):
+            lease = Lease(arena)
+            block = lease.acquire_nowait(size, "long")
+            view = np.ndarray((size,), np.uint8, arena.buffer, block.offset)
+            view[:] = index % 251
+            tensors = Tensors({"x": TensorRef(view, block.offset)}, (lease,))
+            tensors.park()
+            held.append(tensors)
+        for tensors in held[1::2]:
+            tensors.release()
+        before = arena.statistics().fragmentation
+        pauses, moved = [], 0
+        while (done := arena.shift(step)).bytes_moved:
+            pauses.append(done.pause_s * 1000)
+            moved += done.bytes_moved
+        for tensors in held[::2]:
+            tensors.release()
+        return {
+            "steps": len(pauses),
+            "bytes_moved": moved,
+            "pause_ms_p50": float(np.percentile(pauses, 50)) if pauses else 0.0,
+            "pause_ms_max": max(pauses, default=0.0),
+            "before": before,
+            "after": arena.statistics().fragmentation,
+        }
+    finally:
+        arena.close()
+
+
 def under_load(seconds: float) -> dict[str, dict[str, float]]:
     """p50/p99 of the digits classifier (64 clients) with and without a defrag every 10 s.
 
@@ -279,6 +350,12 @@ def main() -> None:
     parser.add_argument(
         "--threshold", type=float, default=0.05, help="defrag above this fragmentation"
     )
+    parser.add_argument(
+        "--step",
+        type=float,
+        default=2.0,
+        help="incremental compaction: MiB moved at most per batch boundary (memory.compact_step)",
+    )
     args = parser.parse_args()
     results: dict[str, object] = {}
 
@@ -288,18 +365,32 @@ def main() -> None:
         f"(defrag checked every {args.defrag_every})"
     )
     columns = ("strategy", "defrag", "fragmentation mean", "p95", "holes / arena",
-               "internal waste", "in use", "failed", "runs", "moved/run",
-               "moved total")  # fmt: skip
+               "internal waste", "in use", "failed", "runs (steps)",
+               "moved/run (/alloc)", "moved total")  # fmt: skip
     for column in columns:
         table.add_column(column, justify="right")
     drift = {}
+    step = int(args.step * MiB)
+    modes: list[tuple[str, float | None, int, int]] = [
+        ("never", None, 0, 1),
+        (f"> {args.threshold:.0%}", args.threshold, 0, 1),
+        (f"steps <= {args.step:g} MiB, every allocation", None, step, 1),
+        (f"steps <= {args.step:g} MiB, every 2nd", None, step, 2),
+    ]
     for strategy in STRATEGIES:
-        for defrag in (None, args.threshold):
-            row = replay(strategy, events, defrag=defrag, every=args.defrag_every)
-            drift[f"{strategy}/{'defrag' if defrag is not None else 'none'}"] = row
+        for label, defrag, budget, boundary in modes:
+            row = replay(
+                strategy, events, defrag=defrag, every=args.defrag_every, step=budget,
+                boundary=boundary,
+            )  # fmt: skip
+            key = "defrag" if defrag is not None else f"steps/{boundary}" if budget else "none"
+            drift[f"{strategy}/{key}"] = row
+            if budget:
+                row["moved_mib_per_run"] = row["moved_kib_per_allocation"] / 1024
+                row["defrag_runs"] = row["steps"]
             table.add_row(
                 strategy,
-                f"> {defrag:.0%}" if defrag is not None else "never",
+                label,
                 f"{row['fragmentation_mean']:.1%}",
                 f"{row['fragmentation_p95']:.1%}",
                 f"{row['holes_of_arena_mean']:.1%}",
@@ -347,6 +438,25 @@ def main() -> None:
             )
     console.print(table)
     results["defrag"] = pauses
+
+    table = Table(
+        title=f"the same arena (fragmentation_aware) compacted by steps <= {args.step:g} MiB"
+    )
+    for column in ("movable", "steps", "moved", "pause per step p50 / max", "fragmentation"):
+        table.add_column(column, justify="right")
+    stepped = {}
+    for movable in (8, 32, 128):
+        row = shift_pauses(movable, step)
+        stepped[str(movable)] = row
+        table.add_row(
+            f"{movable} MiB",
+            str(row["steps"]),
+            f"{row['bytes_moved'] / MiB:.0f} MiB",
+            f"{row['pause_ms_p50']:.2f} / {row['pause_ms_max']:.2f} ms",
+            f"{row['before']:.0%} -> {row['after']:.0%}",
+        )
+    console.print(table)
+    results["compaction_steps"] = stepped
     if args.load_seconds > 0:
         table = Table(title="digits-classifier, 64 clients: with and without a defrag every 10 s")
         for column in ("run", "requests", "req/s", "p50 ms", "p99 ms", "defrag runs", "pause"):

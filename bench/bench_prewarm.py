@@ -9,7 +9,9 @@
    resizes done and their pauses (new batches held back until every block is parked).
 3. **Step plans** — the same server streams countdown (20 steps) and generates with
    digits-diffusion (20 steps): the greedy-by-size region of the last request of each,
-   next to the naive sum of its step tensors (``GET /v2/sordino/memory``, ``plans``).
+   next to the naive sum of its step tensors (``GET /v2/sordino/memory``, ``plans``),
+   and the region its steps' outputs really ran in: reserved at the plan of its
+   outputs, the most bytes of it in use at once, outputs that did not fit it.
 
     python -m bench.bench_prewarm [--seconds 8]
 """
@@ -168,12 +170,15 @@ def main() -> None:
     results["under_load"] = rows
 
     table = Table(title="step plans: one region per request (greedy by size) vs naive sum")
-    for column in ("model", "steps", "planned region", "naive sum", "ratio"):
+    for column in ("model", "steps", "planned region", "naive sum", "ratio",
+                   "output region reserved", "used at most", "fallbacks"):  # fmt: skip
         table.add_column(column, justify="right")
     for plan in plans:
         ratio = plan["naive_bytes"] / max(1, plan["planned_peak_bytes"])
         table.add_row(plan["model"], str(plan["steps"]), f"{plan['planned_peak_bytes']} B",
-                      f"{plan['naive_bytes']} B", f"{ratio:.1f}x")  # fmt: skip
+                      f"{plan['naive_bytes']} B", f"{ratio:.1f}x",
+                      f"{plan['region_bytes']} B", f"{plan['region_peak_bytes']} B",
+                      str(plan["region_fallbacks"]))  # fmt: skip
     console.print(table)
     results["plans"] = plans
     console.print(f"saved {save('prewarm', results)}")

@@ -121,6 +121,9 @@ class RequestDone:
     """For a request with a deadline: how long after it the request ended (0 if on time)."""
     step_bytes: tuple[tuple[int, int], ...] = ()
     """A multi-step request's (input bytes, output bytes) per step; empty for one step."""
+    region: tuple[int, int, int] | tuple[()] = ()
+    """A multi-step request's output region: (planned bytes, the most bytes of it in
+    use at once, output blocks that did not fit it); empty without a region."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,6 +380,8 @@ class MemoryStatistics:
     """Tensor lifetime planning per multi-step model."""
     nodes: tuple[NodeMemoryStatistics, ...] = ()
     """Per Ray node, its memory pool (executor.kind: ray)."""
+    compaction: CompactionStatistics | None = None
+    """Incremental compaction at batch boundaries (``memory.compact_step``)."""
 
 
 # -- the guardian ----------------------------------------------------------------------
@@ -520,6 +525,14 @@ class StepPlanStatistics:
     """Every step's tensors in their own block, none reused (the last request)."""
     max_planned_peak_bytes: int
     """The largest planned region of any request so far."""
+    region_bytes: int = 0
+    """The last request's output region as reserved: the plan of its steps' outputs."""
+    region_peak_bytes: int = 0
+    """The most bytes of that region its steps really used at once."""
+    region_fallbacks: int = 0
+    """Output blocks of that request that did not fit its region (taken from the arena)."""
+    regions: int = 0
+    """Requests that ran in a region of their own so far."""
 
 
 # -- node pools of the Ray executor ----------------------------------------------------
@@ -546,3 +559,33 @@ class NodeMemoryStatistics:
     """Batches that waited for space in the pool."""
     overflow_rejections: int
     """Batches answered 503 because the pool stayed full."""
+
+
+# -- incremental compaction (issue 10) -------------------------------------------------
+
+
+__all__ += ["CompactionStatistics", "CompactionStep"]
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionStep:
+    """One step of incremental compaction at a batch boundary: what moved, the pause."""
+
+    bytes_moved: int
+    blocks_moved: int
+    pause_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionStatistics:
+    """Incremental compaction so far: steps taken, those that moved bytes, the pauses."""
+
+    budget_bytes: int
+    """``memory.compact_step``: the most bytes one step moves."""
+    steps: int
+    steps_moving: int
+    bytes_moved: int
+    blocks_moved: int
+    pause_s: float
+    """Sum of every step's pause."""
+    max_pause_s: float

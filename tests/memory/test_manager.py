@@ -9,9 +9,11 @@ import pytest
 
 from sordino.config.memory import MemoryConfig
 from sordino.events import EventSink
+from sordino.inference import ModelKey
 from sordino.memory import Arena, Lease, TensorRef, Tensors, TensorsBuilder
 from sordino.memory.manager import MemoryManager
 from sordino.memory.strategies import allocator_factory
+from sordino.records import BatchDone
 from sordino.testing import VirtualClock
 
 
@@ -140,3 +142,56 @@ def test_learned_bytes_per_request_and_the_forecast_peak() -> None:
     assert m.predicted_peak_bytes == pytest.approx(50.0 * m.bytes_per_request * 0.02)
     assert by_model["other"].buckets == ((4, 1, 500),)
     assert by_model["other"].predicted_peak_bytes is None  # no forecast for it
+
+
+def test_every_batch_boundary_runs_one_bounded_compaction_step(arena: Arena) -> None:
+    """fragmentation_aware: each batch_done moves at most memory.compact_step bytes of
+    parked blocks, and the steps are counted with their pauses."""
+    held = _fragment(arena)
+    before = arena.statistics().fragmentation
+    manager = _manager(arena, VirtualClock(), strategy="fragmentation_aware", compact_step="128KiB")
+    done = BatchDone(ModelKey("m", "1"), 1, 1, 0.0, 0.0, 0.0, True)
+    for _ in range(8):
+        manager.batch_done(done)
+    stats = manager.statistics().compaction
+    assert stats is not None and stats.budget_bytes == 128 * 1024
+    assert stats.steps == 8 and stats.steps_moving >= 2
+    assert stats.bytes_moved <= stats.steps_moving * 128 * 1024
+    assert stats.max_pause_s <= stats.pause_s
+    assert arena.statistics().fragmentation < before
+    assert [int(t["x"][0]) for t in held] == [0, 2, 4, 6]
+    for tensors in held:
+        tensors.release()
+
+
+def test_compaction_steps_are_off_for_other_strategies_and_at_zero(arena: Arena) -> None:
+    """best_fit, or compact_step 0: batch boundaries move nothing."""
+    held = _fragment(arena)
+    done = BatchDone(ModelKey("m", "1"), 1, 1, 0.0, 0.0, 0.0, True)
+    for config in (
+        {"strategy": "best_fit"},
+        {"strategy": "fragmentation_aware", "compact_step": 0},
+    ):
+        manager = _manager(arena, VirtualClock(), **config)
+        manager.batch_done(done)
+        stats = manager.statistics().compaction
+        assert stats is not None and stats.steps == 0 and stats.bytes_moved == 0
+    for tensors in held:
+        tensors.release()
+
+
+async def test_compact_step_is_taken_live(arena: Arena) -> None:
+    """A reconfiguration's new memory.compact_step applies from the next batch on."""
+    held = _fragment(arena)
+    manager = _manager(arena, VirtualClock(), strategy="fragmentation_aware", compact_step=0)
+    done = BatchDone(ModelKey("m", "1"), 1, 1, 0.0, 0.0, 0.0, True)
+    manager.batch_done(done)
+    assert manager.compaction().steps == 0
+    await manager.retune(
+        MemoryConfig.model_validate({"strategy": "fragmentation_aware", "compact_step": "1MiB"})
+    )
+    manager.batch_done(done)
+    assert manager.compaction().steps == 1 and manager.compaction().bytes_moved > 0
+    await manager.stop()
+    for tensors in held:
+        tensors.release()

@@ -2,7 +2,9 @@
 
 Hypothesis drives random sequences of operations on a real arena: blocks never
 overlap, reserved = in use + free, and defragmentation never changes the contents of
-a live block (checked by checksums) nor moves a block that is not parked.
+a live block (checked by checksums) nor moves a block that is not parked; nor does a
+step of incremental compaction (``Arena.shift``), which never moves more than its
+budget.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ _op = st.one_of(
     ),
     st.tuples(st.just("release"), st.integers(0, 1000)),
     st.tuples(st.just("defrag")),
+    st.tuples(st.just("shift"), st.sampled_from([0, 4096, 70_000, 1 << 20])),
 )
 
 
@@ -69,7 +72,7 @@ def _check_invariants(arena: Arena) -> None:
 def test_invariants_hold_and_defrag_preserves_contents(
     strategy: str, ops: list[tuple[object, ...]], seed: int
 ) -> None:
-    """Random acquire/release/defrag keeps every invariant and every live block's bytes."""
+    """Random acquire/release/defrag/shift keeps every invariant and every live block's bytes."""
     rng = np.random.default_rng(seed)
     arena = Arena(CAPACITY, allocator=allocator_factory(strategy), strategy=strategy)
     live: list[_Live] = []
@@ -92,9 +95,13 @@ def test_invariants_hold_and_defrag_preserves_contents(
             elif op[0] == "release" and live:
                 entry = live.pop(int(op[1]) % len(live))  # type: ignore[call-overload]
                 entry.tensors.release()
-            elif op[0] == "defrag":
-                report = arena.defragment("test")
-                assert report.fragmentation_after <= 1.0 and report.pause_s >= 0
+            elif op[0] in ("defrag", "shift"):
+                if op[0] == "defrag":
+                    report = arena.defragment("test")
+                    assert report.fragmentation_after <= 1.0 and report.pause_s >= 0
+                else:
+                    step = arena.shift(int(op[1]))  # type: ignore[call-overload]
+                    assert step.bytes_moved <= int(op[1])  # type: ignore[call-overload]
                 for entry in live:
                     ref = entry.tensors.ref("x")
                     assert _digest(ref.array) == entry.digest, "defrag changed a block's bytes"
@@ -179,5 +186,71 @@ def test_defrag_with_zero_on_free_leaves_no_bytes_behind() -> None:
         for t in held[1::2]:
             t.release()
         held.clear()
+    finally:
+        arena.close()
+
+
+def test_shift_sinks_holes_between_parked_blocks_within_its_budget() -> None:
+    """fragmentation_aware: steps of incremental compaction move parked long-lived blocks
+    up into the holes above them, at most the budget per step, until the holes merged
+    with the free space below; contents and tensors follow, pinned blocks stay."""
+    arena = Arena(
+        CAPACITY, allocator=allocator_factory("fragmentation_aware"), strategy="fragmentation_aware"
+    )
+    try:
+        tensors = []
+        for index in range(12):
+            lease = Lease(arena)
+            block = lease.acquire_nowait(70_000, "long")  # medium: placed in the arena itself
+            view = np.ndarray((70_000,), np.uint8, arena.buffer, block.offset)
+            view[:] = index
+            tensors.append(Tensors({"x": TensorRef(view, block.offset)}, (lease,)))
+        pinned = tensors[0]  # the highest block: a running batch's, it must not move
+        pinned_offset = pinned.ref("x").offset
+        for index, t in enumerate(tensors[1:], start=1):
+            if index % 2:
+                t.release()
+            else:
+                t.park()
+        kept = [(index, t) for index, t in enumerate(tensors) if index % 2 == 0]
+        before = arena.statistics().fragmentation
+        assert before > 0.1
+        budget = 2 * 70_016  # two blocks (aligned) per step
+        steps = moved = 0
+        while (step := arena.shift(budget)).bytes_moved:
+            assert step.bytes_moved <= budget and step.pause_s >= 0
+            steps += 1
+            moved += step.bytes_moved
+            assert steps < 100
+        assert steps > 1  # the budget spread the work over several steps
+        assert arena.statistics().fragmentation < 0.01 < before
+        assert pinned.ref("x").offset == pinned_offset
+        for index, t in kept:
+            ref = t.ref("x")
+            assert int(ref.array.min()) == int(ref.array.max()) == index
+            base = np.frombuffer(arena.buffer, np.uint8).__array_interface__["data"][0]
+            assert ref.array.__array_interface__["data"][0] - base == ref.offset
+        for _, t in kept:
+            t.release()
+    finally:
+        arena.close()
+
+
+@pytest.mark.parametrize("strategy", ["best_fit", "simple"])
+def test_shift_moves_nothing_without_a_place_for_long_lived_state(strategy: str) -> None:
+    """Only fragmentation_aware packs long-lived state at the top; the others never shift."""
+    arena = Arena(CAPACITY, allocator=allocator_factory(strategy), strategy=strategy)
+    try:
+        tensors = []
+        for _ in range(10):
+            lease = Lease(arena)
+            block = lease.acquire_nowait(9000, "long")
+            view = np.ndarray((9000,), np.uint8, arena.buffer, block.offset)
+            tensors.append(Tensors({"x": TensorRef(view, block.offset)}, (lease,)))
+        for index, t in enumerate(tensors):
+            t.release() if index % 2 else t.park()
+        assert arena.shift(1 << 20).bytes_moved == 0
+        for t in tensors[::2]:
+            t.release()
     finally:
         arena.close()

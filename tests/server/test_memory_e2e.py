@@ -54,9 +54,62 @@ def _probabilities(answer: dict[str, Any], rows: int) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def defrag_server() -> Iterator[RunningServer]:
-    config = _config(strategy="fragmentation_aware", pool_size="32MB", defrag_interval=0.2)
+    # Without incremental compaction: these tests watch what the timer's runs move.
+    config = _config(
+        strategy="fragmentation_aware", pool_size="32MB", defrag_interval=0.2, compact_step=0
+    )
     with serve_in_thread(config, _sources(DIGITS, "countdown")) as running:
         yield running
+
+
+def test_batch_boundaries_compact_a_fragmented_arena_step_by_step(
+    reference: dict[str, Any],
+) -> None:
+    """fragmentation_aware's default compaction steps, with no defrag run at all: the
+    batches of a light load sink the holes between parked blocks, each step within
+    memory.compact_step; moved blocks keep their contents and answers stay exact."""
+    config = _config(strategy="fragmentation_aware", pool_size="32MB")
+    with serve_in_thread(config, _sources(DIGITS)) as server:
+        runtime = server.runtime
+
+        async def fragment() -> Fragmentation:
+            return fragment_arena(runtime, 0.5)
+
+        held = server.call(fragment())
+        assert isinstance(held, Fragmentation) and held.fragmentation >= 0.5
+        kept = {int(t["block"][0]) for t in held.tensors}
+        pixels = digits_pixels(8, seed=9)
+        session = reference[DIGITS]
+        expected = session.run(None, {session.get_inputs()[0].name: pixels})[0]
+
+        def fragmentation() -> float:
+            return runtime.memory.statistics().arena.fragmentation  # type: ignore[union-attr]
+
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            for i in range(200):
+                answer = client.post(
+                    f"/v2/models/{DIGITS}/infer", json=_digits_body(pixels[i % 8 : i % 8 + 1])
+                )
+                assert answer.status_code == 200, answer.text
+                got = _probabilities(answer.json(), 1)[0]
+                np.testing.assert_allclose(got, expected[i % 8], rtol=1e-5, atol=1e-6)
+                if fragmentation() < 0.05:
+                    break
+        stats = runtime.memory.statistics()
+        compaction = stats.compaction
+        assert compaction is not None and compaction.budget_bytes == 2 * 2**20
+        assert stats.defrag_runs == 0 and fragmentation() < 0.05
+        assert compaction.steps_moving >= 2  # more than one boundary's budget was needed
+        assert compaction.bytes_moved <= compaction.steps_moving * 2 * 2**20
+
+        async def check_and_release() -> tuple[set[int], bool]:
+            firsts = {int(t["block"][0]) for t in held.tensors}
+            uniform = all(bool((t["block"] == t["block"][0]).all()) for t in held.tensors)
+            held.release()
+            return firsts, uniform
+
+        firsts, uniform = server.call(check_and_release())
+        assert firsts == kept and uniform, "a moved block lost its contents"
 
 
 def test_defrag_every_200ms_under_load_keeps_every_answer_exact(

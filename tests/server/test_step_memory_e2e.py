@@ -4,11 +4,13 @@ A 20-step stream is read line by line; after each line the arena's bytes in use 
 read on the server's loop. Were a step's intermediates kept after the next step
 consumed them, the figure would grow with the steps; it stays at a few steps' worth.
 The finished request's steps are laid out greedy by size: the planned region is
-reported next to the naive sum.
+reported next to the naive sum. The steps' outputs ran in one region of the request,
+reserved at the plan of its outputs, and used to exactly that size.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import httpx
@@ -16,6 +18,7 @@ from click.testing import CliRunner
 
 from sordino.cli.main import cli
 from sordino.config import RuntimeConfig
+from sordino.memory.allocator import ALIGNMENT
 from sordino.models.repository import builtin_sources
 from sordino.testing import serve_in_thread
 
@@ -52,7 +55,49 @@ def test_twenty_steps_keep_in_use_bounded_and_are_planned() -> None:
         assert 0 < plan.planned_peak_bytes * 5 < plan.naive_bytes
         metrics = httpx.get(f"{server.url}/metrics", timeout=30).text
         assert 'sordino_memory_plan_planned_peak_bytes{model="countdown"}' in metrics
+        assert f'sordino_memory_plan_region_peak_bytes{{model="countdown"}} {4 * ALIGNMENT}' in (
+            metrics
+        )
+        # The steps' outputs ran in one region of the request, reserved at the plan's
+        # size: REMAINING and DONE (one element each, 64 bytes aligned) of two steps.
+        assert plan.regions == 1 and plan.region_bytes == 4 * ALIGNMENT
+        assert plan.region_peak_bytes == plan.region_bytes  # what really happened
+        assert plan.region_fallbacks == 0
         result = CliRunner().invoke(cli, ["memory", "status", "--url", server.url])
         assert result.exit_code == 0 and f"plan countdown: 1 requests; last {STEPS} steps" in (
             result.output
         )
+        assert f"outputs in one region of {4 * ALIGNMENT} bytes" in result.output
+
+
+def test_a_generation_runs_its_steps_in_one_region_of_one_steps_outputs() -> None:
+    """digits-diffusion: the sampler reads step k's outputs within step k, so the region
+    is planned at one step's outputs, and that is exactly what its steps used. The image
+    is the one the same model makes in the server's process (no arena, no region)."""
+    (source,) = [s for s in builtin_sources() if s.name == "digits-diffusion"]
+    body = {"prompt": "a 7", "steps": 8, "seed": 3}
+    threaded = dataclasses.replace(
+        source, config=source.config.model_copy(update={"isolation": "thread"})
+    )
+    with serve_in_thread(RuntimeConfig(), [threaded]) as server:
+        url = f"{server.url}/v2/models/digits-diffusion/generate"
+        reference = httpx.post(url, json=body, timeout=60)
+        assert reference.status_code == 200, reference.text
+        assert not server.runtime.memory.statistics().plans[0].regions
+    with serve_in_thread(RuntimeConfig(), [source]) as server:
+        runtime = server.runtime
+        answer = httpx.post(
+            f"{server.url}/v2/models/digits-diffusion/generate", json=body, timeout=60
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["image"] == reference.json()["image"]
+        (plan,) = runtime.memory.statistics().plans
+        assert plan.model == "digits-diffusion" and plan.regions == 1
+        assert plan.region_bytes > 0 and plan.region_fallbacks == 0
+        assert plan.region_peak_bytes == plan.region_bytes
+
+        async def in_use() -> int:
+            arena = runtime.executor.staging.existing_arena
+            return arena.statistics().in_use_bytes if arena is not None else 0
+
+        assert server.call(in_use()) == 0  # the region went back with the request

@@ -66,6 +66,15 @@ def describe_status(status: dict[str, Any]) -> list[str]:
         f"defrag: {status['defrag_runs']} runs, {_mib(status['defrag_bytes_moved'])} moved, "
         f"{status['defrag_pause_s'] * 1000:.1f} ms paused in all"
     )
+    compaction = status.get("compaction")
+    if compaction and compaction["budget_bytes"]:
+        lines.append(
+            f"compaction steps (<= {_mib(compaction['budget_bytes'])} per batch): "
+            f"{compaction['steps']} boundaries, {compaction['steps_moving']} moved "
+            f"{_mib(compaction['bytes_moved'])} in {compaction['blocks_moved']} blocks; "
+            f"pause {compaction['pause_s'] * 1000:.1f} ms in all, "
+            f"{compaction['max_pause_s'] * 1000:.2f} ms at most"
+        )
     arena_peak = arena["peak_bytes"] if arena is not None else None
     for forecast in status.get("forecasts", []):
         predicted = forecast["predicted_peak_bytes"]
@@ -96,6 +105,12 @@ def describe_status(status: dict[str, Any]) -> list[str]:
             f"plan {plan['model']}: {plan['requests']} requests; last {plan['steps']} steps in "
             f"{_mib(plan['planned_peak_bytes'])} planned vs {_mib(plan['naive_bytes'])} naive; "
             f"largest {_mib(plan['max_planned_peak_bytes'])}"
+            + (
+                f"; outputs in one region of {plan['region_bytes']} bytes, "
+                f"{plan['region_peak_bytes']} used at most, {plan['region_fallbacks']} fallbacks"
+                if plan.get("regions")
+                else ""
+            )
         )
     return lines
 

@@ -69,6 +69,9 @@ class MemoryConfig(Section):
     """fragmentation_aware: blocks up to this size are the small tier."""
     medium_max: Size = Field(default=4 * 1024 * 1024, ge=64)
     """fragmentation_aware: blocks up to this size (above small_max) are the medium tier."""
+    compact_step: Size = Field(default=2 * 1024 * 1024, ge=0)
+    """fragmentation_aware: incremental compaction moves at most this many bytes of
+    parked blocks at each batch boundary (a pause of about 1 ms per MiB); 0 = off."""
     defrag_interval: Duration = 0.0
     """Defragment on this timer (e.g. 5m); 0 = never on a timer."""
     defrag_threshold: float = Field(default=0.0, ge=0.0, le=1.0)

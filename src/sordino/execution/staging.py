@@ -38,6 +38,7 @@ from sordino.errors import OutOfMemory
 from sordino.inference import ModelMetadata, Tensor
 from sordino.memory.arena import Arena, shm_free_bytes
 from sordino.memory.refs import Lease, TensorRef, Tensors
+from sordino.memory.region import STEP_REGION
 from sordino.memory.strategies import allocator_factory
 from sordino.memory.tensors import BYTES, TensorHandle, tensor_nbytes, view_tensor, write_tensor
 from sordino.records import ArenaStatistics
@@ -255,13 +256,22 @@ class Staging:
         for name in parts[0]:
             staged.handles[name] = await self._handle(staged.copies, parts, name)
         rows = staged.rows
+        sizes: dict[str, int] = {}
         for spec in metadata.outputs:
             dims = spec.item_shape if metadata.batched else spec.shape
             if spec.datatype == "BYTES" or any(d < 0 for d in dims):
                 continue
-            size = rows * math.prod(dims) * to_numpy_dtype(spec.datatype).itemsize
+            sizes[spec.name] = rows * math.prod(dims) * to_numpy_dtype(spec.datatype).itemsize
+        region = STEP_REGION.get() if len(parts) == 1 else None
+        if region is not None and sizes:
+            # One multi-step request's step: its outputs go to the request's region.
+            lease = region.lease(self.arena, list(sizes.values()))
+            if lease is not None:
+                staged.outputs.release()
+                staged.outputs = lease
+        for name, size in sizes.items():
             block = await staged.outputs.acquire(size)
-            staged.space[spec.name] = TensorHandle.space(block)
+            staged.space[name] = TensorHandle.space(block)
 
     async def _handle(self, copies: Lease, parts: Sequence[Part], name: str) -> TensorHandle:
         """A handle to input ``name`` of the batch in the arena.

@@ -34,7 +34,7 @@ import numpy as np
 
 from sordino.errors import OutOfMemory
 from sordino.memory.allocator import ALIGNMENT, Allocator, Block, Lifetime, Strategy
-from sordino.records import ArenaStatistics, DefragReport, ResizeReport
+from sordino.records import ArenaStatistics, CompactionStep, DefragReport, ResizeReport
 
 if TYPE_CHECKING:
     from sordino.memory.refs import Lease
@@ -228,10 +228,55 @@ class Arena:
             moved_bytes, len(moves), before, after, pause, reason, len(movable), pinned
         )
 
+    def shift(self, budget: int) -> CompactionStep:
+        """One step of incremental compaction: move at most ``budget`` bytes of movable blocks.
+
+        Called at a batch boundary by the memory manager (``memory.compact_step``). The
+        allocator picks the moves (:meth:`~sordino.memory.allocator.Allocator.shift`:
+        only ``fragmentation_aware`` moves anything); blocks are movable on the same
+        terms as for :meth:`defragment` (every holder parked), contents are copied and
+        parked tensors pointed at the new place, so the pause is bounded by ``budget``.
+        """
+        started = time.perf_counter()
+        owners: dict[int, tuple[Lease, int]] = {}
+        for lease in self._leases:
+            if lease._movable():
+                for index, block in enumerate(lease._blocks):
+                    owners[block.offset] = (lease, index)
+        if not owners:
+            return CompactionStep(0, 0, time.perf_counter() - started)
+        blocks = [lease._blocks[index] for lease, index in owners.values()]
+        moves = self._allocator.shift(blocks, budget)
+        if not moves:
+            return CompactionStep(0, 0, time.perf_counter() - started)
+        buffer = np.frombuffer(self.buffer, np.uint8)
+        offsets: dict[int, int] = {}
+        sizes: dict[int, int] = {}
+        moved = 0
+        # One move at a time, in the allocator's order: a move's new place was free
+        # when it was chosen, so it overlaps at most its own old place (copied first).
+        for old, new in moves:
+            saved = buffer[old.offset : old.offset + old.size].copy()
+            if self.zero_on_free:
+                buffer[old.offset : old.offset + old.size] = 0
+            buffer[new.offset : new.offset + new.size] = saved
+            lease, index = owners.pop(old.offset)
+            lease._blocks[index] = new
+            owners[new.offset] = (lease, index)
+            moved += old.size
+            offsets[old.offset] = new.offset  # a block moves at most once per step
+            sizes[old.offset] = old.size
+        self._repoint({owners[n][0] for n in offsets.values()}, offsets, sizes)
+        self._serve_waiters()
+        return CompactionStep(moved, len(moves), time.perf_counter() - started)
+
     def _repoint(self, leases: set[Lease], moves: dict[int, int], sizes: dict[int, int]) -> None:
         """Point every parked tensor of ``leases`` that lies in a moved block at its new place."""
         starts = sorted(moves)
         seen: set[int] = set()
+        for lease in list(leases):
+            if lease._inner is not None:  # a region: its blocks moved with it
+                leases = leases | lease._inner.moved(moves)
         for lease in leases:
             for tensors in lease._parked:
                 tensors._relocate(self.buffer, starts, moves, sizes, seen)

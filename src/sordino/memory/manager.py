@@ -40,14 +40,18 @@ from sordino.clock import Clock
 from sordino.config.memory import MemoryConfig
 from sordino.errors import OutOfMemory
 from sordino.events import EventSink
+from sordino.inference import ModelKey
 from sordino.memory.arena import Arena, shm_free_bytes
 from sordino.memory.quotas import QuotaLedger
 from sordino.records import (
+    BatchDone,
+    CompactionStatistics,
     DefragReport,
     MemoryForecast,
     MemoryStatistics,
     NodeMemoryStatistics,
     PoolStatistics,
+    RequestDone,
     ResizeReport,
     StepPlanStatistics,
     TierStatistics,
@@ -137,6 +141,9 @@ class MemoryManager:
         self._task: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Task[DefragReport]] = set()
         self._above_since: float | None = None
+        # Incremental compaction: [steps, steps that moved, bytes, blocks]; pauses.
+        self._steps = [0, 0, 0, 0]
+        self._step_pause = self._step_pause_max = 0.0
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -247,6 +254,49 @@ class MemoryManager:
             reason=reason,
         )
         return report
+
+    # -- incremental compaction (a scheduler observer) --------------------------------
+
+    def batch_done(self, done: BatchDone) -> None:
+        """A batch boundary: one step of incremental compaction (``memory.compact_step``).
+
+        Only ``fragmentation_aware`` moves anything; the step moves at most
+        ``compact_step`` bytes of parked blocks (:meth:`Arena.shift`), so the pause it
+        adds between batches stays about a millisecond per MiB.
+        """
+        budget = self.config.compact_step
+        if budget <= 0 or self._strategy() != "fragmentation_aware":
+            return
+        arena = self._arena()
+        if arena is None:
+            return
+        step = arena.shift(budget)
+        counts = self._steps
+        counts[0] += 1
+        if step.bytes_moved:
+            counts[1] += 1
+            counts[2] += step.bytes_moved
+            counts[3] += step.blocks_moved
+        self._step_pause += step.pause_s
+        self._step_pause_max = max(self._step_pause_max, step.pause_s)
+
+    def request_done(self, done: RequestDone) -> None:
+        """Requests are learned through :meth:`learn`, not here."""
+
+    def queue_changed(self, model: ModelKey, depth: int) -> None:
+        """Queues say nothing about the arena."""
+
+    def compaction(self) -> CompactionStatistics:
+        steps, moving, moved, blocks = self._steps
+        return CompactionStatistics(
+            self.config.compact_step if self._strategy() == "fragmentation_aware" else 0,
+            steps,
+            moving,
+            moved,
+            blocks,
+            self._step_pause,
+            self._step_pause_max,
+        )
 
     def trigger_defrag(self, reason: str = "trigger") -> asyncio.Task[DefragReport]:
         """Start a defragmentation soon (from the event loop's thread); return its task."""
@@ -454,6 +504,7 @@ class MemoryManager:
             workers=self._workers(),
             plans=self._plans(),
             nodes=self._nodes(),
+            compaction=self.compaction(),
         )
 
     def _strategy(self) -> str:

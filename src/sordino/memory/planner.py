@@ -101,7 +101,8 @@ class StepPlanner:
     """
 
     def __init__(self) -> None:
-        # model name -> [requests, steps, planned, naive, max planned]
+        # model name -> [requests, steps, planned, naive, max planned,
+        #                region, region peak, region fallbacks, regions]
         self._models: dict[str, list[int]] = {}
 
     def request_done(self, done: RequestDone) -> None:
@@ -110,10 +111,13 @@ class StepPlanner:
         tensors = step_tensors(done.step_bytes)
         _, peak = plan_greedy_by_size(tensors)
         naive = sum(_align(size) for size, _, _ in tensors)
-        entry = self._models.setdefault(done.model.name, [0, 0, 0, 0, 0])
+        entry = self._models.setdefault(done.model.name, [0] * 9)
         entry[0] += 1
         entry[1:4] = [len(done.step_bytes), peak, naive]
         entry[4] = max(entry[4], peak)
+        if done.region:  # what the request's output region really held (memory/region.py)
+            entry[5:8] = list(done.region)
+            entry[8] += 1
 
     def batch_done(self, done: object) -> None:
         """Batches say nothing about a request's steps."""

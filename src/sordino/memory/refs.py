@@ -27,7 +27,7 @@ import bisect
 import math
 from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -37,7 +37,38 @@ from sordino.memory.allocator import Block, Lifetime
 if TYPE_CHECKING:
     from sordino.memory.arena import Arena
 
-__all__ = ["Lease", "TensorRef", "Tensors", "TensorsBuilder"]
+__all__ = ["BlockSource", "Inner", "Lease", "TensorRef", "Tensors", "TensorsBuilder"]
+
+
+class BlockSource(Protocol):
+    """Where a lease's blocks come from: the arena, or a multi-step request's region
+    (``memory/region.py``), which hands out blocks of its own part of the arena."""
+
+    @property
+    def buffer(self) -> memoryview: ...
+
+    def acquire_nowait(self, nbytes: int, lifetime: Lifetime = "short") -> Block: ...
+
+    async def acquire(self, nbytes: int) -> Block: ...
+
+    def release(self, block: Block) -> None: ...
+
+    def _track(self, lease: Lease) -> None: ...
+
+    def _untrack(self, lease: Lease) -> None: ...
+
+
+class Inner(Protocol):
+    """Blocks handed out inside a lease's block (a multi-step request's region)."""
+
+    def movable(self) -> bool:
+        """True when every lease of the region is movable (parked or empty)."""
+        ...
+
+    def moved(self, moves: dict[int, int]) -> set[Lease]:
+        """The arena moved blocks (old offset -> new); follow the region's, if it moved,
+        and return the region's leases, whose parked tensors are pointed anew."""
+        ...
 
 
 class Lease:
@@ -47,22 +78,28 @@ class Lease:
     removes one. Releasing more often than held is a bug and raises.
     """
 
-    __slots__ = ("__weakref__", "_arena", "_blocks", "_holders", "_parked", "owner")
+    __slots__ = ("__weakref__", "_arena", "_blocks", "_holders", "_inner", "_parked", "owner")
 
-    def __init__(self, arena: Arena, *, owner: str = "default") -> None:
+    def __init__(self, arena: Arena | BlockSource, *, owner: str = "default") -> None:
         self._arena = arena
         self._blocks: list[Block] = []
         self._holders = 1
         self._parked: list[Tensors] = []  # holders that are parked (see Tensors.park)
+        self._inner: Inner | None = None  # what the block holds when it is a region
         self.owner = owner
         arena._track(self)
 
     def _movable(self) -> bool:
-        """True when every holder is a parked Tensors: defragmentation may move the blocks."""
+        """True when every holder is a parked Tensors: defragmentation may move the blocks.
+
+        A lease holding a region (``_inner``) is movable when the region says so.
+        """
+        if self._inner is not None:
+            return bool(self._blocks) and self._inner.movable()
         return bool(self._blocks) and len(self._parked) == self._holders
 
     @property
-    def arena(self) -> Arena:
+    def arena(self) -> Arena | BlockSource:
         return self._arena
 
     @property

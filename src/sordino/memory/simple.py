@@ -10,6 +10,8 @@ other strategies against: cheap, and it fragments as soon as sizes drift.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from sordino.errors import OutOfMemory
 from sordino.memory.allocator import ALIGNMENT, AllocatorStatistics, Block, Lifetime
 
@@ -99,6 +101,10 @@ class SimpleAllocator:
     def largest_free(self) -> int:
         listed = max((s for s, offsets in self._lists.items() if offsets), default=0)
         return max(listed, self.capacity - self._top)
+
+    def shift(self, movable: Iterable[Block], budget: int) -> list[tuple[Block, Block]]:
+        """Nothing moves: a bump allocator has no place that packs long-lived blocks."""
+        return []
 
     def compact(self) -> None:
         """Merge free neighbours (the lists and the space above the pointer) into one list."""

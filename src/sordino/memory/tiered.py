@@ -12,6 +12,7 @@ its top, so state that outlives many batches does not split the space they reuse
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from sordino.errors import OutOfMemory
@@ -180,6 +181,20 @@ class FragmentationAwareAllocator:
             for chunk in list(pool.chunks):
                 if chunk.allocator.in_use == 0:
                     self._drop_chunk(pool, chunk)
+
+    def shift(self, movable: Iterable[Block], budget: int) -> list[tuple[Block, Block]]:
+        """One step of incremental compaction (:meth:`Allocator.shift`) in the arena itself.
+
+        Only blocks placed in the arena directly move (a chunk's small blocks stay);
+        the moved blocks keep their tier and lifetime accounting.
+        """
+        direct = [b for b in movable if b.offset in self._direct]
+        moves = self._arena.shift(direct, budget)
+        for old, new in moves:
+            self._owner[new.offset] = self._owner.pop(old.offset)
+            self._used[new.offset] = self._used.pop(old.offset)
+            self._direct[new.offset] = self._direct.pop(old.offset)
+        return moves
 
     @property
     def in_use(self) -> int:

@@ -45,6 +45,7 @@ LIVE_KEYS: tuple[str, ...] = (
     "memory.defrag_interval",
     "memory.defrag_threshold",
     "memory.defrag_window",
+    "memory.compact_step",
     "reconfigure.*",
     "models.*.max_batch_size",
     "models.*.scheduler_mode",

@@ -44,6 +44,7 @@ from sordino.execution.executor import BATCH_OWNERS, Executor, MemoryFit
 from sordino.execution.faults import BATCH_TENANTS
 from sordino.inference import ModelKey, StreamSpec, Tensor, release_owned
 from sordino.memory.refs import Tensors
+from sordino.memory.region import STEP_REGION, StepRegion
 from sordino.records import (
     BatchDone,
     Outcome,
@@ -450,6 +451,12 @@ class ModelScheduler:
                 scope = BATCH_TENANTS.set(
                     frozenset(i.request.tenant for i in live if i.request is not None)
                 )
+            # A step of one multi-step request: its outputs go to the request's region.
+            region = None
+            if len(live) == 1 and first is not None and (first.stream or first.stepper):
+                if first.region is None:
+                    first.region = StepRegion(carried=first.stepper is None)
+                region = STEP_REGION.set(first.region)
             owners = BATCH_OWNERS.set(
                 tuple(i.request.owner if i.request is not None else "" for i in live)
             )
@@ -457,6 +464,8 @@ class ModelScheduler:
                 outputs = await self._executor.run(self.model, [item.inputs for item in live])
             finally:
                 BATCH_OWNERS.reset(owners)
+                if region is not None:
+                    STEP_REGION.reset(region)
                 if scope is not None:
                     BATCH_TENANTS.reset(scope)
         except asyncio.CancelledError:
@@ -642,6 +651,9 @@ class ModelScheduler:
         request.state = "finished"
         request.outcome = outcome
         request.inputs.release()
+        region = request.region
+        if region is not None:
+            region.close()  # back to the arena once its last outputs are released
         if request.stepper is not None:
             request.stepper.close()
         if outcome == "success":
@@ -665,6 +677,9 @@ class ModelScheduler:
             now - request.arrival,
             late,
             tuple(request.step_bytes) if request.step_bytes else (),
+            (region.planned_bytes, region.peak_bytes, region.fallbacks)
+            if region is not None and region.planned_bytes
+            else (),
         )
         for observer in self._observers:
             observer.request_done(done)

@@ -24,6 +24,7 @@ from typing import Literal, NamedTuple, Protocol
 from sordino.errors import SordinoError
 from sordino.inference import StreamSpec, Tensor
 from sordino.memory.refs import Tensors
+from sordino.memory.region import StepRegion
 from sordino.records import Outcome
 
 __all__ = [
@@ -147,6 +148,8 @@ class Request:
     """Whom its memory is charged to (memory.quotas), where an executor charges per batch."""
     step_bytes: list[tuple[int, int]] | None = None
     """(input bytes, output bytes) per step of a multi-step request (lifetime planning)."""
+    region: StepRegion | None = None
+    """A multi-step request's arena region for its steps' outputs (``memory/region.py``)."""
 
     @property
     def max_steps(self) -> int:

@@ -139,6 +139,7 @@ class Runtime:
             ),
             self.timings,
             self.step_plans,
+            self.memory,  # incremental compaction at batch boundaries
         )
         self.pipelines: list[LoadedModel] = []
         self.loader = ModelLoader(

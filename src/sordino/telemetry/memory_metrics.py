@@ -16,8 +16,11 @@
   arena's size), ``sordino_memory_worker_gpu_present{model,version,instance}`` (0: the
   CUDA provider is absent), ``sordino_memory_worker_gpu_bytes{...}`` (NVML, only
   with the CUDA provider)
-- ``sordino_memory_plan_{planned_peak,naive,max_planned_peak}_bytes{model}`` (tensor
-  lifetime planning of multi-step models)
+- ``sordino_memory_plan_{planned_peak,naive,max_planned_peak,region,region_peak}_bytes{model}``
+  and ``sordino_memory_plan_region_fallbacks{model}`` (tensor lifetime planning of
+  multi-step models, and the region their outputs really used)
+- ``sordino_memory_compaction_{steps,bytes_moved,pause_seconds}_total`` (incremental
+  compaction at batch boundaries)
 - ``sordino_memory_node_{reserved,in_use,peak,largest_free}_bytes{node}``,
   ``sordino_memory_node_fragmentation_ratio{node}``,
   ``sordino_memory_node_{overflow_waits,overflow_rejections}_total{node}``,
@@ -183,13 +186,41 @@ def _plans(stats: MemoryStatistics) -> Iterator[Metric]:
             ("planned_peak", "The last request's steps laid out in one region (greedy by size)."),
             ("naive", "The last request's step tensors summed, none reused."),
             ("max_planned_peak", "The largest planned region of any request."),
+            ("region", "The last request's output region as reserved (its plan)."),
+            ("region_peak", "The most bytes of that region its steps used at once."),
         )
     }
+    fallbacks = GaugeMetricFamily(
+        "sordino_memory_plan_region_fallbacks",
+        "Output blocks of the last request that did not fit its region.",
+        labels=["model"],
+    )
     for plan in stats.plans:
         families["planned_peak"].add_metric([plan.model], plan.planned_peak_bytes)
         families["naive"].add_metric([plan.model], plan.naive_bytes)
         families["max_planned_peak"].add_metric([plan.model], plan.max_planned_peak_bytes)
+        families["region"].add_metric([plan.model], plan.region_bytes)
+        families["region_peak"].add_metric([plan.model], plan.region_peak_bytes)
+        fallbacks.add_metric([plan.model], plan.region_fallbacks)
     yield from families.values()
+    yield fallbacks
+    compaction = stats.compaction
+    if compaction is not None:
+        yield CounterMetricFamily(
+            "sordino_memory_compaction_steps",
+            "Batch boundaries that ran a step of incremental compaction.",
+            compaction.steps,
+        )
+        yield CounterMetricFamily(
+            "sordino_memory_compaction_bytes_moved",
+            "Bytes moved by incremental compaction.",
+            compaction.bytes_moved,
+        )
+        yield CounterMetricFamily(
+            "sordino_memory_compaction_pause_seconds",
+            "Event-loop pause of every compaction step.",
+            compaction.pause_s,
+        )
 
 
 def _nodes(stats: MemoryStatistics) -> Iterator[Metric]:
