@@ -75,6 +75,8 @@ class WorkerSpec:
     warmup_batches: int
     framework_memory: FrameworkMemoryConfig | None = None
     """ONNX Runtime's arenas in this process (the model's ``framework_memory``)."""
+    thread_spinning: bool = False
+    """Let ONNX Runtime's threads busy-wait for work (the model's ``thread_spinning``)."""
 
 
 class _Link:
@@ -139,6 +141,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
             providers=spec.providers,
             intra_op_threads=spec.intra_op_threads,
             memory=spec.framework_memory,
+            thread_spinning=spec.thread_spinning,
         )
         backend.load(Path(spec.path), spec.target)
         for _ in range(spec.warmup_batches):
