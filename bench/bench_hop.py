@@ -17,6 +17,8 @@ batch 32, 10 ms wait, one instance, as ``bench_workloads``) from this checkout a
 ``--rounds`` rounds, HTTP JSON at 64 in flight and one at a time: req/s, p50/p99, mean
 batch and CPU ms per request of the server process and of its workers (psutil). With
 ``--threads N`` both get ``intra_op_threads: N``; without it each uses its own default.
+``--spinning-row`` adds this checkout with ``thread_spinning: true`` (the frames alone,
+ONNX Runtime's threads spinning as before).
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ def hop(count: int, rounds: int) -> dict[str, dict[str, float]]:
     return table
 
 
-def config(directory: Path, threads: int | None) -> Path:
+def config(directory: Path, threads: int | None, spinning: bool) -> Path:
     path = directory / "runtime_config.yaml"
     path.write_text(
         "scheduler:\n"
@@ -142,7 +144,9 @@ def config(directory: Path, threads: int | None) -> Path:
         "models:\n"
         "  - name: w1\n"
         f"    path: {models.mlp()}\n"
-        "    max_batch_size: 32\n" + (f"    intra_op_threads: {threads}\n" if threads else "")
+        "    max_batch_size: 32\n"
+        + (f"    intra_op_threads: {threads}\n" if threads else "")
+        + ("    thread_spinning: true\n" if spinning else "")
     )
     return path
 
@@ -155,7 +159,7 @@ def serve(checkout: Path, label: str, args: argparse.Namespace, out: dict[str, l
     headers = {"Content-Type": "application/json"}
     env = {"PYTHONPATH": f"{checkout / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
     with tempfile.TemporaryDirectory() as scratch:
-        cfg = config(Path(scratch), args.threads)
+        cfg = config(Path(scratch), args.threads, spinning=label == "this+spin")
         with sordino_server(["--no-builtin", "--config", str(cfg)], env=env) as ends:
             infer = f"{ends.http}/v2/models/w1/infer"
             asyncio.run(closed_loop(infer, bodies[:200], 8, headers))
@@ -174,6 +178,8 @@ def serve(checkout: Path, label: str, args: argparse.Namespace, out: dict[str, l
 def compare(args: argparse.Namespace) -> dict[str, Any]:
     here = Path(__file__).resolve().parent.parent
     checkouts = {"this": here, "compare": Path(args.compare).resolve()}
+    if args.spinning_row:
+        checkouts["this+spin"] = here
     out: dict[str, list[Any]] = {f"{label} c{c}": [] for label in checkouts for c in (64, 1)}
     for _ in range(args.rounds):
         for label, checkout in checkouts.items():
@@ -212,6 +218,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3000, help="requests at 64 in flight")
     parser.add_argument("--single", type=int, default=400, help="requests one at a time")
     parser.add_argument("--threads", type=int, help="intra_op_threads for both (default: unset)")
+    parser.add_argument(
+        "--spinning-row", action="store_true", help="also this checkout with thread_spinning"
+    )
     args = parser.parse_args()
     report: dict[str, Any] = {
         "cpus": os.cpu_count(),
