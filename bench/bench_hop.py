@@ -14,7 +14,8 @@ Both run in this one process, interleaved; it prints microseconds and CPU micros
 ``--compare CHECKOUT`` also runs ``sordino start`` on the W1 MLP (bench/models.py; max
 batch 32, 10 ms wait, one instance, as ``bench_workloads``) from this checkout and from
 ``CHECKOUT`` (its ``src`` first on ``PYTHONPATH``), alternating A, B, A, B for
-``--rounds`` rounds, HTTP JSON at 64 in flight and one at a time: req/s, p50/p99, mean
+``--rounds`` rounds, HTTP JSON at 64 in flight and one at a time (``--workload w2``: the
+W2 CNN, binary HTTP, 16 in flight, auto mode): req/s, p50/p99, mean
 batch and CPU ms per request of the server process and of its workers (psutil). With
 ``--threads N`` both get ``intra_op_threads: N``; without it each uses its own default.
 ``--spinning-row`` adds this checkout with ``thread_spinning: true`` (the frames alone,
@@ -41,6 +42,7 @@ import psutil
 from bench import models
 from bench.common import (
     batch_metrics,
+    binary_request,
     closed_loop,
     console,
     json_request,
@@ -134,16 +136,24 @@ def hop(count: int, rounds: int) -> dict[str, dict[str, float]]:
     return table
 
 
-def config(directory: Path, threads: int | None, spinning: bool) -> Path:
+# name: (model file, input, item shape, concurrency, scheduler mode), as bench_workloads
+WORKLOADS = {
+    "w1": (models.mlp, "x", (256,), 64, "adaptive"),
+    "w2": (models.cnn, "image", (3, 64, 64), 16, "auto"),
+}
+
+
+def config(directory: Path, workload: str, threads: int | None, spinning: bool) -> Path:
+    model, _, _, _, mode = WORKLOADS[workload]
     path = directory / "runtime_config.yaml"
     path.write_text(
         "scheduler:\n"
-        "  mode: adaptive\n"
+        f"  mode: {mode}\n"
         "  strategies:\n"
         "    - {name: dynamic_batching, max_batch: 32, timeout_ms: 10}\n"
         "models:\n"
-        "  - name: w1\n"
-        f"    path: {models.mlp()}\n"
+        f"  - name: {workload}\n"
+        f"    path: {model()}\n"
         "    max_batch_size: 32\n"
         + (f"    intra_op_threads: {threads}\n" if threads else "")
         + ("    thread_spinning: true\n" if spinning else "")
@@ -152,23 +162,29 @@ def config(directory: Path, threads: int | None, spinning: bool) -> Path:
 
 
 def serve(checkout: Path, label: str, args: argparse.Namespace, out: dict[str, list[Any]]) -> None:
+    _, input_name, item_shape, in_flight, _ = WORKLOADS[args.workload]
     rng = np.random.default_rng(0)
-    arrays = [rng.random((1, 256), dtype=np.float32) for _ in range(256)]
+    arrays = [rng.random((1, *item_shape), dtype=np.float32) for _ in range(64)]
     n = max(args.requests, args.single)
-    bodies = [json_request("x", arrays[i % len(arrays)]) for i in range(n)]
-    headers = {"Content-Type": "application/json"}
+    if args.workload == "w1":  # JSON, as issue 16's figures
+        bodies = [json_request(input_name, arrays[i % len(arrays)]) for i in range(n)]
+        headers = {"Content-Type": "application/json"}
+    else:  # binary: a 48 KiB image in JSON would measure the JSON
+        framed = [binary_request(input_name, arrays[i % len(arrays)]) for i in range(n)]
+        bodies = [body for body, _ in framed]
+        headers = {"Inference-Header-Content-Length": framed[0][1]}
     env = {"PYTHONPATH": f"{checkout / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
     with tempfile.TemporaryDirectory() as scratch:
-        cfg = config(Path(scratch), args.threads, spinning=label == "this+spin")
+        cfg = config(Path(scratch), args.workload, args.threads, spinning=label == "this+spin")
         with sordino_server(["--no-builtin", "--config", str(cfg)], env=env) as ends:
-            infer = f"{ends.http}/v2/models/w1/infer"
+            infer = f"{ends.http}/v2/models/{args.workload}/infer"
             asyncio.run(closed_loop(infer, bodies[:200], 8, headers))
-            for concurrency, count in ((64, args.requests), (1, args.single)):
-                before, cpu0 = batch_metrics(ends.http, "w1"), ends.cpu_seconds()
+            for concurrency, count in ((in_flight, args.requests), (1, args.single)):
+                before, cpu0 = batch_metrics(ends.http, args.workload), ends.cpu_seconds()
                 latencies, seconds = asyncio.run(
                     closed_loop(infer, bodies[:count], concurrency, headers)
                 )
-                cpu1, after = ends.cpu_seconds(), batch_metrics(ends.http, "w1")
+                cpu1, after = ends.cpu_seconds(), batch_metrics(ends.http, args.workload)
                 mean = (after[1] - before[1]) / max(after[0] - before[0], 1)
                 m = summarize(label, concurrency, latencies, seconds, mean)
                 cpu = {k: (cpu1[k] - cpu0[k]) * 1000 / count for k in cpu1}
@@ -180,11 +196,12 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     checkouts = {"this": here, "compare": Path(args.compare).resolve()}
     if args.spinning_row:
         checkouts["this+spin"] = here
-    out: dict[str, list[Any]] = {f"{label} c{c}": [] for label in checkouts for c in (64, 1)}
+    in_flight = WORKLOADS[args.workload][3]
+    out: dict[str, list[Any]] = {f"{label} c{c}": [] for label in checkouts for c in (in_flight, 1)}
     for _ in range(args.rounds):
         for label, checkout in checkouts.items():
             serve(checkout, label, args, out)
-    console.print(f"W1 HTTP JSON, medians of {args.rounds} interleaved rounds:")
+    console.print(f"{args.workload.upper()} HTTP, medians of {args.rounds} interleaved rounds:")
     console.print(
         f"{'row':14} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'batch':>6} "
         f"{'server':>7} {'workers':>7} {'total':>7}  (CPU ms per request)"
@@ -213,6 +230,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--round-trips", type=int, default=5000)
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="w1")
     parser.add_argument("--compare", help="another checkout (e.g. a git worktree of main)")
     parser.add_argument("--rounds", type=int, default=2, help="A/B rounds (and hop repeats)")
     parser.add_argument("--requests", type=int, default=3000, help="requests at 64 in flight")
@@ -227,7 +245,7 @@ def main() -> None:
         "hop": hop(args.round_trips, max(args.rounds, 3)),
     }
     if args.compare:
-        report["w1"] = compare(args)
+        report[args.workload] = compare(args)
     console.print(f"wrote {save('hop', report)}")
 
 
