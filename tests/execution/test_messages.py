@@ -6,9 +6,10 @@ import asyncio
 import os
 import pickle
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from multiprocessing import shared_memory
 
+import numpy as np
 import pytest
 
 from sordino.clock import MonotonicClock
@@ -38,7 +39,7 @@ from sordino.execution.messages import (
 from sordino.execution.worker import WorkerLost, WorkerProcess
 from sordino.execution.worker_main import WorkerSpec
 from sordino.inference import ModelMetadata, TensorSpec
-from sordino.memory.tensors import BYTES, TensorHandle
+from sordino.memory.tensors import BYTES, TensorHandle, write_tensor
 from sordino.models.repository import builtin_sources
 
 HANDLE = TensorHandle(64, 16, "<f4", (1, 4), 64)
@@ -151,9 +152,16 @@ def test_a_pickled_frame_carries_only_the_rare_messages() -> None:
 
 
 @pytest.fixture
-async def started() -> AsyncIterator[WorkerProcess]:
-    source = next(s for s in builtin_sources() if s.name == "digits-classifier")
+def segment() -> Iterator[shared_memory.SharedMemory]:
     segment = shared_memory.SharedMemory(create=True, size=1 << 16)
+    yield segment
+    segment.close()
+    segment.unlink()
+
+
+@pytest.fixture
+async def started(segment: shared_memory.SharedMemory) -> AsyncIterator[WorkerProcess]:
+    source = next(s for s in builtin_sources() if s.name == "digits-classifier")
     spec = WorkerSpec(
         model=source.name,
         version=source.version,
@@ -173,8 +181,6 @@ async def started() -> AsyncIterator[WorkerProcess]:
         yield worker
     finally:
         await worker.stop()
-        segment.close()
-        segment.unlink()
 
 
 async def test_a_garbled_frame_from_the_worker_loses_it_and_fails_its_batch(
@@ -200,3 +206,19 @@ async def test_a_garbled_frame_to_the_worker_makes_it_exit(started: WorkerProces
     """A worker that reads garbage exits (code 1) instead of waiting for more."""
     os.write(started._fd, struct.pack("<IB", 2, 42) + b"??")
     assert await asyncio.wait_for(started.dead, 10) == "exited with code 1"
+
+
+async def test_a_garbled_answer_to_alloc_makes_the_worker_exit(
+    started: WorkerProcess, segment: shared_memory.SharedMemory
+) -> None:
+    """Garbage where the worker waits for its output space: it exits, the batch is lost."""
+    assert segment.buf is not None
+    pixels = write_tensor(segment.buf, 0, 4096, np.zeros((1, 64), np.float32))
+
+    async def garbled(sizes: dict[str, int]) -> dict[str, TensorHandle]:
+        os.write(started._fd, b"\xff" * 16)  # a declared length far over MAX_BODY
+        await asyncio.Event().wait()  # never answers; the worker's exit ends the batch
+        raise AssertionError("unreachable")
+
+    with pytest.raises(WorkerLost, match="exited with code 1"):
+        await asyncio.wait_for(started.run({"pixels": pixels}, {}, None, garbled, timeout_s=0), 20)

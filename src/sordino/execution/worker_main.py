@@ -153,15 +153,21 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         target=_heartbeat, args=(link, spec.heartbeat_s), daemon=True, name="heartbeat"
     ).start()
     link.send(Ready(backend.metadata, os.getpid(), time.perf_counter() - started))
+    try:
+        _serve(link, backend, mapped)
+    except FrameError as exc:
+        # The server's end is broken (here or inside a batch's Alloc exchange): leave,
+        # saying why (exit code 1); the server sees the pipe close: a lost worker.
+        sys.exit(f"sordino worker {spec.model}/{spec.index}: {exc}")
+
+
+def _serve(link: _Link, backend: Backend, mapped: _Mapped) -> None:
+    """Serve the pipe until told to stop or the server's end closes."""
     while True:
         try:
             message = link.recv()
         except (EOFError, OSError):
             return
-        except FrameError as exc:
-            # The server's end is broken: leave, saying why (exit code 1); the server
-            # sees the pipe close and treats the worker as lost.
-            sys.exit(f"sordino worker {spec.model}/{spec.index}: {exc}")
         match message:
             case Stop():
                 return
@@ -252,7 +258,10 @@ def _run(link: _Link, backend: Backend, buffer: memoryview, run: Run) -> bool:
     }
     if short:
         link.send(Alloc(run.batch_id, short))
-        reply = link.recv()  # the only message the server sends in this exchange
+        try:
+            reply = link.recv()  # the only message the server sends in this exchange
+        except (EOFError, OSError):
+            return False  # the server is gone
         if not isinstance(reply, Allocated):
             return False  # Stop: the server is going away
         space = {**space, **reply.space}
