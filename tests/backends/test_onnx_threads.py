@@ -10,8 +10,13 @@ import pytest
 from pydantic import ValidationError
 
 from sordino.backends.onnx import OnnxBackend
-from sordino.config import ModelConfig
+from sordino.clock import MonotonicClock
+from sordino.config import ModelConfig, RuntimeConfig
+from sordino.events import EventSink
+from sordino.execution.chain import ChainExecutor
 from sordino.execution.devices import default_intra_op_threads, model_tiers
+from sordino.inference import ModelKey
+from sordino.models.repository import builtin_sources
 
 DIGITS = Path(str(resources.files("sordino.models.builtin").joinpath("digits-classifier.onnx")))
 CORES = len(os.sched_getaffinity(0))
@@ -63,3 +68,26 @@ def test_spinning_on_when_the_model_asks() -> None:
 def test_thread_spinning_must_be_a_boolean() -> None:
     with pytest.raises(ValidationError, match="thread_spinning"):
         model(thread_spinning="sometimes")
+
+
+@pytest.mark.parametrize("spinning", [False, True])
+async def test_the_model_setting_reaches_its_sessions(spinning: bool) -> None:
+    """``thread_spinning`` in a model's configuration is what its sessions run with."""
+    source = next(s for s in builtin_sources() if s.name == "digits-classifier")
+    config = source.config.model_copy(
+        update={"isolation": "thread", "thread_spinning": spinning, "instance_count": 2}
+    )
+    key = ModelKey(source.name, source.version)
+    executor = ChainExecutor(RuntimeConfig(), clock=MonotonicClock(), events=EventSink())
+    try:
+        await executor.load(key, source.path, config)
+        backends = executor.local_backends(key)
+        assert len(backends) == 2
+        for backend in backends:
+            assert isinstance(backend, OnnxBackend)
+            want = "1" if spinning else "0"
+            assert _session_entry(backend, "session.intra_op.allow_spinning") == want
+            threads = backend._session.get_session_options().intra_op_num_threads
+            assert threads == max(1, CORES // 2)
+    finally:
+        await executor.aclose()
