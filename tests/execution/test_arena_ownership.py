@@ -142,9 +142,12 @@ async def test_cancelled_while_the_worker_runs(executor: ChainExecutor) -> None:
 
 async def test_execution_timeout(executor: ChainExecutor) -> None:
     inputs = _inputs(executor)
-    executor.inject_fault("worker:digits-classifier", "latency", latency_s=3.0, duration_s=2.0)
+    # The fault stays until cleared: the retry on the restarted worker times out too,
+    # however long the restart takes (a fault that expired meanwhile let it succeed).
+    fault = executor.inject_fault("worker:digits-classifier", "latency", latency_s=3.0)
     with pytest.raises(InferenceFailed):
         await executor.run(KEY, [inputs])
+    executor.faults.clear(fault.id)
     inputs.release()
     assert _in_use(executor) == 0
     await _serving(executor)

@@ -71,6 +71,8 @@ class OnnxBackend:
     process as ONNX Runtime's shared allocator (so only in a worker process of the
     model's own); shrinking the CPU arena after large batches; and the CUDA
     provider's ``gpu_mem_limit``/``arena_extend_strategy`` when it is in the list.
+    ``thread_spinning`` lets ONNX Runtime's threads busy-wait for work (off: they sleep
+    between operators).
     """
 
     def __init__(
@@ -81,8 +83,10 @@ class OnnxBackend:
         providers: list[str] | None = None,
         intra_op_threads: int | None = None,
         memory: FrameworkMemoryConfig | None = None,
+        thread_spinning: bool = False,
     ) -> None:
         self._name = name
+        self._spinning = thread_spinning
         self._memory = memory or FrameworkMemoryConfig()
         self._shrink_options: Any = None
         self.arena_shrinks = 0
@@ -146,6 +150,11 @@ class OnnxBackend:
         options = ort.SessionOptions()
         if self._intra_op_threads:
             options.intra_op_num_threads = self._intra_op_threads
+        # Spinning threads busy-wait for the next operator: a core each per session,
+        # even with one request in flight (issue 16). Off unless the model asks.
+        spin = "1" if self._spinning else "0"
+        options.add_session_config_entry("session.intra_op.allow_spinning", spin)
+        options.add_session_config_entry("session.inter_op.allow_spinning", spin)
         options.log_severity_level = 3
         memory = self._memory
         options.enable_cpu_mem_arena = memory.cpu_arena

@@ -15,7 +15,7 @@ from sordino.errors import ModelLoadError
 
 __all__ = ["BACKEND_KINDS", "check_backend_kind", "create_backend"]
 
-Factory = Callable[[str, str, list[str], int | None, FrameworkMemoryConfig | None], Backend]
+Factory = Callable[[str, str, list[str], int | None, FrameworkMemoryConfig | None, bool], Backend]
 
 
 def _onnxruntime(
@@ -24,6 +24,7 @@ def _onnxruntime(
     providers: list[str],
     intra_op_threads: int | None,
     memory: FrameworkMemoryConfig | None,
+    thread_spinning: bool,
 ) -> Backend:
     from sordino.backends.onnx import OnnxBackend
 
@@ -33,6 +34,7 @@ def _onnxruntime(
         providers=providers,
         intra_op_threads=intra_op_threads,
         memory=memory,
+        thread_spinning=thread_spinning,
     )
 
 
@@ -60,12 +62,14 @@ def create_backend(
     providers: Sequence[str],
     intra_op_threads: int | None,
     memory: FrameworkMemoryConfig | None = None,
+    thread_spinning: bool = False,
 ) -> Backend:
     """A new, unloaded backend of ``kind`` for model ``name`` (``load`` comes next).
 
     ``providers`` are the execution providers to try in order (for ONNX Runtime);
-    ``memory`` configures its arenas (only in a worker process of the model's own).
+    ``memory`` configures its arenas (only in a worker process of the model's own);
+    ``thread_spinning`` lets its threads busy-wait for work (``ModelConfig.thread_spinning``).
     Raises :class:`ModelLoadError` for a kind this build does not know.
     """
     factory = check_backend_kind(kind, model=name)
-    return factory(name, version, list(providers), intra_op_threads, memory)
+    return factory(name, version, list(providers), intra_op_threads, memory, thread_spinning)

@@ -239,7 +239,12 @@ class ModelConfig(Section):
     execution_providers: tuple[ProviderName, ...] = ("CPUExecutionProvider",)
     """ONNX Runtime providers in order of preference (aliases cpu, cuda, ... accepted)."""
     intra_op_threads: int | None = Field(default=None, ge=1)
-    """Threads ONNX Runtime uses inside one operator; None lets ONNX Runtime decide."""
+    """Threads ONNX Runtime uses inside one operator; None: the machine's cores divided
+    among the model's instances (at least 1)."""
+    thread_spinning: bool = False
+    """Let ONNX Runtime's intra- and inter-op threads spin (busy-wait) for work between
+    operators: a little lower latency for some models, but each running instance burns
+    its threads' cores even at low load. Off by default."""
     scheduler_mode: SchedulerMode | None = None
     """Overrides ``scheduler.mode`` for this model."""
     version_policy: VersionPolicy = VersionPolicy(latest=LatestVersions())

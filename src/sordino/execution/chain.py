@@ -155,7 +155,15 @@ class ChainExecutor:
         model_signal: Signal,
     ) -> Instance:
         if config.isolation == "thread":
-            return ThreadInstance(key, index, tier, device, str(path), backend=config.backend)
+            return ThreadInstance(
+                key,
+                index,
+                tier,
+                device,
+                str(path),
+                backend=config.backend,
+                thread_spinning=config.thread_spinning,
+            )
         spec = WorkerSpec(
             model=key.name,
             version=key.version,
@@ -169,6 +177,7 @@ class ChainExecutor:
             heartbeat_s=max(0.02, min(1.0, self._settings.heartbeat_timeout / 5)),
             warmup_batches=self._settings.warmup_batches,
             framework_memory=config.framework_memory,
+            thread_spinning=config.thread_spinning,
         )
         return ProcessInstance(
             key,

@@ -12,6 +12,7 @@ a switch finds a warm instance waiting.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 from sordino.config import EXECUTION_PROVIDERS, ModelConfig, RuntimeConfig
@@ -22,6 +23,7 @@ __all__ = [
     "Tier",
     "available_providers",
     "chain_devices",
+    "default_intra_op_threads",
     "missing_provider",
     "model_tiers",
     "preferred_providers",
@@ -68,6 +70,20 @@ def available_providers() -> list[str]:
     return list(ort.get_available_providers())
 
 
+def default_intra_op_threads(instances: int) -> int:
+    """ONNX Runtime's intra-op threads when none are configured: the cores this process
+    may run on, shared among the model's ``instances`` (at least one each).
+
+    ONNX Runtime's own default is every physical core per session, so several instances
+    (and the server) fight for the same cores.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, instances))
+
+
 def chain_devices(config: RuntimeConfig) -> list[Device] | None:
     """The devices of the configured fallback chain, in order; None without a chain."""
     chain = config.scheduler.fallback_chain
@@ -98,13 +114,15 @@ def model_tiers(model: ModelConfig, chain: list[Device] | None) -> list[Tier]:
                         device.name,
                         device.providers,
                         device.device_id,
-                        device.intra_op_threads or model.intra_op_threads,
+                        device.intra_op_threads
+                        or model.intra_op_threads
+                        or default_intra_op_threads(model.instance_count),
                     ),
                 ),
             )
             for device in chain
         ]
-    threads = model.intra_op_threads
+    threads = model.intra_op_threads or default_intra_op_threads(model.instance_count)
     if model.instance_kind == "gpu":
         providers: tuple[str, ...] = (EXECUTION_PROVIDERS["cuda"],)
     elif model.instance_kind == "cpu":

@@ -106,7 +106,15 @@ class ThreadInstance(_Base):
     isolation = "thread"
 
     def __init__(
-        self, key: ModelKey, index: int, tier: str, device: Device, path: str, *, backend: str
+        self,
+        key: ModelKey,
+        index: int,
+        tier: str,
+        device: Device,
+        path: str,
+        *,
+        backend: str,
+        thread_spinning: bool = False,
     ) -> None:
         """Build the ``backend`` kind's backend (unloaded); :meth:`open` loads it.
 
@@ -120,6 +128,7 @@ class ThreadInstance(_Base):
             version=key.version,
             providers=device.providers,
             intra_op_threads=device.intra_op_threads,
+            thread_spinning=thread_spinning,
         )
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sordino-{key.name}")
 

@@ -94,6 +94,7 @@ class ModelActor:
             version=spec["version"],
             providers=spec["providers"],
             intra_op_threads=spec["intra_op_threads"],
+            thread_spinning=bool(spec.get("thread_spinning", False)),
         )
         backend.load(Path(spec["path"]), spec["target"])
         for _ in range(int(spec["warmup_batches"])):
@@ -202,6 +203,7 @@ class RayInstance(_Base):
             "providers": tuple(device.providers),
             "target": device.target,
             "intra_op_threads": device.intra_op_threads,
+            "thread_spinning": config.thread_spinning,
             "warmup_batches": settings.warmup_batches,
         }
         self._options = config.ray or RayModelOptions()

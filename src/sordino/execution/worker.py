@@ -5,12 +5,13 @@ as it arrives; end-of-file means the process is gone, and the exit code or signa
 becomes the cause. Killing a worker (hang, execution timeout, shutdown) fails its batch at once
 with :class:`WorkerLost`, whatever the process does next.
 
-The pipe carries one exchange at a time (the messages and their order are in
-``execution/messages.py``): a batch (:meth:`WorkerProcess.run`) or a command
-(:meth:`WorkerProcess.call`, such as :class:`ProfileStart`). A command waits for the
-running batch to finish, and a batch for the running command, so no message lands in
-the middle of a batch's :class:`Alloc` exchange, where the worker reads the pipe for
-the allocation alone.
+The pipe (a socket pair) carries one exchange at a time, as binary frames (the
+messages, their order and their encoding are in ``execution/messages.py``): a batch
+(:meth:`WorkerProcess.run`) or a command (:meth:`WorkerProcess.call`, such as
+:class:`ProfileStart`). A command waits for the running batch to finish, and a batch
+for the running command, so no message lands in the middle of a batch's :class:`Alloc`
+exchange, where the worker reads the pipe for the allocation alone. Bytes from the
+worker that are not a frame (:class:`FrameError`) make it a lost worker: it is killed.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from sordino.execution.messages import (
     CallFailed,
     Command,
     Done,
+    FrameError,
+    FrameReader,
     FromWorker,
     Heartbeat,
     LoadFailed,
@@ -48,6 +51,8 @@ from sordino.execution.messages import (
     Reply,
     Run,
     RunFailed,
+    ToWorker,
+    encode,
 )
 from sordino.execution.worker_main import WorkerSpec, worker_main
 from sordino.inference import ModelMetadata
@@ -154,7 +159,11 @@ class WorkerProcess:
         self.spec = spec
         self._clock = clock
         self._loop = asyncio.get_running_loop()
+        # A duplex Pipe is a socket pair; its Connection only carries the fd to the child
+        # and closes it. Both ends write and read frames on the fd themselves.
         self._conn, child = _SPAWN.Pipe(duplex=True)
+        self._fd = self._conn.fileno()
+        self._frames = FrameReader()
         self._child_conn: Connection | None = child
         self._process = _SPAWN.Process(
             target=worker_main,
@@ -225,7 +234,7 @@ class WorkerProcess:
         _LIVE_PIDS.add(self.pid)
         # Replies are read on the event loop itself (no reader thread): no GIL hand-off
         # and no cross-thread wake-up per batch.
-        self._loop.add_reader(self._conn.fileno(), self._readable)
+        self._loop.add_reader(self._fd, self._readable)
 
     async def run(
         self,
@@ -258,7 +267,7 @@ class WorkerProcess:
                     lambda: self.kill(f"execution timeout: a batch ran over {timeout_s:g} s"),
                 )
             try:
-                self._conn.send(Run(batch_id, inputs, space, fault, segment))
+                self._send(Run(batch_id, inputs, space, fault, segment))
                 return await future
             except asyncio.CancelledError:
                 # The worker is still inside the batch and may yet ask for output space: the
@@ -295,7 +304,7 @@ class WorkerProcess:
             future: asyncio.Future[ProfileStopped | None] = self._loop.create_future()
             self._calls[call_id] = future
             try:
-                self._conn.send(Call(call_id, command))
+                self._send(Call(call_id, command))
                 return await asyncio.wait_for(future, timeout_s)
             except OSError as exc:
                 self._broken = True
@@ -339,7 +348,7 @@ class WorkerProcess:
             self.kill("stopped while loading")
         else:
             with contextlib.suppress(OSError):
-                self._conn.send(STOP)
+                self._send(STOP)
         try:
             await asyncio.wait_for(asyncio.shield(self.dead), timeout_s)
         except TimeoutError:
@@ -348,14 +357,39 @@ class WorkerProcess:
 
     # -- reading replies and their callbacks -----------------------------------------
 
+    def _send(self, message: ToWorker) -> None:
+        """Write ``message``'s frame (blocking; frames are small and the worker reads)."""
+        data = memoryview(encode(message))
+        while data:
+            data = data[os.write(self._fd, data) :]
+
     def _readable(self) -> None:
-        """Handle every message waiting on the pipe; on end of file, report the exit."""
+        """Handle the messages the bytes waiting on the pipe complete (one read for all
+        of them); on end of file, report the exit. A garbled frame is a lost worker."""
         try:
-            while self._conn.poll():
-                self._on_message(self._conn.recv())
-        except (EOFError, OSError):
-            self._loop.remove_reader(self._conn.fileno())
+            data = os.read(self._fd, 1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        self._received(data)
+
+    def _received(self, data: bytes) -> None:
+        """Handle ``data`` read from the pipe: the messages it completes, or end of file
+        (empty), or a garbled frame (the worker is killed as lost)."""
+        if not data:
+            self._loop.remove_reader(self._fd)
             self._loop.create_task(self._reap())
+            return
+        try:
+            messages = self._frames.feed(data)
+        except FrameError as exc:
+            self._loop.remove_reader(self._fd)
+            self.kill(f"sent a garbled message ({exc})")
+            self._loop.create_task(self._reap())
+            return
+        for message in messages:
+            self._on_message(message)  # type: ignore[arg-type]
 
     async def _reap(self) -> None:
         # The pipe closes as the process exits; wait for it off the loop to read its code.
@@ -400,7 +434,7 @@ class WorkerProcess:
     async def _serve_alloc(self, batch_id: int, allocate: Allocate, sizes: dict[str, int]) -> None:
         try:
             space = await allocate(sizes)
-            self._conn.send(Allocated(batch_id, space))
+            self._send(Allocated(batch_id, space))
         except Exception as exc:
             future = self._pending.get(batch_id)
             if future is not None and not future.done():

@@ -3,16 +3,18 @@
 Started with the ``spawn`` method (fork after threads and onnxruntime is unsafe). It
 maps the arena, builds its backend (:func:`sordino.backends.registry.create_backend`
 with the spec's ``backend`` kind), loads and warms up the model, and then serves the
-pipe until told to stop: inputs are read in place from the arena, outputs written
-back into blocks the server reserved. The messages and their order are in
+pipe (binary frames on its fd) until told to stop: inputs are read in place from the
+arena, outputs written back into blocks the server reserved. The messages and their order are in
 ``execution/messages.py``.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -31,6 +33,8 @@ from sordino.execution.messages import (
     CallFailed,
     Command,
     Done,
+    FrameError,
+    FrameReader,
     FromWorker,
     LoadFailed,
     ProfileStart,
@@ -41,6 +45,8 @@ from sordino.execution.messages import (
     Run,
     RunFailed,
     Stop,
+    ToWorker,
+    encode,
 )
 from sordino.memory.tensors import tensor_nbytes, view_tensor, write_tensor
 
@@ -69,18 +75,39 @@ class WorkerSpec:
     warmup_batches: int
     framework_memory: FrameworkMemoryConfig | None = None
     """ONNX Runtime's arenas in this process (the model's ``framework_memory``)."""
+    thread_spinning: bool = False
+    """Let ONNX Runtime's threads busy-wait for work (the model's ``thread_spinning``)."""
 
 
 class _Link:
-    """The worker's end of the pipe; sends may come from two threads."""
+    """The worker's end of the pipe; sends may come from two threads, reads from one.
+
+    ``conn`` only carries the fd (and keeps it open); frames are written and read on the
+    fd directly, several frames per read when they have queued up.
+    """
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+        self._fd = conn.fileno()
         self._lock = threading.Lock()
+        self._frames = FrameReader()
+        self._received: collections.deque[ToWorker | FromWorker] = collections.deque()
 
     def send(self, message: FromWorker) -> None:
+        data = memoryview(encode(message))
         with self._lock:
-            self.conn.send(message)
+            while data:
+                data = data[os.write(self._fd, data) :]
+
+    def recv(self) -> ToWorker:
+        """The next message from the server (blocking). Raises :class:`EOFError` when the
+        server's end is closed, :class:`FrameError` for bytes that are not a frame."""
+        while not self._received:
+            data = os.read(self._fd, 1 << 16)
+            if not data:
+                raise EOFError
+            self._received.extend(self._frames.feed(data))
+        return self._received.popleft()  # type: ignore[return-value]
 
 
 def _heartbeat(link: _Link, interval: float) -> None:
@@ -114,6 +141,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
             providers=spec.providers,
             intra_op_threads=spec.intra_op_threads,
             memory=spec.framework_memory,
+            thread_spinning=spec.thread_spinning,
         )
         backend.load(Path(spec.path), spec.target)
         for _ in range(spec.warmup_batches):
@@ -125,9 +153,19 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         target=_heartbeat, args=(link, spec.heartbeat_s), daemon=True, name="heartbeat"
     ).start()
     link.send(Ready(backend.metadata, os.getpid(), time.perf_counter() - started))
+    try:
+        _serve(link, backend, mapped)
+    except FrameError as exc:
+        # The server's end is broken (here or inside a batch's Alloc exchange): leave,
+        # saying why (exit code 1); the server sees the pipe close: a lost worker.
+        sys.exit(f"sordino worker {spec.model}/{spec.index}: {exc}")
+
+
+def _serve(link: _Link, backend: Backend, mapped: _Mapped) -> None:
+    """Serve the pipe until told to stop or the server's end closes."""
     while True:
         try:
-            message = conn.recv()
+            message = link.recv()
         except (EOFError, OSError):
             return
         match message:
@@ -220,7 +258,10 @@ def _run(link: _Link, backend: Backend, buffer: memoryview, run: Run) -> bool:
     }
     if short:
         link.send(Alloc(run.batch_id, short))
-        reply = link.conn.recv()  # the only message the server sends in this exchange
+        try:
+            reply = link.recv()  # the only message the server sends in this exchange
+        except (EOFError, OSError):
+            return False  # the server is gone
         if not isinstance(reply, Allocated):
             return False  # Stop: the server is going away
         space = {**space, **reply.space}
