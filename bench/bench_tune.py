@@ -82,7 +82,14 @@ def main() -> None:
         best = recommend(points, objective)
         ladder = (baseline, best)
         refined: list[Point] = []
-        if best is not None and best.candidate is not None and args.refine:
+        same = (
+            best is not None
+            and best.candidate is not None
+            and (best.candidate.settings(name) == restore)
+        )
+        if same:
+            print("the recommendation is the default's own settings: nothing to refine")
+        elif best is not None and best.candidate is not None and args.refine:
             refined = refine(
                 url, name, [(restore, baseline), (best.candidate.settings(name), best)],
                 steps=args.refine, seconds=args.seconds, objective=objective, apply=apply,

@@ -114,7 +114,14 @@ def tune(
     front = advisor.pareto(points)
     best = advisor.recommend(points, goal)
     refined: list[Point] = []
-    if refine and goal.goal == "throughput" and best is not None and best.candidate is not None:
+    same = (
+        best is not None
+        and best.candidate is not None
+        and (best.candidate.settings(model) == restore)
+    )
+    if same:
+        click.echo("the live settings are already the recommendation")
+    elif refine and goal.goal == "throughput" and best is not None and best.candidate is not None:
         click.echo(f"side by side, {refine} bisection steps each between the ladder's rungs:")
         try:
             refined = advisor.refine(
@@ -153,8 +160,6 @@ def tune(
         f"{', measured side by side' if refined else ''})"
     )
     chosen = best.candidate
-    if chosen.settings(model) == restore:
-        click.echo("the live settings are already the recommendation")
     entry = {
         "name": model,
         "max_batch_size": chosen.max_batch,
