@@ -6,9 +6,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
+import pytest
 
 from sordino.config import load_config
-from sordino.control.client import request_json
+from sordino.control.client import ClientError, request_json
 from sordino.execution.staging import Staging
 from sordino.inference import ModelMetadata, TensorSpec
 from sordino.memory.refs import TensorsBuilder
@@ -131,6 +132,23 @@ def test_concurrent_pipeline_requests_share_node_batches_and_give_back_the_arena
         # Every input of nodes b and c lay in the arena: each was handed over or re-copied
         # by a merged node batch (counted per node input, pipeline requests merged or not).
         assert stats.handed_over > 0
+
+
+def test_a_failing_last_node_is_named_and_gives_back_the_intermediates() -> None:
+    """Node c fails after a and b ran: the error names c; their blocks come back."""
+    bad_c = {**THRICE["nodes"][2], "runtime": {"priority": 9}}  # type: ignore[dict-item]
+    bad = {"name": "thrice", "nodes": [*THRICE["nodes"][:2], bad_c]}  # type: ignore[misc]
+    config = load_config(None, {"pipelines": [bad]})
+    sources = [s for s in builtin_sources() if s.name == "simple"]
+    x = np.ones((ROWS, 16), np.int32)
+    with serve_in_thread(config, sources) as server:
+        _infer(server, "simple", x, x)  # the arena exists and holds nothing
+        baseline = _in_use(server)
+        with pytest.raises(ClientError, match=r"pipeline thrice, node c \(model simple\)"):
+            _infer(server, "thrice", x, x)
+        wait_for(lambda: _in_use(server) == baseline, "the arena's in-use bytes to return")
+        served = server.runtime.get("simple").scheduler.statistics()
+        assert served.succeeded == 3  # the call by hand, then nodes a and b
 
 
 def test_unparking_one_of_several_parked_holders_of_a_lease() -> None:
