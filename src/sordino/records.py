@@ -589,3 +589,30 @@ class CompactionStatistics:
     pause_s: float
     """Sum of every step's pause."""
     max_pause_s: float
+
+
+# -- pipelines (issue 14) ----------------------------------------------------------------
+
+
+__all__ += ["PipelineStatistics"]
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineStatistics:
+    """How one pipeline's tensors travelled between its nodes, and its lifetime plan."""
+
+    pipeline: str
+    batches: int
+    handed_over: int
+    """Node inputs given to the node as the arena block they lay in (no copy here)."""
+    entered: int
+    """Pipeline inputs written into the arena by the pipeline (a batch of several
+    requests, or an input read by several nodes): the one copy a request's input gets."""
+    recopied: int
+    """Node inputs that lay in the arena but were written again by the node model's
+    staging, because its batch joined them with other work (counted per node model:
+    shared with any other pipeline that uses the model)."""
+    planned_peak_bytes: int
+    """The last batch's tensors laid out by lifetime (released after their last reader)."""
+    naive_bytes: int
+    """The last batch's tensors each in its own block, none reused."""

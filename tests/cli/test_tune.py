@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,7 @@ def test_tune_sweeps_a_live_server_and_restores_it(tmp_path: Path) -> None:
             cli,
             ["tune", "--url", server.url, "--token", "tune-test-token",
              "--model", "digits-classifier", "--max-batch", "1,16", "--delay-us", "0",
-             "--modes", "manual", "--rates", "50", "--seconds", "1",
+             "--modes", "manual", "--rates", "50", "--seconds", "1", "--refine", "0",
              "--objective", "max throughput with p99<500ms"],
         )  # fmt: skip
         assert result.exit_code == 0, result.output
@@ -58,3 +59,37 @@ def test_tune_sweeps_a_live_server_and_restores_it(tmp_path: Path) -> None:
         )  # fmt: skip
         assert applied.exit_code == 0, applied.output
         assert "applied" in applied.output or "unchanged" in applied.output
+
+
+def test_tune_moves_a_poor_start_to_a_setting_that_meets_the_objective() -> None:
+    """Every batch waiting 600 ms misses p99<300ms at any rate; tune recommends another
+    setting, and its side-by-side runs show that one meeting the bound where the live
+    one does not."""
+    token = "tune-test-token"
+    config = load_config(None, {"server.admin_token": token})
+    digits = [s for s in builtin_sources() if s.name == "digits-classifier"]
+    prefix = "models.digits-classifier"
+    with serve_in_thread(config, digits) as server:
+        poor = CliRunner().invoke(
+            cli,
+            ["reconfigure", "--url", server.url, "--token", token, "--verify-window", "0s",
+             "--set", f"{prefix}.scheduler_mode=manual",
+             "--set", f"{prefix}.dynamic_batching.max_queue_delay_microseconds=600000"],
+        )  # fmt: skip
+        assert poor.exit_code == 0, poor.output
+        start = server.runtime.get("digits-classifier").scheduling
+        result = CliRunner().invoke(
+            cli,
+            ["tune", "--url", server.url, "--token", token, "--model", "digits-classifier",
+             "--max-batch", "64", "--delay-us", "0", "--modes", "manual",
+             "--rates", "40", "--seconds", "0.5", "--refine", "1", "--json",
+             "--objective", "max throughput with p99<300ms"],
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        report = json.loads(result.output[result.output.index("\n{") :])
+        assert report["refined"] is True
+        live, chosen = report["baseline"], report["recommended"]
+        assert live["throughput"] == 0  # the start met the bound at no rate it was run at
+        assert chosen["candidate"] == "max_batch 64, delay 0 µs, manual"
+        assert chosen["throughput"] > 0 and chosen["p99_ms"] < 300
+        assert server.runtime.get("digits-classifier").scheduling == start  # restored

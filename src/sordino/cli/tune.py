@@ -51,12 +51,16 @@ def _row(point: Point) -> str:
 @click.option("--rates", default="200,400,800,1600", show_default=True,
               help="The open-loop rate ladder (requests/s), lowest first.")  # fmt: skip
 @click.option("--seconds", default=3.0, show_default=True, help="Length of each run.")
+@click.option("--refine", default=3, show_default=True, type=click.IntRange(0, 10),
+              help="Bisection steps between ladder rungs for the live settings and the "
+                   "recommendation, run side by side (throughput objectives; 0: none).",
+              )  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print every point as JSON.")
 @url_option
 @token_option
 def tune(
     model: str, objective: str, max_batch: str, delays: str, modes: str, rates: str,
-    seconds: float, as_json: bool, url: str | None, token: str | None,
+    seconds: float, refine: int, as_json: bool, url: str | None, token: str | None,
 ) -> None:  # fmt: skip
     """Try batch sizes, delays and modes with short open-loop runs; recommend one.
 
@@ -65,15 +69,17 @@ def tune(
     `sordino reconfigure --file`.
     """
     # Imported here, so that the other commands start without numpy, aiohttp and hdrh.
+    from sordino.loadtest import tune as advisor
     from sordino.loadtest.run import Unreachable
-    from sordino.loadtest.tune import candidates, pareto, parse_objective, recommend, sweep
 
     try:
-        goal = parse_objective(objective)
+        goal = advisor.parse_objective(objective)
     except ConfigError as exc:
         _fail(str(exc), 2)
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
-    grid = candidates(_numbers(max_batch, "--max-batch"), _numbers(delays, "--delay-us"), mode_list)
+    grid = advisor.candidates(
+        _numbers(max_batch, "--max-batch"), _numbers(delays, "--delay-us"), mode_list
+    )
     ladder = _numbers(rates, "--rates", float)
     if seconds <= 0:
         _fail("--seconds must be positive", 2)
@@ -98,21 +104,43 @@ def tune(
     click.echo(f"tuning {model}: {len(grid)} candidates × {len(ladder)} rates × {seconds:g} s "
                f"for '{goal}'")  # fmt: skip
     try:
-        baseline, points = sweep(
+        baseline, points = advisor.sweep(
             server_url(url).rstrip("/"), model, grid, rates=ladder, seconds=seconds,
             objective=goal, apply=apply, restore=restore,
             progress=lambda point: click.echo(_row(point)),
         )  # fmt: skip
     except Unreachable as exc:
         _fail(str(exc))
-    front = pareto(points)
-    best = recommend(points, goal)
+    front = advisor.pareto(points)
+    best = advisor.recommend(points, goal)
+    refined: list[Point] = []
+    same = (
+        best is not None
+        and best.candidate is not None
+        and (best.candidate.settings(model) == restore)
+    )
+    if same:
+        click.echo("the live settings are already the recommendation")
+    elif refine and goal.goal == "throughput" and best is not None and best.candidate is not None:
+        click.echo(f"side by side, {refine} bisection steps each between the ladder's rungs:")
+        try:
+            refined = advisor.refine(
+                server_url(url).rstrip("/"), model,
+                [(restore, baseline), (best.candidate.settings(model), best)],
+                steps=refine, seconds=seconds, objective=goal, apply=apply, restore=restore,
+            )  # fmt: skip
+        except Unreachable as exc:
+            _fail(str(exc))
+        baseline, best = refined
+        for point in refined:
+            click.echo(_row(point))
     if as_json:
         report = {
             "baseline": baseline.to_json(),
             "points": [p.to_json() for p in points],
             "pareto": [p.to_json() for p in front],
             "recommended": best.to_json() if best else None,
+            "refined": bool(refined),
         }
         click.echo(json.dumps(report, indent=2))
         return
@@ -122,10 +150,14 @@ def tune(
     if best is None or best.candidate is None:
         click.echo(f"no candidate met '{goal}' at any rate; keep the live settings")
         return
-    gain = best.throughput / baseline.throughput if baseline.throughput else float("inf")
+    if baseline.throughput:
+        gain = f"×{best.throughput / baseline.throughput:.2f}"
+    else:
+        gain = "the live settings met it at no rate"
     click.echo(
         f"recommended for '{goal}': {best.candidate.label()} ({best.throughput:.1f} req/s "
-        f"vs {baseline.throughput:.1f} live, ×{gain:.2f})"
+        f"vs {baseline.throughput:.1f} live, {gain}"
+        f"{', measured side by side' if refined else ''})"
     )
     chosen = best.candidate
     entry = {

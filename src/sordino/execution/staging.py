@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import math
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,6 +113,10 @@ class Staging:
         self._gate: asyncio.Event | None = None
         self.overflow_waits = 0
         self.overflow_rejections = 0
+        self.arena_inputs: Counter[tuple[str, bool]] = Counter()
+        """Per (model, copied): inputs that already lay in the arena when staged, passed
+        by reference (``copied`` False) or written again into the batch's new block
+        because the batch joined them with other parts (True). Pipelines report them."""
 
     @property
     def protected(self) -> bool:
@@ -254,7 +259,7 @@ class Staging:
     ) -> None:
         assert staged.copies is not None and staged.outputs is not None
         for name in parts[0]:
-            staged.handles[name] = await self._handle(staged.copies, parts, name)
+            staged.handles[name] = await self._handle(staged.copies, parts, name, metadata.name)
         rows = staged.rows
         sizes: dict[str, int] = {}
         for spec in metadata.outputs:
@@ -273,7 +278,9 @@ class Staging:
             block = await staged.outputs.acquire(size)
             staged.space[name] = TensorHandle.space(block)
 
-    async def _handle(self, copies: Lease, parts: Sequence[Part], name: str) -> TensorHandle:
+    async def _handle(
+        self, copies: Lease, parts: Sequence[Part], name: str, model: str
+    ) -> TensorHandle:
         """A handle to input ``name`` of the batch in the arena.
 
         One part already in the arena (a stream's carried state, a batch output fed
@@ -285,11 +292,17 @@ class Staging:
             ref = part.ref(name) if isinstance(part, Tensors) else TensorRef(part[name])
             array = ref.array
             if ref.offset is not None and array.flags.c_contiguous:
+                self.arena_inputs[model, False] += 1
                 nbytes = int(array.nbytes)
                 return TensorHandle(ref.offset, nbytes, array.dtype.str, tuple(array.shape), nbytes)
+            if ref.offset is not None:
+                self.arena_inputs[model, True] += 1
             block = await copies.acquire(tensor_nbytes(array))
             return write_tensor(copies.arena.buffer, block.offset, block.size, array)
         arrays = [part[name] for part in parts]
+        placed = sum(1 for p in parts if isinstance(p, Tensors) and p.ref(name).in_arena)
+        if placed:
+            self.arena_inputs[model, True] += placed
         first = arrays[0]
         if first.dtype == np.object_:  # BYTES: serialized in the KServe layout
             joined = np.concatenate(arrays)

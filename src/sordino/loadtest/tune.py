@@ -9,11 +9,19 @@ objective's bound and under 1 % errors; its p99 is the one measured at that rate
 :func:`pareto` keeps the candidates no other beats on both throughput and p99;
 :func:`recommend` picks the one the objective asks for. The live settings are put
 back when the sweep ends.
+
+A ladder's rungs are far apart (each twice the last), so two settings between the
+same rungs measure equal. :func:`refine` settles a throughput objective: for the live
+settings and the recommendation it bisects the rate between each one's last rung
+within the bound and its first rung past it, the two measured alternately (one run
+of each per step, so a stall of the shared machine hits both alike), and reports the
+highest rate each served within the objective.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,7 +31,16 @@ from sordino.errors import ConfigError
 from sordino.loadtest.profiles import Profile, Segment, TrafficClass
 from sordino.loadtest.run import execute, prepare
 
-__all__ = ["Candidate", "Objective", "Point", "pareto", "parse_objective", "recommend", "sweep"]
+__all__ = [
+    "Candidate",
+    "Objective",
+    "Point",
+    "pareto",
+    "parse_objective",
+    "recommend",
+    "refine",
+    "sweep",
+]
 
 _OBJECTIVE = re.compile(
     r"^\s*(?P<goal>max(?:imi[sz]e)?\s+throughput|min(?:imi[sz]e)?\s+p99)"
@@ -40,6 +57,12 @@ class Objective:
 
     goal: str
     p99_ms: float | None
+
+    def met(self, p99_ms: float | None, error_rate: float) -> bool:
+        """Whether a run with this p99 and error rate meets the objective's bound."""
+        if error_rate > MAX_ERROR_RATE:
+            return False
+        return self.p99_ms is None or (p99_ms is not None and p99_ms <= self.p99_ms)
 
     def __str__(self) -> str:
         bound = f" with p99<{self.p99_ms:g}ms" if self.p99_ms is not None else ""
@@ -123,10 +146,7 @@ def measure(
         for _attempt in range(1 + RETRIES):
             achieved, p99, error_rate = _run(url, model, rate, seconds)
             runs.append((rate, round(achieved, 1), p99, round(error_rate, 4)))
-            within = error_rate <= MAX_ERROR_RATE and (
-                objective.p99_ms is None or (p99 is not None and p99 <= objective.p99_ms)
-            )
-            if within:
+            if objective.met(p99, error_rate):
                 break
         else:
             break
@@ -182,6 +202,69 @@ def sweep(
     finally:
         apply(restore)
     return baseline, points
+
+
+def _bracket(point: Point, objective: Objective) -> tuple[float, float]:
+    """The highest intended rate ``point``'s ladder met the objective at (0: none) and
+    the lowest it missed at (twice the top rung when it met them all)."""
+    met = [rate for rate, _, p99, errors in point.runs if objective.met(p99, errors)]
+    missed = [rate for rate, _, p99, errors in point.runs if not objective.met(p99, errors)]
+    low = max(met, default=0.0)
+    above = [rate for rate in missed if rate > low]
+    if above:
+        return low, min(above)
+    return low, 2 * max((rate for rate, *_ in point.runs), default=1.0)
+
+
+def refine(
+    url: str,
+    model: str,
+    contenders: Sequence[tuple[dict[str, Any], Point]],
+    *,
+    steps: int,
+    seconds: float,
+    objective: Objective,
+    apply: Callable[[dict[str, Any]], None],
+    restore: dict[str, Any],
+) -> list[Point]:
+    """Bisect each contender's highest rate within ``objective``, the contenders in turn.
+
+    ``contenders`` are (settings, the point the ladder measured for them). Each step
+    applies each contender's settings and runs it at the geometric middle of its
+    bracket (a miss is run once more, as on the ladder); the bracket halves around the
+    outcome. Return one point per contender: the best achieved rate within the
+    objective over the ladder and these runs, its p99, and every run. The live
+    settings (``restore``) are put back at the end.
+    """
+    brackets = [list(_bracket(point, objective)) for _, point in contenders]
+    runs = [list(point.runs) for _, point in contenders]
+    best = [(point.throughput, point.p99_ms) for _, point in contenders]
+    try:
+        for _step in range(steps):
+            for index, (settings, _) in enumerate(contenders):
+                low, high = brackets[index]
+                rate = math.sqrt(low * high) if low > 0 else high / 2
+                apply(settings)
+                for _attempt in range(1 + RETRIES):
+                    achieved, p99, error_rate = _run(url, model, rate, seconds)
+                    runs[index].append(
+                        (round(rate, 1), round(achieved, 1), p99, round(error_rate, 4))
+                    )
+                    met = objective.met(p99, error_rate)
+                    if met:
+                        break
+                if met:
+                    brackets[index][0] = rate
+                    if achieved > best[index][0]:
+                        best[index] = (achieved, p99)
+                else:
+                    brackets[index][1] = rate
+    finally:
+        apply(restore)
+    return [
+        Point(point.candidate, best[i][0], best[i][1], tuple(runs[i]))
+        for i, (_, point) in enumerate(contenders)
+    ]
 
 
 def pareto(points: Sequence[Point]) -> list[Point]:

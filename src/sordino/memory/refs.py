@@ -318,7 +318,10 @@ class Tensors(Mapping[str, Tensor]):
             return
         self._parked = False
         for lease in self._leases:
-            lease._parked.remove(self)
+            # By identity: list.remove compares with ==, and a Mapping's == compares
+            # the numpy arrays (ambiguous) when another holder is parked before this one.
+            parked = lease._parked
+            del parked[next(i for i, holder in enumerate(parked) if holder is self)]
 
     @property
     def parked(self) -> bool:

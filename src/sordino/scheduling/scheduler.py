@@ -152,6 +152,11 @@ class ModelScheduler:
         self._queue.delay_expired = settings.timeout_action == "DELAY"
         self._wake.set()
 
+    @property
+    def executor(self) -> Executor:
+        """What runs this scheduler's batches."""
+        return self._executor
+
     # -- the request side ------------------------------------------------------------
 
     def submit(

@@ -8,12 +8,13 @@ is a real :class:`ModelScheduler` over a :class:`PipelineExecutor`. A batch of
 pipeline requests runs node by node in dependency order: each node's inputs are
 submitted to the node model's scheduler at the node's priority (and deadline), where
 they batch with that model's other traffic; its outputs (views on the arena) feed the
-next nodes as they are. An error names the pipeline and the node.
+next nodes as they are, by reference, and are released after their last reader ran
+(see :class:`PipelineExecutor`). An error names the pipeline and the node.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -30,31 +31,89 @@ from sordino.errors import (
     SordinoError,
     Unavailable,
 )
+from sordino.execution.chain import ChainExecutor
 from sordino.execution.executor import MemoryFit
 from sordino.inference import ModelKey, ModelMetadata, Tensor, TensorSpec
-from sordino.memory.refs import Tensors
+from sordino.memory.planner import plan_greedy_by_size
+from sordino.memory.refs import Tensors, TensorsBuilder
 from sordino.models.repository import ModelSource
-from sordino.records import SchedulerObserver
+from sordino.records import PipelineStatistics, SchedulerObserver
 from sordino.scheduling.modes import build_controller
 from sordino.scheduling.scheduler import ModelScheduler
 from sordino.scheduling.settings import scheduling_for
 from sordino.server.registry import LoadedModel, ModelRegistry
 
-__all__ = ["PipelineExecutor", "build_pipeline"]
+__all__ = ["PipelineExecutor", "build_pipeline", "pipeline_statistics"]
 
 CONCURRENT_BATCHES = 4
 
 
-class PipelineExecutor:
-    """Runs a batch of pipeline requests through the nodes (the scheduler's executor)."""
+_INPUT = "."
+"""Prefix of a pipeline input's key among a batch's live tensors (node names never
+start with a dot)."""
 
-    def __init__(self, config: PipelineConfig, registry: ModelRegistry) -> None:
+
+class PipelineExecutor:
+    """Runs a batch of pipeline requests through the nodes (the scheduler's executor).
+
+    Tensors travel between nodes as they lie: a node's input is a view of its
+    producer's output block in the arena, holding that block's lease, so the next
+    node's staging passes it to the worker by reference when the node runs it as a
+    batch of its own (a merged batch needs one new block: one copy, counted). Each
+    batch's tensors are released after the last node that reads them has run (the
+    lifetime plan is computed once, from the wiring); the pipeline's outputs are the
+    final nodes' output views, so nothing is copied out either.
+    """
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        registry: ModelRegistry,
+        models: Mapping[str, ModelMetadata],
+        *,
+        executor: ChainExecutor | None = None,
+    ) -> None:
+        """``models`` is each node's model metadata; ``executor`` gives the arena
+        (None: every tensor stays where the node models leave it)."""
         self.config = config
         self._registry = registry
+        self._executor = executor
         self._order = config.order()
-        consumed = {source for node in config.nodes for source in node.inputs.values()}
-        self._consumed = consumed
         self._last: dict[str, LoadedModel] = {}
+        # Each node input -> (key of the live tensors it reads, tensor name there).
+        self._wiring: list[dict[str, tuple[str, str]]] = []
+        readers: dict[str, list[int]] = {}
+        for index, node in enumerate(self._order):
+            wiring: dict[str, tuple[str, str]] = {}
+            for spec in models[node.name].inputs:
+                source = node.inputs.get(spec.name)
+                if source is None:
+                    wiring[spec.name] = (_INPUT + spec.name, spec.name)
+                else:
+                    producer, _, output = source.partition(".")
+                    wiring[spec.name] = (producer, output)
+            for key, _ in wiring.values():
+                readers.setdefault(key, []).append(index)
+            self._wiring.append(wiring)
+        consumed = {source for node in config.nodes for source in node.inputs.values()}
+        self._outputs: dict[str, tuple[str, str]] = {
+            spec.name: (node.name, spec.name)
+            for node in self._order
+            for spec in models[node.name].outputs
+            if f"{node.name}.{spec.name}" not in consumed
+        }
+        kept = {key for key, _ in self._outputs.values()}
+        end = len(self._order) - 1
+        # The lifetime plan: each key's tensors live until its last reader has run.
+        self._until = {key: end if key in kept else max(at) for key, at in readers.items()}
+        self._until.update({key: end for key in kept})
+        self._release_after: dict[int, list[str]] = {}
+        for key, last in self._until.items():
+            if key not in kept:
+                self._release_after.setdefault(last, []).append(key)
+        self._readers = {key[1:]: at for key, at in readers.items() if key.startswith(_INPUT)}
+        self._batches = self._handed_over = self._entered = 0
+        self._plan = (0, 0)
 
     def _model(self, name: str) -> LoadedModel:
         """The node's model; while the server drains, the one it last used."""
@@ -73,49 +132,140 @@ class PipelineExecutor:
     def memory_fit(self, model: ModelKey, part: Mapping[str, Tensor]) -> MemoryFit | None:
         return None  # each node's own scheduler protects the arena
 
+    def statistics(self) -> PipelineStatistics:
+        """Batches run, how node inputs travelled, and the last batch's lifetime plan."""
+        recopied = 0
+        if self._executor is not None:
+            counts = self._executor.staging.arena_inputs
+            recopied = sum(counts[model, True] for model in {n.model for n in self._order})
+        planned, naive = self._plan
+        return PipelineStatistics(
+            self.config.name,
+            self._batches,
+            self._handed_over,
+            self._entered,
+            recopied,
+            planned,
+            naive,
+        )
+
     async def run(self, model: ModelKey, parts: Sequence[Mapping[str, Tensor]]) -> Tensors:
-        batch = {
-            name: np.concatenate([np.asarray(part[name]) for part in parts]) for name in parts[0]
-        }
-        produced: dict[str, Tensors] = {}
+        """Run the batch of ``parts`` node by node; return the final nodes' outputs.
+
+        The parts stay the caller's; the outputs (views of the final nodes' output
+        blocks, holding them) are the caller's to release.
+        """
+        self._batches += 1
+        live: dict[str, Tensors] = {}
+        sizes: dict[str, tuple[int, int]] = {}  # key -> (bytes, index of its first use)
         try:
-            for node in self._order:
-                inputs: dict[str, Tensor] = {}
-                served = self._model(node.model)
-                for spec in served.metadata.inputs:
-                    source = node.inputs.get(spec.name)
-                    if source is None:
-                        inputs[spec.name] = batch[spec.name]
-                    else:
-                        producer, _, output = source.partition(".")
-                        inputs[spec.name] = produced[producer][output]
-                produced[node.name] = await self._run_node(node, inputs)
-            outputs: dict[str, Tensor] = {}
-            for node in self._order:
-                for name, array in produced[node.name].items():
-                    if f"{node.name}.{name}" not in self._consumed:
-                        outputs[name] = np.array(array)
-            return Tensors.of(outputs)
+            self._enter(parts, live)
+            for key, tensors in live.items():
+                sizes[key] = (_nbytes(tensors), 0)
+            for index, node in enumerate(self._order):
+                inputs = Tensors.compose(
+                    {
+                        name: (live[key], tensor)
+                        for name, (key, tensor) in self._wiring[index].items()
+                    }
+                )
+                self._handed_over += sum(1 for name in inputs if inputs.ref(name).in_arena)
+                outputs = await self._run_node(node, inputs)
+                live[node.name] = outputs
+                sizes[node.name] = (_nbytes(outputs), index)
+                for key in self._release_after.get(index, ()):
+                    live.pop(key).release()
+            self._plan = self._lay_out(sizes)
+            return Tensors.compose(
+                {name: (live[key], tensor) for name, (key, tensor) in self._outputs.items()}
+            )
         finally:
-            for tensors in produced.values():
+            for tensors in live.values():
                 tensors.release()
 
-    async def _run_node(self, node: NodeConfig, inputs: Mapping[str, Tensor]) -> Tensors:
+    def _enter(self, parts: Sequence[Mapping[str, Tensor]], live: dict[str, Tensors]) -> None:
+        """The batch's pipeline inputs as live tensors, each written at most once.
+
+        One request's input read by one node is passed as it lies: the node's staging
+        writes it into the arena once, as for any model. A batch of several requests,
+        or an input several nodes read, is written into the arena here, once, so every
+        node after that reads it by reference.
+        """
+        first = parts[0]
+        for name in first:
+            key = _INPUT + name
+            readers = self._readers.get(name, ())
+            if len(parts) == 1 and len(readers) <= 1:
+                live[key] = Tensors.compose({name: (Tensors.of(first), name)})
+                continue
+            if len(parts) == 1 and isinstance(first, Tensors) and first.ref(name).in_arena:
+                live[key] = Tensors.compose({name: (first, name)})
+                continue
+            arrays = [np.asarray(part[name]) for part in parts]
+            arena = None
+            if self._executor is not None and readers:
+                reader = self._model(self._order[readers[0]].model)
+                arena = self._executor.input_arena(reader.key)
+            builder = TensorsBuilder(arena)
+            try:
+                if arrays[0].dtype == np.object_:
+                    builder.put(name, np.concatenate(arrays))
+                else:
+                    shape = (sum(a.shape[0] for a in arrays), *arrays[0].shape[1:])
+                    view = builder.empty(name, arrays[0].dtype.newbyteorder("="), shape)
+                    np.concatenate(arrays, out=view)
+            except BaseException:
+                builder.abandon()
+                raise
+            tensors = builder.finish()
+            if tensors.ref(name).in_arena:
+                self._entered += 1
+            live[key] = tensors
+
+    def _lay_out(self, sizes: Mapping[str, tuple[int, int]]) -> tuple[int, int]:
+        """The batch's tensors laid out by lifetime: (planned peak, naive sum) bytes."""
+        tensors = [
+            (size, first, self._until.get(key, first)) for key, (size, first) in sizes.items()
+        ]
+        plan, peak = plan_greedy_by_size(tensors)
+        return peak, sum(planned.size for planned in plan)
+
+    async def _run_node(self, node: NodeConfig, inputs: Tensors) -> Tensors:
+        """Submit ``inputs`` (the node's request takes them over) and await its outputs."""
         where = f"pipeline {self.config.name}, node {node.name} (model {node.model})"
+        submitted = False
         try:
             served = self._model(node.model)
             priority = parse_priority(
                 node.runtime.priority, served.scheduling.queue, f"{where}: priority"
             )
-            return await served.scheduler.infer(
-                Tensors.of(inputs), priority=priority, timeout_s=node.runtime.timeout
+            request = served.scheduler.submit(
+                inputs, priority=priority, timeout_s=node.runtime.timeout
             )
+            submitted = True
+            return await served.scheduler.result(request)
         except InvalidRequest as exc:
             raise InvalidRequest(f"{where}: {exc}") from exc
         except Unavailable as exc:
             raise Unavailable(f"{where}: {exc}") from exc
         except SordinoError as exc:
             raise InferenceFailed(f"{where}: {exc}") from exc
+        finally:
+            if not submitted:
+                inputs.release()
+
+
+def _nbytes(tensors: Tensors) -> int:
+    return sum(int(array.nbytes) for array in tensors.values())
+
+
+def pipeline_statistics(models: Iterable[LoadedModel]) -> tuple[PipelineStatistics, ...]:
+    """The statistics of each pipeline among ``models``."""
+    return tuple(
+        executor.statistics()
+        for model in models
+        if isinstance(executor := model.scheduler.executor, PipelineExecutor)
+    )
 
 
 def _spec_matches(output: TensorSpec, target: TensorSpec) -> bool:
@@ -133,6 +283,7 @@ def build_pipeline(
     *,
     clock: Clock,
     observers: Sequence[SchedulerObserver],
+    executor: ChainExecutor | None = None,
 ) -> LoadedModel:
     """Check ``config`` against the loaded models and return the pipeline as a model."""
     where = f"pipeline {config.name}"
@@ -219,7 +370,7 @@ def build_pipeline(
     engine = ModelScheduler(
         key,
         batched=True,
-        executor=PipelineExecutor(config, registry),
+        executor=PipelineExecutor(config, registry, models, executor=executor),
         controller=controller,
         settings=scheduling.queue,
         clock=clock,

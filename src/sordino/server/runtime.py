@@ -43,7 +43,7 @@ from sordino.models.repository import ModelSource
 from sordino.records import SchedulerStatistics
 from sordino.server.guarding import open_guardian
 from sordino.server.loader import ModelLoader
-from sordino.server.pipelines import build_pipeline
+from sordino.server.pipelines import build_pipeline, pipeline_statistics
 from sordino.server.quant_guard import QuantGuard
 from sordino.server.registry import LoadedModel, ModelRegistry
 from sordino.server.result_cache import ResultCache
@@ -56,6 +56,7 @@ from sordino.telemetry.memory_metrics import MemoryCollector
 from sordino.telemetry.metrics import Metrics
 from sordino.telemetry.model_stats import ModelStats
 from sordino.telemetry.observers import SchedulerObservers
+from sordino.telemetry.pipeline_metrics import PipelineCollector
 from sordino.telemetry.tenant_metrics import TenantCollector
 from sordino.telemetry.timings import TimingSeries
 
@@ -197,6 +198,9 @@ class Runtime:
         self.metrics.registry.register(MemoryCollector(self.memory.statistics))
         self.metrics.registry.register(TenantCollector(self.tenants.statistics))
         self.metrics.registry.register(
+            PipelineCollector(lambda: pipeline_statistics(self.pipelines))
+        )
+        self.metrics.registry.register(
             GenerationCollector(
                 self.step_degrader,
                 lambda: [m.pipeline for m in self.registry.models() if m.pipeline is not None],
@@ -283,6 +287,7 @@ class Runtime:
                 self.config.scheduler,
                 clock=self.clock,
                 observers=self._observers,
+                executor=self.executor,
             )
             self.registry.add(served)
             self.pipelines.append(served)
