@@ -672,27 +672,43 @@ class ModelScheduler:
             observer.queue_changed(self.model, len(self._queue))
 
     def _shed_if_late(self, item: WorkItem, timeout_s: float | None) -> None:
-        """Refuse ``item`` now if the work ahead of it would make it miss its deadline.
+        """Refuse ``item`` now if the work ahead of it would make it miss its deadline."""
+        error = self._late(item.priority, timeout_s)
+        if error is not None:
+            raise error
+
+    def shed_unread(self, priority: int, timeout_s: float | None) -> Shed | None:
+        """The refusal of a request not yet decoded, by the rule applied at arrival.
+
+        A transport that knows a request's priority and deadline before reading its
+        body (``server/early_shed.py``) asks here: the answer is the :class:`Shed`
+        :meth:`submit` would raise for it now (counted as rejected), or None.
+        """
+        error = self._late(priority, timeout_s)
+        if error is not None:
+            self._rejected += 1
+        return error
+
+    def _late(self, priority: int, timeout_s: float | None) -> Shed | None:
+        """Whether a request at ``priority`` queued now would miss its deadline.
 
         Ahead of it are the rows queued at its priority and higher, served at the rate
         the model's recent batches ran at (``instances`` batches at a time), plus one
         batch's time for its own. Lower priorities have more ahead, so they are shed
         first and fast, while higher ones are still accepted.
         """
-        if not timeout_s or self._batch_s is None or self._batch_rows is None:
-            return
-        instances = max(1, self._executor.instances(self.model))
-        rows_per_s = instances * self._batch_rows / max(self._batch_s, 1e-6)
-        ahead = self._queue.rows_ahead(item.priority)
-        expected_s = ahead / rows_per_s + self._batch_s
-        if expected_s > timeout_s:
-            raise Shed(
-                f"model {self.model} is overloaded: {ahead} rows at priority {item.priority} "
-                f"or higher are ahead, about {expected_s * 1000:.0f} ms of work, more than "
-                f"the request's {timeout_s * 1000:.0f} ms deadline; retry later, raise the "
-                "deadline or the priority",
-                retry_after_s=expected_s,
-            )
+        if not timeout_s:
+            return None
+        expected_s = self.expected_wait(priority)
+        if expected_s is None or expected_s <= timeout_s:
+            return None
+        return Shed(
+            f"model {self.model} is overloaded: {self._queue.rows_ahead(priority)} rows at "
+            f"priority {priority} or higher are ahead, about {expected_s * 1000:.0f} ms of "
+            f"work, more than the request's {timeout_s * 1000:.0f} ms deadline; retry "
+            "later, raise the deadline or the priority",
+            retry_after_s=expected_s,
+        )
 
     @property
     def queued(self) -> int:
@@ -703,7 +719,7 @@ class ModelScheduler:
         """About how long a step queued now at ``priority`` takes to run (None: unknown).
 
         The rows queued at its priority and higher, at the rate recent batches ran,
-        plus one batch: what :meth:`_shed_if_late` compares to a deadline. An iterative
+        plus one batch: what :meth:`_late` compares to a deadline. An iterative
         request's steps each take about this long.
         """
         if self._batch_s is None or self._batch_rows is None:
@@ -713,7 +729,7 @@ class ModelScheduler:
         return self._queue.rows_ahead(priority) / rows_per_s + self._batch_s
 
     def _note_batch(self, rows: int, seconds: float) -> None:
-        """Keep moving averages of a batch's rows and run time (for :meth:`_shed_if_late`)."""
+        """Keep moving averages of a batch's rows and run time (for :meth:`_late`)."""
         if self._batch_s is None or self._batch_rows is None:
             self._batch_s, self._batch_rows = seconds, float(rows)
         else:

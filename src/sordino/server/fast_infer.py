@@ -34,6 +34,8 @@ log = logging.getLogger("sordino.http")
 INFER_PATH = re.compile(r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
 _FORWARDED = {
     b"x-sordino-tag": "x-sordino-tag",
+    b"x-sordino-priority": "x-sordino-priority",
+    b"x-sordino-timeout": "x-sordino-timeout",
     b"x-sordino-tenant": "x-sordino-tenant",
     b"authorization": "authorization",  # the API key: the service authenticates it
 }

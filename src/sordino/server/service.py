@@ -457,6 +457,12 @@ class InferenceService:
         request.release()
         self._count_rejected(request.model, request.version, _tenant(request), reason)
 
+    def refused_unread(
+        self, model: str, version: str | None, tenant: str | None, error: SordinoError
+    ) -> None:
+        """Count a request a transport refused before reading it (as :meth:`receiving` would)."""
+        self._count_rejected(model, version, tenant, error.reason)
+
     def _count_rejected(
         self, model: str, version: str | None, tenant: str | None, reason: str
     ) -> None:

@@ -1,0 +1,136 @@
+"""Refusing from the headers: 503 before the body is read, on a connection kept open.
+
+A real server. A body that is not JSON tells whether it was read: refused from the
+headers it is never decoded (503), read it would be a 400. The event-loop rule is
+driven by swapping in a :class:`LoopLag` whose share the test sets (its interval is
+an hour, so no measurement moves it during the test).
+"""
+
+from __future__ import annotations
+
+import http.client
+from collections.abc import Iterator
+
+import orjson
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from sordino.config import RuntimeConfig
+from sordino.models.repository import builtin_sources
+from sordino.server.loop_lag import LoopLag
+from sordino.testing import RunningServer, serve_in_thread
+from tests.conftest import thread_isolated
+
+MODEL = "digits-classifier"
+INFER = f"/v2/models/{MODEL}/infer"
+GOOD = orjson.dumps(
+    {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [1.0] * 64}]}
+)
+NOT_JSON = b"{this is not json" + b"x" * 4000
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    sources = thread_isolated([s for s in builtin_sources() if s.name == MODEL])
+    with serve_in_thread(RuntimeConfig(), sources) as running:
+        yield running
+
+
+@pytest.fixture
+def conn(server: RunningServer) -> Iterator[http.client.HTTPConnection]:
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    # One served request first: the scheduler then knows how long a batch takes.
+    connection.request("POST", INFER, GOOD, {"Content-Type": "application/json"})
+    assert connection.getresponse().read() and True
+    yield connection
+    connection.close()
+
+
+def _post(
+    conn: http.client.HTTPConnection, body: bytes, **headers: str
+) -> tuple[int, dict[str, str], bytes]:
+    named = {k.replace("_", "-"): v for k, v in headers.items()}
+    conn.request("POST", INFER, body, {"Content-Type": "application/json", **named})
+    response = conn.getresponse()
+    return response.status, dict(response.getheaders()), response.read()
+
+
+def _rejected(server: RunningServer, reason: str) -> int:
+    text = generate_latest(server.runtime.metrics.registry).decode()
+    for family in text_string_to_metric_families(text):
+        if family.name == "sordino_rejected_requests":
+            return sum(
+                int(s.value)
+                for s in family.samples
+                if s.name.endswith("_total") and s.labels["reason"] == reason
+            )
+    return 0
+
+
+def test_a_deadline_no_batch_can_meet_is_refused_before_the_body_is_read(
+    server: RunningServer, conn: http.client.HTTPConnection
+) -> None:
+    shed_before = _rejected(server, "shed")
+    status, headers, body = _post(conn, NOT_JSON, X_Sordino_Priority="low", X_Sordino_Timeout="1")
+    assert status == 503
+    assert int(headers["retry-after"]) >= 1
+    assert "deadline" in orjson.loads(body)["error"]
+    assert _rejected(server, "shed") == shed_before + 1
+    # The same connection serves the next request: the skipped body did not derail it.
+    status, _, body = _post(conn, GOOD, X_Sordino_Priority="low", X_Sordino_Timeout="5000000")
+    assert status == 200, body
+
+
+def test_without_the_headers_the_body_is_read_as_before(
+    conn: http.client.HTTPConnection,
+) -> None:
+    status, _, body = _post(conn, NOT_JSON)
+    assert status == 400, body
+
+
+def test_a_deadline_in_the_timeout_header_reaches_the_scheduler(
+    server: RunningServer, conn: http.client.HTTPConnection
+) -> None:
+    """Shed from the headers and, had it been read, by the scheduler: the same rule."""
+    rejected = server.runtime.get(MODEL).scheduler.statistics().rejected
+    status, _, _ = _post(conn, GOOD, X_Sordino_Timeout="1")
+    assert status == 503
+    assert server.runtime.get(MODEL).scheduler.statistics().rejected == rejected + 1
+
+
+def test_a_late_loop_refuses_lower_priorities_only(
+    server: RunningServer, conn: http.client.HTTPConnection
+) -> None:
+    shed = server.early_shed
+    assert shed is not None
+    saved = shed.lag
+    lag = LoopLag(0.01, interval_s=3600.0)
+    lag.share = 0.01  # one request in a hundred below the highest priority gets in
+    server.loop.call_soon_threadsafe(setattr, shed, "lag", lag)
+    try:
+        status, headers, body = _post(conn, NOT_JSON, X_Sordino_Priority="low")
+        assert status == 503 and "event loop" in orjson.loads(body)["error"]
+        assert headers["retry-after"] == "1"
+        status, _, _ = _post(conn, GOOD, X_Sordino_Priority="high")
+        assert status == 200
+        # No priority before the body: it may say high there, so it is read and served.
+        status, _, _ = _post(conn, GOOD)
+        assert status == 200
+    finally:
+        server.loop.call_soon_threadsafe(setattr, shed, "lag", saved)
+
+
+def test_refused_unread_keeps_a_closing_request_closing(server: RunningServer) -> None:
+    """``Connection: close`` from the client: the refusal says so and the server closes."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        conn.request("POST", INFER, GOOD, {"Content-Type": "application/json"})
+        conn.getresponse().read()
+        status, headers, _ = _post(
+            conn, NOT_JSON, X_Sordino_Priority="low", X_Sordino_Timeout="1", Connection="close"
+        )
+        assert status == 503
+        assert headers.get("connection") == "close"
+    finally:
+        conn.close()
