@@ -12,7 +12,7 @@
  *   openloop open   HOST PORT RATE SECONDS CONNS HIGH_SHARE SEED HIGH_REQ LOW_REQ OUT
  *   openloop closed HOST PORT CONCURRENCY SECONDS REQ OUT
  *
- * HIGH_REQ / LOW_REQ / REQ are files holding one complete request each. OUT gets one
+ * The open loop opens its CONNS connections before it starts. HIGH_REQ / LOW_REQ / REQ are files holding one complete request each. OUT gets one
  * line per request, "high status latency_us" (status 0: the connection failed or closed
  * before the answer; -1: no answer when the run ended, 5 s after the last send). The
  * last line of stderr is "sent N in S s".
@@ -228,6 +228,34 @@ static void on_readable(int c, int64_t t) {
     }
 }
 
+/* Open loop: open every connection before the schedule starts, as a client's warm pool
+   would be, so the run measures the server under load rather than a storm of SYNs (a
+   SYN dropped from a full accept queue is retried after 1, 3, 7 s). */
+static void preopen(void) {
+    struct epoll_event events[256];
+    for (int i = 0; i < maxconns; i++) if (open_conn() < 0) break;
+    int64_t give_up = now_ns() + 10000000000LL;
+    for (;;) {
+        int pending = 0;
+        for (int i = 0; i < nconns; i++) pending += conns[i].fd >= 0 && conns[i].connecting;
+        if (pending == 0 || now_ns() > give_up) break;
+        int n = epoll_wait(ep, events, 256, 10);
+        for (int i = 0; i < n; i++) {
+            int c = (int)events[i].data.u32;
+            if (conns[c].fd < 0 || !conns[c].connecting) continue;
+            int err = 0;
+            socklen_t len = sizeof err;
+            getsockopt(conns[c].fd, SOL_SOCKET, SO_ERROR, &err, &len);
+            if (err) { drop_conn(c, now_ns()); continue; }
+            conns[c].connecting = 0;
+            struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)c};
+            epoll_ctl(ep, EPOLL_CTL_MOD, conns[c].fd, &ev);
+        }
+    }
+    for (int i = 0; i < nconns; i++) if (conns[i].fd >= 0 && !conns[i].connecting) push_idle(i);
+    fprintf(stderr, "opened %d connections\n", live);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) { fprintf(stderr, "usage: see the header of openloop.c\n"); return 2; }
     closed_loop = strcmp(argv[1], "closed") == 0;
@@ -267,6 +295,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < maxconns; i++) conns[i].fd = -1;
     ep = epoll_create1(0);
     struct epoll_event events[256];
+    if (!closed_loop) preopen();
     int64_t start = now_ns();
     long next = 0; /* next request to schedule */
     int64_t all_due = 0;  /* when the last request fell due (open loop) */

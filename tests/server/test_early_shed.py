@@ -114,8 +114,10 @@ def test_a_late_loop_refuses_lower_priorities_only(
         assert headers["retry-after"] == "1"
         status, _, _ = _post(conn, GOOD, X_Sordino_Priority="high")
         assert status == 200
-        # No priority before the body: it may say high there, so it is read and served.
+        # No priority header: the body may say high, so it is read and served.
         status, _, _ = _post(conn, GOOD)
+        assert status == 200
+        status, _, _ = _post(conn, GOOD, X_Sordino_Tag="batch")
         assert status == 200
     finally:
         server.loop.call_soon_threadsafe(setattr, shed, "lag", saved)

@@ -10,8 +10,9 @@ rules, in this order:
 
 - **the loop is late** (:class:`~sordino.server.loop_lag.LoopLag`,
   ``server.shed_loop_lag``): while the server's own event loop runs late — the HTTP
-  path is the bottleneck and requests wait unread — a share of the requests below the
-  highest priority is refused, whatever their deadline;
+  path is the bottleneck and requests wait unread — a share of the requests whose
+  ``X-Sordino-Priority`` is below the highest level is refused, whatever their
+  deadline;
 - **the deadline cannot be met**, by the scheduler's own rule
   (:meth:`ModelScheduler.shed_unread`: the expected wait at the request's priority
   against its deadline), so a request refused here is one the scheduler would refuse
@@ -19,8 +20,8 @@ rules, in this order:
 
 Both need the priority (and the second the deadline) before the body, from headers:
 
-- ``X-Sordino-Priority`` (``high``/``normal``/``low`` or a level), else the priority
-  rule of ``X-Sordino-Tag``, else (for the deadline rule only) the model's default;
+- ``X-Sordino-Priority`` (``high``/``normal``/``low`` or a level), else (for the
+  deadline rule only) the priority rule of ``X-Sordino-Tag``, else the model's default;
 - ``X-Sordino-Timeout`` (microseconds, as ``parameters.timeout``), else the model's
   default timeout. A request with neither has no deadline and is never shed here.
 
@@ -103,9 +104,10 @@ class EarlyShed:
         ):
             return None
         settings = loaded.scheduling.queue
-        # The priority is known before the body only from a header or a tag's rule; a
-        # request with neither may name its priority in the body, so the lag does not
-        # refuse it (the deadline rule still does, at the default priority's place).
+        # Only a request that states its priority in X-Sordino-Priority is refused for
+        # lag: without it the body may say high. (A tag's rule is not enough: tags
+        # predate this refusal, and their clients did not ask for it.) The deadline rule
+        # takes the priority admission will give: the header, the tag's rule, the default.
         rule = self._rules.get(tag.decode("latin-1")) if tag is not None else None
         try:
             if priority_value is not None:
@@ -116,9 +118,8 @@ class EarlyShed:
                 priority = settings.default_priority
         except SordinoError:
             return None  # malformed: the ordinary path says what is wrong with it
-        known = priority_value is not None or rule is not None
         error: Shed | None = None
-        if known and priority > 1 and lag is not None and not lag.admit():
+        if priority_value is not None and priority > 1 and lag is not None and not lag.admit():
             error = Shed(
                 f"the server is overloaded (its event loop runs {lag.last_lag_s * 1000:.0f} "
                 f"ms late): requests below the highest priority are refused first, "
