@@ -9,6 +9,7 @@ an hour, so no measurement moves it during the test).
 from __future__ import annotations
 
 import http.client
+import socket
 from collections.abc import Iterator
 
 import orjson
@@ -21,6 +22,7 @@ from sordino.models.repository import builtin_sources
 from sordino.server.loop_lag import LoopLag
 from sordino.testing import RunningServer, serve_in_thread
 from tests.conftest import thread_isolated
+from tests.waiting import wait_for
 
 MODEL = "digits-classifier"
 INFER = f"/v2/models/{MODEL}/infer"
@@ -28,6 +30,27 @@ GOOD = orjson.dumps(
     {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [1.0] * 64}]}
 )
 NOT_JSON = b"{this is not json" + b"x" * 4000
+GOOD_REQUEST = (
+    f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(GOOD)}\r\n\r\n".encode() + GOOD
+)
+
+
+def _read_responses(sock: socket.socket, count: int) -> list[int]:
+    """The statuses of the next ``count`` responses on ``sock`` (bodies by Content-Length)."""
+    data, statuses = b"", []
+    while len(statuses) < count:
+        head_end = data.find(b"\r\n\r\n")
+        if head_end >= 0:
+            head = data[:head_end].lower()
+            length = int(head.split(b"content-length:")[1].split(b"\r\n")[0])
+            if len(data) >= head_end + 4 + length:
+                statuses.append(int(head[9:12]))
+                data = data[head_end + 4 + length :]
+                continue
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the connection"
+        data += chunk
+    return statuses
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +99,27 @@ def test_a_deadline_no_batch_can_meet_is_refused_before_the_body_is_read(
     assert status == 503
     assert int(headers["retry-after"]) >= 1
     assert "deadline" in orjson.loads(body)["error"]
-    assert _rejected(server, "shed") == shed_before + 1
+    # Counted once, in both families (refusals are counted once per loop iteration).
+    wait_for(lambda: _rejected(server, "shed") == shed_before + 1, "the refusal to be counted")
     # The same connection serves the next request: the skipped body did not derail it.
     status, _, body = _post(conn, GOOD, X_Sordino_Priority="low", X_Sordino_Timeout="5000000")
     assert status == 200, body
+
+
+def test_many_refusals_in_one_burst_are_each_counted(server: RunningServer) -> None:
+    """Refusals counted per loop iteration, by kind: a pipelined burst still counts each."""
+    before = _rejected(server, "shed")
+    request = (
+        f"POST {INFER} HTTP/1.1\r\nHost: x\r\nX-Sordino-Priority: low\r\n"
+        f"X-Sordino-Timeout: 1\r\nContent-Length: {len(NOT_JSON)}\r\n\r\n"
+    ).encode() + NOT_JSON
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(GOOD_REQUEST)  # served first: the scheduler learns a batch's time
+        _read_responses(sock, 1)
+        sock.sendall(request * 20)
+        statuses = _read_responses(sock, 20)
+    assert statuses == [503] * 20
+    wait_for(lambda: _rejected(server, "shed") == before + 20, "20 refusals to be counted")
 
 
 def test_without_the_headers_the_body_is_read_as_before(

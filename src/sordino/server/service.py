@@ -458,13 +458,16 @@ class InferenceService:
         self._count_rejected(request.model, request.version, _tenant(request), reason)
 
     def refused_unread(
-        self, model: str, version: str | None, tenant: str | None, error: SordinoError
+        self, model: str, version: str | None, tenant: str | None, reason: str, count: int = 1
     ) -> None:
-        """Count a request a transport refused before reading it (as :meth:`receiving` would)."""
-        self._count_rejected(model, version, tenant, error.reason)
+        """Count ``count`` requests a transport refused unread for ``reason``.
+
+        As :meth:`receiving` counts a request that ends while it is read.
+        """
+        self._count_rejected(model, version, tenant, reason, count)
 
     def _count_rejected(
-        self, model: str, version: str | None, tenant: str | None, reason: str
+        self, model: str, version: str | None, tenant: str | None, reason: str, count: int = 1
     ) -> None:
         # Only a loaded version is a label value; an unknown one is the client's string.
         versions = self._registry.versions(model)
@@ -472,8 +475,8 @@ class InferenceService:
             served = version if version in versions else ""
         else:
             served = versions[-1] if versions else ""
-        self._metrics.request_rejected(model, reason, version=served)
-        self._telemetry.request_finished(model, tenant or "default", 0, "rejected")
+        self._metrics.request_rejected(model, reason, version=served, count=count)
+        self._telemetry.request_finished(model, tenant or "default", 0, "rejected", count)
 
     def response(
         self, model: LoadedModel, request: InferRequest, outputs: Tensors
