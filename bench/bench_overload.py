@@ -205,8 +205,13 @@ def refusal_cost(
 def run(args: argparse.Namespace, endpoints: Endpoints, generator: Generator) -> dict[str, Any]:
     console.print("capacity: closed loop, 64 connections …")
     generator.closed(64, 2.0)  # warm-up (and the adaptive controller settles)
+    before = endpoints.cpu_seconds()
     capacity = generator.closed(64, args.capacity_seconds)
-    console.print(f"  {capacity:,.0f} req/s")
+    after = endpoints.cpu_seconds()
+    served_cpu_s = (
+        after["server"] - before["server"] + after["workers"] - before["workers"]
+    ) / max(capacity * args.capacity_seconds, 1.0)
+    console.print(f"  {capacity:,.0f} req/s, {served_cpu_s * 1e6:.0f} µs of CPU each")
     console.print("unloaded: open loop at 30 % of capacity …")
     outcomes = generator.open(
         0.3 * capacity, args.unloaded_seconds, deadline_us=None, where="headers",
@@ -222,6 +227,14 @@ def run(args: argparse.Namespace, endpoints: Endpoints, generator: Generator) ->
             f"{costs[where]['server_cpu_us_per_refusal']:.0f} µs of server CPU each"
         )
     rate = args.factor * capacity
+    # What one core can give at best with these costs: x served and the rest refused
+    # within one CPU-second, x·s + (rate − x)·r ≤ 1.
+    bounds = {}
+    for where, cost in costs.items():
+        refusal_s = cost["server_cpu_us_per_refusal"] / 1e6
+        best = (1 - rate * refusal_s) / max(served_cpu_s - refusal_s, 1e-9)
+        bounds[where] = max(0.0, min(best / capacity, 1.0))
+        console.print(f"goodput bound from CPU costs, {where}: {bounds[where]:.2f} of capacity")
     deadline_s = args.deadline_ms / 1000
     overloads: dict[str, Any] = {}
     checks: dict[str, Any] = {}
@@ -242,7 +255,8 @@ def run(args: argparse.Namespace, endpoints: Endpoints, generator: Generator) ->
             "refusal p99 ms <= 5": overload["refusal_p99_ms"],
             "connection errors == 0": overload["connection_errors"],
         }
-    return {"capacity_per_s": capacity, "unloaded": unloaded, "refusal_cost": costs,
+    return {"capacity_per_s": capacity, "served_cpu_us": served_cpu_s * 1e6,
+            "unloaded": unloaded, "refusal_cost": costs, "goodput_bound": bounds,
             "overload": overloads, "checks": checks}  # fmt: skip
 
 
@@ -287,6 +301,8 @@ def main() -> None:
         for name, value in checks.items():
             console.print(f"{where}: {name}: {value if value is None else round(value, 3)}")
     console.print(orjson.dumps(result["overload"], option=orjson.OPT_INDENT_2).decode())
+    console.print(f"load average while it ran: {os.getloadavg()[0]:.1f}")
+    result["load_average"] = os.getloadavg()
     console.print(f"wrote {save('overload', result)}")
 
 
