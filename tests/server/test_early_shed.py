@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import http.client
 import socket
+import time
 from collections.abc import Iterator
 
+import numpy as np
 import orjson
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sordino.config import RuntimeConfig
+from sordino.errors import QueueTimeout
+from sordino.inference import InferRequest, InferResponse
 from sordino.models.repository import builtin_sources
 from sordino.server.loop_lag import LoopLag
 from sordino.testing import RunningServer, serve_in_thread
@@ -176,3 +180,40 @@ def test_refused_unread_keeps_a_closing_request_closing(server: RunningServer) -
         assert headers.get("connection") == "close"
     finally:
         conn.close()
+
+
+def test_the_deadline_counts_from_when_the_request_was_received(server: RunningServer) -> None:
+    """A request that waited past its deadline to be read is refused, never run; one that
+    waited less keeps the rest of its deadline."""
+    pixels = np.full((1, 64), 1.0, dtype=np.float32)
+
+    def request(waited_s: float) -> InferRequest:
+        return InferRequest(
+            model=MODEL,
+            inputs={"pixels": pixels},
+            parameters={"timeout": 500_000},
+            received_at=time.monotonic() - waited_s,
+        )
+
+    with pytest.raises(QueueTimeout, match=r"waited .* to be read"):
+        server.call(server.runtime.service.infer(request(0.6)))
+    response = server.call(server.runtime.service.infer(request(0.1)))
+    assert isinstance(response, InferResponse)
+    response.release()
+
+
+def test_the_http_path_stamps_when_the_headers_ended(
+    server: RunningServer, conn: http.client.HTTPConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stamped: list[float | None] = []
+    admit = server.runtime.service.admit
+
+    def spy(request: InferRequest) -> object:
+        stamped.append(request.received_at)
+        return admit(request)
+
+    monkeypatch.setattr(server.runtime.service, "admit", spy)
+    before = time.monotonic()
+    status, _, _ = _post(conn, GOOD)
+    assert status == 200
+    assert stamped and stamped[0] is not None and before <= stamped[0] <= time.monotonic()

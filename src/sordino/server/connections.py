@@ -44,6 +44,7 @@ from sordino.records import ConnectionStatistics
 __all__ = [
     "LINGER_S",
     "MAX_LINGERING",
+    "RECEIVED",
     "RESERVED_DESCRIPTORS",
     "ConnectionGuard",
     "default_max_connections",
@@ -60,6 +61,8 @@ RESERVED_DESCRIPTORS = 256
 """Descriptors the default ``max_connections`` leaves for everything else (workers,
 gRPC, the journal, model files)."""
 _WARN_EVERY_S = 10.0
+RECEIVED = "sordino.received"
+"""ASGI scope extension: ``{"at": time.monotonic()}`` when the request's headers ended."""
 
 Phase = Literal["header", "body"]
 ShedCheck = Callable[[bytes, list[tuple[bytes, bytes]]], bytes | None]
@@ -262,6 +265,8 @@ class _GuardedProtocol(HttpToolsProtocol):
             if response is not None:
                 self._shed(response)
                 return
+        # When the request was read: its deadline counts from here (fast_infer.py).
+        self.scope["extensions"] = {RECEIVED: {"at": time.monotonic()}}
         super().on_headers_complete()
         self._arm("body")  # on_message_complete follows at once when there is no body
 

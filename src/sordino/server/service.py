@@ -36,7 +36,14 @@ import numpy as np
 from sordino.admission.chain import AdmissionChain, AdmissionContext
 from sordino.admission.tenants import Tenants
 from sordino.datatypes import to_numpy_dtype
-from sordino.errors import Cancelled, InvalidRequest, SordinoError, TensorError, Unsupported
+from sordino.errors import (
+    Cancelled,
+    InvalidRequest,
+    QueueTimeout,
+    SordinoError,
+    TensorError,
+    Unsupported,
+)
 from sordino.execution.staging import row_bytes
 from sordino.generation.pipeline import Progress
 from sordino.generation.reuse import Generated
@@ -352,6 +359,20 @@ class InferenceService:
         when it is refused.
         """
         model, context = self.admit(request)
+        if request.received_at is not None and context.timeout_s:
+            # The deadline counts from arrival: the time spent waiting to be read and
+            # decoded (an event loop behind under overload) is already gone.
+            waited = time.monotonic() - request.received_at
+            if waited >= context.timeout_s:
+                late = QueueTimeout(
+                    f"the request waited {waited * 1000:.0f} ms to be read, past its "
+                    f"{context.timeout_s * 1000:.0f} ms deadline; it was not run. The server "
+                    "is overloaded: retry later or raise the timeout"
+                )
+                self._end_slot(context, None)
+                self._refused(request, late.reason)
+                raise late
+            context.timeout_s -= waited
         if one_shot and model.metadata.stream is not None:
             error = Unsupported(
                 f"model {model.key.name!r} streams its responses (one per step); use "
