@@ -170,6 +170,26 @@ def test_a_late_loop_refuses_lower_priorities_only(
         server.loop.call_soon_threadsafe(setattr, shed, "lag", saved)
 
 
+def test_a_refused_closing_request_sent_in_one_packet_is_answered_and_closed(
+    server: RunningServer, conn: http.client.HTTPConnection
+) -> None:
+    """The first request on a connection, headers and body in one write, ``Connection:
+    close``: the body bytes that follow the refusal in the same read are dropped, and
+    the connection closes cleanly. (``conn`` has had a request served: the scheduler
+    knows a batch's time.)"""
+    request = (
+        f"POST {INFER} HTTP/1.1\r\nHost: x\r\nX-Sordino-Priority: low\r\n"
+        f"X-Sordino-Timeout: 1\r\nConnection: close\r\n"
+        f"Content-Length: {len(NOT_JSON)}\r\n\r\n"
+    ).encode() + NOT_JSON
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 503") and b"connection: close" in data.lower()
+
+
 def test_refused_unread_keeps_a_closing_request_closing(server: RunningServer) -> None:
     """``Connection: close`` from the client: the refusal says so and the server closes."""
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)

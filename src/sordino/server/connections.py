@@ -287,8 +287,8 @@ class _GuardedProtocol(HttpToolsProtocol):
         self._shedding = True
         if self.expect_100_continue or not self.parser.should_keep_alive():
             # The client waits to send its body (or closes after the answer): end here.
+            # The body bytes already here are still parsed, and still dropped.
             self.transport.write(response.replace(b"\r\n", b"\r\nconnection: close\r\n", 1))
-            self._shedding = False
             self.transport.close()
             return
         self.transport.write(response)
