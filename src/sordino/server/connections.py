@@ -248,6 +248,9 @@ class _GuardedProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        # A request that follows a refusal in the same read: the idle timer the refusal
+        # armed (on_response_complete) must not close the connection under it.
+        self._unset_keepalive_if_required()
         if self._phase is None:  # a later request on a kept-alive connection
             self._arm("header")
         self._request_bytes = True
