@@ -84,6 +84,9 @@ class InferRequest:
     headers: dict[str, str] = field(default_factory=dict)
     shared_inputs: list[SharedInput] = field(default_factory=list)
     """Inputs still to be read from shared-memory regions (Triton's extension)."""
+    received_at: float | None = None
+    """``time.monotonic()`` when the transport had the request's headers; its deadline
+    counts from then (the wait to be read and decoded is part of it)."""
 
     def release(self) -> None:
         """Give back the arena blocks under ``inputs``, if they are owned tensors."""

@@ -97,3 +97,30 @@ def test_sequence_batching_is_not_supported() -> None:
     with pytest.raises(Unsupported, match="sequence"):
         _admit({"sequence_id": 4})
     assert _admit({"sequence_id": 0}).priority == 2
+
+
+def test_priority_from_priority_header() -> None:
+    assert _admit({}, {"x-sordino-priority": "low"}).priority == 3
+    assert _admit({}, {"x-sordino-priority": "1"}).priority == 1
+
+
+def test_priority_parameter_beats_header_and_header_beats_tag() -> None:
+    assert _admit({"priority": "high"}, {"x-sordino-priority": "low"}).priority == 1
+    headers = {"x-sordino-priority": "low", "x-sordino-tag": "premium_user"}
+    assert _admit({}, headers).priority == 3
+
+
+def test_bad_priority_header_is_refused_naming_the_header() -> None:
+    with pytest.raises(InvalidRequest, match="x-sordino-priority"):
+        _admit({}, {"x-sordino-priority": "urgent"})
+
+
+def test_timeout_from_header_in_microseconds_when_no_parameter() -> None:
+    assert _admit({}, {"x-sordino-timeout": "250000"}).timeout_s == 0.25
+    assert _admit({"timeout": 100_000}, {"x-sordino-timeout": "250000"}).timeout_s == 0.1
+
+
+@pytest.mark.parametrize("value", ["-5", "1.5", "soon", "9" * 40])
+def test_bad_timeout_header_is_refused(value: str) -> None:
+    with pytest.raises(InvalidRequest, match="x-sordino-timeout"):
+        _admit({}, {"x-sordino-timeout": value})

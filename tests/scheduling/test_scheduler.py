@@ -434,3 +434,28 @@ async def test_work_that_cannot_finish_before_its_deadline_is_not_started() -> N
         await late
     assert executor.batches == [1, 1]  # the hopeless one never ran
     await sched.close()
+
+
+async def test_a_backlog_is_costed_in_full_batches_once_batch_sizes_vary() -> None:
+    """A batch costs a fixed 50 ms plus 1 ms a row. Seen at 1 and at 8 rows, that split
+    is known: 48 rows queued are 6 full batches (about 0.35 s), so a request with a
+    0.5 s deadline is admitted — and does finish in time. (Costing every row at the
+    recent rows-per-second, as before, put 48 rows near 1 s and refused it.)"""
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 0.05 + 0.001 * rows)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=8, max_delay_s=0.0))
+    for rows in (1, 8, 1, 8, 1, 8):
+        done = asyncio.create_task(sched.infer(_x(0, rows=rows), priority=2))
+        await clock.advance(0.1)
+        await done
+    backlog = [asyncio.create_task(sched.infer(_x(i, rows=8), priority=3)) for i in range(7)]
+    await clock.settle()  # the first is running; 48 rows wait
+    expected = sched.expected_wait(3)
+    assert expected is not None and 0.3 < expected < 0.5
+    late = asyncio.create_task(sched.infer(_x(5), priority=3, timeout_s=0.5))
+    await clock.advance(1.0)
+    np.testing.assert_array_equal((await late)["x"], _x(5)["x"])
+    assert sched.statistics().rejected == 0
+    assert executor.batches[-1] == 1  # it ran, last and alone
+    await asyncio.gather(*backlog)
+    await sched.close()

@@ -18,6 +18,9 @@ from sordino.inference import InferRequest
 from sordino.records import QueueSettings
 
 __all__ = [
+    "PRIORITY_HEADER",
+    "TAG_HEADER",
+    "TIMEOUT_HEADER",
     "AdmissionChain",
     "AdmissionContext",
     "Link",
@@ -30,6 +33,10 @@ __all__ = [
 
 PRIORITY_NAMES = ("high", "normal", "low")
 TAG_HEADER = "x-sordino-tag"
+PRIORITY_HEADER = "x-sordino-priority"
+"""The priority when ``parameters.priority`` is absent (read before the body: early_shed)."""
+TIMEOUT_HEADER = "x-sordino-timeout"
+"""The timeout in microseconds when ``parameters.timeout`` is absent."""
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 
 
@@ -113,10 +120,17 @@ def _outside(source: str, shown: str, levels: int) -> InvalidRequest:
 
 
 def resolve_priority(request: InferRequest, context: AdmissionContext) -> None:
-    """Priority from ``parameters.priority``, else from the request's tag, else the default."""
+    """Priority from ``parameters.priority``, else the priority header, else the tag's rule.
+
+    Else the model's default.
+    """
     params = request.parameters
     if "priority" in params:
         context.priority = parse_priority(params["priority"], context.settings, "priority")
+        return
+    header = request.headers.get(PRIORITY_HEADER)
+    if header is not None:
+        context.priority = parse_priority(header, context.settings, f"header {PRIORITY_HEADER}")
         return
     tag = params.get("tag") or request.headers.get(TAG_HEADER)
     if tag is not None:
@@ -134,12 +148,16 @@ def resolve_priority(request: InferRequest, context: AdmissionContext) -> None:
 def resolve_timeout(request: InferRequest, context: AdmissionContext) -> None:
     """Deadline from ``parameters.timeout`` (microseconds, Triton's name), capped by policy.
 
+    Without the parameter, the ``X-Sordino-Timeout`` header gives it (same unit).
+
     A request may only shorten the model's default timeout, and only when the queue
     policy allows overrides; without a default, its own timeout applies.
     """
     settings = context.settings
     default = settings.default_timeout_s or None
     value = request.parameters.get("timeout")
+    if value is None:
+        value = _timeout_header(request.headers.get(TIMEOUT_HEADER))
     if value is None or not settings.allow_timeout_override:
         context.timeout_s = default
         return
@@ -155,6 +173,19 @@ def resolve_timeout(request: InferRequest, context: AdmissionContext) -> None:
         context.timeout_s = requested
     else:
         context.timeout_s = min(requested, default)
+
+
+def _timeout_header(text: str | None) -> int | None:
+    if text is None:
+        return None
+    text = text.strip()
+    # Never int() thousands of digits; 15 digits of microseconds is over 30 years.
+    if not text.isascii() or not text.isdigit() or len(text) > 15:
+        raise InvalidRequest(
+            f"header {TIMEOUT_HEADER} {brief_repr(text)} is not a timeout: give whole "
+            "microseconds, as parameters.timeout"
+        )
+    return int(text)
 
 
 _UNSUPPORTED_PARAMETERS = {

@@ -54,6 +54,10 @@ class ServerConfig(Section):
     """Longest a request body may take to arrive after its headers; then 408 and close."""
     keep_alive_timeout: Duration = Field(default=30.0, gt=0)
     """How long an idle keep-alive HTTP connection stays open between requests."""
+    shed_loop_lag: Duration = Field(default=0.01, ge=0)
+    """Refuse HTTP inference requests whose X-Sordino-Priority is below the highest
+    level, from their headers, while the server's event loop runs later than this for
+    100 ms at a stretch (CoDel-style); 0 = off. See docs/http-api.md."""
     max_connections: int | None = Field(default=None, ge=1)
     """Open HTTP connections at most; past it a new one is answered 503 and closed.
     None: the open-file limit less 256 descriptors (kept for workers, gRPC, files)."""

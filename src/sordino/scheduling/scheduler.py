@@ -101,6 +101,8 @@ class ModelScheduler:
         self._isolated = 0
         self._batch_s: float | None = None
         self._batch_rows: float | None = None
+        # Moving second moments (rows², rows·seconds): a batch's cost as fixed + per row.
+        self._batch_rr = self._batch_rs = 0.0
 
     @property
     def clock(self) -> Clock:
@@ -701,27 +703,43 @@ class ModelScheduler:
             observer.queue_changed(self.model, len(self._queue))
 
     def _shed_if_late(self, item: WorkItem, timeout_s: float | None) -> None:
-        """Refuse ``item`` now if the work ahead of it would make it miss its deadline.
+        """Refuse ``item`` now if the work ahead of it would make it miss its deadline."""
+        error = self._late(item.priority, timeout_s)
+        if error is not None:
+            raise error
+
+    def shed_unread(self, priority: int, timeout_s: float | None) -> Shed | None:
+        """The refusal of a request not yet decoded, by the rule applied at arrival.
+
+        A transport that knows a request's priority and deadline before reading its
+        body (``server/early_shed.py``) asks here: the answer is the :class:`Shed`
+        :meth:`submit` would raise for it now (counted as rejected), or None.
+        """
+        error = self._late(priority, timeout_s)
+        if error is not None:
+            self._rejected += 1
+        return error
+
+    def _late(self, priority: int, timeout_s: float | None) -> Shed | None:
+        """Whether a request at ``priority`` queued now would miss its deadline.
 
         Ahead of it are the rows queued at its priority and higher, served at the rate
         the model's recent batches ran at (``instances`` batches at a time), plus one
         batch's time for its own. Lower priorities have more ahead, so they are shed
         first and fast, while higher ones are still accepted.
         """
-        if not timeout_s or self._batch_s is None or self._batch_rows is None:
-            return
-        instances = max(1, self._executor.instances(self.model))
-        rows_per_s = instances * self._batch_rows / max(self._batch_s, 1e-6)
-        ahead = self._queue.rows_ahead(item.priority)
-        expected_s = ahead / rows_per_s + self._batch_s
-        if expected_s > timeout_s:
-            raise Shed(
-                f"model {self.model} is overloaded: {ahead} rows at priority {item.priority} "
-                f"or higher are ahead, about {expected_s * 1000:.0f} ms of work, more than "
-                f"the request's {timeout_s * 1000:.0f} ms deadline; retry later, raise the "
-                "deadline or the priority",
-                retry_after_s=expected_s,
-            )
+        if not timeout_s:
+            return None
+        expected_s = self.expected_wait(priority)
+        if expected_s is None or expected_s <= timeout_s:
+            return None
+        return Shed(
+            f"model {self.model} is overloaded: {self._queue.rows_ahead(priority)} rows at "
+            f"priority {priority} or higher are ahead, about {expected_s * 1000:.0f} ms of "
+            f"work, more than the request's {timeout_s * 1000:.0f} ms deadline; retry "
+            "later, raise the deadline or the priority",
+            retry_after_s=expected_s,
+        )
 
     @property
     def queued(self) -> int:
@@ -731,23 +749,45 @@ class ModelScheduler:
     def expected_wait(self, priority: int) -> float | None:
         """About how long a step queued now at ``priority`` takes to run (None: unknown).
 
-        The rows queued at its priority and higher, at the rate recent batches ran,
-        plus one batch: what :meth:`_shed_if_late` compares to a deadline. An iterative
-        request's steps each take about this long.
+        The rows queued at its priority and higher, in batches as large as that backlog
+        allows (up to the policy's ``max_batch``), each costing what recent batches
+        did — a fixed part plus a part per row, fitted to their sizes and times —
+        plus one batch: what :meth:`_late` compares to a deadline. Until batches of
+        different sizes were seen, a batch's cost is taken as all per row (recent rows
+        at recent speed: the cautious reading). An iterative request's steps each take
+        about this long.
         """
         if self._batch_s is None or self._batch_rows is None:
             return None
         instances = max(1, self._executor.instances(self.model))
-        rows_per_s = instances * self._batch_rows / max(self._batch_s, 1e-6)
-        return self._queue.rows_ahead(priority) / rows_per_s + self._batch_s
+        ahead = self._queue.rows_ahead(priority)
+        fixed, per_row = self._batch_cost()
+        size = max(self._batch_rows, min(float(ahead), float(self._controller.policy().max_batch)))
+        work = (ahead / max(size, 1.0)) * fixed + ahead * per_row
+        return work / instances + self._batch_s
+
+    def _batch_cost(self) -> tuple[float, float]:
+        """A batch's seconds as ``fixed + per_row × rows``, from the moving moments."""
+        assert self._batch_s is not None and self._batch_rows is not None
+        mean_rows, mean_s = self._batch_rows, self._batch_s
+        proportional = mean_s / max(mean_rows, 1e-6)
+        variance = self._batch_rr - mean_rows * mean_rows
+        if variance < 0.25:  # batches all about one size: the split cannot be seen
+            return 0.0, proportional
+        per_row = (self._batch_rs - mean_rows * mean_s) / variance
+        per_row = min(max(per_row, 0.0), proportional)
+        return mean_s - per_row * mean_rows, per_row
 
     def _note_batch(self, rows: int, seconds: float) -> None:
-        """Keep moving averages of a batch's rows and run time (for :meth:`_shed_if_late`)."""
+        """Keep moving averages of a batch's rows and run time (for :meth:`_late`)."""
         if self._batch_s is None or self._batch_rows is None:
             self._batch_s, self._batch_rows = seconds, float(rows)
+            self._batch_rr, self._batch_rs = float(rows * rows), rows * seconds
         else:
             self._batch_s = 0.9 * self._batch_s + 0.1 * seconds
             self._batch_rows = 0.9 * self._batch_rows + 0.1 * rows
+            self._batch_rr = 0.9 * self._batch_rr + 0.1 * rows * rows
+            self._batch_rs = 0.9 * self._batch_rs + 0.1 * rows * seconds
 
     def _note_arrival(self, now: float, rows: int) -> None:
         if self._last_arrival is not None:

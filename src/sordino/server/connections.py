@@ -18,6 +18,10 @@ on uvicorn's httptools protocol:
 A refused connection lingers at most :data:`LINGER_S` (its client reads the 503),
 and no more than :data:`MAX_LINGERING` linger at once: past that, a refused
 connection is reset without an answer, so refusing can never hold many descriptors.
+
+A request may also be refused from its headers alone (:attr:`ConnectionGuard.early_shed`,
+``server/early_shed.py``): its answer is written at once, its body is skipped unread,
+no ASGI task is made, and the connection stays open for the next request.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import logging
 import resource
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, Literal
 
 from uvicorn.config import Config
@@ -39,6 +44,7 @@ from sordino.records import ConnectionStatistics
 __all__ = [
     "LINGER_S",
     "MAX_LINGERING",
+    "RECEIVED",
     "RESERVED_DESCRIPTORS",
     "ConnectionGuard",
     "default_max_connections",
@@ -55,8 +61,12 @@ RESERVED_DESCRIPTORS = 256
 """Descriptors the default ``max_connections`` leaves for everything else (workers,
 gRPC, the journal, model files)."""
 _WARN_EVERY_S = 10.0
+RECEIVED = "sordino.received"
+"""ASGI scope extension: ``{"at": time.monotonic()}`` when the request's headers ended."""
 
 Phase = Literal["header", "body"]
+ShedCheck = Callable[[bytes, list[tuple[bytes, bytes]]], bytes | None]
+"""``(target, headers) -> response or None``: asked at the end of a POST's headers."""
 
 
 def default_max_connections() -> int:
@@ -93,6 +103,7 @@ class ConnectionGuard:
         # Deadlines are checked by one sweep a few times per timeout, not by a timer per
         # request: arming a timer for every request cost the inference path ~10 % on W1.
         self.sweep_s = min(1.0, max(0.02, min(header_timeout, body_timeout) / 8))
+        self.early_shed: ShedCheck | None = None
 
     def watch(self, protocol: _GuardedProtocol) -> None:
         """Check ``protocol``'s read deadline from now on (until :meth:`unwatch`)."""
@@ -199,6 +210,7 @@ class _GuardedProtocol(HttpToolsProtocol):
         self._timer: asyncio.TimerHandle | None = None  # a refused connection's linger
         self.deadline: float | None = None  # when the phase being read times out
         self._request_bytes = False  # some of the current request's headers arrived
+        self._shedding = False  # the current request was refused from its headers
 
     # -- the connection --------------------------------------------------------------
 
@@ -236,18 +248,54 @@ class _GuardedProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        # A request that follows a refusal in the same read: the idle timer the refusal
+        # armed (on_response_complete) must not close the connection under it.
+        self._unset_keepalive_if_required()
         if self._phase is None:  # a later request on a kept-alive connection
             self._arm("header")
         self._request_bytes = True
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        shed = self.guard.early_shed
+        if (
+            shed is not None
+            and (self.cycle is None or self.cycle.response_complete)
+            and not self.pipeline
+            and self.parser.get_method() == b"POST"
+        ):
+            response = shed(self.url, self.headers)
+            if response is not None:
+                self._shed(response)
+                return
+        # When the request was read: its deadline counts from here (fast_infer.py).
+        self.scope["extensions"] = {RECEIVED: {"at": time.monotonic()}}
         super().on_headers_complete()
         self._arm("body")  # on_message_complete follows at once when there is no body
 
+    def on_body(self, body: bytes) -> None:
+        if not self._shedding:
+            super().on_body(body)
+
     def on_message_complete(self) -> None:
         self._disarm()
+        if self._shedding:
+            self._shedding = False
+            self.on_response_complete()  # as after any response: keep-alive, pipelining
+            return
         super().on_message_complete()
+
+    def _shed(self, response: bytes) -> None:
+        """Answer the request whose headers were just read with ``response``; skip its body."""
+        self._shedding = True
+        if self.expect_100_continue or not self.parser.should_keep_alive():
+            # The client waits to send its body (or closes after the answer): end here.
+            # The body bytes already here are still parsed, and still dropped.
+            self.transport.write(response.replace(b"\r\n", b"\r\nconnection: close\r\n", 1))
+            self.transport.close()
+            return
+        self.transport.write(response)
+        self._arm("body")  # the body still has to arrive (and is dropped) in time
 
     # -- timeouts and refusals -------------------------------------------------------
 

@@ -24,6 +24,7 @@ from sordino.protocol.codec import (
     parse_header_length,
 )
 from sordino.protocol.status import http_status, retry_after_header
+from sordino.server.connections import RECEIVED
 from sordino.server.disconnect import until_disconnect
 from sordino.server.runtime import Runtime
 
@@ -34,6 +35,8 @@ log = logging.getLogger("sordino.http")
 INFER_PATH = re.compile(r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
 _FORWARDED = {
     b"x-sordino-tag": "x-sordino-tag",
+    b"x-sordino-priority": "x-sordino-priority",
+    b"x-sordino-timeout": "x-sordino-timeout",
     b"x-sordino-tenant": "x-sordino-tenant",
     b"authorization": "authorization",  # the API key: the service authenticates it
 }
@@ -130,6 +133,9 @@ async def _infer(
                 metadata=loaded.metadata,
                 max_batch_size=loaded.max_batch_size,
             )
+            received = scope.get("extensions", {}).get(RECEIVED)
+            if received is not None:
+                request.received_at = received["at"]
             shared = runtime.shared_memory.uses(request)
             tenant = runtime.service.tenant_of(request) if shared else ""
             if shared:

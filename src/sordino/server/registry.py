@@ -56,6 +56,10 @@ class ModelRegistry:
     def contains(self, name: str, version: str) -> bool:
         return version in self._models.get(name, {})
 
+    def has(self, name: str) -> bool:
+        """Whether some version of ``name`` is loaded (cheaper than :meth:`versions`)."""
+        return name in self._models  # remove() drops a name with no versions left
+
     def remove(self, name: str, version: str) -> LoadedModel:
         """Take one version out of service; raise NotFound if it is not loaded."""
         versions = self._models.get(name, {})

@@ -89,7 +89,7 @@ class Runtime:
         self.registry = ModelRegistry()
         # Client-chosen model names and tenants never make unbounded label values.
         labels = MetricLabels(
-            lambda name: bool(self.registry.versions(name)),
+            self.registry.has,
             # Configured tenants are labels too: their names are the operator's, not a client's.
             (*config.telemetry.tenant_labels, *(t.name for t in config.tenants)),
         )

@@ -17,7 +17,9 @@ from collections.abc import Generator
 import uvicorn
 
 from sordino.server.connections import ConnectionGuard, default_max_connections, guarded_protocol
+from sordino.server.early_shed import EarlyShed
 from sordino.server.http import build_app
+from sordino.server.loop_lag import LoopLag
 from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
 from sordino.server.tls import load_tls
@@ -96,6 +98,10 @@ class HttpServer:
             header_timeout=settings.header_timeout,
             body_timeout=settings.body_timeout,
         )
+        # Refuse from the headers what the scheduler would shed after decoding the body.
+        lag = settings.shed_loop_lag
+        self.early_shed = EarlyShed(runtime, LoopLag(lag) if lag > 0 else None)
+        self.guard.early_shed = self.early_shed
         runtime.metrics.registry.register(ConnectionCollector(self.guard.statistics))
         self.tls = tls is not None
         # With TLS the listener is made here, not by uvicorn, so that the TLS handshake
@@ -183,4 +189,6 @@ class HttpServer:
         if self._task is not None:
             await self._task
         self.guard.close_lingering()
+        if self.early_shed.lag is not None:
+            self.early_shed.lag.close()
         self._sock.close()

@@ -36,7 +36,14 @@ import numpy as np
 from sordino.admission.chain import AdmissionChain, AdmissionContext
 from sordino.admission.tenants import Tenants
 from sordino.datatypes import to_numpy_dtype
-from sordino.errors import Cancelled, InvalidRequest, SordinoError, TensorError, Unsupported
+from sordino.errors import (
+    Cancelled,
+    InvalidRequest,
+    QueueTimeout,
+    SordinoError,
+    TensorError,
+    Unsupported,
+)
 from sordino.execution.staging import row_bytes
 from sordino.generation.pipeline import Progress
 from sordino.generation.reuse import Generated
@@ -352,6 +359,20 @@ class InferenceService:
         when it is refused.
         """
         model, context = self.admit(request)
+        if request.received_at is not None and context.timeout_s:
+            # The deadline counts from arrival: the time spent waiting to be read and
+            # decoded (an event loop behind under overload) is already gone.
+            waited = time.monotonic() - request.received_at
+            if waited >= context.timeout_s:
+                late = QueueTimeout(
+                    f"the request waited {waited * 1000:.0f} ms to be read, past its "
+                    f"{context.timeout_s * 1000:.0f} ms deadline; it was not run. The server "
+                    "is overloaded: retry later or raise the timeout"
+                )
+                self._end_slot(context, None)
+                self._refused(request, late.reason)
+                raise late
+            context.timeout_s -= waited
         if one_shot and model.metadata.stream is not None:
             error = Unsupported(
                 f"model {model.key.name!r} streams its responses (one per step); use "
@@ -458,8 +479,17 @@ class InferenceService:
         request.release()
         self._count_rejected(request.model, request.version, _tenant(request), reason)
 
+    def refused_unread(
+        self, model: str, version: str | None, tenant: str | None, reason: str, count: int = 1
+    ) -> None:
+        """Count ``count`` requests a transport refused unread for ``reason``.
+
+        As :meth:`receiving` counts a request that ends while it is read.
+        """
+        self._count_rejected(model, version, tenant, reason, count)
+
     def _count_rejected(
-        self, model: str, version: str | None, tenant: str | None, reason: str
+        self, model: str, version: str | None, tenant: str | None, reason: str, count: int = 1
     ) -> None:
         # Only a loaded version is a label value; an unknown one is the client's string.
         versions = self._registry.versions(model)
@@ -467,8 +497,8 @@ class InferenceService:
             served = version if version in versions else ""
         else:
             served = versions[-1] if versions else ""
-        self._metrics.request_rejected(model, reason, version=served)
-        self._telemetry.request_finished(model, tenant or "default", 0, "rejected")
+        self._metrics.request_rejected(model, reason, version=served, count=count)
+        self._telemetry.request_finished(model, tenant or "default", 0, "rejected", count)
 
     def response(
         self, model: LoadedModel, request: InferRequest, outputs: Tensors

@@ -160,8 +160,10 @@ class Telemetry:
 
     # -- recording -------------------------------------------------------------------
 
-    def request_finished(self, model: str, tenant: str, priority: int, outcome: str) -> None:
-        """Count one request by model, tenant, priority and outcome.
+    def request_finished(
+        self, model: str, tenant: str, priority: int, outcome: str, count: int = 1
+    ) -> None:
+        """Count one request (or ``count`` alike) by model, tenant, priority and outcome.
 
         ``model`` and ``tenant`` are what the client sent; they are labelled through
         :class:`MetricLabels` (``other`` for a model not loaded or a tenant not listed).
@@ -171,7 +173,7 @@ class Telemetry:
             self.labels.tenant(tenant),
             str(priority) if priority else "-",
             outcome,
-        ).inc()
+        ).inc(count)
 
     def record_profile(self, profile: OperatorProfile) -> None:
         """Keep ``profile`` as the model's latest and journal it as an event."""

@@ -154,13 +154,17 @@ class Metrics:
     def queue_changed(self, model: ModelKey, depth: int) -> None:
         return None
 
-    def request_rejected(self, model: str, reason: str, *, version: str = "") -> None:
+    def request_rejected(
+        self, model: str, reason: str, *, version: str = "", count: int = 1
+    ) -> None:
         """Count a request refused before acceptance (bad input, queue full, unknown model).
 
         It is counted in ``sordino_requests_total`` too (outcome ``rejected``), so that
         family counts every request, as ``sordino_tenant_requests_total`` does. ``model``
-        is the name the client sent: labelled ``other`` unless it is loaded.
+        is the name the client sent: labelled ``other`` unless it is loaded. ``count``
+        counts that many such requests at once.
         """
         name = self.labels.model(model)
-        self._child(self.rejected, name, reason).inc()
-        self._child(self.requests, name, version if name == model else "", "rejected", reason).inc()
+        self._child(self.rejected, name, reason).inc(count)
+        served = version if name == model else ""
+        self._child(self.requests, name, served, "rejected", reason).inc(count)

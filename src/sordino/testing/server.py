@@ -16,6 +16,7 @@ from pathlib import Path
 from sordino.backends.base import Backend
 from sordino.config import RuntimeConfig
 from sordino.models.repository import ModelSource, builtin_sources
+from sordino.server.early_shed import EarlyShed
 from sordino.server.lifecycle import open_server
 from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
@@ -39,6 +40,8 @@ class RunningServer:
     loop: asyncio.AbstractEventLoop
     grpc_port: int = 0
     control: ModelControl | None = None
+    early_shed: EarlyShed | None = None
+    """What refuses requests from their headers (tests may swap its ``lag``)."""
 
     def thread_backends(self, name: str, version: str | None = None) -> list[Backend]:
         """The in-process backends of a thread-isolated model (tests hold or inspect them)."""
@@ -99,6 +102,7 @@ def serve_in_thread(
                     asyncio.get_running_loop(),
                     grpc_port=server.grpc.port,
                     control=server.control,
+                    early_shed=server.http.early_shed,
                 )
                 started.set()
                 await stop.wait()

@@ -1,0 +1,176 @@
+"""Shedding at the HTTP layer: refusing an inference request from its headers alone.
+
+Under overload most requests are refused, and a refusal after the body is read and
+decoded costs most of what serving one costs in Python (the ASGI task, the body, the
+JSON): at three times capacity the refusals alone fill the core and goodput collapses
+(docs/benchmarks.md, "Overload"). :class:`EarlyShed` decides from the request line and
+headers, in the httptools protocol before any ASGI task exists, and refuses with 503
+and ``Retry-After`` at once; the body is skipped unread (``connections.py``). Two
+rules, in this order:
+
+- **the loop is late** (:class:`~sordino.server.loop_lag.LoopLag`,
+  ``server.shed_loop_lag``): while the server's own event loop runs late — the HTTP
+  path is the bottleneck and requests wait unread — a share of the requests whose
+  ``X-Sordino-Priority`` is below the highest level is refused, whatever their
+  deadline;
+- **the deadline cannot be met**, by the scheduler's own rule
+  (:meth:`ModelScheduler.shed_unread`: the expected wait at the request's priority
+  against its deadline), so a request refused here is one the scheduler would refuse
+  after decoding.
+
+Both need the priority (and the second the deadline) before the body, from headers:
+
+- ``X-Sordino-Priority`` (``high``/``normal``/``low`` or a level), else (for the
+  deadline rule only) the priority rule of ``X-Sordino-Tag``, else the model's default;
+- ``X-Sordino-Timeout`` (microseconds, as ``parameters.timeout``), else the model's
+  default timeout. A request with neither has no deadline and is never shed here.
+
+The service reads the same headers when the body's ``parameters`` do not set the
+priority or timeout, so the two decisions agree (a body that sets a *different*
+priority than its header is shed by its header here). Nothing is shed here when
+tenants are required (the key is checked first; a stranger learns nothing), for a
+model with a result cache, an iterative model or a sequence model, or when the
+request's model is unknown (the ordinary path answers those).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import Counter
+
+from sordino.admission.chain import PRIORITY_HEADER, TAG_HEADER, TIMEOUT_HEADER, parse_priority
+from sordino.errors import NotFound, Shed, SordinoError, Unavailable
+from sordino.protocol.codec import encode_error
+from sordino.protocol.status import retry_after_header
+from sordino.records import QueueSettings
+from sordino.server.loop_lag import LoopLag
+from sordino.server.runtime import Runtime
+
+__all__ = ["EarlyShed"]
+
+_INFER = re.compile(rb"/v2/models/([^/?]+)(?:/versions/([^/?]+))?/infer(?:\?.*)?")
+_PRIORITY = PRIORITY_HEADER.encode()
+_TAG = TAG_HEADER.encode()
+_TIMEOUT = TIMEOUT_HEADER.encode()
+_TENANT = b"x-sordino-tenant"
+
+
+class EarlyShed:
+    """Decides from a request's target and headers whether to refuse it unread."""
+
+    def __init__(self, runtime: Runtime, lag: LoopLag | None = None) -> None:
+        self._runtime = runtime
+        self._rules = {r.tag: r.priority for r in runtime.config.scheduler.priority_rules}
+        self.lag = lag
+        """Event-loop lag: while the loop runs late, lower priorities are refused first."""
+        self.shed = 0
+        """Requests refused here (each also counted as a ``shed`` rejection)."""
+        # Refusals are counted once per event-loop iteration, by kind: under overload
+        # one iteration refuses hundreds, and counting each alone cost a third of a
+        # refusal (label lookups in two metric families).
+        self._uncounted: Counter[tuple[str, str | None, str | None, str]] = Counter()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __call__(self, target: bytes, headers: list[tuple[bytes, bytes]]) -> bytes | None:
+        """Return the whole HTTP response refusing the request, or None to serve it.
+
+        ``target`` is the request's URL as sent; ``headers`` its headers, names in
+        lower case. Only ``POST`` requests are asked about.
+        """
+        match = _INFER.fullmatch(target)
+        if match is None:
+            return None
+        runtime = self._runtime
+        if runtime.tenants.required or runtime.stopping:
+            return None
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        lag = self.lag
+        if lag is not None:
+            lag.request_seen(loop)
+        priority_value = tag = timeout_value = tenant = None
+        for name, value in headers:
+            if name == _PRIORITY:
+                priority_value = value
+            elif name == _TIMEOUT:
+                timeout_value = value
+            elif name == _TAG:
+                tag = value
+            elif name == _TENANT:
+                tenant = value
+        try:
+            model_name = match[1].decode("ascii")
+            version = match[2].decode("ascii") if match[2] is not None else None
+            loaded = runtime.get(model_name, version)
+        except (UnicodeDecodeError, NotFound, Unavailable):
+            return None  # the ordinary path answers an odd name or an unknown model
+        if (
+            loaded.pipeline is not None
+            or loaded.sequences is not None
+            or runtime.result_cache.active(model_name)
+        ):
+            return None
+        settings = loaded.scheduling.queue
+        # Only a request that states its priority in X-Sordino-Priority is refused for
+        # lag: without it the body may say high. (A tag's rule is not enough: tags
+        # predate this refusal, and their clients did not ask for it.) The deadline rule
+        # takes the priority admission will give: the header, the tag's rule, the default.
+        rule = self._rules.get(tag.decode("latin-1")) if tag is not None else None
+        try:
+            if priority_value is not None:
+                priority = parse_priority(priority_value.decode("latin-1"), settings, "")
+            elif rule is not None:
+                priority = parse_priority(rule, settings, "")
+            else:
+                priority = settings.default_priority
+        except SordinoError:
+            return None  # malformed: the ordinary path says what is wrong with it
+        error: Shed | None = None
+        if priority_value is not None and priority > 1 and lag is not None and not lag.admit():
+            error = Shed(
+                f"the server is overloaded (its event loop runs {lag.last_lag_s * 1000:.0f} "
+                f"ms late): requests below the highest priority are refused first, "
+                f"{lag.share:.0%} of them admitted now; retry later",
+                retry_after_s=1.0,
+            )
+        else:
+            timeout_s = _timeout(settings, timeout_value)
+            if timeout_s is not None:
+                error = loaded.scheduler.shed_unread(priority, timeout_s)
+        if error is None:
+            return None
+        self.shed += 1
+        if not self._uncounted:
+            loop.call_soon(self._count)
+        named = tenant.decode("latin-1") if tenant is not None else None
+        self._uncounted[model_name, version, named, error.reason] += 1
+        return _response(error)
+
+    def _count(self) -> None:
+        uncounted, self._uncounted = self._uncounted, Counter()
+        for (model, version, tenant, reason), count in uncounted.items():
+            self._runtime.service.refused_unread(model, version, tenant, reason, count)
+
+
+def _timeout(settings: QueueSettings, header: bytes | None) -> float | None:
+    """The deadline admission will give the request (None: none, or the header is bad)."""
+    timeout_s = settings.default_timeout_s or None
+    if header is not None and settings.allow_timeout_override:
+        if not header.isdigit() or len(header) > 15:
+            return None  # malformed: the ordinary path says what is wrong with it
+        requested = int(header) / 1e6 or None
+        if requested is not None:
+            timeout_s = requested if timeout_s is None else min(timeout_s, requested)
+    return timeout_s
+
+
+def _response(error: SordinoError) -> bytes:
+    body = encode_error(str(error))
+    retry = retry_after_header(error) or "1"
+    return (
+        b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\nretry-after: %s\r\n\r\n%s"
+        % (len(body), retry.encode("ascii"), body)
+    )

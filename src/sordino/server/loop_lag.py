@@ -1,0 +1,124 @@
+"""Seeing a saturated server: how late its event loop runs, and how much to admit.
+
+The scheduler sheds by the work queued for a model (``ModelScheduler.shed_unread``),
+but when the HTTP path itself is the bottleneck — reading, parsing and answering
+requests on one core — the model's queue stays short while requests wait in socket
+buffers and in the event loop's ready queue, unseen, until every one of them is late
+(receive livelock: at 3× capacity goodput fell to 6 % of capacity). Those waits show
+as the event loop running late: a timer due every ``tick_s`` fires late by about the
+time a request now waits to be read.
+
+:class:`LoopLag` follows CoDel (Nichols & Jacobson, 2012): a standing queue is one
+whose *smallest* delay over an interval stays above a target — a burst that drains
+within the interval is left alone. Each interval whose smallest lag is above
+``target_s`` halves the share of lower-priority requests admitted; each interval below
+it adds ``1/10`` back (AIMD, as TCP, so the admitted rate settles near what the core
+can serve). Requests at the highest priority level are never refused for lag: shedding
+the others is what keeps their latency.
+
+The admitted share is applied without randomness: each request adds the share to a
+credit and is admitted when the credit reaches one, so exactly that share gets in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+__all__ = ["LoopLag"]
+
+_DECREASE = 0.5
+_INCREASE = 0.1
+_MIN_SHARE = 0.01
+"""Some lower-priority requests always get in: they measure whether the load eased."""
+
+
+class LoopLag:
+    """Event-loop lag, CoDel-style, turned into a share of lower priorities to admit."""
+
+    def __init__(
+        self,
+        target_s: float,
+        *,
+        interval_s: float = 0.1,
+        tick_s: float = 0.01,
+        idle_s: float = 1.0,
+    ) -> None:
+        if target_s <= 0:
+            raise ValueError("target_s must be positive")
+        self.target_s = target_s
+        self.interval_s = interval_s
+        self.tick_s = tick_s
+        self.idle_s = idle_s
+        """With no request for this long the ticks stop (and the share resets)."""
+        self.share = 1.0
+        """Share of lower-priority requests admitted now (1: all of them)."""
+        self.last_lag_s = 0.0
+        self._window_end: float | None = None
+        self._window_min = math.inf
+        self._credit = 0.0
+        self._last_request = -math.inf
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- the decision (pure: tests drive it with their own times) ----------------------
+
+    def observe(self, now: float, lag_s: float) -> None:
+        """Take one measurement: the loop ran ``lag_s`` late at ``now``."""
+        self.last_lag_s = lag_s
+        self._window_min = min(self._window_min, lag_s)
+        if self._window_end is None:
+            self._window_end = now + self.interval_s
+            return
+        if now < self._window_end:
+            return
+        if self._window_min > self.target_s:
+            self.share = max(_MIN_SHARE, self.share * _DECREASE)
+        else:
+            self.share = min(1.0, self.share + _INCREASE)
+        self._window_end = now + self.interval_s
+        self._window_min = math.inf
+
+    def admit(self) -> bool:
+        """Whether to admit the next lower-priority request (exactly ``share`` of them)."""
+        if self.share >= 1.0:
+            return True
+        self._credit += self.share
+        if self._credit >= 1.0:
+            self._credit -= 1.0
+            return True
+        return False
+
+    def reset(self) -> None:
+        """Forget the past: all admitted, no window open."""
+        self.share = 1.0
+        self.last_lag_s = 0.0
+        self._window_end = None
+        self._window_min = math.inf
+        self._credit = 0.0
+
+    # -- measuring on a running loop ---------------------------------------------------
+
+    def request_seen(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Note a request on ``loop``; start measuring if not already."""
+        self._last_request = loop.time()
+        if self._timer is None:
+            self._loop = loop
+            self._timer = loop.call_later(self.tick_s, self._tick, loop.time() + self.tick_s)
+
+    def _tick(self, due: float) -> None:
+        loop = self._loop
+        assert loop is not None
+        now = loop.time()
+        self.observe(now, max(0.0, now - due))
+        if now - self._last_request > self.idle_s:
+            self._timer = None
+            self.reset()
+            return
+        self._timer = loop.call_later(self.tick_s, self._tick, now + self.tick_s)
+
+    def close(self) -> None:
+        """Stop measuring."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

@@ -1,0 +1,78 @@
+"""The event-loop lag detector: CoDel's standing-queue test and AIMD on the admitted share.
+
+Driven with explicit times (the clock is the caller's), so no real waiting.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sordino.server.loop_lag import LoopLag
+
+TICK = 1 / 64
+INTERVAL = 1 / 8
+
+
+def _lag() -> LoopLag:
+    return LoopLag(0.01, interval_s=INTERVAL, tick_s=TICK)
+
+
+def _feed(lag: LoopLag, start: float, ticks: int, lag_s: float) -> float:
+    """Observe ``lag_s`` on each of ``ticks`` ticks from ``start``; return the end time."""
+    now = start
+    for _ in range(ticks):
+        now += TICK
+        lag.observe(now, lag_s)
+    return now
+
+
+def test_a_loop_on_time_admits_everything() -> None:
+    lag = _lag()
+    _feed(lag, 0.0, 128, 0.001)
+    assert lag.share == 1.0
+    assert all(lag.admit() for _ in range(100))
+
+
+def test_a_standing_lag_halves_the_share_each_interval() -> None:
+    lag = _lag()
+    _feed(lag, 0.0, 17, 0.05)  # the first tick opens the first interval
+    assert lag.share == 0.25
+
+
+def test_a_burst_that_drains_within_the_interval_is_left_alone() -> None:
+    """CoDel looks at the smallest lag in an interval: one late tick is not a queue."""
+    lag = _lag()
+    now = 0.0
+    for i in range(128):
+        now += TICK
+        lag.observe(now, 0.5 if i % 4 == 0 else 0.0)
+    assert lag.share == 1.0
+
+
+def test_the_share_comes_back_additively_once_the_lag_is_gone() -> None:
+    lag = _lag()
+    end = _feed(lag, 0.0, 128, 0.2)
+    assert lag.share == 0.01  # the floor: some still get in, to see the load ease
+    end = _feed(lag, end, 24, 0.0)  # three intervals on time
+    assert lag.share == pytest.approx(0.31)
+    _feed(lag, end, 128, 0.0)
+    assert lag.share == 1.0
+
+
+def test_exactly_the_share_is_admitted() -> None:
+    lag = _lag()
+    _feed(lag, 0.0, 17, 0.05)
+    assert lag.share == 0.25
+    assert sum(lag.admit() for _ in range(400)) == 100
+
+
+def test_reset_admits_everything_again() -> None:
+    lag = _lag()
+    _feed(lag, 0.0, 64, 0.5)
+    lag.reset()
+    assert lag.share == 1.0 and lag.admit()
+
+
+def test_target_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="target_s"):
+        LoopLag(0.0)
