@@ -79,7 +79,7 @@ def test_hang_is_detected_retried_and_replaced(pair: RunningServer) -> None:
     assert failed.subject == "digits-classifier/1"
     assert failed.cause.startswith("hang: no heartbeat for")
     silent = float(re.search(r"for ([\d.]+) s", failed.cause).group(1))  # type: ignore[union-attr]
-    assert 3.0 < silent < 20.0
+    assert 3.0 <= silent < 20.0  # printed to 0.1 s: just past 3 s reads "3.0"
     retried = events(pair, "batch_retried", start)
     assert [e.subject for e in retried] == ["digits-classifier/1"]
     assert worker(pair, 1).pid != hung.pid
