@@ -1,4 +1,4 @@
-"""The HTTP server alone: uvicorn + httptools against granian (ASGI and RSGI), issue 16.
+"""The HTTP server alone: uvicorn + httptools, a bare protocol and granian, issue 16.
 
     python -m bench.bench_http_server                      # uvicorn only if granian is absent
     python -m bench.bench_http_server --python /path/to/venv/bin/python  # one with granian
@@ -60,12 +60,54 @@ class rsgi:
         protocol.response_bytes(200, [(k.decode(), v.decode()) for k, v in HEADERS], BODY)
 
 rsgi = rsgi()
+
+# A bare asyncio.Protocol over httptools (no ASGI): the floor under uvicorn, answering
+# with the head and the body in one write or in two (as uvicorn does).
+import asyncio, sys
+
+
+HEAD = (b"HTTP/1.1 200 OK\\r\\n" + b"".join(k + b": " + v + b"\\r\\n" for k, v in HEADERS)
+        + b"\\r\\n")
+
+class Bare(asyncio.Protocol):
+    def __init__(self, writes):
+        import httptools  # the servers' environment may lack it: imported on use
+
+        self.parser = httptools.HttpRequestParser(self)
+        self.writes = writes
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def data_received(self, data):
+        self.parser.feed_data(data)
+
+    def on_message_complete(self):
+        if self.writes == 1:
+            self.transport.write(HEAD + BODY)
+        else:
+            self.transport.write(HEAD)
+            self.transport.write(BODY)
+
+def bare(port, writes):
+    import uvloop
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: Bare(writes), "127.0.0.1", port)
+        await server.serve_forever()
+    uvloop.run(main())
+
+if __name__ == "__main__":
+    bare(int(sys.argv[1]), int(sys.argv[2]))
 """
 
 SERVERS = {
     "uvicorn+httptools": lambda port: ["-m", "uvicorn", "app:asgi", "--port", str(port),
                                        "--http", "httptools", "--loop", "uvloop",
                                        "--log-level", "warning", "--no-access-log"],
+    "bare protocol, 2 writes": lambda port: ["app.py", str(port), "2"],
+    "bare protocol, 1 write": lambda port: ["app.py", str(port), "1"],
     "granian asgi": lambda port: ["-m", "granian", "--interface", "asgi", "--port", str(port),
                                   "--workers", "1", "--runtime-threads", "1",
                                   "--log-level", "warning", "--no-ws", "app:asgi"],

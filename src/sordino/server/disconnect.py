@@ -4,7 +4,8 @@ uvicorn does not cancel a request handler when the client disconnects; it report
 ``http.disconnect`` on the ASGI ``receive`` channel. :func:`until_disconnect` runs the
 work and, once it has taken :data:`WATCH_AFTER_S`, a listener on that channel side by
 side; if the client leaves first, the work is cancelled, which makes the scheduler
-remove its queued request and count it as cancelled. :class:`EventStream` does the same for a Server-Sent Events response.
+remove its queued request and count it as cancelled. :class:`EventStream` does the
+same for a Server-Sent Events response.
 """
 
 from __future__ import annotations
