@@ -8,6 +8,7 @@ signal stops the server gracefully.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import resource
 import signal
@@ -150,6 +151,10 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
             on_loaded=lambda model: click.echo(_describe(model)),
         ) as server:
             serving = True
+            # Start-up leaves a large heap (libraries, models, routes) that lives as long as
+            # the process; moved out of the collector's view, the collections that requests
+            # trigger no longer walk it (issue 16: a tenth of the front end's CPU).
+            gc.freeze()
             click.echo(
                 f"sordino listening on {server.url} (KServe v2 HTTP, metrics at "
                 f"{server.url}/metrics, dashboard at {server.url}/dashboard)"

@@ -48,10 +48,22 @@ class ModelRegistry:
 
     def __init__(self) -> None:
         self._models: dict[str, dict[str, LoadedModel]] = {}
+        # The version served when none is asked for, per name: looked up several times
+        # per request, so kept up to date on add/remove rather than found by max() each
+        # time (issue 16).
+        self._newest: dict[str, LoadedModel] = {}
         self.stopping = False
 
     def add(self, model: LoadedModel) -> None:
         self._models.setdefault(model.key.name, {})[model.key.version] = model
+        self._update_newest(model.key.name)
+
+    def _update_newest(self, name: str) -> None:
+        versions = self._models.get(name)
+        if versions:
+            self._newest[name] = versions[max(versions, key=version_key)]
+        else:
+            self._newest.pop(name, None)
 
     def contains(self, name: str, version: str) -> bool:
         return version in self._models.get(name, {})
@@ -68,6 +80,7 @@ class ModelRegistry:
             raise NotFound(f"model {name!r} version {version!r} is not loaded")
         if not versions:
             self._models.pop(name, None)
+        self._update_newest(name)
         return model
 
     def models(self) -> list[LoadedModel]:
@@ -82,6 +95,10 @@ class ModelRegistry:
         """Return the model version to serve (the highest loaded when ``version`` is None)."""
         if self.stopping:
             raise ShuttingDown("the server is shutting down; retry on another replica")
+        if not version:
+            newest = self._newest.get(name)
+            if newest is not None:
+                return newest
         versions = self._models.get(name)
         if not versions:
             known = ", ".join(sorted(self._models)) or "none"

@@ -86,6 +86,7 @@ class Telemetry:
             ["model", "tenant", "priority", "outcome"],
             registry=registry,
         )
+        self._request_children: dict[tuple[str, str, int, str], Any] = {}
         registry.register(TelemetryCollector(self.view))
 
     def _journal_only(self, kind: str, subject: str, cause: str = "", **payload: Any) -> None:
@@ -168,12 +169,16 @@ class Telemetry:
         ``model`` and ``tenant`` are what the client sent; they are labelled through
         :class:`MetricLabels` (``other`` for a model not loaded or a tenant not listed).
         """
-        self._requests.labels(
-            self.labels.model(model),
-            self.labels.tenant(tenant),
-            str(priority) if priority else "-",
-            outcome,
-        ).inc(count)
+        key = (self.labels.model(model), self.labels.tenant(tenant), priority, outcome)
+        child = self._request_children.get(key)
+        if child is None:
+            # prometheus_client's labels() validates and locks on every call; its child
+            # for a label set never changes, so it is looked up once (issue 16). The label
+            # values are bounded by MetricLabels, so is this cache.
+            level = str(priority) if priority else "-"
+            child = self._requests.labels(key[0], key[1], level, outcome)
+            self._request_children[key] = child
+        child.inc(count)
 
     def record_profile(self, profile: OperatorProfile) -> None:
         """Keep ``profile`` as the model's latest and journal it as an event."""
