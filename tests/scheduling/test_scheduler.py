@@ -396,3 +396,23 @@ async def test_work_that_cannot_finish_before_its_deadline_is_not_started() -> N
         await late
     assert executor.batches == [1, 1]  # the hopeless one never ran
     await sched.close()
+
+
+async def test_arrival_rate_counts_bursts_over_a_window() -> None:
+    """Bursts separated by quiet gaps read at their true rate (issue 16: an average of
+    gaps, stretched by the time since the last arrival, read far under it)."""
+    from sordino.scheduling.scheduler import ARRIVAL_WINDOW_S
+
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=64, max_delay_s=0.05), mode="manual")
+    tasks = []
+    for _burst in range(20):  # 8 requests at once, every 20 ms: 400 rows/s
+        tasks += [asyncio.create_task(sched.infer(_x(i), priority=2)) for i in range(8)]
+        await clock.settle()
+        await clock.advance(0.02)
+    assert 0.9 * 400 <= sched._arrival_rate() <= 400
+    await clock.advance(ARRIVAL_WINDOW_S)
+    assert sched._arrival_rate() == 0.0  # nothing arrived in the window
+    await asyncio.gather(*tasks)
+    await sched.close()

@@ -24,6 +24,7 @@ outputs are handed to the reader of the request's responses, who releases them.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncGenerator, Mapping, Sequence
 
 import numpy as np
@@ -56,7 +57,10 @@ from sordino.scheduling.modes import ModeController
 from sordino.scheduling.queue import RequestQueue
 from sordino.scheduling.work import Request, StepOutput, Stepper, WorkItem, signature_of
 
-__all__ = ["ModelScheduler"]
+__all__ = ["ARRIVAL_WINDOW_S", "ModelScheduler"]
+
+ARRIVAL_WINDOW_S = 0.25
+"""The window the arrival rate is counted over (the predictive batcher's estimate)."""
 
 
 class ModelScheduler:
@@ -92,8 +96,9 @@ class ModelScheduler:
         self._running: set[asyncio.Task[None]] = set()
         self._closing = False
         self._aborting = False
-        self._last_arrival: float | None = None
-        self._gap_ewma: float | None = None
+        # (arrival time, rows) of the last ARRIVAL_WINDOW_S seconds: the arrival rate.
+        self._arrivals: deque[tuple[float, int]] = deque()
+        self._arrived_rows = 0
         self._accepted = self._succeeded = self._failed = self._cancelled = 0
         self._rejected = self._timed_out = self._batches = self._batched_rows = 0
         self._isolated = 0
@@ -721,18 +726,25 @@ class ModelScheduler:
             self._batch_rows = 0.9 * self._batch_rows + 0.1 * rows
 
     def _note_arrival(self, now: float, rows: int) -> None:
-        if self._last_arrival is not None:
-            gap = max(now - self._last_arrival, 0.0) / max(rows, 1)
-            self._gap_ewma = gap if self._gap_ewma is None else 0.8 * self._gap_ewma + 0.2 * gap
-        self._last_arrival = now
+        self._arrivals.append((now, rows))
+        self._arrived_rows += rows
+        self._forget_arrivals(now)
+
+    def _forget_arrivals(self, now: float) -> None:
+        while self._arrivals and self._arrivals[0][0] < now - ARRIVAL_WINDOW_S:
+            self._arrived_rows -= self._arrivals.popleft()[1]
 
     def _arrival_rate(self) -> float:
-        """Recent rows per second; decays toward zero while nothing arrives."""
-        if self._gap_ewma is None or self._last_arrival is None:
-            return 0.0
-        since = self._clock.now() - self._last_arrival
-        gap = max(self._gap_ewma, since)
-        return 1.0 / gap if gap > 0 else float("inf")
+        """Rows per second over the last ``ARRIVAL_WINDOW_S``; zero once nothing arrives.
+
+        A count over a window, not an average of gaps: requests arrive in bursts (a
+        gRPC closed loop is handed to the loop a few calls at a time, with gaps while
+        the loop sends answers), and the averaged gaps, stretched by the time since the
+        last arrival, read well under the real rate (issue 16: 200-900 rows/s measured
+        at 1,200 req/s), so the batcher ran small batches it could have filled.
+        """
+        self._forget_arrivals(self._clock.now())
+        return self._arrived_rows / ARRIVAL_WINDOW_S
 
     def statistics(self) -> SchedulerStatistics:
         """Return a snapshot of this scheduler."""
