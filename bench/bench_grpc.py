@@ -8,7 +8,7 @@ settings (max batch 32, 10 ms wait, adaptive mode, p99 target 100 ms, 2 intra-op
 threads). For each checkout a server runs in its own process and two lean closed-loop
 clients take turns, binary HTTP (aiohttp) and gRPC (grpc.aio, requests serialized
 before the clock starts), 64 in flight; the rounds alternate checkout and protocol
-(A-http, A-grpc, B-http, B-grpc, then again) so a busy moment on the machine hits both.
+(A-http, A-grpc, B-http, B-grpc, then B before A) so a busy moment on the machine hits both.
 Each row gives req/s, p50, p99, the mean batch the server formed (its batch-size
 histogram in ``/metrics``) and CPU per request of the server process, its workers and
 the client. The table reports the median of the rounds; every 17th answer is checked
@@ -116,7 +116,9 @@ def main() -> None:
             for name, path in checkouts.items()
         }
         for round_ in range(args.rounds):
-            for name, ends in servers.items():
+            # A, B then B, A: neither checkout always runs first.
+            order = list(servers.items())
+            for name, ends in order if round_ % 2 == 0 else order[::-1]:
                 for protocol in ("http", "grpc"):
                     row = measure(ends, protocol, w, arrays, args.requests, check)
                     rows.setdefault(f"{name} {protocol}", []).append(row)
