@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import socket
 import subprocess
 import sys
 import threading
@@ -29,7 +30,7 @@ import psutil
 
 from sordino.protocol.pb import kserve_v2_pb2 as pb
 
-PORT = 18440
+PORT = 0  # set by --port: each server gets a free port
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 SORDINO_OPTIONS = [
     ("grpc.max_receive_message_length", 64 << 20),
@@ -165,13 +166,23 @@ async def closed_loop(calls: int, concurrency: int = 64) -> float:
         return time.perf_counter() - started
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=6000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--serve", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global PORT
     if args.serve:
+        PORT = args.port
         serve(args.serve)
         return
     variants = list(VARIANTS)
@@ -183,8 +194,9 @@ def main() -> None:
     me = psutil.Process()
     for round_ in range(args.rounds):
         for variant in variants:
+            PORT = free_port()
             server = subprocess.Popen([sys.executable, "-m", "bench.bench_grpc_servers",
-                                       "--serve", variant])  # fmt: skip
+                                       "--serve", variant, "--port", str(PORT)])  # fmt: skip
             try:
                 asyncio.run(asyncio.wait_for(closed_loop(300), 30))  # warm-up, and up
                 process = psutil.Process(server.pid)
