@@ -78,10 +78,29 @@ def measure(
     after, cpu_after = batch_metrics(ends.http, w.name), ends.cpu_seconds()
     mean = (after[1] - before[1]) / max(after[0] - before[0], 1)
     m = summarize(protocol, w.concurrency, latencies, seconds, mean)
-    row = {"req_s": m.rate, "p50_ms": m.p50_ms, "p99_ms": m.p99_ms, "mean_batch": mean}
+    row = {"req_s": m.rate, "p50_ms": m.p50_ms, "p99_ms": m.p99_ms, "mean_batch": mean,
+           **controller(ends.http)}  # fmt: skip
     for part in cpu_after:
         row[f"cpu_ms_{part}"] = (cpu_after[part] - cpu_before[part]) * 1000 / count
     return row
+
+
+def controller(url: str) -> dict[str, float]:
+    """The adaptive controller's batch cap and wait at the end of a round."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = {}
+    for family in text_string_to_metric_families(
+        urllib.request.urlopen(f"{url}/metrics").read().decode()
+    ):
+        for sample in family.samples:
+            if sample.name == "sordino_scheduler_max_batch":
+                found["cap"] = sample.value
+            elif sample.name == "sordino_scheduler_max_delay_seconds":
+                found["wait_ms"] = sample.value * 1000
+    return found
 
 
 def main() -> None:
@@ -123,7 +142,9 @@ def main() -> None:
                     row = measure(ends, protocol, w, arrays, args.requests, check)
                     rows.setdefault(f"{name} {protocol}", []).append(row)
                     console.print(f"round {round_ + 1}: {name} {protocol}: {row['req_s']:,.0f} "
-                                  f"req/s, mean batch {row['mean_batch']:.1f}")  # fmt: skip
+                                  f"req/s, p99 {row['p99_ms']:.0f} ms, mean batch "
+                                  f"{row['mean_batch']:.1f}; then cap {row['cap']:.0f}, wait "
+                                  f"{row['wait_ms']:.2f} ms")  # fmt: skip
     medians = {
         label: {key: statistics.median(r[key] for r in runs) for key in runs[0]}
         for label, runs in rows.items()
