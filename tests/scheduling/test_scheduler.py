@@ -416,3 +416,19 @@ async def test_arrival_rate_counts_bursts_over_a_window() -> None:
     assert sched._arrival_rate() == 0.0  # nothing arrived in the window
     await asyncio.gather(*tasks)
     await sched.close()
+
+
+async def test_adaptive_mode_does_not_wait_for_a_closed_loop_that_is_all_here() -> None:
+    """One client sending its next request as soon as the last is answered, 500 a
+    second: the arrival rate is high, but nobody else can come, so nothing waits."""
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 0.001)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=8, max_delay_s=0.05), mode="adaptive")
+    for i in range(40):
+        task = asyncio.create_task(sched.infer(_x(i), priority=2))
+        await clock.settle()
+        assert len(executor.batches) == i + 1  # ran without waiting for the delay
+        await clock.advance(0.001)
+        await task
+        await clock.advance(0.001)
+    await sched.close()

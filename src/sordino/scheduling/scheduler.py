@@ -99,6 +99,10 @@ class ModelScheduler:
         # (arrival time, rows) of the last ARRIVAL_WINDOW_S seconds: the arrival rate.
         self._arrivals: deque[tuple[float, int]] = deque()
         self._arrived_rows = 0
+        # The most requests in flight at once, this window and the one before: a closed
+        # loop of N clients never has more than N, so once all N are here none is coming.
+        self._peak_window_start = clock.now()
+        self._peak_in_flight = self._peak_before = 0
         self._accepted = self._succeeded = self._failed = self._cancelled = 0
         self._rejected = self._timed_out = self._batches = self._batched_rows = 0
         self._isolated = 0
@@ -211,6 +215,7 @@ class ModelScheduler:
         tensors.park()
         self._accepted += 1
         self._note_arrival(now, item.rows)
+        self._note_in_flight(now)
         self._queue_changed()
         self._wake.set()
         return request
@@ -734,8 +739,22 @@ class ModelScheduler:
         while self._arrivals and self._arrivals[0][0] < now - ARRIVAL_WINDOW_S:
             self._arrived_rows -= self._arrivals.popleft()[1]
 
+    def _in_flight(self) -> int:
+        return self._accepted - self._succeeded - self._failed - self._cancelled
+
+    def _note_in_flight(self, now: float) -> None:
+        if now - self._peak_window_start >= ARRIVAL_WINDOW_S:
+            self._peak_before, self._peak_in_flight = self._peak_in_flight, 0
+            self._peak_window_start = now
+        self._peak_in_flight = max(self._peak_in_flight, self._in_flight())
+
     def _arrival_rate(self) -> float:
         """Rows per second over the last ``ARRIVAL_WINDOW_S``; zero once nothing arrives.
+
+        Zero too while as many requests are in flight as ever were at once in the last
+        two windows: a closed loop of N clients (one request at a time, say) sends no
+        more until one is answered, however fast it sent before, so waiting for more
+        would only add the whole batching wait to each request.
 
         A count over a window, not an average of gaps: requests arrive in bursts (a
         gRPC closed loop is handed to the loop a few calls at a time, with gaps while
@@ -743,7 +762,12 @@ class ModelScheduler:
         last arrival, read well under the real rate (issue 16: 200-900 rows/s measured
         at 1,200 req/s), so the batcher ran small batches it could have filled.
         """
-        self._forget_arrivals(self._clock.now())
+        now = self._clock.now()
+        self._forget_arrivals(now)
+        if now - self._peak_window_start >= 2 * ARRIVAL_WINDOW_S:
+            self._peak_in_flight = self._peak_before = 0  # both windows passed in silence
+        if self._in_flight() >= max(self._peak_in_flight, self._peak_before):
+            return 0.0
         return self._arrived_rows / ARRIVAL_WINDOW_S
 
     def statistics(self) -> SchedulerStatistics:
