@@ -432,3 +432,18 @@ async def test_adaptive_mode_does_not_wait_for_a_closed_loop_that_is_all_here() 
         await task
         await clock.advance(0.001)
     await sched.close()
+
+
+async def test_adaptive_mode_does_not_wait_while_another_instance_is_idle() -> None:
+    """Arrivals are expected (8 came at once a moment ago), but with both instances
+    idle a lone request runs at once: waiting would leave the second one unused."""
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 0.001, count=2)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=8, max_delay_s=0.05), mode="adaptive")
+    await asyncio.gather(*(sched.infer(_x(i), priority=2) for i in range(8)), clock.advance(0.01))
+    task = asyncio.create_task(sched.infer(_x(8), priority=2))
+    await clock.settle()
+    assert executor.batches == [8, 1]
+    await clock.advance(0.01)
+    await task
+    await sched.close()

@@ -321,10 +321,14 @@ class ModelScheduler:
         if len(self._queue) == 0:
             self._set_timer(None)
             return None
-        if len(self._running) >= max(1, self._executor.instances(self.model)):
+        instances = max(1, self._executor.instances(self.model))
+        if len(self._running) >= instances:
             self._set_timer(self._queue.next_deadline())
             return None
-        decision = decide(self._queue, self._controller.policy(), now, self._arrival_rate())
+        # With another instance idle besides the one this batch takes, waiting to fill
+        # it would leave that capacity unused: run now (no arrivals expected).
+        rate = self._arrival_rate() if len(self._running) + 1 >= instances else 0.0
+        decision = decide(self._queue, self._controller.policy(), now, rate)
         if isinstance(decision, Dispatch):
             rows = self._rows_that_fit(decision)
             batch = self._drop_hopeless(self._queue.take(decision.signature, rows), now)
