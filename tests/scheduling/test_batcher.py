@@ -59,3 +59,18 @@ def test_predictive_waits_when_arrivals_can_fill() -> None:
 
 def test_zero_delay_never_waits() -> None:
     assert isinstance(decide(_filled(1), BatchPolicy(max_batch=8), 0.0, 1e6), Dispatch)
+
+
+def test_predictive_waits_when_arrivals_can_double_the_batch() -> None:
+    policy = BatchPolicy(max_batch=32, max_delay_s=0.05, predictive=True)
+    # 200 rows/s over 50 ms brings ~10 rows: not a full batch, but more rows.
+    # (A closed loop whose requests trickle in — gRPC at 64 in flight — looks like this;
+    # running the lone request at once kept every batch small, issue 16.)
+    assert isinstance(decide(_filled(1), policy, 0.0, 200.0), Wait)
+
+
+def test_predictive_runs_when_no_row_is_expected_in_the_wait() -> None:
+    policy = BatchPolicy(max_batch=32, max_delay_s=0.05, predictive=True)
+    # 12 rows are here; 10 rows/s brings half a row in the 50 ms left: run them now.
+    decision = decide(_filled(12), policy, 0.0, 10.0)
+    assert isinstance(decision, Dispatch) and decision.rows == 32

@@ -458,4 +458,54 @@ async def test_a_backlog_is_costed_in_full_batches_once_batch_sizes_vary() -> No
     assert sched.statistics().rejected == 0
     assert executor.batches[-1] == 1  # it ran, last and alone
     await asyncio.gather(*backlog)
+
+
+async def test_arrival_rate_counts_bursts_over_a_window() -> None:
+    """Bursts separated by quiet gaps read at their true rate (issue 16: an average of
+    gaps, stretched by the time since the last arrival, read far under it)."""
+    from sordino.scheduling.scheduler import ARRIVAL_WINDOW_S
+
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=64, max_delay_s=0.05), mode="manual")
+    tasks = []
+    for _burst in range(20):  # 8 requests at once, every 20 ms: 400 rows/s
+        tasks += [asyncio.create_task(sched.infer(_x(i), priority=2)) for i in range(8)]
+        await clock.settle()
+        await clock.advance(0.02)
+    assert 0.9 * 400 <= sched._arrival_rate() <= 400
+    await clock.advance(ARRIVAL_WINDOW_S)
+    assert sched._arrival_rate() == 0.0  # nothing arrived in the window
+    await asyncio.gather(*tasks)
+    await sched.close()
+
+
+async def test_adaptive_mode_does_not_wait_for_a_closed_loop_that_is_all_here() -> None:
+    """One client sending its next request as soon as the last is answered, 500 a
+    second: the arrival rate is high, but nobody else can come, so nothing waits."""
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 0.001)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=8, max_delay_s=0.05), mode="adaptive")
+    for i in range(40):
+        task = asyncio.create_task(sched.infer(_x(i), priority=2))
+        await clock.settle()
+        assert len(executor.batches) == i + 1  # ran without waiting for the delay
+        await clock.advance(0.001)
+        await task
+        await clock.advance(0.001)
+    await sched.close()
+
+
+async def test_adaptive_mode_does_not_wait_while_another_instance_is_idle() -> None:
+    """Arrivals are expected (8 came at once a moment ago), but with both instances
+    idle a lone request runs at once: waiting would leave the second one unused."""
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 0.001, count=2)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=8, max_delay_s=0.05), mode="adaptive")
+    await asyncio.gather(*(sched.infer(_x(i), priority=2) for i in range(8)), clock.advance(0.01))
+    task = asyncio.create_task(sched.infer(_x(8), priority=2))
+    await clock.settle()
+    assert executor.batches == [8, 1]
+    await clock.advance(0.01)
+    await task
     await sched.close()

@@ -22,8 +22,8 @@ class BatchPolicy:
     ``max_batch`` caps the rows of one batch (1 disables batching). ``min_batch``
     rows are waited for until ``max_delay_s`` passes. A batch that reaches one of the
     ``preferred`` sizes runs at once. With ``predictive`` set, the batcher does not
-    wait when the recent arrival rate says the wait cannot fill the batch, so at light
-    load a request never pays the delay.
+    wait when the recent arrival rate says not even one more row will come before the
+    delay passes, so at light load a request never pays the delay.
     """
 
     max_batch: int
@@ -74,9 +74,15 @@ def decide(
     expiry = (oldest if oldest is not None else now) + policy.max_delay_s
     if now >= expiry:
         return Dispatch(head.signature, target)
-    if policy.predictive and available >= policy.min_batch:
-        larger = [p for p in policy.preferred if p > available]
-        goal = min(larger) if larger else target
-        if arrival_rate * (expiry - now) < goal - available:
-            return Dispatch(head.signature, target)
+    # Run at once only when not even one more row is expected before expiry (light
+    # load). Asking that the wait fill the batch was self-fulfilling under a closed
+    # loop whose requests trickle in (grpc.aio hands the loop a few calls at a
+    # time): each lone request ran at once, small batches made the server slower,
+    # the trickle thinner and the batches smaller (issue 16: mean batch 1.7 at 64
+    # in flight over gRPC). Asking that it double the batch still left them small
+    # (bench/bench_grpc.py; docs/benchmarks.md, "Issue 16"). The wait stays bounded
+    # by max_delay_s, which the adaptive controller cuts when p99 passes the SLO.
+    expected = arrival_rate * (expiry - now)
+    if policy.predictive and available >= policy.min_batch and expected < 1.0:
+        return Dispatch(head.signature, target)
     return Wait(expiry)
