@@ -234,23 +234,10 @@ class NodePool:
         placed.charges = []
 
     def statistics(self) -> NodeMemoryStatistics:
-        stats = self.allocator.statistics()
         return NodeMemoryStatistics(
             node=self.node,
             address=self.address,
-            arena=ArenaStatistics(
-                name=self.segment,
-                reserved_bytes=stats.reserved_bytes,
-                in_use_bytes=stats.in_use_bytes,
-                peak_bytes=stats.peak_bytes,
-                free_bytes=stats.free_bytes,
-                largest_free=stats.largest_free,
-                fragmentation=stats.fragmentation,
-                used_blocks=stats.used_blocks,
-                acquired=stats.acquired,
-                failed=stats.failed,
-                waiting=self._waiting,
-            ),
+            arena=self.allocator.statistics().of_arena(self.segment, self._waiting),
             owners=self.quotas.statistics(),
             batches=self.batches,
             overflow_waits=self.overflow_waits,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from sordino.errors import OutOfMemory
+from sordino.records import ArenaStatistics
 
 __all__ = ["ALIGNMENT", "Allocator", "AllocatorStatistics", "Block", "Lifetime", "Strategy"]
 
@@ -56,6 +57,22 @@ class AllocatorStatistics:
     fragmentation: float
     acquired: int
     failed: int
+
+    def of_arena(self, name: str, waiting: int) -> ArenaStatistics:
+        """These figures as the record of the arena (or node pool) ``name``."""
+        return ArenaStatistics(
+            name=name,
+            reserved_bytes=self.reserved_bytes,
+            in_use_bytes=self.in_use_bytes,
+            peak_bytes=self.peak_bytes,
+            free_bytes=self.free_bytes,
+            largest_free=self.largest_free,
+            fragmentation=self.fragmentation,
+            used_blocks=self.used_blocks,
+            acquired=self.acquired,
+            failed=self.failed,
+            waiting=waiting,
+        )
 
 
 class Strategy(Protocol):

@@ -349,20 +349,7 @@ class Arena:
         )
 
     def statistics(self) -> ArenaStatistics:
-        stats = self._allocator.statistics()
-        return ArenaStatistics(
-            name=self.name,
-            reserved_bytes=stats.reserved_bytes,
-            in_use_bytes=stats.in_use_bytes,
-            peak_bytes=stats.peak_bytes,
-            free_bytes=stats.free_bytes,
-            largest_free=stats.largest_free,
-            fragmentation=stats.fragmentation,
-            used_blocks=stats.used_blocks,
-            acquired=stats.acquired,
-            failed=stats.failed,
-            waiting=len(self._waiters),
-        )
+        return self._allocator.statistics().of_arena(self.name, len(self._waiters))
 
     def close(self) -> None:
         """Unmap and remove the segment. Views into it must be gone by now."""
