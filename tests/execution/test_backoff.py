@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from sordino.execution.backoff import RestartBackoff
+import asyncio
+
+from sordino.events import EventSink
+from sordino.execution.backoff import RestartBackoff, start_again
 from sordino.testing import VirtualClock
 
 
@@ -82,3 +85,67 @@ def test_batches_of_an_earlier_worker_do_not_count_for_the_next() -> None:
     for _ in range(3):
         backoff.served()
     assert backoff.next_delay(3.0) == 1
+
+
+async def test_start_again_retries_a_failing_start_with_backoff_until_it_starts() -> None:
+    """Two failed starts: each an event and a cause, each waiting the next delay; then up."""
+    clock, events = VirtualClock(start=0.0), EventSink()
+    backoff = RestartBackoff(1.0, 60.0)
+    attempts: list[float] = []
+    causes: list[str] = []
+
+    async def start() -> None:
+        attempts.append(clock.now())
+        if len(attempts) < 3:
+            raise OSError(f"cannot read model.onnx (try {len(attempts)})")
+
+    restarting = asyncio.create_task(
+        start_again(
+            start,
+            0.5,
+            backoff=backoff,
+            clock=clock,
+            events=events,
+            subject="m/1/0",
+            closing=lambda: False,
+            failed=causes.append,
+        )
+    )
+    await clock.advance(10.0)
+    await restarting
+    assert attempts == [0.5, 1.5, 3.5]  # after the delay, then 1 s, then 2 s
+    assert causes == [
+        "restart failed: cannot read model.onnx (try 1)",
+        "restart failed: cannot read model.onnx (try 2)",
+    ]
+    failed = events.recent("worker_start_failed")
+    assert [e.payload["retry_in_s"] for e in failed] == [1.0, 2.0]
+
+
+async def test_start_again_stops_trying_once_closing() -> None:
+    """A server going away ends the loop without another start."""
+    clock, events = VirtualClock(start=0.0), EventSink()
+    closing = False
+    attempts = 0
+
+    async def start() -> None:
+        nonlocal attempts, closing
+        attempts += 1
+        closing = True
+        raise OSError("no")
+
+    restarting = asyncio.create_task(
+        start_again(
+            start,
+            0.0,
+            backoff=RestartBackoff(1.0, 60.0),
+            clock=clock,
+            events=events,
+            subject="m/1/0",
+            closing=lambda: closing,
+            failed=lambda cause: None,
+        )
+    )
+    await clock.advance(10.0)
+    await restarting
+    assert attempts == 1

@@ -9,7 +9,12 @@ failure in a row waits twice as long as the previous one (capped).
 
 from __future__ import annotations
 
-__all__ = ["RestartBackoff"]
+from collections.abc import Awaitable, Callable
+
+from sordino.clock import Clock
+from sordino.events import EventSink
+
+__all__ = ["RestartBackoff", "start_again"]
 
 
 class RestartBackoff:
@@ -69,3 +74,33 @@ class RestartBackoff:
         self._started_at = None
         self._batches = 0
         return delay
+
+
+async def start_again(
+    start: Callable[[], Awaitable[object]],
+    delay: float,
+    *,
+    backoff: RestartBackoff,
+    clock: Clock,
+    events: EventSink,
+    subject: str,
+    closing: Callable[[], bool],
+    failed: Callable[[str], None],
+) -> None:
+    """Wait ``delay``, then call ``start`` until it succeeds or ``closing()`` says stop.
+
+    Each failed start is a ``worker_start_failed`` event, is passed to ``failed`` (as
+    ``restart failed: …``) and waits the backoff's next delay. The one restart loop of
+    worker processes (``instances.py``) and Ray actors (``ray_instance.py``).
+    """
+    if delay:
+        await clock.sleep(delay)
+    while not closing():
+        try:
+            await start()
+            return
+        except Exception as exc:
+            retry = backoff.next_delay(clock.now())
+            failed(f"restart failed: {exc}")
+            events.emit("worker_start_failed", subject, str(exc), retry_in_s=retry)
+            await clock.sleep(retry)

@@ -33,7 +33,7 @@ from sordino.clock import Clock
 from sordino.config import WorkersConfig
 from sordino.errors import Unavailable
 from sordino.events import EventSink
-from sordino.execution.backoff import RestartBackoff
+from sordino.execution.backoff import RestartBackoff, start_again
 from sordino.execution.devices import Device
 from sordino.execution.faults import FaultAction, InjectedFault, perform
 from sordino.execution.messages import ProfileStart, ProfileStop, ProfileStopped
@@ -337,6 +337,9 @@ class ProcessInstance(_Base):
 
     # -- supervision -----------------------------------------------------------------
 
+    def _restart_failed(self, cause: str) -> None:
+        self.last_cause = cause
+
     async def _start_worker(self) -> ModelMetadata:
         self.state = "starting"
         worker = WorkerProcess(self._spec, self._clock)
@@ -380,19 +383,16 @@ class ProcessInstance(_Base):
                 restart_in_s=delay,
                 crash_loop=crash_loop,
             )
-            if delay:
-                await self._clock.sleep(delay)
-            while not self._closing:
-                try:
-                    await self._start_worker()
-                    break
-                except Exception as exc:
-                    delay = self._backoff.next_delay(self._clock.now())
-                    self.last_cause = f"restart failed: {exc}"
-                    self._events.emit(
-                        "worker_start_failed", self.subject, str(exc), retry_in_s=delay
-                    )
-                    await self._clock.sleep(delay)
+            await start_again(
+                self._start_worker,
+                delay,
+                backoff=self._backoff,
+                clock=self._clock,
+                events=self._events,
+                subject=self.subject,
+                closing=lambda: self._closing,
+                failed=self._restart_failed,
+            )
             if self._closing:
                 return
             self.restarts += 1

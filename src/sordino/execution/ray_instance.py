@@ -38,7 +38,7 @@ from sordino.config import ModelConfig, WorkersConfig
 from sordino.config.executor import RayModelOptions
 from sordino.errors import ModelLoadError, Unavailable
 from sordino.events import EventSink
-from sordino.execution.backoff import RestartBackoff
+from sordino.execution.backoff import RestartBackoff, start_again
 from sordino.execution.devices import Device
 from sordino.execution.executor import BATCH_OWNERS
 from sordino.execution.faults import FaultAction, InjectedFault, perform
@@ -250,6 +250,9 @@ class RayInstance(_Base):
         )
         return metadata
 
+    def _restart_failed(self, cause: str) -> None:
+        self.last_cause = cause
+
     async def _start_actor(self) -> ModelMetadata:
         self.state = "starting"
         self._lost_now = asyncio.Event()
@@ -456,19 +459,16 @@ class RayInstance(_Base):
                 restart_in_s=delay,
                 crash_loop=self._backoff.crash_loop,
             )
-            if delay:
-                await self._clock.sleep(delay)
-            while not self._closing:
-                try:
-                    await self._start_actor()
-                    break
-                except Exception as exc:
-                    delay = self._backoff.next_delay(self._clock.now())
-                    self.last_cause = f"restart failed: {exc}"
-                    self._events.emit(
-                        "worker_start_failed", self.subject, str(exc), retry_in_s=delay
-                    )
-                    await self._clock.sleep(delay)
+            await start_again(
+                self._start_actor,
+                delay,
+                backoff=self._backoff,
+                clock=self._clock,
+                events=self._events,
+                subject=self.subject,
+                closing=lambda: self._closing,
+                failed=self._restart_failed,
+            )
             if self._closing:
                 return
             self.restarts += 1
