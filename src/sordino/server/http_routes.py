@@ -35,7 +35,7 @@ from sordino.server.disconnect import EventStream, until_disconnect
 from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
 
-__all__ = ["extra_routes"]
+__all__ = ["extra_routes", "json_body"]
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -53,7 +53,7 @@ def extra_routes(
     """
 
     async def index(request: Request) -> Response:
-        body = await _json_body(request)
+        body = await json_body(request)
         ready = body.get("ready", False)
         if not isinstance(ready, bool):
             raise InvalidRequest("'ready' must be true or false")
@@ -66,7 +66,7 @@ def extra_routes(
         )
 
     async def load(request: Request) -> Response:
-        body = await _json_body(request)
+        body = await json_body(request)
         parameters = body.get("parameters") or {}
         if parameters:
             raise Unsupported(
@@ -77,7 +77,7 @@ def extra_routes(
         return Response(status_code=200)
 
     async def unload(request: Request) -> Response:
-        await _json_body(request)
+        await json_body(request)
         await control.unload(request.path_params["model"])
         return Response(status_code=200)
 
@@ -122,7 +122,8 @@ def extra_routes(
     return routes
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
+async def json_body(request: Request) -> dict[str, Any]:
+    """The request's body as a JSON object (``{}`` when empty); anything else is a 400."""
     body = await request.body()
     if not body.strip():
         return {}

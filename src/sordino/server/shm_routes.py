@@ -19,7 +19,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from sordino.errors import InvalidRequest, MalformedBody, Unsupported
+from sordino.errors import InvalidRequest, Unsupported
+from sordino.server.http_routes import json_body
 from sordino.server.runtime import Runtime
 
 __all__ = ["shm_routes"]
@@ -42,7 +43,7 @@ def shm_routes(runtime: Runtime, guard: Callable[[Handler], Handler]) -> list[Ro
         return _json(regions.status(tenant(request), request.path_params.get("name")))
 
     async def register(request: Request) -> Response:
-        body = await _body(request)
+        body = await json_body(request)
         for key in ("key", "byte_size"):
             if key not in body:
                 raise InvalidRequest(
@@ -59,7 +60,7 @@ def shm_routes(runtime: Runtime, guard: Callable[[Handler], Handler]) -> list[Ro
         return Response(status_code=200)
 
     async def unregister(request: Request) -> Response:
-        await _body(request)
+        await json_body(request)
         regions.unregister(tenant(request), request.path_params.get("name"))
         return Response(status_code=200)
 
@@ -82,16 +83,3 @@ def shm_routes(runtime: Runtime, guard: Callable[[Handler], Handler]) -> list[Ro
     for path in ("/region/{name}/register", "/unregister", "/region/{name}/unregister"):
         routes.append(Route(f"/v2/cudasharedmemory{path}", guard(cuda), methods=["POST"]))
     return routes
-
-
-async def _body(request: Request) -> dict[str, Any]:
-    body = await request.body()
-    if not body.strip():
-        return {}
-    try:
-        document = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise MalformedBody(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(document, dict):
-        raise MalformedBody("the request body must be a JSON object")
-    return document
