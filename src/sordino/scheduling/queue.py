@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from sordino.errors import QueueFull
 from sordino.records import QueueStatistics
@@ -145,18 +145,33 @@ class RequestQueue:
                     break
         return total
 
-    def take(self, signature: Signature, max_rows: int) -> list[WorkItem]:
+    def take(
+        self, signature: Signature, max_rows: int, ride_along: Callable[[int], int] | None = None
+    ) -> list[WorkItem]:
         """Remove and return items for one batch, in priority order.
 
         Takes items matching ``signature`` while their rows fit in ``max_rows``; the
         first matching item is always taken, even if it alone exceeds the limit.
         Items that do not match or do not fit stay queued in place.
+
+        ``ride_along(rows)``: how many rows of lower priority may join a batch that
+        holds ``rows`` of its first item's priority (None: as many as fit). The
+        scheduler bounds them where each row costs the batch time (a CNN on a CPU),
+        so a high-priority request does not wait for the low ones batched with it.
         """
         taken: list[WorkItem] = []
         rows = 0
         shared = [len(counts) > 1 for counts in self._level_tenants]
         fair = any(shared)
+        first_level: int | None = None  # the priority level of the batch's first item
         for index, level in enumerate(self._iter_levels()):
+            if first_level is None and taken:
+                first_level = (index - 1) // 2  # taken from the level iterated last
+            if first_level is not None and ride_along is not None and index // 2 > first_level:
+                max_rows = min(max_rows, rows + max(0, ride_along(rows)))
+                ride_along = None  # bounded once, by the rows of the first level
+                if rows >= max_rows:
+                    break
             if fair and shared[index // 2] and level:
                 rows = self._take_fair(index // 2, level, signature, max_rows, taken, rows)
                 if rows >= max_rows:
