@@ -50,36 +50,67 @@ import orjson
 
 from bench.common import Endpoints, console, save, sordino_server
 
-MODEL = "digits-classifier"
 GENERATOR = Path(__file__).with_name("openloop.c")
+REFUSER = Path(__file__).with_name("refuser.c")
 
 
-def _body(priority: str | None, deadline_us: int | None) -> bytes:
-    parameters: dict[str, Any] = {}
-    if priority is not None:
-        parameters["priority"] = priority
-    if deadline_us is not None:
-        parameters["timeout"] = deadline_us
-    document: dict[str, Any] = {
-        "inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": [3.0] * 64}]
-    }
-    if parameters:
-        document["parameters"] = parameters
-    return orjson.dumps(document)
+@dataclass(frozen=True)
+class Workload:
+    """The model under overload and the one request every client sends it."""
+
+    name: str
+    model: str
+    input_name: str
+    shape: tuple[int, ...]
+    binary: bool  # the binary tensor extension (a large input) instead of JSON
+
+    def body(self, priority: str | None, deadline_us: int | None) -> tuple[bytes, str]:
+        """The request body and its extra headers."""
+        parameters: dict[str, Any] = {}
+        if priority is not None:
+            parameters["priority"] = priority
+        if deadline_us is not None:
+            parameters["timeout"] = deadline_us
+        array = np.full(self.shape, 0.5, dtype=np.float32)
+        tensor: dict[str, Any] = {"name": self.input_name, "shape": list(self.shape),
+                                  "datatype": "FP32"}  # fmt: skip
+        if self.binary:
+            tensor["parameters"] = {"binary_data_size": array.nbytes}
+            parameters["binary_data_output"] = True
+        else:
+            tensor["data"] = array.ravel().tolist()
+        document: dict[str, Any] = {"inputs": [tensor]}
+        if parameters:
+            document["parameters"] = parameters
+        header = orjson.dumps(document)
+        if not self.binary:
+            return header, ""
+        return header + array.tobytes(), f"Inference-Header-Content-Length: {len(header)}\r\n"
 
 
-def request_bytes(host: str, priority: str, deadline_us: int | None, where: str) -> bytes:
+WORKLOADS = {
+    # The built-in 64→64→10 MLP: a served request is almost all front end (~0.2 ms).
+    "digits": Workload("digits", "digits-classifier", "pixels", (1, 64), binary=False),
+    # W2, a CNN on 64×64 images (bench/models.py): a few ms of compute per request, as
+    # an image model's request is.
+    "w2": Workload("w2", "w2", "image", (1, 3, 64, 64), binary=True),
+}
+
+
+def request_bytes(
+    workload: Workload, host: str, priority: str, deadline_us: int | None, where: str
+) -> bytes:
     """One whole request; ``where`` the priority and deadline go: ``headers`` or ``body``."""
     extra = ""
     if where == "headers":
-        body = _body(None, None)
-        extra = f"X-Sordino-Priority: {priority}\r\n"
+        body, extra = workload.body(None, None)
+        extra += f"X-Sordino-Priority: {priority}\r\n"
         if deadline_us is not None:
             extra += f"X-Sordino-Timeout: {deadline_us}\r\n"
     else:
-        body = _body(priority, deadline_us)
+        body, extra = workload.body(priority, deadline_us)
     head = (
-        f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: {host}\r\n{extra}"
+        f"POST /v2/models/{workload.model}/infer HTTP/1.1\r\nHost: {host}\r\n{extra}"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body
@@ -99,13 +130,11 @@ class Outcomes:
 class Generator:
     """``openloop.c``, compiled once into a scratch directory, run pinned to a core."""
 
-    def __init__(self, url: str, cpu: int | None) -> None:
-        gcc = shutil.which("gcc") or shutil.which("cc")
-        if gcc is None:
-            raise SystemExit("bench_overload needs a C compiler (gcc) for bench/openloop.c")
+    def __init__(self, url: str, cpu: int | None, workload: Workload) -> None:
+        self.workload = workload
         self.dir = Path(tempfile.mkdtemp(prefix="sordino-openloop-"))
         self.exe = self.dir / "openloop"
-        subprocess.run([gcc, "-O2", "-o", str(self.exe), str(GENERATOR)], check=True)
+        subprocess.run([_compiler(), "-O2", "-o", str(self.exe), str(GENERATOR)], check=True)
         parsed = urlparse(url)
         self.host, self.port = parsed.hostname or "127.0.0.1", parsed.port or 80
         self.prefix = ["taskset", "-c", str(cpu)] if cpu is not None else []
@@ -134,8 +163,10 @@ class Generator:
     ) -> Outcomes:  # fmt: skip
         """Send at ``rate`` per second for ``seconds``, whatever the answers."""
         host = f"{self.host}:{self.port}"
-        high = self._file("high.http", request_bytes(host, "high", deadline_us, where))
-        low = self._file("low.http", request_bytes(host, "low", deadline_us, where))
+        high = self._file(
+            "high.http", request_bytes(self.workload, host, "high", deadline_us, where)
+        )
+        low = self._file("low.http", request_bytes(self.workload, host, "low", deadline_us, where))
         out = self.dir / "open.txt"
         args = ["open", self.host, str(self.port), f"{rate:.1f}", f"{seconds:g}",
                 str(connections), str(high_share), str(seed), high, low, str(out)]  # fmt: skip
@@ -144,7 +175,9 @@ class Generator:
     def closed(self, concurrency: int, seconds: float) -> float:
         """Served requests per second, ``concurrency`` connections each awaiting its answer."""
         host = f"{self.host}:{self.port}"
-        request = self._file("capacity.http", request_bytes(host, "low", None, "body"))
+        request = self._file(
+            "capacity.http", request_bytes(self.workload, host, "low", None, "body")
+        )
         out = self.dir / "closed.txt"
         args = ["closed", self.host, str(self.port), str(concurrency), f"{seconds:g}",
                 request, str(out)]  # fmt: skip
@@ -156,8 +189,84 @@ class Generator:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class Refuser:
+    """``refuser.c`` pinned to the server's core: the floor under any server's refusal."""
+
+    def __init__(self, scratch: Path, cpu: int | None) -> None:
+        exe = scratch / "refuser"
+        subprocess.run([_compiler(), "-O2", "-o", str(exe), str(REFUSER)], check=True)
+        prefix = ["taskset", "-c", str(cpu)] if cpu is not None else []
+        self.proc = subprocess.Popen([*prefix, str(exe), "0"], stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().split()
+        if len(line) != 2 or line[0] != "ready":
+            self.proc.kill()
+            raise RuntimeError("bench/refuser.c did not start")
+        self.url = f"http://127.0.0.1:{line[1]}"
+
+    def cpu_seconds(self) -> float:
+        import psutil
+
+        times = psutil.Process(self.proc.pid).cpu_times()
+        return times.user + times.system
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def floor_cost(
+    refuser: Refuser, workload: Workload, client_cpu: int | None, rate: float, seconds: float
+) -> dict[str, Any]:
+    """CPU per refusal of ``refuser.c`` at ``rate``: the least any server spends on one."""
+    generator = Generator(refuser.url, client_cpu, workload)
+    try:
+        before = refuser.cpu_seconds()
+        outcomes = generator.open(rate, seconds, deadline_us=1, where="headers", connections=64)
+        spent = refuser.cpu_seconds() - before
+    finally:
+        generator.close()
+    refused = int((outcomes.status == 503).sum())
+    return {
+        "rate": rate,
+        "refused": refused,
+        "cpu_us_per_refusal": spent / max(refused, 1) * 1e6,
+        "refusal_p99_ms": _p99_ms(outcomes.latency_s[outcomes.status == 503]),
+    }
+
+
+def _compiler() -> str:
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        raise SystemExit("bench_overload needs a C compiler (gcc) for bench/openloop.c")
+    return gcc
+
+
 def _p99_ms(values: np.ndarray) -> float | None:
     return float(np.percentile(values * 1000, 99)) if values.size else None
+
+
+FAST_REFUSAL_S = 0.005
+"""A refusal answered within this of its intended send time is fast (the target's p99)."""
+
+
+def timeline(outcomes: Outcomes, rate: float, deadline_s: float) -> dict[str, list[float]]:
+    """Per second of the send schedule (request ``i`` is due at ``i / rate``): goodput,
+    refusals, refusals slower than :data:`FAST_REFUSAL_S`, and the high-priority p99."""
+    status, high, latency = outcomes.status, outcomes.high, outcomes.latency_s
+    second = (np.arange(status.size) / rate).astype(int)
+    refused = (status == 429) | (status == 503)
+    series: dict[str, list[float]] = {"goodput": [], "refused": [], "refused_slow": [],
+                                      "high_p99_ms": []}  # fmt: skip
+    for t in range(int(second.max()) + 1 if status.size else 0):
+        now = second == t
+        good = now & (status == 200) & (latency <= deadline_s)
+        series["goodput"].append(int(good.sum()))
+        series["refused"].append(int((now & refused).sum()))
+        series["refused_slow"].append(int((now & refused & (latency > FAST_REFUSAL_S)).sum()))
+        high_ok = latency[now & high & (status == 200)]
+        series["high_p99_ms"].append(_p99_ms(high_ok) or float("nan"))
+    return series
 
 
 def report(outcomes: Outcomes, seconds: float, deadline_s: float) -> dict[str, Any]:
@@ -167,6 +276,8 @@ def report(outcomes: Outcomes, seconds: float, deadline_s: float) -> dict[str, A
     refused = (status == 429) | (status == 503)
     high_ok = high & ok
     return {
+        "late_200": int((ok & ~good).sum()),
+        "refused_slow": int((refused & (latency > FAST_REFUSAL_S)).sum()),
         "sent": int(status.size),
         "sent_per_s": outcomes.sent_per_s,
         "ok": int(ok.sum()),
@@ -232,11 +343,24 @@ def run(args: argparse.Namespace, endpoints: Endpoints, generator: Generator) ->
             f"{costs[where]['server_cpu_us_per_refusal']:.0f} µs of server CPU each"
         )
     rate = args.factor * capacity
+    floor = None
+    if args.floor:
+        console.print("floor: bench/refuser.c on the server's core refusing everything …")
+        refuser = Refuser(generator.dir, args.server_cpu if args.pinned else None)
+        try:
+            client_cpu = args.client_cpu if args.pinned else None
+            floor = floor_cost(refuser, generator.workload, client_cpu, rate, 3.0)
+        finally:
+            refuser.close()
+        console.print(f"  {floor['cpu_us_per_refusal']:.0f} µs of CPU each")
     # What one core can give at best with these costs: x served and the rest refused
     # within one CPU-second, x·s + (rate − x)·r ≤ 1.
+    refusal_us = {where: cost["server_cpu_us_per_refusal"] for where, cost in costs.items()}
+    if floor is not None:
+        refusal_us["floor"] = floor["cpu_us_per_refusal"]
     bounds = {}
-    for where, cost in costs.items():
-        refusal_s = cost["server_cpu_us_per_refusal"] / 1e6
+    for where, microseconds in refusal_us.items():
+        refusal_s = microseconds / 1e6
         best = (1 - rate * refusal_s) / max(served_cpu_s - refusal_s, 1e-9)
         bounds[where] = max(0.0, min(best / capacity, 1.0))
         console.print(f"goodput bound from CPU costs, {where}: {bounds[where]:.2f} of capacity")
@@ -245,12 +369,19 @@ def run(args: argparse.Namespace, endpoints: Endpoints, generator: Generator) ->
     checks: dict[str, Any] = {}
     for where in args.variants:
         console.print(f"overload ({where}): open loop at {args.factor:g}× = {rate:,.0f} req/s …")
+        before = endpoints.cpu_seconds()
         outcomes = generator.open(
             rate, args.seconds, deadline_us=int(args.deadline_ms * 1000), where=where,
             connections=args.connections,
         )  # fmt: skip
+        after = endpoints.cpu_seconds()
         overload = report(outcomes, args.seconds, deadline_s)
         overload["offered_per_s"] = rate
+        overload["timeline"] = timeline(outcomes, rate, deadline_s)
+        # Where the server's core went: the share of each second the server process and
+        # the workers used (the send schedule is args.seconds long; answers trail it).
+        overload["server_cpu_share"] = (after["server"] - before["server"]) / args.seconds
+        overload["workers_cpu_share"] = (after["workers"] - before["workers"]) / args.seconds
         overloads[where] = overload
         checks[where] = {
             "goodput / capacity >= 0.90": overload["goodput_per_s"] / capacity,
@@ -261,8 +392,48 @@ def run(args: argparse.Namespace, endpoints: Endpoints, generator: Generator) ->
             "connection errors == 0": overload["connection_errors"],
         }
     return {"capacity_per_s": capacity, "served_cpu_us": served_cpu_s * 1e6,
-            "unloaded": unloaded, "refusal_cost": costs, "goodput_bound": bounds,
+            "unloaded": unloaded, "refusal_cost": costs, "floor": floor, "goodput_bound": bounds,
             "overload": overloads, "checks": checks}  # fmt: skip
+
+
+def chart(result: dict[str, Any], path: Path) -> None:
+    """Each overload variant second by second: goodput and refusals against capacity
+    (top), the high-priority p99 against its unloaded p99 and the 2× target (bottom)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    capacity = result["capacity_per_s"]
+    unloaded = result["unloaded"]["high_p99_ms"]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), dpi=110, sharex=True)
+    for where, overload in result["overload"].items():
+        series = overload["timeline"]
+        seconds = np.arange(len(series["goodput"])) + 0.5
+        top.plot(seconds, series["goodput"], marker=".", label=f"goodput ({where})")
+        top.plot(seconds, series["refused"], linestyle="--", label=f"refused ({where})")
+        top.plot(seconds, series["refused_slow"], linestyle=":",
+                 label=f"refused after > 5 ms ({where})")  # fmt: skip
+        bottom.plot(seconds, series["high_p99_ms"], marker=".", label=f"high p99 ({where})")
+    top.axhline(capacity, color="grey", linewidth=1, label="capacity")
+    top.axhline(0.9 * capacity, color="grey", linewidth=1, linestyle=":", label="0.9 × capacity")
+    top.set_ylabel("requests / s")
+    top.set_title(
+        f"{result['workload']}: open loop at {result['factor']:g}× capacity "
+        f"({result['capacity_per_s']:,.0f} req/s)"
+    )
+    top.legend(fontsize=7, loc="upper right")
+    top.grid(alpha=0.3)
+    bottom.axhline(unloaded, color="grey", linewidth=1, label="unloaded high p99")
+    bottom.axhline(2 * unloaded, color="grey", linewidth=1, linestyle=":", label="2× (target)")
+    bottom.set_yscale("log")
+    bottom.set_ylabel("high-priority p99, ms")
+    bottom.set_xlabel("second of the overload")
+    bottom.legend(fontsize=7, loc="upper right")
+    bottom.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, metadata={"Software": None})
+    plt.close(fig)
 
 
 def main() -> None:
@@ -274,12 +445,24 @@ def main() -> None:
     parser.add_argument("--unloaded-seconds", type=float, default=5.0)
     parser.add_argument("--server-cpu", type=int, default=1, help="core for the server")
     parser.add_argument("--client-cpu", type=int, default=0, help="core for this client")
+    parser.add_argument(
+        "--workload",
+        choices=sorted(WORKLOADS),
+        default="digits",
+        help="digits: the built-in MLP (front-end bound); w2: a CNN",
+    )
     parser.add_argument("--mode", default="adaptive")
+    parser.add_argument("--max-batch", type=int, default=32, help="w2's max_batch_size")
     parser.add_argument("--connections", type=int, default=2048, help="client connection cap")
     parser.add_argument(
         "--variants", default="headers,body",
         help="where requests carry their priority and deadline, one overload run each",
     )  # fmt: skip
+    parser.add_argument(
+        "--no-floor", dest="floor", action="store_false",
+        help="skip the floor: bench/refuser.c's CPU per refusal on the server's core",
+    )  # fmt: skip
+    parser.add_argument("--chart", type=Path, help="a PNG of the overload, second by second")
     args = parser.parse_args()
     args.variants = [v for v in args.variants.split(",") if v]
     if not args.variants or set(args.variants) - {"headers", "body"}:
@@ -288,27 +471,47 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     cores = os.sched_getaffinity(0)
     pinned = {args.server_cpu, args.client_cpu} <= cores and len(cores) > 1
+    args.pinned = pinned
     prefix = ["taskset", "-c", str(args.server_cpu)] if pinned else []
     # Every client connection comes from 127.0.0.1: lift the per-address limit above ours.
     config = Path(tempfile.mkdtemp(prefix="sordino-overload-")) / "runtime_config.yaml"
-    config.write_text(f"server:\n  max_connections_per_client: {args.connections + 64}\n")
+    text = f"server:\n  max_connections_per_client: {args.connections + 64}\n"
+    workload = WORKLOADS[args.workload]
+    if workload.name == "w2":
+        from bench import models
+
+        text += (
+            f"models:\n  - name: w2\n    path: {models.cnn()}\n"
+            f"    max_batch_size: {args.max_batch}\n"
+            f"    intra_op_threads: {1 if pinned else 2}\n"
+        )
+    config.write_text(text)
     server_args = ["--mode", args.mode, "--config", str(config)]
     with sordino_server(server_args, prefix=prefix) as endpoints:
-        generator = Generator(endpoints.http, args.client_cpu if pinned else None)
+        generator = Generator(endpoints.http, args.client_cpu if pinned else None, workload)
         try:
             result = run(args, endpoints, generator)
         finally:
             generator.close()
+    result["workload"] = workload.name
+    result["factor"] = args.factor
+    if args.chart is not None:
+        chart(result, args.chart)
+        console.print(f"chart: {args.chart}")
     result["pinned"] = pinned
     result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
     result["when"] = datetime.now(UTC).isoformat(timespec="seconds")
     for where, checks in result["checks"].items():
         for name, value in checks.items():
             console.print(f"{where}: {name}: {value if value is None else round(value, 3)}")
-    console.print(orjson.dumps(result["overload"], option=orjson.OPT_INDENT_2).decode())
+    brief = {
+        w: {k: v for k, v in o.items() if k != "timeline"} for w, o in result["overload"].items()
+    }
+    console.print(orjson.dumps(brief, option=orjson.OPT_INDENT_2).decode())
     console.print(f"load average while it ran: {os.getloadavg()[0]:.1f}")
     result["load_average"] = os.getloadavg()
-    console.print(f"wrote {save('overload', result)}")
+    name = "overload" if workload.name == "digits" else f"overload_{workload.name}"
+    console.print(f"wrote {save(name, result)}")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ outputs are handed to the reader of the request's responses, who releases them.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
 from collections.abc import AsyncGenerator, Mapping, Sequence
 
@@ -972,5 +973,5 @@ class _LevelCount:
         while arrivals and arrivals[0][0] < since:
             _, rows, old = arrivals.popleft()
             counts[old] -= rows
-        rows = sum(counts[1:level])
-        return (rows + margin * rows**0.5) / self.window_s
+        above = sum(counts[1:level])
+        return (above + margin * math.sqrt(above)) / self.window_s
