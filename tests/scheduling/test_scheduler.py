@@ -574,3 +574,28 @@ async def test_a_low_priority_request_is_refused_at_once_when_higher_arrivals_wo
     await asyncio.gather(*highs, *backlog)
     assert sched.statistics().rejected == 1
     await sched.close()
+
+
+async def test_the_higher_rate_reads_right_at_the_onset_of_a_surge() -> None:
+    """After a silence, high-priority rows arrive at 80 a second. 50 ms into the surge
+    their rate reads about 80/s (counted over the time they have run), not 16/s (four
+    rows over the whole 250 ms window): a low request behind 10 queued low rows is
+    refused at once, instead of being admitted against a rate read low."""
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 0.01 * rows)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=1, max_delay_s=0.0))
+    await _warm(sched, clock)
+    await clock.advance(2.0)  # silence: every window empties
+    highs = []
+    for _ in range(4):
+        highs.append(asyncio.create_task(sched.infer(_x(1), priority=1)))
+        await clock.advance(0.0125)
+    backlog = [asyncio.create_task(sched.infer(_x(2), priority=3)) for _ in range(10)]
+    await clock.settle()
+    expected = sched.expected_wait(3)
+    assert expected is not None and expected > 0.3
+    with pytest.raises(Shed, match="overloaded"):
+        sched.submit(_x(9), priority=3, timeout_s=0.3)
+    await clock.advance(2.0)
+    await asyncio.gather(*highs, *backlog)
+    await sched.close()

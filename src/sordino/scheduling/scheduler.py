@@ -951,16 +951,34 @@ def _stream_done(outputs: Tensors, spec: StreamSpec) -> bool:
 
 
 class _LevelCount:
-    """Rows arrived per priority level over a sliding window of ``window_s``."""
+    """Rows arrived per priority level over a sliding window of ``window_s``.
+
+    While arrivals have run for less than the window (after a silence), the count is
+    divided by the time they have run (at least a fifth of the window), not by the
+    whole window: at the onset of a surge the rate reads right at once instead of
+    growing from nothing over the window — lower priorities admitted meanwhile against
+    a rate read low were the ones that later expired in the queue.
+    """
 
     def __init__(self, window_s: float, levels: int) -> None:
         self.window_s = window_s
         self._arrivals: deque[tuple[float, int, int]] = deque()
         self._rows = [0] * levels
+        self._since = 0.0  # when the arrivals in the window began (after a silence)
 
     def add(self, now: float, rows: int, level: int) -> None:
+        self._prune(now)
+        if not self._arrivals:
+            self._since = now
         self._arrivals.append((now, rows, level))
         self._rows[level] += rows
+
+    def _prune(self, now: float) -> None:
+        arrivals, counts = self._arrivals, self._rows
+        since = now - self.window_s
+        while arrivals and arrivals[0][0] < since:
+            _, rows, old = arrivals.popleft()
+            counts[old] -= rows
 
     def rate_above(self, level: int, now: float, *, margin: float = 0.0) -> float:
         """Rows per second at levels above ``level`` (1 is the highest).
@@ -968,10 +986,7 @@ class _LevelCount:
         ``margin`` adds that many standard deviations of a Poisson count (``√n``): an
         upper bound on the rate rather than the count's reading.
         """
-        arrivals, counts = self._arrivals, self._rows
-        since = now - self.window_s
-        while arrivals and arrivals[0][0] < since:
-            _, rows, old = arrivals.popleft()
-            counts[old] -= rows
-        above = sum(counts[1:level])
-        return (above + margin * math.sqrt(above)) / self.window_s
+        self._prune(now)
+        above = sum(self._rows[1:level])
+        span = min(self.window_s, max(now - self._since, self.window_s / 5))
+        return (above + margin * math.sqrt(above)) / span
