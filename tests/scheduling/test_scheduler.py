@@ -599,3 +599,24 @@ async def test_the_higher_rate_reads_right_at_the_onset_of_a_surge() -> None:
     await clock.advance(2.0)
     await asyncio.gather(*highs, *backlog)
     await sched.close()
+
+
+async def test_under_steady_high_load_a_low_request_with_nothing_ahead_is_accepted() -> None:
+    """High-priority rows take 40 % of the model's time, steadily. The allowance for
+    their bursts applies to work queued ahead: with nothing ahead a low-priority request
+    starts at once, so it is accepted even with a deadline of a few batches."""
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 0.01 * rows)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=1, max_delay_s=0.0))
+    await _warm(sched, clock)
+    highs = []
+    for _ in range(60):  # 40 rows a second for 1.5 s
+        highs.append(asyncio.create_task(sched.infer(_x(1), priority=1)))
+        await clock.advance(0.025)
+    await asyncio.gather(*highs)
+    expected = sched.expected_wait(3)
+    assert expected is not None and expected < 0.02
+    low = asyncio.create_task(sched.infer(_x(5), priority=3, timeout_s=0.05))
+    await clock.advance(0.1)
+    np.testing.assert_array_equal((await low)["x"], _x(5)["x"])
+    await sched.close()

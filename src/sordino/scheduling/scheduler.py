@@ -60,7 +60,7 @@ from sordino.scheduling.modes import ModeController
 from sordino.scheduling.queue import RequestQueue
 from sordino.scheduling.work import Request, StepOutput, Stepper, WorkItem, signature_of
 
-__all__ = ["ADMIT_SHARE", "ARRIVAL_WINDOW_S", "RIDE_ALONG", "ModelScheduler"]
+__all__ = ["ADMIT_SHARE", "ARRIVAL_WINDOW_S", "BURST_DEVIATIONS", "RIDE_ALONG", "ModelScheduler"]
 
 ARRIVAL_WINDOW_S = 0.25
 """The window the arrival rate is counted over (the predictive batcher's estimate)."""
@@ -75,6 +75,9 @@ not after waiting out its deadline."""
 RIDE_ALONG = 0.25
 """How much lower-priority rows may lengthen a batch led by higher-priority ones: rows
 of a lower level join while they add at most this share to the batch's time."""
+BURST_DEVIATIONS = 2.0
+"""How many standard deviations of higher priorities' random arrivals a lower
+priority's expected wait allows for (see :meth:`ModelScheduler.expected_wait`)."""
 _MAX_HIGHER_LOAD = 0.95
 """The share of the model's time higher priorities' arrivals are taken to use, at most
 (past it a lower priority's wait is counted as twenty times the work queued ahead)."""
@@ -802,14 +805,20 @@ class ModelScheduler:
         size = max(self._batch_rows, min(float(ahead), float(self._controller.policy().max_batch)))
         work = ((ahead / max(size, 1.0)) * fixed + ahead * per_row) / instances
         if priority > 1:
-            # Higher priorities arriving meanwhile go first: of each second, the share
-            # their rows take is not this request's (the waiting time of a priority
-            # queue, M/G/1). Without this a low-priority request was accepted, then
-            # overtaken until its deadline passed: refused late instead of at once.
-            higher = self._higher_rate(priority)
-            row_s = self._batch_s / max(self._batch_rows, 1.0)
-            load = min(higher * row_s / instances, _MAX_HIGHER_LOAD)
-            work /= 1.0 - load
+            # Higher priorities arriving meanwhile go first: the request starts once
+            # the work ahead and every higher row arriving until then have run — a
+            # busy period, of mean work / (1 − ρ) and deviation
+            # row·√(λ·work) / (1 − ρ)^1.5 (λ their rows a second, ρ the share of time
+            # they take). The wait allowed for is the mean plus BURST_DEVIATIONS
+            # deviations. Without the arrivals, a low-priority request was accepted,
+            # then overtaken until its deadline passed: refused late, not at once;
+            # without their deviation, so was one in a hundred (a burst of high ones
+            # during its wait, amplified by the small share they leave it).
+            rate = self._higher_rate(priority)
+            row = self._batch_s / max(self._batch_rows, 1.0) / instances
+            free = 1.0 - min(rate * row, _MAX_HIGHER_LOAD)
+            deviation = row * math.sqrt(rate * work) / free**1.5
+            work = work / free + BURST_DEVIATIONS * deviation
         return work + self._batch_s
 
     def _ride_along(self, rows: int) -> int:
