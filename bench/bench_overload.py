@@ -439,7 +439,7 @@ def chart(result: dict[str, Any], path: Path) -> None:
 
     capacity = result["capacity_per_s"]
     unloaded = result["unloaded"]["high_p99_ms"]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), dpi=110, sharex=True)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5.5), dpi=110, sharex=True)
     for where, overload in result["overload"].items():
         series = overload["timeline"]
         seconds = np.arange(len(series["goodput"])) + 0.5
@@ -455,7 +455,7 @@ def chart(result: dict[str, Any], path: Path) -> None:
         f"{result['workload']}: open loop at {result['factor']:g}× capacity "
         f"({result['capacity_per_s']:,.0f} req/s)"
     )
-    top.legend(fontsize=7, loc="upper right")
+    top.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     top.grid(alpha=0.3)
     bottom.axhline(unloaded, color="grey", linewidth=1, label="unloaded high p99")
     alone = result["high_alone"]["high_p99_ms"]
@@ -465,7 +465,7 @@ def chart(result: dict[str, Any], path: Path) -> None:
     bottom.set_yscale("log")
     bottom.set_ylabel("high-priority p99, ms")
     bottom.set_xlabel("second of the overload")
-    bottom.legend(fontsize=7, loc="upper right")
+    bottom.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     bottom.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, metadata={"Software": None})
