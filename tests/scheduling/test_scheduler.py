@@ -464,7 +464,7 @@ async def test_a_backlog_is_costed_in_full_batches_once_batch_sizes_vary() -> No
 async def test_arrival_rate_counts_bursts_over_a_window() -> None:
     """Bursts separated by quiet gaps read at their true rate (issue 16: an average of
     gaps, stretched by the time since the last arrival, read far under it)."""
-    from sordino.scheduling.scheduler import ARRIVAL_WINDOW_S
+    from sordino.scheduling.estimate import ARRIVAL_WINDOW_S
 
     clock = VirtualClock()
     executor = ScriptedExecutor(clock)
@@ -548,7 +548,7 @@ async def test_low_priority_rows_join_a_high_priority_batch_only_where_they_are_
     await sched.close()
 
 
-async def test_a_low_priority_request_is_refused_at_once_when_higher_arrivals_would_overtake_it() -> None:
+async def test_a_low_request_is_refused_at_once_when_higher_arrivals_would_overtake_it() -> None:
     """High-priority rows arrive at 80 a second and take 10 ms each: 80 % of the model's
     time. Ten low rows queued are 0.1 s of work, but they get only the remaining fifth
     of each second, so a low request behind them waits about 0.5 s: with a 0.3 s

@@ -24,8 +24,6 @@ outputs are handed to the reader of the request's responses, who releases them.
 from __future__ import annotations
 
 import asyncio
-import math
-from collections import deque
 from collections.abc import AsyncGenerator, Mapping, Sequence
 
 import numpy as np
@@ -56,31 +54,18 @@ from sordino.records import (
     SchedulerStatistics,
 )
 from sordino.scheduling.batcher import Dispatch, decide
+from sordino.scheduling.estimate import ARRIVAL_WINDOW_S, Arrivals, BatchCost
 from sordino.scheduling.modes import ModeController
 from sordino.scheduling.queue import RequestQueue
 from sordino.scheduling.work import Request, StepOutput, Stepper, WorkItem, signature_of
 
-__all__ = ["ADMIT_SHARE", "ARRIVAL_WINDOW_S", "BURST_DEVIATIONS", "RIDE_ALONG", "ModelScheduler"]
+__all__ = ["ADMIT_SHARE", "ARRIVAL_WINDOW_S", "ModelScheduler"]
 
-ARRIVAL_WINDOW_S = 0.25
-"""The window the arrival rate is counted over (the predictive batcher's estimate)."""
-LEVEL_WINDOW_S = 1.0
-"""The window higher priorities' arrival rate is counted over for a lower one's wait:
-longer than the batcher's, as a share near one amplifies a count's noise."""
 ADMIT_SHARE = 0.8
 """A request is admitted while the wait expected for it is at most this share of its
 deadline: the rest is the margin for the estimate's error (a queue's wait varies), so
 a request admitted is one that finishes in time, and one refused is refused at once,
 not after waiting out its deadline."""
-RIDE_ALONG = 0.25
-"""How much lower-priority rows may lengthen a batch led by higher-priority ones: rows
-of a lower level join while they add at most this share to the batch's time."""
-BURST_DEVIATIONS = 2.0
-"""How many standard deviations of higher priorities' random arrivals a lower
-priority's expected wait allows for (see :meth:`ModelScheduler.expected_wait`)."""
-_MAX_HIGHER_LOAD = 0.95
-"""The share of the model's time higher priorities' arrivals are taken to use, at most
-(past it a lower priority's wait is counted as twenty times the work queued ahead)."""
 
 
 class ModelScheduler:
@@ -116,25 +101,11 @@ class ModelScheduler:
         self._running: set[asyncio.Task[None]] = set()
         self._closing = False
         self._aborting = False
-        # (arrival time, rows) of the last ARRIVAL_WINDOW_S seconds: the arrival rate.
-        self._arrivals: deque[tuple[float, int]] = deque()
-        self._arrived_rows = 0
-        # (arrival time, rows, priority) over LEVEL_WINDOW_S and ARRIVAL_WINDOW_S: rows
-        # per level (index 0 unused), for the share of time higher priorities take.
-        levels = settings.priority_levels + 1
-        self._level_arrivals = (_LevelCount(LEVEL_WINDOW_S, levels),
-                                _LevelCount(ARRIVAL_WINDOW_S, levels))  # fmt: skip
-        # The most requests in flight at once, this window and the one before: a closed
-        # loop of N clients never has more than N, so once all N are here none is coming.
-        self._peak_window_start = clock.now()
-        self._peak_in_flight = self._peak_before = 0
+        self._arrivals = Arrivals(settings.priority_levels, clock.now())
         self._accepted = self._succeeded = self._failed = self._cancelled = 0
         self._rejected = self._timed_out = self._batches = self._batched_rows = 0
         self._isolated = 0
-        self._batch_s: float | None = None
-        self._batch_rows: float | None = None
-        # Moving second moments (rows², rows·seconds): a batch's cost as fixed + per row.
-        self._batch_rr = self._batch_rs = 0.0
+        self._cost = BatchCost()
 
     @property
     def clock(self) -> Clock:
@@ -249,8 +220,7 @@ class ModelScheduler:
         _park(item.inputs)
         tensors.park()
         self._accepted += 1
-        self._note_arrival(now, item.rows, item.priority)
-        self._note_in_flight(now)
+        self._arrivals.note(now, item.rows, item.priority, self._in_flight())
         self._queue_changed()
         self._wake.set()
         return request
@@ -367,7 +337,7 @@ class ModelScheduler:
         if isinstance(decision, Dispatch):
             rows = self._rows_that_fit(decision)
             batch = self._drop_hopeless(
-                self._queue.take(decision.signature, rows, self._ride_along), now
+                self._queue.take(decision.signature, rows, self._cost.ride_along), now
             )
             if not batch:
                 self._wake.set()  # every item was hopeless: look at the queue again at once
@@ -425,9 +395,10 @@ class ModelScheduler:
         nearer than that is answered now (503) instead of computed for a client that
         will have given up.
         """
-        if self._batch_s is None or self.settings.timeout_action != "REJECT":
+        batch_s = self._cost.mean_s
+        if batch_s is None or self.settings.timeout_action != "REJECT":
             return batch
-        finish = now + self._batch_s
+        finish = now + batch_s
         kept = []
         for item in batch:
             if item.deadline is not None and item.deadline < finish:
@@ -437,7 +408,7 @@ class ModelScheduler:
                     QueueTimeout(
                         f"request to model {self.model} cannot finish before its deadline "
                         f"({(item.deadline - now) * 1000:.0f} ms left, a batch takes about "
-                        f"{self._batch_s * 1000:.0f} ms); it was not run. Raise its timeout "
+                        f"{batch_s * 1000:.0f} ms); it was not run. Raise its timeout "
                         "or reduce load"
                     ),
                 )
@@ -539,7 +510,7 @@ class ModelScheduler:
                 self._step_failed(item, error, t2 - t0)
             return
         t2 = self._clock.now()
-        self._note_batch(rows, t2 - t0)
+        self._cost.note(rows, t2 - t0)
         with outputs:
             offset = 0
             for item in live:
@@ -789,127 +760,25 @@ class ModelScheduler:
     def expected_wait(self, priority: int) -> float | None:
         """About how long a step queued now at ``priority`` takes to run (None: unknown).
 
-        The rows queued at its priority and higher, in batches as large as that backlog
-        allows (up to the policy's ``max_batch``), each costing what recent batches
-        did — a fixed part plus a part per row, fitted to their sizes and times —
-        plus one batch: what :meth:`_late` compares to a deadline. Until batches of
-        different sizes were seen, a batch's cost is taken as all per row (recent rows
-        at recent speed: the cautious reading). An iterative request's steps each take
+        The rows queued at its priority and higher, and the higher priorities that
+        will arrive meanwhile, at what recent batches cost (:meth:`BatchCost.wait
+        <sordino.scheduling.estimate.BatchCost.wait>`), plus one batch: what
+        :meth:`_late` compares to a deadline. An iterative request's steps each take
         about this long.
         """
-        if self._batch_s is None or self._batch_rows is None:
-            return None
         instances = max(1, self._executor.instances(self.model))
-        ahead = self._queue.rows_ahead(priority)
-        fixed, per_row = self._batch_cost()
-        size = max(self._batch_rows, min(float(ahead), float(self._controller.policy().max_batch)))
-        work = ((ahead / max(size, 1.0)) * fixed + ahead * per_row) / instances
-        if priority > 1:
-            # Higher priorities arriving meanwhile go first: the request starts once
-            # the work ahead and every higher row arriving until then have run — a
-            # busy period, of mean work / (1 − ρ) and deviation
-            # row·√(λ·work) / (1 − ρ)^1.5 (λ their rows a second, ρ the share of time
-            # they take). The wait allowed for is the mean plus BURST_DEVIATIONS
-            # deviations. Without the arrivals, a low-priority request was accepted,
-            # then overtaken until its deadline passed: refused late, not at once;
-            # without their deviation, so was one in a hundred (a burst of high ones
-            # during its wait, amplified by the small share they leave it).
-            rate = self._higher_rate(priority)
-            row = self._batch_s / max(self._batch_rows, 1.0) / instances
-            free = 1.0 - min(rate * row, _MAX_HIGHER_LOAD)
-            deviation = row * math.sqrt(rate * work) / free**1.5
-            work = work / free + BURST_DEVIATIONS * deviation
-        return work + self._batch_s
-
-    def _ride_along(self, rows: int) -> int:
-        """Rows of lower priority that may join a batch holding ``rows`` of a higher one.
-
-        As many as add at most :data:`RIDE_ALONG` of the batch's time, by the fitted
-        cost ``fixed + per_row × rows``: nearly all where a batch's time is mostly
-        fixed (a small MLP), none or few where it grows with each row (a CNN on a CPU).
-        """
-        if self._batch_s is None or self._batch_rows is None:
-            return 1 << 30
-        fixed, per_row = self._batch_cost()
-        if per_row <= 0.0:
-            return 1 << 30
-        return int(RIDE_ALONG * (fixed / per_row + rows))
-
-    def _batch_cost(self) -> tuple[float, float]:
-        """A batch's seconds as ``fixed + per_row × rows``, from the moving moments."""
-        assert self._batch_s is not None and self._batch_rows is not None
-        mean_rows, mean_s = self._batch_rows, self._batch_s
-        proportional = mean_s / max(mean_rows, 1e-6)
-        variance = self._batch_rr - mean_rows * mean_rows
-        if variance < 0.25:  # batches all about one size: the split cannot be seen
-            return 0.0, proportional
-        per_row = (self._batch_rs - mean_rows * mean_s) / variance
-        per_row = min(max(per_row, 0.0), proportional)
-        return mean_s - per_row * mean_rows, per_row
-
-    def _note_batch(self, rows: int, seconds: float) -> None:
-        """Keep moving averages of a batch's rows and run time (for :meth:`_late`)."""
-        if self._batch_s is None or self._batch_rows is None:
-            self._batch_s, self._batch_rows = seconds, float(rows)
-            self._batch_rr, self._batch_rs = float(rows * rows), rows * seconds
-        else:
-            self._batch_s = 0.9 * self._batch_s + 0.1 * seconds
-            self._batch_rows = 0.9 * self._batch_rows + 0.1 * rows
-            self._batch_rr = 0.9 * self._batch_rr + 0.1 * rows * rows
-            self._batch_rs = 0.9 * self._batch_rs + 0.1 * rows * seconds
-
-    def _note_arrival(self, now: float, rows: int, priority: int) -> None:
-        self._arrivals.append((now, rows))
-        self._arrived_rows += rows
-        self._forget_arrivals(now)
-        if self.settings.priority_levels > 1:
-            for count in self._level_arrivals:
-                count.add(now, rows, priority)
-
-    def _forget_arrivals(self, now: float) -> None:
-        while self._arrivals and self._arrivals[0][0] < now - ARRIVAL_WINDOW_S:
-            self._arrived_rows -= self._arrivals.popleft()[1]
-
-    def _higher_rate(self, priority: int) -> float:
-        """Rows per second arriving at priorities above ``priority``: the higher of the
-        rates over LEVEL_WINDOW_S (steady, read high by two deviations) and
-        ARRIVAL_WINDOW_S (quick to see a rise)."""
-        now = self._clock.now()
-        steady, recent = self._level_arrivals
-        # The steady count's upper bound: near a full share, a rate read 10 % low made
-        # waits 30 % longer than foreseen, and lower priorities expired in the queue.
-        return max(steady.rate_above(priority, now, margin=2.0), recent.rate_above(priority, now))
+        higher = self._arrivals.higher_rate(priority, self._clock.now()) if priority > 1 else 0.0
+        return self._cost.wait(
+            self._queue.rows_ahead(priority), instances, self._controller.policy().max_batch, higher
+        )
 
     def _in_flight(self) -> int:
         return self._accepted - self._succeeded - self._failed - self._cancelled
 
-    def _note_in_flight(self, now: float) -> None:
-        if now - self._peak_window_start >= ARRIVAL_WINDOW_S:
-            self._peak_before, self._peak_in_flight = self._peak_in_flight, 0
-            self._peak_window_start = now
-        self._peak_in_flight = max(self._peak_in_flight, self._in_flight())
-
     def _arrival_rate(self) -> float:
-        """Rows per second over the last ``ARRIVAL_WINDOW_S``; zero once nothing arrives.
-
-        Zero too while as many requests are in flight as ever were at once in the last
-        two windows: a closed loop of N clients (one request at a time, say) sends no
-        more until one is answered, however fast it sent before, so waiting for more
-        would only add the whole batching wait to each request.
-
-        A count over a window, not an average of gaps: requests arrive in bursts (a
-        gRPC closed loop is handed to the loop a few calls at a time, with gaps while
-        the loop sends answers), and the averaged gaps, stretched by the time since the
-        last arrival, read well under the real rate (issue 16: 200-900 rows/s measured
-        at 1,200 req/s), so the batcher ran small batches it could have filled.
-        """
-        now = self._clock.now()
-        self._forget_arrivals(now)
-        if now - self._peak_window_start >= 2 * ARRIVAL_WINDOW_S:
-            self._peak_in_flight = self._peak_before = 0  # both windows passed in silence
-        if self._in_flight() >= max(self._peak_in_flight, self._peak_before):
-            return 0.0
-        return self._arrived_rows / ARRIVAL_WINDOW_S
+        """Rows a second arriving now (:meth:`Arrivals.rate
+        <sordino.scheduling.estimate.Arrivals.rate>`): what the batcher waits for."""
+        return self._arrivals.rate(self._clock.now(), self._in_flight())
 
     def statistics(self) -> SchedulerStatistics:
         """Return a snapshot of this scheduler."""
@@ -957,45 +826,3 @@ def _discard_outputs(request: Request) -> None:
 
 def _stream_done(outputs: Tensors, spec: StreamSpec) -> bool:
     return bool(np.all(outputs[spec.done]))
-
-
-class _LevelCount:
-    """Rows arrived per priority level over a sliding window of ``window_s``.
-
-    While arrivals have run for less than the window (after a silence), the count is
-    divided by the time they have run (at least a fifth of the window), not by the
-    whole window: at the onset of a surge the rate reads right at once instead of
-    growing from nothing over the window — lower priorities admitted meanwhile against
-    a rate read low were the ones that later expired in the queue.
-    """
-
-    def __init__(self, window_s: float, levels: int) -> None:
-        self.window_s = window_s
-        self._arrivals: deque[tuple[float, int, int]] = deque()
-        self._rows = [0] * levels
-        self._since = 0.0  # when the arrivals in the window began (after a silence)
-
-    def add(self, now: float, rows: int, level: int) -> None:
-        self._prune(now)
-        if not self._arrivals:
-            self._since = now
-        self._arrivals.append((now, rows, level))
-        self._rows[level] += rows
-
-    def _prune(self, now: float) -> None:
-        arrivals, counts = self._arrivals, self._rows
-        since = now - self.window_s
-        while arrivals and arrivals[0][0] < since:
-            _, rows, old = arrivals.popleft()
-            counts[old] -= rows
-
-    def rate_above(self, level: int, now: float, *, margin: float = 0.0) -> float:
-        """Rows per second at levels above ``level`` (1 is the highest).
-
-        ``margin`` adds that many standard deviations of a Poisson count (``√n``): an
-        upper bound on the rate rather than the count's reading.
-        """
-        self._prune(now)
-        above = sum(self._rows[1:level])
-        span = min(self.window_s, max(now - self._since, self.window_s / 5))
-        return (above + margin * math.sqrt(above)) / span
