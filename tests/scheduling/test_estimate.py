@@ -45,6 +45,7 @@ def test_higher_arrivals_stretch_the_wait_by_the_busy_period() -> None:
 
 def test_ride_along_follows_the_fixed_share_of_a_batch() -> None:
     assert BatchCost().ride_along(1) == 1 << 30  # nothing known: no bound
+    assert _cost(0.0, 0.01, [4]).ride_along(1) == 1 << 30  # one size: the split is unseen
     assert _cost(0.0, 0.01, [1, 4]).ride_along(1) == 0  # all per row: none ride along
     assert _cost(0.05, 0.001, [1, 8]).ride_along(1) == 12  # a quarter of (50 + 1) rows
 

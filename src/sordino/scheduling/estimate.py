@@ -134,13 +134,18 @@ class BatchCost:
             self._rr = 0.9 * self._rr + 0.1 * rows * rows
             self._rs = 0.9 * self._rs + 0.1 * rows * seconds
 
+    @property
+    def split_seen(self) -> bool:
+        """Whether batches of different enough sizes ran to tell fixed from per row."""
+        return self.mean_s is not None and self._rr - self.mean_rows * self.mean_rows >= 0.25
+
     def split(self) -> tuple[float, float]:
         """``(fixed, per_row)`` seconds. Until batches of different sizes were seen, all
-        per row (recent rows at recent speed: the cautious reading)."""
+        per row (recent rows at recent speed: the cautious reading for a wait)."""
         mean_rows, mean_s = self.mean_rows, self.mean_s or 0.0
         proportional = mean_s / max(mean_rows, 1e-6)
         variance = self._rr - mean_rows * mean_rows
-        if variance < 0.25:  # batches all about one size: the split cannot be seen
+        if not self.split_seen:  # batches all about one size: the split cannot be seen
             return 0.0, proportional
         per_row = (self._rs - mean_rows * mean_s) / variance
         per_row = min(max(per_row, 0.0), proportional)
@@ -181,9 +186,11 @@ class BatchCost:
 
         As many as add at most :data:`RIDE_ALONG` of the batch's time: nearly all where
         a batch's time is mostly fixed (a small MLP), none or few where it grows with
-        each row (a CNN on a CPU).
+        each row (a CNN on a CPU). No bound until the split is seen: all batches of one
+        size say nothing of what a row costs, and keeping rows out of a batch whose time
+        is mostly fixed would cost a whole batch for each.
         """
-        if self.mean_s is None:
+        if not self.split_seen:
             return 1 << 30
         fixed, per_row = self.split()
         if per_row <= 0.0:
