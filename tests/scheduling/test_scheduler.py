@@ -520,6 +520,24 @@ async def _warm(sched: ModelScheduler, clock: VirtualClock, priority: int = 3) -
         await done
 
 
+async def _low_refused_behind_highs(
+    sched: ModelScheduler, clock: VirtualClock, highs: int
+) -> list[asyncio.Task[Any]]:
+    """``highs`` high rows arriving at 80 a second, then ten low rows queued: a low
+    request with a 0.3 s deadline behind them is refused at once. Returns the queued."""
+    queued = []
+    for _ in range(highs):
+        queued.append(asyncio.create_task(sched.infer(_x(1), priority=1)))
+        await clock.advance(0.0125)
+    queued += [asyncio.create_task(sched.infer(_x(2), priority=3)) for _ in range(10)]
+    await clock.settle()
+    expected = sched.expected_wait(3)
+    assert expected is not None and expected > 0.3
+    with pytest.raises(Shed, match="overloaded"):
+        sched.submit(_x(9), priority=3, timeout_s=0.3)
+    return queued
+
+
 @pytest.mark.parametrize(
     ("latency", "expected"),
     [
@@ -558,20 +576,11 @@ async def test_a_low_request_is_refused_at_once_when_higher_arrivals_would_overt
     executor = ScriptedExecutor(clock, latency=lambda rows: 0.01 * rows)
     sched = _scheduler(clock, executor, BatchPolicy(max_batch=1, max_delay_s=0.0))
     await _warm(sched, clock)
-    highs = []
-    for _ in range(20):  # 20 rows in the last 0.25 s: 80 rows/s
-        highs.append(asyncio.create_task(sched.infer(_x(1), priority=1)))
-        await clock.advance(0.0125)
-    backlog = [asyncio.create_task(sched.infer(_x(2), priority=3)) for _ in range(10)]
-    await clock.settle()
-    expected = sched.expected_wait(3)
-    assert expected is not None and expected > 0.3
-    with pytest.raises(Shed, match="overloaded"):
-        sched.submit(_x(9), priority=3, timeout_s=0.3)
+    queued = await _low_refused_behind_highs(sched, clock, highs=20)  # 80 rows/s for 0.25 s
     high = asyncio.create_task(sched.infer(_x(7), priority=1, timeout_s=0.3))
     await clock.advance(2.0)
     np.testing.assert_array_equal((await high)["x"], _x(7)["x"])
-    await asyncio.gather(*highs, *backlog)
+    await asyncio.gather(*queued)
     assert sched.statistics().rejected == 1
     await sched.close()
 
@@ -586,18 +595,9 @@ async def test_the_higher_rate_reads_right_at_the_onset_of_a_surge() -> None:
     sched = _scheduler(clock, executor, BatchPolicy(max_batch=1, max_delay_s=0.0))
     await _warm(sched, clock)
     await clock.advance(2.0)  # silence: every window empties
-    highs = []
-    for _ in range(4):
-        highs.append(asyncio.create_task(sched.infer(_x(1), priority=1)))
-        await clock.advance(0.0125)
-    backlog = [asyncio.create_task(sched.infer(_x(2), priority=3)) for _ in range(10)]
-    await clock.settle()
-    expected = sched.expected_wait(3)
-    assert expected is not None and expected > 0.3
-    with pytest.raises(Shed, match="overloaded"):
-        sched.submit(_x(9), priority=3, timeout_s=0.3)
+    queued = await _low_refused_behind_highs(sched, clock, highs=4)
     await clock.advance(2.0)
-    await asyncio.gather(*highs, *backlog)
+    await asyncio.gather(*queued)
     await sched.close()
 
 
