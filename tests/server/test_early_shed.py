@@ -245,3 +245,97 @@ def test_the_http_path_stamps_when_the_headers_ended(
 def test_shed_loop_lag_zero_turns_the_lag_rule_off(server: RunningServer) -> None:
     assert server.early_shed is not None and server.early_shed.lag is None
     assert RuntimeConfig().server.shed_loop_lag == 0.01  # on by default, 10 ms
+
+
+def _refused_request(body: bytes = NOT_JSON) -> bytes:
+    return (
+        f"POST {INFER} HTTP/1.1\r\nHost: x\r\nX-Sordino-Priority: low\r\n"
+        f"X-Sordino-Timeout: 1\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def test_whole_refused_requests_are_answered_without_the_parser(
+    server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five refused requests in one write are answered from their bytes alone: the HTTP
+    parser never calls back for them (the fast path), and each is counted."""
+    from sordino.server import connections
+
+    parsed = []
+    original = connections._GuardedProtocol.on_headers_complete
+
+    def counting(self: connections._GuardedProtocol) -> None:
+        parsed.append(self.url)
+        original(self)
+
+    before = _rejected(server, "shed")
+    # Before connecting: the parser takes its callbacks from the protocol when made.
+    monkeypatch.setattr(connections._GuardedProtocol, "on_headers_complete", counting)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(GOOD_REQUEST)  # served first: the scheduler learns a batch's time
+        assert _read_responses(sock, 1) == [200]
+        sock.sendall(_refused_request() * 5)
+        assert _read_responses(sock, 5) == [503] * 5
+        sock.sendall(GOOD_REQUEST)  # the connection goes on
+        assert _read_responses(sock, 1) == [200]
+    assert len(parsed) == 2  # the two served requests only
+    wait_for(lambda: _rejected(server, "shed") == before + 5, "5 refusals to be counted")
+
+
+def test_refused_and_served_requests_pipelined_are_answered_in_order(
+    server: RunningServer,
+) -> None:
+    """Refused, refused, served, refused in one write: the fast path answers the first
+    two, the parser takes over from the served one on, and the answers keep the order."""
+    refused = _refused_request(GOOD)  # a valid body: refused before or after decoding
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(GOOD_REQUEST)
+        assert _read_responses(sock, 1) == [200]
+        sock.sendall(refused + refused + GOOD_REQUEST + refused)
+        assert _read_responses(sock, 4) == [503, 503, 200, 503]
+        sock.sendall(GOOD_REQUEST)
+        assert _read_responses(sock, 1) == [200]
+
+
+def test_a_refused_request_whose_body_comes_later_is_refused_by_the_parser(
+    server: RunningServer,
+) -> None:
+    """Headers and half the body in one write, the rest later: not whole, so the parser
+    reads it (and skips the body) — refused all the same, the connection kept."""
+    request = _refused_request()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(GOOD_REQUEST)
+        assert _read_responses(sock, 1) == [200]
+        half = len(request) - len(NOT_JSON) // 2
+        sock.sendall(request[:half])
+        time.sleep(0.05)
+        sock.sendall(request[half:])
+        assert _read_responses(sock, 1) == [503]
+        sock.sendall(GOOD_REQUEST)
+        assert _read_responses(sock, 1) == [200]
+
+
+@pytest.mark.parametrize(
+    "header",
+    ["Transfer-Encoding: chunked", "Expect: 100-continue", "Connection: keep-alive"],
+)
+def test_requests_the_fast_path_does_not_read_are_left_to_the_parser(
+    server: RunningServer, header: str
+) -> None:
+    """A framing or connection header sends the request down the parser's path, whose
+    answer is the same refusal (chunked bodies are framed by the parser)."""
+    if header.startswith("Transfer-Encoding"):
+        request = (
+            f"POST {INFER} HTTP/1.1\r\nHost: x\r\nX-Sordino-Priority: low\r\n"
+            f"X-Sordino-Timeout: 1\r\n{header}\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+        ).encode()
+    else:
+        request = _refused_request().replace(b"Host: x\r\n", f"Host: x\r\n{header}\r\n".encode())
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(GOOD_REQUEST)
+        assert _read_responses(sock, 1) == [200]
+        sock.sendall(request)
+        assert _read_responses(sock, 1) == [503]
+        if not header.startswith("Expect"):  # an Expect refusal closes the connection
+            sock.sendall(GOOD_REQUEST)
+            assert _read_responses(sock, 1) == [200]

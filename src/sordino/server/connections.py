@@ -240,9 +240,60 @@ class _GuardedProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if not self._admitted:
             return  # a refused connection: its request is not read
+        shed = self.guard.early_shed
+        if (
+            shed is not None
+            and data[:5] == b"POST "
+            and (self._phase is None or (self._phase == "header" and not self._request_bytes))
+            and (self.cycle is None or self.cycle.response_complete)
+            and not self.pipeline
+            and not self._shedding
+        ):
+            data = self._refuse_whole(data, shed)
+            if not data:
+                return
         if self._phase == "header":
             self._request_bytes = True
         super().data_received(data)
+
+    def _refuse_whole(self, data: bytes, shed: ShedCheck) -> bytes:
+        """Refuse the whole requests ``data`` starts with, unparsed; return the rest.
+
+        The fast path of a refusal from the headers: at a boundary between requests,
+        each complete request in ``data`` (headers and its whole ``Content-Length``
+        body) that :attr:`ConnectionGuard.early_shed` refuses is answered at once,
+        without the HTTP parser's callbacks — which cost a refusal a third of its CPU
+        under overload (docs/benchmarks.md, "Overload, third pass"). Anything else —
+        a request it would serve, an incomplete one, chunked, ``Expect``, not plainly
+        keep-alive HTTP/1.1, or a header it cannot read — stops the fast path, and the
+        parser takes the rest from that request on, as before.
+        """
+        refused = False
+        while data[:5] == b"POST " and not self.transport.is_closing():
+            end = data.find(b"\r\n\r\n")
+            head = _plain_head(data, end) if end > 0 else None
+            if head is None:
+                break
+            target, headers, length = head
+            following = end + 4 + length
+            if following > len(data):
+                break  # the body is not all here: the parser reads it
+            response = shed(target, headers)
+            if response is None:
+                break
+            if not refused:
+                self._unset_keepalive_if_required()
+                refused = True
+            self.transport.write(response)
+            self.server_state.total_requests += 1
+            data = data[following:]
+        if refused:
+            self._disarm()  # between requests, as after any answer
+            if not data:  # idle now: the keep-alive timeout runs, as after any answer
+                self.timeout_keep_alive_task = self.loop.call_later(
+                    self.timeout_keep_alive, self.timeout_keep_alive_handler
+                )
+        return data
 
     # -- parser callbacks ------------------------------------------------------------
 
@@ -346,6 +397,33 @@ class _GuardedProtocol(HttpToolsProtocol):
 
 
 _REASONS = {408: b"Request Timeout", 503: b"Service Unavailable"}
+_AS_PARSER_DOES = frozenset({b"transfer-encoding", b"expect", b"upgrade", b"connection"})
+"""Headers that change how a request is framed or answered: the parser handles those."""
+
+
+def _plain_head(data: bytes, end: int) -> tuple[bytes, list[tuple[bytes, bytes]], int] | None:
+    """``(target, headers, content length)`` of the request whose head is ``data[:end]``,
+    if it is a plain keep-alive HTTP/1.1 POST with a ``Content-Length``; else None."""
+    lines = data[:end].split(b"\r\n")
+    request = lines[0].split(b" ")
+    if len(request) != 3 or request[2] != b"HTTP/1.1":
+        return None
+    length = -1
+    headers: list[tuple[bytes, bytes]] = []
+    for line in lines[1:]:
+        name, colon, value = line.partition(b":")
+        if not colon or not name or name[-1:].isspace() or name[:1].isspace():
+            return None
+        name = name.lower()
+        value = value.strip()
+        if name == b"content-length":
+            if length >= 0 or not value.isdigit() or len(value) > 12:
+                return None
+            length = int(value)
+        elif name in _AS_PARSER_DOES:
+            return None
+        headers.append((name, value))
+    return (request[1], headers, length) if length >= 0 else None
 
 
 def _response(status: int, message: str, *, retry_after: bool = False) -> bytes:
