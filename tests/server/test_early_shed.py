@@ -257,8 +257,9 @@ def _refused_request(body: bytes = NOT_JSON) -> bytes:
 def test_whole_refused_requests_are_answered_without_the_parser(
     server: RunningServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Five refused requests in one write are answered from their bytes alone: the HTTP
-    parser never calls back for them (the fast path), and each is counted."""
+    """While requests are being refused, five refused requests in one write are
+    answered from their bytes alone: the HTTP parser never calls back for them (the
+    fast path), and each is counted."""
     from sordino.server import connections
 
     parsed = []
@@ -274,12 +275,48 @@ def test_whole_refused_requests_are_answered_without_the_parser(
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
         sock.sendall(GOOD_REQUEST)  # served first: the scheduler learns a batch's time
         assert _read_responses(sock, 1) == [200]
+        sock.sendall(_refused_request())  # refused: the server is refusing now
+        assert _read_responses(sock, 1) == [503]
+        assert server.early_shed is not None and server.early_shed.refusing()
+        parsed_before = len(parsed)
         sock.sendall(_refused_request() * 5)
         assert _read_responses(sock, 5) == [503] * 5
+        assert len(parsed) == parsed_before  # none of the five went through the parser
         sock.sendall(GOOD_REQUEST)  # the connection goes on
         assert _read_responses(sock, 1) == [200]
-    assert len(parsed) == 2  # the two served requests only
-    wait_for(lambda: _rejected(server, "shed") == before + 5, "5 refusals to be counted")
+    assert len(parsed) == parsed_before + 1
+    wait_for(lambda: _rejected(server, "shed") == before + 6, "6 refusals to be counted")
+
+
+def test_whole_requests_are_read_by_the_parser_when_nothing_is_being_refused(
+    server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast path is tried only while requests are being refused: otherwise a served
+    request's head would be read twice."""
+    from sordino.server import connections
+
+    read_fast = []
+    original = connections._plain_head
+
+    def counting(data: bytes, end: int) -> object:
+        read_fast.append(end)
+        return original(data, end)
+
+    monkeypatch.setattr(connections, "_plain_head", counting)
+    assert server.early_shed is not None
+    shed = server.early_shed
+    # No refusal for a while (set through the loop: it is the server's state).
+    server.loop.call_soon_threadsafe(setattr, shed, "_refused_at", float("-inf"))
+    wait_for(lambda: not shed.refusing(), "the refusals to be forgotten")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(GOOD_REQUEST * 3)
+        assert _read_responses(sock, 3) == [200] * 3
+        assert read_fast == []
+        sock.sendall(_refused_request())  # refused by the parser's path: now refusing
+        assert _read_responses(sock, 1) == [503]
+        sock.sendall(_refused_request())  # and this one is read fast
+        assert _read_responses(sock, 1) == [503]
+    assert len(read_fast) == 1
 
 
 def test_refused_and_served_requests_pipelined_are_answered_in_order(

@@ -21,7 +21,9 @@ connection is reset without an answer, so refusing can never hold many descripto
 
 A request may also be refused from its headers alone (:attr:`ConnectionGuard.early_shed`,
 ``server/early_shed.py``): its answer is written at once, its body is skipped unread,
-no ASGI task is made, and the connection stays open for the next request.
+no ASGI task is made, and the connection stays open for the next request. While
+requests are being refused, whole requests that arrive at a request boundary are
+read for that without the HTTP parser (:meth:`_GuardedProtocol._refuse_whole`).
 """
 
 from __future__ import annotations
@@ -31,8 +33,7 @@ import logging
 import resource
 import time
 from collections import Counter
-from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -65,8 +66,18 @@ RECEIVED = "sordino.received"
 """ASGI scope extension: ``{"at": time.monotonic()}`` when the request's headers ended."""
 
 Phase = Literal["header", "body"]
-ShedCheck = Callable[[bytes, list[tuple[bytes, bytes]]], bytes | None]
-"""``(target, headers) -> response or None``: asked at the end of a POST's headers."""
+
+
+class ShedCheck(Protocol):
+    """``(target, headers) -> response or None``: asked at the end of a POST's headers
+    (``server/early_shed.py``)."""
+
+    def __call__(self, target: bytes, headers: list[tuple[bytes, bytes]]) -> bytes | None: ...
+
+    def refusing(self) -> bool:
+        """Whether it refused a request lately: only then are whole requests read
+        without the parser (otherwise every served request would be read twice)."""
+        ...
 
 
 def default_max_connections() -> int:
@@ -244,6 +255,7 @@ class _GuardedProtocol(HttpToolsProtocol):
         if (
             shed is not None
             and data[:5] == b"POST "
+            and shed.refusing()
             and (self._phase is None or (self._phase == "header" and not self._request_bytes))
             and (self.cycle is None or self.cycle.response_complete)
             and not self.pipeline
@@ -262,8 +274,9 @@ class _GuardedProtocol(HttpToolsProtocol):
         The fast path of a refusal from the headers: at a boundary between requests,
         each complete request in ``data`` (headers and its whole ``Content-Length``
         body) that :attr:`ConnectionGuard.early_shed` refuses is answered at once,
-        without the HTTP parser's callbacks — which cost a refusal a third of its CPU
-        under overload (docs/benchmarks.md, "Overload, third pass"). Anything else —
+        without the HTTP parser's callbacks — a tenth to a fifth of a refusal's CPU
+        under overload (docs/benchmarks.md, "Overload, third pass"). Tried only while
+        requests are being refused (:meth:`ShedCheck.refusing`). Anything else —
         a request it would serve, an incomplete one, chunked, ``Expect``, not plainly
         keep-alive HTTP/1.1, or a header it cannot read — stops the fast path, and the
         parser takes the rest from that request on, as before.

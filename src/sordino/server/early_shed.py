@@ -47,8 +47,12 @@ from sordino.records import QueueSettings
 from sordino.server.loop_lag import LoopLag
 from sordino.server.runtime import Runtime
 
-__all__ = ["EarlyShed"]
+__all__ = ["REFUSING_S", "EarlyShed"]
 
+REFUSING_S = 1.0
+"""How long after a refusal whole requests are tried without the HTTP parser
+(``connections.py``): under overload refusals are continuous; otherwise the parser
+alone reads each request, once."""
 _INFER = re.compile(rb"/v2/models/([^/?]+)(?:/versions/([^/?]+))?/infer(?:\?.*)?")
 _PRIORITY = PRIORITY_HEADER.encode()
 _TAG = TAG_HEADER.encode()
@@ -71,6 +75,7 @@ class EarlyShed:
         # refusal (label lookups in two metric families).
         self._uncounted: Counter[tuple[str, str | None, str | None, str]] = Counter()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._refused_at = float("-inf")  # loop time of the last refusal
 
     def __call__(self, target: bytes, headers: list[tuple[bytes, bytes]]) -> bytes | None:
         """Return the whole HTTP response refusing the request, or None to serve it.
@@ -142,11 +147,17 @@ class EarlyShed:
         if error is None:
             return None
         self.shed += 1
+        self._refused_at = loop.time()
         if not self._uncounted:
             loop.call_soon(self._count)
         named = tenant.decode("latin-1") if tenant is not None else None
         self._uncounted[model_name, version, named, error.reason] += 1
         return _response(error)
+
+    def refusing(self) -> bool:
+        """Whether a request was refused here in the last :data:`REFUSING_S`."""
+        loop = self._loop
+        return loop is not None and loop.time() - self._refused_at < REFUSING_S
 
     def _count(self) -> None:
         uncounted, self._uncounted = self._uncounted, Counter()
