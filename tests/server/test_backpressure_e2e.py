@@ -9,12 +9,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from sordino.config import ModelConfig, RuntimeConfig
 from sordino.models.repository import sources_for
 from sordino.testing import RunningServer, serve_in_thread
+from tests.metrics import counter_sum
 from tests.models import slow_model
 
 BODY = {"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]}
@@ -79,17 +78,9 @@ def test_full_queue_answers_503_with_retry_after(slow_server: RunningServer) -> 
 
 def _not_served(server: RunningServer) -> int:
     """Requests to ``slow`` counted with any outcome but success (each request once)."""
-    text = generate_latest(server.runtime.metrics.registry).decode()
-    for family in text_string_to_metric_families(text):
-        if family.name == "sordino_requests":
-            return sum(
-                int(s.value)
-                for s in family.samples
-                if s.name.endswith("_total")
-                and s.labels["model"] == "slow"
-                and s.labels["outcome"] != "success"
-            )
-    return 0
+    return counter_sum(
+        server, "sordino_requests", lambda s: s["model"] == "slow" and s["outcome"] != "success"
+    )
 
 
 def test_deadline_in_queue_answers_503_and_never_runs(slow_server: RunningServer) -> None:

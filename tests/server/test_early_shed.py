@@ -16,8 +16,6 @@ from collections.abc import Iterator
 import numpy as np
 import orjson
 import pytest
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from sordino.config import RuntimeConfig
 from sordino.errors import QueueTimeout
@@ -26,6 +24,7 @@ from sordino.models.repository import builtin_sources
 from sordino.server.loop_lag import LoopLag
 from sordino.testing import RunningServer, serve_in_thread
 from tests.conftest import thread_isolated
+from tests.metrics import counter_sum
 from tests.waiting import wait_for
 
 MODEL = "digits-classifier"
@@ -87,15 +86,7 @@ def _post(
 
 
 def _rejected(server: RunningServer, reason: str) -> int:
-    text = generate_latest(server.runtime.metrics.registry).decode()
-    for family in text_string_to_metric_families(text):
-        if family.name == "sordino_rejected_requests":
-            return sum(
-                int(s.value)
-                for s in family.samples
-                if s.name.endswith("_total") and s.labels["reason"] == reason
-            )
-    return 0
+    return counter_sum(server, "sordino_rejected_requests", lambda s: s["reason"] == reason)
 
 
 def test_a_deadline_no_batch_can_meet_is_refused_before_the_body_is_read(
