@@ -491,7 +491,7 @@ def main() -> None:
         help="digits: the built-in MLP (front-end bound); w2: a CNN",
     )
     parser.add_argument("--mode", default="adaptive")
-    parser.add_argument("--max-batch", type=int, default=32, help="w2's max_batch_size")
+    parser.add_argument("--max-batch", type=int, help="w2's max_batch_size (default 32)")
     parser.add_argument("--connections", type=int, default=2048, help="client connection cap")
     parser.add_argument(
         "--variants", default="headers,body",
@@ -506,6 +506,10 @@ def main() -> None:
     args.variants = [v for v in args.variants.split(",") if v]
     if not args.variants or set(args.variants) - {"headers", "body"}:
         parser.error("--variants takes headers, body or both, comma-separated")
+    if args.max_batch is not None and (args.workload != "w2" or args.max_batch < 1):
+        parser.error("--max-batch sets W2's max_batch_size: use it with --workload w2, ≥ 1")
+    if args.chart is not None and not args.chart.parent.is_dir():
+        parser.error(f"--chart: the folder {args.chart.parent} does not exist")
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     cores = os.sched_getaffinity(0)
@@ -521,7 +525,7 @@ def main() -> None:
 
         text += (
             f"models:\n  - name: w2\n    path: {models.cnn()}\n"
-            f"    max_batch_size: {args.max_batch}\n"
+            f"    max_batch_size: {args.max_batch or 32}\n"
             f"    intra_op_threads: {1 if pinned else 2}\n"
         )
     config.write_text(text)
