@@ -47,37 +47,25 @@ class Arrivals:
     """Rows arriving per second: in all, and per priority level (1 is the highest)."""
 
     def __init__(self, priority_levels: int, now: float) -> None:
-        # (arrival time, rows) of the last ARRIVAL_WINDOW_S seconds: the arrival rate.
-        self._arrivals: deque[tuple[float, int]] = deque()
-        self._rows = 0
+        # Rows per level over ARRIVAL_WINDOW_S (their sum is the arrival rate) and, with
+        # more than one level, over LEVEL_WINDOW_S too.
+        levels = priority_levels + 1
+        self._recent = _LevelCount(ARRIVAL_WINDOW_S, levels)
+        self._steady = _LevelCount(LEVEL_WINDOW_S, levels) if priority_levels > 1 else None
         # The most requests in flight at once, this window and the one before: a closed
         # loop of N clients never has more than N, so once all N are here none is coming.
         self._peak_window_start = now
         self._peak_in_flight = self._peak_before = 0
-        # Per level over LEVEL_WINDOW_S and ARRIVAL_WINDOW_S (none with a single level).
-        levels = priority_levels + 1
-        self._levels = (
-            (_LevelCount(LEVEL_WINDOW_S, levels), _LevelCount(ARRIVAL_WINDOW_S, levels))
-            if priority_levels > 1
-            else None
-        )
 
     def note(self, now: float, rows: int, priority: int, in_flight: int) -> None:
         """A request of ``rows`` at ``priority`` was accepted; ``in_flight`` now."""
-        self._arrivals.append((now, rows))
-        self._rows += rows
-        self._forget(now)
-        if self._levels is not None:
-            for count in self._levels:
-                count.add(now, rows, priority)
+        self._recent.add(now, rows, priority)
+        if self._steady is not None:
+            self._steady.add(now, rows, priority)
         if now - self._peak_window_start >= ARRIVAL_WINDOW_S:
             self._peak_before, self._peak_in_flight = self._peak_in_flight, 0
             self._peak_window_start = now
         self._peak_in_flight = max(self._peak_in_flight, in_flight)
-
-    def _forget(self, now: float) -> None:
-        while self._arrivals and self._arrivals[0][0] < now - ARRIVAL_WINDOW_S:
-            self._rows -= self._arrivals.popleft()[1]
 
     def rate(self, now: float, in_flight: int) -> float:
         """Rows per second over the last ``ARRIVAL_WINDOW_S``; zero once nothing arrives.
@@ -93,23 +81,22 @@ class Arrivals:
         last arrival, read well under the real rate (issue 16: 200-900 rows/s measured
         at 1,200 req/s), so the batcher ran small batches it could have filled.
         """
-        self._forget(now)
         if now - self._peak_window_start >= 2 * ARRIVAL_WINDOW_S:
             self._peak_in_flight = self._peak_before = 0  # both windows passed in silence
         if in_flight >= max(self._peak_in_flight, self._peak_before):
             return 0.0
-        return self._rows / ARRIVAL_WINDOW_S
+        return self._recent.rows(now) / ARRIVAL_WINDOW_S
 
     def higher_rate(self, priority: int, now: float) -> float:
         """Rows per second arriving at priorities above ``priority``: the higher of the
         rates over LEVEL_WINDOW_S (steady, read high by two deviations) and
         ARRIVAL_WINDOW_S (quick to see a rise)."""
-        if self._levels is None:
+        if self._steady is None:
             return 0.0
-        steady, recent = self._levels
         # The steady count's upper bound: near a full share, a rate read 10 % low made
         # waits 30 % longer than foreseen, and lower priorities expired in the queue.
-        return max(steady.rate_above(priority, now, margin=2.0), recent.rate_above(priority, now))
+        steady = self._steady.rate_above(priority, now, margin=2.0)
+        return max(steady, self._recent.rate_above(priority, now))
 
 
 class BatchCost:
@@ -212,6 +199,7 @@ class _LevelCount:
         self.window_s = window_s
         self._arrivals: deque[tuple[float, int, int]] = deque()
         self._rows = [0] * levels
+        self._total = 0
         self._since = 0.0  # when the arrivals in the window began (after a silence)
 
     def add(self, now: float, rows: int, level: int) -> None:
@@ -220,6 +208,7 @@ class _LevelCount:
             self._since = now
         self._arrivals.append((now, rows, level))
         self._rows[level] += rows
+        self._total += rows
 
     def _prune(self, now: float) -> None:
         arrivals, counts = self._arrivals, self._rows
@@ -227,6 +216,12 @@ class _LevelCount:
         while arrivals and arrivals[0][0] < since:
             _, rows, old = arrivals.popleft()
             counts[old] -= rows
+            self._total -= rows
+
+    def rows(self, now: float) -> int:
+        """Rows arrived, at every level, in the window that ends ``now``."""
+        self._prune(now)
+        return self._total
 
     def rate_above(self, level: int, now: float, *, margin: float = 0.0) -> float:
         """Rows per second at levels above ``level`` (1 is the highest).
