@@ -35,6 +35,17 @@ def _sources(*names: str) -> list[Any]:
     return [s for s in builtin_sources() if s.name in names]
 
 
+def _fragmented(server: RunningServer) -> tuple[Fragmentation, set[int]]:
+    """Fragment ``server``'s arena to at least 0.5; the holder and the blocks it keeps."""
+
+    async def fragment() -> Fragmentation:
+        return fragment_arena(server.runtime, 0.5)
+
+    held = server.call(fragment())
+    assert isinstance(held, Fragmentation) and held.fragmentation >= 0.5
+    return held, {int(t["block"][0]) for t in held.tensors}
+
+
 def _digits_body(pixels: np.ndarray, tenant: str | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "inputs": [
@@ -71,13 +82,7 @@ def test_batch_boundaries_compact_a_fragmented_arena_step_by_step(
     config = _config(strategy="fragmentation_aware", pool_size="32MB")
     with serve_in_thread(config, _sources(DIGITS)) as server:
         runtime = server.runtime
-
-        async def fragment() -> Fragmentation:
-            return fragment_arena(runtime, 0.5)
-
-        held = server.call(fragment())
-        assert isinstance(held, Fragmentation) and held.fragmentation >= 0.5
-        kept = {int(t["block"][0]) for t in held.tensors}
+        held, kept = _fragmented(server)
         pixels = digits_pixels(8, seed=9)
         session = reference[DIGITS]
         expected = session.run(None, {session.get_inputs()[0].name: pixels})[0]
@@ -118,13 +123,7 @@ def test_defrag_every_200ms_under_load_keeps_every_answer_exact(
     """Concurrent one-shot and streaming load while defrag runs: exact answers, no error."""
     server = defrag_server
     runtime = server.runtime
-
-    async def fragment() -> Fragmentation:
-        return fragment_arena(runtime, 0.5)
-
-    held = server.call(fragment())
-    assert isinstance(held, Fragmentation) and held.fragmentation >= 0.5
-    kept = {int(t["block"][0]) for t in held.tensors}
+    held, kept = _fragmented(server)
     n = 192
     pixels = digits_pixels(n, seed=5)
     session = reference[DIGITS]
