@@ -18,8 +18,11 @@ Phases, each reported:
 1. **capacity** — the highest served rate: a closed loop at 64 connections;
 2. **unloaded** — open loop at 30 % of capacity, 20 % high / 80 % low priority: the
    high-priority p99 the overload is judged against;
-3. **high priority alone** — the overload's high-priority share (``--factor`` × 20 % of
-   capacity) with no low priority at all: the best any scheduler can give it;
+3. **high priority alone** — the overload's own schedule (same rate, same draw of
+   which requests are high) with only its high-priority requests sent: the best any
+   scheduler can give them, since even one that refused every low-priority request for
+   free would leave them exactly this load (``--factor`` × 20 % of capacity, arriving
+   at random);
 4. **refusal cost** — every request refused (a 1 µs deadline): the server's CPU per
    refusal, with the priority and deadline in headers (refused before the body is
    read, ``server/early_shed.py``) and in the body's ``parameters`` (refused after
@@ -63,6 +66,8 @@ HIGH_SHARE = 0.2
 """The share of high-priority requests in the open loops."""
 UNLOADED_HIGH = 400
 """High-priority requests the unloaded phase sends at least (within 5 to 60 s)."""
+NOT_SENT = -2
+"""``openloop.c``'s status for a low-priority request it skipped (``LOW_REQ`` "-")."""
 
 
 @dataclass(frozen=True)
@@ -163,6 +168,7 @@ class Generator:
             raise RuntimeError(f"openloop failed: {done.stderr.strip()}")
         last = done.stderr.strip().splitlines()[-1].split()  # "sent N in S s"
         table = np.loadtxt(out, dtype=np.int64, ndmin=2)
+        table = table[table[:, 1] != NOT_SENT]
         latency = np.where(table[:, 2] >= 0, table[:, 2] / 1e6, np.nan)
         return Outcomes(
             table[:, 0] == 1, table[:, 1], latency, int(last[1]) / max(float(last[3]), 1e-9)
@@ -170,14 +176,20 @@ class Generator:
 
     def open(
         self, rate: float, seconds: float, *, deadline_us: int | None, where: str,
-        connections: int, high_share: float = HIGH_SHARE, seed: int = 1,
+        connections: int, high_share: float = HIGH_SHARE, seed: int = 1, lows: bool = True,
     ) -> Outcomes:  # fmt: skip
-        """Send at ``rate`` per second for ``seconds``, whatever the answers."""
+        """Send at ``rate`` per second for ``seconds``, whatever the answers; each request
+        is high priority with probability ``high_share`` (drawn from ``seed``). Without
+        ``lows``, only the same schedule's high-priority requests are sent."""
         host = f"{self.host}:{self.port}"
         high = self._file(
             "high.http", request_bytes(self.workload, host, "high", deadline_us, where)
         )
-        low = self._file("low.http", request_bytes(self.workload, host, "low", deadline_us, where))
+        low = "-"
+        if lows:
+            low = self._file(
+                "low.http", request_bytes(self.workload, host, "low", deadline_us, where)
+            )
         out = self.dir / "open.txt"
         args = ["open", self.host, str(self.port), f"{rate:.1f}", f"{seconds:g}",
                 str(connections), str(high_share), str(seed), high, low, str(out)]  # fmt: skip
@@ -351,17 +363,21 @@ def run(args: argparse.Namespace, endpoints: Endpoints, generator: Generator) ->
     )  # fmt: skip
     unloaded = report(outcomes, unloaded_s, float("inf"))
     console.print(f"  high-priority p99 {unloaded['high_p99_ms']:.2f} ms")
-    # The high-priority share of the overload, alone: no low-priority request at all,
-    # the best any scheduler can give them. Its p99 is set by their own load (at 3× with
-    # 20 % high, 0.6 of capacity), which the overload's high p99 cannot beat.
-    alone_rate = args.factor * HIGH_SHARE * capacity
-    alone_s = min(30.0, max(5.0, UNLOADED_HIGH * 2.5 / alone_rate))
-    console.print(f"high priority alone: {alone_rate:,.0f} req/s for {alone_s:.0f} s …")
+    # The overload's high-priority requests alone: its schedule, its draw of which are
+    # high, the low ones not sent. Their p99 is set by their own load (at 3× with 20 %
+    # high, 0.6 of capacity, arriving at random), which no scheduler can take from them:
+    # the overload's high p99 cannot beat it. (Evenly spaced, as this phase once sent
+    # them, they never queue behind each other, and the comparison flattered the target.)
+    rate = args.factor * capacity
+    console.print(
+        f"high priority alone: the overload's schedule, its "
+        f"{HIGH_SHARE * rate:,.0f} high-priority req/s only, for {args.seconds:g} s …"
+    )
     outcomes = generator.open(
-        alone_rate, alone_s, deadline_us=None, where="headers",
-        connections=args.connections, high_share=1.0,
+        rate, args.seconds, deadline_us=None, where="headers",
+        connections=args.connections, lows=False,
     )  # fmt: skip
-    alone = report(outcomes, alone_s, float("inf"))
+    alone = report(outcomes, args.seconds, float("inf"))
     console.print(f"  high-priority p99 {alone['high_p99_ms']:.2f} ms")
     costs = {}
     for where in args.variants:
@@ -372,7 +388,6 @@ def run(args: argparse.Namespace, endpoints: Endpoints, generator: Generator) ->
             f"refusal cost, deadline in {where}: "
             f"{costs[where]['server_cpu_us_per_refusal']:.0f} µs of server CPU each"
         )
-    rate = args.factor * capacity
     floor = None
     if args.floor:
         console.print("floor: bench/refuser.c on the server's core refusing everything …")

@@ -12,10 +12,12 @@
  *   openloop open   HOST PORT RATE SECONDS CONNS HIGH_SHARE SEED HIGH_REQ LOW_REQ OUT
  *   openloop closed HOST PORT CONCURRENCY SECONDS REQ OUT
  *
- * The open loop opens its CONNS connections before it starts. HIGH_REQ / LOW_REQ / REQ are files holding one complete request each. OUT gets one
+ * The open loop opens its CONNS connections before it starts. HIGH_REQ / LOW_REQ / REQ
+ * are files holding one complete request each; LOW_REQ "-" sends the same schedule's
+ * high-priority requests only (each low one falls due and is not sent). OUT gets one
  * line per request, "high status latency_us" (status 0: the connection failed or closed
- * before the answer; -1: no answer when the run ended, 5 s after the last send). The
- * last line of stderr is "sent N in S s".
+ * before the answer; -1: no answer when the run ended, 5 s after the last send; -2: not
+ * sent, a low one under LOW_REQ "-"). The last line of stderr is "sent N in S s".
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -62,8 +64,8 @@ static long *waiting, nwaiting, wait_head, wait_cap; /* FIFO of requests due, no
 static req_t *reqs;
 static const char *bodies[2];
 static size_t body_len[2];
-static int closed_loop;
-static long nreqs, answered;
+static int closed_loop, skip_lows;
+static long nreqs, answered, skipped;
 
 static int64_t now_ns(void) {
     struct timespec t;
@@ -282,7 +284,9 @@ int main(int argc, char **argv) {
         high_share = atof(argv[7]);
         srand48(atol(argv[8]));
         bodies[1] = slurp(argv[9], &body_len[1]);
-        bodies[0] = slurp(argv[10], &body_len[0]);
+        skip_lows = strcmp(argv[10], "-") == 0;
+        if (skip_lows) { bodies[0] = bodies[1]; body_len[0] = body_len[1]; }
+        else bodies[0] = slurp(argv[10], &body_len[0]);
         out = argv[11];
         nreqs = (long)(rate * seconds);
     }
@@ -321,7 +325,10 @@ int main(int argc, char **argv) {
             if (t >= stop && answered == next) break;
             if (t >= stop + DRAIN_NS) break;
         } else {
-            while (next < nreqs && reqs[next].intended <= t) enqueue(next++);
+            while (next < nreqs && reqs[next].intended <= t) {
+                if (skip_lows && !reqs[next].high) { finish(next++, -2, t); skipped++; }
+                else enqueue(next++);
+            }
             if (next == nreqs) {
                 if (all_due == 0) all_due = t;
                 if (answered == nreqs || t >= all_due + DRAIN_NS) break;
@@ -362,6 +369,6 @@ int main(int argc, char **argv) {
     }
     fclose(f);
     (void)end;
-    fprintf(stderr, "sent %ld in %.3f s\n", count, (double)(last_send - start) / 1e9);
+    fprintf(stderr, "sent %ld in %.3f s\n", count - skipped, (double)(last_send - start) / 1e9);
     return 0;
 }

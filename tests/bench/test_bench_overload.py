@@ -100,3 +100,26 @@ def test_the_refuser_answers_each_request_and_skips_bodies_split_across_reads(
     finally:
         refuser.close()
     assert refuser.proc.returncode is not None
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("cc") is None, reason="no gcc")
+def test_without_lows_the_generator_sends_the_same_schedules_high_priority_requests(
+    tmp_path: Path,
+) -> None:
+    # The "high priority alone" phase: the overload's own arrivals, its low ones unsent.
+    refuser = bench_overload.Refuser(tmp_path, cpu=None)
+    generator = bench_overload.Generator(refuser.url, None, WORKLOADS["digits"])
+    try:
+        both = generator.open(400, 1.0, deadline_us=None, where="headers", connections=8)
+        alone = generator.open(
+            400, 1.0, deadline_us=None, where="headers", connections=8, lows=False
+        )
+    finally:
+        generator.close()
+        refuser.close()
+    assert both.status.size == 400 and (both.status == 503).all()
+    assert 40 < both.high.sum() < 120  # a fifth, drawn
+    # Exactly the high-priority requests of the same draw, each answered.
+    assert alone.high.all() and alone.status.size == both.high.sum()
+    assert (alone.status == 503).all()
+    assert alone.sent_per_s == pytest.approx(both.high.sum(), rel=0.15)
