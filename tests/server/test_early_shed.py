@@ -161,6 +161,36 @@ def test_a_late_loop_refuses_lower_priorities_only(
         server.loop.call_soon_threadsafe(setattr, shed, "lag", saved)
 
 
+def test_a_loop_late_with_the_others_refused_cuts_the_highest_priority_too(
+    server: RunningServer, conn: http.client.HTTPConnection
+) -> None:
+    """Past the lower priorities' floor a share of the highest priority is refused,
+    and of requests whose headers give no priority (the body may say high); every
+    lower one is refused."""
+    shed = server.early_shed
+    assert shed is not None
+    saved = shed.lag
+    lag = LoopLag(0.01, interval_s=3600.0)
+    lag.share = 0.01
+    lag.top_share = 0.5
+    server.loop.call_soon_threadsafe(setattr, shed, "lag", lag)
+    try:
+        # Each request asked once, wherever it is read (fast path or parser): exactly half.
+        statuses = [_post(conn, GOOD, X_Sordino_Priority="high")[0] for _ in range(4)]
+        assert sorted(statuses) == [200, 200, 503, 503]
+        status, headers, body = _post(conn, GOOD, X_Sordino_Priority="high")
+        if status == 200:  # the credit says which one of each two: see the refusal
+            status, headers, body = _post(conn, GOOD, X_Sordino_Priority="high")
+        assert status == 503 and headers["retry-after"] == "1"
+        assert "every lower priority refused" in orjson.loads(body)["error"]
+        statuses = [_post(conn, GOOD)[0] for _ in range(4)]
+        assert sorted(statuses) == [200, 200, 503, 503]
+        statuses = [_post(conn, GOOD, X_Sordino_Priority="low")[0] for _ in range(4)]
+        assert statuses == [503] * 4  # not even the lower floor's one in a hundred
+    finally:
+        server.loop.call_soon_threadsafe(setattr, shed, "lag", saved)
+
+
 def test_a_refused_closing_request_sent_in_one_packet_is_answered_and_closed(
     server: RunningServer, conn: http.client.HTTPConnection
 ) -> None:
@@ -261,6 +291,7 @@ def test_whole_refused_requests_are_answered_without_the_parser(
         original(self)
 
     before = _rejected(server, "shed")
+    scheduler = server.runtime.get(MODEL).scheduler
     # Before connecting: the parser takes its callbacks from the protocol when made.
     monkeypatch.setattr(connections._GuardedProtocol, "on_headers_complete", counting)
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
@@ -270,9 +301,12 @@ def test_whole_refused_requests_are_answered_without_the_parser(
         assert _read_responses(sock, 1) == [503]
         assert server.early_shed is not None and server.early_shed.refusing()
         parsed_before = len(parsed)
+        rejected = scheduler.statistics().rejected
         sock.sendall(_refused_request() * 5)
         assert _read_responses(sock, 5) == [503] * 5
         assert len(parsed) == parsed_before  # none of the five went through the parser
+        # Decided once for the five (one read, one loop iteration), counted five times.
+        assert scheduler.statistics().rejected == rejected + 5
         sock.sendall(GOOD_REQUEST)  # the connection goes on
         assert _read_responses(sock, 1) == [200]
     assert len(parsed) == parsed_before + 1

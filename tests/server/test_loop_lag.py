@@ -49,14 +49,34 @@ def test_a_burst_that_drains_within_the_interval_is_left_alone() -> None:
     assert lag.share == 1.0
 
 
-def test_the_share_comes_back_additively_once_the_lag_is_gone() -> None:
+def test_the_highest_priority_is_cut_only_once_the_others_are_at_their_floor() -> None:
+    """Criticality first: while the lower priorities' share can still fall, the highest
+    is admitted whole; once it is at its floor and the loop is still late, a share of
+    the highest is admitted, and nothing below it."""
+    lag = _lag()
+    end = _feed(lag, 0.0, 57, 0.2)  # seven intervals late: 1/128, held at the floor
+    assert lag.share == 0.01 and lag.top_share == 1.0
+    assert all(lag.admit_top() for _ in range(100))
+    assert sum(lag.admit() for _ in range(100)) == 1
+    _feed(lag, end, 8, 0.2)  # one more
+    assert lag.share == 0.01 and lag.top_share == 0.5
+    assert sum(lag.admit_top() for _ in range(100)) == 50
+    assert not any(lag.admit() for _ in range(100))
+
+
+def test_on_the_way_back_the_highest_priority_recovers_first() -> None:
     lag = _lag()
     end = _feed(lag, 0.0, 128, 0.2)
-    assert lag.share == 0.01  # the floor: some still get in, to see the load ease
+    assert lag.share == 0.01 and lag.top_share == 0.01  # both floors: some still get in
     end = _feed(lag, end, 24, 0.0)  # three intervals on time
-    assert lag.share == pytest.approx(0.31)
+    assert lag.top_share == pytest.approx(0.31) and lag.share == 0.01
+    assert not lag.admit()
+    end = _feed(lag, end, 56, 0.0)  # seven more: the highest is whole again
+    assert lag.top_share == 1.0 and lag.share == 0.01
+    end = _feed(lag, end, 16, 0.0)  # then the others come back, additively
+    assert lag.share == pytest.approx(0.21)
     _feed(lag, end, 128, 0.0)
-    assert lag.share == 1.0
+    assert lag.share == 1.0 and lag.top_share == 1.0
 
 
 def test_exactly_the_share_is_admitted() -> None:
@@ -70,7 +90,7 @@ def test_reset_admits_everything_again() -> None:
     lag = _lag()
     _feed(lag, 0.0, 64, 0.5)
     lag.reset()
-    assert lag.share == 1.0 and lag.admit()
+    assert lag.share == 1.0 and lag.top_share == 1.0 and lag.admit() and lag.admit_top()
 
 
 def test_target_must_be_positive() -> None:

@@ -723,12 +723,15 @@ class ModelScheduler:
 
         A transport that knows a request's priority and deadline before reading its
         body (``server/early_shed.py``) asks here: the answer is the :class:`Shed`
-        :meth:`submit` would raise for it now (counted as rejected), or None.
+        :meth:`submit` would raise for it now, or None. Each request refused on such an
+        answer (it may serve for several alike) is counted by
+        :meth:`note_unread_refusal`.
         """
-        error = self._late(priority, timeout_s)
-        if error is not None:
-            self._rejected += 1
-        return error
+        return self._late(priority, timeout_s)
+
+    def note_unread_refusal(self) -> None:
+        """Count a request refused unread on a :meth:`shed_unread` answer (rejected)."""
+        self._rejected += 1
 
     def _late(self, priority: int, timeout_s: float | None) -> Shed | None:
         """Whether a request at ``priority`` queued now would miss its deadline.

@@ -29,10 +29,12 @@ read for that without the HTTP parser (:meth:`_GuardedProtocol._refuse_whole`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import resource
 import time
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
 from uvicorn.config import Config
@@ -72,7 +74,7 @@ class ShedCheck(Protocol):
     """``(target, headers) -> response or None``: asked at the end of a POST's headers
     (``server/early_shed.py``)."""
 
-    def __call__(self, target: bytes, headers: list[tuple[bytes, bytes]]) -> bytes | None: ...
+    def __call__(self, target: bytes, headers: Sequence[tuple[bytes, bytes]]) -> bytes | None: ...
 
     def refusing(self) -> bool:
         """Whether it refused a request lately: only then are whole requests read
@@ -222,6 +224,7 @@ class _GuardedProtocol(HttpToolsProtocol):
         self.deadline: float | None = None  # when the phase being read times out
         self._request_bytes = False  # some of the current request's headers arrived
         self._shedding = False  # the current request was refused from its headers
+        self._asked = False  # the request the parser reads next was admitted unparsed
 
     # -- the connection --------------------------------------------------------------
 
@@ -293,6 +296,9 @@ class _GuardedProtocol(HttpToolsProtocol):
                 break  # the body is not all here: the parser reads it
             response = shed(target, headers)
             if response is None:
+                # Admitted: the parser reads it next, and must not ask again (a share
+                # admitted by credit would be asked twice, and admitted squared).
+                self._asked = True
                 break
             if not refused:
                 self._unset_keepalive_if_required()
@@ -322,8 +328,10 @@ class _GuardedProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         shed = self.guard.early_shed
+        asked, self._asked = self._asked, False
         if (
             shed is not None
+            and not asked
             and (self.cycle is None or self.cycle.response_complete)
             and not self.pipeline
             and self.parser.get_method() == b"POST"
@@ -416,8 +424,16 @@ _AS_PARSER_DOES = frozenset({b"transfer-encoding", b"expect", b"upgrade", b"conn
 
 def _plain_head(data: bytes, end: int) -> tuple[bytes, list[tuple[bytes, bytes]], int] | None:
     """``(target, headers, content length)`` of the request whose head is ``data[:end]``,
-    if it is a plain keep-alive HTTP/1.1 POST with a ``Content-Length``; else None."""
-    lines = data[:end].split(b"\r\n")
+    if it is a plain keep-alive HTTP/1.1 POST with a ``Content-Length``; else None.
+
+    Under overload a client sends the same head over and over: the last heads read are
+    kept (a tenth of this path's CPU), and the headers list must not be changed."""
+    return _read_head(data[:end])
+
+
+@functools.lru_cache(maxsize=256)
+def _read_head(head: bytes) -> tuple[bytes, list[tuple[bytes, bytes]], int] | None:
+    lines = head.split(b"\r\n")
     request = lines[0].split(b" ")
     if len(request) != 3 or request[2] != b"HTTP/1.1":
         return None

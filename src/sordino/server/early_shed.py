@@ -12,7 +12,9 @@ rules, in this order:
   ``server.shed_loop_lag``): while the server's own event loop runs late — the HTTP
   path is the bottleneck and requests wait unread — a share of the requests whose
   ``X-Sordino-Priority`` is below the highest level is refused, whatever their
-  deadline;
+  deadline; if the loop stays late with those down to 1 %, a share of the rest (the
+  highest priority, and requests whose headers do not give one) is refused too, and
+  every lower one;
 - **the deadline cannot be met**, by the scheduler's own rule
   (:meth:`ModelScheduler.shed_unread`: the expected wait at the request's priority
   against its deadline), so a request refused here is one the scheduler would refuse
@@ -38,6 +40,9 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sordino.admission.chain import PRIORITY_HEADER, TAG_HEADER, TIMEOUT_HEADER, parse_priority
 from sordino.errors import NotFound, Shed, SordinoError, Unavailable
@@ -46,6 +51,9 @@ from sordino.protocol.status import retry_after_header
 from sordino.records import QueueSettings
 from sordino.server.loop_lag import LoopLag
 from sordino.server.runtime import Runtime
+
+if TYPE_CHECKING:
+    from sordino.scheduling.scheduler import ModelScheduler
 
 __all__ = ["REFUSING_S", "EarlyShed"]
 
@@ -76,16 +84,17 @@ class EarlyShed:
         self._uncounted: Counter[tuple[str, str | None, str | None, str]] = Counter()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._refused_at = float("-inf")  # loop time of the last refusal
+        self._decided: dict[tuple[bytes | None, ...], _Decision | object] = {}
+        self._decided_at = float("nan")  # the loop time they were decided at
+        self._lag_responses: dict[str, bytes] = {}
+        self._lag_responses_at = float("nan")
 
-    def __call__(self, target: bytes, headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    def __call__(self, target: bytes, headers: Sequence[tuple[bytes, bytes]]) -> bytes | None:
         """Return the whole HTTP response refusing the request, or None to serve it.
 
         ``target`` is the request's URL as sent; ``headers`` its headers, names in
         lower case. Only ``POST`` requests are asked about.
         """
-        match = _INFER.fullmatch(target)
-        if match is None:
-            return None
         runtime = self._runtime
         if runtime.tenants.required or runtime.stopping:
             return None
@@ -105,23 +114,68 @@ class EarlyShed:
                 tag = value
             elif name == _TENANT:
                 tenant = value
+        # Decided once per event-loop iteration for each kind of request: under overload
+        # one iteration refuses hundreds alike, and the model's state does not move
+        # between them (the loop's time is the iteration's, under uvloop).
+        now = loop.time()
+        if now != self._decided_at:
+            self._decided.clear()
+            self._decided_at = now
+        key = (target, priority_value, timeout_value, tag)
+        decision = self._decided.get(key)
+        if decision is None:
+            decision = self._decided[key] = self._decide(target, priority_value, timeout_value, tag)
+        if decision is _SERVE:
+            return None
+        assert isinstance(decision, _Decision)
+        reason = Shed.reason
+        response = None
+        if lag is not None and decision.stated_lower:
+            if not lag.admit():
+                response = self._lag_response("lower", lag)
+        elif lag is not None and not lag.admit_top():
+            response = self._lag_response("top", lag)
+        if response is None:
+            if decision.late is None:
+                return None
+            decision.scheduler.note_unread_refusal()
+            reason, response = decision.late.reason, decision.response
+        self.shed += 1
+        self._refused_at = now
+        if not self._uncounted:
+            loop.call_soon(self._count)
+        named = tenant.decode("latin-1") if tenant is not None else None
+        self._uncounted[decision.model, decision.version, named, reason] += 1
+        return response
+
+    def _decide(
+        self, target: bytes, priority_value: bytes | None, timeout_value: bytes | None,
+        tag: bytes | None,
+    ) -> _Decision | object:  # fmt: skip
+        """What a request with these headers gets now, but for the lag rule (applied to
+        each request): :data:`_SERVE` if this path does not answer it at all."""
+        match = _INFER.fullmatch(target)
+        if match is None:
+            return _SERVE
+        runtime = self._runtime
         try:
             model_name = match[1].decode("ascii")
             version = match[2].decode("ascii") if match[2] is not None else None
             loaded = runtime.get(model_name, version)
         except (UnicodeDecodeError, NotFound, Unavailable):
-            return None  # the ordinary path answers an odd name or an unknown model
+            return _SERVE  # the ordinary path answers an odd name or an unknown model
         if (
             loaded.pipeline is not None
             or loaded.sequences is not None
             or runtime.result_cache.active(model_name)
         ):
-            return None
+            return _SERVE
         settings = loaded.scheduling.queue
         # Only a request that states its priority in X-Sordino-Priority is refused for
-        # lag: without it the body may say high. (A tag's rule is not enough: tags
-        # predate this refusal, and their clients did not ask for it.) The deadline rule
-        # takes the priority admission will give: the header, the tag's rule, the default.
+        # lag as a lower one: without it the body may say high. (A tag's rule is not
+        # enough: tags predate this refusal, and their clients did not ask for it.) The
+        # deadline rule takes the priority admission will give: the header, the tag's
+        # rule, the default.
         rule = self._rules.get(tag.decode("latin-1")) if tag is not None else None
         try:
             if priority_value is not None:
@@ -131,28 +185,40 @@ class EarlyShed:
             else:
                 priority = settings.default_priority
         except SordinoError:
-            return None  # malformed: the ordinary path says what is wrong with it
-        error: Shed | None = None
-        if priority_value is not None and priority > 1 and lag is not None and not lag.admit():
-            error = Shed(
+            return _SERVE  # malformed: the ordinary path says what is wrong with it
+        late = None
+        timeout_s = _timeout(settings, timeout_value)
+        if timeout_s is not None:
+            late = loaded.scheduler.shed_unread(priority, timeout_s)
+        return _Decision(
+            model_name, version, loaded.scheduler,
+            stated_lower=priority_value is not None and priority > 1,
+            late=late, response=_response(late) if late is not None else b"",
+        )  # fmt: skip
+
+    def _lag_response(self, kind: str, lag: LoopLag) -> bytes:
+        """The refusal for lag (``kind``: ``lower`` or ``top``), made once an iteration."""
+        response = self._lag_responses.get(kind)
+        if response is not None and self._lag_responses_at == self._decided_at:
+            return response
+        if self._lag_responses_at != self._decided_at:
+            self._lag_responses.clear()
+            self._lag_responses_at = self._decided_at
+        if kind == "lower":
+            message = (
                 f"the server is overloaded (its event loop runs {lag.last_lag_s * 1000:.0f} "
                 f"ms late): requests below the highest priority are refused first, "
-                f"{lag.share:.0%} of them admitted now; retry later",
-                retry_after_s=1.0,
+                f"{lag.share:.0%} of them admitted now (none while the highest is cut "
+                f"too); retry later"
             )
         else:
-            timeout_s = _timeout(settings, timeout_value)
-            if timeout_s is not None:
-                error = loaded.scheduler.shed_unread(priority, timeout_s)
-        if error is None:
-            return None
-        self.shed += 1
-        self._refused_at = loop.time()
-        if not self._uncounted:
-            loop.call_soon(self._count)
-        named = tenant.decode("latin-1") if tenant is not None else None
-        self._uncounted[model_name, version, named, error.reason] += 1
-        return _response(error)
+            message = (
+                f"the server is overloaded (its event loop runs {lag.last_lag_s * 1000:.0f} "
+                f"ms late with every lower priority refused): {lag.top_share:.0%} of the "
+                f"highest priority admitted now; retry later"
+            )
+        response = self._lag_responses[kind] = _response(Shed(message, retry_after_s=1.0))
+        return response
 
     def refusing(self) -> bool:
         """Whether a request was refused here in the last :data:`REFUSING_S`."""
@@ -163,6 +229,25 @@ class EarlyShed:
         uncounted, self._uncounted = self._uncounted, Counter()
         for (model, version, tenant, reason), count in uncounted.items():
             self._runtime.service.refused_unread(model, version, tenant, reason, count)
+
+
+_SERVE = object()
+"""A decision: the request is not this path's to refuse (the ordinary path reads it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Decision:
+    """What :meth:`EarlyShed._decide` found for one kind of request in one iteration."""
+
+    model: str
+    version: str | None
+    scheduler: ModelScheduler
+    stated_lower: bool
+    """Its ``X-Sordino-Priority`` names a level below the highest."""
+    late: Shed | None
+    """Its deadline cannot be met (the scheduler's rule), or None."""
+    response: bytes
+    """The refusal for ``late``."""
 
 
 def _timeout(settings: QueueSettings, header: bytes | None) -> float | None:

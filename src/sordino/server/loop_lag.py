@@ -13,8 +13,16 @@ whose *smallest* delay over an interval stays above a target — a burst that dr
 within the interval is left alone. Each interval whose smallest lag is above
 ``target_s`` halves the share of lower-priority requests admitted; each interval below
 it adds ``1/10`` back (AIMD, as TCP, so the admitted rate settles near what the core
-can serve). Requests at the highest priority level are never refused for lag: shedding
-the others is what keeps their latency.
+can serve).
+
+Shedding is by criticality, as in Google SRE's load shedding: the highest priority
+level is touched only once the lower ones are down to their floor (``_MIN_SHARE``) and
+the loop is still late — when the highest priority's own requests, with the refusals
+of all the others, are more than the core can read and answer. Past that point,
+refusing none of them lets the backlog grow until every request is late (at 3× the
+digits model's capacity, with 20 % high priority, 1 % of them were served); so then a
+share of the highest priority (``top_share``) is admitted, by the same AIMD, and
+nothing below it. On the way back the highest priority recovers first.
 
 The admitted share is applied without randomness: each request adds the share to a
 credit and is admitted when the credit reaches one, so exactly that share gets in.
@@ -30,7 +38,9 @@ __all__ = ["LoopLag"]
 _DECREASE = 0.5
 _INCREASE = 0.1
 _MIN_SHARE = 0.01
-"""Some lower-priority requests always get in: they measure whether the load eased."""
+"""The floor of the lower priorities' share while the highest is admitted whole."""
+_MIN_TOP_SHARE = 0.01
+"""Some highest-priority requests always get in, however late the loop."""
 
 
 class LoopLag:
@@ -52,11 +62,16 @@ class LoopLag:
         self.idle_s = idle_s
         """With no request for this long the ticks stop (and the share resets)."""
         self.share = 1.0
-        """Share of lower-priority requests admitted now (1: all of them)."""
+        """Share of lower-priority requests admitted now (1: all of them); none while
+        ``top_share`` is below 1."""
+        self.top_share = 1.0
+        """Share of the highest priority admitted now (1: all; cut only once ``share``
+        is at its floor)."""
         self.last_lag_s = 0.0
         self._window_end: float | None = None
         self._window_min = math.inf
         self._credit = 0.0
+        self._top_credit = 0.0
         self._last_request = -math.inf
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -73,14 +88,22 @@ class LoopLag:
         if now < self._window_end:
             return
         if self._window_min > self.target_s:
-            self.share = max(_MIN_SHARE, self.share * _DECREASE)
+            if self.share > _MIN_SHARE:
+                self.share = max(_MIN_SHARE, self.share * _DECREASE)
+            else:
+                self.top_share = max(_MIN_TOP_SHARE, self.top_share * _DECREASE)
+        elif self.top_share < 1.0:
+            self.top_share = min(1.0, self.top_share + _INCREASE)
         else:
             self.share = min(1.0, self.share + _INCREASE)
         self._window_end = now + self.interval_s
         self._window_min = math.inf
 
     def admit(self) -> bool:
-        """Whether to admit the next lower-priority request (exactly ``share`` of them)."""
+        """Whether to admit the next lower-priority request (exactly ``share`` of them,
+        and none while the highest priority is cut)."""
+        if self.top_share < 1.0:
+            return False
         if self.share >= 1.0:
             return True
         self._credit += self.share
@@ -89,13 +112,23 @@ class LoopLag:
             return True
         return False
 
+    def admit_top(self) -> bool:
+        """Whether to admit the next highest-priority request (exactly ``top_share``)."""
+        if self.top_share >= 1.0:
+            return True
+        self._top_credit += self.top_share
+        if self._top_credit >= 1.0:
+            self._top_credit -= 1.0
+            return True
+        return False
+
     def reset(self) -> None:
         """Forget the past: all admitted, no window open."""
-        self.share = 1.0
+        self.share = self.top_share = 1.0
         self.last_lag_s = 0.0
         self._window_end = None
         self._window_min = math.inf
-        self._credit = 0.0
+        self._credit = self._top_credit = 0.0
 
     # -- measuring on a running loop ---------------------------------------------------
 
