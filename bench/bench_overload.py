@@ -475,7 +475,7 @@ def chart(result: dict[str, Any], path: Path) -> None:
     bottom.axhline(unloaded, color="grey", linewidth=1, label="unloaded high p99")
     alone = result["high_alone"]["high_p99_ms"]
     bottom.axhline(alone, color="tab:red", linewidth=1, linestyle="--",
-                   label="high p99 with no low priority at all")  # fmt: skip
+                   label="high p99, the same high-priority arrivals alone")  # fmt: skip
     bottom.axhline(2 * unloaded, color="grey", linewidth=1, linestyle=":", label="2× (target)")
     bottom.set_yscale("log")
     bottom.set_ylabel("high-priority p99, ms")

@@ -35,8 +35,16 @@ def test_a_loop_on_time_admits_everything() -> None:
 
 def test_a_standing_lag_halves_the_share_each_interval() -> None:
     lag = _lag()
-    _feed(lag, 0.0, 17, 0.05)  # the first tick opens the first interval
+    _feed(lag, 0.0, 17, 0.015)  # the first tick opens the first interval
     assert lag.share == 0.25
+
+
+def test_a_lag_standing_far_above_the_target_cuts_in_proportion() -> None:
+    """30 times the target: a thirtieth at once, not a half each 100 ms."""
+    lag = _lag()
+    _feed(lag, 0.0, 9, 0.3)
+    assert lag.share == pytest.approx(1 / 30)
+    assert lag.top_share == 1.0
 
 
 def test_a_burst_that_drains_within_the_interval_is_left_alone() -> None:
@@ -54,11 +62,11 @@ def test_the_highest_priority_is_cut_only_once_the_others_are_at_their_floor() -
     is admitted whole; once it is at its floor and the loop is still late, a share of
     the highest is admitted, and nothing below it."""
     lag = _lag()
-    end = _feed(lag, 0.0, 57, 0.2)  # seven intervals late: 1/128, held at the floor
+    end = _feed(lag, 0.0, 57, 0.015)  # seven intervals late: 1/128, held at the floor
     assert lag.share == 0.01 and lag.top_share == 1.0
     assert all(lag.admit_top() for _ in range(100))
     assert sum(lag.admit() for _ in range(100)) == 1
-    _feed(lag, end, 8, 0.2)  # one more
+    _feed(lag, end, 8, 0.015)  # one more
     assert lag.share == 0.01 and lag.top_share == 0.5
     assert sum(lag.admit_top() for _ in range(100)) == 50
     assert not any(lag.admit() for _ in range(100))
@@ -81,7 +89,7 @@ def test_on_the_way_back_the_highest_priority_recovers_first() -> None:
 
 def test_exactly_the_share_is_admitted() -> None:
     lag = _lag()
-    _feed(lag, 0.0, 17, 0.05)
+    _feed(lag, 0.0, 17, 0.015)
     assert lag.share == 0.25
     assert sum(lag.admit() for _ in range(400)) == 100
 

@@ -11,9 +11,12 @@ time a request now waits to be read.
 :class:`LoopLag` follows CoDel (Nichols & Jacobson, 2012): a standing queue is one
 whose *smallest* delay over an interval stays above a target — a burst that drains
 within the interval is left alone. Each interval whose smallest lag is above
-``target_s`` halves the share of lower-priority requests admitted; each interval below
-it adds ``1/10`` back (AIMD, as TCP, so the admitted rate settles near what the core
-can serve).
+``target_s`` halves the share of lower-priority requests admitted — or cuts it in
+proportion, ``target / lag``, when the lag stands more than twice the target, so that
+a surge far past capacity is met within an interval or two rather than seven (as
+Envoy's adaptive concurrency scales its limit by the latency's gradient); each interval
+below it adds ``1/10`` back (AIMD, as TCP, so the admitted rate settles near what the
+core can serve).
 
 Shedding is by criticality, as in Google SRE's load shedding: the highest priority
 level is touched only once the lower ones are down to their floor (``_MIN_SHARE``) and
@@ -88,10 +91,13 @@ class LoopLag:
         if now < self._window_end:
             return
         if self._window_min > self.target_s:
+            # Half, or in proportion to how late it stands if that is less: a loop
+            # 300 ms late at a 10 ms target is cut to a thirtieth at once.
+            factor = min(_DECREASE, self.target_s / self._window_min)
             if self.share > _MIN_SHARE:
-                self.share = max(_MIN_SHARE, self.share * _DECREASE)
+                self.share = max(_MIN_SHARE, self.share * factor)
             else:
-                self.top_share = max(_MIN_TOP_SHARE, self.top_share * _DECREASE)
+                self.top_share = max(_MIN_TOP_SHARE, self.top_share * factor)
         elif self.top_share < 1.0:
             self.top_share = min(1.0, self.top_share + _INCREASE)
         else:
