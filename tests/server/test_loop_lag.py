@@ -17,13 +17,19 @@ def _lag() -> LoopLag:
     return LoopLag(0.01, interval_s=INTERVAL, tick_s=TICK)
 
 
-def _feed(lag: LoopLag, start: float, ticks: int, lag_s: float) -> float:
-    """Observe ``lag_s`` on each of ``ticks`` ticks from ``start``; return the end time."""
+def _feed(lag: LoopLag, start: float, ticks: int, lag_s: float, busy: float = 0.1) -> float:
+    """Observe ``lag_s`` on each of ``ticks`` ticks from ``start``, the loop's thread on
+    CPU ``busy`` of the time; return the end time."""
     now = start
     for _ in range(ticks):
         now += TICK
-        lag.observe(now, lag_s)
+        _cpu[id(lag)] = _cpu.get(id(lag), 0.0) + TICK * busy
+        lag.observe(now, lag_s, _cpu[id(lag)])
     return now
+
+
+_cpu: dict[int, float] = {}
+"""Each LoopLag's thread CPU time so far, as ``_feed`` has run it."""
 
 
 def test_a_loop_on_time_admits_everything() -> None:
@@ -85,6 +91,28 @@ def test_on_the_way_back_the_highest_priority_recovers_first() -> None:
     assert lag.share == pytest.approx(0.21)
     _feed(lag, end, 128, 0.0)
     assert lag.share == 1.0 and lag.top_share == 1.0
+
+
+def test_on_time_but_busy_the_share_comes_back_by_a_fiftieth() -> None:
+    """A loop on time whose thread was on CPU nearly all the while is on time only
+    just: the share comes back five times slower than with time to spare."""
+    lag = _lag()
+    end = _feed(lag, 0.0, 128, 0.2, busy=0.95)
+    assert lag.share == 0.01 and lag.top_share == 0.01
+    end = _feed(lag, end, 24, 0.0, busy=0.95)  # three intervals, on time, busy
+    assert lag.top_share == pytest.approx(0.07)
+    # Then time to spare: the interval under way was busy for most of it (+0.02),
+    # the three after it not (+0.1 each).
+    end = _feed(lag, end, 32, 0.0, busy=0.5)
+    assert lag.top_share == pytest.approx(0.39)
+    # Measured on a running loop: CPU time unknown counts as busy.
+    unknown = _lag()
+    unknown.top_share = unknown.share = 0.01
+    now = 0.0
+    for _ in range(9):
+        now += TICK
+        unknown.observe(now, 0.0)
+    assert unknown.top_share == pytest.approx(0.03)
 
 
 def test_exactly_the_share_is_admitted() -> None:

@@ -35,11 +35,15 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 
 __all__ = ["LoopLag"]
 
 _DECREASE = 0.5
 _INCREASE = 0.1
+_BUSY_INCREASE = 0.02
+_BUSY = 0.8
+"""A loop thread that used this share of an interval's time on CPU was busy in it."""
 _MIN_SHARE = 0.01
 """The floor of the lower priorities' share while the highest is admitted whole."""
 _MIN_TOP_SHARE = 0.01
@@ -73,6 +77,7 @@ class LoopLag:
         self.last_lag_s = 0.0
         self._window_end: float | None = None
         self._window_min = math.inf
+        self._window_cpu: float | None = None
         self._credit = 0.0
         self._top_credit = 0.0
         self._last_request = -math.inf
@@ -81,12 +86,14 @@ class LoopLag:
 
     # -- the decision (pure: tests drive it with their own times) ----------------------
 
-    def observe(self, now: float, lag_s: float) -> None:
-        """Take one measurement: the loop ran ``lag_s`` late at ``now``."""
+    def observe(self, now: float, lag_s: float, cpu_s: float | None = None) -> None:
+        """Take one measurement: the loop ran ``lag_s`` late at ``now``; ``cpu_s`` is
+        its thread's CPU time then (None: unknown, taken as busy)."""
         self.last_lag_s = lag_s
         self._window_min = min(self._window_min, lag_s)
         if self._window_end is None:
             self._window_end = now + self.interval_s
+            self._window_cpu = cpu_s
             return
         if now < self._window_end:
             return
@@ -98,12 +105,24 @@ class LoopLag:
                 self.share = max(_MIN_SHARE, self.share * factor)
             else:
                 self.top_share = max(_MIN_TOP_SHARE, self.top_share * factor)
-        elif self.top_share < 1.0:
-            self.top_share = min(1.0, self.top_share + _INCREASE)
         else:
-            self.share = min(1.0, self.share + _INCREASE)
+            # On time: back by a tenth if the loop's thread had time to spare, by a
+            # fiftieth if it was busy all the same (a core spent reading and refusing
+            # is on time only just; a tenth at a time overshot it again and again).
+            began = self._window_end - self.interval_s
+            spare = (
+                cpu_s is not None
+                and self._window_cpu is not None
+                and cpu_s - self._window_cpu < _BUSY * (now - began)
+            )
+            step = _INCREASE if spare else _BUSY_INCREASE
+            if self.top_share < 1.0:
+                self.top_share = min(1.0, self.top_share + step)
+            else:
+                self.share = min(1.0, self.share + step)
         self._window_end = now + self.interval_s
         self._window_min = math.inf
+        self._window_cpu = cpu_s
 
     def admit(self) -> bool:
         """Whether to admit the next lower-priority request (exactly ``share`` of them,
@@ -149,7 +168,7 @@ class LoopLag:
         loop = self._loop
         assert loop is not None
         now = loop.time()
-        self.observe(now, max(0.0, now - due))
+        self.observe(now, max(0.0, now - due), time.thread_time())
         if now - self._last_request > self.idle_s:
             self._timer = None
             self.reset()
