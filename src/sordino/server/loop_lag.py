@@ -15,8 +15,8 @@ within the interval is left alone. Each interval whose smallest lag is above
 proportion, ``target / lag``, when the lag stands more than twice the target, so that
 a surge far past capacity is met within an interval or two rather than seven (as
 Envoy's adaptive concurrency scales its limit by the latency's gradient); each interval
-below it adds ``1/10`` back (AIMD, as TCP, so the admitted rate settles near what the
-core can serve).
+below it adds ``1/10`` back, or ``1/50`` if the loop's thread was on CPU for most of it
+(AIMD, as TCP, so the admitted rate settles near what the core can serve).
 
 Shedding is by criticality, as in Google SRE's load shedding: the highest priority
 level is touched only once the lower ones are down to their floor (``_MIN_SHARE``) and
