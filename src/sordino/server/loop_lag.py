@@ -129,23 +129,13 @@ class LoopLag:
         and none while the highest priority is cut)."""
         if self.top_share < 1.0:
             return False
-        if self.share >= 1.0:
-            return True
-        self._credit += self.share
-        if self._credit >= 1.0:
-            self._credit -= 1.0
-            return True
-        return False
+        admitted, self._credit = _by_credit(self.share, self._credit)
+        return admitted
 
     def admit_top(self) -> bool:
         """Whether to admit the next highest-priority request (exactly ``top_share``)."""
-        if self.top_share >= 1.0:
-            return True
-        self._top_credit += self.top_share
-        if self._top_credit >= 1.0:
-            self._top_credit -= 1.0
-            return True
-        return False
+        admitted, self._top_credit = _by_credit(self.top_share, self._top_credit)
+        return admitted
 
     def reset(self) -> None:
         """Forget the past: all admitted, no window open."""
@@ -180,3 +170,13 @@ class LoopLag:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+def _by_credit(share: float, credit: float) -> tuple[bool, float]:
+    """Admit one more of a stream of which ``share`` is admitted: ``(admitted, credit)``."""
+    if share >= 1.0:
+        return True, credit
+    credit += share
+    if credit >= 1.0:
+        return True, credit - 1.0
+    return False, credit
