@@ -122,4 +122,5 @@ def test_without_lows_the_generator_sends_the_same_schedules_high_priority_reque
     # Exactly the high-priority requests of the same draw, each answered.
     assert alone.high.all() and alone.status.size == both.high.sum()
     assert (alone.status == 503).all()
-    assert alone.sent_per_s == pytest.approx(both.high.sum(), rel=0.15)
+    # The unsent low ones are not counted as sent (were they, the two rates would match).
+    assert 0.1 < alone.sent_per_s / both.sent_per_s < 0.4

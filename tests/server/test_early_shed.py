@@ -2,8 +2,8 @@
 
 A real server. A body that is not JSON tells whether it was read: refused from the
 headers it is never decoded (503), read it would be a 400. The event-loop rule is
-driven by swapping in a :class:`LoopLag` whose share the test sets (its interval is
-an hour, so no measurement moves it during the test).
+driven by swapping in a :class:`LoopLag` whose share the test sets (its interval and
+idle time are an hour, so no measurement moves it during the test).
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def test_a_late_loop_refuses_lower_priorities_only(
     shed = server.early_shed
     assert shed is not None
     saved = shed.lag
-    lag = LoopLag(0.01, interval_s=3600.0)
+    lag = LoopLag(0.01, interval_s=3600.0, idle_s=3600.0)
     lag.share = 0.01  # one request in a hundred below the highest priority gets in
     server.loop.call_soon_threadsafe(setattr, shed, "lag", lag)
     try:
@@ -170,7 +170,7 @@ def test_a_loop_late_with_the_others_refused_cuts_the_highest_priority_too(
     shed = server.early_shed
     assert shed is not None
     saved = shed.lag
-    lag = LoopLag(0.01, interval_s=3600.0)
+    lag = LoopLag(0.01, interval_s=3600.0, idle_s=3600.0)
     lag.share = 0.01
     lag.top_share = 0.5
     server.loop.call_soon_threadsafe(setattr, shed, "lag", lag)
