@@ -86,8 +86,7 @@ class EarlyShed:
         self._refused_at = float("-inf")  # loop time of the last refusal
         self._decided: dict[tuple[bytes | None, ...], _Decision | object] = {}
         self._decided_at = float("nan")  # the loop time they were decided at
-        self._lag_responses: dict[str, bytes] = {}
-        self._lag_responses_at = float("nan")
+        self._lag_responses: dict[str, bytes] = {}  # this iteration's, by kind
 
     def __call__(self, target: bytes, headers: Sequence[tuple[bytes, bytes]]) -> bytes | None:
         """Return the whole HTTP response refusing the request, or None to serve it.
@@ -120,6 +119,7 @@ class EarlyShed:
         now = loop.time()
         if now != self._decided_at:
             self._decided.clear()
+            self._lag_responses.clear()
             self._decided_at = now
         key = (target, priority_value, timeout_value, tag)
         decision = self._decided.get(key)
@@ -199,11 +199,8 @@ class EarlyShed:
     def _lag_response(self, kind: str, lag: LoopLag) -> bytes:
         """The refusal for lag (``kind``: ``lower`` or ``top``), made once an iteration."""
         response = self._lag_responses.get(kind)
-        if response is not None and self._lag_responses_at == self._decided_at:
+        if response is not None:
             return response
-        if self._lag_responses_at != self._decided_at:
-            self._lag_responses.clear()
-            self._lag_responses_at = self._decided_at
         if kind == "lower":
             message = (
                 f"the server is overloaded (its event loop runs {lag.last_lag_s * 1000:.0f} "
