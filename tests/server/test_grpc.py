@@ -238,6 +238,6 @@ def test_grpc_and_http_requests_share_a_batch(
 
 def test_unsupported_rpcs_say_so(client: grpcclient.InferenceServerClient) -> None:
     with pytest.raises(InferenceServerException) as info:
-        client.get_cuda_shared_memory_status()
+        client.get_trace_settings()
     assert info.value.status() == "StatusCode.UNIMPLEMENTED"
-    assert "CUDA shared-memory" in info.value.message()
+    assert "trace extension is not supported" in info.value.message()

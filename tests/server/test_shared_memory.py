@@ -168,27 +168,49 @@ def test_registration_mistakes_are_explained(client: Any, regions: tuple[Any, An
         client.get_system_shared_memory_status("nothing")
 
 
-def test_regions_belong_to_their_tenant(
+def test_a_claimed_tenant_makes_no_separate_set_of_regions(
     client: Any, regions: tuple[Any, Any], protocol: str
 ) -> None:
-    """Another tenant can neither see nor use a tenant's regions."""
+    """Without tenants configured, X-Sordino-Tenant is no credential: every caller sees,
+    uses and can unregister the one set of regions, as in Triton (tenants with API keys
+    isolate them: tests/tenants/test_auth.py)."""
     shm.set_shared_memory_region(regions[0], [np.ones((2, 16), dtype=np.int32)])
     _register(client, regions, headers={"x-sordino-tenant": "alpha"})
     beta = {"x-sordino-tenant": "beta"}
     status = client.get_system_shared_memory_status(headers=beta)
-    assert (len(status) if protocol == "http" else len(status.regions)) == 0
-    with pytest.raises(InferenceServerException, match="Unable to find shared memory region"):
-        _infer(client, _simple_request(protocol), headers=beta)
-    result = client.infer(
-        "simple", _simple_request(protocol)[0], headers={"x-sordino-tenant": "alpha"}
-    )
+    assert (len(status) if protocol == "http" else len(status.regions)) == 2
+    result = client.infer("simple", _simple_request(protocol)[0], headers=beta)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.full((1, 16), 2))
-    client.unregister_system_shared_memory(headers={"x-sordino-tenant": "alpha"})
+    with pytest.raises(InferenceServerException, match="already in manager"):
+        client.register_system_shared_memory("input_data", _key(regions[0]), 16, headers=beta)
+    client.unregister_system_shared_memory(headers=beta)
+    status = client.get_system_shared_memory_status(headers={"x-sordino-tenant": "alpha"})
+    assert (len(status) if protocol == "http" else len(status.regions)) == 0
 
 
-def test_cuda_shared_memory_is_unimplemented(client: Any) -> None:
-    with pytest.raises(InferenceServerException, match="CUDA shared-memory extension is not"):
-        client.get_cuda_shared_memory_status()
+def test_cuda_shared_memory_answers_as_triton_without_gpus(client: Any, protocol: str) -> None:
+    """Status lists no regions and unregistering succeeds (Triton's clients start by
+    unregistering every region); registering is refused with the reason."""
+    status = client.get_cuda_shared_memory_status()
+    assert (status if protocol == "http" else list(status.regions)) == []
+    client.unregister_cuda_shared_memory()
+    client.unregister_cuda_shared_memory("nothing")
+    with pytest.raises(InferenceServerException, match="Unable to find cuda shared memory"):
+        client.get_cuda_shared_memory_status("nothing")
+    with pytest.raises(InferenceServerException, match="no CUDA devices") as info:
+        client.register_cuda_shared_memory("gpu", b"\0" * 64, 0, 64)
+    assert info.value.status() in {"400", "StatusCode.UNIMPLEMENTED"}
+
+
+def test_long_client_strings_are_cut_in_errors(client: Any) -> None:
+    """A 10,000-character key or region name is not echoed whole."""
+    long = "k" * 10_000
+    for name, key in (("r", "/" + long), (long, "/sordino_test_no_such_object")):
+        with pytest.raises(InferenceServerException) as info:
+            client.register_system_shared_memory(name, key, 16)
+        message = info.value.message()
+        assert "k" * 65 not in message and " characters)" in message
+        assert len(message) < 1000
 
 
 def test_shared_memory_over_the_grpc_stream(

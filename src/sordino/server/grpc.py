@@ -40,6 +40,7 @@ from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
 from sordino.server.serve import check_port
 from sordino.server.service import request_tenant
+from sordino.server.shm import cuda_register, cuda_status
 from sordino.server.streams import StreamLimit, peer_address
 from sordino.server.tls import load_tls
 
@@ -50,15 +51,7 @@ log = logging.getLogger("sordino.grpc")
 SERVICE = "inference.GRPCInferenceService"
 """The service's name on the wire (its method paths are ``/SERVICE/Method``)."""
 
-_SHM = (
-    "the CUDA shared-memory extension is not supported by sordino (it serves no GPU memory "
-    "to clients); use system shared memory (SystemSharedMemoryRegister) or send tensors in "
-    "the request"
-)
 UNSUPPORTED_RPCS: dict[str, str] = {
-    "CudaSharedMemoryStatus": _SHM,
-    "CudaSharedMemoryRegister": _SHM,
-    "CudaSharedMemoryUnregister": _SHM,
     "TraceSetting": (
         "the trace extension is not supported by sordino; use the metrics at /metrics and "
         "the ModelStatistics RPC"
@@ -201,6 +194,27 @@ class InferenceServicer:
         self.runtime.shared_memory.unregister(
             self.runtime.service.caller_tenant(_metadata(context)), request.name or None
         )
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    # CUDA shared memory, answered as Triton answers on a server without GPUs. Its
+    # messages are not in our proto; their wire form is the system ones' (a name in
+    # field 1; status: a map of regions, here always empty; unregister: nothing).
+
+    async def CudaSharedMemoryStatus(
+        self, raw: bytes, context: Any
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        request = parse_message(pb.SystemSharedMemoryStatusRequest, raw)
+        cuda_status(request.name or None)
+        return pb.SystemSharedMemoryStatusResponse()
+
+    async def CudaSharedMemoryRegister(self, raw: bytes, context: Any) -> Any:
+        request = parse_message(pb.SystemSharedMemoryUnregisterRequest, raw)  # name: field 1
+        cuda_register(request.name)
+
+    async def CudaSharedMemoryUnregister(
+        self, raw: bytes, context: Any
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        parse_message(pb.SystemSharedMemoryUnregisterRequest, raw)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def RepositoryIndex(self, raw: bytes, context: Any) -> pb.RepositoryIndexResponse:
@@ -428,6 +442,9 @@ def build_handler(servicer: InferenceServicer) -> Any:
         "SystemSharedMemoryStatus",
         "SystemSharedMemoryRegister",
         "SystemSharedMemoryUnregister",
+        "CudaSharedMemoryStatus",
+        "CudaSharedMemoryRegister",
+        "CudaSharedMemoryUnregister",
     ]
     handlers: dict[str, Any] = {
         name: grpc.unary_unary_rpc_method_handler(

@@ -132,7 +132,8 @@ class Runtime:
         self.timings = TimingSeries()
         # Off unless the guardian's cache_recent_results turns it on for a model.
         self.result_cache = ResultCache()
-        self.shared_memory = SystemSharedMemory()
+        # Each tenant has its own regions while tenants are configured (self.tenants, below).
+        self.shared_memory = SystemSharedMemory(isolated=lambda: self.tenants.enabled)
         """Clients' registered system shared-memory regions (Triton's extension)."""
         self._observers = (
             SchedulerObservers(

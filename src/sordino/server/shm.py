@@ -4,37 +4,54 @@ written into them.
 A client on the same host creates a POSIX shared-memory object (``shm_open``, as
 ``tritonclient.utils.shared_memory`` does), registers it under a name with a key, an
 offset and a byte size, and then names the region (with a byte size and an offset
-within it) instead of sending an input's bytes, or to receive an output. Regions belong
-to the tenant that registered them (the request's tenant, as the inference service
-computes it): a request can name only its own tenant's regions, status lists only
-them, and unregistering touches only them.
+within it) instead of sending an input's bytes, or to receive an output.
+
+Who sees a region. With tenants configured (or ``auth.required``), regions belong to the
+tenant the caller's API key names: a request can name only its own tenant's regions,
+status lists only them, unregistering touches only them, and an object (the same file in
+``/dev/shm``) registered by one tenant cannot be registered by another until the first
+unregisters it. Without tenants there is one set of regions for every caller, as in
+Triton: a claimed ``X-Sordino-Tenant`` is no credential and makes no separate set.
 
 Every bound is checked with an error saying what to fix: the object must exist and hold
 ``offset + byte_size`` bytes at registration; an input's or output's ``offset +
 byte_size`` must lie within its region; an input's byte size must be its tensor's; an
 output's must hold the result. sordino's own arena segments cannot be registered.
 
-An input is read as a read-only view on the mapping (no copy until the batch is staged
-into the arena); unregistering a region drops the server's reference, and the mapping
-goes away when the last request reading it is done.
+The object can shrink after registration (its owner may ``ftruncate`` it), so the server
+never maps it: touching a mapping past the object's end raises SIGBUS, which would end
+the whole server. A region keeps the object's descriptor, and each use first checks the
+object's current size (``fstat``) and then copies with ``pread``/``pwrite``, which end
+short or fail instead of faulting if the object shrinks between the check and the copy.
+An input is therefore copied once out of the region when the request is accepted (a
+memcpy; the batch's staging copy follows as before); an output is written with one
+``pwrite``. The descriptor is closed when the last request using the region is done.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
+import stat as stat_mode
 import threading
-from dataclasses import dataclass
-from typing import Any
+import weakref
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import numpy as np
 
 from sordino.datatypes import serialize_bytes_tensor, tensor_from_binary
-from sordino.errors import InvalidRequest, NotFound, TensorError
+from sordino.errors import InvalidRequest, NotFound, TensorError, Unsupported
 from sordino.inference import InferRequest, InferResponse
 from sordino.protocol.codec import shared_memory_parameters
 
-__all__ = ["SHM_DIR", "SystemSharedMemory"]
+__all__ = [
+    "CUDA_REGISTER_REFUSAL",
+    "SHM_DIR",
+    "SystemSharedMemory",
+    "cuda_register",
+    "cuda_status",
+    "shown",
+]
 
 SHM_DIR = "/dev/shm"
 """Where POSIX shared-memory objects live on Linux."""
@@ -43,21 +60,64 @@ MAX_REGIONS = 256
 """The most regions one tenant may have registered at a time."""
 
 MAX_REGIONS_TOTAL = 1024
-"""The most regions registered at a time over every tenant (each holds a mapping)."""
+"""The most regions registered at a time over every tenant (each holds a descriptor)."""
+
+SHARED = "default"
+"""The one set of regions of a server without tenants."""
+
+MAX_SHOWN = 64
+"""The most characters of a client's string (a region name, a key) echoed in an error."""
+
+CUDA_REGISTER_REFUSAL = (
+    "CUDA shared memory is not supported: this server has no CUDA devices (sordino "
+    "serves no GPU memory to clients); use system shared memory or send tensors in the "
+    "request"
+)
 
 _OWN_PREFIXES = ("sordino-", "psm_")
 """Names of sordino's own arena segments (named, and Python's unnamed ones)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Region:
-    """One registered region: where it lies and the bytes the server may touch."""
+def shown(text: object) -> str:
+    """``text`` quoted for an error message, cut to :data:`MAX_SHOWN` characters."""
+    value = str(text)
+    if len(value) > MAX_SHOWN:
+        value = f"{value[:MAX_SHOWN]}… ({len(value)} characters)"
+    return f"'{value}'"
 
-    name: str
-    key: str
-    offset: int
-    byte_size: int
-    view: np.ndarray[Any, np.dtype[np.uint8]]
+
+def cuda_status(name: str | None) -> list[dict[str, Any]]:
+    """Triton's answer to a CUDA shared-memory status on a server without GPUs: no
+    regions (a named one is not found)."""
+    if name:
+        raise NotFound(f"Unable to find cuda shared memory region: {shown(name)}")
+    return []
+
+
+def cuda_register(name: str) -> NoReturn:
+    """Refuse a CUDA shared-memory registration: there are no CUDA devices."""
+    raise Unsupported(f"{CUDA_REGISTER_REFUSAL} (region {shown(name)})")
+
+
+class Region:
+    """One registered region: where it lies in its object, and the object's descriptor.
+
+    The descriptor is closed when the region is no longer referenced (unregistered and
+    no request still using it).
+    """
+
+    __slots__ = ("__weakref__", "byte_size", "fd", "identity", "key", "name", "offset")
+
+    def __init__(
+        self, name: str, key: str, offset: int, byte_size: int, fd: int, identity: tuple[int, int]
+    ) -> None:
+        self.name = name
+        self.key = key
+        self.offset = offset
+        self.byte_size = byte_size
+        self.fd = fd
+        self.identity = identity
+        weakref.finalize(self, os.close, fd)
 
     def status(self) -> dict[str, Any]:
         return {
@@ -67,37 +127,93 @@ class Region:
             "byte_size": self.byte_size,
         }
 
+    def read(self, offset: int, size: int, owner: str) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """A copy of ``size`` bytes at ``offset`` within the region."""
+        self._check_object(offset, size, owner)
+        out = np.empty(size, dtype=np.uint8)
+        view = out.data
+        done = 0
+        while done < size:
+            try:
+                got = os.preadv(self.fd, [view[done:]], self.offset + offset + done)
+            except OSError as exc:
+                raise self._failed(owner, exc.strerror) from None
+            if got == 0:  # the object shrank after the check
+                self._check_object(offset, size, owner)
+                raise self._failed(owner, "the object ended before the bytes asked for")
+            done += got
+        return out
+
+    def write(self, offset: int, payload: memoryview, owner: str) -> None:
+        """Write ``payload`` at ``offset`` within the region."""
+        self._check_object(offset, payload.nbytes, owner)
+        data = payload.cast("B")
+        done = 0
+        while done < data.nbytes:
+            try:
+                done += os.pwrite(self.fd, data[done:], self.offset + offset + done)
+            except OSError as exc:
+                raise self._failed(owner, exc.strerror) from None
+
+    def _check_object(self, offset: int, size: int, owner: str) -> None:
+        try:
+            actual = os.fstat(self.fd).st_size
+        except OSError as exc:
+            raise self._failed(owner, exc.strerror) from None
+        if self.offset + offset + size > actual:
+            raise InvalidRequest(
+                f"shared memory region {shown(self.name)} was registered with {self.byte_size} "
+                f"bytes at offset {self.offset} of object {shown(self.key)}, but the object "
+                f"now holds {actual} bytes, so {owner} ({size} bytes at offset {offset} of "
+                "the region) is past its end; give the object back its size, or unregister "
+                "the region and register it again"
+            )
+
+    def _failed(self, owner: str, why: str | None) -> InvalidRequest:
+        return InvalidRequest(
+            f"shared memory region {shown(self.name)} (object {shown(self.key)}): {owner} "
+            f"could not be copied: {why or 'unknown error'}"
+        )
+
 
 class SystemSharedMemory:
-    """Registered system shared-memory regions, per tenant."""
+    """Registered system shared-memory regions, per tenant when tenants are configured."""
 
-    def __init__(self) -> None:
+    def __init__(self, isolated: Callable[[], bool] | None = None) -> None:
+        """``isolated()`` says whether tenants are configured (then each has its own
+        regions); None means never."""
+        self._isolated = isolated or (lambda: False)
         self._regions: dict[str, dict[str, Region]] = {}
         self._lock = threading.Lock()
+
+    def _space(self, tenant: str) -> str:
+        """The set of regions ``tenant`` sees: its own with tenants, else the one set."""
+        return tenant if self._isolated() else SHARED
 
     # -- registration ------------------------------------------------------------------
 
     def register(self, tenant: str, name: str, key: str, offset: int, byte_size: int) -> None:
-        """Map ``byte_size`` bytes at ``offset`` of object ``key`` as region ``name``."""
+        """Open object ``key`` and register ``byte_size`` bytes at ``offset`` as ``name``."""
         if not name:
             raise InvalidRequest("the region name is empty; name the region to register")
         for field, value in (("offset", offset), ("byte_size", byte_size)):
             if type(value) is not int or value < 0:
                 raise InvalidRequest(
-                    f"shared memory region {name!r}: {field} is {value!r}; it must be a "
-                    "non-negative byte count"
+                    f"shared memory region {shown(name)}: {field} is {shown(value)}; it must "
+                    "be a non-negative byte count"
                 )
         if byte_size == 0:
             raise InvalidRequest(
-                f"shared memory region {name!r}: byte_size is 0; register at least one byte"
+                f"shared memory region {shown(name)}: byte_size is 0; register at least one byte"
             )
         path = _object_path(name, key)
+        space = self._space(tenant)
         with self._lock:
-            regions = self._regions.get(tenant, {})
+            regions = self._regions.get(space, {})
             if name in regions:
                 raise InvalidRequest(
-                    f"shared memory region '{name}' already in manager (sordino: unregister "
-                    "it first, or register under another name)"
+                    f"shared memory region {shown(name)} already in manager (sordino: "
+                    "unregister it first, or register under another name)"
                 )
             if sum(len(r) for r in self._regions.values()) >= MAX_REGIONS_TOTAL:
                 raise InvalidRequest(
@@ -106,35 +222,46 @@ class SystemSharedMemory:
                 )
             if len(regions) >= MAX_REGIONS:
                 raise InvalidRequest(
-                    f"tenant {tenant!r} has {MAX_REGIONS} shared memory regions registered, "
-                    "the most allowed; unregister one first"
+                    f"tenant {shown(space)} has {MAX_REGIONS} shared memory regions "
+                    "registered, the most allowed; unregister one first"
                 )
-            view = _map(name, key, path, offset, byte_size)
-            region = Region(name, key, offset, byte_size, view)
-            self._regions.setdefault(tenant, {})[name] = region
+            region = _open(name, key, path, offset, byte_size)
+            for other, held in self._regions.items():
+                if other != space and any(r.identity == region.identity for r in held.values()):
+                    raise InvalidRequest(
+                        f"shared memory object {shown(key)} is already registered by another "
+                        "tenant; a tenant can register only objects no other tenant holds "
+                        "(create your own object under another name)"
+                    )
+            self._regions.setdefault(space, {})[name] = region
 
     def unregister(self, tenant: str, name: str | None = None) -> None:
-        """Forget region ``name`` (every region of the tenant when None); unknown is no error."""
+        """Forget region ``name`` (every region when None) of the caller's set.
+
+        An unknown name is no error, as in Triton; another tenant's region of that name
+        is never touched.
+        """
+        space = self._space(tenant)
         with self._lock:
-            regions = self._regions.get(tenant, {})
+            regions = self._regions.get(space, {})
             if name is None:
                 regions.clear()
             else:
                 regions.pop(name, None)
             if not regions:
-                self._regions.pop(tenant, None)
+                self._regions.pop(space, None)
 
     def status(self, tenant: str, name: str | None = None) -> list[dict[str, Any]]:
-        """The tenant's regions (or the one named), as Triton's status lists them."""
+        """The caller's regions (or the one named), as Triton's status lists them."""
         with self._lock:
-            regions = dict(self._regions.get(tenant, {}))
+            regions = dict(self._regions.get(self._space(tenant), {}))
         if name is None:
             return [regions[key].status() for key in sorted(regions)]
         region = regions.get(name)
         if region is None:
             raise NotFound(
-                f"Unable to find system shared memory region: '{name}' (sordino: it is not "
-                "registered for this tenant)"
+                f"Unable to find system shared memory region: {shown(name)} (sordino: it is "
+                "not registered)"
             )
         return [region.status()]
 
@@ -153,23 +280,24 @@ class SystemSharedMemory:
         return any("shared_memory_region" in out.parameters for out in request.outputs or ())
 
     def attach(self, request: InferRequest, tenant: str) -> None:
-        """Read ``request``'s shared-memory inputs from ``tenant``'s regions into its inputs.
+        """Copy ``request``'s shared-memory inputs from the caller's regions into its inputs.
 
         Also checks that every output to be written into a region names one of the
-        tenant's regions with room for its bytes' bounds (the size is checked once the
+        caller's regions with room for its bytes' bounds (the size is checked once the
         output is known). Raises before anything is queued.
         """
         if request.outputs:
             for output in request.outputs:
                 where = shared_memory_parameters(f"output {output.name!r}", output.parameters)
                 if where is not None:
-                    self._slice(tenant, where[0], where[2], where[1], f"output {output.name!r}")
+                    self._region(tenant, where[0], where[2], where[1], _output(output.name))
         if not request.shared_inputs:
             return
         inputs = dict(request.inputs)
         for shared in request.shared_inputs:
-            owner = f"input {shared.name!r}"
-            data = self._slice(tenant, shared.region, shared.offset, shared.byte_size, owner)
+            owner = f"input {shown(shared.name)}"
+            region = self._region(tenant, shared.region, shared.offset, shared.byte_size, owner)
+            data = region.read(shared.offset, shared.byte_size, owner)
             try:
                 inputs[shared.name] = tensor_from_binary(
                     shared.name, shared.datatype, shared.shape, memoryview(data.data).toreadonly()
@@ -177,7 +305,8 @@ class SystemSharedMemory:
             except TensorError as exc:
                 raise TensorError(
                     f"{exc.message} (the input lies in shared memory region "
-                    f"{shared.region!r}: its shared_memory_byte_size must be the tensor's size)"
+                    f"{shown(shared.region)}: its shared_memory_byte_size must be the tensor's "
+                    "size)"
                 ) from None
         request.inputs = inputs
         request.shared_inputs = []
@@ -190,7 +319,7 @@ class SystemSharedMemory:
             where = shared_memory_parameters(f"output {output.name!r}", output.parameters)
             if where is None:
                 continue
-            region, size, offset = where
+            name, size, offset = where
             array = response.outputs.get(output.name)
             if array is None:
                 continue  # the encoder reports the missing output
@@ -202,77 +331,86 @@ class SystemSharedMemory:
             if payload.size > size:
                 raise InvalidRequest(
                     f"shared memory size specified with the request for output "
-                    f"'{output.name}' should be at least {payload.size} bytes to hold the "
-                    f"results (sordino: shared_memory_byte_size is {size})"
+                    f"{shown(output.name)} should be at least {payload.size} bytes to hold "
+                    f"the results (sordino: shared_memory_byte_size is {size})"
                 )
-            target = self._slice(tenant, region, offset, size, f"output {output.name!r}")
-            target[: payload.size] = payload
+            owner = _output(output.name)
+            region = self._region(tenant, name, offset, size, owner)
+            region.write(offset, payload.data, owner)
 
-    def _slice(
-        self, tenant: str, name: str, offset: int, size: int, owner: str
-    ) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    def _region(self, tenant: str, name: str, offset: int, size: int, owner: str) -> Region:
+        """The caller's region ``name``, checked to hold ``size`` bytes at ``offset``."""
         with self._lock:
-            region = self._regions.get(tenant, {}).get(name)
+            region = self._regions.get(self._space(tenant), {}).get(name)
         if region is None:
             raise NotFound(
-                f"Unable to find shared memory region: '{name}' (sordino: {owner} names a "
-                "region this tenant has not registered; register it with POST "
-                f"/v2/systemsharedmemory/region/{name}/register)"
+                f"Unable to find shared memory region: {shown(name)} (sordino: {owner} names "
+                "a region that is not registered; register it with POST "
+                "/v2/systemsharedmemory/region/<name>/register)"
             )
         if offset + size > region.byte_size:
             raise InvalidRequest(
-                f"Invalid offset + byte size for shared memory region: '{name}' (sordino: "
-                f"{owner} asks for {size} bytes at offset {offset} but the region holds "
-                f"{region.byte_size} bytes)"
+                f"Invalid offset + byte size for shared memory region: {shown(name)} "
+                f"(sordino: {owner} asks for {size} bytes at offset {offset} but the region "
+                f"holds {region.byte_size} bytes)"
             )
-        return region.view[offset : offset + size]
+        return region
+
+
+def _output(name: str) -> str:
+    return f"output {shown(name)}"
 
 
 def _object_path(name: str, key: str) -> str:
     if not isinstance(key, str) or not key.strip("/"):
         raise InvalidRequest(
-            f"shared memory region {name!r}: the key is {key!r}; give the shm_open name of "
-            "the object, such as '/my_region'"
+            f"shared memory region {shown(name)}: the key is {shown(key)}; give the shm_open "
+            "name of the object, such as '/my_region'"
         )
     base = key.lstrip("/")
     if "/" in base or base in {".", ".."} or "\0" in base:
         raise InvalidRequest(
-            f"shared memory region {name!r}: the key {key!r} is not a shared memory object "
-            "name; give a name such as '/my_region' (one leading slash, no other)"
+            f"shared memory region {shown(name)}: the key {shown(key)} is not a shared memory "
+            "object name; give a name such as '/my_region' (one leading slash, no other)"
         )
     if base.startswith(_OWN_PREFIXES):
         raise InvalidRequest(
-            f"shared memory region {name!r}: the key {key!r} is reserved for sordino's own "
-            "segments; create the object under another name"
+            f"shared memory region {shown(name)}: the key {shown(key)} is reserved for "
+            "sordino's own segments; create the object under another name"
         )
     return os.path.join(SHM_DIR, base)
 
 
-def _map(
-    name: str, key: str, path: str, offset: int, byte_size: int
-) -> np.ndarray[Any, np.dtype[np.uint8]]:
+def _open(name: str, key: str, path: str, offset: int, byte_size: int) -> Region:
     try:
-        fd = os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
     except FileNotFoundError:
         raise InvalidRequest(
-            f"Unable to open shared memory region: '{key}' (sordino: no shared memory object "
-            f"{key!r} exists; create it before registering region {name!r})"
+            f"Unable to open shared memory region: {shown(key)} (sordino: no shared memory "
+            f"object {shown(key)} exists; create it before registering region {shown(name)})"
         ) from None
     except OSError as exc:
         raise InvalidRequest(
-            f"Unable to open shared memory region: '{key}' (sordino: {exc.strerror})"
+            f"Unable to open shared memory region: {shown(key)} (sordino: {exc.strerror})"
         ) from None
     try:
-        size = os.fstat(fd).st_size
-        if offset + byte_size > size:
-            raise InvalidRequest(
-                f"Invalid offset + byte size for shared memory region: '{name}' (sordino: "
-                f"offset {offset} + byte_size {byte_size} is past the end of object {key!r}, "
-                f"which holds {size} bytes)"
-            )
-        mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-    finally:
+        stat = os.fstat(fd)
+    except OSError as exc:
         os.close(fd)
-    # The view keeps the mapping alive while any request still reads it.
-    whole = np.frombuffer(mapping, dtype=np.uint8)
-    return whole[offset : offset + byte_size]
+        raise InvalidRequest(
+            f"Unable to open shared memory region: {shown(key)} (sordino: {exc.strerror})"
+        ) from None
+    if not stat_mode.S_ISREG(stat.st_mode):
+        os.close(fd)
+        raise InvalidRequest(
+            f"Unable to open shared memory region: {shown(key)} (sordino: it is not a "
+            "shared memory object)"
+        )
+    if offset + byte_size > stat.st_size:
+        os.close(fd)
+        raise InvalidRequest(
+            f"Invalid offset + byte size for shared memory region: {shown(name)} (sordino: "
+            f"offset {offset} + byte_size {byte_size} is past the end of object {shown(key)}, "
+            f"which holds {stat.st_size} bytes)"
+        )
+    return Region(name, key, offset, byte_size, fd, (stat.st_dev, stat.st_ino))

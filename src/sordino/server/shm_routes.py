@@ -3,10 +3,12 @@
 - ``GET /v2/systemsharedmemory[/region/{name}]/status``: the caller's regions.
 - ``POST /v2/systemsharedmemory/region/{name}/register`` with ``{"key", "offset",
   "byte_size"}``; ``POST /v2/systemsharedmemory[/region/{name}]/unregister``.
-- ``/v2/cudasharedmemory/…``: answered 400 "not supported" (no GPU memory is served).
+- ``/v2/cudasharedmemory/…``: answered as Triton does on a server without GPUs: status
+  lists no regions, unregistering succeeds, registering is refused (400, "not supported:
+  no CUDA devices"), so Triton's clients that first unregister every region work.
 
-The caller's tenant (``x-sordino-tenant``, as for inference) owns its regions
-(``server/shm.py``).
+With tenants configured, the tenant the caller's API key names owns its regions;
+without, every caller shares one set (``server/shm.py``).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from sordino.errors import InvalidRequest, Unsupported
+from sordino.errors import InvalidRequest
 from sordino.server.http_routes import json_body
 from sordino.server.runtime import Runtime
+from sordino.server.shm import cuda_register, cuda_status
 
 __all__ = ["shm_routes"]
 
@@ -64,11 +67,16 @@ def shm_routes(runtime: Runtime, guard: Callable[[Handler], Handler]) -> list[Ro
         regions.unregister(tenant(request), request.path_params.get("name"))
         return Response(status_code=200)
 
-    async def cuda(request: Request) -> Response:
-        raise Unsupported(
-            "the CUDA shared-memory extension is not supported by sordino (it serves no GPU "
-            "memory to clients); use /v2/systemsharedmemory or send tensors in the request"
-        )
+    async def cuda_status_route(request: Request) -> Response:
+        return _json(cuda_status(request.path_params.get("name")))
+
+    async def cuda_register_route(request: Request) -> Response:
+        await json_body(request)
+        cuda_register(request.path_params["name"])
+
+    async def cuda_unregister(request: Request) -> Response:
+        await json_body(request)  # there are no CUDA regions: nothing to forget
+        return Response(status_code=200)
 
     system = "/v2/systemsharedmemory"
     routes = [
@@ -78,8 +86,12 @@ def shm_routes(runtime: Runtime, guard: Callable[[Handler], Handler]) -> list[Ro
         Route(f"{system}/unregister", guard(unregister), methods=["POST"]),
         Route(f"{system}/region/{{name}}/unregister", guard(unregister), methods=["POST"]),
     ]
-    for path in ("/status", "/region/{name}/status"):
-        routes.append(Route(f"/v2/cudasharedmemory{path}", guard(cuda), methods=["GET"]))
-    for path in ("/region/{name}/register", "/unregister", "/region/{name}/unregister"):
-        routes.append(Route(f"/v2/cudasharedmemory{path}", guard(cuda), methods=["POST"]))
+    cuda = "/v2/cudasharedmemory"
+    routes += [
+        Route(f"{cuda}/status", guard(cuda_status_route), methods=["GET"]),
+        Route(f"{cuda}/region/{{name}}/status", guard(cuda_status_route), methods=["GET"]),
+        Route(f"{cuda}/region/{{name}}/register", guard(cuda_register_route), methods=["POST"]),
+        Route(f"{cuda}/unregister", guard(cuda_unregister), methods=["POST"]),
+        Route(f"{cuda}/region/{{name}}/unregister", guard(cuda_unregister), methods=["POST"]),
+    ]
     return routes
