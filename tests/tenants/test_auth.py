@@ -274,3 +274,47 @@ def test_shared_memory_regions_belong_to_the_key_not_a_claimed_tenant(
             small.close()
     finally:
         shm.destroy_shared_memory_region(handle)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_tenant_cannot_take_or_drop_another_tenants_region(
+    server: RunningServer, protocol: str
+) -> None:
+    """small can neither register the object acme holds (by its key), nor see acme's
+    region by name, nor drop it by unregistering (success, as Triton answers an unknown
+    name, but acme's region stays); once acme lets go, small may register the object."""
+    import os
+
+    import tritonclient.http as httpclient
+    import tritonclient.utils.shared_memory as shm
+
+    key = f"/sordino_test_take_{os.getpid()}_{protocol}"
+    handle = shm.create_shared_memory_region("acme_in", key, 128)
+    shm.set_shared_memory_region(handle, [np.arange(16, dtype=np.int32), np.ones(16, np.int32)])
+    as_acme = {"authorization": f"Bearer {ACME_KEY}"}
+    as_small = {"authorization": f"Bearer {SMALL_KEY}"}
+    if protocol == "http":
+        client: Any = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+        mod: Any = httpclient
+    else:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        mod = grpcclient
+    try:
+        client.register_system_shared_memory("acme_in", key, 128, headers=as_acme)
+        with pytest.raises(InferenceServerException, match="already registered by another"):
+            client.register_system_shared_memory("mine", key, 128, headers=as_small)
+        with pytest.raises(InferenceServerException, match="Unable to find system shared"):
+            client.get_system_shared_memory_status("acme_in", headers=as_small)
+        client.unregister_system_shared_memory("acme_in", headers=as_small)
+        client.unregister_system_shared_memory(headers=as_small)
+        inputs = [mod.InferInput(f"INPUT{i}", [1, 16], "INT32") for i in (0, 1)]
+        inputs[0].set_shared_memory("acme_in", 64, 0)
+        inputs[1].set_shared_memory("acme_in", 64, 64)
+        answer = client.infer("simple", inputs, headers=as_acme)
+        assert answer.as_numpy("OUTPUT0").tolist() == [list(range(1, 17))]
+        client.unregister_system_shared_memory(headers=as_acme)
+        client.register_system_shared_memory("mine", key, 128, headers=as_small)
+        client.unregister_system_shared_memory(headers=as_small)
+    finally:
+        client.close()
+        shm.destroy_shared_memory_region(handle)
