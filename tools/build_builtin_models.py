@@ -137,7 +137,13 @@ SEQUENCE = Builtin(
         "state: [{input_name: STATE_IN, output_name: STATE_OUT}]}"
     ),
 )
-EXAMPLES = (SIMPLE_STRING, SIMPLE_INT8, REPEAT, SEQUENCE)
+SIMPLE_IDENTITY = Builtin(
+    "simple_identity",
+    'Triton\'s "simple_identity" example - OUTPUT0 = INPUT0, a BYTES tensor of any length '
+    "(the string clients send it strings with NUL characters and binary blobs)",
+    max_batch_size=8,
+)
+EXAMPLES = (SIMPLE_STRING, SIMPLE_INT8, REPEAT, SEQUENCE, SIMPLE_IDENTITY)
 EXAMPLES_OUT = Path(__file__).resolve().parents[1] / "src" / "sordino" / "models" / "examples"
 
 
@@ -232,7 +238,7 @@ def build_digits() -> tuple[onnx.ModelProto, float]:
 
 
 # --------------------------------------------------------------------------------------
-# Triton's examples: simple_string, simple_int8
+# Triton's examples: simple_string, simple_int8, simple_identity
 
 
 def build_simple_string() -> onnx.ModelProto:
@@ -288,6 +294,22 @@ def build_simple_int8() -> onnx.ModelProto:
     _check(out0.dtype == np.int8 and np.array_equal(out0, a + b), "OUTPUT0 != INPUT0 + INPUT1")
     _check(np.array_equal(out1, a - b), "OUTPUT1 != INPUT0 - INPUT1")
     print(f"{SIMPLE_INT8.name}: ok")
+    return model
+
+
+def build_simple_identity() -> onnx.ModelProto:
+    """Triton's simple_identity: BYTES INPUT0 [-1] (batched) returned as OUTPUT0."""
+
+    def tensor(name: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, TensorProto.STRING, [BATCH, "n"])
+
+    nodes = [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"], name="identity")]
+    graph = helper.make_graph(nodes, "simple_identity", [tensor("INPUT0")], [tensor("OUTPUT0")])
+    model = _finish(graph, SIMPLE_IDENTITY.description)
+    given = np.array([["he\x00llo", "\x00\x01\x02\x03", "é"]], dtype=object)
+    (out,) = _session(model).run(None, {"INPUT0": given})
+    _check(out.tolist() == given.tolist(), "OUTPUT0 != INPUT0")
+    print(f"{SIMPLE_IDENTITY.name}: ok")
     return model
 
 
@@ -387,6 +409,7 @@ def write_examples(out: Path) -> None:
         SIMPLE_INT8.file: build_simple_int8(),
         REPEAT.file: build_repeat(),
         SEQUENCE.file: build_sequence(),
+        SIMPLE_IDENTITY.file: build_simple_identity(),
     }
     for file, model in models.items():
         path = out / file

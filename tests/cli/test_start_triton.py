@@ -15,7 +15,8 @@ from tests.cli.conftest import sordino_start
 def test_triton_examples_and_shared_memory_through_sordino_start(tmp_path: Path) -> None:
     with sordino_start(["--with-triton-examples"], tmp_path) as server:
         client = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
-        for name in ("simple", "simple_string", "simple_int8", "repeat_int32", "simple_sequence"):
+        examples = ("simple_string", "simple_identity", "simple_int8", "repeat_int32")
+        for name in ("simple", *examples, "simple_sequence"):
             assert client.is_model_ready(name), name
         # simple with its inputs in a registered region (Triton's simple_http_shm_client).
         key = f"/sordino_cli_{os.getpid()}"

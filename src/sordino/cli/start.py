@@ -204,7 +204,7 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
     "triton_examples",
     is_flag=True,
     help="Also serve Triton's example models its client programs expect (simple_string, "
-    "simple_int8; docs/http-api.md).",
+    "simple_identity, simple_int8, …; docs/http-api.md).",
 )
 @click.option("--host", help="Address to listen on (default 127.0.0.1).")
 @click.option(
