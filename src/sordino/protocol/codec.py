@@ -244,7 +244,7 @@ def _parse_input(index: int, raw: dict[str, Any]) -> _InputHeader:
     if shared is not None:
         if size is not None or data is not None:
             raise TensorError(
-                f"input {name!r} names shared memory region {shared[0]!r} and also has "
+                f"input {name!r} names shared memory region {brief_repr(shared[0])} and also has "
                 "'data' or binary_data_size; send its values one way only"
             )
         return _InputHeader(name, datatype, tuple(shape), None, None, shared)

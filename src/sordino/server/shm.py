@@ -39,7 +39,14 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from sordino.datatypes import serialize_bytes_tensor, tensor_from_binary
+from sordino.datatypes import (
+    brief_repr,
+    element_count,
+    format_shape,
+    serialize_bytes_tensor,
+    tensor_from_binary,
+    to_numpy_dtype,
+)
 from sordino.errors import InvalidRequest, NotFound, TensorError, Unsupported
 from sordino.inference import InferRequest, InferResponse
 from sordino.protocol.codec import shared_memory_parameters
@@ -50,7 +57,6 @@ __all__ = [
     "SystemSharedMemory",
     "cuda_register",
     "cuda_status",
-    "shown",
 ]
 
 SHM_DIR = "/dev/shm"
@@ -65,9 +71,6 @@ MAX_REGIONS_TOTAL = 1024
 SHARED = "default"
 """The one set of regions of a server without tenants."""
 
-MAX_SHOWN = 64
-"""The most characters of a client's string (a region name, a key) echoed in an error."""
-
 CUDA_REGISTER_REFUSAL = (
     "CUDA shared memory is not supported: this server has no CUDA devices (sordino "
     "serves no GPU memory to clients); use system shared memory or send tensors in the "
@@ -78,25 +81,17 @@ _OWN_PREFIXES = ("sordino-", "psm_")
 """Names of sordino's own arena segments (named, and Python's unnamed ones)."""
 
 
-def shown(text: object) -> str:
-    """``text`` quoted for an error message, cut to :data:`MAX_SHOWN` characters."""
-    value = str(text)
-    if len(value) > MAX_SHOWN:
-        value = f"{value[:MAX_SHOWN]}… ({len(value)} characters)"
-    return f"'{value}'"
-
-
 def cuda_status(name: str | None) -> list[dict[str, Any]]:
     """Triton's answer to a CUDA shared-memory status on a server without GPUs: no
     regions (a named one is not found)."""
     if name:
-        raise NotFound(f"Unable to find cuda shared memory region: {shown(name)}")
+        raise NotFound(f"Unable to find cuda shared memory region: {brief_repr(name)}")
     return []
 
 
 def cuda_register(name: str) -> NoReturn:
     """Refuse a CUDA shared-memory registration: there are no CUDA devices."""
-    raise Unsupported(f"{CUDA_REGISTER_REFUSAL} (region {shown(name)})")
+    raise Unsupported(f"{CUDA_REGISTER_REFUSAL} (region {brief_repr(name)})")
 
 
 class Region:
@@ -162,17 +157,17 @@ class Region:
             raise self._failed(owner, exc.strerror) from None
         if self.offset + offset + size > actual:
             raise InvalidRequest(
-                f"shared memory region {shown(self.name)} was registered with {self.byte_size} "
-                f"bytes at offset {self.offset} of object {shown(self.key)}, but the object "
-                f"now holds {actual} bytes, so {owner} ({size} bytes at offset {offset} of "
-                "the region) is past its end; give the object back its size, or unregister "
-                "the region and register it again"
+                f"shared memory region {brief_repr(self.name)} was registered with "
+                f"{self.byte_size} bytes at offset {self.offset} of object "
+                f"{brief_repr(self.key)}, but the object now holds {actual} bytes, so {owner} "
+                f"({size} bytes at offset {offset} of the region) is past its end; give the "
+                "object back its size, or unregister the region and register it again"
             )
 
     def _failed(self, owner: str, why: str | None) -> InvalidRequest:
         return InvalidRequest(
-            f"shared memory region {shown(self.name)} (object {shown(self.key)}): {owner} "
-            f"could not be copied: {why or 'unknown error'}"
+            f"shared memory region {brief_repr(self.name)} (object {brief_repr(self.key)}): "
+            f"{owner} could not be copied: {why or 'unknown error'}"
         )
 
 
@@ -199,12 +194,13 @@ class SystemSharedMemory:
         for field, value in (("offset", offset), ("byte_size", byte_size)):
             if type(value) is not int or value < 0:
                 raise InvalidRequest(
-                    f"shared memory region {shown(name)}: {field} is {shown(value)}; it must "
-                    "be a non-negative byte count"
+                    f"shared memory region {brief_repr(name)}: {field} is {brief_repr(value)}; "
+                    "it must be a non-negative byte count"
                 )
         if byte_size == 0:
             raise InvalidRequest(
-                f"shared memory region {shown(name)}: byte_size is 0; register at least one byte"
+                f"shared memory region {brief_repr(name)}: byte_size is 0; register at least "
+                "one byte"
             )
         path = _object_path(name, key)
         space = self._space(tenant)
@@ -212,7 +208,7 @@ class SystemSharedMemory:
             regions = self._regions.get(space, {})
             if name in regions:
                 raise InvalidRequest(
-                    f"shared memory region {shown(name)} already in manager (sordino: "
+                    f"shared memory region {brief_repr(name)} already in manager (sordino: "
                     "unregister it first, or register under another name)"
                 )
             if sum(len(r) for r in self._regions.values()) >= MAX_REGIONS_TOTAL:
@@ -222,14 +218,14 @@ class SystemSharedMemory:
                 )
             if len(regions) >= MAX_REGIONS:
                 raise InvalidRequest(
-                    f"tenant {shown(space)} has {MAX_REGIONS} shared memory regions "
+                    f"tenant {brief_repr(space)} has {MAX_REGIONS} shared memory regions "
                     "registered, the most allowed; unregister one first"
                 )
             region = _open(name, key, path, offset, byte_size)
             for other, held in self._regions.items():
                 if other != space and any(r.identity == region.identity for r in held.values()):
                     raise InvalidRequest(
-                        f"shared memory object {shown(key)} is already registered by another "
+                        f"shared memory object {brief_repr(key)} is already registered by another "
                         "tenant; a tenant can register only objects no other tenant holds "
                         "(create your own object under another name)"
                     )
@@ -260,7 +256,7 @@ class SystemSharedMemory:
         region = regions.get(name)
         if region is None:
             raise NotFound(
-                f"Unable to find system shared memory region: {shown(name)} (sordino: it is "
+                f"Unable to find system shared memory region: {brief_repr(name)} (sordino: it is "
                 "not registered)"
             )
         return [region.status()]
@@ -295,18 +291,19 @@ class SystemSharedMemory:
             return
         inputs = dict(request.inputs)
         for shared in request.shared_inputs:
-            owner = f"input {shown(shared.name)}"
+            owner = f"input {brief_repr(shared.name)}"
             region = self._region(tenant, shared.region, shared.offset, shared.byte_size, owner)
-            data = region.read(shared.offset, shared.byte_size, owner)
             try:
+                _check_size(shared.name, shared.datatype, shared.shape, shared.byte_size)
+                data = region.read(shared.offset, shared.byte_size, owner)
                 inputs[shared.name] = tensor_from_binary(
                     shared.name, shared.datatype, shared.shape, memoryview(data.data).toreadonly()
                 )
             except TensorError as exc:
                 raise TensorError(
                     f"{exc.message} (the input lies in shared memory region "
-                    f"{shown(shared.region)}: its shared_memory_byte_size must be the tensor's "
-                    "size)"
+                    f"{brief_repr(shared.region)}: its shared_memory_byte_size must be the "
+                    "tensor's size)"
                 ) from None
         request.inputs = inputs
         request.shared_inputs = []
@@ -331,7 +328,7 @@ class SystemSharedMemory:
             if payload.size > size:
                 raise InvalidRequest(
                     f"shared memory size specified with the request for output "
-                    f"{shown(output.name)} should be at least {payload.size} bytes to hold "
+                    f"{brief_repr(output.name)} should be at least {payload.size} bytes to hold "
                     f"the results (sordino: shared_memory_byte_size is {size})"
                 )
             owner = _output(output.name)
@@ -344,38 +341,53 @@ class SystemSharedMemory:
             region = self._regions.get(self._space(tenant), {}).get(name)
         if region is None:
             raise NotFound(
-                f"Unable to find shared memory region: {shown(name)} (sordino: {owner} names "
+                f"Unable to find shared memory region: {brief_repr(name)} (sordino: {owner} names "
                 "a region that is not registered; register it with POST "
                 "/v2/systemsharedmemory/region/<name>/register)"
             )
         if offset + size > region.byte_size:
             raise InvalidRequest(
-                f"Invalid offset + byte size for shared memory region: {shown(name)} "
+                f"Invalid offset + byte size for shared memory region: {brief_repr(name)} "
                 f"(sordino: {owner} asks for {size} bytes at offset {offset} but the region "
                 f"holds {region.byte_size} bytes)"
             )
         return region
 
 
+def _check_size(name: str, datatype: str, shape: tuple[int, ...], size: int) -> None:
+    """Refuse a fixed-size input whose byte size is not its tensor's before any copy
+    (a huge declared size would otherwise be allocated and read first)."""
+    if datatype == "BYTES":
+        return  # its elements' lengths are in the data
+    count = element_count(shape)
+    expected = count * to_numpy_dtype(datatype).itemsize
+    if size != expected:
+        raise TensorError(
+            f"input {brief_repr(name)} has shape {format_shape(shape)} ({count} {datatype} "
+            f"elements, {expected} bytes) but its shared_memory_byte_size is {size}"
+        )
+
+
 def _output(name: str) -> str:
-    return f"output {shown(name)}"
+    return f"output {brief_repr(name)}"
 
 
 def _object_path(name: str, key: str) -> str:
     if not isinstance(key, str) or not key.strip("/"):
         raise InvalidRequest(
-            f"shared memory region {shown(name)}: the key is {shown(key)}; give the shm_open "
-            "name of the object, such as '/my_region'"
+            f"shared memory region {brief_repr(name)}: the key is {brief_repr(key)}; give the "
+            "shm_open name of the object, such as '/my_region'"
         )
     base = key.lstrip("/")
     if "/" in base or base in {".", ".."} or "\0" in base:
         raise InvalidRequest(
-            f"shared memory region {shown(name)}: the key {shown(key)} is not a shared memory "
-            "object name; give a name such as '/my_region' (one leading slash, no other)"
+            f"shared memory region {brief_repr(name)}: the key {brief_repr(key)} is not a "
+            "shared memory object name; give a name such as '/my_region' (one leading slash, "
+            "no other)"
         )
     if base.startswith(_OWN_PREFIXES):
         raise InvalidRequest(
-            f"shared memory region {shown(name)}: the key {shown(key)} is reserved for "
+            f"shared memory region {brief_repr(name)}: the key {brief_repr(key)} is reserved for "
             "sordino's own segments; create the object under another name"
         )
     return os.path.join(SHM_DIR, base)
@@ -386,31 +398,32 @@ def _open(name: str, key: str, path: str, offset: int, byte_size: int) -> Region
         fd = os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
     except FileNotFoundError:
         raise InvalidRequest(
-            f"Unable to open shared memory region: {shown(key)} (sordino: no shared memory "
-            f"object {shown(key)} exists; create it before registering region {shown(name)})"
+            f"Unable to open shared memory region: {brief_repr(key)} (sordino: no shared memory "
+            f"object {brief_repr(key)} exists; create it before registering region "
+            f"{brief_repr(name)})"
         ) from None
     except OSError as exc:
         raise InvalidRequest(
-            f"Unable to open shared memory region: {shown(key)} (sordino: {exc.strerror})"
+            f"Unable to open shared memory region: {brief_repr(key)} (sordino: {exc.strerror})"
         ) from None
     try:
         stat = os.fstat(fd)
     except OSError as exc:
         os.close(fd)
         raise InvalidRequest(
-            f"Unable to open shared memory region: {shown(key)} (sordino: {exc.strerror})"
+            f"Unable to open shared memory region: {brief_repr(key)} (sordino: {exc.strerror})"
         ) from None
     if not stat_mode.S_ISREG(stat.st_mode):
         os.close(fd)
         raise InvalidRequest(
-            f"Unable to open shared memory region: {shown(key)} (sordino: it is not a "
+            f"Unable to open shared memory region: {brief_repr(key)} (sordino: it is not a "
             "shared memory object)"
         )
     if offset + byte_size > stat.st_size:
         os.close(fd)
         raise InvalidRequest(
-            f"Invalid offset + byte size for shared memory region: {shown(name)} (sordino: "
-            f"offset {offset} + byte_size {byte_size} is past the end of object {shown(key)}, "
+            f"Invalid offset + byte size for shared memory region: {brief_repr(name)} (sordino: "
+            f"offset {offset} + byte_size {byte_size} is past the end of object {brief_repr(key)}, "
             f"which holds {stat.st_size} bytes)"
         )
     return Region(name, key, offset, byte_size, fd, (stat.st_dev, stat.st_ino))
