@@ -31,6 +31,7 @@ memcpy; the batch's staging copy follows as before); an output is written with o
 from __future__ import annotations
 
 import os
+import resource
 import stat as stat_mode
 import threading
 import weakref
@@ -66,7 +67,9 @@ MAX_REGIONS = 256
 """The most regions one tenant may have registered at a time."""
 
 MAX_REGIONS_TOTAL = 1024
-"""The most regions registered at a time over every tenant (each holds a descriptor)."""
+"""The most regions registered at a time over every tenant (each holds a descriptor):
+fewer where the open-file limit is low (a quarter of it), so regions never take the
+descriptors connections need."""
 
 SHARED = "default"
 """The one set of regions of a server without tenants."""
@@ -211,9 +214,10 @@ class SystemSharedMemory:
                     f"shared memory region {brief_repr(name)} already in manager (sordino: "
                     "unregister it first, or register under another name)"
                 )
-            if sum(len(r) for r in self._regions.values()) >= MAX_REGIONS_TOTAL:
+            most = _most_regions()
+            if sum(len(r) for r in self._regions.values()) >= most:
                 raise InvalidRequest(
-                    f"the server has {MAX_REGIONS_TOTAL} shared memory regions registered, "
+                    f"the server has {most} shared memory regions registered, "
                     "the most allowed; unregister regions no longer used"
                 )
             if len(regions) >= MAX_REGIONS:
@@ -366,6 +370,13 @@ def _check_size(name: str, datatype: str, shape: tuple[int, ...], size: int) -> 
             f"input {brief_repr(name)} has shape {format_shape(shape)} ({count} {datatype} "
             f"elements, {expected} bytes) but its shared_memory_byte_size is {size}"
         )
+
+
+def _most_regions() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_REGIONS_TOTAL
+    return max(16, min(MAX_REGIONS_TOTAL, soft // 4))
 
 
 def _output(name: str) -> str:
