@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import aclosing
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
@@ -203,17 +203,20 @@ class InferenceServicer:
     async def CudaSharedMemoryStatus(
         self, raw: bytes, context: Any
     ) -> pb.SystemSharedMemoryStatusResponse:
+        self.runtime.service.caller_tenant(_metadata(context))  # the usual credentials
         request = parse_message(pb.SystemSharedMemoryStatusRequest, raw)
         cuda_status(request.name or None)
         return pb.SystemSharedMemoryStatusResponse()
 
-    async def CudaSharedMemoryRegister(self, raw: bytes, context: Any) -> Any:
+    async def CudaSharedMemoryRegister(self, raw: bytes, context: Any) -> NoReturn:
+        self.runtime.service.caller_tenant(_metadata(context))
         request = parse_message(pb.SystemSharedMemoryUnregisterRequest, raw)  # name: field 1
         cuda_register(request.name)
 
     async def CudaSharedMemoryUnregister(
         self, raw: bytes, context: Any
     ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self.runtime.service.caller_tenant(_metadata(context))
         parse_message(pb.SystemSharedMemoryUnregisterRequest, raw)
         return pb.SystemSharedMemoryUnregisterResponse()
 

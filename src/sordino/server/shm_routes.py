@@ -67,14 +67,18 @@ def shm_routes(runtime: Runtime, guard: Callable[[Handler], Handler]) -> list[Ro
         regions.unregister(tenant(request), request.path_params.get("name"))
         return Response(status_code=200)
 
+    # CUDA shared memory holds no state, but wants the same credentials as the rest.
     async def cuda_status_route(request: Request) -> Response:
+        tenant(request)
         return _json(cuda_status(request.path_params.get("name")))
 
     async def cuda_register_route(request: Request) -> Response:
+        tenant(request)
         await json_body(request)
         cuda_register(request.path_params["name"])
 
     async def cuda_unregister(request: Request) -> Response:
+        tenant(request)
         await json_body(request)  # there are no CUDA regions: nothing to forget
         return Response(status_code=200)
 
