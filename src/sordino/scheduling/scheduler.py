@@ -125,13 +125,17 @@ class ModelScheduler:
 
         With ``drain``, queued requests run, and streams keep stepping to their end.
         Without, queued work and the next steps of running streams end with an explicit
-        :class:`ShuttingDown`. Every accepted request ends with an outcome.
+        :class:`ShuttingDown`, and running batches are cancelled (their requests get
+        :class:`ShuttingDown` too), so a close without drain never waits on a batch,
+        whatever it waits for. Every accepted request ends with an outcome.
         """
         self._closing = True
         if not drain:
             self._aborting = True
             for item in self._queue.drain():
                 self._drop(item, ShuttingDown("the model is being unloaded"))
+            for task in self._running:
+                task.cancel()
         self._wake.set()
         if self._task is not None:
             await self._task
@@ -486,6 +490,13 @@ class ModelScheduler:
                 if scope is not None:
                     BATCH_TENANTS.reset(scope)
         except asyncio.CancelledError:
+            # Cancelled (a close without drain): its requests are answered, never dropped.
+            stopped = ShuttingDown(
+                f"model {self.model} is being unloaded or the server is stopping; its batch "
+                "was cancelled before it finished: retry on another replica"
+            )
+            for item in live:
+                self._step_failed(item, stopped, self._clock.now() - t0)
             raise
         except Exception as exc:  # the backend's failure is the requests' failure
             t2 = self._clock.now()

@@ -302,10 +302,19 @@ class Runtime:
         """Stop every scheduler and unload every model.
 
         New requests are refused at once. With ``drain`` queued requests still run;
-        those not finished within ``timeout_s`` end with an explicit ShuttingDown
-        error. Nothing accepted is left without an answer.
+        those not finished within ``timeout_s`` (one budget for pipelines and models
+        together) end with an explicit ShuttingDown error, running batches included
+        (they are cancelled, whatever they wait for). Nothing accepted is left without
+        an answer, and the drain never outlasts ``timeout_s``.
         """
         self.registry.stopping = True
+        deadline = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
+
+        def left() -> float | None:
+            if deadline is None:
+                return None
+            return max(0.0, deadline - asyncio.get_running_loop().time())
+
         await self.quant_guard.stop()
         if self.guardian is not None:
             await self.guardian.stop()
@@ -316,7 +325,7 @@ class Runtime:
             closing = [
                 asyncio.ensure_future(p.scheduler.close(drain=drain)) for p in self.pipelines
             ]
-            _, pending = await asyncio.wait(closing, timeout=timeout_s)
+            _, pending = await asyncio.wait(closing, timeout=left())
             for pipeline in self.pipelines if pending else ():
                 await pipeline.scheduler.close(drain=False)
             await asyncio.gather(*closing, return_exceptions=True)
@@ -324,11 +333,11 @@ class Runtime:
         models = self.registry.models()
         if models:
             closing = [asyncio.ensure_future(m.scheduler.close(drain=drain)) for m in models]
-            _, pending = await asyncio.wait(closing, timeout=timeout_s)
+            _, pending = await asyncio.wait(closing, timeout=left())
             if pending:
                 for model in models:
                     await model.scheduler.close(drain=False)
-                await asyncio.gather(*pending)
+                await asyncio.gather(*pending, return_exceptions=True)
         for model in models:
             await self.loader.unload(model.key.name, model.key.version, drain=False)
         await self.memory.stop()
