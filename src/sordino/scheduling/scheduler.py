@@ -99,6 +99,7 @@ class ModelScheduler:
         self._timer_at: float | None = None
         self._task: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
+        self._started: dict[asyncio.Task[None], float] = {}
         self._closing = False
         self._aborting = False
         self._arrivals = Arrivals(settings.priority_levels, clock.now())
@@ -160,6 +161,16 @@ class ModelScheduler:
         self._queue.max_size = settings.max_queue_size
         self._queue.delay_expired = settings.timeout_action == "DELAY"
         self._wake.set()
+
+    def running_for(self) -> float:
+        """Seconds the longest-running batch has been running (0 with none running).
+
+        Readiness reads it: a batch running far longer than any may (the execution
+        timeout, a restart, the wait for arena space) means the model is wedged.
+        """
+        if not self._started:
+            return 0.0
+        return max(0.0, self._clock.now() - min(self._started.values()))
 
     @property
     def executor(self) -> Executor:
@@ -313,6 +324,7 @@ class ModelScheduler:
                     item.request.queue_s += now - item.arrival
             task = asyncio.get_running_loop().create_task(self._execute(batch))
             self._running.add(task)
+            self._started[task] = now
             task.add_done_callback(self._batch_finished)
 
     def _schedule(self, now: float) -> list[WorkItem] | None:
@@ -440,6 +452,7 @@ class ModelScheduler:
 
     def _batch_finished(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
+        self._started.pop(task, None)
         self._wake.set()
 
     async def _execute(self, items: list[WorkItem]) -> None:
