@@ -91,7 +91,7 @@ def unready(runtime: Runtime) -> dict[str, str]:
     """The loaded models that cannot serve now, and why: no instance can take a batch
     (all restarting), or a batch has run longer than any may (:meth:`Runtime.wedged`).
     Readiness (HTTP and gRPC) is this being empty while the runtime is ready."""
-    failing = dict.fromkeys(not_serving(runtime), "no instance can serve it")
+    failing = {key: f"no instance can serve {key}" for key in not_serving(runtime)}
     for key, reason in runtime.wedged().items():
         failing.setdefault(key, reason)
     return failing
@@ -269,7 +269,7 @@ async def health_response(runtime: Runtime, request: Request) -> Response:
         return _json({"ready": False, "reason": "the server is not serving"}, 503)
     down = unready(runtime)
     if down:
-        reason = "; ".join(f"{key}: {why}" for key, why in down.items())
+        reason = "; ".join(down.values())
         return _json({"ready": False, "reason": reason, "failing": down}, 503)
     if not deep:
         return _json({"ready": True})

@@ -396,7 +396,8 @@ class Runtime:
             running = model.scheduler.running_for()
             if running > bound:
                 wedged[str(model.key)] = (
-                    f"a batch has been running for {running:.0f} s, longer than any may "
+                    f"{model.key} is wedged: a batch has been running for {running:.0f} s, "
+                    "longer than any may "
                     f"({bound:g} s: memory.overflow_wait + 2 x workers.execution_timeout + "
                     "workers.start_timeout)"
                 )
