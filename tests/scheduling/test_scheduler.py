@@ -642,3 +642,20 @@ async def test_a_close_without_drain_answers_a_batch_that_never_finishes() -> No
     assert "stopping" in str(results[0])
     assert sched.running_for() == 0.0
     assert sched.statistics().in_flight == 0
+
+
+async def test_a_close_without_drain_answers_every_request_of_a_batch_run_one_by_one() -> None:
+    """A batch the model refused is re-run one request at a time; cancelled during the
+    first of those runs, the requests not yet run alone are answered too."""
+    clock = VirtualClock()
+    executor = ScriptedExecutor(
+        clock, latency=lambda rows: 1e9 if rows == 1 else 0.0, fail=ModelError("poisoned")
+    )
+    sched = _scheduler(clock, executor)
+    tasks = [asyncio.create_task(sched.infer(_x(i), priority=2)) for i in range(3)]
+    await clock.advance(0.02)
+    assert executor.batches == [3, 1]
+    await asyncio.wait_for(sched.close(drain=False), 5)
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(isinstance(r, ShuttingDown) for r in results), results
+    assert sched.statistics().in_flight == 0

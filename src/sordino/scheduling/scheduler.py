@@ -503,13 +503,7 @@ class ModelScheduler:
                 if scope is not None:
                     BATCH_TENANTS.reset(scope)
         except asyncio.CancelledError:
-            # Cancelled (a close without drain): its requests are answered, never dropped.
-            stopped = ShuttingDown(
-                f"model {self.model} is being unloaded or the server is stopping; its batch "
-                "was cancelled before it finished: retry on another replica"
-            )
-            for item in live:
-                self._step_failed(item, stopped, self._clock.now() - t0)
+            self._batch_cancelled(live, t0)
             raise
         except Exception as exc:  # the backend's failure is the requests' failure
             t2 = self._clock.now()
@@ -526,9 +520,13 @@ class ModelScheduler:
                 # alone, so only the offender fails (a poisoned batch costs its size).
                 # So too a tenant over its quota in a Ray node's pool (RateLimited).
                 self._isolated += 1
-                for item in live:
-                    if item.request is None or not item.request.finished:
-                        await self._run_batch([item])
+                try:
+                    for item in live:
+                        if item.request is None or not item.request.finished:
+                            await self._run_batch([item])
+                except asyncio.CancelledError:
+                    self._batch_cancelled(live, t0)  # those not run alone yet
+                    raise
                 return
             for item in live:
                 self._step_failed(item, error, t2 - t0)
@@ -548,6 +546,16 @@ class ModelScheduler:
         self._batches += 1
         self._batched_rows += rows
         self._batch_observed(rows, len(live), t1 - t0, t2 - t1, t3 - t2, ok=True)
+
+    def _batch_cancelled(self, live: list[WorkItem], t0: float) -> None:
+        """The batch's task was cancelled (a close without drain): answer its requests
+        ShuttingDown, so none is left without an outcome."""
+        stopped = ShuttingDown(
+            f"model {self.model} is being unloaded or the server is stopping; its batch "
+            "was cancelled before it finished: retry on another replica"
+        )
+        for item in live:
+            self._step_failed(item, stopped, self._clock.now() - t0)
 
     def _update_from_output(self, item: WorkItem, result: Tensors, compute_s: float) -> None:
         """Deliver one step's ``result`` to its request; queue the next step or finish."""
