@@ -637,7 +637,7 @@ async def test_a_close_without_drain_answers_a_batch_that_never_finishes() -> No
     await clock.advance(500.0)
     assert sched.running_for() >= 500.0
     await asyncio.wait_for(sched.close(drain=False), 5)
-    results = await asyncio.gather(*tasks, return_exceptions=True)
+    results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
     assert all(isinstance(r, ShuttingDown) for r in results), results
     assert "stopping" in str(results[0])
     assert sched.running_for() == 0.0
@@ -656,6 +656,6 @@ async def test_a_close_without_drain_answers_every_request_of_a_batch_run_one_by
     await clock.advance(0.02)
     assert executor.batches == [3, 1]
     await asyncio.wait_for(sched.close(drain=False), 5)
-    results = await asyncio.gather(*tasks, return_exceptions=True)
+    results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
     assert all(isinstance(r, ShuttingDown) for r in results), results
     assert sched.statistics().in_flight == 0
