@@ -15,7 +15,7 @@ from sordino.events import EventSink
 from sordino.execution.chain import ChainExecutor
 from sordino.execution.staging import Staging
 from sordino.inference import ModelKey, ModelMetadata, TensorSpec
-from sordino.memory.refs import TensorsBuilder
+from sordino.memory.refs import Lease, TensorsBuilder
 from sordino.models.repository import builtin_sources
 
 ROWS = 4
@@ -146,8 +146,9 @@ async def test_thread_isolated_batches_stay_off_the_arena(staging: Staging) -> N
 
 
 async def test_the_executor_releases_inputs_when_output_space_never_comes() -> None:
-    """Through ``ChainExecutor.run``: a batch whose outputs cannot be placed is cancelled,
-    and its inputs leave the arena with it."""
+    """Through ``ChainExecutor.run``: a batch that can never fit the arena is refused at
+    once (it waited for ever, holding its inputs: issue 27), and one whose output space
+    does not come is cancelled; either way its inputs leave the arena with it."""
     source = next(s for s in builtin_sources() if s.name == "digits-classifier")
     config = RuntimeConfig.model_validate({"workers": {"shared_memory": 4096}})
     executor = ChainExecutor(config, clock=MonotonicClock(), events=EventSink())
@@ -156,10 +157,21 @@ async def test_the_executor_releases_inputs_when_output_space_never_comes() -> N
         await executor.load(key, source.path, source.config)
         # 14 rows: 3,584 bytes of pixels fit in the 4 KiB arena; 560 of outputs do not.
         batch = [{"pixels": np.zeros((14, 64), np.float32)}]
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(executor.run(key, batch), 0.5)
+        with pytest.raises(OutOfMemory, match="cannot fit"):
+            await asyncio.wait_for(executor.run(key, batch), 5)
         stats = executor.arena_statistics()
         assert stats is not None and stats.in_use_bytes == 0 and stats.waiting == 0
+        # 8 rows (2,048 + 320 bytes) with 2 KiB held elsewhere: the outputs wait; cancelled.
+        arena = executor.staging.arena
+        held = Lease(arena)
+        held.acquire_nowait(2048)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(
+                executor.run(key, [{"pixels": np.zeros((8, 64), np.float32)}]), 0.5
+            )
+        stats = executor.arena_statistics()
+        assert stats is not None and stats.in_use_bytes == 2048 and stats.waiting == 0
+        held.release()
         with await executor.run(key, [{"pixels": np.zeros((2, 64), np.float32)}]) as small:
             assert small["probabilities"].shape == (2, 10)
     finally:

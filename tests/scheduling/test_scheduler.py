@@ -221,7 +221,8 @@ async def test_close_without_drain_fails_queued_explicitly() -> None:
     await clock.advance(1.0)
     await closing
     results = await asyncio.gather(*tasks, return_exceptions=True)
-    assert sum(isinstance(r, ShuttingDown) for r in results) == 2
+    # The two queued and the one running (cancelled: a close without drain never waits).
+    assert sum(isinstance(r, ShuttingDown) for r in results) == 3
     stats = sched.statistics()
     assert stats.accepted == stats.succeeded + stats.failed + stats.cancelled + stats.in_flight
 
@@ -620,3 +621,41 @@ async def test_under_steady_high_load_a_low_request_with_nothing_ahead_is_accept
     await clock.advance(0.1)
     np.testing.assert_array_equal((await low)["x"], _x(5)["x"])
     await sched.close()
+
+
+async def test_a_close_without_drain_answers_a_batch_that_never_finishes() -> None:
+    """Issue 27: a batch that never finishes (then: one waiting for arena space that
+    never came) kept ``close(drain=False)``, and so the server's stop, waiting for
+    ever. The batch is cancelled and its requests get ShuttingDown; meanwhile
+    ``running_for`` (what readiness reads) tells how long it has been stuck."""
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 1e9)
+    sched = _scheduler(clock, executor)
+    tasks = [asyncio.create_task(sched.infer(_x(i), priority=2)) for i in range(3)]
+    await clock.advance(0.02)
+    assert executor.batches == [3]
+    await clock.advance(500.0)
+    assert sched.running_for() >= 500.0
+    await asyncio.wait_for(sched.close(drain=False), 5)
+    results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
+    assert all(isinstance(r, ShuttingDown) for r in results), results
+    assert "stopping" in str(results[0])
+    assert sched.running_for() == 0.0
+    assert sched.statistics().in_flight == 0
+
+
+async def test_a_close_without_drain_answers_every_request_of_a_batch_run_one_by_one() -> None:
+    """A batch the model refused is re-run one request at a time; cancelled during the
+    first of those runs, the requests not yet run alone are answered too."""
+    clock = VirtualClock()
+    executor = ScriptedExecutor(
+        clock, latency=lambda rows: 1e9 if rows == 1 else 0.0, fail=ModelError("poisoned")
+    )
+    sched = _scheduler(clock, executor)
+    tasks = [asyncio.create_task(sched.infer(_x(i), priority=2)) for i in range(3)]
+    await clock.advance(0.02)
+    assert executor.batches == [3, 1]
+    await asyncio.wait_for(sched.close(drain=False), 5)
+    results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
+    assert all(isinstance(r, ShuttingDown) for r in results), results
+    assert sched.statistics().in_flight == 0

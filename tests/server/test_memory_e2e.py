@@ -18,6 +18,8 @@ import pytest
 
 from sordino.config import RuntimeConfig
 from sordino.config.memory import MemoryConfig
+from sordino.errors import OutOfMemory
+from sordino.inference import ModelKey
 from sordino.memory.refs import Lease, Tensors
 from sordino.models.repository import builtin_sources
 from sordino.testing import Fragmentation, RunningServer, fragment_arena, serve_in_thread
@@ -272,6 +274,61 @@ def test_a_full_arena_answers_503_with_retry_after() -> None:
         assert int(answer.headers["Retry-After"]) >= 1
         assert "memory.pool_size" in answer.json()["error"]
         assert server.runtime.memory.statistics().overflow_rejections == 1
+
+
+def test_memory_manager_off_a_batch_too_large_for_the_arena_never_wedges_the_server() -> None:
+    """Issue 27: with --disable-memory-pool, one batch whose inputs fit the arena but
+    whose outputs did not waited for ever, first in the arena's line, and every later
+    request timed out while readiness said 200. Now: the oversized request gets a 400
+    naming the arena's size, a batch of fitting requests is kept within the arena, a
+    batch that cannot fit is refused at once, and everything after is served."""
+    config = _config(enabled=False, pool_size="16KB")  # 16384 bytes; a row needs 296
+    with serve_in_thread(config, _sources(DIGITS)) as server:
+        url = f"/v2/models/{DIGITS}/infer"
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            too_big = client.post(url, json=_digits_body(digits_pixels(60, seed=1)))
+            assert too_big.status_code == 400, too_big.text
+            message = too_big.json()["error"]
+            assert "16384 bytes" in message and "memory.pool_size" in message, message
+            normal = client.post(url, json=_digits_body(digits_pixels(1, seed=2)))
+            assert normal.status_code == 200, normal.text
+            assert client.get("/v2/health/ready").status_code == 200
+
+        async def burst() -> list[int]:
+            # 30-row requests (8880 bytes each): any two together overflow the arena.
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as c:
+
+                async def one(i: int) -> int:
+                    body = _digits_body(digits_pixels(30, seed=10 + i))
+                    async with c.post(f"{server.url}{url}", json=body) as r:
+                        return r.status
+
+                return list(await asyncio.gather(*(one(i) for i in range(6))))
+
+        assert asyncio.run(burst()) == [200] * 6
+
+        # The executor itself (as the deep health check calls it, past the scheduler):
+        # 2 x 30 rows, inputs 15360 bytes (they fit), outputs 2400 more (they cannot).
+        key = ModelKey(DIGITS, "1")
+        parts = [{"pixels": digits_pixels(30, seed=3)}, {"pixels": digits_pixels(30, seed=4)}]
+
+        async def run_too_large() -> str:
+            try:
+                outputs = await server.runtime.executor.run(key, parts)
+            except OutOfMemory as exc:
+                return exc.message
+            outputs.release()
+            return "ran"
+
+        refused = server.call(run_too_large(), timeout=10)
+        assert isinstance(refused, str) and "cannot fit" in refused, refused
+        assert "memory.pool_size" in refused
+        arena = server.runtime.executor.staging.arena
+        assert arena.statistics().in_use_bytes == 0
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            normal = client.post(url, json=_digits_body(digits_pixels(4, seed=5)))
+            assert normal.status_code == 200, normal.text
+            assert client.get("/v2/health/ready", params={"deep": "true"}).status_code == 200
 
 
 def test_a_flooding_tenant_cannot_make_another_fail() -> None:

@@ -226,13 +226,20 @@ class ChainExecutor:
         return self._staging
 
     def memory_fit(self, model: ModelKey, part: Mapping[str, Tensor]) -> MemoryFit | None:
-        """How rows like ``part``'s fit the arena (None: thread isolation or no protection)."""
+        """How rows like ``part``'s fit the arena (None: thread isolation).
+
+        Without overflow protection ``free`` is the arena's whole size: batches are not
+        shrunk to the space free now, but never made larger than the arena, and a
+        request larger than the arena is still refused (it could never run).
+        """
         entry = self._models.get(model)
-        if entry is None or entry.isolation != "process" or not self._staging.protected:
+        if entry is None or entry.isolation != "process":
             return None
         arena = self._staging.existing_arena
         capacity = self._staging.capacity()
-        free = arena.allocator.largest_free() if arena is not None else capacity
+        free = capacity
+        if arena is not None and self._staging.protected:
+            free = arena.allocator.largest_free()
         self.overflow.waits = self._staging.overflow_waits
         self.overflow.rejections = self._staging.overflow_rejections
         return MemoryFit(row_bytes(part, entry.metadata), free, capacity, self.overflow)

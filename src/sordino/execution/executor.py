@@ -44,9 +44,10 @@ class MemoryFit:
     """How a model's batches fit the shared-memory arena, for overflow protection.
 
     ``row_bytes`` is what one row like the asked-about request needs staged (inputs
-    and fixed-size outputs), ``free`` the largest block free now, ``capacity`` the
-    arena's size. The scheduler shrinks a batch to ``free // row_bytes`` rows and
-    refuses a request larger than ``capacity``; it counts what it did in ``counters``.
+    and fixed-size outputs), ``free`` the largest block free now (the whole arena
+    when overflow protection is off), ``capacity`` the arena's size. The scheduler
+    shrinks a batch to ``free // row_bytes`` rows and refuses a request larger than
+    ``capacity``; it counts what it did in ``counters``.
     """
 
     row_bytes: int

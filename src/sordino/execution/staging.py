@@ -16,6 +16,12 @@ caller with the results by :meth:`Staging.outputs`, or given back on release). A
 block goes into its lease the moment it is acquired, and :meth:`Staging.stage` gives
 everything back if it fails or is cancelled, so no failure path can leak a block.
 
+No batch waits for space without end, whatever the configuration: one that cannot fit
+the arena at all is refused at once, and the wait for space is bounded by
+``memory.overflow_wait`` (then :class:`~sordino.errors.OutOfMemory`, 503). A wait that
+cannot end would hold the blocks taken so far and, first in the arena's line, every
+batch behind it: the server would stop serving (issue 27).
+
 Thread-isolated models run on the parts concatenated in the server process
 (:attr:`StagedBatch.arrays`); staging reserves nothing for them.
 """
@@ -120,7 +126,11 @@ class Staging:
 
     @property
     def protected(self) -> bool:
-        """Whether overflow protection bounds the wait for arena space."""
+        """Whether overflow protection shrinks batches to the space free now.
+
+        Without it a batch is only kept within the arena's size; the wait for space
+        is bounded (``memory.overflow_wait``) either way.
+        """
         return self._memory.enabled and self._memory.overflow_protection
 
     def capacity(self) -> int:
@@ -215,25 +225,37 @@ class Staging:
         staged.segment = arena.name
         staged.copies = Lease(arena)
         staged.outputs = Lease(arena)
+        needed = batch_bytes(parts, metadata)
         try:
-            if self.protected and not arena.fits(batch_bytes(parts, metadata)):
-                # Overflow protection: wait a bounded time for space, then 503.
+            if needed > arena.capacity and not _by_reference(parts):
+                # It can never fit, however long it waits: waiting would hold what it
+                # took and, first in the arena's line, every batch behind it (issue 27).
+                self.overflow_rejections += 1
+                raise OutOfMemory(
+                    f"a batch of {needed} bytes cannot fit in the shared-memory arena of "
+                    f"{arena.capacity} bytes; send fewer rows per request or raise the "
+                    "arena's size (memory.pool_size, --pool-size; default "
+                    "workers.shared_memory)"
+                )
+            if not arena.fits(needed):
                 self.overflow_waits += 1
-                try:
-                    async with asyncio.timeout(self._memory.overflow_wait):
-                        await self._place(staged, parts, metadata)
-                except TimeoutError:
-                    self.overflow_rejections += 1
-                    error = OutOfMemory(
-                        f"the shared-memory arena ({arena.capacity} bytes) stayed too full for "
-                        f"a batch of {batch_bytes(parts, metadata)} bytes for "
-                        f"{self._memory.overflow_wait:g} s; retry later, or raise "
-                        "memory.pool_size"
-                    )
-                    error.retry_after_s = max(1.0, self._memory.overflow_wait)
-                    raise error from None
-            else:
-                await self._place(staged, parts, metadata)
+            # Every wait for space is bounded, protection or not: space held by batches
+            # that wait themselves (each holding a part of what it needs) never comes.
+            try:
+                async with asyncio.timeout(self._memory.overflow_wait) as waiting:
+                    await self._place(staged, parts, metadata)
+            except TimeoutError:
+                if not waiting.expired():
+                    raise
+                self.overflow_rejections += 1
+                error = OutOfMemory(
+                    f"the shared-memory arena ({arena.capacity} bytes) stayed too full for "
+                    f"a batch of {needed} bytes for {self._memory.overflow_wait:g} s "
+                    "(memory.overflow_wait); retry later, or raise the arena's size "
+                    "(memory.pool_size, --pool-size)"
+                )
+                error.retry_after_s = max(1.0, self._memory.overflow_wait)
+                raise error from None
         except BaseException:
             self.release(staged)
             raise
@@ -330,6 +352,14 @@ class Staging:
             if lease is not None:
                 lease.release()
         staged.copies = staged.outputs = None
+
+
+def _by_reference(parts: Sequence[Part]) -> bool:
+    """Whether some input of the batch is passed as it lies in the arena (no new block)."""
+    if len(parts) != 1 or not isinstance(parts[0], Tensors):
+        return False
+    part = parts[0]
+    return any(part.ref(name).in_arena for name in part)
 
 
 def row_bytes(part: Part, metadata: ModelMetadata) -> int:

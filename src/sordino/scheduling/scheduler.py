@@ -99,6 +99,7 @@ class ModelScheduler:
         self._timer_at: float | None = None
         self._task: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
+        self._started: dict[asyncio.Task[None], float] = {}
         self._closing = False
         self._aborting = False
         self._arrivals = Arrivals(settings.priority_levels, clock.now())
@@ -125,13 +126,17 @@ class ModelScheduler:
 
         With ``drain``, queued requests run, and streams keep stepping to their end.
         Without, queued work and the next steps of running streams end with an explicit
-        :class:`ShuttingDown`. Every accepted request ends with an outcome.
+        :class:`ShuttingDown`, and running batches are cancelled (their requests get
+        :class:`ShuttingDown` too), so a close without drain never waits on a batch,
+        whatever it waits for. Every accepted request ends with an outcome.
         """
         self._closing = True
         if not drain:
             self._aborting = True
             for item in self._queue.drain():
                 self._drop(item, ShuttingDown("the model is being unloaded"))
+            for task in self._running:
+                task.cancel()
         self._wake.set()
         if self._task is not None:
             await self._task
@@ -156,6 +161,16 @@ class ModelScheduler:
         self._queue.max_size = settings.max_queue_size
         self._queue.delay_expired = settings.timeout_action == "DELAY"
         self._wake.set()
+
+    def running_for(self) -> float:
+        """Seconds the longest-running batch has been running (0 with none running).
+
+        Readiness reads it: a batch running far longer than any may (the execution
+        timeout, a restart, the wait for arena space) means the model is wedged.
+        """
+        if not self._started:
+            return 0.0
+        return max(0.0, self._clock.now() - min(self._started.values()))
 
     @property
     def executor(self) -> Executor:
@@ -309,6 +324,7 @@ class ModelScheduler:
                     item.request.queue_s += now - item.arrival
             task = asyncio.get_running_loop().create_task(self._execute(batch))
             self._running.add(task)
+            self._started[task] = now
             task.add_done_callback(self._batch_finished)
 
     def _schedule(self, now: float) -> list[WorkItem] | None:
@@ -436,6 +452,7 @@ class ModelScheduler:
 
     def _batch_finished(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
+        self._started.pop(task, None)
         self._wake.set()
 
     async def _execute(self, items: list[WorkItem]) -> None:
@@ -486,6 +503,7 @@ class ModelScheduler:
                 if scope is not None:
                     BATCH_TENANTS.reset(scope)
         except asyncio.CancelledError:
+            self._batch_cancelled(live, t0)
             raise
         except Exception as exc:  # the backend's failure is the requests' failure
             t2 = self._clock.now()
@@ -502,9 +520,13 @@ class ModelScheduler:
                 # alone, so only the offender fails (a poisoned batch costs its size).
                 # So too a tenant over its quota in a Ray node's pool (RateLimited).
                 self._isolated += 1
-                for item in live:
-                    if item.request is None or not item.request.finished:
-                        await self._run_batch([item])
+                try:
+                    for item in live:
+                        if item.request is None or not item.request.finished:
+                            await self._run_batch([item])
+                except asyncio.CancelledError:
+                    self._batch_cancelled(live, t0)  # those not run alone yet
+                    raise
                 return
             for item in live:
                 self._step_failed(item, error, t2 - t0)
@@ -524,6 +546,16 @@ class ModelScheduler:
         self._batches += 1
         self._batched_rows += rows
         self._batch_observed(rows, len(live), t1 - t0, t2 - t1, t3 - t2, ok=True)
+
+    def _batch_cancelled(self, live: list[WorkItem], t0: float) -> None:
+        """The batch's task was cancelled (a close without drain): answer its requests
+        ShuttingDown, so none is left without an outcome."""
+        stopped = ShuttingDown(
+            f"model {self.model} is being unloaded or the server is stopping; its batch "
+            "was cancelled before it finished: retry on another replica"
+        )
+        for item in live:
+            self._step_failed(item, stopped, self._clock.now() - t0)
 
     def _update_from_output(self, item: WorkItem, result: Tensors, compute_s: float) -> None:
         """Deliver one step's ``result`` to its request; queue the next step or finish."""

@@ -34,6 +34,7 @@ from sordino.protocol.grpc_codec import (
 )
 from sordino.protocol.pb import kserve_v2_pb2 as pb
 from sordino.protocol.status import grpc_code_name, retry_after_header
+from sordino.server.guarding import unready
 from sordino.server.http import EXTENSIONS
 from sordino.server.model_config import model_metadata_json, triton_config_json
 from sordino.server.model_control import ModelControl
@@ -102,7 +103,8 @@ class InferenceServicer:
 
     async def ServerReady(self, raw: bytes, context: Any) -> pb.ServerReadyResponse:
         parse_message(pb.ServerReadyRequest, raw)
-        return pb.ServerReadyResponse(ready=self.runtime.ready)
+        # As /v2/health/ready: not ready while a loaded model cannot serve (or is wedged).
+        return pb.ServerReadyResponse(ready=self.runtime.ready and not unready(self.runtime))
 
     async def ModelReady(self, raw: bytes, context: Any) -> pb.ModelReadyResponse:
         self._key(context)
@@ -111,6 +113,12 @@ class InferenceServicer:
         versions = self.runtime.versions(request.name)
         wanted = not request.version or request.version in versions
         ready = self.runtime.ready and bool(versions) and wanted
+        if ready:
+            down = {tuple(key.rsplit("/", 1)) for key in unready(self.runtime)}
+            ready = not any(
+                name == request.name and (not request.version or version == request.version)
+                for name, version in down
+            )
         return pb.ModelReadyResponse(ready=ready)
 
     async def ServerMetadata(self, raw: bytes, context: Any) -> pb.ServerMetadataResponse:

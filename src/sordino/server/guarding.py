@@ -42,7 +42,14 @@ from sordino.telemetry.journal_reader import JournalReader, MissingJournal
 if TYPE_CHECKING:
     from sordino.server.runtime import Runtime
 
-__all__ = ["deep_health", "guardian_routes", "health_response", "not_serving", "open_guardian"]
+__all__ = [
+    "deep_health",
+    "guardian_routes",
+    "health_response",
+    "not_serving",
+    "open_guardian",
+    "unready",
+]
 
 log = logging.getLogger("sordino.guardian")
 
@@ -78,6 +85,16 @@ async def deep_health(runtime: Runtime, timeout_s: float = DEEP_HEALTH_TIMEOUT_S
 def not_serving(runtime: Runtime) -> list[str]:
     """The loaded models none of whose instances can take a batch now."""
     return [str(m.key) for m in runtime.models() if runtime.executor.serving(m.key) == 0]
+
+
+def unready(runtime: Runtime) -> dict[str, str]:
+    """The loaded models that cannot serve now, and why: no instance can take a batch
+    (all restarting), or a batch has run longer than any may (:meth:`Runtime.wedged`).
+    Readiness (HTTP and gRPC) is this being empty while the runtime is ready."""
+    failing = {key: f"no instance can serve {key}" for key in not_serving(runtime)}
+    for key, reason in runtime.wedged().items():
+        failing.setdefault(key, reason)
+    return failing
 
 
 class _WorstInstance:
@@ -250,12 +267,10 @@ async def health_response(runtime: Runtime, request: Request) -> Response:
     deep = request.query_params.get("deep", "false").lower() in ("1", "true", "yes")
     if not runtime.ready:
         return _json({"ready": False, "reason": "the server is not serving"}, 503)
-    down = not_serving(runtime)
+    down = unready(runtime)
     if down:
-        reason = "no instance can serve " + ", ".join(down)
-        return _json(
-            {"ready": False, "reason": reason, "failing": dict.fromkeys(down, reason)}, 503
-        )
+        reason = "; ".join(down.values())
+        return _json({"ready": False, "reason": reason, "failing": down}, 503)
     if not deep:
         return _json({"ready": True})
     failing = await deep_health(runtime)

@@ -27,7 +27,7 @@ from sordino.protocol.codec import (
 )
 from sordino.server.auth import caller, me_routes, visible_metrics, with_authentication
 from sordino.server.fast_infer import error_parts, with_fast_infer
-from sordino.server.guarding import guardian_routes, health_response, not_serving
+from sordino.server.guarding import guardian_routes, health_response, unready
 from sordino.server.http_routes import extra_routes
 from sordino.server.memory_routes import memory_routes
 from sordino.server.model_config import model_metadata_json, triton_config_json
@@ -102,8 +102,8 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
     async def ready(request: Request) -> Response:
         if "deep" in request.query_params:
             return await health_response(runtime, request)
-        # Not ready while a loaded model has no instance that can serve (all restarting).
-        serving = runtime.ready and not not_serving(runtime)
+        # Not ready while a loaded model cannot serve (all restarting, or wedged).
+        serving = runtime.ready and not unready(runtime)
         return Response(status_code=200 if serving else 503)
 
     async def model_metadata(request: Request) -> Response:
@@ -113,11 +113,16 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
 
     async def model_ready(request: Request) -> Response:
         name, version = _model_params(request)
-        runtime.get(name, version)
+        model = runtime.get(name, version)
         if not runtime.ready:
             raise ModelNotReady(
                 f"Request for unknown model: '{name}' is not at ready state (sordino: "
                 "the server is not serving)"
+            )
+        why = unready(runtime).get(str(model.key))
+        if why is not None:
+            raise ModelNotReady(
+                f"Request for unknown model: '{name}' is not at ready state (sordino: {why})"
             )
         return Response(status_code=200)
 

@@ -303,10 +303,19 @@ class Runtime:
         """Stop every scheduler and unload every model.
 
         New requests are refused at once. With ``drain`` queued requests still run;
-        those not finished within ``timeout_s`` end with an explicit ShuttingDown
-        error. Nothing accepted is left without an answer.
+        those not finished within ``timeout_s`` (one budget for pipelines and models
+        together) end with an explicit ShuttingDown error, running batches included
+        (they are cancelled, whatever they wait for). Nothing accepted is left without
+        an answer, and the drain never outlasts ``timeout_s``.
         """
         self.registry.stopping = True
+        deadline = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
+
+        def left() -> float | None:
+            if deadline is None:
+                return None
+            return max(0.0, deadline - asyncio.get_running_loop().time())
+
         await self.quant_guard.stop()
         if self.guardian is not None:
             await self.guardian.stop()
@@ -317,7 +326,7 @@ class Runtime:
             closing = [
                 asyncio.ensure_future(p.scheduler.close(drain=drain)) for p in self.pipelines
             ]
-            _, pending = await asyncio.wait(closing, timeout=timeout_s)
+            _, pending = await asyncio.wait(closing, timeout=left())
             for pipeline in self.pipelines if pending else ():
                 await pipeline.scheduler.close(drain=False)
             await asyncio.gather(*closing, return_exceptions=True)
@@ -325,11 +334,11 @@ class Runtime:
         models = self.registry.models()
         if models:
             closing = [asyncio.ensure_future(m.scheduler.close(drain=drain)) for m in models]
-            _, pending = await asyncio.wait(closing, timeout=timeout_s)
+            _, pending = await asyncio.wait(closing, timeout=left())
             if pending:
                 for model in models:
                     await model.scheduler.close(drain=False)
-                await asyncio.gather(*pending)
+                await asyncio.gather(*pending, return_exceptions=True)
         for model in models:
             await self.loader.unload(model.key.name, model.key.version, drain=False)
         await self.memory.stop()
@@ -366,6 +375,34 @@ class Runtime:
     def ready(self) -> bool:
         """True once every model has loaded and until shutdown starts."""
         return self._started and not self.registry.stopping
+
+    def wedged(self) -> dict[str, str]:
+        """The loaded models with a batch running longer than any batch may, and why.
+
+        A batch lives at most: the wait for arena space (``memory.overflow_wait``), its
+        run (``workers.execution_timeout``) and, when its instance is lost, a restart
+        (``workers.start_timeout``) and a second run. A batch older than that waits on
+        something that will not come; readiness then says not ready (issue 27: the
+        engine served nothing while ``/v2/health/ready`` answered 200). Without an
+        execution timeout (0) there is no such bound and nothing is called wedged.
+        """
+        workers = self.config.workers
+        if not workers.execution_timeout:
+            return {}
+        bound = (
+            self.config.memory.overflow_wait + 2 * workers.execution_timeout + workers.start_timeout
+        )
+        wedged = {}
+        for model in self.registry.models():
+            running = model.scheduler.running_for()
+            if running > bound:
+                wedged[str(model.key)] = (
+                    f"{model.key} is wedged: a batch has been running for {running:.0f} s, "
+                    "longer than any may "
+                    f"({bound:g} s: memory.overflow_wait + 2 x workers.execution_timeout + "
+                    "workers.start_timeout)"
+                )
+        return wedged
 
     # -- delegates -------------------------------------------------------------------
 
