@@ -21,6 +21,7 @@ import yaml
 
 from sordino.cli.server_url import auth_headers, server_url, token_option, url_option
 from sordino.config import parse_duration
+from sordino.config.bounded import load_yaml
 from sordino.control.client import ClientError, request_json
 from sordino.errors import ConfigError, InvalidRequest
 from sordino.operations.changes import parse_assignment
@@ -74,11 +75,13 @@ def _user() -> str:
 def read_overlay(path: Path) -> dict[str, Any]:
     """The YAML mapping in ``path``; exit 2 with the reason when it is not one."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"), str(path))[0]
     except OSError as exc:
         _fail(f"cannot read {path}: {exc.strerror or exc}", 2)
-    except yaml.YAMLError as exc:
-        _fail(f"{path} is not YAML: {exc}", 2)
+    except UnicodeDecodeError:
+        _fail(f"{path} is not UTF-8 text", 2)
+    except ConfigError as exc:
+        _fail(str(exc), 2)
     if data is None:
         return {}
     if not isinstance(data, dict):
