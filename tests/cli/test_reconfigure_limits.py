@@ -49,6 +49,11 @@ def test_a_key_of_ten_thousand_dots_is_a_clear_400(server: RunningServer) -> Non
         "reconfigure", "--url", server.url, "--token", TOKEN, "--set", "." * 10_000 + "=1"
     )
     assert code == 2 and "too long" in out and "Traceback" not in out, out[-300:]
+    code, out = _cli(
+        "reconfigure", "--url", server.url, "--token", TOKEN,
+        "--set", "scheduler.mode=manual", "--verify-window", "100000000000h",
+    )  # fmt: skip
+    assert code == 2 and "longest window" in out and "Traceback" not in out, out[-300:]
 
 
 def test_a_deeply_nested_overlay_is_a_clear_400(server: RunningServer) -> None:

@@ -22,6 +22,7 @@ import yaml
 from sordino.cli.server_url import auth_headers, server_url, token_option, url_option
 from sordino.config import parse_duration
 from sordino.config.bounded import load_yaml
+from sordino.config.reconfigure import MAX_VERIFY_WINDOW_S
 from sordino.control.client import ClientError, request_json
 from sordino.errors import ConfigError, InvalidRequest
 from sordino.operations.changes import parse_assignment
@@ -168,6 +169,8 @@ def reconfigure(
             wait_s = parse_duration(verify_window)
         except ConfigError as exc:
             _fail(f"--verify-window: {exc}", 2)
+        if wait_s > MAX_VERIFY_WINDOW_S:
+            _fail(f"--verify-window {verify_window} is longer than the longest window, 1h", 2)
         body["verify_window"] = wait_s
     if no_rollback:
         body["rollback"] = False
