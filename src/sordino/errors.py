@@ -16,6 +16,7 @@ value and what would have been accepted.
     ├── NotFound                     404: unknown model, version, or route
     ├── Unauthenticated              401: a protected endpoint without the admin token
     ├── Forbidden                    403: a protected endpoint that is off (no admin token)
+    ├── Conflict                     409: another change is in progress (Retry-After)
     ├── Unavailable                  503: the server cannot take it now
     │   ├── ModelNotReady            model loading, draining or unloaded
     │   ├── QueueFull                the queue is at its limit (Retry-After)
@@ -36,6 +37,7 @@ from __future__ import annotations
 __all__ = [
     "Cancelled",
     "ConfigError",
+    "Conflict",
     "Forbidden",
     "InferenceFailed",
     "InvalidRequest",
@@ -124,6 +126,17 @@ class Forbidden(SordinoError):
     """A protected endpoint is off for this caller: no admin token is configured."""
 
     reason = "forbidden"
+
+
+class Conflict(SordinoError):
+    """The request conflicts with one still in progress (a configuration change being
+    verified); retry after ``retry_after_s``."""
+
+    reason = "conflict"
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class Unavailable(SordinoError):

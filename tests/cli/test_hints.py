@@ -7,9 +7,12 @@ import urllib.request
 from pathlib import Path
 
 import onnx
+import pytest
 from click.testing import CliRunner
 
 from sordino.cli.main import cli
+from sordino.errors import ModelLoadError
+from sordino.models.hints import read_hints
 from sordino.models.repository import builtin_sources
 from tests.cli.conftest import sordino_start
 
@@ -90,3 +93,34 @@ def test_hints_are_written_without_the_onnx_package_and_read_back_by_it(tmp_path
     assert "sordino.hints.scheduler_mode" not in props  # the earlier hints are replaced
     session = ort.InferenceSession(str(again), providers=["CPUExecutionProvider"])
     assert session.get_modelmeta().custom_metadata_map["sordino.hints.schema_version"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "needle"),
+    [
+        ("max_batch_size", "1000000000000", "less than or equal to 65536"),
+        ("max_batch_size", "true", "valid integer"),
+        ("memory_pool", "4KB", "greater than or equal to 65536"),
+    ],
+    ids=["huge_batch", "bool_batch", "tiny_pool"],
+)
+def test_hints_out_of_range_are_refused(tmp_path: Path, key: str, value: str, needle: str) -> None:
+    """A hint is held to the same ranges as the configuration it fills in."""
+    model = onnx.load(str(DIGITS))
+    for name, text in (("schema_version", "1"), (key, value)):
+        prop = model.metadata_props.add()
+        prop.key, prop.value = f"sordino.hints.{name}", text
+    path = tmp_path / "hinted.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(ModelLoadError, match=needle) as caught:
+        read_hints(path)
+    assert f"sordino.hints.{key}" in str(caught.value)
+
+
+def test_embed_refuses_an_out_of_range_hint(tmp_path: Path) -> None:
+    code, out = _cli("hints", "embed", str(DIGITS), "--max-batch", str(10**12),
+                     "-o", str(tmp_path / "x.onnx"))  # fmt: skip
+    assert code == 2 and "max_batch_size" in out and "65536" in out, out
+    code, out = _cli("hints", "embed", str(DIGITS), "--float-reference", "/etc/passwd",
+                     "-o", str(tmp_path / "x.onnx"))  # fmt: skip
+    assert code == 2 and "float_reference" in out and "absolute" in out, out

@@ -92,6 +92,6 @@ def test_start_with_an_auto_pool_shows_its_bounds(tmp_path: Path) -> None:
         assert "pool auto: 8.0 MiB (bounds 8.0 MiB..256.0 MiB)" in out
         assert "predicted peak" in out and "real peak" in out
         code, out = _memory("resize", "1KB", "--url", server.url)
-        assert code == 1 and "4096" in out and "Traceback" not in out
+        assert code == 1 and "65536" in out and "Traceback" not in out
         code, out = _memory("resize", "16MB", "--url", server.url)
         assert code == 0 and "-> 16.0 MiB" in out, out

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import base64
+import io
+import shutil
+import subprocess
+import sys
 import urllib.request
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +19,7 @@ from sklearn.datasets import load_digits
 
 from sordino.cli.main import cli
 from sordino.config import ModelConfig, load_config
+from sordino.errors import ModelLoadError
 from sordino.events import Event
 from sordino.models.repository import builtin_sources, sources_for
 from sordino.testing import serve_in_thread
@@ -20,6 +27,7 @@ from tests.cli.conftest import sordino_start
 from tests.waiting import wait_for
 
 DIGITS = next(s.path for s in builtin_sources() if s.name == "digits-classifier")
+FLOAT = "digits_int8.float.onnx"
 
 
 def _cli(*args: str) -> tuple[int, str]:
@@ -40,7 +48,9 @@ def int8(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _broken(int8: Path, target: Path) -> Path:
-    """The quantized model with its INT8 weights scrambled (its hints kept)."""
+    """The quantized model with its INT8 weights scrambled (its hints kept), beside a
+    copy of its float reference."""
+    shutil.copyfile(int8.parent / FLOAT, target.parent / FLOAT)
     model = onnx.load(str(int8))
     rng = np.random.default_rng(1)
     for tensor in model.graph.initializer:
@@ -56,7 +66,9 @@ def test_quantize_embeds_the_guard_hints(int8: Path) -> None:
     code, out = _cli("hints", "show", str(int8))
     assert code == 0
     assert "sordino.hints.precision = int8" in out
-    assert f"sordino.hints.float_reference = {DIGITS.resolve()}" in out
+    # The float model lives in the package: it is copied beside the quantized one.
+    assert f"sordino.hints.float_reference = {FLOAT}" in out
+    assert (int8.parent / FLOAT).read_bytes() == DIGITS.read_bytes()
     assert "sordino.hints.accuracy_bound = 0.99" in out and "guard_sample" in out
     code, out = _cli("quantize", str(DIGITS), "--int8", "-o", str(int8.parent / "x.onnx"))
     assert code == 2 and "exactly one of --calibration" in out
@@ -67,7 +79,7 @@ def test_guard_falls_back_to_float_on_a_broken_int8_model(int8: Path, tmp_path: 
     config = load_config(None, {"quant_guard.enabled": True})
     sources = sources_for(ModelConfig(name="digits8", path=broken))
     with serve_in_thread(config, sources) as server:
-        assert server.runtime.get("digits8").source.path == DIGITS
+        assert server.runtime.get("digits8").source.path == (tmp_path / FLOAT).resolve()
         [event] = server.runtime.events.recent("quant_guard")
         assert event.payload["action"] == "fallback_to_float"
         assert event.payload["agreement"] < 0.99
@@ -99,3 +111,99 @@ def test_start_quant_aware_says_it_serves_float(int8: Path, tmp_path: Path) -> N
     log = "\n".join(server.lines)
     assert "model digits8: the quantized model strays from its float reference" in log
     assert "serving the float model instead" in log
+
+
+def _with_hint(int8: Path, target: Path, key: str, value: str) -> Path:
+    """``int8`` copied to ``target`` with one runtime hint replaced by ``value``."""
+    model = onnx.load(str(int8))
+    for prop in model.metadata_props:
+        if prop.key == f"sordino.hints.{key}":
+            prop.value = value
+    onnx.save(model, str(target))
+    if (int8.parent / FLOAT).exists():
+        shutil.copyfile(int8.parent / FLOAT, target.parent / FLOAT)
+    return target
+
+
+@pytest.mark.parametrize(
+    "reference", ["/etc/passwd", "../outside/digits.onnx", "sub/../../digits.onnx"]
+)
+def test_a_float_reference_outside_the_model_folder_is_refused(
+    int8: Path, tmp_path: Path, reference: str
+) -> None:
+    """The hint cannot make the server load a file from anywhere else."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.copyfile(DIGITS, outside / "digits.onnx")
+    folder = tmp_path / "model"
+    folder.mkdir()
+    model = _with_hint(int8, folder / "digits_int8.onnx", "float_reference", reference)
+    config = load_config(None, {"quant_guard.enabled": True})
+    with pytest.raises(ModelLoadError, match="float_reference") as caught:
+        sources = sources_for(ModelConfig(name="digits8", path=model))
+        with serve_in_thread(config, sources):
+            pass
+    message = str(caught.value)
+    assert "sordino.hints.float_reference" in message and "refused" in message, message
+
+
+def test_a_symlink_out_of_the_model_folder_is_refused(int8: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    model = _with_hint(int8, folder / "digits_int8.onnx", "float_reference", "link.onnx")
+    (folder / "link.onnx").symlink_to(DIGITS)
+    config = load_config(None, {"quant_guard.enabled": True})
+    sources = sources_for(ModelConfig(name="digits8", path=model))
+    with (
+        pytest.raises(ModelLoadError, match="leads out of the model's folder"),
+        serve_in_thread(config, sources),
+    ):
+        pass
+
+
+def test_an_oversized_guard_sample_is_refused_before_it_is_built(
+    int8: Path, tmp_path: Path
+) -> None:
+    """A 0.3 MB hint that would expand to 256 MB of zeros: refused from its header."""
+    huge = _npz_claiming(shape=(1_000_000, 64))
+    assert len(huge) < 400_000
+    model = _with_hint(int8, tmp_path / "digits_int8.onnx", "guard_sample", huge)
+    config = load_config(None, {"quant_guard.enabled": True})
+    sources = sources_for(ModelConfig(name="digits8", path=model))
+    with pytest.raises(ModelLoadError) as caught, serve_in_thread(config, sources):
+        pass
+    message = str(caught.value)
+    assert "digits8" in message and "sordino.hints.guard_sample" in message, message
+    assert "rows" in message and len(message) < 400, message
+
+
+def _npz_claiming(shape: tuple[int, ...]) -> str:
+    """A base64 .npz whose one array of float32 zeros has ``shape`` (compressed: small)."""
+    buffer = io.BytesIO()
+    with (
+        zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive,
+        archive.open("pixels.npy", "w", force_zip64=True) as member,
+    ):
+        header = {"descr": "<f4", "fortran_order": False, "shape": shape}
+        np.lib.format.write_array_header_1_0(member, header)
+        chunk = bytes(1 << 20)
+        left = int(np.prod(shape)) * 4
+        while left > 0:
+            member.write(chunk[: min(left, len(chunk))])
+            left -= len(chunk)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def test_start_with_a_bad_guard_sample_says_which_model_and_hint(
+    int8: Path, tmp_path: Path
+) -> None:
+    """Not a bare ``Aborted!``: one line naming the model and the hint."""
+    model = _with_hint(int8, tmp_path / "digits_int8.onnx", "guard_sample", "bm90IGFuIG5weg==")
+    cmd = [sys.executable, "-m", "sordino", "start", "--http-port", "0", "--grpc-port", "0",
+           "--data-dir", str(tmp_path / "data"), "--model", f"digits8={model}",
+           "--quant-aware", "true"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert "Aborted!" not in output and "Traceback" not in output, output
+    assert "digits8" in output and "sordino.hints.guard_sample" in output, output

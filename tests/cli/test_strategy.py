@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import tarfile
 from pathlib import Path
@@ -14,6 +15,7 @@ from sordino.config import load_config
 from sordino.models.repository import builtin_sources
 from sordino.operations.bundles import builtin_bundles, check
 from sordino.testing import serve_in_thread
+from tests.config.test_bounded import alias_bomb
 
 TOKEN = "strategy-test-token"
 
@@ -115,4 +117,24 @@ def test_import_refuses_a_changed_file_a_bad_license_or_version(tmp_path: Path) 
         _tamper(archive, bad, edit)
         code, out = _cli("strategy", "import", str(bad), "--data-dir", str(tmp_path / "reg"))
         assert code == 1 and needle in out and "Traceback" not in out, (label, out)
+    assert not (tmp_path / "reg" / "strategies" / "edge_conservative").exists()
+
+
+def test_import_refuses_a_yaml_alias_bomb_with_a_correct_checksum(tmp_path: Path) -> None:
+    """A few hundred bytes that expand to 9**9 strings: refused at once, nothing saved."""
+    archive = tmp_path / "edge.tar.gz"
+    assert _cli("strategy", "export", "edge_conservative", "-o", str(archive),
+                "--data-dir", str(tmp_path))[0] == 0  # fmt: skip
+    with tarfile.open(archive, "r:gz") as source:
+        meta = source.extractfile("edge_conservative/metadata.yaml").read().decode()  # type: ignore[union-attr]
+        config = source.extractfile("edge_conservative/config.yaml").read()  # type: ignore[union-attr]
+    bomb = alias_bomb()
+    assert len(bomb) < 600
+    meta = meta.replace(
+        hashlib.sha256(config).hexdigest(), hashlib.sha256(bomb.encode()).hexdigest()
+    )
+    bad = tmp_path / "bomb.tar.gz"
+    _tamper(archive, bad, {"config.yaml": bomb, "metadata.yaml": meta})
+    code, out = _cli("strategy", "import", str(bad), "--data-dir", str(tmp_path / "reg"))
+    assert code == 1 and "expands to more than" in out and "Traceback" not in out, out
     assert not (tmp_path / "reg" / "strategies" / "edge_conservative").exists()

@@ -50,7 +50,7 @@ def test_defaults_keep_todays_arena() -> None:
          ["memory.pool_max", "memory.pool_min"]),
         ({"memory.enabled": False, "memory.pool_size": "auto"},
          ["memory.enabled is false", "pool_size"]),
-        ({"memory.pool_size": "1KB"}, ["memory.pool_size", "4096"]),
+        ({"memory.pool_size": "1KB"}, ["memory.pool_size", "65536"]),
         ({"memory.defrag_interval": "soon"}, ["memory.defrag_interval", "'5m'"]),
         ({"memory.defrag_threshold": 1.5}, ["memory.defrag_threshold", "1"]),
         ({"memory.reuse_strategy": "fifo"}, ["memory.reuse_strategy", "lru", "lfu", "largest"]),

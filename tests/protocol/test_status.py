@@ -21,6 +21,7 @@ CASES = [
     (errors.ShuttingDown("x"), 503, "UNAVAILABLE"),
     (errors.ModelNotReady("x"), 503, "UNAVAILABLE"),
     (errors.RateLimited("x"), 429, "RESOURCE_EXHAUSTED"),
+    (errors.Conflict("x"), 409, "ABORTED"),
     (errors.Cancelled("x"), 499, "CANCELLED"),
     (errors.InferenceFailed("x"), 500, "INTERNAL"),
 ]

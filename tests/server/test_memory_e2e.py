@@ -18,6 +18,7 @@ import pytest
 
 from sordino.config import RuntimeConfig
 from sordino.config.memory import MemoryConfig
+from sordino.config.workers import WorkersConfig
 from sordino.errors import OutOfMemory
 from sordino.inference import ModelKey
 from sordino.memory.refs import Lease, Tensors
@@ -29,8 +30,10 @@ from tests.waiting import wait_for
 DIGITS = "digits-classifier"
 
 
-def _config(**memory: Any) -> RuntimeConfig:
-    return RuntimeConfig(memory=MemoryConfig(**memory))
+def _config(arena: str | None = None, **memory: Any) -> RuntimeConfig:
+    """``arena``: a tiny arena for overflow tests, below memory.pool_size's 64KB floor."""
+    workers = WorkersConfig(shared_memory=arena) if arena is not None else WorkersConfig()
+    return RuntimeConfig(memory=MemoryConfig(**memory), workers=workers)
 
 
 def _sources(*names: str) -> list[Any]:
@@ -214,7 +217,7 @@ def test_manual_defrag_report_and_status_endpoint(defrag_server: RunningServer) 
 
 def test_tiny_arena_burst_shrinks_batches_and_answers_everyone() -> None:
     """An arena of 8 KB and a burst of 8-row requests: shrunk batches, no 500, none lost."""
-    config = _config(pool_size="8KB", overflow_wait=5.0)
+    config = _config(arena="8KB", overflow_wait=5.0)
     with serve_in_thread(config, _sources(DIGITS)) as server:
         n = 120
         pixels = digits_pixels(n * 8, seed=9)
@@ -250,7 +253,7 @@ def test_tiny_arena_burst_shrinks_batches_and_answers_everyone() -> None:
 
 def test_a_full_arena_answers_503_with_retry_after() -> None:
     """Space that never comes within overflow_wait: 503 + Retry-After, never a 500."""
-    config = _config(pool_size="8KB", overflow_wait=0.2)
+    config = _config(arena="8KB", overflow_wait=0.2)
     with serve_in_thread(config, _sources(DIGITS)) as server:
         arena = server.runtime.executor.staging.arena
 
@@ -282,7 +285,7 @@ def test_memory_manager_off_a_batch_too_large_for_the_arena_never_wedges_the_ser
     request timed out while readiness said 200. Now: the oversized request gets a 400
     naming the arena's size, a batch of fitting requests is kept within the arena, a
     batch that cannot fit is refused at once, and everything after is served."""
-    config = _config(enabled=False, pool_size="16KB")  # 16384 bytes; a row needs 296
+    config = _config("16KB", enabled=False)  # 16384 bytes; a row needs 296
     with serve_in_thread(config, _sources(DIGITS)) as server:
         url = f"/v2/models/{DIGITS}/infer"
         with httpx.Client(base_url=server.url, timeout=30) as client:

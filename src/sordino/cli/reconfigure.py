@@ -21,6 +21,8 @@ import yaml
 
 from sordino.cli.server_url import auth_headers, server_url, token_option, url_option
 from sordino.config import parse_duration
+from sordino.config.bounded import load_yaml
+from sordino.config.reconfigure import MAX_VERIFY_WINDOW_S
 from sordino.control.client import ClientError, request_json
 from sordino.errors import ConfigError, InvalidRequest
 from sordino.operations.changes import parse_assignment
@@ -74,11 +76,13 @@ def _user() -> str:
 def read_overlay(path: Path) -> dict[str, Any]:
     """The YAML mapping in ``path``; exit 2 with the reason when it is not one."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"), str(path))[0]
     except OSError as exc:
         _fail(f"cannot read {path}: {exc.strerror or exc}", 2)
-    except yaml.YAMLError as exc:
-        _fail(f"{path} is not YAML: {exc}", 2)
+    except UnicodeDecodeError:
+        _fail(f"{path} is not UTF-8 text", 2)
+    except ConfigError as exc:
+        _fail(str(exc), 2)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -165,6 +169,8 @@ def reconfigure(
             wait_s = parse_duration(verify_window)
         except ConfigError as exc:
             _fail(f"--verify-window: {exc}", 2)
+        if wait_s > MAX_VERIFY_WINDOW_S:
+            _fail(f"--verify-window {verify_window} is longer than the longest window, 1h", 2)
         body["verify_window"] = wait_s
     if no_rollback:
         body["rollback"] = False

@@ -35,6 +35,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from sordino.config.bounded import check_nesting, dotted_parts, load_yaml
 from sordino.config.models import ModelConfig
 from sordino.config.runtime import RuntimeConfig
 from sordino.config.scheduler import STRATEGY_NAMES
@@ -107,8 +108,10 @@ def validate_config(data: Mapping[str, object]) -> RuntimeConfig:
     """Validate an already-parsed configuration mapping; raise :class:`ConfigError` if invalid.
 
     ``data`` is not modified. Used for hot reconfiguration, where the new settings
-    arrive as a mapping rather than a file.
+    arrive as a mapping rather than a file; a mapping nested past the limits of
+    :mod:`sordino.config.bounded` is refused before it is copied.
     """
+    check_nesting(data, "the configuration")
     return _validate(RuntimeConfig, _top_level_mapping(data, "the configuration"), "", None, [])
 
 
@@ -175,19 +178,7 @@ def _read_yaml(path: Path) -> tuple[object, yaml.Node | None]:
         raise ConfigError(f"config file {path} does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read config file {path}: {exc}") from None
-    loader = _StrictLoader(_rewrite_arrows(text))
-    try:
-        root = loader.get_single_node()
-        return (loader.construct_document(root) if root is not None else None), root
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = exc.problem or exc.context or "invalid YAML"
-        raise ConfigError(f"YAML error in {path}{where}: {problem}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"YAML error in {path}: {exc}") from None
-    finally:
-        loader.dispose()
+    return load_yaml(_rewrite_arrows(text), str(path), _StrictLoader)
 
 
 def _top_level_mapping(data: object, source: str) -> dict[str, object]:
@@ -226,9 +217,8 @@ def _anchor_paths(data: dict[str, object], base: Path) -> None:
 
 def _set_dotted(data: dict[str, object], key: str, value: object) -> None:
     """Set ``data[a][b][c] = value`` for ``key == "a.b.c"``; a digit part indexes a list."""
-    parts = key.split(".")
-    if not all(parts):
-        raise ConfigError(f"override {key!r} is not a dotted key such as 'server.http_port'")
+    parts = dotted_parts(key, "override")
+    check_nesting(value, f"override {key!r}")
     target: object = data
     for depth, part in enumerate(parts):
         last = depth == len(parts) - 1

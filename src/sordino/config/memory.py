@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
-from sordino.config.base import Section, reject_repeated_names
+from sordino.config.base import MAX_POOL_SIZE, MIN_POOL_SIZE, Section, reject_repeated_names
 from sordino.config.units import Duration, Size, parse_size
 from sordino.errors import ConfigError
 
@@ -16,8 +16,11 @@ __all__ = ["FrameworkMemoryConfig", "MemoryConfig", "MemoryStrategy", "QuotaConf
 MemoryStrategy = Literal["fragmentation_aware", "best_fit", "simple"]
 
 
+_DAY = 86_400.0
+
+
 def _pool_size(value: object) -> object:
-    """``auto``, or a size of at least 4096 bytes."""
+    """``auto``, or a size between MIN_POOL_SIZE (64 KiB) and MAX_POOL_SIZE (1 TiB)."""
     if value is None:
         return None
     if isinstance(value, str) and value.strip().lower() == "auto":
@@ -30,16 +33,31 @@ def _pool_size(value: object) -> object:
         size = parse_size(value)
     except ConfigError as exc:
         raise ValueError(f"{exc.message}; or 'auto' (sized from the forecast peak)") from None
-    if size < 4096:
-        raise ValueError(f"pool size {size} bytes is too small: at least 4096 bytes, or 'auto'")
+    if size < MIN_POOL_SIZE:
+        raise ValueError(
+            f"pool size {size} bytes is too small: at least {MIN_POOL_SIZE} bytes (64KB), or 'auto'"
+        )
+    if size > MAX_POOL_SIZE:
+        raise ValueError(f"pool size {size} bytes is too large: at most {MAX_POOL_SIZE} (1TB)")
     return size
+
+
+_MIN_DEFRAG_INTERVAL = 0.1
+
+
+def _interval(value: float) -> float:
+    """0 (off), or at least 100 ms: a defragmentation every millisecond would stall
+    every batch (each run moves blocks while batches wait)."""
+    if 0 < value < _MIN_DEFRAG_INTERVAL:
+        raise ValueError(f"{value} s is too short: 0 (off) or at least 100ms (e.g. 5m)")
+    return value
 
 
 class QuotaConfig(Section):
     """At most ``max`` bytes of the arena in flight for ``tenant`` at once."""
 
     tenant: str = Field(min_length=1, max_length=128)
-    max: Size = Field(gt=0)
+    max: Size = Field(gt=0, le=MAX_POOL_SIZE)
 
 
 class MemoryConfig(Section):
@@ -56,33 +74,35 @@ class MemoryConfig(Section):
     """The arena's size; leave out to use workers.shared_memory. ``auto``: sized from
     the forecast peak between ``pool_min`` and ``pool_max``, grown ahead of a peak and
     shrunk after it (the segment is replaced at a quiet moment)."""
-    pool_min: Size = Field(default=16 * 1024 * 1024, ge=4096)
+    pool_min: Size = Field(default=16 * 1024 * 1024, ge=MIN_POOL_SIZE, le=MAX_POOL_SIZE)
     """pool_size auto: the smallest the arena gets (and its size at start)."""
-    pool_max: Size = Field(default=1024 * 1024 * 1024, ge=4096)
+    pool_max: Size = Field(default=1024 * 1024 * 1024, ge=MIN_POOL_SIZE, le=MAX_POOL_SIZE)
     """pool_size auto: the largest the arena gets."""
-    prewarm_interval: Duration = Field(default=30.0, gt=0)
+    prewarm_interval: Duration = Field(default=30.0, ge=1, le=_DAY)
     """pool_size auto: how often the target size is worked out from the forecast."""
     prewarm_headroom: float = Field(default=1.5, ge=1.0, le=10.0)
     """pool_size auto: the target is this times the larger of the predicted peak and
     the peak seen since the last resize."""
-    small_max: Size = Field(default=64 * 1024, ge=64)
+    small_max: Size = Field(default=64 * 1024, ge=64, le=MAX_POOL_SIZE)
     """fragmentation_aware: blocks up to this size are the small tier."""
-    medium_max: Size = Field(default=4 * 1024 * 1024, ge=64)
+    medium_max: Size = Field(default=4 * 1024 * 1024, ge=64, le=MAX_POOL_SIZE)
     """fragmentation_aware: blocks up to this size (above small_max) are the medium tier."""
-    compact_step: Size = Field(default=2 * 1024 * 1024, ge=0)
+    compact_step: Size = Field(default=2 * 1024 * 1024, ge=0, le=1024**3)
     """fragmentation_aware: incremental compaction moves at most this many bytes of
     parked blocks at each batch boundary (a pause of about 1 ms per MiB); 0 = off."""
-    defrag_interval: Duration = 0.0
-    """Defragment on this timer (e.g. 5m); 0 = never on a timer."""
+    defrag_interval: Annotated[Duration, AfterValidator(_interval)] = Field(
+        default=0.0, ge=0, le=_DAY
+    )
+    """Defragment on this timer (e.g. 5m; 100ms to 1d); 0 = never on a timer."""
     defrag_threshold: float = Field(default=0.0, ge=0.0, le=1.0)
     """Also defragment when fragmentation stays above this for ``defrag_window`` (e.g.
     0.3); 0 = never (the default)."""
-    defrag_window: Duration = Field(default=60.0, gt=0)
+    defrag_window: Duration = Field(default=60.0, ge=1, le=_DAY)
     """How long fragmentation must stay above ``defrag_threshold``."""
     overflow_protection: bool = True
     """Estimate a batch's bytes before assembling it: shrink it to what the arena holds,
     wait up to ``overflow_wait`` for space, then answer 503 with Retry-After."""
-    overflow_wait: Duration = Field(default=2.0, gt=0)
+    overflow_wait: Duration = Field(default=2.0, gt=0, le=600)
     """The longest a batch waits for arena space before its requests get 503."""
     reuse_strategy: Literal["lru", "lfu", "largest"] = "lru"
     """What the framework-side caches (the generation result and state caches) give
@@ -91,7 +111,7 @@ class MemoryConfig(Section):
     quotas: tuple[QuotaConfig, ...] = ()
     """Per-tenant limits on arena bytes in flight; a tenant over its quota waits up to
     ``quota_wait``, then gets 429. Tenants without an entry are not limited."""
-    quota_wait: Duration = 1.0
+    quota_wait: Duration = Field(default=1.0, ge=0, le=600)
     """How long a request over its tenant's quota waits for room before 429; 0 = refuse at once."""
     zero_on_free: bool | None = None
     """Zero every released block before it is handed out again; default: on when
@@ -178,12 +198,12 @@ class FrameworkMemoryConfig(Section):
     arena_extend_strategy: ArenaExtendStrategy = "kNextPowerOfTwo"
     """How the CPU arena grows: kNextPowerOfTwo (ONNX Runtime's default) or
     kSameAsRequested (only what a tensor needs; less memory held after a peak)."""
-    arena_max: Size = 0
+    arena_max: Size = Field(default=0, le=MAX_POOL_SIZE)
     """The CPU arena's limit in bytes; 0 = none."""
     shrink_after_rows: int = Field(default=0, ge=0)
     """After a batch of at least this many rows, give the CPU arena's unused chunks
     back (run option ``memory.enable_memory_arena_shrinkage``); 0 = never."""
-    gpu_mem_limit: Size | None = None
+    gpu_mem_limit: Size | None = Field(default=None, le=MAX_POOL_SIZE)
     """CUDA execution provider: its arena's limit in bytes (``gpu_mem_limit``)."""
     gpu_arena_extend_strategy: ArenaExtendStrategy | None = None
     """CUDA execution provider: how its arena grows (``arena_extend_strategy``)."""

@@ -12,7 +12,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from sordino.config.base import ExpandedPath, Section
+from sordino.config.base import MAX_BATCH_SIZE, ExpandedPath, Section
 from sordino.config.devices import ProviderName
 from sordino.config.executor import RayModelOptions
 from sordino.config.iterative import IterativeConfig
@@ -38,16 +38,22 @@ MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 path separator and is never ``.`` or ``..``."""
 
 
+MAX_QUEUE_SIZE = 1_000_000
+"""The longest queue a model may have."""
+_HOUR_US = 3_600_000_000
+_MINUTE_US = 60_000_000
+
+
 class QueuePolicy(Section):
     """Triton's ``default_queue_policy``: deadlines and the size limit of a model's queue."""
 
     timeout_action: Literal["REJECT", "DELAY"] = "REJECT"
     """At the deadline: REJECT fails the request; DELAY keeps it but behind on-time ones."""
-    default_timeout_microseconds: int = Field(default=0, ge=0)
+    default_timeout_microseconds: int = Field(default=0, ge=0, le=_HOUR_US)
     """Queue deadline per request; 0 means no deadline."""
     allow_timeout_override: bool = True
     """Whether a request may set its own (shorter or longer) queue deadline."""
-    max_queue_size: int = 1024
+    max_queue_size: int = Field(default=1024, le=MAX_QUEUE_SIZE)
     """Most requests waiting; more are refused with 503 (QueueFull)."""
 
     @field_validator("max_queue_size")
@@ -66,13 +72,15 @@ class QueuePolicy(Section):
 class DynamicBatchingConfig(Section):
     """Triton's ``dynamic_batching`` section; None inherits the scheduler's strategy."""
 
-    preferred_batch_size: tuple[Annotated[int, Field(ge=1)], ...] = ()
+    preferred_batch_size: tuple[Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)], ...] = Field(
+        default=(), max_length=64
+    )
     """Batch sizes to form when possible; empty inherits ``preferred_batch``."""
-    max_queue_delay_microseconds: int | None = Field(default=None, ge=0)
-    """Longest wait for a batch to fill; None inherits ``timeout_ms``."""
-    min_batch_size: int | None = Field(default=None, ge=1)
+    max_queue_delay_microseconds: int | None = Field(default=None, ge=0, le=_MINUTE_US)
+    """Longest wait for a batch to fill (at most a minute); None inherits ``timeout_ms``."""
+    min_batch_size: int | None = Field(default=None, ge=1, le=MAX_BATCH_SIZE)
     """Smallest batch worth running early (sordino extension); None inherits ``min_batch``."""
-    priority_levels: int = Field(default=3, ge=1)
+    priority_levels: int = Field(default=3, ge=1, le=100)
     """Number of priority levels; level 1 is served first."""
     default_priority_level: int = 2
     """Level of requests that ask for none; when omitted, the middle level."""
@@ -99,7 +107,7 @@ class DynamicBatchingConfig(Section):
 
 
 class LatestVersions(Section):
-    num_versions: int = Field(default=1, ge=1)
+    num_versions: int = Field(default=1, ge=1, le=1000)
     """How many of the highest-numbered versions to serve."""
 
 
@@ -165,7 +173,7 @@ class StreamingConfig(Section):
     """Output name -> the input it feeds on the next step."""
     done: str = Field(min_length=1)
     """A BOOL output; true ends the stream of that row."""
-    max_steps: int = Field(default=1000, ge=1)
+    max_steps: int = Field(default=1000, ge=1, le=1_000_000)
     """Most steps one request may take; a model still not done then fails the request."""
     emit: str | None = None
     """A BOOL output: a step where it is false for every row sends no response. With it
@@ -225,10 +233,10 @@ class ModelConfig(Section):
     """An .onnx file, or a folder of numbered version folders (1/model.onnx, 2/...)."""
     backend: Literal["onnxruntime"] = "onnxruntime"
     """Runtime that executes the model; Triton's ``platform: onnxruntime_onnx`` means this."""
-    max_batch_size: int | None = Field(default=None, ge=0)
+    max_batch_size: int | None = Field(default=None, ge=0, le=MAX_BATCH_SIZE)
     """Largest batch; None uses the scheduler's max_batch; 0 means never batch."""
     dynamic_batching: DynamicBatchingConfig = DynamicBatchingConfig()
-    instance_count: int = Field(default=1, ge=1)
+    instance_count: int = Field(default=1, ge=1, le=256)
     """Model instances (sessions) run in parallel, on each device the model runs on."""
     instance_kind: Literal["cpu", "gpu", "auto"] = "auto"
     """Where instances run: cpu, gpu (CUDA devices ``gpus``), auto (``execution_providers``)."""
@@ -238,7 +246,7 @@ class ModelConfig(Section):
     """process: each instance in its own worker process; thread: inside the server."""
     execution_providers: tuple[ProviderName, ...] = ("CPUExecutionProvider",)
     """ONNX Runtime providers in order of preference (aliases cpu, cuda, ... accepted)."""
-    intra_op_threads: int | None = Field(default=None, ge=1)
+    intra_op_threads: int | None = Field(default=None, ge=1, le=1024)
     """Threads ONNX Runtime uses inside one operator; None: the machine's cores divided
     among the model's instances (at least 1)."""
     thread_spinning: bool = False

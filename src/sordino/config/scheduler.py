@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
-from sordino.config.base import Section, reject_repeated_names
+from sordino.config.base import MAX_BATCH_SIZE, Section, reject_repeated_names
 from sordino.config.threshold import parse_threshold
 from sordino.config.units import Duration, Milliseconds
 from sordino.errors import ConfigError
@@ -63,13 +63,13 @@ class DynamicBatchingStrategy(Section):
     name: Literal["dynamic_batching"]
     enabled: bool = True
     """False runs every request alone (batch size 1)."""
-    min_batch: int = Field(default=1, ge=1)
+    min_batch: int = Field(default=1, ge=1, le=MAX_BATCH_SIZE)
     """Smallest batch worth running before ``timeout_ms`` has passed."""
-    max_batch: int = Field(default=32, ge=1)
+    max_batch: int = Field(default=32, ge=1, le=MAX_BATCH_SIZE)
     """Largest batch formed; a model's ``max_batch_size`` caps it further."""
-    timeout_ms: Milliseconds = Field(default=10.0, ge=0)
+    timeout_ms: Milliseconds = Field(default=10.0, ge=0, le=60_000)
     """Longest the oldest queued request waits for a batch to fill."""
-    preferred_batch: tuple[int, ...] = ()
+    preferred_batch: tuple[int, ...] = Field(default=(), max_length=64)
     """Batch sizes to form when possible; each between ``min_batch`` and ``max_batch``."""
 
     @field_validator("max_batch")
@@ -129,11 +129,11 @@ class FallbackChainStrategy(Section):
     """Devices to use, in order, while the ones before them are failing or missing."""
     switch_threshold: str = "error_rate>5% for 30s"
     """When a device's breaker opens: '<metric> <op> <value> for <window>'."""
-    min_requests: int = Field(default=10, ge=1)
+    min_requests: int = Field(default=10, ge=1, le=1_000_000)
     """Batches a window must hold before the threshold may open the breaker."""
-    cooldown: Duration = 5.0
+    cooldown: Duration = Field(default=5.0, ge=0, le=86_400)
     """How long an open breaker waits before half-open probes test the device again."""
-    half_open_probes: int = Field(default=3, ge=1)
+    half_open_probes: int = Field(default=3, ge=1, le=1000)
     """Consecutive successful probe batches that close the breaker again."""
 
     @field_validator("switch_threshold")
@@ -169,7 +169,7 @@ class SchedulerConfig(Section):
 
     mode: SchedulerMode = "adaptive"
     """Scheduling policy; a model's ``scheduler_mode`` overrides it."""
-    slo_p99_ms: float = Field(default=100.0, gt=0)
+    slo_p99_ms: float = Field(default=100.0, gt=0, le=3_600_000)
     """Target 99th-percentile latency in milliseconds that adaptive modes steer towards."""
     strategies: tuple[Strategy, ...] = ()
     """Strategy sections, each ``name`` at most once."""

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from sordino.config.bounded import load_yaml
 from sordino.config.loader import load_config
 from sordino.errors import ConfigError
 from sordino.loadtest.run import StressResult
@@ -341,7 +342,7 @@ def apply_suggestions(path: Path, items: list[Suggestion]) -> None:
     """
     data: dict[str, Any] = {}
     if path.exists():
-        loaded = yaml.safe_load(path.read_text("utf-8"))
+        loaded = load_yaml(path.read_text("utf-8"), str(path))[0]
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path} is not a configuration mapping; cannot merge into it")
         data = loaded or {}

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from sordino.config.base import Section
+from sordino.config.bounded import load_yaml
 from sordino.config.units import Duration
 from sordino.errors import ConfigError
 
@@ -194,10 +194,7 @@ def load_profile(spec: str) -> Profile:
                 f"({', '.join(BUILTIN_PROFILES)}) nor a file"
             )
         text, source = path.read_text("utf-8"), f"profile {path}"
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source} is not valid YAML: {exc}") from None
+    data = load_yaml(text, source)[0]
     if not isinstance(data, dict):
         raise ConfigError(f"{source} must be a mapping with 'segments' (and optionally 'mix')")
     try:

@@ -18,6 +18,13 @@ key                       meaning
 ``accuracy_bound``        for a quantized model: the least top-1 agreement kept
 ``guard_sample``          for a quantized model: held-out inputs (base64 .npz)
 ========================  =====================================================
+
+A hint is data from the model file, so it is held to what the file may ask for:
+``float_reference`` is a relative path inside the quantized file's own folder (never
+absolute, never ``..``: a model loads no file outside its folder or repository), and
+``guard_sample`` is at most :data:`MAX_GUARD_SAMPLE_CHARS` characters, its arrays
+checked against :data:`~sordino.operations.quantize.MAX_SAMPLE_ROWS` and
+:data:`~sordino.operations.quantize.MAX_SAMPLE_ELEMENTS` before any is built.
 """
 
 from __future__ import annotations
@@ -25,17 +32,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from sordino.config import ModelConfig, RuntimeConfig, SchedulerMode, Size
-from sordino.config.base import Section
+from sordino.config.base import MAX_BATCH_SIZE, MAX_POOL_SIZE, MIN_POOL_SIZE, Section
+from sordino.config.loader import shown_value
 from sordino.errors import ModelLoadError
 from sordino.models.onnx_props import read_props, write_props
 
 __all__ = [
+    "MAX_GUARD_SAMPLE_CHARS",
     "NAMESPACE",
     "SCHEMA_VERSION",
     "AppliedHints",
@@ -51,6 +60,8 @@ log = logging.getLogger("sordino.hints")
 
 NAMESPACE = "sordino.hints."
 SCHEMA_VERSION = 1
+MAX_GUARD_SAMPLE_CHARS = 4 * 1024 * 1024
+"""The longest ``guard_sample`` hint (base64 of a compressed .npz; 64 rows need far less)."""
 
 # Which ModelConfig field each per-model hint fills in.
 _MODEL_FIELDS = {"max_batch_size": "max_batch_size", "scheduler_mode": "scheduler_mode"}
@@ -59,14 +70,29 @@ _MODEL_FIELDS = {"max_batch_size": "max_batch_size", "scheduler_mode": "schedule
 class ModelHints(Section):
     """The hints one model file carries (every key optional)."""
 
-    max_batch_size: int | None = Field(default=None, ge=0)
+    max_batch_size: int | None = Field(default=None, ge=0, le=MAX_BATCH_SIZE)
     scheduler_mode: SchedulerMode | None = None
-    memory_pool: Size | None = Field(default=None, ge=4096)
+    memory_pool: Size | None = Field(default=None, ge=MIN_POOL_SIZE, le=MAX_POOL_SIZE)
     precision: Literal["fp32", "fp16", "int8"] | None = None
-    float_reference: str | None = None
+    float_reference: str | None = Field(default=None, min_length=1, max_length=1024)
+    """The float model, relative to the quantized file's folder and inside it."""
     accuracy_bound: float | None = Field(default=None, gt=0, le=1)
-    guard_sample: str | None = None
+    guard_sample: str | None = Field(default=None, max_length=MAX_GUARD_SAMPLE_CHARS)
     """A held-out input sample (base64 of an .npz) for the accuracy guard."""
+
+    @field_validator("float_reference")
+    @classmethod
+    def _inside_the_model_folder(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if PurePosixPath(value).is_absolute() or PureWindowsPath(value).is_absolute():
+            raise ValueError(
+                "must be a path relative to the quantized model's folder (e.g. "
+                "'model.onnx'), not an absolute path"
+            )
+        if ".." in PurePosixPath(value.replace("\\", "/")).parts:
+            raise ValueError("must stay inside the quantized model's folder: no '..' parts")
+        return value
 
     def as_props(self) -> dict[str, str]:
         """The ``metadata_props`` entries, schema version included."""
@@ -112,10 +138,9 @@ def read_hints(path: Path) -> ModelHints | None:
     except ValidationError as exc:
         error = exc.errors()[0]
         key = NAMESPACE + ".".join(str(part) for part in error["loc"])
-        raise ModelLoadError(
-            f"{path}: runtime hint {key}={props.get(str(error['loc'][0]))!r} is refused: "
-            f"{error['msg']}"
-        ) from None
+        value = shown_value(props.get(str(error["loc"][0])))
+        message = str(error["msg"]).removeprefix("Value error, ")
+        raise ModelLoadError(f"{path}: runtime hint {key}={value} is refused: {message}") from None
 
 
 def embed_hints(source: Path, target: Path, hints: ModelHints) -> dict[str, str]:

@@ -32,6 +32,7 @@ from pydantic import Field, ValidationError, field_validator
 from sordino import __version__
 from sordino.config import validate_config
 from sordino.config.base import Section
+from sordino.config.bounded import load_yaml
 from sordino.errors import ConfigError, InvalidRequest, NotFound
 
 __all__ = [
@@ -125,7 +126,10 @@ class Bundle:
 
     @property
     def fragment(self) -> dict[str, Any]:
-        data = yaml.safe_load(self.config_text) or {}
+        try:
+            data = load_yaml(self.config_text, f"strategy {self.name!r}: config.yaml")[0] or {}
+        except ConfigError as exc:
+            raise InvalidRequest(str(exc)) from None
         return data if isinstance(data, dict) else {}
 
     def checksum(self) -> str:
@@ -169,7 +173,10 @@ def check(bundle: Bundle) -> list[str]:
         problems.append(
             f"it is written for sordino {meta.sordino}, and this is sordino {__version__}"
         )
-    fragment = bundle.fragment
+    try:
+        fragment = bundle.fragment
+    except InvalidRequest as exc:
+        return [*problems, str(exc)]
     other = sorted(set(fragment) - set(FRAGMENT_SECTIONS))
     if other:
         problems.append(
@@ -191,10 +198,10 @@ def _first_error(exc: ValidationError) -> str:
 
 def _parse_metadata(text: str, where: str) -> BundleMetadata:
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text, where)[0]
         return BundleMetadata.model_validate(data)
-    except yaml.YAMLError as exc:
-        raise InvalidRequest(f"{where} is not YAML: {exc}") from None
+    except ConfigError as exc:
+        raise InvalidRequest(str(exc)) from None
     except ValidationError as exc:
         raise InvalidRequest(f"{where}: {_first_error(exc)}") from None
 
@@ -206,7 +213,7 @@ def builtin_bundles() -> list[Bundle]:
     for item in sorted(folder.iterdir(), key=lambda entry: entry.name):
         if not item.name.endswith(".yaml"):
             continue
-        document = yaml.safe_load(item.read_text("utf-8"))
+        document = load_yaml(item.read_text("utf-8"), f"built-in strategy {item.name}")[0]
         metadata = BundleMetadata.model_validate(document["metadata"])
         text = yaml.safe_dump(document["config"], sort_keys=False)
         bundles.append(Bundle(metadata, text, builtin=True).sealed())

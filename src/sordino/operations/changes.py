@@ -17,14 +17,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
-from sordino.errors import InvalidRequest
+from sordino.config.bounded import check_nesting, dotted_parts, load_yaml
+from sordino.errors import ConfigError, InvalidRequest
 
 __all__ = [
     "LIVE_KEYS",
     "Change",
     "apply_assignments",
+    "check_change",
     "deep_merge",
     "diff",
     "flatten",
@@ -102,14 +102,21 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     """``"KEY=VALUE"`` -> ``(key, value)``; the value is read as a YAML scalar or list."""
     key, sep, raw = text.partition("=")
     key = key.strip()
-    if not sep or not key or any(not part for part in key.split(".")):
+    if not sep or not key:
+        shown = text if len(text) <= 60 else f"{text[:60]}…"
         raise InvalidRequest(
-            f"--set {text!r} is not KEY=VALUE with a dotted key, e.g. --set scheduler.mode=manual"
+            f"--set {shown!r} is not KEY=VALUE with a dotted key, e.g. --set scheduler.mode=manual"
         )
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
+        dotted_parts(key, "--set")
+    except ConfigError as exc:
+        raise InvalidRequest(str(exc)) from None
+    try:
+        value = load_yaml(raw, f"the value of --set {key}")[0] if raw.strip() else ""
+    except ConfigError as exc:
+        if "YAML error" not in str(exc):
+            raise InvalidRequest(str(exc)) from None
+        value = raw  # not YAML: taken as the plain string it is
     return key, value
 
 
@@ -129,6 +136,18 @@ def models_by_name(models: object) -> dict[str, Any]:
     raise InvalidRequest(f"models must be a list or a mapping by name, got {type(models).__name__}")
 
 
+def check_change(overlay: Mapping[str, Any], assignments: Mapping[str, Any]) -> None:
+    """Raise :class:`InvalidRequest` for an overlay or assignments past the limits of
+    :mod:`sordino.config.bounded` (nesting, size, malformed dotted keys)."""
+    try:
+        check_nesting(overlay, "the configuration overlay")
+        check_nesting(assignments, "the assignments")
+        for key in assignments:
+            dotted_parts(key, "--set")
+    except ConfigError as exc:
+        raise InvalidRequest(str(exc)) from None
+
+
 def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> Document:
     """``base`` with ``overlay`` on top: mappings merge key by key, anything else replaces."""
     merged: Document = copy.deepcopy(dict(base))
@@ -146,7 +165,11 @@ def apply_assignments(document: Mapping[str, Any], assignments: Mapping[str, Any
     """``document`` with each dotted key set; ``models.NAME`` must name a known model."""
     result: Document = copy.deepcopy(dict(document))
     for key, value in assignments.items():
-        parts = key.split(".")
+        try:
+            parts = dotted_parts(key, "--set")
+            check_nesting(value, f"the value of --set {key}")
+        except ConfigError as exc:
+            raise InvalidRequest(str(exc)) from None
         if parts[0] == "models":
             known = result.get("models") or {}
             if len(parts) < 3:

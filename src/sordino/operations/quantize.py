@@ -3,8 +3,11 @@
 :func:`quantize` writes a quantized copy of a float ONNX model — static (activation
 ranges calibrated on ``calibration``, an ``.npz`` of input arrays) or dynamic
 (weights only) — and embeds runtime hints: ``precision: int8``, the float
-reference's path, the accuracy bound, and a held-out sample the guard replays (the
-last rows of the calibration data, which calibration never sees; or ``sample``).
+reference (its file name beside the quantized one: a float model kept elsewhere is
+copied there, since a model loads no file outside its folder), the accuracy bound,
+and a held-out sample the guard replays (the last rows of the calibration data, which
+calibration never sees; or ``sample``), at most :data:`MAX_SAMPLE_ROWS` rows and
+:data:`MAX_SAMPLE_ELEMENTS` values.
 :func:`compare` runs a sample through a quantized and a float model and returns
 top-1 agreement and the largest absolute difference.
 """
@@ -12,7 +15,10 @@ top-1 agreement and the largest absolute difference.
 from __future__ import annotations
 
 import base64
+import binascii
 import io
+import shutil
+import zipfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +41,10 @@ __all__ = [
 ]
 
 SAMPLE_ROWS = 64
+MAX_SAMPLE_ROWS = 1024
+"""The most rows a guard sample may have."""
+MAX_SAMPLE_ELEMENTS = 1_000_000
+"""The most values in all of a guard sample's arrays together (4 MB of float32)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +70,58 @@ def encode_sample(arrays: Mapping[str, np.ndarray]) -> str:
 
 
 def decode_sample(text: str) -> dict[str, np.ndarray]:
-    with np.load(io.BytesIO(base64.b64decode(text))) as data:
-        return {name: data[name] for name in data.files}
+    """The arrays of a ``guard_sample`` hint; ValueError saying what is wrong with it.
+
+    Each array's shape is read from its header and checked against the limits
+    before any array is built (a small compressed text can hold gigabytes of zeros).
+    """
+    headers: list[tuple[str, tuple[int, ...], np.dtype[Any]]] = []
+    try:
+        raw = base64.b64decode(text, validate=True)
+        with zipfile.ZipFile(io.BytesIO(raw)) as archive:
+            for member in archive.namelist():
+                with archive.open(member) as stream:
+                    version = np.lib.format.read_magic(stream)
+                    header = (
+                        np.lib.format.read_array_header_1_0
+                        if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0
+                    )
+                    shape, _, dtype = header(stream)
+                headers.append((member.removesuffix(".npy"), tuple(shape), dtype))
+    except (binascii.Error, zipfile.BadZipFile, OSError, ValueError, KeyError) as exc:
+        raise ValueError(f"not a base64 .npz of input arrays ({exc})") from None
+    for name, shape, dtype in headers:
+        _check_sample_shape(name, shape, dtype)
+    try:
+        with np.load(io.BytesIO(raw), allow_pickle=False) as data:
+            arrays = {name: data[name] for name in data.files}
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"not a base64 .npz of input arrays ({exc})") from None
+    check_sample(arrays)
+    return arrays
+
+
+def _check_sample_shape(name: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
+    if dtype.hasobject:
+        raise ValueError(f"array {name!r} holds Python objects; give numeric arrays")
+    rows = shape[0] if shape else 1
+    if rows > MAX_SAMPLE_ROWS:
+        raise ValueError(f"array {name!r} has {rows} rows; a sample has at most {MAX_SAMPLE_ROWS}")
+    if int(np.prod(shape, dtype=np.float64)) > MAX_SAMPLE_ELEMENTS:
+        raise ValueError(
+            f"array {name!r} of shape {list(shape)} has more than {MAX_SAMPLE_ELEMENTS} values"
+        )
+
+
+def check_sample(arrays: Mapping[str, np.ndarray]) -> None:
+    """Raise ValueError when a guard sample is past :data:`MAX_SAMPLE_ROWS` or
+    :data:`MAX_SAMPLE_ELEMENTS` (all arrays together)."""
+    for name, array in arrays.items():
+        _check_sample_shape(name, array.shape, array.dtype)
+    total = sum(array.size for array in arrays.values())
+    if total > MAX_SAMPLE_ELEMENTS:
+        raise ValueError(f"the sample has {total} values; at most {MAX_SAMPLE_ELEMENTS}")
 
 
 def _load_npz(path: Path, inputs: list[str]) -> dict[str, np.ndarray]:
@@ -167,19 +227,34 @@ def quantize(
         held_out = _load_npz(sample, inputs)
     if held_out is None:
         held_out = _random_sample(session)
+    try:
+        check_sample(held_out)
+    except ValueError as exc:
+        raise InvalidRequest(f"the guard sample is too large: {exc}; give fewer rows") from None
     previous = read_hints(source)
     kept = previous.model_dump(exclude_none=True) if previous is not None else {}
     hints = ModelHints.model_validate(
         {
             **kept,
             "precision": "int8",
-            "float_reference": str(source.resolve()),
+            "float_reference": _reference_beside(source, target),
             "accuracy_bound": accuracy_bound,
             "guard_sample": encode_sample(held_out),
         }
     )
     embed_hints(target, target, hints)
     return hints, compare(target, source, held_out)
+
+
+def _reference_beside(source: Path, target: Path) -> str:
+    """The float model's path relative to ``target``'s folder, copying it there if outside."""
+    folder = target.resolve().parent
+    original = source.resolve()
+    if original.is_relative_to(folder):
+        return original.relative_to(folder).as_posix()
+    copy = folder / f"{target.stem}.float.onnx"
+    shutil.copyfile(original, copy)
+    return copy.name
 
 
 def _random_sample(session: Any) -> dict[str, np.ndarray]:

@@ -7,6 +7,7 @@ import math
 from sordino.errors import (
     Cancelled,
     ConfigError,
+    Conflict,
     Forbidden,
     InferenceFailed,
     InvalidRequest,
@@ -35,6 +36,8 @@ def http_status(error: SordinoError) -> int:
         return 401
     if isinstance(error, Forbidden):
         return 403
+    if isinstance(error, Conflict):
+        return 409
     if isinstance(error, RateLimited):
         return 429
     if isinstance(error, Unavailable):
@@ -60,6 +63,8 @@ def grpc_code_name(error: SordinoError) -> str:
         return "UNAUTHENTICATED"
     if isinstance(error, Forbidden):
         return "PERMISSION_DENIED"
+    if isinstance(error, Conflict):
+        return "ABORTED"
     if isinstance(error, RateLimited):
         return "RESOURCE_EXHAUSTED"
     if isinstance(error, Unavailable):

@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from sordino.config.base import MAX_POOL_SIZE, MIN_POOL_SIZE
 from sordino.config.units import parse_size
 from sordino.control.admin import AdminAccess
 from sordino.errors import ConfigError, InvalidRequest
@@ -59,8 +60,11 @@ def memory_routes(
         except (orjson.JSONDecodeError, KeyError, ConfigError) as exc:
             detail = exc.message if isinstance(exc, ConfigError) else 'a body {"size": "64MB"}'
             raise InvalidRequest(f"memory resize needs {detail}") from None
-        if size is None or size < 4096:
-            raise InvalidRequest('memory resize needs {"size": ...} of at least 4096 bytes')
+        if size is None or not MIN_POOL_SIZE <= size <= MAX_POOL_SIZE:
+            raise InvalidRequest(
+                f'memory resize needs {{"size": ...}} of at least {MIN_POOL_SIZE} bytes (64KB) '
+                f"and at most {MAX_POOL_SIZE} (1TB)"
+            )
         arena = runtime.executor.staging.existing_arena
         if arena is None:
             return _json({"resized": False, "why": "no arena yet (no model runs in a worker)"})

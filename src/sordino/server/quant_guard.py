@@ -52,6 +52,23 @@ class _Guarded:
     bound: float
 
 
+def _reference_path(source: ModelSource, reference: str) -> Path:
+    """The float reference of ``source``: a file inside the quantized model's own folder.
+
+    The hint was checked to be relative without ``..`` (``ModelHints``); resolving also
+    catches a symbolic link that points out of the folder.
+    """
+    folder = source.path.resolve().parent
+    path = (folder / reference).resolve()
+    if not path.is_relative_to(folder):
+        raise ModelLoadError(
+            f"model {source.name}: runtime hint sordino.hints.float_reference={reference!r} "
+            f"is refused: it leads out of the model's folder {folder}; put the float model "
+            "beside the quantized one (sordino quantize does)"
+        )
+    return path
+
+
 def _replay(
     source: ModelSource, reference: Path, sample: dict[str, np.ndarray]
 ) -> tuple[list[np.ndarray], list[str], GuardFigures]:
@@ -130,9 +147,25 @@ class QuantGuard:
                 "sample in the model's hints (sordino quantize writes both); this model has "
                 f"{'no float_reference' if hints.float_reference is None else 'no guard_sample'}"
             )
-        sample = decode_sample(hints.guard_sample)
-        reference_path = Path(hints.float_reference)
-        expected, names, figures = await asyncio.to_thread(_replay, source, reference_path, sample)
+        try:
+            sample = decode_sample(hints.guard_sample)
+        except ValueError as exc:
+            raise ModelLoadError(
+                f"model {source.name}: runtime hint sordino.hints.guard_sample is refused: {exc}"
+            ) from None
+        reference_path = _reference_path(source, hints.float_reference)
+        try:
+            expected, names, figures = await asyncio.to_thread(
+                _replay, source, reference_path, sample
+            )
+        except ModelLoadError:
+            raise
+        except Exception as exc:  # ONNX Runtime's own errors: a bad reference or sample
+            reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+            raise ModelLoadError(
+                f"model {source.name}: the accuracy guard cannot run its float reference "
+                f"{hints.float_reference!r} on the guard_sample hint: {reason}"
+            ) from None
         reference = ModelSource(
             source.name, source.version, reference_path, source.config, source.description
         )

@@ -15,7 +15,11 @@ see :mod:`sordino.operations.changes`) is validated as start-up validates a file
 Then the change is watched for ``reconfigure.verify_window``
 (:mod:`sordino.operations.verify`); a worse one is rolled back to the previous
 snapshot unless the call said not to. Every call leaves one ``admin_call`` event (a
-manual intervention) with its outcome. Changes run one at a time.
+manual intervention) with its outcome. Changes run one at a time: while one is being
+verified, another is refused at once with :class:`~sordino.errors.Conflict` (409,
+with Retry-After: the rest of its window) — rolling the first back would undo the
+second too — and dry runs and reads still answer. The lock is held only to plan and
+apply (a few seconds at most), never across a verify window.
 """
 
 from __future__ import annotations
@@ -29,11 +33,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sordino.config import ModelConfig, RuntimeConfig, validate_config
-from sordino.errors import ConfigError, InvalidRequest, Unavailable, Unsupported
+from sordino.errors import ConfigError, Conflict, InvalidRequest, Unavailable, Unsupported
 from sordino.inference import ModelKey
 from sordino.operations.changes import (
     Change,
     apply_assignments,
+    check_change,
     deep_merge,
     diff,
     strategies_as_list,
@@ -120,6 +125,8 @@ class Reconfigurer:
         self._history: list[HistoryEntry] = []
         self._next_id = 1
         self._lock = asyncio.Lock()
+        self._verifying: HistoryEntry | None = None
+        self._verify_ends = 0.0  # time.monotonic() when the change being verified is judged
 
     # -- reading ---------------------------------------------------------------------
 
@@ -141,9 +148,10 @@ class Reconfigurer:
     async def change(self, request: ChangeRequest) -> dict[str, Any]:
         """Validate, apply, verify and maybe roll back one change; return its history entry.
 
-        Raises :class:`InvalidRequest` for a change that does not validate and
-        :class:`Unsupported` for one that needs a restart (naming each key); neither
-        changes anything.
+        Raises :class:`InvalidRequest` for a change that does not validate,
+        :class:`Unsupported` for one that needs a restart (naming each key) and
+        :class:`Conflict` while another change is being verified; none of them changes
+        anything.
         """
         async with self._lock:
             self._learn_new_models()
@@ -163,6 +171,14 @@ class Reconfigurer:
             if not changes:
                 entry = self._record(request, changes, "unchanged", "nothing differs")
                 return entry.to_json()
+            if self._verifying is not None:
+                left = max(0.0, self._verify_ends - time.monotonic())
+                message = (
+                    f"snapshot #{self._verifying.id} is being verified for {left:.0f} s more; "
+                    "retry after it (or --dry-run meanwhile)"
+                )
+                self._journal(request, "refused", message)
+                raise Conflict(message, retry_after_s=max(1.0, left))
             previous = self.live
             started = time.time()
             await self._apply(new)
@@ -174,11 +190,15 @@ class Reconfigurer:
                 else settings.verify_window
             )
             rollback = settings.rollback if request.rollback is None else request.rollback
+            if window > 0:
+                self._verifying = entry
+                self._verify_ends = time.monotonic() + window
             task = asyncio.ensure_future(self._verify(entry, previous, started, window, rollback))
-            # The verification ends the call even when the caller stops waiting for it.
-            return await asyncio.shield(task)
+        # The verification ends the call even when the caller stops waiting for it.
+        return await asyncio.shield(task)
 
     def _plan(self, request: ChangeRequest) -> tuple[Snapshot, list[Change]]:
+        check_change(request.overlay, request.assignments)
         current = self.live.document()
         document = deep_merge(current, request.overlay)
         document = apply_assignments(document, request.assignments)
@@ -273,6 +293,20 @@ class Reconfigurer:
         window_s: float,
         rollback: bool,
     ) -> dict[str, Any]:
+        try:
+            return await self._judge(entry, previous, started, window_s, rollback)
+        finally:
+            if self._verifying is entry:
+                self._verifying = None
+
+    async def _judge(
+        self,
+        entry: HistoryEntry,
+        previous: Snapshot,
+        started: float,
+        window_s: float,
+        rollback: bool,
+    ) -> dict[str, Any]:
         source = entry.source
         if window_s <= 0:
             entry.result, entry.detail = "applied", "no verify window"
@@ -294,7 +328,8 @@ class Reconfigurer:
         if not verdict.worse:
             entry.result, entry.detail = "applied", verdict.reason
         elif rollback:
-            await self._apply(previous)
+            async with self._lock:
+                await self._apply(previous)
             entry.result, entry.detail = "rolled_back", verdict.reason
             log.warning("reconfigure #%d (%s) rolled back: %s", entry.id, source, verdict.reason)
         else:

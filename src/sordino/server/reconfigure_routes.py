@@ -10,7 +10,8 @@
 
   answers the call's history entry once its verify window is over (``result``:
   ``applied``, ``rolled_back``, ``kept_worse``, ``unchanged`` or ``dry_run``); a change
-  that does not validate is 400, one that needs a restart is 400 naming each key.
+  that does not validate is 400, one that needs a restart is 400 naming each key, and
+  one sent while another change is being verified is 409 with Retry-After.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from sordino.config import parse_duration
+from sordino.config.reconfigure import MAX_VERIFY_WINDOW_S
 from sordino.control.admin import AdminAccess
 from sordino.errors import ConfigError, InvalidRequest
 from sordino.server.reconfigure import ChangeRequest, Reconfigurer
@@ -102,6 +104,13 @@ def _window(value: object) -> float | None:
     if value is None:
         return None
     try:
-        return parse_duration(value)  # type: ignore[arg-type]
+        seconds = parse_duration(value)  # type: ignore[arg-type]
     except ConfigError as exc:
         raise InvalidRequest(f"verify_window: {exc}") from None
+    if seconds > MAX_VERIFY_WINDOW_S:
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:40]}…"
+        raise InvalidRequest(
+            f"verify_window: {shown} is longer than the longest window, "
+            f"{MAX_VERIFY_WINDOW_S:.0f} s (1h)"
+        )
+    return seconds
