@@ -8,6 +8,7 @@ Skipped only where ``ray`` is not installed (CI installs it with the ``test`` ex
 
 from __future__ import annotations
 
+import asyncio
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ import pytest
 
 from sordino.cli.memory import describe_status
 from sordino.config import ModelConfig, RayModelOptions, RuntimeConfig
-from sordino.errors import Unavailable
+from sordino.errors import ModelLoadError, Unavailable
 from sordino.execution.ray_instance import INLINE_BYTES
 from sordino.inference import ModelKey
 from sordino.testing import RunningServer, serve_in_thread
@@ -254,6 +255,22 @@ def test_pack_places_a_models_actors_together(server: RunningServer) -> None:
         server.call(runtime.executor.unload(key))
     groups = ray.util.placement_group_table()
     assert not any(g["state"] == "CREATED" for g in groups.values())
+
+
+def test_a_cluster_too_small_for_a_model_is_named_at_once(server: RunningServer) -> None:
+    """Actors the cluster cannot hold are refused before any is waited for, naming the
+    shortfall and the setting; by default an actor asks for a quarter of a CPU."""
+    runtime = server.runtime
+    source = digits(instance_count=9)[0]  # no ray options: the defaults
+    key = ModelKey("crowded", "1")
+    # Two CPUs per node; the server's two actors hold one each.
+    expected = (
+        r"CPU 2.25 \(9 actors x 0.25, models\[\]\.ray\.num_cpus\) but the cluster has 4, "
+        r"2 held by the models loaded before"
+    )
+    with pytest.raises(ModelLoadError, match=expected):
+        server.call(asyncio.wait_for(runtime.executor.load(key, source.path, source.config), 30))
+    assert not [w for w in runtime.executor.statistics().workers if w.model == "crowded"]
 
 
 def test_killing_the_second_node_under_load_costs_no_request(
