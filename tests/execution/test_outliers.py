@@ -138,6 +138,45 @@ async def test_a_single_failing_instance_holds_its_batches_until_it_is_replaced(
         await executor.aclose()
 
 
+async def test_an_instance_failing_alone_does_not_open_its_devices_breaker() -> None:
+    """With a device chain, one failing instance of two is ejected; the device keeps serving."""
+    clock, events = VirtualClock(), EventSink()
+    config = RuntimeConfig.model_validate(
+        {
+            "devices": [
+                {"name": "cpu_a", "provider": "cpu", "intra_op_threads": 1},
+                {"name": "cpu_b", "provider": "cpu", "intra_op_threads": 1},
+            ],
+            "scheduler": {
+                "strategies": [
+                    {
+                        "name": "fallback_chain",
+                        "primary": "cpu_a",
+                        "fallbacks": ["cpu_b"],
+                        "switch_threshold": "error_rate>5% for 30s",
+                        "min_requests": 3,
+                    }
+                ]
+            },
+        }
+    )
+    executor = ChainExecutor(config, clock=clock, events=events)
+    await executor.load(KEY, SOURCE.path, _source(2))
+    try:
+        first = min(w.index for w in executor.statistics().workers if w.device == "cpu_a")
+        executor.inject_fault(f"worker:{KEY.name}/{first}", "error", rate=1.0)
+        for _ in range(8):
+            await asyncio.gather(*(_run(executor) for _ in range(4)))
+        assert [e.subject for e in events.recent("instance_ejected")] == [f"{KEY.name}/{first}"]
+        assert events.recent("breaker_open") == [] and events.recent("device_switch") == []
+        batches = {w.device: 0 for w in executor.statistics().workers}
+        for w in executor.statistics().workers:
+            batches[w.device] += w.batches
+        assert batches["cpu_b"] == 0, "the fallback device was never needed"
+    finally:
+        await executor.aclose()
+
+
 @dataclass
 class _Instance:
     key: ModelKey

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -331,8 +332,15 @@ class ChainExecutor:
                     cause = exc.cause if isinstance(exc, WorkerLost) else str(exc)
                     attempt.last_error = cause
                     attempt.model_raised = isinstance(exc, WorkerError) and exc.kind == "error"
+                    attempt.flush()  # failed again: an earlier failure was not the instance's
                     if slot.breaker is not None:
-                        slot.breaker.record(False, now - started, probe=probe, cause=cause)
+                        record = functools.partial(
+                            slot.breaker.record, False, now - started, probe=probe, cause=cause
+                        )
+                        if probe or isinstance(exc, WorkerLost):
+                            record()
+                        else:
+                            attempt.deferred = record  # _model_failed decides
                     if isinstance(exc, WorkerLost):
                         if give_up_at is not None:
                             raise InferenceFailed(
@@ -357,6 +365,7 @@ class ChainExecutor:
                 if slot.breaker is not None:
                     slot.breaker.record(True, now - started, probe=probe)
                 self._outliers.succeeded(instance)
+                attempt.deferred = None  # an instance's own failure is not its device's
                 if attempt.blamed is not None and attempt.blamed is not instance:
                     # Another instance ran what the blamed one failed: its own failure.
                     blamed, attempt.blamed = attempt.blamed, None
@@ -411,10 +420,12 @@ class ChainExecutor:
                 if i is not instance and i.serving and not attempt.barred(i)
             ]
             if peers:
+                # The device's breaker hears of this failure only if the peer fails too.
                 attempt.blamed, attempt.blamed_cause = instance, cause
                 attempt.compared = True
                 self._retried(instance, cause)
                 return None
+        attempt.flush()
         settings = self._settings.outlier_ejection
         if attempt.blamed is None and not attempt.compared:
             self._outliers.failed(instance, cause, peers=slot.instances)
@@ -743,6 +754,15 @@ class _Attempt:
     last_error: str = ""
     model_raised: bool = False
     """The last failure was the model raising on these inputs."""
+
+    deferred: Callable[[], None] | None = None
+    """The failure to feed the device's breaker unless another instance runs the batch."""
+
+    def flush(self) -> None:
+        """Feed the deferred failure to the breaker now."""
+        deferred, self.deferred = self.deferred, None
+        if deferred is not None:
+            deferred()
 
     def barred(self, instance: Instance) -> bool:
         """True if the model failed the batch on ``instance``'s current process."""
