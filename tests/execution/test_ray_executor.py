@@ -226,15 +226,16 @@ def test_sordino_start_serves_through_the_cluster(cluster: Any, tmp_path: Path) 
 
 
 def test_guardian_scale_adds_and_removes_actors(server: RunningServer) -> None:
-    """The guardian's scale_workers path: one more actor on the cluster, then back to two."""
+    """The guardian's scale_workers path: more actors on the cluster — as many as its
+    CPUs hold (two more of a CPU each, not three) — then back to two."""
     runtime = server.runtime
     key = runtime.executor.find_model("digits-classifier")
     assert key is not None
-    added = server.call(runtime.executor.scale(key, 1, minimum=1, maximum=4))
-    assert len(added) == 1 and added[0].isolation == "ray" and added[0].serving
-    assert len(_actors(server)) == 3
-    removed = server.call(runtime.executor.scale(key, -1, minimum=1, maximum=4))
-    assert len(removed) == 1 and len(_actors(server)) == 2
+    added = server.call(asyncio.wait_for(runtime.executor.scale(key, 3, minimum=1, maximum=6), 60))
+    assert len(added) == 2 and all(a.isolation == "ray" and a.serving for a in added)
+    assert len(_actors(server)) == 4
+    removed = server.call(runtime.executor.scale(key, -2, minimum=1, maximum=6))
+    assert len(removed) == 2 and len(_actors(server)) == 2
 
 
 def test_pack_places_a_models_actors_together(server: RunningServer) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import signal
 import threading
 from collections.abc import Callable
@@ -137,12 +138,7 @@ class RayExecutor(ChainExecutor):
             if self._placement.available(device.name)
         )
         ask = _actor_ask(options)
-        held: dict[str, float] = {}
-        for model, entry in self._models.items():
-            each = self._asks.get(model, {})
-            for name, amount in each.items():
-                held[name] = held.get(name, 0.0) + amount * len(entry.instances())
-        total = {str(k): float(v) for k, v in self._ray.cluster_resources().items()}
+        total, held = self._resources()
         short = []
         for name, amount in ask.items():
             need = amount * count
@@ -162,6 +158,39 @@ class RayExecutor(ChainExecutor):
                 "or add nodes to the cluster"
             )
         self._asks[key] = ask
+
+    def _resources(self) -> tuple[dict[str, float], dict[str, float]]:
+        """The cluster's total resources, and what the loaded models' actors ask for."""
+        held: dict[str, float] = {}
+        for model, entry in self._models.items():
+            for name, amount in self._asks.get(model, {}).items():
+                held[name] = held.get(name, 0.0) + amount * len(entry.instances())
+        total = {str(k): float(v) for k, v in self._ray.cluster_resources().items()}
+        return total, held
+
+    async def scale(
+        self, key: ModelKey, delta: int, *, minimum: int, maximum: int
+    ) -> list[Instance]:
+        """:meth:`ChainExecutor.scale`, adding no more actors than the cluster can hold."""
+        ask = self._asks.get(key, {})
+        if delta > 0 and ask:
+            total, held = self._resources()
+            room = min(
+                math.floor((total.get(name, 0.0) - held.get(name, 0.0)) / amount + 1e-9)
+                for name, amount in ask.items()
+            )
+            if room < delta:
+                log.warning(
+                    "model %s: the Ray cluster holds %d more actors, not %d (each asks for %s)",
+                    key,
+                    max(0, room),
+                    delta,
+                    ", ".join(f"{name} {amount:g}" for name, amount in ask.items()),
+                )
+                delta = max(0, room)
+                if delta == 0:
+                    return []
+        return await super().scale(key, delta, minimum=minimum, maximum=maximum)
 
     async def _placement_group(
         self, key: ModelKey, config: ModelConfig, options: RayModelOptions
