@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, replace
 
+import httpx
 import numpy as np
 import pytest
 
 from sordino.config import ModelConfig, RuntimeConfig
 from sordino.config.workers import OutlierEjectionConfig
+from sordino.control.client import AdminClient
 from sordino.errors import InferenceFailed
 from sordino.events import EventSink
 from sordino.execution.chain import ChainExecutor
@@ -23,7 +25,8 @@ from sordino.inference import ModelKey
 from sordino.memory.refs import Tensors
 from sordino.models.repository import builtin_sources
 from sordino.telemetry.execution_metrics import ExecutionCollector
-from sordino.testing import VirtualClock
+from sordino.testing import VirtualClock, serve_in_thread
+from tests.execution.load import Load, digits, events
 
 SOURCE = next(s for s in builtin_sources() if s.name == "digits-classifier")
 KEY = ModelKey(SOURCE.name, SOURCE.version)
@@ -83,6 +86,25 @@ async def test_one_of_two_instances_failing_every_batch_costs_no_error() -> None
         assert sample.name == "sordino_instance_ejections_total" and sample.value == 2
     finally:
         await executor.aclose()
+
+
+def test_a_server_with_one_of_two_instances_failing_answers_every_request() -> None:
+    """Over HTTP, with the chaos API's error fault on one instance: no client error, the
+    ejection in the journal and in /metrics (the issue's drill cost 70 x 500)."""
+    token = "test-admin-token"
+    config = RuntimeConfig.model_validate({"server": {"admin_token": token}})
+    with serve_in_thread(config, digits(instance_count=2)) as server:
+        AdminClient(server.url, token).inject("worker:digits-classifier/1", "error", rate=1.0)
+        with Load(server.url, clients=4) as load:
+            load.wait_ok(200)
+        assert load.errors == []
+        (ejected,) = events(server, "instance_ejected")[:1]
+        assert ejected.subject == "digits-classifier/1"
+        metrics = httpx.get(server.url + "/metrics").text
+        assert (
+            'sordino_instance_ejections_total{instance="1",model="digits-classifier",version="1"}'
+            in metrics
+        )
 
 
 async def test_a_batch_failing_on_both_instances_is_its_own_error_and_ejects_none() -> None:
