@@ -123,11 +123,22 @@ async def test_a_batch_failing_on_both_instances_is_its_own_error_and_ejects_non
         await executor.aclose()
 
 
+GUARDED = RuntimeConfig.model_validate(
+    {
+        "self_healing": {
+            "enabled": True,
+            "triggers": [{"metric": "error_rate", "threshold": "5%", "action": "restart_worker"}],
+        }
+    }
+)
+"""The brief's block: the guardian replaces an instance when the error rate is high."""
+
+
 async def test_a_single_failing_instance_holds_its_batches_until_it_is_replaced() -> None:
-    """One instance: once it keeps failing, failed batches wait for its replacement and run
-    there; without one they fail with an error naming the wait, after restart_wait."""
+    """One instance, which the guardian replaces: once it keeps failing, failed batches wait
+    for its replacement and run there; without one they fail, naming the wait, after it."""
     clock, events = VirtualClock(), EventSink()
-    executor = ChainExecutor(RuntimeConfig(), clock=clock, events=events)
+    executor = ChainExecutor(GUARDED, clock=clock, events=events)
     await executor.load(KEY, SOURCE.path, SOURCE.config)
     try:
         executor.inject_fault(f"worker:{KEY.name}/0", "error", rate=1.0)
@@ -195,6 +206,21 @@ async def test_an_instance_failing_alone_does_not_open_its_devices_breaker() -> 
         for w in executor.statistics().workers:
             batches[w.device] += w.batches
         assert batches["cpu_b"] == 0, "the fallback device was never needed"
+    finally:
+        await executor.aclose()
+
+
+async def test_without_a_guardian_to_replace_it_a_failing_instance_fails_at_once() -> None:
+    """Nothing replaces a failing single instance: every batch it fails fails at once."""
+    clock, events = VirtualClock(), EventSink()
+    executor = ChainExecutor(RuntimeConfig(), clock=clock, events=events)
+    await executor.load(KEY, SOURCE.path, SOURCE.config)
+    try:
+        executor.inject_fault(f"worker:{KEY.name}/0", "error", rate=1.0)
+        for _ in range(5):
+            with pytest.raises(InferenceFailed, match=r"failed on a batch: InjectedFault"):
+                await asyncio.wait_for(_run(executor), 60)
+        assert events.recent("batch_retried") == []
     finally:
         await executor.aclose()
 

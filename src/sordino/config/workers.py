@@ -31,8 +31,9 @@ class OutlierEjectionConfig(Section):
     """The cap of the ejection time."""
     restart_wait: Duration = Field(default=5.0, ge=0)
     """With no other instance to retry on, how long a batch failed by an instance that
-    keeps failing waits for that instance to be replaced (the guardian's
-    ``restart_worker``) to run there again; 0: it fails at once."""
+    keeps failing waits for that instance to be replaced, to run there again — only
+    where the guardian replaces it (a ``restart_worker`` trigger on the model); 0: it
+    fails at once."""
 
 
 class WorkersConfig(Section):

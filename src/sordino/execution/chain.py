@@ -48,7 +48,7 @@ from sordino.execution.devices import Device
 from sordino.execution.executor import MemoryFit, OverflowCounters
 from sordino.execution.faults import FaultRegistry, FaultSpec, check_target
 from sordino.execution.instances import ProcessInstance, ThreadInstance
-from sordino.execution.outliers import OutlierDetector
+from sordino.execution.outliers import OutlierDetector, guardian_replaces
 from sordino.execution.placement import (
     Instance,
     PlacedModel,
@@ -408,7 +408,8 @@ class ChainExecutor:
           (``instance`` is blamed only if that one runs it, see ``outliers.py``);
         - a failure on the second instance: the batch's own — the device is done with;
         - no other instance, and ``instance`` keeps failing (an outlier, counted here
-          since nothing can clear it) and can be replaced: the batch waits up to
+          since nothing can clear it) and the guardian replaces failing instances
+          (``restart_worker``): the batch waits up to
           ``workers.outlier_ejection.restart_wait`` for the replacement, once;
         - otherwise the next device of the chain, or the model's error.
         """
@@ -435,6 +436,7 @@ class ChainExecutor:
                 and settings.restart_wait > 0
                 and instance.isolation != "thread"
                 and self._outliers.suspect(instance)
+                and guardian_replaces(self._config.self_healing, model.key.name)
             ):
                 attempt.held = True
                 self._retried(instance, cause, waits_for_restart=True)

@@ -34,14 +34,26 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sordino.clock import Clock
+from sordino.config.self_healing import SelfHealingConfig
 from sordino.config.workers import OutlierEjectionConfig
 from sordino.events import EventSink
 from sordino.inference import ModelKey
 from sordino.records import OutlierStatistics
 
-__all__ = ["OutlierDetector", "Tracked"]
+__all__ = ["OutlierDetector", "Tracked", "guardian_replaces"]
 
 log = logging.getLogger("sordino.execution")
+
+
+def guardian_replaces(config: SelfHealingConfig, model: str) -> bool:
+    """Whether the guardian replaces a failing instance of ``model`` (a ``restart_worker``
+    trigger on it or on every model): only then may a batch wait for the replacement."""
+    return config.enabled and any(
+        action.name == "restart_worker"
+        for trigger in config.triggers
+        if trigger.model in (None, model)
+        for action in trigger.parsed_actions()
+    )
 
 
 class Tracked(Protocol):
