@@ -26,6 +26,7 @@ __all__ = [
     "ExecutionStatistics",
     "InstanceState",
     "Outcome",
+    "OutlierStatistics",
     "QueueSettings",
     "QueueStatistics",
     "RequestDone",
@@ -237,6 +238,24 @@ class ArenaStatistics:
 
 
 @dataclass(frozen=True, slots=True)
+class OutlierStatistics:
+    """One instance as outlier ejection sees it (``execution/outliers.py``).
+
+    ``consecutive_failures``: batches failed by the instance itself (another instance
+    ran them), in a row; ``ejections``: times it was ejected; ``ejected_until``: the
+    clock time its ejection ends, None while it is in placement.
+    """
+
+    model: str
+    version: str
+    index: int
+    consecutive_failures: int
+    ejections: int
+    ejected_until: float | None
+    last_cause: str
+
+
+@dataclass(frozen=True, slots=True)
 class ExecutionStatistics:
     """Everything the executor knows about its workers, devices, switches and arena."""
 
@@ -247,6 +266,8 @@ class ExecutionStatistics:
     arena: ArenaStatistics | None
     faults_active: int
     faults_applied: int
+    outliers: tuple[OutlierStatistics, ...] = ()
+    """Instances that failed a batch of their own or were ejected (none before that)."""
 
 
 # -- transports ------------------------------------------------------------------------

@@ -8,6 +8,7 @@ Skipped only where ``ray`` is not installed (CI installs it with the ``test`` ex
 
 from __future__ import annotations
 
+import asyncio
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ import pytest
 
 from sordino.cli.memory import describe_status
 from sordino.config import ModelConfig, RayModelOptions, RuntimeConfig
-from sordino.errors import Unavailable
+from sordino.errors import ModelLoadError, Unavailable
 from sordino.execution.ray_instance import INLINE_BYTES
 from sordino.inference import ModelKey
 from sordino.testing import RunningServer, serve_in_thread
@@ -225,15 +226,16 @@ def test_sordino_start_serves_through_the_cluster(cluster: Any, tmp_path: Path) 
 
 
 def test_guardian_scale_adds_and_removes_actors(server: RunningServer) -> None:
-    """The guardian's scale_workers path: one more actor on the cluster, then back to two."""
+    """The guardian's scale_workers path: more actors on the cluster — as many as its
+    CPUs hold (two more of a CPU each, not three) — then back to two."""
     runtime = server.runtime
     key = runtime.executor.find_model("digits-classifier")
     assert key is not None
-    added = server.call(runtime.executor.scale(key, 1, minimum=1, maximum=4))
-    assert len(added) == 1 and added[0].isolation == "ray" and added[0].serving
-    assert len(_actors(server)) == 3
-    removed = server.call(runtime.executor.scale(key, -1, minimum=1, maximum=4))
-    assert len(removed) == 1 and len(_actors(server)) == 2
+    added = server.call(asyncio.wait_for(runtime.executor.scale(key, 3, minimum=1, maximum=6), 60))
+    assert len(added) == 2 and all(a.isolation == "ray" and a.serving for a in added)
+    assert len(_actors(server)) == 4
+    removed = server.call(runtime.executor.scale(key, -2, minimum=1, maximum=6))
+    assert len(removed) == 2 and len(_actors(server)) == 2
 
 
 def test_pack_places_a_models_actors_together(server: RunningServer) -> None:
@@ -254,6 +256,22 @@ def test_pack_places_a_models_actors_together(server: RunningServer) -> None:
         server.call(runtime.executor.unload(key))
     groups = ray.util.placement_group_table()
     assert not any(g["state"] == "CREATED" for g in groups.values())
+
+
+def test_a_cluster_too_small_for_a_model_is_named_at_once(server: RunningServer) -> None:
+    """Actors the cluster cannot hold are refused before any is waited for, naming the
+    shortfall and the setting; by default an actor asks for a quarter of a CPU."""
+    runtime = server.runtime
+    source = digits(instance_count=9)[0]  # no ray options: the defaults
+    key = ModelKey("crowded", "1")
+    # Two CPUs per node; the server's two actors hold one each.
+    expected = (
+        r"CPU 2.25 \(9 actors x 0.25, models\[\]\.ray\.num_cpus\) but the cluster has 4, "
+        r"2 held by the models loaded before"
+    )
+    with pytest.raises(ModelLoadError, match=expected):
+        server.call(asyncio.wait_for(runtime.executor.load(key, source.path, source.config), 30))
+    assert not [w for w in runtime.executor.statistics().workers if w.model == "crowded"]
 
 
 def test_killing_the_second_node_under_load_costs_no_request(

@@ -15,7 +15,12 @@ from pydantic import Field, field_validator, model_validator
 
 from sordino.config.base import Section
 
-__all__ = ["ExecutorConfig", "RayModelOptions"]
+__all__ = ["DEFAULT_NUM_CPUS", "ExecutorConfig", "RayModelOptions"]
+
+DEFAULT_NUM_CPUS = 0.25
+"""What Ray reserves for an actor without ``ray.num_cpus``: a model instance mostly
+waits for batches, and a whole CPU each left a 2-CPU cluster unable to hold the
+built-in models (issue 27)."""
 
 
 class ExecutorConfig(Section):
@@ -53,8 +58,9 @@ class ExecutorConfig(Section):
 class RayModelOptions(Section):
     """How Ray schedules each actor (instance) of one model (``kind: ray`` only)."""
 
-    num_cpus: float = Field(default=1.0, ge=0)
-    """CPUs Ray reserves for each actor."""
+    num_cpus: float = Field(default=DEFAULT_NUM_CPUS, ge=0)
+    """CPUs Ray reserves for each actor: a quarter by default, so that a small cluster
+    holds every model (an actor's ONNX Runtime threads are not limited by it)."""
     num_gpus: float = Field(default=0.0, ge=0)
     """GPUs Ray reserves for each actor (fractions share a GPU)."""
     resources: Mapping[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)

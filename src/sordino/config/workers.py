@@ -7,7 +7,33 @@ from pydantic import Field
 from sordino.config.base import Section
 from sordino.config.units import Duration, Size, parse_size
 
-__all__ = ["WorkersConfig"]
+__all__ = ["OutlierEjectionConfig", "WorkersConfig"]
+
+
+class OutlierEjectionConfig(Section):
+    """When an instance that keeps failing batches is taken out of placement.
+
+    A batch the model fails on one instance is retried at once on another instance of
+    the same device; when that one runs it, the failure was the first instance's own.
+    ``consecutive_failures`` such failures in a row eject the instance for
+    ``ejection_time``, twice as long for each further ejection in a row (up to
+    ``max_ejection_time``); then it is offered batches again. The last serving
+    instance of a device is never ejected. ``execution/outliers.py``.
+    """
+
+    enabled: bool = True
+    """false: a failing instance keeps its share of batches (each failure retried once)."""
+    consecutive_failures: int = Field(default=3, ge=1)
+    """Failures of the instance's own, in a row, that eject it."""
+    ejection_time: Duration = Field(default=1.0, gt=0)
+    """How long the first ejection lasts; each further one in a row lasts twice as long."""
+    max_ejection_time: Duration = Field(default=30.0, gt=0)
+    """The cap of the ejection time."""
+    restart_wait: Duration = Field(default=5.0, ge=0)
+    """With no other instance to retry on, how long a batch failed by an instance that
+    keeps failing waits for that instance to be replaced, to run there again — only
+    where the guardian replaces it (a ``restart_worker`` trigger on the model); 0: it
+    fails at once."""
 
 
 class WorkersConfig(Section):
@@ -34,3 +60,5 @@ class WorkersConfig(Section):
     """Dummy batches a (re)started worker runs before it takes traffic."""
     shared_memory: Size = Field(default=parse_size("256MB"), ge=4096)
     """Size of the shared-memory arena that tensors travel through."""
+    outlier_ejection: OutlierEjectionConfig = OutlierEjectionConfig()
+    """Taking an instance that keeps failing batches out of placement for a while."""

@@ -77,6 +77,11 @@ class _Base:
         return None
 
     @property
+    def pid(self) -> int | None:
+        """The process serving now (None in the server's own process or between two)."""
+        return self._pid()
+
+    @property
     def profiling(self) -> bool:
         """Whether this instance serves from a profiling session now."""
         return False
@@ -236,10 +241,6 @@ class ProcessInstance(_Base):
     def spec(self) -> WorkerSpec:
         """What its worker processes start from."""
         return self._spec
-
-    @property
-    def pid(self) -> int | None:
-        return self._pid()
 
     @property
     def serving(self) -> bool:

@@ -84,12 +84,17 @@ async def choose(
     lost: set[int],
     *,
     give_up: Callable[[], bool] | None = None,
+    failed: Callable[[Instance], bool] | None = None,
+    ejected: Callable[[Instance], bool] | None = None,
 ) -> tuple[TierSlot, Instance] | None:
     """Wait for an idle serving instance on the best tier; None when none is left.
 
     Tiers in ``tried`` failed this batch already and are passed over. Instances in
     ``lost`` lost this batch (crash, hang, timeout) and are passed over while another
     serves; when none other does, the batch waits for a lost one to be restarted.
+    Instances for which ``failed`` says True (the model failed this batch there, and
+    they were not replaced since) are never chosen; those ``ejected`` (outlier
+    ejection, ``execution/outliers.py``) only when no other instance is left.
     ``give_up`` is asked each time the wait ends without an instance (the caller fires
     ``model.signal`` when its time is up): once it says True, None is returned. The
     instance returned is marked busy; the caller frees it and fires ``model.signal``.
@@ -104,12 +109,20 @@ async def choose(
         if not live:
             return None
 
-        others = any(i.serving and i.index not in lost for s in live for i in s.instances)
+        def passed_over(i: Instance) -> bool:
+            return i.index in lost or (ejected is not None and ejected(i))
+
+        barred = {id(i) for s in live for i in s.instances if failed is not None and failed(i)}
+        others = any(
+            i.serving and id(i) not in barred and not passed_over(i)
+            for s in live
+            for i in s.instances
+        )
         usable = {
             id(i)
             for s in live
             for i in s.instances
-            if i.serving and (i.index not in lost or not others)
+            if i.serving and id(i) not in barred and (not others or not passed_over(i))
         }
         serving = [s for s in live if any(id(i) in usable for i in s.instances)]
         allowed = [s for s in serving if s.breaker is None or s.breaker.allows()]

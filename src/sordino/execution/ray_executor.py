@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import signal
 import threading
 from collections.abc import Callable
@@ -58,6 +59,8 @@ class RayExecutor(ChainExecutor):
         super().__init__(config, clock=clock, events=events)
         self._connected_here = False
         self._groups: dict[ModelKey, Any] = {}
+        self._asks: dict[ModelKey, dict[str, float]] = {}
+        """What each actor of a loaded model asks Ray for (see :meth:`_check_fits`)."""
         settings = config.executor
         self.pools = (
             NodePools(config.memory, config.workers.shared_memory) if settings.node_pool else None
@@ -108,15 +111,86 @@ class RayExecutor(ChainExecutor):
         """Start ``config.instance_count`` actors of ``key`` per device, placed by Ray."""
         self._connect()
         options = config.ray or RayModelOptions()
+        self._check_fits(key, config, options)
         if options.placement == "pack":
             self._groups[key] = await self._placement_group(key, config, options)
         try:
             metadata = await super().load(key, path, config)
         except BaseException:
+            self._asks.pop(key, None)
             self._remove_group(key)
             raise
         self._models[key].isolation = "ray"
         return metadata
+
+    def _check_fits(self, key: ModelKey, config: ModelConfig, options: RayModelOptions) -> None:
+        """Raise :class:`ModelLoadError` at once if the cluster cannot hold ``key``'s actors.
+
+        What the actors of the loaded models ask for, plus what ``key``'s would, is
+        compared with the cluster's total resources (``ray.cluster_resources()``): an
+        actor Ray cannot place would otherwise be waited for ``workers.start_timeout``.
+        Other users' actors are not counted, so passing is no promise of room.
+        """
+        count = config.instance_count * sum(
+            1
+            for tier, _ in self._placement.tiers(config)
+            for device in tier.devices
+            if self._placement.available(device.name)
+        )
+        ask = _actor_ask(options)
+        total, held = self._resources()
+        short = []
+        for name, amount in ask.items():
+            need = amount * count
+            have = total.get(name, 0.0) - held.get(name, 0.0)
+            if need > have + 1e-9:
+                setting = _SETTING.get(name, f"models[].ray.resources.{name}")
+                short.append(
+                    f"{name} {need:g} ({count} actors x {amount:g}, {setting}) but the cluster "
+                    f"has {total.get(name, 0.0):g}"
+                    + (f", {held[name]:g} held by the models loaded before" if name in held else "")
+                )
+        if short:
+            raise ModelLoadError(
+                f"model {key}: the Ray cluster cannot hold its actors: it needs "
+                + "; ".join(short)
+                + f". Lower the model's ray options or instance_count ({config.instance_count}), "
+                "or add nodes to the cluster"
+            )
+        self._asks[key] = ask
+
+    def _resources(self) -> tuple[dict[str, float], dict[str, float]]:
+        """The cluster's total resources, and what the loaded models' actors ask for."""
+        held: dict[str, float] = {}
+        for model, entry in self._models.items():
+            for name, amount in self._asks.get(model, {}).items():
+                held[name] = held.get(name, 0.0) + amount * len(entry.instances())
+        total = {str(k): float(v) for k, v in self._ray.cluster_resources().items()}
+        return total, held
+
+    async def scale(
+        self, key: ModelKey, delta: int, *, minimum: int, maximum: int
+    ) -> list[Instance]:
+        """:meth:`ChainExecutor.scale`, adding no more actors than the cluster can hold."""
+        ask = self._asks.get(key, {})
+        if delta > 0 and ask:
+            total, held = self._resources()
+            room = min(
+                math.floor((total.get(name, 0.0) - held.get(name, 0.0)) / amount + 1e-9)
+                for name, amount in ask.items()
+            )
+            if room < delta:
+                log.warning(
+                    "model %s: the Ray cluster holds %d more actors, not %d (each asks for %s)",
+                    key,
+                    max(0, room),
+                    delta,
+                    ", ".join(f"{name} {amount:g}" for name, amount in ask.items()),
+                )
+                delta = max(0, room)
+                if delta == 0:
+                    return []
+        return await super().scale(key, delta, minimum=minimum, maximum=maximum)
 
     async def _placement_group(
         self, key: ModelKey, config: ModelConfig, options: RayModelOptions
@@ -177,6 +251,7 @@ class RayExecutor(ChainExecutor):
 
     async def unload(self, key: ModelKey) -> None:
         await super().unload(key)
+        self._asks.pop(key, None)
         self._remove_group(key)
 
     async def aclose(self) -> None:
@@ -220,6 +295,16 @@ class RayExecutor(ChainExecutor):
         self.faults.clear_instance(key.name, index, cause="ray actor replaced: " + cause)
         instance.kill(cause)
         return True
+
+
+_SETTING = {"CPU": "models[].ray.num_cpus", "GPU": "models[].ray.num_gpus"}
+"""The model setting behind each of Ray's own resources an actor asks for."""
+
+
+def _actor_ask(options: RayModelOptions) -> dict[str, float]:
+    """What one actor with ``options`` asks Ray for (the resources it names, nonzero)."""
+    ask = {"CPU": options.num_cpus, "GPU": options.num_gpus, **options.resources}
+    return {name: float(amount) for name, amount in ask.items() if amount}
 
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

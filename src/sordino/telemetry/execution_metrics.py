@@ -3,7 +3,10 @@
 - ``sordino_worker_up{model,version,instance,device,isolation}``: 1 while serving
 - ``sordino_worker_restarts_total{...}``: replacements started after a failure
 - ``sordino_worker_failures_total{...}``: batches lost or failed on the instance
-- ``sordino_batch_retries_total``: batches retried after losing their instance
+- ``sordino_batch_retries_total``: batches retried after losing their instance, or
+  after the model failed them on an instance (on another one, or on its replacement)
+- ``sordino_instance_ejections_total{model,version,instance}`` and
+  ``sordino_instance_ejected{...}`` (1 while ejected): outlier ejection
 - ``sordino_device_available{device}``, ``sordino_device_breaker_state{device,state}``
   (1 for the current state), ``sordino_device_breaker_opened_total{device}``,
   ``sordino_device_breaker_error_rate{device}`` (over the threshold window)
@@ -57,9 +60,25 @@ class ExecutionCollector(Collector):
             restarts.add_metric(values, w.restarts)
             failures.add_metric(values, w.failures)
         yield from (up, restarts, failures)
+        outlier_labels = ["model", "version", "instance"]
+        ejections = CounterMetricFamily(
+            "sordino_instance_ejections",
+            "Times the instance was ejected for failing batches that others ran.",
+            labels=outlier_labels,
+        )
+        ejected = GaugeMetricFamily(
+            "sordino_instance_ejected", "1 while the instance is ejected.", labels=outlier_labels
+        )
+        for o in stats.outliers:
+            values = [o.model, o.version, str(o.index)]
+            ejections.add_metric(values, o.ejections)
+            ejected.add_metric(values, 0.0 if o.ejected_until is None else 1.0)
+        yield from (ejections, ejected)
         yield from _per_node(stats)
         yield CounterMetricFamily(
-            "sordino_batch_retries", "Batches retried after losing their instance.", stats.retries
+            "sordino_batch_retries",
+            "Batches retried on another instance or a replacement.",
+            stats.retries,
         )
         available = GaugeMetricFamily(
             "sordino_device_available", "1 when the device exists here.", labels=["device"]
