@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -11,8 +12,9 @@ from rich.console import Console
 
 from sordino.cli.main import cli
 from sordino.cli.monitor_view import live_view, sparkline
-from sordino.testing import RunningServer
-from tests.waiting import wait_for_closed_second
+from sordino.config import RuntimeConfig
+from sordino.testing import RunningServer, serve_in_thread
+from tests.waiting import wait_for, wait_for_closed_second
 
 
 def _traffic(url: str, n: int) -> None:
@@ -120,3 +122,22 @@ def test_live_view_draws_no_fragmentation_bars_while_the_figure_reads_zero(
     frag = next(line for line in text.splitlines() if "  frag " in line)
     bars = frag.split("  frag ", 1)[1].split("  RSS", 1)[0].strip()
     assert bars and set(bars) == {"▁"}, frag
+
+
+def test_event_marks_show_under_latest_events(tmp_path: Path) -> None:
+    """`sordino event mark` writes the journal from its own process; the running server
+    reads the mark back, so the monitor's latest events show it."""
+    with serve_in_thread(RuntimeConfig(), [], data_dir=tmp_path) as running:
+        result = CliRunner().invoke(
+            cli, ["event", "mark", "launch-42", "--start", "--data-dir", str(tmp_path)]
+        )
+        assert result.exit_code == 0, result.output
+
+        def shown() -> bool:
+            snap = CliRunner().invoke(cli, ["monitor", "--url", running.url, "--once"])
+            events = snap.output.split("latest events:", 1)[-1]
+            return "event_mark launch-42 sordino event mark" in events
+
+        wait_for(shown, "the mark under the monitor's latest events")
+        marks = running.runtime.events.recent("event_mark")
+        assert [(e.subject, e.payload) for e in marks] == [("launch-42", {"edge": "start"})]
