@@ -49,6 +49,11 @@ class EventSink:
                 log.exception("event subscriber failed on %s", event.kind)
         return event
 
+    def keep(self, event: Event) -> None:
+        """Keep ``event`` among the recent ones without handing it to the subscribers:
+        it was recorded elsewhere already (a mark another process journaled)."""
+        self._recent.append(event)
+
     def subscribe(self, callback: Callable[[Event], None]) -> None:
         """Call ``callback`` for every event emitted from now on."""
         self._subscribers.append(callback)

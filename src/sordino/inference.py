@@ -87,6 +87,9 @@ class InferRequest:
     received_at: float | None = None
     """``time.monotonic()`` when the transport had the request's headers; its deadline
     counts from then (the wait to be read and decoded is part of it)."""
+    client: str | None = None
+    """The caller's network address (host, no port), as the transport saw it; None when
+    unknown. Bounds what one caller may hold (a model's sequence slots)."""
 
     def release(self) -> None:
         """Give back the arena blocks under ``inputs``, if they are owned tensors."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -11,8 +12,9 @@ from rich.console import Console
 
 from sordino.cli.main import cli
 from sordino.cli.monitor_view import live_view, sparkline
-from sordino.testing import RunningServer
-from tests.waiting import wait_for_closed_second
+from sordino.config import RuntimeConfig
+from sordino.testing import RunningServer, serve_in_thread
+from tests.waiting import wait_for, wait_for_closed_second
 
 
 def _traffic(url: str, n: int) -> None:
@@ -86,9 +88,56 @@ def test_sparkline_scales_to_the_maximum_and_keeps_gaps() -> None:
     assert sparkline([100, 104, 108], width=3, relative=True) == "▁▄█"
 
 
+def test_sparkline_of_values_too_small_for_the_figure_is_flat() -> None:
+    # Fragmentation of 0.01 % to 0.04 % reads "0.0%": no bars may claim otherwise.
+    tiny = [0.0001, 0.0004, 0.0002, None]
+    assert sparkline(tiny, width=4, resolution=0.0005) == "▁▁▁ "
+    assert sparkline([0.0, 0.0, 0.0], width=3) == "▁▁▁"
+    assert sparkline([5, 5, 5], width=3, relative=True) == "▁▁▁"
+    assert sparkline([0.0, 0.02, 0.04], width=3, resolution=0.0005) == "▁▄█"
+
+
 def test_live_view_renders_a_snapshot(server: RunningServer) -> None:
     snap: Any = httpx.get(f"{server.url}/v2/sordino/telemetry?seconds=60").json()
     console = Console(width=160, record=True)
     console.print(live_view(snap, ["qps", "latency", "mem_frag", "error_rate", "busy"], server.url))
     text = console.export_text()
     assert "digits-classifier/1" in text and "latest events" in text and "RSS" in text
+
+
+def test_live_view_draws_no_fragmentation_bars_while_the_figure_reads_zero(
+    server: RunningServer,
+) -> None:
+    snap: Any = httpx.get(f"{server.url}/v2/sordino/telemetry?seconds=60").json()
+    resources = snap["resources"]
+    count = len(resources["series"]["t"]) or 1
+    resources["series"]["t"] = resources["series"]["t"] or [snap["time"]]
+    resources["series"]["fragmentation"] = [0.0001 * (i % 4) for i in range(count)]
+    resources["current"]["fragmentation"] = 0.0002
+    resources["current"]["pool_in_use_bytes"] = resources["current"]["pool_reserved_bytes"] = 1
+    console = Console(width=160, record=True)
+    console.print(live_view(snap, ["mem_frag"], server.url))
+    text = console.export_text()
+    assert "frag 0.0%" in text
+    frag = next(line for line in text.splitlines() if "  frag " in line)
+    bars = frag.split("  frag ", 1)[1].split("  RSS", 1)[0].strip()
+    assert bars and set(bars) == {"▁"}, frag
+
+
+def test_event_marks_show_under_latest_events(tmp_path: Path) -> None:
+    """`sordino event mark` writes the journal from its own process; the running server
+    reads the mark back, so the monitor's latest events show it."""
+    with serve_in_thread(RuntimeConfig(), [], data_dir=tmp_path) as running:
+        result = CliRunner().invoke(
+            cli, ["event", "mark", "launch-42", "--start", "--data-dir", str(tmp_path)]
+        )
+        assert result.exit_code == 0, result.output
+
+        def shown() -> bool:
+            snap = CliRunner().invoke(cli, ["monitor", "--url", running.url, "--once"])
+            events = snap.output.split("latest events:", 1)[-1]
+            return "event_mark launch-42 sordino event mark" in events
+
+        wait_for(shown, "the mark under the monitor's latest events")
+        marks = running.runtime.events.recent("event_mark")
+        assert [(e.subject, e.payload) for e in marks] == [("launch-42", {"edge": "start"})]

@@ -20,6 +20,7 @@ from sordino.control.client import AdminClient
 from sordino.events import Event
 from sordino.testing import RunningServer, serve_in_thread
 from tests.execution.load import BODY, Load, digits, events, mark, wait_until, worker
+from tests.metrics import counter_sum
 
 TOKEN = "test-admin-token"
 
@@ -231,3 +232,37 @@ def test_crash_on_the_only_instance_costs_the_client_no_error() -> None:
             return arena is not None and arena.in_use_bytes == 0
 
         wait_until(arena_empty, 30, "the arena to hold nothing once the response went out")
+
+
+def test_every_worker_death_counts_once_in_worker_failures() -> None:
+    """Kills of an idle worker counted too, and one under load counted once, not per
+    batch it took: the failures counter rises by exactly the number of kills."""
+    config = RuntimeConfig.model_validate(
+        {"workers": {"heartbeat_timeout": "3s", "restart_backoff": "0.1s"}}
+    )
+    kills = 3
+    with serve_in_thread(config, digits(instance_count=1)) as server:
+        before = counter_sum(server, "sordino_worker_failures")
+        start = mark(server)
+        for n in range(kills):
+            victim = worker(server, 0)
+            if n < kills - 1:
+                os.kill(victim.pid, signal.SIGKILL)  # idle: no batch is lost with it
+                _restarted(server, start, n + 1)
+            else:
+                with Load(server.url, clients=4) as load:
+                    load.wait_ok(20)
+                    os.kill(victim.pid, signal.SIGKILL)
+                    _restarted(server, start, n + 1)
+                    load.wait_ok(10)
+                assert load.errors == []
+        assert counter_sum(server, "sordino_worker_failures") - before == kills
+        assert worker(server, 0).failures == kills
+
+
+def _restarted(server: RunningServer, start: int, count: int) -> None:
+    def serving() -> bool:
+        restarts = events(server, "worker_restarted", start)
+        return len(restarts) >= count and worker(server, 0).state == "ready"
+
+    wait_until(serving, 60, f"restart {count}")

@@ -69,6 +69,14 @@ def test_playground_shows_the_steps_and_the_image(server: RunningServer) -> None
             page.wait_for_function("window.playground.error !== null", timeout=30000)
             error = page.evaluate("window.playground.error")
             assert "names no digit" in error
+            # The failed prompt's answer is its error, not the previous prompt's image.
+            after = page.evaluate(
+                "() => ({png: window.playground.png, src: document.querySelector('#png')"
+                ".getAttribute('src'), result: document.querySelector('#result').textContent,"
+                " lit: Array.from(document.querySelector('#canvas').getContext('2d')"
+                ".getImageData(0, 0, 256, 256).data).some((v) => v !== 0)})"
+            )
+            assert after == {"png": None, "src": None, "result": error, "lit": False}
         finally:
             browser.close()
     # The refused request is the server's 400 (the browser logs a failed fetch); nothing else.

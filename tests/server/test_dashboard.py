@@ -86,3 +86,34 @@ def test_dashboard_charts_the_traffic_just_sent(server: RunningServer) -> None:
     assert charted["requests"] >= sent  # the session server may have served others too
     assert charted["batch"] >= 3
     assert charted["canvases"] >= 6 and charted["events"] >= 1
+
+
+def _luminance(rgb: str) -> float:
+    """WCAG relative luminance of a computed ``rgb(r, g, b)`` colour."""
+    channels = [int(v) / 255 for v in rgb[rgb.index("(") + 1 : rgb.index(")")].split(",")[:3]]
+    linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+@pytest.mark.timeout(90)
+def test_header_links_are_legible_on_the_navy_header(server: RunningServer) -> None:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page()
+            for path in ("/dashboard", "/dashboard/playground"):
+                page.goto(f"{server.url}{path}")
+                colours = page.evaluate(
+                    "() => ({link: getComputedStyle(document.querySelector('header a')).color,"
+                    " header: getComputedStyle(document.querySelector('header'))"
+                    ".backgroundColor})"
+                )
+                # Not the browser's default link blue (or visited purple) ...
+                assert colours["link"] not in ("rgb(0, 0, 238)", "rgb(85, 26, 139)"), colours
+                # ... and WCAG AA contrast for normal text against the header.
+                light, dark = sorted(map(_luminance, colours.values()), reverse=True)
+                assert (light + 0.05) / (dark + 0.05) >= 4.5, (path, colours)
+        finally:
+            browser.close()

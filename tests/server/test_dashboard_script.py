@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from sordino.cli.monitor_view import plain_snapshot
+
 NODE = shutil.which("node")
 SCRIPT = resources.files("sordino.server").joinpath("static", "dashboard.js")
 
@@ -83,11 +85,11 @@ def _snapshot() -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _run(tmp_path: Any) -> dict[str, Any]:
+def _run(tmp_path: Any, snapshot: dict[str, Any] | None = None) -> dict[str, Any]:
     harness = tmp_path / "harness.js"
     harness.write_text(HARNESS)
     result = subprocess.run(
-        [str(NODE), str(harness), str(SCRIPT), json.dumps(_snapshot())],
+        [str(NODE), str(harness), str(SCRIPT), json.dumps(snapshot or _snapshot())],
         capture_output=True, text=True, timeout=60, env={"TZ": "Asia/Kolkata", "PATH": ""},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -109,3 +111,13 @@ def test_time_axes_show_the_time_of_day_only_with_room_between_ticks(tmp_path: A
 def test_the_workers_card_shows_busy_over_instances(tmp_path: Any) -> None:
     out = _run(tmp_path)
     assert "workers busy" in out["figures"] and ">1/2<" in out["figures"]
+
+
+def test_the_workers_card_and_the_monitor_show_the_same_busy_figure(tmp_path: Any) -> None:
+    """Between two short batches the instantaneous count is 0 while 1.4 workers were busy
+    on average: both views show the mean, so they agree whenever they look."""
+    snapshot = _snapshot() | {"workers": {"instances": 5, "busy": 0, "busy_mean": 1.4}}
+    snapshot["models"][0]["version"] = "1"
+    out = _run(tmp_path, snapshot)
+    assert ">1.4/5<" in out["figures"]
+    assert "workers 1.4/5 busy" in plain_snapshot(snapshot, ["qps"], "http://x")

@@ -21,8 +21,10 @@ from onnx import TensorProto, helper
 from pydantic import ValidationError
 from tritonclient.utils import InferenceServerException
 
+from sordino.config import load_config
 from sordino.config.models import ModelConfig
 from sordino.config.sequences import SequenceBatchingConfig
+from sordino.config.tenants import hash_key
 from sordino.models.repository import ModelSource, triton_example_sources
 from sordino.testing import RunningServer, serve_in_thread
 from tests.waiting import wait_for
@@ -30,7 +32,9 @@ from tests.waiting import wait_for
 VALUES = [11, 7, 5, 3, 2, 0, 1]
 
 
-def _sequence_source(idle_us: int | None = None) -> Any:
+def _sequence_source(
+    idle_us: int | None = None, *, slots: int = 2, per_client: int | None = 2
+) -> Any:
     source = next(s for s in triton_example_sources() if s.name == "simple_sequence")
     if idle_us is None:
         return source
@@ -39,7 +43,11 @@ def _sequence_source(idle_us: int | None = None) -> Any:
         update={"max_sequence_idle_microseconds": idle_us, "direct": None, "oldest": None}
     )
     batching = SequenceBatchingConfig.model_validate(
-        {**batching.model_dump(), "oldest": {"max_candidate_sequences": 2}}
+        {
+            **batching.model_dump(),
+            "oldest": {"max_candidate_sequences": slots},
+            "max_sequences_per_client": per_client,
+        }
     )
     config = source.config.model_copy(update={"sequence_batching": batching})
     return type(source)(source.name, source.version, source.path, config)
@@ -118,6 +126,13 @@ def test_mistakes_are_explained(client: Any) -> None:
         client.infer("simple_sequence", _inputs(_mod(client), 1))
 
 
+@pytest.mark.parametrize("sequence_id", [-1, -(2**63)])
+def test_negative_correlation_ids_are_refused(client: Any, sequence_id: int) -> None:
+    with pytest.raises(InferenceServerException, match=r"out of range.*1 to 2\*\*64-1") as info:
+        _send(client, 1, sequence_id, start=True, end=False)
+    assert info.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+
+
 def _mod(client: Any) -> Any:
     return httpclient if isinstance(client, httpclient.InferenceServerClient) else grpcclient
 
@@ -137,6 +152,74 @@ def test_idle_sequences_are_released_with_an_event_and_slots_are_bounded() -> No
         assert event.subject == "simple_sequence" and event.cause == "idle"
         with pytest.raises(InferenceServerException, match="must specify the START flag"):
             _send(client, 1, 1, start=False, end=False)
+        assert _send(client, 7, 3, start=True, end=True) == 7
+        client.close()
+
+
+def test_one_client_cannot_hold_every_slot() -> None:
+    # 4 slots, the default share (half): a client's third sequence is refused with 429
+    # whatever tenant it claims, and two slots stay free for others.
+    source = _sequence_source(idle_us=60_000_000, slots=4, per_client=None)
+    with serve_in_thread(sources=[source]) as running:
+        client = httpclient.InferenceServerClient(url=running.url.removeprefix("http://"))
+        assert _send(client, 5, 1, start=True, end=False) == 5
+        assert _send(client, 6, 2, start=True, end=False) == 6
+        for headers in (None, {"x-sordino-tenant": "someone-else"}):
+            with pytest.raises(InferenceServerException, match="hold 2 of its 4") as info:
+                client.infer(
+                    "simple_sequence", _inputs(httpclient, 7), sequence_id=3,
+                    sequence_start=True, headers=headers,
+                )  # fmt: skip
+            assert info.value.status() == "429"
+        # Its own sequences go on; ending one frees its share.
+        assert _send(client, 1, 1, start=False, end=True) == 6
+        assert _send(client, 7, 3, start=True, end=False) == 7
+        client.close()
+
+
+ACME, OTHER = "acme-key-0123456789", "other-key-0123456789"
+
+
+def test_a_tenant_holds_its_share_and_another_tenant_still_starts() -> None:
+    config = load_config(
+        None,
+        {
+            "tenants": [
+                {"name": "acme", "keys": [hash_key(ACME)]},
+                {"name": "other", "keys": [hash_key(OTHER)]},
+            ],
+        },
+    )
+    source = _sequence_source(idle_us=60_000_000, slots=3, per_client=1)
+    with serve_in_thread(config, sources=[source]) as running:
+        client = grpcclient.InferenceServerClient(running.grpc_url)
+        acme = {"authorization": f"Bearer {ACME}"}
+        other = {"authorization": f"Bearer {OTHER}"}
+
+        def start(headers: dict[str, str], corrid: int) -> int:
+            result = client.infer(
+                "simple_sequence", _inputs(grpcclient, corrid), sequence_id=corrid,
+                sequence_start=True, headers=headers,
+            )  # fmt: skip
+            return int(result.as_numpy("OUTPUT")[0][0])
+
+        assert start(acme, 1) == 1
+        with pytest.raises(InferenceServerException, match="hold 1 of its 3"):
+            start(acme, 2)
+        assert start(other, 2) == 2
+        client.close()
+
+
+def test_a_sequence_whose_requests_fail_is_still_released_when_idle() -> None:
+    with serve_in_thread(sources=[_sequence_source(idle_us=300_000)]) as running:
+        client = httpclient.InferenceServerClient(url=running.url.removeprefix("http://"))
+        for corrid in (1, 2):  # both slots taken by starts that fail (a hidden input sent)
+            bad = [*_inputs(httpclient, 1), httpclient.InferInput("START", [1, 1], "INT32")]
+            bad[1].set_data_from_numpy(np.array([[1]], dtype=np.int32))
+            with pytest.raises(InferenceServerException, match="filled in by the sequence"):
+                client.infer("simple_sequence", bad, sequence_id=corrid, sequence_start=True)
+        events = running.runtime.events
+        wait_for(lambda: len(events.recent("sequence_released")) >= 2, "failed sequences released")
         assert _send(client, 7, 3, start=True, end=True) == 7
         client.close()
 

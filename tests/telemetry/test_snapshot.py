@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any
 
@@ -45,6 +46,18 @@ def test_summary_counts_instances_by_what_they_do() -> None:
     assert workers_summary(None) == {}
 
 
+def test_busy_mean_counts_instances_by_their_share_of_time_computing() -> None:
+    workers = tuple(_worker(i, "ready", False) for i in range(5))
+    execution = ExecutionStatistics(
+        workers=workers, devices=(), switches=(), retries=0, arena=None, faults_active=0,
+        faults_applied=0,
+    )  # fmt: skip
+    # 5 instances of m:1 each computing 28 % of the time: 1.4 busy on average, none now.
+    summary = workers_summary(execution, {("m", "1"): 0.28, ("other", "1"): 1.0})
+    assert (summary["busy"], summary["busy_mean"]) == (0, 1.4)
+    assert workers_summary(execution)["busy_mean"] == 0.0
+
+
 def _workers(url: str) -> dict[str, Any]:
     snap: dict[str, Any] = httpx.get(f"{url}/v2/sordino/telemetry?seconds=5").json()
     return snap["workers"]
@@ -77,7 +90,8 @@ def test_busy_workers_show_while_a_batch_is_held() -> None:
             )
             assert result.exit_code == 0, result.output
             outputs.append(result.output)
-            return "workers 1/2 busy" in result.output
+            shown = re.search(r"workers (\d+\.\d)/2 busy", result.output)
+            return shown is not None and float(shown.group(1)) > 0
 
         try:
             wait_for(lambda: _workers(server.url)["busy"] == 1, "a worker held by the fault")

@@ -15,7 +15,14 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["METRICS", "live_view", "plain_snapshot", "sparkline", "unreachable_view"]
+__all__ = [
+    "METRICS",
+    "busy_workers",
+    "live_view",
+    "plain_snapshot",
+    "sparkline",
+    "unreachable_view",
+]
 
 METRICS = ("qps", "latency", "error_rate", "mem_frag", "batch", "queue", "busy", "slo")
 """The metric names ``--metrics`` accepts."""
@@ -35,21 +42,30 @@ def _buckets(values: Sequence[float | None], width: int) -> list[float | None]:
     return out
 
 
-def sparkline(values: Sequence[float | None], width: int = 24, *, relative: bool = False) -> str:
+def sparkline(
+    values: Sequence[float | None],
+    width: int = 24,
+    *,
+    relative: bool = False,
+    resolution: float = 0.0,
+) -> str:
     """``values`` as ``width`` block characters, each the maximum of its share of them.
 
     Heights are scaled to the maximum (from zero, or from the minimum when
-    ``relative``); gaps (None) stay blank.
+    ``relative``); gaps (None) stay blank. A line of zeros, of equal values when
+    ``relative``, or whose height is under ``resolution`` (the least step the figure
+    printed beside it shows) draws flat: no bars the figure cannot account for.
     """
     tail = _buckets(values, width)
     known = [v for v in tail if v is not None]
     top = max(known, default=0.0)
     bottom = min(known, default=0.0) if relative else 0.0
+    flat = top - bottom < resolution
     out = []
     for value in tail:
         if value is None:
             out.append(" ")
-        elif top <= bottom:
+        elif flat or top <= bottom:
             out.append(_BLOCKS[0])
         else:
             level = (value - bottom) / (top - bottom) * (len(_BLOCKS) - 1)
@@ -115,8 +131,16 @@ def _resource_line(snap: dict[str, Any], metrics: Sequence[str]) -> str:
             f"{_num(gpu.get('temperature_c'), 0, '°C')} {_num(gpu.get('power_w'), 0, ' W')}"
         )
     if workers:
-        parts.append(f"workers {workers.get('busy', 0)}/{workers.get('instances', 0)} busy")
+        parts.append(f"workers {busy_workers(workers)} busy")
     return " · ".join(parts)
+
+
+def busy_workers(workers: dict[str, Any]) -> str:
+    """``busy/instances`` as the dashboard writes it: the mean number of instances
+    computing over the last seconds (``busy_mean``), else the instantaneous count."""
+    busy = workers.get("busy_mean")
+    shown = f"{busy:.1f}" if busy is not None else str(workers.get("busy", 0))
+    return f"{shown}/{workers.get('instances', 0)}"
 
 
 def memory_line(snap: dict[str, Any]) -> str | None:
@@ -200,7 +224,9 @@ def live_view(
     if "mem_frag" in metrics:
         series = snap["resources"]["series"]
         if any(v is not None for v in series.get("fragmentation", [])):
-            resources.append("  frag " + sparkline(series["fragmentation"]), style="magenta")
+            # The figure reads to 0.1 %: a line of smaller values is drawn flat.
+            frag = sparkline(series["fragmentation"], resolution=0.0005)
+            resources.append("  frag " + frag, style="magenta")
         resources.append(
             "  RSS " + sparkline(series.get("rss_bytes", []), relative=True), style="cyan"
         )

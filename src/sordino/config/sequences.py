@@ -4,6 +4,7 @@ Written as in Triton's ``config.pbtxt``, in YAML::
 
     sequence_batching:
       max_sequence_idle_microseconds: 5000000
+      max_sequences_per_client: 2      # sordino's key; default: half the slots
       direct: {}                       # or oldest: {max_candidate_sequences: 4}
       control_input:
         - name: START
@@ -91,6 +92,10 @@ class SequenceBatchingConfig(Section):
 
     max_sequence_idle_microseconds: int = Field(default=1_000_000, ge=1)
     """A sequence without a request for this long is released (an event says so)."""
+    max_sequences_per_client: int | None = Field(default=None, ge=1)
+    """Sordino's key: live sequences one caller may hold at once (a tenant on a tenanted
+    server, a client address otherwise); a new one past it is refused (429). None: half
+    the model's sequence slots, rounded up, so one caller cannot take them all."""
     direct: DirectStrategy | None = None
     oldest: OldestStrategy | None = None
     control_input: tuple[ControlInput, ...] = ()

@@ -271,10 +271,13 @@ class ProcessInstance(_Base):
                 batch.segment,
             )
         except WorkerError:
-            self.failures += 1
+            # A batch the model failed while its worker lives; one whose failure killed
+            # the worker (an allocation that failed) is counted with the death.
+            if worker.alive:
+                self.failures += 1
             raise
         except WorkerLost:
-            self.failures += 1
+            # Counted once, as the death the supervisor sees, however many batches it took.
             self._lost(worker)
             raise
         if worker is self._worker:
@@ -339,6 +342,7 @@ class ProcessInstance(_Base):
     # -- supervision -----------------------------------------------------------------
 
     def _restart_failed(self, cause: str) -> None:
+        self.failures += 1
         self.last_cause = cause
 
     async def _start_worker(self) -> ModelMetadata:
@@ -359,6 +363,7 @@ class ProcessInstance(_Base):
             cause = await self._watch_worker(worker, interval)
             if self._closing:
                 return
+            self.failures += 1  # every death once, whether or not a batch was running
             failed_at = self._clock.now()
             self.state = "restarting"
             self.last_cause = cause

@@ -27,6 +27,7 @@ import numpy as np
 
 from sordino.reports.diagnose import Diagnosis, describe, diagnose, when
 from sordino.telemetry.availability import outcome_class
+from sordino.telemetry.journal import MARK_KIND as JOURNAL_MARK_KIND
 from sordino.telemetry.journal_reader import JournalEvent, JournalWindow
 
 __all__ = [
@@ -43,7 +44,7 @@ __all__ = [
 ]
 
 SECTIONS = ("availability", "latency", "guardian", "interventions", "resources", "windows")
-MARK_KIND = "event_mark"
+MARK_KIND = JOURNAL_MARK_KIND
 _INTERVENTION_KINDS = ("fault_injected", "fault_cleared", "admin_call", MARK_KIND)
 
 

@@ -133,6 +133,9 @@ async def _infer(
                 metadata=loaded.metadata,
                 max_batch_size=loaded.max_batch_size,
             )
+            client = scope.get("client")
+            if client:
+                request.client = str(client[0])
             received = scope.get("extensions", {}).get(RECEIVED)
             if received is not None:
                 request.received_at = received["at"]

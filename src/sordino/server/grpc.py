@@ -369,9 +369,11 @@ def _forward_tenant(request: Any, context: Any) -> None:
 
 
 def _credentials(request: InferRequest, context: Any) -> None:
-    """Hand the call's ``authorization`` metadata (the API key) to the service."""
+    """Hand the call's ``authorization`` metadata (the API key) and its peer address to
+    the service."""
     if context is None:
         return
+    request.client = peer_address(context.peer() or "") or None
     for key, value in context.invocation_metadata() or ():
         if str(key).lower() == "authorization":
             request.headers["authorization"] = str(value)

@@ -1,7 +1,8 @@
 """Triton's sequence batching: stateful models served request by request in a sequence.
 
 A request to a model with ``sequence_batching`` carries a correlation ID
-(``parameters.sequence_id``: a non-zero integer or a non-empty string) and the flags
+(``parameters.sequence_id``: an integer in 1..2**64-1 — Triton's uint64, where 0 means
+"no sequence" — or a non-empty string) and the flags
 ``sequence_start`` / ``sequence_end``. Per model, :class:`Sequences` keeps each live
 sequence (keyed by tenant and correlation ID): its implicit state (the ``state``
 outputs of its last request, fed to the ``state`` inputs of the next; zeros on the
@@ -10,10 +11,13 @@ they arrive, while requests of different sequences are batched together by the
 model's ordinary dynamic batcher. Control inputs (START, END, READY, CORRID) are filled
 in by the runtime; the client sends neither them nor the state inputs.
 
-Slots are bounded: a new sequence past the limit is refused with 503 until one ends. A
-sequence ends with its ``sequence_end`` request, or is released after
-``max_sequence_idle_microseconds`` without a request (a ``sequence_released`` event
-says so); a later request without ``sequence_start`` is then refused.
+Slots are bounded: a new sequence past the limit is refused with 503 until one ends, and
+one caller (its tenant on a tenanted server, its client address otherwise) may hold at
+most ``max_sequences_per_client`` of them — past that its new sequence is refused with
+429 — so one client cannot take every slot. A sequence ends with its ``sequence_end``
+request, or is released after ``max_sequence_idle_microseconds`` without a request
+(whatever its requests answered; a ``sequence_released`` event says so); a later
+request without ``sequence_start`` is then refused.
 
 ``direct`` and ``oldest`` differ here only in the slot limit: sordino carries the
 state itself, so a sequence is never pinned to a batch slot or an instance.
@@ -31,7 +35,7 @@ import numpy as np
 
 from sordino.config.sequences import SequenceBatchingConfig
 from sordino.datatypes import to_numpy_dtype
-from sordino.errors import InvalidRequest, ModelLoadError, QueueFull
+from sordino.errors import InvalidRequest, ModelLoadError, QueueFull, RateLimited
 from sordino.events import EventSink
 from sordino.inference import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor
 from sordino.memory.refs import Tensors
@@ -40,6 +44,9 @@ __all__ = ["Sequences", "sequences_for"]
 
 CorrelationId = int | str
 
+_MAX_CORRID = 2**64 - 1
+"""Triton's correlation IDs are uint64; 0 is "no sequence"."""
+
 
 @dataclass(slots=True)
 class _Sequence:
@@ -47,6 +54,8 @@ class _Sequence:
     state: dict[str, Tensor] = field(default_factory=dict)
     last: float = 0.0
     ended: bool = False
+    owner: str = ""
+    """The caller holding the slot (tenant or client address): counted against its share."""
 
 
 def sequences_for(
@@ -100,6 +109,10 @@ class Sequences:
         self.config = config
         self.metadata = metadata
         self.slots = slots
+        per_client = config.max_sequences_per_client
+        self.per_client = min(slots, per_client if per_client is not None else -(-slots // 2))
+        """Sequences one caller may hold at once (at most every slot)."""
+        self._held: dict[str, int] = {}
         self._events = events
         self._idle_s = config.max_sequence_idle_microseconds / 1e6
         self._live: dict[tuple[str, CorrelationId], _Sequence] = {}
@@ -120,8 +133,14 @@ class Sequences:
         request: InferRequest,
         tenant: str,
         call: Callable[[InferRequest], Awaitable[InferResponse]],
+        *,
+        owner: str | None = None,
     ) -> InferResponse:
-        """Serve ``request`` as the next of its sequence with ``call`` (the one-shot path)."""
+        """Serve ``request`` as the next of its sequence with ``call`` (the one-shot path).
+
+        ``owner`` is the caller a new sequence is counted against (its tenant on a
+        tenanted server, else its client address); None: ``tenant``.
+        """
         corrid, start, end = self._flags(request)
         for name in ("sequence_id", "sequence_start", "sequence_end"):
             request.parameters.pop(name, None)  # consumed here, not admission's to refuse
@@ -135,7 +154,17 @@ class Sequences:
                         "and all are in use; end one (sequence_end) or retry later",
                         retry_after_s=self._idle_s,
                     )
-                sequence = self._live[key] = _Sequence()
+                holder = tenant if owner is None else owner
+                if self._held.get(holder, 0) >= self.per_client:
+                    raise RateLimited(
+                        f"model {self.metadata.name!r} lets one client hold "
+                        f"{self.per_client} of its {self.slots} sequences at once and "
+                        f"{holder!r} holds them all; end one (sequence_end), or wait "
+                        f"{self._idle_s:g} s for an idle one to be released",
+                        retry_after_s=self._idle_s,
+                    )
+                sequence = self._live[key] = _Sequence(owner=holder)
+                self._held[holder] = self._held.get(holder, 0) + 1
         elif sequence is None:
             raise InvalidRequest(
                 f"inference request for sequence {corrid} to model '{self.metadata.name}' must "
@@ -144,34 +173,34 @@ class Sequences:
                 f"{self._idle_s:g} s idle)"
             )
         async with sequence.lock:
-            if start:
-                sequence.state.clear()
-                sequence.ended = False
-            self._fill(request, corrid, start=start, end=end, state=sequence.state)
-            wanted = request.outputs
-            if wanted is not None:
-                names = {o.name for o in wanted}
-                request.outputs = wanted + [
-                    RequestedOutput(name) for name in self._state_outputs if name not in names
-                ]
             try:
-                response = await call(request)
-            except BaseException:
+                if start:
+                    sequence.state.clear()
+                    sequence.ended = False
+                self._fill(request, corrid, start=start, end=end, state=sequence.state)
+                wanted = request.outputs
+                if wanted is not None:
+                    names = {o.name for o in wanted}
+                    request.outputs = wanted + [
+                        RequestedOutput(name) for name in self._state_outputs if name not in names
+                    ]
+                try:
+                    response = await call(request)
+                finally:
+                    request.outputs = wanted
+                sequence.state = {
+                    self._state_outputs[name]: np.array(response.outputs[name])
+                    for name in self._state_outputs
+                }
+                response = self._strip(response, wanted)
+            finally:
+                # Whatever the outcome, the slot is freed by the end flag or, idle, by the
+                # timer: a sequence whose requests all fail is not held forever.
+                sequence.last = time.monotonic()
                 if end:
                     self._end(key, sequence, "end")
-                raise
-            finally:
-                request.outputs = wanted
-            sequence.state = {
-                self._state_outputs[name]: np.array(response.outputs[name])
-                for name in self._state_outputs
-            }
-            response = self._strip(response, wanted)
-            sequence.last = time.monotonic()
-            if end:
-                self._end(key, sequence, "end")
-            else:
-                asyncio.get_running_loop().call_later(self._idle_s, self._expire, key, sequence)
+                elif not sequence.ended:
+                    asyncio.get_running_loop().call_later(self._idle_s, self._expire, key, sequence)
         return response
 
     def _flags(self, request: InferRequest) -> tuple[CorrelationId, bool, bool]:
@@ -182,6 +211,12 @@ class Sequences:
                 f"inference request to model '{self.metadata.name}' must specify a non-zero "
                 "or non-empty correlation ID (sordino: set parameters.sequence_id, with "
                 "sequence_start on a sequence's first request and sequence_end on its last)"
+            )
+        if isinstance(corrid, int) and not 0 < corrid <= _MAX_CORRID:
+            raise InvalidRequest(
+                f"sequence_id {corrid} of a request to model '{self.metadata.name}' is out of "
+                "range: a correlation ID is an integer from 1 to 2**64-1 (uint64) or a "
+                "non-empty string"
             )
         flags = []
         for key in ("sequence_start", "sequence_end"):
@@ -225,7 +260,13 @@ class Sequences:
                 elif isinstance(corrid, str):
                     raise InvalidRequest(
                         f"model {self.metadata.name!r} takes integer correlation IDs "
-                        f"({datatype}); sequence_id is the string {corrid!r}"
+                        f"({datatype}); sequence_id is the string {corrid!r:.80}"
+                    )
+                elif corrid > np.iinfo(to_numpy_dtype(datatype)).max:
+                    raise InvalidRequest(
+                        f"model {self.metadata.name!r} takes correlation IDs up to "
+                        f"{np.iinfo(to_numpy_dtype(datatype)).max} ({datatype}); sequence_id "
+                        f"is {corrid}"
                     )
             else:
                 pair = (
@@ -273,6 +314,11 @@ class Sequences:
         sequence.ended = True
         if self._live.get(key) is sequence:
             del self._live[key]
+            held = self._held.get(sequence.owner, 0) - 1
+            if held > 0:
+                self._held[sequence.owner] = held
+            else:
+                self._held.pop(sequence.owner, None)
         if cause != "end":
             self._events.emit(
                 "sequence_released",

@@ -211,8 +211,19 @@ class InferenceService:
             raise AssertionError("a generation ends with a response")  # pragma: no cover
         sequences = self._sequences(request)
         if sequences is not None:
-            return await sequences.run(request, self.tenant_of(request), self._infer_one)
+            tenant = self.tenant_of(request)
+            return await sequences.run(
+                request, tenant, self._infer_one, owner=self._sequence_owner(request, tenant)
+            )
         return await self._infer_one(request)
+
+    def _sequence_owner(self, request: InferRequest, tenant: str) -> str:
+        """Whom a new sequence of ``request`` counts against: the tenant when the key
+        names it; else the client address (a claimed tenant name is anyone's to claim)."""
+        tenants = self._tenants
+        if (tenants is not None and tenants.enabled) or request.client is None:
+            return tenant
+        return request.client
 
     def _sequences(self, request: InferRequest) -> Sequences | None:
         """The sequence batcher of ``request``'s model, if it has one (lookups fail later)."""

@@ -2,7 +2,9 @@
 
 - ``sordino_worker_up{model,version,instance,device,isolation}``: 1 while serving
 - ``sordino_worker_restarts_total{...}``: replacements started after a failure
-- ``sordino_worker_failures_total{...}``: batches lost or failed on the instance
+- ``sordino_worker_failures_total{...}``: the instance's failures: each worker death
+  (or failed restart) once, however many batches it took, and each batch the model
+  failed on a live worker
 - ``sordino_batch_retries_total``: batches retried after losing their instance, or
   after the model failed them on an instance (on another one, or on its replacement)
 - ``sordino_instance_ejections_total{model,version,instance}`` and
@@ -52,7 +54,9 @@ class ExecutionCollector(Collector):
             "sordino_worker_restarts", "Instance replacements after a failure.", labels=labels
         )
         failures = CounterMetricFamily(
-            "sordino_worker_failures", "Batches failed or lost on the instance.", labels=labels
+            "sordino_worker_failures",
+            "Worker deaths and failed restarts (each once) and batches failed on a live worker.",
+            labels=labels,
         )
         for w in stats.workers:
             values = [w.model, w.version, str(w.index), w.device, w.isolation]

@@ -138,8 +138,17 @@ class Telemetry:
             try:
                 self.series.close_until(int(self._wall()), self.resources.sample())
                 self.availability.flush(self._wall())
+                self._keep_marks()
             except Exception:  # telemetry must never take the server down
                 log.exception("closing a telemetry second failed")
+
+    def _keep_marks(self) -> None:
+        """Show the marks ``sordino event mark`` journaled among the recent events."""
+        journal = self.journal
+        if journal is None:
+            return
+        while not journal.written_elsewhere.empty():
+            self.events.keep(journal.written_elsewhere.get_nowait())
 
     async def _forecast(self) -> None:
         journal = self.journal

@@ -12,6 +12,11 @@ One server writes a journal: :meth:`Journal.open` takes an exclusive ``flock`` o
 ``<journal>.lock`` beside it, held until :meth:`Journal.close` or the process ends, so
 a second server on the same ``--data-dir`` is refused instead of mixing its series
 into the first one's. Readers (``sordino diagnose``) take no lock.
+
+Other processes may add events of the kinds in ``MARKS`` (``sordino event mark``
+inserts them straight into the file): the writer thread reads those back after each
+commit and puts them on :attr:`Journal.written_elsewhere`, so the running server shows
+them among its recent events too.
 """
 
 from __future__ import annotations
@@ -33,7 +38,13 @@ import orjson
 from sordino.events import Event
 from sordino.telemetry.series import ResourceRow, SecondRow
 
+MARK_KIND = "event_mark"
+"""The events ``sordino event mark`` writes into the journal from its own process."""
+MARKS = (MARK_KIND,)
+"""Kinds only other processes write (never the server): read back as they land."""
+
 __all__ = [
+    "MARK_KIND",
     "SCHEMA",
     "Journal",
     "JournalInUse",
@@ -180,6 +191,9 @@ class Journal:
         self._idle = threading.Condition()
         self._submitted = self._done = 0
         self._lock: IO[str] | None = None
+        self.written_elsewhere: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        """Events another process added to the file (``MARKS``), oldest first."""
+        self._seen = 0
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -192,6 +206,7 @@ class Journal:
         self._lock = _lock(self.path)
         try:
             self._conn = connect(self.path)
+            self._seen = self._conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
             self._prune()
         except BaseException:
             self._unlock()
@@ -256,6 +271,7 @@ class Journal:
             items = [item for item in batch if item is not _STOP]
             if items:
                 self._commit(items)
+            self._read_elsewhere()
             if time.monotonic() >= next_prune:
                 self._prune()
                 next_prune = time.monotonic() + self._prune_every
@@ -291,6 +307,27 @@ class Journal:
         with self._idle:
             self._done += len(items)
             self._idle.notify_all()
+
+    def _read_elsewhere(self) -> None:
+        """Queue the ``MARKS`` events other processes committed since the last look."""
+        assert self._conn is not None
+        try:
+            rows = self._conn.execute(
+                f"SELECT id, t, kind, subject, cause, payload FROM events "
+                f"WHERE id > ? AND kind IN ({', '.join('?' * len(MARKS))}) ORDER BY id",
+                (self._seen, *MARKS),
+            ).fetchall()
+        except sqlite3.Error:
+            log.exception("reading the events written by other processes failed")
+            return
+        for row_id, t, kind, subject, cause, payload in rows:
+            self._seen = max(self._seen, row_id)
+            try:
+                decoded = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                decoded = {}
+            data = decoded if isinstance(decoded, dict) else {}
+            self.written_elsewhere.put(Event(kind, subject, cause, data, time=float(t)))
 
     def _prune(self) -> None:
         assert self._conn is not None

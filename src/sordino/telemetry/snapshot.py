@@ -9,6 +9,7 @@ Columns are lists of equal length so a chart library can plot them as they are.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -77,19 +78,30 @@ def _resource_columns(rows: list[ResourceRow]) -> dict[str, list[Any]]:
     return out
 
 
-def workers_summary(execution: ExecutionStatistics | None) -> dict[str, Any]:
+def workers_summary(
+    execution: ExecutionStatistics | None,
+    busy_share: Mapping[tuple[str, str], float] | None = None,
+) -> dict[str, Any]:
     """The ``workers`` object: counts over every model instance, then the full statistics.
 
     ``instances`` counts every instance, ``busy`` those running a batch now, ``serving``
     those ready to take one and ``restarting`` those being (re)started; the rest of the
     object is :class:`ExecutionStatistics` as it is (``workers``, ``devices``, ...).
+    ``busy_mean`` is the mean number of instances computing (one decimal) over the last
+    ``CURRENT_WINDOW_S`` seconds, from ``busy_share`` (a model version's share of its
+    instances' time spent computing): the figure ``sordino monitor`` and the dashboard
+    both show, since a glance at the instantaneous ``busy`` lands between short batches
+    as often as on one.
     """
     if execution is None:
         return {}
     instances = execution.workers
+    shares = busy_share or {}
+    mean = sum(shares.get((w.model, w.version), 0.0) for w in instances)
     return {
         "instances": len(instances),
         "busy": sum(1 for w in instances if w.busy),
+        "busy_mean": round(min(float(len(instances)), mean), 1),
         "serving": sum(1 for w in instances if w.state == "ready"),
         "restarting": sum(1 for w in instances if w.state in ("starting", "restarting")),
         **asdict(execution),
@@ -107,10 +119,12 @@ def snapshot(
     now = telemetry.series.statistics().last_closed
     slo = telemetry.slo_attainment()
     models = []
+    busy_share: dict[tuple[str, str], float] = {}
     for key, rows in sorted(telemetry.series.recent(seconds).items(), key=lambda kv: str(kv[0])):
         target, attainment = slo.get((key.name, key.version), (None, None))
         current = current_figures(rows[-CURRENT_WINDOW_S:])
         current["slo_attainment"] = attainment
+        busy_share[(key.name, key.version)] = float(current.get("busy", 0.0))
         models.append(
             {
                 "name": key.name,
@@ -139,7 +153,7 @@ def snapshot(
             "gpus": [asdict(g) for g in sample.gpus],
             "series": _resource_columns(telemetry.series.recent_resources(seconds)),
         },
-        "workers": workers_summary(execution),
+        "workers": workers_summary(execution, busy_share),
         "events": [
             {"t": e.time, "kind": e.kind, "subject": e.subject, "cause": e.cause}
             for e in telemetry.events.recent()[-events:]

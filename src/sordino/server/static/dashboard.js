@@ -76,6 +76,10 @@
     return chart;
   }
 
+  function busyWorkers(w) {
+    return w.busy_mean === undefined || w.busy_mean === null ? String(w.busy) : w.busy_mean.toFixed(1);
+  }
+
   function figures(snap) {
     const res = snap.resources.current;
     const w = snap.workers || {};
@@ -85,7 +89,8 @@
       ["CPU temperature", res.cpu_temp_c === null ? "n/a" : fmt(res.cpu_temp_c) + " °C"],
       ["pool in use", res.pool_in_use_bytes === null ? "no pool" : fmt(mb(res.pool_in_use_bytes)) + " MB"],
       ["fragmentation", res.fragmentation === null ? "no pool" : fmt(res.fragmentation * 100) + " %"],
-      ["workers busy", w.instances === undefined ? "n/a" : `${w.busy}/${w.instances}`],
+      // The mean over the last seconds, as `sordino monitor` shows it (busy_workers).
+      ["workers busy", w.instances === undefined ? "n/a" : `${busyWorkers(w)}/${w.instances}`],
     ];
     (snap.resources.gpus || []).forEach((g) => {
       items.push([`GPU ${g.index} memory`, fmt(mb(g.memory_used_bytes), 0) + " MB"]);

@@ -42,12 +42,21 @@
     }
   }
 
+  // A failed prompt must not leave the previous prompt's image looking like its answer.
+  function clearImage() {
+    state.png = null;
+    $("png").removeAttribute("src");
+    const canvas = $("canvas");
+    canvas.getContext("2d").clearRect(0, 0, canvas.width, canvas.height);
+  }
+
   async function generate(evt) {
     evt.preventDefault();
     if (state.running) return;
     Object.assign(state, { running: true, done: false, steps: 0, latencyMs: null, error: null });
     $("result").textContent = "";
     $("result").className = "";
+    clearImage();
     const body = { prompt: $("prompt").value, steps: Number($("steps").value) };
     if ($("seed").value !== "") body.seed = Number($("seed").value);
     const model = encodeURIComponent($("model").value);
@@ -82,6 +91,7 @@
       if (!state.done) throw new Error("the stream ended without an image");
     } catch (err) {
       state.error = String(err.message || err);
+      clearImage();
       $("result").textContent = state.error;
       $("result").className = "error";
       $("progress").textContent = "failed";
