@@ -165,7 +165,26 @@ def findings(result: StressResult) -> list[str]:
             f"{c.describe_value(c.value)}: {state}{within}."
         )
     out += _server_findings(result)
+    looser = _looser_slo(result)
+    if looser is not None:
+        out.append(looser)
     return out
+
+
+def _looser_slo(result: StressResult) -> str | None:
+    """Say so when every p99 target tested is looser than the server's own (kept as it is)."""
+    targets = [v.condition for v in result.slos if v.condition.metric == "p99"]
+    current = _peak(result.server, "slo_target_s")
+    if not targets or current is None:
+        return None
+    strictest = min(targets, key=lambda c: c.value)
+    if strictest.value <= current * 1000 + 0.5:
+        return None
+    return (
+        f"The strictest p99 target tested ({strictest.text}) is looser than the server's own "
+        f"({current * 1000:.0f} ms, scheduler.slo_p99_ms); no change is suggested: the "
+        "server's stricter target is kept."
+    )
 
 
 def _server_findings(result: StressResult) -> list[str]:
@@ -279,7 +298,9 @@ def suggestions(result: StressResult) -> list[Suggestion]:
     current = _peak(samples, "slo_target_s")
     if p99_targets:
         strictest = min(p99_targets, key=lambda v: v.condition.value)
-    if p99_targets and (current is None or abs(current * 1000 - strictest.condition.value) > 0.5):
+    # Only ever tighten: a tested target looser than the server's own must not loosen it
+    # (the server's target drives its adaptive batching and shedding); findings say so.
+    if p99_targets and (current is None or strictest.condition.value < current * 1000 - 0.5):
         out.append(
             Suggestion(
                 "scheduler.slo_p99_ms",

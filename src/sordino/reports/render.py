@@ -20,7 +20,7 @@ import numpy as np
 
 from sordino.reports import charts
 from sordino.reports.anomalies import NOT_CAUSES
-from sordino.reports.diagnose import Diagnosis, describe, when
+from sordino.reports.diagnose import Diagnosis, describe, load_rise, when
 
 __all__ = ["Chart", "draw_charts", "render_html", "render_pdf"]
 
@@ -90,7 +90,12 @@ def _finding_lines(diagnosis: Diagnosis) -> list[tuple[str, list[str]]]:
                 f"{' (' + e.cause + ')' if e.cause else ''} [{cause.why}]."
             )
         else:
-            lines.append("Likely cause: no journaled event explains it.")
+            rise = load_rise(anomaly)
+            lines.append(
+                f"Likely cause: {rise}; no journaled event explains it otherwise."
+                if rise is not None
+                else "Likely cause: no journaled event or load change explains it."
+            )
         ctx = anomaly.context
         if "qps_during" in ctx:
             lines.append(
