@@ -22,6 +22,7 @@ from sordino.reports.anomalies import (
     latency_spikes,
     memory_growth,
 )
+from sordino.telemetry.availability import rejection_class
 from sordino.telemetry.forecast import ForecastSeries, forecast_series
 from sordino.telemetry.journal_reader import JournalWindow
 from sordino.telemetry.profile_data import OperatorProfile
@@ -74,6 +75,11 @@ class ModelSummary:
     slo_attainment: float | None
     batch_mean: float | None
     busy_mean: float
+    refused: int = 0
+    """Refused before acceptance by the server (503 shed, queue full; 429): not in requests."""
+    client_errors: int = 0
+    """Refused as the client's mistake (4xx but 429): not in requests."""
+    client_reasons: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +107,11 @@ def _summary(window: JournalWindow, name: str, slo_ms: float | None) -> ModelSum
     p50 = [r.p50_ms for r in rows if r.p50_ms is not None]
     p99 = [r.p99_ms for r in rows if r.p99_ms is not None]
     sizes = [r.batch_size for r in rows if r.batch_size is not None]
+    client_reasons: dict[str, int] = {}
+    for row in rows:
+        for reason, n in row.rejected_by_reason.items():
+            if rejection_class(reason) == "client_error":
+                client_reasons[reason] = client_reasons.get(reason, 0) + n
     return ModelSummary(
         name=name,
         seconds=len(rows),
@@ -115,6 +126,9 @@ def _summary(window: JournalWindow, name: str, slo_ms: float | None) -> ModelSum
         slo_attainment=sum(r.slo_met for r in rows) / requests if requests else None,
         batch_mean=float(np.mean(sizes)) if sizes else None,
         busy_mean=float(np.mean([r.busy for r in rows])) if rows else 0.0,
+        refused=sum(r.refused for r in rows),
+        client_errors=sum(client_reasons.values()),
+        client_reasons=client_reasons,
     )
 
 
@@ -315,6 +329,16 @@ def recommend(diagnosis: Diagnosis) -> list[str]:
                 "it or look for a cache without a bound."
             )
     for model in diagnosis.models:
+        if model.client_errors:
+            received = model.requests + model.refused + model.client_errors
+            reasons = ", ".join(
+                f"{k} {v}" for k, v in sorted(model.client_reasons.items(), key=lambda kv: -kv[1])
+            )
+            out.append(
+                f"{model.name} refused {model.client_errors} of {received} requests as client "
+                f"errors ({model.client_errors / received:.1%}; {reasons}): the clients send "
+                "requests the model cannot take; the server's answers say what to fix."
+            )
         if (
             model.slo_attainment is not None
             and model.slo_ms
