@@ -96,13 +96,15 @@ def test_a_condition_that_does_not_hold_exits_zero_and_suggestions_merge(
     config.write_text("server:\n  http_port: 9000\nscheduler:\n  mode: conservative\n")
     code, out = _stress(
         "--url", server.url, "--model", "digits-classifier", "--duration", "3s",
-        "--peak-rate", "40", "--slo", "p99<250ms", "--fail-on", "p99>30s",
+        "--peak-rate", "40", "--slo", "p99<50ms", "--fail-on", "p99>30s",
         "--apply-suggestions", str(config),
     )  # fmt: skip
     assert code == 0, out
     assert f"merged into {config}" in out
     loaded = load_config(config)
-    assert loaded.scheduler.slo_p99_ms == 250.0  # the strictest target tested
+    # The strictest target tested, stricter than the server's own 100 ms (a looser one
+    # is never suggested: issue 27).
+    assert loaded.scheduler.slo_p99_ms == 50.0
     assert loaded.server.http_port == 9000 and loaded.scheduler.mode == "conservative"
 
 

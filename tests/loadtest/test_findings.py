@@ -102,3 +102,17 @@ def test_metrics_parsing_tolerates_missing_series() -> None:
     assert sample is not None and sample.queue_depth == 7 and sample.guardian_actions == 2
     assert sample.fragmentation is None and sample.worker_restarts is None
     assert parse_metrics("# TYPE other gauge\nother 1\n", 1.0) is None
+
+
+def test_a_looser_slo_never_loosens_the_servers_own_target() -> None:
+    """--slo p99<500ms against a server whose target is 100 ms suggests nothing, and says so."""
+    samples = [_sample(0, slo_target_s=0.1), _sample(10, slo_target_s=0.1)]
+    result = _result(samples)
+    result.slos = judge(
+        Recorder(1.0, 10), parse_conditions("premium:p99<500ms", option="--slo", op="<")
+    )
+    assert "scheduler.slo_p99_ms" not in {s.key for s in suggestions(result)}
+    assert "looser than the server's own (100 ms" in "\n".join(findings(result))
+    result.slos = judge(Recorder(1.0, 10), parse_conditions("p99<50ms", option="--slo", op="<"))
+    (tighter,) = [s for s in suggestions(result) if s.key == "scheduler.slo_p99_ms"]
+    assert tighter.value == 50.0

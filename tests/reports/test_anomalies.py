@@ -10,6 +10,7 @@ from sordino.reports.anomalies import (
     memory_growth,
 )
 from sordino.reports.diagnose import diagnose
+from sordino.reports.render import render_html
 from sordino.telemetry.journal_reader import JournalEvent, JournalWindow
 from sordino.telemetry.series import ResourceRow, SecondRow
 
@@ -178,3 +179,36 @@ def test_no_number_is_written_as_n_a_ms() -> None:
     (slo,) = [r for r in lines if "SLO" in r]
     assert slo.endswith("within its 1 ms SLO (target 99%).")
     assert not any("n/a" in r for r in lines), lines
+
+
+def _load_spike() -> JournalWindow:
+    """p99 and load rise together in seconds 40-49 (5 → 50 requests/s); no event at all."""
+    rows = [
+        _row(t, 200.0, requests=50) if 40 <= t < 50 else _row(t, 2.0 + (t % 3) * 0.1, requests=5)
+        for t in range(100)
+    ]
+    return JournalWindow(0, 100, rows, [_res(t) for t in range(100)], [])
+
+
+def test_a_load_rise_in_the_same_seconds_is_named_as_the_explanation() -> None:
+    diagnosis = diagnose(_load_spike())
+    assert [a.kind for a in diagnosis.anomalies] == ["latency_spike"]
+    text = render_html(diagnosis, [])
+    assert "Likely cause: load rose from 5.0 to 50.0 requests/s (10.0×)" in text
+    assert "no journaled event explains it." not in text
+    assert any("Load rose from 5.0 to 50.0" in r for r in diagnosis.recommendations)
+
+
+def test_focus_filters_the_same_detection_and_says_what_it_left_out() -> None:
+    rows = [
+        _row(t, 200.0 if 40 <= t < 50 else 2.0, errors=20 if 40 <= t < 43 else 0)
+        for t in range(100)
+    ]
+    window = JournalWindow(0, 100, rows, [_res(t) for t in range(100)], [])
+    everything = diagnose(window, focus="all").anomalies
+    for focus, kinds in (("latency_spike", {"latency_spike"}), ("errors", {"error_burst"})):
+        focused = diagnose(window, focus=focus)
+        assert focused.anomalies == [a for a in everything if a.kind in kinds]
+    latency = diagnose(window, focus="latency_spike")
+    assert latency.hidden == {"error_burst": 1}
+    assert any("--focus all" in r for r in latency.recommendations)

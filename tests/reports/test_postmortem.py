@@ -115,7 +115,7 @@ def test_postmortem_lists_the_fault_and_the_guardian_actions(
     html = out.read_text()
     headings = re.findall(r"<h2>([^<]+)</h2>", html)
     assert headings[0] == "Targets"
-    assert "availability (successful / accepted)" in html
+    assert "availability (successful / received, 4xx client errors excluded)" in html
     # Availability by priority: premium traffic was mapped to priority 1.
     priority = html[html.index("Availability by priority class") :]
     assert re.search(r"<td>priority 1 \(highest\)</td><td>\d+</td>", priority)

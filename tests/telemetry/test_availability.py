@@ -6,7 +6,7 @@ from typing import Any
 
 from sordino.inference import ModelKey
 from sordino.records import RequestDone
-from sordino.telemetry.availability import AvailabilityTally, outcome_class
+from sordino.telemetry.availability import AvailabilityTally, outcome_class, rejection_class
 
 
 def _done(priority: int, outcome: str = "success", reason: str = "") -> RequestDone:
@@ -42,7 +42,27 @@ def test_closed_buckets_become_one_event_each() -> None:
     assert kind == "availability" and payload["start"] == 1000 and payload["seconds"] == 10
     first, second = payload["counts"]
     assert first == {"model": "m", "priority": 1, "accepted": 2, "ok": 1, "unavailable": 1,
-                     "timeout": 0, "failed": 0, "cancelled": 0}  # fmt: skip
+                     "timeout": 0, "failed": 0, "cancelled": 0, "client_error": 0,
+                     "refused": 0}  # fmt: skip
     assert second["priority"] == 2 and second["timeout"] == 1 and second["accepted"] == 1
     assert tally.flush() == 1  # on close, the open bucket too
     assert emitted[-1][3]["start"] == 1010
+
+
+def test_refusals_before_acceptance_are_client_errors_or_refusals() -> None:
+    """A 400 is the client's mistake, a 503 shed or a 429 the server's refusal (issue 27)."""
+    assert rejection_class("invalid_request") == "client_error"
+    assert rejection_class("bad_tensor") == "client_error"
+    assert rejection_class("not_found") == "client_error"
+    assert rejection_class("shed") == "refused"
+    assert rejection_class("rate_limited") == "refused"
+    assert rejection_class("internal") == "failed"
+    emitted: list[dict[str, Any]] = []
+    tally = AvailabilityTally(lambda *a, **payload: emitted.append(payload), wall=lambda: 1000.0)
+    tally.rejected("m", "invalid_request", 402)
+    tally.rejected("m", "shed", 3)
+    tally.flush()
+    (row,) = emitted[0]["counts"]
+    assert (row["client_error"], row["refused"], row["accepted"], row["priority"]) == (
+        402, 3, 0, 0,
+    )  # fmt: skip

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from sordino.events import Event
-from sordino.telemetry.journal import Journal, JournalInUse
+from sordino.telemetry.journal import SCHEMA, Journal, JournalInUse
 from sordino.telemetry.journal_reader import JournalReader, MissingJournal
 from sordino.telemetry.series import ResourceRow, SecondRow
 from tests.waiting import wait_for
@@ -168,3 +168,36 @@ def test_a_second_writer_of_one_journal_is_refused(tmp_path: Path) -> None:
     again = Journal(tmp_path / "j.sqlite3")  # the lock went with the first one's close
     again.open()
     again.close()
+
+
+def test_refusals_round_trip_and_an_older_journal_still_reads(tmp_path: Path) -> None:
+    """Rows carry the requests refused before acceptance; a journal written before that
+    column existed reads with none, and a server writing to it adds the column."""
+    import dataclasses
+
+    path = tmp_path / "old.sqlite3"
+    now = int(time.time())  # recent: a writer prunes rows past its retention
+    conn = sqlite3.connect(path)
+    old_schema = SCHEMA.replace("    rejected_by_reason TEXT NOT NULL DEFAULT '{}',\n", "")
+    assert old_schema != SCHEMA
+    conn.executescript(old_schema)
+    conn.execute(
+        "INSERT INTO series VALUES (?, 'm', '1', 10, 1, ?, 1.0, 2.0, 0.1, 0.5, 3, 3.3, 2, 0.4,"
+        " 9, NULL, NULL)",
+        (now - 2, '{"queue_timeout": 1}'),
+    )
+    conn.commit()
+    conn.close()
+    with JournalReader(path) as reader:
+        assert reader.window(0, now).series == [_row(now - 2)]
+    journal = Journal(path)
+    journal.open()
+    rejected = {"invalid_request": 7, "shed": 2}
+    refused = dataclasses.replace(_row(now - 1), rejected_by_reason=rejected)
+    journal.write_rows([refused], None)
+    assert journal.flush()
+    journal.close()
+    with JournalReader(path) as reader:
+        rows = reader.window(0, now).series
+    assert rows == [_row(now - 2), refused]
+    assert (rows[1].client_errors, rows[1].refused, rows[1].received) == (7, 2, 19)

@@ -124,6 +124,7 @@ def diagnose(
         url = server_url()
     # Imported here, so that the other commands start without the report code.
     from sordino.reports.diagnose import diagnose as run
+    from sordino.reports.diagnose import load_rise
     from sordino.reports.render import draw_charts, render_html, render_pdf
 
     console = Console(stderr=True)
@@ -156,9 +157,19 @@ def diagnose(
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     click.echo(f"{len(diagnosis.anomalies)} finding(s); report written to {output}")
+    if diagnosis.hidden:
+        others = ", ".join(f"{k} ×{n}" for k, n in sorted(diagnosis.hidden.items()))
+        click.echo(f"  outside --focus {focus}: {others} (--focus all shows them)")
     for anomaly in diagnosis.anomalies:
         cause = anomaly.likely_cause
-        culprit = f" — likely cause: {cause.event.kind} on {cause.event.subject}" if cause else ""
+        rise = load_rise(anomaly) if cause is None else None
+        culprit = (
+            f" — likely cause: {cause.event.kind} on {cause.event.subject}"
+            if cause
+            else f" — likely cause: {rise}"
+            if rise
+            else ""
+        )
         click.echo(
             f"  {anomaly.kind} {anomaly.model or ''} {_when(anomaly.start)} .. "
             f"{_when(anomaly.end)}{culprit}"

@@ -100,6 +100,9 @@ def _columns(metrics: Sequence[str]) -> list[tuple[str, Any, str | None]]:
             cols.append(("p99 ms", lambda c: _num(c.get("p99_ms"), 2), "p99_ms"))
         elif metric == "error_rate":
             cols.append(("errors", lambda c: _pct(c.get("error_rate")), "error_rate"))
+            # Requests refused as the client's mistake (400, 404, ...) are no server error,
+            # but an operator must see them: their share of every request received.
+            cols.append(("4xx", lambda c: _pct(c.get("client_error_rate")), "client_errors"))
         elif metric == "batch":
             cols.append(("batch", lambda c: _num(c.get("batch_size")), "batch_size"))
         elif metric == "queue":

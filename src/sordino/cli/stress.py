@@ -1,8 +1,10 @@
 """``sordino stress-test``: open-loop load from a traffic profile, and a report of it.
 
 Exit status: 0 when the run finished and no ``--fail-on`` condition held; 3 when one
-did (for CI); 1 when the run could not happen (no server, no model, a bad profile);
-2 for a bad flag; 130 on Ctrl-C (whatever was measured so far is not reported).
+did (for CI); 4 when more than half of the answers were client errors (4xx but 429:
+the server refused the requests themselves, so the run measured no serving); 1 when
+the run could not happen (no server, no model, a bad profile); 2 for a bad flag; 130
+on Ctrl-C (whatever was measured so far is not reported).
 """
 
 from __future__ import annotations
@@ -35,10 +37,12 @@ if TYPE_CHECKING:
     from sordino.loadtest.results import Condition
     from sordino.loadtest.sender import Progress as LiveProgress
 
-__all__ = ["FAILED_CONDITION", "stress_test"]
+__all__ = ["CLIENT_ERRORS", "FAILED_CONDITION", "stress_test"]
 
 FAILED_CONDITION = 3
 """The exit status when a ``--fail-on`` condition held."""
+CLIENT_ERRORS = 4
+"""The exit status when most answers were client errors (and no ``--fail-on`` held)."""
 
 _LISTENING = re.compile(r"listening on (http://\S+)")
 
@@ -294,19 +298,19 @@ def stress_test(
 
             name = model_from_spec(model).name
             with _own_server(model, server_config) as own_url:
-                failed = _run(own_url, name, chosen, options)
+                status = _run(own_url, name, chosen, options)
         else:
             if model is not None and _is_model_file(model):
                 raise _Failure(f"--model {model} is a file; with --url give the model's name")
-            failed = _run(server_url(url), model, chosen, options)
+            status = _run(server_url(url), model, chosen, options)
     except (_Failure, ConfigError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
-    if failed:
-        sys.exit(FAILED_CONDITION)
+    if status:
+        sys.exit(status)
 
 
 def _is_model_file(spec: str) -> bool:
@@ -340,8 +344,9 @@ def _table(rows: list[list[str]]) -> list[str]:
     ]
 
 
-def _run(url: str, model: str | None, profile: Profile, o: _Options) -> bool:
-    """Run, report, and return whether a --fail-on condition held."""
+def _run(url: str, model: str | None, profile: Profile, o: _Options) -> int:
+    """Run, report, and return the exit status: 0, FAILED_CONDITION when a --fail-on
+    condition held, else CLIENT_ERRORS when most answers were client errors."""
     from sordino.loadtest import findings as find
     from sordino.loadtest.report import HEADLINE_HEADER, draw_charts, headline_rows, render_html
     from sordino.loadtest.run import Unreachable, execute, prepare
@@ -421,4 +426,10 @@ def _run(url: str, model: str | None, profile: Profile, o: _Options) -> bool:
         click.echo(
             f"fail-on: {c.text} held ({c.metric} {c.describe_value(verdict.measured)})", err=True
         )
-    return bool(tripped)
+    if tripped:
+        return FAILED_CONDITION
+    refused = find.mostly_client_errors(result)
+    if refused is not None:
+        click.echo(f"error: {refused}", err=True)
+        return CLIENT_ERRORS
+    return 0

@@ -157,6 +157,7 @@ def findings(result: StressResult) -> list[str]:
             f"{total.errors} requests failed ({share:.2%}; {by_status}), the first at "
             f"{_mmss(first * result.window_s)} when the intended rate was {rate:.0f}/s."
         )
+    out += _client_error_findings(result)
     for verdict in result.slos:
         c = verdict.condition
         within = "" if verdict.attainment is None else f"; {verdict.attainment:.2%} within it"
@@ -166,6 +167,74 @@ def findings(result: StressResult) -> list[str]:
             f"{c.describe_value(c.value)}: {state}{within}."
         )
     out += _server_findings(result)
+    looser = _looser_slo(result)
+    if looser is not None:
+        out.append(looser)
+    return out
+
+
+def _looser_slo(result: StressResult) -> str | None:
+    """Say so when every p99 target tested is looser than the server's own (kept as it is)."""
+    targets = [v.condition for v in result.slos if v.condition.metric == "p99"]
+    current = _peak(result.server, "slo_target_s")
+    if not targets or current is None:
+        return None
+    strictest = min(targets, key=lambda c: c.value)
+    if strictest.value <= current * 1000 + 0.5:
+        return None
+    return (
+        f"The strictest p99 target tested ({strictest.text}) is looser than the server's own "
+        f"({current * 1000:.0f} ms, scheduler.slo_p99_ms); no change is suggested: the "
+        "server's stricter target is kept."
+    )
+
+
+MOSTLY_CLIENT_ERRORS = 0.5
+"""The share of answers above which a run measured refusals of its own requests."""
+
+
+def mostly_client_errors(result: StressResult) -> str | None:
+    """Why the run measured the server refusing its requests, when more than half of
+    the answers were client errors (4xx but 429); else None. The command then exits 4."""
+    answered = result.total.count + result.total.errors
+    client = result.client_errors
+    if not answered or client <= MOSTLY_CLIENT_ERRORS * answered:
+        return None
+    return (
+        f"{client} of {answered} answers ({client / answered:.0%}) were client errors: the "
+        "server refused the requests themselves, so this run measured refusals, not serving. "
+        "Send inputs the model takes (--data FILE in perf_analyzer's format)"
+    )
+
+
+def _client_error_findings(result: StressResult) -> list[str]:
+    """The client errors and refusals, apart, with what the server said."""
+    out = []
+    answered = result.total.count + result.total.errors
+    client = result.errors_of("client_error")
+    if client:
+        n = sum(client.values())
+        statuses = ", ".join(f"{k} ×{v}" for k, v in sorted(client.items()))
+        out.append(
+            f"{n} of {answered} answers were client errors ({n / answered:.1%}; {statuses}): "
+            "the server refused the request itself, not the load."
+        )
+    refused = result.errors_of("refused")
+    if refused:
+        n = sum(refused.values())
+        statuses = ", ".join(f"{k} ×{v}" for k, v in sorted(refused.items()))
+        out.append(
+            f"{n} answers were refusals under load ({statuses}: shed, queue full, not ready "
+            "or over a rate)."
+        )
+    if result.messages:
+        shown = result.messages[:5]
+        said = "; ".join(f"{status} ×{count}: {message!r}" for status, message, count in shown)
+        more = len(result.messages) - len(shown)
+        tail = f" (and {more} other messages)" if more > 0 else ""
+        out.append(f"The server said: {said}{tail}.")
+    if result.examples:
+        out.append(f"Request bodies: {result.examples}.")
     return out
 
 
@@ -206,7 +275,8 @@ def _server_findings(result: StressResult) -> list[str]:
         out.append(f"The server's resident memory peaked at {rss / 2**20:.0f} MiB.")
     for attr, what in (
         ("worker_restarts", "worker restarts"),
-        ("rejected", "requests refused by the server (shed, queue full, deadline)"),
+        ("rejected", "requests refused by the server under load (shed, queue full; 429)"),
+        ("client_rejected", "requests refused by the server as client errors (4xx)"),
         ("guardian_actions", "guardian actions"),
     ):
         delta = _deltas(samples, attr)
@@ -280,7 +350,9 @@ def suggestions(result: StressResult) -> list[Suggestion]:
     current = _peak(samples, "slo_target_s")
     if p99_targets:
         strictest = min(p99_targets, key=lambda v: v.condition.value)
-    if p99_targets and (current is None or abs(current * 1000 - strictest.condition.value) > 0.5):
+    # Only ever tighten: a tested target looser than the server's own must not loosen it
+    # (the server's target drives its adaptive batching and shedding); findings say so.
+    if p99_targets and (current is None or strictest.condition.value < current * 1000 - 0.5):
         out.append(
             Suggestion(
                 "scheduler.slo_p99_ms",

@@ -2,7 +2,9 @@
 
 From the model's metadata (``GET /v2/models/NAME``) each input gets a random tensor of
 its datatype and shape: the batch dimension (a leading ``-1``) is the request's row
-count and any other ``-1`` is 1. Or the tensors come from a file in perf_analyzer's
+count and any other ``-1`` is 1. A model with example inputs gets those instead: a
+sordino generator (its configuration's platform ``sordino_iterative``) its example
+prompts, which random text would not be. Or the tensors come from a file in perf_analyzer's
 input-data format (``--data file.json``)::
 
     {"data": [{"INPUT0": [1, 2, 3, 4]},
@@ -27,7 +29,15 @@ import numpy as np
 from sordino.datatypes import serialize_bytes_tensor, to_numpy_dtype
 from sordino.errors import ConfigError
 
-__all__ = ["InputSpec", "Payload", "build_payloads", "build_stream_payloads", "read_data_file"]
+__all__ = [
+    "GENERATOR_PLATFORM",
+    "InputSpec",
+    "Payload",
+    "build_payloads",
+    "build_stream_payloads",
+    "example_payloads",
+    "read_data_file",
+]
 
 _VARIANTS = 8  # different random bodies per class, sent in turn
 
@@ -70,6 +80,28 @@ def _shape(spec: InputSpec, rows: int) -> tuple[int, ...]:
     return tuple(1 if d < 0 else d for d in dims)
 
 
+GENERATOR_PLATFORM = "sordino_iterative"
+"""The platform a sordino generator (digits-diffusion) reports in its model configuration."""
+
+
+def example_payloads(inputs: list[InputSpec]) -> list[Payload] | None:
+    """Bodies from a generator's example prompts (``prompt`` alone; the server picks
+    seed, steps and guidance), or None when the model takes no ``prompt`` text.
+
+    Random text is no prompt: a generator refuses it (400), so a load test of random
+    bodies would measure refusals, not generation.
+    """
+    from sordino.generation.prompts import EXAMPLE_PROMPTS
+
+    spec = next((s for s in inputs if s.name == "prompt" and s.datatype == "BYTES"), None)
+    if spec is None:
+        return None
+    return [
+        _encode({"prompt": ("BYTES", np.array([text.encode()], dtype=object))})
+        for text in EXAMPLE_PROMPTS
+    ]
+
+
 def _random(spec: InputSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     if spec.datatype == "BYTES":
         count = int(np.prod(shape))
@@ -100,7 +132,9 @@ def _encode(tensors: dict[str, tuple[str, np.ndarray]]) -> Payload:
                 "parameters": {"binary_data_size": len(raw)},
             }
         )
-    header = json.dumps({"inputs": inputs}).encode()
+    # Outputs come back binary too (as perf_analyzer asks): cheaper to read, and BYTES
+    # outputs that are not text (a generator's PNG) cannot be sent as JSON at all.
+    header = json.dumps({"inputs": inputs, "parameters": {"binary_data_output": True}}).encode()
     return Payload(header + b"".join(blobs), len(header))
 
 

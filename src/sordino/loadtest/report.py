@@ -82,6 +82,12 @@ def _png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
+def _no_data(ax: Any, message: str) -> None:
+    from sordino.reports.charts import no_data as draw
+
+    draw(ax, message)
+
+
 def _rate_chart(result: StressResult) -> bytes:
     fig, (ax,) = _figure(3.2)
     xs = [i * result.window_s for i in range(len(result.windows))]
@@ -114,10 +120,13 @@ def _latency_chart(result: StressResult) -> bytes:
     ):
         ys = [getattr(w, attr) for w in result.windows]
         ax.plot(xs, [float("nan") if y is None else y for y in ys], color=color, label=label)
-    for verdict in result.slos:
-        if verdict.condition.metric != "errors":
-            ax.axhline(verdict.condition.value, color="#c92a2a", ls="--", lw=1)
-    ax.set_yscale("log")
+    if not any(w.count for w in result.windows):
+        _no_data(ax, "no latency: no request succeeded")
+    else:
+        for verdict in result.slos:
+            if verdict.condition.metric != "errors":
+                ax.axhline(verdict.condition.value, color="#c92a2a", ls="--", lw=1)
+        ax.set_yscale("log")
     ax.set_ylabel("ms from intended send")
     ax.set_xlabel("seconds into the run")
     ax.legend(loc="upper left")

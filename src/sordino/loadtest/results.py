@@ -26,11 +26,32 @@ __all__ = [
     "LatencySummary",
     "Recorder",
     "parse_conditions",
+    "status_class",
 ]
 
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 FIRST_RESPONSE = "first response"  # group kind: streaming requests' first event
 _HIGHEST_US = 600_000_000  # ten minutes; slower answers are recorded as ten minutes
+
+
+_MESSAGES = 32  # distinct error messages kept; later ones are counted as "other"
+_MESSAGE_CHARS = 300
+
+
+def status_class(status: str) -> str:
+    """How an answer's ``status`` counts: ``ok``, ``client_error`` (a 4xx but 429: the
+    request itself was refused), ``refused`` (503 or 429: the server would not take it
+    now), ``server_error`` (another 5xx, a failed stream) or ``transport`` (a timeout,
+    a connection error)."""
+    if status == "ok":
+        return "ok"
+    if status in ("503", "429"):
+        return "refused"
+    if status.isdigit():
+        return "client_error" if status.startswith("4") else "server_error"
+    if status.startswith("stream-"):
+        return "server_error"
+    return "transport"
 
 
 def new_histogram() -> HdrHistogram:
@@ -94,6 +115,8 @@ class Recorder:
         self.sent = [0] * windows
         self.window_errors: list[Counter[str]] = [Counter() for _ in range(windows)]
         self.errors: Counter[str] = Counter()
+        # (status, the server's message) -> answers; at most _MESSAGES distinct ones.
+        self.messages: Counter[tuple[str, str]] = Counter()
         self.lag = new_histogram()  # actual send time - intended send time
 
     def _window(self, t: float) -> int:
@@ -104,9 +127,21 @@ class Recorder:
         self.lag.record_value(max(1, int(lag_s * 1e6)))
 
     def record(
-        self, intended: float, latency_s: float, status: str, keys: list[tuple[str, str]]
+        self,
+        intended: float,
+        latency_s: float,
+        status: str,
+        keys: list[tuple[str, str]],
+        message: str | None = None,
     ) -> None:
-        """One answer: ``status`` is "ok", an HTTP status code, or a transport failure."""
+        """One answer: ``status`` is "ok", an HTTP status code, or a transport failure;
+        ``message`` is what the server said with a refusal (its ``error``)."""
+        if message is not None:
+            text = message if len(message) <= _MESSAGE_CHARS else message[:297] + "..."
+            key = (status, text)
+            if key not in self.messages and len(self.messages) >= _MESSAGES:
+                key = (status, "(other messages)")
+            self.messages[key] += 1
         groups = [self.total, self.windows[self._window(intended)]]
         groups += [self.groups.setdefault(key, _Group()) for key in keys]
         if status == "ok":

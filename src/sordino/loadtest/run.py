@@ -21,13 +21,16 @@ import numpy as np
 
 from sordino.errors import ConfigError
 from sordino.loadtest.payloads import (
+    GENERATOR_PLATFORM,
     InputSpec,
+    Payload,
     build_payloads,
     build_stream_payloads,
+    example_payloads,
     read_data_file,
 )
 from sordino.loadtest.profiles import Profile
-from sordino.loadtest.results import Condition, LatencySummary, Recorder
+from sordino.loadtest.results import Condition, LatencySummary, Recorder, status_class
 from sordino.loadtest.schedule import Schedule, make_schedule
 from sordino.loadtest.sender import ClassPlan, Progress, SendStatistics, run_open_loop
 from sordino.loadtest.server_metrics import MetricsPoller, ServerSample, journal_events
@@ -55,6 +58,7 @@ class Plan:
     schedule: Schedule
     classes: list[ClassPlan]
     window_s: float
+    examples: str | None = None  # what the bodies are, when not random tensors
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +100,18 @@ class StressResult:
     failures: list[Verdict] = field(default_factory=list)
     server_events: list[dict[str, Any]] = field(default_factory=list)
     journal_note: str | None = None  # why the server's journal was not read
+    messages: list[tuple[str, str, int]] = field(default_factory=list)
+    """(status, the server's message, answers) of error answers, most frequent first."""
+    examples: str | None = None  # what the bodies were, when not random tensors
+
+    def errors_of(self, kind: str) -> dict[str, int]:
+        """The errors by status whose :func:`status_class` is ``kind``."""
+        return {k: v for k, v in self.errors.items() if status_class(k) == kind}
+
+    @property
+    def client_errors(self) -> int:
+        """Answers that refused the request itself (4xx but 429)."""
+        return sum(self.errors_of("client_error").values())
 
     @property
     def intended_mean(self) -> float:
@@ -143,6 +159,15 @@ class StressResult:
                 for i, (s, e) in enumerate(zip(self.windows, self.window_errors, strict=True))
             ],
             "errors": self.errors,
+            "errors_by_class": {
+                kind: self.errors_of(kind)
+                for kind in ("client_error", "refused", "server_error", "transport")
+            },
+            "error_messages": [
+                {"status": status, "message": message, "count": count}
+                for status, message, count in self.messages
+            ],
+            "payloads": self.examples or "random tensors from the model's metadata",
             "server": {
                 "observed": self.server_observed,
                 "samples": [s.to_json() for s in self.server],
@@ -195,6 +220,8 @@ def prepare(
     url = url.rstrip("/")
     classes = []
     metadata: dict[str, list[InputSpec]] = {}
+    examples: dict[str, list[Payload] | None] = {}
+    used: list[str] = []
     _get(url + "/v2/health/ready", "the server is not ready", expect_json=False)
     for traffic in profile.mix:
         model = traffic.model or default_model
@@ -209,17 +236,37 @@ def prepare(
                 "`sordino models list`)",
             )
             metadata[model] = [InputSpec.from_metadata(i) for i in doc.get("inputs", [])]
+            examples[model] = (
+                example_payloads(metadata[model])
+                if _platform(url, model) == GENERATOR_PLATFORM
+                else None
+            )
         inputs = metadata[model]
         entries = read_data_file(data, inputs) if data is not None else None
+        chosen = examples[model]
         if traffic.stream:
             payloads = build_stream_payloads(inputs, traffic.inputs, data=entries, seed=seed)
+        elif entries is None and chosen is not None:
+            payloads = chosen  # the model's example inputs: random ones it would refuse
+            used.append(f"{model}: its {len(chosen)} example prompts")
         else:
             payloads = build_payloads(inputs, traffic.batch, data=entries, seed=seed)
         classes.append(
             ClassPlan(traffic.label, model, traffic.tenant, traffic.tag, payloads, traffic.stream)
         )
     schedule = make_schedule(profile, seed=seed)
-    return Plan(url, profile, schedule, classes, window_for(profile.duration))
+    described = "; ".join(dict.fromkeys(used)) or None
+    return Plan(url, profile, schedule, classes, window_for(profile.duration), described)
+
+
+def _platform(url: str, model: str) -> str | None:
+    """The platform in the model's configuration, or None when the server has none to show."""
+    try:
+        doc = _get(f"{url}/v2/models/{model}/config", "no model configuration")
+    except Unreachable:
+        return None
+    platform = doc.get("platform") if isinstance(doc, dict) else None
+    return platform if isinstance(platform, str) else None
 
 
 def _attainment(recorder: Recorder, key: tuple[str, str] | None, limit_ms: float) -> float | None:
@@ -337,6 +384,8 @@ def execute(
         failures=judge(recorder, fail_on),
         server_events=events,
         journal_note=note,
+        messages=[(k[0], k[1], n) for k, n in recorder.messages.most_common()],
+        examples=plan.examples,
     )
 
 

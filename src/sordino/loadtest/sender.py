@@ -14,6 +14,7 @@ clients, each sending its next request when the last one returns.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -108,14 +109,27 @@ def _session(limit: int, timeout_s: float) -> aiohttp.ClientSession:
     )
 
 
+def _message(body: bytes) -> str:
+    """The server's message in an error answer: KServe v2's ``{"error": ...}``, else the text."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        document = None
+    error = document.get("error") if isinstance(document, dict) else None
+    if isinstance(error, str):
+        return error
+    return body[:300].decode("utf-8", "replace").strip() or "(no message)"
+
+
 async def _post(
     session: aiohttp.ClientSession,
     url: str,
     plan: ClassPlan,
     payload: Payload,
     first: Callable[[], None] | None = None,
-) -> str:
-    """Send one request; its status: "ok", the HTTP status, "timeout" or the client error.
+) -> tuple[str, str | None]:
+    """Send one request; its status ("ok", the HTTP status, "timeout" or the client
+    error) and, with an HTTP error, the server's message.
 
     A streaming request reads its Server-Sent Events to the end, calling ``first`` at
     the first one; an event carrying ``error`` (the server failed mid-stream) is the
@@ -124,8 +138,10 @@ async def _post(
     try:
         async with session.post(url, data=payload.body, headers=plan.headers(payload)) as answer:
             if answer.status != 200 or not plan.stream:
-                await answer.read()
-                return "ok" if answer.status == 200 else str(answer.status)
+                body = await answer.read()
+                if answer.status == 200:
+                    return "ok", None
+                return str(answer.status), _message(body)
             events = 0
             failed = False
             async for line in answer.content:
@@ -136,10 +152,10 @@ async def _post(
                     first()
                 failed = failed or line.startswith(b'data: {"error"')
             if failed:
-                return "stream-error"
-            return "ok" if events else "stream-empty"
+                return "stream-error", None
+            return ("ok" if events else "stream-empty"), None
     except _FAILURES as exc:
-        return _failure(exc)
+        return _failure(exc), None
 
 
 def _arrivals(schedule: Schedule, chunk: int = 8192) -> Iterator[tuple[float, int]]:
@@ -191,11 +207,11 @@ async def run_open_loop(
                 else None
             )
             try:
-                status = await _post(session, url + plan.path, plan, payload, first)
+                status, message = await _post(session, url + plan.path, plan, payload, first)
             finally:
                 counts["in_flight"] -= 1
                 slots.release()
-            recorder.record(offset, loop.time() - intended, status, plan.keys())
+            recorder.record(offset, loop.time() - intended, status, plan.keys(), message)
             stats.answered += 1
             counts["errors"] += status != "ok"
 
@@ -276,8 +292,8 @@ async def run_closed_loop(
                 sent = loop.time()
                 recorder.record_send(sent - start, 0.0)
                 stats.sent += 1
-                status = await _post(session, url + plan.path, plan, payload)
-                recorder.record(sent - start, loop.time() - sent, status, plan.keys())
+                status, message = await _post(session, url + plan.path, plan, payload)
+                recorder.record(sent - start, loop.time() - sent, status, plan.keys(), message)
                 stats.answered += 1
 
         await asyncio.gather(*(client_loop(i) for i in range(concurrency)))

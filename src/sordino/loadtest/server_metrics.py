@@ -21,6 +21,8 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from sordino.telemetry.availability import rejection_class
+
 __all__ = ["MetricsPoller", "ServerSample", "journal_events"]
 
 _QUIET_KINDS = ("availability", "operator_profile")  # bookkeeping, not happenings
@@ -42,7 +44,8 @@ class ServerSample:
     pool_in_use_bytes: float | None = None
     fragmentation: float | None = None  # the worst pool
     worker_restarts: float | None = None  # counter
-    rejected: float | None = None  # counter: refused requests
+    rejected: float | None = None  # counter: refused under load (503 shed, queue full; 429)
+    client_rejected: float | None = None  # counter: refused as client errors (4xx but 429)
     guardian_actions: float | None = None  # counter: any sordino_guardian_* *_total series
     slo_target_s: float | None = None  # the strictest model's p99 target (slo_p99_ms)
 
@@ -91,7 +94,8 @@ def parse_metrics(text: str, t: float) -> ServerSample | None:
             elif name == "sordino_worker_restarts_total":
                 _add(values, "worker_restarts", v)
             elif name == "sordino_rejected_requests_total":
-                _add(values, "rejected", v)
+                kind = rejection_class(s.labels.get("reason", ""))
+                _add(values, "client_rejected" if kind == "client_error" else "rejected", v)
             elif name == "sordino_slo_target_seconds":
                 values["slo_target_s"] = min(values.get("slo_target_s", v), v)
             elif name.startswith("sordino_guardian_") and name.endswith("_total"):

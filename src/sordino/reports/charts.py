@@ -17,7 +17,14 @@ from sordino.telemetry.journal_reader import JournalEvent
 from sordino.telemetry.profile_data import OperatorProfile
 from sordino.telemetry.series import SecondRow
 
-__all__ = ["anomaly_chart", "overview_chart", "profile_chart", "resources_chart"]
+__all__ = [
+    "anomaly_chart",
+    "has_data",
+    "no_data",
+    "overview_chart",
+    "profile_chart",
+    "resources_chart",
+]
 
 COLORS = ["#2f6fed", "#e8590c", "#2b8a3e", "#ae3ec9", "#c92a2a", "#0b7285"]
 _SHADE = {"latency_spike": "#ffa94d", "error_burst": "#ff6b6b"}
@@ -46,6 +53,22 @@ def _format_time(ax: Any) -> None:
 
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))  # type: ignore[no-untyped-call]
     ax.grid(True, alpha=0.3)
+
+
+def has_data(values: Sequence[float | None]) -> bool:
+    """Whether ``values`` hold one number to draw (None and NaN are gaps)."""
+    return any(v is not None and v == v for v in values)
+
+
+def no_data(ax: Any, message: str = "no data") -> None:
+    """Say ``message`` across an axis with nothing to draw, on a plain 0..1 axis without
+    tick labels (matplotlib's default for no data is a meaningless range like
+    -0.04..0.04, or a log axis with no decade at all)."""
+    ax.set_yscale("linear")
+    ax.set_ylim(0, 1)
+    ax.set_yticks([])
+    ax.text(0.5, 0.5, message, transform=ax.transAxes, ha="center", va="center",
+            color="#868e96")  # fmt: skip
 
 
 def _series(rows: Sequence[SecondRow], attr: str) -> tuple[list[dt.datetime], list[float]]:
@@ -105,10 +128,19 @@ def overview_chart(diagnosis: Diagnosis) -> bytes:
                  label=f"{name} p50")  # fmt: skip
         qps.plot(*_series(rows, "qps"), color=color, linewidth=1.0, label=name)
         err.plot(*_series(rows, "errors"), color=color, linewidth=1.0, label=name)
+        if any(r.client_errors for r in rows):
+            err.plot(*_series(rows, "client_errors"), color=color, linewidth=1.0,
+                     linestyle="--", label=f"{name} client errors (4xx)")  # fmt: skip
     lat.set_ylabel("latency (ms)")
-    lat.set_yscale("symlog", linthresh=1.0)
+    if any(has_data([r.p99_ms for r in window.rows_of(name)]) for name in window.models):
+        lat.set_yscale("symlog", linthresh=1.0)
+    else:
+        no_data(lat, "no latency: no request succeeded in this window")
     qps.set_ylabel("requests/s")
-    err.set_ylabel("errors/s")
+    err.set_ylabel("errors/s (dashed: client errors)")
+    qps.set_ylim(bottom=0)  # counts: an idle or error-free window reads 0, not -0.04..0.04
+    err.set_ylim(bottom=0, top=max(1.0, err.get_ylim()[1]))
+    qps.set_ylim(top=max(1.0, qps.get_ylim()[1]))
     for ax in (lat, qps, err):
         _shade(ax, diagnosis.anomalies)
         _mark_events(ax, window.events, label=ax is lat)

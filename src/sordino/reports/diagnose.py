@@ -22,11 +22,20 @@ from sordino.reports.anomalies import (
     latency_spikes,
     memory_growth,
 )
+from sordino.telemetry.availability import rejection_class
 from sordino.telemetry.forecast import ForecastSeries, forecast_series
 from sordino.telemetry.journal_reader import JournalWindow
 from sordino.telemetry.profile_data import OperatorProfile
 
-__all__ = ["FOCUS", "Diagnosis", "ModelSummary", "diagnose", "when"]
+__all__ = [
+    "FOCUS",
+    "Diagnosis",
+    "ModelSummary",
+    "diagnose",
+    "explanation",
+    "load_rise",
+    "when",
+]
 
 FOCUS = ("latency_spike", "memory", "errors", "all")
 # The share of requests a model should answer within its SLO, and the fewest requests
@@ -66,6 +75,11 @@ class ModelSummary:
     slo_attainment: float | None
     batch_mean: float | None
     busy_mean: float
+    refused: int = 0
+    """Refused before acceptance by the server (503 shed, queue full; 429): not in requests."""
+    client_errors: int = 0
+    """Refused as the client's mistake (4xx but 429): not in requests."""
+    client_reasons: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +97,8 @@ class Diagnosis:
     profiles: list[OperatorProfile] = field(default_factory=list)
     forecasts: dict[str, ForecastSeries] = field(default_factory=dict)
     memory_forecast: ForecastSeries | None = None
+    hidden: dict[str, int] = field(default_factory=dict)
+    """Findings of kinds outside ``focus``, by kind: detected, not shown."""
 
 
 def _summary(window: JournalWindow, name: str, slo_ms: float | None) -> ModelSummary:
@@ -91,6 +107,11 @@ def _summary(window: JournalWindow, name: str, slo_ms: float | None) -> ModelSum
     p50 = [r.p50_ms for r in rows if r.p50_ms is not None]
     p99 = [r.p99_ms for r in rows if r.p99_ms is not None]
     sizes = [r.batch_size for r in rows if r.batch_size is not None]
+    client_reasons: dict[str, int] = {}
+    for row in rows:
+        for reason, n in row.rejected_by_reason.items():
+            if rejection_class(reason) == "client_error":
+                client_reasons[reason] = client_reasons.get(reason, 0) + n
     return ModelSummary(
         name=name,
         seconds=len(rows),
@@ -105,6 +126,9 @@ def _summary(window: JournalWindow, name: str, slo_ms: float | None) -> ModelSum
         slo_attainment=sum(r.slo_met for r in rows) / requests if requests else None,
         batch_mean=float(np.mean(sizes)) if sizes else None,
         busy_mean=float(np.mean([r.busy for r in rows])) if rows else 0.0,
+        refused=sum(r.refused for r in rows),
+        client_errors=sum(client_reasons.values()),
+        client_reasons=client_reasons,
     )
 
 
@@ -140,17 +164,21 @@ def diagnose(
     progress("baselines")
     models = [_summary(window, name, slos.get(name)) for name in window.models]
     progress("anomalies")
+    # Every detector runs whatever the focus: the focus only filters what they found, so
+    # a focused report shows exactly the findings of that kind `--focus all` shows, and
+    # says how many others it left out.
     found: list[Anomaly] = []
     for name in window.models:
         rows = window.rows_of(name)
-        if "latency_spike" in wanted:
-            found += latency_spikes(rows)
-        if "error_burst" in wanted:
-            found += error_bursts(rows)
-    if "fragmentation_climb" in wanted:
-        found += fragmentation_climbs(window.resources)
-    if "memory_growth" in wanted:
-        found += memory_growth(window.resources)
+        found += latency_spikes(rows)
+        found += error_bursts(rows)
+    found += fragmentation_climbs(window.resources)
+    found += memory_growth(window.resources)
+    hidden: dict[str, int] = {}
+    for anomaly in found:
+        if anomaly.kind not in wanted:
+            hidden[anomaly.kind] = hidden.get(anomaly.kind, 0) + 1
+    found = [a for a in found if a.kind in wanted]
     progress("correlation")
     anomalies = sorted((correlate(a, window.events) for a in found), key=lambda a: a.start)
     progress("forecast")
@@ -178,6 +206,7 @@ def diagnose(
         profiles=found_profiles,
         forecasts=forecasts,
         memory_forecast=memory,
+        hidden=hidden,
     )
     progress("recommendations")
     diagnosis.recommendations.extend(recommend(diagnosis))
@@ -217,6 +246,31 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
+def load_rise(anomaly: Anomaly) -> str | None:
+    """``"load rose from 2.0 to 20.0 requests/s (10.0×) in the same seconds"`` when the
+    model's load during ``anomaly`` was over 1.5 times its load outside it, else None.
+
+    With no journaled cause, such a rise is the explanation the report names.
+    """
+    qb, qd = anomaly.context.get("qps_baseline"), anomaly.context.get("qps_during")
+    if qd is None or qd < 1.0 or (qb is not None and qd <= 1.5 * qb):
+        return None
+    times = f" ({qd / qb:.1f}×)" if qb else " (from idle)"
+    return f"load rose from {qb or 0.0:.1f} to {qd:.1f} requests/s{times} in the same seconds"
+
+
+def explanation(anomaly: Anomaly) -> str:
+    """The likely cause in a few words: the journaled event, else a load rise, else none."""
+    cause = anomaly.likely_cause
+    if cause is not None:
+        e = cause.event
+        return f"{e.kind} on {e.subject}"
+    rise = load_rise(anomaly)
+    if rise is not None:
+        return f"{rise} (no journaled event)"
+    return "no journaled event or load change explains it"
+
+
 def _advice(anomaly: Anomaly) -> str:
     cause = anomaly.likely_cause
     ctx = anomaly.context
@@ -235,11 +289,11 @@ def _advice(anomaly: Anomaly) -> str:
             f"{' (' + event.cause + ')' if event.cause else ''}: {cause.why}. Check that change "
             "first; revert it if the effect was not intended."
         )
-    qb, qd = ctx.get("qps_baseline"), ctx.get("qps_during")
-    if qb and qd and qd > 1.5 * qb:
+    rise = load_rise(anomaly)
+    if rise is not None:
         return (
-            f"No event explains it, but load rose from {qb:.1f} to {qd:.1f} requests/s "
-            f"({qd / qb:.1f}×) with the queue up to {ctx.get('queue_depth_max', 0):.0f} and "
+            f"{rise[0].upper()}{rise[1:]}, with the queue up to "
+            f"{ctx.get('queue_depth_max', 0):.0f} and "
             f"instances {_fmt((ctx.get('busy_during') or 0) * 100, 0)}% busy: add instances "
             "(instance_count) or let batches grow (max_batch_size) for such bursts."
         )
@@ -275,6 +329,16 @@ def recommend(diagnosis: Diagnosis) -> list[str]:
                 "it or look for a cache without a bound."
             )
     for model in diagnosis.models:
+        if model.client_errors:
+            received = model.requests + model.refused + model.client_errors
+            reasons = ", ".join(
+                f"{k} {v}" for k, v in sorted(model.client_reasons.items(), key=lambda kv: -kv[1])
+            )
+            out.append(
+                f"{model.name} refused {model.client_errors} of {received} requests as client "
+                f"errors ({model.client_errors / received:.1%}; {reasons}): the clients send "
+                "requests the model cannot take; the server's answers say what to fix."
+            )
         if (
             model.slo_attainment is not None
             and model.slo_ms
@@ -309,6 +373,14 @@ def recommend(diagnosis: Diagnosis) -> list[str]:
                 f"({top[0].total_ms:.1f} ms over {profile.batches} batches): it is where "
                 "optimisation (fusion, quantisation, a faster provider) pays most."
             )
+    if diagnosis.hidden:
+        others = ", ".join(
+            f"{k.replace('_', ' ')} ×{n}" for k, n in sorted(diagnosis.hidden.items())
+        )
+        out.append(
+            f"Outside the focus ({diagnosis.focus}) the same window holds {others}: "
+            "diagnose with --focus all to see them."
+        )
     if not diagnosis.anomalies:
         p99s = [m.p99_max_ms for m in diagnosis.models if m.p99_max_ms is not None]
         latency = f"the worst per-second p99 was {max(p99s):.1f} ms and " if p99s else ""

@@ -66,7 +66,15 @@ class TargetRow:
 
 @dataclass(frozen=True, slots=True)
 class ClassAvailability:
-    """Accepted requests of one priority class (or model) and how they ended."""
+    """Requests of one priority class (or model) and how they ended.
+
+    ``accepted`` requests were queued and ended ``ok``, ``unavailable`` (503),
+    ``timeout`` or ``failed``; ``refused`` were turned away before acceptance (shed,
+    queue full, not ready: 503; over a rate: 429) and ``client_errors`` refused as the
+    client's mistake (4xx: bad input, unknown version). Availability is the share of
+    the requests the server should have answered that it answered: ``ok`` of
+    ``accepted + refused``; client errors are shown beside it, never counted in it.
+    """
 
     name: str
     accepted: int
@@ -74,10 +82,17 @@ class ClassAvailability:
     unavailable: int
     timeout: int
     failed: int
+    refused: int = 0
+    client_errors: int = 0
+
+    @property
+    def received(self) -> int:
+        return self.accepted + self.refused + self.client_errors
 
     @property
     def availability(self) -> float | None:
-        return self.ok / self.accepted if self.accepted else None
+        counted = self.accepted + self.refused
+        return self.ok / counted if counted else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +190,9 @@ def _priority_name(level: int) -> str:
     return f"priority {level}" + (" (highest)" if level == 1 else "")
 
 
+_TALLIED = ("accepted", "ok", "unavailable", "timeout", "failed")
+
+
 def _availability(
     window: JournalWindow, later: Iterable[JournalEvent]
 ) -> tuple[list[ClassAvailability], list[ClassAvailability]]:
@@ -189,16 +207,18 @@ def _availability(
             continue
         for row in event.payload.get("counts", []):
             tally = tallies.setdefault(int(row.get("priority", 0)), {})
-            for key in ("accepted", "ok", "unavailable", "timeout", "failed"):
+            for key in (*_TALLIED, "client_error", "refused"):
                 tally[key] = tally.get(key, 0) + int(row.get(key, 0))
     by_priority = [
         ClassAvailability(
-            _priority_name(level),
+            _priority_name(level) if level else "not yet prioritised (refused at admission)",
             t["accepted"],
             t["ok"],
             t["unavailable"],
             t["timeout"],
             t["failed"],
+            refused=t["refused"],
+            client_errors=t["client_error"],
         )
         for level, t in sorted(tallies.items())
     ]
@@ -211,14 +231,20 @@ def _availability(
             for reason, n in row.errors_by_reason.items():
                 counts[outcome_class("failure", reason)] += n
         accepted = sum(r.requests for r in rows)
+        refused = sum(r.refused for r in rows)
+        client_errors = sum(r.client_errors for r in rows)
+        # Refused at admission by a server failure (a 500): accepted, and failed.
+        other = sum(r.received for r in rows) - accepted - refused - client_errors
         by_model.append(
             ClassAvailability(
                 model,
-                accepted,
+                accepted + other,
                 counts["ok"],
                 counts["unavailable"],
                 counts["timeout"],
-                counts["failed"],
+                counts["failed"] + other,
+                refused=refused,
+                client_errors=client_errors,
             )
         )
     return by_priority, by_model
@@ -407,17 +433,28 @@ def postmortem(
     diagnosis = diagnose(window, source=source)
     by_priority, by_model = _availability(window, later_events)
     guardian = _guardian(window.events)
-    accepted = sum(c.accepted for c in by_model)
+    counted = sum(c.accepted + c.refused for c in by_model)
     ok = sum(c.ok for c in by_model)
-    availability = ok / accepted if accepted else None
+    availability = ok / counted if counted else None
+    received = sum(c.received for c in by_model)
+    client_errors = sum(c.client_errors for c in by_model)
     rows = [
         TargetRow(
-            "availability (successful / accepted)",
+            "availability (successful / received, 4xx client errors excluded)",
             f"≥ {targets.availability:.2%}",
-            _pct(availability, 3) + (f" of {accepted}" if accepted else ""),
+            _pct(availability, 3) + (f" of {counted}" if counted else ""),
             _verdict(None if availability is None else availability >= targets.availability),
         )
     ]
+    if client_errors:
+        rows.append(
+            TargetRow(
+                "client errors (4xx: refused as the client's mistake)",
+                "—",
+                f"{client_errors} of {received} received ({client_errors / received:.1%})",
+                "n/a",
+            )
+        )
     for model in diagnosis.models:
         target = slo_ms.get(model.name)
         if target is None or model.requests == 0:

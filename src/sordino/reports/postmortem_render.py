@@ -13,16 +13,21 @@ import io
 from pathlib import Path
 from typing import Any
 
+from sordino.reports.charts import has_data, no_data
 from sordino.reports.diagnose import when
 from sordino.reports.postmortem import ClassAvailability, Postmortem
-from sordino.reports.render import Chart, _img, _TextPages
-from sordino.telemetry.availability import outcome_class
+from sordino.reports.render import Chart, _img, _TextPages, chart_pages
+from sordino.telemetry.availability import outcome_class, rejection_class
 
 __all__ = ["draw_postmortem_charts", "render_postmortem_html", "render_postmortem_pdf"]
 
 _COLORS = ["#2f6fed", "#e8590c", "#2b8a3e", "#ae3ec9", "#c92a2a", "#0b7285"]
 TARGET_HEADER = ["objective", "target", "actual", "verdict"]
-AVAILABILITY_HEADER = ["class", "accepted", "ok", "503", "timeout", "other errors", "availability"]
+AVAILABILITY_HEADER = [
+    "class", "accepted", "ok", "503", "timeout", "other errors", "refused at admission",
+    "client errors (4xx)", "availability",
+]  # fmt: skip
+ERRORS_CHART = "Answers, refusals, errors and client errors per second"
 GUARDIAN_HEADER = ["time", "trigger", "action", "duration", "verify", "outcome", "explanation"]
 
 
@@ -43,10 +48,13 @@ def _t(t: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(t)
 
 
-def _axis(ax: Any) -> None:
+def _axis(ax: Any, pm: Postmortem) -> None:
+    """Times on the x axis, over the whole period: every chart shares one time range, so
+    the same moment sits at the same place in each."""
     import matplotlib.dates as mdates
 
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))  # type: ignore[no-untyped-call]
+    ax.set_xlim(_t(pm.start), _t(pm.end))
     ax.grid(True, alpha=0.3)
 
 
@@ -102,10 +110,14 @@ def _latency_chart(pm: Postmortem) -> bytes:
         if target:
             ax.axhline(target, color=color, ls="--", lw=1, label=f"{model} target")
     _decorate(ax, pm)
-    ax.set_yscale("log")
+    latencies = [r.p99_ms for m in pm.active_models for r in pm.window.rows_of(m)]
+    if has_data(latencies):
+        ax.set_yscale("log")
+    else:
+        no_data(ax, "no latency: no request succeeded in this period")
     ax.set_ylabel("p99 ms")
     ax.legend(loc="upper left", fontsize=8)
-    _axis(ax)
+    _axis(ax, pm)
     return _png(fig)
 
 
@@ -113,25 +125,37 @@ def _errors_chart(pm: Postmortem) -> bytes:
     fig, (ax,) = _figure(3.0)
     seconds: dict[int, dict[str, int]] = {}
     for row in pm.window.series:
-        slot = seconds.setdefault(row.t, {"ok": 0, "unavailable": 0, "timeout": 0, "failed": 0})
+        slot = seconds.setdefault(
+            row.t, {"ok": 0, "unavailable": 0, "timeout": 0, "failed": 0, "client_error": 0}
+        )
         slot["ok"] += row.requests - row.errors
         for reason, n in row.errors_by_reason.items():
             kind = outcome_class("failure", reason)
             slot[kind if kind in slot else "failed"] += n
+        for reason, n in row.rejected_by_reason.items():
+            kind = rejection_class(reason)
+            slot["unavailable" if kind == "refused" else kind] += n
     xs = [_t(t) for t in sorted(seconds)]
     bottom = [0.0] * len(xs)
     for color, (key, label) in zip(
-        ["#2b8a3e", "#e8590c", "#ae3ec9", "#c92a2a"],
-        [("ok", "answered"), ("unavailable", "503"), ("timeout", "timeout"), ("failed", "error")],
+        ["#2b8a3e", "#e8590c", "#ae3ec9", "#c92a2a", "#868e96"],
+        [
+            ("ok", "answered"),
+            ("unavailable", "503 / 429"),
+            ("timeout", "timeout"),
+            ("failed", "error"),
+            ("client_error", "client error (4xx)"),
+        ],
         strict=True,
     ):
         ys = [float(seconds[t][key]) for t in sorted(seconds)]
         ax.bar(xs, ys, width=1 / 86400, bottom=bottom, color=color, label=label, align="edge")
         bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
     _decorate(ax, pm)
+    ax.set_ylim(bottom=0, top=max(1.0, ax.get_ylim()[1]))
     ax.set_ylabel("requests/s")
     ax.legend(loc="upper left", fontsize=8)
-    _axis(ax)
+    _axis(ax, pm)
     return _png(fig)
 
 
@@ -144,7 +168,7 @@ def _resources_chart(pm: Postmortem) -> bytes:
         )
     busy.set_ylabel("busy %")
     busy.legend(loc="upper left", fontsize=8)
-    _axis(busy)
+    _axis(busy, pm)
     res = pm.window.resources
     memory.plot(
         [_t(r.t) for r in res],
@@ -162,7 +186,7 @@ def _resources_chart(pm: Postmortem) -> bytes:
         )
     memory.set_ylabel("MiB")
     memory.legend(loc="upper left", fontsize=8)
-    _axis(memory)
+    _axis(memory, pm)
     return _png(fig)
 
 
@@ -172,7 +196,9 @@ def draw_postmortem_charts(pm: Postmortem) -> list[Chart]:
     if "latency" in pm.sections and pm.window.series:
         out.append(Chart("p99 against target", _latency_chart(pm)))
     if "availability" in pm.sections and pm.window.series:
-        out.append(Chart("Answers, 503s and timeouts per second", _errors_chart(pm)))
+        out.append(
+            Chart("Answers, refusals, errors and client errors per second", _errors_chart(pm))
+        )
     if "resources" in pm.sections and (pm.window.series or pm.window.resources):
         out.append(Chart("Utilisation", _resources_chart(pm)))
     return out
@@ -193,6 +219,8 @@ def _availability_rows(classes: list[ClassAvailability]) -> list[list[str]]:
             str(c.unavailable),
             str(c.timeout),
             str(c.failed),
+            str(c.refused),
+            str(c.client_errors),
             "n/a" if c.availability is None else f"{c.availability:.3%}",
         ]
         for c in classes
@@ -234,7 +262,7 @@ def _blocks(pm: Postmortem) -> list[tuple[str, list[str], list[list[str]], list[
             (
                 "Availability by model",
                 AVAILABILITY_HEADER,
-                _availability_rows([c for c in pm.by_model if c.accepted]),
+                _availability_rows([c for c in pm.by_model if c.received]),
                 [],
             )
         )
@@ -287,7 +315,7 @@ def render_postmortem_html(pm: Postmortem, charts: list[Chart]) -> str:
     parts.append("</table>")
     by_title = {c.title: c for c in charts}
     placement = {
-        "Availability by priority class": "Answers, 503s and timeouts per second",
+        "Availability by priority class": ERRORS_CHART,
         "Worst windows and likely causes": "p99 against target",
         "Resource utilisation": "Utilisation",
     }
@@ -317,9 +345,7 @@ def _table(text: _TextPages, header: list[str], rows: list[list[str]]) -> None:
 
 def render_postmortem_pdf(pm: Postmortem, charts: list[Chart], path: Path) -> None:
     """The postmortem as a PDF: the target table, the sections, then the charts."""
-    import matplotlib.image as mpimg
     from matplotlib.backends.backend_pdf import PdfPages
-    from matplotlib.figure import Figure
 
     with PdfPages(path) as pdf:
         text = _TextPages(pdf)
@@ -336,11 +362,4 @@ def render_postmortem_pdf(pm: Postmortem, charts: list[Chart], path: Path) -> No
             if header and rows:
                 _table(text, header, rows)
         text.close()
-        for first in range(0, len(charts), 2):
-            fig = Figure(figsize=(8.27, 11.69))
-            for slot, chart in enumerate(charts[first : first + 2]):
-                ax = fig.add_axes((0.05, 0.52 - 0.47 * slot, 0.9, 0.43))
-                ax.imshow(mpimg.imread(io.BytesIO(chart.png), format="png"))
-                ax.set_title(chart.title, fontsize=10)
-                ax.axis("off")
-            pdf.savefig(fig)
+        chart_pages(pdf, charts)

@@ -20,7 +20,7 @@ import numpy as np
 
 from sordino.reports import charts
 from sordino.reports.anomalies import NOT_CAUSES
-from sordino.reports.diagnose import Diagnosis, describe, when
+from sordino.reports.diagnose import Diagnosis, describe, load_rise, when
 
 __all__ = ["Chart", "draw_charts", "render_html", "render_pdf"]
 
@@ -66,6 +66,8 @@ def _summary_rows(diagnosis: Diagnosis) -> list[list[str]]:
                 _fmt(m.p99_max_ms, 1),
                 "n/a" if m.slo_attainment is None else f"{m.slo_attainment:.1%}",
                 str(m.errors),
+                str(m.refused),
+                str(m.client_errors),
                 _fmt(m.batch_mean),
             ]
         )
@@ -74,7 +76,7 @@ def _summary_rows(diagnosis: Diagnosis) -> list[list[str]]:
 
 SUMMARY_HEADER = [
     "model", "requests", "mean qps", "peak qps", "p50 ms", "p99 ms", "worst p99 ms",
-    "within SLO", "errors", "mean batch",
+    "within SLO", "errors", "refused", "client errors (4xx)", "mean batch",
 ]  # fmt: skip
 
 
@@ -90,7 +92,12 @@ def _finding_lines(diagnosis: Diagnosis) -> list[tuple[str, list[str]]]:
                 f"{' (' + e.cause + ')' if e.cause else ''} [{cause.why}]."
             )
         else:
-            lines.append("Likely cause: no journaled event explains it.")
+            rise = load_rise(anomaly)
+            lines.append(
+                f"Likely cause: {rise}; no journaled event explains it otherwise."
+                if rise is not None
+                else "Likely cause: no journaled event or load change explains it."
+            )
         ctx = anomaly.context
         if "qps_during" in ctx:
             lines.append(
@@ -290,11 +297,53 @@ class _TextPages:
             self._fig = None
 
 
-def render_pdf(diagnosis: Diagnosis, chart_list: list[Chart], path: Path) -> None:
-    """Write the report as a PDF: text pages, then the charts two to a page."""
+_PAGE_IN = (8.27, 11.69)  # A4 portrait
+_MARGIN = 0.04  # of the page, each side
+_TITLE = 0.025  # of the page's height, above each chart
+
+
+def chart_pages(pdf: Any, charts: list[Chart]) -> None:
+    """Add ``charts`` to ``pdf`` as full-width images stacked down A4 pages.
+
+    Each chart keeps its own proportions at the page's width and is never split: a
+    chart that does not fit below the last one starts the next page (one taller than
+    a page is scaled down to fit it), so pages fill instead of holding two fixed
+    half-page slots whatever the charts' heights.
+    """
     import matplotlib.image as mpimg
-    from matplotlib.backends.backend_pdf import PdfPages
     from matplotlib.figure import Figure
+
+    width_in, height_in = _PAGE_IN
+    usable = 1 - 2 * _MARGIN
+    fig: Any = None
+    top = 0.0
+    for chart in charts:
+        image = mpimg.imread(io.BytesIO(chart.png), format="png")
+        rows, cols = image.shape[:2]
+        wide = usable
+        tall = wide * width_in * rows / cols / height_in
+        if tall + _TITLE > usable:  # taller than a page: fit it to one
+            tall = usable - _TITLE
+            wide = tall * height_in * cols / rows / width_in
+        if fig is not None and top - _TITLE - tall < _MARGIN:
+            pdf.savefig(fig)
+            fig = None
+        if fig is None:
+            fig = Figure(figsize=_PAGE_IN)
+            top = 1 - _MARGIN
+        bottom = top - _TITLE - tall
+        ax = fig.add_axes((_MARGIN + (usable - wide) / 2, bottom, wide, tall))
+        ax.imshow(image)
+        ax.set_title(chart.title, fontsize=10)
+        ax.axis("off")
+        top = bottom - 0.01
+    if fig is not None:
+        pdf.savefig(fig)
+
+
+def render_pdf(diagnosis: Diagnosis, chart_list: list[Chart], path: Path) -> None:
+    """Write the report as a PDF: text pages, then the charts filling pages."""
+    from matplotlib.backends.backend_pdf import PdfPages
 
     with PdfPages(path) as pdf:
         text = _TextPages(pdf)
@@ -336,12 +385,4 @@ def render_pdf(diagnosis: Diagnosis, chart_list: list[Chart], path: Path) -> Non
         for line in _forecast_lines(diagnosis):
             text.line(line)
         text.close()
-        for first in range(0, len(chart_list), 2):
-            fig = Figure(figsize=(8.27, 11.69))
-            pair = chart_list[first : first + 2]
-            for slot, chart in enumerate(pair):
-                ax = fig.add_axes((0.05, 0.52 - 0.47 * slot, 0.9, 0.43))
-                ax.imshow(mpimg.imread(io.BytesIO(chart.png), format="png"))
-                ax.set_title(chart.title, fontsize=10)
-                ax.axis("off")
-            pdf.savefig(fig)
+        chart_pages(pdf, chart_list)

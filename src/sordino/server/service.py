@@ -510,6 +510,8 @@ class InferenceService:
             served = versions[-1] if versions else ""
         self._metrics.request_rejected(model, reason, version=served, count=count)
         self._telemetry.request_finished(model, tenant or "default", 0, "rejected", count)
+        loaded = ModelKey(model, served) if served else None
+        self._telemetry.request_rejected(loaded, model, reason, count)
 
     def response(
         self, model: LoadedModel, request: InferRequest, outputs: Tensors

@@ -10,7 +10,10 @@ traffic into one ``availability`` event, written to the journal only (it is
 bookkeeping: the event sink's recent events, the dashboard and the monitor never show
 it, and diagnose never takes it for a cause), whose payload
 is ``{"start": t, "seconds": 10, "counts": [{"model", "priority", "accepted", "ok",
-"unavailable", "timeout", "failed", "cancelled"}, ...]}``.
+"unavailable", "timeout", "failed", "cancelled", "client_error", "refused"}, ...]}``.
+Requests refused before acceptance (:meth:`AvailabilityTally.rejected`) are tallied too,
+under priority 0: ``client_error`` (a 4xx, the request was wrong) and ``refused`` (503
+or 429: the server would not take it now), neither of them ``accepted``.
 """
 
 from __future__ import annotations
@@ -21,11 +24,14 @@ from typing import Any
 
 from sordino import errors
 from sordino.inference import ModelKey
+from sordino.protocol.status import http_status
 from sordino.records import BatchDone, RequestDone
 
-__all__ = ["AvailabilityTally", "outcome_class"]
+__all__ = ["AvailabilityTally", "outcome_class", "rejection_class"]
 
-_FIELDS = ("accepted", "ok", "unavailable", "timeout", "failed", "cancelled")
+_FIELDS = (
+    "accepted", "ok", "unavailable", "timeout", "failed", "cancelled", "client_error", "refused",
+)  # fmt: skip
 
 
 def _unavailable_reasons() -> frozenset[str]:
@@ -39,6 +45,43 @@ def _unavailable_reasons() -> frozenset[str]:
 
 
 _UNAVAILABLE = _unavailable_reasons()
+
+
+def _client_reasons() -> frozenset[str]:
+    """The reasons of every error answered with a 4xx status other than 429."""
+    found: set[str] = set()
+    pending: list[type[errors.SordinoError]] = [errors.SordinoError]
+    while pending:
+        cls = pending.pop()
+        pending += cls.__subclasses__()
+        # The status of an error depends only on its class (a too-large body aside, a
+        # 413, a 4xx as well): an instance made without __init__ answers it.
+        error = cls.__new__(cls)
+        if isinstance(error, errors.MalformedBody):
+            error.too_large = False
+        status = http_status(error)
+        if 400 <= status < 500 and status != 429:
+            found.add(cls.reason)
+    return frozenset(found)
+
+
+_CLIENT = _client_reasons()
+
+
+def rejection_class(reason: str) -> str:
+    """How a request refused before acceptance for ``reason`` counts.
+
+    ``client_error``: the request itself was wrong (a 4xx: bad input, unknown model,
+    no credential; 429 aside); ``refused``: the server would not take it now (503 shed,
+    queue full, not ready; 429 over a tenant's rate); ``failed``: the server failed
+    (a 500). Client errors are the caller's to fix and do not count against
+    availability; refusals do.
+    """
+    if reason in _CLIENT:
+        return "client_error"
+    if reason in _UNAVAILABLE or reason == errors.RateLimited.reason:
+        return "refused"
+    return "failed"
 
 
 def outcome_class(outcome: str, reason: str) -> str:
@@ -75,6 +118,23 @@ class AvailabilityTally:
             counts = self._counts[key] = dict.fromkeys(_FIELDS, 0)
         counts["accepted"] += 1
         counts[outcome_class(done.outcome, done.reason)] += 1
+
+    def rejected(self, model: str, reason: str, count: int = 1) -> None:
+        """Count ``count`` requests for ``model`` refused before acceptance for ``reason``.
+
+        They have no priority yet (admission assigns it) and are tallied under 0; they
+        are not ``accepted``: a ``client_error`` or a ``refused`` (a server failure
+        refusing them counts as ``failed``, with ``accepted``).
+        """
+        start = int(self._wall()) // self._bucket_s * self._bucket_s
+        key = (start, model, 0)
+        counts = self._counts.get(key)
+        if counts is None:
+            counts = self._counts[key] = dict.fromkeys(_FIELDS, 0)
+        kind = rejection_class(reason)
+        if kind == "failed":
+            counts["accepted"] += count
+        counts[kind] += count
 
     def batch_done(self, done: BatchDone) -> None:
         pass

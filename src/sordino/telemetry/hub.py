@@ -170,6 +170,21 @@ class Telemetry:
 
     # -- recording -------------------------------------------------------------------
 
+    def request_rejected(
+        self, model: ModelKey | None, name: str, reason: str, count: int = 1
+    ) -> None:
+        """Count ``count`` requests for ``name`` refused before acceptance for ``reason``.
+
+        ``model`` is the loaded model they asked for (None when none is loaded by that
+        name: such requests are not given a series of their own). The per-second series
+        and the availability tally count them, so that the monitor, diagnose and the
+        postmortem show client errors and refusals beside the accepted requests.
+        """
+        if model is None:
+            return
+        self.series.rejected(model, reason, count)
+        self.availability.rejected(model.name, reason, count)
+
     def request_finished(
         self, model: str, tenant: str, priority: int, outcome: str, count: int = 1
     ) -> None:

@@ -64,6 +64,7 @@ CREATE TABLE IF NOT EXISTS series (
     p50_ms REAL, p99_ms REAL, queue_ms REAL, compute_ms REAL,
     batches INTEGER NOT NULL, batch_size REAL, queue_depth INTEGER NOT NULL,
     busy REAL NOT NULL, slo_met INTEGER NOT NULL, fragmentation REAL, temperature_c REAL,
+    rejected_by_reason TEXT NOT NULL DEFAULT '{}',
     PRIMARY KEY (t, model, version)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS resources (
@@ -80,7 +81,7 @@ CREATE INDEX IF NOT EXISTS events_by_kind ON events (kind, t);
 """
 SCHEMA_VERSION = "1"
 
-_SERIES_SQL = f"INSERT OR REPLACE INTO series VALUES ({', '.join('?' * 17)})"
+_SERIES_SQL = f"INSERT OR REPLACE INTO series VALUES ({', '.join('?' * 18)})"
 _RESOURCES_SQL = f"INSERT OR REPLACE INTO resources VALUES ({', '.join('?' * 10)})"
 _EVENTS_SQL = "INSERT INTO events (t, kind, subject, cause, payload) VALUES (?, ?, ?, ?, ?)"
 _STOP = object()
@@ -99,6 +100,9 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
     # the last transactions, and the file is never corrupt either way.
     conn.execute("PRAGMA synchronous = NORMAL")
     conn.executescript(SCHEMA)
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(series)")}
+    if "rejected_by_reason" not in columns:  # a journal written before the column existed
+        conn.execute("ALTER TABLE series ADD COLUMN rejected_by_reason TEXT NOT NULL DEFAULT '{}'")
     conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
     conn.commit()
     return conn
@@ -149,6 +153,7 @@ def encode_payload(payload: dict[str, Any]) -> str:
 def _series_values(row: SecondRow) -> tuple[Any, ...]:
     values = list(astuple(row))
     values[5] = orjson.dumps(row.errors_by_reason).decode()
+    values[17] = orjson.dumps(row.rejected_by_reason).decode()
     return tuple(values)
 
 

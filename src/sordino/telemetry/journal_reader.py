@@ -108,10 +108,13 @@ class JournalReader:
 
     def window(self, start: float, end: float) -> JournalWindow:
         """Every row and event with ``start <= t < end``, oldest first."""
+        columns = {row[1] for row in self._conn.execute("PRAGMA table_info(series)")}
+        # A journal written before a column existed reads as that column's default.
+        selected = [name if name in columns else f"'{{}}' AS {name}" for name in _SERIES_FIELDS]
         series = [
             _series_row(r)
             for r in self._conn.execute(
-                f"SELECT {', '.join(_SERIES_FIELDS)} FROM series WHERE t >= ? AND t < ? "
+                f"SELECT {', '.join(selected)} FROM series WHERE t >= ? AND t < ? "
                 "ORDER BY t, model, version",
                 (int(start), end),
             )
@@ -169,4 +172,5 @@ class JournalReader:
 def _series_row(values: tuple[Any, ...]) -> SecondRow:
     data = dict(zip(_SERIES_FIELDS, values, strict=True))
     data["errors_by_reason"] = orjson.loads(data["errors_by_reason"])
+    data["rejected_by_reason"] = orjson.loads(data["rejected_by_reason"])
     return SecondRow(**data)

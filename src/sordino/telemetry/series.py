@@ -20,6 +20,7 @@ import numpy as np
 
 from sordino.inference import ModelKey
 from sordino.records import BatchDone, RequestDone, SchedulerStatistics
+from sordino.telemetry.availability import rejection_class as _kind
 from sordino.telemetry.resources import ResourceSample
 
 __all__ = ["ResourceRow", "SecondRow", "SeriesRecorder", "SeriesStatistics"]
@@ -54,10 +55,27 @@ class SecondRow:
     slo_met: int
     fragmentation: float | None = None
     temperature_c: float | None = None
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
+    """Requests refused before acceptance in that second, by reason (not in ``requests``)."""
 
     @property
     def error_rate(self) -> float:
         return self.errors / self.requests if self.requests else 0.0
+
+    @property
+    def client_errors(self) -> int:
+        """Requests refused as the client's mistake (4xx but 429: bad input, unknown model)."""
+        return sum(n for r, n in self.rejected_by_reason.items() if _kind(r) == "client_error")
+
+    @property
+    def refused(self) -> int:
+        """Requests the server would not take (503 shed, queue full, not ready; 429)."""
+        return sum(n for r, n in self.rejected_by_reason.items() if _kind(r) == "refused")
+
+    @property
+    def received(self) -> int:
+        """Every request that ended in that second, refused before acceptance or not."""
+        return self.requests + sum(self.rejected_by_reason.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +134,7 @@ class _Bucket:
     busy_s: float = 0.0
     max_depth: int = 0
     slo_met: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
 
 
 RowListener = Callable[[list[SecondRow], ResourceRow | None], None]
@@ -174,6 +193,11 @@ class SeriesRecorder:
                 bucket.slo_met += 1
         elif done.outcome == "failure":
             bucket.errors[done.reason] = bucket.errors.get(done.reason, 0) + 1
+
+    def rejected(self, model: ModelKey, reason: str, count: int = 1) -> None:
+        """Count ``count`` requests for a loaded ``model`` refused before acceptance."""
+        bucket = self._bucket(model)
+        bucket.rejected[reason] = bucket.rejected.get(reason, 0) + count
 
     def batch_done(self, done: BatchDone) -> None:
         bucket = self._bucket(done.model)
@@ -258,6 +282,7 @@ class SeriesRecorder:
             slo_met=bucket.slo_met,
             fragmentation=fragmentation,
             temperature_c=temperature,
+            rejected_by_reason=dict(bucket.rejected),
         )
 
     # -- reading ---------------------------------------------------------------------

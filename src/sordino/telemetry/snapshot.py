@@ -25,6 +25,7 @@ __all__ = ["CURRENT_WINDOW_S", "current_figures", "snapshot", "workers_summary"]
 CURRENT_WINDOW_S = 5
 SERIES_COLUMNS = (
     "qps", "p50_ms", "p99_ms", "errors", "error_rate", "batch_size", "queue_depth", "busy",
+    "client_errors", "refused",
 )  # fmt: skip
 RESOURCE_COLUMNS = (
     "rss_bytes", "pool_reserved_bytes", "pool_in_use_bytes", "fragmentation",
@@ -42,9 +43,14 @@ def current_figures(rows: list[SecondRow]) -> dict[str, Any]:
     p99s = [r.p99_ms for r in rows if r.p99_ms is not None]
     sizes = [r.batch_size for r in rows if r.batch_size is not None]
     reasons: dict[str, int] = {}
+    rejected: dict[str, int] = {}
     for row in rows:
         for reason, count in row.errors_by_reason.items():
             reasons[reason] = reasons.get(reason, 0) + count
+        for reason, count in row.rejected_by_reason.items():
+            rejected[reason] = rejected.get(reason, 0) + count
+    received = sum(r.received for r in rows)
+    client_errors = sum(r.client_errors for r in rows)
     return {
         "qps": requests / len(rows),
         "p50_ms": float(np.median(p50s)) if p50s else None,
@@ -57,6 +63,13 @@ def current_figures(rows: list[SecondRow]) -> dict[str, Any]:
         "busy": float(np.mean([r.busy for r in rows])),
         "slo_met": sum(r.slo_met for r in rows),
         "requests": requests,
+        # Refused before acceptance: not in requests, qps or error_rate (which are the
+        # accepted requests'); client errors are 4xx but 429, refused 503 and 429.
+        "received": received,
+        "client_errors": client_errors,
+        "client_error_rate": client_errors / received if received else 0.0,
+        "refused": sum(r.refused for r in rows),
+        "rejected_by_reason": rejected,
     }
 
 
