@@ -26,6 +26,7 @@ from sordino.errors import ConfigError
 from sordino.models.repository import builtin_sources
 from sordino.server.tls import load_tls
 from sordino.testing import RunningServer, serve_in_thread
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 
@@ -175,3 +176,35 @@ def test_a_stalled_handshake_is_dropped_after_the_header_timeout(
             f"{running.url}/v2/health/ready", verify=ssl.create_default_context(cafile=str(cert))
         )
         assert ready.status_code == 200
+
+
+def test_pending_handshakes_count_against_the_per_client_limit(
+    pem: tuple[Path, Path],
+) -> None:
+    """Connections that never finish their handshake hold descriptors: they count from
+    the accept, so a client address cannot hold more than its limit that way."""
+    cert, key = pem
+    settings = {
+        "tls": {"cert": str(cert), "key": str(key)},
+        "max_connections_per_client": 3,
+        "monitoring_connections": 0,
+        "header_timeout": "60s",
+    }
+    config = load_config(None, {"server": settings})
+    sources = [s for s in builtin_sources() if s.name == "simple"]
+    with serve_in_thread(config, sources) as running:
+        verify = ssl.create_default_context(cafile=str(cert))
+        stalled = [socket.create_connection(("127.0.0.1", running.port)) for _ in range(3)]
+        try:
+            refused = httpx.get(f"{running.url}/v2/health/ready", verify=verify, timeout=10)
+            assert refused.status_code == 503
+            assert "max_connections_per_client" in refused.json()["error"]
+        finally:
+            for sock in stalled:
+                sock.close()
+
+        def served() -> bool:
+            ready = httpx.get(f"{running.url}/v2/health/ready", verify=verify, timeout=10)
+            return ready.status_code == 200
+
+        wait_for(served, "a TLS client to be served once the stalled ones closed", 10)
