@@ -7,6 +7,7 @@ and the server at its total limit, while a client already connected goes on.
 
 from __future__ import annotations
 
+import gc
 import socket
 import time
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 import httpx
 import orjson
 import pytest
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from sordino.config import RuntimeConfig
 from sordino.models.repository import builtin_sources
@@ -254,5 +256,27 @@ def test_a_refused_connection_is_answered_even_when_none_may_linger(
             response = _read_until_closed(extra)
         assert _status(response) == 503 and b"max_connections" in response
     finally:
+        for sock in held:
+            sock.close()
+
+
+def test_refused_connections_are_freed_without_the_cyclic_gc(full: RunningServer) -> None:
+    """A refused connection's protocol must not sit in a reference cycle (with its
+    parser and transport) until a full collection: hundreds piled up under pressure."""
+    held = [_connect(full) for _ in range(2)]
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(100):
+            with _connect(full) as refused:
+                assert _status(_read_until_closed(refused)) == 503
+
+        def retained() -> int:
+            return sum(1 for o in gc.get_objects() if isinstance(o, HttpToolsProtocol))
+
+        # The 2 held connections, and refused ones still lingering (1 s) at most.
+        wait_for(lambda: retained() <= 2, "the refused connections to be freed", 10)
+    finally:
+        gc.enable()
         for sock in held:
             sock.close()

@@ -37,6 +37,7 @@ read for that without the HTTP parser (:meth:`_GuardedProtocol._refuse_whole`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import resource
@@ -52,6 +53,7 @@ from uvicorn.server import ServerState
 
 from sordino.protocol.codec import encode_error
 from sordino.records import ConnectionStatistics
+from sordino.server.malloc_trim import Trimmer
 
 __all__ = [
     "LINGER_S",
@@ -145,6 +147,7 @@ class ConnectionGuard:
         self._reserved = 0  # connections open in the monitoring reserve
         # Connections waiting between reads of a body, oldest first.
         self.pending_bodies: dict[_GuardedProtocol, None] = {}
+        self.trimmer = Trimmer()  # gives the heap back after large bodies (malloc_trim.py)
         self.lingering: set[asyncio.Transport] = set()
         self._refused_total = self._refused_per_client = 0
         self._timeouts: Counter[Phase] = Counter()
@@ -418,9 +421,13 @@ class _GuardedProtocol(HttpToolsProtocol):
             self._timer.cancel()
         self.forget()
         if not self._made:
+            self.parser = None  # type: ignore[assignment]  # see below
             return  # a TLS handshake that failed
         self.guard.lingering.discard(self.transport)
         if not self._admitted:
+            # The parser holds this protocol's bound methods: a refused connection left
+            # that cycle (and its transport) for the cyclic GC, hundreds under pressure.
+            self.parser = None  # type: ignore[assignment]
             return
         self._admitted = False
         super().connection_lost(exc)
@@ -535,6 +542,8 @@ class _GuardedProtocol(HttpToolsProtocol):
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
+        if len(body) >= _LARGE_READ:
+            self.guard.trimmer.note(self.loop, len(body))
         if not self._shedding and not self._refused_late:
             super().on_body(body)
 
@@ -658,8 +667,11 @@ class _GuardedProtocol(HttpToolsProtocol):
             transport.close()
             return
         self.guard.lingering.add(transport)
-        if transport.can_write_eof():
-            transport.write_eof()
+        if transport.can_write_eof() and not transport.is_closing():
+            # The client may be gone already (reset): shutdown() then raises, which must
+            # not end this callback before the linger is armed.
+            with contextlib.suppress(OSError):
+                transport.write_eof()
         self._timer = self.loop.call_later(LINGER_S, transport.close)
 
 
@@ -667,6 +679,10 @@ def _monitoring(target: bytes) -> bool:
     path = target.split(b"?", 1)[0]
     return path == _MONITORING[0] or path.startswith(_MONITORING[1])
 
+
+_LARGE_READ = 16 * 1024
+"""Body reads from this size on count towards the next ``malloc_trim`` (small bodies
+come from Python's own allocator and do not leave the heap holding free pages)."""
 
 _REASONS = {408: b"Request Timeout", 503: b"Service Unavailable"}
 _AS_PARSER_DOES = frozenset({b"transfer-encoding", b"expect", b"upgrade", b"connection"})
