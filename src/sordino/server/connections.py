@@ -325,12 +325,17 @@ class _TlsAccept(asyncio.Protocol):
                 server_side=True,
                 ssl_handshake_timeout=self.handshake_timeout,
             )
-        except Exception:  # any failed handshake just ends the connection
+        except Exception as exc:  # any failed handshake just ends the connection
+            # Its traceback holds asyncio's handshake frames (the TLS objects, this
+            # protocol) in a cycle with the waiter that holds it: broken, they go at once.
+            exc.__traceback__ = exc.__context__ = None
             transport.abort()
             protocol.forget()
+            protocol.parser = None  # type: ignore[assignment]  # a cycle of bound methods
             return
         finally:
             self.guard.lingering.discard(transport)
+            self.task = self.protocol = None  # no cycle through this coroutine's frame
         if secured is None or secured.is_closing():
             protocol.forget()
             return
