@@ -61,3 +61,17 @@ def test_repository_endpoints_refuse_without_model_control(server: RunningServer
     assert index.status_code == 200
     assert {e["name"] for e in index.json()} >= {"simple", "countdown"}
     assert load.status_code == 400 and "explicit" in load.json()["error"]
+
+
+def test_a_prompt_past_the_limit_is_refused_naming_it(server: RunningServer) -> None:
+    """A megabyte prompt would stall the event loop in the prompt parser: refused first."""
+    prompt = "a handwritten 7 " + "x" * 1_000_000
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        response = client.post("/v2/models/digits-diffusion/generate", json={"prompt": prompt})
+        served = client.post(
+            "/v2/models/digits-diffusion/generate", json={"prompt": "a handwritten 7", "steps": 2}
+        )
+    assert response.status_code == 400
+    message = response.json()["error"]
+    assert "iterative.max_prompt_length" in message and "1024" in message
+    assert served.status_code == 200, served.text

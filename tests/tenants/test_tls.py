@@ -6,6 +6,8 @@ dependency); the test is skipped where that command is missing.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import shutil
 import socket
 import ssl
@@ -20,12 +22,14 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from sordino.config import load_config
 from sordino.errors import ConfigError
 from sordino.models.repository import builtin_sources
 from sordino.server.tls import load_tls
 from sordino.testing import RunningServer, serve_in_thread
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 
@@ -175,3 +179,61 @@ def test_a_stalled_handshake_is_dropped_after_the_header_timeout(
             f"{running.url}/v2/health/ready", verify=ssl.create_default_context(cafile=str(cert))
         )
         assert ready.status_code == 200
+
+
+def test_pending_handshakes_count_against_the_per_client_limit(
+    pem: tuple[Path, Path],
+) -> None:
+    """Connections that never finish their handshake hold descriptors: they count from
+    the accept, so a client address cannot hold more than its limit that way."""
+    cert, key = pem
+    settings = {
+        "tls": {"cert": str(cert), "key": str(key)},
+        "max_connections_per_client": 3,
+        "monitoring_connections": 0,
+        "header_timeout": "60s",
+    }
+    config = load_config(None, {"server": settings})
+    sources = [s for s in builtin_sources() if s.name == "simple"]
+    with serve_in_thread(config, sources) as running:
+        verify = ssl.create_default_context(cafile=str(cert))
+        stalled = [socket.create_connection(("127.0.0.1", running.port)) for _ in range(3)]
+        try:
+            refused = httpx.get(f"{running.url}/v2/health/ready", verify=verify, timeout=10)
+            assert refused.status_code == 503
+            assert "max_connections_per_client" in refused.json()["error"]
+        finally:
+            for sock in stalled:
+                sock.close()
+
+        def served() -> bool:
+            ready = httpx.get(f"{running.url}/v2/health/ready", verify=verify, timeout=10)
+            return ready.status_code == 200
+
+        wait_for(served, "a TLS client to be served once the stalled ones closed", 10)
+
+
+def test_stalled_handshakes_leave_nothing_for_the_cyclic_gc(pem: tuple[Path, Path]) -> None:
+    """A handshake that times out must free its TLS objects at once, not in a cycle."""
+    cert, key = pem
+    settings = {"tls": {"cert": str(cert), "key": str(key)}, "header_timeout": "0.5s"}
+    config = load_config(None, {"server": settings})
+    sources = [s for s in builtin_sources() if s.name == "simple"]
+    with serve_in_thread(config, sources) as running:
+        gc.collect()
+        gc.disable()
+        try:
+            stalled = [socket.create_connection(("127.0.0.1", running.port)) for _ in range(20)]
+            for sock in stalled[:10]:
+                sock.sendall(b"\x16\x03\x01\x02\x00")  # a ClientHello cut short
+            for sock in stalled:  # each is dropped after the 0.5 s header timeout
+                with contextlib.suppress(ConnectionResetError):
+                    assert sock.recv(4096) == b""
+                sock.close()
+
+            def retained() -> int:
+                return sum(1 for o in gc.get_objects() if isinstance(o, HttpToolsProtocol))
+
+            wait_for(lambda: retained() == 0, "the stalled handshakes to be freed", 10)
+        finally:
+            gc.enable()

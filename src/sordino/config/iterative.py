@@ -80,6 +80,9 @@ class IterativeConfig(Section):
     prompt: Literal["digits", "text_encoder"] = "digits"
     """How a prompt becomes the condition: the built-in digit parser ("a handwritten 7"
     -> one-hot of 7) or the ``text_encoder`` model."""
+    max_prompt_length: int = Field(default=1024, ge=1, le=1_048_576)
+    """Longest prompt accepted, in characters; a longer one is answered 400 naming this
+    key (a prompt is read on the server's event loop: a huge one would stall it)."""
     text_encoder: str | None = None
     """A loaded model taking the prompt (BYTES [B, 1]) and giving the condition."""
     decoder: str | None = None

@@ -52,6 +52,17 @@ class ServerConfig(Section):
     from the first byte of a later request); then the connection is closed."""
     body_timeout: Duration = Field(default=60.0, gt=0)
     """Longest a request body may take to arrive after its headers; then 408 and close."""
+    body_min_rate: Size = Field(default=parse_size("1KiB"), ge=0, le=parse_size("1GiB"))
+    """Slowest average rate (bytes per second) a request body may arrive at once
+    ``body_rate_grace`` has passed since its headers; slower: 408 and close. 0 = off."""
+    body_rate_grace: Duration = Field(default=10.0, gt=0, le=3600)
+    """How long a body may arrive at any rate before ``body_min_rate`` applies."""
+    max_pending_bodies: int = Field(default=256, ge=1, le=1_000_000)
+    """HTTP connections that may wait for the rest of a request body at once; past it,
+    the one that has waited longest is answered 408 and closed."""
+    monitoring_connections: int = Field(default=8, ge=0, le=1024)
+    """Connections kept past ``max_connections`` and ``max_connections_per_client`` for
+    ``GET /metrics`` and ``/v2/health/*`` only; other requests on them get the 503."""
     keep_alive_timeout: Duration = Field(default=30.0, gt=0)
     """How long an idle keep-alive HTTP connection stays open between requests."""
     shed_loop_lag: Duration = Field(default=0.01, ge=0)

@@ -292,6 +292,12 @@ class Pipeline:
                 f"model {name!r} needs the input 'prompt' (BYTES), e.g. 'a handwritten 7'"
             )
         prompt = _one_text(request.inputs["prompt"])
+        limit = self.config.max_prompt_length
+        if len(prompt) > limit:
+            raise InvalidRequest(
+                f"the prompt is {len(prompt)} characters long, more than model {name!r} "
+                f"accepts ({limit}, iterative.max_prompt_length); send a shorter prompt"
+            )
         types = request.input_datatypes
         seed, seeded = secrets.randbits(31), False
         if "seed" in request.inputs:

@@ -10,14 +10,22 @@ on uvicorn's httptools protocol:
   byte of a later request on it) to the end of the request's headers;
 - a **body timeout** (``server.body_timeout``): from the end of the headers to the end
   of the body; a slow body is answered 408;
+- a **budget for slow bodies**: after ``server.body_rate_grace`` a body must have come
+  at ``server.body_min_rate`` bytes/s on average (Apache's ``mod_reqtimeout``
+  ``MinRate``), and at most ``server.max_pending_bodies`` connections may wait between
+  reads of a body at once: past that, the one waiting longest is answered 408;
 - **connection limits**, in total (``server.max_connections``) and per client address
   (``server.max_connections_per_client``). Past either, a new connection is answered
   at once — 503 with ``Connection: close`` and ``Retry-After`` — and closed, without
-  reaching the application; connections already open are served as before.
+  reaching the application; connections already open are served as before. With
+  TLS a connection counts from its accept, through the handshake;
+- a **monitoring reserve** (``server.monitoring_connections``): past a limit, that many
+  connections more are admitted for ``GET /metrics`` and ``/v2/health/*`` only; any
+  other request on one (or none within :data:`RESERVE_WAIT_S`) gets the same 503.
 
 A refused connection lingers at most :data:`LINGER_S` (its client reads the 503),
 and no more than :data:`MAX_LINGERING` linger at once: past that, a refused
-connection is reset without an answer, so refusing can never hold many descriptors.
+connection is answered and closed at once, so refusing can never hold many descriptors.
 
 A request may also be refused from its headers alone (:attr:`ConnectionGuard.early_shed`,
 ``server/early_shed.py``): its answer is written at once, its body is skipped unread,
@@ -29,13 +37,15 @@ read for that without the HTTP parser (:meth:`_GuardedProtocol._refuse_whole`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import resource
+import ssl
 import time
 from collections import Counter
-from collections.abc import Sequence
-from typing import Any, Literal, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, NamedTuple, Protocol
 
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -43,15 +53,18 @@ from uvicorn.server import ServerState
 
 from sordino.protocol.codec import encode_error
 from sordino.records import ConnectionStatistics
+from sordino.server.malloc_trim import Trimmer
 
 __all__ = [
     "LINGER_S",
     "MAX_LINGERING",
     "RECEIVED",
     "RESERVED_DESCRIPTORS",
+    "RESERVE_WAIT_S",
     "ConnectionGuard",
     "default_max_connections",
     "guarded_protocol",
+    "tls_protocol",
 ]
 
 log = logging.getLogger("sordino.http")
@@ -63,11 +76,27 @@ MAX_LINGERING = 256
 RESERVED_DESCRIPTORS = 256
 """Descriptors the default ``max_connections`` leaves for everything else (workers,
 gRPC, the journal, model files)."""
+RESERVE_WAIT_S = 1.0
+"""How long a connection admitted into the monitoring reserve may take to send its
+request's headers; then it gets the 503 it would have had at once."""
 _WARN_EVERY_S = 10.0
+_MONITORING = (b"/metrics", b"/v2/health/")
+"""Paths served on a connection of the monitoring reserve (``/metrics``, ``/v2/health/*``)."""
 RECEIVED = "sordino.received"
 """ASGI scope extension: ``{"at": time.monotonic()}`` when the request's headers ended."""
 
 Phase = Literal["header", "body"]
+Scope = Literal["total", "per_client"]
+
+
+class Admission(NamedTuple):
+    """What :meth:`ConnectionGuard.admit` decided for a new connection."""
+
+    kind: Literal["open", "reserve", "refused"]
+    client: str
+    refusal: str = ""
+    """The 503's message (``reserve``: the one answered to a request it does not serve)."""
+    scope: Scope = "total"
 
 
 class ShedCheck(Protocol):
@@ -100,13 +129,25 @@ class ConnectionGuard:
         max_per_client: int,
         header_timeout: float,
         body_timeout: float,
+        max_pending_bodies: int = 256,
+        body_min_rate: float = 0.0,
+        body_rate_grace: float = 10.0,
+        monitoring_connections: int = 0,
     ) -> None:
         self.max_connections = max_connections
         self.max_per_client = max_per_client
         self.header_timeout = header_timeout
         self.body_timeout = body_timeout
+        self.max_pending_bodies = max_pending_bodies
+        self.body_min_rate = body_min_rate
+        self.body_rate_grace = body_rate_grace
+        self.monitoring_connections = monitoring_connections
         self._open: Counter[str] = Counter()
         self._total = 0
+        self._reserved = 0  # connections open in the monitoring reserve
+        # Connections waiting between reads of a body, oldest first.
+        self.pending_bodies: dict[_GuardedProtocol, None] = {}
+        self.trimmer = Trimmer()  # gives the heap back after large bodies (malloc_trim.py)
         self.lingering: set[asyncio.Transport] = set()
         self._refused_total = self._refused_per_client = 0
         self._timeouts: Counter[Phase] = Counter()
@@ -115,7 +156,8 @@ class ConnectionGuard:
         self._sweeping: asyncio.TimerHandle | None = None
         # Deadlines are checked by one sweep a few times per timeout, not by a timer per
         # request: arming a timer for every request cost the inference path ~10 % on W1.
-        self.sweep_s = min(1.0, max(0.02, min(header_timeout, body_timeout) / 8))
+        shortest = min(header_timeout, body_timeout, body_rate_grace)
+        self.sweep_s = min(1.0, max(0.02, shortest / 8))
         self.early_shed: ShedCheck | None = None
 
     def watch(self, protocol: _GuardedProtocol) -> None:
@@ -130,41 +172,75 @@ class ConnectionGuard:
     def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
         now = loop.time()
         for protocol in [p for p in self._live if p.deadline is not None and now >= p.deadline]:
-            protocol.expire()
+            protocol.expire(now)
         self._sweeping = loop.call_later(self.sweep_s, self._sweep, loop) if self._live else None
 
-    def admit(self, client: str) -> str | None:
-        """Count a new connection from ``client``; or return why it is refused."""
+    def admit(self, client: str) -> Admission:
+        """Count a new connection from ``client`` (open, or in the monitoring reserve),
+        or say why it is refused; :meth:`release` forgets what this counted."""
         if self._total >= self.max_connections:
-            self._refused_total += 1
-            self._warn("the server holds %d connections (server.max_connections)", self._total)
-            return (
+            scope: Scope = "total"
+            refusal = (
                 f"the server holds its limit of {self.max_connections} connections; retry "
                 "later (server.max_connections)"
             )
-        if self._open[client] >= self.max_per_client:
+        elif self._open[client] >= self.max_per_client:
+            scope = "per_client"
+            refusal = (
+                f"{client} holds its limit of {self.max_per_client} open connections; reuse "
+                "them or close some (server.max_connections_per_client)"
+            )
+        else:
+            self._open[client] += 1
+            self._total += 1
+            return Admission("open", client)
+        if self._reserved < self.monitoring_connections:
+            self._reserved += 1
+            return Admission("reserve", client, refusal, scope)
+        self.refused(scope, client)
+        return Admission("refused", client, refusal, scope)
+
+    def refused(self, scope: Scope, client: str) -> None:
+        """Count a connection refused for the limit ``scope``."""
+        if scope == "total":
+            self._refused_total += 1
+            self._warn("the server holds %d connections (server.max_connections)", self._total)
+        else:
             self._refused_per_client += 1
             self._warn(
                 "%s holds %d connections (server.max_connections_per_client)",
                 client,
                 self._open[client],
             )
-            return (
-                f"{client} holds its limit of {self.max_per_client} open connections; reuse "
-                "them or close some (server.max_connections_per_client)"
-            )
-        self._open[client] += 1
-        self._total += 1
-        return None
 
-    def release(self, client: str) -> None:
+    def release(self, admission: Admission) -> None:
         """Forget a connection :meth:`admit` counted."""
-        self._total -= 1
-        self._open[client] -= 1
-        if self._open[client] <= 0:
-            del self._open[client]
+        if admission.kind == "reserve":
+            self._reserved -= 1
+        elif admission.kind == "open":
+            client = admission.client
+            self._total -= 1
+            self._open[client] -= 1
+            if self._open[client] <= 0:
+                del self._open[client]
+
+    def too_many_bodies(self) -> bool:
+        return len(self.pending_bodies) > self.max_pending_bodies
+
+    def evict_oldest_body(self) -> None:
+        """Answer 408 to the connection that has waited longest for the rest of a body."""
+        oldest = next(iter(self.pending_bodies))
+        oldest.expire(
+            oldest.loop.time(),
+            because=(
+                f"the request body was still incomplete when {self.max_pending_bodies} other "
+                "connections were waiting for theirs (server.max_pending_bodies); send the "
+                "body with its headers"
+            ),
+        )
 
     def timed_out(self, phase: Phase, client: str) -> None:
+        """Count a connection closed for reading ``phase`` too slowly."""
         self._timeouts[phase] += 1
         log.debug("closed a connection from %s: no complete request %s in time", client, phase)
 
@@ -194,6 +270,89 @@ class ConnectionGuard:
             log.warning("refusing new HTTP connections: " + message, *args)
 
 
+def tls_protocol(
+    make: Callable[[], asyncio.Protocol],
+    guard: ConnectionGuard,
+    context: ssl.SSLContext,
+    handshake_timeout: float,
+) -> Callable[[], asyncio.Protocol]:
+    """A protocol factory for a plain listening socket that serves TLS: each connection
+    is admitted (counted against the limits) when it is accepted, before its handshake,
+    which must end within ``handshake_timeout``; then ``make()``'s protocol (from
+    :func:`guarded_protocol`) serves it. Pending handshakes hold descriptors too."""
+    return lambda: _TlsAccept(make, guard, context, handshake_timeout)
+
+
+class _TlsAccept(asyncio.Protocol):
+    """A TCP connection of a TLS listener until its handshake is done."""
+
+    def __init__(
+        self,
+        make: Callable[[], asyncio.Protocol],
+        guard: ConnectionGuard,
+        context: ssl.SSLContext,
+        handshake_timeout: float,
+    ) -> None:
+        self.make = make
+        self.guard = guard
+        self.context = context
+        self.handshake_timeout = handshake_timeout
+        self.protocol: _GuardedProtocol | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.pause_reading()  # the ClientHello is for the TLS layer start_tls makes
+        admission = self.guard.admit(_client(transport))
+        if admission.kind == "refused" and len(self.guard.lingering) >= MAX_LINGERING:
+            transport.abort()  # no room left even to say 503 over TLS
+            return
+        protocol = self.make()
+        assert isinstance(protocol, _GuardedProtocol)
+        protocol.admission = admission
+        if admission.kind == "refused":
+            self.guard.lingering.add(transport)  # its handshake, then its 503, hold it
+        self.protocol = protocol
+        self.task = asyncio.get_running_loop().create_task(self._handshake(transport, protocol))
+
+    async def _handshake(self, transport: asyncio.Transport, protocol: _GuardedProtocol) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            secured = await loop.start_tls(
+                transport,
+                protocol,
+                self.context,
+                server_side=True,
+                ssl_handshake_timeout=self.handshake_timeout,
+            )
+        except Exception as exc:  # any failed handshake just ends the connection
+            # Its traceback holds asyncio's handshake frames (the TLS objects, this
+            # protocol) in a cycle with the waiter that holds it: broken, they go at once.
+            exc.__traceback__ = exc.__context__ = None
+            transport.abort()
+            protocol.forget()
+            protocol.parser = None  # type: ignore[assignment]  # a cycle of bound methods
+            return
+        finally:
+            self.guard.lingering.discard(transport)
+            self.task = self.protocol = None  # no cycle through this coroutine's frame
+        if secured is None or secured.is_closing():
+            protocol.forget()
+            return
+        protocol.connection_made(secured)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # Lost before start_tls took the transport over: nothing else will release it.
+        if self.protocol is not None and self.task is not None and not self.task.done():
+            self.task.cancel()
+            self.protocol.forget()
+
+
+def _client(transport: asyncio.BaseTransport) -> str:
+    peer = transport.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
+
+
 def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
     """The httptools protocol class for uvicorn's ``Config(http=...)``, bound to ``guard``."""
 
@@ -217,8 +376,14 @@ class _GuardedProtocol(HttpToolsProtocol):
         _loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
+        self.admission: Admission | None = None  # set at accept on a TLS listener
         self._address = ""
         self._admitted = False
+        self._made = False
+        self._early: list[bytes] = []  # TLS data that came before connection_made
+        self._refused_late = False  # a reserve connection answered 503: reads are dropped
+        self._body_began = 0.0
+        self._body_bytes = 0
         self._phase: Phase | None = None
         self._timer: asyncio.TimerHandle | None = None  # a refused connection's linger
         self.deadline: float | None = None  # when the phase being read times out
@@ -229,30 +394,54 @@ class _GuardedProtocol(HttpToolsProtocol):
     # -- the connection --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        peer = transport.get_extra_info("peername")
-        self._address = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
-        refusal = self.guard.admit(self._address)
-        if refusal is not None:
+        self._made = True
+        if self.admission is None:  # plain TCP; a TLS connection was admitted at accept
+            self.admission = self.guard.admit(_client(transport))
+        admission = self.admission
+        self._address = admission.client
+        if admission.kind == "refused":
             self.transport = transport
-            self._refuse(transport, refusal)
+            self._refuse(transport, admission.refusal)
             return
         self._admitted = True
         super().connection_made(transport)
         self.guard.watch(self)
         self._arm("header")
+        if admission.kind == "reserve":
+            self._timer = self.loop.call_later(RESERVE_WAIT_S, self._refuse_reserved)
+        early, self._early = self._early, []
+        for data in early:
+            self.data_received(data)
+
+    def forget(self) -> None:
+        """Release what :meth:`ConnectionGuard.admit` counted for this connection (once)."""
+        if self.admission is not None:
+            self.guard.release(self.admission)
+            self.admission = None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self.guard.unwatch(self)
+        if self._timer is not None:
+            self._timer.cancel()
+        self.forget()
+        if not self._made:
+            self.parser = None  # type: ignore[assignment]  # see below
+            return  # a TLS handshake that failed
+        self.guard.lingering.discard(self.transport)
         if not self._admitted:
-            self.guard.lingering.discard(self.transport)
+            # The parser holds this protocol's bound methods: a refused connection left
+            # that cycle (and its transport) for the cyclic GC, hundreds under pressure.
+            self.parser = None  # type: ignore[assignment]
             return
         self._admitted = False
-        self.guard.release(self._address)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if not self._admitted:
+        if not self._made:
+            self._early.append(data)  # decrypted before start_tls returned
+            return
+        if not self._admitted or self._refused_late:
             return  # a refused connection: its request is not read
         shed = self.guard.early_shed
         if (
@@ -270,6 +459,8 @@ class _GuardedProtocol(HttpToolsProtocol):
         if self._phase == "header":
             self._request_bytes = True
         super().data_received(data)
+        if self._phase == "body" and self.guard.too_many_bodies():
+            self.guard.evict_oldest_body()
 
     def _refuse_whole(self, data: bytes, shed: ShedCheck) -> bytes:
         """Refuse the whole requests ``data`` starts with, unparsed; return the rest.
@@ -327,6 +518,13 @@ class _GuardedProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        if self.admission is not None and self.admission.kind == "reserve":
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if self.parser.get_method() not in (b"GET", b"HEAD") or not _monitoring(self.url):
+                self._refuse_reserved()
+                return
         shed = self.guard.early_shed
         asked, self._asked = self._asked, False
         if (
@@ -343,14 +541,21 @@ class _GuardedProtocol(HttpToolsProtocol):
         # When the request was read: its deadline counts from here (fast_infer.py).
         self.scope["extensions"] = {RECEIVED: {"at": time.monotonic()}}
         super().on_headers_complete()
+        if self.admission is not None and self.admission.kind == "reserve" and self.cycle:
+            self.cycle.keep_alive = False  # a reserve slot serves one request, then is free
         self._arm("body")  # on_message_complete follows at once when there is no body
 
     def on_body(self, body: bytes) -> None:
-        if not self._shedding:
+        self._body_bytes += len(body)
+        if len(body) >= _LARGE_READ:
+            self.guard.trimmer.note(self.loop, len(body))
+        if not self._shedding and not self._refused_late:
             super().on_body(body)
 
     def on_message_complete(self) -> None:
         self._disarm()
+        if self._refused_late:
+            return
         if self._shedding:
             self._shedding = False
             self.on_response_complete()  # as after any response: keep-alive, pipelining
@@ -372,21 +577,62 @@ class _GuardedProtocol(HttpToolsProtocol):
     # -- timeouts and refusals -------------------------------------------------------
 
     def _arm(self, phase: Phase) -> None:
-        seconds = self.guard.header_timeout if phase == "header" else self.guard.body_timeout
+        guard = self.guard
+        now = self.loop.time()
         self._phase = phase
         self._request_bytes = False
-        self.deadline = self.loop.time() + seconds
+        if phase == "header":
+            self.deadline = now + guard.header_timeout
+            return
+        self._body_began, self._body_bytes = now, 0
+        self.deadline = now + (
+            min(guard.body_timeout, guard.body_rate_grace)
+            if guard.body_min_rate > 0
+            else guard.body_timeout
+        )
+        guard.pending_bodies[self] = None
 
     def _disarm(self) -> None:
+        if self._phase == "body":
+            self.guard.pending_bodies.pop(self, None)
         self._phase = None
         self.deadline = None
         self._request_bytes = False
 
-    def expire(self) -> None:
-        """The phase being read ran past its deadline: answer 408 if due, and close."""
+    def _slow_body(self, now: float) -> str | None:
+        """Why the body being read is too slow at ``now``, or None after moving the
+        deadline to when it would be (the minimum rate's check, as ``mod_reqtimeout``)."""
+        guard = self.guard
+        final = self._body_began + guard.body_timeout
+        if now >= final:
+            return f"the request body did not arrive within {guard.body_timeout:g} s"
+        earned = max(guard.body_rate_grace, self._body_bytes / guard.body_min_rate)
+        due = self._body_began + earned
+        if now < due:
+            self.deadline = min(final, due)
+            return None
+        return (
+            f"the request body arrived slower than {guard.body_min_rate:g} bytes/s "
+            f"(server.body_min_rate): {self._body_bytes} bytes in {now - self._body_began:.1f} s"
+        )
+
+    def expire(self, now: float, *, because: str | None = None) -> None:
+        """The phase being read ran past its deadline (or, ``because``, must end now):
+        answer 408 if due, and close."""
         phase, request_bytes = self._phase, self._request_bytes
+        if phase == "body" and because is None:
+            because = (
+                self._slow_body(now)
+                if self.guard.body_min_rate > 0
+                else f"the request body did not arrive within {self.guard.body_timeout:g} s"
+            )
+            if because is None:
+                return  # not behind: the deadline moved on
         self._disarm()
         if phase is None or self.transport.is_closing():
+            return
+        if self.admission is not None and self.admission.kind == "reserve" and phase == "header":
+            self._refuse_reserved()
             return
         self.guard.timed_out(phase, self._address)
         cycle = self.cycle
@@ -399,23 +645,49 @@ class _GuardedProtocol(HttpToolsProtocol):
             # answer (if any) is dropped instead of following ours.
             cycle.disconnected = True
             cycle.message_event.set()
-            seconds = self.guard.body_timeout
-            self._answer(408, f"the request body did not arrive within {seconds:g} s")
+            self._answer(408, because or "the request body did not arrive in time")
         self.transport.close()
+
+    def _refuse_reserved(self) -> None:
+        """A connection of the monitoring reserve asked for something else (or nothing in
+        :data:`RESERVE_WAIT_S`): answer the 503 it was spared at connect, and close."""
+        self._timer = None
+        admission = self.admission
+        if admission is None or self._refused_late or self.transport.is_closing():
+            return
+        self._refused_late = True
+        self._disarm()
+        self.guard.unwatch(self)
+        self.guard.refused(admission.scope, admission.client)
+        self._refuse(self.transport, admission.refusal)
 
     def _answer(self, status: int, message: str) -> None:
         self.transport.write(_response(status, message))
 
     def _refuse(self, transport: asyncio.Transport, message: str) -> None:
+        transport.write(_response(503, message, retry_after=True))
         if len(self.guard.lingering) >= MAX_LINGERING:
-            transport.abort()
+            # No room to linger: the answer is in the socket's buffer already; a client
+            # that is still sending may miss it, but none is reset without one.
+            transport.close()
             return
         self.guard.lingering.add(transport)
-        transport.write(_response(503, message, retry_after=True))
-        if transport.can_write_eof():
-            transport.write_eof()
+        if transport.can_write_eof() and not transport.is_closing():
+            # The client may be gone already (reset): shutdown() then raises, which must
+            # not end this callback before the linger is armed.
+            with contextlib.suppress(OSError):
+                transport.write_eof()
         self._timer = self.loop.call_later(LINGER_S, transport.close)
 
+
+def _monitoring(target: bytes) -> bool:
+    path = target.split(b"?", 1)[0]
+    return path == _MONITORING[0] or path.startswith(_MONITORING[1])
+
+
+_LARGE_READ = 16 * 1024
+"""Body reads from this size on count towards the next ``malloc_trim`` (small bodies
+come from Python's own allocator and do not leave the heap holding free pages)."""
 
 _REASONS = {408: b"Request Timeout", 503: b"Service Unavailable"}
 _AS_PARSER_DOES = frozenset({b"transfer-encoding", b"expect", b"upgrade", b"connection"})
@@ -428,7 +700,14 @@ def _plain_head(data: bytes, end: int) -> tuple[bytes, list[tuple[bytes, bytes]]
 
     Under overload a client sends the same head over and over: the last heads read are
     kept (about 2 µs of a refusal's 40), and the headers list must not be changed."""
+    if end > _CACHED_HEAD:
+        return _read_head.__wrapped__(data[:end])
     return _read_head(data[:end])
+
+
+_CACHED_HEAD = 4096
+"""Longest head kept by :func:`_read_head`'s cache: a client's huge heads must not be
+what 256 entries hold (256 x 1 MB heads were 256 MB of cache)."""
 
 
 @functools.lru_cache(maxsize=256)

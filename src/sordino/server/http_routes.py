@@ -14,6 +14,8 @@ Handlers are as thin as the KServe ones in ``http.py`` and share its error mappi
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
@@ -35,7 +37,10 @@ from sordino.server.disconnect import EventStream, until_disconnect
 from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
 
-__all__ = ["extra_routes", "json_body"]
+__all__ = ["OFF_LOOP_BYTES", "extra_routes", "json_body"]
+
+OFF_LOOP_BYTES = 256 * 1024
+"""Generate bodies larger than this are decoded on a thread, not on the event loop."""
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -151,7 +156,12 @@ async def _generate_request(runtime: Runtime, request: Request) -> InferRequest:
             raise MalformedBody(
                 f"the request body is larger than the limit of {limit} bytes", too_large=True
             )
-        decoded = decode_generate_request(body, model.metadata, model=name, version=version)
+        decode = functools.partial(
+            decode_generate_request, body, model.metadata, model=name, version=version
+        )
+        # A large body takes milliseconds per megabyte to decode: off the event loop, so
+        # that other clients are not stalled meanwhile.
+        decoded = await asyncio.to_thread(decode) if len(body) > OFF_LOOP_BYTES else decode()
     authorization = request.headers.get("authorization")
     if authorization is not None:
         decoded.headers["authorization"] = authorization  # the service authenticates it

@@ -16,7 +16,12 @@ from collections.abc import Generator
 
 import uvicorn
 
-from sordino.server.connections import ConnectionGuard, default_max_connections, guarded_protocol
+from sordino.server.connections import (
+    ConnectionGuard,
+    default_max_connections,
+    guarded_protocol,
+    tls_protocol,
+)
 from sordino.server.early_shed import EarlyShed
 from sordino.server.http import build_app
 from sordino.server.loop_lag import LoopLag
@@ -97,6 +102,10 @@ class HttpServer:
             max_per_client=settings.max_connections_per_client,
             header_timeout=settings.header_timeout,
             body_timeout=settings.body_timeout,
+            max_pending_bodies=settings.max_pending_bodies,
+            body_min_rate=settings.body_min_rate,
+            body_rate_grace=settings.body_rate_grace,
+            monitoring_connections=settings.monitoring_connections,
         )
         # Refuse from the headers what the scheduler would shed after decoding the body.
         lag = settings.shed_loop_lag
@@ -143,9 +152,11 @@ class HttpServer:
 
     async def _listen_tls(self, loop: asyncio.AbstractEventLoop) -> None:
         """Accept TLS connections on the socket, as uvicorn would, but with the handshake
-        bounded: a client that stalls it is dropped after ``server.header_timeout``."""
+        bounded (a client that stalls it is dropped after ``server.header_timeout``) and
+        counted against the connection limits from the accept (``tls_protocol``)."""
         server = self._server
         config = server.config
+        assert self._ssl is not None
 
         def protocol() -> asyncio.Protocol:
             made: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
@@ -157,10 +168,8 @@ class HttpServer:
             return made
 
         listener = await loop.create_server(
-            protocol,
+            tls_protocol(protocol, self.guard, self._ssl, self._handshake_timeout),
             sock=self._sock,
-            ssl=self._ssl,
-            ssl_handshake_timeout=self._handshake_timeout,
             backlog=config.backlog,
         )
         server.servers.append(listener)  # closed by stop_accepting() and uvicorn's shutdown
