@@ -17,8 +17,6 @@ from pathlib import Path
 
 import click
 
-from sordino.telemetry.journal import encode_payload
-
 __all__ = ["event"]
 
 
@@ -52,6 +50,7 @@ def mark(
     """Mark the start or the end of the period NAME in the journal."""
     # Imported here, so that the other commands start without the report code.
     from sordino.reports.postmortem import MARK_KIND, parse_moment
+    from sordino.telemetry.journal import encode_payload
 
     if edge is None:
         raise click.UsageError("give --start or --end")

@@ -16,7 +16,6 @@ from typing import Any
 import click
 
 from sordino.cli.server_url import auth_headers, server_url, token_option, url_option
-from sordino.config.units import parse_duration
 from sordino.control.client import ClientError, request_json
 from sordino.errors import ConfigError
 
@@ -54,6 +53,8 @@ def events(
 ) -> None:
     """List the server's events: guardian actions, worker restarts, faults, switches."""
     import json
+
+    from sordino.config.units import parse_duration
 
     try:
         seconds = parse_duration(since)

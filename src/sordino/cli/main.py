@@ -1,4 +1,10 @@
-"""The ``sordino`` command: one group, one module per subcommand."""
+"""The ``sordino`` command: one group, one module per subcommand.
+
+Each subcommand's module imports only click and the standard library at its top; what a
+command needs to run (numpy, ONNX Runtime, the server, the report code) is imported
+inside it, so ``sordino --help`` and ``sordino X --help`` answer at once
+(tests/cli/test_imports.py). The console script is :func:`sordino.cli.entry.main`.
+"""
 
 from __future__ import annotations
 
@@ -33,7 +39,26 @@ _PACKAGES = {"sklearn": "scikit-learn", "yaml": "pyyaml", "pynvml": "nvidia-ml-p
              "google": "protobuf", "PIL": "pillow", "hdrh": "hdrhistogram"}  # fmt: skip
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """A group whose ``--help`` shows each command's whole summary, wrapped, never cut."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=_SUMMARY_LIMIT)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+# Longer than any command's first sentence: click's default (the width left on the line)
+# cut them mid-phrase with "...".
+_SUMMARY_LIMIT = 200
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="sordino")
 def cli() -> None:
     """sordino: an inference runtime for AIGC services (KServe v2 over HTTP and gRPC)."""

@@ -22,12 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from sordino.cli.server_url import URL_ENV, server_url
-from sordino.config.units import parse_duration
-from sordino.control.admin import TOKEN_ENV
+from sordino.control.client import TOKEN_ENV
 from sordino.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -114,6 +111,8 @@ def _own_server(spec: str, config: Path | None, timeout_s: float = 120.0) -> Ite
 def _duration(value: str | None, option: str) -> float | None:
     if value is None:
         return None
+    from sordino.config.units import parse_duration
+
     try:
         seconds = parse_duration(value)
     except ConfigError as exc:
@@ -342,6 +341,15 @@ def _table(rows: list[list[str]]) -> list[str]:
 
 def _run(url: str, model: str | None, profile: Profile, o: _Options) -> bool:
     """Run, report, and return whether a --fail-on condition held."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )  # fmt: skip
+
     from sordino.loadtest import findings as find
     from sordino.loadtest.report import HEADLINE_HEADER, draw_charts, headline_rows, render_html
     from sordino.loadtest.run import Unreachable, execute, prepare
