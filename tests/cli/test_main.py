@@ -10,8 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 
+from sordino.cli.group import Group
 from sordino.cli.main import cli
 
 # What serving, reports and load tests need; none of it is needed to print help.
@@ -69,6 +71,17 @@ def test_help_shows_every_command_summary_whole() -> None:
     commands = result.stdout.partition("Commands:")[2]
     assert commands and "..." not in commands
     assert "generate     Generate an image for a prompt and write it as a PNG." in result.stdout
+
+
+def test_no_summary_is_cut_in_any_group() -> None:
+    """Every group lists whole sentences ("(e.g." was where memory resize's ended)."""
+    groups = [cli, *(c for c in cli.commands.values() if isinstance(c, click.Group))]
+    for group in groups:
+        assert isinstance(group, Group), group.name
+        for name, command in group.commands.items():
+            summary = command.get_short_help_str(limit=200)
+            assert summary.endswith("."), (group.name, name, summary)
+            assert summary.count("(") == summary.count(")"), (group.name, name, summary)
 
 
 # Put on the path of the command's Python: Ctrl-C arrives while sordino.cli.main imports.

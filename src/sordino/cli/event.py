@@ -17,10 +17,12 @@ from pathlib import Path
 
 import click
 
+from sordino.cli.group import Group
+
 __all__ = ["event"]
 
 
-@click.group()
+@click.group(cls=Group)
 def event() -> None:
     """Name periods of the journal (a sale, a launch, an incident)."""
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from sordino.cli.group import Group
 from sordino.cli.server_url import auth_headers, server_url, token_option, url_option
 from sordino.control.client import ClientError, request_json
 from sordino.errors import ConfigError
@@ -81,7 +82,7 @@ def events(
         return
 
 
-@click.group()
+@click.group(cls=Group)
 def guardian() -> None:
     """The guardian (self-healing): its triggers and what it is doing."""
 

@@ -8,6 +8,7 @@ from typing import Any, NoReturn
 
 import click
 
+from sordino.cli.group import Group
 from sordino.errors import SordinoError
 
 __all__ = ["hints"]
@@ -21,7 +22,7 @@ def _fail(message: str, code: int = 1) -> NoReturn:
 _MODEL = click.Path(path_type=Path, dir_okay=False, exists=True)
 
 
-@click.group()
+@click.group(cls=Group)
 def hints() -> None:
     """Embed runtime hints into an ONNX model, or list the ones it carries."""
 

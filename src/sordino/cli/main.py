@@ -18,6 +18,7 @@ from sordino.cli.diagnose import diagnose
 from sordino.cli.event import event
 from sordino.cli.events import events, guardian
 from sordino.cli.generate import generate
+from sordino.cli.group import Group
 from sordino.cli.hints import hints
 from sordino.cli.memory import memory
 from sordino.cli.models import models
@@ -39,26 +40,7 @@ _PACKAGES = {"sklearn": "scikit-learn", "yaml": "pyyaml", "pynvml": "nvidia-ml-p
              "google": "protobuf", "PIL": "pillow", "hdrh": "hdrhistogram"}  # fmt: skip
 
 
-class _Group(click.Group):
-    """A group whose ``--help`` shows each command's whole summary, wrapped, never cut."""
-
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = []
-        for name in self.list_commands(ctx):
-            command = self.get_command(ctx, name)
-            if command is not None and not command.hidden:
-                rows.append((name, command.get_short_help_str(limit=_SUMMARY_LIMIT)))
-        if rows:
-            with formatter.section("Commands"):
-                formatter.write_dl(rows)
-
-
-# Longer than any command's first sentence: click's default (the width left on the line)
-# cut them mid-phrase with "...".
-_SUMMARY_LIMIT = 200
-
-
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="sordino")
 def cli() -> None:
     """sordino: an inference runtime for AIGC services (KServe v2 over HTTP and gRPC)."""

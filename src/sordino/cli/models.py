@@ -18,6 +18,7 @@ from urllib.parse import quote
 
 import click
 
+from sordino.cli.group import Group
 from sordino.cli.server_url import auth_headers, server_url, token_option, url_option
 from sordino.control.client import ClientError, request_json
 
@@ -45,7 +46,7 @@ def _post(
         sys.exit(1)
 
 
-@click.group()
+@click.group(cls=Group)
 def models() -> None:
     """List, load and unload the models of a running server; export the built-in ones."""
 

@@ -57,6 +57,8 @@ def quantize(
         )
     except SordinoError as exc:
         _fail(str(exc))
+    except ModuleNotFoundError:
+        raise  # sordino.cli.main names the package to install
     except Exception as exc:  # ONNX Runtime's own errors (an unsupported graph, …)
         _fail(f"ONNX Runtime could not quantize {model}: {exc}")
     kind = "dynamic" if dynamic else "static"

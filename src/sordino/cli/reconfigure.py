@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 import click
 
+from sordino.cli.group import Group
 from sordino.cli.server_url import auth_headers, server_url, token_option, url_option
 from sordino.control.client import ClientError, request_json
 from sordino.errors import ConfigError, InvalidRequest
@@ -179,7 +180,7 @@ def reconfigure(
         sys.exit(1)
 
 
-@click.group()
+@click.group(cls=Group)
 def config() -> None:
     """Show the live configuration of a running server and its change history."""
 

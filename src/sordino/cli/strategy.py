@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
+from sordino.cli.group import Group
 from sordino.cli.reconfigure import change_config, get_json, print_entry, read_overlay
 from sordino.cli.server_url import token_option, url_option
 from sordino.errors import SordinoError
@@ -56,7 +57,7 @@ def _line(bundle: Bundle) -> str:
     )
 
 
-@click.group()
+@click.group(cls=Group)
 def strategy() -> None:
     """Share, find and apply strategy bundles (named configuration fragments)."""
 
