@@ -120,3 +120,17 @@ def test_the_readme_replays_on_a_fresh_copy() -> None:
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-12000:]
     assert "newcomer: README.md replayed in" in output
+
+
+def test_the_readme_and_the_tour_run_every_command() -> None:
+    """Issue 27: each command's happy path runs on the README's install (`pip install .`)."""
+    from sordino.cli.main import cli
+
+    readme = [
+        newcomer.commands(step.block.text)
+        for step in newcomer.plan(README, set(NOT_RUNNABLE))
+        if step.action == "run" and step.block.lang == "bash"
+    ]
+    lines = [line for block in readme for line in block] + list(newcomer.TOUR)
+    run = {words[1] for line in lines if (words := line.split())[0].endswith("sordino")}
+    assert run >= set(cli.commands), sorted(set(cli.commands) - run)

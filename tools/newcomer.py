@@ -21,14 +21,20 @@ variables, the working directory), with ``HOME`` a fresh folder:
     ``--http-port 0 --grpc-port 0`` and a data directory of its own, as the README says
     a server beside the first one needs. In the foreground it serves until it is ready,
     then gets Ctrl-C (SIGINT to its process group); with ``&`` it is a job until
-    ``kill %N`` (SIGTERM to the group). It must exit 0 either way, and a job still
-    running at the end of its block is an error;
+    ``kill %N`` (SIGTERM to the group), and the next command runs at once, as when a
+    reader pastes the block (so the README must wait for it to be ready). It must exit
+    0 either way, and a job still running at the end of its block is an error;
   - ``sordino monitor`` without ``--once`` watches for a few seconds, then gets Ctrl-C;
   - ``pytest`` only collects the suite (this runs inside the suite; .ci/run runs it all);
   - ``curl`` fails on an HTTP error status (``--fail-with-body``).
 
 - any other block, and a block listed with ``--skip FIRST-LINE``, is not replayed; a
   block of another language that is not listed is an error (see :func:`plan`).
+
+Then, in the same shell (the README's ``.venv``, which has only what ``pip install .``
+installs), :data:`TOUR` runs each command's happy path against the first server, so a
+command that needs a package the install lacks fails here (issue 27: ``sordino quantize``
+needed ``onnx``). ``tests/test_newcomer.py`` checks that it names every command.
 """
 
 from __future__ import annotations
@@ -60,6 +66,36 @@ SETUP_TIMEOUT = 900.0  # a command that creates a virtual environment or install
 COMMAND_TIMEOUT = 180.0
 READY_TIMEOUT = 120.0
 MONITOR_SECONDS = 4.0
+
+
+# Each command of `sordino --help` the README does not run, at its primary use, in a fresh
+# folder after the README; 8000 is the first server (its data directory is ~/.sordino).
+# The README runs start, chaos, models, monitor, profile and diagnose.
+TOUR = (
+    "sordino --help",
+    "sordino models export-builtin models",
+    "sordino models list --url http://127.0.0.1:8000",
+    "sordino hints embed models/simple/1/model.onnx --max-batch 8 -o hinted.onnx",
+    "sordino hints show hinted.onnx",
+    "sordino quantize models/digits-classifier/1/model.onnx --int8 --dynamic -o int8.onnx",
+    "sordino generate 'a handwritten 7' --steps 4 --url http://127.0.0.1:8000 -o seven.png",
+    "sordino monitor --once --url http://127.0.0.1:8000",
+    "sordino memory status --url http://127.0.0.1:8000",
+    "sordino tenants list --url http://127.0.0.1:8000",
+    "sordino events --url http://127.0.0.1:8000",
+    "sordino guardian status --url http://127.0.0.1:8000",
+    "sordino config show --url http://127.0.0.1:8000",
+    "sordino reconfigure --set scheduler.slo_p99_ms=100 --dry-run --url http://127.0.0.1:8000",
+    "sordino strategy list",
+    "sordino strategy export edge_conservative -o edge.tar.gz",
+    "sordino event mark tour --start",
+    "sordino stress-test --url http://127.0.0.1:8000 --model digits-classifier --duration 2s"
+    " --peak-rate 20 --output stress.html",
+    "sordino event mark tour --end",
+    "sordino postmortem --event tour --output postmortem.html",
+    "sordino tune --url http://127.0.0.1:8000 --model simple --max-batch 1,8 --delay-us 0"
+    " --modes manual --rates 50 --seconds 1 --refine 0",
+)
 
 
 class ReplayFailed(Exception):
@@ -284,7 +320,8 @@ class Replay:
                 self.first_server = self.start_server(self.first_server_flags(text, words))
             elif background:
                 job = max(self.jobs, default=0) + 1
-                self.jobs[job] = self.start_server(self.beside_first(text, words))
+                # A reader pastes the next line at once: the README must wait for it.
+                self.jobs[job] = self.start_server(self.beside_first(text, words), wait=False)
             else:
                 server = self.start_server(self.beside_first(text, words))
                 self.stop(server, signal.SIGINT, "Ctrl-C")
@@ -323,8 +360,11 @@ class Replay:
         for name in ("NEWCOMER_CMD", "NEWCOMER_CWD", "NEWCOMER_STATE", "_", "OLDPWD", "PWD"):
             self.env.pop(name, None)
 
-    def start_server(self, text: str) -> Server:
-        """Start a server in its own process group; return once it answers ready."""
+    def start_server(self, text: str, *, wait: bool = True) -> Server:
+        """Start a server in its own process group; return once it answers ready.
+
+        ``wait=False`` (a job started with ``&``): return at once, as a shell does.
+        """
         self.count += 1
         script = 'trap : INT TERM; cd "$NEWCOMER_CWD" && eval "$NEWCOMER_CMD"'
         env = {**self.env, "NEWCOMER_CMD": text, "NEWCOMER_CWD": str(self.cwd)}
@@ -333,6 +373,8 @@ class Replay:
         name = f"server {self.count}"
         process = Process.start(name, ["bash", "-c", script], env, self.cwd, echo=not setup)
         what = f"server {self.count} ({text!r})"
+        if not wait:
+            return Server(process, "")
         deadline = time.monotonic() + SETUP_TIMEOUT
         while True:
             urls = [m[1] for line in process.lines if (m := LISTENING.search(line))]
@@ -402,6 +444,15 @@ class Replay:
         if not _has(words, "--data-dir"):
             text += f" --data-dir {self.scratch / f'data-{self.count + 1}'}"
         return text
+
+    def tour(self) -> None:
+        """Run :data:`TOUR` in a fresh folder, in the shell the README left."""
+        self.cwd = self.scratch / "tour"
+        self.cwd.mkdir()
+        for text in TOUR:
+            started = time.monotonic()
+            self.command(self.rewrite_ports(text), first_block=False)
+            print(f"  ({time.monotonic() - started:.1f} s)", flush=True)
 
     def close(self, failed: bool) -> None:
         """Stop the first server (Ctrl-C) and any job left; on failure, kill everything."""
@@ -506,6 +557,10 @@ def main() -> int:
                 started = time.monotonic()
                 replay.replay(step, first_block=index == 0)
                 print(f"  ({time.monotonic() - started:.1f} s)", flush=True)
+        print("--- every command's happy path (TOUR)", flush=True)
+        toured = time.monotonic()
+        replay.tour()
+        print(f"  (the tour: {time.monotonic() - toured:.0f} s)", flush=True)
         failed = False
         replay.close(failed=False)
     except ReplayFailed as exc:

@@ -7,8 +7,9 @@ surface is for embedding the runtime and testing against it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from sordino.clock import Clock, MonotonicClock
-from sordino.config import RuntimeConfig, load_config
 from sordino.errors import (
     Cancelled,
     ConfigError,
@@ -30,7 +31,10 @@ from sordino.errors import (
     Unsupported,
 )
 from sordino.events import Event, EventSink
-from sordino.inference import InferRequest, InferResponse, ModelKey, RequestedOutput
+
+if TYPE_CHECKING:
+    from sordino.config import RuntimeConfig, load_config
+    from sordino.inference import InferRequest, InferResponse, ModelKey, RequestedOutput
 
 __version__ = "0.1.0"
 
@@ -65,3 +69,30 @@ __all__ = [
     "__version__",
     "load_config",
 ]
+
+# Imported on first use: they pull in pydantic and numpy, which `sordino --help` and every
+# command that only talks to a server never need (tests/cli/test_imports.py).
+_LAZY = {
+    "RuntimeConfig": "sordino.config",
+    "load_config": "sordino.config",
+    "InferRequest": "sordino.inference",
+    "InferResponse": "sordino.inference",
+    "ModelKey": "sordino.inference",
+    "RequestedOutput": "sordino.inference",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name of :data:`_LAZY` from its module when it is first asked for."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sordino' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

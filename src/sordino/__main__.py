@@ -1,5 +1,5 @@
 """``python -m sordino`` runs the ``sordino`` command."""
 
-from sordino.cli.main import main
+from sordino.cli.entry import main
 
 main()

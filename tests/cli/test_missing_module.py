@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,24 @@ def test_report_modules_are_regular_dependencies() -> None:
     names = {dep.split(">")[0].split("=")[0].split(";")[0] for dep in project["dependencies"]}
     assert {"matplotlib", "statsmodels"} <= names
     assert project["optional-dependencies"]["reports"] == []
+
+
+def test_onnx_is_a_regular_dependency() -> None:
+    """Issue 27: `sordino quantize` failed on the README's install: onnx came only with [test]."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    names = {dep.split(">")[0].split("=")[0].split(";")[0] for dep in project["dependencies"]}
+    assert "onnx" in names
+
+
+def test_quantize_without_onnx_says_what_to_install(tmp_path: Path) -> None:
+    """A broken environment still gets one line naming the package, not ONNX Runtime's text."""
+    model = Path(str(resources.files("sordino.models.builtin"))) / "digits-classifier.onnx"
+    result = sordino_without(
+        "onnx", "quantize", str(model), "--int8", "--dynamic", "-o", str(tmp_path / "q.onnx")
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr + result.stdout
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: this command needs the Python package 'onnx', which is not installed: "
+        "pip install onnx"
+    )

@@ -307,3 +307,30 @@ def test_a_second_server_on_the_same_data_dir_is_refused(tmp_path: Path) -> None
     assert "in use by another sordino server" in result.stderr
     assert "--data-dir" in result.stderr and "Traceback" not in result.stderr
     assert "loaded" not in result.stdout
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+def test_tls_urls_say_so_for_both_ports(tmp_path: Path) -> None:
+    """Issue 27: with TLS the HTTP URL read https:// but the gRPC one plain grpc://."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    config = tmp_path / "tls.yaml"
+    config.write_text(f"server:\n  tls: {{cert: {cert}, key: {key}}}\n", encoding="utf-8")
+    process = _popen(
+        ["--config", str(config), "--http-port", "0", "--grpc-port", "0",
+         "--model", str(BUILTIN / "simple.onnx"), "--data-dir", str(tmp_path / "data")]
+    )  # fmt: skip
+    lines: list[str] = []
+    try:
+        _read_until(process, "(KServe v2 gRPC", lines)
+        assert re.search(r"listening on https://\S+ \(KServe v2 HTTP", "\n".join(lines))
+        assert re.search(r"listening on grpcs://127\.0\.0\.1:\d+ \(KServe v2 gRPC", lines[-1])
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()

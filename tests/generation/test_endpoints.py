@@ -284,3 +284,17 @@ def test_any_generate_body_is_answered_without_a_5xx(
     assert infer.status_code < 500, infer.text
     if response.status_code != 200:
         assert response.json()["error"]
+
+
+def test_sordino_generate_writes_nothing_to_stderr_off_a_terminal(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    """Issue 27: piped or logged, stderr got a blank line from the progress bar."""
+    result = CliRunner().invoke(
+        cli,
+        ["generate", "a handwritten 3", "--steps", "3", "--seed", "1", "--url", server.url,
+         "-o", str(tmp_path / "three.png")],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    assert result.stdout.startswith("wrote ")

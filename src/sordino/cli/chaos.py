@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 
 import click
 
+from sordino.cli.group import Group
 from sordino.cli.server_url import admin_client, admin_options, or_exit
 
 __all__ = ["chaos"]
@@ -28,7 +29,7 @@ def _describe(fault: dict[str, Any]) -> str:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-@click.group()
+@click.group(cls=Group)
 @admin_options
 @click.pass_context
 def chaos(ctx: click.Context, url: str | None, token: str | None) -> None:

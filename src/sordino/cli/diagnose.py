@@ -6,18 +6,19 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sordino.cli.client import ServerError, ServerUnreachable, get_json
 from sordino.cli.report_files import ReportFailure, check_output, open_journal, output_option
 from sordino.cli.server_url import URL_ENV, auth_headers, server_url, token_option
 from sordino.reports.timerange import parse_time_range
-from sordino.telemetry.journal_reader import JournalWindow
 from sordino.telemetry.profile_data import OperatorProfile
+
+if TYPE_CHECKING:
+    from sordino.telemetry.journal_reader import JournalWindow
 
 __all__ = ["diagnose"]
 
@@ -51,6 +52,8 @@ def _from_server(url: str, token: str | None, time_range: str) -> JournalWindow:
     start, end = _range(time_range, first=0.0)
     query = urlencode({"start": start, "end": end})
     path = f"/v2/sordino/journal?{query}"
+    from sordino.telemetry.journal_reader import JournalWindow
+
     try:
         data = get_json(url, path, timeout=60, headers=auth_headers(token))
         window = JournalWindow.from_json(data)
@@ -123,6 +126,9 @@ def diagnose(
     if data_dir is None and url is None and os.environ.get(URL_ENV):
         url = server_url()
     # Imported here, so that the other commands start without the report code.
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     from sordino.reports.diagnose import diagnose as run
     from sordino.reports.diagnose import load_rise
     from sordino.reports.render import draw_charts, render_html, render_pdf

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import click
 
-from sordino.telemetry.journal import encode_payload
+from sordino.cli.group import Group
 
 __all__ = ["event"]
 
 
-@click.group()
+@click.group(cls=Group)
 def event() -> None:
     """Name periods of the journal (a sale, a launch, an incident)."""
 
@@ -52,6 +52,7 @@ def mark(
     """Mark the start or the end of the period NAME in the journal."""
     # Imported here, so that the other commands start without the report code.
     from sordino.reports.postmortem import MARK_KIND, parse_moment
+    from sordino.telemetry.journal import encode_payload
 
     if edge is None:
         raise click.UsageError("give --start or --end")

@@ -15,8 +15,8 @@ from typing import Any
 
 import click
 
+from sordino.cli.group import Group
 from sordino.cli.server_url import auth_headers, server_url, token_option, url_option
-from sordino.config.units import parse_duration
 from sordino.control.client import ClientError, request_json
 from sordino.errors import ConfigError
 
@@ -55,6 +55,8 @@ def events(
     """List the server's events: guardian actions, worker restarts, faults, switches."""
     import json
 
+    from sordino.config.units import parse_duration
+
     try:
         seconds = parse_duration(since)
     except ConfigError as exc:
@@ -80,7 +82,7 @@ def events(
         return
 
 
-@click.group()
+@click.group(cls=Group)
 def guardian() -> None:
     """The guardian (self-healing): its triggers and what it is doing."""
 

@@ -18,15 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sordino.cli.server_url import server_url, url_option
 
 __all__ = ["generate"]
 
 
-@click.command()
+@click.command(short_help="Generate an image for a prompt and write it as a PNG.")
 @url_option
 @click.argument("prompt")
 @click.option("--model", default="digits-diffusion", show_default=True, help="The model.")
@@ -73,6 +71,15 @@ def generate(
     endpoint = f"{base}/v2/models/{model}/generate_stream"
     started = time.perf_counter()
     final: dict[str, Any] | None = None
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )  # fmt: skip
+
     console = Console(stderr=True)
     try:
         with Progress(
@@ -82,6 +89,9 @@ def generate(
             TimeElapsedColumn(),
             console=console,
             transient=True,
+            # Off a terminal (a pipe, a log file) a bar is noise: rich would still end
+            # it with a blank line on stderr.
+            disable=not console.is_terminal,
         ) as bar:
             task = bar.add_task(f"{model}: {prompt[:40]}", total=steps)
             for event in _events(endpoint, body):

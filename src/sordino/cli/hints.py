@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import click
-from pydantic import ValidationError
 
+from sordino.cli.group import Group
 from sordino.errors import SordinoError
-from sordino.models.hints import ModelHints, embed_hints, read_hints
 
 __all__ = ["hints"]
 
@@ -23,7 +22,7 @@ def _fail(message: str, code: int = 1) -> NoReturn:
 _MODEL = click.Path(path_type=Path, dir_okay=False, exists=True)
 
 
-@click.group()
+@click.group(cls=Group)
 def hints() -> None:
     """Embed runtime hints into an ONNX model, or list the ones it carries."""
 
@@ -51,6 +50,10 @@ def embed(
     given = {key: value for key, value in given.items() if value is not None}
     if not given:
         _fail("no hints given: pass --max-batch, --mode, --memory-pool or --precision", 2)
+    from pydantic import ValidationError
+
+    from sordino.models.hints import ModelHints, embed_hints
+
     try:
         parsed = ModelHints.model_validate(given)
     except ValidationError as exc:
@@ -71,6 +74,8 @@ def embed(
 @click.argument("model", type=_MODEL)
 def show(model: Path) -> None:
     """List the runtime hints MODEL carries (a bad hint is reported as loading would)."""
+    from sordino.models.hints import read_hints
+
     try:
         found = read_hints(model)
     except SordinoError as exc:

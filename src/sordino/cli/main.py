@@ -1,4 +1,10 @@
-"""The ``sordino`` command: one group, one module per subcommand."""
+"""The ``sordino`` command: one group, one module per subcommand.
+
+Each subcommand's module imports only click and the standard library at its top; what a
+command needs to run (numpy, ONNX Runtime, the server, the report code) is imported
+inside it, so ``sordino --help`` and ``sordino X --help`` answer at once
+(tests/cli/test_imports.py). The console script is :func:`sordino.cli.entry.main`.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from sordino.cli.diagnose import diagnose
 from sordino.cli.event import event
 from sordino.cli.events import events, guardian
 from sordino.cli.generate import generate
+from sordino.cli.group import Group
 from sordino.cli.hints import hints
 from sordino.cli.memory import memory
 from sordino.cli.models import models
@@ -33,7 +40,7 @@ _PACKAGES = {"sklearn": "scikit-learn", "yaml": "pyyaml", "pynvml": "nvidia-ml-p
              "google": "protobuf", "PIL": "pillow", "hdrh": "hdrhistogram"}  # fmt: skip
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="sordino")
 def cli() -> None:
     """sordino: an inference runtime for AIGC services (KServe v2 over HTTP and gRPC)."""

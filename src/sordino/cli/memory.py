@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 
 import click
 
+from sordino.cli.group import Group
 from sordino.cli.server_url import admin_client, admin_options, or_exit
 
 __all__ = ["memory"]
@@ -18,7 +19,7 @@ def _mib(nbytes: int | None) -> str:
     return "-" if nbytes is None else f"{nbytes / 2**20:.1f} MiB"
 
 
-@click.group()
+@click.group(cls=Group)
 @admin_options
 @click.pass_context
 def memory(ctx: click.Context, url: str | None, token: str | None) -> None:
@@ -217,7 +218,7 @@ def defrag(ctx: click.Context, url: str | None, token: str | None) -> None:
     click.echo(describe_defrag(report))
 
 
-@memory.command()
+@memory.command(short_help="Replace the arena by one of SIZE at the next quiet moment.")
 @click.argument("size")
 @admin_options
 @click.pass_context

@@ -17,12 +17,10 @@ from typing import Any, NoReturn
 from urllib.parse import quote
 
 import click
-from rich.console import Console
-from rich.table import Table
 
+from sordino.cli.group import Group
 from sordino.cli.server_url import auth_headers, server_url, token_option, url_option
 from sordino.control.client import ClientError, request_json
-from sordino.models.repository import MODEL_FILENAME, export_builtin
 
 __all__ = ["models"]
 
@@ -48,7 +46,7 @@ def _post(
         sys.exit(1)
 
 
-@click.group()
+@click.group(cls=Group)
 def models() -> None:
     """List, load and unload the models of a running server; export the built-in ones."""
 
@@ -64,6 +62,9 @@ def list_models(url: str | None, token: str | None, ready: bool, as_json: bool) 
     if as_json:
         click.echo(json.dumps(entries, indent=2))
         return
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table("model", "version", "state", "reason", box=None)
     for entry in entries:
         table.add_row(entry["name"], entry["version"], entry["state"], entry.get("reason", ""))
@@ -102,6 +103,8 @@ def export_builtin_models(directory: Path) -> None:
         _refuse(f"{directory} is a file; give a new or empty folder")
     if directory.is_dir() and any(directory.iterdir()):
         _refuse(f"{directory} is not empty; give a new or empty folder (nothing in it was changed)")
+    from sordino.models.repository import MODEL_FILENAME, export_builtin
+
     try:
         folders = export_builtin(directory)
     except OSError as exc:

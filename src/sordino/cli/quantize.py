@@ -9,7 +9,6 @@ from typing import NoReturn
 import click
 
 from sordino.errors import SordinoError
-from sordino.operations.quantize import quantize as run_quantize
 
 __all__ = ["quantize"]
 
@@ -50,12 +49,16 @@ def quantize(
         _fail("give exactly one of --calibration data.npz (static) or --dynamic", 2)
     if not 0 < accuracy_bound <= 1:
         _fail(f"--accuracy-bound {accuracy_bound} must be in (0, 1], e.g. 0.99", 2)
+    from sordino.operations.quantize import quantize as run_quantize
+
     try:
         hints, figures = run_quantize(
             model, output, calibration=calibration, sample=sample, accuracy_bound=accuracy_bound
         )
     except SordinoError as exc:
         _fail(str(exc))
+    except ModuleNotFoundError:
+        raise  # sordino.cli.main names the package to install
     except Exception as exc:  # ONNX Runtime's own errors (an unsupported graph, …)
         _fail(f"ONNX Runtime could not quantize {model}: {exc}")
     kind = "dynamic" if dynamic else "static"

@@ -17,15 +17,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import click
-import yaml
 
+from sordino.cli.group import Group
 from sordino.cli.server_url import auth_headers, server_url, token_option, url_option
-from sordino.config import parse_duration
-from sordino.config.bounded import load_yaml
-from sordino.config.reconfigure import MAX_VERIFY_WINDOW_S
 from sordino.control.client import ClientError, request_json
 from sordino.errors import ConfigError, InvalidRequest
-from sordino.operations.changes import parse_assignment
 
 __all__ = ["change_config", "config", "get_json", "print_entry", "read_overlay", "reconfigure"]
 
@@ -75,6 +71,8 @@ def _user() -> str:
 
 def read_overlay(path: Path) -> dict[str, Any]:
     """The YAML mapping in ``path``; exit 2 with the reason when it is not one."""
+    from sordino.config.bounded import load_yaml
+
     try:
         data = load_yaml(path.read_text(encoding="utf-8"), str(path))[0]
     except OSError as exc:
@@ -150,6 +148,10 @@ def reconfigure(
     size) are refused, each named. Exit status: 0 kept (or dry run), 1 refused or
     rolled back, 2 bad arguments.
     """
+    from sordino.config import parse_duration
+    from sordino.config.reconfigure import MAX_VERIFY_WINDOW_S
+    from sordino.operations.changes import parse_assignment
+
     settings: dict[str, Any] = {}
     try:
         for text in assignments:
@@ -183,7 +185,7 @@ def reconfigure(
         sys.exit(1)
 
 
-@click.group()
+@click.group(cls=Group)
 def config() -> None:
     """Show the live configuration of a running server and its change history."""
 
@@ -198,6 +200,8 @@ def show(as_json: bool, url: str | None, token: str | None) -> None:
     if as_json:
         click.echo(json.dumps(document, indent=2))
     else:
+        import yaml
+
         click.echo(yaml.safe_dump(document, sort_keys=False), nl=False)
 
 

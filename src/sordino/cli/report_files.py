@@ -4,10 +4,12 @@ its check, the journal opened with a clear message, and the failure they print."
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from sordino.telemetry.journal_reader import JournalReader, MissingJournal
+if TYPE_CHECKING:
+    from sordino.telemetry.journal_reader import JournalReader
 
 __all__ = ["ReportFailure", "check_output", "open_journal", "output_option"]
 
@@ -37,6 +39,8 @@ def check_output(output: Path) -> str:
 
 def open_journal(path: Path) -> JournalReader:
     """The journal at ``path``; a missing or unreadable one is a :class:`ReportFailure`."""
+    from sordino.telemetry.journal_reader import JournalReader, MissingJournal
+
     try:
         return JournalReader(path)
     except MissingJournal as exc:

@@ -20,8 +20,7 @@ from urllib.parse import urlsplit
 
 import click
 
-from sordino.control.admin import TOKEN_ENV
-from sordino.control.client import AdminClient, ClientError
+from sordino.control.client import TOKEN_ENV, AdminClient, ClientError
 
 __all__ = [
     "DEFAULT_URL",

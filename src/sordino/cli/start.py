@@ -14,24 +14,18 @@ import resource
 import signal
 import sys
 from pathlib import Path
-from typing import get_args
+from typing import TYPE_CHECKING, get_args
 
 import click
 
 from sordino.config import RuntimeConfig, SchedulerMode, load_config
-from sordino.control.admin import admin_token, exposure_refusal, exposure_warning
 from sordino.errors import ConfigError, SordinoError
-from sordino.models.hints import with_pool_hint
-from sordino.models.repository import (
-    ModelSource,
-    builtin_sources,
-    model_from_spec,
-    scan_repository,
-    sources_for,
-    triton_example_sources,
-)
-from sordino.server.lifecycle import open_server
-from sordino.server.registry import LoadedModel
+
+# The server's modules (numpy, ONNX Runtime, gRPC, starlette) are imported when it starts,
+# not when this module is: `sordino --help` and `sordino start --help` stay quick.
+if TYPE_CHECKING:
+    from sordino.models.repository import ModelSource
+    from sordino.server.registry import LoadedModel
 
 __all__ = ["collect_sources", "raise_open_file_limit", "start"]
 
@@ -52,6 +46,14 @@ def collect_sources(
     configuration error when nothing at all would be served (model control ``none``),
     and a warning otherwise. Two models with the same name are a configuration error.
     """
+    from sordino.models.repository import (
+        builtin_sources,
+        model_from_spec,
+        scan_repository,
+        sources_for,
+        triton_example_sources,
+    )  # fmt: skip
+
     sources: list[ModelSource] = []
     for model in config.models:
         sources += sources_for(model)
@@ -124,6 +126,8 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
     line says so (``interrupted``, ``terminated``) and the status is 128 + the signal's
     number (130 for Ctrl-C). Once serving, a signal starts the graceful stop (status 0).
     """
+    from sordino.server.lifecycle import open_server
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
@@ -155,12 +159,14 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
             # the process; moved out of the collector's view, the collections that requests
             # trigger no longer walk it (issue 16: a tenth of the front end's CPU).
             gc.freeze()
+            # As the HTTP URL says https: with TLS on, the gRPC port wants TLS too.
+            grpc_scheme = "grpcs" if config.server.tls is not None else "grpc"
             click.echo(
                 f"sordino listening on {server.url} (KServe v2 HTTP, metrics at "
                 f"{server.url}/metrics, dashboard at {server.url}/dashboard)"
             )
             click.echo(
-                f"sordino listening on grpc://{server.grpc.address} (KServe v2 gRPC, "
+                f"sordino listening on {grpc_scheme}://{server.grpc.address} (KServe v2 gRPC, "
                 f"model control: {server.control.mode})"
             )
             await stop.wait()
@@ -358,6 +364,9 @@ def start(
         "executor.address": ray_address,
     }
     try:
+        from sordino.control.admin import admin_token, exposure_refusal, exposure_warning
+        from sordino.models.hints import with_pool_hint
+
         config = load_config(config_path, {k: v for k, v in overrides.items() if v is not None})
         config = _free_grpc_port_with_free_http_port(config)
         # A too short $SORDINO_ADMIN_TOKEN stops start-up here; an open host is said out loud.

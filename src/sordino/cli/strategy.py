@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
+from sordino.cli.group import Group
 from sordino.cli.reconfigure import change_config, get_json, print_entry, read_overlay
 from sordino.cli.server_url import token_option, url_option
-from sordino.config import ServerConfig
 from sordino.errors import SordinoError
-from sordino.operations.bundles import Bundle, Registry, check, read_archive
+
+if TYPE_CHECKING:
+    from sordino.operations.bundles import Bundle, Registry
 
 __all__ = ["strategy"]
 
@@ -39,6 +41,9 @@ def _data_dir_option(command: Any) -> Any:
 
 
 def _registry(data_dir: Path | None) -> Registry:
+    from sordino.config import ServerConfig
+    from sordino.operations.bundles import Registry
+
     root = (data_dir or ServerConfig().data_dir).expanduser()
     return Registry(root / "strategies")
 
@@ -52,7 +57,7 @@ def _line(bundle: Bundle) -> str:
     )
 
 
-@click.group()
+@click.group(cls=Group)
 def strategy() -> None:
     """Share, find and apply strategy bundles (named configuration fragments)."""
 
@@ -80,6 +85,8 @@ def share(
     """Save a configuration's scheduler, memory, self_healing policy as strategy NAME."""
     if from_live == (source is not None):
         _fail("give exactly one of --from-live or --from config.yaml", 2)
+    from sordino.operations.bundles import Bundle
+
     fragment = get_json(url, token, "/v2/sordino/config") if from_live else read_overlay(source)  # type: ignore[arg-type]
     try:
         bundle = Bundle.create(
@@ -143,6 +150,8 @@ def apply(
         bundle = _registry(data_dir).get(name)
     except SordinoError as exc:
         _fail(str(exc))
+    from sordino.operations.bundles import check
+
     problems = check(bundle)
     if problems:
         _fail(f"strategy {name!r} cannot be applied: " + "; ".join(problems))
@@ -180,6 +189,8 @@ def export(name: str, output: Path, data_dir: Path | None) -> None:
 @_data_dir_option
 def import_(archive: Path, replace: bool, data_dir: Path | None) -> None:
     """Check ARCHIVE (checksum, license, version range, schema) and add it to the registry."""
+    from sordino.operations.bundles import read_archive
+
     try:
         bundle = read_archive(archive)
         folder = _registry(data_dir).save(bundle, replace=replace)
@@ -193,6 +204,8 @@ def import_(archive: Path, replace: bool, data_dir: Path | None) -> None:
 @_data_dir_option
 def validate(target: str, data_dir: Path | None) -> None:
     """Check a strategy: an archive, a bundle folder, or a name in the registry."""
+    from sordino.operations.bundles import Registry, check, read_archive
+
     path = Path(target)
     try:
         if path.is_file():

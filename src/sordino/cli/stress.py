@@ -24,12 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from sordino.cli.server_url import URL_ENV, server_url
-from sordino.config.units import parse_duration
-from sordino.control.admin import TOKEN_ENV
+from sordino.control.client import TOKEN_ENV
 from sordino.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -118,6 +115,8 @@ def _own_server(spec: str, config: Path | None, timeout_s: float = 120.0) -> Ite
 def _duration(value: str | None, option: str) -> float | None:
     if value is None:
         return None
+    from sordino.config.units import parse_duration
+
     try:
         seconds = parse_duration(value)
     except ConfigError as exc:
@@ -347,6 +346,15 @@ def _table(rows: list[list[str]]) -> list[str]:
 def _run(url: str, model: str | None, profile: Profile, o: _Options) -> int:
     """Run, report, and return the exit status: 0, FAILED_CONDITION when a --fail-on
     condition held, else CLIENT_ERRORS when most answers were client errors."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )  # fmt: skip
+
     from sordino.loadtest import findings as find
     from sordino.loadtest.report import HEADLINE_HEADER, draw_charts, headline_rows, render_html
     from sordino.loadtest.run import Unreachable, execute, prepare

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import click
 
+from sordino.cli.group import Group
 from sordino.cli.server_url import admin_client, admin_options, or_exit
 
 __all__ = ["describe_tenant", "tenants"]
@@ -19,7 +20,7 @@ __all__ = ["describe_tenant", "tenants"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-@click.group()
+@click.group(cls=Group)
 @admin_options
 @click.pass_context
 def tenants(ctx: click.Context, url: str | None, token: str | None) -> None:

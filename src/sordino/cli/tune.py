@@ -7,7 +7,6 @@ import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
-import yaml
 
 from sordino.cli.reconfigure import change_config, get_json
 from sordino.cli.server_url import server_url, token_option, url_option
@@ -168,4 +167,6 @@ def tune(
     }
     document = {"models": [entry]}
     click.echo("# sordino reconfigure --file tuned.yaml")
+    import yaml
+
     click.echo(yaml.safe_dump(document, sort_keys=False), nl=False)

@@ -43,6 +43,7 @@ from starlette.routing import Route
 from sordino.clock import Clock
 from sordino.config import MIN_TOKEN_LENGTH, ServerConfig, parse_duration
 from sordino.config.tenants import AuthConfig, hash_key
+from sordino.control.client import TOKEN_ENV
 from sordino.errors import ConfigError, Forbidden, InvalidRequest, SordinoError, Unauthenticated
 from sordino.execution.faults import FaultSpec
 from sordino.protocol.status import http_status, retry_after_header
@@ -58,7 +59,6 @@ __all__ = [
     "is_loopback",
 ]
 
-TOKEN_ENV = "SORDINO_ADMIN_TOKEN"
 JSON = "application/json"
 
 Handler = Callable[[Request], Awaitable[Response]]

@@ -13,6 +13,7 @@ import urllib.request
 from typing import Any
 
 __all__ = [
+    "TOKEN_ENV",
     "AdminClient",
     "AdminError",
     "ClientError",
@@ -20,6 +21,9 @@ __all__ = [
     "ServerUnreachable",
     "request_json",
 ]
+
+# The environment variable holding the admin token, on both sides (sordino.control.admin).
+TOKEN_ENV = "SORDINO_ADMIN_TOKEN"
 
 
 class ClientError(Exception):
