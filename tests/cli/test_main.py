@@ -6,6 +6,7 @@ Each case runs the real entry point in a subprocess, as a shell runs it.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -70,7 +71,10 @@ def test_help_shows_every_command_summary_whole() -> None:
     assert result.returncode == 0, result.stderr
     commands = result.stdout.partition("Commands:")[2]
     assert commands and "..." not in commands
-    assert "generate     Generate an image for a prompt and write it as a PNG." in result.stdout
+    # The column is as wide as the longest command name (share-strategy).
+    assert re.search(
+        r"\n  generate +Generate an image for a prompt and write it as a PNG\.\n", commands
+    )
 
 
 def test_no_summary_is_cut_in_any_group() -> None:

@@ -145,7 +145,10 @@ def test_runs_unchanged_against_another_kserve_v2_server(tmp_path: Path) -> None
 
 
 @pytest.mark.timeout(180)
-def test_a_model_file_without_url_gets_its_own_server(tmp_path: Path) -> None:
+def test_a_model_file_without_url_gets_its_own_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))  # its server journals in ~/.sordino
     model = tmp_path / "digits.onnx"
     builtin = resources.files("sordino.models.builtin").joinpath("digits-classifier.onnx")
     shutil.copyfile(str(builtin), model)

@@ -126,8 +126,8 @@ def test_postmortem_lists_the_fault_and_the_guardian_actions(
     assert row is not None, manual[:2000]
     assert abs(_seconds(row.group(1)) - _seconds(injected)) <= 1
     assert "latency fault +300 ms at rate 1.0 for 2 s (chaos API)" in manual
-    assert "fault_cleared" in manual and "event drill starts" in manual
-    assert "event drill ends" in manual
+    assert "fault_cleared" in manual
+    assert "event_mark" not in manual  # the marks name the period: not interventions
     # Both guardian actions, at their times, with their outcomes.
     guardian = html[html.index("<h2>Guardian actions</h2>") : html.index("<h2>Manual")]
     held, rolled = drill["guardian_at"]

@@ -51,8 +51,8 @@ def mark(
 ) -> None:
     """Mark the start or the end of the period NAME in the journal."""
     # Imported here, so that the other commands start without the report code.
-    from sordino.reports.postmortem import MARK_KIND, parse_moment
-    from sordino.telemetry.journal import encode_payload
+    from sordino.reports.postmortem import parse_moment
+    from sordino.telemetry.journal import write_mark
 
     if edge is None:
         raise click.UsageError("give --start or --end")
@@ -71,14 +71,8 @@ def mark(
             err=True,
         )
         sys.exit(1)
-    payload = {"edge": edge, "note": note} if note else {"edge": edge}
     try:
-        with sqlite3.connect(str(path), timeout=10) as conn:
-            conn.execute(
-                "INSERT INTO events (t, kind, subject, cause, payload) VALUES (?, ?, ?, ?, ?)",
-                (t, MARK_KIND, name, "sordino event mark", encode_payload(payload)),
-            )
-        conn.close()
+        write_mark(path, name, edge, t=t, cause="sordino event mark", note=note)
     except sqlite3.Error as exc:
         click.echo(f"error: cannot write the mark into {path}: {exc}", err=True)
         sys.exit(1)

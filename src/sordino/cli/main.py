@@ -28,7 +28,7 @@ from sordino.cli.profile import profile
 from sordino.cli.quantize import quantize
 from sordino.cli.reconfigure import config, reconfigure
 from sordino.cli.start import start
-from sordino.cli.strategy import strategy
+from sordino.cli.strategy import share_strategy, strategy
 from sordino.cli.stress import stress_test
 from sordino.cli.tenants import tenants
 from sordino.cli.tune import tune
@@ -63,6 +63,7 @@ cli.add_command(tenants)
 cli.add_command(reconfigure)
 cli.add_command(config)
 cli.add_command(strategy)
+cli.add_command(share_strategy)
 cli.add_command(hints)
 cli.add_command(quantize)
 cli.add_command(tune)

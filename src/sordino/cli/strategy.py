@@ -4,7 +4,8 @@ Strategy bundles (:mod:`sordino.operations.bundles`) live in ``--data-dir``/stra
 as plain files; the built-in ones ship with sordino. ``apply`` sends the bundle's
 fragment through ``sordino reconfigure`` on a running server (validated, keys that
 need a restart refused by name, verified and rolled back if worse); ``share
---from-live`` reads a running server's configuration. docs/operations.md shows them.
+--from-live`` reads a running server's configuration (``sordino share-strategy``, the
+product brief's name, is the same). docs/operations.md shows them.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from sordino.errors import SordinoError
 if TYPE_CHECKING:
     from sordino.operations.bundles import Bundle, Registry
 
-__all__ = ["strategy"]
+__all__ = ["share_strategy", "strategy"]
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
@@ -220,3 +221,18 @@ def validate(target: str, data_dir: Path | None) -> None:
     if problems:
         _fail(f"strategy {bundle.name!r} is not valid: " + "; ".join(problems))
     click.echo(f"{bundle.name} {bundle.metadata.version}: valid (sha256 {bundle.checksum()[:12]}…)")
+
+
+def _share_live(**options: Any) -> None:
+    share.callback(from_live=True, source=None, **options)  # type: ignore[misc]
+
+
+share_strategy = click.Command(
+    "share-strategy",
+    callback=_share_live,
+    params=[p for p in share.params if p.name not in ("from_live", "source")],
+    short_help="Share the running server's policy as a strategy (strategy share --from-live).",
+    help="Save the running server's scheduler, memory, self_healing policy as strategy "
+    "NAME: the product brief's name for `sordino strategy share --from-live`.",
+)
+"""``sordino share-strategy``: the product brief's name for ``strategy share --from-live``."""

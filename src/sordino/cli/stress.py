@@ -5,6 +5,14 @@ did (for CI); 4 when more than half of the answers were client errors (4xx but 4
 the server refused the requests themselves, so the run measured no serving); 1 when
 the run could not happen (no server, no model, a bad profile); 2 for a bad flag; 130
 on Ctrl-C (whatever was measured so far is not reported).
+
+Against a sordino server that names its journal (a loopback one, or ``--token``), the
+run is marked as an event in that journal, a start mark before the first request and
+an end mark after the last answer, named ``--event`` (default: the ``--profile`` as
+written, ``black_friday_2024``), so that ``sordino postmortem --event NAME`` finds it.
+A server started for a ``--model`` file runs on the default data directory
+(``~/.sordino``, so its journal outlives the run), or on a temporary one when a server
+already holds that one; then the run is not marked.
 """
 
 from __future__ import annotations
@@ -48,10 +56,33 @@ class _Failure(Exception):
     """A clear message for the person running the command."""
 
 
+def _default_data_dir_is_free() -> bool:
+    """Whether no server holds the journal of the default data directory now."""
+    from sordino.config import ServerConfig, TelemetryConfig
+    from sordino.telemetry.journal import in_use
+
+    journal = ServerConfig().data_dir.expanduser() / TelemetryConfig().journal_file
+    return not in_use(journal)
+
+
 @contextmanager
 def _own_server(spec: str, config: Path | None, timeout_s: float = 120.0) -> Iterator[str]:
-    """Run ``sordino start --model SPEC`` on a free loopback port while the block runs."""
-    with tempfile.TemporaryDirectory(prefix="sordino-stress-") as data_dir:
+    """Run ``sordino start --model SPEC`` on a free loopback port while the block runs.
+
+    It runs on the default data directory (or the one ``config`` names), so that its
+    journal, with the run's event marks, is there for ``sordino postmortem`` after it;
+    on a temporary one when a server holds the default one.
+    """
+    with tempfile.TemporaryDirectory(prefix="sordino-stress-") as temporary:
+        data_dir = ["--data-dir", temporary]
+        if _default_data_dir_is_free():
+            data_dir = []
+        else:
+            click.echo(
+                "note: a server holds the default data directory: this run's server keeps "
+                "a temporary journal, so the run is not marked as an event",
+                err=True,
+            )
         cmd = [
             sys.executable,
             "-m",
@@ -65,8 +96,7 @@ def _own_server(spec: str, config: Path | None, timeout_s: float = 120.0) -> Ite
             "0",
             "--grpc-port",
             "0",
-            "--data-dir",
-            data_dir,
+            *data_dir,
         ]
         if config is not None:
             cmd += ["--config", str(config)]
@@ -146,7 +176,16 @@ def _duration(value: str | None, option: str) -> float | None:
     default="steady",
     show_default=True,
     metavar="NAME|FILE",
-    help="steady, ramp, spike, diurnal, black_friday, or a profile file.",
+    help="steady, ramp, spike, diurnal, black_friday, one of them with a year "
+    "(black_friday_2024 is black_friday), or a profile file.",
+)
+@click.option(
+    "--event",
+    "event_name",
+    default=None,
+    metavar="NAME",
+    help="Mark the run as this event in the server's journal, for `sordino postmortem "
+    "--event NAME` (default: the --profile as written).",
 )
 @click.option(
     "--duration",
@@ -238,6 +277,7 @@ def stress_test(
     url: str | None,
     model: str | None,
     profile: str,
+    event_name: str | None,
     duration: str | None,
     peak_rate: float | None,
     arrivals: str | None,
@@ -277,6 +317,9 @@ def stress_test(
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
     token = token or os.environ.get(TOKEN_ENV)
+    event_name = event_name if event_name is not None else _event_name(profile)
+    if not event_name.strip() or len(event_name) > 200:
+        raise click.BadParameter("must be 1 to 200 characters", param_hint="--event")
     options = _Options(
         data,
         seed,
@@ -288,6 +331,7 @@ def stress_test(
         json_path,
         apply_suggestions,
         token,
+        event_name,
     )
     own = model is not None and url is None and _is_model_file(model)
     try:
@@ -312,6 +356,13 @@ def stress_test(
         sys.exit(status)
 
 
+def _event_name(profile: str) -> str:
+    """The event a run of ``--profile`` is marked as: a file's stem, else the name as written."""
+    from sordino.loadtest.profiles import builtin_name
+
+    return profile if builtin_name(profile) is not None else Path(profile).stem
+
+
 def _is_model_file(spec: str) -> bool:
     """Whether ``--model`` names a model file (``PATH`` or ``NAME=PATH``), not a served model."""
     path = Path(spec.partition("=")[2] or spec).expanduser()
@@ -330,6 +381,7 @@ class _Options:
     json_path: Path | None
     apply_to: Path | None
     token: str | None
+    event: str
 
 
 def _table(rows: list[list[str]]) -> list[str]:
@@ -341,6 +393,37 @@ def _table(rows: list[list[str]]) -> list[str]:
         )
         for r in rows
     ]
+
+
+def _mark(url: str, o: _Options, edge: str, journal: Path | None) -> Path | None:
+    """Mark the ``edge`` of the run's event in the server's journal; return its path.
+
+    The start finds the journal (None, and a note saying why, when the server does not
+    name one this machine can open); the end marks the same one.
+    """
+    import sqlite3
+    import time
+
+    from sordino.loadtest.server_metrics import journal_file
+    from sordino.telemetry.journal import write_mark
+
+    if edge == "start":
+        path, why = journal_file(url, o.token)
+        if path is None or not Path(path).is_file():
+            why = why or f"its journal {path} is not on this machine"
+            click.echo(f"note: the run is not marked as event {o.event!r}: {why}", err=True)
+            return None
+        journal = Path(path)
+    if journal is None:
+        return None
+    try:
+        write_mark(journal, o.event, edge, t=time.time(), cause="sordino stress-test")
+    except (sqlite3.Error, OSError) as exc:
+        click.echo(f"note: the {edge} of event {o.event!r} was not marked: {exc}", err=True)
+        return None
+    if edge == "end":
+        click.echo(f"marked the run as event {o.event!r} in {journal}", err=True)
+    return journal
 
 
 def _run(url: str, model: str | None, profile: Profile, o: _Options) -> int:
@@ -370,6 +453,7 @@ def _run(url: str, model: str | None, profile: Profile, o: _Options) -> int:
         TimeElapsedColumn(),
         TimeRemainingColumn(),
     )
+    journal = _mark(url, o, "start", None)
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task("starting", total=profile.duration)
 
@@ -393,6 +477,7 @@ def _run(url: str, model: str | None, profile: Profile, o: _Options) -> int:
             progress=live,
             token=o.token,
         )
+    _mark(url, o, "end", journal)
     warnings = find.client_warnings(result)
     found = find.findings(result)
     suggested = find.suggestions(result)

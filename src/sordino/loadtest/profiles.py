@@ -2,9 +2,11 @@
 
 A profile is a small YAML file. The built-in ones (``steady``, ``ramp``, ``spike``,
 ``diurnal``, ``black_friday``) ship in ``sordino/loadtest/profiles/``; copy one to
-start your own. Rates are requests per second as written; :meth:`Profile.scaled`
-stretches the profile to a chosen total duration (``--duration``) and a chosen peak
-rate (``--peak-rate``), keeping its shape.
+start your own. A built-in name followed by ``_`` and a year names the same profile
+(``black_friday_2024`` is ``black_friday``): the year tells runs apart, and
+``sordino stress-test`` names its event after the whole name. Rates are requests per
+second as written; :meth:`Profile.scaled` stretches the profile to a chosen total
+duration (``--duration``) and a chosen peak rate (``--peak-rate``), keeping its shape.
 
 A segment's ``shape`` says how the rate moves during it:
 
@@ -18,6 +20,7 @@ A segment's ``shape`` says how the rate moves during it:
 from __future__ import annotations
 
 import math
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -35,11 +38,13 @@ __all__ = [
     "Profile",
     "Segment",
     "TrafficClass",
+    "builtin_name",
     "load_profile",
     "profile_text",
 ]
 
 BUILTIN_PROFILES = ("steady", "ramp", "spike", "diurnal", "black_friday")
+_DATED = re.compile(r"(?P<name>[a-z_]+)_(?P<year>(19|20|21)\d\d)")
 
 
 class Segment(Section):
@@ -178,20 +183,32 @@ def profile_text(name: str) -> str:
     return (resources.files("sordino.loadtest") / "profiles" / f"{name}.yaml").read_text("utf-8")
 
 
+def builtin_name(spec: str) -> str | None:
+    """The built-in profile ``spec`` names: itself, or ``NAME_YEAR`` (``black_friday_2024``)."""
+    if spec in BUILTIN_PROFILES:
+        return spec
+    dated = _DATED.fullmatch(spec)
+    if dated is not None and dated["name"] in BUILTIN_PROFILES:
+        return dated["name"]
+    return None
+
+
 def load_profile(spec: str) -> Profile:
-    """A built-in profile by name, or a profile file by path.
+    """A built-in profile by name (or ``NAME_YEAR``), or a profile file by path.
 
     Raises :class:`ConfigError` naming the file, the key, the value and what is
     allowed when the profile is not valid.
     """
-    if spec in BUILTIN_PROFILES:
-        text, source = profile_text(spec), f"built-in profile {spec!r}"
+    builtin = builtin_name(spec)
+    if builtin is not None:
+        text, source = profile_text(builtin), f"built-in profile {builtin!r}"
     else:
         path = Path(spec).expanduser()
         if not path.is_file():
             raise ConfigError(
                 f"--profile {spec!r} is neither a built-in profile "
-                f"({', '.join(BUILTIN_PROFILES)}) nor a file"
+                f"({', '.join(BUILTIN_PROFILES)}, or one of them with a year: "
+                "black_friday_2024) nor a file"
             )
         text, source = path.read_text("utf-8"), f"profile {path}"
     data = load_yaml(text, source)[0]

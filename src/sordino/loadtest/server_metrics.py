@@ -22,10 +22,12 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from sordino.telemetry.availability import rejection_class
+from sordino.telemetry.journal import MARK_KIND
 
-__all__ = ["MetricsPoller", "ServerSample", "journal_events"]
+__all__ = ["MetricsPoller", "ServerSample", "journal_events", "journal_file"]
 
-_QUIET_KINDS = ("availability", "operator_profile")  # bookkeeping, not happenings
+# Bookkeeping, not happenings (the run's own event marks among them).
+_QUIET_KINDS = ("availability", "operator_profile", MARK_KIND)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,3 +172,29 @@ def journal_events(
         return [], f"the server's journal could not be read: {exc}"
     events = [e for e in document.get("events", []) if e.get("kind") not in _QUIET_KINDS]
     return events, None
+
+
+def journal_file(url: str, token: str | None = None) -> tuple[str | None, str | None]:
+    """The path of the journal a sordino server writes, and why not if it is not known.
+
+    Reads ``GET /v2/sordino/telemetry``: its full view (the admin token, or a loopback
+    server without one) names the journal file; the public view and other servers do
+    not. Returns the path and None, or None and a sentence saying why.
+    """
+    request = urllib.request.Request(f"{url.rstrip('/')}/v2/sordino/telemetry")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            document = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return None, f"the server is not sordino, or did not answer: HTTP {exc.code}"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return None, f"the server's telemetry could not be read: {exc}"
+    journal = document.get("journal") if isinstance(document, dict) else None
+    if not isinstance(journal, dict):
+        return None, "the server keeps no journal"
+    path = journal.get("path")
+    if not isinstance(path, str):
+        return None, "the server names its journal only to its admin (give --token)"
+    return path, None

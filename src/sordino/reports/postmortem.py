@@ -5,8 +5,9 @@ may be a copy taken after the server is gone) and builds a :class:`Postmortem`: 
 target / actual / verdict table that opens the report, availability by priority
 class (503s and timeouts apart), p99 against each model's target over time, every
 guardian action with its outcome, the manual interventions (chaos, model control,
-event marks), resource utilisation, the worst windows with their likely causes (the
-diagnose anomaly engine) and recommendations.
+reconfiguration; never event marks, which only name the period), resource
+utilisation, the worst windows with their likely causes (the diagnose anomaly engine)
+and recommendations.
 
 Where its figures come from: the per-second ``series`` rows (requests, errors by
 reason, p99, busy), the ``resources`` rows, and events — ``availability`` (accepted
@@ -45,7 +46,9 @@ __all__ = [
 
 SECTIONS = ("availability", "latency", "guardian", "interventions", "resources", "windows")
 MARK_KIND = JOURNAL_MARK_KIND
-_INTERVENTION_KINDS = ("fault_injected", "fault_cleared", "admin_call", MARK_KIND)
+# Event marks name the period (a person, or `sordino stress-test`, wrote them) but change
+# nothing in the server: they are not interventions.
+_INTERVENTION_KINDS = ("fault_injected", "fault_cleared", "admin_call")
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,9 +294,6 @@ def _interventions(events: Iterable[JournalEvent]) -> list[Intervention]:
             detail = f"{p.get('fault')} fault {p.get('id')} cleared ({e.cause})"
         elif e.kind == "admin_call":
             detail = f"{p.get('action')} ({e.cause}): {p.get('outcome')}"
-        elif e.kind == MARK_KIND:
-            note = f": {p['note']}" if p.get("note") else ""
-            detail = f"event {e.subject} {p.get('edge')}s{note}"
         else:
             detail = e.cause or ", ".join(f"{k}={v}" for k, v in p.items())
         out.append(Intervention(e.t, e.kind, e.subject, detail))

@@ -51,7 +51,9 @@ __all__ = [
     "JournalStatistics",
     "connect",
     "encode_payload",
+    "in_use",
     "lock_path",
+    "write_mark",
 ]
 
 log = logging.getLogger("sordino.journal")
@@ -145,9 +147,43 @@ def _lock(path: Path) -> IO[str]:
     return handle
 
 
+def in_use(path: Path) -> bool:
+    """Whether a server holds the journal at ``path`` now (takes and drops its lock)."""
+    target = lock_path(path)
+    if not target.is_file():
+        return False
+    with open(target, "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return False
+
+
 def encode_payload(payload: dict[str, Any]) -> str:
     """Events' payloads as JSON; values JSON cannot hold are written as their ``str``."""
     return orjson.dumps(payload, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+def write_mark(path: Path, name: str, edge: str, *, t: float, cause: str, note: str = "") -> None:
+    """Insert a ``MARK_KIND`` event (the ``edge``, start or end, of period ``name``) at ``path``.
+
+    Written from this process straight into the file, while the server's writer runs or
+    after it stopped (WAL mode: each waits up to 10 s for the other's transaction); the
+    server reads it back (:attr:`Journal.written_elsewhere`). Raises
+    :class:`FileNotFoundError` when there is no journal at ``path`` (a mark never creates
+    one) and :class:`sqlite3.Error` when the file cannot take it.
+    """
+    if not path.is_file():
+        raise FileNotFoundError(f"no journal at {path}")
+    payload = {"edge": edge, "note": note} if note else {"edge": edge}
+    conn = sqlite3.connect(str(path), timeout=10)
+    try:
+        with conn:
+            conn.execute(_EVENTS_SQL, (t, MARK_KIND, name, cause, encode_payload(payload)))
+    finally:
+        conn.close()
 
 
 def _series_values(row: SecondRow) -> tuple[Any, ...]:
