@@ -73,7 +73,7 @@ def _body(seed: int, priority: str) -> dict[str, Any]:
 
 
 def _records(server: RunningServer, action: str) -> list[dict[str, Any]]:
-    records = [e.payload for e in events(server, "guardian")]
+    records = [e.payload for e in events(server, "guardian") if e.payload["phase"] != "acted"]
     return [r for r in records if r["action"].split()[0] == action]
 
 

@@ -132,7 +132,8 @@ async def test_fragmentation_over_the_threshold_is_defragmented_with_a_record() 
         await clock.advance(1.0)
         guardian.evaluate()
         await clock.settle()
-    (record,) = [e.payload for e in sink.recent("guardian")]
+    acted, record = [e.payload for e in sink.recent("guardian")]  # at the action, the verdict
+    assert acted["verify"] == "pending" and acted["parameters"] == record["parameters"]
     assert record["action"] == "trigger_defrag" and record["verify"] == "cleared"
     assert record["parameters"]["fragmentation_before"] == 0.8
     assert record["parameters"]["fragmentation_after"] == 0.05

@@ -45,7 +45,8 @@ def _config(*triggers: dict[str, Any], **healing: Any) -> RuntimeConfig:
 
 
 def _records(server: RunningServer) -> list[dict[str, Any]]:
-    return [e.payload for e in events(server, "guardian")]
+    """The verdicts and reverts (each action's first record, at action time, left out)."""
+    return [e.payload for e in events(server, "guardian") if e.payload["phase"] != "acted"]
 
 
 class Receiver:
@@ -126,20 +127,23 @@ def test_error_fault_restarts_the_worst_worker_and_alerts_slack(
             assert admin.faults() == []  # the sick process (and its fault) is gone
             restarted = events(server, "worker_restarted")
             assert [e.subject for e in restarted] == ["digits-classifier/0"]
-            wait_for(lambda: slack.bodies, "the Slack webhook to receive the record", 30)
+            wait_for(lambda: len(slack.bodies) >= 2, "the Slack webhook to receive both", 30)
             journal = tmp_path / config.telemetry.journal_file
 
             def journaled() -> list[Any]:
                 with JournalReader(journal) as reader:
                     return reader.latest_events("guardian", time.time() + 1)
 
-            wait_for(journaled, "the record in the journal", 30)
-            (kept,) = journaled()
+            wait_for(lambda: len(journaled()) >= 2, "the records in the journal", 30)
+            acted, kept = journaled()  # the action as it happened, then its verdict
+            assert (acted.payload["phase"], kept.payload["phase"]) == ("acted", "verdict")
+            assert acted.payload["action_id"] == kept.payload["action_id"]
             assert kept.payload["explanation"] == record["explanation"]
             assert {"trigger", "observed", "action", "parameters", "started", "ended",
                     "verify", "rolled_back"} <= set(kept.payload)  # fmt: skip
-        (message,) = slack.bodies
-        assert message["channel"] == "#runtime-guard"
+        first, message = slack.bodies
+        assert message["channel"] == first["channel"] == "#runtime-guard"
+        assert "restarted instance 0" in first["text"]
         assert record["explanation"] in message["text"]
 
 

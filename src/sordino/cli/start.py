@@ -273,7 +273,8 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
     multiple=True,
     metavar="CHANNEL",
     help="Where guardian records go (repeatable): slack:#channel (URL in "
-    "$SORDINO_SLACK_WEBHOOK), webhook:URL, file:PATH, log.",
+    "$SORDINO_SLACK_WEBHOOK; while unset, one warning and its alerts go to the log), "
+    "webhook:URL, file:PATH, log.",
 )
 @click.option(
     "--insecure",

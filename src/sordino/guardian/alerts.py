@@ -3,7 +3,9 @@
 Channels (``--alert-channel``, ``self_healing.alert_channels``):
 
 - ``slack:#channel``: a Slack incoming-webhook message (``{"text", "channel"}``) POSTed
-  to the URL in ``$SORDINO_SLACK_WEBHOOK``;
+  to the URL in ``$SORDINO_SLACK_WEBHOOK``; while that variable is unset the channel is
+  still accepted: one warning at start-up names the variable, and each of its alerts is
+  written to the server log instead (never dropped; the journal has every record too);
 - ``webhook:URL``: the record as JSON, POSTed to ``URL``;
 - ``file:PATH``: the record as one JSON line appended to ``PATH``;
 - ``log``: a warning in the server log.
@@ -44,13 +46,20 @@ class _Channel:
         kind, _, rest = spec.partition(":")
         self.kind = kind
         self.target = rest
+        self.url: str | None = None
         if kind == "slack":
-            url = os.environ.get(SLACK_ENV)
-            if not url:
-                raise ConfigError(
-                    f"alert channel {spec!r} needs the Slack incoming-webhook URL in ${SLACK_ENV}"
+            # A channel named before its webhook is set up must not stop the server:
+            # its alerts go to the log until the URL is there (a restart with it set).
+            self.url = os.environ.get(SLACK_ENV) or None
+            if self.url is None:
+                log.warning(
+                    "alert channel %s: $%s is not set, so its alerts are written to the "
+                    "server log (and the journal) instead; set %s to the Slack "
+                    "incoming-webhook URL and restart to deliver them to Slack",
+                    spec,
+                    SLACK_ENV,
+                    SLACK_ENV,
                 )
-            self.url = url
         elif kind == "webhook":
             if not rest.startswith(("http://", "https://")):
                 raise ConfigError(f"alert channel {spec!r}: the webhook URL must be http(s)://")
@@ -64,6 +73,13 @@ class _Channel:
         if self.kind == "log":
             log.warning("guardian: %s", record.get("explanation", record))
             return
+        if self.kind == "slack" and self.url is None:
+            log.warning(
+                "guardian alert for %s (logged, not sent: no webhook URL): %s",
+                self.spec,
+                record.get("explanation", record),
+            )
+            return
         if self.kind == "file":
             with Path(self.target).expanduser().open("a", encoding="utf-8") as out:
                 out.write(json.dumps(record, default=str) + "\n")
@@ -75,6 +91,7 @@ class _Channel:
             }
         else:
             body = record
+        assert self.url is not None
         request = urllib.request.Request(
             self.url,
             data=json.dumps(body, default=str).encode(),

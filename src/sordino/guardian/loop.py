@@ -10,19 +10,23 @@ trigger:
 2. **Act**: when the threshold holds, the cooldown since the trigger's last action has
    passed, the hourly budget has room and no running action holds the same control,
    the trigger's next action is applied (in the background; the loop goes on).
-3. **Verify**: ``verify_window`` after the action, the metric over the seconds since
+3. **Record**: as soon as the action is applied, its diagnostic record is emitted (an
+   event of kind ``guardian`` with ``phase: "acted"`` and ``verify: "pending"``; every
+   record goes to the alert channels too), so the journal, the postmortem and the alert
+   channels know of the action when it happens, not a verify window later.
+4. **Verify**: ``verify_window`` after the action, the metric over the seconds since
    then is judged: ``cleared``, ``not cleared`` or ``worse`` (also ``worse`` when a
    configuration change made the model's p99 latency 50 % and 20 ms worse while its
    request rate did not rise by more than 20 %: a p99 that grew with the load is the
    load's; and never ``worse`` for a ``qps`` trigger's own metric, since demand is not
-   something an action makes worse). The
-   diagnostic record is emitted then (an event of kind ``guardian``; every record
-   goes to the alert channels too).
-4. **Escalate / roll back**: ``not cleared`` or ``worse`` moves the trigger to its
+   something an action makes worse). The verdict is appended then: a second
+   ``guardian`` record with ``phase: "verdict"`` and the same ``action_id``, which
+   readers merge into the first (the postmortem counts the action once).
+5. **Escalate / roll back**: ``not cleared`` or ``worse`` moves the trigger to its
    next action; a ``worse`` configuration change is reverted at once when
    ``recovery.rollback_on_failure``. A change that cleared the condition is kept until
    the condition has stayed clear (inside the threshold by the trigger's hysteresis)
-   for the cooldown, then reverted (a second record says so).
+   for the cooldown, then reverted (a record with ``phase: "reverted"`` says so).
 
 Time comes from the injected :class:`~sordino.clock.Clock` (cooldowns, verify windows,
 the budget) and the ``wall`` callable (which seconds of the series to read), so the
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections import deque
@@ -51,11 +56,13 @@ from sordino.inference import ModelKey
 from sordino.records import GuardianStatistics, TriggerStatistics
 from sordino.telemetry.series import ResourceRow, SecondRow, SeriesStatistics
 
-__all__ = ["EVENT_KIND", "Guardian", "SeriesSource"]
+__all__ = ["ACTED", "EVENT_KIND", "REVERTED", "VERDICT", "Guardian", "SeriesSource"]
 
 log = logging.getLogger("sordino.guardian")
 
 EVENT_KIND = "guardian"
+# ``phase`` of a guardian record: the action as applied, its verdict, a later revert.
+ACTED, VERDICT, REVERTED = "acted", "verdict", "reverted"
 HOUR_S = 3600.0
 _P99 = parse_threshold("0s", "p99_latency")
 _QPS = parse_threshold("> 0", "qps")
@@ -91,6 +98,7 @@ class _Running:
     applied_wall: float = 0.0
     verify_at: float = 0.0
     verdict: Verdict | None = None
+    action_id: str = ""
 
 
 @dataclass(slots=True)
@@ -153,6 +161,8 @@ class Guardian:
         self._started_s = int(wall())
         self._budget_noted = False
         self._timing_rows: dict[str, Timings] = {}
+        # Unique across restarts sharing a journal: the start time, then a counter.
+        self._ids = (f"{self._wall():.3f}-{n}" for n in itertools.count(1))
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -311,6 +321,7 @@ class Guardian:
             p99_before=self._figure(rows, trigger.measure.model or model, end_s, trigger),
             qps_before=self._figure(rows, trigger.measure.model or model, end_s, trigger, of=_QPS),
             detected=trigger.holding_since,
+            action_id=next(self._ids),
         )
         trigger.applying = running
         trigger.last_fired = now
@@ -353,6 +364,7 @@ class Guardian:
         trigger.applying = None
         running.verify_at = self._clock.now() + trigger.config.verify_s
         trigger.verifying.append(running)
+        self._acted(trigger, running)
 
     def _conclude(
         self,
@@ -443,6 +455,7 @@ class Guardian:
                         f"{self._condition(trigger, trigger.measure)} for "
                         f"{_span(trigger.config.cooldown_s)} (the cooldown); {undone}"
                     ),
+                    phase=REVERTED,
                 )
 
     # -- records ---------------------------------------------------------------------
@@ -460,6 +473,26 @@ class Guardian:
                 f"(threshold {threshold.change} > {limit})"
             )
         return f"{subject} was {value} over {_span(config.window_s)} (threshold {limit})"
+
+    def _acted(self, trigger: _Trigger, running: _Running) -> None:
+        """Record the action (and alert) the moment it is applied; its verdict follows."""
+        assert running.applied is not None
+        explanation = (
+            f"{self._condition(trigger, running.before)}; {running.applied.did}; "
+            f"verdict after the {_span(trigger.config.verify_s)} verify window"
+        )
+        self._emit(
+            trigger,
+            running,
+            action=str(running.action.spec),
+            observed=list(running.before.samples),
+            value=running.before.value,
+            verify="pending",
+            rolled_back=None,
+            reverted=False,
+            explanation=explanation,
+            phase=ACTED,
+        )
 
     def _record(
         self, trigger: _Trigger, running: _Running, after: Measure, rolled_back: bool, extra: str
@@ -486,6 +519,7 @@ class Guardian:
             explanation=explanation,
             after=after.value,
             observed_after=list(after.samples),
+            phase=VERDICT,
         )
 
     def _emit(
@@ -497,9 +531,10 @@ class Guardian:
         observed: list[float],
         value: float | None,
         verify: str,
-        rolled_back: bool,
+        rolled_back: bool | None,
         reverted: bool,
         explanation: str,
+        phase: str,
         **extra: Any,
     ) -> None:
         config = trigger.config
@@ -521,6 +556,8 @@ class Guardian:
             "rolled_back": rolled_back,
             "reverted": reverted,
             "explanation": explanation,
+            "phase": phase,
+            "action_id": running.action_id,
             **extra,
         }
         subject = f"{config.metric}/{model}" if model else config.metric

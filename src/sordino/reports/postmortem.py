@@ -12,7 +12,8 @@ and recommendations.
 Where its figures come from: the per-second ``series`` rows (requests, errors by
 reason, p99, busy), the ``resources`` rows, and events — ``availability`` (accepted
 requests by priority and outcome, every 10 s), ``guardian`` (payload ``trigger``,
-``action``, ``started``, ``ended``, ``verify``, ``rolled_back``, ``explanation``),
+``action``, ``started``, ``ended``, ``verify``, ``rolled_back``, ``explanation``;
+``phase`` and ``action_id`` join an action's record to its later verdict),
 ``fault_injected``/``fault_cleared``, ``admin_call``, ``model_loaded`` (the SLO) and
 ``event_mark`` (``sordino event mark``).
 """
@@ -254,25 +255,38 @@ def _availability(
 
 
 def _guardian(events: Iterable[JournalEvent]) -> list[GuardianAction]:
-    out = []
+    """One entry per action: a verdict record completes the record its action wrote
+    when it acted (same ``action_id``); one whose action record is not in the window (or
+    a journal from before records were split) counts as the action itself."""
+    out: list[GuardianAction] = []
+    acted: dict[str, int] = {}
     for e in events:
         if e.kind != "guardian":
             continue
         p = e.payload
         rolled = p.get("rolled_back")
-        outcome = "rolled back" if rolled else ("succeeded" if rolled is False else "unknown")
-        out.append(
-            GuardianAction(
-                t=e.t,
-                trigger=str(p.get("trigger", e.cause or "?")),
-                action=str(p.get("action", e.subject)),
-                started=_number(p.get("started")),
-                ended=_number(p.get("ended")),
-                verify=str(p.get("verify", "")),
-                outcome=outcome,
-                explanation=str(p.get("explanation", "")),
-            )
+        if p.get("verify") == "pending":
+            outcome = "pending"
+        else:
+            outcome = "rolled back" if rolled else ("succeeded" if rolled is False else "unknown")
+        action_id = p.get("action_id")
+        first = acted.get(str(action_id)) if p.get("phase") == "verdict" else None
+        entry = GuardianAction(
+            t=e.t if first is None else out[first].t,
+            trigger=str(p.get("trigger", e.cause or "?")),
+            action=str(p.get("action", e.subject)),
+            started=_number(p.get("started")),
+            ended=_number(p.get("ended")),
+            verify=str(p.get("verify", "")),
+            outcome=outcome,
+            explanation=str(p.get("explanation", "")),
         )
+        if first is not None:
+            out[first] = entry
+            continue
+        if p.get("phase") == "acted" and action_id is not None:
+            acted[str(action_id)] = len(out)
+        out.append(entry)
     return out
 
 
