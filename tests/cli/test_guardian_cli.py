@@ -143,3 +143,35 @@ def test_the_brief_network_and_game_shapes_start(
         assert code == 0, out
         assert "network_latency: " in out and "vs 500ms over 30 s [ok]" in out
         assert "frame_delay: " in out and "next: skip_non_critical" in out
+
+
+def test_the_brief_step2_block_runs_the_guardian_without_guardian_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Step 2 of the brief lists triggers without ``enabled: true``: started without
+    --guardian-mode, the guardian watches them (issue 31)."""
+    monkeypatch.setenv("SORDINO_ADMIN_TOKEN", TOKEN)
+    config = tmp_path / "runtime_config.yaml"
+    config.write_text(
+        """\
+self_healing:
+  triggers:
+    - metric: "memory_fragmentation"
+      threshold: "65%"  # early warning (was 70%)
+      action: "trigger_defrag"
+
+    - metric: "qps"
+      threshold: "sudden_drop>40% in 1m"
+      action: "scale_workers +2"
+
+    - metric: "device_temperature"
+      threshold: "80°C"  # cool down early
+      action: "throttle_requests_by 20%"
+""",
+        encoding="utf-8",
+    )
+    with sordino_start(["--config", str(config), "--model", str(_digits())], tmp_path) as server:
+        code, out = _run("guardian", "status", "--url", server.url)
+    assert code == 0, out
+    assert "guardian is off" not in out
+    assert "memory_fragmentation" in out and "qps" in out and "device_temperature" in out

@@ -131,3 +131,44 @@ def test_mistakes_fail_with_the_accepted_forms(tmp_path: Path, trigger: str, mes
     with pytest.raises(ConfigError, match=message) as raised:
         load_config(path, {})
     assert "self_healing.triggers" in str(raised.value)
+
+
+# The step-2, edge and game blocks of the brief, as written there (no ``enabled:``).
+BRIEF_BLOCKS_WITHOUT_ENABLED = {
+    "step2": BRIEF_SHAPES["presets"],
+    "edge": """
+scheduler:
+  mode: "conservative"  # conservative scheduling, for stability
+self_healing:
+  triggers:
+    - metric: "network_latency"
+      threshold: "500ms"
+      action: "cache_recent_results"  # local cache while the network is poor
+""",
+    "game": BRIEF_SHAPES["game"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(BRIEF_BLOCKS_WITHOUT_ENABLED))
+def test_a_block_with_triggers_is_on_unless_it_says_enabled_false(
+    tmp_path: Path, name: str
+) -> None:
+    """The brief's blocks list triggers without ``enabled: true``: their guardian runs."""
+    path = tmp_path / "runtime_config.yaml"
+    path.write_text(BRIEF_BLOCKS_WITHOUT_ENABLED[name], encoding="utf-8")
+    assert load_config(path, {}).self_healing.enabled is True
+    off = BRIEF_BLOCKS_WITHOUT_ENABLED[name].replace(
+        "self_healing:\n", "self_healing:\n  enabled: false\n"
+    )
+    path.write_text(off, encoding="utf-8")
+    assert load_config(path, {}).self_healing.enabled is False
+    assert load_config(path, {"self_healing.enabled": True}).self_healing.enabled is True
+
+
+def test_a_block_without_triggers_stays_off(tmp_path: Path) -> None:
+    """Alert channels alone, or no block at all, do not start the guardian."""
+    path = tmp_path / "c.yaml"
+    path.write_text("self_healing:\n  alert_channels: [log]\n", encoding="utf-8")
+    assert load_config(path, {}).self_healing.enabled is False
+    path.write_text("server: {}\n", encoding="utf-8")
+    assert load_config(path, {}).self_healing.enabled is False

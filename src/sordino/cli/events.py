@@ -95,7 +95,10 @@ def status(url: str | None, token: str | None) -> None:
     data = _get(server_url(url), "/v2/sordino/guardian", token)
     gate = data.get("gate", {})
     if not data.get("enabled"):
-        click.echo("the guardian is off (start the server with --guardian-mode true)")
+        click.echo(
+            "the guardian is off: self_healing lists no triggers or says enabled: false "
+            "(start the server with --guardian-mode true to run it)"
+        )
     else:
         click.echo(
             f"guardian on, every {data['interval_s']:g} s; budget "

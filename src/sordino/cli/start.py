@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, get_args
 
 import click
 
+from sordino.cli.switches import switch_option
 from sordino.config import RuntimeConfig, SchedulerMode, load_config
 from sordino.errors import ConfigError, SordinoError
 
@@ -245,11 +246,17 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
     type=click.Choice(["fragmentation_aware", "best_fit", "simple"]),
     help="The shared-memory arena's allocator (memory.strategy).",
 )
-@click.option(
-    "--enable-memory-pool/--disable-memory-pool",
+@switch_option(
+    "--enable-memory-pool",
     "memory_pool",
-    default=None,
-    help="The memory manager: defragmentation, overflow protection, quotas (memory.enabled).",
+    help="The memory manager: defragmentation, overflow protection, quotas (memory.enabled); "
+    "given alone means true.",
+)
+@click.option(
+    "--disable-memory-pool",
+    "no_memory_pool",
+    is_flag=True,
+    help="Same as --enable-memory-pool false.",
 )
 @click.option(
     "--pool-size",
@@ -260,12 +267,10 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
 @click.option(
     "--defrag-interval", help="Defragment the arena this often, e.g. 5m; 0 = never on a timer."
 )
-@click.option(
+@switch_option(
     "--guardian-mode",
-    type=click.BOOL,
-    default=None,
-    metavar="true|false",
-    help="Run the guardian (self_healing.enabled): triggers that act on metrics.",
+    help="Run the guardian (self_healing.enabled): triggers that act on metrics; given alone "
+    "means true.",
 )
 @click.option(
     "--alert-channel",
@@ -283,12 +288,10 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
     help="Serve on a non-loopback --host without auth.required (anyone who reaches the "
     "port may run inference).",
 )
-@click.option(
+@switch_option(
     "--quant-aware",
-    type=click.BOOL,
-    default=None,
-    metavar="true|false",
-    help="Guard quantized models against their float reference (quant_guard.enabled).",
+    help="Guard quantized models against their float reference (quant_guard.enabled); given "
+    "alone means true.",
 )
 @click.option(
     "--executor",
@@ -322,6 +325,7 @@ def start(
     mode: str | None,
     memory_strategy: str | None,
     memory_pool: bool | None,
+    no_memory_pool: bool,
     pool_size: str | None,
     pool_min: str | None,
     pool_max: str | None,
@@ -343,6 +347,10 @@ def start(
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if no_memory_pool:
+        if memory_pool:
+            raise click.UsageError("give --enable-memory-pool or --disable-memory-pool, not both")
+        memory_pool = False
     overrides = {
         "server.host": host,
         "server.http_port": http_port,

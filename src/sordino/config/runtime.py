@@ -1,14 +1,16 @@
 """The root of the configuration: :class:`RuntimeConfig` composes every section.
 
-Checks that span sections live here: a fallback chain names declared devices, poll
-mode needs a model repository, explicit models and devices have distinct names.
+Checks that span sections live here: poll mode needs a model repository, explicit
+models and devices have distinct names. A fallback chain may name devices that are not
+declared under ``devices``; ``sordino.execution.devices`` resolves those by their name
+(``cpu*`` is the CPU, any other name the next accelerator present).
 """
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, field_validator, model_validator
 
 from sordino.config.base import ExpandedPath, Section, reject_repeated_names
 from sordino.config.devices import DeviceConfig
@@ -40,7 +42,8 @@ class RuntimeConfig(Section):
 
     server: ServerConfig = ServerConfig()
     devices: tuple[DeviceConfig, ...] = ()
-    """Named devices a ``fallback_chain`` strategy chains together."""
+    """Named devices a ``fallback_chain`` strategy chains together; a chain may also name
+    undeclared devices, resolved by name (``cpu*``: the CPU; else the next accelerator)."""
     scheduler: SchedulerConfig = SchedulerConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     models: tuple[Annotated[ModelConfig, AfterValidator(_named_with_path)], ...] = ()
@@ -151,29 +154,10 @@ class RuntimeConfig(Section):
         reject_repeated_names((device.name for device in devices), what="device names")
         return devices
 
-    @field_validator("scheduler")
-    @classmethod
-    def _chain_names_devices(
-        cls, scheduler: SchedulerConfig, info: ValidationInfo
-    ) -> SchedulerConfig:
-        chain = scheduler.fallback_chain
-        devices = info.data.get("devices")
-        if chain is None or devices is None:
-            return scheduler
-        known = {device.name for device in devices}
-        missing = [name for name in chain.chain if name not in known]
-        if missing:
-            declared = ", ".join(sorted(known)) or "none"
-            raise ValueError(
-                f"fallback_chain names devices {missing} that are not declared under "
-                f"devices (declared: {declared}); add e.g. '- {{name: {missing[0]}, "
-                "provider: cpu}' to devices"
-            )
-        return scheduler
-
-    def device(self, name: str) -> DeviceConfig:
-        """Return the device called ``name``."""
+    def device(self, name: str) -> DeviceConfig | None:
+        """The device declared as ``name`` under ``devices``, or None when it is not declared
+        (a fallback chain may name it anyway; see ``sordino.execution.devices``)."""
         for device in self.devices:
             if device.name == name:
                 return device
-        raise KeyError(name)
+        return None

@@ -203,7 +203,9 @@ class SelfHealingConfig(Section):
     """The guardian: metric rules that act, verify and roll back by themselves."""
 
     enabled: bool = False
-    """Run the guardian (``sordino start --guardian-mode true`` sets this)."""
+    """Run the guardian. When not given, a block with ``triggers`` is on and one without
+    is off, so a block that lists triggers acts unless it says ``enabled: false``
+    (``sordino start --guardian-mode true|false`` sets it either way)."""
     interval: Duration = Field(default=0.5, gt=0, le=10)
     """How often the triggers are evaluated on the in-memory series."""
     triggers: tuple[TriggerConfig, ...] = ()
@@ -220,6 +222,15 @@ class SelfHealingConfig(Section):
     """scale_workers never shrinks a model below this many instances per device."""
     non_critical_tags: tuple[str, ...] = ("non-critical",)
     """Request tags (X-Sordino-Tag or parameters.tag) that skip_non_critical refuses."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _on_with_triggers(cls, data: object) -> object:
+        # A block that lists triggers means them to act; only ``enabled: false`` keeps
+        # it off. Decided on the raw mapping, so an explicit value always wins.
+        if isinstance(data, dict) and "enabled" not in data and data.get("triggers"):
+            return {**data, "enabled": True}
+        return data
 
     @field_validator("alert_channels", mode="before")
     @classmethod

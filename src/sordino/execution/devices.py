@@ -7,13 +7,20 @@ providers this onnxruntime build lacks are dropped with one log line, and only a
 of which none is available stops the model from loading. With a chain, every model runs
 ``instance_count`` instances on every available device of the chain, in chain order, so
 a switch finds a warm instance waiting.
+
+A chain may name devices not declared under ``devices`` (the brief's ``accelerator_v3``,
+``accelerator_v2``, ``cpu_fallback``). Such a name resolves by a fixed rule: a name that
+starts with ``cpu`` is the CPU; any other name is an accelerator, and those names take
+the accelerators present (CUDA devices ONNX Runtime can use, not already declared by the
+chain's own devices) in chain order. A name left without an accelerator is unavailable:
+one warning line and a ``device_unavailable`` event, and the chain skips it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sordino.config import EXECUTION_PROVIDERS, ModelConfig, RuntimeConfig
 from sordino.errors import ModelLoadError
@@ -21,6 +28,7 @@ from sordino.errors import ModelLoadError
 __all__ = [
     "Device",
     "Tier",
+    "accelerators_present",
     "available_providers",
     "chain_devices",
     "default_intra_op_threads",
@@ -42,6 +50,9 @@ class Device:
     providers: tuple[str, ...]
     device_id: int | None = None
     intra_op_threads: int | None = None
+    absent: str | None = None
+    """Why this machine has no such device (an undeclared chain name left without an
+    accelerator); None when it may exist."""
 
     @property
     def target(self) -> str:
@@ -85,22 +96,92 @@ def default_intra_op_threads(instances: int) -> int:
 
 
 def chain_devices(config: RuntimeConfig) -> list[Device] | None:
-    """The devices of the configured fallback chain, in order; None without a chain."""
+    """The devices of the configured fallback chain, in order; None without a chain.
+
+    Declared devices are taken as declared; undeclared names resolve by the rule in the
+    module docstring (``cpu*``: the CPU; others: the next accelerator present).
+    """
     chain = config.scheduler.fallback_chain
     if chain is None:
         return None
+    specs = {name: config.device(name) for name in chain.chain}
+    taken = {
+        spec.device_id
+        for spec in specs.values()
+        if spec is not None and spec.provider in _ACCELERATED
+    }
+    present = accelerators_present()
+    free = [index for index in present if index not in taken]
+    if EXECUTION_PROVIDERS["cuda"] not in available_providers():
+        none_left = "CUDAExecutionProvider is not in this onnxruntime build"
+    else:
+        none_left = f"{len(present)} accelerator(s) present, each taken by an earlier name"
     devices = []
-    for name in chain.chain:
-        spec = config.device(name)
-        devices.append(
-            Device(
-                name=spec.name,
-                providers=(spec.provider,),
-                device_id=spec.device_id if spec.provider in _ACCELERATED else None,
-                intra_op_threads=spec.intra_op_threads,
+    for name, spec in specs.items():
+        if spec is not None:
+            devices.append(
+                Device(
+                    name=spec.name,
+                    providers=(spec.provider,),
+                    device_id=spec.device_id if spec.provider in _ACCELERATED else None,
+                    intra_op_threads=spec.intra_op_threads,
+                )
             )
-        )
+        elif name.lower().startswith("cpu"):
+            log.info("fallback_chain: %s is not declared under devices; it is the CPU", name)
+            devices.append(Device(name, (EXECUTION_PROVIDERS["cpu"],)))
+        elif free:
+            index = free.pop(0)
+            log.info(
+                "fallback_chain: %s is not declared under devices; it is accelerator %d "
+                "(CUDAExecutionProvider)",
+                name,
+                index,
+            )
+            devices.append(Device(name, (EXECUTION_PROVIDERS["cuda"],), index))
+        else:
+            devices.append(
+                Device(
+                    name,
+                    (EXECUTION_PROVIDERS["cuda"],),
+                    absent=(
+                        "not declared under devices, and no accelerator is left for it "
+                        f"({none_left}); declare it under devices to choose its provider"
+                    ),
+                )
+            )
     return devices
+
+
+def accelerators_present() -> tuple[int, ...]:
+    """The indices of the CUDA devices ONNX Runtime can use here, in order.
+
+    None without ``CUDAExecutionProvider`` in this onnxruntime build; else the devices
+    ``CUDA_VISIBLE_DEVICES`` leaves visible (CUDA stops at the first ``-1``), or NVML's
+    count. When neither can count, one is assumed: an instance that then fails to open
+    marks the device unavailable as any absent device is.
+    """
+    if EXECUTION_PROVIDERS["cuda"] not in available_providers():
+        return ()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = 0
+        for entry in visible.split(","):
+            if not entry.strip() or entry.strip() == "-1":
+                break
+            count += 1
+        return tuple(range(count))
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            count = int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no library or no driver: the provider is here, so try one device
+        return (0,)
+    return tuple(range(count))
 
 
 def model_tiers(model: ModelConfig, chain: list[Device] | None) -> list[Tier]:
@@ -110,11 +191,9 @@ def model_tiers(model: ModelConfig, chain: list[Device] | None) -> list[Tier]:
             Tier(
                 device.name,
                 (
-                    Device(
-                        device.name,
-                        device.providers,
-                        device.device_id,
-                        device.intra_op_threads
+                    replace(
+                        device,
+                        intra_op_threads=device.intra_op_threads
                         or model.intra_op_threads
                         or default_intra_op_threads(model.instance_count),
                     ),
@@ -164,7 +243,9 @@ def preferred_providers(model: ModelConfig) -> tuple[str, ...]:
 
 
 def missing_provider(device: Device) -> str | None:
-    """Why ``device`` cannot run on this machine, or None when its provider exists."""
+    """Why ``device`` cannot run on this machine, or None when it may."""
+    if device.absent is not None:
+        return device.absent
     available = available_providers()
     absent = [p for p in device.providers if p not in available]
     if not absent:

@@ -267,8 +267,9 @@ class Runtime:
         healing = self.config.self_healing
         if not healing.enabled and (healing.triggers or healing.alert_channels):
             log.warning(
-                "self_healing lists %d trigger(s) but the guardian is off: start with "
-                "--guardian-mode true (or self_healing.enabled: true) to run them",
+                "self_healing lists %d trigger(s) but the guardian is off (enabled: false "
+                "or --guardian-mode false): drop that, or start with --guardian-mode true, "
+                "to run them",
                 len(healing.triggers),
             )
         if healing.enabled:
