@@ -56,6 +56,9 @@ class QueueSettings:
     timeout_action: Literal["REJECT", "DELAY"] = "REJECT"
     default_timeout_s: float = 0.0
     allow_timeout_override: bool = True
+    shed_late: bool = True
+    """Refuse at admission a request the work ahead would make miss its deadline; false
+    (``scheduler.priority: frame_sync``) queues it and lets it run late."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,6 +53,11 @@ def _interval(value: float) -> float:
     return value
 
 
+def _reuse_strategy(value: object) -> object:
+    # The brief's "aggressive" reuse: give back the largest entry first (most bytes freed).
+    return "largest" if value == "aggressive" else value
+
+
 class QuotaConfig(Section):
     """At most ``max`` bytes of the arena in flight for ``tenant`` at once."""
 
@@ -104,10 +109,13 @@ class MemoryConfig(Section):
     wait up to ``overflow_wait`` for space, then answer 503 with Retry-After."""
     overflow_wait: Duration = Field(default=2.0, gt=0, le=600)
     """The longest a batch waits for arena space before its requests get 503."""
-    reuse_strategy: Literal["lru", "lfu", "largest"] = "lru"
+    reuse_strategy: Annotated[
+        Literal["lru", "lfu", "largest"], BeforeValidator(_reuse_strategy)
+    ] = "lru"
     """What the framework-side caches (the generation result and state caches) give
     back first when full: the least recently used entry, the least frequently used one,
-    or the largest one."""
+    or the largest one. ``aggressive`` is ``largest``: each eviction frees the most
+    bytes, so a tight pool is reused soonest."""
     quotas: tuple[QuotaConfig, ...] = ()
     """Per-tenant limits on arena bytes in flight; a tenant over its quota waits up to
     ``quota_wait``, then gets 429. Tenants without an entry are not limited."""

@@ -23,12 +23,20 @@ __all__ = [
     "PriorityRule",
     "SchedulerConfig",
     "SchedulerMode",
+    "SchedulerPriority",
     "Strategy",
     "StreamPriorityStrategy",
 ]
 
 SchedulerMode = Literal["auto", "manual", "hybrid", "adaptive", "conservative", "ultra_low_latency"]
 """Scheduling policies; ``sordino.scheduling.modes`` says what each one does."""
+
+SchedulerPriority = Literal["queue", "frame_sync"]
+"""How deadlines are kept: ``queue`` (Triton: a request that would miss its deadline is
+refused at admission, one past it is dropped) or ``frame_sync`` (every request is one
+frame: it gets a deadline of one frame at ``frame_rate`` unless it has its own, a late
+one still runs, behind the ones on time, and its lateness is the ``frame_delay`` the
+guardian watches, instead of being refused up front)."""
 
 STRATEGY_NAMES = ("dynamic_batching", "stream_priority", "fallback_chain")
 
@@ -173,6 +181,39 @@ class SchedulerConfig(Section):
     """Target 99th-percentile latency in milliseconds that adaptive modes steer towards."""
     strategies: tuple[Strategy, ...] = ()
     """Strategy sections, each ``name`` at most once."""
+    priority: SchedulerPriority = "queue"
+    """``frame_sync``: requests keep pace with a frame clock (see :data:`SchedulerPriority`)."""
+    frame_rate: float = Field(default=60.0, gt=0, le=1000)
+    """``frame_sync``: frames a second; one frame (1/frame_rate) is a request's default deadline."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _max_batch_alias(cls, data: object) -> object:
+        """``max_batch`` at the top (the brief's spelling) is ``dynamic_batching.max_batch``."""
+        if not isinstance(data, dict) or "max_batch" not in data:
+            return data
+        data = dict(data)
+        max_batch = data.pop("max_batch")
+        strategies = list(data.get("strategies") or ())
+        for index, strategy in enumerate(strategies):
+            if isinstance(strategy, dict) and strategy.get("name") == "dynamic_batching":
+                if "max_batch" in strategy and strategy["max_batch"] != max_batch:
+                    raise ValueError(
+                        f"scheduler.max_batch ({max_batch}) and the dynamic_batching "
+                        f"strategy's max_batch ({strategy['max_batch']}) disagree; "
+                        "scheduler.max_batch is the same setting, keep one of them"
+                    )
+                strategies[index] = {**strategy, "max_batch": max_batch}
+                break
+        else:
+            strategies.append({"name": "dynamic_batching", "max_batch": max_batch})
+        data["strategies"] = strategies
+        return data
+
+    @property
+    def frame_s(self) -> float:
+        """One frame in seconds (``frame_sync``'s default deadline)."""
+        return 1.0 / self.frame_rate
 
     @field_validator("strategies")
     @classmethod

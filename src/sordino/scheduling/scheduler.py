@@ -771,9 +771,10 @@ class ModelScheduler:
         Ahead of it are the rows queued at its priority and higher, served at the rate
         the model's recent batches ran at (``instances`` batches at a time), plus one
         batch's time for its own. Lower priorities have more ahead, so they are shed
-        first and fast, while higher ones are still accepted.
+        first and fast, while higher ones are still accepted. Never under
+        ``frame_sync`` (``settings.shed_late`` false): a late frame runs late.
         """
-        if not timeout_s:
+        if not timeout_s or not self.settings.shed_late:
             return None
         expected_s = self.expected_wait(priority)
         if expected_s is None or expected_s <= ADMIT_SHARE * timeout_s:

@@ -9,6 +9,10 @@ The rules, in one place:
 - The wait is the model's ``max_queue_delay_microseconds`` if set, else the
   scheduler's ``timeout_ms``; ``min_batch`` and preferred sizes likewise.
 - ``dynamic_batching.enabled: false`` turns batching off (cap 1, no wait).
+- ``scheduler.priority: frame_sync``: a request's default deadline is one frame
+  (unless the model sets one), a late request is kept (DELAY, behind those on time)
+  and runs late instead of being refused at admission, so its lateness is measured
+  (``frame_delay``) and the guardian can act on it.
 """
 
 from __future__ import annotations
@@ -67,12 +71,17 @@ def scheduling_for(
         max_queue = conservative_queue_size(
             max_queue, conservative_policy(policy).max_batch, instances
         )
+    default_timeout_s = queue_policy.default_timeout_microseconds / 1e6
+    frame_sync = scheduler.priority == "frame_sync"
     queue = QueueSettings(
         priority_levels=batching.priority_levels,
         default_priority=batching.default_priority_level,
         max_queue_size=max_queue,
-        timeout_action=queue_policy.timeout_action,
-        default_timeout_s=queue_policy.default_timeout_microseconds / 1e6,
+        timeout_action="DELAY" if frame_sync else queue_policy.timeout_action,
+        default_timeout_s=(default_timeout_s or scheduler.frame_s)
+        if frame_sync
+        else default_timeout_s,
         allow_timeout_override=queue_policy.allow_timeout_override,
+        shed_late=not frame_sync,
     )
     return ModelScheduling(mode, max_batch_size, policy, queue, scheduler.slo_p99_ms / 1000)
