@@ -184,7 +184,7 @@ def test_unknown_key_suggests_close_name(files: ConfigFiles) -> None:
         load_config(files.write("scheduler:\n  strategy: []\n"))
     assert problems(caught) == [
         "scheduler.strategy: unknown key 'scheduler.strategy' — did you mean 'strategies'? "
-        "(valid keys: mode, slo_p99_ms, strategies) [line 2]"
+        "(valid keys: mode, slo_p99_ms, strategies, priority, frame_rate, max_batch) [line 2]"
     ]
 
 

@@ -7,7 +7,7 @@ rules) and ``fallback_chain`` (devices tried in order behind circuit breakers).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
@@ -185,6 +185,9 @@ class SchedulerConfig(Section):
     """``frame_sync``: requests keep pace with a frame clock (see :data:`SchedulerPriority`)."""
     frame_rate: float = Field(default=60.0, gt=0, le=1000)
     """``frame_sync``: frames a second; one frame (1/frame_rate) is a request's default deadline."""
+
+    triton_aliases: ClassVar[tuple[str, ...]] = ("max_batch",)
+    """Other spellings accepted (the loader lists them among the valid keys)."""
 
     @model_validator(mode="before")
     @classmethod
