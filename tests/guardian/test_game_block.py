@@ -154,6 +154,9 @@ async def test_frames_later_than_16ms_make_the_guardian_skip_non_critical() -> N
     await scheduler.close()
     arena.close()
     assert served >= 100 and scheduler.statistics().rejected == 0
+    (trigger,) = guardian.statistics().triggers
+    assert trigger.fired >= 1 and trigger.active == ("skip_non_critical",)
+    assert trigger.value is not None and trigger.value > 0.016
     assert not _admitted(gate, "non-critical")
     assert _admitted(gate, "critical")
     assert gate.statistics().refused_non_critical == 1
