@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import shutil
 import subprocess
 import sys
@@ -45,6 +46,109 @@ def int8(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert code == 0, text
     assert "(static INT8): on 64 held-out rows top-1 agreement 100.0%" in text
     return out
+
+
+@pytest.fixture(scope="module")
+def int4(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("quant4")
+    sample = folder / "held_out.npz"
+    np.savez(sample, pixels=load_digits().data.astype(np.float32)[-64:])
+    out = folder / "digits_int4.onnx"
+    code, text = _cli("quantize", str(DIGITS), "--int4", "--sample", str(sample), "-o", str(out))
+    assert code == 0, text
+    assert "(INT4 weight-only, 2 MatMul weight(s), block size 32)" in text, text
+    assert "on 64 held-out rows top-1 agreement 100.0%" in text, text
+    return out
+
+
+def test_int4_is_matmulnbits_with_the_guard_hints(int4: Path) -> None:
+    model = onnx.load(str(int4))
+    ops = [node.op_type for node in model.graph.node]
+    assert ops.count("MatMulNBits") == 2 and "Gemm" not in ops, ops
+    [bits] = {a.i for n in model.graph.node for a in n.attribute if a.name == "bits"}
+    assert bits == 4
+    code, out = _cli("hints", "show", str(int4))
+    assert code == 0
+    assert "sordino.hints.precision = int4" in out
+    assert "sordino.hints.float_reference = digits_int4.float.onnx" in out
+
+
+def test_a_good_int4_model_is_served_and_answers_like_the_float(int4: Path) -> None:
+    config = load_config(None, {"quant_guard.enabled": True})
+    sources = sources_for(ModelConfig(name="digits4", path=int4))
+    with serve_in_thread(config, sources) as server:
+        assert server.runtime.get("digits4").source.path == int4
+        [event] = server.runtime.events.recent("quant_guard")
+        assert event.payload["action"] == "kept" and event.payload["agreement"] >= 0.99
+        pixels = load_digits().data.astype(np.float32)[-8:]
+        body = {"inputs": [{"name": "pixels", "shape": [8, 64], "datatype": "FP32",
+                            "data": pixels.ravel().tolist()}]}  # fmt: skip
+        request = urllib.request.Request(
+            f"{server.url}/v2/models/digits4/infer",
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            answer = json.loads(response.read())
+    [output] = [o for o in answer["outputs"] if o["shape"] == [8, 10]]
+    served = np.asarray(output["data"], dtype=np.float32).reshape(8, 10)
+    import onnxruntime as ort
+
+    reference = ort.InferenceSession(str(DIGITS), providers=["CPUExecutionProvider"])
+    [expected] = reference.run(None, {"pixels": pixels})[:1]
+    assert (served.argmax(axis=1) == expected.argmax(axis=1)).all()
+
+
+def test_start_quant_aware_falls_back_from_a_broken_int4_model(int4: Path, tmp_path: Path) -> None:
+    shutil.copyfile(int4.parent / "digits_int4.float.onnx", tmp_path / "digits_int4.float.onnx")
+    model = onnx.load(str(int4))
+    rng = np.random.default_rng(1)
+    for tensor in model.graph.initializer:
+        if tensor.name.endswith("_int4_B"):
+            array = onnx.numpy_helper.to_array(tensor)
+            scrambled = rng.integers(0, 255, array.shape, dtype=np.uint8)
+            tensor.CopyFrom(onnx.numpy_helper.from_array(scrambled, tensor.name))
+    broken = tmp_path / "digits_int4.onnx"
+    onnx.save(model, str(broken))
+    args = ["--model", f"digits4={broken}", "--quant-aware", "true"]
+    with sordino_start(args, tmp_path) as server:
+        pass
+    log = "\n".join(server.lines)
+    assert "model digits4: the quantized model strays from its float reference" in log
+    assert "serving the float model instead" in log
+
+
+def test_int4_of_a_plain_matmul_model_and_of_one_without_any(tmp_path: Path) -> None:
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = np.random.default_rng(0).standard_normal((48, 5)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 48])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 5])],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    tiny = tmp_path / "tiny.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tiny))
+    out = tmp_path / "tiny_int4.onnx"
+    code, text = _cli("quantize", str(tiny), "--int4", "--block-size", "16", "-o", str(out))
+    assert code == 0, text
+    assert "1 MatMul weight(s), block size 16" in text
+    x = np.random.default_rng(1).standard_normal((4, 48)).astype(np.float32)
+    import onnxruntime as ort
+
+    [got] = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert np.abs(got - x @ weight).max() < 0.2 * np.abs(x @ weight).max()
+    simple = next(s.path for s in builtin_sources() if s.name == "simple")
+    code, text = _cli("quantize", str(simple), "--int4", "-o", str(tmp_path / "s4.onnx"))
+    assert code == 2 and "no MatMul weight this INT4 mode can quantize" in text, text
+    code, text = _cli("quantize", str(tiny), "--int4", "--dynamic", "-o", str(out))
+    assert code == 2 and "--int4 quantizes weights only" in text
+    code, text = _cli("quantize", str(tiny), "--int4", "--int8", "--dynamic", "-o", str(out))
+    assert code == 2 and "exactly one of --int8 or --int4" in text
+    code, text = _cli("quantize", str(tiny), "--int4", "--block-size", "24", "-o", str(out))
+    assert code == 2 and "block size 24" in text
 
 
 def _broken(int8: Path, target: Path) -> Path:

@@ -32,7 +32,7 @@ def hints() -> None:
 @click.option("--max-batch", type=int, help="The model's max_batch_size.")
 @click.option("--mode", help="The model's scheduler mode (adaptive, manual, conservative, ...).")
 @click.option("--memory-pool", metavar="SIZE", help="The arena size it wants, e.g. 2GB.")
-@click.option("--precision", help="fp32, fp16 or int8.")
+@click.option("--precision", help="fp32, fp16, int8 or int4.")
 @click.option("--float-reference", metavar="PATH", help="A quantized model's float original.")
 @click.option("--accuracy-bound", type=float, help="Least top-1 agreement with the float model.")
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), required=True)

@@ -13,7 +13,7 @@ key                       meaning
 ``max_batch_size``        the model's ``max_batch_size``
 ``scheduler_mode``        the model's ``scheduler_mode``
 ``memory_pool``           the arena size it wants (``memory.pool_size``, e.g. 2GB)
-``precision``             ``fp32``, ``fp16`` or ``int8`` (what the weights are)
+``precision``             ``fp32``, ``fp16``, ``int8`` or ``int4`` (what the weights are)
 ``float_reference``       for a quantized model: the float model it came from
 ``accuracy_bound``        for a quantized model: the least top-1 agreement kept
 ``guard_sample``          for a quantized model: held-out inputs (base64 .npz)
@@ -73,7 +73,7 @@ class ModelHints(Section):
     max_batch_size: int | None = Field(default=None, ge=0, le=MAX_BATCH_SIZE)
     scheduler_mode: SchedulerMode | None = None
     memory_pool: Size | None = Field(default=None, ge=MIN_POOL_SIZE, le=MAX_POOL_SIZE)
-    precision: Literal["fp32", "fp16", "int8"] | None = None
+    precision: Literal["fp32", "fp16", "int8", "int4"] | None = None
     float_reference: str | None = Field(default=None, min_length=1, max_length=1024)
     """The float model, relative to the quantized file's folder and inside it."""
     accuracy_bound: float | None = Field(default=None, gt=0, le=1)

@@ -146,6 +146,7 @@ def sources_for(config: ModelConfig) -> list[ModelSource]:
         raise ConfigError("every entry under models: needs a name and a path")
     path = config.path
     if path.is_file():
+        _refuse_foreign(config.name, path)
         return [_hinted(ModelSource(config.name, "1", path, config))]
     if path.is_dir():
         return [_hinted(source) for source in _versions_in(path, config.name, config)]
@@ -242,6 +243,15 @@ def _contained(root: Path, path: Path, name: str) -> None:
         )
 
 
+def _refuse_foreign(name: str, path: Path) -> None:
+    """ModelLoadError naming what ``path`` is when it is a model sordino cannot serve."""
+    from sordino.models.formats import foreign_model
+
+    what = foreign_model(path)
+    if what is not None:
+        raise ModelLoadError(f"model {name!r}: sordino serves ONNX only: {what}")
+
+
 def _shown(name: str) -> str:
     text = repr(name)
     return text if len(text) <= 80 else text[:79] + "…"
@@ -268,6 +278,8 @@ def _model_file(folder: Path, name: str) -> Path:
     if len(candidates) == 1:
         return candidates[0]
     if not candidates:
+        for other in sorted(p for p in folder.iterdir() if p.is_file()):
+            _refuse_foreign(name, other)
         raise ModelLoadError(
             f"model {name!r}: no .onnx file in {folder} (expected {MODEL_FILENAME})"
         )

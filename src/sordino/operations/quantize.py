@@ -1,4 +1,4 @@
-"""INT8 quantization with ONNX Runtime's tools, and the comparison the accuracy guard runs.
+"""INT8 and INT4 quantization with ONNX Runtime's tools, and the comparison the guard runs.
 
 :func:`quantize` writes a quantized copy of a float ONNX model — static (activation
 ranges calibrated on ``calibration``, an ``.npz`` of input arrays) or dynamic
@@ -8,6 +8,9 @@ copied there, since a model loads no file outside its folder), the accuracy boun
 and a held-out sample the guard replays (the last rows of the calibration data, which
 calibration never sees; or ``sample``), at most :data:`MAX_SAMPLE_ROWS` rows and
 :data:`MAX_SAMPLE_ELEMENTS` values.
+:func:`quantize_int4` writes ONNX Runtime's 4-bit weight-only form (``MatMulNBits``):
+every MatMul (and plain Gemm) whose weight is a constant 2-D float matrix gets its
+weight packed block-wise, with the same hints (``precision: int4``).
 :func:`compare` runs a sample through a quantized and a float model and returns
 top-1 agreement and the largest absolute difference.
 """
@@ -37,6 +40,7 @@ __all__ = [
     "encode_sample",
     "output_names",
     "quantize",
+    "quantize_int4",
     "run_onnx",
 ]
 
@@ -223,6 +227,20 @@ def quantize(
         quantize_static(str(source), str(target), Reader())
     else:
         quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8)
+    return _embed_guard(source, target, session, held_out, sample, "int8", accuracy_bound)
+
+
+def _embed_guard(
+    source: Path,
+    target: Path,
+    session: Any,
+    held_out: dict[str, np.ndarray] | None,
+    sample: Path | None,
+    precision: str,
+    accuracy_bound: float,
+) -> tuple[ModelHints, GuardFigures]:
+    """Embed the guard's hints in ``target`` and compare it with ``source`` on the sample."""
+    inputs = [spec.name for spec in session.get_inputs()]
     if sample is not None:
         held_out = _load_npz(sample, inputs)
     if held_out is None:
@@ -236,7 +254,7 @@ def quantize(
     hints = ModelHints.model_validate(
         {
             **kept,
-            "precision": "int8",
+            "precision": precision,
             "float_reference": _reference_beside(source, target),
             "accuracy_bound": accuracy_bound,
             "guard_sample": encode_sample(held_out),
@@ -244,6 +262,153 @@ def quantize(
     )
     embed_hints(target, target, hints)
     return hints, compare(target, source, held_out)
+
+
+INT4_BLOCK_SIZES = (16, 32, 64, 128, 256)
+"""The block sizes ``MatMulNBits`` takes (a power of two, at least 16)."""
+
+
+def quantize_int4(
+    source: Path,
+    target: Path,
+    *,
+    block_size: int = 32,
+    sample: Path | None = None,
+    accuracy_bound: float = 0.99,
+) -> tuple[ModelHints, int, GuardFigures]:
+    """Write the 4-bit weight-only model of ``source`` to ``target``.
+
+    Returns its hints, how many weights were quantized, and the guard figures. Weights
+    are quantized block-wise along K (asymmetric, one scale and zero point per block of
+    ``block_size`` rows) by ONNX Runtime's own packing routine, the one its
+    ``MatMulNBitsQuantizer`` calls; a Gemm with ``alpha == 1`` and ``transA == 0``
+    becomes ``MatMulNBits`` followed by an ``Add`` of its bias. InvalidRequest when no
+    weight qualifies. A weight whose K is no multiple of ``block_size`` is zero-padded
+    to whole blocks, as ONNX Runtime does.
+    """
+    import onnx
+    from onnx import helper, numpy_helper
+
+    if block_size not in INT4_BLOCK_SIZES:
+        raise InvalidRequest(
+            f"block size {block_size} is not one MatMulNBits takes; use one of "
+            f"{', '.join(map(str, INT4_BLOCK_SIZES))}"
+        )
+    session = _session(source)
+    model = onnx.load(str(source))
+    graph = model.graph
+    initializers = {tensor.name: tensor for tensor in graph.initializer}
+    consumers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers[name] = consumers.get(name, 0) + 1
+    nodes: list[Any] = []
+    replaced = 0
+    for node in graph.node:
+        weight = _int4_weight(node, initializers, consumers)
+        if weight is None:
+            nodes.append(node)
+            continue
+        replaced += 1
+        prefix = f"{node.name or node.output[0]}_int4"
+        rows, cols = weight.shape
+        packed, scales, zero_points = _pack_int4(weight, block_size)
+        graph.initializer.extend(
+            [
+                numpy_helper.from_array(packed, f"{prefix}_B"),
+                numpy_helper.from_array(scales, f"{prefix}_scales"),
+                numpy_helper.from_array(zero_points, f"{prefix}_zero_points"),
+            ]
+        )
+        bias = _gemm_bias(node, initializers)
+        output = f"{prefix}_out" if bias is not None else node.output[0]
+        nodes.append(
+            helper.make_node(
+                "MatMulNBits",
+                [node.input[0], f"{prefix}_B", f"{prefix}_scales", f"{prefix}_zero_points"],
+                [output],
+                name=prefix,
+                domain="com.microsoft",
+                K=rows,
+                N=cols,
+                bits=4,
+                block_size=block_size,
+            )
+        )
+        if bias is not None:
+            graph.initializer.append(numpy_helper.from_array(bias, f"{prefix}_bias"))
+            nodes.append(helper.make_node("Add", [output, f"{prefix}_bias"], [node.output[0]]))
+    if not replaced:
+        raise InvalidRequest(
+            f"{source} has no MatMul weight this INT4 mode can quantize (it needs a MatMul "
+            "or Gemm whose weight is a constant 2-D float matrix); use --int8 instead"
+        )
+    del graph.node[:]
+    graph.node.extend(nodes)
+    used = {name for node in graph.node for name in node.input}
+    kept_tensors = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept_tensors)
+    if not any(entry.domain == "com.microsoft" for entry in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    onnx.save(model, str(target))
+    hints, figures = _embed_guard(source, target, session, None, sample, "int4", accuracy_bound)
+    return hints, replaced, figures
+
+
+def _int4_weight(node: Any, initializers: Mapping[str, Any], consumers: Mapping[str, int]) -> Any:
+    """The [K, N] float32 weight of a MatMul or plain Gemm ``node``, or None when it has none
+    this mode can quantize (not constant, not 2-D, shared with another node, a Gemm that
+    scales or transposes its input)."""
+    from onnx import helper, numpy_helper
+
+    if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
+        return None
+    tensor = initializers.get(node.input[1])
+    if tensor is None or consumers.get(node.input[1], 0) != 1:
+        return None
+    weight = numpy_helper.to_array(tensor)
+    if weight.ndim != 2 or weight.dtype != np.float32:
+        return None
+    if node.op_type == "Gemm":
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if attributes.get("transA", 0) or attributes.get("alpha", 1.0) != 1.0:
+            return None
+        if attributes.get("transB", 0):
+            weight = weight.T
+    return np.ascontiguousarray(weight)
+
+
+def _gemm_bias(node: Any, initializers: Mapping[str, Any]) -> np.ndarray | None:
+    """A Gemm's ``beta * C`` as a constant (None for a MatMul or a Gemm without C)."""
+    from onnx import helper, numpy_helper
+
+    if node.op_type != "Gemm" or len(node.input) < 3 or not node.input[2]:
+        return None
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    tensor = initializers.get(node.input[2])
+    if tensor is None:
+        raise InvalidRequest(
+            f"Gemm {node.name or node.output[0]} has a bias that is no constant; INT4 "
+            "quantizes Gemms with constant weights and bias only"
+        )
+    bias: np.ndarray = numpy_helper.to_array(tensor).astype(np.float32)
+    return bias * np.float32(attributes.get("beta", 1.0))
+
+
+def _pack_int4(weight: np.ndarray, block_size: int) -> tuple[np.ndarray, ...]:
+    """ONNX Runtime's block-wise 4-bit packing of a [K, N] weight (asymmetric)."""
+    from onnxruntime.capi._pybind_state import quantize_matmul_4bits
+
+    rows, cols = weight.shape
+    blocks = (rows + block_size - 1) // block_size
+    if blocks * block_size != rows:
+        weight = np.pad(weight, ((0, blocks * block_size - rows), (0, 0)))
+    packed = np.zeros((cols, blocks, block_size // 2), dtype=np.uint8)
+    scales = np.zeros((cols, blocks), dtype=np.float32)
+    zero_points = np.zeros((cols, (blocks + 1) // 2), dtype=np.uint8)
+    quantize_matmul_4bits(packed, weight, scales, zero_points, block_size, cols, rows, False)
+    return packed, scales, zero_points
 
 
 def _reference_beside(source: Path, target: Path) -> str:

@@ -1,6 +1,6 @@
 """The accuracy guard of quantized models (``quant_guard.enabled``, ``--quant-aware true``).
 
-At load, every model whose runtime hints say ``precision: int8`` is run on its
+At load, every model whose runtime hints say ``precision: int8`` (or ``int4``) is run on its
 held-out sample next to its float reference (``operations/quantize.py``); a model
 that strays past the bound is not served: its float reference is, under the same
 name, and a ``quant_guard`` event and the ``sordino_quant_guard_fallbacks_total``
@@ -134,7 +134,7 @@ class QuantGuard:
                 if source.path.suffix == ".onnx"
                 else None
             )
-            if hints is None or hints.precision != "int8":
+            if hints is None or hints.precision not in ("int8", "int4"):
                 screened.append(source)
                 continue
             screened.append(await self._screen_one(source, hints))
