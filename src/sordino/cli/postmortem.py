@@ -63,7 +63,7 @@ def _percent(value: str, option: str) -> float:
     "--metrics",
     default="all",
     show_default=True,
-    help="all, or some of availability,latency,guardian,interventions,resources,windows.",
+    help="all, or some of availability,latency,guardian,interventions,resources,repair,windows.",
 )
 @click.option("--availability-target", default="99.9%", show_default=True)
 @click.option("--slo-target", default="99%", show_default=True, help="Share within the SLO.")

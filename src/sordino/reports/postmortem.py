@@ -6,8 +6,9 @@ target / actual / verdict table that opens the report, availability by priority
 class (503s and timeouts apart), p99 against each model's target over time, every
 guardian action with its outcome, the manual interventions (chaos, model control,
 reconfiguration; never event marks, which only name the period), resource
-utilisation, the worst windows with their likely causes (the diagnose anomaly engine)
-and recommendations.
+utilisation (mean and peak per resource: :class:`ResourceUse`), the incidents with
+their time to repair (:class:`Incident`, :func:`incidents`), the worst windows with
+their likely causes (the diagnose anomaly engine) and recommendations.
 
 Where its figures come from: the per-second ``series`` rows (requests, errors by
 reason, p99, busy), the ``resources`` rows, and events — ``availability`` (accepted
@@ -21,6 +22,7 @@ requests by priority and outcome, every 10 s), ``guardian`` (payload ``trigger``
 from __future__ import annotations
 
 import datetime as dt
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,24 +30,39 @@ from typing import Any
 import numpy as np
 
 from sordino.reports.diagnose import Diagnosis, describe, diagnose, when
-from sordino.telemetry.availability import outcome_class
+from sordino.telemetry.availability import outcome_class, rejection_class
 from sordino.telemetry.journal import MARK_KIND as JOURNAL_MARK_KIND
 from sordino.telemetry.journal_reader import JournalEvent, JournalWindow
+from sordino.telemetry.series import SecondRow
 
 __all__ = [
+    "FAULT_KINDS",
+    "QUIET_S",
     "SECTIONS",
     "ClassAvailability",
     "GuardianAction",
+    "Incident",
     "Intervention",
     "Postmortem",
+    "ResourceUse",
     "TargetRow",
     "Targets",
     "find_marks",
+    "incidents",
     "parse_moment",
     "postmortem",
+    "resource_use",
 ]
 
-SECTIONS = ("availability", "latency", "guardian", "interventions", "resources", "windows")
+SECTIONS = (
+    "availability", "latency", "guardian", "interventions", "resources", "repair", "windows",
+)  # fmt: skip
+QUIET_S = 5
+"""An incident is repaired once clients have seen no error for this many seconds."""
+FAULT_KINDS = (
+    "fault_injected", "worker_failed", "device_unavailable", "instance_ejected", "guardian",
+)  # fmt: skip
+"""Events that open an incident (or explain one) even before any client saw an error."""
 MARK_KIND = JOURNAL_MARK_KIND
 # Event marks name the period (a person, or `sordino stress-test`, wrote them) but change
 # nothing in the server: they are not interventions.
@@ -58,6 +75,8 @@ class Targets:
 
     availability: float = 0.999
     slo_attainment: float = 0.99
+    repair_s: float = 10.0
+    """Mean time to repair (the brief's "<10 s (self-healing)")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +138,46 @@ class Intervention:
     detail: str
 
 
+@dataclass(frozen=True, slots=True)
+class ResourceUse:
+    """One resource over the period: its mean and its peak second, in ``unit``.
+
+    Means are over the seconds the journal holds a figure for (``seconds``); shares
+    (``unit == "%"``) are percentages.
+    """
+
+    resource: str
+    unit: str
+    mean: float
+    peak: float
+    peak_at: int
+    seconds: int
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    """A stretch when clients saw errors, or a fault was journaled, and its repair.
+
+    ``start`` is the earlier of the first second with errors and the first fault event
+    (:data:`FAULT_KINDS`); ``repaired`` the first moment after which clients saw no
+    error for :data:`QUIET_S` seconds (the end of the last second with errors, or the
+    last fault event when later), ``None`` when the period ended before that was seen.
+    ``failed`` counts the requests that failed: errors of accepted requests (503,
+    timeout, failure) and refusals at admission (503, 429, 500); 4xx client errors
+    are the client's mistake and never count.
+    """
+
+    start: float
+    repaired: float | None
+    cause: str
+    failed: int
+    seconds_with_errors: int
+
+    @property
+    def time_to_repair(self) -> float | None:
+        return None if self.repaired is None else self.repaired - self.start
+
+
 @dataclass(slots=True)
 class Postmortem:
     """Everything the report shows, in its order."""
@@ -139,6 +198,8 @@ class Postmortem:
     recommendations: list[str]
     diagnosis: Diagnosis
     notes: list[str] = field(default_factory=list)
+    resource_use: list[ResourceUse] = field(default_factory=list)
+    incidents: list[Incident] = field(default_factory=list)
 
     @property
     def window(self) -> JournalWindow:
@@ -315,22 +376,8 @@ def _interventions(events: Iterable[JournalEvent]) -> list[Intervention]:
 
 
 def _utilisation(window: JournalWindow) -> list[str]:
+    """What the table of :func:`resource_use` does not say."""
     out = []
-    for model in window.models:
-        if not any(r.requests for r in window.rows_of(model)):
-            continue
-        busy = [r.busy for r in window.rows_of(model)]
-        if busy:
-            out.append(
-                f"{model}: instances busy {np.mean(busy):.0%} on average, "
-                f"{max(busy):.0%} at the busiest second."
-            )
-    rss = [r.rss_bytes for r in window.resources]
-    if rss:
-        out.append(
-            f"Server resident memory: {np.mean(rss) / 2**20:.0f} MiB on average, "
-            f"{max(rss) / 2**20:.0f} MiB at peak."
-        )
     pool = [r.pool_in_use_bytes for r in window.resources if r.pool_in_use_bytes is not None]
     reserved = [r.pool_reserved_bytes for r in window.resources if r.pool_reserved_bytes]
     if pool and reserved:
@@ -338,13 +385,164 @@ def _utilisation(window: JournalWindow) -> list[str]:
             f"Shared-memory pool: up to {max(pool) / 2**20:.1f} MiB in use of "
             f"{max(reserved) / 2**20:.0f} MiB."
         )
-    frag = [r.fragmentation for r in window.resources if r.fragmentation is not None]
-    if frag:
-        out.append(f"Pool fragmentation peaked at {max(frag):.0%}.")
-    cpu = [r.cpu_percent for r in window.resources]
-    if cpu:
-        out.append(f"Server CPU: {np.mean(cpu):.0f}% on average, {max(cpu):.0f}% at peak.")
+    if window.resources:
+        out.append(
+            "Server CPU is the server process's, in percent of one core; the worker "
+            "processes' CPU is not journaled: their instances' busy share stands for it."
+        )
     return out or ["The journal holds no utilisation rows for this period."]
+
+
+def _use(resource: str, unit: str, points: list[tuple[int, float]]) -> ResourceUse | None:
+    if not points:
+        return None
+    peak_at, peak = max(points, key=lambda p: p[1])
+    mean = float(np.mean([v for _, v in points]))
+    return ResourceUse(resource, unit, mean, peak, peak_at, len(points))
+
+
+def resource_use(window: JournalWindow) -> list[ResourceUse]:
+    """Mean and peak of each resource the journal records each second.
+
+    Server CPU is the server process's (percent of one core: more than 100 on several);
+    the worker processes' CPU is not journaled, their instances' busy share (the share
+    of their time spent computing, per model) stands for it. The arena's use is its
+    bytes in use as a share of those reserved. GPU memory appears where a GPU was seen.
+    """
+    res = window.resources
+    found = [
+        _use("server CPU (% of one core)", "%", [(r.t, r.cpu_percent) for r in res]),
+        _use("server resident memory", "MiB", [(r.t, r.rss_bytes / 2**20) for r in res]),
+        _use(
+            "arena in use (share of reserved)",
+            "%",
+            [
+                (r.t, 100 * r.pool_in_use_bytes / r.pool_reserved_bytes)
+                for r in res
+                if r.pool_in_use_bytes is not None and r.pool_reserved_bytes
+            ],
+        ),
+        _use(
+            "arena fragmentation",
+            "%",
+            [(r.t, 100 * r.fragmentation) for r in res if r.fragmentation is not None],
+        ),
+        _use(
+            "GPU memory used",
+            "MiB",
+            [
+                (r.t, r.gpu_memory_used_bytes / 2**20)
+                for r in res
+                if r.gpu_memory_used_bytes is not None
+            ],
+        ),
+    ]
+    for model in window.models:
+        rows = window.rows_of(model)
+        if not any(r.requests for r in rows):
+            continue
+        per_second: dict[int, list[float]] = {}
+        for r in rows:  # versions of one model in one second: their mean
+            per_second.setdefault(r.t, []).append(r.busy)
+        found.append(
+            _use(
+                f"{model}: instances busy",
+                "%",
+                [(t, 100 * float(np.mean(b))) for t, b in sorted(per_second.items())],
+            )
+        )
+    return [u for u in found if u is not None]
+
+
+def _failed(row: SecondRow) -> int:
+    """Requests of ``row`` a client saw fail: errors, refusals and 500s at admission."""
+    refused = sum(
+        n
+        for reason, n in row.rejected_by_reason.items()
+        if rejection_class(reason) != "client_error"
+    )
+    return row.errors + refused
+
+
+def _fault_cause(event: JournalEvent) -> str | None:
+    """What a fault event says happened; ``None`` for events that are no fault."""
+    if event.kind not in FAULT_KINDS:
+        return None
+    p = event.payload
+    if event.kind == "guardian":
+        if p.get("phase") == "verdict":
+            return None  # the verdict of an action already counted when it acted
+        return f"guardian {p.get('action', event.subject)} ({p.get('trigger', event.cause)})"
+    if event.kind == "fault_injected":
+        return f"chaos {p.get('fault', '?')} fault on {event.subject}"
+    because = f": {event.cause}" if event.cause else ""
+    return f"{event.kind} on {event.subject}{because}"
+
+
+def incidents(window: JournalWindow, quiet_s: int = QUIET_S) -> list[Incident]:
+    """The period's incidents, in order (see :class:`Incident`).
+
+    A second with failed requests, or a fault event, joins the incident in progress
+    when it comes before clients had seen ``quiet_s`` seconds without errors since that
+    incident's last one; otherwise it opens a new incident. A second without a series
+    row saw no failure. A repair is confirmed only when the ``quiet_s`` clean seconds
+    after it lie in the period.
+    """
+    failed: dict[int, int] = {}
+    for row in window.series:
+        n = _failed(row)
+        if n:
+            failed[row.t] = failed.get(row.t, 0) + n
+    # (time, failed requests, cause): a second with errors, or a fault event.
+    items: list[tuple[float, int, str | None]] = [(t, n, None) for t, n in failed.items()]
+    for event in window.events:
+        cause = _fault_cause(event)
+        if cause is not None:
+            items.append((event.t, 0, cause))
+    items.sort(key=lambda item: item[0])
+    groups: list[list[tuple[float, int, str | None]]] = []
+    repaired = 0.0
+    for item in items:
+        t, n, _ = item
+        if not groups or t >= repaired + quiet_s:
+            groups.append([])
+        groups[-1].append(item)
+        # Clients see no error from the end of a failing second, or from a fault's moment.
+        end = t + 1 if n else t
+        repaired = end if len(groups[-1]) == 1 else max(repaired, end)
+    out = []
+    for group in groups:
+        causes = [c for _, _, c in group if c is not None]
+        ends = [t + 1 if n else t for t, n, _ in group]
+        fixed = max(ends)
+        out.append(
+            Incident(
+                start=group[0][0],
+                repaired=fixed if fixed + quiet_s <= window.end else None,
+                cause="; ".join(dict.fromkeys(causes)) or "no journaled fault explains it",
+                failed=sum(n for _, n, _ in group),
+                seconds_with_errors=sum(1 for _, n, _ in group if n),
+            )
+        )
+    return out
+
+
+def _repair_row(found: list[Incident], target_s: float) -> TargetRow:
+    times = [i.time_to_repair for i in found if i.time_to_repair is not None]
+    open_ = len(found) - len(times)
+    still = f", {open_} not repaired in the period" if open_ else ""
+    if not times:
+        actual = f"none of {len(found)} repaired in the period"
+        return TargetRow(
+            "time to repair (mean / median / worst)", f"< {target_s:g} s", actual, "missed"
+        )
+    mean = statistics.fmean(times)
+    return TargetRow(
+        f"time to repair (mean / median / worst of {len(found)} incident(s))",
+        f"< {target_s:g} s",
+        f"{mean:.1f} / {statistics.median(times):.1f} / {max(times):.1f} s{still}",
+        _verdict(mean < target_s and not open_),
+    )
 
 
 def _worst(diagnosis: Diagnosis, slo_ms: dict[str, float]) -> list[str]:
@@ -503,6 +701,22 @@ def postmortem(
                 _verdict(rolled == 0),
             )
         )
+    use = resource_use(window)
+    busy = [u for u in use if u.resource.endswith(": instances busy")]
+    if busy:
+        seconds = sum(u.seconds for u in busy)
+        rows.append(
+            TargetRow(
+                "resource utilisation (instances busy: mean / peak second)",
+                "—",
+                f"{sum(u.mean * u.seconds for u in busy) / seconds:.1f}% / "
+                f"{max(u.peak for u in busy):.1f}%",
+                "n/a",
+            )
+        )
+    found = incidents(window)
+    if found:
+        rows.append(_repair_row(found, targets.repair_s))
     notes = []
     if not by_priority:
         notes.append(
@@ -526,4 +740,6 @@ def postmortem(
         recommendations=_recommendations(diagnosis, guardian, slo_ms),
         diagnosis=diagnosis,
         notes=notes,
+        resource_use=use,
+        incidents=found,
     )

@@ -2,7 +2,8 @@
 
 Charts: p99 against each model's target over time (faults shaded, guardian actions
 drawn as spans: green when they held, red when rolled back), answers and failures per
-second (503s and timeouts apart), and utilisation (busy fraction, memory).
+second (503s and timeouts apart), and utilisation (busy fraction, server CPU and arena
+use, memory).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from sordino.reports.charts import has_data, no_data
 from sordino.reports.diagnose import when
-from sordino.reports.postmortem import ClassAvailability, Postmortem
+from sordino.reports.postmortem import QUIET_S, ClassAvailability, Postmortem
 from sordino.reports.render import Chart, _img, _TextPages, chart_pages
 from sordino.telemetry.availability import outcome_class, rejection_class
 
@@ -28,6 +29,8 @@ AVAILABILITY_HEADER = [
     "client errors (4xx)", "availability",
 ]  # fmt: skip
 ERRORS_CHART = "Answers, refusals, errors and client errors per second"
+RESOURCE_HEADER = ["resource", "mean", "peak", "peak at", "seconds"]
+INCIDENT_HEADER = ["start", "cause", "time to repair", "requests failed", "seconds with errors"]
 GUARDIAN_HEADER = ["time", "trigger", "action", "duration", "verify", "outcome", "explanation"]
 
 
@@ -160,16 +163,39 @@ def _errors_chart(pm: Postmortem) -> bytes:
 
 
 def _resources_chart(pm: Postmortem) -> bytes:
-    fig, (busy, memory) = _figure(4.6, rows=2)
+    fig, (busy, shares, memory) = _figure(6.4, rows=3)
     for color, model in zip(_COLORS, pm.active_models, strict=False):
         rows = pm.window.rows_of(model)
         busy.plot(
             [_t(r.t) for r in rows], [r.busy * 100 for r in rows], color=color, lw=1, label=model
         )
-    busy.set_ylabel("busy %")
+    busy.set_ylabel("instances busy %")
     busy.legend(loc="upper left", fontsize=8)
     _axis(busy, pm)
     res = pm.window.resources
+    shares.plot(
+        [_t(r.t) for r in res],
+        [r.cpu_percent for r in res],
+        color=_COLORS[0],
+        lw=1,
+        label="server CPU % of one core",
+    )
+    arena = [
+        (r.t, 100 * r.pool_in_use_bytes / r.pool_reserved_bytes)
+        for r in res
+        if r.pool_in_use_bytes is not None and r.pool_reserved_bytes
+    ]
+    if arena:
+        shares.plot(
+            [_t(t) for t, _ in arena],
+            [v for _, v in arena],
+            color=_COLORS[1],
+            lw=1,
+            label="arena in use % of reserved",
+        )
+    shares.set_ylabel("%")
+    shares.legend(loc="upper left", fontsize=8)
+    _axis(shares, pm)
     memory.plot(
         [_t(r.t) for r in res],
         [r.rss_bytes / 2**20 for r in res],
@@ -242,6 +268,31 @@ def _guardian_rows(pm: Postmortem) -> list[list[str]]:
     ]
 
 
+def _resource_rows(pm: Postmortem) -> list[list[str]]:
+    def value(v: float, unit: str) -> str:
+        return f"{v:.1f}%" if unit == "%" else f"{v:.1f} {unit}"
+
+    return [
+        [u.resource, value(u.mean, u.unit), value(u.peak, u.unit), when(u.peak_at), str(u.seconds)]
+        for u in pm.resource_use
+    ]
+
+
+def _incident_rows(pm: Postmortem) -> list[list[str]]:
+    return [
+        [
+            when(i.start),
+            i.cause,
+            "not repaired in the period"
+            if i.time_to_repair is None
+            else f"{i.time_to_repair:.1f} s",
+            str(i.failed),
+            str(i.seconds_with_errors),
+        ]
+        for i in pm.incidents
+    ]
+
+
 def _intervention_rows(pm: Postmortem) -> list[list[str]]:
     return [[when(i.t), i.kind, i.subject, i.detail] for i in pm.interventions]
 
@@ -280,7 +331,22 @@ def _blocks(pm: Postmortem) -> list[tuple[str, list[str], list[list[str]], list[
             )
         )
     if "resources" in pm.sections:
-        out.append(("Resource utilisation", [], [], pm.utilisation))
+        out.append(("Resource utilisation", RESOURCE_HEADER, _resource_rows(pm), pm.utilisation))
+    if "repair" in pm.sections:
+        said = (
+            f"An incident is a run of seconds in which clients saw failed requests (4xx client "
+            f"errors aside), or a fault event; it is repaired at the first moment after which "
+            f"clients saw no error for {QUIET_S} s. Time to repair runs from the earlier of its "
+            "first failing second and its fault."
+        )
+        none = (
+            []
+            if pm.incidents
+            else ["No incident: clients saw no error and no fault was journaled."]
+        )
+        out.append(
+            ("Incidents and time to repair", INCIDENT_HEADER, _incident_rows(pm), [said, *none])
+        )
     if "windows" in pm.sections:
         out.append(("Worst windows and likely causes", [], [], pm.worst or ["None found."]))
     out.append(("Recommendations", [], [], pm.recommendations))
