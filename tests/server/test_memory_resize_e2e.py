@@ -142,6 +142,8 @@ def test_resize_endpoint_cli_and_auto_step(auto_server: RunningServer) -> None:
     r = httpx.post(f"{server.url}/v2/sordino/memory/resize", json={"size": "lots"}, timeout=30)
     assert r.status_code == 400 and "size" in r.text
     r = httpx.post(f"{server.url}/v2/sordino/memory/resize", json={"size": "100TB"}, timeout=30)
+    assert r.status_code == 400 and "at most" in r.text  # past memory.pool_size's bound
+    r = httpx.post(f"{server.url}/v2/sordino/memory/resize", json={"size": "900GB"}, timeout=30)
     assert r.status_code == 400 and "/dev/shm has room" in r.text
     result = CliRunner().invoke(cli, ["memory", "resize", "32MB", "--url", server.url])
     assert result.exit_code == 0, result.output
