@@ -19,6 +19,8 @@ import pytest
 from click.testing import CliRunner
 
 from sordino.cli.main import cli
+from sordino.generation.prompts import parse_digit_prompt
+from sordino.loadtest.payloads import EXAMPLE_PROMPTS
 from sordino.models.repository import builtin_sources
 from sordino.testing import serve_in_thread
 from tests.waiting import wait_for_closed_second
@@ -121,3 +123,10 @@ def test_diagnose_and_the_postmortem_show_client_errors(
     html = pm.read_text()
     assert "availability (successful / received, 4xx client errors excluded)" in html
     assert "8 of 16 received (50.0%)" in html
+
+
+@pytest.mark.parametrize("prompt", EXAMPLE_PROMPTS)
+def test_every_example_prompt_is_one_the_generator_takes(prompt: str) -> None:
+    """The load test's example prompts live on the client's side of the layers; the
+    generator's own parser must take each of them."""
+    assert 0 <= parse_digit_prompt(prompt) <= 9

@@ -6,7 +6,7 @@ import re
 
 from sordino.errors import InvalidRequest
 
-__all__ = ["DIGIT_WORDS", "EXAMPLE_PROMPTS", "parse_digit_prompt"]
+__all__ = ["DIGIT_WORDS", "parse_digit_prompt"]
 
 DIGIT_WORDS = (
     "zero",
@@ -20,11 +20,6 @@ DIGIT_WORDS = (
     "eight",
     "nine",
 )
-EXAMPLE_PROMPTS = (
-    "a handwritten 7", "seven", "7", "draw a three", "a handwritten 0", "nine", "draw a 4",
-    "a handwritten five",
-)  # fmt: skip
-"""Prompts the digit generator takes: what `sordino stress-test` sends it by default."""
 _ALIASES = {"oh": 0, "nought": 0, "naught": 0}
 _WORD = re.compile(r"[a-z]+|\d+")
 

@@ -30,6 +30,7 @@ from sordino.datatypes import serialize_bytes_tensor, to_numpy_dtype
 from sordino.errors import ConfigError
 
 __all__ = [
+    "EXAMPLE_PROMPTS",
     "GENERATOR_PLATFORM",
     "InputSpec",
     "Payload",
@@ -83,6 +84,15 @@ def _shape(spec: InputSpec, rows: int) -> tuple[int, ...]:
 GENERATOR_PLATFORM = "sordino_iterative"
 """The platform a sordino generator (digits-diffusion) reports in its model configuration."""
 
+EXAMPLE_PROMPTS = (
+    "a handwritten 7", "seven", "7", "draw a three", "a handwritten 0", "nine", "draw a 4",
+    "a handwritten five",
+)  # fmt: skip
+"""Prompts the built-in digit generator takes: what ``sordino stress-test`` sends a
+generator by default. Kept here, on the client's side of the layers (the load test
+speaks HTTP and imports no serving code); a test checks the generator's own prompt
+parser takes each of them."""
+
 
 def example_payloads(inputs: list[InputSpec]) -> list[Payload] | None:
     """Bodies from a generator's example prompts (``prompt`` alone; the server picks
@@ -91,8 +101,6 @@ def example_payloads(inputs: list[InputSpec]) -> list[Payload] | None:
     Random text is no prompt: a generator refuses it (400), so a load test of random
     bodies would measure refusals, not generation.
     """
-    from sordino.generation.prompts import EXAMPLE_PROMPTS
-
     spec = next((s for s in inputs if s.name == "prompt" and s.datatype == "BYTES"), None)
     if spec is None:
         return None
