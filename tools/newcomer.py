@@ -88,6 +88,8 @@ TOUR = (
     "sordino reconfigure --set scheduler.slo_p99_ms=100 --dry-run --url http://127.0.0.1:8000",
     "sordino strategy list",
     "sordino strategy export edge_conservative -o edge.tar.gz",
+    "sordino share-strategy --name tour_live --tags tour --description 'the tour'"
+    " --license apache-2.0 --url http://127.0.0.1:8000",
     "sordino event mark tour --start",
     "sordino stress-test --url http://127.0.0.1:8000 --model digits-classifier --duration 2s"
     " --peak-rate 20 --output stress.html",
