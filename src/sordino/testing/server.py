@@ -73,11 +73,17 @@ def serve_in_thread(
     there as ``sordino start --data-dir`` does; ``prepare`` is called with the runtime
     before it starts (to install test doubles). A failure during start-up is raised
     here, after the workers already started are stopped; a start-up slower than
-    ``startup_timeout`` seconds raises :class:`TimeoutError`.
+    ``startup_timeout`` seconds raises :class:`TimeoutError`. The event-loop lag rule
+    (``server.shed_loop_lag``) is off unless ``config`` sets it.
     """
     config = config or RuntimeConfig()
     # Loopback and free ports, whatever the config says: tests never collide on a port.
-    loopback = {"host": "127.0.0.1", "http_port": 0, "grpc_port": 0}
+    loopback: dict[str, object] = {"host": "127.0.0.1", "http_port": 0, "grpc_port": 0}
+    if "shed_loop_lag" not in config.server.model_fields_set:
+        # The server's loop shares this process's GIL with the test's own clients, so
+        # its lag measures them, not the server: on a busy 2-core machine it refused a
+        # plain load test's requests as overload. Tests of the lag rule set it.
+        loopback["shed_loop_lag"] = 0
     config = config.model_copy(update={"server": config.server.model_copy(update=loopback)})
     chosen = list(sources) if sources is not None else builtin_sources()
     started = threading.Event()
