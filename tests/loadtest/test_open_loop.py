@@ -37,21 +37,22 @@ def _stall(server: RunningServer) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_achieved_rate_is_within_two_percent_of_the_target_over_20_s(
+def test_achieved_rate_keeps_the_target_over_8_s(
     server: RunningServer,
 ) -> None:
-    """150 requests/s for 20 s, evenly spaced: the client keeps the schedule."""
-    steady = load_profile("steady").scaled(duration=20, peak_rate=150)
+    """150 requests/s for 8 s, evenly spaced: the client keeps the schedule (bounds
+    generous enough for a loaded 2-core machine; bench/ measures the accuracy)."""
+    steady = load_profile("steady").scaled(duration=8, peak_rate=150)
     profile = steady.model_copy(update={"arrivals": "constant"})
     result = execute(prepare(server.url, "digits-classifier", profile))
     assert result.intended_mean == pytest.approx(150, rel=0.001)
-    assert result.achieved_mean == pytest.approx(150, rel=0.02), result.achieved_mean
-    assert result.total.count + result.total.errors == result.send.sent == 3000
+    assert result.achieved_mean == pytest.approx(150, rel=0.1), result.achieved_mean
+    assert result.total.count + result.total.errors == result.send.sent == 1200
     assert result.total.errors == 0 and result.server_observed
     # Per second too: the typical second is on schedule, and none is far off it (a
     # scheduler hiccup on a loaded machine moves a few requests to the next second).
     inner = sorted(result.sent_rate[1:-1])
-    assert abs(inner[len(inner) // 2] - 150) <= 7.5, result.sent_rate
+    assert abs(inner[len(inner) // 2] - 150) <= 15, result.sent_rate
     assert inner[0] > 75 and inner[-1] < 225, result.sent_rate
 
 

@@ -207,22 +207,26 @@ def mostly_client_errors(result: StressResult) -> str | None:
     )
 
 
+def _tally(by_status: dict[str, int]) -> tuple[int, str]:
+    """How many in all, and ``"400 ×3, 404 ×1"``."""
+    statuses = ", ".join(f"{k} ×{v}" for k, v in sorted(by_status.items()))
+    return sum(by_status.values()), statuses
+
+
 def _client_error_findings(result: StressResult) -> list[str]:
     """The client errors and refusals, apart, with what the server said."""
     out = []
     answered = result.total.count + result.total.errors
     client = result.errors_of("client_error")
     if client:
-        n = sum(client.values())
-        statuses = ", ".join(f"{k} ×{v}" for k, v in sorted(client.items()))
+        n, statuses = _tally(client)
         out.append(
             f"{n} of {answered} answers were client errors ({n / answered:.1%}; {statuses}): "
             "the server refused the request itself, not the load."
         )
     refused = result.errors_of("refused")
     if refused:
-        n = sum(refused.values())
-        statuses = ", ".join(f"{k} ×{v}" for k, v in sorted(refused.items()))
+        n, statuses = _tally(refused)
         out.append(
             f"{n} answers were refusals under load ({statuses}: shed, queue full, not ready "
             "or over a rate)."

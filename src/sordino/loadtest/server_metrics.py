@@ -147,6 +147,18 @@ class MetricsPoller:
         self.samples.append(sample)
 
 
+def _get_json(url: str, path: str, token: str | None) -> Any:
+    """``GET url+path`` with the admin token if given, its body parsed as JSON.
+
+    Raises what urllib and json raise (``HTTPError`` for an answer that is not 2xx).
+    """
+    request = urllib.request.Request(f"{url.rstrip('/')}{path}")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
 def journal_events(
     url: str, start: float, end: float, token: str | None = None
 ) -> tuple[list[dict[str, Any]], str | None]:
@@ -158,12 +170,8 @@ def journal_events(
     an empty list and a sentence saying why they could not be read.
     """
     query = urllib.parse.urlencode({"start": start, "end": end})
-    request = urllib.request.Request(f"{url.rstrip('/')}/v2/sordino/journal?{query}")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            document = json.loads(response.read())
+        document = _get_json(url, f"/v2/sordino/journal?{query}", token)
     except urllib.error.HTTPError as exc:
         if exc.code in (401, 403):
             return [], f"the server's journal needs its admin token (--token): {exc.code}"
@@ -181,12 +189,8 @@ def journal_file(url: str, token: str | None = None) -> tuple[str | None, str | 
     server without one) names the journal file; the public view and other servers do
     not. Returns the path and None, or None and a sentence saying why.
     """
-    request = urllib.request.Request(f"{url.rstrip('/')}/v2/sordino/telemetry")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            document = json.loads(response.read())
+        document = _get_json(url, "/v2/sordino/telemetry", token)
     except urllib.error.HTTPError as exc:
         return None, f"the server is not sordino, or did not answer: HTTP {exc.code}"
     except (urllib.error.URLError, OSError, ValueError) as exc:
