@@ -87,3 +87,44 @@ def test_dotted_parts_accepts_real_keys() -> None:
         "dynamic_batching",
         "max_queue_size",
     ]
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ({"workers.heartbeat_timeout": "400d"}, "at most 366d"),
+        ({"workers.start_timeout": 10**12}, "at most 366d"),
+        ({"workers.shared_memory": "2048TB"}, "at most 1PB"),
+        ({"workers.restart_backoff_reset_batches": 10**30}, "past the largest number"),
+        ({"server.max_connections": 10**20}, "past the largest number"),
+    ],
+)
+def test_numbers_without_a_range_of_their_own_still_have_a_ceiling(
+    override: dict[str, object], needle: str
+) -> None:
+    """Issue 27's follow-up: workers, executor and the other sections bounded too."""
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, override)
+    key = next(iter(override))
+    assert key in raised.value.message and needle in raised.value.message
+
+
+def test_a_ray_actor_asking_for_1e300_cpus_is_refused() -> None:
+    from pydantic import ValidationError
+
+    from sordino.config.executor import RayModelOptions
+
+    with pytest.raises(ValidationError, match="past the largest number"):
+        RayModelOptions.model_validate({"num_cpus": 1e300})
+
+
+def test_a_bool_inside_a_list_of_numbers_is_refused() -> None:
+    from pydantic import ValidationError
+
+    from sordino.config.scheduler import DynamicBatchingStrategy
+
+    base = {"name": "dynamic_batching", "min_batch": 1, "max_batch": 8}
+    ok = DynamicBatchingStrategy.model_validate({**base, "preferred_batch": [2, 4]})
+    assert ok.preferred_batch == (2, 4)
+    with pytest.raises(ValidationError, match=r"preferred_batch\.0"):
+        DynamicBatchingStrategy.model_validate({**base, "preferred_batch": [True, 4]})

@@ -13,15 +13,17 @@ hold for files, ``sordino reconfigure``, strategies and model hints alike.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, field_validator, model_validator
 
 __all__ = [
     "MAX_BATCH_SIZE",
+    "MAX_NUMBER",
     "MAX_POOL_SIZE",
     "MIN_POOL_SIZE",
     "ExpandedPath",
@@ -35,6 +37,9 @@ MIN_POOL_SIZE = 64 * 1024
 """The smallest shared-memory arena (``memory.pool_size``, the ``memory_pool`` hint)."""
 MAX_POOL_SIZE = 1024**4
 """The largest shared-memory arena (1 TiB)."""
+MAX_NUMBER = float(2**53)
+"""The ceiling of every number setting without a range of its own (about 9e15: the
+largest integer a float and a JSON reader hold exactly; sizes stop at 1 PiB below it)."""
 
 ExpandedPath = Annotated[Path, AfterValidator(lambda path: path.expanduser())]
 """A path whose leading "~" is expanded."""
@@ -52,19 +57,36 @@ class Section(BaseModel):
         # ("true"), which the number's own validation refuses under the field's name.
         if not isinstance(data, Mapping):
             return data
-        wrong = [
-            key
-            for key, value in data.items()
-            if isinstance(value, bool)
-            and key in cls.model_fields
-            and _takes_numbers_not_bools(cls.model_fields[key].annotation)
-        ]
-        if not wrong:
-            return data
-        return {**data, **{key: str(data[key]).lower() for key in wrong}}
+        fixed: dict[str, Any] = {}
+        for key, value in data.items():
+            if key not in cls.model_fields:
+                continue
+            annotation = cls.model_fields[key].annotation
+            if isinstance(value, bool) and _takes_numbers_not_bools(annotation):
+                fixed[key] = str(value).lower()
+            elif isinstance(value, list | tuple) and any(isinstance(v, bool) for v in value):
+                element = _element_of(annotation)
+                if element is not None and _takes_numbers_not_bools(element):
+                    fixed[key] = [str(v).lower() if isinstance(v, bool) else v for v in value]
+        return {**data, **fixed} if fixed else data
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _numbers_within_reach(cls, value: Any) -> Any:
+        # The fields with a range of their own are checked by it; this is the ceiling of
+        # those without (a count of 10**30 is a typo, and would overflow what uses it).
+        for number in value if isinstance(value, tuple) else (value,):
+            if isinstance(number, bool) or not isinstance(number, int | float):
+                continue
+            if not math.isfinite(number) or abs(number) > MAX_NUMBER:
+                raise ValueError(
+                    f"{number!r} is past the largest number a setting takes "
+                    f"({MAX_NUMBER:.0e}); see docs/configuration.md for its range"
+                )
+        return value
 
 
-def _takes_numbers_not_bools(annotation: object) -> bool:
+def _leaves(annotation: object) -> list[object]:
     leaves: list[object] = []
     pending = [annotation]
     while pending:
@@ -76,7 +98,25 @@ def _takes_numbers_not_bools(annotation: object) -> bool:
             pending.extend(get_args(current))
         else:
             leaves.append(current)
+    return leaves
+
+
+def _takes_numbers_not_bools(annotation: object) -> bool:
+    leaves = _leaves(annotation)
     return bool not in leaves and str not in leaves and any(leaf in (int, float) for leaf in leaves)
+
+
+def _element_of(annotation: object) -> object | None:
+    """The element type of a list or tuple field (``tuple[int, ...]``), else None."""
+    for leaf in _leaves(annotation):
+        origin = get_origin(leaf)
+        if origin in (list, tuple) or (
+            isinstance(origin, type) and issubclass(origin, Sequence) and origin is not str
+        ):
+            args: list[object] = [a for a in get_args(leaf) if a is not Ellipsis]
+            if len(args) == 1:
+                return args[0]
+    return None
 
 
 def reject_repeated_names(

@@ -24,7 +24,21 @@ from pydantic import BeforeValidator
 
 from sordino.errors import ConfigError
 
-__all__ = ["Duration", "Milliseconds", "Size", "parse_duration", "parse_size"]
+__all__ = [
+    "MAX_DURATION",
+    "MAX_SIZE",
+    "Duration",
+    "Milliseconds",
+    "Size",
+    "parse_duration",
+    "parse_size",
+]
+
+MAX_DURATION = 366 * 86_400.0
+"""The longest duration any setting may give (a year): waits on threads overflow past
+about 292 years, and no timeout, window or interval of a server needs more."""
+MAX_SIZE = 1024**5
+"""The largest size any setting may give (1 PiB); sections bound their own sizes lower."""
 
 _SIZE_UNITS: dict[str, int] = {
     "": 1,
@@ -76,13 +90,19 @@ def parse_size(value: str | int) -> int:
     if isinstance(value, int):
         if value < 0:
             raise ConfigError(f"invalid size {value!r}: a size cannot be negative; {_SIZE_FORMS}")
-        return value
+        return _at_most_max_size(value, value)
     match = _QUANTITY.match(value)
     unit = match.group(2).lower() if match else ""
     if match is None or unit not in _SIZE_UNITS:
         hint = "a size cannot be negative; " if value.strip().startswith("-") else ""
         raise ConfigError(f"invalid size {value!r}: {hint}expected {_SIZE_FORMS}")
-    return int(Decimal(match.group(1)) * _SIZE_UNITS[unit])
+    return _at_most_max_size(value, int(Decimal(match.group(1)) * _SIZE_UNITS[unit]))
+
+
+def _at_most_max_size(written: str | int, size: int) -> int:
+    if size > MAX_SIZE:
+        raise ConfigError(f"invalid size {written!r}: at most 1PB ({MAX_SIZE} bytes)")
+    return size
 
 
 def parse_duration(value: str | int | float) -> float:
@@ -100,13 +120,19 @@ def parse_duration(value: str | int | float) -> float:
                 f"invalid duration {value!r}: a duration must be finite and not negative; "
                 f"{_DURATION_FORMS}"
             )
-        return float(value)
+        return _at_most_max_duration(value, float(value))
     match = _QUANTITY.match(value)
     unit = match.group(2).lower() if match else ""
     if match is None or unit not in _DURATION_UNITS:
         hint = "a duration cannot be negative; " if value.strip().startswith("-") else ""
         raise ConfigError(f"invalid duration {value!r}: {hint}expected {_DURATION_FORMS}")
-    return float(Decimal(match.group(1)) * _DURATION_UNITS[unit])
+    return _at_most_max_duration(value, float(Decimal(match.group(1)) * _DURATION_UNITS[unit]))
+
+
+def _at_most_max_duration(written: str | int | float, seconds: float) -> float:
+    if seconds > MAX_DURATION:
+        raise ConfigError(f"invalid duration {written!r}: at most 366d ({MAX_DURATION:.0f} s)")
+    return seconds
 
 
 def _is_plain_number(text: str) -> bool:
