@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from sordino.cli.main import cli
+from sordino.config import ModelConfig, RuntimeConfig
 from sordino.errors import ModelLoadError
-from sordino.models.hints import read_hints
+from sordino.models.hints import apply_hints, read_hints, with_runtime_hints
 from sordino.models.repository import builtin_sources
 from tests.cli.conftest import sordino_start
 
@@ -201,6 +203,9 @@ def test_a_hinted_denoiser_starts_with_step_caching_and_the_placement(tmp_path: 
     code, out = _cli("hints", "embed", str(DIFFUSION), "--auto", "--iterative", guidance,
                      "-o", str(hinted))  # fmt: skip
     assert code == 0, out
+    found = read_hints(hinted)  # the file's sample shape beside the named guidance
+    assert found is not None and found.iterative is not None
+    assert (found.iterative.sample_shape, found.iterative.guidance) == ((64,), 3.0)
     args = ["--model", str(hinted), "--model", f"plain={DIFFUSION}"]
     with sordino_start(args, tmp_path) as server:
         triton = _get(f"{server.url}/v2/models/sd3_opt/config")
@@ -248,3 +253,27 @@ def test_new_hints_out_of_range_are_refused(
     code, out = _cli("hints", "embed", str(DIFFUSION), f"--{key.replace('_', '-')}", value,
                      "-o", str(tmp_path / "x.onnx"))  # fmt: skip
     assert code == 2 and key in out and "Traceback" not in out, out
+
+
+def test_a_step_cache_hint_needs_a_generator_and_placement_yields_to_config(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    hinted = tmp_path / "classifier.onnx"
+    code, out = _cli("hints", "embed", str(DIGITS), "--step-cache", "0.2",
+                     "--memory-strategy", "simple", "-o", str(hinted))  # fmt: skip
+    assert code == 0, out
+    applied = apply_hints(ModelConfig(name="digits", path=hinted), hinted)
+    assert applied is not None and applied.config.iterative is None
+    assert applied.overridden == (
+        "step_cache=0.2 (the model is not served as a generator: no iterative)",
+    )
+    caplog.set_level(logging.INFO, logger="sordino.hints")
+    assert with_runtime_hints(RuntimeConfig(), [hinted]).memory.strategy == "simple"
+    off = RuntimeConfig.model_validate({"memory": {"enabled": False}})
+    assert with_runtime_hints(off, [hinted]).memory.strategy == "best_fit"
+    assert "memory_strategy=simple (classifier.onnx) not applied: the memory manager is off" in (
+        caplog.text
+    )
+    given = RuntimeConfig.model_validate({"memory": {"strategy": "best_fit"}})
+    assert with_runtime_hints(given, [hinted]).memory.strategy == "best_fit"
+    assert "overridden by memory.strategy=best_fit" in caplog.text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -80,6 +81,14 @@ def embed(
             picked = auto_hints(model)
         except Exception as exc:  # ONNX Runtime's own parse errors
             _fail(f"{model} is not an ONNX model: {exc}")
+        if isinstance(given.get("iterative"), str) and "iterative" in picked:
+            # --iterative beside --auto: what the file says (its sample shape) fills in.
+            try:
+                named = json.loads(given["iterative"])
+            except ValueError:
+                named = None  # refused below, with the reason
+            if isinstance(named, dict):
+                given["iterative"] = {**picked["iterative"], **named}
         given = {**picked, **given}
     from pydantic import ValidationError
 
