@@ -269,6 +269,7 @@ def test_a_step_cache_hint_needs_a_generator_and_placement_yields_to_config(
     )
     caplog.set_level(logging.INFO, logger="sordino.hints")
     assert with_runtime_hints(RuntimeConfig(), [hinted]).memory.strategy == "simple"
+    assert with_runtime_hints(RuntimeConfig(), [DIGITS]).memory.strategy == "best_fit"
     off = RuntimeConfig.model_validate({"memory": {"enabled": False}})
     assert with_runtime_hints(off, [hinted]).memory.strategy == "best_fit"
     assert "memory_strategy=simple (classifier.onnx) not applied: the memory manager is off" in (
