@@ -190,11 +190,15 @@ def test_embed_with_no_hint_named_picks_step_caching_and_placement(tmp_path: Pat
     assert found.step_cache == 0.1
     assert 'sordino.hints.iterative = {"sample_shape":[64]}' in out
     plain = tmp_path / "classifier_hinted.onnx"
-    code, out = _cli("hints", "embed", str(DIGITS), "-o", str(plain))
+    code, out = _cli("hints", "embed", str(DIGITS), "--embed-runtime-hints", "true",
+                     "-o", str(plain))  # fmt: skip
     assert code == 0, out
     found = read_hints(plain)
     assert found is not None and found.iterative is None and found.step_cache is None
     assert found.memory_strategy == "fragmentation_aware"
+    code, out = _cli("hints", "embed", str(DIGITS), "--embed-runtime-hints", "false",
+                     "-o", str(plain))  # fmt: skip
+    assert code == 2 and "nothing to embed" in out, out
 
 
 def test_a_hinted_denoiser_starts_with_step_caching_and_the_placement(tmp_path: Path) -> None:

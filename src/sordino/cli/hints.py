@@ -57,12 +57,19 @@ def hints() -> None:
     help="Also embed what sordino picks for the file: fragmentation_aware placement, and "
     "for a denoiser, generator serving with step caching (the default when no hint is named).",
 )
+@click.option(
+    "--embed-runtime-hints",
+    "embed_runtime_hints",
+    type=click.BOOL,
+    metavar="true|false",
+    help="ATC's spelling: true is --auto; false embeds only the hints named.",
+)
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), required=True)
 def embed(
     model: Path, max_batch: int | None, mode: str | None, memory_pool: str | None,
     precision: str | None, float_reference: str | None, accuracy_bound: float | None,
     memory_strategy: str | None, iterative: str | None, step_cache: float | None,
-    auto: bool, output: Path,
+    auto: bool, embed_runtime_hints: bool | None, output: Path,
 ) -> None:  # fmt: skip
     """Write MODEL to OUTPUT with the given hints in its metadata_props.
 
@@ -76,7 +83,12 @@ def embed(
         "iterative": iterative, "step_cache": step_cache,
     }  # fmt: skip
     given = {key: value for key, value in given.items() if value is not None}
-    if auto or not given:
+    if embed_runtime_hints is False:
+        if auto:
+            _fail("--auto and --embed-runtime-hints false contradict each other; pass one", 2)
+        if not given:
+            _fail("--embed-runtime-hints false and no hint named: nothing to embed", 2)
+    elif embed_runtime_hints or auto or not given:
         try:
             picked = auto_hints(model)
         except Exception as exc:  # ONNX Runtime's own parse errors

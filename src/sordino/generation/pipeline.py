@@ -7,9 +7,11 @@ identical generation in flight, or by submitting a :class:`Generation` to the mo
 scheduler. A generation is the scheduler's :class:`~sordino.scheduling.work.Stepper`:
 every step is one work item in the engine (requests at different timesteps share a
 batch, the timestep is a per-row input), and between steps the generation moves its
-sample with the sampler (numpy, ``samplers.py``). Its state between steps — the
-sample, timestep and condition rows of its next step — is a ``Tensors`` in the
-shared-memory arena; a cancelled request lets go of it at the next boundary.
+sample with the sampler (numpy, ``samplers.py``); with ``iterative.step_cache`` a step
+whose input barely moved reuses the previous prediction instead of queueing a model
+call (``step_cache.py``). Its state between steps — the sample, timestep and
+condition rows of its next step — is a ``Tensors`` in the shared-memory arena; a
+cancelled request lets go of it at the next boundary.
 """
 
 from __future__ import annotations
