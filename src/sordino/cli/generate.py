@@ -116,6 +116,8 @@ def generate(
     params = final.get("parameters", {})
     seconds = time.perf_counter() - started
     note = " (degraded under load)" if params.get("degraded") else ""
+    if params.get("cached_steps"):
+        note += f" ({params['cached_steps']} from the step cache)"
     source = params.get("source", "generated")
     click.echo(
         f"wrote {output}: {params.get('steps_used')} steps{note}, seed {params.get('seed')}, "

@@ -374,7 +374,7 @@ def start(
     }
     try:
         from sordino.control.admin import admin_token, exposure_refusal, exposure_warning
-        from sordino.models.hints import with_pool_hint
+        from sordino.models.hints import with_runtime_hints
 
         config = load_config(config_path, {k: v for k, v in overrides.items() if v is not None})
         config = _free_grpc_port_with_free_http_port(config)
@@ -386,7 +386,7 @@ def start(
         if exposed is not None:
             log.warning("%s", exposed)
         sources = collect_sources(config, models, builtin, triton_examples)
-        config = with_pool_hint(config, [source.path for source in sources])
+        config = with_runtime_hints(config, [source.path for source in sources])
         config.server.data_dir.mkdir(parents=True, exist_ok=True)
         raise_open_file_limit()
         status = _run(config, sources)

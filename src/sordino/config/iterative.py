@@ -18,7 +18,17 @@ from pydantic import Field, model_validator
 
 from sordino.config.base import Section
 
-__all__ = ["DegradeConfig", "IterativeConfig", "IterativeSteps", "ReuseConfig"]
+__all__ = [
+    "MAX_STEP_CACHE_SKIPS",
+    "DegradeConfig",
+    "IterativeConfig",
+    "IterativeSteps",
+    "ReuseConfig",
+    "StepCacheConfig",
+]
+
+MAX_STEP_CACHE_SKIPS = 16
+"""The most denoiser calls in a row the step cache may skip."""
 
 
 class IterativeSteps(Section):
@@ -65,6 +75,25 @@ class ReuseConfig(Section):
     """Intermediate states kept (one per prompt condition, guidance and sampler)."""
 
 
+class StepCacheConfig(Section):
+    """Step caching (TeaCache-style): skip a denoiser call whose input barely changed.
+
+    Between two steps the denoiser's input moves a little; while the relative L1
+    change of the sample, accumulated since the last step the denoiser ran, stays
+    under ``threshold``, the step reuses that step's noise prediction instead of
+    running the model. The first and last steps always run.
+    """
+
+    enabled: bool = False
+    threshold: float = Field(default=0.1, ge=0.0, le=1.0)
+    """The accumulated relative L1 change of the sample (mean |x - x_last| / mean
+    |x_last|) under which a step reuses the last prediction; 0 never skips (the
+    output is then bit-identical to the cache off). Larger skips more, and the image
+    drifts further from the uncached one."""
+    max_skips: int = Field(default=2, ge=1, le=MAX_STEP_CACHE_SKIPS)
+    """Most steps in a row that may reuse one prediction."""
+
+
 class IterativeConfig(Section):
     """Serve the model as a denoiser in a sampler loop the runtime owns (a generator)."""
 
@@ -93,6 +122,7 @@ class IterativeConfig(Section):
     noise_output: str = "noise"
     degrade: DegradeConfig = DegradeConfig()
     reuse: ReuseConfig = ReuseConfig()
+    step_cache: StepCacheConfig = StepCacheConfig()
     batching: Literal["step", "request"] = "step"
     """step: every step is a work item (requests join and leave between steps);
     request: a generation runs as one unit, new requests wait for the running cohort

@@ -8,6 +8,9 @@
   joined an identical one in flight
 - ``sordino_generation_state_hits_total{model}``, ``..._state_steps_saved_total{model}``:
   approximate reuse (cached intermediate states)
+- ``sordino_generation_step_cache_computed_total{model}``,
+  ``..._step_cache_skipped_total{model}``: denoising steps the denoiser ran, and steps
+  that reused the previous prediction instead (``iterative.step_cache``)
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ class GenerationCollector(Collector):
             "coalesced": "Requests that joined an identical generation in flight.",
             "state_hits": "Generations started from a cached intermediate state.",
             "state_steps_saved": "Steps skipped by starting from a cached state.",
+            "step_cache_computed": "Denoising steps the denoiser ran.",
+            "step_cache_skipped": "Denoising steps that reused the previous prediction.",
         }
         metrics = {
             name: CounterMetricFamily(f"sordino_generation_{name}", doc, labels=["model"])
@@ -68,4 +73,7 @@ class GenerationCollector(Collector):
             metrics["coalesced"].add_metric(model, pipeline.in_flight.coalesced)
             metrics["state_hits"].add_metric(model, pipeline.states.hits)
             metrics["state_steps_saved"].add_metric(model, pipeline.states.steps_saved)
+            steps = pipeline.step_cache.statistics()
+            metrics["step_cache_computed"].add_metric(model, steps.computed)
+            metrics["step_cache_skipped"].add_metric(model, steps.skipped)
         yield from metrics.values()

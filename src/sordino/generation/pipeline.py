@@ -7,9 +7,11 @@ identical generation in flight, or by submitting a :class:`Generation` to the mo
 scheduler. A generation is the scheduler's :class:`~sordino.scheduling.work.Stepper`:
 every step is one work item in the engine (requests at different timesteps share a
 batch, the timestep is a per-row input), and between steps the generation moves its
-sample with the sampler (numpy, ``samplers.py``). Its state between steps — the
-sample, timestep and condition rows of its next step — is a ``Tensors`` in the
-shared-memory arena; a cancelled request lets go of it at the next boundary.
+sample with the sampler (numpy, ``samplers.py``); with ``iterative.step_cache`` a step
+whose input barely moved reuses the previous prediction instead of queueing a model
+call (``step_cache.py``). Its state between steps — the sample, timestep and
+condition rows of its next step — is a ``Tensors`` in the shared-memory arena; a
+cancelled request lets go of it at the next boundary.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from sordino.generation.image import png_bytes, to_image
 from sordino.generation.prompts import parse_digit_prompt
 from sordino.generation.reuse import Generated, InFlight, ResultCache, ReusePolicy, StateCache
 from sordino.generation.samplers import Schedule
+from sordino.generation.step_cache import StepCache, StepCacheCounter
 from sordino.inference import InferRequest, ModelKey, ModelMetadata, Tensor, TensorSpec
 from sordino.memory.arena import Arena
 from sordino.memory.refs import Tensors, TensorsBuilder
@@ -116,6 +119,8 @@ class Generation:
         # The pace of this priority's recent steps, until this request has its own.
         self._step_s: float | None = pipeline.step_period(priority)
         self.final_sample: npt.NDArray[np.float32] | None = None
+        self.cache = StepCache(config.step_cache, pipeline.step_cache)
+        self._moved = 1  # steps the last advance moved the sample
 
     @property
     def steps_used(self) -> int:
@@ -157,7 +162,6 @@ class Generation:
 
     def advance(self, outputs: Tensors, now: float) -> tuple[Tensors | None, Tensors | None]:
         config = self.pipeline.config
-        schedule = self.pipeline.schedule
         predicted = np.asarray(outputs[config.noise_output], dtype=np.float32)
         if predicted.shape[0] != self.rows:
             raise InferenceFailed(
@@ -167,13 +171,36 @@ class Generation:
         noise = predicted[:1]
         if self.rows == 2:
             noise = predicted[1:2] + self.params.guidance * (predicted[:1] - predicted[1:2])
-        t = float(self.plan[self.index])
-        elapsed = now - self._last
+        # The time since the last advance moved the sample ``_moved`` steps (more than
+        # one when the step cache skipped some): the pace is per step.
+        elapsed = (now - self._last) / self._moved
         self._last = now
         self._step_s = elapsed if self._step_s is None else 0.7 * self._step_s + 0.3 * elapsed
         self.pipeline.note_step(self.priority, elapsed)
         queued = self.pipeline.scheduler.expected_wait(self.priority)
         step_s = self._step_s if queued is None else max(self._step_s, queued)
+        self.cache.computed(self.sample)
+        delivered: Tensors | None = None
+        self._moved = 0
+        while True:
+            left, preview = self._move(noise, now, step_s)
+            self._moved += 1
+            delivered = preview if preview is not None else delivered
+            if left == 0:
+                self.final_sample = self.sample
+                return None, Tensors.of({"sample": self.sample})
+            # The step cache: this step may move the sample with the prediction just
+            # used instead of queueing a model call (never the last step).
+            if not self.cache.may_skip(self.sample, last=left == 1):
+                return self.inputs(), delivered
+
+    def _move(
+        self, noise: npt.NDArray[np.float32], now: float, step_s: float
+    ) -> tuple[int, Tensors | None]:
+        """Move the sample one step with ``noise``; return the steps left after it and a preview."""
+        config = self.pipeline.config
+        schedule = self.pipeline.schedule
+        t = float(self.plan[self.index])
         if self._store_at is not None and self.index == self._store_at:
             x0 = schedule.predict_x0(self.sample, noise, np.array([t]))
             self.pipeline.states.put(self.state_key, x0)
@@ -208,10 +235,7 @@ class Generation:
             )
         self.sample = schedule.step_one(config.sampler, self.sample, noise, t, t_next)
         self.index += 1
-        if left == 0:
-            self.final_sample = self.sample
-            return None, Tensors.of({"sample": self.sample})
-        return self.inputs(), delivered
+        return left, delivered
 
     def close(self) -> None:
         self.closed = True
@@ -244,6 +268,7 @@ class Pipeline:
         self.results = ResultCache(config.reuse.cache_entries, reuse_policy)
         self.in_flight = InFlight()
         self.states = StateCache(config.reuse.approximate_entries, reuse_policy)
+        self.step_cache = StepCacheCounter()
         self._running = 0
         self._next_cohort: asyncio.Future[None] | None = None
         self._cohort_waiting = 0
@@ -457,6 +482,7 @@ class Pipeline:
             seed=params.seed,
             degraded=generation.degraded,
             reused_steps=generation.reused_steps,
+            cached_steps=generation.cache.skipped,
             sample=final,
         )
 

@@ -35,6 +35,8 @@ class Generated:
     seed: int
     degraded: bool = False
     reused_steps: int = 0
+    cached_steps: int = 0
+    """Steps that reused the previous step's prediction (the step cache): no model call."""
     sample: npt.NDArray[np.float32] | None = None
     """The final sample before it became an image (for quality checks and tests)."""
 

@@ -58,6 +58,12 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
             "sordino_max_batch": {"string_value": str(controller.max_batch)},
         },
     }
+    if model.pipeline is not None:
+        cache = model.pipeline.config.step_cache
+        shown = f"threshold={cache.threshold:g},max_skips={cache.max_skips}"
+        config["parameters"]["sordino_step_cache"] = {
+            "string_value": shown if cache.enabled else "off"
+        }
     if meta.stream is not None or model.pipeline is not None:
         # Triton's word for a model that may send several responses per request.
         config["model_transaction_policy"] = {"decoupled": True}

@@ -356,6 +356,7 @@ class InferenceService:
                 "seed": result.seed,
                 "degraded": result.degraded,
                 "reused_steps": result.reused_steps,
+                "cached_steps": result.cached_steps,
                 "source": how,
             },
         )
