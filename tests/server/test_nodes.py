@@ -9,6 +9,7 @@ guardian's triggers to it (``true``) or keeps the guardian off it (``false``).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 import time
@@ -19,6 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
+from sordino.cli.memory import describe_status
 from sordino.config import load_config
 from sordino.errors import ConfigError, ModelLoadError
 from sordino.models.repository import builtin_sources, sources_for
@@ -134,6 +136,14 @@ def test_a_request_over_its_nodes_pool_is_refused_and_the_other_node_serves(
     assert pools["simple"].quota_bytes == 4096 and pools["simple"].peak_bytes == 4096
     assert pools["simple"].rejections >= 2 and pools["simple"].in_use_bytes == 0
     assert pools["digits-classifier"].rejections == 0
+    refused = counter_sum(
+        server,
+        "sordino_memory_model_pool_rejections",
+        lambda labels: labels["model"] == "simple",
+    )
+    assert refused == pools["simple"].rejections
+    lines = describe_status(dataclasses.asdict(server.runtime.memory.statistics()))
+    assert any(line.startswith("node pool of model simple: 0.0 MiB in flight") for line in lines)
 
 
 def test_a_nodes_requests_get_its_priority_unless_they_name_one(server: RunningServer) -> None:
