@@ -176,7 +176,8 @@ def test_self_healing_true_scopes_the_triggers_and_false_keeps_the_guardian_off(
             "self_healing": {
                 "interval": 0.2,
                 "triggers": [
-                    {"metric": "qps", "threshold": "> 1", "window": "2s", "action": "alert"}
+                    {"metric": "qps", "threshold": "> 1", "window": "2s", "action": "alert"},
+                    {"metric": "memory_fragmentation", "threshold": "90%", "action": "alert"},
                 ],
             },
             "nodes": [
@@ -185,7 +186,12 @@ def test_self_healing_true_scopes_the_triggers_and_false_keeps_the_guardian_off(
             ],
         },
     )
-    assert [t.name for t in config.guardian.triggers] == ["qps > 1", "qps of simple > 1"]
+    # The arena's fragmentation is no model's: it is not copied for the node.
+    assert [t.name for t in config.guardian.triggers] == [
+        "qps > 1",
+        "memory_fragmentation 90%",
+        "qps of simple > 1",
+    ]
     with serve_in_thread(config, _sources("simple", "digits-classifier")) as server:
         stop = threading.Event()
 
@@ -222,6 +228,7 @@ def test_self_healing_true_scopes_the_triggers_and_false_keeps_the_guardian_off(
         statistics = server.runtime.guardian.statistics()  # type: ignore[union-attr]
         assert {t.name: t.model for t in statistics.triggers} == {
             "qps > 1": None,
+            "memory_fragmentation 90%": None,
             "qps of simple > 1": "simple",
         }
 

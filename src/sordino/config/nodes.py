@@ -23,7 +23,8 @@ What each key does to the node's model:
   request to the model gets when it names none (the model's Triton
   ``default_priority_level`` and ``default_timeout_microseconds``).
 - ``self_healing``: ``true`` applies the runtime's triggers that watch every model to
-  this model on its own too (with none, a default: ``error_rate`` above 5 % for 30 s
+  this model on its own too (not those of the arena or the machine: fragmentation,
+  memory in use, temperature, power) (with none, a default: ``error_rate`` above 5 % for 30 s
   restarts its worker); ``false`` takes the model out of the guardian's sight (its
   figures do not count towards any trigger and no action targets or throttles it);
   ``{triggers: [...]}`` gives the model triggers of its own.
@@ -49,6 +50,7 @@ from sordino.config.units import Size
 
 __all__ = [
     "DEFAULT_NODE_TRIGGER",
+    "MACHINE_METRICS",
     "NODE_SCHEDULERS",
     "NodePolicy",
     "NodeRuntime",
@@ -72,6 +74,12 @@ DEFAULT_NODE_TRIGGER: dict[str, object] = {
     "action": "restart_worker",
 }
 """What ``self_healing: true`` gives a node when the runtime lists no trigger of its own."""
+
+MACHINE_METRICS = frozenset(
+    {"memory_fragmentation", "memory_in_use", "device_temperature", "power"}
+)
+"""Metrics of the arena or the machine, not of a model: a node's copy of such a trigger
+would only act twice on the same thing, so ``self_healing: true`` does not copy them."""
 
 
 def _check_priority(value: object) -> object:
@@ -247,8 +255,9 @@ def guardian_config(
 ) -> SelfHealingConfig:
     """``healing`` with the nodes' ``self_healing`` applied (what the guardian runs).
 
-    A node with ``true`` adds a copy of every trigger that watches every model, scoped
-    to its model (or :data:`DEFAULT_NODE_TRIGGER` when there is none); one with
+    A node with ``true`` adds a copy of every trigger that watches every model (but
+    not a :data:`MACHINE_METRICS` one), scoped to its model (or
+    :data:`DEFAULT_NODE_TRIGGER` when there is none); one with
     triggers adds them, scoped; one with ``false`` lists its model in
     ``exclude_models``. Node triggers turn the guardian on unless ``enabled`` was
     given (``enabled: false``, ``--guardian-mode false`` keep it off).
@@ -265,7 +274,9 @@ def guardian_config(
         if own.triggers:
             added += [t.model_copy(update={"model": model}) for t in own.triggers]
             continue
-        everywhere = [t for t in healing.triggers if t.model is None]
+        everywhere = [
+            t for t in healing.triggers if t.model is None and t.metric not in MACHINE_METRICS
+        ]
         if not everywhere:
             everywhere = [TriggerConfig.model_validate(DEFAULT_NODE_TRIGGER)]
         added += [t.model_copy(update={"model": model}) for t in everywhere]
