@@ -9,6 +9,7 @@ guardian's triggers to it (``true``) or keeps the guardian off it (``false``).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
 import threading
@@ -22,7 +23,8 @@ import pytest
 
 from sordino.cli.memory import describe_status
 from sordino.config import load_config
-from sordino.errors import ConfigError, ModelLoadError
+from sordino.errors import ConfigError, ModelLoadError, RateLimited
+from sordino.memory.quotas import QuotaLedger
 from sordino.models.repository import builtin_sources, sources_for
 from sordino.testing import RunningServer, serve_in_thread
 from tests.execution.load import events
@@ -340,3 +342,25 @@ def test_a_top_level_node_without_its_model_fails_start_up() -> None:
         serve_in_thread(config, _sources("simple")),
     ):
         pass
+
+
+def test_a_full_pool_makes_its_nodes_request_wait_then_429_and_no_other_node_waits() -> None:
+    """The pool is the node's: a request that would go over waits for room (here none
+    comes: 429 naming the node), while another model's request is charged at once."""
+    names = {"simple": "adder"}
+    pools = QuotaLedger(
+        {"simple": 4096},
+        wait_s=0.05,
+        name=lambda model: f"node {names[model]!r} (model {model!r})",
+        setting="the node's memory_pool",
+    )
+
+    async def run() -> None:
+        held = await pools.acquire("simple", 4000)
+        assert await pools.acquire("digits-classifier", 10**9) == "other"  # no pool: no limit
+        with pytest.raises(RateLimited, match=re.escape("node 'adder' (model 'simple') has 4000")):
+            await pools.acquire("simple", 200)
+        pools.release(held, 4000)
+        assert await pools.acquire("simple", 200) == "simple"
+
+    asyncio.run(run())
