@@ -406,6 +406,8 @@ class MemoryStatistics:
     """Per Ray node, its memory pool (executor.kind: ray)."""
     compaction: CompactionStatistics | None = None
     """Incremental compaction at batch boundaries (``memory.compact_step``)."""
+    pools: tuple[OwnerStatistics, ...] = ()
+    """Per model with a node pool (``nodes[].runtime.memory_pool``): its bytes in flight."""
 
 
 # -- the guardian ----------------------------------------------------------------------

@@ -109,7 +109,7 @@ def test_a_cycle_is_refused_in_the_configuration() -> None:
     }
     with pytest.raises(ConfigError, match="pipeline loop has a cycle: a -> b -> a"):
         load_config(None, {"pipelines": [cycle]})
-    with pytest.raises(ConfigError, match="memory_pool per pipeline node is not supported"):
+    with pytest.raises(ConfigError, match="the nodes' memory pools add up to 2 GiB"):
         node = {"name": "a", "model": "simple", "runtime": {"memory_pool": "2GB"}}
         load_config(None, {"pipelines": [{"name": "p", "nodes": [node]}]})
 

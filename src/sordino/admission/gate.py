@@ -11,7 +11,8 @@ guardian when its condition has cleared:
   ``parameters.tag`` in the configured tags) are answered 503 at once.
 
 The gate refuses with :class:`~sordino.errors.Unavailable`, before the request is
-queued, so a refused request costs no model time.
+queued, so a refused request costs no model time. The ``exempt`` models (a node's
+``self_healing: false``) are never refused by it.
 """
 
 from __future__ import annotations
@@ -44,8 +45,11 @@ def _scope(model: str | None) -> str:
 class TrafficGate:
     """An admission link (``gate(request, context)``); the guardian sets its controls."""
 
-    def __init__(self, non_critical_tags: tuple[str, ...] = ("non-critical",)) -> None:
+    def __init__(
+        self, non_critical_tags: tuple[str, ...] = ("non-critical",), exempt: tuple[str, ...] = ()
+    ) -> None:
         self._tags = frozenset(non_critical_tags)
+        self._exempt = frozenset(exempt)
         self._throttle: dict[str | None, float] = {}
         self._credit: dict[tuple[str, int], float] = {}
         self._shed: set[str | None] = set()
@@ -76,6 +80,8 @@ class TrafficGate:
         if not (self._throttle or self._shed or self._skip):
             return
         model = context.model
+        if model in self._exempt:
+            return
         lowest = context.settings.priority_levels
         if self._skip and (model in self._skip or None in self._skip):
             tag = request.parameters.get("tag") or request.headers.get(TAG_HEADER)

@@ -58,6 +58,12 @@ def describe_status(status: dict[str, Any]) -> list[str]:
             f"{_mib(owner['peak_bytes'])}), quota {_mib(quota) if quota else 'none'}, "
             f"{owner['waits']} waits, {owner['rejections']} refused"
         )
+    for pool in status.get("pools", []):
+        lines.append(
+            f"node pool of model {pool['owner']}: {_mib(pool['in_use_bytes'])} in flight "
+            f"(peak {_mib(pool['peak_bytes'])}) of {_mib(pool['quota_bytes'] or 0)}, "
+            f"{pool['waits']} waits, {pool['rejections']} refused"
+        )
     lines.append(
         f"overflow: {status['overflow_shrinks']} batches shrunk, {status['overflow_waits']} "
         f"waited, {status['overflow_rejections']} answered 503, "

@@ -7,59 +7,25 @@ name), and the outputs no node consumes are the pipeline's outputs. Triton's
 ``ensemble_scheduling`` (``step`` entries with ``model_name``, ``input_map``,
 ``output_map``) is accepted as another spelling of ``nodes``.
 
+A node's ``runtime`` is :class:`~sordino.config.nodes.NodeRuntime`: ``priority`` and
+``timeout`` are those of the requests the pipeline sends to the node's model;
+``scheduler``, ``memory_pool`` and ``self_healing`` are the model's (``config/nodes.py``).
+
 Structure (names, wiring, cycles) is checked here; models, tensors and datatypes are
 checked at load, against the loaded models (``server/pipelines.py``).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import Field, model_validator
 
 from sordino.config.base import Section, reject_repeated_names
 from sordino.config.models import MODEL_NAME_PATTERN
-from sordino.config.units import Size
+from sordino.config.nodes import NodeRuntime
 
 __all__ = ["NodeConfig", "NodeRuntime", "PipelineConfig"]
-
-
-def _check_priority(value: object) -> object:
-    if isinstance(value, str) and value in ("high", "normal", "low"):
-        return value
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return value
-    raise ValueError("priority must be 'high', 'normal', 'low', or an integer >= 1 (1 is highest)")
-
-
-_Priority = Annotated[int | Literal["high", "normal", "low"], BeforeValidator(_check_priority)]
-
-
-class NodeRuntime(Section):
-    """A node's own policy."""
-
-    priority: Annotated[
-        int | Literal["high", "normal", "low"], BeforeValidator(_check_priority)
-    ] = "normal"
-    """The priority of the node's requests in its model's queue."""
-    scheduler: Literal["dynamic_batching"] = "dynamic_batching"
-    """How the node's requests are scheduled: its model's dynamic batcher (the only one)."""
-    timeout: float | None = Field(default=None, gt=0)
-    """Seconds the node's request may wait in its model's queue (its deadline)."""
-    memory_pool: Size | None = None
-    """A pool of the node's own: not supported yet (refused when set)."""
-    self_healing: bool | None = None
-    """Per-node self-healing: not supported yet (refused when set)."""
-
-    @model_validator(mode="after")
-    def _unsupported(self) -> NodeRuntime:
-        unsupported = [key for key in ("memory_pool", "self_healing") if getattr(self, key)]
-        if unsupported:
-            raise ValueError(
-                f"{', '.join(unsupported)} per pipeline node is not supported yet: every node "
-                "shares the server's arena and guardian; remove it from the node's runtime"
-            )
-        return self
 
 
 class NodeConfig(Section):

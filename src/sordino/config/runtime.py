@@ -17,6 +17,13 @@ from sordino.config.devices import DeviceConfig
 from sordino.config.executor import ExecutorConfig
 from sordino.config.memory import MemoryConfig, QuotaConfig
 from sordino.config.models import ModelConfig
+from sordino.config.nodes import (
+    NodePolicy,
+    ServedNode,
+    check_node_triggers,
+    guardian_config,
+    node_policies,
+)
 from sordino.config.pipelines import PipelineConfig
 from sordino.config.quant_guard import QuantGuardConfig
 from sordino.config.reconfigure import ReconfigureConfig
@@ -113,6 +120,52 @@ class RuntimeConfig(Section):
 
     executor: ExecutorConfig = ExecutorConfig()
     """Where model instances run: worker processes here, or Ray actors (docs/scale-out.md)."""
+    nodes: tuple[ServedNode, ...] = ()
+    """Pipeline nodes run elsewhere (ModelBox): each one's runtime policy is that of the
+    served model it names (``config/nodes.py``, docs/operations.md)."""
+
+    @model_validator(mode="after")
+    def _nodes_coherent(self) -> RuntimeConfig:
+        reject_repeated_names((node.name for node in self.nodes), what="node names")
+        policies = self.node_policies
+        check_node_triggers(policies, self.self_healing)
+        pools = {m: p for m, p in policies.items() if p.memory_pool is not None}
+        if pools and not self.memory.enabled:
+            raise ValueError(
+                "nodes: a node's memory_pool needs the memory manager, but memory.enabled is "
+                "false (--disable-memory-pool): enable it or remove the memory_pool"
+            )
+        total = sum(p.memory_pool or 0 for p in pools.values())
+        arena, what = self.arena_bytes
+        if total > arena:
+            each = ", ".join(f"{p.node} {_size(p.memory_pool or 0)}" for p in pools.values())
+            raise ValueError(
+                f"nodes: the nodes' memory pools add up to {_size(total)} ({each}), more than "
+                f"the arena's {_size(arena)} ({what}); the pools share the arena: raise "
+                "memory.pool_size or shrink the pools"
+            )
+        return self
+
+    @property
+    def arena_bytes(self) -> tuple[int, str]:
+        """The arena's size (its largest, for pool_size auto) and the setting that gives it."""
+        pool = self.memory.pool_size
+        if pool == "auto":
+            return self.memory.pool_max, "memory.pool_max, with pool_size auto"
+        if isinstance(pool, int):
+            return pool, "memory.pool_size"
+        return self.workers.shared_memory, "workers.shared_memory; memory.pool_size unset"
+
+    @property
+    def node_policies(self) -> dict[str, NodePolicy]:
+        """The runtime policy of each model a node names (top level and pipelines)."""
+        return node_policies(self.nodes, ((p.name, p.nodes) for p in self.pipelines))
+
+    @property
+    def guardian(self) -> SelfHealingConfig:
+        """``self_healing`` with the nodes' own ``self_healing`` applied: what the guardian
+        runs (``config/nodes.py``)."""
+        return guardian_config(self.self_healing, self.node_policies)
 
     @model_validator(mode="after")
     def _ray_options_need_ray(self) -> RuntimeConfig:
@@ -161,3 +214,10 @@ class RuntimeConfig(Section):
             if device.name == name:
                 return device
         return None
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.4g} {unit}"
+    return f"{nbytes} bytes"

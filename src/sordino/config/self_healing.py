@@ -222,6 +222,10 @@ class SelfHealingConfig(Section):
     """scale_workers never shrinks a model below this many instances per device."""
     non_critical_tags: tuple[str, ...] = ("non-critical",)
     """Request tags (X-Sordino-Tag or parameters.tag) that skip_non_critical refuses."""
+    exclude_models: tuple[str, ...] = ()
+    """Models the guardian leaves alone: their figures count towards no trigger, and no
+    action targets, throttles or sheds them (a node's ``self_healing: false`` adds its
+    model here)."""
 
     @model_validator(mode="before")
     @classmethod

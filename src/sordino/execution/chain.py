@@ -443,7 +443,7 @@ class ChainExecutor:
                 and settings.restart_wait > 0
                 and instance.isolation != "thread"
                 and self._outliers.suspect(instance)
-                and guardian_replaces(self._config.self_healing, model.key.name)
+                and guardian_replaces(self._config.guardian, model.key.name)
             ):
                 attempt.held = True
                 self._retried(instance, cause, waits_for_restart=True)

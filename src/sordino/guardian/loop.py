@@ -206,6 +206,8 @@ class Guardian:
             (2 * max(t.config.window_s, t.config.verify_s) for t in self._triggers), default=1
         )
         rows = self._series.recent(int(keep) + 2)
+        if self.config.exclude_models:  # nodes with self_healing: false are not watched
+            rows = {k: r for k, r in rows.items() if k.name not in self.config.exclude_models}
         resources = self._series.recent_resources(int(keep) + 2)
         self._timing_rows = {
             name: self._timings(name) if self._timings is not None else {}

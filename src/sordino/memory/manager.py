@@ -21,7 +21,7 @@ manager
   with their next batch. Each resize is an event of kind ``memory``, subject
   ``resize``, with ``bytes_before``, ``bytes_after``, ``bytes_copied``, ``pause_s``
   and ``reason``;
-- keeps the tenants' quotas (:class:`~sordino.memory.quotas.QuotaLedger`);
+- keeps the tenants' quotas and the node pools (:class:`~sordino.memory.quotas.QuotaLedger`);
 - reports everything as one :class:`~sordino.records.MemoryStatistics`.
 """
 
@@ -33,7 +33,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 
 from sordino.clock import Clock
@@ -107,10 +107,12 @@ class MemoryManager:
         plans: Callable[[], tuple[StepPlanStatistics, ...]] = tuple,
         capacity: Callable[[], int] | None = None,
         nodes: Callable[[], tuple[NodeMemoryStatistics, ...]] = tuple,
+        pools: Mapping[str, tuple[str, int]] | None = None,
     ) -> None:
         """``pause`` holds new batches back while it is entered (staging's gate);
         ``workers`` and ``plans`` report framework memory and step plans; ``capacity``
-        is the arena's size before it exists; ``nodes`` the Ray nodes' pools."""
+        is the arena's size before it exists; ``nodes`` the Ray nodes' pools; ``pools``
+        maps a model to its node's name and ``memory_pool`` (``nodes[].runtime``)."""
         self.config = config
         self._pause = pause
         self._workers = workers
@@ -135,6 +137,18 @@ class MemoryManager:
             {q.tenant: q.max for q in config.quotas} if config.enabled else {},
             wait_s=config.quota_wait,
         )
+        named = dict(pools or {})
+        self.pools = QuotaLedger(
+            {model: size for model, (_, size) in named.items()} if config.enabled else {},
+            wait_s=config.quota_wait,
+            name=lambda model: (
+                f"node {named[model][0]!r} (model {model!r})"
+                if model in named
+                else f"model {model!r}"
+            ),
+            setting="the node's memory_pool",
+        )
+        """The node pools: arena bytes in flight per model, against its node's pool."""
         self._runs = self._bytes_moved = 0
         self._pause_s = 0.0
         self._last: DefragReport | None = None
@@ -491,6 +505,7 @@ class MemoryManager:
             arena=arena.statistics() if arena is not None else None,
             tiers=tiers,
             owners=self.quotas.statistics(),
+            pools=self.pools.statistics(limited_only=True),
             defrag_runs=self._runs,
             defrag_bytes_moved=self._bytes_moved,
             defrag_pause_s=self._pause_s,

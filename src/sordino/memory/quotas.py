@@ -10,12 +10,16 @@ can never run and is refused at once (400).
 
 Owners are the configured tenants, ``default``, and ``other`` for every tenant
 without a quota (so client-chosen names never grow the table).
+
+The same ledger keeps the node pools (``nodes[].runtime.memory_pool``): there the
+owners are models, and ``name`` says in messages which node a model is.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sordino.errors import InvalidRequest, RateLimited
@@ -39,8 +43,18 @@ class _Account:
 class QuotaLedger:
     """Bytes in flight per owner, and the quotas that bound them."""
 
-    def __init__(self, quotas: dict[str, int], *, wait_s: float) -> None:
+    def __init__(
+        self,
+        quotas: dict[str, int],
+        *,
+        wait_s: float,
+        name: Callable[[str], str] = lambda owner: f"tenant {owner!r}",
+        setting: str = "memory.quotas",
+    ) -> None:
+        """``name`` names an owner in messages, ``setting`` where its quota is set."""
         self._wait_s = wait_s
+        self._name = name
+        self._setting = setting
         self._accounts = {tenant: _Account(limit) for tenant, limit in quotas.items()}
         self._accounts.setdefault("default", _Account(None))
         self._accounts.setdefault(OTHER, _Account(None))
@@ -61,9 +75,9 @@ class QuotaLedger:
         if quota is not None and nbytes > quota:
             account.rejections += 1
             raise InvalidRequest(
-                f"the request needs {nbytes} bytes of shared memory, more than tenant "
-                f"{owner!r}'s whole quota ({quota} bytes, memory.quotas); send fewer rows "
-                "per request or raise the quota"
+                f"the request needs {nbytes} bytes of shared memory, more than the whole "
+                f"quota of {self._name(owner)} ({quota} bytes, {self._setting}); send fewer "
+                "rows per request or raise the quota"
             )
         if quota is None or (not account.waiters and account.in_use + nbytes <= quota):
             self._charge(account, nbytes)
@@ -81,9 +95,9 @@ class QuotaLedger:
                 raise
             account.rejections += 1
             raise RateLimited(
-                f"tenant {owner!r} has {account.in_use} of its {quota} bytes of shared memory "
-                f"in flight and this request needs {nbytes} more; it waited "
-                f"{self._wait_s:g} s. Retry later or raise the tenant's quota",
+                f"{self._name(owner)} has {account.in_use} of its {quota} bytes of shared "
+                f"memory ({self._setting}) in flight and this request needs {nbytes} more; "
+                f"it waited {self._wait_s:g} s. Retry later or raise the quota",
                 retry_after_s=max(1.0, self._wait_s),
             ) from None
         finally:
@@ -112,7 +126,8 @@ class QuotaLedger:
             self._charge(account, need)
             future.set_result(None)
 
-    def statistics(self) -> tuple[OwnerStatistics, ...]:
+    def statistics(self, *, limited_only: bool = False) -> tuple[OwnerStatistics, ...]:
+        """Every account (``limited_only``: those with a quota), by owner."""
         return tuple(
             OwnerStatistics(
                 owner=owner,
@@ -123,4 +138,5 @@ class QuotaLedger:
                 rejections=a.rejections,
             )
             for owner, a in sorted(self._accounts.items())
+            if a.quota is not None or not limited_only
         )

@@ -9,6 +9,10 @@ The rules, in one place:
 - The wait is the model's ``max_queue_delay_microseconds`` if set, else the
   scheduler's ``timeout_ms``; ``min_batch`` and preferred sizes likewise.
 - ``dynamic_batching.enabled: false`` turns batching off (cap 1, no wait).
+- A node's runtime policy (``config/nodes.py``) comes on top: its ``scheduler`` is the
+  model's mode (``dynamic_batching``: batching on, even where the server-wide strategy
+  is off), and a top-level node's ``priority`` and ``timeout`` are the level and the
+  deadline of a request that names none.
 - ``scheduler.priority: frame_sync``: a request's default deadline is one frame
   (unless the model sets one), a late request is kept (DELAY, behind those on time)
   and runs late instead of being refused at admission, so its lateness is measured
@@ -20,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sordino.config import ModelConfig, SchedulerConfig
+from sordino.config.nodes import NodePolicy
 from sordino.records import QueueSettings
 from sordino.scheduling.batcher import BatchPolicy
 from sordino.scheduling.modes import Mode, conservative_policy, conservative_queue_size
@@ -39,12 +44,23 @@ class ModelScheduling:
 
 
 def scheduling_for(
-    scheduler: SchedulerConfig, model: ModelConfig, *, batched: bool, instances: int = 1
+    scheduler: SchedulerConfig,
+    model: ModelConfig,
+    *,
+    batched: bool,
+    instances: int = 1,
+    node: NodePolicy | None = None,
 ) -> ModelScheduling:
-    """Resolve the effective scheduling of ``model`` under ``scheduler``."""
+    """Resolve the effective scheduling of ``model`` under ``scheduler`` (and ``node``,
+    the policy of the node that runs it, if any)."""
     strategy = scheduler.dynamic_batching
     batching = model.dynamic_batching
     mode: Mode = model.scheduler_mode or scheduler.mode
+    if node is not None and node.scheduler is not None:
+        if node.scheduler == "dynamic_batching":
+            strategy = strategy.model_copy(update={"enabled": True})
+        else:
+            mode = node.scheduler  # type: ignore[assignment]  # a SchedulerMode (checked)
     if not batched:
         max_batch_size = 0
     elif model.max_batch_size is not None:
@@ -72,10 +88,15 @@ def scheduling_for(
             max_queue, conservative_policy(policy).max_batch, instances
         )
     default_timeout_s = queue_policy.default_timeout_microseconds / 1e6
+    default_priority = batching.default_priority_level
+    if node is not None and node.timeout is not None:
+        default_timeout_s = node.timeout
+    if node is not None and node.priority is not None:
+        default_priority = _level(node.priority, batching.priority_levels, default_priority)
     frame_sync = scheduler.priority == "frame_sync"
     queue = QueueSettings(
         priority_levels=batching.priority_levels,
-        default_priority=batching.default_priority_level,
+        default_priority=default_priority,
         max_queue_size=max_queue,
         timeout_action="DELAY" if frame_sync else queue_policy.timeout_action,
         default_timeout_s=(default_timeout_s or scheduler.frame_s)
@@ -85,3 +106,14 @@ def scheduling_for(
         shed_late=not frame_sync,
     )
     return ModelScheduling(mode, max_batch_size, policy, queue, scheduler.slo_p99_ms / 1000)
+
+
+def _level(priority: int | str, levels: int, default: int) -> int:
+    """A node's priority as a level of the model's queue (1 is the highest)."""
+    if priority == "high":
+        return 1
+    if priority == "low":
+        return levels
+    if priority == "normal":
+        return default
+    return int(priority)  # within the levels: checked at load (server/loader.py)

@@ -121,7 +121,7 @@ class _WorstInstance:
 
 def open_guardian(runtime: Runtime) -> Guardian:
     """Build the guardian of ``runtime`` (not started); ConfigError for what cannot run."""
-    config = runtime.config.self_healing
+    config = runtime.config.guardian  # self_healing, with the nodes' own applied
     for trigger in config.triggers:
         metric = trigger.metric
         if metric.startswith("latency_p"):
@@ -164,6 +164,7 @@ def open_guardian(runtime: Runtime) -> Guardian:
         events=runtime.events,
         start_timeout_s=runtime.config.workers.start_timeout,
     )
+    excluded = set(config.exclude_models)  # nodes with self_healing: false
     # What other parts provide when this build has them (the memory manager, the
     # diffusion models' step degrader); an object without the method does not count.
     memory = getattr(runtime, "memory", None)
@@ -172,7 +173,7 @@ def open_guardian(runtime: Runtime) -> Guardian:
         executor=runtime.executor,
         gate=runtime.gate,
         config=config,
-        models=lambda: [m.key for m in runtime.models()],
+        models=lambda: [m.key for m in runtime.models() if m.key.name not in excluded],
         worst_instance=_WorstInstance(runtime),
         defragmenter=memory if isinstance(memory, Defragmenter) else None,
         step_degrader=degrader if isinstance(degrader, StepDegrader) else None,

@@ -18,6 +18,7 @@ from sordino.backends.base import dummy_inputs
 from sordino.clock import Clock
 from sordino.config import RuntimeConfig
 from sordino.config.models import StreamingConfig
+from sordino.config.nodes import NodePolicy
 from sordino.errors import ModelLoadError
 from sordino.events import EventSink
 from sordino.execution.chain import ChainExecutor
@@ -35,7 +36,40 @@ from sordino.telemetry.model_stats import ModelStats
 if TYPE_CHECKING:
     from sordino.generation.pipeline import Pipeline
 
-__all__ = ["ModelLoader", "stream_spec_for"]
+__all__ = ["ModelLoader", "node_policy", "stream_spec_for"]
+
+
+def node_policy(config: RuntimeConfig, source: ModelSource, *, batched: bool) -> NodePolicy | None:
+    """The runtime policy of the node that runs ``source``'s model, checked against it.
+
+    Raises :class:`ModelLoadError` when the node asks what the model cannot do: dynamic
+    batching of a model that does not batch, a mode other than the model's own
+    ``scheduler_mode``, a priority level the model's queue does not have.
+    """
+    node = config.node_policies.get(source.name)
+    if node is None:
+        return None
+    where = f"node {node.node} (model {source.name})"
+    model = source.config
+    if node.scheduler == "dynamic_batching" and (not batched or model.max_batch_size == 0):
+        raise ModelLoadError(
+            f"{where}: scheduler dynamic_batching, but the model does not batch (no variable "
+            "first dimension, or max_batch_size 0); give the node a scheduler mode such as "
+            "ultra_low_latency, or leave scheduler out"
+        )
+    own = model.scheduler_mode
+    if node.scheduler not in (None, "dynamic_batching") and own not in (None, node.scheduler):
+        raise ModelLoadError(
+            f"{where}: scheduler {node.scheduler}, but the model's scheduler_mode is {own}; "
+            "keep one of them"
+        )
+    levels = model.dynamic_batching.priority_levels
+    if isinstance(node.priority, int) and node.priority > levels:
+        raise ModelLoadError(
+            f"{where}: priority {node.priority} is outside the model's priority levels "
+            f"1..{levels} (1 is highest)"
+        )
+    return node
 
 
 class ModelLoader:
@@ -79,8 +113,17 @@ class ModelLoader:
         if config.streaming is not None:
             spec = stream_spec_for(config.streaming, metadata)
             metadata = dataclasses.replace(metadata, stream=spec)
+        try:
+            node = node_policy(self._config, source, batched=metadata.batched)
+        except ModelLoadError:
+            await self._executor.unload(key)
+            raise
         scheduling = scheduling_for(
-            self._config.scheduler, config, batched=metadata.batched, instances=instances
+            self._config.scheduler,
+            config,
+            batched=metadata.batched,
+            instances=instances,
+            node=node,
         )
         try:
             await self._warm_up(key, dummy_inputs(metadata, 1))

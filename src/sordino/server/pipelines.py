@@ -7,7 +7,8 @@ feeds — and returns a :class:`~sordino.server.registry.LoadedModel` whose sche
 is a real :class:`ModelScheduler` over a :class:`PipelineExecutor`. A batch of
 pipeline requests runs node by node in dependency order: each node's inputs are
 submitted to the node model's scheduler at the node's priority (and deadline), where
-they batch with that model's other traffic; its outputs (views on the arena) feed the
+they batch with that model's other traffic, charged to the node pool of the model
+(``runtime.memory_pool``) while they run; its outputs (views on the arena) feed the
 next nodes as they are, by reference, and are released after their last reader ran
 (see :class:`PipelineExecutor`). An error names the pipeline and the node.
 """
@@ -27,14 +28,17 @@ from sordino.errors import (
     InferenceFailed,
     InvalidRequest,
     ModelLoadError,
+    RateLimited,
     ShuttingDown,
     SordinoError,
     Unavailable,
 )
 from sordino.execution.chain import ChainExecutor
 from sordino.execution.executor import MemoryFit
+from sordino.execution.staging import row_bytes
 from sordino.inference import ModelKey, ModelMetadata, Tensor, TensorSpec
 from sordino.memory.planner import plan_greedy_by_size
+from sordino.memory.quotas import QuotaLedger
 from sordino.memory.refs import Tensors, TensorsBuilder
 from sordino.models.repository import ModelSource
 from sordino.records import PipelineStatistics, SchedulerObserver
@@ -72,10 +76,13 @@ class PipelineExecutor:
         models: Mapping[str, ModelMetadata],
         *,
         executor: ChainExecutor | None = None,
+        pools: QuotaLedger | None = None,
     ) -> None:
         """``models`` is each node's model metadata; ``executor`` gives the arena
-        (None: every tensor stays where the node models leave it)."""
+        (None: every tensor stays where the node models leave it); ``pools`` charges
+        each node's request to its model's node pool (``runtime.memory_pool``)."""
         self.config = config
+        self._pools = pools
         self._registry = registry
         self._executor = executor
         self._order = config.order()
@@ -237,22 +244,38 @@ class PipelineExecutor:
         try:
             served = self._model(node.model)
             priority = parse_priority(
-                node.runtime.priority, served.scheduling.queue, f"{where}: priority"
+                node.runtime.priority or 0, served.scheduling.queue, f"{where}: priority"
             )
-            request = served.scheduler.submit(
-                inputs, priority=priority, timeout_s=node.runtime.timeout
-            )
-            submitted = True
-            return await served.scheduler.result(request)
+            nbytes, charged = 0, None
+            if self._pools is not None:
+                nbytes = _rows(inputs, served) * row_bytes(inputs, served.metadata)
+                charged = await self._pools.acquire(node.model, nbytes)
+            try:
+                request = served.scheduler.submit(
+                    inputs, priority=priority, timeout_s=node.runtime.timeout
+                )
+                submitted = True
+                return await served.scheduler.result(request)
+            finally:
+                if self._pools is not None and charged is not None:
+                    self._pools.release(charged, nbytes)
         except InvalidRequest as exc:
             raise InvalidRequest(f"{where}: {exc}") from exc
         except Unavailable as exc:
             raise Unavailable(f"{where}: {exc}") from exc
+        except RateLimited as exc:
+            raise RateLimited(f"{where}: {exc}", retry_after_s=exc.retry_after_s) from exc
         except SordinoError as exc:
             raise InferenceFailed(f"{where}: {exc}") from exc
         finally:
             if not submitted:
                 inputs.release()
+
+
+def _rows(inputs: Mapping[str, Tensor], model: LoadedModel) -> int:
+    if model.metadata.batched and inputs:
+        return max(1, int(next(iter(inputs.values())).shape[0]))
+    return 1
 
 
 def _nbytes(tensors: Tensors) -> int:
@@ -284,8 +307,10 @@ def build_pipeline(
     clock: Clock,
     observers: Sequence[SchedulerObserver],
     executor: ChainExecutor | None = None,
+    pools: QuotaLedger | None = None,
 ) -> LoadedModel:
-    """Check ``config`` against the loaded models and return the pipeline as a model."""
+    """Check ``config`` against the loaded models and return the pipeline as a model
+    (``pools``: the node pools its nodes' requests are charged to)."""
     where = f"pipeline {config.name}"
     if registry.versions(config.name):
         raise ModelLoadError(f"{where}: a model of that name is already served")
@@ -370,7 +395,7 @@ def build_pipeline(
     engine = ModelScheduler(
         key,
         batched=True,
-        executor=PipelineExecutor(config, registry, models, executor=executor),
+        executor=PipelineExecutor(config, registry, models, executor=executor, pools=pools),
         controller=controller,
         settings=scheduling.queue,
         clock=clock,

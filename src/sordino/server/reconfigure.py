@@ -247,6 +247,7 @@ class Reconfigurer:
                 config,
                 batched=model.scheduler.batched,
                 instances=model.instances,
+                node=snapshot.config.node_policies.get(model.key.name),
             )
             if scheduling != model.scheduling:
                 controller = build_controller(

@@ -127,6 +127,11 @@ class Runtime:
             plans=self.step_plans.statistics,
             nodes=getattr(self.executor, "node_memory", tuple),
             capacity=staging.capacity,
+            pools={
+                model: (policy.node, policy.memory_pool)
+                for model, policy in config.node_policies.items()
+                if policy.memory_pool is not None
+            },
         )
         # Body read times and lateness per second, for the guardian's triggers.
         self.timings = TimingSeries()
@@ -167,7 +172,9 @@ class Runtime:
         # Degrade instead of drop, for every iterative model (the guardian's degrade_steps).
         self.step_degrader = StepDegrader()
         # The guardian's hand on admission: throttle, shed, skip non-critical.
-        self.gate = TrafficGate(config.self_healing.non_critical_tags)
+        self.gate = TrafficGate(
+            config.self_healing.non_critical_tags, exempt=config.guardian.exclude_models
+        )
         self.guardian: Guardian | None = None
         # Who a request is (its API key) and its tenant's limits (docs/tenants.md).
         self.tenants = Tenants(
@@ -191,6 +198,7 @@ class Runtime:
             quotas=self.memory.quotas if config.memory.quotas and not _node_pools(config) else None,
             learn=self.memory.learn if config.memory.enabled else None,
             tenants=self.tenants,
+            pools=self.memory.pools if self.memory.pools.statistics(limited_only=True) else None,
         )
         self._sources = list(sources)
         self._started = False
@@ -264,7 +272,7 @@ class Runtime:
         ended without closing them (SIGKILL, a crash) are removed, each reported.
         """
         self.remove_stale_segments()
-        healing = self.config.self_healing
+        healing = self.config.guardian
         if not healing.enabled and (healing.triggers or healing.alert_channels):
             log.warning(
                 "self_healing lists %d trigger(s) but the guardian is off (enabled: false "
@@ -282,6 +290,7 @@ class Runtime:
             model = await self.loader.load(source)
             if on_loaded is not None:
                 on_loaded(model)
+        self._check_nodes()
         for pipeline in self.config.pipelines:
             served = build_pipeline(
                 pipeline,
@@ -290,6 +299,7 @@ class Runtime:
                 clock=self.clock,
                 observers=self._observers,
                 executor=self.executor,
+                pools=self.memory.pools,
             )
             self.registry.add(served)
             self.pipelines.append(served)
@@ -299,6 +309,21 @@ class Runtime:
         self.events.emit("server_started", "runtime", models=len(self._sources))
         if self.guardian is not None:
             await self.guardian.start()
+
+    def _check_nodes(self) -> None:
+        """Refuse a top-level node whose model is not served (a fixed set of models), or
+        note it (the model may be loaded later, explicit and poll modes)."""
+        for node in self.config.nodes:
+            if self.registry.versions(node.model_name):
+                continue
+            message = (
+                f"node {node.name}: no model {node.model_name!r} is loaded; a node's policy is "
+                "that of the served model it names: add the model (models: [{name: "
+                f"{node.model_name}, path: ...}}]) or name a served one with the node's model:"
+            )
+            if self.config.server.model_control_mode == "none":
+                raise ModelLoadError(message)
+            log.warning("%s (it applies once the model is loaded)", message)
 
     async def stop(self, *, drain: bool = True, timeout_s: float | None = None) -> None:
         """Stop every scheduler and unload every model.

@@ -120,16 +120,20 @@ class InferenceService:
         quotas: QuotaLedger | None = None,
         learn: Callable[[str, int, int, float], None] | None = None,
         tenants: Tenants | None = None,
+        pools: QuotaLedger | None = None,
     ) -> None:
-        """``quotas`` charges each request's staged bytes to its tenant; ``learn`` is told
+        """``quotas`` charges each request's staged bytes to its tenant, ``pools`` to its
+        model (the node pools, ``nodes[].runtime.memory_pool``); ``learn`` is told
         ``(model, rows, bytes, seconds)`` of every request that succeeded; ``tenants``
         authenticates requests and applies each tenant's limits."""
         self._registry = registry
         self._tenants = tenants
         self._quotas = quotas
+        self._pools = pools
         self._learn = learn
-        # id(request) -> (quota owner or None, staged bytes, rows, accepted at)
-        self._tracked: dict[int, tuple[str | None, int, int, float]] = {}
+        # id(request) -> (quota owner or None, pool owner or None, staged bytes, rows,
+        # accepted at)
+        self._tracked: dict[int, tuple[str | None, str | None, int, int, float]] = {}
         self._admission = admission
         self._priority_rules = priority_rules
         self._metrics = metrics
@@ -394,7 +398,7 @@ class InferenceService:
             self._end_slot(context, None)
             self._refused(request, error.reason)
             raise error
-        if self._quotas is not None or self._learn is not None:
+        if self._quotas is not None or self._pools is not None or self._learn is not None:
             try:
                 await self._charge(model, request)
             except BaseException:
@@ -430,25 +434,29 @@ class InferenceService:
         if model.metadata.batched and inputs:
             rows = max(1, int(next(iter(inputs.values())).shape[0]))
         nbytes = rows * row_bytes(inputs, model.metadata)
-        owner = None
-        if self._quotas is not None:
-            try:
+        owner = pool = None
+        try:
+            if self._quotas is not None:
                 owner = await self._quotas.acquire(_tenant(request), nbytes)
-            except SordinoError as exc:
-                self._refused(request, exc.reason)
-                raise
-            except BaseException:
-                self._refused(request, Cancelled.reason)
-                raise
-        self._tracked[id(request)] = (owner, nbytes, rows, time.perf_counter())
+            if self._pools is not None:
+                pool = await self._pools.acquire(model.key.name, nbytes)
+        except BaseException as exc:
+            if owner is not None and self._quotas is not None:
+                self._quotas.release(owner, nbytes)
+            reason = exc.reason if isinstance(exc, SordinoError) else Cancelled.reason
+            self._refused(request, reason)
+            raise
+        self._tracked[id(request)] = (owner, pool, nbytes, rows, time.perf_counter())
 
     def _uncharge(self, request: InferRequest, *, succeeded: bool = False) -> None:
         tracked = self._tracked.pop(id(request), None)
         if tracked is None:
             return
-        owner, nbytes, rows, started = tracked
+        owner, pool, nbytes, rows, started = tracked
         if owner is not None and self._quotas is not None:
             self._quotas.release(owner, nbytes)
+        if pool is not None and self._pools is not None:
+            self._pools.release(pool, nbytes)
         if succeeded and self._learn is not None:
             self._learn(request.model, rows, nbytes, time.perf_counter() - started)
 

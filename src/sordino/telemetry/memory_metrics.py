@@ -5,6 +5,9 @@
 - ``sordino_memory_owner_{in_use,peak,quota}_bytes{owner}``,
   ``sordino_memory_quota_waits_total{owner}``, ``sordino_memory_quota_rejections_total{owner}``
   (owners are configured tenants, ``default`` and ``other``: a bounded label)
+- ``sordino_memory_model_pool_{in_use,peak,quota}_bytes{model}``,
+  ``sordino_memory_model_pool_{waits,rejections}_total{model}``: the node pools
+  (``nodes[].runtime.memory_pool``; only configured models: a bounded label)
 - ``sordino_memory_overflow_{shrinks,waits,rejections,oversized}_total``
 - ``sordino_memory_defrag_runs_total``, ``sordino_memory_defrag_bytes_moved_total``,
   ``sordino_memory_defrag_pause_seconds_total``, ``sordino_memory_defrag_last_pause_seconds``
@@ -96,6 +99,7 @@ class MemoryCollector(Collector):
             waits.add_metric([o.owner], o.waits)
             refused.add_metric([o.owner], o.rejections)
         yield from (in_use, peak, quota, waits, refused)
+        yield from _model_pools(stats)
         for name, value, text in (
             ("shrinks", stats.overflow_shrinks, "Batches shrunk to fit the arena."),
             ("waits", stats.overflow_waits, "Batches that waited for arena space."),
@@ -221,6 +225,39 @@ def _plans(stats: MemoryStatistics) -> Iterator[Metric]:
             "Event-loop pause of every compaction step.",
             compaction.pause_s,
         )
+
+
+def _model_pools(stats: MemoryStatistics) -> Iterator[Metric]:
+    if not stats.pools:
+        return
+    model = ["model"]
+    families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+        "in_use": GaugeMetricFamily(
+            "sordino_memory_model_pool_in_use_bytes", "Node pool bytes in flight.", labels=model
+        ),
+        "peak": GaugeMetricFamily(
+            "sordino_memory_model_pool_peak_bytes", "Highest node pool bytes in flight.",
+            labels=model,
+        ),
+        "quota": GaugeMetricFamily(
+            "sordino_memory_model_pool_quota_bytes", "The node's memory_pool.", labels=model
+        ),
+        "waits": CounterMetricFamily(
+            "sordino_memory_model_pool_waits", "Requests that waited for the node pool.",
+            labels=model,
+        ),
+        "rejections": CounterMetricFamily(
+            "sordino_memory_model_pool_rejections", "Requests refused by the node pool.",
+            labels=model,
+        ),
+    }  # fmt: skip
+    for p in stats.pools:
+        families["in_use"].add_metric([p.owner], p.in_use_bytes)
+        families["peak"].add_metric([p.owner], p.peak_bytes)
+        families["quota"].add_metric([p.owner], p.quota_bytes or 0)
+        families["waits"].add_metric([p.owner], p.waits)
+        families["rejections"].add_metric([p.owner], p.rejections)
+    yield from families.values()
 
 
 def _nodes(stats: MemoryStatistics) -> Iterator[Metric]:
