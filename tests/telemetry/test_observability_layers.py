@@ -161,6 +161,7 @@ def test_a_rating_appears_in_the_correlation_of_diagnose(
     assert "Business layer: user satisfaction" in page
     assert "mean rating by latency" in page and "tag poster: mean 3.00 (1)" in page
     assert "Resource layer: bandwidth saturation" in page and "of the measured copy" in page
+    assert "<h3>User satisfaction</h3>" in page  # the chart of ratings against latency
 
 
 def test_forecast_says_how_much_history_it_needs(served: tuple[RunningServer, Path]) -> None:

@@ -82,6 +82,11 @@ def _pct(value: Any) -> str:
     return "n/a" if value is None else f"{value * 100:.1f}%"
 
 
+def _small_pct(value: Any) -> str:
+    """A share that is often far under 1 %: three significant digits, not one decimal."""
+    return "n/a" if value is None else f"{value * 100:.3g}%"
+
+
 def _mb(value: Any) -> str:
     return "n/a" if value is None else f"{value / 1048576:.0f} MB"
 
@@ -168,7 +173,7 @@ def layer_lines(snap: dict[str, Any]) -> list[str]:
         lines.append(
             f"bandwidth {_rate(band.get('moved_bytes_s'))} (arena {_rate(paths.get('arena'))}, "
             f"worker hop {_rate(paths.get('worker_hop'))}, host↔device n/a) · saturation "
-            f"{_pct(saturation)} of {_rate(band.get('capacity_bytes_s'))} copy bandwidth"
+            f"{_small_pct(saturation)} of {_rate(band.get('capacity_bytes_s'))} copy bandwidth"
         )
     instances = use.get("instances") or {}
     if instances:

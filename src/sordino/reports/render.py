@@ -43,6 +43,9 @@ def draw_charts(diagnosis: Diagnosis, step: Callable[[str], None] | None = None)
     resources = charts.resources_chart(diagnosis)
     if resources is not None:
         out.append(Chart("Resources", resources))
+    satisfaction = charts.satisfaction_chart(diagnosis)
+    if satisfaction is not None:
+        out.append(Chart("User satisfaction", satisfaction))
     for profile in diagnosis.profiles:
         out.append(Chart(f"Operators of {profile.model}", charts.profile_chart(profile)))
     progress("resource charts")
