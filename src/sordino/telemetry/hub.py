@@ -1,4 +1,5 @@
-"""The telemetry hub of one runtime: series, resources, journal, forecasts, profiles.
+"""The telemetry hub of one runtime: series, resources, journal, forecasts, profiles,
+bandwidth and busy shares (``utilisation.py``), clients' ratings (``feedback.py``).
 
 The runtime creates one :class:`Telemetry` and passes it to every scheduler as an
 observer (through :attr:`Telemetry.series`). A ticker task closes each wall-clock
