@@ -128,6 +128,8 @@ class RequestDone:
     region: tuple[int, int, int] | tuple[()] = ()
     """A multi-step request's output region: (planned bytes, the most bytes of it in
     use at once, output blocks that did not fit it); empty without a region."""
+    request_id: str | None = None
+    """The client's request id (KServe ``id``), None when it sent none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +178,12 @@ class WorkerStatistics:
     profiling: bool
     node: str = ""
     """The Ray node the instance's actor runs on (executor.kind: ray); "" for this machine."""
+    busy_s: float = 0.0
+    """Seconds this instance has spent running batches since it was placed (its busy
+    share over a window is the growth of this figure over the window's length)."""
+    hop_bytes: int = 0
+    """Bytes of tensors that crossed the worker hop: each batch's inputs the worker
+    process read from the arena and the outputs it wrote back (0 in the server's process)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,6 +279,8 @@ class ExecutionStatistics:
     faults_applied: int
     outliers: tuple[OutlierStatistics, ...] = ()
     """Instances that failed a batch of their own or were ejected (none before that)."""
+    arena_bytes: int = 0
+    """Bytes staging copied into the shared-memory arena (batch inputs not already there)."""
 
 
 # -- transports ------------------------------------------------------------------------

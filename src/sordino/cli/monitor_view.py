@@ -18,6 +18,7 @@ from rich.text import Text
 __all__ = [
     "METRICS",
     "busy_workers",
+    "layer_lines",
     "live_view",
     "plain_snapshot",
     "sparkline",
@@ -79,6 +80,11 @@ def _num(value: Any, digits: int = 1, suffix: str = "") -> str:
 
 def _pct(value: Any) -> str:
     return "n/a" if value is None else f"{value * 100:.1f}%"
+
+
+def _small_pct(value: Any) -> str:
+    """A share that is often far under 1 %: three significant digits, not one decimal."""
+    return "n/a" if value is None else f"{value * 100:.3g}%"
 
 
 def _mb(value: Any) -> str:
@@ -146,6 +152,57 @@ def busy_workers(workers: dict[str, Any]) -> str:
     return f"{shown}/{workers.get('instances', 0)}"
 
 
+def _rate(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    for unit, size in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if value >= size:
+            return f"{value / size:.1f} {unit}"
+    return f"{value:.0f} B/s"
+
+
+def layer_lines(snap: dict[str, Any]) -> list[str]:
+    """The brief's layers the model rows do not show: bandwidth saturation and each
+    instance's busy share, user satisfaction, and the next-hour forecast's state."""
+    lines = []
+    use = snap.get("utilisation") or {}
+    band = use.get("bandwidth")
+    if band:
+        paths = band.get("bytes_s", {})
+        saturation = band.get("saturation")
+        lines.append(
+            f"bandwidth {_rate(band.get('moved_bytes_s'))} (arena {_rate(paths.get('arena'))}, "
+            f"worker hop {_rate(paths.get('worker_hop'))}, host↔device n/a) · saturation "
+            f"{_small_pct(saturation)} of {_rate(band.get('capacity_bytes_s'))} copy bandwidth"
+        )
+    instances = use.get("instances") or {}
+    if instances:
+        lines.append(
+            "instances busy: "
+            + " · ".join(f"{key} {_pct(i['busy'])}" for key, i in sorted(instances.items()))
+        )
+    satisfaction = snap.get("satisfaction") or {}
+    if satisfaction.get("count"):
+        r = satisfaction.get("latency_r")
+        lines.append(
+            f"satisfaction {satisfaction['mean']:.2f}/5 ({satisfaction['count']} ratings)"
+            + (f" · latency vs rating r {r:+.2f}" if r is not None else "")
+        )
+    forecast = snap.get("forecast") or {}
+    qps = forecast.get("qps") or {}
+    if qps:
+        lines.append(
+            "forecast next hour: "
+            + " · ".join(
+                f"{m} {f['mean']:.1f} req/s (peak {f['peak']:.1f})" for m, f in qps.items()
+            )
+        )
+    status = snap.get("forecast_status")
+    if status and (not qps or forecast.get("needs_minutes")):
+        lines.append(status)
+    return lines
+
+
 def memory_line(snap: dict[str, Any]) -> str | None:
     """The memory manager's line: strategy, defrag runs, overflow and quota refusals."""
     memory = snap.get("memory")
@@ -193,6 +250,7 @@ def plain_snapshot(snap: dict[str, Any], metrics: Sequence[str], url: str) -> st
     memory = memory_line(snap)
     if memory is not None:
         lines.append(memory)
+    lines += layer_lines(snap)
     lines += tenant_lines(snap)
     lines.append("")
     header = ["model".ljust(24)] + [title.rjust(10) for title, _, _ in cols]
@@ -222,7 +280,7 @@ def live_view(
     memory = memory_line(snap)
     if memory is not None:
         resources.append("\n" + memory)
-    for line in tenant_lines(snap):
+    for line in [*layer_lines(snap), *tenant_lines(snap)]:
         resources.append("\n" + line)
     if "mem_frag" in metrics:
         series = snap["resources"]["series"]

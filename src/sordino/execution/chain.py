@@ -740,6 +740,7 @@ class ChainExecutor:
             faults_active=len(self.faults.active()),
             faults_applied=self.faults.applied,
             outliers=self._outliers.statistics(),
+            arena_bytes=self._staging.bytes_copied,
         )
 
 

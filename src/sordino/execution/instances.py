@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -58,7 +59,10 @@ class _Base:
         self.tier = tier
         self.device = device
         self.state: InstanceState = "starting"
-        self.busy = False
+        self._busy_since: float | None = None
+        self._busy_s = 0.0
+        self.hop_bytes = 0
+        """Bytes of batch inputs and outputs that crossed the worker hop (process only)."""
         self.batches = self.failures = self.restarts = 0
         self.last_cause = ""
         self.share = 1.0
@@ -68,6 +72,27 @@ class _Base:
     @property
     def subject(self) -> str:
         return f"{self.key.name}/{self.index}"
+
+    @property
+    def busy(self) -> bool:
+        """Whether a batch is running on this instance now (the executor sets it)."""
+        return self._busy_since is not None
+
+    @busy.setter
+    def busy(self, value: bool) -> None:
+        # Busy time is measured on the performance counter, not the runtime's clock: it
+        # is a measurement of real work (the utilisation figures), never a deadline.
+        if value and self._busy_since is None:
+            self._busy_since = time.perf_counter()
+        elif not value and self._busy_since is not None:
+            self._busy_s += time.perf_counter() - self._busy_since
+            self._busy_since = None
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds spent running batches so far, the running batch's time included."""
+        since = self._busy_since
+        return self._busy_s + (time.perf_counter() - since if since is not None else 0.0)
 
     @property
     def serving(self) -> bool:
@@ -102,6 +127,8 @@ class _Base:
             failures=self.failures,
             last_cause=self.last_cause,
             profiling=self.profiling,
+            busy_s=self.busy_s,
+            hop_bytes=self.hop_bytes,
         )
 
 
@@ -282,6 +309,9 @@ class ProcessInstance(_Base):
             raise
         if worker is self._worker:
             self._backoff.served()
+        self.hop_bytes += sum(h.nbytes for h in batch.handles.values()) + sum(
+            h.nbytes for h in outputs.values()
+        )
         return read_outputs(batch.buffer, outputs)
 
     def _lost(self, worker: WorkerProcess) -> None:

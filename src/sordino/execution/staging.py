@@ -120,6 +120,8 @@ class Staging:
         self.overflow_waits = 0
         self.overflow_rejections = 0
         self.arena_inputs: Counter[tuple[str, bool]] = Counter()
+        self.bytes_copied = 0
+        """Bytes of batch inputs written into the arena so far (passed by reference: none)."""
         """Per (model, copied): inputs that already lay in the arena when staged, passed
         by reference (``copied`` False) or written again into the batch's new block
         because the batch joined them with other parts (True). Pipelines report them."""
@@ -320,7 +322,9 @@ class Staging:
             if ref.offset is not None:
                 self.arena_inputs[model, True] += 1
             block = await copies.acquire(tensor_nbytes(array))
-            return write_tensor(copies.arena.buffer, block.offset, block.size, array)
+            handle = write_tensor(copies.arena.buffer, block.offset, block.size, array)
+            self.bytes_copied += handle.nbytes
+            return handle
         arrays = [part[name] for part in parts]
         placed = sum(1 for p in parts if isinstance(p, Tensors) and p.ref(name).in_arena)
         if placed:
@@ -329,13 +333,16 @@ class Staging:
         if first.dtype == np.object_:  # BYTES: serialized in the KServe layout
             joined = np.concatenate(arrays)
             block = await copies.acquire(tensor_nbytes(joined))
-            return write_tensor(copies.arena.buffer, block.offset, block.size, joined)
+            handle = write_tensor(copies.arena.buffer, block.offset, block.size, joined)
+            self.bytes_copied += handle.nbytes
+            return handle
         shape = (sum(a.shape[0] for a in arrays), *first.shape[1:])
         dtype = first.dtype.newbyteorder("=")
         nbytes = math.prod(shape) * dtype.itemsize
         block = await copies.acquire(nbytes)
         view: Tensor = np.ndarray(shape, dtype, copies.arena.buffer, block.offset)
         np.concatenate(arrays, out=view)
+        self.bytes_copied += nbytes
         return TensorHandle(block.offset, nbytes, dtype.str, shape, block.size)
 
     def outputs(self, staged: StagedBatch, results: Mapping[str, TensorRef]) -> Tensors:

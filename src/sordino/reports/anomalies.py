@@ -38,7 +38,7 @@ CHAOS_PREFIX = "fault_"
 
 # Bookkeeping, never a cause: the per-priority tallies (telemetry/availability.py), journaled
 # every 10 s, and the named periods of `sordino event mark`.
-NOT_CAUSES = frozenset({"availability", "event_mark"})
+NOT_CAUSES = frozenset({"availability", "event_mark", "utilisation", "feedback"})
 
 # How much an event kind says about a sudden change, by prefix (first match wins).
 _KIND_WEIGHTS = (

@@ -24,6 +24,7 @@ __all__ = [
     "overview_chart",
     "profile_chart",
     "resources_chart",
+    "satisfaction_chart",
 ]
 
 COLORS = ["#2f6fed", "#e8590c", "#2b8a3e", "#ae3ec9", "#c92a2a", "#0b7285"]
@@ -187,6 +188,29 @@ def resources_chart(diagnosis: Diagnosis) -> bytes | None:
     for ax in axes:
         _shade(ax, diagnosis.anomalies)
         _format_time(ax)
+    return _png(fig)
+
+
+def satisfaction_chart(diagnosis: Diagnosis) -> bytes | None:
+    """Each rated request's latency against its rating, and the mean per latency band."""
+    found = diagnosis.layers.satisfaction if diagnosis.layers is not None else None
+    if found is None or not found.points:
+        return None
+    fig, axes = _figure(3.2)
+    ax = axes[0]
+    ax.scatter([ms for ms, _ in found.points], [r for _, r in found.points], s=14,
+               color=COLORS[0], alpha=0.6, label="a rated request")  # fmt: skip
+    for band in found.bands:
+        high = band.high_ms if band.high_ms is not None else max(ms for ms, _ in found.points)
+        ax.hlines(band.mean, band.low_ms, high, color=COLORS[1], linewidth=2)
+    ax.plot([], [], color=COLORS[1], linewidth=2, label="mean rating of the latency band")
+    ax.set_xscale("symlog", linthresh=10)
+    ax.set_xlabel("latency (ms)")
+    ax.set_ylabel("rating")
+    ax.set_ylim(0.5, 5.5)
+    r = f", Pearson r = {found.latency_r:+.2f}" if found.latency_r is not None else ""
+    ax.set_title(f"User satisfaction against latency ({found.rated_requests} rated requests{r})")
+    ax.legend(fontsize=7, loc="lower left")
     return _png(fig)
 
 

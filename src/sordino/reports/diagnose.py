@@ -22,8 +22,9 @@ from sordino.reports.anomalies import (
     latency_spikes,
     memory_growth,
 )
+from sordino.reports.layers import Layers, layers_of
 from sordino.telemetry.availability import rejection_class
-from sordino.telemetry.forecast import ForecastSeries, forecast_series
+from sordino.telemetry.forecast import ForecastSeries, forecast_series, minutes_short
 from sordino.telemetry.journal_reader import JournalWindow
 from sordino.telemetry.profile_data import OperatorProfile
 
@@ -99,6 +100,11 @@ class Diagnosis:
     memory_forecast: ForecastSeries | None = None
     hidden: dict[str, int] = field(default_factory=dict)
     """Findings of kinds outside ``focus``, by kind: detected, not shown."""
+    forecast_short: dict[str, int] = field(default_factory=dict)
+    """Models with traffic but too little history: minutes more their forecast needs."""
+    memory_short: int = 0
+    layers: Layers | None = None
+    """Bandwidth, instance utilisation and user satisfaction in the window."""
 
 
 def _summary(window: JournalWindow, name: str, slo_ms: float | None) -> ModelSummary:
@@ -183,11 +189,16 @@ def diagnose(
     anomalies = sorted((correlate(a, window.events) for a in found), key=lambda a: a.start)
     progress("forecast")
     forecasts = {}
+    short = {}
     for name in window.models:
-        series = forecast_series(_per_minute([(r.t, r.requests) for r in window.rows_of(name)]))
+        points = _per_minute([(r.t, r.requests) for r in window.rows_of(name)])
+        series = forecast_series(points)
         if series is not None:
             forecasts[name] = series
-    memory = forecast_series(_per_minute([(r.t, r.rss_bytes) for r in window.resources]))
+        else:
+            short[name] = max(1, minutes_short(points))
+    memory_points = _per_minute([(r.t, r.rss_bytes) for r in window.resources])
+    memory = forecast_series(memory_points)
     found_profiles = list(profiles or [])
     for event in window.events:
         if event.kind == "operator_profile" and "operators" in event.payload:
@@ -207,6 +218,9 @@ def diagnose(
         forecasts=forecasts,
         memory_forecast=memory,
         hidden=hidden,
+        forecast_short=short,
+        memory_short=0 if memory is not None else max(1, minutes_short(memory_points)),
+        layers=layers_of(window),
     )
     progress("recommendations")
     diagnosis.recommendations.extend(recommend(diagnosis))

@@ -17,7 +17,7 @@ from typing import Any
 from sordino.reports.charts import has_data, no_data
 from sordino.reports.diagnose import when
 from sordino.reports.postmortem import QUIET_S, ClassAvailability, Postmortem
-from sordino.reports.render import Chart, _img, _TextPages, chart_pages
+from sordino.reports.render import Chart, _img, _TextPages, chart_pages, forecast_of, layer_lines
 from sordino.telemetry.availability import outcome_class, rejection_class
 
 __all__ = ["draw_postmortem_charts", "render_postmortem_html", "render_postmortem_pdf"]
@@ -332,6 +332,14 @@ def _blocks(pm: Postmortem) -> list[tuple[str, list[str], list[list[str]], list[
         )
     if "resources" in pm.sections:
         out.append(("Resource utilisation", RESOURCE_HEADER, _resource_rows(pm), pm.utilisation))
+    for title, lines in layer_lines(pm.diagnosis):
+        # Execution and resource layers with the resources, satisfaction with latency.
+        if ("satisfaction" in title and "latency" in pm.sections) or (
+            "satisfaction" not in title and "resources" in pm.sections
+        ):
+            out.append((title, [], [], lines))
+    if "resources" in pm.sections:
+        out.append(("Prediction layer: next-hour forecast", [], [], forecast_of(pm.diagnosis)))
     if "repair" in pm.sections:
         said = (
             f"An incident is a run of seconds in which clients saw failed requests (4xx client "

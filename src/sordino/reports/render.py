@@ -21,8 +21,9 @@ import numpy as np
 from sordino.reports import charts
 from sordino.reports.anomalies import NOT_CAUSES
 from sordino.reports.diagnose import Diagnosis, describe, load_rise, when
+from sordino.reports.layers import forecast_lines, layer_sections
 
-__all__ = ["Chart", "draw_charts", "render_html", "render_pdf"]
+__all__ = ["Chart", "draw_charts", "forecast_of", "layer_lines", "render_html", "render_pdf"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,9 @@ def draw_charts(diagnosis: Diagnosis, step: Callable[[str], None] | None = None)
     resources = charts.resources_chart(diagnosis)
     if resources is not None:
         out.append(Chart("Resources", resources))
+    satisfaction = charts.satisfaction_chart(diagnosis)
+    if satisfaction is not None:
+        out.append(Chart("User satisfaction", satisfaction))
     for profile in diagnosis.profiles:
         out.append(Chart(f"Operators of {profile.model}", charts.profile_chart(profile)))
     progress("resource charts")
@@ -118,20 +122,20 @@ def _finding_lines(diagnosis: Diagnosis) -> list[tuple[str, list[str]]]:
     return out
 
 
-def _forecast_lines(diagnosis: Diagnosis) -> list[str]:
-    lines = []
-    for name, series in diagnosis.forecasts.items():
-        lines.append(
-            f"{name}: {series.mean:.1f} requests/s on average next hour, peak {series.peak:.1f} "
-            f"({series.method}, {series.history_points} points of {series.step_s} s)"
-        )
-    if diagnosis.memory_forecast is not None:
-        memory = diagnosis.memory_forecast
-        lines.append(
-            f"memory: {memory.mean / 2**20:.0f} MB on average next hour, peak "
-            f"{memory.peak / 2**20:.0f} MB ({memory.method})"
-        )
-    return lines or ["too little history in this window for a forecast (10 minutes at least)"]
+def forecast_of(diagnosis: Diagnosis) -> list[str]:
+    """The prediction layer: each forecast, or how much more history it needs."""
+    lines = forecast_lines(
+        diagnosis.forecasts,
+        diagnosis.memory_forecast,
+        diagnosis.forecast_short,
+        diagnosis.memory_short,
+    )
+    return lines or ["no traffic in this window to forecast from"]
+
+
+def layer_lines(diagnosis: Diagnosis) -> list[tuple[str, list[str]]]:
+    """The execution, resource and business layers' sections (none without them)."""
+    return layer_sections(diagnosis.layers) if diagnosis.layers is not None else []
 
 
 def memory_lines(diagnosis: Diagnosis) -> list[str]:
@@ -227,8 +231,12 @@ def render_html(diagnosis: Diagnosis, chart_list: list[Chart]) -> str:
     parts.append("<h2>Memory</h2><ul>")
     parts += [f"<li>{e(line)}</li>" for line in memory_lines(diagnosis)]
     parts.append("</ul>")
-    parts.append("<h2>Forecast</h2><ul>")
-    parts += [f"<li>{e(line)}</li>" for line in _forecast_lines(diagnosis)]
+    for title, lines in layer_lines(diagnosis):
+        parts.append(f"<h2>{e(title)}</h2><ul>")
+        parts += [f"<li>{e(line)}</li>" for line in lines]
+        parts.append("</ul>")
+    parts.append("<h2>Prediction layer: next-hour forecast</h2><ul>")
+    parts += [f"<li>{e(line)}</li>" for line in forecast_of(diagnosis)]
     parts.append("</ul>")
     for profile in diagnosis.profiles:
         parts.append(
@@ -381,8 +389,14 @@ def render_pdf(diagnosis: Diagnosis, chart_list: list[Chart], path: Path) -> Non
         for line in memory_lines(diagnosis):
             text.line(line)
         text.gap()
-        text.line("Forecast", size=13, bold=True)
-        for line in _forecast_lines(diagnosis):
+        for title, lines in layer_lines(diagnosis):
+            text.gap()
+            text.line(title, size=13, bold=True)
+            for line in lines:
+                text.line(line)
+        text.gap()
+        text.line("Prediction layer: next-hour forecast", size=13, bold=True)
+        for line in forecast_of(diagnosis):
             text.line(line)
         text.close()
         chart_pages(pdf, chart_list)

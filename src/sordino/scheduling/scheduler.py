@@ -729,6 +729,7 @@ class ModelScheduler:
             (region.planned_bytes, region.peak_bytes, region.fallbacks)
             if region is not None and region.planned_bytes
             else (),
+            request.id,
         )
         for observer in self._observers:
             observer.request_done(done)

@@ -27,6 +27,7 @@ from sordino.protocol.codec import (
 )
 from sordino.server.auth import caller, me_routes, visible_metrics, with_authentication
 from sordino.server.fast_infer import error_parts, with_fast_infer
+from sordino.server.feedback_routes import feedback_routes
 from sordino.server.guarding import guardian_routes, health_response, unready
 from sordino.server.http_routes import extra_routes
 from sordino.server.memory_routes import memory_routes
@@ -168,6 +169,7 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
             Route(prefix + "/stats", _guard(runtime, model_stats), methods=["GET"]),
         ]
     routes += extra_routes(runtime, control, functools.partial(_guard, runtime), _json, access)
+    routes += feedback_routes(runtime, functools.partial(_guard, runtime), _json)
 
     async def openapi(request: Request) -> Response:
         """The HTTP API as OpenAPI 3.1 (generated from these routes)."""

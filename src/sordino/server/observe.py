@@ -97,6 +97,8 @@ def public_view(document: dict[str, Any]) -> dict[str, Any]:
         event["cause"] = _without_paths(event.get("cause") or "")
     if isinstance(document.get("journal"), dict):
         document["journal"].pop("path", None)
+    if isinstance(document.get("satisfaction"), dict):
+        document["satisfaction"].pop("tags", None)  # clients' own labels: theirs to read
     document["view"] = "public"
     return document
 

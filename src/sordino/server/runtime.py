@@ -142,7 +142,11 @@ class Runtime:
         """Clients' registered system shared-memory regions (Triton's extension)."""
         self._observers = (
             SchedulerObservers(
-                self.metrics, self.stats, self.telemetry.series, self.telemetry.availability
+                self.metrics,
+                self.stats,
+                self.telemetry.series,
+                self.telemetry.availability,
+                self.telemetry.recent_requests,
             ),
             self.timings,
             self.step_plans,
@@ -204,6 +208,8 @@ class Runtime:
         self._started = False
         self.metrics.watch_schedulers(self.registry.scheduler_statistics)
         self.metrics.registry.register(ExecutionCollector(self.executor.statistics))
+        # Bandwidth through the arena and the worker hop, and each instance's busy share.
+        self.telemetry.utilisation.watch(self.executor.statistics)
         self.metrics.registry.register(MemoryCollector(self.memory.statistics))
         self.metrics.registry.register(TenantCollector(self.tenants.statistics))
         self.metrics.registry.register(

@@ -316,6 +316,8 @@ class InferenceService:
                         continue
                     result, how = answer
                     outcome = "success"
+                    if result.degraded:
+                        self._telemetry.recent_requests.mark_degraded(request.id)
                     yield self._generated_response(model, request, result, how), True
         except SordinoError:
             outcome = "failure"

@@ -19,6 +19,7 @@ from sordino.telemetry.journal import JournalStatistics
 from sordino.telemetry.profile_data import OperatorProfile
 from sordino.telemetry.resources import ResourceSample
 from sordino.telemetry.series import SecondRow
+from sordino.telemetry.utilisation import UtilisationSample
 
 __all__ = ["TelemetryCollector", "TelemetryView"]
 
@@ -33,6 +34,7 @@ class TelemetryView:
     forecast: Forecast | None
     profiles: dict[str, OperatorProfile] = field(default_factory=dict)
     journal: JournalStatistics | None = None
+    utilisation: UtilisationSample | None = None
 
 
 def _gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
@@ -48,6 +50,8 @@ class TelemetryCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         view = self._source()
         yield from self._execution(view)
+        if view.utilisation is not None:
+            yield from self._utilisation(view.utilisation)
         if view.resources is not None:
             yield from self._resources(view.resources)
         yield from self._forecast(view.forecast)
@@ -78,6 +82,54 @@ class TelemetryCollector(Collector):
             if ratio is not None:
                 attained.add_metric([model, version], ratio)
         yield from (busy, target, attained)
+
+    def _utilisation(self, sample: UtilisationSample) -> Iterator[Metric]:
+        total = CounterMetricFamily(
+            "sordino_bandwidth_bytes",
+            "Bytes moved by path: arena (inputs copied into the shared-memory arena), "
+            "worker_hop (inputs read and outputs written by worker processes).",
+            labels=["path"],
+        )
+        rate = _gauge(
+            "sordino_bandwidth_bytes_per_second",
+            "Bytes moved in the last second, by path.",
+            ["path"],
+        )
+        for path, value in sample.bytes_total.items():
+            total.add_metric([path], value)
+            rate.add_metric([path], sample.bytes_s.get(path, 0.0))
+        yield from (total, rate)
+        if sample.capacity_bytes_s is not None:
+            capacity = _gauge(
+                "sordino_bandwidth_capacity_bytes_per_second",
+                "The machine's memory copy bandwidth, measured once at start-up.",
+            )
+            capacity.add_metric([], sample.capacity_bytes_s)
+            yield capacity
+        if sample.saturation is not None:
+            saturation = _gauge(
+                "sordino_bandwidth_saturation_ratio",
+                "Bytes moved per second (every path) over the measured copy bandwidth.",
+            )
+            saturation.add_metric([], sample.saturation)
+            yield saturation
+        labels = ["model", "version", "instance", "device"]
+        busy = _gauge(
+            "sordino_instance_busy_ratio",
+            "Share of the last second the instance spent running batches (on a GPU: its "
+            "stream's utilisation; each instance has its own session and stream).",
+            labels,
+        )
+        busy_s = CounterMetricFamily(
+            "sordino_instance_busy_seconds",
+            "Seconds the instance has spent running batches (rate() gives its busy share).",
+            labels=labels,
+        )
+        for instance in sample.instances:
+            values = [instance.model, instance.version, str(instance.index), instance.device]
+            busy.add_metric(values, instance.busy)
+            busy_s.add_metric(values, instance.busy_s)
+        yield from (busy, busy_s)
 
     def _resources(self, sample: ResourceSample) -> Iterator[Metric]:
         rss = _gauge("sordino_process_resident_memory_bytes", "Resident memory of the server.")

@@ -11,14 +11,22 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from sordino.telemetry.journal_reader import JournalReader
 
-__all__ = ["Forecast", "ForecastSeries", "forecast_from_journal", "forecast_series"]
+__all__ = [
+    "MIN_POINTS",
+    "Forecast",
+    "ForecastSeries",
+    "forecast_from_journal",
+    "forecast_series",
+    "minutes_short",
+    "short_message",
+]
 
 HORIZON_S = 3600
 MIN_POINTS = 10
@@ -39,11 +47,41 @@ class ForecastSeries:
 
 @dataclass(frozen=True, slots=True)
 class Forecast:
-    """Forecasts made at ``made_at``: QPS per model, and process memory in bytes."""
+    """Forecasts made at ``made_at``: QPS per model, and process memory in bytes.
+
+    ``needs_minutes``: for each model with history but no forecast yet, how many more
+    minutes of history its forecast needs; ``memory_needs_minutes`` the same for memory
+    (0 once it has a forecast).
+    """
 
     made_at: float
     qps: dict[str, ForecastSeries]
     memory: ForecastSeries | None
+    needs_minutes: dict[str, int] = field(default_factory=dict)
+    memory_needs_minutes: int = 0
+
+    @property
+    def short(self) -> bool:
+        """Whether some figure still waits for history (the hub refits sooner then)."""
+        return bool(self.needs_minutes) or self.memory_needs_minutes > 0
+
+
+def minutes_short(points: list[tuple[int, float]]) -> int:
+    """How many more minutes of history per-minute ``points`` need for a forecast (0: enough).
+
+    The fit needs ``MIN_POINTS`` minutes on its grid, which spans from the first point's
+    minute to the last one's (gaps are interpolated).
+    """
+    if not points:
+        return MIN_POINTS
+    span = (points[-1][0] // 60) - (points[0][0] // 60) + 1
+    return max(0, MIN_POINTS - span)
+
+
+def short_message(minutes: int) -> str:
+    """What to say while a forecast waits for history."""
+    unit = "minute" if minutes == 1 else "minutes"
+    return f"no forecast yet: needs {minutes} more {unit} of history ({MIN_POINTS} at least)"
 
 
 def _regular(points: list[tuple[int, float]], step_s: int) -> tuple[int, np.ndarray]:
@@ -115,8 +153,18 @@ def forecast_from_journal(
         per_model = reader.per_minute(now - history_s)
         memory = reader.memory_per_minute(now - history_s)
     qps = {}
+    needs = {}
     for model, points in per_model.items():
         series = forecast_series(points)
         if series is not None:
             qps[model] = series
-    return Forecast(made_at=now, qps=qps, memory=forecast_series(memory))
+        else:
+            needs[model] = max(1, minutes_short(points))
+    memory_series = forecast_series(memory)
+    return Forecast(
+        made_at=now,
+        qps=qps,
+        memory=memory_series,
+        needs_minutes=needs,
+        memory_needs_minutes=0 if memory_series is not None else max(1, minutes_short(memory)),
+    )

@@ -1,4 +1,5 @@
-"""The telemetry hub of one runtime: series, resources, journal, forecasts, profiles.
+"""The telemetry hub of one runtime: series, resources, journal, forecasts, profiles,
+bandwidth and busy shares (``utilisation.py``), clients' ratings (``feedback.py``).
 
 The runtime creates one :class:`Telemetry` and passes it to every scheduler as an
 observer (through :attr:`Telemetry.series`). A ticker task closes each wall-clock
@@ -27,12 +28,14 @@ from sordino.inference import ModelKey
 from sordino.records import SchedulerStatistics
 from sordino.telemetry.availability import AvailabilityTally
 from sordino.telemetry.collectors import TelemetryCollector, TelemetryView
+from sordino.telemetry.feedback import Feedback, RecentRequests
 from sordino.telemetry.forecast import Forecast, forecast_from_journal
 from sordino.telemetry.journal import Journal
 from sordino.telemetry.labels import MetricLabels
 from sordino.telemetry.profile_data import OperatorProfile
 from sordino.telemetry.resources import ResourceSampler
 from sordino.telemetry.series import SeriesRecorder
+from sordino.telemetry.utilisation import JOURNAL_EVERY_S, UtilisationMeter, utilisation_payload
 
 __all__ = ["SLO_WINDOW_S", "Telemetry"]
 
@@ -75,6 +78,13 @@ class Telemetry:
         # Accepted requests by priority and outcome, journaled every 10 s (straight to the
         # journal: bookkeeping, kept out of the event sink's recent events and the dashboard).
         self.availability = AvailabilityTally(self._journal_only, wall=wall)
+        # Bandwidth and per-instance busy share (the runtime points it at the executor).
+        self.utilisation = UtilisationMeter()
+        self._unjournaled = 0
+        # User satisfaction: the recent requests that carried an id (a scheduler observer)
+        # and the ratings clients post for them (journaled as ``feedback`` events).
+        self.recent_requests = RecentRequests(wall=wall)
+        self.feedback = Feedback(self._journal_only, requests=self.recent_requests, wall=wall)
         self.journal: Journal | None = None
         self.forecast: Forecast | None = None
         self.profiles: dict[str, OperatorProfile] = {}
@@ -112,6 +122,8 @@ class Telemetry:
     async def start(self) -> None:
         """Start the per-second ticker (and the forecaster when a journal is open)."""
         loop = asyncio.get_running_loop()
+        # The copy bandwidth saturation is measured against: a few milliseconds, once.
+        await loop.run_in_executor(None, self.utilisation.probe)
         self._tasks.append(loop.create_task(self._tick(), name="sordino-telemetry-tick"))
         if self.journal is not None and self.config.forecast:
             self._tasks.append(loop.create_task(self._forecast(), name="sordino-forecast"))
@@ -126,6 +138,7 @@ class Telemetry:
         self._tasks.clear()
         self.series.close_until(int(self._wall()) + 1, self.resources.sample())
         self.availability.flush()
+        self._journal_utilisation()
         if self.journal is not None:
             journal, self.journal = self.journal, None
             await asyncio.get_running_loop().run_in_executor(None, journal.close)
@@ -138,9 +151,20 @@ class Telemetry:
             try:
                 self.series.close_until(int(self._wall()), self.resources.sample())
                 self.availability.flush(self._wall())
+                if self.utilisation.tick(self._wall()) is not None:
+                    self._unjournaled += 1
+                    if self._unjournaled >= JOURNAL_EVERY_S:
+                        self._journal_utilisation()
                 self._keep_marks()
             except Exception:  # telemetry must never take the server down
                 log.exception("closing a telemetry second failed")
+
+    def _journal_utilisation(self) -> None:
+        """Journal the means of the seconds sampled since the last ``utilisation`` event."""
+        count, self._unjournaled = self._unjournaled, 0
+        if count:
+            payload = utilisation_payload(self.utilisation.recent(count))
+            self._journal_only("utilisation", "runtime", "", **payload)
 
     def _keep_marks(self) -> None:
         """Show the marks ``sordino event mark`` journaled among the recent events."""
@@ -166,7 +190,12 @@ class Telemetry:
                 )
             except Exception:
                 log.exception("forecast from %s failed", journal.path)
-            await self.clock.sleep(self.config.forecast_interval)
+            interval = self.config.forecast_interval
+            if self.forecast is None or self.forecast.short:
+                # Still short of history: look again each minute, so the forecast (and
+                # the "needs N more minutes" count) follows the history as it grows.
+                interval = min(interval, 60.0)
+            await self.clock.sleep(interval)
 
     # -- recording -------------------------------------------------------------------
 
@@ -235,6 +264,7 @@ class Telemetry:
             slo=self.slo_attainment(),
             resources=self.resources.last(),
             forecast=self.forecast,
+            utilisation=self.utilisation.last(),
             profiles=dict(self.profiles),
             journal=self.journal.statistics() if self.journal is not None else None,
         )

@@ -17,10 +17,19 @@ import numpy as np
 
 from sordino import __version__
 from sordino.records import ExecutionStatistics
+from sordino.telemetry.forecast import MIN_POINTS, short_message
 from sordino.telemetry.hub import Telemetry
+from sordino.telemetry.satisfaction import correlate
 from sordino.telemetry.series import ResourceRow, SecondRow
+from sordino.telemetry.utilisation import utilisation_payload
 
-__all__ = ["CURRENT_WINDOW_S", "current_figures", "snapshot", "workers_summary"]
+__all__ = [
+    "CURRENT_WINDOW_S",
+    "current_figures",
+    "forecast_status",
+    "snapshot",
+    "workers_summary",
+]
 
 CURRENT_WINDOW_S = 5
 SERIES_COLUMNS = (
@@ -121,6 +130,31 @@ def workers_summary(
     }
 
 
+def forecast_status(telemetry: Telemetry) -> str:
+    """One sentence on the next-hour forecast: there, waiting for history, or off."""
+    forecast = telemetry.forecast
+    if forecast is None:
+        if telemetry.journal is None:
+            return "no forecast: it is fitted from the journal (start with --data-dir)"
+        if not telemetry.config.forecast:
+            return "no forecast: telemetry.forecast is off"
+        return short_message(MIN_POINTS) + "; the first fit is under way"
+    if forecast.qps and not forecast.needs_minutes:
+        return "forecast of the next hour ready for " + ", ".join(sorted(forecast.qps))
+    needs = max([*forecast.needs_minutes.values(), forecast.memory_needs_minutes], default=0)
+    if needs <= 0:
+        return "forecast of the next hour ready (memory); no model has traffic history yet"
+    return short_message(needs)
+
+
+def _satisfaction(telemetry: Telemetry) -> dict[str, Any]:
+    found = correlate(telemetry.feedback.payloads())
+    out = asdict(found)
+    out.pop("points")
+    out["bands"] = [{**asdict(b), "label": b.label} for b in found.bands]
+    return out
+
+
 def snapshot(
     telemetry: Telemetry,
     *,
@@ -179,7 +213,12 @@ def snapshot(
             "memory_bytes": None
             if forecast.memory is None
             else {"mean": forecast.memory.mean, "peak": forecast.memory.peak},
+            "needs_minutes": dict(forecast.needs_minutes),
+            "memory_needs_minutes": forecast.memory_needs_minutes,
         },
+        "forecast_status": forecast_status(telemetry),
+        "utilisation": utilisation_payload(telemetry.utilisation.recent(CURRENT_WINDOW_S)),
+        "satisfaction": _satisfaction(telemetry),
         "profiles": {
             model: {"started_at": p.started_at, "operators": [asdict(o) for o in p.top(10)]}
             for model, p in telemetry.profiles.items()
