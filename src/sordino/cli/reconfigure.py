@@ -144,9 +144,9 @@ def reconfigure(
 ) -> None:
     """Apply a configuration change live: validated, watched, rolled back if worse.
 
-    Keys that cannot change while the server runs (ports, TLS, the data dir, the pool
-    size) are refused, each named. Exit status: 0 kept (or dry run), 1 refused or
-    rolled back, 2 bad arguments.
+    Keys that cannot change while the server runs (ports, TLS, the data dir) are
+    refused, each named; a new memory.pool_size replaces the arena at the next quiet
+    moment. Exit status: 0 kept (or dry run), 1 refused or rolled back, 2 bad arguments.
     """
     from sordino.config import parse_duration
     from sordino.config.reconfigure import MAX_VERIFY_WINDOW_S

@@ -36,11 +36,16 @@ class Fragmentation:
         self.tensors.clear()
 
 
-def fragment_arena(runtime: Runtime, target: float, *, pieces: int = 64) -> Fragmentation:
+def fragment_arena(
+    runtime: Runtime, target: float, *, pieces: int = 64, fill: bool = True
+) -> Fragmentation:
     """Fragment ``runtime``'s arena to at least ``target`` (0..1) with ``pieces`` blocks.
 
     Every block holds a known pattern (its index), so a test can check afterwards
-    that moving them kept their contents: ``int(t["block"][0])`` is the index.
+    that moving them kept their contents: ``int(t["block"][0])`` is the index. With
+    ``fill`` false only that first word is written: an arena of gigabytes is then
+    fragmented without touching each of its pages (which would hold the event loop,
+    and so the workers' heartbeats, for seconds).
     """
     if not 0.0 < target < 1.0:
         raise ValueError(f"target must be between 0 and 1, not {target}")
@@ -55,7 +60,7 @@ def fragment_arena(runtime: Runtime, target: float, *, pieces: int = 64) -> Frag
             lease.release()
             break
         view = np.ndarray((size // 8,), np.int64, arena.buffer, block.offset)
-        view[:] = index
+        view[: None if fill else 1] = index
         tensors = Tensors({"block": TensorRef(view, block.offset)}, (lease,))
         tensors.park()
         held.append(tensors)
