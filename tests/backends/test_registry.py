@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sordino.backends.onnx import OnnxBackend
-from sordino.backends.registry import BACKEND_KINDS, create_backend
+from sordino.backends.registry import backend_kinds, create_backend
 from sordino.errors import ModelLoadError
 
 
@@ -19,7 +19,7 @@ def test_onnxruntime_builds_an_onnx_backend() -> None:
         intra_op_threads=1,
     )
     assert isinstance(backend, OnnxBackend)
-    assert "onnxruntime" in BACKEND_KINDS
+    assert "onnxruntime" in backend_kinds()
 
 
 def test_an_unknown_kind_names_the_known_ones() -> None:

@@ -134,6 +134,7 @@ class ThreadInstance(_Base):
             providers=device.providers,
             intra_op_threads=device.intra_op_threads,
             thread_spinning=thread_spinning,
+            index=index,
         )
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sordino-{key.name}")
 

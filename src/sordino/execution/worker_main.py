@@ -142,6 +142,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
             intra_op_threads=spec.intra_op_threads,
             memory=spec.framework_memory,
             thread_spinning=spec.thread_spinning,
+            index=spec.index,
         )
         backend.load(Path(spec.path), spec.target)
         for _ in range(spec.warmup_batches):

@@ -1,0 +1,136 @@
+"""Triton Python-backend repositories served unchanged, checked with Triton's clients.
+
+The repositories are tests/fixtures/triton_python_examples (add_sub, auto_complete), in
+worker processes as ONNX models are; answers are checked over HTTP and gRPC.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from sordino.config import RuntimeConfig
+from sordino.models.repository import scan_repository
+from sordino.testing import RunningServer, serve_in_thread
+
+EXAMPLES = Path(__file__).parent.parent / "fixtures" / "triton_python_examples"
+
+FAULTY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        x = pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy()
+        if x[0] == 1:
+            raise ValueError("one is not welcome")
+        if x[0] == 2:
+            return []
+        if x[0] == 3:
+            return [pb_utils.InferenceResponse(error=pb_utils.TritonError("three is wrong"))]
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", x * 10)]) for _ in requests]
+"""
+
+FAULTY_CONFIG = """
+backend: "python"
+input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "Y", data_type: TYPE_INT32, dims: [ 1 ] } ]
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    root = tmp_path_factory.mktemp("repo")
+    for name in ("add_sub", "auto_complete"):
+        shutil.copytree(EXAMPLES / name, root / name)
+    (root / "faulty" / "1").mkdir(parents=True)
+    (root / "faulty" / "config.pbtxt").write_text(FAULTY_CONFIG)
+    (root / "faulty" / "1" / "model.py").write_text(FAULTY)
+    with serve_in_thread(RuntimeConfig(), scan_repository(root)) as running:
+        yield running
+
+
+@pytest.fixture(params=["http", "grpc"])
+def client(server: RunningServer, request: pytest.FixtureRequest) -> Iterator[Any]:
+    if request.param == "http":
+        client: Any = httpclient.InferenceServerClient(url=server.url.removeprefix("http://"))
+    else:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+    yield client
+    client.close()
+
+
+def _mod(client: Any) -> Any:
+    return httpclient if isinstance(client, httpclient.InferenceServerClient) else grpcclient
+
+
+def _infer(client: Any, model: str, arrays: dict[str, np.ndarray], outputs: list[str]) -> Any:
+    mod = _mod(client)
+    inputs = []
+    for name, array in arrays.items():
+        datatype = "FP32" if array.dtype == np.float32 else "INT32"
+        tensor = mod.InferInput(name, list(array.shape), datatype)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    requested = [mod.InferRequestedOutput(name) for name in outputs]
+    return client.infer(model, inputs, outputs=requested)
+
+
+def test_add_sub_answers_as_on_triton(client: Any) -> None:
+    """Triton's add_sub: OUTPUT0 = INPUT0 + INPUT1 and OUTPUT1 = INPUT0 - INPUT1."""
+    a = np.array([1.0, 2.5, -3.0, 4.0], dtype=np.float32)
+    b = np.array([0.5, 0.5, 1.0, -4.0], dtype=np.float32)
+    result = _infer(client, "add_sub", {"INPUT0": a, "INPUT1": b}, ["OUTPUT0", "OUTPUT1"])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+def test_the_metadata_comes_from_config_pbtxt(client: Any) -> None:
+    """Inputs and outputs are config.pbtxt's (a batch dimension only with max_batch_size)."""
+    meta = client.get_model_metadata("add_sub")
+    inputs = (
+        meta["inputs"]
+        if isinstance(meta, dict)
+        else [{"name": i.name, "datatype": i.datatype, "shape": list(i.shape)} for i in meta.inputs]
+    )
+    assert [(i["name"], i["datatype"], [int(d) for d in i["shape"]]) for i in inputs] == [
+        ("INPUT0", "FP32", [4]),
+        ("INPUT1", "FP32", [4]),
+    ]
+
+
+def test_auto_complete_config_gives_a_batched_model(client: Any) -> None:
+    """auto_complete_config's inputs, outputs and max_batch_size serve: rows of 4."""
+    a = np.arange(8, dtype=np.float32).reshape(2, 4)
+    b = np.ones((2, 4), dtype=np.float32)
+    result = _infer(client, "auto_complete", {"INPUT0": a, "INPUT1": b}, ["OUTPUT0", "OUTPUT1"])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        (1, "execute raised ValueError('one is not welcome')"),
+        (2, "execute returned 0 responses for 1 requests"),
+        (3, "request 0: three is wrong"),
+    ],
+)
+def test_a_failing_execute_is_a_clear_error_and_the_worker_serves_on(
+    client: Any, value: int, said: str
+) -> None:
+    """An exception, a wrong response count or a response error fails that request only."""
+    with pytest.raises(InferenceServerException) as caught:
+        _infer(client, "faulty", {"X": np.array([value], dtype=np.int32)}, ["Y"])
+    assert said in str(caught.value.message())
+    ok = _infer(client, "faulty", {"X": np.array([7], dtype=np.int32)}, ["Y"])
+    assert ok.as_numpy("Y").tolist() == [70]
