@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,30 @@ output [ { name: "Y", data_type: TYPE_INT32, dims: [ 1 ] } ]
 """
 
 
+COUNTING = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            seen = np.full(x.shape, len(requests) * 100 + x.shape[0], dtype=np.int32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("N", seen)]))
+        return responses
+"""
+
+COUNTING_CONFIG = """
+backend: "python"
+max_batch_size: 8
+dynamic_batching { preferred_batch_size: [ 6 ] max_queue_delay_microseconds: 5000000 }
+input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "N", data_type: TYPE_INT32, dims: [ 1 ] } ]
+"""
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     root = tmp_path_factory.mktemp("repo")
@@ -55,7 +80,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     (root / "faulty" / "1").mkdir(parents=True)
     (root / "faulty" / "config.pbtxt").write_text(FAULTY_CONFIG)
     (root / "faulty" / "1" / "model.py").write_text(FAULTY)
-    with serve_in_thread(RuntimeConfig(), scan_repository(root)) as running:
+    (root / "counting" / "1").mkdir(parents=True)
+    (root / "counting" / "config.pbtxt").write_text(COUNTING_CONFIG)
+    (root / "counting" / "1" / "model.py").write_text(COUNTING)
+    # manual: batches wait up to the configured delay, as Triton's dynamic batcher does.
+    config = RuntimeConfig.model_validate({"scheduler": {"mode": "manual"}})
+    with serve_in_thread(config, scan_repository(root)) as running:
         yield running
 
 
@@ -134,3 +164,21 @@ def test_a_failing_execute_is_a_clear_error_and_the_worker_serves_on(
     assert said in str(caught.value.message())
     ok = _infer(client, "faulty", {"X": np.array([7], dtype=np.int32)}, ["Y"])
     assert ok.as_numpy("Y").tolist() == [70]
+
+
+def test_execute_gets_the_requests_the_scheduler_batched(server: RunningServer) -> None:
+    """Three requests (1, 2 and 3 rows) batched together reach execute as three requests."""
+    url = server.url.removeprefix("http://")
+
+    def send(rows: int) -> list[int]:
+        client = httpclient.InferenceServerClient(url=url)
+        try:
+            result = _infer(client, "counting", {"X": np.zeros((rows, 1), np.int32)}, ["N"])
+            return [int(v) for v in result.as_numpy("N").reshape(-1)]
+        finally:
+            client.close()
+
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(send, [1, 2, 3]))
+    # preferred_batch_size 6 and a 5 s delay: the three (6 rows) form one batch.
+    assert answers == [[301], [302, 302], [303, 303, 303]]

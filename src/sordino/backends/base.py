@@ -26,7 +26,7 @@ group) are listed by :mod:`sordino.backends.registry`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -34,7 +34,14 @@ from typing import Protocol, runtime_checkable
 from sordino.config.memory import FrameworkMemoryConfig
 from sordino.inference import ModelMetadata, Tensor
 
-__all__ = ["Backend", "BackendKind", "BackendOptions", "BackendStatistics", "ProfilingBackend"]
+__all__ = [
+    "Backend",
+    "BackendKind",
+    "BackendOptions",
+    "BackendStatistics",
+    "ProfilingBackend",
+    "RequestBatchBackend",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +136,19 @@ class BackendKind:
         if candidates:
             return f"several {kind} files in {folder}; name the one to serve {default}"
         return f"no {kind} file in {folder} (expected {default})"
+
+
+@runtime_checkable
+class RequestBatchBackend(Protocol):
+    """A backend that runs a batch as the requests it joins (Triton's ``execute``).
+
+    The runtime calls ``infer_requests`` instead of ``infer`` when a batch joins
+    several requests; ``rows`` are each request's rows, in order, summing to the batch's.
+    """
+
+    def infer_requests(self, batch: dict[str, Tensor], rows: Sequence[int]) -> dict[str, Tensor]:
+        """Run one batch of ``len(rows)`` requests; return every output, rows in order."""
+        ...
 
 
 @runtime_checkable

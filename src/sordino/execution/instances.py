@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from sordino.backends.base import Backend, ProfilingBackend
+from sordino.backends.base import Backend, ProfilingBackend, RequestBatchBackend
 from sordino.backends.registry import create_backend
 from sordino.clock import Clock
 from sordino.config import WorkersConfig
@@ -155,7 +155,11 @@ class ThreadInstance(_Base):
         def call() -> dict[str, TensorRef]:
             if fault is not None:
                 perform(fault, in_process=True)
-            outputs = self._backend.infer(batch.arrays)
+            backend = self._backend
+            if isinstance(backend, RequestBatchBackend) and batch.request_rows:
+                outputs = backend.infer_requests(batch.arrays, batch.request_rows)
+            else:
+                outputs = backend.infer(batch.arrays)
             return {name: TensorRef(array) for name, array in outputs.items()}
 
         loop = asyncio.get_running_loop()
@@ -270,6 +274,7 @@ class ProcessInstance(_Base):
                 batch.allocate,
                 self._settings.execution_timeout,
                 batch.segment,
+                batch.request_rows,
             )
         except WorkerError:
             # A batch the model failed while its worker lives; one whose failure killed
