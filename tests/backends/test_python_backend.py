@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -75,7 +76,7 @@ output [ { name: "N", data_type: TYPE_INT32, dims: [ 1 ] } ]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     root = tmp_path_factory.mktemp("repo")
-    for name in ("add_sub", "auto_complete"):
+    for name in ("add_sub", "auto_complete", "custom_metrics"):
         shutil.copytree(EXAMPLES / name, root / name)
     (root / "faulty" / "1").mkdir(parents=True)
     (root / "faulty" / "config.pbtxt").write_text(FAULTY_CONFIG)
@@ -182,3 +183,21 @@ def test_execute_gets_the_requests_the_scheduler_batched(server: RunningServer) 
         answers = list(pool.map(send, [1, 2, 3]))
     # preferred_batch_size 6 and a 5 s delay: the three (6 rows) form one batch.
     assert answers == [[301], [302, 302], [303, 303, 303]]
+
+
+def test_custom_metrics_show_in_metrics(server: RunningServer) -> None:
+    """A MetricFamily counter the model increments is in sordino's /metrics, Triton's name."""
+    client = httpclient.InferenceServerClient(url=server.url.removeprefix("http://"))
+    try:
+        x = np.ones(4, dtype=np.float32)
+        result = _infer(client, "custom_metrics", {"INPUT0": x, "INPUT1": x}, ["OUTPUT0"])
+        assert result.as_numpy("OUTPUT0").tolist() == [2.0] * 4
+    finally:
+        client.close()
+    text = httpx.get(f"{server.url}/metrics").text
+    assert "# HELP requests_process_latency_ns Cumulative time spent processing" in text
+    line = next(
+        line for line in text.splitlines() if line.startswith("requests_process_latency_ns{")
+    )
+    assert 'model="custom_metrics"' in line and 'version="1"' in line
+    assert float(line.rsplit(" ", 1)[1]) > 0

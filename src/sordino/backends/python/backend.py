@@ -151,6 +151,7 @@ class PythonBackend:
             except Exception as exc:
                 raise ModelLoadError(f"{where}: initialize raised {exc!r}") from exc
         self._model = model
+        utils.publish_metrics()
         self._metadata = ModelMetadata(
             name=name,
             version=version,
@@ -226,6 +227,8 @@ class PythonBackend:
             if isinstance(exc, PythonModelError):
                 raise
             raise PythonModelError(f"model {metadata.name}: execute raised {exc!r}") from exc
+        finally:
+            utils.publish_metrics()
         elapsed = time.perf_counter() - started
         with self._lock:
             self._batches += 1

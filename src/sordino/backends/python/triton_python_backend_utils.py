@@ -7,14 +7,16 @@ and behaviour follow Triton's Python backend (r24.10, Triton 2.51), so a model w
 for Triton runs unchanged. What sordino does not offer raises a clear error:
 BLS (``InferenceRequest.exec``/``async_exec``) and decoupled response senders.
 
-Custom metrics (:class:`MetricFamily`) are kept in this process; sordino reads them
-through :func:`metric_snapshot`.
+Custom metrics (:class:`MetricFamily`) are kept in this process; after a batch that
+changed them the backend calls :func:`publish_metrics`, which writes their snapshot
+where the server's ``/metrics`` reads it (``sordino.telemetry.model_metrics``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -42,6 +44,7 @@ __all__ = [
     "get_output_tensor_by_name",
     "metric_snapshot",
     "numpy_to_triton_type",
+    "publish_metrics",
     "triton_string_to_numpy",
 ]
 
@@ -330,6 +333,9 @@ class Logger:
 
 _METRICS_LOCK = threading.Lock()
 _FAMILIES: dict[str, MetricFamily] = {}
+_CHANGED = threading.Event()
+METRICS_DIR_ENV = "SORDINO_MODEL_METRICS_DIR"
+"""Where snapshots go (set by the server; ``sordino.telemetry.model_metrics`` reads them)."""
 
 
 class MetricFamily:
@@ -386,12 +392,14 @@ class Metric:
             raise TritonModelException("a COUNTER cannot be incremented by a negative value")
         with _METRICS_LOCK:
             self._value += value
+        _CHANGED.set()
 
     def set(self, value: float) -> None:
         if self.kind != GAUGE:
             raise TritonModelException("set is only supported for a GAUGE metric")
         with _METRICS_LOCK:
             self._value = float(value)
+        _CHANGED.set()
 
     def observe(self, value: float) -> None:
         if self.kind != HISTOGRAM:
@@ -400,6 +408,7 @@ class Metric:
             index = next((i for i, b in enumerate(self.buckets) if value <= b), len(self.buckets))
             self._counts[index] += 1
             self._sum += value
+        _CHANGED.set()
 
     def value(self) -> float:
         if self.kind == HISTOGRAM:
@@ -424,6 +433,22 @@ def metric_snapshot() -> list[dict[str, Any]]:
         }
         for family in list(_FAMILIES.values())
     ]
+
+
+def publish_metrics() -> None:
+    """Write this process's metrics snapshot for the server, if any changed since the last.
+
+    The file (``<pid>.json`` in the folder the server named) is replaced atomically, so
+    a scrape never reads half of it. Without a folder (no server) nothing is written.
+    """
+    folder = os.environ.get(METRICS_DIR_ENV)
+    if not folder or not _CHANGED.is_set():
+        return
+    _CHANGED.clear()
+    path = os.path.join(folder, f"{os.getpid()}.json")
+    with open(path + ".tmp", "w", encoding="utf-8") as out:
+        json.dump(metric_snapshot(), out)
+    os.replace(path + ".tmp", path)
 
 
 # --- auto_complete_config -------------------------------------------------------------
