@@ -22,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 from sordino.config import RuntimeConfig
 from sordino.models.repository import scan_repository
 from sordino.testing import RunningServer, serve_in_thread
+from tests.waiting import wait_for
 
 EXAMPLES = Path(__file__).parent.parent / "fixtures" / "triton_python_examples"
 
@@ -37,6 +38,8 @@ class TritonPythonModel:
             raise ValueError("one is not welcome")
         if x[0] == 2:
             return []
+        if x[0] == 9:
+            os._exit(3)  # the model kills its own process
         if x[0] == 3:
             return [pb_utils.InferenceResponse(error=pb_utils.TritonError("three is wrong"))]
         return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", x * 10)]) for _ in requests]
@@ -201,3 +204,27 @@ def test_custom_metrics_show_in_metrics(server: RunningServer) -> None:
     )
     assert 'model="custom_metrics"' in line and 'version="1"' in line
     assert float(line.rsplit(" ", 1)[1]) > 0
+
+
+def test_a_model_that_kills_its_worker_is_restarted_and_others_lose_nothing(
+    server: RunningServer,
+) -> None:
+    """os._exit in execute: that request fails, the worker comes back, add_sub never stops."""
+    client = httpclient.InferenceServerClient(url=server.url.removeprefix("http://"))
+    try:
+        with pytest.raises(InferenceServerException):
+            _infer(client, "faulty", {"X": np.array([9], dtype=np.int32)}, ["Y"])
+        x = np.ones(4, dtype=np.float32)
+        result = _infer(client, "add_sub", {"INPUT0": x, "INPUT1": x}, ["OUTPUT0"])
+        assert result.as_numpy("OUTPUT0").tolist() == [2.0] * 4
+
+        def serves_again() -> bool:
+            try:
+                answer = _infer(client, "faulty", {"X": np.array([5], dtype=np.int32)}, ["Y"])
+            except InferenceServerException:
+                return False
+            return bool(answer.as_numpy("Y").tolist() == [50])
+
+        wait_for(serves_again, "the faulty model's worker to be restarted", timeout=60)
+    finally:
+        client.close()
