@@ -228,3 +228,11 @@ def test_a_model_that_kills_its_worker_is_restarted_and_others_lose_nothing(
         wait_for(serves_again, "the faulty model's worker to be restarted", timeout=60)
     finally:
         client.close()
+
+
+def test_auto_complete_max_batch_size_bounds_requests(client: Any) -> None:
+    """max_batch_size 4 from auto_complete_config: a request of 5 rows is refused, as on Triton."""
+    rows = np.zeros((5, 4), dtype=np.float32)
+    with pytest.raises(InferenceServerException) as caught:
+        _infer(client, "auto_complete", {"INPUT0": rows, "INPUT1": rows}, ["OUTPUT0"])
+    assert "4" in str(caught.value.message())

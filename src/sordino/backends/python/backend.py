@@ -159,6 +159,8 @@ class PythonBackend:
             inputs=inputs,
             outputs=outputs,
             batched=batched,
+            # The loader bounds the scheduler's batches by it when sordino's config does not.
+            extra={"max_batch_size": str(config["max_batch_size"])} if batched else {},
         )
 
     def _read_config(self, folder: Path, where: str) -> dict[str, Any]:
