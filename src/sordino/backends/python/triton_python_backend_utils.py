@@ -202,7 +202,8 @@ class InferenceRequest:
         if isinstance(parameters, str):
             self._parameters = parameters
         else:
-            self._parameters = json.dumps(dict(parameters or {}))
+            # Most requests carry none: skip the encoder (it showed in profiles).
+            self._parameters = json.dumps(dict(parameters)) if parameters else "{}"
         self._cancelled: Callable[[], bool] = lambda: False
 
     def inputs(self) -> list[Tensor]:
