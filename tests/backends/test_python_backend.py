@@ -20,6 +20,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from sordino.config import RuntimeConfig
+from sordino.errors import ModelLoadError
 from sordino.models.repository import scan_repository
 from sordino.testing import RunningServer, serve_in_thread
 from tests.waiting import wait_for
@@ -81,6 +82,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     root = tmp_path_factory.mktemp("repo")
     for name in ("add_sub", "auto_complete", "custom_metrics"):
         shutil.copytree(EXAMPLES / name, root / name)
+    # The same model in the server process: config.yaml chooses, config.pbtxt describes.
+    shutil.copytree(EXAMPLES / "add_sub", root / "add_sub_thread")
+    (root / "add_sub_thread" / "config.yaml").write_text("backend: python\nisolation: thread\n")
     (root / "faulty" / "1").mkdir(parents=True)
     (root / "faulty" / "config.pbtxt").write_text(FAULTY_CONFIG)
     (root / "faulty" / "1" / "model.py").write_text(FAULTY)
@@ -119,11 +123,12 @@ def _infer(client: Any, model: str, arrays: dict[str, np.ndarray], outputs: list
     return client.infer(model, inputs, outputs=requested)
 
 
-def test_add_sub_answers_as_on_triton(client: Any) -> None:
-    """Triton's add_sub: OUTPUT0 = INPUT0 + INPUT1 and OUTPUT1 = INPUT0 - INPUT1."""
+@pytest.mark.parametrize("model", ["add_sub", "add_sub_thread"])
+def test_add_sub_answers_as_on_triton(client: Any, model: str) -> None:
+    """Triton's add_sub (in a worker process, and in a thread): sum and difference."""
     a = np.array([1.0, 2.5, -3.0, 4.0], dtype=np.float32)
     b = np.array([0.5, 0.5, 1.0, -4.0], dtype=np.float32)
-    result = _infer(client, "add_sub", {"INPUT0": a, "INPUT1": b}, ["OUTPUT0", "OUTPUT1"])
+    result = _infer(client, model, {"INPUT0": a, "INPUT1": b}, ["OUTPUT0", "OUTPUT1"])
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
 
@@ -236,3 +241,11 @@ def test_auto_complete_max_batch_size_bounds_requests(client: Any) -> None:
     with pytest.raises(InferenceServerException) as caught:
         _infer(client, "auto_complete", {"INPUT0": rows, "INPUT1": rows}, ["OUTPUT0"])
     assert "4" in str(caught.value.message())
+
+
+def test_a_version_folder_without_model_py_names_the_file(tmp_path: Path) -> None:
+    """backend: python and no model.py: refused at discovery, saying what is expected."""
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "config.pbtxt").write_text('backend: "python"\n')
+    with pytest.raises(ModelLoadError, match=r"no model.py file in .*m/1 \(expected model.py\)"):
+        scan_repository(tmp_path)

@@ -76,6 +76,7 @@ def _tokens(text: str, source: str) -> list[tuple[str, str, int]]:
     while pos < len(text):
         match = _TOKEN.match(text, pos)
         if match is None or match.end() == pos:
+            pos += len(text[pos:]) - len(text[pos:].lstrip())  # point at the character
             line = text.count("\n", 0, pos) + 1
             raise ConfigError(f"{source}: line {line}: cannot read {text[pos : pos + 20]!r}")
         kind = match.lastgroup or ""
