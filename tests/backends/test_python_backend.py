@@ -19,6 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from sordino.backends.registry import create_backend
 from sordino.config import RuntimeConfig
 from sordino.errors import ModelLoadError
 from sordino.models.repository import scan_repository
@@ -249,3 +250,22 @@ def test_a_version_folder_without_model_py_names_the_file(tmp_path: Path) -> Non
     (tmp_path / "m" / "config.pbtxt").write_text('backend: "python"\n')
     with pytest.raises(ModelLoadError, match=r"no model.py file in .*m/1 \(expected model.py\)"):
         scan_repository(tmp_path)
+
+
+def test_a_decoupled_model_is_refused_as_not_supported(tmp_path: Path) -> None:
+    """model_transaction_policy { decoupled: true } is a clear load error, not a hang."""
+    version = tmp_path / "repeat" / "1"
+    version.mkdir(parents=True)
+    (tmp_path / "repeat" / "config.pbtxt").write_text(
+        'backend: "python"\nmodel_transaction_policy { decoupled: true }\n'
+        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+    )
+    (version / "model.py").write_text(
+        "class TritonPythonModel:\n    def execute(self, requests):\n        return None\n"
+    )
+    backend = create_backend(
+        "python", name="repeat", version="1", providers=(), intra_op_threads=None
+    )
+    with pytest.raises(ModelLoadError, match="decoupled Python models .* are not supported"):
+        backend.load(version / "model.py", "cpu")
