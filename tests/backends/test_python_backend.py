@@ -267,5 +267,5 @@ def test_a_decoupled_model_is_refused_as_not_supported(tmp_path: Path) -> None:
     backend = create_backend(
         "python", name="repeat", version="1", providers=(), intra_op_threads=None
     )
-    with pytest.raises(ModelLoadError, match="decoupled Python models .* are not supported"):
+    with pytest.raises(ModelLoadError, match=r"decoupled Python models .* are not supported"):
         backend.load(version / "model.py", "cpu")
