@@ -13,7 +13,6 @@ are repeated, so the repeated fields of ``ModelConfig`` are listed here
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -235,8 +234,3 @@ def sordino_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any
         if group.get("gpus"):
             settings["gpus"] = tuple(group["gpus"])
     return settings
-
-
-def dumps(config: Mapping[str, Any]) -> str:
-    """``config`` as the JSON string Triton passes in ``args["model_config"]``."""
-    return json.dumps(config)

@@ -16,7 +16,6 @@ library would rename a ``counter`` family to ``<name>_total``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -117,10 +116,3 @@ def _merge(
         known["value"] += series["value"]
     else:
         into[key] = {"value": float(series["value"])}
-
-
-def remove_snapshots(folder: Path) -> None:
-    """Remove every snapshot in ``folder`` (tests, and a server that stops)."""
-    for path in folder.glob("*.json"):
-        with contextlib.suppress(OSError):
-            path.unlink()
