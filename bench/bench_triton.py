@@ -60,6 +60,9 @@ ROWS = 256  # distinct inputs, sent round robin
 SORDINO, DEFAULTS, TRITON, TRITON_0, MOSEC = (
     "sordino", "sordino defaults", "triton 10ms", "triton 0ms", "mosec",
 )  # fmt: skip
+SORDINO_PY = "sordino python"
+"""sordino serving Triton's repository itself: the same ``model.py`` (backend: python),
+the same ``config.pbtxt`` (issue 29); only on request (``--servers``)."""
 
 
 @dataclass(frozen=True)
@@ -419,7 +422,7 @@ def show(rows: list[dict[str, Any]], found: list[dict[str, Any]]) -> None:
                "max |diff|")  # fmt: skip
     for c in columns:
         table.add_column(c, justify="left" if c in ("server", "transport") else "right")
-    order = {s: i for i, s in enumerate((SORDINO, DEFAULTS, TRITON, TRITON_0, MOSEC))}
+    order = {s: i for i, s in enumerate((SORDINO, SORDINO_PY, DEFAULTS, TRITON, TRITON_0, MOSEC))}
     for r in sorted(
         rows, key=lambda r: (r["concurrency"], r["transport"] != "http", order[r["server"]])
     ):
@@ -525,6 +528,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 s = stack.enter_context(sordino_server(["--no-builtin", "--config", str(config)]))
                 targets[SORDINO] = Target(SORDINO, s.http, s.grpc, "w1", s.pid, _root_is_front,
                                           lambda u=s.http: sordino_batches(u, "w1"))  # fmt: skip
+            if SORDINO_PY in wanted:
+                repo = peers.write_triton_repository(
+                    Path(scratch) / "python-models", [peers.Batching("w1")], onnx_path
+                )
+                # The scheduler settings of the "sordino" target (bench_workloads').
+                settings = Path(scratch) / "python_runtime.yaml"
+                settings.write_text(
+                    "scheduler:\n  mode: adaptive\n  slo_p99_ms: 100.0\n  strategies:\n"
+                    "    - {name: dynamic_batching, max_batch: 32, timeout_ms: 10}\n"
+                )
+                p = stack.enter_context(sordino_server(
+                    ["--no-builtin", "--config", str(settings), "--model-repository", str(repo)]
+                ))  # fmt: skip
+                targets[SORDINO_PY] = Target(SORDINO_PY, p.http, p.grpc, "w1", p.pid,
+                                             _root_is_front,
+                                             lambda u=p.http: sordino_batches(u, "w1"))  # fmt: skip
             if DEFAULTS in wanted:
                 d = stack.enter_context(sordino_server(["--model", f"w1={onnx_path}"]))
                 targets[DEFAULTS] = Target(DEFAULTS, d.http, d.grpc, "w1", d.pid, _root_is_front,
@@ -586,7 +605,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.seconds, args.repeat, args.warmup = 2.0, 1, 0.3
-    known = {SORDINO, DEFAULTS, TRITON, TRITON_0, MOSEC}
+    known = {SORDINO, DEFAULTS, TRITON, TRITON_0, MOSEC, SORDINO_PY}
     if unknown := set(args.servers.split(",")) - known:
         parser.error(f"unknown server(s) {sorted(unknown)}; choose from {sorted(known)}")
     run(args)

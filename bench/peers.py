@@ -252,10 +252,18 @@ def triton_layout(python: Path) -> tuple[Path, Path, Path]:
 @contextmanager
 def triton_server(python: Path, onnx_path: Path, models: list[Batching]) -> Iterator[Server]:
     """``tritonserver`` from the pytriton wheel on a fresh repository of ``models``."""
+    with tempfile.TemporaryDirectory(prefix="bench-triton-models-") as scratch:
+        repository = write_triton_repository(Path(scratch) / "models", models, onnx_path)
+        with triton_on(python, repository) as server:
+            yield server
+
+
+@contextmanager
+def triton_on(python: Path, repository: Path) -> Iterator[Server]:
+    """``tritonserver`` from the pytriton wheel serving the model repository ``repository``."""
     binary, stub, libs = triton_layout(python)
     with tempfile.TemporaryDirectory(prefix="bench-triton-") as scratch:
         root = Path(scratch)
-        repository = write_triton_repository(root / "models", models, onnx_path)
         backends = root / "backends"
         shutil.copytree(binary.parent.parent / "backends", backends)
         shutil.copy(stub, backends / "python" / "triton_python_backend_stub")

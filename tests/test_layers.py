@@ -45,7 +45,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     # protocol imports only the foundation: telemetry classes refusals by its status map
     "telemetry": frozenset({"protocol"}),
     "protocol": frozenset(),
-    "models": frozenset(),
+    "models": frozenset({"backends"}),
     "backends": frozenset(),
     "memory": frozenset({"telemetry"}),
     "admission": frozenset({"telemetry"}),

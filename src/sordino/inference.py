@@ -178,6 +178,8 @@ class ModelMetadata:
     ``batched`` is true when every input and output has a leading batch dimension
     of variable size, so requests can be stacked along it. ``stream`` is set for a
     step model that streams a response per step (see ``backends/base.py``).
+    ``extra`` holds what a backend declares beyond that; ``max_batch_size`` there bounds
+    the scheduler's batches when the model's configuration does not.
     """
 
     name: str

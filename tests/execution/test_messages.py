@@ -57,6 +57,7 @@ MESSAGES = [
         {},
         None,
         "psm_segment",
+        (2, 1, 3),
     ),
     Allocated(1, {"y": HANDLE}),
     Call(2, ProfileStart("/tmp/trace")),

@@ -15,17 +15,33 @@ model's ``streaming:`` configuration.
 
 A backend that can profile its operators also satisfies :class:`ProfilingBackend`;
 the runtime checks for it before it starts a profiling window.
+
+A backend *kind* (:class:`BackendKind`) is what ``ModelConfig.backend`` names: the
+files a repository version folder must hold for it, the Triton ``platform`` /
+``backend`` names it answers to, whether its devices are ONNX Runtime provider lists,
+and the factory that builds an unloaded backend from :class:`BackendOptions`. The
+built-in kinds and those other packages register (the ``sordino.backends`` entry-point
+group) are listed by :mod:`sordino.backends.registry`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from sordino.config.memory import FrameworkMemoryConfig
 from sordino.inference import ModelMetadata, Tensor
 
-__all__ = ["Backend", "BackendStatistics", "ProfilingBackend"]
+__all__ = [
+    "Backend",
+    "BackendKind",
+    "BackendOptions",
+    "BackendStatistics",
+    "ProfilingBackend",
+    "RequestBatchBackend",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +78,76 @@ class Backend(Protocol):
 
     def statistics(self) -> BackendStatistics:
         """Return a snapshot of this backend's counters."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class BackendOptions:
+    """What a backend factory gets to build one model instance (picklable).
+
+    ``providers`` are ONNX Runtime execution providers (a backend whose kind has
+    ``execution_providers`` False gets the device's list, which only tells CPU from
+    CUDA); ``memory`` configures ONNX Runtime's arenas (only in a worker process of
+    the model's own); ``index`` is the instance's number among the model's instances.
+    """
+
+    name: str
+    version: str
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    intra_op_threads: int | None = None
+    memory: FrameworkMemoryConfig | None = None
+    thread_spinning: bool = False
+    index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BackendKind:
+    """One kind of model runtime, as ``ModelConfig.backend`` names it.
+
+    ``model_files`` are the file names a version folder may hold for this kind, the
+    first the default (``model.onnx``; ``model.py``); ``suffixes`` let a folder holding
+    exactly one file with such a suffix serve it under another name. ``platforms`` are
+    the Triton ``platform``/``backend`` values (``config.pbtxt``) meaning this kind.
+    ``execution_providers`` tells whether the model's ``execution_providers`` and the
+    devices' provider lists are this runtime's (ONNX Runtime) or only say CPU or CUDA.
+    ``create`` imports the runtime only when called, so listing kinds stays cheap.
+    """
+
+    name: str
+    create: Callable[[BackendOptions], Backend]
+    model_files: tuple[str, ...]
+    suffixes: tuple[str, ...] = ()
+    platforms: tuple[str, ...] = ()
+    execution_providers: bool = False
+    description: str = ""
+
+    def model_file(self, folder: Path) -> Path | str:
+        """The file of ``folder`` this kind serves, or why there is none (a message)."""
+        for filename in self.model_files:
+            if (folder / filename).is_file():
+                return folder / filename
+        candidates = sorted(
+            p for suffix in self.suffixes for p in folder.glob(f"*{suffix}") if p.is_file()
+        )
+        if len(candidates) == 1:
+            return candidates[0]
+        default = self.model_files[0]
+        kind = "/".join(self.suffixes) or default
+        if candidates:
+            return f"several {kind} files in {folder}; name the one to serve {default}"
+        return f"no {kind} file in {folder} (expected {default})"
+
+
+@runtime_checkable
+class RequestBatchBackend(Protocol):
+    """A backend that runs a batch as the requests it joins (Triton's ``execute``).
+
+    The runtime calls ``infer_requests`` instead of ``infer`` when a batch joins
+    several requests; ``rows`` are each request's rows, in order, summing to the batch's.
+    """
+
+    def infer_requests(self, batch: dict[str, Tensor], rows: Sequence[int]) -> dict[str, Tensor]:
+        """Run one batch of ``len(rows)`` requests; return every output, rows in order."""
         ...
 
 

@@ -1,57 +1,134 @@
 """Backends by kind: ``ModelConfig.backend`` names one, :func:`create_backend` builds it.
 
-Each kind maps to a small factory that imports its runtime only when called, so
-``import sordino`` never pulls in onnxruntime (or, later, torch). Adding a backend
-means adding one factory here and one value to the ``backend`` field of the config.
+The built-in kinds are ``onnxruntime`` (an ``.onnx`` file run by ONNX Runtime) and
+``python`` (a Triton Python-backend ``model.py``, :mod:`sordino.backends.python`).
+Other packages add kinds through the ``sordino.backends`` entry-point group: each entry
+point names a :class:`~sordino.backends.base.BackendKind`, or a callable returning one,
+and the entry point's name must be the kind's name. Each kind's factory imports its
+runtime only when called, so ``import sordino`` never pulls in onnxruntime (or torch).
+
+Entry points are read once per process, on first use (:func:`backend_kinds`); a
+broken one is logged and skipped, so one bad plug-in never stops the built-in kinds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Sequence
+from importlib.metadata import entry_points
 
-from sordino.backends.base import Backend
+from sordino.backends.base import Backend, BackendKind, BackendOptions
 from sordino.config.memory import FrameworkMemoryConfig
 from sordino.errors import ModelLoadError
 
-__all__ = ["BACKEND_KINDS", "check_backend_kind", "create_backend"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "backend_kind",
+    "backend_kinds",
+    "check_backend_kind",
+    "create_backend",
+    "kind_for_platform",
+    "reset_backend_kinds",
+]
 
-Factory = Callable[[str, str, list[str], int | None, FrameworkMemoryConfig | None, bool], Backend]
+log = logging.getLogger("sordino.backends")
+
+ENTRY_POINT_GROUP = "sordino.backends"
+"""The entry-point group third-party backend kinds register in."""
 
 
-def _onnxruntime(
-    name: str,
-    version: str,
-    providers: list[str],
-    intra_op_threads: int | None,
-    memory: FrameworkMemoryConfig | None,
-    thread_spinning: bool,
-) -> Backend:
+def _onnxruntime(options: BackendOptions) -> Backend:
     from sordino.backends.onnx import OnnxBackend
 
     return OnnxBackend(
-        name=name,
-        version=version,
-        providers=providers,
-        intra_op_threads=intra_op_threads,
-        memory=memory,
-        thread_spinning=thread_spinning,
+        name=options.name,
+        version=options.version,
+        providers=list(options.providers),
+        intra_op_threads=options.intra_op_threads,
+        memory=options.memory,
+        thread_spinning=options.thread_spinning,
     )
 
 
-_FACTORIES: dict[str, Factory] = {"onnxruntime": _onnxruntime}
+def _python(options: BackendOptions) -> Backend:
+    from sordino.backends.python.backend import PythonBackend
 
-BACKEND_KINDS: tuple[str, ...] = tuple(_FACTORIES)
-"""The backend kinds this build knows, in the order they were added."""
+    return PythonBackend(options)
 
 
-def check_backend_kind(kind: str, *, model: str) -> Factory:
-    """Return the factory of ``kind``; raise :class:`ModelLoadError` naming the known kinds."""
-    factory = _FACTORIES.get(kind)
-    if factory is None:
+BUILTIN: tuple[BackendKind, ...] = (
+    BackendKind(
+        "onnxruntime",
+        _onnxruntime,
+        model_files=("model.onnx",),
+        suffixes=(".onnx",),
+        platforms=("onnxruntime_onnx", "onnxruntime"),
+        execution_providers=True,
+        description="an ONNX file run by ONNX Runtime",
+    ),
+    BackendKind(
+        "python",
+        _python,
+        model_files=("model.py",),
+        platforms=("python",),
+        description="a Triton Python-backend model.py (class TritonPythonModel)",
+    ),
+)
+
+_KINDS: dict[str, BackendKind] | None = None
+
+
+def backend_kinds() -> dict[str, BackendKind]:
+    """Every backend kind this process knows: the built-ins, then the entry points'."""
+    global _KINDS
+    if _KINDS is None:
+        kinds = {kind.name: kind for kind in BUILTIN}
+        for point in entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                loaded = point.load()
+                kind = loaded if isinstance(loaded, BackendKind) else loaded()
+                if not isinstance(kind, BackendKind):
+                    raise TypeError(f"it gave {type(kind).__name__}, not a BackendKind")
+                if kind.name != point.name:
+                    raise ValueError(f"its kind is named {kind.name!r}; name both alike")
+                if kind.name in kinds:
+                    raise ValueError(f"backend {kind.name!r} is already defined")
+            except Exception as exc:
+                log.warning("backend entry point %r (%s) skipped: %s", point.name, point.value, exc)
+                continue
+            kinds[kind.name] = kind
+        _KINDS = kinds
+    return _KINDS
+
+
+def reset_backend_kinds() -> None:
+    """Forget the kinds read so far; the next call reads the entry points again (tests)."""
+    global _KINDS
+    _KINDS = None
+
+
+def backend_kind(name: str, *, model: str) -> BackendKind:
+    """The kind ``name``; :class:`ModelLoadError` naming the known kinds when unknown."""
+    kinds = backend_kinds()
+    kind = kinds.get(name)
+    if kind is None:
         raise ModelLoadError(
-            f"model {model}: unknown backend {kind!r}; known backends: {', '.join(BACKEND_KINDS)}"
+            f"model {model}: unknown backend {name!r}; known backends: {', '.join(kinds)}"
         )
-    return factory
+    return kind
+
+
+def check_backend_kind(kind: str, *, model: str) -> BackendKind:
+    """Return the kind named ``kind``; raise :class:`ModelLoadError` naming the known kinds."""
+    return backend_kind(kind, model=model)
+
+
+def kind_for_platform(platform: str) -> BackendKind | None:
+    """The kind a Triton ``platform`` or ``backend`` value means, or None."""
+    for kind in backend_kinds().values():
+        if platform == kind.name or platform in kind.platforms:
+            return kind
+    return None
 
 
 def create_backend(
@@ -63,6 +140,7 @@ def create_backend(
     intra_op_threads: int | None,
     memory: FrameworkMemoryConfig | None = None,
     thread_spinning: bool = False,
+    index: int = 0,
 ) -> Backend:
     """A new, unloaded backend of ``kind`` for model ``name`` (``load`` comes next).
 
@@ -71,5 +149,13 @@ def create_backend(
     ``thread_spinning`` lets its threads busy-wait for work (``ModelConfig.thread_spinning``).
     Raises :class:`ModelLoadError` for a kind this build does not know.
     """
-    factory = check_backend_kind(kind, model=name)
-    return factory(name, version, list(providers), intra_op_threads, memory, thread_spinning)
+    options = BackendOptions(
+        name=name,
+        version=version,
+        providers=tuple(providers),
+        intra_op_threads=intra_op_threads,
+        memory=memory,
+        thread_spinning=thread_spinning,
+        index=index,
+    )
+    return backend_kind(kind, model=name).create(options)

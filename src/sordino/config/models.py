@@ -231,8 +231,10 @@ class ModelConfig(Section):
     """Model name used in URLs (/v2/models/<name>)."""
     path: ExpandedPath | None = None
     """An .onnx file, or a folder of numbered version folders (1/model.onnx, 2/...)."""
-    backend: Literal["onnxruntime"] = "onnxruntime"
-    """Runtime that executes the model; Triton's ``platform: onnxruntime_onnx`` means this."""
+    backend: str = Field(default="onnxruntime", pattern=r"^[a-z][a-z0-9_]*$", max_length=64)
+    """Runtime that executes the model: ``onnxruntime`` (Triton's ``platform:
+    onnxruntime_onnx``), ``python`` (a Triton Python-backend ``model.py``), or a kind a
+    package registers (docs/backends.md); an unknown kind is refused when the model loads."""
     max_batch_size: int | None = Field(default=None, ge=0, le=MAX_BATCH_SIZE)
     """Largest batch; None uses the scheduler's max_batch; 0 means never batch."""
     dynamic_batching: DynamicBatchingConfig = DynamicBatchingConfig()

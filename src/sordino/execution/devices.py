@@ -204,7 +204,9 @@ def model_tiers(model: ModelConfig, chain: list[Device] | None) -> list[Tier]:
     threads = model.intra_op_threads or default_intra_op_threads(model.instance_count)
     if model.instance_kind == "gpu":
         providers: tuple[str, ...] = (EXECUTION_PROVIDERS["cuda"],)
-    elif model.instance_kind == "cpu":
+    elif model.instance_kind == "cpu" or not _onnx_runtime_devices(model):
+        # A backend that is not ONNX Runtime has no provider list to follow: ``auto``
+        # is the CPU (as Triton's Python backend), ``gpu`` names CUDA devices.
         providers = (EXECUTION_PROVIDERS["cpu"],)
     else:
         providers = preferred_providers(model)
@@ -213,6 +215,14 @@ def model_tiers(model: ModelConfig, chain: list[Device] | None) -> list[Tier]:
         devices = tuple(Device(f"gpu{i}", providers, i, threads) for i in ids)
         return [Tier("gpu", devices)]
     return [Tier("cpu", (Device("cpu", providers, None, threads),))]
+
+
+def _onnx_runtime_devices(model: ModelConfig) -> bool:
+    """Whether ``model``'s backend kind runs on ONNX Runtime provider lists."""
+    from sordino.backends.registry import backend_kinds
+
+    kind = backend_kinds().get(model.backend)
+    return kind is None or kind.execution_providers
 
 
 def preferred_providers(model: ModelConfig) -> tuple[str, ...]:

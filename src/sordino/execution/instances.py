@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from sordino.backends.base import Backend, ProfilingBackend
+from sordino.backends.base import Backend, ProfilingBackend, RequestBatchBackend
 from sordino.backends.registry import create_backend
 from sordino.clock import Clock
 from sordino.config import WorkersConfig
@@ -161,6 +161,7 @@ class ThreadInstance(_Base):
             providers=device.providers,
             intra_op_threads=device.intra_op_threads,
             thread_spinning=thread_spinning,
+            index=index,
         )
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sordino-{key.name}")
 
@@ -181,7 +182,11 @@ class ThreadInstance(_Base):
         def call() -> dict[str, TensorRef]:
             if fault is not None:
                 perform(fault, in_process=True)
-            outputs = self._backend.infer(batch.arrays)
+            backend = self._backend
+            if isinstance(backend, RequestBatchBackend) and batch.request_rows:
+                outputs = backend.infer_requests(batch.arrays, batch.request_rows)
+            else:
+                outputs = backend.infer(batch.arrays)
             return {name: TensorRef(array) for name, array in outputs.items()}
 
         loop = asyncio.get_running_loop()
@@ -296,6 +301,7 @@ class ProcessInstance(_Base):
                 batch.allocate,
                 self._settings.execution_timeout,
                 batch.segment,
+                batch.request_rows,
             )
         except WorkerError:
             # A batch the model failed while its worker lives; one whose failure killed

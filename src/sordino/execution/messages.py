@@ -96,6 +96,9 @@ class Run:
     segment: str = ""
     """The arena segment the handles name; when it is not the one the worker maps
     (the pool was resized), the worker maps this one first. Empty: unchanged."""
+    rows: tuple[int, ...] = ()
+    """The rows of each request in the batch, in order, for a backend that runs a batch
+    as its requests (Triton's Python backend); empty when the batch is one part."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +284,8 @@ def encode(message: ToWorker | FromWorker) -> bytes:
                     _text(message.segment),
                     _handles(message.inputs),
                     _handles(message.space),
+                    _LEN.pack(len(message.rows)),
+                    struct.pack(f"<{len(message.rows)}q", *message.rows),
                     fault,
                 )
             )
@@ -356,10 +361,12 @@ def _decode(kind: int, data: bytes) -> ToWorker | FromWorker:
             batch_id, has_fault = body.unpack(_RUN_HEAD)
             segment = body.text()
             inputs, space = body.handles(), body.handles()
+            (count,) = body.unpack(_LEN)
+            rows = struct.unpack(f"<{count}q", body.take(8 * count))
             fault = pickle.loads(body.rest()) if has_fault else None
             if fault is not None and not isinstance(fault, FaultAction):
                 raise FrameError("a Run frame carries something other than a fault")
-            message = Run(batch_id, inputs, space, fault, segment)
+            message = Run(batch_id, inputs, space, fault, segment, rows)
         case 6:  # _DONE
             batch_id, infer_s = body.unpack(_DONE_HEAD)
             message = Done(batch_id, body.handles(), infer_s)

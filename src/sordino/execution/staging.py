@@ -87,6 +87,13 @@ class StagedBatch:
         return sum(int(next(iter(part.values())).shape[0]) for part in self.parts)
 
     @property
+    def request_rows(self) -> tuple[int, ...]:
+        """Rows of each part, in order, when the batch joins several (else empty)."""
+        if not self.batched or len(self.parts) < 2:
+            return ()
+        return tuple(int(next(iter(part.values())).shape[0]) for part in self.parts)
+
+    @property
     def arrays(self) -> dict[str, Tensor]:
         """The batch as one array per input (concatenated once, on first use)."""
         if self._arrays is None:

@@ -244,6 +244,7 @@ class WorkerProcess:
         allocate: Allocate,
         timeout_s: float,
         segment: str = "",
+        rows: tuple[int, ...] = (),
     ) -> tuple[dict[str, TensorHandle], float]:
         """Run one batch; return its output handles and the time the model took.
 
@@ -267,7 +268,7 @@ class WorkerProcess:
                     lambda: self.kill(f"execution timeout: a batch ran over {timeout_s:g} s"),
                 )
             try:
-                self._send(Run(batch_id, inputs, space, fault, segment))
+                self._send(Run(batch_id, inputs, space, fault, segment, rows))
                 return await future
             except asyncio.CancelledError:
                 # The worker is still inside the batch and may yet ask for output space: the

@@ -22,7 +22,7 @@ from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from sordino.backends.base import Backend, ProfilingBackend, dummy_inputs
+from sordino.backends.base import Backend, ProfilingBackend, RequestBatchBackend, dummy_inputs
 from sordino.config.memory import FrameworkMemoryConfig
 from sordino.execution.faults import InjectedFault, perform
 from sordino.execution.messages import (
@@ -142,6 +142,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
             intra_op_threads=spec.intra_op_threads,
             memory=spec.framework_memory,
             thread_spinning=spec.thread_spinning,
+            index=spec.index,
         )
         backend.load(Path(spec.path), spec.target)
         for _ in range(spec.warmup_batches):
@@ -237,7 +238,10 @@ def _run(link: _Link, backend: Backend, buffer: memoryview, run: Run) -> bool:
         batch = {name: view_tensor(buffer, handle) for name, handle in run.inputs.items()}
         if run.fault is not None:
             perform(run.fault, in_process=False)
-        results = backend.infer(batch)
+        if run.rows and isinstance(backend, RequestBatchBackend):
+            results = backend.infer_requests(batch, run.rows)
+        else:
+            results = backend.infer(batch)
         del batch
     except MemoryError as exc:
         link.send(RunFailed(run.batch_id, "oom", f"MemoryError: {exc}"))

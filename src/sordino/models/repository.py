@@ -13,6 +13,15 @@ A repository is Triton's layout::
         2/model.onnx
       text/
         model.onnx           a bare model file means version 1
+      add_sub/
+        config.pbtxt         Triton's configuration, read when there is no config.yaml
+        1/model.py           backend: "python" (a Triton Python-backend model)
+
+The file a version folder must hold is its backend kind's
+(:class:`~sordino.backends.base.BackendKind`: ``model.onnx``, ``model.py``, ...). A
+``config.pbtxt`` whose ``backend``/``platform`` names a kind other than ONNX Runtime
+chooses that kind and gives its batching and instance settings
+(:func:`sordino.backends.pbtxt.sordino_settings`); for ONNX models it is not read.
 
 A model's name is its folder's name and must be a model name (``MODEL_NAME_PATTERN``:
 no path separators, never ``..``); a folder that is not is skipped with a warning.
@@ -32,6 +41,7 @@ from pathlib import Path
 
 import yaml
 
+from sordino.backends.registry import backend_kind, kind_for_platform
 from sordino.config import MODEL_NAME_PATTERN, ModelConfig, load_model_config_file
 from sordino.config.loader import shown_value
 from sordino.errors import ConfigError, ModelLoadError
@@ -219,6 +229,9 @@ def load_repository_model(root: Path, name: str) -> list[ModelSource]:
     if config_file.exists():
         _contained(inside, config_file, name)
         config = load_model_config_file(config_file)
+    elif (folder / "config.pbtxt").is_file():
+        _contained(inside, folder / "config.pbtxt", name)
+        config = _from_pbtxt(folder / "config.pbtxt")
     else:
         config = ModelConfig()
     if config.name not in (None, name):
@@ -231,6 +244,22 @@ def load_repository_model(root: Path, name: str) -> list[ModelSource]:
     for source in sources:
         _contained(inside, source.path, name)
     return sources
+
+
+def _from_pbtxt(path: Path) -> ModelConfig:
+    """The ModelConfig a Triton ``config.pbtxt`` gives (a default one for ONNX models)."""
+    from sordino.backends.pbtxt import parse_pbtxt, sordino_settings
+
+    triton = parse_pbtxt(path.read_text(encoding="utf-8"), source=str(path))
+    settings = sordino_settings(triton, source=str(path))
+    kind = kind_for_platform(str(settings.get("backend", "")))
+    if kind is None or kind.name == "onnxruntime":
+        return ModelConfig()  # unchanged: ONNX models never read config.pbtxt
+    settings["backend"] = kind.name
+    try:
+        return ModelConfig(**settings)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
 
 
 def _contained(root: Path, path: Path, name: str) -> None:
@@ -260,29 +289,26 @@ def _shown(name: str) -> str:
 def _versions_in(folder: Path, name: str, config: ModelConfig) -> list[ModelSource]:
     numbered = {int(p.name): p for p in folder.iterdir() if p.is_dir() and p.name.isdigit()}
     if not numbered:
-        return [ModelSource(name, "1", _model_file(folder, name), config)]
+        return [ModelSource(name, "1", _model_file(folder, name, config.backend), config)]
     chosen = config.version_policy.select(numbered)
     if not chosen:
         raise ModelLoadError(
             f"model {name!r}: the version policy selects none of the versions present "
             f"({', '.join(str(v) for v in sorted(numbered))})"
         )
-    return [ModelSource(name, str(v), _model_file(numbered[v], name), config) for v in chosen]
+    return [
+        ModelSource(name, str(v), _model_file(numbered[v], name, config.backend), config)
+        for v in chosen
+    ]
 
 
-def _model_file(folder: Path, name: str) -> Path:
-    default = folder / MODEL_FILENAME
-    if default.is_file():
-        return default
-    candidates = sorted(folder.glob("*.onnx"))
-    if len(candidates) == 1:
-        return candidates[0]
-    if not candidates:
+def _model_file(folder: Path, name: str, backend: str) -> Path:
+    """The file of ``folder`` that ``backend``'s kind serves (ModelLoadError if none)."""
+    kind = backend_kind(backend, model=repr(name))
+    found = kind.model_file(folder)
+    if isinstance(found, Path):
+        return found
+    if kind.name == "onnxruntime" and not any(folder.glob("*.onnx")):
         for other in sorted(p for p in folder.iterdir() if p.is_file()):
             _refuse_foreign(name, other)
-        raise ModelLoadError(
-            f"model {name!r}: no .onnx file in {folder} (expected {MODEL_FILENAME})"
-        )
-    raise ModelLoadError(
-        f"model {name!r}: several .onnx files in {folder}; name the one to serve {MODEL_FILENAME}"
-    )
+    raise ModelLoadError(f"model {name!r}: {found}")

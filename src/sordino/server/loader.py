@@ -109,6 +109,10 @@ class ModelLoader:
             )
         config = source.config
         metadata = await self._executor.load(key, source.path, config)
+        declared = metadata.extra.get("max_batch_size")
+        if config.max_batch_size is None and declared is not None:
+            # The backend's own configuration (a Python model's auto_complete_config).
+            config = config.model_copy(update={"max_batch_size": int(declared)})
         instances = self._executor.instances(key)
         if config.streaming is not None:
             spec = stream_spec_for(config.streaming, metadata)

@@ -54,6 +54,7 @@ from sordino.telemetry.hub import Telemetry
 from sordino.telemetry.labels import MetricLabels
 from sordino.telemetry.memory_metrics import MemoryCollector
 from sordino.telemetry.metrics import Metrics
+from sordino.telemetry.model_metrics import ModelMetricsCollector, model_metrics_dir
 from sordino.telemetry.model_stats import ModelStats
 from sordino.telemetry.observers import SchedulerObservers
 from sordino.telemetry.pipeline_metrics import PipelineCollector
@@ -212,6 +213,8 @@ class Runtime:
         self.telemetry.utilisation.watch(self.executor.statistics)
         self.metrics.registry.register(MemoryCollector(self.memory.statistics))
         self.metrics.registry.register(TenantCollector(self.tenants.statistics))
+        # Python models' custom metrics: their workers write snapshots where this reads.
+        self.metrics.registry.register(ModelMetricsCollector(model_metrics_dir()))
         self.metrics.registry.register(
             PipelineCollector(lambda: pipeline_statistics(self.pipelines))
         )

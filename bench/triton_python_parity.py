@@ -1,0 +1,153 @@
+"""Triton Python-backend repositories served by Triton itself and by sordino: same answers?
+
+    python -m bench.triton_python_parity            # the repositories of the tests
+    python -m bench.triton_python_parity --repository DIR
+
+Serves one model repository, unchanged, on ``tritonserver`` (the ``nvidia-pytriton``
+0.7.0 wheel, Triton 2.51, through its Python backend; installed on first use into
+``bench/.peers/triton`` as ``bench_triton`` does) and on ``sordino start
+--model-repository``, then sends the same requests with ``tritonclient`` over HTTP and
+gRPC to both and compares every output (exact equality) and the metadata (input and
+output names, datatypes, shapes). Custom metric families a model defines are looked
+for in both servers' ``/metrics``. Prints one line per check and a verdict; the exit
+status is 0 when everything matched, 1 when something differed, 2 when a server could
+not be installed or started. Results go to ``bench/results/triton_python_parity.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from bench import peers
+from bench.common import save, sordino_server
+
+EXAMPLES = Path(__file__).parent.parent / "tests" / "fixtures" / "triton_python_examples"
+
+Case = tuple[str, dict[str, np.ndarray], list[str]]
+
+
+def cases(models: list[str]) -> list[Case]:
+    """(model, inputs, outputs) for the add_sub-shaped example ``models``.
+
+    A model whose name says ``auto_complete`` gets batched requests (1 to 4 rows).
+    """
+    rng = np.random.default_rng(29)
+    out: list[Case] = []
+    for _ in range(3):
+        for model in models:
+            shape = (int(rng.integers(1, 5)), 4) if "auto_complete" in model else (4,)
+            a, b = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+            out.append((model, {"INPUT0": a, "INPUT1": b}, ["OUTPUT0", "OUTPUT1"]))
+    return out
+
+
+def _infer(mod: Any, client: Any, case: Case) -> dict[str, np.ndarray]:
+    model, arrays, outputs = case
+    inputs = []
+    for name, array in arrays.items():
+        tensor = mod.InferInput(name, list(array.shape), "FP32")
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    result = client.infer(model, inputs, outputs=[mod.InferRequestedOutput(n) for n in outputs])
+    return {name: result.as_numpy(name) for name in outputs}
+
+
+def _metadata(mod: Any, client: Any, model: str) -> list[tuple[str, str, str, list[int]]]:
+    meta = client.get_model_metadata(model)
+    if mod is grpcclient:
+        rows = [("input", t.name, t.datatype, list(t.shape)) for t in meta.inputs]
+        rows += [("output", t.name, t.datatype, list(t.shape)) for t in meta.outputs]
+    else:
+        rows = [("input", t["name"], t["datatype"], t["shape"]) for t in meta["inputs"]]
+        rows += [("output", t["name"], t["datatype"], t["shape"]) for t in meta["outputs"]]
+    return [(kind, name, dtype, [int(d) for d in shape]) for kind, name, dtype, shape in rows]
+
+
+def _clients(http: str, grpc: str) -> list[tuple[str, Any, Any]]:
+    return [
+        ("http", httpclient, httpclient.InferenceServerClient(url=http.removeprefix("http://"))),
+        ("grpc", grpcclient, grpcclient.InferenceServerClient(grpc)),
+    ]
+
+
+def _metric_names(url: str) -> set[str]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1].isalpha()}
+
+
+def compare(
+    triton: peers.Server, sordino_http: str, sordino_grpc: str, models: list[str]
+) -> list[dict[str, Any]]:
+    """Send every case to both servers over both protocols; one record per check."""
+    checks: list[dict[str, Any]] = []
+
+    def check(what: str, protocol: str, same: bool, detail: str = "") -> None:
+        checks.append({"check": what, "protocol": protocol, "equal": same, "detail": detail})
+        print(f"{'ok  ' if same else 'DIFF'} {protocol:4} {what} {detail}")
+
+    ends = (_clients(triton.http, triton.grpc or ""), _clients(sordino_http, sordino_grpc))
+    pairs = zip(*ends, strict=True)
+    for (protocol, mod, theirs), (_, _, ours) in pairs:
+        for model in models:
+            check(
+                f"{model} metadata",
+                protocol,
+                _metadata(mod, theirs, model) == _metadata(mod, ours, model),
+            )
+        for case in cases(models):
+            expected, got = _infer(mod, theirs, case), _infer(mod, ours, case)
+            same = all(np.array_equal(expected[n], got[n]) for n in expected)
+            shapes = {n: list(got[n].shape) for n in got}
+            check(f"{case[0]} infer", protocol, same, str(shapes))
+        theirs.close()
+        ours.close()
+    return checks
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repository", type=Path, default=EXAMPLES)
+    args = parser.parse_args()
+    try:
+        python = peers.ensure_venv("triton", peers.TRITON_PACKAGES,
+                                   "import pytriton, onnxruntime, numpy")  # fmt: skip
+        with (
+            peers.triton_on(python, args.repository.resolve()) as triton,
+            sordino_server(["--model-repository", str(args.repository), "--no-builtin"]) as ours,
+        ):
+            models = sorted(p.name for p in args.repository.iterdir() if p.is_dir())
+            checks = compare(triton, ours.http, ours.grpc, models)
+            theirs_metrics = _metric_names(triton.metrics or "")
+            ours_metrics = _metric_names(f"{ours.http}/metrics")
+            family = "requests_process_latency_ns"
+            found = f"triton {family in theirs_metrics}, sordino {family in ours_metrics}"
+            same = family in theirs_metrics and family in ours_metrics
+            checks.append(
+                {
+                    "check": f"/metrics has {family}",
+                    "protocol": "http",
+                    "equal": same,
+                    "detail": found,
+                }
+            )
+            print(f"{'ok  ' if same else 'DIFF'} http /metrics has {family} ({found})")
+    except peers.PeerError as exc:
+        print(f"cannot run: {exc}", file=sys.stderr)
+        sys.exit(2)
+    differing = [c for c in checks if not c["equal"]]
+    print(f"{len(checks) - len(differing)}/{len(checks)} checks equal")
+    save("triton_python_parity", {"repository": str(args.repository), "checks": checks})
+    sys.exit(1 if differing else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Triton's Python backend in sordino: ``model.py`` models and ``triton_python_backend_utils``."""

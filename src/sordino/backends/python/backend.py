@@ -1,0 +1,274 @@
+"""The Python backend: a Triton Python-backend ``model.py`` as a sordino backend.
+
+The model folder is Triton's::
+
+    add_sub/
+      config.pbtxt        backend: "python", inputs, outputs, max_batch_size, ...
+      1/model.py          class TritonPythonModel
+
+:meth:`PythonBackend.load` reads ``config.pbtxt`` (optional when the model's
+``auto_complete_config`` gives its inputs and outputs), puts
+:mod:`~sordino.backends.python.triton_python_backend_utils` in ``sys.modules`` under
+Triton's name, imports ``model.py`` with its version folder on ``sys.path``, calls
+``auto_complete_config`` then ``initialize(args)`` with ``args`` as Triton passes them.
+The model's inputs and outputs are the configuration's (Triton's rules: with
+``max_batch_size`` > 0 every tensor gets a leading batch dimension).
+
+:meth:`PythonBackend.infer_requests` hands ``execute`` one ``InferenceRequest`` per
+request of the batch (each a view of its rows), checks that it returns one response per
+request, and joins the outputs back into one batch. A wrong count, a response with an
+error, or an exception raised by ``execute`` fails the batch with a message saying so
+(:class:`~sordino.errors.ModelLoadError` never: the worker keeps serving).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from sordino.backends.base import BackendOptions, BackendStatistics
+from sordino.errors import ModelLoadError
+from sordino.inference import ModelMetadata, Tensor, TensorSpec
+
+__all__ = ["PLATFORM", "PythonBackend", "PythonModelError"]
+
+PLATFORM = "python"
+UTILS = "triton_python_backend_utils"
+
+
+class PythonModelError(RuntimeError):
+    """``execute`` failed for a batch: raised, wrong response count, or a response error."""
+
+
+def _utils() -> ModuleType:
+    """The utilities module, registered under Triton's name (once per process)."""
+    from sordino.backends.python import triton_python_backend_utils as utils
+
+    sys.modules.setdefault(UTILS, utils)
+    return sys.modules[UTILS]
+
+
+def _datatype(triton_type: object, where: str) -> str:
+    text = str(triton_type)
+    if not text.startswith("TYPE_"):
+        raise ModelLoadError(f"{where}: data_type {text!r} is not a Triton type (TYPE_FP32, ...)")
+    name = text[len("TYPE_") :]
+    return "BYTES" if name == "STRING" else name
+
+
+def _specs(entries: Sequence[dict[str, Any]], batched: bool, where: str) -> tuple[TensorSpec, ...]:
+    specs = []
+    for entry in entries:
+        name = entry.get("name")
+        if not name:
+            raise ModelLoadError(f"{where}: every input and output needs a name")
+        dims = [int(d) for d in entry.get("dims", ())]
+        if "reshape" in entry:
+            raise ModelLoadError(f"{where}: {name}: reshape is not supported")
+        shape = tuple([-1, *dims] if batched else dims)
+        specs.append(TensorSpec(str(name), _datatype(entry.get("data_type"), where), shape))
+    return tuple(specs)
+
+
+class PythonBackend:
+    """Runs a Triton Python model (``TritonPythonModel``) in this process."""
+
+    def __init__(self, options: BackendOptions) -> None:
+        self._options = options
+        self._model: Any = None
+        self._config: dict[str, Any] = {}
+        self._metadata: ModelMetadata | None = None
+        self._lock = threading.Lock()
+        self._batches = self._items = self._failures = 0
+        self._busy = 0.0
+
+    @property
+    def metadata(self) -> ModelMetadata:
+        if self._metadata is None:
+            raise ModelLoadError(f"model {self._options.name} is not loaded")
+        return self._metadata
+
+    @property
+    def model_config(self) -> dict[str, Any]:
+        """The model's configuration in Triton's JSON form, auto-completed."""
+        return self._config
+
+    def load(self, model_path: Path, device: str = "cpu") -> None:
+        name, version = self._options.name, self._options.version
+        where = f"model {name}"
+        version_folder = model_path.parent
+        folder = version_folder.parent if version_folder.name.isdigit() else version_folder
+        config = self._read_config(folder, where)
+        utils = _utils()
+        module = self._import(model_path, version_folder, where)
+        model_class = getattr(module, "TritonPythonModel", None)
+        if model_class is None:
+            raise ModelLoadError(f"{where}: {model_path} defines no class TritonPythonModel")
+        if hasattr(model_class, "auto_complete_config"):
+            try:
+                completed = model_class.auto_complete_config(utils.ModelConfig(config))
+            except Exception as exc:
+                raise ModelLoadError(f"{where}: auto_complete_config raised {exc!r}") from exc
+            config = completed.as_dict()
+        policy = config.get("model_transaction_policy") or {}
+        if isinstance(policy, dict) and policy.get("decoupled"):
+            raise ModelLoadError(
+                f"{where}: decoupled Python models (model_transaction_policy "
+                "{ decoupled: true }) are not supported by sordino yet"
+            )
+        if not config.get("input") and not config.get("output"):
+            raise ModelLoadError(
+                f"{where}: no inputs or outputs: give them in {folder / 'config.pbtxt'} "
+                "or from auto_complete_config"
+            )
+        batched = int(config.get("max_batch_size", 0)) > 0
+        inputs = _specs(config.get("input", ()), batched, where)
+        outputs = _specs(config.get("output", ()), batched, where)
+        self._config = config
+        gpu = device.startswith("cuda")
+        args = {
+            "model_config": json.dumps(config),
+            "model_instance_kind": "GPU" if gpu else "CPU",
+            "model_instance_name": f"{name}_{self._options.index}",
+            "model_instance_device_id": device.split(":", 1)[1] if gpu and ":" in device else "0",
+            "model_repository": str(folder),
+            "model_version": version,
+            "model_name": name,
+        }
+        model = model_class()
+        if hasattr(model, "initialize"):
+            try:
+                model.initialize(args)
+            except Exception as exc:
+                raise ModelLoadError(f"{where}: initialize raised {exc!r}") from exc
+        self._model = model
+        utils.publish_metrics()
+        self._metadata = ModelMetadata(
+            name=name,
+            version=version,
+            platform=PLATFORM,
+            inputs=inputs,
+            outputs=outputs,
+            batched=batched,
+            # The loader bounds the scheduler's batches by it when sordino's config does not.
+            extra={"max_batch_size": str(config["max_batch_size"])} if batched else {},
+        )
+
+    def _read_config(self, folder: Path, where: str) -> dict[str, Any]:
+        from sordino.backends.pbtxt import parse_pbtxt
+        from sordino.errors import ConfigError
+
+        path = folder / "config.pbtxt"
+        config: dict[str, Any] = {}
+        if path.is_file():
+            try:
+                config = parse_pbtxt(path.read_text(encoding="utf-8"), source=str(path))
+            except ConfigError as exc:
+                raise ModelLoadError(f"{where}: {exc}") from exc
+        config.setdefault("name", self._options.name)
+        config.setdefault("backend", "python")
+        config.setdefault("max_batch_size", 0)
+        config.setdefault("input", [])
+        config.setdefault("output", [])
+        return config
+
+    def _import(self, path: Path, version_folder: Path, where: str) -> ModuleType:
+        key = f"_sordino_python_model_{self._options.name}_{self._options.version}"
+        spec = importlib.util.spec_from_file_location(key, path)
+        if spec is None or spec.loader is None:
+            raise ModelLoadError(f"{where}: cannot import {path}")
+        module = importlib.util.module_from_spec(spec)
+        # Triton puts the version folder on the path: model.py may import files beside it.
+        if str(version_folder) not in sys.path:
+            sys.path.insert(0, str(version_folder))
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            raise ModelLoadError(f"{where}: importing {path} raised {exc!r}") from exc
+        return module
+
+    def infer(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Run ``batch`` as one request (the rows of each request are not known here)."""
+        return self.infer_requests(batch, ())
+
+    def infer_requests(self, batch: dict[str, Tensor], rows: Sequence[int]) -> dict[str, Tensor]:
+        """Run ``batch`` as one ``execute`` call with a request per entry of ``rows``.
+
+        ``rows`` are the requests' row counts in order (empty: one request). Returns
+        each declared output, the responses' tensors joined in request order.
+        """
+        model = self._model
+        if model is None:
+            raise ModelLoadError(f"model {self._options.name} is not loaded")
+        utils = sys.modules[UTILS]
+        metadata = self.metadata
+        counts = list(rows) if metadata.batched and len(rows) > 1 else []
+        requests = []
+        start = 0
+        for count in counts or [-1]:
+            part = batch if count < 0 else {n: a[start : start + count] for n, a in batch.items()}
+            start += max(count, 0)
+            tensors = [utils.Tensor(n, a) for n, a in part.items()]
+            requests.append(utils.InferenceRequest(model_name=metadata.name, inputs=tensors))
+        started = time.perf_counter()
+        try:
+            responses = model.execute(requests)
+            outputs = self._joined(responses, len(requests))
+        except Exception as exc:
+            with self._lock:
+                self._failures += 1
+            if isinstance(exc, PythonModelError):
+                raise
+            raise PythonModelError(f"model {metadata.name}: execute raised {exc!r}") from exc
+        finally:
+            utils.publish_metrics()
+        elapsed = time.perf_counter() - started
+        with self._lock:
+            self._batches += 1
+            self._items += sum(counts) if counts else 1
+            self._busy += elapsed
+        return outputs
+
+    def _joined(self, responses: Any, expected: int) -> dict[str, Tensor]:
+        name = self.metadata.name
+        if not isinstance(responses, list | tuple) or len(responses) != expected:
+            got = len(responses) if isinstance(responses, list | tuple) else type(responses)
+            raise PythonModelError(
+                f"model {name}: execute returned {got} responses for {expected} requests "
+                "(it must return one InferenceResponse per request)"
+            )
+        parts: dict[str, list[Tensor]] = {spec.name: [] for spec in self.metadata.outputs}
+        for index, response in enumerate(responses):
+            if response.has_error():
+                raise PythonModelError(
+                    f"model {name}: request {index}: {response.error().message()}"
+                )
+            given = {t.name(): t.as_numpy() for t in response.output_tensors()}
+            for spec in self.metadata.outputs:
+                if spec.name not in given:
+                    raise PythonModelError(
+                        f"model {name}: the response to request {index} lacks output {spec.name}"
+                    )
+                parts[spec.name].append(given[spec.name])
+        return {
+            out: arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+            for out, arrays in parts.items()
+        }
+
+    def unload(self) -> None:
+        model, self._model = self._model, None
+        if model is not None and hasattr(model, "finalize"):
+            model.finalize()
+
+    def statistics(self) -> BackendStatistics:
+        with self._lock:
+            return BackendStatistics(self._batches, self._items, self._failures, self._busy)

@@ -1,0 +1,271 @@
+"""Triton Python-backend repositories served unchanged, checked with Triton's clients.
+
+The repositories are tests/fixtures/triton_python_examples (add_sub, auto_complete), in
+worker processes as ONNX models are; answers are checked over HTTP and gRPC.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from sordino.backends.registry import create_backend
+from sordino.config import RuntimeConfig
+from sordino.errors import ModelLoadError
+from sordino.models.repository import scan_repository
+from sordino.testing import RunningServer, serve_in_thread
+from tests.waiting import wait_for
+
+EXAMPLES = Path(__file__).parent.parent / "fixtures" / "triton_python_examples"
+
+FAULTY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        x = pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy()
+        if x[0] == 1:
+            raise ValueError("one is not welcome")
+        if x[0] == 2:
+            return []
+        if x[0] == 9:
+            os._exit(3)  # the model kills its own process
+        if x[0] == 3:
+            return [pb_utils.InferenceResponse(error=pb_utils.TritonError("three is wrong"))]
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", x * 10)]) for _ in requests]
+"""
+
+FAULTY_CONFIG = """
+backend: "python"
+input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "Y", data_type: TYPE_INT32, dims: [ 1 ] } ]
+"""
+
+
+COUNTING = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            seen = np.full(x.shape, len(requests) * 100 + x.shape[0], dtype=np.int32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("N", seen)]))
+        return responses
+"""
+
+COUNTING_CONFIG = """
+backend: "python"
+max_batch_size: 8
+dynamic_batching { preferred_batch_size: [ 6 ] max_queue_delay_microseconds: 5000000 }
+input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "N", data_type: TYPE_INT32, dims: [ 1 ] } ]
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    root = tmp_path_factory.mktemp("repo")
+    for name in ("add_sub", "auto_complete", "custom_metrics"):
+        shutil.copytree(EXAMPLES / name, root / name)
+    # The same model in the server process: config.yaml chooses, config.pbtxt describes.
+    shutil.copytree(EXAMPLES / "add_sub", root / "add_sub_thread")
+    (root / "add_sub_thread" / "config.yaml").write_text("backend: python\nisolation: thread\n")
+    (root / "faulty" / "1").mkdir(parents=True)
+    (root / "faulty" / "config.pbtxt").write_text(FAULTY_CONFIG)
+    (root / "faulty" / "1" / "model.py").write_text(FAULTY)
+    (root / "counting" / "1").mkdir(parents=True)
+    (root / "counting" / "config.pbtxt").write_text(COUNTING_CONFIG)
+    (root / "counting" / "1" / "model.py").write_text(COUNTING)
+    # manual: batches wait up to the configured delay, as Triton's dynamic batcher does.
+    config = RuntimeConfig.model_validate({"scheduler": {"mode": "manual"}})
+    with serve_in_thread(config, scan_repository(root)) as running:
+        yield running
+
+
+@pytest.fixture(params=["http", "grpc"])
+def client(server: RunningServer, request: pytest.FixtureRequest) -> Iterator[Any]:
+    if request.param == "http":
+        client: Any = httpclient.InferenceServerClient(url=server.url.removeprefix("http://"))
+    else:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+    yield client
+    client.close()
+
+
+def _mod(client: Any) -> Any:
+    return httpclient if isinstance(client, httpclient.InferenceServerClient) else grpcclient
+
+
+def _infer(client: Any, model: str, arrays: dict[str, np.ndarray], outputs: list[str]) -> Any:
+    mod = _mod(client)
+    inputs = []
+    for name, array in arrays.items():
+        datatype = "FP32" if array.dtype == np.float32 else "INT32"
+        tensor = mod.InferInput(name, list(array.shape), datatype)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    requested = [mod.InferRequestedOutput(name) for name in outputs]
+    return client.infer(model, inputs, outputs=requested)
+
+
+@pytest.mark.parametrize("model", ["add_sub", "add_sub_thread"])
+def test_add_sub_answers_as_on_triton(client: Any, model: str) -> None:
+    """Triton's add_sub (in a worker process, and in a thread): sum and difference."""
+    a = np.array([1.0, 2.5, -3.0, 4.0], dtype=np.float32)
+    b = np.array([0.5, 0.5, 1.0, -4.0], dtype=np.float32)
+    result = _infer(client, model, {"INPUT0": a, "INPUT1": b}, ["OUTPUT0", "OUTPUT1"])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+def test_the_metadata_comes_from_config_pbtxt(client: Any) -> None:
+    """Inputs and outputs are config.pbtxt's (a batch dimension only with max_batch_size)."""
+    meta = client.get_model_metadata("add_sub")
+    inputs = (
+        meta["inputs"]
+        if isinstance(meta, dict)
+        else [{"name": i.name, "datatype": i.datatype, "shape": list(i.shape)} for i in meta.inputs]
+    )
+    assert [(i["name"], i["datatype"], [int(d) for d in i["shape"]]) for i in inputs] == [
+        ("INPUT0", "FP32", [4]),
+        ("INPUT1", "FP32", [4]),
+    ]
+
+
+def test_auto_complete_config_gives_a_batched_model(client: Any) -> None:
+    """auto_complete_config's inputs, outputs and max_batch_size serve: rows of 4."""
+    a = np.arange(8, dtype=np.float32).reshape(2, 4)
+    b = np.ones((2, 4), dtype=np.float32)
+    result = _infer(client, "auto_complete", {"INPUT0": a, "INPUT1": b}, ["OUTPUT0", "OUTPUT1"])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        (1, "execute raised ValueError('one is not welcome')"),
+        (2, "execute returned 0 responses for 1 requests"),
+        (3, "request 0: three is wrong"),
+    ],
+)
+def test_a_failing_execute_is_a_clear_error_and_the_worker_serves_on(
+    client: Any, value: int, said: str
+) -> None:
+    """An exception, a wrong response count or a response error fails that request only."""
+    with pytest.raises(InferenceServerException) as caught:
+        _infer(client, "faulty", {"X": np.array([value], dtype=np.int32)}, ["Y"])
+    assert said in str(caught.value.message())
+    ok = _infer(client, "faulty", {"X": np.array([7], dtype=np.int32)}, ["Y"])
+    assert ok.as_numpy("Y").tolist() == [70]
+
+
+def test_execute_gets_the_requests_the_scheduler_batched(server: RunningServer) -> None:
+    """Three requests (1, 2 and 3 rows) batched together reach execute as three requests."""
+    url = server.url.removeprefix("http://")
+
+    def send(rows: int) -> list[int]:
+        client = httpclient.InferenceServerClient(url=url)
+        try:
+            result = _infer(client, "counting", {"X": np.zeros((rows, 1), np.int32)}, ["N"])
+            return [int(v) for v in result.as_numpy("N").reshape(-1)]
+        finally:
+            client.close()
+
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(send, [1, 2, 3]))
+    # preferred_batch_size 6 and a 5 s delay: the three (6 rows) form one batch.
+    assert answers == [[301], [302, 302], [303, 303, 303]]
+
+
+def test_custom_metrics_show_in_metrics(server: RunningServer) -> None:
+    """A MetricFamily counter the model increments is in sordino's /metrics, Triton's name."""
+    client = httpclient.InferenceServerClient(url=server.url.removeprefix("http://"))
+    try:
+        x = np.ones(4, dtype=np.float32)
+        result = _infer(client, "custom_metrics", {"INPUT0": x, "INPUT1": x}, ["OUTPUT0"])
+        assert result.as_numpy("OUTPUT0").tolist() == [2.0] * 4
+    finally:
+        client.close()
+    text = httpx.get(f"{server.url}/metrics").text
+    assert "# HELP requests_process_latency_ns Cumulative time spent processing" in text
+    line = next(
+        line for line in text.splitlines() if line.startswith("requests_process_latency_ns{")
+    )
+    assert 'model="custom_metrics"' in line and 'version="1"' in line
+    assert float(line.rsplit(" ", 1)[1]) > 0
+
+
+def test_a_model_that_kills_its_worker_is_restarted_and_others_lose_nothing(
+    server: RunningServer,
+) -> None:
+    """os._exit in execute: that request fails, the worker comes back, add_sub never stops."""
+    client = httpclient.InferenceServerClient(url=server.url.removeprefix("http://"))
+    try:
+        with pytest.raises(InferenceServerException):
+            _infer(client, "faulty", {"X": np.array([9], dtype=np.int32)}, ["Y"])
+        x = np.ones(4, dtype=np.float32)
+        result = _infer(client, "add_sub", {"INPUT0": x, "INPUT1": x}, ["OUTPUT0"])
+        assert result.as_numpy("OUTPUT0").tolist() == [2.0] * 4
+
+        def serves_again() -> bool:
+            try:
+                answer = _infer(client, "faulty", {"X": np.array([5], dtype=np.int32)}, ["Y"])
+            except InferenceServerException:
+                return False
+            return bool(answer.as_numpy("Y").tolist() == [50])
+
+        wait_for(serves_again, "the faulty model's worker to be restarted", timeout=60)
+    finally:
+        client.close()
+
+
+def test_auto_complete_max_batch_size_bounds_requests(client: Any) -> None:
+    """max_batch_size 4 from auto_complete_config: a request of 5 rows is refused, as on Triton."""
+    rows = np.zeros((5, 4), dtype=np.float32)
+    with pytest.raises(InferenceServerException) as caught:
+        _infer(client, "auto_complete", {"INPUT0": rows, "INPUT1": rows}, ["OUTPUT0"])
+    assert "4" in str(caught.value.message())
+
+
+def test_a_version_folder_without_model_py_names_the_file(tmp_path: Path) -> None:
+    """backend: python and no model.py: refused at discovery, saying what is expected."""
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "config.pbtxt").write_text('backend: "python"\n')
+    with pytest.raises(ModelLoadError, match=r"no model.py file in .*m/1 \(expected model.py\)"):
+        scan_repository(tmp_path)
+
+
+def test_a_decoupled_model_is_refused_as_not_supported(tmp_path: Path) -> None:
+    """model_transaction_policy { decoupled: true } is a clear load error, not a hang."""
+    version = tmp_path / "repeat" / "1"
+    version.mkdir(parents=True)
+    (tmp_path / "repeat" / "config.pbtxt").write_text(
+        'backend: "python"\nmodel_transaction_policy { decoupled: true }\n'
+        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+    )
+    (version / "model.py").write_text(
+        "class TritonPythonModel:\n    def execute(self, requests):\n        return None\n"
+    )
+    backend = create_backend(
+        "python", name="repeat", version="1", providers=(), intra_op_threads=None
+    )
+    with pytest.raises(ModelLoadError, match=r"decoupled Python models .* are not supported"):
+        backend.load(version / "model.py", "cpu")
