@@ -53,3 +53,17 @@ def test_a_histogram_is_shown_with_cumulative_buckets(tmp_path: Path) -> None:
     assert 'm_bucket{le="5.0"} 3.0' in text
     assert 'm_bucket{le="+Inf"} 4.0' in text
     assert "m_count 4.0" in text and "m_sum 12.5" in text
+
+
+def test_the_snapshot_folder_is_removed_when_its_process_exits() -> None:
+    from sordino.telemetry.model_metrics import METRICS_DIR_ENV
+
+    env = {k: v for k, v in os.environ.items() if k != METRICS_DIR_ENV}
+    code = (
+        "from sordino.telemetry.model_metrics import model_metrics_dir\n"
+        "d = model_metrics_dir(); (d / '1.json').write_text('[]'); print(d)"
+    )
+    made = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    ).stdout.strip()
+    assert made and not Path(made).exists()

@@ -16,9 +16,11 @@ library would rename a ``counter`` family to ``<name>_total``.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,12 +39,15 @@ METRICS_DIR_ENV = "SORDINO_MODEL_METRICS_DIR"
 
 
 def model_metrics_dir() -> Path:
-    """The snapshot folder of this process's workers, made (and exported) on first use."""
+    """The snapshot folder of this process's workers, made (and exported) on first use;
+    removed when the process that made it exits."""
     named = os.environ.get(METRICS_DIR_ENV)
     if named:
         return Path(named)
     folder = Path(tempfile.mkdtemp(prefix="sordino-model-metrics-"))
     os.environ[METRICS_DIR_ENV] = str(folder)
+    # The process that made it removes it when it exits (workers only write into it).
+    atexit.register(shutil.rmtree, folder, True)
     return folder
 
 
