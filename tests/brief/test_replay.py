@@ -15,11 +15,10 @@ served in this process too, because its fragmentation rise is injected into that
 server's arena. Added, not changed: a ``models:`` entry in runtime_config.yaml (step
 3's command names no model), ``sordino event mark`` around the sale day, an admin
 token for the chaos call that injects the heat, ``monitor --once`` (CI has no
-terminal for ``--live``).
-
-The ModelBox ``nodes:`` block (issue 31 item 8), ``--embed-runtime-hints`` (item 11)
-and the observability layers (item 14) are replayed by their own tests; their place
-in the brief's order is marked below.
+terminal for ``--live``), ratings posted to ``/v2/feedback`` (the business layer's
+input), the built-in denoiser as the model ATC's hints are embedded in (step caching is
+for diffusion models), and for the ModelBox block a model of the node's name and an
+arena that holds its 2 GB pool.
 """
 
 from __future__ import annotations
@@ -42,9 +41,9 @@ from sklearn.datasets import load_digits
 from sordino.cli import start as start_command
 from sordino.config import RuntimeConfig, load_config
 from sordino.execution.devices import accelerators_present
-from sordino.models.repository import ModelSource
+from sordino.models.repository import ModelSource, sources_for
 from sordino.testing import Fragmentation, RunningServer, fragment_arena, serve_in_thread
-from tests.brief.conftest import Receiver, brief_model, run_cli
+from tests.brief.conftest import BUILTIN, Receiver, brief_model, run_cli
 from tests.cli.conftest import sordino_start
 from tests.execution.load import BODY, digits, events
 from tests.waiting import wait_for
@@ -195,17 +194,56 @@ def test_3_self_healing_block(layers: RunningServer) -> None:
 def test_4_monitor_and_diagnose(layers: RunningServer, home: Path) -> None:
     """``monitor --metrics "qps,latency,mem_frag,error_rate"`` shows those four (once:
     ``--live`` is the same view redrawn on a terminal); ``diagnose --time-range
-    "last_1h" --focus "latency_spike" --output runtime_health.pdf`` writes the PDF."""
-    # Block added by item 14's tests: the execution, resource, business and prediction
-    # layers (stream utilisation, bandwidth, user satisfaction, the next-hour forecast).
+    "last_1h" --focus "latency_spike" --output runtime_health.pdf`` writes the PDF.
+
+    Both show the four layers the brief lists after a short run: each instance's busy
+    share (execution), bandwidth saturation (resource), user satisfaction correlated
+    with latency (business: ratings posted to ``/v2/feedback``), and the next-hour
+    forecast, which on a server seconds old says how much more history it needs."""
+    with httpx.Client(base_url=layers.url, timeout=30) as client:
+        for i in range(3):
+            body = {**BODY, "id": f"poster-{i}"}
+            response = client.post("/v2/models/digits-classifier/infer", json=body)
+            assert response.status_code == 200, response.text
+        recent = layers.runtime.telemetry.recent_requests
+        wait_for(lambda: recent.find("poster-2") is not None, "the requests to be remembered")
+        for i, rating in enumerate((5, 4, 2)):
+            rated = client.post(
+                "/v2/feedback", json={"request_id": f"poster-{i}", "rating": rating}
+            )
+            assert rated.status_code == 200, rated.text
+        assert client.post("/v2/feedback", json={"tag": "premium_user", "rating": 4}).is_success
+    journal = layers.runtime.telemetry.journal
+    assert journal is not None
+
+    def journaled() -> bool:
+        """Bandwidth and busy shares are journaled every 10 s, from the first second on."""
+        assert journal.flush()
+        query = f"start={time.time() - 600}&end={time.time() + 1}"
+        window = httpx.get(f"{layers.url}/v2/sordino/journal?{query}", timeout=30).json()
+        used = [e for e in window["events"] if e["kind"] == "utilisation"]
+        return any(e["payload"].get("instances") for e in used)
+
+    wait_for(journaled, "the bandwidth and busy shares in the journal", 30)
     shown = run_cli("monitor", "--url", layers.url, "--once",
                     "--metrics", "qps,latency,mem_frag,error_rate")  # fmt: skip
     assert shown.exit_code == 0, shown.output
     assert "digits-classifier" in shown.output
+    for layer in ("instances busy: digits-classifier", "bandwidth ", "saturation",
+                  "satisfaction 3.75/5 (4 ratings)", "no forecast yet: needs"):  # fmt: skip
+        assert layer in shown.output, (layer, shown.output)
+    assert journal.flush()
     report = run_cli("diagnose", "--url", layers.url, "--time-range", "last_1h",
                      "--focus", "latency_spike", "--output", "runtime_health.pdf")  # fmt: skip
     assert report.exit_code == 0, report.output
-    assert (home / "runtime_health.pdf").read_bytes().startswith(b"%PDF")
+    pdf = home / "runtime_health.pdf"
+    assert pdf.read_bytes().startswith(b"%PDF")
+    text = " ".join(page.extract_text() for page in PdfReader(pdf).pages)
+    for layer in ("Execution layer: instance (stream) utilisation",
+                  "Resource layer: bandwidth saturation", "of the measured copy bandwidth",
+                  "Business layer: user satisfaction", "mean rating by latency",
+                  "Prediction layer: next-hour forecast", "more minutes of history"):  # fmt: skip
+        assert layer in text, (layer, text[text.find("Execution layer") :])
 
 
 # ---------------------------------------------------------------------------------
@@ -563,8 +601,42 @@ def test_scenario_game() -> None:
 # Part 4, "与CANN生态的深度协同".
 # ---------------------------------------------------------------------------------
 
-# 1. ATC: `atc convert ... --embed-runtime-hints true`, then `sordino start --model
-#    sd3_opt.onnx`: block added by item 11's tests.
+
+def test_ecosystem_runtime_hints_enable_step_caching_and_placement(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1. ATC's ``atc convert ... --embed-runtime-hints true`` is ``sordino hints embed
+    MODEL --embed-runtime-hints true -o sd3_opt.onnx``; then ``sordino start --model
+    sd3_opt.onnx`` "automatically enables TeaCache and memory layout optimisation": the
+    model serves as a generator with step caching on, in a fragmentation-aware arena.
+    The model is a denoiser (the built-in digits-diffusion's): step caching is for
+    diffusion models, and hints recognise one by its inputs."""
+    folder = home / "atc"
+    folder.mkdir()
+    denoiser = BUILTIN / "digits-diffusion.onnx"
+    embedded = run_cli("hints", "embed", str(denoiser), "--embed-runtime-hints", "true",
+                       "-o", str(folder / "sd3_opt.onnx"))  # fmt: skip
+    assert embedded.exit_code == 0, embedded.output
+    generate = {
+        "inputs": [
+            {"name": "prompt", "datatype": "BYTES", "shape": [1], "data": ["海报 7"]},
+            {"name": "seed", "datatype": "INT64", "shape": [1], "data": [3]},
+            {"name": "steps", "datatype": "INT32", "shape": [1], "data": [20]},
+        ],
+        "outputs": [{"name": "image"}],
+    }
+    # Parsed by `sordino start` itself (hints applied), served in this process.
+    config, sources = _started(["--model", str(folder / "sd3_opt.onnx")], monkeypatch)
+    with serve_in_thread(config, sources, data_dir=folder / "data") as server:
+        model = httpx.get(server.url + "/v2/models/sd3_opt/config", timeout=30).json()
+        memory = httpx.get(server.url + "/v2/sordino/memory", timeout=30).json()
+        answer = httpx.post(server.url + "/v2/models/sd3_opt/infer", json=generate, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert model["platform"] == "sordino_iterative"
+    assert model["parameters"]["sordino_step_cache"]["string_value"].startswith("threshold=")
+    assert memory["config"]["strategy"] == "fragmentation_aware"
+    used = answer.json()["parameters"]
+    assert used["steps_used"] == 20 and 0 < used["cached_steps"] < 20, used
 
 
 def test_ecosystem_reconfigure_memory_pool(guarded: RunningServer) -> None:
@@ -579,7 +651,45 @@ def test_ecosystem_reconfigure_memory_pool(guarded: RunningServer) -> None:
     assert httpx.post(guarded.url + INFER, json=BODY, timeout=30).status_code == 200
 
 
-# 3. ModelBox `nodes:` with per-node `runtime:`: block added by item 8's tests.
+# 3. ModelBox — the brief's block as written; the served model of the node's name and
+#    an arena that holds its pool are added (see docs/brief.md).
+MODELBOX_BLOCK = """\
+# ModelBox流水线节点指定Runtime策略
+nodes:
+  - name: "image_generator"
+    runtime:
+      scheduler: "dynamic_batching"
+      memory_pool: "2GB"
+      priority: "high"
+      self_healing: true
+"""
+
+
+def test_ecosystem_modelbox_node_runtime_policy(home: Path) -> None:
+    """3. A node's own runtime strategy: its model batches dynamically, holds at most
+    2 GB of the arena, is queued at high priority and is watched by a trigger of its
+    own (restart_worker over a 5 % error rate)."""
+    folder = home / "modelbox"
+    folder.mkdir()
+    brief_model(folder, "image_generator.onnx")
+    path = folder / "runtime_config.yaml"
+    added = "models:\n  - {name: image_generator, path: image_generator.onnx}\n"
+    added += "memory:\n  pool_size: 2GB\n"
+    path.write_text(added + MODELBOX_BLOCK, encoding="utf-8")
+    config = load_config(path)
+    sources = [source for model in config.models for source in sources_for(model)]
+    with serve_in_thread(config, sources) as server:
+        answer = httpx.post(server.url + "/v2/models/image_generator/infer", json=BODY, timeout=30)
+        model = server.runtime.get("image_generator")
+        (pool,) = server.runtime.memory.statistics().pools
+        assert server.runtime.guardian is not None  # the node's self_healing turned it on
+        (trigger,) = server.runtime.guardian.statistics().triggers
+    assert answer.status_code == 200, answer.text
+    assert model.scheduling.policy.max_batch > 1
+    assert model.scheduling.queue.default_priority == 1  # high
+    assert (pool.owner, pool.quota_bytes) == ("image_generator", 2 << 30) and pool.peak_bytes > 0
+    assert trigger.name == "error_rate of image_generator 5%"
+    assert trigger.actions == ("restart_worker",)
 
 
 def test_ecosystem_quantized_model_quant_aware(home: Path) -> None:
