@@ -16,6 +16,7 @@ segment whose file nobody holds locked any more: its server is gone, however it 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import copy
 import fcntl
 import logging
@@ -251,11 +252,13 @@ class Arena:
             self._allocator = snapshot
             return 0, 0
         # The placement was bookkeeping only: the bytes are still where they were. Only
-        # blocks that changed place are copied, through a copy of their own, since a
-        # new place may overlap another moving block's old one.
+        # blocks that changed place are copied: through a copy of their own when
+        # another moving block's new place covers their old one (or the old place is
+        # zeroed), else straight (numpy copies right between overlapping ranges).
         shifted = [i for i, (_, _, old) in enumerate(movable) if placed[i].offset != old.offset]
+        covered = shifted if self.zero_on_free else _covered(movable, placed, shifted)
         saved = {i: buffer[b.offset : b.offset + b.size].copy()
-                 for i in shifted for b in (movable[i][2],)}  # fmt: skip
+                 for i in covered for b in (movable[i][2],)}  # fmt: skip
         moves: dict[int, int] = {}  # old offset -> new offset
         sizes: dict[int, int] = {}
         moved_bytes = 0
@@ -266,7 +269,10 @@ class Arena:
         for i, (lease, index, old) in enumerate(movable):
             new = placed[i]
             if new.offset != old.offset:
-                buffer[new.offset : new.offset + new.size] = saved[i]
+                source = saved.get(i)
+                if source is None:
+                    source = buffer[old.offset : old.offset + old.size]
+                buffer[new.offset : new.offset + new.size] = source
                 moves[old.offset] = new.offset
                 sizes[old.offset] = old.size
                 moved_bytes += old.size
@@ -426,6 +432,26 @@ def _place(allocator: Strategy, blocks: list[Block]) -> list[Block]:
     for i in sorted(range(len(blocks)), key=lambda i: -blocks[i].offset):
         placed[i] = allocator.acquire_nowait(blocks[i].size, "long")
     return [placed[i] for i in range(len(blocks))]
+
+
+def _covered(
+    movable: list[tuple[Lease, int, Block]], placed: list[Block], shifted: list[int]
+) -> list[int]:
+    """The moving blocks (indices) whose old place another moving block's new place overlaps."""
+    targets = sorted((placed[i].offset, placed[i].offset + placed[i].size, i) for i in shifted)
+    starts = [start for start, _, _ in targets]
+    found = []
+    for i in shifted:
+        old = movable[i][2]
+        # New places do not overlap each other: those that overlap the old place are
+        # the run of targets starting before its end and ending after its start.
+        j = bisect.bisect_left(starts, old.offset + old.size) - 1
+        while j >= 0 and targets[j][1] > old.offset:
+            if targets[j][2] != i:
+                found.append(i)
+                break
+            j -= 1
+    return found
 
 
 def _close_segment(shm: shared_memory.SharedMemory, record: IO[str] | None) -> None:
