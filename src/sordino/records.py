@@ -341,13 +341,19 @@ class DefragReport:
     fragmentation_before: float
     fragmentation_after: float
     pause_s: float
-    """How long the event loop was held (no batch started meanwhile)."""
+    """The longest single pause of the event loop (no batch started, no request was
+    answered meanwhile): a run moves blocks in bounded steps and lets the event loop
+    run between them, so this is its longest step, not its whole duration."""
     reason: str
     """``interval``, ``threshold``, ``manual``, ``guardian`` or what the caller said."""
     movable_blocks: int = 0
-    """Blocks that could move (owned only by queued work and carried state)."""
+    """Blocks that could move (owned only by queued work and carried state) at the start."""
     pinned_blocks: int = 0
-    """Blocks left where they are (in use by a running batch or a response)."""
+    """Blocks left where they are (in use by a running batch or a response) at the start."""
+    duration_s: float = 0.0
+    """From the run's start to its end, the steps and the time between them."""
+    steps: int = 0
+    """How many steps (pauses) the run took."""
 
 
 @dataclass(frozen=True, slots=True)

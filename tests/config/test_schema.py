@@ -41,6 +41,16 @@ def test_data_dir_default_is_expanded(monkeypatch: pytest.MonkeyPatch, tmp_path:
     assert ServerConfig().data_dir == tmp_path / ".sordino"
 
 
+def test_a_whole_config_takes_home_when_it_is_built(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The default data_dir follows $HOME as it is when a config is built, not at import."""
+    for home in (tmp_path / "first", tmp_path / "second"):
+        monkeypatch.setenv("HOME", str(home))
+        assert RuntimeConfig().server.data_dir == home / ".sordino"
+        assert RuntimeConfig.model_validate({}).server.data_dir == home / ".sordino"
+
+
 def test_scheduler_and_model_defaults() -> None:
     """Adaptive mode, 100 ms p99 target, no strategies, no models, no repository."""
     config = RuntimeConfig()

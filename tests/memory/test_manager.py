@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import numpy as np
@@ -194,4 +195,68 @@ async def test_compact_step_is_taken_live(arena: Arena) -> None:
     assert manager.compaction().steps == 1 and manager.compaction().bytes_moved > 0
     await manager.stop()
     for tensors in held:
+        tensors.release()
+
+
+async def test_a_run_moves_in_bounded_steps_and_a_second_call_joins_it() -> None:
+    """Steps of at most step_bytes; the loop runs between them; one run for two calls."""
+    arena = Arena(4 << 20)  # best fit: the one-shot pass packs everything at the bottom
+    try:
+        held = []
+        for index in range(32):
+            lease = Lease(arena)
+            block = lease.acquire_nowait(64 * 1024)
+            view = np.ndarray((64 * 1024,), np.uint8, arena.buffer, block.offset)
+            view[:] = index
+            tensors = Tensors({"x": TensorRef(view, block.offset)}, (lease,))
+            tensors.park()
+            held.append(tensors)
+        for tensors in held[1::2]:
+            tensors.release()
+        kept = held[::2]
+        goal, movable, pinned = arena.defragment_goal()
+        assert (movable, pinned) == (16, 0) and goal < arena.statistics().fragmentation
+        manager = MemoryManager(
+            MemoryConfig(), arena=lambda: arena, clock=VirtualClock(), events=EventSink(),
+            step_bytes=128 * 1024,
+        )  # fmt: skip
+        turns = 0
+
+        async def count_turns() -> None:
+            nonlocal turns
+            while True:
+                turns += 1
+                await asyncio.sleep(0)
+
+        counter = asyncio.get_running_loop().create_task(count_turns())
+        first, second = await asyncio.gather(
+            manager.defragment("manual"), manager.defragment("guardian")
+        )
+        counter.cancel()
+        assert first is second and first.reason == "manual"
+        assert manager.statistics().defrag_runs == 1
+        assert first.fragmentation_after <= goal and first.bytes_moved > 0
+        assert first.steps >= first.bytes_moved // (128 * 1024) > 1
+        assert turns >= first.steps  # the event loop ran between every two steps
+        assert first.pause_s <= first.duration_s
+        assert [int(t["x"][0]) for t in kept] == list(range(0, 32, 2))
+        assert all(bool((t["x"] == t["x"][0]).all()) for t in kept)
+        for tensors in kept:
+            tensors.release()
+    finally:
+        arena.close()
+
+
+def test_a_step_never_moves_a_block_pinned_since_the_last_step(arena: Arena) -> None:
+    """Between two steps work may leave the queue: its blocks stay where they are."""
+    kept = _fragment(arena)
+    visited: set[tuple[Lease, int]] = set()
+    pinned = kept[0]
+    pinned.unpark()
+    where = pinned.leases[0]._blocks[0]
+    while (step := arena.defragment_step(128 * 1024, visited)) is not None:
+        assert step.blocks_moved <= 1
+    assert pinned.leases[0]._blocks[0] == where
+    assert all(lease is not pinned.leases[0] for lease, _ in visited)
+    for tensors in kept:
         tensors.release()

@@ -196,8 +196,10 @@ def describe_pool(pool: dict[str, Any]) -> list[str]:
 
 def describe_defrag(report: dict[str, Any]) -> str:
     return (
-        f"moved {report['bytes_moved']} bytes in {report['blocks_moved']} blocks in "
-        f"{report['pause_s'] * 1000:.2f} ms; fragmentation {report['fragmentation_before']:.1%}"
+        f"moved {report['bytes_moved']} bytes in {report['blocks_moved']} blocks over "
+        f"{report.get('duration_s', report['pause_s']) * 1000:.2f} ms in "
+        f"{report.get('steps', 1)} steps (longest pause {report['pause_s'] * 1000:.2f} ms); "
+        f"fragmentation {report['fragmentation_before']:.1%}"
         f" -> {report['fragmentation_after']:.1%} ({report['pinned_blocks']} blocks pinned by "
         "running batches or responses)"
     )

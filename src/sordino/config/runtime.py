@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from sordino.config.base import ExpandedPath, Section, reject_repeated_names
 from sordino.config.devices import DeviceConfig
@@ -47,7 +47,8 @@ def _named_with_path(model: ModelConfig) -> ModelConfig:
 class RuntimeConfig(Section):
     """Everything sordino reads at start-up; one immutable snapshot."""
 
-    server: ServerConfig = ServerConfig()
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    """The front door; built when a config is, so ``data_dir`` follows ``$HOME`` then."""
     devices: tuple[DeviceConfig, ...] = ()
     """Named devices a ``fallback_chain`` strategy chains together; a chain may also name
     undeclared devices, resolved by name (``cpu*``: the CPU; else the next accelerator)."""

@@ -16,6 +16,7 @@ segment whose file nobody holds locked any more: its server is gone, however it 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import copy
 import fcntl
 import logging
@@ -156,6 +157,18 @@ class Arena:
     def _untrack(self, lease: Lease) -> None:
         self._leases.discard(lease)
 
+    def _movable_blocks(self) -> tuple[list[tuple[Lease, int, Block]], int]:
+        """Every movable block with its lease and index there; and how many are pinned."""
+        movable: list[tuple[Lease, int, Block]] = []
+        pinned = 0
+        for lease in self._leases:
+            blocks = lease._blocks
+            if lease._movable():
+                movable.extend((lease, index, block) for index, block in enumerate(blocks))
+            else:
+                pinned += len(blocks)
+        return movable, pinned
+
     def defragment(self, reason: str = "manual") -> DefragReport:
         """Move every movable block so that the free space coalesces; report what moved.
 
@@ -166,44 +179,86 @@ class Arena:
         written are pinned where they are. Moved contents are copied byte for byte and
         every parked :class:`~sordino.memory.refs.Tensors` is pointed at the new place.
         If the new placement cannot be completed, nothing moves.
+
+        This is one pause for the whole arena (seconds for gigabytes): the memory
+        manager defragments in bounded steps instead (:meth:`defragment_step`).
         """
         started = time.perf_counter()
         before = self._allocator.statistics().fragmentation
-        movable: list[tuple[Lease, int, Block]] = []
-        pinned = 0
-        for lease in self._leases:
-            blocks = lease._blocks
-            if lease._movable():
-                movable.extend((lease, index, block) for index, block in enumerate(blocks))
-            else:
-                pinned += len(blocks)
-        if not movable:
-            return DefragReport(
-                0, 0, before, before, time.perf_counter() - started, reason, 0, pinned
-            )
+        movable, pinned = self._movable_blocks()
+        moved_bytes, moved_blocks = self._repack(movable) if movable else (0, 0)
+        after = self._allocator.statistics().fragmentation
+        pause = time.perf_counter() - started
+        return DefragReport(
+            moved_bytes, moved_blocks, before, after, pause, reason, len(movable), pinned,
+            duration_s=pause, steps=1,
+        )  # fmt: skip
+
+    def defragment_goal(self) -> tuple[float, int, int]:
+        """What :meth:`defragment` would reach now, worked out on a copy of the allocator.
+
+        Returns (fragmentation after, movable blocks, pinned blocks); nothing moves.
+        The fragmentation now when the placement could not be completed.
+        """
+        movable, pinned = self._movable_blocks()
+        trial = copy.deepcopy(self._allocator)
+        try:
+            _place(trial, [block for _, _, block in movable])
+        except OutOfMemory:
+            return self._allocator.statistics().fragmentation, len(movable), pinned
+        return trial.statistics().fragmentation, len(movable), pinned
+
+    def defragment_step(
+        self, budget: int, visited: set[tuple[Lease, int]]
+    ) -> CompactionStep | None:
+        """One bounded step of a defragmentation: re-place at most ``budget`` bytes of blocks.
+
+        Takes the highest movable blocks not in ``visited`` (at least one, even when it
+        is larger than ``budget``), adds them to it, and places them again as
+        :meth:`defragment` places all of them: movable on the same terms, contents
+        copied, parked tensors pointed at the new place, nothing moved if the placement
+        cannot be completed. Between two steps the event loop runs (batches start,
+        requests are answered); a block that became pinned meanwhile is not taken.
+        None when every movable block was visited (the round is over).
+        """
+        started = time.perf_counter()
+        movable, _ = self._movable_blocks()
+        movable.sort(key=lambda entry: -entry[2].offset)
+        taken: list[tuple[Lease, int, Block]] = []
+        size = 0
+        for lease, index, block in movable:
+            if (lease, index) in visited:
+                continue
+            if taken and size + block.size > budget:
+                break
+            visited.add((lease, index))
+            taken.append((lease, index, block))
+            size += block.size
+        if not taken:
+            return None
+        moved_bytes, moved_blocks = self._repack(taken)
+        return CompactionStep(moved_bytes, moved_blocks, time.perf_counter() - started)
+
+    def _repack(self, movable: list[tuple[Lease, int, Block]]) -> tuple[int, int]:
+        """Release ``movable`` and place it again packed; copy and repoint what moved.
+
+        Returns (bytes, blocks) moved; (0, 0) and no change when the placement fails.
+        """
         buffer = np.frombuffer(self.buffer, np.uint8)
         snapshot = copy.deepcopy(self._allocator)
         try:
-            for _, _, block in movable:
-                self._allocator.release(block)
-            self._allocator.compact()
-            # Highest first: with long-lived blocks placed at the top, blocks already
-            # packed there land where they were, and only those below a hole move.
-            order = sorted(range(len(movable)), key=lambda i: -movable[i][2].offset)
-            placed: dict[int, Block] = {}
-            for i in order:
-                placed[i] = self._allocator.acquire_nowait(movable[i][2].size, "long")
+            placed = _place(self._allocator, [block for _, _, block in movable])
         except OutOfMemory:
             self._allocator = snapshot
-            after = self._allocator.statistics().fragmentation
-            pause = time.perf_counter() - started
-            return DefragReport(0, 0, before, after, pause, reason, len(movable), pinned)
+            return 0, 0
         # The placement was bookkeeping only: the bytes are still where they were. Only
-        # blocks that changed place are copied, through a copy of their own, since a
-        # new place may overlap another moving block's old one.
+        # blocks that changed place are copied: through a copy of their own when
+        # another moving block's new place covers their old one (or the old place is
+        # zeroed), else straight (numpy copies right between overlapping ranges).
         shifted = [i for i, (_, _, old) in enumerate(movable) if placed[i].offset != old.offset]
+        covered = shifted if self.zero_on_free else _covered(movable, placed, shifted)
         saved = {i: buffer[b.offset : b.offset + b.size].copy()
-                 for i in shifted for b in (movable[i][2],)}  # fmt: skip
+                 for i in covered for b in (movable[i][2],)}  # fmt: skip
         moves: dict[int, int] = {}  # old offset -> new offset
         sizes: dict[int, int] = {}
         moved_bytes = 0
@@ -214,7 +269,10 @@ class Arena:
         for i, (lease, index, old) in enumerate(movable):
             new = placed[i]
             if new.offset != old.offset:
-                buffer[new.offset : new.offset + new.size] = saved[i]
+                source = saved.get(i)
+                if source is None:
+                    source = buffer[old.offset : old.offset + old.size]
+                buffer[new.offset : new.offset + new.size] = source
                 moves[old.offset] = new.offset
                 sizes[old.offset] = old.size
                 moved_bytes += old.size
@@ -222,11 +280,7 @@ class Arena:
         if moves:
             self._repoint({lease for lease, _, _ in movable}, moves, sizes)
         self._serve_waiters()
-        after = self._allocator.statistics().fragmentation
-        pause = time.perf_counter() - started
-        return DefragReport(
-            moved_bytes, len(moves), before, after, pause, reason, len(movable), pinned
-        )
+        return moved_bytes, len(moves)
 
     def shift(self, budget: int) -> CompactionStep:
         """One step of incremental compaction: move at most ``budget`` bytes of movable blocks.
@@ -362,6 +416,42 @@ class Arena:
         self._waiters.clear()
         _close_segment(self._shm, self._record)
         self._record = None
+
+
+def _place(allocator: Strategy, blocks: list[Block]) -> list[Block]:
+    """Release ``blocks`` and acquire each again (bookkeeping only); their new places.
+
+    Highest first, as long-lived: with long-lived blocks placed at the top, blocks
+    already packed there land where they were, and only those below a hole move.
+    Raises :class:`OutOfMemory` part way (the caller restores the allocator).
+    """
+    for block in blocks:
+        allocator.release(block)
+    allocator.compact()
+    placed: dict[int, Block] = {}
+    for i in sorted(range(len(blocks)), key=lambda i: -blocks[i].offset):
+        placed[i] = allocator.acquire_nowait(blocks[i].size, "long")
+    return [placed[i] for i in range(len(blocks))]
+
+
+def _covered(
+    movable: list[tuple[Lease, int, Block]], placed: list[Block], shifted: list[int]
+) -> list[int]:
+    """The moving blocks (indices) whose old place another moving block's new place overlaps."""
+    targets = sorted((placed[i].offset, placed[i].offset + placed[i].size, i) for i in shifted)
+    starts = [start for start, _, _ in targets]
+    found = []
+    for i in shifted:
+        old = movable[i][2]
+        # New places do not overlap each other: those that overlap the old place are
+        # the run of targets starting before its end and ending after its start.
+        j = bisect.bisect_left(starts, old.offset + old.size) - 1
+        while j >= 0 and targets[j][1] > old.offset:
+            if targets[j][2] != i:
+                found.append(i)
+                break
+            j -= 1
+    return found
 
 
 def _close_segment(shm: shared_memory.SharedMemory, record: IO[str] | None) -> None:

@@ -7,11 +7,12 @@ manager
 - defragments the arena (:meth:`MemoryManager.defragment`) on the interval, when
   fragmentation stays above the threshold for ``defrag_window``, on demand (``sordino
   memory defrag``, ``POST /v2/memory/defrag``) and when something calls
-  :meth:`MemoryManager.trigger_defrag` (the guardian). A run happens on the event
-  loop between batches; blocks of running batches stay where they are (see
-  :meth:`sordino.memory.arena.Arena.defragment`). Each run emits an event of kind
-  ``memory``, subject ``defrag``, with ``bytes_moved``, ``fragmentation_before``,
-  ``fragmentation_after``, ``pause_s`` and ``reason``;
+  :meth:`MemoryManager.trigger_defrag` (the guardian). A run moves blocks in bounded
+  steps on the event loop, which serves requests between them; blocks of running
+  batches stay where they are (see :meth:`sordino.memory.arena.Arena.defragment_step`).
+  Each run emits an event of kind ``memory``, subject ``defrag``, with ``bytes_moved``,
+  ``fragmentation_before``, ``fragmentation_after``, ``pause_s`` (the longest step),
+  ``duration_s`` and ``reason``;
 - resizes the arena (:meth:`MemoryManager.resize`): with ``pool_size: auto`` every
   ``prewarm_interval`` it works out a target from the forecast's implied peak and the
   peak seen lately (times ``prewarm_headroom``, within ``pool_min``..``pool_max``),
@@ -43,6 +44,7 @@ from sordino.events import EventSink
 from sordino.inference import ModelKey
 from sordino.memory.arena import Arena, shm_free_bytes
 from sordino.memory.quotas import QuotaLedger
+from sordino.memory.refs import Lease
 from sordino.records import (
     BatchDone,
     CompactionStatistics,
@@ -68,6 +70,14 @@ THRESHOLD_TICK_S = 5.0
 
 Overflow = Callable[[], tuple[int, int, int, int]]
 """Returns (shrinks, waits, rejections, oversized) of overflow protection so far."""
+
+DEFRAG_STEP_BYTES = 8 << 20
+"""The most bytes one step of a defragmentation run moves (one block may be larger):
+about 5 ms of copying on an idle machine, the longest the event loop is held."""
+SHARE_FLOOR_S = 0.001
+"""Below this a step is short enough that a bare yield lets requests through."""
+MAX_ROUNDS = 4
+"""A defragmentation run goes over the movable blocks at most this many times."""
 
 QUIET_WAIT_S = 5.0
 """The longest a resize holds new batches back waiting for a quiet moment."""
@@ -108,12 +118,15 @@ class MemoryManager:
         capacity: Callable[[], int] | None = None,
         nodes: Callable[[], tuple[NodeMemoryStatistics, ...]] = tuple,
         pools: Mapping[str, tuple[str, int]] | None = None,
+        step_bytes: int = DEFRAG_STEP_BYTES,
     ) -> None:
         """``pause`` holds new batches back while it is entered (staging's gate);
         ``workers`` and ``plans`` report framework memory and step plans; ``capacity``
         is the arena's size before it exists; ``nodes`` the Ray nodes' pools; ``pools``
-        maps a model to its node's name and ``memory_pool`` (``nodes[].runtime``)."""
+        maps a model to its node's name and ``memory_pool`` (``nodes[].runtime``);
+        ``step_bytes`` bounds one step of a defragmentation run."""
         self.config = config
+        self.step_bytes = step_bytes
         self._pause = pause
         self._workers = workers
         self._plans = plans
@@ -153,6 +166,7 @@ class MemoryManager:
         self._pause_s = 0.0
         self._last: DefragReport | None = None
         self._task: asyncio.Task[None] | None = None
+        self._running: asyncio.Task[DefragReport] | None = None
         self._pending: set[asyncio.Task[DefragReport]] = set()
         self._above_since: float | None = None
         # Incremental compaction: [steps, steps that moved, bytes, blocks]; pauses.
@@ -175,10 +189,11 @@ class MemoryManager:
         )
 
     async def stop(self) -> None:
-        for task in (self._task, self._prewarm, *self._pending):
+        tasks = (self._task, self._prewarm, self._running, *self._pending)
+        for task in tasks:
             if task is not None:
                 task.cancel()
-        for task in (self._task, self._prewarm, *self._pending):
+        for task in tasks:
             if task is not None:
                 try:
                     await task
@@ -186,7 +201,7 @@ class MemoryManager:
                     pass
                 except Exception:  # a failed run was logged where it failed
                     pass
-        self._task = self._prewarm = None
+        self._task = self._prewarm = self._running = None
         self._pending.clear()
 
     async def retune(self, config: MemoryConfig) -> None:
@@ -242,16 +257,36 @@ class MemoryManager:
     # -- defragmentation -------------------------------------------------------------
 
     async def defragment(self, reason: str = "manual") -> DefragReport:
-        """Defragment the arena now (between batches); emit and return the report.
+        """Defragment the arena now, in bounded steps; emit and return the report.
 
-        Before any worker process created the arena there is nothing to move: the
+        A run moves at most ``step_bytes`` per step (:meth:`Arena.defragment_step`)
+        and lets the event loop run between steps, so requests keep being answered
+        and batches keep starting (for as long as the step took: at most half the
+        time goes to moving); blocks of running batches stay where they are. It
+        goes over the movable blocks, highest first, until fragmentation is down to
+        what one pass over the whole arena reaches (:meth:`Arena.defragment_goal`),
+        or a round over them all moved nothing (at most ``MAX_ROUNDS`` rounds). The
+        report's ``pause_s`` is the longest step, ``duration_s`` the whole run.
+
+        Only one run at a time: a call while one is running joins it and gets its
+        report (the first caller's ``reason``). Cancelling a caller does not stop the
+        run. Before any worker process created the arena there is nothing to move: the
         report says 0 bytes.
         """
+        running = self._running
+        if running is None or running.done():
+            running = asyncio.get_running_loop().create_task(
+                self._defragment(reason), name="sordino-memory-defrag-run"
+            )
+            self._running = running
+        return await asyncio.shield(running)
+
+    async def _defragment(self, reason: str) -> DefragReport:
         arena = self._arena()
         if arena is None:
             report = DefragReport(0, 0, 0.0, 0.0, 0.0, reason)
         else:
-            report = arena.defragment(reason)
+            report = await self._steps_until_done(arena, reason)
         self._runs += 1
         self._bytes_moved += report.bytes_moved
         self._pause_s += report.pause_s
@@ -265,9 +300,51 @@ class MemoryManager:
             fragmentation_before=report.fragmentation_before,
             fragmentation_after=report.fragmentation_after,
             pause_s=report.pause_s,
+            duration_s=report.duration_s,
+            steps=report.steps,
             reason=reason,
         )
         return report
+
+    async def _steps_until_done(self, arena: Arena, reason: str) -> DefragReport:
+        started = time.perf_counter()
+        before = arena.statistics().fragmentation
+        goal, movable, pinned = arena.defragment_goal()
+        longest = time.perf_counter() - started
+        moved_bytes = moved_blocks = steps = 0
+        for _ in range(MAX_ROUNDS):
+            visited: set[tuple[Lease, int]] = set()
+            moved_in_round = 0
+            while arena.statistics().fragmentation > goal:
+                step = arena.defragment_step(self.step_bytes, visited)
+                if step is None:
+                    break
+                steps += 1
+                moved_bytes += step.bytes_moved
+                moved_blocks += step.blocks_moved
+                moved_in_round += step.bytes_moved
+                longest = max(longest, step.pause_s)
+                if arena.statistics().fragmentation <= goal:
+                    break
+                # The event loop runs as long again before the next step: a request
+                # needs several turns of it (read, stage, dispatch, answer), which a
+                # bare yield would give one at a time, a step apart. Real time, not the
+                # clock's: this shares the loop's thread, it schedules nothing.
+                await asyncio.sleep(step.pause_s if step.pause_s >= SHARE_FLOOR_S else 0)
+            if moved_in_round == 0 or arena.statistics().fragmentation <= goal:
+                break
+        return DefragReport(
+            moved_bytes,
+            moved_blocks,
+            before,
+            arena.statistics().fragmentation,
+            longest,
+            reason,
+            movable,
+            pinned,
+            duration_s=time.perf_counter() - started,
+            steps=steps,
+        )
 
     # -- incremental compaction (a scheduler observer) --------------------------------
 

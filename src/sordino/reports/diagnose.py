@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sordino.errors import OutOfMemory
 from sordino.reports.anomalies import (
     Anomaly,
     correlate,
@@ -35,6 +36,7 @@ __all__ = [
     "diagnose",
     "explanation",
     "load_rise",
+    "memory_pressure",
     "when",
 ]
 
@@ -43,6 +45,11 @@ FOCUS = ("latency_spike", "memory", "errors", "all")
 # that share is judged on: below 100 a single slow request would decide a 99% target.
 SLO_TARGET = 0.99
 MIN_SLO_REQUESTS = 100
+POOL_FULL_SHARE = 0.9
+"""An arena this full leaves overflow protection to shrink, hold back or refuse batches."""
+POOL_FULL_SECONDS = 10
+"""Near-full seconds in a window that make increase_memory_pool a recommendation."""
+OUT_OF_MEMORY = OutOfMemory.reason
 _KINDS = {
     "latency_spike": {"latency_spike"},
     "memory": {"fragmentation_climb", "memory_growth"},
@@ -326,6 +333,59 @@ def _advice(anomaly: Anomaly) -> str:
     )
 
 
+def _size(nbytes: int) -> str:
+    """A size as ``reconfigure --memory-pool-size`` takes it: whole GB, else whole MB."""
+    gib, mib = 1 << 30, 1 << 20
+    if nbytes >= gib:
+        return f"{-(-nbytes // gib)}GB"
+    return f"{-(-nbytes // mib)}MB"
+
+
+def memory_pressure(window: JournalWindow) -> str | None:
+    """``increase_memory_pool`` when the window shows the arena short of space, else None.
+
+    Evidence, each from the journal: seconds with the arena at least
+    ``POOL_FULL_SHARE`` in use (its resource rows), and requests that failed or were
+    refused for memory (reason ``out_of_memory``: a batch that could never fit, or
+    overflow protection's wait for space that ran out). One refusal, or
+    ``POOL_FULL_SECONDS`` near-full seconds, is enough. The suggested size is twice
+    the arena's, and at least twice the most it held.
+    """
+    pool = [
+        (r.pool_in_use_bytes, r.pool_reserved_bytes)
+        for r in window.resources
+        if r.pool_reserved_bytes and r.pool_in_use_bytes is not None
+    ]
+    full = sum(used >= POOL_FULL_SHARE * reserved for used, reserved in pool)
+    refused = 0
+    for name in window.models:
+        for row in window.rows_of(name):
+            refused += row.errors_by_reason.get(OUT_OF_MEMORY, 0)
+            refused += row.rejected_by_reason.get(OUT_OF_MEMORY, 0)
+    if not refused and full < POOL_FULL_SECONDS:
+        return None
+    evidence = []
+    reserved = max((reserved for _, reserved in pool), default=0)
+    peak = max((used for used, _ in pool), default=0)
+    if full:
+        evidence.append(
+            f"the shared-memory pool was at least {POOL_FULL_SHARE:.0%} full for {full} s "
+            f"(at most {peak / 2**20:.0f} of {reserved / 2**20:.0f} MiB in use)"
+        )
+    if refused:
+        evidence.append(f"{refused} requests failed or were refused for memory (out_of_memory)")
+    size = (
+        f"--memory-pool-size {_size(max(2 * reserved, 2 * peak))}"
+        if reserved
+        else "--memory-pool-size SIZE (twice the pool's size now)"
+    )
+    return (
+        f"increase_memory_pool: {' and '.join(evidence)}. Raise the pool without a restart: "
+        f"`sordino reconfigure {size}` (memory.pool_size), then diagnose the next window "
+        "to check the pressure is gone."
+    )
+
+
 def recommend(diagnosis: Diagnosis) -> list[str]:
     """Recommendations, each citing the numbers that support it."""
     out = []
@@ -379,6 +439,9 @@ def recommend(diagnosis: Diagnosis) -> list[str]:
                 f"{model.name}'s forecast peaks at {forecast.peak:.0f} requests/s in the next "
                 f"hour, above the window's highest {model.qps_peak} requests/s: check capacity."
             )
+    pressure = memory_pressure(diagnosis.window)
+    if pressure is not None:
+        out.append(pressure)
     for profile in diagnosis.profiles:
         top = profile.top(1)
         if top and top[0].share > 0.5:
