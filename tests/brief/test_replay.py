@@ -641,8 +641,9 @@ def test_ecosystem_runtime_hints_enable_step_caching_and_placement(
 
 def test_ecosystem_reconfigure_memory_pool(guarded: RunningServer) -> None:
     """2. ``sordino reconfigure --memory-pool-size "4GB"``: no restart; the arena is
-    replaced by a 4 GB one at the next quiet moment. (The brief's Profiler
-    ``diagnose … → suggests "increase_memory_pool"`` is another product's command.)"""
+    replaced by a 4 GB one at the next quiet moment. (The brief's Profiler step,
+    ``diagnose … → suggests "increase_memory_pool"``, is ``sordino diagnose``'s suggestion
+    when the journal shows the arena short: tests/reports/test_memory_pressure.py.)"""
     changed = run_cli("reconfigure", "--url", guarded.url, "--memory-pool-size", "4GB",
                       "--verify-window", "1s")  # fmt: skip
     assert changed.exit_code == 0, changed.output
