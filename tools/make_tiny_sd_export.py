@@ -25,10 +25,34 @@ import torch
 from diffusers import AutoencoderKL, PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
-WORDS = (
-    "a photo of an astronaut riding horse on the moon red blue green cat dog house tree "
-    "painting portrait city night sky sea mountain poster flower"
-).split()
+WORDS = [
+    "a",
+    "photo",
+    "of",
+    "an",
+    "astronaut",
+    "riding",
+    "horse",
+    "on",
+    "the",
+    "moon",
+    "red",
+    "blue",
+    "green",
+    "cat",
+    "dog",
+    "house",
+    "tree",
+    "painting",
+    "portrait",
+    "city",
+    "night",
+    "sky",
+    "sea",
+    "mountain",
+    "poster",
+    "flower",
+]
 
 
 def write_tokenizer_files(folder: Path) -> None:
@@ -41,7 +65,7 @@ def write_tokenizer_files(folder: Path) -> None:
     merges: list[str] = []
     for word in WORDS:
         # Merge the word left to right: w o r d</w> -> wo r d</w> -> wor d</w> -> word</w>.
-        pieces = list(word[:-1]) + [word[-1] + "</w>"]
+        pieces = [*word[:-1], word[-1] + "</w>"]
         while len(pieces) > 1:
             merge = f"{pieces[0]} {pieces[1]}"
             if merge not in merges:

@@ -27,14 +27,20 @@ def test_sampler_equals_diffusers(case: dict[str, Any]) -> None:
     spec = scheduler_from_config(case["config"])
     sampler = spec.start(case["steps"], np.random.default_rng([1, case["seed"]]))
     np.testing.assert_allclose(sampler.timesteps, RECORDED[f"{name}/timesteps"], atol=1e-4)
-    assert sampler.init_noise_sigma == pytest.approx(float(RECORDED[f"{name}/init_noise_sigma"]), rel=1e-5)
+    assert sampler.init_noise_sigma == pytest.approx(
+        float(RECORDED[f"{name}/init_noise_sigma"]), rel=1e-5
+    )
     sample = RECORDED[f"{name}/initial"]
     for index, output in enumerate(RECORDED[f"{name}/outputs"]):
         scaled = sampler.scale_input(sample, index)
         np.testing.assert_allclose(scaled, RECORDED[f"{name}/scaled"][index], rtol=1e-5, atol=1e-4)
         sample = sampler.step(output, index, sample)
         np.testing.assert_allclose(
-            sample, RECORDED[f"{name}/samples"][index], rtol=1e-5, atol=1e-4, err_msg=f"{name} step {index}"
+            sample,
+            RECORDED[f"{name}/samples"][index],
+            rtol=1e-5,
+            atol=1e-4,
+            err_msg=f"{name} step {index}",
         )
 
 

@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 __all__ = ["SCHEDULERS", "Sampler", "SchedulerSpec", "scheduler_from_config"]
 
-F32 = npt.NDArray[np.float32]
+F32 = npt.NDArray[np.floating[Any]]  # float32 throughout; numpy types the arithmetic loosely
 SCHEDULERS = (
     "PNDMScheduler",
     "DDIMScheduler",
@@ -63,7 +63,10 @@ class SchedulerSpec:
 
 
 def scheduler_from_config(config: Mapping[str, Any]) -> SchedulerSpec:
-    """The scheduler ``config`` (a ``scheduler_config.json``) describes; ValueError if unsupported."""
+    """The scheduler ``config`` (a ``scheduler_config.json``) describes.
+
+    Raises ValueError naming the setting when it is one sordino does not run.
+    """
     kind = str(config.get("_class_name", ""))
     if kind not in SCHEDULERS:
         raise ValueError(
@@ -84,7 +87,11 @@ def scheduler_from_config(config: Mapping[str, Any]) -> SchedulerSpec:
     else:
         raise ValueError(f"beta_schedule {schedule!r} is not supported")
     prediction = str(config.get("prediction_type", "epsilon"))
-    allowed = ("epsilon", "v_prediction") if kind == "PNDMScheduler" else ("epsilon", "v_prediction", "sample")
+    allowed = (
+        ("epsilon", "v_prediction")
+        if kind == "PNDMScheduler"
+        else ("epsilon", "v_prediction", "sample")
+    )
     if prediction not in allowed:
         raise ValueError(f"{kind} with prediction_type {prediction!r} is not supported")
     leading_default = kind in ("PNDMScheduler", "DDIMScheduler")
@@ -127,7 +134,9 @@ def _refuse_unsupported(kind: str, config: Mapping[str, Any]) -> None:
             raise ValueError(f"{kind} with {key}: {str(bad).lower()} is not supported")
     if kind == "EulerDiscreteScheduler":
         if config.get("interpolation_type", "linear") != "linear":
-            raise ValueError("EulerDiscreteScheduler interpolation_type other than linear is not supported")
+            raise ValueError(
+                "EulerDiscreteScheduler interpolation_type other than linear is not supported"
+            )
         if config.get("timestep_type", "discrete") != "discrete":
             raise ValueError("EulerDiscreteScheduler timestep_type continuous is not supported")
         if config.get("final_sigmas_type", "zero") != "zero":
@@ -141,7 +150,9 @@ def _refuse_unsupported(kind: str, config: Mapping[str, Any]) -> None:
                     f"supported (sordino runs DPM-Solver++ 2M: {key} {value!r})"
                 )
         if config.get("final_sigmas_type", "zero") != "zero" or config.get("euler_at_final"):
-            raise ValueError("DPMSolverMultistepScheduler: only final_sigmas_type zero is supported")
+            raise ValueError(
+                "DPMSolverMultistepScheduler: only final_sigmas_type zero is supported"
+            )
         if config.get("lambda_min_clipped", -math.inf) != -math.inf:
             raise ValueError("DPMSolverMultistepScheduler: lambda_min_clipped is not supported")
 
@@ -150,7 +161,9 @@ def _cosine_betas(train: int) -> npt.NDArray[np.float32]:
     def alpha_bar(t: float) -> float:
         return math.cos((t + 0.008) / 1.008 * math.pi / 2) ** 2
 
-    betas = [min(1 - alpha_bar((i + 1) / train) / alpha_bar(i / train), 0.999) for i in range(train)]
+    betas = [
+        min(1 - alpha_bar((i + 1) / train) / alpha_bar(i / train), 0.999) for i in range(train)
+    ]
     return np.asarray(betas, dtype=np.float32)
 
 
@@ -324,6 +337,7 @@ class Sampler:
         prev_t = t - self.spec.train_timesteps // self.steps
         a, a_prev = self._alpha(t), self._alpha(prev_t)
         beta = 1 - a
+        x0: F32
         if self.spec.prediction == "epsilon":
             x0 = (x - beta**0.5 * out) / a**0.5
             eps = out
@@ -342,7 +356,9 @@ class Sampler:
         if self.spec.prediction == "epsilon":
             return np.asarray(x - sigma * out, dtype=np.float32)
         if self.spec.prediction == "v_prediction":
-            return np.asarray(out * (-sigma / (sigma**2 + 1) ** 0.5) + x / (sigma**2 + 1), dtype=np.float32)
+            return np.asarray(
+                out * (-sigma / (sigma**2 + 1) ** 0.5) + x / (sigma**2 + 1), dtype=np.float32
+            )
         return out
 
     def _euler(self, out: F32, index: int, x: F32, *, ancestral: bool) -> F32:
@@ -362,6 +378,7 @@ class Sampler:
         assert self.sigmas is not None
         sigma = self.sigmas[index]
         alpha_t, sigma_t = _alpha_sigma(sigma)
+        x0: F32
         if self.spec.prediction == "epsilon":
             x0 = (x - sigma_t * out) / alpha_t
         elif self.spec.prediction == "v_prediction":
@@ -384,7 +401,9 @@ class Sampler:
         lam_t = np.log(a_next) - np.log(sg_next)
         h = lam_t - lam_s0
         if first_order:
-            return np.asarray((sg_next / sigma_t) * x - a_next * (np.exp(-h) - 1.0) * x0, dtype=np.float32)
+            return np.asarray(
+                (sg_next / sigma_t) * x - a_next * (np.exp(-h) - 1.0) * x0, dtype=np.float32
+            )
         a_prev, sg_prev = _alpha_sigma(self.sigmas[index - 1])
         lam_s1 = np.log(a_prev) - np.log(sg_prev)
         r0 = (lam_s0 - lam_s1) / h

@@ -343,14 +343,7 @@ class Pipeline:
         request in flight) or ``generated``.
         """
         condition = await self.condition(params)
-        key = (
-            self.key.version,
-            condition.tobytes(),
-            params.seed,
-            params.steps,
-            params.guidance,
-            self.config.sampler,
-        )
+        key = self.result_key(params, condition)
         # Like the result cache, coalescing stays within a tenant: another tenant's
         # identical request neither waits on nor learns of this one.
         flight = (params.tenant, *key)
@@ -389,6 +382,40 @@ class Pipeline:
             if lead is not None:
                 self.in_flight.settle(flight, lead, outcome)
 
+    def result_key(
+        self, params: GenerateParams, condition: npt.NDArray[np.float32]
+    ) -> tuple[Any, ...]:
+        """What two requests share when they get the same image (the reuse key)."""
+        return (
+            self.key.version,
+            condition.tobytes(),
+            params.seed,
+            params.steps,
+            params.guidance,
+            self.config.sampler,
+        )
+
+    def generation(
+        self,
+        params: GenerateParams,
+        condition: npt.NDArray[np.float32],
+        *,
+        priority: int,
+        deadline: float | None,
+        now: float,
+        progress: bool,
+    ) -> Generation:
+        """The stepper of one request (a subclass may run another sampler loop)."""
+        return Generation(
+            self,
+            params,
+            condition,
+            priority=priority,
+            deadline=deadline,
+            now=now,
+            progress=progress,
+        )
+
     async def _generate(
         self,
         params: GenerateParams,
@@ -413,8 +440,7 @@ class Pipeline:
                     )
                 timeout_s -= waited
             self._shed_if_hopeless(params, priority, timeout_s)
-            generation = Generation(
-                self,
+            generation = self.generation(
                 params,
                 condition,
                 priority=priority,
@@ -451,7 +477,8 @@ class Pipeline:
         image = await self._decode(final)
         yield Generated(
             image=image,
-            png=png_bytes(image),
+            png=png_bytes(image[0] if image.ndim == 4 else image),
+            pngs=tuple(png_bytes(one) for one in image) if image.ndim == 4 else (),
             steps_used=generation.steps_used,
             steps_requested=params.steps,
             seed=params.seed,

@@ -1,0 +1,171 @@
+"""A Stable Diffusion 1.x/2.x ONNX export (``optimum-cli export onnx``) as model sources.
+
+The folder such an export writes::
+
+    DIR/model_index.json            _class_name: StableDiffusionPipeline
+        tokenizer/                  vocab.json, merges.txt (CLIP)
+        text_encoder/model.onnx     input_ids -> last_hidden_state, pooler_output
+        unet/model.onnx             sample, timestep, encoder_hidden_states -> out_sample
+        vae_decoder/model.onnx      latent_sample -> sample
+        vae_encoder/model.onnx      (optional; image to image is not served yet)
+        scheduler/scheduler_config.json
+
+becomes three models: ``NAME`` (the UNet, served as the generator: prompt in, image
+out; ``iterative.export`` points at DIR), ``NAME.text_encoder`` and ``NAME.vae_decoder``
+(ordinary models the generator runs). SDXL and SD3 exports are refused with a clear error.
+
+optimum exports the UNet's ``timestep`` as a scalar, so one call can only denoise rows at
+one timestep. To let requests at different steps share a UNet batch, the graph is
+rewritten to take one timestep per row (the scalar's ``Unsqueeze`` removed: what follows
+already expands it to the batch) and kept in a cache folder keyed by the file's identity;
+a UNet whose timestep is already per row is used as it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from sordino.config import ModelConfig
+from sordino.errors import ModelLoadError
+
+__all__ = ["export_sources", "is_diffusers_export", "per_row_timestep"]
+
+SUPPORTED = ("StableDiffusionPipeline", "OnnxStableDiffusionPipeline", "ORTStableDiffusionPipeline")
+
+
+def is_diffusers_export(folder: Path) -> bool:
+    """Whether ``folder`` is a diffusers pipeline export (it has ``model_index.json``)."""
+    return (folder / "model_index.json").is_file()
+
+
+def export_sources(
+    name: str, folder: Path, config: ModelConfig
+) -> list[tuple[str, Path, ModelConfig]]:
+    """The models an export serves as: (name, .onnx file, config), helpers first.
+
+    ``config`` is the user's (``--model NAME=DIR`` or a repository's ``config.yaml``);
+    its ``iterative`` settings (steps, guidance, reuse, degrade) are kept.
+    """
+    index = _json(folder / "model_index.json", name)
+    kind = str(index.get("_class_name", ""))
+    if kind not in SUPPORTED:
+        raise ModelLoadError(
+            f"model {name!r}: {folder} is a diffusers export of {kind or 'an unnamed pipeline'}; "
+            "sordino serves Stable Diffusion 1.x/2.x text-to-image exports "
+            "(StableDiffusionPipeline) so far, not SDXL, SD3 or other pipelines"
+        )
+    for part in (
+        "tokenizer",
+        "text_encoder/model.onnx",
+        "unet/model.onnx",
+        "vae_decoder/model.onnx",
+        "scheduler/scheduler_config.json",
+    ):
+        if not (folder / part).exists():
+            raise ModelLoadError(
+                f"model {name!r}: the Stable Diffusion export {folder} has no {part}; export it "
+                "again with `optimum-cli export onnx --model MODEL --task text-to-image DIR`"
+            )
+    from sordino.config.iterative import IterativeConfig
+
+    unet_config = (
+        _json(folder / "unet" / "config.json", name)
+        if (folder / "unet" / "config.json").is_file()
+        else {}
+    )
+    side = int(unet_config.get("sample_size", 64))
+    channels = int(unet_config.get("in_channels", 4))
+    base = config.iterative or IterativeConfig()
+    iterative = base.model_copy(
+        update={
+            "export": folder,
+            "prompt": "text_encoder",
+            "text_encoder": f"{name}.text_encoder",
+            "decoder": f"{name}.vae_decoder",
+            "sample_input": "sample",
+            "timestep_input": "timestep",
+            "condition_input": "encoder_hidden_states",
+            "noise_output": "out_sample",
+            "sample_shape": (channels, side, side),
+        }
+    )
+    helper = config.model_copy(update={"iterative": None, "path": None})
+    return [
+        (
+            f"{name}.text_encoder",
+            folder / "text_encoder" / "model.onnx",
+            helper.model_copy(update={"name": f"{name}.text_encoder"}),
+        ),
+        (
+            f"{name}.vae_decoder",
+            folder / "vae_decoder" / "model.onnx",
+            helper.model_copy(update={"name": f"{name}.vae_decoder"}),
+        ),
+        (
+            name,
+            per_row_timestep(folder / "unet" / "model.onnx", name),
+            config.model_copy(update={"iterative": iterative}),
+        ),
+    ]
+
+
+def per_row_timestep(unet: Path, name: str) -> Path:
+    """``unet`` itself if its timestep is per row; else a rewritten copy (cached) whose is."""
+    import onnx
+
+    model = onnx.load(str(unet), load_external_data=False)
+    graph = model.graph
+    timestep = next((i for i in graph.input if i.name == "timestep"), None)
+    if timestep is None:
+        raise ModelLoadError(f"model {name!r}: the UNet {unet} has no input 'timestep'")
+    dims = timestep.type.tensor_type.shape.dim
+    if len(dims) == 1:
+        return unet
+    users = [n for n in graph.node if "timestep" in n.input]
+    if len(dims) != 0 or len(users) != 1 or users[0].op_type != "Unsqueeze":
+        raise ModelLoadError(
+            f"model {name!r}: the UNet's timestep input has {len(dims)} dimensions and is not "
+            "a scalar feeding one Unsqueeze, so sordino cannot batch rows at different "
+            "timesteps; export it with optimum (`optimum-cli export onnx`)"
+        )
+    stat = unet.stat()
+    identity = f"{unet.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+    cache = Path(
+        os.environ.get("SORDINO_CACHE_DIR") or Path(tempfile.gettempdir()) / "sordino-cache"
+    )
+    target = (
+        cache / "unet-per-row-timestep" / hashlib.sha256(identity).hexdigest()[:24] / "model.onnx"
+    )
+    if target.is_file():
+        return target
+    model = onnx.load(str(unet))  # with its external weights, if any
+    graph = model.graph
+    unsqueeze = next(n for n in graph.node if "timestep" in n.input)
+    for node in graph.node:
+        for i, used in enumerate(node.input):
+            if used == unsqueeze.output[0]:
+                node.input[i] = "timestep"
+    graph.node.remove(unsqueeze)
+    timestep = next(i for i in graph.input if i.name == "timestep")
+    timestep.type.tensor_type.shape.dim.add().dim_param = "batch_size"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".partial")
+    large = model.ByteSize() > 1_800_000_000
+    onnx.save(model, str(partial), save_as_external_data=large, location="model.onnx.data")
+    partial.replace(target)
+    return target
+
+
+def _json(path: Path, name: str) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"model {name!r}: cannot read {path}: {exc}") from None
+    if not isinstance(value, dict):
+        raise ModelLoadError(f"model {name!r}: {path} is not a JSON object")
+    return value
