@@ -157,10 +157,21 @@ def export(work: Path, out: Path) -> None:
     main_export(str(work), output=str(out), task="text-to-image", opset=17, device="cpu")
 
 
+def without_local_paths(out: Path) -> None:
+    """Name the source pipeline by its folder name only: the export is the same anywhere."""
+    for path in sorted(out.rglob("*.json")):
+        text = path.read_text(encoding="utf-8")
+        settings = json.loads(text)
+        if isinstance(settings, dict) and "_name_or_path" in settings:
+            settings["_name_or_path"] = Path(settings["_name_or_path"]).name
+            path.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "tiny-sd-onnx").resolve()
     work = build(out)
     export(work, out)
+    without_local_paths(out)
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"exported {out} ({size / 1e6:.2f} MB); the torch pipeline is in {work}")
 

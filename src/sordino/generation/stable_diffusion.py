@@ -38,12 +38,8 @@ import numpy.typing as npt
 from sordino.errors import InferenceFailed, InvalidRequest, ModelLoadError, TensorError
 from sordino.generation.clip_tokens import ClipTokenizer
 from sordino.generation.diffusers_schedulers import Sampler, SchedulerSpec, scheduler_from_config
-from sordino.generation.pipeline import (
-    GenerateParams,
-    Pipeline,
-    _one_float,
-    _one_int,
-)
+from sordino.generation.inputs import one_float, one_int
+from sordino.generation.pipeline import GenerateParams, Pipeline
 from sordino.inference import InferRequest, ModelMetadata, Tensor, TensorSpec
 from sordino.memory.refs import Tensors, TensorsBuilder
 
@@ -278,14 +274,14 @@ class StableDiffusion(Pipeline):
         def integer(key: str, default: int, low: int, high: int) -> int:
             if key not in inputs:
                 return default
-            return _one_int(inputs[key], key, types.get(key), low, high)
+            return one_int(inputs[key], key, types.get(key), low, high)
 
         seeded = "seed" in inputs or "latents" in inputs
         seed = integer("seed", secrets.randbits(31), 0, 2**63 - 1)
         steps = integer("steps", self.config.steps.default, 1, self.config.steps.max)
         guidance = self.config.guidance
         if "guidance" in inputs:
-            guidance = _one_float(inputs["guidance"], "guidance", 0.0, 20.0)
+            guidance = one_float(inputs["guidance"], "guidance", 0.0, 20.0)
         width = integer("width", self.default_side, 8, MAX_SIDE)
         height = integer("height", self.default_side, 8, MAX_SIDE)
         if width % 8 or height % 8:

@@ -18,7 +18,8 @@ optimum exports the UNet's ``timestep`` as a scalar, so one call can only denois
 one timestep. To let requests at different steps share a UNet batch, the graph is
 rewritten to take one timestep per row (the scalar's ``Unsqueeze`` removed: what follows
 already expands it to the batch) and kept in a cache folder keyed by the file's identity;
-a UNet whose timestep is already per row is used as it is.
+a UNet whose timestep is already per row is used as it is. The copy also names the
+latent size to warm up with (``sordino.warmup_shape.sample``).
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ def per_row_timestep(unet: Path, name: str) -> Path:
             "timesteps; export it with optimum (`optimum-cli export onnx`)"
         )
     stat = unet.stat()
-    identity = f"{unet.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+    identity = f"v2:{unet.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
     cache = Path(
         os.environ.get("SORDINO_CACHE_DIR") or Path(tempfile.gettempdir()) / "sordino-cache"
     )
@@ -153,6 +154,13 @@ def per_row_timestep(unet: Path, name: str) -> Path:
     graph.node.remove(unsqueeze)
     timestep = next(i for i in graph.input if i.name == "timestep")
     timestep.type.tensor_type.shape.dim.add().dim_param = "batch_size"
+    # Warm up at the UNet's own latent size (backends/base.py: a 1x1 latent fails).
+    config = unet.parent / "config.json"
+    settings = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
+    side, channels = int(settings.get("sample_size", 64)), int(settings.get("in_channels", 4))
+    hint = model.metadata_props.add()
+    # backends.base.WARMUP_SHAPE + the input's name (models may not import backends).
+    hint.key, hint.value = "sordino.warmup_shape.sample", f"1,{channels},{side},{side}"
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(".partial")
     large = model.ByteSize() > 1_800_000_000
