@@ -72,7 +72,7 @@ def export_sources(
                 f"model {name!r}: the Stable Diffusion export {folder} has no {part}; export it "
                 "again with `optimum-cli export onnx --model MODEL --task text-to-image DIR`"
             )
-    from sordino.config.iterative import IterativeConfig
+    from sordino.config.iterative import IterativeConfig, IterativeSteps
 
     unet_config = (
         _json(folder / "unet" / "config.json", name)
@@ -82,6 +82,11 @@ def export_sources(
     side = int(unet_config.get("sample_size", 64))
     channels = int(unet_config.get("in_channels", 4))
     base = config.iterative or IterativeConfig()
+    # diffusers' defaults where the user set none: 50 steps, guidance 7.5.
+    if "steps" not in base.model_fields_set:
+        base = base.model_copy(update={"steps": IterativeSteps(default=50, max=150)})
+    if "guidance" not in base.model_fields_set:
+        base = base.model_copy(update={"guidance": 7.5})
     iterative = base.model_copy(
         update={
             "export": folder,
