@@ -32,7 +32,7 @@ import numpy as np
 DIFFUSERS_SERVER = r"""
 import io, json, sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
-import numpy as np
+import torch
 from optimum.onnxruntime import ORTStableDiffusionPipeline
 
 pipe = ORTStableDiffusionPipeline.from_pretrained(sys.argv[1])
@@ -41,7 +41,7 @@ pipe.set_progress_bar_config(disable=True)
 class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        generator = np.random.RandomState(body.get("seed", 0))
+        generator = torch.Generator().manual_seed(body.get("seed", 0))
         image = pipe(body["prompt"], num_inference_steps=body["steps"],
                      guidance_scale=body["guidance"], generator=generator).images[0]
         buffer = io.BytesIO()
