@@ -199,3 +199,32 @@ def test_repository_folder_serves_an_export_and_refuses_sdxl(tmp_path: Path) -> 
     index.write_text(json.dumps({"_class_name": "StableDiffusionXLPipeline"}), encoding="utf-8")
     with pytest.raises(ModelLoadError, match="not SDXL"):
         scan_repository(tmp_path / "repo")
+
+
+def test_generate_stream_sends_previews_then_the_image(server: RunningServer) -> None:
+    body = {"prompt": "a red house", "steps": 5, "seed": 9, "width": 64, "height": 48}
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        response = client.post("/v2/models/sd-ddim/generate_stream", json=body)
+    assert response.status_code == 200, response.text
+    events = [json.loads(line[6:]) for line in response.text.splitlines() if line.strip()]
+    assert [e["parameters"]["step"] for e in events[:-1]] == [1, 2, 3, 4]
+    assert all(len(e["image"]) == (48 // 8) * (64 // 8) * 3 for e in events[:-1])
+    assert "png" in events[-1] and len(events[-1]["image"]) == 48 * 64 * 3
+
+
+def test_warm_up_uses_the_shape_the_model_names() -> None:
+    """The rewritten UNet names its latent size: warm-ups never send a 1x1 latent."""
+    from sordino.backends.base import dummy_inputs
+    from sordino.inference import ModelMetadata, TensorSpec
+
+    metadata = ModelMetadata(
+        name="unet",
+        version="1",
+        platform="onnxruntime_onnx",
+        inputs=(TensorSpec("sample", "FP32", (-1, 4, -1, -1)), TensorSpec("t", "FP32", (-1,))),
+        outputs=(TensorSpec("out", "FP32", (-1, 4, -1, -1)),),
+        batched=True,
+        extra={"sordino.warmup_shape.sample": "1,4,8,8"},
+    )
+    inputs = dummy_inputs(metadata, 3)
+    assert inputs["sample"].shape == (3, 4, 8, 8) and inputs["t"].shape == (3,)
