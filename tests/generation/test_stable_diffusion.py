@@ -228,3 +228,49 @@ def test_warm_up_uses_the_shape_the_model_names() -> None:
     )
     inputs = dummy_inputs(metadata, 3)
     assert inputs["sample"].shape == (3, 4, 8, 8) and inputs["t"].shape == (3,)
+
+
+def test_a_unet_with_external_weights_is_rewritten_without_copying_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real UNet keeps its weights in model.onnx_data: the rewritten copy links to them."""
+    import onnx
+    import onnxruntime as ort
+
+    from sordino.models.diffusers_export import per_row_timestep
+
+    monkeypatch.setenv("SORDINO_CACHE_DIR", str(tmp_path / "cache"))
+    unet = tmp_path / "export" / "unet"
+    unet.mkdir(parents=True)
+    shutil.copy(EXPORT / "unet" / "config.json", unet / "config.json")
+    onnx.save_model(
+        onnx.load(str(EXPORT / "unet" / "model.onnx")),
+        str(unet / "model.onnx"),
+        save_as_external_data=True,
+        location="model.onnx_data",
+        size_threshold=0,
+    )
+    rewritten = per_row_timestep(unet / "model.onnx", "big")
+    weights = rewritten.parent / "model.onnx_data"
+    assert weights.stat().st_ino == (unet / "model.onnx_data").stat().st_ino  # a hard link
+    # The graph alone, as large as the export's own graph file: no weight was copied.
+    assert rewritten.stat().st_size < (unet / "model.onnx").stat().st_size + 4096
+    session = ort.InferenceSession(str(rewritten))
+    rows = {
+        "sample": np.zeros((3, 4, 8, 8), np.float32),
+        "timestep": np.array([999.0, 500.0, 1.0], np.float32),
+        "encoder_hidden_states": np.zeros((3, 77, 32), np.float32),
+    }
+    out = session.run(None, rows)[0]
+    original = ort.InferenceSession(str(EXPORT / "unet" / "model.onnx"))
+    for row in range(3):
+        alone = original.run(
+            None,
+            {
+                "sample": rows["sample"][row : row + 1],
+                "timestep": np.array(rows["timestep"][row]),
+                "encoder_hidden_states": rows["encoder_hidden_states"][row : row + 1],
+            },
+        )[0]
+        np.testing.assert_allclose(out[row : row + 1], alone, atol=1e-5)
+    assert per_row_timestep(unet / "model.onnx", "big") == rewritten  # cached

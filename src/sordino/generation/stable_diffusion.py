@@ -191,6 +191,11 @@ class StableDiffusion(Pipeline):
         export = self.config.export
         assert export is not None
         name = self.key.name
+        if "degrade" in self.config.model_fields_set:
+            raise ModelLoadError(
+                f"model {name!r}: degrade is not supported for a Stable Diffusion export yet "
+                "(a request runs all its steps); remove iterative.degrade"
+            )
         if self.config.reuse.approximate:
             raise ModelLoadError(
                 f"model {name!r}: reuse.approximate is not supported for a Stable Diffusion "

@@ -17,7 +17,10 @@ out; ``iterative.export`` points at DIR), ``NAME.text_encoder`` and ``NAME.vae_d
 optimum exports the UNet's ``timestep`` as a scalar, so one call can only denoise rows at
 one timestep. To let requests at different steps share a UNet batch, the graph is
 rewritten to take one timestep per row (the scalar's ``Unsqueeze`` removed: what follows
-already expands it to the batch) and kept in a cache folder keyed by the file's identity;
+already expands it to the batch) and kept in a cache folder keyed by the file's identity
+(``$SORDINO_CACHE_DIR``, else the temp folder's ``sordino-cache``; external weight files
+are hard links, copied only when the cache is on another file system: point
+``SORDINO_CACHE_DIR`` at the export's file system for a multi-GB UNet);
 a UNet whose timestep is already per row is used as it is. The copy also names the
 latent size to warm up with (``sordino.warmup_shape.sample``).
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -140,7 +144,7 @@ def per_row_timestep(unet: Path, name: str) -> Path:
             "timesteps; export it with optimum (`optimum-cli export onnx`)"
         )
     stat = unet.stat()
-    identity = f"v2:{unet.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+    identity = f"v3:{unet.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
     cache = Path(
         os.environ.get("SORDINO_CACHE_DIR") or Path(tempfile.gettempdir()) / "sordino-cache"
     )
@@ -149,8 +153,6 @@ def per_row_timestep(unet: Path, name: str) -> Path:
     )
     if target.is_file():
         return target
-    model = onnx.load(str(unet))  # with its external weights, if any
-    graph = model.graph
     unsqueeze = next(n for n in graph.node if "timestep" in n.input)
     for node in graph.node:
         for i, used in enumerate(node.input):
@@ -167,11 +169,31 @@ def per_row_timestep(unet: Path, name: str) -> Path:
     # backends.base.WARMUP_SHAPE + the input's name (models may not import backends).
     hint.key, hint.value = "sordino.warmup_shape.sample", f"1,{channels},{side},{side}"
     target.parent.mkdir(parents=True, exist_ok=True)
+    # Weights stored outside the graph (a real UNet's model.onnx_data, GBs) are hard
+    # links to the export's files (ONNX Runtime refuses external data reached through a
+    # symbolic link that leaves the model's folder); copied only across file systems.
+    for location in _external_files(model):
+        link = target.parent / location
+        if not link.exists():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(unet.parent / location, link)
+            except OSError:
+                shutil.copyfile(unet.parent / location, link)
     partial = target.with_suffix(".partial")
-    large = model.ByteSize() > 1_800_000_000
-    onnx.save(model, str(partial), save_as_external_data=large, location="model.onnx.data")
+    partial.write_bytes(model.SerializeToString())
     partial.replace(target)
     return target
+
+
+def _external_files(model: Any) -> set[str]:
+    """The files (relative to the model) that hold its external tensors."""
+    files = set()
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                files.add(entry.value)
+    return files
 
 
 def _json(path: Path, name: str) -> dict[str, Any]:
