@@ -274,3 +274,19 @@ def test_a_unet_with_external_weights_is_rewritten_without_copying_them(
         )[0]
         np.testing.assert_allclose(out[row : row + 1], alone, atol=1e-5)
     assert per_row_timestep(unet / "model.onnx", "big") == rewritten  # cached
+
+
+@pytest.mark.parametrize(
+    ("iterative", "says"),
+    [
+        (IterativeConfig(reuse={"approximate": True}), "reuse.approximate is not supported"),
+        (IterativeConfig(degrade={"min_steps": 2}), "degrade is not supported"),
+        (IterativeConfig(scheduler="LMSDiscreteScheduler"), "LMSDiscreteScheduler is not"),
+    ],
+)
+def test_what_an_export_cannot_do_yet_is_refused_at_load(
+    iterative: IterativeConfig, says: str
+) -> None:
+    config = ModelConfig(name="sd", path=EXPORT, isolation="thread", iterative=iterative)
+    with pytest.raises(ModelLoadError, match=says), serve_in_thread(sources=sources_for(config)):
+        pass
