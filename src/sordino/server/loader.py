@@ -14,12 +14,10 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from sordino.backends.base import dummy_inputs
 from sordino.clock import Clock
 from sordino.config import RuntimeConfig
-from sordino.config.models import ModelConfig, StreamingConfig
+from sordino.config.models import StreamingConfig
 from sordino.errors import ModelLoadError
 from sordino.events import EventSink
 from sordino.execution.chain import ChainExecutor
@@ -85,12 +83,12 @@ class ModelLoader:
             self._config.scheduler, config, batched=metadata.batched, instances=instances
         )
         try:
-            await self._warm_up(key, warm_inputs(config, metadata, 1))
+            await self._warm_up(key, dummy_inputs(metadata, 1))
             curve = None
             if scheduling.mode in ("auto", "hybrid") and scheduling.policy.max_batch > 1:
 
                 async def run(rows: int) -> None:
-                    await self._warm_up(key, warm_inputs(config, metadata, rows))
+                    await self._warm_up(key, dummy_inputs(metadata, rows))
 
                 curve = await measure_batch_curve(run, self._clock, scheduling.policy.max_batch)
         except BaseException:  # a failed warm-up, or start-up cancelled (Ctrl-C)
@@ -153,19 +151,6 @@ class ModelLoader:
         await self._executor.unload(model.key)
         self._stats.forget(model.key)
         self._events.emit("model_unloaded", str(model.key))
-
-
-def warm_inputs(config: ModelConfig, metadata: ModelMetadata, rows: int) -> dict[str, Tensor]:
-    """Warm-up inputs: zeros, variable dimensions 1, but an iterative model's sample of its
-    ``sample_shape`` (a UNet cannot denoise a 1x1 latent)."""
-    inputs = dummy_inputs(metadata, rows)
-    iterative = config.iterative
-    if iterative is not None and iterative.sample_input in inputs:
-        sample = np.asarray(inputs[iterative.sample_input])
-        if sample.ndim == len(iterative.sample_shape) + 1:
-            shape = (sample.shape[0], *iterative.sample_shape)
-            inputs[iterative.sample_input] = np.zeros(shape, dtype=sample.dtype)
-    return inputs
 
 
 def stream_spec_for(config: StreamingConfig, metadata: ModelMetadata) -> StreamSpec:
