@@ -35,6 +35,7 @@ from sordino.config.memory import FrameworkMemoryConfig
 from sordino.inference import ModelMetadata, Tensor
 
 __all__ = [
+    "WARMUP_SHAPE",
     "Backend",
     "BackendKind",
     "BackendOptions",
@@ -42,6 +43,9 @@ __all__ = [
     "ProfilingBackend",
     "RequestBatchBackend",
 ]
+
+WARMUP_SHAPE = "sordino.warmup_shape."
+"""Prefix of the ONNX metadata property naming an input's warm-up shape (dummy_inputs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +180,8 @@ class ProfilingBackend(Protocol):
 def dummy_inputs(metadata: ModelMetadata, rows: int) -> dict[str, Tensor]:
     """Zero-filled inputs (``BYTES``: ``"0"``) of ``rows`` rows, for warm-ups.
 
-    Variable dimensions have size 1.
+    Variable dimensions have size 1, or the size the model file names in its metadata
+    property ``sordino.warmup_shape.<input>`` (comma-separated sizes, one per dimension).
     """
     import numpy as np
 
@@ -185,6 +190,9 @@ def dummy_inputs(metadata: ModelMetadata, rows: int) -> dict[str, Tensor]:
     batch: dict[str, Tensor] = {}
     for spec in metadata.inputs:
         dims = [max(d, 1) for d in spec.shape]
+        hint = metadata.extra.get(WARMUP_SHAPE + spec.name, "").split(",")
+        if len(hint) == len(dims) and all(h.strip().isdigit() for h in hint):
+            dims = [d if d > 0 else max(int(h), 1) for d, h in zip(spec.shape, hint, strict=True)]
         if metadata.batched:
             dims[0] = rows
         if spec.datatype == "BYTES":

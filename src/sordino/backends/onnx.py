@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from sordino.backends.base import BackendStatistics
+from sordino.backends.base import WARMUP_SHAPE, BackendStatistics
 from sordino.config.memory import EXTEND_STRATEGIES, FrameworkMemoryConfig
 from sordino.datatypes import from_onnx_type
 from sordino.errors import ModelLoadError
@@ -134,6 +134,10 @@ class OnnxBackend:
         batched = all(spec.shape and spec.shape[0] == -1 for spec in inputs + outputs)
         self._session = session
         self._string_inputs = frozenset(s.name for s in inputs if s.datatype == "BYTES")
+        # Warm-up shapes a model file names for its variable dimensions (a UNet cannot
+        # denoise the 1x1 latent that dummy_inputs would otherwise send).
+        props = session.get_modelmeta().custom_metadata_map
+        extra = {k: v for k, v in props.items() if k.startswith(WARMUP_SHAPE)}
         self._metadata = ModelMetadata(
             name=self._name,
             version=self._version,
@@ -141,6 +145,7 @@ class OnnxBackend:
             inputs=inputs,
             outputs=outputs,
             batched=batched,
+            extra=extra,
         )
 
     def _session_for(self, model_path: Path, device: str, profile_prefix: str = "") -> Any:

@@ -12,6 +12,7 @@ into the image itself. The same shape as a Stable-Diffusion-style ONNX export
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -120,6 +121,17 @@ class IterativeConfig(Section):
     timestep_input: str = "timestep"
     condition_input: str = "condition"
     noise_output: str = "noise"
+    export: Path | None = None
+    """A diffusers export folder (set by sordino when it recognises one, models/
+    diffusers_export.py): the tokenizer and the scheduler are read from it, and the
+    generator runs the Stable Diffusion loop (generation/stable_diffusion.py)."""
+    scheduler: str | None = None
+    """With ``export``: run this diffusers scheduler instead of the export's (e.g.
+    ``DPMSolverMultistepScheduler``), from the export's scheduler config as diffusers'
+    ``Scheduler.from_config(pipe.scheduler.config)`` does."""
+    scheduler_options: dict[str, bool | int | float | str] = Field(default_factory=dict)
+    """With ``export``: scheduler settings that replace the export's (e.g.
+    ``use_karras_sigmas: true``, ``timestep_spacing: trailing``)."""
     degrade: DegradeConfig = DegradeConfig()
     reuse: ReuseConfig = ReuseConfig()
     step_cache: StepCacheConfig = StepCacheConfig()

@@ -27,11 +27,13 @@ def classifier_pixels(samples: npt.NDArray[np.float32]) -> npt.NDArray[np.float3
 
 
 def png_bytes(image: npt.NDArray[np.uint8]) -> bytes:
-    """A greyscale PNG of ``image`` (deterministic: no timestamps or text chunks)."""
+    """A PNG of ``image``: greyscale [H, W] or RGB [H, W, 3] (deterministic: no
+    timestamps or text chunks)."""
     from PIL import Image
 
     buffer = io.BytesIO()
-    Image.fromarray(np.ascontiguousarray(image), mode="L").save(
+    pixels = np.ascontiguousarray(image)
+    Image.fromarray(pixels, mode="RGB" if pixels.ndim == 3 else "L").save(
         buffer, format="PNG", optimize=False
     )
     return buffer.getvalue()

@@ -31,6 +31,7 @@ from sordino.config.iterative import IterativeConfig
 from sordino.errors import InferenceFailed, InvalidRequest, QueueTimeout, Shed, TensorError
 from sordino.generation.degrade import StepDegrader
 from sordino.generation.image import png_bytes, to_image
+from sordino.generation.inputs import one_float, one_int, one_text
 from sordino.generation.prompts import parse_digit_prompt
 from sordino.generation.reuse import Generated, InFlight, ResultCache, ReusePolicy, StateCache
 from sordino.generation.samplers import Schedule
@@ -44,8 +45,6 @@ __all__ = ["GenerateParams", "Generation", "Pipeline", "Progress"]
 
 RunModel = Callable[[str, Mapping[str, Tensor]], Awaitable[Tensors]]
 """Runs a loaded model (text encoder, decoder) once: name, inputs -> outputs."""
-
-_INT_TYPES = ("INT64", "INT32", "INT16", "INT8", "UINT64", "UINT32", "UINT16", "UINT8")
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,7 +315,7 @@ class Pipeline:
             raise TensorError(
                 f"model {name!r} needs the input 'prompt' (BYTES), e.g. 'a handwritten 7'"
             )
-        prompt = _one_text(request.inputs["prompt"])
+        prompt = one_text(request.inputs["prompt"])
         limit = self.config.max_prompt_length
         if len(prompt) > limit:
             raise InvalidRequest(
@@ -326,16 +325,16 @@ class Pipeline:
         types = request.input_datatypes
         seed, seeded = secrets.randbits(31), False
         if "seed" in request.inputs:
-            seed = _one_int(request.inputs["seed"], "seed", types.get("seed"), 0, 2**63 - 1)
+            seed = one_int(request.inputs["seed"], "seed", types.get("seed"), 0, 2**63 - 1)
             seeded = True
         steps = self.config.steps.default
         if "steps" in request.inputs:
-            steps = _one_int(
+            steps = one_int(
                 request.inputs["steps"], "steps", types.get("steps"), 1, self.config.steps.max
             )
         guidance = self.config.guidance
         if "guidance" in request.inputs:
-            guidance = _one_float(request.inputs["guidance"], "guidance", 0.0, 20.0)
+            guidance = one_float(request.inputs["guidance"], "guidance", 0.0, 20.0)
         tenant = request.parameters.get("tenant") or request.headers.get("x-sordino-tenant")
         tenant = tenant if isinstance(tenant, str) and tenant else "default"
         if self.config.prompt == "digits":
@@ -368,14 +367,7 @@ class Pipeline:
         request in flight) or ``generated``.
         """
         condition = await self.condition(params)
-        key = (
-            self.key.version,
-            condition.tobytes(),
-            params.seed,
-            params.steps,
-            params.guidance,
-            self.config.sampler,
-        )
+        key = self.result_key(params, condition)
         # Like the result cache, coalescing stays within a tenant: another tenant's
         # identical request neither waits on nor learns of this one.
         flight = (params.tenant, *key)
@@ -414,6 +406,40 @@ class Pipeline:
             if lead is not None:
                 self.in_flight.settle(flight, lead, outcome)
 
+    def result_key(
+        self, params: GenerateParams, condition: npt.NDArray[np.float32]
+    ) -> tuple[Any, ...]:
+        """What two requests share when they get the same image (the reuse key)."""
+        return (
+            self.key.version,
+            condition.tobytes(),
+            params.seed,
+            params.steps,
+            params.guidance,
+            self.config.sampler,
+        )
+
+    def generation(
+        self,
+        params: GenerateParams,
+        condition: npt.NDArray[np.float32],
+        *,
+        priority: int,
+        deadline: float | None,
+        now: float,
+        progress: bool,
+    ) -> Generation:
+        """The stepper of one request (a subclass may run another sampler loop)."""
+        return Generation(
+            self,
+            params,
+            condition,
+            priority=priority,
+            deadline=deadline,
+            now=now,
+            progress=progress,
+        )
+
     async def _generate(
         self,
         params: GenerateParams,
@@ -438,8 +464,7 @@ class Pipeline:
                     )
                 timeout_s -= waited
             self._shed_if_hopeless(params, priority, timeout_s)
-            generation = Generation(
-                self,
+            generation = self.generation(
                 params,
                 condition,
                 priority=priority,
@@ -476,7 +501,8 @@ class Pipeline:
         image = await self._decode(final)
         yield Generated(
             image=image,
-            png=png_bytes(image),
+            png=png_bytes(image[0] if image.ndim == 4 else image),
+            pngs=tuple(png_bytes(one) for one in image) if image.ndim == 4 else (),
             steps_used=generation.steps_used,
             steps_requested=params.steps,
             seed=params.seed,
@@ -587,48 +613,3 @@ class Pipeline:
             cohort, self._next_cohort = self._next_cohort, None
             self._running, self._cohort_waiting = self._cohort_waiting, 0
             cohort.set_result(None)
-
-
-def _one(array: Tensor, name: str) -> Any:
-    values = np.asarray(array).reshape(-1)
-    if values.size != 1:
-        raise TensorError(f"input {name!r} takes one value, got {values.size}")
-    return values[0]
-
-
-def _one_text(array: Tensor) -> str:
-    value = _one(array, "prompt")
-    if isinstance(value, bytes):
-        try:
-            value = value.decode("utf-8")
-        except UnicodeDecodeError:
-            raise TensorError("input 'prompt' is not valid UTF-8 text") from None
-    if not isinstance(value, str):
-        raise TensorError(f"input 'prompt' must be text (BYTES), got {np.asarray(array).dtype}")
-    if not value.strip():
-        raise InvalidRequest("the prompt is empty; say which digit to draw, e.g. 'a handwritten 7'")
-    return value
-
-
-def _one_int(array: Tensor, name: str, datatype: str | None, low: int, high: int) -> int:
-    kind = np.asarray(array).dtype.kind
-    if (datatype is not None and datatype not in _INT_TYPES) or kind not in "iu":
-        shown = datatype or str(np.asarray(array).dtype)
-        raise TensorError(f"input {name!r} must be an integer (INT64 or INT32), got {shown}")
-    value = int(_one(array, name))
-    if not low <= value <= high:
-        if name == "steps":
-            raise InvalidRequest(
-                f"steps must be between {low} and {high} for this model, got {value}"
-            )
-        raise InvalidRequest(f"{name} must be between {low} and {high}, got {value}")
-    return value
-
-
-def _one_float(array: Tensor, name: str, low: float, high: float) -> float:
-    if np.asarray(array).dtype.kind not in "fiu":
-        raise TensorError(f"input {name!r} must be a number (FP32), got {np.asarray(array).dtype}")
-    value = float(_one(array, name))
-    if not (low <= value <= high) or math.isnan(value):
-        raise InvalidRequest(f"{name} must be between {low:g} and {high:g}, got {value:g}")
-    return value

@@ -39,6 +39,8 @@ class Generated:
     """Steps that reused the previous step's prediction (the step cache): no model call."""
     sample: npt.NDArray[np.float32] | None = None
     """The final sample before it became an image (for quality checks and tests)."""
+    pngs: tuple[bytes, ...] = ()
+    """With several images (a Stable Diffusion request's ``num_images``): each one's PNG."""
 
 
 ReusePolicy = Literal["lru", "lfu", "largest"]

@@ -159,6 +159,8 @@ def sources_for(config: ModelConfig) -> list[ModelSource]:
         _refuse_foreign(config.name, path)
         return [_hinted(ModelSource(config.name, "1", path, config))]
     if path.is_dir():
+        if _is_export(path):
+            return _export(config.name, path, config)
         return [_hinted(source) for source in _versions_in(path, config.name, config)]
     raise ModelLoadError(f"model {config.name!r}: {path} does not exist")
 
@@ -240,6 +242,10 @@ def load_repository_model(root: Path, name: str) -> list[ModelSource]:
             "remove name or rename the folder"
         )
     config = config.model_copy(update={"name": name, "path": folder})
+    if _is_export(folder):
+        for part in ("model_index.json", "tokenizer", "text_encoder", "unet", "vae_decoder"):
+            _contained(inside, folder / part, name)
+        return _export(name, folder, config)
     sources = _versions_in(folder, name, config)
     for source in sources:
         _contained(inside, source.path, name)
@@ -260,6 +266,24 @@ def _from_pbtxt(path: Path) -> ModelConfig:
         return ModelConfig(**settings)
     except ValueError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
+
+
+def _is_export(folder: Path) -> bool:
+    from sordino.models.diffusers_export import is_diffusers_export
+
+    return is_diffusers_export(folder)
+
+
+def _export(name: str, folder: Path, config: ModelConfig) -> list[ModelSource]:
+    """A diffusers export's models (models/diffusers_export.py): helpers, then ``name``."""
+    from sordino.models.diffusers_export import export_sources
+
+    return [
+        ModelSource(
+            model, "1", path, model_config, "Stable Diffusion export" if model == name else ""
+        )
+        for model, path, model_config in export_sources(name, folder, config)
+    ]
 
 
 def _contained(root: Path, path: Path, name: str) -> None:

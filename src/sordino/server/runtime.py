@@ -254,6 +254,23 @@ class Runtime:
                 f"output of the model; its outputs are {known}"
             )
         key = model.key
+        if config.export is not None:
+            from sordino.generation.stable_diffusion import StableDiffusion
+
+            encoder = self.registry.get(config.text_encoder or "").metadata.input("input_ids")
+            timestep = denoiser.input(config.timestep_input)
+            return StableDiffusion(
+                key,
+                config,
+                scheduler=model.scheduler,
+                arena=lambda: self.executor.input_arena(key),
+                degrader=self.step_degrader,
+                run_model=self._run_model,
+                description=model.source.description,
+                reuse_policy=self.config.memory.reuse_strategy,
+                input_ids_dtype=encoder.datatype if encoder is not None else "INT64",
+                timestep_dtype=timestep.datatype if timestep is not None else "FP32",
+            )
         return Pipeline(
             key,
             config,

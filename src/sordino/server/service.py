@@ -345,7 +345,7 @@ class InferenceService:
     ) -> InferResponse:
         outputs: dict[str, Tensor] = {
             "image": result.image,
-            "png": np.array([result.png], dtype=object),
+            "png": np.array(list(result.pngs) or [result.png], dtype=object),
         }
         if request.outputs:
             wanted = {o.name for o in request.outputs}

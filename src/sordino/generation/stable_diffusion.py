@@ -1,0 +1,390 @@
+"""A Stable Diffusion 1.x/2.x export served as a generator, equal to diffusers' pipeline.
+
+:class:`StableDiffusion` is the :class:`~sordino.generation.pipeline.Pipeline` of a
+model made from a diffusers export (models/diffusers_export.py). It keeps the
+generation machinery — every UNet call is one work item in the model's scheduler, so
+the rows of requests at different steps share a UNet batch (rows of one latent shape
+and prompt length together), the result cache, coalescing, request-level batching,
+cancellation between steps and shedding — and replaces the parts that differ from the
+built-in digits model, each as diffusers' ``StableDiffusionPipeline`` does it:
+
+- the prompt: CLIP's tokenizer (clip_tokens.py), then the ``text_encoder`` model's
+  ``last_hidden_state``; with classifier-free guidance (``guidance`` > 1) the negative
+  prompt's (``""`` when none) rows come first, then the prompt's, one of each per image;
+- the loop: the export's scheduler (diffusers_schedulers.py): initial latents
+  ``N(0, 1) * init_noise_sigma`` (numpy's generator seeded with ``seed``, or the
+  request's ``latents``), each call's input scaled by the scheduler, the guided noise
+  ``uncond + guidance * (cond - uncond)`` stepped with it;
+- the image: ``vae_decoder`` on ``latents / scaling_factor``, ``(x / 2 + 0.5)`` clipped
+  to [0, 1], times 255 rounded: RGB [H, W, 3] (or [N, H, W, 3]) and PNGs.
+
+Not here yet: degrade-instead-of-drop and approximate reuse (a diffusers scheduler
+cannot be re-planned mid-run and stay equal to diffusers; a request runs all its steps),
+image to image, SDXL and SD3.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from sordino.errors import InferenceFailed, InvalidRequest, ModelLoadError, TensorError
+from sordino.generation.clip_tokens import ClipTokenizer
+from sordino.generation.diffusers_schedulers import Sampler, SchedulerSpec, scheduler_from_config
+from sordino.generation.inputs import one_float, one_int
+from sordino.generation.pipeline import GenerateParams, Pipeline
+from sordino.inference import InferRequest, ModelMetadata, Tensor, TensorSpec
+from sordino.memory.refs import Tensors, TensorsBuilder
+
+__all__ = ["SDGeneration", "SDParams", "StableDiffusion"]
+
+INPUTS = (
+    "prompt",
+    "negative_prompt",
+    "seed",
+    "steps",
+    "guidance",
+    "width",
+    "height",
+    "num_images",
+    "latents",
+)
+MAX_IMAGES = 8
+MAX_SIDE = 2048
+# SD 1.x's latent channels as RGB (a linear fit, the usual cheap preview of a latent).
+_PREVIEW_RGB = np.array(
+    [
+        [0.298, 0.207, 0.208],
+        [0.187, 0.286, 0.173],
+        [-0.158, 0.189, 0.264],
+        [-0.184, -0.271, -0.473],
+    ],
+    dtype=np.float32,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SDParams(GenerateParams):
+    """A checked text-to-image request."""
+
+    negative_prompt: str
+    width: int
+    height: int
+    num_images: int
+    latents: npt.NDArray[np.float32] | None
+
+
+class SDGeneration:
+    """One request's diffusers loop; the scheduler calls :meth:`advance` after each UNet call."""
+
+    def __init__(
+        self,
+        pipeline: StableDiffusion,
+        params: SDParams,
+        embeddings: npt.NDArray[np.float32],
+        *,
+        priority: int,
+        progress: bool,
+        now: float,
+    ) -> None:
+        self.pipeline = pipeline
+        self.params = params
+        self.priority = priority
+        self.progress = progress
+        self.guided = params.guidance > 1.0
+        self.embeddings = embeddings
+        shape = (params.num_images, pipeline.latent_channels, params.height // 8, params.width // 8)
+        self.sampler: Sampler = pipeline.spec.start(
+            params.steps, np.random.default_rng([1, params.seed])
+        )
+        latents = params.latents
+        if latents is None:
+            latents = np.random.default_rng(params.seed).standard_normal(shape).astype(np.float32)
+        self.latents = np.asarray(
+            latents * np.float32(self.sampler.init_noise_sigma), dtype=np.float32
+        )
+        self.index = 0
+        self.steps_used = 0
+        self.reused_steps = 0
+        self.degraded = False
+        self.closed = False
+        self._last = now
+
+    def inputs(self) -> Tensors:
+        """The next UNet call: the scaled latents (twice when guided), timestep, text rows."""
+        pipeline = self.pipeline
+        scaled = self.sampler.scale_input(self.latents, self.index)
+        rows = 2 * len(scaled) if self.guided else len(scaled)
+        state = TensorsBuilder(pipeline.arena())
+        try:
+            sample = state.empty("sample", np.dtype(np.float32), (rows, *scaled.shape[1:]))
+            sample[: len(scaled)] = scaled
+            sample[len(scaled) :] = scaled
+        except BaseException:
+            state.abandon()
+            raise
+        timestep = np.full(rows, self.sampler.timesteps[self.index], dtype=pipeline.timestep_dtype)
+        small = Tensors.of({"timestep": timestep, "encoder_hidden_states": self.embeddings})
+        with state.finish() as placed:
+            return Tensors.compose(
+                {
+                    "sample": (placed, "sample"),
+                    "timestep": (small, "timestep"),
+                    "encoder_hidden_states": (small, "encoder_hidden_states"),
+                }
+            )
+
+    def advance(self, outputs: Tensors, now: float) -> tuple[Tensors | None, Tensors | None]:
+        predicted = np.asarray(outputs["out_sample"], dtype=np.float32)
+        n = len(self.latents)
+        if predicted.shape[0] != (2 * n if self.guided else n):
+            raise InferenceFailed(
+                f"the UNet of {self.pipeline.key} returned {predicted.shape[0]} rows for a call "
+                f"of {2 * n if self.guided else n}"
+            )
+        noise = predicted
+        if self.guided:
+            uncond, cond = predicted[:n], predicted[n:]
+            noise = uncond + np.float32(self.params.guidance) * (cond - uncond)
+        self.pipeline.note_step(self.priority, now - self._last)
+        self._last = now
+        self.latents = self.sampler.step(noise, self.index, self.latents)
+        self.index += 1
+        self.steps_used = min(self.index, self.params.steps)
+        if self.index == len(self.sampler.timesteps):
+            return None, Tensors.of({"sample": self.latents})
+        delivered = None
+        if self.progress:
+            rgb = np.einsum("chw,cr->hwr", self.latents[0], _PREVIEW_RGB)
+            preview = np.round(np.clip((rgb + 1.0) / 2.0, 0, 1) * 255).astype(np.uint8)
+            delivered = Tensors.of(
+                {
+                    "image": preview,
+                    "step": np.array([self.steps_used], dtype=np.int32),
+                    "steps": np.array([self.params.steps], dtype=np.int32),
+                }
+            )
+        return self.inputs(), delivered
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class StableDiffusion(Pipeline):
+    """The generator of a served Stable Diffusion export (the UNet is the scheduled model)."""
+
+    def __init__(
+        self,
+        *args: Any,
+        input_ids_dtype: str = "INT64",
+        timestep_dtype: str = "FP32",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        export = self.config.export
+        assert export is not None
+        name = self.key.name
+        if "degrade" in self.config.model_fields_set:
+            raise ModelLoadError(
+                f"model {name!r}: degrade is not supported for a Stable Diffusion export yet "
+                "(a request runs all its steps); remove iterative.degrade"
+            )
+        if self.config.reuse.approximate:
+            raise ModelLoadError(
+                f"model {name!r}: reuse.approximate is not supported for a Stable Diffusion "
+                "export yet; remove it"
+            )
+        try:
+            self.tokenizer = ClipTokenizer(export / "tokenizer")
+        except (OSError, ValueError, KeyError) as exc:
+            raise ModelLoadError(f"model {name!r}: cannot read its tokenizer: {exc}") from None
+        scheduler = json.loads(
+            (export / "scheduler" / "scheduler_config.json").read_text(encoding="utf-8")
+        )
+        if self.config.scheduler:
+            scheduler["_class_name"] = self.config.scheduler
+        scheduler.update(self.config.scheduler_options)
+        try:
+            self.spec: SchedulerSpec = scheduler_from_config(scheduler)
+        except ValueError as exc:
+            raise ModelLoadError(f"model {name!r}: {exc}") from None
+        self.scaling_factor = float(
+            _json(export / "vae_decoder" / "config.json").get("scaling_factor", 0.18215)
+        )
+        self.latent_channels, side = self.config.sample_shape[0], self.config.sample_shape[-1]
+        self.default_side = side * 8
+        self.input_ids_dtype = np.int32 if input_ids_dtype == "INT32" else np.int64
+        self.timestep_dtype = {"INT64": np.int64, "INT32": np.int32, "FP16": np.float16}.get(
+            timestep_dtype, np.float32
+        )
+        self.metadata = ModelMetadata(
+            name=self.key.name,
+            version=self.key.version,
+            platform="sordino_stable_diffusion",
+            inputs=(
+                TensorSpec("prompt", "BYTES", (1,)),
+                TensorSpec("negative_prompt", "BYTES", (1,)),
+                TensorSpec("seed", "INT64", (1,)),
+                TensorSpec("steps", "INT32", (1,)),
+                TensorSpec("guidance", "FP32", (1,)),
+                TensorSpec("width", "INT32", (1,)),
+                TensorSpec("height", "INT32", (1,)),
+                TensorSpec("num_images", "INT32", (1,)),
+                TensorSpec("latents", "FP32", (-1, self.latent_channels, -1, -1)),
+            ),
+            outputs=(TensorSpec("image", "UINT8", (-1, -1, 3)), TensorSpec("png", "BYTES", (-1,))),
+            batched=False,
+            extra={
+                "iterative": "true",
+                "sampler": self.spec.kind,
+                "steps_default": str(self.config.steps.default),
+                "steps_max": str(self.config.steps.max),
+                "guidance_default": str(self.config.guidance),
+                "width_default": str(self.default_side),
+                "height_default": str(self.default_side),
+                "description": "Stable Diffusion export " + str(export),
+            },
+        )
+
+    # -- the request ---------------------------------------------------------------
+
+    def parse(self, request: InferRequest) -> SDParams:
+        """Check a text-to-image request; raise a 400 that says what to fix."""
+        name = self.key.name
+        inputs = request.inputs
+        unknown = sorted(set(inputs) - set(INPUTS))
+        if unknown:
+            raise TensorError(
+                f"model {name!r} takes inputs {', '.join(INPUTS)}; it has no input {unknown[0]!r}"
+            )
+        if "prompt" not in inputs:
+            raise TensorError(
+                f"model {name!r} needs the input 'prompt' (BYTES), e.g. 'a red house'"
+            )
+        prompt = self._text(inputs["prompt"], "prompt")
+        negative = (
+            self._text(inputs["negative_prompt"], "negative_prompt")
+            if "negative_prompt" in inputs
+            else ""
+        )
+        types = request.input_datatypes
+
+        def integer(key: str, default: int, low: int, high: int) -> int:
+            if key not in inputs:
+                return default
+            return one_int(inputs[key], key, types.get(key), low, high)
+
+        seeded = "seed" in inputs or "latents" in inputs
+        seed = integer("seed", secrets.randbits(31), 0, 2**63 - 1)
+        steps = integer("steps", self.config.steps.default, 1, self.config.steps.max)
+        guidance = self.config.guidance
+        if "guidance" in inputs:
+            guidance = one_float(inputs["guidance"], "guidance", 0.0, 20.0)
+        width = integer("width", self.default_side, 8, MAX_SIDE)
+        height = integer("height", self.default_side, 8, MAX_SIDE)
+        if width % 8 or height % 8:
+            raise InvalidRequest(f"width and height must be multiples of 8, got {width}x{height}")
+        num_images = integer("num_images", 1, 1, MAX_IMAGES)
+        latents = None
+        if "latents" in inputs:
+            latents = np.asarray(inputs["latents"], dtype=np.float32)
+            wanted = (num_images, self.latent_channels, height // 8, width // 8)
+            if latents.size == math.prod(wanted):
+                # Row-major values of the right count: generate JSON sends them flat.
+                latents = latents.reshape(wanted)
+            if latents.shape != wanted or not np.isfinite(latents).all():
+                raise InvalidRequest(
+                    f"latents must be finite FP32 of shape {list(wanted)} (num_images, "
+                    f"channels, height/8, width/8), got {list(latents.shape)}"
+                )
+            latents = latents.copy()
+        tenant = request.parameters.get("tenant") or request.headers.get("x-sordino-tenant")
+        tenant = tenant if isinstance(tenant, str) and tenant else "default"
+        return SDParams(
+            prompt,
+            seed,
+            steps,
+            guidance,
+            tenant,
+            seeded,
+            negative,
+            width,
+            height,
+            num_images,
+            latents,
+        )
+
+    def _text(self, array: Tensor, key: str) -> str:
+        values = np.asarray(array).reshape(-1)
+        if values.size != 1:
+            raise TensorError(f"input {key!r} takes one text, got {values.size}")
+        value = values[0]
+        if isinstance(value, bytes):
+            try:
+                value = value.decode("utf-8")
+            except UnicodeDecodeError:
+                raise TensorError(f"input {key!r} is not valid UTF-8 text") from None
+        if not isinstance(value, str):
+            raise TensorError(f"input {key!r} must be text (BYTES)")
+        if len(value) > self.config.max_prompt_length:
+            raise InvalidRequest(
+                f"the {key} is {len(value)} characters long, more than model {self.key.name!r} "
+                f"accepts ({self.config.max_prompt_length}, iterative.max_prompt_length)"
+            )
+        return value
+
+    async def condition(self, params: GenerateParams) -> npt.NDArray[np.float32]:
+        """The text rows of every UNet call: [negative x N, prompt x N] (guided) or [prompt x N]."""
+        assert isinstance(params, SDParams) and self.config.text_encoder is not None
+        texts = (
+            [params.negative_prompt, params.prompt] if params.guidance > 1.0 else [params.prompt]
+        )
+        ids = self.tokenizer(texts).astype(self.input_ids_dtype)
+        with await self._run_model(self.config.text_encoder, {"input_ids": ids}) as encoded:
+            hidden = np.array(encoded["last_hidden_state"], dtype=np.float32)
+        return np.repeat(hidden, params.num_images, axis=0)
+
+    def result_key(
+        self, params: GenerateParams, condition: npt.NDArray[np.float32]
+    ) -> tuple[Any, ...]:
+        assert isinstance(params, SDParams)
+        latents = b"" if params.latents is None else params.latents.tobytes()
+        extra = (params.width, params.height, params.num_images, latents, self.spec.kind)
+        return (*super().result_key(params, condition), *extra)
+
+    def generation(  # type: ignore[override]
+        self,
+        params: GenerateParams,
+        condition: npt.NDArray[np.float32],
+        *,
+        priority: int,
+        deadline: float | None,
+        now: float,
+        progress: bool,
+    ) -> SDGeneration:
+        assert isinstance(params, SDParams)
+        return SDGeneration(self, params, condition, priority=priority, progress=progress, now=now)
+
+    async def _decode(self, sample: npt.NDArray[np.float32]) -> npt.NDArray[np.uint8]:
+        """The images of the final latents: [H, W, 3] for one, [N, H, W, 3] for several."""
+        assert self.config.decoder is not None
+        latent = np.asarray(sample / np.float32(self.scaling_factor), dtype=np.float32)
+        with await self._run_model(self.config.decoder, {"latent_sample": latent}) as decoded:
+            values = np.array(decoded["sample"], dtype=np.float32)
+        pixels = np.clip(values / 2 + 0.5, 0.0, 1.0).transpose(0, 2, 3, 1)
+        images = np.round(pixels * 255.0).astype(np.uint8)
+        return images[0] if len(images) == 1 else images
+
+
+def _json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    value = json.loads(path.read_text(encoding="utf-8"))
+    return value if isinstance(value, dict) else {}

@@ -1,0 +1,206 @@
+"""A Stable Diffusion 1.x/2.x ONNX export (``optimum-cli export onnx``) as model sources.
+
+The folder such an export writes::
+
+    DIR/model_index.json            _class_name: StableDiffusionPipeline
+        tokenizer/                  vocab.json, merges.txt (CLIP)
+        text_encoder/model.onnx     input_ids -> last_hidden_state, pooler_output
+        unet/model.onnx             sample, timestep, encoder_hidden_states -> out_sample
+        vae_decoder/model.onnx      latent_sample -> sample
+        vae_encoder/model.onnx      (optional; image to image is not served yet)
+        scheduler/scheduler_config.json
+
+becomes three models: ``NAME`` (the UNet, served as the generator: prompt in, image
+out; ``iterative.export`` points at DIR), ``NAME.text_encoder`` and ``NAME.vae_decoder``
+(ordinary models the generator runs). SDXL and SD3 exports are refused with a clear error.
+
+optimum exports the UNet's ``timestep`` as a scalar, so one call can only denoise rows at
+one timestep. To let requests at different steps share a UNet batch, the graph is
+rewritten to take one timestep per row (the scalar's ``Unsqueeze`` removed: what follows
+already expands it to the batch) and kept in a cache folder keyed by the file's identity
+(``$SORDINO_CACHE_DIR``, else the temp folder's ``sordino-cache``; external weight files
+are hard links, copied only when the cache is on another file system: point
+``SORDINO_CACHE_DIR`` at the export's file system for a multi-GB UNet);
+a UNet whose timestep is already per row is used as it is. The copy also names the
+latent size to warm up with (``sordino.warmup_shape.sample``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from sordino.config import ModelConfig
+from sordino.errors import ModelLoadError
+
+__all__ = ["export_sources", "is_diffusers_export", "per_row_timestep"]
+
+SUPPORTED = ("StableDiffusionPipeline", "OnnxStableDiffusionPipeline", "ORTStableDiffusionPipeline")
+
+
+def is_diffusers_export(folder: Path) -> bool:
+    """Whether ``folder`` is a diffusers pipeline export (it has ``model_index.json``)."""
+    return (folder / "model_index.json").is_file()
+
+
+def export_sources(
+    name: str, folder: Path, config: ModelConfig
+) -> list[tuple[str, Path, ModelConfig]]:
+    """The models an export serves as: (name, .onnx file, config), helpers first.
+
+    ``config`` is the user's (``--model NAME=DIR`` or a repository's ``config.yaml``);
+    its ``iterative`` settings (steps, guidance, reuse, degrade) are kept.
+    """
+    index = _json(folder / "model_index.json", name)
+    kind = str(index.get("_class_name", ""))
+    if kind not in SUPPORTED:
+        raise ModelLoadError(
+            f"model {name!r}: {folder} is a diffusers export of {kind or 'an unnamed pipeline'}; "
+            "sordino serves Stable Diffusion 1.x/2.x text-to-image exports "
+            "(StableDiffusionPipeline) so far, not SDXL, SD3 or other pipelines"
+        )
+    for part in (
+        "tokenizer",
+        "text_encoder/model.onnx",
+        "unet/model.onnx",
+        "vae_decoder/model.onnx",
+        "scheduler/scheduler_config.json",
+    ):
+        if not (folder / part).exists():
+            raise ModelLoadError(
+                f"model {name!r}: the Stable Diffusion export {folder} has no {part}; export it "
+                "again with `optimum-cli export onnx --model MODEL --task text-to-image DIR`"
+            )
+    from sordino.config.iterative import IterativeConfig, IterativeSteps
+
+    unet_config = (
+        _json(folder / "unet" / "config.json", name)
+        if (folder / "unet" / "config.json").is_file()
+        else {}
+    )
+    side = int(unet_config.get("sample_size", 64))
+    channels = int(unet_config.get("in_channels", 4))
+    base = config.iterative or IterativeConfig()
+    # diffusers' defaults where the user set none: 50 steps, guidance 7.5.
+    if "steps" not in base.model_fields_set:
+        base = base.model_copy(update={"steps": IterativeSteps(default=50, max=150)})
+    if "guidance" not in base.model_fields_set:
+        base = base.model_copy(update={"guidance": 7.5})
+    iterative = base.model_copy(
+        update={
+            "export": folder,
+            "prompt": "text_encoder",
+            "text_encoder": f"{name}.text_encoder",
+            "decoder": f"{name}.vae_decoder",
+            "sample_input": "sample",
+            "timestep_input": "timestep",
+            "condition_input": "encoder_hidden_states",
+            "noise_output": "out_sample",
+            "sample_shape": (channels, side, side),
+        }
+    )
+    helper = config.model_copy(update={"iterative": None, "path": None})
+    return [
+        (
+            f"{name}.text_encoder",
+            folder / "text_encoder" / "model.onnx",
+            helper.model_copy(update={"name": f"{name}.text_encoder"}),
+        ),
+        (
+            f"{name}.vae_decoder",
+            folder / "vae_decoder" / "model.onnx",
+            helper.model_copy(update={"name": f"{name}.vae_decoder"}),
+        ),
+        (
+            name,
+            per_row_timestep(folder / "unet" / "model.onnx", name),
+            config.model_copy(update={"iterative": iterative}),
+        ),
+    ]
+
+
+def per_row_timestep(unet: Path, name: str) -> Path:
+    """``unet`` itself if its timestep is per row; else a rewritten copy (cached) whose is."""
+    import onnx
+
+    model = onnx.load(str(unet), load_external_data=False)
+    graph = model.graph
+    timestep = next((i for i in graph.input if i.name == "timestep"), None)
+    if timestep is None:
+        raise ModelLoadError(f"model {name!r}: the UNet {unet} has no input 'timestep'")
+    dims = timestep.type.tensor_type.shape.dim
+    if len(dims) == 1:
+        return unet
+    users = [n for n in graph.node if "timestep" in n.input]
+    if len(dims) != 0 or len(users) != 1 or users[0].op_type != "Unsqueeze":
+        raise ModelLoadError(
+            f"model {name!r}: the UNet's timestep input has {len(dims)} dimensions and is not "
+            "a scalar feeding one Unsqueeze, so sordino cannot batch rows at different "
+            "timesteps; export it with optimum (`optimum-cli export onnx`)"
+        )
+    stat = unet.stat()
+    identity = f"v3:{unet.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+    cache = Path(
+        os.environ.get("SORDINO_CACHE_DIR") or Path(tempfile.gettempdir()) / "sordino-cache"
+    )
+    target = (
+        cache / "unet-per-row-timestep" / hashlib.sha256(identity).hexdigest()[:24] / "model.onnx"
+    )
+    if target.is_file():
+        return target
+    unsqueeze = next(n for n in graph.node if "timestep" in n.input)
+    for node in graph.node:
+        for i, used in enumerate(node.input):
+            if used == unsqueeze.output[0]:
+                node.input[i] = "timestep"
+    graph.node.remove(unsqueeze)
+    timestep = next(i for i in graph.input if i.name == "timestep")
+    timestep.type.tensor_type.shape.dim.add().dim_param = "batch_size"
+    # Warm up at the UNet's own latent size (backends/base.py: a 1x1 latent fails).
+    config = unet.parent / "config.json"
+    settings = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
+    side, channels = int(settings.get("sample_size", 64)), int(settings.get("in_channels", 4))
+    hint = model.metadata_props.add()
+    # backends.base.WARMUP_SHAPE + the input's name (models may not import backends).
+    hint.key, hint.value = "sordino.warmup_shape.sample", f"1,{channels},{side},{side}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Weights stored outside the graph (a real UNet's model.onnx_data, GBs) are hard
+    # links to the export's files (ONNX Runtime refuses external data reached through a
+    # symbolic link that leaves the model's folder); copied only across file systems.
+    for location in _external_files(model):
+        link = target.parent / location
+        if not link.exists():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(unet.parent / location, link)
+            except OSError:
+                shutil.copyfile(unet.parent / location, link)
+    partial = target.with_suffix(".partial")
+    partial.write_bytes(model.SerializeToString())
+    partial.replace(target)
+    return target
+
+
+def _external_files(model: Any) -> set[str]:
+    """The files (relative to the model) that hold its external tensors."""
+    files = set()
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                files.add(entry.value)
+    return files
+
+
+def _json(path: Path, name: str) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"model {name!r}: cannot read {path}: {exc}") from None
+    if not isinstance(value, dict):
+        raise ModelLoadError(f"model {name!r}: {path} is not a JSON object")
+    return value

@@ -1,0 +1,256 @@
+"""Record diffusers' own results for sordino's equality tests (tests/fixtures/sd/).
+
+Run in the side virtual environment of tools/make_tiny_sd_export.py (torch, diffusers)::
+
+    python tools/make_tiny_sd_export.py /tmp/tiny-sd
+    python tools/make_sd_references.py /tmp/tiny-sd tests/fixtures/sd
+
+Writes two files:
+
+- ``scheduler_steps.npz``: per scheduler case, diffusers' scheduler driven by recorded
+  model outputs: its timesteps, ``init_noise_sigma``, each scaled input and each
+  sample after ``step`` (tests/generation/test_diffusers_schedulers.py);
+- ``pipeline_references.npz``: per scheduler, diffusers' ``StableDiffusionPipeline``
+  (torch, the weights the export was made from) on fixed prompts, seeds and initial
+  ``latents``: the final latents and the image in [0, 1]
+  (tests/generation/test_stable_diffusion.py).
+
+Euler ancestral draws noise at every step; diffusers draws it from torch's generator,
+sordino from numpy's. Here diffusers' draw is replaced by sordino's (numpy
+``default_rng([1, seed])``, in the same order), so the comparison checks the arithmetic.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from diffusers import (
+    DDIMScheduler,
+    DPMSolverMultistepScheduler,
+    EulerAncestralDiscreteScheduler,
+    EulerDiscreteScheduler,
+    PNDMScheduler,
+)
+from diffusers.schedulers import scheduling_euler_ancestral_discrete as ancestral_module
+
+SD15 = {
+    "beta_start": 0.00085,
+    "beta_end": 0.012,
+    "beta_schedule": "scaled_linear",
+    "num_train_timesteps": 1000,
+    "steps_offset": 1,
+    "set_alpha_to_one": False,
+    "clip_sample": False,
+}
+CLASSES = {
+    "PNDMScheduler": PNDMScheduler,
+    "DDIMScheduler": DDIMScheduler,
+    "EulerDiscreteScheduler": EulerDiscreteScheduler,
+    "EulerAncestralDiscreteScheduler": EulerAncestralDiscreteScheduler,
+    "DPMSolverMultistepScheduler": DPMSolverMultistepScheduler,
+}
+# (case name, class, config changes from SD 1.5's, steps)
+CASES: list[tuple[str, str, dict[str, Any], int]] = [
+    ("pndm", "PNDMScheduler", {"skip_prk_steps": True}, 6),
+    (
+        "pndm_v_trailing",
+        "PNDMScheduler",
+        {"skip_prk_steps": True, "prediction_type": "v_prediction", "timestep_spacing": "trailing"},
+        5,
+    ),
+    ("pndm_linspace", "PNDMScheduler", {"skip_prk_steps": True, "timestep_spacing": "linspace"}, 4),
+    ("ddim", "DDIMScheduler", {}, 6),
+    (
+        "ddim_v_trailing",
+        "DDIMScheduler",
+        {"prediction_type": "v_prediction", "timestep_spacing": "trailing"},
+        5,
+    ),
+    (
+        "ddim_linspace_clip",
+        "DDIMScheduler",
+        {"timestep_spacing": "linspace", "clip_sample": True, "set_alpha_to_one": True},
+        4,
+    ),
+    ("euler", "EulerDiscreteScheduler", {}, 6),
+    (
+        "euler_v_linspace",
+        "EulerDiscreteScheduler",
+        {"prediction_type": "v_prediction", "timestep_spacing": "linspace"},
+        5,
+    ),
+    (
+        "euler_karras_trailing",
+        "EulerDiscreteScheduler",
+        {"use_karras_sigmas": True, "timestep_spacing": "trailing"},
+        5,
+    ),
+    ("euler_ancestral", "EulerAncestralDiscreteScheduler", {}, 6),
+    (
+        "euler_ancestral_v_trailing",
+        "EulerAncestralDiscreteScheduler",
+        {"prediction_type": "v_prediction", "timestep_spacing": "trailing"},
+        5,
+    ),
+    ("dpmpp_2m", "DPMSolverMultistepScheduler", {}, 6),
+    ("dpmpp_2m_karras", "DPMSolverMultistepScheduler", {"use_karras_sigmas": True}, 6),
+    (
+        "dpmpp_2m_v_trailing",
+        "DPMSolverMultistepScheduler",
+        {"prediction_type": "v_prediction", "timestep_spacing": "trailing"},
+        5,
+    ),
+    ("dpmpp_2m_linspace", "DPMSolverMultistepScheduler", {"timestep_spacing": "linspace"}, 4),
+]
+SEED = 7
+
+
+class NumpyNoise:
+    """Replaces diffusers' torch draw of Euler ancestral's noise with sordino's numpy one."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng([1, seed])
+
+    def __call__(self, shape: Any, **_: Any) -> torch.Tensor:
+        return torch.from_numpy(self.rng.standard_normal(tuple(shape)).astype(np.float32))
+
+
+def scheduler_config(kind: str, changes: dict[str, Any]) -> dict[str, Any]:
+    config = {"_class_name": kind, **SD15, **changes}
+    if kind != "DDIMScheduler":
+        config.pop("clip_sample", None)
+    if kind not in ("DDIMScheduler", "PNDMScheduler"):
+        config.pop("set_alpha_to_one", None)
+    return config
+
+
+def record_schedulers(out: Path) -> None:
+    arrays: dict[str, np.ndarray] = {}
+    cases = []
+    for name, kind, changes, steps in CASES:
+        config = scheduler_config(kind, changes)
+        scheduler = CLASSES[kind].from_config(config)
+        scheduler.set_timesteps(steps)
+        rng = np.random.default_rng(zlib.crc32(name.encode()))
+        sample = torch.from_numpy(rng.standard_normal((1, 4, 4, 4)).astype(np.float32))
+        sample = sample * scheduler.init_noise_sigma
+        arrays[f"{name}/initial"] = sample.numpy()
+        ancestral_module.randn_tensor = NumpyNoise(SEED)
+        scaled, outputs, samples = [], [], []
+        for t in scheduler.timesteps:
+            model_in = scheduler.scale_model_input(sample, t)
+            output = 0.3 * model_in + torch.from_numpy(
+                rng.standard_normal((1, 4, 4, 4)).astype(np.float32)
+            )
+            sample = scheduler.step(output, t, sample).prev_sample
+            scaled.append(model_in.numpy())
+            outputs.append(output.numpy())
+            samples.append(sample.numpy())
+        arrays[f"{name}/timesteps"] = scheduler.timesteps.numpy().astype(np.float64)
+        arrays[f"{name}/scaled"] = np.stack(scaled)
+        arrays[f"{name}/outputs"] = np.stack(outputs)
+        arrays[f"{name}/samples"] = np.stack(samples)
+        arrays[f"{name}/init_noise_sigma"] = np.array(float(scheduler.init_noise_sigma))
+        cases.append({"name": name, "config": config, "steps": steps, "seed": SEED})
+    arrays["cases"] = np.array(json.dumps(cases))
+    np.savez_compressed(out / "scheduler_steps.npz", **arrays)
+    print(f"wrote {out / 'scheduler_steps.npz'}: {len(cases)} cases")
+
+
+# (case, scheduler class, options, request): the requests sordino's test sends too.
+PIPELINE_CASES: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = [
+    ("pndm", "PNDMScheduler", {}, {"steps": 5, "guidance": 7.5}),
+    ("ddim", "DDIMScheduler", {}, {"steps": 5, "guidance": 7.5}),
+    ("euler", "EulerDiscreteScheduler", {}, {"steps": 5, "guidance": 7.5}),
+    ("euler_ancestral", "EulerAncestralDiscreteScheduler", {}, {"steps": 5, "guidance": 7.5}),
+    (
+        "dpmpp_2m_karras",
+        "DPMSolverMultistepScheduler",
+        {"use_karras_sigmas": True},
+        {"steps": 5, "guidance": 7.5},
+    ),
+    (
+        "pndm_two_images",
+        "PNDMScheduler",
+        {},
+        {
+            "steps": 4,
+            "guidance": 5.0,
+            "num_images": 2,
+            "width": 48,
+            "height": 64,
+            "negative_prompt": "blue sky",
+        },
+    ),
+    ("ddim_unguided", "DDIMScheduler", {}, {"steps": 3, "guidance": 1.0}),
+]
+PROMPT = "a photo of an astronaut riding a horse on the moon"
+
+
+def record_pipelines(export: Path, out: Path) -> None:
+    """diffusers' StableDiffusionPipeline (the torch weights of ``export``) per case."""
+    from diffusers import StableDiffusionPipeline
+
+    pipe = StableDiffusionPipeline.from_pretrained(
+        str(export.parent / (export.name + ".torch")), safety_checker=None
+    )
+    pipe.set_progress_bar_config(disable=True)
+    arrays: dict[str, np.ndarray] = {}
+    cases = []
+    base_config = dict(pipe.scheduler.config)
+    for name, kind, options, request in PIPELINE_CASES:
+        pipe.scheduler = CLASSES[kind].from_config(base_config, **options)
+        request = {
+            "prompt": PROMPT,
+            "seed": 11,
+            "width": 64,
+            "height": 64,
+            "num_images": 1,
+            "negative_prompt": "",
+            **request,
+        }
+        shape = (request["num_images"], 4, request["height"] // 8, request["width"] // 8)
+        latents = np.random.default_rng(zlib.crc32(name.encode())).standard_normal(shape)
+        latents = latents.astype(np.float32)
+        results = {}
+        for output_type in ("latent", "np"):
+            ancestral_module.randn_tensor = NumpyNoise(request["seed"])
+            results[output_type] = pipe(
+                request["prompt"],
+                negative_prompt=request["negative_prompt"] or None,
+                width=request["width"],
+                height=request["height"],
+                num_inference_steps=request["steps"],
+                guidance_scale=request["guidance"],
+                num_images_per_prompt=request["num_images"],
+                latents=torch.from_numpy(latents),
+                output_type=output_type,
+            ).images
+        arrays[f"{name}/latents_in"] = latents
+        arrays[f"{name}/latents_out"] = np.asarray(results["latent"], dtype=np.float32)
+        arrays[f"{name}/image"] = np.asarray(results["np"], dtype=np.float32)
+        cases.append({"name": name, "scheduler": kind, "options": options, "request": request})
+    arrays["input_ids"] = pipe.tokenizer(
+        [PROMPT, ""], padding="max_length", max_length=77, truncation=True, return_tensors="np"
+    ).input_ids
+    arrays["cases"] = np.array(json.dumps(cases))
+    np.savez_compressed(out / "pipeline_references.npz", **arrays)
+    print(f"wrote {out / 'pipeline_references.npz'}: {len(cases)} cases")
+
+
+def main() -> None:
+    export = Path(sys.argv[1])
+    out = Path(sys.argv[2])
+    out.mkdir(parents=True, exist_ok=True)
+    record_schedulers(out)
+    record_pipelines(export, out)
+
+
+if __name__ == "__main__":
+    main()
