@@ -35,11 +35,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from sordino.config.iterative import StepCacheConfig
 from sordino.errors import InferenceFailed, InvalidRequest, ModelLoadError, TensorError
 from sordino.generation.clip_tokens import ClipTokenizer
 from sordino.generation.diffusers_schedulers import Sampler, SchedulerSpec, scheduler_from_config
 from sordino.generation.inputs import one_float, one_int
 from sordino.generation.pipeline import GenerateParams, Pipeline
+from sordino.generation.step_cache import StepCache
 from sordino.inference import InferRequest, ModelMetadata, Tensor, TensorSpec
 from sordino.memory.refs import Tensors, TensorsBuilder
 
@@ -116,6 +118,8 @@ class SDGeneration:
         self.degraded = False
         self.closed = False
         self._last = now
+        # Never skips (refused at load for exports); its count is what a response reports.
+        self.cache = StepCache(StepCacheConfig(), pipeline.step_cache)
 
     def inputs(self) -> Tensors:
         """The next UNet call: the scaled latents (twice when guided), timestep, text rows."""
@@ -200,6 +204,12 @@ class StableDiffusion(Pipeline):
             raise ModelLoadError(
                 f"model {name!r}: reuse.approximate is not supported for a Stable Diffusion "
                 "export yet; remove it"
+            )
+        if self.config.step_cache.enabled:
+            raise ModelLoadError(
+                f"model {name!r}: step_cache is not supported for a Stable Diffusion export "
+                "yet (a diffusers scheduler's multistep state cannot take a reused step); "
+                "remove iterative.step_cache"
             )
         try:
             self.tokenizer = ClipTokenizer(export / "tokenizer")
