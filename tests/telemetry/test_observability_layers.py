@@ -9,6 +9,7 @@ user satisfaction posted with ``POST /v2/feedback`` and correlated with latency
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -150,7 +151,17 @@ def test_a_rating_appears_in_the_correlation_of_diagnose(
     snap = httpx.get(f"{server.url}/v2/sordino/telemetry?seconds=5").json()
     assert snap["satisfaction"]["count"] >= 4 and snap["satisfaction"]["tags"]["poster"][0] == 1
     journal = server.runtime.telemetry.journal
-    assert journal is not None and journal.flush()
+    assert journal is not None
+
+    def journaled() -> bool:
+        # Bandwidth reaches the journal every 10 s (a `utilisation` event): a quiet
+        # machine gets here sooner than that after start-up.
+        assert journal.flush()
+        query = f"start={time.time() - 600}&end={time.time() + 1}"
+        window = httpx.get(f"{server.url}/v2/sordino/journal?{query}", timeout=30).json()
+        return any(e["kind"] == "utilisation" for e in window["events"])
+
+    wait_for(journaled, "the bandwidth in the journal", 30)
     out = tmp_path / "health.html"
     result = CliRunner().invoke(
         cli,

@@ -211,7 +211,7 @@ def test_blocks_are_zeroed_between_tenants(server: RunningServer) -> None:
 def test_memory_quota_is_the_tenants_memory_quota(server: RunningServer) -> None:
     answer = _infer(server, _auth(TINY_KEY))
     assert answer.status_code == 400
-    assert "more than tenant 'tiny'" in answer.json()["error"]
+    assert "more than the whole quota of tenant 'tiny'" in answer.json()["error"]
     assert _infer(server, _auth(ACME_KEY)).status_code == 200
 
 
