@@ -44,7 +44,7 @@ from pydantic import BeforeValidator, Field
 
 from sordino.config.base import MAX_POOL_SIZE, Section
 from sordino.config.models import MODEL_NAME_PATTERN
-from sordino.config.scheduler import SchedulerMode
+from sordino.config.scheduler import SchedulerMode, check_priority
 from sordino.config.self_healing import SelfHealingConfig, TriggerConfig
 from sordino.config.units import Size
 
@@ -82,14 +82,6 @@ MACHINE_METRICS = frozenset(
 would only act twice on the same thing, so ``self_healing: true`` does not copy them."""
 
 
-def _check_priority(value: object) -> object:
-    if isinstance(value, str) and value in ("high", "normal", "low"):
-        return value
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return value
-    raise ValueError("priority must be 'high', 'normal', 'low', or an integer >= 1 (1 is highest)")
-
-
 def _check_scheduler(value: object) -> object:
     if value is None or value in NODE_SCHEDULERS:
         return value
@@ -119,7 +111,7 @@ class NodeRuntime(Section):
     """A node's own policy (see the module docstring for what each key does)."""
 
     priority: Annotated[
-        int | Literal["high", "normal", "low"] | None, BeforeValidator(_check_priority)
+        int | Literal["high", "normal", "low"] | None, BeforeValidator(check_priority)
     ] = None
     """The priority of the node's requests (None: the model's default level)."""
     scheduler: Annotated[NodeScheduler | None, BeforeValidator(_check_scheduler)] = None

@@ -26,6 +26,7 @@ __all__ = [
     "SchedulerPriority",
     "Strategy",
     "StreamPriorityStrategy",
+    "check_priority",
 ]
 
 SchedulerMode = Literal["auto", "manual", "hybrid", "adaptive", "conservative", "ultra_low_latency"]
@@ -41,7 +42,8 @@ guardian watches, instead of being refused up front)."""
 STRATEGY_NAMES = ("dynamic_batching", "stream_priority", "fallback_chain")
 
 
-def _check_priority(value: object) -> object:
+def check_priority(value: object) -> object:
+    """A priority as written: 'high', 'normal', 'low' or an integer >= 1 (ValueError else)."""
     if isinstance(value, str) and value in ("high", "normal", "low"):
         return value
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
@@ -54,7 +56,7 @@ class PriorityRule(Section):
 
     tag: str
     """The request tag this rule matches (exact match)."""
-    priority: Annotated[int | Literal["high", "normal", "low"], BeforeValidator(_check_priority)]
+    priority: Annotated[int | Literal["high", "normal", "low"], BeforeValidator(check_priority)]
     """'high', 'normal', 'low', or a level >= 1 where 1 is the highest."""
 
     @field_validator("tag")
