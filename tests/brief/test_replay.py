@@ -40,6 +40,7 @@ from sklearn.datasets import load_digits
 
 from sordino.cli import start as start_command
 from sordino.config import RuntimeConfig, load_config
+from sordino.config.tenants import hash_key
 from sordino.execution.devices import accelerators_present
 from sordino.models.repository import ModelSource, sources_for
 from sordino.testing import Fragmentation, RunningServer, fragment_arena, serve_in_thread
@@ -530,33 +531,47 @@ def test_scenario_rural_medical_edge() -> None:
 
 
 # 2. 多租户 SaaS — the brief has no block; its three measures are docs/tenants.md's keys.
-TENANTS_BLOCK = """\
+BIG_KEY, SMALL_KEY = "big-customer-key-0123", "small-customer-key-0123"
+TENANTS_BLOCK = f"""\
 tenants:
   - name: big-customer
+    keys: ["{hash_key(BIG_KEY)}"]
     weight: 4
     memory_quota: 64MB     # 租户级内存池
-    breaker: {failures: 5, cooldown: "30s"}   # 资源熔断
+    breaker: {{failures: 5, cooldown: "30s"}}   # 资源熔断
   - name: small-customer
+    keys: ["{hash_key(SMALL_KEY)}"]
     weight: 1              # 公平调度
-    memory_quota: 16MB
+    memory_quota: 8KB
 auth:
   required: false
 """
 
 
 def test_scenario_multi_tenant_saas() -> None:
-    """Per-tenant memory quotas, weighted fair shares and breakers, on a live server."""
+    """Per-tenant memory quotas, weighted fair shares and breakers, on a live server: a
+    64-row request (16 KiB of input) is past the small customer's whole pool and is
+    refused naming it, while the big customer's is served. (Fair shares under
+    contention and the breaker: tests/tenants/test_fair_e2e.py, test_breaker_e2e.py.)"""
     token = "brief-replay-admin-token"
     config = RuntimeConfig.model_validate(
         {**yaml.safe_load(TENANTS_BLOCK), "server": {"admin_token": token}}
     )
+    rows = {"inputs": [{**BODY["inputs"][0], "shape": [64, 64],
+                        "data": BODY["inputs"][0]["data"] * 64}]}  # fmt: skip
     with serve_in_thread(config, digits()) as server:
         headers = {"Authorization": f"Bearer {token}"}
         listing = httpx.get(server.url + "/v2/admin/tenants", headers=headers, timeout=30)
-        assert listing.status_code == 200, listing.text
-        tenants = {t["name"]: t for t in listing.json()["tenants"]}
+        url = server.url + "/v2/models/digits-classifier/infer"
+        big = httpx.post(url, json=rows, headers={"Authorization": f"Bearer {BIG_KEY}"})
+        small = httpx.post(url, json=rows, headers={"Authorization": f"Bearer {SMALL_KEY}"})
+    assert listing.status_code == 200, listing.text
+    tenants = {t["name"]: t for t in listing.json()["tenants"]}
     assert {"big-customer", "small-customer"} <= set(tenants)
     assert tenants["big-customer"]["weight"] == 4 and tenants["small-customer"]["weight"] == 1
+    assert big.status_code == 200, big.text
+    assert small.status_code == 400, small.text
+    assert "quota of tenant 'small-customer'" in small.json()["error"]
 
 
 # 3. 游戏实时生成 — as written, the trigger's window shortened to 2 s (the brief: none).
