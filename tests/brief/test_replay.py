@@ -597,14 +597,28 @@ self_healing:
 
 def test_scenario_game() -> None:
     """No batching (batches of one), one-frame deadlines, a 512 MB pool reused
-    aggressively, and frame_delay armed over 16 ms. (The trigger firing, on the
-    virtual clock: tests/guardian/test_game_block.py.)"""
-    config = RuntimeConfig.model_validate(yaml.safe_load(GAME_BLOCK))
+    aggressively, and frame_delay over 16 ms skipping non-critical work: a 50 ms stall
+    of the model makes frames late, and the guardian acts. (Each step on the virtual
+    clock: tests/guardian/test_game_block.py.)"""
+    token = "brief-replay-admin-token"  # not in the brief: the chaos API needs one
+    config = RuntimeConfig.model_validate(
+        {**yaml.safe_load(GAME_BLOCK), "server": {"admin_token": token}}
+    )
     with serve_in_thread(config, digits()) as server:
         model = httpx.get(server.url + "/v2/models/digits-classifier/config").json()
         response = httpx.post(server.url + "/v2/models/digits-classifier/infer", json=BODY)
-        status = run_cli("guardian", "status", "--url", server.url)
+        status = run_cli("guardian", "status", "--url", server.url, "--token", token)
         arena = server.runtime.executor.staging.arena
+        slow = run_cli("chaos", "inject", "--url", server.url, "--target",
+                       "worker:digits-classifier", "--fault", "latency", "--latency", "50ms",
+                       "--duration", "20s", "--token", token)  # fmt: skip
+        assert slow.exit_code == 0, slow.output
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            deadline = time.monotonic() + 30
+            while "skip_non_critical" not in _acted(server) and time.monotonic() < deadline:
+                client.post("/v2/models/digits-classifier/infer", json=BODY)
+        acted = _acted(server)
+    assert "skip_non_critical" in acted, acted
     assert response.status_code == 200, response.text
     assert model["parameters"]["sordino_mode"]["string_value"] == "ultra_low_latency"
     assert config.scheduler.dynamic_batching.max_batch == 1
