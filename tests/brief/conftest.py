@@ -3,12 +3,8 @@ brief's model file (an ONNX file where the brief has an Ascend ``.om``)."""
 
 from __future__ import annotations
 
-import json
 import shutil
-import threading
-import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from importlib import resources
 from pathlib import Path
 
@@ -16,6 +12,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from sordino.cli.main import cli
+from tests.webhook import Receiver
 
 BUILTIN = Path(str(resources.files("sordino.models.builtin")))
 
@@ -27,34 +24,6 @@ def run_cli(*args: str) -> Result:
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
     return result
-
-
-class Receiver:
-    """A local webhook receiver standing in for Slack: each JSON body with the wall
-    time (``time.time()``) it arrived."""
-
-    def __init__(self) -> None:
-        arrived = self.arrived = []  # type: list[tuple[float, dict[str, Any]]]
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length", 0))
-                body = json.loads(self.rfile.read(length))
-                arrived.append((time.time(), body))
-                self.send_response(200)
-                self.end_headers()
-                self.wfile.write(b"ok")
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = HTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_port}/hook"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
 
 
 @pytest.fixture(scope="module")

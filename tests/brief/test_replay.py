@@ -44,10 +44,11 @@ from sordino.config.tenants import hash_key
 from sordino.execution.devices import accelerators_present
 from sordino.models.repository import ModelSource, sources_for
 from sordino.testing import Fragmentation, RunningServer, fragment_arena, serve_in_thread
-from tests.brief.conftest import BUILTIN, Receiver, brief_model, run_cli
+from tests.brief.conftest import BUILTIN, brief_model, run_cli
 from tests.cli.conftest import sordino_start
 from tests.execution.load import BODY, digits, events
 from tests.waiting import wait_for
+from tests.webhook import Receiver
 
 pytestmark = pytest.mark.timeout(240)
 

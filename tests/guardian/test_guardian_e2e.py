@@ -6,13 +6,9 @@ for the state it needs (tests/waiting.py), never for a length of time.
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +21,7 @@ from sordino.telemetry.journal_reader import JournalReader
 from sordino.testing import Fragmentation, RunningServer, fragment_arena, serve_in_thread
 from tests.execution.load import BODY, Load, digits, events
 from tests.waiting import wait_for
+from tests.webhook import receiving
 
 TOKEN = "guardian-test-token"
 INFER = "/v2/models/digits-classifier/infer"
@@ -49,47 +46,12 @@ def _records(server: RunningServer) -> list[dict[str, Any]]:
     return [e.payload for e in events(server, "guardian") if e.payload["phase"] != "acted"]
 
 
-class Receiver:
-    """A local HTTP receiver standing in for Slack: keeps every JSON body it is sent."""
-
-    def __init__(self) -> None:
-        bodies = self.bodies = []  # type: list[dict[str, Any]]
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length", 0))
-                bodies.append(json.loads(self.rfile.read(length)))
-                self.send_response(200)
-                self.end_headers()
-                self.wfile.write(b"ok")
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = HTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_port}/hook"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
 def _dead_url() -> str:
     """A loopback URL nobody listens on."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     return f"http://127.0.0.1:{port}/hook"
-
-
-@contextmanager
-def _receiver() -> Iterator[Receiver]:
-    receiver = Receiver()
-    try:
-        yield receiver
-    finally:
-        receiver.close()
 
 
 def test_error_fault_restarts_the_worst_worker_and_alerts_slack(
@@ -99,7 +61,7 @@ def test_error_fault_restarts_the_worst_worker_and_alerts_slack(
     window; no error after it; one record, journaled, also delivered to Slack. (With two
     instances, outlier ejection keeps clients from seeing the errors at all:
     tests/execution/test_outliers.py.)"""
-    with _receiver() as slack:
+    with receiving() as slack:
         monkeypatch.setenv("SORDINO_SLACK_WEBHOOK", slack.url)
         trigger = {
             "metric": "error_rate",

@@ -5,12 +5,7 @@ webhook receiver on loopback, a real journal)."""
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -22,42 +17,9 @@ from sordino.telemetry.journal import Journal
 from sordino.telemetry.journal_reader import JournalReader
 from sordino.testing import VirtualClock
 from sordino.testing.guardian import RecordingActions, ScriptedSeries
+from tests.webhook import Receiver, receiving
 
 VERIFY_S = 20.0
-
-
-class Receiver:
-    """A local webhook receiver: every JSON body, with the (virtual) time it arrived."""
-
-    def __init__(self, now: Any) -> None:
-        arrived = self.arrived = []  # type: list[tuple[float, dict[str, Any]]]
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length", 0))
-                arrived.append((now(), json.loads(self.rfile.read(length))))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = HTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_port}/hook"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
-@contextmanager
-def _receiver(now: Any) -> Iterator[Receiver]:
-    receiver = Receiver(now)
-    try:
-        yield receiver
-    finally:
-        receiver.close()
 
 
 async def _arrivals(receiver: Receiver, count: int) -> None:
@@ -109,7 +71,7 @@ async def test_the_alert_and_the_record_come_at_the_action_the_verdict_after(
     events.subscribe(journal.write_event)
     actions = RecordingActions(clock.now, reversible=False)
     t = 0
-    with _receiver(clock.now) as hook:
+    with receiving(clock.now) as hook:
         alerts = AlertSender([f"webhook:{hook.url}"], clock=clock)
         guardian = Guardian(
             config,
