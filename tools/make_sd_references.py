@@ -4,8 +4,10 @@ Run in the side virtual environment of tools/make_tiny_sd_export.py (torch, diff
 
     python tools/make_tiny_sd_export.py /tmp/tiny-sd
     python tools/make_sd_references.py /tmp/tiny-sd tests/fixtures/sd
+    python tools/make_tiny_sd_export.py --xl /tmp/tiny-sdxl
+    python tools/make_sd_references.py --xl /tmp/tiny-sdxl tests/fixtures/sd
 
-Writes two files:
+Writes two files (with ``--xl``, ``sdxl_references.npz`` alone):
 
 - ``scheduler_steps.npz``: per scheduler case, diffusers' scheduler driven by recorded
   model outputs: its timesteps, ``init_noise_sigma``, each scaled input and each
@@ -13,7 +15,11 @@ Writes two files:
 - ``pipeline_references.npz``: per scheduler, diffusers' ``StableDiffusionPipeline``
   (torch, the weights the export was made from) on fixed prompts, seeds and initial
   ``latents``: the final latents and the image in [0, 1]
-  (tests/generation/test_stable_diffusion.py).
+  (tests/generation/test_stable_diffusion.py);
+- ``sdxl_references.npz``: the same from diffusers' ``StableDiffusionXLPipeline``
+  (two text encoders, micro-conditioning, the pooled embedding; a negative prompt left
+  out is zeros, ``force_zeros_for_empty_prompt``), and both tokenizers' ``input_ids``
+  (tests/generation/test_stable_diffusion_xl.py).
 
 Euler ancestral draws noise at every step; diffusers draws it from torch's generator,
 sordino from numpy's. Here diffusers' draw is replaced by sordino's (numpy
@@ -244,10 +250,94 @@ def record_pipelines(export: Path, out: Path) -> None:
     print(f"wrote {out / 'pipeline_references.npz'}: {len(cases)} cases")
 
 
+# (case, scheduler class, options, request) for the SDXL export; SDXL's default guidance.
+XL_CASES: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = [
+    ("euler", "EulerDiscreteScheduler", {}, {"steps": 5, "guidance": 5.0}),
+    (
+        "euler_two_images",
+        "EulerDiscreteScheduler",
+        {},
+        {
+            "steps": 4,
+            "guidance": 6.0,
+            "num_images": 2,
+            "width": 48,
+            "height": 64,
+            "negative_prompt": "blue sky",
+        },
+    ),
+    ("euler_unguided", "EulerDiscreteScheduler", {}, {"steps": 3, "guidance": 1.0}),
+    (
+        "dpmpp_2m_karras",
+        "DPMSolverMultistepScheduler",
+        {"use_karras_sigmas": True},
+        {"steps": 5, "guidance": 5.0, "width": 64, "height": 48},
+    ),
+]
+
+
+def record_xl(export: Path, out: Path) -> None:
+    """diffusers' StableDiffusionXLPipeline (the torch weights of ``export``) per case."""
+    from diffusers import StableDiffusionXLPipeline
+
+    pipe = StableDiffusionXLPipeline.from_pretrained(
+        str(export.parent / (export.name + ".torch")), add_watermarker=False
+    )
+    pipe.set_progress_bar_config(disable=True)
+    arrays: dict[str, np.ndarray] = {}
+    cases = []
+    base_config = dict(pipe.scheduler.config)
+    for name, kind, options, request in XL_CASES:
+        pipe.scheduler = CLASSES[kind].from_config(base_config, **options)
+        request = {
+            "prompt": PROMPT,
+            "seed": 11,
+            "width": 64,
+            "height": 64,
+            "num_images": 1,
+            "negative_prompt": "",
+            **request,
+        }
+        shape = (request["num_images"], 4, request["height"] // 8, request["width"] // 8)
+        latents = np.random.default_rng(zlib.crc32(("xl/" + name).encode())).standard_normal(shape)
+        latents = latents.astype(np.float32)
+        results = {}
+        for output_type in ("latent", "np"):
+            results[output_type] = pipe(
+                request["prompt"],
+                # No negative prompt: SDXL's zeros (force_zeros_for_empty_prompt).
+                negative_prompt=request["negative_prompt"] or None,
+                width=request["width"],
+                height=request["height"],
+                num_inference_steps=request["steps"],
+                guidance_scale=request["guidance"],
+                num_images_per_prompt=request["num_images"],
+                latents=torch.from_numpy(latents),
+                output_type=output_type,
+            ).images
+        arrays[f"{name}/latents_in"] = latents
+        arrays[f"{name}/latents_out"] = np.asarray(results["latent"], dtype=np.float32)
+        arrays[f"{name}/image"] = np.asarray(results["np"], dtype=np.float32)
+        cases.append({"name": name, "scheduler": kind, "options": options, "request": request})
+    for key, tokenizer in (("input_ids", pipe.tokenizer), ("input_ids_2", pipe.tokenizer_2)):
+        arrays[key] = tokenizer(
+            [PROMPT, ""], padding="max_length", max_length=77, truncation=True, return_tensors="np"
+        ).input_ids
+    arrays["cases"] = np.array(json.dumps(cases))
+    np.savez_compressed(out / "sdxl_references.npz", **arrays)
+    print(f"wrote {out / 'sdxl_references.npz'}: {len(cases)} cases")
+
+
 def main() -> None:
-    export = Path(sys.argv[1])
-    out = Path(sys.argv[2])
+    args = sys.argv[1:]
+    xl = "--xl" in args
+    args = [a for a in args if a != "--xl"]
+    export = Path(args[0])
+    out = Path(args[1])
     out.mkdir(parents=True, exist_ok=True)
+    if xl:
+        record_xl(export, out)
+        return
     record_schedulers(out)
     record_pipelines(export, out)
 

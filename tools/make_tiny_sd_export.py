@@ -1,10 +1,11 @@
-"""Build a tiny random-weight Stable Diffusion 1.x pipeline and export it to ONNX.
+"""Build a tiny random-weight Stable Diffusion 1.x or SDXL pipeline and export it to ONNX.
 
 Run in a side virtual environment (never needed to serve; see docs/generation.md)::
 
     python -m venv /tmp/sd-side && /tmp/sd-side/bin/pip install torch==2.13.0 \
         diffusers==0.35.2 'transformers==4.57.1' optimum-onnx==0.1.0 onnx onnxruntime
     /tmp/sd-side/bin/python tools/make_tiny_sd_export.py OUT_DIR
+    /tmp/sd-side/bin/python tools/make_tiny_sd_export.py --xl OUT_DIR   # SDXL
 
 The pipeline has SD 1.x's architecture (``UNet2DConditionModel`` with cross-attention,
 ``AutoencoderKL`` with a latent factor of 8, ``CLIPTextModel``, a CLIP BPE tokenizer,
@@ -12,6 +13,13 @@ The pipeline has SD 1.x's architecture (``UNet2DConditionModel`` with cross-atte
 exported the usual way (optimum's ``main_export``, task ``text-to-image``) into
 ``OUT_DIR`` — the folder ``optimum-cli export onnx`` writes. The torch pipeline is kept in
 ``OUT_DIR.torch`` (the references are made from it, tools/make_sd_references.py).
+
+With ``--xl`` the pipeline is a ``StableDiffusionXLPipeline`` shaped as SDXL ships: two
+text encoders (``CLIPTextModel`` and ``CLIPTextModelWithProjection``, of different widths
+so a wrong concatenation cannot pass), two tokenizers (the second pads with ``!`` as
+SDXL's does), a UNet with ``addition_embed_type="text_time"`` (micro-conditioning and the
+pooled text embedding), SDXL's VAE scaling factor 0.13025 and its ``EulerDiscreteScheduler``
+configuration.
 """
 
 from __future__ import annotations
@@ -22,8 +30,20 @@ import sys
 from pathlib import Path
 
 import torch
-from diffusers import AutoencoderKL, PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
-from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+from diffusers import (
+    AutoencoderKL,
+    EulerDiscreteScheduler,
+    PNDMScheduler,
+    StableDiffusionPipeline,
+    StableDiffusionXLPipeline,
+    UNet2DConditionModel,
+)
+from transformers import (
+    CLIPTextConfig,
+    CLIPTextModel,
+    CLIPTextModelWithProjection,
+    CLIPTokenizer,
+)
 
 WORDS = [
     "a",
@@ -150,6 +170,87 @@ def build(out: Path) -> Path:
     return work
 
 
+def text_encoder_config(tokenizer: CLIPTokenizer, hidden: int, projection: int) -> CLIPTextConfig:
+    return CLIPTextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=37,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=77,
+        projection_dim=projection,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def build_xl(out: Path) -> Path:
+    """A tiny SDXL pipeline: encoders of width 32 and 48 (pooled 24), UNet with text_time."""
+    torch.manual_seed(0)
+    work = out.parent / (out.name + ".torch")
+    shutil.rmtree(work, ignore_errors=True)
+    write_tokenizer_files(work / "vocab")
+    files = (str(work / "vocab" / "vocab.json"), str(work / "vocab" / "merges.txt"))
+    tokenizer = CLIPTokenizer(*files, pad_token="<|endoftext|>", model_max_length=77)
+    tokenizer_2 = CLIPTokenizer(*files, pad_token="!", model_max_length=77)  # as SDXL's
+    text_encoder = CLIPTextModel(text_encoder_config(tokenizer, 32, 32))
+    text_encoder_2 = CLIPTextModelWithProjection(text_encoder_config(tokenizer_2, 48, 24))
+    unet = UNet2DConditionModel(
+        sample_size=8,
+        in_channels=4,
+        out_channels=4,
+        layers_per_block=1,
+        block_out_channels=(16, 32),
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=32 + 48,
+        attention_head_dim=(2, 4),
+        use_linear_projection=True,
+        addition_embed_type="text_time",
+        addition_time_embed_dim=8,
+        projection_class_embeddings_input_dim=6 * 8 + 24,
+        transformer_layers_per_block=(1, 2),
+        norm_num_groups=8,
+    )
+    vae = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(8, 8, 16, 16),
+        latent_channels=4,
+        norm_num_groups=4,
+        sample_size=64,
+        scaling_factor=0.13025,
+        force_upcast=True,
+    )
+    scheduler = EulerDiscreteScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        num_train_timesteps=1000,
+        steps_offset=1,
+        timestep_spacing="leading",
+        interpolation_type="linear",
+        prediction_type="epsilon",
+        use_karras_sigmas=False,
+    )
+    pipe = StableDiffusionXLPipeline(
+        vae=vae,
+        text_encoder=text_encoder,
+        text_encoder_2=text_encoder_2,
+        tokenizer=tokenizer,
+        tokenizer_2=tokenizer_2,
+        unet=unet,
+        scheduler=scheduler,
+        force_zeros_for_empty_prompt=True,
+        add_watermarker=False,
+    )
+    pipe.save_pretrained(work)
+    return work
+
+
 def export(work: Path, out: Path) -> None:
     from optimum.exporters.onnx import main_export
 
@@ -168,8 +269,11 @@ def without_local_paths(out: Path) -> None:
 
 
 def main() -> None:
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "tiny-sd-onnx").resolve()
-    work = build(out)
+    args = sys.argv[1:]
+    xl = "--xl" in args
+    args = [a for a in args if a != "--xl"]
+    out = Path(args[0] if args else "tiny-sdxl-onnx" if xl else "tiny-sd-onnx").resolve()
+    work = build_xl(out) if xl else build(out)
     export(work, out)
     without_local_paths(out)
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())

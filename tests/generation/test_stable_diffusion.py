@@ -191,13 +191,13 @@ def test_mistakes_are_named(server: RunningServer, body: dict[str, Any], says: s
     assert says in answer.text
 
 
-def test_repository_folder_serves_an_export_and_refuses_sdxl(tmp_path: Path) -> None:
+def test_repository_folder_serves_an_export_and_refuses_sd3(tmp_path: Path) -> None:
     shutil.copytree(EXPORT, tmp_path / "repo" / "poster")
     names = [s.name for s in scan_repository(tmp_path / "repo")]
     assert names == ["poster.text_encoder", "poster.vae_decoder", "poster"]
     index = tmp_path / "repo" / "poster" / "model_index.json"
-    index.write_text(json.dumps({"_class_name": "StableDiffusionXLPipeline"}), encoding="utf-8")
-    with pytest.raises(ModelLoadError, match="not SDXL"):
+    index.write_text(json.dumps({"_class_name": "StableDiffusion3Pipeline"}), encoding="utf-8")
+    with pytest.raises(ModelLoadError, match="not SD3"):
         scan_repository(tmp_path / "repo")
 
 

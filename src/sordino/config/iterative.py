@@ -115,6 +115,9 @@ class IterativeConfig(Section):
     key (a prompt is read on the server's event loop: a huge one would stall it)."""
     text_encoder: str | None = None
     """A loaded model taking the prompt (BYTES [B, 1]) and giving the condition."""
+    text_encoder_2: str | None = None
+    """With ``export``: the second text encoder of an SDXL export (set by sordino); the
+    generator then runs the SDXL loop (generation/stable_diffusion_xl.py)."""
     decoder: str | None = None
     """A loaded model taking the final sample and giving the image values in [-1, 1]."""
     sample_input: str = "sample"

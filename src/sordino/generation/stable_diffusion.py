@@ -20,7 +20,7 @@ built-in digits model, each as diffusers' ``StableDiffusionPipeline`` does it:
 
 Not here yet: degrade-instead-of-drop and approximate reuse (a diffusers scheduler
 cannot be re-planned mid-run and stay equal to diffusers; a request runs all its steps),
-image to image, SDXL and SD3.
+image to image and SD3 (SDXL: generation/stable_diffusion_xl.py).
 """
 
 from __future__ import annotations
@@ -135,15 +135,18 @@ class SDGeneration:
             state.abandon()
             raise
         timestep = np.full(rows, self.sampler.timesteps[self.index], dtype=pipeline.timestep_dtype)
-        small = Tensors.of({"timestep": timestep, "encoder_hidden_states": self.embeddings})
+        small = Tensors.of({"timestep": timestep, **self.unet_conditioning()})
         with state.finish() as placed:
             return Tensors.compose(
-                {
-                    "sample": (placed, "sample"),
-                    "timestep": (small, "timestep"),
-                    "encoder_hidden_states": (small, "encoder_hidden_states"),
-                }
+                {"sample": (placed, "sample"), **{key: (small, key) for key in small}}
             )
+
+    def unet_conditioning(self) -> dict[str, npt.NDArray[np.float32]]:
+        """The UNet's inputs besides ``sample`` and ``timestep``, one row per sample row.
+
+        SD 1.x/2.x: the text rows; SDXL adds its own (generation/stable_diffusion_xl.py).
+        """
+        return {"encoder_hidden_states": self.embeddings}
 
     def advance(self, outputs: Tensors, now: float) -> tuple[Tensors | None, Tensors | None]:
         predicted = np.asarray(outputs["out_sample"], dtype=np.float32)
@@ -166,7 +169,7 @@ class SDGeneration:
             return None, Tensors.of({"sample": self.latents})
         delivered = None
         if self.progress:
-            rgb = np.einsum("chw,cr->hwr", self.latents[0], _PREVIEW_RGB)
+            rgb = np.einsum("chw,cr->hwr", self.latents[0], self.pipeline.preview_rgb)
             preview = np.round(np.clip((rgb + 1.0) / 2.0, 0, 1) * 255).astype(np.uint8)
             delivered = Tensors.of(
                 {
@@ -183,6 +186,9 @@ class SDGeneration:
 
 class StableDiffusion(Pipeline):
     """The generator of a served Stable Diffusion export (the UNet is the scheduled model)."""
+
+    preview_rgb = _PREVIEW_RGB
+    """The latent channels as RGB for the cheap previews (a subclass's latent space differs)."""
 
     def __init__(
         self,

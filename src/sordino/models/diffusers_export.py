@@ -1,4 +1,4 @@
-"""A Stable Diffusion 1.x/2.x ONNX export (``optimum-cli export onnx``) as model sources.
+"""A Stable Diffusion 1.x/2.x or SDXL ONNX export (``optimum-cli export onnx``) as model sources.
 
 The folder such an export writes::
 
@@ -12,7 +12,15 @@ The folder such an export writes::
 
 becomes three models: ``NAME`` (the UNet, served as the generator: prompt in, image
 out; ``iterative.export`` points at DIR), ``NAME.text_encoder`` and ``NAME.vae_decoder``
-(ordinary models the generator runs). SDXL and SD3 exports are refused with a clear error.
+(ordinary models the generator runs).
+
+An SDXL export (``_class_name: StableDiffusionXLPipeline``) also has ``tokenizer_2/`` and
+``text_encoder_2/model.onnx`` (``input_ids`` -> ``text_embeds``, ``last_hidden_state``,
+``hidden_states.0..L``), and its UNet takes ``text_embeds`` and ``time_ids`` too: it
+becomes four models, the fourth ``NAME.text_encoder_2`` (``iterative.text_encoder_2``,
+which makes the generator run the SDXL loop). Both encoders must give their hidden
+states (optimum exports them for SDXL): SDXL conditions on the penultimate layer's.
+SD3 and other pipelines are refused with a clear error.
 
 optimum exports the UNet's ``timestep`` as a scalar, so one call can only denoise rows at
 one timestep. To let requests at different steps share a UNet batch, the graph is
@@ -41,6 +49,7 @@ from sordino.errors import ModelLoadError
 __all__ = ["export_sources", "is_diffusers_export", "per_row_timestep"]
 
 SUPPORTED = ("StableDiffusionPipeline", "OnnxStableDiffusionPipeline", "ORTStableDiffusionPipeline")
+SUPPORTED_XL = ("StableDiffusionXLPipeline", "ORTStableDiffusionXLPipeline")
 
 
 def is_diffusers_export(folder: Path) -> bool:
@@ -58,19 +67,24 @@ def export_sources(
     """
     index = _json(folder / "model_index.json", name)
     kind = str(index.get("_class_name", ""))
-    if kind not in SUPPORTED:
+    xl = kind in SUPPORTED_XL
+    if kind not in SUPPORTED and not xl:
         raise ModelLoadError(
             f"model {name!r}: {folder} is a diffusers export of {kind or 'an unnamed pipeline'}; "
-            "sordino serves Stable Diffusion 1.x/2.x text-to-image exports "
-            "(StableDiffusionPipeline) so far, not SDXL, SD3 or other pipelines"
+            "sordino serves Stable Diffusion 1.x/2.x and SDXL text-to-image exports "
+            "(StableDiffusionPipeline, StableDiffusionXLPipeline) so far, not SD3 or other "
+            "pipelines"
         )
-    for part in (
+    parts = [
         "tokenizer",
         "text_encoder/model.onnx",
         "unet/model.onnx",
         "vae_decoder/model.onnx",
         "scheduler/scheduler_config.json",
-    ):
+    ]
+    if xl:
+        parts[1:1] = ["tokenizer_2", "text_encoder_2/model.onnx"]
+    for part in parts:
         if not (folder / part).exists():
             raise ModelLoadError(
                 f"model {name!r}: the Stable Diffusion export {folder} has no {part}; export it "
@@ -90,7 +104,8 @@ def export_sources(
     if "steps" not in base.model_fields_set:
         base = base.model_copy(update={"steps": IterativeSteps(default=50, max=150)})
     if "guidance" not in base.model_fields_set:
-        base = base.model_copy(update={"guidance": 7.5})
+        # SDXL's pipeline defaults to 5.0.
+        base = base.model_copy(update={"guidance": 5.0 if xl else 7.5})
     iterative = base.model_copy(
         update={
             "export": folder,
@@ -105,11 +120,20 @@ def export_sources(
         }
     )
     helper = config.model_copy(update={"iterative": None, "path": None})
+    encoders = ["text_encoder"]
+    if xl:
+        encoders.append("text_encoder_2")
+        for encoder in encoders:
+            _needs_hidden_states(folder / encoder / "model.onnx", name)
+        iterative = iterative.model_copy(update={"text_encoder_2": f"{name}.text_encoder_2"})
     return [
-        (
-            f"{name}.text_encoder",
-            folder / "text_encoder" / "model.onnx",
-            helper.model_copy(update={"name": f"{name}.text_encoder"}),
+        *(
+            (
+                f"{name}.{encoder}",
+                folder / encoder / "model.onnx",
+                helper.model_copy(update={"name": f"{name}.{encoder}"}),
+            )
+            for encoder in encoders
         ),
         (
             f"{name}.vae_decoder",
@@ -184,6 +208,20 @@ def per_row_timestep(unet: Path, name: str) -> Path:
     partial.write_bytes(model.SerializeToString())
     partial.replace(target)
     return target
+
+
+def _needs_hidden_states(encoder: Path, name: str) -> None:
+    """Refuse an SDXL text encoder exported without its per-layer hidden states."""
+    import onnx
+
+    graph = onnx.load(str(encoder), load_external_data=False).graph
+    layers = [o.name for o in graph.output if o.name.startswith("hidden_states.")]
+    if len(layers) < 2:
+        raise ModelLoadError(
+            f"model {name!r}: the SDXL text encoder {encoder} has no outputs hidden_states.0, "
+            "hidden_states.1, ... (SDXL conditions on the penultimate layer's); export it "
+            "with optimum (`optimum-cli export onnx --task text-to-image`), which adds them"
+        )
 
 
 def _external_files(model: Any) -> set[str]:

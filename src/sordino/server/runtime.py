@@ -256,10 +256,12 @@ class Runtime:
         key = model.key
         if config.export is not None:
             from sordino.generation.stable_diffusion import StableDiffusion
+            from sordino.generation.stable_diffusion_xl import StableDiffusionXL
 
             encoder = self.registry.get(config.text_encoder or "").metadata.input("input_ids")
             timestep = denoiser.input(config.timestep_input)
-            return StableDiffusion(
+            kind = StableDiffusionXL if config.text_encoder_2 else StableDiffusion
+            return kind(
                 key,
                 config,
                 scheduler=model.scheduler,

@@ -1,0 +1,195 @@
+"""An SDXL export served as a generator, equal to diffusers' ``StableDiffusionXLPipeline``.
+
+:class:`StableDiffusionXL` is :class:`~sordino.generation.stable_diffusion.StableDiffusion`
+(the loop, the scheduler, the decoder, batching of UNet rows across requests) with
+SDXL's conditioning, each part as diffusers computes it:
+
+- two tokenizers (``tokenizer/``, ``tokenizer_2/``; the second pads with its own token)
+  and two text encoders run on the same text; the text rows are the **penultimate**
+  hidden states of both (``hidden_states.{L-1}`` of an optimum export, before the final
+  layer norm), concatenated along the feature axis: [rows, 77, D1 + D2];
+- the pooled embedding ``text_embeds`` of ``text_encoder_2`` is the UNet's input
+  ``text_embeds`` [rows, P];
+- micro-conditioning: the UNet's ``time_ids`` [rows, 6] are
+  ``original_size + crops_coords_top_left + target_size`` with diffusers' defaults,
+  ``(height, width, 0, 0, height, width)``, the same for the negative rows;
+- classifier-free guidance: the negative rows first, then the prompt's, one of each per
+  image. Without a negative prompt (none, or ``""``) and with the export's
+  ``force_zeros_for_empty_prompt`` (SDXL's default), the negative rows are zeros — text
+  and pooled — as diffusers does when ``negative_prompt`` is None; otherwise the
+  negative prompt (``""`` too) is encoded;
+- the image: the VAE decoder on ``latents / scaling_factor`` (SDXL's 0.13025, from the
+  export's ``vae_decoder/config.json``; ``latents_mean``/``latents_std`` when the VAE
+  has them). SDXL's VAE upcast note (``force_upcast``) is about fp16 torch: an fp32
+  ONNX decoder runs as it is.
+
+The default guidance of an SDXL export is diffusers' 5.0 (models/diffusers_export.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from sordino.errors import InferenceFailed, ModelLoadError
+from sordino.generation.clip_tokens import ClipTokenizer
+from sordino.generation.pipeline import GenerateParams
+from sordino.generation.stable_diffusion import SDGeneration, SDParams, StableDiffusion
+
+__all__ = ["SDXLGeneration", "StableDiffusionXL", "XLCondition"]
+
+# SDXL's latent channels as RGB for the cheap previews (the linear fit ComfyUI uses for
+# SDXL's latent space; its small bias is left out).
+_PREVIEW_RGB_XL = np.array(
+    [
+        [0.3651, 0.4232, 0.4341],
+        [-0.2533, -0.0042, 0.1068],
+        [0.1076, 0.1111, -0.0362],
+        [-0.3165, -0.2492, -0.2188],
+    ],
+    dtype=np.float32,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class XLCondition:
+    """The text conditioning of one SDXL request, rows as the UNet takes them."""
+
+    hidden: npt.NDArray[np.float32]
+    """``encoder_hidden_states`` [rows, 77, D1 + D2]: negative rows first when guided."""
+    pooled: npt.NDArray[np.float32]
+    """``text_embeds`` [rows, P], the same row order."""
+
+
+class SDXLGeneration(SDGeneration):
+    """One SDXL request's loop: SD's, with ``text_embeds`` and ``time_ids`` in every call."""
+
+    def __init__(
+        self,
+        pipeline: StableDiffusionXL,
+        params: SDParams,
+        condition: XLCondition,
+        *,
+        priority: int,
+        progress: bool,
+        now: float,
+    ) -> None:
+        super().__init__(
+            pipeline, params, condition.hidden, priority=priority, progress=progress, now=now
+        )
+        self.pooled = condition.pooled
+        # original_size + crops_coords_top_left + target_size, diffusers' defaults.
+        size = (params.height, params.width)
+        time_ids = np.array([*size, 0, 0, *size], dtype=np.float32)
+        self.time_ids = np.tile(time_ids, (len(condition.pooled), 1))
+
+    def unet_conditioning(self) -> dict[str, npt.NDArray[np.float32]]:
+        return {
+            "encoder_hidden_states": self.embeddings,
+            "text_embeds": self.pooled,
+            "time_ids": self.time_ids,
+        }
+
+
+class StableDiffusionXL(StableDiffusion):
+    """The generator of a served SDXL export: two text encoders, micro-conditioning."""
+
+    preview_rgb = _PREVIEW_RGB_XL
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        export = self.config.export
+        assert export is not None and self.config.text_encoder_2 is not None
+        name = self.key.name
+        try:
+            self.tokenizer_2 = ClipTokenizer(export / "tokenizer_2")
+        except (OSError, ValueError, KeyError) as exc:
+            raise ModelLoadError(f"model {name!r}: cannot read its tokenizer_2: {exc}") from None
+        index = _json_object(export / "model_index.json")
+        self.force_zeros_for_empty_prompt = bool(index.get("force_zeros_for_empty_prompt", True))
+        vae = _json_object(export / "vae_decoder" / "config.json")
+        mean, std = vae.get("latents_mean"), vae.get("latents_std")
+        self.latents_mean = self.latents_std = None
+        if mean is not None and std is not None:
+            shape = (1, self.latent_channels, 1, 1)
+            self.latents_mean = np.asarray(mean, dtype=np.float32).reshape(shape)
+            self.latents_std = np.asarray(std, dtype=np.float32).reshape(shape)
+        self.metadata.extra["description"] = "SDXL export " + str(export)
+
+    async def condition(self, params: GenerateParams) -> XLCondition:  # type: ignore[override]
+        """Both encoders' rows: [negative x N, prompt x N] (guided) or [prompt x N]."""
+        assert isinstance(params, SDParams)
+        assert self.config.text_encoder is not None and self.config.text_encoder_2 is not None
+        guided = params.guidance > 1.0
+        zero_negative = guided and not params.negative_prompt and self.force_zeros_for_empty_prompt
+        texts = [params.negative_prompt, params.prompt] if guided and not zero_negative else []
+        texts = texts or [params.prompt]
+        first, second = await asyncio.gather(
+            self._encode(self.config.text_encoder, self.tokenizer(texts), pooled=False),
+            self._encode(self.config.text_encoder_2, self.tokenizer_2(texts), pooled=True),
+        )
+        hidden = np.concatenate([first[0], second[0]], axis=-1)
+        pooled = second[1]
+        if zero_negative:
+            hidden = np.concatenate([np.zeros_like(hidden), hidden])
+            pooled = np.concatenate([np.zeros_like(pooled), pooled])
+        n = params.num_images
+        return XLCondition(np.repeat(hidden, n, axis=0), np.repeat(pooled, n, axis=0))
+
+    async def _encode(
+        self, model: str, ids: npt.NDArray[np.int64], *, pooled: bool
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        """One encoder's penultimate hidden states and (``pooled``) its ``text_embeds``."""
+        inputs = {"input_ids": ids.astype(self.input_ids_dtype)}
+        with await self._run_model(model, inputs) as encoded:
+            layers = [k for k in encoded if k.startswith("hidden_states.")]
+            if len(layers) < 2 or (pooled and "text_embeds" not in encoded):
+                raise InferenceFailed(
+                    f"the text encoder {model!r} of {self.key} gave {', '.join(encoded.keys())}; "
+                    "SDXL needs its hidden_states.0..L (and text_embeds from the second)"
+                )
+            last = max(int(k.rpartition(".")[2]) for k in layers)
+            hidden = np.array(encoded[f"hidden_states.{last - 1}"], dtype=np.float32)
+            embeds = np.array(encoded["text_embeds"], dtype=np.float32) if pooled else hidden[:0]
+        return hidden, embeds
+
+    def result_key(  # type: ignore[override]
+        self, params: GenerateParams, condition: XLCondition
+    ) -> tuple[Any, ...]:
+        return (*super().result_key(params, condition.hidden), condition.pooled.tobytes())
+
+    def generation(  # type: ignore[override]
+        self,
+        params: GenerateParams,
+        condition: XLCondition,
+        *,
+        priority: int,
+        deadline: float | None,
+        now: float,
+        progress: bool,
+    ) -> SDXLGeneration:
+        assert isinstance(params, SDParams)
+        return SDXLGeneration(
+            self, params, condition, priority=priority, progress=progress, now=now
+        )
+
+    async def _decode(self, sample: npt.NDArray[np.float32]) -> npt.NDArray[np.uint8]:
+        if self.latents_mean is None or self.latents_std is None:
+            return await super()._decode(sample)
+        # diffusers: latents * std / scaling_factor + mean; the base divides by the factor.
+        factor = np.float32(self.scaling_factor)
+        shifted = (sample * self.latents_std / factor + self.latents_mean) * factor
+        return await super()._decode(np.asarray(shifted, dtype=np.float32))
+
+
+def _json_object(path: Any) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
