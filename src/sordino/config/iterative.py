@@ -117,6 +117,9 @@ class IterativeConfig(Section):
     """A loaded model taking the prompt (BYTES [B, 1]) and giving the condition."""
     decoder: str | None = None
     """A loaded model taking the final sample and giving the image values in [-1, 1]."""
+    image_encoder: str | None = None
+    """With ``export``: the loaded VAE encoder (image to image: ``image`` and ``strength``
+    inputs); set by sordino when the export has ``vae_encoder/model.onnx``."""
     sample_input: str = "sample"
     timestep_input: str = "timestep"
     condition_input: str = "condition"

@@ -7,12 +7,13 @@ The folder such an export writes::
         text_encoder/model.onnx     input_ids -> last_hidden_state, pooler_output
         unet/model.onnx             sample, timestep, encoder_hidden_states -> out_sample
         vae_decoder/model.onnx      latent_sample -> sample
-        vae_encoder/model.onnx      (optional; image to image is not served yet)
+        vae_encoder/model.onnx      sample -> latent_parameters (optional: image to image)
         scheduler/scheduler_config.json
 
 becomes three models: ``NAME`` (the UNet, served as the generator: prompt in, image
 out; ``iterative.export`` points at DIR), ``NAME.text_encoder`` and ``NAME.vae_decoder``
-(ordinary models the generator runs). SDXL and SD3 exports are refused with a clear error.
+(ordinary models the generator runs), and a fourth, ``NAME.vae_encoder``, where the export
+has a VAE encoder. SDXL and SD3 exports are refused with a clear error.
 
 optimum exports the UNet's ``timestep`` as a scalar, so one call can only denoise rows at
 one timestep. To let requests at different steps share a UNet batch, the graph is
@@ -105,6 +106,9 @@ def export_sources(
         }
     )
     helper = config.model_copy(update={"iterative": None, "path": None})
+    encoder = _image_encoder(name, folder, helper)
+    if encoder:
+        iterative = iterative.model_copy(update={"image_encoder": encoder[0][0]})
     return [
         (
             f"{name}.text_encoder",
@@ -116,12 +120,65 @@ def export_sources(
             folder / "vae_decoder" / "model.onnx",
             helper.model_copy(update={"name": f"{name}.vae_decoder"}),
         ),
+        *encoder,
         (
             name,
             per_row_timestep(folder / "unet" / "model.onnx", name),
             config.model_copy(update={"iterative": iterative}),
         ),
     ]
+
+
+def _image_encoder(
+    name: str, folder: Path, helper: ModelConfig
+) -> list[tuple[str, Path, ModelConfig]]:
+    """``NAME.vae_encoder`` where the export has one (image to image), else nothing."""
+    path = folder / "vae_encoder" / "model.onnx"
+    if not path.is_file():
+        return []
+    path = _with_warmup_image(path)
+    return [
+        (f"{name}.vae_encoder", path, helper.model_copy(update={"name": f"{name}.vae_encoder"}))
+    ]
+
+
+def _with_warmup_image(encoder: Path) -> Path:
+    """A cached copy of ``encoder`` that names its warm-up image size (a 1x1 image fails).
+
+    The copy holds the graph and the hint; external weights are hard links as for the UNet.
+    """
+    import onnx
+
+    model = onnx.load(str(encoder), load_external_data=False)
+    key = "sordino.warmup_shape.sample"
+    if any(prop.key == key for prop in model.metadata_props):
+        return encoder
+    stat = encoder.stat()
+    identity = f"encoder-v1:{encoder.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+    cache = Path(
+        os.environ.get("SORDINO_CACHE_DIR") or Path(tempfile.gettempdir()) / "sordino-cache"
+    )
+    target = cache / "vae-encoder" / hashlib.sha256(identity).hexdigest()[:24] / "model.onnx"
+    if target.is_file():
+        return target
+    config = encoder.parent / "config.json"
+    settings = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
+    side, channels = int(settings.get("sample_size", 64)), int(settings.get("in_channels", 3))
+    hint = model.metadata_props.add()
+    hint.key, hint.value = key, f"1,{channels},{side},{side}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    for location in _external_files(model):
+        link = target.parent / location
+        if not link.exists():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(encoder.parent / location, link)
+            except OSError:
+                shutil.copyfile(encoder.parent / location, link)
+    partial = target.with_suffix(".partial")
+    partial.write_bytes(model.SerializeToString())
+    partial.replace(target)
+    return target
 
 
 def per_row_timestep(unet: Path, name: str) -> Path:
