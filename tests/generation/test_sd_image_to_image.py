@@ -126,7 +126,8 @@ def test_image_to_image_equals_diffusers(server: RunningServer, case: dict[str, 
 
 
 def test_concurrent_image_and_text_requests_share_unet_batches(server: RunningServer) -> None:
-    """Image-to-image rows join text-to-image rows in UNet calls; each equals diffusers'."""
+    """Image-to-image requests run among text-to-image ones, sharing UNet calls, and
+    each still equals diffusers'."""
     case = next(c for c in CASES if _model(c) == "i2i-ddim")
     text = {"prompt": "a red house", "steps": 6, "guidance": 5.0, "width": 48, "height": 64}
     model = server.runtime.registry.get("i2i-ddim")
