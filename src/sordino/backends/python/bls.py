@@ -175,7 +175,8 @@ def build_call(request: Any, decoupled: bool) -> ModelCall:
         tenant=tenant,
         timeout_us=int(request.timeout()),
         decoupled=decoupled,
-        caller=state.model if state is not None else "",
+        # Only a call from execute itself can wait on its own instance (a cycle).
+        caller=own.model if (own := _CURRENT.get()) is not None else "",
     )
 
 
