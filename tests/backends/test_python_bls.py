@@ -136,6 +136,48 @@ output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ]
 """
 
 
+WIDE = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        n = int(pb_utils.get_input_tensor_by_name(requests[0], "N").as_numpy()[0])
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.ones(n, np.float32))])]
+"""
+
+WIDE_CONFIG = """
+backend: "python"
+input [ { name: "N", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "Y", data_type: TYPE_FP32, dims: [ -1 ] } ]
+"""
+
+WIDE_CALLER = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        n = pb_utils.get_input_tensor_by_name(requests[0], "N")
+        answer = pb_utils.InferenceRequest(
+            model_name="wide", inputs=[n], requested_output_names=["Y"]
+        ).exec()
+        if answer.has_error():
+            raise pb_utils.TritonModelException(answer.error().message())
+        y = pb_utils.get_output_tensor_by_name(answer, "Y").as_numpy()
+        total = np.array([y.size, y.sum()], dtype=np.float64)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("TOTAL", total)])]
+"""
+
+WIDE_CALLER_CONFIG = """
+backend: "python"
+input [ { name: "N", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "TOTAL", data_type: TYPE_FP64, dims: [ 2 ] } ]
+"""
+
+
 def _model(root: Path, name: str, code: str, config: str) -> None:
     (root / name / "1").mkdir(parents=True)
     (root / name / "config.pbtxt").write_text(config)
@@ -158,6 +200,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     shutil.copytree(EXAMPLES / "bls_sync", root / "bls_sync_thread")
     (root / "bls_sync_thread" / "config.yaml").write_text("backend: python\nisolation: thread\n")
     _model(root, "relay", RELAY, RELAY_CONFIG)
+    _model(root, "wide", WIDE, WIDE_CONFIG)
+    _model(root, "wide_caller", WIDE_CALLER, WIDE_CALLER_CONFIG)
     config = RuntimeConfig.model_validate({"telemetry": {"tenant_labels": ["acme"]}})
     with serve_in_thread(config, scan_repository(root)) as running:
         yield running
@@ -250,6 +294,13 @@ def test_bls_to_an_undefined_model_fails_the_request_saying_which(client: Any) -
     np.testing.assert_array_equal(
         _bls_sync(client, "bls_sync", "add_sub").as_numpy("OUTPUT0"), A + B
     )
+
+
+def test_a_large_answer_crosses_the_pipe_whole(client: Any) -> None:
+    """16 MiB of outputs come back to the calling worker (written as its pipe takes them)."""
+    n = 4 << 20
+    result = _infer(client, "wide_caller", {"N": np.array([n], dtype=np.int32)})
+    assert result.as_numpy("TOTAL").tolist() == [n, n]
 
 
 # -- what a call carries, and its dead ends ------------------------------------------

@@ -181,6 +181,7 @@ class WorkerProcess:
         # BLS answer the worker has not read yet) waits in _outgoing for a writer callback.
         os.set_blocking(self._fd, False)
         self._outgoing: collections.deque[memoryview] = collections.deque()
+        self._closed = False
         self._frames = FrameReader()
         self._child_conn: Connection | None = child
         self._process = _SPAWN.Process(
@@ -388,6 +389,8 @@ class WorkerProcess:
 
         Raises :class:`OSError` when the worker's end is gone. Frames keep their order.
         """
+        if self._closed:  # its fd number may belong to another file by now
+            raise OSError("the worker's pipe is closed")
         frame = memoryview(encode(message))
         if self._outgoing:
             self._outgoing.append(frame)
@@ -535,6 +538,7 @@ class WorkerProcess:
         if self._outgoing:
             self._outgoing.clear()
             self._loop.remove_writer(self._fd)
+        self._closed = True
         if not self._ready.done():
             self._ready.set_exception(ModelLoadError(f"worker {cause} while loading"))
             self._ready.exception()
