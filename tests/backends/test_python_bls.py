@@ -30,7 +30,7 @@ from sordino.backends.python import bls
 from sordino.backends.python import triton_python_backend_utils as pb_utils
 from sordino.config import RuntimeConfig
 from sordino.execution.messages import FrameReader, ModelCallAnswer, ModelCallStart, encode
-from sordino.models.repository import scan_repository
+from sordino.models.repository import scan_repository, triton_example_sources
 from sordino.testing import RunningServer, serve_in_thread
 from tests.metrics import counter_sum
 from tests.waiting import wait_for
@@ -178,6 +178,55 @@ output [ { name: "TOTAL", data_type: TYPE_FP64, dims: [ 2 ] } ]
 """
 
 
+REPEAT_SUM = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        values = pb_utils.get_input_tensor_by_name(requests[0], "IN").as_numpy()
+        zeros = np.zeros(values.shape, np.uint32)
+        call = pb_utils.InferenceRequest(
+            model_name="repeat_int32",
+            inputs=[
+                pb_utils.Tensor("IN", values),
+                pb_utils.Tensor("DELAY", zeros),
+                pb_utils.Tensor("WAIT", np.zeros(1, np.uint32)),
+            ],
+            requested_output_names=["OUT"],
+        )
+        plain = call.exec()  # not decoupled: refused, saying how to call it
+        total, count = 0, 0
+        for response in call.exec(decoupled=True):
+            if response.has_error():
+                raise pb_utils.TritonModelException(response.error().message())
+            count += 1
+            if response.output_tensors():
+                total += int(pb_utils.get_output_tensor_by_name(response, "OUT").as_numpy()[0])
+        error = plain.error().message() if plain.has_error() else ""
+        return [
+            pb_utils.InferenceResponse(
+                [
+                    pb_utils.Tensor("SUM", np.array([total], np.int32)),
+                    pb_utils.Tensor("COUNT", np.array([count], np.int32)),
+                    pb_utils.Tensor("ERROR", np.array([error], object)),
+                ]
+            )
+        ]
+"""
+
+REPEAT_SUM_CONFIG = """
+backend: "python"
+input [ { name: "IN", data_type: TYPE_INT32, dims: [ -1 ] } ]
+output [
+  { name: "SUM", data_type: TYPE_INT32, dims: [ 1 ] },
+  { name: "COUNT", data_type: TYPE_INT32, dims: [ 1 ] },
+  { name: "ERROR", data_type: TYPE_STRING, dims: [ 1 ] }
+]
+"""
+
+
 def _model(root: Path, name: str, code: str, config: str) -> None:
     (root / name / "1").mkdir(parents=True)
     (root / name / "config.pbtxt").write_text(config)
@@ -202,8 +251,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     _model(root, "relay", RELAY, RELAY_CONFIG)
     _model(root, "wide", WIDE, WIDE_CONFIG)
     _model(root, "wide_caller", WIDE_CALLER, WIDE_CALLER_CONFIG)
+    _model(root, "repeat_sum", REPEAT_SUM, REPEAT_SUM_CONFIG)
     config = RuntimeConfig.model_validate({"telemetry": {"tenant_labels": ["acme"]}})
-    with serve_in_thread(config, scan_repository(root)) as running:
+    # Triton's decoupled repeat_int32 example (ONNX: a step model that streams).
+    repeat = [s for s in triton_example_sources() if s.config.name == "repeat_int32"]
+    with serve_in_thread(config, scan_repository(root) + repeat) as running:
         yield running
 
 
@@ -294,6 +346,16 @@ def test_bls_to_an_undefined_model_fails_the_request_saying_which(client: Any) -
     np.testing.assert_array_equal(
         _bls_sync(client, "bls_sync", "add_sub").as_numpy("OUTPUT0"), A + B
     )
+
+
+def test_decoupled_exec_streams_a_decoupled_models_responses(client: Any) -> None:
+    """bls_decoupled's shape: every response of repeat_int32 reaches the iterator, and a
+    call without decoupled=True is refused, as on Triton."""
+    result = _infer(client, "repeat_sum", {"IN": np.array([4, 2, 0, 1], dtype=np.int32)})
+    assert int(result.as_numpy("SUM")[0]) == 7
+    assert int(result.as_numpy("COUNT")[0]) >= 4
+    error = result.as_numpy("ERROR").reshape(-1)[0].decode()
+    assert "the model is decoupled" in error and "exec(decoupled=True)" in error
 
 
 def test_a_large_answer_crosses_the_pipe_whole(client: Any) -> None:
