@@ -551,9 +551,10 @@ def test_a_batch_calls_with_its_strictest_request() -> None:
     assert bls.caller_facts([object()]) == (None, None, None)
 
 
-def test_without_a_server_exec_returns_an_error_response() -> None:
+def test_without_a_server_exec_returns_an_error_response(monkeypatch: pytest.MonkeyPatch) -> None:
     """No caller installed (no server here): an error response, as Triton's, not a raise."""
-    bls.install(None)
+    monkeypatch.setattr(bls, "_CALLER", None)
+    monkeypatch.setattr(bls, "_LATEST", None)  # a thread instance's batch, in this process
     call = pb_utils.InferenceRequest(
         model_name="add_sub", inputs=[pb_utils.Tensor("INPUT0", A)], requested_output_names=[]
     )

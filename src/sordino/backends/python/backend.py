@@ -90,6 +90,7 @@ class PythonBackend:
         self._model: Any = None
         self._config: dict[str, Any] = {}
         self._metadata: ModelMetadata | None = None
+        self._caller: ModelCaller | None = None
         self._lock = threading.Lock()
         self._batches = self._items = self._failures = 0
         self._busy = 0.0
@@ -224,7 +225,7 @@ class PythonBackend:
             tensors = [utils.Tensor(n, a) for n, a in part.items()]
             requests.append(utils.InferenceRequest(model_name=metadata.name, inputs=tensors))
         started = time.perf_counter()
-        state = bls.Executing(metadata.name, requests)
+        state = bls.Executing(metadata.name, requests, caller=self._caller)
         try:
             with bls.executing(state):
                 responses = model.execute(requests)
@@ -281,6 +282,7 @@ class PythonBackend:
     def set_caller(self, caller: ModelCaller | None) -> None:
         """Carry the model's BLS calls with ``caller`` (one per process: the worker's pipe,
         or the server's loop for a thread instance)."""
+        self._caller = caller
         bls.install(caller)
 
     def statistics(self) -> BackendStatistics:

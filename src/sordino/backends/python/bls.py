@@ -59,6 +59,8 @@ class Executing:
     model: str
     requests: Sequence[Any] = ()
     phase: str = "execute"
+    caller: ModelCaller | None = None
+    """The model's own caller (several models share a process in thread instances)."""
 
 
 _CURRENT: ContextVar[Executing | None] = ContextVar("sordino_bls_executing", default=None)
@@ -69,7 +71,8 @@ _LOCK = threading.Lock()
 
 
 def install(caller: ModelCaller | None) -> None:
-    """Use ``caller`` for this process's BLS calls (None: calls answer an error)."""
+    """Use ``caller`` for this process's BLS calls made outside a model's own context
+    (:attr:`Executing.caller` comes first; None: calls answer an error)."""
     global _CALLER
     _CALLER = caller
 
@@ -192,7 +195,8 @@ def _response(answer: CallAnswer) -> Any:
 
 
 def _start(call: ModelCall, on_answer: Callable[[CallAnswer], None]) -> Callable[[], None]:
-    caller = _CALLER
+    state = current()
+    caller = state.caller if state is not None and state.caller is not None else _CALLER
     if caller is None:
         on_answer(
             CallAnswer(
