@@ -551,6 +551,19 @@ def test_a_batch_calls_with_its_strictest_request() -> None:
     assert bls.caller_facts([object()]) == (None, None, None)
 
 
+def test_a_call_from_a_thread_of_the_model_takes_the_last_batchs_facts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After execute returned (a thread the model started): its facts, not its requests."""
+    monkeypatch.setattr(bls, "_LATEST", None)
+    request = _Request(2, 9.0, "t")
+    with bls.executing(bls.Executing("m", [request])):
+        assert bls.current() is not None
+    state = bls.current()
+    assert state is not None and request not in state.requests
+    assert bls.caller_facts(state.requests) == (2, 9.0, "t")
+
+
 def test_without_a_server_exec_returns_an_error_response(monkeypatch: pytest.MonkeyPatch) -> None:
     """No caller installed (no server here): an error response, as Triton's, not a raise."""
     monkeypatch.setattr(bls, "_CALLER", None)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import queue
 import threading
@@ -88,6 +89,19 @@ def executing(state: Executing) -> Iterator[None]:
         yield
     finally:
         _CURRENT.reset(token)
+        if _LATEST is state and state.requests:
+            # Keep the batch's facts, not its requests (their tensors are arena views).
+            facts = _Facts(*caller_facts(state.requests))
+            _LATEST = dataclasses.replace(state, requests=(facts,))
+
+
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    """A finished batch's facts, read as a request's (for calls made after it)."""
+
+    _sordino_priority: int | None
+    _sordino_deadline: float | None
+    _sordino_tenant: str | None
 
 
 def current() -> Executing | None:
