@@ -12,6 +12,12 @@ messages, their order and their encoding are in ``execution/messages.py``): a ba
 for the running command, so no message lands in the middle of a batch's :class:`Alloc`
 exchange, where the worker reads the pipe for the allocation alone. Bytes from the
 worker that are not a frame (:class:`FrameError`) make it a lost worker: it is killed.
+
+Beside those exchanges, the model may call other models (BLS) at any moment: each
+``ModelCallStart`` is answered by a task of its own (``execution/model_calls.py``),
+cancelled when the worker gives the call up or is lost. Writes to the pipe never block
+the event loop: what the socket does not take at once (a large answer the worker has
+not read yet) is queued and written as it drains.
 """
 
 from __future__ import annotations
