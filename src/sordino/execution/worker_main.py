@@ -182,8 +182,10 @@ class _Link:
 
     def start(self, call: ModelCall, on_answer: Callable[[CallAnswer], None]) -> Callable[[], None]:
         """Send ``call`` to the server; its answers go to ``on_answer`` (see ModelCaller)."""
+        with self._state:
+            call_id = next(self._call_ids)
         try:
-            frame = encode(ModelCallStart(0, call))
+            frame = encode(ModelCallStart(call_id, call))
         except Exception as exc:
             on_answer(failed_answer(f"BLS call to {call.model}: cannot send it ({exc})"))
             return _nothing
@@ -200,14 +202,13 @@ class _Link:
             if self._closed is not None:
                 on_answer(failed_answer("BLS call: the server closed the worker's pipe"))
                 return _nothing
-            call_id = next(self._call_ids)
             self._calls[call_id] = on_answer
             if self._pump is None:
                 self._pump = threading.Thread(target=self._pump_calls, name="bls", daemon=True)
                 self._pump.start()
             self._state.notify_all()
         try:
-            self.send(ModelCallStart(call_id, call))
+            self._write(frame)
         except OSError as exc:
             with self._state:
                 self._calls.pop(call_id, None)
