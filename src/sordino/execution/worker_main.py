@@ -115,9 +115,10 @@ class _Link:
         self._pump: threading.Thread | None = None
 
     def send(self, message: FromWorker) -> None:
-        self._write(encode(message))
+        self.send_frame(encode(message))
 
-    def _write(self, frame: bytes) -> None:
+    def send_frame(self, frame: bytes) -> None:
+        """Write one encoded frame (whole, even when several threads send)."""
         data = memoryview(frame)
         with self._lock:
             while data:
@@ -208,7 +209,7 @@ class _Link:
                 self._pump.start()
             self._state.notify_all()
         try:
-            self._write(frame)
+            self.send_frame(frame)
         except OSError as exc:
             with self._state:
                 self._calls.pop(call_id, None)
