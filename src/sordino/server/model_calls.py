@@ -64,7 +64,8 @@ def _code(error: SordinoError) -> str:
 def _streams(model: LoadedModel) -> bool:
     """Whether ``model`` answers a request with several responses (decoupled / streaming)."""
     metadata = model.metadata
-    return metadata.stream is not None or metadata.extra.get("decoupled") == "true"
+    # ``decoupled``: the field decoupled Python models bring (read so while it may be absent).
+    return metadata.stream is not None or bool(getattr(metadata, "decoupled", False))
 
 
 def _bytes_elements(array: Any) -> Any:
