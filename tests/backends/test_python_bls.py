@@ -436,6 +436,10 @@ def test_a_call_to_an_unloaded_model_is_an_error_response(server: RunningServer)
 # -- a call whose callee never answers; workers and servers that go away -------------
 
 
+ACME_KEY = "acme-test-key"
+ACME_HASH = "ebfbfd0414bb0cb52b149c7596a65b6892c759178bdc540e50a3c9b3575775e3"  # sha256 of ACME_KEY
+
+
 @pytest.fixture
 def gated(tmp_path: Path) -> Iterator[tuple[RunningServer, Path]]:
     """relay, and the gates shut and held (each its folder under the one returned);
@@ -445,7 +449,12 @@ def gated(tmp_path: Path) -> Iterator[tuple[RunningServer, Path]]:
     for gate in ("shut", "held"):
         (tmp_path / gate).mkdir()
         _model(root, gate, GATE.format(folder=str(tmp_path / gate)), GATE_CONFIG)
-    config = RuntimeConfig.model_validate({"workers": {"execution_timeout": 4}})
+    config = RuntimeConfig.model_validate(
+        {
+            "workers": {"execution_timeout": 4},
+            "tenants": [{"name": "acme", "keys": [f"sha256:{ACME_HASH}"]}],
+        }
+    )
     with serve_in_thread(config, scan_repository(root)) as running:
         yield running, tmp_path
 
@@ -482,7 +491,8 @@ def test_an_unanswered_call_and_a_killed_caller_never_wedge(
     gated: tuple[RunningServer, Path],
 ) -> None:
     """A call its callee never answers fails before the caller's batch times out (a cycle
-    through other models ends so); a caller killed mid-call loses only its request."""
+    through other models ends so); a caller killed mid-call loses only its request; with
+    tenants configured, a call is its caller's tenant's without a key."""
     server, folders = gated
     # The gate stays shut: the call answers an error before the relay's 4 s are up.
     started = time.monotonic()
@@ -514,6 +524,23 @@ def test_an_unanswered_call_and_a_killed_caller_never_wedge(
 
     wait_for(relay_serves, "the relay's new worker to call the gate", timeout=60)
     assert _pid(server, "relay") != relay_pid
+
+    # With tenants configured, a call is served as its caller's tenant, without a key.
+    def acme_calls() -> int:
+        return counter_sum(
+            server,
+            "sordino_tenant_requests",
+            lambda s: (s["model"], s["tenant"]) == ("held", "acme"),
+        )
+
+    before = acme_calls()
+    client = httpclient.InferenceServerClient(url=server.url.removeprefix("http://"))
+    try:
+        key = {"Authorization": f"Bearer {ACME_KEY}"}
+        assert _relay(client, "held", tenant="acme", headers=key)[1] == ""
+    finally:
+        client.close()
+    assert acme_calls() == before + 1
 
 
 def test_the_server_stopping_mid_call_ends_the_call(tmp_path: Path) -> None:
