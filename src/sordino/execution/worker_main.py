@@ -6,6 +6,13 @@ with the spec's ``backend`` kind), loads and warms up the model, and then serves
 pipe (binary frames on its fd) until told to stop: inputs are read in place from the
 arena, outputs written back into blocks the server reserved. The messages and their order are in
 ``execution/messages.py``.
+
+A decoupled model's worker (``ModelMetadata.decoupled``) reads its pipe on a thread of
+its own (:meth:`_Link.start_reader`): a :class:`Cancel` may come while the model runs,
+and only a reader that is not the model's thread can turn ``is_cancelled()`` true then.
+Its batches run through :func:`_run_decoupled`; each response leaves as a
+:class:`Respond` frame from whichever thread the model sent it on. No warm-up batches
+run for it: a decoupled model's responses to made-up inputs would have nowhere to go.
 """
 
 from __future__ import annotations
@@ -13,16 +20,21 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import queue
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+import numpy as np
+
 from sordino.backends.base import Backend, ProfilingBackend, RequestBatchBackend, dummy_inputs
+from sordino.backends.decoupled import DecoupledBackend
 from sordino.config.memory import FrameworkMemoryConfig
 from sordino.execution.faults import InjectedFault, perform
 from sordino.execution.messages import (
@@ -31,6 +43,7 @@ from sordino.execution.messages import (
     Allocated,
     Call,
     CallFailed,
+    Cancel,
     Command,
     Done,
     FrameError,
@@ -42,6 +55,7 @@ from sordino.execution.messages import (
     ProfileStopped,
     Ready,
     Reply,
+    Respond,
     Run,
     RunFailed,
     Stop,
@@ -92,6 +106,31 @@ class _Link:
         self._lock = threading.Lock()
         self._frames = FrameReader()
         self._received: collections.deque[ToWorker | FromWorker] = collections.deque()
+        self._queue: queue.SimpleQueue[ToWorker | BaseException] | None = None
+
+    def start_reader(self, on_cancel: Callable[[Cancel], None]) -> None:
+        """Read the pipe on a thread from now on: :class:`Cancel` goes to ``on_cancel`` at
+        once, other messages wait for :meth:`recv`."""
+        self._queue = queue.SimpleQueue()
+        threading.Thread(
+            target=self._read, args=(self._queue, on_cancel), daemon=True, name="pipe-reader"
+        ).start()
+
+    def _read(
+        self, into: queue.SimpleQueue[ToWorker | BaseException], on_cancel: Callable[[Cancel], None]
+    ) -> None:
+        try:
+            while True:
+                data = os.read(self._fd, 1 << 16)
+                if not data:
+                    raise EOFError
+                for message in self._frames.feed(data):
+                    if isinstance(message, Cancel):
+                        on_cancel(message)
+                    else:
+                        into.put(message)  # type: ignore[arg-type]
+        except BaseException as exc:  # EOF, a broken pipe, a garbled frame: recv raises it
+            into.put(exc)
 
     def send(self, message: FromWorker) -> None:
         data = memoryview(encode(message))
@@ -102,6 +141,12 @@ class _Link:
     def recv(self) -> ToWorker:
         """The next message from the server (blocking). Raises :class:`EOFError` when the
         server's end is closed, :class:`FrameError` for bytes that are not a frame."""
+        if self._queue is not None:
+            item = self._queue.get()
+            if isinstance(item, BaseException):
+                self._queue.put(item)  # every later recv raises it too
+                raise item
+            return item
         while not self._received:
             data = os.read(self._fd, 1 << 16)
             if not data:
@@ -145,7 +190,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
             index=spec.index,
         )
         backend.load(Path(spec.path), spec.target)
-        for _ in range(spec.warmup_batches):
+        for _ in range(0 if backend.metadata.decoupled else spec.warmup_batches):
             backend.infer(dummy_inputs(backend.metadata, 1))
     except Exception as exc:
         link.send(LoadFailed(f"{type(exc).__name__}: {exc}"))
@@ -153,17 +198,21 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     threading.Thread(
         target=_heartbeat, args=(link, spec.heartbeat_s), daemon=True, name="heartbeat"
     ).start()
+    streams = _Streams(link) if isinstance(backend, DecoupledBackend) else None
+    if streams is not None and backend.metadata.decoupled:
+        link.start_reader(streams.cancel)
     link.send(Ready(backend.metadata, os.getpid(), time.perf_counter() - started))
     try:
-        _serve(link, backend, mapped)
+        _serve(link, backend, mapped, streams)
     except FrameError as exc:
         # The server's end is broken (here or inside a batch's Alloc exchange): leave,
         # saying why (exit code 1); the server sees the pipe close: a lost worker.
         sys.exit(f"sordino worker {spec.model}/{spec.index}: {exc}")
 
 
-def _serve(link: _Link, backend: Backend, mapped: _Mapped) -> None:
+def _serve(link: _Link, backend: Backend, mapped: _Mapped, streams: _Streams | None) -> None:
     """Serve the pipe until told to stop or the server's end closes."""
+    decoupled = streams is not None and backend.metadata.decoupled
     while True:
         try:
             message = link.recv()
@@ -178,10 +227,113 @@ def _serve(link: _Link, backend: Backend, mapped: _Mapped) -> None:
                 except OSError as exc:
                     link.send(RunFailed(message.batch_id, "error", f"shared memory: {exc}"))
                     continue
-                if not _run(link, backend, buffer, message):
+                if decoupled:
+                    assert streams is not None and isinstance(backend, DecoupledBackend)
+                    _run_decoupled(link, backend, buffer, message, streams)
+                elif not _run(link, backend, buffer, message):
                     return
             case Call(call_id=call_id, command=command):
                 _call(link, backend, call_id, command)
+            case Cancel():
+                pass  # only a decoupled model's requests are cancelled mid-run
+
+
+class _Streams:
+    """The decoupled batches whose requests may still send, and their cancellations.
+
+    A :class:`Cancel` may be read (on the reader thread) before the main thread has
+    taken its batch's :class:`Run`: batch ids only grow, so a cancellation for a batch
+    not opened yet is kept until it opens, and one for a batch already closed is dropped.
+    """
+
+    def __init__(self, link: _Link) -> None:
+        self.link = link
+        self._lock = threading.Lock()
+        self._open: dict[int, tuple[set[int], set[int]]] = {}  # batch -> (live, cancelled)
+        self._early: dict[int, set[int]] = {}
+        self._last = 0
+
+    def open(self, batch_id: int, count: int) -> None:
+        with self._lock:
+            self._last = max(self._last, batch_id)
+            self._open[batch_id] = (set(range(count)), self._early.pop(batch_id, set()))
+
+    def cancel(self, message: Cancel) -> None:
+        with self._lock:
+            entry = self._open.get(message.batch_id)
+            if entry is not None:
+                entry[1].add(message.index)
+            elif message.batch_id > self._last:
+                self._early.setdefault(message.batch_id, set()).add(message.index)
+
+    def cancelled(self, batch_id: int, index: int) -> bool:
+        with self._lock:
+            entry = self._open.get(batch_id)
+            return entry is not None and index in entry[1]
+
+    def ended(self, batch_id: int, index: int) -> None:
+        """Request ``index`` had its last response: forget the batch once all have."""
+        with self._lock:
+            entry = self._open.get(batch_id)
+            if entry is not None:
+                entry[0].discard(index)
+                if not entry[0]:
+                    del self._open[batch_id]
+
+    def close(self, batch_id: int) -> None:
+        with self._lock:
+            self._open.pop(batch_id, None)
+
+
+class _BatchResponder:
+    """A decoupled batch's :class:`~sordino.backends.decoupled.Responder`: each response
+    leaves as a :class:`Respond` frame at once, from the thread that sent it."""
+
+    def __init__(self, streams: _Streams, batch_id: int) -> None:
+        self._streams = streams
+        self._batch_id = batch_id
+
+    def respond(
+        self,
+        index: int,
+        outputs: dict[str, np.ndarray] | None,
+        final: bool,
+        error: str | None = None,
+    ) -> None:
+        self._streams.link.send(Respond(self._batch_id, index, final, outputs or {}, error))
+        if final:
+            self._streams.ended(self._batch_id, index)
+
+    def cancelled(self, index: int) -> bool:
+        return self._streams.cancelled(self._batch_id, index)
+
+
+def _run_decoupled(
+    link: _Link, backend: DecoupledBackend, buffer: memoryview, run: Run, streams: _Streams
+) -> None:
+    """Run one decoupled batch: :class:`Done` once ``execute`` returned (its responses
+    are :class:`Respond` frames, sent meanwhile or later), :class:`RunFailed` if it raised."""
+    started = time.perf_counter()
+    streams.open(run.batch_id, max(1, len(run.rows)))
+    try:
+        batch = {name: view_tensor(buffer, handle) for name, handle in run.inputs.items()}
+        if run.fault is not None:
+            perform(run.fault, in_process=False)
+        backend.infer_decoupled(batch, run.rows, _BatchResponder(streams, run.batch_id))
+        del batch
+    except MemoryError as exc:
+        streams.close(run.batch_id)
+        link.send(RunFailed(run.batch_id, "oom", f"MemoryError: {exc}"))
+        return
+    except InjectedFault as exc:
+        streams.close(run.batch_id)
+        link.send(RunFailed(run.batch_id, "fault", f"{type(exc).__name__}: {exc}"))
+        return
+    except Exception as exc:
+        streams.close(run.batch_id)
+        link.send(RunFailed(run.batch_id, "error", f"{type(exc).__name__}: {exc}"))
+        return
+    link.send(Done(run.batch_id, {}, time.perf_counter() - started))
 
 
 class _Mapped:

@@ -130,9 +130,15 @@ class ModelLoader:
             node=node,
         )
         try:
-            await self._warm_up(key, dummy_inputs(metadata, 1))
             curve = None
-            if scheduling.mode in ("auto", "hybrid") and scheduling.policy.max_batch > 1:
+            # A decoupled model's answers to made-up inputs would have nowhere to go.
+            if not metadata.decoupled:
+                await self._warm_up(key, dummy_inputs(metadata, 1))
+            if (
+                scheduling.mode in ("auto", "hybrid")
+                and scheduling.policy.max_batch > 1
+                and not metadata.decoupled
+            ):
 
                 async def run(rows: int) -> None:
                     await self._warm_up(key, dummy_inputs(metadata, rows))
