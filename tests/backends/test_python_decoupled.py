@@ -312,6 +312,13 @@ def test_repeat_streams_over_http_server_sent_events(server: RunningServer) -> N
                 events.append(json.loads(line[len("data:") :]))
     # One-element outputs are scalars in generate JSON, as on Triton.
     assert [(e["OUT"], e["IDX"]) for e in events] == [(3, 0), (5, 1)]
+    # No response at all (only the final flag): an empty stream, as on Triton.
+    empty = httpx.post(
+        f"{server.url}/v2/models/repeat_int32/generate_stream",
+        json={"IN": [], "DELAY": [], "WAIT": [0]},
+        timeout=30,
+    )
+    assert empty.status_code == 200 and "data:" not in empty.text
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
