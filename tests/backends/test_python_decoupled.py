@@ -165,6 +165,41 @@ class TritonPythonModel:
 """
 
 
+# Batched: each request of a batch gets X responses of [[X, len(requests)]], from one thread.
+BATCHED = """
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        work = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            work.append((request.get_response_sender(), int(x[0, 0])))
+        threading.Thread(target=self.send, args=(work, len(requests)), daemon=True).start()
+        return None
+
+    def send(self, work, size):
+        for sender, x in work:
+            for _ in range(x):
+                y = pb_utils.Tensor("Y", np.array([[x, size]], np.int32))
+                sender.send(pb_utils.InferenceResponse([y]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+BATCHED_CONFIG = """
+backend: "python"
+max_batch_size: 8
+model_transaction_policy { decoupled: true }
+dynamic_batching { preferred_batch_size: [ 3 ] max_queue_delay_microseconds: 5000000 }
+input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "Y", data_type: TYPE_INT32, dims: [ 2 ] } ]
+"""
+
+
 def _model(root: Path, name: str, config: str, code: str) -> None:
     (root / name / "1").mkdir(parents=True)
     (root / name / "config.pbtxt").write_text(config)
@@ -183,6 +218,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     _model(root, "crashing", ONE_IN, CRASHING)
     _model(root, "rules", ONE_IN, RULES)
     _model(root, "sender_one", ONE_IN.replace("model_transaction_policy", "#"), SENDER_ONE)
+    _model(root, "batched", BATCHED_CONFIG, BATCHED)
+    # manual: the batch waits (up to 5 s) for the three requests, as Triton's batcher does.
+    (root / "batched" / "config.yaml").write_text("backend: python\nscheduler_mode: manual\n")
     # A short execution timeout bounds a stream that never ends (never_final).
     config = RuntimeConfig.model_validate({"workers": {"execution_timeout": 3}})
     with serve_in_thread(config, scan_repository(root)) as running:
@@ -452,3 +490,21 @@ def test_a_model_that_is_not_decoupled_may_answer_through_its_sender(
         assert client.infer("sender_one", [tensor]).as_numpy("Y").tolist() == [12]
     finally:
         client.close()
+
+
+def test_a_batched_decoupled_model_answers_each_request_of_the_batch(stream: _Stream) -> None:
+    """Three requests batched into one execute: each gets its own X responses."""
+    for x in (2, 1, 3):
+        stream.send("batched", {"X": np.array([[x]], np.int32)}, request_id=str(x),
+                    enable_empty_final_response=True)  # fmt: skip
+    got: dict[str, list[list[int]]] = {"1": [], "2": [], "3": []}
+    finals = 0
+    while finals < 3:
+        result, error = stream.answers.get(timeout=30)
+        assert error is None, error
+        response = result.get_response()
+        if response.parameters["triton_final_response"].bool_param:
+            finals += 1
+        if response.outputs:
+            got[response.id] += result.as_numpy("Y").tolist()
+    assert got == {"1": [[1, 3]], "2": [[2, 3]] * 2, "3": [[3, 3]] * 3}
