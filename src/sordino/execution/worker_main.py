@@ -38,7 +38,9 @@ from sordino.backends.decoupled import DecoupledBackend
 from sordino.config.memory import FrameworkMemoryConfig
 from sordino.execution.faults import InjectedFault, perform
 from sordino.execution.messages import (
+    HEADER_SIZE,
     HEARTBEAT,
+    MAX_BODY,
     Alloc,
     Allocated,
     Call,
@@ -133,7 +135,11 @@ class _Link:
             into.put(exc)
 
     def send(self, message: FromWorker) -> None:
-        data = memoryview(encode(message))
+        self.send_frame(encode(message))
+
+    def send_frame(self, frame: bytes) -> None:
+        """Write one encoded frame (whole, even when several threads send)."""
+        data = memoryview(frame)
         with self._lock:
             while data:
                 data = data[os.write(self._fd, data) :]
@@ -300,7 +306,14 @@ class _BatchResponder:
         final: bool,
         error: str | None = None,
     ) -> None:
-        self._streams.link.send(Respond(self._batch_id, index, final, outputs or {}, error))
+        frame = encode(Respond(self._batch_id, index, final, outputs or {}, error))
+        if len(frame) - HEADER_SIZE > MAX_BODY:
+            # The model's send raises, naming the limit; the request is still open.
+            raise ValueError(
+                f"a response of {len(frame)} bytes is larger than a decoupled model's "
+                f"response may be ({MAX_BODY} bytes); send it in smaller responses"
+            )
+        self._streams.link.send_frame(frame)
         if final:
             self._streams.ended(self._batch_id, index)
 

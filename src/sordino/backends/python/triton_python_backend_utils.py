@@ -331,10 +331,10 @@ class InferenceResponseSender:
                 raise TritonModelException(
                     "Unable to send response. Response sender has been closed."
                 )
+            self._emit(response, final)  # raises when it cannot leave: nothing was sent
             if final:
                 self._closed = True
             self._sent += 1
-            self._emit(response, final)
 
     def is_cancelled(self) -> bool:
         """Whether the client cancelled the request (the model may stop sending)."""
