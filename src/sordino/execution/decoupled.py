@@ -86,6 +86,14 @@ class ResponseChannel:
             self._end(index)
             self._on_error(index, message)
 
+    def close(self) -> list[int]:
+        """End every request still open without a word (the caller answers them); return
+        their indices."""
+        ended = sorted(self._open)
+        for index in ended:
+            self._end(index)
+        return ended
+
     def cancel(self, index: int) -> None:
         """The client of request ``index`` went away: tell the model; drop what comes."""
         if index in self._open:

@@ -607,8 +607,17 @@ class ModelScheduler:
             )
             raise
         except Exception as exc:
-            message = str(exc) if isinstance(exc, SordinoError) else f"{type(exc).__name__}: {exc}"
-            channel.fail(message)
+            # The batch's own error (its class says how to answer: 500, 503, ...) for every
+            # request still open; nothing more is delivered for it.
+            error = (
+                exc
+                if isinstance(exc, SordinoError)
+                else InferenceFailed(f"model {self.model} failed on a batch: {exc!r}")
+            )
+            for index in channel.close():
+                request = requests[index]
+                if request is not None:
+                    self._fail(request, error)
             self._batches += 1
             self._batch_observed(rows, len(live), 0.0, self._clock.now() - t0, 0.0, ok=False)
             return
