@@ -131,6 +131,12 @@ class TritonPythonModel:
             sender.send()
         except pb_utils.TritonModelException as exc:
             said.append(str(exc))
+        for tensor in (pb_utils.Tensor("Z", np.ones(1, np.int32)),
+                       pb_utils.Tensor("Y", np.ones(1, np.int64))):
+            try:
+                sender.send(pb_utils.InferenceResponse([tensor]))
+            except pb_utils.TritonModelException as exc:
+                said.append(str(exc))
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         try:
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -140,6 +146,8 @@ class TritonPythonModel:
         if said != [
             "Unable to send response. Unsupported flag provided.",
             "Inference Response object must be provided when the response flags is set to zero.",
+            "model rules: output 'Z' is not among its configured outputs (Y)",
+            "model rules: output 'Y' is INT64 (int64), but the configuration says INT32",
             "Unable to send response. Response sender has been closed.",
         ]:
             raise RuntimeError(said)
@@ -469,8 +477,9 @@ def test_a_worker_lost_mid_stream_ends_the_stream_with_an_error(
 
 
 def test_the_sender_keeps_tritons_rules(stream: _Stream) -> None:
-    """A bad flag, a response-less send and a second final raise Triton's messages; a
-    decoupled execute that returns responses fails the request with Triton's message."""
+    """A bad flag, a response-less send and a second final raise Triton's messages (an
+    undeclared output or datatype raises too); a decoupled execute that returns
+    responses fails the request with Triton's message."""
     stream.send("rules", {"X": np.array([0], np.int32)}, enable_empty_final_response=True)
     assert len(stream.until_final()) == 1  # the model checked the messages, then ended
     stream.send("rules", {"X": np.array([1], np.int32)})

@@ -261,7 +261,10 @@ class PythonBackend:
         metadata = self.metadata
         started = time.perf_counter()
         try:
-            execute_decoupled(model, metadata.name, batch, rows, metadata.batched, responder)
+            declared = {spec.name: spec.datatype for spec in metadata.outputs}
+            execute_decoupled(
+                model, metadata.name, batch, rows, metadata.batched, responder, declared
+            )
         except Exception as exc:
             with self._lock:
                 self._failures += 1

@@ -18,13 +18,14 @@ them after ``execute`` returned, when the batch's arena blocks have gone back.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from sordino.backends.decoupled import Responder
 from sordino.backends.python import triton_python_backend_utils as utils
+from sordino.datatypes import from_numpy_dtype
 from sordino.inference import Tensor
 
 __all__ = ["collect_sent", "execute_decoupled", "sent_responses"]
@@ -73,8 +74,28 @@ def sent_responses(returned: Any, collected: list[_Sent]) -> Any:
     ]
 
 
-def _outputs(response: utils.InferenceResponse) -> dict[str, np.ndarray]:
-    return {tensor.name(): np.asarray(tensor.as_numpy()) for tensor in response.output_tensors()}
+def _outputs(
+    response: utils.InferenceResponse, declared: Mapping[str, str], name: str
+) -> dict[str, np.ndarray]:
+    """The response's tensors, each a declared output of its declared datatype; else the
+    model's send raises, saying which (a response is checked as it is sent, not later)."""
+    outputs = {}
+    for tensor in response.output_tensors():
+        array = np.asarray(tensor.as_numpy())
+        datatype = declared.get(tensor.name())
+        if datatype is None:
+            raise utils.TritonModelException(
+                f"model {name}: output {tensor.name()!r} is not among its configured outputs "
+                f"({', '.join(declared)})"
+            )
+        given = from_numpy_dtype(array.dtype) if array.dtype.kind not in "OSU" else "BYTES"
+        if given != datatype:
+            raise utils.TritonModelException(
+                f"model {name}: output {tensor.name()!r} is {given} ({array.dtype}), but the "
+                f"configuration says {datatype}"
+            )
+        outputs[tensor.name()] = array
+    return outputs
 
 
 def execute_decoupled(
@@ -84,12 +105,13 @@ def execute_decoupled(
     rows: Sequence[int],
     batched: bool,
     responder: Responder,
+    declared: Mapping[str, str],
 ) -> None:
     """Call a decoupled model's ``execute`` with one request per entry of ``rows``.
 
     Each request's sender forwards to ``responder``; raises (naming the model) when
     ``execute`` raised or returned something other than None, after closing the senders
-    of the requests that had not finished.
+    of the requests that had not finished. ``declared`` maps each output to its datatype.
     """
     counts = list(rows) if batched and len(rows) > 1 else []
     requests: list[utils.InferenceRequest] = []
@@ -104,7 +126,7 @@ def execute_decoupled(
         )
         request._cancelled = _asker(responder, index)
         sender = utils.InferenceResponseSender(
-            _emitter(responder, index), request._cancelled, decoupled=True
+            _emitter(responder, index, declared, name), request._cancelled, decoupled=True
         )
         request._sender = sender
         requests.append(request)
@@ -127,14 +149,14 @@ def _asker(responder: Responder, index: int) -> Any:
     return lambda: responder.cancelled(index)
 
 
-def _emitter(responder: Responder, index: int) -> Any:
+def _emitter(responder: Responder, index: int, declared: Mapping[str, str], name: str) -> Any:
     def emit(response: utils.InferenceResponse | None, final: bool) -> None:
         if response is not None and response.has_error():
             error = response.error()
             message = error.message() if error is not None else "error"
             responder.respond(index, None, True, message)
             return
-        outputs = _outputs(response) if response is not None else None
+        outputs = _outputs(response, declared, name) if response is not None else None
         responder.respond(index, outputs, final)
 
     return emit
