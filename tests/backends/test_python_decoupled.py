@@ -222,6 +222,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     shutil.copytree(EXAMPLES / "square_int32", root / "square_thread")
     (root / "square_thread" / "config.yaml").write_text("backend: python\nisolation: thread\n")
     _model(root, "until_cancelled", ONE_IN, UNTIL_CANCELLED)
+    # The same, sending from execute itself: the cancellation must reach a running execute.
+    in_execute = UNTIL_CANCELLED.replace(
+        "threading.Thread(target=self.send, args=(request, sender, tag), daemon=True).start()",
+        "self.send(request, sender, tag)",
+    )
+    assert in_execute != UNTIL_CANCELLED
+    _model(root, "cancelled_in_execute", ONE_IN, in_execute)
     _model(root, "never_final", ONE_IN, NEVER_FINAL)
     _model(root, "crashing", ONE_IN, CRASHING)
     _model(root, "rules", ONE_IN, RULES)
@@ -395,24 +402,26 @@ def test_the_config_says_decoupled(server: RunningServer) -> None:
     assert config["model_transaction_policy"] == {"decoupled": True}
 
 
-def _cancelled_marker(server: RunningServer, tag: int) -> Path:
-    model = server.runtime.get("until_cancelled", None)
-    return Path(model.source.path).parent.parent / f"cancelled-{tag}"
+def _cancelled_marker(server: RunningServer, tag: int, model: str = "until_cancelled") -> Path:
+    loaded = server.runtime.get(model, None)
+    return Path(loaded.source.path).parent.parent / f"cancelled-{tag}"
 
 
-def test_cancelling_the_grpc_stream_reaches_is_cancelled(server: RunningServer) -> None:
-    """The client cancels its stream mid-way: the model sees is_cancelled() and stops."""
+@pytest.mark.parametrize("model", ["until_cancelled", "cancelled_in_execute"])
+def test_cancelling_the_grpc_stream_reaches_is_cancelled(server: RunningServer, model: str) -> None:
+    """The client cancels its stream mid-way: the model sees is_cancelled() and stops,
+    whether it sends from a thread of its own or from a still-running execute."""
     opened = _Stream(server)
-    opened.send("until_cancelled", {"X": np.array([1], np.int32)})
+    opened.send(model, {"X": np.array([1], np.int32)})
     for _ in range(3):  # it is streaming
         _, error = opened.answers.get(timeout=30)
         assert error is None, error
     opened.client.stop_stream(cancel_requests=True)
     opened.client.close()
-    marker = _cancelled_marker(server, 1)
+    marker = _cancelled_marker(server, 1, model)
     wait_for(marker.exists, "the model to see is_cancelled() after the stream was cancelled")
     wait_for(
-        lambda: server.runtime.get("until_cancelled", None).scheduler.statistics().cancelled >= 1,
+        lambda: server.runtime.get(model, None).scheduler.statistics().cancelled >= 1,
         "the request to be counted as cancelled",
     )
 
