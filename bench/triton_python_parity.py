@@ -8,7 +8,10 @@ Serves one model repository, unchanged, on ``tritonserver`` (the ``nvidia-pytrit
 ``bench/.peers/triton`` as ``bench_triton`` does) and on ``sordino start
 --model-repository``, then sends the same requests with ``tritonclient`` over HTTP and
 gRPC to both and compares every output (exact equality) and the metadata (input and
-output names, datatypes, shapes). Custom metric families a model defines are looked
+output names, datatypes, shapes). The decoupled examples (``repeat_int32``,
+``square_int32``) are streamed instead, over gRPC ``ModelStreamInfer`` (every response,
+with the empty final one) and HTTP ``generate_stream`` (every event), and both servers
+must refuse a unary ``infer`` on them. Custom metric families a model defines are looked
 for in both servers' ``/metrics``. Prints one line per check and a verdict; the exit
 status is 0 when everything matched, 1 when something differed, 2 when a server could
 not be installed or started. Results go to ``bench/results/triton_python_parity.json``.
@@ -17,6 +20,8 @@ not be installed or started. Results go to ``bench/results/triton_python_parity.
 from __future__ import annotations
 
 import argparse
+import json
+import queue
 import shutil
 import sys
 import tempfile
@@ -35,6 +40,90 @@ from bench.common import save, sordino_server
 EXAMPLES = Path(__file__).parent.parent / "tests" / "fixtures" / "triton_python_examples"
 
 Case = tuple[str, dict[str, np.ndarray], list[str]]
+
+DECOUPLED = {"repeat_int32", "square_int32"}
+"""The decoupled examples: streamed, not asked once."""
+
+
+def stream_cases(models: list[str]) -> list[tuple[str, dict[str, np.ndarray]]]:
+    """(model, inputs) for the decoupled examples among ``models`` (Triton's clients' own
+    requests, an empty one, and a few more)."""
+    out: list[tuple[str, dict[str, np.ndarray]]] = []
+    if "repeat_int32" in models:
+        for values, delays, wait in (([4, 2, 0, 1], [1, 2, 3, 4], 5), ([], [], 0), ([9], [0], 1)):
+            out.append(
+                (
+                    "repeat_int32",
+                    {
+                        "IN": np.array(values, np.int32),
+                        "DELAY": np.array(delays, np.uint32),
+                        "WAIT": np.array([wait], np.uint32),
+                    },
+                )
+            )
+    if "square_int32" in models:
+        out += [("square_int32", {"IN": np.array([n], np.int32)}) for n in (4, 0, 1)]
+    return out
+
+
+def _stream(address: str, model: str, arrays: dict[str, np.ndarray]) -> list[Any]:
+    """Every response to one request over ``ModelStreamInfer``: (outputs, final) pairs."""
+    client = grpcclient.InferenceServerClient(address)
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    inputs = []
+    for name, array in arrays.items():
+        datatype = "INT32" if array.dtype == np.int32 else "UINT32"
+        tensor = grpcclient.InferInput(name, list(array.shape), datatype)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    client.async_stream_infer(model, inputs, request_id="1", enable_empty_final_response=True)
+    got: list[Any] = []
+    try:
+        while True:
+            result, error = answers.get(timeout=30)
+            if error is not None:
+                got.append(("error", str(error)))
+                break
+            response = result.get_response()
+            outputs = {o.name: result.as_numpy(o.name).tolist() for o in response.outputs}
+            final = response.parameters["triton_final_response"].bool_param
+            got.append((outputs, final))
+            if final:
+                break
+    finally:
+        client.stop_stream()
+        client.close()
+    return got
+
+
+def _sse(url: str, model: str, arrays: dict[str, np.ndarray]) -> list[Any]:
+    """Every event of ``generate_stream`` for one request (JSON, as sent)."""
+    body = json.dumps({name: array.tolist() for name, array in arrays.items()}).encode()
+    request = urllib.request.Request(
+        f"{url}/v2/models/{model}/generate_stream", data=body, method="POST"
+    )
+    events = []
+    with urllib.request.urlopen(request, timeout=30) as response:
+        for line in response:
+            if line.startswith(b"data:"):
+                events.append(json.loads(line[len(b"data:") :]))
+    return events
+
+
+def _refuses_infer(client: Any, mod: Any, model: str, arrays: dict[str, np.ndarray]) -> bool:
+    inputs = []
+    for name, array in arrays.items():
+        tensor = mod.InferInput(
+            name, list(array.shape), "INT32" if array.dtype == np.int32 else "UINT32"
+        )
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    try:
+        client.infer(model, inputs)
+    except Exception:
+        return True
+    return False
 
 
 def cases(models: list[str]) -> list[Case]:
@@ -111,7 +200,22 @@ def compare(
                 protocol,
                 _metadata(mod, theirs, model) == _metadata(mod, ours, model),
             )
-        for case in cases(models):
+        for model, arrays in stream_cases(models):
+            shown = {n: a.tolist() for n, a in arrays.items()}
+            if protocol == "grpc":
+                expected, got = (
+                    _stream(triton.grpc or "", model, arrays),
+                    _stream(sordino_grpc, model, arrays),
+                )
+                check(f"{model} stream {shown}", protocol, expected == got, f"{len(got)} responses")
+            else:
+                expected, got = _sse(triton.http, model, arrays), _sse(sordino_http, model, arrays)
+                check(f"{model} generate_stream {shown}", protocol, expected == got,
+                      f"{len(got)} events")  # fmt: skip
+            refused = (_refuses_infer(theirs, mod, model, arrays),
+                       _refuses_infer(ours, mod, model, arrays))  # fmt: skip
+            check(f"{model} unary infer refused", protocol, refused == (True, True), str(refused))
+        for case in cases([m for m in models if m not in DECOUPLED]):
             expected, got = _infer(mod, theirs, case), _infer(mod, ours, case)
             same = all(np.array_equal(expected[n], got[n]) for n in expected)
             shapes = {n: list(got[n].shape) for n in got}

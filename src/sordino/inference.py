@@ -194,6 +194,9 @@ class ModelMetadata:
     batched: bool
     extra: dict[str, str] = field(default_factory=dict)
     stream: StreamSpec | None = None
+    decoupled: bool = False
+    """The model sends its own responses, zero or more per request, as it likes (Triton's
+    decoupled transaction policy; see ``backends/decoupled.py``): served as a stream."""
 
     def input(self, name: str) -> TensorSpec | None:
         """Return the input called ``name``, or None."""

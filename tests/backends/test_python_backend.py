@@ -252,8 +252,9 @@ def test_a_version_folder_without_model_py_names_the_file(tmp_path: Path) -> Non
         scan_repository(tmp_path)
 
 
-def test_a_decoupled_model_is_refused_as_not_supported(tmp_path: Path) -> None:
-    """model_transaction_policy { decoupled: true } is a clear load error, not a hang."""
+def test_a_decoupled_model_loads_and_refuses_a_one_answer_call(tmp_path: Path) -> None:
+    """model_transaction_policy { decoupled: true }: the metadata says so, and ``infer``
+    (one answer per request) is a clear error; its responses are a stream."""
     version = tmp_path / "repeat" / "1"
     version.mkdir(parents=True)
     (tmp_path / "repeat" / "config.pbtxt").write_text(
@@ -267,5 +268,9 @@ def test_a_decoupled_model_is_refused_as_not_supported(tmp_path: Path) -> None:
     backend = create_backend(
         "python", name="repeat", version="1", providers=(), intra_op_threads=None
     )
-    with pytest.raises(ModelLoadError, match=r"decoupled Python models .* are not supported"):
-        backend.load(version / "model.py", "cpu")
+    backend.load(version / "model.py", "cpu")
+    assert backend.metadata.decoupled
+    with pytest.raises(
+        RuntimeError, match=r"model repeat is decoupled: its responses are a stream"
+    ):
+        backend.infer({"IN": np.array([1], np.int32)})

@@ -23,6 +23,7 @@ from sordino.execution.messages import (
     Allocated,
     Call,
     CallFailed,
+    Cancel,
     Done,
     FrameError,
     FrameReader,
@@ -32,6 +33,7 @@ from sordino.execution.messages import (
     ProfileStopped,
     Ready,
     Reply,
+    Respond,
     Run,
     RunFailed,
     encode,
@@ -74,6 +76,9 @@ MESSAGES = [
     Reply(3, ProfileStopped("/tmp/trace.json", 7)),
     Reply(4, None),
     CallFailed(2, "profile_start: RuntimeError: no"),
+    Cancel(2**40, 7),
+    Respond(3, 0, True, {}),
+    Respond(4, 2, True, {}, "the model said ünïcode no"),
 ]
 
 
@@ -87,14 +92,39 @@ def test_every_message_round_trips_through_its_frame(message: object) -> None:
 
 
 def test_the_hot_messages_are_not_pickled() -> None:
-    """Run, Done, Alloc, Allocated, RunFailed and Heartbeat carry no pickle."""
+    """Run, Done, Alloc, Allocated, RunFailed, Heartbeat, Respond and Cancel carry no pickle."""
     for message in MESSAGES:
         if isinstance(message, Run) and message.fault is not None:
             continue  # a chaos fault (rare) travels pickled inside its Run
         frame = encode(message)  # type: ignore[arg-type]
         pickled = b"\x80" + bytes([pickle.HIGHEST_PROTOCOL]) in frame
-        hot = isinstance(message, Run | Done | Alloc | Allocated | RunFailed | type(HEARTBEAT))
+        hot = isinstance(
+            message, Run | Done | Alloc | Allocated | RunFailed | type(HEARTBEAT) | Respond | Cancel
+        )
         assert pickled != hot or isinstance(message, type(STOP)), message
+
+
+def test_a_decoupled_response_carries_its_tensors_in_the_frame() -> None:
+    """Respond: numbers, strings and bytes, scalars and empty tensors come back equal,
+    and the frame holds no pickle (one per response a decoupled model sends)."""
+    outputs = {
+        "OUT": np.array([[1, 2], [3, 4]], np.int32),
+        "f": np.float64(2.5).reshape(()),
+        "none": np.zeros((0, 3), np.float32),
+        "text": np.array([["a", "ünï"], ["", "x" * 300]], dtype=object),
+        "raw": np.array([b"\x00\x01", b""], dtype=np.object_),
+    }
+    frame = encode(Respond(2**33, 5, False, outputs))
+    assert b"\x80" + bytes([pickle.HIGHEST_PROTOCOL]) not in frame
+    (back,) = FrameReader().feed(frame)
+    assert isinstance(back, Respond)
+    assert (back.batch_id, back.index, back.final, back.error) == (2**33, 5, False, None)
+    assert list(back.outputs) == list(outputs)
+    for name in ("OUT", "f", "none"):
+        assert back.outputs[name].dtype == outputs[name].dtype
+        np.testing.assert_array_equal(back.outputs[name], outputs[name])
+    assert back.outputs["text"].tolist() == [[b"a", "ünï".encode()], [b"", b"x" * 300]]
+    assert back.outputs["raw"].tolist() == [b"\x00\x01", b""]
 
 
 def test_frames_split_anywhere_and_joined_come_back_in_order() -> None:

@@ -23,6 +23,7 @@ from sordino.config import ModelConfig, RayModelOptions, RuntimeConfig
 from sordino.errors import ModelLoadError, Unavailable
 from sordino.execution.ray_instance import INLINE_BYTES
 from sordino.inference import ModelKey
+from sordino.models.repository import scan_repository
 from sordino.testing import RunningServer, serve_in_thread
 from tests.cli.conftest import sordino_start
 from tests.execution.load import BODY, Load, digits, events, mark, wait_until
@@ -360,3 +361,15 @@ def test_profiling_is_refused_with_a_clear_message(server: RunningServer, tmp_pa
         server.call(
             executor.profile(key, seconds=0.1, trace_dir=tmp_path, synthetic_batch=lambda: {})
         )
+
+
+def test_a_decoupled_model_is_refused_on_ray_naming_the_executor(server: RunningServer) -> None:
+    """A decoupled Python model (Triton's square) cannot answer from an actor: a clear
+    load error, and no actor is left behind."""
+    runtime = server.runtime
+    folder = Path(__file__).parent.parent / "fixtures" / "triton_python_examples"
+    source = next(s for s in scan_repository(folder) if s.name == "square_int32")
+    key = ModelKey("square_int32", "1")
+    with pytest.raises(ModelLoadError, match=r"decoupled models do not run on Ray actors"):
+        server.call(asyncio.wait_for(runtime.executor.load(key, source.path, source.config), 60))
+    assert not [w for w in runtime.executor.statistics().workers if w.model == "square_int32"]

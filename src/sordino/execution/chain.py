@@ -44,6 +44,7 @@ from sordino.config import ModelConfig, RuntimeConfig, WorkersConfig
 from sordino.config.memory import FrameworkMemoryConfig
 from sordino.errors import InferenceFailed, ModelError, ModelLoadError, ModelNotReady, Unavailable
 from sordino.events import EventSink
+from sordino.execution.decoupled import ResponseChannel
 from sordino.execution.devices import Device
 from sordino.execution.executor import MemoryFit, OverflowCounters
 from sordino.execution.faults import FaultRegistry, FaultSpec, check_target
@@ -309,6 +310,30 @@ class ChainExecutor:
         finally:
             self._staging.release(staged)
 
+    async def run_decoupled(
+        self, model: ModelKey, parts: Sequence[Mapping[str, Tensor]], channel: ResponseChannel
+    ) -> None:
+        """Run ``parts`` as one batch of a decoupled model; its responses go to ``channel``.
+
+        Returns once the model's ``execute`` returned (the instance is free for another
+        batch); responses may come after. The requests still open when
+        ``workers.execution_timeout`` has passed end with an error (see
+        ``execution/decoupled.py``). Raises as :meth:`run` does when the batch failed;
+        a batch that has streamed a response is never run again elsewhere.
+        """
+        entry = self._model(model)
+        if not entry.metadata.decoupled:
+            raise InferenceFailed(f"model {model} is not decoupled; it answers through run()")
+        staged = await self._staging.stage(
+            parts, entry.metadata, in_arena=entry.isolation == "process"
+        )
+        staged.channel = channel
+        channel.limit(self._clock, self._settings.execution_timeout)
+        try:
+            await self._dispatch(entry, staged)
+        finally:
+            self._staging.release(staged)
+
     async def _dispatch(self, model: PlacedModel, batch: StagedBatch) -> dict[str, TensorRef]:
         """Run ``batch`` where :func:`choose` says, down the chain and past failing instances.
 
@@ -349,6 +374,13 @@ class ChainExecutor:
                 except (WorkerError, WorkerLost) as exc:
                     now = self._clock.now()
                     cause = exc.cause if isinstance(exc, WorkerLost) else str(exc)
+                    if batch.channel is not None and batch.channel.streamed:
+                        # Its clients have seen responses: running it again would repeat them.
+                        if slot.breaker is not None:
+                            slot.breaker.record(False, now - started, probe=probe, cause=cause)
+                        raise InferenceFailed(
+                            f"model {model.key} failed on a batch while it sent responses: {cause}"
+                        ) from None
                     attempt.last_error = cause
                     attempt.model_raised = isinstance(exc, WorkerError) and exc.kind == "error"
                     attempt.flush()  # failed again: an earlier failure was not the instance's

@@ -30,12 +30,14 @@ from typing import Any
 
 from sordino.backends.base import Backend, ProfilingBackend, RequestBatchBackend
 from sordino.backends.calls import CallingBackend
+from sordino.backends.decoupled import DecoupledBackend
 from sordino.backends.registry import create_backend
 from sordino.clock import Clock
 from sordino.config import WorkersConfig
 from sordino.errors import Unavailable
 from sordino.events import EventSink
 from sordino.execution.backoff import RestartBackoff, start_again
+from sordino.execution.decoupled import ThreadResponder
 from sordino.execution.devices import Device
 from sordino.execution.faults import FaultAction, InjectedFault, perform
 from sordino.execution.messages import ProfileStart, ProfileStop, ProfileStopped
@@ -187,10 +189,19 @@ class ThreadInstance(_Base):
         return self._backend.metadata
 
     async def run(self, batch: StagedBatch, fault: FaultAction | None) -> dict[str, TensorRef]:
+        responder = None
+        if batch.channel is not None:
+            responder = ThreadResponder(asyncio.get_running_loop(), batch.channel)
+
         def call() -> dict[str, TensorRef]:
             if fault is not None:
                 perform(fault, in_process=True)
             backend = self._backend
+            if responder is not None:
+                if not isinstance(backend, DecoupledBackend):
+                    raise RuntimeError(f"the {type(backend).__name__} backend is not decoupled")
+                backend.infer_decoupled(batch.arrays, batch.request_rows, responder)
+                return {}
             if isinstance(backend, RequestBatchBackend) and batch.request_rows:
                 outputs = backend.infer_requests(batch.arrays, batch.request_rows)
             else:
@@ -312,6 +323,7 @@ class ProcessInstance(_Base):
                 self._settings.execution_timeout,
                 batch.segment,
                 batch.request_rows,
+                batch.channel,
             )
         except WorkerError:
             # A batch the model failed while its worker lives; one whose failure killed

@@ -51,6 +51,14 @@ travel pickled in the frame (a copy each way, bounded by :data:`MAX_BODY`), not 
 the arena: the server writes answers without blocking its loop, and the worker reads
 them whichever of its threads waits (``worker_main._Link``).
 
+A decoupled model's batch (``ModelMetadata.decoupled``) is the same :class:`Run`,
+ended by :class:`Done` (no outputs) once ``execute`` returned; each response the model
+sends, during the batch or after it, is a :class:`Respond` frame (the request's index
+in the batch, its tensors inline, the final flag, or an error), from any thread of the
+worker. The server may send :class:`Cancel` at any time for such a request whose client
+went away; the worker of a decoupled model reads its pipe on a thread of its own, so it
+sees the cancellation while the model runs, and ``is_cancelled()`` turns true.
+
 :class:`Stop` asks the worker to exit. The server's end closing (end of file) means
 the same; the worker's end closing tells the server the process is gone.
 """
@@ -61,6 +69,8 @@ import pickle
 import struct
 from dataclasses import dataclass
 from typing import Any, ClassVar
+
+import numpy as np
 
 from sordino.backends.calls import CallAnswer, ModelCall
 from sordino.execution.faults import FaultAction
@@ -76,6 +86,7 @@ __all__ = [
     "Allocated",
     "Call",
     "CallFailed",
+    "Cancel",
     "Command",
     "Done",
     "FrameError",
@@ -91,6 +102,7 @@ __all__ = [
     "ProfileStopped",
     "Ready",
     "Reply",
+    "Respond",
     "Run",
     "RunFailed",
     "Stop",
@@ -167,7 +179,16 @@ class Stop:
 
 STOP = Stop()
 
-ToWorker = Run | Allocated | Call | Stop | ModelCallAnswer
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """The client of request ``index`` of decoupled batch ``batch_id`` cancelled it."""
+
+    batch_id: int
+    index: int
+
+
+ToWorker = Run | Allocated | Call | Stop | Cancel | ModelCallAnswer
 
 # -- worker to server ----------------------------------------------------------------
 
@@ -265,6 +286,23 @@ class ModelCallCancel:
     call_id: int
 
 
+@dataclass(frozen=True, slots=True)
+class Respond:
+    """A decoupled model's response to request ``index`` of batch ``batch_id``.
+
+    ``outputs`` are the response's tensors (none with a bare final flag), carried in the
+    frame: the model sends from any thread, at any time, so there is no arena exchange
+    to place them. ``final``: the request's last response. ``error``: the model answered
+    the request with an error, which ends it.
+    """
+
+    batch_id: int
+    index: int
+    final: bool
+    outputs: dict[str, np.ndarray]
+    error: str | None = None
+
+
 FromWorker = (
     Ready
     | LoadFailed
@@ -276,6 +314,7 @@ FromWorker = (
     | CallFailed
     | ModelCallStart
     | ModelCallCancel
+    | Respond
 )
 
 # -- the wire: one frame per message --------------------------------------------------
@@ -292,6 +331,11 @@ MAX_BODY = 64 << 20
 """Longest body a frame may declare; a longer one is garbage (messages are small)."""
 
 _RUN, _ALLOCATED, _STOP, _HEARTBEAT, _ALLOC, _DONE, _RUN_FAILED, _PICKLED = range(1, 9)
+# A decoupled model's frames, numbered apart from the others (room for kinds between).
+_RESPOND, _CANCEL = 20, 21
+_RESPOND_HEAD = struct.Struct("<QIBB")  # batch id, index, final, has an error
+_CANCEL_BODY = struct.Struct("<QI")  # batch id, index
+_ARRAY = struct.Struct("<BBBQ")  # name length, dtype length, ndim, data bytes
 _ID = struct.Struct("<Q")
 _RUN_HEAD = struct.Struct("<QB")  # batch id, has a fault
 _DONE_HEAD = struct.Struct("<Qd")  # batch id, infer_s
@@ -319,6 +363,24 @@ def _handles(handles: dict[str, TensorHandle]) -> bytes:
         ndim = len(h.shape)
         parts.append(_HANDLE.pack(len(key), len(dtype), ndim, h.offset, h.nbytes, h.capacity))
         parts.append(key + dtype + struct.pack(f"<{ndim}q", *h.shape))
+    return b"".join(parts)
+
+
+def _arrays(arrays: dict[str, np.ndarray]) -> bytes:
+    """Tensors inline: per tensor its name, dtype, shape and data (BYTES as the KServe
+    binary form: each element a ``uint32`` length and its bytes)."""
+    parts = [_COUNT.pack(len(arrays))]
+    for name, array in arrays.items():
+        if array.dtype.kind in "OSU":
+            items = [v if isinstance(v, bytes) else str(v).encode() for v in array.flat]
+            data = b"".join(_LEN.pack(len(item)) + item for item in items)
+            dtype = "object"
+        else:
+            data = np.ascontiguousarray(array).tobytes()
+            dtype = array.dtype.str
+        key, kind = name.encode(), dtype.encode()
+        parts.append(_ARRAY.pack(len(key), len(kind), array.ndim, len(data)))
+        parts.append(key + kind + struct.pack(f"<{array.ndim}q", *array.shape) + data)
     return b"".join(parts)
 
 
@@ -358,6 +420,20 @@ def encode(message: ToWorker | FromWorker) -> bytes:
         case RunFailed():
             body = _ID.pack(message.batch_id) + _text(message.kind) + _text(message.message)
             kind = _RUN_FAILED
+        case Respond():
+            error = message.error
+            body = b"".join(
+                (
+                    _RESPOND_HEAD.pack(
+                        message.batch_id, message.index, message.final, error is not None
+                    ),
+                    _text(error) if error is not None else b"",
+                    _arrays(message.outputs),
+                )
+            )
+            kind = _RESPOND
+        case Cancel():
+            body, kind = _CANCEL_BODY.pack(message.batch_id, message.index), _CANCEL
         case _:
             body, kind = pickle.dumps(message, pickle.HIGHEST_PROTOCOL), _PICKLED
     return _HEADER.pack(len(body), kind) + body
@@ -398,6 +474,28 @@ class _Body:
             out[name] = TensorHandle(offset, nbytes, dtype, shape, capacity)
         return out
 
+    def arrays(self) -> dict[str, np.ndarray]:
+        (count,) = self.unpack(_COUNT)
+        out: dict[str, np.ndarray] = {}
+        for _ in range(count):
+            name_len, dtype_len, ndim, nbytes = self.unpack(_ARRAY)
+            name = self.take(name_len).decode()
+            dtype = self.take(dtype_len).decode("ascii")
+            shape = struct.unpack(f"<{ndim}q", self.take(8 * ndim))
+            data = self.take(nbytes)
+            if dtype == "object":
+                items = []
+                inner = _Body(data)
+                while inner.at < len(data):
+                    (n,) = inner.unpack(_LEN)
+                    items.append(inner.take(n))
+                flat = np.empty(len(items), dtype=np.object_)
+                flat[:] = items
+                out[name] = flat.reshape(shape)
+            else:
+                out[name] = np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape)
+        return out
+
     def rest(self) -> bytes:
         return self.take(len(self.data) - self.at)
 
@@ -436,6 +534,13 @@ def _decode(kind: int, data: bytes) -> ToWorker | FromWorker:
         case 7:  # _RUN_FAILED
             (batch_id,) = body.unpack(_ID)
             message = RunFailed(batch_id, body.text(), body.text())
+        case 20:  # _RESPOND
+            batch_id, index, final, has_error = body.unpack(_RESPOND_HEAD)
+            error = body.text() if has_error else None
+            message = Respond(batch_id, index, bool(final), body.arrays(), error)
+        case 21:  # _CANCEL
+            batch_id, index = body.unpack(_CANCEL_BODY)
+            message = Cancel(batch_id, index)
         case 8:  # _PICKLED
             message = pickle.loads(body.rest())
             if not isinstance(message, _PICKLED_TYPES):

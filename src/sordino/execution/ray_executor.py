@@ -121,6 +121,14 @@ class RayExecutor(ChainExecutor):
             self._remove_group(key)
             raise
         self._models[key].isolation = "ray"
+        if metadata.decoupled:
+            # Its responses would need a channel from the actor back to the server.
+            await self.unload(key)
+            raise ModelLoadError(
+                f"model {key} is decoupled (model_transaction_policy {{ decoupled: true }}); "
+                "decoupled models do not run on Ray actors (executor.kind: ray) yet: serve "
+                "it with the default executor"
+            )
         return metadata
 
     def _check_fits(self, key: ModelKey, config: ModelConfig, options: RayModelOptions) -> None:

@@ -97,7 +97,8 @@ class ModelActor:
             thread_spinning=bool(spec.get("thread_spinning", False)),
         )
         backend.load(Path(spec["path"]), spec["target"])
-        for _ in range(int(spec["warmup_batches"])):
+        # A decoupled model is not warmed up (the executor then refuses it by name).
+        for _ in range(0 if backend.metadata.decoupled else int(spec["warmup_batches"])):
             backend.infer(dummy_inputs(backend.metadata, 1))
         self._backend = backend
         context = ray.get_runtime_context()

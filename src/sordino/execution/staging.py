@@ -42,6 +42,7 @@ import numpy as np
 from sordino.config.memory import MemoryConfig
 from sordino.datatypes import to_numpy_dtype
 from sordino.errors import OutOfMemory
+from sordino.execution.decoupled import ResponseChannel
 from sordino.inference import ModelMetadata, Tensor
 from sordino.memory.arena import Arena, shm_free_bytes
 from sordino.memory.refs import Lease, TensorRef, Tensors
@@ -77,6 +78,8 @@ class StagedBatch:
     segment: str = ""
     """The arena segment ``handles`` name (it changes when the pool is resized)."""
     released: bool = False
+    channel: ResponseChannel | None = None
+    """Where a decoupled batch's responses go (``execution/decoupled.py``); None otherwise."""
     _arrays: dict[str, Tensor] | None = None
 
     @property

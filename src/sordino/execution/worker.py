@@ -18,6 +18,13 @@ Beside those exchanges, the model may call other models (BLS) at any moment: eac
 cancelled when the worker gives the call up or is lost. Writes to the pipe never block
 the event loop: what the socket does not take at once (a large answer the worker has
 not read yet) is queued and written as it drains.
+
+A decoupled batch (``run(..., channel=...)``) ends its exchange when ``execute`` has
+returned; its :class:`Respond` frames go to its
+:class:`~sordino.execution.decoupled.ResponseChannel` as they come, during the batch and
+after it, until every request of it has ended. A :class:`Cancel` for one of its
+requests may be sent at any time (the worker reads it on a thread of its own). A worker
+lost after the exchange ended fails the requests still open with the cause.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import atexit
 import collections
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import multiprocessing
@@ -42,6 +50,7 @@ from typing import Any
 from sordino.backends.calls import CallAnswer, ModelCall
 from sordino.clock import Clock
 from sordino.errors import ModelLoadError
+from sordino.execution.decoupled import ResponseChannel
 from sordino.execution.faults import FaultAction
 from sordino.execution.messages import (
     STOP,
@@ -49,6 +58,7 @@ from sordino.execution.messages import (
     Allocated,
     Call,
     CallFailed,
+    Cancel,
     Command,
     Done,
     FrameError,
@@ -62,6 +72,7 @@ from sordino.execution.messages import (
     ProfileStopped,
     Ready,
     Reply,
+    Respond,
     Run,
     RunFailed,
     ToWorker,
@@ -203,6 +214,7 @@ class WorkerProcess:
         self._allocate: dict[int, Allocate] = {}
         self._allocating: dict[int, asyncio.Task[None]] = {}
         self._calls: dict[int, asyncio.Future[ProfileStopped | None]] = {}
+        self._channels: dict[int, ResponseChannel] = {}  # decoupled batches still answering
         self._turn = asyncio.Lock()  # one exchange on the pipe at a time (see above)
         self._call_server = calls
         self._serving: dict[int, asyncio.Task[None]] = {}  # model calls, by the worker's id
@@ -274,12 +286,15 @@ class WorkerProcess:
         timeout_s: float,
         segment: str = "",
         rows: tuple[int, ...] = (),
+        channel: ResponseChannel | None = None,
     ) -> tuple[dict[str, TensorHandle], float]:
         """Run one batch; return its output handles and the time the model took.
 
         Raises :class:`WorkerLost` if the worker dies, is killed or exceeds
         ``timeout_s`` (0: no limit), :class:`WorkerError` if the model raised. The
         batch waits for a command in progress; ``timeout_s`` counts from its start.
+        With ``channel`` (a decoupled batch) it returns no outputs once ``execute``
+        returned; the responses go to ``channel`` from then on too.
         """
         async with self._turn:
             if not self.alive:
@@ -290,6 +305,10 @@ class WorkerProcess:
             )
             self._pending[batch_id] = future
             self._allocate[batch_id] = allocate
+            if channel is not None:
+                self._channels[batch_id] = channel
+                channel.bind(functools.partial(self._cancel, batch_id))
+            ran = False
             timer = None
             if timeout_s > 0:
                 self._batch_ends = self._clock.now() + timeout_s
@@ -300,7 +319,9 @@ class WorkerProcess:
                 )
             try:
                 self._send(Run(batch_id, inputs, space, fault, segment, rows))
-                return await future
+                result = await future
+                ran = True
+                return result
             except asyncio.CancelledError:
                 # The worker is still inside the batch and may yet ask for output space: the
                 # pipe's exchange is half done, so the worker is replaced rather than reused.
@@ -316,6 +337,9 @@ class WorkerProcess:
                     timer.cancel()
                 self._pending.pop(batch_id, None)
                 self._allocate.pop(batch_id, None)
+                if channel is not None and (not ran or channel.finished):
+                    # A failed batch is answered by its caller; a finished one is done.
+                    self._channels.pop(batch_id, None)
                 allocating = self._allocating.pop(batch_id, None)
                 if allocating is not None:
                     # The batch ended (lost, killed, cancelled) while its outputs still
@@ -348,6 +372,15 @@ class WorkerProcess:
                 ) from None
             finally:
                 self._calls.pop(call_id, None)
+
+    def _cancel(self, batch_id: int, index: int) -> None:
+        """Tell the worker the client of request ``index`` of ``batch_id`` went away."""
+        channel = self._channels.get(batch_id)
+        if channel is not None and channel.finished:
+            del self._channels[batch_id]
+        if self.alive:
+            with contextlib.suppress(OSError):  # gone: the exit is seen when the pipe closes
+                self._send(Cancel(batch_id, index))
 
     def _lost_cause(self) -> str:
         if self._kill_cause is not None:
@@ -493,6 +526,12 @@ class WorkerProcess:
                 task = self._serving.get(call_id)
                 if task is not None:
                     task.cancel()
+            case Respond(batch_id=batch_id, index=index, final=final, outputs=outputs):
+                channel = self._channels.get(batch_id)
+                if channel is not None:
+                    channel.response(index, outputs, final, message.error)
+                    if channel.finished and batch_id not in self._pending:
+                        del self._channels[batch_id]
             case Alloc(batch_id=batch_id, sizes=sizes):
                 allocate = self._allocate.get(batch_id)
                 if allocate is not None:
@@ -559,3 +598,12 @@ class WorkerProcess:
         for future in futures:
             if not future.done():
                 future.set_exception(WorkerLost(cause))
+        # Decoupled batches whose execute had returned: their open requests end here (a
+        # batch still running is failed, or retried, by whoever waits on it).
+        for batch_id, channel in list(self._channels.items()):
+            if batch_id not in self._pending:
+                del self._channels[batch_id]
+                channel.fail(
+                    f"model {channel.model}: the worker {self.spec.model}/{self.spec.index} "
+                    f"was lost while the model was still sending responses ({cause})"
+                )

@@ -6,6 +6,13 @@ with the spec's ``backend`` kind), loads and warms up the model, and then serves
 pipe (binary frames on its fd) until told to stop: inputs are read in place from the
 arena, outputs written back into blocks the server reserved. The messages and their order are in
 ``execution/messages.py``.
+
+A decoupled model's worker (``ModelMetadata.decoupled``) reads its pipe on a thread of
+its own (:meth:`_Link.start_reader`): a :class:`Cancel` may come while the model runs,
+and only a reader that is not the model's thread can turn ``is_cancelled()`` true then.
+Its batches run through :func:`_run_decoupled`; each response leaves as a
+:class:`Respond` frame from whichever thread the model sent it on. No warm-up batches
+run for it: a decoupled model's responses to made-up inputs would have nowhere to go.
 """
 
 from __future__ import annotations
@@ -24,8 +31,11 @@ from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+import numpy as np
+
 from sordino.backends.base import Backend, ProfilingBackend, RequestBatchBackend, dummy_inputs
 from sordino.backends.calls import CallAnswer, CallingBackend, ModelCall, failed_answer
+from sordino.backends.decoupled import DecoupledBackend
 from sordino.config.memory import FrameworkMemoryConfig
 from sordino.execution.faults import InjectedFault, perform
 from sordino.execution.messages import (
@@ -36,6 +46,7 @@ from sordino.execution.messages import (
     Allocated,
     Call,
     CallFailed,
+    Cancel,
     Command,
     Done,
     FrameError,
@@ -50,6 +61,7 @@ from sordino.execution.messages import (
     ProfileStopped,
     Ready,
     Reply,
+    Respond,
     Run,
     RunFailed,
     Stop,
@@ -113,6 +125,18 @@ class _Link:
         self._calls: dict[int, Callable[[CallAnswer], None]] = {}
         self._call_ids = itertools.count(1)
         self._pump: threading.Thread | None = None
+        self._on_cancel: Callable[[Cancel], None] | None = None
+
+    def start_reader(self, on_cancel: Callable[[Cancel], None]) -> None:
+        """Read the pipe on a thread from now on (a decoupled model's worker): a
+        :class:`Cancel` goes to ``on_cancel`` at once, even while ``execute`` runs; other
+        messages wait for :meth:`recv` as before."""
+        self._on_cancel = on_cancel
+        threading.Thread(target=self._read_always, daemon=True, name="pipe-reader").start()
+
+    def _read_always(self) -> None:
+        with self._state:
+            self._read_until(lambda: False)
 
     def send(self, message: FromWorker) -> None:
         self.send_frame(encode(message))
@@ -169,6 +193,10 @@ class _Link:
                 self._calls.pop(message.call_id, None)
             if on_answer is not None:
                 on_answer(message.answer)
+            return
+        if isinstance(message, Cancel):
+            if self._on_cancel is not None:
+                self._on_cancel(message)
             return
         if isinstance(message, Stop):
             self._fail_calls("the server is stopping")
@@ -276,7 +304,8 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
             backend.set_caller(link)  # the model's BLS calls go over the pipe
         backend.load(Path(spec.path), spec.target)
         warm_up = backend_kind(spec.backend, model=spec.model).warm_up
-        for _ in range(spec.warmup_batches if warm_up else 0):
+        # A decoupled model's responses would have nowhere to go: never warmed up.
+        for _ in range(spec.warmup_batches if warm_up and not backend.metadata.decoupled else 0):
             backend.infer(dummy_inputs(backend.metadata, 1))
     except Exception as exc:
         link.send(LoadFailed(f"{type(exc).__name__}: {exc}"))
@@ -284,17 +313,21 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     threading.Thread(
         target=_heartbeat, args=(link, spec.heartbeat_s), daemon=True, name="heartbeat"
     ).start()
+    streams = _Streams(link) if isinstance(backend, DecoupledBackend) else None
+    if streams is not None and backend.metadata.decoupled:
+        link.start_reader(streams.cancel)
     link.send(Ready(backend.metadata, os.getpid(), time.perf_counter() - started))
     try:
-        _serve(link, backend, mapped)
+        _serve(link, backend, mapped, streams)
     except FrameError as exc:
         # The server's end is broken (here or inside a batch's Alloc exchange): leave,
         # saying why (exit code 1); the server sees the pipe close: a lost worker.
         sys.exit(f"sordino worker {spec.model}/{spec.index}: {exc}")
 
 
-def _serve(link: _Link, backend: Backend, mapped: _Mapped) -> None:
+def _serve(link: _Link, backend: Backend, mapped: _Mapped, streams: _Streams | None) -> None:
     """Serve the pipe until told to stop or the server's end closes."""
+    decoupled = streams is not None and backend.metadata.decoupled
     while True:
         try:
             message = link.recv()
@@ -309,10 +342,120 @@ def _serve(link: _Link, backend: Backend, mapped: _Mapped) -> None:
                 except OSError as exc:
                     link.send(RunFailed(message.batch_id, "error", f"shared memory: {exc}"))
                     continue
-                if not _run(link, backend, buffer, message):
+                if decoupled:
+                    assert streams is not None and isinstance(backend, DecoupledBackend)
+                    _run_decoupled(link, backend, buffer, message, streams)
+                elif not _run(link, backend, buffer, message):
                     return
             case Call(call_id=call_id, command=command):
                 _call(link, backend, call_id, command)
+            case Cancel():
+                pass  # only a decoupled model's requests are cancelled mid-run
+
+
+class _Streams:
+    """The decoupled batches whose requests may still send, and their cancellations.
+
+    A :class:`Cancel` may be read (on the reader thread) before the main thread has
+    taken its batch's :class:`Run`: batch ids only grow, so a cancellation for a batch
+    not opened yet is kept until it opens, and one for a batch already closed is dropped.
+    """
+
+    def __init__(self, link: _Link) -> None:
+        self.link = link
+        self._lock = threading.Lock()
+        self._open: dict[int, tuple[set[int], set[int]]] = {}  # batch -> (live, cancelled)
+        self._early: dict[int, set[int]] = {}
+        self._last = 0
+
+    def open(self, batch_id: int, count: int) -> None:
+        with self._lock:
+            self._last = max(self._last, batch_id)
+            self._open[batch_id] = (set(range(count)), self._early.pop(batch_id, set()))
+
+    def cancel(self, message: Cancel) -> None:
+        with self._lock:
+            entry = self._open.get(message.batch_id)
+            if entry is not None:
+                entry[1].add(message.index)
+            elif message.batch_id > self._last:
+                self._early.setdefault(message.batch_id, set()).add(message.index)
+
+    def cancelled(self, batch_id: int, index: int) -> bool:
+        with self._lock:
+            entry = self._open.get(batch_id)
+            return entry is not None and index in entry[1]
+
+    def ended(self, batch_id: int, index: int) -> None:
+        """Request ``index`` had its last response: forget the batch once all have."""
+        with self._lock:
+            entry = self._open.get(batch_id)
+            if entry is not None:
+                entry[0].discard(index)
+                if not entry[0]:
+                    del self._open[batch_id]
+
+    def close(self, batch_id: int) -> None:
+        with self._lock:
+            self._open.pop(batch_id, None)
+
+
+class _BatchResponder:
+    """A decoupled batch's :class:`~sordino.backends.decoupled.Responder`: each response
+    leaves as a :class:`Respond` frame at once, from the thread that sent it."""
+
+    def __init__(self, streams: _Streams, batch_id: int) -> None:
+        self._streams = streams
+        self._batch_id = batch_id
+
+    def respond(
+        self,
+        index: int,
+        outputs: dict[str, np.ndarray] | None,
+        final: bool,
+        error: str | None = None,
+    ) -> None:
+        frame = encode(Respond(self._batch_id, index, final, outputs or {}, error))
+        if len(frame) - HEADER_SIZE > MAX_BODY:
+            # The model's send raises, naming the limit; the request is still open.
+            raise ValueError(
+                f"a response of {len(frame)} bytes is larger than a decoupled model's "
+                f"response may be ({MAX_BODY} bytes); send it in smaller responses"
+            )
+        self._streams.link.send_frame(frame)
+        if final:
+            self._streams.ended(self._batch_id, index)
+
+    def cancelled(self, index: int) -> bool:
+        return self._streams.cancelled(self._batch_id, index)
+
+
+def _run_decoupled(
+    link: _Link, backend: DecoupledBackend, buffer: memoryview, run: Run, streams: _Streams
+) -> None:
+    """Run one decoupled batch: :class:`Done` once ``execute`` returned (its responses
+    are :class:`Respond` frames, sent meanwhile or later), :class:`RunFailed` if it raised."""
+    started = time.perf_counter()
+    streams.open(run.batch_id, max(1, len(run.rows)))
+    try:
+        batch = {name: view_tensor(buffer, handle) for name, handle in run.inputs.items()}
+        if run.fault is not None:
+            perform(run.fault, in_process=False)
+        backend.infer_decoupled(batch, run.rows, _BatchResponder(streams, run.batch_id))
+        del batch
+    except MemoryError as exc:
+        streams.close(run.batch_id)
+        link.send(RunFailed(run.batch_id, "oom", f"MemoryError: {exc}"))
+        return
+    except InjectedFault as exc:
+        streams.close(run.batch_id)
+        link.send(RunFailed(run.batch_id, "fault", f"{type(exc).__name__}: {exc}"))
+        return
+    except Exception as exc:
+        streams.close(run.batch_id)
+        link.send(RunFailed(run.batch_id, "error", f"{type(exc).__name__}: {exc}"))
+        return
+    link.send(Done(run.batch_id, {}, time.perf_counter() - started))
 
 
 class _Mapped:

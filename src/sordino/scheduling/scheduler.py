@@ -10,6 +10,12 @@ It has the shape of vLLM's engine core. One task per model version loops over:
    whose stream is not done is queued again for its next step, with the carried
    outputs as state (they stay in the arena); a finished one is counted and observed.
 
+A decoupled model's batch (``submit(..., decoupled=True)``) runs through the executor's
+``run_decoupled`` with a :class:`~sordino.execution.decoupled.ResponseChannel`: the batch
+ends when ``execute`` returned, and each request stays running, getting a
+:class:`StepOutput` per response the model sends, until its final one, an error, the
+execution timeout or a cancellation (which the channel passes on to the model).
+
 The loop waits on a single wake-up event, set when work arrives, when a batch ends,
 when a timer for the batch delay or the next deadline fires, or on close. It never
 polls. Requests are :class:`~sordino.scheduling.work.Request` objects the scheduler
@@ -24,6 +30,7 @@ outputs are handed to the reader of the request's responses, who releases them.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncGenerator, Mapping, Sequence
 
 import numpy as np
@@ -39,7 +46,9 @@ from sordino.errors import (
     Shed,
     ShuttingDown,
     SordinoError,
+    Unsupported,
 )
+from sordino.execution.decoupled import ResponseChannel
 from sordino.execution.executor import BATCH_OWNERS, Executor, MemoryFit
 from sordino.execution.faults import BATCH_TENANTS
 from sordino.inference import ModelKey, StreamSpec, Tensor, release_owned
@@ -107,6 +116,9 @@ class ModelScheduler:
         self._rejected = self._timed_out = self._batches = self._batched_rows = 0
         self._isolated = 0
         self._cost = BatchCost()
+        self._answering: set[Request] = set()  # decoupled requests whose batch has run
+        self._answered = asyncio.Event()
+        self._answered.set()
 
     @property
     def clock(self) -> Clock:
@@ -137,11 +149,15 @@ class ModelScheduler:
                 self._drop(item, ShuttingDown("the model is being unloaded"))
             for task in self._running:
                 task.cancel()
+            for request in list(self._answering):
+                self._fail(request, ShuttingDown("the model is being unloaded"))
         self._wake.set()
         if self._task is not None:
             await self._task
         if self._running:
             await asyncio.gather(*self._running, return_exceptions=True)
+        # A decoupled model's requests still being answered (bounded by the timeout).
+        await self._answered.wait()
         if self._timer is not None:
             self._timer.cancel()
 
@@ -191,6 +207,7 @@ class ModelScheduler:
         tenant: str = "",
         weight: int = 1,
         owner: str = "",
+        decoupled: bool = False,
     ) -> Request:
         """Accept one request and queue its first step; return the request.
 
@@ -203,6 +220,7 @@ class ModelScheduler:
 
         With a ``stepper`` (an iterative model) ``inputs`` are the first step's; after
         each step the stepper computes the next step's inputs (see :class:`Stepper`).
+        ``decoupled``: the model sends its own responses (read them with :meth:`responses`).
         """
         if self._closing:
             raise ShuttingDown(f"model {self.model} is shutting down; retry on another replica")
@@ -219,6 +237,7 @@ class ModelScheduler:
             tenant=tenant,
             weight=weight,
             owner=owner,
+            decoupled=decoupled,
         )
         item = self._work_item(request, tensors, now)
         try:
@@ -474,6 +493,10 @@ class ModelScheduler:
                 release_owned(item.inputs)
 
     async def _run_batch(self, live: list[WorkItem]) -> None:
+        first_request = live[0].request
+        if first_request is not None and first_request.decoupled:
+            await self._run_decoupled(live)
+            return
         t0 = t1 = self._clock.now()
         rows = sum(item.rows for item in live)
         try:
@@ -546,6 +569,82 @@ class ModelScheduler:
         self._batches += 1
         self._batched_rows += rows
         self._batch_observed(rows, len(live), t1 - t0, t2 - t1, t3 - t2, ok=True)
+
+    async def _run_decoupled(self, live: list[WorkItem]) -> None:
+        """Run a decoupled model's batch; its requests are answered as the model sends."""
+        t0 = self._clock.now()
+        rows = sum(item.rows for item in live)
+        requests = [item.request for item in live]
+
+        def respond(index: int, outputs: dict[str, np.ndarray], final: bool) -> None:
+            request = requests[index]
+            if request is not None and not request.finished:
+                self._decoupled_response(request, outputs, final)
+
+        def fail(index: int, message: str) -> None:
+            request = requests[index]
+            if request is not None:
+                self._fail(request, InferenceFailed(message))
+
+        channel = ResponseChannel(str(self.model), len(live), respond, fail)
+        for index, request in enumerate(requests):
+            if request is not None:
+                request.stop = functools.partial(channel.cancel, index)
+                self._answering.add(request)
+                self._answered.clear()
+        run = getattr(self._executor, "run_decoupled", None)
+        try:
+            if run is None:
+                raise Unsupported(
+                    f"model {self.model} is decoupled (it sends its own responses); this "
+                    "executor cannot run such a model: serve it with isolation process or thread"
+                )
+            await run(self.model, [item.inputs for item in live], channel)
+        except asyncio.CancelledError:
+            channel.fail(
+                f"model {self.model} is being unloaded or the server is stopping; its batch "
+                "was cancelled before it finished: retry on another replica"
+            )
+            raise
+        except Exception as exc:
+            # The batch's own error (its class says how to answer: 500, 503, ...) for every
+            # request still open; nothing more is delivered for it.
+            error = (
+                exc
+                if isinstance(exc, SordinoError)
+                else InferenceFailed(f"model {self.model} failed on a batch: {exc!r}")
+            )
+            for index in channel.close():
+                request = requests[index]
+                if request is not None:
+                    self._fail(request, error)
+            self._batches += 1
+            self._batch_observed(rows, len(live), 0.0, self._clock.now() - t0, 0.0, ok=False)
+            return
+        finally:
+            for request in requests:
+                if request is not None:
+                    request.item = None
+        t2 = self._clock.now()
+        self._cost.note(rows, t2 - t0)
+        self._batches += 1
+        self._batched_rows += rows
+        for request in requests:
+            if request is not None:
+                request.compute_s += t2 - t0
+        self._batch_observed(rows, len(live), 0.0, t2 - t0, 0.0, ok=True)
+
+    def _decoupled_response(
+        self, request: Request, outputs: dict[str, np.ndarray], final: bool
+    ) -> None:
+        """One response a decoupled model sent ``request``; a bare final flag ends it."""
+        request.steps += 1
+        if outputs:
+            request.outputs.put_nowait(StepOutput(Tensors.of(outputs), final, request.steps))
+        elif final:
+            request.outputs.put_nowait(StepOutput(Tensors.of({}), True, request.steps, empty=True))
+        if final:
+            self._finish(request, "success", "ok")
 
     def _batch_cancelled(self, live: list[WorkItem], t0: float) -> None:
         """The batch's task was cancelled (a close without drain): answer its requests
@@ -700,6 +799,12 @@ class ModelScheduler:
         request.state = "finished"
         request.outcome = outcome
         request.inputs.release()
+        stop, request.stop = request.stop, None
+        if stop is not None:
+            stop()  # a decoupled request that ended early: the model is told (no-op otherwise)
+            self._answering.discard(request)
+            if not self._answering:
+                self._answered.set()
         region = request.region
         if region is not None:
             region.close()  # back to the arena once its last outputs are released

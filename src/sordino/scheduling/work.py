@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol
 
@@ -150,6 +150,10 @@ class Request:
     """(input bytes, output bytes) per step of a multi-step request (lifetime planning)."""
     region: StepRegion | None = None
     """A multi-step request's arena region for its steps' outputs (``memory/region.py``)."""
+    decoupled: bool = False
+    """Its model sends its own responses (any number), through a response channel."""
+    stop: Callable[[], None] | None = None
+    """While a decoupled model answers it: tells the model the request ended early."""
 
     @property
     def max_steps(self) -> int:

@@ -100,6 +100,9 @@ def extra_routes(
         # Refusals (validation, admission) are answered with a status before streaming.
         try:
             first, _ = await until_disconnect(request.receive, anext(responses))
+        except StopAsyncIteration:
+            # A decoupled model that sent only its final flag: a stream of no events.
+            return EventStream(_no_events())
         except BaseException:
             await responses.aclose()
             raise
@@ -175,6 +178,11 @@ def _binary(runtime: Runtime, request: InferRequest) -> tuple[str, ...]:
     except SordinoError:
         return ()
     return ("png",) if model.pipeline is not None else ()
+
+
+async def _no_events() -> AsyncIterator[bytes]:
+    return
+    yield  # pragma: no cover  (an async generator that yields nothing)
 
 
 async def _events(

@@ -134,6 +134,8 @@ class ModelLoader:
         warm_up = backend_kind(config.backend, model=str(key)).warm_up
         try:
             curve = None
+            # A decoupled model's answers to made-up inputs would have nowhere to go.
+            warm_up = warm_up and not metadata.decoupled
             if warm_up:
                 await self._warm_up(key, dummy_inputs(metadata, 1))
             if (

@@ -64,7 +64,7 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
         config["parameters"]["sordino_step_cache"] = {
             "string_value": shown if cache.enabled else "off"
         }
-    if meta.stream is not None or model.pipeline is not None:
+    if meta.stream is not None or model.pipeline is not None or meta.decoupled:
         # Triton's word for a model that may send several responses per request.
         config["model_transaction_policy"] = {"decoupled": True}
     if batched:

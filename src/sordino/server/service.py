@@ -395,10 +395,15 @@ class InferenceService:
                 self._refused(request, late.reason)
                 raise late
             context.timeout_s -= waited
-        if one_shot and model.metadata.stream is not None:
+        if one_shot and (model.metadata.stream is not None or model.metadata.decoupled):
+            how = (
+                "is decoupled (it sends any number of responses per request, as Triton's "
+                "decoupled transaction policy); its inference endpoints are the streams"
+                if model.metadata.decoupled
+                else "streams its responses (one per step)"
+            )
             error = Unsupported(
-                f"model {model.key.name!r} streams its responses (one per step); use "
-                "ModelStreamInfer over gRPC or POST "
+                f"model {model.key.name!r} {how}: use ModelStreamInfer over gRPC or POST "
                 f"/v2/models/{model.key.name}/generate_stream over HTTP"
             )
             self._end_slot(context, None)
@@ -417,6 +422,7 @@ class InferenceService:
                 timeout_s=context.timeout_s,
                 request_id=request.id,
                 stream=model.metadata.stream,
+                decoupled=model.metadata.decoupled,
                 # Fair share only among authenticated tenants (claimed names are free to invent).
                 **self._share(context),
                 owner=_tenant(request),

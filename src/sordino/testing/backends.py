@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sordino.clock import Clock
+from sordino.execution.decoupled import ResponseChannel
 from sordino.execution.executor import MemoryFit
 from sordino.inference import ModelKey, Tensor
 from sordino.memory.arena import Arena
@@ -32,6 +33,11 @@ class ScriptedExecutor:
     batch raises it once its latency has passed (and is still recorded). With an
     ``arena``, outputs are placed in it as a worker's are, so tests can check that
     every block comes back.
+
+    A decoupled model's batch (:meth:`run_decoupled`) is recorded the same way and its
+    :class:`~sordino.execution.decoupled.ResponseChannel` kept in ``channels``: the test
+    answers its requests through it, as a worker would, and finds each cancellation the
+    channel passes on in ``cancellations`` as ``(batch, index)``.
     """
 
     clock: Clock
@@ -42,6 +48,8 @@ class ScriptedExecutor:
     batches: list[int] = field(default_factory=list)
     contents: list[dict[str, Tensor]] = field(default_factory=list)
     arena: Arena | None = None
+    channels: list[ResponseChannel] = field(default_factory=list)
+    cancellations: list[tuple[int, int]] = field(default_factory=list)
 
     def instances(self, model: ModelKey) -> int:
         return self.count
@@ -49,6 +57,23 @@ class ScriptedExecutor:
     def memory_fit(self, model: ModelKey, part: Mapping[str, Tensor]) -> MemoryFit | None:
         """Scripted models have no overflow protection."""
         return None
+
+    async def run_decoupled(
+        self, model: ModelKey, parts: Sequence[Mapping[str, Tensor]], channel: ResponseChannel
+    ) -> None:
+        """Record a decoupled batch and keep its channel; return after its latency."""
+        batch = {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+        rows = int(next(iter(batch.values())).shape[0]) if batch else 0
+        self.batches.append(rows)
+        self.contents.append(batch)
+        number = len(self.channels)
+        channel.bind(lambda index: self.cancellations.append((number, index)))
+        self.channels.append(channel)
+        delay = self.latency(rows)
+        if delay > 0:
+            await self.clock.sleep(delay)
+        if self.fail is not None:
+            raise self.fail
 
     async def run(self, model: ModelKey, parts: Sequence[Mapping[str, Tensor]]) -> Tensors:
         batch = {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}

@@ -18,7 +18,11 @@ The model's inputs and outputs are the configuration's (Triton's rules: with
 request of the batch (each a view of its rows), checks that it returns one response per
 request, and joins the outputs back into one batch. A wrong count, a response with an
 error, or an exception raised by ``execute`` fails the batch with a message saying so
-(:class:`~sordino.errors.ModelLoadError` never: the worker keeps serving).
+(:class:`~sordino.errors.ModelLoadError` never: the worker keeps serving). A request
+may also be answered through its response sender (``backends/python/decoupled.py``).
+
+A decoupled model (``model_transaction_policy { decoupled: true }``) runs through
+:meth:`PythonBackend.infer_decoupled` instead: its responses go out as it sends them.
 """
 
 from __future__ import annotations
@@ -38,7 +42,9 @@ import numpy as np
 
 from sordino.backends.base import BackendOptions, BackendStatistics
 from sordino.backends.calls import ModelCaller
+from sordino.backends.decoupled import Responder
 from sordino.backends.python import bls
+from sordino.backends.python.decoupled import collect_sent, execute_decoupled, sent_responses
 from sordino.errors import ModelLoadError
 from sordino.inference import ModelMetadata, Tensor, TensorSpec
 
@@ -94,6 +100,7 @@ class PythonBackend:
         self._lock = threading.Lock()
         self._batches = self._items = self._failures = 0
         self._busy = 0.0
+        self._decoupled = False
 
     @property
     def metadata(self) -> ModelMetadata:
@@ -123,12 +130,7 @@ class PythonBackend:
             except Exception as exc:
                 raise ModelLoadError(f"{where}: auto_complete_config raised {exc!r}") from exc
             config = completed.as_dict()
-        policy = config.get("model_transaction_policy") or {}
-        if isinstance(policy, dict) and policy.get("decoupled"):
-            raise ModelLoadError(
-                f"{where}: decoupled Python models (model_transaction_policy "
-                "{ decoupled: true }) are not supported by sordino yet"
-            )
+        self._decoupled = utils.using_decoupled_model_transaction_policy(config)
         if not config.get("input") and not config.get("output"):
             raise ModelLoadError(
                 f"{where}: no inputs or outputs: give them in {folder / 'config.pbtxt'} "
@@ -166,6 +168,7 @@ class PythonBackend:
             batched=batched,
             # The loader bounds the scheduler's batches by it when sordino's config does not.
             extra={"max_batch_size": str(config["max_batch_size"])} if batched else {},
+            decoupled=self._decoupled,
         )
 
     def _read_config(self, folder: Path, where: str) -> dict[str, Any]:
@@ -216,6 +219,11 @@ class PythonBackend:
             raise ModelLoadError(f"model {self._options.name} is not loaded")
         utils = sys.modules[UTILS]
         metadata = self.metadata
+        if self._decoupled:
+            raise PythonModelError(
+                f"model {metadata.name} is decoupled: its responses are a stream "
+                "(infer_decoupled), not one answer per request"
+            )
         counts = list(rows) if metadata.batched and len(rows) > 1 else []
         requests = []
         start = 0
@@ -224,6 +232,7 @@ class PythonBackend:
             start += max(count, 0)
             tensors = [utils.Tensor(n, a) for n, a in part.items()]
             requests.append(utils.InferenceRequest(model_name=metadata.name, inputs=tensors))
+        sent = collect_sent(requests)
         started = time.perf_counter()
         state = bls.Executing(metadata.name, requests, caller=self._caller)
         try:
@@ -231,6 +240,7 @@ class PythonBackend:
                 responses = model.execute(requests)
             if inspect.iscoroutine(responses):  # async def execute, as Triton runs it
                 responses = bls.run_coroutine(responses, state)
+            responses = sent_responses(responses, sent)
             outputs = self._joined(responses, len(requests))
         except Exception as exc:
             with self._lock:
@@ -247,6 +257,38 @@ class PythonBackend:
             self._busy += elapsed
         return outputs
 
+    def infer_decoupled(
+        self, batch: dict[str, Tensor], rows: Sequence[int], responder: Responder
+    ) -> None:
+        """Run ``batch`` through a decoupled model's ``execute``; responses go to ``responder``.
+
+        Returns once ``execute`` returned (the model's threads may still be sending);
+        raises :class:`PythonModelError` when it raised or returned other than None.
+        """
+        model = self._model
+        if model is None:
+            raise ModelLoadError(f"model {self._options.name} is not loaded")
+        metadata = self.metadata
+        started = time.perf_counter()
+        try:
+            declared = {spec.name: spec.datatype for spec in metadata.outputs}
+            # BLS works from a decoupled model too (without the requests' facts to carry:
+            # they are built inside execute_decoupled).
+            with bls.executing(bls.Executing(metadata.name, caller=self._caller)):
+                execute_decoupled(
+                    model, metadata.name, batch, rows, metadata.batched, responder, declared
+                )
+        except Exception as exc:
+            with self._lock:
+                self._failures += 1
+            raise PythonModelError(f"model {metadata.name}: execute raised {exc!r}") from exc
+        finally:
+            _utils().publish_metrics()
+        with self._lock:
+            self._batches += 1
+            self._items += sum(rows) if len(rows) > 1 else 1
+            self._busy += time.perf_counter() - started
+
     def _joined(self, responses: Any, expected: int) -> dict[str, Tensor]:
         name = self.metadata.name
         if not isinstance(responses, list | tuple) or len(responses) != expected:
@@ -257,6 +299,11 @@ class PythonBackend:
             )
         parts: dict[str, list[Tensor]] = {spec.name: [] for spec in self.metadata.outputs}
         for index, response in enumerate(responses):
+            if response is None:
+                raise PythonModelError(
+                    f"model {name}: request {index} got no response (return one from "
+                    "execute, or send one through its response sender before execute returns)"
+                )
             if response.has_error():
                 raise PythonModelError(
                     f"model {name}: request {index}: {response.error().message()}"

@@ -4,9 +4,12 @@ A Triton Python model does ``import triton_python_backend_utils as pb_utils``; t
 Python backend (:mod:`sordino.backends.python.backend`) puts this module in
 ``sys.modules`` under that name before it imports ``model.py``. The names, signatures
 and behaviour follow Triton's Python backend (r24.10, Triton 2.51), so a model written
-for Triton runs unchanged. What sordino does not offer raises a clear error:
-decoupled response senders. BLS (``InferenceRequest.exec``/``async_exec``) is
-:mod:`sordino.backends.python.bls`.
+for Triton runs unchanged; what sordino does not offer raises a clear error.
+BLS (``InferenceRequest.exec``/``async_exec``) is :mod:`sordino.backends.python.bls`.
+
+A request's :class:`InferenceResponseSender` (``get_response_sender()``) sends its
+responses as Triton's does: any number with a decoupled model, exactly one without;
+the backend (``backends/python/decoupled.py``) says where they go.
 
 Custom metrics (:class:`MetricFamily`) are kept in this process; after a batch that
 changed them the backend calls :func:`publish_metrics`, which writes their snapshot
@@ -35,6 +38,7 @@ __all__ = [
     "TRITONSERVER_RESPONSE_COMPLETE_FINAL",
     "InferenceRequest",
     "InferenceResponse",
+    "InferenceResponseSender",
     "InferenceTrace",
     "Logger",
     "MetricFamily",
@@ -51,6 +55,7 @@ __all__ = [
     "numpy_to_triton_type",
     "publish_metrics",
     "triton_string_to_numpy",
+    "using_decoupled_model_transaction_policy",
 ]
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
@@ -245,6 +250,7 @@ class InferenceRequest:
             # Most requests carry none: skip the encoder (it showed in profiles).
             self._parameters = json.dumps(dict(parameters)) if parameters else "{}"
         self._cancelled: Callable[[], bool] = lambda: False
+        self._sender: InferenceResponseSender | None = None
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs)
@@ -283,11 +289,15 @@ class InferenceRequest:
     def is_cancelled(self) -> bool:
         return self._cancelled()
 
-    def get_response_sender(self) -> Any:
-        raise TritonModelException(
-            "get_response_sender is for decoupled models, which sordino's Python backend "
-            "does not run yet; return one InferenceResponse per request from execute"
-        )
+    def get_response_sender(self) -> InferenceResponseSender:
+        """The sender of this request's responses (the same one on every call)."""
+        sender = self._sender
+        if sender is None:
+            raise TritonModelException(
+                "this request has no response sender: only the requests execute receives "
+                "send responses"
+            )
+        return sender
 
     def exec(self, decoupled: bool = False) -> Any:
         """Run this request on its model and wait: an :class:`InferenceResponse` (its
@@ -331,6 +341,81 @@ class InferenceResponse:
     def parameters(self) -> str:
         """The response's parameters as a JSON string (Triton's form)."""
         return self._parameters
+
+
+class InferenceResponseSender:
+    """Sends one request's responses, as Triton's response sender does.
+
+    ``send(response, flags)``: ``flags`` is 0 or :data:`TRITONSERVER_RESPONSE_COMPLETE_FINAL`
+    (the request's last; the response may then be None). With a decoupled model any
+    number of responses may be sent, from any thread, until the final flag; without,
+    exactly one response (with the final flag, or followed by it). Sending after the
+    final flag, or after the batch failed, raises :class:`TritonModelException` with
+    Triton's message.
+    """
+
+    def __init__(
+        self,
+        emit: Callable[[InferenceResponse | None, bool], None],
+        cancelled: Callable[[], bool],
+        *,
+        decoupled: bool,
+    ) -> None:
+        self._emit = emit
+        self._cancelled = cancelled
+        self._decoupled = decoupled
+        self._lock = threading.Lock()
+        self._closed = False
+        self._sent = 0
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if flags == 0 and response is None:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set to zero."
+            )
+        final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        # Held while emitting: one request's responses leave in the order they were sent.
+        with self._lock:
+            if not self._decoupled:
+                if response is not None and self._sent > 0:
+                    raise TritonModelException(
+                        "Unable to send response. Non-decoupled model cannot send more "
+                        "than one response."
+                    )
+                if response is None and final and self._sent == 0:
+                    raise TritonModelException(
+                        "Unable to send response. Non-decoupled model cannot send complete "
+                        "final before sending a response."
+                    )
+            if self._closed:
+                raise TritonModelException(
+                    "Unable to send response. Response sender has been closed."
+                )
+            self._emit(response, final)  # raises when it cannot leave: nothing was sent
+            if final:
+                self._closed = True
+            self._sent += 1
+
+    def is_cancelled(self) -> bool:
+        """Whether the client cancelled the request (the model may stop sending)."""
+        return self._cancelled()
+
+    def close(self) -> None:
+        """Send nothing more (the batch failed; its requests were answered the error)."""
+        with self._lock:
+            self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+def using_decoupled_model_transaction_policy(model_config: Mapping[str, Any]) -> bool:
+    """Whether ``model_config`` has ``model_transaction_policy { decoupled: true }``."""
+    policy = model_config.get("model_transaction_policy") or {}
+    return bool(policy.get("decoupled", False)) if isinstance(policy, Mapping) else False
 
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:

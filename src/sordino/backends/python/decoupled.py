@@ -1,0 +1,162 @@
+"""Response senders for a Triton Python model: decoupled streams, and the one-response kind.
+
+A decoupled model (``model_transaction_policy { decoupled: true }``) gets, with each
+request, an :class:`~.triton_python_backend_utils.InferenceResponseSender` whose
+``send`` hands the response to the :class:`~sordino.backends.decoupled.Responder` at
+once, from whatever thread the model sends on; ``execute`` must return None (Triton's
+rule and message). If ``execute`` raises, every request without its final response
+gets the error and its sender is closed, so later sends raise, as in Triton.
+
+A model that is not decoupled may also answer through the sender (Triton 24.10): one
+response per request, sent before ``execute`` returns; ``execute`` then returns None, or
+None in that request's place. :func:`collect_sent` gives each request such a sender and
+:func:`sent_responses` reads what they sent.
+
+A decoupled model's inputs are copies, not views of the arena: its threads may read
+them after ``execute`` returned, when the batch's arena blocks have gone back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from sordino.backends.decoupled import Responder
+from sordino.backends.python import triton_python_backend_utils as utils
+from sordino.datatypes import from_numpy_dtype
+from sordino.inference import Tensor
+
+__all__ = ["collect_sent", "execute_decoupled", "sent_responses"]
+
+
+class _Sent:
+    """The one response a sender of a non-decoupled model's request sent (or None)."""
+
+    __slots__ = ("final", "response")
+
+    def __init__(self) -> None:
+        self.response: utils.InferenceResponse | None = None
+        self.final = False
+
+    def __call__(self, response: utils.InferenceResponse | None, final: bool) -> None:
+        if response is not None:
+            self.response = response
+        self.final = self.final or final
+
+
+def collect_sent(requests: Sequence[utils.InferenceRequest]) -> list[_Sent]:
+    """Give each request of a non-decoupled model a sender; return where each one's goes."""
+    collected = []
+    for request in requests:
+        sent = _Sent()
+        request._sender = utils.InferenceResponseSender(sent, request._cancelled, decoupled=False)
+        collected.append(sent)
+    return collected
+
+
+def sent_responses(returned: Any, collected: list[_Sent]) -> Any:
+    """``execute``'s return with the responses sent through senders in the places of None.
+
+    ``returned`` None means every request answered through its sender. Anything else
+    is returned as it is, for the caller's checks.
+    """
+    if not collected or not any(s.response is not None for s in collected):
+        return returned
+    if returned is None:
+        returned = [None] * len(collected)
+    if not isinstance(returned, list | tuple) or len(returned) != len(collected):
+        return returned
+    return [
+        sent.response if given is None else given
+        for given, sent in zip(returned, collected, strict=True)
+    ]
+
+
+def _outputs(
+    response: utils.InferenceResponse, declared: Mapping[str, str], name: str
+) -> dict[str, np.ndarray]:
+    """The response's tensors, each a declared output of its declared datatype; else the
+    model's send raises, saying which (a response is checked as it is sent, not later)."""
+    outputs = {}
+    for tensor in response.output_tensors():
+        array = np.asarray(tensor.as_numpy())
+        datatype = declared.get(tensor.name())
+        if datatype is None:
+            raise utils.TritonModelException(
+                f"model {name}: output {tensor.name()!r} is not among its configured outputs "
+                f"({', '.join(declared)})"
+            )
+        given = from_numpy_dtype(array.dtype) if array.dtype.kind not in "OSU" else "BYTES"
+        if given != datatype:
+            raise utils.TritonModelException(
+                f"model {name}: output {tensor.name()!r} is {given} ({array.dtype}), but the "
+                f"configuration says {datatype}"
+            )
+        outputs[tensor.name()] = array
+    return outputs
+
+
+def execute_decoupled(
+    model: Any,
+    name: str,
+    batch: dict[str, Tensor],
+    rows: Sequence[int],
+    batched: bool,
+    responder: Responder,
+    declared: Mapping[str, str],
+) -> None:
+    """Call a decoupled model's ``execute`` with one request per entry of ``rows``.
+
+    Each request's sender forwards to ``responder``; raises (naming the model) when
+    ``execute`` raised or returned something other than None, after closing the senders
+    of the requests that had not finished. ``declared`` maps each output to its datatype.
+    """
+    counts = list(rows) if batched and len(rows) > 1 else []
+    requests: list[utils.InferenceRequest] = []
+    senders: list[utils.InferenceResponseSender] = []
+    start = 0
+    for index, count in enumerate(counts or [-1]):
+        # Copies: the model's threads may read them after the arena blocks went back.
+        part = {n: np.array(a if count < 0 else a[start : start + count]) for n, a in batch.items()}
+        start += max(count, 0)
+        request = utils.InferenceRequest(
+            model_name=name, inputs=[utils.Tensor(n, a) for n, a in part.items()]
+        )
+        request._cancelled = _asker(responder, index)
+        sender = utils.InferenceResponseSender(
+            _emitter(responder, index, declared, name), request._cancelled, decoupled=True
+        )
+        request._sender = sender
+        requests.append(request)
+        senders.append(sender)
+    try:
+        returned = model.execute(requests)
+        if returned is not None:
+            raise utils.TritonModelException(
+                f"Python model '{name}' is using the decoupled mode and the execute "
+                "function must return None."
+            )
+    except BaseException:
+        # Triton closes every sender once execute failed: the error answers them.
+        for sender in senders:
+            sender.close()
+        raise
+
+
+def _asker(responder: Responder, index: int) -> Any:
+    return lambda: responder.cancelled(index)
+
+
+def _emitter(responder: Responder, index: int, declared: Mapping[str, str], name: str) -> Any:
+    def emit(response: utils.InferenceResponse | None, final: bool) -> None:
+        if response is not None and response.has_error():
+            error = response.error()
+            message = error.message() if error is not None else "error"
+            responder.respond(index, None, True, message)
+            return
+        outputs = _outputs(response, declared, name) if response is not None else None
+        responder.respond(index, outputs, final)
+
+    return emit
