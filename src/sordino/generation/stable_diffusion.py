@@ -215,6 +215,9 @@ class StableDiffusion(Pipeline):
     image_to_image_refusal: str | None = None
     """Why a subclass refuses ``image`` (None: image to image where the export can)."""
 
+    inputs_taken: tuple[str, ...] = INPUTS
+    """The inputs a request may carry (a subclass adds its own)."""
+
     def __init__(
         self,
         *args: Any,
@@ -307,10 +310,11 @@ class StableDiffusion(Pipeline):
         """Check a text-to-image request; raise a 400 that says what to fix."""
         name = self.key.name
         inputs = request.inputs
-        unknown = sorted(set(inputs) - set(INPUTS))
+        unknown = sorted(set(inputs) - set(self.inputs_taken))
         if unknown:
             raise TensorError(
-                f"model {name!r} takes inputs {', '.join(INPUTS)}; it has no input {unknown[0]!r}"
+                f"model {name!r} takes inputs {', '.join(self.inputs_taken)}; it has no input "
+                f"{unknown[0]!r}"
             )
         if "prompt" not in inputs:
             raise TensorError(
