@@ -400,7 +400,28 @@ XL_CASES: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = [
         {"use_karras_sigmas": True},
         {"steps": 5, "guidance": 5.0, "width": 64, "height": 48},
     ),
+    (
+        # The second encoder's own texts and non-default micro-conditioning.
+        "euler_prompt_2_and_sizes",
+        "EulerDiscreteScheduler",
+        {},
+        {
+            "steps": 3,
+            "guidance": 5.0,
+            "width": 48,
+            "height": 64,
+            "negative_prompt": "blue sky",
+            "prompt_2": "a green field at dawn",
+            "negative_prompt_2": "fog",
+            "original_size": [96, 80],
+            "crops_coords_top_left": [8, 16],
+            "target_size": [64, 48],
+        },
+    ),
 ]
+# Passed to diffusers only where a case sets them (sizes as the tuples diffusers takes).
+XL_EXTRAS = ("prompt_2", "negative_prompt_2", "original_size", "crops_coords_top_left",
+             "target_size")  # fmt: skip
 
 
 def record_xl(export: Path, out: Path) -> None:
@@ -429,11 +450,17 @@ def record_xl(export: Path, out: Path) -> None:
         latents = np.random.default_rng(zlib.crc32(("xl/" + name).encode())).standard_normal(shape)
         latents = latents.astype(np.float32)
         results = {}
+        extras = {
+            key: tuple(value) if isinstance(value, list) else value
+            for key, value in request.items()
+            if key in XL_EXTRAS
+        }
         for output_type in ("latent", "np"):
             results[output_type] = pipe(
                 request["prompt"],
                 # No negative prompt: SDXL's zeros (force_zeros_for_empty_prompt).
                 negative_prompt=request["negative_prompt"] or None,
+                **extras,
                 width=request["width"],
                 height=request["height"],
                 num_inference_steps=request["steps"],

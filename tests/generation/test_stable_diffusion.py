@@ -181,7 +181,7 @@ def test_generate_answers_an_rgb_png(server: RunningServer) -> None:
 @pytest.mark.parametrize(
     ("body", "says"),
     [
-        ({"prompt": "a cat", "width": 50}, "multiples of 8"),
+        ({"prompt": "a cat", "width": 50}, "multiples of 16"),
         ({"prompt": "a cat", "num_images": 9}, "num_images must be between 1 and 8"),
         ({"prompt": "a cat", "latents": [0.5] * 8}, "latents must be finite FP32 of shape"),
         ({"prompt": "a cat", "strength": 0.5}, "strength applies to image to image"),

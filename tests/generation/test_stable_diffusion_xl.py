@@ -221,6 +221,47 @@ def test_an_empty_negative_prompt_is_zeros_and_a_given_one_is_encoded(
     np.testing.assert_array_equal(given.hidden[1], absent.hidden[1])
 
 
+def test_prompt_2_and_the_sizes_reach_the_unet_and_default_as_diffusers(
+    server: RunningServer,
+) -> None:
+    """The equality itself is the case ``euler_prompt_2_and_sizes``; here, what each sets."""
+    pipeline = _pipeline(server, "xl-euler")
+    body = {"prompt": "a cat", "guidance": 5.0, "negative_prompt": "a dog", "width": 48}
+
+    def condition(extra: dict[str, Any]) -> Any:
+        return server.call(pipeline.condition(pipeline.parse(_request("xl-euler", extra))))
+
+    plain = condition(body)
+    explicit = condition({**body, "prompt_2": "a cat", "negative_prompt_2": "a dog"})
+    np.testing.assert_array_equal(explicit.hidden, plain.hidden)
+    second = condition({**body, "prompt_2": "a lion"})
+    width_1 = 32  # text_encoder's width: its rows keep the first prompt
+    np.testing.assert_array_equal(second.hidden[:, :, :width_1], plain.hidden[:, :, :width_1])
+    assert not np.array_equal(second.hidden[1, :, width_1:], plain.hidden[1, :, width_1:])
+    assert not np.array_equal(second.pooled[1], plain.pooled[1])
+    np.testing.assert_array_equal(second.pooled[0], plain.pooled[0])  # negative_2 = negative
+    sized = pipeline.parse(
+        _request("xl-euler", {**body, "original_size": np.array([96, 80], dtype=np.int32)})
+    )
+    assert sized.time_ids == (96, 80, 0, 0, 64, 48)
+    assert pipeline.parse(_request("xl-euler", body)).time_ids == (64, 48, 0, 0, 64, 48)
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        three = client.post(
+            "/v2/models/xl-euler/generate",
+            json={"prompt": "a cat", "steps": 2, "crops_coords_top_left": [1, 2, 3]},
+        )
+        negative = client.post(
+            "/v2/models/xl-euler/generate",
+            json={"prompt": "a cat", "steps": 2, "target_size": [-64, 64]},
+        )
+        metadata = client.get("/v2/models/xl-euler").json()
+    assert three.status_code == 400 and "'crops_coords_top_left' has shape [2]" in three.text
+    assert negative.status_code == 400
+    assert "target_size must be two integers between 0 and" in negative.json()["error"]
+    names = {i["name"] for i in metadata["inputs"]}
+    assert {"prompt_2", "negative_prompt_2", "original_size", "target_size"} <= names
+
+
 def test_a_repository_folder_serves_sdxl_and_refuses_sd3(tmp_path: Path) -> None:
     shutil.copytree(EXPORT, tmp_path / "repo" / "poster")
     names = [s.name for s in scan_repository(tmp_path / "repo")]

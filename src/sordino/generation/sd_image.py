@@ -38,9 +38,12 @@ ImageInput = npt.NDArray[np.uint8]
 
 
 def read_image(
-    array: Tensor, *, width: int | None, height: int | None, max_side: int
+    array: Tensor, *, width: int | None, height: int | None, max_side: int, multiple: int = 8
 ) -> ImageInput:
-    """The RGB pixels of the request's ``image`` input; a 400 that says what to fix."""
+    """The RGB pixels of the request's ``image`` input; a 400 that says what to fix.
+
+    Its sides must be multiples of ``multiple`` (the UNet's; at least the VAE's 8).
+    """
     values = np.asarray(array).reshape(-1)
     if values.size != 1:
         raise TensorError(f"input 'image' takes one image (BYTES), got {values.size} values")
@@ -62,10 +65,11 @@ def read_image(
             "height" + (f" ({size} bytes)" if size else "")
         )
     h, w = pixels.shape[:2]
-    if w % 8 or h % 8:
+    if w % multiple or h % multiple:
         raise InvalidRequest(
             f"the image is {w}x{h}; image to image needs a width and height that are "
-            f"multiples of 8 (e.g. {w - w % 8 or 8}x{h - h % 8 or 8}): crop or resize it"
+            f"multiples of {multiple} (e.g. {w - w % multiple or multiple}x"
+            f"{h - h % multiple or multiple}): crop or resize it"
         )
     if (width is not None and width != w) or (height is not None and height != h):
         raise InvalidRequest(

@@ -215,6 +215,9 @@ class StableDiffusion(Pipeline):
     image_to_image_refusal: str | None = None
     """Why a subclass refuses ``image`` (None: image to image where the export can)."""
 
+    inputs_taken: tuple[str, ...] = INPUTS
+    """The inputs a request may carry (a subclass adds its own)."""
+
     def __init__(
         self,
         *args: Any,
@@ -261,6 +264,7 @@ class StableDiffusion(Pipeline):
         )
         self.latent_channels, side = self.config.sample_shape[0], self.config.sample_shape[-1]
         self.default_side = side * 8
+        self.size_multiple = size_multiple(export)
         self.input_ids_dtype = np.int32 if input_ids_dtype == "INT32" else np.int64
         self.timestep_dtype = {"INT64": np.int64, "INT32": np.int32, "FP16": np.float16}.get(
             timestep_dtype, np.float32
@@ -292,7 +296,10 @@ class StableDiffusion(Pipeline):
                 "guidance_default": str(self.config.guidance),
                 "width_default": str(self.default_side),
                 "height_default": str(self.default_side),
-                "image_to_image": str(self.config.image_encoder is not None).lower(),
+                "size_multiple": str(self.size_multiple),
+                "image_to_image": str(
+                    self.config.image_encoder is not None and self.image_to_image_refusal is None
+                ).lower(),
                 "description": "Stable Diffusion export " + str(export),
             },
         )
@@ -303,10 +310,11 @@ class StableDiffusion(Pipeline):
         """Check a text-to-image request; raise a 400 that says what to fix."""
         name = self.key.name
         inputs = request.inputs
-        unknown = sorted(set(inputs) - set(INPUTS))
+        unknown = sorted(set(inputs) - set(self.inputs_taken))
         if unknown:
             raise TensorError(
-                f"model {name!r} takes inputs {', '.join(INPUTS)}; it has no input {unknown[0]!r}"
+                f"model {name!r} takes inputs {', '.join(self.inputs_taken)}; it has no input "
+                f"{unknown[0]!r}"
             )
         if "prompt" not in inputs:
             raise TensorError(
@@ -337,8 +345,14 @@ class StableDiffusion(Pipeline):
         image_height, image_width = image.shape[:2] if image is not None else (0, 0)
         width = given_width or image_width or self.default_side
         height = given_height or image_height or self.default_side
-        if width % 8 or height % 8:
-            raise InvalidRequest(f"width and height must be multiples of 8, got {width}x{height}")
+        multiple = self.size_multiple
+        if width % multiple or height % multiple:
+            raise InvalidRequest(
+                f"width and height must be multiples of {multiple} for model {name!r} (its "
+                f"UNet halves the latents {multiple.bit_length() - 4} times; other sizes fail "
+                f"inside it), got {width}x{height}: e.g. {_round(width, multiple)}x"
+                f"{_round(height, multiple)}"
+            )
         num_images = integer("num_images", 1, 1, MAX_IMAGES)
         latents = None
         if "latents" in inputs:
@@ -401,7 +415,13 @@ class StableDiffusion(Pipeline):
             sampler.image_start(strength)
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
-        image = read_image(inputs["image"], width=width, height=height, max_side=MAX_SIDE)
+        image = read_image(
+            inputs["image"],
+            width=width,
+            height=height,
+            max_side=MAX_SIDE,
+            multiple=self.size_multiple,
+        )
         return image, strength
 
     async def run(
@@ -505,6 +525,23 @@ class StableDiffusion(Pipeline):
         pixels = np.clip(values / 2 + 0.5, 0.0, 1.0).transpose(0, 2, 3, 1)
         images = np.round(pixels * 255.0).astype(np.uint8)
         return images[0] if len(images) == 1 else images
+
+
+def size_multiple(export: Path) -> int:
+    """The multiple of pixels an image side must be for the export's UNet.
+
+    The VAE makes a latent pixel of 8x8 image pixels; each UNet down block after the
+    first halves the latents, and the up blocks concatenate their skip connections, so
+    a latent side the halvings leave odd fails inside the graph (ONNX Runtime's Concat
+    error). 8 x 2^(blocks - 1): 64 for SD 1.x/2.x (four blocks), 32 for SDXL (three).
+    """
+    blocks = _json(export / "unet" / "config.json").get("block_out_channels") or [0] * 4
+    return int(8 * 2 ** (max(len(blocks), 1) - 1))
+
+
+def _round(side: int, multiple: int) -> int:
+    """The multiple nearest ``side`` (at least one multiple)."""
+    return max(multiple, round(side / multiple) * multiple)
 
 
 def _json(path: Path) -> dict[str, Any]:

@@ -10,14 +10,20 @@ SDXL's conditioning, each part as diffusers computes it:
   layer norm), concatenated along the feature axis: [rows, 77, D1 + D2];
 - the pooled embedding ``text_embeds`` of ``text_encoder_2`` is the UNet's input
   ``text_embeds`` [rows, P];
+- ``prompt_2`` / ``negative_prompt_2`` (diffusers' names): the texts of the second
+  tokenizer and encoder (the pooled embedding too), defaulting to ``prompt`` /
+  ``negative_prompt``;
 - micro-conditioning: the UNet's ``time_ids`` [rows, 6] are
-  ``original_size + crops_coords_top_left + target_size`` with diffusers' defaults,
-  ``(height, width, 0, 0, height, width)``, the same for the negative rows;
+  ``original_size + crops_coords_top_left + target_size`` (each two integers,
+  ``(height, width)`` and ``(top, left)`` as diffusers takes them; the request's, else
+  diffusers' defaults ``(height, width)``, ``(0, 0)``, ``(height, width)``), the same for
+  the negative rows (diffusers' ``negative_*`` sizes default to these; not exposed);
 - classifier-free guidance: the negative rows first, then the prompt's, one of each per
   image. Without a negative prompt (none, or ``""``) and with the export's
   ``force_zeros_for_empty_prompt`` (SDXL's default), the negative rows are zeros — text
-  and pooled — as diffusers does when ``negative_prompt`` is None; otherwise the
-  negative prompt (``""`` too) is encoded;
+  and pooled — as diffusers does when ``negative_prompt`` is None (a
+  ``negative_prompt_2`` alone is then unused, as in diffusers); otherwise the negative
+  prompt (``""`` too) is encoded;
 - the image: the VAE decoder on ``latents / scaling_factor`` (SDXL's 0.13025, from the
   export's ``vae_decoder/config.json``; ``latents_mean``/``latents_std`` when the VAE
   has them). SDXL's VAE upcast note (``force_upcast``) is about fp16 torch: an fp32
@@ -30,18 +36,28 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from sordino.errors import InferenceFailed, ModelLoadError
+from sordino.errors import InferenceFailed, InvalidRequest, ModelLoadError, TensorError
 from sordino.generation.clip_tokens import ClipTokenizer
 from sordino.generation.pipeline import GenerateParams
-from sordino.generation.stable_diffusion import SDGeneration, SDParams, StableDiffusion
+from sordino.generation.stable_diffusion import (
+    INPUTS,
+    MAX_SIDE,
+    SDGeneration,
+    SDParams,
+    StableDiffusion,
+)
+from sordino.inference import InferRequest, TensorSpec
 
-__all__ = ["SDXLGeneration", "StableDiffusionXL", "XLCondition"]
+__all__ = ["SDXLGeneration", "StableDiffusionXL", "XLCondition", "XLParams"]
+
+XL_TEXTS = ("prompt_2", "negative_prompt_2")
+XL_SIZES = ("original_size", "crops_coords_top_left", "target_size")
 
 # SDXL's latent channels as RGB for the cheap previews (the linear fit ComfyUI uses for
 # SDXL's latent space; its small bias is left out).
@@ -54,6 +70,18 @@ _PREVIEW_RGB_XL = np.array(
     ],
     dtype=np.float32,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class XLParams(SDParams):
+    """A checked SDXL request: SD's, with the second prompts and the micro-conditioning."""
+
+    prompt_2: str = ""
+    """The second encoder's text (the request's ``prompt_2``, else ``prompt``)."""
+    negative_prompt_2: str = ""
+    """The second encoder's negative text (``negative_prompt_2``, else ``negative_prompt``)."""
+    time_ids: tuple[int, ...] = ()
+    """``original_size + crops_coords_top_left + target_size``: six integers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,9 +111,10 @@ class SDXLGeneration(SDGeneration):
             pipeline, params, condition.hidden, priority=priority, progress=progress, now=now
         )
         self.pooled = condition.pooled
-        # original_size + crops_coords_top_left + target_size, diffusers' defaults.
+        # original_size + crops_coords_top_left + target_size (XLParams.time_ids).
         size = (params.height, params.width)
-        time_ids = np.array([*size, 0, 0, *size], dtype=np.float32)
+        given = params.time_ids if isinstance(params, XLParams) else ()
+        time_ids = np.array(given or (*size, 0, 0, *size), dtype=np.float32)
         self.time_ids = np.tile(time_ids, (len(condition.pooled), 1))
 
     def unet_conditioning(self) -> dict[str, npt.NDArray[np.float32]]:
@@ -100,6 +129,7 @@ class StableDiffusionXL(StableDiffusion):
     """The generator of a served SDXL export: two text encoders, micro-conditioning."""
 
     preview_rgb = _PREVIEW_RGB_XL
+    inputs_taken = (*INPUTS, *XL_TEXTS, *XL_SIZES)
     image_to_image_refusal = (
         "image to image is not supported for an SDXL export yet (it is for SD 1.x/2.x "
         "exports); leave image and strength out"
@@ -124,18 +154,49 @@ class StableDiffusionXL(StableDiffusion):
             self.latents_mean = np.asarray(mean, dtype=np.float32).reshape(shape)
             self.latents_std = np.asarray(std, dtype=np.float32).reshape(shape)
         self.metadata.extra["description"] = "SDXL export " + str(export)
+        self.metadata = replace(
+            self.metadata,
+            inputs=(
+                *self.metadata.inputs,
+                *(TensorSpec(key, "BYTES", (1,)) for key in XL_TEXTS),
+                *(TensorSpec(key, "INT32", (2,)) for key in XL_SIZES),
+            ),
+        )
+
+    def parse(self, request: InferRequest) -> XLParams:
+        """SD's checks, then ``prompt_2``, ``negative_prompt_2`` and the three sizes."""
+        own = (*XL_TEXTS, *XL_SIZES)
+        inputs = request.inputs
+        rest = {key: value for key, value in inputs.items() if key not in own}
+        base = super().parse(replace(request, inputs=rest))
+        texts = {key: self._text(inputs[key], key) if key in inputs else None for key in XL_TEXTS}
+        sizes: list[int] = []
+        defaults = {
+            "original_size": (base.height, base.width),
+            "crops_coords_top_left": (0, 0),
+            "target_size": (base.height, base.width),
+        }
+        for key in XL_SIZES:
+            sizes.extend(_pair(inputs[key], key) if key in inputs else defaults[key])
+        return XLParams(
+            **{field.name: getattr(base, field.name) for field in fields(base)},
+            prompt_2=texts["prompt_2"] or base.prompt,
+            negative_prompt_2=texts["negative_prompt_2"] or base.negative_prompt,
+            time_ids=tuple(sizes),
+        )
 
     async def condition(self, params: GenerateParams) -> XLCondition:  # type: ignore[override]
         """Both encoders' rows: [negative x N, prompt x N] (guided) or [prompt x N]."""
-        assert isinstance(params, SDParams)
+        assert isinstance(params, XLParams)
         assert self.config.text_encoder is not None and self.config.text_encoder_2 is not None
         guided = params.guidance > 1.0
         zero_negative = guided and not params.negative_prompt and self.force_zeros_for_empty_prompt
-        texts = [params.negative_prompt, params.prompt] if guided and not zero_negative else []
-        texts = texts or [params.prompt]
+        both = guided and not zero_negative
+        texts = [params.negative_prompt, params.prompt] if both else [params.prompt]
+        texts_2 = [params.negative_prompt_2, params.prompt_2] if both else [params.prompt_2]
         first, second = await asyncio.gather(
             self._encode(self.config.text_encoder, self.tokenizer(texts), pooled=False),
-            self._encode(self.config.text_encoder_2, self.tokenizer_2(texts), pooled=True),
+            self._encode(self.config.text_encoder_2, self.tokenizer_2(texts_2), pooled=True),
         )
         hidden = np.concatenate([first[0], second[0]], axis=-1)
         pooled = second[1]
@@ -165,7 +226,12 @@ class StableDiffusionXL(StableDiffusion):
     def result_key(  # type: ignore[override]
         self, params: GenerateParams, condition: XLCondition
     ) -> tuple[Any, ...]:
-        return (*super().result_key(params, condition.hidden), condition.pooled.tobytes())
+        time_ids = params.time_ids if isinstance(params, XLParams) else ()
+        return (
+            *super().result_key(params, condition.hidden),
+            condition.pooled.tobytes(),
+            time_ids,
+        )
 
     def generation(  # type: ignore[override]
         self,
@@ -189,6 +255,20 @@ class StableDiffusionXL(StableDiffusion):
         factor = np.float32(self.scaling_factor)
         shifted = (sample * self.latents_std / factor + self.latents_mean) * factor
         return await super()._decode(np.asarray(shifted, dtype=np.float32))
+
+
+def _pair(array: Any, key: str) -> tuple[int, int]:
+    """Two integers (``(height, width)`` or ``(top, left)``), each 0..MAX_SIDE."""
+    values = np.asarray(array)
+    if values.dtype.kind not in "iu" or values.size != 2:
+        what = "top, left" if "crops" in key else "height, width"
+        raise TensorError(
+            f"input {key!r} takes two integers ({what}), got {values.size} of {values.dtype}"
+        )
+    pair = tuple(int(v) for v in values.reshape(-1))
+    if not all(0 <= v <= 4 * MAX_SIDE for v in pair):
+        raise InvalidRequest(f"{key} must be two integers between 0 and {4 * MAX_SIDE}, got {pair}")
+    return pair[0], pair[1]
 
 
 def _json_object(path: Any) -> dict[str, Any]:

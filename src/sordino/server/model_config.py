@@ -64,6 +64,11 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
         config["parameters"]["sordino_step_cache"] = {
             "string_value": shown if cache.enabled else "off"
         }
+        # The generator's defaults and limits (steps, guidance, sizes), what a client
+        # such as the playground offers.
+        for key, value in meta.extra.items():
+            if key in _GENERATOR_SETTINGS:
+                config["parameters"][f"sordino_{key}"] = {"string_value": value}
     if meta.stream is not None or model.pipeline is not None or meta.decoupled:
         # Triton's word for a model that may send several responses per request.
         config["model_transaction_policy"] = {"decoupled": True}
@@ -82,6 +87,19 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
             },
         }
     return config
+
+
+_GENERATOR_SETTINGS = frozenset(
+    {
+        "steps_default",
+        "steps_max",
+        "guidance_default",
+        "width_default",
+        "height_default",
+        "size_multiple",
+        "image_to_image",
+    }
+)
 
 
 def _version_policy(model: LoadedModel) -> dict[str, Any]:
