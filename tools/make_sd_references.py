@@ -15,10 +15,14 @@ Writes two files (with ``--xl``, ``sdxl_references.npz`` alone; with ``--sd3``,
 - ``scheduler_steps.npz``: per scheduler case, diffusers' scheduler driven by recorded
   model outputs: its timesteps, ``init_noise_sigma``, each scaled input and each
   sample after ``step`` (tests/generation/test_diffusers_schedulers.py);
+  Image-to-image cases (a ``strength``) start as ``StableDiffusionImg2ImgPipeline``
+  does: from ``t_start`` (``set_begin_index``), the sample the scheduler's ``add_noise``
+  (flow matching: ``scale_noise``) makes of a clean latent and noise;
 - ``pipeline_references.npz``: per scheduler, diffusers' ``StableDiffusionPipeline``
   (torch, the weights the export was made from) on fixed prompts, seeds and initial
-  ``latents``: the final latents and the image in [0, 1]
-  (tests/generation/test_stable_diffusion.py);
+  ``latents``: the final latents and the image in [0, 1]; and per image-to-image case
+  ``StableDiffusionImg2ImgPipeline`` on a fixed image (``img2img/png``), ``strength``
+  and noise (tests/generation/test_stable_diffusion.py, test_sd_image_to_image.py);
 - ``sdxl_references.npz``: the same from diffusers' ``StableDiffusionXLPipeline``
   (two text encoders, micro-conditioning, the pooled embedding; a negative prompt left
   out is zeros, ``force_zeros_for_empty_prompt``), and both tokenizers' ``input_ids``
@@ -27,9 +31,12 @@ Writes two files (with ``--xl``, ``sdxl_references.npz`` alone; with ``--sd3``,
   text encoders, flow-matching Euler with shift), and the three tokenizers' ``input_ids``
   (T5's at SD3's ``max_sequence_length``, 256) (tests/generation/test_stable_diffusion_3.py).
 
-Euler ancestral draws noise at every step; diffusers draws it from torch's generator,
-sordino from numpy's. Here diffusers' draw is replaced by sordino's (numpy
+Euler ancestral and LCM draw noise at every step; diffusers draws it from torch's
+generator, sordino from numpy's. Here diffusers' draw is replaced by sordino's (numpy
 ``default_rng([1, seed])``, in the same order), so the comparison checks the arithmetic.
+Image to image draws two more: the VAE encoder's latent sample (``latent_dist.sample``)
+is sordino's ``default_rng([2, seed])``, and the noise added at the start timestep is
+the case's ``latents_in`` (sordino's ``latents`` input).
 """
 
 from __future__ import annotations
@@ -47,9 +54,14 @@ from diffusers import (
     DPMSolverMultistepScheduler,
     EulerAncestralDiscreteScheduler,
     EulerDiscreteScheduler,
+    FlowMatchEulerDiscreteScheduler,
+    LCMScheduler,
     PNDMScheduler,
 )
+from diffusers.models.autoencoders import vae as vae_module
+from diffusers.pipelines.stable_diffusion import pipeline_stable_diffusion_img2img as img2img
 from diffusers.schedulers import scheduling_euler_ancestral_discrete as ancestral_module
+from diffusers.schedulers import scheduling_lcm as lcm_module
 
 SD15 = {
     "beta_start": 0.00085,
@@ -66,9 +78,11 @@ CLASSES = {
     "EulerDiscreteScheduler": EulerDiscreteScheduler,
     "EulerAncestralDiscreteScheduler": EulerAncestralDiscreteScheduler,
     "DPMSolverMultistepScheduler": DPMSolverMultistepScheduler,
+    "LCMScheduler": LCMScheduler,
+    "FlowMatchEulerDiscreteScheduler": FlowMatchEulerDiscreteScheduler,
 }
-# (case name, class, config changes from SD 1.5's, steps)
-CASES: list[tuple[str, str, dict[str, Any], int]] = [
+# (case name, class, config changes from SD 1.5's, steps[, image-to-image strength])
+CASES: list[tuple[str, str, dict[str, Any], int] | tuple[str, str, dict[str, Any], int, float]] = [
     ("pndm", "PNDMScheduler", {"skip_prk_steps": True}, 6),
     (
         "pndm_v_trailing",
@@ -119,6 +133,38 @@ CASES: list[tuple[str, str, dict[str, Any], int]] = [
         5,
     ),
     ("dpmpp_2m_linspace", "DPMSolverMultistepScheduler", {"timestep_spacing": "linspace"}, 4),
+    ("ddim_sample", "DDIMScheduler", {"prediction_type": "sample"}, 5),
+    ("euler_sample", "EulerDiscreteScheduler", {"prediction_type": "sample"}, 5),
+    ("dpmpp_2m_sample", "DPMSolverMultistepScheduler", {"prediction_type": "sample"}, 5),
+    ("lcm", "LCMScheduler", {}, 4),
+    (
+        "lcm_v_original_30",
+        "LCMScheduler",
+        {"prediction_type": "v_prediction", "original_inference_steps": 30},
+        6,
+    ),
+    (
+        "lcm_sample_scaling_5",
+        "LCMScheduler",
+        {"prediction_type": "sample", "timestep_scaling": 5.0},
+        3,
+    ),
+    ("flow_euler_shift_3", "FlowMatchEulerDiscreteScheduler", {"shift": 3.0}, 6),
+    ("flow_euler", "FlowMatchEulerDiscreteScheduler", {}, 4),
+    # Image to image: from t_start, after add_noise.
+    ("pndm_from_image", "PNDMScheduler", {"skip_prk_steps": True}, 6, 0.6),
+    ("ddim_from_image", "DDIMScheduler", {}, 5, 0.5),
+    ("euler_from_image", "EulerDiscreteScheduler", {}, 6, 0.7),
+    ("euler_ancestral_from_image", "EulerAncestralDiscreteScheduler", {}, 5, 0.8),
+    (
+        "dpmpp_2m_karras_from_image",
+        "DPMSolverMultistepScheduler",
+        {"use_karras_sigmas": True},
+        6,
+        0.5,
+    ),
+    ("lcm_from_image", "LCMScheduler", {}, 4, 0.75),
+    ("flow_euler_from_image", "FlowMatchEulerDiscreteScheduler", {"shift": 3.0}, 5, 0.6),
 ]
 SEED = 7
 
@@ -133,11 +179,24 @@ class NumpyNoise:
         return torch.from_numpy(self.rng.standard_normal(tuple(shape)).astype(np.float32))
 
 
+class GivenNoise:
+    """Replaces the image-to-image pipeline's draw of the start noise with given values."""
+
+    def __init__(self, noise: np.ndarray) -> None:
+        self.noise = noise
+
+    def __call__(self, shape: Any, **_: Any) -> torch.Tensor:
+        assert tuple(shape) == self.noise.shape, (shape, self.noise.shape)
+        return torch.from_numpy(self.noise)
+
+
 def scheduler_config(kind: str, changes: dict[str, Any]) -> dict[str, Any]:
+    if kind == "FlowMatchEulerDiscreteScheduler":
+        return {"_class_name": kind, "num_train_timesteps": 1000, **changes}
     config = {"_class_name": kind, **SD15, **changes}
     if kind != "DDIMScheduler":
         config.pop("clip_sample", None)
-    if kind not in ("DDIMScheduler", "PNDMScheduler"):
+    if kind not in ("DDIMScheduler", "PNDMScheduler", "LCMScheduler"):
         config.pop("set_alpha_to_one", None)
     return config
 
@@ -145,18 +204,37 @@ def scheduler_config(kind: str, changes: dict[str, Any]) -> dict[str, Any]:
 def record_schedulers(out: Path) -> None:
     arrays: dict[str, np.ndarray] = {}
     cases = []
-    for name, kind, changes, steps in CASES:
+    for name, kind, changes, steps, *image in CASES:
         config = scheduler_config(kind, changes)
         scheduler = CLASSES[kind].from_config(config)
         scheduler.set_timesteps(steps)
         rng = np.random.default_rng(zlib.crc32(name.encode()))
         sample = torch.from_numpy(rng.standard_normal((1, 4, 4, 4)).astype(np.float32))
-        sample = sample * scheduler.init_noise_sigma
+        timesteps = scheduler.timesteps
+        begin = 0
+        if image:
+            # StableDiffusionImg2ImgPipeline.get_timesteps and prepare_latents.
+            kept = min(int(steps * image[0]), steps)
+            begin = max(steps - kept, 0) * scheduler.order
+            timesteps = scheduler.timesteps[begin:]
+            if hasattr(scheduler, "set_begin_index"):
+                scheduler.set_begin_index(begin)
+            clean = torch.from_numpy(rng.standard_normal((1, 4, 4, 4)).astype(np.float32))
+            arrays[f"{name}/clean"] = clean.numpy()
+            arrays[f"{name}/noise"] = sample.numpy()
+            if kind == "FlowMatchEulerDiscreteScheduler":
+                sample = scheduler.scale_noise(clean, timesteps[:1], sample)
+            else:
+                sample = scheduler.add_noise(clean, sample, timesteps[:1])
+        else:
+            sample = sample * getattr(scheduler, "init_noise_sigma", 1.0)
         arrays[f"{name}/initial"] = sample.numpy()
         ancestral_module.randn_tensor = NumpyNoise(SEED)
+        lcm_module.randn_tensor = NumpyNoise(SEED)
+        scale = getattr(scheduler, "scale_model_input", lambda sample, t: sample)
         scaled, outputs, samples = [], [], []
-        for t in scheduler.timesteps:
-            model_in = scheduler.scale_model_input(sample, t)
+        for t in timesteps:
+            model_in = scale(sample, t)
             output = 0.3 * model_in + torch.from_numpy(
                 rng.standard_normal((1, 4, 4, 4)).astype(np.float32)
             )
@@ -168,8 +246,13 @@ def record_schedulers(out: Path) -> None:
         arrays[f"{name}/scaled"] = np.stack(scaled)
         arrays[f"{name}/outputs"] = np.stack(outputs)
         arrays[f"{name}/samples"] = np.stack(samples)
-        arrays[f"{name}/init_noise_sigma"] = np.array(float(scheduler.init_noise_sigma))
-        cases.append({"name": name, "config": config, "steps": steps, "seed": SEED})
+        arrays[f"{name}/init_noise_sigma"] = np.array(
+            float(getattr(scheduler, "init_noise_sigma", 1.0))
+        )
+        case = {"name": name, "config": config, "steps": steps, "seed": SEED}
+        if image:
+            case.update(strength=image[0], begin=begin)
+        cases.append(case)
     arrays["cases"] = np.array(json.dumps(cases))
     np.savez_compressed(out / "scheduler_steps.npz", **arrays)
     print(f"wrote {out / 'scheduler_steps.npz'}: {len(cases)} cases")
@@ -201,7 +284,49 @@ PIPELINE_CASES: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = [
         },
     ),
     ("ddim_unguided", "DDIMScheduler", {}, {"steps": 3, "guidance": 1.0}),
+    ("lcm", "LCMScheduler", {}, {"steps": 4, "guidance": 7.5}),
 ]
+# The same for StableDiffusionImg2ImgPipeline on IMAGE (its size is the request's).
+IMAGE_CASES: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = [
+    ("img2img_pndm", "PNDMScheduler", {}, {"steps": 5, "guidance": 7.5, "strength": 0.6}),
+    (
+        "img2img_ddim_two",
+        "DDIMScheduler",
+        {},
+        {
+            "steps": 4,
+            "guidance": 5.0,
+            "strength": 0.8,
+            "num_images": 2,
+            "negative_prompt": "blue sky",
+        },
+    ),
+    (
+        "img2img_euler_ancestral",
+        "EulerAncestralDiscreteScheduler",
+        {},
+        {"steps": 5, "guidance": 7.5, "strength": 0.5},
+    ),
+    (
+        "img2img_dpmpp_2m_karras",
+        "DPMSolverMultistepScheduler",
+        {"use_karras_sigmas": True},
+        {"steps": 5, "guidance": 7.5, "strength": 0.7},
+    ),
+    ("img2img_lcm", "LCMScheduler", {}, {"steps": 4, "guidance": 1.0, "strength": 1.0}),
+]
+IMAGE_SIZE = (48, 64)  # width, height
+
+
+def test_image() -> np.ndarray:
+    """A fixed RGB image: smooth gradients and a little noise, [H, W, 3] uint8."""
+    width, height = IMAGE_SIZE
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    rgb = np.stack([x / width, y / height, 0.5 + 0.5 * np.sin((x + y) / 7.0)], axis=-1)
+    rgb += np.random.default_rng(3).normal(0.0, 0.05, rgb.shape)
+    return np.round(np.clip(rgb, 0.0, 1.0) * 255).astype(np.uint8)
+
+
 PROMPT = "a photo of an astronaut riding a horse on the moon"
 
 
@@ -233,6 +358,7 @@ def record_pipelines(export: Path, out: Path) -> None:
         results = {}
         for output_type in ("latent", "np"):
             ancestral_module.randn_tensor = NumpyNoise(request["seed"])
+            lcm_module.randn_tensor = NumpyNoise(request["seed"])
             results[output_type] = pipe(
                 request["prompt"],
                 negative_prompt=request["negative_prompt"] or None,
@@ -248,6 +374,7 @@ def record_pipelines(export: Path, out: Path) -> None:
         arrays[f"{name}/latents_out"] = np.asarray(results["latent"], dtype=np.float32)
         arrays[f"{name}/image"] = np.asarray(results["np"], dtype=np.float32)
         cases.append({"name": name, "scheduler": kind, "options": options, "request": request})
+    record_image_to_image(pipe, base_config, arrays, cases)
     arrays["input_ids"] = pipe.tokenizer(
         [PROMPT, ""], padding="max_length", max_length=77, truncation=True, return_tensors="np"
     ).input_ids
@@ -332,6 +459,56 @@ def record_xl(export: Path, out: Path) -> None:
     arrays["cases"] = np.array(json.dumps(cases))
     np.savez_compressed(out / "sdxl_references.npz", **arrays)
     print(f"wrote {out / 'sdxl_references.npz'}: {len(cases)} cases")
+
+
+def record_image_to_image(
+    pipe: Any, base_config: dict[str, Any], arrays: dict[str, np.ndarray], cases: list[Any]
+) -> None:
+    """StableDiffusionImg2ImgPipeline (the same weights) on ``test_image()`` per case."""
+    import io
+
+    from diffusers import StableDiffusionImg2ImgPipeline
+    from PIL import Image
+
+    image2image = StableDiffusionImg2ImgPipeline(**pipe.components)
+    image2image.set_progress_bar_config(disable=True)
+    pixels = test_image()
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    arrays["img2img/pixels"] = pixels
+    arrays["img2img/png"] = np.frombuffer(buffer.getvalue(), dtype=np.uint8)
+    width, height = IMAGE_SIZE
+    for name, kind, options, request in IMAGE_CASES:
+        image2image.scheduler = CLASSES[kind].from_config(base_config, **options)
+        request = {"prompt": PROMPT, "seed": 11, "num_images": 1, "negative_prompt": "", **request}
+        shape = (request["num_images"], 4, height // 8, width // 8)
+        noise = np.random.default_rng(zlib.crc32(name.encode())).standard_normal(shape)
+        noise = noise.astype(np.float32)
+        results = {}
+        for output_type in ("latent", "np"):
+            ancestral_module.randn_tensor = NumpyNoise(request["seed"])
+            lcm_module.randn_tensor = NumpyNoise(request["seed"])
+            encoder_noise = np.random.default_rng([2, request["seed"]])
+            vae_module.randn_tensor = lambda shape, rng=encoder_noise, **_: torch.from_numpy(
+                rng.standard_normal(tuple(shape)).astype(np.float32)
+            )
+            img2img.randn_tensor = GivenNoise(noise)
+            results[output_type] = image2image(
+                request["prompt"],
+                image=Image.open(io.BytesIO(buffer.getvalue())),
+                strength=request["strength"],
+                negative_prompt=request["negative_prompt"] or None,
+                num_inference_steps=request["steps"],
+                guidance_scale=request["guidance"],
+                num_images_per_prompt=request["num_images"],
+                output_type=output_type,
+            ).images
+        arrays[f"{name}/latents_in"] = noise
+        arrays[f"{name}/latents_out"] = np.asarray(results["latent"], dtype=np.float32)
+        arrays[f"{name}/image"] = np.asarray(results["np"], dtype=np.float32)
+        cases.append(
+            {"name": name, "scheduler": kind, "options": options, "request": request, "image": True}
+        )
 
 
 # (case, options of the export's FlowMatchEulerDiscreteScheduler, request); SD3's guidance 7.

@@ -37,13 +37,17 @@ from sordino.testing import RunningServer, serve_in_thread
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "sd"
 EXPORT = FIXTURES / "tiny-sd"
 REFERENCES = np.load(FIXTURES / "pipeline_references.npz")
-CASES: list[dict[str, Any]] = json.loads(str(REFERENCES["cases"]))
+# Text to image (image to image: test_sd_image_to_image.py).
+CASES: list[dict[str, Any]] = [
+    c for c in json.loads(str(REFERENCES["cases"])) if not c.get("image")
+]
 SCHEDULERS = {
     "pndm": ("PNDMScheduler", {}),
     "ddim": ("DDIMScheduler", {}),
     "euler": ("EulerDiscreteScheduler", {}),
     "euler_ancestral": ("EulerAncestralDiscreteScheduler", {}),
     "dpmpp": ("DPMSolverMultistepScheduler", {"use_karras_sigmas": True}),
+    "lcm": ("LCMScheduler", {}),
 }
 
 
@@ -180,7 +184,8 @@ def test_generate_answers_an_rgb_png(server: RunningServer) -> None:
         ({"prompt": "a cat", "width": 50}, "multiples of 8"),
         ({"prompt": "a cat", "num_images": 9}, "num_images must be between 1 and 8"),
         ({"prompt": "a cat", "latents": [0.5] * 8}, "latents must be finite FP32 of shape"),
-        ({"prompt": "a cat", "strength": 0.5}, "no input 'strength'"),
+        ({"prompt": "a cat", "strength": 0.5}, "strength applies to image to image"),
+        ({"prompt": "a cat", "mask": "x"}, "no input 'mask'"),
         ({"negative_prompt": "a cat"}, "needs the input 'prompt'"),
     ],
 )
@@ -191,10 +196,17 @@ def test_mistakes_are_named(server: RunningServer, body: dict[str, Any], says: s
     assert says in answer.text
 
 
+def test_lcm_refuses_more_steps_than_its_original_schedule(server: RunningServer) -> None:
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        answer = client.post("/v2/models/sd-lcm/generate", json={"prompt": "a cat", "steps": 51})
+    assert answer.status_code == 400
+    assert "at most original_inference_steps (50) steps, asked for 51" in answer.text
+
+
 def test_repository_folder_serves_an_export_and_refuses_sd3(tmp_path: Path) -> None:
     shutil.copytree(EXPORT, tmp_path / "repo" / "poster")
     names = [s.name for s in scan_repository(tmp_path / "repo")]
-    assert names == ["poster.text_encoder", "poster.vae_decoder", "poster"]
+    assert names == ["poster.text_encoder", "poster.vae_decoder", "poster.vae_encoder", "poster"]
     index = tmp_path / "repo" / "poster" / "model_index.json"
     index.write_text(json.dumps({"_class_name": "StableDiffusion3Pipeline"}), encoding="utf-8")
     with pytest.raises(ModelLoadError, match="not SD3"):

@@ -191,6 +191,18 @@ def test_generate_and_stream_answer_rgb_pngs(server: RunningServer) -> None:
     assert {i["name"] for i in metadata["inputs"]} >= {"prompt", "negative_prompt", "latents"}
 
 
+def test_image_to_image_on_sdxl_is_refused_by_name(server: RunningServer) -> None:
+    # Checked against diffusers for SD 1.x/2.x only: an SDXL export says so, not "no encoder".
+    image = base64.b64encode(bytes(32 * 48 * 3)).decode()
+    body = {"prompt": "a red house", "steps": 3, "width": 48, "height": 32, "image": image}
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        answer = client.post("/v2/models/xl-euler/generate", json=body)
+    names = {m.key.name for m in server.runtime.registry.models()}
+    assert answer.status_code == 400
+    assert "image to image is not supported for an SDXL export yet" in answer.text
+    assert not any(name.endswith(".vae_encoder") for name in names)
+
+
 def test_an_empty_negative_prompt_is_zeros_and_a_given_one_is_encoded(
     server: RunningServer,
 ) -> None:

@@ -120,6 +120,9 @@ class IterativeConfig(Section):
     generator then runs the SDXL loop (generation/stable_diffusion_xl.py)."""
     decoder: str | None = None
     """A loaded model taking the final sample and giving the image values in [-1, 1]."""
+    image_encoder: str | None = None
+    """With ``export``: the loaded VAE encoder (image to image: ``image`` and ``strength``
+    inputs); set by sordino when the export has ``vae_encoder/model.onnx``."""
     sample_input: str = "sample"
     timestep_input: str = "timestep"
     condition_input: str = "condition"

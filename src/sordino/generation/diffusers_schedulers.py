@@ -13,12 +13,23 @@ step outputs recorded from diffusers):
 - ``EulerDiscreteScheduler`` (optionally Karras sigmas);
 - ``EulerAncestralDiscreteScheduler`` (its noise drawn from the request's seeded
   generator, numpy's — diffusers draws from torch's, so equal images need equal noise);
-- ``DPMSolverMultistepScheduler`` as DPM-Solver++ 2M (optionally Karras sigmas).
+- ``DPMSolverMultistepScheduler`` as DPM-Solver++ 2M (optionally Karras sigmas);
+- ``LCMScheduler`` (the latent consistency model's: ``original_inference_steps``
+  timesteps, the boundary-condition scalings, fresh noise from the same generator as
+  Euler ancestral's between steps);
+- ``FlowMatchEulerDiscreteScheduler`` (SD3's: flow matching with ``shift``; the model
+  output is the velocity, no dynamic shifting).
 
 Beta schedules ``linear``, ``scaled_linear``, ``squaredcos_cap_v2``; prediction types
-``epsilon``, ``v_prediction`` (and ``sample`` where diffusers has it); timestep spacings
-``leading``, ``trailing``, ``linspace``; ``steps_offset``. Any other setting is refused
-with :class:`ValueError` naming it (the loader turns it into a clear load error).
+``epsilon``, ``v_prediction`` and ``sample`` where diffusers has it (not PNDM's nor Euler
+ancestral's: diffusers refuses those too); timestep spacings ``leading``, ``trailing``,
+``linspace``; ``steps_offset``. Any other setting is refused with :class:`ValueError`
+naming it (the loader turns it into a clear load error).
+
+Image to image (diffusers' ``StableDiffusionImg2ImgPipeline``) starts part way:
+:meth:`Sampler.image_start` is the first call for a ``strength`` and
+:meth:`Sampler.add_noise` noises the encoded image to that call's timestep, each as the
+scheduler's ``add_noise`` (flow matching's ``scale_noise``) does.
 """
 
 from __future__ import annotations
@@ -40,7 +51,11 @@ SCHEDULERS = (
     "EulerDiscreteScheduler",
     "EulerAncestralDiscreteScheduler",
     "DPMSolverMultistepScheduler",
+    "LCMScheduler",
+    "FlowMatchEulerDiscreteScheduler",
 )
+# diffusers raises for these prediction types in these schedulers' step.
+_NO_SAMPLE_PREDICTION = ("PNDMScheduler", "EulerAncestralDiscreteScheduler")
 
 
 @dataclass(frozen=True)
@@ -87,14 +102,20 @@ def scheduler_from_config(config: Mapping[str, Any]) -> SchedulerSpec:
     else:
         raise ValueError(f"beta_schedule {schedule!r} is not supported")
     prediction = str(config.get("prediction_type", "epsilon"))
-    allowed = (
-        ("epsilon", "v_prediction")
-        if kind == "PNDMScheduler"
-        else ("epsilon", "v_prediction", "sample")
-    )
-    if prediction not in allowed:
-        raise ValueError(f"{kind} with prediction_type {prediction!r} is not supported")
-    leading_default = kind in ("PNDMScheduler", "DDIMScheduler")
+    if kind == "FlowMatchEulerDiscreteScheduler":
+        prediction = "flow"  # the model output is the velocity; the config has no type
+    elif prediction not in ("epsilon", "v_prediction", "sample"):
+        raise ValueError(
+            f"{kind} with prediction_type {prediction!r} is not supported; use epsilon, "
+            "v_prediction or sample"
+        )
+    elif prediction == "sample" and kind in _NO_SAMPLE_PREDICTION:
+        raise ValueError(
+            f"{kind} with prediction_type 'sample' is not supported (diffusers refuses it "
+            "too); use epsilon or v_prediction, or DDIMScheduler, EulerDiscreteScheduler, "
+            "DPMSolverMultistepScheduler or LCMScheduler for sample prediction"
+        )
+    leading_default = kind in ("PNDMScheduler", "DDIMScheduler", "LCMScheduler")
     spacing = str(config.get("timestep_spacing", "leading" if leading_default else "linspace"))
     if spacing not in ("leading", "trailing", "linspace"):
         raise ValueError(f"timestep_spacing {spacing!r} is not supported")
@@ -128,6 +149,15 @@ def _refuse_unsupported(kind: str, config: Mapping[str, Any]) -> None:
             "use_beta_sigmas": True,
             "use_flow_sigmas": True,
         },
+        "LCMScheduler": {"thresholding": True, "rescale_betas_zero_snr": True},
+        "FlowMatchEulerDiscreteScheduler": {
+            "use_dynamic_shifting": True,
+            "invert_sigmas": True,
+            "use_karras_sigmas": True,
+            "use_exponential_sigmas": True,
+            "use_beta_sigmas": True,
+            "stochastic_sampling": True,
+        },
     }[kind]
     for key, bad in unsupported.items():
         if config.get(key, not bad) == bad:
@@ -141,6 +171,15 @@ def _refuse_unsupported(kind: str, config: Mapping[str, Any]) -> None:
             raise ValueError("EulerDiscreteScheduler timestep_type continuous is not supported")
         if config.get("final_sigmas_type", "zero") != "zero":
             raise ValueError("EulerDiscreteScheduler final_sigmas_type sigma_min is not supported")
+    if kind == "FlowMatchEulerDiscreteScheduler" and config.get("shift_terminal"):
+        raise ValueError("FlowMatchEulerDiscreteScheduler with shift_terminal is not supported")
+    if kind == "LCMScheduler":
+        original = int(config.get("original_inference_steps", 50))
+        if not 1 <= original <= int(config.get("num_train_timesteps", 1000)):
+            raise ValueError(
+                f"LCMScheduler original_inference_steps {original} must be between 1 and "
+                "num_train_timesteps"
+            )
     if kind == "DPMSolverMultistepScheduler":
         wanted = {"algorithm_type": "dpmsolver++", "solver_order": 2, "solver_type": "midpoint"}
         for key, value in wanted.items():
@@ -190,6 +229,10 @@ class Sampler:
             self.timesteps = self._spaced(steps, float_steps=False)
         elif kind == "DPMSolverMultistepScheduler":
             self.timesteps = self._dpm_timesteps()
+        elif kind == "LCMScheduler":
+            self.timesteps = self._lcm_timesteps()
+        elif kind == "FlowMatchEulerDiscreteScheduler":
+            self.timesteps = self._flow_timesteps()
         else:
             self.timesteps = self._euler_timesteps()
             assert self.sigmas is not None
@@ -263,6 +306,29 @@ class Sampler:
         self.sigmas = np.concatenate([sig, [0.0]]).astype(np.float32)
         return np.asarray(steps, dtype=np.float64)
 
+    def _lcm_timesteps(self) -> npt.NDArray[np.float64]:
+        train = self.spec.train_timesteps
+        original = int(self.spec.settings.get("original_inference_steps", 50))
+        if self.steps > original:
+            raise ValueError(
+                f"LCMScheduler runs at most original_inference_steps ({original}) steps, "
+                f"asked for {self.steps}"
+            )
+        origin = (np.arange(1, original + 1) * (train // original) - 1)[::-1]
+        picked = np.floor(np.linspace(0, len(origin), num=self.steps, endpoint=False))
+        return np.asarray(origin[picked.astype(np.int64)], dtype=np.float64)
+
+    def _flow_timesteps(self) -> npt.NDArray[np.float64]:
+        train = self.spec.train_timesteps
+        shift = float(self.spec.settings.get("shift", 1.0))
+        base = np.linspace(1, train, train, dtype=np.float32)[::-1] / np.float32(train)
+        shifted = (shift * base / (1 + (shift - 1) * base)).astype(np.float32)
+        high, low = float(shifted[0]) * train, float(shifted[-1]) * train
+        sig = np.linspace(high, low, self.steps) / train
+        sig = (shift * sig / (1 + (shift - 1) * sig)).astype(np.float32)
+        self.sigmas = np.concatenate([sig, np.zeros(1, np.float32)])
+        return np.asarray(sig * np.float32(train), dtype=np.float64)
+
     def _karras(self, in_sigmas: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         sigma_min = self.spec.settings.get("sigma_min") or float(in_sigmas[-1])
         sigma_max = self.spec.settings.get("sigma_max") or float(in_sigmas[0])
@@ -292,6 +358,12 @@ class Sampler:
             return self._ddim(out, index, x)
         if kind == "DPMSolverMultistepScheduler":
             return self._dpm(out, index, x)
+        if kind == "LCMScheduler":
+            return self._lcm(out, index, x)
+        if kind == "FlowMatchEulerDiscreteScheduler":
+            assert self.sigmas is not None
+            dt = self.sigmas[index + 1] - self.sigmas[index]
+            return np.asarray(x + dt * out, dtype=np.float32)
         return self._euler(out, index, x, ancestral=kind == "EulerAncestralDiscreteScheduler")
 
     def _alpha(self, t: float) -> np.float32:
@@ -299,7 +371,8 @@ class Sampler:
         if t >= 0:
             return np.float32(ac[int(t)])
         # diffusers' defaults differ: DDIM sets alpha to one, PNDM does not.
-        to_one = self.spec.settings.get("set_alpha_to_one", self.spec.kind == "DDIMScheduler")
+        default = self.spec.kind in ("DDIMScheduler", "LCMScheduler")
+        to_one = self.spec.settings.get("set_alpha_to_one", default)
         return np.float32(1.0) if to_one else ac[0]
 
     def _pndm(self, out: F32, index: int, x: F32) -> F32:
@@ -351,6 +424,63 @@ class Sampler:
             limit = float(self.spec.settings.get("clip_sample_range", 1.0))
             x0 = np.clip(x0, -limit, limit)
         return np.asarray(a_prev**0.5 * x0 + (1 - a_prev) ** 0.5 * eps, dtype=np.float32)
+
+    def _lcm(self, out: F32, index: int, x: F32) -> F32:
+        t = int(self.timesteps[index])
+        last = index == len(self.timesteps) - 1
+        a = self._alpha(t)
+        a_prev = a if last else self._alpha(self.timesteps[index + 1])
+        beta = 1 - a
+        x0: F32
+        if self.spec.prediction == "epsilon":
+            x0 = (x - beta**0.5 * out) / a**0.5
+        elif self.spec.prediction == "sample":
+            x0 = out
+        else:
+            x0 = a**0.5 * x - beta**0.5 * out
+        if self.spec.settings.get("clip_sample", False):
+            limit = float(self.spec.settings.get("clip_sample_range", 1.0))
+            x0 = np.clip(x0, -limit, limit)
+        # The boundary-condition scalings (sigma_data 0.5), in float32 as diffusers'.
+        scaled = np.float32(t * float(self.spec.settings.get("timestep_scaling", 10.0)))
+        c_skip = np.float32(0.25) / (scaled**2 + np.float32(0.25))
+        c_out = scaled / (scaled**2 + np.float32(0.25)) ** np.float32(0.5)
+        denoised = np.asarray(c_out * x0 + c_skip * x, dtype=np.float32)
+        if last:
+            return denoised
+        noise = self.rng.standard_normal(x.shape).astype(np.float32)
+        return np.asarray(a_prev**0.5 * denoised + (1 - a_prev) ** 0.5 * noise, dtype=np.float32)
+
+    # -- image to image -------------------------------------------------------------------
+
+    def image_start(self, strength: float) -> int:
+        """The first call of an image-to-image run at ``strength`` (diffusers' ``t_start``).
+
+        Raises ValueError when ``strength`` leaves no step to run.
+        """
+        kept = min(int(self.steps * strength), self.steps)
+        if kept < 1:
+            raise ValueError(
+                f"strength {strength:g} with {self.steps} steps runs no step "
+                f"(int(steps x strength) = 0); raise strength or steps"
+            )
+        return self.steps - kept
+
+    def add_noise(self, latents: F32, noise: F32, index: int) -> F32:
+        """``latents`` noised to call ``index``'s timestep, as the scheduler's ``add_noise``."""
+        x = np.asarray(latents, dtype=np.float32)
+        eps = np.asarray(noise, dtype=np.float32)
+        kind = self.spec.kind
+        if self.sigmas is not None and kind == "FlowMatchEulerDiscreteScheduler":
+            sigma = self.sigmas[index]
+            return np.asarray(sigma * eps + (np.float32(1) - sigma) * x, dtype=np.float32)
+        if self.sigmas is not None and kind == "DPMSolverMultistepScheduler":
+            alpha_t, sigma_t = _alpha_sigma(self.sigmas[index])
+            return np.asarray(alpha_t * x + sigma_t * eps, dtype=np.float32)
+        if self.sigmas is not None:  # Euler, Euler ancestral
+            return np.asarray(x + eps * self.sigmas[index], dtype=np.float32)
+        a = self.spec.alphas_cumprod[int(self.timesteps[index])]
+        return np.asarray(a**0.5 * x + (1 - a) ** 0.5 * eps, dtype=np.float32)
 
     def _x0_from_sigma(self, out: F32, x: F32, sigma: np.float32) -> F32:
         if self.spec.prediction == "epsilon":

@@ -16,19 +16,25 @@ built-in digits model, each as diffusers' ``StableDiffusionPipeline`` does it:
   request's ``latents``), each call's input scaled by the scheduler, the guided noise
   ``uncond + guidance * (cond - uncond)`` stepped with it;
 - the image: ``vae_decoder`` on ``latents / scaling_factor``, ``(x / 2 + 0.5)`` clipped
-  to [0, 1], times 255 rounded: RGB [H, W, 3] (or [N, H, W, 3]) and PNGs.
+  to [0, 1], times 255 rounded: RGB [H, W, 3] (or [N, H, W, 3]) and PNGs;
+- image to image (``image``, ``strength``; diffusers' ``StableDiffusionImg2ImgPipeline``,
+  where the export has a VAE encoder): the image encoded (sd_image.py) before the loop,
+  the loop started at the scheduler's ``t_start`` with the encoded latents noised to it.
 
 Not here yet: degrade-instead-of-drop and approximate reuse (a diffusers scheduler
 cannot be re-planned mid-run and stay equal to diffusers; a request runs all its steps),
-image to image and SD3 (SDXL: generation/stable_diffusion_xl.py).
+SD3 (SDXL: generation/stable_diffusion_xl.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import secrets
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import aclosing
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +46,9 @@ from sordino.errors import InferenceFailed, InvalidRequest, ModelLoadError, Tens
 from sordino.generation.clip_tokens import ClipTokenizer
 from sordino.generation.diffusers_schedulers import Sampler, SchedulerSpec, scheduler_from_config
 from sordino.generation.inputs import one_float, one_int
-from sordino.generation.pipeline import GenerateParams, Pipeline
+from sordino.generation.pipeline import GenerateParams, Pipeline, Progress
+from sordino.generation.reuse import Generated
+from sordino.generation.sd_image import pixels_to_sample, read_image, sample_latents
 from sordino.generation.step_cache import StepCache
 from sordino.inference import InferRequest, ModelMetadata, Tensor, TensorSpec
 from sordino.memory.refs import Tensors, TensorsBuilder
@@ -57,6 +65,8 @@ INPUTS = (
     "height",
     "num_images",
     "latents",
+    "image",
+    "strength",
 )
 MAX_IMAGES = 8
 MAX_SIDE = 2048
@@ -81,6 +91,11 @@ class SDParams(GenerateParams):
     height: int
     num_images: int
     latents: npt.NDArray[np.float32] | None
+    image: npt.NDArray[np.uint8] | None = None
+    """Image to image: the RGB pixels [H, W, 3] (H and W are ``height`` and ``width``)."""
+    strength: float = 1.0
+    encoded: npt.NDArray[np.float32] | None = None
+    """Image to image: the image's latents (scaled), set once the VAE encoder ran."""
 
 
 class SDGeneration:
@@ -109,10 +124,17 @@ class SDGeneration:
         latents = params.latents
         if latents is None:
             latents = np.random.default_rng(params.seed).standard_normal(shape).astype(np.float32)
-        self.latents = np.asarray(
-            latents * np.float32(self.sampler.init_noise_sigma), dtype=np.float32
-        )
-        self.index = 0
+        self.begin = 0  # image to image starts part way
+        if params.encoded is not None:
+            self.begin = self.sampler.image_start(params.strength)
+            start = np.repeat(params.encoded, params.num_images // len(params.encoded), axis=0)
+            self.latents = self.sampler.add_noise(start, latents, self.begin)
+        else:
+            self.latents = np.asarray(
+                latents * np.float32(self.sampler.init_noise_sigma), dtype=np.float32
+            )
+        self.run_steps = params.steps - self.begin
+        self.index = self.begin
         self.steps_used = 0
         self.reused_steps = 0
         self.degraded = False
@@ -164,7 +186,7 @@ class SDGeneration:
         self._last = now
         self.latents = self.sampler.step(noise, self.index, self.latents)
         self.index += 1
-        self.steps_used = min(self.index, self.params.steps)
+        self.steps_used = min(self.index - self.begin, self.run_steps)
         if self.index == len(self.sampler.timesteps):
             return None, Tensors.of({"sample": self.latents})
         delivered = None
@@ -175,7 +197,7 @@ class SDGeneration:
                 {
                     "image": preview,
                     "step": np.array([self.steps_used], dtype=np.int32),
-                    "steps": np.array([self.params.steps], dtype=np.int32),
+                    "steps": np.array([self.run_steps], dtype=np.int32),
                 }
             )
         return self.inputs(), delivered
@@ -189,6 +211,9 @@ class StableDiffusion(Pipeline):
 
     preview_rgb = _PREVIEW_RGB
     """The latent channels as RGB for the cheap previews (a subclass's latent space differs)."""
+
+    image_to_image_refusal: str | None = None
+    """Why a subclass refuses ``image`` (None: image to image where the export can)."""
 
     def __init__(
         self,
@@ -254,6 +279,8 @@ class StableDiffusion(Pipeline):
                 TensorSpec("height", "INT32", (1,)),
                 TensorSpec("num_images", "INT32", (1,)),
                 TensorSpec("latents", "FP32", (-1, self.latent_channels, -1, -1)),
+                TensorSpec("image", "BYTES", (1,)),
+                TensorSpec("strength", "FP32", (1,)),
             ),
             outputs=(TensorSpec("image", "UINT8", (-1, -1, 3)), TensorSpec("png", "BYTES", (-1,))),
             batched=False,
@@ -265,6 +292,7 @@ class StableDiffusion(Pipeline):
                 "guidance_default": str(self.config.guidance),
                 "width_default": str(self.default_side),
                 "height_default": str(self.default_side),
+                "image_to_image": str(self.config.image_encoder is not None).lower(),
                 "description": "Stable Diffusion export " + str(export),
             },
         )
@@ -303,8 +331,12 @@ class StableDiffusion(Pipeline):
         guidance = self.config.guidance
         if "guidance" in inputs:
             guidance = one_float(inputs["guidance"], "guidance", 0.0, 20.0)
-        width = integer("width", self.default_side, 8, MAX_SIDE)
-        height = integer("height", self.default_side, 8, MAX_SIDE)
+        given_width = integer("width", 0, 8, MAX_SIDE) if "width" in inputs else None
+        given_height = integer("height", 0, 8, MAX_SIDE) if "height" in inputs else None
+        image, strength = self._image_input(inputs, given_width, given_height, steps)
+        image_height, image_width = image.shape[:2] if image is not None else (0, 0)
+        width = given_width or image_width or self.default_side
+        height = given_height or image_height or self.default_side
         if width % 8 or height % 8:
             raise InvalidRequest(f"width and height must be multiples of 8, got {width}x{height}")
         num_images = integer("num_images", 1, 1, MAX_IMAGES)
@@ -335,7 +367,74 @@ class StableDiffusion(Pipeline):
             height,
             num_images,
             latents,
+            image,
+            strength,
         )
+
+    def _image_input(
+        self, inputs: Mapping[str, Tensor], width: int | None, height: int | None, steps: int
+    ) -> tuple[npt.NDArray[np.uint8] | None, float]:
+        """Image to image's ``image`` and ``strength`` (1.0 without an image), checked."""
+        name = self.key.name
+        try:
+            sampler = self.spec.start(steps)
+        except ValueError as exc:
+            raise InvalidRequest(f"model {name!r}: {exc}") from None
+        if "image" not in inputs:
+            if "strength" in inputs:
+                raise InvalidRequest(
+                    "strength applies to image to image: send an image too, or leave strength out"
+                )
+            return None, 1.0
+        if self.image_to_image_refusal is not None:
+            raise InvalidRequest(f"model {name!r}: {self.image_to_image_refusal}")
+        if self.config.image_encoder is None:
+            raise InvalidRequest(
+                f"model {name!r} cannot do image to image: its export has no VAE encoder "
+                "(vae_encoder/model.onnx); leave image out, or export the pipeline again with "
+                "`optimum-cli export onnx --task text-to-image`, which writes one"
+            )
+        strength = 0.8  # diffusers' default
+        if "strength" in inputs:
+            strength = one_float(inputs["strength"], "strength", 0.0, 1.0)
+        try:
+            sampler.image_start(strength)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        image = read_image(inputs["image"], width=width, height=height, max_side=MAX_SIDE)
+        return image, strength
+
+    async def run(
+        self,
+        params: GenerateParams,
+        *,
+        priority: int,
+        timeout_s: float | None,
+        request_id: str | None,
+        progress: bool,
+    ) -> AsyncGenerator[Progress | tuple[Generated, str], None]:
+        """The base loop; image to image encodes the image first (once per request)."""
+        if isinstance(params, SDParams) and params.image is not None and params.encoded is None:
+            params = replace(params, encoded=await self._encode_image(params))
+        answers = super().run(
+            params, priority=priority, timeout_s=timeout_s, request_id=request_id, progress=progress
+        )
+        async with aclosing(answers):
+            async for answer in answers:
+                yield answer
+
+    async def _encode_image(self, params: SDParams) -> npt.NDArray[np.float32]:
+        """The scaled latents of the request's image: [1, C, H/8, W/8]."""
+        assert params.image is not None and self.config.image_encoder is not None
+        sample = pixels_to_sample(params.image)
+        with await self._run_model(self.config.image_encoder, {"sample": sample}) as encoded:
+            values = encoded.get("latent_parameters")
+            if values is None:
+                values = next(iter(encoded.values()))
+            parameters = np.array(values, dtype=np.float32)
+        if parameters.shape[1] == self.latent_channels:  # an encoder that gives the latent
+            return np.asarray(parameters * np.float32(self.scaling_factor), dtype=np.float32)
+        return sample_latents(parameters, params.seed, self.scaling_factor)
 
     def _text(self, array: Tensor, key: str) -> str:
         values = np.asarray(array).reshape(-1)
@@ -372,7 +471,16 @@ class StableDiffusion(Pipeline):
     ) -> tuple[Any, ...]:
         assert isinstance(params, SDParams)
         latents = b"" if params.latents is None else params.latents.tobytes()
-        extra = (params.width, params.height, params.num_images, latents, self.spec.kind)
+        extra: tuple[Any, ...] = (
+            params.width,
+            params.height,
+            params.num_images,
+            latents,
+            self.spec.kind,
+        )
+        if params.image is not None:
+            digest = hashlib.sha256(params.image.tobytes()).digest()
+            extra = (*extra, digest, params.strength)
         return (*super().result_key(params, condition), *extra)
 
     def generation(  # type: ignore[override]

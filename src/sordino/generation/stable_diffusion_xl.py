@@ -100,6 +100,10 @@ class StableDiffusionXL(StableDiffusion):
     """The generator of a served SDXL export: two text encoders, micro-conditioning."""
 
     preview_rgb = _PREVIEW_RGB_XL
+    image_to_image_refusal = (
+        "image to image is not supported for an SDXL export yet (it is for SD 1.x/2.x "
+        "exports); leave image and strength out"
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

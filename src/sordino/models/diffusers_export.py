@@ -7,12 +7,13 @@ The folder such an export writes::
         text_encoder/model.onnx     input_ids -> last_hidden_state, pooler_output
         unet/model.onnx             sample, timestep, encoder_hidden_states -> out_sample
         vae_decoder/model.onnx      latent_sample -> sample
-        vae_encoder/model.onnx      (optional; image to image is not served yet)
+        vae_encoder/model.onnx      sample -> latent_parameters (optional: image to image)
         scheduler/scheduler_config.json
 
 becomes three models: ``NAME`` (the UNet, served as the generator: prompt in, image
 out; ``iterative.export`` points at DIR), ``NAME.text_encoder`` and ``NAME.vae_decoder``
-(ordinary models the generator runs).
+(ordinary models the generator runs), and ``NAME.vae_encoder`` where the export has a
+VAE encoder (image to image).
 
 An SDXL export (``_class_name: StableDiffusionXLPipeline``) also has ``tokenizer_2/`` and
 ``text_encoder_2/model.onnx`` (``input_ids`` -> ``text_embeds``, ``last_hidden_state``,
@@ -126,6 +127,11 @@ def export_sources(
         for encoder in encoders:
             _needs_hidden_states(folder / encoder / "model.onnx", name)
         iterative = iterative.model_copy(update={"text_encoder_2": f"{name}.text_encoder_2"})
+    # Image to image is checked against diffusers for SD 1.x/2.x only: an SDXL export's
+    # encoder is not served, and its generator refuses an ``image`` by name.
+    image_encoder = [] if xl else _image_encoder(name, folder, helper)
+    if image_encoder:
+        iterative = iterative.model_copy(update={"image_encoder": image_encoder[0][0]})
     return [
         *(
             (
@@ -140,12 +146,65 @@ def export_sources(
             folder / "vae_decoder" / "model.onnx",
             helper.model_copy(update={"name": f"{name}.vae_decoder"}),
         ),
+        *image_encoder,
         (
             name,
             per_row_timestep(folder / "unet" / "model.onnx", name),
             config.model_copy(update={"iterative": iterative}),
         ),
     ]
+
+
+def _image_encoder(
+    name: str, folder: Path, helper: ModelConfig
+) -> list[tuple[str, Path, ModelConfig]]:
+    """``NAME.vae_encoder`` where the export has one (image to image), else nothing."""
+    path = folder / "vae_encoder" / "model.onnx"
+    if not path.is_file():
+        return []
+    path = _with_warmup_image(path)
+    return [
+        (f"{name}.vae_encoder", path, helper.model_copy(update={"name": f"{name}.vae_encoder"}))
+    ]
+
+
+def _with_warmup_image(encoder: Path) -> Path:
+    """A cached copy of ``encoder`` that names its warm-up image size (a 1x1 image fails).
+
+    The copy holds the graph and the hint; external weights are hard links as for the UNet.
+    """
+    import onnx
+
+    model = onnx.load(str(encoder), load_external_data=False)
+    key = "sordino.warmup_shape.sample"
+    if any(prop.key == key for prop in model.metadata_props):
+        return encoder
+    stat = encoder.stat()
+    identity = f"encoder-v1:{encoder.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+    cache = Path(
+        os.environ.get("SORDINO_CACHE_DIR") or Path(tempfile.gettempdir()) / "sordino-cache"
+    )
+    target = cache / "vae-encoder" / hashlib.sha256(identity).hexdigest()[:24] / "model.onnx"
+    if target.is_file():
+        return target
+    config = encoder.parent / "config.json"
+    settings = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
+    side, channels = int(settings.get("sample_size", 64)), int(settings.get("in_channels", 3))
+    hint = model.metadata_props.add()
+    hint.key, hint.value = key, f"1,{channels},{side},{side}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    for location in _external_files(model):
+        link = target.parent / location
+        if not link.exists():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(encoder.parent / location, link)
+            except OSError:
+                shutil.copyfile(encoder.parent / location, link)
+    partial = target.with_suffix(".partial")
+    partial.write_bytes(model.SerializeToString())
+    partial.replace(target)
+    return target
 
 
 def per_row_timestep(unet: Path, name: str) -> Path:

@@ -245,6 +245,8 @@ def load_repository_model(root: Path, name: str) -> list[ModelSource]:
     if _is_export(folder):
         for part in ("model_index.json", "tokenizer", "text_encoder", "unet", "vae_decoder"):
             _contained(inside, folder / part, name)
+        if (folder / "vae_encoder").exists():
+            _contained(inside, folder / "vae_encoder", name)
         return _export(name, folder, config)
     sources = _versions_in(folder, name, config)
     for source in sources:
