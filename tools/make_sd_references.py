@@ -530,6 +530,9 @@ SD3_CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("flow_shift_1", {"shift": 1.0}, {"steps": 4, "guidance": 7.0, "width": 64, "height": 32}),
 ]
 T5_LENGTH = 256  # StableDiffusion3Pipeline's max_sequence_length default
+# The tokenizers' cases: the prompt, none, case and spacing and the "!" the second CLIP
+# pads with, and one longer than every tokenizer's length (truncated).
+SD3_PROMPTS = [PROMPT, "", "A  Poster of THE sea, at night!", "a zebra, " * 80]
 
 
 def record_sd3(export: Path, out: Path) -> None:
@@ -553,9 +556,7 @@ def record_sd3(export: Path, out: Path) -> None:
             **request,
         }
         shape = (request["num_images"], 16, request["height"] // 8, request["width"] // 8)
-        latents = np.random.default_rng(zlib.crc32(("sd3/" + name).encode())).standard_normal(
-            shape
-        )
+        latents = np.random.default_rng(zlib.crc32(("sd3/" + name).encode())).standard_normal(shape)
         latents = latents.astype(np.float32)
         results = {}
         for output_type in ("latent", "np"):
@@ -588,7 +589,7 @@ def record_sd3(export: Path, out: Path) -> None:
         ("input_ids_3", pipe.tokenizer_3, T5_LENGTH),
     ):
         arrays[key] = tokenizer(
-            [PROMPT, "", "A  Poster of THE sea, at night!"],
+            SD3_PROMPTS,
             padding="max_length",
             max_length=length,
             truncation=True,
