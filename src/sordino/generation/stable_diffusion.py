@@ -22,8 +22,8 @@ built-in digits model, each as diffusers' ``StableDiffusionPipeline`` does it:
   the loop started at the scheduler's ``t_start`` with the encoded latents noised to it.
 
 Not here yet: degrade-instead-of-drop and approximate reuse (a diffusers scheduler
-cannot be re-planned mid-run and stay equal to diffusers; a request runs all its steps),
-SD3 (SDXL: generation/stable_diffusion_xl.py).
+cannot be re-planned mid-run and stay equal to diffusers; a request runs all its steps).
+SDXL and SD3 are subclasses: generation/stable_diffusion_xl.py, stable_diffusion_3.py.
 """
 
 from __future__ import annotations
