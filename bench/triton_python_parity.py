@@ -17,7 +17,9 @@ not be installed or started. Results go to ``bench/results/triton_python_parity.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+import tempfile
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from bench import peers
 from bench.common import save, sordino_server
@@ -37,7 +40,8 @@ Case = tuple[str, dict[str, np.ndarray], list[str]]
 def cases(models: list[str]) -> list[Case]:
     """(model, inputs, outputs) for the add_sub-shaped example ``models``.
 
-    A model whose name says ``auto_complete`` gets batched requests (1 to 4 rows).
+    A model whose name says ``auto_complete`` gets batched requests (1 to 4 rows);
+    ``bls_sync`` (Triton's bls example) also gets ``MODEL_NAME``, the model it calls.
     """
     rng = np.random.default_rng(29)
     out: list[Case] = []
@@ -45,7 +49,10 @@ def cases(models: list[str]) -> list[Case]:
         for model in models:
             shape = (int(rng.integers(1, 5)), 4) if "auto_complete" in model else (4,)
             a, b = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
-            out.append((model, {"INPUT0": a, "INPUT1": b}, ["OUTPUT0", "OUTPUT1"]))
+            arrays = {"INPUT0": a, "INPUT1": b}
+            if model == "bls_sync":
+                arrays["MODEL_NAME"] = np.array([b"add_sub"], dtype=np.object_)
+            out.append((model, arrays, ["OUTPUT0", "OUTPUT1"]))
     return out
 
 
@@ -53,7 +60,8 @@ def _infer(mod: Any, client: Any, case: Case) -> dict[str, np.ndarray]:
     model, arrays, outputs = case
     inputs = []
     for name, array in arrays.items():
-        tensor = mod.InferInput(name, list(array.shape), "FP32")
+        datatype = "BYTES" if array.dtype == np.object_ else "FP32"
+        tensor = mod.InferInput(name, list(array.shape), datatype)
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     result = client.infer(model, inputs, outputs=[mod.InferRequestedOutput(n) for n in outputs])
@@ -108,23 +116,55 @@ def compare(
             same = all(np.array_equal(expected[n], got[n]) for n in expected)
             shapes = {n: list(got[n].shape) for n in got}
             check(f"{case[0]} infer", protocol, same, str(shapes))
+        if "bls_sync" in models:  # Triton's bls client: a call to an undefined model fails
+            a = np.zeros(4, dtype=np.float32)
+            case: Case = (
+                "bls_sync",
+                {"INPUT0": a, "INPUT1": a, "MODEL_NAME": np.array([b"undefined_model"], object)},
+                ["OUTPUT0"],
+            )
+            refused = [_refuses(mod, client, case) for client in (theirs, ours)]
+            check("bls_sync undefined_model refused", protocol, all(refused), str(refused))
         theirs.close()
         ours.close()
     return checks
+
+
+def _refuses(mod: Any, client: Any, case: Case) -> bool:
+    try:
+        _infer(mod, client, case)
+    except InferenceServerException:
+        return True
+    return False
+
+
+def repository(source: Path, into: Path) -> Path:
+    """A copy of ``source`` in ``into``, with the stand-in for the "pytorch" model that
+    Triton's bls example calls (add_sub under that name: no torch here) when
+    ``bls_async`` is there without it."""
+    repo = into / "models"
+    shutil.copytree(source, repo)
+    if (repo / "bls_async").is_dir() and not (repo / "pytorch").exists():
+        shutil.copytree(repo / "add_sub", repo / "pytorch")
+        config = repo / "pytorch" / "config.pbtxt"
+        config.write_text(config.read_text().replace('name: "add_sub"', 'name: "pytorch"'))
+    return repo
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repository", type=Path, default=EXAMPLES)
     args = parser.parse_args()
+    scratch = tempfile.TemporaryDirectory(prefix="sordino-parity-")
+    repo = repository(args.repository.resolve(), Path(scratch.name))
     try:
         python = peers.ensure_venv("triton", peers.TRITON_PACKAGES,
                                    "import pytriton, onnxruntime, numpy")  # fmt: skip
         with (
-            peers.triton_on(python, args.repository.resolve()) as triton,
-            sordino_server(["--model-repository", str(args.repository), "--no-builtin"]) as ours,
+            peers.triton_on(python, repo) as triton,
+            sordino_server(["--model-repository", str(repo), "--no-builtin"]) as ours,
         ):
-            models = sorted(p.name for p in args.repository.iterdir() if p.is_dir())
+            models = sorted(p.name for p in repo.iterdir() if p.is_dir())
             checks = compare(triton, ours.http, ours.grpc, models)
             theirs_metrics = _metric_names(triton.metrics or "")
             ours_metrics = _metric_names(f"{ours.http}/metrics")
@@ -143,6 +183,8 @@ def main() -> None:
     except peers.PeerError as exc:
         print(f"cannot run: {exc}", file=sys.stderr)
         sys.exit(2)
+    finally:
+        scratch.cleanup()
     differing = [c for c in checks if not c["equal"]]
     print(f"{len(checks) - len(differing)}/{len(checks)} checks equal")
     save("triton_python_parity", {"repository": str(args.repository), "checks": checks})

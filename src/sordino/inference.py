@@ -90,6 +90,10 @@ class InferRequest:
     client: str | None = None
     """The caller's network address (host, no port), as the transport saw it; None when
     unknown. Bounds what one caller may hold (a model's sequence slots)."""
+    internal_tenant: str | None = None
+    """Set only by the server itself, for a request a model makes to another model (BLS):
+    the tenant it is served for, taken from the request the calling model was executing
+    (already authenticated). Transports never set it."""
 
     def release(self) -> None:
         """Give back the arena blocks under ``inputs``, if they are owned tensors."""

@@ -115,6 +115,10 @@ class BackendKind:
     ``execution_providers`` tells whether the model's ``execution_providers`` and the
     devices' provider lists are this runtime's (ONNX Runtime) or only say CPU or CUDA.
     ``create`` imports the runtime only when called, so listing kinds stays cheap.
+    ``warm_up`` False: the runtime runs no warm-up batches (dummy inputs) through the
+    model before it serves, for model code that acts on what it gets (a Triton Python
+    model may call other models, not loaded yet, with them; Triton runs ``execute``
+    only for requests).
     """
 
     name: str
@@ -124,6 +128,7 @@ class BackendKind:
     platforms: tuple[str, ...] = ()
     execution_providers: bool = False
     description: str = ""
+    warm_up: bool = True
 
     def model_file(self, folder: Path) -> Path | str:
         """The file of ``folder`` this kind serves, or why there is none (a message)."""

@@ -48,6 +48,7 @@ from sordino.execution.devices import Device
 from sordino.execution.executor import MemoryFit, OverflowCounters
 from sordino.execution.faults import FaultRegistry, FaultSpec, check_target
 from sordino.execution.instances import ProcessInstance, ThreadInstance
+from sordino.execution.model_calls import CallServer
 from sordino.execution.outliers import OutlierDetector, guardian_replaces
 from sordino.execution.placement import (
     Instance,
@@ -94,6 +95,15 @@ class ChainExecutor:
         self._retries = 0
         self._profiling: set[ModelKey] = set()
         self._sources: dict[ModelKey, tuple[Path, ModelConfig]] = {}
+        self._model_calls: CallServer | None = None
+
+    def serve_model_calls(self, server: CallServer | None) -> None:
+        """Answer the calls models make to other models (BLS) with ``server`` from now on
+        (instances already running included)."""
+        self._model_calls = server
+
+    def _call_server(self) -> CallServer | None:
+        return self._model_calls
 
     # -- loading ---------------------------------------------------------------------
 
@@ -171,6 +181,7 @@ class ChainExecutor:
                 str(path),
                 backend=config.backend,
                 thread_spinning=config.thread_spinning,
+                calls=self._call_server,
             )
         spec = WorkerSpec(
             model=key.name,
@@ -197,6 +208,7 @@ class ChainExecutor:
             clock=self._clock,
             events=self._events,
             notify=model_signal.fire,
+            calls=self._call_server,
         )
 
     async def unload(self, key: ModelKey) -> None:

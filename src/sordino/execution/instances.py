@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sordino.backends.base import Backend, ProfilingBackend, RequestBatchBackend
+from sordino.backends.calls import CallingBackend
 from sordino.backends.registry import create_backend
 from sordino.clock import Clock
 from sordino.config import WorkersConfig
@@ -38,6 +39,7 @@ from sordino.execution.backoff import RestartBackoff, start_again
 from sordino.execution.devices import Device
 from sordino.execution.faults import FaultAction, InjectedFault, perform
 from sordino.execution.messages import ProfileStart, ProfileStop, ProfileStopped
+from sordino.execution.model_calls import CallServer, LoopCaller
 from sordino.execution.staging import StagedBatch, read_outputs
 from sordino.execution.worker import WorkerError, WorkerLost, WorkerProcess
 from sordino.execution.worker_main import WorkerSpec
@@ -147,8 +149,11 @@ class ThreadInstance(_Base):
         *,
         backend: str,
         thread_spinning: bool = False,
+        calls: Callable[[], CallServer | None] | None = None,
     ) -> None:
         """Build the ``backend`` kind's backend (unloaded); :meth:`open` loads it.
+
+        ``calls`` gives the answerer of the model's calls to other models (BLS).
 
         Raises :class:`ModelLoadError` for a backend kind this build does not know.
         """
@@ -164,6 +169,7 @@ class ThreadInstance(_Base):
             index=index,
         )
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sordino-{key.name}")
+        self._calls = calls
 
     @property
     def backend(self) -> Backend:
@@ -172,6 +178,8 @@ class ThreadInstance(_Base):
 
     async def open(self) -> ModelMetadata:
         loop = asyncio.get_running_loop()
+        if isinstance(self._backend, CallingBackend) and self._calls is not None:
+            self._backend.set_caller(LoopCaller(loop, self._calls))
         await loop.run_in_executor(
             self._pool, self._backend.load, Path(self._path), self.device.target
         )
@@ -248,9 +256,11 @@ class ProcessInstance(_Base):
         clock: Clock,
         events: EventSink,
         notify: Callable[[], None],
+        calls: Callable[[], CallServer | None] | None = None,
     ) -> None:
         super().__init__(key, index, tier, device)
         self._spec = spec
+        self._calls = calls
         self._settings = settings
         self._clock = clock
         self._events = events
@@ -383,7 +393,7 @@ class ProcessInstance(_Base):
 
     async def _start_worker(self) -> ModelMetadata:
         self.state = "starting"
-        worker = WorkerProcess(self._spec, self._clock)
+        worker = WorkerProcess(self._spec, self._clock, self._calls)
         self._worker = worker
         metadata = await worker.start(self._settings.start_timeout)
         self._backoff.started(self._clock.now())

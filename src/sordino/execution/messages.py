@@ -15,7 +15,8 @@ dict a ``uint16`` count then per handle (name length, dtype length, ndim as ``ui
 offset, nbytes, capacity as ``uint64``), the name, the dtype and the shape (``int64``
 each). A :class:`Run`'s chaos fault (rare) is pickled at the end of its body. The rare
 messages (:class:`Ready`, :class:`LoadFailed`, :class:`Call`, :class:`Reply`,
-:class:`CallFailed`) are pickled whole in a frame of their own kind. A frame that does
+:class:`CallFailed`, the model calls') are pickled whole in a frame of their own kind.
+A frame that does
 not parse (unknown kind, a declared length over :data:`MAX_BODY`, a body too short or
 too long, bad UTF-8, a pickle of anything else) raises :class:`FrameError`: the server
 then kills the worker as lost, a worker exits (code 1).
@@ -39,6 +40,17 @@ before the first has ended:
   starts with ``prefix``; replies None) and :class:`ProfileStop` (put the serving
   session back; replies :class:`ProfileStopped`).
 
+Model calls (Triton's BLS), at any moment, beside the exchanges above: the worker
+sends :class:`ModelCallStart` with a ``call_id`` of its own and a
+:class:`~sordino.backends.calls.ModelCall` (the callee, inputs as numpy arrays,
+the calling request's priority, deadline and tenant); the server runs it through its
+request path and sends one :class:`ModelCallAnswer` per response, the last one final
+(always one, whatever happens: an error answer when the call fails, is cancelled or
+the server stops). :class:`ModelCallCancel` gives a call up. The tensors of a call
+travel pickled in the frame (a copy each way, bounded by :data:`MAX_BODY`), not in
+the arena: the server writes answers without blocking its loop, and the worker reads
+them whichever of its threads waits (``worker_main._Link``).
+
 :class:`Stop` asks the worker to exit. The server's end closing (end of file) means
 the same; the worker's end closing tells the server the process is gone.
 """
@@ -50,6 +62,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from sordino.backends.calls import CallAnswer, ModelCall
 from sordino.execution.faults import FaultAction
 from sordino.inference import ModelMetadata
 from sordino.memory.tensors import TensorHandle
@@ -70,6 +83,9 @@ __all__ = [
     "FromWorker",
     "Heartbeat",
     "LoadFailed",
+    "ModelCallAnswer",
+    "ModelCallCancel",
+    "ModelCallStart",
     "ProfileStart",
     "ProfileStop",
     "ProfileStopped",
@@ -129,6 +145,14 @@ Command = ProfileStart | ProfileStop
 
 
 @dataclass(frozen=True, slots=True)
+class ModelCallAnswer:
+    """An answer to the worker's model call ``call_id``; ``answer.final`` ends the call."""
+
+    call_id: int
+    answer: CallAnswer
+
+
+@dataclass(frozen=True, slots=True)
 class Call:
     """Carry out ``command`` between batches; answered by :class:`Reply` or :class:`CallFailed`."""
 
@@ -143,7 +167,7 @@ class Stop:
 
 STOP = Stop()
 
-ToWorker = Run | Allocated | Call | Stop
+ToWorker = Run | Allocated | Call | Stop | ModelCallAnswer
 
 # -- worker to server ----------------------------------------------------------------
 
@@ -223,7 +247,36 @@ class CallFailed:
     message: str
 
 
-FromWorker = Ready | LoadFailed | Heartbeat | Alloc | Done | RunFailed | Reply | CallFailed
+@dataclass(frozen=True, slots=True)
+class ModelCallStart:
+    """The model asks the server for an inference on another model (BLS): ``call``.
+
+    ``call_id`` is the worker's own numbering; the answers name it.
+    """
+
+    call_id: int
+    call: ModelCall
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCallCancel:
+    """The model gave call ``call_id`` up: the server cancels it (a final answer follows)."""
+
+    call_id: int
+
+
+FromWorker = (
+    Ready
+    | LoadFailed
+    | Heartbeat
+    | Alloc
+    | Done
+    | RunFailed
+    | Reply
+    | CallFailed
+    | ModelCallStart
+    | ModelCallCancel
+)
 
 # -- the wire: one frame per message --------------------------------------------------
 #
@@ -394,7 +447,16 @@ def _decode(kind: int, data: bytes) -> ToWorker | FromWorker:
     return message
 
 
-_PICKLED_TYPES = (Call, Ready, LoadFailed, Reply, CallFailed)
+_PICKLED_TYPES = (
+    Call,
+    Ready,
+    LoadFailed,
+    Reply,
+    CallFailed,
+    ModelCallStart,
+    ModelCallAnswer,
+    ModelCallCancel,
+)
 
 
 class FrameReader:

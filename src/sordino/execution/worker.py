@@ -12,13 +12,21 @@ messages, their order and their encoding are in ``execution/messages.py``): a ba
 for the running command, so no message lands in the middle of a batch's :class:`Alloc`
 exchange, where the worker reads the pipe for the allocation alone. Bytes from the
 worker that are not a frame (:class:`FrameError`) make it a lost worker: it is killed.
+
+Beside those exchanges, the model may call other models (BLS) at any moment: each
+``ModelCallStart`` is answered by a task of its own (``execution/model_calls.py``),
+cancelled when the worker gives the call up or is lost. Writes to the pipe never block
+the event loop: what the socket does not take at once (a large answer the worker has
+not read yet) is queued and written as it drains.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import contextlib
+import dataclasses
 import itertools
 import logging
 import multiprocessing
@@ -26,10 +34,12 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from sordino.backends.calls import CallAnswer, ModelCall
 from sordino.clock import Clock
 from sordino.errors import ModelLoadError
 from sordino.execution.faults import FaultAction
@@ -46,6 +56,9 @@ from sordino.execution.messages import (
     FromWorker,
     Heartbeat,
     LoadFailed,
+    ModelCallAnswer,
+    ModelCallCancel,
+    ModelCallStart,
     ProfileStopped,
     Ready,
     Reply,
@@ -54,6 +67,7 @@ from sordino.execution.messages import (
     ToWorker,
     encode,
 )
+from sordino.execution.model_calls import CallServer, answer_call
 from sordino.execution.worker_main import WorkerSpec, worker_main
 from sordino.inference import ModelMetadata
 from sordino.memory.tensors import TensorHandle
@@ -155,7 +169,13 @@ def _start_without_main(process: Any, main: Any) -> None:
 class WorkerProcess:
     """One spawned worker process and its pipe."""
 
-    def __init__(self, spec: WorkerSpec, clock: Clock) -> None:
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        clock: Clock,
+        calls: Callable[[], CallServer | None] | None = None,
+    ) -> None:
+        """``calls`` gives the answerer of the model's calls to other models (BLS)."""
         self.spec = spec
         self._clock = clock
         self._loop = asyncio.get_running_loop()
@@ -163,6 +183,11 @@ class WorkerProcess:
         # and closes it. Both ends write and read frames on the fd themselves.
         self._conn, child = _SPAWN.Pipe(duplex=True)
         self._fd = self._conn.fileno()
+        # Writes never block the loop: a frame the socket cannot take at once (a large
+        # BLS answer the worker has not read yet) waits in _outgoing for a writer callback.
+        os.set_blocking(self._fd, False)
+        self._outgoing: collections.deque[memoryview] = collections.deque()
+        self._closed = False
         self._frames = FrameReader()
         self._child_conn: Connection | None = child
         self._process = _SPAWN.Process(
@@ -179,6 +204,10 @@ class WorkerProcess:
         self._allocating: dict[int, asyncio.Task[None]] = {}
         self._calls: dict[int, asyncio.Future[ProfileStopped | None]] = {}
         self._turn = asyncio.Lock()  # one exchange on the pipe at a time (see above)
+        self._call_server = calls
+        self._serving: dict[int, asyncio.Task[None]] = {}  # model calls, by the worker's id
+        self._batch_ends: float | None = None  # when the running batch is killed (clock)
+        self._batch_timeout = 0.0
         self._kill_cause: str | None = None
         self._broken = False
         self.pid: int | None = None
@@ -263,6 +292,8 @@ class WorkerProcess:
             self._allocate[batch_id] = allocate
             timer = None
             if timeout_s > 0:
+                self._batch_ends = self._clock.now() + timeout_s
+                self._batch_timeout = timeout_s
                 timer = self._clock.call_at(
                     self._clock.now() + timeout_s,
                     lambda: self.kill(f"execution timeout: a batch ran over {timeout_s:g} s"),
@@ -280,6 +311,7 @@ class WorkerProcess:
                 self._broken = True
                 raise WorkerLost(f"the worker is gone ({exc.strerror or exc})") from None
             finally:
+                self._batch_ends = None
                 if timer is not None:
                     timer.cancel()
                 self._pending.pop(batch_id, None)
@@ -359,10 +391,40 @@ class WorkerProcess:
     # -- reading replies and their callbacks -----------------------------------------
 
     def _send(self, message: ToWorker) -> None:
-        """Write ``message``'s frame (blocking; frames are small and the worker reads)."""
-        data = memoryview(encode(message))
-        while data:
-            data = data[os.write(self._fd, data) :]
+        """Write ``message``'s frame now, or queue what the socket does not take yet.
+
+        Raises :class:`OSError` when the worker's end is gone. Frames keep their order.
+        """
+        if self._closed:  # its fd number may belong to another file by now
+            raise OSError("the worker's pipe is closed")
+        frame = memoryview(encode(message))
+        if self._outgoing:
+            self._outgoing.append(frame)
+            return
+        try:
+            written = os.write(self._fd, frame)
+        except BlockingIOError:
+            written = 0
+        if written < len(frame):
+            self._outgoing.append(frame[written:])
+            self._loop.add_writer(self._fd, self._flush)
+
+    def _flush(self) -> None:
+        """Write queued frames as the socket takes them (a writer callback)."""
+        outgoing = self._outgoing
+        while outgoing:
+            try:
+                written = os.write(self._fd, outgoing[0])
+            except BlockingIOError:
+                return
+            except OSError:
+                outgoing.clear()  # the worker is gone; its exit says why
+                break
+            if written < len(outgoing[0]):
+                outgoing[0] = outgoing[0][written:]
+                return
+            outgoing.popleft()
+        self._loop.remove_writer(self._fd)
 
     def _readable(self) -> None:
         """Handle the messages the bytes waiting on the pipe complete (one read for all
@@ -425,12 +487,42 @@ class WorkerProcess:
                 call = self._calls.get(call_id)
                 if call is not None and not call.done():
                     call.set_exception(WorkerError("error", text))
+            case ModelCallStart(call_id=call_id, call=call):
+                self._serving[call_id] = self._loop.create_task(self._answer(call_id, call))
+            case ModelCallCancel(call_id=call_id):
+                task = self._serving.get(call_id)
+                if task is not None:
+                    task.cancel()
             case Alloc(batch_id=batch_id, sizes=sizes):
                 allocate = self._allocate.get(batch_id)
                 if allocate is not None:
                     self._allocating[batch_id] = self._loop.create_task(
                         self._serve_alloc(batch_id, allocate, sizes)
                     )
+
+    async def _answer(self, call_id: int, call: ModelCall) -> None:
+        """Answer the model's call ``call_id`` (BLS) over the pipe.
+
+        While a batch runs, the call's deadline is brought before the batch's execution
+        timeout (less a tenth of it), so a call that cannot be answered in time (a
+        cycle back to a busy model) fails with a message rather than the worker being
+        killed for the batch.
+        """
+        ends = self._batch_ends
+        timeout = self._batch_timeout
+        if ends is not None and timeout:
+            cap = time.time() + (ends - timeout / 10 - self._clock.now())
+            if call.deadline is None or cap < call.deadline:
+                call = dataclasses.replace(call, deadline=cap)
+
+        def deliver(answer: CallAnswer) -> None:
+            with contextlib.suppress(OSError):  # the worker is gone: nobody waits
+                self._send(ModelCallAnswer(call_id, answer))
+
+        try:
+            await answer_call(self._call_server() if self._call_server else None, call, deliver)
+        finally:
+            self._serving.pop(call_id, None)
 
     async def _serve_alloc(self, batch_id: int, allocate: Allocate, sizes: dict[str, int]) -> None:
         try:
@@ -449,6 +541,10 @@ class WorkerProcess:
             _LIVE_PIDS.discard(self._process.pid)
         cause = self._kill_cause or describe_exit(code)
         self._fail_pending(cause)
+        if self._outgoing:
+            self._outgoing.clear()
+            self._loop.remove_writer(self._fd)
+        self._closed = True
         if not self._ready.done():
             self._ready.set_exception(ModelLoadError(f"worker {cause} while loading"))
             self._ready.exception()
@@ -457,6 +553,8 @@ class WorkerProcess:
         self._conn.close()
 
     def _fail_pending(self, cause: str) -> None:
+        for task in list(self._serving.values()):
+            task.cancel()  # the model calls of a lost worker: nobody waits for them
         futures: list[asyncio.Future[Any]] = [*self._pending.values(), *self._calls.values()]
         for future in futures:
             if not future.done():

@@ -12,21 +12,26 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 from sordino.backends.base import Backend, ProfilingBackend, RequestBatchBackend, dummy_inputs
+from sordino.backends.calls import CallAnswer, CallingBackend, ModelCall, failed_answer
 from sordino.config.memory import FrameworkMemoryConfig
 from sordino.execution.faults import InjectedFault, perform
 from sordino.execution.messages import (
+    HEADER_SIZE,
     HEARTBEAT,
+    MAX_BODY,
     Alloc,
     Allocated,
     Call,
@@ -37,6 +42,9 @@ from sordino.execution.messages import (
     FrameReader,
     FromWorker,
     LoadFailed,
+    ModelCallAnswer,
+    ModelCallCancel,
+    ModelCallStart,
     ProfileStart,
     ProfileStop,
     ProfileStopped,
@@ -80,10 +88,17 @@ class WorkerSpec:
 
 
 class _Link:
-    """The worker's end of the pipe; sends may come from two threads, reads from one.
+    """The worker's end of the pipe; sends may come from any thread, and so may reads.
 
     ``conn`` only carries the fd (and keeps it open); frames are written and read on the
     fd directly, several frames per read when they have queued up.
+
+    Reading is shared (leader/follower): whichever thread needs a message and finds
+    nobody reading reads the fd and hands each message to its reader — answers to model
+    calls to their callbacks, everything else to the main thread's inbox. The main
+    thread reads for itself between batches (no hand-off on the hot path); while model
+    calls are pending, a pump thread reads for them, so answers arrive while
+    ``execute`` runs and the main thread does not read.
     """
 
     def __init__(self, conn: Connection) -> None:
@@ -91,10 +106,20 @@ class _Link:
         self._fd = conn.fileno()
         self._lock = threading.Lock()
         self._frames = FrameReader()
-        self._received: collections.deque[ToWorker | FromWorker] = collections.deque()
+        self._inbox: collections.deque[ToWorker] = collections.deque()
+        self._state = threading.Condition()
+        self._reading = False
+        self._closed: BaseException | None = None
+        self._calls: dict[int, Callable[[CallAnswer], None]] = {}
+        self._call_ids = itertools.count(1)
+        self._pump: threading.Thread | None = None
 
     def send(self, message: FromWorker) -> None:
-        data = memoryview(encode(message))
+        self.send_frame(encode(message))
+
+    def send_frame(self, frame: bytes) -> None:
+        """Write one encoded frame (whole, even when several threads send)."""
+        data = memoryview(frame)
         with self._lock:
             while data:
                 data = data[os.write(self._fd, data) :]
@@ -102,12 +127,115 @@ class _Link:
     def recv(self) -> ToWorker:
         """The next message from the server (blocking). Raises :class:`EOFError` when the
         server's end is closed, :class:`FrameError` for bytes that are not a frame."""
-        while not self._received:
-            data = os.read(self._fd, 1 << 16)
-            if not data:
-                raise EOFError
-            self._received.extend(self._frames.feed(data))
-        return self._received.popleft()  # type: ignore[return-value]
+        with self._state:
+            self._read_until(lambda: bool(self._inbox))
+            if self._inbox:
+                return self._inbox.popleft()
+            assert self._closed is not None
+            raise self._closed
+
+    def _read_until(self, ready: Callable[[], bool]) -> None:
+        """Read and hand out messages until ``ready()`` or the pipe ends (lock held)."""
+        while not ready() and self._closed is None:
+            if self._reading:
+                self._state.wait()
+                continue
+            self._reading = True
+            self._state.release()
+            messages: list[ToWorker] = []
+            ended: BaseException | None = None
+            try:
+                data = os.read(self._fd, 1 << 16)
+                if data:
+                    messages = self._frames.feed(data)  # type: ignore[assignment]
+                else:
+                    ended = EOFError()
+            except (OSError, FrameError) as exc:
+                ended = exc
+            finally:
+                self._state.acquire()
+                self._reading = False
+            for message in messages:
+                self._hand_out(message)
+            if ended is not None:
+                self._closed = ended
+                self._fail_calls("the server closed the worker's pipe")
+            self._state.notify_all()
+
+    def _hand_out(self, message: ToWorker) -> None:
+        if isinstance(message, ModelCallAnswer):
+            on_answer = self._calls.get(message.call_id)
+            if message.answer.final:
+                self._calls.pop(message.call_id, None)
+            if on_answer is not None:
+                on_answer(message.answer)
+            return
+        if isinstance(message, Stop):
+            self._fail_calls("the server is stopping")
+        self._inbox.append(message)
+
+    def _fail_calls(self, cause: str) -> None:
+        calls, self._calls = self._calls, {}
+        for on_answer in calls.values():
+            on_answer(failed_answer(f"BLS call ended: {cause}", "UNAVAILABLE"))
+
+    # -- model calls (BLS): this link is the worker's ModelCaller -----------------------
+
+    def start(self, call: ModelCall, on_answer: Callable[[CallAnswer], None]) -> Callable[[], None]:
+        """Send ``call`` to the server; its answers go to ``on_answer`` (see ModelCaller)."""
+        with self._state:
+            call_id = next(self._call_ids)
+        try:
+            frame = encode(ModelCallStart(call_id, call))
+        except Exception as exc:
+            on_answer(failed_answer(f"BLS call to {call.model}: cannot send it ({exc})"))
+            return _nothing
+        if len(frame) - HEADER_SIZE > MAX_BODY:
+            on_answer(
+                failed_answer(
+                    f"BLS call to {call.model}: its inputs take {len(frame)} bytes; a call "
+                    f"carries at most {MAX_BODY} bytes",
+                    "INVALID_ARG",
+                )
+            )
+            return _nothing
+        with self._state:
+            if self._closed is not None:
+                on_answer(failed_answer("BLS call: the server closed the worker's pipe"))
+                return _nothing
+            self._calls[call_id] = on_answer
+            if self._pump is None:
+                self._pump = threading.Thread(target=self._pump_calls, name="bls", daemon=True)
+                self._pump.start()
+            self._state.notify_all()
+        try:
+            self.send_frame(frame)
+        except OSError as exc:
+            with self._state:
+                self._calls.pop(call_id, None)
+            on_answer(failed_answer(f"BLS call: the server is gone ({exc})", "UNAVAILABLE"))
+            return _nothing
+        return lambda: self._give_up(call_id)
+
+    def _give_up(self, call_id: int) -> None:
+        with self._state:
+            pending = call_id in self._calls
+        if pending:
+            with contextlib.suppress(OSError):
+                self.send(ModelCallCancel(call_id))
+
+    def _pump_calls(self) -> None:
+        """Read the pipe while model calls wait for answers (and nobody else reads)."""
+        with self._state:
+            while self._closed is None:
+                if not self._calls:
+                    self._state.wait()
+                    continue
+                self._read_until(lambda: not self._calls)
+
+
+def _nothing() -> None:
+    """Giving up a call that was never sent."""
 
 
 def _heartbeat(link: _Link, interval: float) -> None:
@@ -128,7 +256,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-    from sordino.backends.registry import create_backend
+    from sordino.backends.registry import backend_kind, create_backend
 
     link = _Link(conn)
     mapped = _Mapped(spec.arena)
@@ -144,8 +272,11 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
             thread_spinning=spec.thread_spinning,
             index=spec.index,
         )
+        if isinstance(backend, CallingBackend):
+            backend.set_caller(link)  # the model's BLS calls go over the pipe
         backend.load(Path(spec.path), spec.target)
-        for _ in range(spec.warmup_batches):
+        warm_up = backend_kind(spec.backend, model=spec.model).warm_up
+        for _ in range(spec.warmup_batches if warm_up else 0):
             backend.infer(dummy_inputs(backend.metadata, 1))
     except Exception as exc:
         link.send(LoadFailed(f"{type(exc).__name__}: {exc}"))

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from sordino.backends.base import dummy_inputs
+from sordino.backends.registry import backend_kind
 from sordino.clock import Clock
 from sordino.config import RuntimeConfig
 from sordino.config.models import StreamingConfig
@@ -129,10 +130,17 @@ class ModelLoader:
             instances=instances,
             node=node,
         )
+        # A kind that is not warmed up (Python models) has no measured batch curve either.
+        warm_up = backend_kind(config.backend, model=str(key)).warm_up
         try:
-            await self._warm_up(key, dummy_inputs(metadata, 1))
             curve = None
-            if scheduling.mode in ("auto", "hybrid") and scheduling.policy.max_batch > 1:
+            if warm_up:
+                await self._warm_up(key, dummy_inputs(metadata, 1))
+            if (
+                warm_up
+                and scheduling.mode in ("auto", "hybrid")
+                and scheduling.policy.max_batch > 1
+            ):
 
                 async def run(rows: int) -> None:
                     await self._warm_up(key, dummy_inputs(metadata, rows))

@@ -43,6 +43,7 @@ from sordino.models.repository import ModelSource
 from sordino.records import SchedulerStatistics
 from sordino.server.guarding import open_guardian
 from sordino.server.loader import ModelLoader
+from sordino.server.model_calls import ModelCalls
 from sordino.server.pipelines import build_pipeline, pipeline_statistics
 from sordino.server.quant_guard import QuantGuard
 from sordino.server.registry import LoadedModel, ModelRegistry
@@ -205,6 +206,10 @@ class Runtime:
             tenants=self.tenants,
             pools=self.memory.pools if self.memory.pools.statistics(limited_only=True) else None,
         )
+        # Python models' calls to other models (BLS) take the service's path.
+        serve_model_calls = getattr(self.executor, "serve_model_calls", None)
+        if serve_model_calls is not None:  # not the Ray executor: its models cannot call
+            serve_model_calls(ModelCalls(self.service, self.registry))
         self._sources = list(sources)
         self._started = False
         self.metrics.watch_schedulers(self.registry.scheduler_statistics)

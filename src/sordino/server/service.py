@@ -183,9 +183,13 @@ class InferenceService:
 
         With tenants configured the key names it — a claimed ``parameters.tenant`` or
         ``X-Sordino-Tenant`` is dropped, and a wrong key raises 401 — and the answer is
-        kept in ``parameters.tenant``; without, the claimed one, else ``default``.
+        kept in ``parameters.tenant``; without, the claimed one, else ``default``. A
+        model's call to another model (``internal_tenant``) is its caller's tenant.
         """
         tenants = self._tenants
+        if request.internal_tenant is not None:  # a model's call (BLS): its caller's tenant
+            request.parameters["tenant"] = request.internal_tenant
+            return request.internal_tenant
         if tenants is None or not tenants.enabled:
             return _tenant(request)
         request.parameters.pop("tenant", None)

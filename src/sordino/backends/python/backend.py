@@ -24,6 +24,7 @@ error, or an exception raised by ``execute`` fails the batch with a message sayi
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import sys
 import threading
@@ -36,6 +37,8 @@ from typing import Any
 import numpy as np
 
 from sordino.backends.base import BackendOptions, BackendStatistics
+from sordino.backends.calls import ModelCaller
+from sordino.backends.python import bls
 from sordino.errors import ModelLoadError
 from sordino.inference import ModelMetadata, Tensor, TensorSpec
 
@@ -87,6 +90,7 @@ class PythonBackend:
         self._model: Any = None
         self._config: dict[str, Any] = {}
         self._metadata: ModelMetadata | None = None
+        self._caller: ModelCaller | None = None
         self._lock = threading.Lock()
         self._batches = self._items = self._failures = 0
         self._busy = 0.0
@@ -147,7 +151,8 @@ class PythonBackend:
         model = model_class()
         if hasattr(model, "initialize"):
             try:
-                model.initialize(args)
+                with bls.executing(bls.Executing(name, phase="initialize")):
+                    model.initialize(args)
             except Exception as exc:
                 raise ModelLoadError(f"{where}: initialize raised {exc!r}") from exc
         self._model = model
@@ -220,8 +225,12 @@ class PythonBackend:
             tensors = [utils.Tensor(n, a) for n, a in part.items()]
             requests.append(utils.InferenceRequest(model_name=metadata.name, inputs=tensors))
         started = time.perf_counter()
+        state = bls.Executing(metadata.name, requests, caller=self._caller)
         try:
-            responses = model.execute(requests)
+            with bls.executing(state):
+                responses = model.execute(requests)
+            if inspect.iscoroutine(responses):  # async def execute, as Triton runs it
+                responses = bls.run_coroutine(responses, state)
             outputs = self._joined(responses, len(requests))
         except Exception as exc:
             with self._lock:
@@ -267,7 +276,14 @@ class PythonBackend:
     def unload(self) -> None:
         model, self._model = self._model, None
         if model is not None and hasattr(model, "finalize"):
-            model.finalize()
+            with bls.executing(bls.Executing(self._options.name, phase="finalize")):
+                model.finalize()
+
+    def set_caller(self, caller: ModelCaller | None) -> None:
+        """Carry the model's BLS calls with ``caller`` (one per process: the worker's pipe,
+        or the server's loop for a thread instance)."""
+        self._caller = caller
+        bls.install(caller)
 
     def statistics(self) -> BackendStatistics:
         with self._lock:

@@ -5,7 +5,8 @@ Python backend (:mod:`sordino.backends.python.backend`) puts this module in
 ``sys.modules`` under that name before it imports ``model.py``. The names, signatures
 and behaviour follow Triton's Python backend (r24.10, Triton 2.51), so a model written
 for Triton runs unchanged. What sordino does not offer raises a clear error:
-BLS (``InferenceRequest.exec``/``async_exec``) and decoupled response senders.
+decoupled response senders. BLS (``InferenceRequest.exec``/``async_exec``) is
+:mod:`sordino.backends.python.bls`.
 
 Custom metrics (:class:`MetricFamily`) are kept in this process; after a batch that
 changed them the backend calls :func:`publish_metrics`, which writes their snapshot
@@ -27,14 +28,18 @@ __all__ = [
     "COUNTER",
     "GAUGE",
     "HISTOGRAM",
+    "TRITONSERVER_MEMORY_CPU",
+    "TRITONSERVER_MEMORY_GPU",
     "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END",
     "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
     "TRITONSERVER_RESPONSE_COMPLETE_FINAL",
     "InferenceRequest",
     "InferenceResponse",
+    "InferenceTrace",
     "Logger",
     "MetricFamily",
     "ModelConfig",
+    "PreferredMemory",
     "Tensor",
     "TritonError",
     "TritonModelException",
@@ -176,22 +181,54 @@ class _Capsule:
         return (1, 0)
 
 
+TRITONSERVER_MEMORY_GPU = 1
+TRITONSERVER_MEMORY_CPU = 0
+_MEMORY_DEFAULT = -1
+
+
+class PreferredMemory:
+    """Where a BLS call would like its outputs (Triton's ``PreferredMemory``).
+
+    sordino keeps every tensor in CPU memory: a BLS call asking for GPU memory is
+    refused, saying so.
+    """
+
+    def __init__(self, preferred_memory_type: int, preferred_device_id: int = 0) -> None:
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
+
+
+class InferenceTrace:
+    """A request's trace (Triton's); sordino has no Triton tracing, so it has no context."""
+
+    def get_context(self) -> str | None:
+        return None
+
+
 class InferenceRequest:
-    """A request ``execute`` gets (BLS requests, which sordino lacks, cannot run)."""
+    """A request ``execute`` gets, or one a model makes to another model (BLS).
+
+    The BLS form is Triton's: ``InferenceRequest(model_name=..., inputs=[Tensor...],
+    requested_output_names=[...])`` then :meth:`exec` or :meth:`async_exec` (see
+    :mod:`sordino.backends.python.bls`).
+    """
 
     def __init__(
         self,
-        model_name: str = "",
+        model_name: str | bytes = "",
         requested_output_names: Sequence[str] = (),
         inputs: Sequence[Tensor] = (),
         request_id: str = "",
         correlation_id: int | str = 0,
         flags: int = 0,
         timeout: int = 0,
-        model_version: int = -1,
+        model_version: int | str = -1,
         parameters: Mapping[str, Any] | str | None = None,
-        **_: Any,
+        preferred_memory: PreferredMemory | None = None,
+        trace: InferenceTrace | None = None,
     ) -> None:
+        if not isinstance(correlation_id, int | str):
+            raise TritonModelException("Correlation ID must be integer or string")
         self.model_name = model_name
         self._inputs = list(inputs)
         self._outputs = list(requested_output_names)
@@ -199,6 +236,9 @@ class InferenceRequest:
         self._correlation = correlation_id
         self._flags = flags
         self._timeout = timeout
+        self._version = model_version
+        self._memory = preferred_memory or PreferredMemory(_MEMORY_DEFAULT)
+        self._trace = trace or InferenceTrace()
         if isinstance(parameters, str):
             self._parameters = parameters
         else:
@@ -221,8 +261,20 @@ class InferenceRequest:
     def flags(self) -> int:
         return self._flags
 
+    def set_flags(self, flags: int) -> None:
+        self._flags = flags
+
     def timeout(self) -> int:
         return self._timeout
+
+    def model_version(self) -> int | str:
+        return self._version
+
+    def preferred_memory(self) -> PreferredMemory:
+        return self._memory
+
+    def trace(self) -> InferenceTrace:
+        return self._trace
 
     def parameters(self) -> str:
         """The request's parameters as a JSON string (Triton's form)."""
@@ -237,15 +289,18 @@ class InferenceRequest:
             "does not run yet; return one InferenceResponse per request from execute"
         )
 
-    def exec(self, *args: Any, **kwargs: Any) -> InferenceResponse:
-        raise TritonModelException(
-            "BLS (InferenceRequest.exec) is not supported by sordino's Python backend yet"
-        )
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on its model and wait: an :class:`InferenceResponse` (its
+        error set when the call failed), or with ``decoupled`` an iterator of them."""
+        from sordino.backends.python.bls import run_exec
 
-    async def async_exec(self, *args: Any, **kwargs: Any) -> InferenceResponse:
-        raise TritonModelException(
-            "BLS (InferenceRequest.async_exec) is not supported by sordino's Python backend yet"
-        )
+        return run_exec(self, decoupled)
+
+    def async_exec(self, decoupled: bool = False) -> Any:
+        """As :meth:`exec`, as an awaitable of the running event loop."""
+        from sordino.backends.python.bls import async_exec
+
+        return async_exec(self, decoupled)
 
 
 class InferenceResponse:
@@ -259,6 +314,10 @@ class InferenceResponse:
     ) -> None:
         self._outputs = list(output_tensors or [])
         self._error = error
+        if isinstance(parameters, str):
+            self._parameters = parameters
+        else:
+            self._parameters = json.dumps(dict(parameters)) if parameters else "{}"
 
     def output_tensors(self) -> list[Tensor]:
         return list(self._outputs)
@@ -268,6 +327,10 @@ class InferenceResponse:
 
     def error(self) -> TritonError | None:
         return self._error
+
+    def parameters(self) -> str:
+        """The response's parameters as a JSON string (Triton's form)."""
+        return self._parameters
 
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
