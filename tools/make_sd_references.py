@@ -6,8 +6,11 @@ Run in the side virtual environment of tools/make_tiny_sd_export.py (torch, diff
     python tools/make_sd_references.py /tmp/tiny-sd tests/fixtures/sd
     python tools/make_tiny_sd_export.py --xl /tmp/tiny-sdxl
     python tools/make_sd_references.py --xl /tmp/tiny-sdxl tests/fixtures/sd
+    python tools/make_tiny_sd_export.py --sd3 /tmp/tiny-sd3
+    python tools/make_sd_references.py --sd3 /tmp/tiny-sd3 tests/fixtures/sd
 
-Writes two files (with ``--xl``, ``sdxl_references.npz`` alone):
+Writes two files (with ``--xl``, ``sdxl_references.npz`` alone; with ``--sd3``,
+``sd3_references.npz`` alone):
 
 - ``scheduler_steps.npz``: per scheduler case, diffusers' scheduler driven by recorded
   model outputs: its timesteps, ``init_noise_sigma``, each scaled input and each
@@ -23,7 +26,10 @@ Writes two files (with ``--xl``, ``sdxl_references.npz`` alone):
 - ``sdxl_references.npz``: the same from diffusers' ``StableDiffusionXLPipeline``
   (two text encoders, micro-conditioning, the pooled embedding; a negative prompt left
   out is zeros, ``force_zeros_for_empty_prompt``), and both tokenizers' ``input_ids``
-  (tests/generation/test_stable_diffusion_xl.py).
+  (tests/generation/test_stable_diffusion_xl.py);
+- ``sd3_references.npz``: the same from diffusers' ``StableDiffusion3Pipeline`` (three
+  text encoders, flow-matching Euler with shift), and the three tokenizers' ``input_ids``
+  (T5's at SD3's ``max_sequence_length``, 256) (tests/generation/test_stable_diffusion_3.py).
 
 Euler ancestral and LCM draw noise at every step; diffusers draws it from torch's
 generator, sordino from numpy's. Here diffusers' draw is replaced by sordino's (numpy
@@ -532,13 +538,106 @@ def record_image_to_image(
         )
 
 
+# (case, options of the export's FlowMatchEulerDiscreteScheduler, request); SD3's guidance 7.
+SD3_CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    ("flow", {}, {"steps": 5, "guidance": 7.0}),
+    (
+        "flow_two_images",
+        {},
+        {
+            "steps": 4,
+            "guidance": 5.0,
+            "num_images": 2,
+            "width": 48,
+            "height": 64,
+            "negative_prompt": "blue sky",
+        },
+    ),
+    ("flow_unguided", {}, {"steps": 3, "guidance": 1.0}),
+    ("flow_shift_1", {"shift": 1.0}, {"steps": 4, "guidance": 7.0, "width": 64, "height": 32}),
+]
+T5_LENGTH = 256  # StableDiffusion3Pipeline's max_sequence_length default
+# The tokenizers' cases: the prompt, none, case and spacing and the "!" the second CLIP
+# pads with, and one longer than every tokenizer's length (truncated).
+SD3_PROMPTS = [PROMPT, "", "A  Poster of THE sea, at night!", "a zebra, " * 80]
+
+
+def record_sd3(export: Path, out: Path) -> None:
+    """diffusers' StableDiffusion3Pipeline (the torch weights of ``export``) per case."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
+
+    pipe = StableDiffusion3Pipeline.from_pretrained(str(export.parent / (export.name + ".torch")))
+    pipe.set_progress_bar_config(disable=True)
+    arrays: dict[str, np.ndarray] = {}
+    cases = []
+    base_config = dict(pipe.scheduler.config)
+    for name, options, request in SD3_CASES:
+        pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(base_config, **options)
+        request = {
+            "prompt": PROMPT,
+            "seed": 11,
+            "width": 64,
+            "height": 64,
+            "num_images": 1,
+            "negative_prompt": "",
+            **request,
+        }
+        shape = (request["num_images"], 16, request["height"] // 8, request["width"] // 8)
+        latents = np.random.default_rng(zlib.crc32(("sd3/" + name).encode())).standard_normal(shape)
+        latents = latents.astype(np.float32)
+        results = {}
+        for output_type in ("latent", "np"):
+            results[output_type] = pipe(
+                request["prompt"],
+                negative_prompt=request["negative_prompt"] or None,
+                width=request["width"],
+                height=request["height"],
+                num_inference_steps=request["steps"],
+                guidance_scale=request["guidance"],
+                num_images_per_prompt=request["num_images"],
+                latents=torch.from_numpy(latents),
+                output_type=output_type,
+                max_sequence_length=T5_LENGTH,
+            ).images
+        arrays[f"{name}/latents_in"] = latents
+        arrays[f"{name}/latents_out"] = np.asarray(results["latent"], dtype=np.float32)
+        arrays[f"{name}/image"] = np.asarray(results["np"], dtype=np.float32)
+        cases.append(
+            {
+                "name": name,
+                "scheduler": "FlowMatchEulerDiscreteScheduler",
+                "options": options,
+                "request": request,
+            }
+        )
+    for key, tokenizer, length in (
+        ("input_ids", pipe.tokenizer, 77),
+        ("input_ids_2", pipe.tokenizer_2, 77),
+        ("input_ids_3", pipe.tokenizer_3, T5_LENGTH),
+    ):
+        arrays[key] = tokenizer(
+            SD3_PROMPTS,
+            padding="max_length",
+            max_length=length,
+            truncation=True,
+            add_special_tokens=True,
+            return_tensors="np",
+        ).input_ids
+    arrays["cases"] = np.array(json.dumps(cases))
+    np.savez_compressed(out / "sd3_references.npz", **arrays)
+    print(f"wrote {out / 'sd3_references.npz'}: {len(cases)} cases")
+
+
 def main() -> None:
     args = sys.argv[1:]
-    xl = "--xl" in args
-    args = [a for a in args if a != "--xl"]
+    xl, sd3 = "--xl" in args, "--sd3" in args
+    args = [a for a in args if a not in ("--xl", "--sd3")]
     export = Path(args[0])
     out = Path(args[1])
     out.mkdir(parents=True, exist_ok=True)
+    if sd3:
+        record_sd3(export, out)
+        return
     if xl:
         record_xl(export, out)
         return

@@ -1,4 +1,4 @@
-"""Build a tiny random-weight Stable Diffusion 1.x or SDXL pipeline and export it to ONNX.
+"""Build a tiny random-weight Stable Diffusion 1.x, SDXL or SD3 pipeline and export it to ONNX.
 
 Run in a side virtual environment (never needed to serve; see docs/generation.md)::
 
@@ -6,6 +6,7 @@ Run in a side virtual environment (never needed to serve; see docs/generation.md
         diffusers==0.35.2 'transformers==4.57.1' optimum-onnx==0.1.0 onnx onnxruntime
     /tmp/sd-side/bin/python tools/make_tiny_sd_export.py OUT_DIR
     /tmp/sd-side/bin/python tools/make_tiny_sd_export.py --xl OUT_DIR   # SDXL
+    /tmp/sd-side/bin/python tools/make_tiny_sd_export.py --sd3 OUT_DIR  # SD3
 
 The pipeline has SD 1.x's architecture (``UNet2DConditionModel`` with cross-attention,
 ``AutoencoderKL`` with a latent factor of 8, ``CLIPTextModel``, a CLIP BPE tokenizer,
@@ -20,6 +21,19 @@ so a wrong concatenation cannot pass), two tokenizers (the second pads with ``!`
 SDXL's does), a UNet with ``addition_embed_type="text_time"`` (micro-conditioning and the
 pooled text embedding), SDXL's VAE scaling factor 0.13025 and its ``EulerDiscreteScheduler``
 configuration.
+
+With ``--sd3`` the pipeline is a ``StableDiffusion3Pipeline`` shaped as SD3 ships: two
+``CLIPTextModelWithProjection`` encoders (widths 32 and 48, projections 24 and 40: the
+pooled projection is their concatenation, 64) and a ``T5EncoderModel`` (width 96, wider
+than the two CLIPs together, so the padding of the CLIP rows is exercised), three
+tokenizers (the T5 one a ``T5TokenizerFast`` built here as a ``tokenizers`` Unigram
+model, saved as ``tokenizer.json`` only: no sentencepiece needed), an
+``SD3Transformer2DModel`` (patch size 2, 16 latent channels), SD3's VAE settings (16
+latent channels, scaling factor 1.5305, shift factor 0.0609, no quant convs) and its
+``FlowMatchEulerDiscreteScheduler`` with ``shift=3.0``. optimum-onnx 0.1.0 exports it as
+it ships: ``transformer/model.onnx`` (``hidden_states``, ``timestep`` per row,
+``encoder_hidden_states``, ``pooled_projections`` -> ``out_hidden_states``) and
+``text_encoder_3/model.onnx`` (``input_ids`` -> ``last_hidden_state``).
 """
 
 from __future__ import annotations
@@ -33,7 +47,10 @@ import torch
 from diffusers import (
     AutoencoderKL,
     EulerDiscreteScheduler,
+    FlowMatchEulerDiscreteScheduler,
     PNDMScheduler,
+    SD3Transformer2DModel,
+    StableDiffusion3Pipeline,
     StableDiffusionPipeline,
     StableDiffusionXLPipeline,
     UNet2DConditionModel,
@@ -43,6 +60,9 @@ from transformers import (
     CLIPTextModel,
     CLIPTextModelWithProjection,
     CLIPTokenizer,
+    T5Config,
+    T5EncoderModel,
+    T5TokenizerFast,
 )
 
 WORDS = [
@@ -251,6 +271,103 @@ def build_xl(out: Path) -> Path:
     return work
 
 
+def t5_tokenizer() -> T5TokenizerFast:
+    """A small T5 tokenizer as T5's ``tokenizer.json`` is: Unigram over ``▁``-words, ``</s>``."""
+    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+    from tokenizers.models import Unigram
+
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + list("0123456789.,!?'-")
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -2.0)]
+    pieces += [("▁" + w, -1.0 - i / 100) for i, w in enumerate(WORDS)]
+    pieces += [(c, -5.0) for c in letters] + [("▁" + c, -6.0) for c in letters]
+    model = Tokenizer(Unigram(pieces, unk_id=2, byte_fallback=False))
+    model.normalizer = normalizers.Sequence(
+        [normalizers.Replace(Regex(" {2,}"), " "), normalizers.Lowercase()]
+    )
+    model.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    model.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    model.post_processor = processors.TemplateProcessing(
+        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", 1)]
+    )
+    return T5TokenizerFast(
+        tokenizer_object=model,
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        extra_ids=0,
+        model_max_length=512,
+    )
+
+
+def build_sd3(out: Path) -> Path:
+    """A tiny SD3 pipeline: CLIPs of width 32 and 48 (pooled 24 + 40), T5 of width 96."""
+    torch.manual_seed(0)
+    work = out.parent / (out.name + ".torch")
+    shutil.rmtree(work, ignore_errors=True)
+    write_tokenizer_files(work / "vocab")
+    files = (str(work / "vocab" / "vocab.json"), str(work / "vocab" / "merges.txt"))
+    tokenizer = CLIPTokenizer(*files, pad_token="<|endoftext|>", model_max_length=77)
+    tokenizer_2 = CLIPTokenizer(*files, pad_token="!", model_max_length=77)  # as SD3's
+    tokenizer_3 = t5_tokenizer()
+    text_encoder = CLIPTextModelWithProjection(text_encoder_config(tokenizer, 32, 24))
+    text_encoder_2 = CLIPTextModelWithProjection(text_encoder_config(tokenizer_2, 48, 40))
+    text_encoder_3 = T5EncoderModel(
+        T5Config(
+            vocab_size=len(tokenizer_3),
+            d_model=96,
+            d_kv=8,
+            d_ff=64,
+            num_layers=2,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            pad_token_id=tokenizer_3.pad_token_id,
+            eos_token_id=tokenizer_3.eos_token_id,
+            decoder_start_token_id=tokenizer_3.pad_token_id,
+        )
+    )
+    transformer = SD3Transformer2DModel(
+        sample_size=8,
+        patch_size=2,
+        in_channels=16,
+        num_layers=2,
+        attention_head_dim=8,
+        num_attention_heads=4,
+        joint_attention_dim=96,
+        caption_projection_dim=32,
+        pooled_projection_dim=24 + 40,
+        out_channels=16,
+        pos_embed_max_size=16,
+    )
+    vae = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(8, 8, 16, 16),
+        latent_channels=16,
+        norm_num_groups=4,
+        sample_size=64,
+        scaling_factor=1.5305,
+        shift_factor=0.0609,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+    )
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0)
+    pipe = StableDiffusion3Pipeline(
+        transformer=transformer,
+        scheduler=scheduler,
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        text_encoder_2=text_encoder_2,
+        tokenizer_2=tokenizer_2,
+        text_encoder_3=text_encoder_3,
+        tokenizer_3=tokenizer_3,
+    )
+    pipe.save_pretrained(work)
+    return work
+
+
 def export(work: Path, out: Path) -> None:
     from optimum.exporters.onnx import main_export
 
@@ -270,10 +387,11 @@ def without_local_paths(out: Path) -> None:
 
 def main() -> None:
     args = sys.argv[1:]
-    xl = "--xl" in args
-    args = [a for a in args if a != "--xl"]
-    out = Path(args[0] if args else "tiny-sdxl-onnx" if xl else "tiny-sd-onnx").resolve()
-    work = build_xl(out) if xl else build(out)
+    xl, sd3 = "--xl" in args, "--sd3" in args
+    args = [a for a in args if a not in ("--xl", "--sd3")]
+    default = "tiny-sd3-onnx" if sd3 else "tiny-sdxl-onnx" if xl else "tiny-sd-onnx"
+    out = Path(args[0] if args else default).resolve()
+    work = build_sd3(out) if sd3 else build_xl(out) if xl else build(out)
     export(work, out)
     without_local_paths(out)
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())

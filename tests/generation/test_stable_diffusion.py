@@ -203,13 +203,13 @@ def test_lcm_refuses_more_steps_than_its_original_schedule(server: RunningServer
     assert "at most original_inference_steps (50) steps, asked for 51" in answer.text
 
 
-def test_repository_folder_serves_an_export_and_refuses_sd3(tmp_path: Path) -> None:
+def test_repository_folder_serves_an_export_and_refuses_other_pipelines(tmp_path: Path) -> None:
     shutil.copytree(EXPORT, tmp_path / "repo" / "poster")
     names = [s.name for s in scan_repository(tmp_path / "repo")]
     assert names == ["poster.text_encoder", "poster.vae_decoder", "poster.vae_encoder", "poster"]
     index = tmp_path / "repo" / "poster" / "model_index.json"
-    index.write_text(json.dumps({"_class_name": "StableDiffusion3Pipeline"}), encoding="utf-8")
-    with pytest.raises(ModelLoadError, match="not SD3"):
+    index.write_text(json.dumps({"_class_name": "FluxPipeline"}), encoding="utf-8")
+    with pytest.raises(ModelLoadError, match=r"FluxPipeline.*not other pipelines"):
         scan_repository(tmp_path / "repo")
 
 

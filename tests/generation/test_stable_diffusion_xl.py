@@ -262,7 +262,7 @@ def test_prompt_2_and_the_sizes_reach_the_unet_and_default_as_diffusers(
     assert {"prompt_2", "negative_prompt_2", "original_size", "target_size"} <= names
 
 
-def test_a_repository_folder_serves_sdxl_and_refuses_sd3(tmp_path: Path) -> None:
+def test_a_repository_folder_serves_sdxl_and_refuses_other_pipelines(tmp_path: Path) -> None:
     shutil.copytree(EXPORT, tmp_path / "repo" / "poster")
     names = [s.name for s in scan_repository(tmp_path / "repo")]
     assert names == [
@@ -272,8 +272,8 @@ def test_a_repository_folder_serves_sdxl_and_refuses_sd3(tmp_path: Path) -> None
         "poster",
     ]
     index = tmp_path / "repo" / "poster" / "model_index.json"
-    index.write_text(json.dumps({"_class_name": "StableDiffusion3Pipeline"}), encoding="utf-8")
-    with pytest.raises(ModelLoadError, match="not SD3"):
+    index.write_text(json.dumps({"_class_name": "FluxPipeline"}), encoding="utf-8")
+    with pytest.raises(ModelLoadError, match=r"FluxPipeline.*not other pipelines"):
         scan_repository(tmp_path / "repo")
 
 

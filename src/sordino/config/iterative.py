@@ -118,6 +118,9 @@ class IterativeConfig(Section):
     text_encoder_2: str | None = None
     """With ``export``: the second text encoder of an SDXL export (set by sordino); the
     generator then runs the SDXL loop (generation/stable_diffusion_xl.py)."""
+    text_encoder_3: str | None = None
+    """With ``export``: the T5 text encoder of an SD3 export (set by sordino; without it,
+    as in diffusers, T5's rows are zeros)."""
     decoder: str | None = None
     """A loaded model taking the final sample and giving the image values in [-1, 1]."""
     image_encoder: str | None = None

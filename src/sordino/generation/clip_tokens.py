@@ -86,6 +86,11 @@ class ClipTokenizer:
                 trim_offsets=False,
             )
             tokenizer.add_special_tokens([AddedToken(t, normalized=True) for t in (bos, eos)])
+        # transformers splits every special token out of the text before BPE, the pad token
+        # too: SDXL's and SD3's second tokenizer pads with "!", so "night!" ends in "!",
+        # not "!</w>".
+        if pad not in (bos, eos, unk) and tokenizer.token_to_id(pad) is not None:
+            tokenizer.add_special_tokens([AddedToken(pad, normalized=False)])
         tokenizer.enable_truncation(max_length=self.max_length)
         tokenizer.enable_padding(length=self.max_length, pad_id=_id(tokenizer, pad), pad_token=pad)
         self._tokenizer = tokenizer

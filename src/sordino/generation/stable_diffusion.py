@@ -22,8 +22,8 @@ built-in digits model, each as diffusers' ``StableDiffusionPipeline`` does it:
   the loop started at the scheduler's ``t_start`` with the encoded latents noised to it.
 
 Not here yet: degrade-instead-of-drop and approximate reuse (a diffusers scheduler
-cannot be re-planned mid-run and stay equal to diffusers; a request runs all its steps),
-SD3 (SDXL: generation/stable_diffusion_xl.py).
+cannot be re-planned mid-run and stay equal to diffusers; a request runs all its steps).
+SDXL and SD3 are subclasses: generation/stable_diffusion_xl.py, stable_diffusion_3.py.
 """
 
 from __future__ import annotations
@@ -150,7 +150,9 @@ class SDGeneration:
         rows = 2 * len(scaled) if self.guided else len(scaled)
         state = TensorsBuilder(pipeline.arena())
         try:
-            sample = state.empty("sample", np.dtype(np.float32), (rows, *scaled.shape[1:]))
+            sample = state.empty(
+                pipeline.config.sample_input, np.dtype(np.float32), (rows, *scaled.shape[1:])
+            )
             sample[: len(scaled)] = scaled
             sample[len(scaled) :] = scaled
         except BaseException:
@@ -160,7 +162,10 @@ class SDGeneration:
         small = Tensors.of({"timestep": timestep, **self.unet_conditioning()})
         with state.finish() as placed:
             return Tensors.compose(
-                {"sample": (placed, "sample"), **{key: (small, key) for key in small}}
+                {
+                    pipeline.config.sample_input: (placed, pipeline.config.sample_input),
+                    **{key: (small, key) for key in small},
+                }
             )
 
     def unet_conditioning(self) -> dict[str, npt.NDArray[np.float32]]:
@@ -171,7 +176,7 @@ class SDGeneration:
         return {"encoder_hidden_states": self.embeddings}
 
     def advance(self, outputs: Tensors, now: float) -> tuple[Tensors | None, Tensors | None]:
-        predicted = np.asarray(outputs["out_sample"], dtype=np.float32)
+        predicted = np.asarray(outputs[self.pipeline.config.noise_output], dtype=np.float32)
         n = len(self.latents)
         if predicted.shape[0] != (2 * n if self.guided else n):
             raise InferenceFailed(

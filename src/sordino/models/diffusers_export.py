@@ -21,7 +21,16 @@ An SDXL export (``_class_name: StableDiffusionXLPipeline``) also has ``tokenizer
 becomes four models, the fourth ``NAME.text_encoder_2`` (``iterative.text_encoder_2``,
 which makes the generator run the SDXL loop). Both encoders must give their hidden
 states (optimum exports them for SDXL): SDXL conditions on the penultimate layer's.
-SD3 and other pipelines are refused with a clear error.
+
+An SD3 export (``_class_name: StableDiffusion3Pipeline``) has three tokenizers and text
+encoders (two CLIPs with their hidden states and ``text_embeds``; T5's ``text_encoder_3``,
+``input_ids`` -> ``last_hidden_state``, optional as in diffusers: without it T5's rows
+are zeros) and ``transformer/model.onnx`` in place of the UNet (``hidden_states``,
+``timestep`` per row, ``encoder_hidden_states``, ``pooled_projections`` ->
+``out_hidden_states``): it becomes ``NAME`` (the transformer, ``iterative.text_encoder_3``
+set when T5 is there), ``NAME.text_encoder``, ``NAME.text_encoder_2``,
+``NAME.text_encoder_3`` and ``NAME.vae_decoder``; the generator runs the SD3 loop
+(generation/stable_diffusion_3.py). Other pipelines are refused with a clear error.
 
 optimum exports the UNet's ``timestep`` as a scalar, so one call can only denoise rows at
 one timestep. To let requests at different steps share a UNet batch, the graph is
@@ -47,15 +56,26 @@ from typing import Any
 from sordino.config import ModelConfig
 from sordino.errors import ModelLoadError
 
-__all__ = ["export_sources", "is_diffusers_export", "per_row_timestep"]
+__all__ = ["export_kind", "export_sources", "is_diffusers_export", "per_row_timestep"]
 
 SUPPORTED = ("StableDiffusionPipeline", "OnnxStableDiffusionPipeline", "ORTStableDiffusionPipeline")
 SUPPORTED_XL = ("StableDiffusionXLPipeline", "ORTStableDiffusionXLPipeline")
+SUPPORTED_SD3 = ("StableDiffusion3Pipeline", "ORTStableDiffusion3Pipeline")
 
 
 def is_diffusers_export(folder: Path) -> bool:
     """Whether ``folder`` is a diffusers pipeline export (it has ``model_index.json``)."""
     return (folder / "model_index.json").is_file()
+
+
+def export_kind(folder: Path) -> str:
+    """``"sd3"``, ``"sdxl"`` or ``"sd"``: which loop an export's generator runs."""
+    try:
+        index = json.loads((folder / "model_index.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "sd"
+    kind = str(index.get("_class_name", "")) if isinstance(index, dict) else ""
+    return "sd3" if kind in SUPPORTED_SD3 else "sdxl" if kind in SUPPORTED_XL else "sd"
 
 
 def export_sources(
@@ -68,23 +88,27 @@ def export_sources(
     """
     index = _json(folder / "model_index.json", name)
     kind = str(index.get("_class_name", ""))
-    xl = kind in SUPPORTED_XL
-    if kind not in SUPPORTED and not xl:
+    xl, sd3 = kind in SUPPORTED_XL, kind in SUPPORTED_SD3
+    if kind not in SUPPORTED and not xl and not sd3:
         raise ModelLoadError(
             f"model {name!r}: {folder} is a diffusers export of {kind or 'an unnamed pipeline'}; "
-            "sordino serves Stable Diffusion 1.x/2.x and SDXL text-to-image exports "
-            "(StableDiffusionPipeline, StableDiffusionXLPipeline) so far, not SD3 or other "
-            "pipelines"
+            "sordino serves Stable Diffusion 1.x/2.x, SDXL and SD3 text-to-image exports "
+            "(StableDiffusionPipeline, StableDiffusionXLPipeline, StableDiffusion3Pipeline), "
+            "not other pipelines"
         )
+    denoiser = "transformer" if sd3 else "unet"
     parts = [
         "tokenizer",
         "text_encoder/model.onnx",
-        "unet/model.onnx",
+        f"{denoiser}/model.onnx",
         "vae_decoder/model.onnx",
         "scheduler/scheduler_config.json",
     ]
-    if xl:
+    if xl or sd3:
         parts[1:1] = ["tokenizer_2", "text_encoder_2/model.onnx"]
+    t5 = sd3 and (folder / "text_encoder_3" / "model.onnx").is_file()
+    if t5:
+        parts[1:1] = ["tokenizer_3/tokenizer.json"]
     for part in parts:
         if not (folder / part).exists():
             raise ModelLoadError(
@@ -94,42 +118,52 @@ def export_sources(
     from sordino.config.iterative import IterativeConfig, IterativeSteps
 
     unet_config = (
-        _json(folder / "unet" / "config.json", name)
-        if (folder / "unet" / "config.json").is_file()
+        _json(folder / denoiser / "config.json", name)
+        if (folder / denoiser / "config.json").is_file()
         else {}
     )
     side = int(unet_config.get("sample_size", 64))
     channels = int(unet_config.get("in_channels", 4))
     base = config.iterative or IterativeConfig()
-    # diffusers' defaults where the user set none: 50 steps, guidance 7.5.
+    # diffusers' defaults where the user set none: 50 steps (SD3's 28), guidance 7.5
+    # (SDXL's 5.0, SD3's 7.0).
     if "steps" not in base.model_fields_set:
-        base = base.model_copy(update={"steps": IterativeSteps(default=50, max=150)})
+        base = base.model_copy(update={"steps": IterativeSteps(default=28 if sd3 else 50, max=150)})
     if "guidance" not in base.model_fields_set:
-        # SDXL's pipeline defaults to 5.0.
-        base = base.model_copy(update={"guidance": 5.0 if xl else 7.5})
+        base = base.model_copy(update={"guidance": 7.0 if sd3 else 5.0 if xl else 7.5})
     iterative = base.model_copy(
         update={
             "export": folder,
             "prompt": "text_encoder",
             "text_encoder": f"{name}.text_encoder",
             "decoder": f"{name}.vae_decoder",
-            "sample_input": "sample",
+            "sample_input": "hidden_states" if sd3 else "sample",
             "timestep_input": "timestep",
             "condition_input": "encoder_hidden_states",
-            "noise_output": "out_sample",
+            "noise_output": "out_hidden_states" if sd3 else "out_sample",
             "sample_shape": (channels, side, side),
         }
     )
     helper = config.model_copy(update={"iterative": None, "path": None})
     encoders = ["text_encoder"]
-    if xl:
+    if xl or sd3:
         encoders.append("text_encoder_2")
         for encoder in encoders:
             _needs_hidden_states(folder / encoder / "model.onnx", name)
         iterative = iterative.model_copy(update={"text_encoder_2": f"{name}.text_encoder_2"})
-    # Image to image is checked against diffusers for SD 1.x/2.x only: an SDXL export's
-    # encoder is not served, and its generator refuses an ``image`` by name.
-    image_encoder = [] if xl else _image_encoder(name, folder, helper)
+    if t5:
+        encoders.append("text_encoder_3")
+        iterative = iterative.model_copy(update={"text_encoder_3": f"{name}.text_encoder_3"})
+    # Image to image is checked against diffusers for SD 1.x/2.x only: an SDXL or SD3
+    # export's encoder is not served, and its generator refuses an ``image`` by name.
+    image_encoder = [] if xl or sd3 else _image_encoder(name, folder, helper)
+    if sd3:
+        # The transformer's timestep is per row already; it warms up at its own latent
+        # size (a 1x1 latent cannot be cut into patches).
+        hint = ("hidden_states", f"1,{channels},{side},{side}")
+        denoiser_file = _with_warmup(folder / "transformer" / "model.onnx", *hint, "transformer")
+    else:
+        denoiser_file = per_row_timestep(folder / "unet" / "model.onnx", name)
     if image_encoder:
         iterative = iterative.model_copy(update={"image_encoder": image_encoder[0][0]})
     return [
@@ -149,7 +183,7 @@ def export_sources(
         *image_encoder,
         (
             name,
-            per_row_timestep(folder / "unet" / "model.onnx", name),
+            denoiser_file,
             config.model_copy(update={"iterative": iterative}),
         ),
     ]
@@ -162,36 +196,38 @@ def _image_encoder(
     path = folder / "vae_encoder" / "model.onnx"
     if not path.is_file():
         return []
-    path = _with_warmup_image(path)
+    config = path.parent / "config.json"
+    settings = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
+    side, channels = int(settings.get("sample_size", 64)), int(settings.get("in_channels", 3))
+    path = _with_warmup(path, "sample", f"1,{channels},{side},{side}", "vae-encoder")
     return [
         (f"{name}.vae_encoder", path, helper.model_copy(update={"name": f"{name}.vae_encoder"}))
     ]
 
 
-def _with_warmup_image(encoder: Path) -> Path:
-    """A cached copy of ``encoder`` that names its warm-up image size (a 1x1 image fails).
+def _with_warmup(encoder: Path, input_name: str, shape: str, kind: str) -> Path:
+    """A cached copy of a model that names its warm-up size for ``input_name`` (``shape``,
+    comma-separated): an image or latent of 1x1, the default, fails in a VAE encoder or a
+    transformer cutting patches.
 
     The copy holds the graph and the hint; external weights are hard links as for the UNet.
     """
     import onnx
 
     model = onnx.load(str(encoder), load_external_data=False)
-    key = "sordino.warmup_shape.sample"
+    key = "sordino.warmup_shape." + input_name
     if any(prop.key == key for prop in model.metadata_props):
         return encoder
     stat = encoder.stat()
-    identity = f"encoder-v1:{encoder.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+    identity = f"{kind}-v1:{encoder.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
     cache = Path(
         os.environ.get("SORDINO_CACHE_DIR") or Path(tempfile.gettempdir()) / "sordino-cache"
     )
-    target = cache / "vae-encoder" / hashlib.sha256(identity).hexdigest()[:24] / "model.onnx"
+    target = cache / kind / hashlib.sha256(identity).hexdigest()[:24] / "model.onnx"
     if target.is_file():
         return target
-    config = encoder.parent / "config.json"
-    settings = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
-    side, channels = int(settings.get("sample_size", 64)), int(settings.get("in_channels", 3))
     hint = model.metadata_props.add()
-    hint.key, hint.value = key, f"1,{channels},{side},{side}"
+    hint.key, hint.value = key, shape
     target.parent.mkdir(parents=True, exist_ok=True)
     for location in _external_files(model):
         link = target.parent / location

@@ -261,11 +261,17 @@ class Runtime:
         key = model.key
         if config.export is not None:
             from sordino.generation.stable_diffusion import StableDiffusion
+            from sordino.generation.stable_diffusion_3 import StableDiffusion3
             from sordino.generation.stable_diffusion_xl import StableDiffusionXL
+            from sordino.models.diffusers_export import export_kind
 
             encoder = self.registry.get(config.text_encoder or "").metadata.input("input_ids")
             timestep = denoiser.input(config.timestep_input)
-            kind = StableDiffusionXL if config.text_encoder_2 else StableDiffusion
+            kind: type[StableDiffusion] = StableDiffusion
+            if export_kind(config.export) == "sd3":
+                kind = StableDiffusion3
+            elif config.text_encoder_2:
+                kind = StableDiffusionXL
             return kind(
                 key,
                 config,
