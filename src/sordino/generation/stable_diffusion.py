@@ -353,10 +353,9 @@ class StableDiffusion(Pipeline):
         multiple = self.size_multiple
         if width % multiple or height % multiple:
             raise InvalidRequest(
-                f"width and height must be multiples of {multiple} for model {name!r} (its "
-                f"UNet halves the latents {multiple.bit_length() - 4} times; other sizes fail "
-                f"inside it), got {width}x{height}: e.g. {_round(width, multiple)}x"
-                f"{_round(height, multiple)}"
+                f"width and height must be multiples of {multiple} for model {name!r} "
+                f"({self.size_reason()}), got {width}x{height}: e.g. "
+                f"{_round(width, multiple)}x{_round(height, multiple)}"
             )
         num_images = integer("num_images", 1, 1, MAX_IMAGES)
         latents = None
@@ -530,6 +529,11 @@ class StableDiffusion(Pipeline):
         pixels = np.clip(values / 2 + 0.5, 0.0, 1.0).transpose(0, 2, 3, 1)
         images = np.round(pixels * 255.0).astype(np.uint8)
         return images[0] if len(images) == 1 else images
+
+    def size_reason(self) -> str:
+        """Why image sides must be multiples of :attr:`size_multiple` (for the 400)."""
+        halvings = self.size_multiple.bit_length() - 4
+        return f"its UNet halves the latents {halvings} times; other sizes fail inside it"
 
 
 def size_multiple(export: Path) -> int:

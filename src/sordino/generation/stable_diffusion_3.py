@@ -33,15 +33,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from sordino.errors import InferenceFailed, InvalidRequest, ModelLoadError
+from sordino.errors import InferenceFailed, ModelLoadError
 from sordino.generation.pipeline import GenerateParams
-from sordino.generation.stable_diffusion import SDGeneration, SDParams
+from sordino.generation.stable_diffusion import INPUTS, SDGeneration, SDParams, StableDiffusion
 from sordino.generation.stable_diffusion_xl import StableDiffusionXL, XLCondition
 from sordino.generation.t5_tokens import T5Tokenizer
 from sordino.inference import InferRequest
@@ -102,6 +103,8 @@ class StableDiffusion3(StableDiffusionXL):
     """The generator of a served SD3 export: three text encoders, flow matching, a transformer."""
 
     preview_rgb = _PREVIEW_RGB_SD3
+    # SD3 has no micro-conditioning and its own prompt rules: SD's inputs, not SDXL's.
+    inputs_taken = INPUTS
     image_to_image_refusal = (
         "image to image is not supported for an SD3 export yet (it is for SD 1.x/2.x "
         "exports); leave image and strength out"
@@ -109,6 +112,10 @@ class StableDiffusion3(StableDiffusionXL):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.metadata = replace(
+            self.metadata,
+            inputs=tuple(spec for spec in self.metadata.inputs if spec.name in INPUTS),
+        )
         export = self.config.export
         assert export is not None
         name = self.key.name
@@ -122,21 +129,17 @@ class StableDiffusion3(StableDiffusionXL):
                 ) from None
         transformer = _json_object(export / "transformer" / "config.json")
         self.joint_attention_dim = int(transformer.get("joint_attention_dim", 4096))
-        self.side_multiple = 8 * int(transformer.get("patch_size", 2))
+        self.size_multiple = 8 * int(transformer.get("patch_size", 2))
+        self.metadata.extra["size_multiple"] = str(self.size_multiple)
         vae = _json_object(export / "vae_decoder" / "config.json")
         self.shift_factor = float(vae.get("shift_factor") or 0.0)
         self.metadata.extra["description"] = "SD3 export " + str(export)
 
-    def parse(self, request: InferRequest) -> SDParams:
-        params = super().parse(request)
-        multiple = self.side_multiple
-        if params.width % multiple or params.height % multiple:
-            raise InvalidRequest(
-                f"width and height must be multiples of {multiple} for model "
-                f"{self.key.name!r} (8 x the transformer's patch size), got "
-                f"{params.width}x{params.height}"
-            )
-        return params
+    def parse(self, request: InferRequest) -> SDParams:  # type: ignore[override]
+        return StableDiffusion.parse(self, request)  # not SDXL's: no second prompts, sizes
+
+    def size_reason(self) -> str:
+        return "8 x the transformer's patch size"
 
     async def condition(self, params: GenerateParams) -> XLCondition:  # type: ignore[override]
         """The three encoders' rows: [negative x N, prompt x N] (guided) or [prompt x N]."""

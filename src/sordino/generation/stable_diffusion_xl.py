@@ -129,7 +129,7 @@ class StableDiffusionXL(StableDiffusion):
     """The generator of a served SDXL export: two text encoders, micro-conditioning."""
 
     preview_rgb = _PREVIEW_RGB_XL
-    inputs_taken = (*INPUTS, *XL_TEXTS, *XL_SIZES)
+    inputs_taken: tuple[str, ...] = (*INPUTS, *XL_TEXTS, *XL_SIZES)
     image_to_image_refusal = (
         "image to image is not supported for an SDXL export yet (it is for SD 1.x/2.x "
         "exports); leave image and strength out"
