@@ -24,6 +24,7 @@ __all__ = [
     "InferResponse",
     "ModelKey",
     "ModelMetadata",
+    "RequestFacts",
     "RequestedOutput",
     "SharedInput",
     "StreamSpec",
@@ -90,6 +91,9 @@ class InferRequest:
     client: str | None = None
     """The caller's network address (host, no port), as the transport saw it; None when
     unknown. Bounds what one caller may hold (a model's sequence slots)."""
+    correlation_id: int | str = 0
+    """The sequence's correlation ID (``parameters.sequence_id``, which sequence
+    batching consumes) once its sequence took the request; 0 for none (Triton's)."""
 
     def release(self) -> None:
         """Give back the arena blocks under ``inputs``, if they are owned tensors."""
@@ -110,6 +114,29 @@ class InferResponse:
     def release(self) -> None:
         """Give back the arena blocks under ``outputs`` once they are encoded."""
         release_owned(self.outputs)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFacts:
+    """What a backend may know of one request of a batch, besides its tensors.
+
+    Triton's per-request fields, as its Python backend hands them to ``execute``:
+    ``id`` (the request's ``id``, "" for none), ``correlation_id`` (the sequence's, 0
+    for none), ``parameters`` (the request's parameters that the server did not
+    consume, as one compact JSON object) and ``outputs`` (the outputs the client asked
+    for; empty: every output). And sordino's own: ``priority`` (the level the request
+    is queued at), ``deadline`` (when it must be answered, a ``time.time()`` value;
+    None: no deadline) and ``tenant`` (None without tenants). Built once when the
+    request is accepted; it crosses to worker processes with the batch.
+    """
+
+    id: str = ""
+    correlation_id: int | str = 0
+    parameters: str = "{}"
+    outputs: tuple[str, ...] = ()
+    priority: int | None = None
+    deadline: float | None = None
+    tenant: str | None = None
 
 
 def release_owned(tensors: Mapping[str, Tensor]) -> None:

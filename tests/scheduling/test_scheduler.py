@@ -18,7 +18,7 @@ from sordino.errors import (
     Shed,
     ShuttingDown,
 )
-from sordino.execution.executor import BATCH_OWNERS
+from sordino.execution.batch import NO_CONTEXT, BatchContext
 from sordino.inference import ModelKey
 from sordino.memory.refs import Tensors
 from sordino.records import QueueSettings
@@ -354,13 +354,18 @@ class _NodeQuota(ScriptedExecutor):
 
     owners: list[tuple[str, ...]]
 
-    async def run(self, model: ModelKey, parts: Sequence[Mapping[str, Any]]) -> Tensors:
-        owners = BATCH_OWNERS.get()
+    async def run(
+        self,
+        model: ModelKey,
+        parts: Sequence[Mapping[str, Any]],
+        context: BatchContext = NO_CONTEXT,
+    ) -> Tensors:
+        owners = context.owners
         self.owners.append(owners)
         assert len(owners) == len(parts), "one owner per part, in the parts' order"
         if "small" in owners:
             raise RateLimited("tenant 'small' is over its quota on node n1")
-        return await super().run(model, parts)
+        return await super().run(model, parts, context)
 
 
 async def test_a_tenant_refused_by_a_node_quota_fails_alone() -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from sordino.config.memory import FrameworkMemoryConfig
-from sordino.inference import ModelMetadata, Tensor
+from sordino.inference import ModelMetadata, RequestFacts, Tensor
 
 __all__ = [
     "WARMUP_SHAPE",
@@ -147,11 +147,20 @@ class RequestBatchBackend(Protocol):
     """A backend that runs a batch as the requests it joins (Triton's ``execute``).
 
     The runtime calls ``infer_requests`` instead of ``infer`` when a batch joins
-    several requests; ``rows`` are each request's rows, in order, summing to the batch's.
+    several requests, or when it knows the facts of the batch's requests; ``rows`` are
+    each request's rows, in order, summing to the batch's (empty: the batch is one
+    request). ``requests`` are each request's :class:`~sordino.inference.RequestFacts`
+    (id, correlation ID, parameters, ...), in the same order, one per request; empty
+    when the runtime knows none (warm-up batches).
     """
 
-    def infer_requests(self, batch: dict[str, Tensor], rows: Sequence[int]) -> dict[str, Tensor]:
-        """Run one batch of ``len(rows)`` requests; return every output, rows in order."""
+    def infer_requests(
+        self,
+        batch: dict[str, Tensor],
+        rows: Sequence[int],
+        requests: Sequence[RequestFacts] = (),
+    ) -> dict[str, Tensor]:
+        """Run one batch of ``len(rows)`` requests (one if empty); return every output."""
         ...
 
 

@@ -183,8 +183,9 @@ class ThreadInstance(_Base):
             if fault is not None:
                 perform(fault, in_process=True)
             backend = self._backend
-            if isinstance(backend, RequestBatchBackend) and batch.request_rows:
-                outputs = backend.infer_requests(batch.arrays, batch.request_rows)
+            requests = batch.context.requests
+            if isinstance(backend, RequestBatchBackend) and (batch.request_rows or requests):
+                outputs = backend.infer_requests(batch.arrays, batch.request_rows, requests)
             else:
                 outputs = backend.infer(batch.arrays)
             return {name: TensorRef(array) for name, array in outputs.items()}
@@ -302,6 +303,7 @@ class ProcessInstance(_Base):
                 self._settings.execution_timeout,
                 batch.segment,
                 batch.request_rows,
+                batch.context.requests,
             )
         except WorkerError:
             # A batch the model failed while its worker lives; one whose failure killed

@@ -13,7 +13,11 @@ and :class:`Heartbeat`/:class:`Stop` have struct layouts of their own, no pickle
 ``uint64``, ``infer_s`` a ``float64``, strings a ``uint32`` length and UTF-8, a handle
 dict a ``uint16`` count then per handle (name length, dtype length, ndim as ``uint8``;
 offset, nbytes, capacity as ``uint64``), the name, the dtype and the shape (``int64``
-each). A :class:`Run`'s chaos fault (rare) is pickled at the end of its body. The rare
+each). A :class:`Run`'s request facts follow its rows: a ``uint32`` count, then per
+request a head (presence bits ``uint8``, priority ``int64``, deadline ``float64``,
+numeric correlation ID ``uint64``), the id, the parameters, then the tenant and a
+string correlation ID when present, and the requested outputs (``uint16`` count, then
+each as a string). Its chaos fault (rare) is pickled at the end of its body. The rare
 messages (:class:`Ready`, :class:`LoadFailed`, :class:`Call`, :class:`Reply`,
 :class:`CallFailed`) are pickled whole in a frame of their own kind. A frame that does
 not parse (unknown kind, a declared length over :data:`MAX_BODY`, a body too short or
@@ -51,7 +55,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from sordino.execution.faults import FaultAction
-from sordino.inference import ModelMetadata
+from sordino.inference import ModelMetadata, RequestFacts
 from sordino.memory.tensors import TensorHandle
 
 __all__ = [
@@ -99,6 +103,9 @@ class Run:
     rows: tuple[int, ...] = ()
     """The rows of each request in the batch, in order, for a backend that runs a batch
     as its requests (Triton's Python backend); empty when the batch is one part."""
+    requests: tuple[RequestFacts, ...] = ()
+    """Each request's facts (id, correlation ID, parameters, ...), in order, for a
+    worker whose backend takes them (:attr:`Ready.per_request`); else empty."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +162,10 @@ class Ready:
     metadata: ModelMetadata
     pid: int
     load_s: float
+    per_request: bool = False
+    """Whether the backend runs a batch as its requests and takes their facts
+    (:class:`~sordino.backends.base.RequestBatchBackend`): only then do batches carry
+    them (:attr:`Run.requests`), so the hop of other models costs nothing more."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +257,8 @@ _COUNT = struct.Struct("<H")
 _LEN = struct.Struct("<I")
 _HANDLE = struct.Struct("<BBBQQQ")  # name length, dtype length, ndim, offset, nbytes, capacity
 _SIZE = struct.Struct("<BQ")  # name length, size
+_FACTS_HEAD = struct.Struct("<BqdQ")  # presence bits, priority, deadline, numeric corrid
+_HAS_PRIORITY, _HAS_DEADLINE, _HAS_TENANT, _TEXT_CORRID = 1, 2, 4, 8
 _HEARTBEAT_FRAME = _HEADER.pack(0, _HEARTBEAT)
 _STOP_FRAME = _HEADER.pack(0, _STOP)
 
@@ -269,6 +282,38 @@ def _handles(handles: dict[str, TensorHandle]) -> bytes:
     return b"".join(parts)
 
 
+def _facts(requests: tuple[RequestFacts, ...]) -> bytes:
+    parts = [_LEN.pack(len(requests))]
+    for facts in requests:
+        bits = 0
+        if facts.priority is not None:
+            bits |= _HAS_PRIORITY
+        if facts.deadline is not None:
+            bits |= _HAS_DEADLINE
+        if facts.tenant is not None:
+            bits |= _HAS_TENANT
+        corrid = facts.correlation_id
+        if isinstance(corrid, str):
+            bits |= _TEXT_CORRID
+        parts.append(
+            _FACTS_HEAD.pack(
+                bits,
+                facts.priority or 0,
+                facts.deadline or 0.0,
+                0 if isinstance(corrid, str) else corrid,
+            )
+        )
+        parts.append(_text(facts.id))
+        parts.append(_text(facts.parameters))
+        if facts.tenant is not None:
+            parts.append(_text(facts.tenant))
+        if isinstance(corrid, str):
+            parts.append(_text(corrid))
+        parts.append(_COUNT.pack(len(facts.outputs)))
+        parts.extend(_text(name) for name in facts.outputs)
+    return b"".join(parts)
+
+
 def encode(message: ToWorker | FromWorker) -> bytes:
     """One frame holding ``message`` (header and body)."""
     match message:
@@ -286,6 +331,7 @@ def encode(message: ToWorker | FromWorker) -> bytes:
                     _handles(message.space),
                     _LEN.pack(len(message.rows)),
                     struct.pack(f"<{len(message.rows)}q", *message.rows),
+                    _facts(message.requests),
                     fault,
                 )
             )
@@ -345,6 +391,28 @@ class _Body:
             out[name] = TensorHandle(offset, nbytes, dtype, shape, capacity)
         return out
 
+    def facts(self) -> tuple[RequestFacts, ...]:
+        (count,) = self.unpack(_LEN)
+        out = []
+        for _ in range(count):
+            bits, priority, deadline, number = self.unpack(_FACTS_HEAD)
+            request_id, parameters = self.text(), self.text()
+            tenant = self.text() if bits & _HAS_TENANT else None
+            corrid: int | str = self.text() if bits & _TEXT_CORRID else number
+            (outputs,) = self.unpack(_COUNT)
+            out.append(
+                RequestFacts(
+                    id=request_id,
+                    correlation_id=corrid,
+                    parameters=parameters,
+                    outputs=tuple(self.text() for _ in range(outputs)),
+                    priority=priority if bits & _HAS_PRIORITY else None,
+                    deadline=deadline if bits & _HAS_DEADLINE else None,
+                    tenant=tenant,
+                )
+            )
+        return tuple(out)
+
     def rest(self) -> bytes:
         return self.take(len(self.data) - self.at)
 
@@ -363,10 +431,11 @@ def _decode(kind: int, data: bytes) -> ToWorker | FromWorker:
             inputs, space = body.handles(), body.handles()
             (count,) = body.unpack(_LEN)
             rows = struct.unpack(f"<{count}q", body.take(8 * count))
+            requests = body.facts()
             fault = pickle.loads(body.rest()) if has_fault else None
             if fault is not None and not isinstance(fault, FaultAction):
                 raise FrameError("a Run frame carries something other than a fault")
-            message = Run(batch_id, inputs, space, fault, segment, rows)
+            message = Run(batch_id, inputs, space, fault, segment, rows, requests)
         case 6:  # _DONE
             batch_id, infer_s = body.unpack(_DONE_HEAD)
             message = Done(batch_id, body.handles(), infer_s)

@@ -55,7 +55,7 @@ from sordino.execution.messages import (
     encode,
 )
 from sordino.execution.worker_main import WorkerSpec, worker_main
-from sordino.inference import ModelMetadata
+from sordino.inference import ModelMetadata, RequestFacts
 from sordino.memory.tensors import TensorHandle
 
 __all__ = ["WorkerError", "WorkerLost", "WorkerProcess"]
@@ -184,6 +184,8 @@ class WorkerProcess:
         self.pid: int | None = None
         self.last_beat = clock.now()
         self.load_s = 0.0
+        self.per_request = False
+        """Whether its backend takes each request's facts (its :class:`Ready` says)."""
 
     @property
     def alive(self) -> bool:
@@ -245,8 +247,12 @@ class WorkerProcess:
         timeout_s: float,
         segment: str = "",
         rows: tuple[int, ...] = (),
+        requests: tuple[RequestFacts, ...] = (),
     ) -> tuple[dict[str, TensorHandle], float]:
         """Run one batch; return its output handles and the time the model took.
+
+        ``requests`` (each request's facts) go to the worker only when its backend
+        takes them (:attr:`per_request`).
 
         Raises :class:`WorkerLost` if the worker dies, is killed or exceeds
         ``timeout_s`` (0: no limit), :class:`WorkerError` if the model raised. The
@@ -268,7 +274,8 @@ class WorkerProcess:
                     lambda: self.kill(f"execution timeout: a batch ran over {timeout_s:g} s"),
                 )
             try:
-                self._send(Run(batch_id, inputs, space, fault, segment, rows))
+                facts = requests if self.per_request else ()
+                self._send(Run(batch_id, inputs, space, fault, segment, rows, facts))
                 return await future
             except asyncio.CancelledError:
                 # The worker is still inside the batch and may yet ask for output space: the
@@ -402,8 +409,8 @@ class WorkerProcess:
         match message:
             case Heartbeat():
                 pass
-            case Ready(metadata=metadata, pid=pid, load_s=load_s):
-                self.pid, self.load_s = pid, load_s
+            case Ready(metadata=metadata, pid=pid, load_s=load_s, per_request=per_request):
+                self.pid, self.load_s, self.per_request = pid, load_s, per_request
                 if not self._ready.done():
                     self._ready.set_result(metadata)
             case LoadFailed(message=text):

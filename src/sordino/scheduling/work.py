@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol
 
 from sordino.errors import SordinoError
-from sordino.inference import StreamSpec, Tensor
+from sordino.inference import RequestFacts, StreamSpec, Tensor
 from sordino.memory.refs import Tensors
 from sordino.memory.region import StepRegion
 from sordino.records import Outcome
@@ -150,6 +150,9 @@ class Request:
     """(input bytes, output bytes) per step of a multi-step request (lifetime planning)."""
     region: StepRegion | None = None
     """A multi-step request's arena region for its steps' outputs (``memory/region.py``)."""
+    facts: RequestFacts | None = None
+    """What a backend may know of it (id, correlation ID, parameters, deadline, ...);
+    each batch holding a step of it carries them in its context."""
 
     @property
     def max_steps(self) -> int:

@@ -144,6 +144,7 @@ class Sequences:
         corrid, start, end = self._flags(request)
         for name in ("sequence_id", "sequence_start", "sequence_end"):
             request.parameters.pop(name, None)  # consumed here, not admission's to refuse
+        request.correlation_id = corrid  # a model reads it as Triton's correlation_id()
         key = (tenant, corrid)
         sequence = self._live.get(key)
         if start:

@@ -55,6 +55,7 @@ from sordino.records import Outcome
 from sordino.scheduling.work import Request
 from sordino.server.classification import classify
 from sordino.server.registry import LoadedModel, ModelRegistry
+from sordino.server.request_facts import request_facts
 from sordino.server.sequences import Sequences
 from sordino.telemetry.hub import Telemetry
 from sordino.telemetry.metrics import Metrics
@@ -407,15 +408,19 @@ class InferenceService:
                 self._end_slot(context, None)
                 raise
         try:
+            # Fair share only among authenticated tenants (claimed names are free to invent).
+            share = self._share(context)
             accepted = model.scheduler.submit(
                 request.inputs,
                 priority=context.priority,
                 timeout_s=context.timeout_s,
                 request_id=request.id,
                 stream=model.metadata.stream,
-                # Fair share only among authenticated tenants (claimed names are free to invent).
-                **self._share(context),
+                **share,
                 owner=_tenant(request),
+                facts=request_facts(
+                    request, context.priority, context.timeout_s, share.get("tenant")
+                ),
             )
         except SordinoError as exc:  # queue full, shutting down: never accepted
             self._end_slot(context, None)
