@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,7 +20,7 @@ from sordino.errors import (
     ShuttingDown,
 )
 from sordino.execution.batch import NO_CONTEXT, BatchContext
-from sordino.inference import ModelKey
+from sordino.inference import ModelKey, RequestFacts
 from sordino.memory.refs import Tensors
 from sordino.records import QueueSettings
 from sordino.scheduling.batcher import BatchPolicy
@@ -664,3 +665,26 @@ async def test_a_close_without_drain_answers_every_request_of_a_batch_run_one_by
     results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
     assert all(isinstance(r, ShuttingDown) for r in results), results
     assert sched.statistics().in_flight == 0
+
+
+async def test_the_executor_is_handed_each_batchs_context() -> None:
+    """Executor.run gets the batch's context: per part, in the parts' order, each
+    request's facts and owner; the tenants of a tenanted batch; no step region."""
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock)
+    sched = _scheduler(clock, executor)
+    given = RequestFacts(id="r1", correlation_id=5, parameters='{"a":1}', priority=2)
+    first = sched.submit(_x(1), priority=2, facts=given, tenant="acme", owner="acme")
+    second = sched.submit(_x(2), priority=2, request_id="r2", timeout_s=30, tenant="beta")
+    await clock.advance(0.05)
+    for request in (first, second):
+        (await sched.result(request)).release()
+    (context,) = executor.contexts
+    assert context.owners == ("acme", "")
+    assert context.tenants == frozenset({"acme", "beta"})
+    assert context.region is None
+    assert context.requests[0] is given
+    made = context.requests[1]
+    assert (made.id, made.priority, made.tenant, made.correlation_id) == ("r2", 2, "beta", 0)
+    assert made.deadline is not None and made.deadline > time.time() + 20
+    await sched.close()
