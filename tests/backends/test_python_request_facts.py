@@ -1,14 +1,16 @@
 """Each request's own facts reach a Triton Python model: id, correlation ID, parameters.
 
-A model that echoes ``request_id()``, ``correlation_id()``, ``parameters()``,
-``requested_output_names()`` and sordino's ``_sordino_*`` attributes into its outputs
-runs in a worker process; requests sent with Triton's clients over HTTP and gRPC (and
-batched together) must each see their own, as on Triton.
+A model (``tests/fixtures/triton_python_facts``) that echoes ``request_id()``,
+``correlation_id()``, ``parameters()``, ``requested_output_names()`` and sordino's
+``_sordino_*`` attributes into its outputs runs in a worker process (and a thread);
+requests sent with Triton's clients over HTTP and gRPC (and batched together) must
+each see their own, as on Triton.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -27,45 +29,11 @@ from sordino.inference import RequestFacts
 from sordino.models.repository import scan_repository
 from sordino.testing import RunningServer, serve_in_thread
 
-ECHO = """
-import json
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
-            facts = {
-                "id": request.request_id(),
-                "correlation_id": request.correlation_id(),
-                "parameters": request.parameters(),
-                "outputs": request.requested_output_names(),
-                "priority": request._sordino_priority,
-                "deadline": request._sordino_deadline,
-                "tenant": request._sordino_tenant,
-                "batch": len(requests),
-            }
-            text = np.array([[json.dumps(facts).encode()]] * x.shape[0], dtype=np.object_)
-            responses.append(
-                pb_utils.InferenceResponse(
-                    [pb_utils.Tensor("FACTS", text), pb_utils.Tensor("Y", x + 1)]
-                )
-            )
-        return responses
-"""
-
-ECHO_CONFIG = """
-backend: "python"
-max_batch_size: 8
-input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
-output [
-  { name: "FACTS", data_type: TYPE_STRING, dims: [ 1 ] },
-  { name: "Y", data_type: TYPE_INT32, dims: [ 1 ] }
-]
-"""
+FACTS = Path(__file__).parent.parent / "fixtures" / "triton_python_facts"
+"""echo_facts (and a sequence-batched copy): the model bench/triton_python_facts.py
+also serves on Triton itself."""
+ECHO = (FACTS / "echo_facts" / "1" / "model.py").read_text()
+ECHO_CONFIG = (FACTS / "echo_facts" / "config.pbtxt").read_text()
 
 # The four requests of the batching test wait for each other (up to 5 s; never that long).
 BATCHED_CONFIG = ECHO_CONFIG.replace(
@@ -89,8 +57,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     _model(root, "echo", ECHO_CONFIG)
     _model(root, "echo_batched", BATCHED_CONFIG)
     _model(root, "echo_thread", ECHO_CONFIG, "backend: python\nisolation: thread\n")
-    sequence = "backend: python\nsequence_batching:\n  direct: {}\n"
-    _model(root, "echo_sequence", ECHO_CONFIG, sequence)
+    shutil.copytree(FACTS / "echo_facts_sequence", root / "echo_sequence")
     # manual: batches wait up to the configured delay, as Triton's dynamic batcher does.
     config = RuntimeConfig.model_validate({"scheduler": {"mode": "manual"}})
     with serve_in_thread(config, scan_repository(root)) as running:
