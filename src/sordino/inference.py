@@ -127,7 +127,8 @@ class RequestFacts:
     for; empty: every output). And sordino's own: ``priority`` (the level the request
     is queued at), ``deadline`` (when it must be answered, a ``time.time()`` value;
     None: no deadline) and ``tenant`` (None without tenants). Built once when the
-    request is accepted; it crosses to worker processes with the batch.
+    request is accepted, for a model whose backend reads them
+    (``BackendKind.request_facts``); it crosses to worker processes with the batch.
     """
 
     id: str = ""

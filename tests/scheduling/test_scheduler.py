@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -675,7 +674,7 @@ async def test_the_executor_is_handed_each_batchs_context() -> None:
     sched = _scheduler(clock, executor)
     given = RequestFacts(id="r1", correlation_id=5, parameters='{"a":1}', priority=2)
     first = sched.submit(_x(1), priority=2, facts=given, tenant="acme", owner="acme")
-    second = sched.submit(_x(2), priority=2, request_id="r2", timeout_s=30, tenant="beta")
+    second = sched.submit(_x(2), priority=3, request_id="r2", tenant="beta")
     await clock.advance(0.05)
     for request in (first, second):
         (await sched.result(request)).release()
@@ -683,8 +682,19 @@ async def test_the_executor_is_handed_each_batchs_context() -> None:
     assert context.owners == ("acme", "")
     assert context.tenants == frozenset({"acme", "beta"})
     assert context.region is None
-    assert context.requests[0] is given
-    made = context.requests[1]
-    assert (made.id, made.priority, made.tenant, made.correlation_id) == ("r2", 2, "beta", 0)
-    assert made.deadline is not None and made.deadline > time.time() + 20
+    # A request submitted without facts (a pipeline node's) gets its priority alone.
+    assert context.requests == (given, RequestFacts(priority=3))
+    await sched.close()
+
+
+async def test_a_batch_without_request_facts_carries_none() -> None:
+    """Requests submitted without facts (their backend reads none): no facts are made."""
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock)
+    sched = _scheduler(clock, executor)
+    request = sched.submit(_x(1), priority=2, request_id="r1")
+    await clock.advance(0.05)
+    (await sched.result(request)).release()
+    (context,) = executor.contexts
+    assert context.requests == () and context.owners == ("",)
     await sched.close()

@@ -114,6 +114,9 @@ class BackendKind:
     the Triton ``platform``/``backend`` values (``config.pbtxt``) meaning this kind.
     ``execution_providers`` tells whether the model's ``execution_providers`` and the
     devices' provider lists are this runtime's (ONNX Runtime) or only say CPU or CUDA.
+    ``request_facts`` tells whether its models read each request's facts (a
+    :class:`RequestBatchBackend` that hands them to the model): only for such models
+    does the server build them per request.
     ``create`` imports the runtime only when called, so listing kinds stays cheap.
     """
 
@@ -124,6 +127,7 @@ class BackendKind:
     platforms: tuple[str, ...] = ()
     execution_providers: bool = False
     description: str = ""
+    request_facts: bool = False
 
     def model_file(self, folder: Path) -> Path | str:
         """The file of ``folder`` this kind serves, or why there is none (a message)."""

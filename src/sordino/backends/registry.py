@@ -72,6 +72,7 @@ BUILTIN: tuple[BackendKind, ...] = (
         model_files=("model.py",),
         platforms=("python",),
         description="a Triton Python-backend model.py (class TritonPythonModel)",
+        request_facts=True,
     ),
 )
 

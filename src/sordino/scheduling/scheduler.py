@@ -24,7 +24,6 @@ outputs are handed to the reader of the request's responses, who releases them.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 
 import numpy as np
@@ -199,7 +198,7 @@ class ModelScheduler:
         ``tenant`` and ``weight`` share a priority level among tenants (see the queue);
         ``owner`` is whom the request's memory is charged to in a Ray node's pool.
         ``facts`` are what a backend may know of the request (its batches' contexts
-        carry them); None: its id, priority, deadline and tenant only.
+        carry them); None when the caller built none (its backend reads none).
 
         The scheduler takes ownership of ``inputs`` (a :class:`Tensors` is released when
         the request finishes). Raises at once, without accepting, when the queue is
@@ -212,15 +211,6 @@ class ModelScheduler:
             raise ShuttingDown(f"model {self.model} is shutting down; retry on another replica")
         now = self._clock.now()
         tensors = Tensors.of(inputs)
-        if facts is None:
-            facts = RequestFacts(
-                id=request_id or "",
-                priority=priority,
-                # Wall-clock time, as a backend reads it (the scheduler's clock may be
-                # virtual or monotonic).
-                deadline=time.time() + timeout_s if timeout_s else None,
-                tenant=tenant or None,
-            )
         request = Request(
             inputs=tensors,
             priority=priority,
@@ -846,14 +836,19 @@ def _context(live: Sequence[WorkItem]) -> BatchContext:
         if first.region is None:
             first.region = StepRegion(carried=first.stepper is None)
         region = first.region
+    # Facts only where the caller built them (for a backend that reads them); a request
+    # without (a pipeline's node request) then gets its priority alone.
+    facts: tuple[RequestFacts, ...] = ()
+    if any(r is not None and r.facts is not None for r in requests):
+        facts = tuple(
+            r.facts if r is not None and r.facts is not None else RequestFacts(priority=i.priority)
+            for r, i in zip(requests, live, strict=True)
+        )
     return BatchContext(
         owners=tuple(r.owner if r is not None else "" for r in requests),
         tenants=tenants,
         region=region,
-        requests=tuple(
-            r.facts if r is not None and r.facts is not None else RequestFacts(priority=i.priority)
-            for r, i in zip(requests, live, strict=True)
-        ),
+        requests=facts,
     )
 
 

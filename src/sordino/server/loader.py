@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from sordino.backends.base import dummy_inputs
+from sordino.backends.registry import backend_kind
 from sordino.clock import Clock
 from sordino.config import RuntimeConfig
 from sordino.config.models import StreamingConfig
@@ -153,6 +154,7 @@ class ModelLoader:
         )
         scheduler.start()
         model = LoadedModel(source, key, metadata, scheduling, scheduler, curve, instances)
+        model.request_facts = backend_kind(config.backend, model=repr(key.name)).request_facts
         try:
             model.labels = read_labels(source)
             if config.sequence_batching is not None:

@@ -418,9 +418,12 @@ class InferenceService:
                 stream=model.metadata.stream,
                 **share,
                 owner=_tenant(request),
+                # Built only for a backend that reads them (a Triton Python model).
                 facts=request_facts(
                     request, context.priority, context.timeout_s, share.get("tenant")
-                ),
+                )
+                if model.request_facts
+                else None,
             )
         except SordinoError as exc:  # queue full, shutting down: never accepted
             self._end_slot(context, None)
