@@ -9,12 +9,12 @@ copy) unchanged on ``tritonserver`` (Triton 2.51 from the ``nvidia-pytriton`` 0.
 wheel, ``bench/.peers/triton``, as ``bench.triton_python_parity``) and on ``sordino
 start --model-repository``, sends the same requests with ``tritonclient`` over HTTP
 and gRPC to both, and compares what the model saw: the id, the correlation ID (an int,
-or a string), the parameters string (exactly; over gRPC, whose parameters are a
-protobuf map with no order, as JSON) and the requested output names (as a set: Triton
-returns a Python ``set``, sordino a sorted list). Prints one line
-per check and a verdict; exit status 0 when all matched, 1 when something differed, 2
-when a server could not be installed or started. Results go to
-``bench/results/triton_python_facts.json``.
+or a string), the flags (sequence start and end), the timeout, the parameters string
+(exactly; over gRPC, whose parameters are a protobuf map with no order, as JSON) and
+the requested output names (as a set: Triton returns a Python ``set``, sordino a
+sorted list). Prints one line per check and a verdict; exit status 0 when all
+matched, 1 when something differed, 2 when a server could not be installed or
+started. Results go to ``bench/results/triton_python_facts.json``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from bench import peers
 from bench.common import save, sordino_server
 
 REPOSITORY = Path(__file__).parent.parent / "tests" / "fixtures" / "triton_python_facts"
-COMPARED = ("id", "correlation_id", "parameters", "outputs")
+COMPARED = ("id", "correlation_id", "parameters", "flags", "timeout", "outputs")
 
 # (what, model, requested outputs, infer keyword arguments), each sent as one request.
 CASES: list[tuple[str, str, tuple[str, ...], dict[str, Any]]] = [

@@ -94,6 +94,8 @@ class InferRequest:
     correlation_id: int | str = 0
     """The sequence's correlation ID (``parameters.sequence_id``, which sequence
     batching consumes) once its sequence took the request; 0 for none (Triton's)."""
+    flags: int = 0
+    """Triton's request flags, set with the correlation ID: sequence start (1), end (2)."""
 
     def release(self) -> None:
         """Give back the arena blocks under ``inputs``, if they are owned tensors."""
@@ -123,10 +125,12 @@ class RequestFacts:
     Triton's per-request fields, as its Python backend hands them to ``execute``:
     ``id`` (the request's ``id``, "" for none), ``correlation_id`` (the sequence's, 0
     for none), ``parameters`` (the request's parameters that the server did not
-    consume, as one compact JSON object) and ``outputs`` (the outputs the client asked
-    for; empty: every output). And sordino's own: ``priority`` (the level the request
-    is queued at), ``deadline`` (when it must be answered, a ``time.time()`` value;
-    None: no deadline) and ``tenant`` (None without tenants). Built once when the
+    consume, as one compact JSON object), ``flags`` (sequence start 1, end 2),
+    ``timeout_us`` (the ``timeout`` parameter, microseconds; 0 for none) and
+    ``outputs`` (the outputs the client asked for; empty: every output). And sordino's
+    own: ``priority`` (the level the request is queued at), ``deadline`` (when it must
+    be answered, a ``time.time()`` value; None: no deadline) and ``tenant`` (None
+    without tenants). Built once when the
     request is accepted, for a model whose backend reads them
     (``BackendKind.request_facts``); it crosses to worker processes with the batch.
     """
@@ -135,6 +139,8 @@ class RequestFacts:
     correlation_id: int | str = 0
     parameters: str = "{}"
     outputs: tuple[str, ...] = ()
+    flags: int = 0
+    timeout_us: int = 0
     priority: int | None = None
     deadline: float | None = None
     tenant: str | None = None

@@ -105,6 +105,7 @@ def test_a_request_sees_its_id_parameters_and_requested_outputs(client: Any, mod
     assert facts["id"] == "req-7"
     assert facts["correlation_id"] == 0
     assert json.loads(facts["parameters"]) == {"mode": "fast", "n": 3, "flag": True}
+    assert (facts["flags"], facts["timeout"]) == (0, 60_000_000)
     assert facts["outputs"] == ["FACTS", "Y"]
     assert isinstance(facts["priority"], int)
     assert before + 50 < facts["deadline"] < time.time() + 61
@@ -117,6 +118,7 @@ def test_without_id_or_parameters_the_facts_are_tritons_defaults(client: Any) ->
     deadline."""
     facts = _facts(_ask(client, "echo", 1))
     assert (facts["id"], facts["correlation_id"], facts["parameters"]) == ("", 0, "{}")
+    assert (facts["flags"], facts["timeout"]) == (0, 0)
     assert facts["outputs"] == ["FACTS", "Y"]
     assert facts["deadline"] is None
 
@@ -155,8 +157,8 @@ def test_requests_batched_together_each_see_their_own(server: RunningServer) -> 
 
 @pytest.mark.parametrize("corrid", [42, "session-a"])
 def test_a_sequence_request_sees_its_correlation_id(client: Any, corrid: int | str) -> None:
-    """correlation_id() is the sequence's id (int, or str for a string id), as Triton's;
-    sequence_id/start/end are consumed, not parameters."""
+    """correlation_id() is the sequence's id (int, or str for a string id) and flags()
+    its start (1) and end (2), as Triton's; sequence_id/start/end are not parameters."""
     for start, end in ((True, False), (False, True)):
         result = _ask(
             client,
@@ -169,6 +171,7 @@ def test_a_sequence_request_sees_its_correlation_id(client: Any, corrid: int | s
         )
         facts = _facts(result)
         assert facts["correlation_id"] == corrid
+        assert facts["flags"] == (2 if end else 1)
         assert json.loads(facts["parameters"]) == {"turn": int(end)}
 
 
@@ -180,7 +183,9 @@ def test_infer_requests_hands_each_request_its_facts(tmp_path: Path) -> None:
     try:
         facts = (
             RequestFacts(id="a", correlation_id=7, priority=1, deadline=123.5, tenant="acme"),
-            RequestFacts(id="b", correlation_id="s", parameters='{"k":"v"}', outputs=("Y",)),
+            RequestFacts(
+                id="b", correlation_id="s", parameters='{"k":"v"}', outputs=("Y",), flags=3
+            ),
         )
         batch = {"X": np.array([[1], [2], [3]], dtype=np.int32)}
         outputs = backend.infer_requests(batch, (1, 2), facts)
@@ -191,5 +196,6 @@ def test_infer_requests_hands_each_request_its_facts(tmp_path: Path) -> None:
         assert (seen[1]["priority"], seen[1]["deadline"], seen[1]["tenant"]) == (None, None, None)
         assert seen[1]["parameters"] == '{"k":"v"}' and seen[1]["outputs"] == ["Y"]
         assert seen[0]["outputs"] == ["FACTS", "Y"]
+        assert (seen[0]["flags"], seen[1]["flags"]) == (0, 3)
     finally:
         backend.unload()

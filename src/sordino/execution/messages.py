@@ -15,14 +15,15 @@ dict a ``uint16`` count then per handle (name length, dtype length, ndim as ``ui
 offset, nbytes, capacity as ``uint64``), the name, the dtype and the shape (``int64``
 each). A :class:`Run`'s request facts follow its rows: a ``uint32`` count, then per
 request a head (presence bits ``uint8``, priority ``int64``, deadline ``float64``,
-numeric correlation ID ``uint64``), the id, the parameters, then the tenant and a
-string correlation ID when present, and the requested outputs (``uint16`` count, then
-each as a string). Its chaos fault (rare) is pickled at the end of its body. The rare
-messages (:class:`Ready`, :class:`LoadFailed`, :class:`Call`, :class:`Reply`,
-:class:`CallFailed`) are pickled whole in a frame of their own kind. A frame that does
-not parse (unknown kind, a declared length over :data:`MAX_BODY`, a body too short or
-too long, bad UTF-8, a pickle of anything else) raises :class:`FrameError`: the server
-then kills the worker as lost, a worker exits (code 1).
+numeric correlation ID ``uint64``, flags ``uint32``, timeout ``uint64``), the id, the
+parameters, then the tenant and a string correlation ID when present, and the requested
+outputs (``uint16`` count, then each as a string). Its chaos fault (rare) is pickled at
+the end of its body. The rare messages (:class:`Ready`, :class:`LoadFailed`,
+:class:`Call`, :class:`Reply`, :class:`CallFailed`) are pickled whole in a frame of
+their own kind. A frame that does not parse (unknown kind, a declared length over
+:data:`MAX_BODY`, a body too short or too long, bad UTF-8, a pickle of anything else)
+raises :class:`FrameError`: the server then kills the worker as lost, a worker exits
+(code 1).
 
 Start-up. The worker maps the arena, loads its model and runs warm-up batches, then
 says :class:`Ready` (or :class:`LoadFailed` and exits). From then on a heartbeat
@@ -257,7 +258,8 @@ _COUNT = struct.Struct("<H")
 _LEN = struct.Struct("<I")
 _HANDLE = struct.Struct("<BBBQQQ")  # name length, dtype length, ndim, offset, nbytes, capacity
 _SIZE = struct.Struct("<BQ")  # name length, size
-_FACTS_HEAD = struct.Struct("<BqdQ")  # presence bits, priority, deadline, numeric corrid
+# presence bits, priority, deadline, numeric correlation ID, flags, timeout (microseconds)
+_FACTS_HEAD = struct.Struct("<BqdQIQ")
 _HAS_PRIORITY, _HAS_DEADLINE, _HAS_TENANT, _TEXT_CORRID = 1, 2, 4, 8
 _HEARTBEAT_FRAME = _HEADER.pack(0, _HEARTBEAT)
 _STOP_FRAME = _HEADER.pack(0, _STOP)
@@ -301,6 +303,8 @@ def _facts(requests: tuple[RequestFacts, ...]) -> bytes:
                 facts.priority or 0,
                 facts.deadline or 0.0,
                 0 if isinstance(corrid, str) else corrid,
+                facts.flags,
+                facts.timeout_us,
             )
         )
         parts.append(_text(facts.id))
@@ -395,7 +399,7 @@ class _Body:
         (count,) = self.unpack(_LEN)
         out = []
         for _ in range(count):
-            bits, priority, deadline, number = self.unpack(_FACTS_HEAD)
+            bits, priority, deadline, number, flags, timeout = self.unpack(_FACTS_HEAD)
             request_id, parameters = self.text(), self.text()
             tenant = self.text() if bits & _HAS_TENANT else None
             corrid: int | str = self.text() if bits & _TEXT_CORRID else number
@@ -406,6 +410,8 @@ class _Body:
                     correlation_id=corrid,
                     parameters=parameters,
                     outputs=tuple(self.text() for _ in range(outputs)),
+                    flags=flags,
+                    timeout_us=timeout,
                     priority=priority if bits & _HAS_PRIORITY else None,
                     deadline=deadline if bits & _HAS_DEADLINE else None,
                     tenant=tenant,

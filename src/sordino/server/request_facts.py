@@ -12,6 +12,8 @@ Triton 2.51 (``http_server.cc``/``grpc/infer_handler.cc`` and the Python backend
   ``sequence_id``, ``sequence_start``, ``sequence_end``, ``priority``, ``timeout``
   and ``binary_data_output`` out and passes the rest on — written as one compact JSON
   object (TritonJson writes no spaces), in the order they came; ``"{}"`` for none;
+- the flags are the sequence's start (1) and end (2), as the correlation ID is;
+- the timeout is the ``timeout`` parameter as sent, in microseconds (0 for none);
 - the requested outputs are the names the client asked for (empty: every output).
 
 Beside those, sordino's own: the priority level admission gave it, its deadline as a
@@ -44,11 +46,14 @@ def request_facts(
         if kept:
             parameters = json.dumps(kept, separators=(",", ":"), default=str)
     wanted = request.outputs
+    timeout = given.get("timeout", 0) if given else 0
     return RequestFacts(
         id=request.id or "",
         correlation_id=request.correlation_id,
         parameters=parameters,
         outputs=tuple(o.name for o in wanted) if wanted else (),
+        flags=request.flags,
+        timeout_us=timeout if isinstance(timeout, int) and not isinstance(timeout, bool) else 0,
         priority=priority,
         deadline=None if not timeout_s else time.time() + timeout_s,
         tenant=tenant,

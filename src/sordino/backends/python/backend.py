@@ -90,9 +90,11 @@ def _request(
 
     As Triton's: ``request_id()`` the request's ``id`` ("" for none),
     ``correlation_id()`` its sequence's ID (an int, or a str for a string ID; 0 for
-    none), ``parameters()`` the parameters the server did not consume as a JSON
-    string, ``requested_output_names()`` the outputs asked for (every output when the
-    client named none; sorted, as Triton's set). Beside them three attributes for
+    none), ``flags()`` its sequence start (1) and end (2) flags, ``timeout()`` its
+    ``timeout`` parameter in microseconds (0 for none), ``parameters()`` the
+    parameters the server did not consume as a JSON string,
+    ``requested_output_names()`` the outputs asked for (every output when the client
+    named none; sorted: Triton's is a set). Beside them three attributes for
     sordino's own use (BLS requests made inside ``execute`` carry them on):
     ``_sordino_priority`` (the level, or None), ``_sordino_deadline`` (a
     ``time.time()`` value, or None) and ``_sordino_tenant`` (or None).
@@ -104,6 +106,8 @@ def _request(
         correlation_id=facts.correlation_id,
         parameters=facts.parameters,
         requested_output_names=sorted(facts.outputs) if facts.outputs else outputs,
+        flags=facts.flags,
+        timeout=facts.timeout_us,
     )
     request._sordino_priority = facts.priority
     request._sordino_deadline = facts.deadline
