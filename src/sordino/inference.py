@@ -85,17 +85,17 @@ class InferRequest:
     headers: dict[str, str] = field(default_factory=dict)
     shared_inputs: list[SharedInput] = field(default_factory=list)
     """Inputs still to be read from shared-memory regions (Triton's extension)."""
+    correlation_id: int | str = 0
+    """The sequence's correlation ID (``parameters.sequence_id``, which sequence
+    batching consumes) once its sequence took the request; 0 for none (Triton's)."""
+    flags: int = 0
+    """Triton's request flags, set with the correlation ID: sequence start (1), end (2)."""
     received_at: float | None = None
     """``time.monotonic()`` when the transport had the request's headers; its deadline
     counts from then (the wait to be read and decoded is part of it)."""
     client: str | None = None
     """The caller's network address (host, no port), as the transport saw it; None when
     unknown. Bounds what one caller may hold (a model's sequence slots)."""
-    correlation_id: int | str = 0
-    """The sequence's correlation ID (``parameters.sequence_id``, which sequence
-    batching consumes) once its sequence took the request; 0 for none (Triton's)."""
-    flags: int = 0
-    """Triton's request flags, set with the correlation ID: sequence start (1), end (2)."""
 
     def release(self) -> None:
         """Give back the arena blocks under ``inputs``, if they are owned tensors."""

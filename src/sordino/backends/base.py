@@ -27,7 +27,7 @@ group) are listed by :mod:`sordino.backends.registry`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -125,9 +125,9 @@ class BackendKind:
     model_files: tuple[str, ...]
     suffixes: tuple[str, ...] = ()
     platforms: tuple[str, ...] = ()
+    request_facts: bool = field(default=False, kw_only=True)
     execution_providers: bool = False
     description: str = ""
-    request_facts: bool = False
 
     def model_file(self, folder: Path) -> Path | str:
         """The file of ``folder`` this kind serves, or why there is none (a message)."""
@@ -153,7 +153,7 @@ class RequestBatchBackend(Protocol):
     The runtime calls ``infer_requests`` instead of ``infer`` when a batch joins
     several requests, or when it knows the facts of the batch's requests; ``rows`` are
     each request's rows, in order, summing to the batch's (empty: the batch is one
-    request). ``requests`` are each request's :class:`~sordino.inference.RequestFacts`
+    request). ``facts`` are each request's :class:`~sordino.inference.RequestFacts`
     (id, correlation ID, parameters, ...), in the same order, one per request; empty
     when the runtime knows none (warm-up batches).
     """
@@ -162,7 +162,7 @@ class RequestBatchBackend(Protocol):
         self,
         batch: dict[str, Tensor],
         rows: Sequence[int],
-        requests: Sequence[RequestFacts] = (),
+        facts: Sequence[RequestFacts] = (),
     ) -> dict[str, Tensor]:
         """Run one batch of ``len(rows)`` requests (one if empty); return every output."""
         ...

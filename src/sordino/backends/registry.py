@@ -71,8 +71,8 @@ BUILTIN: tuple[BackendKind, ...] = (
         _python,
         model_files=("model.py",),
         platforms=("python",),
-        description="a Triton Python-backend model.py (class TritonPythonModel)",
         request_facts=True,
+        description="a Triton Python-backend model.py (class TritonPythonModel)",
     ),
 )
 

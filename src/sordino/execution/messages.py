@@ -13,17 +13,12 @@ and :class:`Heartbeat`/:class:`Stop` have struct layouts of their own, no pickle
 ``uint64``, ``infer_s`` a ``float64``, strings a ``uint32`` length and UTF-8, a handle
 dict a ``uint16`` count then per handle (name length, dtype length, ndim as ``uint8``;
 offset, nbytes, capacity as ``uint64``), the name, the dtype and the shape (``int64``
-each). A :class:`Run`'s request facts follow its rows: a ``uint32`` count, then per
-request a head (presence bits ``uint8``, priority ``int64``, deadline ``float64``,
-numeric correlation ID ``uint64``, flags ``uint32``, timeout ``uint64``), the id, the
-parameters, then the tenant and a string correlation ID when present, and the requested
-outputs (``uint16`` count, then each as a string). Its chaos fault (rare) is pickled at
-the end of its body. The rare messages (:class:`Ready`, :class:`LoadFailed`,
-:class:`Call`, :class:`Reply`, :class:`CallFailed`) are pickled whole in a frame of
-their own kind. A frame that does not parse (unknown kind, a declared length over
-:data:`MAX_BODY`, a body too short or too long, bad UTF-8, a pickle of anything else)
-raises :class:`FrameError`: the server then kills the worker as lost, a worker exits
-(code 1).
+each). A :class:`Run`'s chaos fault (rare) is pickled at the end of its body. The rare
+messages (:class:`Ready`, :class:`LoadFailed`, :class:`Call`, :class:`Reply`,
+:class:`CallFailed`) are pickled whole in a frame of their own kind. A frame that does
+not parse (unknown kind, a declared length over :data:`MAX_BODY`, a body too short or
+too long, bad UTF-8, a pickle of anything else) raises :class:`FrameError`: the server
+then kills the worker as lost, a worker exits (code 1).
 
 Start-up. The worker maps the arena, loads its model and runs warm-up batches, then
 says :class:`Ready` (or :class:`LoadFailed` and exits). From then on a heartbeat
@@ -258,7 +253,10 @@ _COUNT = struct.Struct("<H")
 _LEN = struct.Struct("<I")
 _HANDLE = struct.Struct("<BBBQQQ")  # name length, dtype length, ndim, offset, nbytes, capacity
 _SIZE = struct.Struct("<BQ")  # name length, size
-# presence bits, priority, deadline, numeric correlation ID, flags, timeout (microseconds)
+# A Run's request facts follow its rows: a uint32 count, then per request this head
+# (presence bits, priority, deadline, numeric correlation ID, flags, timeout in
+# microseconds), the id and the parameters as strings, the tenant and a string
+# correlation ID when the bits say so, and the requested outputs (uint16 count, strings).
 _FACTS_HEAD = struct.Struct("<BqdQIQ")
 _HAS_PRIORITY, _HAS_DEADLINE, _HAS_TENANT, _TEXT_CORRID = 1, 2, 4, 8
 _HEARTBEAT_FRAME = _HEADER.pack(0, _HEARTBEAT)

@@ -240,13 +240,13 @@ class PythonBackend:
         self,
         batch: dict[str, Tensor],
         rows: Sequence[int],
-        requests: Sequence[RequestFacts] = (),
+        facts: Sequence[RequestFacts] = (),
     ) -> dict[str, Tensor]:
         """Run ``batch`` as one ``execute`` call with a request per entry of ``rows``.
 
         ``rows`` are the requests' row counts in order (empty: one request);
-        ``requests`` their facts, one each (empty, or a count that does not match:
-        none known). Returns each declared output, the responses' tensors joined in
+        ``facts`` their facts, one each (empty, or a count that does not match: none
+        known). Returns each declared output, the responses' tensors joined in
         request order.
         """
         model = self._model
@@ -255,20 +255,20 @@ class PythonBackend:
         utils = sys.modules[UTILS]
         metadata = self.metadata
         counts = list(rows) if metadata.batched and len(rows) > 1 else []
-        facts = list(requests) if len(requests) == max(len(counts), 1) else []
+        known = list(facts) if len(facts) == max(len(counts), 1) else []
         everything = sorted(spec.name for spec in metadata.outputs)
-        executed = []
+        requests = []
         start = 0
         for index, count in enumerate(counts or [-1]):
             part = batch if count < 0 else {n: a[start : start + count] for n, a in batch.items()}
             start += max(count, 0)
             tensors = [utils.Tensor(n, a) for n, a in part.items()]
-            own = facts[index] if facts else _NO_FACTS
-            executed.append(_request(utils, metadata.name, tensors, own, everything))
+            own = known[index] if known else _NO_FACTS
+            requests.append(_request(utils, metadata.name, tensors, own, everything))
         started = time.perf_counter()
         try:
-            responses = model.execute(executed)
-            outputs = self._joined(responses, len(executed))
+            responses = model.execute(requests)
+            outputs = self._joined(responses, len(requests))
         except Exception as exc:
             with self._lock:
                 self._failures += 1
