@@ -24,6 +24,7 @@ __all__ = [
     "InferResponse",
     "ModelKey",
     "ModelMetadata",
+    "RequestFacts",
     "RequestedOutput",
     "SharedInput",
     "StreamSpec",
@@ -84,6 +85,11 @@ class InferRequest:
     headers: dict[str, str] = field(default_factory=dict)
     shared_inputs: list[SharedInput] = field(default_factory=list)
     """Inputs still to be read from shared-memory regions (Triton's extension)."""
+    correlation_id: int | str = 0
+    """The sequence's correlation ID (``parameters.sequence_id``, which sequence
+    batching consumes) once its sequence took the request; 0 for none (Triton's)."""
+    flags: int = 0
+    """Triton's request flags, set with the correlation ID: sequence start (1), end (2)."""
     received_at: float | None = None
     """``time.monotonic()`` when the transport had the request's headers; its deadline
     counts from then (the wait to be read and decoded is part of it)."""
@@ -114,6 +120,34 @@ class InferResponse:
     def release(self) -> None:
         """Give back the arena blocks under ``outputs`` once they are encoded."""
         release_owned(self.outputs)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFacts:
+    """What a backend may know of one request of a batch, besides its tensors.
+
+    Triton's per-request fields, as its Python backend hands them to ``execute``:
+    ``id`` (the request's ``id``, "" for none), ``correlation_id`` (the sequence's, 0
+    for none), ``parameters`` (the request's parameters that the server did not
+    consume, as one compact JSON object), ``flags`` (sequence start 1, end 2),
+    ``timeout_us`` (the ``timeout`` parameter, microseconds; 0 for none) and
+    ``outputs`` (the outputs the client asked for; empty: every output). And sordino's
+    own: ``priority`` (the level the request is queued at), ``deadline`` (when it must
+    be answered, a ``time.time()`` value; None: no deadline) and ``tenant`` (None
+    without tenants). Built once when the
+    request is accepted, for a model whose backend reads them
+    (``BackendKind.request_facts``); it crosses to worker processes with the batch.
+    """
+
+    id: str = ""
+    correlation_id: int | str = 0
+    parameters: str = "{}"
+    outputs: tuple[str, ...] = ()
+    flags: int = 0
+    timeout_us: int = 0
+    priority: int | None = None
+    deadline: float | None = None
+    tenant: str | None = None
 
 
 def release_owned(tensors: Mapping[str, Tensor]) -> None:

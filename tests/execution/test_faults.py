@@ -44,6 +44,16 @@ async def test_faults_match_their_target_and_expire_with_an_event() -> None:
     assert kinds == [("fault_injected", "chaos API"), ("fault_cleared", "duration elapsed")]
 
 
+def test_a_tenant_scoped_fault_hits_only_batches_holding_that_tenant() -> None:
+    """The batch's tenants (its context's) decide whether a scoped fault hits it."""
+    registry = FaultRegistry(VirtualClock(), EventSink(), seed=1)
+    registry.inject(parse_target("worker:digits"), "error", tenant="acme")
+    assert registry.pick("digits", 0, "cpu") is None
+    assert registry.pick("digits", 0, "cpu", frozenset({"beta"})) is None
+    action = registry.pick("digits", 0, "cpu", frozenset({"beta", "acme"}))
+    assert action is not None and action.kind == "error"
+
+
 def test_rate_is_a_probability_per_batch() -> None:
     """At rate 0.3 about 30% of batches are hit."""
     registry = FaultRegistry(VirtualClock(), EventSink(), seed=3)

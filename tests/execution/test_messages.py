@@ -40,7 +40,7 @@ from sordino.execution.messages import (
 )
 from sordino.execution.worker import WorkerLost, WorkerProcess
 from sordino.execution.worker_main import WorkerSpec
-from sordino.inference import ModelMetadata, TensorSpec
+from sordino.inference import ModelMetadata, RequestFacts, TensorSpec
 from sordino.memory.tensors import BYTES, TensorHandle, write_tensor
 from sordino.models.repository import builtin_sources
 
@@ -61,11 +61,34 @@ MESSAGES = [
         "psm_segment",
         (2, 1, 3),
     ),
+    Run(
+        3,
+        {"x": HANDLE},
+        {},
+        FaultAction("error", 0.0),
+        "",
+        (1, 2),
+        (
+            RequestFacts(
+                id="req-ü",
+                correlation_id=2**64 - 1,
+                parameters='{"k":"v"}',
+                outputs=("y", "z"),
+                flags=3,
+                timeout_us=2**40,
+                priority=2,
+                deadline=1.7e9 + 0.25,
+                tenant="acme",
+            ),
+            RequestFacts(correlation_id="session-a"),
+        ),
+    ),
     Allocated(1, {"y": HANDLE}),
     Call(2, ProfileStart("/tmp/trace")),
     Call(3, ProfileStop()),
     STOP,
     Ready(METADATA, 123, 0.5),
+    Ready(METADATA, 124, 0.5, per_request=True),
     LoadFailed("ModelLoadError: no such file"),
     HEARTBEAT,
     Alloc(1, {"y": 4096, "z": 2**33}),

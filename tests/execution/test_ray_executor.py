@@ -370,6 +370,8 @@ def test_a_decoupled_model_is_refused_on_ray_naming_the_executor(server: Running
     folder = Path(__file__).parent.parent / "fixtures" / "triton_python_examples"
     source = next(s for s in scan_repository(folder) if s.name == "square_int32")
     key = ModelKey("square_int32", "1")
+    # Asks no CPU: the module's other models may hold the whole test cluster by now.
+    config = source.config.model_copy(update={"ray": RayModelOptions(num_cpus=0)})
     with pytest.raises(ModelLoadError, match=r"decoupled models do not run on Ray actors"):
-        server.call(asyncio.wait_for(runtime.executor.load(key, source.path, source.config), 60))
+        server.call(asyncio.wait_for(runtime.executor.load(key, source.path, config), 60))
     assert not [w for w in runtime.executor.statistics().workers if w.model == "square_int32"]

@@ -18,8 +18,8 @@ from sordino.errors import (
     Shed,
     ShuttingDown,
 )
-from sordino.execution.executor import BATCH_OWNERS
-from sordino.inference import ModelKey
+from sordino.execution.batch import NO_CONTEXT, BatchContext
+from sordino.inference import ModelKey, RequestFacts
 from sordino.memory.refs import Tensors
 from sordino.records import QueueSettings
 from sordino.scheduling.batcher import BatchPolicy
@@ -354,13 +354,18 @@ class _NodeQuota(ScriptedExecutor):
 
     owners: list[tuple[str, ...]]
 
-    async def run(self, model: ModelKey, parts: Sequence[Mapping[str, Any]]) -> Tensors:
-        owners = BATCH_OWNERS.get()
+    async def run(
+        self,
+        model: ModelKey,
+        parts: Sequence[Mapping[str, Any]],
+        context: BatchContext = NO_CONTEXT,
+    ) -> Tensors:
+        owners = context.owners
         self.owners.append(owners)
         assert len(owners) == len(parts), "one owner per part, in the parts' order"
         if "small" in owners:
             raise RateLimited("tenant 'small' is over its quota on node n1")
-        return await super().run(model, parts)
+        return await super().run(model, parts, context)
 
 
 async def test_a_tenant_refused_by_a_node_quota_fails_alone() -> None:
@@ -659,3 +664,37 @@ async def test_a_close_without_drain_answers_every_request_of_a_batch_run_one_by
     results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
     assert all(isinstance(r, ShuttingDown) for r in results), results
     assert sched.statistics().in_flight == 0
+
+
+async def test_the_executor_is_handed_each_batchs_context() -> None:
+    """Executor.run gets the batch's context: per part, in the parts' order, each
+    request's facts and owner; the tenants of a tenanted batch; no step region."""
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock)
+    sched = _scheduler(clock, executor)
+    given = RequestFacts(id="r1", correlation_id=5, parameters='{"a":1}', priority=2)
+    first = sched.submit(_x(1), priority=2, facts=given, tenant="acme", owner="acme")
+    second = sched.submit(_x(2), priority=3, request_id="r2", tenant="beta")
+    await clock.advance(0.05)
+    for request in (first, second):
+        (await sched.result(request)).release()
+    (context,) = executor.contexts
+    assert context.owners == ("acme", "")
+    assert context.tenants == frozenset({"acme", "beta"})
+    assert context.region is None
+    # A request submitted without facts (a pipeline node's) gets its priority alone.
+    assert context.requests == (given, RequestFacts(priority=3))
+    await sched.close()
+
+
+async def test_a_batch_without_request_facts_carries_none() -> None:
+    """Requests submitted without facts (their backend reads none): no facts are made."""
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock)
+    sched = _scheduler(clock, executor)
+    request = sched.submit(_x(1), priority=2, request_id="r1")
+    await clock.advance(0.05)
+    (await sched.result(request)).release()
+    (context,) = executor.contexts
+    assert context.requests == () and context.owners == ("",)
+    await sched.close()

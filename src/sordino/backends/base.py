@@ -27,12 +27,12 @@ group) are listed by :mod:`sordino.backends.registry`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from sordino.config.memory import FrameworkMemoryConfig
-from sordino.inference import ModelMetadata, Tensor
+from sordino.inference import ModelMetadata, RequestFacts, Tensor
 
 __all__ = [
     "WARMUP_SHAPE",
@@ -114,6 +114,9 @@ class BackendKind:
     the Triton ``platform``/``backend`` values (``config.pbtxt``) meaning this kind.
     ``execution_providers`` tells whether the model's ``execution_providers`` and the
     devices' provider lists are this runtime's (ONNX Runtime) or only say CPU or CUDA.
+    ``request_facts`` tells whether its models read each request's facts (a
+    :class:`RequestBatchBackend` that hands them to the model): only for such models
+    does the server build them per request.
     ``create`` imports the runtime only when called, so listing kinds stays cheap.
     ``warm_up`` False: the runtime runs no warm-up batches (dummy inputs) through the
     model before it serves, for model code that acts on what it gets (a Triton Python
@@ -126,6 +129,7 @@ class BackendKind:
     model_files: tuple[str, ...]
     suffixes: tuple[str, ...] = ()
     platforms: tuple[str, ...] = ()
+    request_facts: bool = field(default=False, kw_only=True)
     execution_providers: bool = False
     description: str = ""
     warm_up: bool = True
@@ -152,11 +156,20 @@ class RequestBatchBackend(Protocol):
     """A backend that runs a batch as the requests it joins (Triton's ``execute``).
 
     The runtime calls ``infer_requests`` instead of ``infer`` when a batch joins
-    several requests; ``rows`` are each request's rows, in order, summing to the batch's.
+    several requests, or when it knows the facts of the batch's requests; ``rows`` are
+    each request's rows, in order, summing to the batch's (empty: the batch is one
+    request). ``facts`` are each request's :class:`~sordino.inference.RequestFacts`
+    (id, correlation ID, parameters, ...), in the same order, one per request; empty
+    when the runtime knows none (warm-up batches).
     """
 
-    def infer_requests(self, batch: dict[str, Tensor], rows: Sequence[int]) -> dict[str, Tensor]:
-        """Run one batch of ``len(rows)`` requests; return every output, rows in order."""
+    def infer_requests(
+        self,
+        batch: dict[str, Tensor],
+        rows: Sequence[int],
+        facts: Sequence[RequestFacts] = (),
+    ) -> dict[str, Tensor]:
+        """Run one batch of ``len(rows)`` requests (one if empty); return every output."""
         ...
 
 

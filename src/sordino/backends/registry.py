@@ -71,6 +71,7 @@ BUILTIN: tuple[BackendKind, ...] = (
         _python,
         model_files=("model.py",),
         platforms=("python",),
+        request_facts=True,
         description="a Triton Python-backend model.py (class TritonPythonModel)",
         warm_up=False,
     ),

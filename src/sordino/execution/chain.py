@@ -1,7 +1,10 @@
 """The default executor: model instances on a chain of devices, behind circuit breakers.
 
-``await executor.run(model, parts) -> outputs`` is the one call the scheduler makes,
-with each request's inputs as one part. Behind it, for each batch:
+``await executor.run(model, parts, context) -> outputs`` is the one call the scheduler
+makes, with each request's inputs as one part and the batch's
+:class:`~sordino.execution.batch.BatchContext`, which goes down with the staged batch
+(``StagedBatch.context``) to staging, the chaos faults and the instances. Behind it,
+for each batch:
 
 1. The batch is staged (``execution/staging.py``): inputs already in the
    shared-memory arena go to the worker by reference, others are copied in once, and
@@ -44,6 +47,7 @@ from sordino.config import ModelConfig, RuntimeConfig, WorkersConfig
 from sordino.config.memory import FrameworkMemoryConfig
 from sordino.errors import InferenceFailed, ModelError, ModelLoadError, ModelNotReady, Unavailable
 from sordino.events import EventSink
+from sordino.execution.batch import NO_CONTEXT, BatchContext
 from sordino.execution.decoupled import ResponseChannel
 from sordino.execution.devices import Device
 from sordino.execution.executor import MemoryFit, OverflowCounters
@@ -295,7 +299,12 @@ class ChainExecutor:
             return None
         return self._staging.arena
 
-    async def run(self, model: ModelKey, parts: Sequence[Mapping[str, Tensor]]) -> Tensors:
+    async def run(
+        self,
+        model: ModelKey,
+        parts: Sequence[Mapping[str, Tensor]],
+        context: BatchContext = NO_CONTEXT,
+    ) -> Tensors:
         """Run ``parts`` (each request's inputs) as one batch; return its outputs.
 
         The parts stay the caller's; the outputs are the caller's to release (for a
@@ -303,7 +312,7 @@ class ChainExecutor:
         """
         entry = self._model(model)
         staged = await self._staging.stage(
-            parts, entry.metadata, in_arena=entry.isolation == "process"
+            parts, entry.metadata, in_arena=entry.isolation == "process", context=context
         )
         try:
             return self._staging.outputs(staged, await self._dispatch(entry, staged))
@@ -311,7 +320,11 @@ class ChainExecutor:
             self._staging.release(staged)
 
     async def run_decoupled(
-        self, model: ModelKey, parts: Sequence[Mapping[str, Tensor]], channel: ResponseChannel
+        self,
+        model: ModelKey,
+        parts: Sequence[Mapping[str, Tensor]],
+        channel: ResponseChannel,
+        context: BatchContext = NO_CONTEXT,
     ) -> None:
         """Run ``parts`` as one batch of a decoupled model; its responses go to ``channel``.
 
@@ -325,7 +338,7 @@ class ChainExecutor:
         if not entry.metadata.decoupled:
             raise InferenceFailed(f"model {model} is not decoupled; it answers through run()")
         staged = await self._staging.stage(
-            parts, entry.metadata, in_arena=entry.isolation == "process"
+            parts, entry.metadata, in_arena=entry.isolation == "process", context=context
         )
         staged.channel = channel
         channel.limit(self._clock, self._settings.execution_timeout)
@@ -366,7 +379,9 @@ class ChainExecutor:
                     raise attempt.exhausted(model.key, self._settings, give_up())
                 slot, instance = choice
                 probe = slot.breaker.begin() if slot.breaker is not None else False
-                fault = self.faults.pick(model.key.name, instance.index, instance.device.name)
+                fault = self.faults.pick(
+                    model.key.name, instance.index, instance.device.name, batch.context.tenants
+                )
                 started = self._clock.now()
                 dispatch_s = started - failed_at if failed_at is not None else 0.0
                 try:

@@ -1,8 +1,10 @@
 """The executor: one async call that runs a batch on some instance of a model.
 
-``await executor.run(model, parts) -> outputs``: ``parts`` are the inputs of the
-requests that share the batch, one mapping each, with matching shapes past the batch
-dimension; ``outputs`` are the whole batch's, in the same row order. Which instance,
+``await executor.run(model, parts, context) -> outputs``: ``parts`` are the inputs of
+the requests that share the batch, one mapping each, with matching shapes past the batch
+dimension; ``context`` (:class:`~sordino.execution.batch.BatchContext`) is what else
+the layers below need to know of the batch (owners, tenants, step region, each
+request's facts); ``outputs`` are the whole batch's, in the same row order. Which instance,
 worker process and device, retries and breakers live behind this call; the
 scheduler never knows. :class:`sordino.execution.chain.ChainExecutor` is the one the
 runtime uses; ``sordino.testing.ScriptedExecutor`` isolates scheduling in tests.
@@ -14,19 +16,14 @@ Ownership: the parts stay the caller's; the outputs are the caller's to release
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from sordino.execution.batch import NO_CONTEXT, BatchContext
 from sordino.inference import ModelKey, Tensor
 from sordino.memory.refs import Tensors
 
-__all__ = ["BATCH_OWNERS", "Executor", "MemoryFit", "OverflowCounters"]
-
-BATCH_OWNERS: ContextVar[tuple[str, ...]] = ContextVar("sordino_batch_owners", default=())
-"""While a batch runs: each part's memory owner (the request's tenant as memory quotas
-name it, ``default`` for none), in the order of ``parts``; set by the scheduler, read
-by executors that account memory per batch (the Ray executor's node pools)."""
+__all__ = ["Executor", "MemoryFit", "OverflowCounters"]
 
 
 @dataclass(slots=True)
@@ -59,8 +56,17 @@ class MemoryFit:
 class Executor(Protocol):
     """Runs batches for registered models."""
 
-    async def run(self, model: ModelKey, parts: Sequence[Mapping[str, Tensor]]) -> Tensors:
-        """Run ``parts`` as one batch on an idle instance of ``model``; return every output."""
+    async def run(
+        self,
+        model: ModelKey,
+        parts: Sequence[Mapping[str, Tensor]],
+        context: BatchContext = NO_CONTEXT,
+    ) -> Tensors:
+        """Run ``parts`` as one batch on an idle instance of ``model``; return every output.
+
+        ``context`` says what else is known of the batch (one entry per part where per
+        request); :data:`~sordino.execution.batch.NO_CONTEXT` when nothing is.
+        """
         ...
 
     def instances(self, model: ModelKey) -> int:

@@ -16,7 +16,7 @@ travels with the batch and :func:`perform` carries it out where the model runs:
   temperature triggers can be tested on machines without sensors.
 
 A fault may be scoped to a tenant (``tenant``): it hits only batches holding a request
-of that tenant (the scheduler names a batch's tenants in :data:`BATCH_TENANTS`). Its
+of that tenant (the batch's context names its tenants: ``BatchContext.tenants``). Its
 ``error`` is then a poisoned input (:class:`PoisonedInput`, a model error): the engine
 re-runs the batch one request at a time, so only that tenant's requests fail. A scoped
 ``crash`` still takes the whole batch down with the worker, as a real crash would.
@@ -38,7 +38,6 @@ import random
 import signal
 import time
 from collections.abc import Iterable, Sequence
-from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol, get_args
 
@@ -49,7 +48,6 @@ from sordino.execution.devices import Device
 from sordino.inference import ModelKey
 
 __all__ = [
-    "BATCH_TENANTS",
     "CRASH_EXIT_CODE",
     "FaultAction",
     "FaultKind",
@@ -66,10 +64,6 @@ __all__ = [
 FaultKind = Literal["error", "latency", "crash", "hang", "oom", "temperature"]
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 CRASH_EXIT_CODE = 70
-
-
-BATCH_TENANTS: ContextVar[frozenset[str]] = ContextVar("sordino_batch_tenants", default=frozenset())
-"""The tenants whose requests are in the batch being dispatched (set by the scheduler)."""
 
 
 class InjectedFault(RuntimeError):
@@ -326,14 +320,21 @@ class FaultRegistry:
         ]
         return [spec for fault_id in ids for spec in self.clear(fault_id, cause=cause)]
 
-    def pick(self, model: str, index: int, device: str) -> FaultAction | None:
-        """Return the fault that hits a batch on instance ``index`` of ``model`` on ``device``."""
+    def pick(
+        self, model: str, index: int, device: str, tenants: frozenset[str] = frozenset()
+    ) -> FaultAction | None:
+        """Return the fault that hits a batch on instance ``index`` of ``model`` on ``device``.
+
+        ``tenants`` are those whose requests the batch holds (its
+        :class:`~sordino.execution.batch.BatchContext`'s); a fault scoped to a tenant
+        hits only a batch holding that tenant's requests.
+        """
         if not self._faults:
             return None
         for spec in self.active():
             if spec.kind == "temperature":
                 continue
-            if spec.tenant is not None and spec.tenant not in BATCH_TENANTS.get():
+            if spec.tenant is not None and spec.tenant not in tenants:
                 continue
             target = spec.target
             if target.kind == "device":

@@ -197,13 +197,14 @@ class ThreadInstance(_Base):
             if fault is not None:
                 perform(fault, in_process=True)
             backend = self._backend
+            requests = batch.context.requests
             if responder is not None:
                 if not isinstance(backend, DecoupledBackend):
                     raise RuntimeError(f"the {type(backend).__name__} backend is not decoupled")
                 backend.infer_decoupled(batch.arrays, batch.request_rows, responder)
                 return {}
-            if isinstance(backend, RequestBatchBackend) and batch.request_rows:
-                outputs = backend.infer_requests(batch.arrays, batch.request_rows)
+            if isinstance(backend, RequestBatchBackend) and (batch.request_rows or requests):
+                outputs = backend.infer_requests(batch.arrays, batch.request_rows, requests)
             else:
                 outputs = backend.infer(batch.arrays)
             return {name: TensorRef(array) for name, array in outputs.items()}
@@ -323,7 +324,8 @@ class ProcessInstance(_Base):
                 self._settings.execution_timeout,
                 batch.segment,
                 batch.request_rows,
-                batch.channel,
+                channel=batch.channel,
+                requests=batch.context.requests,
             )
         except WorkerError:
             # A batch the model failed while its worker lives; one whose failure killed

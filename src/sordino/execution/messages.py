@@ -74,7 +74,7 @@ import numpy as np
 
 from sordino.backends.calls import CallAnswer, ModelCall
 from sordino.execution.faults import FaultAction
-from sordino.inference import ModelMetadata
+from sordino.inference import ModelMetadata, RequestFacts
 from sordino.memory.tensors import TensorHandle
 
 __all__ = [
@@ -127,6 +127,9 @@ class Run:
     rows: tuple[int, ...] = ()
     """The rows of each request in the batch, in order, for a backend that runs a batch
     as its requests (Triton's Python backend); empty when the batch is one part."""
+    requests: tuple[RequestFacts, ...] = ()
+    """Each request's facts (id, correlation ID, parameters, ...), in order, for a
+    worker whose backend takes them (:attr:`Ready.per_request`); else empty."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +203,10 @@ class Ready:
     metadata: ModelMetadata
     pid: int
     load_s: float
+    per_request: bool = False
+    """Whether the backend runs a batch as its requests and takes their facts
+    (:class:`~sordino.backends.base.RequestBatchBackend`): only then do batches carry
+    them (:attr:`Run.requests`), so the hop of other models costs nothing more."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +350,12 @@ _COUNT = struct.Struct("<H")
 _LEN = struct.Struct("<I")
 _HANDLE = struct.Struct("<BBBQQQ")  # name length, dtype length, ndim, offset, nbytes, capacity
 _SIZE = struct.Struct("<BQ")  # name length, size
+# A Run's request facts follow its rows: a uint32 count, then per request this head
+# (presence bits, priority, deadline, numeric correlation ID, flags, timeout in
+# microseconds), the id and the parameters as strings, the tenant and a string
+# correlation ID when the bits say so, and the requested outputs (uint16 count, strings).
+_FACTS_HEAD = struct.Struct("<BqdQIQ")
+_HAS_PRIORITY, _HAS_DEADLINE, _HAS_TENANT, _TEXT_CORRID = 1, 2, 4, 8
 _HEARTBEAT_FRAME = _HEADER.pack(0, _HEARTBEAT)
 _STOP_FRAME = _HEADER.pack(0, _STOP)
 
@@ -384,6 +397,40 @@ def _arrays(arrays: dict[str, np.ndarray]) -> bytes:
     return b"".join(parts)
 
 
+def _facts(requests: tuple[RequestFacts, ...]) -> bytes:
+    parts = [_LEN.pack(len(requests))]
+    for facts in requests:
+        bits = 0
+        if facts.priority is not None:
+            bits |= _HAS_PRIORITY
+        if facts.deadline is not None:
+            bits |= _HAS_DEADLINE
+        if facts.tenant is not None:
+            bits |= _HAS_TENANT
+        corrid = facts.correlation_id
+        if isinstance(corrid, str):
+            bits |= _TEXT_CORRID
+        parts.append(
+            _FACTS_HEAD.pack(
+                bits,
+                facts.priority or 0,
+                facts.deadline or 0.0,
+                0 if isinstance(corrid, str) else corrid,
+                facts.flags,
+                facts.timeout_us,
+            )
+        )
+        parts.append(_text(facts.id))
+        parts.append(_text(facts.parameters))
+        if facts.tenant is not None:
+            parts.append(_text(facts.tenant))
+        if isinstance(corrid, str):
+            parts.append(_text(corrid))
+        parts.append(_COUNT.pack(len(facts.outputs)))
+        parts.extend(_text(name) for name in facts.outputs)
+    return b"".join(parts)
+
+
 def encode(message: ToWorker | FromWorker) -> bytes:
     """One frame holding ``message`` (header and body)."""
     match message:
@@ -401,6 +448,7 @@ def encode(message: ToWorker | FromWorker) -> bytes:
                     _handles(message.space),
                     _LEN.pack(len(message.rows)),
                     struct.pack(f"<{len(message.rows)}q", *message.rows),
+                    _facts(message.requests),
                     fault,
                 )
             )
@@ -496,6 +544,30 @@ class _Body:
                 out[name] = np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape)
         return out
 
+    def facts(self) -> tuple[RequestFacts, ...]:
+        (count,) = self.unpack(_LEN)
+        out = []
+        for _ in range(count):
+            bits, priority, deadline, number, flags, timeout = self.unpack(_FACTS_HEAD)
+            request_id, parameters = self.text(), self.text()
+            tenant = self.text() if bits & _HAS_TENANT else None
+            corrid: int | str = self.text() if bits & _TEXT_CORRID else number
+            (outputs,) = self.unpack(_COUNT)
+            out.append(
+                RequestFacts(
+                    id=request_id,
+                    correlation_id=corrid,
+                    parameters=parameters,
+                    outputs=tuple(self.text() for _ in range(outputs)),
+                    flags=flags,
+                    timeout_us=timeout,
+                    priority=priority if bits & _HAS_PRIORITY else None,
+                    deadline=deadline if bits & _HAS_DEADLINE else None,
+                    tenant=tenant,
+                )
+            )
+        return tuple(out)
+
     def rest(self) -> bytes:
         return self.take(len(self.data) - self.at)
 
@@ -514,10 +586,11 @@ def _decode(kind: int, data: bytes) -> ToWorker | FromWorker:
             inputs, space = body.handles(), body.handles()
             (count,) = body.unpack(_LEN)
             rows = struct.unpack(f"<{count}q", body.take(8 * count))
+            requests = body.facts()
             fault = pickle.loads(body.rest()) if has_fault else None
             if fault is not None and not isinstance(fault, FaultAction):
                 raise FrameError("a Run frame carries something other than a fault")
-            message = Run(batch_id, inputs, space, fault, segment, rows)
+            message = Run(batch_id, inputs, space, fault, segment, rows, requests)
         case 6:  # _DONE
             batch_id, infer_s = body.unpack(_DONE_HEAD)
             message = Done(batch_id, body.handles(), infer_s)

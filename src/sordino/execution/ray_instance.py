@@ -40,7 +40,6 @@ from sordino.errors import ModelLoadError, Unavailable
 from sordino.events import EventSink
 from sordino.execution.backoff import RestartBackoff, start_again
 from sordino.execution.devices import Device
-from sordino.execution.executor import BATCH_OWNERS
 from sordino.execution.faults import FaultAction, InjectedFault, perform
 from sordino.execution.instances import _Base
 from sordino.execution.ray_pool import NodePools, PlacedBatch, place_and_run
@@ -387,7 +386,7 @@ class RayInstance(_Base):
         if pool is None or self._metadata is None:
             raise WorkerLost(f"node {self.node_address} has no memory pool yet")
         return await pool.place(
-            batch.parts, batch.arrays, BATCH_OWNERS.get(), self._metadata, self._pools.memory
+            batch.parts, batch.arrays, batch.context.owners, self._metadata, self._pools.memory
         )
 
     def _lose(self, actor: Any, cause: str) -> None:

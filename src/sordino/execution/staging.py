@@ -42,11 +42,11 @@ import numpy as np
 from sordino.config.memory import MemoryConfig
 from sordino.datatypes import to_numpy_dtype
 from sordino.errors import OutOfMemory
+from sordino.execution.batch import NO_CONTEXT, BatchContext
 from sordino.execution.decoupled import ResponseChannel
 from sordino.inference import ModelMetadata, Tensor
 from sordino.memory.arena import Arena, shm_free_bytes
 from sordino.memory.refs import Lease, TensorRef, Tensors
-from sordino.memory.region import STEP_REGION
 from sordino.memory.strategies import allocator_factory
 from sordino.memory.tensors import BYTES, TensorHandle, tensor_nbytes, view_tensor, write_tensor
 from sordino.records import ArenaStatistics
@@ -65,10 +65,13 @@ class StagedBatch:
 
     ``handles`` name each input in the arena, ``space`` the blocks reserved for
     outputs; ``allocate`` reserves more output space while the batch runs.
+    ``context`` is the batch's, as the executor was handed it; the instance that
+    runs the batch reads it (each request's facts, the parts' owners).
     """
 
     parts: Sequence[Part]
     batched: bool
+    context: BatchContext = NO_CONTEXT
     handles: dict[str, TensorHandle] = field(default_factory=dict)
     space: dict[str, TensorHandle] = field(default_factory=dict)
     copies: Lease | None = None
@@ -219,15 +222,23 @@ class Staging:
             self._arena.close()
 
     async def stage(
-        self, parts: Sequence[Part], metadata: ModelMetadata, *, in_arena: bool
+        self,
+        parts: Sequence[Part],
+        metadata: ModelMetadata,
+        *,
+        in_arena: bool,
+        context: BatchContext = NO_CONTEXT,
     ) -> StagedBatch:
         """Stage ``parts`` as one batch; with ``in_arena``, by reference into the arena.
+
+        ``context`` goes with the staged batch; its step region (a batch of one step
+        of a multi-step request) holds the step's output space.
 
         On any failure or cancellation (an output that can never fit, a wait for
         space that is cancelled) every block acquired here is given back before the
         error propagates. The parts stay the caller's.
         """
-        staged = StagedBatch(parts=parts, batched=metadata.batched)
+        staged = StagedBatch(parts=parts, batched=metadata.batched, context=context)
         if not in_arena:
             return staged
         if self._gate is not None:
@@ -301,7 +312,7 @@ class Staging:
             if spec.datatype == "BYTES" or any(d < 0 for d in dims):
                 continue
             sizes[spec.name] = rows * math.prod(dims) * to_numpy_dtype(spec.datatype).itemsize
-        region = STEP_REGION.get() if len(parts) == 1 else None
+        region = staged.context.region if len(parts) == 1 else None
         if region is not None and sizes:
             # One multi-step request's step: its outputs go to the request's region.
             lease = region.lease(self.arena, list(sizes.values()))

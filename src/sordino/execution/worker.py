@@ -80,7 +80,7 @@ from sordino.execution.messages import (
 )
 from sordino.execution.model_calls import CallServer, answer_call
 from sordino.execution.worker_main import WorkerSpec, worker_main
-from sordino.inference import ModelMetadata
+from sordino.inference import ModelMetadata, RequestFacts
 from sordino.memory.tensors import TensorHandle
 
 __all__ = ["WorkerError", "WorkerLost", "WorkerProcess"]
@@ -225,6 +225,8 @@ class WorkerProcess:
         self.pid: int | None = None
         self.last_beat = clock.now()
         self.load_s = 0.0
+        self.per_request = False
+        """Whether its backend takes each request's facts (its :class:`Ready` says)."""
 
     @property
     def alive(self) -> bool:
@@ -287,8 +289,12 @@ class WorkerProcess:
         segment: str = "",
         rows: tuple[int, ...] = (),
         channel: ResponseChannel | None = None,
+        requests: tuple[RequestFacts, ...] = (),
     ) -> tuple[dict[str, TensorHandle], float]:
         """Run one batch; return its output handles and the time the model took.
+
+        ``requests`` (each request's facts) go to the worker only when its backend
+        takes them (:attr:`per_request`).
 
         Raises :class:`WorkerLost` if the worker dies, is killed or exceeds
         ``timeout_s`` (0: no limit), :class:`WorkerError` if the model raised. The
@@ -318,7 +324,8 @@ class WorkerProcess:
                     lambda: self.kill(f"execution timeout: a batch ran over {timeout_s:g} s"),
                 )
             try:
-                self._send(Run(batch_id, inputs, space, fault, segment, rows))
+                facts = requests if self.per_request else ()
+                self._send(Run(batch_id, inputs, space, fault, segment, rows, facts))
                 result = await future
                 ran = True
                 return result
@@ -497,8 +504,8 @@ class WorkerProcess:
         match message:
             case Heartbeat():
                 pass
-            case Ready(metadata=metadata, pid=pid, load_s=load_s):
-                self.pid, self.load_s = pid, load_s
+            case Ready(metadata=metadata, pid=pid, load_s=load_s, per_request=per_request):
+                self.pid, self.load_s, self.per_request = pid, load_s, per_request
                 if not self._ready.done():
                     self._ready.set_result(metadata)
             case LoadFailed(message=text):

@@ -316,7 +316,8 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     streams = _Streams(link) if isinstance(backend, DecoupledBackend) else None
     if streams is not None and backend.metadata.decoupled:
         link.start_reader(streams.cancel)
-    link.send(Ready(backend.metadata, os.getpid(), time.perf_counter() - started))
+    per_request = isinstance(backend, RequestBatchBackend)
+    link.send(Ready(backend.metadata, os.getpid(), time.perf_counter() - started, per_request))
     try:
         _serve(link, backend, mapped, streams)
     except FrameError as exc:
@@ -512,8 +513,8 @@ def _run(link: _Link, backend: Backend, buffer: memoryview, run: Run) -> bool:
         batch = {name: view_tensor(buffer, handle) for name, handle in run.inputs.items()}
         if run.fault is not None:
             perform(run.fault, in_process=False)
-        if run.rows and isinstance(backend, RequestBatchBackend):
-            results = backend.infer_requests(batch, run.rows)
+        if (run.rows or run.requests) and isinstance(backend, RequestBatchBackend):
+            results = backend.infer_requests(batch, run.rows, run.requests)
         else:
             results = backend.infer(batch)
         del batch

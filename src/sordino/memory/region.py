@@ -12,8 +12,9 @@ best-fit allocator over the region finds again as soon as step ``k - 1``'s outpu
 were released. Should a step's slot still be held (a response not written yet), that
 step's outputs take an ordinary arena block instead (a *fallback*, counted).
 
-The scheduler names the request's region in :data:`STEP_REGION` while a batch of one
-multi-step request runs; staging reads it (a batch of several requests concatenates
+The scheduler names the request's region in the batch context it hands the executor
+(``BatchContext.region``) when a batch is one step of one multi-step request; staging
+reads it (a batch of several requests concatenates
 their rows and cannot live in one request's region). The region goes back to the arena
 when the request ended and its last step's outputs were released. Its figures — the
 planned size, the bytes it really held at most, fallbacks — reach the step planner
@@ -23,7 +24,6 @@ with the request's end (:class:`~sordino.records.RequestDone`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -36,10 +36,7 @@ if TYPE_CHECKING:
     from sordino.memory.arena import Arena
     from sordino.memory.refs import Lease
 
-__all__ = ["STEP_REGION", "StepRegion"]
-
-STEP_REGION: ContextVar[StepRegion | None] = ContextVar("sordino_step_region", default=None)
-"""The region of the one multi-step request whose step is being staged (or None)."""
+__all__ = ["StepRegion"]
 
 
 class StepRegion:

@@ -48,12 +48,12 @@ from sordino.errors import (
     SordinoError,
     Unsupported,
 )
+from sordino.execution.batch import BatchContext
 from sordino.execution.decoupled import ResponseChannel
-from sordino.execution.executor import BATCH_OWNERS, Executor, MemoryFit
-from sordino.execution.faults import BATCH_TENANTS
-from sordino.inference import ModelKey, StreamSpec, Tensor, release_owned
+from sordino.execution.executor import Executor, MemoryFit
+from sordino.inference import ModelKey, RequestFacts, StreamSpec, Tensor, release_owned
 from sordino.memory.refs import Tensors
-from sordino.memory.region import STEP_REGION, StepRegion
+from sordino.memory.region import StepRegion
 from sordino.records import (
     BatchDone,
     Outcome,
@@ -208,11 +208,14 @@ class ModelScheduler:
         weight: int = 1,
         owner: str = "",
         decoupled: bool = False,
+        facts: RequestFacts | None = None,
     ) -> Request:
         """Accept one request and queue its first step; return the request.
 
         ``tenant`` and ``weight`` share a priority level among tenants (see the queue);
         ``owner`` is whom the request's memory is charged to in a Ray node's pool.
+        ``facts`` are what a backend may know of the request (its batches' contexts
+        carry them); None when the caller built none (its backend reads none).
 
         The scheduler takes ownership of ``inputs`` (a :class:`Tensors` is released when
         the request finishes). Raises at once, without accepting, when the queue is
@@ -238,6 +241,7 @@ class ModelScheduler:
             weight=weight,
             owner=owner,
             decoupled=decoupled,
+            facts=facts,
         )
         item = self._work_item(request, tensors, now)
         try:
@@ -500,31 +504,9 @@ class ModelScheduler:
         t0 = t1 = self._clock.now()
         rows = sum(item.rows for item in live)
         try:
-            # Chaos faults scoped to a tenant hit only batches holding its requests. Work
-            # is all tenanted (tenants configured) or none of it is: the first item says.
-            first = live[0].request
-            scope = None
-            if first is not None and first.tenant:
-                scope = BATCH_TENANTS.set(
-                    frozenset(i.request.tenant for i in live if i.request is not None)
-                )
-            # A step of one multi-step request: its outputs go to the request's region.
-            region = None
-            if len(live) == 1 and first is not None and (first.stream or first.stepper):
-                if first.region is None:
-                    first.region = StepRegion(carried=first.stepper is None)
-                region = STEP_REGION.set(first.region)
-            owners = BATCH_OWNERS.set(
-                tuple(i.request.owner if i.request is not None else "" for i in live)
+            outputs = await self._executor.run(
+                self.model, [item.inputs for item in live], _context(live)
             )
-            try:
-                outputs = await self._executor.run(self.model, [item.inputs for item in live])
-            finally:
-                BATCH_OWNERS.reset(owners)
-                if region is not None:
-                    STEP_REGION.reset(region)
-                if scope is not None:
-                    BATCH_TENANTS.reset(scope)
         except asyncio.CancelledError:
             self._batch_cancelled(live, t0)
             raise
@@ -599,7 +581,7 @@ class ModelScheduler:
                     f"model {self.model} is decoupled (it sends its own responses); this "
                     "executor cannot run such a model: serve it with isolation process or thread"
                 )
-            await run(self.model, [item.inputs for item in live], channel)
+            await run(self.model, [item.inputs for item in live], channel, _context(live))
         except asyncio.CancelledError:
             channel.fail(
                 f"model {self.model} is being unloaded or the server is stopping; its batch "
@@ -942,6 +924,37 @@ class ModelScheduler:
             queue=self._queue.statistics(),
             controller=self._controller.statistics(),
         )
+
+
+def _context(live: Sequence[WorkItem]) -> BatchContext:
+    """What the executor is told of a batch besides its tensors (one entry per item)."""
+    requests = [item.request for item in live]
+    first = requests[0]
+    # Chaos faults scoped to a tenant hit only batches holding its requests. Work is
+    # all tenanted (tenants configured) or none of it is: the first item says.
+    tenants: frozenset[str] = frozenset()
+    if first is not None and first.tenant:
+        tenants = frozenset(r.tenant for r in requests if r is not None)
+    # A step of one multi-step request: its outputs go to the request's region.
+    region = None
+    if len(live) == 1 and first is not None and (first.stream or first.stepper):
+        if first.region is None:
+            first.region = StepRegion(carried=first.stepper is None)
+        region = first.region
+    # Facts only where the caller built them (for a backend that reads them); a request
+    # without (a pipeline's node request) then gets its priority alone.
+    facts: tuple[RequestFacts, ...] = ()
+    if any(r is not None and r.facts is not None for r in requests):
+        facts = tuple(
+            r.facts if r is not None and r.facts is not None else RequestFacts(priority=i.priority)
+            for r, i in zip(requests, live, strict=True)
+        )
+    return BatchContext(
+        owners=tuple(r.owner if r is not None else "" for r in requests),
+        tenants=tenants,
+        region=region,
+        requests=facts,
+    )
 
 
 def _nbytes(tensors: Mapping[str, Tensor]) -> int:

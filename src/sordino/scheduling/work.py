@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol
 
 from sordino.errors import SordinoError
-from sordino.inference import StreamSpec, Tensor
+from sordino.inference import RequestFacts, StreamSpec, Tensor
 from sordino.memory.refs import Tensors
 from sordino.memory.region import StepRegion
 from sordino.records import Outcome
@@ -154,6 +154,9 @@ class Request:
     """Its model sends its own responses (any number), through a response channel."""
     stop: Callable[[], None] | None = None
     """While a decoupled model answers it: tells the model the request ended early."""
+    facts: RequestFacts | None = None
+    """What a backend may know of it (id, correlation ID, parameters, deadline, ...);
+    each batch holding a step of it carries them in its context."""
 
     @property
     def max_steps(self) -> int:

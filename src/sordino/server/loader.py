@@ -163,6 +163,7 @@ class ModelLoader:
         )
         scheduler.start()
         model = LoadedModel(source, key, metadata, scheduling, scheduler, curve, instances)
+        model.request_facts = backend_kind(config.backend, model=repr(key.name)).request_facts
         try:
             model.labels = read_labels(source)
             if config.sequence_batching is not None:

@@ -33,6 +33,7 @@ from sordino.errors import (
     SordinoError,
     Unavailable,
 )
+from sordino.execution.batch import NO_CONTEXT, BatchContext
 from sordino.execution.chain import ChainExecutor
 from sordino.execution.executor import MemoryFit
 from sordino.execution.staging import row_bytes
@@ -156,8 +157,16 @@ class PipelineExecutor:
             naive,
         )
 
-    async def run(self, model: ModelKey, parts: Sequence[Mapping[str, Tensor]]) -> Tensors:
+    async def run(
+        self,
+        model: ModelKey,
+        parts: Sequence[Mapping[str, Tensor]],
+        context: BatchContext = NO_CONTEXT,
+    ) -> Tensors:
         """Run the batch of ``parts`` node by node; return the final nodes' outputs.
+
+        ``context`` is not passed on: each node's batch is a request of its own to
+        that node's scheduler, which builds that batch's context.
 
         The parts stay the caller's; the outputs (views of the final nodes' output
         blocks, holding them) are the caller's to release.

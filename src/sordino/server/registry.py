@@ -36,6 +36,8 @@ class LoadedModel:
     labels: dict[str, list[str]] = field(default_factory=dict)
     sequences: Sequences | None = None
     """Set for a model with ``sequence_batching``: its live sequences."""
+    request_facts: bool = False
+    """Whether its backend reads each request's facts (``BackendKind.request_facts``)."""
     """Class labels per output for the classification extension (``*``: every output)."""
 
     @property

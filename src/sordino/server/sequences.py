@@ -144,6 +144,9 @@ class Sequences:
         corrid, start, end = self._flags(request)
         for name in ("sequence_id", "sequence_start", "sequence_end"):
             request.parameters.pop(name, None)  # consumed here, not admission's to refuse
+        # A Python model reads them as Triton's correlation_id() and flags().
+        request.correlation_id = corrid
+        request.flags = (1 if start else 0) | (2 if end else 0)
         key = (tenant, corrid)
         sequence = self._live.get(key)
         if start:

@@ -55,6 +55,7 @@ from sordino.records import Outcome
 from sordino.scheduling.work import Request
 from sordino.server.classification import classify
 from sordino.server.registry import LoadedModel, ModelRegistry
+from sordino.server.request_facts import request_facts
 from sordino.server.sequences import Sequences
 from sordino.telemetry.hub import Telemetry
 from sordino.telemetry.metrics import Metrics
@@ -416,6 +417,8 @@ class InferenceService:
                 self._end_slot(context, None)
                 raise
         try:
+            # Fair share only among authenticated tenants (claimed names are free to invent).
+            share = self._share(context)
             accepted = model.scheduler.submit(
                 request.inputs,
                 priority=context.priority,
@@ -423,9 +426,14 @@ class InferenceService:
                 request_id=request.id,
                 stream=model.metadata.stream,
                 decoupled=model.metadata.decoupled,
-                # Fair share only among authenticated tenants (claimed names are free to invent).
-                **self._share(context),
+                **share,
                 owner=_tenant(request),
+                # Built only for a backend that reads them (a Triton Python model).
+                facts=request_facts(
+                    request, context.priority, context.timeout_s, share.get("tenant")
+                )
+                if model.request_facts
+                else None,
             )
         except SordinoError as exc:  # queue full, shutting down: never accepted
             self._end_slot(context, None)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sordino.clock import Clock
+from sordino.execution.batch import NO_CONTEXT, BatchContext
 from sordino.execution.decoupled import ResponseChannel
 from sordino.execution.executor import MemoryFit
 from sordino.inference import ModelKey, Tensor
@@ -29,7 +30,8 @@ class ScriptedExecutor:
     batch inputs to outputs (identity by default). ``count`` is the number of
     instances, so how many batches the scheduler may run at once. Every batch is
     recorded as it starts: its row count in ``batches`` (to assert how requests were
-    grouped) and its inputs in ``contents``. While ``fail`` holds an exception, every
+    grouped), its inputs in ``contents`` and its context in ``contexts``. While ``fail``
+    holds an exception, every
     batch raises it once its latency has passed (and is still recorded). With an
     ``arena``, outputs are placed in it as a worker's are, so tests can check that
     every block comes back.
@@ -47,6 +49,7 @@ class ScriptedExecutor:
     fail: Exception | None = None
     batches: list[int] = field(default_factory=list)
     contents: list[dict[str, Tensor]] = field(default_factory=list)
+    contexts: list[BatchContext] = field(default_factory=list)
     arena: Arena | None = None
     channels: list[ResponseChannel] = field(default_factory=list)
     cancellations: list[tuple[int, int]] = field(default_factory=list)
@@ -59,9 +62,14 @@ class ScriptedExecutor:
         return None
 
     async def run_decoupled(
-        self, model: ModelKey, parts: Sequence[Mapping[str, Tensor]], channel: ResponseChannel
+        self,
+        model: ModelKey,
+        parts: Sequence[Mapping[str, Tensor]],
+        channel: ResponseChannel,
+        context: BatchContext = NO_CONTEXT,
     ) -> None:
         """Record a decoupled batch and keep its channel; return after its latency."""
+        self.contexts.append(context)
         batch = {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
         rows = int(next(iter(batch.values())).shape[0]) if batch else 0
         self.batches.append(rows)
@@ -75,7 +83,13 @@ class ScriptedExecutor:
         if self.fail is not None:
             raise self.fail
 
-    async def run(self, model: ModelKey, parts: Sequence[Mapping[str, Tensor]]) -> Tensors:
+    async def run(
+        self,
+        model: ModelKey,
+        parts: Sequence[Mapping[str, Tensor]],
+        context: BatchContext = NO_CONTEXT,
+    ) -> Tensors:
+        self.contexts.append(context)
         batch = {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
         rows = int(next(iter(batch.values())).shape[0]) if batch else 0
         self.batches.append(rows)

@@ -15,8 +15,9 @@ The model's inputs and outputs are the configuration's (Triton's rules: with
 ``max_batch_size`` > 0 every tensor gets a leading batch dimension).
 
 :meth:`PythonBackend.infer_requests` hands ``execute`` one ``InferenceRequest`` per
-request of the batch (each a view of its rows), checks that it returns one response per
-request, and joins the outputs back into one batch. A wrong count, a response with an
+request of the batch (each a view of its rows, with that request's own facts: see
+:func:`_request`), checks that it returns one response per request, and joins the
+outputs back into one batch. A wrong count, a response with an
 error, or an exception raised by ``execute`` fails the batch with a message saying so
 (:class:`~sordino.errors.ModelLoadError` never: the worker keeps serving). A request
 may also be answered through its response sender (``backends/python/decoupled.py``).
@@ -46,7 +47,7 @@ from sordino.backends.decoupled import Responder
 from sordino.backends.python import bls
 from sordino.backends.python.decoupled import collect_sent, execute_decoupled, sent_responses
 from sordino.errors import ModelLoadError
-from sordino.inference import ModelMetadata, Tensor, TensorSpec
+from sordino.inference import ModelMetadata, RequestFacts, Tensor, TensorSpec
 
 __all__ = ["PLATFORM", "PythonBackend", "PythonModelError"]
 
@@ -86,6 +87,41 @@ def _specs(entries: Sequence[dict[str, Any]], batched: bool, where: str) -> tupl
         shape = tuple([-1, *dims] if batched else dims)
         specs.append(TensorSpec(str(name), _datatype(entry.get("data_type"), where), shape))
     return tuple(specs)
+
+
+_NO_FACTS = RequestFacts()
+
+
+def _request(
+    utils: ModuleType, model: str, tensors: list[Any], facts: RequestFacts, outputs: list[str]
+) -> Any:
+    """The ``InferenceRequest`` ``execute`` gets for one request, with its facts.
+
+    As Triton's: ``request_id()`` the request's ``id`` ("" for none),
+    ``correlation_id()`` its sequence's ID (an int, or a str for a string ID; 0 for
+    none), ``flags()`` its sequence start (1) and end (2) flags, ``timeout()`` its
+    ``timeout`` parameter in microseconds (0 for none), ``parameters()`` the
+    parameters the server did not consume as a JSON string,
+    ``requested_output_names()`` the outputs asked for (every output when the client
+    named none; sorted: Triton's is a set). Beside them three attributes for
+    sordino's own use (BLS requests made inside ``execute`` carry them on):
+    ``_sordino_priority`` (the level, or None), ``_sordino_deadline`` (a
+    ``time.time()`` value, or None) and ``_sordino_tenant`` (or None).
+    """
+    request = utils.InferenceRequest(
+        model_name=model,
+        inputs=tensors,
+        request_id=facts.id,
+        correlation_id=facts.correlation_id,
+        parameters=facts.parameters,
+        requested_output_names=sorted(facts.outputs) if facts.outputs else outputs,
+        flags=facts.flags,
+        timeout=facts.timeout_us,
+    )
+    request._sordino_priority = facts.priority
+    request._sordino_deadline = facts.deadline
+    request._sordino_tenant = facts.tenant
+    return request
 
 
 class PythonBackend:
@@ -208,11 +244,18 @@ class PythonBackend:
         """Run ``batch`` as one request (the rows of each request are not known here)."""
         return self.infer_requests(batch, ())
 
-    def infer_requests(self, batch: dict[str, Tensor], rows: Sequence[int]) -> dict[str, Tensor]:
+    def infer_requests(
+        self,
+        batch: dict[str, Tensor],
+        rows: Sequence[int],
+        facts: Sequence[RequestFacts] = (),
+    ) -> dict[str, Tensor]:
         """Run ``batch`` as one ``execute`` call with a request per entry of ``rows``.
 
-        ``rows`` are the requests' row counts in order (empty: one request). Returns
-        each declared output, the responses' tensors joined in request order.
+        ``rows`` are the requests' row counts in order (empty: one request);
+        ``facts`` their facts, one each (empty, or a count that does not match: none
+        known). Returns each declared output, the responses' tensors joined in
+        request order.
         """
         model = self._model
         if model is None:
@@ -225,13 +268,16 @@ class PythonBackend:
                 "(infer_decoupled), not one answer per request"
             )
         counts = list(rows) if metadata.batched and len(rows) > 1 else []
+        known = list(facts) if len(facts) == max(len(counts), 1) else []
+        everything = sorted(spec.name for spec in metadata.outputs)
         requests = []
         start = 0
-        for count in counts or [-1]:
+        for index, count in enumerate(counts or [-1]):
             part = batch if count < 0 else {n: a[start : start + count] for n, a in batch.items()}
             start += max(count, 0)
             tensors = [utils.Tensor(n, a) for n, a in part.items()]
-            requests.append(utils.InferenceRequest(model_name=metadata.name, inputs=tensors))
+            own = known[index] if known else _NO_FACTS
+            requests.append(_request(utils, metadata.name, tensors, own, everything))
         sent = collect_sent(requests)
         started = time.perf_counter()
         state = bls.Executing(metadata.name, requests, caller=self._caller)
