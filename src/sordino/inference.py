@@ -90,6 +90,9 @@ class InferRequest:
     client: str | None = None
     """The caller's network address (host, no port), as the transport saw it; None when
     unknown. Bounds what one caller may hold (a model's sequence slots)."""
+    tenant: str | None = None
+    """The tenant the server authenticated the request as, once it has (its key is
+    hashed once a request); None until then, and on a server without tenants."""
 
     def release(self) -> None:
         """Give back the arena blocks under ``inputs``, if they are owned tensors."""

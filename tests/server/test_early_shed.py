@@ -12,6 +12,7 @@ import http.client
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import orjson
@@ -252,9 +253,9 @@ def test_the_http_path_stamps_when_the_headers_ended(
     stamped: list[float | None] = []
     admit = server.runtime.service.admit
 
-    def spy(request: InferRequest) -> object:
+    def spy(request: InferRequest, *rest: Any) -> object:
         stamped.append(request.received_at)
-        return admit(request)
+        return admit(request, *rest)
 
     monkeypatch.setattr(server.runtime.service, "admit", spy)
     before = time.monotonic()

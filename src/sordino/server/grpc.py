@@ -151,16 +151,17 @@ class InferenceServicer:
             message = parse_message(pb.ModelInferRequest, raw)
             arrival.model, arrival.version = message.model_name, message.model_version or None
             # An unknown model is answered NOT_FOUND whatever the message holds, as Triton does.
-            model = self.runtime.get(message.model_name, message.model_version or None)
+            # The one lookup of the request: the service takes the route from here.
+            route = self.runtime.registry.route(message.model_name, message.model_version or None)
             request = decode_infer_request(
-                message, metadata=model.metadata, max_batch_size=model.max_batch_size
+                message, metadata=route.metadata, max_batch_size=route.max_batch_size
             )
             _forward_tenant(request, context)
             _credentials(request, context)
             shared = self.runtime.shared_memory.uses(request)
             if shared:
                 self.runtime.shared_memory.attach(request, self.runtime.service.tenant_of(request))
-        response = await self.runtime.service.infer(request)
+        response = await self.runtime.service.infer(request, route)
         try:
             if shared:
                 self.runtime.shared_memory.write_outputs(request, response, request_tenant(request))
@@ -309,9 +310,9 @@ class InferenceServicer:
                 request_id, model, version = message.id, message.model_name, message.model_version
                 arrival.model, arrival.version = model, version or None
                 # An unknown model wins over a bad message; its shapes bound what it may declare.
-                loaded = self.runtime.get(model, version or None)
+                route = self.runtime.registry.route(model, version or None)
                 request = decode_infer_request(
-                    message, metadata=loaded.metadata, max_batch_size=loaded.max_batch_size
+                    message, metadata=route.metadata, max_batch_size=route.max_batch_size
                 )
                 request.headers.update(tenant_header or {})
                 _credentials(request, context)
@@ -321,7 +322,7 @@ class InferenceServicer:
                         request, self.runtime.service.tenant_of(request)
                     )
             empty_final = bool(request.parameters.pop(EMPTY_FINAL_RESPONSE, False))
-            async with aclosing(self.runtime.service.responses(request)) as responses:
+            async with aclosing(self.runtime.service.responses(request, route)) as responses:
                 async for response, final in responses:
                     try:
                         if shared:
