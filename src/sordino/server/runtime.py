@@ -141,18 +141,14 @@ class Runtime:
         # Each tenant has its own regions while tenants are configured (self.tenants, below).
         self.shared_memory = SystemSharedMemory(isolated=lambda: self.tenants.enabled)
         """Clients' registered system shared-memory regions (Triton's extension)."""
+        # One observer per scheduler, calling only the stores that use each event.
         self._observers = (
             SchedulerObservers(
-                self.metrics,
-                self.stats,
-                self.telemetry.series,
-                self.telemetry.availability,
-                self.telemetry.recent_requests,
+                self.metrics, self.stats, self.telemetry.series, self.telemetry.availability,
+                self.telemetry.recent_requests, self.timings, self.step_plans,
+                self.memory,  # incremental compaction at batch boundaries
             ),
-            self.timings,
-            self.step_plans,
-            self.memory,  # incremental compaction at batch boundaries
-        )
+        )  # fmt: skip
         self.pipelines: list[LoadedModel] = []
         self.loader = ModelLoader(
             config,
