@@ -234,7 +234,11 @@ class InferenceService:
         if way == "sequence":
             sequences = route.model.sequences
             assert sequences is not None
-            tenant = self.tenant_of(request)
+            try:
+                tenant = self.tenant_of(request)
+            except SordinoError as exc:  # a wrong key: refused before the sequence is touched
+                self._rejections.refused(request, exc.reason)
+                raise
 
             async def one(request: InferRequest) -> InferResponse:
                 return await self._infer_one(request, route)
