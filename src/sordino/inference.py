@@ -84,15 +84,19 @@ class InferRequest:
     headers: dict[str, str] = field(default_factory=dict)
     shared_inputs: list[SharedInput] = field(default_factory=list)
     """Inputs still to be read from shared-memory regions (Triton's extension)."""
+    tenant: str | None = None
+    """The tenant the server authenticated the request as, once it has (its key is
+    hashed once a request); None until then, and on a server without tenants."""
     received_at: float | None = None
     """``time.monotonic()`` when the transport had the request's headers; its deadline
     counts from then (the wait to be read and decoded is part of it)."""
     client: str | None = None
     """The caller's network address (host, no port), as the transport saw it; None when
     unknown. Bounds what one caller may hold (a model's sequence slots)."""
-    tenant: str | None = None
-    """The tenant the server authenticated the request as, once it has (its key is
-    hashed once a request); None until then, and on a server without tenants."""
+    internal_tenant: str | None = None
+    """Set only by the server itself, for a request a model makes to another model (BLS):
+    the tenant it is served for, taken from the request the calling model was executing
+    (already authenticated). Transports never set it."""
 
     def release(self) -> None:
         """Give back the arena blocks under ``inputs``, if they are owned tensors."""

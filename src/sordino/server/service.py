@@ -136,10 +136,14 @@ class InferenceService:
         ``X-Sordino-Tenant`` is dropped, and a wrong key raises 401 — and the answer is
         kept in ``parameters.tenant`` and ``request.tenant``, so the key is hashed once
         a request (``known``: the tenant the transport already authenticated it as);
-        without, the claimed one, else ``default``.
+        without, the claimed one, else ``default``. A model's call to another model
+        (``internal_tenant``, BLS) is its caller's tenant.
         """
         if request.tenant is not None:
             return request.tenant
+        if request.internal_tenant is not None:  # a model's call (BLS): its caller's tenant
+            request.parameters["tenant"] = request.tenant = request.internal_tenant
+            return request.internal_tenant
         tenants = self._tenants
         if tenants is None or not tenants.enabled:
             return request_tenant(request)
