@@ -424,34 +424,6 @@ class Runtime:
         """True once every model has loaded and until shutdown starts."""
         return self._started and not self.registry.stopping
 
-    def wedged(self) -> dict[str, str]:
-        """The loaded models with a batch running longer than any batch may, and why.
-
-        A batch lives at most: the wait for arena space (``memory.overflow_wait``), its
-        run (``workers.execution_timeout``) and, when its instance is lost, a restart
-        (``workers.start_timeout``) and a second run. A batch older than that waits on
-        something that will not come; readiness then says not ready (issue 27: the
-        engine served nothing while ``/v2/health/ready`` answered 200). Without an
-        execution timeout (0) there is no such bound and nothing is called wedged.
-        """
-        workers = self.config.workers
-        if not workers.execution_timeout:
-            return {}
-        bound = (
-            self.config.memory.overflow_wait + 2 * workers.execution_timeout + workers.start_timeout
-        )
-        wedged = {}
-        for model in self.registry.models():
-            running = model.scheduler.running_for()
-            if running > bound:
-                wedged[str(model.key)] = (
-                    f"{model.key} is wedged: a batch has been running for {running:.0f} s, "
-                    "longer than any may "
-                    f"({bound:g} s: memory.overflow_wait + 2 x workers.execution_timeout + "
-                    "workers.start_timeout)"
-                )
-        return wedged
-
     # -- delegates -------------------------------------------------------------------
 
     def use_config(self, config: RuntimeConfig) -> None:
