@@ -163,8 +163,11 @@ def to_numpy_dtype(datatype: str) -> np.dtype[Any]:
 
     Raises TensorError for a name that is not a KServe v2 datatype.
     """
-    _check_datatype(datatype)
-    return _NUMPY_DTYPES[datatype]
+    dtype = _NUMPY_DTYPES.get(datatype)
+    if dtype is None:
+        _check_datatype(datatype)  # raises, naming the datatypes there are
+    assert dtype is not None
+    return dtype
 
 
 def from_numpy_dtype(dtype: npt.DTypeLike) -> str:

@@ -90,6 +90,9 @@ class InferRequest:
     batching consumes) once its sequence took the request; 0 for none (Triton's)."""
     flags: int = 0
     """Triton's request flags, set with the correlation ID: sequence start (1), end (2)."""
+    tenant: str | None = None
+    """The tenant the server authenticated the request as, once it has (its key is
+    hashed once a request); None until then, and on a server without tenants."""
     received_at: float | None = None
     """``time.monotonic()`` when the transport had the request's headers; its deadline
     counts from then (the wait to be read and decoded is part of it)."""

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
-from sordino.admission.chain import AdmissionChain, AdmissionContext, default_links
-from sordino.errors import InvalidRequest, Unsupported
+from sordino.admission.chain import (
+    AdmissionChain,
+    AdmissionContext,
+    choose_priority,
+    choose_timeout,
+    default_links,
+)
+from sordino.errors import InvalidRequest, QueueTimeout, Unsupported
 from sordino.inference import InferRequest
 from sordino.records import QueueSettings
 
@@ -124,3 +132,33 @@ def test_timeout_from_header_in_microseconds_when_no_parameter() -> None:
 def test_bad_timeout_header_is_refused(value: str) -> None:
     with pytest.raises(InvalidRequest, match="x-sordino-timeout"):
         _admit({}, {"x-sordino-timeout": value})
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"x-sordino-priority": "low"}, {"x-sordino-tag": "premium_user"},
+     {"x-sordino-timeout": "250000"}, {"x-sordino-priority": "1", "x-sordino-timeout": "0"}],
+)  # fmt: skip
+def test_the_header_rules_are_the_admissions(headers: dict[str, str]) -> None:
+    """What the headers alone decide (early_shed, before the body) is what admission
+    decides for a body without parameters: one rule, applied in both places."""
+    settings = QueueSettings(default_timeout_s=1.0)
+    admitted = _admit({}, headers, settings)
+    assert admitted.priority == choose_priority(
+        settings,
+        RULES,
+        header=headers.get("x-sordino-priority"),
+        tag=headers.get("x-sordino-tag"),
+    )
+    assert admitted.timeout_s == choose_timeout(settings, header=headers.get("x-sordino-timeout"))
+
+
+def test_the_deadline_counts_from_arrival() -> None:
+    settings = QueueSettings(default_timeout_s=0.5)
+    request = InferRequest(model="m", inputs={}, received_at=time.monotonic() - 0.2)
+    context = AdmissionContext(model="m", settings=settings, priority_rules=RULES)
+    AdmissionChain(default_links()).admit(request, context)
+    assert context.timeout_s is not None and 0 < context.timeout_s <= 0.3
+    late = InferRequest(model="m", inputs={}, received_at=time.monotonic() - 0.6)
+    with pytest.raises(QueueTimeout, match="waited"):
+        AdmissionChain(default_links()).admit(late, context)

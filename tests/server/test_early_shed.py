@@ -12,6 +12,7 @@ import http.client
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import orjson
@@ -252,9 +253,9 @@ def test_the_http_path_stamps_when_the_headers_ended(
     stamped: list[float | None] = []
     admit = server.runtime.service.admit
 
-    def spy(request: InferRequest) -> object:
+    def spy(request: InferRequest, *rest: Any) -> object:
         stamped.append(request.received_at)
-        return admit(request)
+        return admit(request, *rest)
 
     monkeypatch.setattr(server.runtime.service, "admit", spy)
     before = time.monotonic()
@@ -401,3 +402,24 @@ def test_requests_the_fast_path_does_not_read_are_left_to_the_parser(
         if not header.startswith("Expect"):  # an Expect refusal closes the connection
             sock.sendall(GOOD_REQUEST)
             assert _read_responses(sock, 1) == [200]
+
+
+def test_the_model_is_looked_up_once_past_the_headers(
+    server: RunningServer, conn: http.client.HTTPConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The transport finds the route once and the service takes it from there; only the
+    header decision before the body (this module's subject) has a lookup of its own."""
+    registry = server.runtime.registry
+    lookups: list[str] = []
+    for name in ("get", "route"):
+        real = getattr(registry, name)
+
+        def counting(*args: Any, _real: Any = real, _name: str = name) -> Any:
+            lookups.append(_name)
+            return _real(*args)
+
+        monkeypatch.setattr(registry, name, counting)
+    status, _, _ = _post(conn, GOOD)
+    assert status == 200
+    assert lookups.count("route") == 1
+    assert lookups.count("get") <= 1  # EarlyShed's, from the headers

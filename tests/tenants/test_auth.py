@@ -11,6 +11,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from sordino.admission import tenants as tenants_module
 from sordino.cli.monitor_view import tenant_lines
 from sordino.config import load_config
 from sordino.config.tenants import hash_key
@@ -140,6 +141,29 @@ def test_grpc_keys(server: RunningServer) -> None:
         client.get_inference_statistics("simple", headers=_grpc_auth(SMALL_KEY))
     finally:
         client.close()
+
+
+def test_a_request_key_is_hashed_once(
+    server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One authentication a request, over HTTP (where auth.required checks the key before
+    the model is looked up) and gRPC: the service keeps the tenant it found."""
+    hashed: list[str] = []
+
+    def counting(key: str) -> str:
+        hashed.append(key)
+        return hash_key(key)
+
+    monkeypatch.setattr(tenants_module, "hash_key", counting)
+    assert _infer(server, _auth(ACME_KEY)).status_code == 200
+    assert hashed == [ACME_KEY]
+    hashed.clear()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    try:
+        client.infer("simple", _grpc_inputs(), headers=_grpc_auth(ACME_KEY))
+    finally:
+        client.close()
+    assert hashed == [ACME_KEY]
 
 
 def test_rate_limit_answers_429_with_retry_after(server: RunningServer) -> None:

@@ -9,21 +9,25 @@ edits the server.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sordino.datatypes import brief_repr
-from sordino.errors import InvalidRequest, Unsupported
+from sordino.errors import InvalidRequest, QueueTimeout, Unsupported
 from sordino.inference import InferRequest
 from sordino.records import QueueSettings
 
 __all__ = [
+    "ABSENT",
     "PRIORITY_HEADER",
     "TAG_HEADER",
     "TIMEOUT_HEADER",
     "AdmissionChain",
     "AdmissionContext",
     "Link",
+    "choose_priority",
+    "choose_timeout",
     "default_links",
     "parse_priority",
     "reject_unsupported_parameters",
@@ -119,48 +123,52 @@ def _outside(source: str, shown: str, levels: int) -> InvalidRequest:
     )
 
 
-def resolve_priority(request: InferRequest, context: AdmissionContext) -> None:
-    """Priority from ``parameters.priority``, else the priority header, else the tag's rule.
+ABSENT: object = object()
+"""A request-level value the request did not give (distinct from an explicit null)."""
 
-    Else the model's default.
+
+def choose_priority(
+    settings: QueueSettings,
+    rules: Mapping[str, int | str],
+    *,
+    stated: object = ABSENT,
+    header: str | None = None,
+    tag: object = None,
+) -> int:
+    """The priority rule, the one place it lives: ``stated`` (``parameters.priority``),
+    else ``header`` (``X-Sordino-Priority``), else the rule for ``tag``, else the model's
+    default. Raises :class:`InvalidRequest` for a value that is not a priority.
+
+    Admission applies it to a decoded request; ``server/early_shed.py`` to the headers
+    alone, before the body is read, so the two never disagree.
     """
-    params = request.parameters
-    if "priority" in params:
-        context.priority = parse_priority(params["priority"], context.settings, "priority")
-        return
-    header = request.headers.get(PRIORITY_HEADER)
+    if stated is not ABSENT:
+        return parse_priority(stated, settings, "priority")
     if header is not None:
-        context.priority = parse_priority(header, context.settings, f"header {PRIORITY_HEADER}")
-        return
-    tag = params.get("tag") or request.headers.get(TAG_HEADER)
+        return parse_priority(header, settings, f"header {PRIORITY_HEADER}")
     if tag is not None:
         if not isinstance(tag, str):
             raise InvalidRequest("parameter 'tag' must be a string")
-        rule = context.priority_rules.get(tag)
+        rule = rules.get(tag)
         if rule is not None:
-            context.priority = parse_priority(
-                rule, context.settings, f"priority rule for tag {tag!r}"
-            )
-            return
-    context.priority = context.settings.default_priority
+            return parse_priority(rule, settings, f"priority rule for tag {tag!r}")
+    return settings.default_priority
 
 
-def resolve_timeout(request: InferRequest, context: AdmissionContext) -> None:
-    """Deadline from ``parameters.timeout`` (microseconds, Triton's name), capped by policy.
+def choose_timeout(
+    settings: QueueSettings, *, stated: object = None, header: str | None = None
+) -> float | None:
+    """The deadline rule, the one place it lives: seconds from arrival, or None.
 
-    Without the parameter, the ``X-Sordino-Timeout`` header gives it (same unit).
-
-    A request may only shorten the model's default timeout, and only when the queue
-    policy allows overrides; without a default, its own timeout applies.
+    ``stated`` is ``parameters.timeout`` (microseconds, Triton's name), else ``header``
+    (``X-Sordino-Timeout``, same unit). A request may only shorten the model's default
+    timeout, and only when the queue policy allows overrides; without a default, its
+    own timeout applies. Raises :class:`InvalidRequest` for a malformed value.
     """
-    settings = context.settings
     default = settings.default_timeout_s or None
-    value = request.parameters.get("timeout")
-    if value is None:
-        value = _timeout_header(request.headers.get(TIMEOUT_HEADER))
+    value = stated if stated is not None else _timeout_header(header)
     if value is None or not settings.allow_timeout_override:
-        context.timeout_s = default
-        return
+        return default
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidRequest(
             "parameter 'timeout' must be a non-negative integer of microseconds, got "
@@ -168,11 +176,51 @@ def resolve_timeout(request: InferRequest, context: AdmissionContext) -> None:
         )
     requested = value / 1e6 if value else None
     if requested is None:
-        context.timeout_s = default
-    elif default is None:
-        context.timeout_s = requested
-    else:
-        context.timeout_s = min(requested, default)
+        return default
+    if default is None:
+        return requested
+    return min(requested, default)
+
+
+def resolve_priority(request: InferRequest, context: AdmissionContext) -> None:
+    """Priority from ``parameters.priority``, else the priority header, else the tag's rule.
+
+    Else the model's default (:func:`choose_priority`).
+    """
+    params = request.parameters
+    headers = request.headers
+    context.priority = choose_priority(
+        context.settings,
+        context.priority_rules,
+        stated=params.get("priority", ABSENT),
+        header=headers.get(PRIORITY_HEADER),
+        tag=params.get("tag") or headers.get(TAG_HEADER),
+    )
+
+
+def resolve_timeout(request: InferRequest, context: AdmissionContext) -> None:
+    """The request's deadline (:func:`choose_timeout`), counted from its arrival.
+
+    When the transport stamped ``request.received_at``, the time spent waiting to be
+    read and decoded (an event loop behind under overload) is already gone: a request
+    that waited past its deadline is refused (:class:`QueueTimeout`), one that waited
+    less keeps the rest.
+    """
+    timeout_s = choose_timeout(
+        context.settings,
+        stated=request.parameters.get("timeout"),
+        header=request.headers.get(TIMEOUT_HEADER),
+    )
+    if timeout_s and request.received_at is not None:
+        waited = time.monotonic() - request.received_at
+        if waited >= timeout_s:
+            raise QueueTimeout(
+                f"the request waited {waited * 1000:.0f} ms to be read, past its "
+                f"{timeout_s * 1000:.0f} ms deadline; it was not run. The server "
+                "is overloaded: retry later or raise the timeout"
+            )
+        timeout_s -= waited
+    context.timeout_s = timeout_s
 
 
 def _timeout_header(text: str | None) -> int | None:

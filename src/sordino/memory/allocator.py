@@ -271,8 +271,11 @@ class Allocator:
 
     # -- free lists ------------------------------------------------------------------
 
+    # _size_class(size) is written out in the three free-list methods below: they run
+    # several times a request, and the call cost more than the arithmetic.
+
     def _best_fit(self, size: int) -> tuple[int, int] | None:
-        first = _size_class(size)
+        first = (size // ALIGNMENT).bit_length() - 1
         if first >= len(self._bins):
             return None
         bin_ = self._bins[first]
@@ -300,12 +303,12 @@ class Allocator:
         return any(offset > end and size >= block.size for offset, size in self._free_at.items())
 
     def _add_free(self, offset: int, size: int) -> None:
-        bisect.insort(self._bins[_size_class(size)], (size, offset))
+        bisect.insort(self._bins[(size // ALIGNMENT).bit_length() - 1], (size, offset))
         self._free_at[offset] = size
         self._free_end[offset + size] = offset
 
     def _remove_free(self, offset: int, size: int) -> None:
-        bin_ = self._bins[_size_class(size)]
+        bin_ = self._bins[(size // ALIGNMENT).bit_length() - 1]
         del bin_[bisect.bisect_left(bin_, (size, offset))]
         del self._free_at[offset]
         del self._free_end[offset + size]

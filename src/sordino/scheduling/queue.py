@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from itertools import chain
 
 from sordino.errors import QueueFull
 from sordino.records import QueueStatistics
@@ -38,6 +39,12 @@ class RequestQueue:
             raise ValueError("priority_levels must be >= 1")
         self._levels: list[deque[WorkItem]] = [deque() for _ in range(priority_levels)]
         self._delayed: list[deque[WorkItem]] = [deque() for _ in range(priority_levels)]
+        # The order levels run in: delayed items of a level after that level's unexpired
+        # items but before the next lower priority level, as Triton's DELAY action does.
+        # A list, not a generator: walked several times a request, it costs no call.
+        self._order: list[deque[WorkItem]] = [
+            level for pair in zip(self._levels, self._delayed, strict=True) for level in pair
+        ]
         self._deadlines: list[tuple[float, int, WorkItem]] = []
         self._queued: set[WorkItem] = set()
         self._rows = 0
@@ -125,12 +132,12 @@ class RequestQueue:
 
     def oldest_arrival(self) -> float | None:
         """Return the arrival time of the longest-waiting queued item."""
-        arrivals = [level[0].arrival for level in self._iter_levels() if level]
+        arrivals = [level[0].arrival for level in self._order if level]
         return min(arrivals) if arrivals else None
 
     def head(self) -> WorkItem | None:
         """Return the item that runs next: highest priority, then arrival order."""
-        for level in self._iter_levels():
+        for level in self._order:
             if level:
                 return level[0]
         return None
@@ -138,7 +145,7 @@ class RequestQueue:
     def compatible_rows(self, signature: Signature, limit: int) -> int:
         """Count the rows of queued items matching ``signature``, stopping once past ``limit``."""
         total = 0
-        for item in self._iter_items():
+        for item in chain.from_iterable(self._order):
             if item.signature == signature:
                 total += item.rows
                 if total >= limit:
@@ -164,7 +171,7 @@ class RequestQueue:
         shared = [len(counts) > 1 for counts in self._level_tenants]
         fair = any(shared)
         first_level: int | None = None  # the priority level of the batch's first item
-        for index, level in enumerate(self._iter_levels()):
+        for index, level in enumerate(self._order):
             if first_level is None and taken:
                 first_level = (index - 1) // 2  # taken from the level iterated last
             if first_level is not None and ride_along is not None and index // 2 > first_level:
@@ -269,8 +276,8 @@ class RequestQueue:
 
     def drain(self) -> list[WorkItem]:
         """Remove and return every queued item (shutdown)."""
-        items = list(self._iter_items())
-        for level in self._iter_levels():
+        items = list(chain.from_iterable(self._order))
+        for level in self._order:
             level.clear()
         self._queued.clear()
         self._deadlines.clear()
@@ -292,17 +299,6 @@ class RequestQueue:
             depth_by_priority=by_priority,
             oldest_arrival=self.oldest_arrival(),
         )
-
-    def _iter_levels(self) -> Iterator[deque[WorkItem]]:
-        # Delayed items of a level run after that level's unexpired items but before
-        # the next lower priority level, as Triton's DELAY action does.
-        for regular, delayed in zip(self._levels, self._delayed, strict=True):
-            yield regular
-            yield delayed
-
-    def _iter_items(self) -> Iterator[WorkItem]:
-        for level in self._iter_levels():
-            yield from level
 
     def _forget(self, item: WorkItem) -> None:
         self._queued.discard(item)

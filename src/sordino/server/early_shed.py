@@ -15,7 +15,9 @@ rules, in this order:
   deadline; if the loop stays late with those down to 1 %, a share of the rest (the
   highest priority, and requests whose headers do not give one) is refused too, and
   every lower one;
-- **the deadline cannot be met**, by the scheduler's own rule
+- **the deadline cannot be met** (the priority and the deadline by admission's own
+  rules, :func:`~sordino.admission.chain.choose_priority` and ``choose_timeout``), by
+  the scheduler's own rule
   (:meth:`ModelScheduler.shed_unread`: the expected wait at the request's priority
   against its deadline), so a request refused here is one the scheduler would refuse
   after decoding.
@@ -44,11 +46,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sordino.admission.chain import PRIORITY_HEADER, TAG_HEADER, TIMEOUT_HEADER, parse_priority
+from sordino.admission.chain import (
+    PRIORITY_HEADER,
+    TAG_HEADER,
+    TIMEOUT_HEADER,
+    choose_priority,
+    choose_timeout,
+)
 from sordino.errors import NotFound, Shed, SordinoError, Unavailable
 from sordino.protocol.codec import encode_error
 from sordino.protocol.status import retry_after_header
-from sordino.records import QueueSettings
 from sordino.server.loop_lag import LoopLag
 from sordino.server.runtime import Runtime
 
@@ -174,20 +181,26 @@ class EarlyShed:
         # Only a request that states its priority in X-Sordino-Priority is refused for
         # lag as a lower one: without it the body may say high. (A tag's rule is not
         # enough: tags predate this refusal, and their clients did not ask for it.) The
-        # deadline rule takes the priority admission will give: the header, the tag's
-        # rule, the default.
-        rule = self._rules.get(tag.decode("latin-1")) if tag is not None else None
+        # deadline rule takes the priority and the deadline admission will give, by
+        # admission's own rules (the body has none yet: the headers, the tag's rule,
+        # the model's defaults).
         try:
-            if priority_value is not None:
-                priority = parse_priority(priority_value.decode("latin-1"), settings, "")
-            elif rule is not None:
-                priority = parse_priority(rule, settings, "")
-            else:
-                priority = settings.default_priority
+            priority = choose_priority(
+                settings,
+                self._rules,
+                header=priority_value.decode("latin-1") if priority_value is not None else None,
+                tag=tag.decode("latin-1") if tag is not None else None,
+            )
         except SordinoError:
             return _SERVE  # malformed: the ordinary path says what is wrong with it
+        try:
+            timeout_s = choose_timeout(
+                settings,
+                header=timeout_value.decode("latin-1") if timeout_value is not None else None,
+            )
+        except SordinoError:
+            timeout_s = None  # malformed: the ordinary path says what is wrong with it
         late = None
-        timeout_s = _timeout(settings, timeout_value)
         if timeout_s is not None:
             late = loaded.scheduler.shed_unread(priority, timeout_s)
         return _Decision(
@@ -245,18 +258,6 @@ class _Decision:
     """Its deadline cannot be met (the scheduler's rule), or None."""
     response: bytes
     """The refusal for ``late``."""
-
-
-def _timeout(settings: QueueSettings, header: bytes | None) -> float | None:
-    """The deadline admission will give the request (None: none, or the header is bad)."""
-    timeout_s = settings.default_timeout_s or None
-    if header is not None and settings.allow_timeout_override:
-        if not header.isdigit() or len(header) > 15:
-            return None  # malformed: the ordinary path says what is wrong with it
-        requested = int(header) / 1e6 or None
-        if requested is not None:
-            timeout_s = requested if timeout_s is None else min(timeout_s, requested)
-    return timeout_s
 
 
 def _response(error: SordinoError) -> bytes:

@@ -27,6 +27,7 @@ from sordino.protocol.status import http_status, retry_after_header
 from sordino.server.connections import RECEIVED
 from sordino.server.disconnect import until_disconnect
 from sordino.server.runtime import Runtime
+from sordino.server.service import request_tenant
 
 __all__ = ["INFER_PATH", "error_parts", "with_fast_infer"]
 
@@ -104,20 +105,24 @@ async def _infer(
             arrived = time.perf_counter()
             body = await _read_body(receive, limit, declared)
             read_s = time.perf_counter() - arrived
-            if runtime.tenants.required:
+            tenants = runtime.tenants
+            tenant: str | None = None  # authenticated here at most once a request
+            if tenants.required:
                 # No key, no answer: which models exist is not told to strangers.
-                runtime.tenants.authenticate(forwarded.get("authorization"))
+                tenant = tenants.authenticate(forwarded.get("authorization"))
             # An unknown model is answered 404 whatever the body holds, as Triton does; the
             # model's shapes then bound what the body may declare, before anything is built.
-            loaded = runtime.get(model, version)
-            runtime.timings.body_read(loaded.key, read_s)
+            # The one lookup of the request: the service takes the route from here.
+            route = runtime.registry.route(model, version)
+            runtime.timings.body_read(route.key, read_s)
             cache = runtime.result_cache
             if cache.active(model):
-                tenant = ""
-                if runtime.tenants.enabled:
+                if tenants.enabled and tenant is None:
                     # A cached answer is no way around the key, nor another tenant's result.
-                    tenant = runtime.tenants.authenticate(forwarded.get("authorization"))
-                cache_key = cache.key(model, version, body, header_length, tenant)
+                    tenant = tenants.authenticate(forwarded.get("authorization"))
+                cache_key = cache.key(
+                    model, version, body, header_length, (tenant or "") if tenants.enabled else ""
+                )
                 cached = cache.get(cache_key)
                 if cached is not None:
                     await _send(send, 200, cached.payload, dict(cached.headers))
@@ -130,8 +135,8 @@ async def _infer(
                     header_length.decode("latin-1") if header_length is not None else None
                 ),
                 headers=forwarded or None,
-                metadata=loaded.metadata,
-                max_batch_size=loaded.max_batch_size,
+                metadata=route.metadata,
+                max_batch_size=route.max_batch_size,
             )
             client = scope.get("client")
             if client:
@@ -139,14 +144,15 @@ async def _infer(
             received = scope.get("extensions", {}).get(RECEIVED)
             if received is not None:
                 request.received_at = received["at"]
+            if tenant is not None and tenants.enabled:
+                runtime.service.tenant_of(request, known=tenant)
             shared = runtime.shared_memory.uses(request)
-            tenant = runtime.service.tenant_of(request) if shared else ""
             if shared:
-                runtime.shared_memory.attach(request, tenant)
-        response = await until_disconnect(receive, runtime.service.infer(request))
+                runtime.shared_memory.attach(request, runtime.service.tenant_of(request))
+        response = await until_disconnect(receive, runtime.service.infer(request, route))
         try:
             if shared:
-                runtime.shared_memory.write_outputs(request, response, tenant)
+                runtime.shared_memory.write_outputs(request, response, request_tenant(request))
             payload, headers = encode_infer_response(response, request)
         finally:
             response.release()

@@ -49,6 +49,7 @@ __all__ = [
     "not_serving",
     "open_guardian",
     "unready",
+    "wedged",
 ]
 
 log = logging.getLogger("sordino.guardian")
@@ -87,12 +88,40 @@ def not_serving(runtime: Runtime) -> list[str]:
     return [str(m.key) for m in runtime.models() if runtime.executor.serving(m.key) == 0]
 
 
+def wedged(runtime: Runtime) -> dict[str, str]:
+    """The loaded models with a batch running longer than any batch may, and why.
+
+    A batch lives at most: the wait for arena space (``memory.overflow_wait``), its
+    run (``workers.execution_timeout``) and, when its instance is lost, a restart
+    (``workers.start_timeout``) and a second run. A batch older than that waits on
+    something that will not come; readiness then says not ready (issue 27: the
+    engine served nothing while ``/v2/health/ready`` answered 200). Without an
+    execution timeout (0) there is no such bound and nothing is called wedged.
+    """
+    config = runtime.config
+    workers = config.workers
+    if not workers.execution_timeout:
+        return {}
+    bound = config.memory.overflow_wait + 2 * workers.execution_timeout + workers.start_timeout
+    found = {}
+    for model in runtime.registry.models():
+        running = model.scheduler.running_for()
+        if running > bound:
+            found[str(model.key)] = (
+                f"{model.key} is wedged: a batch has been running for {running:.0f} s, "
+                "longer than any may "
+                f"({bound:g} s: memory.overflow_wait + 2 x workers.execution_timeout + "
+                "workers.start_timeout)"
+            )
+    return found
+
+
 def unready(runtime: Runtime) -> dict[str, str]:
     """The loaded models that cannot serve now, and why: no instance can take a batch
-    (all restarting), or a batch has run longer than any may (:meth:`Runtime.wedged`).
+    (all restarting), or a batch has run longer than any may (:func:`wedged`).
     Readiness (HTTP and gRPC) is this being empty while the runtime is ready."""
     failing = {key: f"no instance can serve {key}" for key in not_serving(runtime)}
-    for key, reason in runtime.wedged().items():
+    for key, reason in wedged(runtime).items():
         failing.setdefault(key, reason)
     return failing
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from sordino.config import RuntimeConfig
 from sordino.models.repository import ModelSource
-from sordino.server.grpc import GrpcServer
+from sordino.server.grpc_server import GrpcServer
 from sordino.server.model_control import ModelControl
 from sordino.server.registry import LoadedModel
 from sordino.server.runtime import Runtime

@@ -12,6 +12,7 @@ from sordino.records import SchedulerStatistics
 from sordino.scheduling.modes import BatchCurve
 from sordino.scheduling.scheduler import ModelScheduler
 from sordino.scheduling.settings import ModelScheduling
+from sordino.server.route import Route
 
 if TYPE_CHECKING:
     from sordino.generation.pipeline import Pipeline
@@ -34,11 +35,13 @@ class LoadedModel:
     pipeline: Pipeline | None = None
     """Set for an iterative model: the generator in front of its denoiser."""
     labels: dict[str, list[str]] = field(default_factory=dict)
+    """Class labels per output for the classification extension (``*``: every output)."""
     sequences: Sequences | None = None
     """Set for a model with ``sequence_batching``: its live sequences."""
     request_facts: bool = False
     """Whether its backend reads each request's facts (``BackendKind.request_facts``)."""
-    """Class labels per output for the classification extension (``*``: every output)."""
+    route: Route | None = None
+    """Where its requests go (:class:`Route`), set when the registry adds it."""
 
     @property
     def max_batch_size(self) -> int:
@@ -57,6 +60,7 @@ class ModelRegistry:
         self.stopping = False
 
     def add(self, model: LoadedModel) -> None:
+        model.route = Route.of(model)
         self._models.setdefault(model.key.name, {})[model.key.version] = model
         self._update_newest(model.key.name)
 
@@ -118,6 +122,16 @@ class ModelRegistry:
                 f"{', '.join(sorted(versions, key=version_key))})"
             )
         return model
+
+    def route(self, name: str, version: str | None = None) -> Route:
+        """The route to the model version :meth:`get` returns (one lookup a request)."""
+        if not version and not self.stopping:
+            newest = self._newest.get(name)
+            if newest is not None and newest.route is not None:
+                return newest.route  # the common case, in one call
+        route = self.get(name, version).route
+        assert route is not None  # set by add()
+        return route
 
     def versions(self, name: str) -> list[str]:
         """Return the loaded versions of ``name``, ascending."""

@@ -142,18 +142,14 @@ class Runtime:
         # Each tenant has its own regions while tenants are configured (self.tenants, below).
         self.shared_memory = SystemSharedMemory(isolated=lambda: self.tenants.enabled)
         """Clients' registered system shared-memory regions (Triton's extension)."""
+        # One observer per scheduler, calling only the stores that use each event.
         self._observers = (
             SchedulerObservers(
-                self.metrics,
-                self.stats,
-                self.telemetry.series,
-                self.telemetry.availability,
-                self.telemetry.recent_requests,
+                self.metrics, self.stats, self.telemetry.series, self.telemetry.availability,
+                self.telemetry.recent_requests, self.timings, self.step_plans,
+                self.memory,  # incremental compaction at batch boundaries
             ),
-            self.timings,
-            self.step_plans,
-            self.memory,  # incremental compaction at batch boundaries
-        )
+        )  # fmt: skip
         self.pipelines: list[LoadedModel] = []
         self.loader = ModelLoader(
             config,
@@ -440,34 +436,6 @@ class Runtime:
     def ready(self) -> bool:
         """True once every model has loaded and until shutdown starts."""
         return self._started and not self.registry.stopping
-
-    def wedged(self) -> dict[str, str]:
-        """The loaded models with a batch running longer than any batch may, and why.
-
-        A batch lives at most: the wait for arena space (``memory.overflow_wait``), its
-        run (``workers.execution_timeout``) and, when its instance is lost, a restart
-        (``workers.start_timeout``) and a second run. A batch older than that waits on
-        something that will not come; readiness then says not ready (issue 27: the
-        engine served nothing while ``/v2/health/ready`` answered 200). Without an
-        execution timeout (0) there is no such bound and nothing is called wedged.
-        """
-        workers = self.config.workers
-        if not workers.execution_timeout:
-            return {}
-        bound = (
-            self.config.memory.overflow_wait + 2 * workers.execution_timeout + workers.start_timeout
-        )
-        wedged = {}
-        for model in self.registry.models():
-            running = model.scheduler.running_for()
-            if running > bound:
-                wedged[str(model.key)] = (
-                    f"{model.key} is wedged: a batch has been running for {running:.0f} s, "
-                    "longer than any may "
-                    f"({bound:g} s: memory.overflow_wait + 2 x workers.execution_timeout + "
-                    "workers.start_timeout)"
-                )
-        return wedged
 
     # -- delegates -------------------------------------------------------------------
 

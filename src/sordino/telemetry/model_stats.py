@@ -69,7 +69,6 @@ class ModelStats:
         if done.outcome == "success":
             entry["success"].add(done.total_s)
             entry["queue"].add(done.queue_s)
-            entry["last_inference"] = int(time.time() * 1000)
         elif done.outcome == "failure":
             entry["fail"].add(done.total_s)
 
@@ -79,6 +78,8 @@ class ModelStats:
         entry = self._entry(done.model)
         entry["inference_count"] += done.rows
         entry["execution_count"] += 1
+        # The same figure for every request of the batch: set once a batch.
+        entry["last_inference"] = int(time.time() * 1000)
         entry["compute_input"].add(done.input_s, done.requests)
         entry["compute_infer"].add(done.infer_s, done.requests)
         entry["compute_output"].add(done.output_s, done.requests)
