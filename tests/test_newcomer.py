@@ -108,7 +108,8 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
 def test_the_readme_replays_on_a_fresh_copy() -> None:
     """Both set-up commands and every example, in order, exit 0 without a traceback.
 
-    A few minutes: two virtual environments are installed (pip may reuse its cache).
+    A few minutes: two virtual environments are installed (pip may reuse its cache); the
+    second, the test environment, as in its own terminal, beside the examples.
     """
     command = ["bash", str(ROOT / "tools" / "newcomer.sh")]
     for line in NOT_RUNNABLE:

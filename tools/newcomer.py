@@ -17,6 +17,12 @@ variables, the working directory), with ``HOME`` a fresh folder:
   - each port the README names (``80xx``) is a free port here, the same one everywhere;
   - the first block's ``sordino start`` is the reader's first terminal: it serves on the
     ports that stand for 8000 and 8001 until the replay ends;
+  - the first block's other command (the test environment's set-up) is the reader's
+    second terminal: it starts once the first server is ready and runs beside the rest of
+    the replay, in a shell of its own (its state does not carry); it must exit 0 without
+    a traceback before the replay ends. The README has the reader type it while the
+    first server serves, so nothing waits on it but the end of the replay (one core
+    installs ``.venv-test`` while the other replays the examples);
   - any other ``sordino start`` that names no port, data directory or ``--config`` gets
     ``--http-port 0 --grpc-port 0`` and a data directory of its own, as the README says
     a server beside the first one needs. In the foreground it serves until it is ready,
@@ -275,6 +281,15 @@ class Server:
     url: str
 
 
+@dataclass
+class Terminal:
+    """A command running in a terminal of its own (the README's "another terminal")."""
+
+    process: Process
+    text: str
+    started: float
+
+
 class Replay:
     """The reader's shell: its state, its jobs and the first server."""
 
@@ -287,6 +302,7 @@ class Replay:
         self.cwd = self.repo
         self.ports = _free_ports(sorted({*PORT.findall(readme), *FIRST_SERVER}))
         self.first_server: Server | None = None
+        self.second_terminal: Terminal | None = None
         self.jobs: dict[int, Server] = {}
         self.count = 0
 
@@ -304,7 +320,9 @@ class Replay:
             self.run(f"python {shlex.quote(str(path))}", COMMAND_TIMEOUT)
         else:
             for command in commands(text):
+                started = time.monotonic()
                 self.command(command, first_block)
+                print(f"    ({time.monotonic() - started:.1f} s)", flush=True)
             if self.jobs:
                 raise ReplayFailed(
                     f"a server started with & in this block still runs at its end "
@@ -337,6 +355,9 @@ class Replay:
             if "pytest" in program:
                 text += " --collect-only -q"
             setup = any(w in ("venv", "install") for w in words)
+            if first_block and self.first_server is not None and self.second_terminal is None:
+                self.second_terminal = self.open_terminal(text)
+                return
             timeout = SETUP_TIMEOUT if setup else COMMAND_TIMEOUT
             self.run(text, timeout, quiet=setup or "pytest" in program)
 
@@ -362,6 +383,26 @@ class Replay:
         for name in ("NEWCOMER_CMD", "NEWCOMER_CWD", "NEWCOMER_STATE", "_", "OLDPWD", "PWD"):
             self.env.pop(name, None)
 
+    def open_terminal(self, text: str) -> Terminal:
+        """Run one command in a terminal of its own, beside the replay (quiet unless it fails)."""
+        env = {**self.env, "NEWCOMER_CMD": text, "NEWCOMER_CWD": str(self.cwd)}
+        script = 'cd "$NEWCOMER_CWD" && eval "$NEWCOMER_CMD"'
+        print("    (second terminal: runs beside the replay until its end)", flush=True)
+        process = Process.start("terminal 2", ["bash", "-c", script], env, self.cwd, echo=False)
+        return Terminal(process, text, time.monotonic())
+
+    def close_terminal(self) -> None:
+        """Wait for the second terminal's command; it must have exited 0, no traceback."""
+        terminal, self.second_terminal = self.second_terminal, None
+        if terminal is None:
+            return
+        what = f"{terminal.text!r} (the second terminal)"
+        waited = time.monotonic()
+        left = SETUP_TIMEOUT - (waited - terminal.started)
+        terminal.process.check(terminal.process.wait(max(left, 1.0), what), what)
+        took, waited = time.monotonic() - terminal.started, time.monotonic() - waited
+        print(f"  (it took {took:.1f} s; the replay waited {waited:.1f} s of it)", flush=True)
+
     def start_server(self, text: str, *, wait: bool = True) -> Server:
         """Start a server in its own process group; return once it answers ready.
 
@@ -377,7 +418,8 @@ class Replay:
         what = f"server {self.count} ({text!r})"
         if not wait:
             return Server(process, "")
-        deadline = time.monotonic() + SETUP_TIMEOUT
+        began = time.monotonic()
+        deadline = began + SETUP_TIMEOUT
         while True:
             urls = [m[1] for line in process.lines if (m := LISTENING.search(line))]
             if urls:
@@ -394,6 +436,7 @@ class Replay:
                 own = [i for i, line in enumerate(process.lines) if SORDINO_LINE.search(line)]
                 first = own[0] if own else 0
                 print(f"    {name}| ({first} lines of set-up output)")
+                print(f"    ({name} ready {time.monotonic() - began:.1f} s after its command)")
                 for line in process.lines[first:]:
                     process.show(line)
                 process.echo = True
@@ -460,6 +503,10 @@ class Replay:
         """Stop the first server (Ctrl-C) and any job left; on failure, kill everything."""
         servers = [*self.jobs.values(), *([self.first_server] if self.first_server else [])]
         self.jobs.clear()
+        if failed and self.second_terminal is not None:
+            self.second_terminal.process.signal_group(signal.SIGKILL)
+            self.second_terminal.process.popen.wait()
+            self.second_terminal = None
         for server in servers:
             if failed or server is not self.first_server:
                 server.process.signal_group(signal.SIGKILL)
@@ -563,6 +610,9 @@ def main() -> int:
         toured = time.monotonic()
         replay.tour()
         print(f"  (the tour: {time.monotonic() - toured:.0f} s)", flush=True)
+        block = steps[0].block
+        print(f"--- README.md:{block.line}: the second terminal's command", flush=True)
+        replay.close_terminal()
         failed = False
         replay.close(failed=False)
     except ReplayFailed as exc:

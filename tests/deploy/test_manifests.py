@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,18 +79,43 @@ def test_kubernetes_objects_validate(doc: dict[str, Any]) -> None:
     kubernetes_validate.validate(doc, KUBERNETES, strict=True)
 
 
-def crd_schema(doc: dict[str, Any]) -> dict[str, Any]:
+@functools.cache
+def load_crd(kind: str) -> dict[str, Any]:
+    """KServe's CRD for ``kind``, parsed once per session and shared: read it, never change it.
+
+    The InferenceService one is 2 MB of YAML: half a minute with the pure-Python parser,
+    a few seconds with libyaml's.
+    """
     plural = {
         "ClusterServingRuntime": "clusterservingruntimes",
         "InferenceService": "inferenceservices",
     }
-    path = CRDS / f"serving.kserve.io_{plural[doc['kind']]}.yaml.gz"
-    crd = yaml.safe_load(gzip.decompress(path.read_bytes()))
+    path = CRDS / f"serving.kserve.io_{plural[kind]}.yaml.gz"
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    loaded: dict[str, Any] = yaml.load(gzip.decompress(path.read_bytes()), Loader=loader)
+    return loaded
+
+
+def crd_schema(doc: dict[str, Any]) -> dict[str, Any]:
+    crd = load_crd(doc["kind"])
     group, version = doc["apiVersion"].split("/")
     assert crd["spec"]["group"] == group and crd["spec"]["names"]["kind"] == doc["kind"]
     (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version and v["served"]]
     schema: dict[str, Any] = served["schema"]["openAPIV3Schema"]
     return schema
+
+
+@functools.cache
+def crd_validator(kind: str, api_version: str) -> jsonschema.Draft4Validator:
+    """A validator of ``kind``'s CRD schema, itself checked against the metaschema once.
+
+    Draft 4: a CRD's ``openAPIV3Schema`` is an OpenAPI 3.0 schema, whose keywords are JSON
+    Schema draft 4's (as the API server reads them). Checking 2 MB of schema against the
+    2020-12 metaschema took 15 s of CPU; against draft 4's, 2 s.
+    """
+    schema = crd_schema({"kind": kind, "apiVersion": api_version})
+    jsonschema.Draft4Validator.check_schema(schema)
+    return jsonschema.Draft4Validator(schema)
 
 
 def undeclared(value: Any, schema: dict[str, Any], where: str = "") -> Iterator[str]:
@@ -118,7 +144,9 @@ def undeclared(value: Any, schema: dict[str, Any], where: str = "") -> Iterator[
 )
 def test_kserve_objects_match_the_kserve_crds(doc: dict[str, Any]) -> None:
     schema = crd_schema(doc)
-    jsonschema.validate({k: v for k, v in doc.items() if k != "metadata"}, schema)
+    crd_validator(doc["kind"], doc["apiVersion"]).validate(
+        {k: v for k, v in doc.items() if k != "metadata"}
+    )
     assert list(undeclared(doc, schema)) == []
 
 
@@ -130,7 +158,7 @@ def test_the_crd_check_catches_a_typo() -> None:
     doc = yaml.safe_load(yaml.safe_dump(kind("ClusterServingRuntime")))
     doc["spec"]["supportedModelFormats"][0]["autoSelect"] = "yes"
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(doc, crd_schema(doc))
+        crd_validator(doc["kind"], doc["apiVersion"]).validate(doc)
 
 
 def flag_values(args: list[str]) -> dict[str, str]:
