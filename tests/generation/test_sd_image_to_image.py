@@ -14,7 +14,6 @@ import io
 import json
 import shutil
 from collections.abc import Iterator
-from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +23,18 @@ import pytest
 from PIL import Image
 
 from sordino.config import ModelConfig
-from sordino.config.iterative import IterativeConfig
 from sordino.generation.reuse import Generated
 from sordino.generation.stable_diffusion import StableDiffusion
 from sordino.inference import InferRequest
 from sordino.models.repository import sources_for
 from sordino.testing import RunningServer, serve_in_thread
+from tests.generation.sd_common import (
+    generate_one,
+    model_for,
+    pipeline_of,
+    scheduler_sources,
+    sd_request,
+)
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "sd"
 EXPORT = FIXTURES / "tiny-sd"
@@ -47,59 +52,31 @@ SCHEDULERS = {
 
 
 def _model(case: dict[str, Any]) -> str:
-    for model, (kind, options) in SCHEDULERS.items():
-        if kind == case["scheduler"] and options == case["options"]:
-            return f"i2i-{model}"
-    raise AssertionError(f"no model serves {case['name']}")
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    sources = []
-    for model, (kind, options) in SCHEDULERS.items():
-        iterative = IterativeConfig(scheduler=kind, scheduler_options=options, guidance=7.5)
-        config = ModelConfig(
-            name=f"i2i-{model}", path=EXPORT, isolation="thread", iterative=iterative
-        )
-        sources.extend(sources_for(config))
-    plain = tmp_path_factory.mktemp("export") / "tiny-sd"
-    shutil.copytree(EXPORT, plain, ignore=shutil.ignore_patterns("vae_encoder"))
-    sources.extend(sources_for(ModelConfig(name="no-encoder", path=plain, isolation="thread")))
-    with serve_in_thread(sources=sources) as running:
-        yield running
+    return model_for(case, "i2i", SCHEDULERS)
 
 
 def _request(model: str, body: dict[str, Any], tenant: str = "default") -> InferRequest:
-    inputs: dict[str, Any] = {}
-    for key, value in body.items():
-        if isinstance(value, str | bytes):
-            data = value if isinstance(value, bytes) else value.encode()
-            inputs[key] = np.array([data], dtype=object)
-        elif isinstance(value, float):
-            inputs[key] = np.array([value], dtype=np.float32)
-        elif isinstance(value, np.ndarray):
-            inputs[key] = value
-        else:
-            inputs[key] = np.array([value], dtype=np.int64)
-    return InferRequest(model=model, inputs=inputs, parameters={"tenant": tenant})
+    return sd_request(model, body, tenant)
 
 
 async def _one(
     pipeline: StableDiffusion, model: str, body: dict[str, Any], tenant: str = "default"
 ) -> Generated:
-    params = pipeline.parse(_request(model, body, tenant))
-    running = pipeline.run(params, priority=2, timeout_s=None, request_id=None, progress=False)
-    async with aclosing(running) as answers:
-        async for answer in answers:
-            if isinstance(answer, tuple):
-                return answer[0]
-    raise AssertionError("no image")
+    return await generate_one(pipeline, model, body, tenant)
 
 
 def _pipeline(server: RunningServer, model: str) -> StableDiffusion:
-    pipeline = server.runtime.registry.get(model).pipeline
-    assert isinstance(pipeline, StableDiffusion)
-    return pipeline
+    return pipeline_of(server, model, StableDiffusion)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    sources = scheduler_sources("i2i", EXPORT, SCHEDULERS, guidance=7.5)
+    plain = tmp_path_factory.mktemp("export") / "tiny-sd"
+    shutil.copytree(EXPORT, plain, ignore=shutil.ignore_patterns("vae_encoder"))
+    sources.extend(sources_for(ModelConfig(name="no-encoder", path=plain, isolation="thread")))
+    with serve_in_thread(sources=sources) as running:
+        yield running
 
 
 def _body(case: dict[str, Any]) -> dict[str, Any]:

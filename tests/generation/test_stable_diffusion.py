@@ -30,9 +30,9 @@ from sordino.errors import ModelLoadError
 from sordino.generation.clip_tokens import ClipTokenizer
 from sordino.generation.reuse import Generated
 from sordino.generation.stable_diffusion import StableDiffusion
-from sordino.inference import InferRequest
 from sordino.models.repository import scan_repository, sources_for
 from sordino.testing import RunningServer, serve_in_thread
+from tests.generation.sd_common import model_for, scheduler_sources, sd_request
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "sd"
 EXPORT = FIXTURES / "tiny-sd"
@@ -51,38 +51,19 @@ SCHEDULERS = {
 }
 
 
+_request = sd_request
+
+
 def _model(case: dict[str, Any]) -> str:
-    for model, (kind, options) in SCHEDULERS.items():
-        if kind == case["scheduler"] and options == case["options"]:
-            return f"sd-{model}"
-    raise AssertionError(f"no model serves {case['name']}")
+    return model_for(case, "sd", SCHEDULERS)
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
-    sources = []
-    for model, (kind, options) in SCHEDULERS.items():
-        iterative = IterativeConfig(scheduler=kind, scheduler_options=options, guidance=7.5)
-        config = ModelConfig(
-            name=f"sd-{model}", path=EXPORT, isolation="thread", iterative=iterative
-        )
-        sources.extend(sources_for(config))
-    with serve_in_thread(sources=sources) as running:
+    with serve_in_thread(
+        sources=scheduler_sources("sd", EXPORT, SCHEDULERS, guidance=7.5)
+    ) as running:
         yield running
-
-
-def _request(model: str, body: dict[str, Any]) -> InferRequest:
-    inputs: dict[str, Any] = {}
-    for key, value in body.items():
-        if isinstance(value, str):
-            inputs[key] = np.array([value.encode()], dtype=object)
-        elif isinstance(value, float):
-            inputs[key] = np.array([value], dtype=np.float32)
-        elif isinstance(value, np.ndarray):
-            inputs[key] = value
-        else:
-            inputs[key] = np.array([value], dtype=np.int64)
-    return InferRequest(model=model, inputs=inputs)
 
 
 def _generate(server: RunningServer, model: str, body: dict[str, Any]) -> Generated:

@@ -18,7 +18,6 @@ import io
 import json
 import shutil
 from collections.abc import Iterator
-from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +33,9 @@ from sordino.generation.clip_tokens import ClipTokenizer
 from sordino.generation.reuse import Generated
 from sordino.generation.stable_diffusion_3 import StableDiffusion3
 from sordino.generation.t5_tokens import T5Tokenizer
-from sordino.inference import InferRequest
 from sordino.models.repository import scan_repository, sources_for
 from sordino.testing import RunningServer, serve_in_thread
+from tests.generation.sd_common import generate_one, pipeline_of, sd_request
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "sd"
 EXPORT = FIXTURES / "tiny-sd3"
@@ -44,6 +43,13 @@ REFERENCES = np.load(FIXTURES / "sd3_references.npz")
 CASES: list[dict[str, Any]] = json.loads(str(REFERENCES["cases"]))
 MODELS = {"sd3": {}, "sd3-shift1": {"shift": 1.0}}
 SCALING, SHIFT = np.float32(1.5305), np.float32(0.0609)  # the export's VAE
+
+
+_request, _one = sd_request, generate_one
+
+
+def _pipeline(server: RunningServer, model: str) -> StableDiffusion3:
+    return pipeline_of(server, model, StableDiffusion3)
 
 
 def _model(case: dict[str, Any]) -> str:
@@ -59,36 +65,6 @@ def server() -> Iterator[RunningServer]:
         sources.extend(sources_for(config))
     with serve_in_thread(sources=sources) as running:
         yield running
-
-
-def _request(model: str, body: dict[str, Any]) -> InferRequest:
-    inputs: dict[str, Any] = {}
-    for key, value in body.items():
-        if isinstance(value, str):
-            inputs[key] = np.array([value.encode()], dtype=object)
-        elif isinstance(value, float):
-            inputs[key] = np.array([value], dtype=np.float32)
-        elif isinstance(value, np.ndarray):
-            inputs[key] = value
-        else:
-            inputs[key] = np.array([value], dtype=np.int64)
-    return InferRequest(model=model, inputs=inputs)
-
-
-async def _one(pipeline: StableDiffusion3, model: str, body: dict[str, Any]) -> Generated:
-    params = pipeline.parse(_request(model, body))
-    running = pipeline.run(params, priority=2, timeout_s=None, request_id=None, progress=False)
-    async with aclosing(running) as answers:
-        async for answer in answers:
-            if isinstance(answer, tuple):
-                return answer[0]
-    raise AssertionError("no image")
-
-
-def _pipeline(server: RunningServer, model: str) -> StableDiffusion3:
-    pipeline = server.runtime.registry.get(model).pipeline
-    assert isinstance(pipeline, StableDiffusion3)
-    return pipeline
 
 
 @functools.cache

@@ -17,7 +17,6 @@ import io
 import json
 import shutil
 from collections.abc import Iterator
-from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +26,19 @@ import pytest
 from PIL import Image
 
 from sordino.config import ModelConfig
-from sordino.config.iterative import IterativeConfig
 from sordino.errors import ModelLoadError
 from sordino.generation.clip_tokens import ClipTokenizer
 from sordino.generation.reuse import Generated
 from sordino.generation.stable_diffusion_xl import StableDiffusionXL
-from sordino.inference import InferRequest
 from sordino.models.repository import scan_repository, sources_for
 from sordino.testing import RunningServer, serve_in_thread
+from tests.generation.sd_common import (
+    generate_one,
+    model_for,
+    pipeline_of,
+    scheduler_sources,
+    sd_request,
+)
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "sd"
 EXPORT = FIXTURES / "tiny-sdxl"
@@ -46,54 +50,21 @@ SCHEDULERS = {
 }
 
 
+_request, _one = sd_request, generate_one
+
+
 def _model(case: dict[str, Any]) -> str:
-    for model, (kind, options) in SCHEDULERS.items():
-        if (kind or "EulerDiscreteScheduler") == case["scheduler"] and options == case["options"]:
-            return f"xl-{model}"
-    raise AssertionError(f"no model serves {case['name']}")
+    return model_for(case, "xl", SCHEDULERS, default="EulerDiscreteScheduler")
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
-    sources = []
-    for model, (kind, options) in SCHEDULERS.items():
-        iterative = IterativeConfig(scheduler=kind, scheduler_options=options)
-        config = ModelConfig(
-            name=f"xl-{model}", path=EXPORT, isolation="thread", iterative=iterative
-        )
-        sources.extend(sources_for(config))
-    with serve_in_thread(sources=sources) as running:
+    with serve_in_thread(sources=scheduler_sources("xl", EXPORT, SCHEDULERS)) as running:
         yield running
 
 
-def _request(model: str, body: dict[str, Any]) -> InferRequest:
-    inputs: dict[str, Any] = {}
-    for key, value in body.items():
-        if isinstance(value, str):
-            inputs[key] = np.array([value.encode()], dtype=object)
-        elif isinstance(value, float):
-            inputs[key] = np.array([value], dtype=np.float32)
-        elif isinstance(value, np.ndarray):
-            inputs[key] = value
-        else:
-            inputs[key] = np.array([value], dtype=np.int64)
-    return InferRequest(model=model, inputs=inputs)
-
-
-async def _one(pipeline: StableDiffusionXL, model: str, body: dict[str, Any]) -> Generated:
-    params = pipeline.parse(_request(model, body))
-    running = pipeline.run(params, priority=2, timeout_s=None, request_id=None, progress=False)
-    async with aclosing(running) as answers:
-        async for answer in answers:
-            if isinstance(answer, tuple):
-                return answer[0]
-    raise AssertionError("no image")
-
-
 def _pipeline(server: RunningServer, model: str) -> StableDiffusionXL:
-    pipeline = server.runtime.registry.get(model).pipeline
-    assert isinstance(pipeline, StableDiffusionXL)
-    return pipeline
+    return pipeline_of(server, model, StableDiffusionXL)
 
 
 @functools.cache
