@@ -25,6 +25,7 @@ from typing import Any
 
 import click
 
+from sordino.cli.client import ServerError, ServerUnreachable, get_json
 from sordino.cli.server_url import server_url, url_option
 
 __all__ = ["generate"]
@@ -183,23 +184,14 @@ def _numbered(output: Path, number: int) -> Path:
 
 def _check_generator(base: str, model: str) -> None:
     """Refuse, by name, a model that is unknown or not a generator (ClickException)."""
-    url = f"{base}/v2/models/{model}"
     try:
-        with urllib.request.urlopen(url, timeout=30) as response:
-            metadata = json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            message = json.loads(exc.read()).get("error", exc.reason)
-        except (ValueError, AttributeError):
-            message = exc.reason
-        raise click.ClickException(f"{url} answered {exc.code}: {message}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise click.ClickException(
-            f"cannot reach {url}: {reason}; is `sordino start` running there?"
-        ) from None
-    except ValueError:
-        raise click.ClickException(f"{url} did not answer model metadata (JSON)") from None
+        metadata = get_json(base, f"/v2/models/{model}", timeout=30)
+    except ServerUnreachable as exc:
+        raise click.ClickException(f"{exc}; is `sordino start` running there?") from None
+    except ServerError as exc:
+        raise click.ClickException(str(exc)) from None
+    if not isinstance(metadata, dict):
+        raise click.ClickException(f"{base}/v2/models/{model} did not answer model metadata")
     inputs = {str(i.get("name")) for i in metadata.get("inputs", []) if isinstance(i, dict)}
     outputs = {str(o.get("name")) for o in metadata.get("outputs", []) if isinstance(o, dict)}
     if "prompt" not in inputs or "png" not in outputs:

@@ -218,29 +218,12 @@ def _with_warmup(encoder: Path, input_name: str, shape: str, kind: str) -> Path:
     key = "sordino.warmup_shape." + input_name
     if any(prop.key == key for prop in model.metadata_props):
         return encoder
-    stat = encoder.stat()
-    identity = f"{kind}-v1:{encoder.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
-    cache = Path(
-        os.environ.get("SORDINO_CACHE_DIR") or Path(tempfile.gettempdir()) / "sordino-cache"
-    )
-    target = cache / kind / hashlib.sha256(identity).hexdigest()[:24] / "model.onnx"
+    target = _cache_path(encoder, kind, f"{kind}-v1")
     if target.is_file():
         return target
     hint = model.metadata_props.add()
     hint.key, hint.value = key, shape
-    target.parent.mkdir(parents=True, exist_ok=True)
-    for location in _external_files(model):
-        link = target.parent / location
-        if not link.exists():
-            link.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(encoder.parent / location, link)
-            except OSError:
-                shutil.copyfile(encoder.parent / location, link)
-    partial = target.with_suffix(".partial")
-    partial.write_bytes(model.SerializeToString())
-    partial.replace(target)
-    return target
+    return _write_cached(model, encoder, target)
 
 
 def per_row_timestep(unet: Path, name: str) -> Path:
@@ -262,14 +245,7 @@ def per_row_timestep(unet: Path, name: str) -> Path:
             "a scalar feeding one Unsqueeze, so sordino cannot batch rows at different "
             "timesteps; export it with optimum (`optimum-cli export onnx`)"
         )
-    stat = unet.stat()
-    identity = f"v3:{unet.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
-    cache = Path(
-        os.environ.get("SORDINO_CACHE_DIR") or Path(tempfile.gettempdir()) / "sordino-cache"
-    )
-    target = (
-        cache / "unet-per-row-timestep" / hashlib.sha256(identity).hexdigest()[:24] / "model.onnx"
-    )
+    target = _cache_path(unet, "unet-per-row-timestep", "v3")
     if target.is_file():
         return target
     unsqueeze = next(n for n in graph.node if "timestep" in n.input)
@@ -287,18 +263,37 @@ def per_row_timestep(unet: Path, name: str) -> Path:
     hint = model.metadata_props.add()
     # backends.base.WARMUP_SHAPE + the input's name (models may not import backends).
     hint.key, hint.value = "sordino.warmup_shape.sample", f"1,{channels},{side},{side}"
+    return _write_cached(model, unet, target)
+
+
+def _cache_path(source: Path, folder: str, tag: str) -> Path:
+    """Where the rewritten copy of ``source`` is kept: ``$SORDINO_CACHE_DIR/FOLDER/KEY``,
+    the key naming ``tag`` (the rewrite's version) and the file's path, size and time."""
+    stat = source.stat()
+    identity = f"{tag}:{source.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+    cache = Path(
+        os.environ.get("SORDINO_CACHE_DIR") or Path(tempfile.gettempdir()) / "sordino-cache"
+    )
+    return cache / folder / hashlib.sha256(identity).hexdigest()[:24] / "model.onnx"
+
+
+def _write_cached(model: Any, source: Path, target: Path) -> Path:
+    """Write the rewritten ``model`` (read from ``source``) to the cache path ``target``.
+
+    Weights stored outside the graph (a real UNet's model.onnx_data, GBs) are hard
+    links to the export's files (ONNX Runtime refuses external data reached through a
+    symbolic link that leaves the model's folder); copied only across file systems. The
+    graph is written beside and renamed, so a reader never sees half a file.
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
-    # Weights stored outside the graph (a real UNet's model.onnx_data, GBs) are hard
-    # links to the export's files (ONNX Runtime refuses external data reached through a
-    # symbolic link that leaves the model's folder); copied only across file systems.
     for location in _external_files(model):
         link = target.parent / location
         if not link.exists():
             link.parent.mkdir(parents=True, exist_ok=True)
             try:
-                os.link(unet.parent / location, link)
+                os.link(source.parent / location, link)
             except OSError:
-                shutil.copyfile(unet.parent / location, link)
+                shutil.copyfile(source.parent / location, link)
     partial = target.with_suffix(".partial")
     partial.write_bytes(model.SerializeToString())
     partial.replace(target)
