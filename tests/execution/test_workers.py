@@ -222,7 +222,10 @@ def test_crash_on_the_only_instance_costs_the_client_no_error() -> None:
                 server.runtime.executor.faults.clear(fault["id"])
 
         server.runtime.events.subscribe(clear_on_crash)
-        response = httpx.post(f"{server.url}/v2/models/digits-classifier/infer", json=BODY)
+        # The retry waits for a fresh worker (spawn and load): seconds on a busy machine.
+        response = httpx.post(
+            f"{server.url}/v2/models/digits-classifier/infer", json=BODY, timeout=60
+        )
         assert response.status_code == 200, response.text
         assert [e.cause for e in events(server, "batch_retried")] == ["exited with code 70"]
         assert worker(server, 0).restarts == 1
