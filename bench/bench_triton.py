@@ -12,7 +12,8 @@ Servers, all up at once, each on free loopback ports:
 - **triton 10ms / triton 0ms** — the ``tritonserver`` binary of the ``nvidia-pytriton``
   0.7.0 wheel serving W1 through its **Python backend** (a ``model.py`` running ONNX
   Runtime with 2 threads, max batch 32, preferred 32, 10 ms or 0 ms queue delay; one
-  server, two models);
+  server, two models; its session spins as ONNX Runtime's default has it, or not with
+  ``--session-spinning off``);
 - **mosec** — a Mosec server, one worker running the same session (max batch 32, 10 ms).
 
 The peers are installed on first use into side environments under ``bench/.peers/``
@@ -506,7 +507,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if TRITON in wanted or TRITON_0 in wanted:
                 python = peers.ensure_venv("triton", peers.TRITON_PACKAGES,
                                            "import pytriton, onnxruntime, numpy")  # fmt: skip
-                models_ = [peers.Batching("w1"), peers.Batching("w1_nodelay", delay_us=0)]
+                spin = args.session_spinning == "on"
+                models_ = [peers.Batching("w1", spinning=spin),
+                           peers.Batching("w1_nodelay", delay_us=0, spinning=spin)]  # fmt: skip
                 t = stack.enter_context(peers.triton_server(python, onnx_path, models_))
                 for label, model in ((TRITON, "w1"), (TRITON_0, "w1_nodelay")):
                     metrics = t.metrics or ""
@@ -530,7 +533,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                           lambda u=s.http: sordino_batches(u, "w1"))  # fmt: skip
             if SORDINO_PY in wanted:
                 repo = peers.write_triton_repository(
-                    Path(scratch) / "python-models", [peers.Batching("w1")], onnx_path
+                    Path(scratch) / "python-models",
+                    [peers.Batching("w1", spinning=args.session_spinning == "on")],
+                    onnx_path,
                 )
                 # The scheduler settings of the "sordino" target (bench_workloads').
                 settings = Path(scratch) / "python_runtime.yaml"
@@ -580,6 +585,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "python": platform.python_version(), "onnxruntime": ort.__version__,
                     "load_1m": os.getloadavg()[0]},
         "settings": {"seconds": args.seconds, "repeat": args.repeat, "warmup": args.warmup,
+                     "session_spinning": args.session_spinning,
                      "servers": order, "concurrency": args.concurrency},
         "rows": rows, "targets": found, "idle_cpu_percent": idle, "cells": cells,
         "perf_analyzer": analyzed,
@@ -600,6 +606,10 @@ def main() -> None:
                         help="a comma-separated subset, quoted (default: all five)")  # fmt: skip
     parser.add_argument("--perf-analyzer", action="store_true",
                         help="then the KServe cells again from perf_analyzer (C++)")  # fmt: skip
+    parser.add_argument("--session-spinning", choices=("on", "off"), default="on",
+                        help="whether the ONNX Runtime session of the Python-backend model.py "
+                        "(Triton's and 'sordino python') spins: on is ONNX Runtime's "
+                        "default; off is what sordino's own ONNX workers do")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="2 s a cell, one repeat")
     parser.add_argument("--name", default="triton", help="results file bench/results/NAME.json")
     args = parser.parse_args()

@@ -35,12 +35,15 @@ class PeerError(RuntimeError):
 
 @dataclass(frozen=True)
 class Batching:
-    """One Triton model: its name and dynamic-batching settings."""
+    """One Triton model: its name, dynamic-batching settings and whether its ONNX Runtime
+    session's intra-op threads spin while waiting for work (``True``: ONNX Runtime's
+    default, which burns a core between batches on a busy 2-core machine)."""
 
     name: str
     max_batch: int = 32
     preferred: int = 32
     delay_us: int = 10_000
+    spinning: bool = True
 
 
 def triton_config(
@@ -59,6 +62,8 @@ def triton_config(
         "}\n"
         "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
         f'parameters: {{ key: "onnx_path" value: {{ string_value: "{onnx_path}" }} }}\n'
+        'parameters: { key: "allow_spinning" value: { string_value: '
+        f'"{int(model.spinning)}" }} }}\n'
     )
 
 
@@ -80,6 +85,8 @@ class TritonPythonModel:
         self.output = config["output"][0]["name"]
         options = ort.SessionOptions()
         options.intra_op_num_threads = {ORT_THREADS}
+        spinning = config["parameters"].get("allow_spinning", {{}}).get("string_value", "1")
+        options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
         self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
     def execute(self, requests):

@@ -37,6 +37,34 @@ def test_triton_repository_configs_parse_with_the_batching_asked_for(tmp_path: P
         compile((tmp_path / "repo" / model / "1" / "model.py").read_text(), "model.py", "exec")
 
 
+@pytest.mark.parametrize("spinning", [True, False])
+def test_the_python_model_opens_its_session_spinning_as_asked(
+    tmp_path: Path, spinning: bool
+) -> None:
+    """The same model.py on both servers; only its config.pbtxt says whether ONNX
+    Runtime's intra-op threads spin (``--session-spinning``), and its session does so."""
+    from bench.models import mlp
+
+    from sordino.backends.registry import create_backend
+
+    onnx = mlp(tmp_path / "mlp.onnx")
+    repo = peers.write_triton_repository(
+        tmp_path / "repo", [peers.Batching("w1", spinning=spinning)], onnx
+    )
+    backend = create_backend(
+        "python", name="w1", version="1", providers=["CPUExecutionProvider"], intra_op_threads=None
+    )
+    backend.load(repo / "w1" / "1" / "model.py")
+    try:
+        options = backend._model.session.get_session_options()  # type: ignore[attr-defined]
+        entry = options.get_session_config_entry("session.intra_op.allow_spinning")
+        assert entry == ("1" if spinning else "0")
+        x = np.ones((2, 256), np.float32)
+        assert backend.infer({"x": x})["y"].shape == (2, 256)
+    finally:
+        backend.unload()
+
+
 def test_mosec_server_source_compiles() -> None:
     compile(peers.MOSEC_SERVER_PY, "server.py", "exec")
 
