@@ -41,7 +41,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from sordino.config.iterative import StepCacheConfig
 from sordino.errors import InferenceFailed, InvalidRequest, ModelLoadError, TensorError
 from sordino.generation.clip_tokens import ClipTokenizer
 from sordino.generation.diffusers_schedulers import Sampler, SchedulerSpec, scheduler_from_config
@@ -110,6 +109,7 @@ class SDGeneration:
         priority: int,
         progress: bool,
         now: float,
+        deadline: float | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.params = params
@@ -118,9 +118,13 @@ class SDGeneration:
         self.guided = params.guidance > 1.0
         self.embeddings = embeddings
         shape = (params.num_images, pipeline.latent_channels, params.height // 8, params.width // 8)
-        self.sampler: Sampler = pipeline.spec.start(
-            params.steps, np.random.default_rng([1, params.seed])
-        )
+        # Degrade applies here, before the first step: the whole run is planned with the
+        # fewer steps (a diffusers scheduler's timesteps depend on the count), so the
+        # image is diffusers' own at that count.
+        steps = pipeline.planned_steps(params, priority=priority, now=now, deadline=deadline)
+        self.degraded = steps < params.steps
+        pipeline.degrader.note(params.steps - steps, first=True)
+        self.sampler: Sampler = pipeline.spec.start(steps, np.random.default_rng([1, params.seed]))
         latents = params.latents
         if latents is None:
             latents = np.random.default_rng(params.seed).standard_normal(shape).astype(np.float32)
@@ -133,20 +137,25 @@ class SDGeneration:
             self.latents = np.asarray(
                 latents * np.float32(self.sampler.init_noise_sigma), dtype=np.float32
             )
-        self.run_steps = params.steps - self.begin
+        self.run_steps = steps - self.begin
         self.index = self.begin
         self.steps_used = 0
         self.reused_steps = 0
-        self.degraded = False
         self.closed = False
         self._last = now
-        # Never skips (refused at load for exports); its count is what a response reports.
-        self.cache = StepCache(StepCacheConfig(), pipeline.step_cache)
+        self.cache = StepCache(pipeline.config.step_cache, pipeline.step_cache)
+        self._scaled: npt.NDArray[np.float32] | None = None  # the next call's, when known
+        self._input: npt.NDArray[np.float32] | None = None  # the queued call's
+        self._moved = 1  # steps the last advance moved the latents
 
     def inputs(self) -> Tensors:
         """The next UNet call: the scaled latents (twice when guided), timestep, text rows."""
         pipeline = self.pipeline
-        scaled = self.sampler.scale_input(self.latents, self.index)
+        scaled = self._scaled
+        if scaled is None:
+            scaled = self.sampler.scale_input(self.latents, self.index)
+        self._scaled = None
+        self._input = scaled
         rows = 2 * len(scaled) if self.guided else len(scaled)
         state = TensorsBuilder(pipeline.arena())
         try:
@@ -187,25 +196,45 @@ class SDGeneration:
         if self.guided:
             uncond, cond = predicted[:n], predicted[n:]
             noise = uncond + np.float32(self.params.guidance) * (cond - uncond)
-        self.pipeline.note_step(self.priority, now - self._last)
+        assert self._input is not None
+        self.cache.computed(self._input)
+        # The time since the last advance moved the latents ``_moved`` steps (more than
+        # one when the step cache skipped some): the pace is per step.
+        self.pipeline.note_step(self.priority, (now - self._last) / self._moved)
         self._last = now
-        self.latents = self.sampler.step(noise, self.index, self.latents)
-        self.index += 1
-        self.steps_used = min(self.index - self.begin, self.run_steps)
-        if self.index == len(self.sampler.timesteps):
-            return None, Tensors.of({"sample": self.latents})
+        self._moved = 0
         delivered = None
-        if self.progress:
-            rgb = np.einsum("chw,cr->hwr", self.latents[0], self.pipeline.preview_rgb)
-            preview = np.round(np.clip((rgb + 1.0) / 2.0, 0, 1) * 255).astype(np.uint8)
-            delivered = Tensors.of(
-                {
-                    "image": preview,
-                    "step": np.array([self.steps_used], dtype=np.int32),
-                    "steps": np.array([self.run_steps], dtype=np.int32),
-                }
-            )
+        calls = len(self.sampler.timesteps)
+        while True:
+            self.latents = self.sampler.step(noise, self.index, self.latents)
+            self.index += 1
+            self._moved += 1
+            self.steps_used = min(self.index - self.begin, self.run_steps)
+            if self.index == calls:
+                return None, Tensors.of({"sample": self.latents})
+            delivered = self._preview() if self.progress else delivered
+            if not self.pipeline.config.step_cache.enabled:
+                break
+            # The step cache: a call whose input (the scaled latents, both guidance rows
+            # alike) moved little since the last computed one reuses its guided noise and
+            # steps the scheduler with it, as TeaCache does in diffusers (the
+            # scheduler's multistep history takes the reused output). Never the last call.
+            self._scaled = self.sampler.scale_input(self.latents, self.index)
+            if not self.cache.may_skip(self._scaled, last=self.index == calls - 1):
+                break
         return self.inputs(), delivered
+
+    def _preview(self) -> Tensors:
+        """The cheap preview of the latents now (a linear projection to RGB)."""
+        rgb = np.einsum("chw,cr->hwr", self.latents[0], self.pipeline.preview_rgb)
+        preview = np.round(np.clip((rgb + 1.0) / 2.0, 0, 1) * 255).astype(np.uint8)
+        return Tensors.of(
+            {
+                "image": preview,
+                "step": np.array([self.steps_used], dtype=np.int32),
+                "steps": np.array([self.run_steps], dtype=np.int32),
+            }
+        )
 
     def close(self) -> None:
         self.closed = True
@@ -234,21 +263,11 @@ class StableDiffusion(Pipeline):
         export = self.config.export
         assert export is not None
         name = self.key.name
-        if "degrade" in self.config.model_fields_set:
-            raise ModelLoadError(
-                f"model {name!r}: degrade is not supported for a Stable Diffusion export yet "
-                "(a request runs all its steps); remove iterative.degrade"
-            )
         if self.config.reuse.approximate:
             raise ModelLoadError(
                 f"model {name!r}: reuse.approximate is not supported for a Stable Diffusion "
-                "export yet; remove it"
-            )
-        if self.config.step_cache.enabled:
-            raise ModelLoadError(
-                f"model {name!r}: step_cache is not supported for a Stable Diffusion export "
-                "yet (a diffusers scheduler's multistep state cannot take a reused step); "
-                "remove iterative.step_cache"
+                "export yet (a run re-noised from another request's state is an image no "
+                "diffusers run gives); remove it"
             )
         try:
             self.tokenizer = ClipTokenizer(export / "tokenizer")
@@ -518,7 +537,36 @@ class StableDiffusion(Pipeline):
         progress: bool,
     ) -> SDGeneration:
         assert isinstance(params, SDParams)
-        return SDGeneration(self, params, condition, priority=priority, progress=progress, now=now)
+        return SDGeneration(
+            self,
+            params,
+            condition,
+            priority=priority,
+            progress=progress,
+            now=now,
+            deadline=deadline,
+        )
+
+    def planned_steps(
+        self, params: GenerateParams, *, priority: int, now: float, deadline: float | None
+    ) -> int:
+        """The steps a request runs: ``params.steps``, fewer when degrade applies now.
+
+        Decided once, before the first step (``iterative.degrade``: the guardian's step
+        factor, the request's deadline at the recent pace of its priority, never below
+        its priority's floor, never for a protected priority). A run is never re-planned
+        part way: PNDM's and DPM-Solver's timesteps and multistep history depend on the
+        step count, and a re-planned tail would give an image no diffusers run gives.
+        """
+        return self.degrader.remaining(
+            self.config.degrade,
+            priority=priority,
+            done=0,
+            remaining=params.steps,
+            now=now,
+            deadline=deadline,
+            step_s=self.step_period(priority),
+        )
 
     async def _decode(self, sample: npt.NDArray[np.float32]) -> npt.NDArray[np.uint8]:
         """The images of the final latents: [H, W, 3] for one, [N, H, W, 3] for several."""
