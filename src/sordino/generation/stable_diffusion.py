@@ -21,8 +21,12 @@ built-in digits model, each as diffusers' ``StableDiffusionPipeline`` does it:
   where the export has a VAE encoder): the image encoded (sd_image.py) before the loop,
   the loop started at the scheduler's ``t_start`` with the encoded latents noised to it.
 
-Not here yet: degrade-instead-of-drop and approximate reuse (a diffusers scheduler
-cannot be re-planned mid-run and stay equal to diffusers; a request runs all its steps).
+Degrade-instead-of-drop applies before the first step (:meth:`StableDiffusion.planned_steps`:
+the run is planned with the fewer steps, so its image is diffusers' at that count; a
+diffusers scheduler's timesteps depend on the count, so a run is never re-planned part
+way). Step caching (``iterative.step_cache``) measures the scaled UNet input of the
+request (both guidance rows alike) and steps the scheduler with the last guided noise
+on a skipped call. Not here yet: approximate reuse (refused at load).
 SDXL and SD3 are subclasses: generation/stable_diffusion_xl.py, stable_diffusion_3.py.
 """
 
