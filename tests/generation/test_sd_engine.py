@@ -26,6 +26,7 @@ import pytest
 from sordino.config import ModelConfig
 from sordino.config.iterative import IterativeConfig, StepCacheConfig
 from sordino.generation.degrade import StepDegrader
+from sordino.generation.diffusers_schedulers import scheduler_from_config
 from sordino.generation.reuse import Generated
 from sordino.generation.stable_diffusion import StableDiffusion
 from sordino.generation.stable_diffusion_3 import StableDiffusion3
@@ -337,3 +338,64 @@ async def test_a_deadline_degrades_an_export_request_at_the_recent_pace(arena: A
         await engine.scheduler.close(drain=False)
     assert (full.steps_used, full.degraded) == (20, False)
     assert late.degraded and 2 <= late.steps_used < 20
+
+
+# -- approximate reuse ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kind", "scheduler"), [("sd", "pndm"), ("sd", "euler"), ("sd3", "flow")])
+async def test_approximate_reuse_starts_a_same_prompt_request_part_way(
+    arena: Arena, kind: str, scheduler: str
+) -> None:
+    case = next(c for c in _cases(kind) if c["name"] == scheduler)
+    reuse = {**NO_REUSE, "approximate": True, "approximate_skip": 0.5}
+    engine = make_sd_engine(kind, arena, _settings(case, reuse=reuse))
+    body = {**case["request"], "steps": 10}
+    try:
+        (first,) = await engine.finish(asyncio.ensure_future(engine.generate(body)))
+        calls = len(engine.executor.contents)
+        (second,) = await engine.finish(
+            asyncio.ensure_future(engine.generate({**body, "seed": 12}))
+        )
+        second_calls = len(engine.executor.contents) - calls
+        (other,) = await engine.finish(
+            asyncio.ensure_future(engine.generate({**body, "prompt": "a red house"}))
+        )
+    finally:
+        await engine.scheduler.close(drain=False)
+    assert first.reused_steps == 0 and other.reused_steps == 0  # another prompt: its own run
+    assert second.reused_steps == 5 and second.steps_used == 10
+    assert second_calls == calls - 5  # the first half of the schedule did not run
+    assert engine.pipeline.states.steps_saved == 5
+    # Its own noise on the shared start: another image than the first's, a valid one.
+    assert second.sample is not None and first.sample is not None
+    assert np.isfinite(second.sample).all() and not np.array_equal(second.sample, first.sample)
+
+
+@pytest.mark.parametrize(
+    ("kind", "scheduler"),
+    sorted({(k, c["scheduler"]) for k in ("sd", "sd3") for c in _cases(k) if not c["options"]}),
+)
+def test_the_clean_estimate_inverts_add_noise(kind: str, scheduler: str) -> None:
+    config = json.loads((KINDS[kind][0] / "scheduler" / "scheduler_config.json").read_text())
+    sampler = scheduler_from_config({**config, "_class_name": scheduler}).start(10)
+    rng = np.random.default_rng(0)
+    x0, noise = (rng.standard_normal((1, 4, 8, 8)).astype(np.float32) for _ in range(2))
+    index = 3
+    noised = sampler.add_noise(x0, noise, index)
+    # What the denoiser predicts for exactly that noise (flow matching: the velocity).
+    out = noise - x0 if scheduler.startswith("FlowMatch") else noise
+    np.testing.assert_allclose(sampler.predict_x0(out, index, noised), x0, atol=1e-4)
+
+
+async def test_degrade_keeps_a_step_for_image_to_image(arena: Arena) -> None:
+    engine = make_sd_engine("sd", arena, {"degrade": {"min_steps": 1}})
+    await engine.scheduler.close(drain=False)
+    engine.degrader.set_step_factor(0.2)
+    pixels = np.zeros((64, 64, 3), dtype=np.uint8).tobytes()
+    body = {"prompt": "a cat", "steps": 10, "strength": 0.25, "image": pixels}
+    params = engine.pipeline.parse(sd_request("sd", {**body, "width": 64, "height": 64}))
+    # 10 x 0.2 = 2 steps would run int(2 x 0.25) = 0 of them: 4 keep one.
+    assert engine.pipeline.planned_steps(params, priority=2, now=0.0, deadline=None) == 4
+    text = engine.pipeline.parse(sd_request("sd", {"prompt": "a cat", "steps": 10}))
+    assert engine.pipeline.planned_steps(text, priority=2, now=0.0, deadline=None) == 2

@@ -272,7 +272,6 @@ def test_a_unet_with_external_weights_is_rewritten_without_copying_them(
 @pytest.mark.parametrize(
     ("iterative", "says"),
     [
-        (IterativeConfig(reuse={"approximate": True}), "reuse.approximate is not supported"),
         (IterativeConfig(scheduler="LMSDiscreteScheduler"), "LMSDiscreteScheduler is not"),
     ],
 )

@@ -26,7 +26,9 @@ the run is planned with the fewer steps, so its image is diffusers' at that coun
 diffusers scheduler's timesteps depend on the count, so a run is never re-planned part
 way). Step caching (``iterative.step_cache``) measures the scaled UNet input of the
 request (both guidance rows alike) and steps the scheduler with the last guided noise
-on a skipped call. Not here yet: approximate reuse (refused at load).
+on a skipped call. Approximate reuse (``reuse.approximate``) starts a text-to-image
+request part way, as image to image does, from the clean estimate an earlier request
+of the same prompt reached there, re-noised with its own noise.
 SDXL and SD3 are subclasses: generation/stable_diffusion_xl.py, stable_diffusion_3.py.
 """
 
@@ -132,8 +134,24 @@ class SDGeneration:
         latents = params.latents
         if latents is None:
             latents = np.random.default_rng(params.seed).standard_normal(shape).astype(np.float32)
-        self.begin = 0  # image to image starts part way
-        if params.encoded is not None:
+        self.begin = 0  # image to image (and approximate reuse) starts part way
+        self.reused_steps = 0
+        self._store_at: int | None = None
+        self.state_key = (
+            self.embeddings.tobytes(),
+            params.guidance,
+            pipeline.spec.kind,
+            steps,
+            shape,
+            getattr(params, "time_ids", ()),
+        )
+        cached = self._approximate(steps) if params.encoded is None else None
+        if cached is not None:
+            # Another request's clean estimate of the same prompt, re-noised with this
+            # request's own noise to call ``begin`` (as image to image starts): the
+            # calls before it are not run.
+            self.latents = self.sampler.add_noise(cached, latents, self.begin)
+        elif params.encoded is not None:
             self.begin = self.sampler.image_start(params.strength)
             start = np.repeat(params.encoded, params.num_images // len(params.encoded), axis=0)
             self.latents = self.sampler.add_noise(start, latents, self.begin)
@@ -143,14 +161,30 @@ class SDGeneration:
             )
         self.run_steps = steps - self.begin
         self.index = self.begin
-        self.steps_used = 0
-        self.reused_steps = 0
+        self.steps_used = self.reused_steps
         self.closed = False
         self._last = now
         self.cache = StepCache(pipeline.config.step_cache, pipeline.step_cache)
         self._scaled: npt.NDArray[np.float32] | None = None  # the next call's, when known
         self._input: npt.NDArray[np.float32] | None = None  # the queued call's
         self._moved = 1  # steps the last advance moved the latents
+
+    def _approximate(self, steps: int) -> npt.NDArray[np.float32] | None:
+        """With ``reuse.approximate``: a cached clean estimate to start from (``begin`` and
+        ``reused_steps`` set), or None (and where to keep this run's estimate)."""
+        reuse = self.pipeline.config.reuse
+        if not reuse.approximate:
+            return None
+        skip = min(steps - 1, round(steps * reuse.approximate_skip))
+        if skip <= 0:
+            return None
+        cached = self.pipeline.states.get(self.state_key)
+        if cached is None:
+            self._store_at = skip - 1  # after this call, its clean estimate is kept
+            return None
+        self.begin = self.reused_steps = skip
+        self.pipeline.states.steps_saved += skip
+        return cached
 
     def inputs(self) -> Tensors:
         """The next UNet call: the scaled latents (twice when guided), timestep, text rows."""
@@ -210,10 +244,13 @@ class SDGeneration:
         delivered = None
         calls = len(self.sampler.timesteps)
         while True:
+            if self.index == self._store_at:
+                x0 = self.sampler.predict_x0(noise, self.index, self.latents)
+                self.pipeline.states.put(self.state_key, x0)
             self.latents = self.sampler.step(noise, self.index, self.latents)
             self.index += 1
             self._moved += 1
-            self.steps_used = min(self.index - self.begin, self.run_steps)
+            self.steps_used = min(self.index - self.begin, self.run_steps) + self.reused_steps
             if self.index == calls:
                 return None, Tensors.of({"sample": self.latents})
             delivered = self._preview() if self.progress else delivered
@@ -236,7 +273,7 @@ class SDGeneration:
             {
                 "image": preview,
                 "step": np.array([self.steps_used], dtype=np.int32),
-                "steps": np.array([self.run_steps], dtype=np.int32),
+                "steps": np.array([self.run_steps + self.reused_steps], dtype=np.int32),
             }
         )
 
@@ -267,12 +304,6 @@ class StableDiffusion(Pipeline):
         export = self.config.export
         assert export is not None
         name = self.key.name
-        if self.config.reuse.approximate:
-            raise ModelLoadError(
-                f"model {name!r}: reuse.approximate is not supported for a Stable Diffusion "
-                "export yet (a run re-noised from another request's state is an image no "
-                "diffusers run gives); remove it"
-            )
         try:
             self.tokenizer = ClipTokenizer(export / "tokenizer")
         except (OSError, ValueError, KeyError) as exc:
@@ -562,7 +593,7 @@ class StableDiffusion(Pipeline):
         part way: PNDM's and DPM-Solver's timesteps and multistep history depend on the
         step count, and a re-planned tail would give an image no diffusers run gives.
         """
-        return self.degrader.remaining(
+        steps = self.degrader.remaining(
             self.config.degrade,
             priority=priority,
             done=0,
@@ -571,6 +602,11 @@ class StableDiffusion(Pipeline):
             deadline=deadline,
             step_s=self.step_period(priority),
         )
+        if isinstance(params, SDParams) and params.image is not None:
+            # Image to image runs int(steps x strength) of them: keep at least one.
+            while steps < params.steps and int(steps * params.strength) < 1:
+                steps += 1
+        return steps
 
     async def _decode(self, sample: npt.NDArray[np.float32]) -> npt.NDArray[np.uint8]:
         """The images of the final latents: [H, W, 3] for one, [N, H, W, 3] for several."""
