@@ -19,6 +19,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -40,7 +41,7 @@ from sordino.records import QueueSettings
 from sordino.scheduling.batcher import BatchPolicy
 from sordino.scheduling.modes import build_controller
 from sordino.scheduling.scheduler import ModelScheduler
-from sordino.testing import ScriptedExecutor, VirtualClock
+from sordino.testing import ScriptedExecutor, VirtualClock, serve_in_thread
 from tests.generation.sd_common import sd_request
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "sd"
@@ -399,3 +400,42 @@ async def test_degrade_keeps_a_step_for_image_to_image(arena: Arena) -> None:
     assert engine.pipeline.planned_steps(params, priority=2, now=0.0, deadline=None) == 4
     text = engine.pipeline.parse(sd_request("sd", {"prompt": "a cat", "steps": 10}))
     assert engine.pipeline.planned_steps(text, priority=2, now=0.0, deadline=None) == 2
+
+
+# -- through a real server -----------------------------------------------------------
+
+
+def test_a_served_export_reports_cached_steps_and_the_guardian_factor_degrades_it() -> None:
+    sources = [
+        *sources_for(
+            ModelConfig(
+                name="sd-cache",
+                path=KINDS["sd"][0],
+                isolation="thread",
+                iterative=IterativeConfig(
+                    step_cache=StepCacheConfig(enabled=True, threshold=0.3, max_skips=3)
+                ),
+            )
+        ),
+        *sources_for(ModelConfig(name="sd-plain", path=KINDS["sd"][0], isolation="thread")),
+    ]
+    with serve_in_thread(sources=sources) as server:
+        body = {"prompt": "a red house", "steps": 20, "seed": 3}
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            cached = client.post("/v2/models/sd-cache/generate", json=body)
+            assert cached.status_code == 200, cached.text
+            config = client.get("/v2/models/sd-cache/config").json()
+            metrics = client.get("/metrics").text
+            server.loop.call_soon_threadsafe(server.runtime.step_degrader.set_step_factor, 0.5)
+            low = {**body, "steps": 10, "parameters": {"priority": "low"}}
+            degraded = client.post("/v2/models/sd-plain/generate", json=low).json()
+            high = {**low, "parameters": {"priority": "high"}}
+            premium = client.post("/v2/models/sd-plain/generate", json=high).json()
+    skipped = cached.json()["parameters"]["cached_steps"]
+    assert skipped > 0 and cached.json()["parameters"]["steps_used"] == 20
+    assert config["parameters"]["sordino_step_cache"]["string_value"] == "threshold=0.3,max_skips=3"
+    assert (
+        f'sordino_generation_step_cache_skipped_total{{model="sd-cache"}} {skipped:.1f}' in metrics
+    )
+    assert degraded["parameters"]["degraded"] and degraded["parameters"]["steps_used"] == 5
+    assert premium["parameters"]["steps_used"] == 10 and not premium["parameters"]["degraded"]
