@@ -272,9 +272,6 @@ def test_a_unet_with_external_weights_is_rewritten_without_copying_them(
 @pytest.mark.parametrize(
     ("iterative", "says"),
     [
-        (IterativeConfig(reuse={"approximate": True}), "reuse.approximate is not supported"),
-        (IterativeConfig(degrade={"min_steps": 2}), "degrade is not supported"),
-        (IterativeConfig(step_cache={"enabled": True}), "step_cache is not supported"),
         (IterativeConfig(scheduler="LMSDiscreteScheduler"), "LMSDiscreteScheduler is not"),
     ],
 )

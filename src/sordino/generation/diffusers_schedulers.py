@@ -482,6 +482,29 @@ class Sampler:
         a = self.spec.alphas_cumprod[int(self.timesteps[index])]
         return np.asarray(a**0.5 * x + (1 - a) ** 0.5 * eps, dtype=np.float32)
 
+    def predict_x0(self, model_output: F32, index: int, sample: F32) -> F32:
+        """The clean latents the (guided) output at call ``index`` predicts from ``sample``."""
+        out = np.asarray(model_output, dtype=np.float32)
+        x = np.asarray(sample, dtype=np.float32)
+        if self.sigmas is not None:
+            sigma = self.sigmas[index]
+            if self.spec.kind == "FlowMatchEulerDiscreteScheduler":
+                return np.asarray(x - sigma * out, dtype=np.float32)
+            if self.spec.kind == "DPMSolverMultistepScheduler":
+                alpha_t, sigma_t = _alpha_sigma(sigma)
+                if self.spec.prediction == "epsilon":
+                    return np.asarray((x - sigma_t * out) / alpha_t, dtype=np.float32)
+                if self.spec.prediction == "v_prediction":
+                    return np.asarray(alpha_t * x - sigma_t * out, dtype=np.float32)
+                return out
+            return self._x0_from_sigma(out, x, sigma)
+        a = self._alpha(float(self.timesteps[index]))
+        if self.spec.prediction == "epsilon":
+            return np.asarray((x - (1 - a) ** 0.5 * out) / a**0.5, dtype=np.float32)
+        if self.spec.prediction == "v_prediction":
+            return np.asarray(a**0.5 * x - (1 - a) ** 0.5 * out, dtype=np.float32)
+        return out
+
     def _x0_from_sigma(self, out: F32, x: F32, sigma: np.float32) -> F32:
         if self.spec.prediction == "epsilon":
             return np.asarray(x - sigma * out, dtype=np.float32)

@@ -21,8 +21,14 @@ built-in digits model, each as diffusers' ``StableDiffusionPipeline`` does it:
   where the export has a VAE encoder): the image encoded (sd_image.py) before the loop,
   the loop started at the scheduler's ``t_start`` with the encoded latents noised to it.
 
-Not here yet: degrade-instead-of-drop and approximate reuse (a diffusers scheduler
-cannot be re-planned mid-run and stay equal to diffusers; a request runs all its steps).
+Degrade-instead-of-drop applies before the first step (:meth:`StableDiffusion.planned_steps`:
+the run is planned with the fewer steps, so its image is diffusers' at that count; a
+diffusers scheduler's timesteps depend on the count, so a run is never re-planned part
+way). Step caching (``iterative.step_cache``) measures the scaled UNet input of the
+request (both guidance rows alike) and steps the scheduler with the last guided noise
+on a skipped call. Approximate reuse (``reuse.approximate``) starts a text-to-image
+request part way, as image to image does, from the clean estimate an earlier request
+of the same prompt reached there, re-noised with its own noise.
 SDXL and SD3 are subclasses: generation/stable_diffusion_xl.py, stable_diffusion_3.py.
 """
 
@@ -41,7 +47,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from sordino.config.iterative import StepCacheConfig
 from sordino.errors import InferenceFailed, InvalidRequest, ModelLoadError, TensorError
 from sordino.generation.clip_tokens import ClipTokenizer
 from sordino.generation.diffusers_schedulers import Sampler, SchedulerSpec, scheduler_from_config
@@ -110,6 +115,7 @@ class SDGeneration:
         priority: int,
         progress: bool,
         now: float,
+        deadline: float | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.params = params
@@ -118,14 +124,34 @@ class SDGeneration:
         self.guided = params.guidance > 1.0
         self.embeddings = embeddings
         shape = (params.num_images, pipeline.latent_channels, params.height // 8, params.width // 8)
-        self.sampler: Sampler = pipeline.spec.start(
-            params.steps, np.random.default_rng([1, params.seed])
-        )
+        # Degrade applies here, before the first step: the whole run is planned with the
+        # fewer steps (a diffusers scheduler's timesteps depend on the count), so the
+        # image is diffusers' own at that count.
+        steps = pipeline.planned_steps(params, priority=priority, now=now, deadline=deadline)
+        self.degraded = steps < params.steps
+        pipeline.degrader.note(params.steps - steps, first=True)
+        self.sampler: Sampler = pipeline.spec.start(steps, np.random.default_rng([1, params.seed]))
         latents = params.latents
         if latents is None:
             latents = np.random.default_rng(params.seed).standard_normal(shape).astype(np.float32)
-        self.begin = 0  # image to image starts part way
-        if params.encoded is not None:
+        self.begin = 0  # image to image (and approximate reuse) starts part way
+        self.reused_steps = 0
+        self._store_at: int | None = None
+        self.state_key = (
+            self.embeddings.tobytes(),
+            params.guidance,
+            pipeline.spec.kind,
+            steps,
+            shape,
+            getattr(params, "time_ids", ()),
+        )
+        cached = self._approximate(steps) if params.encoded is None else None
+        if cached is not None:
+            # Another request's clean estimate of the same prompt, re-noised with this
+            # request's own noise to call ``begin`` (as image to image starts): the
+            # calls before it are not run.
+            self.latents = self.sampler.add_noise(cached, latents, self.begin)
+        elif params.encoded is not None:
             self.begin = self.sampler.image_start(params.strength)
             start = np.repeat(params.encoded, params.num_images // len(params.encoded), axis=0)
             self.latents = self.sampler.add_noise(start, latents, self.begin)
@@ -133,20 +159,41 @@ class SDGeneration:
             self.latents = np.asarray(
                 latents * np.float32(self.sampler.init_noise_sigma), dtype=np.float32
             )
-        self.run_steps = params.steps - self.begin
+        self.run_steps = steps - self.begin
         self.index = self.begin
-        self.steps_used = 0
-        self.reused_steps = 0
-        self.degraded = False
+        self.steps_used = self.reused_steps
         self.closed = False
         self._last = now
-        # Never skips (refused at load for exports); its count is what a response reports.
-        self.cache = StepCache(StepCacheConfig(), pipeline.step_cache)
+        self.cache = StepCache(pipeline.config.step_cache, pipeline.step_cache)
+        self._scaled: npt.NDArray[np.float32] | None = None  # the next call's, when known
+        self._input: npt.NDArray[np.float32] | None = None  # the queued call's
+        self._moved = 1  # steps the last advance moved the latents
+
+    def _approximate(self, steps: int) -> npt.NDArray[np.float32] | None:
+        """With ``reuse.approximate``: a cached clean estimate to start from (``begin`` and
+        ``reused_steps`` set), or None (and where to keep this run's estimate)."""
+        reuse = self.pipeline.config.reuse
+        if not reuse.approximate:
+            return None
+        skip = min(steps - 1, round(steps * reuse.approximate_skip))
+        if skip <= 0:
+            return None
+        cached = self.pipeline.states.get(self.state_key)
+        if cached is None:
+            self._store_at = skip - 1  # after this call, its clean estimate is kept
+            return None
+        self.begin = self.reused_steps = skip
+        self.pipeline.states.steps_saved += skip
+        return cached
 
     def inputs(self) -> Tensors:
         """The next UNet call: the scaled latents (twice when guided), timestep, text rows."""
         pipeline = self.pipeline
-        scaled = self.sampler.scale_input(self.latents, self.index)
+        scaled = self._scaled
+        if scaled is None:
+            scaled = self.sampler.scale_input(self.latents, self.index)
+        self._scaled = None
+        self._input = scaled
         rows = 2 * len(scaled) if self.guided else len(scaled)
         state = TensorsBuilder(pipeline.arena())
         try:
@@ -187,25 +234,48 @@ class SDGeneration:
         if self.guided:
             uncond, cond = predicted[:n], predicted[n:]
             noise = uncond + np.float32(self.params.guidance) * (cond - uncond)
-        self.pipeline.note_step(self.priority, now - self._last)
+        assert self._input is not None
+        self.cache.computed(self._input)
+        # The time since the last advance moved the latents ``_moved`` steps (more than
+        # one when the step cache skipped some): the pace is per step.
+        self.pipeline.note_step(self.priority, (now - self._last) / self._moved)
         self._last = now
-        self.latents = self.sampler.step(noise, self.index, self.latents)
-        self.index += 1
-        self.steps_used = min(self.index - self.begin, self.run_steps)
-        if self.index == len(self.sampler.timesteps):
-            return None, Tensors.of({"sample": self.latents})
+        self._moved = 0
         delivered = None
-        if self.progress:
-            rgb = np.einsum("chw,cr->hwr", self.latents[0], self.pipeline.preview_rgb)
-            preview = np.round(np.clip((rgb + 1.0) / 2.0, 0, 1) * 255).astype(np.uint8)
-            delivered = Tensors.of(
-                {
-                    "image": preview,
-                    "step": np.array([self.steps_used], dtype=np.int32),
-                    "steps": np.array([self.run_steps], dtype=np.int32),
-                }
-            )
+        calls = len(self.sampler.timesteps)
+        while True:
+            if self.index == self._store_at:
+                x0 = self.sampler.predict_x0(noise, self.index, self.latents)
+                self.pipeline.states.put(self.state_key, x0)
+            self.latents = self.sampler.step(noise, self.index, self.latents)
+            self.index += 1
+            self._moved += 1
+            self.steps_used = min(self.index - self.begin, self.run_steps) + self.reused_steps
+            if self.index == calls:
+                return None, Tensors.of({"sample": self.latents})
+            delivered = self._preview() if self.progress else delivered
+            if not self.pipeline.config.step_cache.enabled:
+                break
+            # The step cache: a call whose input (the scaled latents, both guidance rows
+            # alike) moved little since the last computed one reuses its guided noise and
+            # steps the scheduler with it, as TeaCache does in diffusers (the
+            # scheduler's multistep history takes the reused output). Never the last call.
+            self._scaled = self.sampler.scale_input(self.latents, self.index)
+            if not self.cache.may_skip(self._scaled, last=self.index == calls - 1):
+                break
         return self.inputs(), delivered
+
+    def _preview(self) -> Tensors:
+        """The cheap preview of the latents now (a linear projection to RGB)."""
+        rgb = np.einsum("chw,cr->hwr", self.latents[0], self.pipeline.preview_rgb)
+        preview = np.round(np.clip((rgb + 1.0) / 2.0, 0, 1) * 255).astype(np.uint8)
+        return Tensors.of(
+            {
+                "image": preview,
+                "step": np.array([self.steps_used], dtype=np.int32),
+                "steps": np.array([self.run_steps + self.reused_steps], dtype=np.int32),
+            }
+        )
 
     def close(self) -> None:
         self.closed = True
@@ -234,22 +304,6 @@ class StableDiffusion(Pipeline):
         export = self.config.export
         assert export is not None
         name = self.key.name
-        if "degrade" in self.config.model_fields_set:
-            raise ModelLoadError(
-                f"model {name!r}: degrade is not supported for a Stable Diffusion export yet "
-                "(a request runs all its steps); remove iterative.degrade"
-            )
-        if self.config.reuse.approximate:
-            raise ModelLoadError(
-                f"model {name!r}: reuse.approximate is not supported for a Stable Diffusion "
-                "export yet; remove it"
-            )
-        if self.config.step_cache.enabled:
-            raise ModelLoadError(
-                f"model {name!r}: step_cache is not supported for a Stable Diffusion export "
-                "yet (a diffusers scheduler's multistep state cannot take a reused step); "
-                "remove iterative.step_cache"
-            )
         try:
             self.tokenizer = ClipTokenizer(export / "tokenizer")
         except (OSError, ValueError, KeyError) as exc:
@@ -518,7 +572,41 @@ class StableDiffusion(Pipeline):
         progress: bool,
     ) -> SDGeneration:
         assert isinstance(params, SDParams)
-        return SDGeneration(self, params, condition, priority=priority, progress=progress, now=now)
+        return SDGeneration(
+            self,
+            params,
+            condition,
+            priority=priority,
+            progress=progress,
+            now=now,
+            deadline=deadline,
+        )
+
+    def planned_steps(
+        self, params: GenerateParams, *, priority: int, now: float, deadline: float | None
+    ) -> int:
+        """The steps a request runs: ``params.steps``, fewer when degrade applies now.
+
+        Decided once, before the first step (``iterative.degrade``: the guardian's step
+        factor, the request's deadline at the recent pace of its priority, never below
+        its priority's floor, never for a protected priority). A run is never re-planned
+        part way: PNDM's and DPM-Solver's timesteps and multistep history depend on the
+        step count, and a re-planned tail would give an image no diffusers run gives.
+        """
+        steps = self.degrader.remaining(
+            self.config.degrade,
+            priority=priority,
+            done=0,
+            remaining=params.steps,
+            now=now,
+            deadline=deadline,
+            step_s=self.step_period(priority),
+        )
+        if isinstance(params, SDParams) and params.image is not None:
+            # Image to image runs int(steps x strength) of them: keep at least one.
+            while steps < params.steps and int(steps * params.strength) < 1:
+                steps += 1
+        return steps
 
     async def _decode(self, sample: npt.NDArray[np.float32]) -> npt.NDArray[np.uint8]:
         """The images of the final latents: [H, W, 3] for one, [N, H, W, 3] for several."""

@@ -89,9 +89,16 @@ class SD3Generation(SDGeneration):
         priority: int,
         progress: bool,
         now: float,
+        deadline: float | None = None,
     ) -> None:
         super().__init__(
-            pipeline, params, condition.hidden, priority=priority, progress=progress, now=now
+            pipeline,
+            params,
+            condition.hidden,
+            priority=priority,
+            progress=progress,
+            now=now,
+            deadline=deadline,
         )
         self.pooled = condition.pooled
 
@@ -185,7 +192,15 @@ class StableDiffusion3(StableDiffusionXL):
         progress: bool,
     ) -> SD3Generation:
         assert isinstance(params, SDParams)
-        return SD3Generation(self, params, condition, priority=priority, progress=progress, now=now)
+        return SD3Generation(
+            self,
+            params,
+            condition,
+            priority=priority,
+            progress=progress,
+            now=now,
+            deadline=deadline,
+        )
 
     async def _decode(self, sample: npt.NDArray[np.float32]) -> npt.NDArray[np.uint8]:
         # diffusers: latents / scaling_factor + shift_factor; the base divides by the factor.

@@ -106,9 +106,16 @@ class SDXLGeneration(SDGeneration):
         priority: int,
         progress: bool,
         now: float,
+        deadline: float | None = None,
     ) -> None:
         super().__init__(
-            pipeline, params, condition.hidden, priority=priority, progress=progress, now=now
+            pipeline,
+            params,
+            condition.hidden,
+            priority=priority,
+            progress=progress,
+            now=now,
+            deadline=deadline,
         )
         self.pooled = condition.pooled
         # original_size + crops_coords_top_left + target_size (XLParams.time_ids).
@@ -245,7 +252,13 @@ class StableDiffusionXL(StableDiffusion):
     ) -> SDXLGeneration:
         assert isinstance(params, SDParams)
         return SDXLGeneration(
-            self, params, condition, priority=priority, progress=progress, now=now
+            self,
+            params,
+            condition,
+            priority=priority,
+            progress=progress,
+            now=now,
+            deadline=deadline,
         )
 
     async def _decode(self, sample: npt.NDArray[np.float32]) -> npt.NDArray[np.uint8]:

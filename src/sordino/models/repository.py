@@ -277,13 +277,17 @@ def _is_export(folder: Path) -> bool:
 
 
 def _export(name: str, folder: Path, config: ModelConfig) -> list[ModelSource]:
-    """A diffusers export's models (models/diffusers_export.py): helpers, then ``name``."""
+    """A diffusers export's models (models/diffusers_export.py): helpers, then ``name``.
+
+    The generator takes the runtime hints embedded in its denoiser's file (e.g.
+    ``step_cache``), as a plain model takes its own.
+    """
     from sordino.models.diffusers_export import export_sources
 
     return [
-        ModelSource(
-            model, "1", path, model_config, "Stable Diffusion export" if model == name else ""
-        )
+        _hinted(ModelSource(model, "1", path, model_config, "Stable Diffusion export"))
+        if model == name
+        else ModelSource(model, "1", path, model_config, "")
         for model, path, model_config in export_sources(name, folder, config)
     ]
 
