@@ -65,6 +65,7 @@ from sordino.records import (
 from sordino.scheduling.batcher import Dispatch, decide
 from sordino.scheduling.estimate import ARRIVAL_WINDOW_S, Arrivals, BatchCost
 from sordino.scheduling.modes import ModeController
+from sordino.scheduling.parking import park_first_step, release_unrun, unpark
 from sordino.scheduling.queue import RequestQueue
 from sordino.scheduling.work import Request, StepOutput, Stepper, WorkItem, signature_of
 
@@ -251,12 +252,7 @@ class ModelScheduler:
         except SordinoError:
             self._rejected += 1
             raise
-        # The step's own hold (the request keeps its own); heap tensors need none.
-        item.inputs = tensors.share() if tensors.leases else tensors
-        # Queued work and the request's own inputs are read only when the step runs:
-        # until then defragmentation may move their arena blocks.
-        _park(item.inputs)
-        tensors.park()
+        park_first_step(item, tensors)
         self._accepted += 1
         self._arrivals.note(now, item.rows, item.priority, self._in_flight())
         self._queue_changed()
@@ -321,8 +317,7 @@ class ModelScheduler:
         item = request.item
         if item is not None and self._queue.remove(item):
             self._queue_changed()
-            _unpark(item.inputs)
-            release_owned(item.inputs)
+            release_unrun(item.inputs)
             request.item = None
         self._finish(request, "cancelled", Cancelled.reason)
 
@@ -340,7 +335,7 @@ class ModelScheduler:
                 continue
             self._queue_changed()
             for item in batch:
-                _unpark(item.inputs)  # about to be read: pinned where it lies
+                unpark(item.inputs)  # about to be read: pinned where it lies
                 item.dispatched_at = now
                 if item.request is not None:
                     item.request.state = "running"
@@ -757,8 +752,7 @@ class ModelScheduler:
 
     def _drop(self, item: WorkItem, error: SordinoError) -> None:
         """A queued item will never run: release its inputs and fail its request."""
-        _unpark(item.inputs)
-        release_owned(item.inputs)
+        release_unrun(item.inputs)
         if item.request is not None:
             item.request.item = None
             self._fail(item.request, error)
@@ -959,16 +953,6 @@ def _context(live: Sequence[WorkItem]) -> BatchContext:
 
 def _nbytes(tensors: Mapping[str, Tensor]) -> int:
     return sum(int(array.nbytes) for array in tensors.values())
-
-
-def _park(inputs: Mapping[str, Tensor]) -> None:
-    if isinstance(inputs, Tensors):
-        inputs.park()
-
-
-def _unpark(inputs: Mapping[str, Tensor]) -> None:
-    if isinstance(inputs, Tensors):
-        inputs.unpark()
 
 
 def _discard_outputs(request: Request) -> None:
