@@ -55,16 +55,14 @@ from sordino.inference import ModelKey, RequestFacts, StreamSpec, Tensor, releas
 from sordino.memory.refs import Tensors
 from sordino.memory.region import StepRegion
 from sordino.records import (
-    BatchDone,
-    Outcome,
     QueueSettings,
-    RequestDone,
     SchedulerObserver,
     SchedulerStatistics,
 )
 from sordino.scheduling.batcher import Dispatch, decide
 from sordino.scheduling.estimate import ARRIVAL_WINDOW_S, Arrivals, BatchCost
 from sordino.scheduling.modes import ModeController
+from sordino.scheduling.outcomes import Outcomes, discard_outputs
 from sordino.scheduling.parking import park_first_step, release_unrun, unpark
 from sordino.scheduling.queue import RequestQueue
 from sordino.scheduling.work import Request, StepOutput, Stepper, WorkItem, signature_of
@@ -98,12 +96,12 @@ class ModelScheduler:
         self._executor = executor
         self._controller = controller
         self._clock = clock
-        self._observers = tuple(observers)
         self._queue = RequestQueue(
             priority_levels=settings.priority_levels,
             max_size=settings.max_queue_size,
             delay_expired=settings.timeout_action == "DELAY",
         )
+        self._outcomes = Outcomes(model, clock=clock, queue=self._queue, observers=observers)
         self._wake = asyncio.Event()
         self._timer: TimerHandle | None = None
         self._timer_at: float | None = None
@@ -113,13 +111,7 @@ class ModelScheduler:
         self._closing = False
         self._aborting = False
         self._arrivals = Arrivals(settings.priority_levels, clock.now())
-        self._accepted = self._succeeded = self._failed = self._cancelled = 0
-        self._rejected = self._timed_out = self._batches = self._batched_rows = 0
-        self._isolated = 0
         self._cost = BatchCost()
-        self._answering: set[Request] = set()  # decoupled requests whose batch has run
-        self._answered = asyncio.Event()
-        self._answered.set()
 
     @property
     def clock(self) -> Clock:
@@ -147,18 +139,18 @@ class ModelScheduler:
         if not drain:
             self._aborting = True
             for item in self._queue.drain():
-                self._drop(item, ShuttingDown("the model is being unloaded"))
+                self._outcomes.drop(item, ShuttingDown("the model is being unloaded"))
             for task in self._running:
                 task.cancel()
-            for request in list(self._answering):
-                self._fail(request, ShuttingDown("the model is being unloaded"))
+            for request in self._outcomes.still_answering():
+                self._outcomes.fail(request, ShuttingDown("the model is being unloaded"))
         self._wake.set()
         if self._task is not None:
             await self._task
         if self._running:
             await asyncio.gather(*self._running, return_exceptions=True)
         # A decoupled model's requests still being answered (bounded by the timeout).
-        await self._answered.wait()
+        await self._outcomes.answered.wait()
         if self._timer is not None:
             self._timer.cancel()
 
@@ -250,12 +242,12 @@ class ModelScheduler:
             self._shed_if_late(item, timeout_s)
             self._queue.put_nowait(item)
         except SordinoError:
-            self._rejected += 1
+            self._outcomes.rejected += 1
             raise
         park_first_step(item, tensors)
-        self._accepted += 1
-        self._arrivals.note(now, item.rows, item.priority, self._in_flight())
-        self._queue_changed()
+        self._outcomes.accepted += 1
+        self._arrivals.note(now, item.rows, item.priority, self._outcomes.in_flight())
+        self._outcomes.queue_changed()
         self._wake.set()
         return request
 
@@ -285,7 +277,7 @@ class ModelScheduler:
             result = await request.outputs.get()
         except BaseException:
             self.cancel(request)
-            _discard_outputs(request)
+            discard_outputs(request)
             raise
         if isinstance(result, SordinoError):
             raise result
@@ -308,7 +300,7 @@ class ModelScheduler:
         finally:
             if not request.finished:
                 self.cancel(request)
-            _discard_outputs(request)
+            discard_outputs(request)
 
     def cancel(self, request: Request) -> None:
         """Cancel ``request``: drop its queued step; a running step finishes unseen."""
@@ -316,10 +308,10 @@ class ModelScheduler:
             return
         item = request.item
         if item is not None and self._queue.remove(item):
-            self._queue_changed()
+            self._outcomes.queue_changed()
             release_unrun(item.inputs)
             request.item = None
-        self._finish(request, "cancelled", Cancelled.reason)
+        self._outcomes.finish(request, "cancelled", Cancelled.reason)
 
     # -- the scheduling loop ---------------------------------------------------------
 
@@ -333,7 +325,7 @@ class ModelScheduler:
                     return
                 await self._wake.wait()
                 continue
-            self._queue_changed()
+            self._outcomes.queue_changed()
             for item in batch:
                 unpark(item.inputs)  # about to be read: pinned where it lies
                 item.dispatched_at = now
@@ -348,9 +340,9 @@ class ModelScheduler:
     def _schedule(self, now: float) -> list[WorkItem] | None:
         """Return the work items to run as one batch now, or None (a timer is set)."""
         for item in self._queue.expire(now):
-            self._timed_out += 1
+            self._outcomes.timed_out += 1
             waited_ms = (now - item.arrival) * 1000
-            self._drop(
+            self._outcomes.drop(
                 item,
                 QueueTimeout(
                     f"request timed out in the queue of model {self.model} after "
@@ -436,8 +428,8 @@ class ModelScheduler:
         kept = []
         for item in batch:
             if item.deadline is not None and item.deadline < finish:
-                self._timed_out += 1
-                self._drop(
+                self._outcomes.timed_out += 1
+                self._outcomes.drop(
                     item,
                     QueueTimeout(
                         f"request to model {self.model} cannot finish before its deadline "
@@ -507,19 +499,19 @@ class ModelScheduler:
             raise
         except Exception as exc:  # the backend's failure is the requests' failure
             t2 = self._clock.now()
-            self._batches += 1
+            self._outcomes.batches += 1
             message = str(exc) if isinstance(exc, SordinoError) else f"{type(exc).__name__}: {exc}"
             error: SordinoError = (
                 exc
                 if isinstance(exc, SordinoError)
                 else InferenceFailed(f"model {self.model} failed on a batch of {rows}: {message}")
             )
-            self._batch_observed(rows, len(live), t1 - t0, t2 - t1, 0.0, ok=False)
+            self._outcomes.batch_observed(rows, len(live), t1 - t0, t2 - t1, 0.0, ok=False)
             if isinstance(error, ModelError | RateLimited) and len(live) > 1:
                 # One request the model cannot take must not fail the others: run each
                 # alone, so only the offender fails (a poisoned batch costs its size).
                 # So too a tenant over its quota in a Ray node's pool (RateLimited).
-                self._isolated += 1
+                self._outcomes.isolated += 1
                 try:
                     for item in live:
                         if item.request is None or not item.request.finished:
@@ -529,7 +521,7 @@ class ModelScheduler:
                     raise
                 return
             for item in live:
-                self._step_failed(item, error, t2 - t0)
+                self._outcomes.step_failed(item, error, t2 - t0)
             return
         t2 = self._clock.now()
         self._cost.note(rows, t2 - t0)
@@ -543,9 +535,9 @@ class ModelScheduler:
                 offset += item.rows
                 self._update_from_output(item, result, t2 - t0)
         t3 = self._clock.now()
-        self._batches += 1
-        self._batched_rows += rows
-        self._batch_observed(rows, len(live), t1 - t0, t2 - t1, t3 - t2, ok=True)
+        self._outcomes.batches += 1
+        self._outcomes.batched_rows += rows
+        self._outcomes.batch_observed(rows, len(live), t1 - t0, t2 - t1, t3 - t2, ok=True)
 
     async def _run_decoupled(self, live: list[WorkItem]) -> None:
         """Run a decoupled model's batch; its requests are answered as the model sends."""
@@ -561,14 +553,13 @@ class ModelScheduler:
         def fail(index: int, message: str) -> None:
             request = requests[index]
             if request is not None:
-                self._fail(request, InferenceFailed(message))
+                self._outcomes.fail(request, InferenceFailed(message))
 
         channel = ResponseChannel(str(self.model), len(live), respond, fail)
         for index, request in enumerate(requests):
             if request is not None:
                 request.stop = functools.partial(channel.cancel, index)
-                self._answering.add(request)
-                self._answered.clear()
+                self._outcomes.answering(request)
         run = getattr(self._executor, "run_decoupled", None)
         try:
             if run is None:
@@ -594,9 +585,11 @@ class ModelScheduler:
             for index in channel.close():
                 request = requests[index]
                 if request is not None:
-                    self._fail(request, error)
-            self._batches += 1
-            self._batch_observed(rows, len(live), 0.0, self._clock.now() - t0, 0.0, ok=False)
+                    self._outcomes.fail(request, error)
+            self._outcomes.batches += 1
+            self._outcomes.batch_observed(
+                rows, len(live), 0.0, self._clock.now() - t0, 0.0, ok=False
+            )
             return
         finally:
             for request in requests:
@@ -604,12 +597,12 @@ class ModelScheduler:
                     request.item = None
         t2 = self._clock.now()
         self._cost.note(rows, t2 - t0)
-        self._batches += 1
-        self._batched_rows += rows
+        self._outcomes.batches += 1
+        self._outcomes.batched_rows += rows
         for request in requests:
             if request is not None:
                 request.compute_s += t2 - t0
-        self._batch_observed(rows, len(live), 0.0, t2 - t0, 0.0, ok=True)
+        self._outcomes.batch_observed(rows, len(live), 0.0, t2 - t0, 0.0, ok=True)
 
     def _decoupled_response(
         self, request: Request, outputs: dict[str, np.ndarray], final: bool
@@ -621,7 +614,7 @@ class ModelScheduler:
         elif final:
             request.outputs.put_nowait(StepOutput(Tensors.of({}), True, request.steps, empty=True))
         if final:
-            self._finish(request, "success", "ok")
+            self._outcomes.finish(request, "success", "ok")
 
     def _batch_cancelled(self, live: list[WorkItem], t0: float) -> None:
         """The batch's task was cancelled (a close without drain): answer its requests
@@ -631,7 +624,7 @@ class ModelScheduler:
             "was cancelled before it finished: retry on another replica"
         )
         for item in live:
-            self._step_failed(item, stopped, self._clock.now() - t0)
+            self._outcomes.step_failed(item, stopped, self._clock.now() - t0)
 
     def _update_from_output(self, item: WorkItem, result: Tensors, compute_s: float) -> None:
         """Deliver one step's ``result`` to its request; queue the next step or finish."""
@@ -656,7 +649,7 @@ class ModelScheduler:
         if not final and request.steps >= request.max_steps:
             assert spec is not None
             result.release()
-            self._fail(
+            self._outcomes.fail(
                 request,
                 InferenceFailed(
                     f"model {self.model} streamed {request.steps} responses without setting "
@@ -668,7 +661,7 @@ class ModelScheduler:
             assert spec is not None
             if self._aborting:
                 result.release()
-                self._fail(request, ShuttingDown("the model is being unloaded"))
+                self._outcomes.fail(request, ShuttingDown("the model is being unloaded"))
                 return
             # ``carry`` maps an output to the input it feeds on the next step.
             by_input = {target: source for source, target in spec.carry}
@@ -681,7 +674,7 @@ class ModelScheduler:
             self._queue.put_nowait(next_item, force=True)
             state.park()  # carried state waits in the queue: defragmentation may move it
             request.state = "queued"
-            self._queue_changed()
+            self._outcomes.queue_changed()
             self._wake.set()
         if spec is not None and spec.emit is not None and not np.any(result[spec.emit]):
             # A decoupled model's step that sends nothing; the end still tells the reader.
@@ -693,7 +686,7 @@ class ModelScheduler:
         else:
             request.outputs.put_nowait(StepOutput(result, final, request.steps))
         if final:
-            self._finish(request, "success", "ok")
+            self._outcomes.finish(request, "success", "ok")
 
     def _advance(self, request: Request, result: Tensors, now: float) -> None:
         """An iterative request's step ran: let its stepper compute the next one."""
@@ -702,10 +695,12 @@ class ModelScheduler:
             with result:
                 following, delivered = request.stepper.advance(result, now)
         except SordinoError as exc:
-            self._fail(request, exc)
+            self._outcomes.fail(request, exc)
             return
         except Exception as exc:  # a bug in the sampler is this request's failure
-            self._fail(request, InferenceFailed(f"the sampler of {self.model} failed: {exc}"))
+            self._outcomes.fail(
+                request, InferenceFailed(f"the sampler of {self.model} failed: {exc}")
+            )
             return
         final = following is None
         if following is not None:
@@ -713,7 +708,7 @@ class ModelScheduler:
                 following.release()
                 if delivered is not None:
                     delivered.release()
-                self._fail(request, ShuttingDown("the model is being unloaded"))
+                self._outcomes.fail(request, ShuttingDown("the model is being unloaded"))
                 return
             # The request's next step: queued by its priority, so a higher-priority
             # request's steps go first and this one resumes from its state (kept in
@@ -726,12 +721,12 @@ class ModelScheduler:
             following.park()
             request.inputs.park()
             request.state = "queued"
-            self._queue_changed()
+            self._outcomes.queue_changed()
             self._wake.set()
         if delivered is not None:
             request.outputs.put_nowait(StepOutput(delivered, final, request.steps))
         if final:
-            self._finish(request, "success", "ok")
+            self._outcomes.finish(request, "success", "ok")
 
     # -- bookkeeping -----------------------------------------------------------------
 
@@ -749,82 +744,6 @@ class ModelScheduler:
         )
         request.item = item
         return item
-
-    def _drop(self, item: WorkItem, error: SordinoError) -> None:
-        """A queued item will never run: release its inputs and fail its request."""
-        release_unrun(item.inputs)
-        if item.request is not None:
-            item.request.item = None
-            self._fail(item.request, error)
-
-    def _step_failed(self, item: WorkItem, error: SordinoError, compute_s: float) -> None:
-        request = item.request
-        if request is None or request.finished:
-            return
-        request.item = None
-        request.compute_s += compute_s
-        self._fail(request, error)
-
-    def _fail(self, request: Request, error: SordinoError) -> None:
-        if request.finished:
-            return
-        request.outputs.put_nowait(error)
-        self._finish(request, "failure", error.reason)
-
-    def _finish(self, request: Request, outcome: Outcome, reason: str) -> None:
-        request.state = "finished"
-        request.outcome = outcome
-        request.inputs.release()
-        stop, request.stop = request.stop, None
-        if stop is not None:
-            stop()  # a decoupled request that ended early: the model is told (no-op otherwise)
-            self._answering.discard(request)
-            if not self._answering:
-                self._answered.set()
-        region = request.region
-        if region is not None:
-            region.close()  # back to the arena once its last outputs are released
-        if request.stepper is not None:
-            request.stepper.close()
-        if outcome == "success":
-            self._succeeded += 1
-        elif outcome == "cancelled":
-            self._cancelled += 1
-            _discard_outputs(request)
-        else:
-            self._failed += 1
-        now = self._clock.now()
-        late = None
-        if request.timeout_s:
-            late = max(0.0, now - request.arrival - request.timeout_s)
-        done = RequestDone(
-            self.model,
-            outcome,
-            reason,
-            request.priority,
-            request.queue_s,
-            request.compute_s,
-            now - request.arrival,
-            late,
-            tuple(request.step_bytes) if request.step_bytes else (),
-            (region.planned_bytes, region.peak_bytes, region.fallbacks)
-            if region is not None and region.planned_bytes
-            else (),
-            request.id,
-        )
-        for observer in self._observers:
-            observer.request_done(done)
-
-    def _batch_observed(
-        self, rows: int, requests: int, input_s: float, infer_s: float, output_s: float, *, ok: bool
-    ) -> None:
-        done = BatchDone(self.model, rows, requests, input_s, infer_s, output_s, ok)
-        for observer in self._observers:
-            observer.batch_done(done)
-
-    def _queue_changed(self) -> None:
-        for observer in self._observers:
-            observer.queue_changed(self.model, len(self._queue))
 
     def _shed_if_late(self, item: WorkItem, timeout_s: float | None) -> None:
         """Refuse ``item`` now if the work ahead of it would make it miss its deadline."""
@@ -845,7 +764,7 @@ class ModelScheduler:
 
     def note_unread_refusal(self) -> None:
         """Count a request refused unread on a :meth:`shed_unread` answer (rejected)."""
-        self._rejected += 1
+        self._outcomes.rejected += 1
 
     def _late(self, priority: int, timeout_s: float | None) -> Shed | None:
         """Whether a request at ``priority`` queued now would miss its deadline.
@@ -890,30 +809,27 @@ class ModelScheduler:
             self._queue.rows_ahead(priority), instances, self._controller.policy().max_batch, higher
         )
 
-    def _in_flight(self) -> int:
-        return self._accepted - self._succeeded - self._failed - self._cancelled
-
     def _arrival_rate(self) -> float:
         """Rows a second arriving now (:meth:`Arrivals.rate
         <sordino.scheduling.estimate.Arrivals.rate>`): what the batcher waits for."""
-        return self._arrivals.rate(self._clock.now(), self._in_flight())
+        return self._arrivals.rate(self._clock.now(), self._outcomes.in_flight())
 
     def statistics(self) -> SchedulerStatistics:
         """Return a snapshot of this scheduler."""
-        in_flight = self._accepted - self._succeeded - self._failed - self._cancelled
+        outcomes = self._outcomes
         return SchedulerStatistics(
             model=self.model.name,
             version=self.model.version,
-            accepted=self._accepted,
-            succeeded=self._succeeded,
-            failed=self._failed,
-            cancelled=self._cancelled,
-            in_flight=in_flight,
-            rejected=self._rejected,
-            timed_out=self._timed_out,
-            batches=self._batches,
-            batched_rows=self._batched_rows,
-            isolated_batches=self._isolated,
+            accepted=outcomes.accepted,
+            succeeded=outcomes.succeeded,
+            failed=outcomes.failed,
+            cancelled=outcomes.cancelled,
+            in_flight=outcomes.in_flight(),
+            rejected=outcomes.rejected,
+            timed_out=outcomes.timed_out,
+            batches=outcomes.batches,
+            batched_rows=outcomes.batched_rows,
+            isolated_batches=outcomes.isolated,
             running_batches=len(self._running),
             queue=self._queue.statistics(),
             controller=self._controller.statistics(),
@@ -953,14 +869,6 @@ def _context(live: Sequence[WorkItem]) -> BatchContext:
 
 def _nbytes(tensors: Mapping[str, Tensor]) -> int:
     return sum(int(array.nbytes) for array in tensors.values())
-
-
-def _discard_outputs(request: Request) -> None:
-    """Release step outputs nobody will read (the reader left or the request was cancelled)."""
-    while not request.outputs.empty():
-        result = request.outputs.get_nowait()
-        if isinstance(result, StepOutput):
-            result.outputs.release()
 
 
 def _stream_done(outputs: Tensors, spec: StreamSpec) -> bool:
