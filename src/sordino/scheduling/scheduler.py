@@ -39,7 +39,6 @@ from sordino.clock import Clock, TimerHandle
 from sordino.errors import (
     Cancelled,
     InferenceFailed,
-    InvalidRequest,
     ModelError,
     QueueTimeout,
     RateLimited,
@@ -50,7 +49,7 @@ from sordino.errors import (
 )
 from sordino.execution.batch import BatchContext
 from sordino.execution.decoupled import ResponseChannel
-from sordino.execution.executor import Executor, MemoryFit
+from sordino.execution.executor import Executor
 from sordino.inference import ModelKey, RequestFacts, StreamSpec, Tensor, release_owned
 from sordino.memory.refs import Tensors
 from sordino.memory.region import StepRegion
@@ -63,6 +62,7 @@ from sordino.scheduling.batcher import Dispatch, decide
 from sordino.scheduling.estimate import ARRIVAL_WINDOW_S, Arrivals, BatchCost
 from sordino.scheduling.modes import ModeController
 from sordino.scheduling.outcomes import Outcomes, discard_outputs
+from sordino.scheduling.overflow import Overflow
 from sordino.scheduling.parking import park_first_step, release_unrun, unpark
 from sordino.scheduling.queue import RequestQueue
 from sordino.scheduling.work import Request, StepOutput, Stepper, WorkItem, signature_of
@@ -102,6 +102,7 @@ class ModelScheduler:
             delay_expired=settings.timeout_action == "DELAY",
         )
         self._outcomes = Outcomes(model, clock=clock, queue=self._queue, observers=observers)
+        self._overflow = Overflow(model, executor=executor, queue=self._queue)
         self._wake = asyncio.Event()
         self._timer: TimerHandle | None = None
         self._timer_at: float | None = None
@@ -238,7 +239,7 @@ class ModelScheduler:
         )
         item = self._work_item(request, tensors, now)
         try:
-            self._refuse_oversized(item)
+            self._overflow.refuse_oversized(item)
             self._shed_if_late(item, timeout_s)
             self._queue.put_nowait(item)
         except SordinoError:
@@ -361,7 +362,7 @@ class ModelScheduler:
         rate = self._arrival_rate() if len(self._running) + 1 >= instances else 0.0
         decision = decide(self._queue, self._controller.policy(), now, rate)
         if isinstance(decision, Dispatch):
-            rows = self._rows_that_fit(decision)
+            rows = self._overflow.rows_that_fit(decision)
             batch = self._drop_hopeless(
                 self._queue.take(decision.signature, rows, self._cost.ride_along), now
             )
@@ -376,43 +377,6 @@ class ModelScheduler:
             wake_at = min(wake_at, deadline)
         self._set_timer(wake_at)
         return None
-
-    def _memory_fit(self, inputs: Mapping[str, Tensor]) -> MemoryFit | None:
-        # Executors written before overflow protection have no memory_fit: no protection.
-        memory_fit = getattr(self._executor, "memory_fit", None)
-        return memory_fit(self.model, inputs) if memory_fit is not None else None
-
-    def _rows_that_fit(self, decision: Dispatch) -> int:
-        """Overflow protection: shrink the batch to the rows the arena can hold now.
-
-        The head item always runs (if even it does not fit now, staging waits a
-        bounded time for space, then answers 503).
-        """
-        head = self._queue.head()
-        if head is None or head.signature != decision.signature:
-            return decision.rows
-        fit = self._memory_fit(head.inputs)
-        if fit is None or fit.row_bytes <= 0:
-            return decision.rows
-        rows = max(head.rows, fit.free // fit.row_bytes)
-        if rows < decision.rows:
-            fit.counters.shrinks += 1
-            return rows
-        return decision.rows
-
-    def _refuse_oversized(self, item: WorkItem) -> None:
-        """A request that alone is larger than the arena can never run: 400 at once."""
-        fit = self._memory_fit(item.inputs)
-        if fit is None:
-            return
-        needed = fit.row_bytes * item.rows
-        if needed > fit.capacity:
-            fit.counters.oversized += 1
-            raise InvalidRequest(
-                f"the request needs {needed} bytes of shared memory for its inputs and "
-                f"outputs, more than the whole arena holds ({fit.capacity} bytes, "
-                "memory.pool_size); send fewer rows per request or raise memory.pool_size"
-            )
 
     def _drop_hopeless(self, batch: list[WorkItem], now: float) -> list[WorkItem]:
         """Never start work that cannot finish before its deadline (REJECT action only).
