@@ -65,15 +65,10 @@ from sordino.scheduling.outcomes import Outcomes, discard_outputs
 from sordino.scheduling.overflow import Overflow
 from sordino.scheduling.parking import park_first_step, release_unrun, unpark
 from sordino.scheduling.queue import RequestQueue
+from sordino.scheduling.shedding import ADMIT_SHARE, Shedder
 from sordino.scheduling.work import Request, StepOutput, Stepper, WorkItem, signature_of
 
 __all__ = ["ADMIT_SHARE", "ARRIVAL_WINDOW_S", "ModelScheduler"]
-
-ADMIT_SHARE = 0.8
-"""A request is admitted while the wait expected for it is at most this share of its
-deadline: the rest is the margin for the estimate's error (a queue's wait varies), so
-a request admitted is one that finishes in time, and one refused is refused at once,
-not after waiting out its deadline."""
 
 
 class ModelScheduler:
@@ -111,8 +106,18 @@ class ModelScheduler:
         self._started: dict[asyncio.Task[None], float] = {}
         self._closing = False
         self._aborting = False
-        self._arrivals = Arrivals(settings.priority_levels, clock.now())
         self._cost = BatchCost()
+        self._shedder = Shedder(
+            model,
+            executor=executor,
+            queue=self._queue,
+            clock=clock,
+            controller=controller,
+            settings=settings,
+            outcomes=self._outcomes,
+            arrivals=Arrivals(settings.priority_levels, clock.now()),
+            cost=self._cost,
+        )
 
     @property
     def clock(self) -> Clock:
@@ -168,6 +173,8 @@ class ModelScheduler:
             )
         self._controller = controller
         self.settings = settings
+        self._shedder.controller = controller
+        self._shedder.settings = settings
         self._queue.max_size = settings.max_queue_size
         self._queue.delay_expired = settings.timeout_action == "DELAY"
         self._wake.set()
@@ -240,14 +247,14 @@ class ModelScheduler:
         item = self._work_item(request, tensors, now)
         try:
             self._overflow.refuse_oversized(item)
-            self._shed_if_late(item, timeout_s)
+            self._shedder.shed_if_late(item, timeout_s)
             self._queue.put_nowait(item)
         except SordinoError:
             self._outcomes.rejected += 1
             raise
         park_first_step(item, tensors)
         self._outcomes.accepted += 1
-        self._arrivals.note(now, item.rows, item.priority, self._outcomes.in_flight())
+        self._shedder.note_arrival(now, item.rows, item.priority)
         self._outcomes.queue_changed()
         self._wake.set()
         return request
@@ -359,11 +366,11 @@ class ModelScheduler:
             return None
         # With another instance idle besides the one this batch takes, waiting to fill
         # it would leave that capacity unused: run now (no arrivals expected).
-        rate = self._arrival_rate() if len(self._running) + 1 >= instances else 0.0
+        rate = self._shedder.arrival_rate() if len(self._running) + 1 >= instances else 0.0
         decision = decide(self._queue, self._controller.policy(), now, rate)
         if isinstance(decision, Dispatch):
             rows = self._overflow.rows_that_fit(decision)
-            batch = self._drop_hopeless(
+            batch = self._shedder.drop_hopeless(
                 self._queue.take(decision.signature, rows, self._cost.ride_along), now
             )
             if not batch:
@@ -377,34 +384,6 @@ class ModelScheduler:
             wake_at = min(wake_at, deadline)
         self._set_timer(wake_at)
         return None
-
-    def _drop_hopeless(self, batch: list[WorkItem], now: float) -> list[WorkItem]:
-        """Never start work that cannot finish before its deadline (REJECT action only).
-
-        A batch takes about the recent batches' run time; an item whose deadline is
-        nearer than that is answered now (503) instead of computed for a client that
-        will have given up.
-        """
-        batch_s = self._cost.mean_s
-        if batch_s is None or self.settings.timeout_action != "REJECT":
-            return batch
-        finish = now + batch_s
-        kept = []
-        for item in batch:
-            if item.deadline is not None and item.deadline < finish:
-                self._outcomes.timed_out += 1
-                self._outcomes.drop(
-                    item,
-                    QueueTimeout(
-                        f"request to model {self.model} cannot finish before its deadline "
-                        f"({(item.deadline - now) * 1000:.0f} ms left, a batch takes about "
-                        f"{batch_s * 1000:.0f} ms); it was not run. Raise its timeout "
-                        "or reduce load"
-                    ),
-                )
-            else:
-                kept.append(item)
-        return kept
 
     def _set_timer(self, when: float | None) -> None:
         """Wake the loop at ``when`` (None: no timer), keeping a pending timer for that time."""
@@ -709,12 +688,6 @@ class ModelScheduler:
         request.item = item
         return item
 
-    def _shed_if_late(self, item: WorkItem, timeout_s: float | None) -> None:
-        """Refuse ``item`` now if the work ahead of it would make it miss its deadline."""
-        error = self._late(item.priority, timeout_s)
-        if error is not None:
-            raise error
-
     def shed_unread(self, priority: int, timeout_s: float | None) -> Shed | None:
         """The refusal of a request not yet decoded, by the rule applied at arrival.
 
@@ -724,34 +697,11 @@ class ModelScheduler:
         answer (it may serve for several alike) is counted by
         :meth:`note_unread_refusal`.
         """
-        return self._late(priority, timeout_s)
+        return self._shedder.late(priority, timeout_s)
 
     def note_unread_refusal(self) -> None:
         """Count a request refused unread on a :meth:`shed_unread` answer (rejected)."""
         self._outcomes.rejected += 1
-
-    def _late(self, priority: int, timeout_s: float | None) -> Shed | None:
-        """Whether a request at ``priority`` queued now would miss its deadline.
-
-        Ahead of it are the rows queued at its priority and higher, served at the rate
-        the model's recent batches ran at (``instances`` batches at a time), plus one
-        batch's time for its own. Lower priorities have more ahead, so they are shed
-        first and fast, while higher ones are still accepted. Never under
-        ``frame_sync`` (``settings.shed_late`` false): a late frame runs late.
-        """
-        if not timeout_s or not self.settings.shed_late:
-            return None
-        expected_s = self.expected_wait(priority)
-        if expected_s is None or expected_s <= ADMIT_SHARE * timeout_s:
-            return None
-        return Shed(
-            f"model {self.model} is overloaded: {self._queue.rows_ahead(priority)} rows at "
-            f"priority {priority} or higher are ahead, about {expected_s * 1000:.0f} ms of "
-            f"work, more than {ADMIT_SHARE:.0%} of the request's "
-            f"{timeout_s * 1000:.0f} ms deadline; retry later, raise the deadline or the "
-            "priority",
-            retry_after_s=expected_s,
-        )
 
     @property
     def queued(self) -> int:
@@ -761,22 +711,13 @@ class ModelScheduler:
     def expected_wait(self, priority: int) -> float | None:
         """About how long a step queued now at ``priority`` takes to run (None: unknown).
 
-        The rows queued at its priority and higher, and the higher priorities that
-        will arrive meanwhile, at what recent batches cost (:meth:`BatchCost.wait
-        <sordino.scheduling.estimate.BatchCost.wait>`), plus one batch: what
-        :meth:`_late` compares to a deadline. An iterative request's steps each take
-        about this long.
+        See :meth:`Shedder.expected_wait <sordino.scheduling.shedding.Shedder.expected_wait>`.
         """
-        instances = max(1, self._executor.instances(self.model))
-        higher = self._arrivals.higher_rate(priority, self._clock.now()) if priority > 1 else 0.0
-        return self._cost.wait(
-            self._queue.rows_ahead(priority), instances, self._controller.policy().max_batch, higher
-        )
+        return self._shedder.expected_wait(priority)
 
     def _arrival_rate(self) -> float:
-        """Rows a second arriving now (:meth:`Arrivals.rate
-        <sordino.scheduling.estimate.Arrivals.rate>`): what the batcher waits for."""
-        return self._arrivals.rate(self._clock.now(), self._outcomes.in_flight())
+        """Rows a second arriving now: what the batcher waits for."""
+        return self._shedder.arrival_rate()
 
     def statistics(self) -> SchedulerStatistics:
         """Return a snapshot of this scheduler."""
