@@ -66,7 +66,8 @@ from sordino.scheduling.overflow import Overflow
 from sordino.scheduling.parking import park_first_step, release_unrun, unpark
 from sordino.scheduling.queue import RequestQueue
 from sordino.scheduling.shedding import ADMIT_SHARE, Shedder
-from sordino.scheduling.work import Request, StepOutput, Stepper, WorkItem, signature_of
+from sordino.scheduling.steps import Steps
+from sordino.scheduling.work import Request, StepOutput, Stepper, WorkItem
 
 __all__ = ["ADMIT_SHARE", "ARRIVAL_WINDOW_S", "ModelScheduler"]
 
@@ -105,7 +106,15 @@ class ModelScheduler:
         self._running: set[asyncio.Task[None]] = set()
         self._started: dict[asyncio.Task[None], float] = {}
         self._closing = False
-        self._aborting = False
+        self._steps = Steps(
+            model,
+            batched=batched,
+            queue=self._queue,
+            clock=clock,
+            controller=controller,
+            outcomes=self._outcomes,
+            wake=self._wake.set,
+        )
         self._cost = BatchCost()
         self._shedder = Shedder(
             model,
@@ -143,7 +152,7 @@ class ModelScheduler:
         """
         self._closing = True
         if not drain:
-            self._aborting = True
+            self._steps.aborting = True
             for item in self._queue.drain():
                 self._outcomes.drop(item, ShuttingDown("the model is being unloaded"))
             for task in self._running:
@@ -174,6 +183,7 @@ class ModelScheduler:
         self._controller = controller
         self.settings = settings
         self._shedder.controller = controller
+        self._steps.controller = controller
         self._shedder.settings = settings
         self._queue.max_size = settings.max_queue_size
         self._queue.delay_expired = settings.timeout_action == "DELAY"
@@ -244,7 +254,7 @@ class ModelScheduler:
             decoupled=decoupled,
             facts=facts,
         )
-        item = self._work_item(request, tensors, now)
+        item = self._steps.work_item(request, tensors, now)
         try:
             self._overflow.refuse_oversized(item)
             self._shedder.shed_if_late(item, timeout_s)
@@ -476,7 +486,7 @@ class ModelScheduler:
                 else:
                     result = outputs.rows(offset, offset + item.rows)
                 offset += item.rows
-                self._update_from_output(item, result, t2 - t0)
+                self._steps.update_from_output(item, result, t2 - t0)
         t3 = self._clock.now()
         self._outcomes.batches += 1
         self._outcomes.batched_rows += rows
@@ -491,7 +501,7 @@ class ModelScheduler:
         def respond(index: int, outputs: dict[str, np.ndarray], final: bool) -> None:
             request = requests[index]
             if request is not None and not request.finished:
-                self._decoupled_response(request, outputs, final)
+                self._steps.decoupled_response(request, outputs, final)
 
         def fail(index: int, message: str) -> None:
             request = requests[index]
@@ -547,18 +557,6 @@ class ModelScheduler:
                 request.compute_s += t2 - t0
         self._outcomes.batch_observed(rows, len(live), 0.0, t2 - t0, 0.0, ok=True)
 
-    def _decoupled_response(
-        self, request: Request, outputs: dict[str, np.ndarray], final: bool
-    ) -> None:
-        """One response a decoupled model sent ``request``; a bare final flag ends it."""
-        request.steps += 1
-        if outputs:
-            request.outputs.put_nowait(StepOutput(Tensors.of(outputs), final, request.steps))
-        elif final:
-            request.outputs.put_nowait(StepOutput(Tensors.of({}), True, request.steps, empty=True))
-        if final:
-            self._outcomes.finish(request, "success", "ok")
-
     def _batch_cancelled(self, live: list[WorkItem], t0: float) -> None:
         """The batch's task was cancelled (a close without drain): answer its requests
         ShuttingDown, so none is left without an outcome."""
@@ -569,124 +567,7 @@ class ModelScheduler:
         for item in live:
             self._outcomes.step_failed(item, stopped, self._clock.now() - t0)
 
-    def _update_from_output(self, item: WorkItem, result: Tensors, compute_s: float) -> None:
-        """Deliver one step's ``result`` to its request; queue the next step or finish."""
-        request = item.request
-        if request is None or request.finished:
-            result.release()  # cancelled while it ran: nobody reads this any more
-            return
-        request.item = None
-        request.steps += 1
-        request.compute_s += compute_s
-        if request.stream is not None or request.stepper is not None:
-            if request.step_bytes is None:
-                request.step_bytes = []
-            request.step_bytes.append((_nbytes(item.inputs), _nbytes(result)))
-        now = self._clock.now()
-        self._controller.observe(now, now - item.arrival, backlog_rows=self._queue.rows)
-        if request.stepper is not None:
-            self._advance(request, result, now)
-            return
-        spec = request.stream
-        final = spec is None or _stream_done(result, spec)
-        if not final and request.steps >= request.max_steps:
-            assert spec is not None
-            result.release()
-            self._outcomes.fail(
-                request,
-                InferenceFailed(
-                    f"model {self.model} streamed {request.steps} responses without setting "
-                    f"{spec.done!r}; raise streaming.max_steps or fix the model"
-                ),
-            )
-            return
-        if not final:
-            assert spec is not None
-            if self._aborting:
-                result.release()
-                self._outcomes.fail(request, ShuttingDown("the model is being unloaded"))
-                return
-            # ``carry`` maps an output to the input it feeds on the next step.
-            by_input = {target: source for source, target in spec.carry}
-            parts = {
-                name: (result, by_input[name]) if name in by_input else (request.inputs, name)
-                for name in request.inputs
-            }
-            state = Tensors.compose(parts)
-            next_item = self._work_item(request, state, now)
-            self._queue.put_nowait(next_item, force=True)
-            state.park()  # carried state waits in the queue: defragmentation may move it
-            request.state = "queued"
-            self._outcomes.queue_changed()
-            self._wake.set()
-        if spec is not None and spec.emit is not None and not np.any(result[spec.emit]):
-            # A decoupled model's step that sends nothing; the end still tells the reader.
-            result.release()
-            if final:
-                request.outputs.put_nowait(
-                    StepOutput(Tensors.of({}), final, request.steps, empty=True)
-                )
-        else:
-            request.outputs.put_nowait(StepOutput(result, final, request.steps))
-        if final:
-            self._outcomes.finish(request, "success", "ok")
-
-    def _advance(self, request: Request, result: Tensors, now: float) -> None:
-        """An iterative request's step ran: let its stepper compute the next one."""
-        assert request.stepper is not None
-        try:
-            with result:
-                following, delivered = request.stepper.advance(result, now)
-        except SordinoError as exc:
-            self._outcomes.fail(request, exc)
-            return
-        except Exception as exc:  # a bug in the sampler is this request's failure
-            self._outcomes.fail(
-                request, InferenceFailed(f"the sampler of {self.model} failed: {exc}")
-            )
-            return
-        final = following is None
-        if following is not None:
-            if self._aborting:
-                following.release()
-                if delivered is not None:
-                    delivered.release()
-                self._outcomes.fail(request, ShuttingDown("the model is being unloaded"))
-                return
-            # The request's next step: queued by its priority, so a higher-priority
-            # request's steps go first and this one resumes from its state (kept in
-            # ``following``, in the arena) when its turn comes.
-            request.inputs.release()
-            request.inputs = following.share() if following.leases else following
-            self._queue.put_nowait(self._work_item(request, following, now), force=True)
-            # The state waits in the queue: defragmentation may move it (the stepper
-            # keeps its own copy of the sample, never an array taken from ``following``).
-            following.park()
-            request.inputs.park()
-            request.state = "queued"
-            self._outcomes.queue_changed()
-            self._wake.set()
-        if delivered is not None:
-            request.outputs.put_nowait(StepOutput(delivered, final, request.steps))
-        if final:
-            self._outcomes.finish(request, "success", "ok")
-
     # -- bookkeeping -----------------------------------------------------------------
-
-    def _work_item(self, request: Request, inputs: Tensors, now: float) -> WorkItem:
-        rows = int(next(iter(inputs.values())).shape[0]) if self.batched else 1
-        timeout_s = request.timeout_s
-        item = WorkItem(
-            inputs=inputs,
-            rows=rows,
-            signature=signature_of(inputs, self.batched),
-            priority=request.priority,
-            arrival=now,
-            deadline=now + timeout_s if timeout_s else None,
-            request=request,
-        )
-        request.item = item
-        return item
 
     def shed_unread(self, priority: int, timeout_s: float | None) -> Shed | None:
         """The refusal of a request not yet decoded, by the rule applied at arrival.
@@ -770,11 +651,3 @@ def _context(live: Sequence[WorkItem]) -> BatchContext:
         region=region,
         requests=facts,
     )
-
-
-def _nbytes(tensors: Mapping[str, Tensor]) -> int:
-    return sum(int(array.nbytes) for array in tensors.values())
-
-
-def _stream_done(outputs: Tensors, spec: StreamSpec) -> bool:
-    return bool(np.all(outputs[spec.done]))
