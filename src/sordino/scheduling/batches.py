@@ -1,7 +1,8 @@
 """Running one batch: the executor's one call, then each request's rows.
 
 A batch's requests are handed their rows of the outputs (the step state machine takes
-them on from there, ``steps.py``); a failed batch goes to ``failures.py``. A decoupled
+them on from there, ``steps.py``); a failed or cancelled batch is answered by
+``failures.py``. A decoupled
 model's batch (``submit(..., decoupled=True)``) runs through the executor's
 ``run_decoupled`` with a :class:`~sordino.execution.decoupled.ResponseChannel`: the batch
 ends when ``execute`` returned, and each request stays running, getting a
@@ -25,9 +26,6 @@ import numpy as np
 from sordino.clock import Clock
 from sordino.errors import (
     InferenceFailed,
-    ModelError,
-    RateLimited,
-    ShuttingDown,
     SordinoError,
     Unsupported,
 )
@@ -37,6 +35,7 @@ from sordino.execution.executor import Executor
 from sordino.inference import ModelKey, RequestFacts, release_owned
 from sordino.memory.region import StepRegion
 from sordino.scheduling.estimate import BatchCost
+from sordino.scheduling.failures import BatchFailures
 from sordino.scheduling.outcomes import Outcomes
 from sordino.scheduling.steps import Steps
 from sordino.scheduling.work import WorkItem
@@ -66,6 +65,7 @@ class BatchRunner:
         self._cost = cost
         self._outcomes = outcomes
         self._steps = steps
+        self._failures = BatchFailures(model, clock=clock, outcomes=outcomes, rerun=self.run)
 
     async def execute(self, items: list[WorkItem]) -> None:
         """Run one batch and hand each request its rows; release the steps' inputs."""
@@ -98,33 +98,10 @@ class BatchRunner:
                 self.model, [item.inputs for item in live], batch_context(live)
             )
         except asyncio.CancelledError:
-            self._batch_cancelled(live, t0)
+            self._failures.cancelled(live, t0)
             raise
         except Exception as exc:  # the backend's failure is the requests' failure
-            t2 = self._clock.now()
-            self._outcomes.batches += 1
-            message = str(exc) if isinstance(exc, SordinoError) else f"{type(exc).__name__}: {exc}"
-            error: SordinoError = (
-                exc
-                if isinstance(exc, SordinoError)
-                else InferenceFailed(f"model {self.model} failed on a batch of {rows}: {message}")
-            )
-            self._outcomes.batch_observed(rows, len(live), t1 - t0, t2 - t1, 0.0, ok=False)
-            if isinstance(error, ModelError | RateLimited) and len(live) > 1:
-                # One request the model cannot take must not fail the others: run each
-                # alone, so only the offender fails (a poisoned batch costs its size).
-                # So too a tenant over its quota in a Ray node's pool (RateLimited).
-                self._outcomes.isolated += 1
-                try:
-                    for item in live:
-                        if item.request is None or not item.request.finished:
-                            await self.run([item])
-                except asyncio.CancelledError:
-                    self._batch_cancelled(live, t0)  # those not run alone yet
-                    raise
-                return
-            for item in live:
-                self._outcomes.step_failed(item, error, t2 - t0)
+            await self._failures.failed(live, exc, rows, t0, t1)
             return
         t2 = self._clock.now()
         self._cost.note(rows, t2 - t0)
@@ -206,16 +183,6 @@ class BatchRunner:
             if request is not None:
                 request.compute_s += t2 - t0
         self._outcomes.batch_observed(rows, len(live), 0.0, t2 - t0, 0.0, ok=True)
-
-    def _batch_cancelled(self, live: list[WorkItem], t0: float) -> None:
-        """The batch's task was cancelled (a close without drain): answer its requests
-        ShuttingDown, so none is left without an outcome."""
-        stopped = ShuttingDown(
-            f"model {self.model} is being unloaded or the server is stopping; its batch "
-            "was cancelled before it finished: retry on another replica"
-        )
-        for item in live:
-            self._outcomes.step_failed(item, stopped, self._clock.now() - t0)
 
 
 def batch_context(live: Sequence[WorkItem]) -> BatchContext:
