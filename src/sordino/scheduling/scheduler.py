@@ -10,17 +10,21 @@ It has the shape of vLLM's engine core. One task per model version loops over:
    whose stream is not done is queued again for its next step, with the carried
    outputs as state (they stay in the arena); a finished one is counted and observed.
 
-A decoupled model's batch (``submit(..., decoupled=True)``) runs through the executor's
-``run_decoupled`` with a :class:`~sordino.execution.decoupled.ResponseChannel`: the batch
-ends when ``execute`` returned, and each request stays running, getting a
-:class:`StepOutput` per response the model sends, until its final one, an error, the
-execution timeout or a cancellation (which the channel passes on to the model).
+:class:`ModelScheduler` is the request side — accept (:meth:`~ModelScheduler.submit`),
+read, cancel, close, retune, statistics — and composes the parts that do one job each:
 
-The loop waits on a single wake-up event, set when work arrives, when a batch ends,
-when a timer for the batch delay or the next deadline fires, or on close. It never
-polls. Requests are :class:`~sordino.scheduling.work.Request` objects the scheduler
-owns; one-shot and streaming requests take the same path, so every request ends in
-exactly one outcome and reaches the observers once.
+- ``loop.py`` — the scheduling task, its wake-up event and timers, the batches running;
+- ``shedding.py`` — the admission estimate: expected waits, sheds, hopeless work;
+- ``overflow.py`` — what the arena lets a request and a batch hold;
+- ``batches.py`` — one batch's executor call and its rows (a decoupled model's too);
+- ``failures.py`` — a failed batch (a poisoned one run again request by request);
+- ``steps.py`` — the step state machine (streams, iterative and decoupled models);
+- ``parking.py`` — which queued tensors defragmentation may move;
+- ``outcomes.py`` — each request's one outcome, the counts and the observers.
+
+Requests are :class:`~sordino.scheduling.work.Request` objects the scheduler owns;
+one-shot and streaming requests take the same path, so every request ends in exactly
+one outcome and reaches the observers once.
 
 Tensor ownership (see ``memory/refs.py``): a work item's inputs are released once its
 step has run or it is dropped; the request's own inputs when it finishes; each step's
@@ -32,10 +36,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Mapping, Sequence
 
-from sordino.clock import Clock, TimerHandle
+from sordino.clock import Clock
 from sordino.errors import (
     Cancelled,
-    QueueTimeout,
     Shed,
     ShuttingDown,
     SordinoError,
@@ -48,17 +51,17 @@ from sordino.records import (
     SchedulerObserver,
     SchedulerStatistics,
 )
-from sordino.scheduling.batcher import Dispatch, decide
 from sordino.scheduling.batches import BatchRunner
 from sordino.scheduling.estimate import ARRIVAL_WINDOW_S, Arrivals, BatchCost
+from sordino.scheduling.loop import SchedulingLoop
 from sordino.scheduling.modes import ModeController
 from sordino.scheduling.outcomes import Outcomes, discard_outputs
 from sordino.scheduling.overflow import Overflow
-from sordino.scheduling.parking import park_first_step, release_unrun, unpark
+from sordino.scheduling.parking import park_first_step, release_unrun
 from sordino.scheduling.queue import RequestQueue
 from sordino.scheduling.shedding import ADMIT_SHARE, Shedder
 from sordino.scheduling.steps import Steps
-from sordino.scheduling.work import Request, StepOutput, Stepper, WorkItem
+from sordino.scheduling.work import Request, StepOutput, Stepper
 
 __all__ = ["ADMIT_SHARE", "ARRIVAL_WINDOW_S", "ModelScheduler"]
 
@@ -91,12 +94,6 @@ class ModelScheduler:
         self._outcomes = Outcomes(model, clock=clock, queue=self._queue, observers=observers)
         self._overflow = Overflow(model, executor=executor, queue=self._queue)
         self._wake = asyncio.Event()
-        self._timer: TimerHandle | None = None
-        self._timer_at: float | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._running: set[asyncio.Task[None]] = set()
-        self._started: dict[asyncio.Task[None], float] = {}
-        self._closing = False
         self._steps = Steps(
             model,
             batched=batched,
@@ -106,12 +103,12 @@ class ModelScheduler:
             outcomes=self._outcomes,
             wake=self._wake.set,
         )
-        self._cost = BatchCost()
+        cost = BatchCost()  # what batches took: the runner learns it, the estimates read it
         self._runner = BatchRunner(
             model,
             executor=executor,
             clock=clock,
-            cost=self._cost,
+            cost=cost,
             outcomes=self._outcomes,
             steps=self._steps,
         )
@@ -124,7 +121,20 @@ class ModelScheduler:
             settings=settings,
             outcomes=self._outcomes,
             arrivals=Arrivals(settings.priority_levels, clock.now()),
-            cost=self._cost,
+            cost=cost,
+        )
+        self._loop = SchedulingLoop(
+            model,
+            executor=executor,
+            queue=self._queue,
+            clock=clock,
+            controller=controller,
+            wake=self._wake,
+            outcomes=self._outcomes,
+            shedder=self._shedder,
+            overflow=self._overflow,
+            cost=cost,
+            runner=self._runner,
         )
 
     @property
@@ -135,10 +145,7 @@ class ModelScheduler:
 
     def start(self) -> None:
         """Start the scheduling task in the running event loop."""
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(
-                self._loop(), name=f"sordino-scheduler-{self.model}"
-            )
+        self._loop.start()
 
     async def close(self, *, drain: bool = True) -> None:
         """Stop taking requests; finish the accepted ones (``drain``) or fail them, then stop.
@@ -149,24 +156,19 @@ class ModelScheduler:
         :class:`ShuttingDown` too), so a close without drain never waits on a batch,
         whatever it waits for. Every accepted request ends with an outcome.
         """
-        self._closing = True
+        self._loop.closing = True
         if not drain:
             self._steps.aborting = True
             for item in self._queue.drain():
                 self._outcomes.drop(item, ShuttingDown("the model is being unloaded"))
-            for task in self._running:
-                task.cancel()
+            self._loop.cancel_running()
             for request in self._outcomes.still_answering():
                 self._outcomes.fail(request, ShuttingDown("the model is being unloaded"))
         self._wake.set()
-        if self._task is not None:
-            await self._task
-        if self._running:
-            await asyncio.gather(*self._running, return_exceptions=True)
+        await self._loop.join()
         # A decoupled model's requests still being answered (bounded by the timeout).
         await self._outcomes.answered.wait()
-        if self._timer is not None:
-            self._timer.cancel()
+        self._loop.cancel_timer()
 
     def retune(self, controller: ModeController, settings: QueueSettings) -> None:
         """Use ``controller`` and ``settings`` from the next decision on (hot reconfiguration).
@@ -183,6 +185,7 @@ class ModelScheduler:
         self.settings = settings
         self._shedder.controller = controller
         self._steps.controller = controller
+        self._loop.controller = controller
         self._shedder.settings = settings
         self._queue.max_size = settings.max_queue_size
         self._queue.delay_expired = settings.timeout_action == "DELAY"
@@ -194,9 +197,7 @@ class ModelScheduler:
         Readiness reads it: a batch running far longer than any may (the execution
         timeout, a restart, the wait for arena space) means the model is wedged.
         """
-        if not self._started:
-            return 0.0
-        return max(0.0, self._clock.now() - min(self._started.values()))
+        return self._loop.running_for()
 
     @property
     def executor(self) -> Executor:
@@ -235,7 +236,7 @@ class ModelScheduler:
         each step the stepper computes the next step's inputs (see :class:`Stepper`).
         ``decoupled``: the model sends its own responses (read them with :meth:`responses`).
         """
-        if self._closing:
+        if self._loop.closing:
             raise ShuttingDown(f"model {self.model} is shutting down; retry on another replica")
         now = self._clock.now()
         tensors = Tensors.of(inputs)
@@ -330,94 +331,7 @@ class ModelScheduler:
             request.item = None
         self._outcomes.finish(request, "cancelled", Cancelled.reason)
 
-    # -- the scheduling loop ---------------------------------------------------------
-
-    async def _loop(self) -> None:
-        while True:
-            self._wake.clear()
-            now = self._clock.now()
-            batch = self._schedule(now)
-            if batch is None:
-                if self._closing and len(self._queue) == 0 and not self._running:
-                    return
-                await self._wake.wait()
-                continue
-            self._outcomes.queue_changed()
-            for item in batch:
-                unpark(item.inputs)  # about to be read: pinned where it lies
-                item.dispatched_at = now
-                if item.request is not None:
-                    item.request.state = "running"
-                    item.request.queue_s += now - item.arrival
-            task = asyncio.get_running_loop().create_task(self._runner.execute(batch))
-            self._running.add(task)
-            self._started[task] = now
-            task.add_done_callback(self._batch_finished)
-
-    def _schedule(self, now: float) -> list[WorkItem] | None:
-        """Return the work items to run as one batch now, or None (a timer is set)."""
-        for item in self._queue.expire(now):
-            self._outcomes.timed_out += 1
-            waited_ms = (now - item.arrival) * 1000
-            self._outcomes.drop(
-                item,
-                QueueTimeout(
-                    f"request timed out in the queue of model {self.model} after "
-                    f"{waited_ms:.0f} ms without running; raise its timeout or reduce load"
-                ),
-            )
-        if len(self._queue) == 0:
-            self._set_timer(None)
-            return None
-        instances = max(1, self._executor.instances(self.model))
-        if len(self._running) >= instances:
-            self._set_timer(self._queue.next_deadline())
-            return None
-        # With another instance idle besides the one this batch takes, waiting to fill
-        # it would leave that capacity unused: run now (no arrivals expected).
-        rate = self._shedder.arrival_rate() if len(self._running) + 1 >= instances else 0.0
-        decision = decide(self._queue, self._controller.policy(), now, rate)
-        if isinstance(decision, Dispatch):
-            rows = self._overflow.rows_that_fit(decision)
-            batch = self._shedder.drop_hopeless(
-                self._queue.take(decision.signature, rows, self._cost.ride_along), now
-            )
-            if not batch:
-                self._wake.set()  # every item was hopeless: look at the queue again at once
-                return None
-            return batch
-        assert decision is not None
-        wake_at = decision.until
-        deadline = self._queue.next_deadline()
-        if deadline is not None:
-            wake_at = min(wake_at, deadline)
-        self._set_timer(wake_at)
-        return None
-
-    def _set_timer(self, when: float | None) -> None:
-        """Wake the loop at ``when`` (None: no timer), keeping a pending timer for that time."""
-        if when == self._timer_at and self._timer is not None:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._timer_at = when
-        if when is not None:
-            self._timer = self._clock.call_at(when, self._timer_fired)
-
-    def _timer_fired(self) -> None:
-        # Forget the timer: event-loop timers may fire a little before ``when`` (uvloop
-        # rounds to milliseconds), and the loop must then be able to set it again.
-        self._timer = None
-        self._timer_at = None
-        self._wake.set()
-
-    def _batch_finished(self, task: asyncio.Task[None]) -> None:
-        self._running.discard(task)
-        self._started.pop(task, None)
-        self._wake.set()
-
-    # -- bookkeeping -----------------------------------------------------------------
+    # -- overload and figures --------------------------------------------------------
 
     def shed_unread(self, priority: int, timeout_s: float | None) -> Shed | None:
         """The refusal of a request not yet decoded, by the rule applied at arrival.
@@ -466,7 +380,7 @@ class ModelScheduler:
             batches=outcomes.batches,
             batched_rows=outcomes.batched_rows,
             isolated_batches=outcomes.isolated,
-            running_batches=len(self._running),
+            running_batches=self._loop.running_batches,
             queue=self._queue.statistics(),
             controller=self._controller.statistics(),
         )
