@@ -29,6 +29,7 @@ import numpy.typing as npt
 
 from sordino.config.iterative import IterativeConfig
 from sordino.errors import InferenceFailed, InvalidRequest, QueueTimeout, Shed, TensorError
+from sordino.generation.cohort import Cohort
 from sordino.generation.degrade import StepDegrader
 from sordino.generation.image import png_bytes, to_image
 from sordino.generation.inputs import one_float, one_int, one_text
@@ -268,9 +269,7 @@ class Pipeline:
         self.in_flight = InFlight()
         self.states = StateCache(config.reuse.approximate_entries, reuse_policy)
         self.step_cache = StepCacheCounter()
-        self._running = 0
-        self._next_cohort: asyncio.Future[None] | None = None
-        self._cohort_waiting = 0
+        self._cohort = Cohort(enabled=config.batching == "request")
         self._step_s: dict[int, float] = {}
         size = math.prod(config.sample_shape)
         side = math.isqrt(size)
@@ -450,7 +449,7 @@ class Pipeline:
         progress: bool,
     ) -> AsyncGenerator[Progress | Generated, None]:
         arrival = self.scheduler.clock.now()
-        await self._enter()
+        await self._cohort.enter()
         try:
             now = self.scheduler.clock.now()
             if timeout_s:
@@ -497,7 +496,7 @@ class Pipeline:
                         )
             assert final is not None
         finally:
-            self._leave()
+            self._cohort.leave()
         image = await self._decode(final)
         yield Generated(
             image=image,
@@ -582,34 +581,3 @@ class Pipeline:
                 "ms deadline; retry later, raise the deadline or the priority",
                 retry_after_s=expected,
             )
-
-    # -- request-level batching (the baseline) ----------------------------------------
-
-    async def _enter(self) -> None:
-        """With ``batching: request``, wait until the running cohort has finished."""
-        if self.config.batching != "request":
-            return
-        if self._running == 0 and self._next_cohort is None:
-            self._running += 1
-            return
-        if self._next_cohort is None:
-            self._next_cohort = asyncio.get_running_loop().create_future()
-        cohort = self._next_cohort
-        self._cohort_waiting += 1
-        try:
-            await asyncio.shield(cohort)
-        except BaseException:
-            if not cohort.done():
-                self._cohort_waiting -= 1
-            else:
-                self._leave()
-            raise
-
-    def _leave(self) -> None:
-        if self.config.batching != "request":
-            return
-        self._running -= 1
-        if self._running == 0 and self._next_cohort is not None:
-            cohort, self._next_cohort = self._next_cohort, None
-            self._running, self._cohort_waiting = self._cohort_waiting, 0
-            cohort.set_result(None)
