@@ -1,0 +1,216 @@
+"""Running one batch: the executor's one call, then each request's rows.
+
+A batch's requests are handed their rows of the outputs (the step state machine takes
+them on from there, ``steps.py``); a failed or cancelled batch is answered by
+``failures.py``. A decoupled
+model's batch (``submit(..., decoupled=True)``) runs through the executor's
+``run_decoupled`` with a :class:`~sordino.execution.decoupled.ResponseChannel`: the batch
+ends when ``execute`` returned, and each request stays running, getting a
+:class:`~sordino.scheduling.work.StepOutput` per response the model sends, until its
+final one, an error, the execution timeout or a cancellation (which the channel passes
+on to the model).
+
+Tensor ownership (see ``memory/refs.py``): a work item's inputs are released once its
+step has run; each step's outputs are handed to the reader of the request's responses,
+who releases them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+
+from sordino.clock import Clock
+from sordino.errors import (
+    InferenceFailed,
+    SordinoError,
+    Unsupported,
+)
+from sordino.execution.batch import BatchContext
+from sordino.execution.decoupled import ResponseChannel
+from sordino.execution.executor import Executor
+from sordino.inference import ModelKey, RequestFacts, release_owned
+from sordino.memory.region import StepRegion
+from sordino.scheduling.estimate import BatchCost
+from sordino.scheduling.failures import BatchFailures
+from sordino.scheduling.outcomes import Outcomes
+from sordino.scheduling.steps import Steps
+from sordino.scheduling.work import WorkItem
+
+__all__ = ["BatchRunner", "batch_context"]
+
+
+class BatchRunner:
+    """Runs one model version's batches on its executor and answers their requests.
+
+    ``cost`` learns what each batch took (the estimates shed and batch by it).
+    """
+
+    def __init__(
+        self,
+        model: ModelKey,
+        *,
+        executor: Executor,
+        clock: Clock,
+        cost: BatchCost,
+        outcomes: Outcomes,
+        steps: Steps,
+    ) -> None:
+        self.model = model
+        self._executor = executor
+        self._clock = clock
+        self._cost = cost
+        self._outcomes = outcomes
+        self._steps = steps
+        self._failures = BatchFailures(model, clock=clock, outcomes=outcomes, rerun=self.run)
+
+    async def execute(self, items: list[WorkItem]) -> None:
+        """Run one batch and hand each request its rows; release the steps' inputs."""
+        live: list[WorkItem] = []
+        for item in items:
+            if item.request is not None and item.request.finished:
+                release_owned(item.inputs)  # cancelled between the queue and here
+            else:
+                live.append(item)
+        if not live:
+            return
+        # Staging (the inputs into the arena) happens inside the executor's one call,
+        # so its time counts as compute, and the Triton "compute_input" phase is 0.
+        try:
+            await self.run(live)
+        finally:
+            for item in live:
+                release_owned(item.inputs)
+
+    async def run(self, live: list[WorkItem]) -> None:
+        """Run ``live`` (items of requests not ended) as one batch; answer its requests."""
+        first_request = live[0].request
+        if first_request is not None and first_request.decoupled:
+            await self._run_decoupled(live)
+            return
+        t0 = t1 = self._clock.now()
+        rows = sum(item.rows for item in live)
+        try:
+            outputs = await self._executor.run(
+                self.model, [item.inputs for item in live], batch_context(live)
+            )
+        except asyncio.CancelledError:
+            self._failures.cancelled(live, t0)
+            raise
+        except Exception as exc:  # the backend's failure is the requests' failure
+            await self._failures.failed(live, exc, rows, t0, t1)
+            return
+        t2 = self._clock.now()
+        self._cost.note(rows, t2 - t0)
+        with outputs:
+            offset = 0
+            for item in live:
+                if len(live) == 1:
+                    result = outputs.share()
+                else:
+                    result = outputs.rows(offset, offset + item.rows)
+                offset += item.rows
+                self._steps.update_from_output(item, result, t2 - t0)
+        t3 = self._clock.now()
+        self._outcomes.batches += 1
+        self._outcomes.batched_rows += rows
+        self._outcomes.batch_observed(rows, len(live), t1 - t0, t2 - t1, t3 - t2, ok=True)
+
+    async def _run_decoupled(self, live: list[WorkItem]) -> None:
+        """Run a decoupled model's batch; its requests are answered as the model sends."""
+        t0 = self._clock.now()
+        rows = sum(item.rows for item in live)
+        requests = [item.request for item in live]
+
+        def respond(index: int, outputs: dict[str, np.ndarray], final: bool) -> None:
+            request = requests[index]
+            if request is not None and not request.finished:
+                self._steps.decoupled_response(request, outputs, final)
+
+        def fail(index: int, message: str) -> None:
+            request = requests[index]
+            if request is not None:
+                self._outcomes.fail(request, InferenceFailed(message))
+
+        channel = ResponseChannel(str(self.model), len(live), respond, fail)
+        for index, request in enumerate(requests):
+            if request is not None:
+                request.stop = functools.partial(channel.cancel, index)
+                self._outcomes.answering(request)
+        run = getattr(self._executor, "run_decoupled", None)
+        try:
+            if run is None:
+                raise Unsupported(
+                    f"model {self.model} is decoupled (it sends its own responses); this "
+                    "executor cannot run such a model: serve it with isolation process or thread"
+                )
+            await run(self.model, [item.inputs for item in live], channel, batch_context(live))
+        except asyncio.CancelledError:
+            channel.fail(
+                f"model {self.model} is being unloaded or the server is stopping; its batch "
+                "was cancelled before it finished: retry on another replica"
+            )
+            raise
+        except Exception as exc:
+            # The batch's own error (its class says how to answer: 500, 503, ...) for every
+            # request still open; nothing more is delivered for it.
+            error = (
+                exc
+                if isinstance(exc, SordinoError)
+                else InferenceFailed(f"model {self.model} failed on a batch: {exc!r}")
+            )
+            for index in channel.close():
+                request = requests[index]
+                if request is not None:
+                    self._outcomes.fail(request, error)
+            self._outcomes.batches += 1
+            self._outcomes.batch_observed(
+                rows, len(live), 0.0, self._clock.now() - t0, 0.0, ok=False
+            )
+            return
+        finally:
+            for request in requests:
+                if request is not None:
+                    request.item = None
+        t2 = self._clock.now()
+        self._cost.note(rows, t2 - t0)
+        self._outcomes.batches += 1
+        self._outcomes.batched_rows += rows
+        for request in requests:
+            if request is not None:
+                request.compute_s += t2 - t0
+        self._outcomes.batch_observed(rows, len(live), 0.0, t2 - t0, 0.0, ok=True)
+
+
+def batch_context(live: Sequence[WorkItem]) -> BatchContext:
+    """What the executor is told of a batch besides its tensors (one entry per item)."""
+    requests = [item.request for item in live]
+    first = requests[0]
+    # Chaos faults scoped to a tenant hit only batches holding its requests. Work is
+    # all tenanted (tenants configured) or none of it is: the first item says.
+    tenants: frozenset[str] = frozenset()
+    if first is not None and first.tenant:
+        tenants = frozenset(r.tenant for r in requests if r is not None)
+    # A step of one multi-step request: its outputs go to the request's region.
+    region = None
+    if len(live) == 1 and first is not None and (first.stream or first.stepper):
+        if first.region is None:
+            first.region = StepRegion(carried=first.stepper is None)
+        region = first.region
+    # Facts only where the caller built them (for a backend that reads them); a request
+    # without (a pipeline's node request) then gets its priority alone.
+    facts: tuple[RequestFacts, ...] = ()
+    if any(r is not None and r.facts is not None for r in requests):
+        facts = tuple(
+            r.facts if r is not None and r.facts is not None else RequestFacts(priority=i.priority)
+            for r, i in zip(requests, live, strict=True)
+        )
+    return BatchContext(
+        owners=tuple(r.owner if r is not None else "" for r in requests),
+        tenants=tenants,
+        region=region,
+        requests=facts,
+    )

@@ -1,0 +1,200 @@
+"""The scheduling loop: one task per model version that decides when batches run.
+
+Each turn is vLLM's **schedule** step: expire queued work past its deadline, then let
+the batcher decide — run a batch now (taking compatible work items from the priority
+queue, as many rows as the arena holds, none that cannot meet its deadline) or wait.
+A batch to run becomes a task of its own (**execute**, ``batches.py``), so several
+batches run at once when the model has several instances.
+
+The loop waits on a single wake-up event, set when work arrives, when a batch ends,
+when a timer for the batch delay or the next deadline fires, or on close. It never
+polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from sordino.clock import Clock, TimerHandle
+from sordino.errors import QueueTimeout
+from sordino.execution.executor import Executor
+from sordino.inference import ModelKey
+from sordino.scheduling.batcher import Dispatch, decide
+from sordino.scheduling.batches import BatchRunner
+from sordino.scheduling.estimate import BatchCost
+from sordino.scheduling.modes import ModeController
+from sordino.scheduling.outcomes import Outcomes
+from sordino.scheduling.overflow import Overflow
+from sordino.scheduling.parking import unpark
+from sordino.scheduling.queue import RequestQueue
+from sordino.scheduling.shedding import Shedder
+from sordino.scheduling.work import WorkItem
+
+__all__ = ["SchedulingLoop"]
+
+
+class SchedulingLoop:
+    """The task that schedules one model version's batches, and the batches running.
+
+    ``controller`` is the scheduler's current one (a hot reconfiguration replaces it
+    here too); ``wake`` is the event every part sets to make the loop look again. Once
+    ``closing``, the loop ends when the queue is empty and no batch runs.
+    """
+
+    def __init__(
+        self,
+        model: ModelKey,
+        *,
+        executor: Executor,
+        queue: RequestQueue,
+        clock: Clock,
+        controller: ModeController,
+        wake: asyncio.Event,
+        outcomes: Outcomes,
+        shedder: Shedder,
+        overflow: Overflow,
+        cost: BatchCost,
+        runner: BatchRunner,
+    ) -> None:
+        self.model = model
+        self.controller = controller
+        self.closing = False
+        self._executor = executor
+        self._queue = queue
+        self._clock = clock
+        self._wake = wake
+        self._outcomes = outcomes
+        self._shedder = shedder
+        self._overflow = overflow
+        self._cost = cost
+        self._runner = runner
+        self._timer: TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[None]] = set()
+        self._started: dict[asyncio.Task[None], float] = {}
+
+    def start(self) -> None:
+        """Start the scheduling task in the running event loop."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"sordino-scheduler-{self.model}"
+            )
+
+    def cancel_running(self) -> None:
+        """Cancel every batch running (a close without drain)."""
+        for task in self._running:
+            task.cancel()
+
+    async def join(self) -> None:
+        """Wait for the loop to end (set ``closing`` and wake it first), then for the
+        batches still running."""
+        if self._task is not None:
+            await self._task
+        if self._running:
+            await asyncio.gather(*self._running, return_exceptions=True)
+
+    def cancel_timer(self) -> None:
+        """Cancel the pending wake-up timer, if any (the loop has ended)."""
+        if self._timer is not None:
+            self._timer.cancel()
+
+    @property
+    def running_batches(self) -> int:
+        """Batches running now."""
+        return len(self._running)
+
+    def running_for(self) -> float:
+        """Seconds the longest-running batch has been running (0 with none running).
+
+        Readiness reads it: a batch running far longer than any may (the execution
+        timeout, a restart, the wait for arena space) means the model is wedged.
+        """
+        if not self._started:
+            return 0.0
+        return max(0.0, self._clock.now() - min(self._started.values()))
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            now = self._clock.now()
+            batch = self._schedule(now)
+            if batch is None:
+                if self.closing and len(self._queue) == 0 and not self._running:
+                    return
+                await self._wake.wait()
+                continue
+            self._outcomes.queue_changed()
+            for item in batch:
+                unpark(item.inputs)  # about to be read: pinned where it lies
+                item.dispatched_at = now
+                if item.request is not None:
+                    item.request.state = "running"
+                    item.request.queue_s += now - item.arrival
+            task = asyncio.get_running_loop().create_task(self._runner.execute(batch))
+            self._running.add(task)
+            self._started[task] = now
+            task.add_done_callback(self._batch_finished)
+
+    def _schedule(self, now: float) -> list[WorkItem] | None:
+        """Return the work items to run as one batch now, or None (a timer is set)."""
+        for item in self._queue.expire(now):
+            self._outcomes.timed_out += 1
+            waited_ms = (now - item.arrival) * 1000
+            self._outcomes.drop(
+                item,
+                QueueTimeout(
+                    f"request timed out in the queue of model {self.model} after "
+                    f"{waited_ms:.0f} ms without running; raise its timeout or reduce load"
+                ),
+            )
+        if len(self._queue) == 0:
+            self._set_timer(None)
+            return None
+        instances = max(1, self._executor.instances(self.model))
+        if len(self._running) >= instances:
+            self._set_timer(self._queue.next_deadline())
+            return None
+        # With another instance idle besides the one this batch takes, waiting to fill
+        # it would leave that capacity unused: run now (no arrivals expected).
+        rate = self._shedder.arrival_rate() if len(self._running) + 1 >= instances else 0.0
+        decision = decide(self._queue, self.controller.policy(), now, rate)
+        if isinstance(decision, Dispatch):
+            rows = self._overflow.rows_that_fit(decision)
+            batch = self._shedder.drop_hopeless(
+                self._queue.take(decision.signature, rows, self._cost.ride_along), now
+            )
+            if not batch:
+                self._wake.set()  # every item was hopeless: look at the queue again at once
+                return None
+            return batch
+        assert decision is not None
+        wake_at = decision.until
+        deadline = self._queue.next_deadline()
+        if deadline is not None:
+            wake_at = min(wake_at, deadline)
+        self._set_timer(wake_at)
+        return None
+
+    def _set_timer(self, when: float | None) -> None:
+        """Wake the loop at ``when`` (None: no timer), keeping a pending timer for that time."""
+        if when == self._timer_at and self._timer is not None:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = when
+        if when is not None:
+            self._timer = self._clock.call_at(when, self._timer_fired)
+
+    def _timer_fired(self) -> None:
+        # Forget the timer: event-loop timers may fire a little before ``when`` (uvloop
+        # rounds to milliseconds), and the loop must then be able to set it again.
+        self._timer = None
+        self._timer_at = None
+        self._wake.set()
+
+    def _batch_finished(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        self._started.pop(task, None)
+        self._wake.set()

@@ -1,0 +1,193 @@
+"""The step state machine: what one step's outputs do to their request.
+
+After a step ran, its request either ends (its final response, a stream that set its
+``done`` output, an iterative model's last sample) or is queued again for its next
+step: a stream's carried outputs become inputs (they stay in the arena), an iterative
+model's :class:`~sordino.scheduling.work.Stepper` computes the next step's inputs. A
+decoupled model's requests get a response each time the model sends one. Between steps
+the state waits in the queue, parked (see ``parking.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from sordino.clock import Clock
+from sordino.errors import InferenceFailed, ShuttingDown, SordinoError
+from sordino.inference import ModelKey, StreamSpec, Tensor
+from sordino.memory.refs import Tensors
+from sordino.scheduling.modes import ModeController
+from sordino.scheduling.outcomes import Outcomes
+from sordino.scheduling.queue import RequestQueue
+from sordino.scheduling.work import Request, StepOutput, WorkItem, signature_of
+
+__all__ = ["Steps"]
+
+
+class Steps:
+    """Takes each of one model version's requests from one step to the next.
+
+    ``controller`` is the scheduler's current one (a hot reconfiguration replaces it
+    here too); ``wake`` tells the scheduling loop a step was queued. Once ``aborting``
+    (a close without drain), a request's next step fails instead of being queued.
+    """
+
+    def __init__(
+        self,
+        model: ModelKey,
+        *,
+        batched: bool,
+        queue: RequestQueue,
+        clock: Clock,
+        controller: ModeController,
+        outcomes: Outcomes,
+        wake: Callable[[], None],
+    ) -> None:
+        self.model = model
+        self.batched = batched
+        self.controller = controller
+        self.aborting = False
+        self._queue = queue
+        self._clock = clock
+        self._outcomes = outcomes
+        self._wake = wake
+
+    def work_item(self, request: Request, inputs: Tensors, now: float) -> WorkItem:
+        """The step of ``request`` that runs on ``inputs``, queued at ``now``: its item."""
+        rows = int(next(iter(inputs.values())).shape[0]) if self.batched else 1
+        timeout_s = request.timeout_s
+        item = WorkItem(
+            inputs=inputs,
+            rows=rows,
+            signature=signature_of(inputs, self.batched),
+            priority=request.priority,
+            arrival=now,
+            deadline=now + timeout_s if timeout_s else None,
+            request=request,
+        )
+        request.item = item
+        return item
+
+    def update_from_output(self, item: WorkItem, result: Tensors, compute_s: float) -> None:
+        """Deliver one step's ``result`` to its request; queue the next step or finish."""
+        request = item.request
+        if request is None or request.finished:
+            result.release()  # cancelled while it ran: nobody reads this any more
+            return
+        request.item = None
+        request.steps += 1
+        request.compute_s += compute_s
+        if request.stream is not None or request.stepper is not None:
+            if request.step_bytes is None:
+                request.step_bytes = []
+            request.step_bytes.append((_nbytes(item.inputs), _nbytes(result)))
+        now = self._clock.now()
+        self.controller.observe(now, now - item.arrival, backlog_rows=self._queue.rows)
+        if request.stepper is not None:
+            self._advance(request, result, now)
+            return
+        spec = request.stream
+        final = spec is None or _stream_done(result, spec)
+        if not final and request.steps >= request.max_steps:
+            assert spec is not None
+            result.release()
+            self._outcomes.fail(
+                request,
+                InferenceFailed(
+                    f"model {self.model} streamed {request.steps} responses without setting "
+                    f"{spec.done!r}; raise streaming.max_steps or fix the model"
+                ),
+            )
+            return
+        if not final:
+            assert spec is not None
+            if self.aborting:
+                result.release()
+                self._outcomes.fail(request, ShuttingDown("the model is being unloaded"))
+                return
+            # ``carry`` maps an output to the input it feeds on the next step.
+            by_input = {target: source for source, target in spec.carry}
+            parts = {
+                name: (result, by_input[name]) if name in by_input else (request.inputs, name)
+                for name in request.inputs
+            }
+            state = Tensors.compose(parts)
+            next_item = self.work_item(request, state, now)
+            self._queue.put_nowait(next_item, force=True)
+            state.park()  # carried state waits in the queue: defragmentation may move it
+            request.state = "queued"
+            self._outcomes.queue_changed()
+            self._wake()
+        if spec is not None and spec.emit is not None and not np.any(result[spec.emit]):
+            # A decoupled model's step that sends nothing; the end still tells the reader.
+            result.release()
+            if final:
+                request.outputs.put_nowait(
+                    StepOutput(Tensors.of({}), final, request.steps, empty=True)
+                )
+        else:
+            request.outputs.put_nowait(StepOutput(result, final, request.steps))
+        if final:
+            self._outcomes.finish(request, "success", "ok")
+
+    def _advance(self, request: Request, result: Tensors, now: float) -> None:
+        """An iterative request's step ran: let its stepper compute the next one."""
+        assert request.stepper is not None
+        try:
+            with result:
+                following, delivered = request.stepper.advance(result, now)
+        except SordinoError as exc:
+            self._outcomes.fail(request, exc)
+            return
+        except Exception as exc:  # a bug in the sampler is this request's failure
+            self._outcomes.fail(
+                request, InferenceFailed(f"the sampler of {self.model} failed: {exc}")
+            )
+            return
+        final = following is None
+        if following is not None:
+            if self.aborting:
+                following.release()
+                if delivered is not None:
+                    delivered.release()
+                self._outcomes.fail(request, ShuttingDown("the model is being unloaded"))
+                return
+            # The request's next step: queued by its priority, so a higher-priority
+            # request's steps go first and this one resumes from its state (kept in
+            # ``following``, in the arena) when its turn comes.
+            request.inputs.release()
+            request.inputs = following.share() if following.leases else following
+            self._queue.put_nowait(self.work_item(request, following, now), force=True)
+            # The state waits in the queue: defragmentation may move it (the stepper
+            # keeps its own copy of the sample, never an array taken from ``following``).
+            following.park()
+            request.inputs.park()
+            request.state = "queued"
+            self._outcomes.queue_changed()
+            self._wake()
+        if delivered is not None:
+            request.outputs.put_nowait(StepOutput(delivered, final, request.steps))
+        if final:
+            self._outcomes.finish(request, "success", "ok")
+
+    def decoupled_response(
+        self, request: Request, outputs: dict[str, np.ndarray], final: bool
+    ) -> None:
+        """One response a decoupled model sent ``request``; a bare final flag ends it."""
+        request.steps += 1
+        if outputs:
+            request.outputs.put_nowait(StepOutput(Tensors.of(outputs), final, request.steps))
+        elif final:
+            request.outputs.put_nowait(StepOutput(Tensors.of({}), True, request.steps, empty=True))
+        if final:
+            self._outcomes.finish(request, "success", "ok")
+
+
+def _nbytes(tensors: Mapping[str, Tensor]) -> int:
+    return sum(int(array.nbytes) for array in tensors.values())
+
+
+def _stream_done(outputs: Tensors, spec: StreamSpec) -> bool:
+    return bool(np.all(outputs[spec.done]))
