@@ -48,7 +48,7 @@ from sordino.errors import (
     SordinoError,
     Unsupported,
 )
-from sordino.execution.batch import BatchContext
+from sordino.execution.batch import BatchContext, Cancels
 from sordino.execution.decoupled import ResponseChannel
 from sordino.execution.executor import Executor, MemoryFit
 from sordino.inference import ModelKey, RequestFacts, StreamSpec, Tensor, release_owned
@@ -503,14 +503,20 @@ class ModelScheduler:
             return
         t0 = t1 = self._clock.now()
         rows = sum(item.rows for item in live)
+        context = _context(live)
+        cancels = context.cancels
+        if cancels is not None:
+            # A request cancelled while its batch runs: the model is told (is_cancelled()).
+            for index, item in enumerate(live):
+                if item.request is not None:
+                    item.request.stop = functools.partial(cancels.cancel, index)
         try:
-            outputs = await self._executor.run(
-                self.model, [item.inputs for item in live], _context(live)
-            )
+            outputs = await self._executor.run(self.model, [item.inputs for item in live], context)
         except asyncio.CancelledError:
             self._batch_cancelled(live, t0)
             raise
         except Exception as exc:  # the backend's failure is the requests' failure
+            _unstop(live, cancels)
             t2 = self._clock.now()
             self._batches += 1
             message = str(exc) if isinstance(exc, SordinoError) else f"{type(exc).__name__}: {exc}"
@@ -536,6 +542,7 @@ class ModelScheduler:
             for item in live:
                 self._step_failed(item, error, t2 - t0)
             return
+        _unstop(live, cancels)
         t2 = self._clock.now()
         self._cost.note(rows, t2 - t0)
         with outputs:
@@ -926,6 +933,14 @@ class ModelScheduler:
         )
 
 
+def _unstop(live: Sequence[WorkItem], cancels: Cancels | None) -> None:
+    """The batch ran: its requests' ends no longer concern the model."""
+    if cancels is not None:
+        for item in live:
+            if item.request is not None:
+                item.request.stop = None
+
+
 def _context(live: Sequence[WorkItem]) -> BatchContext:
     """What the executor is told of a batch besides its tensors (one entry per item)."""
     requests = [item.request for item in live]
@@ -954,6 +969,8 @@ def _context(live: Sequence[WorkItem]) -> BatchContext:
         tenants=tenants,
         region=region,
         requests=facts,
+        # A backend that reads the facts (Triton's Python) is also told of cancellations.
+        cancels=Cancels() if facts and not (first is not None and first.decoupled) else None,
     )
 
 
