@@ -149,7 +149,10 @@ class _Link:
         A model that is not decoupled asks ``is_cancelled()`` while its batch runs on the
         thread that would read the pipe: asking reads what came meanwhile (one ``select``
         when nothing did), so a :class:`Cancel` needs no reader thread of its own.
+        Another thread reading meanwhile may get to the bytes first; it hands them out.
         """
+        if not _readable(self._fd):
+            return  # nothing came: no lock taken (a model may ask in a tight loop)
         with self._state:
             if self._reading or self._closed is not None:
                 return  # whoever reads hands the Cancel out
@@ -157,7 +160,8 @@ class _Link:
         messages: list[ToWorker] = []
         ended: BaseException | None = None
         try:
-            if select.select([self._fd], [], [], 0)[0]:
+            # Again, as the reader: another may have read the bytes since (never block).
+            if _readable(self._fd):
                 data = os.read(self._fd, 1 << 16)
                 if data:
                     messages = self._frames.feed(data)  # type: ignore[assignment]
@@ -301,6 +305,12 @@ class _Link:
                     self._state.wait()
                     continue
                 self._read_until(lambda: not self._calls)
+
+
+def _readable(fd: int) -> bool:
+    """Whether ``fd`` has bytes (or its end) to read now. (``select``, not a shared
+    ``poll`` object: the model's threads may ask at once, which ``poll`` refuses.)"""
+    return bool(select.select([fd], [], [], 0)[0])
 
 
 def _nothing() -> None:
