@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sordino.backends.pbtxt import parse_pbtxt, sordino_settings
+from sordino.config import ModelConfig
 from sordino.errors import ConfigError
+from sordino.models.repository import scan_repository
 
 TEXT = """
 # a comment
@@ -67,3 +71,90 @@ def test_sordino_takes_backend_batching_and_instances() -> None:
 def test_a_broken_file_is_an_error_naming_the_line(text: str, said: str) -> None:
     with pytest.raises(ConfigError, match=said):
         parse_pbtxt(text, source="m/config.pbtxt")
+
+
+SEQUENCES = """
+backend: "python"
+max_batch_size: 4
+input [
+  { name: "INPUT", data_type: TYPE_INT32, dims: [ 1 ] },
+  { name: "START", data_type: TYPE_INT32, dims: [ 1 ] },
+  { name: "CORRID", data_type: TYPE_UINT64, dims: [ 1 ] },
+  { name: "STATE_IN", data_type: TYPE_INT32, dims: [ 1 ] }
+]
+output [
+  { name: "OUTPUT", data_type: TYPE_INT32, dims: [ 1 ] },
+  { name: "STATE_OUT", data_type: TYPE_INT32, dims: [ 1 ] }
+]
+sequence_batching {
+  max_sequence_idle_microseconds: 5000000
+  oldest { max_candidate_sequences: 3 max_queue_delay_microseconds: 0 }
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+  state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+}
+"""
+
+
+def test_sordino_takes_the_sequence_batcher() -> None:
+    """Triton's sequence_batching becomes sordino's: idle time, strategy, control
+    inputs, implicit state (a state's datatype and shape are its output's)."""
+    settings = sordino_settings(parse_pbtxt(SEQUENCES), source="config.pbtxt")
+    config = ModelConfig(**settings)
+    sequences = config.sequence_batching
+    assert sequences is not None
+    assert sequences.max_sequence_idle_microseconds == 5_000_000
+    assert sequences.strategy == "oldest" and sequences.oldest is not None
+    assert sequences.oldest.max_candidate_sequences == 3
+    assert [c.name for c in sequences.control_input] == ["START", "CORRID"]
+    assert sequences.control_input[0].control[0].int32_false_true == (0, 1)
+    assert sequences.control_input[1].control[0].data_type == "TYPE_UINT64"
+    assert [(s.input_name, s.output_name) for s in sequences.state] == [("STATE_IN", "STATE_OUT")]
+
+
+def test_an_empty_sequence_batcher_is_the_direct_strategy() -> None:
+    settings = sordino_settings(parse_pbtxt("sequence_batching { direct { } }"), source="c")
+    config = ModelConfig(**settings)
+    assert config.sequence_batching is not None
+    assert config.sequence_batching.strategy == "direct"
+
+
+@pytest.mark.parametrize(
+    ("field", "said"),
+    [
+        ("direct { max_queue_delay_microseconds: 100 }", "direct.max_queue_delay_microseconds"),
+        ("direct { minimum_slot_utilization: 0.5 }", "direct.minimum_slot_utilization"),
+        ("oldest { preferred_batch_size: [ 2 ] }", "oldest.preferred_batch_size"),
+        ("oldest { preserve_ordering: true }", "oldest.preserve_ordering"),
+        ("iterative_sequence: true", "iterative_sequence"),
+        (
+            'state [ { input_name: "a" output_name: "b" initial_state { name: "z" } } ]',
+            "state.initial_state",
+        ),
+        (
+            'state [ { input_name: "a" output_name: "b" use_growable_memory: true } ]',
+            "state.use_growable_memory",
+        ),
+    ],
+)
+def test_what_sordino_does_not_do_of_the_sequence_batcher_is_refused_by_name(
+    field: str, said: str
+) -> None:
+    text = f"sequence_batching {{ {field} }}"
+    with pytest.raises(ConfigError, match=f"m/config.pbtxt: sequence_batching: .*{said}"):
+        sordino_settings(parse_pbtxt(text), source="m/config.pbtxt")
+
+
+def test_a_bad_control_is_refused_naming_it(tmp_path: Path) -> None:
+    """A repository's config.pbtxt: the sequence batcher's own checks name the file."""
+    folder = tmp_path / "seq" / "1"
+    folder.mkdir(parents=True)
+    (folder / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+    (tmp_path / "seq" / "config.pbtxt").write_text(
+        'backend: "python"\nsequence_batching { control_input [ { name: "S" control [ '
+        "{ kind: CONTROL_SEQUENCE_START } ] } ] }\n"
+    )
+    with pytest.raises(ConfigError, match=r"(?s)config\.pbtxt.*START takes exactly"):
+        scan_repository(tmp_path)

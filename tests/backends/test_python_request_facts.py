@@ -199,3 +199,25 @@ def test_infer_requests_hands_each_request_its_facts(tmp_path: Path) -> None:
         assert (seen[0]["flags"], seen[1]["flags"]) == (0, 3)
     finally:
         backend.unload()
+
+
+def test_a_ray_actor_hands_each_request_its_facts(tmp_path: Path) -> None:
+    """The Ray executor's actor runs a Python model's batch as its requests, each with
+    its facts, as a worker process does (in-process here: the actor's own method)."""
+    from sordino.execution.ray_instance import ModelActor
+
+    _model(tmp_path, "echo", ECHO_CONFIG)
+    backend = PythonBackend(BackendOptions(name="echo", version="1"))
+    backend.load(tmp_path / "echo" / "1" / "model.py")
+    actor = ModelActor()
+    actor._backend = backend
+    try:
+        facts = (RequestFacts(id="a", priority=2, tenant="acme"), RequestFacts(id="b"))
+        batch = {"X": np.array([[1], [2], [3]], dtype=np.int32)}
+        kind, outputs = actor.infer(batch, None, None, (2, 1), facts)
+        assert kind == "ok" and isinstance(outputs, dict)
+        seen = [json.loads(row[0]) for row in outputs["FACTS"]]
+        assert [(s["id"], s["batch"]) for s in seen] == [("a", 2), ("a", 2), ("b", 2)]
+        assert (seen[0]["priority"], seen[0]["tenant"]) == (2, "acme")
+    finally:
+        backend.unload()

@@ -160,7 +160,9 @@ class RequestBatchBackend(Protocol):
     each request's rows, in order, summing to the batch's (empty: the batch is one
     request). ``facts`` are each request's :class:`~sordino.inference.RequestFacts`
     (id, correlation ID, parameters, ...), in the same order, one per request; empty
-    when the runtime knows none (warm-up batches).
+    when the runtime knows none (warm-up batches). ``cancelled(index)`` tells, while
+    the batch runs and from any thread, whether request ``index``'s client has gone
+    (Triton's ``is_cancelled()``); None: never.
     """
 
     def infer_requests(
@@ -168,6 +170,7 @@ class RequestBatchBackend(Protocol):
         batch: dict[str, Tensor],
         rows: Sequence[int],
         facts: Sequence[RequestFacts] = (),
+        cancelled: Callable[[int], bool] | None = None,
     ) -> dict[str, Tensor]:
         """Run one batch of ``len(rows)`` requests (one if empty); return every output."""
         ...

@@ -21,7 +21,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from sordino.inference import Tensor
+from sordino.inference import RequestFacts, Tensor
 
 __all__ = ["DecoupledBackend", "Responder"]
 
@@ -50,9 +50,14 @@ class DecoupledBackend(Protocol):
     """A backend whose model sends its responses through a :class:`Responder`."""
 
     def infer_decoupled(
-        self, batch: dict[str, Tensor], rows: Sequence[int], responder: Responder
+        self,
+        batch: dict[str, Tensor],
+        rows: Sequence[int],
+        responder: Responder,
+        facts: Sequence[RequestFacts] = (),
     ) -> None:
-        """Run ``batch`` (``rows``: each request's row count, empty for one request).
+        """Run ``batch`` (``rows``: each request's row count, empty for one request;
+        ``facts``: each request's facts, as ``RequestBatchBackend.infer_requests`` gets).
 
         Returns when the model can take another batch; responses may still come after.
         Raises when the model failed the batch: the requests that have not had their

@@ -207,8 +207,9 @@ def sordino_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any
     """What sordino's ``ModelConfig`` takes from a Triton configuration (JSON form).
 
     The backend (``backend``, or ``platform``), ``max_batch_size``, the dynamic
-    batcher's preferred sizes and delay, and the instance group's count, kind and GPUs.
-    The rest stays for the backend to read (a Python model gets all of it).
+    batcher's preferred sizes and delay, the sequence batcher (:func:`_sequence_batching`)
+    and the instance group's count, kind and GPUs. The rest stays for the backend to
+    read (a Python model gets all of it).
     """
     settings: dict[str, Any] = {}
     backend = config.get("backend") or config.get("platform")
@@ -224,6 +225,9 @@ def sordino_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any
         if "max_queue_delay_microseconds" in batching:
             folded["max_queue_delay_microseconds"] = batching["max_queue_delay_microseconds"]
         settings["dynamic_batching"] = folded
+    sequences = config.get("sequence_batching")
+    if isinstance(sequences, Mapping):
+        settings["sequence_batching"] = _sequence_batching(sequences, source)
     groups = config.get("instance_group")
     if groups:
         if len(groups) != 1:
@@ -233,4 +237,58 @@ def sordino_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any
         settings["instance_kind"] = _KINDS.get(str(group.get("kind", "KIND_AUTO")), "auto")
         if group.get("gpus"):
             settings["gpus"] = tuple(group["gpus"])
+    return settings
+
+
+_STRATEGY_KEYS = {"direct": frozenset(), "oldest": frozenset({"max_candidate_sequences"})}
+"""What sordino takes of each strategy of Triton's sequence batcher."""
+_STATE_KEYS = frozenset({"input_name", "output_name"})
+_STATE_DESCRIPTIONS = frozenset({"data_type", "dims"})
+"""A state's datatype and shape: those of its output, which the model declares already."""
+
+
+def _asks(value: Any) -> bool:
+    """Whether a field is set to other than its protobuf default (which asks for nothing)."""
+    return value not in (None, 0, 0.0, False, "", [], {})
+
+
+def _sequence_batching(section: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """sordino's ``sequence_batching`` from Triton's (``config/sequences.py``).
+
+    Taken: ``max_sequence_idle_microseconds``, the ``direct`` or ``oldest`` strategy
+    (``oldest.max_candidate_sequences``), ``control_input`` and each ``state``'s
+    ``input_name``/``output_name``. Fields sordino does not implement are refused by
+    name when set to other than Triton's default (a ``direct``/``oldest`` queue delay,
+    preferred sizes, ordering or slot utilization, a state's ``initial_state`` or
+    buffer options, ``iterative_sequence``), rather than served as if absent.
+    """
+    where = f"{source}: sequence_batching"
+    refused: list[str] = []
+    settings: dict[str, Any] = {}
+    for key, value in section.items():
+        if key == "max_sequence_idle_microseconds":
+            settings[key] = value
+        elif key in _STRATEGY_KEYS:
+            given = value if isinstance(value, Mapping) else {}
+            settings[key] = {k: v for k, v in given.items() if k in _STRATEGY_KEYS[key]}
+            refused += [
+                f"{key}.{k}" for k, v in given.items() if k not in settings[key] and _asks(v)
+            ]
+        elif key == "control_input":
+            settings[key] = list(value)
+        elif key == "state":
+            states = []
+            for state in value:
+                given = state if isinstance(state, Mapping) else {}
+                states.append({k: v for k, v in given.items() if k in _STATE_KEYS})
+                kept = _STATE_KEYS | _STATE_DESCRIPTIONS
+                refused += [f"state.{k}" for k, v in given.items() if k not in kept and _asks(v)]
+            settings[key] = states
+        elif _asks(value):
+            refused.append(key)
+    if refused:
+        raise ConfigError(
+            f"{where}: sordino does not support {', '.join(sorted(set(refused)))}; remove "
+            "them (docs/configuration.md#sequence_batching says what it takes)"
+        )
     return settings

@@ -192,6 +192,8 @@ class ThreadInstance(_Base):
         responder = None
         if batch.channel is not None:
             responder = ThreadResponder(asyncio.get_running_loop(), batch.channel)
+        cancels = batch.context.cancels
+        cancelled: set[int] = set()  # added on the loop, read from the model's threads
 
         def call() -> dict[str, TensorRef]:
             if fault is not None:
@@ -201,16 +203,20 @@ class ThreadInstance(_Base):
             if responder is not None:
                 if not isinstance(backend, DecoupledBackend):
                     raise RuntimeError(f"the {type(backend).__name__} backend is not decoupled")
-                backend.infer_decoupled(batch.arrays, batch.request_rows, responder)
+                backend.infer_decoupled(batch.arrays, batch.request_rows, responder, requests)
                 return {}
             if isinstance(backend, RequestBatchBackend) and (batch.request_rows or requests):
-                outputs = backend.infer_requests(batch.arrays, batch.request_rows, requests)
+                outputs = backend.infer_requests(
+                    batch.arrays, batch.request_rows, requests, cancelled.__contains__
+                )
             else:
                 outputs = backend.infer(batch.arrays)
             return {name: TensorRef(array) for name, array in outputs.items()}
 
         loop = asyncio.get_running_loop()
         self.batches += 1
+        if cancels is not None:
+            cancels.bind(cancelled.add)
         try:
             return await loop.run_in_executor(self._pool, call)
         except MemoryError as exc:
@@ -222,6 +228,9 @@ class ThreadInstance(_Base):
         except Exception as exc:
             self.failures += 1
             raise WorkerError("error", f"{type(exc).__name__}: {exc}") from None
+        finally:
+            if cancels is not None:
+                cancels.bind(None)
 
     @property
     def profiling(self) -> bool:
@@ -326,6 +335,7 @@ class ProcessInstance(_Base):
                 batch.request_rows,
                 channel=batch.channel,
                 requests=batch.context.requests,
+                cancels=batch.context.cancels,
             )
         except WorkerError:
             # A batch the model failed while its worker lives; one whose failure killed

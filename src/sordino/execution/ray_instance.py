@@ -22,17 +22,18 @@ after the same :class:`~sordino.execution.backoff.RestartBackoff` as a worker pr
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from sordino.backends.base import Backend, dummy_inputs
-from sordino.backends.registry import create_backend
+from sordino.backends.base import Backend, RequestBatchBackend, dummy_inputs
+from sordino.backends.registry import backend_kind, create_backend
 from sordino.clock import Clock
 from sordino.config import ModelConfig, WorkersConfig
 from sordino.config.executor import RayModelOptions
@@ -45,7 +46,7 @@ from sordino.execution.instances import _Base
 from sordino.execution.ray_pool import NodePools, PlacedBatch, place_and_run
 from sordino.execution.staging import StagedBatch
 from sordino.execution.worker import WorkerError, WorkerLost
-from sordino.inference import ModelKey, ModelMetadata, Tensor
+from sordino.inference import ModelKey, ModelMetadata, RequestFacts, Tensor
 from sordino.memory.refs import TensorRef
 from sordino.records import WorkerStatistics
 
@@ -96,8 +97,11 @@ class ModelActor:
             thread_spinning=bool(spec.get("thread_spinning", False)),
         )
         backend.load(Path(spec["path"]), spec["target"])
-        # A decoupled model is not warmed up (the executor then refuses it by name).
-        for _ in range(0 if backend.metadata.decoupled else int(spec["warmup_batches"])):
+        # A decoupled model is not warmed up (the executor then refuses it by name), nor
+        # one whose kind says not to (a Triton Python model acts on what it gets).
+        warm_up = backend_kind(spec["backend"], model=spec["model"]).warm_up
+        warmups = int(spec["warmup_batches"]) if warm_up and not backend.metadata.decoupled else 0
+        for _ in range(warmups):
             backend.infer(dummy_inputs(backend.metadata, 1))
         self._backend = backend
         context = ray.get_runtime_context()
@@ -109,19 +113,27 @@ class ModelActor:
         arrays: Mapping[str, Tensor],
         fault: FaultAction | None,
         placement: Mapping[str, Any] | None = None,
+        rows: Sequence[int] = (),
+        facts: Sequence[RequestFacts] = (),
     ) -> tuple[str, dict[str, Tensor] | str]:
         """Run one batch: ``("ok", outputs)`` or ``(kind, message)`` when the model raised.
 
         With ``placement`` the batch runs in its block of the node pool (``ray_pool.py``).
+        ``rows`` (each request's rows) and ``facts`` (each request's facts) go to a
+        backend that runs a batch as its requests (a Triton Python model), as in a
+        worker process.
         """
         backend = self._backend
         assert backend is not None, "load first"
+        run: Callable[[dict[str, Tensor]], dict[str, Tensor]] = backend.infer
+        if (rows or facts) and isinstance(backend, RequestBatchBackend):
+            run = functools.partial(_infer_requests, backend, rows, facts)
         try:
             if fault is not None:
                 perform(fault, in_process=False)
             if placement is not None:
-                return "ok", place_and_run(placement, arrays, backend.infer)
-            return "ok", backend.infer(dict(arrays))
+                return "ok", place_and_run(placement, arrays, run)
+            return "ok", run(dict(arrays))
         except MemoryError as exc:
             return "oom", f"MemoryError: {exc}"
         except InjectedFault as exc:
@@ -132,6 +144,15 @@ class ModelActor:
     def ping(self) -> int:
         """The heartbeat: answered between and during batches (the actor has two threads)."""
         return os.getpid()
+
+
+def _infer_requests(
+    backend: RequestBatchBackend,
+    rows: Sequence[int],
+    facts: Sequence[RequestFacts],
+    batch: dict[str, Tensor],
+) -> dict[str, Tensor]:
+    return backend.infer_requests(batch, rows, facts)
 
 
 _remote: Any = None
@@ -328,7 +349,8 @@ class RayInstance(_Base):
             if sum(int(array.nbytes) for array in arrays.values()) > INLINE_BYTES:
                 inputs = ray.put(arrays)  # once per batch; the actor reads it zero-copy
             placement = placed.placement if placed is not None else None
-            call = actor.infer.remote(inputs, fault, placement)
+            facts = batch.context.requests
+            call = actor.infer.remote(inputs, fault, placement, batch.request_rows, facts)
             kind, result = await asyncio.wait_for(call, timeout)
             call = None
         except TimeoutError:

@@ -24,7 +24,9 @@ returned; its :class:`Respond` frames go to its
 :class:`~sordino.execution.decoupled.ResponseChannel` as they come, during the batch and
 after it, until every request of it has ended. A :class:`Cancel` for one of its
 requests may be sent at any time (the worker reads it on a thread of its own). A worker
-lost after the exchange ended fails the requests still open with the cause.
+lost after the exchange ended fails the requests still open with the cause. A batch of a
+backend that takes each request's facts may get :class:`Cancel` frames too while it
+runs (its worker reads them when the model asks ``is_cancelled()``).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from typing import Any
 from sordino.backends.calls import CallAnswer, ModelCall
 from sordino.clock import Clock
 from sordino.errors import ModelLoadError
+from sordino.execution.batch import Cancels
 from sordino.execution.decoupled import ResponseChannel
 from sordino.execution.faults import FaultAction
 from sordino.execution.messages import (
@@ -290,11 +293,14 @@ class WorkerProcess:
         rows: tuple[int, ...] = (),
         channel: ResponseChannel | None = None,
         requests: tuple[RequestFacts, ...] = (),
+        cancels: Cancels | None = None,
     ) -> tuple[dict[str, TensorHandle], float]:
         """Run one batch; return its output handles and the time the model took.
 
         ``requests`` (each request's facts) go to the worker only when its backend
-        takes them (:attr:`per_request`).
+        takes them (:attr:`per_request`); so do the cancellations ``cancels`` hears of
+        while the batch runs (a :class:`Cancel` frame each, read in the worker when the
+        model asks ``is_cancelled()``).
 
         Raises :class:`WorkerLost` if the worker dies, is killed or exceeds
         ``timeout_s`` (0: no limit), :class:`WorkerError` if the model raised. The
@@ -314,6 +320,10 @@ class WorkerProcess:
             if channel is not None:
                 self._channels[batch_id] = channel
                 channel.bind(functools.partial(self._cancel, batch_id))
+            if cancels is not None and self.per_request:
+                cancels.bind(functools.partial(self._cancel, batch_id))
+            else:
+                cancels = None
             ran = False
             timer = None
             if timeout_s > 0:
@@ -339,6 +349,8 @@ class WorkerProcess:
                 self._broken = True
                 raise WorkerLost(f"the worker is gone ({exc.strerror or exc})") from None
             finally:
+                if cancels is not None:
+                    cancels.bind(None)
                 self._batch_ends = None
                 if timer is not None:
                     timer.cancel()

@@ -13,6 +13,9 @@ and only a reader that is not the model's thread can turn ``is_cancelled()`` tru
 Its batches run through :func:`_run_decoupled`; each response leaves as a
 :class:`Respond` frame from whichever thread the model sent it on. No warm-up batches
 run for it: a decoupled model's responses to made-up inputs would have nowhere to go.
+A worker whose backend takes each request's facts but is not decoupled gets its
+:class:`Cancel` frames too; it reads them when the model asks ``is_cancelled()``
+(:meth:`_Link.poll`), so the hot path keeps its single reader.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import collections
 import contextlib
 import itertools
 import os
+import select
 import signal
 import sys
 import threading
@@ -127,12 +131,53 @@ class _Link:
         self._pump: threading.Thread | None = None
         self._on_cancel: Callable[[Cancel], None] | None = None
 
+    def watch_cancels(self, on_cancel: Callable[[Cancel], None]) -> None:
+        """Hand each :class:`Cancel` to ``on_cancel`` as it is read (never to :meth:`recv`,
+        so none lands in a batch's ``Alloc`` exchange)."""
+        self._on_cancel = on_cancel
+
     def start_reader(self, on_cancel: Callable[[Cancel], None]) -> None:
         """Read the pipe on a thread from now on (a decoupled model's worker): a
         :class:`Cancel` goes to ``on_cancel`` at once, even while ``execute`` runs; other
         messages wait for :meth:`recv` as before."""
-        self._on_cancel = on_cancel
+        self.watch_cancels(on_cancel)
         threading.Thread(target=self._read_always, daemon=True, name="pipe-reader").start()
+
+    def poll(self) -> None:
+        """Hand out what the pipe holds now, without waiting, unless a thread reads it.
+
+        A model that is not decoupled asks ``is_cancelled()`` while its batch runs on the
+        thread that would read the pipe: asking reads what came meanwhile (one ``select``
+        when nothing did), so a :class:`Cancel` needs no reader thread of its own.
+        Another thread reading meanwhile may get to the bytes first; it hands them out.
+        """
+        if not _readable(self._fd):
+            return  # nothing came: no lock taken (a model may ask in a tight loop)
+        with self._state:
+            if self._reading or self._closed is not None:
+                return  # whoever reads hands the Cancel out
+            self._reading = True
+        messages: list[ToWorker] = []
+        ended: BaseException | None = None
+        try:
+            # Again, as the reader: another may have read the bytes since (never block).
+            if _readable(self._fd):
+                data = os.read(self._fd, 1 << 16)
+                if data:
+                    messages = self._frames.feed(data)  # type: ignore[assignment]
+                else:
+                    ended = EOFError()
+        except (OSError, FrameError) as exc:
+            ended = exc
+        finally:
+            with self._state:
+                self._reading = False
+                for message in messages:
+                    self._hand_out(message)
+                if ended is not None:
+                    self._closed = ended
+                    self._fail_calls("the server closed the worker's pipe")
+                self._state.notify_all()
 
     def _read_always(self) -> None:
         with self._state:
@@ -262,6 +307,12 @@ class _Link:
                 self._read_until(lambda: not self._calls)
 
 
+def _readable(fd: int) -> bool:
+    """Whether ``fd`` has bytes (or its end) to read now. (``select``, not a shared
+    ``poll`` object: the model's threads may ask at once, which ``poll`` refuses.)"""
+    return bool(select.select([fd], [], [], 0)[0])
+
+
 def _nothing() -> None:
     """Giving up a call that was never sent."""
 
@@ -313,10 +364,12 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     threading.Thread(
         target=_heartbeat, args=(link, spec.heartbeat_s), daemon=True, name="heartbeat"
     ).start()
-    streams = _Streams(link) if isinstance(backend, DecoupledBackend) else None
+    per_request = isinstance(backend, RequestBatchBackend)
+    streams = _Streams(link) if per_request or isinstance(backend, DecoupledBackend) else None
     if streams is not None and backend.metadata.decoupled:
         link.start_reader(streams.cancel)
-    per_request = isinstance(backend, RequestBatchBackend)
+    elif streams is not None:
+        link.watch_cancels(streams.cancel)  # read when the model asks (_Link.poll)
     link.send(Ready(backend.metadata, os.getpid(), time.perf_counter() - started, per_request))
     try:
         _serve(link, backend, mapped, streams)
@@ -346,12 +399,12 @@ def _serve(link: _Link, backend: Backend, mapped: _Mapped, streams: _Streams | N
                 if decoupled:
                     assert streams is not None and isinstance(backend, DecoupledBackend)
                     _run_decoupled(link, backend, buffer, message, streams)
-                elif not _run(link, backend, buffer, message):
+                elif not _run(link, backend, buffer, message, streams):
                     return
             case Call(call_id=call_id, command=command):
                 _call(link, backend, call_id, command)
             case Cancel():
-                pass  # only a decoupled model's requests are cancelled mid-run
+                pass  # a worker whose model reads cancellations takes them in _Link
 
 
 class _Streams:
@@ -442,7 +495,8 @@ def _run_decoupled(
         batch = {name: view_tensor(buffer, handle) for name, handle in run.inputs.items()}
         if run.fault is not None:
             perform(run.fault, in_process=False)
-        backend.infer_decoupled(batch, run.rows, _BatchResponder(streams, run.batch_id))
+        responder = _BatchResponder(streams, run.batch_id)
+        backend.infer_decoupled(batch, run.rows, responder, run.requests)
         del batch
     except MemoryError as exc:
         streams.close(run.batch_id)
@@ -506,26 +560,51 @@ def _call(link: _Link, backend: Backend, call_id: int, command: Command) -> None
     link.send(Reply(call_id, value))
 
 
-def _run(link: _Link, backend: Backend, buffer: memoryview, run: Run) -> bool:
-    """Run one batch and answer it; False when the server said to stop meanwhile."""
+def _asker(link: _Link, streams: _Streams, batch_id: int) -> Callable[[int], bool]:
+    """``is_cancelled()`` of a batch's requests: read what came, then look."""
+
+    def cancelled(index: int) -> bool:
+        link.poll()
+        return streams.cancelled(batch_id, index)
+
+    return cancelled
+
+
+def _run(
+    link: _Link, backend: Backend, buffer: memoryview, run: Run, streams: _Streams | None = None
+) -> bool:
+    """Run one batch and answer it; False when the server said to stop meanwhile.
+
+    With ``streams`` (a backend that takes each request's facts) the model may ask
+    whether a request was cancelled: that reads the pipe (:meth:`_Link.poll`).
+    """
     started = time.perf_counter()
+    batch_id = run.batch_id
     try:
         batch = {name: view_tensor(buffer, handle) for name, handle in run.inputs.items()}
         if run.fault is not None:
             perform(run.fault, in_process=False)
         if (run.rows or run.requests) and isinstance(backend, RequestBatchBackend):
-            results = backend.infer_requests(batch, run.rows, run.requests)
+            cancelled = None
+            if streams is not None:
+                streams.open(batch_id, max(1, len(run.rows)))
+                cancelled = _asker(link, streams, batch_id)
+            try:
+                results = backend.infer_requests(batch, run.rows, run.requests, cancelled)
+            finally:
+                if streams is not None:
+                    streams.close(batch_id)
         else:
             results = backend.infer(batch)
         del batch
     except MemoryError as exc:
-        link.send(RunFailed(run.batch_id, "oom", f"MemoryError: {exc}"))
+        link.send(RunFailed(batch_id, "oom", f"MemoryError: {exc}"))
         return True
     except InjectedFault as exc:
-        link.send(RunFailed(run.batch_id, "fault", f"{type(exc).__name__}: {exc}"))
+        link.send(RunFailed(batch_id, "fault", f"{type(exc).__name__}: {exc}"))
         return True
     except Exception as exc:
-        link.send(RunFailed(run.batch_id, "error", f"{type(exc).__name__}: {exc}"))
+        link.send(RunFailed(batch_id, "error", f"{type(exc).__name__}: {exc}"))
         return True
     infer_s = time.perf_counter() - started
     space = run.space

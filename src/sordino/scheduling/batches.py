@@ -29,7 +29,7 @@ from sordino.errors import (
     SordinoError,
     Unsupported,
 )
-from sordino.execution.batch import BatchContext
+from sordino.execution.batch import BatchContext, Cancels
 from sordino.execution.decoupled import ResponseChannel
 from sordino.execution.executor import Executor
 from sordino.inference import ModelKey, RequestFacts, release_owned
@@ -93,16 +93,23 @@ class BatchRunner:
             return
         t0 = t1 = self._clock.now()
         rows = sum(item.rows for item in live)
+        context = batch_context(live)
+        cancels = context.cancels
+        if cancels is not None:
+            # A request cancelled while its batch runs: the model is told (is_cancelled()).
+            for index, item in enumerate(live):
+                if item.request is not None:
+                    item.request.stop = functools.partial(cancels.cancel, index)
         try:
-            outputs = await self._executor.run(
-                self.model, [item.inputs for item in live], batch_context(live)
-            )
+            outputs = await self._executor.run(self.model, [item.inputs for item in live], context)
         except asyncio.CancelledError:
             self._failures.cancelled(live, t0)
             raise
         except Exception as exc:  # the backend's failure is the requests' failure
+            _unstop(live, cancels)
             await self._failures.failed(live, exc, rows, t0, t1)
             return
+        _unstop(live, cancels)
         t2 = self._clock.now()
         self._cost.note(rows, t2 - t0)
         with outputs:
@@ -185,6 +192,14 @@ class BatchRunner:
         self._outcomes.batch_observed(rows, len(live), 0.0, t2 - t0, 0.0, ok=True)
 
 
+def _unstop(live: Sequence[WorkItem], cancels: Cancels | None) -> None:
+    """The batch ran: its requests' ends no longer concern the model."""
+    if cancels is not None:
+        for item in live:
+            if item.request is not None:
+                item.request.stop = None
+
+
 def batch_context(live: Sequence[WorkItem]) -> BatchContext:
     """What the executor is told of a batch besides its tensors (one entry per item)."""
     requests = [item.request for item in live]
@@ -213,4 +228,6 @@ def batch_context(live: Sequence[WorkItem]) -> BatchContext:
         tenants=tenants,
         region=region,
         requests=facts,
+        # A backend that reads the facts (Triton's Python) is also told of cancellations.
+        cancels=Cancels() if facts and not (first is not None and first.decoupled) else None,
     )

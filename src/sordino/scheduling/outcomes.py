@@ -87,7 +87,7 @@ class Outcomes:
         request.inputs.release()
         stop, request.stop = request.stop, None
         if stop is not None:
-            stop()  # a decoupled request that ended early: the model is told (no-op otherwise)
+            stop()  # a request that ended before the model did: the model is told
             self._answering.discard(request)
             if not self._answering:
                 self.answered.set()

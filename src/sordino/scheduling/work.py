@@ -153,7 +153,8 @@ class Request:
     decoupled: bool = False
     """Its model sends its own responses (any number), through a response channel."""
     stop: Callable[[], None] | None = None
-    """While a decoupled model answers it: tells the model the request ended early."""
+    """While a decoupled model answers it, or while its batch runs on a backend told of
+    cancellations (``BatchContext.cancels``): tells the model the request ended early."""
     facts: RequestFacts | None = None
     """What a backend may know of it (id, correlation ID, parameters, deadline, ...);
     each batch holding a step of it carries them in its context."""

@@ -28,13 +28,14 @@ A decoupled model (``model_transaction_policy { decoupled: true }``) runs throug
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import json
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -249,13 +250,14 @@ class PythonBackend:
         batch: dict[str, Tensor],
         rows: Sequence[int],
         facts: Sequence[RequestFacts] = (),
+        cancelled: Callable[[int], bool] | None = None,
     ) -> dict[str, Tensor]:
         """Run ``batch`` as one ``execute`` call with a request per entry of ``rows``.
 
         ``rows`` are the requests' row counts in order (empty: one request);
         ``facts`` their facts, one each (empty, or a count that does not match: none
-        known). Returns each declared output, the responses' tensors joined in
-        request order.
+        known); ``cancelled(index)`` answers request ``index``'s ``is_cancelled()``.
+        Returns each declared output, the responses' tensors joined in request order.
         """
         model = self._model
         if model is None:
@@ -277,7 +279,10 @@ class PythonBackend:
             start += max(count, 0)
             tensors = [utils.Tensor(n, a) for n, a in part.items()]
             own = known[index] if known else _NO_FACTS
-            requests.append(_request(utils, metadata.name, tensors, own, everything))
+            request = _request(utils, metadata.name, tensors, own, everything)
+            if cancelled is not None:
+                request._cancelled = functools.partial(cancelled, index)
+            requests.append(request)
         sent = collect_sent(requests)
         started = time.perf_counter()
         state = bls.Executing(metadata.name, requests, caller=self._caller)
@@ -304,26 +309,46 @@ class PythonBackend:
         return outputs
 
     def infer_decoupled(
-        self, batch: dict[str, Tensor], rows: Sequence[int], responder: Responder
+        self,
+        batch: dict[str, Tensor],
+        rows: Sequence[int],
+        responder: Responder,
+        facts: Sequence[RequestFacts] = (),
     ) -> None:
         """Run ``batch`` through a decoupled model's ``execute``; responses go to ``responder``.
 
-        Returns once ``execute`` returned (the model's threads may still be sending);
-        raises :class:`PythonModelError` when it raised or returned other than None.
+        Each request has its facts (as :meth:`infer_requests`'s; BLS calls made for it
+        carry its priority, deadline and tenant). Returns once ``execute`` returned
+        (the model's threads may still be sending); raises :class:`PythonModelError`
+        when it raised or returned other than None.
         """
         model = self._model
         if model is None:
             raise ModelLoadError(f"model {self._options.name} is not loaded")
         metadata = self.metadata
+        utils = sys.modules[UTILS]
+        count = len(rows) if metadata.batched and len(rows) > 1 else 1
+        known = list(facts) if len(facts) == count else []
+        everything = sorted(spec.name for spec in metadata.outputs)
+
+        def request_for(index: int, tensors: list[Any]) -> Any:
+            own = known[index] if known else _NO_FACTS
+            return _request(utils, metadata.name, tensors, own, everything)
+
         started = time.perf_counter()
         try:
             declared = {spec.name: spec.datatype for spec in metadata.outputs}
-            # BLS works from a decoupled model too (without the requests' facts to carry:
-            # they are built inside execute_decoupled).
-            with bls.executing(bls.Executing(metadata.name, caller=self._caller)):
-                execute_decoupled(
-                    model, metadata.name, batch, rows, metadata.batched, responder, declared
-                )
+            execute_decoupled(
+                model,
+                metadata.name,
+                batch,
+                rows,
+                metadata.batched,
+                responder,
+                declared,
+                request_for=request_for,
+                caller=self._caller,
+            )
         except Exception as exc:
             with self._lock:
                 self._failures += 1

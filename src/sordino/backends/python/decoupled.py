@@ -18,12 +18,14 @@ them after ``execute`` returned, when the batch's arena blocks have gone back.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from sordino.backends.calls import ModelCaller
 from sordino.backends.decoupled import Responder
+from sordino.backends.python import bls
 from sordino.backends.python import triton_python_backend_utils as utils
 from sordino.datatypes import from_numpy_dtype
 from sordino.inference import Tensor
@@ -106,12 +108,17 @@ def execute_decoupled(
     batched: bool,
     responder: Responder,
     declared: Mapping[str, str],
+    *,
+    request_for: Callable[[int, list[utils.Tensor]], utils.InferenceRequest],
+    caller: ModelCaller | None = None,
 ) -> None:
     """Call a decoupled model's ``execute`` with one request per entry of ``rows``.
 
     Each request's sender forwards to ``responder``; raises (naming the model) when
     ``execute`` raised or returned something other than None, after closing the senders
     of the requests that had not finished. ``declared`` maps each output to its datatype.
+    ``request_for(index, tensors)`` builds request ``index`` (with its facts); BLS calls
+    made meanwhile go through ``caller`` and carry those requests' facts.
     """
     counts = list(rows) if batched and len(rows) > 1 else []
     requests: list[utils.InferenceRequest] = []
@@ -121,9 +128,7 @@ def execute_decoupled(
         # Copies: the model's threads may read them after the arena blocks went back.
         part = {n: np.array(a if count < 0 else a[start : start + count]) for n, a in batch.items()}
         start += max(count, 0)
-        request = utils.InferenceRequest(
-            model_name=name, inputs=[utils.Tensor(n, a) for n, a in part.items()]
-        )
+        request = request_for(index, [utils.Tensor(n, a) for n, a in part.items()])
         request._cancelled = _asker(responder, index)
         sender = utils.InferenceResponseSender(
             _emitter(responder, index, declared, name), request._cancelled, decoupled=True
@@ -132,7 +137,8 @@ def execute_decoupled(
         requests.append(request)
         senders.append(sender)
     try:
-        returned = model.execute(requests)
+        with bls.executing(bls.Executing(name, requests, caller=caller)):
+            returned = model.execute(requests)
         if returned is not None:
             raise utils.TritonModelException(
                 f"Python model '{name}' is using the decoupled mode and the execute "
