@@ -33,44 +33,41 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
 from sordino.backends.base import Backend, dummy_inputs
 from sordino.backends.registry import check_backend_kind
-from sordino.clock import Clock, TimerHandle
-from sordino.config import ModelConfig, RuntimeConfig, WorkersConfig
+from sordino.clock import Clock
+from sordino.config import ModelConfig, RuntimeConfig
 from sordino.config.memory import FrameworkMemoryConfig
-from sordino.errors import InferenceFailed, ModelError, ModelLoadError, ModelNotReady, Unavailable
+from sordino.errors import InferenceFailed, ModelLoadError, ModelNotReady, Unavailable
 from sordino.events import EventSink
 from sordino.execution.batch import NO_CONTEXT, BatchContext
 from sordino.execution.decoupled import ResponseChannel
 from sordino.execution.devices import Device
+from sordino.execution.dispatch import Dispatcher
 from sordino.execution.executor import MemoryFit, OverflowCounters
 from sordino.execution.faults import FaultRegistry, FaultSpec, check_target
 from sordino.execution.instances import ProcessInstance, ThreadInstance
 from sordino.execution.model_calls import CallServer
-from sordino.execution.outliers import OutlierDetector, guardian_replaces
+from sordino.execution.outliers import OutlierDetector
 from sordino.execution.placement import (
     Instance,
     PlacedModel,
     Placement,
     Signal,
     TierSlot,
-    choose,
 )
 from sordino.execution.profiling import Profiled, ProfileTraces, profile_instances
-from sordino.execution.staging import StagedBatch, Staging, row_bytes
-from sordino.execution.stats import SwitchRecorder
+from sordino.execution.staging import Staging, row_bytes
 from sordino.execution.worker import WorkerError, WorkerLost
 from sordino.execution.worker_main import WorkerSpec
 from sordino.inference import ModelKey, ModelMetadata, Tensor
 from sordino.memory.arena import SEGMENTS_DIR, Arena
-from sordino.memory.refs import TensorRef, Tensors
+from sordino.memory.refs import Tensors
 from sordino.records import ArenaStatistics, ExecutionStatistics, WorkerMemory
 
 __all__ = ["ChainExecutor"]
@@ -96,8 +93,14 @@ class ChainExecutor:
         self._outliers = OutlierDetector(
             self._settings.outlier_ejection, clock=clock, events=events
         )
-        self._switches = SwitchRecorder()
-        self._retries = 0
+        self._dispatcher = Dispatcher(
+            config,
+            clock=clock,
+            events=events,
+            faults=self.faults,
+            outliers=self._outliers,
+            staging=self._staging,
+        )
         self._profiling: set[ModelKey] = set()
         self._sources: dict[ModelKey, tuple[Path, ModelConfig]] = {}
         self._model_calls: CallServer | None = None
@@ -315,7 +318,7 @@ class ChainExecutor:
             parts, entry.metadata, in_arena=entry.isolation == "process", context=context
         )
         try:
-            return self._staging.outputs(staged, await self._dispatch(entry, staged))
+            return self._staging.outputs(staged, await self._dispatcher.dispatch(entry, staged))
         finally:
             self._staging.release(staged)
 
@@ -343,185 +346,9 @@ class ChainExecutor:
         staged.channel = channel
         channel.limit(self._clock, self._settings.execution_timeout)
         try:
-            await self._dispatch(entry, staged)
+            await self._dispatcher.dispatch(entry, staged)
         finally:
             self._staging.release(staged)
-
-    async def _dispatch(self, model: PlacedModel, batch: StagedBatch) -> dict[str, TensorRef]:
-        """Run ``batch`` where :func:`choose` says, down the chain and past failing instances.
-
-        A batch whose instance is lost is retried once: on another serving instance,
-        or, when none serves, on the lost one once it is restarted, if that happens
-        within ``workers.start_timeout`` of the loss. A batch the model fails on one
-        instance is retried once on another serving instance of the same device (see
-        :meth:`_model_failed`); only a second failure there is the batch's own.
-        """
-        attempt = _Attempt()
-        failed_at: float | None = None
-        failed_tier = ""
-        give_up_at: float | None = None
-        timer: TimerHandle | None = None
-
-        def give_up() -> bool:
-            return give_up_at is not None and self._clock.now() >= give_up_at
-
-        try:
-            while True:
-                choice = await choose(
-                    model,
-                    attempt.tried,
-                    attempt.lost,
-                    give_up=give_up,
-                    failed=attempt.barred,
-                    ejected=self._outliers.ejected,
-                )
-                if choice is None:
-                    raise attempt.exhausted(model.key, self._settings, give_up())
-                slot, instance = choice
-                probe = slot.breaker.begin() if slot.breaker is not None else False
-                fault = self.faults.pick(
-                    model.key.name, instance.index, instance.device.name, batch.context.tenants
-                )
-                started = self._clock.now()
-                dispatch_s = started - failed_at if failed_at is not None else 0.0
-                try:
-                    outputs = await instance.run(batch, fault)
-                except (WorkerError, WorkerLost) as exc:
-                    now = self._clock.now()
-                    cause = exc.cause if isinstance(exc, WorkerLost) else str(exc)
-                    if batch.channel is not None and batch.channel.streamed:
-                        # Its clients have seen responses: running it again would repeat them.
-                        if slot.breaker is not None:
-                            slot.breaker.record(False, now - started, probe=probe, cause=cause)
-                        raise InferenceFailed(
-                            f"model {model.key} failed on a batch while it sent responses: {cause}"
-                        ) from None
-                    attempt.last_error = cause
-                    attempt.model_raised = isinstance(exc, WorkerError) and exc.kind == "error"
-                    attempt.flush()  # failed again: an earlier failure was not the instance's
-                    if slot.breaker is not None:
-                        record = functools.partial(
-                            slot.breaker.record, False, now - started, probe=probe, cause=cause
-                        )
-                        if probe or isinstance(exc, WorkerLost):
-                            record()
-                        else:
-                            attempt.deferred = record  # _model_failed decides
-                    if isinstance(exc, WorkerLost):
-                        if give_up_at is not None:
-                            raise InferenceFailed(
-                                f"model {model.key}: the batch lost its worker twice ({cause})"
-                            ) from None
-                        attempt.lost.add(instance.index)
-                        give_up_at = now + self._settings.start_timeout
-                        timer = self._clock.call_at(give_up_at, model.signal.fire)
-                        self._retried(instance, cause)
-                    else:
-                        wait = self._model_failed(model, slot, instance, attempt, cause)
-                        if wait is not None and give_up_at is None:
-                            give_up_at = now + wait
-                            timer = self._clock.call_at(give_up_at, model.signal.fire)
-                    if failed_at is None:
-                        failed_at, failed_tier = now, slot.name
-                    continue
-                finally:
-                    instance.busy = False
-                    model.signal.fire()
-                now = self._clock.now()
-                if slot.breaker is not None:
-                    slot.breaker.record(True, now - started, probe=probe)
-                self._outliers.succeeded(instance)
-                attempt.deferred = None  # an instance's own failure is not its device's
-                if attempt.blamed is not None and attempt.blamed is not instance:
-                    # Another instance ran what the blamed one failed: its own failure.
-                    blamed, attempt.blamed = attempt.blamed, None
-                    peers = next((t.instances for t in model.tiers if blamed in t.instances), [])
-                    if self._outliers.failed(blamed, attempt.blamed_cause, peers=peers):
-                        model.signal.fire()
-                if failed_at is not None and slot.name != failed_tier:
-                    switch_s = now - failed_at
-                    self._switches.record(
-                        model.key.name, failed_tier, slot.name, switch_s, dispatch_s
-                    )
-                    self._events.emit(
-                        "device_switch",
-                        str(model.key),
-                        attempt.last_error,
-                        from_device=failed_tier,
-                        to_device=slot.name,
-                        switch_s=switch_s,
-                        dispatch_s=dispatch_s,
-                    )
-                return outputs
-        finally:
-            if timer is not None:
-                timer.cancel()
-
-    def _model_failed(
-        self,
-        model: PlacedModel,
-        slot: TierSlot,
-        instance: Instance,
-        attempt: _Attempt,
-        cause: str,
-    ) -> float | None:
-        """Decide where a batch the model failed on ``instance`` goes next.
-
-        Raises when it goes nowhere; returns how long the batch may wait for
-        ``instance``'s replacement, or None to go on at once:
-
-        - a first failure, with another instance of the device serving: retried there
-          (``instance`` is blamed only if that one runs it, see ``outliers.py``);
-        - a failure on the second instance: the batch's own — the device is done with;
-        - no other instance, and ``instance`` keeps failing (an outlier, counted here
-          since nothing can clear it) and the guardian replaces failing instances
-          (``restart_worker``): the batch waits up to
-          ``workers.outlier_ejection.restart_wait`` for the replacement, once;
-        - otherwise the next device of the chain, or the model's error.
-        """
-        attempt.barred_pids[instance.index] = instance.pid
-        if attempt.blamed is None and not attempt.compared:
-            peers = [
-                i
-                for i in slot.instances
-                if i is not instance and i.serving and not attempt.barred(i)
-            ]
-            if peers:
-                # The device's breaker hears of this failure only if the peer fails too.
-                attempt.blamed, attempt.blamed_cause = instance, cause
-                attempt.compared = True
-                self._retried(instance, cause)
-                return None
-        attempt.flush()
-        settings = self._settings.outlier_ejection
-        if attempt.blamed is None and not attempt.compared:
-            self._outliers.failed(instance, cause, peers=slot.instances)
-            if (
-                len(model.tiers) == 1
-                and not attempt.held
-                and settings.restart_wait > 0
-                and instance.isolation != "thread"
-                and self._outliers.suspect(instance)
-                and guardian_replaces(self._config.guardian, model.key.name)
-            ):
-                attempt.held = True
-                self._retried(instance, cause, waits_for_restart=True)
-                return float(settings.restart_wait)
-        attempt.blamed = None  # failed twice: the batch's, not an instance's
-        attempt.tried.add(slot.name)
-        if len(model.tiers) == 1:
-            raise attempt.error(f"model {model.key} failed on a batch: {cause}")
-        return None
-
-    def _retried(self, instance: Instance, cause: str, *, waits_for_restart: bool = False) -> None:
-        self._retries += 1
-        self._events.emit(
-            "batch_retried",
-            instance.subject,
-            cause,
-            device=instance.device.name,
-            **({"waits_for_restart": True} if waits_for_restart else {}),
-        )
 
     # -- profiling -------------------------------------------------------------------
 
@@ -547,7 +374,7 @@ class ChainExecutor:
 
         async def run_synthetic(instance: Profiled) -> object:
             assert isinstance(instance, ProcessInstance | ThreadInstance)
-            await self._run_on(entry, instance, synthetic_batch())
+            await self._dispatcher.run_on(entry, instance, synthetic_batch())
             return None
 
         self._profiling.add(model)
@@ -562,27 +389,6 @@ class ChainExecutor:
             )
         finally:
             self._profiling.discard(model)
-
-    async def _run_on(
-        self, model: PlacedModel, instance: Instance, batch: dict[str, Tensor]
-    ) -> None:
-        """Run ``batch`` on ``instance`` once idle; :class:`WorkerLost` if it stops serving."""
-        while instance.busy and instance.serving:
-            await model.signal.wait()
-        if not instance.serving:
-            raise WorkerLost(f"{instance.subject} is {instance.state}, not serving")
-        instance.busy = True
-        try:
-            staged = await self._staging.stage(
-                [batch], model.metadata, in_arena=model.isolation == "process"
-            )
-            try:
-                await instance.run(staged, None)  # synthetic: the outputs are not needed
-            finally:
-                self._staging.release(staged)
-        finally:
-            instance.busy = False
-            model.signal.fire()
 
     # -- the guardian's controls ------------------------------------------------------
 
@@ -715,7 +521,7 @@ class ChainExecutor:
         ran = 0
         for _ in range(batches):
             try:
-                await self._run_on(entry, instance, dummy_inputs(entry.metadata, 1))
+                await self._dispatcher.run_on(entry, instance, dummy_inputs(entry.metadata, 1))
             except (WorkerError, WorkerLost):
                 break
             ran += 1
@@ -793,69 +599,14 @@ class ChainExecutor:
         return ExecutionStatistics(
             workers=workers,
             devices=self._placement.statistics(workers),
-            switches=self._switches.statistics(),
-            retries=self._retries,
+            switches=self._dispatcher.switches.statistics(),
+            retries=self._dispatcher.retries,
             arena=self._staging.statistics(),
             faults_active=len(self.faults.active()),
             faults_applied=self.faults.applied,
             outliers=self._outliers.statistics(),
             arena_bytes=self._staging.bytes_copied,
         )
-
-
-@dataclass(slots=True)
-class _Attempt:
-    """Where one batch failed so far, and what that says about whose fault it was."""
-
-    tried: set[str] = field(default_factory=set)
-    """Tiers (devices) the batch failed on: the chain goes on without them."""
-    lost: set[int] = field(default_factory=set)
-    """Instances that lost the batch (crash, hang, timeout)."""
-    barred_pids: dict[int, int | None] = field(default_factory=dict)
-    """Instances the model failed the batch on, with the process that failed it."""
-    blamed: Instance | None = None
-    """The instance the batch failed on first, while another instance runs it."""
-    blamed_cause: str = ""
-    compared: bool = False
-    """The batch was retried on a second instance of a device after a failure."""
-    held: bool = False
-    """The batch waited for a failing instance's replacement (once at most)."""
-    last_error: str = ""
-    model_raised: bool = False
-    """The last failure was the model raising on these inputs."""
-
-    deferred: Callable[[], None] | None = None
-    """The failure to feed the device's breaker unless another instance runs the batch."""
-
-    def flush(self) -> None:
-        """Feed the deferred failure to the breaker now."""
-        deferred, self.deferred = self.deferred, None
-        if deferred is not None:
-            deferred()
-
-    def barred(self, instance: Instance) -> bool:
-        """True if the model failed the batch on ``instance``'s current process."""
-        return (
-            instance.index in self.barred_pids and self.barred_pids[instance.index] == instance.pid
-        )
-
-    def error(self, message: str) -> InferenceFailed:
-        return ModelError(message) if self.model_raised else InferenceFailed(message)
-
-    def exhausted(self, key: ModelKey, settings: WorkersConfig, gave_up: bool) -> InferenceFailed:
-        """The error of a batch with nowhere left to run."""
-        if gave_up and self.held:
-            wait = settings.outlier_ejection.restart_wait
-            return self.error(
-                f"model {key}: {self.last_error}; its only instance kept failing batches and "
-                f"was not replaced within {wait:g} s (workers.outlier_ejection.restart_wait)"
-            )
-        if gave_up:
-            return InferenceFailed(
-                f"model {key}: {self.last_error}, and no instance served again "
-                f"within {settings.start_timeout:g} s (workers.start_timeout)"
-            )
-        return self.error(f"model {key} failed on every device it runs on: {self.last_error}")
 
 
 def _gpu_bytes(pid: int) -> int | None:
