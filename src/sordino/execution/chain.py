@@ -31,7 +31,6 @@ profiling windows (``execution/profiling.py``), takes chaos faults after
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -39,11 +38,10 @@ from pathlib import Path
 import psutil
 
 from sordino.backends.base import Backend, dummy_inputs
-from sordino.backends.registry import check_backend_kind
 from sordino.clock import Clock
 from sordino.config import ModelConfig, RuntimeConfig
 from sordino.config.memory import FrameworkMemoryConfig
-from sordino.errors import InferenceFailed, ModelLoadError, ModelNotReady, Unavailable
+from sordino.errors import InferenceFailed, Unavailable
 from sordino.events import EventSink
 from sordino.execution.batch import NO_CONTEXT, BatchContext
 from sordino.execution.decoupled import ResponseChannel
@@ -56,11 +54,10 @@ from sordino.execution.model_calls import CallServer
 from sordino.execution.outliers import OutlierDetector
 from sordino.execution.placement import (
     Instance,
-    PlacedModel,
     Placement,
     Signal,
-    TierSlot,
 )
+from sordino.execution.pool import InstancePool
 from sordino.execution.profiling import Profiled, ProfileTraces, profile_instances
 from sordino.execution.staging import Staging, row_bytes
 from sordino.execution.worker import WorkerError, WorkerLost
@@ -82,7 +79,6 @@ class ChainExecutor:
         self._events = events
         self._settings = config.workers
         self.faults = FaultRegistry(clock, events)
-        self._models: dict[ModelKey, PlacedModel] = {}
         self._staging = Staging(
             self._settings.shared_memory,
             registry=config.server.data_dir / SEGMENTS_DIR,
@@ -101,8 +97,10 @@ class ChainExecutor:
             outliers=self._outliers,
             staging=self._staging,
         )
+        self._pool = InstancePool(
+            self._instance, placement=self._placement, outliers=self._outliers, events=events
+        )
         self._profiling: set[ModelKey] = set()
-        self._sources: dict[ModelKey, tuple[Path, ModelConfig]] = {}
         self._model_calls: CallServer | None = None
 
     def serve_model_calls(self, server: CallServer | None) -> None:
@@ -117,58 +115,7 @@ class ChainExecutor:
 
     async def load(self, key: ModelKey, path: Path, config: ModelConfig) -> ModelMetadata:
         """Start ``config.instance_count`` instances of ``key`` on each device it runs on."""
-        if key in self._models:
-            raise ModelLoadError(f"model {key} is already loaded")
-        check_backend_kind(config.backend, model=str(key))
-        model_signal = Signal()
-        slots: list[TierSlot] = []
-        opening: list[tuple[TierSlot, Instance]] = []
-        index = 0
-        for tier, slot in self._placement.tiers(config):
-            for device in tier.devices:
-                if not self._placement.available(device.name):
-                    continue
-                for _ in range(config.instance_count):
-                    instance = self._instance(
-                        key, index, tier.name, device, path, config, model_signal
-                    )
-                    opening.append((slot, instance))
-                    index += 1
-            slots.append(slot)
-        try:
-            results = await asyncio.gather(
-                *(inst.open() for _, inst in opening), return_exceptions=True
-            )
-        except asyncio.CancelledError:
-            # Start-up interrupted: stop the workers already spawned (or spawning).
-            await asyncio.gather(*(inst.aclose() for _, inst in opening), return_exceptions=True)
-            raise
-        metadata: ModelMetadata | None = None
-        errors: list[str] = []
-        for (slot, instance), result in zip(opening, results, strict=True):
-            if isinstance(result, BaseException):
-                errors.append(f"{instance.device.name}: {result}")
-                self._placement.open_failed(instance.device.name, str(result))
-                await instance.aclose()
-                continue
-            metadata = metadata or result
-            slot.instances.append(instance)
-            self._events.emit(
-                "worker_started",
-                instance.subject,
-                "model loaded",
-                version=key.version,
-                device=instance.device.name,
-                isolation=instance.isolation,
-                pid=instance.statistics().pid,
-            )
-        if metadata is None:
-            raise ModelLoadError(f"model {key} could not start on any device: {'; '.join(errors)}")
-        tiers = [slot for slot in slots if slot.instances]
-        self._models[key] = PlacedModel(key, config.isolation, metadata, tiers, model_signal)
-        self._sources[key] = (path, config)
-        self._placement.watch(model_signal)
-        return metadata
+        return await self._pool.load(key, path, config)
 
     def _instance(
         self,
@@ -221,29 +168,19 @@ class ChainExecutor:
 
     async def unload(self, key: ModelKey) -> None:
         """Stop every instance of ``key``."""
-        model = self._models.pop(key, None)
-        self._sources.pop(key, None)
-        if model is None:
-            return
-        self._placement.unwatch(model.signal)
-        self._outliers.forget(key)
-        await asyncio.gather(*(i.aclose() for i in model.instances()))
-        model.signal.fire()  # waiters find no serving instance and fail explicitly
+        await self._pool.unload(key)
 
     async def aclose(self) -> None:
         """Stop every instance and remove the arena."""
-        for key in list(self._models):
+        for key in list(self._pool.models):
             await self.unload(key)
         self._staging.close()
 
     def instances(self, model: ModelKey) -> int:
-        entry = self._models.get(model)
-        if entry is None:
-            return 0
-        return max(len(tier.instances) for tier in entry.tiers)
+        return self._pool.instances(model)
 
     def metadata(self, model: ModelKey) -> ModelMetadata:
-        return self._model(model).metadata
+        return self._pool.metadata(model)
 
     def arena_statistics(self) -> ArenaStatistics | None:
         """The shared-memory arena's figures, or None before a worker process needs it."""
@@ -261,7 +198,7 @@ class ChainExecutor:
         shrunk to the space free now, but never made larger than the arena, and a
         request larger than the arena is still refused (it could never run).
         """
-        entry = self._models.get(model)
+        entry = self._pool.models.get(model)
         if entry is None or entry.isolation != "process":
             return None
         arena = self._staging.existing_arena
@@ -275,19 +212,7 @@ class ChainExecutor:
 
     def local_backends(self, model: ModelKey) -> list[Backend]:
         """The backends of ``model`` that run in this process (thread isolation), in order."""
-        entry = self._models.get(model)
-        if entry is None:
-            return []
-        return [inst.backend for inst in entry.instances() if isinstance(inst, ThreadInstance)]
-
-    def _model(self, key: ModelKey) -> PlacedModel:
-        model = self._models.get(key)
-        if model is None:
-            raise ModelNotReady(
-                f"Request for unknown model: '{key.name}' version {key.version} is not at "
-                f"ready state (sordino: model {key} has no loaded instance)"
-            )
-        return model
+        return self._pool.local_backends(model)
 
     # -- running ---------------------------------------------------------------------
 
@@ -297,7 +222,7 @@ class ChainExecutor:
         Tensors already there (placed with :class:`~sordino.memory.refs.TensorsBuilder`)
         reach the worker without a copy when they run as a batch of their own.
         """
-        entry = self._models.get(model)
+        entry = self._pool.models.get(model)
         if entry is None or entry.isolation != "process":
             return None
         return self._staging.arena
@@ -313,7 +238,7 @@ class ChainExecutor:
         The parts stay the caller's; the outputs are the caller's to release (for a
         worker process they are views of arena blocks that they hold).
         """
-        entry = self._model(model)
+        entry = self._pool.model(model)
         staged = await self._staging.stage(
             parts, entry.metadata, in_arena=entry.isolation == "process", context=context
         )
@@ -337,7 +262,7 @@ class ChainExecutor:
         ``execution/decoupled.py``). Raises as :meth:`run` does when the batch failed;
         a batch that has streamed a response is never run again elsewhere.
         """
-        entry = self._model(model)
+        entry = self._pool.model(model)
         if not entry.metadata.decoupled:
             raise InferenceFailed(f"model {model} is not decoupled; it answers through run()")
         staged = await self._staging.stage(
@@ -367,7 +292,7 @@ class ChainExecutor:
         live batch ran. Raises :class:`Unavailable` when no instance left a trace, or
         while ``model`` is being profiled already (one window at a time per model).
         """
-        entry = self._model(model)
+        entry = self._pool.model(model)
         if model in self._profiling:
             raise Unavailable(f"model {model} is being profiled already; retry when that ends")
         instances = entry.instances()
@@ -394,8 +319,7 @@ class ChainExecutor:
 
     def serving(self, key: ModelKey) -> int:
         """How many instances of ``key`` can take a batch now."""
-        entry = self._models.get(key)
-        return sum(1 for i in entry.instances() if i.serving) if entry is not None else 0
+        return self._pool.serving(key)
 
     @property
     def has_device_chain(self) -> bool:
@@ -404,15 +328,11 @@ class ChainExecutor:
 
     def find_model(self, name: str) -> ModelKey | None:
         """The loaded version of model ``name`` (the newest when several are), or None."""
-        keys = sorted((k for k in self._models if k.name == name), key=lambda k: k.version)
-        return keys[-1] if keys else None
+        return self._pool.find_model(name)
 
     def instance(self, key: ModelKey, index: int) -> Instance | None:
         """Instance ``index`` of ``key``, or None."""
-        entry = self._models.get(key)
-        if entry is None:
-            return None
-        return next((i for i in entry.instances() if i.index == index), None)
+        return self._pool.instance(key, index)
 
     async def restart_instance(self, key: ModelKey, index: int, *, cause: str) -> bool:
         """Replace instance ``index`` of ``key`` with a fresh worker; False if it cannot.
@@ -421,7 +341,7 @@ class ChainExecutor:
         and oom faults aimed at this one instance go with the replaced process.
         Thread-isolated instances run inside the server and cannot be restarted.
         """
-        entry = self._models.get(key)
+        entry = self._pool.models.get(key)
         instance = next((i for i in entry.instances() if i.index == index), None) if entry else None
         if not isinstance(instance, ProcessInstance) or instance.pid is None:
             return False
@@ -437,53 +357,7 @@ class ChainExecutor:
         The count stays within ``minimum``..``maximum``. Returns the instances added
         (serving, after their worker started) or removed (stopped).
         """
-        entry = self._model(key)
-        path, config = self._sources[key]
-        slot = entry.tiers[0]
-        count = len(slot.instances)
-        target = max(minimum, min(maximum, count + delta))
-        if target > count:
-            base = max(i.index for i in entry.instances()) + 1
-            device = slot.instances[0].device
-            fresh = [
-                self._instance(key, base + n, slot.name, device, path, config, entry.signal)
-                for n in range(target - count)
-            ]
-            try:
-                results = await asyncio.gather(*(i.open() for i in fresh), return_exceptions=True)
-            except asyncio.CancelledError:
-                # Interrupted (the server stops): stop the workers already spawned.
-                await asyncio.gather(*(i.aclose() for i in fresh), return_exceptions=True)
-                raise
-            added: list[Instance] = []
-            for instance, result in zip(fresh, results, strict=True):
-                if isinstance(result, BaseException):
-                    await instance.aclose()
-                    self._events.emit("worker_start_failed", instance.subject, str(result))
-                    continue
-                slot.instances.append(instance)
-                added.append(instance)
-                self._events.emit(
-                    "worker_started",
-                    instance.subject,
-                    "scaled up",
-                    version=key.version,
-                    device=instance.device.name,
-                    isolation=instance.isolation,
-                    pid=instance.statistics().pid,
-                )
-            entry.signal.fire()
-            return added
-        removed = sorted(slot.instances, key=lambda i: (i.busy, -i.index))[: count - target]
-        for instance in removed:
-            slot.instances.remove(instance)
-        await asyncio.gather(*(i.aclose() for i in removed))
-        for instance in removed:
-            self._events.emit(
-                "worker_stopped", instance.subject, "scaled down", version=key.version
-            )
-        entry.signal.fire()
-        return removed
+        return await self._pool.scale(key, delta, minimum=minimum, maximum=maximum)
 
     def switch_device(self, key: ModelKey, *, cause: str) -> tuple[str, str] | None:
         """Send ``key``'s traffic down its device chain: open the breaker of the device
@@ -492,7 +366,7 @@ class ChainExecutor:
         The breaker's cooldown and half-open probes bring the device back, as after any
         failure (``scheduler.strategies`` ``fallback_chain``).
         """
-        entry = self._model(key)
+        entry = self._pool.model(key)
         serving = [
             slot
             for slot in entry.tiers
@@ -507,7 +381,7 @@ class ChainExecutor:
 
     def restore_device(self, key: ModelKey, device: str, *, cause: str) -> bool:
         """Close the breaker :meth:`switch_device` opened on ``device``; False if not open."""
-        entry = self._model(key)
+        entry = self._pool.model(key)
         slot = next((t for t in entry.tiers if t.name == device), None)
         if slot is None or slot.breaker is None or slot.breaker.state == "closed":
             return False
@@ -517,7 +391,7 @@ class ChainExecutor:
 
     async def warm_up(self, key: ModelKey, instance: Instance, batches: int) -> int:
         """Run ``batches`` zero-filled one-row batches on ``instance``; return how many ran."""
-        entry = self._model(key)
+        entry = self._pool.model(key)
         ran = 0
         for _ in range(batches):
             try:
@@ -541,7 +415,7 @@ class ChainExecutor:
         tenant: str | None = None,
     ) -> FaultSpec:
         """Inject a fault after checking that its target exists (see ``check_target``)."""
-        instances = [i for model in self._models.values() for i in model.instances()]
+        instances = [i for model in self._pool.models.values() for i in model.instances()]
         parsed = check_target(target, kind, instances=instances, devices=self._placement.chain)
         return self.faults.inject(
             parsed,
@@ -563,7 +437,7 @@ class ChainExecutor:
         arena is "absent".
         """
         found = []
-        for model in self._models.values():
+        for model in self._pool.models.values():
             for instance in model.instances():
                 if not isinstance(instance, ProcessInstance):
                     continue
@@ -593,7 +467,7 @@ class ChainExecutor:
     def statistics(self) -> ExecutionStatistics:
         workers = tuple(
             instance.statistics()
-            for model in self._models.values()
+            for model in self._pool.models.values()
             for instance in model.instances()
         )
         return ExecutionStatistics(
