@@ -37,18 +37,19 @@ from pathlib import Path
 
 import psutil
 
-from sordino.backends.base import Backend, dummy_inputs
+from sordino.backends.base import Backend
 from sordino.clock import Clock
 from sordino.config import ModelConfig, RuntimeConfig
 from sordino.config.memory import FrameworkMemoryConfig
-from sordino.errors import InferenceFailed, Unavailable
+from sordino.errors import InferenceFailed
 from sordino.events import EventSink
 from sordino.execution.batch import NO_CONTEXT, BatchContext
+from sordino.execution.controls import Controls
 from sordino.execution.decoupled import ResponseChannel
 from sordino.execution.devices import Device
 from sordino.execution.dispatch import Dispatcher
 from sordino.execution.executor import MemoryFit, OverflowCounters
-from sordino.execution.faults import FaultRegistry, FaultSpec, check_target
+from sordino.execution.faults import FaultRegistry, FaultSpec
 from sordino.execution.instances import ProcessInstance, ThreadInstance
 from sordino.execution.model_calls import CallServer
 from sordino.execution.outliers import OutlierDetector
@@ -58,9 +59,8 @@ from sordino.execution.placement import (
     Signal,
 )
 from sordino.execution.pool import InstancePool
-from sordino.execution.profiling import Profiled, ProfileTraces, profile_instances
+from sordino.execution.profiling import ProfileTraces
 from sordino.execution.staging import Staging, row_bytes
-from sordino.execution.worker import WorkerError, WorkerLost
 from sordino.execution.worker_main import WorkerSpec
 from sordino.inference import ModelKey, ModelMetadata, Tensor
 from sordino.memory.arena import SEGMENTS_DIR, Arena
@@ -100,7 +100,13 @@ class ChainExecutor:
         self._pool = InstancePool(
             self._instance, placement=self._placement, outliers=self._outliers, events=events
         )
-        self._profiling: set[ModelKey] = set()
+        self._controls = Controls(
+            self._pool,
+            placement=self._placement,
+            faults=self.faults,
+            dispatcher=self._dispatcher,
+            clock=clock,
+        )
         self._model_calls: CallServer | None = None
 
     def serve_model_calls(self, server: CallServer | None) -> None:
@@ -285,35 +291,10 @@ class ChainExecutor:
         trace_dir: Path,
         synthetic_batch: Callable[[], dict[str, Tensor]],
     ) -> ProfileTraces:
-        """Profile every instance of ``model`` for ``seconds``; see ``execution/profiling``.
-
-        Worker processes and thread instances alike; zero-filled ``synthetic_batch()``
-        batches run on the profiling instances (past the breakers and faults) when no
-        live batch ran. Raises :class:`Unavailable` when no instance left a trace, or
-        while ``model`` is being profiled already (one window at a time per model).
-        """
-        entry = self._pool.model(model)
-        if model in self._profiling:
-            raise Unavailable(f"model {model} is being profiled already; retry when that ends")
-        instances = entry.instances()
-
-        async def run_synthetic(instance: Profiled) -> object:
-            assert isinstance(instance, ProcessInstance | ThreadInstance)
-            await self._dispatcher.run_on(entry, instance, synthetic_batch())
-            return None
-
-        self._profiling.add(model)
-        try:
-            return await profile_instances(
-                str(model),
-                instances,
-                seconds=seconds,
-                trace_dir=trace_dir,
-                clock=self._clock,
-                run_synthetic=run_synthetic,
-            )
-        finally:
-            self._profiling.discard(model)
+        """Profile every instance of ``model`` for ``seconds`` (:meth:`Controls.profile`)."""
+        return await self._controls.profile(
+            model, seconds=seconds, trace_dir=trace_dir, synthetic_batch=synthetic_batch
+        )
 
     # -- the guardian's controls ------------------------------------------------------
 
@@ -335,19 +316,9 @@ class ChainExecutor:
         return self._pool.instance(key, index)
 
     async def restart_instance(self, key: ModelKey, index: int, *, cause: str) -> bool:
-        """Replace instance ``index`` of ``key`` with a fresh worker; False if it cannot.
-
-        The instance's supervisor restarts it as after any failure; the error, latency
-        and oom faults aimed at this one instance go with the replaced process.
-        Thread-isolated instances run inside the server and cannot be restarted.
-        """
-        entry = self._pool.models.get(key)
-        instance = next((i for i in entry.instances() if i.index == index), None) if entry else None
-        if not isinstance(instance, ProcessInstance) or instance.pid is None:
-            return False
-        self.faults.clear_instance(key.name, index, cause="worker process replaced: " + cause)
-        instance.kill(cause)
-        return True
+        """Replace instance ``index`` of ``key`` with a fresh worker; False if it cannot
+        (:meth:`Controls.restart_instance`)."""
+        return await self._controls.restart_instance(key, index, cause=cause)
 
     async def scale(
         self, key: ModelKey, delta: int, *, minimum: int, maximum: int
@@ -360,46 +331,17 @@ class ChainExecutor:
         return await self._pool.scale(key, delta, minimum=minimum, maximum=maximum)
 
     def switch_device(self, key: ModelKey, *, cause: str) -> tuple[str, str] | None:
-        """Send ``key``'s traffic down its device chain: open the breaker of the device
-        serving it now. Returns (from, to), or None when it has no device to switch to.
-
-        The breaker's cooldown and half-open probes bring the device back, as after any
-        failure (``scheduler.strategies`` ``fallback_chain``).
-        """
-        entry = self._pool.model(key)
-        serving = [
-            slot
-            for slot in entry.tiers
-            if any(i.serving for i in slot.instances)
-            and (slot.breaker is None or slot.breaker.allows())
-        ]
-        if len(serving) < 2 or serving[0].breaker is None:
-            return None
-        serving[0].breaker.trip(cause)
-        entry.signal.fire()
-        return serving[0].name, serving[1].name
+        """Open the breaker of the device serving ``key`` now; (from, to) or None
+        (:meth:`Controls.switch_device`)."""
+        return self._controls.switch_device(key, cause=cause)
 
     def restore_device(self, key: ModelKey, device: str, *, cause: str) -> bool:
         """Close the breaker :meth:`switch_device` opened on ``device``; False if not open."""
-        entry = self._pool.model(key)
-        slot = next((t for t in entry.tiers if t.name == device), None)
-        if slot is None or slot.breaker is None or slot.breaker.state == "closed":
-            return False
-        slot.breaker.reset(cause)
-        entry.signal.fire()
-        return True
+        return self._controls.restore_device(key, device, cause=cause)
 
     async def warm_up(self, key: ModelKey, instance: Instance, batches: int) -> int:
         """Run ``batches`` zero-filled one-row batches on ``instance``; return how many ran."""
-        entry = self._pool.model(key)
-        ran = 0
-        for _ in range(batches):
-            try:
-                await self._dispatcher.run_on(entry, instance, dummy_inputs(entry.metadata, 1))
-            except (WorkerError, WorkerLost):
-                break
-            ran += 1
-        return ran
+        return await self._controls.warm_up(key, instance, batches)
 
     # -- chaos (the control interface the admin API uses) ----------------------------
 
@@ -415,10 +357,8 @@ class ChainExecutor:
         tenant: str | None = None,
     ) -> FaultSpec:
         """Inject a fault after checking that its target exists (see ``check_target``)."""
-        instances = [i for model in self._pool.models.values() for i in model.instances()]
-        parsed = check_target(target, kind, instances=instances, devices=self._placement.chain)
-        return self.faults.inject(
-            parsed,
+        return self._controls.inject_fault(
+            target,
             kind,
             rate=rate,
             latency_s=latency_s,
