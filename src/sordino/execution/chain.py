@@ -31,16 +31,12 @@ profiling windows (``execution/profiling.py``), takes chaos faults after
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-
-import psutil
 
 from sordino.backends.base import Backend
 from sordino.clock import Clock
 from sordino.config import ModelConfig, RuntimeConfig
-from sordino.config.memory import FrameworkMemoryConfig
 from sordino.errors import InferenceFailed
 from sordino.events import EventSink
 from sordino.execution.batch import NO_CONTEXT, BatchContext
@@ -61,6 +57,7 @@ from sordino.execution.placement import (
 from sordino.execution.pool import InstancePool
 from sordino.execution.profiling import ProfileTraces
 from sordino.execution.staging import Staging, row_bytes
+from sordino.execution.stats import worker_memory
 from sordino.execution.worker_main import WorkerSpec
 from sordino.inference import ModelKey, ModelMetadata, Tensor
 from sordino.memory.arena import SEGMENTS_DIR, Arena
@@ -370,39 +367,9 @@ class ChainExecutor:
     # -- statistics ------------------------------------------------------------------
 
     def worker_memory(self) -> tuple[WorkerMemory, ...]:
-        """Per worker process: its resident memory (psutil) and its ONNX Runtime arenas.
-
-        ONNX Runtime does not say how large its CPU arena is; the process's resident
-        set is the real figure that includes it. Without the CUDA provider the GPU
-        arena is "absent".
-        """
-        found = []
-        for model in self._pool.models.values():
-            for instance in model.instances():
-                if not isinstance(instance, ProcessInstance):
-                    continue
-                spec = instance.spec
-                memory = spec.framework_memory or FrameworkMemoryConfig()
-                pid = instance.pid
-                rss: int | None = None
-                if pid is not None:
-                    with contextlib.suppress(psutil.Error):
-                        rss = int(psutil.Process(pid).memory_info().rss)
-                found.append(
-                    WorkerMemory(
-                        model=spec.model,
-                        version=spec.version,
-                        instance=spec.index,
-                        pid=pid,
-                        rss_bytes=rss,
-                        cpu_arena=memory.describe_cpu(),
-                        gpu=memory.describe_gpu(spec.providers),
-                        gpu_bytes=_gpu_bytes(pid)
-                        if pid is not None and "CUDAExecutionProvider" in spec.providers
-                        else None,
-                    )
-                )
-        return tuple(found)
+        """Per worker process: its resident memory and its ONNX Runtime arenas
+        (:func:`~sordino.execution.stats.worker_memory`)."""
+        return worker_memory(i for model in self._pool.models.values() for i in model.instances())
 
     def statistics(self) -> ExecutionStatistics:
         workers = tuple(
@@ -421,20 +388,3 @@ class ChainExecutor:
             outliers=self._outliers.statistics(),
             arena_bytes=self._staging.bytes_copied,
         )
-
-
-def _gpu_bytes(pid: int) -> int | None:
-    """GPU memory process ``pid`` holds over all devices (NVML); None if unreadable."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        total = None
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                if process.pid == pid and process.usedGpuMemory is not None:
-                    total = (total or 0) + int(process.usedGpuMemory)
-        return total
-    except Exception:  # no library, no driver, no permission: no figure, never a guess
-        return None
