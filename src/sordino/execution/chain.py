@@ -23,10 +23,15 @@ for each batch:
    when no other instance serves, on the restarted one (if it serves again within
    ``workers.start_timeout``).
 
-Only when every device failed does the batch fail, with the last error. The
-executor also loads and unloads instances (``execution/instances.py``), delegates
-profiling windows (``execution/profiling.py``), takes chaos faults after
-``execution/faults.py`` has checked their target, and reports its statistics.
+Only when every device failed does the batch fail, with the last error.
+
+:class:`ChainExecutor` stages batches and composes the parts that do the rest, each
+with one job: the instance pool (``execution/pool.py``: load, unload, scale, with
+the instance factory injected, :meth:`ChainExecutor._instance` here, Ray actors in
+``ray_executor.py``), the dispatcher (``execution/dispatch.py``: steps 2-3 above),
+the controls the guardian and the admin API use (``execution/controls.py``: restarts,
+device switches, warm-up, chaos faults, profiling windows) and the statistics
+(``execution/stats.py``). Its public methods are the callers' one interface to them.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from sordino.config import ModelConfig, RuntimeConfig
 from sordino.errors import InferenceFailed
 from sordino.events import EventSink
 from sordino.execution.batch import NO_CONTEXT, BatchContext
-from sordino.execution.controls import Controls
+from sordino.execution.controls import ExecutorControls
 from sordino.execution.decoupled import ResponseChannel
 from sordino.execution.devices import Device
 from sordino.execution.dispatch import Dispatcher
@@ -49,11 +54,7 @@ from sordino.execution.faults import FaultRegistry, FaultSpec
 from sordino.execution.instances import ProcessInstance, ThreadInstance
 from sordino.execution.model_calls import CallServer
 from sordino.execution.outliers import OutlierDetector
-from sordino.execution.placement import (
-    Instance,
-    Placement,
-    Signal,
-)
+from sordino.execution.placement import Instance, Placement, Signal
 from sordino.execution.pool import InstancePool
 from sordino.execution.profiling import ProfileTraces
 from sordino.execution.staging import Staging, row_bytes
@@ -97,7 +98,7 @@ class ChainExecutor:
         self._pool = InstancePool(
             self._instance, placement=self._placement, outliers=self._outliers, events=events
         )
-        self._controls = Controls(
+        self._controls = ExecutorControls(
             self._pool,
             placement=self._placement,
             faults=self.faults,
@@ -288,7 +289,8 @@ class ChainExecutor:
         trace_dir: Path,
         synthetic_batch: Callable[[], dict[str, Tensor]],
     ) -> ProfileTraces:
-        """Profile every instance of ``model`` for ``seconds`` (:meth:`Controls.profile`)."""
+        """Profile every instance of ``model`` for ``seconds``
+        (:meth:`ExecutorControls.profile`)."""
         return await self._controls.profile(
             model, seconds=seconds, trace_dir=trace_dir, synthetic_batch=synthetic_batch
         )
@@ -314,7 +316,7 @@ class ChainExecutor:
 
     async def restart_instance(self, key: ModelKey, index: int, *, cause: str) -> bool:
         """Replace instance ``index`` of ``key`` with a fresh worker; False if it cannot
-        (:meth:`Controls.restart_instance`)."""
+        (:meth:`ExecutorControls.restart_instance`)."""
         return await self._controls.restart_instance(key, index, cause=cause)
 
     async def scale(
@@ -329,7 +331,7 @@ class ChainExecutor:
 
     def switch_device(self, key: ModelKey, *, cause: str) -> tuple[str, str] | None:
         """Open the breaker of the device serving ``key`` now; (from, to) or None
-        (:meth:`Controls.switch_device`)."""
+        (:meth:`ExecutorControls.switch_device`)."""
         return self._controls.switch_device(key, cause=cause)
 
     def restore_device(self, key: ModelKey, device: str, *, cause: str) -> bool:

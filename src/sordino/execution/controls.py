@@ -1,6 +1,6 @@
 """The executor's controls: what the guardian and the admin API do to running models.
 
-:class:`Controls` restarts an instance, switches a model down its device chain and
+:class:`ExecutorControls` restarts an instance, switches a model down its device chain and
 back (through the device breakers), warms an instance up, injects chaos faults after
 checking their target, and opens a profiling window. It acts on the instance pool
 (``execution/pool.py``) and runs its synthetic batches through the dispatcher
@@ -24,10 +24,10 @@ from sordino.execution.profiling import Profiled, ProfileTraces, profile_instanc
 from sordino.execution.worker import WorkerError, WorkerLost
 from sordino.inference import ModelKey, Tensor
 
-__all__ = ["Controls"]
+__all__ = ["ExecutorControls"]
 
 
-class Controls:
+class ExecutorControls:
     """Restarts, device switches, warm-up, chaos faults and profiling windows."""
 
     def __init__(
