@@ -23,54 +23,46 @@ for each batch:
    when no other instance serves, on the restarted one (if it serves again within
    ``workers.start_timeout``).
 
-Only when every device failed does the batch fail, with the last error. The
-executor also loads and unloads instances (``execution/instances.py``), delegates
-profiling windows (``execution/profiling.py``), takes chaos faults after
-``execution/faults.py`` has checked their target, and reports its statistics.
+Only when every device failed does the batch fail, with the last error.
+
+:class:`ChainExecutor` stages batches and composes the parts that do the rest, each
+with one job: the instance pool (``execution/pool.py``: load, unload, scale, with
+the instance factory injected, :meth:`ChainExecutor._instance` here, Ray actors in
+``ray_executor.py``), the dispatcher (``execution/dispatch.py``: steps 2-3 above),
+the controls the guardian and the admin API use (``execution/controls.py``: restarts,
+device switches, warm-up, chaos faults, profiling windows) and the statistics
+(``execution/stats.py``). Its public methods are the callers' one interface to them.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import functools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
-from sordino.backends.base import Backend, dummy_inputs
-from sordino.backends.registry import check_backend_kind
-from sordino.clock import Clock, TimerHandle
-from sordino.config import ModelConfig, RuntimeConfig, WorkersConfig
-from sordino.config.memory import FrameworkMemoryConfig
-from sordino.errors import InferenceFailed, ModelError, ModelLoadError, ModelNotReady, Unavailable
+from sordino.backends.base import Backend
+from sordino.clock import Clock
+from sordino.config import ModelConfig, RuntimeConfig
+from sordino.errors import InferenceFailed
 from sordino.events import EventSink
 from sordino.execution.batch import NO_CONTEXT, BatchContext
+from sordino.execution.controls import ExecutorControls
 from sordino.execution.decoupled import ResponseChannel
 from sordino.execution.devices import Device
+from sordino.execution.dispatch import Dispatcher
 from sordino.execution.executor import MemoryFit, OverflowCounters
-from sordino.execution.faults import FaultRegistry, FaultSpec, check_target
+from sordino.execution.faults import FaultRegistry, FaultSpec
 from sordino.execution.instances import ProcessInstance, ThreadInstance
 from sordino.execution.model_calls import CallServer
-from sordino.execution.outliers import OutlierDetector, guardian_replaces
-from sordino.execution.placement import (
-    Instance,
-    PlacedModel,
-    Placement,
-    Signal,
-    TierSlot,
-    choose,
-)
-from sordino.execution.profiling import Profiled, ProfileTraces, profile_instances
-from sordino.execution.staging import StagedBatch, Staging, row_bytes
-from sordino.execution.stats import SwitchRecorder
-from sordino.execution.worker import WorkerError, WorkerLost
+from sordino.execution.outliers import OutlierDetector
+from sordino.execution.placement import Instance, Placement, Signal
+from sordino.execution.pool import InstancePool
+from sordino.execution.profiling import ProfileTraces
+from sordino.execution.staging import Staging, row_bytes
+from sordino.execution.stats import worker_memory
 from sordino.execution.worker_main import WorkerSpec
 from sordino.inference import ModelKey, ModelMetadata, Tensor
 from sordino.memory.arena import SEGMENTS_DIR, Arena
-from sordino.memory.refs import TensorRef, Tensors
+from sordino.memory.refs import Tensors
 from sordino.records import ArenaStatistics, ExecutionStatistics, WorkerMemory
 
 __all__ = ["ChainExecutor"]
@@ -85,7 +77,6 @@ class ChainExecutor:
         self._events = events
         self._settings = config.workers
         self.faults = FaultRegistry(clock, events)
-        self._models: dict[ModelKey, PlacedModel] = {}
         self._staging = Staging(
             self._settings.shared_memory,
             registry=config.server.data_dir / SEGMENTS_DIR,
@@ -96,10 +87,24 @@ class ChainExecutor:
         self._outliers = OutlierDetector(
             self._settings.outlier_ejection, clock=clock, events=events
         )
-        self._switches = SwitchRecorder()
-        self._retries = 0
-        self._profiling: set[ModelKey] = set()
-        self._sources: dict[ModelKey, tuple[Path, ModelConfig]] = {}
+        self._dispatcher = Dispatcher(
+            config,
+            clock=clock,
+            events=events,
+            faults=self.faults,
+            outliers=self._outliers,
+            staging=self._staging,
+        )
+        self._pool = InstancePool(
+            self._instance, placement=self._placement, outliers=self._outliers, events=events
+        )
+        self._controls = ExecutorControls(
+            self._pool,
+            placement=self._placement,
+            faults=self.faults,
+            dispatcher=self._dispatcher,
+            clock=clock,
+        )
         self._model_calls: CallServer | None = None
 
     def serve_model_calls(self, server: CallServer | None) -> None:
@@ -114,58 +119,7 @@ class ChainExecutor:
 
     async def load(self, key: ModelKey, path: Path, config: ModelConfig) -> ModelMetadata:
         """Start ``config.instance_count`` instances of ``key`` on each device it runs on."""
-        if key in self._models:
-            raise ModelLoadError(f"model {key} is already loaded")
-        check_backend_kind(config.backend, model=str(key))
-        model_signal = Signal()
-        slots: list[TierSlot] = []
-        opening: list[tuple[TierSlot, Instance]] = []
-        index = 0
-        for tier, slot in self._placement.tiers(config):
-            for device in tier.devices:
-                if not self._placement.available(device.name):
-                    continue
-                for _ in range(config.instance_count):
-                    instance = self._instance(
-                        key, index, tier.name, device, path, config, model_signal
-                    )
-                    opening.append((slot, instance))
-                    index += 1
-            slots.append(slot)
-        try:
-            results = await asyncio.gather(
-                *(inst.open() for _, inst in opening), return_exceptions=True
-            )
-        except asyncio.CancelledError:
-            # Start-up interrupted: stop the workers already spawned (or spawning).
-            await asyncio.gather(*(inst.aclose() for _, inst in opening), return_exceptions=True)
-            raise
-        metadata: ModelMetadata | None = None
-        errors: list[str] = []
-        for (slot, instance), result in zip(opening, results, strict=True):
-            if isinstance(result, BaseException):
-                errors.append(f"{instance.device.name}: {result}")
-                self._placement.open_failed(instance.device.name, str(result))
-                await instance.aclose()
-                continue
-            metadata = metadata or result
-            slot.instances.append(instance)
-            self._events.emit(
-                "worker_started",
-                instance.subject,
-                "model loaded",
-                version=key.version,
-                device=instance.device.name,
-                isolation=instance.isolation,
-                pid=instance.statistics().pid,
-            )
-        if metadata is None:
-            raise ModelLoadError(f"model {key} could not start on any device: {'; '.join(errors)}")
-        tiers = [slot for slot in slots if slot.instances]
-        self._models[key] = PlacedModel(key, config.isolation, metadata, tiers, model_signal)
-        self._sources[key] = (path, config)
-        self._placement.watch(model_signal)
-        return metadata
+        return await self._pool.load(key, path, config)
 
     def _instance(
         self,
@@ -218,29 +172,19 @@ class ChainExecutor:
 
     async def unload(self, key: ModelKey) -> None:
         """Stop every instance of ``key``."""
-        model = self._models.pop(key, None)
-        self._sources.pop(key, None)
-        if model is None:
-            return
-        self._placement.unwatch(model.signal)
-        self._outliers.forget(key)
-        await asyncio.gather(*(i.aclose() for i in model.instances()))
-        model.signal.fire()  # waiters find no serving instance and fail explicitly
+        await self._pool.unload(key)
 
     async def aclose(self) -> None:
         """Stop every instance and remove the arena."""
-        for key in list(self._models):
+        for key in list(self._pool.models):
             await self.unload(key)
         self._staging.close()
 
     def instances(self, model: ModelKey) -> int:
-        entry = self._models.get(model)
-        if entry is None:
-            return 0
-        return max(len(tier.instances) for tier in entry.tiers)
+        return self._pool.instances(model)
 
     def metadata(self, model: ModelKey) -> ModelMetadata:
-        return self._model(model).metadata
+        return self._pool.metadata(model)
 
     def arena_statistics(self) -> ArenaStatistics | None:
         """The shared-memory arena's figures, or None before a worker process needs it."""
@@ -258,7 +202,7 @@ class ChainExecutor:
         shrunk to the space free now, but never made larger than the arena, and a
         request larger than the arena is still refused (it could never run).
         """
-        entry = self._models.get(model)
+        entry = self._pool.models.get(model)
         if entry is None or entry.isolation != "process":
             return None
         arena = self._staging.existing_arena
@@ -272,19 +216,7 @@ class ChainExecutor:
 
     def local_backends(self, model: ModelKey) -> list[Backend]:
         """The backends of ``model`` that run in this process (thread isolation), in order."""
-        entry = self._models.get(model)
-        if entry is None:
-            return []
-        return [inst.backend for inst in entry.instances() if isinstance(inst, ThreadInstance)]
-
-    def _model(self, key: ModelKey) -> PlacedModel:
-        model = self._models.get(key)
-        if model is None:
-            raise ModelNotReady(
-                f"Request for unknown model: '{key.name}' version {key.version} is not at "
-                f"ready state (sordino: model {key} has no loaded instance)"
-            )
-        return model
+        return self._pool.local_backends(model)
 
     # -- running ---------------------------------------------------------------------
 
@@ -294,7 +226,7 @@ class ChainExecutor:
         Tensors already there (placed with :class:`~sordino.memory.refs.TensorsBuilder`)
         reach the worker without a copy when they run as a batch of their own.
         """
-        entry = self._models.get(model)
+        entry = self._pool.models.get(model)
         if entry is None or entry.isolation != "process":
             return None
         return self._staging.arena
@@ -310,12 +242,12 @@ class ChainExecutor:
         The parts stay the caller's; the outputs are the caller's to release (for a
         worker process they are views of arena blocks that they hold).
         """
-        entry = self._model(model)
+        entry = self._pool.model(model)
         staged = await self._staging.stage(
             parts, entry.metadata, in_arena=entry.isolation == "process", context=context
         )
         try:
-            return self._staging.outputs(staged, await self._dispatch(entry, staged))
+            return self._staging.outputs(staged, await self._dispatcher.dispatch(entry, staged))
         finally:
             self._staging.release(staged)
 
@@ -334,7 +266,7 @@ class ChainExecutor:
         ``execution/decoupled.py``). Raises as :meth:`run` does when the batch failed;
         a batch that has streamed a response is never run again elsewhere.
         """
-        entry = self._model(model)
+        entry = self._pool.model(model)
         if not entry.metadata.decoupled:
             raise InferenceFailed(f"model {model} is not decoupled; it answers through run()")
         staged = await self._staging.stage(
@@ -343,185 +275,9 @@ class ChainExecutor:
         staged.channel = channel
         channel.limit(self._clock, self._settings.execution_timeout)
         try:
-            await self._dispatch(entry, staged)
+            await self._dispatcher.dispatch(entry, staged)
         finally:
             self._staging.release(staged)
-
-    async def _dispatch(self, model: PlacedModel, batch: StagedBatch) -> dict[str, TensorRef]:
-        """Run ``batch`` where :func:`choose` says, down the chain and past failing instances.
-
-        A batch whose instance is lost is retried once: on another serving instance,
-        or, when none serves, on the lost one once it is restarted, if that happens
-        within ``workers.start_timeout`` of the loss. A batch the model fails on one
-        instance is retried once on another serving instance of the same device (see
-        :meth:`_model_failed`); only a second failure there is the batch's own.
-        """
-        attempt = _Attempt()
-        failed_at: float | None = None
-        failed_tier = ""
-        give_up_at: float | None = None
-        timer: TimerHandle | None = None
-
-        def give_up() -> bool:
-            return give_up_at is not None and self._clock.now() >= give_up_at
-
-        try:
-            while True:
-                choice = await choose(
-                    model,
-                    attempt.tried,
-                    attempt.lost,
-                    give_up=give_up,
-                    failed=attempt.barred,
-                    ejected=self._outliers.ejected,
-                )
-                if choice is None:
-                    raise attempt.exhausted(model.key, self._settings, give_up())
-                slot, instance = choice
-                probe = slot.breaker.begin() if slot.breaker is not None else False
-                fault = self.faults.pick(
-                    model.key.name, instance.index, instance.device.name, batch.context.tenants
-                )
-                started = self._clock.now()
-                dispatch_s = started - failed_at if failed_at is not None else 0.0
-                try:
-                    outputs = await instance.run(batch, fault)
-                except (WorkerError, WorkerLost) as exc:
-                    now = self._clock.now()
-                    cause = exc.cause if isinstance(exc, WorkerLost) else str(exc)
-                    if batch.channel is not None and batch.channel.streamed:
-                        # Its clients have seen responses: running it again would repeat them.
-                        if slot.breaker is not None:
-                            slot.breaker.record(False, now - started, probe=probe, cause=cause)
-                        raise InferenceFailed(
-                            f"model {model.key} failed on a batch while it sent responses: {cause}"
-                        ) from None
-                    attempt.last_error = cause
-                    attempt.model_raised = isinstance(exc, WorkerError) and exc.kind == "error"
-                    attempt.flush()  # failed again: an earlier failure was not the instance's
-                    if slot.breaker is not None:
-                        record = functools.partial(
-                            slot.breaker.record, False, now - started, probe=probe, cause=cause
-                        )
-                        if probe or isinstance(exc, WorkerLost):
-                            record()
-                        else:
-                            attempt.deferred = record  # _model_failed decides
-                    if isinstance(exc, WorkerLost):
-                        if give_up_at is not None:
-                            raise InferenceFailed(
-                                f"model {model.key}: the batch lost its worker twice ({cause})"
-                            ) from None
-                        attempt.lost.add(instance.index)
-                        give_up_at = now + self._settings.start_timeout
-                        timer = self._clock.call_at(give_up_at, model.signal.fire)
-                        self._retried(instance, cause)
-                    else:
-                        wait = self._model_failed(model, slot, instance, attempt, cause)
-                        if wait is not None and give_up_at is None:
-                            give_up_at = now + wait
-                            timer = self._clock.call_at(give_up_at, model.signal.fire)
-                    if failed_at is None:
-                        failed_at, failed_tier = now, slot.name
-                    continue
-                finally:
-                    instance.busy = False
-                    model.signal.fire()
-                now = self._clock.now()
-                if slot.breaker is not None:
-                    slot.breaker.record(True, now - started, probe=probe)
-                self._outliers.succeeded(instance)
-                attempt.deferred = None  # an instance's own failure is not its device's
-                if attempt.blamed is not None and attempt.blamed is not instance:
-                    # Another instance ran what the blamed one failed: its own failure.
-                    blamed, attempt.blamed = attempt.blamed, None
-                    peers = next((t.instances for t in model.tiers if blamed in t.instances), [])
-                    if self._outliers.failed(blamed, attempt.blamed_cause, peers=peers):
-                        model.signal.fire()
-                if failed_at is not None and slot.name != failed_tier:
-                    switch_s = now - failed_at
-                    self._switches.record(
-                        model.key.name, failed_tier, slot.name, switch_s, dispatch_s
-                    )
-                    self._events.emit(
-                        "device_switch",
-                        str(model.key),
-                        attempt.last_error,
-                        from_device=failed_tier,
-                        to_device=slot.name,
-                        switch_s=switch_s,
-                        dispatch_s=dispatch_s,
-                    )
-                return outputs
-        finally:
-            if timer is not None:
-                timer.cancel()
-
-    def _model_failed(
-        self,
-        model: PlacedModel,
-        slot: TierSlot,
-        instance: Instance,
-        attempt: _Attempt,
-        cause: str,
-    ) -> float | None:
-        """Decide where a batch the model failed on ``instance`` goes next.
-
-        Raises when it goes nowhere; returns how long the batch may wait for
-        ``instance``'s replacement, or None to go on at once:
-
-        - a first failure, with another instance of the device serving: retried there
-          (``instance`` is blamed only if that one runs it, see ``outliers.py``);
-        - a failure on the second instance: the batch's own — the device is done with;
-        - no other instance, and ``instance`` keeps failing (an outlier, counted here
-          since nothing can clear it) and the guardian replaces failing instances
-          (``restart_worker``): the batch waits up to
-          ``workers.outlier_ejection.restart_wait`` for the replacement, once;
-        - otherwise the next device of the chain, or the model's error.
-        """
-        attempt.barred_pids[instance.index] = instance.pid
-        if attempt.blamed is None and not attempt.compared:
-            peers = [
-                i
-                for i in slot.instances
-                if i is not instance and i.serving and not attempt.barred(i)
-            ]
-            if peers:
-                # The device's breaker hears of this failure only if the peer fails too.
-                attempt.blamed, attempt.blamed_cause = instance, cause
-                attempt.compared = True
-                self._retried(instance, cause)
-                return None
-        attempt.flush()
-        settings = self._settings.outlier_ejection
-        if attempt.blamed is None and not attempt.compared:
-            self._outliers.failed(instance, cause, peers=slot.instances)
-            if (
-                len(model.tiers) == 1
-                and not attempt.held
-                and settings.restart_wait > 0
-                and instance.isolation != "thread"
-                and self._outliers.suspect(instance)
-                and guardian_replaces(self._config.guardian, model.key.name)
-            ):
-                attempt.held = True
-                self._retried(instance, cause, waits_for_restart=True)
-                return float(settings.restart_wait)
-        attempt.blamed = None  # failed twice: the batch's, not an instance's
-        attempt.tried.add(slot.name)
-        if len(model.tiers) == 1:
-            raise attempt.error(f"model {model.key} failed on a batch: {cause}")
-        return None
-
-    def _retried(self, instance: Instance, cause: str, *, waits_for_restart: bool = False) -> None:
-        self._retries += 1
-        self._events.emit(
-            "batch_retried",
-            instance.subject,
-            cause,
-            device=instance.device.name,
-            **({"waits_for_restart": True} if waits_for_restart else {}),
-        )
 
     # -- profiling -------------------------------------------------------------------
 
@@ -533,63 +289,17 @@ class ChainExecutor:
         trace_dir: Path,
         synthetic_batch: Callable[[], dict[str, Tensor]],
     ) -> ProfileTraces:
-        """Profile every instance of ``model`` for ``seconds``; see ``execution/profiling``.
-
-        Worker processes and thread instances alike; zero-filled ``synthetic_batch()``
-        batches run on the profiling instances (past the breakers and faults) when no
-        live batch ran. Raises :class:`Unavailable` when no instance left a trace, or
-        while ``model`` is being profiled already (one window at a time per model).
-        """
-        entry = self._model(model)
-        if model in self._profiling:
-            raise Unavailable(f"model {model} is being profiled already; retry when that ends")
-        instances = entry.instances()
-
-        async def run_synthetic(instance: Profiled) -> object:
-            assert isinstance(instance, ProcessInstance | ThreadInstance)
-            await self._run_on(entry, instance, synthetic_batch())
-            return None
-
-        self._profiling.add(model)
-        try:
-            return await profile_instances(
-                str(model),
-                instances,
-                seconds=seconds,
-                trace_dir=trace_dir,
-                clock=self._clock,
-                run_synthetic=run_synthetic,
-            )
-        finally:
-            self._profiling.discard(model)
-
-    async def _run_on(
-        self, model: PlacedModel, instance: Instance, batch: dict[str, Tensor]
-    ) -> None:
-        """Run ``batch`` on ``instance`` once idle; :class:`WorkerLost` if it stops serving."""
-        while instance.busy and instance.serving:
-            await model.signal.wait()
-        if not instance.serving:
-            raise WorkerLost(f"{instance.subject} is {instance.state}, not serving")
-        instance.busy = True
-        try:
-            staged = await self._staging.stage(
-                [batch], model.metadata, in_arena=model.isolation == "process"
-            )
-            try:
-                await instance.run(staged, None)  # synthetic: the outputs are not needed
-            finally:
-                self._staging.release(staged)
-        finally:
-            instance.busy = False
-            model.signal.fire()
+        """Profile every instance of ``model`` for ``seconds``
+        (:meth:`ExecutorControls.profile`)."""
+        return await self._controls.profile(
+            model, seconds=seconds, trace_dir=trace_dir, synthetic_batch=synthetic_batch
+        )
 
     # -- the guardian's controls ------------------------------------------------------
 
     def serving(self, key: ModelKey) -> int:
         """How many instances of ``key`` can take a batch now."""
-        entry = self._models.get(key)
-        return sum(1 for i in entry.instances() if i.serving) if entry is not None else 0
+        return self._pool.serving(key)
 
     @property
     def has_device_chain(self) -> bool:
@@ -598,30 +308,16 @@ class ChainExecutor:
 
     def find_model(self, name: str) -> ModelKey | None:
         """The loaded version of model ``name`` (the newest when several are), or None."""
-        keys = sorted((k for k in self._models if k.name == name), key=lambda k: k.version)
-        return keys[-1] if keys else None
+        return self._pool.find_model(name)
 
     def instance(self, key: ModelKey, index: int) -> Instance | None:
         """Instance ``index`` of ``key``, or None."""
-        entry = self._models.get(key)
-        if entry is None:
-            return None
-        return next((i for i in entry.instances() if i.index == index), None)
+        return self._pool.instance(key, index)
 
     async def restart_instance(self, key: ModelKey, index: int, *, cause: str) -> bool:
-        """Replace instance ``index`` of ``key`` with a fresh worker; False if it cannot.
-
-        The instance's supervisor restarts it as after any failure; the error, latency
-        and oom faults aimed at this one instance go with the replaced process.
-        Thread-isolated instances run inside the server and cannot be restarted.
-        """
-        entry = self._models.get(key)
-        instance = next((i for i in entry.instances() if i.index == index), None) if entry else None
-        if not isinstance(instance, ProcessInstance) or instance.pid is None:
-            return False
-        self.faults.clear_instance(key.name, index, cause="worker process replaced: " + cause)
-        instance.kill(cause)
-        return True
+        """Replace instance ``index`` of ``key`` with a fresh worker; False if it cannot
+        (:meth:`ExecutorControls.restart_instance`)."""
+        return await self._controls.restart_instance(key, index, cause=cause)
 
     async def scale(
         self, key: ModelKey, delta: int, *, minimum: int, maximum: int
@@ -631,95 +327,20 @@ class ChainExecutor:
         The count stays within ``minimum``..``maximum``. Returns the instances added
         (serving, after their worker started) or removed (stopped).
         """
-        entry = self._model(key)
-        path, config = self._sources[key]
-        slot = entry.tiers[0]
-        count = len(slot.instances)
-        target = max(minimum, min(maximum, count + delta))
-        if target > count:
-            base = max(i.index for i in entry.instances()) + 1
-            device = slot.instances[0].device
-            fresh = [
-                self._instance(key, base + n, slot.name, device, path, config, entry.signal)
-                for n in range(target - count)
-            ]
-            try:
-                results = await asyncio.gather(*(i.open() for i in fresh), return_exceptions=True)
-            except asyncio.CancelledError:
-                # Interrupted (the server stops): stop the workers already spawned.
-                await asyncio.gather(*(i.aclose() for i in fresh), return_exceptions=True)
-                raise
-            added: list[Instance] = []
-            for instance, result in zip(fresh, results, strict=True):
-                if isinstance(result, BaseException):
-                    await instance.aclose()
-                    self._events.emit("worker_start_failed", instance.subject, str(result))
-                    continue
-                slot.instances.append(instance)
-                added.append(instance)
-                self._events.emit(
-                    "worker_started",
-                    instance.subject,
-                    "scaled up",
-                    version=key.version,
-                    device=instance.device.name,
-                    isolation=instance.isolation,
-                    pid=instance.statistics().pid,
-                )
-            entry.signal.fire()
-            return added
-        removed = sorted(slot.instances, key=lambda i: (i.busy, -i.index))[: count - target]
-        for instance in removed:
-            slot.instances.remove(instance)
-        await asyncio.gather(*(i.aclose() for i in removed))
-        for instance in removed:
-            self._events.emit(
-                "worker_stopped", instance.subject, "scaled down", version=key.version
-            )
-        entry.signal.fire()
-        return removed
+        return await self._pool.scale(key, delta, minimum=minimum, maximum=maximum)
 
     def switch_device(self, key: ModelKey, *, cause: str) -> tuple[str, str] | None:
-        """Send ``key``'s traffic down its device chain: open the breaker of the device
-        serving it now. Returns (from, to), or None when it has no device to switch to.
-
-        The breaker's cooldown and half-open probes bring the device back, as after any
-        failure (``scheduler.strategies`` ``fallback_chain``).
-        """
-        entry = self._model(key)
-        serving = [
-            slot
-            for slot in entry.tiers
-            if any(i.serving for i in slot.instances)
-            and (slot.breaker is None or slot.breaker.allows())
-        ]
-        if len(serving) < 2 or serving[0].breaker is None:
-            return None
-        serving[0].breaker.trip(cause)
-        entry.signal.fire()
-        return serving[0].name, serving[1].name
+        """Open the breaker of the device serving ``key`` now; (from, to) or None
+        (:meth:`ExecutorControls.switch_device`)."""
+        return self._controls.switch_device(key, cause=cause)
 
     def restore_device(self, key: ModelKey, device: str, *, cause: str) -> bool:
         """Close the breaker :meth:`switch_device` opened on ``device``; False if not open."""
-        entry = self._model(key)
-        slot = next((t for t in entry.tiers if t.name == device), None)
-        if slot is None or slot.breaker is None or slot.breaker.state == "closed":
-            return False
-        slot.breaker.reset(cause)
-        entry.signal.fire()
-        return True
+        return self._controls.restore_device(key, device, cause=cause)
 
     async def warm_up(self, key: ModelKey, instance: Instance, batches: int) -> int:
         """Run ``batches`` zero-filled one-row batches on ``instance``; return how many ran."""
-        entry = self._model(key)
-        ran = 0
-        for _ in range(batches):
-            try:
-                await self._run_on(entry, instance, dummy_inputs(entry.metadata, 1))
-            except (WorkerError, WorkerLost):
-                break
-            ran += 1
-        return ran
+        return await self._controls.warm_up(key, instance, batches)
 
     # -- chaos (the control interface the admin API uses) ----------------------------
 
@@ -735,10 +356,8 @@ class ChainExecutor:
         tenant: str | None = None,
     ) -> FaultSpec:
         """Inject a fault after checking that its target exists (see ``check_target``)."""
-        instances = [i for model in self._models.values() for i in model.instances()]
-        parsed = check_target(target, kind, instances=instances, devices=self._placement.chain)
-        return self.faults.inject(
-            parsed,
+        return self._controls.inject_fault(
+            target,
             kind,
             rate=rate,
             latency_s=latency_s,
@@ -750,126 +369,24 @@ class ChainExecutor:
     # -- statistics ------------------------------------------------------------------
 
     def worker_memory(self) -> tuple[WorkerMemory, ...]:
-        """Per worker process: its resident memory (psutil) and its ONNX Runtime arenas.
-
-        ONNX Runtime does not say how large its CPU arena is; the process's resident
-        set is the real figure that includes it. Without the CUDA provider the GPU
-        arena is "absent".
-        """
-        found = []
-        for model in self._models.values():
-            for instance in model.instances():
-                if not isinstance(instance, ProcessInstance):
-                    continue
-                spec = instance.spec
-                memory = spec.framework_memory or FrameworkMemoryConfig()
-                pid = instance.pid
-                rss: int | None = None
-                if pid is not None:
-                    with contextlib.suppress(psutil.Error):
-                        rss = int(psutil.Process(pid).memory_info().rss)
-                found.append(
-                    WorkerMemory(
-                        model=spec.model,
-                        version=spec.version,
-                        instance=spec.index,
-                        pid=pid,
-                        rss_bytes=rss,
-                        cpu_arena=memory.describe_cpu(),
-                        gpu=memory.describe_gpu(spec.providers),
-                        gpu_bytes=_gpu_bytes(pid)
-                        if pid is not None and "CUDAExecutionProvider" in spec.providers
-                        else None,
-                    )
-                )
-        return tuple(found)
+        """Per worker process: its resident memory and its ONNX Runtime arenas
+        (:func:`~sordino.execution.stats.worker_memory`)."""
+        return worker_memory(i for model in self._pool.models.values() for i in model.instances())
 
     def statistics(self) -> ExecutionStatistics:
         workers = tuple(
             instance.statistics()
-            for model in self._models.values()
+            for model in self._pool.models.values()
             for instance in model.instances()
         )
         return ExecutionStatistics(
             workers=workers,
             devices=self._placement.statistics(workers),
-            switches=self._switches.statistics(),
-            retries=self._retries,
+            switches=self._dispatcher.switches.statistics(),
+            retries=self._dispatcher.retries,
             arena=self._staging.statistics(),
             faults_active=len(self.faults.active()),
             faults_applied=self.faults.applied,
             outliers=self._outliers.statistics(),
             arena_bytes=self._staging.bytes_copied,
         )
-
-
-@dataclass(slots=True)
-class _Attempt:
-    """Where one batch failed so far, and what that says about whose fault it was."""
-
-    tried: set[str] = field(default_factory=set)
-    """Tiers (devices) the batch failed on: the chain goes on without them."""
-    lost: set[int] = field(default_factory=set)
-    """Instances that lost the batch (crash, hang, timeout)."""
-    barred_pids: dict[int, int | None] = field(default_factory=dict)
-    """Instances the model failed the batch on, with the process that failed it."""
-    blamed: Instance | None = None
-    """The instance the batch failed on first, while another instance runs it."""
-    blamed_cause: str = ""
-    compared: bool = False
-    """The batch was retried on a second instance of a device after a failure."""
-    held: bool = False
-    """The batch waited for a failing instance's replacement (once at most)."""
-    last_error: str = ""
-    model_raised: bool = False
-    """The last failure was the model raising on these inputs."""
-
-    deferred: Callable[[], None] | None = None
-    """The failure to feed the device's breaker unless another instance runs the batch."""
-
-    def flush(self) -> None:
-        """Feed the deferred failure to the breaker now."""
-        deferred, self.deferred = self.deferred, None
-        if deferred is not None:
-            deferred()
-
-    def barred(self, instance: Instance) -> bool:
-        """True if the model failed the batch on ``instance``'s current process."""
-        return (
-            instance.index in self.barred_pids and self.barred_pids[instance.index] == instance.pid
-        )
-
-    def error(self, message: str) -> InferenceFailed:
-        return ModelError(message) if self.model_raised else InferenceFailed(message)
-
-    def exhausted(self, key: ModelKey, settings: WorkersConfig, gave_up: bool) -> InferenceFailed:
-        """The error of a batch with nowhere left to run."""
-        if gave_up and self.held:
-            wait = settings.outlier_ejection.restart_wait
-            return self.error(
-                f"model {key}: {self.last_error}; its only instance kept failing batches and "
-                f"was not replaced within {wait:g} s (workers.outlier_ejection.restart_wait)"
-            )
-        if gave_up:
-            return InferenceFailed(
-                f"model {key}: {self.last_error}, and no instance served again "
-                f"within {settings.start_timeout:g} s (workers.start_timeout)"
-            )
-        return self.error(f"model {key} failed on every device it runs on: {self.last_error}")
-
-
-def _gpu_bytes(pid: int) -> int | None:
-    """GPU memory process ``pid`` holds over all devices (NVML); None if unreadable."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        total = None
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                if process.pid == pid and process.usedGpuMemory is not None:
-                    total = (total or 0) + int(process.usedGpuMemory)
-        return total
-    except Exception:  # no library, no driver, no permission: no figure, never a guess
-        return None

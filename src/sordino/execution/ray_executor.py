@@ -120,7 +120,7 @@ class RayExecutor(ChainExecutor):
             self._asks.pop(key, None)
             self._remove_group(key)
             raise
-        self._models[key].isolation = "ray"
+        self._pool.models[key].isolation = "ray"
         if metadata.decoupled:
             # Its responses would need a channel from the actor back to the server.
             await self.unload(key)
@@ -170,7 +170,7 @@ class RayExecutor(ChainExecutor):
     def _resources(self) -> tuple[dict[str, float], dict[str, float]]:
         """The cluster's total resources, and what the loaded models' actors ask for."""
         held: dict[str, float] = {}
-        for model, entry in self._models.items():
+        for model, entry in self._pool.models.items():
             for name, amount in self._asks.get(model, {}).items():
                 held[name] = held.get(name, 0.0) + amount * len(entry.instances())
         total = {str(k): float(v) for k, v in self._ray.cluster_resources().items()}

@@ -1,0 +1,217 @@
+"""The instance pool: each loaded model's instances on its devices, started and stopped.
+
+:class:`InstancePool` loads a model (``instance_count`` instances on each device of its
+chain that is available), unloads it, scales its first tier and answers which instances
+a model has. Instances come from an injected :data:`InstanceFactory`: the executor's
+own makes worker processes or threads (``execution/instances.py``), the Ray executor's
+makes actors. Running batches on them is the dispatcher's job (``execution/dispatch.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+from sordino.backends.base import Backend
+from sordino.backends.registry import check_backend_kind
+from sordino.config import ModelConfig
+from sordino.errors import ModelLoadError, ModelNotReady
+from sordino.events import EventSink
+from sordino.execution.devices import Device
+from sordino.execution.instances import ThreadInstance
+from sordino.execution.outliers import OutlierDetector
+from sordino.execution.placement import Instance, PlacedModel, Placement, Signal, TierSlot
+from sordino.inference import ModelKey, ModelMetadata
+
+__all__ = ["InstanceFactory", "InstancePool"]
+
+InstanceFactory = Callable[[ModelKey, int, str, Device, Path, ModelConfig, Signal], Instance]
+"""Makes instance ``index`` of a model: (key, index, tier, device, path, config, the
+model's signal, fired when an instance changes state)."""
+
+
+class InstancePool:
+    """The instances of every loaded model, by tier (device) of its chain."""
+
+    def __init__(
+        self,
+        factory: InstanceFactory,
+        *,
+        placement: Placement,
+        outliers: OutlierDetector,
+        events: EventSink,
+    ) -> None:
+        self._factory = factory
+        self._placement = placement
+        self._outliers = outliers
+        self._events = events
+        self.models: dict[ModelKey, PlacedModel] = {}
+        self.sources: dict[ModelKey, tuple[Path, ModelConfig]] = {}
+        """Where each loaded model came from (what :meth:`scale` starts more of)."""
+
+    async def load(self, key: ModelKey, path: Path, config: ModelConfig) -> ModelMetadata:
+        """Start ``config.instance_count`` instances of ``key`` on each device it runs on."""
+        if key in self.models:
+            raise ModelLoadError(f"model {key} is already loaded")
+        check_backend_kind(config.backend, model=str(key))
+        model_signal = Signal()
+        slots: list[TierSlot] = []
+        opening: list[tuple[TierSlot, Instance]] = []
+        index = 0
+        for tier, slot in self._placement.tiers(config):
+            for device in tier.devices:
+                if not self._placement.available(device.name):
+                    continue
+                for _ in range(config.instance_count):
+                    instance = self._factory(
+                        key, index, tier.name, device, path, config, model_signal
+                    )
+                    opening.append((slot, instance))
+                    index += 1
+            slots.append(slot)
+        try:
+            results = await asyncio.gather(
+                *(inst.open() for _, inst in opening), return_exceptions=True
+            )
+        except asyncio.CancelledError:
+            # Start-up interrupted: stop the workers already spawned (or spawning).
+            await asyncio.gather(*(inst.aclose() for _, inst in opening), return_exceptions=True)
+            raise
+        metadata: ModelMetadata | None = None
+        errors: list[str] = []
+        for (slot, instance), result in zip(opening, results, strict=True):
+            if isinstance(result, BaseException):
+                errors.append(f"{instance.device.name}: {result}")
+                self._placement.open_failed(instance.device.name, str(result))
+                await instance.aclose()
+                continue
+            metadata = metadata or result
+            slot.instances.append(instance)
+            self._events.emit(
+                "worker_started",
+                instance.subject,
+                "model loaded",
+                version=key.version,
+                device=instance.device.name,
+                isolation=instance.isolation,
+                pid=instance.statistics().pid,
+            )
+        if metadata is None:
+            raise ModelLoadError(f"model {key} could not start on any device: {'; '.join(errors)}")
+        tiers = [slot for slot in slots if slot.instances]
+        self.models[key] = PlacedModel(key, config.isolation, metadata, tiers, model_signal)
+        self.sources[key] = (path, config)
+        self._placement.watch(model_signal)
+        return metadata
+
+    async def unload(self, key: ModelKey) -> None:
+        """Stop every instance of ``key``."""
+        model = self.models.pop(key, None)
+        self.sources.pop(key, None)
+        if model is None:
+            return
+        self._placement.unwatch(model.signal)
+        self._outliers.forget(key)
+        await asyncio.gather(*(i.aclose() for i in model.instances()))
+        model.signal.fire()  # waiters find no serving instance and fail explicitly
+
+    def instances(self, model: ModelKey) -> int:
+        """How many instances ``model`` has on its largest tier (0: not loaded)."""
+        entry = self.models.get(model)
+        if entry is None:
+            return 0
+        return max(len(tier.instances) for tier in entry.tiers)
+
+    def metadata(self, model: ModelKey) -> ModelMetadata:
+        return self.model(model).metadata
+
+    def local_backends(self, model: ModelKey) -> list[Backend]:
+        """The backends of ``model`` that run in this process (thread isolation), in order."""
+        entry = self.models.get(model)
+        if entry is None:
+            return []
+        return [inst.backend for inst in entry.instances() if isinstance(inst, ThreadInstance)]
+
+    def model(self, key: ModelKey) -> PlacedModel:
+        """Loaded model ``key``; :class:`ModelNotReady` when it is not loaded."""
+        model = self.models.get(key)
+        if model is None:
+            raise ModelNotReady(
+                f"Request for unknown model: '{key.name}' version {key.version} is not at "
+                f"ready state (sordino: model {key} has no loaded instance)"
+            )
+        return model
+
+    def serving(self, key: ModelKey) -> int:
+        """How many instances of ``key`` can take a batch now."""
+        entry = self.models.get(key)
+        return sum(1 for i in entry.instances() if i.serving) if entry is not None else 0
+
+    def find_model(self, name: str) -> ModelKey | None:
+        """The loaded version of model ``name`` (the newest when several are), or None."""
+        keys = sorted((k for k in self.models if k.name == name), key=lambda k: k.version)
+        return keys[-1] if keys else None
+
+    def instance(self, key: ModelKey, index: int) -> Instance | None:
+        """Instance ``index`` of ``key``, or None."""
+        entry = self.models.get(key)
+        if entry is None:
+            return None
+        return next((i for i in entry.instances() if i.index == index), None)
+
+    async def scale(
+        self, key: ModelKey, delta: int, *, minimum: int, maximum: int
+    ) -> list[Instance]:
+        """Add (``delta`` > 0) or remove instances of ``key`` on its first tier.
+
+        The count stays within ``minimum``..``maximum``. Returns the instances added
+        (serving, after their worker started) or removed (stopped).
+        """
+        entry = self.model(key)
+        path, config = self.sources[key]
+        slot = entry.tiers[0]
+        count = len(slot.instances)
+        target = max(minimum, min(maximum, count + delta))
+        if target > count:
+            base = max(i.index for i in entry.instances()) + 1
+            device = slot.instances[0].device
+            fresh = [
+                self._factory(key, base + n, slot.name, device, path, config, entry.signal)
+                for n in range(target - count)
+            ]
+            try:
+                results = await asyncio.gather(*(i.open() for i in fresh), return_exceptions=True)
+            except asyncio.CancelledError:
+                # Interrupted (the server stops): stop the workers already spawned.
+                await asyncio.gather(*(i.aclose() for i in fresh), return_exceptions=True)
+                raise
+            added: list[Instance] = []
+            for instance, result in zip(fresh, results, strict=True):
+                if isinstance(result, BaseException):
+                    await instance.aclose()
+                    self._events.emit("worker_start_failed", instance.subject, str(result))
+                    continue
+                slot.instances.append(instance)
+                added.append(instance)
+                self._events.emit(
+                    "worker_started",
+                    instance.subject,
+                    "scaled up",
+                    version=key.version,
+                    device=instance.device.name,
+                    isolation=instance.isolation,
+                    pid=instance.statistics().pid,
+                )
+            entry.signal.fire()
+            return added
+        removed = sorted(slot.instances, key=lambda i: (i.busy, -i.index))[: count - target]
+        for instance in removed:
+            slot.instances.remove(instance)
+        await asyncio.gather(*(i.aclose() for i in removed))
+        for instance in removed:
+            self._events.emit(
+                "worker_stopped", instance.subject, "scaled down", version=key.version
+            )
+        entry.signal.fire()
+        return removed
