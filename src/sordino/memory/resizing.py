@@ -23,8 +23,9 @@ from sordino.clock import Clock
 from sordino.config.memory import MemoryConfig
 from sordino.errors import OutOfMemory
 from sordino.events import EventSink
-from sordino.memory.arena import Arena, shm_free_bytes
+from sordino.memory.arena import Arena
 from sordino.memory.demand import RequestCosts
+from sordino.memory.segments import shm_free_bytes
 from sordino.records import PoolStatistics, ResizeReport
 
 __all__ = ["Resizing", "shm_room"]
