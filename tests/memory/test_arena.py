@@ -13,7 +13,7 @@ import pytest
 
 from sordino.errors import OutOfMemory
 from sordino.memory import Arena, attach_segment, view_tensor, write_tensor
-from sordino.memory.arena import remove_stale_segments
+from sordino.memory.segments import remove_stale_segments
 
 
 def _double_in_child(name: str, offset: int) -> None:

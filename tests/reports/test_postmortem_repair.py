@@ -14,7 +14,8 @@ from click.testing import CliRunner
 
 from sordino.cli.main import cli
 from sordino.events import Event
-from sordino.reports.postmortem import QUIET_S, Postmortem, postmortem
+from sordino.reports.postmortem import Postmortem, postmortem
+from sordino.reports.postmortem_incidents import QUIET_S
 from sordino.telemetry.journal import Journal
 from sordino.telemetry.journal_reader import JournalReader
 from sordino.telemetry.series import ResourceRow, SecondRow

@@ -19,14 +19,8 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
-import subprocess
 import sys
-import tempfile
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +28,7 @@ from typing import TYPE_CHECKING
 import click
 
 from sordino.cli.server_url import URL_ENV, server_url
+from sordino.cli.stress_server import Failure, is_model_file, own_server
 from sordino.control.client import TOKEN_ENV
 from sordino.errors import ConfigError
 
@@ -50,96 +45,6 @@ CLIENT_ERRORS = 4
 """The exit status when most answers were client errors (and no ``--fail-on`` held)."""
 
 _LISTENING = re.compile(r"listening on (http://\S+)")
-
-
-class _Failure(Exception):
-    """A clear message for the person running the command."""
-
-
-def _default_data_dir_is_free() -> bool:
-    """Whether no server holds the journal of the default data directory now."""
-    from sordino.config import ServerConfig, TelemetryConfig
-    from sordino.telemetry.journal import in_use
-
-    journal = ServerConfig().data_dir.expanduser() / TelemetryConfig().journal_file
-    return not in_use(journal)
-
-
-@contextmanager
-def _own_server(spec: str, config: Path | None, timeout_s: float = 120.0) -> Iterator[str]:
-    """Run ``sordino start --model SPEC`` on a free loopback port while the block runs.
-
-    It runs on the default data directory (or the one ``config`` names), so that its
-    journal, with the run's event marks, is there for ``sordino postmortem`` after it;
-    on a temporary one when a server holds the default one.
-    """
-    with tempfile.TemporaryDirectory(prefix="sordino-stress-") as temporary:
-        data_dir = ["--data-dir", temporary]
-        if _default_data_dir_is_free():
-            data_dir = []
-        else:
-            click.echo(
-                "note: a server holds the default data directory: this run's server keeps "
-                "a temporary journal, so the run is not marked as an event",
-                err=True,
-            )
-        cmd = [
-            sys.executable,
-            "-m",
-            "sordino",
-            "start",
-            "--model",
-            spec,
-            "--host",
-            "127.0.0.1",
-            "--http-port",
-            "0",
-            "--grpc-port",
-            "0",
-            *data_dir,
-        ]
-        if config is not None:
-            cmd += ["--config", str(config)]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        process = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-        )
-        lines: queue.Queue[str | None] = queue.Queue()
-        seen: list[str] = []
-
-        def pump() -> None:
-            assert process.stdout is not None
-            for line in process.stdout:
-                lines.put(line)
-            lines.put(None)
-
-        threading.Thread(target=pump, daemon=True).start()
-        try:
-            url = None
-            while url is None:
-                try:
-                    line = lines.get(timeout=timeout_s)
-                except queue.Empty:
-                    late = f"the server for {spec} did not start in {timeout_s:g} s"
-                    raise _Failure(late) from None
-                if line is None:
-                    raise _Failure(
-                        f"the server for {spec} did not start:\n" + "".join(seen[-10:]).rstrip()
-                    )
-                seen.append(line)
-                match = _LISTENING.search(line)
-                if match:
-                    url = match.group(1)
-            click.echo(f"started a server for {spec} at {url}", err=True)
-            yield url
-        finally:
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
 
 
 def _duration(value: str | None, option: str) -> float | None:
@@ -333,20 +238,20 @@ def stress_test(
         token,
         event_name,
     )
-    own = model is not None and url is None and _is_model_file(model)
+    own = model is not None and url is None and is_model_file(model)
     try:
         if own:
             assert model is not None
             from sordino.models.repository import model_from_spec
 
             name = model_from_spec(model).name
-            with _own_server(model, server_config) as own_url:
+            with own_server(model, server_config) as own_url:
                 status = _run(own_url, name, chosen, options)
         else:
-            if model is not None and _is_model_file(model):
-                raise _Failure(f"--model {model} is a file; with --url give the model's name")
+            if model is not None and is_model_file(model):
+                raise Failure(f"--model {model} is a file; with --url give the model's name")
             status = _run(server_url(url), model, chosen, options)
-    except (_Failure, ConfigError) as exc:
+    except (Failure, ConfigError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:
@@ -361,12 +266,6 @@ def _event_name(profile: str) -> str:
     from sordino.loadtest.profiles import builtin_name
 
     return profile if builtin_name(profile) is not None else Path(profile).stem
-
-
-def _is_model_file(spec: str) -> bool:
-    """Whether ``--model`` names a model file (``PATH`` or ``NAME=PATH``), not a served model."""
-    path = Path(spec.partition("=")[2] or spec).expanduser()
-    return path.exists() or path.suffix == ".onnx" or os.sep in spec
 
 
 @dataclass(frozen=True, slots=True)
@@ -445,7 +344,7 @@ def _run(url: str, model: str | None, profile: Profile, o: _Options) -> int:
     try:
         plan = prepare(url, model, profile, data=o.data, seed=o.seed)
     except Unreachable as exc:
-        raise _Failure(str(exc)) from None
+        raise Failure(str(exc)) from None
     console = Console(stderr=True)
     columns = (
         TextColumn("{task.description}"),

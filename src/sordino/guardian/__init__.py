@@ -1,6 +1,8 @@
 """The guardian: metric rules that detect, act, verify, roll back and leave a record.
 
 - ``loop.py``: :class:`Guardian`, the control loop over the hub's in-memory series;
+- ``triggers.py``: a trigger's state between evaluations and its running actions;
+- ``records.py``: the diagnostic records (and alerts) of each action;
 - ``metrics.py``: a trigger's metric over a window of per-second rows;
 - ``actions.py``: the actions (``apply``/``verify``/``revert``) and what they act
   through (:class:`Controls`, the :class:`Defragmenter` and :class:`StepDegrader`
@@ -23,8 +25,9 @@ from sordino.guardian.actions import (
     check_supported,
 )
 from sordino.guardian.alerts import SLACK_ENV, AlertSender
-from sordino.guardian.loop import EVENT_KIND, Guardian
+from sordino.guardian.loop import Guardian
 from sordino.guardian.metrics import SUPPORTED, Measure, measure
+from sordino.guardian.records import EVENT_KIND
 from sordino.guardian.recovery import Recovery
 
 __all__ = [

@@ -28,6 +28,9 @@ trigger:
    the condition has stayed clear (inside the threshold by the trigger's hysteresis)
    for the cooldown, then reverted (a record with ``phase: "reverted"`` says so).
 
+The trigger state lives in ``triggers.py``; the records are written by
+:class:`~sordino.guardian.records.ActionRecorder` (``records.py``).
+
 Time comes from the injected :class:`~sordino.clock.Clock` (cooldowns, verify windows,
 the budget) and the ``wall`` callable (which seconds of the series to read), so the
 cooldown and budget properties are tested on virtual time.
@@ -42,27 +45,25 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sordino.clock import Clock
-from sordino.config.self_healing import ActionSpec, SelfHealingConfig, TriggerConfig
+from sordino.config.self_healing import ActionSpec, SelfHealingConfig
 from sordino.config.threshold import Threshold, parse_threshold
 from sordino.events import EventSink
-from sordino.guardian.actions import Action, Applied, Verdict
+from sordino.guardian.actions import Action, Applied
 from sordino.guardian.alerts import AlertSender
 from sordino.guardian.metrics import Measure, Timings, describe_value, measure
+from sordino.guardian.records import REVERTED, ActionRecorder, span
+from sordino.guardian.triggers import RunningAction, TriggerState
 from sordino.inference import ModelKey
 from sordino.records import GuardianStatistics, TriggerStatistics
 from sordino.telemetry.series import ResourceRow, SecondRow, SeriesStatistics
 
-__all__ = ["ACTED", "EVENT_KIND", "REVERTED", "VERDICT", "Guardian", "SeriesSource"]
+__all__ = ["Guardian", "SeriesSource"]
 
 log = logging.getLogger("sordino.guardian")
 
-EVENT_KIND = "guardian"
-# ``phase`` of a guardian record: the action as applied, its verdict, a later revert.
-ACTED, VERDICT, REVERTED = "acted", "verdict", "reverted"
 HOUR_S = 3600.0
 _P99 = parse_threshold("0s", "p99_latency")
 _QPS = parse_threshold("> 0", "qps")
@@ -81,50 +82,6 @@ class SeriesSource(Protocol):
 
 
 ActionFactory = Callable[[ActionSpec, str | None], Action]
-
-
-@dataclass(slots=True)
-class _Running:
-    """One applied action of a trigger, from its start to its record (and revert)."""
-
-    action: Action
-    started_wall: float
-    started: float
-    before: Measure
-    p99_before: float | None
-    qps_before: float | None = None
-    detected: float | None = None
-    applied: Applied | None = None
-    applied_wall: float = 0.0
-    verify_at: float = 0.0
-    verdict: Verdict | None = None
-    action_id: str = ""
-
-
-@dataclass(slots=True)
-class _Trigger:
-    config: TriggerConfig
-    threshold: Threshold
-    specs: tuple[ActionSpec, ...]
-    step: int = 0
-    last_fired: float | None = None
-    since_s: int | None = None
-    holding_since: float | None = None
-    clear_since: float | None = None
-    measure: Measure | None = None
-    shown: Measure | None = None
-    holds: bool = False
-    applying: _Running | None = None
-    verifying: list[_Running] = field(default_factory=list)
-    held: list[_Running] = field(default_factory=list)
-    fired: int = 0
-
-    @property
-    def width(self) -> int:
-        return max(1, round(self.config.window_s)) * (2 if self.threshold.change else 1)
-
-    def running(self) -> list[_Running]:
-        return ([self.applying] if self.applying else []) + self.verifying + self.held
 
 
 class Guardian:
@@ -151,11 +108,11 @@ class Guardian:
         self.alerts = alerts
         self._timings = timings
         self._triggers = [
-            _Trigger(t, t.parsed_threshold(), t.parsed_actions()) for t in config.triggers
+            TriggerState(t, t.parsed_threshold(), t.parsed_actions()) for t in config.triggers
         ]
         self._fired: deque[float] = deque()
         self._history: deque[float] = deque(maxlen=10_000)
-        self._records = 0
+        self._recorder = ActionRecorder(events, wall, alerts)
         self._task: asyncio.Task[None] | None = None
         self._work: set[asyncio.Task[None]] = set()
         self._started_s = int(wall())
@@ -218,7 +175,7 @@ class Guardian:
 
     def _measure(
         self,
-        trigger: _Trigger,
+        trigger: TriggerState,
         rows: Mapping[ModelKey, Iterable[SecondRow]],
         resources: list[ResourceRow],
         end_s: int,
@@ -238,7 +195,7 @@ class Guardian:
 
     def _evaluate(
         self,
-        trigger: _Trigger,
+        trigger: TriggerState,
         now: float,
         end_s: int,
         rows: Mapping[ModelKey, list[SecondRow]],
@@ -286,7 +243,11 @@ class Guardian:
     # -- acting ----------------------------------------------------------------------
 
     def _maybe_fire(
-        self, trigger: _Trigger, now: float, end_s: int, rows: Mapping[ModelKey, list[SecondRow]]
+        self,
+        trigger: TriggerState,
+        now: float,
+        end_s: int,
+        rows: Mapping[ModelKey, list[SecondRow]],
     ) -> None:
         if trigger.applying is not None or trigger.verifying:
             return
@@ -315,7 +276,7 @@ class Guardian:
         if action.conflict_key in busy:
             return
         assert trigger.measure is not None
-        running = _Running(
+        running = RunningAction(
             action,
             started_wall=self._wall(),
             started=now,
@@ -337,7 +298,7 @@ class Guardian:
         rows: Mapping[ModelKey, list[SecondRow]],
         model: str | None,
         end_s: int,
-        trigger: _Trigger,
+        trigger: TriggerState,
         since_s: int | None = None,
         *,
         of: Threshold = _P99,
@@ -353,8 +314,8 @@ class Guardian:
             since_s=since_s,
         ).value
 
-    async def _apply(self, trigger: _Trigger, running: _Running) -> None:
-        reason = self._condition(trigger, running.before)
+    async def _apply(self, trigger: TriggerState, running: RunningAction) -> None:
+        reason = self._recorder.condition(trigger, running.before)
         try:
             applied = await running.action.apply(reason)
         except Exception as exc:
@@ -366,12 +327,12 @@ class Guardian:
         trigger.applying = None
         running.verify_at = self._clock.now() + trigger.config.verify_s
         trigger.verifying.append(running)
-        self._acted(trigger, running)
+        self._recorder.acted(trigger, running)
 
     def _conclude(
         self,
-        trigger: _Trigger,
-        running: _Running,
+        trigger: TriggerState,
+        running: RunningAction,
         now: float,
         end_s: int,
         rows: Mapping[ModelKey, list[SecondRow]],
@@ -434,9 +395,11 @@ class Guardian:
                 f"; p99 latency went from {describe_value('p99_latency', running.p99_before)} "
                 f"to {describe_value('p99_latency', p99_after)}"
             )
-        self._record(trigger, running, after, rolled_back, extra)
+        self._recorder.verdict(trigger, running, after, rolled_back, extra)
 
-    async def _revert_all(self, trigger: _Trigger, held: list[_Running], why: str | None) -> None:
+    async def _revert_all(
+        self, trigger: TriggerState, held: list[RunningAction], why: str | None
+    ) -> None:
         for running in reversed(held):
             try:
                 undone = await running.action.revert()
@@ -444,7 +407,7 @@ class Guardian:
                 log.exception("guardian could not revert %s", running.action.spec)
                 continue
             if why is not None and undone is not None:
-                self._emit(
+                self._recorder.emit(
                     trigger,
                     running,
                     action=f"revert {running.action.spec}",
@@ -454,122 +417,11 @@ class Guardian:
                     rolled_back=False,
                     reverted=True,
                     explanation=(
-                        f"{self._condition(trigger, trigger.measure)} for "
-                        f"{_span(trigger.config.cooldown_s)} (the cooldown); {undone}"
+                        f"{self._recorder.condition(trigger, trigger.measure)} for "
+                        f"{span(trigger.config.cooldown_s)} (the cooldown); {undone}"
                     ),
                     phase=REVERTED,
                 )
-
-    # -- records ---------------------------------------------------------------------
-
-    def _condition(self, trigger: _Trigger, m: Measure | None) -> str:
-        config, threshold = trigger.config, trigger.threshold
-        model = (m.model if m else None) or config.model
-        subject = f"{config.metric} of {model}" if model else config.metric
-        value = describe_value(config.metric, m.value if m else None, change=bool(threshold.change))
-        limit = describe_value(config.metric, threshold.value, change=bool(threshold.change))
-        if threshold.change:
-            verb = "dropped" if threshold.change == "drop" else "rose"
-            return (
-                f"{subject} {verb} {value} in {_span(config.window_s)} "
-                f"(threshold {threshold.change} > {limit})"
-            )
-        return f"{subject} was {value} over {_span(config.window_s)} (threshold {limit})"
-
-    def _acted(self, trigger: _Trigger, running: _Running) -> None:
-        """Record the action (and alert) the moment it is applied; its verdict follows."""
-        assert running.applied is not None
-        explanation = (
-            f"{self._condition(trigger, running.before)}; {running.applied.did}; "
-            f"verdict after the {_span(trigger.config.verify_s)} verify window"
-        )
-        self._emit(
-            trigger,
-            running,
-            action=str(running.action.spec),
-            observed=list(running.before.samples),
-            value=running.before.value,
-            verify="pending",
-            rolled_back=None,
-            reverted=False,
-            explanation=explanation,
-            phase=ACTED,
-        )
-
-    def _record(
-        self, trigger: _Trigger, running: _Running, after: Measure, rolled_back: bool, extra: str
-    ) -> None:
-        assert running.applied is not None
-        later = max(0.0, self._wall() - running.applied_wall)
-        metric = trigger.config.metric
-        after_text = describe_value(metric, after.value, change=bool(trigger.threshold.change))
-        explanation = (
-            f"{self._condition(trigger, running.before)}; {running.applied.did}; "
-            f"{metric.replace('_', ' ')} {after_text} {later:.0f} s later{extra}"
-        )
-        if rolled_back:
-            explanation += "; the change made things worse and was rolled back"
-        self._emit(
-            trigger,
-            running,
-            action=str(running.action.spec),
-            observed=list(running.before.samples),
-            value=running.before.value,
-            verify=running.verdict or "not cleared",
-            rolled_back=rolled_back,
-            reverted=False,
-            explanation=explanation,
-            after=after.value,
-            observed_after=list(after.samples),
-            phase=VERDICT,
-        )
-
-    def _emit(
-        self,
-        trigger: _Trigger,
-        running: _Running,
-        *,
-        action: str,
-        observed: list[float],
-        value: float | None,
-        verify: str,
-        rolled_back: bool | None,
-        reverted: bool,
-        explanation: str,
-        phase: str,
-        **extra: Any,
-    ) -> None:
-        config = trigger.config
-        model = running.before.model or config.model
-        payload: dict[str, Any] = {
-            "trigger": config.name,
-            "metric": config.metric,
-            "model": model,
-            "threshold": str(config.threshold),
-            "window_s": config.window_s,
-            "observed": observed,
-            "value": value,
-            "action": action,
-            "parameters": running.applied.parameters if running.applied else {},
-            "detected": running.detected,
-            "started": running.started_wall,
-            "ended": self._wall(),
-            "verify": verify,
-            "rolled_back": rolled_back,
-            "reverted": reverted,
-            "explanation": explanation,
-            "phase": phase,
-            "action_id": running.action_id,
-            **extra,
-        }
-        subject = f"{config.metric}/{model}" if model else config.metric
-        self._events.emit(EVENT_KIND, subject, explanation, **payload)
-        self._records += 1
-        if self.alerts is not None:
-            try:
-                self.alerts.send(payload)
-            except Exception:
-                log.exception("queueing a guardian alert failed")
 
     def _background(self, work: Any) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -614,7 +466,7 @@ class Guardian:
             triggers=tuple(triggers),
             budget_per_hour=self.config.max_actions_per_hour,
             actions_last_hour=len(self._fired),
-            records=self._records,
+            records=self._recorder.count,
             alert_channels=self.config.alert_channels,
             alerts_sent=sent,
             alerts_failed=failed,
@@ -623,9 +475,3 @@ class Guardian:
     def fired_times(self) -> list[float]:
         """When actions were started (clock time), oldest first."""
         return list(self._history)
-
-
-def _span(seconds: float) -> str:
-    if seconds >= 60 and seconds % 60 == 0:
-        return f"{seconds / 60:.0f} m"
-    return f"{seconds:g} s"

@@ -16,8 +16,9 @@ the process boundary; tensor data is never pickled.
 """
 
 from sordino.memory.allocator import ALIGNMENT, Allocator, AllocatorStatistics, Block
-from sordino.memory.arena import Arena, attach_segment
+from sordino.memory.arena import Arena
 from sordino.memory.refs import Lease, TensorRef, Tensors, TensorsBuilder
+from sordino.memory.segments import attach_segment
 from sordino.memory.tensors import TensorHandle, tensor_nbytes, view_tensor, write_tensor
 from sordino.records import ArenaStatistics
 

@@ -39,8 +39,8 @@ from sordino.inference import (
     SharedInput,
     Tensor,
 )
-from sordino.protocol.codec import (
-    output_datatype,
+from sordino.protocol.codec import output_datatype
+from sordino.protocol.extensions import (
     refuse_output_extensions,
     shared_memory_entry,
     shared_memory_parameters,

@@ -6,9 +6,12 @@ target / actual / verdict table that opens the report, availability by priority
 class (503s and timeouts apart), p99 against each model's target over time, every
 guardian action with its outcome, the manual interventions (chaos, model control,
 reconfiguration; never event marks, which only name the period), resource
-utilisation (mean and peak per resource: :class:`ResourceUse`), the incidents with
-their time to repair (:class:`Incident`, :func:`incidents`), the worst windows with
-their likely causes (the diagnose anomaly engine) and recommendations.
+utilisation (mean and peak per resource: :class:`ResourceUse`,
+``postmortem_resources.py``), the incidents with their time to repair
+(:class:`Incident`, ``postmortem_incidents.py``), the worst windows with their likely
+causes (the diagnose anomaly engine) and recommendations. Guardian actions and
+interventions are read in ``postmortem_actions.py``; the page is drawn in
+``postmortem_render.py``.
 
 Where its figures come from: the per-second ``series`` rows (requests, errors by
 reason, p99, busy), the ``resources`` rows, and events — ``availability`` (accepted
@@ -25,48 +28,35 @@ import datetime as dt
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
 
 from sordino.reports.diagnose import Diagnosis, describe, diagnose, when
-from sordino.telemetry.availability import outcome_class, rejection_class
+from sordino.reports.postmortem_actions import (
+    GuardianAction,
+    Intervention,
+    guardian_actions,
+    interventions,
+)
+from sordino.reports.postmortem_incidents import Incident, incidents
+from sordino.reports.postmortem_resources import ResourceUse, resource_use, utilisation
+from sordino.telemetry.availability import outcome_class
 from sordino.telemetry.journal import MARK_KIND as JOURNAL_MARK_KIND
 from sordino.telemetry.journal_reader import JournalEvent, JournalWindow
-from sordino.telemetry.series import SecondRow
 
 __all__ = [
-    "FAULT_KINDS",
-    "QUIET_S",
     "SECTIONS",
     "ClassAvailability",
-    "GuardianAction",
-    "Incident",
-    "Intervention",
     "Postmortem",
-    "ResourceUse",
     "TargetRow",
     "Targets",
     "find_marks",
-    "incidents",
     "parse_moment",
     "postmortem",
-    "resource_use",
 ]
 
 SECTIONS = (
     "availability", "latency", "guardian", "interventions", "resources", "repair", "windows",
 )  # fmt: skip
-QUIET_S = 5
-"""An incident is repaired once clients have seen no error for this many seconds."""
-FAULT_KINDS = (
-    "fault_injected", "worker_failed", "device_unavailable", "instance_ejected", "guardian",
-)  # fmt: skip
-"""Events that open an incident (or explain one) even before any client saw an error."""
 MARK_KIND = JOURNAL_MARK_KIND
-# Event marks name the period (a person, or `sordino stress-test`, wrote them) but change
-# nothing in the server: they are not interventions.
-_INTERVENTION_KINDS = ("fault_injected", "fault_cleared", "admin_call")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,66 +106,6 @@ class ClassAvailability:
     def availability(self) -> float | None:
         counted = self.accepted + self.refused
         return self.ok / counted if counted else None
-
-
-@dataclass(frozen=True, slots=True)
-class GuardianAction:
-    t: float
-    trigger: str
-    action: str
-    started: float | None
-    ended: float | None
-    verify: str
-    outcome: str  # "succeeded", "rolled back" or "unknown"
-    explanation: str
-
-
-@dataclass(frozen=True, slots=True)
-class Intervention:
-    t: float
-    kind: str
-    subject: str
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class ResourceUse:
-    """One resource over the period: its mean and its peak second, in ``unit``.
-
-    Means are over the seconds the journal holds a figure for (``seconds``); shares
-    (``unit == "%"``) are percentages.
-    """
-
-    resource: str
-    unit: str
-    mean: float
-    peak: float
-    peak_at: int
-    seconds: int
-
-
-@dataclass(frozen=True, slots=True)
-class Incident:
-    """A stretch when clients saw errors, or a fault was journaled, and its repair.
-
-    ``start`` is the earlier of the first second with errors and the first fault event
-    (:data:`FAULT_KINDS`); ``repaired`` the first moment after which clients saw no
-    error for :data:`QUIET_S` seconds (the end of the last second with errors, or the
-    last fault event when later), ``None`` when the period ended before that was seen.
-    ``failed`` counts the requests that failed: errors of accepted requests (503,
-    timeout, failure) and refusals at admission (503, 429, 500); 4xx client errors
-    are the client's mistake and never count.
-    """
-
-    start: float
-    repaired: float | None
-    cause: str
-    failed: int
-    seconds_with_errors: int
-
-    @property
-    def time_to_repair(self) -> float | None:
-        return None if self.repaired is None else self.repaired - self.start
 
 
 @dataclass(slots=True)
@@ -315,218 +245,6 @@ def _availability(
     return by_priority, by_model
 
 
-def _guardian(events: Iterable[JournalEvent]) -> list[GuardianAction]:
-    """One entry per action: a verdict record completes the record its action wrote
-    when it acted (same ``action_id``); one whose action record is not in the window (or
-    a journal from before records were split) counts as the action itself."""
-    out: list[GuardianAction] = []
-    acted: dict[str, int] = {}
-    for e in events:
-        if e.kind != "guardian":
-            continue
-        p = e.payload
-        rolled = p.get("rolled_back")
-        if p.get("verify") == "pending":
-            outcome = "pending"
-        else:
-            outcome = "rolled back" if rolled else ("succeeded" if rolled is False else "unknown")
-        action_id = p.get("action_id")
-        first = acted.get(str(action_id)) if p.get("phase") == "verdict" else None
-        entry = GuardianAction(
-            t=e.t if first is None else out[first].t,
-            trigger=str(p.get("trigger", e.cause or "?")),
-            action=str(p.get("action", e.subject)),
-            started=_number(p.get("started")),
-            ended=_number(p.get("ended")),
-            verify=str(p.get("verify", "")),
-            outcome=outcome,
-            explanation=str(p.get("explanation", "")),
-        )
-        if first is not None:
-            out[first] = entry
-            continue
-        if p.get("phase") == "acted" and action_id is not None:
-            acted[str(action_id)] = len(out)
-        out.append(entry)
-    return out
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) else None
-
-
-def _interventions(events: Iterable[JournalEvent]) -> list[Intervention]:
-    out = []
-    for e in events:
-        if e.kind not in _INTERVENTION_KINDS and not e.kind.startswith("reconfig"):
-            continue
-        p = e.payload
-        if e.kind == "fault_injected":
-            extra = f" +{p['latency_s'] * 1000:.0f} ms" if p.get("latency_s") else ""
-            duration = f" for {p['duration_s']:g} s" if p.get("duration_s") else ""
-            detail = f"{p.get('fault')} fault{extra} at rate {p.get('rate')}{duration} ({e.cause})"
-        elif e.kind == "fault_cleared":
-            detail = f"{p.get('fault')} fault {p.get('id')} cleared ({e.cause})"
-        elif e.kind == "admin_call":
-            detail = f"{p.get('action')} ({e.cause}): {p.get('outcome')}"
-        else:
-            detail = e.cause or ", ".join(f"{k}={v}" for k, v in p.items())
-        out.append(Intervention(e.t, e.kind, e.subject, detail))
-    return out
-
-
-def _utilisation(window: JournalWindow) -> list[str]:
-    """What the table of :func:`resource_use` does not say."""
-    out = []
-    pool = [r.pool_in_use_bytes for r in window.resources if r.pool_in_use_bytes is not None]
-    reserved = [r.pool_reserved_bytes for r in window.resources if r.pool_reserved_bytes]
-    if pool and reserved:
-        out.append(
-            f"Shared-memory pool: up to {max(pool) / 2**20:.1f} MiB in use of "
-            f"{max(reserved) / 2**20:.0f} MiB."
-        )
-    if window.resources:
-        out.append(
-            "Server CPU is the server process's, in percent of one core; the worker "
-            "processes' CPU is not journaled: their instances' busy share stands for it."
-        )
-    return out or ["The journal holds no utilisation rows for this period."]
-
-
-def _use(resource: str, unit: str, points: list[tuple[int, float]]) -> ResourceUse | None:
-    if not points:
-        return None
-    peak_at, peak = max(points, key=lambda p: p[1])
-    mean = float(np.mean([v for _, v in points]))
-    return ResourceUse(resource, unit, mean, peak, peak_at, len(points))
-
-
-def resource_use(window: JournalWindow) -> list[ResourceUse]:
-    """Mean and peak of each resource the journal records each second.
-
-    Server CPU is the server process's (percent of one core: more than 100 on several);
-    the worker processes' CPU is not journaled, their instances' busy share (the share
-    of their time spent computing, per model) stands for it. The arena's use is its
-    bytes in use as a share of those reserved. GPU memory appears where a GPU was seen.
-    """
-    res = window.resources
-    found = [
-        _use("server CPU (% of one core)", "%", [(r.t, r.cpu_percent) for r in res]),
-        _use("server resident memory", "MiB", [(r.t, r.rss_bytes / 2**20) for r in res]),
-        _use(
-            "arena in use (share of reserved)",
-            "%",
-            [
-                (r.t, 100 * r.pool_in_use_bytes / r.pool_reserved_bytes)
-                for r in res
-                if r.pool_in_use_bytes is not None and r.pool_reserved_bytes
-            ],
-        ),
-        _use(
-            "arena fragmentation",
-            "%",
-            [(r.t, 100 * r.fragmentation) for r in res if r.fragmentation is not None],
-        ),
-        _use(
-            "GPU memory used",
-            "MiB",
-            [
-                (r.t, r.gpu_memory_used_bytes / 2**20)
-                for r in res
-                if r.gpu_memory_used_bytes is not None
-            ],
-        ),
-    ]
-    for model in window.models:
-        rows = window.rows_of(model)
-        if not any(r.requests for r in rows):
-            continue
-        per_second: dict[int, list[float]] = {}
-        for r in rows:  # versions of one model in one second: their mean
-            per_second.setdefault(r.t, []).append(r.busy)
-        found.append(
-            _use(
-                f"{model}: instances busy",
-                "%",
-                [(t, 100 * float(np.mean(b))) for t, b in sorted(per_second.items())],
-            )
-        )
-    return [u for u in found if u is not None]
-
-
-def _failed(row: SecondRow) -> int:
-    """Requests of ``row`` a client saw fail: errors, refusals and 500s at admission."""
-    refused = sum(
-        n
-        for reason, n in row.rejected_by_reason.items()
-        if rejection_class(reason) != "client_error"
-    )
-    return row.errors + refused
-
-
-def _fault_cause(event: JournalEvent) -> str | None:
-    """What a fault event says happened; ``None`` for events that are no fault."""
-    if event.kind not in FAULT_KINDS:
-        return None
-    p = event.payload
-    if event.kind == "guardian":
-        if p.get("phase") == "verdict":
-            return None  # the verdict of an action already counted when it acted
-        return f"guardian {p.get('action', event.subject)} ({p.get('trigger', event.cause)})"
-    if event.kind == "fault_injected":
-        return f"chaos {p.get('fault', '?')} fault on {event.subject}"
-    because = f": {event.cause}" if event.cause else ""
-    return f"{event.kind} on {event.subject}{because}"
-
-
-def incidents(window: JournalWindow, quiet_s: int = QUIET_S) -> list[Incident]:
-    """The period's incidents, in order (see :class:`Incident`).
-
-    A second with failed requests, or a fault event, joins the incident in progress
-    when it comes before clients had seen ``quiet_s`` seconds without errors since that
-    incident's last one; otherwise it opens a new incident. A second without a series
-    row saw no failure. A repair is confirmed only when the ``quiet_s`` clean seconds
-    after it lie in the period.
-    """
-    failed: dict[int, int] = {}
-    for row in window.series:
-        n = _failed(row)
-        if n:
-            failed[row.t] = failed.get(row.t, 0) + n
-    # (time, failed requests, cause): a second with errors, or a fault event.
-    items: list[tuple[float, int, str | None]] = [(t, n, None) for t, n in failed.items()]
-    for event in window.events:
-        cause = _fault_cause(event)
-        if cause is not None:
-            items.append((event.t, 0, cause))
-    items.sort(key=lambda item: item[0])
-    groups: list[list[tuple[float, int, str | None]]] = []
-    repaired = 0.0
-    for item in items:
-        t, n, _ = item
-        if not groups or t >= repaired + quiet_s:
-            groups.append([])
-        groups[-1].append(item)
-        # Clients see no error from the end of a failing second, or from a fault's moment.
-        end = t + 1 if n else t
-        repaired = end if len(groups[-1]) == 1 else max(repaired, end)
-    out = []
-    for group in groups:
-        causes = [c for _, _, c in group if c is not None]
-        ends = [t + 1 if n else t for t, n, _ in group]
-        fixed = max(ends)
-        out.append(
-            Incident(
-                start=group[0][0],
-                repaired=fixed if fixed + quiet_s <= window.end else None,
-                cause="; ".join(dict.fromkeys(causes)) or "no journaled fault explains it",
-                failed=sum(n for _, n, _ in group),
-                seconds_with_errors=sum(1 for _, n, _ in group if n),
-            )
-        )
-    return out
-
-
 def _repair_row(found: list[Incident], target_s: float) -> TargetRow:
     times = [i.time_to_repair for i in found if i.time_to_repair is not None]
     open_ = len(found) - len(times)
@@ -644,7 +362,7 @@ def postmortem(
     slo_ms = _slos(window, earlier_events)
     diagnosis = diagnose(window, source=source)
     by_priority, by_model = _availability(window, later_events)
-    guardian = _guardian(window.events)
+    guardian = guardian_actions(window.events)
     counted = sum(c.accepted + c.refused for c in by_model)
     ok = sum(c.ok for c in by_model)
     availability = ok / counted if counted else None
@@ -734,8 +452,8 @@ def postmortem(
         by_model=by_model,
         slo_ms=slo_ms,
         guardian=guardian,
-        interventions=_interventions(window.events),
-        utilisation=_utilisation(window),
+        interventions=interventions(window.events),
+        utilisation=utilisation(window),
         worst=_worst(diagnosis, slo_ms),
         recommendations=_recommendations(diagnosis, guardian, slo_ms),
         diagnosis=diagnosis,

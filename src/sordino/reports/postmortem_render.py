@@ -16,7 +16,8 @@ from typing import Any
 
 from sordino.reports.charts import has_data, no_data
 from sordino.reports.diagnose import when
-from sordino.reports.postmortem import QUIET_S, ClassAvailability, Postmortem
+from sordino.reports.postmortem import ClassAvailability, Postmortem
+from sordino.reports.postmortem_incidents import QUIET_S
 from sordino.reports.render import Chart, _img, _TextPages, chart_pages, forecast_of, layer_lines
 from sordino.telemetry.availability import outcome_class, rejection_class
 
