@@ -61,8 +61,9 @@ from sordino.execution.staging import Staging, row_bytes
 from sordino.execution.stats import worker_memory
 from sordino.execution.worker_main import WorkerSpec
 from sordino.inference import ModelKey, ModelMetadata, Tensor
-from sordino.memory.arena import SEGMENTS_DIR, Arena
+from sordino.memory.arena import Arena
 from sordino.memory.refs import Tensors
+from sordino.memory.segments import SEGMENTS_DIR
 from sordino.records import ArenaStatistics, ExecutionStatistics, WorkerMemory
 
 __all__ = ["ChainExecutor"]

@@ -332,7 +332,7 @@ def place_and_run(
     Returns the outputs; those with a place in the block are views of it (Ray copies
     them out as the call returns, before the server gives the block back).
     """
-    from sordino.memory.arena import attach_segment
+    from sordino.memory.segments import attach_segment
 
     name = placement["segment"]
     shm = _segments.get(name)

@@ -45,8 +45,9 @@ from sordino.errors import OutOfMemory
 from sordino.execution.batch import NO_CONTEXT, BatchContext
 from sordino.execution.decoupled import ResponseChannel
 from sordino.inference import ModelMetadata, Tensor
-from sordino.memory.arena import Arena, shm_free_bytes
+from sordino.memory.arena import Arena
 from sordino.memory.refs import Lease, TensorRef, Tensors
+from sordino.memory.segments import shm_free_bytes
 from sordino.memory.strategies import allocator_factory
 from sordino.memory.tensors import BYTES, TensorHandle, tensor_nbytes, view_tensor, write_tensor
 from sordino.records import ArenaStatistics

@@ -522,7 +522,7 @@ class _Mapped:
     """
 
     def __init__(self, name: str) -> None:
-        from sordino.memory.arena import attach_segment
+        from sordino.memory.segments import attach_segment
 
         self.segment: shared_memory.SharedMemory | None = None
         with contextlib.suppress(FileNotFoundError):
@@ -531,7 +531,7 @@ class _Mapped:
     def follow(self, name: str) -> memoryview:
         """The buffer of segment ``name`` (the current one when empty), mapped once."""
         if name and (self.segment is None or name != self.segment.name):
-            from sordino.memory.arena import attach_segment
+            from sordino.memory.segments import attach_segment
 
             old, self.segment = self.segment, attach_segment(name)
             if old is not None:

@@ -1,6 +1,6 @@
 """The shared-memory arena: one segment, an allocator over it, and waiting for space.
 
-The server owns the arena; worker processes :func:`attach_segment` to the same
+The server owns the arena; worker processes attach (``segments.attach_segment``) to the same
 segment by name and read and write tensors in place. ``acquire`` waits (first come,
 first served) until a block fits; ``acquire_nowait`` never blocks and raises
 :class:`OutOfMemory` instead. A request larger than the whole arena fails at once.
@@ -26,30 +26,13 @@ import numpy as np
 
 from sordino.errors import OutOfMemory
 from sordino.memory.allocator import ALIGNMENT, Allocator, Block, Lifetime, Strategy
-from sordino.memory.segments import (
-    SEGMENTS_DIR,
-    StaleSegment,
-    attach_segment,
-    close_segment,
-    create_recorded,
-    remove_stale_segments,
-    shm_free_bytes,
-)
+from sordino.memory.segments import close_segment, create_recorded
 from sordino.records import ArenaStatistics, CompactionStep, DefragReport, ResizeReport
 
 if TYPE_CHECKING:
     from sordino.memory.refs import Lease
 
-# The segment names stay importable from here for execution/ and server/, which import
-# them from this module; new code imports them from sordino.memory.segments.
-__all__ = [
-    "SEGMENTS_DIR",
-    "Arena",
-    "StaleSegment",
-    "attach_segment",
-    "remove_stale_segments",
-    "shm_free_bytes",
-]
+__all__ = ["Arena"]
 
 
 class Arena:
@@ -91,7 +74,7 @@ class Arena:
 
     @property
     def name(self) -> str:
-        """The segment's name; workers attach to it with :func:`attach_segment`."""
+        """The segment's name; workers attach to it (``segments.attach_segment``)."""
         return self._shm.name
 
     @property

@@ -44,7 +44,7 @@ from sordino.memory.arena import Arena
 from sordino.memory.defrag import DEFRAG_STEP_BYTES, Defragmentation, strategy_of
 from sordino.memory.demand import RequestCosts
 from sordino.memory.quotas import QuotaLedger
-from sordino.memory.resizing import Resizing, shm_room
+from sordino.memory.resizing import Resizing
 from sordino.records import (
     BatchDone,
     CompactionStatistics,
@@ -61,8 +61,7 @@ from sordino.records import (
 )
 from sordino.telemetry.forecast import Forecast
 
-# shm_room: server/memory_routes.py imports it from here.
-__all__ = ["MemoryManager", "shm_room"]
+__all__ = ["MemoryManager"]
 
 Overflow = Callable[[], tuple[int, int, int, int]]
 """Returns (shrinks, waits, rejections, oversized) of overflow protection so far."""

@@ -47,7 +47,6 @@ from sordino.protocol.extensions import (
 )
 from sordino.protocol.validate import check_declared_shape
 
-# shared_memory_parameters: server/shm.py imports it from here.
 __all__ = [
     "HEADER_CONTENT_LENGTH",
     "decode_infer_request",
@@ -56,7 +55,6 @@ __all__ = [
     "encode_json",
     "output_datatype",
     "parse_header_length",
-    "shared_memory_parameters",
 ]
 
 HEADER_CONTENT_LENGTH = "Inference-Header-Content-Length"

@@ -27,7 +27,7 @@ from sordino.config.base import MAX_POOL_SIZE, MIN_POOL_SIZE
 from sordino.config.units import parse_size
 from sordino.control.admin import AdminAccess
 from sordino.errors import ConfigError, InvalidRequest
-from sordino.memory.manager import shm_room
+from sordino.memory.resizing import shm_room
 from sordino.server.runtime import Runtime
 
 __all__ = ["memory_routes"]

@@ -35,10 +35,10 @@ from sordino.generation.metrics import GenerationCollector
 from sordino.generation.pipeline import Pipeline
 from sordino.guardian import Guardian
 from sordino.inference import InferRequest, InferResponse, Tensor
-from sordino.memory.arena import SEGMENTS_DIR, StaleSegment, remove_stale_segments
 from sordino.memory.manager import MemoryManager
 from sordino.memory.planner import StepPlanner
 from sordino.memory.refs import Tensors
+from sordino.memory.segments import SEGMENTS_DIR, StaleSegment, remove_stale_segments
 from sordino.models.repository import ModelSource
 from sordino.records import SchedulerStatistics
 from sordino.server.guarding import open_guardian

@@ -50,7 +50,7 @@ from sordino.datatypes import (
 )
 from sordino.errors import InvalidRequest, NotFound, TensorError, Unsupported
 from sordino.inference import InferRequest, InferResponse
-from sordino.protocol.codec import shared_memory_parameters
+from sordino.protocol.extensions import shared_memory_parameters
 
 __all__ = [
     "CUDA_REGISTER_REFUSAL",
