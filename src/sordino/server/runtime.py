@@ -303,6 +303,9 @@ class Runtime:
     async def start(self, on_loaded: Callable[[LoadedModel], None] | None = None) -> None:
         """Load every model source; call ``on_loaded`` after each one is serving.
 
+        The models' instances start concurrently, then each model is warmed up and
+        registered in the order given (:meth:`ModelLoader.load_all`).
+
         First the shared-memory segments left in ``server.data_dir`` by a server that
         ended without closing them (SIGKILL, a crash) are removed, each reported.
         """
@@ -321,10 +324,7 @@ class Runtime:
         await self.telemetry.start()
         await self.memory.start()
         self._sources = await self.quant_guard.screen(self._sources)
-        for source in self._sources:
-            model = await self.loader.load(source)
-            if on_loaded is not None:
-                on_loaded(model)
+        await self.loader.load_all(self._sources, on_loaded)
         self._check_nodes()
         for pipeline in self.config.pipelines:
             served = build_pipeline(
