@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.cli.conftest import sordino_start
+from tests.cli.conftest import DIGITS, ONE_MODEL, sordino_start
 
 BUILTIN = Path(str(resources.files("sordino.models.builtin")))
 PIXELS = {"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": [2.0] * 64}
@@ -38,7 +38,7 @@ def test_start_serves_builtins_and_stops_on_sigterm(tmp_path: Path) -> None:
 
 
 def test_start_stops_on_ctrl_c(tmp_path: Path) -> None:
-    with sordino_start([], tmp_path) as server:
+    with sordino_start(ONE_MODEL, tmp_path) as server:
         server.process.send_signal(signal.SIGINT)
         assert server.process.wait(timeout=60) == 0
 
@@ -54,7 +54,7 @@ def test_ctrl_c_to_the_process_group_stops_workers_quietly(tmp_path: Path) -> No
 
 
 def test_sigterm_during_load_answers_every_request(tmp_path: Path) -> None:
-    with sordino_start([], tmp_path) as server:
+    with sordino_start(DIGITS, tmp_path) as server:
         statuses: list[int] = []
         failures: list[str] = []
 
@@ -174,7 +174,7 @@ def test_missing_model_file_is_clear(tmp_path: Path) -> None:
 
 
 def test_port_in_use_is_clear(tmp_path: Path) -> None:
-    with sordino_start([], tmp_path) as server:
+    with sordino_start(ONE_MODEL, tmp_path) as server:
         port = server.url.rsplit(":", 1)[1]
         result = subprocess.run(
             [sys.executable, "-m", "sordino", "start", "--http-port", port, "--grpc-port", "0",
@@ -309,7 +309,7 @@ def test_a_taken_grpc_port_is_named_before_any_model_loads(tmp_path: Path) -> No
 
 def test_a_second_server_on_the_same_data_dir_is_refused(tmp_path: Path) -> None:
     """Two servers writing one journal would mix their series in diagnose."""
-    with sordino_start([], tmp_path) as first:
+    with sordino_start(ONE_MODEL, tmp_path) as first:
         result = subprocess.run(
             [sys.executable, "-m", "sordino", "start", "--http-port", "0", "--grpc-port", "0",
              "--data-dir", str(tmp_path / "data")],
