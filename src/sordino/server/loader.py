@@ -119,12 +119,14 @@ class ModelLoader:
         self,
         sources: Sequence[ModelSource],
         on_loaded: Callable[[LoadedModel], None] | None = None,
+        *,
+        concurrency: int = LOAD_CONCURRENCY,
     ) -> list[LoadedModel]:
         """Load ``sources`` as :meth:`load` one after another would, in less time.
 
         The slow part of a load, starting a model's instances (worker processes that
-        import their runtime and open the model), runs for up to :data:`LOAD_CONCURRENCY`
-        models at once. Then, in the order given, each model is warmed up, has its batch
+        import their runtime and open the model), runs for up to ``concurrency`` models
+        at once. Then, in the order given, each model is warmed up, has its batch
         curve measured, its scheduler started and is registered (``on_loaded`` is called):
         a curve is measured while no other model is starting, and a model that uses
         another at load (an iterative model's text encoder) finds it served, as before.
@@ -141,7 +143,7 @@ class ModelLoader:
                     "rename one of them"
                 )
             seen.add((source.name, source.version))
-        gate = asyncio.Semaphore(LOAD_CONCURRENCY)
+        gate = asyncio.Semaphore(max(1, concurrency))
 
         async def start(source: ModelSource) -> tuple[ModelKey, ModelConfig, ModelMetadata]:
             async with gate:
