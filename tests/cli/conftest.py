@@ -11,11 +11,19 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 import pytest
 
 URL = re.compile(r"listening on (http://\S+)")
+
+_BUILTIN = Path(str(resources.files("sordino.models.builtin")))
+ONE_MODEL = ["--model", str(_BUILTIN / "simple.onnx")]
+"""``sordino start`` arguments serving one small built-in model (one worker) instead of
+all five: for tests about the server's process, ports or data dir, not its models."""
+DIGITS = ["--model", str(_BUILTIN / "digits-classifier.onnx")]
+"""Only ``digits-classifier`` (from its file: no labels or ``models.yaml`` settings)."""
 
 
 @dataclass

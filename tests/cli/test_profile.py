@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sordino.cli.profile import profile_header
 from sordino.telemetry.profile_data import OperatorProfile
-from tests.cli.conftest import sordino_start
+from tests.cli.conftest import DIGITS, sordino_start
 
 
 def _profile(url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -22,7 +22,7 @@ def _profile(url: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_profile_prints_the_top_operators_of_a_worker_process_model(tmp_path: Path) -> None:
     """The defaults run each model in worker processes; the profile reaches into them."""
-    with sordino_start([], tmp_path) as server:
+    with sordino_start(DIGITS, tmp_path) as server:
         result = _profile(server.url, "--model", "digits-classifier", "--seconds", "0.5")
         assert result.returncode == 0, result.stderr
         out = result.stdout

@@ -10,13 +10,14 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from importlib import resources
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.cli.conftest import sordino_start
+from tests.cli.conftest import DIGITS, ONE_MODEL, sordino_start
 
 BUILTIN = Path(str(resources.files("sordino.models.builtin")))
 PIXELS = {"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": [2.0] * 64}
@@ -37,7 +38,7 @@ def test_start_serves_builtins_and_stops_on_sigterm(tmp_path: Path) -> None:
 
 
 def test_start_stops_on_ctrl_c(tmp_path: Path) -> None:
-    with sordino_start([], tmp_path) as server:
+    with sordino_start(ONE_MODEL, tmp_path) as server:
         server.process.send_signal(signal.SIGINT)
         assert server.process.wait(timeout=60) == 0
 
@@ -53,7 +54,7 @@ def test_ctrl_c_to_the_process_group_stops_workers_quietly(tmp_path: Path) -> No
 
 
 def test_sigterm_during_load_answers_every_request(tmp_path: Path) -> None:
-    with sordino_start([], tmp_path) as server:
+    with sordino_start(DIGITS, tmp_path) as server:
         statuses: list[int] = []
         failures: list[str] = []
 
@@ -173,7 +174,7 @@ def test_missing_model_file_is_clear(tmp_path: Path) -> None:
 
 
 def test_port_in_use_is_clear(tmp_path: Path) -> None:
-    with sordino_start([], tmp_path) as server:
+    with sordino_start(ONE_MODEL, tmp_path) as server:
         port = server.url.rsplit(":", 1)[1]
         result = subprocess.run(
             [sys.executable, "-m", "sordino", "start", "--http-port", port, "--grpc-port", "0",
@@ -215,6 +216,20 @@ def _children(pid: int) -> set[int]:
     return found
 
 
+def _workers(pid: int) -> set[int]:
+    """The worker processes ``pid`` spawned (multiprocessing's ``spawn_main`` children;
+    not its resource tracker)."""
+    found = set()
+    for child in _children(pid):
+        try:
+            command = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue  # it ended meanwhile
+        if b"spawn_main" in command:
+            found.add(child)
+    return found
+
+
 def test_ctrl_c_during_start_up_says_interrupted_and_exits_130(tmp_path: Path) -> None:
     """Ctrl-C to the whole process group while models load: one line, status 130."""
     process = _popen(
@@ -222,16 +237,14 @@ def test_ctrl_c_during_start_up_says_interrupted_and_exits_130(tmp_path: Path) -
     )
     lines: list[str] = []
     try:
-        # The first of the four built-in models is loaded; Ctrl-C comes as soon as the
-        # next one's worker exists, in its interpreter's start-up and imports.
-        _read_until(process, "loaded ", lines)
-        before = _children(process.pid)
-        for _ in range(2000):
-            if _children(process.pid) - before:
-                break
+        # The models' workers start together; Ctrl-C comes as soon as one exists, in its
+        # interpreter's start-up and imports, before any model is served.
+        _read_until(process, "journal at", lines)
+        deadline = time.monotonic() + 60
+        while not _workers(process.pid):
+            if time.monotonic() > deadline:
+                raise AssertionError("no model's worker was started within 60 s")
             threading.Event().wait(0.005)
-        else:
-            raise AssertionError("no worker was started for the second model")
         os.killpg(process.pid, signal.SIGINT)
         rest, _ = process.communicate(timeout=60)
     finally:
@@ -296,7 +309,7 @@ def test_a_taken_grpc_port_is_named_before_any_model_loads(tmp_path: Path) -> No
 
 def test_a_second_server_on_the_same_data_dir_is_refused(tmp_path: Path) -> None:
     """Two servers writing one journal would mix their series in diagnose."""
-    with sordino_start([], tmp_path) as first:
+    with sordino_start(ONE_MODEL, tmp_path) as first:
         result = subprocess.run(
             [sys.executable, "-m", "sordino", "start", "--http-port", "0", "--grpc-port", "0",
              "--data-dir", str(tmp_path / "data")],

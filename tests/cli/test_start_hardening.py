@@ -11,19 +11,19 @@ from pathlib import Path
 
 import httpx
 
-from tests.cli.conftest import sordino_start
+from tests.cli.conftest import ONE_MODEL, sordino_start
 
 
 def test_a_restart_removes_the_segment_a_killed_server_left(tmp_path: Path) -> None:
     """SIGKILL to the whole group leaves the arena in /dev/shm; the next start removes it."""
     records = tmp_path / "data" / "shm"
-    with sordino_start([], tmp_path, new_session=True) as first:
+    with sordino_start(ONE_MODEL, tmp_path, new_session=True) as first:
         (record,) = records.iterdir()
         os.killpg(first.process.pid, signal.SIGKILL)
         first.process.wait(timeout=30)
     segment = Path("/dev/shm", record.name)
     assert segment.exists(), "SIGKILL runs no clean-up: the segment is left"
-    with sordino_start([], tmp_path) as second:
+    with sordino_start(ONE_MODEL, tmp_path) as second:
         assert not segment.exists()
         assert httpx.get(f"{second.url}/v2/health/ready").status_code == 200
         (current,) = records.iterdir()  # the new server's own, and only that
@@ -52,7 +52,7 @@ def _low_open_file_limit() -> None:
 def test_start_raises_the_soft_open_file_limit_to_the_hard_one(tmp_path: Path) -> None:
     """A shell's 1,024 (here 256) soft limit would cap the connections the server can hold."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    with sordino_start([], tmp_path, preexec=_low_open_file_limit) as server:
+    with sordino_start(ONE_MODEL, tmp_path, preexec=_low_open_file_limit) as server:
         limits = Path(f"/proc/{server.process.pid}/limits").read_text()
     (line,) = [row for row in limits.splitlines() if row.startswith("Max open files")]
     soft = line.split()[3]

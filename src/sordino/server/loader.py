@@ -10,7 +10,9 @@ model's statistics.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -18,7 +20,7 @@ from sordino.backends.base import dummy_inputs
 from sordino.backends.registry import backend_kind
 from sordino.clock import Clock
 from sordino.config import RuntimeConfig
-from sordino.config.models import StreamingConfig
+from sordino.config.models import ModelConfig, StreamingConfig
 from sordino.config.nodes import NodePolicy
 from sordino.errors import ModelLoadError
 from sordino.events import EventSink
@@ -37,7 +39,14 @@ from sordino.telemetry.model_stats import ModelStats
 if TYPE_CHECKING:
     from sordino.generation.pipeline import Pipeline
 
-__all__ = ["ModelLoader", "node_policy", "stream_spec_for"]
+__all__ = ["LOAD_CONCURRENCY", "ModelLoader", "node_policy", "stream_spec_for"]
+
+log = logging.getLogger("sordino")
+
+LOAD_CONCURRENCY = 4
+"""Models whose instances start at the same time in :meth:`ModelLoader.load_all`
+(Triton's default ``--model-load-thread-count``): enough to overlap the worker
+processes' start-up on a few cores without starting hundreds of processes at once."""
 
 
 def node_policy(config: RuntimeConfig, source: ModelSource, *, batched: bool) -> NodePolicy | None:
@@ -103,6 +112,74 @@ class ModelLoader:
 
     async def load(self, source: ModelSource) -> LoadedModel:
         """Load one model version, warm it up, and start its scheduler."""
+        started = await self._start(source)
+        return await self._serve(source, *started)
+
+    async def load_all(
+        self,
+        sources: Sequence[ModelSource],
+        on_loaded: Callable[[LoadedModel], None] | None = None,
+        *,
+        concurrency: int = LOAD_CONCURRENCY,
+    ) -> list[LoadedModel]:
+        """Load ``sources`` as :meth:`load` one after another would, in less time.
+
+        The slow part of a load, starting a model's instances (worker processes that
+        import their runtime and open the model), runs for up to ``concurrency`` models
+        at once. Then, in the order given, each model is warmed up, has its batch
+        curve measured, its scheduler started and is registered (``on_loaded`` is called):
+        a curve is measured while no other model is starting, and a model that uses
+        another at load (an iterative model's text encoder) finds it served, as before.
+
+        On a failure the first failing model in the order given is raised (its error
+        names it; later failures are logged), the instances of every model not yet
+        serving are stopped, and the models already serving stay (the caller stops them).
+        """
+        seen: set[tuple[str, str]] = set()
+        for source in sources:
+            if (source.name, source.version) in seen:
+                raise ModelLoadError(
+                    f"model {source.name} version {source.version} is given twice; "
+                    "rename one of them"
+                )
+            seen.add((source.name, source.version))
+        gate = asyncio.Semaphore(max(1, concurrency))
+
+        async def start(source: ModelSource) -> tuple[ModelKey, ModelConfig, ModelMetadata]:
+            async with gate:
+                return await self._start(source)
+
+        starting = [asyncio.ensure_future(start(source)) for source in sources]
+        loaded: list[LoadedModel] = []
+        try:
+            results = await asyncio.gather(*starting, return_exceptions=True)
+            failures = [r for r in results if isinstance(r, BaseException)]
+            for later in failures[1:]:
+                log.error("start-up: %s", later)
+            if failures:
+                raise failures[0]
+            for source, started in zip(sources, results, strict=True):
+                assert not isinstance(started, BaseException)
+                model = await self._serve(source, *started)
+                loaded.append(model)
+                if on_loaded is not None:
+                    on_loaded(model)
+        except BaseException:  # a failure, or start-up cancelled (Ctrl-C)
+            for task in starting:
+                task.cancel()
+            await asyncio.gather(*starting, return_exceptions=True)
+            serving = {model.key for model in loaded}
+            for task in starting:
+                if not task.cancelled() and task.exception() is None:
+                    key = task.result()[0]
+                    if key not in serving:
+                        await self._executor.unload(key)
+            raise
+        return loaded
+
+    async def _start(self, source: ModelSource) -> tuple[ModelKey, ModelConfig, ModelMetadata]:
+        """Start ``source``'s instances: its key, its configuration (completed by the
+        backend's own) and its metadata."""
         key = ModelKey(source.name, source.version)
         if self._registry.contains(source.name, source.version):
             raise ModelLoadError(
@@ -114,25 +191,29 @@ class ModelLoader:
         if config.max_batch_size is None and declared is not None:
             # The backend's own configuration (a Python model's auto_complete_config).
             config = config.model_copy(update={"max_batch_size": int(declared)})
-        instances = self._executor.instances(key)
-        if config.streaming is not None:
-            spec = stream_spec_for(config.streaming, metadata)
-            metadata = dataclasses.replace(metadata, stream=spec)
+        return key, config, metadata
+
+    async def _serve(
+        self, source: ModelSource, key: ModelKey, config: ModelConfig, metadata: ModelMetadata
+    ) -> LoadedModel:
+        """Warm up the started model ``key``, start its scheduler and register it; on any
+        failure its scheduler and instances are stopped."""
+        scheduler: ModelScheduler | None = None
         try:
+            instances = self._executor.instances(key)
+            if config.streaming is not None:
+                spec = stream_spec_for(config.streaming, metadata)
+                metadata = dataclasses.replace(metadata, stream=spec)
             node = node_policy(self._config, source, batched=metadata.batched)
-        except ModelLoadError:
-            await self._executor.unload(key)
-            raise
-        scheduling = scheduling_for(
-            self._config.scheduler,
-            config,
-            batched=metadata.batched,
-            instances=instances,
-            node=node,
-        )
-        # A kind that is not warmed up (Python models) has no measured batch curve either.
-        warm_up = backend_kind(config.backend, model=str(key)).warm_up
-        try:
+            scheduling = scheduling_for(
+                self._config.scheduler,
+                config,
+                batched=metadata.batched,
+                instances=instances,
+                node=node,
+            )
+            # A kind that is not warmed up (Python models) has no measured batch curve either.
+            warm_up = backend_kind(config.backend, model=str(key)).warm_up
             curve = None
             # A decoupled model's answers to made-up inputs would have nowhere to go.
             warm_up = warm_up and not metadata.decoupled
@@ -148,23 +229,21 @@ class ModelLoader:
                     await self._warm_up(key, dummy_inputs(metadata, rows))
 
                 curve = await measure_batch_curve(run, self._clock, scheduling.policy.max_batch)
-        except BaseException:  # a failed warm-up, or start-up cancelled (Ctrl-C)
-            await self._executor.unload(key)
-            raise
-        controller = build_controller(scheduling.mode, scheduling.policy, scheduling.slo_s, curve)
-        scheduler = ModelScheduler(
-            key,
-            batched=metadata.batched,
-            executor=self._executor,
-            controller=controller,
-            settings=scheduling.queue,
-            clock=self._clock,
-            observers=self._observers,
-        )
-        scheduler.start()
-        model = LoadedModel(source, key, metadata, scheduling, scheduler, curve, instances)
-        model.request_facts = backend_kind(config.backend, model=repr(key.name)).request_facts
-        try:
+            controller = build_controller(
+                scheduling.mode, scheduling.policy, scheduling.slo_s, curve
+            )
+            scheduler = ModelScheduler(
+                key,
+                batched=metadata.batched,
+                executor=self._executor,
+                controller=controller,
+                settings=scheduling.queue,
+                clock=self._clock,
+                observers=self._observers,
+            )
+            scheduler.start()
+            model = LoadedModel(source, key, metadata, scheduling, scheduler, curve, instances)
+            model.request_facts = backend_kind(config.backend, model=repr(key.name)).request_facts
             model.labels = read_labels(source)
             if config.sequence_batching is not None:
                 model.sequences = sequences_for(
@@ -174,18 +253,18 @@ class ModelLoader:
                     instances=instances,
                     events=self._events,
                 )
-        except ModelLoadError:
-            await scheduler.close(drain=False)
+            if config.iterative is not None:
+                if self._make_pipeline is None:
+                    raise ModelLoadError(f"model {key}: iterative models are not supported here")
+                # Clients see the generator (prompt in, image out); the scheduler runs the
+                # denoiser.
+                model.pipeline = self._make_pipeline(model)
+                model.metadata = model.pipeline.metadata
+        except BaseException:  # a failed check or warm-up, or start-up cancelled (Ctrl-C)
+            if scheduler is not None:
+                await scheduler.close(drain=False)
             await self._executor.unload(key)
             raise
-        if config.iterative is not None:
-            if self._make_pipeline is None:
-                await scheduler.close(drain=False)
-                await self._executor.unload(key)
-                raise ModelLoadError(f"model {key}: iterative models are not supported here")
-            # Clients see the generator (prompt in, image out); the scheduler runs the denoiser.
-            model.pipeline = self._make_pipeline(model)
-            model.metadata = model.pipeline.metadata
         self._registry.add(model)
         self._events.emit(
             "model_loaded",

@@ -42,7 +42,7 @@ from sordino.memory.segments import SEGMENTS_DIR, StaleSegment, remove_stale_seg
 from sordino.models.repository import ModelSource
 from sordino.records import SchedulerStatistics
 from sordino.server.guarding import open_guardian
-from sordino.server.loader import ModelLoader
+from sordino.server.loader import LOAD_CONCURRENCY, ModelLoader
 from sordino.server.model_calls import ModelCalls
 from sordino.server.pipelines import build_pipeline, pipeline_statistics
 from sordino.server.quant_guard import QuantGuard
@@ -303,6 +303,10 @@ class Runtime:
     async def start(self, on_loaded: Callable[[LoadedModel], None] | None = None) -> None:
         """Load every model source; call ``on_loaded`` after each one is serving.
 
+        The models' instances start concurrently (one model at a time on the Ray
+        executor), then each model is warmed up and registered in the order given
+        (:meth:`ModelLoader.load_all`).
+
         First the shared-memory segments left in ``server.data_dir`` by a server that
         ended without closing them (SIGKILL, a crash) are removed, each reported.
         """
@@ -321,10 +325,10 @@ class Runtime:
         await self.telemetry.start()
         await self.memory.start()
         self._sources = await self.quant_guard.screen(self._sources)
-        for source in self._sources:
-            model = await self.loader.load(source)
-            if on_loaded is not None:
-                on_loaded(model)
+        # The Ray executor checks that a model's actors fit beside those of the models
+        # loaded before it (RayExecutor._check_fits): its models start one at a time.
+        concurrency = 1 if self.config.executor.kind == "ray" else LOAD_CONCURRENCY
+        await self.loader.load_all(self._sources, on_loaded, concurrency=concurrency)
         self._check_nodes()
         for pipeline in self.config.pipelines:
             served = build_pipeline(
