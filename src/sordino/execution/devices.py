@@ -21,9 +21,13 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from sordino.config import EXECUTION_PROVIDERS, ModelConfig, RuntimeConfig
+from sordino.config.devices import EXECUTION_PROVIDERS
 from sordino.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from sordino.config import ModelConfig, RuntimeConfig
 
 __all__ = [
     "Device",
