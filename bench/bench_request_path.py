@@ -19,7 +19,8 @@ Two parts, on the built-in digits classifier (an MLP: a request is almost all fr
   the clock runs) in this one; for HTTP JSON and gRPC at 1 and 64 in flight, the server
   process's own CPU time (its workers apart) over the requests served, per request.
   CPU per request holds up on a shared machine where a rate would not: read the rate
-  column only as a check that the loop ran.
+  column only as a check that the loop ran. Each cell also gives the mean rows a batch
+  (the server's ``sordino_batch_size`` histogram over the cell).
 
 Results go to ``bench/results/request_path.json``.
 """
@@ -177,6 +178,21 @@ def calls(requests: int, top: int = 0) -> dict[str, dict[str, Any]]:
     return results
 
 
+def _batches(http: str) -> tuple[float, float]:
+    """The server's ``sordino_batch_size`` histogram: (rows, batches) so far, all models."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{http}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    rows = batches = 0.0
+    for line in text.splitlines():
+        if line.startswith("sordino_batch_size_sum"):
+            rows += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("sordino_batch_size_count"):
+            batches += float(line.rsplit(" ", 1)[1])
+    return rows, batches
+
+
 def _server_cpu(pid: int) -> float:
     times = psutil.Process(pid).cpu_times()
     return times.user + times.system
@@ -223,16 +239,20 @@ def cpu(seconds: float) -> list[dict[str, Any]]:
                     )
 
                 load(1.0)  # warm
+                rows_before, batches_before = _batches(server.http)
                 before, started = _server_cpu(server.pid), time.perf_counter()
                 answers = load(seconds)
                 elapsed = time.perf_counter() - started
                 used = _server_cpu(server.pid) - before - idle * elapsed
+                rows_after, batches_after = _batches(server.http)
+                batches = max(batches_after - batches_before, 1)
                 served = len(answers.latencies)
                 failed = sum(1 for status in answers.statuses if status != 200)
                 cells.append({
                     "transport": transport, "concurrency": concurrency, "requests": served,
                     "failed": failed, "rate": served / answers.seconds,
                     "front_cpu_ms": used * 1000 / max(served, 1),
+                    "mean_batch": (rows_after - rows_before) / batches,
                 })  # fmt: skip
     return cells
 
@@ -262,7 +282,8 @@ def main() -> None:
         for cell in payload["cpu"]:
             console.print(
                 f"  {cell['transport']:10} c{cell['concurrency']:<3} "
-                f"{cell['front_cpu_ms']:.3f} ms CPU/request  ({cell['requests']} requests, "
+                f"{cell['front_cpu_ms']:.3f} ms CPU/request, {cell['mean_batch']:.1f} rows a "
+                f"batch  ({cell['requests']} requests, "
                 f"{cell['failed']} failed, {cell['rate']:.0f} req/s on a shared machine)"
             )
     path = save("request_path", payload)

@@ -14,7 +14,7 @@ both protocols answer from the same source.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -103,6 +103,8 @@ def message_from_json(document: dict[str, Any], kind: type[_M]) -> _M:
 def decode_parameters(parameters: Mapping[str, pb.InferParameter], owner: str) -> dict[str, Any]:
     """Return a parameters map as plain Python values; an unset value is an error."""
     values: dict[str, Any] = {}
+    if not len(parameters):  # the usual case, without building the items view
+        return values
     for key, parameter in parameters.items():
         choice = parameter.WhichOneof("parameter_choice")
         if choice is None:
@@ -311,8 +313,10 @@ def _container_dtype(field: str) -> np.dtype[Any]:
 
 
 def _requested_outputs(
-    outputs: Iterable[pb.ModelInferRequest.InferRequestedOutputTensor],
+    outputs: Sequence[pb.ModelInferRequest.InferRequestedOutputTensor],
 ) -> list[RequestedOutput] | None:
+    if not len(outputs):  # the usual case
+        return None
     requested: list[RequestedOutput] = []
     seen: set[str] = set()
     for index, output in enumerate(outputs):

@@ -17,6 +17,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import grpc
@@ -150,8 +151,7 @@ class InferenceServicer:
             request = decode_infer_request(
                 message, metadata=route.metadata, max_batch_size=route.max_batch_size
             )
-            _forward_tenant(request, context)
-            _credentials(request, context)
+            _Caller.of(context).stamp(request)
             shared = self.runtime.shared_memory.uses(request)
             if shared:
                 self.runtime.shared_memory.attach(request, self.runtime.service.tenant_of(request))
@@ -264,16 +264,13 @@ class InferenceServicer:
                 await context.write(message)
 
         tasks: set[asyncio.Task[None]] = set()
-        tenant = _metadata(context).get("x-sordino-tenant")
-        tenant_header = {"x-sordino-tenant": tenant} if tenant else {}
+        caller = _Caller.of(context)  # the call's metadata: the same for every request
         try:
             while True:
                 raw = await context.read()
                 if raw is grpc.aio.EOF:
                     break
-                task = asyncio.get_running_loop().create_task(
-                    self._stream_one(raw, send, tenant_header, context)
-                )
+                task = asyncio.get_running_loop().create_task(self._stream_one(raw, send, caller))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             if tasks:
@@ -289,8 +286,7 @@ class InferenceServicer:
         self,
         raw: bytes,
         send: Callable[[pb.ModelStreamInferResponse], Awaitable[None]],
-        tenant_header: dict[str, str] | None = None,
-        context: Any = None,
+        caller: _Caller | None = None,
     ) -> None:
         """Answer one stream request: its responses, or one error response; never raise.
 
@@ -308,8 +304,8 @@ class InferenceServicer:
                 request = decode_infer_request(
                     message, metadata=route.metadata, max_batch_size=route.max_batch_size
                 )
-                request.headers.update(tenant_header or {})
-                _credentials(request, context)
+                if caller is not None:
+                    caller.stamp(request)
                 shared = self.runtime.shared_memory.uses(request)
                 if shared:
                     self.runtime.shared_memory.attach(
@@ -356,23 +352,37 @@ def _metadata(context: Any) -> dict[str, str]:
     }
 
 
-def _forward_tenant(request: Any, context: Any) -> None:
-    """Carry the call's ``x-sordino-tenant`` metadata as the request's header (as HTTP does)."""
-    tenant = _metadata(context).get("x-sordino-tenant")
-    if tenant:
-        request.headers["x-sordino-tenant"] = tenant
+@dataclass(frozen=True, slots=True)
+class _Caller:
+    """What a call's metadata says about its caller, read once per call (grpc.aio builds
+    the metadata pairs afresh at every ``invocation_metadata()``, ~7 µs here)."""
 
+    client: str | None
+    """The peer address (``host``), for rules keyed by client."""
+    headers: dict[str, str]
+    """``authorization`` (the API key: the first one sent) and ``x-sordino-tenant`` (the
+    last one sent, when not empty), as HTTP carries them."""
 
-def _credentials(request: InferRequest, context: Any) -> None:
-    """Hand the call's ``authorization`` metadata (the API key) and its peer address to
-    the service."""
-    if context is None:
-        return
-    request.client = peer_address(context.peer() or "") or None
-    for key, value in context.invocation_metadata() or ():
-        if str(key).lower() == "authorization":
-            request.headers["authorization"] = str(value)
-            return
+    @classmethod
+    def of(cls, context: Any) -> _Caller:
+        api_key: str | None = None
+        tenant = ""
+        for key, value in context.invocation_metadata() or ():
+            # Keys arrive lower-case: gRPC metadata keys are HTTP/2 header names.
+            if key == "authorization":
+                if api_key is None:
+                    api_key = str(value)
+            elif key == "x-sordino-tenant" and isinstance(value, str):
+                tenant = value
+        headers = {"x-sordino-tenant": tenant} if tenant else {}
+        if api_key is not None:
+            headers["authorization"] = api_key
+        return cls(peer_address(context.peer() or "") or None, headers)
+
+    def stamp(self, request: InferRequest) -> None:
+        """Give ``request`` the caller's address and credentials headers."""
+        request.client = self.client
+        request.headers.update(self.headers)
 
 
 def _refuse_load_parameters(names: Iterable[str]) -> None:
