@@ -26,10 +26,15 @@ Writes two files (with ``--xl``, ``sdxl_references.npz`` alone; with ``--sd3``,
 - ``sdxl_references.npz``: the same from diffusers' ``StableDiffusionXLPipeline``
   (two text encoders, micro-conditioning, the pooled embedding; a negative prompt left
   out is zeros, ``force_zeros_for_empty_prompt``), and both tokenizers' ``input_ids``
-  (tests/generation/test_stable_diffusion_xl.py);
+  (tests/generation/test_stable_diffusion_xl.py); and image-to-image cases from
+  ``StableDiffusionXLImg2ImgPipeline`` (the base model's settings, no aesthetic score);
 - ``sd3_references.npz``: the same from diffusers' ``StableDiffusion3Pipeline`` (three
   text encoders, flow-matching Euler with shift), and the three tokenizers' ``input_ids``
-  (T5's at SD3's ``max_sequence_length``, 256) (tests/generation/test_stable_diffusion_3.py).
+  (T5's at SD3's ``max_sequence_length``, 256) (tests/generation/test_stable_diffusion_3.py);
+  and image-to-image cases from ``StableDiffusion3Img2ImgPipeline`` at the image's size
+  (tests/generation/test_sd_xl_sd3_image_to_image.py).
+
+A rerun writes the same files byte for byte.
 
 Euler ancestral and LCM draw noise at every step; diffusers draws it from torch's
 generator, sordino from numpy's. Here diffusers' draw is replaced by sordino's (numpy
