@@ -202,3 +202,23 @@ def test_sdxl_latents_mean_and_std_scale_the_encoded_image_as_the_decoder_undoes
         pipeline.latents_mean = pipeline.latents_std = None
     assert not np.allclose(shifted, plain)
     np.testing.assert_allclose(shifted * std / factor + mean, plain / factor, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("steps", "strength", "sd", "sd3"),
+    [(10, 0.7, 7, 7), (5, 0.6, 3, 3), (4, 0.7, 2, 3), (5, 0.1, 0, 1), (3, 1.0, 3, 3)],
+)
+def test_a_strength_sent_as_fp32_runs_diffusers_step_count(
+    server: RunningServer, steps: int, strength: float, sd: int, sd3: int
+) -> None:
+    """FP32's 0.7 is 0.69999999: 10 x it is 7 steps, as diffusers counts from the decimal
+    (not 6); SD3 keeps ``steps - int(steps - steps x strength)``."""
+    sent = float(np.float32(strength))
+    for model, expected in (("xi-euler", sd), ("si-flow", sd3)):
+        sampler = pipeline_of(server, model, StableDiffusion).spec.start(steps)
+        fractional = pipeline_of(server, model, StableDiffusion).fractional_strength
+        if expected == 0:
+            with pytest.raises(ValueError, match="runs no step"):
+                sampler.image_start(sent, fractional=fractional)
+        else:
+            assert steps - sampler.image_start(sent, fractional=fractional) == expected
