@@ -26,10 +26,15 @@ Writes two files (with ``--xl``, ``sdxl_references.npz`` alone; with ``--sd3``,
 - ``sdxl_references.npz``: the same from diffusers' ``StableDiffusionXLPipeline``
   (two text encoders, micro-conditioning, the pooled embedding; a negative prompt left
   out is zeros, ``force_zeros_for_empty_prompt``), and both tokenizers' ``input_ids``
-  (tests/generation/test_stable_diffusion_xl.py);
+  (tests/generation/test_stable_diffusion_xl.py); and image-to-image cases from
+  ``StableDiffusionXLImg2ImgPipeline`` (the base model's settings, no aesthetic score);
 - ``sd3_references.npz``: the same from diffusers' ``StableDiffusion3Pipeline`` (three
   text encoders, flow-matching Euler with shift), and the three tokenizers' ``input_ids``
-  (T5's at SD3's ``max_sequence_length``, 256) (tests/generation/test_stable_diffusion_3.py).
+  (T5's at SD3's ``max_sequence_length``, 256) (tests/generation/test_stable_diffusion_3.py);
+  and image-to-image cases from ``StableDiffusion3Img2ImgPipeline`` at the image's size
+  (tests/generation/test_sd_xl_sd3_image_to_image.py).
+
+A rerun writes the same files byte for byte.
 
 Euler ancestral and LCM draw noise at every step; diffusers draws it from torch's
 generator, sordino from numpy's. Here diffusers' draw is replaced by sordino's (numpy
@@ -430,9 +435,36 @@ XL_EXTRAS = ("prompt_2", "negative_prompt_2", "original_size", "crops_coords_top
              "target_size")  # fmt: skip
 
 
+# Image to image for the SDXL export (StableDiffusionXLImg2ImgPipeline on IMAGE).
+XL_IMAGE_CASES: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = [
+    ("img2img_euler", "EulerDiscreteScheduler", {}, {"steps": 5, "guidance": 5.0, "strength": 0.6}),
+    (
+        "img2img_euler_ancestral_two",
+        "EulerAncestralDiscreteScheduler",
+        {},
+        {
+            "steps": 4,
+            "guidance": 6.0,
+            "strength": 0.8,
+            "num_images": 2,
+            "negative_prompt": "blue sky",
+        },
+    ),
+    (
+        "img2img_dpmpp_2m_karras",
+        "DPMSolverMultistepScheduler",
+        {"use_karras_sigmas": True},
+        {"steps": 5, "guidance": 5.0, "strength": 0.7},
+    ),
+]
+
+
 def record_xl(export: Path, out: Path) -> None:
     """diffusers' StableDiffusionXLPipeline (the torch weights of ``export``) per case."""
-    from diffusers import StableDiffusionXLPipeline
+    from diffusers import StableDiffusionXLImg2ImgPipeline, StableDiffusionXLPipeline
+    from diffusers.pipelines.stable_diffusion_xl import (
+        pipeline_stable_diffusion_xl_img2img as xl_img2img,
+    )
 
     pipe = StableDiffusionXLPipeline.from_pretrained(
         str(export.parent / (export.name + ".torch")), add_watermarker=False
@@ -479,6 +511,22 @@ def record_xl(export: Path, out: Path) -> None:
         arrays[f"{name}/latents_out"] = np.asarray(results["latent"], dtype=np.float32)
         arrays[f"{name}/image"] = np.asarray(results["np"], dtype=np.float32)
         cases.append({"name": name, "scheduler": kind, "options": options, "request": request})
+    record_image_to_image(
+        pipe,
+        base_config,
+        arrays,
+        cases,
+        # SDXL base's settings (no aesthetic score: the time_ids are text to image's).
+        image2image=StableDiffusionXLImg2ImgPipeline(
+            **pipe.components,
+            requires_aesthetics_score=False,
+            force_zeros_for_empty_prompt=pipe.config.force_zeros_for_empty_prompt,
+            add_watermarker=False,
+        ),
+        module=xl_img2img,
+        image_cases=XL_IMAGE_CASES,
+        prefix="xl/",
+    )
     for key, tokenizer in (("input_ids", pipe.tokenizer), ("input_ids_2", pipe.tokenizer_2)):
         arrays[key] = tokenizer(
             [PROMPT, ""], padding="max_length", max_length=77, truncation=True, return_tensors="np"
@@ -489,15 +537,28 @@ def record_xl(export: Path, out: Path) -> None:
 
 
 def record_image_to_image(
-    pipe: Any, base_config: dict[str, Any], arrays: dict[str, np.ndarray], cases: list[Any]
+    pipe: Any,
+    base_config: dict[str, Any],
+    arrays: dict[str, np.ndarray],
+    cases: list[Any],
+    *,
+    image2image: Any = None,
+    module: Any = img2img,
+    image_cases: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = IMAGE_CASES,
+    channels: int = 4,
+    prefix: str = "",
+    extra: dict[str, Any] | None = None,
 ) -> None:
-    """StableDiffusionImg2ImgPipeline (the same weights) on ``test_image()`` per case."""
+    """An image-to-image pipeline (the same weights; SD's StableDiffusionImg2ImgPipeline
+    unless given, ``module`` the one whose start-noise draw is replaced) on
+    ``test_image()`` per case; the noise of a case is seeded by ``prefix + name``."""
     import io
 
     from diffusers import StableDiffusionImg2ImgPipeline
     from PIL import Image
 
-    image2image = StableDiffusionImg2ImgPipeline(**pipe.components)
+    if image2image is None:
+        image2image = StableDiffusionImg2ImgPipeline(**pipe.components)
     image2image.set_progress_bar_config(disable=True)
     pixels = test_image()
     buffer = io.BytesIO()
@@ -505,11 +566,12 @@ def record_image_to_image(
     arrays["img2img/pixels"] = pixels
     arrays["img2img/png"] = np.frombuffer(buffer.getvalue(), dtype=np.uint8)
     width, height = IMAGE_SIZE
-    for name, kind, options, request in IMAGE_CASES:
+    for name, kind, options, request in image_cases:
         image2image.scheduler = CLASSES[kind].from_config(base_config, **options)
         request = {"prompt": PROMPT, "seed": 11, "num_images": 1, "negative_prompt": "", **request}
-        shape = (request["num_images"], 4, height // 8, width // 8)
-        noise = np.random.default_rng(zlib.crc32(name.encode())).standard_normal(shape)
+        shape = (request["num_images"], channels, height // 8, width // 8)
+        seed = zlib.crc32((prefix + name).encode())
+        noise = np.random.default_rng(seed).standard_normal(shape)
         noise = noise.astype(np.float32)
         results = {}
         for output_type in ("latent", "np"):
@@ -519,7 +581,7 @@ def record_image_to_image(
             vae_module.randn_tensor = lambda shape, rng=encoder_noise, **_: torch.from_numpy(
                 rng.standard_normal(tuple(shape)).astype(np.float32)
             )
-            img2img.randn_tensor = GivenNoise(noise)
+            module.randn_tensor = GivenNoise(noise)
             results[output_type] = image2image(
                 request["prompt"],
                 image=Image.open(io.BytesIO(buffer.getvalue())),
@@ -529,6 +591,7 @@ def record_image_to_image(
                 guidance_scale=request["guidance"],
                 num_images_per_prompt=request["num_images"],
                 output_type=output_type,
+                **(extra or {}),
             ).images
         arrays[f"{name}/latents_in"] = noise
         arrays[f"{name}/latents_out"] = np.asarray(results["latent"], dtype=np.float32)
@@ -556,6 +619,28 @@ SD3_CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("flow_unguided", {}, {"steps": 3, "guidance": 1.0}),
     ("flow_shift_1", {"shift": 1.0}, {"steps": 4, "guidance": 7.0, "width": 64, "height": 32}),
 ]
+# Image to image for the SD3 export (StableDiffusion3Img2ImgPipeline on IMAGE); the second
+# keeps steps - int(steps - steps x strength) = 3 calls where SD's rule keeps 2.
+SD3_IMAGE_CASES: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = [
+    (
+        "img2img_flow",
+        "FlowMatchEulerDiscreteScheduler",
+        {},
+        {"steps": 5, "guidance": 7.0, "strength": 0.6},
+    ),
+    (
+        "img2img_flow_two",
+        "FlowMatchEulerDiscreteScheduler",
+        {},
+        {
+            "steps": 4,
+            "guidance": 5.0,
+            "strength": 0.7,
+            "num_images": 2,
+            "negative_prompt": "blue sky",
+        },
+    ),
+]
 T5_LENGTH = 256  # StableDiffusion3Pipeline's max_sequence_length default
 # The tokenizers' cases: the prompt, none, case and spacing and the "!" the second CLIP
 # pads with, and one longer than every tokenizer's length (truncated).
@@ -564,7 +649,14 @@ SD3_PROMPTS = [PROMPT, "", "A  Poster of THE sea, at night!", "a zebra, " * 80]
 
 def record_sd3(export: Path, out: Path) -> None:
     """diffusers' StableDiffusion3Pipeline (the torch weights of ``export``) per case."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
+    from diffusers import (
+        FlowMatchEulerDiscreteScheduler,
+        StableDiffusion3Img2ImgPipeline,
+        StableDiffusion3Pipeline,
+    )
+    from diffusers.pipelines.stable_diffusion_3 import (
+        pipeline_stable_diffusion_3_img2img as sd3_img2img,
+    )
 
     pipe = StableDiffusion3Pipeline.from_pretrained(str(export.parent / (export.name + ".torch")))
     pipe.set_progress_bar_config(disable=True)
@@ -610,6 +702,24 @@ def record_sd3(export: Path, out: Path) -> None:
                 "request": request,
             }
         )
+    record_image_to_image(
+        pipe,
+        base_config,
+        arrays,
+        cases,
+        image2image=StableDiffusion3Img2ImgPipeline(**pipe.components),
+        module=sd3_img2img,
+        image_cases=SD3_IMAGE_CASES,
+        channels=16,
+        prefix="sd3/",
+        # Its size is the image's (left out, diffusers' SD3 img2img resizes the image to
+        # the transformer's default size; sordino answers at the image's size).
+        extra={
+            "max_sequence_length": T5_LENGTH,
+            "width": IMAGE_SIZE[0],
+            "height": IMAGE_SIZE[1],
+        },
+    )
     for key, tokenizer, length in (
         ("input_ids", pipe.tokenizer, 77),
         ("input_ids_2", pipe.tokenizer_2, 77),

@@ -155,11 +155,12 @@ def test_playground_offers_an_exports_fields_and_shows_its_image(
             page.wait_for_function("document.querySelector('#png').naturalWidth > 0")
             shown = page.evaluate(_IMAGE)
             assert shown == {"w": 64, "h": 32, "progress": "done: 2 steps", "error": None}
-            # An SDXL export takes no image here; digits-diffusion none of these fields.
+            # An SDXL export with its VAE encoder takes an image too; digits-diffusion none
+            # of these fields.
             page.fill("#model", "xl")
             page.dispatch_event("#model", "change")
             page.wait_for_function(_FIELDS, timeout=30000)
-            assert page.evaluate(_SHOWN) == "negative,width,height"
+            assert page.evaluate(_SHOWN) == "negative,width,height,image,strength"
             page.fill("#model", "digits-diffusion")
             page.dispatch_event("#model", "change")
             page.wait_for_function("window.playground.described", timeout=30000)

@@ -40,7 +40,10 @@ from tests.generation.sd_common import generate_one, pipeline_of, sd_request
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "sd"
 EXPORT = FIXTURES / "tiny-sd3"
 REFERENCES = np.load(FIXTURES / "sd3_references.npz")
-CASES: list[dict[str, Any]] = json.loads(str(REFERENCES["cases"]))
+# Image to image's cases are test_sd_xl_sd3_image_to_image.py's.
+CASES: list[dict[str, Any]] = [
+    c for c in json.loads(str(REFERENCES["cases"])) if not c.get("image")
+]
 MODELS = {"sd3": {}, "sd3-shift1": {"shift": 1.0}}
 SCALING, SHIFT = np.float32(1.5305), np.float32(0.0609)  # the export's VAE
 
@@ -92,7 +95,7 @@ def test_the_export_serves_as_five_models_with_sd3_defaults(server: RunningServe
     names = {m.key.name for m in server.runtime.registry.models()}
     encoders = {f"sd3.text_encoder{suffix}" for suffix in ("", "_2", "_3")}
     assert {"sd3", "sd3.vae_decoder", *encoders} <= names
-    assert "sd3.vae_encoder" not in names  # image to image is not served for SD3
+    assert "sd3.vae_encoder" in names  # image to image
     pipeline = _pipeline(server, "sd3")
     assert (pipeline.config.guidance, pipeline.config.steps.default) == (7.0, 28)
     assert pipeline.spec.kind == "FlowMatchEulerDiscreteScheduler"
@@ -186,7 +189,9 @@ def test_generate_and_stream_answer_rgb_pngs(server: RunningServer) -> None:
     latents = next(i for i in metadata["inputs"] if i["name"] == "latents")
     assert latents["shape"][1] == 16
     assert odd.status_code == 400 and "multiples of 16" in odd.text
-    assert image.status_code == 400 and "not supported for an SD3 export" in image.text
+    # SD3's rounding: 3 - int(3 - 3 x 0.5) = 2 steps (SD's int(3 x 0.5) would be 1).
+    assert image.status_code == 200, image.text
+    assert image.json()["parameters"]["steps_used"] == 2
 
 
 def test_an_export_without_t5_serves_with_zero_t5_rows(tmp_path: Path) -> None:
@@ -200,6 +205,7 @@ def test_an_export_without_t5_serves_with_zero_t5_rows(tmp_path: Path) -> None:
         "lite.text_encoder",
         "lite.text_encoder_2",
         "lite.vae_decoder",
+        "lite.vae_encoder",
         "lite",
     ]
     with serve_in_thread(sources=sources) as running:
@@ -218,6 +224,7 @@ def test_a_repository_folder_serves_sd3_and_a_missing_part_is_named(tmp_path: Pa
         "poster.text_encoder_2",
         "poster.text_encoder_3",
         "poster.vae_decoder",
+        "poster.vae_encoder",
         "poster",
     ]
     shutil.rmtree(tmp_path / "repo" / "poster" / "transformer")

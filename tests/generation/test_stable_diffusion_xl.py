@@ -43,7 +43,10 @@ from tests.generation.sd_common import (
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "sd"
 EXPORT = FIXTURES / "tiny-sdxl"
 REFERENCES = np.load(FIXTURES / "sdxl_references.npz")
-CASES: list[dict[str, Any]] = json.loads(str(REFERENCES["cases"]))
+# Image to image's cases are test_sd_xl_sd3_image_to_image.py's.
+CASES: list[dict[str, Any]] = [
+    c for c in json.loads(str(REFERENCES["cases"])) if not c.get("image")
+]
 SCHEDULERS = {
     "euler": (None, {}),  # the export's own: EulerDiscreteScheduler as SDXL ships it
     "dpmpp": ("DPMSolverMultistepScheduler", {"use_karras_sigmas": True}),
@@ -162,16 +165,15 @@ def test_generate_and_stream_answer_rgb_pngs(server: RunningServer) -> None:
     assert {i["name"] for i in metadata["inputs"]} >= {"prompt", "negative_prompt", "latents"}
 
 
-def test_image_to_image_on_sdxl_is_refused_by_name(server: RunningServer) -> None:
-    # Checked against diffusers for SD 1.x/2.x only: an SDXL export says so, not "no encoder".
+def test_the_refiners_denoising_start_is_refused_by_name(server: RunningServer) -> None:
     image = base64.b64encode(bytes(32 * 48 * 3)).decode()
     body = {"prompt": "a red house", "steps": 3, "width": 48, "height": 32, "image": image}
     with httpx.Client(base_url=server.url, timeout=60) as client:
-        answer = client.post("/v2/models/xl-euler/generate", json=body)
+        answer = client.post("/v2/models/xl-euler/generate", json={**body, "denoising_start": 0.8})
     names = {m.key.name for m in server.runtime.registry.models()}
     assert answer.status_code == 400
-    assert "image to image is not supported for an SDXL export yet" in answer.text
-    assert not any(name.endswith(".vae_encoder") for name in names)
+    assert "has no input 'denoising_start'" in answer.text
+    assert "xl-euler.vae_encoder" in names  # image to image is served
 
 
 def test_an_empty_negative_prompt_is_zeros_and_a_given_one_is_encoded(
@@ -240,6 +242,7 @@ def test_a_repository_folder_serves_sdxl_and_refuses_other_pipelines(tmp_path: P
         "poster.text_encoder",
         "poster.text_encoder_2",
         "poster.vae_decoder",
+        "poster.vae_encoder",
         "poster",
     ]
     index = tmp_path / "repo" / "poster" / "model_index.json"

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["SCHEDULERS", "Sampler", "SchedulerSpec", "scheduler_from_config"]
+__all__ = ["SCHEDULERS", "Sampler", "SchedulerSpec", "image_steps", "scheduler_from_config"]
 
 F32 = npt.NDArray[np.floating[Any]]  # float32 throughout; numpy types the arithmetic loosely
 SCHEDULERS = (
@@ -453,12 +453,15 @@ class Sampler:
 
     # -- image to image -------------------------------------------------------------------
 
-    def image_start(self, strength: float) -> int:
+    def image_start(self, strength: float, *, fractional: bool = False) -> int:
         """The first call of an image-to-image run at ``strength`` (diffusers' ``t_start``).
 
-        Raises ValueError when ``strength`` leaves no step to run.
+        SD 1.x/2.x and SDXL keep ``int(steps x strength)`` calls; SD3's pipeline
+        (``fractional``) starts at ``int(steps - steps x strength)``, keeping one more
+        when ``steps x strength`` is not whole. Raises ValueError when ``strength``
+        leaves no step to run.
         """
-        kept = min(int(self.steps * strength), self.steps)
+        kept = image_steps(self.steps, strength, fractional=fractional)
         if kept < 1:
             raise ValueError(
                 f"strength {strength:g} with {self.steps} steps runs no step "
@@ -582,3 +585,18 @@ def _sigma_to_t(sigma: npt.NDArray[np.float64], log_sigmas: npt.NDArray[np.float
     lo, hi = log_sigmas[low], log_sigmas[high]
     w = np.clip((lo - log_sigma) / (lo - hi), 0, 1)
     return ((1 - w) * low + w * high).reshape(sigma.shape)
+
+
+def image_steps(steps: int, strength: float, *, fractional: bool = False) -> int:
+    """The calls an image-to-image run of ``steps`` at ``strength`` makes, as diffusers'
+    ``get_timesteps``: ``min(int(steps x strength), steps)``, or with ``fractional``
+    (``StableDiffusion3Img2ImgPipeline``) ``steps - int(max(steps - steps x strength, 0))``.
+    """
+    product = steps * strength
+    if abs(product - round(product)) < 1e-5:
+        # A strength sent as FP32 (0.6 is 0.60000002): the product diffusers computes
+        # from the decimal is whole, so count it whole, as diffusers does.
+        product = round(product)
+    if fractional:
+        return steps - int(max(steps - min(product, steps), 0))
+    return min(int(product), steps)

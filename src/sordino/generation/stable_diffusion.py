@@ -49,7 +49,12 @@ import numpy.typing as npt
 
 from sordino.errors import InferenceFailed, InvalidRequest, ModelLoadError, TensorError
 from sordino.generation.clip_tokens import ClipTokenizer
-from sordino.generation.diffusers_schedulers import Sampler, SchedulerSpec, scheduler_from_config
+from sordino.generation.diffusers_schedulers import (
+    Sampler,
+    SchedulerSpec,
+    image_steps,
+    scheduler_from_config,
+)
 from sordino.generation.inputs import one_float, one_int
 from sordino.generation.pipeline import GenerateParams, Pipeline, Progress
 from sordino.generation.reuse import Generated
@@ -152,7 +157,9 @@ class SDGeneration:
             # calls before it are not run.
             self.latents = self.sampler.add_noise(cached, latents, self.begin)
         elif params.encoded is not None:
-            self.begin = self.sampler.image_start(params.strength)
+            self.begin = self.sampler.image_start(
+                params.strength, fractional=pipeline.fractional_strength
+            )
             start = np.repeat(params.encoded, params.num_images // len(params.encoded), axis=0)
             self.latents = self.sampler.add_noise(start, latents, self.begin)
         else:
@@ -292,6 +299,10 @@ class StableDiffusion(Pipeline):
 
     inputs_taken: tuple[str, ...] = INPUTS
     """The inputs a request may carry (a subclass adds its own)."""
+
+    fractional_strength = False
+    """Image to image's step count: ``int(steps x strength)`` (False) or SD3's rounding
+    (True; diffusers_schedulers.image_steps)."""
 
     def __init__(
         self,
@@ -470,7 +481,7 @@ class StableDiffusion(Pipeline):
         if "strength" in inputs:
             strength = one_float(inputs["strength"], "strength", 0.0, 1.0)
         try:
-            sampler.image_start(strength)
+            sampler.image_start(strength, fractional=self.fractional_strength)
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
         image = read_image(
@@ -603,8 +614,12 @@ class StableDiffusion(Pipeline):
             step_s=self.step_period(priority),
         )
         if isinstance(params, SDParams) and params.image is not None:
-            # Image to image runs int(steps x strength) of them: keep at least one.
-            while steps < params.steps and int(steps * params.strength) < 1:
+            # Image to image runs about steps x strength of them: keep at least one.
+            fractional = self.fractional_strength
+            while (
+                steps < params.steps
+                and image_steps(steps, params.strength, fractional=fractional) < 1
+            ):
                 steps += 1
         return steps
 

@@ -25,8 +25,13 @@ parts, each as diffusers computes it:
 - width and height are multiples of 8 x the transformer's ``patch_size`` (16 for SD3),
   as diffusers checks.
 
+- image to image (``image``, ``strength``), as ``StableDiffusion3Img2ImgPipeline``:
+  the encoded latents ``(x - shift_factor) * scaling_factor``, noised to the first
+  call's sigma with the scheduler's ``scale_noise``; the run keeps
+  ``steps - int(steps - steps x strength)`` calls (SD3's rounding, one more than SD's
+  when ``steps x strength`` is not whole).
+
 The defaults are diffusers': 28 steps, guidance 7.0 (models/diffusers_export.py).
-Image to image is not served for SD3 yet (refused by name).
 """
 
 from __future__ import annotations
@@ -112,10 +117,7 @@ class StableDiffusion3(StableDiffusionXL):
     preview_rgb = _PREVIEW_RGB_SD3
     # SD3 has no micro-conditioning and its own prompt rules: SD's inputs, not SDXL's.
     inputs_taken = INPUTS
-    image_to_image_refusal = (
-        "image to image is not supported for an SD3 export yet (it is for SD 1.x/2.x "
-        "exports); leave image and strength out"
-    )
+    fractional_strength = True  # StableDiffusion3Img2ImgPipeline.get_timesteps
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -201,6 +203,12 @@ class StableDiffusion3(StableDiffusionXL):
             now=now,
             deadline=deadline,
         )
+
+    async def _encode_image(self, params: SDParams) -> npt.NDArray[np.float32]:
+        """SD's latents of the image, shifted: ``(x - shift_factor) * scaling_factor``."""
+        scaled = await super()._encode_image(params)
+        shift = np.float32(self.shift_factor * self.scaling_factor)
+        return np.asarray(scaled - shift, dtype=np.float32)
 
     async def _decode(self, sample: npt.NDArray[np.float32]) -> npt.NDArray[np.uint8]:
         # diffusers: latents / scaling_factor + shift_factor; the base divides by the factor.

@@ -26,8 +26,16 @@ SDXL's conditioning, each part as diffusers computes it:
   prompt (``""`` too) is encoded;
 - the image: the VAE decoder on ``latents / scaling_factor`` (SDXL's 0.13025, from the
   export's ``vae_decoder/config.json``; ``latents_mean``/``latents_std`` when the VAE
-  has them). SDXL's VAE upcast note (``force_upcast``) is about fp16 torch: an fp32
-  ONNX decoder runs as it is.
+  has them);
+- image to image (``image``, ``strength``), as ``StableDiffusionXLImg2ImgPipeline``
+  with ``requires_aesthetics_score`` False (the base model's): SD's (sd_image.py), the
+  encoded latents ``(x - latents_mean) * scaling_factor / latents_std`` when the VAE has
+  them, the ``time_ids`` as text to image's at the image's size. The refiner's
+  ``denoising_start``/``denoising_end`` are not inputs (refused by name as any unknown
+  input is).
+
+SDXL's VAE upcast note (``force_upcast``) is about fp16 torch: an fp32 ONNX VAE runs as
+it is.
 
 The default guidance of an SDXL export is diffusers' 5.0 (models/diffusers_export.py).
 """
@@ -137,10 +145,6 @@ class StableDiffusionXL(StableDiffusion):
 
     preview_rgb = _PREVIEW_RGB_XL
     inputs_taken: tuple[str, ...] = (*INPUTS, *XL_TEXTS, *XL_SIZES)
-    image_to_image_refusal = (
-        "image to image is not supported for an SDXL export yet (it is for SD 1.x/2.x "
-        "exports); leave image and strength out"
-    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -260,6 +264,16 @@ class StableDiffusionXL(StableDiffusion):
             now=now,
             deadline=deadline,
         )
+
+    async def _encode_image(self, params: SDParams) -> npt.NDArray[np.float32]:
+        """SD's latents of the image; with the VAE's ``latents_mean``/``latents_std``,
+        ``(latents - mean) * scaling_factor / std`` as diffusers' SDXL img2img does."""
+        scaled = await super()._encode_image(params)
+        if self.latents_mean is None or self.latents_std is None:
+            return scaled
+        factor = np.float32(self.scaling_factor)
+        shifted = (scaled / factor - self.latents_mean) * factor / self.latents_std
+        return np.asarray(shifted, dtype=np.float32)
 
     async def _decode(self, sample: npt.NDArray[np.float32]) -> npt.NDArray[np.uint8]:
         if self.latents_mean is None or self.latents_std is None:

@@ -30,7 +30,9 @@ are zeros) and ``transformer/model.onnx`` in place of the UNet (``hidden_states`
 ``out_hidden_states``): it becomes ``NAME`` (the transformer, ``iterative.text_encoder_3``
 set when T5 is there), ``NAME.text_encoder``, ``NAME.text_encoder_2``,
 ``NAME.text_encoder_3`` and ``NAME.vae_decoder``; the generator runs the SD3 loop
-(generation/stable_diffusion_3.py). Other pipelines are refused with a clear error.
+(generation/stable_diffusion_3.py). An SDXL or SD3 export's ``vae_encoder/`` becomes
+``NAME.vae_encoder`` as SD's does (image to image). Other pipelines are refused with a
+clear error.
 
 optimum exports the UNet's ``timestep`` as a scalar, so one call can only denoise rows at
 one timestep. To let requests at different steps share a UNet batch, the graph is
@@ -154,9 +156,7 @@ def export_sources(
     if t5:
         encoders.append("text_encoder_3")
         iterative = iterative.model_copy(update={"text_encoder_3": f"{name}.text_encoder_3"})
-    # Image to image is checked against diffusers for SD 1.x/2.x only: an SDXL or SD3
-    # export's encoder is not served, and its generator refuses an ``image`` by name.
-    image_encoder = [] if xl or sd3 else _image_encoder(name, folder, helper)
+    image_encoder = _image_encoder(name, folder, helper)
     if sd3:
         # The transformer's timestep is per row already; it warms up at its own latent
         # size (a 1x1 latent cannot be cut into patches).
