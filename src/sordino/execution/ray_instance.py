@@ -42,7 +42,7 @@ from sordino.events import EventSink
 from sordino.execution.backoff import RestartBackoff, start_again
 from sordino.execution.devices import Device
 from sordino.execution.faults import FaultAction, InjectedFault, perform
-from sordino.execution.instances import _Base
+from sordino.execution.instance_base import InstanceBase
 from sordino.execution.ray_pool import NodePools, PlacedBatch, place_and_run
 from sordino.execution.staging import StagedBatch
 from sordino.execution.worker import WorkerError, WorkerLost
@@ -192,7 +192,7 @@ def _lost_cause(exc: BaseException) -> str:
     return f"actor lost: {type(exc).__name__}" + (f": {first[:200]}" if first else "")
 
 
-class RayInstance(_Base):
+class RayInstance(InstanceBase):
     """One actor slot on the Ray cluster: keeps one healthy actor, replacing it as needed."""
 
     isolation = "ray"
