@@ -204,7 +204,7 @@ def test_infer_requests_hands_each_request_its_facts(tmp_path: Path) -> None:
 def test_a_ray_actor_hands_each_request_its_facts(tmp_path: Path) -> None:
     """The Ray executor's actor runs a Python model's batch as its requests, each with
     its facts, as a worker process does (in-process here: the actor's own method)."""
-    from sordino.execution.ray_instance import ModelActor
+    from sordino.execution.ray_actor import ModelActor
 
     _model(tmp_path, "echo", ECHO_CONFIG)
     backend = PythonBackend(BackendOptions(name="echo", version="1"))

@@ -7,8 +7,8 @@ import asyncio
 from sordino.config.self_healing import RecoveryConfig
 from sordino.events import EventSink
 from sordino.execution.devices import Device
-from sordino.execution.instances import ThreadInstance
 from sordino.execution.placement import PlacedModel, Signal, TierSlot, choose
+from sordino.execution.thread_instance import ThreadInstance
 from sordino.guardian import Recovery
 from sordino.inference import ModelKey, ModelMetadata
 from sordino.testing import VirtualClock

@@ -10,7 +10,7 @@ admission, batching, priorities, deadlines, quotas and breakers apply as to a
 client's request:
 
 - in a worker process, over the worker's pipe (``execution/worker_main.py``);
-- in a thread instance, onto the server's event loop (``execution/instances.py``).
+- in a thread instance, onto the server's event loop (``execution/thread_instance.py``).
 
 The records are plain data (numpy arrays, strings, numbers) and cross the worker pipe
 pickled.

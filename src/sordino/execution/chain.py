@@ -51,7 +51,7 @@ from sordino.execution.devices import Device
 from sordino.execution.dispatch import Dispatcher
 from sordino.execution.executor import MemoryFit, OverflowCounters
 from sordino.execution.faults import FaultRegistry, FaultSpec
-from sordino.execution.instances import ProcessInstance, ThreadInstance
+from sordino.execution.instances import ProcessInstance
 from sordino.execution.model_calls import CallServer
 from sordino.execution.outliers import OutlierDetector
 from sordino.execution.placement import Instance, Placement, Signal
@@ -59,6 +59,7 @@ from sordino.execution.pool import InstancePool
 from sordino.execution.profiling import ProfileTraces
 from sordino.execution.staging import Staging, row_bytes
 from sordino.execution.stats import worker_memory
+from sordino.execution.thread_instance import ThreadInstance
 from sordino.execution.worker_main import WorkerSpec
 from sordino.inference import ModelKey, ModelMetadata, Tensor
 from sordino.memory.arena import Arena

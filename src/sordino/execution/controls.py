@@ -17,10 +17,11 @@ from sordino.clock import Clock
 from sordino.errors import Unavailable
 from sordino.execution.dispatch import Dispatcher
 from sordino.execution.faults import FaultRegistry, FaultSpec, check_target
-from sordino.execution.instances import ProcessInstance, ThreadInstance
+from sordino.execution.instances import ProcessInstance
 from sordino.execution.placement import Instance, Placement
 from sordino.execution.pool import InstancePool
 from sordino.execution.profiling import Profiled, ProfileTraces, profile_instances
+from sordino.execution.thread_instance import ThreadInstance
 from sordino.execution.worker import WorkerError, WorkerLost
 from sordino.inference import ModelKey, Tensor
 

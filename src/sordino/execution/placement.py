@@ -24,8 +24,9 @@ from sordino.config import ModelConfig, RuntimeConfig, parse_threshold
 from sordino.events import EventSink
 from sordino.execution.breaker import CircuitBreaker
 from sordino.execution.devices import Tier, chain_devices, missing_provider, model_tiers
-from sordino.execution.instances import ProcessInstance, ThreadInstance
+from sordino.execution.instances import ProcessInstance
 from sordino.execution.ray_instance import RayInstance
+from sordino.execution.thread_instance import ThreadInstance
 from sordino.inference import ModelKey, ModelMetadata
 from sordino.records import BreakerState, DeviceStatistics, WorkerStatistics
 

@@ -19,9 +19,9 @@ from sordino.config import ModelConfig
 from sordino.errors import ModelLoadError, ModelNotReady
 from sordino.events import EventSink
 from sordino.execution.devices import Device
-from sordino.execution.instances import ThreadInstance
 from sordino.execution.outliers import OutlierDetector
 from sordino.execution.placement import Instance, PlacedModel, Placement, Signal, TierSlot
+from sordino.execution.thread_instance import ThreadInstance
 from sordino.inference import ModelKey, ModelMetadata
 
 __all__ = ["InstanceFactory", "InstancePool"]

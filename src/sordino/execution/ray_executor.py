@@ -41,7 +41,8 @@ from sordino.events import EventSink
 from sordino.execution.chain import ChainExecutor
 from sordino.execution.devices import Device
 from sordino.execution.placement import Instance, Signal
-from sordino.execution.ray_instance import RayInstance, import_ray
+from sordino.execution.ray_actor import import_ray
+from sordino.execution.ray_instance import RayInstance
 from sordino.execution.ray_pool import NodePools
 from sordino.inference import ModelKey, ModelMetadata
 from sordino.records import ArenaStatistics, NodeMemoryStatistics

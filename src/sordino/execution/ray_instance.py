@@ -1,18 +1,10 @@
-"""A model instance as a Ray actor: the actor, and the supervised slot the executor routes to.
+"""A model instance as a Ray actor: the supervised slot the executor routes to.
 
-:class:`ModelActor` runs on some node of a Ray cluster. It builds its backend with
-:func:`sordino.backends.registry.create_backend` (ONNX Runtime), warms it up, and runs
-batches: the batch's arrays arrive as one object in Ray's object store (one
-``ray.put`` per batch on the server, read zero-copy in the actor; a batch of at most
-:data:`INLINE_BYTES` travels inside the call instead, which halves the hop) and the
-outputs come back the same way. Chaos faults run inside the actor with
-:func:`sordino.execution.faults.perform` (a crash ends the actor process, a hang
-stops it), as in a worker process.
-
-:class:`RayInstance` is the server's side of one actor, with the contract of
-:class:`~sordino.execution.instances.ProcessInstance`: it pings the actor (heartbeat
-and hang detection: an actor silent for ``workers.heartbeat_timeout`` is killed),
-bounds a batch by ``workers.execution_timeout``, and when the actor dies (its
+:class:`RayInstance` is the server's side of one actor (the actor itself,
+:class:`~sordino.execution.ray_actor.ModelActor`, is ``ray_actor.py``'s), with the
+contract of :class:`~sordino.execution.instances.ProcessInstance`: it pings the actor
+(heartbeat and hang detection: an actor silent for ``workers.heartbeat_timeout`` is
+killed), bounds a batch by ``workers.execution_timeout``, and when the actor dies (its
 process, or its whole node) replaces it: Ray places the new actor on a live node,
 after the same :class:`~sordino.execution.backoff.RestartBackoff` as a worker process.
 
@@ -22,18 +14,14 @@ after the same :class:`~sordino.execution.backoff.RestartBackoff` as a worker pr
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from sordino.backends.base import Backend, RequestBatchBackend, dummy_inputs
-from sordino.backends.registry import backend_kind, create_backend
 from sordino.clock import Clock
 from sordino.config import ModelConfig, WorkersConfig
 from sordino.config.executor import RayModelOptions
@@ -41,20 +29,19 @@ from sordino.errors import ModelLoadError, Unavailable
 from sordino.events import EventSink
 from sordino.execution.backoff import RestartBackoff, start_again
 from sordino.execution.devices import Device
-from sordino.execution.faults import FaultAction, InjectedFault, perform
-from sordino.execution.instances import _Base
-from sordino.execution.ray_pool import NodePools, PlacedBatch, place_and_run
+from sordino.execution.faults import FaultAction
+from sordino.execution.instance_base import InstanceBase
+from sordino.execution.ray_actor import actor_class, actor_options, import_ray
+from sordino.execution.ray_pool import NodePools, PlacedBatch
 from sordino.execution.staging import StagedBatch
 from sordino.execution.worker import WorkerError, WorkerLost
-from sordino.inference import ModelKey, ModelMetadata, RequestFacts, Tensor
+from sordino.inference import ModelKey, ModelMetadata
 from sordino.memory.refs import TensorRef
 from sordino.records import WorkerStatistics
 
-__all__ = ["ModelActor", "RayInstance", "import_ray"]
+__all__ = ["RayInstance"]
 
 log = logging.getLogger("sordino.workers")
-
-INSTALL_HINT = "pip install 'sordino[ray]'"
 
 LOST_BLOCK_HOLD_S = 2.0
 """A batch whose actor was lost keeps its node pool block this long before it is
@@ -66,133 +53,13 @@ INLINE_BYTES = 64 * 1024
 object store once and the actor reads it without a copy."""
 
 
-def import_ray() -> Any:
-    """The ``ray`` module; :class:`Unavailable` naming the extra to install without it."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise Unavailable(
-            f"executor.kind: ray needs the ray package, which is not installed ({exc}); "
-            f"install it with: {INSTALL_HINT}"
-        ) from None
-    return ray
-
-
-class ModelActor:
-    """One model instance on a Ray node: its backend, its warm-up, its batches."""
-
-    def __init__(self) -> None:
-        self._backend: Backend | None = None
-
-    def load(self, spec: Mapping[str, Any]) -> tuple[ModelMetadata, str, str, int]:
-        """Load and warm up the model; return its metadata, node id, node address, pid."""
-        import ray
-
-        backend = create_backend(
-            spec["backend"],
-            name=spec["model"],
-            version=spec["version"],
-            providers=spec["providers"],
-            intra_op_threads=spec["intra_op_threads"],
-            thread_spinning=bool(spec.get("thread_spinning", False)),
-        )
-        backend.load(Path(spec["path"]), spec["target"])
-        # A decoupled model is not warmed up (the executor then refuses it by name), nor
-        # one whose kind says not to (a Triton Python model acts on what it gets).
-        warm_up = backend_kind(spec["backend"], model=spec["model"]).warm_up
-        warmups = int(spec["warmup_batches"]) if warm_up and not backend.metadata.decoupled else 0
-        for _ in range(warmups):
-            backend.infer(dummy_inputs(backend.metadata, 1))
-        self._backend = backend
-        context = ray.get_runtime_context()
-        address = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
-        return backend.metadata, context.get_node_id(), address, os.getpid()
-
-    def infer(
-        self,
-        arrays: Mapping[str, Tensor],
-        fault: FaultAction | None,
-        placement: Mapping[str, Any] | None = None,
-        rows: Sequence[int] = (),
-        facts: Sequence[RequestFacts] = (),
-    ) -> tuple[str, dict[str, Tensor] | str]:
-        """Run one batch: ``("ok", outputs)`` or ``(kind, message)`` when the model raised.
-
-        With ``placement`` the batch runs in its block of the node pool (``ray_pool.py``).
-        ``rows`` (each request's rows) and ``facts`` (each request's facts) go to a
-        backend that runs a batch as its requests (a Triton Python model), as in a
-        worker process.
-        """
-        backend = self._backend
-        assert backend is not None, "load first"
-        run: Callable[[dict[str, Tensor]], dict[str, Tensor]] = backend.infer
-        if (rows or facts) and isinstance(backend, RequestBatchBackend):
-            run = functools.partial(_infer_requests, backend, rows, facts)
-        try:
-            if fault is not None:
-                perform(fault, in_process=False)
-            if placement is not None:
-                return "ok", place_and_run(placement, arrays, run)
-            return "ok", run(dict(arrays))
-        except MemoryError as exc:
-            return "oom", f"MemoryError: {exc}"
-        except InjectedFault as exc:
-            return "fault", f"{type(exc).__name__}: {exc}"
-        except Exception as exc:
-            return "error", f"{type(exc).__name__}: {exc}"
-
-    def ping(self) -> int:
-        """The heartbeat: answered between and during batches (the actor has two threads)."""
-        return os.getpid()
-
-
-def _infer_requests(
-    backend: RequestBatchBackend,
-    rows: Sequence[int],
-    facts: Sequence[RequestFacts],
-    batch: dict[str, Tensor],
-) -> dict[str, Tensor]:
-    return backend.infer_requests(batch, rows, facts)
-
-
-_remote: Any = None
-
-
-def _actor_class() -> Any:
-    global _remote
-    if _remote is None:
-        ray = import_ray()
-        # Two threads: the heartbeat is answered while a batch runs (the executor sends
-        # one batch at a time to an instance).
-        _remote = ray.remote(max_concurrency=2, max_restarts=0)(ModelActor)
-    return _remote
-
-
-def actor_options(options: RayModelOptions, placement_group: Any, bundle: int) -> dict[str, Any]:
-    """The ``.options(...)`` of one actor: resources and where Ray may place it."""
-    chosen: dict[str, Any] = {
-        "num_cpus": options.num_cpus,
-        "num_gpus": options.num_gpus,
-        "resources": dict(options.resources),
-    }
-    if placement_group is not None:
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        chosen["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-            placement_group, placement_group_bundle_index=bundle
-        )
-    elif options.placement == "spread":
-        chosen["scheduling_strategy"] = "SPREAD"
-    return chosen
-
-
 def _lost_cause(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     first = text[0] if text else ""
     return f"actor lost: {type(exc).__name__}" + (f": {first[:200]}" if first else "")
 
 
-class RayInstance(_Base):
+class RayInstance(InstanceBase):
     """One actor slot on the Ray cluster: keeps one healthy actor, replacing it as needed."""
 
     isolation = "ray"
@@ -278,7 +145,7 @@ class RayInstance(_Base):
         self.state = "starting"
         self._lost_now = asyncio.Event()
         actor = (
-            _actor_class()
+            actor_class()
             .options(**actor_options(self._options, self._placement_group, self._bundle))
             .remote()
         )

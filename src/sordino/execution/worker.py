@@ -27,29 +27,27 @@ requests may be sent at any time (the worker reads it on a thread of its own). A
 lost after the exchange ended fails the requests still open with the cause. A batch of a
 backend that takes each request's facts may get :class:`Cancel` frames too while it
 runs (its worker reads them when the model asks ``is_cancelled()``).
+
+Here: the process's life (start, a batch or command exchange, kill, stop, its exit); the
+pipe's reading and writing are :class:`~sordino.execution.worker_pipe.WorkerPipe`'s, the
+spawn apart from the embedding program ``worker_spawn.py``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import collections
 import contextlib
-import dataclasses
 import functools
 import itertools
 import logging
 import multiprocessing
 import os
 import signal
-import sys
-import threading
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from sordino.backends.calls import CallAnswer, ModelCall
 from sordino.clock import Clock
 from sordino.errors import ModelLoadError
 from sordino.execution.batch import Cancels
@@ -57,32 +55,17 @@ from sordino.execution.decoupled import ResponseChannel
 from sordino.execution.faults import FaultAction
 from sordino.execution.messages import (
     STOP,
-    Alloc,
-    Allocated,
     Call,
-    CallFailed,
     Cancel,
     Command,
-    Done,
-    FrameError,
     FrameReader,
-    FromWorker,
-    Heartbeat,
-    LoadFailed,
-    ModelCallAnswer,
-    ModelCallCancel,
-    ModelCallStart,
     ProfileStopped,
-    Ready,
-    Reply,
-    Respond,
     Run,
-    RunFailed,
-    ToWorker,
-    encode,
 )
-from sordino.execution.model_calls import CallServer, answer_call
+from sordino.execution.model_calls import CallServer
 from sordino.execution.worker_main import WorkerSpec, worker_main
+from sordino.execution.worker_pipe import Allocate, WorkerError, WorkerLost, WorkerPipe
+from sordino.execution.worker_spawn import LIVE_PIDS, describe_exit, start_apart_from_main
 from sordino.inference import ModelMetadata, RequestFacts
 from sordino.memory.tensors import TensorHandle
 
@@ -92,95 +75,8 @@ log = logging.getLogger("sordino.workers")
 
 _SPAWN = multiprocessing.get_context("spawn")
 
-Allocate = Callable[[dict[str, int]], Awaitable[dict[str, TensorHandle]]]
 
-
-class WorkerLost(Exception):
-    """The worker died, hung or timed out with the batch; ``cause`` says which."""
-
-    def __init__(self, cause: str) -> None:
-        super().__init__(cause)
-        self.cause = cause
-
-
-class WorkerError(Exception):
-    """The model raised inside the worker; the worker itself is fine."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-def describe_exit(code: int | None) -> str:
-    """``exited with code 3`` / ``killed by SIGKILL``."""
-    if code is None:
-        return "exited"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
-
-
-_MAIN_LOCK = threading.Lock()
-
-# Workers ignore SIGINT and SIGTERM (a terminal's Ctrl-C reaches the whole process
-# group; the server decides when they stop). Should the server exit without stopping
-# them, this kills what is left, before multiprocessing's own exit hook waits for them.
-_LIVE_PIDS: set[int] = set()
-
-# Blocked in the thread that spawns a worker, so the child starts with them blocked
-# (a blocked mask survives fork and exec): a Ctrl-C during the child's interpreter
-# start-up and imports stays pending instead of raising KeyboardInterrupt there, and
-# is discarded when worker_main ignores these signals and unblocks them.
-WORKER_IGNORED_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
-
-
-@atexit.register
-def _kill_leftover_workers() -> None:
-    for pid in list(_LIVE_PIDS):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def _start_apart_from_main(process: Any) -> None:
-    """Start ``process`` without re-running the embedding program's main script in it.
-
-    ``spawn`` re-imports the parent's ``__main__`` in every child, so a script that
-    embeds sordino without an ``if __name__ == "__main__"`` guard would start itself
-    again in each worker. A worker needs only sordino, so the main module's path is
-    hidden for the moment of the start. SIGINT and SIGTERM are blocked in this thread
-    meanwhile, so the child starts with them blocked (see ``WORKER_IGNORED_SIGNALS``).
-    """
-    main = sys.modules.get("__main__")
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_IGNORED_SIGNALS)
-    try:
-        _start_without_main(process, main)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-
-
-def _start_without_main(process: Any, main: Any) -> None:
-    with _MAIN_LOCK:
-        saved = {
-            name: main.__dict__.pop(name)
-            for name in ("__file__",)
-            if main and name in main.__dict__
-        }
-        spec = getattr(main, "__spec__", None)
-        if main is not None and spec is not None and not spec.name.endswith("__main__"):
-            main.__spec__ = None
-        try:
-            process.start()
-        finally:
-            if main is not None:
-                main.__dict__.update(saved)
-                if spec is not None:
-                    main.__spec__ = spec
-
-
-class WorkerProcess:
+class WorkerProcess(WorkerPipe):
     """One spawned worker process and its pipe."""
 
     def __init__(
@@ -241,7 +137,7 @@ class WorkerProcess:
         If the caller is cancelled, a process already spawning is still watched, so
         that :meth:`stop` can end it.
         """
-        spawning = self._loop.run_in_executor(None, _start_apart_from_main, self._process)
+        spawning = self._loop.run_in_executor(None, start_apart_from_main, self._process)
         try:
             await asyncio.shield(spawning)
         except asyncio.CancelledError:
@@ -277,7 +173,7 @@ class WorkerProcess:
         self.pid = self._process.pid
         if self.pid is None:
             return
-        _LIVE_PIDS.add(self.pid)
+        LIVE_PIDS.add(self.pid)
         # Replies are read on the event loop itself (no reader thread): no GIL hand-off
         # and no cross-thread wake-up per batch.
         self._loop.add_reader(self._fd, self._readable)
@@ -440,163 +336,14 @@ class WorkerProcess:
             self.kill("did not stop in time")
             await asyncio.wait_for(asyncio.shield(self.dead), timeout_s)
 
-    # -- reading replies and their callbacks -----------------------------------------
-
-    def _send(self, message: ToWorker) -> None:
-        """Write ``message``'s frame now, or queue what the socket does not take yet.
-
-        Raises :class:`OSError` when the worker's end is gone. Frames keep their order.
-        """
-        if self._closed:  # its fd number may belong to another file by now
-            raise OSError("the worker's pipe is closed")
-        frame = memoryview(encode(message))
-        if self._outgoing:
-            self._outgoing.append(frame)
-            return
-        try:
-            written = os.write(self._fd, frame)
-        except BlockingIOError:
-            written = 0
-        if written < len(frame):
-            self._outgoing.append(frame[written:])
-            self._loop.add_writer(self._fd, self._flush)
-
-    def _flush(self) -> None:
-        """Write queued frames as the socket takes them (a writer callback)."""
-        outgoing = self._outgoing
-        while outgoing:
-            try:
-                written = os.write(self._fd, outgoing[0])
-            except BlockingIOError:
-                return
-            except OSError:
-                outgoing.clear()  # the worker is gone; its exit says why
-                break
-            if written < len(outgoing[0]):
-                outgoing[0] = outgoing[0][written:]
-                return
-            outgoing.popleft()
-        self._loop.remove_writer(self._fd)
-
-    def _readable(self) -> None:
-        """Handle the messages the bytes waiting on the pipe complete (one read for all
-        of them); on end of file, report the exit. A garbled frame is a lost worker."""
-        try:
-            data = os.read(self._fd, 1 << 16)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        self._received(data)
-
-    def _received(self, data: bytes) -> None:
-        """Handle ``data`` read from the pipe: the messages it completes, or end of file
-        (empty), or a garbled frame (the worker is killed as lost)."""
-        if not data:
-            self._loop.remove_reader(self._fd)
-            self._loop.create_task(self._reap())
-            return
-        try:
-            messages = self._frames.feed(data)
-        except FrameError as exc:
-            self._loop.remove_reader(self._fd)
-            self.kill(f"sent a garbled message ({exc})")
-            self._loop.create_task(self._reap())
-            return
-        for message in messages:
-            self._on_message(message)  # type: ignore[arg-type]
-
     async def _reap(self) -> None:
         # The pipe closes as the process exits; wait for it off the loop to read its code.
         await self._loop.run_in_executor(None, self._process.join, 10)
         self._on_exit(self._process.exitcode)
 
-    def _on_message(self, message: FromWorker) -> None:
-        self.last_beat = self._clock.now()
-        match message:
-            case Heartbeat():
-                pass
-            case Ready(metadata=metadata, pid=pid, load_s=load_s, per_request=per_request):
-                self.pid, self.load_s, self.per_request = pid, load_s, per_request
-                if not self._ready.done():
-                    self._ready.set_result(metadata)
-            case LoadFailed(message=text):
-                if not self._ready.done():
-                    self._ready.set_exception(ModelLoadError(text))
-            case Done(batch_id=batch_id, outputs=outputs, infer_s=infer_s):
-                future = self._pending.get(batch_id)
-                if future is not None and not future.done():
-                    future.set_result((outputs, infer_s))
-            case RunFailed(batch_id=batch_id, kind=kind, message=text):
-                future = self._pending.get(batch_id)
-                if future is not None and not future.done():
-                    future.set_exception(WorkerError(kind, text))
-            case Reply(call_id=call_id, value=value):
-                call = self._calls.get(call_id)
-                if call is not None and not call.done():
-                    call.set_result(value)
-            case CallFailed(call_id=call_id, message=text):
-                call = self._calls.get(call_id)
-                if call is not None and not call.done():
-                    call.set_exception(WorkerError("error", text))
-            case ModelCallStart(call_id=call_id, call=call):
-                self._serving[call_id] = self._loop.create_task(self._answer(call_id, call))
-            case ModelCallCancel(call_id=call_id):
-                task = self._serving.get(call_id)
-                if task is not None:
-                    task.cancel()
-            case Respond(batch_id=batch_id, index=index, final=final, outputs=outputs):
-                channel = self._channels.get(batch_id)
-                if channel is not None:
-                    channel.response(index, outputs, final, message.error)
-                    if channel.finished and batch_id not in self._pending:
-                        del self._channels[batch_id]
-            case Alloc(batch_id=batch_id, sizes=sizes):
-                allocate = self._allocate.get(batch_id)
-                if allocate is not None:
-                    self._allocating[batch_id] = self._loop.create_task(
-                        self._serve_alloc(batch_id, allocate, sizes)
-                    )
-
-    async def _answer(self, call_id: int, call: ModelCall) -> None:
-        """Answer the model's call ``call_id`` (BLS) over the pipe.
-
-        While a batch runs, the call's deadline is brought before the batch's execution
-        timeout (less a tenth of it), so a call that cannot be answered in time (a
-        cycle back to a busy model) fails with a message rather than the worker being
-        killed for the batch.
-        """
-        ends = self._batch_ends
-        timeout = self._batch_timeout
-        if ends is not None and timeout:
-            cap = time.time() + (ends - timeout / 10 - self._clock.now())
-            if call.deadline is None or cap < call.deadline:
-                call = dataclasses.replace(call, deadline=cap)
-
-        def deliver(answer: CallAnswer) -> None:
-            with contextlib.suppress(OSError):  # the worker is gone: nobody waits
-                self._send(ModelCallAnswer(call_id, answer))
-
-        try:
-            await answer_call(self._call_server() if self._call_server else None, call, deliver)
-        finally:
-            self._serving.pop(call_id, None)
-
-    async def _serve_alloc(self, batch_id: int, allocate: Allocate, sizes: dict[str, int]) -> None:
-        try:
-            space = await allocate(sizes)
-            self._send(Allocated(batch_id, space))
-        except Exception as exc:
-            future = self._pending.get(batch_id)
-            if future is not None and not future.done():
-                future.set_exception(WorkerError("error", f"cannot place outputs: {exc}"))
-            self.kill(f"output allocation failed: {exc}")
-        finally:
-            self._allocating.pop(batch_id, None)
-
     def _on_exit(self, code: int | None) -> None:
         if self._process.pid is not None:
-            _LIVE_PIDS.discard(self._process.pid)
+            LIVE_PIDS.discard(self._process.pid)
         cause = self._kill_cause or describe_exit(code)
         self._fail_pending(cause)
         if self._outgoing:

@@ -14,18 +14,39 @@ the backend (``backends/python/decoupled.py``) says where they go.
 Custom metrics (:class:`MetricFamily`) are kept in this process; after a batch that
 changed them the backend calls :func:`publish_metrics`, which writes their snapshot
 where the server's ``/metrics`` reads it (``sordino.telemetry.model_metrics``).
+
+Here: the tensors, requests, responses and their sender, and the type and config
+helpers; the errors are ``triton_errors.py``'s, ``Logger`` ``model_logger.py``'s, the
+custom metrics ``model_metrics.py``'s and ``ModelConfig`` ``model_config.py``'s, every
+name importable from this module as in Triton's.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
+
+from sordino.backends.python.model_config import ModelConfig
+from sordino.backends.python.model_logger import Logger
+from sordino.backends.python.model_metrics import (
+    COUNTER,
+    GAUGE,
+    HISTOGRAM,
+    MetricFamily,
+    metric_snapshot,
+    publish_metrics,
+)
+from sordino.backends.python.model_metrics import (
+    METRICS_DIR_ENV as METRICS_DIR_ENV,  # public before the split; kept importable
+)
+from sordino.backends.python.model_metrics import (
+    Metric as Metric,  # public before the split; kept importable
+)
+from sordino.backends.python.triton_errors import TritonError, TritonModelException
 
 __all__ = [
     "COUNTER",
@@ -62,10 +83,6 @@ TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 
-COUNTER = "COUNTER"
-GAUGE = "GAUGE"
-HISTOGRAM = "HISTOGRAM"
-
 _NUMPY = {
     "TYPE_BOOL": np.bool_,
     "TYPE_UINT8": np.uint8,
@@ -100,39 +117,6 @@ def numpy_to_triton_type(data_type: Any) -> str | None:
         if numpy_type is not np.object_ and np.dtype(numpy_type) == dtype:
             return name
     return None
-
-
-class TritonError:
-    """An error to put in an :class:`InferenceResponse`."""
-
-    UNKNOWN = 0
-    INTERNAL = 1
-    NOT_FOUND = 2
-    INVALID_ARG = 3
-    UNAVAILABLE = 4
-    UNSUPPORTED = 5
-    ALREADY_EXISTS = 6
-    CANCELLED = 7
-
-    def __init__(self, message: str, code: int = INTERNAL) -> None:
-        self._message = str(message)
-        self._code = code
-
-    def message(self) -> str:
-        return self._message
-
-    def code(self) -> int:
-        return self._code
-
-    def __repr__(self) -> str:
-        return f"TritonError({self._message!r})"
-
-
-class TritonModelException(Exception):
-    """Raised by the utilities when a model uses them wrongly."""
-
-    def message(self) -> str:
-        return str(self)
 
 
 class Tensor:
@@ -443,205 +427,3 @@ def get_input_config_by_name(model_config: Mapping[str, Any], name: str) -> Any:
 def get_output_config_by_name(model_config: Mapping[str, Any], name: str) -> Any:
     """The configuration of output ``name`` (a dict), or None."""
     return _config_by_name(model_config, "output", name)
-
-
-class Logger:
-    """Log lines of the model, in the worker's log (logger ``sordino.python_model``)."""
-
-    INFO, WARNING, ERROR, VERBOSE = 0, 1, 2, 3
-    _log = logging.getLogger("sordino.python_model")
-    _LEVELS: ClassVar[dict[int, int]] = {
-        0: logging.INFO,
-        1: logging.WARNING,
-        2: logging.ERROR,
-        3: logging.DEBUG,
-    }
-
-    @classmethod
-    def log(cls, message: str, level: int = 0) -> None:
-        cls._log.log(cls._LEVELS.get(level, logging.INFO), "%s", message)
-
-    @classmethod
-    def log_info(cls, message: str) -> None:
-        cls.log(message, cls.INFO)
-
-    @classmethod
-    def log_warn(cls, message: str) -> None:
-        cls.log(message, cls.WARNING)
-
-    @classmethod
-    def log_error(cls, message: str) -> None:
-        cls.log(message, cls.ERROR)
-
-    @classmethod
-    def log_verbose(cls, message: str) -> None:
-        cls.log(message, cls.VERBOSE)
-
-
-# --- custom metrics -------------------------------------------------------------------
-
-_METRICS_LOCK = threading.Lock()
-_FAMILIES: dict[str, MetricFamily] = {}
-_CHANGED = threading.Event()
-METRICS_DIR_ENV = "SORDINO_MODEL_METRICS_DIR"
-"""Where snapshots go (set by the server; ``sordino.telemetry.model_metrics`` reads them)."""
-
-
-class MetricFamily:
-    """A custom metric family (Triton: shown in ``/metrics``; here, sordino's)."""
-
-    COUNTER = COUNTER
-    GAUGE = GAUGE
-    HISTOGRAM = HISTOGRAM
-
-    def __init__(self, name: str, description: str, kind: str) -> None:
-        if kind not in (COUNTER, GAUGE, HISTOGRAM):
-            raise TritonModelException(f"metric kind {kind!r}: use COUNTER, GAUGE or HISTOGRAM")
-        with _METRICS_LOCK:
-            known = _FAMILIES.get(name)
-            if known is not None and known.kind != kind:
-                raise TritonModelException(
-                    f"metric family {name!r} exists with kind {known.kind}, not {kind}"
-                )
-            self.name: str = name
-            self.kind: str = kind
-            self.description: str = known.description if known is not None else description
-            self._metrics: dict[tuple[tuple[str, str], ...], Metric] = (
-                known._metrics if known is not None else {}
-            )
-            _FAMILIES.setdefault(name, self)
-
-    def Metric(
-        self, labels: Mapping[str, str] | None = None, buckets: Sequence[float] | None = None
-    ) -> Metric:
-        key = tuple(sorted((str(k), str(v)) for k, v in (labels or {}).items()))
-        with _METRICS_LOCK:
-            metric = self._metrics.get(key)
-            if metric is None:
-                if self.kind == HISTOGRAM and not buckets:
-                    raise TritonModelException("a HISTOGRAM metric needs buckets")
-                metric = self._metrics[key] = Metric(self.kind, dict(key), buckets)
-        return metric
-
-
-class Metric:
-    """One labelled series of a :class:`MetricFamily`."""
-
-    def __init__(self, kind: str, labels: dict[str, str], buckets: Sequence[float] | None) -> None:
-        self.kind, self.labels = kind, labels
-        self.buckets = sorted(buckets or ())
-        self._value = 0.0
-        self._counts = [0] * (len(self.buckets) + 1)
-        self._sum = 0.0
-
-    def increment(self, value: float) -> None:
-        if self.kind == HISTOGRAM:
-            raise TritonModelException("increment is not supported for a HISTOGRAM metric")
-        if self.kind == COUNTER and value < 0:
-            raise TritonModelException("a COUNTER cannot be incremented by a negative value")
-        with _METRICS_LOCK:
-            self._value += value
-        _CHANGED.set()
-
-    def set(self, value: float) -> None:
-        if self.kind != GAUGE:
-            raise TritonModelException("set is only supported for a GAUGE metric")
-        with _METRICS_LOCK:
-            self._value = float(value)
-        _CHANGED.set()
-
-    def observe(self, value: float) -> None:
-        if self.kind != HISTOGRAM:
-            raise TritonModelException("observe is only supported for a HISTOGRAM metric")
-        with _METRICS_LOCK:
-            index = next((i for i, b in enumerate(self.buckets) if value <= b), len(self.buckets))
-            self._counts[index] += 1
-            self._sum += value
-        _CHANGED.set()
-
-    def value(self) -> float:
-        if self.kind == HISTOGRAM:
-            raise TritonModelException("value is not supported for a HISTOGRAM metric")
-        return self._value
-
-    def state(self) -> dict[str, Any]:
-        with _METRICS_LOCK:
-            if self.kind == HISTOGRAM:
-                return {"buckets": self.buckets, "counts": list(self._counts), "sum": self._sum}
-            return {"value": self._value}
-
-
-def metric_snapshot() -> list[dict[str, Any]]:
-    """Every custom metric of this process: family, kind, description, series."""
-    return [
-        {
-            "name": family.name,
-            "kind": family.kind,
-            "description": family.description,
-            "series": [{"labels": m.labels, **m.state()} for m in family._metrics.values()],
-        }
-        for family in list(_FAMILIES.values())
-    ]
-
-
-def publish_metrics() -> None:
-    """Write this process's metrics snapshot for the server, if any changed since the last.
-
-    The file (``<pid>.json`` in the folder the server named) is replaced atomically, so
-    a scrape never reads half of it. Without a folder (no server) nothing is written.
-    """
-    folder = os.environ.get(METRICS_DIR_ENV)
-    if not folder or not _CHANGED.is_set():
-        return
-    _CHANGED.clear()
-    path = os.path.join(folder, f"{os.getpid()}.json")
-    with open(path + ".tmp", "w", encoding="utf-8") as out:
-        json.dump(metric_snapshot(), out)
-    os.replace(path + ".tmp", path)
-
-
-# --- auto_complete_config -------------------------------------------------------------
-
-
-class ModelConfig:
-    """The configuration ``auto_complete_config`` reads and completes."""
-
-    def __init__(self, model_config: Mapping[str, Any]) -> None:
-        self._config: dict[str, Any] = json.loads(json.dumps(dict(model_config)))
-        self._config.setdefault("input", [])
-        self._config.setdefault("output", [])
-        self._config.setdefault("max_batch_size", 0)
-
-    def as_dict(self) -> dict[str, Any]:
-        copy: dict[str, Any] = json.loads(json.dumps(self._config))
-        return copy
-
-    def set_max_batch_size(self, max_batch_size: int) -> None:
-        self._config["max_batch_size"] = int(max_batch_size)
-
-    def set_dynamic_batching(self) -> None:
-        self._config.setdefault("dynamic_batching", {})
-
-    def set_model_transaction_policy(self, transaction_policy_dict: Mapping[str, Any]) -> None:
-        self._config["model_transaction_policy"] = dict(transaction_policy_dict)
-
-    def add_input(self, input: Mapping[str, Any]) -> None:
-        self._add("input", input)
-
-    def add_output(self, output: Mapping[str, Any]) -> None:
-        self._add("output", output)
-
-    def _add(self, key: str, entry: Mapping[str, Any]) -> None:
-        if "name" not in entry:
-            raise TritonModelException(f"an {key} needs a name")
-        for known in self._config[key]:
-            if known["name"] == entry["name"]:
-                for field in ("data_type", "dims"):
-                    if field in known and field in entry and known[field] != entry[field]:
-                        raise TritonModelException(
-                            f"{key} {entry['name']!r}: {field} {entry[field]} differs from "
-                            f"the configured {known[field]}"
-                        )
-                known.update({k: v for k, v in entry.items() if k not in known})
-                return
-        self._config[key].append(dict(entry))

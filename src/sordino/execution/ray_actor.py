@@ -1,0 +1,154 @@
+"""A model instance's Ray actor (:class:`ModelActor`), and how one is made.
+
+:class:`ModelActor` runs on some node of a Ray cluster. It builds its backend with
+:func:`sordino.backends.registry.create_backend` (ONNX Runtime), warms it up, and runs
+batches: the batch's arrays arrive as one object in Ray's object store (one
+``ray.put`` per batch on the server, read zero-copy in the actor; a batch of at most
+:data:`~sordino.execution.ray_instance.INLINE_BYTES` travels inside the call instead,
+which halves the hop) and the outputs come back the same way. Chaos faults run inside
+the actor with :func:`sordino.execution.faults.perform` (a crash ends the actor
+process, a hang stops it), as in a worker process. The server's side of an actor is
+``ray_instance.py``.
+
+``ray`` is imported only when an actor is made, so the module loads without it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sordino.backends.base import Backend, RequestBatchBackend, dummy_inputs
+from sordino.backends.registry import backend_kind, create_backend
+from sordino.config.executor import RayModelOptions
+from sordino.errors import Unavailable
+from sordino.execution.faults import FaultAction, InjectedFault, perform
+from sordino.execution.ray_pool import place_and_run
+from sordino.inference import ModelMetadata, RequestFacts, Tensor
+
+__all__ = ["INSTALL_HINT", "ModelActor", "actor_class", "actor_options", "import_ray"]
+
+INSTALL_HINT = "pip install 'sordino[ray]'"
+
+
+def import_ray() -> Any:
+    """The ``ray`` module; :class:`Unavailable` naming the extra to install without it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise Unavailable(
+            f"executor.kind: ray needs the ray package, which is not installed ({exc}); "
+            f"install it with: {INSTALL_HINT}"
+        ) from None
+    return ray
+
+
+class ModelActor:
+    """One model instance on a Ray node: its backend, its warm-up, its batches."""
+
+    def __init__(self) -> None:
+        self._backend: Backend | None = None
+
+    def load(self, spec: Mapping[str, Any]) -> tuple[ModelMetadata, str, str, int]:
+        """Load and warm up the model; return its metadata, node id, node address, pid."""
+        import ray
+
+        backend = create_backend(
+            spec["backend"],
+            name=spec["model"],
+            version=spec["version"],
+            providers=spec["providers"],
+            intra_op_threads=spec["intra_op_threads"],
+            thread_spinning=bool(spec.get("thread_spinning", False)),
+        )
+        backend.load(Path(spec["path"]), spec["target"])
+        # A decoupled model is not warmed up (the executor then refuses it by name), nor
+        # one whose kind says not to (a Triton Python model acts on what it gets).
+        warm_up = backend_kind(spec["backend"], model=spec["model"]).warm_up
+        warmups = int(spec["warmup_batches"]) if warm_up and not backend.metadata.decoupled else 0
+        for _ in range(warmups):
+            backend.infer(dummy_inputs(backend.metadata, 1))
+        self._backend = backend
+        context = ray.get_runtime_context()
+        address = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+        return backend.metadata, context.get_node_id(), address, os.getpid()
+
+    def infer(
+        self,
+        arrays: Mapping[str, Tensor],
+        fault: FaultAction | None,
+        placement: Mapping[str, Any] | None = None,
+        rows: Sequence[int] = (),
+        facts: Sequence[RequestFacts] = (),
+    ) -> tuple[str, dict[str, Tensor] | str]:
+        """Run one batch: ``("ok", outputs)`` or ``(kind, message)`` when the model raised.
+
+        With ``placement`` the batch runs in its block of the node pool (``ray_pool.py``).
+        ``rows`` (each request's rows) and ``facts`` (each request's facts) go to a
+        backend that runs a batch as its requests (a Triton Python model), as in a
+        worker process.
+        """
+        backend = self._backend
+        assert backend is not None, "load first"
+        run: Callable[[dict[str, Tensor]], dict[str, Tensor]] = backend.infer
+        if (rows or facts) and isinstance(backend, RequestBatchBackend):
+            run = functools.partial(_infer_requests, backend, rows, facts)
+        try:
+            if fault is not None:
+                perform(fault, in_process=False)
+            if placement is not None:
+                return "ok", place_and_run(placement, arrays, run)
+            return "ok", run(dict(arrays))
+        except MemoryError as exc:
+            return "oom", f"MemoryError: {exc}"
+        except InjectedFault as exc:
+            return "fault", f"{type(exc).__name__}: {exc}"
+        except Exception as exc:
+            return "error", f"{type(exc).__name__}: {exc}"
+
+    def ping(self) -> int:
+        """The heartbeat: answered between and during batches (the actor has two threads)."""
+        return os.getpid()
+
+
+def _infer_requests(
+    backend: RequestBatchBackend,
+    rows: Sequence[int],
+    facts: Sequence[RequestFacts],
+    batch: dict[str, Tensor],
+) -> dict[str, Tensor]:
+    return backend.infer_requests(batch, rows, facts)
+
+
+_remote: Any = None
+
+
+def actor_class() -> Any:
+    global _remote
+    if _remote is None:
+        ray = import_ray()
+        # Two threads: the heartbeat is answered while a batch runs (the executor sends
+        # one batch at a time to an instance).
+        _remote = ray.remote(max_concurrency=2, max_restarts=0)(ModelActor)
+    return _remote
+
+
+def actor_options(options: RayModelOptions, placement_group: Any, bundle: int) -> dict[str, Any]:
+    """The ``.options(...)`` of one actor: resources and where Ray may place it."""
+    chosen: dict[str, Any] = {
+        "num_cpus": options.num_cpus,
+        "num_gpus": options.num_gpus,
+        "resources": dict(options.resources),
+    }
+    if placement_group is not None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        chosen["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            placement_group, placement_group_bundle_index=bundle
+        )
+    elif options.placement == "spread":
+        chosen["scheduling_strategy"] = "SPREAD"
+    return chosen

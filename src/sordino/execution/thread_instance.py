@@ -1,0 +1,151 @@
+"""A model instance on a thread of the server (:class:`ThreadInstance`): its backend loaded
+in the server process (see ``execution/instances.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from sordino.backends.base import Backend, ProfilingBackend, RequestBatchBackend
+from sordino.backends.calls import CallingBackend
+from sordino.backends.decoupled import DecoupledBackend
+from sordino.backends.registry import create_backend
+from sordino.errors import Unavailable
+from sordino.execution.decoupled import ThreadResponder
+from sordino.execution.devices import Device
+from sordino.execution.faults import FaultAction, InjectedFault, perform
+from sordino.execution.instance_base import InstanceBase
+from sordino.execution.model_calls import CallServer, LoopCaller
+from sordino.execution.staging import StagedBatch
+from sordino.execution.worker import WorkerError
+from sordino.inference import ModelKey, ModelMetadata
+from sordino.memory.refs import TensorRef
+
+__all__ = ["ThreadInstance"]
+
+
+class ThreadInstance(InstanceBase):
+    """A backend loaded in the server process, run on a thread of its own."""
+
+    isolation = "thread"
+
+    def __init__(
+        self,
+        key: ModelKey,
+        index: int,
+        tier: str,
+        device: Device,
+        path: str,
+        *,
+        backend: str,
+        thread_spinning: bool = False,
+        calls: Callable[[], CallServer | None] | None = None,
+    ) -> None:
+        """Build the ``backend`` kind's backend (unloaded); :meth:`open` loads it.
+
+        ``calls`` gives the answerer of the model's calls to other models (BLS).
+
+        Raises :class:`ModelLoadError` for a backend kind this build does not know.
+        """
+        super().__init__(key, index, tier, device)
+        self._path = path
+        self._backend = create_backend(
+            backend,
+            name=key.name,
+            version=key.version,
+            providers=device.providers,
+            intra_op_threads=device.intra_op_threads,
+            thread_spinning=thread_spinning,
+            index=index,
+        )
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sordino-{key.name}")
+        self._calls = calls
+
+    @property
+    def backend(self) -> Backend:
+        """The in-process backend (tests hold batches on it; profiling swaps its session)."""
+        return self._backend
+
+    async def open(self) -> ModelMetadata:
+        loop = asyncio.get_running_loop()
+        if isinstance(self._backend, CallingBackend) and self._calls is not None:
+            self._backend.set_caller(LoopCaller(loop, self._calls))
+        await loop.run_in_executor(
+            self._pool, self._backend.load, Path(self._path), self.device.target
+        )
+        self.state = "ready"
+        return self._backend.metadata
+
+    async def run(self, batch: StagedBatch, fault: FaultAction | None) -> dict[str, TensorRef]:
+        responder = None
+        if batch.channel is not None:
+            responder = ThreadResponder(asyncio.get_running_loop(), batch.channel)
+        cancels = batch.context.cancels
+        cancelled: set[int] = set()  # added on the loop, read from the model's threads
+
+        def call() -> dict[str, TensorRef]:
+            if fault is not None:
+                perform(fault, in_process=True)
+            backend = self._backend
+            requests = batch.context.requests
+            if responder is not None:
+                if not isinstance(backend, DecoupledBackend):
+                    raise RuntimeError(f"the {type(backend).__name__} backend is not decoupled")
+                backend.infer_decoupled(batch.arrays, batch.request_rows, responder, requests)
+                return {}
+            if isinstance(backend, RequestBatchBackend) and (batch.request_rows or requests):
+                outputs = backend.infer_requests(
+                    batch.arrays, batch.request_rows, requests, cancelled.__contains__
+                )
+            else:
+                outputs = backend.infer(batch.arrays)
+            return {name: TensorRef(array) for name, array in outputs.items()}
+
+        loop = asyncio.get_running_loop()
+        self.batches += 1
+        if cancels is not None:
+            cancels.bind(cancelled.add)
+        try:
+            return await loop.run_in_executor(self._pool, call)
+        except MemoryError as exc:
+            self.failures += 1
+            raise WorkerError("oom", f"MemoryError: {exc}") from None
+        except InjectedFault as exc:
+            self.failures += 1
+            raise WorkerError("fault", f"{type(exc).__name__}: {exc}") from None
+        except Exception as exc:
+            self.failures += 1
+            raise WorkerError("error", f"{type(exc).__name__}: {exc}") from None
+        finally:
+            if cancels is not None:
+                cancels.bind(None)
+
+    @property
+    def profiling(self) -> bool:
+        backend = self._backend
+        return isinstance(backend, ProfilingBackend) and backend.profiling
+
+    def _profiler(self) -> ProfilingBackend:
+        backend = self._backend
+        if not isinstance(backend, ProfilingBackend):
+            raise Unavailable(f"the {type(backend).__name__} backend cannot profile")
+        return backend
+
+    async def start_profiling(self, prefix: str) -> None:
+        """Swap in a profiling session (built off the instance's thread: batches go on)."""
+        profiler = self._profiler()
+        await asyncio.get_running_loop().run_in_executor(None, profiler.start_profiling, prefix)
+
+    async def stop_profiling(self) -> tuple[str, int]:
+        """Put the serving session back once the running batch is done; see the backend."""
+        profiler = self._profiler()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, profiler.stop_profiling)
+
+    async def aclose(self) -> None:
+        self.state = "stopped"
+        self._pool.shutdown(wait=False)
+        self._backend.unload()

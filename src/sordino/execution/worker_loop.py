@@ -1,0 +1,267 @@
+"""The worker's run loop: serve the pipe, run each batch (plain or decoupled) and command.
+
+Entered from :func:`~sordino.execution.worker_main.worker_main` once the model is
+loaded; a decoupled model's batches and the cancellations of requests are tracked by
+:class:`Streams` (see ``execution/worker_main.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sordino.backends.base import Backend, ProfilingBackend, RequestBatchBackend
+from sordino.backends.decoupled import DecoupledBackend
+from sordino.execution.faults import InjectedFault, perform
+from sordino.execution.messages import (
+    HEADER_SIZE,
+    MAX_BODY,
+    Alloc,
+    Allocated,
+    Call,
+    CallFailed,
+    Cancel,
+    Command,
+    Done,
+    ProfileStart,
+    ProfileStop,
+    ProfileStopped,
+    Reply,
+    Respond,
+    Run,
+    RunFailed,
+    Stop,
+    encode,
+)
+from sordino.execution.worker_link import WorkerLink
+from sordino.memory.tensors import tensor_nbytes, view_tensor, write_tensor
+
+if TYPE_CHECKING:
+    from sordino.execution.worker_main import MappedArena
+
+__all__ = ["Streams", "serve"]
+
+
+def serve(link: WorkerLink, backend: Backend, mapped: MappedArena, streams: Streams | None) -> None:
+    """Serve the pipe until told to stop or the server's end closes."""
+    decoupled = streams is not None and backend.metadata.decoupled
+    while True:
+        try:
+            message = link.recv()
+        except (EOFError, OSError):
+            return
+        match message:
+            case Stop():
+                return
+            case Run():
+                try:
+                    buffer = mapped.follow(message.segment)
+                except OSError as exc:
+                    link.send(RunFailed(message.batch_id, "error", f"shared memory: {exc}"))
+                    continue
+                if decoupled:
+                    assert streams is not None and isinstance(backend, DecoupledBackend)
+                    _run_decoupled(link, backend, buffer, message, streams)
+                elif not _run(link, backend, buffer, message, streams):
+                    return
+            case Call(call_id=call_id, command=command):
+                _call(link, backend, call_id, command)
+            case Cancel():
+                pass  # a worker whose model reads cancellations takes them in WorkerLink
+
+
+class Streams:
+    """The decoupled batches whose requests may still send, and their cancellations.
+
+    A :class:`Cancel` may be read (on the reader thread) before the main thread has
+    taken its batch's :class:`Run`: batch ids only grow, so a cancellation for a batch
+    not opened yet is kept until it opens, and one for a batch already closed is dropped.
+    """
+
+    def __init__(self, link: WorkerLink) -> None:
+        self.link = link
+        self._lock = threading.Lock()
+        self._open: dict[int, tuple[set[int], set[int]]] = {}  # batch -> (live, cancelled)
+        self._early: dict[int, set[int]] = {}
+        self._last = 0
+
+    def open(self, batch_id: int, count: int) -> None:
+        with self._lock:
+            self._last = max(self._last, batch_id)
+            self._open[batch_id] = (set(range(count)), self._early.pop(batch_id, set()))
+
+    def cancel(self, message: Cancel) -> None:
+        with self._lock:
+            entry = self._open.get(message.batch_id)
+            if entry is not None:
+                entry[1].add(message.index)
+            elif message.batch_id > self._last:
+                self._early.setdefault(message.batch_id, set()).add(message.index)
+
+    def cancelled(self, batch_id: int, index: int) -> bool:
+        with self._lock:
+            entry = self._open.get(batch_id)
+            return entry is not None and index in entry[1]
+
+    def ended(self, batch_id: int, index: int) -> None:
+        """Request ``index`` had its last response: forget the batch once all have."""
+        with self._lock:
+            entry = self._open.get(batch_id)
+            if entry is not None:
+                entry[0].discard(index)
+                if not entry[0]:
+                    del self._open[batch_id]
+
+    def close(self, batch_id: int) -> None:
+        with self._lock:
+            self._open.pop(batch_id, None)
+
+
+class _BatchResponder:
+    """A decoupled batch's :class:`~sordino.backends.decoupled.Responder`: each response
+    leaves as a :class:`Respond` frame at once, from the thread that sent it."""
+
+    def __init__(self, streams: Streams, batch_id: int) -> None:
+        self._streams = streams
+        self._batch_id = batch_id
+
+    def respond(
+        self,
+        index: int,
+        outputs: dict[str, np.ndarray] | None,
+        final: bool,
+        error: str | None = None,
+    ) -> None:
+        frame = encode(Respond(self._batch_id, index, final, outputs or {}, error))
+        if len(frame) - HEADER_SIZE > MAX_BODY:
+            # The model's send raises, naming the limit; the request is still open.
+            raise ValueError(
+                f"a response of {len(frame)} bytes is larger than a decoupled model's "
+                f"response may be ({MAX_BODY} bytes); send it in smaller responses"
+            )
+        self._streams.link.send_frame(frame)
+        if final:
+            self._streams.ended(self._batch_id, index)
+
+    def cancelled(self, index: int) -> bool:
+        return self._streams.cancelled(self._batch_id, index)
+
+
+def _run_decoupled(
+    link: WorkerLink, backend: DecoupledBackend, buffer: memoryview, run: Run, streams: Streams
+) -> None:
+    """Run one decoupled batch: :class:`Done` once ``execute`` returned (its responses
+    are :class:`Respond` frames, sent meanwhile or later), :class:`RunFailed` if it raised."""
+    started = time.perf_counter()
+    streams.open(run.batch_id, max(1, len(run.rows)))
+    try:
+        batch = {name: view_tensor(buffer, handle) for name, handle in run.inputs.items()}
+        if run.fault is not None:
+            perform(run.fault, in_process=False)
+        responder = _BatchResponder(streams, run.batch_id)
+        backend.infer_decoupled(batch, run.rows, responder, run.requests)
+        del batch
+    except MemoryError as exc:
+        streams.close(run.batch_id)
+        link.send(RunFailed(run.batch_id, "oom", f"MemoryError: {exc}"))
+        return
+    except InjectedFault as exc:
+        streams.close(run.batch_id)
+        link.send(RunFailed(run.batch_id, "fault", f"{type(exc).__name__}: {exc}"))
+        return
+    except Exception as exc:
+        streams.close(run.batch_id)
+        link.send(RunFailed(run.batch_id, "error", f"{type(exc).__name__}: {exc}"))
+        return
+    link.send(Done(run.batch_id, {}, time.perf_counter() - started))
+
+
+def _call(link: WorkerLink, backend: Backend, call_id: int, command: Command) -> None:
+    try:
+        if not isinstance(backend, ProfilingBackend):
+            raise RuntimeError(f"the {type(backend).__name__} backend cannot profile")
+        value: ProfileStopped | None = None
+        match command:
+            case ProfileStart(prefix=prefix):
+                backend.start_profiling(prefix)
+            case ProfileStop():
+                value = ProfileStopped(*backend.stop_profiling())
+    except Exception as exc:
+        link.send(CallFailed(call_id, f"{command.name}: {type(exc).__name__}: {exc}"))
+        return
+    link.send(Reply(call_id, value))
+
+
+def _asker(link: WorkerLink, streams: Streams, batch_id: int) -> Callable[[int], bool]:
+    """``is_cancelled()`` of a batch's requests: read what came, then look."""
+
+    def cancelled(index: int) -> bool:
+        link.poll()
+        return streams.cancelled(batch_id, index)
+
+    return cancelled
+
+
+def _run(
+    link: WorkerLink, backend: Backend, buffer: memoryview, run: Run, streams: Streams | None = None
+) -> bool:
+    """Run one batch and answer it; False when the server said to stop meanwhile.
+
+    With ``streams`` (a backend that takes each request's facts) the model may ask
+    whether a request was cancelled: that reads the pipe (:meth:`WorkerLink.poll`).
+    """
+    started = time.perf_counter()
+    batch_id = run.batch_id
+    try:
+        batch = {name: view_tensor(buffer, handle) for name, handle in run.inputs.items()}
+        if run.fault is not None:
+            perform(run.fault, in_process=False)
+        if (run.rows or run.requests) and isinstance(backend, RequestBatchBackend):
+            cancelled = None
+            if streams is not None:
+                streams.open(batch_id, max(1, len(run.rows)))
+                cancelled = _asker(link, streams, batch_id)
+            try:
+                results = backend.infer_requests(batch, run.rows, run.requests, cancelled)
+            finally:
+                if streams is not None:
+                    streams.close(batch_id)
+        else:
+            results = backend.infer(batch)
+        del batch
+    except MemoryError as exc:
+        link.send(RunFailed(batch_id, "oom", f"MemoryError: {exc}"))
+        return True
+    except InjectedFault as exc:
+        link.send(RunFailed(batch_id, "fault", f"{type(exc).__name__}: {exc}"))
+        return True
+    except Exception as exc:
+        link.send(RunFailed(batch_id, "error", f"{type(exc).__name__}: {exc}"))
+        return True
+    infer_s = time.perf_counter() - started
+    space = run.space
+    sizes = {name: tensor_nbytes(array) for name, array in results.items()}
+    short = {
+        name: size
+        for name, size in sizes.items()
+        if name not in space or space[name].capacity < size
+    }
+    if short:
+        link.send(Alloc(run.batch_id, short))
+        try:
+            reply = link.recv()  # the only message the server sends in this exchange
+        except (EOFError, OSError):
+            return False  # the server is gone
+        if not isinstance(reply, Allocated):
+            return False  # Stop: the server is going away
+        space = {**space, **reply.space}
+    written = {
+        name: write_tensor(buffer, space[name].offset, space[name].capacity, array)
+        for name, array in results.items()
+    }
+    link.send(Done(run.batch_id, written, infer_s))
+    return True
