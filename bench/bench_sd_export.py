@@ -100,7 +100,7 @@ class Target:
     next_n: int = 0
     images: dict[int, np.ndarray] = field(default_factory=dict)
     calls: list[int] = field(default_factory=list)
-    """Denoiser calls per image (sordino: steps less ``cached_steps``)."""
+    """Steps the denoiser ran per image (``steps_used`` less ``cached_steps``)."""
 
     def take(self) -> int:
         with self.seeds:
@@ -300,6 +300,9 @@ def main() -> None:
     )
     parser.add_argument("--max-skips", type=int, default=2)
     parser.add_argument(
+        "--sordino-mode", default=None, help="sordino's scheduler mode (default: its own)"
+    )
+    parser.add_argument(
         "--diffusers-threads",
         type=int,
         default=0,
@@ -332,6 +335,7 @@ def main() -> None:
                 str(ours),
                 "--grpc-port",
                 str(free_port()),
+                *(["--mode", args.sordino_mode] if args.sordino_mode else []),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -386,7 +390,7 @@ def main() -> None:
         )
         header = (
             f"{'server':42} {'users':>5} {'images/s':>9} {'x diff.':>7} {'p50 ms':>8} "
-            f"{'p99 ms':>8} {'max|d|':>7} {'mean|d|':>8} {'calls':>5}"
+            f"{'p99 ms':>8} {'max|d|':>7} {'mean|d|':>8} {'steps':>5}"
         )
         print(header)
         for users in args.users:
