@@ -16,7 +16,7 @@ percentiles and the largest pixel difference from diffusers' image of the same r
 
     SIDE=/work/wt/sd28-side/venv/bin/python
     python bench/bench_sd_export.py --side-python $SIDE --mid --users 1 8 --seconds 20 \\
-        --steps 10 --rounds 2 --step-cache 0.1
+        --steps 10 --rounds 2 [--step-cache 0.1] [--diffusers-threads 1]
 
 ``--mid`` serves the mid-size random export of ``tools/make_tiny_sd_export.py --mid``
 (built with ``--side-python`` into ``--cache``, default ``~/.cache/sordino-bench``, the
