@@ -32,6 +32,7 @@ import base64
 import io
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -445,6 +446,7 @@ def main() -> None:
         for server in servers:
             server.wait(timeout=30)
         log.close()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
