@@ -7,6 +7,7 @@ Run in a side virtual environment (never needed to serve; see docs/generation.md
     /tmp/sd-side/bin/python tools/make_tiny_sd_export.py OUT_DIR
     /tmp/sd-side/bin/python tools/make_tiny_sd_export.py --xl OUT_DIR   # SDXL
     /tmp/sd-side/bin/python tools/make_tiny_sd_export.py --sd3 OUT_DIR  # SD3
+    /tmp/sd-side/bin/python tools/make_tiny_sd_export.py --mid OUT_DIR  # mid-size SD 1.5
 
 The pipeline has SD 1.x's architecture (``UNet2DConditionModel`` with cross-attention,
 ``AutoencoderKL`` with a latent factor of 8, ``CLIPTextModel``, a CLIP BPE tokenizer,
@@ -14,6 +15,15 @@ The pipeline has SD 1.x's architecture (``UNet2DConditionModel`` with cross-atte
 exported the usual way (optimum's ``main_export``, task ``text-to-image``) into
 ``OUT_DIR`` — the folder ``optimum-cli export onnx`` writes. The torch pipeline is kept in
 ``OUT_DIR.torch`` (the references are made from it, tools/make_sd_references.py).
+
+With ``--mid`` the SD 1.x pipeline is mid-size, for bench/bench_sd_export.py (which builds
+it into its cache with ``--mid``; about 45 MB, never committed): SD 1.5's block layout —
+three cross-attention down blocks and a plain one, two layers per block, a four-block
+VAE with two layers per block — at a tenth of SD 1.5's UNet widths (32, 64, 128, 128),
+a 128-wide 4-layer text encoder; about 9 M UNet parameters. One UNet call on a 64×64
+image (8×8 latents) with classifier-free guidance (batch 2) takes tens of milliseconds on
+one core of the project's 2-core machine (58 ms with one ONNX Runtime thread at a load
+average of 10). Seeded like the others: a rebuild gives the same weights.
 
 With ``--xl`` the pipeline is a ``StableDiffusionXLPipeline`` shaped as SDXL ships: two
 text encoders (``CLIPTextModel`` and ``CLIPTextModelWithProjection``, of different widths
@@ -120,7 +130,10 @@ def write_tokenizer_files(folder: Path) -> None:
     )
 
 
-def build(out: Path) -> Path:
+def build(out: Path, *, mid: bool = False) -> Path:
+    """SD 1.x's pipeline with tiny widths, or with ``mid`` the mid-size one of ``MID``."""
+    if mid:
+        return build_mid(out)
     torch.manual_seed(0)
     work = out.parent / (out.name + ".torch")
     shutil.rmtree(work, ignore_errors=True)
@@ -165,6 +178,85 @@ def build(out: Path) -> Path:
         block_out_channels=(8, 8, 16, 16),
         latent_channels=4,
         norm_num_groups=4,
+        sample_size=64,
+    )
+    scheduler = PNDMScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        num_train_timesteps=1000,
+        set_alpha_to_one=False,
+        skip_prk_steps=True,
+        steps_offset=1,
+    )
+    pipe = StableDiffusionPipeline(
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        unet=unet,
+        scheduler=scheduler,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+    pipe.save_pretrained(work)
+    return work
+
+
+def build_mid(out: Path) -> Path:
+    """The mid-size SD 1.5-shaped pipeline of bench/bench_sd_export.py (see ``--mid``).
+
+    SD 1.5's block layout (three cross-attention down blocks and a plain one, two layers
+    per block, ``attention_head_dim`` 8, 32 norm groups, a four-block VAE with two layers
+    per block) at a tenth of its UNet widths and with a 128-wide, 4-layer CLIP text
+    encoder: about 9 M UNet parameters, one UNet call on a 64×64 image (8×8 latents) with
+    classifier-free guidance (batch 2) takes tens of milliseconds on a 2-core CPU.
+    """
+    torch.manual_seed(0)
+    work = out.parent / (out.name + ".torch")
+    shutil.rmtree(work, ignore_errors=True)
+    write_tokenizer_files(work / "vocab")
+    tokenizer = CLIPTokenizer(
+        str(work / "vocab" / "vocab.json"),
+        str(work / "vocab" / "merges.txt"),
+        pad_token="<|endoftext|>",
+        model_max_length=77,
+    )
+    text_encoder = CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=128,
+            intermediate_size=512,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            max_position_embeddings=77,
+            projection_dim=128,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
+    unet = UNet2DConditionModel(
+        sample_size=8,
+        in_channels=4,
+        out_channels=4,
+        layers_per_block=2,
+        block_out_channels=(32, 64, 128, 128),
+        down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
+        up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
+        cross_attention_dim=128,
+        attention_head_dim=8,
+        norm_num_groups=32,
+    )
+    vae = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(16, 32, 64, 64),
+        layers_per_block=2,
+        latent_channels=4,
+        norm_num_groups=16,
         sample_size=64,
     )
     scheduler = PNDMScheduler(
@@ -387,11 +479,19 @@ def without_local_paths(out: Path) -> None:
 
 def main() -> None:
     args = sys.argv[1:]
-    xl, sd3 = "--xl" in args, "--sd3" in args
-    args = [a for a in args if a not in ("--xl", "--sd3")]
-    default = "tiny-sd3-onnx" if sd3 else "tiny-sdxl-onnx" if xl else "tiny-sd-onnx"
+    xl, sd3, mid = "--xl" in args, "--sd3" in args, "--mid" in args
+    args = [a for a in args if a not in ("--xl", "--sd3", "--mid")]
+    default = (
+        "tiny-sd3-onnx"
+        if sd3
+        else "tiny-sdxl-onnx"
+        if xl
+        else "mid-sd-onnx"
+        if mid
+        else "tiny-sd-onnx"
+    )
     out = Path(args[0] if args else default).resolve()
-    work = build_sd3(out) if sd3 else build_xl(out) if xl else build(out)
+    work = build_sd3(out) if sd3 else build_xl(out) if xl else build(out, mid=mid)
     export(work, out)
     without_local_paths(out)
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from sordino.config import ModelConfig, SchedulerConfig, validate_config
+from sordino.config.iterative import IterativeConfig
 from sordino.scheduling.settings import scheduling_for
 
 
@@ -73,3 +76,17 @@ def test_queue_policy_is_carried() -> None:
     q = scheduling_for(SchedulerConfig(), model, batched=True).queue
     assert (q.priority_levels, q.default_priority, q.timeout_action) == (5, 4, "DELAY")
     assert (q.default_timeout_s, q.max_queue_size) == (0.1, 7)
+
+
+def test_an_exports_denoiser_runs_what_queued_unless_a_mode_is_set(tmp_path: Path) -> None:
+    """A Stable Diffusion export's denoiser batches the steps that queued while it ran
+    (ultra_low_latency), unless the model or the server names a mode."""
+    export = ModelConfig(iterative=IterativeConfig(export=tmp_path))
+    assert scheduling_for(SchedulerConfig(), export, batched=True).mode == "ultra_low_latency"
+    assert scheduling_for(SchedulerConfig(), ModelConfig(), batched=True).mode == "adaptive"
+    digits = ModelConfig(iterative=IterativeConfig())
+    assert scheduling_for(SchedulerConfig(), digits, batched=True).mode == "adaptive"
+    own = export.model_copy(update={"scheduler_mode": "manual"})
+    assert scheduling_for(SchedulerConfig(), own, batched=True).mode == "manual"
+    server = validate_config({"scheduler": {"mode": "adaptive"}}).scheduler
+    assert scheduling_for(server, export, batched=True).mode == "adaptive"
