@@ -294,9 +294,6 @@ class StableDiffusion(Pipeline):
     preview_rgb = _PREVIEW_RGB
     """The latent channels as RGB for the cheap previews (a subclass's latent space differs)."""
 
-    image_to_image_refusal: str | None = None
-    """Why a subclass refuses ``image`` (None: image to image where the export can)."""
-
     inputs_taken: tuple[str, ...] = INPUTS
     """The inputs a request may carry (a subclass adds its own)."""
 
@@ -367,9 +364,7 @@ class StableDiffusion(Pipeline):
                 "width_default": str(self.default_side),
                 "height_default": str(self.default_side),
                 "size_multiple": str(self.size_multiple),
-                "image_to_image": str(
-                    self.config.image_encoder is not None and self.image_to_image_refusal is None
-                ).lower(),
+                "image_to_image": str(self.config.image_encoder is not None).lower(),
                 "description": "Stable Diffusion export " + str(export),
             },
         )
@@ -469,8 +464,6 @@ class StableDiffusion(Pipeline):
                     "strength applies to image to image: send an image too, or leave strength out"
                 )
             return None, 1.0
-        if self.image_to_image_refusal is not None:
-            raise InvalidRequest(f"model {name!r}: {self.image_to_image_refusal}")
         if self.config.image_encoder is None:
             raise InvalidRequest(
                 f"model {name!r} cannot do image to image: its export has no VAE encoder "
