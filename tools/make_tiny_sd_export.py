@@ -130,10 +130,8 @@ def write_tokenizer_files(folder: Path) -> None:
     )
 
 
-def build(out: Path, *, mid: bool = False) -> Path:
-    """SD 1.x's pipeline with tiny widths, or with ``mid`` the mid-size one of ``MID``."""
-    if mid:
-        return build_mid(out)
+def _seeded_work(out: Path) -> tuple[Path, CLIPTokenizer]:
+    """Torch seeded, the torch pipeline's folder beside ``out`` emptied, its tokenizer."""
     torch.manual_seed(0)
     work = out.parent / (out.name + ".torch")
     shutil.rmtree(work, ignore_errors=True)
@@ -144,6 +142,45 @@ def build(out: Path, *, mid: bool = False) -> Path:
         pad_token="<|endoftext|>",
         model_max_length=77,
     )
+    return work, tokenizer
+
+
+def _save_sd15(
+    work: Path,
+    vae: AutoencoderKL,
+    text_encoder: CLIPTextModel,
+    tokenizer: CLIPTokenizer,
+    unet: UNet2DConditionModel,
+) -> Path:
+    """The parts as SD 1.5's pipeline (its PNDM scheduler, no safety checker), saved."""
+    scheduler = PNDMScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        num_train_timesteps=1000,
+        set_alpha_to_one=False,
+        skip_prk_steps=True,
+        steps_offset=1,
+    )
+    pipe = StableDiffusionPipeline(
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        unet=unet,
+        scheduler=scheduler,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+    pipe.save_pretrained(work)
+    return work
+
+
+def build(out: Path, *, mid: bool = False) -> Path:
+    """SD 1.x's pipeline with tiny widths, or with ``mid`` the mid-size one of ``MID``."""
+    if mid:
+        return build_mid(out)
+    work, tokenizer = _seeded_work(out)
     text_encoder = CLIPTextModel(
         CLIPTextConfig(
             vocab_size=len(tokenizer),
@@ -180,27 +217,7 @@ def build(out: Path, *, mid: bool = False) -> Path:
         norm_num_groups=4,
         sample_size=64,
     )
-    scheduler = PNDMScheduler(
-        beta_start=0.00085,
-        beta_end=0.012,
-        beta_schedule="scaled_linear",
-        num_train_timesteps=1000,
-        set_alpha_to_one=False,
-        skip_prk_steps=True,
-        steps_offset=1,
-    )
-    pipe = StableDiffusionPipeline(
-        vae=vae,
-        text_encoder=text_encoder,
-        tokenizer=tokenizer,
-        unet=unet,
-        scheduler=scheduler,
-        safety_checker=None,
-        feature_extractor=None,
-        requires_safety_checker=False,
-    )
-    pipe.save_pretrained(work)
-    return work
+    return _save_sd15(work, vae, text_encoder, tokenizer, unet)
 
 
 def build_mid(out: Path) -> Path:
@@ -212,16 +229,7 @@ def build_mid(out: Path) -> Path:
     encoder: about 9 M UNet parameters, one UNet call on a 64×64 image (8×8 latents) with
     classifier-free guidance (batch 2) takes tens of milliseconds on a 2-core CPU.
     """
-    torch.manual_seed(0)
-    work = out.parent / (out.name + ".torch")
-    shutil.rmtree(work, ignore_errors=True)
-    write_tokenizer_files(work / "vocab")
-    tokenizer = CLIPTokenizer(
-        str(work / "vocab" / "vocab.json"),
-        str(work / "vocab" / "merges.txt"),
-        pad_token="<|endoftext|>",
-        model_max_length=77,
-    )
+    work, tokenizer = _seeded_work(out)
     text_encoder = CLIPTextModel(
         CLIPTextConfig(
             vocab_size=len(tokenizer),
@@ -259,27 +267,7 @@ def build_mid(out: Path) -> Path:
         norm_num_groups=16,
         sample_size=64,
     )
-    scheduler = PNDMScheduler(
-        beta_start=0.00085,
-        beta_end=0.012,
-        beta_schedule="scaled_linear",
-        num_train_timesteps=1000,
-        set_alpha_to_one=False,
-        skip_prk_steps=True,
-        steps_offset=1,
-    )
-    pipe = StableDiffusionPipeline(
-        vae=vae,
-        text_encoder=text_encoder,
-        tokenizer=tokenizer,
-        unet=unet,
-        scheduler=scheduler,
-        safety_checker=None,
-        feature_extractor=None,
-        requires_safety_checker=False,
-    )
-    pipe.save_pretrained(work)
-    return work
+    return _save_sd15(work, vae, text_encoder, tokenizer, unet)
 
 
 def text_encoder_config(tokenizer: CLIPTokenizer, hidden: int, projection: int) -> CLIPTextConfig:
