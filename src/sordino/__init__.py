@@ -7,7 +7,7 @@ surface is for embedding the runtime and testing against it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sordino.clock import Clock, MonotonicClock
 from sordino.errors import (
@@ -31,6 +31,7 @@ from sordino.errors import (
     Unsupported,
 )
 from sordino.events import Event, EventSink
+from sordino.lazy import lazy_names
 
 if TYPE_CHECKING:
     from sordino.config import RuntimeConfig, load_config
@@ -82,17 +83,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name of :data:`_LAZY` from its module when it is first asked for."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'sordino' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())

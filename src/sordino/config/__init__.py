@@ -11,8 +11,9 @@ lists every problem. ``docs/configuration.md`` is the reference for every key.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sordino.lazy import lazy_names
 
 if TYPE_CHECKING:
     from sordino.config.devices import EXECUTION_PROVIDERS, DeviceConfig
@@ -87,14 +88,7 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, globals())
 
 __all__ = [
     "EXECUTION_PROVIDERS",
