@@ -189,6 +189,9 @@ class InstancePool:
             added: list[Instance] = []
             for instance, result in zip(fresh, results, strict=True):
                 if isinstance(result, BaseException):
+                    # As at load: with a chain, a device that cannot start an instance
+                    # is skipped from now on.
+                    self._placement.open_failed(instance.device.name, str(result))
                     await instance.aclose()
                     self._events.emit("worker_start_failed", instance.subject, str(result))
                     continue
