@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sordino.config import ModelConfig, RuntimeConfig
 from sordino.config.workers import OutlierEjectionConfig
 from sordino.events import EventSink
 from sordino.execution.devices import Device
 from sordino.execution.outliers import OutlierDetector
-from sordino.execution.placement import Placement, Signal
+from sordino.execution.placement import Placement
 from sordino.execution.pool import InstancePool
 from sordino.inference import ModelKey, ModelMetadata
 from sordino.testing import VirtualClock
@@ -77,15 +78,7 @@ async def test_an_instance_that_cannot_start_when_scaling_up_marks_its_device_as
     failing: set[str] = set()
     made: list[FakeInstance] = []
 
-    def factory(
-        key: ModelKey,
-        index: int,
-        tier: str,
-        device: Device,
-        path: Path,
-        config: ModelConfig,
-        signal: Signal,
-    ) -> FakeInstance:
+    def factory(key: ModelKey, index: int, tier: str, device: Device, *rest: Any) -> FakeInstance:
         made.append(FakeInstance(index, device, failing))
         return made[-1]
 

@@ -166,12 +166,19 @@ async def test_expired_request_is_never_run() -> None:
     await sched.close()
 
 
+def _observed_one_at_a_time(
+    batch_s: float,
+) -> tuple[VirtualClock, ModelScheduler, QueueDepths]:
+    """A scheduler of one-row batches of ``batch_s`` each, its queue depths observed."""
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: batch_s)
+    depths = QueueDepths()
+    return clock, _scheduler(clock, executor, BatchPolicy(max_batch=1), observer=depths), depths
+
+
 async def test_observers_see_the_queue_empty_once_its_requests_expired() -> None:
     """Requests that time out in the queue leave it: the last depth reported is 0."""
-    clock = VirtualClock()
-    executor = ScriptedExecutor(clock, latency=lambda rows: 1.0)
-    depths = QueueDepths()
-    sched = _scheduler(clock, executor, BatchPolicy(max_batch=1), observer=depths)
+    clock, sched, depths = _observed_one_at_a_time(batch_s=1.0)
     busy = asyncio.create_task(sched.infer(_x(0), priority=2))
     await clock.settle()
     waiting = [asyncio.create_task(sched.infer(_x(i), priority=2, timeout_s=0.1)) for i in (1, 2)]
@@ -189,10 +196,7 @@ async def test_observers_see_the_queue_empty_once_its_requests_expired() -> None
 
 async def test_observers_see_the_queue_empty_once_hopeless_work_is_dropped() -> None:
     """Work dropped because it cannot finish in time left the queue: depth 0 reported."""
-    clock = VirtualClock()
-    executor = ScriptedExecutor(clock, latency=lambda rows: 0.2)
-    depths = QueueDepths()
-    sched = _scheduler(clock, executor, BatchPolicy(max_batch=1), observer=depths)
+    clock, sched, depths = _observed_one_at_a_time(batch_s=0.2)
     await asyncio.gather(sched.infer(_x(0), priority=2), clock.advance(0.3))
     first = asyncio.create_task(sched.infer(_x(1), priority=2))
     await clock.settle()  # runs for 0.2 s
@@ -208,10 +212,7 @@ async def test_observers_see_the_queue_empty_once_hopeless_work_is_dropped() -> 
 
 
 async def test_observers_see_the_queue_empty_after_a_close_without_drain() -> None:
-    clock = VirtualClock()
-    executor = ScriptedExecutor(clock, latency=lambda rows: 0.01)
-    depths = QueueDepths()
-    sched = _scheduler(clock, executor, BatchPolicy(max_batch=1), observer=depths)
+    clock, sched, depths = _observed_one_at_a_time(batch_s=0.01)
     tasks = [asyncio.create_task(sched.infer(_x(i), priority=2)) for i in range(3)]
     await clock.settle()
     assert depths.depths[-1] == 2
