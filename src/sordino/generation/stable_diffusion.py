@@ -40,8 +40,7 @@ import hashlib
 import json
 import math
 import secrets
-from collections.abc import AsyncGenerator, Mapping
-from contextlib import aclosing
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -56,8 +55,7 @@ from sordino.generation.diffusers_schedulers import (
     scheduler_from_config,
 )
 from sordino.generation.inputs import one_float, one_int
-from sordino.generation.pipeline import GenerateParams, Pipeline, Progress
-from sordino.generation.reuse import Generated
+from sordino.generation.pipeline import GenerateParams, Pipeline
 from sordino.generation.sd_generation import SDGeneration
 from sordino.generation.sd_image import pixels_to_sample, read_image, sample_latents
 from sordino.generation.sd_request import (
@@ -288,24 +286,11 @@ class StableDiffusion(Pipeline):
         )
         return image, strength
 
-    async def run(
-        self,
-        params: GenerateParams,
-        *,
-        priority: int,
-        timeout_s: float | None,
-        request_id: str | None,
-        progress: bool,
-    ) -> AsyncGenerator[Progress | tuple[Generated, str], None]:
-        """The base loop; image to image encodes the image first (once per request)."""
+    async def prepare(self, params: GenerateParams) -> GenerateParams:
+        """Image to image encodes the image first (once per request)."""
         if isinstance(params, SDParams) and params.image is not None and params.encoded is None:
-            params = replace(params, encoded=await self._encode_image(params))
-        answers = super().run(
-            params, priority=priority, timeout_s=timeout_s, request_id=request_id, progress=progress
-        )
-        async with aclosing(answers):
-            async for answer in answers:
-                yield answer
+            return replace(params, encoded=await self._encode_image(params))
+        return params
 
     async def _encode_image(self, params: SDParams) -> npt.NDArray[np.float32]:
         """The scaled latents of the request's image: [1, C, H/8, W/8]."""

@@ -45,10 +45,9 @@ import numpy.typing as npt
 
 from sordino.errors import InferenceFailed, ModelLoadError
 from sordino.generation.pipeline import GenerateParams
-from sordino.generation.sd_generation import SDGeneration
 from sordino.generation.sd_request import INPUTS, SDParams, export_json
 from sordino.generation.stable_diffusion import StableDiffusion
-from sordino.generation.stable_diffusion_xl import StableDiffusionXL, XLCondition
+from sordino.generation.stable_diffusion_xl import PooledGeneration, StableDiffusionXL, XLCondition
 from sordino.generation.t5_tokens import T5Tokenizer
 from sordino.inference import InferRequest
 
@@ -82,30 +81,8 @@ _PREVIEW_RGB_SD3 = np.array(
 )
 
 
-class SD3Generation(SDGeneration):
+class SD3Generation(PooledGeneration):
     """One SD3 request's loop: SD's, with ``pooled_projections`` in every transformer call."""
-
-    def __init__(
-        self,
-        pipeline: StableDiffusion3,
-        params: SDParams,
-        condition: XLCondition,
-        *,
-        priority: int,
-        progress: bool,
-        now: float,
-        deadline: float | None = None,
-    ) -> None:
-        super().__init__(
-            pipeline,
-            params,
-            condition.hidden,
-            priority=priority,
-            progress=progress,
-            now=now,
-            deadline=deadline,
-        )
-        self.pooled = condition.pooled
 
     def unet_conditioning(self) -> dict[str, npt.NDArray[np.float32]]:
         return {"encoder_hidden_states": self.embeddings, "pooled_projections": self.pooled}

@@ -57,7 +57,7 @@ from sordino.generation.sd_request import INPUTS, MAX_SIDE, SDParams, export_jso
 from sordino.generation.stable_diffusion import StableDiffusion
 from sordino.inference import InferRequest, TensorSpec
 
-__all__ = ["SDXLGeneration", "StableDiffusionXL", "XLCondition", "XLParams"]
+__all__ = ["PooledGeneration", "SDXLGeneration", "StableDiffusionXL", "XLCondition", "XLParams"]
 
 XL_TEXTS = ("prompt_2", "negative_prompt_2")
 XL_SIZES = ("original_size", "crops_coords_top_left", "target_size")
@@ -97,12 +97,14 @@ class XLCondition:
     """``text_embeds`` [rows, P], the same row order."""
 
 
-class SDXLGeneration(SDGeneration):
-    """One SDXL request's loop: SD's, with ``text_embeds`` and ``time_ids`` in every call."""
+class PooledGeneration(SDGeneration):
+    """One request's loop whose UNet (or transformer) also takes pooled text rows
+    (SDXL's and SD3's): SD's, on the :class:`XLCondition`'s hidden rows, with
+    :attr:`pooled` kept for :meth:`unet_conditioning`."""
 
     def __init__(
         self,
-        pipeline: StableDiffusionXL,
+        pipeline: StableDiffusion,
         params: SDParams,
         condition: XLCondition,
         *,
@@ -121,6 +123,31 @@ class SDXLGeneration(SDGeneration):
             deadline=deadline,
         )
         self.pooled = condition.pooled
+
+
+class SDXLGeneration(PooledGeneration):
+    """One SDXL request's loop: SD's, with ``text_embeds`` and ``time_ids`` in every call."""
+
+    def __init__(
+        self,
+        pipeline: StableDiffusion,
+        params: SDParams,
+        condition: XLCondition,
+        *,
+        priority: int,
+        progress: bool,
+        now: float,
+        deadline: float | None = None,
+    ) -> None:
+        super().__init__(
+            pipeline,
+            params,
+            condition,
+            priority=priority,
+            progress=progress,
+            now=now,
+            deadline=deadline,
+        )
         # original_size + crops_coords_top_left + target_size (XLParams.time_ids).
         size = (params.height, params.width)
         given = params.time_ids if isinstance(params, XLParams) else ()
