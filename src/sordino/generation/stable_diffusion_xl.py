@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, fields, replace
+from functools import cached_property
 from typing import Any, ClassVar
 
 import numpy as np
@@ -128,31 +129,15 @@ class PooledGeneration(SDGeneration):
 class SDXLGeneration(PooledGeneration):
     """One SDXL request's loop: SD's, with ``text_embeds`` and ``time_ids`` in every call."""
 
-    def __init__(
-        self,
-        pipeline: StableDiffusion,
-        params: SDParams,
-        condition: XLCondition,
-        *,
-        priority: int,
-        progress: bool,
-        now: float,
-        deadline: float | None = None,
-    ) -> None:
-        super().__init__(
-            pipeline,
-            params,
-            condition,
-            priority=priority,
-            progress=progress,
-            now=now,
-            deadline=deadline,
-        )
-        # original_size + crops_coords_top_left + target_size (XLParams.time_ids).
+    @cached_property
+    def time_ids(self) -> npt.NDArray[np.float32]:
+        """``original_size + crops_coords_top_left + target_size`` (:attr:`XLParams.time_ids`,
+        or the image's size, uncropped), one row per UNet row."""
+        params = self.params
         size = (params.height, params.width)
         given = params.time_ids if isinstance(params, XLParams) else ()
         time_ids = np.array(given or (*size, 0, 0, *size), dtype=np.float32)
-        self.time_ids = np.tile(time_ids, (len(condition.pooled), 1))
+        return np.tile(time_ids, (len(self.pooled), 1))
 
     def unet_conditioning(self) -> dict[str, npt.NDArray[np.float32]]:
         return {
