@@ -99,7 +99,7 @@ class StableDiffusion(Pipeline):
 
     fractional_strength = False
     """Image to image's step count: ``int(steps x strength)`` (False) or SD3's rounding
-    (True; diffusers_schedulers.image_steps)."""
+    (True; diffusers_sampler.image_steps)."""
 
     def __init__(
         self,
