@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 
 import numpy as np
@@ -222,3 +223,29 @@ def test_random_acquire_release_resize_keeps_every_live_block(
         for tensors, _ in live:
             tensors.release()
         arena.close()
+
+
+def _prewarm_loops() -> int:
+    return sum(
+        task.get_name() == "sordino-memory-prewarm" and not task.done()
+        for task in asyncio.all_tasks()
+    )
+
+
+async def test_a_retune_keeps_one_prewarm_loop_and_stop_ends_it() -> None:
+    """Hot reconfiguration restarts the defragmentation timer, not pre-warming: one
+    pool_size auto loop before and after, none once the manager stops."""
+    arena = Arena(1 * MIB)
+    clock = VirtualClock()
+    config = MemoryConfig(pool_size="auto", pool_min="1MB", pool_max="8MB", defrag_interval="60s")
+    manager = MemoryManager(config, arena=lambda: arena, clock=clock, events=EventSink())
+    await manager.start()
+    try:
+        assert _prewarm_loops() == 1
+        await manager.retune(config.model_copy(update={"defrag_interval": 30.0}))
+        await manager.retune(config)
+        assert _prewarm_loops() == 1
+    finally:
+        await manager.stop()
+        arena.close()
+    assert _prewarm_loops() == 0

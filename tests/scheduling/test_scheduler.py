@@ -21,7 +21,7 @@ from sordino.errors import (
 from sordino.execution.batch import NO_CONTEXT, BatchContext
 from sordino.inference import ModelKey, RequestFacts
 from sordino.memory.refs import Tensors
-from sordino.records import QueueSettings
+from sordino.records import BatchDone, QueueSettings, RequestDone
 from sordino.scheduling.batcher import BatchPolicy
 from sordino.scheduling.modes import StaticController, build_controller
 from sordino.scheduling.scheduler import ModelScheduler
@@ -30,12 +30,29 @@ from sordino.testing import ScriptedExecutor, VirtualClock
 KEY = ModelKey("m", "1")
 
 
+class QueueDepths:
+    """An observer that keeps every queue depth the scheduler reports."""
+
+    def __init__(self) -> None:
+        self.depths: list[int] = []
+
+    def request_done(self, done: RequestDone) -> None:
+        pass
+
+    def batch_done(self, done: BatchDone) -> None:
+        pass
+
+    def queue_changed(self, model: ModelKey, depth: int) -> None:
+        self.depths.append(depth)
+
+
 def _scheduler(
     clock: VirtualClock,
     executor: ScriptedExecutor,
     policy: BatchPolicy | None = None,
     settings: QueueSettings | None = None,
     mode: str = "manual",
+    observer: QueueDepths | None = None,
 ) -> ModelScheduler:
     policy = policy or BatchPolicy(max_batch=8, max_delay_s=0.010)
     controller = build_controller(mode, policy, slo_s=0.1)  # type: ignore[arg-type]
@@ -46,6 +63,7 @@ def _scheduler(
         controller=controller,
         settings=settings or QueueSettings(),
         clock=clock,
+        observers=(observer,) if observer is not None else (),
     )
     sched.start()
     return sched
@@ -146,6 +164,63 @@ async def test_expired_request_is_never_run() -> None:
     assert executor.batches == [1]
     assert sched.statistics().timed_out == 1
     await sched.close()
+
+
+def _observed_one_at_a_time(
+    batch_s: float,
+) -> tuple[VirtualClock, ModelScheduler, QueueDepths]:
+    """A scheduler of one-row batches of ``batch_s`` each, its queue depths observed."""
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: batch_s)
+    depths = QueueDepths()
+    return clock, _scheduler(clock, executor, BatchPolicy(max_batch=1), observer=depths), depths
+
+
+async def test_observers_see_the_queue_empty_once_its_requests_expired() -> None:
+    """Requests that time out in the queue leave it: the last depth reported is 0."""
+    clock, sched, depths = _observed_one_at_a_time(batch_s=1.0)
+    busy = asyncio.create_task(sched.infer(_x(0), priority=2))
+    await clock.settle()
+    waiting = [asyncio.create_task(sched.infer(_x(i), priority=2, timeout_s=0.1)) for i in (1, 2)]
+    await clock.settle()
+    assert depths.depths[-1] == 2
+    await clock.advance(0.2)
+    for task in waiting:
+        with pytest.raises(QueueTimeout):
+            await task
+    assert depths.depths[-1] == 0
+    await clock.advance(1.0)
+    await busy
+    await sched.close()
+
+
+async def test_observers_see_the_queue_empty_once_hopeless_work_is_dropped() -> None:
+    """Work dropped because it cannot finish in time left the queue: depth 0 reported."""
+    clock, sched, depths = _observed_one_at_a_time(batch_s=0.2)
+    await asyncio.gather(sched.infer(_x(0), priority=2), clock.advance(0.3))
+    first = asyncio.create_task(sched.infer(_x(1), priority=2))
+    await clock.settle()  # runs for 0.2 s
+    late = asyncio.create_task(sched.infer(_x(2), priority=2, timeout_s=0.3))
+    await clock.settle()
+    assert depths.depths[-1] == 1
+    await clock.advance(1.0)
+    await first
+    with pytest.raises(QueueTimeout, match="cannot finish before its deadline"):
+        await late
+    assert depths.depths[-1] == 0
+    await sched.close()
+
+
+async def test_observers_see_the_queue_empty_after_a_close_without_drain() -> None:
+    clock, sched, depths = _observed_one_at_a_time(batch_s=0.01)
+    tasks = [asyncio.create_task(sched.infer(_x(i), priority=2)) for i in range(3)]
+    await clock.settle()
+    assert depths.depths[-1] == 2
+    closing = asyncio.create_task(sched.close(drain=False))
+    await clock.advance(1.0)
+    await closing
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert depths.depths[-1] == 0
 
 
 async def test_full_queue_rejects_immediately() -> None:

@@ -70,14 +70,7 @@ class InstancePool:
                     opening.append((slot, instance))
                     index += 1
             slots.append(slot)
-        try:
-            results = await asyncio.gather(
-                *(inst.open() for _, inst in opening), return_exceptions=True
-            )
-        except asyncio.CancelledError:
-            # Start-up interrupted: stop the workers already spawned (or spawning).
-            await asyncio.gather(*(inst.aclose() for _, inst in opening), return_exceptions=True)
-            raise
+        results = await self._open_all([instance for _, instance in opening])
         metadata: ModelMetadata | None = None
         errors: list[str] = []
         for (slot, instance), result in zip(opening, results, strict=True):
@@ -88,15 +81,7 @@ class InstancePool:
                 continue
             metadata = metadata or result
             slot.instances.append(instance)
-            self._events.emit(
-                "worker_started",
-                instance.subject,
-                "model loaded",
-                version=key.version,
-                device=instance.device.name,
-                isolation=instance.isolation,
-                pid=instance.statistics().pid,
-            )
+            self._started(key, instance, "model loaded")
         if metadata is None:
             raise ModelLoadError(f"model {key} could not start on any device: {'; '.join(errors)}")
         tiers = [slot for slot in slots if slot.instances]
@@ -180,29 +165,19 @@ class InstancePool:
                 self._factory(key, base + n, slot.name, device, path, config, entry.signal)
                 for n in range(target - count)
             ]
-            try:
-                results = await asyncio.gather(*(i.open() for i in fresh), return_exceptions=True)
-            except asyncio.CancelledError:
-                # Interrupted (the server stops): stop the workers already spawned.
-                await asyncio.gather(*(i.aclose() for i in fresh), return_exceptions=True)
-                raise
+            results = await self._open_all(fresh)
             added: list[Instance] = []
             for instance, result in zip(fresh, results, strict=True):
                 if isinstance(result, BaseException):
+                    # As at load: with a chain, a device that cannot start an instance
+                    # is skipped from now on.
+                    self._placement.open_failed(instance.device.name, str(result))
                     await instance.aclose()
                     self._events.emit("worker_start_failed", instance.subject, str(result))
                     continue
                 slot.instances.append(instance)
                 added.append(instance)
-                self._events.emit(
-                    "worker_started",
-                    instance.subject,
-                    "scaled up",
-                    version=key.version,
-                    device=instance.device.name,
-                    isolation=instance.isolation,
-                    pid=instance.statistics().pid,
-                )
+                self._started(key, instance, "scaled up")
             entry.signal.fire()
             return added
         removed = sorted(slot.instances, key=lambda i: (i.busy, -i.index))[: count - target]
@@ -215,3 +190,26 @@ class InstancePool:
             )
         entry.signal.fire()
         return removed
+
+    async def _open_all(self, instances: list[Instance]) -> list[ModelMetadata | BaseException]:
+        """Open ``instances`` together: each one's metadata, or why it could not start.
+
+        Interrupted (the server stops), it stops the workers already spawned (or
+        spawning) before the cancellation goes on."""
+        try:
+            return await asyncio.gather(*(i.open() for i in instances), return_exceptions=True)
+        except asyncio.CancelledError:
+            await asyncio.gather(*(i.aclose() for i in instances), return_exceptions=True)
+            raise
+
+    def _started(self, key: ModelKey, instance: Instance, cause: str) -> None:
+        """Tell the events an instance of ``key`` serves now (``worker_started``)."""
+        self._events.emit(
+            "worker_started",
+            instance.subject,
+            cause,
+            version=key.version,
+            device=instance.device.name,
+            isolation=instance.isolation,
+            pid=instance.statistics().pid,
+        )

@@ -31,6 +31,9 @@ from sordino.execution.messages import (
 
 __all__ = ["WorkerLink"]
 
+_Read = tuple[list[ToWorker], BaseException | None]
+"""What one read of the pipe gave: the messages it completed, and why the pipe ended."""
+
 
 class WorkerLink:
     """The worker's end of the pipe; sends may come from any thread, and so may reads.
@@ -86,27 +89,14 @@ class WorkerLink:
             if self._reading or self._closed is not None:
                 return  # whoever reads hands the Cancel out
             self._reading = True
-        messages: list[ToWorker] = []
-        ended: BaseException | None = None
+        read: _Read = ([], None)
         try:
             # Again, as the reader: another may have read the bytes since (never block).
             if _readable(self._fd):
-                data = os.read(self._fd, 1 << 16)
-                if data:
-                    messages = self._frames.feed(data)  # type: ignore[assignment]
-                else:
-                    ended = EOFError()
-        except (OSError, FrameError) as exc:
-            ended = exc
+                read = self._read_once()
         finally:
             with self._state:
-                self._reading = False
-                for message in messages:
-                    self._hand_out(message)
-                if ended is not None:
-                    self._closed = ended
-                    self._fail_calls("the server closed the worker's pipe")
-                self._state.notify_all()
+                self._deliver(read)
 
     def _read_always(self) -> None:
         with self._state:
@@ -140,25 +130,35 @@ class WorkerLink:
                 continue
             self._reading = True
             self._state.release()
-            messages: list[ToWorker] = []
-            ended: BaseException | None = None
+            read: _Read = ([], None)
             try:
-                data = os.read(self._fd, 1 << 16)
-                if data:
-                    messages = self._frames.feed(data)  # type: ignore[assignment]
-                else:
-                    ended = EOFError()
-            except (OSError, FrameError) as exc:
-                ended = exc
+                read = self._read_once()
             finally:
                 self._state.acquire()
-                self._reading = False
-            for message in messages:
-                self._hand_out(message)
-            if ended is not None:
-                self._closed = ended
-                self._fail_calls("the server closed the worker's pipe")
-            self._state.notify_all()
+                self._deliver(read)
+
+    def _read_once(self) -> _Read:
+        """One read of the fd, as the reader (``_reading`` set, lock not held): the
+        messages it completed, and why the pipe ended (None while it has not)."""
+        try:
+            data = os.read(self._fd, 1 << 16)
+            if not data:
+                return [], EOFError()
+            return self._frames.feed(data), None  # type: ignore[return-value]
+        except (OSError, FrameError) as exc:
+            return [], exc
+
+    def _deliver(self, read: _Read) -> None:
+        """After a read (lock held): stop being the reader, hand each message out, fail
+        the pending model calls if the pipe ended, and wake the threads waiting."""
+        messages, ended = read
+        self._reading = False
+        for message in messages:
+            self._hand_out(message)
+        if ended is not None:
+            self._closed = ended
+            self._fail_calls("the server closed the worker's pipe")
+        self._state.notify_all()
 
     def _hand_out(self, message: ToWorker) -> None:
         if isinstance(message, ModelCallAnswer):

@@ -171,6 +171,11 @@ class Pipeline:
             parse_digit_prompt(prompt)  # refuse an unreadable prompt before queueing
         return GenerateParams(prompt, seed, steps, guidance, tenant, seeded)
 
+    async def prepare(self, params: GenerateParams) -> GenerateParams:
+        """``params`` ready for :meth:`condition`, once per request before anything else
+        (a subclass's own work, such as encoding an input image); here unchanged."""
+        return params
+
     async def condition(self, params: GenerateParams) -> npt.NDArray[np.float32]:
         """The condition row for the prompt: the digit's one-hot, or the text encoder's output."""
         if self.config.prompt == "digits":
@@ -196,6 +201,7 @@ class Pipeline:
         ``how`` is ``cache`` (an exact earlier result), ``coalesced`` (an identical
         request in flight) or ``generated``.
         """
+        params = await self.prepare(params)
         condition = await self.condition(params)
         key = self.result_key(params, condition)
         # Like the result cache, coalescing stays within a tenant: another tenant's

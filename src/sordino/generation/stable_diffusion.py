@@ -29,7 +29,9 @@ request (both guidance rows alike) and steps the scheduler with the last guided 
 on a skipped call. Approximate reuse (``reuse.approximate``) starts a text-to-image
 request part way, as image to image does, from the clean estimate an earlier request
 of the same prompt reached there, re-noised with its own noise.
-SDXL and SD3 are subclasses: generation/stable_diffusion_xl.py, stable_diffusion_3.py.
+The request's checked inputs are sd_request.py's :class:`SDParams`; one request's loop
+is sd_generation.py's :class:`SDGeneration`. SDXL and SD3 are subclasses:
+generation/stable_diffusion_xl.py, stable_diffusion_3.py.
 """
 
 from __future__ import annotations
@@ -38,48 +40,39 @@ import hashlib
 import json
 import math
 import secrets
-from collections.abc import AsyncGenerator, Mapping
-from contextlib import aclosing
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
-from sordino.errors import InferenceFailed, InvalidRequest, ModelLoadError, TensorError
+from sordino.errors import InvalidRequest, ModelLoadError, TensorError
 from sordino.generation.clip_tokens import ClipTokenizer
 from sordino.generation.diffusers_schedulers import (
-    Sampler,
     SchedulerSpec,
     image_steps,
     scheduler_from_config,
 )
 from sordino.generation.inputs import one_float, one_int
-from sordino.generation.pipeline import GenerateParams, Pipeline, Progress
-from sordino.generation.reuse import Generated
+from sordino.generation.pipeline import GenerateParams, Pipeline
+from sordino.generation.sd_generation import SDGeneration
 from sordino.generation.sd_image import pixels_to_sample, read_image, sample_latents
-from sordino.generation.step_cache import StepCache
-from sordino.inference import InferRequest, ModelMetadata, Tensor, TensorSpec
-from sordino.memory.refs import Tensors, TensorsBuilder
-
-__all__ = ["SDGeneration", "SDParams", "StableDiffusion"]
-
-INPUTS = (
-    "prompt",
-    "negative_prompt",
-    "seed",
-    "steps",
-    "guidance",
-    "width",
-    "height",
-    "num_images",
-    "latents",
-    "image",
-    "strength",
+from sordino.generation.sd_request import (
+    INPUTS,
+    MAX_IMAGES,
+    MAX_SIDE,
+    SDParams,
+    export_json,
+    nearest_multiple,
+    size_multiple,
 )
-MAX_IMAGES = 8
-MAX_SIDE = 2048
+from sordino.inference import InferRequest, ModelMetadata, Tensor, TensorSpec
+
+# INPUTS, MAX_SIDE, SDParams (sd_request.py) and SDGeneration (sd_generation.py) are
+# importable from here too, where SDXL's and SD3's modules and the tests take them.
+__all__ = ["INPUTS", "MAX_IMAGES", "MAX_SIDE", "SDGeneration", "SDParams", "StableDiffusion"]
+
 # SD 1.x's latent channels as RGB (a linear fit, the usual cheap preview of a latent).
 _PREVIEW_RGB = np.array(
     [
@@ -92,204 +85,11 @@ _PREVIEW_RGB = np.array(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class SDParams(GenerateParams):
-    """A checked text-to-image request."""
-
-    negative_prompt: str
-    width: int
-    height: int
-    num_images: int
-    latents: npt.NDArray[np.float32] | None
-    image: npt.NDArray[np.uint8] | None = None
-    """Image to image: the RGB pixels [H, W, 3] (H and W are ``height`` and ``width``)."""
-    strength: float = 1.0
-    encoded: npt.NDArray[np.float32] | None = None
-    """Image to image: the image's latents (scaled), set once the VAE encoder ran."""
-
-
-class SDGeneration:
-    """One request's diffusers loop; the scheduler calls :meth:`advance` after each UNet call."""
-
-    def __init__(
-        self,
-        pipeline: StableDiffusion,
-        params: SDParams,
-        embeddings: npt.NDArray[np.float32],
-        *,
-        priority: int,
-        progress: bool,
-        now: float,
-        deadline: float | None = None,
-    ) -> None:
-        self.pipeline = pipeline
-        self.params = params
-        self.priority = priority
-        self.progress = progress
-        self.guided = params.guidance > 1.0
-        self.embeddings = embeddings
-        shape = (params.num_images, pipeline.latent_channels, params.height // 8, params.width // 8)
-        # Degrade applies here, before the first step: the whole run is planned with the
-        # fewer steps (a diffusers scheduler's timesteps depend on the count), so the
-        # image is diffusers' own at that count.
-        steps = pipeline.planned_steps(params, priority=priority, now=now, deadline=deadline)
-        self.degraded = steps < params.steps
-        pipeline.degrader.note(params.steps - steps, first=True)
-        self.sampler: Sampler = pipeline.spec.start(steps, np.random.default_rng([1, params.seed]))
-        latents = params.latents
-        if latents is None:
-            latents = np.random.default_rng(params.seed).standard_normal(shape).astype(np.float32)
-        self.begin = 0  # image to image (and approximate reuse) starts part way
-        self.reused_steps = 0
-        self._store_at: int | None = None
-        self.state_key = (
-            self.embeddings.tobytes(),
-            params.guidance,
-            pipeline.spec.kind,
-            steps,
-            shape,
-            getattr(params, "time_ids", ()),
-        )
-        cached = self._approximate(steps) if params.encoded is None else None
-        if cached is not None:
-            # Another request's clean estimate of the same prompt, re-noised with this
-            # request's own noise to call ``begin`` (as image to image starts): the
-            # calls before it are not run.
-            self.latents = self.sampler.add_noise(cached, latents, self.begin)
-        elif params.encoded is not None:
-            self.begin = self.sampler.image_start(
-                params.strength, fractional=pipeline.fractional_strength
-            )
-            start = np.repeat(params.encoded, params.num_images // len(params.encoded), axis=0)
-            self.latents = self.sampler.add_noise(start, latents, self.begin)
-        else:
-            self.latents = np.asarray(
-                latents * np.float32(self.sampler.init_noise_sigma), dtype=np.float32
-            )
-        self.run_steps = steps - self.begin
-        self.index = self.begin
-        self.steps_used = self.reused_steps
-        self.closed = False
-        self._last = now
-        self.cache = StepCache(pipeline.config.step_cache, pipeline.step_cache)
-        self._scaled: npt.NDArray[np.float32] | None = None  # the next call's, when known
-        self._input: npt.NDArray[np.float32] | None = None  # the queued call's
-        self._moved = 1  # steps the last advance moved the latents
-
-    def _approximate(self, steps: int) -> npt.NDArray[np.float32] | None:
-        """With ``reuse.approximate``: a cached clean estimate to start from (``begin`` and
-        ``reused_steps`` set), or None (and where to keep this run's estimate)."""
-        reuse = self.pipeline.config.reuse
-        if not reuse.approximate:
-            return None
-        skip = min(steps - 1, round(steps * reuse.approximate_skip))
-        if skip <= 0:
-            return None
-        cached = self.pipeline.states.get(self.state_key)
-        if cached is None:
-            self._store_at = skip - 1  # after this call, its clean estimate is kept
-            return None
-        self.begin = self.reused_steps = skip
-        self.pipeline.states.steps_saved += skip
-        return cached
-
-    def inputs(self) -> Tensors:
-        """The next UNet call: the scaled latents (twice when guided), timestep, text rows."""
-        pipeline = self.pipeline
-        scaled = self._scaled
-        if scaled is None:
-            scaled = self.sampler.scale_input(self.latents, self.index)
-        self._scaled = None
-        self._input = scaled
-        rows = 2 * len(scaled) if self.guided else len(scaled)
-        state = TensorsBuilder(pipeline.arena())
-        try:
-            sample = state.empty(
-                pipeline.config.sample_input, np.dtype(np.float32), (rows, *scaled.shape[1:])
-            )
-            sample[: len(scaled)] = scaled
-            sample[len(scaled) :] = scaled
-        except BaseException:
-            state.abandon()
-            raise
-        timestep = np.full(rows, self.sampler.timesteps[self.index], dtype=pipeline.timestep_dtype)
-        small = Tensors.of({"timestep": timestep, **self.unet_conditioning()})
-        with state.finish() as placed:
-            return Tensors.compose(
-                {
-                    pipeline.config.sample_input: (placed, pipeline.config.sample_input),
-                    **{key: (small, key) for key in small},
-                }
-            )
-
-    def unet_conditioning(self) -> dict[str, npt.NDArray[np.float32]]:
-        """The UNet's inputs besides ``sample`` and ``timestep``, one row per sample row.
-
-        SD 1.x/2.x: the text rows; SDXL adds its own (generation/stable_diffusion_xl.py).
-        """
-        return {"encoder_hidden_states": self.embeddings}
-
-    def advance(self, outputs: Tensors, now: float) -> tuple[Tensors | None, Tensors | None]:
-        predicted = np.asarray(outputs[self.pipeline.config.noise_output], dtype=np.float32)
-        n = len(self.latents)
-        if predicted.shape[0] != (2 * n if self.guided else n):
-            raise InferenceFailed(
-                f"the UNet of {self.pipeline.key} returned {predicted.shape[0]} rows for a call "
-                f"of {2 * n if self.guided else n}"
-            )
-        noise = predicted
-        if self.guided:
-            uncond, cond = predicted[:n], predicted[n:]
-            noise = uncond + np.float32(self.params.guidance) * (cond - uncond)
-        assert self._input is not None
-        self.cache.computed(self._input)
-        # The time since the last advance moved the latents ``_moved`` steps (more than
-        # one when the step cache skipped some): the pace is per step.
-        self.pipeline.note_step(self.priority, (now - self._last) / self._moved)
-        self._last = now
-        self._moved = 0
-        delivered = None
-        calls = len(self.sampler.timesteps)
-        while True:
-            if self.index == self._store_at:
-                x0 = self.sampler.predict_x0(noise, self.index, self.latents)
-                self.pipeline.states.put(self.state_key, x0)
-            self.latents = self.sampler.step(noise, self.index, self.latents)
-            self.index += 1
-            self._moved += 1
-            self.steps_used = min(self.index - self.begin, self.run_steps) + self.reused_steps
-            if self.index == calls:
-                return None, Tensors.of({"sample": self.latents})
-            delivered = self._preview() if self.progress else delivered
-            if not self.pipeline.config.step_cache.enabled:
-                break
-            # The step cache: a call whose input (the scaled latents, both guidance rows
-            # alike) moved little since the last computed one reuses its guided noise and
-            # steps the scheduler with it, as TeaCache does in diffusers (the
-            # scheduler's multistep history takes the reused output). Never the last call.
-            self._scaled = self.sampler.scale_input(self.latents, self.index)
-            if not self.cache.may_skip(self._scaled, last=self.index == calls - 1):
-                break
-        return self.inputs(), delivered
-
-    def _preview(self) -> Tensors:
-        """The cheap preview of the latents now (a linear projection to RGB)."""
-        rgb = np.einsum("chw,cr->hwr", self.latents[0], self.pipeline.preview_rgb)
-        preview = np.round(np.clip((rgb + 1.0) / 2.0, 0, 1) * 255).astype(np.uint8)
-        return Tensors.of(
-            {
-                "image": preview,
-                "step": np.array([self.steps_used], dtype=np.int32),
-                "steps": np.array([self.run_steps + self.reused_steps], dtype=np.int32),
-            }
-        )
-
-    def close(self) -> None:
-        self.closed = True
-
-
 class StableDiffusion(Pipeline):
     """The generator of a served Stable Diffusion export (the UNet is the scheduled model)."""
+
+    generation_class: ClassVar[type[SDGeneration]] = SDGeneration
+    """The stepper of one request (SDXL's and SD3's add their UNet conditioning)."""
 
     preview_rgb = _PREVIEW_RGB
     """The latent channels as RGB for the cheap previews (a subclass's latent space differs)."""
@@ -299,7 +99,7 @@ class StableDiffusion(Pipeline):
 
     fractional_strength = False
     """Image to image's step count: ``int(steps x strength)`` (False) or SD3's rounding
-    (True; diffusers_schedulers.image_steps)."""
+    (True; diffusers_sampler.image_steps)."""
 
     def __init__(
         self,
@@ -327,7 +127,7 @@ class StableDiffusion(Pipeline):
         except ValueError as exc:
             raise ModelLoadError(f"model {name!r}: {exc}") from None
         self.scaling_factor = float(
-            _json(export / "vae_decoder" / "config.json").get("scaling_factor", 0.18215)
+            export_json(export / "vae_decoder" / "config.json").get("scaling_factor", 0.18215)
         )
         self.latent_channels, side = self.config.sample_shape[0], self.config.sample_shape[-1]
         self.default_side = side * 8
@@ -415,7 +215,7 @@ class StableDiffusion(Pipeline):
             raise InvalidRequest(
                 f"width and height must be multiples of {multiple} for model {name!r} "
                 f"({self.size_reason()}), got {width}x{height}: e.g. "
-                f"{_round(width, multiple)}x{_round(height, multiple)}"
+                f"{nearest_multiple(width, multiple)}x{nearest_multiple(height, multiple)}"
             )
         num_images = integer("num_images", 1, 1, MAX_IMAGES)
         latents = None
@@ -486,24 +286,11 @@ class StableDiffusion(Pipeline):
         )
         return image, strength
 
-    async def run(
-        self,
-        params: GenerateParams,
-        *,
-        priority: int,
-        timeout_s: float | None,
-        request_id: str | None,
-        progress: bool,
-    ) -> AsyncGenerator[Progress | tuple[Generated, str], None]:
-        """The base loop; image to image encodes the image first (once per request)."""
+    async def prepare(self, params: GenerateParams) -> GenerateParams:
+        """Image to image encodes the image first (once per request)."""
         if isinstance(params, SDParams) and params.image is not None and params.encoded is None:
-            params = replace(params, encoded=await self._encode_image(params))
-        answers = super().run(
-            params, priority=priority, timeout_s=timeout_s, request_id=request_id, progress=progress
-        )
-        async with aclosing(answers):
-            async for answer in answers:
-                yield answer
+            return replace(params, encoded=await self._encode_image(params))
+        return params
 
     async def _encode_image(self, params: SDParams) -> npt.NDArray[np.float32]:
         """The scaled latents of the request's image: [1, C, H/8, W/8]."""
@@ -568,15 +355,17 @@ class StableDiffusion(Pipeline):
     def generation(  # type: ignore[override]
         self,
         params: GenerateParams,
-        condition: npt.NDArray[np.float32],
+        condition: Any,
         *,
         priority: int,
         deadline: float | None,
         now: float,
         progress: bool,
     ) -> SDGeneration:
+        """The stepper of one request: :attr:`generation_class` on its checked ``params``
+        and the conditioning :meth:`condition` gave (a subclass's own kind)."""
         assert isinstance(params, SDParams)
-        return SDGeneration(
+        return self.generation_class(
             self,
             params,
             condition,
@@ -630,27 +419,3 @@ class StableDiffusion(Pipeline):
         """Why image sides must be multiples of :attr:`size_multiple` (for the 400)."""
         halvings = self.size_multiple.bit_length() - 4
         return f"its UNet halves the latents {halvings} times; other sizes fail inside it"
-
-
-def size_multiple(export: Path) -> int:
-    """The multiple of pixels an image side must be for the export's UNet.
-
-    The VAE makes a latent pixel of 8x8 image pixels; each UNet down block after the
-    first halves the latents, and the up blocks concatenate their skip connections, so
-    a latent side the halvings leave odd fails inside the graph (ONNX Runtime's Concat
-    error). 8 x 2^(blocks - 1): 64 for SD 1.x/2.x (four blocks), 32 for SDXL (three).
-    """
-    blocks = _json(export / "unet" / "config.json").get("block_out_channels") or [0] * 4
-    return int(8 * 2 ** (max(len(blocks), 1) - 1))
-
-
-def _round(side: int, multiple: int) -> int:
-    """The multiple nearest ``side`` (at least one multiple)."""
-    return max(multiple, round(side / multiple) * multiple)
-
-
-def _json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    value = json.loads(path.read_text(encoding="utf-8"))
-    return value if isinstance(value, dict) else {}

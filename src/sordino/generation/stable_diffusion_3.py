@@ -37,9 +37,7 @@ The defaults are diffusers': 28 steps, guidance 7.0 (models/diffusers_export.py)
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,8 +45,9 @@ import numpy.typing as npt
 
 from sordino.errors import InferenceFailed, ModelLoadError
 from sordino.generation.pipeline import GenerateParams
-from sordino.generation.stable_diffusion import INPUTS, SDGeneration, SDParams, StableDiffusion
-from sordino.generation.stable_diffusion_xl import StableDiffusionXL, XLCondition
+from sordino.generation.sd_request import INPUTS, SDParams, export_json
+from sordino.generation.stable_diffusion import StableDiffusion
+from sordino.generation.stable_diffusion_xl import PooledGeneration, StableDiffusionXL, XLCondition
 from sordino.generation.t5_tokens import T5Tokenizer
 from sordino.inference import InferRequest
 
@@ -82,30 +81,8 @@ _PREVIEW_RGB_SD3 = np.array(
 )
 
 
-class SD3Generation(SDGeneration):
+class SD3Generation(PooledGeneration):
     """One SD3 request's loop: SD's, with ``pooled_projections`` in every transformer call."""
-
-    def __init__(
-        self,
-        pipeline: StableDiffusion3,
-        params: SDParams,
-        condition: XLCondition,
-        *,
-        priority: int,
-        progress: bool,
-        now: float,
-        deadline: float | None = None,
-    ) -> None:
-        super().__init__(
-            pipeline,
-            params,
-            condition.hidden,
-            priority=priority,
-            progress=progress,
-            now=now,
-            deadline=deadline,
-        )
-        self.pooled = condition.pooled
 
     def unet_conditioning(self) -> dict[str, npt.NDArray[np.float32]]:
         return {"encoder_hidden_states": self.embeddings, "pooled_projections": self.pooled}
@@ -114,6 +91,7 @@ class SD3Generation(SDGeneration):
 class StableDiffusion3(StableDiffusionXL):
     """The generator of a served SD3 export: three text encoders, flow matching, a transformer."""
 
+    generation_class = SD3Generation
     preview_rgb = _PREVIEW_RGB_SD3
     # SD3 has no micro-conditioning and its own prompt rules: SD's inputs, not SDXL's.
     inputs_taken = INPUTS
@@ -136,11 +114,11 @@ class StableDiffusion3(StableDiffusionXL):
                 raise ModelLoadError(
                     f"model {name!r}: cannot read its tokenizer_3: {exc}"
                 ) from None
-        transformer = _json_object(export / "transformer" / "config.json")
+        transformer = export_json(export / "transformer" / "config.json")
         self.joint_attention_dim = int(transformer.get("joint_attention_dim", 4096))
         self.size_multiple = 8 * int(transformer.get("patch_size", 2))
         self.metadata.extra["size_multiple"] = str(self.size_multiple)
-        vae = _json_object(export / "vae_decoder" / "config.json")
+        vae = export_json(export / "vae_decoder" / "config.json")
         self.shift_factor = float(vae.get("shift_factor") or 0.0)
         self.metadata.extra["description"] = "SD3 export " + str(export)
 
@@ -183,27 +161,6 @@ class StableDiffusion3(StableDiffusionXL):
         with await self._run_model(self.config.text_encoder_3, {"input_ids": ids}) as encoded:
             return np.array(encoded["last_hidden_state"], dtype=np.float32)
 
-    def generation(  # type: ignore[override]
-        self,
-        params: GenerateParams,
-        condition: XLCondition,
-        *,
-        priority: int,
-        deadline: float | None,
-        now: float,
-        progress: bool,
-    ) -> SD3Generation:
-        assert isinstance(params, SDParams)
-        return SD3Generation(
-            self,
-            params,
-            condition,
-            priority=priority,
-            progress=progress,
-            now=now,
-            deadline=deadline,
-        )
-
     async def _encode_image(self, params: SDParams) -> npt.NDArray[np.float32]:
         """SD's latents of the image, shifted: ``(x - shift_factor) * scaling_factor``."""
         scaled = await super()._encode_image(params)
@@ -215,11 +172,3 @@ class StableDiffusion3(StableDiffusionXL):
         factor = np.float32(self.scaling_factor)
         shifted = (sample / factor + np.float32(self.shift_factor)) * factor
         return await super()._decode(np.asarray(shifted, dtype=np.float32))
-
-
-def _json_object(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}

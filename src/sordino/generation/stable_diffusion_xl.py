@@ -43,9 +43,9 @@ The default guidance of an SDXL export is diffusers' 5.0 (models/diffusers_expor
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from functools import cached_property
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -53,16 +53,12 @@ import numpy.typing as npt
 from sordino.errors import InferenceFailed, InvalidRequest, ModelLoadError, TensorError
 from sordino.generation.clip_tokens import ClipTokenizer
 from sordino.generation.pipeline import GenerateParams
-from sordino.generation.stable_diffusion import (
-    INPUTS,
-    MAX_SIDE,
-    SDGeneration,
-    SDParams,
-    StableDiffusion,
-)
+from sordino.generation.sd_generation import SDGeneration
+from sordino.generation.sd_request import INPUTS, MAX_SIDE, SDParams, export_json
+from sordino.generation.stable_diffusion import StableDiffusion
 from sordino.inference import InferRequest, TensorSpec
 
-__all__ = ["SDXLGeneration", "StableDiffusionXL", "XLCondition", "XLParams"]
+__all__ = ["PooledGeneration", "SDXLGeneration", "StableDiffusionXL", "XLCondition", "XLParams"]
 
 XL_TEXTS = ("prompt_2", "negative_prompt_2")
 XL_SIZES = ("original_size", "crops_coords_top_left", "target_size")
@@ -102,12 +98,14 @@ class XLCondition:
     """``text_embeds`` [rows, P], the same row order."""
 
 
-class SDXLGeneration(SDGeneration):
-    """One SDXL request's loop: SD's, with ``text_embeds`` and ``time_ids`` in every call."""
+class PooledGeneration(SDGeneration):
+    """One request's loop whose UNet (or transformer) also takes pooled text rows
+    (SDXL's and SD3's): SD's, on the :class:`XLCondition`'s hidden rows, with
+    :attr:`pooled` kept for :meth:`unet_conditioning`."""
 
     def __init__(
         self,
-        pipeline: StableDiffusionXL,
+        pipeline: StableDiffusion,
         params: SDParams,
         condition: XLCondition,
         *,
@@ -126,11 +124,20 @@ class SDXLGeneration(SDGeneration):
             deadline=deadline,
         )
         self.pooled = condition.pooled
-        # original_size + crops_coords_top_left + target_size (XLParams.time_ids).
+
+
+class SDXLGeneration(PooledGeneration):
+    """One SDXL request's loop: SD's, with ``text_embeds`` and ``time_ids`` in every call."""
+
+    @cached_property
+    def time_ids(self) -> npt.NDArray[np.float32]:
+        """``original_size + crops_coords_top_left + target_size`` (:attr:`XLParams.time_ids`,
+        or the image's size, uncropped), one row per UNet row."""
+        params = self.params
         size = (params.height, params.width)
         given = params.time_ids if isinstance(params, XLParams) else ()
         time_ids = np.array(given or (*size, 0, 0, *size), dtype=np.float32)
-        self.time_ids = np.tile(time_ids, (len(condition.pooled), 1))
+        return np.tile(time_ids, (len(self.pooled), 1))
 
     def unet_conditioning(self) -> dict[str, npt.NDArray[np.float32]]:
         return {
@@ -143,6 +150,7 @@ class SDXLGeneration(SDGeneration):
 class StableDiffusionXL(StableDiffusion):
     """The generator of a served SDXL export: two text encoders, micro-conditioning."""
 
+    generation_class: ClassVar[type[SDGeneration]] = SDXLGeneration
     preview_rgb = _PREVIEW_RGB_XL
     inputs_taken: tuple[str, ...] = (*INPUTS, *XL_TEXTS, *XL_SIZES)
 
@@ -155,9 +163,9 @@ class StableDiffusionXL(StableDiffusion):
             self.tokenizer_2 = ClipTokenizer(export / "tokenizer_2")
         except (OSError, ValueError, KeyError) as exc:
             raise ModelLoadError(f"model {name!r}: cannot read its tokenizer_2: {exc}") from None
-        index = _json_object(export / "model_index.json")
+        index = export_json(export / "model_index.json")
         self.force_zeros_for_empty_prompt = bool(index.get("force_zeros_for_empty_prompt", True))
-        vae = _json_object(export / "vae_decoder" / "config.json")
+        vae = export_json(export / "vae_decoder" / "config.json")
         mean, std = vae.get("latents_mean"), vae.get("latents_std")
         self.latents_mean = self.latents_std = None
         if mean is not None and std is not None:
@@ -244,27 +252,6 @@ class StableDiffusionXL(StableDiffusion):
             time_ids,
         )
 
-    def generation(  # type: ignore[override]
-        self,
-        params: GenerateParams,
-        condition: XLCondition,
-        *,
-        priority: int,
-        deadline: float | None,
-        now: float,
-        progress: bool,
-    ) -> SDXLGeneration:
-        assert isinstance(params, SDParams)
-        return SDXLGeneration(
-            self,
-            params,
-            condition,
-            priority=priority,
-            progress=progress,
-            now=now,
-            deadline=deadline,
-        )
-
     async def _encode_image(self, params: SDParams) -> npt.NDArray[np.float32]:
         """SD's latents of the image; with the VAE's ``latents_mean``/``latents_std``,
         ``(latents - mean) * scaling_factor / std`` as diffusers' SDXL img2img does."""
@@ -296,11 +283,3 @@ def _pair(array: Any, key: str) -> tuple[int, int]:
     if not all(0 <= v <= 4 * MAX_SIDE for v in pair):
         raise InvalidRequest(f"{key} must be two integers between 0 and {4 * MAX_SIDE}, got {pair}")
     return pair[0], pair[1]
-
-
-def _json_object(path: Any) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}

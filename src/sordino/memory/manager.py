@@ -164,11 +164,12 @@ class MemoryManager:
         """Take new defragmentation triggers live (hot reconfiguration); the timer restarts.
 
         Only the trigger keys (interval, threshold, window) may differ from the running
-        configuration; a defragmentation run in progress finishes first.
+        configuration; a defragmentation run in progress finishes first. Pre-warming
+        (``pool_size: auto``) goes on as it was: it reads the configuration each turn.
         """
         self.config = config
         await self.defrag.stop_triggers()
-        await self.start()
+        self.defrag.start()
 
     # -- defragmentation (``defrag.py``) -----------------------------------------------
 

@@ -81,7 +81,10 @@ class Resizing:
         self._seen_peak = 0
 
     def start(self) -> None:
-        """Start pre-warming every ``prewarm_interval`` (``pool_size: auto`` only)."""
+        """Start pre-warming every ``prewarm_interval`` (``pool_size: auto`` only); one
+        loop at a time, so starting again while it runs changes nothing."""
+        if self._prewarm is not None and not self._prewarm.done():
+            return
         if self._config().auto_pool:
             self._prewarm = asyncio.get_running_loop().create_task(
                 self._prewarm_loop(), name="sordino-memory-prewarm"

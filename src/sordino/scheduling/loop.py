@@ -138,7 +138,10 @@ class SchedulingLoop:
 
     def _schedule(self, now: float) -> list[WorkItem] | None:
         """Return the work items to run as one batch now, or None (a timer is set)."""
-        for item in self._queue.expire(now):
+        expired = self._queue.expire(now)
+        if expired:
+            self._outcomes.queue_changed()  # the observers see the queue without them
+        for item in expired:
             self._outcomes.timed_out += 1
             waited_ms = (now - item.arrival) * 1000
             self._outcomes.drop(
@@ -165,7 +168,10 @@ class SchedulingLoop:
                 self._queue.take(decision.signature, rows, self._cost.ride_along), now
             )
             if not batch:
-                self._wake.set()  # every item was hopeless: look at the queue again at once
+                # Every item was hopeless: they left the queue (tell the observers) and
+                # the loop looks at the queue again at once.
+                self._outcomes.queue_changed()
+                self._wake.set()
                 return None
             return batch
         assert decision is not None

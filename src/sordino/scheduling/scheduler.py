@@ -159,8 +159,11 @@ class ModelScheduler:
         self._loop.closing = True
         if not drain:
             self._steps.aborting = True
-            for item in self._queue.drain():
+            drained = self._queue.drain()
+            for item in drained:
                 self._outcomes.drop(item, ShuttingDown("the model is being unloaded"))
+            if drained:
+                self._outcomes.queue_changed()
             self._loop.cancel_running()
             for request in self._outcomes.still_answering():
                 self._outcomes.fail(request, ShuttingDown("the model is being unloaded"))
