@@ -211,3 +211,15 @@ def test_responses_whose_shapes_do_not_join_fail_the_batch_saying_why(worker: Wo
     assert "[1, 1]" in failed.message and "[1, 2]" in failed.message
     done = worker.run(_batch(worker, [np.full((1, 2), -1, np.float32)], {}))
     assert isinstance(done, Done)
+
+
+def test_without_an_arena_the_outputs_are_joined_and_bad_shapes_named(worker: Worker) -> None:
+    """A thread instance or a Ray actor passes no ``place``: the outputs come back
+    joined; responses that cannot be joined fail the batch with the same message."""
+    from sordino.backends.python.backend import PythonModelError
+
+    x = np.array([[-1, -1], [-2, -2]], np.float32)
+    outputs = worker.backend.infer_requests({"X": x}, (1, 1))
+    assert outputs["Y"].tolist() == x.tolist() and outputs["SHAPED"].shape == (2, 1)
+    with pytest.raises(PythonModelError, match="SHAPED tensors cannot be joined"):
+        worker.backend.infer_requests({"X": np.array([[1, 1], [2, 2]], np.float32)}, (1, 1))

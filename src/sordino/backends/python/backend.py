@@ -133,28 +133,30 @@ def _layouts(
     """The dtype and shape of each output whose dtype can be placed (numbers, bools).
 
     A request's tensor is that output; several requests' tensors are joined on the
-    first axis (their other dimensions must agree, as ``np.concatenate`` would need)
-    with the dtype ``np.concatenate`` gives. Strings (``BYTES``) are left out: they are
-    serialized on their way into the arena, so there is nothing to place them in.
+    first axis (their other dimensions must agree, as ``np.concatenate`` needs: else
+    :class:`PythonModelError` naming the output) with the dtype ``np.concatenate``
+    gives. Strings (``BYTES``) are left out: they are serialized on their way into
+    the arena, so there is nothing to place them in.
     """
     layouts: dict[str, tuple[np.dtype[Any], tuple[int, ...]]] = {}
     for name, arrays in parts.items():
+        first = arrays[0]
+        if len(arrays) > 1:
+            for index, array in enumerate(arrays):
+                if array.ndim == 0 or array.shape[1:] != first.shape[1:]:
+                    raise PythonModelError(
+                        f"model {model}: the responses' {name} tensors cannot be joined into "
+                        f"a batch: request 0 gave shape {list(first.shape)}, request {index} "
+                        f"{list(array.shape)} (each needs a first, batch dimension and the "
+                        "same other dimensions)"
+                    )
         if any(a.dtype.kind not in _PLACEABLE for a in arrays):
             continue
         if len(arrays) == 1:
-            layouts[name] = (arrays[0].dtype, tuple(arrays[0].shape))
-            continue
-        first = arrays[0]
-        for index, array in enumerate(arrays):
-            if array.ndim == 0 or array.shape[1:] != first.shape[1:]:
-                raise PythonModelError(
-                    f"model {model}: the responses' {name} tensors cannot be joined into a "
-                    f"batch: request 0 gave shape {list(first.shape)}, request {index} "
-                    f"{list(array.shape)} (each needs a first, batch dimension and the same "
-                    "other dimensions)"
-                )
-        rows = sum(int(a.shape[0]) for a in arrays)
-        layouts[name] = (np.result_type(*arrays), (rows, *first.shape[1:]))
+            layouts[name] = (first.dtype, tuple(first.shape))
+        else:
+            rows = sum(int(a.shape[0]) for a in arrays)
+            layouts[name] = (np.result_type(*arrays), (rows, *first.shape[1:]))
     return layouts
 
 
@@ -355,7 +357,9 @@ class PythonBackend:
                 responses = bls.run_coroutine(responses, state)
             responses = sent_responses(responses, sent)
             parts = self._parts(responses, len(requests))
-            layouts = _layouts(parts, metadata.name) if place is not None else {}
+            layouts = _layouts(parts, metadata.name)
+            if place is None:
+                outputs = _join(parts, {})
         except Exception as exc:
             with self._lock:
                 self._failures += 1
@@ -364,7 +368,8 @@ class PythonBackend:
             raise PythonModelError(f"model {metadata.name}: execute raised {exc!r}") from exc
         finally:
             utils.publish_metrics()
-        outputs = _join(parts, place(layouts) if place is not None and layouts else {})
+        if place is not None:
+            outputs = _join(parts, place(layouts) if layouts else {})
         elapsed = time.perf_counter() - started
         with self._lock:
             self._batches += 1
