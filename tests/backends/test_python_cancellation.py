@@ -5,7 +5,8 @@ request's client cancels its gRPC call or drops its HTTP connection; the request
 cancelled, and the other requests of the same batch get their responses. The model
 here waits (bounded) in ``execute`` until each request with X > 0 is cancelled, and
 answers each request with [its is_cancelled(), the batch's size, how many of the
-batch were cancelled]; it runs in a worker process and in a thread.
+batch were cancelled] (``tests/fixtures/triton_python_cancel``); it runs in a worker
+process, in a thread and (its actor's methods) as the Ray executor runs it.
 """
 
 from __future__ import annotations
@@ -27,46 +28,11 @@ from sordino.models.repository import scan_repository
 from sordino.testing import RunningServer, serve_in_thread
 from tests.waiting import wait_for
 
-WAITS = """
-import os
-import time
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.folder = args["model_repository"]
-
-    def execute(self, requests):
-        tags = [int(pb_utils.get_input_tensor_by_name(r, "X").as_numpy()[0, 0]) for r in requests]
-        for tag in tags:
-            open(os.path.join(self.folder, f"running-{tag}"), "w").close()
-        waiting = [r for r, tag in zip(requests, tags) if tag > 0]
-        give_up = time.monotonic() + 20
-        while not all(r.is_cancelled() for r in waiting) and time.monotonic() < give_up:
-            time.sleep(0.005)
-        seen = [r.is_cancelled() for r in requests]
-        for tag, cancelled in zip(tags, seen):
-            if cancelled:
-                open(os.path.join(self.folder, f"cancelled-{tag}"), "w").close()
-        return [
-            pb_utils.InferenceResponse(
-                [pb_utils.Tensor("Y", np.array([[int(c), len(requests), sum(seen)]], np.int32))]
-            )
-            for c in seen
-        ]
-"""
-
-# Two requests wait (up to 5 s) for each other: one batch, as Triton's dynamic batcher.
-CONFIG = """
-backend: "python"
-max_batch_size: 4
-dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 5000000 }
-input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
-output [ { name: "Y", data_type: TYPE_INT32, dims: [ 3 ] } ]
-"""
+CANCEL = Path(__file__).parent.parent / "fixtures" / "triton_python_cancel"
+"""waits (two requests a batch) and waits_alone: the models bench/triton_python_cancel.py
+also serves on Triton itself."""
+WAITS = (CANCEL / "waits" / "1" / "model.py").read_text()
+CONFIG = (CANCEL / "waits" / "config.pbtxt").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -159,3 +125,43 @@ def test_an_http_client_leaving_reaches_is_cancelled(server: RunningServer) -> N
         assert client.infer("waits_alone", _inputs(0)).as_numpy("Y").tolist() == [[0, 1, 0]]
     finally:
         client.close()
+
+
+def test_a_ray_actor_tells_execute_of_a_cancellation(tmp_path: Path) -> None:
+    """The Ray executor's actor (its own methods, in this process; the cluster test is
+    in tests/execution/test_ray_executor.py): a cancel call naming a request of the batch
+    running turns its is_cancelled() true; one made before its batch started counts when
+    it starts; one for a batch that ended is dropped."""
+    from sordino.backends.base import BackendOptions
+    from sordino.backends.python.backend import PythonBackend
+    from sordino.execution.ray_actor import ModelActor
+    from sordino.inference import RequestFacts
+
+    (tmp_path / "waits" / "1").mkdir(parents=True)
+    (tmp_path / "waits" / "config.pbtxt").write_text(CONFIG)
+    (tmp_path / "waits" / "1" / "model.py").write_text(WAITS)
+    backend = PythonBackend(BackendOptions(name="waits", version="1"))
+    backend.load(tmp_path / "waits" / "1" / "model.py")
+    actor = ModelActor()
+    actor._backend = backend
+    facts = (RequestFacts(id="a"), RequestFacts(id="b"))
+    answers: queue.Queue[Any] = queue.Queue()
+    try:
+        actor.cancel(7, 1)  # before batch 7 starts (the actor's threads race)
+        batch = {"X": np.array([[41], [0]], np.int32)}
+        threading.Thread(
+            target=lambda: answers.put(actor.infer(batch, None, None, (1, 1), facts, 7)),
+            daemon=True,
+        ).start()
+        wait_for((tmp_path / "waits" / "running-41").exists, "the batch to run")
+        actor.cancel(7, 0)
+        kind, outputs = answers.get(timeout=30)
+        assert kind == "ok", outputs
+        assert outputs["Y"].tolist() == [[1, 2, 2], [1, 2, 2]]
+        actor.cancel(7, 0)  # batch 7 ended: dropped
+        kind, outputs = actor.infer(
+            {"X": np.array([[0]], np.int32)}, None, None, (1,), facts[:1], 8
+        )
+        assert outputs["Y"].tolist() == [[0, 1, 0]]
+    finally:
+        backend.unload()

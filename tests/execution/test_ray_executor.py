@@ -9,6 +9,8 @@ Skipped only where ``ray`` is not installed (CI installs it with the ``test`` ex
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import queue
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +30,7 @@ from sordino.testing import RunningServer, serve_in_thread
 from tests.cli.conftest import sordino_start
 from tests.execution.load import BODY, Load, digits, events, mark, wait_until
 from tests.models import identity_model
+from tests.waiting import wait_for
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'sordino[ray]')")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
@@ -375,3 +378,48 @@ def test_a_decoupled_model_is_refused_on_ray_naming_the_executor(server: Running
     with pytest.raises(ModelLoadError, match=r"decoupled models do not run on Ray actors"):
         server.call(asyncio.wait_for(runtime.executor.load(key, source.path, config), 60))
     assert not [w for w in runtime.executor.statistics().workers if w.model == "square_int32"]
+
+
+def test_a_grpc_cancel_reaches_is_cancelled_on_the_actor(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    """A Triton Python model that polls is_cancelled() (tests/backends'
+    test_python_cancellation's), on an actor: the client cancels its gRPC call while
+    execute runs; the model sees it, the request ends cancelled, and the next is served."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    from tests.backends.test_python_cancellation import CONFIG, WAITS
+
+    folder = tmp_path / "waits_ray"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(CONFIG.replace("[ 2 ]", "[ 1 ]"))
+    (folder / "1" / "model.py").write_text(WAITS)
+    source = next(s for s in scan_repository(tmp_path) if s.name == "waits_ray")
+    # Asks no CPU: the module's other models may hold the whole test cluster by now.
+    config = source.config.model_copy(update={"ray": RayModelOptions(num_cpus=0)})
+    server.call(server.runtime.load(dataclasses.replace(source, config=config)), timeout=120)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        assert [
+            w.isolation
+            for w in server.runtime.executor.statistics().workers
+            if w.model == "waits_ray"
+        ] == ["ray"]
+        answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        x = grpcclient.InferInput("X", [1, 1], "INT32")
+        x.set_data_from_numpy(np.array([[51]], np.int32))
+        call = client.async_infer(
+            "waits_ray", [x], lambda result, error: answers.put((result, error))
+        )
+        wait_for((folder / "running-51").exists, "the batch to run on the actor", 60)
+        call.cancel()
+        wait_for((folder / "cancelled-51").exists, "the model to see is_cancelled()", 60)
+        _, error = answers.get(timeout=60)
+        assert isinstance(error, InferenceServerException)
+        assert "CANCELLED" in str(error.status())
+        x.set_data_from_numpy(np.array([[0]], np.int32))
+        assert client.infer("waits_ray", [x]).as_numpy("Y").tolist() == [[0, 1, 0]]
+    finally:
+        client.close()
+        server.call(server.runtime.unload("waits_ray", "1", drain=False), timeout=60)

@@ -29,7 +29,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
 
 from sordino.config.memory import FrameworkMemoryConfig
 from sordino.inference import ModelMetadata, RequestFacts, Tensor
@@ -40,6 +42,7 @@ __all__ = [
     "BackendKind",
     "BackendOptions",
     "BackendStatistics",
+    "OutputPlacer",
     "ProfilingBackend",
     "RequestBatchBackend",
 ]
@@ -151,6 +154,13 @@ class BackendKind:
         return f"no {kind} file in {folder} (expected {default})"
 
 
+OutputPlacer = Callable[[dict[str, tuple[np.dtype[Any], tuple[int, ...]]]], dict[str, Tensor]]
+"""Where a batch's outputs are to lie: given the dtype and shape of each output to
+place, a writable array of that dtype and shape for each (a view of the arena) that
+the backend fills and returns as that output. Outputs it leaves out (or is not asked
+for) the backend returns as usual. Called at most once a batch, on the batch's thread."""
+
+
 @runtime_checkable
 class RequestBatchBackend(Protocol):
     """A backend that runs a batch as the requests it joins (Triton's ``execute``).
@@ -162,7 +172,10 @@ class RequestBatchBackend(Protocol):
     (id, correlation ID, parameters, ...), in the same order, one per request; empty
     when the runtime knows none (warm-up batches). ``cancelled(index)`` tells, while
     the batch runs and from any thread, whether request ``index``'s client has gone
-    (Triton's ``is_cancelled()``); None: never.
+    (Triton's ``is_cancelled()``); None: never. ``place`` (:data:`OutputPlacer`), when
+    given, is where the outputs are to lie (a worker process's arena): the backend may
+    ask it once, after the model ran, for an array per output to write that output
+    into, so that each response's tensor is copied once, straight into its rows.
     """
 
     def infer_requests(
@@ -171,6 +184,7 @@ class RequestBatchBackend(Protocol):
         rows: Sequence[int],
         facts: Sequence[RequestFacts] = (),
         cancelled: Callable[[int], bool] | None = None,
+        place: OutputPlacer | None = None,
     ) -> dict[str, Tensor]:
         """Run one batch of ``len(rows)`` requests (one if empty); return every output."""
         ...

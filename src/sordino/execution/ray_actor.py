@@ -10,6 +10,11 @@ the actor with :func:`sordino.execution.faults.perform` (a crash ends the actor
 process, a hang stops it), as in a worker process. The server's side of an actor is
 ``ray_instance.py``.
 
+A request's cancellation (its client went away while the batch runs) reaches the
+actor as a :meth:`ModelActor.cancel` call, which runs on the actor's second thread
+while ``infer`` runs on the first: the model's ``is_cancelled()`` turns true, as in a
+worker process.
+
 ``ray`` is imported only when an actor is made, so the module loads without it.
 """
 
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,11 +52,54 @@ def import_ray() -> Any:
     return ray
 
 
+class _Cancelled:
+    """The requests of the actor's batches whose clients went away (any thread).
+
+    A :meth:`ModelActor.cancel` may run (on the actor's other thread) before the
+    :meth:`ModelActor.infer` of its batch starts: batch ids only grow, so one for a
+    batch not started yet is kept until it starts; one for a batch that ended is dropped.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[int, set[int]] = {}
+        self._early: dict[int, set[int]] = {}
+        self._last = 0
+
+    def start(self, batch_id: int) -> Callable[[int], bool]:
+        """Batch ``batch_id`` runs: its requests' ``is_cancelled()``."""
+        with self._lock:
+            self._last = max(self._last, batch_id)
+            indices = self._early.pop(batch_id, set())
+            self._running[batch_id] = indices
+            if self._early:  # those of batches that never started here
+                self._early = {b: i for b, i in self._early.items() if b > batch_id}
+
+        def cancelled(index: int) -> bool:
+            with self._lock:
+                return index in indices
+
+        return cancelled
+
+    def cancel(self, batch_id: int, index: int) -> None:
+        with self._lock:
+            running = self._running.get(batch_id)
+            if running is not None:
+                running.add(index)
+            elif batch_id > self._last:
+                self._early.setdefault(batch_id, set()).add(index)
+
+    def end(self, batch_id: int) -> None:
+        with self._lock:
+            self._running.pop(batch_id, None)
+
+
 class ModelActor:
     """One model instance on a Ray node: its backend, its warm-up, its batches."""
 
     def __init__(self) -> None:
         self._backend: Backend | None = None
+        self._cancelled = _Cancelled()
 
     def load(self, spec: Mapping[str, Any]) -> tuple[ModelMetadata, str, str, int]:
         """Load and warm up the model; return its metadata, node id, node address, pid."""
@@ -83,19 +132,22 @@ class ModelActor:
         placement: Mapping[str, Any] | None = None,
         rows: Sequence[int] = (),
         facts: Sequence[RequestFacts] = (),
+        batch_id: int = 0,
     ) -> tuple[str, dict[str, Tensor] | str]:
         """Run one batch: ``("ok", outputs)`` or ``(kind, message)`` when the model raised.
 
         With ``placement`` the batch runs in its block of the node pool (``ray_pool.py``).
         ``rows`` (each request's rows) and ``facts`` (each request's facts) go to a
         backend that runs a batch as its requests (a Triton Python model), as in a
-        worker process.
+        worker process; with a ``batch_id`` (above 0) its requests' ``is_cancelled()``
+        turns true once :meth:`cancel` names them.
         """
         backend = self._backend
         assert backend is not None, "load first"
         run: Callable[[dict[str, Tensor]], dict[str, Tensor]] = backend.infer
         if (rows or facts) and isinstance(backend, RequestBatchBackend):
-            run = functools.partial(_infer_requests, backend, rows, facts)
+            cancelled = self._cancelled.start(batch_id) if batch_id > 0 else None
+            run = functools.partial(_infer_requests, backend, rows, facts, cancelled)
         try:
             if fault is not None:
                 perform(fault, in_process=False)
@@ -108,6 +160,14 @@ class ModelActor:
             return "fault", f"{type(exc).__name__}: {exc}"
         except Exception as exc:
             return "error", f"{type(exc).__name__}: {exc}"
+        finally:
+            if batch_id > 0:
+                self._cancelled.end(batch_id)
+
+    def cancel(self, batch_id: int, index: int) -> None:
+        """Request ``index`` of batch ``batch_id`` was cancelled: its ``is_cancelled()``
+        turns true (runs on the actor's second thread while the batch runs)."""
+        self._cancelled.cancel(batch_id, index)
 
     def ping(self) -> int:
         """The heartbeat: answered between and during batches (the actor has two threads)."""
@@ -118,9 +178,10 @@ def _infer_requests(
     backend: RequestBatchBackend,
     rows: Sequence[int],
     facts: Sequence[RequestFacts],
+    cancelled: Callable[[int], bool] | None,
     batch: dict[str, Tensor],
 ) -> dict[str, Tensor]:
-    return backend.infer_requests(batch, rows, facts)
+    return backend.infer_requests(batch, rows, facts, cancelled)
 
 
 _remote: Any = None
@@ -130,8 +191,8 @@ def actor_class() -> Any:
     global _remote
     if _remote is None:
         ray = import_ray()
-        # Two threads: the heartbeat is answered while a batch runs (the executor sends
-        # one batch at a time to an instance).
+        # Two threads: the heartbeat and a request's cancellation are answered while a
+        # batch runs (the executor sends one batch at a time to an instance).
         _remote = ray.remote(max_concurrency=2, max_restarts=0)(ModelActor)
     return _remote
 

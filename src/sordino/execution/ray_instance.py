@@ -7,6 +7,8 @@ contract of :class:`~sordino.execution.instances.ProcessInstance`: it pings the 
 killed), bounds a batch by ``workers.execution_timeout``, and when the actor dies (its
 process, or its whole node) replaces it: Ray places the new actor on a live node,
 after the same :class:`~sordino.execution.backoff.RestartBackoff` as a worker process.
+A request cancelled while its batch runs is told to the actor (``ModelActor.cancel``),
+so a Triton Python model's ``is_cancelled()`` turns true there as in a worker process.
 
 ``ray`` is imported only when an actor is made, so the module loads without it.
 """
@@ -14,6 +16,8 @@ after the same :class:`~sordino.execution.backoff.RestartBackoff` as a worker pr
 from __future__ import annotations
 
 import asyncio
+import functools
+import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import replace
@@ -104,6 +108,7 @@ class RayInstance(InstanceBase):
         self._pools = pools
         self._metadata: ModelMetadata | None = None
         self._releasing: set[asyncio.Task[None]] = set()
+        self._telling: set[asyncio.Task[None]] = set()
         self._backoff = RestartBackoff(
             settings.restart_backoff,
             settings.restart_backoff_max,
@@ -119,6 +124,8 @@ class RayInstance(InstanceBase):
         self.node_address = ""
         self._pid_now: int | None = None
         self.load_s = 0.0
+        self._batch_ids = itertools.count(1)
+        """Numbers the batches that may be told of cancellations (ModelActor.cancel)."""
 
     def _pid(self) -> int | None:
         return self._pid_now
@@ -208,6 +215,7 @@ class RayInstance(InstanceBase):
         placed = await self._place(batch)  # before it counts: a refusal is not the actor's
         lost = False
         call: Any = None
+        cancels = batch.context.cancels
         self.batches += 1
         timeout = self._settings.execution_timeout or None
         try:
@@ -217,7 +225,10 @@ class RayInstance(InstanceBase):
                 inputs = ray.put(arrays)  # once per batch; the actor reads it zero-copy
             placement = placed.placement if placed is not None else None
             facts = batch.context.requests
-            call = actor.infer.remote(inputs, fault, placement, batch.request_rows, facts)
+            batch_id = next(self._batch_ids) if cancels is not None else 0
+            call = actor.infer.remote(inputs, fault, placement, batch.request_rows, facts, batch_id)
+            if cancels is not None:
+                cancels.bind(functools.partial(self._tell_cancelled, actor, batch_id))
             kind, result = await asyncio.wait_for(call, timeout)
             call = None
         except TimeoutError:
@@ -235,6 +246,8 @@ class RayInstance(InstanceBase):
             self._lose(actor, cause)
             raise WorkerLost(cause) from None
         finally:
+            if cancels is not None:
+                cancels.bind(None)
             if placed is not None:
                 self._give_back(placed, call if not lost else None, lost)
         if kind != "ok":
@@ -245,6 +258,23 @@ class RayInstance(InstanceBase):
         if actor is self._actor:
             self._backoff.served()
         return {name: TensorRef(np.asarray(array)) for name, array in result.items()}
+
+    def _tell_cancelled(self, actor: Any, batch_id: int, index: int) -> None:
+        """Tell ``actor`` that request ``index`` of batch ``batch_id`` was cancelled.
+
+        Not awaited by the batch: the call's own failure (the actor gone) is read and
+        dropped here; the batch's call reports the actor's loss."""
+        told = actor.cancel.remote(batch_id, index)
+
+        async def answered() -> None:
+            try:
+                await told
+            except Exception as exc:
+                log.debug("telling a Ray actor of a cancellation: %r", exc)
+
+        task = asyncio.get_running_loop().create_task(answered())
+        self._telling.add(task)
+        task.add_done_callback(self._telling.discard)
 
     def _give_back(self, placed: PlacedBatch, running: Any, lost: bool) -> None:
         """Give the batch's pool block back once the actor no longer writes into it."""

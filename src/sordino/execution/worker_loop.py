@@ -7,10 +7,11 @@ loaded; a decoupled model's batches and the cancellations of requests are tracke
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,7 +39,8 @@ from sordino.execution.messages import (
     encode,
 )
 from sordino.execution.worker_link import WorkerLink
-from sordino.memory.tensors import tensor_nbytes, view_tensor, write_tensor
+from sordino.inference import Tensor
+from sordino.memory.tensors import TensorHandle, tensor_nbytes, view_tensor, write_tensor
 
 if TYPE_CHECKING:
     from sordino.execution.worker_main import MappedArena
@@ -206,6 +208,70 @@ def _asker(link: WorkerLink, streams: Streams, batch_id: int) -> Callable[[int],
     return cancelled
 
 
+class _Stopping(Exception):
+    """The server said Stop (or went away) while the worker asked it for output space."""
+
+
+class _Outputs:
+    """Where a batch's outputs go in the arena: the space the server reserved with the
+    batch, and more asked for with :class:`Alloc` (one exchange each time) when short."""
+
+    def __init__(self, link: WorkerLink, buffer: memoryview, run: Run) -> None:
+        self._link = link
+        self._buffer = buffer
+        self._run = run
+        self.space = dict(run.space)
+        self.placed: dict[str, tuple[np.ndarray, TensorHandle]] = {}
+
+    def reserve(self, sizes: dict[str, int]) -> None:
+        """Make sure each output named has ``sizes[name]`` bytes of space."""
+        short = {
+            name: size
+            for name, size in sizes.items()
+            if name not in self.space or self.space[name].capacity < size
+        }
+        if not short:
+            return
+        self._link.send(Alloc(self._run.batch_id, short))
+        try:
+            reply = self._link.recv()  # the only message the server sends in this exchange
+        except (EOFError, OSError):
+            raise _Stopping from None  # the server is gone
+        if not isinstance(reply, Allocated):
+            raise _Stopping  # Stop: the server is going away
+        self.space.update(reply.space)
+
+    def place(self, layouts: dict[str, tuple[np.dtype[Any], tuple[int, ...]]]) -> dict[str, Tensor]:
+        """The backend's :data:`~sordino.backends.base.OutputPlacer`: an array in the
+        arena for each output, of the dtype and shape asked for."""
+        sizes = {name: math.prod(shape) * dt.itemsize for name, (dt, shape) in layouts.items()}
+        self.reserve(sizes)
+        arrays: dict[str, Tensor] = {}
+        for name, (dtype, shape) in layouts.items():
+            space = self.space[name]
+            array: Tensor = np.ndarray(shape, dtype, self._buffer, space.offset)
+            handle = TensorHandle(space.offset, sizes[name], dtype.str, shape, space.capacity)
+            self.placed[name] = (array, handle)
+            arrays[name] = array
+        return arrays
+
+    def written(self, results: dict[str, Tensor]) -> dict[str, TensorHandle]:
+        """The handles of ``results``: those placed as they lie, the others copied in."""
+        handles: dict[str, TensorHandle] = {}
+        rest: dict[str, Tensor] = {}
+        for name, array in results.items():
+            placed = self.placed.get(name)
+            if placed is not None and placed[0] is array:
+                handles[name] = placed[1]
+            else:
+                rest[name] = array
+        self.reserve({name: tensor_nbytes(array) for name, array in rest.items()})
+        for name, array in rest.items():
+            space = self.space[name]
+            handles[name] = write_tensor(self._buffer, space.offset, space.capacity, array)
+        return handles
+
+
 def _run(
     link: WorkerLink, backend: Backend, buffer: memoryview, run: Run, streams: Streams | None = None
 ) -> bool:
@@ -213,9 +279,12 @@ def _run(
 
     With ``streams`` (a backend that takes each request's facts) the model may ask
     whether a request was cancelled: that reads the pipe (:meth:`WorkerLink.poll`).
+    Such a backend writes its outputs into the arena itself (``place``); other
+    outputs are copied in once the backend returned them.
     """
     started = time.perf_counter()
     batch_id = run.batch_id
+    outputs = _Outputs(link, buffer, run)
     try:
         batch = {name: view_tensor(buffer, handle) for name, handle in run.inputs.items()}
         if run.fault is not None:
@@ -226,13 +295,17 @@ def _run(
                 streams.open(batch_id, max(1, len(run.rows)))
                 cancelled = _asker(link, streams, batch_id)
             try:
-                results = backend.infer_requests(batch, run.rows, run.requests, cancelled)
+                results = backend.infer_requests(
+                    batch, run.rows, run.requests, cancelled, place=outputs.place
+                )
             finally:
                 if streams is not None:
                     streams.close(batch_id)
         else:
             results = backend.infer(batch)
         del batch
+    except _Stopping:
+        return False
     except MemoryError as exc:
         link.send(RunFailed(batch_id, "oom", f"MemoryError: {exc}"))
         return True
@@ -243,25 +316,9 @@ def _run(
         link.send(RunFailed(batch_id, "error", f"{type(exc).__name__}: {exc}"))
         return True
     infer_s = time.perf_counter() - started
-    space = run.space
-    sizes = {name: tensor_nbytes(array) for name, array in results.items()}
-    short = {
-        name: size
-        for name, size in sizes.items()
-        if name not in space or space[name].capacity < size
-    }
-    if short:
-        link.send(Alloc(run.batch_id, short))
-        try:
-            reply = link.recv()  # the only message the server sends in this exchange
-        except (EOFError, OSError):
-            return False  # the server is gone
-        if not isinstance(reply, Allocated):
-            return False  # Stop: the server is going away
-        space = {**space, **reply.space}
-    written = {
-        name: write_tensor(buffer, space[name].offset, space[name].capacity, array)
-        for name, array in results.items()
-    }
+    try:
+        written = outputs.written(results)
+    except _Stopping:
+        return False
     link.send(Done(run.batch_id, written, infer_s))
     return True

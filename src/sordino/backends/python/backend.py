@@ -17,10 +17,12 @@ The model's inputs and outputs are the configuration's (Triton's rules: with
 :meth:`PythonBackend.infer_requests` hands ``execute`` one ``InferenceRequest`` per
 request of the batch (each a view of its rows, with that request's own facts: see
 :func:`_request`), checks that it returns one response per request, and joins the
-outputs back into one batch. A wrong count, a response with an
-error, or an exception raised by ``execute`` fails the batch with a message saying so
-(:class:`~sordino.errors.ModelLoadError` never: the worker keeps serving). A request
-may also be answered through its response sender (``backends/python/decoupled.py``).
+outputs back into one batch (in a worker process, straight into the arena: each
+response's tensor is copied once, into its rows of the output's block). A wrong
+count, a response with an error, or an exception raised by ``execute`` fails the
+batch with a message saying so (:class:`~sordino.errors.ModelLoadError` never: the
+worker keeps serving). A request may also be answered through its response sender
+(``backends/python/decoupled.py``).
 
 A decoupled model (``model_transaction_policy { decoupled: true }``) runs through
 :meth:`PythonBackend.infer_decoupled` instead: its responses go out as it sends them.
@@ -42,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from sordino.backends.base import BackendOptions, BackendStatistics
+from sordino.backends.base import BackendOptions, BackendStatistics, OutputPlacer
 from sordino.backends.calls import ModelCaller
 from sordino.backends.decoupled import Responder
 from sordino.backends.python import bls
@@ -123,6 +125,64 @@ def _request(
     request._sordino_deadline = facts.deadline
     request._sordino_tenant = facts.tenant
     return request
+
+
+def _layouts(
+    parts: dict[str, list[Tensor]], model: str
+) -> dict[str, tuple[np.dtype[Any], tuple[int, ...]]]:
+    """The dtype and shape of each output whose dtype can be placed (numbers, bools).
+
+    A request's tensor is that output; several requests' tensors are joined on the
+    first axis (their other dimensions must agree, as ``np.concatenate`` needs: else
+    :class:`PythonModelError` naming the output) with the dtype ``np.concatenate``
+    gives. Strings (``BYTES``) are left out: they are serialized on their way into
+    the arena, so there is nothing to place them in.
+    """
+    layouts: dict[str, tuple[np.dtype[Any], tuple[int, ...]]] = {}
+    for name, arrays in parts.items():
+        first = arrays[0]
+        if len(arrays) > 1:
+            for index, array in enumerate(arrays):
+                if array.ndim == 0 or array.shape[1:] != first.shape[1:]:
+                    raise PythonModelError(
+                        f"model {model}: the responses' {name} tensors cannot be joined into "
+                        f"a batch: request 0 gave shape {list(first.shape)}, request {index} "
+                        f"{list(array.shape)} (each needs a first, batch dimension and the "
+                        "same other dimensions)"
+                    )
+        if any(a.dtype.kind not in _PLACEABLE for a in arrays):
+            continue
+        if len(arrays) == 1:
+            layouts[name] = (first.dtype, tuple(first.shape))
+        else:
+            rows = sum(int(a.shape[0]) for a in arrays)
+            layouts[name] = (np.result_type(*arrays), (rows, *first.shape[1:]))
+    return layouts
+
+
+_PLACEABLE = frozenset("biufc")
+"""The dtype kinds written raw into the arena (bools, integers, floats, complex)."""
+
+
+def _join(parts: dict[str, list[Tensor]], placed: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Each output: its responses' tensors written into ``placed[name]`` where given
+    (one copy each, into its rows), else one tensor as it is or several concatenated."""
+    outputs: dict[str, Tensor] = {}
+    for name, arrays in parts.items():
+        target = placed.get(name)
+        if target is None:
+            outputs[name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+            continue
+        if len(arrays) == 1:
+            target[...] = arrays[0]
+        else:
+            start = 0
+            for array in arrays:
+                end = start + int(array.shape[0])
+                target[start:end] = array
+                start = end
+        outputs[name] = target
+    return outputs
 
 
 class PythonBackend:
@@ -251,6 +311,7 @@ class PythonBackend:
         rows: Sequence[int],
         facts: Sequence[RequestFacts] = (),
         cancelled: Callable[[int], bool] | None = None,
+        place: OutputPlacer | None = None,
     ) -> dict[str, Tensor]:
         """Run ``batch`` as one ``execute`` call with a request per entry of ``rows``.
 
@@ -258,6 +319,9 @@ class PythonBackend:
         ``facts`` their facts, one each (empty, or a count that does not match: none
         known); ``cancelled(index)`` answers request ``index``'s ``is_cancelled()``.
         Returns each declared output, the responses' tensors joined in request order.
+        With ``place``, each numeric output is written into the array ``place`` gives
+        for it (each response's tensor copied once, into its rows; see :func:`_join`);
+        what ``place`` raises propagates as it is.
         """
         model = self._model
         if model is None:
@@ -292,7 +356,10 @@ class PythonBackend:
             if inspect.iscoroutine(responses):  # async def execute, as Triton runs it
                 responses = bls.run_coroutine(responses, state)
             responses = sent_responses(responses, sent)
-            outputs = self._joined(responses, len(requests))
+            parts = self._parts(responses, len(requests))
+            layouts = _layouts(parts, metadata.name)
+            if place is None:
+                outputs = _join(parts, {})
         except Exception as exc:
             with self._lock:
                 self._failures += 1
@@ -301,6 +368,8 @@ class PythonBackend:
             raise PythonModelError(f"model {metadata.name}: execute raised {exc!r}") from exc
         finally:
             utils.publish_metrics()
+        if place is not None:
+            outputs = _join(parts, place(layouts) if layouts else {})
         elapsed = time.perf_counter() - started
         with self._lock:
             self._batches += 1
@@ -360,7 +429,8 @@ class PythonBackend:
             self._items += sum(rows) if len(rows) > 1 else 1
             self._busy += time.perf_counter() - started
 
-    def _joined(self, responses: Any, expected: int) -> dict[str, Tensor]:
+    def _parts(self, responses: Any, expected: int) -> dict[str, list[Tensor]]:
+        """Each declared output's tensors, one per response in request order."""
         name = self.metadata.name
         if not isinstance(responses, list | tuple) or len(responses) != expected:
             got = len(responses) if isinstance(responses, list | tuple) else type(responses)
@@ -386,10 +456,7 @@ class PythonBackend:
                         f"model {name}: the response to request {index} lacks output {spec.name}"
                     )
                 parts[spec.name].append(given[spec.name])
-        return {
-            out: arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-            for out, arrays in parts.items()
-        }
+        return parts
 
     def unload(self) -> None:
         model, self._model = self._model, None
