@@ -58,6 +58,8 @@ NOT_SUPPORTED: dict[str, str] = {
     "negative_prompt_embeds": "precomputed text embeddings are not implemented; send the "
     "negative_prompt",
     "mask_image": "inpainting is not implemented",
+    "skip_guidance_layers": "SD3's skip-layer guidance is not implemented",
+    "skip_layer_guidance_scale": "SD3's skip-layer guidance is not implemented",
     "ip_adapter_image": "IP-Adapter images are not implemented",
 }
 """diffusers' pipeline arguments a served export does not take, and why."""
