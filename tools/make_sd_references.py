@@ -34,7 +34,10 @@ Writes two files (with ``--xl``, ``sdxl_references.npz`` alone; with ``--sd3``,
   and image-to-image cases from ``StableDiffusion3Img2ImgPipeline`` at the image's size
   (tests/generation/test_sd_xl_sd3_image_to_image.py).
 
-A rerun writes the same files byte for byte.
+A rerun may not write the same files byte for byte: torch's CPU kernels vary in the last
+bits from run to run (measured on the 2-core machine: latents and images within 3e-6 for
+``--sd3``, 5e-5 for ``--xl``; the recorded inputs, tokens and initial latents equal
+exactly). Compare arrays, well inside the tests' 1e-3, not files.
 
 Euler ancestral and LCM draw noise at every step; diffusers draws it from torch's
 generator, sordino from numpy's. Here diffusers' draw is replaced by sordino's (numpy

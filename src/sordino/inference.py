@@ -234,6 +234,10 @@ class ModelMetadata:
     decoupled: bool = False
     """The model sends its own responses, zero or more per request, as it likes (Triton's
     decoupled transaction policy; see ``backends/decoupled.py``): served as a stream."""
+    refused: dict[str, str] = field(default_factory=dict)
+    """Inputs the model declines by name, each with why it is not supported (a served
+    export's diffusers arguments sordino does not implement): a request with one is
+    answered :class:`~sordino.errors.Unsupported` saying so, not "no such input"."""
 
     def input(self, name: str) -> TensorSpec | None:
         """Return the input called ``name``, or None."""

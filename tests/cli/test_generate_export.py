@@ -1,7 +1,9 @@
-"""``sordino generate`` against a real ``sordino start --model sd=<a diffusers export>``.
+"""``sordino generate`` against a real ``sordino start --model sd=<a diffusers export>``
+(and ``xl=`` an SDXL one, ``sd3=`` an SD3 one, in the same process).
 
 The export's options (negative prompt, size, several images, image to image) reach the
-model, several images are written as OUT-1.png, OUT-2.png, and a model that is not a
+model, several images are written as OUT-1.png, OUT-2.png, SDXL and SD3 exports served
+with the same one command draw and redraw an image, and a model that is not a
 generator, an unknown model or a size the UNet cannot take are refused in words.
 """
 
@@ -19,13 +21,16 @@ from PIL import Image
 from sordino.cli.main import cli
 from tests.cli.conftest import ServerProcess, sordino_start
 
-EXPORT = Path(__file__).parent.parent / "fixtures" / "sd" / "tiny-sd"
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "sd"
+EXPORT = FIXTURES / "tiny-sd"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     folder = tmp_path_factory.mktemp("generate-export")
-    with sordino_start(["--model", f"sd={EXPORT}"], folder, timeout=180) as running:
+    models = ["--model", f"sd={EXPORT}", "--model", f"xl={FIXTURES / 'tiny-sdxl'}"]
+    models += ["--model", f"sd3={FIXTURES / 'tiny-sd3'}"]
+    with sordino_start(models, folder, timeout=240) as running:
         yield running
 
 
@@ -73,6 +78,28 @@ def test_image_to_image_from_a_file(server: ServerProcess, tmp_path: Path) -> No
     assert code == 0, output
     assert "2 steps" in output  # int(4 x 0.5) steps run
     assert Image.open(io.BytesIO(out.read_bytes())).size == (64, 32)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("model", "steps"), [("xl", 2), ("sd3", 3)])
+def test_sdxl_and_sd3_exports_draw_and_redraw_from_the_command_line(
+    server: ServerProcess, tmp_path: Path, model: str, steps: int
+) -> None:
+    out, again = tmp_path / "house.png", tmp_path / "winter.png"
+    code, output = _generate(
+        server, "a red house", "--model", model, "--width", "48", "--height", "32",
+        "--steps", "3", "--seed", "3", "-o", str(out),
+    )  # fmt: skip
+    assert code == 0, output
+    assert Image.open(out).size == (48, 32) and Image.open(out).mode == "RGB"
+    # Its own image back, at strength 0.6 of 4 steps: SDXL int(2.4) = 2, SD3 4 - int(1.6) = 3.
+    code, output = _generate(
+        server, "the same house in winter", "--model", model, "--image", str(out),
+        "--strength", "0.6", "--steps", "4", "--seed", "2", "-o", str(again),
+    )  # fmt: skip
+    assert code == 0, output
+    assert f"{steps} steps" in output
+    assert Image.open(again).size == (48, 32)
 
 
 @pytest.mark.timeout(240)

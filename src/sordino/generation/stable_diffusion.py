@@ -54,7 +54,7 @@ from sordino.generation.diffusers_schedulers import (
     image_steps,
     scheduler_from_config,
 )
-from sordino.generation.inputs import one_float, one_int
+from sordino.generation.inputs import NOT_SUPPORTED, one_float, one_int, refuse_unknown
 from sordino.generation.pipeline import GenerateParams, Pipeline
 from sordino.generation.sd_generation import SDGeneration
 from sordino.generation.sd_image import pixels_to_sample, read_image, sample_latents
@@ -167,6 +167,7 @@ class StableDiffusion(Pipeline):
                 "image_to_image": str(self.config.image_encoder is not None).lower(),
                 "description": "Stable Diffusion export " + str(export),
             },
+            refused={k: v for k, v in NOT_SUPPORTED.items() if k not in self.inputs_taken},
         )
 
     # -- the request ---------------------------------------------------------------
@@ -175,12 +176,7 @@ class StableDiffusion(Pipeline):
         """Check a text-to-image request; raise a 400 that says what to fix."""
         name = self.key.name
         inputs = request.inputs
-        unknown = sorted(set(inputs) - set(self.inputs_taken))
-        if unknown:
-            raise TensorError(
-                f"model {name!r} takes inputs {', '.join(self.inputs_taken)}; it has no input "
-                f"{unknown[0]!r}"
-            )
+        refuse_unknown(name, set(inputs) - set(self.inputs_taken), self.inputs_taken)
         if "prompt" not in inputs:
             raise TensorError(
                 f"model {name!r} needs the input 'prompt' (BYTES), e.g. 'a red house'"

@@ -31,8 +31,8 @@ SDXL's conditioning, each part as diffusers computes it:
   with ``requires_aesthetics_score`` False (the base model's): SD's (sd_image.py), the
   encoded latents ``(x - latents_mean) * scaling_factor / latents_std`` when the VAE has
   them, the ``time_ids`` as text to image's at the image's size. The refiner's
-  ``denoising_start``/``denoising_end`` are not inputs (refused by name as any unknown
-  input is).
+  ``aesthetic_score`` and ``denoising_start``/``denoising_end`` are not inputs: answered
+  "not supported" (generation/inputs.py's ``NOT_SUPPORTED``), as ``clip_skip`` is.
 
 SDXL's VAE upcast note (``force_upcast``) is about fp16 torch: an fp32 ONNX VAE runs as
 it is.

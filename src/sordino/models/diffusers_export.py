@@ -92,11 +92,19 @@ def export_sources(
     kind = str(index.get("_class_name", ""))
     xl, sd3 = kind in SUPPORTED_XL, kind in SUPPORTED_SD3
     if kind not in SUPPORTED and not xl and not sd3:
+        # An SDXL refiner ships as StableDiffusionXLImg2ImgPipeline (aesthetic-score
+        # conditioning, no first text encoder): not supported; say what to serve instead.
+        image = (
+            " (an image-to-image or SDXL refiner export is not supported: serve the base "
+            "text-to-image export, which does image to image with `image` and `strength`)"
+            if "Img2Img" in kind
+            else ""
+        )
         raise ModelLoadError(
             f"model {name!r}: {folder} is a diffusers export of {kind or 'an unnamed pipeline'}; "
             "sordino serves Stable Diffusion 1.x/2.x, SDXL and SD3 text-to-image exports "
             "(StableDiffusionPipeline, StableDiffusionXLPipeline, StableDiffusion3Pipeline), "
-            "not other pipelines"
+            f"not other pipelines{image}"
         )
     denoiser = "transformer" if sd3 else "unet"
     parts = [

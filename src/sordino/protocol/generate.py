@@ -28,6 +28,7 @@ from sordino.datatypes import brief_repr, tensor_from_json
 from sordino.errors import InvalidRequest, MalformedBody, TensorError
 from sordino.inference import InferRequest, InferResponse, ModelMetadata, Tensor, TensorSpec
 from sordino.protocol.codec import encode_json
+from sordino.protocol.validate import refuse_declined
 
 __all__ = ["decode_generate_request", "encode_generate_response", "sse_event"]
 
@@ -64,6 +65,7 @@ def decode_generate_request(
             continue
         spec = metadata.input(key)
         if spec is None:
+            refuse_declined(metadata, key)
             names = ", ".join(repr(s.name) for s in metadata.inputs)
             raise TensorError(
                 f"model {metadata.name!r} has no input {key!r}; its inputs are {names}"

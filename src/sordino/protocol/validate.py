@@ -8,7 +8,8 @@ request declaring a huge tensor costs the server nothing. After decoding,
 :func:`validate_request` checks that the tensors are the ones the model takes: names,
 datatypes, ranks, fixed dimensions and batch sizes. Nothing is cast or reshaped to
 make a request fit: a mismatch is the client's to fix, and the message says what the
-model expects.
+model expects. An input the model declines by name (``ModelMetadata.refused``) is
+answered :class:`~sordino.errors.Unsupported`, saying why (:func:`refuse_declined`).
 """
 
 from __future__ import annotations
@@ -16,10 +17,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from sordino.datatypes import MAX_RANK, element_count, format_shape, from_numpy_dtype
-from sordino.errors import TensorError
+from sordino.errors import TensorError, Unsupported
 from sordino.inference import InferRequest, ModelMetadata, Tensor, TensorSpec
 
-__all__ = ["check_declared_shape", "check_text_inputs", "validate_request"]
+__all__ = ["check_declared_shape", "check_text_inputs", "refuse_declined", "validate_request"]
+
+
+def refuse_declined(metadata: ModelMetadata, name: str) -> None:
+    """Raise Unsupported if the model declines input ``name`` by name, saying why."""
+    why = metadata.refused.get(name)
+    if why is not None:
+        raise Unsupported(f"model {metadata.name!r} has no input {name!r}: not supported: {why}")
 
 
 def check_declared_shape(
@@ -46,6 +54,7 @@ def check_declared_shape(
     else:
         spec = metadata.input(name)
         if spec is None:
+            refuse_declined(metadata, name)
             expected = [s.name for s in metadata.inputs]
             raise TensorError(
                 f"unexpected inference input '{name}' for model '{metadata.name}' (sordino: "
@@ -92,6 +101,7 @@ def validate_request(
     expected = [spec.name for spec in metadata.inputs]
     for name in request.inputs:
         if metadata.input(name) is None:
+            refuse_declined(metadata, name)
             raise TensorError(
                 f"unexpected inference input '{name}' for model '{model}' (sordino: "
                 f"model {model!r} has no input {name!r}; its inputs are {_names(expected)})"
