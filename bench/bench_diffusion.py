@@ -22,6 +22,13 @@ classifier labels the image as the asked digit).
 Also ``--quality``: agreement at 50/20/10/4/2 steps (200 images each) and a chart.
 
     python -m bench.bench_diffusion [--seconds 12] [--quality]
+
+With ``--export DIR`` the same rows and arrivals run on a Stable Diffusion export
+(bench/diffusion_export.py): prompts from a fixed list of ten, own seeds, ``--steps``
+steps; the quality figure is the mean absolute pixel difference of each served image
+from the full-step image of the same request.
+
+    python -m bench.bench_diffusion --export DIR [--steps 10] [--seconds 12]
 """
 
 from __future__ import annotations
@@ -54,14 +61,24 @@ PREMIUM, FREE = 1, 3
 
 @dataclass
 class Outcome:
+    """One request of a row: its class, when it arrived (s after the row's start), its
+    latency, HTTP status and what it was served."""
+
     cls: str
     arrival: float
     latency: float
     status: int
     steps: int = 0
-    digit: int = -1
+    prompt: int = -1
+    """The digit asked for (digits), or the index of the prompt (an export)."""
+    seed: int = -1
     label: int = -1
+    """The classifier's digit for the image (digits only)."""
     reason: str = ""
+    image: np.ndarray | None = None
+    """The served image (an export only: its quality is measured after the rows)."""
+    reused: int = 0
+    """Steps started from a cached state (approximate reuse)."""
 
 
 @dataclass
@@ -91,17 +108,19 @@ def _source(iterative: IterativeConfig) -> ModelSource:
     return ModelSource(base.name, base.version, base.path, config, base.description)
 
 
-def _iterative(kind: str) -> IterativeConfig:
+def _iterative(kind: str, guidance: float | None = 3.0) -> IterativeConfig:
+    """Row ``kind``'s ``iterative:`` (guidance None: the model's own)."""
+    guided = {} if guidance is None else {"guidance": guidance}
     no_reuse = ReuseConfig(cache_entries=0, coalesce=False)
     off = DegradeConfig(enabled=False)
     if kind == "request":
-        return IterativeConfig(guidance=3.0, batching="request", degrade=off, reuse=no_reuse)
+        return IterativeConfig(**guided, batching="request", degrade=off, reuse=no_reuse)
     if kind == "step":
-        return IterativeConfig(guidance=3.0, degrade=off, reuse=no_reuse)
+        return IterativeConfig(**guided, degrade=off, reuse=no_reuse)
     if kind == "degrade":
-        return IterativeConfig(guidance=3.0, reuse=no_reuse)
+        return IterativeConfig(**guided, reuse=no_reuse)
     reuse = ReuseConfig(cache_entries=0, coalesce=False, approximate=True)
-    return IterativeConfig(guidance=3.0, reuse=reuse)
+    return IterativeConfig(**guided, reuse=reuse)
 
 
 def _request(digit: int, seed: int, priority: int, slo_s: float) -> InferRequest:
@@ -117,24 +136,61 @@ def _request(digit: int, seed: int, priority: int, slo_s: float) -> InferRequest
     )
 
 
-async def _one(
-    runtime: Runtime, classifier: Any, cls: str, digit: int, seed: int, slo_s: float, t0: float
-) -> Outcome:
-    priority = PREMIUM if cls == "premium" else FREE
-    start = time.perf_counter()
-    try:
-        response = await runtime.service.infer(_request(digit, seed, priority, slo_s))
-    except SordinoError as exc:
-        return Outcome(
-            cls, start - t0, time.perf_counter() - start, http_status(exc), reason=exc.reason
-        )
-    latency = time.perf_counter() - start
-    try:
-        image = np.array(response.outputs["image"])
-        steps = int(response.parameters["steps_used"])
-    finally:
-        response.release()
-    return Outcome(cls, start - t0, latency, 200, steps, digit, _label(classifier, image))
+class Digits:
+    """The built-in digits-diffusion generator as W3's workload."""
+
+    model = "digits-diffusion"
+    label = "digits-diffusion"
+    steps = STEPS
+    max_batch = MAX_BATCH
+    clients = 64
+    slo = (1.0, 2.0)
+    warm = False
+    quality_columns: tuple[tuple[str, str], ...] = (("agreement", "agreement"),)
+
+    def __init__(self) -> None:
+        self._classifier: Any = None
+
+    def sources(self, kind: str) -> list[ModelSource]:
+        return [_source(_iterative(kind))]
+
+    async def one(
+        self, runtime: Runtime, cls: str, digit: int, seed: int, slo_s: float, t0: float
+    ) -> Outcome:
+        """One request through ``InferenceService.infer``; an error is an outcome too."""
+        if self._classifier is None:
+            self._classifier = _classifier()
+        priority = PREMIUM if cls == "premium" else FREE
+        start = time.perf_counter()
+        try:
+            response = await runtime.service.infer(_request(digit, seed, priority, slo_s))
+        except SordinoError as exc:
+            return Outcome(
+                cls, start - t0, time.perf_counter() - start, http_status(exc), reason=exc.reason
+            )
+        latency = time.perf_counter() - start
+        try:
+            image = np.array(response.outputs["image"])
+            steps = int(response.parameters["steps_used"])
+        finally:
+            response.release()
+        label = _label(self._classifier, image)
+        return Outcome(cls, start - t0, latency, 200, steps, digit, seed, label)
+
+    async def assess(self, rows: list[Row], data_dir: Path) -> list[dict[str, float]]:
+        """Agreement per row: the classifier labels the image as the asked digit."""
+        figures = []
+        for row in rows:
+            served = [o for o in row.outcomes if o.status == 200]
+            agree = float(np.mean([o.label == o.prompt for o in served])) if served else 0.0
+            figures.append({"agreement": agree})
+        return figures
+
+
+Workload = Any
+"""``Digits`` or ``diffusion_export.Export``: ``model``, ``label``, ``steps``, ``max_batch``,
+``clients``, ``slo`` (premium, free seconds), ``warm``, ``quality_columns``, ``sources(kind)``,
+``one(...)`` and ``assess(rows, data_dir)``."""
 
 
 def _arrivals(capacity: float, seconds: float, seed: int) -> list[tuple[float, str, int, int]]:
@@ -162,12 +218,12 @@ def _arrivals(capacity: float, seconds: float, seed: int) -> list[tuple[float, s
     ]
 
 
-async def _with_runtime(kind: str, data_dir: Path, body: Any) -> Any:
-    strategy = {"name": "dynamic_batching", "max_batch": MAX_BATCH}
+async def _with_runtime(workload: Workload, kind: str, data_dir: Path, body: Any) -> Any:
+    strategy = {"name": "dynamic_batching", "max_batch": workload.max_batch}
     config = RuntimeConfig.model_validate(
         {"server": {"data_dir": str(data_dir)}, "scheduler": {"strategies": [strategy]}}
     )
-    runtime = Runtime(config, [_source(_iterative(kind))])
+    runtime = Runtime(config, workload.sources(kind))
     await runtime.start()
     try:
         return await body(runtime)
@@ -175,9 +231,12 @@ async def _with_runtime(kind: str, data_dir: Path, body: Any) -> Any:
         await runtime.stop()
 
 
-async def capacity(data_dir: Path, seconds: float = 4.0, concurrency: int = 64) -> float:
+async def capacity(workload: Workload, data_dir: Path, seconds: float = 4.0) -> float:
+    """Images/s of a closed loop of ``workload.clients`` clients, step-level batching."""
+
     async def body(runtime: Runtime) -> float:
-        classifier = _classifier()
+        if workload.warm:  # a request outside the list: the first run's cost not in a row
+            await workload.one(runtime, "free", -1, 10**6, 600.0, 0.0)
         done = 0
         deadline = time.perf_counter() + seconds
 
@@ -186,36 +245,39 @@ async def capacity(data_dir: Path, seconds: float = 4.0, concurrency: int = 64) 
             seed = k * 1000
             while time.perf_counter() < deadline:
                 seed += 1
-                outcome = await _one(runtime, classifier, "free", seed % 10, seed, 60.0, 0.0)
+                outcome = await workload.one(runtime, "free", seed % 10, seed, 60.0, 0.0)
                 done += outcome.status == 200
 
         started = time.perf_counter()
-        await asyncio.gather(*(client(k) for k in range(concurrency)))
+        await asyncio.gather(*(client(k) for k in range(workload.clients)))
         return done / (time.perf_counter() - started)
 
-    result: float = await _with_runtime("step", data_dir, body)
+    result: float = await _with_runtime(workload, "step", data_dir, body)
     return result
 
 
 async def run_row(
-    kind: str, name: str, arrivals: list[tuple[float, str, int, int]], slo: dict[str, float],
-    data_dir: Path,
+    workload: Workload, kind: str, name: str, arrivals: list[tuple[float, str, int, int]],
+    slo: dict[str, float], data_dir: Path,
 ) -> Row:  # fmt: skip
+    """The arrivals, open loop, on a fresh runtime serving the model as ``kind``."""
+
     async def body(runtime: Runtime) -> Row:
-        classifier = _classifier()
+        if workload.warm:  # a request outside the list: the first run's cost not in a row
+            await workload.one(runtime, "free", -1, 10**6, 600.0, 0.0)
         row = Row(name)
         t0 = time.perf_counter()
         tasks = []
-        for at, cls, digit, seed in arrivals:
+        for at, cls, prompt, seed in arrivals:
             delay = t0 + at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.ensure_future(
-                _one(runtime, classifier, cls, digit, seed, slo[cls], t0)
+                workload.one(runtime, cls, prompt, seed, slo[cls], t0)
             ))  # fmt: skip
         row.outcomes = list(await asyncio.gather(*tasks))
         row.seconds = time.perf_counter() - t0
-        pipeline = runtime.get("digits-diffusion").pipeline
+        pipeline = runtime.get(workload.model).pipeline
         assert pipeline is not None
         degrade = runtime.step_degrader.statistics()
         row.counters = {
@@ -227,7 +289,7 @@ async def run_row(
         }
         return row
 
-    result: Row = await _with_runtime(kind, data_dir, body)
+    result: Row = await _with_runtime(workload, kind, data_dir, body)
     return result
 
 
@@ -257,20 +319,20 @@ def summarize(row: Row, slo: dict[str, float], span: float) -> dict[str, Any]:
     served = [o for o in row.outcomes if o.status == 200]
     out["goodput"] = good / (end - begin)
     out["mean_steps"] = float(np.mean([o.steps for o in served])) if served else 0.0
-    out["agreement"] = float(np.mean([o.label == o.digit for o in served])) if served else 0.0
     out.update(row.counters)
     return out
 
 
-def show(rows: list[dict[str, Any]], capacity_rate: float) -> None:
+def show(rows: list[dict[str, Any]], capacity_rate: float, workload: Workload) -> None:
     from rich.table import Table
 
-    table = Table(title=f"W3 diffusion, 2x overload (capacity {capacity_rate:.1f} images/s)")
+    title = f"W3 {workload.label}, 2x overload (capacity {capacity_rate:.1f} images/s)"
+    table = Table(title=title)
     columns = [("row", "row"), ("premium p99 ms", "premium_p99_ms"),
                ("premium SLO", "premium_slo_attainment"), ("free p99 ms", "free_p99_ms"),
                ("free SLO", "free_slo_attainment"), ("dropped prem/free", None),
                ("goodput img/s", "goodput"), ("mean steps", "mean_steps"),
-               ("agreement", "agreement")]  # fmt: skip
+               *workload.quality_columns]  # fmt: skip
     for title, _ in columns:
         table.add_column(title, justify="left" if title == "row" else "right")
     for r in rows:
@@ -282,111 +344,107 @@ def show(rows: list[dict[str, Any]], capacity_rate: float) -> None:
                 cells.append(r[key])
             elif key.endswith("slo_attainment") or key == "agreement":
                 cells.append(f"{r[key]:.1%}")
+            elif key.startswith("mean_abs_diff"):
+                cells.append("-" if np.isnan(r[key]) else f"{r[key]:.4f}")
             else:
                 cells.append(f"{r[key]:.1f}")
         table.add_row(*cells)
     console.print(table)
 
 
-async def quality(data_dir: Path, per_digit: int = 20) -> dict[str, dict[int, float]]:
-    """Agreement at 50/20/10/4/2 steps through the served generator (no load), with the
-    default guidance (3) and without guidance (1)."""
-
-    async def body(runtime: Runtime) -> dict[str, dict[int, float]]:
-        classifier = _classifier()
-        result: dict[str, dict[int, float]] = {}
-        for guidance in (3.0, 1.0):
-            curve = result.setdefault(f"guidance {guidance:g}", {})
-            for steps in (50, 20, 10, 4, 2):
-                hits = total = 0
-                for digit in range(10):
-                    jobs = []
-                    for k in range(per_digit):
-                        request = _request(digit, 10_000 + k, FREE, 60.0)
-                        request.inputs["steps"] = np.array([steps], dtype=np.int32)
-                        request.inputs["guidance"] = np.array([guidance], dtype=np.float32)
-                        request.input_datatypes["guidance"] = "FP32"
-                        jobs.append(runtime.service.infer(request))
-                    for response in await asyncio.gather(*jobs):
-                        hits += _label(classifier, np.array(response.outputs["image"])) == digit
-                        total += 1
-                        response.release()
-                curve[steps] = hits / total
-                console.print(
-                    f"quality: guidance {guidance:g}, {steps} steps -> agreement {curve[steps]:.3f}"
-                )
-        return result
-
-    answer: dict[str, dict[int, float]] = await _with_runtime("step", data_dir, body)
-    return answer
+ROWS = (("request", "1 request-level"), ("step", "2 step-level"),
+        ("degrade", "3 step + preempt + degrade"),
+        ("reuse", "4 = 3 + approximate reuse"))  # fmt: skip
 
 
-def chart(curves: dict[str, dict[int, float]], path: Path) -> None:
-    import matplotlib
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    """Run what ``args`` ask; return the payload (saved under bench/results unless
+    ``args.save`` is false)."""
+    workload: Workload = Digits()
+    if args.export is not None:
+        from bench.diffusion_export import Export
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import NullFormatter
-
-    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=110)
-    for label, curve in curves.items():
-        steps = sorted(curve)
-        ax.plot(steps, [curve[s] for s in steps], marker="o", label=label)
-    steps = sorted(next(iter(curves.values())))
-    ax.set_xscale("log")
-    ax.set_xticks(steps, [str(s) for s in steps])
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_ylim(0, 1.05)
-    ax.set_xlabel("denoising steps (DDIM)")
-    ax.set_ylabel("agreement")
-    ax.set_title("digits-diffusion: quality vs steps")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, metadata={"Software": None})
-    plt.close(fig)
-
-
-async def main_async(args: argparse.Namespace) -> None:
+        workload = Export(args.export, steps=args.steps or 10, references=args.references)
+    elif args.steps is not None or args.references is not None:
+        raise SystemExit("--steps and --references are for --export (digits run 20 steps)")
+    if args.clients:
+        workload.clients = args.clients
+    if args.max_batch:
+        workload.max_batch = args.max_batch
+    name = "diffusion" if args.export is None else "diffusion-export"
     with tempfile.TemporaryDirectory(prefix="sordino-w3-") as scratch:
         data_dir = Path(scratch)
         payload: dict[str, Any] = {}
         if args.quality or args.quality_only:
+            if args.export is not None:
+                raise SystemExit("--quality is for digits-diffusion; leave out --export")
+            from bench.diffusion_quality import chart, quality
+
             curves = await quality(data_dir)
             payload["quality"] = curves
             chart(curves, Path(args.chart))
             console.print(f"chart: {args.chart}")
             if args.quality_only:
                 console.print(f"saved {save('diffusion-quality', payload)}")
-                return
-        rate = args.capacity or await capacity(data_dir)
-        console.print(f"capacity: {rate:.1f} images/s at {STEPS} steps (closed loop, 64 clients)")
-        slo = {"premium": args.premium_slo, "free": args.free_slo}
+                return payload
+        rate = args.capacity or await capacity(workload, data_dir, args.capacity_seconds)
+        console.print(
+            f"capacity: {rate:.1f} images/s at {workload.steps} steps "
+            f"(closed loop, {workload.clients} clients)"
+        )
+        premium_slo = args.premium_slo or workload.slo[0]
+        free_slo = args.free_slo or workload.slo[1]
+        slo = {"premium": premium_slo, "free": free_slo}
         arrivals = _arrivals(rate, args.seconds, seed=7)
         console.print(f"{len(arrivals)} arrivals over {args.seconds:g} s")
-        rows = []
-        for kind, name in (("request", "1 request-level"), ("step", "2 step-level"),
-                           ("degrade", "3 step + preempt + degrade"),
-                           ("reuse", "4 = 3 + approximate reuse")):  # fmt: skip
-            row = await run_row(kind, name, arrivals, slo, data_dir)
-            rows.append(summarize(row, slo, args.seconds))
-            console.print(f"{name}: done in {row.seconds:.1f} s; {row.counters}")
-        show(rows, rate)
-        payload.update({"capacity": rate, "slo_s": slo, "arrivals": len(arrivals),
-                        "seconds": args.seconds, "rows": rows})  # fmt: skip
-        console.print(f"saved {save('diffusion', payload)}")
+        rows, summaries = [], []
+        for kind, title in ROWS:
+            row = await run_row(workload, kind, title, arrivals, slo, data_dir)
+            rows.append(row)
+            summaries.append(summarize(row, slo, args.seconds))
+            console.print(f"{title}: done in {row.seconds:.1f} s; {row.counters}")
+        for summary, figures in zip(summaries, await workload.assess(rows, data_dir), strict=True):
+            summary.update(figures)
+        show(summaries, rate, workload)
+        payload.update({"model": workload.label, "steps": workload.steps, "capacity": rate,
+                        "clients": workload.clients, "max_batch": workload.max_batch,
+                        "slo_s": slo, "arrivals": len(arrivals), "seconds": args.seconds,
+                        "rows": summaries})  # fmt: skip
+        if args.save:
+            console.print(f"saved {save(name, payload)}")
+        return payload
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=12.0, help="length of each row's run")
-    parser.add_argument("--premium-slo", type=float, default=1.0, help="premium deadline, s")
-    parser.add_argument("--free-slo", type=float, default=2.0, help="free deadline, s")
+    parser.add_argument(
+        "--premium-slo", type=float, default=None, help="premium deadline, s (digits 1, export 3)"
+    )
+    parser.add_argument(
+        "--free-slo", type=float, default=None, help="free deadline, s (digits 2, export 6)"
+    )
     parser.add_argument("--capacity", type=float, default=None, help="skip measuring it")
+    parser.add_argument("--capacity-seconds", type=float, default=4.0, help="its closed loop, s")
+    parser.add_argument("--clients", type=int, default=None, help="closed-loop clients")
+    parser.add_argument("--max-batch", type=int, default=None, help="denoiser rows per batch")
     parser.add_argument("--quality", action="store_true", help="also the quality curve")
     parser.add_argument("--quality-only", action="store_true", help="only the quality curve")
     parser.add_argument("--chart", default="docs/images/diffusion-quality.png")
-    asyncio.run(main_async(parser.parse_args()))
+    parser.add_argument(
+        "--export", type=Path, default=None, help="a Stable Diffusion export folder instead"
+    )
+    parser.add_argument("--steps", type=int, default=None, help="steps per request (--export: 10)")
+    parser.add_argument(
+        "--references", type=int, default=None,
+        help="full-step references for at most this many served requests (--export; all)",
+    )  # fmt: skip
+    parser.add_argument("--no-save", dest="save", action="store_false", help="no JSON result")
+    return parser
+
+
+def main() -> None:
+    asyncio.run(main_async(parser().parse_args()))
 
 
 if __name__ == "__main__":
