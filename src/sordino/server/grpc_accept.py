@@ -9,10 +9,11 @@ loop turns while the rest wait inside core, not in sordino's queue, and the batc
 sees 2–6 rows where HTTP hands it ~30 (docs/benchmarks.md, issue 30, gRPC).
 
 :class:`AcceptAhead` overrides the one hook of that loop that is Python
-(``_make_request_call_future``, grpcio ≥ 1.63): it keeps ``ahead`` requests for the
-generic handler outstanding in core, so every call that arrives while the loop is busy
-is accepted by core at once and all of them reach the loop in one turn. The accept
-loop itself is grpcio's, unchanged: it still takes one call per future it awaits, and
+(``_make_request_call_future``; grpcio 1.85 has it, checked at import): it keeps
+``ahead`` requests for the generic handler outstanding in core, so every call that
+arrives while the loop is busy is accepted by core at once and all of them reach the
+loop in one turn. The accept loop itself is grpcio's, unchanged: it still takes one
+call per future it awaits, and
 each future is answered from whichever outstanding request came back first.
 
 The hook is private to grpcio; :func:`open_server` checks it is there and falls back to
@@ -29,7 +30,7 @@ from typing import Any
 
 import grpc
 
-__all__ = ["accept_ahead_supported", "open_server"]
+__all__ = ["AcceptAhead", "accept_ahead_supported", "open_server"]
 
 log = logging.getLogger("sordino.grpc")
 
@@ -61,6 +62,8 @@ class AcceptAhead(_BASE):  # type: ignore[misc]
         self._waiter: asyncio.Future[Any] | None = None
 
     def _make_request_call_future(self, method_bytes: Any) -> Any:
+        """Return a future of the next generic call: done at once when one is waiting,
+        else resolved by the first outstanding request that comes back."""
         if method_bytes is not None:  # registered methods: grpc.aio's own way
             return super()._make_request_call_future(method_bytes)
         self._top_up()
@@ -80,6 +83,8 @@ class AcceptAhead(_BASE):  # type: ignore[misc]
             task.add_done_callback(self._came_back)
 
     def _came_back(self, task: asyncio.Future[Any]) -> None:
+        """Hand a request that came back (a call, or core's refusal while stopping) to
+        the accept loop's waiting future, or keep the call until it asks."""
         self._outstanding -= 1
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
