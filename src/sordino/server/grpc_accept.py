@@ -13,8 +13,8 @@ sees 2–6 rows where HTTP hands it ~30 (docs/benchmarks.md, issue 30, gRPC).
 ``ahead`` requests for the generic handler outstanding in core, so every call that
 arrives while the loop is busy is accepted by core at once and all of them reach the
 loop in one turn. The accept loop itself is grpcio's, unchanged: it still takes one
-call per future it awaits, and
-each future is answered from whichever outstanding request came back first.
+call per future it awaits, and each future is answered from whichever outstanding
+request came back first.
 
 The hook is private to grpcio; :func:`open_server` checks it is there and falls back to
 ``grpc.aio.server`` (one call at a time) where it is not, or when ``ahead`` is 1.
