@@ -78,6 +78,10 @@ class ServerConfig(Section):
     max_streams_per_client: int = Field(default=256, ge=1)
     """Open gRPC ``ModelStreamInfer`` streams one client address may hold, over all its
     connections; past it a new stream is refused with RESOURCE_EXHAUSTED."""
+    grpc_accept_ahead: int = Field(default=32, ge=1, le=4096)
+    """gRPC calls requested from gRPC core ahead of their arrival, so that calls arriving
+    while the event loop is busy are all accepted in one turn (server/grpc_accept.py);
+    1 = grpc.aio's own one at a time."""
     shutdown_timeout: Duration = 30.0
     """How long a graceful stop waits for in-flight requests before cancelling them."""
     tls: TlsConfig | None = None

@@ -18,6 +18,7 @@ import grpc
 from sordino.errors import SordinoError
 from sordino.protocol.status import grpc_code_name, retry_after_header
 from sordino.server.grpc import SERVICE, UNSUPPORTED_RPCS, InferenceServicer, Unary
+from sordino.server.grpc_accept import open_server
 from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
 from sordino.server.serve import check_port
@@ -153,8 +154,8 @@ class GrpcServer:
             return
         check_port(self.host, self._requested_port, flag="--grpc-port", what=" for gRPC")
         limit = self.runtime.config.server.max_request_size
-        server = grpc.aio.server(
-            options=[
+        server = open_server(
+            [
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", -1),
                 # Without this a second server could bind the same port and steal calls.
@@ -164,7 +165,8 @@ class GrpcServer:
                     "grpc.server_handshake_timeout_ms",
                     max(1, round(self.runtime.config.server.header_timeout * 1000)),
                 ),
-            ]
+            ],
+            self.runtime.config.server.grpc_accept_ahead,
         )
         server.add_generic_rpc_handlers((build_handler(self._servicer),))
         host = f"[{self.host}]" if ":" in self.host else self.host
