@@ -249,7 +249,7 @@ def test_a_refused_connection_is_answered_even_when_none_may_linger(
     full: RunningServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Past the lingering refusals, a refused connection still gets its 503, not a reset."""
-    monkeypatch.setattr("sordino.server.connections.MAX_LINGERING", 0)
+    monkeypatch.setattr("sordino.server.connection_guard.MAX_LINGERING", 0)
     held = [_connect(full) for _ in range(2)]
     try:
         with _connect(full) as extra:
