@@ -126,12 +126,12 @@ class HttpProtocol(GuardedReads):
         admission = self.admission
         self._address = admission.client
         self.transport = transport
+        self.server = _address(transport.get_extra_info("sockname"))
         if admission.kind == "refused":
             self._timer = self.guard.refuse(transport, admission.refusal, self.loop)
             return
         self._admitted = True
         self.connections.add(self)
-        self.server = _address(transport.get_extra_info("sockname"))
         self.client = _address(transport.get_extra_info("peername"))
         self.scheme = "https" if transport.get_extra_info("sslcontext") else "http"
         self.guard.watch(self)
