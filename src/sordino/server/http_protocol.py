@@ -26,7 +26,7 @@ import asyncio
 import time
 import urllib.parse
 from collections import deque
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, cast
 
 import httptools
 from starlette.types import ASGIApp
@@ -119,7 +119,8 @@ class HttpProtocol(GuardedReads):
     # -- the connection --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # A stream transport (uvloop's is not an asyncio.Transport subclass: no isinstance).
+        transport = cast(asyncio.Transport, transport)
         self._made = True
         if self.admission is None:  # plain TCP; a TLS connection was admitted at accept
             self.admission = self.guard.admit(client_address(transport))
