@@ -11,6 +11,7 @@ answered when the app first reads the body. An app that fails before answering g
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from typing import TYPE_CHECKING, Any
@@ -36,7 +37,7 @@ _ERROR_500: list[tuple[bytes, bytes]] = [
 class AsgiCycle(Cycle):
     """One request run by the ASGI app."""
 
-    __slots__ = ("chunked", "expected_length", "scope")
+    __slots__ = ("chunked", "event", "expected_length", "scope")
 
     def __init__(
         self, conn: HttpProtocol, scope: dict[str, Any], keep_alive: bool, expect_continue: bool
@@ -45,6 +46,16 @@ class AsgiCycle(Cycle):
         self.scope = scope
         self.chunked: bool | None = None
         self.expected_length = 0
+        # An app may wait in receive() from two tasks at once (a disconnect watcher and
+        # a cancelled probe): an Event wakes every waiter, as uvicorn's cycle does.
+        self.event = asyncio.Event()
+
+    def _signal(self) -> None:
+        self.event.set()
+
+    async def _wait(self) -> None:
+        await self.event.wait()
+        self.event.clear()
 
     async def run(self) -> None:
         try:

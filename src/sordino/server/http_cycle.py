@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import http
+import logging
 import re
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, TypeVar
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
 __all__ = ["HIGH_WATER", "STATUS_LINE", "Cycle", "InferCycle"]
 
 T = TypeVar("T")
+
+log = logging.getLogger("sordino.http")
 
 HIGH_WATER = 65536
 """Body bytes buffered for a request that has not taken them before reading pauses."""
@@ -116,7 +119,10 @@ class Cycle:
             waiter.set_result(None)
 
     async def _wait(self) -> None:
-        """Wait for the next :meth:`_signal` (at once if one came since the last wait)."""
+        """Wait for the next :meth:`_signal` (at once if one came since the last wait).
+
+        One waiter at a time: the inference cycle reads its own body and nothing else
+        waits on it (cheaper than an ``asyncio.Event``)."""
         if not self._signalled:
             self._waiter = self.conn.loop.create_future()
             try:
@@ -147,6 +153,7 @@ class Cycle:
         self.conn.on_response_complete()
 
 
+_TEXT = "text/plain; charset=utf-8"
 _CLOSE = re.compile(r"(?:^|,)\s*close\s*(?:,|$)", re.IGNORECASE)
 
 
@@ -189,6 +196,18 @@ class InferCycle(Cycle):
         self._gone = False  # the client left while the service had it
 
     async def run(self) -> None:
+        try:
+            await self._answer()
+        except BaseException as exc:  # cancelled (the shutdown's grace ran out), or a defect
+            # As uvicorn does for an ASGI app: logged, answered 500 if nothing was sent yet.
+            log.error("inference request to %s ended without an answer", self.path, exc_info=exc)
+            if not self.response_started:
+                self.keep_alive = False
+                self.respond(500, b"Internal Server Error", {"Content-Type": _TEXT})
+            else:
+                self.conn.transport.close()
+
+    async def _answer(self) -> None:
         if self.method != "POST":
             message = f"{self.method} is not allowed on {self.path}; use POST"
             self.respond(405, encode_error(message), {"Allow": "POST"})
