@@ -217,3 +217,15 @@ def test_nothing_private_of_uvicorn_is_imported() -> None:
             for name in names:
                 if name.startswith("uvicorn"):
                     assert name == "uvicorn", f"{path.name} imports {name}"
+
+
+def test_an_idle_keep_alive_connection_is_closed_after_the_keep_alive_timeout() -> None:
+    """``server.keep_alive_timeout`` closes a connection idle after its answer (a
+    fraction of a second is kept as given: uvicorn took whole seconds)."""
+    sources = thread_isolated([s for s in builtin_sources() if s.name == MODEL])
+    config = RuntimeConfig.model_validate({"server": {"keep_alive_timeout": "0.2s"}})
+    with serve_in_thread(config, sources) as running, _connect(running) as sock:
+        sock.sendall(_infer())
+        [(head, _)] = _responses(sock, 1)
+        assert _status(head) == 200 and b"connection: close" not in head
+        assert sock.recv(65536) == b""  # closed by the server, not by this client
