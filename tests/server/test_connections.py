@@ -15,10 +15,10 @@ from collections.abc import Iterator
 import httpx
 import orjson
 import pytest
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from sordino.config import RuntimeConfig
 from sordino.models.repository import builtin_sources
+from sordino.server.http_protocol import HttpProtocol
 from sordino.testing import RunningServer, serve_in_thread
 from tests.conftest import thread_isolated
 from tests.waiting import wait_for
@@ -249,7 +249,7 @@ def test_a_refused_connection_is_answered_even_when_none_may_linger(
     full: RunningServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Past the lingering refusals, a refused connection still gets its 503, not a reset."""
-    monkeypatch.setattr("sordino.server.connections.MAX_LINGERING", 0)
+    monkeypatch.setattr("sordino.server.connection_guard.MAX_LINGERING", 0)
     held = [_connect(full) for _ in range(2)]
     try:
         with _connect(full) as extra:
@@ -277,7 +277,7 @@ def test_refused_connections_are_freed_without_the_cyclic_gc(full: RunningServer
             return sum(
                 1
                 for o in gc.get_objects()
-                if isinstance(o, HttpToolsProtocol)
+                if isinstance(o, HttpProtocol)
                 and (getattr(o, "server", None) or ("", 0))[1] == full.port
             )
 

@@ -282,19 +282,19 @@ def test_whole_refused_requests_are_answered_without_the_parser(
     """While requests are being refused, five refused requests in one write are
     answered from their bytes alone: the HTTP parser never calls back for them (the
     fast path), and each is counted."""
-    from sordino.server import connections
+    from sordino.server.http_protocol import HttpProtocol
 
     parsed = []
-    original = connections._GuardedProtocol.on_headers_complete
+    original = HttpProtocol.on_headers_complete
 
-    def counting(self: connections._GuardedProtocol) -> None:
+    def counting(self: HttpProtocol) -> None:
         parsed.append(self.url)
         original(self)
 
     before = _rejected(server, "shed")
     scheduler = server.runtime.get(MODEL).scheduler
     # Before connecting: the parser takes its callbacks from the protocol when made.
-    monkeypatch.setattr(connections._GuardedProtocol, "on_headers_complete", counting)
+    monkeypatch.setattr(HttpProtocol, "on_headers_complete", counting)
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
         sock.sendall(GOOD_REQUEST)  # served first: the scheduler learns a batch's time
         assert _read_responses(sock, 1) == [200]
@@ -319,16 +319,16 @@ def test_whole_requests_are_read_by_the_parser_when_nothing_is_being_refused(
 ) -> None:
     """The fast path is tried only while requests are being refused: otherwise a served
     request's head would be read twice."""
-    from sordino.server import connections
+    from sordino.server import connection_guard
 
     read_fast = []
-    original = connections._plain_head
+    original = connection_guard.plain_head
 
     def counting(data: bytes, end: int) -> object:
         read_fast.append(end)
         return original(data, end)
 
-    monkeypatch.setattr(connections, "_plain_head", counting)
+    monkeypatch.setattr(connection_guard, "plain_head", counting)
     assert server.early_shed is not None
     shed = server.early_shed
     # No refusal for a while (set through the loop: it is the server's state).

@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from sordino.config import load_config
 from sordino.errors import ConfigError
 from sordino.models.repository import builtin_sources
+from sordino.server.http_protocol import HttpProtocol
 from sordino.server.tls import load_tls
 from sordino.testing import RunningServer, serve_in_thread
 from tests.waiting import wait_for
@@ -232,7 +232,7 @@ def test_stalled_handshakes_leave_nothing_for_the_cyclic_gc(pem: tuple[Path, Pat
                 sock.close()
 
             def retained() -> int:
-                return sum(1 for o in gc.get_objects() if isinstance(o, HttpToolsProtocol))
+                return sum(1 for o in gc.get_objects() if isinstance(o, HttpProtocol))
 
             wait_for(lambda: retained() == 0, "the stalled handshakes to be freed", 10)
         finally:

@@ -5,7 +5,7 @@ decoded costs most of what serving one costs in Python (the ASGI task, the body,
 JSON): at three times capacity the refusals alone fill the core and goodput collapses
 (docs/benchmarks.md, "Overload"). :class:`EarlyShed` decides from the request line and
 headers, in the httptools protocol before any ASGI task exists, and refuses with 503
-and ``Retry-After`` at once; the body is skipped unread (``connections.py``). Two
+and ``Retry-After`` at once; the body is skipped unread (``http_protocol.py``). Two
 rules, in this order:
 
 - **the loop is late** (:class:`~sordino.server.loop_lag.LoopLag`,
@@ -66,7 +66,7 @@ __all__ = ["REFUSING_S", "EarlyShed"]
 
 REFUSING_S = 1.0
 """How long after a refusal whole requests are tried without the HTTP parser
-(``connections.py``): under overload refusals are continuous; otherwise the parser
+(``guarded_reads.py``): under overload refusals are continuous; otherwise the parser
 alone reads each request, once."""
 _INFER = re.compile(rb"/v2/models/([^/?]+)(?:/versions/([^/?]+))?/infer(?:\?.*)?")
 _PRIORITY = PRIORITY_HEADER.encode()

@@ -1,6 +1,10 @@
-"""The inference fast path: ``POST …/infer`` answered straight on ASGI.
+"""The inference fast path: ``POST …/infer`` answered without Starlette.
 
-Every other endpoint goes through Starlette. Inference is the one endpoint on the hot
+:func:`answer_infer` is the whole request: body, authentication, one model lookup,
+decode, the service, encode. The server's own HTTP protocol (``server/http_protocol.py``)
+calls it straight from the parsed request and writes its answer in one write; the
+ASGI wrapper :func:`with_fast_infer` calls it for any other ASGI server. Every other
+endpoint goes through Starlette. Inference is the one endpoint on the hot
 path, and at small tensor sizes Starlette's router, middleware stack and
 Request/Response objects cost more than decoding the request (the profile is in
 ``docs/benchmarks.md``). The semantics are those of a Starlette handler: the same
@@ -13,6 +17,8 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Protocol, TypeVar
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -24,12 +30,23 @@ from sordino.protocol.codec import (
     parse_header_length,
 )
 from sordino.protocol.status import http_status, retry_after_header
-from sordino.server.connections import RECEIVED
+from sordino.server.connection_guard import RECEIVED
 from sordino.server.disconnect import until_disconnect
 from sordino.server.runtime import Runtime
 from sordino.server.service import request_tenant
 
-__all__ = ["INFER_PATH", "error_parts", "with_fast_infer"]
+__all__ = [
+    "INFER_PATH",
+    "BodyReader",
+    "Watch",
+    "answer_infer",
+    "check_declared",
+    "error_parts",
+    "too_large",
+    "with_fast_infer",
+]
+
+T = TypeVar("T")
 
 log = logging.getLogger("sordino.http")
 
@@ -59,8 +76,23 @@ def error_parts(error: SordinoError) -> tuple[int, bytes, dict[str, str]]:
     return status, encode_error(str(error)), headers
 
 
+class Watch(Protocol):
+    """Runs the service's work; raises Cancelled if the client leaves before it ends."""
+
+    def __call__(self, work: Awaitable[T]) -> Awaitable[T]: ...
+
+
+BodyReader = Callable[[], Awaitable[bytes]]
+"""Reads the whole request body (after :func:`check_declared`); raises MalformedBody
+past the limit, Cancelled when the client disconnects while sending it."""
+
+
 def with_fast_infer(app: ASGIApp, runtime: Runtime) -> ASGIApp:
-    """Wrap ``app`` so inference requests skip its router and middleware."""
+    """Wrap ``app`` so inference requests skip its router and middleware.
+
+    The server answers inference on its own protocol (``server/http_protocol.py``);
+    this keeps the ASGI app whole for any other ASGI server or in-process client.
+    """
     limit = runtime.config.server.max_request_size
 
     async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
@@ -68,7 +100,27 @@ def with_fast_infer(app: ASGIApp, runtime: Runtime) -> ASGIApp:
             match = INFER_PATH.fullmatch(scope["path"])
             if match is not None:
                 if scope["method"] == "POST":
-                    await _infer(runtime, limit, match, scope, receive, send)
+
+                    def watch(work: Awaitable[T]) -> Awaitable[T]:
+                        return until_disconnect(receive, work)
+
+                    async def read() -> bytes:
+                        return await _read_body(receive, limit)
+
+                    client = scope.get("client")
+                    received = scope.get("extensions", {}).get(RECEIVED)
+                    status, payload, headers = await answer_infer(
+                        runtime,
+                        match["model"],
+                        match["version"],
+                        scope["headers"],
+                        read,
+                        watch,
+                        client=str(client[0]) if client else None,
+                        received_at=received["at"] if received is not None else None,
+                        path=scope["path"],
+                    )
+                    await _send(send, status, payload, headers)
                 else:
                     message = f"{scope['method']} is not allowed on {scope['path']}; use POST"
                     await _send(send, 405, encode_error(message), {"Allow": "POST"})
@@ -78,18 +130,29 @@ def with_fast_infer(app: ASGIApp, runtime: Runtime) -> ASGIApp:
     return asgi
 
 
-async def _infer(
+async def answer_infer(
     runtime: Runtime,
-    limit: int,
-    match: re.Match[str],
-    scope: Scope,
-    receive: Receive,
-    send: Send,
-) -> None:
+    model: str,
+    version: str | None,
+    raw_headers: Iterable[tuple[bytes, bytes]],
+    read_body: BodyReader,
+    watch: Watch,
+    *,
+    client: str | None,
+    received_at: float | None,
+    path: str,
+) -> tuple[int, bytes, dict[str, str]]:
+    """Answer one ``POST …/infer``: its status, body and headers (names as written).
+
+    Transport-neutral: ``raw_headers`` are the request's (names in lower case),
+    ``read_body`` reads the body, ``watch`` runs the service's work so that a client
+    that leaves cancels it. Every outcome is an answer: errors are ``{"error": …}``.
+    """
+    limit = runtime.config.server.max_request_size
     declared: bytes | None = None
     header_length: bytes | None = None
     forwarded: dict[str, str] = {}
-    for name, value in scope["headers"]:
+    for name, value in raw_headers:
         if name == b"content-length":
             declared = value
         elif name == b"inference-header-content-length":
@@ -97,13 +160,13 @@ async def _infer(
         elif name in _FORWARDED:
             forwarded[_FORWARDED[name]] = value.decode("latin-1")
     headers: dict[str, str]
-    model, version = match["model"], match["version"]
     cache_key: tuple[str, str, bytes] | None = None
     try:
         # Whatever ends the request before the service has it is counted there.
         with runtime.service.receiving(model, version, forwarded.get("x-sordino-tenant")):
+            check_declared(limit, declared)
             arrived = time.perf_counter()
-            body = await _read_body(receive, limit, declared)
+            body = await read_body()
             read_s = time.perf_counter() - arrived
             tenants = runtime.tenants
             tenant: str | None = None  # authenticated here at most once a request
@@ -125,8 +188,7 @@ async def _infer(
                 )
                 cached = cache.get(cache_key)
                 if cached is not None:
-                    await _send(send, 200, cached.payload, dict(cached.headers))
-                    return
+                    return 200, cached.payload, dict(cached.headers)
             request = decode_infer_request(
                 body,
                 model=model,
@@ -138,18 +200,16 @@ async def _infer(
                 metadata=route.metadata,
                 max_batch_size=route.max_batch_size,
             )
-            client = scope.get("client")
             if client:
-                request.client = str(client[0])
-            received = scope.get("extensions", {}).get(RECEIVED)
-            if received is not None:
-                request.received_at = received["at"]
+                request.client = client
+            if received_at is not None:
+                request.received_at = received_at
             if tenant is not None and tenants.enabled:
                 runtime.service.tenant_of(request, known=tenant)
             shared = runtime.shared_memory.uses(request)
             if shared:
                 runtime.shared_memory.attach(request, runtime.service.tenant_of(request))
-        response = await until_disconnect(receive, runtime.service.infer(request, route))
+        response = await watch(runtime.service.infer(request, route))
         try:
             if shared:
                 runtime.shared_memory.write_outputs(request, response, request_tenant(request))
@@ -162,14 +222,14 @@ async def _infer(
     except SordinoError as exc:
         status, payload, headers = error_parts(exc)
     except Exception as exc:  # a defect: answered as JSON like any error, and logged
-        log.exception("inference request to %s failed", scope["path"])
+        log.exception("inference request to %s failed", path)
         status, payload = 500, encode_error(f"internal error: {type(exc).__name__}")
         headers = {"Content-Type": "application/json"}
     if runtime.stopping:
         # Tell keep-alive clients to reconnect elsewhere rather than reuse a connection
         # the server is about to close.
         headers["Connection"] = "close"
-    await _send(send, status, payload, headers)
+    return status, payload, headers
 
 
 async def _send(send: Send, status: int, payload: bytes, headers: dict[str, str]) -> None:
@@ -181,7 +241,8 @@ async def _send(send: Send, status: int, payload: bytes, headers: dict[str, str]
     await send({"type": "http.response.body", "body": payload})
 
 
-def _too_large(limit: int) -> MalformedBody:
+def too_large(limit: int) -> MalformedBody:
+    """The error of a body past ``server.max_request_size``."""
     return MalformedBody(
         f"the request body is larger than the limit of {limit} bytes; send less data per "
         "request or raise server.max_request_size",
@@ -189,14 +250,18 @@ def _too_large(limit: int) -> MalformedBody:
     )
 
 
-async def _read_body(receive: Receive, limit: int, declared: bytes | None) -> bytes:
+def check_declared(limit: int, declared: bytes | None) -> None:
+    """Raise :func:`too_large` if the ``Content-Length`` declares more than ``limit``."""
     # More digits than any limit has is too large without asking int() (and its digit cap).
     if (
         declared is not None
         and declared.isdigit()
         and (len(declared) > 18 or int(declared) > limit)
     ):
-        raise _too_large(limit)
+        raise too_large(limit)
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -206,7 +271,7 @@ async def _read_body(receive: Receive, limit: int, declared: bytes | None) -> by
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise _too_large(limit)
+            raise too_large(limit)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)

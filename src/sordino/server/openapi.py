@@ -65,7 +65,7 @@ _ERROR = {
 }
 ERROR_STATUSES = ("400", "401", "403", "404", "408", "413", "429", "500", "503")
 """What a request can be answered besides success: ``protocol/status.py``'s mapping of
-sordino's errors, 408 (a body too slow, server/connections.py) and 413."""
+sordino's errors, 408 (a body too slow, server/guarded_reads.py) and 413."""
 
 
 @dataclass(frozen=True, slots=True)

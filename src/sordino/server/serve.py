@@ -10,24 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import socket
 from collections.abc import Generator
 
 import uvicorn
 
-from sordino.server.connections import (
-    ConnectionGuard,
-    default_max_connections,
-    guarded_protocol,
-    tls_protocol,
-)
+from sordino.server.connection_guard import ConnectionGuard, default_max_connections
 from sordino.server.early_shed import EarlyShed
 from sordino.server.http import build_app
+from sordino.server.http_protocol import HttpProtocol, http_protocol
 from sordino.server.loop_lag import LoopLag
 from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
 from sordino.server.tls import load_tls
+from sordino.server.tls_accept import tls_protocol
 from sordino.telemetry.connection_metrics import ConnectionCollector
 
 __all__ = ["HttpServer", "bind_socket", "check_port"]
@@ -84,8 +80,10 @@ class _EmbeddedServer(uvicorn.Server):
 class HttpServer:
     """The KServe v2 HTTP endpoint of one runtime.
 
-    Connections are guarded (``server/connections.py``): header and body read
-    timeouts, and limits on open connections in total and per client address.
+    uvicorn owns the socket and the shutdown; each connection is sordino's own
+    protocol (``server/http_protocol.py``): inference answered on it directly, the
+    rest through Starlette, and guarded (``server/connection_guard.py``): header and
+    body read timeouts, and limits on open connections in total and per client address.
     """
 
     def __init__(
@@ -117,15 +115,16 @@ class HttpServer:
         # is bounded by server.header_timeout (uvicorn leaves asyncio's 60 s default).
         self._ssl = tls.ssl_context() if tls is not None else None
         self._handshake_timeout = settings.header_timeout
+        app = build_app(runtime, control)
+        self._protocol = http_protocol(self.guard, app, runtime, settings.keep_alive_timeout)
         config = uvicorn.Config(
-            build_app(runtime, control),
+            app,
             loop="none",
-            http=guarded_protocol(self.guard),
+            http=self._protocol,
             lifespan="off",
             access_log=False,
             log_level="warning",
             timeout_graceful_shutdown=5,
-            timeout_keep_alive=math.ceil(settings.keep_alive_timeout),  # uvicorn takes an int
             # sordino reads no client address; skip the X-Forwarded-* middleware per request.
             proxy_headers=False,
         )
@@ -158,14 +157,10 @@ class HttpServer:
         config = server.config
         assert self._ssl is not None
 
-        def protocol() -> asyncio.Protocol:
-            made: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
-                config=config,
-                server_state=server.server_state,
-                app_state=server.lifespan.state,
-                _loop=loop,
+        def protocol() -> HttpProtocol:
+            return self._protocol(
+                server_state=server.server_state, app_state=server.lifespan.state, _loop=loop
             )
-            return made
 
         listener = await loop.create_server(
             tls_protocol(protocol, self.guard, self._ssl, self._handshake_timeout),

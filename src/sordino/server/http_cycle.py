@@ -1,0 +1,291 @@
+"""One request on an HTTP connection, from its headers to the end of its answer.
+
+:class:`Cycle` is what the connection (``server/http_protocol.py``) knows of a request:
+it feeds the body in, says when the body ended or the client left, and learns when
+the answer is complete (to start the next pipelined request or arm the keep-alive
+timer). Two kinds: :class:`InferCycle` answers ``POST …/infer`` itself — the body,
+``fast_infer.answer_infer`` and one write — and ``asgi_bridge.AsgiCycle`` runs the
+Starlette app for everything else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import logging
+import re
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, TypeVar
+
+from sordino.errors import Cancelled
+from sordino.protocol.codec import encode_error
+from sordino.server.fast_infer import answer_infer, too_large
+
+if TYPE_CHECKING:
+    from sordino.server.http_protocol import HttpProtocol
+
+__all__ = ["HIGH_WATER", "STATUS_LINE", "Cycle", "InferCycle"]
+
+T = TypeVar("T")
+
+log = logging.getLogger("sordino.http")
+
+HIGH_WATER = 65536
+"""Body bytes buffered for a request that has not taken them before reading pauses."""
+
+
+def _status_line(status: int) -> bytes:
+    try:
+        phrase = http.HTTPStatus(status).phrase.encode()
+    except ValueError:
+        phrase = b""
+    return b"HTTP/1.1 %d %s\r\n" % (status, phrase)
+
+
+STATUS_LINE = {status: _status_line(status) for status in range(100, 600)}
+"""``HTTP/1.1 <status> <reason>\\r\\n`` for every status."""
+
+
+class Cycle:
+    """A request's body as it arrives, and the state of its answer.
+
+    Subclasses implement :meth:`run` (the connection runs it as a task once every
+    earlier request on the connection is answered) and end it by :meth:`_complete`.
+    """
+
+    __slots__ = (
+        "_signalled",
+        "_waiter",
+        "body",
+        "buffered",
+        "conn",
+        "disconnected",
+        "keep_alive",
+        "method",
+        "more_body",
+        "response_complete",
+        "response_started",
+        "task",
+        "waiting_for_100_continue",
+    )
+
+    def __init__(
+        self, conn: HttpProtocol, method: str, keep_alive: bool, expect_continue: bool
+    ) -> None:
+        self.conn = conn
+        self.method = method
+        self.keep_alive = keep_alive
+        """Whether the connection stays open after the answer (``shutdown`` clears it)."""
+        self.waiting_for_100_continue = expect_continue
+        self.disconnected = False
+        self.response_started = False
+        self.response_complete = False
+        self.more_body = True
+        self.body: list[bytes] = []
+        self.buffered = 0
+        self.task: asyncio.Task[None] | None = None
+        self._signalled = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    async def run(self) -> None:
+        """Answer the request (the connection's task for it)."""
+        raise NotImplementedError
+
+    # -- from the connection ---------------------------------------------------------
+
+    def feed(self, chunk: bytes) -> int:
+        """Take a piece of the body; return the bytes buffered and not yet taken."""
+        self.body.append(chunk)
+        self.buffered += len(chunk)
+        self._signal()
+        return self.buffered
+
+    def end(self) -> None:
+        """The body is complete."""
+        self.more_body = False
+        self._signal()
+
+    def disconnect(self) -> None:
+        """The client left (or its body timed out): nothing more is read or written."""
+        self.disconnected = True
+        self._signal()
+
+    # -- for the subclasses ----------------------------------------------------------
+
+    def _signal(self) -> None:
+        self._signalled = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        """Wait for the next :meth:`_signal` (at once if one came since the last wait).
+
+        One waiter at a time: the inference cycle reads its own body and nothing else
+        waits on it (cheaper than an ``asyncio.Event``)."""
+        if not self._signalled:
+            self._waiter = self.conn.loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        self._signalled = False
+
+    def _take(self) -> bytes:
+        body = self.body
+        data = body[0] if len(body) == 1 else b"".join(body)
+        self.body = []
+        self.buffered = 0
+        return data
+
+    def _continue(self) -> None:
+        """Send ``100 Continue`` if the client waits for it before sending its body."""
+        if self.waiting_for_100_continue and not self.conn.transport.is_closing():
+            self.conn.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self.waiting_for_100_continue = False
+
+    def _complete(self) -> None:
+        """The answer is written whole: close, or go on to the next request."""
+        self.response_complete = True
+        self._signal()
+        if not self.keep_alive:
+            self.conn.transport.close()
+        self.conn.on_response_complete()
+
+
+_TEXT = "text/plain; charset=utf-8"
+_CLOSE = re.compile(r"(?:^|,)\s*close\s*(?:,|$)", re.IGNORECASE)
+
+
+class InferCycle(Cycle):
+    """``…/infer``: read the body, :func:`answer_infer`, one write; no ASGI, no Starlette."""
+
+    __slots__ = (
+        "_gone",
+        "_working",
+        "client",
+        "headers",
+        "model",
+        "path",
+        "received_at",
+        "version",
+    )
+
+    def __init__(
+        self,
+        conn: HttpProtocol,
+        method: str,
+        keep_alive: bool,
+        expect_continue: bool,
+        *,
+        model: str,
+        version: str | None,
+        path: str,
+        headers: list[tuple[bytes, bytes]],
+        client: str | None,
+        received_at: float,
+    ) -> None:
+        super().__init__(conn, method, keep_alive, expect_continue)
+        self.model = model
+        self.version = version
+        self.path = path
+        self.headers = headers
+        self.client = client
+        self.received_at = received_at
+        self._working = False  # the service has the request (a disconnect cancels it)
+        self._gone = False  # the client left while the service had it
+
+    async def run(self) -> None:
+        try:
+            await self._answer()
+        except BaseException as exc:  # cancelled (the shutdown's grace ran out), or a defect
+            # As uvicorn does for an ASGI app: logged, answered 500 if nothing was sent yet.
+            log.error("inference request to %s ended without an answer", self.path, exc_info=exc)
+            if not self.response_started:
+                self.keep_alive = False
+                self.respond(500, b"Internal Server Error", {"Content-Type": _TEXT})
+            else:
+                self.conn.transport.close()
+
+    async def _answer(self) -> None:
+        if self.method != "POST":
+            message = f"{self.method} is not allowed on {self.path}; use POST"
+            self.respond(405, encode_error(message), {"Allow": "POST"})
+            return
+        status, payload, headers = await answer_infer(
+            self.conn.runtime,
+            self.model,
+            self.version,
+            self.headers,
+            self.read_body,
+            self.until_disconnect,
+            client=self.client,
+            received_at=self.received_at,
+            path=self.path,
+        )
+        self.respond(status, payload, headers)
+
+    async def read_body(self) -> bytes:
+        """The whole body; Cancelled if the client leaves first, too large past the limit."""
+        limit = self.conn.runtime.config.server.max_request_size
+        self._continue()
+        while True:
+            if self.disconnected or self.response_complete:
+                raise Cancelled("the client disconnected while sending the request")
+            if self.buffered > limit:
+                raise too_large(limit)
+            if not self.more_body:
+                return self._take()
+            self.conn.resume_reading()
+            await self._wait()
+
+    async def until_disconnect(self, work: Awaitable[T]) -> T:
+        """``work``'s result; if the client leaves first, cancel it and raise Cancelled.
+
+        The connection tells this request when its client goes (``connection_lost``):
+        no listener, task or timer per request.
+        """
+        self._working = True
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if not self._gone:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            raise Cancelled("the client disconnected before the response was ready") from None
+        finally:
+            self._working = False
+
+    def disconnect(self) -> None:
+        super().disconnect()
+        if self._working and not self._gone and self.task is not None:
+            # The service removes the queued request and counts it cancelled.
+            self._gone = True
+            self.task.cancel()
+
+    def respond(self, status: int, payload: bytes, headers: dict[str, str]) -> None:
+        """Write the whole answer in one write (dropped if the client left)."""
+        if self.disconnected:
+            return
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        conn = self.conn
+        parts = [STATUS_LINE[status], conn.default_head(), b"content-length: %d\r\n" % len(payload)]
+        closing = False
+        for name, value in headers.items():
+            lower = name.lower()
+            if lower == "connection" and _CLOSE.search(value):
+                self.keep_alive = False
+                closing = True
+            parts.append(f"{lower}: {value}\r\n".encode("latin-1"))
+        if "Content-Type" not in headers:
+            parts.append(b"content-type: application/json\r\n")
+        if not self.keep_alive and not closing:
+            parts.append(b"connection: close\r\n")
+        parts.append(b"\r\n")
+        if self.method != "HEAD":
+            parts.append(payload)
+        conn.transport.write(b"".join(parts))
+        self._complete()

@@ -1,0 +1,231 @@
+"""sordino's own HTTP protocol (server/http_protocol.py) as uvicorn runs it.
+
+Raw sockets against a real server: pipelined requests of both kinds answered in
+order, ``Expect: 100-continue`` on inference, HEAD and chunked answers through the
+ASGI bridge, a malformed request, and the server-state contract uvicorn relies on
+(connections and tasks tracked, requests counted, its default headers written).
+"""
+
+from __future__ import annotations
+
+import ast
+import gc
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+import sordino.server
+from sordino.config import RuntimeConfig
+from sordino.models.repository import builtin_sources
+from sordino.server.http_protocol import HttpProtocol
+from sordino.testing import RunningServer, serve_in_thread
+from tests.conftest import thread_isolated
+from tests.waiting import wait_for
+
+MODEL = "digits-classifier"
+INFER = f"/v2/models/{MODEL}/infer"
+BODY = orjson.dumps(
+    {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [1.0] * 64}]}
+)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    sources = thread_isolated([s for s in builtin_sources() if s.name == MODEL])
+    with serve_in_thread(RuntimeConfig(), sources) as running:
+        yield running
+
+
+def _connect(server: RunningServer) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=30)
+
+
+def _infer(extra: str = "") -> bytes:
+    head = f"POST {INFER} HTTP/1.1\r\nHost: x\r\n{extra}Content-Length: {len(BODY)}\r\n\r\n"
+    return head.encode() + BODY
+
+
+def _responses(sock: socket.socket, count: int) -> list[tuple[bytes, bytes]]:
+    """The next ``count`` (head, body) on ``sock``; bodies by Content-Length or chunked."""
+    data, answers = b"", []
+    while len(answers) < count:
+        end = data.find(b"\r\n\r\n")
+        if end >= 0:
+            head = data[:end].lower()
+            if head.startswith(b"http/1.1 100 "):
+                data = data[end + 4 :]
+                continue
+            rest = data[end + 4 :]
+            if b"transfer-encoding: chunked" in head:
+                close = rest.find(b"0\r\n\r\n")
+                if close >= 0:
+                    answers.append((head, rest[:close]))
+                    data = rest[close + 5 :]
+                    continue
+            elif b"content-length:" in head:
+                length = int(head.split(b"content-length:")[1].split(b"\r\n")[0])
+                if len(rest) >= length:
+                    answers.append((head, rest[:length]))
+                    data = rest[length:]
+                    continue
+        chunk = sock.recv(65536)
+        assert chunk, f"closed after {len(answers)} answers: {data!r}"
+        data += chunk
+    return answers
+
+
+def _status(head: bytes) -> int:
+    return int(head[9:12])
+
+
+def test_pipelined_requests_of_both_kinds_are_answered_in_order(server: RunningServer) -> None:
+    """Inference (answered on the protocol) and other routes (through Starlette) sent in
+    one write come back in the order sent."""
+    ready = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+    missing = b"GET /v2/nothing HTTP/1.1\r\nHost: x\r\n\r\n"
+    with _connect(server) as sock:
+        sock.sendall(_infer() + ready + _infer() + missing + _infer())
+        answers = _responses(sock, 5)
+    assert [_status(head) for head, _ in answers] == [200, 200, 200, 404, 200]
+    for head, body in (answers[0], answers[2], answers[4]):
+        assert b"content-type: application/json" in head
+        assert orjson.loads(body)["model_name"] == MODEL
+    assert b"no endpoint /v2/nothing" in answers[3][1]
+
+
+def test_inference_answers_carry_uvicorns_default_headers(server: RunningServer) -> None:
+    with _connect(server) as sock:
+        sock.sendall(_infer())
+        [(head, _)] = _responses(sock, 1)
+    assert b"\r\ndate: " in head and b"\r\nserver: uvicorn" in head
+
+
+def test_expect_100_continue_on_inference_waits_for_the_body(server: RunningServer) -> None:
+    """The client sends its body only after ``100 Continue``; the answer follows."""
+    head = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+    head += f"Content-Length: {len(BODY)}\r\n\r\n"
+    with _connect(server) as sock:
+        sock.sendall(head.encode())
+        assert sock.recv(65536).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        sock.sendall(BODY)
+        [(answer, body)] = _responses(sock, 1)
+    assert _status(answer) == 200 and orjson.loads(body)["model_name"] == MODEL
+
+
+def test_a_body_over_the_limit_is_refused_before_100_continue(server: RunningServer) -> None:
+    limit = server.runtime.config.server.max_request_size
+    head = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+    head += f"Content-Length: {limit + 1}\r\n\r\n"
+    with _connect(server) as sock:
+        sock.sendall(head.encode())
+        [(answer, body)] = _responses(sock, 1)
+    assert _status(answer) == 413 and b"max_request_size" in body
+
+
+def test_other_methods_on_the_inference_path_are_405(server: RunningServer) -> None:
+    with _connect(server) as sock:
+        sock.sendall(f"GET {INFER} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        [(head, body)] = _responses(sock, 1)
+    assert _status(head) == 405 and b"allow: post" in head and b"use POST" in body
+
+
+def test_head_through_the_bridge_has_no_body(server: RunningServer) -> None:
+    with _connect(server) as sock:
+        sock.sendall(b"HEAD /v2 HTTP/1.1\r\nHost: x\r\n\r\n" + _infer())
+        data = b""
+        while data.count(b"HTTP/1.1 ") < 2 or not data.endswith(b"}"):
+            data += sock.recv(65536)
+    first, second = data.split(b"HTTP/1.1 ")[1:]
+    assert first.startswith(b"200 ") and first.endswith(b"\r\n\r\n")  # head only
+    assert second.startswith(b"200 ")
+
+
+def test_a_chunked_request_body_is_read_for_inference(server: RunningServer) -> None:
+    head = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+    half = len(BODY) // 2
+    chunks = b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (
+        half,
+        BODY[:half],
+        len(BODY) - half,
+        BODY[half:],
+    )
+    with _connect(server) as sock:
+        sock.sendall(head + chunks)
+        [(answer, body)] = _responses(sock, 1)
+    assert _status(answer) == 200 and orjson.loads(body)["model_name"] == MODEL
+
+
+def test_a_malformed_request_is_answered_400_and_closed(server: RunningServer) -> None:
+    with _connect(server) as sock:
+        sock.sendall(b"POST /v2 HTTP/1.1\r\nContent-Length: x\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 400 ") and b"connection: close" in data
+
+
+def test_http_1_0_is_answered_and_closed(server: RunningServer) -> None:
+    head = f"POST {INFER} HTTP/1.0\r\nContent-Length: {len(BODY)}\r\n\r\n".encode()
+    with _connect(server) as sock:
+        sock.sendall(head + BODY)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 200 ") and b"connection: close" in data
+
+
+def test_uvicorns_server_state_tracks_connections_and_counts_requests(
+    server: RunningServer,
+) -> None:
+    """The contract uvicorn's graceful shutdown relies on: an open connection is in
+    ``server_state.connections`` until it closes, answers count in ``total_requests``."""
+
+    def ours() -> list[HttpProtocol]:
+        return [
+            o
+            for o in gc.get_objects()
+            if isinstance(o, HttpProtocol) and o.server and o.server[1] == server.port
+        ]
+
+    with _connect(server) as sock:
+        sock.sendall(_infer())
+        _responses(sock, 1)
+        [protocol] = [p for p in ours() if p.transport is not None and not p.transport.is_closing()]
+        state = protocol.server_state
+        assert protocol in state.connections
+        counted = state.total_requests
+        sock.sendall(_infer() + b"GET /v2 HTTP/1.1\r\nHost: x\r\n\r\n")
+        _responses(sock, 2)
+        wait_for(lambda: state.total_requests == counted + 2, "two more requests counted")
+    wait_for(lambda: protocol not in state.connections, "the closed connection to be forgotten")
+    wait_for(lambda: not state.tasks, "no request task left")
+
+
+def test_nothing_private_of_uvicorn_is_imported() -> None:
+    """The server package uses uvicorn's public ``Config``/``Server`` only."""
+    package = Path(sordino.server.__file__).parent
+    for path in package.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            for name in names:
+                if name.startswith("uvicorn"):
+                    assert name == "uvicorn", f"{path.name} imports {name}"
+
+
+def test_an_idle_keep_alive_connection_is_closed_after_the_keep_alive_timeout() -> None:
+    """``server.keep_alive_timeout`` closes a connection idle after its answer (a
+    fraction of a second is kept as given: uvicorn took whole seconds)."""
+    sources = thread_isolated([s for s in builtin_sources() if s.name == MODEL])
+    config = RuntimeConfig.model_validate({"server": {"keep_alive_timeout": "0.2s"}})
+    with serve_in_thread(config, sources) as running, _connect(running) as sock:
+        sock.sendall(_infer())
+        [(head, _)] = _responses(sock, 1)
+        assert _status(head) == 200 and b"connection: close" not in head
+        assert sock.recv(65536) == b""  # closed by the server, not by this client
