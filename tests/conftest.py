@@ -1,4 +1,5 @@
-"""Shared fixtures: a real server on a loopback port, direct ONNX Runtime references."""
+"""Shared fixtures: a real server on a loopback port, direct ONNX Runtime references; the
+README replay started beside the suite (tests/readme_replay.py)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """
     if session.config.option.collectonly or os.environ.get("PYTEST_XDIST_WORKER"):
         return
+    if session.testsfailed:
+        return  # collection errors: the session stops before any test
     if shutil.which("git") is None:
         return  # the test is skipped: the replay copies the checkout with git
     for item in session.items:
