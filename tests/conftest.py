@@ -1,8 +1,11 @@
-"""Shared fixtures: a real server on a loopback port, direct ONNX Runtime references."""
+"""Shared fixtures: a real server on a loopback port, direct ONNX Runtime references; the
+README replay started beside the suite (tests/readme_replay.py)."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 from collections.abc import Iterator
 from importlib import resources
 from typing import Any
@@ -13,6 +16,28 @@ import pytest
 
 from sordino.models.repository import ModelSource, builtin_sources
 from sordino.testing import RunningServer, serve_in_thread
+from tests import readme_replay
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the README replay beside the suite when this session runs it.
+
+    It takes minutes, mostly of waiting; its test, near the end, waits for its result
+    (tests/readme_replay.py). Not under pytest-xdist, where its test starts it.
+    """
+    if session.config.option.collectonly or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    if session.testsfailed:
+        return  # collection errors: the session stops before any test
+    if shutil.which("git") is None:
+        return  # the test is skipped: the replay copies the checkout with git
+    for item in session.items:
+        if item.nodeid.endswith(readme_replay.TEST_ID):
+            readme_replay.start(list(item.module.NOT_RUNNABLE))  # type: ignore[attr-defined]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    readme_replay.stop()
 
 
 @pytest.fixture(scope="session")

@@ -10,14 +10,14 @@ any machine (it needs a GPU, or the reader's own model file) is listed in
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests import readme_replay
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -103,23 +103,18 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     assert _setup_commands()[1] in ci
 
 
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(readme_replay.TIMEOUT_S + 100)
 @pytest.mark.skipif(shutil.which("git") is None, reason="the replay copies the checkout with git")
 def test_the_readme_replays_on_a_fresh_copy() -> None:
     """Both set-up commands and every example, in order, exit 0 without a traceback.
 
     A few minutes: two virtual environments are installed (pip may reuse its cache); the
-    second, the test environment, as in its own terminal, beside the examples.
+    second, the test environment, as in its own terminal, beside the examples. The replay
+    started when the session had collected this test and ran beside the suite since
+    (tests/readme_replay.py); here its result is awaited.
     """
-    command = ["bash", str(ROOT / "tools" / "newcomer.sh")]
-    for line in NOT_RUNNABLE:
-        command += ["--skip", line]
-    result = subprocess.run(
-        command, cwd=ROOT, env=os.environ, stdin=subprocess.DEVNULL, capture_output=True,
-        text=True, timeout=1400,
-    )  # fmt: skip
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-12000:]
+    code, output = readme_replay.result(list(NOT_RUNNABLE))
+    assert code == 0, output[-12000:]
     assert "newcomer: README.md replayed in" in output
 
 

@@ -14,7 +14,8 @@ variables, the working directory), with ``HOME`` a fresh folder:
   must exit 0 and print no traceback. Where a reader runs a command differently from a
   script, the replay does what the reader does:
 
-  - each port the README names (``80xx``) is a free port here, the same one everywhere;
+  - each port the README names (``80xx``) is a free port here, the same one everywhere,
+    below the kernel's ephemeral range (no port-0 server or client elsewhere can take it);
   - the first block's ``sordino start`` is the reader's first terminal: it serves on the
     ports that stand for 8000 and 8001 until the replay ends;
   - the first block's other command (the test environment's set-up) is the reader's
@@ -48,6 +49,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import random
 import re
 import shlex
 import signal
@@ -72,6 +74,7 @@ SETUP_TIMEOUT = 900.0  # a command that creates a virtual environment or install
 COMMAND_TIMEOUT = 180.0
 READY_TIMEOUT = 120.0
 MONITOR_SECONDS = 4.0
+PORT_SPAN = 12000  # the replay's ports: within this many of the ephemeral range, outside it
 
 
 # Each command of `sordino --help` the README does not run, at its primary use, in a fresh
@@ -305,6 +308,7 @@ class Replay:
         self.second_terminal: Terminal | None = None
         self.jobs: dict[int, Server] = {}
         self.count = 0
+        self.started: list[Process] = []  # every process, for close(failed=True)
 
     # --- one step per block ------------------------------------------------------------
 
@@ -363,6 +367,12 @@ class Replay:
 
     # --- commands ------------------------------------------------------------------------
 
+    def spawn(self, name: str, script: str, env: dict[str, str], *, echo: bool = True) -> Process:
+        """Start ``bash -c SCRIPT`` in a process group of its own, remembered for close()."""
+        process = Process.start(name, ["bash", "-c", script], env, self.cwd, echo=echo)
+        self.started.append(process)
+        return process
+
     def run(self, text: str, timeout: float, *, quiet: bool = False) -> None:
         """Run one command in the shell's state; keep the state it leaves.
 
@@ -375,7 +385,7 @@ class Replay:
         )
         env = {**self.env, "NEWCOMER_CMD": text, "NEWCOMER_CWD": str(self.cwd),
                "NEWCOMER_STATE": str(state)}  # fmt: skip
-        process = Process.start("", ["bash", "-c", script], env, self.cwd, echo=not quiet)
+        process = self.spawn("", script, env, echo=not quiet)
         process.check(process.wait(timeout, repr(text)), repr(text))
         self.cwd = Path(Path(f"{state}.pwd").read_text().strip())
         pairs = Path(f"{state}.env").read_text().split("\0")
@@ -388,7 +398,7 @@ class Replay:
         env = {**self.env, "NEWCOMER_CMD": text, "NEWCOMER_CWD": str(self.cwd)}
         script = 'cd "$NEWCOMER_CWD" && eval "$NEWCOMER_CMD"'
         print("    (second terminal: runs beside the replay until its end)", flush=True)
-        process = Process.start("terminal 2", ["bash", "-c", script], env, self.cwd, echo=False)
+        process = self.spawn("terminal 2", script, env, echo=False)
         return Terminal(process, text, time.monotonic())
 
     def close_terminal(self) -> None:
@@ -414,7 +424,7 @@ class Replay:
         print(f"    (server {self.count}: {text})", flush=True)
         setup = "install" in text  # the first set-up command: quiet until it serves
         name = f"server {self.count}"
-        process = Process.start(name, ["bash", "-c", script], env, self.cwd, echo=not setup)
+        process = self.spawn(name, script, env, echo=not setup)
         what = f"server {self.count} ({text!r})"
         if not wait:
             return Server(process, "")
@@ -459,7 +469,7 @@ class Replay:
         """Run a command that runs until Ctrl-C for a few seconds, then press Ctrl-C."""
         env = {**self.env, "NEWCOMER_CMD": text, "NEWCOMER_CWD": str(self.cwd)}
         script = 'trap : INT; cd "$NEWCOMER_CWD" && eval "$NEWCOMER_CMD"'
-        process = Process.start("", ["bash", "-c", script], env, self.cwd)
+        process = self.spawn("", script, env)
         time.sleep(MONITOR_SECONDS)
         if process.popen.poll() is not None:
             process.check(process.popen.returncode, repr(text))
@@ -500,7 +510,7 @@ class Replay:
             print(f"  ({time.monotonic() - started:.1f} s)", flush=True)
 
     def close(self, failed: bool) -> None:
-        """Stop the first server (Ctrl-C) and any job left; on failure, kill everything."""
+        """Stop the first server (Ctrl-C) and any job left; on failure, kill every process."""
         servers = [*self.jobs.values(), *([self.first_server] if self.first_server else [])]
         self.jobs.clear()
         if failed and self.second_terminal is not None:
@@ -514,6 +524,11 @@ class Replay:
         if not failed and self.first_server is not None:
             print("  (Ctrl-C to the first server)", flush=True)
             self.stop(self.first_server, signal.SIGINT, "Ctrl-C")
+        if failed:  # also what no server or job holds yet: a set-up still installing, say
+            for process in self.started:
+                if process.popen.poll() is None:
+                    process.signal_group(signal.SIGKILL)
+                    process.popen.wait()
 
 
 def _program(words: list[str]) -> list[str]:
@@ -530,16 +545,37 @@ def _has(words: list[str], *flags: str) -> bool:
 
 
 def _free_ports(names: list[str]) -> dict[str, int]:
-    """A distinct free loopback port for each port number the README names."""
-    sockets = []
-    for _ in names:
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sockets.append(sock)
-    ports = {name: sock.getsockname()[1] for name, sock in zip(names, sockets, strict=True)}
-    for sock in sockets:
-        sock.close()
+    """A distinct free loopback port for each port number the README names.
+
+    Taken outside the kernel's ephemeral range, which it never hands out by itself: a
+    server on port 0 or a client's connection elsewhere (the suite runs beside the
+    replay: tests/readme_replay.py) cannot take one of them between now and the
+    replay's server binding it, minutes later for some.
+    """
+    low, high = _ephemeral_range()
+    choices = list(range(max(1024, low - PORT_SPAN), low)) or list(range(high + 1, 65536))
+    rng = random.Random()
+    ports: dict[str, int] = {}
+    while len(ports) < len(names):
+        if not choices:
+            raise ReplayFailed(f"no free loopback port outside the ephemeral {low}-{high}")
+        port = choices.pop(rng.randrange(len(choices)))
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use: another
+        ports[names[len(ports)]] = port
     return ports
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral port range (Linux's default where it cannot be read)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def _wait_ready(url: str, what: str) -> None:

@@ -130,7 +130,7 @@ def test_config_file_sets_mode_and_priorities(tmp_path: Path) -> None:
         "      rules:\n"
         '        - tag: "premium_user" → priority: "high"\n'
     )
-    with sordino_start(["--config", str(config)], tmp_path) as server:
+    with sordino_start(["--config", str(config), *DIGITS], tmp_path) as server:
         cfg = httpx.get(f"{server.url}/v2/models/digits-classifier/config").json()
         assert cfg["parameters"]["sordino_mode"]["string_value"] == "manual"
         assert cfg["dynamic_batching"]["max_queue_delay_microseconds"] == 5000

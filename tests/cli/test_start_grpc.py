@@ -14,9 +14,12 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from tests.cli.conftest import DIGITS
+
 
 def test_start_serves_http_and_grpc(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "sordino", "start", "--http-port", "0", "--grpc-port", "0"]
+    command = [sys.executable, "-m", "sordino", "start", "--http-port", "0", "--grpc-port", "0",
+               *DIGITS]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
         [*command, "--data-dir", str(tmp_path)],
