@@ -62,8 +62,12 @@ class StepDegrader:
         now: float,
         deadline: float | None,
         step_s: float | None,
+        factor: bool = True,
     ) -> int:
-        """How many of ``remaining`` planned steps to run (``done`` steps already ran)."""
+        """How many of ``remaining`` planned steps to run (``done`` steps already ran).
+
+        ``factor`` False: the step factor is not applied (a run it already cut).
+        """
         if not config.enabled or remaining <= 1:
             return remaining
         if config.protect_priority and priority <= config.protect_priority:
@@ -73,7 +77,7 @@ class StepDegrader:
         if least >= remaining:
             return remaining
         wanted = remaining
-        if self._factor is not None:
+        if factor and self._factor is not None:
             wanted = max(1, math.ceil(remaining * self._factor))
         if deadline is not None and step_s is not None and step_s > 0:
             fits = int((deadline - now) / step_s)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 
 from sordino.generation import diffusers_steps
 from sordino.generation.diffusers_steps import F32, alpha, alpha_sigma, x0_from_sigma
@@ -45,6 +46,10 @@ class Sampler:
         """PNDM's sample held over its first two calls."""
         self.counter = 0
         """PNDM's and DPM-Solver's count of the steps taken (their order depends on it)."""
+        self.prev_timesteps: npt.NDArray[np.float64] | None = None
+        """DDIM's timestep each call steps to, once a cut re-spaced the run."""
+        self.pairs: dict[int, tuple[float, float]] | None = None
+        """PNDM's (timestep, timestep stepped to) per call, once a cut re-spaced the run."""
         self.init_noise_sigma = 1.0
         if spec.kind.startswith("Euler"):
             assert self.sigmas is not None

@@ -76,6 +76,8 @@ def _pndm(sampler: Sampler, out: F32, index: int, x: F32) -> F32:
         sampler.history = [*sampler.history[-3:], out]
     else:
         prev_t, t = t, t + ratio
+    if sampler.pairs is not None and index in sampler.pairs:  # a cut re-spaced the run
+        t, prev_t = (int(v) for v in sampler.pairs[index])
     ets = sampler.history
     if len(ets) == 1 and sampler.counter == 0:
         sampler.held_sample = x
@@ -103,6 +105,8 @@ def _ddim(sampler: Sampler, out: F32, index: int, x: F32) -> F32:
     spec = sampler.spec
     t = int(sampler.timesteps[index])
     prev_t = t - spec.train_timesteps // sampler.steps
+    if sampler.prev_timesteps is not None:  # a cut re-spaced the run
+        prev_t = int(sampler.prev_timesteps[index])
     a, a_prev = alpha(sampler, t), alpha(sampler, prev_t)
     beta = 1 - a
     x0: F32

@@ -1,11 +1,13 @@
 """One Stable Diffusion request's denoising loop: :class:`SDGeneration`, the scheduler's stepper.
 
 The pipeline (stable_diffusion.py) makes one per request once its text is encoded.
-It plans the run (degrade applies before the first step), draws the initial latents
-(or starts part way: image to image's encoded image, approximate reuse's cached clean
-estimate, each noised to the start), and between UNet calls guides the noise, steps
-the export's scheduler (diffusers_sampler.py), keeps or skips calls with the step
-cache and hands out the previews. SDXL's and SD3's add their own UNet conditioning
+It plans the run (degrade applies before the first step, and again at every step
+boundary where the scheduler's remaining calls can be re-spaced: diffusers_replan.py),
+draws the initial latents (or starts part way: image to image's encoded image,
+approximate reuse's cached clean estimate, each noised to the start), and between UNet
+calls guides the noise, steps the export's scheduler (diffusers_sampler.py), keeps or
+skips calls with the step cache and hands out the previews. SDXL's and SD3's add their
+own UNet conditioning
 (:meth:`SDGeneration.unet_conditioning`).
 """
 
@@ -17,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sordino.errors import InferenceFailed
+from sordino.generation.diffusers_replan import can_replan, replan
 from sordino.generation.diffusers_schedulers import Sampler
 from sordino.generation.sd_request import SDParams
 from sordino.generation.step_cache import StepCache
@@ -51,10 +54,14 @@ class SDGeneration:
         shape = (params.num_images, pipeline.latent_channels, params.height // 8, params.width // 8)
         # Degrade applies here, before the first step: the whole run is planned with the
         # fewer steps (a diffusers scheduler's timesteps depend on the count), so the
-        # image is diffusers' own at that count.
+        # image is diffusers' own at that count. A running generation may be cut again
+        # at a step boundary (:meth:`_cut`).
         steps = pipeline.planned_steps(params, priority=priority, now=now, deadline=deadline)
         self.degraded = steps < params.steps
         pipeline.degrader.note(params.steps - steps, first=True)
+        self.deadline = deadline
+        self._factor = pipeline.degrader.factor  # the step factor its plan took
+        self._step_s: float | None = None  # this run's own pace, once it has one
         self.sampler: Sampler = pipeline.spec.start(steps, np.random.default_rng([1, params.seed]))
         latents = params.latents
         if latents is None:
@@ -165,7 +172,9 @@ class SDGeneration:
         self.cache.computed(self._input)
         # The time since the last advance moved the latents ``_moved`` steps (more than
         # one when the step cache skipped some): the pace is per step.
-        self.pipeline.note_step(self.priority, (now - self._last) / self._moved)
+        elapsed = (now - self._last) / self._moved
+        self.pipeline.note_step(self.priority, elapsed)
+        self._step_s = elapsed if self._step_s is None else 0.7 * self._step_s + 0.3 * elapsed
         self._last = now
         self._moved = 0
         delivered = None
@@ -180,6 +189,7 @@ class SDGeneration:
             self.steps_used = min(self.index - self.begin, self.run_steps) + self.reused_steps
             if self.index == calls:
                 return None, Tensors.of({"sample": self.latents})
+            calls = self._cut(now)
             delivered = self._preview() if self.progress else delivered
             if not self.pipeline.config.step_cache.enabled:
                 break
@@ -191,6 +201,51 @@ class SDGeneration:
             if not self.cache.may_skip(self._scaled, last=self.index == calls - 1):
                 break
         return self.inputs(), delivered
+
+    def _cut(self, now: float) -> int:
+        """Degrade at this step boundary: the remaining calls re-spaced to fewer steps when
+        the deadline (at this run's pace, or the queue's wait when longer) or a step factor
+        set since the run was planned asks for it; returns the run's calls now.
+
+        Floors and protected priorities hold (:meth:`StepDegrader.remaining`); a
+        scheduler that cannot be re-spaced part way (LCM; PNDM inside its warm-up)
+        keeps its plan (diffusers_replan.py).
+        """
+        pipeline, sampler = self.pipeline, self.sampler
+        calls = len(sampler.timesteps)
+        if not pipeline.config.degrade.enabled or not can_replan(sampler, self.index):
+            return calls
+        degrader = pipeline.degrader
+        factor = degrader.factor
+        new_factor = factor is not None and factor != self._factor
+        if self.deadline is None and not new_factor:
+            return calls
+        queued = pipeline.scheduler.expected_wait(self.priority)
+        step_s = (
+            self._step_s if queued is None or self._step_s is None else max(self._step_s, queued)
+        )
+        left = calls - self.index
+        done = self.run_steps - left
+        keep = degrader.remaining(
+            pipeline.config.degrade,
+            priority=self.priority,
+            done=done + self.reused_steps,
+            remaining=left,
+            now=now,
+            deadline=self.deadline,
+            step_s=step_s,
+            factor=new_factor,
+        )
+        self._factor = factor
+        if keep >= left:
+            return calls
+        replan(sampler, self.index, keep)
+        degrader.note(left - keep, first=not self.degraded)
+        self.degraded = True
+        self.run_steps = done + keep
+        if self._store_at is not None and self._store_at >= self.index:
+            self._store_at = None  # approximate reuse keeps only uncut runs' estimates
+        return len(sampler.timesteps)
 
     def _preview(self) -> Tensors:
         """The cheap preview of the latents now (a linear projection to RGB)."""

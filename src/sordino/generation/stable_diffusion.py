@@ -22,11 +22,12 @@ built-in digits model, each as diffusers' ``StableDiffusionPipeline`` does it:
   the loop started at the scheduler's ``t_start`` with the encoded latents noised to it.
 
 Degrade-instead-of-drop applies before the first step (:meth:`StableDiffusion.planned_steps`:
-the run is planned with the fewer steps, so its image is diffusers' at that count; a
-diffusers scheduler's timesteps depend on the count, so a run is never re-planned part
-way). Step caching (``iterative.step_cache``) measures the scaled UNet input of the
-request (both guidance rows alike) and steps the scheduler with the last guided noise
-on a skipped call. Approximate reuse (``reuse.approximate``) starts a text-to-image
+the run is planned with the fewer steps, so its image is diffusers' at that count) and
+again at every step boundary of a running generation (sd_generation.py: its remaining
+calls re-spaced from the current timestep, diffusers_replan.py; not for LCM).
+Step caching (``iterative.step_cache``) measures the scaled UNet input of the request
+(both guidance rows alike) and steps the scheduler with the last guided noise on a
+skipped call. Approximate reuse (``reuse.approximate``) starts a text-to-image
 request part way, as image to image does, from the clean estimate an earlier request
 of the same prompt reached there, re-noised with its own noise.
 The request's checked inputs are sd_request.py's :class:`SDParams`; one request's loop
@@ -376,11 +377,12 @@ class StableDiffusion(Pipeline):
     ) -> int:
         """The steps a request runs: ``params.steps``, fewer when degrade applies now.
 
-        Decided once, before the first step (``iterative.degrade``: the guardian's step
+        Decided before the first step (``iterative.degrade``: the guardian's step
         factor, the request's deadline at the recent pace of its priority, never below
-        its priority's floor, never for a protected priority). A run is never re-planned
-        part way: PNDM's and DPM-Solver's timesteps and multistep history depend on the
-        step count, and a re-planned tail would give an image no diffusers run gives.
+        its priority's floor, never for a protected priority), so a run cut here is
+        diffusers' own run at the fewer steps. A running generation may be cut again at
+        a step boundary (:meth:`SDGeneration._cut
+        <sordino.generation.sd_generation.SDGeneration._cut>`).
         """
         steps = self.degrader.remaining(
             self.config.degrade,
