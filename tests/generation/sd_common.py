@@ -4,7 +4,8 @@ straight through a pipeline (no HTTP), so a test can compare its latents."""
 
 from __future__ import annotations
 
-from contextlib import aclosing
+from collections.abc import Iterator
+from contextlib import aclosing, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,14 +17,61 @@ from sordino.generation.reuse import Generated
 from sordino.generation.stable_diffusion import StableDiffusion
 from sordino.inference import InferRequest
 from sordino.models.repository import ModelSource, sources_for
-from sordino.testing import RunningServer
+from sordino.testing import RunningServer, serve_in_thread
 
-__all__ = ["generate_one", "model_for", "pipeline_of", "scheduler_sources", "sd_request"]
+__all__ = [
+    "DTYPES",
+    "TYPES",
+    "generate_one",
+    "model_for",
+    "pipeline_of",
+    "scheduler_sources",
+    "sd_request",
+    "serve_exports",
+]
 
 Schedulers = dict[str, tuple[str | None, dict[str, Any]]]
 """Model suffix -> (scheduler class, or None for the export's own; its options)."""
 
 P = TypeVar("P", bound=StableDiffusion)
+
+TYPES = {
+    "prompt": "BYTES",
+    "negative_prompt": "BYTES",
+    "image": "BYTES",
+    "width": "INT32",
+    "height": "INT32",
+    "steps": "INT32",
+    "num_images": "INT32",
+    "seed": "INT64",
+    "guidance": "FP32",
+    "strength": "FP32",
+    "latents": "FP32",
+}
+"""The KServe datatype of each input an export's generator takes."""
+
+DTYPES = {"BYTES": np.object_, "INT32": np.int32, "INT64": np.int64, "FP32": np.float32}
+
+
+@contextmanager
+def serve_exports(
+    exports: dict[str, Path], scheduler: str | None = None
+) -> Iterator[RunningServer]:
+    """A server in this process serving each export as its key (thread instances), with no
+    result cache or coalescing, so that every request computes its own image."""
+    sources = []
+    for name, export in exports.items():
+        config = ModelConfig(
+            name=name,
+            path=export,
+            isolation="thread",
+            iterative=IterativeConfig(
+                scheduler=scheduler, reuse={"cache_entries": 0, "coalesce": False}
+            ),
+        )
+        sources.extend(sources_for(config))
+    with serve_in_thread(sources=sources) as running:
+        yield running
 
 
 def scheduler_sources(

@@ -28,10 +28,8 @@ from click.testing import CliRunner
 from PIL import Image
 
 from sordino.cli.main import cli
-from sordino.config import ModelConfig
-from sordino.config.iterative import IterativeConfig
-from sordino.models.repository import sources_for
-from sordino.testing import RunningServer, serve_in_thread
+from sordino.testing import RunningServer
+from tests.generation.sd_common import serve_exports
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "sd"
 EXPORTS = {"sd": "tiny-sd", "xl": "tiny-sdxl", "sd3": "tiny-sd3"}
@@ -43,16 +41,7 @@ IDS = [f"{model}-{'image' if image else 'text'}" for model, image in CASES]
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
-    sources = []
-    for model, export in EXPORTS.items():
-        config = ModelConfig(
-            name=model,
-            path=FIXTURES / export,
-            isolation="thread",
-            iterative=IterativeConfig(reuse={"cache_entries": 0, "coalesce": False}),
-        )
-        sources.extend(sources_for(config))
-    with serve_in_thread(sources=sources) as running:
+    with serve_exports({model: FIXTURES / export for model, export in EXPORTS.items()}) as running:
         yield running
 
 

@@ -30,12 +30,12 @@ import pytest
 from PIL import Image
 
 from sordino.config import ModelConfig
-from sordino.config.iterative import IterativeConfig
 from sordino.errors import ModelLoadError, Unsupported
 from sordino.generation.stable_diffusion import StableDiffusion
 from sordino.inference import InferRequest
 from sordino.models.repository import sources_for
-from sordino.testing import RunningServer, serve_in_thread
+from sordino.testing import RunningServer
+from tests.generation.sd_common import DTYPES, TYPES, serve_exports
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "sd"
 KINDS = {
@@ -46,34 +46,11 @@ KINDS = {
     "sd3": ("tiny-sd3", "sd3_references.npz", "flow", "img2img_flow"),
 }
 REFERENCES = {model: np.load(FIXTURES / spec[1]) for model, spec in KINDS.items()}
-TYPES = {
-    "prompt": "BYTES",
-    "negative_prompt": "BYTES",
-    "image": "BYTES",
-    "width": "INT32",
-    "height": "INT32",
-    "steps": "INT32",
-    "num_images": "INT32",
-    "seed": "INT64",
-    "guidance": "FP32",
-    "strength": "FP32",
-    "latents": "FP32",
-}
-DTYPES = {"BYTES": np.object_, "INT32": np.int32, "INT64": np.int64, "FP32": np.float32}
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
-    sources = []
-    for model, (export, *_) in KINDS.items():
-        config = ModelConfig(
-            name=model,
-            path=FIXTURES / export,
-            isolation="thread",
-            iterative=IterativeConfig(reuse={"cache_entries": 0, "coalesce": False}),
-        )
-        sources.extend(sources_for(config))
-    with serve_in_thread(sources=sources) as running:
+    with serve_exports({model: FIXTURES / spec[0] for model, spec in KINDS.items()}) as running:
         yield running
 
 

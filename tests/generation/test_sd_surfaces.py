@@ -22,10 +22,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sordino.config import ModelConfig
-from sordino.config.iterative import IterativeConfig
-from sordino.models.repository import sources_for
-from sordino.testing import RunningServer, serve_in_thread
+from sordino.testing import RunningServer
+from tests.generation.sd_common import DTYPES, TYPES, serve_exports
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "sd"
 # Both tiny UNets have two blocks: latents halve once, so a side must be a multiple of 16 px.
@@ -34,19 +32,8 @@ MULTIPLE = 16
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
-    sources = []
-    for name, export in (("sd", "tiny-sd"), ("xl", "tiny-sdxl")):
-        config = ModelConfig(
-            name=name,
-            path=FIXTURES / export,
-            isolation="thread",
-            # No result cache or coalescing: every surface computes its own image.
-            iterative=IterativeConfig(
-                scheduler="EulerDiscreteScheduler", reuse={"cache_entries": 0, "coalesce": False}
-            ),
-        )
-        sources.extend(sources_for(config))
-    with serve_in_thread(sources=sources) as running:
+    exports = {"sd": FIXTURES / "tiny-sd", "xl": FIXTURES / "tiny-sdxl"}
+    with serve_exports(exports, scheduler="EulerDiscreteScheduler") as running:
         yield running
 
 
@@ -90,27 +77,12 @@ def _generated(server: RunningServer, model: str, body: dict[str, Any]) -> np.nd
     return np.stack(images) if len(images) > 1 else images[0]
 
 
-_TYPES = {
-    "prompt": "BYTES",
-    "negative_prompt": "BYTES",
-    "image": "BYTES",
-    "width": "INT32",
-    "height": "INT32",
-    "steps": "INT32",
-    "num_images": "INT32",
-    "seed": "INT64",
-    "guidance": "FP32",
-    "strength": "FP32",
-    "latents": "FP32",
-}
-
-
 def _numpy(key: str, value: Any) -> np.ndarray:
     if isinstance(value, np.ndarray):
         return value
     if isinstance(value, (str, bytes)):
         return np.array([value.encode() if isinstance(value, str) else value], dtype=object)
-    dtype = {"INT32": np.int32, "INT64": np.int64, "FP32": np.float32}[_TYPES[key]]
+    dtype = DTYPES[TYPES[key]]
     return np.array([value], dtype=dtype)
 
 
@@ -125,7 +97,7 @@ def test_kserve_infer_over_http_json_equals_generate(server: RunningServer, mode
         inputs.append(
             {
                 "name": key,
-                "datatype": _TYPES[key],
+                "datatype": TYPES[key],
                 "shape": list(array.shape),
                 "data": data if array.dtype == object else data.tolist(),
             }
@@ -162,7 +134,7 @@ def test_kserve_infer_with_binary_tensors_and_grpc_equal_generate(
         made = []
         for key, value in body.items():
             array = _numpy(key, value)
-            tensor = module.InferInput(key, list(array.shape), _TYPES[key])
+            tensor = module.InferInput(key, list(array.shape), TYPES[key])
             if module is httpclient:
                 tensor.set_data_from_numpy(array, binary_data=True)
             else:
@@ -205,7 +177,7 @@ def test_model_stream_infer_sends_previews_then_the_image(
         tensors = []
         for key, value in body.items():
             array = _numpy(key, value)
-            tensor = grpcclient.InferInput(key, list(array.shape), _TYPES[key])
+            tensor = grpcclient.InferInput(key, list(array.shape), TYPES[key])
             tensor.set_data_from_numpy(array)
             tensors.append(tensor)
         client.async_stream_infer(model, tensors)
@@ -237,7 +209,7 @@ def test_image_to_image_over_grpc(server: RunningServer) -> None:
         tensors = []
         for key, value in body.items():
             array = _numpy(key, value)
-            tensor = grpcclient.InferInput(key, list(array.shape), _TYPES[key])
+            tensor = grpcclient.InferInput(key, list(array.shape), TYPES[key])
             tensor.set_data_from_numpy(array)
             tensors.append(tensor)
         answer = client.infer("sd", tensors)
