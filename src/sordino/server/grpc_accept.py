@@ -9,7 +9,7 @@ loop turns while the rest wait inside core, not in sordino's queue, and the batc
 sees 2–6 rows where HTTP hands it ~30 (docs/benchmarks.md, issue 30, gRPC).
 
 :class:`AcceptAhead` overrides the one hook of that loop that is Python
-(``_make_request_call_future``; grpcio 1.85 has it, checked at import): it keeps
+(``_make_request_call_future``; grpcio 1.85 has it; other minors are not trusted): it keeps
 ``ahead`` requests for the generic handler outstanding in core, so every call that
 arrives while the loop is busy is accepted by core at once and all of them reach the
 loop in one turn. The accept loop itself is grpcio's, unchanged: it still takes one
@@ -34,12 +34,21 @@ __all__ = ["AcceptAhead", "accept_ahead_supported", "open_server"]
 
 log = logging.getLogger("sordino.grpc")
 
+CHECKED_GRPCIO = "1.85."
+"""The grpcio minor whose accept loop this module was read against and tested on."""
+
 try:  # grpcio's private parts this module builds on; absent in other versions
     from grpc._cython import cygrpc
     from grpc.aio import _server as _aio_server
 
     _BASE: Any = cygrpc.AioServer
-    _SUPPORTED = hasattr(_BASE, "_make_request_call_future") and hasattr(_BASE, "_request_call")
+    # Checked on grpcio 1.85 only: another minor may keep the names and change what the
+    # accept loop expects of them, so it gets grpc.aio's own accept loop.
+    _SUPPORTED = (
+        grpc.__version__.startswith(CHECKED_GRPCIO)
+        and hasattr(_BASE, "_make_request_call_future")
+        and hasattr(_BASE, "_request_call")
+    )
 except (ImportError, AttributeError):  # pragma: no cover - other grpcio builds
     _BASE = object
     _SUPPORTED = False
@@ -113,7 +122,12 @@ def open_server(options: Sequence[tuple[str, Any]], ahead: int) -> Any:
     """
     if ahead <= 1 or not _SUPPORTED:
         if ahead > 1:
-            log.info("this grpcio accepts gRPC calls one at a time (no accept-ahead hook)")
+            log.info(
+                "grpcio %s: gRPC calls are accepted one at a time (accept-ahead is checked "
+                "on grpcio %sx only)",
+                grpc.__version__,
+                CHECKED_GRPCIO,
+            )
         return grpc.aio.server(options=options)
     # Built as grpc.aio.server builds it (grpc/aio/_server.py), with the subclass.
     server = _aio_server.Server.__new__(_aio_server.Server)
