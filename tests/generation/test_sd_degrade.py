@@ -14,6 +14,7 @@ import json
 import numpy as np
 import pytest
 
+from sordino.errors import DeadlineExceeded
 from sordino.generation.diffusers_replan import can_replan, replan
 from sordino.generation.diffusers_schedulers import scheduler_from_config
 from sordino.memory.arena import Arena
@@ -44,8 +45,13 @@ async def test_a_running_generation_is_cut_at_a_step_boundary(
     engine = make_sd_engine(kind, arena, _settings(case, degrade={"min_steps": 2}))
     body = {**_body(kind, case), "steps": 20}
     try:
-        # 20 steps at 10 ms do not fit 0.105 s; the pace is known only after a step.
-        (cut,) = await engine.finish(asyncio.ensure_future(engine.generate(body, timeout_s=0.105)))
+        # 20 steps at 10 ms do not fit 0.1205 s; the pace is known only after a step (a cut
+        # run that still cannot fit would be ended: test_a_running_export_generation_ends...).
+        # PNDM's re-spacing restarts its warm-up: a call more than the cut asked for.
+        timeout = 0.1305 if name == "pndm" else 0.1205
+        (cut,) = await engine.finish(
+            asyncio.ensure_future(engine.generate(body, timeout_s=timeout))
+        )
         cut_calls = engine.timesteps()
         (full,) = await engine.finish(asyncio.ensure_future(engine.generate(body)))
         full_calls = engine.timesteps()[len(cut_calls) :]
@@ -77,10 +83,14 @@ async def test_a_cut_keeps_the_floor_and_the_protected_priority(arena: Arena) ->
             asyncio.ensure_future(engine.generate({**body, "seed": p}, priority=p, timeout_s=t))
             for p, t in ((1, 0.105), (2, 0.105), (3, 0.15))
         ]
-        premium, second, third = await engine.finish(*tasks)
+        second, third = await engine.finish(*tasks[1:])
+        while not tasks[0].done():
+            await engine.clock.advance(0.05)
     finally:
         await engine.scheduler.close(drain=False)
-    assert (premium.steps_used, premium.degraded) == (20, False)  # protected: never cut
+    # Protected: never cut, it ran its full plan until its deadline passed, then ended.
+    with pytest.raises(DeadlineExceeded, match="deadline passed"):
+        await tasks[0]
     assert second.degraded and 2 <= second.steps_used < 20
     assert third.degraded and 12 <= third.steps_used < 20  # its floor
     assert engine.degrader.statistics().degraded_requests == 2
@@ -112,6 +122,39 @@ async def test_without_a_cut_a_deadline_leaves_the_image_diffusers_own(arena: Ar
         await engine.scheduler.close(drain=False)
     assert not result.degraded and result.steps_used == 5
     _assert_equals_reference("sd", case, result)
+
+
+async def test_a_running_export_generation_ends_at_its_deadline(arena: Arena) -> None:
+    case = next(c for c in _cases("sd") if c["name"] == "euler")
+    engine = make_sd_engine(
+        "sd", arena, _settings(case, degrade={"min_steps": 2, "floors": {3: 15}})
+    )
+    body = {**_body("sd", case), "steps": 20}
+    try:
+        # Premium is never cut: it runs until its deadline passed, then ends.
+        premium = asyncio.ensure_future(engine.generate(body, priority=1, timeout_s=0.105))
+        # Priority 3's floor of 15 calls cannot fit 0.105 s at 10 ms: ended after one.
+        free = asyncio.ensure_future(
+            engine.generate({**body, "seed": 3}, priority=3, timeout_s=0.105)
+        )
+        # Without a deadline: all 20 calls.
+        plain = asyncio.ensure_future(engine.generate({**body, "seed": 4}, priority=2))
+        while not all(t.done() for t in (premium, free, plain)):
+            await engine.clock.advance(0.05)
+    finally:
+        await engine.scheduler.close(drain=False)
+    for task, why in ((premium, "deadline passed"), (free, "remaining steps take about")):
+        with pytest.raises(DeadlineExceeded, match=why):
+            await task
+    result = await plain
+    assert (result.steps_used, result.degraded) == (20, False)
+    # One batch a boundary for all three: premium's 10-11 calls, the free one's first only.
+    rows = [len(row) for row in engine.timesteps()]
+    assert len(rows) == 20 and 10 <= sum(1 for r in rows if r >= 4) <= 11
+    stats = engine.scheduler.statistics()
+    assert (stats.succeeded, stats.failed, stats.timed_out, stats.in_flight) == (1, 2, 2, 0)
+    assert engine.degrader.statistics().ended_at_deadline == 2
+    assert arena.statistics().in_use_bytes == 0
 
 
 @pytest.mark.parametrize(

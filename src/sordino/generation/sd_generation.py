@@ -6,7 +6,9 @@ boundary where the scheduler's remaining calls can be re-spaced: diffusers_repla
 draws the initial latents (or starts part way: image to image's encoded image,
 approximate reuse's cached clean estimate, each noised to the start), and between UNet
 calls guides the noise, steps the export's scheduler (diffusers_sampler.py), keeps or
-skips calls with the step cache and hands out the previews. SDXL's and SD3's add their
+skips calls with the step cache and hands out the previews; a run that can no longer
+finish by its deadline ends at a step boundary with
+:class:`~sordino.errors.DeadlineExceeded` (degrade.py). SDXL's and SD3's add their
 own UNet conditioning
 (:meth:`SDGeneration.unet_conditioning`).
 """
@@ -200,7 +202,31 @@ class SDGeneration:
             self._scaled = self.sampler.scale_input(self.latents, self.index)
             if not self.cache.may_skip(self._scaled, last=self.index == calls - 1):
                 break
+        self._end_if_late(now, calls)
         return self.inputs(), delivered
+
+    def _end_if_late(self, now: float, calls: int) -> None:
+        """At this step boundary, after :meth:`_cut`: end the generation
+        (:meth:`StepDegrader.check_deadline
+        <sordino.generation.degrade.StepDegrader.check_deadline>`) when it cannot finish
+        by its deadline; the scheduler's failure path releases its state. Its fewest
+        calls are its floor only where the scheduler can still be re-spaced."""
+        if self.deadline is None:
+            return
+        pipeline = self.pipeline
+        left = calls - self.index
+        # Its own pace, not the queue's estimate (which degrade's cut also weighs): a
+        # run is ended only on what its steps have been taking.
+        step_s = self._step_s
+        pipeline.degrader.check_deadline(
+            pipeline.config.degrade,
+            priority=self.priority,
+            done=self.run_steps - left + self.reused_steps,
+            remaining=left,
+            now=now,
+            deadline=self.deadline,
+            step_s=step_s,
+        )
 
     def _cut(self, now: float) -> int:
         """Degrade at this step boundary: the remaining calls re-spaced to fewer steps when
