@@ -6,7 +6,7 @@ iterative model. The scheduler queues its first step's rows (:meth:`Generation.i
 and after each step calls :meth:`Generation.advance`, which moves the sample with the
 sampler (numpy, ``samplers.py``), lets the degrader cut steps, skips steps the step
 cache allows (``step_cache.py``), and returns the next step's rows or the final sample;
-a generation that can no longer finish by its deadline raises
+a generation whose deadline has passed raises
 :class:`~sordino.errors.DeadlineExceeded` there instead (``degrade.py``).
 Its state between steps — the sample rows of its next step — is a ``Tensors`` in the
 shared-memory arena.
@@ -154,25 +154,20 @@ class Generation:
             # used instead of queueing a model call (never the last step).
             if not self.cache.may_skip(self.sample, last=left == 1):
                 break
-        # Its own pace, not the queue's estimate degrade's cut also weighs: a run is
-        # ended only on what its steps have been taking.
-        self._end_if_late(now, self._step_s, delivered)
+        self._end_if_late(now, delivered)
         return self.inputs(), delivered
 
-    def _end_if_late(self, now: float, step_s: float | None, delivered: Tensors | None) -> None:
+    def _end_if_late(self, now: float, delivered: Tensors | None) -> None:
         """At this step boundary, after degrade cut what it could: end the generation
-        (:meth:`StepDegrader.check_deadline
-        <sordino.generation.degrade.StepDegrader.check_deadline>`) when it cannot finish
-        by its deadline; its state is released by the scheduler's failure path."""
+        once its deadline passed (:meth:`StepDegrader.check_deadline
+        <sordino.generation.degrade.StepDegrader.check_deadline>`); its state is
+        released by the scheduler's failure path."""
         try:
             self.pipeline.degrader.check_deadline(
-                self.pipeline.config.degrade,
-                priority=self.priority,
                 done=self.steps_used,
                 remaining=len(self.plan) - self.index,
                 now=now,
                 deadline=self.deadline,
-                step_s=step_s,
             )
         except BaseException:
             if delivered is not None:

@@ -6,8 +6,8 @@ boundary where the scheduler's remaining calls can be re-spaced: diffusers_repla
 draws the initial latents (or starts part way: image to image's encoded image,
 approximate reuse's cached clean estimate, each noised to the start), and between UNet
 calls guides the noise, steps the export's scheduler (diffusers_sampler.py), keeps or
-skips calls with the step cache and hands out the previews; a run that can no longer
-finish by its deadline ends at a step boundary with
+skips calls with the step cache and hands out the previews; a run whose deadline has
+passed ends at the next step boundary with
 :class:`~sordino.errors.DeadlineExceeded` (degrade.py). SDXL's and SD3's add their
 own UNet conditioning
 (:meth:`SDGeneration.unet_conditioning`).
@@ -206,26 +206,16 @@ class SDGeneration:
         return self.inputs(), delivered
 
     def _end_if_late(self, now: float, calls: int) -> None:
-        """At this step boundary, after :meth:`_cut`: end the generation
-        (:meth:`StepDegrader.check_deadline
-        <sordino.generation.degrade.StepDegrader.check_deadline>`) when it cannot finish
-        by its deadline; the scheduler's failure path releases its state. Its fewest
-        calls are its floor only where the scheduler can still be re-spaced."""
-        if self.deadline is None:
-            return
-        pipeline = self.pipeline
+        """At this step boundary, after :meth:`_cut`: end the generation once its
+        deadline passed (:meth:`StepDegrader.check_deadline
+        <sordino.generation.degrade.StepDegrader.check_deadline>`); the scheduler's
+        failure path releases its state."""
         left = calls - self.index
-        # Its own pace, not the queue's estimate (which degrade's cut also weighs): a
-        # run is ended only on what its steps have been taking.
-        step_s = self._step_s
-        pipeline.degrader.check_deadline(
-            pipeline.config.degrade,
-            priority=self.priority,
+        self.pipeline.degrader.check_deadline(
             done=self.run_steps - left + self.reused_steps,
             remaining=left,
             now=now,
             deadline=self.deadline,
-            step_s=step_s,
         )
 
     def _cut(self, now: float) -> int:
