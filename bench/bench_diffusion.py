@@ -283,6 +283,7 @@ async def run_row(
         row.counters = {
             "degraded_requests": degrade.degraded_requests,
             "steps_saved_by_degrading": degrade.steps_saved,
+            "ended_at_deadline": degrade.ended_at_deadline,
             "reuse_hits": pipeline.states.hits,
             "reuse_misses": pipeline.states.misses,
             "steps_saved_by_reuse": pipeline.states.steps_saved,

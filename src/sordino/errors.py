@@ -22,6 +22,7 @@ value and what would have been accepted.
     │   ├── QueueFull                the queue is at its limit (Retry-After)
     │   │   └── Shed                 the work ahead would make it miss its deadline
     │   ├── QueueTimeout             the request's deadline passed while it waited
+    │   │   └── DeadlineExceeded     a running generation ended at its deadline
     │   ├── ShuttingDown             the server is stopping
     │   └── OutOfMemory              the shared-memory arena cannot hold the tensors now
     ├── RateLimited                  429: a rate limit (Retry-After)
@@ -38,6 +39,7 @@ __all__ = [
     "Cancelled",
     "ConfigError",
     "Conflict",
+    "DeadlineExceeded",
     "Forbidden",
     "InferenceFailed",
     "InvalidRequest",
@@ -176,6 +178,17 @@ class QueueTimeout(Unavailable):
     """The request's deadline passed while it waited in the queue; it was never run."""
 
     reason = "queue_timeout"
+
+
+class DeadlineExceeded(QueueTimeout):
+    """A running generation was ended at a step boundary: its deadline had passed, or
+    its fewest remaining steps at the current pace would finish after it.
+
+    The same status as a queue timeout (HTTP 503, gRPC ``UNAVAILABLE``: Triton's
+    mapping); its own ``reason`` (``deadline_exceeded``) in metrics and events.
+    """
+
+    reason = "deadline_exceeded"
 
 
 class ShuttingDown(Unavailable):

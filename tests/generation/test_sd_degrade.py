@@ -14,6 +14,7 @@ import json
 import numpy as np
 import pytest
 
+from sordino.errors import DeadlineExceeded
 from sordino.generation.diffusers_replan import can_replan, replan
 from sordino.generation.diffusers_schedulers import scheduler_from_config
 from sordino.memory.arena import Arena
@@ -77,10 +78,14 @@ async def test_a_cut_keeps_the_floor_and_the_protected_priority(arena: Arena) ->
             asyncio.ensure_future(engine.generate({**body, "seed": p}, priority=p, timeout_s=t))
             for p, t in ((1, 0.105), (2, 0.105), (3, 0.15))
         ]
-        premium, second, third = await engine.finish(*tasks)
+        second, third = await engine.finish(*tasks[1:])
+        while not tasks[0].done():
+            await engine.clock.advance(0.05)
     finally:
         await engine.scheduler.close(drain=False)
-    assert (premium.steps_used, premium.degraded) == (20, False)  # protected: never cut
+    # Protected: never cut, it ran its full plan until its deadline passed, then ended.
+    with pytest.raises(DeadlineExceeded, match="deadline passed"):
+        await tasks[0]
     assert second.degraded and 2 <= second.steps_used < 20
     assert third.degraded and 12 <= third.steps_used < 20  # its floor
     assert engine.degrader.statistics().degraded_requests == 2
@@ -112,6 +117,41 @@ async def test_without_a_cut_a_deadline_leaves_the_image_diffusers_own(arena: Ar
         await engine.scheduler.close(drain=False)
     assert not result.degraded and result.steps_used == 5
     _assert_equals_reference("sd", case, result)
+
+
+async def test_a_running_export_generation_ends_at_its_deadline(arena: Arena) -> None:
+    case = next(c for c in _cases("sd") if c["name"] == "euler")
+    degrade = {"min_steps": 2, "floors": {3: 15}}
+    engine = make_sd_engine("sd", arena, _settings(case, degrade=degrade))
+    body = {**_body("sd", case), "steps": 20}
+    try:
+        # Premium is never cut: it runs until its deadline passed, then ends.
+        premium = asyncio.ensure_future(engine.generate(body, priority=1, timeout_s=0.105))
+        # Priority 3 is cut to its floor of 15 calls, which do not fit 0.105 s either.
+        free = asyncio.ensure_future(
+            engine.generate({**body, "seed": 3}, priority=3, timeout_s=0.105)
+        )
+        # Without a deadline: all 20 calls.
+        plain = asyncio.ensure_future(engine.generate({**body, "seed": 4}, priority=2))
+        while not all(t.done() for t in (premium, free, plain)):
+            await engine.clock.advance(0.05)
+    finally:
+        await engine.scheduler.close(drain=False)
+    for task in (premium, free):
+        with pytest.raises(DeadlineExceeded, match="deadline passed"):
+            await task
+    result = await plain
+    assert (result.steps_used, result.degraded) == (20, False)
+    # One batch a boundary for all three (guided: two rows each): the two with a
+    # deadline end at the first boundary past it, after 10-11 calls, not 15 or 20.
+    rows = [len(row) for row in engine.timesteps()]
+    assert len(rows) == 20 and 10 <= sum(1 for r in rows if r == 6) <= 11
+    assert all(r == 2 for r in rows[11:])
+    stats = engine.scheduler.statistics()
+    assert (stats.succeeded, stats.failed, stats.timed_out, stats.in_flight) == (1, 2, 2, 0)
+    assert engine.degrader.statistics().ended_at_deadline == 2
+    assert engine.degrader.statistics().degraded_requests == 1  # cut first, then ended
+    assert arena.statistics().in_use_bytes == 0
 
 
 @pytest.mark.parametrize(

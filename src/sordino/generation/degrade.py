@@ -10,6 +10,11 @@ its planned remaining steps to run. Two things can lower them:
 
 Never below the floor of the request's priority class (the total steps it gets), and
 never for a protected priority (premium: level 1 by default) unless configured.
+
+A generation whose deadline has passed ends at the next step boundary
+(:meth:`StepDegrader.check_deadline`): it fails with
+:class:`~sordino.errors.DeadlineExceeded` (a queue timeout's status) instead of running
+steps whose image nobody can use; counted as ``ended_at_deadline``.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import math
 from dataclasses import dataclass
 
 from sordino.config.iterative import DegradeConfig
+from sordino.errors import DeadlineExceeded
 
 __all__ = ["DegradeStatistics", "StepDegrader"]
 
@@ -29,6 +35,7 @@ class DegradeStatistics:
     factor: float | None
     degraded_requests: int
     steps_saved: int
+    ended_at_deadline: int = 0
 
 
 class StepDegrader:
@@ -38,6 +45,7 @@ class StepDegrader:
         self._factor: float | None = None
         self.degraded_requests = 0
         self.steps_saved = 0
+        self.ended_at_deadline = 0
 
     @property
     def factor(self) -> float | None:
@@ -91,5 +99,28 @@ class StepDegrader:
             if first:
                 self.degraded_requests += 1
 
+    def check_deadline(
+        self, *, done: int, remaining: int, now: float, deadline: float | None
+    ) -> None:
+        """At a step boundary, with ``remaining`` steps still to run after ``done``: raise
+        :class:`DeadlineExceeded` (and count it) once ``now`` is past ``deadline``.
+
+        Never without a deadline; every priority (a protected one is never cut, so it
+        runs its full plan until then). Only a deadline that has passed: a run whose
+        steps merely look too slow is cut by :meth:`remaining` and left to finish, since
+        its pace changes under bursts (W3: ending on the predicted pace ended requests
+        that would have made it; docs/benchmarks.md).
+        """
+        if deadline is None or remaining <= 0 or now < deadline:
+            return
+        self.ended_at_deadline += 1
+        raise DeadlineExceeded(
+            f"the generation was ended at a step boundary ({done} steps done, {remaining} "
+            f"to go): its deadline passed {(now - deadline) * 1000:.0f} ms ago; raise its "
+            "timeout, ask for fewer steps or reduce load"
+        )
+
     def statistics(self) -> DegradeStatistics:
-        return DegradeStatistics(self._factor, self.degraded_requests, self.steps_saved)
+        return DegradeStatistics(
+            self._factor, self.degraded_requests, self.steps_saved, self.ended_at_deadline
+        )

@@ -2,6 +2,8 @@
 
 - ``sordino_generation_degraded_requests_total``: requests that got fewer steps than asked
 - ``sordino_generation_steps_saved_total``: steps not run because of degradation
+- ``sordino_generation_ended_at_deadline_total``: running generations ended at a step
+  boundary because they could no longer finish by their deadline
 - ``sordino_generation_step_factor``: the global step factor (1 when normal)
 - ``sordino_generation_cache_hits_total{model}``, ``..._cache_misses_total{model}``: the
   exact-result cache; ``sordino_generation_coalesced_total{model}``: requests that
@@ -47,6 +49,12 @@ class GenerationCollector(Collector):
             "sordino_generation_steps_saved",
             "Denoising steps not run because of degradation.",
             stats.steps_saved,
+        )
+        yield CounterMetricFamily(
+            "sordino_generation_ended_at_deadline",
+            "Running generations ended at a step boundary: they could no longer finish "
+            "by their deadline.",
+            stats.ended_at_deadline,
         )
         yield GaugeMetricFamily(
             "sordino_generation_step_factor",

@@ -5,7 +5,9 @@ A :class:`Generation` is made by :meth:`Pipeline.generation
 iterative model. The scheduler queues its first step's rows (:meth:`Generation.inputs`),
 and after each step calls :meth:`Generation.advance`, which moves the sample with the
 sampler (numpy, ``samplers.py``), lets the degrader cut steps, skips steps the step
-cache allows (``step_cache.py``), and returns the next step's rows or the final sample.
+cache allows (``step_cache.py``), and returns the next step's rows or the final sample;
+a generation whose deadline has passed raises
+:class:`~sordino.errors.DeadlineExceeded` there instead (``degrade.py``).
 Its state between steps — the sample rows of its next step — is a ``Tensors`` in the
 shared-memory arena.
 """
@@ -151,7 +153,26 @@ class Generation:
             # The step cache: this step may move the sample with the prediction just
             # used instead of queueing a model call (never the last step).
             if not self.cache.may_skip(self.sample, last=left == 1):
-                return self.inputs(), delivered
+                break
+        self._end_if_late(now, delivered)
+        return self.inputs(), delivered
+
+    def _end_if_late(self, now: float, delivered: Tensors | None) -> None:
+        """At this step boundary, after degrade cut what it could: end the generation
+        once its deadline passed (:meth:`StepDegrader.check_deadline
+        <sordino.generation.degrade.StepDegrader.check_deadline>`); its state is
+        released by the scheduler's failure path."""
+        try:
+            self.pipeline.degrader.check_deadline(
+                done=self.steps_used,
+                remaining=len(self.plan) - self.index,
+                now=now,
+                deadline=self.deadline,
+            )
+        except BaseException:
+            if delivered is not None:
+                delivered.release()
+            raise
 
     def _move(
         self, noise: npt.NDArray[np.float32], now: float, step_s: float

@@ -6,7 +6,9 @@ boundary where the scheduler's remaining calls can be re-spaced: diffusers_repla
 draws the initial latents (or starts part way: image to image's encoded image,
 approximate reuse's cached clean estimate, each noised to the start), and between UNet
 calls guides the noise, steps the export's scheduler (diffusers_sampler.py), keeps or
-skips calls with the step cache and hands out the previews. SDXL's and SD3's add their
+skips calls with the step cache and hands out the previews; a run whose deadline has
+passed ends at the next step boundary with
+:class:`~sordino.errors.DeadlineExceeded` (degrade.py). SDXL's and SD3's add their
 own UNet conditioning
 (:meth:`SDGeneration.unet_conditioning`).
 """
@@ -200,7 +202,21 @@ class SDGeneration:
             self._scaled = self.sampler.scale_input(self.latents, self.index)
             if not self.cache.may_skip(self._scaled, last=self.index == calls - 1):
                 break
+        self._end_if_late(now, calls)
         return self.inputs(), delivered
+
+    def _end_if_late(self, now: float, calls: int) -> None:
+        """At this step boundary, after :meth:`_cut`: end the generation once its
+        deadline passed (:meth:`StepDegrader.check_deadline
+        <sordino.generation.degrade.StepDegrader.check_deadline>`); the scheduler's
+        failure path releases its state."""
+        left = calls - self.index
+        self.pipeline.degrader.check_deadline(
+            done=self.run_steps - left + self.reused_steps,
+            remaining=left,
+            now=now,
+            deadline=self.deadline,
+        )
 
     def _cut(self, now: float) -> int:
         """Degrade at this step boundary: the remaining calls re-spaced to fewer steps when

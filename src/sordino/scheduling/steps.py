@@ -3,7 +3,9 @@
 After a step ran, its request either ends (its final response, a stream that set its
 ``done`` output, an iterative model's last sample) or is queued again for its next
 step: a stream's carried outputs become inputs (they stay in the arena), an iterative
-model's :class:`~sordino.scheduling.work.Stepper` computes the next step's inputs. A
+model's :class:`~sordino.scheduling.work.Stepper` computes the next step's inputs (or
+ends the request: a generation past its deadline raises a ``QueueTimeout``, counted
+among the timed out). A
 decoupled model's requests get a response each time the model sends one. Between steps
 the state waits in the queue, parked (see ``parking.py``).
 """
@@ -15,7 +17,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from sordino.clock import Clock
-from sordino.errors import InferenceFailed, ShuttingDown, SordinoError
+from sordino.errors import InferenceFailed, QueueTimeout, ShuttingDown, SordinoError
 from sordino.inference import ModelKey, StreamSpec, Tensor
 from sordino.memory.refs import Tensors
 from sordino.scheduling.modes import ModeController
@@ -139,6 +141,8 @@ class Steps:
             with result:
                 following, delivered = request.stepper.advance(result, now)
         except SordinoError as exc:
+            if isinstance(exc, QueueTimeout):
+                self._outcomes.timed_out += 1  # a generation ended at its deadline
             self._outcomes.fail(request, exc)
             return
         except Exception as exc:  # a bug in the sampler is this request's failure
