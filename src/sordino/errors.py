@@ -181,8 +181,8 @@ class QueueTimeout(Unavailable):
 
 
 class DeadlineExceeded(QueueTimeout):
-    """A running generation was ended at a step boundary: its deadline had passed, or
-    its fewest remaining steps at the current pace would finish after it.
+    """A running generation was ended at a step boundary because its deadline had passed
+    (one that only looks too slow is cut by degradation instead, and left to finish).
 
     The same status as a queue timeout (HTTP 503, gRPC ``UNAVAILABLE``: Triton's
     mapping); its own ``reason`` (``deadline_exceeded``) in metrics and events.
