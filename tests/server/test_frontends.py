@@ -229,7 +229,8 @@ def test_a_pipelined_other_request_behind_inference_gets_a_clear_503(
     body = _digits()
     connection.sock.sendall(
         b"POST /v2/models/digits-classifier/infer HTTP/1.1\r\nHost: x\r\n"
-        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        b"Content-Length: %d\r\n\r\n%s"
+        % (len(body), body)
         + b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
     )
     answers = b""
@@ -265,8 +266,10 @@ def test_a_front_end_that_dies_is_replaced_and_the_engine_loses_nothing(
     assert statuses == [200] * 200
     wait_for(lambda: server.frontends is not None and server.frontends.restarts == 1, "a restart")
     wait_for(
-        lambda: server.frontends is not None
-        and set(server.frontends.pids()) <= server.frontends.link.pids(),
+        lambda: (
+            server.frontends is not None
+            and set(server.frontends.pids()) <= server.frontends.link.pids()
+        ),
         "the new front end to connect",
     )
     replacement = _connection(server, _frontend(server))
