@@ -40,14 +40,16 @@ _WATCH_S = 0.25  # how often the processes are checked
 
 
 def default_frontends(cores: int | None) -> int:
-    """The front ends ``server.frontends`` means when unset, for ``cores`` CPU cores.
+    """The front ends ``server.frontends`` means when unset, on ``cores`` CPU cores.
 
-    One front end per four cores beyond the first four, at most 8: the engine's own loop
-    (scheduler, decode, the service) is one core whatever N is, the workers take their
-    own, and a front end adds CPU per request (the link's frames) that only pays where
-    cores are otherwise idle (docs/benchmarks.md, "Front-end processes").
+    1 below 8 cores, else 2. The engine's loop (decode, the service, the scheduler, the
+    encode) stays one core whatever N is, and a request read by another process still
+    costs it nine tenths of what one it reads itself does; a second front end takes
+    that tenth off it, where there are cores to spare for the front end's own cost.
+    More buy almost nothing, and on a small machine the extra process only competes
+    with the engine and the workers (docs/benchmarks.md, "Front-end processes").
     """
-    return max(1, min(8, ((cores or 1) - 4) // 4 + 1)) if (cores or 1) > 4 else 1
+    return 2 if (cores or 1) >= 8 else 1
 
 
 def frontend_count(settings: ServerConfig) -> int:
