@@ -198,7 +198,9 @@ def cpu_model(rows: list[dict[str, Any]], concurrency: int) -> dict[str, Any] | 
             fronts = 1000.0 * n / f if n > 1 and f > 0 else float("inf")
             workers = 1000.0 * (cores - n) / w if w > 0 else float("inf")
             options.append((min(engine, fronts, workers), n))
-        rate, n = max(options)
+        top = max(rate for rate, _ in options)
+        # The fewest front ends within 2 % of the best: past that, a process buys nothing.
+        rate, n = min(((r, n) for r, n in options if r >= 0.98 * top), key=lambda o: o[1])
         return n, rate
 
     return {
@@ -207,6 +209,7 @@ def cpu_model(rows: list[dict[str, Any]], concurrency: int) -> dict[str, Any] | 
         "forwarded_share": share,
         "cores": {str(c): dict(zip(("frontends", "rate"), best(c), strict=True))
                   for c in (2, 4, 8, 16, 64)},
+        "ceiling_rate": 1000.0 / e_fwd,
         "assumptions": [
             "per-request CPU of each component stays as measured here (W1, this batch size)",
             "the kernel spreads connections evenly, so the engine reads 1/N of them itself",
@@ -238,8 +241,15 @@ def show(rows: list[dict[str, Any]], model: dict[str, Any] | None) -> None:
             markup=False, highlight=False,
         )  # fmt: skip
         for cores, best in model["cores"].items():
-            console.print(f"  {cores:>3} cores: best {best['frontends']} front end(s), "
-                          f"{best['rate']:,.0f} req/s", markup=False, highlight=False)  # fmt: skip
+            console.print(f"  {cores:>3} cores: {best['frontends']} front end(s) (the fewest "
+                          f"within 2 % of the best), {best['rate']:,.0f} req/s",
+                          markup=False, highlight=False)  # fmt: skip
+        console.print(
+            f"  ceiling (the engine's core, every request read elsewhere): "
+            f"{model['ceiling_rate']:,.0f} req/s",
+            markup=False,
+            highlight=False,
+        )
         for line in model["assumptions"]:
             console.print(f"  assumes: {line}", markup=False, highlight=False)
 

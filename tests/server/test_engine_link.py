@@ -104,4 +104,4 @@ def test_several_front_ends_with_tls_are_not_supported(tmp_path: Path) -> None:
 
 def test_the_default_is_one_front_end_on_small_machines() -> None:
     assert [default_frontends(cores) for cores in (None, 1, 2, 4)] == [1, 1, 1, 1]
-    assert default_frontends(16) == default_frontends(64) == 2
+    assert [default_frontends(cores) for cores in (8, 12, 16, 64)] == [2, 3, 4, 4]

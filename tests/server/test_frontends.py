@@ -276,3 +276,39 @@ def test_a_front_end_that_dies_is_replaced_and_the_engine_loses_nothing(
     status, _, _ = _ask(replacement, "POST", "/v2/models/digits-classifier/infer", _digits())
     assert status == 200 and _frontend(server) != dead
     replacement.close()
+
+
+def test_a_stop_answers_what_a_front_end_has_in_flight() -> None:
+    config = RuntimeConfig.model_validate({"server": {"frontends": 2, "shutdown_timeout": 10}})
+    simple = [s for s in builtin_sources() if s.name == "simple"]
+    serving = serve_in_thread(config, thread_isolated(simple))
+    server = serving.__enter__()
+    assert server.frontends is not None
+    frontend = psutil.Process(_frontend(server))
+    body = json.dumps(
+        {
+            "inputs": [
+                {"name": n, "shape": [1, 16], "datatype": "INT32", "data": [1] * 16}
+                for n in ("INPUT0", "INPUT1")
+            ]
+        }
+    ).encode()
+    answered: list[tuple[int, str]] = []
+    with Gate(server, "simple") as gate:
+        connection = _connection(server, frontend.pid)
+
+        def ask() -> None:
+            status, _, headers = _ask(connection, "POST", "/v2/models/simple/infer", body)
+            answered.append((status, headers.get("connection", "")))
+
+        asking = threading.Thread(target=ask)
+        asking.start()
+        wait_for(gate.entered.is_set, "the request to reach the model")
+        stopping = threading.Thread(target=serving.__exit__, args=(None, None, None))
+        stopping.start()
+        wait_for(lambda: server.frontends is not None and server.frontends._stopping, "the stop")
+        gate.release()
+        asking.join(30)
+        stopping.join(60)
+    assert answered == [(200, "close")]
+    assert not frontend.is_running() or frontend.status() == psutil.STATUS_ZOMBIE

@@ -37,19 +37,21 @@ log = logging.getLogger("sordino.frontends")
 
 _START_S = 60.0  # longest a front end may take to connect (imports on a busy machine)
 _WATCH_S = 0.25  # how often the processes are checked
+_STEADY_S = 10.0  # a front end that ran this long before it ended is restarted at once
 
 
 def default_frontends(cores: int | None) -> int:
     """The front ends ``server.frontends`` means when unset, on ``cores`` CPU cores.
 
-    1 below 8 cores, else 2. The engine's loop (decode, the service, the scheduler, the
-    encode) stays one core whatever N is, and a request read by another process still
-    costs it nine tenths of what one it reads itself does; a second front end takes
-    that tenth off it, where there are cores to spare for the front end's own cost.
-    More buy almost nothing, and on a small machine the extra process only competes
-    with the engine and the workers (docs/benchmarks.md, "Front-end processes").
+    1 below 8 cores, else a front end per 4 cores, at most 4. The engine's loop (decode,
+    the service, the scheduler, the encode) stays one core whatever N is, and a request
+    another process read still costs it about four fifths of one it reads itself: the
+    CPU model of docs/benchmarks.md ("Front-end processes") gives +13 % at 2 front ends,
+    +21 % at 4 and 5 % more from 4 to 13. On a small machine an extra process only
+    competes with the engine and the workers for the same cores.
     """
-    return 2 if (cores or 1) >= 8 else 1
+    cores = cores or 1
+    return 1 if cores < 8 else min(4, cores // 4)
 
 
 def frontend_count(settings: ServerConfig) -> int:
@@ -127,19 +129,37 @@ class Frontends:
                 await asyncio.wait_for(self.link.hello.wait(), _WATCH_S)
 
     async def _supervise(self) -> None:
+        loop = asyncio.get_running_loop()
+        count = len(self.processes)
+        started = [loop.time()] * count
+        failures = [0] * count  # ends in a row, each soon after its start
+        due: list[float | None] = [None] * count  # when a dead one is started again
         while not self._stopping:
             await asyncio.sleep(_WATCH_S)
+            now = loop.time()
             for index, process in enumerate(self.processes):
-                status = process.poll()
-                if status is None or self._stopping:
+                if self._stopping:
+                    return
+                restart = due[index]
+                if restart is not None:
+                    if now >= restart:
+                        due[index], started[index] = None, now
+                        self.restarts += 1
+                        self.processes[index] = self._spawn()
                     continue
+                status = process.poll()
+                if status is None:
+                    continue
+                # One that keeps ending soon after its start is restarted less often.
+                failures[index] = failures[index] + 1 if now - started[index] < _STEADY_S else 0
+                delay = min(0.5 * 2 ** (failures[index] - 1), 30.0) if failures[index] else 0.0
                 log.warning(
-                    "front-end process %d ended with status %s; starting another",
+                    "front-end process %d ended with status %s; starting another in %.1f s",
                     process.pid,
                     status,
+                    delay,
                 )
-                self.restarts += 1
-                self.processes[index] = self._spawn()
+                due[index] = now + delay
 
     async def drain(self, timeout_s: float) -> None:
         """Stop every front end: they stop accepting, answer what is in flight, and end

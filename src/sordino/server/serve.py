@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import sys
 from collections.abc import Generator
 
 import uvicorn
@@ -115,6 +116,11 @@ class HttpServer:
             raise ConfigError(
                 "server.frontends > 1 with server.tls is not supported: a TLS session cannot "
                 "move between processes; use server.frontends: 1 or end TLS at a proxy"
+            )
+        if self.frontends > 1 and not sys.platform.startswith("linux"):
+            raise ConfigError(
+                "server.frontends > 1 is supported on Linux only (SO_REUSEPORT's spreading "
+                "of connections); use server.frontends: 1"
             )
         self._sock = bind_socket(host, port, reuse_port=self.frontends > 1)
         self.port: int = self._sock.getsockname()[1]
