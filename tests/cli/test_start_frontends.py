@@ -78,3 +78,30 @@ def test_start_with_two_front_ends_serves_and_stops_cleanly(tmp_path: Path) -> N
     assert "Traceback" not in output and "stopped" in output
     for frontend in frontends:
         assert not frontend.is_running() or frontend.status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_front_end_ends_with_its_engine(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "sordino", "start", "--http-port", "0", "--grpc-port", "0",
+               "--frontends", "2", "--data-dir", str(tmp_path), *DIGITS]  # fmt: skip
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            if "grpc://" in line:
+                break
+        (frontend,) = [
+            child
+            for child in psutil.Process(process.pid).children()
+            if "sordino.server.frontend_main" in " ".join(child.cmdline())
+        ]
+        process.kill()  # no stop, no drain: the front end sees the link close
+        process.wait(30)
+        frontend.wait(30)  # not its parent: psutil.TimeoutExpired if it lingers
+        assert not frontend.is_running()
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(30)
