@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,8 @@ from pydantic import ValidationError
 from sordino.config import RuntimeConfig
 from sordino.server import link_frames
 from sordino.server.frontend_link import ENGINE_GONE, FrontendLink
-from sordino.server.frontends import default_frontends
+from sordino.config.server import ServerConfig
+from sordino.server.frontends import default_frontends, frontend_count
 from sordino.server.link_frames import FrameError, FrameReader, LinkRequest
 
 
@@ -105,3 +107,8 @@ def test_several_front_ends_with_tls_are_not_supported(tmp_path: Path) -> None:
 def test_the_default_is_one_front_end_on_small_machines() -> None:
     assert [default_frontends(cores) for cores in (None, 1, 2, 4)] == [1, 1, 1, 1]
     assert [default_frontends(cores) for cores in (8, 12, 16, 64)] == [2, 3, 4, 4]
+
+
+def test_one_front_end_is_one_process() -> None:
+    assert frontend_count(ServerConfig(frontends=1)) == 1
+    assert frontend_count(ServerConfig()) == default_frontends(os.cpu_count())

@@ -49,6 +49,7 @@ class FrontendLink(asyncio.Protocol):
         self.next_id = 0
         self.transport: asyncio.Transport | None = None
         self.closed = asyncio.Event()
+        self._writable: asyncio.Future[None] | None = None  # set while the engine lags
 
     @classmethod
     async def open(cls, path: str) -> FrontendLink:
@@ -64,6 +65,7 @@ class FrontendLink(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        self.resume_writing()
         waiting, self.waiting = self.waiting, {}
         for ident, future in waiting.items():
             if not future.done():
@@ -83,6 +85,21 @@ class FrontendLink(asyncio.Protocol):
             log.error("the engine sent a broken frame (%s); the link is closed", exc)
             if self.transport is not None:
                 self.transport.close()
+
+    def pause_writing(self) -> None:
+        if self._writable is None:
+            self._writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        writable, self._writable = self._writable, None
+        if writable is not None and not writable.done():
+            writable.set_result(None)
+
+    async def writable(self) -> None:
+        """Wait while the link's write buffer is full (the engine reads slower than the
+        front end sends): requests then wait here, unsent, rather than pile up in memory."""
+        if self._writable is not None:
+            await asyncio.shield(self._writable)
 
     def call(self, request: LinkRequest) -> asyncio.Future[Answer]:
         """Send ``request`` (its id is set here); the future gets the engine's answer."""

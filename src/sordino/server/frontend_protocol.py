@@ -209,6 +209,9 @@ class FrontendInferCycle(InferCycle):
         request = LinkRequest(
             0, self.received_at, self.model, self.version, self.path, self.client, forwarded, body
         )
+        await conn.link.writable()
+        if self.disconnected:
+            return  # the client left while the link was full: nothing was sent
         future = conn.link.call(request)
         self._ident, self._future = request.id, future
         answer = await future
