@@ -11,9 +11,9 @@ import pytest
 from pydantic import ValidationError
 
 from sordino.config import RuntimeConfig
+from sordino.config.server import ServerConfig
 from sordino.server import link_frames
 from sordino.server.frontend_link import ENGINE_GONE, FrontendLink
-from sordino.config.server import ServerConfig
 from sordino.server.frontends import default_frontends, frontend_count
 from sordino.server.link_frames import FrameError, FrameReader, LinkRequest
 

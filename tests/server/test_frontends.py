@@ -204,6 +204,26 @@ def test_other_routes_move_the_connection_to_the_engine(server: RunningServer) -
     connection.close()
 
 
+def test_a_large_first_request_moves_with_all_its_bytes(server: RunningServer) -> None:
+    # Far more than one hand-over message (32 KiB): the bytes read go in several.
+    body = json.dumps({"ready": True, "padding": "x" * 300_000}).encode()
+    answers = []
+    for pid in (_frontend(server), os.getpid()):
+        connection = _connection(server, pid)
+        assert connection.sock is not None
+        connection.sock.sendall(
+            b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        response = http.client.HTTPResponse(connection.sock)
+        response.begin()
+        answers.append((response.status, json.loads(response.read())))
+        connection.close()
+    assert answers[0] == answers[1]
+    status, index = answers[0]
+    assert status == 200 and any(entry["name"] == "digits-classifier" for entry in index)
+
+
 def test_a_stream_works_on_a_connection_the_front_end_accepted(server: RunningServer) -> None:
     connection = _connection(server, _frontend(server))
     status, _, _ = _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits())
