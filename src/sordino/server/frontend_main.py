@@ -80,7 +80,7 @@ async def serve(spec: FrontendSpec) -> None:
     from sordino.server.connection_guard import ConnectionGuard
     from sordino.server.frontend_link import FrontendLink
     from sordino.server.frontend_protocol import frontend_protocol
-    from sordino.server.serve import bind_socket
+    from sordino.server.listen import bind_socket
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
