@@ -3,6 +3,7 @@
     python -m bench.bench_frontends                    # 5 s a cell, 3 repeats, 64 in flight
     python -m bench.bench_frontends --quick            # 2 s a cell, 1 repeat
     python -m bench.bench_frontends --frontends 1,2,3 --concurrency 8,64 --seconds 10
+    python -m bench.bench_frontends --calls 1000       # the engine's calls, read vs forwarded
 
 Both servers are up at once, each ``sordino start`` with bench_triton's "sordino"
 settings on W1 (max batch 32, 10 ms batching delay, 2 intra-op threads) and its own
@@ -18,6 +19,12 @@ processes), and the generator. Which process holds each of the generator's conne
 is read from the kernel once the load runs (SO_REUSEPORT spreads them at random), so
 the CPU of a request that crosses the link can be told from one that does not.
 
+``--calls N`` instead profiles the engine's event-loop thread (``cProfile``, as
+``bench_request_path`` does) over N digits requests sent one at a time on a connection
+the engine accepted and N on one the extra front end accepted (an in-process server,
+``server.frontends: 2``): the engine's Python calls a request, read by itself against
+forwarded over the link, and the functions that differ most.
+
 From those, a per-component CPU model (printed, and saved with the cells to
 ``bench/results/frontends.json``) says what 16 and 64 cores would give; its
 assumptions are printed with it.
@@ -26,6 +33,7 @@ assumptions are printed with it.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
 import platform
 import statistics
@@ -254,6 +262,71 @@ def show(rows: list[dict[str, Any]], model: dict[str, Any] | None) -> None:
             console.print(f"  assumes: {line}", markup=False, highlight=False)
 
 
+def engine_calls(requests: int, top: int) -> dict[str, Any]:
+    """The engine's calls a request: read by its own listener, and forwarded by a front end."""
+    import http.client
+
+    from bench.bench_request_path import _json_body, _on_loop, _rows, _tally
+    from sordino.config import RuntimeConfig
+    from sordino.models.repository import builtin_sources
+    from sordino.testing import serve_in_thread
+
+    config = RuntimeConfig.model_validate({"server": {"frontends": 2, "shed_loop_lag": 0.01}})
+    digits = [s for s in builtin_sources() if s.name == "digits-classifier"]
+    bodies = [_json_body(row) for row in _rows(requests)]
+    results: dict[str, Any] = {}
+    with serve_in_thread(config, digits) as server:
+        assert server.frontends is not None
+        (front,) = server.frontends.pids()
+        for label, owner in (("read by the engine", os.getpid()), ("forwarded", front)):
+            for _ in range(200):
+                conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+                conn.connect()
+                assert conn.sock is not None
+                client_port = conn.sock.getsockname()[1]
+                time.sleep(0.05)  # accepted by now
+                held = psutil.Process(owner).net_connections(kind="tcp")
+                if any(c.raddr and c.raddr.port == client_port for c in held):
+                    break
+                conn.close()
+            else:
+                raise RuntimeError(f"no connection landed on {label}")
+
+            def one(body: bytes, conn: http.client.HTTPConnection = conn) -> None:
+                conn.request("POST", "/v2/models/digits-classifier/infer", body,
+                             {"Content-Type": "application/json"})  # fmt: skip
+                response = conn.getresponse()
+                if response.status != 200:
+                    raise RuntimeError(f"HTTP {response.status}: {response.read()[:200]!r}")
+                response.read()
+
+            for body in bodies[:50]:  # warm
+                one(body)
+            profile = cProfile.Profile()
+            _on_loop(server.loop, profile.enable)
+            for body in bodies:
+                one(body)
+            _on_loop(server.loop, profile.disable)
+            conn.close()
+            results[label] = _tally(profile, requests)
+    direct, forwarded = results["read by the engine"], results["forwarded"]
+    console.print(f"engine's calls a request: read by itself {direct['all_calls']:.0f} "
+                  f"({direct['calls']:.0f} in sordino and the server libraries), forwarded "
+                  f"{forwarded['all_calls']:.0f} ({forwarded['calls']:.0f})",
+                  markup=False, highlight=False)  # fmt: skip
+    names = set(direct["functions"]) | set(forwarded["functions"])
+    change = sorted(
+        ((forwarded["functions"].get(n, 0.0) - direct["functions"].get(n, 0.0), n) for n in names),
+        key=lambda d: abs(d[0]), reverse=True,
+    )  # fmt: skip
+    for delta, name in change[:top]:
+        console.print(f"  {delta:+6.2f}  {name}", markup=False, highlight=False)
+    for part in results.values():
+        part.pop("functions")
+    results["largest_changes"] = [{"function": n, "calls": d} for d, n in change[:top]]
+    return results
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import onnxruntime as ort
 
@@ -317,8 +390,17 @@ def main() -> None:
     parser.add_argument("--frontends", default="1,2", help="the --frontends of each server")
     parser.add_argument("--concurrency", default="64", help="requests in flight")
     parser.add_argument("--quick", action="store_true", help="2 s a cell, one repeat")
+    parser.add_argument("--calls", type=int, default=0,
+                        help="instead: profile the engine, N requests each way")  # fmt: skip
+    parser.add_argument("--top", type=int, default=15, help="with --calls: functions shown")
     parser.add_argument("--name", default="frontends", help="results file bench/results/NAME.json")
     args = parser.parse_args()
+    if args.calls:
+        report = {"benchmark": "frontends_calls",
+                  "date": datetime.now(UTC).isoformat(timespec="seconds"),
+                  "requests": args.calls, **engine_calls(args.calls, args.top)}  # fmt: skip
+        console.print(f"wrote {save(args.name + '_calls', report)}")
+        return
     if args.quick:
         args.seconds, args.repeat, args.warmup = 2.0, 1, 0.3
     if "1" not in args.frontends.split(","):

@@ -116,7 +116,7 @@ def encode_request(request: LinkRequest) -> list[bytes]:
         parts.append(name)
         parts.append(value)
     parts.append(request.body)
-    size = sum(len(part) for part in parts)
+    size = sum(map(len, parts))
     if size > MAX_FRAME:
         raise FrameError(f"a request of {size} bytes does not fit in one link frame")
     parts[0] = _HEAD.pack(size, REQUEST)
@@ -183,7 +183,7 @@ def encode_answer(ident: int, status: int, payload: bytes, headers: dict[str, st
         parts.append(raw_name)
         parts.append(raw_value)
     parts.append(payload)
-    parts[0] = _HEAD.pack(sum(len(part) for part in parts), ANSWER)
+    parts[0] = _HEAD.pack(sum(map(len, parts)), ANSWER)
     return parts
 
 
