@@ -222,6 +222,12 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
 )
 @click.option("--grpc-port", type=int, help="gRPC port (default 8001; 0 picks a free port).")
 @click.option(
+    "--frontends",
+    type=int,
+    help="HTTP front-end processes sharing the port (server.frontends; default from the "
+    "cores, 1 = a single process).",
+)
+@click.option(
     "--model-control-mode",
     type=click.Choice(["none", "explicit", "poll"]),
     help="none: fixed models; explicit: load/unload API; poll: follow the repository.",
@@ -319,6 +325,7 @@ def start(
     host: str | None,
     http_port: int | None,
     grpc_port: int | None,
+    frontends: int | None,
     model_control_mode: str | None,
     repository_poll_secs: float | None,
     data_dir: Path | None,
@@ -355,6 +362,7 @@ def start(
         "server.host": host,
         "server.http_port": http_port,
         "server.grpc_port": grpc_port,
+        "server.frontends": frontends,
         "server.model_control_mode": model_control_mode,
         "server.repository_poll_secs": repository_poll_secs,
         "server.data_dir": str(data_dir) if data_dir else None,

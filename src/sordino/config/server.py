@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from sordino.config.base import ExpandedPath, Section
 from sordino.config.units import Duration, Size, parse_size
@@ -86,6 +86,18 @@ class ServerConfig(Section):
     """How long a graceful stop waits for in-flight requests before cancelling them."""
     tls: TlsConfig | None = None
     """TLS for HTTP (https://) and gRPC; absent: plain text (docs/security.md)."""
+    frontends: int | None = Field(default=None, ge=1, le=256)
+    """HTTP front-end processes on the one port (SO_REUSEPORT), the engine's own listener
+    counted as the first; 1 = one process. None: from the cores (docs/configuration.md)."""
     admin_token: str | None = Field(default=None, min_length=MIN_TOKEN_LENGTH, repr=False)
     """Bearer token of the admin API and the protected endpoints (model control, profiling,
     the journal, the full telemetry view); env SORDINO_ADMIN_TOKEN if unset."""
+
+    @model_validator(mode="after")
+    def _frontends_without_tls(self) -> ServerConfig:
+        if self.frontends is not None and self.frontends > 1 and self.tls is not None:
+            raise ValueError(
+                "server.frontends > 1 with server.tls is not supported: a TLS session cannot "
+                "move between processes; use server.frontends: 1 or end TLS at a proxy"
+            )
+        return self

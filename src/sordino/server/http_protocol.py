@@ -82,6 +82,8 @@ class HttpProtocol(GuardedReads):
     apps: ClassVar[tuple[ASGIApp]]
     runtime: ClassVar[Runtime]
     keep_alive_s: ClassVar[float]
+    infer_cycle: ClassVar[type[InferCycle]] = InferCycle
+    """The cycle of ``…/infer`` (a front-end process sends it to the engine instead)."""
 
     def __init__(
         self,
@@ -286,7 +288,7 @@ class HttpProtocol(GuardedReads):
         match = INFER_PATH.fullmatch(path) if path.startswith(_INFER_PREFIX) else None
         cycle: Cycle
         if match is not None:
-            cycle = InferCycle(
+            cycle = self.infer_cycle(
                 self,
                 name,
                 keep_alive,

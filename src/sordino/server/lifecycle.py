@@ -7,9 +7,11 @@ open
     bind the HTTP port, then the gRPC port (a port in use stops start-up before any
     model loads, naming the flag that changes it), open the journal (locked: one
     server per journal), load every model (``on_loaded`` after each), start gRPC,
-    start HTTP, start model control (poll mode's rescans);
+    start HTTP, start the extra HTTP front-end processes (``server.frontends`` > 1),
+    start model control (poll mode's rescans);
 close
-    stop accepting connections, stop model control, let queued requests finish
+    stop accepting connections, stop the front-end processes (each answers what it
+    has in flight first), stop model control, let queued requests finish
     (those still queued after ``server.shutdown_timeout`` get an explicit 503), stop
     gRPC, then close HTTP connections after their grace period.
 
@@ -26,6 +28,7 @@ from pathlib import Path
 
 from sordino.config import RuntimeConfig
 from sordino.models.repository import ModelSource
+from sordino.server.frontends import Frontends
 from sordino.server.grpc_server import GrpcServer
 from sordino.server.model_control import ModelControl
 from sordino.server.registry import LoadedModel
@@ -44,6 +47,8 @@ class Server:
     http: HttpServer
     grpc: GrpcServer
     journal: Path | None
+    frontends: Frontends | None = None
+    """The extra HTTP front-end processes (None: the engine's listener is the only one)."""
 
     @property
     def url(self) -> str:
@@ -70,6 +75,11 @@ async def open_server(
     control = ModelControl(runtime)
     http = HttpServer(runtime, config.server.host, config.server.http_port, control)
     grpc = GrpcServer(runtime, config.server.host, config.server.grpc_port, control)
+    frontends: Frontends | None = None
+    if http.frontends > 1:
+        frontends = Frontends(
+            runtime, http.adopt, host=config.server.host, port=http.port, count=http.frontends
+        )
     try:
         grpc.bind()
         opened = runtime.telemetry.open_journal(journal) if journal is not None else None
@@ -80,6 +90,8 @@ async def open_server(
         await runtime.start(on_loaded=on_loaded)
         await grpc.start()
         await http.start()
+        if frontends is not None:
+            await frontends.start()
         control.start()
     except BaseException:
         # Whatever stopped start-up, stop the workers already running before leaving.
@@ -87,13 +99,20 @@ async def open_server(
         await runtime.stop(drain=False)
         await grpc.stop()
         await http.stop(grace_s=0)
+        if frontends is not None:
+            await frontends.close()
         raise
-    server = Server(runtime, control, http, grpc, opened.path if opened is not None else None)
+    journal_path = opened.path if opened is not None else None
+    server = Server(runtime, control, http, grpc, journal_path, frontends)
     try:
         yield server
     finally:
         http.stop_accepting()
+        if frontends is not None:
+            await frontends.drain(config.server.shutdown_timeout + 5.0)
         await control.close()
         await runtime.stop(drain=True, timeout_s=config.server.shutdown_timeout)
         await grpc.stop()
         await http.stop()
+        if frontends is not None:
+            await frontends.close()

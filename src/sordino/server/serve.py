@@ -11,14 +11,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import sys
 from collections.abc import Generator
 
 import uvicorn
 
+from sordino.errors import ConfigError
 from sordino.server.connection_guard import ConnectionGuard, default_max_connections
 from sordino.server.early_shed import EarlyShed
+from sordino.server.frontends import frontend_count
 from sordino.server.http import build_app
 from sordino.server.http_protocol import HttpProtocol, http_protocol
+from sordino.server.listen import bind_socket, check_port
 from sordino.server.loop_lag import LoopLag
 from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
@@ -29,45 +33,13 @@ from sordino.telemetry.connection_metrics import ConnectionCollector
 __all__ = ["HttpServer", "bind_socket", "check_port"]
 
 
-def _bound(host: str, port: int, flag: str, what: str) -> socket.socket:
-    """A socket bound to ``host:port`` (not listening); OSError naming ``flag`` if taken."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+async def _adopt(
+    loop: asyncio.AbstractEventLoop, protocol: HttpProtocol, sock: socket.socket
+) -> None:
     try:
-        sock.bind((host, port))
-    except OSError as exc:
+        await loop.connect_accepted_socket(lambda: protocol, sock=sock)
+    except OSError:  # the client left while its connection moved
         sock.close()
-        raise OSError(
-            f"cannot listen{what} on {host}:{port}: {exc.strerror}; pick another port with "
-            f"{flag} (0 picks a free one)"
-        ) from exc
-    return sock
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """Bind and listen on ``host:port`` (0 = any free port) with TCP_NODELAY set.
-
-    Linux copies TCP_NODELAY from the listening socket to accepted connections, and
-    the event loop sets it on each transport too: small responses are never delayed
-    by Nagle's algorithm. A port in use raises OSError naming ``--http-port``.
-    """
-    sock = _bound(host, port, "--http-port", "")
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.listen(2048)
-    sock.setblocking(False)
-    return sock
-
-
-def check_port(host: str, port: int, *, flag: str, what: str = "") -> None:
-    """Raise OSError naming ``flag`` if ``host:port`` cannot be bound now (0 always can).
-
-    For a listener that binds through a library which would only log the failure
-    (gRPC): the check gives the same message as :func:`bind_socket`, before any
-    model loads.
-    """
-    if port != 0:
-        _bound(host, port, flag, what).close()
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -93,7 +65,18 @@ class HttpServer:
         self.host = host
         settings = runtime.config.server
         tls = load_tls(settings.tls)  # before binding: a bad file leaves no socket behind
-        self._sock = bind_socket(host, port)
+        self.frontends = frontend_count(settings)
+        if self.frontends > 1 and tls is not None:
+            raise ConfigError(
+                "server.frontends > 1 with server.tls is not supported: a TLS session cannot "
+                "move between processes; use server.frontends: 1 or end TLS at a proxy"
+            )
+        if self.frontends > 1 and not sys.platform.startswith("linux"):
+            raise ConfigError(
+                "server.frontends > 1 is supported on Linux only (SO_REUSEPORT's spreading "
+                "of connections); use server.frontends: 1"
+            )
+        self._sock = bind_socket(host, port, reuse_port=self.frontends > 1)
         self.port: int = self._sock.getsockname()[1]
         self.guard = ConnectionGuard(
             max_connections=settings.max_connections or default_max_connections(),
@@ -130,6 +113,7 @@ class HttpServer:
         )
         self._server = _EmbeddedServer(config)
         self._task: asyncio.Task[None] | None = None
+        self._adopting: set[asyncio.Task[None]] = set()
 
     @property
     def url(self) -> str:
@@ -168,6 +152,20 @@ class HttpServer:
             backlog=config.backlog,
         )
         server.servers.append(listener)  # closed by stop_accepting() and uvicorn's shutdown
+
+    def adopt(self, sock: socket.socket, data: bytes) -> None:
+        """Serve a connection another front-end process accepted (``server/engine_link.py``):
+        ``data`` is what that process already read from it, fed before the next read."""
+        loop = asyncio.get_running_loop()
+        server = self._server
+        protocol = self._protocol(
+            server_state=server.server_state, app_state=server.lifespan.state, _loop=loop
+        )
+        if data:
+            protocol._early.append(data)  # fed by connection_made, before any read
+        task = loop.create_task(_adopt(loop, protocol, sock))
+        self._adopting.add(task)
+        task.add_done_callback(self._adopting.discard)
 
     def stop_accepting(self) -> None:
         """Close the listening socket; open connections keep being served."""

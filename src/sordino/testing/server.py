@@ -17,6 +17,7 @@ from sordino.backends.base import Backend
 from sordino.config import RuntimeConfig
 from sordino.models.repository import ModelSource, builtin_sources
 from sordino.server.early_shed import EarlyShed
+from sordino.server.frontends import Frontends
 from sordino.server.lifecycle import open_server
 from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
@@ -42,6 +43,8 @@ class RunningServer:
     control: ModelControl | None = None
     early_shed: EarlyShed | None = None
     """What refuses requests from their headers (tests may swap its ``lag``)."""
+    frontends: Frontends | None = None
+    """The extra HTTP front-end processes (``server.frontends`` > 1), else None."""
 
     def thread_backends(self, name: str, version: str | None = None) -> list[Backend]:
         """The in-process backends of a thread-isolated model (tests hold or inspect them)."""
@@ -109,6 +112,7 @@ def serve_in_thread(
                     grpc_port=server.grpc.port,
                     control=server.control,
                     early_shed=server.http.early_shed,
+                    frontends=server.frontends,
                 )
                 started.set()
                 await stop.wait()

@@ -1,0 +1,412 @@
+"""One HTTP process against several on one port: ``sordino start --frontends 1`` and ``2``.
+
+    python -m bench.bench_frontends                    # 5 s a cell, 3 repeats, 64 in flight
+    python -m bench.bench_frontends --quick            # 2 s a cell, 1 repeat
+    python -m bench.bench_frontends --frontends 1,2,3 --concurrency 8,64 --seconds 10
+    python -m bench.bench_frontends --calls 1000       # the engine's calls, read vs forwarded
+
+Both servers are up at once, each ``sordino start`` with bench_triton's "sordino"
+settings on W1 (max batch 32, 10 ms batching delay, 2 intra-op threads) and its own
+``--frontends``; cells are interleaved (A, B, A, B …, the order rotated each repeat).
+The load is bench_triton's lean generator (``bench/peer_load.py``: closed loops over
+HTTP/1.1 keep-alive, KServe binary tensors, every answer checked against ONNX Runtime).
+
+Per cell: req/s, p50, p99, mean batch, and CPU ms per request of each component (psutil
+over the server's process tree): **engine** (the ``sordino start`` process: its own
+HTTP listener, decode, the service, the scheduler, the link's engine side), **front**
+(the extra front-end processes: HTTP and the link's other side), **model** (the worker
+processes), and the generator. Which process holds each of the generator's connections
+is read from the kernel once the load runs (SO_REUSEPORT spreads them at random), so
+the CPU of a request that crosses the link can be told from one that does not.
+
+``--calls N`` instead profiles the engine's event-loop thread (``cProfile``, as
+``bench_request_path`` does) over N digits requests sent one at a time on a connection
+the engine accepted and N on one the extra front end accepted (an in-process server,
+``server.frontends: 2``): the engine's Python calls a request, read by itself against
+forwarded over the link, and the functions that differ most.
+
+From those, a per-component CPU model (printed, and saved with the cells to
+``bench/results/frontends.json``) says what 16 and 64 cores would give; its
+assumptions are printed with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import platform
+import statistics
+import tempfile
+import threading
+import time
+from contextlib import ExitStack
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import numpy as np
+import psutil
+from rich.console import Console
+
+from bench import peer_load
+from bench.bench_triton import (
+    _runner,
+    cpu_delta,
+    mean_batch,
+    percentile_ms,
+    sordino_batches,
+    tree_cpu,
+)
+from bench.common import save, sordino_server
+
+console = Console(width=150)
+ROWS = 256
+
+
+def _bucket(process: psutil.Process, root: int) -> str:
+    """The component a process of the server's tree belongs to."""
+    if process.pid == root:
+        return "engine"
+    try:
+        command = " ".join(process.cmdline())
+    except psutil.Error:
+        return "model"
+    return "front" if "sordino.server.frontend_main" in command else "model"
+
+
+def _split(root: int, port: int) -> dict[str, int]:
+    """The generator's connections to ``port`` held by the engine and by the front ends."""
+    held = {"engine": 0, "front": 0}
+    server = psutil.Process(root)
+    for process in [server, *server.children()]:
+        bucket = _bucket(process, root)
+        if bucket == "model":
+            continue
+        try:
+            connections = process.net_connections(kind="tcp")
+        except psutil.Error:
+            continue
+        held[bucket] += sum(
+            1
+            for c in connections
+            if c.laddr and c.laddr.port == port and c.raddr and c.status == psutil.CONN_ESTABLISHED
+        )
+    return held
+
+
+def run_cell(
+    label: str,
+    http: str,
+    pid: int,
+    concurrency: int,
+    seconds: float,
+    inputs: np.ndarray,
+    expected: np.ndarray,
+    warmup: float,
+) -> dict[str, Any]:
+    """One closed loop against one server; the split of its connections read midway."""
+    host = urlparse(http).netloc
+    port = int(host.rsplit(":", 1)[1])
+    requests = [peer_load.kserve_http_request(host, "w1", "x", r) for r in inputs]
+
+    def load(length: float) -> peer_load.Answers:
+        with _runner() as runner:
+            return runner.run(peer_load.http_closed_loop(http, requests, concurrency, length))
+
+    if warmup > 0:
+        load(warmup)
+    split: dict[str, int] = {}
+
+    def sample() -> None:
+        time.sleep(min(1.0, seconds / 3))
+        split.update(_split(pid, port))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    batches_before, cpu_before = sordino_batches(http, "w1"), tree_cpu(pid, _bucket)
+    client_before = psutil.Process().cpu_times()
+    sampler.start()
+    answers = load(seconds)
+    client_after = psutil.Process().cpu_times()
+    cpu_after, batches_after = tree_cpu(pid, _bucket), sordino_batches(http, "w1")
+    sampler.join()
+    failed, worst, first_error = peer_load.check(answers, expected, peer_load.kserve_http_output)
+    n = max(len(answers.latencies), 1)
+    client = (client_after.user + client_after.system) - (client_before.user + client_before.system)
+    return {
+        "server": label, "concurrency": concurrency, "requests": len(answers.latencies),
+        "seconds": answers.seconds,
+        "rate": len(answers.latencies) / answers.seconds if answers.seconds else 0.0,
+        "p50_ms": percentile_ms(answers.latencies, 50),
+        "p99_ms": percentile_ms(answers.latencies, 99),
+        "mean_batch": mean_batch(batches_before, batches_after),
+        "cpu_ms": {k: v * 1000 / n for k, v in cpu_delta(cpu_before, cpu_after).items()},
+        "client_cpu_ms": client * 1000 / n,
+        "connections": split,
+        "failed": failed, "max_abs_diff": worst, "first_error": first_error,
+    }  # fmt: skip
+
+
+def aggregate(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The median of each figure over the repeats of a (server, in flight)."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for cell in cells:
+        groups.setdefault((cell["server"], cell["concurrency"]), []).append(cell)
+    rows = []
+    for (label, concurrency), group in groups.items():
+
+        def med(key: str, group: list[dict[str, Any]] = group) -> float:
+            return statistics.median(c[key] for c in group)
+
+        buckets = {k for c in group for k in c["cpu_ms"]}
+        forwarded = [c["connections"].get("front", 0) / max(sum(c["connections"].values()), 1)
+                     for c in group]  # fmt: skip
+        rows.append({
+            "server": label, "concurrency": concurrency, "rate": med("rate"),
+            "p50_ms": med("p50_ms"), "p99_ms": med("p99_ms"),
+            "mean_batch": statistics.median(c["mean_batch"] or 0.0 for c in group),
+            "cpu_ms": {k: statistics.median(c["cpu_ms"].get(k, 0.0) for c in group)
+                       for k in sorted(buckets)},
+            "client_cpu_ms": med("client_cpu_ms"),
+            "forwarded_share": statistics.median(forwarded),
+            "failed": sum(c["failed"] for c in group), "repeats": len(group),
+        })  # fmt: skip
+    return rows
+
+
+def cpu_model(rows: list[dict[str, Any]], concurrency: int) -> dict[str, Any] | None:
+    """What 16 and 64 cores would give, from the per-request CPU of each component.
+
+    ``e1``: engine CPU of a request it reads itself (the 1-front-end row); ``e_fwd``: of
+    a request that crossed the link, solved from the N-front-end row's engine CPU and
+    its share of forwarded connections; ``f``: a front end's CPU per request it
+    forwards; ``w``: the workers' per request. Each process is one core at most.
+    """
+    one = next((r for r in rows if r["server"] == "1 front end" and r["concurrency"] ==
+                concurrency), None)  # fmt: skip
+    many = [r for r in rows if r["server"] != "1 front end" and r["concurrency"] == concurrency]
+    if one is None or not many:
+        return None
+    many.sort(key=lambda r: r["forwarded_share"])
+    other = many[-1]
+    share = other["forwarded_share"]
+    if share <= 0.0:
+        return None
+    e1 = one["cpu_ms"]["engine"]
+    w = statistics.mean([one["cpu_ms"].get("model", 0.0), other["cpu_ms"].get("model", 0.0)])
+    e_fwd = max((other["cpu_ms"]["engine"] - (1 - share) * e1) / share, 1e-6)
+    f = other["cpu_ms"].get("front", 0.0) / share
+
+    def best(cores: int) -> tuple[int, float]:
+        """(front ends, req/s) at the best N for ``cores``."""
+        options = []
+        for n in range(1, cores):
+            engine = 1000.0 / ((e1 + (n - 1) * e_fwd) / n)
+            fronts = 1000.0 * n / f if n > 1 and f > 0 else float("inf")
+            workers = 1000.0 * (cores - n) / w if w > 0 else float("inf")
+            options.append((min(engine, fronts, workers), n))
+        top = max(rate for rate, _ in options)
+        # The fewest front ends within 2 % of the best: past that, a process buys nothing.
+        rate, n = min(((r, n) for r, n in options if r >= 0.98 * top), key=lambda o: o[1])
+        return n, rate
+
+    return {
+        "concurrency": concurrency,
+        "e1_ms": e1, "e_fwd_ms": e_fwd, "front_ms": f, "worker_ms": w,
+        "forwarded_share": share,
+        "cores": {str(c): dict(zip(("frontends", "rate"), best(c), strict=True))
+                  for c in (2, 4, 8, 16, 64)},
+        "ceiling_rate": 1000.0 / e_fwd,
+        "assumptions": [
+            "per-request CPU of each component stays as measured here (W1, this batch size)",
+            "the kernel spreads connections evenly, so the engine reads 1/N of them itself",
+            "the engine's loop is one core; each front end is one core; workers scale to "
+            "the cores left (cores - N), the generator runs elsewhere",
+            "no cost from cross-core traffic, memory bandwidth or the arena",
+        ],
+    }  # fmt: skip
+
+
+def show(rows: list[dict[str, Any]], model: dict[str, Any] | None) -> None:
+    console.print("server         in flight   req/s    p50 ms  p99 ms  batch  "
+                  "engine  front  model  client  (CPU ms/req)  forwarded")  # fmt: skip
+    for r in sorted(rows, key=lambda r: (r["concurrency"], r["server"])):
+        cpu = r["cpu_ms"]
+        console.print(
+            f"{r['server']:<14} {r['concurrency']:>9} {r['rate']:>8,.0f} {r['p50_ms']:>8.2f} "
+            f"{r['p99_ms']:>7.2f} {r['mean_batch']:>6.1f} {cpu.get('engine', 0):>7.3f} "
+            f"{cpu.get('front', 0):>6.3f} {cpu.get('model', 0):>6.3f} "
+            f"{r['client_cpu_ms']:>7.3f}                {r['forwarded_share']:>5.0%}"
+            + (f"  {r['failed']} FAILED" if r["failed"] else ""),
+            markup=False, highlight=False,
+        )  # fmt: skip
+    if model is not None:
+        console.print(
+            f"CPU model (c{model['concurrency']}): e1 {model['e1_ms']:.3f} ms, engine per "
+            f"forwarded request {model['e_fwd_ms']:.3f} ms, front end {model['front_ms']:.3f} "
+            f"ms, workers {model['worker_ms']:.3f} ms",
+            markup=False, highlight=False,
+        )  # fmt: skip
+        for cores, best in model["cores"].items():
+            console.print(f"  {cores:>3} cores: {best['frontends']} front end(s) (the fewest "
+                          f"within 2 % of the best), {best['rate']:,.0f} req/s",
+                          markup=False, highlight=False)  # fmt: skip
+        console.print(
+            f"  ceiling (the engine's core, every request read elsewhere): "
+            f"{model['ceiling_rate']:,.0f} req/s",
+            markup=False,
+            highlight=False,
+        )
+        for line in model["assumptions"]:
+            console.print(f"  assumes: {line}", markup=False, highlight=False)
+
+
+def engine_calls(requests: int, top: int) -> dict[str, Any]:
+    """The engine's calls a request: read by its own listener, and forwarded by a front end."""
+    import http.client
+
+    from bench.bench_request_path import _json_body, _on_loop, _rows, _tally
+    from sordino.config import RuntimeConfig
+    from sordino.models.repository import builtin_sources
+    from sordino.testing import serve_in_thread
+
+    config = RuntimeConfig.model_validate({"server": {"frontends": 2, "shed_loop_lag": 0.01}})
+    digits = [s for s in builtin_sources() if s.name == "digits-classifier"]
+    bodies = [_json_body(row) for row in _rows(requests)]
+    results: dict[str, Any] = {}
+    with serve_in_thread(config, digits) as server:
+        assert server.frontends is not None
+        (front,) = server.frontends.pids()
+        for label, owner in (("read by the engine", os.getpid()), ("forwarded", front)):
+            for _ in range(200):
+                conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+                conn.connect()
+                assert conn.sock is not None
+                client_port = conn.sock.getsockname()[1]
+                time.sleep(0.05)  # accepted by now
+                held = psutil.Process(owner).net_connections(kind="tcp")
+                if any(c.raddr and c.raddr.port == client_port for c in held):
+                    break
+                conn.close()
+            else:
+                raise RuntimeError(f"no connection landed on {label}")
+
+            def one(body: bytes, conn: http.client.HTTPConnection = conn) -> None:
+                conn.request("POST", "/v2/models/digits-classifier/infer", body,
+                             {"Content-Type": "application/json"})  # fmt: skip
+                response = conn.getresponse()
+                if response.status != 200:
+                    raise RuntimeError(f"HTTP {response.status}: {response.read()[:200]!r}")
+                response.read()
+
+            for body in bodies[:50]:  # warm
+                one(body)
+            profile = cProfile.Profile()
+            _on_loop(server.loop, profile.enable)
+            for body in bodies:
+                one(body)
+            _on_loop(server.loop, profile.disable)
+            conn.close()
+            results[label] = _tally(profile, requests)
+    direct, forwarded = results["read by the engine"], results["forwarded"]
+    console.print(f"engine's calls a request: read by itself {direct['all_calls']:.0f} "
+                  f"({direct['calls']:.0f} in sordino and the server libraries), forwarded "
+                  f"{forwarded['all_calls']:.0f} ({forwarded['calls']:.0f})",
+                  markup=False, highlight=False)  # fmt: skip
+    names = set(direct["functions"]) | set(forwarded["functions"])
+    change = sorted(
+        ((forwarded["functions"].get(n, 0.0) - direct["functions"].get(n, 0.0), n) for n in names),
+        key=lambda d: abs(d[0]), reverse=True,
+    )  # fmt: skip
+    for delta, name in change[:top]:
+        console.print(f"  {delta:+6.2f}  {name}", markup=False, highlight=False)
+    for part in results.values():
+        part.pop("functions")
+    results["largest_changes"] = [{"function": n, "calls": d} for d, n in change[:top]]
+    return results
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import onnxruntime as ort
+
+    from bench.bench_workloads import server_config, workload
+
+    w1 = workload("w1", None, None)
+    inputs = np.random.default_rng(0).random((ROWS, 256), dtype=np.float32)
+    session = ort.InferenceSession(str(w1.model_file), providers=["CPUExecutionProvider"])
+    expected = np.stack([session.run(None, {"x": row[None]})[0][0] for row in inputs])
+    counts = [int(n) for n in args.frontends.split(",")]
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    servers: dict[str, tuple[str, int]] = {}
+    cells = []
+    with ExitStack() as stack, tempfile.TemporaryDirectory() as scratch:
+        config = server_config(w1, Path(scratch), 2, "adaptive", 100.0)
+        for n in counts:
+            label = f"{n} front end" + ("s" if n > 1 else "")
+            s = stack.enter_context(sordino_server(
+                ["--no-builtin", "--config", str(config), "--frontends", str(n)]
+            ))  # fmt: skip
+            servers[label] = (s.http, s.pid)
+        labels = list(servers)
+        started = time.monotonic()
+        plan = [(r, c, labels[(i + r) % len(labels)])
+                for r in range(args.repeat) for c in concurrencies
+                for i in range(len(labels))]  # fmt: skip
+        for i, (r, concurrency, label) in enumerate(plan, 1):
+            http, pid = servers[label]
+            cell = run_cell(label, http, pid, concurrency, args.seconds, inputs, expected,
+                            args.warmup)  # fmt: skip
+            cell["repeat"] = r
+            cells.append(cell)
+            console.print(
+                f"[{i}/{len(plan)} {time.monotonic() - started:4.0f}s] {label} c{concurrency}: "
+                f"{cell['rate']:,.0f} req/s, p99 {cell['p99_ms']:.1f} ms, connections "
+                f"{cell['connections']}"
+                + (f", {cell['failed']} FAILED ({cell['first_error']})" if cell["failed"] else ""),
+                markup=False, highlight=False,
+            )  # fmt: skip
+    rows = aggregate(cells)
+    model = cpu_model(rows, max(concurrencies))
+    show(rows, model)
+    report = {
+        "benchmark": "frontends",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version(), "load_1m": os.getloadavg()[0]},
+        "settings": {"seconds": args.seconds, "repeat": args.repeat, "warmup": args.warmup,
+                     "frontends": counts, "concurrency": concurrencies},
+        "rows": rows, "model": model, "cells": cells,
+    }  # fmt: skip
+    console.print(f"wrote {save(args.name, report)}")
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds a cell")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds over every cell")
+    parser.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds a cell")
+    parser.add_argument("--frontends", default="1,2", help="the --frontends of each server")
+    parser.add_argument("--concurrency", default="64", help="requests in flight")
+    parser.add_argument("--quick", action="store_true", help="2 s a cell, one repeat")
+    parser.add_argument("--calls", type=int, default=0,
+                        help="instead: profile the engine, N requests each way")  # fmt: skip
+    parser.add_argument("--top", type=int, default=15, help="with --calls: functions shown")
+    parser.add_argument("--name", default="frontends", help="results file bench/results/NAME.json")
+    args = parser.parse_args()
+    if args.calls:
+        report = {"benchmark": "frontends_calls",
+                  "date": datetime.now(UTC).isoformat(timespec="seconds"),
+                  "requests": args.calls, **engine_calls(args.calls, args.top)}  # fmt: skip
+        console.print(f"wrote {save(args.name + '_calls', report)}")
+        return
+    if args.quick:
+        args.seconds, args.repeat, args.warmup = 2.0, 1, 0.3
+    if "1" not in args.frontends.split(","):
+        parser.error("--frontends must include 1 (the baseline the CPU model starts from)")
+    run(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,306 @@
+"""The engine's side of the link to its front-end processes (``server.frontends`` > 1).
+
+Two Unix-domain sockets in a private directory:
+
+``link`` (stream)
+    each front end connects once and sends ``HELLO`` (its pid), then one ``REQUEST``
+    frame per inference request and a ``CANCEL`` when that request's client leaves
+    (``server/link_frames.py``). The engine runs ``fast_infer.answer_infer`` on the body
+    it received — decode, the service, encode, exactly as for a request read by its own
+    HTTP listener — and sends the ``ANSWER``. Many requests share the connection; each
+    read may carry many frames, and the answers of one event-loop turn go in one write.
+``handover`` (seqpacket)
+    a connection whose next request is not inference moves to the engine: the front
+    end sends the socket (``SCM_RIGHTS``) and the bytes it already read, and the engine
+    adopts it into its own HTTP server (``HttpServer.adopt``), where Starlette answers
+    that request and whatever follows on the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from sordino.errors import Cancelled
+from sordino.server import link_frames
+from sordino.server.fast_infer import answer_infer
+from sordino.server.link_frames import (
+    HANDOVER_CHUNK,
+    HANDOVER_HEAD,
+    FrameError,
+    FrameReader,
+    LinkRequest,
+)
+from sordino.server.runtime import Runtime
+
+__all__ = ["EngineLink"]
+
+T = TypeVar("T")
+
+log = logging.getLogger("sordino.frontends")
+
+Adopt = Callable[[socket.socket, bytes], None]
+
+
+class _Pending:
+    """An inference request the engine is answering for a front end."""
+
+    __slots__ = ("gone", "task", "working")
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task[None] | None = None
+        self.working = False  # inside the service: a cancel cancels the task
+        self.gone = False  # the front end's client left
+
+
+class _LinkConnection(asyncio.Protocol):
+    """One front end's link connection, on the engine."""
+
+    def __init__(self, link: EngineLink) -> None:
+        self.link = link
+        self.runtime = link.runtime
+        self.reader = FrameReader()
+        self.pending: dict[int, _Pending] = {}
+        self.out: list[bytes] = []
+        self.pid: int | None = None
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for pending in self.pending.values():
+            self._cancel(pending)
+        self.pending.clear()
+        self.link.connections.discard(self)
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.reader.feed(data)
+            for kind, body in frames:
+                if kind == link_frames.REQUEST:
+                    self._start(link_frames.decode_request(body))
+                elif kind == link_frames.CANCEL:
+                    pending = self.pending.pop(link_frames.decode_id(body), None)
+                    if pending is not None:
+                        self._cancel(pending)
+                elif kind == link_frames.HELLO:
+                    self.pid = link_frames.decode_id(body)
+                    self.link.connections.add(self)
+                    self.link.hello.set()
+                else:
+                    raise FrameError(f"an unknown frame kind {kind}")
+        except FrameError as exc:
+            log.error("a front end sent a broken frame (%s); its link is closed", exc)
+            if self.transport is not None:
+                self.transport.close()
+
+    def _start(self, request: LinkRequest) -> None:
+        pending = _Pending()
+        self.pending[request.id] = pending
+        pending.task = asyncio.get_running_loop().create_task(self._answer(request, pending))
+
+    def _cancel(self, pending: _Pending) -> None:
+        pending.gone = True
+        if pending.working and pending.task is not None:
+            pending.task.cancel()  # the service removes the request and counts it cancelled
+
+    async def _answer(self, request: LinkRequest, pending: _Pending) -> None:
+        body = request.body
+
+        async def read_body() -> bytes:
+            if pending.gone:
+                raise Cancelled("the client disconnected while sending the request")
+            return body
+
+        async def watch(work: asyncio.Future[T] | asyncio.Task[T] | object) -> T:
+            pending.working = True
+            try:
+                if pending.gone:
+                    raise Cancelled("the client disconnected before the response was ready")
+                return await work  # type: ignore[misc,no-any-return]
+            except asyncio.CancelledError:
+                if not pending.gone:
+                    raise
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+                raise Cancelled("the client disconnected before the response was ready") from None
+            finally:
+                pending.working = False
+
+        try:
+            status, payload, headers = await answer_infer(
+                self.runtime,
+                request.model,
+                request.version,
+                request.headers,
+                read_body,
+                watch,
+                client=request.client,
+                received_at=request.received_at,
+                path=request.path,
+            )
+        except BaseException:
+            self.pending.pop(request.id, None)
+            if not pending.gone:  # the front end still waits: tell it
+                self._send(request.id, 500, b'{"error":"internal error"}', {})
+            raise
+        if self.pending.pop(request.id, None) is not None and not pending.gone:
+            self._send(request.id, status, payload, headers)
+
+    def _send(self, ident: int, status: int, payload: bytes, headers: dict[str, str]) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        if not self.out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self.out += link_frames.encode_answer(ident, status, payload, headers)
+
+    def _flush(self) -> None:
+        out, self.out = self.out, []
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.writelines(out)
+
+
+class EngineLink:
+    """The engine's two sockets for its front ends (see the module's docstring).
+
+    ``adopt`` takes a handed-over connection and the bytes already read from it.
+    :attr:`path` is the directory the front ends are told about.
+    """
+
+    def __init__(self, runtime: Runtime, adopt: Adopt) -> None:
+        self.runtime = runtime
+        self.adopt = adopt
+        self.path = Path(tempfile.mkdtemp(prefix="sordino-link-"))
+        self.connections: set[_LinkConnection] = set()
+        self.hello = asyncio.Event()
+        self._server: asyncio.AbstractServer | None = None
+        self._handover: socket.socket | None = None
+        self._peers: dict[int, tuple[socket.socket, _Adopting]] = {}
+
+    @property
+    def link_path(self) -> str:
+        return str(self.path / "link")
+
+    @property
+    def handover_path(self) -> str:
+        return str(self.path / "handover")
+
+    async def start(self) -> None:
+        """Listen on both sockets."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(
+            lambda: _LinkConnection(self), self.link_path, backlog=128
+        )
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listener.bind(self.handover_path)
+        listener.listen(128)
+        listener.setblocking(False)
+        self._handover = listener
+        loop.add_reader(listener.fileno(), self._accept_handover)
+
+    def pids(self) -> set[int]:
+        """The front ends connected now (their pids)."""
+        return {c.pid for c in self.connections if c.pid is not None}
+
+    def _accept_handover(self) -> None:
+        assert self._handover is not None
+        try:
+            peer, _ = self._handover.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        peer.setblocking(False)
+        state = _Adopting()
+        self._peers[peer.fileno()] = (peer, state)
+        asyncio.get_running_loop().add_reader(peer.fileno(), self._read_handover, peer, state)
+
+    def _read_handover(self, peer: socket.socket, state: _Adopting) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(peer, HANDOVER_HEAD.size + HANDOVER_CHUNK, 4)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data, fds = b"", []
+            if not data and not fds:  # the front end went away
+                loop.remove_reader(peer.fileno())
+                self._peers.pop(peer.fileno(), None)
+                state.drop()
+                peer.close()
+                return
+            done = state.take(data, fds)
+            if done is not None:
+                sock, read = done
+                try:
+                    self.adopt(sock, read)
+                except OSError as exc:  # the client is already gone
+                    log.debug("a handed-over connection could not be adopted: %s", exc)
+                    sock.close()
+
+    async def close(self) -> None:
+        """Stop listening and close every link (front ends see EOF and end)."""
+        loop = asyncio.get_running_loop()
+        if self._handover is not None:
+            loop.remove_reader(self._handover.fileno())
+            self._handover.close()
+            self._handover = None
+        for peer, state in list(self._peers.values()):
+            loop.remove_reader(peer.fileno())
+            state.drop()
+            peer.close()
+        self._peers.clear()
+        if self._server is not None:
+            self._server.close()
+            for connection in list(self.connections):
+                if connection.transport is not None:
+                    connection.transport.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+            self._server = None
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+class _Adopting:
+    """A hand-over being received: the socket, then its bytes in chunks."""
+
+    __slots__ = ("left", "parts", "sock")
+
+    def __init__(self) -> None:
+        self.sock: socket.socket | None = None
+        self.left = 0
+        self.parts: list[bytes] = []
+
+    def take(self, data: bytes, fds: list[int]) -> tuple[socket.socket, bytes] | None:
+        """Add one message; return the socket and its bytes once they are all here."""
+        if fds:
+            self.drop()
+            for extra in fds[1:]:
+                os.close(extra)
+            self.sock = socket.socket(fileno=fds[0])
+            (self.left,) = HANDOVER_HEAD.unpack_from(data)
+            data = data[HANDOVER_HEAD.size :]
+        if self.sock is None:
+            return None  # bytes with no socket before them: a broken peer, dropped
+        self.parts.append(data)
+        self.left -= len(data)
+        if self.left > 0:
+            return None
+        sock, read = self.sock, b"".join(self.parts)
+        self.sock, self.parts = None, []
+        return sock, read
+
+    def drop(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+        self.sock, self.parts = None, []

@@ -1,0 +1,156 @@
+"""A front-end process's side of the engine link (``server/engine_link.py`` is the other).
+
+:class:`FrontendLink` sends each inference request as one frame and resolves its
+future with the engine's answer; many requests share the connection, the requests of
+one event-loop turn go in one write, and each read may complete many answers. A
+client that leaves cancels its request (:meth:`FrontendLink.cancel`). When the engine
+is gone every request waiting on it, and every later one, is answered 503 at once —
+never left hanging — and :attr:`FrontendLink.closed` is set (the process then ends).
+
+:func:`hand_over` moves a connection to the engine (``SCM_RIGHTS``) with the bytes
+already read from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+
+from sordino.protocol.codec import encode_error
+from sordino.server import link_frames
+from sordino.server.link_frames import (
+    HANDOVER_CHUNK,
+    HANDOVER_HEAD,
+    Answer,
+    FrameError,
+    FrameReader,
+    LinkRequest,
+)
+
+__all__ = ["ENGINE_GONE", "FrontendLink", "hand_over"]
+
+log = logging.getLogger("sordino.frontends")
+
+ENGINE_GONE = (
+    "the engine process of this server is gone (stopped or crashed); this front end is "
+    "stopping: retry against a running server"
+)
+
+
+class FrontendLink(asyncio.Protocol):
+    """The front end's link connection (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self.reader = FrameReader()
+        self.waiting: dict[int, asyncio.Future[Answer]] = {}
+        self.out: list[bytes] = []
+        self.next_id = 0
+        self.transport: asyncio.Transport | None = None
+        self.closed = asyncio.Event()
+        self._writable: asyncio.Future[None] | None = None  # set while the engine lags
+
+    @classmethod
+    async def open(cls, path: str) -> FrontendLink:
+        """Connect to the engine's link socket at ``path`` and say hello."""
+        loop = asyncio.get_running_loop()
+        _, link = await loop.create_unix_connection(cls, path)
+        assert link.transport is not None
+        link.transport.write(link_frames.encode_hello(os.getpid()))
+        return link
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.resume_writing()
+        waiting, self.waiting = self.waiting, {}
+        for ident, future in waiting.items():
+            if not future.done():
+                future.set_result(gone_answer(ident))
+        self.closed.set()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            for kind, body in self.reader.feed(data):
+                if kind != link_frames.ANSWER:
+                    raise FrameError(f"an unexpected frame kind {kind}")
+                answer = link_frames.decode_answer(body)
+                future = self.waiting.pop(answer.id, None)
+                if future is not None and not future.done():
+                    future.set_result(answer)
+        except FrameError as exc:
+            log.error("the engine sent a broken frame (%s); the link is closed", exc)
+            if self.transport is not None:
+                self.transport.close()
+
+    def pause_writing(self) -> None:
+        if self._writable is None:
+            self._writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        writable, self._writable = self._writable, None
+        if writable is not None and not writable.done():
+            writable.set_result(None)
+
+    async def writable(self) -> None:
+        """Wait while the link's write buffer is full (the engine reads slower than the
+        front end sends): requests then wait here, unsent, rather than pile up in memory."""
+        if self._writable is not None:
+            await asyncio.shield(self._writable)
+
+    def call(self, request: LinkRequest) -> asyncio.Future[Answer]:
+        """Send ``request`` (its id is set here); the future gets the engine's answer."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Answer] = loop.create_future()
+        self.next_id += 1
+        request.id = self.next_id
+        if self.transport is None or self.transport.is_closing():
+            future.set_result(gone_answer(request.id))
+            return future
+        self.waiting[request.id] = future
+        self._write(link_frames.encode_request(request))
+        return future
+
+    def cancel(self, ident: int) -> None:
+        """The client of request ``ident`` left: the engine cancels it; no answer comes."""
+        if self.waiting.pop(ident, None) is not None:
+            self._write([link_frames.encode_cancel(ident)])
+
+    def _write(self, parts: list[bytes]) -> None:
+        if not self.out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self.out += parts
+
+    def _flush(self) -> None:
+        out, self.out = self.out, []
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.writelines(out)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+def gone_answer(ident: int) -> Answer:
+    """The 503 a request gets when the engine is gone."""
+    return Answer(
+        ident,
+        503,
+        encode_error(ENGINE_GONE),
+        {"Content-Type": "application/json", "Connection": "close"},
+    )
+
+
+def hand_over(channel: socket.socket, sock: socket.socket, data: bytes) -> None:
+    """Send ``sock`` and the ``data`` already read from it to the engine.
+
+    ``channel`` is a blocking seqpacket socket (with a send timeout): a hand-over is
+    rare (only requests that are not inference) and small. OSError if the engine is gone.
+    """
+    first = data[:HANDOVER_CHUNK]
+    socket.send_fds(channel, [HANDOVER_HEAD.pack(len(data)) + first], [sock.fileno()])
+    for at in range(len(first), len(data), HANDOVER_CHUNK):
+        channel.sendall(data[at : at + HANDOVER_CHUNK])

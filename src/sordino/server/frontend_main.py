@@ -1,0 +1,148 @@
+"""An extra HTTP front-end process: ``python -m sordino.server.frontend_main SPEC``.
+
+Started by the engine (``server/frontends.py``) with a JSON :class:`FrontendSpec`. It
+binds the server's HTTP host and port with ``SO_REUSEPORT`` (the kernel spreads new
+connections over every process bound there), connects to the engine's link, and
+serves with ``server/frontend_protocol.py`` until:
+
+- SIGTERM or SIGINT: stop accepting, let the requests in flight be answered (at most
+  ``shutdown_timeout``), close the connections, exit 0;
+- the engine is gone (EOF on the link, or the parent-death signal): requests waiting
+  on it are answered 503, the connections close, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import logging
+import signal
+import socket
+import sys
+import time
+from dataclasses import asdict, dataclass
+from email.utils import formatdate
+from typing import Any
+
+__all__ = ["FrontendSpec", "main"]
+
+log = logging.getLogger("sordino.frontends")
+
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendSpec:
+    """What a front end needs to know: where to listen, the engine's sockets, the
+    connection guard's settings (``server.*``) and the drain bound."""
+
+    host: str
+    port: int
+    link: str
+    handover: str
+    guard: dict[str, Any]
+    max_request_size: int
+    keep_alive_timeout: float
+    shutdown_timeout: float
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+class _State:
+    """What ``HttpProtocol`` reads and writes of uvicorn's ``server_state``."""
+
+    def __init__(self) -> None:
+        self.total_requests = 0
+        self.connections: set[Any] = set()
+        self.tasks: set[Any] = set()
+        self.default_headers: list[tuple[bytes, bytes]] = []
+
+    def tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Refresh the ``date`` header (as uvicorn does, once a second)."""
+        date = formatdate(time.time(), usegmt=True).encode()
+        self.default_headers = [(b"date", date), (b"server", b"uvicorn")]
+        loop.call_later(1.0, self.tick, loop)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux for SIGTERM when the engine process ends (EOF on the link covers the rest)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+async def serve(spec: FrontendSpec) -> None:
+    """Serve until a signal or the engine's end (see the module's docstring)."""
+    from sordino.server.connection_guard import ConnectionGuard
+    from sordino.server.frontend_link import FrontendLink
+    from sordino.server.frontend_protocol import frontend_protocol
+    from sordino.server.listen import bind_socket
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    link = await FrontendLink.open(spec.link)
+    channel = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    channel.connect(spec.handover)
+    channel.settimeout(5.0)
+    guard = ConnectionGuard(**spec.guard)
+    protocol = frontend_protocol(
+        guard,
+        link,
+        channel,
+        max_request_size=spec.max_request_size,
+        keep_alive_s=spec.keep_alive_timeout,
+    )
+    state = _State()
+    state.tick(loop)
+    sock = bind_socket(spec.host, spec.port, reuse_port=True)
+    server = await loop.create_server(
+        lambda: protocol(server_state=state, _loop=loop), sock=sock, backlog=2048
+    )
+    ended = loop.create_task(link.closed.wait())
+    stopped = loop.create_task(stop.wait())
+    await asyncio.wait([ended, stopped], return_when=asyncio.FIRST_COMPLETED)
+    server.close()
+    for connection in list(state.connections):
+        connection.shutdown()  # idle ones close, busy ones after their answer
+    deadline = loop.time() + spec.shutdown_timeout + 2.0
+    while state.connections:
+        if loop.time() >= deadline:
+            break
+        await asyncio.sleep(0.01)
+    for connection in list(state.connections):
+        connection.transport.close()
+    for task in list(state.tasks):
+        task.cancel()
+    link.close()
+    channel.close()
+    guard.close_lingering()
+    ended.cancel()
+    stopped.cancel()
+
+
+def main(argv: list[str]) -> int:
+    """The process's entry: ``argv[1]`` is the spec as JSON."""
+    _die_with_parent()
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    spec = FrontendSpec(**json.loads(argv[1]))
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
+        asyncio.run(serve(spec))
+    else:
+        uvloop.run(serve(spec))
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main(sys.argv))
+    sys.exit(0)

@@ -1,0 +1,240 @@
+"""The HTTP protocol of an extra front-end process (``server.frontends`` > 1).
+
+The same protocol as the engine's listener (``server/http_protocol.py``: httptools, the
+connection guard's limits and timeouts, keep-alive, pipelining), with two differences:
+
+- ``POST …/infer`` is a :class:`FrontendInferCycle`: the body is read here, then sent
+  over the engine link (``server/frontend_link.py``), and the engine's answer written
+  in one write. A client that leaves cancels its request in the engine.
+- any other request — metrics, health, model control, ``/generate``, SSE streams, the
+  dashboard — needs the engine's state, so the connection moves there: at a boundary
+  between requests, once the request line shows a target that is not inference, the
+  socket and the bytes already read are handed to the engine (``SCM_RIGHTS``), which
+  serves that request and the rest of the connection itself. The one request it cannot
+  move is one pipelined behind an unanswered inference request on the same connection
+  (its bytes were already parsed here): that one gets a 503 saying so, and the
+  connection closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import ClassVar
+
+from sordino.errors import Cancelled, SordinoError
+from sordino.protocol.codec import encode_error
+from sordino.server.connection_guard import ConnectionGuard
+from sordino.server.fast_infer import INFER_PATH, check_declared, error_parts, too_large
+from sordino.server.frontend_link import ENGINE_GONE, FrontendLink, hand_over
+from sordino.server.http_cycle import InferCycle
+from sordino.server.http_protocol import HttpProtocol
+from sordino.server.link_frames import Answer, LinkRequest
+
+__all__ = ["FrontendInferCycle", "FrontendProtocol", "frontend_protocol"]
+
+_LINE_MAX = 16384
+"""Bytes read for a request line at most before the connection is handed over anyway
+(the engine's parser then answers whatever it is)."""
+# The headers ``fast_infer.answer_infer`` reads; the others stay in the front end.
+_FORWARDED = frozenset(
+    {
+        b"content-length",
+        b"inference-header-content-length",
+        b"x-sordino-tag",
+        b"x-sordino-priority",
+        b"x-sordino-timeout",
+        b"x-sordino-tenant",
+        b"authorization",
+    }
+)
+_PIPELINED = (
+    "a request that is not inference, pipelined behind an unanswered inference request, "
+    "is not supported by an extra front-end process (server.frontends > 1): send it once "
+    "the answers before it arrived, or on a connection of its own"
+)
+
+
+async def _refuse_pipelined(scope: object, receive: object, send: object) -> None:
+    """The ASGI app of a front end: answers the one request it cannot move (503)."""
+    body = encode_error(_PIPELINED)
+    await send(  # type: ignore[operator]
+        {
+            "type": "http.response.start",
+            "status": 503,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % len(body)),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})  # type: ignore[operator]
+
+
+def frontend_protocol(
+    guard: ConnectionGuard,
+    link: FrontendLink,
+    channel: socket.socket,
+    *,
+    max_request_size: int,
+    keep_alive_s: float,
+) -> type[FrontendProtocol]:
+    """The protocol class of a front end: ``guard``'s limits, inference over ``link``,
+    other requests' connections handed over on ``channel``."""
+
+    class Bound(FrontendProtocol):
+        pass
+
+    Bound.guard, Bound.keep_alive_s = guard, keep_alive_s
+    Bound.link, Bound.channel, Bound.max_request_size = link, channel, max_request_size
+    Bound.apps = (_refuse_pipelined,)
+    Bound.infer_cycle = FrontendInferCycle
+    return Bound
+
+
+class FrontendProtocol(HttpProtocol):
+    """One connection on a front end (see the module's docstring)."""
+
+    link: ClassVar[FrontendLink]
+    channel: ClassVar[socket.socket]
+    max_request_size: ClassVar[int]
+
+    _line: bytes | None = None  # a request line being read at a boundary
+    _handed = False
+
+    def data_received(self, data: bytes) -> None:
+        if self._handed:
+            return
+        if (
+            self._made
+            and self._admitted
+            and not self._refused_late
+            and (self._line is not None or self._at_boundary())
+        ):
+            held = data if self._line is None else self._line + data
+            self._line = None
+            end = held.find(b"\r\n")
+            if end < 0 and len(held) < _LINE_MAX:
+                self._line = held  # the request line is not whole yet
+                self._unset_keep_alive()
+                if self._phase is None:
+                    self._arm("header")  # its header deadline runs from now
+                self._request_bytes = True
+                return
+            if not _inference(held[: end if end >= 0 else _LINE_MAX]):
+                self._hand_over(held)
+                return
+            data = held
+        super().data_received(data)
+
+    def _at_boundary(self) -> bool:
+        """No request is being read or answered on the connection."""
+        return (
+            (self.cycle is None or self.cycle.response_complete)
+            and not self.pipeline
+            and not self._request_bytes
+            and not self._shedding
+        )
+
+    def _hand_over(self, held: bytes) -> None:
+        """Move the connection to the engine with the bytes ``held`` already read."""
+        self._handed = True
+        self._disarm()
+        self._unset_keep_alive()
+        transport = self.transport
+        transport.pause_reading()
+        sock = transport.get_extra_info("socket")
+        try:
+            hand_over(self.channel, sock, held)
+        except OSError:
+            body = encode_error(ENGINE_GONE)
+            transport.write(
+                b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+            )
+        transport.close()  # only this process's descriptor: the engine's copy stays open
+
+    def refuse_before_forward(self, cycle: FrontendInferCycle) -> Answer | None:
+        """An answer that refuses ``cycle`` without asking the engine, or None to send it.
+
+        The place for a refusal from the engine's published load (no round trip); none
+        yet: every request is sent.
+        """
+        return None
+
+
+def _inference(line: bytes) -> bool:
+    """Whether a request line's target is ``…/infer`` (any method: the 405 is local)."""
+    parts = line.split(b" ")
+    if len(parts) != 3:
+        return False
+    path = parts[1].partition(b"?")[0]
+    if b"%" in path or not path.startswith(b"/v2/models/"):
+        return False  # the engine decodes escapes and answers the rest
+    try:
+        return INFER_PATH.fullmatch(path.decode("ascii")) is not None
+    except UnicodeDecodeError:
+        return False
+
+
+class FrontendInferCycle(InferCycle):
+    """``…/infer`` on a front end: read the body, ask the engine, one write."""
+
+    __slots__ = ("_future", "_ident")
+
+    conn: FrontendProtocol
+
+    async def _answer(self) -> None:
+        self._ident = 0
+        self._future: asyncio.Future[Answer] | None = None
+        if self.method != "POST":
+            message = f"{self.method} is not allowed on {self.path}; use POST"
+            self.respond(405, encode_error(message), {"Allow": "POST"})
+            return
+        conn = self.conn
+        refusal = conn.refuse_before_forward(self)
+        if refusal is not None:
+            self.respond(refusal.status, refusal.payload, refusal.headers)
+            return
+        forwarded = [pair for pair in self.headers if pair[0] in _FORWARDED]
+        try:
+            for name, value in forwarded:
+                if name == b"content-length":
+                    check_declared(conn.max_request_size, value)
+            body = await self.read_body()
+        except SordinoError as exc:
+            self.respond(*error_parts(exc))
+            return
+        request = LinkRequest(
+            0, self.received_at, self.model, self.version, self.path, self.client, forwarded, body
+        )
+        await conn.link.writable()
+        if self.disconnected:
+            return  # the client left while the link was full: nothing was sent
+        future = conn.link.call(request)
+        self._ident, self._future = request.id, future
+        answer = await future
+        self.respond(answer.status, answer.payload, answer.headers)
+
+    async def read_body(self) -> bytes:
+        """The whole body; Cancelled if the client leaves first, too large past the limit."""
+        limit = self.conn.max_request_size
+        self._continue()
+        while True:
+            if self.disconnected or self.response_complete:
+                raise Cancelled("the client disconnected while sending the request")
+            if self.buffered > limit:
+                raise too_large(limit)
+            if not self.more_body:
+                return self._take()
+            self.conn.resume_reading()
+            await self._wait()
+
+    def disconnect(self) -> None:
+        self.disconnected = True
+        self._signal()
+        future = getattr(self, "_future", None)
+        if future is not None and not future.done():
+            self.conn.link.cancel(self._ident)  # the engine cancels the request
+            future.set_result(Answer(self._ident, 499, b"", {}))  # dropped: the client left

@@ -1,0 +1,198 @@
+"""The extra HTTP front-end processes of one server (``server.frontends`` > 1).
+
+``server.frontends`` counts the engine process's own HTTP listener as the first front
+end; :class:`Frontends` starts the other N − 1 (``server/frontend_main.py``), each
+binding the same host and port with ``SO_REUSEPORT``, and keeps them running:
+
+- start: the engine's link (``server/engine_link.py``) listens, the processes start
+  and start-up returns once each has connected (one that exits first stops start-up
+  with its exit status);
+- a front end that ends while the server runs is started again (a warning says so);
+  the engine and the other front ends go on unaffected;
+- stop (:meth:`Frontends.drain`): SIGTERM to each, which stops accepting and answers
+  what it has in flight; the engine waits for them (bounded) before it drains its own
+  queues; :meth:`Frontends.close` then closes the link;
+- the engine's end: the processes see EOF on the link (and get the parent-death
+  signal on Linux) and end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+
+from sordino.config.server import ServerConfig
+from sordino.server.engine_link import Adopt, EngineLink
+from sordino.server.frontend_main import FrontendSpec
+from sordino.server.runtime import Runtime
+
+__all__ = ["Frontends", "default_frontends", "frontend_count"]
+
+log = logging.getLogger("sordino.frontends")
+
+_START_S = 60.0  # longest a front end may take to connect (imports on a busy machine)
+_WATCH_S = 0.25  # how often the processes are checked
+_STEADY_S = 10.0  # a front end that ran this long before it ended is restarted at once
+
+
+def default_frontends(cores: int | None) -> int:
+    """The front ends ``server.frontends`` means when unset, on ``cores`` CPU cores.
+
+    1 below 8 cores, else a front end per 4 cores, at most 4. The engine's loop (decode,
+    the service, the scheduler, the encode) stays one core whatever N is, and a request
+    another process read still costs it about four fifths of one it reads itself: the
+    CPU model of docs/benchmarks.md ("Front-end processes") gives +13 % at 2 front ends,
+    +21 % at 4 and 5 % more from 4 to 13. On a small machine an extra process only
+    competes with the engine and the workers for the same cores.
+    """
+    cores = cores or 1
+    return 1 if cores < 8 else min(4, cores // 4)
+
+
+def frontend_count(settings: ServerConfig) -> int:
+    """The number of HTTP front ends ``settings`` ask for (the default from the cores)."""
+    if settings.frontends is not None:
+        return settings.frontends
+    if settings.tls is not None:
+        return 1
+    return default_frontends(os.cpu_count())
+
+
+class Frontends:
+    """The N − 1 extra front-end processes and their link (see the module's docstring)."""
+
+    def __init__(self, runtime: Runtime, adopt: Adopt, *, host: str, port: int, count: int) -> None:
+        settings = runtime.config.server
+        self.count = count
+        self.link = EngineLink(runtime, adopt)
+        self.spec = FrontendSpec(
+            host=host,
+            port=port,
+            link=self.link.link_path,
+            handover=self.link.handover_path,
+            guard={
+                "max_connections": settings.max_connections or _max_connections(),
+                "max_per_client": settings.max_connections_per_client,
+                "header_timeout": settings.header_timeout,
+                "body_timeout": settings.body_timeout,
+                "max_pending_bodies": settings.max_pending_bodies,
+                "body_min_rate": settings.body_min_rate,
+                "body_rate_grace": settings.body_rate_grace,
+                "monitoring_connections": settings.monitoring_connections,
+            },
+            max_request_size=settings.max_request_size,
+            keep_alive_timeout=settings.keep_alive_timeout,
+            shutdown_timeout=settings.shutdown_timeout,
+        )
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.restarts = 0
+        self._stopping = False
+        self._watch: asyncio.Task[None] | None = None
+
+    def pids(self) -> list[int]:
+        """The extra front ends' process ids, now."""
+        return [process.pid for process in self.processes]
+
+    async def start(self) -> None:
+        """Start the link and the processes; return once every one has connected."""
+        await self.link.start()
+        self.processes = [self._spawn() for _ in range(self.count - 1)]
+        await self._connected(self.processes)
+        self._watch = asyncio.get_running_loop().create_task(self._supervise())
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "sordino.server.frontend_main", self.spec.to_json()],
+            stdin=subprocess.DEVNULL,
+        )
+
+    async def _connected(self, processes: list[subprocess.Popen[bytes]]) -> None:
+        deadline = asyncio.get_running_loop().time() + _START_S
+        want = {process.pid for process in processes}
+        while not want <= self.link.pids():
+            for process in processes:
+                status = process.poll()
+                if status is not None:
+                    raise RuntimeError(
+                        f"a front-end process (pid {process.pid}) ended during start-up with "
+                        f"status {status}; its error is above"
+                    )
+            if asyncio.get_running_loop().time() > deadline:
+                raise RuntimeError(f"front-end processes did not connect within {_START_S:.0f} s")
+            self.link.hello.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.link.hello.wait(), _WATCH_S)
+
+    async def _supervise(self) -> None:
+        loop = asyncio.get_running_loop()
+        count = len(self.processes)
+        started = [loop.time()] * count
+        failures = [0] * count  # ends in a row, each soon after its start
+        due: list[float | None] = [None] * count  # when a dead one is started again
+        while not self._stopping:
+            await asyncio.sleep(_WATCH_S)
+            now = loop.time()
+            for index, process in enumerate(self.processes):
+                if self._stopping:
+                    return
+                restart = due[index]
+                if restart is not None:
+                    if now >= restart:
+                        due[index], started[index] = None, now
+                        self.restarts += 1
+                        self.processes[index] = self._spawn()
+                    continue
+                status = process.poll()
+                if status is None:
+                    continue
+                # One that keeps ending soon after its start is restarted less often.
+                failures[index] = failures[index] + 1 if now - started[index] < _STEADY_S else 0
+                delay = min(0.5 * 2 ** (failures[index] - 1), 30.0) if failures[index] else 0.0
+                log.warning(
+                    "front-end process %d ended with status %s; starting another in %.1f s",
+                    process.pid,
+                    status,
+                    delay,
+                )
+                due[index] = now + delay
+
+    async def drain(self, timeout_s: float) -> None:
+        """Stop every front end: they stop accepting, answer what is in flight, and end
+        (killed after ``timeout_s``)."""
+        self._stopping = True
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+        for process in self.processes:
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(signal.SIGTERM)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while any(process.poll() is None for process in self.processes):
+            if loop.time() > deadline:
+                for process in self.processes:
+                    if process.poll() is None:
+                        log.warning("front-end process %d did not stop; killed", process.pid)
+                        process.kill()
+                        process.wait()
+                break
+            await asyncio.sleep(0.02)
+
+    async def close(self) -> None:
+        """Stop the processes at once (if still running) and close the link."""
+        if any(process.poll() is None for process in self.processes):
+            await self.drain(0.0)
+        await self.link.close()
+
+
+def _max_connections() -> int:
+    from sordino.server.connection_guard import default_max_connections
+
+    return default_max_connections()

@@ -1,0 +1,59 @@
+"""The HTTP listening socket: bound before anything starts, so a port in use is one clear
+error and ``port 0`` gives a free port that is known before the first request.
+
+Light on purpose: a front-end process (``server/frontend_main.py``) binds its socket with
+it without importing the rest of the server.
+"""
+
+from __future__ import annotations
+
+import socket
+
+__all__ = ["bind_socket", "check_port"]
+
+
+def _bound(
+    host: str, port: int, flag: str, what: str, *, reuse_port: bool = False
+) -> socket.socket:
+    """A socket bound to ``host:port`` (not listening); OSError naming ``flag`` if taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(
+            f"cannot listen{what} on {host}:{port}: {exc.strerror}; pick another port with "
+            f"{flag} (0 picks a free one)"
+        ) from exc
+    return sock
+
+
+def bind_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """Bind and listen on ``host:port`` (0 = any free port) with TCP_NODELAY set.
+
+    Linux copies TCP_NODELAY from the listening socket to accepted connections, and
+    the event loop sets it on each transport too: small responses are never delayed
+    by Nagle's algorithm. A port in use raises OSError naming ``--http-port``.
+    ``reuse_port`` sets SO_REUSEPORT: the front-end processes of one server all bind
+    the port, and the kernel spreads new connections over them.
+    """
+    sock = _bound(host, port, "--http-port", "", reuse_port=reuse_port)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def check_port(host: str, port: int, *, flag: str, what: str = "") -> None:
+    """Raise OSError naming ``flag`` if ``host:port`` cannot be bound now (0 always can).
+
+    For a listener that binds through a library which would only log the failure
+    (gRPC): the check gives the same message as :func:`bind_socket`, before any
+    model loads.
+    """
+    if port != 0:
+        _bound(host, port, flag, what).close()

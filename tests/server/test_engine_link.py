@@ -1,0 +1,114 @@
+"""The engine link's frames, and a front end whose engine is gone (real Unix sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from sordino.config import RuntimeConfig
+from sordino.config.server import ServerConfig
+from sordino.server import link_frames
+from sordino.server.frontend_link import ENGINE_GONE, FrontendLink
+from sordino.server.frontends import default_frontends, frontend_count
+from sordino.server.link_frames import FrameError, FrameReader, LinkRequest
+
+
+def _request(**changes: object) -> LinkRequest:
+    fields: dict[str, object] = {
+        "id": 7,
+        "received_at": 1234.5,
+        "model": "digits-classifier",
+        "version": "2",
+        "path": "/v2/models/digits-classifier/versions/2/infer",
+        "client": "127.0.0.1",
+        "headers": [(b"x-sordino-priority", b"1"), (b"content-length", b"3")],
+        "body": b"abc",
+    }
+    fields.update(changes)
+    return LinkRequest(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [_request(), _request(version=None, client=None, headers=[], body=b"")],
+    ids=["every-field", "nothing-optional"],
+)
+def test_a_request_crosses_the_link_whole(request_: LinkRequest) -> None:
+    frame = b"".join(link_frames.encode_request(request_))
+    ((kind, body),) = FrameReader().feed(frame)
+    assert kind == link_frames.REQUEST
+    assert link_frames.decode_request(body) == request_
+
+
+def test_frames_split_and_joined_across_reads_come_out_whole() -> None:
+    answers = [
+        link_frames.Answer(i, 200 + i, b"x" * i, {"Content-Type": "application/json"})
+        for i in range(5)
+    ]
+    wire = b"".join(
+        b"".join(link_frames.encode_answer(a.id, a.status, a.payload, a.headers)) for a in answers
+    )
+    wire += link_frames.encode_cancel(9)
+    reader = FrameReader()
+    frames = []
+    for at in range(0, len(wire), 7):  # reads that cut frames anywhere
+        frames += reader.feed(wire[at : at + 7])
+    assert [link_frames.decode_answer(body) for _, body in frames[:5]] == answers
+    assert frames[5] == (link_frames.CANCEL, wire[-8:])
+    assert link_frames.decode_id(frames[5][1]) == 9
+
+
+def test_a_broken_frame_is_an_error_not_a_crash() -> None:
+    with pytest.raises(FrameError):
+        link_frames.decode_request(b"\x01\x02")
+    with pytest.raises(FrameError):
+        link_frames.decode_answer(b"\x01")
+
+
+async def test_a_front_end_whose_engine_is_gone_answers_503_at_once(tmp_path: Path) -> None:
+    accepted: asyncio.Queue[asyncio.StreamWriter] = asyncio.Queue()
+
+    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await accepted.put(writer)
+
+    path = str(tmp_path / "link")
+    server = await asyncio.start_unix_server(engine, path)
+    link = await FrontendLink.open(path)
+    waiting = link.call(_request())
+    writer = await accepted.get()
+    writer.close()  # the engine ends with a request outstanding
+    server.close()
+    answer = await asyncio.wait_for(waiting, 10)
+    assert answer.status == 503 and json.loads(answer.payload) == {"error": ENGINE_GONE}
+    assert answer.headers["Connection"] == "close"
+    await asyncio.wait_for(link.closed.wait(), 10)
+    later = await asyncio.wait_for(link.call(_request()), 1)
+    assert later.status == 503
+
+
+@pytest.mark.parametrize("value", [0, -1, "two"])
+def test_a_bad_frontends_value_is_a_clear_error(value: object) -> None:
+    with pytest.raises(ValidationError, match="frontends"):
+        RuntimeConfig.model_validate({"server": {"frontends": value}})
+
+
+def test_several_front_ends_with_tls_are_not_supported(tmp_path: Path) -> None:
+    tls = {"cert": str(tmp_path / "c.pem"), "key": str(tmp_path / "k.pem")}
+    with pytest.raises(ValidationError, match="not supported"):
+        RuntimeConfig.model_validate({"server": {"frontends": 2, "tls": tls}})
+    RuntimeConfig.model_validate({"server": {"frontends": 1, "tls": tls}})
+
+
+def test_the_default_is_one_front_end_on_small_machines() -> None:
+    assert [default_frontends(cores) for cores in (None, 1, 2, 4)] == [1, 1, 1, 1]
+    assert [default_frontends(cores) for cores in (8, 12, 16, 64)] == [2, 3, 4, 4]
+
+
+def test_one_front_end_is_one_process() -> None:
+    assert frontend_count(ServerConfig(frontends=1)) == 1
+    assert frontend_count(ServerConfig()) == default_frontends(os.cpu_count())

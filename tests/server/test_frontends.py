@@ -1,0 +1,334 @@
+"""``server.frontends: 2``: a second HTTP process on the port, the engine reached over its link.
+
+One module-scoped server (the engine on a thread of this process, its extra front end a
+real process); which process holds a connection is read from the kernel (psutil), so
+each test knows whether the front end or the engine accepted the connection it uses.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from sordino.config import RuntimeConfig
+from sordino.models.repository import builtin_sources
+from sordino.testing import RunningServer, serve_in_thread
+from tests.conftest import thread_isolated
+from tests.server.helpers import Gate, stats
+from tests.waiting import wait_for
+
+LIMIT = 1 << 20  # server.max_request_size here: a 413 is cheap to provoke
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    config = RuntimeConfig.model_validate(
+        {"server": {"frontends": 2, "max_request_size": LIMIT, "shutdown_timeout": 10}}
+    )
+    with serve_in_thread(config, thread_isolated(builtin_sources())) as running:
+        yield running
+
+
+def _frontend(server: RunningServer) -> int:
+    assert server.frontends is not None
+    (pid,) = server.frontends.pids()
+    return pid
+
+
+def _owner(server: RunningServer, sock: socket.socket) -> int:
+    """The pid of the process that accepted ``sock``'s connection (this one: the engine)."""
+    client_port = sock.getsockname()[1]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for pid in (_frontend(server), os.getpid()):
+            try:
+                held = psutil.Process(pid).net_connections(kind="tcp")
+            except psutil.NoSuchProcess:
+                continue
+            if any(c.raddr and c.raddr.port == client_port for c in held):
+                return pid
+        time.sleep(0.01)
+    raise AssertionError("no process accepted the connection")
+
+
+def _connection(server: RunningServer, pid: int) -> http.client.HTTPConnection:
+    """A connection that process ``pid`` accepted (new ones are tried until one is)."""
+    for _ in range(200):
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        connection.connect()
+        assert connection.sock is not None
+        if _owner(server, connection.sock) == pid:
+            return connection
+        connection.close()
+    raise AssertionError(f"no connection landed on process {pid}")
+
+
+def _digits(seed: int = 0) -> bytes:
+    pixels = [float((i * 7 + seed) % 17) for i in range(64)]
+    return json.dumps(
+        {"inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": pixels}]}
+    ).encode()
+
+
+def _ask(
+    connection: http.client.HTTPConnection,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, bytes, dict[str, str]]:
+    connection.request(method, path, body=body, headers=headers or {})
+    response = connection.getresponse()
+    payload = response.read()
+    return response.status, payload, {k.lower(): v for k, v in response.getheaders()}
+
+
+def test_both_processes_accept_connections_on_the_one_port(server: RunningServer) -> None:
+    owners = set()
+    for pid in (_frontend(server), os.getpid()):
+        connection = _connection(server, pid)
+        status, _, _ = _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits())
+        assert status == 200
+        assert connection.sock is not None
+        owners.add(_owner(server, connection.sock))
+        connection.close()
+    assert owners == {_frontend(server), os.getpid()}
+
+
+def test_an_answer_through_the_front_end_equals_the_engines_own(server: RunningServer) -> None:
+    answers = []
+    for pid in (_frontend(server), os.getpid()):
+        connection = _connection(server, pid)
+        for seed in range(3):
+            status, payload, headers = _ask(
+                connection, "POST", "/v2/models/digits-classifier/infer", _digits(seed)
+            )
+            headers.pop("date")
+            answers.append((pid, seed, status, payload, headers))
+        connection.close()
+    through, own = answers[:3], answers[3:]
+    assert [a[2:] for a in through] == [a[2:] for a in own]
+    assert {a[2] for a in through} == {200}
+
+
+ERRORS: list[tuple[str, str, bytes | None, dict[str, str]]] = [
+    ("POST", "/v2/models/nope/infer", _digits(), {}),  # 404
+    ("POST", "/v2/models/digits-classifier/versions/9/infer", _digits(), {}),  # 404
+    ("POST", "/v2/models/digits-classifier/infer", b"{oops", {}),  # 400
+    ("POST", "/v2/models/digits-classifier/infer", b'{"inputs": [{"name": "x"}]}', {}),  # 400
+    ("GET", "/v2/models/digits-classifier/infer", None, {}),  # 405
+    ("POST", "/v2/models/digits-classifier/infer", b"0" * (LIMIT + 1), {}),  # 413
+    # 503: the queue timeout has passed before the request is admitted
+    ("POST", "/v2/models/digits-classifier/infer", _digits(), {"X-Sordino-Timeout": "1"}),
+]
+
+
+@pytest.mark.parametrize("request_", ERRORS, ids=lambda r: f"{r[0]} {r[1][:30]}")
+def test_errors_are_the_same_through_either_process(
+    server: RunningServer, request_: tuple[str, str, bytes | None, dict[str, str]]
+) -> None:
+    answers = []
+    for pid in (_frontend(server), os.getpid()):
+        connection = _connection(server, pid)
+        status, payload, headers = _ask(connection, *request_)
+        headers.pop("date", None)
+        if status == 503:
+            # The engine's own listener may refuse this one from its headers (early_shed:
+            # no body read, its own wording), where a front end sends it on and the
+            # engine's admission refuses it; the waits in the messages differ anyway.
+            payload, headers = b"", {"content-type": headers["content-type"]}
+        answers.append((status, payload, headers))
+        connection.close()
+    assert answers[0] == answers[1]
+    assert answers[0][0] >= 400
+
+
+def test_a_client_that_leaves_cancels_its_request_in_the_engine(server: RunningServer) -> None:
+    body = json.dumps(
+        {
+            "inputs": [
+                {"name": n, "shape": [1, 16], "datatype": "INT32", "data": [1] * 16}
+                for n in ("INPUT0", "INPUT1")
+            ]
+        }
+    ).encode()
+    head = (
+        f"POST /v2/models/simple/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    before = stats(server, "simple")
+    with Gate(server, "simple") as gate:
+        held: list[int] = []
+        engine = _connection(server, os.getpid())
+        holder = threading.Thread(
+            target=lambda: held.append(_ask(engine, "POST", "/v2/models/simple/infer", body)[0])
+        )
+        holder.start()
+        wait_for(gate.entered.is_set, "the held batch to start")
+        leaving = _connection(server, _frontend(server))
+        assert leaving.sock is not None
+        leaving.sock.sendall(head + body)
+        wait_for(lambda: stats(server, "simple").queue.depth == 1, "the request to queue")
+        leaving.close()
+        wait_for(
+            lambda: stats(server, "simple").cancelled == before.cancelled + 1,
+            "the engine to cancel the request the front end sent",
+        )
+        gate.release()
+        holder.join(30)
+        assert held == [200]
+        assert gate.rows == [1]  # the cancelled request never ran
+
+
+def test_other_routes_move_the_connection_to_the_engine(server: RunningServer) -> None:
+    connection = _connection(server, _frontend(server))
+    status, _, _ = _ask(connection, "GET", "/v2/health/ready")  # its first request
+    assert status == 200
+    assert connection.sock is not None
+    assert _owner(server, connection.sock) == os.getpid()  # the engine serves it from now on
+    status, metrics, _ = _ask(connection, "GET", "/metrics")
+    assert status == 200 and b"sordino" in metrics
+    status, metadata, _ = _ask(connection, "GET", "/v2")
+    assert status == 200 and json.loads(metadata)["name"]
+    status, _, _ = _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits())
+    assert status == 200
+    connection.close()
+
+
+def test_a_large_first_request_moves_with_all_its_bytes(server: RunningServer) -> None:
+    # Far more than one hand-over message (32 KiB): the bytes read go in several.
+    body = json.dumps({"ready": True, "padding": "x" * 300_000}).encode()
+    answers = []
+    for pid in (_frontend(server), os.getpid()):
+        connection = _connection(server, pid)
+        assert connection.sock is not None
+        connection.sock.sendall(
+            b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        response = http.client.HTTPResponse(connection.sock)
+        response.begin()
+        answers.append((response.status, json.loads(response.read())))
+        connection.close()
+    assert answers[0] == answers[1]
+    status, index = answers[0]
+    assert status == 200 and any(entry["name"] == "digits-classifier" for entry in index)
+
+
+def test_a_stream_works_on_a_connection_the_front_end_accepted(server: RunningServer) -> None:
+    connection = _connection(server, _frontend(server))
+    status, _, _ = _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits())
+    assert status == 200  # answered over the link; the stream below moves the connection
+    status, events, headers = _ask(
+        connection,
+        "POST",
+        "/v2/models/countdown/generate_stream",
+        json.dumps({"COUNT": 3, "id": "g1"}).encode(),
+        {"Content-Type": "application/json"},
+    )
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    data = [json.loads(line[5:]) for line in events.decode().splitlines() if line[:5] == "data:"]
+    assert [event["REMAINING"] for event in data] == [2, 1, 0]
+    connection.close()
+
+
+def test_a_pipelined_other_request_behind_inference_gets_a_clear_503(
+    server: RunningServer,
+) -> None:
+    connection = _connection(server, _frontend(server))
+    assert connection.sock is not None
+    body = _digits()
+    connection.sock.sendall(
+        b"POST /v2/models/digits-classifier/infer HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Length: %d\r\n\r\n%s"
+        % (len(body), body)
+        + b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+    )
+    answers = b""
+    while answers.count(b"HTTP/1.1") < 2 or not answers.endswith(b"}"):
+        chunk = connection.sock.recv(65536)
+        if not chunk:
+            break
+        answers += chunk
+    assert answers.startswith(b"HTTP/1.1 200")
+    assert b"HTTP/1.1 503" in answers and b"not supported" in answers
+    connection.close()
+
+
+def _serve_steadily(server: RunningServer, count: int, statuses: list[int]) -> None:
+    connection = _connection(server, os.getpid())
+    for seed in range(count):
+        status, _, _ = _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits(seed))
+        statuses.append(status)
+    connection.close()
+
+
+def test_a_front_end_that_dies_is_replaced_and_the_engine_loses_nothing(
+    server: RunningServer,
+) -> None:
+    assert server.frontends is not None
+    dead = _frontend(server)
+    statuses: list[int] = []
+    steady = threading.Thread(target=_serve_steadily, args=(server, 200, statuses))
+    steady.start()
+    wait_for(lambda: len(statuses) >= 20, "requests on the engine's connection")
+    os.kill(dead, signal.SIGKILL)
+    steady.join(60)
+    assert statuses == [200] * 200
+    wait_for(lambda: server.frontends is not None and server.frontends.restarts == 1, "a restart")
+    wait_for(
+        lambda: (
+            server.frontends is not None
+            and set(server.frontends.pids()) <= server.frontends.link.pids()
+        ),
+        "the new front end to connect",
+    )
+    replacement = _connection(server, _frontend(server))
+    status, _, _ = _ask(replacement, "POST", "/v2/models/digits-classifier/infer", _digits())
+    assert status == 200 and _frontend(server) != dead
+    replacement.close()
+
+
+def test_a_stop_answers_what_a_front_end_has_in_flight() -> None:
+    config = RuntimeConfig.model_validate({"server": {"frontends": 2, "shutdown_timeout": 10}})
+    simple = [s for s in builtin_sources() if s.name == "simple"]
+    serving = serve_in_thread(config, thread_isolated(simple))
+    server = serving.__enter__()
+    assert server.frontends is not None
+    frontend = psutil.Process(_frontend(server))
+    body = json.dumps(
+        {
+            "inputs": [
+                {"name": n, "shape": [1, 16], "datatype": "INT32", "data": [1] * 16}
+                for n in ("INPUT0", "INPUT1")
+            ]
+        }
+    ).encode()
+    answered: list[tuple[int, str]] = []
+    with Gate(server, "simple") as gate:
+        connection = _connection(server, frontend.pid)
+
+        def ask() -> None:
+            status, _, headers = _ask(connection, "POST", "/v2/models/simple/infer", body)
+            answered.append((status, headers.get("connection", "")))
+
+        asking = threading.Thread(target=ask)
+        asking.start()
+        wait_for(gate.entered.is_set, "the request to reach the model")
+        stopping = threading.Thread(target=serving.__exit__, args=(None, None, None))
+        stopping.start()
+        wait_for(lambda: server.frontends is not None and server.frontends._stopping, "the stop")
+        gate.release()
+        asking.join(30)
+        stopping.join(60)
+    assert answered == [(200, "close")]
+    assert not frontend.is_running() or frontend.status() == psutil.STATUS_ZOMBIE
