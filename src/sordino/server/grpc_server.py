@@ -11,12 +11,15 @@ answered UNIMPLEMENTED.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
 
 from sordino.errors import SordinoError
 from sordino.protocol.status import grpc_code_name, retry_after_header
+from sordino.server.engine_loop import Engine, ThreadEngine
+from sordino.server.engine_routes import handed_stream, handed_unary
 from sordino.server.grpc import SERVICE, UNSUPPORTED_RPCS, InferenceServicer, Unary
 from sordino.server.grpc_accept import open_server
 from sordino.server.model_control import ModelControl
@@ -83,8 +86,19 @@ def _serialize(message: Any) -> bytes:
     return data
 
 
-def build_handler(servicer: InferenceServicer) -> Any:
-    """Return the generic handler serving ``servicer`` as ``inference.GRPCInferenceService``."""
+def build_handler(servicer: InferenceServicer, engine: Engine | None = None) -> Any:
+    """Return the generic handler serving ``servicer`` as ``inference.GRPCInferenceService``
+    (its methods run on ``engine``'s loop when that is a thread's; the call stays here)."""
+    threaded = engine if isinstance(engine, ThreadEngine) else None
+
+    def method(name: str) -> Unary:
+        found: Unary = getattr(servicer, name)
+        return found if threaded is None else handed_unary(found, threaded)
+
+    stream_infer: Callable[[Any], Awaitable[None]] = servicer.ModelStreamInfer
+    if threaded is not None:
+        stream_infer = handed_stream(stream_infer, threaded)
+
     unary = [
         "ServerLive",
         "ServerReady",
@@ -106,7 +120,7 @@ def build_handler(servicer: InferenceServicer) -> Any:
     ]
     handlers: dict[str, Any] = {
         name: grpc.unary_unary_rpc_method_handler(
-            _guard(getattr(servicer, name)), response_serializer=_serialize
+            _guard(method(name)), response_serializer=_serialize
         )
         for name in unary
     }
@@ -114,7 +128,7 @@ def build_handler(servicer: InferenceServicer) -> Any:
     async def stream(_requests: Any, context: Any) -> None:
         try:
             with servicer.streams.hold(peer_address(context.peer() or "")):
-                await servicer.ModelStreamInfer(context)
+                await stream_infer(context)
         except SordinoError as exc:
             await _abort(context, exc)
 
@@ -129,8 +143,17 @@ def build_handler(servicer: InferenceServicer) -> Any:
 class GrpcServer:
     """The KServe v2 gRPC endpoint of one runtime, on grpc.aio in the running loop."""
 
-    def __init__(self, runtime: Runtime, host: str, port: int, control: ModelControl) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        host: str,
+        port: int,
+        control: ModelControl,
+        engine: Engine | None = None,
+    ) -> None:
+        """``engine`` runs the servicer's methods (None: this loop; server/engine_loop.py)."""
         self.runtime = runtime
+        self._engine = engine
         self.host = host
         self._requested_port = port
         self.port = port
@@ -168,7 +191,7 @@ class GrpcServer:
             ],
             self.runtime.config.server.grpc_accept_ahead,
         )
-        server.add_generic_rpc_handlers((build_handler(self._servicer),))
+        server.add_generic_rpc_handlers((build_handler(self._servicer, self._engine),))
         host = f"[{self.host}]" if ":" in self.host else self.host
         try:
             tls = load_tls(self.runtime.config.server.tls)
