@@ -10,7 +10,8 @@ there; the server's loop keeps the transports: uvicorn's sockets and the HTTP
 protocol (parse, guards, reads and writes) and grpc.aio's calls.
 
 What crosses between the two loops is a coroutine one way and its outcome the other
-(:meth:`ThreadEngine.call`): two wake-ups of a loop a call, under the GIL. The
+(:meth:`ThreadEngine.call`), through a :class:`_Mailbox` each way: one wake-up of the
+other loop for everything posted before it runs, rather than one a call. The
 figures that decided the default are in docs/benchmarks.md ("The engine on a loop of
 its own in a thread (issue 30)").
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Literal, TypeVar
 
@@ -63,6 +65,31 @@ class SharedEngine(Engine):
         callback()
 
 
+class _Mailbox:
+    """Callbacks for ``loop`` from one other thread, in order; one wake-up of ``loop``
+    (``call_soon_threadsafe``: a write to its self-pipe) for all posted before it runs
+    them. The flag is cleared before the callbacks run, so nothing posted is missed."""
+
+    __slots__ = ("_armed", "_items", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._items: deque[Callable[[], None]] = deque()
+        self._armed = False
+
+    def post(self, callback: Callable[[], None]) -> None:
+        self._items.append(callback)
+        if not self._armed:
+            self._armed = True
+            self._loop.call_soon_threadsafe(self._run)
+
+    def _run(self) -> None:
+        self._armed = False
+        items = self._items
+        while items:
+            items.popleft()()
+
+
 class ThreadEngine(Engine):
     """The engine on an event loop of its own, in a thread (``sordino-engine``)."""
 
@@ -72,15 +99,21 @@ class ThreadEngine(Engine):
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
+        self._to_engine: _Mailbox | None = None
+        self._to_server: _Mailbox | None = None
 
     def start(self) -> None:
         """Start the thread and its loop, of the kind the server's loop is (uvloop or not)."""
-        factory: Callable[[], asyncio.AbstractEventLoop] = type(asyncio.get_running_loop())
+        server = asyncio.get_running_loop()
+        factory: Callable[[], asyncio.AbstractEventLoop] = type(server)
         self._thread = threading.Thread(
             target=self._run, args=(factory,), name="sordino-engine", daemon=True
         )
         self._thread.start()
         self._ready.wait()
+        assert self.loop is not None
+        self._to_engine = _Mailbox(self.loop)
+        self._to_server = _Mailbox(server)
 
     def _run(self, factory: Callable[[], asyncio.AbstractEventLoop]) -> None:
         loop = factory()
@@ -106,16 +139,18 @@ class ThreadEngine(Engine):
             self._thread.join()
         self.loop = None
         self._thread = None
+        self._to_engine = self._to_server = None
 
     def soon(self, callback: Callable[[], None]) -> None:
-        assert self.loop is not None, "the engine's loop is not running"
-        self.loop.call_soon_threadsafe(callback)
+        assert self._to_engine is not None, "the engine's loop is not running"
+        self._to_engine.post(callback)
 
     async def call(self, work: Coroutine[Any, Any, T]) -> T:
-        engine = self.loop
-        assert engine is not None, "the engine's loop is not running"
-        caller = asyncio.get_running_loop()
-        done: asyncio.Future[T] = caller.create_future()
+        engine, to_engine, to_server = self.loop, self._to_engine, self._to_server
+        assert engine is not None and to_engine is not None and to_server is not None, (
+            "the engine's loop is not running"
+        )
+        done: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         held: list[asyncio.Task[T]] = []
 
         def settle(task: asyncio.Task[T]) -> None:  # on the server's loop
@@ -131,17 +166,21 @@ class ThreadEngine(Engine):
         def begin() -> None:  # on the engine's loop
             task = engine.create_task(work)
             held.append(task)
-            task.add_done_callback(lambda t: caller.call_soon_threadsafe(settle, t))
+            task.add_done_callback(lambda t: to_server.post(lambda: settle(t)))
 
-        engine.call_soon_threadsafe(begin)
+        to_engine.post(begin)
         try:
             return await asyncio.shield(done)
         except asyncio.CancelledError:
             if done.done():
                 raise
+
             # Cancel the work (begin ran first: the loop keeps their order) and wait for
             # it to unwind before the caller goes on.
-            engine.call_soon_threadsafe(lambda: held[0].cancel())
+            def cancel() -> None:
+                held[0].cancel()
+
+            to_engine.post(cancel)
             with contextlib.suppress(BaseException):
                 await done
             raise
