@@ -55,6 +55,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds a cell")
     parser.add_argument("--concurrency", default="1,64", help="requests in flight")
     parser.add_argument("--thread-src", default=None, help="PYTHONPATH of the thread server")
+    parser.add_argument(
+        "--switch-interval", type=float, default=None,
+        help="sys.setswitchinterval in both servers (seconds; Python's default 0.005)",
+    )  # fmt: skip
     args = parser.parse_args()
 
     import onnxruntime as ort
@@ -74,7 +78,17 @@ def main() -> None:
             config = server_config(w1, folder, 2, "adaptive", 100.0)
             if label == THREAD:
                 config.write_text(config.read_text() + "server:\n  engine_loop: thread\n")
-            env = {"PYTHONPATH": args.thread_src} if label == THREAD and args.thread_src else None
+            paths = [args.thread_src or ""] if label == THREAD and args.thread_src else []
+            if args.switch_interval is not None:  # through a sitecustomize, as no flag sets it
+                site = Path(scratch) / "site"
+                site.mkdir(exist_ok=True)
+                (site / "sitecustomize.py").write_text(
+                    f"import sys\nsys.setswitchinterval({args.switch_interval})\n"
+                )
+                paths.insert(0, str(site))
+            if paths:
+                paths.append(os.environ.get("PYTHONPATH", ""))
+            env = {"PYTHONPATH": os.pathsep.join(p for p in paths if p)} if paths else None
             s = stack.enter_context(
                 sordino_server(["--no-builtin", "--config", str(config)], env=env)
             )
