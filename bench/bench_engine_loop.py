@@ -1,15 +1,19 @@
 """The engine on its own loop in a thread against today's one loop, on W1 (issue 30).
 
-    python -m bench.bench_engine_loop                    # 4 s a cell, 3 repeats (~4 min)
-    python -m bench.bench_engine_loop --seconds 6 --repeat 5
-    python -m bench.bench_engine_loop --thread-src /path/to/checkout/src
+    git worktree add /tmp/enginethread exp/enginethread   # the thread mode: not in main
+    python -m bench.bench_engine_loop --thread-src /tmp/enginethread/src   # ~4 min
+    python -m bench.bench_engine_loop --thread-src … --seconds 4 --repeat 5
+
+``server.engine_loop: thread`` was measured and not kept (docs/benchmarks.md, "The
+engine on its own loop in a thread"); its implementation and tests are on the branch
+``exp/enginethread``, which ``--thread-src`` runs the thread server from (without it
+the thread server runs from this checkout, which must then have the option).
 
 Two ``sordino start`` servers, up at once on free loopback ports, with bench_triton's
 "sordino" settings (W1 MLP, max batch 32, 10 ms batching delay, 2 intra-op threads):
 **shared** (``server.engine_loop`` left at its default, one event loop) and **thread**
 (``server.engine_loop: thread``: the engine on a loop of its own in a thread, the
-transports on the server's). ``--thread-src`` runs the thread server from another
-checkout's ``src`` (PYTHONPATH), to measure the option where it is not in this one.
+transports on the server's).
 
 bench_triton's lean closed-loop generator (``bench/peer_load.py``) drives both, cells
 interleaved server by server and the order rotated every repeat: HTTP (KServe binary)
@@ -89,9 +93,13 @@ def main() -> None:
             if paths:
                 paths.append(os.environ.get("PYTHONPATH", ""))
             env = {"PYTHONPATH": os.pathsep.join(p for p in paths if p)} if paths else None
-            s = stack.enter_context(
-                sordino_server(["--no-builtin", "--config", str(config)], env=env)
-            )
+            try:
+                s = stack.enter_context(
+                    sordino_server(["--no-builtin", "--config", str(config)], env=env)
+                )
+            except RuntimeError as error:
+                hint = " (give --thread-src: see the docstring)" if label == THREAD else ""
+                raise SystemExit(f"the {label} server did not start: {error}{hint}") from None
             targets[label] = Target(label, s.http, s.grpc, "w1", s.pid, _root_is_front,
                                     lambda u=s.http: sordino_batches(u, "w1"))  # fmt: skip
         concurrencies = tuple(int(c) for c in args.concurrency.split(","))

@@ -82,11 +82,6 @@ class ServerConfig(Section):
     """gRPC calls requested from gRPC core ahead of their arrival, so that calls arriving
     while the event loop is busy are all accepted in one turn (server/grpc_accept.py);
     1 = grpc.aio's own one at a time."""
-    engine_loop: Literal["shared", "thread"] = "shared"
-    """Where the engine (models, scheduler, arena, executor, telemetry, the routes but
-    inference's transport) runs: ``shared``, on the server's one event loop; ``thread``,
-    on an event loop of its own in a thread, the HTTP and gRPC transports staying on
-    the server's (server/engine_loop.py; measured in docs/benchmarks.md)."""
     shutdown_timeout: Duration = 30.0
     """How long a graceful stop waits for in-flight requests before cancelling them."""
     tls: TlsConfig | None = None

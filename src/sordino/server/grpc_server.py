@@ -11,15 +11,12 @@ answered UNIMPLEMENTED.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
 
 from sordino.errors import SordinoError
 from sordino.protocol.status import grpc_code_name, retry_after_header
-from sordino.server.engine_loop import Engine, ThreadEngine
-from sordino.server.engine_routes import handed_stream, handed_unary
 from sordino.server.grpc import SERVICE, UNSUPPORTED_RPCS, InferenceServicer, Unary
 from sordino.server.grpc_accept import open_server
 from sordino.server.model_control import ModelControl
@@ -86,19 +83,8 @@ def _serialize(message: Any) -> bytes:
     return data
 
 
-def build_handler(servicer: InferenceServicer, engine: Engine | None = None) -> Any:
-    """Return the generic handler serving ``servicer`` as ``inference.GRPCInferenceService``
-    (its methods run on ``engine``'s loop when that is a thread's; the call stays here)."""
-    threaded = engine if isinstance(engine, ThreadEngine) else None
-
-    def method(name: str) -> Unary:
-        found: Unary = getattr(servicer, name)
-        return found if threaded is None else handed_unary(found, threaded)
-
-    stream_infer: Callable[[Any], Awaitable[None]] = servicer.ModelStreamInfer
-    if threaded is not None:
-        stream_infer = handed_stream(stream_infer, threaded)
-
+def build_handler(servicer: InferenceServicer) -> Any:
+    """Return the generic handler serving ``servicer`` as ``inference.GRPCInferenceService``."""
     unary = [
         "ServerLive",
         "ServerReady",
@@ -120,7 +106,7 @@ def build_handler(servicer: InferenceServicer, engine: Engine | None = None) -> 
     ]
     handlers: dict[str, Any] = {
         name: grpc.unary_unary_rpc_method_handler(
-            _guard(method(name)), response_serializer=_serialize
+            _guard(getattr(servicer, name)), response_serializer=_serialize
         )
         for name in unary
     }
@@ -128,7 +114,7 @@ def build_handler(servicer: InferenceServicer, engine: Engine | None = None) -> 
     async def stream(_requests: Any, context: Any) -> None:
         try:
             with servicer.streams.hold(peer_address(context.peer() or "")):
-                await stream_infer(context)
+                await servicer.ModelStreamInfer(context)
         except SordinoError as exc:
             await _abort(context, exc)
 
@@ -143,17 +129,8 @@ def build_handler(servicer: InferenceServicer, engine: Engine | None = None) -> 
 class GrpcServer:
     """The KServe v2 gRPC endpoint of one runtime, on grpc.aio in the running loop."""
 
-    def __init__(
-        self,
-        runtime: Runtime,
-        host: str,
-        port: int,
-        control: ModelControl,
-        engine: Engine | None = None,
-    ) -> None:
-        """``engine`` runs the servicer's methods (None: this loop; server/engine_loop.py)."""
+    def __init__(self, runtime: Runtime, host: str, port: int, control: ModelControl) -> None:
         self.runtime = runtime
-        self._engine = engine
         self.host = host
         self._requested_port = port
         self.port = port
@@ -191,7 +168,7 @@ class GrpcServer:
             ],
             self.runtime.config.server.grpc_accept_ahead,
         )
-        server.add_generic_rpc_handlers((build_handler(self._servicer, self._engine),))
+        server.add_generic_rpc_handlers((build_handler(self._servicer),))
         host = f"[{self.host}]" if ":" in self.host else self.host
         try:
             tls = load_tls(self.runtime.config.server.tls)

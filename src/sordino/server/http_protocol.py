@@ -39,8 +39,6 @@ from sordino.server.connection_guard import (
     ConnectionGuard,
     monitoring,
 )
-from sordino.server.engine_loop import Engine, SharedEngine
-from sordino.server.engine_routes import HandedInferCycle
 from sordino.server.fast_infer import INFER_PATH
 from sordino.server.guarded_reads import GuardedReads
 from sordino.server.http_cycle import HIGH_WATER, STATUS_LINE, Cycle, InferCycle
@@ -63,21 +61,16 @@ class ServerState(Protocol):
 
 
 def http_protocol(
-    guard: ConnectionGuard,
-    app: ASGIApp,
-    runtime: Runtime,
-    keep_alive_s: float,
-    engine: Engine | None = None,
+    guard: ConnectionGuard, app: ASGIApp, runtime: Runtime, keep_alive_s: float
 ) -> type[HttpProtocol]:
     """The protocol class for uvicorn's ``Config(http=...)``: ``guard``'s limits, ``app``
-    for every request but inference, ``runtime`` for inference (answered on
-    ``engine``'s loop; None: this one), idle connections closed after ``keep_alive_s``."""
+    for every request but inference, ``runtime`` for inference, idle connections
+    closed after ``keep_alive_s``."""
 
     class Bound(HttpProtocol):
         pass
 
     Bound.guard, Bound.runtime, Bound.keep_alive_s = guard, runtime, keep_alive_s
-    Bound.engine = engine or SharedEngine()
     Bound.apps = (app,)  # in a tuple: a function as a class attribute would be bound
     return Bound
 
@@ -89,7 +82,6 @@ class HttpProtocol(GuardedReads):
     apps: ClassVar[tuple[ASGIApp]]
     runtime: ClassVar[Runtime]
     keep_alive_s: ClassVar[float]
-    engine: ClassVar[Engine] = SharedEngine()
 
     def __init__(
         self,
@@ -294,7 +286,7 @@ class HttpProtocol(GuardedReads):
         match = INFER_PATH.fullmatch(path) if path.startswith(_INFER_PREFIX) else None
         cycle: Cycle
         if match is not None:
-            cycle = (HandedInferCycle if self.engine.threaded else InferCycle)(
+            cycle = InferCycle(
                 self,
                 name,
                 keep_alive,

@@ -15,10 +15,6 @@ close
 
 If opening fails at any step, whatever was started is stopped (workers included)
 before the error propagates.
-
-With ``server.engine_loop: thread`` the runtime's steps (loading, model control,
-draining, stopping) run on the engine's own loop (``server/engine_loop.py``), awaited
-from this one in the same order; the engine's loop ends last.
 """
 
 from __future__ import annotations
@@ -30,7 +26,6 @@ from pathlib import Path
 
 from sordino.config import RuntimeConfig
 from sordino.models.repository import ModelSource
-from sordino.server.engine_loop import Engine, open_engine
 from sordino.server.grpc_server import GrpcServer
 from sordino.server.model_control import ModelControl
 from sordino.server.registry import LoadedModel
@@ -49,7 +44,6 @@ class Server:
     http: HttpServer
     grpc: GrpcServer
     journal: Path | None
-    engine: Engine
 
     @property
     def url(self) -> str:
@@ -72,12 +66,10 @@ async def open_server(
     with the runtime before any model loads (tests install doubles there); ``on_journal``
     with the journal's path once it is open, ``on_loaded`` with each model once it serves.
     """
-    engine = open_engine(config.server.engine_loop)
     runtime = Runtime(config, sources)
     control = ModelControl(runtime)
-    http = HttpServer(runtime, config.server.host, config.server.http_port, control, engine)
-    grpc = GrpcServer(runtime, config.server.host, config.server.grpc_port, control, engine)
-    engine.start()
+    http = HttpServer(runtime, config.server.host, config.server.http_port, control)
+    grpc = GrpcServer(runtime, config.server.host, config.server.grpc_port, control)
     try:
         grpc.bind()
         opened = runtime.telemetry.open_journal(journal) if journal is not None else None
@@ -85,35 +77,23 @@ async def open_server(
             on_journal(opened.path)
         if prepare is not None:
             prepare(runtime)
-        await engine.call(runtime.start(on_loaded=on_loaded))
+        await runtime.start(on_loaded=on_loaded)
         await grpc.start()
         await http.start()
-        await engine.call(_started(control))
+        control.start()
     except BaseException:
         # Whatever stopped start-up, stop the workers already running before leaving.
-        try:
-            await engine.call(control.close())
-            await engine.call(runtime.stop(drain=False))
-            await grpc.stop()
-            await http.stop(grace_s=0)
-        finally:
-            engine.close()
+        await control.close()
+        await runtime.stop(drain=False)
+        await grpc.stop()
+        await http.stop(grace_s=0)
         raise
-    path = opened.path if opened is not None else None
-    server = Server(runtime, control, http, grpc, path, engine)
+    server = Server(runtime, control, http, grpc, opened.path if opened is not None else None)
     try:
         yield server
     finally:
-        try:
-            http.stop_accepting()
-            await engine.call(control.close())
-            await engine.call(runtime.stop(drain=True, timeout_s=config.server.shutdown_timeout))
-            await grpc.stop()
-            await http.stop()
-        finally:
-            engine.close()
-
-
-async def _started(control: ModelControl) -> None:
-    """Start model control on the engine's loop (its rescans run there)."""
-    control.start()
+        http.stop_accepting()
+        await control.close()
+        await runtime.stop(drain=True, timeout_s=config.server.shutdown_timeout)
+        await grpc.stop()
+        await http.stop()

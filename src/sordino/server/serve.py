@@ -17,8 +17,6 @@ import uvicorn
 
 from sordino.server.connection_guard import ConnectionGuard, default_max_connections
 from sordino.server.early_shed import EarlyShed
-from sordino.server.engine_loop import Engine, SharedEngine
-from sordino.server.engine_routes import on_engine
 from sordino.server.http import build_app
 from sordino.server.http_protocol import HttpProtocol, http_protocol
 from sordino.server.loop_lag import LoopLag
@@ -89,15 +87,8 @@ class HttpServer:
     """
 
     def __init__(
-        self,
-        runtime: Runtime,
-        host: str,
-        port: int,
-        control: ModelControl | None = None,
-        engine: Engine | None = None,
+        self, runtime: Runtime, host: str, port: int, control: ModelControl | None = None
     ) -> None:
-        """``engine`` runs what reaches the runtime (None: this loop; see
-        ``server/engine_loop.py``): inference answers and the Starlette app."""
         self.runtime = runtime
         self.host = host
         settings = runtime.config.server
@@ -124,11 +115,8 @@ class HttpServer:
         # is bounded by server.header_timeout (uvicorn leaves asyncio's 60 s default).
         self._ssl = tls.ssl_context() if tls is not None else None
         self._handshake_timeout = settings.header_timeout
-        engine = engine or SharedEngine()
-        app = on_engine(build_app(runtime, control), engine)
-        self._protocol = http_protocol(
-            self.guard, app, runtime, settings.keep_alive_timeout, engine
-        )
+        app = build_app(runtime, control)
+        self._protocol = http_protocol(self.guard, app, runtime, settings.keep_alive_timeout)
         config = uvicorn.Config(
             app,
             loop="none",

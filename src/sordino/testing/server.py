@@ -30,8 +30,7 @@ class RunningServer:
 
     ``url`` and ``port`` are the HTTP endpoint's; ``grpc_url`` is the ``host:port`` of
     the gRPC endpoint, which shares the runtime and ``control`` (the model control)
-    with HTTP. ``runtime`` lives on the engine's event loop (``loop``: the server's
-    own, or the engine thread's with ``server.engine_loop: thread``): read its
+    with HTTP. ``runtime`` lives on the server's own event loop: read its
     ``statistics()`` from tests, but call coroutines only through :meth:`call`.
     """
 
@@ -53,7 +52,7 @@ class RunningServer:
         return f"127.0.0.1:{self.grpc_port}"
 
     def call(self, coro: object, timeout: float = 60.0) -> object:
-        """Run a coroutine on the engine's loop and return its result."""
+        """Run a coroutine on the server's loop and return its result."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)  # type: ignore[arg-type]
 
 
@@ -106,7 +105,7 @@ def serve_in_thread(
                     server.url,
                     server.http.port,
                     server.runtime,
-                    getattr(server.engine, "loop", None) or asyncio.get_running_loop(),
+                    asyncio.get_running_loop(),
                     grpc_port=server.grpc.port,
                     control=server.control,
                     early_shed=server.http.early_shed,
