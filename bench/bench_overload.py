@@ -517,6 +517,11 @@ def main() -> None:
         help="skip the floor: bench/refuser.c's CPU per refusal on the server's core",
     )  # fmt: skip
     parser.add_argument("--chart", type=Path, help="a PNG of the overload, second by second")
+    parser.add_argument(
+        "--engine-loop", choices=("shared", "thread"), default="shared",
+        help="server.engine_loop (thread: run with PYTHONPATH on a checkout of the branch "
+        "exp/enginethread; results NAME_thread)",
+    )  # fmt: skip
     args = parser.parse_args()
     args.variants = [v for v in args.variants.split(",") if v]
     if not args.variants or set(args.variants) - {"headers", "body"}:
@@ -534,6 +539,8 @@ def main() -> None:
     # Every client connection comes from 127.0.0.1: lift the per-address limit above ours.
     config = Path(tempfile.mkdtemp(prefix="sordino-overload-")) / "runtime_config.yaml"
     text = f"server:\n  max_connections_per_client: {args.connections + 64}\n"
+    if args.engine_loop != "shared":  # the key is left out where it is the default
+        text += f"  engine_loop: {args.engine_loop}\n"
     workload = WORKLOADS[args.workload]
     if workload.name == "w2":
         from bench import models
@@ -569,6 +576,8 @@ def main() -> None:
     console.print(f"load average while it ran: {os.getloadavg()[0]:.1f}")
     result["load_average"] = os.getloadavg()
     name = "overload" if workload.name == "digits" else f"overload_{workload.name}"
+    name += "" if args.engine_loop == "shared" else f"_{args.engine_loop}"
+    result["engine_loop"] = args.engine_loop
     console.print(f"wrote {save(name, result)}")
 
 
