@@ -1,12 +1,13 @@
 """The engine on its own loop in a thread against today's one loop, on W1 (issue 30).
 
-    git worktree add /tmp/enginethread exp/enginethread   # the thread mode: not in main
+    git worktree add /tmp/enginethread 8f0cd24   # the thread mode is not in main:
+    git -C /tmp/enginethread apply "$PWD/bench/patches/engine_thread.diff"
     python -m bench.bench_engine_loop --thread-src /tmp/enginethread/src   # ~4 min
     python -m bench.bench_engine_loop --thread-src … --seconds 4 --repeat 5
 
 ``server.engine_loop: thread`` was measured and not kept (docs/benchmarks.md, "The
-engine on its own loop in a thread"); its implementation and tests are on the branch
-``exp/enginethread``, which ``--thread-src`` runs the thread server from (without it
+engine on its own loop in a thread"); its implementation and tests are the patch
+``bench/patches/engine_thread.diff`` (on commit ``8f0cd24``), which ``--thread-src`` runs the thread server from (without it
 the thread server runs from this checkout, which must then have the option).
 
 Two ``sordino start`` servers, up at once on free loopback ports, with bench_triton's

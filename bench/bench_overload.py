@@ -519,8 +519,8 @@ def main() -> None:
     parser.add_argument("--chart", type=Path, help="a PNG of the overload, second by second")
     parser.add_argument(
         "--engine-loop", choices=("shared", "thread"), default="shared",
-        help="server.engine_loop (thread: run with PYTHONPATH on a checkout of the branch "
-        "exp/enginethread; results NAME_thread)",
+        help="server.engine_loop (thread: run with PYTHONPATH on a checkout of "
+        "8f0cd24 with bench/patches/engine_thread.diff; results NAME_thread)",
     )  # fmt: skip
     args = parser.parse_args()
     args.variants = [v for v in args.variants.split(",") if v]
