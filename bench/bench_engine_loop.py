@@ -7,8 +7,9 @@
 
 ``server.engine_loop: thread`` was measured and not kept (docs/benchmarks.md, "The
 engine on its own loop in a thread"); its implementation and tests are the patch
-``bench/patches/engine_thread.diff`` (on commit ``8f0cd24``), which ``--thread-src`` runs the thread server from (without it
-the thread server runs from this checkout, which must then have the option).
+``bench/patches/engine_thread.diff`` (on commit ``8f0cd24``), which ``--thread-src``
+runs the thread server from (without it the thread server runs from this checkout,
+which must then have the option).
 
 Two ``sordino start`` servers, up at once on free loopback ports, with bench_triton's
 "sordino" settings (W1 MLP, max batch 32, 10 ms batching delay, 2 intra-op threads):
