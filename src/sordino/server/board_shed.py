@@ -59,11 +59,14 @@ class BoardShed(HeaderShed):
         # its admission by credit used (the same rule as in the engine's process).
         self._engine_lag = LoopLag(1.0)
 
+    def _epoch(self, now: float) -> object:
+        # Decisions hold until the engine publishes again (its header is written last
+        # on every publish): many loop iterations under overload, not one.
+        seq = self.board.header_seq()
+        return self._decided_at if seq & 1 else seq
+
     def _new_iteration(self) -> None:
-        board = self.board
-        header = board.header()
-        if header is not None and not board.fresh(header):
-            header = None
+        header = self.board.header()
         self._header = header
         if header is not None:
             engine = self._engine_lag
@@ -72,7 +75,12 @@ class BoardShed(HeaderShed):
 
     def _skip(self) -> bool:
         header = self._header
-        return header is None or header.tenants_required or header.stopping
+        return (
+            header is None
+            or header.tenants_required
+            or header.stopping
+            or not self.board.fresh(header)
+        )
 
     def _lags(self) -> tuple[LoopLag, ...]:
         own = self.lag

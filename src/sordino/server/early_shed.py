@@ -29,6 +29,13 @@ Both need the priority (and the second the deadline) before the body, from heade
 - ``X-Sordino-Timeout`` (microseconds, as ``parameters.timeout``), else the model's
   default timeout. A request with neither has no deadline and is never shed here.
 
+The rule lives once, in :class:`HeaderShed`: :class:`EarlyShed` applies it in the
+engine's process to the live schedulers; ``server/board_shed.py``'s ``BoardShed`` in a
+front-end process to what the engine published on its load board
+(``server/load_board.py``), the two differing only in where a route's figures come
+from, where refusals are counted and how long a decision holds (one loop iteration
+here; until the next publish there).
+
 The service reads the same headers when the body's ``parameters`` do not set the
 priority or timeout, so the two decisions agree (a body that sets a *different*
 priority than its header is shed by its header here). Nothing is shed here when
@@ -99,7 +106,7 @@ class HeaderShed:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._refused_at = float("-inf")  # loop time of the last refusal
         self._decided: dict[tuple[bytes | None, ...], _Decision | object] = {}
-        self._decided_at = float("nan")  # the loop time they were decided at
+        self._decided_at: object = float("nan")  # the epoch they were decided in
         self._lag_refusals: dict[tuple[int, str], tuple[Shed, bytes]] = {}
 
     # -- what a subclass provides ------------------------------------------------------
@@ -108,8 +115,13 @@ class HeaderShed:
         """Whether to refuse nothing now (tenants required, stopping, no figures)."""
         raise NotImplementedError
 
+    def _epoch(self, now: float) -> object:
+        """What decisions stay good for: this event-loop iteration (``now``, the
+        loop's time) where the state they read is live."""
+        return now
+
     def _new_iteration(self) -> None:
-        """Called once an event-loop iteration, before the first request is decided."""
+        """Called once an epoch (:meth:`_epoch`), before the first request is decided."""
 
     def _route(self, model: str, version: str | None) -> ShedRoute | None:
         """The facts of the route a request for ``model`` goes to, or None when this
@@ -157,10 +169,11 @@ class HeaderShed:
         # one iteration refuses hundreds alike, and the model's state does not move
         # between them (the loop's time is the iteration's, under uvloop).
         now = loop.time()
-        if now != self._decided_at:
+        epoch = self._epoch(now)
+        if epoch != self._decided_at:
             self._decided.clear()
             self._lag_refusals.clear()
-            self._decided_at = now
+            self._decided_at = epoch
             self._new_iteration()
         if self._skip():
             return None

@@ -41,7 +41,14 @@ The contract. One writer (the engine's loop), any number of readers. A record (t
 header, or one slot) is written as: its ``seq`` made odd, the fields, its ``seq`` made
 even; a reader reads ``seq``, the fields, ``seq`` again, and uses the fields only if
 both were the same even number — else it retries, a bounded number of times, and then
-treats the record as absent (never waits). A reader never writes. Priorities past the
+treats the record as absent (never waits). A reader never writes. Each ``seq`` is
+an aligned 8-byte word read and written in one instruction (a memoryview cast to
+``Q``, never ``struct.pack_into``, which zero-fills before it writes: a reader saw the
+same passing value before and after a torn record); the order of the writer's stores
+is x86-64's (TSO), where a seqlock needs no fence — a weakly ordered CPU (ARM) would
+need one, which Python cannot express. On every publish the
+header is written last, so a header ``seq`` that has not moved says nothing on the
+board has (:meth:`LoadBoard.header_seq`). Priorities past the
 eighth read the eighth's figures (a lower priority has at least as much ahead, so that
 refuses less, never more: the engine's own admission still decides). A route whose name
 or version does not fit, or that finds every slot taken, is not on the board (counted
@@ -89,7 +96,6 @@ STALE_S = 1.0
 """A board not published for this long refuses nothing (its engine is stuck or gone)."""
 _RETRIES = 64
 
-_SEQ = struct.Struct("<Q")
 _HEAD = struct.Struct("<8sII")
 _HEADER = struct.Struct("<QddddIII")  # at 24
 _SLOT = struct.Struct(f"<IHHdBB6x{NAME_BYTES}s{VERSION_BYTES}s{MAX_LEVELS}d{MAX_LEVELS}I")  # at 8
@@ -161,11 +167,16 @@ class LoadBoard:
         buf = shm.buf
         assert buf is not None
         self._buf: memoryview | None = buf
+        # The sequences are read and written as aligned native 8-byte words, each in
+        # one load or store: ``struct.pack_into`` zero-fills before it writes, so a
+        # sequence written through it passes through other values (0 among them) and
+        # a reader could see the same wrong value before and after a torn record.
+        self._words: memoryview | None = buf.cast("Q") if len(buf) % 8 == 0 else None
         magic, layout, slots = _HEAD.unpack_from(buf, 0)
         if owner:
             slots = (shm.size - HEADER_SIZE) // SLOT_SIZE
             _HEAD.pack_into(buf, 0, MAGIC, LAYOUT, slots)
-        elif magic != MAGIC or layout != LAYOUT:
+        elif magic != MAGIC or layout != LAYOUT or self._words is None:
             self.close()
             raise ValueError(f"shared-memory segment {shm.name!r} is not a sordino load board")
         self.slots: int = slots
@@ -203,6 +214,9 @@ class LoadBoard:
         buf, self._buf = self._buf, None
         if buf is None:
             return
+        if self._words is not None:
+            self._words.release()
+            self._words = None
         buf.release()
         if self._owner:
             close_segment(self._shm, self._record)
@@ -262,25 +276,39 @@ class LoadBoard:
         self, buf: memoryview, offset: int, index: int, layout: struct.Struct,
         fields: Sequence[object],
     ) -> None:  # fmt: skip
+        words = self._words
+        assert words is not None
         seq = self._seqs[index] + 1
-        _SEQ.pack_into(buf, offset, seq)  # odd: being written
+        words[offset >> 3] = seq  # odd: being written
         layout.pack_into(buf, offset + 8, *fields)
         self._seqs[index] = seq + 1
-        _SEQ.pack_into(buf, offset, seq + 1)  # even: whole
+        words[offset >> 3] = seq + 1  # even: whole
 
     # -- reading (any process) ----------------------------------------------------
 
     def _read(self, offset: int, layout: struct.Struct) -> tuple[Any, ...] | None:
         """One record's fields under its seqlock, or None if it kept changing."""
         buf = self._view()
+        words = self._words
+        assert words is not None
+        index = offset >> 3
         for _ in range(_RETRIES):
-            before = _SEQ.unpack_from(buf, offset)[0]
+            before = words[index]
             if before & 1:
                 continue
             fields = layout.unpack_from(buf, offset + 8)
-            if _SEQ.unpack_from(buf, offset)[0] == before:
+            if words[index] == before:
                 return fields
         return None
+
+    def header_seq(self) -> int:
+        """The header's seqlock now: unchanged (and even) since a :meth:`header` read,
+        nothing on the board changed (the header is written last on every publish)."""
+        self._view()
+        words = self._words
+        assert words is not None
+        seq: int = words[2]
+        return seq
 
     def header(self) -> BoardHeader | None:
         """The header as last published, or None if it could not be read whole."""

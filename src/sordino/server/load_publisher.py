@@ -102,7 +102,11 @@ class LoadBoardPublisher:
             self.publish()
 
     def _tick(self) -> None:
-        busy = self.publish()
+        try:
+            busy = self.publish()
+        except Exception:  # a board left stale refuses nothing: keep trying, say why
+            log.exception("publishing the load board failed; front ends refuse nothing")
+            busy = False
         loop = self._loop
         assert loop is not None
         if self.board is not None:
