@@ -64,6 +64,10 @@ class Reader:
         assert line, "the reader process ended"
         return orjson.loads(line)
 
+    def route(self, name: str = MODEL) -> Any:
+        """The route ``name`` as the board shows it, or None."""
+        return next((r for r in self.ask("routes") if r["name"] == name), None)
+
     def shed(self, target: str = INFER, **headers: str) -> Any:
         named = [[k.replace("_", "-").lower(), v] for k, v in headers.items()]
         return self.ask("shed", target=target, headers=named)
@@ -76,7 +80,7 @@ class Reader:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    sources = thread_isolated([s for s in builtin_sources() if s.name == MODEL])
+    sources = thread_isolated([s for s in builtin_sources() if s.name in (MODEL, "simple")])
     config = RuntimeConfig.model_validate(
         {"server": {"shed_loop_lag": 0, "data_dir": str(tmp_path_factory.mktemp("data"))}}
     )
@@ -119,8 +123,9 @@ def _engine_shed(server: RunningServer, target: str, **headers: str) -> bytes | 
 def test_a_loaded_model_is_ready_on_the_board(reader: Reader) -> None:
     header = reader.ask("header")
     assert header["fresh"] and header["pid"] == os.getpid() and header["share"] == 1.0
-    (route,) = reader.ask("routes")
-    assert route["name"] == MODEL and route["ready"] and route["default"] and route["eligible"]
+    assert {r["name"] for r in reader.ask("routes")} == {MODEL, "simple"}
+    route = reader.route()
+    assert route["ready"] and route["default"] and route["eligible"]
     assert route["priority_levels"] == 3 and len(route["waits"]) == 3
 
 
@@ -143,8 +148,8 @@ def test_a_backlog_refuses_the_low_priority_and_not_the_high(
         threads += [threading.Thread(target=send, args=("low",)) for _ in range(8)]
         for thread in threads[1:]:
             thread.start()
-        wait_for(lambda: reader.ask("routes")[0]["rows_ahead"][2] == 8, "8 rows queued on board")
-        (route,) = reader.ask("routes")
+        wait_for(lambda: reader.route()["rows_ahead"][2] == 8, "8 rows queued on the board")
+        route = reader.route()
         high, _, low = route["waits"]
         assert route["rows_ahead"][0] == 0 and low > high
         # A deadline the high priority meets and the low one cannot, by the scheduler's rule.
@@ -193,11 +198,29 @@ def test_bad_input_gets_the_same_answer_as_the_engines_early_shed(
         assert engine is not None and engine.startswith(b"HTTP/1.1 %d" % board[0])
 
 
+def test_a_route_with_no_slot_is_left_off_and_forwarded(server: RunningServer) -> None:
+    """Two routes, one slot: the first by name has it; the other is counted in the
+    header's overflow, and its requests are not refused here (the engine decides)."""
+    small = LoadBoardPublisher(server.runtime, slots=1)
+    server.loop.call_soon_threadsafe(small.start)
+    wait_for(lambda: small.published > 0, "the small board's first publish")
+    seen = Reader(small.name)
+    try:
+        assert [r["name"] for r in seen.ask("routes")] == [MODEL]
+        assert seen.ask("header")["overflow"] == 1
+        assert seen.shed("/v2/models/simple/infer", X_Sordino_Timeout="1") is None
+        assert seen.shed(X_Sordino_Timeout="1") is not None
+    finally:
+        seen.close()
+        server.loop.call_soon_threadsafe(small.close)
+        wait_for(lambda: small.board is None, "the small board to close")
+
+
 def test_an_unloaded_model_leaves_the_board(server: RunningServer, reader: Reader) -> None:
     """(Last of the tests on the module's server: its model is gone after it.)"""
     version = server.runtime.get(MODEL).key.version
     server.call(server.runtime.loader.unload(MODEL, version, drain=True))
-    assert reader.ask("routes") == []  # published on the unload, not at the next tick
+    assert reader.route() is None  # published on the unload, not at the next tick
     assert reader.shed(X_Sordino_Timeout="1") is None  # unknown now: the engine answers
 
 
