@@ -24,7 +24,8 @@ its publisher can be started; ``sordino start`` has no switch for it yet). The l
 ``bench/openloop.c`` (open loop, 64 keep-alive connections, pinned to core 0; the
 measured process to core 1, as in ``bench_overload``). Also the decision alone, in each
 process, on its own loop: µs of the loop thread's CPU per call, when each request is in
-an event-loop iteration of its own (the board read each time) and when many share one.
+an event-loop iteration of its own (the board read each time) and when many share one;
+and what one publish costs the engine's loop.
 """
 
 from __future__ import annotations
@@ -77,6 +78,14 @@ async def _micro(shed: Any, n: int) -> dict[str, float]:
     }
 
 
+async def _publish_cost(publisher: Any, n: int) -> float:
+    """µs of the engine loop's CPU per publish (every route, then the header)."""
+    began = time.thread_time()
+    for _ in range(n):
+        publisher.publish()
+    return (time.thread_time() - began) / n * 1e6
+
+
 # -- the engine process ------------------------------------------------------------
 
 
@@ -105,6 +114,7 @@ def engine(data_dir: str) -> None:
         for line in sys.stdin:
             if line.strip() == "micro":
                 result = server.call(_micro(server.early_shed, 20_000))
+                result["publish_us"] = server.call(_publish_cost(publisher, 2_000))
                 print(json.dumps(result), flush=True)
         server.loop.call_soon_threadsafe(publisher.close)
 
@@ -299,6 +309,7 @@ def main() -> None:
         f"in the engine {micro['engine']['decision_us_alone']:.2f} / "
         f"{micro['engine']['decision_us_shared']:.2f}; from the board "
         f"{micro['board']['decision_us_alone']:.2f} / {micro['board']['decision_us_shared']:.2f}"
+        f"; a publish (one route) {micro['engine']['publish_us']:.1f} µs of the engine's loop"
     )
     path = save("refusal", {"rate": args.rate, "seconds": args.seconds, "rounds": rounds,
                             "decision": micro, "load_average": os.getloadavg()})  # fmt: skip
