@@ -157,7 +157,8 @@ def test_a_backlog_refuses_the_low_priority_and_not_the_high(
         refused = reader.shed(X_Sordino_Priority="low", X_Sordino_Timeout=timeout_us)
         assert refused is not None
         status, body, headers = refused
-        assert status == 503 and "rows at priority 3" in orjson.loads(body)["error"]
+        message = orjson.loads(body)["error"]
+        assert status == 503 and f"model {MODEL}/1 is overloaded: 8 rows at priority 3" in message
         assert int(headers["Retry-After"]) >= 1
         assert reader.shed(X_Sordino_Priority="high", X_Sordino_Timeout=timeout_us) is None
         # Today's in-process early shed gives the same answers now.

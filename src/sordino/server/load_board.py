@@ -142,7 +142,7 @@ class RouteLoad:
         if not timeout_s or not self.settings.shed_late or not self.waits:
             return None
         index = min(priority, len(self.waits)) - 1
-        key = f"{self.name}:{self.version}"
+        key = f"{self.name}/{self.version}"  # as ModelKey shows it: the same message
         return late_refusal(
             key, priority, timeout_s, self.waits[index], lambda: self.rows_ahead[index]
         )
