@@ -363,6 +363,10 @@ class ModelScheduler:
         """
         return self._shedder.expected_wait(priority)
 
+    def rows_ahead(self, priority: int) -> int:
+        """Rows queued now at ``priority`` and higher (what a :class:`Shed` names)."""
+        return self._shedder.rows_ahead(priority)
+
     def _arrival_rate(self) -> float:
         """Rows a second arriving now: what the batcher waits for."""
         return self._shedder.arrival_rate()

@@ -10,6 +10,8 @@ arrival rate the batcher waits for is counted here too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sordino.clock import Clock
 from sordino.errors import QueueTimeout, Shed
 from sordino.execution.executor import Executor
@@ -21,13 +23,40 @@ from sordino.scheduling.outcomes import Outcomes
 from sordino.scheduling.queue import RequestQueue
 from sordino.scheduling.work import WorkItem
 
-__all__ = ["ADMIT_SHARE", "Shedder"]
+__all__ = ["ADMIT_SHARE", "Shedder", "late_refusal"]
 
 ADMIT_SHARE = 0.8
 """A request is admitted while the wait expected for it is at most this share of its
 deadline: the rest is the margin for the estimate's error (a queue's wait varies), so
 a request admitted is one that finishes in time, and one refused is refused at once,
 not after waiting out its deadline."""
+
+
+def late_refusal(
+    model: object,
+    priority: int,
+    timeout_s: float | None,
+    expected_s: float | None,
+    rows_ahead: Callable[[], int],
+) -> Shed | None:
+    """The arrival rule, the one place it lives: the :class:`Shed` for a request at
+    ``priority`` with ``timeout_s`` to go when ``expected_s`` of work is ahead of it
+    (None: unknown), or None to admit it.
+
+    The scheduler applies it to its own queue (:meth:`Shedder.late`); a front end in
+    another process to the figures the engine published (``server/load_board.py``).
+    ``rows_ahead`` is asked only for a refusal's message.
+    """
+    if not timeout_s or expected_s is None or expected_s <= ADMIT_SHARE * timeout_s:
+        return None
+    return Shed(
+        f"model {model} is overloaded: {rows_ahead()} rows at "
+        f"priority {priority} or higher are ahead, about {expected_s * 1000:.0f} ms of "
+        f"work, more than {ADMIT_SHARE:.0%} of the request's "
+        f"{timeout_s * 1000:.0f} ms deadline; retry later, raise the deadline or the "
+        "priority",
+        retry_after_s=expected_s,
+    )
 
 
 class Shedder:
@@ -81,17 +110,17 @@ class Shedder:
         """
         if not timeout_s or not self.settings.shed_late:
             return None
-        expected_s = self.expected_wait(priority)
-        if expected_s is None or expected_s <= ADMIT_SHARE * timeout_s:
-            return None
-        return Shed(
-            f"model {self.model} is overloaded: {self._queue.rows_ahead(priority)} rows at "
-            f"priority {priority} or higher are ahead, about {expected_s * 1000:.0f} ms of "
-            f"work, more than {ADMIT_SHARE:.0%} of the request's "
-            f"{timeout_s * 1000:.0f} ms deadline; retry later, raise the deadline or the "
-            "priority",
-            retry_after_s=expected_s,
+        return late_refusal(
+            self.model,
+            priority,
+            timeout_s,
+            self.expected_wait(priority),
+            lambda: self._queue.rows_ahead(priority),
         )
+
+    def rows_ahead(self, priority: int) -> int:
+        """Rows queued now at ``priority`` and higher."""
+        return self._queue.rows_ahead(priority)
 
     def expected_wait(self, priority: int) -> float | None:
         """About how long a step queued now at ``priority`` takes to run (None: unknown).

@@ -29,6 +29,13 @@ Both need the priority (and the second the deadline) before the body, from heade
 - ``X-Sordino-Timeout`` (microseconds, as ``parameters.timeout``), else the model's
   default timeout. A request with neither has no deadline and is never shed here.
 
+The rule lives once, in :class:`HeaderShed`: :class:`EarlyShed` applies it in the
+engine's process to the live schedulers; ``server/board_shed.py``'s ``BoardShed`` in a
+front-end process to what the engine published on its load board
+(``server/load_board.py``), the two differing only in where a route's figures come
+from, where refusals are counted and how long a decision holds (one loop iteration
+here; until the next publish there).
+
 The service reads the same headers when the body's ``parameters`` do not set the
 priority or timeout, so the two decisions agree (a body that sets a *different*
 priority than its header is shed by its header here). Nothing is shed here when
@@ -42,7 +49,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -56,13 +63,13 @@ from sordino.admission.chain import (
 from sordino.errors import NotFound, Shed, SordinoError, Unavailable
 from sordino.protocol.codec import encode_error
 from sordino.protocol.status import retry_after_header
+from sordino.records import QueueSettings
 from sordino.server.loop_lag import LoopLag
-from sordino.server.runtime import Runtime
 
 if TYPE_CHECKING:
-    from sordino.scheduling.scheduler import ModelScheduler
+    from sordino.server.runtime import Runtime
 
-__all__ = ["REFUSING_S", "EarlyShed"]
+__all__ = ["REFUSING_S", "EarlyShed", "HeaderShed", "ShedRoute"]
 
 REFUSING_S = 1.0
 """How long after a refusal whole requests are tried without the HTTP parser
@@ -75,12 +82,19 @@ _TIMEOUT = TIMEOUT_HEADER.encode()
 _TENANT = b"x-sordino-tenant"
 
 
-class EarlyShed:
-    """Decides from a request's target and headers whether to refuse it unread."""
+class HeaderShed:
+    """The header rule, once for both places it runs: decides from a request's target
+    and headers whether to refuse it unread.
 
-    def __init__(self, runtime: Runtime, lag: LoopLag | None = None) -> None:
-        self._runtime = runtime
-        self._rules = {r.tag: r.priority for r in runtime.config.scheduler.priority_rules}
+    :class:`EarlyShed` applies it in the engine's own process, to the live schedulers;
+    :class:`~sordino.server.board_shed.BoardShed` in a front-end process, to the
+    figures the engine published on its load board. A subclass says where a route's
+    facts come from (:meth:`_route`), when nothing is refused at all (:meth:`_skip`),
+    and where the refusals are counted (:meth:`_flush`).
+    """
+
+    def __init__(self, rules: Mapping[str, int | str], lag: LoopLag | None = None) -> None:
+        self._rules = rules
         self.lag = lag
         """Event-loop lag: while the loop runs late, lower priorities are refused first."""
         self.shed = 0
@@ -92,8 +106,37 @@ class EarlyShed:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._refused_at = float("-inf")  # loop time of the last refusal
         self._decided: dict[tuple[bytes | None, ...], _Decision | object] = {}
-        self._decided_at = float("nan")  # the loop time they were decided at
-        self._lag_responses: dict[str, bytes] = {}  # this iteration's, by kind
+        self._decided_at: object = float("nan")  # the epoch they were decided in
+        self._lag_refusals: dict[tuple[int, str], tuple[Shed, bytes]] = {}
+
+    # -- what a subclass provides ------------------------------------------------------
+
+    def _skip(self) -> bool:
+        """Whether to refuse nothing now (tenants required, stopping, no figures)."""
+        raise NotImplementedError
+
+    def _epoch(self, now: float) -> object:
+        """What decisions stay good for: this event-loop iteration (``now``, the
+        loop's time) where the state they read is live."""
+        return now
+
+    def _new_iteration(self) -> None:
+        """Called once an epoch (:meth:`_epoch`), before the first request is decided."""
+
+    def _route(self, model: str, version: str | None) -> ShedRoute | None:
+        """The facts of the route a request for ``model`` goes to, or None when this
+        path does not answer it (an unknown model, an odd name)."""
+        raise NotImplementedError
+
+    def _lags(self) -> tuple[LoopLag, ...]:
+        """The lag rules that apply: this loop's own, and any published to it."""
+        return () if self.lag is None else (self.lag,)
+
+    def _flush(self, refused: Counter[tuple[str, str | None, str | None, str]]) -> None:
+        """Count one iteration's refusals: (model, version, tenant, reason) → count."""
+        raise NotImplementedError
+
+    # -- the rule ----------------------------------------------------------------------
 
     def __call__(self, target: bytes, headers: Sequence[tuple[bytes, bytes]]) -> bytes | None:
         """Return the whole HTTP response refusing the request, or None to serve it.
@@ -101,12 +144,39 @@ class EarlyShed:
         ``target`` is the request's URL as sent; ``headers`` its headers, names in
         lower case. Only ``POST`` requests are asked about.
         """
-        runtime = self._runtime
-        if runtime.tenants.required or runtime.stopping:
-            return None
+        refused = self.refusal_of(target, headers)
+        return None if refused is None else refused[1]
+
+    def refusal(
+        self, target: bytes, headers: Sequence[tuple[bytes, bytes]]
+    ) -> tuple[int, bytes, dict[str, str]] | None:
+        """The refusal as ``(status, body, headers)`` (as ``fast_infer.error_parts``
+        makes them), or None to serve the request: for a front end that writes its
+        own response."""
+        from sordino.server.fast_infer import error_parts  # the HTTP app's; not at import
+
+        refused = self.refusal_of(target, headers)
+        return None if refused is None else error_parts(refused[0])
+
+    def refusal_of(
+        self, target: bytes, headers: Sequence[tuple[bytes, bytes]]
+    ) -> tuple[Shed, bytes] | None:
+        """The error refusing the request and its whole HTTP response, or None."""
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
+        # Decided once per event-loop iteration for each kind of request: under overload
+        # one iteration refuses hundreds alike, and the model's state does not move
+        # between them (the loop's time is the iteration's, under uvloop).
+        now = loop.time()
+        epoch = self._epoch(now)
+        if epoch != self._decided_at:
+            self._decided.clear()
+            self._lag_refusals.clear()
+            self._decided_at = epoch
+            self._new_iteration()
+        if self._skip():
+            return None
         lag = self.lag
         if lag is not None:
             lag.request_seen(loop)
@@ -120,14 +190,6 @@ class EarlyShed:
                 tag = value
             elif name == _TENANT:
                 tenant = value
-        # Decided once per event-loop iteration for each kind of request: under overload
-        # one iteration refuses hundreds alike, and the model's state does not move
-        # between them (the loop's time is the iteration's, under uvloop).
-        now = loop.time()
-        if now != self._decided_at:
-            self._decided.clear()
-            self._lag_responses.clear()
-            self._decided_at = now
         key = (target, priority_value, timeout_value, tag)
         decision = self._decided.get(key)
         if decision is None:
@@ -135,25 +197,30 @@ class EarlyShed:
         if decision is _SERVE:
             return None
         assert isinstance(decision, _Decision)
-        reason = Shed.reason
-        response = None
-        if lag is not None and decision.stated_lower:
-            if not lag.admit():
-                response = self._lag_response("lower", lag)
-        elif lag is not None and not lag.admit_top():
-            response = self._lag_response("top", lag)
-        if response is None:
+        refused = None
+        for index, rule in enumerate(self._lags()):
+            if decision.stated_lower:
+                if not rule.admit():
+                    refused = self._lag_refusal(index, "lower", rule)
+                    break
+            elif not rule.admit_top():
+                refused = self._lag_refusal(index, "top", rule)
+                break
+        if refused is not None:
+            reason = Shed.reason
+        else:
             if decision.late is None:
                 return None
-            decision.scheduler.note_unread_refusal()
-            reason, response = decision.late.reason, decision.response
+            if decision.note is not None:
+                decision.note()
+            reason, refused = decision.late.reason, (decision.late, decision.response)
         self.shed += 1
         self._refused_at = now
         if not self._uncounted:
             loop.call_soon(self._count)
         named = tenant.decode("latin-1") if tenant is not None else None
         self._uncounted[decision.model, decision.version, named, reason] += 1
-        return response
+        return refused
 
     def _decide(
         self, target: bytes, priority_value: bytes | None, timeout_value: bytes | None,
@@ -164,20 +231,15 @@ class EarlyShed:
         match = _INFER.fullmatch(target)
         if match is None:
             return _SERVE
-        runtime = self._runtime
         try:
             model_name = match[1].decode("ascii")
             version = match[2].decode("ascii") if match[2] is not None else None
-            loaded = runtime.get(model_name, version)
-        except (UnicodeDecodeError, NotFound, Unavailable):
-            return _SERVE  # the ordinary path answers an odd name or an unknown model
-        if (
-            loaded.pipeline is not None
-            or loaded.sequences is not None
-            or runtime.result_cache.active(model_name)
-        ):
+        except UnicodeDecodeError:
+            return _SERVE  # the ordinary path answers an odd name
+        route = self._route(model_name, version)
+        if route is None or not route.eligible:
             return _SERVE
-        settings = loaded.scheduling.queue
+        settings = route.settings
         # Only a request that states its priority in X-Sordino-Priority is refused for
         # lag as a lower one: without it the body may say high. (A tag's rule is not
         # enough: tags predate this refusal, and their clients did not ask for it.) The
@@ -202,18 +264,18 @@ class EarlyShed:
             timeout_s = None  # malformed: the ordinary path says what is wrong with it
         late = None
         if timeout_s is not None:
-            late = loaded.scheduler.shed_unread(priority, timeout_s)
+            late = route.late(priority, timeout_s)
         return _Decision(
-            model_name, version, loaded.scheduler,
+            model_name, version, route.note,
             stated_lower=priority_value is not None and priority > 1,
             late=late, response=_response(late) if late is not None else b"",
         )  # fmt: skip
 
-    def _lag_response(self, kind: str, lag: LoopLag) -> bytes:
+    def _lag_refusal(self, index: int, kind: str, lag: LoopLag) -> tuple[Shed, bytes]:
         """The refusal for lag (``kind``: ``lower`` or ``top``), made once an iteration."""
-        response = self._lag_responses.get(kind)
-        if response is not None:
-            return response
+        refusal = self._lag_refusals.get((index, kind))
+        if refusal is not None:
+            return refusal
         if kind == "lower":
             message = (
                 f"the server is overloaded (its event loop runs {lag.last_lag_s * 1000:.0f} "
@@ -227,8 +289,9 @@ class EarlyShed:
                 f"ms late with every lower priority refused): {lag.top_share:.0%} of the "
                 f"highest priority admitted now; retry later"
             )
-        response = self._lag_responses[kind] = _response(Shed(message, retry_after_s=1.0))
-        return response
+        error = Shed(message, retry_after_s=1.0)
+        refusal = self._lag_refusals[index, kind] = (error, _response(error))
+        return refusal
 
     def refusing(self) -> bool:
         """Whether a request was refused here in the last :data:`REFUSING_S`."""
@@ -237,7 +300,39 @@ class EarlyShed:
 
     def _count(self) -> None:
         uncounted, self._uncounted = self._uncounted, Counter()
-        for (model, version, tenant, reason), count in uncounted.items():
+        self._flush(uncounted)
+
+
+class EarlyShed(HeaderShed):
+    """The header rule in the engine's own process, on its live schedulers."""
+
+    def __init__(self, runtime: Runtime, lag: LoopLag | None = None) -> None:
+        rules = {r.tag: r.priority for r in runtime.config.scheduler.priority_rules}
+        super().__init__(rules, lag)
+        self._runtime = runtime
+
+    def _skip(self) -> bool:
+        runtime = self._runtime
+        return runtime.tenants.required or runtime.stopping
+
+    def _route(self, model: str, version: str | None) -> ShedRoute | None:
+        runtime = self._runtime
+        try:
+            loaded = runtime.get(model, version)
+        except (NotFound, Unavailable):
+            return None  # the ordinary path answers an unknown model
+        scheduler = loaded.scheduler
+        return ShedRoute(
+            settings=loaded.scheduling.queue,
+            eligible=loaded.pipeline is None
+            and loaded.sequences is None
+            and not runtime.result_cache.active(model),
+            late=scheduler.shed_unread,
+            note=scheduler.note_unread_refusal,
+        )
+
+    def _flush(self, refused: Counter[tuple[str, str | None, str | None, str]]) -> None:
+        for (model, version, tenant, reason), count in refused.items():
             self._runtime.service.refused_unread(model, version, tenant, reason, count)
 
 
@@ -246,12 +341,26 @@ _SERVE = object()
 
 
 @dataclass(frozen=True, slots=True)
+class ShedRoute:
+    """What the header rule reads of one model route, wherever it comes from."""
+
+    settings: QueueSettings
+    """The queue policy admission's rules read (levels, defaults, overrides)."""
+    eligible: bool
+    """Refusable from headers: no pipeline, no sequences, no result cache."""
+    late: Callable[[int, float | None], Shed | None]
+    """The scheduler's arrival rule: the refusal at this priority and deadline, or None."""
+    note: Callable[[], None] | None
+    """Counts one refusal on a ``late`` answer where the scheduler lives (None: elsewhere)."""
+
+
+@dataclass(frozen=True, slots=True)
 class _Decision:
-    """What :meth:`EarlyShed._decide` found for one kind of request in one iteration."""
+    """What :meth:`HeaderShed._decide` found for one kind of request in one iteration."""
 
     model: str
     version: str | None
-    scheduler: ModelScheduler
+    note: Callable[[], None] | None
     stated_lower: bool
     """Its ``X-Sordino-Priority`` names a level below the highest."""
     late: Shed | None

@@ -1,0 +1,112 @@
+"""The header rule in a front-end process: refusing from the engine's load board.
+
+A front end that is not the engine (``server.frontends``) refuses a request the
+engine would shed without asking it: :class:`BoardShed` is
+:class:`~sordino.server.early_shed.HeaderShed` — the same rule as the engine's own
+:class:`~sordino.server.early_shed.EarlyShed`, admission's ``choose_priority`` and
+``choose_timeout``, the scheduler's ``late_refusal`` — applied to what the engine last
+published (``server/load_board.py``) instead of to live schedulers. It is a
+:class:`~sordino.server.connection_guard.ShedCheck` (set it as the front end's
+``guard.early_shed``), and :meth:`refusal` gives ``(status, body, headers)``.
+
+Lag: the engine loop's published shares are applied here (each front end keeps its
+own credit, so each admits that share of what it sees), and so is the front end's own
+:class:`~sordino.server.loop_lag.LoopLag` if it has one (its loop running late).
+
+It refuses nothing while the board is stale (not published for
+:data:`~sordino.server.load_board.STALE_S`: the engine is stuck or gone — the
+forwarded request then meets the engine's own answer), while the engine requires
+tenants or is stopping, and for a route not on the board (unknown, overflowed, not
+ready). Refusals are counted here, per loop iteration, by (model, version, tenant,
+reason): ``on_refused`` receives each iteration's counts (a front end forwards them to
+the engine's metrics); without it they add up in :attr:`BoardShed.refused`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping
+
+from sordino.server.early_shed import HeaderShed, ShedRoute
+from sordino.server.load_board import BoardHeader, LoadBoard
+from sordino.server.loop_lag import LoopLag
+
+__all__ = ["BoardShed", "RefusalCounts", "attach_board_shed"]
+
+RefusalCounts = Counter[tuple[str, str | None, str | None, str]]
+"""(model, version as requested, tenant, reason) → requests refused."""
+
+
+class BoardShed(HeaderShed):
+    """Decides from a request's target and headers, and the engine's load board,
+    whether to refuse it in this process (see the module's docstring)."""
+
+    def __init__(
+        self,
+        board: LoadBoard,
+        rules: Mapping[str, int | str],
+        lag: LoopLag | None = None,
+        *,
+        on_refused: Callable[[RefusalCounts], None] | None = None,
+    ) -> None:
+        super().__init__(rules, lag)
+        self.board = board
+        self._on_refused = on_refused
+        self.refused: RefusalCounts = Counter()
+        """Refusals counted here when there is no ``on_refused``."""
+        self._header: BoardHeader | None = None
+        # The engine loop's lag, as published: a LoopLag never measured here, only
+        # its admission by credit used (the same rule as in the engine's process).
+        self._engine_lag = LoopLag(1.0)
+
+    def _epoch(self, now: float) -> object:
+        # Decisions hold until the engine publishes again (its header is written last
+        # on every publish): many loop iterations under overload, not one.
+        seq = self.board.header_seq()
+        return self._decided_at if seq & 1 else seq
+
+    def _new_iteration(self) -> None:
+        header = self.board.header()
+        self._header = header
+        if header is not None:
+            engine = self._engine_lag
+            engine.share, engine.top_share = header.share, header.top_share
+            engine.last_lag_s = header.last_lag_s
+
+    def _skip(self) -> bool:
+        header = self._header
+        return (
+            header is None
+            or header.tenants_required
+            or header.stopping
+            or not self.board.fresh(header)
+        )
+
+    def _lags(self) -> tuple[LoopLag, ...]:
+        own = self.lag
+        return (self._engine_lag,) if own is None else (self._engine_lag, own)
+
+    def _route(self, model: str, version: str | None) -> ShedRoute | None:
+        header = self._header
+        assert header is not None  # not skipped
+        route = self.board.find(header, model, version)
+        if route is None or not route.ready:
+            return None  # the engine answers it (404, 503 while loading, …)
+        return ShedRoute(
+            settings=route.settings, eligible=route.eligible, late=route.late, note=None
+        )
+
+    def _flush(self, refused: RefusalCounts) -> None:
+        if self._on_refused is not None:
+            self._on_refused(refused)
+        else:
+            self.refused.update(refused)
+
+
+def attach_board_shed(
+    name: str, rules: Mapping[str, int | str], lag: LoopLag | None = None
+) -> BoardShed:
+    """Attach the engine's board ``name`` and return its :class:`BoardShed` (the
+    front end's call at start-up; ``rules`` are ``scheduler.priority_rules`` as a
+    tag → priority mapping). Close it with ``shed.board.close()``."""
+    return BoardShed(LoadBoard.attach(name), rules, lag)
