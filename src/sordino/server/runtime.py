@@ -97,8 +97,28 @@ class Runtime:
         )
         self.metrics = Metrics(labels)
         self.stats = ModelStats()
+        # Tensor lifetime planning of multi-step requests (a scheduler observer).
+        self.step_plans = StepPlanner()
+        # The memory manager owns the arena; the executor stages batches in it.
+        self.memory = MemoryManager(
+            config.memory,
+            clock=self.clock,
+            events=self.events,
+            capacity=config.workers.shared_memory,
+            registry=config.server.data_dir / SEGMENTS_DIR,
+            forecast=lambda: self.telemetry.forecast,
+            plans=self.step_plans.statistics,
+            pools={
+                model: (policy.node, policy.memory_pool)
+                for model, policy in config.node_policies.items()
+                if policy.memory_pool is not None
+            },
+        )
         executor = RayExecutor if config.executor.kind == "ray" else ChainExecutor
-        self.executor = executor(config, clock=self.clock, events=self.events)
+        self.executor = executor(
+            config, clock=self.clock, events=self.events, arena=self.memory.owner
+        )
+        self.memory.watch(self.executor)  # framework memory per worker, Ray node pools
         self.telemetry = Telemetry(
             config.telemetry,
             events=self.events,
@@ -108,32 +128,6 @@ class Runtime:
             slo_s=lambda key: config.scheduler.slo_p99_ms / 1000,
             clock=self.clock,
             labels=labels,
-        )
-        staging, overflow = self.executor.staging, self.executor.overflow
-        # Tensor lifetime planning of multi-step requests (a scheduler observer).
-        self.step_plans = StepPlanner()
-        self.memory = MemoryManager(
-            config.memory,
-            arena=lambda: staging.existing_arena,
-            overflow=lambda: (
-                overflow.shrinks,
-                staging.overflow_waits,
-                staging.overflow_rejections,
-                overflow.oversized,
-            ),
-            clock=self.clock,
-            events=self.events,
-            forecast=lambda: self.telemetry.forecast,
-            pause=staging.paused,
-            workers=self.executor.worker_memory,
-            plans=self.step_plans.statistics,
-            nodes=getattr(self.executor, "node_memory", tuple),
-            capacity=staging.capacity,
-            pools={
-                model: (policy.node, policy.memory_pool)
-                for model, policy in config.node_policies.items()
-                if policy.memory_pool is not None
-            },
         )
         # Body read times and lateness per second, for the guardian's triggers.
         self.timings = TimingSeries()
@@ -408,6 +402,7 @@ class Runtime:
             await self.loader.unload(model.key.name, model.key.version, drain=False)
         await self.memory.stop()
         await self.executor.aclose()
+        self.memory.close()  # the arena, once no worker maps it
         self.events.emit("server_stopped", "runtime")
         await self.telemetry.stop()
 
