@@ -42,6 +42,7 @@ from sordino.memory.segments import SEGMENTS_DIR, StaleSegment, remove_stale_seg
 from sordino.models.repository import ModelSource
 from sordino.records import SchedulerStatistics
 from sordino.server.guarding import open_guardian
+from sordino.server.inference_parts import InferenceParts
 from sordino.server.loader import LOAD_CONCURRENCY, ModelLoader
 from sordino.server.model_calls import ModelCalls
 from sordino.server.pipelines import build_pipeline, pipeline_statistics
@@ -196,6 +197,11 @@ class Runtime:
             tenants=self.tenants,
             pools=self.memory.pools if self.memory.pools.statistics(limited_only=True) else None,
         )
+        # What the inference endpoints use of all this, and nothing else.
+        self.inference = InferenceParts(
+            self.service, self.registry, self.tenants, self.shared_memory,
+            self.result_cache, self.timings, config.server.max_request_size,
+        )  # fmt: skip
         # Python models' calls to other models (BLS) take the service's path.
         serve_model_calls = getattr(self.executor, "serve_model_calls", None)
         if serve_model_calls is not None:  # not the Ray executor: its models cannot call
