@@ -14,7 +14,9 @@ Two parts, on the built-in digits classifier (an MLP: a request is almost all fr
   thread only. Per request: the Python function calls made in sordino and in the server
   libraries (uvicorn, starlette, grpc, anyio), the distinct files they ran in, the calls
   that cross from one such file to another, and every call the profile saw (stdlib and
-  C functions included). The worker process (the model) is not counted. Also per request,
+  C functions included). The worker process (the model) is not counted. The files are
+  counted twice: every file a call ran in while profiling (the server's timers too), and
+  those with a call every request (half a call a request or more). Also per request,
   the reviewer's figures of issue 30 (``LOOKUPS``): how often the model was looked up,
   the deadline resolved and an API key hashed. With ``--tenants`` the server has a tenant
   and ``auth.required``, and every request carries the tenant's key.
@@ -129,11 +131,16 @@ def _tally(profile: cProfile.Profile, requests: int, top: int = 0) -> dict[str, 
         )
         for label, names in LOOKUPS.items()
     }
+    by_file: dict[str, float] = {}
+    for (filename, _line, _name), (_cc, nc, *_rest) in stats.items():
+        if _counted(filename):
+            by_file[filename] = by_file.get(filename, 0.0) + nc / requests
     return {
         "functions": functions,
         "lookups": lookups,
         "calls": own / requests,
         "files": len(files),
+        "files_each_request": sum(1 for calls in by_file.values() if calls >= 0.5),
         "file_moves": moves / requests,
         "all_calls": total / requests,
     }
@@ -307,7 +314,8 @@ def main() -> None:
         console.print("[bold]Per unary request (server event-loop thread)[/]")
         for label, row in payload["calls"].items():
             console.print(
-                f"  {label:10} {row['calls']:7.1f} calls in {row['files']:3d} files, "
+                f"  {label:10} {row['calls']:7.1f} calls in {row['files']:3d} files "
+                f"({row['files_each_request']} of them every request), "
                 f"{row['file_moves']:6.1f} file-to-file calls; {row['all_calls']:7.1f} calls "
                 "with stdlib and C"
             )

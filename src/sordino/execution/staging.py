@@ -157,7 +157,7 @@ class Staging:
         if not in_arena:
             return staged
         owner = self._owner
-        if owner.closed_gate:
+        if owner.gate_closed:
             await owner.gate(parts)
         arena = owner.arena
         staged.buffer = arena.buffer

@@ -74,6 +74,9 @@ class ArenaOwner:
         self._registry = registry
         self._arena = arena
         self._gate: asyncio.Event | None = None
+        self.gate_closed = False
+        """Whether new batches are held back now (a resize is under way): wait at
+        :meth:`gate` then."""
         self.overflow = OverflowCounters()
         """Overflow protection's counts (staging's and the scheduler's)."""
 
@@ -137,17 +140,12 @@ class ArenaOwner:
     async def paused(self) -> AsyncIterator[None]:
         """Hold new batches back while entered (the memory manager resizes the arena)."""
         gate = asyncio.Event()
-        self._gate = gate
+        self._gate, self.gate_closed = gate, True
         try:
             yield
         finally:
-            self._gate = None
+            self._gate, self.gate_closed = None, False
             gate.set()
-
-    @property
-    def closed_gate(self) -> bool:
-        """Whether new batches are held back now (a resize is under way)."""
-        return self._gate is not None
 
     async def gate(self, parts: Sequence[Mapping[str, Tensor]]) -> None:
         """Wait while the arena is resized, ``parts`` parked meanwhile (they may move)."""

@@ -231,7 +231,7 @@ async def answer_infer(
         log.exception("inference request to %s failed", path)
         status, payload = 500, encode_error(f"internal error: {type(exc).__name__}")
         headers = {"Content-Type": "application/json"}
-    if parts.stopping:
+    if parts.registry.stopping:
         # Tell keep-alive clients to reconnect elsewhere rather than reuse a connection
         # the server is about to close.
         headers["Connection"] = "close"

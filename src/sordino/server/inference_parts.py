@@ -36,8 +36,3 @@ class InferenceParts:
     timings: TimingSeries
     max_request_size: int
     """``server.max_request_size`` (it needs a restart to change)."""
-
-    @property
-    def stopping(self) -> bool:
-        """Whether the server is shutting down (keep-alive answers then say close)."""
-        return self.registry.stopping
