@@ -18,7 +18,7 @@ batches in (``ChainExecutor(arena=...)``). The manager
   ``prewarm_interval`` it works out a target from the forecast's implied peak and the
   peak seen lately (times ``prewarm_headroom``, within ``pool_min``..``pool_max``),
   grows the arena ahead of a predicted peak and shrinks it to half or less after. A
-  resize closes staging's gate (no new batch starts), waits for a quiet moment (every
+  resize closes the arena's gate (no new batch starts), waits for a quiet moment (every
   block parked), replaces the segment and opens the gate; workers map the new segment
   with their next batch. Each resize is an event of kind ``memory``, subject
   ``resize``, with ``bytes_before``, ``bytes_after``, ``bytes_copied``, ``pause_s``
