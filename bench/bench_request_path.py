@@ -3,6 +3,7 @@
     python -m bench.bench_request_path                     # both parts, about 40 s
     python -m bench.bench_request_path --calls-only        # the call count alone, ~10 s
     python -m bench.bench_request_path --seconds 5 --requests 500
+    python -m bench.bench_request_path --calls-only --tenants  # with an API key (auth.required)
 
 Two parts, on the built-in digits classifier (an MLP: a request is almost all front end):
 
@@ -13,7 +14,12 @@ Two parts, on the built-in digits classifier (an MLP: a request is almost all fr
   thread only. Per request: the Python function calls made in sordino and in the server
   libraries (uvicorn, starlette, grpc, anyio), the distinct files they ran in, the calls
   that cross from one such file to another, and every call the profile saw (stdlib and
-  C functions included). The worker process (the model) is not counted.
+  C functions included). The worker process (the model) is not counted. The files are
+  counted twice: every file a call ran in while profiling (the server's timers too), and
+  those with a call every request (half a call a request or more). Also per request,
+  the reviewer's figures of issue 30 (``LOOKUPS``): how often the model was looked up,
+  the deadline resolved and an API key hashed. With ``--tenants`` the server has a tenant
+  and ``auth.required``, and every request carries the tenant's key.
 - **cpu** — ``sordino start`` in its own process, the lean closed-loop generator of
   ``bench_triton`` (``bench/peer_load.py``: prebuilt request bytes, nothing parsed while
   the clock runs) in this one; for HTTP JSON and gRPC at 1 and 64 in flight, the server
@@ -46,6 +52,15 @@ from bench.common import console, save, sordino_server
 MODEL = "digits-classifier"
 SERVER_LIBS = ("/sordino/", "/uvicorn/", "/starlette/", "/grpc/", "/anyio/")
 """Path parts of the files whose calls count as the server's own."""
+
+
+LOOKUPS = {
+    "model lookups (registry.get / route)": ("server/registry.py:get", "server/registry.py:route"),
+    "deadline resolved (choose_timeout)": ("admission/chain.py:choose_timeout",),
+    "API key hashed (hash_key)": ("config/tenants.py:hash_key",),
+}
+"""The reviewer's per-request figures: the functions whose calls each one counts."""
+TENANT_KEY = "bench-key-0123456789"
 
 
 def _json_body(row: np.ndarray) -> bytes:
@@ -108,10 +123,24 @@ def _tally(profile: cProfile.Profile, requests: int, top: int = 0) -> dict[str, 
         for (filename, _line, name), (_cc, nc, *_rest) in stats.items()
         if _counted(filename)
     }
+    lookups = {
+        label: sum(
+            nc / requests
+            for (filename, _line, name), (_cc, nc, *_rest) in stats.items()
+            if f"{_short(filename)}:{name}" in {f"sordino/{n}" for n in names}
+        )
+        for label, names in LOOKUPS.items()
+    }
+    by_file: dict[str, float] = {}
+    for (filename, _line, _name), (_cc, nc, *_rest) in stats.items():
+        if _counted(filename):
+            by_file[filename] = by_file.get(filename, 0.0) + nc / requests
     return {
         "functions": functions,
+        "lookups": lookups,
         "calls": own / requests,
         "files": len(files),
+        "files_each_request": sum(1 for calls in by_file.values() if calls >= 0.5),
         "file_moves": moves / requests,
         "all_calls": total / requests,
     }
@@ -129,21 +158,30 @@ def _on_loop(loop: asyncio.AbstractEventLoop, action: Any) -> None:
     done.wait(10)
 
 
-def calls(requests: int, top: int = 0) -> dict[str, dict[str, Any]]:
-    """Profile ``requests`` unary requests per transport on an in-process server."""
+def calls(requests: int, top: int = 0, tenants: bool = False) -> dict[str, dict[str, Any]]:
+    """Profile ``requests`` unary requests per transport on an in-process server.
+
+    With ``tenants``, the server has one tenant and ``auth.required``; requests carry its key."""
     import grpc
 
-    from sordino.config import RuntimeConfig
-    from sordino.config.server import ServerConfig
+    from sordino.config import load_config
+    from sordino.config.tenants import hash_key
     from sordino.testing import serve_in_thread
 
     rows = _rows(requests)
-    config = RuntimeConfig(server=ServerConfig(shed_loop_lag=0.01))  # as sordino start has it
+    settings: dict[str, Any] = {"server": {"shed_loop_lag": 0.01}}  # as sordino start has it
+    headers = {"Content-Type": "application/json"}
+    metadata: tuple[tuple[str, str], ...] = ()
+    if tenants:
+        settings["tenants"] = [{"name": "acme", "keys": [hash_key(TENANT_KEY)]}]
+        settings["auth"] = {"required": True}
+        headers["Authorization"] = f"Bearer {TENANT_KEY}"
+        metadata = (("authorization", f"Bearer {TENANT_KEY}"),)
+    config = load_config(None, settings)
     results: dict[str, dict[str, Any]] = {}
     with serve_in_thread(config) as server:
         conn = http.client.HTTPConnection("127.0.0.1", server.port)
         path = f"/v2/models/{MODEL}/infer"
-        headers = {"Content-Type": "application/json"}
 
         def http_one(row: np.ndarray) -> None:
             conn.request("POST", path, _json_body(row), headers)
@@ -157,7 +195,7 @@ def calls(requests: int, top: int = 0) -> dict[str, dict[str, Any]]:
         messages = [_grpc_message(row) for row in rows]
 
         def grpc_one(index: int) -> None:
-            infer(messages[index])
+            infer(messages[index], metadata=metadata)
 
         for label, one in (
             ("http_json", lambda i: http_one(rows[i])),
@@ -265,17 +303,24 @@ def main() -> None:
     parser.add_argument("--cpu-only", action="store_true")
     parser.add_argument("--top", type=int, default=0, help="list the N most called")
     parser.add_argument("--label", default="", help="a name for this run in the JSON")
+    parser.add_argument(
+        "--tenants", action="store_true", help="a tenant, auth.required, requests with its key"
+    )
     args = parser.parse_args()
     payload: dict[str, Any] = {"label": args.label, "at": time.strftime("%Y-%m-%d %H:%M:%S")}
     if not args.cpu_only:
-        payload["calls"] = calls(args.requests, args.top)
+        payload["calls"] = calls(args.requests, args.top, args.tenants)
+        payload["tenants"] = args.tenants
         console.print("[bold]Per unary request (server event-loop thread)[/]")
         for label, row in payload["calls"].items():
             console.print(
-                f"  {label:10} {row['calls']:7.1f} calls in {row['files']:3d} files, "
+                f"  {label:10} {row['calls']:7.1f} calls in {row['files']:3d} files "
+                f"({row['files_each_request']} of them every request), "
                 f"{row['file_moves']:6.1f} file-to-file calls; {row['all_calls']:7.1f} calls "
                 "with stdlib and C"
             )
+            for name, count in row["lookups"].items():
+                console.print(f"  {'':10} {name}: {count:.2f}")
     if not args.calls_only:
         payload["cpu"] = cpu(args.seconds)
         console.print("[bold]Front-end process CPU per request (sordino start, lean client)[/]")

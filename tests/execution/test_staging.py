@@ -15,6 +15,7 @@ from sordino.events import EventSink
 from sordino.execution.chain import ChainExecutor
 from sordino.execution.staging import Staging
 from sordino.inference import ModelKey, ModelMetadata, TensorSpec
+from sordino.memory.owner import ArenaOwner
 from sordino.memory.refs import Lease, TensorsBuilder
 from sordino.models.repository import builtin_sources
 
@@ -39,13 +40,13 @@ def _batch() -> list[dict[str, np.ndarray]]:
 
 @pytest.fixture
 def staging() -> Iterator[Staging]:
-    staging = Staging(1024)
+    staging = Staging(ArenaOwner(1024))
     yield staging
-    staging.close()
+    staging.owner.close()
 
 
 def _in_use(staging: Staging) -> int:
-    stats = staging.statistics()
+    stats = staging.owner.statistics()
     assert stats is not None
     return stats.in_use_bytes
 
@@ -142,7 +143,7 @@ async def test_thread_isolated_batches_stay_off_the_arena(staging: Staging) -> N
     """Without ``in_arena`` a batch runs on its own arrays and no arena is created."""
     staged = await staging.stage(_batch(), _metadata(8), in_arena=False)
     assert staged.copies is None and staged.allocate is None
-    assert staging.statistics() is None
+    assert staging.owner.statistics() is None
 
 
 async def test_the_executor_releases_inputs_when_output_space_never_comes() -> None:

@@ -43,7 +43,7 @@ def _fragment(arena: Arena) -> list[Tensors]:
 
 def _manager(arena: Arena | None, clock: VirtualClock, **config: object) -> MemoryManager:
     return MemoryManager(
-        MemoryConfig.model_validate(config), arena=lambda: arena, clock=clock, events=EventSink()
+        MemoryConfig.model_validate(config), arena=arena, clock=clock, events=EventSink()
     )
 
 
@@ -72,7 +72,7 @@ async def test_interval_runs_on_the_timer(arena: Arena) -> None:
     events = EventSink()
     manager = MemoryManager(
         MemoryConfig(defrag_interval=30, defrag_threshold=0),
-        arena=lambda: arena,
+        arena=arena,
         clock=clock,
         events=events,
     )
@@ -128,7 +128,7 @@ def test_learned_bytes_per_request_and_the_forecast_peak() -> None:
     series = ForecastSeries(10.0, 50.0, (), "holt_winters", 100, 60)
     forecast = Forecast(0.0, {"m": series}, None)
     manager = MemoryManager(
-        MemoryConfig(), arena=lambda: None, clock=VirtualClock(), events=EventSink(),
+        MemoryConfig(), clock=VirtualClock(), events=EventSink(),
         forecast=lambda: forecast,
     )  # fmt: skip
     for _ in range(3):
@@ -217,7 +217,7 @@ async def test_a_run_moves_in_bounded_steps_and_a_second_call_joins_it() -> None
         goal, movable, pinned = arena.defragment_goal()
         assert (movable, pinned) == (16, 0) and goal < arena.statistics().fragmentation
         manager = MemoryManager(
-            MemoryConfig(), arena=lambda: arena, clock=VirtualClock(), events=EventSink(),
+            MemoryConfig(), arena=arena, clock=VirtualClock(), events=EventSink(),
             step_bytes=128 * 1024,
         )  # fmt: skip
         turns = 0

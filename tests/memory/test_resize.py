@@ -98,7 +98,7 @@ async def test_auto_grows_ahead_of_the_forecast_peak_and_shrinks_after() -> None
     events = EventSink()
     manager = MemoryManager(
         MemoryConfig(pool_size="auto", pool_min="4MB", pool_max="64MB", prewarm_headroom=1.5),
-        arena=lambda: arena,
+        arena=arena,
         clock=VirtualClock(),
         events=events,
         forecast=lambda: forecast[0],
@@ -132,7 +132,7 @@ async def test_auto_follows_the_real_peak_without_a_forecast() -> None:
     arena = Arena(1 * MIB)
     manager = MemoryManager(
         MemoryConfig(pool_size="auto", pool_min="1MB", pool_max="16MB"),
-        arena=lambda: arena,
+        arena=arena,
         clock=VirtualClock(),
         events=EventSink(),
     )
@@ -152,7 +152,7 @@ async def test_the_timer_runs_the_auto_step_every_prewarm_interval() -> None:
     clock = VirtualClock()
     manager = MemoryManager(
         MemoryConfig(pool_size="auto", pool_min="1MB", pool_max="8MB", prewarm_interval="30s"),
-        arena=lambda: arena,
+        arena=arena,
         clock=clock,
         events=EventSink(),
     )
@@ -238,7 +238,7 @@ async def test_a_retune_keeps_one_prewarm_loop_and_stop_ends_it() -> None:
     arena = Arena(1 * MIB)
     clock = VirtualClock()
     config = MemoryConfig(pool_size="auto", pool_min="1MB", pool_max="8MB", defrag_interval="60s")
-    manager = MemoryManager(config, arena=lambda: arena, clock=clock, events=EventSink())
+    manager = MemoryManager(config, arena=arena, clock=clock, events=EventSink())
     await manager.start()
     try:
         assert _prewarm_loops() == 1

@@ -12,6 +12,7 @@ from sordino.config import load_config
 from sordino.control.client import ClientError, request_json
 from sordino.execution.staging import Staging
 from sordino.inference import ModelMetadata, TensorSpec
+from sordino.memory.owner import ArenaOwner
 from sordino.memory.refs import TensorsBuilder
 from sordino.models.repository import builtin_sources
 from sordino.server.pipelines import PipelineExecutor, pipeline_statistics
@@ -44,7 +45,7 @@ def _infer(server: RunningServer, model: str, x0: np.ndarray, x1: np.ndarray) ->
 
 
 def _in_use(server: RunningServer) -> int:
-    stats = server.runtime.executor.staging.statistics()
+    stats = server.runtime.executor.staging.owner.statistics()
     assert stats is not None
     return stats.in_use_bytes
 
@@ -153,7 +154,7 @@ def test_a_failing_last_node_is_named_and_gives_back_the_intermediates() -> None
 
 def test_unparking_one_of_several_parked_holders_of_a_lease() -> None:
     """Holders are found by identity (a Mapping's == would compare the arrays)."""
-    staging = Staging(1 << 16)
+    staging = Staging(ArenaOwner(1 << 16))
     try:
         builder = TensorsBuilder(staging.arena)
         builder.put("x", np.arange(8, dtype=np.float32).reshape(2, 4))
@@ -167,11 +168,11 @@ def test_unparking_one_of_several_parked_holders_of_a_lease() -> None:
             each.release()
         assert _arena_in_use(staging) == 0
     finally:
-        staging.close()
+        staging.owner.close()
 
 
 def _arena_in_use(staging: Staging) -> int:
-    stats = staging.statistics()
+    stats = staging.owner.statistics()
     assert stats is not None
     return stats.in_use_bytes
 
@@ -182,7 +183,7 @@ def _metadata() -> ModelMetadata:
 
 async def test_staging_counts_arena_inputs_passed_by_reference_and_recopied() -> None:
     """One part already in the arena goes as it lies; joined with another, it is copied."""
-    staging = Staging(1 << 16)
+    staging = Staging(ArenaOwner(1 << 16))
     try:
         builder = TensorsBuilder(staging.arena)
         builder.put("x", np.ones((2, 4), np.float32))
@@ -196,4 +197,4 @@ async def test_staging_counts_arena_inputs_passed_by_reference_and_recopied() ->
         assert staging.arena_inputs["m", True] == 1  # the heap part is no re-copy
         placed.release()
     finally:
-        staging.close()
+        staging.owner.close()

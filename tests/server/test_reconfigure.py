@@ -191,7 +191,7 @@ def test_the_memory_pool_is_resized_live_without_dropping_a_request() -> None:
             "--memory-pool-size", "64MB", "--verify-window", "0s",
         )  # fmt: skip
         assert code == 0, out
-        arena = server.runtime.executor.staging.existing_arena
+        arena = server.runtime.memory.owner.existing()
         assert arena is not None and arena.capacity == 64 * 2**20
         resized = [e for e in server.runtime.events.recent("memory") if e.subject == "resize"]
         assert resized and resized[-1].payload["reason"] == "reconfigure"

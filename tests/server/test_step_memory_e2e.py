@@ -31,7 +31,7 @@ def test_twenty_steps_keep_in_use_bounded_and_are_planned() -> None:
         runtime = server.runtime
 
         async def in_use() -> int:
-            arena = runtime.executor.staging.existing_arena
+            arena = runtime.memory.owner.existing()
             return arena.statistics().in_use_bytes if arena is not None else 0
 
         seen: list[int] = []
@@ -97,7 +97,7 @@ def test_a_generation_runs_its_steps_in_one_region_of_one_steps_outputs() -> Non
         assert plan.region_peak_bytes == plan.region_bytes
 
         async def in_use() -> int:
-            arena = runtime.executor.staging.existing_arena
+            arena = runtime.memory.owner.existing()
             return arena.statistics().in_use_bytes if arena is not None else 0
 
         assert server.call(in_use()) == 0  # the region went back with the request

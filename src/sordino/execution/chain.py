@@ -49,7 +49,7 @@ from sordino.execution.controls import ExecutorControls
 from sordino.execution.decoupled import ResponseChannel
 from sordino.execution.devices import Device
 from sordino.execution.dispatch import Dispatcher
-from sordino.execution.executor import MemoryFit, OverflowCounters
+from sordino.execution.executor import MemoryFit
 from sordino.execution.faults import FaultRegistry, FaultSpec
 from sordino.execution.instances import ProcessInstance
 from sordino.execution.model_calls import CallServer
@@ -63,9 +63,15 @@ from sordino.execution.thread_instance import ThreadInstance
 from sordino.execution.worker_main import WorkerSpec
 from sordino.inference import ModelKey, ModelMetadata, Tensor
 from sordino.memory.arena import Arena
+from sordino.memory.owner import ArenaOwner
 from sordino.memory.refs import Tensors
 from sordino.memory.segments import SEGMENTS_DIR
-from sordino.records import ArenaStatistics, ExecutionStatistics, WorkerMemory
+from sordino.records import (
+    ArenaStatistics,
+    ExecutionStatistics,
+    NodeMemoryStatistics,
+    WorkerMemory,
+)
 
 __all__ = ["ChainExecutor"]
 
@@ -73,18 +79,33 @@ __all__ = ["ChainExecutor"]
 class ChainExecutor:
     """Runs batches on worker processes (or threads) across a device fallback chain."""
 
-    def __init__(self, config: RuntimeConfig, *, clock: Clock, events: EventSink) -> None:
+    def __init__(
+        self,
+        config: RuntimeConfig,
+        *,
+        clock: Clock,
+        events: EventSink,
+        arena: ArenaOwner | None = None,
+    ) -> None:
+        """``arena`` is the memory manager's :class:`~sordino.memory.owner.ArenaOwner`
+        (``MemoryManager.owner``), which holds the arena batches are staged in; without
+        one (an executor on its own) the executor makes one and removes its arena in
+        :meth:`aclose`."""
         self._config = config
         self._clock = clock
         self._events = events
         self._settings = config.workers
         self.faults = FaultRegistry(clock, events)
-        self._staging = Staging(
-            self._settings.shared_memory,
-            registry=config.server.data_dir / SEGMENTS_DIR,
-            memory=config.memory,
-        )
-        self.overflow = OverflowCounters()
+        self._own_arena = arena is None
+        if arena is None:
+            arena = ArenaOwner(
+                self._settings.shared_memory,
+                registry=config.server.data_dir / SEGMENTS_DIR,
+                memory=config.memory,
+            )
+        self._arena = arena
+        self._staging = Staging(arena)
+        self.overflow = arena.overflow
         self._placement = Placement(config, clock=clock, events=events)
         self._outliers = OutlierDetector(
             self._settings.outlier_ejection, clock=clock, events=events
@@ -153,7 +174,7 @@ class ChainExecutor:
             providers=device.providers,
             target=device.target,
             intra_op_threads=device.intra_op_threads,
-            arena=self._staging.arena.name,
+            arena=self._arena.arena.name,
             heartbeat_s=max(0.02, min(1.0, self._settings.heartbeat_timeout / 5)),
             warmup_batches=self._settings.warmup_batches,
             framework_memory=config.framework_memory,
@@ -177,10 +198,12 @@ class ChainExecutor:
         await self._pool.unload(key)
 
     async def aclose(self) -> None:
-        """Stop every instance and remove the arena."""
+        """Stop every instance; remove the arena if this executor made it (else its
+        owner, the memory manager, does)."""
         for key in list(self._pool.models):
             await self.unload(key)
-        self._staging.close()
+        if self._own_arena:
+            self._arena.close()
 
     def instances(self, model: ModelKey) -> int:
         return self._pool.instances(model)
@@ -190,11 +213,11 @@ class ChainExecutor:
 
     def arena_statistics(self) -> ArenaStatistics | None:
         """The shared-memory arena's figures, or None before a worker process needs it."""
-        return self._staging.statistics()
+        return self._arena.statistics()
 
     @property
     def staging(self) -> Staging:
-        """Where batches enter the arena (the memory manager reads and defragments it)."""
+        """Where batches enter the arena."""
         return self._staging
 
     def memory_fit(self, model: ModelKey, part: Mapping[str, Tensor]) -> MemoryFit | None:
@@ -207,13 +230,11 @@ class ChainExecutor:
         entry = self._pool.models.get(model)
         if entry is None or entry.isolation != "process":
             return None
-        arena = self._staging.existing_arena
-        capacity = self._staging.capacity()
+        arena = self._arena.existing()
+        capacity = self._arena.capacity()
         free = capacity
-        if arena is not None and self._staging.protected:
+        if arena is not None and self._arena.protected:
             free = arena.allocator.largest_free()
-        self.overflow.waits = self._staging.overflow_waits
-        self.overflow.rejections = self._staging.overflow_rejections
         return MemoryFit(row_bytes(part, entry.metadata), free, capacity, self.overflow)
 
     def local_backends(self, model: ModelKey) -> list[Backend]:
@@ -231,7 +252,7 @@ class ChainExecutor:
         entry = self._pool.models.get(model)
         if entry is None or entry.isolation != "process":
             return None
-        return self._staging.arena
+        return self._arena.arena
 
     async def run(
         self,
@@ -375,6 +396,10 @@ class ChainExecutor:
         (:func:`~sordino.execution.stats.worker_memory`)."""
         return worker_memory(i for model in self._pool.models.values() for i in model.instances())
 
+    def node_memory(self) -> tuple[NodeMemoryStatistics, ...]:
+        """The Ray nodes' memory pools: none here (:class:`RayExecutor` has them)."""
+        return ()
+
     def statistics(self) -> ExecutionStatistics:
         workers = tuple(
             instance.statistics()
@@ -386,7 +411,7 @@ class ChainExecutor:
             devices=self._placement.statistics(workers),
             switches=self._dispatcher.switches.statistics(),
             retries=self._dispatcher.retries,
-            arena=self._staging.statistics(),
+            arena=self._arena.statistics(),
             faults_active=len(self.faults.active()),
             faults_applied=self.faults.applied,
             outliers=self._outliers.statistics(),

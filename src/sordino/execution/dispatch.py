@@ -65,13 +65,9 @@ class Dispatcher:
         :meth:`_model_failed`); only a second failure there is the batch's own.
         """
         attempt = _Attempt()
-        failed_at: float | None = None
-        failed_tier = ""
-        give_up_at: float | None = None
-        timer: TimerHandle | None = None
 
         def give_up() -> bool:
-            return give_up_at is not None and self._clock.now() >= give_up_at
+            return attempt.give_up_at is not None and self._clock.now() >= attempt.give_up_at
 
         try:
             while True:
@@ -91,79 +87,109 @@ class Dispatcher:
                     model.key.name, instance.index, instance.device.name, batch.context.tenants
                 )
                 started = self._clock.now()
+                failed_at = attempt.failed_at
                 dispatch_s = started - failed_at if failed_at is not None else 0.0
                 try:
                     outputs = await instance.run(batch, fault)
                 except (WorkerError, WorkerLost) as exc:
-                    now = self._clock.now()
-                    cause = exc.cause if isinstance(exc, WorkerLost) else str(exc)
-                    if batch.channel is not None and batch.channel.streamed:
-                        # Its clients have seen responses: running it again would repeat them.
-                        if slot.breaker is not None:
-                            slot.breaker.record(False, now - started, probe=probe, cause=cause)
-                        raise InferenceFailed(
-                            f"model {model.key} failed on a batch while it sent responses: {cause}"
-                        ) from None
-                    attempt.last_error = cause
-                    attempt.model_raised = isinstance(exc, WorkerError) and exc.kind == "error"
-                    attempt.flush()  # failed again: an earlier failure was not the instance's
-                    if slot.breaker is not None:
-                        record = functools.partial(
-                            slot.breaker.record, False, now - started, probe=probe, cause=cause
-                        )
-                        if probe or isinstance(exc, WorkerLost):
-                            record()
-                        else:
-                            attempt.deferred = record  # _model_failed decides
-                    if isinstance(exc, WorkerLost):
-                        if give_up_at is not None:
-                            raise InferenceFailed(
-                                f"model {model.key}: the batch lost its worker twice ({cause})"
-                            ) from None
-                        attempt.lost.add(instance.index)
-                        give_up_at = now + self._settings.start_timeout
-                        timer = self._clock.call_at(give_up_at, model.signal.fire)
-                        self._retried(instance, cause)
-                    else:
-                        wait = self._model_failed(model, slot, instance, attempt, cause)
-                        if wait is not None and give_up_at is None:
-                            give_up_at = now + wait
-                            timer = self._clock.call_at(give_up_at, model.signal.fire)
-                    if failed_at is None:
-                        failed_at, failed_tier = now, slot.name
+                    self._failed(model, batch, slot, instance, started, probe, attempt, exc)
                     continue
                 finally:
                     instance.busy = False
                     model.signal.fire()
-                now = self._clock.now()
-                if slot.breaker is not None:
-                    slot.breaker.record(True, now - started, probe=probe)
-                self._outliers.succeeded(instance)
-                attempt.deferred = None  # an instance's own failure is not its device's
-                if attempt.blamed is not None and attempt.blamed is not instance:
-                    # Another instance ran what the blamed one failed: its own failure.
-                    blamed, attempt.blamed = attempt.blamed, None
-                    peers = next((t.instances for t in model.tiers if blamed in t.instances), [])
-                    if self._outliers.failed(blamed, attempt.blamed_cause, peers=peers):
-                        model.signal.fire()
-                if failed_at is not None and slot.name != failed_tier:
-                    switch_s = now - failed_at
-                    self.switches.record(
-                        model.key.name, failed_tier, slot.name, switch_s, dispatch_s
-                    )
-                    self._events.emit(
-                        "device_switch",
-                        str(model.key),
-                        attempt.last_error,
-                        from_device=failed_tier,
-                        to_device=slot.name,
-                        switch_s=switch_s,
-                        dispatch_s=dispatch_s,
-                    )
+                self._succeeded(model, slot, instance, started, probe, attempt, dispatch_s)
                 return outputs
         finally:
-            if timer is not None:
-                timer.cancel()
+            if attempt.timer is not None:
+                attempt.timer.cancel()
+
+    def _failed(
+        self,
+        model: PlacedModel,
+        batch: StagedBatch,
+        slot: TierSlot,
+        instance: Instance,
+        started: float,
+        probe: bool,
+        attempt: _Attempt,
+        exc: WorkerError | WorkerLost,
+    ) -> None:
+        """The batch failed on ``instance`` (a try ``started`` then; ``probe``: it probed
+        the breaker): feed the breaker, note whose fault it may be and until when to try
+        again; raise when the batch must not run again."""
+        now = self._clock.now()
+        cause = exc.cause if isinstance(exc, WorkerLost) else str(exc)
+        if batch.channel is not None and batch.channel.streamed:
+            # Its clients have seen responses: running it again would repeat them.
+            if slot.breaker is not None:
+                slot.breaker.record(False, now - started, probe=probe, cause=cause)
+            raise InferenceFailed(
+                f"model {model.key} failed on a batch while it sent responses: {cause}"
+            ) from None
+        attempt.last_error = cause
+        attempt.model_raised = isinstance(exc, WorkerError) and exc.kind == "error"
+        attempt.flush()  # failed again: an earlier failure was not the instance's
+        if slot.breaker is not None:
+            record = functools.partial(
+                slot.breaker.record, False, now - started, probe=probe, cause=cause
+            )
+            if probe or isinstance(exc, WorkerLost):
+                record()
+            else:
+                attempt.deferred = record  # _model_failed decides
+        if isinstance(exc, WorkerLost):
+            if attempt.give_up_at is not None:
+                raise InferenceFailed(
+                    f"model {model.key}: the batch lost its worker twice ({cause})"
+                ) from None
+            attempt.lost.add(instance.index)
+            attempt.give_up_at = now + self._settings.start_timeout
+            attempt.timer = self._clock.call_at(attempt.give_up_at, model.signal.fire)
+            self._retried(instance, cause)
+        else:
+            wait = self._model_failed(model, slot, instance, attempt, cause)
+            if wait is not None and attempt.give_up_at is None:
+                attempt.give_up_at = now + wait
+                attempt.timer = self._clock.call_at(attempt.give_up_at, model.signal.fire)
+        if attempt.failed_at is None:
+            attempt.failed_at, attempt.failed_tier = now, slot.name
+
+    def _succeeded(
+        self,
+        model: PlacedModel,
+        slot: TierSlot,
+        instance: Instance,
+        started: float,
+        probe: bool,
+        attempt: _Attempt,
+        dispatch_s: float,
+    ) -> None:
+        """The batch ran on ``instance``: feed the breaker and the outlier detector,
+        blame an instance that failed it before, record a device switch."""
+        now = self._clock.now()
+        if slot.breaker is not None:
+            slot.breaker.record(True, now - started, probe=probe)
+        self._outliers.succeeded(instance)
+        attempt.deferred = None  # an instance's own failure is not its device's
+        if attempt.blamed is not None and attempt.blamed is not instance:
+            # Another instance ran what the blamed one failed: its own failure.
+            blamed, attempt.blamed = attempt.blamed, None
+            peers = next((t.instances for t in model.tiers if blamed in t.instances), [])
+            if self._outliers.failed(blamed, attempt.blamed_cause, peers=peers):
+                model.signal.fire()
+        failed_at, failed_tier = attempt.failed_at, attempt.failed_tier
+        if failed_at is not None and slot.name != failed_tier:
+            switch_s = now - failed_at
+            self.switches.record(model.key.name, failed_tier, slot.name, switch_s, dispatch_s)
+            self._events.emit(
+                "device_switch",
+                str(model.key),
+                attempt.last_error,
+                from_device=failed_tier,
+                to_device=slot.name,
+                switch_s=switch_s,
+                dispatch_s=dispatch_s,
+            )
 
     def _model_failed(
         self,
@@ -276,6 +302,15 @@ class _Attempt:
 
     deferred: Callable[[], None] | None = None
     """The failure to feed the device's breaker unless another instance runs the batch."""
+    failed_at: float | None = None
+    """When the batch first failed (a device switch is timed from then)."""
+    failed_tier: str = ""
+    """The tier (device) it first failed on."""
+    give_up_at: float | None = None
+    """When to stop waiting for an instance to run it again (a lost worker's restart,
+    a failing instance's replacement); None while nothing is awaited."""
+    timer: TimerHandle | None = None
+    """Wakes the model's waiters at ``give_up_at``."""
 
     def flush(self) -> None:
         """Feed the deferred failure to the breaker now."""

@@ -21,19 +21,10 @@ from typing import Protocol
 
 from sordino.execution.batch import NO_CONTEXT, BatchContext
 from sordino.inference import ModelKey, Tensor
+from sordino.memory.owner import OverflowCounters
 from sordino.memory.refs import Tensors
 
 __all__ = ["Executor", "MemoryFit", "OverflowCounters"]
-
-
-@dataclass(slots=True)
-class OverflowCounters:
-    """What overflow protection did: batches shrunk, waits, 503s, oversized requests."""
-
-    shrinks: int = 0
-    waits: int = 0
-    rejections: int = 0
-    oversized: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,7 @@ from sordino.execution.ray_actor import import_ray
 from sordino.execution.ray_instance import RayInstance
 from sordino.execution.ray_pool import NodePools
 from sordino.inference import ModelKey, ModelMetadata
+from sordino.memory.owner import ArenaOwner
 from sordino.records import ArenaStatistics, NodeMemoryStatistics
 
 __all__ = ["RayExecutor"]
@@ -55,9 +56,16 @@ log = logging.getLogger("sordino.execution")
 class RayExecutor(ChainExecutor):
     """Runs batches on Ray actors; connects to (or starts) the cluster on first load."""
 
-    def __init__(self, config: RuntimeConfig, *, clock: Clock, events: EventSink) -> None:
+    def __init__(
+        self,
+        config: RuntimeConfig,
+        *,
+        clock: Clock,
+        events: EventSink,
+        arena: ArenaOwner | None = None,
+    ) -> None:
         self._ray = import_ray()  # fails here, at start-up, naming the extra to install
-        super().__init__(config, clock=clock, events=events)
+        super().__init__(config, clock=clock, events=events, arena=arena)
         self._connected_here = False
         self._groups: dict[ModelKey, Any] = {}
         self._asks: dict[ModelKey, dict[str, float]] = {}

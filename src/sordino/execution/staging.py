@@ -1,6 +1,7 @@
 """Staging: putting a batch into the shared-memory arena for a worker process.
 
-The executor's client of the memory manager. A batch arrives as *parts*, one
+The executor's client of the memory manager, whose :class:`~sordino.memory.owner.ArenaOwner`
+holds the arena staging writes into. A batch arrives as *parts*, one
 :class:`~sordino.memory.refs.Tensors` per request (or per stream step). For a model in
 worker processes each input must lie in the arena as one tensor. A single part that is
 already there (a stream's carried state, in the block the worker wrote it to) is passed
@@ -30,31 +31,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import math
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from sordino.config.memory import MemoryConfig
 from sordino.datatypes import to_numpy_dtype
 from sordino.errors import OutOfMemory
 from sordino.execution.batch import NO_CONTEXT, BatchContext
 from sordino.execution.decoupled import ResponseChannel
 from sordino.inference import ModelMetadata, Tensor
 from sordino.memory.arena import Arena
+from sordino.memory.owner import ArenaOwner
 from sordino.memory.refs import Lease, TensorRef, Tensors
-from sordino.memory.segments import shm_free_bytes
-from sordino.memory.strategies import allocator_factory
 from sordino.memory.tensors import BYTES, TensorHandle, tensor_nbytes, view_tensor, write_tensor
-from sordino.records import ArenaStatistics
 
 __all__ = ["StagedBatch", "Staging"]
-
-log = logging.getLogger("sordino.execution")
 
 Allocate = Callable[[dict[str, int]], Awaitable[dict[str, TensorHandle]]]
 Part = Mapping[str, Tensor]
@@ -115,112 +109,32 @@ class StagedBatch:
 
 
 class Staging:
-    """Stages batches in one shared-memory arena, created when first needed.
+    """Stages batches in the shared-memory arena of ``owner`` (the memory manager's).
 
-    ``capacity`` is the arena's size in bytes (``workers.shared_memory``); when
-    ``/dev/shm`` has less free, the arena takes half of what is free. With ``registry``
-    (``<server.data_dir>/shm``) the segment is recorded there, so that a server
-    started after a hard crash removes it (:func:`~sordino.memory.arena.remove_stale_segments`).
+    Staging makes no arena: it writes into :attr:`ArenaOwner.arena
+    <sordino.memory.owner.ArenaOwner.arena>`, waits at the owner's gate while the arena
+    is resized, and counts its overflow waits and refusals in ``owner.overflow``.
     """
 
-    def __init__(
-        self, capacity: int, *, registry: Path | None = None, memory: MemoryConfig | None = None
-    ) -> None:
-        self._memory = memory or MemoryConfig()
-        self._capacity = self._memory.initial_pool(capacity)
-        self._registry = registry
-        self._arena: Arena | None = None
-        self._gate: asyncio.Event | None = None
-        self.overflow_waits = 0
-        self.overflow_rejections = 0
+    def __init__(self, owner: ArenaOwner) -> None:
+        self._owner = owner
+        self._memory = owner.memory
         self.arena_inputs: Counter[tuple[str, bool]] = Counter()
-        self.bytes_copied = 0
-        """Bytes of batch inputs written into the arena so far (passed by reference: none)."""
         """Per (model, copied): inputs that already lay in the arena when staged, passed
         by reference (``copied`` False) or written again into the batch's new block
         because the batch joined them with other parts (True). Pipelines report them."""
+        self.bytes_copied = 0
+        """Bytes of batch inputs written into the arena so far (passed by reference: none)."""
 
     @property
-    def protected(self) -> bool:
-        """Whether overflow protection shrinks batches to the space free now.
-
-        Without it a batch is only kept within the arena's size; the wait for space
-        is bounded (``memory.overflow_wait``) either way.
-        """
-        return self._memory.enabled and self._memory.overflow_protection
-
-    def capacity(self) -> int:
-        """The arena's size in bytes (what it will be, before it exists)."""
-        return self._arena.capacity if self._arena is not None else self._capacity
-
-    def plan_capacity(self, capacity: int) -> None:
-        """The size the arena gets when it is created (a reconfiguration before then)."""
-        if self._arena is None:
-            self._capacity = capacity
-
-    @property
-    def existing_arena(self) -> Arena | None:
-        """The arena if something already created it."""
-        return self._arena
+    def owner(self) -> ArenaOwner:
+        """Who holds the arena staging writes into."""
+        return self._owner
 
     @property
     def arena(self) -> Arena:
-        """The arena, created on first use (the first worker process needs its name)."""
-        if self._arena is None:
-            size = self._capacity
-            free = shm_free_bytes()
-            if free is not None and free < size:
-                log.warning(
-                    "/dev/shm has %d bytes free, less than workers.shared_memory (%d); using %d",
-                    free,
-                    size,
-                    free // 2,
-                )
-                size = max(4096, free // 2)
-            memory = self._memory
-            strategy = memory.strategy if memory.enabled else "best_fit"
-            self._arena = Arena(
-                size,
-                registry=self._registry,
-                allocator=allocator_factory(
-                    strategy, small_max=memory.small_max, medium_max=memory.medium_max
-                ),
-                zero_on_free=memory.zeroes_on_free,
-                strategy=strategy,
-            )
-        return self._arena
-
-    @contextlib.asynccontextmanager
-    async def paused(self) -> AsyncIterator[None]:
-        """Hold new batches back while entered (the memory manager resizes the arena)."""
-        gate = asyncio.Event()
-        self._gate = gate
-        try:
-            yield
-        finally:
-            self._gate = None
-            gate.set()
-
-    async def _wait_gate(self, parts: Sequence[Part]) -> None:
-        """Wait while the arena is resized, the parts parked meanwhile (they may move)."""
-        parked = [p for p in parts if isinstance(p, Tensors) and not p.parked and not p.released]
-        for part in parked:
-            part.park()
-        try:
-            while self._gate is not None:
-                await self._gate.wait()
-        finally:
-            for part in parked:
-                part.unpark()
-
-    def statistics(self) -> ArenaStatistics | None:
-        """The arena's figures, or None before anything needed it."""
-        return self._arena.statistics() if self._arena is not None else None
-
-    def close(self) -> None:
-        """Remove the arena."""
-        if self._arena is not None:
-            self._arena.close()
+        """The arena batches are staged in (the owner creates it on first use)."""
+        return self._owner.arena
 
     async def stage(
         self,
@@ -242,9 +156,10 @@ class Staging:
         staged = StagedBatch(parts=parts, batched=metadata.batched, context=context)
         if not in_arena:
             return staged
-        if self._gate is not None:
-            await self._wait_gate(parts)
-        arena = self.arena
+        owner = self._owner
+        if owner.gate_closed:
+            await owner.gate(parts)
+        arena = owner.arena
         staged.buffer = arena.buffer
         staged.segment = arena.name
         staged.copies = Lease(arena)
@@ -254,7 +169,7 @@ class Staging:
             if needed > arena.capacity and not _by_reference(parts):
                 # It can never fit, however long it waits: waiting would hold what it
                 # took and, first in the arena's line, every batch behind it (issue 27).
-                self.overflow_rejections += 1
+                owner.overflow.rejections += 1
                 raise OutOfMemory(
                     f"a batch of {needed} bytes cannot fit in the shared-memory arena of "
                     f"{arena.capacity} bytes; send fewer rows per request or raise the "
@@ -262,7 +177,7 @@ class Staging:
                     "workers.shared_memory)"
                 )
             if not arena.fits(needed):
-                self.overflow_waits += 1
+                owner.overflow.waits += 1
             # Every wait for space is bounded, protection or not: space held by batches
             # that wait themselves (each holding a part of what it needs) never comes.
             try:
@@ -271,7 +186,7 @@ class Staging:
             except TimeoutError:
                 if not waiting.expired():
                     raise
-                self.overflow_rejections += 1
+                owner.overflow.rejections += 1
                 error = OutOfMemory(
                     f"the shared-memory arena ({arena.capacity} bytes) stayed too full for "
                     f"a batch of {needed} bytes for {self._memory.overflow_wait:g} s "
@@ -316,7 +231,7 @@ class Staging:
         region = staged.context.region if len(parts) == 1 else None
         if region is not None and sizes:
             # One multi-step request's step: its outputs go to the request's region.
-            lease = region.lease(self.arena, list(sizes.values()))
+            lease = region.lease(self._owner.arena, list(sizes.values()))
             if lease is not None:
                 staged.outputs.release()
                 staged.outputs = lease

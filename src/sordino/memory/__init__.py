@@ -4,7 +4,9 @@
 ``memory.strategy`` (``strategies.py``: best fit in ``allocator.py``, the ``simple``
 baseline, ``fragmentation_aware`` tiers in ``tiered.py``); it defragments by moving
 blocks held only by parked tensors. ``manager.py`` is the runtime's memory manager
-(defrag triggers, compaction steps at batch boundaries, figures), ``quotas.py`` the
+(defrag triggers, compaction steps at batch boundaries, figures), whose ``owner.py``
+(:class:`~sordino.memory.owner.ArenaOwner`) is the arena's one owner: it creates the
+arena, gates it while it is resized and closes it; staging writes into it. ``quotas.py`` the
 per-tenant accounts, ``planner.py`` and ``region.py`` the step plan of a multi-step
 request and the one region its steps' outputs run in. Past admission a request's
 tensors are :class:`Tensors` (``refs.py``): owned references whose arena blocks

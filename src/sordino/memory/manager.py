@@ -1,8 +1,9 @@
 """The memory manager: defragmentation triggers, quotas and the figures of the arena.
 
-One per runtime (``Runtime.memory``). It owns no memory itself: the arena belongs to
-the executor's staging, which creates it when the first worker process needs it. The
-manager
+One per runtime (``Runtime.memory``). It owns the arena: its
+:class:`~sordino.memory.owner.ArenaOwner` (:attr:`MemoryManager.owner`) creates it when
+the first worker process needs it, and the executor is handed that owner to stage
+batches in (``ChainExecutor(arena=...)``). The manager
 
 - defragments the arena (:meth:`MemoryManager.defragment`) on the interval, when
   fragmentation stays above the threshold for ``defrag_window``, on demand (``sordino
@@ -17,7 +18,7 @@ manager
   ``prewarm_interval`` it works out a target from the forecast's implied peak and the
   peak seen lately (times ``prewarm_headroom``, within ``pool_min``..``pool_max``),
   grows the arena ahead of a predicted peak and shrinks it to half or less after. A
-  resize closes staging's gate (no new batch starts), waits for a quiet moment (every
+  resize closes the arena's gate (no new batch starts), waits for a quiet moment (every
   block parked), replaces the segment and opens the gate; workers map the new segment
   with their next batch. Each resize is an event of kind ``memory``, subject
   ``resize``, with ``bytes_before``, ``bytes_after``, ``bytes_copied``, ``pause_s``
@@ -32,9 +33,9 @@ forecast peak); the manager starts and stops them and answers for them."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Protocol
 
 from sordino.clock import Clock
 from sordino.config.memory import MemoryConfig
@@ -43,6 +44,7 @@ from sordino.inference import ModelKey
 from sordino.memory.arena import Arena
 from sordino.memory.defrag import DEFRAG_STEP_BYTES, Defragmentation, strategy_of
 from sordino.memory.demand import RequestCosts
+from sordino.memory.owner import ArenaOwner
 from sordino.memory.quotas import QuotaLedger
 from sordino.memory.resizing import Resizing
 from sordino.records import (
@@ -61,61 +63,75 @@ from sordino.records import (
 )
 from sordino.telemetry.forecast import Forecast
 
-__all__ = ["MemoryManager"]
-
-Overflow = Callable[[], tuple[int, int, int, int]]
-"""Returns (shrinks, waits, rejections, oversized) of overflow protection so far."""
+__all__ = ["ExecutorMemory", "MemoryManager"]
 
 
-@contextlib.asynccontextmanager
-async def _no_gate() -> AsyncIterator[None]:
-    yield
+class ExecutorMemory(Protocol):
+    """What the executor tells the manager about memory outside the arena."""
+
+    def worker_memory(self) -> tuple[WorkerMemory, ...]:
+        """Framework memory (RSS) per worker process."""
+        ...
+
+    def node_memory(self) -> tuple[NodeMemoryStatistics, ...]:
+        """The Ray nodes' pools (none without Ray)."""
+        ...
+
+
+class _NoExecutor:
+    def worker_memory(self) -> tuple[WorkerMemory, ...]:
+        return ()
+
+    def node_memory(self) -> tuple[NodeMemoryStatistics, ...]:
+        return ()
 
 
 class MemoryManager:
-    """Defragments, enforces quotas and reports on the shared-memory arena."""
+    """Owns the shared-memory arena; defragments, resizes, enforces quotas, reports."""
 
     def __init__(
         self,
         config: MemoryConfig,
         *,
-        arena: Callable[[], Arena | None],
-        overflow: Overflow = lambda: (0, 0, 0, 0),
         clock: Clock,
         events: EventSink,
+        capacity: int = 0,
+        registry: Path | None = None,
+        arena: Arena | None = None,
         forecast: Callable[[], Forecast | None] = lambda: None,
-        pause: Callable[[], AbstractAsyncContextManager[None]] = _no_gate,
-        workers: Callable[[], tuple[WorkerMemory, ...]] = tuple,
         plans: Callable[[], tuple[StepPlanStatistics, ...]] = tuple,
-        capacity: Callable[[], int] | None = None,
-        nodes: Callable[[], tuple[NodeMemoryStatistics, ...]] = tuple,
         pools: Mapping[str, tuple[str, int]] | None = None,
         step_bytes: int = DEFRAG_STEP_BYTES,
     ) -> None:
-        """``pause`` holds new batches back while it is entered (staging's gate);
-        ``workers`` and ``plans`` report framework memory and step plans; ``capacity``
-        is the arena's size before it exists; ``nodes`` the Ray nodes' pools; ``pools``
-        maps a model to its node's name and ``memory_pool`` (``nodes[].runtime``);
-        ``step_bytes`` bounds one step of a defragmentation run."""
+        """The arena gets ``capacity`` bytes (``workers.shared_memory``; ``memory.pool_size``
+        overrides it) and its segment is recorded in ``registry``; ``arena``: one that
+        already exists (tests), owned from now on. ``forecast`` is the QPS forecast;
+        ``plans`` reports step plans; ``pools`` maps a model to its node's name and
+        ``memory_pool`` (``nodes[].runtime``); ``step_bytes`` bounds one step of a
+        defragmentation run. The executor's figures come with :meth:`watch`."""
         self.config = config
-        self._workers = workers
+        self.owner = ArenaOwner(capacity, registry=registry, memory=config, arena=arena)
+        """The arena's one owner: staging writes into it, this manager drives it."""
         self._plans = plans
-        self._nodes = nodes
-        self._arena = arena
-        self._overflow = overflow
+        self._executor: ExecutorMemory = _NoExecutor()
+        owner = self.owner
         self.costs = RequestCosts(forecast)
         """What requests cost the arena (``learn``), and the peak forecast from it."""
         self.defrag = Defragmentation(
-            lambda: self.config, arena=arena, clock=clock, events=events, step_bytes=step_bytes
+            lambda: self.config,
+            arena=owner.existing,
+            clock=clock,
+            events=events,
+            step_bytes=step_bytes,
         )
         """Defragmentation runs and incremental compaction."""
         self.resizing = Resizing(
             lambda: self.config,
-            arena=arena,
+            arena=owner.existing,
             clock=clock,
             events=events,
-            pause=pause,
-            capacity=capacity or (lambda: config.initial_pool(0)),
+            pause=owner.paused,
+            capacity=owner.capacity,
             costs=self.costs,
         )
         """Resizes of the arena and ``pool_size: auto`` pre-warming."""
@@ -135,6 +151,10 @@ class MemoryManager:
             setting="the node's memory_pool",
         )
         """The node pools: arena bytes in flight per model, against its node's pool."""
+
+    def watch(self, executor: ExecutorMemory) -> None:
+        """Report ``executor``'s worker and Ray node memory with the arena's figures."""
+        self._executor = executor
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -159,6 +179,10 @@ class MemoryManager:
                     pass
         self.defrag.forget_tasks()
         self.resizing.forget_tasks()
+
+    def close(self) -> None:
+        """Remove the arena (after the worker processes that map it have stopped)."""
+        self.owner.close()
 
     async def retune(self, config: MemoryConfig) -> None:
         """Take new defragmentation triggers live (hot reconfiguration); the timer restarts.
@@ -226,13 +250,13 @@ class MemoryManager:
     # -- figures ---------------------------------------------------------------------
 
     def statistics(self) -> MemoryStatistics:
-        arena = self._arena()
+        arena = self.owner.existing()
         tiers: tuple[TierStatistics, ...] = ()
         if arena is not None:
             tiers_of = getattr(arena.allocator, "tiers", None)
             if tiers_of is not None:
                 tiers = tuple(tiers_of())
-        shrinks, waits, rejections, oversized = self._overflow()
+        overflow = self.owner.overflow
         return MemoryStatistics(
             strategy=arena.strategy if arena is not None else strategy_of(self.config),
             arena=arena.statistics() if arena is not None else None,
@@ -243,14 +267,14 @@ class MemoryManager:
             defrag_bytes_moved=self.defrag.bytes_moved,
             defrag_pause_s=self.defrag.pause_s,
             last_defrag=self.defrag.last,
-            overflow_shrinks=shrinks,
-            overflow_waits=waits,
-            overflow_rejections=rejections,
-            oversized_rejections=oversized,
+            overflow_shrinks=overflow.shrinks,
+            overflow_waits=overflow.waits,
+            overflow_rejections=overflow.rejections,
+            oversized_rejections=overflow.oversized,
             forecasts=self.costs.forecasts(),
             pool=self.resizing.pool(),
-            workers=self._workers(),
+            workers=self._executor.worker_memory(),
             plans=self._plans(),
-            nodes=self._nodes(),
+            nodes=self._executor.node_memory(),
             compaction=self.defrag.compaction(),
         )

@@ -4,7 +4,7 @@ resizes on demand.
 :class:`Resizing` works out a target from the forecast's implied peak and the peak seen
 lately (times ``prewarm_headroom``, within ``pool_min``..``pool_max``), grows the arena
 ahead of a predicted peak and shrinks it to half or less after. A resize closes
-staging's gate (no new batch starts), waits for a quiet moment (every block parked),
+the arena's gate (no new batch starts), waits for a quiet moment (every block parked),
 replaces the segment and opens the gate. Each resize is an event of kind ``memory``,
 subject ``resize``.
 """
@@ -63,9 +63,9 @@ class Resizing:
         costs: RequestCosts,
     ) -> None:
         """``config`` is the memory manager's configuration now; ``pause`` holds new
-        batches back while it is entered (staging's gate); ``capacity`` is the arena's
-        size before it exists; ``costs`` what requests were learned to cost (the
-        forecast peak)."""
+        batches back while it is entered (the arena's gate, ``ArenaOwner.paused``);
+        ``capacity`` is the arena's size before it exists; ``costs`` what requests were
+        learned to cost (the forecast peak)."""
         self._config = config
         self._arena = arena
         self._clock = clock
@@ -101,7 +101,7 @@ class Resizing:
     async def resize(self, capacity: int, reason: str = "manual") -> ResizeReport | None:
         """Replace the arena's segment by one of ``capacity`` bytes; emit and return the report.
 
-        New batches are held back (staging's gate) until every block is parked, at
+        New batches are held back (the arena's gate) until every block is parked, at
         most ``QUIET_WAIT_S``; the pause is the whole time they were held. None when
         there is no arena yet, the size is already ``capacity``, no quiet moment came
         (counted as deferred) or the live blocks do not fit ``capacity`` (logged).

@@ -120,7 +120,7 @@ class BatchRunner:
                 else:
                     result = outputs.rows(offset, offset + item.rows)
                 offset += item.rows
-                self._steps.update_from_output(item, result, t2 - t0)
+                self._steps.update_from_output(item, result, t2 - t0, t2)
         t3 = self._clock.now()
         self._outcomes.batches += 1
         self._outcomes.batched_rows += rows

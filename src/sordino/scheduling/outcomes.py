@@ -81,7 +81,11 @@ class Outcomes:
         request.outputs.put_nowait(error)
         self.finish(request, "failure", error.reason)
 
-    def finish(self, request: Request, outcome: Outcome, reason: str) -> None:
+    def finish(
+        self, request: Request, outcome: Outcome, reason: str, now: float | None = None
+    ) -> None:
+        """End ``request`` with ``outcome``; ``now``: the time it ended, when the caller
+        read it already (once for a whole batch)."""
         request.state = "finished"
         request.outcome = outcome
         request.inputs.release()
@@ -103,7 +107,8 @@ class Outcomes:
             discard_outputs(request)
         else:
             self.failed += 1
-        now = self._clock.now()
+        if now is None:
+            now = self._clock.now()
         late = None
         if request.timeout_s:
             late = max(0.0, now - request.arrival - request.timeout_s)

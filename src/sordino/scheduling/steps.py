@@ -72,8 +72,14 @@ class Steps:
         request.item = item
         return item
 
-    def update_from_output(self, item: WorkItem, result: Tensors, compute_s: float) -> None:
-        """Deliver one step's ``result`` to its request; queue the next step or finish."""
+    def update_from_output(
+        self, item: WorkItem, result: Tensors, compute_s: float, done_at: float | None = None
+    ) -> None:
+        """Deliver one step's ``result`` to its request; queue the next step or finish.
+
+        ``done_at`` is when the batch's outputs were in hand, read once a batch: the
+        time the request's latency and end are counted at (an iterative request reads
+        the clock itself, after the samplers of the requests before it ran)."""
         request = item.request
         if request is None or request.finished:
             result.release()  # cancelled while it ran: nobody reads this any more
@@ -85,7 +91,7 @@ class Steps:
             if request.step_bytes is None:
                 request.step_bytes = []
             request.step_bytes.append((_nbytes(item.inputs), _nbytes(result)))
-        now = self._clock.now()
+        now = self._clock.now() if done_at is None or request.stepper is not None else done_at
         self.controller.observe(now, now - item.arrival, backlog_rows=self._queue.rows)
         if request.stepper is not None:
             self._advance(request, result, now)
@@ -132,7 +138,7 @@ class Steps:
         else:
             request.outputs.put_nowait(StepOutput(result, final, request.steps))
         if final:
-            self._outcomes.finish(request, "success", "ok")
+            self._outcomes.finish(request, "success", "ok", now)
 
     def _advance(self, request: Request, result: Tensors, now: float) -> None:
         """An iterative request's step ran: let its stepper compute the next one."""

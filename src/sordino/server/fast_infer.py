@@ -32,6 +32,7 @@ from sordino.protocol.codec import (
 from sordino.protocol.status import http_status, retry_after_header
 from sordino.server.connection_guard import RECEIVED
 from sordino.server.disconnect import until_disconnect
+from sordino.server.inference_parts import InferenceParts
 from sordino.server.runtime import Runtime
 from sordino.server.service import request_tenant
 
@@ -87,13 +88,13 @@ BodyReader = Callable[[], Awaitable[bytes]]
 past the limit, Cancelled when the client disconnects while sending it."""
 
 
-def with_fast_infer(app: ASGIApp, runtime: Runtime) -> ASGIApp:
+def with_fast_infer(app: ASGIApp, parts: InferenceParts) -> ASGIApp:
     """Wrap ``app`` so inference requests skip its router and middleware.
 
     The server answers inference on its own protocol (``server/http_protocol.py``);
     this keeps the ASGI app whole for any other ASGI server or in-process client.
     """
-    limit = runtime.config.server.max_request_size
+    limit = parts.max_request_size
 
     async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -110,7 +111,7 @@ def with_fast_infer(app: ASGIApp, runtime: Runtime) -> ASGIApp:
                     client = scope.get("client")
                     received = scope.get("extensions", {}).get(RECEIVED)
                     status, payload, headers = await answer_infer(
-                        runtime,
+                        parts,
                         match["model"],
                         match["version"],
                         scope["headers"],
@@ -131,7 +132,7 @@ def with_fast_infer(app: ASGIApp, runtime: Runtime) -> ASGIApp:
 
 
 async def answer_infer(
-    runtime: Runtime,
+    parts: InferenceParts | Runtime,
     model: str,
     version: str | None,
     raw_headers: Iterable[tuple[bytes, bytes]],
@@ -147,8 +148,13 @@ async def answer_infer(
     Transport-neutral: ``raw_headers`` are the request's (names in lower case),
     ``read_body`` reads the body, ``watch`` runs the service's work so that a client
     that leaves cancels it. Every outcome is an answer: errors are ``{"error": …}``.
+    ``parts`` are the runtime's parts a request uses (``Runtime.inference``; a
+    :class:`Runtime` is taken for its ``inference``).
     """
-    limit = runtime.config.server.max_request_size
+    if not isinstance(parts, InferenceParts):
+        parts = parts.inference
+    service = parts.service
+    limit = parts.max_request_size
     declared: bytes | None = None
     header_length: bytes | None = None
     forwarded: dict[str, str] = {}
@@ -163,12 +169,12 @@ async def answer_infer(
     cache_key: tuple[str, str, bytes] | None = None
     try:
         # Whatever ends the request before the service has it is counted there.
-        with runtime.service.receiving(model, version, forwarded.get("x-sordino-tenant")):
+        with service.receiving(model, version, forwarded.get("x-sordino-tenant")):
             check_declared(limit, declared)
             arrived = time.perf_counter()
             body = await read_body()
             read_s = time.perf_counter() - arrived
-            tenants = runtime.tenants
+            tenants = parts.tenants
             tenant: str | None = None  # authenticated here at most once a request
             if tenants.required:
                 # No key, no answer: which models exist is not told to strangers.
@@ -176,9 +182,9 @@ async def answer_infer(
             # An unknown model is answered 404 whatever the body holds, as Triton does; the
             # model's shapes then bound what the body may declare, before anything is built.
             # The one lookup of the request: the service takes the route from here.
-            route = runtime.registry.route(model, version)
-            runtime.timings.body_read(route.key, read_s)
-            cache = runtime.result_cache
+            route = parts.registry.route(model, version)
+            parts.timings.body_read(route.key, read_s)
+            cache = parts.result_cache
             if cache.active(model):
                 if tenants.enabled and tenant is None:
                     # A cached answer is no way around the key, nor another tenant's result.
@@ -205,14 +211,14 @@ async def answer_infer(
             if received_at is not None:
                 request.received_at = received_at
             if tenant is not None and tenants.enabled:
-                runtime.service.tenant_of(request, known=tenant)
-            shared = runtime.shared_memory.uses(request)
+                service.tenant_of(request, known=tenant)
+            shared = parts.shared_memory.uses(request)
             if shared:
-                runtime.shared_memory.attach(request, runtime.service.tenant_of(request))
-        response = await watch(runtime.service.infer(request, route))
+                parts.shared_memory.attach(request, service.tenant_of(request))
+        response = await watch(service.infer(request, route))
         try:
             if shared:
-                runtime.shared_memory.write_outputs(request, response, request_tenant(request))
+                parts.shared_memory.write_outputs(request, response, request_tenant(request))
             payload, headers = encode_infer_response(response, request)
         finally:
             response.release()
@@ -225,7 +231,7 @@ async def answer_infer(
         log.exception("inference request to %s failed", path)
         status, payload = 500, encode_error(f"internal error: {type(exc).__name__}")
         headers = {"Content-Type": "application/json"}
-    if runtime.stopping:
+    if parts.registry.stopping:
         # Tell keep-alive clients to reconnect elsewhere rather than reuse a connection
         # the server is about to close.
         headers["Connection"] = "close"

@@ -72,18 +72,23 @@ class InferenceServicer:
     """The RPC implementations; each takes the raw request bytes and the call context."""
 
     def __init__(self, runtime: Runtime, control: ModelControl) -> None:
+        """The inference and shared-memory RPCs use only ``runtime.inference``'s parts;
+        readiness, metadata and statistics read the runtime itself."""
         self.runtime = runtime
         self.control = control
+        parts = runtime.inference
+        self._service, self._registry = parts.service, parts.registry
+        self._shared, self._tenants = parts.shared_memory, parts.tenants
         # The Repository* RPCs are protected endpoints, as their HTTP twins.
         self.streams = StreamLimit(runtime.config.server.max_streams_per_client)
         self.access = AdminAccess.from_config(
-            runtime.config.server, runtime.config.auth, runtime.tenants.is_tenant_key
+            runtime.config.server, runtime.config.auth, parts.tenants.is_tenant_key
         )
 
     def _key(self, context: Any) -> None:
         """With ``auth.required``, the call must bear a tenant's or an admin key (the
         health RPCs ServerLive and ServerReady need none)."""
-        tenants = self.runtime.tenants
+        tenants = self._tenants
         if not tenants.required:
             return
         given = None
@@ -142,23 +147,23 @@ class InferenceServicer:
         return message_from_json(document, pb.ModelStatisticsResponse)
 
     async def ModelInfer(self, raw: bytes, context: Any) -> pb.ModelInferResponse:
-        with self.runtime.service.receiving() as arrival:
+        with self._service.receiving() as arrival:
             message = parse_message(pb.ModelInferRequest, raw)
             arrival.model, arrival.version = message.model_name, message.model_version or None
             # An unknown model is answered NOT_FOUND whatever the message holds, as Triton does.
             # The one lookup of the request: the service takes the route from here.
-            route = self.runtime.registry.route(message.model_name, message.model_version or None)
+            route = self._registry.route(message.model_name, message.model_version or None)
             request = decode_infer_request(
                 message, metadata=route.metadata, max_batch_size=route.max_batch_size
             )
             _Caller.of(context).stamp(request)
-            shared = self.runtime.shared_memory.uses(request)
+            shared = self._shared.uses(request)
             if shared:
-                self.runtime.shared_memory.attach(request, self.runtime.service.tenant_of(request))
-        response = await self.runtime.service.infer(request, route)
+                self._shared.attach(request, self._service.tenant_of(request))
+        response = await self._service.infer(request, route)
         try:
             if shared:
-                self.runtime.shared_memory.write_outputs(request, response, request_tenant(request))
+                self._shared.write_outputs(request, response, request_tenant(request))
             return encode_infer_response(response, request)
         finally:
             response.release()
@@ -167,8 +172,8 @@ class InferenceServicer:
         self, raw: bytes, context: Any
     ) -> pb.SystemSharedMemoryStatusResponse:
         request = parse_message(pb.SystemSharedMemoryStatusRequest, raw)
-        regions = self.runtime.shared_memory.status(
-            self.runtime.service.caller_tenant(_metadata(context)), request.name or None
+        regions = self._shared.status(
+            self._service.caller_tenant(_metadata(context)), request.name or None
         )
         response = pb.SystemSharedMemoryStatusResponse()
         for region in regions:
@@ -181,8 +186,8 @@ class InferenceServicer:
         self, raw: bytes, context: Any
     ) -> pb.SystemSharedMemoryRegisterResponse:
         request = parse_message(pb.SystemSharedMemoryRegisterRequest, raw)
-        self.runtime.shared_memory.register(
-            self.runtime.service.caller_tenant(_metadata(context)),
+        self._shared.register(
+            self._service.caller_tenant(_metadata(context)),
             request.name,
             request.key,
             request.offset,
@@ -194,8 +199,8 @@ class InferenceServicer:
         self, raw: bytes, context: Any
     ) -> pb.SystemSharedMemoryUnregisterResponse:
         request = parse_message(pb.SystemSharedMemoryUnregisterRequest, raw)
-        self.runtime.shared_memory.unregister(
-            self.runtime.service.caller_tenant(_metadata(context)), request.name or None
+        self._shared.unregister(
+            self._service.caller_tenant(_metadata(context)), request.name or None
         )
         return pb.SystemSharedMemoryUnregisterResponse()
 
@@ -206,20 +211,20 @@ class InferenceServicer:
     async def CudaSharedMemoryStatus(
         self, raw: bytes, context: Any
     ) -> pb.SystemSharedMemoryStatusResponse:
-        self.runtime.service.caller_tenant(_metadata(context))  # the usual credentials
+        self._service.caller_tenant(_metadata(context))  # the usual credentials
         request = parse_message(pb.SystemSharedMemoryStatusRequest, raw)
         cuda_status(request.name or None)
         return pb.SystemSharedMemoryStatusResponse()
 
     async def CudaSharedMemoryRegister(self, raw: bytes, context: Any) -> NoReturn:
-        self.runtime.service.caller_tenant(_metadata(context))
+        self._service.caller_tenant(_metadata(context))
         request = parse_message(pb.SystemSharedMemoryUnregisterRequest, raw)  # name: field 1
         cuda_register(request.name)
 
     async def CudaSharedMemoryUnregister(
         self, raw: bytes, context: Any
     ) -> pb.SystemSharedMemoryUnregisterResponse:
-        self.runtime.service.caller_tenant(_metadata(context))
+        self._service.caller_tenant(_metadata(context))
         parse_message(pb.SystemSharedMemoryUnregisterRequest, raw)
         return pb.SystemSharedMemoryUnregisterResponse()
 
@@ -295,30 +300,26 @@ class InferenceServicer:
         """
         request_id = model = version = ""
         try:
-            with self.runtime.service.receiving() as arrival:
+            with self._service.receiving() as arrival:
                 message = parse_message(pb.ModelInferRequest, raw)
                 request_id, model, version = message.id, message.model_name, message.model_version
                 arrival.model, arrival.version = model, version or None
                 # An unknown model wins over a bad message; its shapes bound what it may declare.
-                route = self.runtime.registry.route(model, version or None)
+                route = self._registry.route(model, version or None)
                 request = decode_infer_request(
                     message, metadata=route.metadata, max_batch_size=route.max_batch_size
                 )
                 if caller is not None:
                     caller.stamp(request)
-                shared = self.runtime.shared_memory.uses(request)
+                shared = self._shared.uses(request)
                 if shared:
-                    self.runtime.shared_memory.attach(
-                        request, self.runtime.service.tenant_of(request)
-                    )
+                    self._shared.attach(request, self._service.tenant_of(request))
             empty_final = bool(request.parameters.pop(EMPTY_FINAL_RESPONSE, False))
-            async with aclosing(self.runtime.service.responses(request, route)) as responses:
+            async with aclosing(self._service.responses(request, route)) as responses:
                 async for response, final in responses:
                     try:
                         if shared:
-                            self.runtime.shared_memory.write_outputs(
-                                request, response, request_tenant(request)
-                            )
+                            self._shared.write_outputs(request, response, request_tenant(request))
                         encoded = encode_infer_response(response, request)
                     finally:
                         response.release()

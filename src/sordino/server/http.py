@@ -168,7 +168,9 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
             Route(prefix + "/config", _guard(runtime, model_config), methods=["GET"]),
             Route(prefix + "/stats", _guard(runtime, model_stats), methods=["GET"]),
         ]
-    routes += extra_routes(runtime, control, functools.partial(_guard, runtime), _json, access)
+    routes += extra_routes(
+        runtime.inference, control, functools.partial(_guard, runtime), _json, access
+    )
     routes += feedback_routes(runtime, functools.partial(_guard, runtime), _json)
 
     async def openapi(request: Request) -> Response:
@@ -190,7 +192,7 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
         HTTPException: http_error,
     }
-    app = with_fast_infer(Starlette(routes=routes, exception_handlers=handlers), runtime)
+    app = with_fast_infer(Starlette(routes=routes, exception_handlers=handlers), runtime.inference)
     return with_authentication(app, runtime)
 
 

@@ -34,8 +34,9 @@ from sordino.protocol.generate import (
     sse_event,
 )
 from sordino.server.disconnect import EventStream, until_disconnect
+from sordino.server.inference_parts import InferenceParts
 from sordino.server.model_control import ModelControl
-from sordino.server.runtime import Runtime
+from sordino.server.route import Route as ModelRoute
 
 __all__ = ["OFF_LOOP_BYTES", "extra_routes", "json_body"]
 
@@ -46,7 +47,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 def extra_routes(
-    runtime: Runtime,
+    parts: InferenceParts,
     control: ModelControl,
     guard: Callable[[Handler], Handler],
     json: Callable[[object], Response],
@@ -54,8 +55,10 @@ def extra_routes(
 ) -> list[Route]:
     """Return the repository and generate routes; ``guard`` maps errors as ``http.py`` does.
 
-    The repository routes are behind ``access``.
+    The repository routes are behind ``access``; the generate routes use ``parts``
+    (``Runtime.inference``) and look the model up once a request.
     """
+    service = parts.service
 
     async def index(request: Request) -> Response:
         body = await json_body(request)
@@ -87,16 +90,16 @@ def extra_routes(
         return Response(status_code=200)
 
     async def generate(request: Request) -> Response:
-        decoded = await _generate_request(runtime, request)
-        response = await until_disconnect(request.receive, runtime.service.infer(decoded))
+        decoded, route = await _generate_request(parts, request)
+        response = await until_disconnect(request.receive, service.infer(decoded, route))
         try:
-            return json(encode_generate_response(response, _binary(runtime, decoded)))
+            return json(encode_generate_response(response, _binary(route)))
         finally:
             response.release()
 
     async def generate_stream(request: Request) -> Response:
-        decoded = await _generate_request(runtime, request)
-        responses = runtime.service.responses(decoded)
+        decoded, route = await _generate_request(parts, request)
+        responses = service.responses(decoded, route)
         # Refusals (validation, admission) are answered with a status before streaming.
         try:
             first, _ = await until_disconnect(request.receive, anext(responses))
@@ -106,7 +109,7 @@ def extra_routes(
         except BaseException:
             await responses.aclose()
             raise
-        binary = _binary(runtime, decoded)
+        binary = _binary(route)
         try:
             event = sse_event(encode_generate_response(first, binary))
         finally:
@@ -144,13 +147,16 @@ async def json_body(request: Request) -> dict[str, Any]:
     return document
 
 
-async def _generate_request(runtime: Runtime, request: Request) -> InferRequest:
+async def _generate_request(
+    parts: InferenceParts, request: Request
+) -> tuple[InferRequest, ModelRoute]:
+    """The decoded request and its route (the request's one model lookup)."""
     name = request.path_params["model"]
     version = request.path_params.get("version")
     # Whatever ends the request before the service has it is counted there.
-    with runtime.service.receiving(name, version, request.headers.get("x-sordino-tenant")):
-        model = runtime.get(name, version)
-        limit = runtime.config.server.max_request_size
+    with parts.service.receiving(name, version, request.headers.get("x-sordino-tenant")):
+        route = parts.registry.route(name, version)
+        limit = parts.max_request_size
         try:
             body = await request.body()
         except ClientDisconnect:
@@ -160,7 +166,7 @@ async def _generate_request(runtime: Runtime, request: Request) -> InferRequest:
                 f"the request body is larger than the limit of {limit} bytes", too_large=True
             )
         decode = functools.partial(
-            decode_generate_request, body, model.metadata, model=name, version=version
+            decode_generate_request, body, route.metadata, model=name, version=version
         )
         # A large body takes milliseconds per megabyte to decode: off the event loop, so
         # that other clients are not stalled meanwhile.
@@ -168,16 +174,12 @@ async def _generate_request(runtime: Runtime, request: Request) -> InferRequest:
     authorization = request.headers.get("authorization")
     if authorization is not None:
         decoded.headers["authorization"] = authorization  # the service authenticates it
-    return decoded
+    return decoded, route
 
 
-def _binary(runtime: Runtime, request: InferRequest) -> tuple[str, ...]:
+def _binary(route: ModelRoute) -> tuple[str, ...]:
     """The BYTES outputs sent as base64 in generate JSON: an iterative model's PNG."""
-    try:
-        model = runtime.get(request.model, request.version)
-    except SordinoError:
-        return ()
-    return ("png",) if model.pipeline is not None else ()
+    return ("png",) if route.way == "generate" else ()
 
 
 async def _no_events() -> AsyncIterator[bytes]:

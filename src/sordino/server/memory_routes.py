@@ -65,7 +65,7 @@ def memory_routes(
                 f'memory resize needs {{"size": ...}} of at least {MIN_POOL_SIZE} bytes (64KB) '
                 f"and at most {MAX_POOL_SIZE} (1TB)"
             )
-        arena = runtime.executor.staging.existing_arena
+        arena = runtime.memory.owner.existing()
         if arena is None:
             return _json({"resized": False, "why": "no arena yet (no model runs in a worker)"})
         if size // 4096 * 4096 == arena.capacity:

@@ -276,7 +276,7 @@ class Reconfigurer:
         memory = self.runtime.memory
         if memory.statistics().arena is None:
             # No worker process made the arena yet: it will be created at the new size.
-            self.runtime.executor.staging.plan_capacity(capacity)
+            memory.owner.plan_capacity(capacity)
             return
         report = await memory.resize(capacity, reason="reconfigure")
         if report is None:

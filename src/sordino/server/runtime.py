@@ -42,6 +42,7 @@ from sordino.memory.segments import SEGMENTS_DIR, StaleSegment, remove_stale_seg
 from sordino.models.repository import ModelSource
 from sordino.records import SchedulerStatistics
 from sordino.server.guarding import open_guardian
+from sordino.server.inference_parts import InferenceParts
 from sordino.server.loader import LOAD_CONCURRENCY, ModelLoader
 from sordino.server.model_calls import ModelCalls
 from sordino.server.pipelines import build_pipeline, pipeline_statistics
@@ -97,8 +98,28 @@ class Runtime:
         )
         self.metrics = Metrics(labels)
         self.stats = ModelStats()
+        # Tensor lifetime planning of multi-step requests (a scheduler observer).
+        self.step_plans = StepPlanner()
+        # The memory manager owns the arena; the executor stages batches in it.
+        self.memory = MemoryManager(
+            config.memory,
+            clock=self.clock,
+            events=self.events,
+            capacity=config.workers.shared_memory,
+            registry=config.server.data_dir / SEGMENTS_DIR,
+            forecast=lambda: self.telemetry.forecast,
+            plans=self.step_plans.statistics,
+            pools={
+                model: (policy.node, policy.memory_pool)
+                for model, policy in config.node_policies.items()
+                if policy.memory_pool is not None
+            },
+        )
         executor = RayExecutor if config.executor.kind == "ray" else ChainExecutor
-        self.executor = executor(config, clock=self.clock, events=self.events)
+        self.executor = executor(
+            config, clock=self.clock, events=self.events, arena=self.memory.owner
+        )
+        self.memory.watch(self.executor)  # framework memory per worker, Ray node pools
         self.telemetry = Telemetry(
             config.telemetry,
             events=self.events,
@@ -108,32 +129,6 @@ class Runtime:
             slo_s=lambda key: config.scheduler.slo_p99_ms / 1000,
             clock=self.clock,
             labels=labels,
-        )
-        staging, overflow = self.executor.staging, self.executor.overflow
-        # Tensor lifetime planning of multi-step requests (a scheduler observer).
-        self.step_plans = StepPlanner()
-        self.memory = MemoryManager(
-            config.memory,
-            arena=lambda: staging.existing_arena,
-            overflow=lambda: (
-                overflow.shrinks,
-                staging.overflow_waits,
-                staging.overflow_rejections,
-                overflow.oversized,
-            ),
-            clock=self.clock,
-            events=self.events,
-            forecast=lambda: self.telemetry.forecast,
-            pause=staging.paused,
-            workers=self.executor.worker_memory,
-            plans=self.step_plans.statistics,
-            nodes=getattr(self.executor, "node_memory", tuple),
-            capacity=staging.capacity,
-            pools={
-                model: (policy.node, policy.memory_pool)
-                for model, policy in config.node_policies.items()
-                if policy.memory_pool is not None
-            },
         )
         # Body read times and lateness per second, for the guardian's triggers.
         self.timings = TimingSeries()
@@ -202,6 +197,11 @@ class Runtime:
             tenants=self.tenants,
             pools=self.memory.pools if self.memory.pools.statistics(limited_only=True) else None,
         )
+        # What the inference endpoints use of all this, and nothing else.
+        self.inference = InferenceParts(
+            self.service, self.registry, self.tenants, self.shared_memory,
+            self.result_cache, self.timings, config.server.max_request_size,
+        )  # fmt: skip
         # Python models' calls to other models (BLS) take the service's path.
         serve_model_calls = getattr(self.executor, "serve_model_calls", None)
         if serve_model_calls is not None:  # not the Ray executor: its models cannot call
@@ -408,6 +408,7 @@ class Runtime:
             await self.loader.unload(model.key.name, model.key.version, drain=False)
         await self.memory.stop()
         await self.executor.aclose()
+        self.memory.close()  # the arena, once no worker maps it
         self.events.emit("server_stopped", "runtime")
         await self.telemetry.stop()
 

@@ -49,7 +49,7 @@ def fragment_arena(
     """
     if not 0.0 < target < 1.0:
         raise ValueError(f"target must be between 0 and 1, not {target}")
-    arena = runtime.executor.staging.arena
+    arena = runtime.memory.owner.arena
     size = max(64, arena.capacity // pieces // 64 * 64)
     held: list[Tensors] = []
     for index in range(pieces):
