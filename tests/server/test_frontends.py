@@ -21,6 +21,7 @@ import pytest
 
 from sordino.config import RuntimeConfig
 from sordino.models.repository import builtin_sources
+from sordino.server.load_board import LoadBoard
 from sordino.testing import RunningServer, serve_in_thread
 from tests.conftest import thread_isolated
 from tests.server.helpers import Gate, stats
@@ -187,6 +188,56 @@ def test_a_client_that_leaves_cancels_its_request_in_the_engine(server: RunningS
         holder.join(30)
         assert held == [200]
         assert gate.rows == [1]  # the cancelled request never ran
+
+
+def test_the_front_end_refuses_from_the_engines_load_board(server: RunningServer) -> None:
+    """A backlog the engine published is refused by the front end: the 503 the engine
+    would give, without the request reaching the engine (the engine's count of its
+    refusals does not move: the front end decided alone)."""
+    model = "digits-classifier"
+    answers: list[int] = []
+
+    def send(priority: str) -> None:
+        connection = _connection(server, os.getpid())
+        status, _, _ = _ask(
+            connection, "POST", f"/v2/models/{model}/infer", _digits(),
+            {"X-Sordino-Priority": priority},
+        )  # fmt: skip
+        answers.append(status)
+        connection.close()
+
+    with Gate(server, model) as gate:
+        senders = [threading.Thread(target=send, args=("high",))]
+        senders[0].start()
+        wait_for(gate.entered.is_set, "the held batch to start")
+        senders += [threading.Thread(target=send, args=("low",)) for _ in range(8)]
+        for sender in senders[1:]:
+            sender.start()
+        wait_for(lambda: stats(server, model).queue.depth == 8, "8 low rows queued")
+        assert server.frontends is not None and server.frontends.spec.board is not None
+        board = LoadBoard.attach(server.frontends.spec.board)
+        try:
+            wait_for(
+                lambda: any(r.name == model and sum(r.rows_ahead) == 8 for r in board.routes()),
+                "the engine to publish the backlog",
+            )
+        finally:
+            board.close()
+        before = stats(server, model).rejected
+        front = _connection(server, _frontend(server))
+        status, payload, headers = _ask(
+            front, "POST", f"/v2/models/{model}/infer", _digits(),
+            {"X-Sordino-Priority": "low", "X-Sordino-Timeout": "1"},  # 1 µs: cannot be met
+        )  # fmt: skip
+        front.close()
+        assert status == 503
+        assert f"model {model}/1 is overloaded" in json.loads(payload)["error"]
+        assert int(headers["retry-after"]) >= 1
+        assert stats(server, model).rejected == before  # the engine never saw it
+        gate.release()
+        for sender in senders:
+            sender.join(30)
+    assert answers.count(200) == 9
 
 
 def test_other_routes_move_the_connection_to_the_engine(server: RunningServer) -> None:

@@ -22,7 +22,7 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from email.utils import formatdate
 from typing import Any
 
@@ -36,7 +36,9 @@ _PR_SET_PDEATHSIG = 1
 @dataclass(frozen=True, slots=True)
 class FrontendSpec:
     """What a front end needs to know: where to listen, the engine's sockets, the
-    connection guard's settings (``server.*``) and the drain bound."""
+    connection guard's settings (``server.*``), the drain bound, and the engine's load
+    board (``server/load_board.py``; None: none) with the tag → priority rules its
+    refusals apply (``scheduler.priority_rules``)."""
 
     host: str
     port: int
@@ -46,6 +48,8 @@ class FrontendSpec:
     max_request_size: int
     keep_alive_timeout: float
     shutdown_timeout: float
+    board: str | None = None
+    rules: dict[str, int | str] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -91,6 +95,14 @@ async def serve(spec: FrontendSpec) -> None:
     channel.connect(spec.handover)
     channel.settimeout(5.0)
     guard = ConnectionGuard(**spec.guard)
+    shed = None
+    if spec.board is not None:
+        from sordino.server.board_shed import attach_board_shed
+
+        # Refuse from the engine's published load, before the body is read and
+        # without a round trip: the same header rule as the engine's own listener.
+        shed = attach_board_shed(spec.board, spec.rules)
+        guard.early_shed = shed
     protocol = frontend_protocol(
         guard,
         link,
@@ -122,6 +134,8 @@ async def serve(spec: FrontendSpec) -> None:
     link.close()
     channel.close()
     guard.close_lingering()
+    if shed is not None:
+        shed.board.close()
     ended.cancel()
     stopped.cancel()
 

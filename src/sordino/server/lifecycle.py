@@ -7,13 +7,15 @@ open
     bind the HTTP port, then the gRPC port (a port in use stops start-up before any
     model loads, naming the flag that changes it), open the journal (locked: one
     server per journal), load every model (``on_loaded`` after each), start gRPC,
-    start HTTP, start the extra HTTP front-end processes (``server.frontends`` > 1),
-    start model control (poll mode's rescans);
+    start HTTP, publish the engine's load board and start the extra HTTP front-end
+    processes, which refuse from it (``server.frontends`` > 1), start model control
+    (poll mode's rescans);
 close
     stop accepting connections, stop the front-end processes (each answers what it
     has in flight first), stop model control, let queued requests finish
     (those still queued after ``server.shutdown_timeout`` get an explicit 503), stop
-    gRPC, then close HTTP connections after their grace period.
+    gRPC, then close HTTP connections after their grace period, and remove the load
+    board.
 
 If opening fails at any step, whatever was started is stopped (workers included)
 before the error propagates.
@@ -23,13 +25,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sordino.config import RuntimeConfig
 from sordino.models.repository import ModelSource
 from sordino.server.frontends import Frontends
 from sordino.server.grpc_server import GrpcServer
+from sordino.server.load_publisher import LoadBoardPublisher
 from sordino.server.model_control import ModelControl
 from sordino.server.registry import LoadedModel
 from sordino.server.runtime import Runtime
@@ -76,6 +79,7 @@ async def open_server(
     http = HttpServer(runtime, config.server.host, config.server.http_port, control)
     grpc = GrpcServer(runtime, config.server.host, config.server.grpc_port, control)
     frontends: Frontends | None = None
+    board: LoadBoardPublisher | None = None  # the engine's load, for the front ends
     if http.frontends > 1:
         frontends = Frontends(
             runtime, http.adopt, host=config.server.host, port=http.port, count=http.frontends
@@ -91,6 +95,13 @@ async def open_server(
         await grpc.start()
         await http.start()
         if frontends is not None:
+            board = LoadBoardPublisher(runtime, lag=http.early_shed.lag)
+            board.start()
+            frontends.spec = replace(
+                frontends.spec,
+                board=board.name,
+                rules={r.tag: r.priority for r in config.scheduler.priority_rules},
+            )
             await frontends.start()
         control.start()
     except BaseException:
@@ -101,6 +112,8 @@ async def open_server(
         await http.stop(grace_s=0)
         if frontends is not None:
             await frontends.close()
+        if board is not None:
+            board.close()
         raise
     journal_path = opened.path if opened is not None else None
     server = Server(runtime, control, http, grpc, journal_path, frontends)
@@ -116,3 +129,5 @@ async def open_server(
         await http.stop()
         if frontends is not None:
             await frontends.close()
+        if board is not None:
+            board.close()
