@@ -203,4 +203,9 @@ class SchedulingLoop:
     def _batch_finished(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
         self._started.pop(task, None)
-        self._wake.set()
+        # An instance came free: the loop looks again only when that can change
+        # something — queued work may run now, or a close waits for the last batch.
+        # With nothing queued a turn would only find the queue empty: one event-loop
+        # step per batch (each request at 1 in flight) saved; an arrival wakes it.
+        if self.closing or len(self._queue):
+            self._wake.set()
