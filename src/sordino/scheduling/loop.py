@@ -6,9 +6,9 @@ queue, as many rows as the arena holds, none that cannot meet its deadline) or w
 A batch to run becomes a task of its own (**execute**, ``batches.py``), so several
 batches run at once when the model has several instances.
 
-The loop waits on a single wake-up event, set when work arrives, when a batch ends,
-when a timer for the batch delay or the next deadline fires, or on close. It never
-polls.
+The loop waits on a single wake-up event, set when work arrives, when a batch ends
+while work is queued (or the loop is closing), when a timer for the batch delay or the
+next deadline fires, or on close. It never polls.
 """
 
 from __future__ import annotations
