@@ -79,6 +79,8 @@ def main() -> None:
                         f"failed {cell['failed']}",
                         flush=True,
                     )
+                    if cell["failed"]:
+                        print(f"  first failure: {cell['first_error']}", flush=True)
     print("medians:")
     for (label, c), cells in results.items():
 
