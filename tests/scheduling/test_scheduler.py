@@ -578,6 +578,54 @@ async def test_adaptive_mode_does_not_wait_for_a_closed_loop_that_is_all_here() 
     await sched.close()
 
 
+async def test_a_batch_ending_with_nothing_queued_takes_no_scheduling_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At one request in flight each batch used to end in a scheduling turn that only
+    found the queue empty (an event-loop step per request); now the loop looks again
+    when a batch ends only if work is queued (it runs next) or the scheduler closes."""
+    from sordino.scheduling.loop import SchedulingLoop
+
+    turns = 0
+    schedule = SchedulingLoop._schedule
+
+    def counted(self: SchedulingLoop, now: float) -> Any:
+        nonlocal turns
+        turns += 1
+        return schedule(self, now)
+
+    monkeypatch.setattr(SchedulingLoop, "_schedule", counted)
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 0.001)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=8, max_delay_s=0.05), mode="adaptive")
+    await clock.settle()
+    turns = 0
+    for i in range(10):  # one at a time: each runs at once, alone
+        task = asyncio.create_task(sched.infer(_x(i), priority=2))
+        await clock.advance(0.002)
+        assert (await task)["x"][0, 0] == i
+    assert executor.batches == [1] * 10
+    # Two a request, both at its arrival: the one that runs it and the look right after
+    # (within the same step); none when its batch ended (main: 30).
+    assert turns == 20
+    await sched.close()
+
+
+async def test_work_queued_behind_a_batch_runs_when_it_ends_and_a_close_waits_for_it() -> None:
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 0.001)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=8, max_delay_s=0.0))
+    first = asyncio.create_task(sched.infer(_x(1), priority=2))
+    await clock.settle()
+    second = asyncio.create_task(sched.infer(_x(2), priority=2))
+    await clock.settle()
+    closing = asyncio.create_task(sched.close())
+    await clock.advance(0.01)
+    assert [(await t)["x"][0, 0] for t in (first, second)] == [1, 2]
+    await closing
+    assert executor.batches[-2:] == [1, 1]
+
+
 async def test_adaptive_mode_does_not_wait_while_another_instance_is_idle() -> None:
     """Arrivals are expected (8 came at once a moment ago), but with both instances
     idle a lone request runs at once: waiting would leave the second one unused."""

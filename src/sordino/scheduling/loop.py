@@ -6,9 +6,9 @@ queue, as many rows as the arena holds, none that cannot meet its deadline) or w
 A batch to run becomes a task of its own (**execute**, ``batches.py``), so several
 batches run at once when the model has several instances.
 
-The loop waits on a single wake-up event, set when work arrives, when a batch ends,
-when a timer for the batch delay or the next deadline fires, or on close. It never
-polls.
+The loop waits on a single wake-up event, set when work arrives, when a batch ends
+while work is queued (or the loop is closing), when a timer for the batch delay or the
+next deadline fires, or on close. It never polls.
 """
 
 from __future__ import annotations
@@ -203,4 +203,9 @@ class SchedulingLoop:
     def _batch_finished(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
         self._started.pop(task, None)
-        self._wake.set()
+        # An instance came free: the loop looks again only when that can change
+        # something — queued work may run now, or a close waits for the last batch.
+        # With nothing queued a turn would only find the queue empty: one event-loop
+        # step per batch (each request at 1 in flight) saved; an arrival wakes it.
+        if self.closing or len(self._queue):
+            self._wake.set()
