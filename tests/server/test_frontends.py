@@ -505,11 +505,17 @@ def test_only_decoded_requests_reach_the_engine_and_a_malformed_body_none(
             return _real(*args, **kwargs)
 
         monkeypatch.setattr(engine_link, name, spy)
+    counted: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(server.runtime.service, "refused_unread", lambda *a: counted.append(a))
     connection = _connection(server, _frontend(server))
     path = "/v2/models/digits-classifier/infer"
     status, payload, _ = _ask(connection, "POST", path, b'{"inputs": 3}')
     assert status == 400 and b"inputs" in payload
     assert calls == []
+    wait_for(
+        lambda: counted == [("digits-classifier", None, None, "malformed_body")],
+        "the engine to count the front end's 400",
+    )
     assert _ask(connection, "POST", path, _digits())[0] == 200
     connection.close()
     assert calls == ["answer_decoded"]

@@ -90,6 +90,8 @@ class _LinkConnection(asyncio.Protocol):
             for kind, body in frames:
                 if kind == link_tensors.INFER:
                     self._start_decoded(link_tensors.decode_infer(body))
+                elif kind == link_tensors.REFUSED:
+                    self.runtime.service.refused_unread(*link_tensors.decode_refused(body))
                 elif kind == link_frames.REQUEST:
                     self._start(link_frames.decode_request(body))
                 elif kind == link_frames.CANCEL:

@@ -137,6 +137,11 @@ class FrontendLink(asyncio.Protocol):
             self._write(parts)
         return ident, future
 
+    def refused(self, model: str, version: str | None, tenant: str | None, reason: str) -> None:
+        """Tell the engine of a request answered here with an error, to count it."""
+        if self.transport is not None and not self.transport.is_closing():
+            self._write([link_tensors.encode_refused(model, version, tenant, reason)])
+
     def _future(self) -> tuple[asyncio.Future[Reply], int]:
         """A new request's future and id; id 0 (and the 503) when the engine is gone."""
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()

@@ -229,6 +229,8 @@ class FrontendInferCycle(InferCycle):
                 received_at=self.received_at,
             )
         except SordinoError as exc:
+            # Counted by the engine as it counts one its own listener refuses.
+            conn.link.refused(self.model, self.version, facts.get("x-sordino-tenant"), exc.reason)
             self.respond(*error_parts(exc))
             return
         await conn.link.writable()

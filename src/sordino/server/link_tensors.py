@@ -17,6 +17,11 @@ and the front end encodes the answer (``fast_infer.encode_response``). Two kinds
     whether to close the connection, each output's name, datatype, shape and byte
     length — then the outputs' bytes.
 
+``REFUSED`` (front end → engine)
+    a request the front end answered with an error itself (a malformed body, one too
+    large, a client gone while sending it): its model, version, tenant header and
+    reason, counted by the engine as its own listener counts one (no answer follows).
+
 JSON (orjson) carries only what came from JSON on the wire; nothing is pickled. Errors
 go back as ``ANSWER`` frames (status, ``{"error": …}`` body, headers).
 """
@@ -37,15 +42,18 @@ from sordino.server.link_frames import MAX_FRAME, FrameError, frame_head
 
 __all__ = [
     "INFER",
+    "REFUSED",
     "RESULT",
     "Decoded",
     "decode_infer",
+    "decode_refused",
     "decode_result",
     "encode_infer",
+    "encode_refused",
     "encode_result",
 ]
 
-INFER, RESULT = 5, 6
+INFER, RESULT, REFUSED = 5, 6, 7
 _FACTS = struct.Struct("<QI")  # id, the facts' length
 
 
@@ -204,3 +212,25 @@ def decode_result(body: bytes) -> tuple[int, InferResponse, bool]:
     if end != len(body):
         raise FrameError("a result frame whose tensors do not fill it")
     return ident, response, close
+
+
+def encode_refused(model: str, version: str | None, tenant: str | None, reason: str) -> bytes:
+    """The ``REFUSED`` frame of a request a front end answered with an error itself."""
+    body = orjson.dumps([model, version, tenant, reason])
+    return frame_head(len(body), REFUSED) + body
+
+
+def decode_refused(body: bytes) -> tuple[str, str | None, str | None, str]:
+    """The model, version, tenant and reason a ``REFUSED`` frame's body holds."""
+    try:
+        model, version, tenant, reason = orjson.loads(body)
+    except (orjson.JSONDecodeError, ValueError, TypeError) as exc:
+        raise FrameError(f"a malformed refusal frame: {exc}") from None
+    if not (
+        isinstance(model, str)
+        and isinstance(reason, str)
+        and isinstance(version, str | None)
+        and isinstance(tenant, str | None)
+    ):
+        raise FrameError("a malformed refusal frame")
+    return model, version, tenant, reason
