@@ -238,8 +238,8 @@ class FrontendInferCycle(InferCycle):
             return  # the client left while the link was full: nothing was sent
         try:
             self._ident, future = conn.link.call_decoded(request, read_s)
-        except SordinoError as exc:
-            self.respond(*error_parts(exc))
+        except Exception as exc:  # a tensor that cannot be framed: answered, never sent
+            self.respond(*answer_error(exc, self.path))
             return
         self._future = future
         reply = await future
