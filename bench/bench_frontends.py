@@ -4,6 +4,7 @@
     python -m bench.bench_frontends --quick            # 2 s a cell, 1 repeat
     python -m bench.bench_frontends --frontends 1,2,3 --concurrency 8,64 --seconds 10
     python -m bench.bench_frontends --calls 1000       # the engine's calls, read vs forwarded
+    python -m bench.bench_frontends --base /work/main  # also main's code, interleaved
 
 Both servers are up at once, each ``sordino start`` with bench_triton's "sordino"
 settings on W1 (max batch 32, 10 ms batching delay, 2 intra-op threads) and its own
@@ -63,6 +64,7 @@ from bench.common import save, sordino_server
 
 console = Console(width=150)
 ROWS = 256
+_BASE = "base "  # the label prefix of the servers that run --base's code
 
 
 def _bucket(process: psutil.Process, root: int) -> str:
@@ -175,7 +177,9 @@ def aggregate(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def cpu_model(rows: list[dict[str, Any]], concurrency: int) -> dict[str, Any] | None:
+def cpu_model(
+    rows: list[dict[str, Any]], concurrency: int, prefix: str = ""
+) -> dict[str, Any] | None:
     """What 16 and 64 cores would give, from the per-request CPU of each component.
 
     ``e1``: engine CPU of a request it reads itself (the 1-front-end row); ``e_fwd``: of
@@ -183,9 +187,10 @@ def cpu_model(rows: list[dict[str, Any]], concurrency: int) -> dict[str, Any] | 
     its share of forwarded connections; ``f``: a front end's CPU per request it
     forwards; ``w``: the workers' per request. Each process is one core at most.
     """
-    one = next((r for r in rows if r["server"] == "1 front end" and r["concurrency"] ==
-                concurrency), None)  # fmt: skip
-    many = [r for r in rows if r["server"] != "1 front end" and r["concurrency"] == concurrency]
+    ours = [r for r in rows if r["server"].startswith(prefix) and r["concurrency"] == concurrency
+            and not (not prefix and r["server"].startswith(_BASE))]  # fmt: skip
+    one = next((r for r in ours if r["server"] == f"{prefix}1 front end"), None)
+    many = [r for r in ours if r["server"] != f"{prefix}1 front end"]
     if one is None or not many:
         return None
     many.sort(key=lambda r: r["forwarded_share"])
@@ -212,6 +217,7 @@ def cpu_model(rows: list[dict[str, Any]], concurrency: int) -> dict[str, Any] | 
         return n, rate
 
     return {
+        "code": prefix.strip() or "this checkout",
         "concurrency": concurrency,
         "e1_ms": e1, "e_fwd_ms": e_fwd, "front_ms": f, "worker_ms": w,
         "forwarded_share": share,
@@ -228,22 +234,25 @@ def cpu_model(rows: list[dict[str, Any]], concurrency: int) -> dict[str, Any] | 
     }  # fmt: skip
 
 
-def show(rows: list[dict[str, Any]], model: dict[str, Any] | None) -> None:
-    console.print("server         in flight   req/s    p50 ms  p99 ms  batch  "
+def show(rows: list[dict[str, Any]], models: list[dict[str, Any] | None]) -> None:
+    console.print("server             in flight   req/s    p50 ms  p99 ms  batch  "
                   "engine  front  model  client  (CPU ms/req)  forwarded")  # fmt: skip
     for r in sorted(rows, key=lambda r: (r["concurrency"], r["server"])):
         cpu = r["cpu_ms"]
         console.print(
-            f"{r['server']:<14} {r['concurrency']:>9} {r['rate']:>8,.0f} {r['p50_ms']:>8.2f} "
+            f"{r['server']:<18} {r['concurrency']:>9} {r['rate']:>8,.0f} {r['p50_ms']:>8.2f} "
             f"{r['p99_ms']:>7.2f} {r['mean_batch']:>6.1f} {cpu.get('engine', 0):>7.3f} "
             f"{cpu.get('front', 0):>6.3f} {cpu.get('model', 0):>6.3f} "
             f"{r['client_cpu_ms']:>7.3f}                {r['forwarded_share']:>5.0%}"
             + (f"  {r['failed']} FAILED" if r["failed"] else ""),
             markup=False, highlight=False,
         )  # fmt: skip
-    if model is not None:
+    for model in models:
+        if model is None:
+            continue
         console.print(
-            f"CPU model (c{model['concurrency']}): e1 {model['e1_ms']:.3f} ms, engine per "
+            f"CPU model of {model['code']} (c{model['concurrency']}): "
+            f"e1 {model['e1_ms']:.3f} ms, engine per "
             f"forwarded request {model['e_fwd_ms']:.3f} ms, front end {model['front_ms']:.3f} "
             f"ms, workers {model['worker_ms']:.3f} ms",
             markup=False, highlight=False,
@@ -342,12 +351,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cells = []
     with ExitStack() as stack, tempfile.TemporaryDirectory() as scratch:
         config = server_config(w1, Path(scratch), 2, "adaptive", 100.0)
-        for n in counts:
-            label = f"{n} front end" + ("s" if n > 1 else "")
-            s = stack.enter_context(sordino_server(
-                ["--no-builtin", "--config", str(config), "--frontends", str(n)]
-            ))  # fmt: skip
-            servers[label] = (s.http, s.pid)
+        codes: list[tuple[str, dict[str, str] | None]] = [("", None)]
+        if args.base:
+            codes.append((_BASE, {"PYTHONPATH": str(Path(args.base).resolve() / "src")}))
+        for prefix, env in codes:
+            for n in counts:
+                label = f"{prefix}{n} front end" + ("s" if n > 1 else "")
+                s = stack.enter_context(sordino_server(
+                    ["--no-builtin", "--config", str(config), "--frontends", str(n)], env=env
+                ))  # fmt: skip
+                servers[label] = (s.http, s.pid)
         labels = list(servers)
         started = time.monotonic()
         plan = [(r, c, labels[(i + r) % len(labels)])
@@ -368,7 +381,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )  # fmt: skip
     rows = aggregate(cells)
     model = cpu_model(rows, max(concurrencies))
-    show(rows, model)
+    base = cpu_model(rows, max(concurrencies), _BASE) if args.base else None
+    show(rows, [model, base])
     report = {
         "benchmark": "frontends",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -376,7 +390,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "python": platform.python_version(), "load_1m": os.getloadavg()[0]},
         "settings": {"seconds": args.seconds, "repeat": args.repeat, "warmup": args.warmup,
                      "frontends": counts, "concurrency": concurrencies},
-        "rows": rows, "model": model, "cells": cells,
+        "base": args.base, "rows": rows, "model": model, "base_model": base, "cells": cells,
     }  # fmt: skip
     console.print(f"wrote {save(args.name, report)}")
     return report
@@ -393,6 +407,12 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=0,
                         help="instead: profile the engine, N requests each way")  # fmt: skip
     parser.add_argument("--top", type=int, default=15, help="with --calls: functions shown")
+    parser.add_argument(
+        "--base",
+        default=None,
+        help="a checkout whose src/ the same servers also run (labelled "
+        "'base'), interleaved with this one's: before/after side by side",
+    )
     parser.add_argument("--name", default="frontends", help="results file bench/results/NAME.json")
     args = parser.parse_args()
     if args.calls:

@@ -7,12 +7,15 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
 from sordino.config import RuntimeConfig
 from sordino.config.server import ServerConfig
-from sordino.server import link_frames
+from sordino.inference import InferResponse
+from sordino.server import link_frames, link_tensors
+from sordino.server.fast_infer import decode_body
 from sordino.server.frontend_link import ENGINE_GONE, FrontendLink
 from sordino.server.frontends import default_frontends, frontend_count
 from sordino.server.link_frames import FrameError, FrameReader, LinkRequest
@@ -61,6 +64,64 @@ def test_frames_split_and_joined_across_reads_come_out_whole() -> None:
     assert [link_frames.decode_answer(body) for _, body in frames[:5]] == answers
     assert frames[5] == (link_frames.CANCEL, wire[-8:])
     assert link_frames.decode_id(frames[5][1]) == 9
+
+
+def test_a_decoded_request_and_its_response_cross_the_link_whole() -> None:
+    header = json.dumps(
+        {
+            "id": "r",
+            "parameters": {"priority": 1, "binary_data_output": True},
+            "inputs": [
+                {"name": "a", "shape": [2, 2], "datatype": "FP16", "data": [1, 2, 3, 4]},
+                {"name": "b", "shape": [1, 2], "datatype": "BYTES", "data": ["x", "yz"]},
+                {
+                    "name": "c",
+                    "shape": [3],
+                    "datatype": "BOOL",
+                    "parameters": {"binary_data_size": 3},
+                },
+            ],
+            "outputs": [{"name": "o", "parameters": {"binary_data": False}}],
+        }
+    ).encode()
+    request = decode_body(
+        header + b"\x01\x00\x01",
+        "m",
+        "1",
+        str(len(header)).encode(),
+        {"x-sordino-tag": "t"},
+        client="10.0.0.1",
+        received_at=5.5,
+    )
+    frame = b"".join(link_tensors.encode_infer(3, request, 0.25))
+    ((kind, body),) = FrameReader().feed(frame)
+    assert kind == link_tensors.INFER
+    decoded = link_tensors.decode_infer(body)
+    assert (decoded.id, decoded.read_s, decoded.size) == (3, 0.25, len(body))
+    again = decoded.request
+    for name, array in request.inputs.items():
+        assert again.inputs[name].dtype == array.dtype
+        assert again.inputs[name].tolist() == array.tolist()
+    assert again.inputs["a"].base is not None  # a view of the frame, not a copy
+    again.inputs = request.inputs
+    assert again == request
+
+    response = InferResponse(
+        "m",
+        "1",
+        {"o": np.arange(4, dtype=np.int64).reshape(2, 2), "s": np.array([b"p", "q"], dtype=object)},
+        {"o": "INT64", "s": "BYTES"},
+        id="r",
+        parameters={"k": 1},
+    )
+    frame = b"".join(link_tensors.encode_result(4, response, True))
+    ((kind, body),) = FrameReader().feed(frame)
+    ident, back, close = link_tensors.decode_result(body)
+    assert (ident, close, back.model, back.id, back.parameters) == (4, True, "m", "r", {"k": 1})
+    assert back.outputs["o"].tolist() == [[0, 1], [2, 3]]
+    assert back.outputs["s"].tolist() == [b"p", b"q"]
+    with pytest.raises(FrameError):
+        link_tensors.decode_infer(body)  # a result is no request
 
 
 def test_a_broken_frame_is_an_error_not_a_crash() -> None:

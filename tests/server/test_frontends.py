@@ -15,12 +15,15 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
+import numpy as np
 import psutil
 import pytest
 
 from sordino.config import RuntimeConfig
 from sordino.models.repository import builtin_sources
+from sordino.server import engine_link
 from sordino.server.load_board import LoadBoard
 from sordino.testing import RunningServer, serve_in_thread
 from tests.conftest import thread_isolated
@@ -383,3 +386,270 @@ def test_a_stop_answers_what_a_front_end_has_in_flight() -> None:
         stopping.join(60)
     assert answered == [(200, "close")]
     assert not frontend.is_running() or frontend.status() == psutil.STATUS_ZOMBIE
+
+
+def _binary(header: dict[str, object], *chunks: bytes) -> tuple[bytes, dict[str, str]]:
+    """A body with the binary-data extension: the JSON header, then ``chunks``."""
+    text = json.dumps(header).encode()
+    return text + b"".join(chunks), {"Inference-Header-Content-Length": str(len(text))}
+
+
+def _bytes_tensor(*items: bytes) -> bytes:
+    return b"".join(len(item).to_bytes(4, "little") + item for item in items)
+
+
+_INT16 = np.arange(16, dtype="<i4").tobytes()
+_PIXELS = np.arange(128, dtype="<f4").reshape(2, 64) % 17
+DECODED: list[tuple[str, str, bytes, dict[str, str]]] = [
+    (
+        "json, id, parameters, binary output",
+        "digits-classifier",
+        json.dumps(
+            {
+                "id": "r-1",
+                "parameters": {"binary_data_output": True, "tag": "t"},
+                "inputs": [
+                    {
+                        "name": "pixels",
+                        "shape": [2, 64],
+                        "datatype": "FP32",
+                        "data": _PIXELS.tolist(),
+                    }
+                ],
+            }
+        ).encode(),
+        {},
+    ),
+    (
+        "binary inputs, one output binary, one json",
+        "simple",
+        *_binary(
+            {
+                "inputs": [
+                    {
+                        "name": n,
+                        "shape": [1, 16],
+                        "datatype": "INT32",
+                        "parameters": {"binary_data_size": 64},
+                    }
+                    for n in ("INPUT0", "INPUT1")
+                ],
+                "outputs": [
+                    {"name": "OUTPUT1", "parameters": {"binary_data": True}},
+                    {"name": "OUTPUT0"},
+                ],
+            },
+            _INT16,
+            _INT16[::-1],
+        ),
+    ),
+    (
+        "bytes in json",
+        "text-normalizer",
+        json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "text",
+                        "shape": [2, 1],
+                        "datatype": "BYTES",
+                        "data": ["  Hello   World ", "MiXeD"],
+                    }
+                ]
+            }
+        ).encode(),
+        {},
+    ),
+    (
+        "bytes binary both ways",
+        "text-normalizer",
+        *_binary(
+            {
+                "parameters": {"binary_data_output": True},
+                "inputs": [
+                    {
+                        "name": "text",
+                        "shape": [2, 1],
+                        "datatype": "BYTES",
+                        "parameters": {"binary_data_size": 17},
+                    }
+                ],
+            },
+            _bytes_tensor(b" One  ", b"Two"),
+        ),
+    ),
+    (
+        "classification",
+        "digits-classifier",
+        json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "pixels",
+                        "shape": [2, 64],
+                        "datatype": "FP32",
+                        "data": _PIXELS.reshape(-1).tolist(),
+                    }
+                ],
+                "outputs": [{"name": "probabilities", "parameters": {"classification": 3}}],
+            }
+        ).encode(),
+        {},
+    ),
+    (
+        "an input the model lacks",
+        "digits-classifier",
+        json.dumps(
+            {
+                "inputs": [
+                    {"name": "pixelz", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}
+                ]
+            }
+        ).encode(),
+        {},
+    ),
+    (
+        "a batch past max_batch_size",
+        "digits-classifier",
+        *_binary(
+            {
+                "inputs": [
+                    {
+                        "name": "pixels",
+                        "shape": [65, 64],
+                        "datatype": "FP32",
+                        "parameters": {"binary_data_size": 65 * 64 * 4},
+                    }
+                ]
+            },
+            bytes(65 * 64 * 4),
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", DECODED, ids=lambda c: c[0])
+def test_a_request_the_front_end_decodes_is_answered_byte_for_byte_as_the_engine_does(
+    server: RunningServer, case: tuple[str, str, bytes, dict[str, str]]
+) -> None:
+    _, model, body, headers = case
+    answers = []
+    for pid in (_frontend(server), os.getpid()):
+        connection = _connection(server, pid)
+        status, payload, got = _ask(connection, "POST", f"/v2/models/{model}/infer", body, headers)
+        got.pop("date", None)
+        answers.append((status, payload, got))
+        connection.close()
+    assert answers[0] == answers[1]
+    assert answers[0][0] == (400 if case[0].startswith("a") else 200), answers[0][1]
+
+
+def test_only_decoded_requests_reach_the_engine_and_a_malformed_body_none(
+    server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+    for name in ("answer_decoded", "answer_infer"):
+        real = getattr(engine_link, name)
+
+        def spy(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
+            calls.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(engine_link, name, spy)
+    counted: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(server.runtime.service, "refused_unread", lambda *a: counted.append(a))
+    connection = _connection(server, _frontend(server))
+    path = "/v2/models/digits-classifier/infer"
+    status, payload, _ = _ask(connection, "POST", path, b'{"inputs": 3}')
+    assert status == 400 and b"inputs" in payload
+    assert calls == []
+    wait_for(
+        lambda: counted == [("digits-classifier", None, None, "malformed_body")],
+        "the engine to count the front end's 400",
+    )
+    assert _ask(connection, "POST", path, _digits())[0] == 200
+    connection.close()
+    assert calls == ["answer_decoded"]
+
+
+def test_system_shared_memory_works_through_the_front_end(server: RunningServer) -> None:
+    shm = pytest.importorskip("tritonclient.utils.shared_memory")
+    tag = f"{os.getpid()}_{id(object())}"
+    inputs = shm.create_shared_memory_region("fe_in", f"/sordino_fe_in_{tag}", 128)
+    outputs = shm.create_shared_memory_region("fe_out", f"/sordino_fe_out_{tag}", 128)
+    try:
+        first = np.arange(16, dtype=np.int32).reshape(1, 16)
+        shm.set_shared_memory_region(inputs, [first, first * 3])
+        connection = _connection(server, _frontend(server))
+        for name, key in (("fe_in", f"/sordino_fe_in_{tag}"), ("fe_out", f"/sordino_fe_out_{tag}")):
+            status, _, _ = _ask(
+                connection,
+                "POST",
+                f"/v2/systemsharedmemory/region/{name}/register",
+                json.dumps({"key": key, "offset": 0, "byte_size": 128}).encode(),
+            )
+            assert status == 200
+        connection.close()  # the registration moved that connection to the engine
+        connection = _connection(server, _frontend(server))
+        body = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": n,
+                        "shape": [1, 16],
+                        "datatype": "INT32",
+                        "parameters": {
+                            "shared_memory_region": "fe_in",
+                            "shared_memory_byte_size": 64,
+                            "shared_memory_offset": offset,
+                        },
+                    }
+                    for n, offset in (("INPUT0", 0), ("INPUT1", 64))
+                ],
+                "outputs": [
+                    {
+                        "name": n,
+                        "parameters": {
+                            "shared_memory_region": "fe_out",
+                            "shared_memory_byte_size": 64,
+                            "shared_memory_offset": offset,
+                        },
+                    }
+                    for n, offset in (("OUTPUT0", 0), ("OUTPUT1", 64))
+                ],
+            }
+        ).encode()
+        status, payload, _ = _ask(connection, "POST", "/v2/models/simple/infer", body)
+        connection.close()
+        assert status == 200, payload
+        entries = json.loads(payload)["outputs"]
+        assert [e["parameters"]["shared_memory_byte_size"] for e in entries] == [64, 64]
+        added = shm.get_contents_as_numpy(outputs, np.int32, [1, 16], 0)
+        subtracted = shm.get_contents_as_numpy(outputs, np.int32, [1, 16], 64)
+        assert added.tolist() == (first * 4).tolist()
+        assert subtracted.tolist() == (first - first * 3).tolist()
+    finally:
+        engine = _connection(server, os.getpid())
+        _ask(engine, "POST", "/v2/systemsharedmemory/unregister", b"")
+        engine.close()
+        shm.destroy_shared_memory_region(inputs)
+        shm.destroy_shared_memory_region(outputs)
+
+
+def test_a_model_whose_result_cache_is_on_gets_the_body_through_the_front_end(
+    server: RunningServer,
+) -> None:
+    cache = server.runtime.result_cache
+    cache.enable("digits-classifier", True)
+    try:
+        connection = _connection(server, _frontend(server))
+        hits = cache.hits
+        answers = [
+            _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits(7))[:2]
+            for _ in range(2)
+        ]
+        connection.close()
+        assert answers[0] == answers[1] and answers[0][0] == 200
+        assert cache.hits == hits + 1  # the second was answered from the cache
+    finally:
+        cache.enable("digits-classifier", False)

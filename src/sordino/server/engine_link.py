@@ -25,13 +25,13 @@ import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
 from sordino.errors import Cancelled
-from sordino.server import link_frames
-from sordino.server.fast_infer import answer_infer
+from sordino.server import link_frames, link_tensors
+from sordino.server.fast_infer import Watch, answer_decoded, answer_error, answer_infer
 from sordino.server.link_frames import (
     HANDOVER_CHUNK,
     HANDOVER_HEAD,
@@ -39,6 +39,7 @@ from sordino.server.link_frames import (
     FrameReader,
     LinkRequest,
 )
+from sordino.server.link_tensors import Decoded
 from sordino.server.runtime import Runtime
 
 __all__ = ["EngineLink"]
@@ -87,7 +88,11 @@ class _LinkConnection(asyncio.Protocol):
         try:
             frames = self.reader.feed(data)
             for kind, body in frames:
-                if kind == link_frames.REQUEST:
+                if kind == link_tensors.INFER:
+                    self._start_decoded(link_tensors.decode_infer(body))
+                elif kind == link_tensors.REFUSED:
+                    self.runtime.service.refused_unread(*link_tensors.decode_refused(body))
+                elif kind == link_frames.REQUEST:
                     self._start(link_frames.decode_request(body))
                 elif kind == link_frames.CANCEL:
                     pending = self.pending.pop(link_frames.decode_id(body), None)
@@ -114,6 +119,44 @@ class _LinkConnection(asyncio.Protocol):
         if pending.working and pending.task is not None:
             pending.task.cancel()  # the service removes the request and counts it cancelled
 
+    def _start_decoded(self, decoded: Decoded) -> None:
+        pending = _Pending()
+        self.pending[decoded.id] = pending
+        pending.task = asyncio.get_running_loop().create_task(self._serve(decoded, pending))
+
+    async def _serve(self, decoded: Decoded, pending: _Pending) -> None:
+        """A request the front end decoded: its response's tensors, or its error, back."""
+        ident = decoded.id
+        try:
+            result = await answer_decoded(
+                self.runtime, decoded.request, decoded.read_s, decoded.size, _watch(pending)
+            )
+        except BaseException:
+            self.pending.pop(ident, None)
+            if not pending.gone:
+                self._send(ident, 500, b'{"error":"internal error"}', {})
+            raise
+        answering = self.pending.pop(ident, None) is not None and not pending.gone
+        if result is None:  # the result cache keys on the body: ask for it
+            if answering:
+                self._send(ident, link_frames.SEND_BODY, b"", {})
+            return
+        if isinstance(result, tuple):
+            if answering:
+                status, payload, headers = result
+                if self.runtime.stopping:
+                    headers["Connection"] = "close"
+                self._send(ident, status, payload, headers)
+            return
+        try:
+            if answering:
+                parts = link_tensors.encode_result(ident, result, self.runtime.stopping)
+                self._write(parts)
+        except Exception as exc:
+            self._send(ident, *answer_error(exc, f"/v2/models/{decoded.request.model}/infer"))
+        finally:
+            result.release()
+
     async def _answer(self, request: LinkRequest, pending: _Pending) -> None:
         body = request.body
 
@@ -122,21 +165,7 @@ class _LinkConnection(asyncio.Protocol):
                 raise Cancelled("the client disconnected while sending the request")
             return body
 
-        async def watch(work: asyncio.Future[T] | asyncio.Task[T] | object) -> T:
-            pending.working = True
-            try:
-                if pending.gone:
-                    raise Cancelled("the client disconnected before the response was ready")
-                return await work  # type: ignore[misc,no-any-return]
-            except asyncio.CancelledError:
-                if not pending.gone:
-                    raise
-                task = asyncio.current_task()
-                if task is not None:
-                    task.uncancel()
-                raise Cancelled("the client disconnected before the response was ready") from None
-            finally:
-                pending.working = False
+        watch = _watch(pending)
 
         try:
             status, payload, headers = await answer_infer(
@@ -159,16 +188,41 @@ class _LinkConnection(asyncio.Protocol):
             self._send(request.id, status, payload, headers)
 
     def _send(self, ident: int, status: int, payload: bytes, headers: dict[str, str]) -> None:
+        self._write(link_frames.encode_answer(ident, status, payload, headers))
+
+    def _write(self, parts: list[bytes]) -> None:
         if self.transport is None or self.transport.is_closing():
             return
         if not self.out:
             asyncio.get_running_loop().call_soon(self._flush)
-        self.out += link_frames.encode_answer(ident, status, payload, headers)
+        self.out += parts
 
     def _flush(self) -> None:
         out, self.out = self.out, []
         if self.transport is not None and not self.transport.is_closing():
             self.transport.writelines(out)
+
+
+def _watch(pending: _Pending) -> Watch:
+    """Runs the service's work for ``pending``: a cancel from the front end cancels it."""
+
+    async def watch(work: Awaitable[T]) -> T:
+        pending.working = True
+        try:
+            if pending.gone:
+                raise Cancelled("the client disconnected before the response was ready")
+            return await work
+        except asyncio.CancelledError:
+            if not pending.gone:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            raise Cancelled("the client disconnected before the response was ready") from None
+        finally:
+            pending.working = False
+
+    return watch
 
 
 class EngineLink:

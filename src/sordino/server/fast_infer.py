@@ -23,6 +23,7 @@ from typing import Protocol, TypeVar
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sordino.errors import Cancelled, MalformedBody, SordinoError
+from sordino.inference import InferRequest, InferResponse, ModelMetadata
 from sordino.protocol.codec import (
     decode_infer_request,
     encode_error,
@@ -30,9 +31,11 @@ from sordino.protocol.codec import (
     parse_header_length,
 )
 from sordino.protocol.status import http_status, retry_after_header
+from sordino.protocol.validate import check_declared_shape
 from sordino.server.connection_guard import RECEIVED
 from sordino.server.disconnect import until_disconnect
 from sordino.server.inference_parts import InferenceParts
+from sordino.server.route import Route
 from sordino.server.runtime import Runtime
 from sordino.server.service import request_tenant
 
@@ -40,9 +43,18 @@ __all__ = [
     "INFER_PATH",
     "BodyReader",
     "Watch",
+    "admit",
+    "answer_decoded",
+    "answer_error",
     "answer_infer",
     "check_declared",
+    "check_model_shapes",
+    "decode_body",
+    "encode_response",
     "error_parts",
+    "open_request",
+    "parse_headers",
+    "serve",
     "too_large",
     "with_fast_infer",
 ]
@@ -148,13 +160,70 @@ async def answer_infer(
     Transport-neutral: ``raw_headers`` are the request's (names in lower case),
     ``read_body`` reads the body, ``watch`` runs the service's work so that a client
     that leaves cancels it. Every outcome is an answer: errors are ``{"error": …}``.
-    ``parts`` are the runtime's parts a request uses (``Runtime.inference``; a
-    :class:`Runtime` is taken for its ``inference``).
+    The steps — :func:`decode_body`, :func:`open_request`, :func:`serve`,
+    :func:`encode_response` — are those a front-end process and the engine split
+    between them (``server/engine_link.py``). ``parts`` are the runtime's parts a
+    request uses (``Runtime.inference``; a :class:`Runtime` is taken for its
+    ``inference``).
     """
     if not isinstance(parts, InferenceParts):
         parts = parts.inference
-    service = parts.service
     limit = parts.max_request_size
+    declared, header_length, forwarded = parse_headers(raw_headers)
+    headers: dict[str, str]
+    cache_key: tuple[str, str, bytes] | None = None
+    try:
+        # Whatever ends the request before the service has it is counted there.
+        with parts.service.receiving(model, version, forwarded.get("x-sordino-tenant")):
+            check_declared(limit, declared)
+            arrived = time.perf_counter()
+            body = await read_body()
+            tenant, route = open_request(
+                parts, model, version, forwarded, time.perf_counter() - arrived
+            )
+            cache = parts.result_cache
+            if cache.active(model):
+                tenants = parts.tenants
+                if tenants.enabled and tenant is None:
+                    # A cached answer is no way around the key, nor another tenant's result.
+                    tenant = tenants.authenticate(forwarded.get("authorization"))
+                cache_key = cache.key(
+                    model, version, body, header_length, (tenant or "") if tenants.enabled else ""
+                )
+                cached = cache.get(cache_key)
+                if cached is not None:
+                    return 200, cached.payload, dict(cached.headers)
+            request = decode_body(
+                body,
+                model,
+                version,
+                header_length,
+                forwarded,
+                client=client,
+                received_at=received_at,
+                metadata=route.metadata,
+                max_batch_size=route.max_batch_size,
+            )
+            shared = admit(parts, request, tenant)
+        response = await serve(parts, request, route, shared, watch)
+        payload, headers = encode_response(response, request)
+        status = 200
+        if cache_key is not None and not shared:
+            cache.put(cache_key, payload, headers)
+    except Exception as exc:
+        status, payload, headers = answer_error(exc, path)
+    if parts.registry.stopping:
+        # Tell keep-alive clients to reconnect elsewhere rather than reuse a connection
+        # the server is about to close.
+        headers["Connection"] = "close"
+    return status, payload, headers
+
+
+def parse_headers(
+    raw_headers: Iterable[tuple[bytes, bytes]],
+) -> tuple[bytes | None, bytes | None, dict[str, str]]:
+    """The ``Content-Length``, the ``Inference-Header-Content-Length`` and the headers
+    the service reads (``x-sordino-*``, ``authorization``) of a request's headers."""
     declared: bytes | None = None
     header_length: bytes | None = None
     forwarded: dict[str, str] = {}
@@ -165,77 +234,164 @@ async def answer_infer(
             header_length = value
         elif name in _FORWARDED:
             forwarded[_FORWARDED[name]] = value.decode("latin-1")
-    headers: dict[str, str]
-    cache_key: tuple[str, str, bytes] | None = None
-    try:
-        # Whatever ends the request before the service has it is counted there.
-        with service.receiving(model, version, forwarded.get("x-sordino-tenant")):
-            check_declared(limit, declared)
-            arrived = time.perf_counter()
-            body = await read_body()
-            read_s = time.perf_counter() - arrived
-            tenants = parts.tenants
-            tenant: str | None = None  # authenticated here at most once a request
-            if tenants.required:
-                # No key, no answer: which models exist is not told to strangers.
-                tenant = tenants.authenticate(forwarded.get("authorization"))
-            # An unknown model is answered 404 whatever the body holds, as Triton does; the
-            # model's shapes then bound what the body may declare, before anything is built.
-            # The one lookup of the request: the service takes the route from here.
-            route = parts.registry.route(model, version)
-            parts.timings.body_read(route.key, read_s)
-            cache = parts.result_cache
-            if cache.active(model):
-                if tenants.enabled and tenant is None:
-                    # A cached answer is no way around the key, nor another tenant's result.
-                    tenant = tenants.authenticate(forwarded.get("authorization"))
-                cache_key = cache.key(
-                    model, version, body, header_length, (tenant or "") if tenants.enabled else ""
-                )
-                cached = cache.get(cache_key)
-                if cached is not None:
-                    return 200, cached.payload, dict(cached.headers)
-            request = decode_infer_request(
-                body,
-                model=model,
-                version=version,
-                header_length=parse_header_length(
-                    header_length.decode("latin-1") if header_length is not None else None
-                ),
-                headers=forwarded or None,
-                metadata=route.metadata,
-                max_batch_size=route.max_batch_size,
-            )
-            if client:
-                request.client = client
-            if received_at is not None:
-                request.received_at = received_at
-            if tenant is not None and tenants.enabled:
-                service.tenant_of(request, known=tenant)
-            shared = parts.shared_memory.uses(request)
-            if shared:
-                parts.shared_memory.attach(request, service.tenant_of(request))
-        response = await watch(service.infer(request, route))
+    return declared, header_length, forwarded
+
+
+def decode_body(
+    body: bytes,
+    model: str,
+    version: str | None,
+    header_length: bytes | None,
+    forwarded: dict[str, str],
+    *,
+    client: str | None,
+    received_at: float | None,
+    metadata: ModelMetadata | None = None,
+    max_batch_size: int = 0,
+) -> InferRequest:
+    """Decode step: ``body`` as an :class:`InferRequest` with the transport's facts.
+
+    Without the model's ``metadata`` (a front-end process has none) the declared shapes
+    are bounded by the body's size only; :func:`check_model_shapes` then does the rest
+    where the model is known. Raises SordinoError for a malformed body.
+    """
+    request = decode_infer_request(
+        body,
+        model=model,
+        version=version,
+        header_length=parse_header_length(
+            header_length.decode("latin-1") if header_length is not None else None
+        ),
+        headers=forwarded or None,
+        metadata=metadata,
+        max_batch_size=max_batch_size,
+    )
+    if client:
+        request.client = client
+    if received_at is not None:
+        request.received_at = received_at
+    return request
+
+
+def check_model_shapes(request: InferRequest, route: Route, room: int) -> None:
+    """The model's bounds on the declared shapes, for a request decoded without them
+    (the same check, in the same words, as :func:`decode_body` with the metadata)."""
+    for name, array in request.inputs.items():
+        check_declared_shape(
+            name,
+            array.shape,
+            room=room,
+            metadata=route.metadata,
+            max_batch_size=route.max_batch_size,
+        )
+    for shared in request.shared_inputs:
+        check_declared_shape(
+            shared.name,
+            shared.shape,
+            room=max(room, shared.byte_size),
+            metadata=route.metadata,
+            max_batch_size=route.max_batch_size,
+        )
+
+
+def open_request(
+    parts: InferenceParts,
+    model: str,
+    version: str | None,
+    forwarded: dict[str, str],
+    read_s: float,
+) -> tuple[str | None, Route]:
+    """Authentication (when keys are required) and the request's one model lookup.
+
+    Returns the tenant authenticated (None when not yet) and the route. An unknown
+    model is answered 404 whatever the body holds, as Triton does. Runs inside
+    ``service.receiving``.
+    """
+    tenants = parts.tenants
+    tenant: str | None = None  # authenticated here at most once a request
+    if tenants.required:
+        # No key, no answer: which models exist is not told to strangers.
+        tenant = tenants.authenticate(forwarded.get("authorization"))
+    # The one lookup of the request: the service takes the route from here.
+    route = parts.registry.route(model, version)
+    parts.timings.body_read(route.key, read_s)
+    return tenant, route
+
+
+def admit(parts: InferenceParts, request: InferRequest, tenant: str | None) -> bool:
+    """The request's tenant and its system shared-memory inputs; whether it uses any."""
+    if tenant is not None and parts.tenants.enabled:
+        parts.service.tenant_of(request, known=tenant)
+    shared = parts.shared_memory.uses(request)
+    if shared:
+        parts.shared_memory.attach(request, parts.service.tenant_of(request))
+    return shared
+
+
+async def serve(
+    parts: InferenceParts, request: InferRequest, route: Route, shared: bool, watch: Watch
+) -> InferResponse:
+    """Service step: the scheduler's answer, its shared-memory outputs written.
+
+    The caller releases the response once it is encoded (or sent on).
+    """
+    response = await watch(parts.service.infer(request, route))
+    if shared:
         try:
-            if shared:
-                parts.shared_memory.write_outputs(request, response, request_tenant(request))
-            payload, headers = encode_infer_response(response, request)
-        finally:
+            parts.shared_memory.write_outputs(request, response, request_tenant(request))
+        except BaseException:
             response.release()
-        status = 200
-        if cache_key is not None and not shared:
-            cache.put(cache_key, payload, headers)
-    except SordinoError as exc:
-        status, payload, headers = error_parts(exc)
-    except Exception as exc:  # a defect: answered as JSON like any error, and logged
-        log.exception("inference request to %s failed", path)
-        status, payload = 500, encode_error(f"internal error: {type(exc).__name__}")
-        headers = {"Content-Type": "application/json"}
-    if parts.registry.stopping:
-        # Tell keep-alive clients to reconnect elsewhere rather than reuse a connection
-        # the server is about to close.
-        headers["Connection"] = "close"
-    return status, payload, headers
+            raise
+    return response
+
+
+def encode_response(response: InferResponse, request: InferRequest) -> tuple[bytes, dict[str, str]]:
+    """Encode step: the body and headers of ``response``; the response is released."""
+    try:
+        return encode_infer_response(response, request)
+    finally:
+        response.release()
+
+
+def answer_error(exc: Exception, path: str) -> tuple[int, bytes, dict[str, str]]:
+    """The answer of an error: :func:`error_parts` for a SordinoError, else a logged 500."""
+    if isinstance(exc, SordinoError):
+        return error_parts(exc)
+    # A defect: answered as JSON like any error, and logged.
+    log.error("inference request to %s failed", path, exc_info=exc)
+    return (
+        500,
+        encode_error(f"internal error: {type(exc).__name__}"),
+        {"Content-Type": "application/json"},
+    )
+
+
+async def answer_decoded(
+    parts: InferenceParts | Runtime,
+    request: InferRequest,
+    read_s: float,
+    room: int,
+    watch: Watch,
+) -> InferResponse | tuple[int, bytes, dict[str, str]] | None:
+    """The engine's part of a request a front end decoded: the response to send back
+    (the caller releases it) or an error's answer; None when the model's result cache is
+    on, which keys on the body: the front end then sends the body (``answer_infer``)."""
+    if not isinstance(parts, InferenceParts):
+        parts = parts.inference
+    try:
+        with parts.service.receiving(
+            request.model, request.version, request.headers.get("x-sordino-tenant")
+        ):
+            tenant, route = open_request(
+                parts, request.model, request.version, request.headers, read_s
+            )
+            if parts.result_cache.active(request.model):
+                return None
+            check_model_shapes(request, route, room)
+            shared = admit(parts, request, tenant)
+        return await serve(parts, request, route, shared, watch)
+    except Exception as exc:
+        return answer_error(exc, f"/v2/models/{request.model}/infer")
 
 
 async def _send(send: Send, status: int, payload: bytes, headers: dict[str, str]) -> None:

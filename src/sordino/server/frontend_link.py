@@ -18,8 +18,9 @@ import logging
 import os
 import socket
 
+from sordino.inference import InferRequest, InferResponse
 from sordino.protocol.codec import encode_error
-from sordino.server import link_frames
+from sordino.server import link_frames, link_tensors
 from sordino.server.link_frames import (
     HANDOVER_CHUNK,
     HANDOVER_HEAD,
@@ -29,7 +30,7 @@ from sordino.server.link_frames import (
     LinkRequest,
 )
 
-__all__ = ["ENGINE_GONE", "FrontendLink", "hand_over"]
+__all__ = ["ENGINE_GONE", "FrontendLink", "Reply", "hand_over"]
 
 log = logging.getLogger("sordino.frontends")
 
@@ -39,12 +40,17 @@ ENGINE_GONE = (
 )
 
 
+Reply = Answer | tuple[InferResponse, bool]
+"""What the engine sends back: an answer to write as it is, or a decoded request's
+response (to encode here) and whether to close the connection after it."""
+
+
 class FrontendLink(asyncio.Protocol):
     """The front end's link connection (see the module's docstring)."""
 
     def __init__(self) -> None:
         self.reader = FrameReader()
-        self.waiting: dict[int, asyncio.Future[Answer]] = {}
+        self.waiting: dict[int, asyncio.Future[Reply]] = {}
         self.out: list[bytes] = []
         self.next_id = 0
         self.transport: asyncio.Transport | None = None
@@ -75,12 +81,18 @@ class FrontendLink(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             for kind, body in self.reader.feed(data):
-                if kind != link_frames.ANSWER:
+                reply: Reply
+                if kind == link_tensors.RESULT:
+                    ident, response, close = link_tensors.decode_result(body)
+                    reply = (response, close)
+                elif kind == link_frames.ANSWER:
+                    reply = link_frames.decode_answer(body)
+                    ident = reply.id
+                else:
                     raise FrameError(f"an unexpected frame kind {kind}")
-                answer = link_frames.decode_answer(body)
-                future = self.waiting.pop(answer.id, None)
+                future = self.waiting.pop(ident, None)
                 if future is not None and not future.done():
-                    future.set_result(answer)
+                    future.set_result(reply)
         except FrameError as exc:
             log.error("the engine sent a broken frame (%s); the link is closed", exc)
             if self.transport is not None:
@@ -101,18 +113,44 @@ class FrontendLink(asyncio.Protocol):
         if self._writable is not None:
             await asyncio.shield(self._writable)
 
-    def call(self, request: LinkRequest) -> asyncio.Future[Answer]:
+    def call(self, request: LinkRequest) -> asyncio.Future[Reply]:
         """Send ``request`` (its id is set here); the future gets the engine's answer."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Answer] = loop.create_future()
-        self.next_id += 1
-        request.id = self.next_id
-        if self.transport is None or self.transport.is_closing():
-            future.set_result(gone_answer(request.id))
-            return future
-        self.waiting[request.id] = future
-        self._write(link_frames.encode_request(request))
+        future, request.id = self._future()
+        if request.id:
+            self._write(link_frames.encode_request(request))
         return future
+
+    def call_decoded(
+        self, request: InferRequest, read_s: float
+    ) -> tuple[int, asyncio.Future[Reply]]:
+        """Send a decoded ``request``; its id and the future of the engine's reply.
+
+        Raises SordinoError for a tensor that cannot be sent (nothing is then waiting).
+        """
+        future, ident = self._future()
+        if ident:
+            try:
+                parts = link_tensors.encode_infer(ident, request, read_s)
+            except BaseException:
+                self.waiting.pop(ident, None)
+                raise
+            self._write(parts)
+        return ident, future
+
+    def refused(self, model: str, version: str | None, tenant: str | None, reason: str) -> None:
+        """Tell the engine of a request answered here with an error, to count it."""
+        if self.transport is not None and not self.transport.is_closing():
+            self._write([link_tensors.encode_refused(model, version, tenant, reason)])
+
+    def _future(self) -> tuple[asyncio.Future[Reply], int]:
+        """A new request's future and id; id 0 (and the 503) when the engine is gone."""
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self.next_id += 1
+        if self.transport is None or self.transport.is_closing():
+            future.set_result(gone_answer(self.next_id))
+            return future, 0
+        self.waiting[self.next_id] = future
+        return future, self.next_id
 
     def cancel(self, ident: int) -> None:
         """The client of request ``ident`` left: the engine cancels it; no answer comes."""

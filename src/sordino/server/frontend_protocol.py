@@ -3,9 +3,13 @@
 The same protocol as the engine's listener (``server/http_protocol.py``: httptools, the
 connection guard's limits and timeouts, keep-alive, pipelining), with two differences:
 
-- ``POST …/infer`` is a :class:`FrontendInferCycle`: the body is read here, then sent
-  over the engine link (``server/frontend_link.py``), and the engine's answer written
-  in one write. A client that leaves cancels its request in the engine.
+- ``POST …/infer`` is a :class:`FrontendInferCycle`: the body is read and decoded here
+  (``fast_infer.decode_body``; a malformed one is answered here and never reaches the
+  engine), only its tensors and facts cross the engine link (``server/link_tensors.py``),
+  and the response's tensors come back to be encoded here
+  (``fast_infer.encode_response``) and written in one write. The one request sent as
+  its body is one whose model has the engine's result cache on (it keys on the body:
+  the engine asks for it). A client that leaves cancels its request in the engine.
 - any other request — metrics, health, model control, ``/generate``, SSE streams, the
   dashboard — needs the engine's state, so the connection moves there: at a boundary
   between requests, once the request line shows a target that is not inference, the
@@ -20,16 +24,26 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from typing import ClassVar
 
 from sordino.errors import Cancelled, SordinoError
 from sordino.protocol.codec import encode_error
 from sordino.server.connection_guard import ConnectionGuard
-from sordino.server.fast_infer import INFER_PATH, check_declared, error_parts, too_large
-from sordino.server.frontend_link import ENGINE_GONE, FrontendLink, hand_over
+from sordino.server.fast_infer import (
+    INFER_PATH,
+    answer_error,
+    check_declared,
+    decode_body,
+    encode_response,
+    error_parts,
+    parse_headers,
+    too_large,
+)
+from sordino.server.frontend_link import ENGINE_GONE, FrontendLink, Reply, hand_over
 from sordino.server.http_cycle import InferCycle
 from sordino.server.http_protocol import HttpProtocol
-from sordino.server.link_frames import Answer, LinkRequest
+from sordino.server.link_frames import SEND_BODY, Answer, LinkRequest
 
 __all__ = ["FrontendInferCycle", "FrontendProtocol", "frontend_protocol"]
 
@@ -187,7 +201,7 @@ class FrontendInferCycle(InferCycle):
 
     async def _answer(self) -> None:
         self._ident = 0
-        self._future: asyncio.Future[Answer] | None = None
+        self._future: asyncio.Future[Reply] | None = None
         if self.method != "POST":
             message = f"{self.method} is not allowed on {self.path}; use POST"
             self.respond(405, encode_error(message), {"Allow": "POST"})
@@ -198,24 +212,64 @@ class FrontendInferCycle(InferCycle):
             self.respond(refusal.status, refusal.payload, refusal.headers)
             return
         forwarded = [pair for pair in self.headers if pair[0] in _FORWARDED]
+        declared, header_length, facts = parse_headers(forwarded)
         try:
-            for name, value in forwarded:
-                if name == b"content-length":
-                    check_declared(conn.max_request_size, value)
+            check_declared(conn.max_request_size, declared)
+            arrived = time.perf_counter()
             body = await self.read_body()
+            read_s = time.perf_counter() - arrived
+            # A malformed body is answered here; it never reaches the engine.
+            request = decode_body(
+                body,
+                self.model,
+                self.version,
+                header_length,
+                facts,
+                client=self.client,
+                received_at=self.received_at,
+            )
         except SordinoError as exc:
+            # Counted by the engine as it counts one its own listener refuses.
+            conn.link.refused(self.model, self.version, facts.get("x-sordino-tenant"), exc.reason)
             self.respond(*error_parts(exc))
             return
-        request = LinkRequest(
-            0, self.received_at, self.model, self.version, self.path, self.client, forwarded, body
-        )
         await conn.link.writable()
         if self.disconnected:
             return  # the client left while the link was full: nothing was sent
-        future = conn.link.call(request)
-        self._ident, self._future = request.id, future
-        answer = await future
-        self.respond(answer.status, answer.payload, answer.headers)
+        try:
+            self._ident, future = conn.link.call_decoded(request, read_s)
+        except Exception as exc:  # a tensor that cannot be framed: answered, never sent
+            self.respond(*answer_error(exc, self.path))
+            return
+        self._future = future
+        reply = await future
+        if isinstance(reply, Answer):
+            if reply.status == SEND_BODY:  # the engine's result cache keys on the body
+                link_request = LinkRequest(
+                    0,
+                    self.received_at,
+                    self.model,
+                    self.version,
+                    self.path,
+                    self.client,
+                    forwarded,
+                    body,
+                )
+                self._future = future = conn.link.call(link_request)
+                self._ident = link_request.id
+                reply = await future
+            if isinstance(reply, Answer):
+                self.respond(reply.status, reply.payload, reply.headers)
+                return
+        response, close = reply
+        try:
+            payload, headers = encode_response(response, request)
+            status = 200
+        except Exception as exc:
+            status, payload, headers = answer_error(exc, self.path)
+        if close:
+            headers["Connection"] = "close"
+        self.respond(status, payload, headers)
 
     async def read_body(self) -> bytes:
         """The whole body; Cancelled if the client leaves first, too large past the limit."""

@@ -43,12 +43,13 @@ _STEADY_S = 10.0  # a front end that ran this long before it ended is restarted 
 def default_frontends(cores: int | None) -> int:
     """The front ends ``server.frontends`` means when unset, on ``cores`` CPU cores.
 
-    1 below 8 cores, else a front end per 4 cores, at most 4. The engine's loop (decode,
-    the service, the scheduler, the encode) stays one core whatever N is, and a request
-    another process read still costs it about four fifths of one it reads itself: the
-    CPU model of docs/benchmarks.md ("Front-end processes") gives +13 % at 2 front ends,
-    +21 % at 4 and 5 % more from 4 to 13. On a small machine an extra process only
-    competes with the engine and the workers for the same cores.
+    1 below 8 cores, else a front end per 4 cores, at most 4. The engine's loop (the
+    service, the scheduler, the worker pipe) stays one core whatever N is, and a request
+    another process read and decoded still costs it about three quarters of one it
+    reads itself (0.127 against 0.171 ms): the CPU model of docs/benchmarks.md ("Front
+    ends that decode and encode") gives +15 % at 2 front ends, +24 % at 4 and 6 % more
+    from 4 to 14. On a small machine an extra process only competes with the engine and
+    the workers for the same cores.
     """
     cores = cores or 1
     return 1 if cores < 8 else min(4, cores // 4)

@@ -30,6 +30,7 @@ __all__ = [
     "HANDOVER_HEAD",
     "HELLO",
     "REQUEST",
+    "SEND_BODY",
     "Answer",
     "FrameError",
     "FrameReader",
@@ -41,10 +42,14 @@ __all__ = [
     "encode_cancel",
     "encode_hello",
     "encode_request",
+    "frame_head",
 ]
 
 _HEAD = struct.Struct("<IB")  # body length, kind
 REQUEST, CANCEL, ANSWER, HELLO = 1, 2, 3, 4
+SEND_BODY = 0
+"""An ``ANSWER`` status that is no answer: send the request's body (``REQUEST``) instead
+of its decoded tensors (the engine's result cache for the model keys on the body)."""
 _REQUEST_HEAD = struct.Struct("<QdHHHHH")  # id, received_at, lengths: model, version,
 # path, client (0xFFFF: none), then the header count
 _PAIR = struct.Struct("<HI")  # a header's name and value lengths
@@ -85,6 +90,11 @@ class Answer:
     status: int
     payload: bytes
     headers: dict[str, str]
+
+
+def frame_head(size: int, kind: int) -> bytes:
+    """The head of a frame of ``kind`` whose body is ``size`` bytes."""
+    return _HEAD.pack(size, kind)
 
 
 def _text(value: str | None) -> bytes:

@@ -1,0 +1,236 @@
+"""Decoded requests and their results as engine-link frames (``server/link_frames.py``).
+
+A front end decodes the KServe v2 body itself (``fast_infer.decode_body``) and sends the
+engine only what the service reads; the engine sends back only the response's tensors,
+and the front end encodes the answer (``fast_infer.encode_response``). Two kinds:
+
+``INFER`` (front end → engine)
+    ``<QI>`` (the id on the connection, the facts' length), the facts as one JSON
+    object — model, version, request id, parameters, the forwarded header facts, client,
+    ``received_at``, the time the body took to read, the requested outputs and their
+    options, the input datatypes, the shared-memory inputs, and each tensor's name,
+    datatype, shape and byte length — then the tensors' bytes in that order: fixed-size
+    datatypes little-endian, BYTES in Triton's length-prefixed layout. The engine's
+    arrays are zero-copy, read-only views of the frame (BYTES: new object arrays).
+``RESULT`` (engine → front end)
+    ``<QI>``, the facts — model, version, id, response parameters, output datatypes,
+    whether to close the connection, each output's name, datatype, shape and byte
+    length — then the outputs' bytes.
+
+``REFUSED`` (front end → engine)
+    a request the front end answered with an error itself (a malformed body, one too
+    large, a client gone while sending it): its model, version, tenant header and
+    reason, counted by the engine as its own listener counts one (no answer follows).
+
+JSON (orjson) carries only what came from JSON on the wire; nothing is pickled. Errors
+go back as ``ANSWER`` frames (status, ``{"error": …}`` body, headers).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+import orjson
+
+from sordino.datatypes import serialize_bytes_tensor, tensor_from_binary
+from sordino.errors import SordinoError
+from sordino.inference import InferRequest, InferResponse, RequestedOutput, SharedInput, Tensor
+from sordino.protocol.codec import output_datatype
+from sordino.server.link_frames import MAX_FRAME, FrameError, frame_head
+
+__all__ = [
+    "INFER",
+    "REFUSED",
+    "RESULT",
+    "Decoded",
+    "decode_infer",
+    "decode_refused",
+    "decode_result",
+    "encode_infer",
+    "encode_refused",
+    "encode_result",
+]
+
+INFER, RESULT, REFUSED = 5, 6, 7
+_FACTS = struct.Struct("<QI")  # id, the facts' length
+
+
+class Decoded:
+    """A decoded request as the engine rebuilt it: its id on the link, the request, the
+    seconds its body took to read and the frame's size (bounds what shapes may declare)."""
+
+    __slots__ = ("id", "read_s", "request", "size")
+
+    def __init__(self, ident: int, request: InferRequest, read_s: float, size: int) -> None:
+        self.id, self.request, self.read_s, self.size = ident, request, read_s, size
+
+
+def _raw(datatype: str, array: Tensor) -> bytes | memoryview:
+    if datatype == "BYTES":
+        return serialize_bytes_tensor(array)
+    little = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+    return little.reshape(-1).view(np.uint8).data
+
+
+def _tensors(entries: list[Any], body: bytes, at: int) -> tuple[dict[str, Tensor], int]:
+    arrays: dict[str, Tensor] = {}
+    view = memoryview(body)
+    for name, datatype, shape, size in entries:
+        arrays[name] = tensor_from_binary(name, datatype, tuple(shape), view[at : at + size])
+        at += size
+    return arrays, at
+
+
+def _frame(
+    kind: int, ident: int, facts: dict[str, Any], chunks: list[bytes | memoryview]
+) -> list[Any]:
+    head = orjson.dumps(facts)
+    size = _FACTS.size + len(head) + sum(len(c) for c in chunks)
+    if size > MAX_FRAME:
+        raise FrameError(f"a message of {size} bytes does not fit in one link frame")
+    return [frame_head(size, kind), _FACTS.pack(ident, len(head)), head, *chunks]
+
+
+def encode_infer(ident: int, request: InferRequest, read_s: float) -> list[Any]:
+    """The ``INFER`` frame of ``request`` as parts to write in order.
+
+    Raises SordinoError (TensorError) for a tensor that cannot be serialized.
+    """
+    entries: list[Any] = []
+    chunks: list[bytes | memoryview] = []
+    for name, array in request.inputs.items():
+        datatype = request.input_datatypes[name]
+        chunk = _raw(datatype, array)
+        entries.append((name, datatype, array.shape, len(chunk)))
+        chunks.append(chunk)
+    outputs = request.outputs
+    facts = {
+        "m": request.model,
+        "v": request.version,
+        "i": request.id,
+        "p": request.parameters,
+        "h": request.headers,
+        "c": request.client,
+        "t": request.received_at,
+        "r": read_s,
+        "o": None if outputs is None else [(o.name, o.binary, o.parameters) for o in outputs],
+        "d": request.input_datatypes,
+        "s": [
+            (s.name, s.datatype, s.shape, s.region, s.byte_size, s.offset)
+            for s in request.shared_inputs
+        ],
+        "x": entries,
+    }
+    return _frame(INFER, ident, facts, chunks)
+
+
+def _facts(body: bytes) -> tuple[int, dict[str, Any], int]:
+    try:
+        ident, length = _FACTS.unpack_from(body)
+        at = _FACTS.size + length
+        facts = orjson.loads(memoryview(body)[_FACTS.size : at])
+    except (struct.error, orjson.JSONDecodeError) as exc:
+        raise FrameError(f"a malformed frame: {exc}") from None
+    if not isinstance(facts, dict):
+        raise FrameError("a frame whose facts are not an object")
+    return ident, facts, at
+
+
+def decode_infer(body: bytes) -> Decoded:
+    """The request an ``INFER`` frame's body holds; FrameError if it is not one."""
+    ident, facts, at = _facts(body)
+    try:
+        inputs, end = _tensors(facts["x"], body, at)
+        outputs = facts["o"]
+        request = InferRequest(
+            model=facts["m"],
+            inputs=inputs,
+            version=facts["v"],
+            id=facts["i"],
+            outputs=None if outputs is None else [RequestedOutput(n, b, p) for n, b, p in outputs],
+            parameters=facts["p"],
+            input_datatypes=facts["d"],
+            headers=facts["h"],
+            shared_inputs=[SharedInput(n, d, tuple(s), r, b, o) for n, d, s, r, b, o in facts["s"]],
+            received_at=facts["t"],
+            client=facts["c"],
+        )
+        read_s = float(facts["r"])
+    except (KeyError, TypeError, ValueError, SordinoError) as exc:
+        raise FrameError(f"a malformed request frame: {exc}") from None
+    if end != len(body):
+        raise FrameError("a request frame whose tensors do not fill it")
+    return Decoded(ident, request, read_s, len(body))
+
+
+def encode_result(ident: int, response: InferResponse, close: bool) -> list[Any]:
+    """The ``RESULT`` frame of ``response`` as parts to write in order; they hold no
+    reference to the response's arrays (it may be released at once).
+
+    Raises InferenceFailed for an output whose dtype contradicts the model's datatype
+    (as the encoder would) and TensorError for a BYTES output it cannot serialize.
+    """
+    entries: list[Any] = []
+    chunks: list[bytes | memoryview] = []
+    for name, array in response.outputs.items():
+        datatype = output_datatype(response, name, array)
+        chunk = _raw(datatype, array)
+        entries.append((name, datatype, array.shape, len(chunk)))
+        chunks.append(chunk)
+    # One copy: the outputs' blocks go back to the arena before the frame is written.
+    chunks = [b"".join(chunks)]
+    facts = {
+        "m": response.model,
+        "v": response.version,
+        "i": response.id,
+        "p": response.parameters,
+        "d": response.output_datatypes,
+        "k": close,
+        "x": entries,
+    }
+    return _frame(RESULT, ident, facts, chunks)
+
+
+def decode_result(body: bytes) -> tuple[int, InferResponse, bool]:
+    """The id, response and close flag a ``RESULT`` frame's body holds."""
+    ident, facts, at = _facts(body)
+    try:
+        outputs, end = _tensors(facts["x"], body, at)
+        response = InferResponse(
+            model=facts["m"],
+            version=facts["v"],
+            outputs=outputs,
+            output_datatypes=facts["d"],
+            id=facts["i"],
+            parameters=facts["p"],
+        )
+        close = bool(facts["k"])
+    except (KeyError, TypeError, ValueError, SordinoError) as exc:
+        raise FrameError(f"a malformed result frame: {exc}") from None
+    if end != len(body):
+        raise FrameError("a result frame whose tensors do not fill it")
+    return ident, response, close
+
+
+def encode_refused(model: str, version: str | None, tenant: str | None, reason: str) -> bytes:
+    """The ``REFUSED`` frame of a request a front end answered with an error itself."""
+    body = orjson.dumps([model, version, tenant, reason])
+    return frame_head(len(body), REFUSED) + body
+
+
+def decode_refused(body: bytes) -> tuple[str, str | None, str | None, str]:
+    """The model, version, tenant and reason a ``REFUSED`` frame's body holds."""
+    try:
+        model, version, tenant, reason = orjson.loads(body)
+    except (orjson.JSONDecodeError, ValueError, TypeError) as exc:
+        raise FrameError(f"a malformed refusal frame: {exc}") from None
+    if not (
+        isinstance(model, str)
+        and isinstance(reason, str)
+        and isinstance(version, str | None)
+        and isinstance(tenant, str | None)
+    ):
+        raise FrameError("a malformed refusal frame")
+    return model, version, tenant, reason
