@@ -27,6 +27,7 @@ from sordino.server import engine_link
 from sordino.server.load_board import LoadBoard
 from sordino.testing import RunningServer, serve_in_thread
 from tests.conftest import thread_isolated
+from tests.metrics import counter_sum
 from tests.server.helpers import Gate, stats
 from tests.waiting import wait_for
 
@@ -193,10 +194,15 @@ def test_a_client_that_leaves_cancels_its_request_in_the_engine(server: RunningS
         assert gate.rows == [1]  # the cancelled request never ran
 
 
+def _shed_count(server: RunningServer) -> int:
+    return counter_sum(server, "sordino_rejected_requests", lambda s: s["reason"] == "shed")
+
+
 def test_the_front_end_refuses_from_the_engines_load_board(server: RunningServer) -> None:
     """A backlog the engine published is refused by the front end: the 503 the engine
-    would give, without the request reaching the engine (the engine's count of its
-    refusals does not move: the front end decided alone)."""
+    would give, without the request reaching the engine's scheduler (its own count of
+    refusals does not move: the front end decided alone), and counted in the engine's
+    metrics as its own listener's refusal is (``sordino_rejected_requests``)."""
     model = "digits-classifier"
     answers: list[int] = []
 
@@ -227,6 +233,7 @@ def test_the_front_end_refuses_from_the_engines_load_board(server: RunningServer
         finally:
             board.close()
         before = stats(server, model).rejected
+        counted = _shed_count(server)
         front = _connection(server, _frontend(server))
         status, payload, headers = _ask(
             front, "POST", f"/v2/models/{model}/infer", _digits(),
@@ -237,6 +244,13 @@ def test_the_front_end_refuses_from_the_engines_load_board(server: RunningServer
         assert f"model {model}/1 is overloaded" in json.loads(payload)["error"]
         assert int(headers["retry-after"]) >= 1
         assert stats(server, model).rejected == before  # the engine never saw it
+        wait_for(
+            lambda: (
+                counter_sum(server, "sordino_rejected_requests", lambda s: s["reason"] == "shed")
+                == counted + 1
+            ),
+            "the engine to count the front end's refusal",
+        )
         gate.release()
         for sender in senders:
             sender.join(30)
@@ -564,7 +578,7 @@ def test_only_decoded_requests_reach_the_engine_and_a_malformed_body_none(
     assert status == 400 and b"inputs" in payload
     assert calls == []
     wait_for(
-        lambda: counted == [("digits-classifier", None, None, "malformed_body")],
+        lambda: counted == [("digits-classifier", None, None, "malformed_body", 1)],
         "the engine to count the front end's 400",
     )
     assert _ask(connection, "POST", path, _digits())[0] == 200

@@ -104,9 +104,14 @@ class BoardShed(HeaderShed):
 
 
 def attach_board_shed(
-    name: str, rules: Mapping[str, int | str], lag: LoopLag | None = None
+    name: str,
+    rules: Mapping[str, int | str],
+    lag: LoopLag | None = None,
+    *,
+    on_refused: Callable[[RefusalCounts], None] | None = None,
 ) -> BoardShed:
     """Attach the engine's board ``name`` and return its :class:`BoardShed` (the
     front end's call at start-up; ``rules`` are ``scheduler.priority_rules`` as a
-    tag → priority mapping). Close it with ``shed.board.close()``."""
-    return BoardShed(LoadBoard.attach(name), rules, lag)
+    tag → priority mapping; ``on_refused`` as :class:`BoardShed` takes it). Close it
+    with ``shed.board.close()``."""
+    return BoardShed(LoadBoard.attach(name), rules, lag, on_refused=on_refused)

@@ -137,10 +137,12 @@ class FrontendLink(asyncio.Protocol):
             self._write(parts)
         return ident, future
 
-    def refused(self, model: str, version: str | None, tenant: str | None, reason: str) -> None:
-        """Tell the engine of a request answered here with an error, to count it."""
+    def refused(
+        self, model: str, version: str | None, tenant: str | None, reason: str, count: int = 1
+    ) -> None:
+        """Tell the engine of ``count`` requests answered here with an error, to count them."""
         if self.transport is not None and not self.transport.is_closing():
-            self._write([link_tensors.encode_refused(model, version, tenant, reason)])
+            self._write([link_tensors.encode_refused(model, version, tenant, reason, count)])
 
     def _future(self) -> tuple[asyncio.Future[Reply], int]:
         """A new request's future and id; id 0 (and the 503) when the engine is gone."""

@@ -97,11 +97,16 @@ async def serve(spec: FrontendSpec) -> None:
     guard = ConnectionGuard(**spec.guard)
     shed = None
     if spec.board is not None:
-        from sordino.server.board_shed import attach_board_shed
+        from sordino.server.board_shed import RefusalCounts, attach_board_shed
 
         # Refuse from the engine's published load, before the body is read and
         # without a round trip: the same header rule as the engine's own listener.
-        shed = attach_board_shed(spec.board, spec.rules)
+        def count(refused: RefusalCounts) -> None:
+            # Counted by the engine as its own listener's refusals, once a loop iteration.
+            for (model, version, tenant, reason), times in refused.items():
+                link.refused(model, version, tenant, reason, times)
+
+        shed = attach_board_shed(spec.board, spec.rules, on_refused=count)
         guard.early_shed = shed
     protocol = frontend_protocol(
         guard,

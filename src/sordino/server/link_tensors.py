@@ -18,9 +18,10 @@ and the front end encodes the answer (``fast_infer.encode_response``). Two kinds
     length — then the outputs' bytes.
 
 ``REFUSED`` (front end → engine)
-    a request the front end answered with an error itself (a malformed body, one too
-    large, a client gone while sending it): its model, version, tenant header and
-    reason, counted by the engine as its own listener counts one (no answer follows).
+    requests the front end answered with an error itself (a malformed body, one too
+    large, a client gone while sending it, a refusal from the engine's load board):
+    their model, version, tenant header, reason and how many, counted by the engine as
+    its own listener counts them (no answer follows).
 
 JSON (orjson) carries only what came from JSON on the wire; nothing is pickled. Errors
 go back as ``ANSWER`` frames (status, ``{"error": …}`` body, headers).
@@ -214,16 +215,18 @@ def decode_result(body: bytes) -> tuple[int, InferResponse, bool]:
     return ident, response, close
 
 
-def encode_refused(model: str, version: str | None, tenant: str | None, reason: str) -> bytes:
-    """The ``REFUSED`` frame of a request a front end answered with an error itself."""
-    body = orjson.dumps([model, version, tenant, reason])
+def encode_refused(
+    model: str, version: str | None, tenant: str | None, reason: str, count: int = 1
+) -> bytes:
+    """The ``REFUSED`` frame of ``count`` requests a front end answered with an error itself."""
+    body = orjson.dumps([model, version, tenant, reason, count])
     return frame_head(len(body), REFUSED) + body
 
 
-def decode_refused(body: bytes) -> tuple[str, str | None, str | None, str]:
-    """The model, version, tenant and reason a ``REFUSED`` frame's body holds."""
+def decode_refused(body: bytes) -> tuple[str, str | None, str | None, str, int]:
+    """The model, version, tenant, reason and count a ``REFUSED`` frame's body holds."""
     try:
-        model, version, tenant, reason = orjson.loads(body)
+        model, version, tenant, reason, count = orjson.loads(body)
     except (orjson.JSONDecodeError, ValueError, TypeError) as exc:
         raise FrameError(f"a malformed refusal frame: {exc}") from None
     if not (
@@ -231,6 +234,8 @@ def decode_refused(body: bytes) -> tuple[str, str | None, str | None, str]:
         and isinstance(reason, str)
         and isinstance(version, str | None)
         and isinstance(tenant, str | None)
+        and type(count) is int
+        and count >= 1
     ):
         raise FrameError("a malformed refusal frame")
-    return model, version, tenant, reason
+    return model, version, tenant, reason, count
