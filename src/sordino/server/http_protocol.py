@@ -112,6 +112,7 @@ class HttpProtocol(GuardedReads):
         self.headers: list[tuple[bytes, bytes]] = []
         self.expect_100_continue = False
         self.keep_alive_task: asyncio.TimerHandle | None = None
+        self._idle_at: float | None = None  # loop time the connection went idle, if it is
         self.read_paused = False
         self.write_paused = False
         self._writable: asyncio.Future[None] | None = None
@@ -170,6 +171,9 @@ class HttpProtocol(GuardedReads):
         if exc is None:
             self.transport.close()
         self._unset_keep_alive()
+        if self.keep_alive_task is not None:
+            self.keep_alive_task.cancel()
+            self.keep_alive_task = None
         self.drop()
 
     def drop(self) -> None:
@@ -387,16 +391,28 @@ class HttpProtocol(GuardedReads):
 
     # -- keep-alive and flow control -------------------------------------------------
 
+    # The idle timer is armed lazily: going busy only clears ``_idle_at``, and a timer
+    # that finds the connection busy (or idle for less than the timeout) re-arms from
+    # the time it went idle. One timer a keep-alive period instead of a call_later and a
+    # cancel a request (docs/benchmarks.md, "The HTTP transport's cost per request").
+
     def _idle(self) -> None:
-        self.keep_alive_task = self.loop.call_later(self.keep_alive_s, self._keep_alive_expired)
+        self._idle_at = self.loop.time()
+        if self.keep_alive_task is None:
+            self.keep_alive_task = self.loop.call_later(self.keep_alive_s, self._keep_alive_expired)
 
     def _unset_keep_alive(self) -> None:
-        if self.keep_alive_task is not None:
-            self.keep_alive_task.cancel()
-            self.keep_alive_task = None
+        self._idle_at = None
 
     def _keep_alive_expired(self) -> None:
-        if not self.transport.is_closing():
+        self.keep_alive_task = None
+        idle_at = self._idle_at
+        if idle_at is None or self.transport.is_closing():
+            return  # busy: the next idle moment arms it again
+        left = idle_at + self.keep_alive_s - self.loop.time()
+        if left > 0:
+            self.keep_alive_task = self.loop.call_later(left, self._keep_alive_expired)
+        else:
             self.transport.close()
 
     def pause_reading(self) -> None:
