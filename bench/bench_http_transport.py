@@ -17,7 +17,8 @@ the parser's callbacks, the guard's deadlines, the refusal check, the cycle and 
 task, the response head and the write — and nothing of ``answer_infer``.
 
 - **c1**: one connection, a request fed only once the previous answer is written
-  (each request has loop iterations of its own, as at 1 in flight);
+  (each request has loop iterations of its own, and the header rule decides each in an
+  epoch of its own, as at 1 in flight);
 - **c64**: 64 connections, a request fed to each in one iteration, then the loop runs
   until all 64 are answered (as a busy server reads them).
 
@@ -64,7 +65,19 @@ ANSWER_HEADERS = {
 
 
 class _Shed(HeaderShed):
-    """The header rule on a route that never refuses (a model with room to spare)."""
+    """The header rule on a route that never refuses (a model with room to spare).
+
+    With ``fresh``, each request is decided in an epoch of its own, as at 1 in flight on
+    a server (a request every ~0.85 ms; uvloop's clock counts milliseconds)."""
+
+    fresh = False
+    _epochs = 0
+
+    def _epoch(self, now: float) -> object:
+        if not self.fresh:
+            return now
+        self._epochs += 1
+        return self._epochs
 
     def _skip(self) -> bool:
         return False
@@ -112,11 +125,12 @@ class _Transport:
         pass
 
 
-def _protocol_class() -> Any:
+def _protocol_class(fresh: bool) -> Any:
     guard = ConnectionGuard(
         max_connections=1024, max_per_client=1024, header_timeout=30.0, body_timeout=30.0
     )
-    guard.early_shed = _Shed({}, LoopLag(0.05))
+    guard.early_shed = shed = _Shed({}, LoopLag(0.05))
+    shed.fresh = fresh
     server = SimpleNamespace(max_request_size=1 << 26)
     runtime = SimpleNamespace(config=SimpleNamespace(server=server))
     cls = http_protocol(guard, _app, runtime, 5.0)  # type: ignore[arg-type]
@@ -131,7 +145,7 @@ async def _app(scope: object, receive: object, send: object) -> None:
 async def _run(connections: int, requests: int) -> float:
     """CPU seconds a request, ``requests`` in all over ``connections``."""
     loop = asyncio.get_running_loop()
-    cls = _protocol_class()
+    cls = _protocol_class(connections == 1)
     state = SimpleNamespace(total_requests=0, connections=set(), tasks=set(), default_headers=[
         (b"date", b"Sat, 05 Dec 2026 06:00:00 GMT"), (b"server", b"uvicorn")])  # fmt: skip
     answered = [0]
