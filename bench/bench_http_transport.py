@@ -2,8 +2,8 @@
 
     python -m bench.bench_http_transport                    # c1 and c64, 5 rounds
     python -m bench.bench_http_transport --profile 20000    # the per-function table, c1
-    python -m bench.bench_http_transport --src /work/main/src --rounds 7   # A/B: see --compare
     python -m bench.bench_http_transport --compare /work/main/src --rounds 7
+    python -m bench.bench_http_transport --compare STEP1/src --against STEP2/src
 
 The engine's HTTP protocol (``server/http_protocol.py``), bound as ``sordino start``
 binds it — a :class:`~sordino.server.connection_guard.ConnectionGuard` with the
@@ -195,6 +195,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=64_000)
     parser.add_argument("--profile", type=int, default=0, help="profile N requests at c1")
     parser.add_argument("--compare", help="another src/ to run alternately (A), this one B")
+    parser.add_argument("--against", help="the src/ of B (default: this checkout's)")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.profile:
@@ -211,7 +212,7 @@ def main() -> None:
             print(f"{key}: {statistics.median(values):.2f} µs CPU a request  {runs}")
         return
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    srcs = {"A": args.compare, "B": os.path.join(here, "src")}
+    srcs = {"A": args.compare, "B": args.against or os.path.join(here, "src")}
     figures: dict[str, dict[str, list[float]]] = {k: {"c1": [], "c64": []} for k in srcs}
     for _ in range(args.rounds):
         for label, src in srcs.items():

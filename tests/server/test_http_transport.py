@@ -177,3 +177,16 @@ def test_an_answer_that_says_close_closes_the_connection_every_time() -> None:
         written, closed = _answer(True, {"Connection": "close", "Retry-After": "1"})
         assert written.count(b"connection: close") == 1 and closed
         assert b"content-type: application/json\r\n" in written
+
+
+def test_a_request_target_is_read_into_what_the_cycles_need() -> None:
+    """What is kept for a kind of target (``_TARGETS``): raw path, query, the unquoted
+    path, and the model and version of an inference target, in either form."""
+    from sordino.server import http_protocol as module
+
+    url = b"/v2/models/m%2Dx/versions/2/infer?trace=1"
+    assert module._target(url) == (b"/v2/models/m%2Dx/versions/2/infer", b"trace=1",
+                                   "/v2/models/m-x/versions/2/infer", ("m-x", "2"))  # fmt: skip
+    absolute = b"http://h/v2/models/m/infer"
+    assert module._target(absolute)[3] == ("m", None)
+    assert module._target(b"/metrics")[3] is None

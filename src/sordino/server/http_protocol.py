@@ -282,23 +282,24 @@ class HttpProtocol(GuardedReads):
         # A reserve slot serves one request, then is free.
         keep_alive = version != "1.0" and parser.should_keep_alive() and not reserve
         url = self.url
-        raw_path, query = (
-            url.partition(b"?")[::2] if url[:1] == b"/" else _split(httptools.parse_url(url))
-        )
-        path = raw_path.decode("ascii")
-        if "%" in path:
-            path = urllib.parse.unquote(path)
+        target = _TARGETS.get(url)
+        if target is None:
+            target = _target(url)
+            if url[:1] == b"/":  # kept: an origin-form target says all it means
+                if len(_TARGETS) >= _TARGETS_KEPT:
+                    _TARGETS.clear()
+                _TARGETS[url] = target
+        raw_path, query, path, model = target
         name = method.decode("ascii")
-        match = INFER_PATH.fullmatch(path) if path.startswith(_INFER_PREFIX) else None
         cycle: Cycle
-        if match is not None:
+        if model is not None:
             cycle = self.infer_cycle(
                 self,
                 name,
                 keep_alive,
                 self.expect_100_continue,
-                model=match["model"],
-                version=match["version"],
+                model=model[0],
+                version=model[1],
                 path=path,
                 headers=self.headers,
                 client=self.client[0] if self.client else None,
@@ -450,3 +451,22 @@ def _address(info: object) -> tuple[str, int] | None:
 
 def _split(parsed: Any) -> tuple[bytes, bytes]:
     return parsed.path, parsed.query or b""
+
+
+_Target = tuple[bytes, bytes, str, tuple[str, str | None] | None]
+"""A request target read: raw path, query, path (unquoted), and the model and version
+if it is ``…/infer``."""
+_TARGETS: dict[bytes, _Target] = {}
+"""Targets read, by the bytes sent: a server sees a few kinds again and again."""
+_TARGETS_KEPT = 256
+
+
+def _target(url: bytes) -> _Target:
+    raw_path, query = (
+        url.partition(b"?")[::2] if url[:1] == b"/" else _split(httptools.parse_url(url))
+    )
+    path = raw_path.decode("ascii")
+    if "%" in path:
+        path = urllib.parse.unquote(path)
+    match = INFER_PATH.fullmatch(path) if path.startswith(_INFER_PREFIX) else None
+    return raw_path, query, path, (match["model"], match["version"]) if match else None
