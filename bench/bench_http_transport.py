@@ -64,6 +64,10 @@ ANSWER_HEADERS = {
 }
 
 
+SETTINGS = QueueSettings()
+"""The route's queue policy: one object while the model is loaded, as a scheduler's."""
+
+
 class _Shed(HeaderShed):
     """The header rule on a route that never refuses (a model with room to spare).
 
@@ -83,7 +87,7 @@ class _Shed(HeaderShed):
         return False
 
     def _route(self, model: str, version: str | None) -> ShedRoute | None:
-        return ShedRoute(settings=QueueSettings(), eligible=True, late=_never, note=None)
+        return ShedRoute(settings=SETTINGS, eligible=True, late=_never, note=None)
 
     def _flush(self, refused: Any) -> None:
         pass
