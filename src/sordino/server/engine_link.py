@@ -14,6 +14,10 @@ Two Unix-domain sockets in a private directory:
     end sends the socket (``SCM_RIGHTS``) and the bytes it already read, and the engine
     adopts it into its own HTTP server (``HttpServer.adopt``), where Starlette answers
     that request and whatever follows on the connection.
+
+gRPC calls a front end accepted arrive as ``GRPC_INFER`` and ``CALL`` frames and are
+answered by ``server/grpc_link.py``: a ``RESULT``, or an ``ANSWER`` whose status is the
+call's gRPC code.
 """
 
 from __future__ import annotations
@@ -25,13 +29,14 @@ import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from sordino.errors import Cancelled
 from sordino.server import link_frames, link_tensors
 from sordino.server.fast_infer import Watch, answer_decoded, answer_error, answer_infer
+from sordino.server.grpc_link import GrpcStatus, answer_call, answer_grpc_infer, error_status
 from sordino.server.link_frames import (
     HANDOVER_CHUNK,
     HANDOVER_HEAD,
@@ -39,12 +44,23 @@ from sordino.server.link_frames import (
     FrameReader,
     LinkRequest,
 )
-from sordino.server.link_tensors import Decoded
+from sordino.server.link_tensors import Call, Decoded
 from sordino.server.runtime import Runtime
+
+if TYPE_CHECKING:
+    from sordino.server.grpc import InferenceServicer
 
 __all__ = ["EngineLink"]
 
 T = TypeVar("T")
+
+
+class _Identified(Protocol):
+    @property
+    def id(self) -> int: ...
+
+
+ItemT = TypeVar("ItemT", bound=_Identified)
 
 log = logging.getLogger("sordino.frontends")
 
@@ -90,6 +106,10 @@ class _LinkConnection(asyncio.Protocol):
             for kind, body in frames:
                 if kind == link_tensors.INFER:
                     self._start_decoded(link_tensors.decode_infer(body))
+                elif kind == link_tensors.GRPC_INFER:
+                    self._begin(link_tensors.decode_infer(body), self._serve_grpc)
+                elif kind == link_tensors.CALL:
+                    self._begin(link_tensors.decode_call(body), self._call)
                 elif kind == link_tensors.REFUSED:
                     self.runtime.service.refused_unread(*link_tensors.decode_refused(body))
                 elif kind == link_frames.REQUEST:
@@ -123,6 +143,47 @@ class _LinkConnection(asyncio.Protocol):
         pending = _Pending()
         self.pending[decoded.id] = pending
         pending.task = asyncio.get_running_loop().create_task(self._serve(decoded, pending))
+
+    def _begin(
+        self,
+        item: ItemT,
+        work: Callable[[ItemT, _Pending], Coroutine[Any, Any, None]],
+    ) -> None:
+        pending = _Pending()
+        self.pending[item.id] = pending
+        pending.task = asyncio.get_running_loop().create_task(work(item, pending))
+
+    async def _serve_grpc(self, decoded: Decoded, pending: _Pending) -> None:
+        """A ``ModelInfer`` a front end decoded: its response's tensors or its status."""
+        ident = decoded.id
+        result = await answer_grpc_infer(self.runtime, decoded, _watch(pending))
+        answering = self.pending.pop(ident, None) is not None and not pending.gone
+        if isinstance(result, GrpcStatus):
+            if answering:
+                self._status(ident, result)
+            return
+        try:
+            if answering:
+                self._write(link_tensors.encode_result(ident, result, False))
+        except Exception as exc:
+            self._status(ident, error_status(exc))
+        finally:
+            result.release()
+
+    async def _call(self, call: Call, pending: _Pending) -> None:
+        """Another unary gRPC call: the servicer's answer (a cancel cancels it)."""
+        pending.working = True
+        try:
+            status = await answer_call(self.link.servicer, call)
+        except asyncio.CancelledError:
+            if not pending.gone:
+                raise
+            return
+        if self.pending.pop(call.id, None) is not None and not pending.gone:
+            self._status(call.id, status)
+
+    def _status(self, ident: int, status: GrpcStatus) -> None:
+        self._write(link_frames.encode_answer(ident, status.code, status.payload, status.trailing))
 
     async def _serve(self, decoded: Decoded, pending: _Pending) -> None:
         """A request the front end decoded: its response's tensors, or its error, back."""
@@ -228,13 +289,18 @@ def _watch(pending: _Pending) -> Watch:
 class EngineLink:
     """The engine's two sockets for its front ends (see the module's docstring).
 
-    ``adopt`` takes a handed-over connection and the bytes already read from it.
+    ``adopt`` takes a handed-over connection and the bytes already read from it;
+    ``servicer`` (the engine's gRPC servicer) answers the gRPC calls forwarded as
+    ``CALL`` frames (None: they are answered UNIMPLEMENTED).
     :attr:`path` is the directory the front ends are told about.
     """
 
-    def __init__(self, runtime: Runtime, adopt: Adopt) -> None:
+    def __init__(
+        self, runtime: Runtime, adopt: Adopt, servicer: InferenceServicer | None = None
+    ) -> None:
         self.runtime = runtime
         self.adopt = adopt
+        self.servicer = servicer
         self.path = Path(tempfile.mkdtemp(prefix="sordino-link-"))
         self.connections: set[_LinkConnection] = set()
         self.hello = asyncio.Event()

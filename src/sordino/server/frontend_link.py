@@ -137,6 +137,36 @@ class FrontendLink(asyncio.Protocol):
             self._write(parts)
         return ident, future
 
+    def call_grpc(self, request: InferRequest, room: int) -> tuple[int, asyncio.Future[Reply]]:
+        """Send a ``ModelInfer`` decoded here (``GRPC_INFER``; ``room``: the message's
+        size); its id and the future of the engine's reply: a response, or an
+        :class:`Answer` whose status is the gRPC code (> 16: the engine is gone).
+
+        Raises SordinoError for a tensor that cannot be sent (nothing is then waiting).
+        """
+        future, ident = self._future()
+        if ident:
+            try:
+                parts = link_tensors.encode_infer(
+                    ident, request, 0.0, kind=link_tensors.GRPC_INFER, room=room
+                )
+            except BaseException:
+                self.waiting.pop(ident, None)
+                raise
+            self._write(parts)
+        return ident, future
+
+    def call_unary(
+        self, method: str, peer: str, metadata: list[tuple[str, str]], raw: bytes
+    ) -> tuple[int, asyncio.Future[Reply]]:
+        """Forward a unary gRPC call (``CALL``); its id and the future of the engine's
+        :class:`Answer` (the gRPC code as status; > 16: the engine is gone)."""
+        future, ident = self._future()
+        if ident:
+            call = link_tensors.Call(ident, method, peer, metadata, raw)
+            self._write(link_tensors.encode_call(call))
+        return ident, future
+
     def refused(
         self, model: str, version: str | None, tenant: str | None, reason: str, count: int = 1
     ) -> None:

@@ -17,6 +17,16 @@ and the front end encodes the answer (``fast_infer.encode_response``). Two kinds
     whether to close the connection, each output's name, datatype, shape and byte
     length — then the outputs' bytes.
 
+``GRPC_INFER`` (front end → engine)
+    an ``INFER`` frame of a gRPC ``ModelInfer`` call (``server/grpc_frontend.py``), with
+    ``n``: the message's size, which bounds its declared shapes; errors come back as
+    ``ANSWER`` frames whose status is the gRPC code (``server/grpc_link.py``).
+``CALL`` (front end → engine)
+    any other unary gRPC call: ``<QI>``, the facts — the method's name, the peer, the
+    call's text metadata — then the serialized request; answered ``ANSWER`` (the gRPC
+    code, 0 for OK; the trailing metadata as headers; the serialized response, or the
+    status details).
+
 ``REFUSED`` (front end → engine)
     requests the front end answered with an error itself (a malformed body, one too
     large, a client gone while sending it, a refusal from the engine's load board):
@@ -42,19 +52,24 @@ from sordino.protocol.codec import output_datatype
 from sordino.server.link_frames import MAX_FRAME, FrameError, frame_head
 
 __all__ = [
+    "CALL",
+    "GRPC_INFER",
     "INFER",
     "REFUSED",
     "RESULT",
+    "Call",
     "Decoded",
+    "decode_call",
     "decode_infer",
     "decode_refused",
     "decode_result",
+    "encode_call",
     "encode_infer",
     "encode_refused",
     "encode_result",
 ]
 
-INFER, RESULT, REFUSED = 5, 6, 7
+INFER, RESULT, REFUSED, GRPC_INFER, CALL = 5, 6, 7, 8, 9
 _FACTS = struct.Struct("<QI")  # id, the facts' length
 
 
@@ -94,8 +109,11 @@ def _frame(
     return [frame_head(size, kind), _FACTS.pack(ident, len(head)), head, *chunks]
 
 
-def encode_infer(ident: int, request: InferRequest, read_s: float) -> list[Any]:
-    """The ``INFER`` frame of ``request`` as parts to write in order.
+def encode_infer(
+    ident: int, request: InferRequest, read_s: float, *, kind: int = INFER, room: int | None = None
+) -> list[Any]:
+    """The ``INFER`` (or ``GRPC_INFER``) frame of ``request`` as parts to write in order;
+    ``room``: the bytes the request's declared shapes are bounded by (None: the frame's).
 
     Raises SordinoError (TensorError) for a tensor that cannot be serialized.
     """
@@ -124,7 +142,9 @@ def encode_infer(ident: int, request: InferRequest, read_s: float) -> list[Any]:
         ],
         "x": entries,
     }
-    return _frame(INFER, ident, facts, chunks)
+    if room is not None:
+        facts["n"] = room
+    return _frame(kind, ident, facts, chunks)
 
 
 def _facts(body: bytes) -> tuple[int, dict[str, Any], int]:
@@ -159,11 +179,12 @@ def decode_infer(body: bytes) -> Decoded:
             client=facts["c"],
         )
         read_s = float(facts["r"])
+        room = int(facts.get("n", len(body)))
     except (KeyError, TypeError, ValueError, SordinoError) as exc:
         raise FrameError(f"a malformed request frame: {exc}") from None
     if end != len(body):
         raise FrameError("a request frame whose tensors do not fill it")
-    return Decoded(ident, request, read_s, len(body))
+    return Decoded(ident, request, read_s, room)
 
 
 def encode_result(ident: int, response: InferResponse, close: bool) -> list[Any]:
@@ -239,3 +260,40 @@ def decode_refused(body: bytes) -> tuple[str, str | None, str | None, str, int]:
     ):
         raise FrameError("a malformed refusal frame")
     return model, version, tenant, reason, count
+
+
+class Call:
+    """A unary gRPC call a front end forwards: its id on the link, the method's name,
+    the peer string, the call's text metadata and the serialized request."""
+
+    __slots__ = ("id", "metadata", "method", "peer", "raw")
+
+    def __init__(
+        self, ident: int, method: str, peer: str, metadata: list[tuple[str, str]], raw: bytes
+    ) -> None:
+        self.id, self.method, self.peer, self.metadata, self.raw = (
+            ident,
+            method,
+            peer,
+            metadata,
+            raw,
+        )
+
+
+def encode_call(call: Call) -> list[Any]:
+    """The ``CALL`` frame of ``call`` as parts to write in order."""
+    facts = {"m": call.method, "p": call.peer, "h": call.metadata}
+    return _frame(CALL, call.id, facts, [call.raw])
+
+
+def decode_call(body: bytes) -> Call:
+    """The call a ``CALL`` frame's body holds; FrameError if it is not one."""
+    ident, facts, at = _facts(body)
+    try:
+        method, peer = facts["m"], facts["p"]
+        metadata = [(str(key), str(value)) for key, value in facts["h"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise FrameError(f"a malformed call frame: {exc}") from None
+    if not isinstance(method, str) or not isinstance(peer, str):
+        raise FrameError("a malformed call frame")
+    return Call(ident, method, peer, metadata, body[at:])
