@@ -23,7 +23,6 @@ from sordino.config import RuntimeConfig
 from sordino.models.repository import builtin_sources
 from sordino.protocol.pb import kserve_v2_pb2 as pb
 from sordino.server.grpc import InferenceServicer
-from sordino.server.grpc_frontend import STREAM_ENGINE_ONLY
 from sordino.testing import RunningServer, serve_in_thread
 from tests.conftest import thread_isolated
 from tests.server.helpers import Gate, stats
@@ -263,14 +262,52 @@ def test_a_cancelled_call_is_cancelled_in_the_engine(
         assert gate.rows == [1]  # the cancelled request never ran
 
 
-def test_a_stream_on_a_front_end_connection_is_refused_clearly(
+def _countdown(count: int, ident: str) -> bytes:
+    message = pb.ModelInferRequest(model_name="countdown", id=ident)
+    message.inputs.add(name="COUNT", datatype="INT32", shape=[1, 1])
+    message.raw_input_contents.append(np.array([[count]], np.int32).tobytes())
+    return message.SerializeToString()
+
+
+def test_a_stream_through_the_front_end_answers_as_the_engines_own(
     channels: tuple[grpc.Channel, grpc.Channel],
 ) -> None:
+    sent = [_countdown(3, "c"), _renamed("nope"), b"\xff\xff", _digits(1)]
+    answers = []
+    for channel in channels:
+        stream = channel.stream_stream(SERVICE + "ModelStreamInfer")
+        # One request at a time, so that the responses' order is the same on both.
+        got: list[bytes] = []
+        for raw in sent:
+            got += list(stream(iter([raw]), timeout=30))
+        answers.append(got)
+    through, own = answers
+    assert through == own
+    decoded = [pb.ModelStreamInferResponse.FromString(a) for a in through]
+    assert [d.error_message == "" for d in decoded] == [True, True, True, False, False, True]
+    assert [d.infer_response.id for d in decoded[:3]] == ["c", "c", "c"]
+
+
+def test_a_stream_cancelled_through_the_front_end_is_cancelled_in_the_engine(
+    server: RunningServer, channels: tuple[grpc.Channel, grpc.Channel]
+) -> None:
     through, own = channels
-    stream = own.stream_stream(SERVICE + "ModelStreamInfer")
-    (answer,) = list(stream(iter([_digits()]), timeout=30))
-    assert pb.ModelStreamInferResponse.FromString(answer).infer_response.model_name
-    with pytest.raises(grpc.RpcError) as refused:
-        list(through.stream_stream(SERVICE + "ModelStreamInfer")(iter([_digits()]), timeout=30))
-    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert refused.value.details() == STREAM_ENGINE_ONLY
+    message = pb.ModelInferRequest(model_name="simple")
+    for name in ("INPUT0", "INPUT1"):
+        message.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        message.raw_input_contents.append(np.ones((1, 16), np.int32).tobytes())
+    raw = message.SerializeToString()
+    before = stats(server, "simple")
+    with Gate(server, "simple") as gate:
+        held = own.unary_unary(SERVICE + "ModelInfer").future(raw, timeout=30)
+        wait_for(gate.entered.is_set, "the held batch to start")
+        stream = through.stream_stream(SERVICE + "ModelStreamInfer")(iter([raw]), timeout=30)
+        wait_for(lambda: stats(server, "simple").queue.depth == 1, "the request to queue")
+        stream.cancel()
+        wait_for(
+            lambda: stats(server, "simple").cancelled == before.cancelled + 1,
+            "the engine to cancel the stream's request",
+        )
+        gate.release()
+        assert pb.ModelInferResponse.FromString(held.result()).model_name == "simple"
+        assert gate.rows == [1]

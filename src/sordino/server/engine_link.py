@@ -36,7 +36,14 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from sordino.errors import Cancelled
 from sordino.server import link_frames, link_tensors
 from sordino.server.fast_infer import Watch, answer_decoded, answer_error, answer_infer
-from sordino.server.grpc_link import GrpcStatus, answer_call, answer_grpc_infer, error_status
+from sordino.server.grpc_link import (
+    GrpcStatus,
+    StreamContext,
+    answer_call,
+    answer_grpc_infer,
+    answer_stream,
+    error_status,
+)
 from sordino.server.link_frames import (
     HANDOVER_CHUNK,
     HANDOVER_HEAD,
@@ -86,6 +93,7 @@ class _LinkConnection(asyncio.Protocol):
         self.runtime = link.runtime
         self.reader = FrameReader()
         self.pending: dict[int, _Pending] = {}
+        self.streams: dict[int, StreamContext] = {}  # forwarded ModelStreamInfer calls
         self.out: list[bytes] = []
         self.pid: int | None = None
         self.transport: asyncio.Transport | None = None
@@ -110,6 +118,13 @@ class _LinkConnection(asyncio.Protocol):
                     self._begin(link_tensors.decode_infer(body), self._serve_grpc)
                 elif kind == link_tensors.CALL:
                     self._begin(link_tensors.decode_call(body), self._call)
+                elif kind == link_tensors.STREAM_OPEN:
+                    self._begin(link_tensors.decode_call(body), self._stream)
+                elif kind == link_tensors.STREAM_MESSAGE:
+                    ident, raw = link_tensors.decode_stream_message(body)
+                    self._to_stream(ident, raw)
+                elif kind == link_tensors.STREAM_END:
+                    self._to_stream(link_frames.decode_id(body), grpc_aio_eof())
                 elif kind == link_tensors.REFUSED:
                     self.runtime.service.refused_unread(*link_tensors.decode_refused(body))
                 elif kind == link_frames.REQUEST:
@@ -181,6 +196,32 @@ class _LinkConnection(asyncio.Protocol):
             return
         if self.pending.pop(call.id, None) is not None and not pending.gone:
             self._status(call.id, status)
+
+    async def _stream(self, call: Call, pending: _Pending) -> None:
+        """A ``ModelStreamInfer`` a front end forwards (a cancel cancels it)."""
+        ident = call.id
+        context = StreamContext(
+            call.peer,
+            call.metadata,
+            lambda raw: self._write(link_tensors.encode_stream_message(ident, raw)),
+        )
+        self.streams[ident] = context
+        pending.working = True
+        try:
+            status = await answer_stream(self.link.servicer, context)
+        except asyncio.CancelledError:
+            if not pending.gone:
+                raise
+            return
+        finally:
+            self.streams.pop(ident, None)
+        if self.pending.pop(ident, None) is not None and not pending.gone:
+            self._status(ident, status)
+
+    def _to_stream(self, ident: int, item: bytes | object) -> None:
+        context = self.streams.get(ident)
+        if context is not None:  # else the stream has ended: nobody reads it
+            context.inbox.put_nowait(item)
 
     def _status(self, ident: int, status: GrpcStatus) -> None:
         self._write(link_frames.encode_answer(ident, status.code, status.payload, status.trailing))
@@ -262,6 +303,14 @@ class _LinkConnection(asyncio.Protocol):
         out, self.out = self.out, []
         if self.transport is not None and not self.transport.is_closing():
             self.transport.writelines(out)
+
+
+def grpc_aio_eof() -> object:
+    """grpc.aio's end-of-stream marker (what ``context.read()`` returns at a half-close)."""
+    import grpc
+
+    eof: object = grpc.aio.EOF
+    return eof
 
 
 def _watch(pending: _Pending) -> Watch:

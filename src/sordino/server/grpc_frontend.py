@@ -18,7 +18,11 @@ it:
   cross as a ``CALL`` frame and the engine's own servicer answers it
   (``server/grpc_link.py``); Triton's RPCs sordino does not implement are answered
   here as the engine answers them.
-- ``ModelStreamInfer`` is not served here: UNIMPLEMENTED, :data:`STREAM_ENGINE_ONLY`.
+- ``ModelStreamInfer`` is forwarded message by message: the stream opens in the engine
+  (``STREAM_OPEN``), each message the client sends crosses as it arrives
+  (``STREAM_MESSAGE``), and so does each response the engine's servicer writes; the
+  client's half-close is ``STREAM_END``, a cancel ``CANCEL``, and the stream ends with
+  the engine's status (``ANSWER``).
 
 When the engine is gone a call gets UNAVAILABLE with ``frontend_link.ENGINE_GONE``.
 """
@@ -41,15 +45,10 @@ from sordino.server.grpc_accept import open_server
 from sordino.server.grpc_guard import UNARY_RPCS, Unary, abort_with, unsupported
 from sordino.server.link_frames import Answer
 
-__all__ = ["STREAM_ENGINE_ONLY", "frontend_handler", "open_frontend_grpc"]
+__all__ = ["frontend_handler", "open_frontend_grpc"]
 
 log = logging.getLogger("sordino.grpc")
 
-STREAM_ENGINE_ONLY = (
-    "ModelStreamInfer is served by the engine process only, and this connection was "
-    "accepted by an extra front-end process (server.frontends > 1); run the server with "
-    "--frontends 1 (server.frontends: 1) to use streams"
-)
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
@@ -85,12 +84,7 @@ async def _reply(link: FrontendLink, ident: int, future: asyncio.Future[Reply]) 
 
 def _forwarder(link: FrontendLink, method: str) -> Callable[[bytes, Any], Awaitable[bytes]]:
     async def forward(raw: bytes, context: Any) -> bytes:
-        metadata = [
-            (str(key), value)
-            for key, value in context.invocation_metadata() or ()
-            if isinstance(value, str)
-        ]
-        ident, future = link.call_unary(method, context.peer() or "", metadata, raw)
+        ident, future = link.call_unary(method, context.peer() or "", _metadata(context), raw)
         reply = await _reply(link, ident, future)
         if not isinstance(reply, Answer) or reply.status != 0:
             await _end(context, reply if isinstance(reply, Answer) else Answer(ident, 500, b"", {}))
@@ -130,6 +124,45 @@ def _model_infer(link: FrontendLink) -> Unary:
     return model_infer
 
 
+def _stream(link: FrontendLink) -> Callable[[Any, Any], Awaitable[None]]:
+    async def stream(requests: Any, context: Any) -> None:
+        """Forward the client's messages as they come; write the engine's responses as
+        they come; end as the engine's stream ended."""
+        ident, inbox = link.open_stream(context.peer() or "", _metadata(context))
+
+        async def pump() -> None:
+            async for raw in requests:
+                link.stream_message(ident, raw)
+            link.stream_end(ident)
+
+        pumping = asyncio.get_running_loop().create_task(pump())
+        try:
+            while True:
+                item = await inbox.get()
+                if isinstance(item, Answer):
+                    if item.status != 0:
+                        await _end(context, item)
+                    if item.headers:
+                        context.set_trailing_metadata(tuple(item.headers.items()))
+                    return
+                await context.write(item)
+        except asyncio.CancelledError:
+            link.cancel_stream(ident)
+            raise
+        finally:
+            pumping.cancel()
+
+    return stream
+
+
+def _metadata(context: Any) -> list[tuple[str, str]]:
+    return [
+        (str(key), value)
+        for key, value in context.invocation_metadata() or ()
+        if isinstance(value, str)
+    ]
+
+
 def frontend_handler(link: FrontendLink) -> Any:
     """The generic handler of ``inference.GRPCInferenceService`` in a front end."""
     handlers: dict[str, Any] = {
@@ -143,10 +176,9 @@ def frontend_handler(link: FrontendLink) -> Any:
         _model_infer(link), response_serializer=_identity
     )
 
-    async def stream(_requests: Any, context: Any) -> None:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, STREAM_ENGINE_ONLY)
-
-    handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(stream)
+    handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+        _stream(link), response_serializer=_identity
+    )
     for name, message in UNSUPPORTED_RPCS.items():
         handlers[name] = grpc.unary_unary_rpc_method_handler(unsupported(name, message))
     return grpc.method_handlers_generic_handler(SERVICE, handlers)

@@ -11,6 +11,10 @@ the engine answers both as its own gRPC servicer (``server/grpc.py``) would:
   shared-memory inputs, the service, the shared-memory outputs — inside
   ``service.receiving``, and returns the response (to send back as ``RESULT``) or the
   error's :class:`GrpcStatus`;
+- :func:`answer_stream` serves a forwarded ``ModelStreamInfer`` with the servicer's
+  own method, held against the per-client stream limit as the engine's server holds
+  it, on a :class:`StreamContext` whose ``read`` takes the messages the front end
+  forwards and whose ``write`` sends each response back;
 - :func:`answer_call` calls the servicer's own method, wrapped as the engine's gRPC
   server wraps it (``grpc_guard.guard``), with a :class:`CallContext` that stands in
   for grpc.aio's and records the status the method ends the call with.
@@ -21,8 +25,9 @@ trailing metadata as its headers, the serialized response or the details as payl
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -35,11 +40,20 @@ from sordino.server.fast_infer import Watch, check_model_shapes, serve
 from sordino.server.grpc_guard import UNARY_RPCS, details, guard
 from sordino.server.link_tensors import Call, Decoded
 from sordino.server.runtime import Runtime
+from sordino.server.streams import peer_address
 
 if TYPE_CHECKING:
     from sordino.server.grpc import InferenceServicer
 
-__all__ = ["CallContext", "GrpcStatus", "answer_call", "answer_grpc_infer", "error_status"]
+__all__ = [
+    "CallContext",
+    "GrpcStatus",
+    "StreamContext",
+    "answer_call",
+    "answer_grpc_infer",
+    "answer_stream",
+    "error_status",
+]
 
 log = logging.getLogger("sordino.grpc")
 
@@ -135,3 +149,42 @@ async def answer_call(servicer: InferenceServicer | None, call: Call) -> GrpcSta
         )
     payload: bytes = response.SerializeToString()
     return GrpcStatus(0, payload, dict(context.trailing))
+
+
+class StreamContext(CallContext):
+    """:class:`CallContext` for a forwarded stream: ``read`` returns the client's next
+    message (``grpc.aio.EOF`` once it half-closed), ``write`` sends a response back
+    through ``send`` (the message serialized)."""
+
+    def __init__(
+        self, peer: str, metadata: Sequence[tuple[str, str]], send: Callable[[bytes], None]
+    ) -> None:
+        super().__init__(peer, metadata)
+        self.inbox: asyncio.Queue[bytes | object] = asyncio.Queue()
+        self._send = send
+
+    async def read(self) -> bytes | object:
+        return await self.inbox.get()
+
+    async def write(self, message: Any) -> None:
+        self._send(message.SerializeToString())
+
+
+async def answer_stream(servicer: InferenceServicer | None, context: StreamContext) -> GrpcStatus:
+    """Serve a forwarded ``ModelStreamInfer`` as the engine's gRPC server does; its end
+    status (cancellation propagates: no status is then sent)."""
+    if servicer is None:
+        return GrpcStatus(
+            grpc.StatusCode.UNIMPLEMENTED.value[0],
+            b"ModelStreamInfer: not served by this server's engine over the link",
+        )
+    try:
+        with servicer.streams.hold(peer_address(context.peer() or "")):
+            await servicer.ModelStreamInfer(context)
+    except SordinoError as exc:
+        return error_status(exc)
+    except _Aborted:
+        return GrpcStatus(context.code.value[0], context.details.encode("utf-8"))
+    except Exception as exc:
+        return error_status(exc)
+    return GrpcStatus(0, b"", dict(context.trailing))

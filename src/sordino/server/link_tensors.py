@@ -27,6 +27,12 @@ and the front end encodes the answer (``fast_infer.encode_response``). Two kinds
     code, 0 for OK; the trailing metadata as headers; the serialized response, or the
     status details).
 
+``STREAM_OPEN``, ``STREAM_MESSAGE``, ``STREAM_END`` (``ModelStreamInfer``)
+    a stream opens as a ``CALL`` (no request bytes); then each message the client
+    sends, and each the engine answers, is a ``STREAM_MESSAGE`` (``<Q>``: the id, then
+    the serialized message) either way; the client's half-close is ``STREAM_END``
+    (``<Q>``); the stream's status comes back as an ``ANSWER`` (as a ``CALL``'s).
+
 ``REFUSED`` (front end → engine)
     requests the front end answered with an error itself (a malformed body, one too
     large, a client gone while sending it, a refusal from the engine's load board):
@@ -57,19 +63,27 @@ __all__ = [
     "INFER",
     "REFUSED",
     "RESULT",
+    "STREAM_END",
+    "STREAM_MESSAGE",
+    "STREAM_OPEN",
     "Call",
     "Decoded",
     "decode_call",
     "decode_infer",
     "decode_refused",
     "decode_result",
+    "decode_stream_message",
     "encode_call",
     "encode_infer",
     "encode_refused",
     "encode_result",
+    "encode_stream_end",
+    "encode_stream_message",
 ]
 
 INFER, RESULT, REFUSED, GRPC_INFER, CALL = 5, 6, 7, 8, 9
+STREAM_OPEN, STREAM_MESSAGE, STREAM_END = 10, 11, 12
+_STREAM_HEAD = struct.Struct("<Q")  # a stream message's id
 _FACTS = struct.Struct("<QI")  # id, the facts' length
 
 
@@ -280,10 +294,29 @@ class Call:
         )
 
 
-def encode_call(call: Call) -> list[Any]:
-    """The ``CALL`` frame of ``call`` as parts to write in order."""
+def encode_call(call: Call, kind: int = CALL) -> list[Any]:
+    """The ``CALL`` (or ``STREAM_OPEN``) frame of ``call`` as parts to write in order."""
     facts = {"m": call.method, "p": call.peer, "h": call.metadata}
-    return _frame(CALL, call.id, facts, [call.raw])
+    return _frame(kind, call.id, facts, [call.raw])
+
+
+def encode_stream_message(ident: int, raw: bytes) -> list[bytes]:
+    """The ``STREAM_MESSAGE`` frame of stream ``ident``'s serialized message ``raw``."""
+    if _STREAM_HEAD.size + len(raw) > MAX_FRAME:
+        raise FrameError(f"a stream message of {len(raw)} bytes does not fit in one link frame")
+    return [frame_head(_STREAM_HEAD.size + len(raw), STREAM_MESSAGE), _STREAM_HEAD.pack(ident), raw]
+
+
+def decode_stream_message(body: bytes) -> tuple[int, bytes]:
+    """The stream id and serialized message a ``STREAM_MESSAGE`` frame's body holds."""
+    if len(body) < _STREAM_HEAD.size:
+        raise FrameError("a malformed stream message frame")
+    return int(_STREAM_HEAD.unpack_from(body)[0]), body[_STREAM_HEAD.size :]
+
+
+def encode_stream_end(ident: int) -> bytes:
+    """The ``STREAM_END`` frame: the client of stream ``ident`` sends no more."""
+    return frame_head(_STREAM_HEAD.size, STREAM_END) + _STREAM_HEAD.pack(ident)
 
 
 def decode_call(body: bytes) -> Call:
