@@ -10,6 +10,7 @@ bytes, so answers are compared byte for byte.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -311,3 +312,30 @@ def test_a_stream_cancelled_through_the_front_end_is_cancelled_in_the_engine(
         gate.release()
         assert pb.ModelInferResponse.FromString(held.result()).model_name == "simple"
         assert gate.rows == [1]
+
+
+def test_a_stop_answers_the_calls_a_front_end_has_in_flight() -> None:
+    config = RuntimeConfig.model_validate({"server": {"frontends": 2, "shutdown_timeout": 10}})
+    simple = [s for s in builtin_sources() if s.name == "simple"]
+    serving = serve_in_thread(config, thread_isolated(simple))
+    server = serving.__enter__()
+    frontend = psutil.Process(_frontend(server))
+    message = pb.ModelInferRequest(model_name="simple")
+    for name in ("INPUT0", "INPUT1"):
+        message.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        message.raw_input_contents.append(np.ones((1, 16), np.int32).tobytes())
+    with Gate(server, "simple") as gate:
+        channel = _channel(server, frontend.pid)
+        call = channel.unary_unary(SERVICE + "ModelInfer").future(
+            message.SerializeToString(), timeout=60
+        )
+        wait_for(gate.entered.is_set, "the call to reach the model")
+        stopping = threading.Thread(target=serving.__exit__, args=(None, None, None))
+        stopping.start()
+        wait_for(lambda: server.frontends is not None and server.frontends._stopping, "the stop")
+        gate.release()
+        answer = pb.ModelInferResponse.FromString(call.result())
+        stopping.join(60)
+    channel.close()
+    assert np.frombuffer(answer.raw_output_contents[0], np.int32).tolist() == [2] * 16
+    assert not frontend.is_running() or frontend.status() == psutil.STATUS_ZOMBIE
