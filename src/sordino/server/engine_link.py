@@ -43,6 +43,7 @@ from sordino.server.grpc_link import (
     answer_grpc_infer,
     answer_stream,
     error_status,
+    internal_status,
 )
 from sordino.server.link_frames import (
     HANDOVER_CHUNK,
@@ -171,7 +172,11 @@ class _LinkConnection(asyncio.Protocol):
     async def _serve_grpc(self, decoded: Decoded, pending: _Pending) -> None:
         """A ``ModelInfer`` a front end decoded: its response's tensors or its status."""
         ident = decoded.id
-        result = await answer_grpc_infer(self.runtime, decoded, _watch(pending))
+        try:
+            result = await answer_grpc_infer(self.runtime, decoded, _watch(pending))
+        except BaseException:
+            self._fail(ident, pending)
+            raise
         answering = self.pending.pop(ident, None) is not None and not pending.gone
         if isinstance(result, GrpcStatus):
             if answering:
@@ -192,6 +197,7 @@ class _LinkConnection(asyncio.Protocol):
             status = await answer_call(self.link.servicer, call)
         except asyncio.CancelledError:
             if not pending.gone:
+                self._fail(call.id, pending)
                 raise
             return
         if self.pending.pop(call.id, None) is not None and not pending.gone:
@@ -211,6 +217,7 @@ class _LinkConnection(asyncio.Protocol):
             status = await answer_stream(self.link.servicer, context)
         except asyncio.CancelledError:
             if not pending.gone:
+                self._fail(ident, pending)
                 raise
             return
         finally:
@@ -222,6 +229,12 @@ class _LinkConnection(asyncio.Protocol):
         context = self.streams.get(ident)
         if context is not None:  # else the stream has ended: nobody reads it
             context.inbox.put_nowait(item)
+
+    def _fail(self, ident: int, pending: _Pending) -> None:
+        """A gRPC call's task ended without an answer (the engine is stopping): the
+        front end still waiting gets INTERNAL rather than nothing."""
+        if self.pending.pop(ident, None) is not None and not pending.gone:
+            self._status(ident, internal_status("internal error: the engine stopped the call"))
 
     def _status(self, ident: int, status: GrpcStatus) -> None:
         self._write(link_frames.encode_answer(ident, status.code, status.payload, status.trailing))

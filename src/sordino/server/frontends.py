@@ -60,7 +60,8 @@ def default_frontends(cores: int | None) -> int:
 
 
 def frontend_count(settings: ServerConfig) -> int:
-    """The number of HTTP front ends ``settings`` ask for (the default from the cores)."""
+    """The number of front ends (HTTP and gRPC) ``settings`` ask for (the default from
+    the cores)."""
     if settings.frontends is not None:
         return settings.frontends
     if settings.tls is not None:

@@ -53,6 +53,7 @@ __all__ = [
     "answer_grpc_infer",
     "answer_stream",
     "error_status",
+    "internal_status",
 ]
 
 log = logging.getLogger("sordino.grpc")
@@ -82,6 +83,11 @@ def error_status(exc: Exception) -> GrpcStatus:
     log.error("gRPC handler failed", exc_info=exc)
     message = details(f"{type(exc).__name__}: {exc}")
     return GrpcStatus(grpc.StatusCode.INTERNAL.value[0], message.encode("utf-8"))
+
+
+def internal_status(message: str) -> GrpcStatus:
+    """INTERNAL with ``message``: a call the engine ended without its answer."""
+    return GrpcStatus(grpc.StatusCode.INTERNAL.value[0], details(message).encode("utf-8"))
 
 
 async def answer_grpc_infer(
