@@ -339,3 +339,48 @@ def test_a_stop_answers_the_calls_a_front_end_has_in_flight() -> None:
     channel.close()
     assert np.frombuffer(answer.raw_output_contents[0], np.int32).tolist() == [2] * 16
     assert not frontend.is_running() or frontend.status() == psutil.STATUS_ZOMBIE
+
+
+def test_system_shared_memory_works_through_the_front_end(
+    channels: tuple[grpc.Channel, grpc.Channel],
+) -> None:
+    shm = pytest.importorskip("tritonclient.utils.shared_memory")
+    through, own = channels
+    tag = f"{os.getpid()}_{id(object())}"
+    inputs = shm.create_shared_memory_region("g_in", f"/sordino_g_in_{tag}", 128)
+    outputs = shm.create_shared_memory_region("g_out", f"/sordino_g_out_{tag}", 128)
+    try:
+        first = np.arange(16, dtype=np.int32).reshape(1, 16)
+        shm.set_shared_memory_region(inputs, [first, first * 3])
+        for name in ("g_in", "g_out"):
+            register = pb.SystemSharedMemoryRegisterRequest(
+                name=name, key=f"/sordino_{name}_{tag}", offset=0, byte_size=128
+            )
+            _call(through, "SystemSharedMemoryRegister", register.SerializeToString())
+        message = pb.ModelInferRequest(model_name="simple", id="shm")
+        for name, offset in (("INPUT0", 0), ("INPUT1", 64)):
+            tensor = message.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+            tensor.parameters["shared_memory_region"].string_param = "g_in"
+            tensor.parameters["shared_memory_byte_size"].int64_param = 64
+            tensor.parameters["shared_memory_offset"].int64_param = offset
+        for name, offset in (("OUTPUT0", 0), ("OUTPUT1", 64)):
+            output = message.outputs.add(name=name)
+            output.parameters["shared_memory_region"].string_param = "g_out"
+            output.parameters["shared_memory_byte_size"].int64_param = 64
+            output.parameters["shared_memory_offset"].int64_param = offset
+        raw = message.SerializeToString()
+        answer = _call(through, "ModelInfer", raw)
+        # Byte for byte, the outputs' parameter maps included (written in key order).
+        assert answer == _call(own, "ModelInfer", raw)
+        added = shm.get_contents_as_numpy(outputs, np.int32, [1, 16], 0)
+        subtracted = shm.get_contents_as_numpy(outputs, np.int32, [1, 16], 64)
+        assert added.tolist() == (first * 4).tolist()
+        assert subtracted.tolist() == (first - first * 3).tolist()
+        status = pb.SystemSharedMemoryStatusResponse.FromString(
+            _call(through, "SystemSharedMemoryStatus", b"")
+        )
+        assert set(status.regions) == {"g_in", "g_out"}
+    finally:
+        _call(through, "SystemSharedMemoryUnregister", b"")
+        shm.destroy_shared_memory_region(inputs)
+        shm.destroy_shared_memory_region(outputs)

@@ -42,7 +42,7 @@ from sordino.protocol.pb import kserve_v2_pb2 as pb
 from sordino.server.frontend_link import ENGINE_GONE, FrontendLink, Reply
 from sordino.server.grpc import SERVICE, UNSUPPORTED_RPCS, Caller
 from sordino.server.grpc_accept import open_server
-from sordino.server.grpc_guard import UNARY_RPCS, Unary, abort_with, unsupported
+from sordino.server.grpc_guard import UNARY_RPCS, Unary, abort_with, serialize, unsupported
 from sordino.server.link_frames import Answer
 
 __all__ = ["frontend_handler", "open_frontend_grpc"]
@@ -54,11 +54,6 @@ _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 def _identity(data: bytes) -> bytes:
-    return data
-
-
-def _serialize(message: Any) -> bytes:
-    data: bytes = message.SerializeToString()
     return data
 
 
@@ -119,7 +114,7 @@ def _model_infer(link: FrontendLink) -> Unary:
             encoded = encode_infer_response(response, request)
         except SordinoError as exc:
             await abort_with(context, exc)
-        return _serialize(encoded)
+        return serialize(encoded)
 
     return model_infer
 

@@ -19,7 +19,7 @@ import grpc
 from sordino.errors import SordinoError
 from sordino.protocol.status import grpc_code_name, retry_after_header
 
-__all__ = ["UNARY_RPCS", "Unary", "abort_with", "details", "guard", "unsupported"]
+__all__ = ["UNARY_RPCS", "Unary", "abort_with", "details", "guard", "serialize", "unsupported"]
 
 log = logging.getLogger("sordino.grpc")
 
@@ -97,3 +97,11 @@ def unsupported(method: str, message: str) -> Unary:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method}: {message}")
 
     return refuse
+
+
+def serialize(message: Any) -> bytes:
+    """A response's bytes, map entries in key order: the same bytes for the same message
+    in every process (a front end encodes what the engine would; protobuf's own map
+    order is per process)."""
+    data: bytes = message.SerializeToString(deterministic=True)
+    return data

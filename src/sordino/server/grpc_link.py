@@ -37,7 +37,7 @@ from sordino.errors import SordinoError
 from sordino.inference import InferResponse
 from sordino.protocol.status import grpc_code_name, retry_after_header
 from sordino.server.fast_infer import Watch, check_model_shapes, serve
-from sordino.server.grpc_guard import UNARY_RPCS, details, guard
+from sordino.server.grpc_guard import UNARY_RPCS, details, guard, serialize
 from sordino.server.link_tensors import Call, Decoded
 from sordino.server.runtime import Runtime
 from sordino.server.streams import peer_address
@@ -153,7 +153,7 @@ async def answer_call(servicer: InferenceServicer | None, call: Call) -> GrpcSta
         return GrpcStatus(
             context.code.value[0], context.details.encode("utf-8"), dict(context.trailing)
         )
-    payload: bytes = response.SerializeToString()
+    payload = serialize(response)
     return GrpcStatus(0, payload, dict(context.trailing))
 
 
@@ -173,7 +173,7 @@ class StreamContext(CallContext):
         return await self.inbox.get()
 
     async def write(self, message: Any) -> None:
-        self._send(message.SerializeToString())
+        self._send(serialize(message))
 
 
 async def answer_stream(servicer: InferenceServicer | None, context: StreamContext) -> GrpcStatus:

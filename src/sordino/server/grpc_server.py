@@ -18,7 +18,7 @@ import grpc
 from sordino.errors import SordinoError
 from sordino.server.grpc import SERVICE, UNSUPPORTED_RPCS, InferenceServicer
 from sordino.server.grpc_accept import open_server
-from sordino.server.grpc_guard import UNARY_RPCS, abort_with, guard, unsupported
+from sordino.server.grpc_guard import UNARY_RPCS, abort_with, guard, serialize, unsupported
 from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
 from sordino.server.serve import check_port
@@ -30,16 +30,11 @@ __all__ = ["GrpcServer", "build_handler"]
 log = logging.getLogger("sordino.grpc")
 
 
-def _serialize(message: Any) -> bytes:
-    data: bytes = message.SerializeToString()
-    return data
-
-
 def build_handler(servicer: InferenceServicer) -> Any:
     """Return the generic handler serving ``servicer`` as ``inference.GRPCInferenceService``."""
     handlers: dict[str, Any] = {
         name: grpc.unary_unary_rpc_method_handler(
-            guard(getattr(servicer, name)), response_serializer=_serialize
+            guard(getattr(servicer, name)), response_serializer=serialize
         )
         for name in UNARY_RPCS
     }
@@ -52,7 +47,7 @@ def build_handler(servicer: InferenceServicer) -> Any:
             await abort_with(context, exc)
 
     handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
-        stream, response_serializer=_serialize
+        stream, response_serializer=serialize
     )
     for name, message in UNSUPPORTED_RPCS.items():
         handlers[name] = grpc.unary_unary_rpc_method_handler(unsupported(name, message))
