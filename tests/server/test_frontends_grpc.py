@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from sordino.config import RuntimeConfig
+from sordino.config.tenants import hash_key
 from sordino.models.repository import builtin_sources
 from sordino.protocol.pb import kserve_v2_pb2 as pb
 from sordino.server.grpc import InferenceServicer
@@ -384,3 +385,58 @@ def test_system_shared_memory_works_through_the_front_end(
         _call(through, "SystemSharedMemoryUnregister", b"")
         shm.destroy_shared_memory_region(inputs)
         shm.destroy_shared_memory_region(outputs)
+
+
+def test_keys_and_tenants_hold_through_the_front_end() -> None:
+    acme, small, admin = "acme-key-0123456789", "small-key-0123456789", "admin-key-0123456789"
+    config = RuntimeConfig.model_validate(
+        {
+            "server": {"frontends": 2},
+            "tenants": [
+                {"name": "acme", "keys": [hash_key(acme)]},
+                {"name": "small", "keys": [hash_key(small)], "rate": "1/s", "burst": 1},
+            ],
+            "auth": {"required": True, "admin_keys": [hash_key(admin)]},
+        }
+    )
+    simple = [s for s in builtin_sources() if s.name == "simple"]
+    message = pb.ModelInferRequest(model_name="simple", id="k")
+    for name in ("INPUT0", "INPUT1"):
+        message.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        message.raw_input_contents.append(np.ones((1, 16), np.int32).tobytes())
+    infer = message.SerializeToString()
+    index = pb.RepositoryIndexRequest().SerializeToString()
+    metadata = pb.ModelMetadataRequest(name="simple").SerializeToString()
+    with serve_in_thread(config, thread_isolated(simple)) as server:
+        through, own = _channel(server, _frontend(server)), _channel(server, os.getpid())
+        try:
+            for key in (None, "wrong-key-0123456789", acme, admin):
+                sent = () if key is None else (("authorization", f"Bearer {key}"),)
+                for method, raw in (("ModelInfer", infer), ("ModelMetadata", metadata),
+                                    ("RepositoryIndex", index)):  # fmt: skip
+                    answers = []
+                    for channel in (through, own):
+                        try:
+                            answers.append(("ok", _call(channel, method, raw, metadata=sent)))
+                        except grpc.RpcError as exc:
+                            answers.append((exc.code(), exc.details()))
+                    assert answers[0] == answers[1], (key, method)
+            # The small tenant's rate holds in the engine whichever process took the call.
+            codes, retry = [], []
+            for _ in range(4):
+                try:
+                    _call(
+                        through,
+                        "ModelInfer",
+                        infer,
+                        metadata=(("authorization", f"Bearer {small}"),),
+                    )
+                    codes.append(grpc.StatusCode.OK)
+                except grpc.RpcError as exc:
+                    codes.append(exc.code())
+                    retry += [v for k, v in exc.trailing_metadata() or () if k == "retry-after"]
+            assert codes[0] == grpc.StatusCode.OK
+            assert grpc.StatusCode.RESOURCE_EXHAUSTED in codes and retry
+        finally:
+            through.close()
+            own.close()
