@@ -30,7 +30,6 @@ When the engine is gone a call gets UNAVAILABLE with ``frontend_link.ENGINE_GONE
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
@@ -42,13 +41,10 @@ from sordino.protocol.pb import kserve_v2_pb2 as pb
 from sordino.server.frontend_link import ENGINE_GONE, FrontendLink, Reply
 from sordino.server.grpc import SERVICE, UNSUPPORTED_RPCS, Caller
 from sordino.server.grpc_accept import open_server
-from sordino.server.grpc_guard import UNARY_RPCS, Unary, abort_with, serialize, unsupported
+from sordino.server.grpc_guard import UNARY_RPCS, Unary, guard, serialize, unsupported
 from sordino.server.link_frames import Answer
 
 __all__ = ["frontend_handler", "open_frontend_grpc"]
-
-log = logging.getLogger("sordino.grpc")
-
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
@@ -110,11 +106,7 @@ def _model_infer(link: FrontendLink) -> Unary:
         if isinstance(reply, Answer):
             await _end(context, reply)
         response, _ = reply
-        try:
-            encoded = encode_infer_response(response, request)
-        except SordinoError as exc:
-            await abort_with(context, exc)
-        return serialize(encoded)
+        return serialize(encode_infer_response(response, request))
 
     return model_infer
 
@@ -162,13 +154,15 @@ def frontend_handler(link: FrontendLink) -> Any:
     """The generic handler of ``inference.GRPCInferenceService`` in a front end."""
     handlers: dict[str, Any] = {
         name: grpc.unary_unary_rpc_method_handler(
-            _forwarder(link, name), response_serializer=_identity
+            guard(_forwarder(link, name)), response_serializer=_identity
         )
         for name in UNARY_RPCS
         if name != "ModelInfer"
     }
+    # guard: an error here (an answer that cannot be encoded) ends the call as the
+    # engine's own server would end it.
     handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
-        _model_infer(link), response_serializer=_identity
+        guard(_model_infer(link)), response_serializer=_identity
     )
 
     handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
