@@ -34,9 +34,10 @@ Phases, each reported:
    deadline (``--deadline-ms``), once per ``--variants`` (``headers``, ``body``).
 
 Goodput is the rate of 200s that arrived within their deadline. The targets (issue
-20): goodput ≥ 90 % of capacity, high-priority p99 ≤ 2× its unloaded p99 with ≥ 99 %
-of high-priority requests served, every refusal explicit and fast (p99 ≤ 5 ms), no
-connection errors. Loopback only; every phase is bounded in time.
+20): goodput ≥ 90 % of capacity (issue 30: ≥ 70 % on digits, ≥ 90 % on W2),
+high-priority p99 ≤ 2× its unloaded p99 with ≥ 99 % of high-priority requests served,
+every refusal explicit and fast (p99 ≤ 5 ms), no connection errors. Loopback only;
+every phase is bounded in time.
 """
 
 from __future__ import annotations
@@ -341,16 +342,49 @@ def refusal_cost(
     }
 
 
+def core_busy_s(core: int | None) -> float:
+    """CPU seconds ``core`` has been busy (all processes, /proc/stat); 0 where unknown."""
+    if core is None:
+        return 0.0
+    try:
+        for line in Path("/proc/stat").read_text().splitlines():
+            fields = line.split()
+            if fields[0] == f"cpu{core}":
+                # user nice system idle iowait irq softirq steal: all but idle and iowait
+                ticks = sum(int(v) for i, v in enumerate(fields[1:9]) if i not in (3, 4))
+                return ticks / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        pass
+    return 0.0
+
+
+def others_share(
+    core: int | None, busy_before: float, cpu_before: dict[str, float],
+    cpu_after: dict[str, float], seconds: float,
+) -> float:  # fmt: skip
+    """The share of ``core`` that processes other than the server and its workers took
+    over ``seconds`` (on a shared machine, what the server could not have)."""
+    if core is None or seconds <= 0:
+        return 0.0
+    ours = sum(cpu_after[k] - cpu_before[k] for k in ("server", "workers"))
+    return max(0.0, (core_busy_s(core) - busy_before - ours) / seconds)
+
+
 def run(args: argparse.Namespace, endpoints: Endpoints, generator: Generator) -> dict[str, Any]:
+    core = args.server_cpu if args.pinned else None
     console.print("capacity: closed loop, 64 connections …")
     generator.closed(64, 2.0)  # warm-up (and the adaptive controller settles)
-    before = endpoints.cpu_seconds()
+    before, busy = endpoints.cpu_seconds(), core_busy_s(core)
     capacity = generator.closed(64, args.capacity_seconds)
     after = endpoints.cpu_seconds()
+    capacity_others = others_share(core, busy, before, after, args.capacity_seconds)
     served_cpu_s = (
         after["server"] - before["server"] + after["workers"] - before["workers"]
     ) / max(capacity * args.capacity_seconds, 1.0)
-    console.print(f"  {capacity:,.0f} req/s, {served_cpu_s * 1e6:.0f} µs of CPU each")
+    console.print(
+        f"  {capacity:,.0f} req/s, {served_cpu_s * 1e6:.0f} µs of CPU each "
+        f"(other processes took {capacity_others:.2f} of the server's core)"
+    )
     # Long enough for UNLOADED_HIGH high-priority requests (the p99 the overload is
     # judged against: of 44, as 5 s of W2 gave, it is the largest one).
     unloaded_s = args.unloaded_seconds or min(
@@ -410,16 +444,21 @@ def run(args: argparse.Namespace, endpoints: Endpoints, generator: Generator) ->
         bounds[where] = max(0.0, min(best / capacity, 1.0))
         console.print(f"goodput bound from CPU costs, {where}: {bounds[where]:.2f} of capacity")
     deadline_s = args.deadline_ms / 1000
+    # Issue 30's goodput targets: 0.7 where a request is almost all front end (digits),
+    # 0.9 where its compute dominates (W2).
+    goal = 0.9 if generator.workload.name == "w2" else 0.7
     overloads: dict[str, Any] = {}
     checks: dict[str, Any] = {}
     for where in args.variants:
         console.print(f"overload ({where}): open loop at {args.factor:g}× = {rate:,.0f} req/s …")
-        before = endpoints.cpu_seconds()
+        before, busy = endpoints.cpu_seconds(), core_busy_s(core)
         outcomes = generator.open(
             rate, args.seconds, deadline_us=int(args.deadline_ms * 1000), where=where,
             connections=args.connections,
         )  # fmt: skip
         after = endpoints.cpu_seconds()
+        overload_others = others_share(core, busy, before, after, args.seconds)
+        console.print(f"  other processes took {overload_others:.2f} of the server's core")
         overload = report(outcomes, args.seconds, deadline_s)
         overload["offered_per_s"] = rate
         overload["timeline"] = timeline(outcomes, rate, deadline_s)
@@ -427,9 +466,10 @@ def run(args: argparse.Namespace, endpoints: Endpoints, generator: Generator) ->
         # the workers used (the send schedule is args.seconds long; answers trail it).
         overload["server_cpu_share"] = (after["server"] - before["server"]) / args.seconds
         overload["workers_cpu_share"] = (after["workers"] - before["workers"]) / args.seconds
+        overload["others_cpu_share"] = overload_others
         overloads[where] = overload
         checks[where] = {
-            "goodput / capacity >= 0.90": overload["goodput_per_s"] / capacity,
+            f"goodput / capacity >= {goal:.2f}": overload["goodput_per_s"] / capacity,
             "high p99 / unloaded high p99 <= 2": (overload["high_p99_ms"] or float("inf"))
             / unloaded["high_p99_ms"],
             "(context) high p99 / high p99 alone": (overload["high_p99_ms"] or float("inf"))
@@ -439,6 +479,7 @@ def run(args: argparse.Namespace, endpoints: Endpoints, generator: Generator) ->
             "connection errors == 0": overload["connection_errors"],
         }
     return {"capacity_per_s": capacity, "served_cpu_us": served_cpu_s * 1e6,
+            "capacity_others_cpu_share": capacity_others,
             "unloaded": unloaded, "high_alone": alone, "refusal_cost": costs, "floor": floor,
             "goodput_bound": bounds,
             "overload": overloads, "checks": checks}  # fmt: skip
