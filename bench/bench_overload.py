@@ -59,7 +59,7 @@ from urllib.parse import urlparse
 import numpy as np
 import orjson
 
-from bench.common import Endpoints, console, save, sordino_server
+from bench.common import Endpoints, console, core_busy_s, others_share, save, sordino_server
 
 GENERATOR = Path(__file__).with_name("openloop.c")
 REFUSER = Path(__file__).with_name("refuser.c")
@@ -342,34 +342,6 @@ def refusal_cost(
     }
 
 
-def core_busy_s(core: int | None) -> float:
-    """CPU seconds ``core`` has been busy (all processes, /proc/stat); 0 where unknown."""
-    if core is None:
-        return 0.0
-    try:
-        for line in Path("/proc/stat").read_text().splitlines():
-            fields = line.split()
-            if fields[0] == f"cpu{core}":
-                # user nice system idle iowait irq softirq steal: all but idle and iowait
-                ticks = sum(int(v) for i, v in enumerate(fields[1:9]) if i not in (3, 4))
-                return ticks / os.sysconf("SC_CLK_TCK")
-    except OSError:
-        pass
-    return 0.0
-
-
-def others_share(
-    core: int | None, busy_before: float, cpu_before: dict[str, float],
-    cpu_after: dict[str, float], seconds: float,
-) -> float:  # fmt: skip
-    """The share of ``core`` that processes other than the server and its workers took
-    over ``seconds`` (on a shared machine, what the server could not have)."""
-    if core is None or seconds <= 0:
-        return 0.0
-    ours = sum(cpu_after[k] - cpu_before[k] for k in ("server", "workers"))
-    return max(0.0, (core_busy_s(core) - busy_before - ours) / seconds)
-
-
 def run(args: argparse.Namespace, endpoints: Endpoints, generator: Generator) -> dict[str, Any]:
     core = args.server_cpu if args.pinned else None
     console.print("capacity: closed loop, 64 connections …")
@@ -391,12 +363,19 @@ def run(args: argparse.Namespace, endpoints: Endpoints, generator: Generator) ->
         60.0, max(5.0, UNLOADED_HIGH / (0.3 * capacity * HIGH_SHARE))
     )
     console.print(f"unloaded: open loop at 30 % of capacity for {unloaded_s:.0f} s …")
+    before, busy = endpoints.cpu_seconds(), core_busy_s(core)
     outcomes = generator.open(
         0.3 * capacity, unloaded_s, deadline_us=None, where="headers",
         connections=args.connections,
     )  # fmt: skip
     unloaded = report(outcomes, unloaded_s, float("inf"))
-    console.print(f"  high-priority p99 {unloaded['high_p99_ms']:.2f} ms")
+    unloaded["others_cpu_share"] = others_share(
+        core, busy, before, endpoints.cpu_seconds(), unloaded_s
+    )
+    console.print(
+        f"  high-priority p99 {unloaded['high_p99_ms']:.2f} ms "
+        f"(other processes took {unloaded['others_cpu_share']:.2f} of the server's core)"
+    )
     # The overload's high-priority requests alone: its schedule, its draw of which are
     # high, the low ones not sent. Their p99 is set by their own load (at 3× with 20 %
     # high, 0.6 of capacity, arriving at random), which no scheduler can take from them:
@@ -407,12 +386,20 @@ def run(args: argparse.Namespace, endpoints: Endpoints, generator: Generator) ->
         f"high priority alone: the overload's schedule, its "
         f"{HIGH_SHARE * rate:,.0f} high-priority req/s only, for {args.seconds:g} s …"
     )
+    before, busy = endpoints.cpu_seconds(), core_busy_s(core)
     outcomes = generator.open(
         rate, args.seconds, deadline_us=None, where="headers",
         connections=args.connections, lows=False,
     )  # fmt: skip
+    after = endpoints.cpu_seconds()
     alone = report(outcomes, args.seconds, float("inf"))
-    console.print(f"  high-priority p99 {alone['high_p99_ms']:.2f} ms")
+    alone["others_cpu_share"] = others_share(core, busy, before, after, args.seconds)
+    alone["server_cpu_share"] = (after["server"] - before["server"]) / args.seconds
+    console.print(
+        f"  high-priority p99 {alone['high_p99_ms']:.2f} ms, "
+        f"{alone['high_served_share']:.1%} served "
+        f"(other processes took {alone['others_cpu_share']:.2f} of the server's core)"
+    )
     costs = {}
     for where in args.variants:
         # At the overload's rate: a loop that never sleeps shares each wake-up among
