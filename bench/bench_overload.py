@@ -346,10 +346,10 @@ def run(args: argparse.Namespace, endpoints: Endpoints, generator: Generator) ->
     core = args.server_cpu if args.pinned else None
     console.print("capacity: closed loop, 64 connections …")
     generator.closed(64, 2.0)  # warm-up (and the adaptive controller settles)
-    before, busy = endpoints.cpu_seconds(), core_busy_s(core)
+    before, busy, began = endpoints.cpu_seconds(), core_busy_s(core), time.monotonic()
     capacity = generator.closed(64, args.capacity_seconds)
     after = endpoints.cpu_seconds()
-    capacity_others = others_share(core, busy, before, after, args.capacity_seconds)
+    capacity_others = others_share(core, busy, before, after, time.monotonic() - began)
     served_cpu_s = (
         after["server"] - before["server"] + after["workers"] - before["workers"]
     ) / max(capacity * args.capacity_seconds, 1.0)
@@ -363,14 +363,14 @@ def run(args: argparse.Namespace, endpoints: Endpoints, generator: Generator) ->
         60.0, max(5.0, UNLOADED_HIGH / (0.3 * capacity * HIGH_SHARE))
     )
     console.print(f"unloaded: open loop at 30 % of capacity for {unloaded_s:.0f} s …")
-    before, busy = endpoints.cpu_seconds(), core_busy_s(core)
+    before, busy, began = endpoints.cpu_seconds(), core_busy_s(core), time.monotonic()
     outcomes = generator.open(
         0.3 * capacity, unloaded_s, deadline_us=None, where="headers",
         connections=args.connections,
     )  # fmt: skip
     unloaded = report(outcomes, unloaded_s, float("inf"))
     unloaded["others_cpu_share"] = others_share(
-        core, busy, before, endpoints.cpu_seconds(), unloaded_s
+        core, busy, before, endpoints.cpu_seconds(), time.monotonic() - began
     )
     console.print(
         f"  high-priority p99 {unloaded['high_p99_ms']:.2f} ms "
@@ -386,14 +386,14 @@ def run(args: argparse.Namespace, endpoints: Endpoints, generator: Generator) ->
         f"high priority alone: the overload's schedule, its "
         f"{HIGH_SHARE * rate:,.0f} high-priority req/s only, for {args.seconds:g} s …"
     )
-    before, busy = endpoints.cpu_seconds(), core_busy_s(core)
+    before, busy, began = endpoints.cpu_seconds(), core_busy_s(core), time.monotonic()
     outcomes = generator.open(
         rate, args.seconds, deadline_us=None, where="headers",
         connections=args.connections, lows=False,
     )  # fmt: skip
     after = endpoints.cpu_seconds()
     alone = report(outcomes, args.seconds, float("inf"))
-    alone["others_cpu_share"] = others_share(core, busy, before, after, args.seconds)
+    alone["others_cpu_share"] = others_share(core, busy, before, after, time.monotonic() - began)
     alone["server_cpu_share"] = (after["server"] - before["server"]) / args.seconds
     console.print(
         f"  high-priority p99 {alone['high_p99_ms']:.2f} ms, "
@@ -438,13 +438,13 @@ def run(args: argparse.Namespace, endpoints: Endpoints, generator: Generator) ->
     checks: dict[str, Any] = {}
     for where in args.variants:
         console.print(f"overload ({where}): open loop at {args.factor:g}× = {rate:,.0f} req/s …")
-        before, busy = endpoints.cpu_seconds(), core_busy_s(core)
+        before, busy, began = endpoints.cpu_seconds(), core_busy_s(core), time.monotonic()
         outcomes = generator.open(
             rate, args.seconds, deadline_us=int(args.deadline_ms * 1000), where=where,
             connections=args.connections,
         )  # fmt: skip
         after = endpoints.cpu_seconds()
-        overload_others = others_share(core, busy, before, after, args.seconds)
+        overload_others = others_share(core, busy, before, after, time.monotonic() - began)
         console.print(f"  other processes took {overload_others:.2f} of the server's core")
         overload = report(outcomes, args.seconds, deadline_s)
         overload["offered_per_s"] = rate
