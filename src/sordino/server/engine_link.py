@@ -14,6 +14,10 @@ Two Unix-domain sockets in a private directory:
     end sends the socket (``SCM_RIGHTS``) and the bytes it already read, and the engine
     adopts it into its own HTTP server (``HttpServer.adopt``), where Starlette answers
     that request and whatever follows on the connection.
+
+gRPC calls a front end accepted arrive as ``GRPC_INFER`` and ``CALL`` frames and are
+answered by ``server/grpc_link.py``: a ``RESULT``, or an ``ANSWER`` whose status is the
+call's gRPC code.
 """
 
 from __future__ import annotations
@@ -25,13 +29,22 @@ import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from sordino.errors import Cancelled
 from sordino.server import link_frames, link_tensors
 from sordino.server.fast_infer import Watch, answer_decoded, answer_error, answer_infer
+from sordino.server.grpc_link import (
+    GrpcStatus,
+    StreamContext,
+    answer_call,
+    answer_grpc_infer,
+    answer_stream,
+    error_status,
+    internal_status,
+)
 from sordino.server.link_frames import (
     HANDOVER_CHUNK,
     HANDOVER_HEAD,
@@ -39,12 +52,23 @@ from sordino.server.link_frames import (
     FrameReader,
     LinkRequest,
 )
-from sordino.server.link_tensors import Decoded
+from sordino.server.link_tensors import Call, Decoded
 from sordino.server.runtime import Runtime
+
+if TYPE_CHECKING:
+    from sordino.server.grpc import InferenceServicer
 
 __all__ = ["EngineLink"]
 
 T = TypeVar("T")
+
+
+class _Identified(Protocol):
+    @property
+    def id(self) -> int: ...
+
+
+ItemT = TypeVar("ItemT", bound=_Identified)
 
 log = logging.getLogger("sordino.frontends")
 
@@ -70,6 +94,7 @@ class _LinkConnection(asyncio.Protocol):
         self.runtime = link.runtime
         self.reader = FrameReader()
         self.pending: dict[int, _Pending] = {}
+        self.streams: dict[int, StreamContext] = {}  # forwarded ModelStreamInfer calls
         self.out: list[bytes] = []
         self.pid: int | None = None
         self.transport: asyncio.Transport | None = None
@@ -90,6 +115,17 @@ class _LinkConnection(asyncio.Protocol):
             for kind, body in frames:
                 if kind == link_tensors.INFER:
                     self._start_decoded(link_tensors.decode_infer(body))
+                elif kind == link_tensors.GRPC_INFER:
+                    self._begin(link_tensors.decode_infer(body), self._serve_grpc)
+                elif kind == link_tensors.CALL:
+                    self._begin(link_tensors.decode_call(body), self._call)
+                elif kind == link_tensors.STREAM_OPEN:
+                    self._begin(link_tensors.decode_call(body), self._stream)
+                elif kind == link_tensors.STREAM_MESSAGE:
+                    ident, raw = link_tensors.decode_stream_message(body)
+                    self._to_stream(ident, raw)
+                elif kind == link_tensors.STREAM_END:
+                    self._to_stream(link_frames.decode_id(body), grpc_aio_eof())
                 elif kind == link_tensors.REFUSED:
                     self.runtime.service.refused_unread(*link_tensors.decode_refused(body))
                 elif kind == link_frames.REQUEST:
@@ -123,6 +159,85 @@ class _LinkConnection(asyncio.Protocol):
         pending = _Pending()
         self.pending[decoded.id] = pending
         pending.task = asyncio.get_running_loop().create_task(self._serve(decoded, pending))
+
+    def _begin(
+        self,
+        item: ItemT,
+        work: Callable[[ItemT, _Pending], Coroutine[Any, Any, None]],
+    ) -> None:
+        pending = _Pending()
+        self.pending[item.id] = pending
+        pending.task = asyncio.get_running_loop().create_task(work(item, pending))
+
+    async def _serve_grpc(self, decoded: Decoded, pending: _Pending) -> None:
+        """A ``ModelInfer`` a front end decoded: its response's tensors or its status."""
+        ident = decoded.id
+        try:
+            result = await answer_grpc_infer(self.runtime, decoded, _watch(pending))
+        except BaseException:
+            self._fail(ident, pending)
+            raise
+        answering = self.pending.pop(ident, None) is not None and not pending.gone
+        if isinstance(result, GrpcStatus):
+            if answering:
+                self._status(ident, result)
+            return
+        try:
+            if answering:
+                self._write(link_tensors.encode_result(ident, result, False))
+        except Exception as exc:
+            self._status(ident, error_status(exc))
+        finally:
+            result.release()
+
+    async def _call(self, call: Call, pending: _Pending) -> None:
+        """Another unary gRPC call: the servicer's answer (a cancel cancels it)."""
+        pending.working = True
+        try:
+            status = await answer_call(self.link.servicer, call)
+        except asyncio.CancelledError:
+            if not pending.gone:
+                self._fail(call.id, pending)
+                raise
+            return
+        if self.pending.pop(call.id, None) is not None and not pending.gone:
+            self._status(call.id, status)
+
+    async def _stream(self, call: Call, pending: _Pending) -> None:
+        """A ``ModelStreamInfer`` a front end forwards (a cancel cancels it)."""
+        ident = call.id
+        context = StreamContext(
+            call.peer,
+            call.metadata,
+            lambda raw: self._write(link_tensors.encode_stream_message(ident, raw)),
+        )
+        self.streams[ident] = context
+        pending.working = True
+        try:
+            status = await answer_stream(self.link.servicer, context)
+        except asyncio.CancelledError:
+            if not pending.gone:
+                self._fail(ident, pending)
+                raise
+            return
+        finally:
+            self.streams.pop(ident, None)
+        if self.pending.pop(ident, None) is not None and not pending.gone:
+            self._status(ident, status)
+
+    def _to_stream(self, ident: int, item: bytes | object) -> None:
+        context = self.streams.get(ident)
+        if context is not None:  # else the stream has ended: nobody reads it
+            context.inbox.put_nowait(item)
+
+    def _fail(self, ident: int, pending: _Pending) -> None:
+        """A gRPC call's task ended without an answer (the engine is stopping): the
+        front end still waiting gets INTERNAL rather than nothing."""
+        if self.pending.pop(ident, None) is not None and not pending.gone:
+            self._status(ident, internal_status("internal error: the engine stopped the call"))
+
+    def _status(self, ident: int, status: GrpcStatus) -> None:
+        self._write(link_frames.encode_answer(ident, status.code, status.payload, status.trailing))
 
     async def _serve(self, decoded: Decoded, pending: _Pending) -> None:
         """A request the front end decoded: its response's tensors, or its error, back."""
@@ -203,6 +318,14 @@ class _LinkConnection(asyncio.Protocol):
             self.transport.writelines(out)
 
 
+def grpc_aio_eof() -> object:
+    """grpc.aio's end-of-stream marker (what ``context.read()`` returns at a half-close)."""
+    import grpc
+
+    eof: object = grpc.aio.EOF
+    return eof
+
+
 def _watch(pending: _Pending) -> Watch:
     """Runs the service's work for ``pending``: a cancel from the front end cancels it."""
 
@@ -228,13 +351,18 @@ def _watch(pending: _Pending) -> Watch:
 class EngineLink:
     """The engine's two sockets for its front ends (see the module's docstring).
 
-    ``adopt`` takes a handed-over connection and the bytes already read from it.
+    ``adopt`` takes a handed-over connection and the bytes already read from it;
+    ``servicer`` (the engine's gRPC servicer) answers the gRPC calls forwarded as
+    ``CALL`` frames (None: they are answered UNIMPLEMENTED).
     :attr:`path` is the directory the front ends are told about.
     """
 
-    def __init__(self, runtime: Runtime, adopt: Adopt) -> None:
+    def __init__(
+        self, runtime: Runtime, adopt: Adopt, servicer: InferenceServicer | None = None
+    ) -> None:
         self.runtime = runtime
         self.adopt = adopt
+        self.servicer = servicer
         self.path = Path(tempfile.mkdtemp(prefix="sordino-link-"))
         self.connections: set[_LinkConnection] = set()
         self.hello = asyncio.Event()
