@@ -105,10 +105,13 @@ def raw_limit(w: Workload, threads: int | None) -> list[Measurement]:
 
 
 def server_config(
-    w: Workload, directory: Path, args: argparse.Namespace, mode: str, slo_ms: float
+    w: Workload, directory: Path, args: argparse.Namespace | int, mode: str, slo_ms: float
 ) -> Path:
     """The server's configuration: the peers' batching settings; threads, instances and
-    spinning only where given (``--defaults`` leaves all three to sordino)."""
+    spinning only where given (``--defaults`` leaves all three to sordino). ``args`` as
+    an int: the intra-op threads alone (the other benchmarks' call)."""
+    if isinstance(args, int):
+        args = argparse.Namespace(threads=args, instances=None, spinning=None)
     path = directory / "runtime_config.yaml"
     extra = ""
     if args.threads is not None:
