@@ -120,7 +120,7 @@ class _LinkConnection(asyncio.Protocol):
                 elif kind == link_tensors.CALL:
                     self._begin(link_tensors.decode_call(body), self._call)
                 elif kind == link_tensors.STREAM_OPEN:
-                    self._begin(link_tensors.decode_call(body), self._stream)
+                    self._open_stream(link_tensors.decode_call(body))
                 elif kind == link_tensors.STREAM_MESSAGE:
                     ident, raw = link_tensors.decode_stream_message(body)
                     self._to_stream(ident, raw)
@@ -131,7 +131,9 @@ class _LinkConnection(asyncio.Protocol):
                 elif kind == link_frames.REQUEST:
                     self._start(link_frames.decode_request(body))
                 elif kind == link_frames.CANCEL:
-                    pending = self.pending.pop(link_frames.decode_id(body), None)
+                    ident = link_frames.decode_id(body)
+                    self.streams.pop(ident, None)  # a stream cancelled before its task ran
+                    pending = self.pending.pop(ident, None)
                     if pending is not None:
                         self._cancel(pending)
                 elif kind == link_frames.HELLO:
@@ -203,15 +205,23 @@ class _LinkConnection(asyncio.Protocol):
         if self.pending.pop(call.id, None) is not None and not pending.gone:
             self._status(call.id, status)
 
-    async def _stream(self, call: Call, pending: _Pending) -> None:
-        """A ``ModelStreamInfer`` a front end forwards (a cancel cancels it)."""
+    def _open_stream(self, call: Call) -> None:
+        """Register a forwarded stream before its task runs: its first messages (and its
+        end) may come in the same read as its opening, and must find it."""
         ident = call.id
-        context = StreamContext(
+        self.streams[ident] = StreamContext(
             call.peer,
             call.metadata,
             lambda raw: self._write(link_tensors.encode_stream_message(ident, raw)),
         )
-        self.streams[ident] = context
+        self._begin(call, self._stream)
+
+    async def _stream(self, call: Call, pending: _Pending) -> None:
+        """A ``ModelStreamInfer`` a front end forwards (a cancel cancels it)."""
+        ident = call.id
+        context = self.streams.get(ident)
+        if context is None:  # cancelled before this task ran
+            return
         pending.working = True
         try:
             status = await answer_stream(self.link.servicer, context)
