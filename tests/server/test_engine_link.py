@@ -6,7 +6,9 @@ import asyncio
 import json
 import os
 from pathlib import Path
+from typing import Any, cast
 
+import grpc
 import numpy as np
 import pytest
 from pydantic import ValidationError
@@ -19,7 +21,7 @@ from sordino.server import link_frames, link_tensors
 from sordino.server.fast_infer import decode_body
 from sordino.server.frontend_link import ENGINE_GONE, FrontendLink
 from sordino.server.frontends import default_frontends, frontend_count
-from sordino.server.grpc_link import StreamContext
+from sordino.server.grpc_link import GrpcCalls, StreamContext
 from sordino.server.link_frames import FrameError, FrameReader, LinkRequest
 from sordino.server.link_tensors import STREAM_WINDOW
 
@@ -141,6 +143,28 @@ def test_a_stream_credit_crosses_the_link_whole() -> None:
     ((kind, body),) = list(FrameReader().feed(frame))
     assert kind == link_tensors.STREAM_CREDIT
     assert link_tensors.decode_stream_credit(body) == (9, 3)
+
+
+async def test_the_messages_read_with_a_stream_s_open_reach_it() -> None:
+    written: list[bytes] = []
+    calls = GrpcCalls(cast(Any, None), None, {}, written.extend)
+    opening = link_tensors.Call(1, "ModelStreamInfer", "ipv4:127.0.0.1:5", [], b"")
+    frames = b"".join(
+        [
+            *link_tensors.encode_call(opening, link_tensors.STREAM_OPEN),
+            *link_tensors.encode_stream_message(1, b"first"),
+            link_tensors.encode_stream_end(1),
+        ]
+    )
+    for kind, body in FrameReader().feed(frames):  # one read: no task has run yet
+        calls.received(kind, body)
+    inbox = calls.streams[1].inbox
+    assert inbox.get_nowait() == b"first"
+    for _ in range(10):
+        await asyncio.sleep(0)
+    ((kind, body),) = list(FrameReader().feed(b"".join(written)))
+    assert link_frames.decode_answer(body).status == grpc.StatusCode.UNIMPLEMENTED.value[0]
+    assert calls.streams == {}
 
 
 async def test_a_forwarded_stream_sends_no_further_ahead_than_its_credit() -> None:

@@ -281,7 +281,7 @@ class GrpcCalls:
         elif kind == link_tensors.CALL:
             self._begin(link_tensors.decode_call(body), self._call)
         elif kind == link_tensors.STREAM_OPEN:
-            self._begin(link_tensors.decode_call(body), self._stream)
+            self._open(link_tensors.decode_call(body))
         elif kind == link_tensors.STREAM_MESSAGE:
             self._to_stream(*link_tensors.decode_stream_message(body))
         elif kind == link_tensors.STREAM_END:
@@ -335,8 +335,9 @@ class GrpcCalls:
         if self.pending.pop(call.id, None) is not None and not pending.gone:
             self._status(call.id, status)
 
-    async def _stream(self, call: Call, pending: Pending) -> None:
-        """A ``ModelStreamInfer`` a front end forwards (a cancel cancels it)."""
+    def _open(self, call: Call) -> None:
+        """Open a forwarded stream now, so that the messages that follow in the same
+        read (before its task first runs) find it."""
         ident = call.id
         context = StreamContext(
             call.peer,
@@ -344,6 +345,18 @@ class GrpcCalls:
             lambda raw: self._write(link_tensors.encode_stream_message(ident, raw)),
         )
         self.streams[ident] = context
+
+        async def serve(call: Call, pending: Pending) -> None:
+            await self._stream(call, pending, context)
+
+        self._begin(call, serve)
+
+    async def _stream(self, call: Call, pending: Pending, context: StreamContext) -> None:
+        """A ``ModelStreamInfer`` a front end forwards (a cancel cancels it)."""
+        ident = call.id
+        if pending.gone:  # cancelled before its task first ran
+            self.streams.pop(ident, None)
+            return
         pending.working = True
         try:
             status = await answer_stream(self.servicer, context)
