@@ -25,6 +25,8 @@ from sordino.config.tenants import hash_key
 from sordino.models.repository import builtin_sources
 from sordino.protocol.pb import kserve_v2_pb2 as pb
 from sordino.server.grpc import InferenceServicer
+from sordino.server.grpc_link import StreamContext
+from sordino.server.link_tensors import STREAM_WINDOW
 from sordino.testing import RunningServer, serve_in_thread
 from tests.conftest import thread_isolated
 from tests.server.helpers import Gate, stats
@@ -65,12 +67,14 @@ def _call(channel: grpc.Channel, method: str, raw: bytes, **kwargs: object) -> b
     return answer
 
 
-def _channel(server: RunningServer, pid: int) -> grpc.Channel:
+def _channel(
+    server: RunningServer, pid: int, options: tuple[tuple[str, int], ...] = ()
+) -> grpc.Channel:
     """A channel whose connection process ``pid`` accepted (new ones until one is)."""
     for _ in range(100):
         before = _held(server)
         channel = grpc.insecure_channel(
-            server.grpc_url, options=[("grpc.use_local_subchannel_pool", 1)]
+            server.grpc_url, options=[("grpc.use_local_subchannel_pool", 1), *options]
         )
         _call(channel, "ServerLive", b"")
         owner = None
@@ -313,6 +317,69 @@ def test_a_stream_cancelled_through_the_front_end_is_cancelled_in_the_engine(
         gate.release()
         assert pb.ModelInferResponse.FromString(held.result()).model_name == "simple"
         assert gate.rows == [1]
+
+
+def _stream_contexts(server: RunningServer) -> list[StreamContext]:
+    assert server.frontends is not None
+    return [c for link in server.frontends.link.connections for c in link.grpc.streams.values()]
+
+
+def test_a_slow_stream_client_holds_the_engine_back_not_the_front_ends_memory(
+    server: RunningServer,
+) -> None:
+    # The client's HTTP/2 window stays at its first 64 KiB (no BDP probing), so a client
+    # that reads nothing soon stops gRPC taking the front end's responses.
+    slow = _channel(server, _frontend(server), (("grpc.http2.bdp_probe", 0),))
+    requests, count = 64, 100
+    responses = slow.stream_stream(SERVICE + "ModelStreamInfer")(
+        iter([_countdown(count, f"s{i}") for i in range(requests)]), timeout=120
+    )
+    try:
+        wait_for(lambda: len(_stream_contexts(server)) == 1, "the stream to open in the engine")
+        (context,) = _stream_contexts(server)
+
+        def held_back() -> bool:  # the engine waits for credit, twice in a row
+            before = context.sent
+            if not context.starved:
+                return False
+            time.sleep(0.2)
+            return context.starved and context.sent == before
+
+        wait_for(held_back, "the engine to wait for the front end's credit")
+        assert context.sent < requests * count  # the rest waits in the model, not in memory
+        # What the engine sent beyond what gRPC took for the client: at most the window.
+        taken = context.granted - STREAM_WINDOW
+        assert 0 < context.sent - taken <= STREAM_WINDOW
+        got = [pb.ModelStreamInferResponse.FromString(raw) for raw in responses]
+    finally:
+        responses.cancel()
+        slow.close()
+    assert len(got) == requests * count
+    assert all(r.error_message == "" for r in got)
+    assert {r.infer_response.id for r in got} == {f"s{i}" for i in range(requests)}
+
+
+def test_a_stream_whose_servicer_fails_ends_as_the_engines_own(
+    server: RunningServer,
+    channels: tuple[grpc.Channel, grpc.Channel],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert server.frontends is not None
+    servicer = server.frontends.link.servicer
+
+    async def broken(context: Any) -> None:
+        raise RuntimeError("the servicer broke")
+
+    monkeypatch.setattr(servicer, "ModelStreamInfer", broken)
+    outcomes = []
+    for channel in channels:
+        with pytest.raises(grpc.RpcError) as caught:
+            list(channel.stream_stream(SERVICE + "ModelStreamInfer")(iter([_digits()]), timeout=30))
+        error: Any = caught.value
+        outcomes.append((error.code(), error.details()))
+    through, own = outcomes
+    assert through == own
+    assert own[0] == grpc.StatusCode.UNKNOWN
 
 
 def test_a_stop_answers_the_calls_a_front_end_has_in_flight() -> None:

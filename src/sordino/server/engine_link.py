@@ -15,9 +15,10 @@ Two Unix-domain sockets in a private directory:
     adopts it into its own HTTP server (``HttpServer.adopt``), where Starlette answers
     that request and whatever follows on the connection.
 
-gRPC calls a front end accepted arrive as ``GRPC_INFER`` and ``CALL`` frames and are
-answered by ``server/grpc_link.py``: a ``RESULT``, or an ``ANSWER`` whose status is the
-call's gRPC code.
+gRPC calls a front end accepted arrive as ``GRPC_INFER``, ``CALL`` and ``STREAM_*``
+frames; this module hands them to ``server/grpc_link.py`` (:class:`GrpcCalls`), which
+answers them on the same connection: a ``RESULT``, stream messages, or an ``ANSWER``
+whose status is the call's gRPC code.
 """
 
 from __future__ import annotations
@@ -29,22 +30,14 @@ import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING
 
 from sordino.errors import Cancelled
 from sordino.server import link_frames, link_tensors
-from sordino.server.fast_infer import Watch, answer_decoded, answer_error, answer_infer
-from sordino.server.grpc_link import (
-    GrpcStatus,
-    StreamContext,
-    answer_call,
-    answer_grpc_infer,
-    answer_stream,
-    error_status,
-    internal_status,
-)
+from sordino.server.fast_infer import answer_decoded, answer_error, answer_infer
+from sordino.server.grpc_link import GrpcCalls
 from sordino.server.link_frames import (
     HANDOVER_CHUNK,
     HANDOVER_HEAD,
@@ -52,7 +45,8 @@ from sordino.server.link_frames import (
     FrameReader,
     LinkRequest,
 )
-from sordino.server.link_tensors import Call, Decoded
+from sordino.server.link_pending import Pending, watch
+from sordino.server.link_tensors import Decoded
 from sordino.server.runtime import Runtime
 
 if TYPE_CHECKING:
@@ -60,30 +54,9 @@ if TYPE_CHECKING:
 
 __all__ = ["EngineLink"]
 
-T = TypeVar("T")
-
-
-class _Identified(Protocol):
-    @property
-    def id(self) -> int: ...
-
-
-ItemT = TypeVar("ItemT", bound=_Identified)
-
 log = logging.getLogger("sordino.frontends")
 
 Adopt = Callable[[socket.socket, bytes], None]
-
-
-class _Pending:
-    """An inference request the engine is answering for a front end."""
-
-    __slots__ = ("gone", "task", "working")
-
-    def __init__(self) -> None:
-        self.task: asyncio.Task[None] | None = None
-        self.working = False  # inside the service: a cancel cancels the task
-        self.gone = False  # the front end's client left
 
 
 class _LinkConnection(asyncio.Protocol):
@@ -93,9 +66,9 @@ class _LinkConnection(asyncio.Protocol):
         self.link = link
         self.runtime = link.runtime
         self.reader = FrameReader()
-        self.pending: dict[int, _Pending] = {}
-        self.streams: dict[int, StreamContext] = {}  # forwarded ModelStreamInfer calls
+        self.pending: dict[int, Pending] = {}
         self.out: list[bytes] = []
+        self.grpc = GrpcCalls(link.runtime, link.servicer, self.pending, self._write)
         self.pid: int | None = None
         self.transport: asyncio.Transport | None = None
 
@@ -104,7 +77,7 @@ class _LinkConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         for pending in self.pending.values():
-            self._cancel(pending)
+            pending.cancel()
         self.pending.clear()
         self.link.connections.discard(self)
         self.transport = None
@@ -115,27 +88,16 @@ class _LinkConnection(asyncio.Protocol):
             for kind, body in frames:
                 if kind == link_tensors.INFER:
                     self._start_decoded(link_tensors.decode_infer(body))
-                elif kind == link_tensors.GRPC_INFER:
-                    self._begin(link_tensors.decode_infer(body), self._serve_grpc)
-                elif kind == link_tensors.CALL:
-                    self._begin(link_tensors.decode_call(body), self._call)
-                elif kind == link_tensors.STREAM_OPEN:
-                    self._open_stream(link_tensors.decode_call(body))
-                elif kind == link_tensors.STREAM_MESSAGE:
-                    ident, raw = link_tensors.decode_stream_message(body)
-                    self._to_stream(ident, raw)
-                elif kind == link_tensors.STREAM_END:
-                    self._to_stream(link_frames.decode_id(body), grpc_aio_eof())
+                elif kind in link_tensors.GRPC_KINDS:
+                    self.grpc.received(kind, body)
                 elif kind == link_tensors.REFUSED:
                     self.runtime.service.refused_unread(*link_tensors.decode_refused(body))
                 elif kind == link_frames.REQUEST:
                     self._start(link_frames.decode_request(body))
                 elif kind == link_frames.CANCEL:
-                    ident = link_frames.decode_id(body)
-                    self.streams.pop(ident, None)  # a stream cancelled before its task ran
-                    pending = self.pending.pop(ident, None)
+                    pending = self.pending.pop(link_frames.decode_id(body), None)
                     if pending is not None:
-                        self._cancel(pending)
+                        pending.cancel()
                 elif kind == link_frames.HELLO:
                     self.pid = link_frames.decode_id(body)
                     self.link.connections.add(self)
@@ -148,113 +110,21 @@ class _LinkConnection(asyncio.Protocol):
                 self.transport.close()
 
     def _start(self, request: LinkRequest) -> None:
-        pending = _Pending()
+        pending = Pending()
         self.pending[request.id] = pending
         pending.task = asyncio.get_running_loop().create_task(self._answer(request, pending))
 
-    def _cancel(self, pending: _Pending) -> None:
-        pending.gone = True
-        if pending.working and pending.task is not None:
-            pending.task.cancel()  # the service removes the request and counts it cancelled
-
     def _start_decoded(self, decoded: Decoded) -> None:
-        pending = _Pending()
+        pending = Pending()
         self.pending[decoded.id] = pending
         pending.task = asyncio.get_running_loop().create_task(self._serve(decoded, pending))
 
-    def _begin(
-        self,
-        item: ItemT,
-        work: Callable[[ItemT, _Pending], Coroutine[Any, Any, None]],
-    ) -> None:
-        pending = _Pending()
-        self.pending[item.id] = pending
-        pending.task = asyncio.get_running_loop().create_task(work(item, pending))
-
-    async def _serve_grpc(self, decoded: Decoded, pending: _Pending) -> None:
-        """A ``ModelInfer`` a front end decoded: its response's tensors or its status."""
-        ident = decoded.id
-        try:
-            result = await answer_grpc_infer(self.runtime, decoded, _watch(pending))
-        except BaseException:
-            self._fail(ident, pending)
-            raise
-        answering = self.pending.pop(ident, None) is not None and not pending.gone
-        if isinstance(result, GrpcStatus):
-            if answering:
-                self._status(ident, result)
-            return
-        try:
-            if answering:
-                self._write(link_tensors.encode_result(ident, result, False))
-        except Exception as exc:
-            self._status(ident, error_status(exc))
-        finally:
-            result.release()
-
-    async def _call(self, call: Call, pending: _Pending) -> None:
-        """Another unary gRPC call: the servicer's answer (a cancel cancels it)."""
-        pending.working = True
-        try:
-            status = await answer_call(self.link.servicer, call)
-        except asyncio.CancelledError:
-            if not pending.gone:
-                self._fail(call.id, pending)
-                raise
-            return
-        if self.pending.pop(call.id, None) is not None and not pending.gone:
-            self._status(call.id, status)
-
-    def _open_stream(self, call: Call) -> None:
-        """Register a forwarded stream before its task runs: its first messages (and its
-        end) may come in the same read as its opening, and must find it."""
-        ident = call.id
-        self.streams[ident] = StreamContext(
-            call.peer,
-            call.metadata,
-            lambda raw: self._write(link_tensors.encode_stream_message(ident, raw)),
-        )
-        self._begin(call, self._stream)
-
-    async def _stream(self, call: Call, pending: _Pending) -> None:
-        """A ``ModelStreamInfer`` a front end forwards (a cancel cancels it)."""
-        ident = call.id
-        context = self.streams.get(ident)
-        if context is None:  # cancelled before this task ran
-            return
-        pending.working = True
-        try:
-            status = await answer_stream(self.link.servicer, context)
-        except asyncio.CancelledError:
-            if not pending.gone:
-                self._fail(ident, pending)
-                raise
-            return
-        finally:
-            self.streams.pop(ident, None)
-        if self.pending.pop(ident, None) is not None and not pending.gone:
-            self._status(ident, status)
-
-    def _to_stream(self, ident: int, item: bytes | object) -> None:
-        context = self.streams.get(ident)
-        if context is not None:  # else the stream has ended: nobody reads it
-            context.inbox.put_nowait(item)
-
-    def _fail(self, ident: int, pending: _Pending) -> None:
-        """A gRPC call's task ended without an answer (the engine is stopping): the
-        front end still waiting gets INTERNAL rather than nothing."""
-        if self.pending.pop(ident, None) is not None and not pending.gone:
-            self._status(ident, internal_status("internal error: the engine stopped the call"))
-
-    def _status(self, ident: int, status: GrpcStatus) -> None:
-        self._write(link_frames.encode_answer(ident, status.code, status.payload, status.trailing))
-
-    async def _serve(self, decoded: Decoded, pending: _Pending) -> None:
+    async def _serve(self, decoded: Decoded, pending: Pending) -> None:
         """A request the front end decoded: its response's tensors, or its error, back."""
         ident = decoded.id
         try:
             result = await answer_decoded(
-                self.runtime, decoded.request, decoded.read_s, decoded.size, _watch(pending)
+                self.runtime, decoded.request, decoded.read_s, decoded.size, watch(pending)
             )
         except BaseException:
             self.pending.pop(ident, None)
@@ -282,7 +152,7 @@ class _LinkConnection(asyncio.Protocol):
         finally:
             result.release()
 
-    async def _answer(self, request: LinkRequest, pending: _Pending) -> None:
+    async def _answer(self, request: LinkRequest, pending: Pending) -> None:
         body = request.body
 
         async def read_body() -> bytes:
@@ -290,7 +160,7 @@ class _LinkConnection(asyncio.Protocol):
                 raise Cancelled("the client disconnected while sending the request")
             return body
 
-        watch = _watch(pending)
+        watched = watch(pending)
 
         try:
             status, payload, headers = await answer_infer(
@@ -299,7 +169,7 @@ class _LinkConnection(asyncio.Protocol):
                 request.version,
                 request.headers,
                 read_body,
-                watch,
+                watched,
                 client=request.client,
                 received_at=request.received_at,
                 path=request.path,
@@ -326,36 +196,6 @@ class _LinkConnection(asyncio.Protocol):
         out, self.out = self.out, []
         if self.transport is not None and not self.transport.is_closing():
             self.transport.writelines(out)
-
-
-def grpc_aio_eof() -> object:
-    """grpc.aio's end-of-stream marker (what ``context.read()`` returns at a half-close)."""
-    import grpc
-
-    eof: object = grpc.aio.EOF
-    return eof
-
-
-def _watch(pending: _Pending) -> Watch:
-    """Runs the service's work for ``pending``: a cancel from the front end cancels it."""
-
-    async def watch(work: Awaitable[T]) -> T:
-        pending.working = True
-        try:
-            if pending.gone:
-                raise Cancelled("the client disconnected before the response was ready")
-            return await work
-        except asyncio.CancelledError:
-            if not pending.gone:
-                raise
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            raise Cancelled("the client disconnected before the response was ready") from None
-        finally:
-            pending.working = False
-
-    return watch
 
 
 class EngineLink:

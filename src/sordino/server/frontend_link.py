@@ -186,7 +186,9 @@ class FrontendLink(asyncio.Protocol):
     ) -> tuple[int, asyncio.Queue[bytes | Answer]]:
         """Open a forwarded ``ModelStreamInfer`` (``STREAM_OPEN``); its id and the queue
         of what the engine sends: each serialized response, then the :class:`Answer`
-        that ends the stream (the gRPC code as status; > 16: the engine is gone)."""
+        that ends the stream (the gRPC code as status; > 16: the engine is gone). The
+        engine sends at most ``link_tensors.STREAM_WINDOW`` responses more than
+        :meth:`stream_credit` has granted, so the queue holds at most that many."""
         self.next_id += 1
         ident = self.next_id
         inbox: asyncio.Queue[bytes | Answer] = asyncio.Queue()
@@ -202,6 +204,12 @@ class FrontendLink(asyncio.Protocol):
         """Forward the client's next message on stream ``ident``."""
         if ident in self.streams:
             self._write(link_tensors.encode_stream_message(ident, raw))
+
+    def stream_credit(self, ident: int, count: int = 1) -> None:
+        """gRPC took ``count`` responses of stream ``ident`` for the client: the engine may
+        send as many more (it sends at most ``link_tensors.STREAM_WINDOW`` ahead)."""
+        if ident in self.streams:
+            self._write([link_tensors.encode_stream_credit(ident, count)])
 
     def stream_end(self, ident: int) -> None:
         """The client of stream ``ident`` half-closed: it sends no more."""

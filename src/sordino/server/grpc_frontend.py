@@ -22,7 +22,9 @@ it:
   (``STREAM_OPEN``), each message the client sends crosses as it arrives
   (``STREAM_MESSAGE``), and so does each response the engine's servicer writes; the
   client's half-close is ``STREAM_END``, a cancel ``CANCEL``, and the stream ends with
-  the engine's status (``ANSWER``).
+  the engine's status (``ANSWER``). Each response gRPC takes for the client grants the
+  engine one more (``STREAM_CREDIT``): at most ``link_tensors.STREAM_WINDOW`` wait
+  here for a client that reads slowly.
 
 When the engine is gone a call gets UNAVAILABLE with ``frontend_link.ENGINE_GONE``.
 """
@@ -133,6 +135,7 @@ def _stream(link: FrontendLink) -> Callable[[Any, Any], Awaitable[None]]:
                         context.set_trailing_metadata(tuple(item.headers.items()))
                     return
                 await context.write(item)
+                link.stream_credit(ident)  # gRPC took it: the engine may send one more
         except asyncio.CancelledError:
             link.cancel_stream(ident)
             raise

@@ -32,6 +32,10 @@ and the front end encodes the answer (``fast_infer.encode_response``). Two kinds
     sends, and each the engine answers, is a ``STREAM_MESSAGE`` (``<Q>``: the id, then
     the serialized message) either way; the client's half-close is ``STREAM_END``
     (``<Q>``); the stream's status comes back as an ``ANSWER`` (as a ``CALL``'s).
+    Responses are flow-controlled: the engine sends at most ``STREAM_WINDOW`` (16)
+    more than the front end has granted; the front end grants one more
+    (``STREAM_CREDIT``: ``<QI>``, the id and the count) each time gRPC has taken a
+    response from it for the client.
 
 ``REFUSED`` (front end → engine)
     requests the front end answered with an error itself (a malformed body, one too
@@ -60,29 +64,43 @@ from sordino.server.link_frames import MAX_FRAME, FrameError, frame_head
 __all__ = [
     "CALL",
     "GRPC_INFER",
+    "GRPC_KINDS",
     "INFER",
     "REFUSED",
     "RESULT",
+    "STREAM_CREDIT",
     "STREAM_END",
     "STREAM_MESSAGE",
     "STREAM_OPEN",
+    "STREAM_WINDOW",
     "Call",
     "Decoded",
     "decode_call",
     "decode_infer",
     "decode_refused",
     "decode_result",
+    "decode_stream_credit",
     "decode_stream_message",
     "encode_call",
     "encode_infer",
     "encode_refused",
     "encode_result",
+    "encode_stream_credit",
     "encode_stream_end",
     "encode_stream_message",
 ]
 
 INFER, RESULT, REFUSED, GRPC_INFER, CALL = 5, 6, 7, 8, 9
-STREAM_OPEN, STREAM_MESSAGE, STREAM_END = 10, 11, 12
+STREAM_OPEN, STREAM_MESSAGE, STREAM_END, STREAM_CREDIT = 10, 11, 12, 13
+GRPC_KINDS = frozenset((GRPC_INFER, CALL, STREAM_OPEN, STREAM_MESSAGE, STREAM_END, STREAM_CREDIT))
+"""The frames a front end sends for the gRPC calls it forwards (``server/grpc_link.py``)."""
+STREAM_WINDOW = 16
+"""How many responses of a forwarded stream the engine may send beyond those the front
+end has handed to gRPC for its client: the credit a stream opens with; each
+``STREAM_CREDIT`` adds to it. A client that reads slowly thus holds at most this many
+responses in its front end's memory, and the engine's servicer waits (in its
+``context.write``) as it would for a slow client of its own."""
+_CREDIT = struct.Struct("<QI")  # a stream's id, the responses granted
 _STREAM_HEAD = struct.Struct("<Q")  # a stream message's id
 _FACTS = struct.Struct("<QI")  # id, the facts' length
 
@@ -317,6 +335,19 @@ def decode_stream_message(body: bytes) -> tuple[int, bytes]:
 def encode_stream_end(ident: int) -> bytes:
     """The ``STREAM_END`` frame: the client of stream ``ident`` sends no more."""
     return frame_head(_STREAM_HEAD.size, STREAM_END) + _STREAM_HEAD.pack(ident)
+
+
+def encode_stream_credit(ident: int, count: int) -> bytes:
+    """The ``STREAM_CREDIT`` frame: the engine may send ``count`` more responses."""
+    return frame_head(_CREDIT.size, STREAM_CREDIT) + _CREDIT.pack(ident, count)
+
+
+def decode_stream_credit(body: bytes) -> tuple[int, int]:
+    """The stream id and count a ``STREAM_CREDIT`` frame's body holds."""
+    if len(body) != _CREDIT.size:
+        raise FrameError("a broken stream credit frame")
+    ident, count = _CREDIT.unpack(body)
+    return int(ident), int(count)
 
 
 def decode_call(body: bytes) -> Call:
