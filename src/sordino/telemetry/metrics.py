@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from sordino.inference import ModelKey
 from sordino.records import BatchDone, RequestDone, SchedulerStatistics
 from sordino.telemetry.labels import MetricLabels
+from sordino.telemetry.tallies import HistogramTally
 
 __all__ = ["LATENCY_BUCKETS", "Metrics"]
 
@@ -87,27 +88,24 @@ class Metrics:
             ["model", "reason"],
             registry=self.registry,
         )
-        self.queue_seconds = Histogram(
+        self.queue_seconds = HistogramTally(
             "sordino_request_queue_seconds",
             "Time a request waited in the queue.",
-            ["model"],
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
+            "model",
+            LATENCY_BUCKETS,
         )
-        self.compute_seconds = Histogram(
+        self.registry.register(self.queue_seconds)
+        self.compute_seconds = HistogramTally(
             "sordino_request_compute_seconds",
             "Time the batch holding the request took to run.",
-            ["model"],
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
+            "model",
+            LATENCY_BUCKETS,
         )
-        self.total_seconds = Histogram(
-            "sordino_request_seconds",
-            "Time from acceptance to result.",
-            ["model"],
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
+        self.registry.register(self.compute_seconds)
+        self.total_seconds = HistogramTally(
+            "sordino_request_seconds", "Time from acceptance to result.", "model", LATENCY_BUCKETS
         )
+        self.registry.register(self.total_seconds)
         self.batch_size = Histogram(
             "sordino_batch_size",
             "Rows per executed batch.",
