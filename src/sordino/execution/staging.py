@@ -315,6 +315,9 @@ def row_bytes(part: Part, metadata: ModelMetadata) -> int:
     rows = 1
     if metadata.batched and part:
         rows = max(1, int(next(iter(part.values())).shape[0]))
+    if len(part) == 1:  # the common case, without a generator
+        for array in part.values():
+            return int(array.nbytes) // rows + _output_row_bytes(metadata)
     inputs = sum(int(array.nbytes) for array in part.values()) // rows  # BYTES: estimated
     return inputs + _output_row_bytes(metadata)
 
