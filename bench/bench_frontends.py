@@ -5,12 +5,17 @@
     python -m bench.bench_frontends --frontends 1,2,3 --concurrency 8,64 --seconds 10
     python -m bench.bench_frontends --calls 1000       # the engine's calls, read vs forwarded
     python -m bench.bench_frontends --base /work/main  # also main's code, interleaved
+    python -m bench.bench_frontends --transport grpc   # gRPC ModelInfer, 8 channels
 
 Both servers are up at once, each ``sordino start`` with bench_triton's "sordino"
 settings on W1 (max batch 32, 10 ms batching delay, 2 intra-op threads) and its own
 ``--frontends``; cells are interleaved (A, B, A, B …, the order rotated each repeat).
 The load is bench_triton's lean generator (``bench/peer_load.py``: closed loops over
 HTTP/1.1 keep-alive, KServe binary tensors, every answer checked against ONNX Runtime).
+With ``--transport grpc`` it is gRPC ``ModelInfer`` instead (raw_input_contents,
+serialized before the clock starts), the callers spread over ``--channels`` grpc.aio
+channels, each its own HTTP/2 connection, so that the kernel can spread them over the
+processes as it spreads HTTP connections.
 
 Per cell: req/s, p50, p99, mean batch, and CPU ms per request of each component (psutil
 over the server's process tree): **engine** (the ``sordino start`` process: its own
@@ -34,6 +39,7 @@ assumptions are printed with it.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import cProfile
 import os
 import platform
@@ -98,23 +104,80 @@ def _split(root: int, port: int) -> dict[str, int]:
     return held
 
 
+async def grpc_channels_loop(
+    address: str, requests: list[bytes], concurrency: int, seconds: float, channels: int
+) -> peer_load.Answers:
+    """``concurrency`` callers of ``ModelInfer`` for ``seconds``, spread over ``channels``
+    channels (each its own connection: a local subchannel pool)."""
+    import grpc
+
+    answers = peer_load.Answers()
+    count = len(requests)
+    opened = [
+        grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(max(1, min(channels, concurrency)))
+    ]
+    try:
+        calls = [c.unary_unary("/inference.GRPCInferenceService/ModelInfer") for c in opened]
+        for infer in calls:  # every channel is connected before the clock starts
+            await infer(requests[0])
+        started = time.perf_counter()
+        stop = started + seconds
+
+        async def client(first: int) -> None:
+            infer = calls[first % len(calls)]
+            i = first
+            while time.perf_counter() < stop:
+                row = i % count
+                sent = time.perf_counter()
+                try:
+                    body, status = await infer(requests[row]), 200
+                except grpc.aio.AioRpcError as error:
+                    body, status = str(error.details()).encode(), 500
+                answers.latencies.append(time.perf_counter() - sent)
+                answers.rows.append(row)
+                answers.statuses.append(status)
+                answers.bodies.append(body)
+                i += concurrency
+
+        await asyncio.gather(*(client(k) for k in range(concurrency)))
+        answers.seconds = time.perf_counter() - started
+    finally:
+        for channel in opened:
+            await channel.close()
+    return answers
+
+
 def run_cell(
     label: str,
-    http: str,
-    pid: int,
+    ends: tuple[str, str, int],
     concurrency: int,
     seconds: float,
     inputs: np.ndarray,
     expected: np.ndarray,
     warmup: float,
+    transport: str = "http",
+    channels: int = 8,
 ) -> dict[str, Any]:
-    """One closed loop against one server; the split of its connections read midway."""
+    """One closed loop against one server (``ends``: its HTTP URL, gRPC address and
+    pid); the split of its connections read midway."""
+    http, address, pid = ends
     host = urlparse(http).netloc
-    port = int(host.rsplit(":", 1)[1])
-    requests = [peer_load.kserve_http_request(host, "w1", "x", r) for r in inputs]
+    if transport == "grpc":
+        port = int(address.rsplit(":", 1)[1])
+        requests = [peer_load.kserve_grpc_request("w1", "x", r) for r in inputs]
+        decode = peer_load.kserve_grpc_output
+    else:
+        port = int(host.rsplit(":", 1)[1])
+        requests = [peer_load.kserve_http_request(host, "w1", "x", r) for r in inputs]
+        decode = peer_load.kserve_http_output
 
     def load(length: float) -> peer_load.Answers:
         with _runner() as runner:
+            if transport == "grpc":
+                return runner.run(
+                    grpc_channels_loop(address, requests, concurrency, length, channels)
+                )
             return runner.run(peer_load.http_closed_loop(http, requests, concurrency, length))
 
     if warmup > 0:
@@ -133,7 +196,7 @@ def run_cell(
     client_after = psutil.Process().cpu_times()
     cpu_after, batches_after = tree_cpu(pid, _bucket), sordino_batches(http, "w1")
     sampler.join()
-    failed, worst, first_error = peer_load.check(answers, expected, peer_load.kserve_http_output)
+    failed, worst, first_error = peer_load.check(answers, expected, decode)
     n = max(len(answers.latencies), 1)
     client = (client_after.user + client_after.system) - (client_before.user + client_before.system)
     return {
@@ -347,7 +410,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     expected = np.stack([session.run(None, {"x": row[None]})[0][0] for row in inputs])
     counts = [int(n) for n in args.frontends.split(",")]
     concurrencies = [int(c) for c in args.concurrency.split(",")]
-    servers: dict[str, tuple[str, int]] = {}
+    servers: dict[str, tuple[str, str, int]] = {}
     cells = []
     with ExitStack() as stack, tempfile.TemporaryDirectory() as scratch:
         config = server_config(w1, Path(scratch), 2, "adaptive", 100.0)
@@ -360,16 +423,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 s = stack.enter_context(sordino_server(
                     ["--no-builtin", "--config", str(config), "--frontends", str(n)], env=env
                 ))  # fmt: skip
-                servers[label] = (s.http, s.pid)
+                servers[label] = (s.http, s.grpc, s.pid)
         labels = list(servers)
         started = time.monotonic()
         plan = [(r, c, labels[(i + r) % len(labels)])
                 for r in range(args.repeat) for c in concurrencies
                 for i in range(len(labels))]  # fmt: skip
         for i, (r, concurrency, label) in enumerate(plan, 1):
-            http, pid = servers[label]
-            cell = run_cell(label, http, pid, concurrency, args.seconds, inputs, expected,
-                            args.warmup)  # fmt: skip
+            cell = run_cell(label, servers[label], concurrency, args.seconds, inputs, expected,
+                            args.warmup, args.transport, args.channels)  # fmt: skip
             cell["repeat"] = r
             cells.append(cell)
             console.print(
@@ -389,6 +451,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version(), "load_1m": os.getloadavg()[0]},
         "settings": {"seconds": args.seconds, "repeat": args.repeat, "warmup": args.warmup,
+                     "transport": args.transport, "channels": args.channels,
                      "frontends": counts, "concurrency": concurrencies},
         "base": args.base, "rows": rows, "model": model, "base_model": base, "cells": cells,
     }  # fmt: skip
@@ -404,6 +467,10 @@ def main() -> None:
     parser.add_argument("--frontends", default="1,2", help="the --frontends of each server")
     parser.add_argument("--concurrency", default="64", help="requests in flight")
     parser.add_argument("--quick", action="store_true", help="2 s a cell, one repeat")
+    parser.add_argument("--transport", choices=("http", "grpc"), default="http",
+                        help="the generator's protocol")  # fmt: skip
+    parser.add_argument("--channels", type=int, default=8,
+                        help="with --transport grpc: channels the callers share")  # fmt: skip
     parser.add_argument("--calls", type=int, default=0,
                         help="instead: profile the engine, N requests each way")  # fmt: skip
     parser.add_argument("--top", type=int, default=15, help="with --calls: functions shown")

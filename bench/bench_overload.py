@@ -34,9 +34,10 @@ Phases, each reported:
    deadline (``--deadline-ms``), once per ``--variants`` (``headers``, ``body``).
 
 Goodput is the rate of 200s that arrived within their deadline. The targets (issue
-20): goodput ≥ 90 % of capacity, high-priority p99 ≤ 2× its unloaded p99 with ≥ 99 %
-of high-priority requests served, every refusal explicit and fast (p99 ≤ 5 ms), no
-connection errors. Loopback only; every phase is bounded in time.
+20): goodput ≥ 90 % of capacity (issue 30: ≥ 70 % on digits, ≥ 90 % on W2),
+high-priority p99 ≤ 2× its unloaded p99 with ≥ 99 % of high-priority requests served,
+every refusal explicit and fast (p99 ≤ 5 ms), no connection errors. Loopback only;
+every phase is bounded in time.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from urllib.parse import urlparse
 import numpy as np
 import orjson
 
-from bench.common import Endpoints, console, save, sordino_server
+from bench.common import Endpoints, console, core_busy_s, others_share, save, sordino_server
 
 GENERATOR = Path(__file__).with_name("openloop.c")
 REFUSER = Path(__file__).with_name("refuser.c")
@@ -342,27 +343,39 @@ def refusal_cost(
 
 
 def run(args: argparse.Namespace, endpoints: Endpoints, generator: Generator) -> dict[str, Any]:
+    core = args.server_cpu if args.pinned else None
     console.print("capacity: closed loop, 64 connections …")
     generator.closed(64, 2.0)  # warm-up (and the adaptive controller settles)
-    before = endpoints.cpu_seconds()
+    before, busy, began = endpoints.cpu_seconds(), core_busy_s(core), time.monotonic()
     capacity = generator.closed(64, args.capacity_seconds)
     after = endpoints.cpu_seconds()
+    capacity_others = others_share(core, busy, before, after, time.monotonic() - began)
     served_cpu_s = (
         after["server"] - before["server"] + after["workers"] - before["workers"]
     ) / max(capacity * args.capacity_seconds, 1.0)
-    console.print(f"  {capacity:,.0f} req/s, {served_cpu_s * 1e6:.0f} µs of CPU each")
+    console.print(
+        f"  {capacity:,.0f} req/s, {served_cpu_s * 1e6:.0f} µs of CPU each "
+        f"(other processes took {capacity_others:.2f} of the server's core)"
+    )
     # Long enough for UNLOADED_HIGH high-priority requests (the p99 the overload is
     # judged against: of 44, as 5 s of W2 gave, it is the largest one).
     unloaded_s = args.unloaded_seconds or min(
         60.0, max(5.0, UNLOADED_HIGH / (0.3 * capacity * HIGH_SHARE))
     )
     console.print(f"unloaded: open loop at 30 % of capacity for {unloaded_s:.0f} s …")
+    before, busy, began = endpoints.cpu_seconds(), core_busy_s(core), time.monotonic()
     outcomes = generator.open(
         0.3 * capacity, unloaded_s, deadline_us=None, where="headers",
         connections=args.connections,
     )  # fmt: skip
     unloaded = report(outcomes, unloaded_s, float("inf"))
-    console.print(f"  high-priority p99 {unloaded['high_p99_ms']:.2f} ms")
+    unloaded["others_cpu_share"] = others_share(
+        core, busy, before, endpoints.cpu_seconds(), time.monotonic() - began
+    )
+    console.print(
+        f"  high-priority p99 {unloaded['high_p99_ms']:.2f} ms "
+        f"(other processes took {unloaded['others_cpu_share']:.2f} of the server's core)"
+    )
     # The overload's high-priority requests alone: its schedule, its draw of which are
     # high, the low ones not sent. Their p99 is set by their own load (at 3× with 20 %
     # high, 0.6 of capacity, arriving at random), which no scheduler can take from them:
@@ -373,12 +386,20 @@ def run(args: argparse.Namespace, endpoints: Endpoints, generator: Generator) ->
         f"high priority alone: the overload's schedule, its "
         f"{HIGH_SHARE * rate:,.0f} high-priority req/s only, for {args.seconds:g} s …"
     )
+    before, busy, began = endpoints.cpu_seconds(), core_busy_s(core), time.monotonic()
     outcomes = generator.open(
         rate, args.seconds, deadline_us=None, where="headers",
         connections=args.connections, lows=False,
     )  # fmt: skip
+    after = endpoints.cpu_seconds()
     alone = report(outcomes, args.seconds, float("inf"))
-    console.print(f"  high-priority p99 {alone['high_p99_ms']:.2f} ms")
+    alone["others_cpu_share"] = others_share(core, busy, before, after, time.monotonic() - began)
+    alone["server_cpu_share"] = (after["server"] - before["server"]) / args.seconds
+    console.print(
+        f"  high-priority p99 {alone['high_p99_ms']:.2f} ms, "
+        f"{alone['high_served_share']:.1%} served "
+        f"(other processes took {alone['others_cpu_share']:.2f} of the server's core)"
+    )
     costs = {}
     for where in args.variants:
         # At the overload's rate: a loop that never sleeps shares each wake-up among
@@ -410,16 +431,21 @@ def run(args: argparse.Namespace, endpoints: Endpoints, generator: Generator) ->
         bounds[where] = max(0.0, min(best / capacity, 1.0))
         console.print(f"goodput bound from CPU costs, {where}: {bounds[where]:.2f} of capacity")
     deadline_s = args.deadline_ms / 1000
+    # Issue 30's goodput targets: 0.7 where a request is almost all front end (digits),
+    # 0.9 where its compute dominates (W2).
+    goal = 0.9 if generator.workload.name == "w2" else 0.7
     overloads: dict[str, Any] = {}
     checks: dict[str, Any] = {}
     for where in args.variants:
         console.print(f"overload ({where}): open loop at {args.factor:g}× = {rate:,.0f} req/s …")
-        before = endpoints.cpu_seconds()
+        before, busy, began = endpoints.cpu_seconds(), core_busy_s(core), time.monotonic()
         outcomes = generator.open(
             rate, args.seconds, deadline_us=int(args.deadline_ms * 1000), where=where,
             connections=args.connections,
         )  # fmt: skip
         after = endpoints.cpu_seconds()
+        overload_others = others_share(core, busy, before, after, time.monotonic() - began)
+        console.print(f"  other processes took {overload_others:.2f} of the server's core")
         overload = report(outcomes, args.seconds, deadline_s)
         overload["offered_per_s"] = rate
         overload["timeline"] = timeline(outcomes, rate, deadline_s)
@@ -427,9 +453,10 @@ def run(args: argparse.Namespace, endpoints: Endpoints, generator: Generator) ->
         # the workers used (the send schedule is args.seconds long; answers trail it).
         overload["server_cpu_share"] = (after["server"] - before["server"]) / args.seconds
         overload["workers_cpu_share"] = (after["workers"] - before["workers"]) / args.seconds
+        overload["others_cpu_share"] = overload_others
         overloads[where] = overload
         checks[where] = {
-            "goodput / capacity >= 0.90": overload["goodput_per_s"] / capacity,
+            f"goodput / capacity >= {goal:.2f}": overload["goodput_per_s"] / capacity,
             "high p99 / unloaded high p99 <= 2": (overload["high_p99_ms"] or float("inf"))
             / unloaded["high_p99_ms"],
             "(context) high p99 / high p99 alone": (overload["high_p99_ms"] or float("inf"))
@@ -439,6 +466,7 @@ def run(args: argparse.Namespace, endpoints: Endpoints, generator: Generator) ->
             "connection errors == 0": overload["connection_errors"],
         }
     return {"capacity_per_s": capacity, "served_cpu_us": served_cpu_s * 1e6,
+            "capacity_others_cpu_share": capacity_others,
             "unloaded": unloaded, "high_alone": alone, "refusal_cost": costs, "floor": floor,
             "goodput_bound": bounds,
             "overload": overloads, "checks": checks}  # fmt: skip

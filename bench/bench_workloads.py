@@ -13,6 +13,10 @@ the report checks the concurrent rows against. ONNX Runtime in-process at batch 
 at its best batch size gives the limit, measured in the same run. A sample of answers
 is checked against in-process ONNX Runtime. ``--open-loop`` also searches the highest
 fixed arrival rate the server sustains with p99 <= 50 ms.
+
+``--instances`` and ``--spinning`` set the model's ``instance_count`` and
+``thread_spinning``; ``--defaults`` sets no thread count anywhere, so sordino's derived
+defaults run against ONNX Runtime's own (a thread per physical core, spinning on).
 """
 
 from __future__ import annotations
@@ -73,10 +77,14 @@ def workload(name: str, requests: int | None, single: int | None) -> Workload:
     )
 
 
-def raw_limit(w: Workload, threads: int) -> list[Measurement]:
-    """ONNX Runtime in-process: batch 1, and the best of batch 1..32 (always two rows)."""
+def raw_limit(w: Workload, threads: int | None) -> list[Measurement]:
+    """ONNX Runtime in-process: batch 1, and the best of batch 1..32 (always two rows).
+
+    ``threads`` None leaves ONNX Runtime at its own defaults (a thread per physical
+    core, spinning on)."""
     options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
+    if threads is not None:
+        options.intra_op_num_threads = threads
     session = ort.InferenceSession(str(w.model_file), options, providers=["CPUExecutionProvider"])
     rows = []
     for batch in (1, 4, 8, 16, 32):
@@ -96,8 +104,22 @@ def raw_limit(w: Workload, threads: int) -> list[Measurement]:
     return [rows[0], max(rows, key=lambda m: m.rate)]
 
 
-def server_config(w: Workload, directory: Path, threads: int, mode: str, slo_ms: float) -> Path:
+def server_config(
+    w: Workload, directory: Path, args: argparse.Namespace | int, mode: str, slo_ms: float
+) -> Path:
+    """The server's configuration: the peers' batching settings; threads, instances and
+    spinning only where given (``--defaults`` leaves all three to sordino). ``args`` as
+    an int: the intra-op threads alone (the other benchmarks' call)."""
+    if isinstance(args, int):
+        args = argparse.Namespace(threads=args, instances=None, spinning=None)
     path = directory / "runtime_config.yaml"
+    extra = ""
+    if args.threads is not None:
+        extra += f"    intra_op_threads: {args.threads}\n"
+    if args.instances is not None:
+        extra += f"    instance_count: {args.instances}\n"
+    if args.spinning is not None:
+        extra += f"    thread_spinning: {str(args.spinning == 'on').lower()}\n"
     path.write_text(
         "scheduler:\n"
         f"  mode: {mode}\n"
@@ -107,8 +129,7 @@ def server_config(w: Workload, directory: Path, threads: int, mode: str, slo_ms:
         "models:\n"
         f"  - name: {w.name}\n"
         f"    path: {w.model_file}\n"
-        "    max_batch_size: 32\n"
-        f"    intra_op_threads: {threads}\n"
+        "    max_batch_size: 32\n" + extra
     )
     return path
 
@@ -136,7 +157,7 @@ def run(args: argparse.Namespace) -> None:
             raise AssertionError(f"answer {i} differs from in-process onnxruntime")
 
     with tempfile.TemporaryDirectory() as scratch, progress() as bar:
-        config = server_config(w, Path(scratch), args.threads, args.mode or w.mode, args.slo_ms)
+        config = server_config(w, Path(scratch), args, args.mode or w.mode, args.slo_ms)
         with sordino_server(["--no-builtin", "--config", str(config)]) as ends:
             infer = f"{ends.http}/v2/models/{w.name}/infer"
             for transport in transports:
@@ -219,6 +240,8 @@ def run(args: argparse.Namespace) -> None:
         "cpu_ms_per_request": cpu_ms,
         "slo_p99_ms": args.slo_ms,
         "mode": args.mode or w.mode,
+        "threads": args.threads, "instances": args.instances, "spinning": args.spinning,
+        "load_average": os.getloadavg(),
     }  # fmt: skip
     console.print(f"wrote {save(w.name, report)}")
 
@@ -248,12 +271,27 @@ def main() -> None:
     parser.add_argument("--transports", default="json,binary,grpc")
     parser.add_argument("--requests", type=int, help="requests in the concurrent closed loop")
     parser.add_argument("--single", type=int, help="requests sent one at a time")
-    parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
+    parser.add_argument(
+        "--threads", type=int, help="ONNX Runtime intra-op threads, server and raw (default 2)"
+    )
+    parser.add_argument(
+        "--instances", type=int, help="the model's instance_count (default: sordino's)"
+    )
+    parser.add_argument(
+        "--spinning", choices=["on", "off"], help="thread_spinning (default: sordino's)"
+    )
+    parser.add_argument(
+        "--defaults", action="store_true",
+        help="no threads setting anywhere: sordino's derived defaults against ONNX Runtime's own",
+    )  # fmt: skip
     parser.add_argument("--mode", help="scheduler mode (default: adaptive for w1, auto for w2)")
     parser.add_argument("--slo-ms", type=float, default=100.0, help="p99 target (ms)")
     parser.add_argument("--open-loop", action="store_true")
     parser.add_argument("--p99-ms", type=float, default=50.0, help="open-loop latency bound")
-    run(parser.parse_args())
+    args = parser.parse_args()
+    if args.threads is None and not args.defaults:
+        args.threads = 2
+    run(args)
 
 
 if __name__ == "__main__":

@@ -324,3 +324,31 @@ async def grpc_closed_loop(
         started = time.perf_counter()
         await asyncio.gather(*(one_client() for _ in range(concurrency)))
         return latencies, time.perf_counter() - started
+
+
+def core_busy_s(core: int | None) -> float:
+    """CPU seconds ``core`` has been busy (all processes, /proc/stat); 0 where unknown."""
+    if core is None:
+        return 0.0
+    try:
+        for line in Path("/proc/stat").read_text().splitlines():
+            fields = line.split()
+            if fields[0] == f"cpu{core}":
+                # user nice system idle iowait irq softirq steal: all but idle and iowait
+                ticks = sum(int(v) for i, v in enumerate(fields[1:9]) if i not in (3, 4))
+                return ticks / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        pass
+    return 0.0
+
+
+def others_share(
+    core: int | None, busy_before: float, cpu_before: dict[str, float],
+    cpu_after: dict[str, float], seconds: float,
+) -> float:  # fmt: skip
+    """The share of ``core`` that processes other than the server and its workers took
+    over ``seconds`` (on a shared machine, what the server could not have)."""
+    if core is None or seconds <= 0:
+        return 0.0
+    ours = sum(cpu_after[k] - cpu_before[k] for k in ("server", "workers"))
+    return max(0.0, (core_busy_s(core) - busy_before - ours) / seconds)

@@ -17,7 +17,7 @@ import orjson
 import pytest
 from bench.bench_overload import WORKLOADS, Outcomes, request_bytes, timeline
 
-from bench import bench_overload
+from bench import bench_overload, common
 
 
 def _split(request: bytes) -> tuple[bytes, dict[bytes, bytes], bytes]:
@@ -124,3 +124,23 @@ def test_without_lows_the_generator_sends_the_same_schedules_high_priority_reque
     assert (alone.status == 503).all()
     # The unsent low ones are not counted as sent (were they, the two rates would match).
     assert 0.1 < alone.sent_per_s / both.sent_per_s < 0.4
+
+
+def test_other_processes_share_is_the_core_busy_time_the_server_and_workers_did_not_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a shared machine the report says how much of the server's core others took."""
+    monkeypatch.setattr(common, "core_busy_s", lambda core: 17.0)
+    before = {"server": 1.0, "workers": 2.0, "client": 0.0}
+    after = {"server": 4.0, "workers": 3.0, "client": 9.0}
+    # 7 s busy in 10 s, of which the server 3 s and the workers 1 s: others took 0.3.
+    assert common.others_share(1, 10.0, before, after, 10.0) == pytest.approx(0.3)
+    assert common.others_share(None, 10.0, before, after, 10.0) == 0.0
+
+
+def test_a_core_s_busy_time_is_read_from_proc_stat() -> None:
+    """The counter grows and is never negative (0 where the core is not known)."""
+    first = common.core_busy_s(0)
+    assert first >= 0.0
+    assert common.core_busy_s(None) == 0.0
+    assert common.core_busy_s(10_000) == 0.0

@@ -6,7 +6,9 @@ import asyncio
 import json
 import os
 from pathlib import Path
+from typing import Any, cast
 
+import grpc
 import numpy as np
 import pytest
 from pydantic import ValidationError
@@ -14,11 +16,14 @@ from pydantic import ValidationError
 from sordino.config import RuntimeConfig
 from sordino.config.server import ServerConfig
 from sordino.inference import InferResponse
+from sordino.protocol.pb import kserve_v2_pb2 as pb
 from sordino.server import link_frames, link_tensors
 from sordino.server.fast_infer import decode_body
 from sordino.server.frontend_link import ENGINE_GONE, FrontendLink
 from sordino.server.frontends import default_frontends, frontend_count
+from sordino.server.grpc_link import GrpcCalls, StreamContext
 from sordino.server.link_frames import FrameError, FrameReader, LinkRequest
+from sordino.server.link_tensors import STREAM_WINDOW
 
 
 def _request(**changes: object) -> LinkRequest:
@@ -129,6 +134,66 @@ def test_a_broken_frame_is_an_error_not_a_crash() -> None:
         link_frames.decode_request(b"\x01\x02")
     with pytest.raises(FrameError):
         link_frames.decode_answer(b"\x01")
+    with pytest.raises(FrameError):
+        link_tensors.decode_stream_credit(b"\x01")
+
+
+def test_a_stream_credit_crosses_the_link_whole() -> None:
+    frame = link_tensors.encode_stream_credit(9, 3)
+    ((kind, body),) = list(FrameReader().feed(frame))
+    assert kind == link_tensors.STREAM_CREDIT
+    assert link_tensors.decode_stream_credit(body) == (9, 3)
+
+
+async def test_the_messages_read_with_a_stream_s_open_reach_it() -> None:
+    written: list[bytes] = []
+    calls = GrpcCalls(cast(Any, None), None, {}, written.extend)
+    opening = link_tensors.Call(1, "ModelStreamInfer", "ipv4:127.0.0.1:5", [], b"")
+    frames = b"".join(
+        [
+            *link_tensors.encode_call(opening, link_tensors.STREAM_OPEN),
+            *link_tensors.encode_stream_message(1, b"first"),
+            link_tensors.encode_stream_end(1),
+        ]
+    )
+    for kind, body in FrameReader().feed(frames):  # one read: no task has run yet
+        calls.received(kind, body)
+    inbox = calls.streams[1].inbox
+    assert inbox.get_nowait() == b"first"
+    for _ in range(10):
+        await asyncio.sleep(0)
+    ((kind, body),) = list(FrameReader().feed(b"".join(written)))
+    assert link_frames.decode_answer(body).status == grpc.StatusCode.UNIMPLEMENTED.value[0]
+    assert calls.streams == {}
+
+
+async def test_a_forwarded_stream_sends_no_further_ahead_than_its_credit() -> None:
+    sent: list[bytes] = []
+    context = StreamContext("ipv4:127.0.0.1:5", [], sent.append)
+    response = pb.ModelStreamInferResponse(error_message="x")
+
+    async def produce() -> None:
+        for _ in range(STREAM_WINDOW + 3):
+            await context.write(response)
+
+    producing = asyncio.get_running_loop().create_task(produce())
+    for _ in range(10):  # the window goes at once; without credit nothing more does
+        await asyncio.sleep(0)
+    assert len(sent) == context.sent == STREAM_WINDOW and context.starved
+    assert not producing.done()
+    context.grant(1)
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert len(sent) == STREAM_WINDOW + 1 and context.starved
+    context.grant(2)
+    await asyncio.wait_for(producing, 10)
+    assert len(sent) == STREAM_WINDOW + 3 and context.starved
+    waiting = asyncio.get_running_loop().create_task(context.write(response))
+    await asyncio.sleep(0)
+    waiting.cancel()  # the front end's client left while the engine waited for credit
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert len(sent) == STREAM_WINDOW + 3
 
 
 async def test_a_front_end_whose_engine_is_gone_answers_503_at_once(tmp_path: Path) -> None:

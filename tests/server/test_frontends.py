@@ -366,6 +366,14 @@ def test_a_front_end_that_dies_is_replaced_and_the_engine_loses_nothing(
     replacement.close()
 
 
+def _listening(process: psutil.Process, port: int) -> bool:
+    try:
+        held = process.net_connections(kind="tcp")
+    except psutil.NoSuchProcess:
+        return False
+    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in held)
+
+
 def test_a_stop_answers_what_a_front_end_has_in_flight() -> None:
     config = RuntimeConfig.model_validate({"server": {"frontends": 2, "shutdown_timeout": 10}})
     simple = [s for s in builtin_sources() if s.name == "simple"]
@@ -394,7 +402,9 @@ def test_a_stop_answers_what_a_front_end_has_in_flight() -> None:
         wait_for(gate.entered.is_set, "the request to reach the model")
         stopping = threading.Thread(target=serving.__exit__, args=(None, None, None))
         stopping.start()
-        wait_for(lambda: server.frontends is not None and server.frontends._stopping, "the stop")
+        # The front end has its SIGTERM once it stops listening: only then is the
+        # answer due with "Connection: close" (before, it would be a plain answer).
+        wait_for(lambda: not _listening(frontend, server.port), "the front end to stop accepting")
         gate.release()
         asking.join(30)
         stopping.join(60)

@@ -224,7 +224,7 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
 @click.option(
     "--frontends",
     type=int,
-    help="HTTP front-end processes sharing the port (server.frontends; default from the "
+    help="Front-end processes sharing the HTTP and gRPC ports (server.frontends; default from the "
     "cores, 1 = a single process).",
 )
 @click.option(

@@ -51,7 +51,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from sordino.admission.chain import (
     PRIORITY_HEADER,
@@ -108,6 +108,11 @@ class HeaderShed:
         self._decided: dict[tuple[bytes | None, ...], _Decision | object] = {}
         self._decided_at: object = float("nan")  # the epoch they were decided in
         self._lag_refusals: dict[tuple[int, str], tuple[Shed, bytes]] = {}
+        # What reads no live state is kept across epochs (at 1 in flight every request
+        # is an epoch of its own): a target's model and version, and the priority and
+        # deadline admission's rules give a route's settings (checked by identity).
+        self._targets: dict[bytes, tuple[str, str | None] | None] = {}
+        self._chosen: dict[tuple[bytes | None, ...], _Chosen] = {}
 
     # -- what a subclass provides ------------------------------------------------------
 
@@ -228,18 +233,44 @@ class HeaderShed:
     ) -> _Decision | object:  # fmt: skip
         """What a request with these headers gets now, but for the lag rule (applied to
         each request): :data:`_SERVE` if this path does not answer it at all."""
-        match = _INFER.fullmatch(target)
-        if match is None:
-            return _SERVE
-        try:
-            model_name = match[1].decode("ascii")
-            version = match[2].decode("ascii") if match[2] is not None else None
-        except UnicodeDecodeError:
-            return _SERVE  # the ordinary path answers an odd name
+        targets = self._targets
+        if target in targets:
+            named = targets[target]
+        else:
+            named = _named(target)
+            if len(targets) >= _KEPT:
+                targets.clear()
+            targets[target] = named
+        if named is None:
+            return _SERVE  # not inference, or an odd name: the ordinary path answers it
+        model_name, version = named
         route = self._route(model_name, version)
         if route is None or not route.eligible:
             return _SERVE
         settings = route.settings
+        key = (target, priority_value, timeout_value, tag)
+        chosen = self._chosen.get(key)
+        if chosen is None or chosen.settings is not settings:
+            chosen = self._choose(settings, priority_value, timeout_value, tag)
+            if chosen is None:
+                return _SERVE  # malformed: the ordinary path says what is wrong with it
+            if len(self._chosen) >= _KEPT:
+                self._chosen.clear()
+            self._chosen[key] = chosen
+        late = None
+        if chosen.timeout_s is not None:
+            late = route.late(chosen.priority, chosen.timeout_s)
+        return _Decision(
+            model_name, version, route.note, chosen.stated_lower,
+            late, _response(late) if late is not None else b"",
+        )  # fmt: skip
+
+    def _choose(
+        self, settings: QueueSettings, priority_value: bytes | None,
+        timeout_value: bytes | None, tag: bytes | None,
+    ) -> _Chosen | None:  # fmt: skip
+        """The priority and deadline admission will give a request with these headers
+        on a route with ``settings``; None if its priority header is malformed."""
         # Only a request that states its priority in X-Sordino-Priority is refused for
         # lag as a lower one: without it the body may say high. (A tag's rule is not
         # enough: tags predate this refusal, and their clients did not ask for it.) The
@@ -254,7 +285,7 @@ class HeaderShed:
                 tag=tag.decode("latin-1") if tag is not None else None,
             )
         except SordinoError:
-            return _SERVE  # malformed: the ordinary path says what is wrong with it
+            return None
         try:
             timeout_s = choose_timeout(
                 settings,
@@ -262,14 +293,8 @@ class HeaderShed:
             )
         except SordinoError:
             timeout_s = None  # malformed: the ordinary path says what is wrong with it
-        late = None
-        if timeout_s is not None:
-            late = route.late(priority, timeout_s)
-        return _Decision(
-            model_name, version, route.note,
-            stated_lower=priority_value is not None and priority > 1,
-            late=late, response=_response(late) if late is not None else b"",
-        )  # fmt: skip
+        stated_lower = priority_value is not None and priority > 1
+        return _Chosen(settings, priority, timeout_s, stated_lower)
 
     def _lag_refusal(self, index: int, kind: str, lag: LoopLag) -> tuple[Shed, bytes]:
         """The refusal for lag (``kind``: ``lower`` or ``top``), made once an iteration."""
@@ -354,19 +379,52 @@ class ShedRoute:
     """Counts one refusal on a ``late`` answer where the scheduler lives (None: elsewhere)."""
 
 
-@dataclass(frozen=True, slots=True)
 class _Decision:
-    """What :meth:`HeaderShed._decide` found for one kind of request in one iteration."""
+    """What :meth:`HeaderShed._decide` found for one kind of request in one iteration
+    (a plain class: made once an epoch, at 1 in flight once a request)."""
 
-    model: str
-    version: str | None
-    note: Callable[[], None] | None
+    __slots__ = ("late", "model", "note", "response", "stated_lower", "version")
+
+    def __init__(
+        self, model: str, version: str | None, note: Callable[[], None] | None,
+        stated_lower: bool, late: Shed | None, response: bytes,
+    ) -> None:  # fmt: skip
+        self.model = model
+        self.version = version
+        self.note = note
+        self.stated_lower = stated_lower
+        """Its ``X-Sordino-Priority`` names a level below the highest."""
+        self.late = late
+        """Its deadline cannot be met (the scheduler's rule), or None."""
+        self.response = response
+        """The refusal for ``late``."""
+
+
+class _Chosen(NamedTuple):
+    """The priority and deadline admission's rules give one kind of request on a
+    route whose queue policy is ``settings`` (kept while that object is the route's)."""
+
+    settings: QueueSettings
+    priority: int
+    timeout_s: float | None
     stated_lower: bool
-    """Its ``X-Sordino-Priority`` names a level below the highest."""
-    late: Shed | None
-    """Its deadline cannot be met (the scheduler's rule), or None."""
-    response: bytes
-    """The refusal for ``late``."""
+
+
+_KEPT = 256
+"""Kinds of target and of headers remembered across epochs (all forgotten past it)."""
+
+
+def _named(target: bytes) -> tuple[str, str | None] | None:
+    """The model and version an inference target names, or None (not one, odd name)."""
+    match = _INFER.fullmatch(target)
+    if match is None:
+        return None
+    try:
+        return match[1].decode("ascii"), (
+            match[2].decode("ascii") if match[2] is not None else None
+        )
+    except UnicodeDecodeError:
+        return None
 
 
 def _response(error: SordinoError) -> bytes:

@@ -14,6 +14,11 @@ Two Unix-domain sockets in a private directory:
     end sends the socket (``SCM_RIGHTS``) and the bytes it already read, and the engine
     adopts it into its own HTTP server (``HttpServer.adopt``), where Starlette answers
     that request and whatever follows on the connection.
+
+gRPC calls a front end accepted arrive as ``GRPC_INFER``, ``CALL`` and ``STREAM_*``
+frames; this module hands them to ``server/grpc_link.py`` (:class:`GrpcCalls`), which
+answers them on the same connection: a ``RESULT``, stream messages, or an ``ANSWER``
+whose status is the call's gRPC code.
 """
 
 from __future__ import annotations
@@ -25,13 +30,14 @@ import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING
 
 from sordino.errors import Cancelled
 from sordino.server import link_frames, link_tensors
-from sordino.server.fast_infer import Watch, answer_decoded, answer_error, answer_infer
+from sordino.server.fast_infer import answer_decoded, answer_error, answer_infer
+from sordino.server.grpc_link import GrpcCalls
 from sordino.server.link_frames import (
     HANDOVER_CHUNK,
     HANDOVER_HEAD,
@@ -39,27 +45,18 @@ from sordino.server.link_frames import (
     FrameReader,
     LinkRequest,
 )
+from sordino.server.link_pending import Pending, watch
 from sordino.server.link_tensors import Decoded
 from sordino.server.runtime import Runtime
 
-__all__ = ["EngineLink"]
+if TYPE_CHECKING:
+    from sordino.server.grpc import InferenceServicer
 
-T = TypeVar("T")
+__all__ = ["EngineLink"]
 
 log = logging.getLogger("sordino.frontends")
 
 Adopt = Callable[[socket.socket, bytes], None]
-
-
-class _Pending:
-    """An inference request the engine is answering for a front end."""
-
-    __slots__ = ("gone", "task", "working")
-
-    def __init__(self) -> None:
-        self.task: asyncio.Task[None] | None = None
-        self.working = False  # inside the service: a cancel cancels the task
-        self.gone = False  # the front end's client left
 
 
 class _LinkConnection(asyncio.Protocol):
@@ -69,8 +66,9 @@ class _LinkConnection(asyncio.Protocol):
         self.link = link
         self.runtime = link.runtime
         self.reader = FrameReader()
-        self.pending: dict[int, _Pending] = {}
+        self.pending: dict[int, Pending] = {}
         self.out: list[bytes] = []
+        self.grpc = GrpcCalls(link.runtime, link.servicer, self.pending, self._write)
         self.pid: int | None = None
         self.transport: asyncio.Transport | None = None
 
@@ -79,7 +77,7 @@ class _LinkConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         for pending in self.pending.values():
-            self._cancel(pending)
+            pending.cancel()
         self.pending.clear()
         self.link.connections.discard(self)
         self.transport = None
@@ -90,6 +88,8 @@ class _LinkConnection(asyncio.Protocol):
             for kind, body in frames:
                 if kind == link_tensors.INFER:
                     self._start_decoded(link_tensors.decode_infer(body))
+                elif kind in link_tensors.GRPC_KINDS:
+                    self.grpc.received(kind, body)
                 elif kind == link_tensors.REFUSED:
                     self.runtime.service.refused_unread(*link_tensors.decode_refused(body))
                 elif kind == link_frames.REQUEST:
@@ -97,7 +97,7 @@ class _LinkConnection(asyncio.Protocol):
                 elif kind == link_frames.CANCEL:
                     pending = self.pending.pop(link_frames.decode_id(body), None)
                     if pending is not None:
-                        self._cancel(pending)
+                        pending.cancel()
                 elif kind == link_frames.HELLO:
                     self.pid = link_frames.decode_id(body)
                     self.link.connections.add(self)
@@ -110,26 +110,21 @@ class _LinkConnection(asyncio.Protocol):
                 self.transport.close()
 
     def _start(self, request: LinkRequest) -> None:
-        pending = _Pending()
+        pending = Pending()
         self.pending[request.id] = pending
         pending.task = asyncio.get_running_loop().create_task(self._answer(request, pending))
 
-    def _cancel(self, pending: _Pending) -> None:
-        pending.gone = True
-        if pending.working and pending.task is not None:
-            pending.task.cancel()  # the service removes the request and counts it cancelled
-
     def _start_decoded(self, decoded: Decoded) -> None:
-        pending = _Pending()
+        pending = Pending()
         self.pending[decoded.id] = pending
         pending.task = asyncio.get_running_loop().create_task(self._serve(decoded, pending))
 
-    async def _serve(self, decoded: Decoded, pending: _Pending) -> None:
+    async def _serve(self, decoded: Decoded, pending: Pending) -> None:
         """A request the front end decoded: its response's tensors, or its error, back."""
         ident = decoded.id
         try:
             result = await answer_decoded(
-                self.runtime, decoded.request, decoded.read_s, decoded.size, _watch(pending)
+                self.runtime, decoded.request, decoded.read_s, decoded.size, watch(pending)
             )
         except BaseException:
             self.pending.pop(ident, None)
@@ -157,7 +152,7 @@ class _LinkConnection(asyncio.Protocol):
         finally:
             result.release()
 
-    async def _answer(self, request: LinkRequest, pending: _Pending) -> None:
+    async def _answer(self, request: LinkRequest, pending: Pending) -> None:
         body = request.body
 
         async def read_body() -> bytes:
@@ -165,7 +160,7 @@ class _LinkConnection(asyncio.Protocol):
                 raise Cancelled("the client disconnected while sending the request")
             return body
 
-        watch = _watch(pending)
+        watched = watch(pending)
 
         try:
             status, payload, headers = await answer_infer(
@@ -174,7 +169,7 @@ class _LinkConnection(asyncio.Protocol):
                 request.version,
                 request.headers,
                 read_body,
-                watch,
+                watched,
                 client=request.client,
                 received_at=request.received_at,
                 path=request.path,
@@ -203,38 +198,21 @@ class _LinkConnection(asyncio.Protocol):
             self.transport.writelines(out)
 
 
-def _watch(pending: _Pending) -> Watch:
-    """Runs the service's work for ``pending``: a cancel from the front end cancels it."""
-
-    async def watch(work: Awaitable[T]) -> T:
-        pending.working = True
-        try:
-            if pending.gone:
-                raise Cancelled("the client disconnected before the response was ready")
-            return await work
-        except asyncio.CancelledError:
-            if not pending.gone:
-                raise
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            raise Cancelled("the client disconnected before the response was ready") from None
-        finally:
-            pending.working = False
-
-    return watch
-
-
 class EngineLink:
     """The engine's two sockets for its front ends (see the module's docstring).
 
-    ``adopt`` takes a handed-over connection and the bytes already read from it.
+    ``adopt`` takes a handed-over connection and the bytes already read from it;
+    ``servicer`` (the engine's gRPC servicer) answers the gRPC calls forwarded as
+    ``CALL`` frames (None: they are answered UNIMPLEMENTED).
     :attr:`path` is the directory the front ends are told about.
     """
 
-    def __init__(self, runtime: Runtime, adopt: Adopt) -> None:
+    def __init__(
+        self, runtime: Runtime, adopt: Adopt, servicer: InferenceServicer | None = None
+    ) -> None:
         self.runtime = runtime
         self.adopt = adopt
+        self.servicer = servicer
         self.path = Path(tempfile.mkdtemp(prefix="sordino-link-"))
         self.connections: set[_LinkConnection] = set()
         self.hello = asyncio.Event()

@@ -51,6 +51,7 @@ class FrontendLink(asyncio.Protocol):
     def __init__(self) -> None:
         self.reader = FrameReader()
         self.waiting: dict[int, asyncio.Future[Reply]] = {}
+        self.streams: dict[int, asyncio.Queue[bytes | Answer]] = {}  # ModelStreamInfer
         self.out: list[bytes] = []
         self.next_id = 0
         self.transport: asyncio.Transport | None = None
@@ -76,6 +77,9 @@ class FrontendLink(asyncio.Protocol):
         for ident, future in waiting.items():
             if not future.done():
                 future.set_result(gone_answer(ident))
+        streams, self.streams = self.streams, {}
+        for ident, inbox in streams.items():
+            inbox.put_nowait(gone_answer(ident))
         self.closed.set()
 
     def data_received(self, data: bytes) -> None:
@@ -85,9 +89,19 @@ class FrontendLink(asyncio.Protocol):
                 if kind == link_tensors.RESULT:
                     ident, response, close = link_tensors.decode_result(body)
                     reply = (response, close)
+                elif kind == link_tensors.STREAM_MESSAGE:
+                    ident, raw = link_tensors.decode_stream_message(body)
+                    inbox = self.streams.get(ident)
+                    if inbox is not None:
+                        inbox.put_nowait(raw)
+                    continue
                 elif kind == link_frames.ANSWER:
                     reply = link_frames.decode_answer(body)
                     ident = reply.id
+                    ended = self.streams.pop(ident, None)
+                    if ended is not None:  # a stream's end status
+                        ended.put_nowait(reply)
+                        continue
                 else:
                     raise FrameError(f"an unexpected frame kind {kind}")
                 future = self.waiting.pop(ident, None)
@@ -136,6 +150,76 @@ class FrontendLink(asyncio.Protocol):
                 raise
             self._write(parts)
         return ident, future
+
+    def call_grpc(self, request: InferRequest, room: int) -> tuple[int, asyncio.Future[Reply]]:
+        """Send a ``ModelInfer`` decoded here (``GRPC_INFER``; ``room``: the message's
+        size); its id and the future of the engine's reply: a response, or an
+        :class:`Answer` whose status is the gRPC code (> 16: the engine is gone).
+
+        Raises SordinoError for a tensor that cannot be sent (nothing is then waiting).
+        """
+        future, ident = self._future()
+        if ident:
+            try:
+                parts = link_tensors.encode_infer(
+                    ident, request, 0.0, kind=link_tensors.GRPC_INFER, room=room
+                )
+            except BaseException:
+                self.waiting.pop(ident, None)
+                raise
+            self._write(parts)
+        return ident, future
+
+    def call_unary(
+        self, method: str, peer: str, metadata: list[tuple[str, str]], raw: bytes
+    ) -> tuple[int, asyncio.Future[Reply]]:
+        """Forward a unary gRPC call (``CALL``); its id and the future of the engine's
+        :class:`Answer` (the gRPC code as status; > 16: the engine is gone)."""
+        future, ident = self._future()
+        if ident:
+            call = link_tensors.Call(ident, method, peer, metadata, raw)
+            self._write(link_tensors.encode_call(call))
+        return ident, future
+
+    def open_stream(
+        self, peer: str, metadata: list[tuple[str, str]]
+    ) -> tuple[int, asyncio.Queue[bytes | Answer]]:
+        """Open a forwarded ``ModelStreamInfer`` (``STREAM_OPEN``); its id and the queue
+        of what the engine sends: each serialized response, then the :class:`Answer`
+        that ends the stream (the gRPC code as status; > 16: the engine is gone). The
+        engine sends at most ``link_tensors.STREAM_WINDOW`` responses more than
+        :meth:`stream_credit` has granted, so the queue holds at most that many."""
+        self.next_id += 1
+        ident = self.next_id
+        inbox: asyncio.Queue[bytes | Answer] = asyncio.Queue()
+        if self.transport is None or self.transport.is_closing():
+            inbox.put_nowait(gone_answer(ident))
+            return ident, inbox
+        self.streams[ident] = inbox
+        call = link_tensors.Call(ident, "ModelStreamInfer", peer, metadata, b"")
+        self._write(link_tensors.encode_call(call, link_tensors.STREAM_OPEN))
+        return ident, inbox
+
+    def stream_message(self, ident: int, raw: bytes) -> None:
+        """Forward the client's next message on stream ``ident``."""
+        if ident in self.streams:
+            self._write(link_tensors.encode_stream_message(ident, raw))
+
+    def stream_credit(self, ident: int, count: int = 1) -> None:
+        """gRPC took ``count`` responses of stream ``ident`` for the client: the engine may
+        send as many more (it sends at most ``link_tensors.STREAM_WINDOW`` ahead)."""
+        if ident in self.streams:
+            self._write([link_tensors.encode_stream_credit(ident, count)])
+
+    def stream_end(self, ident: int) -> None:
+        """The client of stream ``ident`` half-closed: it sends no more."""
+        if ident in self.streams:
+            self._write([link_tensors.encode_stream_end(ident)])
+
+    def cancel_stream(self, ident: int) -> None:
+        """The client cancelled stream ``ident``: the engine cancels it; nothing follows."""
+        if self.streams.pop(ident, None) is not None:
+            self._write([link_frames.encode_cancel(ident)])
 
     def refused(
         self, model: str, version: str | None, tenant: str | None, reason: str, count: int = 1

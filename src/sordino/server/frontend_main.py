@@ -1,9 +1,10 @@
-"""An extra HTTP front-end process: ``python -m sordino.server.frontend_main SPEC``.
+"""An extra front-end process: ``python -m sordino.server.frontend_main SPEC``.
 
 Started by the engine (``server/frontends.py``) with a JSON :class:`FrontendSpec`. It
-binds the server's HTTP host and port with ``SO_REUSEPORT`` (the kernel spreads new
-connections over every process bound there), connects to the engine's link, and
-serves with ``server/frontend_protocol.py`` until:
+binds the server's HTTP host and port, and its gRPC port, with ``SO_REUSEPORT`` (the
+kernel spreads new connections over every process bound there), connects to the
+engine's link, and serves HTTP with ``server/frontend_protocol.py`` and gRPC with
+``server/grpc_frontend.py`` until:
 
 - SIGTERM or SIGINT: stop accepting, let the requests in flight be answered (at most
   ``shutdown_timeout``), close the connections, exit 0;
@@ -50,6 +51,10 @@ class FrontendSpec:
     shutdown_timeout: float
     board: str | None = None
     rules: dict[str, int | str] = field(default_factory=dict)
+    grpc_port: int | None = None
+    """The engine's bound gRPC port, served here too (None: no gRPC here)."""
+    grpc_options: dict[str, int] = field(default_factory=dict)
+    """``max_receive`` (bytes), ``handshake_ms`` and ``accept_ahead`` of the gRPC server."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -121,10 +126,20 @@ async def serve(spec: FrontendSpec) -> None:
     server = await loop.create_server(
         lambda: protocol(server_state=state, _loop=loop), sock=sock, backlog=2048
     )
+    grpc_server = None
+    if spec.grpc_port is not None:
+        from sordino.server.grpc_frontend import open_frontend_grpc
+
+        grpc_server = await open_frontend_grpc(link, spec.host, spec.grpc_port, spec.grpc_options)
     ended = loop.create_task(link.closed.wait())
     stopped = loop.create_task(stop.wait())
     await asyncio.wait([ended, stopped], return_when=asyncio.FIRST_COMPLETED)
     server.close()
+    stopping = (
+        loop.create_task(grpc_server.stop(spec.shutdown_timeout))
+        if grpc_server is not None
+        else None
+    )
     for connection in list(state.connections):
         connection.shutdown()  # idle ones close, busy ones after their answer
     deadline = loop.time() + spec.shutdown_timeout + 2.0
@@ -134,6 +149,8 @@ async def serve(spec: FrontendSpec) -> None:
         await asyncio.sleep(0.01)
     for connection in list(state.connections):
         connection.transport.close()
+    if stopping is not None:
+        await stopping
     for task in list(state.tasks):
         task.cancel()
     link.close()

@@ -1,4 +1,4 @@
-"""The extra HTTP front-end processes of one server (``server.frontends`` > 1).
+"""The extra front-end processes of one server (``server.frontends`` > 1): HTTP and gRPC.
 
 ``server.frontends`` counts the engine process's own HTTP listener as the first front
 end; :class:`Frontends` starts the other N − 1 (``server/frontend_main.py``), each
@@ -25,11 +25,15 @@ import os
 import signal
 import subprocess
 import sys
+from typing import TYPE_CHECKING
 
 from sordino.config.server import ServerConfig
 from sordino.server.engine_link import Adopt, EngineLink
 from sordino.server.frontend_main import FrontendSpec
 from sordino.server.runtime import Runtime
+
+if TYPE_CHECKING:
+    from sordino.server.grpc import InferenceServicer
 
 __all__ = ["Frontends", "default_frontends", "frontend_count"]
 
@@ -56,7 +60,8 @@ def default_frontends(cores: int | None) -> int:
 
 
 def frontend_count(settings: ServerConfig) -> int:
-    """The number of HTTP front ends ``settings`` ask for (the default from the cores)."""
+    """The number of front ends (HTTP and gRPC) ``settings`` ask for (the default from
+    the cores)."""
     if settings.frontends is not None:
         return settings.frontends
     if settings.tls is not None:
@@ -67,10 +72,21 @@ def frontend_count(settings: ServerConfig) -> int:
 class Frontends:
     """The N − 1 extra front-end processes and their link (see the module's docstring)."""
 
-    def __init__(self, runtime: Runtime, adopt: Adopt, *, host: str, port: int, count: int) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        adopt: Adopt,
+        *,
+        host: str,
+        port: int,
+        count: int,
+        servicer: InferenceServicer | None = None,
+    ) -> None:
+        """``servicer``: the engine's gRPC servicer, which answers the calls the front
+        ends forward (their gRPC port is set in :attr:`spec` once the engine's is bound)."""
         settings = runtime.config.server
         self.count = count
-        self.link = EngineLink(runtime, adopt)
+        self.link = EngineLink(runtime, adopt, servicer)
         self.spec = FrontendSpec(
             host=host,
             port=port,
@@ -89,6 +105,11 @@ class Frontends:
             max_request_size=settings.max_request_size,
             keep_alive_timeout=settings.keep_alive_timeout,
             shutdown_timeout=settings.shutdown_timeout,
+            grpc_options={
+                "max_receive": settings.max_request_size,
+                "handshake_ms": max(1, round(settings.header_timeout * 1000)),
+                "accept_ahead": settings.grpc_accept_ahead,
+            },
         )
         self.processes: list[subprocess.Popen[bytes]] = []
         self.restarts = 0

@@ -43,7 +43,7 @@ from sordino.server.service import request_tenant
 from sordino.server.shm import cuda_register, cuda_status
 from sordino.server.streams import StreamLimit, peer_address
 
-__all__ = ["SERVICE", "UNSUPPORTED_RPCS", "InferenceServicer", "Unary"]
+__all__ = ["SERVICE", "UNSUPPORTED_RPCS", "Caller", "InferenceServicer", "Unary"]
 
 log = logging.getLogger("sordino.grpc")
 
@@ -392,3 +392,7 @@ def _refuse_load_parameters(names: Iterable[str]) -> None:
             f"load parameter {name!r} is not supported (sordino loads a model from its "
             "repository folder as it is); send the load request without parameters"
         )
+
+
+Caller = _Caller
+"""What a call's metadata says about its caller (the front ends stamp requests with it)."""

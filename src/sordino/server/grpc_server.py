@@ -16,9 +16,9 @@ from typing import Any
 import grpc
 
 from sordino.errors import SordinoError
-from sordino.protocol.status import grpc_code_name, retry_after_header
-from sordino.server.grpc import SERVICE, UNSUPPORTED_RPCS, InferenceServicer, Unary
+from sordino.server.grpc import SERVICE, UNSUPPORTED_RPCS, InferenceServicer
 from sordino.server.grpc_accept import open_server
+from sordino.server.grpc_guard import UNARY_RPCS, abort_with, guard, serialize, unsupported
 from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
 from sordino.server.serve import check_port
@@ -29,86 +29,14 @@ __all__ = ["GrpcServer", "build_handler"]
 
 log = logging.getLogger("sordino.grpc")
 
-_MAX_DETAILS = 2000
-"""The most bytes of an error message sent as a call's status details (see ``_details``)."""
-
-
-def _guard(method: Unary) -> Unary:
-    """Answer a SordinoError with its gRPC status and message; anything else is INTERNAL."""
-
-    async def guarded(raw: bytes, context: Any) -> Any:
-        try:
-            return await method(raw, context)
-        except SordinoError as exc:
-            await _abort(context, exc)
-        except Exception as exc:
-            if isinstance(exc, grpc.aio.AbortError):
-                raise
-            log.exception("gRPC handler failed")
-            await context.abort(grpc.StatusCode.INTERNAL, _details(f"{type(exc).__name__}: {exc}"))
-
-    return guarded
-
-
-async def _abort(context: Any, exc: SordinoError) -> None:
-    code = getattr(grpc.StatusCode, grpc_code_name(exc))
-    retry = retry_after_header(exc)
-    if retry is not None:
-        context.set_trailing_metadata((("retry-after", retry),))
-    level = logging.ERROR if code == grpc.StatusCode.INTERNAL else logging.DEBUG
-    log.log(level, "%s %s", code.name, exc)
-    await context.abort(code, _details(str(exc)))
-
-
-def _details(message: str) -> str:
-    """Cut ``message`` to fit the status trailer (clients refuse metadata past 8 KiB).
-
-    The trailer carries it percent-encoded, up to three bytes per byte.
-    """
-    encoded = message.encode("utf-8")
-    if len(encoded) <= _MAX_DETAILS:
-        return message
-    return encoded[:_MAX_DETAILS].decode("utf-8", "ignore") + " ... (message cut)"
-
-
-def _unsupported(method: str, message: str) -> Unary:
-    async def refuse(raw: bytes, context: Any) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method}: {message}")
-
-    return refuse
-
-
-def _serialize(message: Any) -> bytes:
-    data: bytes = message.SerializeToString()
-    return data
-
 
 def build_handler(servicer: InferenceServicer) -> Any:
     """Return the generic handler serving ``servicer`` as ``inference.GRPCInferenceService``."""
-    unary = [
-        "ServerLive",
-        "ServerReady",
-        "ModelReady",
-        "ServerMetadata",
-        "ModelMetadata",
-        "ModelInfer",
-        "ModelConfig",
-        "ModelStatistics",
-        "RepositoryIndex",
-        "RepositoryModelLoad",
-        "RepositoryModelUnload",
-        "SystemSharedMemoryStatus",
-        "SystemSharedMemoryRegister",
-        "SystemSharedMemoryUnregister",
-        "CudaSharedMemoryStatus",
-        "CudaSharedMemoryRegister",
-        "CudaSharedMemoryUnregister",
-    ]
     handlers: dict[str, Any] = {
         name: grpc.unary_unary_rpc_method_handler(
-            _guard(getattr(servicer, name)), response_serializer=_serialize
+            guard(getattr(servicer, name)), response_serializer=serialize
         )
-        for name in unary
+        for name in UNARY_RPCS
     }
 
     async def stream(_requests: Any, context: Any) -> None:
@@ -116,13 +44,13 @@ def build_handler(servicer: InferenceServicer) -> Any:
             with servicer.streams.hold(peer_address(context.peer() or "")):
                 await servicer.ModelStreamInfer(context)
         except SordinoError as exc:
-            await _abort(context, exc)
+            await abort_with(context, exc)
 
     handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
-        stream, response_serializer=_serialize
+        stream, response_serializer=serialize
     )
     for name, message in UNSUPPORTED_RPCS.items():
-        handlers[name] = grpc.unary_unary_rpc_method_handler(_unsupported(name, message))
+        handlers[name] = grpc.unary_unary_rpc_method_handler(unsupported(name, message))
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
 
@@ -134,9 +62,13 @@ class GrpcServer:
         self.host = host
         self._requested_port = port
         self.port = port
-        self._servicer = InferenceServicer(runtime, control)
+        self.servicer = InferenceServicer(runtime, control)
         self._server: Any = None
         self._started = False
+        from sordino.server.frontends import frontend_count  # it imports this module's users
+
+        self.shared_port = frontend_count(runtime.config.server) > 1
+        """Whether the front-end processes serve this port too (``SO_REUSEPORT``)."""
 
     @property
     def address(self) -> str:
@@ -158,8 +90,9 @@ class GrpcServer:
             [
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", -1),
-                # Without this a second server could bind the same port and steal calls.
-                ("grpc.so_reuseport", 0),
+                # Without this a second server could bind the same port and steal calls;
+                # with extra front ends (server.frontends > 1) they bind it too, on purpose.
+                ("grpc.so_reuseport", 1 if self.shared_port else 0),
                 # A connection that never starts HTTP/2 is closed like a silent HTTP one.
                 (
                     "grpc.server_handshake_timeout_ms",
@@ -168,7 +101,7 @@ class GrpcServer:
             ],
             self.runtime.config.server.grpc_accept_ahead,
         )
-        server.add_generic_rpc_handlers((build_handler(self._servicer),))
+        server.add_generic_rpc_handlers((build_handler(self.servicer),))
         host = f"[{self.host}]" if ":" in self.host else self.host
         try:
             tls = load_tls(self.runtime.config.server.tls)

@@ -154,6 +154,10 @@ class Cycle:
 
 
 _TEXT = "text/plain; charset=utf-8"
+_HEADS: dict[tuple[tuple[str, str], ...], tuple[bytes, bool]] = {}
+"""An answer's own header lines as written, and whether they say close, by its headers:
+an inference answer's few kinds are encoded once, not once a request."""
+_HEADS_MAX = 256
 _CLOSE = re.compile(r"(?:^|,)\s*close\s*(?:,|$)", re.IGNORECASE)
 
 
@@ -272,20 +276,38 @@ class InferCycle(Cycle):
         self.response_started = True
         self.waiting_for_100_continue = False
         conn = self.conn
-        parts = [STATUS_LINE[status], conn.default_head(), b"content-length: %d\r\n" % len(payload)]
-        closing = False
-        for name, value in headers.items():
-            lower = name.lower()
-            if lower == "connection" and _CLOSE.search(value):
-                self.keep_alive = False
-                closing = True
-            parts.append(f"{lower}: {value}\r\n".encode("latin-1"))
-        if "Content-Type" not in headers:
-            parts.append(b"content-type: application/json\r\n")
-        if not self.keep_alive and not closing:
-            parts.append(b"connection: close\r\n")
-        parts.append(b"\r\n")
+        key = tuple(headers.items())
+        cached = _HEADS.get(key)
+        if cached is None:
+            cached = _head_lines(headers)
+            if len(_HEADS) >= _HEADS_MAX:
+                _HEADS.clear()
+            _HEADS[key] = cached
+        lines, closing = cached
+        if closing:
+            self.keep_alive = False
+        parts = [
+            STATUS_LINE[status],
+            conn.default_head(),
+            b"content-length: %d\r\n" % len(payload),
+            lines if closing or self.keep_alive else lines + b"connection: close\r\n",
+            b"\r\n",
+        ]
         if self.method != "HEAD":
             parts.append(payload)
         conn.transport.write(b"".join(parts))
         self._complete()
+
+
+def _head_lines(headers: dict[str, str]) -> tuple[bytes, bool]:
+    """``headers`` as header lines (names in lower case, ``content-type`` JSON unless
+    given) and whether a ``Connection`` among them says close."""
+    lines, closing = [], False
+    for name, value in headers.items():
+        lower = name.lower()
+        if lower == "connection" and _CLOSE.search(value):
+            closing = True
+        lines.append(f"{lower}: {value}\r\n".encode("latin-1"))
+    if "Content-Type" not in headers:
+        lines.append(b"content-type: application/json\r\n")
+    return b"".join(lines), closing

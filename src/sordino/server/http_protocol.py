@@ -112,6 +112,7 @@ class HttpProtocol(GuardedReads):
         self.headers: list[tuple[bytes, bytes]] = []
         self.expect_100_continue = False
         self.keep_alive_task: asyncio.TimerHandle | None = None
+        self._idle_at: float | None = None  # loop time the connection went idle, if it is
         self.read_paused = False
         self.write_paused = False
         self._writable: asyncio.Future[None] | None = None
@@ -170,6 +171,9 @@ class HttpProtocol(GuardedReads):
         if exc is None:
             self.transport.close()
         self._unset_keep_alive()
+        if self.keep_alive_task is not None:
+            self.keep_alive_task.cancel()
+            self.keep_alive_task = None
         self.drop()
 
     def drop(self) -> None:
@@ -278,23 +282,24 @@ class HttpProtocol(GuardedReads):
         # A reserve slot serves one request, then is free.
         keep_alive = version != "1.0" and parser.should_keep_alive() and not reserve
         url = self.url
-        raw_path, query = (
-            url.partition(b"?")[::2] if url[:1] == b"/" else _split(httptools.parse_url(url))
-        )
-        path = raw_path.decode("ascii")
-        if "%" in path:
-            path = urllib.parse.unquote(path)
+        target = _TARGETS.get(url)
+        if target is None:
+            target = _target(url)
+            if url[:1] == b"/":  # kept: an origin-form target says all it means
+                if len(_TARGETS) >= _TARGETS_KEPT:
+                    _TARGETS.clear()
+                _TARGETS[url] = target
+        raw_path, query, path, model = target
         name = method.decode("ascii")
-        match = INFER_PATH.fullmatch(path) if path.startswith(_INFER_PREFIX) else None
         cycle: Cycle
-        if match is not None:
+        if model is not None:
             cycle = self.infer_cycle(
                 self,
                 name,
                 keep_alive,
                 self.expect_100_continue,
-                model=match["model"],
-                version=match["version"],
+                model=model[0],
+                version=model[1],
                 path=path,
                 headers=self.headers,
                 client=self.client[0] if self.client else None,
@@ -387,16 +392,28 @@ class HttpProtocol(GuardedReads):
 
     # -- keep-alive and flow control -------------------------------------------------
 
+    # The idle timer is armed lazily: going busy only clears ``_idle_at``, and a timer
+    # that finds the connection busy (or idle for less than the timeout) re-arms from
+    # the time it went idle. One timer a keep-alive period instead of a call_later and a
+    # cancel a request (docs/benchmarks.md, "The HTTP transport's cost per request").
+
     def _idle(self) -> None:
-        self.keep_alive_task = self.loop.call_later(self.keep_alive_s, self._keep_alive_expired)
+        self._idle_at = self.loop.time()
+        if self.keep_alive_task is None:
+            self.keep_alive_task = self.loop.call_later(self.keep_alive_s, self._keep_alive_expired)
 
     def _unset_keep_alive(self) -> None:
-        if self.keep_alive_task is not None:
-            self.keep_alive_task.cancel()
-            self.keep_alive_task = None
+        self._idle_at = None
 
     def _keep_alive_expired(self) -> None:
-        if not self.transport.is_closing():
+        self.keep_alive_task = None
+        idle_at = self._idle_at
+        if idle_at is None or self.transport.is_closing():
+            return  # busy: the next idle moment arms it again
+        left = idle_at + self.keep_alive_s - self.loop.time()
+        if left > 0:
+            self.keep_alive_task = self.loop.call_later(left, self._keep_alive_expired)
+        else:
             self.transport.close()
 
     def pause_reading(self) -> None:
@@ -434,3 +451,22 @@ def _address(info: object) -> tuple[str, int] | None:
 
 def _split(parsed: Any) -> tuple[bytes, bytes]:
     return parsed.path, parsed.query or b""
+
+
+_Target = tuple[bytes, bytes, str, tuple[str, str | None] | None]
+"""A request target read: raw path, query, path (unquoted), and the model and version
+if it is ``…/infer``."""
+_TARGETS: dict[bytes, _Target] = {}
+"""Targets read, by the bytes sent: a server sees a few kinds again and again."""
+_TARGETS_KEPT = 256
+
+
+def _target(url: bytes) -> _Target:
+    raw_path, query = (
+        url.partition(b"?")[::2] if url[:1] == b"/" else _split(httptools.parse_url(url))
+    )
+    path = raw_path.decode("ascii")
+    if "%" in path:
+        path = urllib.parse.unquote(path)
+    match = INFER_PATH.fullmatch(path) if path.startswith(_INFER_PREFIX) else None
+    return raw_path, query, path, (match["model"], match["version"]) if match else None

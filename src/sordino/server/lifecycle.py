@@ -82,7 +82,12 @@ async def open_server(
     board: LoadBoardPublisher | None = None  # the engine's load, for the front ends
     if http.frontends > 1:
         frontends = Frontends(
-            runtime, http.adopt, host=config.server.host, port=http.port, count=http.frontends
+            runtime,
+            http.adopt,
+            host=config.server.host,
+            port=http.port,
+            count=http.frontends,
+            servicer=grpc.servicer,
         )
     try:
         grpc.bind()
@@ -101,6 +106,7 @@ async def open_server(
                 frontends.spec,
                 board=board.name,
                 rules={r.tag: r.priority for r in config.scheduler.priority_rules},
+                grpc_port=grpc.port,
             )
             await frontends.start()
         control.start()

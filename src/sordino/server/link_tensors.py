@@ -17,6 +17,26 @@ and the front end encodes the answer (``fast_infer.encode_response``). Two kinds
     whether to close the connection, each output's name, datatype, shape and byte
     length — then the outputs' bytes.
 
+``GRPC_INFER`` (front end → engine)
+    an ``INFER`` frame of a gRPC ``ModelInfer`` call (``server/grpc_frontend.py``), with
+    ``n``: the message's size, which bounds its declared shapes; errors come back as
+    ``ANSWER`` frames whose status is the gRPC code (``server/grpc_link.py``).
+``CALL`` (front end → engine)
+    any other unary gRPC call: ``<QI>``, the facts — the method's name, the peer, the
+    call's text metadata — then the serialized request; answered ``ANSWER`` (the gRPC
+    code, 0 for OK; the trailing metadata as headers; the serialized response, or the
+    status details).
+
+``STREAM_OPEN``, ``STREAM_MESSAGE``, ``STREAM_END`` (``ModelStreamInfer``)
+    a stream opens as a ``CALL`` (no request bytes); then each message the client
+    sends, and each the engine answers, is a ``STREAM_MESSAGE`` (``<Q>``: the id, then
+    the serialized message) either way; the client's half-close is ``STREAM_END``
+    (``<Q>``); the stream's status comes back as an ``ANSWER`` (as a ``CALL``'s).
+    Responses are flow-controlled: the engine sends at most ``STREAM_WINDOW`` (16)
+    more than the front end has granted; the front end grants one more
+    (``STREAM_CREDIT``: ``<QI>``, the id and the count) each time gRPC has taken a
+    response from it for the client.
+
 ``REFUSED`` (front end → engine)
     requests the front end answered with an error itself (a malformed body, one too
     large, a client gone while sending it, a refusal from the engine's load board):
@@ -42,19 +62,46 @@ from sordino.protocol.codec import output_datatype
 from sordino.server.link_frames import MAX_FRAME, FrameError, frame_head
 
 __all__ = [
+    "CALL",
+    "GRPC_INFER",
+    "GRPC_KINDS",
     "INFER",
     "REFUSED",
     "RESULT",
+    "STREAM_CREDIT",
+    "STREAM_END",
+    "STREAM_MESSAGE",
+    "STREAM_OPEN",
+    "STREAM_WINDOW",
+    "Call",
     "Decoded",
+    "decode_call",
     "decode_infer",
     "decode_refused",
     "decode_result",
+    "decode_stream_credit",
+    "decode_stream_message",
+    "encode_call",
     "encode_infer",
     "encode_refused",
     "encode_result",
+    "encode_stream_credit",
+    "encode_stream_end",
+    "encode_stream_message",
 ]
 
-INFER, RESULT, REFUSED = 5, 6, 7
+INFER, RESULT, REFUSED, GRPC_INFER, CALL = 5, 6, 7, 8, 9
+STREAM_OPEN, STREAM_MESSAGE, STREAM_END, STREAM_CREDIT = 10, 11, 12, 13
+GRPC_KINDS = frozenset((GRPC_INFER, CALL, STREAM_OPEN, STREAM_MESSAGE, STREAM_END, STREAM_CREDIT))
+"""The frames a front end sends for the gRPC calls it forwards (``server/grpc_link.py``)."""
+STREAM_WINDOW = 16
+"""How many responses of a forwarded stream the engine may send beyond those the front
+end has handed to gRPC for its client: the credit a stream opens with; each
+``STREAM_CREDIT`` adds to it. A client that reads slowly thus holds at most this many
+responses in its front end's memory, and the engine's servicer waits (in its
+``context.write``) as it would for a slow client of its own."""
+_CREDIT = struct.Struct("<QI")  # a stream's id, the responses granted
+_STREAM_HEAD = struct.Struct("<Q")  # a stream message's id
 _FACTS = struct.Struct("<QI")  # id, the facts' length
 
 
@@ -94,8 +141,11 @@ def _frame(
     return [frame_head(size, kind), _FACTS.pack(ident, len(head)), head, *chunks]
 
 
-def encode_infer(ident: int, request: InferRequest, read_s: float) -> list[Any]:
-    """The ``INFER`` frame of ``request`` as parts to write in order.
+def encode_infer(
+    ident: int, request: InferRequest, read_s: float, *, kind: int = INFER, room: int | None = None
+) -> list[Any]:
+    """The ``INFER`` (or ``GRPC_INFER``) frame of ``request`` as parts to write in order;
+    ``room``: the bytes the request's declared shapes are bounded by (None: the frame's).
 
     Raises SordinoError (TensorError) for a tensor that cannot be serialized.
     """
@@ -124,7 +174,9 @@ def encode_infer(ident: int, request: InferRequest, read_s: float) -> list[Any]:
         ],
         "x": entries,
     }
-    return _frame(INFER, ident, facts, chunks)
+    if room is not None:
+        facts["n"] = room
+    return _frame(kind, ident, facts, chunks)
 
 
 def _facts(body: bytes) -> tuple[int, dict[str, Any], int]:
@@ -159,11 +211,12 @@ def decode_infer(body: bytes) -> Decoded:
             client=facts["c"],
         )
         read_s = float(facts["r"])
+        room = int(facts.get("n", len(body)))
     except (KeyError, TypeError, ValueError, SordinoError) as exc:
         raise FrameError(f"a malformed request frame: {exc}") from None
     if end != len(body):
         raise FrameError("a request frame whose tensors do not fill it")
-    return Decoded(ident, request, read_s, len(body))
+    return Decoded(ident, request, read_s, room)
 
 
 def encode_result(ident: int, response: InferResponse, close: bool) -> list[Any]:
@@ -239,3 +292,72 @@ def decode_refused(body: bytes) -> tuple[str, str | None, str | None, str, int]:
     ):
         raise FrameError("a malformed refusal frame")
     return model, version, tenant, reason, count
+
+
+class Call:
+    """A unary gRPC call a front end forwards: its id on the link, the method's name,
+    the peer string, the call's text metadata and the serialized request."""
+
+    __slots__ = ("id", "metadata", "method", "peer", "raw")
+
+    def __init__(
+        self, ident: int, method: str, peer: str, metadata: list[tuple[str, str]], raw: bytes
+    ) -> None:
+        self.id, self.method, self.peer, self.metadata, self.raw = (
+            ident,
+            method,
+            peer,
+            metadata,
+            raw,
+        )
+
+
+def encode_call(call: Call, kind: int = CALL) -> list[Any]:
+    """The ``CALL`` (or ``STREAM_OPEN``) frame of ``call`` as parts to write in order."""
+    facts = {"m": call.method, "p": call.peer, "h": call.metadata}
+    return _frame(kind, call.id, facts, [call.raw])
+
+
+def encode_stream_message(ident: int, raw: bytes) -> list[bytes]:
+    """The ``STREAM_MESSAGE`` frame of stream ``ident``'s serialized message ``raw``."""
+    if _STREAM_HEAD.size + len(raw) > MAX_FRAME:
+        raise FrameError(f"a stream message of {len(raw)} bytes does not fit in one link frame")
+    return [frame_head(_STREAM_HEAD.size + len(raw), STREAM_MESSAGE), _STREAM_HEAD.pack(ident), raw]
+
+
+def decode_stream_message(body: bytes) -> tuple[int, bytes]:
+    """The stream id and serialized message a ``STREAM_MESSAGE`` frame's body holds."""
+    if len(body) < _STREAM_HEAD.size:
+        raise FrameError("a malformed stream message frame")
+    return int(_STREAM_HEAD.unpack_from(body)[0]), body[_STREAM_HEAD.size :]
+
+
+def encode_stream_end(ident: int) -> bytes:
+    """The ``STREAM_END`` frame: the client of stream ``ident`` sends no more."""
+    return frame_head(_STREAM_HEAD.size, STREAM_END) + _STREAM_HEAD.pack(ident)
+
+
+def encode_stream_credit(ident: int, count: int) -> bytes:
+    """The ``STREAM_CREDIT`` frame: the engine may send ``count`` more responses."""
+    return frame_head(_CREDIT.size, STREAM_CREDIT) + _CREDIT.pack(ident, count)
+
+
+def decode_stream_credit(body: bytes) -> tuple[int, int]:
+    """The stream id and count a ``STREAM_CREDIT`` frame's body holds."""
+    if len(body) != _CREDIT.size:
+        raise FrameError("a broken stream credit frame")
+    ident, count = _CREDIT.unpack(body)
+    return int(ident), int(count)
+
+
+def decode_call(body: bytes) -> Call:
+    """The call a ``CALL`` frame's body holds; FrameError if it is not one."""
+    ident, facts, at = _facts(body)
+    try:
+        method, peer = facts["m"], facts["p"]
+        metadata = [(str(key), str(value)) for key, value in facts["h"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise FrameError(f"a malformed call frame: {exc}") from None
+    if not isinstance(method, str) or not isinstance(peer, str):
+        raise FrameError("a malformed call frame")
+    return Call(ident, method, peer, metadata, body[at:])
