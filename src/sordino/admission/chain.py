@@ -245,8 +245,11 @@ _UNSUPPORTED_PARAMETERS = {
 
 def reject_unsupported_parameters(request: InferRequest, context: AdmissionContext) -> None:
     """Refuse parameters that ask for features sordino does not implement."""
+    parameters = request.parameters
+    if not parameters:  # the common case
+        return
     for name, feature in _UNSUPPORTED_PARAMETERS.items():
-        value = request.parameters.get(name)
+        value = parameters.get(name)
         if value not in (None, 0, False, ""):
             raise Unsupported(
                 f"parameter {name!r} asks for {feature}, which model {request.model!r} is "

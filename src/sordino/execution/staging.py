@@ -315,14 +315,33 @@ def row_bytes(part: Part, metadata: ModelMetadata) -> int:
     rows = 1
     if metadata.batched and part:
         rows = max(1, int(next(iter(part.values())).shape[0]))
+    if len(part) == 1:  # the common case, without a generator
+        for array in part.values():
+            return int(array.nbytes) // rows + _output_row_bytes(metadata)
     inputs = sum(int(array.nbytes) for array in part.values()) // rows  # BYTES: estimated
+    return inputs + _output_row_bytes(metadata)
+
+
+_OUTPUT_BYTES: dict[int, tuple[ModelMetadata, int]] = {}
+"""A model's fixed output bytes a row, by ``id(metadata)``; the metadata is held, so
+the id is not reused while its entry stands (checked by identity besides)."""
+
+
+def _output_row_bytes(metadata: ModelMetadata) -> int:
+    """The bytes of one row's outputs of fixed size: worked out once per metadata."""
+    entry = _OUTPUT_BYTES.get(id(metadata))
+    if entry is not None and entry[0] is metadata:
+        return entry[1]
     outputs = 0
     for spec in metadata.outputs:
         dims = spec.item_shape if metadata.batched else spec.shape
         if spec.datatype == "BYTES" or any(d < 0 for d in dims):
             continue
         outputs += math.prod(dims) * to_numpy_dtype(spec.datatype).itemsize
-    return inputs + outputs
+    if len(_OUTPUT_BYTES) >= 1024:  # models reloaded many times: start again
+        _OUTPUT_BYTES.clear()
+    _OUTPUT_BYTES[id(metadata)] = (metadata, outputs)
+    return outputs
 
 
 def batch_bytes(parts: Sequence[Part], metadata: ModelMetadata) -> int:

@@ -27,11 +27,12 @@ class Overflow:
         self.model = model
         self._executor = executor
         self._queue = queue
+        # Executors written before overflow protection have no memory_fit: no protection.
+        self._memory_fit = getattr(executor, "memory_fit", None)
 
     def memory_fit(self, inputs: Mapping[str, Tensor]) -> MemoryFit | None:
         """What ``inputs`` cost in the arena now (None: the executor does not say)."""
-        # Executors written before overflow protection have no memory_fit: no protection.
-        memory_fit = getattr(self._executor, "memory_fit", None)
+        memory_fit = self._memory_fit
         return memory_fit(self.model, inputs) if memory_fit is not None else None
 
     def rows_that_fit(self, decision: Dispatch) -> int:

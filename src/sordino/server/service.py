@@ -204,8 +204,10 @@ class InferenceService:
                     f"model {route.key.name!r} {how}: use ModelStreamInfer over gRPC or POST "
                     f"/v2/models/{route.key.name}/generate_stream over HTTP"
                 )
-            if self._tickets.charging:
+            if self._tickets.waits:
                 await ticket.charge(route, request)
+            elif self._tickets.charging:
+                ticket.weigh(route, request)  # no quota to wait on: no coroutine
             # Fair share only among authenticated tenants (claimed names are free to invent).
             share, weight = "", 1
             tenants = self._tenants

@@ -31,7 +31,7 @@ Learn = Callable[[str, int, int, float], None]
 class Tickets:
     """Issues the tickets of one service: the parts a ticket gives back to."""
 
-    __slots__ = ("charging", "learn", "pools", "quotas", "telemetry", "tenants")
+    __slots__ = ("charging", "learn", "pools", "quotas", "telemetry", "tenants", "waits")
 
     def __init__(
         self,
@@ -51,6 +51,8 @@ class Tickets:
         self.learn = learn
         self.charging = quotas is not None or pools is not None or learn is not None
         """Whether a ticket weighs its request's bytes (:meth:`Ticket.charge`)."""
+        self.waits = quotas is not None or pools is not None
+        """Whether charging may wait for room (else :meth:`Ticket.weigh` is all of it)."""
 
     def issue(self, model: str, context: AdmissionContext) -> Ticket:
         """The ticket of a request to ``model`` that admission passed with ``context``."""
@@ -72,6 +74,17 @@ class Ticket:
         self._rows = 0
         self._started = 0.0
 
+    def weigh(self, route: Route, request: InferRequest) -> None:
+        """Note the request's rows and staged bytes (what ``learn`` is told at a success);
+        the whole of :meth:`charge` when there are neither quotas nor node pools."""
+        inputs = request.inputs
+        rows = 1
+        metadata = route.metadata
+        if metadata.batched and inputs:
+            rows = max(1, int(next(iter(inputs.values())).shape[0]))
+        self._nbytes, self._rows = rows * row_bytes(inputs, metadata), rows
+        self._started = time.perf_counter()
+
     async def charge(self, route: Route, request: InferRequest) -> None:
         """Weigh the request's staged bytes; with quotas charge its tenant, with node
         pools its model, waiting for room (429 when none comes, 400 when it can never
@@ -79,12 +92,8 @@ class Ticket:
         """
         tickets = self._held
         assert tickets is not None, "charge() before release()"
-        inputs = request.inputs
-        rows = 1
-        metadata = route.metadata
-        if metadata.batched and inputs:
-            rows = max(1, int(next(iter(inputs.values())).shape[0]))
-        nbytes = rows * row_bytes(inputs, metadata)
+        self.weigh(route, request)
+        nbytes = self._nbytes
         owner = pool = None
         try:
             if tickets.quotas is not None:
@@ -94,8 +103,9 @@ class Ticket:
         except BaseException:
             if owner is not None and tickets.quotas is not None:
                 tickets.quotas.release(owner, nbytes)
+            self._nbytes = self._rows = 0
             raise
-        self._owner, self._pool, self._nbytes, self._rows = owner, pool, nbytes, rows
+        self._owner, self._pool = owner, pool
         self._started = time.perf_counter()
 
     def release(self, outcome: str | None) -> None:

@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from sordino.inference import ModelKey
 from sordino.records import BatchDone, RequestDone, SchedulerStatistics
 from sordino.telemetry.labels import MetricLabels
+from sordino.telemetry.tallies import HistogramTally
 
 __all__ = ["LATENCY_BUCKETS", "Metrics"]
 
@@ -87,27 +88,24 @@ class Metrics:
             ["model", "reason"],
             registry=self.registry,
         )
-        self.queue_seconds = Histogram(
+        self.queue_seconds = HistogramTally(
             "sordino_request_queue_seconds",
             "Time a request waited in the queue.",
-            ["model"],
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
+            "model",
+            LATENCY_BUCKETS,
         )
-        self.compute_seconds = Histogram(
+        self.registry.register(self.queue_seconds)
+        self.compute_seconds = HistogramTally(
             "sordino_request_compute_seconds",
             "Time the batch holding the request took to run.",
-            ["model"],
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
+            "model",
+            LATENCY_BUCKETS,
         )
-        self.total_seconds = Histogram(
-            "sordino_request_seconds",
-            "Time from acceptance to result.",
-            ["model"],
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
+        self.registry.register(self.compute_seconds)
+        self.total_seconds = HistogramTally(
+            "sordino_request_seconds", "Time from acceptance to result.", "model", LATENCY_BUCKETS
         )
+        self.registry.register(self.total_seconds)
         self.batch_size = Histogram(
             "sordino_batch_size",
             "Rows per executed batch.",
@@ -120,6 +118,7 @@ class Metrics:
             registry=self.registry,
         )  # fmt: skip
         self._children: dict[tuple[Any, ...], Any] = {}
+        self._done_children: dict[tuple[ModelKey, str, str], tuple[Any, ...]] = {}
 
     def watch_schedulers(self, source: Callable[[], Iterable[SchedulerStatistics]]) -> None:
         """Export queue depth and in-flight counts read from ``source`` at scrape time."""
@@ -139,13 +138,28 @@ class Metrics:
     # -- SchedulerObserver -----------------------------------------------------------
 
     def request_done(self, done: RequestDone) -> None:
-        self._child(
-            self.requests, done.model.name, done.model.version, done.outcome, done.reason
-        ).inc()
-        if done.outcome == "success":
-            self._child(self.queue_seconds, done.model.name).observe(done.queue_s)
-            self._child(self.compute_seconds, done.model.name).observe(done.compute_s)
-            self._child(self.total_seconds, done.model.name).observe(done.total_s)
+        # One dict lookup a request for the four children an outcome touches.
+        key = (done.model, done.outcome, done.reason)
+        children = self._done_children.get(key)
+        if children is None:
+            children = self._done_children[key] = self._children_of(*key)
+        children[0].inc()
+        if len(children) > 1:
+            children[1].observe(done.queue_s)
+            children[2].observe(done.compute_s)
+            children[3].observe(done.total_s)
+
+    def _children_of(self, model: ModelKey, outcome: str, reason: str) -> tuple[Any, ...]:
+        """The counter's child of an outcome, and the three histograms' for a success."""
+        requests = self._child(self.requests, model.name, model.version, outcome, reason)
+        if outcome != "success":
+            return (requests,)
+        return (
+            requests,
+            self._child(self.queue_seconds, model.name),
+            self._child(self.compute_seconds, model.name),
+            self._child(self.total_seconds, model.name),
+        )
 
     def batch_done(self, done: BatchDone) -> None:
         self._child(self.batch_size, done.model.name).observe(done.rows)

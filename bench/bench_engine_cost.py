@@ -1,0 +1,114 @@
+"""The engine's CPU a request, without a transport: what issue 30's engine costs (W1-sized
+digits classifier, 64 in flight).
+
+    python -m bench.bench_engine_cost                          # this checkout, 3 runs
+    python -m bench.bench_engine_cost --base /work/main --pairs 3   # main and this, alternated
+
+A real server in a child process (``sordino.testing.serve_in_thread``, the built-in digits
+classifier, default settings); on its event loop 64 tasks each call
+``InferenceService.infer`` on an already decoded request (one FP32 row), one after another,
+for ``--seconds`` a round: the service (tenant, validation, admission, ticket), the
+scheduler (request, queue, batcher, outcomes), staging into the arena, the worker pipe and
+the telemetry, but no HTTP, gRPC, decode or encode. The figure is the loop thread's own
+CPU time (``time.thread_time``) over the requests answered, the median of ``--rounds``
+rounds after one unmeasured; the worker process is not counted. With ``--base DIR`` the
+same runs alternate with DIR's ``src/`` (base, this, base, this …) so both share the
+machine's noise. Results go to ``bench/results/engine_cost.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.common import console, save
+
+CHILD = r"""
+import asyncio, json, statistics, sys, time
+import numpy as np
+from sordino.config import load_config
+from sordino.inference import InferRequest
+from sordino.testing import serve_in_thread
+
+rounds, seconds = int(sys.argv[1]), float(sys.argv[2])
+rows = np.random.default_rng(0).integers(0, 17, size=(256, 64)).astype(np.float32)
+runtimes = []
+with serve_in_thread(load_config(None, {}), prepare=runtimes.append) as server:
+    parts = runtimes[0].inference
+
+    async def cell():
+        route = parts.registry.route("digits-classifier")
+        stop = time.perf_counter() + seconds
+        count = 0
+
+        async def client(i):
+            nonlocal count
+            while time.perf_counter() < stop:
+                request = InferRequest(model="digits-classifier",
+                                       inputs={"pixels": rows[i % 256][None, :]},
+                                       input_datatypes={"pixels": "FP32"})
+                response = await parts.service.infer(request, route)
+                response.release()
+                count += 1
+                i += 64
+
+        started = time.thread_time()
+        await asyncio.gather(*(client(i) for i in range(64)))
+        return (time.thread_time() - started) / count * 1e6, count / seconds
+
+    cells = [asyncio.run_coroutine_threadsafe(cell(), server.loop).result()
+             for _ in range(rounds + 1)][1:]
+print(json.dumps({"us": [c[0] for c in cells], "rate": [c[1] for c in cells]}))
+"""
+
+
+def one_run(src: Path, rounds: int, seconds: float) -> dict[str, Any]:
+    """One child process on ``src``: its rounds' µs of loop CPU a request."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(rounds), str(seconds)],
+        env=env, capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    result["median_us"] = statistics.median(result["us"])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", type=Path, help="a checkout whose src/ runs alternated")
+    parser.add_argument("--pairs", type=int, default=3, help="runs of each code")
+    parser.add_argument("--rounds", type=int, default=3, help="measured rounds a run")
+    parser.add_argument("--seconds", type=float, default=2.0, help="length of a round")
+    args = parser.parse_args()
+    here = Path(__file__).resolve().parents[1] / "src"
+    codes = [("base", args.base / "src")] if args.base else []
+    codes.append(("this", here))
+    runs: dict[str, list[float]] = {label: [] for label, _ in codes}
+    for pair in range(args.pairs):
+        for label, src in codes:
+            result = one_run(src, args.rounds, args.seconds)
+            runs[label].append(result["median_us"])
+            rate = statistics.median(result["rate"])
+            console.print(f"[{pair + 1}/{args.pairs}] {label}: {result['median_us']:.1f} µs "
+                          f"CPU a request on the loop ({rate:,.0f} req/s)")  # fmt: skip
+    report: dict[str, Any] = {"benchmark": "engine_cost", "runs_us": runs}
+    for label, values in runs.items():
+        report[f"{label}_median_us"] = statistics.median(values)
+        console.print(f"{label}: median {statistics.median(values):.1f} µs a request "
+                      f"(runs {', '.join(f'{v:.1f}' for v in values)})")  # fmt: skip
+    if args.base:
+        ratio = report["this_median_us"] / report["base_median_us"]
+        report["ratio"] = ratio
+        console.print(f"this / base: {ratio:.3f}")
+    console.print(f"wrote {save('engine_cost', report)}")
+
+
+if __name__ == "__main__":
+    main()
