@@ -39,7 +39,7 @@ MARKS: list[tuple[str, str, str, str]] = [
     ("server/http_protocol.py", "def data_received(self, data: bytes) -> None:",
      "front: HTTP bytes in", "after"),
     ("server/fast_infer.py", "check_declared(limit, declared)", "front: answer_infer", "before"),
-    ("server/fast_infer.py", "response = await watch(runtime.service.infer(request, route))",
+    ("server/fast_infer.py", "response = await serve(parts, request, route, shared, watch)",
      "front: decoded", "before"),
     ("server/service.py", "accepted, ticket = await self._accept(request, route, one_shot=True)",
      "front: queued (admitted, submitted)", "after"),
@@ -70,9 +70,9 @@ MARKS: list[tuple[str, str, str, str]] = [
      "front: outputs handed", "before"),
     ("server/service.py", "outputs = await route.scheduler.result(accepted)",
      "front: request resumed", "after"),
-    ("server/fast_infer.py", "response = await watch(runtime.service.infer(request, route))",
+    ("server/fast_infer.py", "response = await serve(parts, request, route, shared, watch)",
      "front: response built", "after"),
-    ("server/fast_infer.py", "if runtime.stopping:", "front: encoded", "before"),
+    ("server/fast_infer.py", "if parts.registry.stopping:", "front: encoded", "before"),
     ("server/http_cycle.py", "self.respond(status, payload, headers)", "front: written", "after"),
 ]  # fmt: skip
 FIRST = MARKS[0][2]
