@@ -47,16 +47,14 @@ from bench.bench_triton import (
     run_cell,
     sordino_batches,
 )
-from bench.common import report_head, run_plan, save, sordino_server
+from bench.common import cell_arguments, report_head, run_plan, save, sordino_server
 
 SHARED, THREAD = "shared", "thread"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds a cell")
-    parser.add_argument("--repeat", type=int, default=3, help="rounds over every cell")
-    parser.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds a cell")
+    cell_arguments(parser, seconds=4.0, repeat=3)
     parser.add_argument("--concurrency", default="1,64", help="requests in flight")
     parser.add_argument("--thread-src", default=None, help="PYTHONPATH of the thread server")
     parser.add_argument(

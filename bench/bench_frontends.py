@@ -64,7 +64,7 @@ from bench.bench_triton import (
     sordino_batches,
     tree_cpu,
 )
-from bench.common import report_head, run_plan, save, sordino_server
+from bench.common import cell_arguments, report_head, run_plan, save, sordino_server
 
 console = Console(width=150)
 ROWS = 256
@@ -428,9 +428,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds a cell")
-    parser.add_argument("--repeat", type=int, default=3, help="rounds over every cell")
-    parser.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds a cell")
+    cell_arguments(parser, seconds=5.0, repeat=3)
     parser.add_argument("--frontends", default="1,2", help="the --frontends of each server")
     parser.add_argument("--concurrency", default="64", help="requests in flight")
     parser.add_argument("--quick", action="store_true", help="2 s a cell, one repeat")

@@ -51,7 +51,7 @@ import psutil
 from rich.console import Console
 
 from bench import peer_load, peers
-from bench.common import report_head, run_plan, save, sordino_server
+from bench.common import cell_arguments, report_head, run_plan, save, sordino_server
 
 console = Console(width=150)
 CONCURRENCIES = (1, 8, 64)
@@ -587,9 +587,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds a cell")
-    parser.add_argument("--repeat", type=int, default=2, help="rounds over every cell")
-    parser.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds a cell")
+    cell_arguments(parser, seconds=5.0, repeat=2)
     parser.add_argument("--idle", type=float, default=3.0,
                         help="seconds of idle CPU measured before and after (0: skip)")  # fmt: skip
     parser.add_argument("--concurrency", default="1,8,64", help="requests in flight")

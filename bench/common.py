@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -220,6 +221,14 @@ def report_head(benchmark: str, **versions: str) -> dict[str, Any]:
                     "python": platform.python_version(), **versions,
                     "load_1m": os.getloadavg()[0]},
     }  # fmt: skip
+
+
+def cell_arguments(parser: argparse.ArgumentParser, *, seconds: float, repeat: int) -> None:
+    """Add ``--seconds`` (default ``seconds``), ``--repeat`` (default ``repeat``) and
+    ``--warmup`` (0.5 s): the length of each cell of a plan and the rounds over it."""
+    parser.add_argument("--seconds", type=float, default=seconds, help="measured seconds a cell")
+    parser.add_argument("--repeat", type=int, default=repeat, help="rounds over every cell")
+    parser.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds a cell")
 
 
 def run_plan(
