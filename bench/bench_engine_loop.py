@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import tempfile
 from contextlib import ExitStack
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,16 +47,14 @@ from bench.bench_triton import (
     run_cell,
     sordino_batches,
 )
-from bench.common import save, sordino_server
+from bench.common import cell_arguments, report_head, run_plan, save, sordino_server
 
 SHARED, THREAD = "shared", "thread"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds a cell")
-    parser.add_argument("--repeat", type=int, default=3, help="rounds over every cell")
-    parser.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds a cell")
+    cell_arguments(parser, seconds=4.0, repeat=3)
     parser.add_argument("--concurrency", default="1,64", help="requests in flight")
     parser.add_argument("--thread-src", default=None, help="PYTHONPATH of the thread server")
     parser.add_argument(
@@ -106,18 +102,18 @@ def main() -> None:
                                     lambda u=s.http: sordino_batches(u, "w1"))  # fmt: skip
         concurrencies = tuple(int(c) for c in args.concurrency.split(","))
         plan = cells_plan([SHARED, THREAD], args.repeat, concurrencies)
-        for i, (r, concurrency, transport, label) in enumerate(plan, 1):
-            cell = run_cell(targets[label], transport, concurrency, args.seconds, inputs,
-                            expected, args.warmup)  # fmt: skip
-            cell["repeat"] = r
-            cells.append(cell)
-            console.print(
-                f"[{i}/{len(plan)}] {label} {transport} c{concurrency}: {cell['rate']:,.0f} "
-                f"req/s, p50 {cell['p50_ms']:.2f} ms, p99 {cell['p99_ms']:.1f} ms, front "
+        cells = run_plan(
+            plan,
+            lambda step: run_cell(targets[step[3]], step[2], step[1], args.seconds, inputs,
+                                  expected, args.warmup),
+            lambda step, cell: (
+                f"{step[3]} {step[2]} c{step[1]}: {cell['rate']:,.0f} req/s, p50 "
+                f"{cell['p50_ms']:.2f} ms, p99 {cell['p99_ms']:.1f} ms, front "
                 f"{cell['cpu_ms'].get('front', 0):.3f} ms CPU"
-                + (f", {cell['failed']} FAILED ({cell['first_error']})" if cell["failed"] else ""),
-                markup=False, highlight=False,
-            )  # fmt: skip
+            ),
+            console,
+            clock=False,
+        )  # fmt: skip
     rows = aggregate(cells)
     console.print("\nmedians over the repeats:")
     for row in sorted(rows, key=lambda r: (r["transport"], r["concurrency"], r["server"])):
@@ -129,13 +125,7 @@ def main() -> None:
             + (f"  {row['failed']} FAILED" if row["failed"] else ""),
             markup=False, highlight=False,
         )  # fmt: skip
-    report = {
-        "benchmark": "engine_loop",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version(), "load_1m": os.getloadavg()[0]},
-        "settings": vars(args), "rows": rows, "cells": cells,
-    }  # fmt: skip
+    report = {**report_head("engine_loop"), "settings": vars(args), "rows": rows, "cells": cells}
     console.print(f"wrote {save('engine_loop', report)}")
 
 

@@ -39,10 +39,8 @@ assumptions are printed with it.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import cProfile
 import os
-import platform
 import statistics
 import tempfile
 import threading
@@ -66,7 +64,7 @@ from bench.bench_triton import (
     sordino_batches,
     tree_cpu,
 )
-from bench.common import save, sordino_server
+from bench.common import cell_arguments, report_head, run_plan, save, sordino_server
 
 console = Console(width=150)
 ROWS = 256
@@ -111,41 +109,16 @@ async def grpc_channels_loop(
     channels (each its own connection: a local subchannel pool)."""
     import grpc
 
-    answers = peer_load.Answers()
-    count = len(requests)
     opened = [
         grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
         for _ in range(max(1, min(channels, concurrency)))
     ]
     try:
         calls = [c.unary_unary("/inference.GRPCInferenceService/ModelInfer") for c in opened]
-        for infer in calls:  # every channel is connected before the clock starts
-            await infer(requests[0])
-        started = time.perf_counter()
-        stop = started + seconds
-
-        async def client(first: int) -> None:
-            infer = calls[first % len(calls)]
-            i = first
-            while time.perf_counter() < stop:
-                row = i % count
-                sent = time.perf_counter()
-                try:
-                    body, status = await infer(requests[row]), 200
-                except grpc.aio.AioRpcError as error:
-                    body, status = str(error.details()).encode(), 500
-                answers.latencies.append(time.perf_counter() - sent)
-                answers.rows.append(row)
-                answers.statuses.append(status)
-                answers.bodies.append(body)
-                i += concurrency
-
-        await asyncio.gather(*(client(k) for k in range(concurrency)))
-        answers.seconds = time.perf_counter() - started
+        return await peer_load.grpc_callers(calls, requests, concurrency, seconds)
     finally:
         for channel in opened:
             await channel.close()
-    return answers
 
 
 def run_cell(
@@ -411,7 +384,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     counts = [int(n) for n in args.frontends.split(",")]
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     servers: dict[str, tuple[str, str, int]] = {}
-    cells = []
+    cells: list[dict[str, Any]] = []
     with ExitStack() as stack, tempfile.TemporaryDirectory() as scratch:
         config = server_config(w1, Path(scratch), 2, "adaptive", 100.0)
         codes: list[tuple[str, dict[str, str] | None]] = [("", None)]
@@ -425,31 +398,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ))  # fmt: skip
                 servers[label] = (s.http, s.grpc, s.pid)
         labels = list(servers)
-        started = time.monotonic()
         plan = [(r, c, labels[(i + r) % len(labels)])
                 for r in range(args.repeat) for c in concurrencies
                 for i in range(len(labels))]  # fmt: skip
-        for i, (r, concurrency, label) in enumerate(plan, 1):
-            cell = run_cell(label, servers[label], concurrency, args.seconds, inputs, expected,
-                            args.warmup, args.transport, args.channels)  # fmt: skip
-            cell["repeat"] = r
-            cells.append(cell)
-            console.print(
-                f"[{i}/{len(plan)} {time.monotonic() - started:4.0f}s] {label} c{concurrency}: "
-                f"{cell['rate']:,.0f} req/s, p99 {cell['p99_ms']:.1f} ms, connections "
-                f"{cell['connections']}"
-                + (f", {cell['failed']} FAILED ({cell['first_error']})" if cell["failed"] else ""),
-                markup=False, highlight=False,
-            )  # fmt: skip
+        cells = run_plan(
+            plan,
+            lambda step: run_cell(step[2], servers[step[2]], step[1], args.seconds, inputs,
+                                  expected, args.warmup, args.transport, args.channels),
+            lambda step, cell: (
+                f"{step[2]} c{step[1]}: {cell['rate']:,.0f} req/s, p99 {cell['p99_ms']:.1f} ms, "
+                f"connections {cell['connections']}"
+            ),
+            console,
+        )  # fmt: skip
     rows = aggregate(cells)
     model = cpu_model(rows, max(concurrencies))
     base = cpu_model(rows, max(concurrencies), _BASE) if args.base else None
     show(rows, [model, base])
     report = {
-        "benchmark": "frontends",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version(), "load_1m": os.getloadavg()[0]},
+        **report_head("frontends"),
         "settings": {"seconds": args.seconds, "repeat": args.repeat, "warmup": args.warmup,
                      "transport": args.transport, "channels": args.channels,
                      "frontends": counts, "concurrency": concurrencies},
@@ -461,9 +428,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds a cell")
-    parser.add_argument("--repeat", type=int, default=3, help="rounds over every cell")
-    parser.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds a cell")
+    cell_arguments(parser, seconds=5.0, repeat=3)
     parser.add_argument("--frontends", default="1,2", help="the --frontends of each server")
     parser.add_argument("--concurrency", default="64", help="requests in flight")
     parser.add_argument("--quick", action="store_true", help="2 s a cell, one repeat")

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -42,7 +41,6 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
@@ -53,7 +51,7 @@ import psutil
 from rich.console import Console
 
 from bench import peer_load, peers
-from bench.common import save, sordino_server
+from bench.common import cell_arguments, report_head, run_plan, save, sordino_server
 
 console = Console(width=150)
 CONCURRENCIES = (1, 8, 64)
@@ -558,19 +556,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         order = [label for label in wanted if label in targets]
         idle = {"before": idle_cpu(targets, order, args.idle)}
         plan = cells_plan(order, args.repeat, tuple(int(c) for c in args.concurrency.split(",")))
-        cells = []
-        started = time.monotonic()
-        for i, (r, concurrency, transport, label) in enumerate(plan, 1):
-            cell = run_cell(targets[label], transport, concurrency, args.seconds, inputs,
-                            expected, args.warmup)  # fmt: skip
-            cell["repeat"] = r
-            cells.append(cell)
-            console.print(
-                f"[{i}/{len(plan)} {time.monotonic() - started:4.0f}s] {label} {transport} "
-                f"c{concurrency}: {cell['rate']:,.0f} req/s, p99 {cell['p99_ms']:.1f} ms"
-                + (f", {cell['failed']} FAILED ({cell['first_error']})" if cell["failed"] else ""),
-                markup=False, highlight=False,
-            )  # fmt: skip
+        cells = run_plan(
+            plan,
+            lambda step: run_cell(targets[step[3]], step[2], step[1], args.seconds, inputs,
+                                  expected, args.warmup),
+            lambda step, cell: (
+                f"{step[3]} {step[2]} c{step[1]}: {cell['rate']:,.0f} req/s, "
+                f"p99 {cell['p99_ms']:.1f} ms"
+            ),
+            console,
+        )  # fmt: skip
         idle["after"] = idle_cpu(targets, order, args.idle)
         analyzed = cross_check(args, targets, order) if args.perf_analyzer else []
     rows = aggregate(cells)
@@ -579,11 +574,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if analyzed:
         show_perf_analyzer(analyzed)
     report = {
-        "benchmark": "triton",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version(), "onnxruntime": ort.__version__,
-                    "load_1m": os.getloadavg()[0]},
+        **report_head("triton", onnxruntime=ort.__version__),
         "settings": {"seconds": args.seconds, "repeat": args.repeat, "warmup": args.warmup,
                      "session_spinning": args.session_spinning,
                      "servers": order, "concurrency": args.concurrency},
@@ -596,9 +587,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds a cell")
-    parser.add_argument("--repeat", type=int, default=2, help="rounds over every cell")
-    parser.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds a cell")
+    cell_arguments(parser, seconds=5.0, repeat=2)
     parser.add_argument("--idle", type=float, default=3.0,
                         help="seconds of idle CPU measured before and after (0: skip)")  # fmt: skip
     parser.add_argument("--concurrency", default="1,8,64", help="requests in flight")

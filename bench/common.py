@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
+import platform
 import re
 import signal
 import subprocess
@@ -12,11 +14,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import numpy as np
@@ -26,6 +29,7 @@ from rich.table import Table
 
 console = Console(width=110)
 RESULTS = Path(__file__).parent / "results"
+Step = TypeVar("Step", bound=tuple[Any, ...])
 
 
 @dataclass
@@ -205,6 +209,54 @@ def save(name: str, payload: dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2))
     return path
+
+
+def report_head(benchmark: str, **versions: str) -> dict[str, Any]:
+    """The head of a saved report: ``benchmark``, the date (UTC) and the machine (CPUs,
+    platform, Python, then ``versions`` such as ``onnxruntime=...``, then the 1-minute load)."""
+    return {
+        "benchmark": benchmark,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version(), **versions,
+                    "load_1m": os.getloadavg()[0]},
+    }  # fmt: skip
+
+
+def cell_arguments(parser: argparse.ArgumentParser, *, seconds: float, repeat: int) -> None:
+    """Add ``--seconds`` (default ``seconds``), ``--repeat`` (default ``repeat``) and
+    ``--warmup`` (0.5 s): the length of each cell of a plan and the rounds over it."""
+    parser.add_argument("--seconds", type=float, default=seconds, help="measured seconds a cell")
+    parser.add_argument("--repeat", type=int, default=repeat, help="rounds over every cell")
+    parser.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds a cell")
+
+
+def run_plan(
+    plan: Sequence[Step],
+    run: Callable[[Step], dict[str, Any]],
+    describe: Callable[[Step, dict[str, Any]], str],
+    out: Console,
+    clock: bool = True,
+) -> list[dict[str, Any]]:
+    """Run every step of ``plan`` in order and return its cells.
+
+    A step's first item is its repeat, stored in the cell as ``repeat``. After each cell
+    ``out`` prints one progress line: ``[i/n Ts] `` (``T``, seconds since the start, only
+    with ``clock``), then ``describe(step, cell)``, then, when the cell has failed answers,
+    ``, N FAILED (first error)``. ``cell`` must hold ``failed`` and ``first_error``."""
+    cells = []
+    started = time.monotonic()
+    for i, step in enumerate(plan, 1):
+        cell = run(step)
+        cell["repeat"] = step[0]
+        cells.append(cell)
+        elapsed = f" {time.monotonic() - started:4.0f}s" if clock else ""
+        out.print(
+            f"[{i}/{len(plan)}{elapsed}] {describe(step, cell)}"
+            + (f", {cell['failed']} FAILED ({cell['first_error']})" if cell["failed"] else ""),
+            markup=False, highlight=False,
+        )  # fmt: skip
+    return cells
 
 
 def json_request(name: str, array: np.ndarray, datatype: str = "FP32") -> bytes:

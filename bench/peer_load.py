@@ -164,31 +164,45 @@ async def grpc_closed_loop(
     """``concurrency`` callers of ``ModelInfer`` on one channel for ``seconds``."""
     import grpc
 
-    answers = Answers()
-    count = len(requests)
     async with grpc.aio.insecure_channel(address) as channel:
         infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
-        await infer(requests[0])  # the channel is connected before the clock starts
-        started = time.perf_counter()
-        stop = started + seconds
+        return await grpc_callers([infer], requests, concurrency, seconds)
 
-        async def client(first: int) -> None:
-            i = first
-            while time.perf_counter() < stop:
-                row = i % count
-                sent = time.perf_counter()
-                try:
-                    body, status = await infer(requests[row]), 200
-                except grpc.aio.AioRpcError as error:
-                    body, status = str(error.details()).encode(), 500
-                answers.latencies.append(time.perf_counter() - sent)
-                answers.rows.append(row)
-                answers.statuses.append(status)
-                answers.bodies.append(body)
-                i += concurrency
 
-        await asyncio.gather(*(client(k) for k in range(concurrency)))
-        answers.seconds = time.perf_counter() - started
+async def grpc_callers(
+    calls: list[Any], requests: list[bytes], concurrency: int, seconds: float
+) -> Answers:
+    """``concurrency`` callers for ``seconds``, caller ``k`` on ``calls[k % len(calls)]`` (each
+    a ``ModelInfer`` multi-callable), sending ``requests`` round robin. Every call is made once
+    first, so its channel is connected before the clock starts; a failed call is answered
+    with status 500 and the error's details as its body."""
+    import grpc
+
+    answers = Answers()
+    count = len(requests)
+    for infer in calls:
+        await infer(requests[0])
+    started = time.perf_counter()
+    stop = started + seconds
+
+    async def client(first: int) -> None:
+        infer = calls[first % len(calls)]
+        i = first
+        while time.perf_counter() < stop:
+            row = i % count
+            sent = time.perf_counter()
+            try:
+                body, status = await infer(requests[row]), 200
+            except grpc.aio.AioRpcError as error:
+                body, status = str(error.details()).encode(), 500
+            answers.latencies.append(time.perf_counter() - sent)
+            answers.rows.append(row)
+            answers.statuses.append(status)
+            answers.bodies.append(body)
+            i += concurrency
+
+    await asyncio.gather(*(client(k) for k in range(concurrency)))
+    answers.seconds = time.perf_counter() - started
     return answers
 
 

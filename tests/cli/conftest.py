@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import queue
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -77,6 +78,44 @@ def sordino_start(
         if process.poll() is None:
             process.kill()
         process.wait(timeout=30)
+
+
+@contextmanager
+def serving_grpc(
+    args: list[str], data_dir: Path
+) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
+    """Start ``sordino start --http-port 0 --grpc-port 0 --data-dir DATA_DIR ARGS`` and yield
+    the process and its output lines (newlines kept, still filled as it prints) once it has
+    printed its gRPC URL: within 90 s, else an assertion showing the output. On leaving,
+    SIGTERM it and wait for it (60 s) and for the last of its output (10 s)."""
+    command = [sys.executable, "-m", "sordino", "start", "--http-port", "0", "--grpc-port", "0",
+               "--data-dir", str(data_dir), *args]  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line)
+            if "grpc://" in line:
+                ready.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert ready.wait(90), "".join(lines)
+        yield process, lines
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(60)
+        reader.join(10)
 
 
 @pytest.fixture

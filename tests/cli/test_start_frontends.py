@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import threading
 import urllib.request
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import psutil
 from click.testing import CliRunner
 
 from sordino.cli.start import start
-from tests.cli.conftest import DIGITS
+from tests.cli.conftest import DIGITS, serving_grpc
 
 
 def test_a_bad_frontends_flag_is_a_clear_error(tmp_path: Path) -> None:
@@ -26,30 +24,8 @@ def test_a_bad_frontends_flag_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_start_with_two_front_ends_serves_and_stops_cleanly(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "sordino", "start", "--http-port", "0", "--grpc-port", "0",
-               "--frontends", "2", "--data-dir", str(tmp_path), *DIGITS]  # fmt: skip
-    process = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            lines.append(line)
-            if "grpc://" in line:
-                ready.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
     frontends: list[psutil.Process] = []
-    try:
-        assert ready.wait(90), "".join(lines)
+    with serving_grpc(["--frontends", "2", *DIGITS], tmp_path) as (process, lines):
         url = re.search(r"http://127\.0\.0\.1:\d+", "".join(lines))
         assert url, "".join(lines)
         frontends = [
@@ -69,10 +45,6 @@ def test_start_with_two_front_ends_serves_and_stops_cleanly(tmp_path: Path) -> N
                 assert response.status == 200
             with urllib.request.urlopen(f"{url.group(0)}/v2/health/ready", timeout=30) as ready_:
                 assert ready_.status == 200
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(60)
-        reader.join(10)
     output = "".join(lines)
     assert process.returncode == 0, output
     assert "Traceback" not in output and "stopped" in output

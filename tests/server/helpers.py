@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
 from sordino.inference import Tensor
 from sordino.records import SchedulerStatistics
 from sordino.testing import RunningServer
+
+SIMPLE_BODY = json.dumps(
+    {
+        "inputs": [
+            {"name": n, "shape": [1, 16], "datatype": "INT32", "data": [1] * 16}
+            for n in ("INPUT0", "INPUT1")
+        ]
+    }
+).encode()
+"""A JSON ``infer`` body for the built-in ``simple`` model: one row of ones."""
+
+SIMPLE_REQUEST = (
+    f"POST /v2/models/simple/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    f"Content-Type: application/json\r\nContent-Length: {len(SIMPLE_BODY)}\r\n\r\n"
+).encode() + SIMPLE_BODY
+"""``SIMPLE_BODY`` as a whole raw HTTP/1.1 request (head and body), to send on a socket."""
 
 
 def stats(server: RunningServer, name: str, version: str | None = None) -> SchedulerStatistics:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import queue
 import socket
 from typing import Any
@@ -20,7 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 
 from sordino.testing import RunningServer
-from tests.server.helpers import Gate, stats
+from tests.server.helpers import SIMPLE_REQUEST, Gate, stats
 from tests.waiting import wait_for
 
 
@@ -105,23 +104,11 @@ def test_grpc_aio_task_cancel_removes_queued_request(server: RunningServer) -> N
 def test_http_disconnect_removes_queued_request(server: RunningServer) -> None:
     client = grpcclient.InferenceServerClient(server.grpc_url)
     before = stats(server, "simple")
-    body = json.dumps(
-        {
-            "inputs": [
-                {"name": n, "shape": [1, 16], "datatype": "INT32", "data": [1] * 16}
-                for n in ("INPUT0", "INPUT1")
-            ]
-        }
-    ).encode()
-    head = (
-        f"POST /v2/models/simple/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode()
     with Gate(server, "simple") as gate:
         held = _hold(server, client)
         wait_for(gate.entered.is_set, "the held batch to start")
         with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
-            sock.sendall(head + body)
+            sock.sendall(SIMPLE_REQUEST)
             wait_for(lambda: stats(server, "simple").queue.depth == 1, "the request to queue")
         wait_for(
             lambda: stats(server, "simple").cancelled == before.cancelled + 1,

@@ -28,7 +28,7 @@ from sordino.server.load_board import LoadBoard
 from sordino.testing import RunningServer, serve_in_thread
 from tests.conftest import thread_isolated
 from tests.metrics import counter_sum
-from tests.server.helpers import Gate, stats
+from tests.server.helpers import SIMPLE_BODY, SIMPLE_REQUEST, Gate, stats
 from tests.waiting import wait_for
 
 LIMIT = 1 << 20  # server.max_request_size here: a 413 is cheap to provoke
@@ -158,30 +158,20 @@ def test_errors_are_the_same_through_either_process(
 
 
 def test_a_client_that_leaves_cancels_its_request_in_the_engine(server: RunningServer) -> None:
-    body = json.dumps(
-        {
-            "inputs": [
-                {"name": n, "shape": [1, 16], "datatype": "INT32", "data": [1] * 16}
-                for n in ("INPUT0", "INPUT1")
-            ]
-        }
-    ).encode()
-    head = (
-        f"POST /v2/models/simple/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode()
     before = stats(server, "simple")
     with Gate(server, "simple") as gate:
         held: list[int] = []
         engine = _connection(server, os.getpid())
         holder = threading.Thread(
-            target=lambda: held.append(_ask(engine, "POST", "/v2/models/simple/infer", body)[0])
+            target=lambda: held.append(
+                _ask(engine, "POST", "/v2/models/simple/infer", SIMPLE_BODY)[0]
+            )
         )
         holder.start()
         wait_for(gate.entered.is_set, "the held batch to start")
         leaving = _connection(server, _frontend(server))
         assert leaving.sock is not None
-        leaving.sock.sendall(head + body)
+        leaving.sock.sendall(SIMPLE_REQUEST)
         wait_for(lambda: stats(server, "simple").queue.depth == 1, "the request to queue")
         leaving.close()
         wait_for(
@@ -381,20 +371,12 @@ def test_a_stop_answers_what_a_front_end_has_in_flight() -> None:
     server = serving.__enter__()
     assert server.frontends is not None
     frontend = psutil.Process(_frontend(server))
-    body = json.dumps(
-        {
-            "inputs": [
-                {"name": n, "shape": [1, 16], "datatype": "INT32", "data": [1] * 16}
-                for n in ("INPUT0", "INPUT1")
-            ]
-        }
-    ).encode()
     answered: list[tuple[int, str]] = []
     with Gate(server, "simple") as gate:
         connection = _connection(server, frontend.pid)
 
         def ask() -> None:
-            status, _, headers = _ask(connection, "POST", "/v2/models/simple/infer", body)
+            status, _, headers = _ask(connection, "POST", "/v2/models/simple/infer", SIMPLE_BODY)
             answered.append((status, headers.get("connection", "")))
 
         asking = threading.Thread(target=ask)

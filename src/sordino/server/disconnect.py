@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from sordino.errors import Cancelled
 
-__all__ = ["WATCH_AFTER_S", "EventStream", "until_disconnect"]
+__all__ = ["WATCH_AFTER_S", "EventStream", "client_left", "until_disconnect"]
 
 T = TypeVar("T")
 
@@ -35,6 +35,15 @@ WATCH_AFTER_S = 0.05
 Most requests are answered sooner (a batching delay is 10 ms by default); they never
 pay for a listener. A request still running then gets one, so a client that left is
 noticed at most this much later than it could have been."""
+
+
+def client_left() -> Cancelled:
+    """The error to raise where the current task's work was cancelled because its client
+    left: the task is uncancelled first (that cancel was ours, not its caller's)."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+    return Cancelled("the client disconnected before the response was ready")
 
 
 async def until_disconnect(
@@ -76,8 +85,7 @@ async def until_disconnect(
     except asyncio.CancelledError:
         if not gone:
             raise
-        task.uncancel()
-        raise Cancelled("the client disconnected before the response was ready") from None
+        raise client_left() from None
     finally:
         if timer is not None:
             timer.cancel()

@@ -27,7 +27,7 @@ import socket
 import time
 from typing import ClassVar
 
-from sordino.errors import Cancelled, SordinoError
+from sordino.errors import SordinoError
 from sordino.protocol.codec import encode_error
 from sordino.server.connection_guard import ConnectionGuard
 from sordino.server.fast_infer import (
@@ -38,7 +38,6 @@ from sordino.server.fast_infer import (
     encode_response,
     error_parts,
     parse_headers,
-    too_large,
 )
 from sordino.server.frontend_link import ENGINE_GONE, FrontendLink, Reply, hand_over
 from sordino.server.http_cycle import InferCycle
@@ -271,19 +270,9 @@ class FrontendInferCycle(InferCycle):
             headers["Connection"] = "close"
         self.respond(status, payload, headers)
 
-    async def read_body(self) -> bytes:
-        """The whole body; Cancelled if the client leaves first, too large past the limit."""
-        limit = self.conn.max_request_size
-        self._continue()
-        while True:
-            if self.disconnected or self.response_complete:
-                raise Cancelled("the client disconnected while sending the request")
-            if self.buffered > limit:
-                raise too_large(limit)
-            if not self.more_body:
-                return self._take()
-            self.conn.resume_reading()
-            await self._wait()
+    def _body_limit(self) -> int:
+        """The engine's ``server.max_request_size``, handed to this front end at its start."""
+        return self.conn.max_request_size
 
     def disconnect(self) -> None:
         self.disconnected = True

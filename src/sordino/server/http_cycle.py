@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from sordino.errors import Cancelled
 from sordino.protocol.codec import encode_error
+from sordino.server.disconnect import client_left
 from sordino.server.fast_infer import answer_infer, too_large
 
 if TYPE_CHECKING:
@@ -229,9 +230,13 @@ class InferCycle(Cycle):
         )
         self.respond(status, payload, headers)
 
+    def _body_limit(self) -> int:
+        """The most bytes a body may have: ``server.max_request_size``."""
+        return self.conn.runtime.config.server.max_request_size
+
     async def read_body(self) -> bytes:
         """The whole body; Cancelled if the client leaves first, too large past the limit."""
-        limit = self.conn.runtime.config.server.max_request_size
+        limit = self._body_limit()
         self._continue()
         while True:
             if self.disconnected or self.response_complete:
@@ -255,10 +260,7 @@ class InferCycle(Cycle):
         except asyncio.CancelledError:
             if not self._gone:
                 raise
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            raise Cancelled("the client disconnected before the response was ready") from None
+            raise client_left() from None
         finally:
             self._working = False
 

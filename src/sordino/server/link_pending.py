@@ -13,6 +13,7 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 from sordino.errors import Cancelled
+from sordino.server.disconnect import client_left
 from sordino.server.fast_infer import Watch
 
 __all__ = ["Pending", "watch"]
@@ -49,10 +50,7 @@ def watch(pending: Pending) -> Watch:
         except asyncio.CancelledError:
             if not pending.gone:
                 raise
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            raise Cancelled("the client disconnected before the response was ready") from None
+            raise client_left() from None
         finally:
             pending.working = False
 
