@@ -64,3 +64,10 @@ class Gate:
     def __exit__(self, *exc: object) -> None:
         self.released.set()
         self.backend.infer = self._original
+
+
+def frontend_pid(server: RunningServer) -> int:
+    """The one extra front-end process of a server with ``server.frontends: 2``."""
+    assert server.frontends is not None
+    (pid,) = server.frontends.pids()
+    return pid

@@ -28,7 +28,7 @@ from sordino.server.load_board import LoadBoard
 from sordino.testing import RunningServer, serve_in_thread
 from tests.conftest import thread_isolated
 from tests.metrics import counter_sum
-from tests.server.helpers import SIMPLE_BODY, SIMPLE_REQUEST, Gate, stats
+from tests.server.helpers import SIMPLE_BODY, SIMPLE_REQUEST, Gate, frontend_pid, stats
 from tests.waiting import wait_for
 
 LIMIT = 1 << 20  # server.max_request_size here: a 413 is cheap to provoke
@@ -43,18 +43,12 @@ def server() -> Iterator[RunningServer]:
         yield running
 
 
-def _frontend(server: RunningServer) -> int:
-    assert server.frontends is not None
-    (pid,) = server.frontends.pids()
-    return pid
-
-
 def _owner(server: RunningServer, sock: socket.socket) -> int:
     """The pid of the process that accepted ``sock``'s connection (this one: the engine)."""
     client_port = sock.getsockname()[1]
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        for pid in (_frontend(server), os.getpid()):
+        for pid in (frontend_pid(server), os.getpid()):
             try:
                 held = psutil.Process(pid).net_connections(kind="tcp")
             except psutil.NoSuchProcess:
@@ -99,19 +93,19 @@ def _ask(
 
 def test_both_processes_accept_connections_on_the_one_port(server: RunningServer) -> None:
     owners = set()
-    for pid in (_frontend(server), os.getpid()):
+    for pid in (frontend_pid(server), os.getpid()):
         connection = _connection(server, pid)
         status, _, _ = _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits())
         assert status == 200
         assert connection.sock is not None
         owners.add(_owner(server, connection.sock))
         connection.close()
-    assert owners == {_frontend(server), os.getpid()}
+    assert owners == {frontend_pid(server), os.getpid()}
 
 
 def test_an_answer_through_the_front_end_equals_the_engines_own(server: RunningServer) -> None:
     answers = []
-    for pid in (_frontend(server), os.getpid()):
+    for pid in (frontend_pid(server), os.getpid()):
         connection = _connection(server, pid)
         for seed in range(3):
             status, payload, headers = _ask(
@@ -142,7 +136,7 @@ def test_errors_are_the_same_through_either_process(
     server: RunningServer, request_: tuple[str, str, bytes | None, dict[str, str]]
 ) -> None:
     answers = []
-    for pid in (_frontend(server), os.getpid()):
+    for pid in (frontend_pid(server), os.getpid()):
         connection = _connection(server, pid)
         status, payload, headers = _ask(connection, *request_)
         headers.pop("date", None)
@@ -169,7 +163,7 @@ def test_a_client_that_leaves_cancels_its_request_in_the_engine(server: RunningS
         )
         holder.start()
         wait_for(gate.entered.is_set, "the held batch to start")
-        leaving = _connection(server, _frontend(server))
+        leaving = _connection(server, frontend_pid(server))
         assert leaving.sock is not None
         leaving.sock.sendall(SIMPLE_REQUEST)
         wait_for(lambda: stats(server, "simple").queue.depth == 1, "the request to queue")
@@ -224,7 +218,7 @@ def test_the_front_end_refuses_from_the_engines_load_board(server: RunningServer
             board.close()
         before = stats(server, model).rejected
         counted = _shed_count(server)
-        front = _connection(server, _frontend(server))
+        front = _connection(server, frontend_pid(server))
         status, payload, headers = _ask(
             front, "POST", f"/v2/models/{model}/infer", _digits(),
             {"X-Sordino-Priority": "low", "X-Sordino-Timeout": "1"},  # 1 µs: cannot be met
@@ -248,7 +242,7 @@ def test_the_front_end_refuses_from_the_engines_load_board(server: RunningServer
 
 
 def test_other_routes_move_the_connection_to_the_engine(server: RunningServer) -> None:
-    connection = _connection(server, _frontend(server))
+    connection = _connection(server, frontend_pid(server))
     status, _, _ = _ask(connection, "GET", "/v2/health/ready")  # its first request
     assert status == 200
     assert connection.sock is not None
@@ -266,7 +260,7 @@ def test_a_large_first_request_moves_with_all_its_bytes(server: RunningServer) -
     # Far more than one hand-over message (32 KiB): the bytes read go in several.
     body = json.dumps({"ready": True, "padding": "x" * 300_000}).encode()
     answers = []
-    for pid in (_frontend(server), os.getpid()):
+    for pid in (frontend_pid(server), os.getpid()):
         connection = _connection(server, pid)
         assert connection.sock is not None
         connection.sock.sendall(
@@ -283,7 +277,7 @@ def test_a_large_first_request_moves_with_all_its_bytes(server: RunningServer) -
 
 
 def test_a_stream_works_on_a_connection_the_front_end_accepted(server: RunningServer) -> None:
-    connection = _connection(server, _frontend(server))
+    connection = _connection(server, frontend_pid(server))
     status, _, _ = _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits())
     assert status == 200  # answered over the link; the stream below moves the connection
     status, events, headers = _ask(
@@ -302,7 +296,7 @@ def test_a_stream_works_on_a_connection_the_front_end_accepted(server: RunningSe
 def test_a_pipelined_other_request_behind_inference_gets_a_clear_503(
     server: RunningServer,
 ) -> None:
-    connection = _connection(server, _frontend(server))
+    connection = _connection(server, frontend_pid(server))
     assert connection.sock is not None
     body = _digits()
     connection.sock.sendall(
@@ -334,7 +328,7 @@ def test_a_front_end_that_dies_is_replaced_and_the_engine_loses_nothing(
     server: RunningServer,
 ) -> None:
     assert server.frontends is not None
-    dead = _frontend(server)
+    dead = frontend_pid(server)
     statuses: list[int] = []
     steady = threading.Thread(target=_serve_steadily, args=(server, 200, statuses))
     steady.start()
@@ -350,9 +344,9 @@ def test_a_front_end_that_dies_is_replaced_and_the_engine_loses_nothing(
         ),
         "the new front end to connect",
     )
-    replacement = _connection(server, _frontend(server))
+    replacement = _connection(server, frontend_pid(server))
     status, _, _ = _ask(replacement, "POST", "/v2/models/digits-classifier/infer", _digits())
-    assert status == 200 and _frontend(server) != dead
+    assert status == 200 and frontend_pid(server) != dead
     replacement.close()
 
 
@@ -370,7 +364,7 @@ def test_a_stop_answers_what_a_front_end_has_in_flight() -> None:
     serving = serve_in_thread(config, thread_isolated(simple))
     server = serving.__enter__()
     assert server.frontends is not None
-    frontend = psutil.Process(_frontend(server))
+    frontend = psutil.Process(frontend_pid(server))
     answered: list[tuple[int, str]] = []
     with Gate(server, "simple") as gate:
         connection = _connection(server, frontend.pid)
@@ -540,7 +534,7 @@ def test_a_request_the_front_end_decodes_is_answered_byte_for_byte_as_the_engine
 ) -> None:
     _, model, body, headers = case
     answers = []
-    for pid in (_frontend(server), os.getpid()):
+    for pid in (frontend_pid(server), os.getpid()):
         connection = _connection(server, pid)
         status, payload, got = _ask(connection, "POST", f"/v2/models/{model}/infer", body, headers)
         got.pop("date", None)
@@ -564,7 +558,7 @@ def test_only_decoded_requests_reach_the_engine_and_a_malformed_body_none(
         monkeypatch.setattr(engine_link, name, spy)
     counted: list[tuple[Any, ...]] = []
     monkeypatch.setattr(server.runtime.service, "refused_unread", lambda *a: counted.append(a))
-    connection = _connection(server, _frontend(server))
+    connection = _connection(server, frontend_pid(server))
     path = "/v2/models/digits-classifier/infer"
     status, payload, _ = _ask(connection, "POST", path, b'{"inputs": 3}')
     assert status == 400 and b"inputs" in payload
@@ -586,7 +580,7 @@ def test_system_shared_memory_works_through_the_front_end(server: RunningServer)
     try:
         first = np.arange(16, dtype=np.int32).reshape(1, 16)
         shm.set_shared_memory_region(inputs, [first, first * 3])
-        connection = _connection(server, _frontend(server))
+        connection = _connection(server, frontend_pid(server))
         for name, key in (("fe_in", f"/sordino_fe_in_{tag}"), ("fe_out", f"/sordino_fe_out_{tag}")):
             status, _, _ = _ask(
                 connection,
@@ -596,7 +590,7 @@ def test_system_shared_memory_works_through_the_front_end(server: RunningServer)
             )
             assert status == 200
         connection.close()  # the registration moved that connection to the engine
-        connection = _connection(server, _frontend(server))
+        connection = _connection(server, frontend_pid(server))
         body = json.dumps(
             {
                 "inputs": [
@@ -648,7 +642,7 @@ def test_a_model_whose_result_cache_is_on_gets_the_body_through_the_front_end(
     cache = server.runtime.result_cache
     cache.enable("digits-classifier", True)
     try:
-        connection = _connection(server, _frontend(server))
+        connection = _connection(server, frontend_pid(server))
         hits = cache.hits
         answers = [
             _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits(7))[:2]

@@ -29,7 +29,7 @@ from sordino.server.grpc_link import StreamContext
 from sordino.server.link_tensors import STREAM_WINDOW
 from sordino.testing import RunningServer, serve_in_thread
 from tests.conftest import thread_isolated
-from tests.server.helpers import Gate, stats
+from tests.server.helpers import Gate, frontend_pid, stats
 from tests.waiting import wait_for
 
 SERVICE = "/inference.GRPCInferenceService/"
@@ -42,16 +42,19 @@ def server() -> Iterator[RunningServer]:
         yield running
 
 
-def _frontend(server: RunningServer) -> int:
-    assert server.frontends is not None
-    (pid,) = server.frontends.pids()
-    return pid
+def _simple() -> pb.ModelInferRequest:
+    """A ModelInfer of the built-in ``simple`` model (two INT32 [1, 16] inputs of ones)."""
+    message = pb.ModelInferRequest(model_name="simple")
+    for name in ("INPUT0", "INPUT1"):
+        message.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        message.raw_input_contents.append(np.ones((1, 16), np.int32).tobytes())
+    return message
 
 
 def _held(server: RunningServer) -> dict[int, set[int]]:
     """Each process's connections on the gRPC port (their clients' ports)."""
     held: dict[int, set[int]] = {}
-    for pid in (_frontend(server), os.getpid()):
+    for pid in (frontend_pid(server), os.getpid()):
         connections = psutil.Process(pid).net_connections(kind="tcp")
         held[pid] = {
             c.raddr.port
@@ -95,7 +98,7 @@ def _channel(
 @pytest.fixture(scope="module")
 def channels(server: RunningServer) -> Iterator[tuple[grpc.Channel, grpc.Channel]]:
     """A channel to the front end, then one to the engine."""
-    through, own = _channel(server, _frontend(server)), _channel(server, os.getpid())
+    through, own = _channel(server, frontend_pid(server)), _channel(server, os.getpid())
     yield through, own
     through.close()
     own.close()
@@ -247,11 +250,7 @@ def test_a_cancelled_call_is_cancelled_in_the_engine(
     server: RunningServer, channels: tuple[grpc.Channel, grpc.Channel]
 ) -> None:
     through, own = channels
-    message = pb.ModelInferRequest(model_name="simple")
-    for name in ("INPUT0", "INPUT1"):
-        message.inputs.add(name=name, datatype="INT32", shape=[1, 16])
-        message.raw_input_contents.append(np.ones((1, 16), np.int32).tobytes())
-    raw = message.SerializeToString()
+    raw = _simple().SerializeToString()
     before = stats(server, "simple")
     with Gate(server, "simple") as gate:
         held = own.unary_unary(SERVICE + "ModelInfer").future(raw, timeout=30)
@@ -298,11 +297,7 @@ def test_a_stream_cancelled_through_the_front_end_is_cancelled_in_the_engine(
     server: RunningServer, channels: tuple[grpc.Channel, grpc.Channel]
 ) -> None:
     through, own = channels
-    message = pb.ModelInferRequest(model_name="simple")
-    for name in ("INPUT0", "INPUT1"):
-        message.inputs.add(name=name, datatype="INT32", shape=[1, 16])
-        message.raw_input_contents.append(np.ones((1, 16), np.int32).tobytes())
-    raw = message.SerializeToString()
+    raw = _simple().SerializeToString()
     before = stats(server, "simple")
     with Gate(server, "simple") as gate:
         held = own.unary_unary(SERVICE + "ModelInfer").future(raw, timeout=30)
@@ -329,7 +324,7 @@ def test_a_slow_stream_client_holds_the_engine_back_not_the_front_ends_memory(
 ) -> None:
     # The client's HTTP/2 window stays at its first 64 KiB (no BDP probing), so a client
     # that reads nothing soon stops gRPC taking the front end's responses.
-    slow = _channel(server, _frontend(server), (("grpc.http2.bdp_probe", 0),))
+    slow = _channel(server, frontend_pid(server), (("grpc.http2.bdp_probe", 0),))
     requests, count = 64, 100
     responses = slow.stream_stream(SERVICE + "ModelStreamInfer")(
         iter([_countdown(count, f"s{i}") for i in range(requests)]), timeout=120
@@ -387,11 +382,8 @@ def test_a_stop_answers_the_calls_a_front_end_has_in_flight() -> None:
     simple = [s for s in builtin_sources() if s.name == "simple"]
     serving = serve_in_thread(config, thread_isolated(simple))
     server = serving.__enter__()
-    frontend = psutil.Process(_frontend(server))
-    message = pb.ModelInferRequest(model_name="simple")
-    for name in ("INPUT0", "INPUT1"):
-        message.inputs.add(name=name, datatype="INT32", shape=[1, 16])
-        message.raw_input_contents.append(np.ones((1, 16), np.int32).tobytes())
+    frontend = psutil.Process(frontend_pid(server))
+    message = _simple()
     with Gate(server, "simple") as gate:
         channel = _channel(server, frontend.pid)
         call = channel.unary_unary(SERVICE + "ModelInfer").future(
@@ -475,7 +467,7 @@ def test_keys_and_tenants_hold_through_the_front_end() -> None:
     index = pb.RepositoryIndexRequest().SerializeToString()
     metadata = pb.ModelMetadataRequest(name="simple").SerializeToString()
     with serve_in_thread(config, thread_isolated(simple)) as server:
-        through, own = _channel(server, _frontend(server)), _channel(server, os.getpid())
+        through, own = _channel(server, frontend_pid(server)), _channel(server, os.getpid())
         try:
             for key in (None, "wrong-key-0123456789", acme, admin):
                 sent = () if key is None else (("authorization", f"Bearer {key}"),)
