@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, cast
 
@@ -238,3 +239,16 @@ def test_the_default_is_one_front_end_on_small_machines() -> None:
 def test_one_front_end_is_one_process() -> None:
     assert frontend_count(ServerConfig(frontends=1)) == 1
     assert frontend_count(ServerConfig()) == default_frontends(os.cpu_count())
+
+
+def test_the_default_is_one_where_more_cannot_work(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Left unset, the count never asks for what start-up would refuse: more than one
+    front end with TLS, or off Linux (on a machine with many cores)."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert frontend_count(ServerConfig()) == 4
+    tls = {"cert": str(tmp_path / "c.pem"), "key": str(tmp_path / "k.pem")}
+    assert frontend_count(ServerConfig.model_validate({"tls": tls})) == 1
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert frontend_count(ServerConfig()) == 1

@@ -61,10 +61,10 @@ def default_frontends(cores: int | None) -> int:
 
 def frontend_count(settings: ServerConfig) -> int:
     """The number of front ends (HTTP and gRPC) ``settings`` ask for (the default from
-    the cores)."""
+    the cores; 1 where more cannot work: with TLS, or off Linux)."""
     if settings.frontends is not None:
         return settings.frontends
-    if settings.tls is not None:
+    if settings.tls is not None or not sys.platform.startswith("linux"):
         return 1
     return default_frontends(os.cpu_count())
 

@@ -7,9 +7,9 @@ open
     bind the HTTP port, then the gRPC port (a port in use stops start-up before any
     model loads, naming the flag that changes it), open the journal (locked: one
     server per journal), load every model (``on_loaded`` after each), start gRPC,
-    start HTTP, publish the engine's load board and start the extra HTTP front-end
-    processes, which refuse from it (``server.frontends`` > 1), start model control
-    (poll mode's rescans);
+    start HTTP, publish the engine's load board and start the extra front-end processes
+    (HTTP and gRPC; their HTTP refuses from the board; ``server.frontends`` > 1), start
+    model control (poll mode's rescans);
 close
     stop accepting connections, stop the front-end processes (each answers what it
     has in flight first), stop model control, let queued requests finish
@@ -51,7 +51,7 @@ class Server:
     grpc: GrpcServer
     journal: Path | None
     frontends: Frontends | None = None
-    """The extra HTTP front-end processes (None: the engine's listener is the only one)."""
+    """The extra front-end processes (None: the engine's listeners are the only ones)."""
 
     @property
     def url(self) -> str:
