@@ -59,7 +59,7 @@ log = logging.getLogger("sordino.frontends")
 Adopt = Callable[[socket.socket, bytes], None]
 
 
-class _LinkConnection(asyncio.Protocol):
+class _LinkConnection(link_frames.BatchedWrites, asyncio.Protocol):
     """One front end's link connection, on the engine."""
 
     def __init__(self, link: EngineLink) -> None:
@@ -184,18 +184,6 @@ class _LinkConnection(asyncio.Protocol):
 
     def _send(self, ident: int, status: int, payload: bytes, headers: dict[str, str]) -> None:
         self._write(link_frames.encode_answer(ident, status, payload, headers))
-
-    def _write(self, parts: list[bytes]) -> None:
-        if self.transport is None or self.transport.is_closing():
-            return
-        if not self.out:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self.out += parts
-
-    def _flush(self) -> None:
-        out, self.out = self.out, []
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.writelines(out)
 
 
 class EngineLink:

@@ -45,7 +45,7 @@ Reply = Answer | tuple[InferResponse, bool]
 response (to encode here) and whether to close the connection after it."""
 
 
-class FrontendLink(asyncio.Protocol):
+class FrontendLink(link_frames.BatchedWrites, asyncio.Protocol):
     """The front end's link connection (see the module's docstring)."""
 
     def __init__(self) -> None:
@@ -242,16 +242,6 @@ class FrontendLink(asyncio.Protocol):
         """The client of request ``ident`` left: the engine cancels it; no answer comes."""
         if self.waiting.pop(ident, None) is not None:
             self._write([link_frames.encode_cancel(ident)])
-
-    def _write(self, parts: list[bytes]) -> None:
-        if not self.out:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self.out += parts
-
-    def _flush(self) -> None:
-        out, self.out = self.out, []
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.writelines(out)
 
     def close(self) -> None:
         if self.transport is not None:
