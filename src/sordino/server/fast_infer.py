@@ -41,6 +41,7 @@ from sordino.server.service import request_tenant
 
 __all__ = [
     "INFER_PATH",
+    "READ_HEADERS",
     "BodyReader",
     "Watch",
     "admit",
@@ -71,6 +72,8 @@ _FORWARDED = {
     b"x-sordino-tenant": "x-sordino-tenant",
     b"authorization": "authorization",  # the API key: the service authenticates it
 }
+READ_HEADERS = frozenset({b"content-length", b"inference-header-content-length", *_FORWARDED})
+"""Every header :func:`parse_headers` reads (what a front end forwards of a request)."""
 _JSON = b"application/json"
 
 

@@ -32,6 +32,7 @@ from sordino.protocol.codec import encode_error
 from sordino.server.connection_guard import ConnectionGuard
 from sordino.server.fast_infer import (
     INFER_PATH,
+    READ_HEADERS,
     answer_error,
     check_declared,
     decode_body,
@@ -49,18 +50,6 @@ __all__ = ["FrontendInferCycle", "FrontendProtocol", "frontend_protocol"]
 _LINE_MAX = 16384
 """Bytes read for a request line at most before the connection is handed over anyway
 (the engine's parser then answers whatever it is)."""
-# The headers ``fast_infer.answer_infer`` reads; the others stay in the front end.
-_FORWARDED = frozenset(
-    {
-        b"content-length",
-        b"inference-header-content-length",
-        b"x-sordino-tag",
-        b"x-sordino-priority",
-        b"x-sordino-timeout",
-        b"x-sordino-tenant",
-        b"authorization",
-    }
-)
 _PIPELINED = (
     "a request that is not inference, pipelined behind an unanswered inference request, "
     "is not supported by an extra front-end process (server.frontends > 1): send it once "
@@ -168,14 +157,6 @@ class FrontendProtocol(HttpProtocol):
             )
         transport.close()  # only this process's descriptor: the engine's copy stays open
 
-    def refuse_before_forward(self, cycle: FrontendInferCycle) -> Answer | None:
-        """An answer that refuses ``cycle`` without asking the engine, or None to send it.
-
-        The place for a refusal from the engine's published load (no round trip); none
-        yet: every request is sent.
-        """
-        return None
-
 
 def _inference(line: bytes) -> bool:
     """Whether a request line's target is ``…/infer`` (any method: the 405 is local)."""
@@ -206,11 +187,8 @@ class FrontendInferCycle(InferCycle):
             self.respond(405, encode_error(message), {"Allow": "POST"})
             return
         conn = self.conn
-        refusal = conn.refuse_before_forward(self)
-        if refusal is not None:
-            self.respond(refusal.status, refusal.payload, refusal.headers)
-            return
-        forwarded = [pair for pair in self.headers if pair[0] in _FORWARDED]
+        # The headers the engine reads; the others stay in the front end.
+        forwarded = [pair for pair in self.headers if pair[0] in READ_HEADERS]
         declared, header_length, facts = parse_headers(forwarded)
         try:
             check_declared(conn.max_request_size, declared)
