@@ -158,18 +158,15 @@ class LoadBoardPublisher:
             if route in self._slots or route in self._overflow:
                 continue
             name, version = route
-            slot = next(free, None)
-            if len(name.encode()) > NAME_BYTES or len(version.encode()) > VERSION_BYTES:
-                slot = None
+            too_long = len(name.encode()) > NAME_BYTES or len(version.encode()) > VERSION_BYTES
+            slot = None if too_long else next(free, None)  # a slot only for a route it takes
             if slot is None:
                 self._overflow.add(route)
                 log.warning(
                     "model %s:%s is not on the load board (%s): front ends forward its "
                     "requests for the engine to refuse",
                     name, version,
-                    "its name is too long" if len(name.encode()) > NAME_BYTES
-                    or len(version.encode()) > VERSION_BYTES
-                    else f"all {board.slots} slots taken",
+                    "its name is too long" if too_long else f"all {board.slots} slots taken",
                 )  # fmt: skip
                 continue
             self._slots[route] = slot
