@@ -27,8 +27,10 @@ from sordino.protocol.pb import kserve_v2_pb2 as pb
 from sordino.server.grpc import InferenceServicer
 from sordino.server.grpc_link import StreamContext
 from sordino.server.link_tensors import STREAM_WINDOW
+from sordino.server.load_board import LoadBoard
 from sordino.testing import RunningServer, serve_in_thread
 from tests.conftest import thread_isolated
+from tests.metrics import counter_sum
 from tests.server.helpers import Gate, frontend_pid, stats
 from tests.waiting import wait_for
 
@@ -265,6 +267,75 @@ def test_a_cancelled_call_is_cancelled_in_the_engine(
         gate.release()
         assert pb.ModelInferResponse.FromString(held.result()).model_name == "simple"
         assert gate.rows == [1]  # the cancelled request never ran
+
+
+def _with_parameters(raw: bytes, **parameters: object) -> bytes:
+    message = pb.ModelInferRequest.FromString(raw)
+    for name, value in parameters.items():
+        if isinstance(value, str):
+            message.parameters[name].string_param = value
+        else:
+            assert isinstance(value, int)
+            message.parameters[name].int64_param = value
+    return message.SerializeToString()
+
+
+def test_the_front_end_refuses_a_model_infer_from_the_engines_load_board(
+    server: RunningServer, channels: tuple[grpc.Channel, grpc.Channel]
+) -> None:
+    """A backlog the engine published is refused by the front end's gRPC too, from the
+    message's parameters: the engine's status, message and retry-after, without the
+    request reaching the engine's scheduler, and counted in the engine's metrics."""
+    through, own = channels
+    model = "digits-classifier"
+    outcomes: list[tuple[object, ...]] = []
+
+    def send(seed: int, priority: str) -> None:
+        outcomes.append(
+            _outcome(own, "ModelInfer", _with_parameters(_digits(seed), priority=priority))
+        )
+
+    def shed_count() -> float:
+        return counter_sum(server, "sordino_rejected_requests", lambda s: s["reason"] == "shed")
+
+    for seed in range(3):  # the engine learns how long a batch takes: its expected wait
+        _call(own, "ModelInfer", _digits(seed))
+    with Gate(server, model) as gate:
+        senders = [threading.Thread(target=send, args=(0, "high"))]
+        senders[0].start()
+        wait_for(gate.entered.is_set, "the held batch to start")
+        senders += [threading.Thread(target=send, args=(i, "low")) for i in range(1, 9)]
+        for sender in senders[1:]:
+            sender.start()
+        wait_for(lambda: stats(server, model).queue.depth == 8, "8 low rows queued")
+        assert server.frontends is not None and server.frontends.spec.board is not None
+        board = LoadBoard.attach(server.frontends.spec.board)
+        try:
+            wait_for(
+                lambda: any(r.name == model and sum(r.rows_ahead) == 8 for r in board.routes()),
+                "the engine to publish the backlog",
+            )
+        finally:
+            board.close()
+        before, counted = stats(server, model).rejected, shed_count()
+        # 1 µs cannot be met behind the backlog: refused in the front end.
+        code, details, trailing = _outcome(
+            through, "ModelInfer", _with_parameters(_digits(20), priority="low", timeout=1)
+        )
+        assert code == grpc.StatusCode.UNAVAILABLE
+        assert f"model {model}/1 is overloaded" in str(details)
+        assert trailing and int(str(trailing[0][1])) >= 1
+        assert stats(server, model).rejected == before  # the engine never saw it
+        wait_for(lambda: shed_count() == counted + 1, "the engine to count the refusal")
+        # A malformed priority is not the front end's to judge: the engine answers it.
+        code, details, _ = _outcome(
+            through, "ModelInfer", _with_parameters(_digits(21), priority="urgent", timeout=1)
+        )
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "is not a priority" in str(details)
+        gate.release()
+        for sender in senders:
+            sender.join(30)
+    assert [o[0] for o in outcomes] == ["ok"] * 9
 
 
 def _countdown(count: int, ident: str) -> bytes:

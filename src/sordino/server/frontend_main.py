@@ -130,7 +130,9 @@ async def serve(spec: FrontendSpec) -> None:
     if spec.grpc_port is not None:
         from sordino.server.grpc_frontend import open_frontend_grpc
 
-        grpc_server = await open_frontend_grpc(link, spec.host, spec.grpc_port, spec.grpc_options)
+        grpc_server = await open_frontend_grpc(
+            link, spec.host, spec.grpc_port, spec.grpc_options, shed
+        )
     ended = loop.create_task(link.closed.wait())
     stopped = loop.create_task(stop.wait())
     await asyncio.wait([ended, stopped], return_when=asyncio.FIRST_COMPLETED)

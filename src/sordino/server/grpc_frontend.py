@@ -26,6 +26,13 @@ it:
   engine one more (``STREAM_CREDIT``): at most ``link_tensors.STREAM_WINDOW`` wait
   here for a client that reads slowly.
 
+A decoded ``ModelInfer`` is first put to the engine's load board when the front end
+has one (``server/board_shed.py``): the rule the HTTP front end applies to headers is
+applied to the message's ``priority``, ``tag`` and ``timeout`` parameters, and a request
+the engine would shed ends here with the engine's own status (UNAVAILABLE, its message
+and ``retry-after``) without crossing the link; the refusal is counted in the engine's
+metrics as the HTTP ones are.
+
 When the engine is gone a call gets UNAVAILABLE with ``frontend_link.ENGINE_GONE``.
 """
 
@@ -37,16 +44,25 @@ from typing import Any, NoReturn
 
 import grpc
 
-from sordino.errors import SordinoError
+from sordino.errors import Shed, SordinoError
+from sordino.inference import InferRequest
 from sordino.protocol.grpc_codec import decode_infer_request, encode_infer_response, parse_message
 from sordino.protocol.pb import kserve_v2_pb2 as pb
+from sordino.server.early_shed import HeaderShed
 from sordino.server.frontend_link import ENGINE_GONE, FrontendLink, Reply
 from sordino.server.grpc import SERVICE, UNSUPPORTED_RPCS, Caller
 from sordino.server.grpc_accept import open_server
-from sordino.server.grpc_guard import UNARY_RPCS, Unary, guard, serialize, unsupported
+from sordino.server.grpc_guard import (
+    UNARY_RPCS,
+    Unary,
+    abort_with,
+    guard,
+    serialize,
+    unsupported,
+)
 from sordino.server.link_frames import Answer
 
-__all__ = ["frontend_handler", "open_frontend_grpc"]
+__all__ = ["board_refusal", "frontend_handler", "open_frontend_grpc"]
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
@@ -88,7 +104,55 @@ def _forwarder(link: FrontendLink, method: str) -> Callable[[bytes, Any], Awaita
     return forward
 
 
-def _model_infer(link: FrontendLink) -> Unary:
+_PARAMETER_HEADERS = (
+    ("priority", b"x-sordino-priority"),
+    ("tag", b"x-sordino-tag"),
+    ("timeout", b"x-sordino-timeout"),
+)
+
+
+def board_refusal(shed: HeaderShed, request: InferRequest) -> Shed | None:
+    """The refusal the board gives ``request`` (a decoded ``ModelInfer``), or None.
+
+    The message's ``priority``, ``tag`` and ``timeout`` parameters are what admission
+    reads for a gRPC request, so they are put to the header rule as the headers that
+    carry them over HTTP; the whole message is known here, so a stated priority counts
+    as stated. A value the rule cannot take as it is (a bool, a float, a name outside
+    ASCII) is not refused here: the engine says what is wrong with it.
+    """
+    try:
+        model = request.model.encode("ascii")
+        version = request.version.encode("ascii") if request.version else None
+    except UnicodeEncodeError:
+        return None
+    target = (
+        b"/v2/models/%s/infer" % model
+        if version is None
+        else b"/v2/models/%s/versions/%s/infer" % (model, version)
+    )
+    headers: list[tuple[bytes, bytes]] = []
+    parameters = request.parameters
+    for name, header in _PARAMETER_HEADERS:
+        value = parameters.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            return None
+        try:
+            headers.append((header, str(value).encode("ascii")))
+        except UnicodeEncodeError:
+            return None
+    tenant = request.headers.get("x-sordino-tenant")
+    if tenant:
+        try:
+            headers.append((b"x-sordino-tenant", tenant.encode("latin-1")))
+        except UnicodeEncodeError:
+            return None
+    refused = shed.refusal_of(target, headers)
+    return None if refused is None else refused[0]
+
+
+def _model_infer(link: FrontendLink, shed: HeaderShed | None) -> Unary:
     forward = _forwarder(link, "ModelInfer")
 
     async def model_infer(raw: bytes, context: Any) -> bytes:
@@ -99,6 +163,10 @@ def _model_infer(link: FrontendLink) -> Unary:
             # The engine's servicer answers it, in its own words and order.
             return await forward(raw, context)
         Caller.of(context).stamp(request)
+        if shed is not None:
+            refused = board_refusal(shed, request)
+            if refused is not None:
+                await abort_with(context, refused)
         await link.writable()
         try:
             ident, future = link.call_grpc(request, message.ByteSize())
@@ -153,8 +221,9 @@ def _metadata(context: Any) -> list[tuple[str, str]]:
     ]
 
 
-def frontend_handler(link: FrontendLink) -> Any:
-    """The generic handler of ``inference.GRPCInferenceService`` in a front end."""
+def frontend_handler(link: FrontendLink, shed: HeaderShed | None = None) -> Any:
+    """The generic handler of ``inference.GRPCInferenceService`` in a front end;
+    ``shed``: the engine's load board's rule (None: nothing is refused here)."""
     handlers: dict[str, Any] = {
         name: grpc.unary_unary_rpc_method_handler(
             guard(_forwarder(link, name)), response_serializer=_identity
@@ -165,7 +234,7 @@ def frontend_handler(link: FrontendLink) -> Any:
     # guard: an error here (an answer that cannot be encoded) ends the call as the
     # engine's own server would end it.
     handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
-        guard(_model_infer(link)), response_serializer=_identity
+        guard(_model_infer(link, shed)), response_serializer=_identity
     )
 
     handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
@@ -177,12 +246,16 @@ def frontend_handler(link: FrontendLink) -> Any:
 
 
 async def open_frontend_grpc(
-    link: FrontendLink, host: str, port: int, options: dict[str, int]
+    link: FrontendLink,
+    host: str,
+    port: int,
+    options: dict[str, int],
+    shed: HeaderShed | None = None,
 ) -> Any:
     """Bind ``host:port`` beside the engine (``SO_REUSEPORT``) and start serving.
 
-    ``options``: ``max_receive`` (bytes), ``handshake_ms``, ``accept_ahead``. Raises
-    OSError if the port cannot be bound.
+    ``options``: ``max_receive`` (bytes), ``handshake_ms``, ``accept_ahead``; ``shed``
+    as :func:`frontend_handler` takes it. Raises OSError if the port cannot be bound.
     """
     server = open_server(
         [
@@ -193,7 +266,7 @@ async def open_frontend_grpc(
         ],
         options.get("accept_ahead", 1),
     )
-    server.add_generic_rpc_handlers((frontend_handler(link),))
+    server.add_generic_rpc_handlers((frontend_handler(link, shed),))
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)
