@@ -189,6 +189,9 @@ def _stream(link: FrontendLink) -> Callable[[Any, Any], Awaitable[None]]:
 
         async def pump() -> None:
             async for raw in requests:
+                # A client that sends faster than the engine reads waits here, its
+                # messages unread by gRPC (HTTP/2 flow control), not in this memory.
+                await link.writable()
                 link.stream_message(ident, raw)
             link.stream_end(ident)
 
