@@ -8,7 +8,9 @@ from typing import Any
 
 from sordino.inference import Tensor
 from sordino.records import SchedulerStatistics
+from sordino.server.load_board import LoadBoard
 from sordino.testing import RunningServer
+from tests.waiting import wait_for
 
 SIMPLE_BODY = json.dumps(
     {
@@ -29,6 +31,21 @@ SIMPLE_REQUEST = (
 
 def stats(server: RunningServer, name: str, version: str | None = None) -> SchedulerStatistics:
     return server.runtime.get(name, version).scheduler.statistics()
+
+
+def published_backlog(server: RunningServer, model: str, rows: int) -> None:
+    """Wait until ``rows`` rows of ``model`` are queued and the engine's load board (a
+    server with front-end processes) shows them."""
+    wait_for(lambda: stats(server, model).queue.depth == rows, f"{rows} rows queued")
+    assert server.frontends is not None and server.frontends.spec.board is not None
+    board = LoadBoard.attach(server.frontends.spec.board)
+    try:
+        wait_for(
+            lambda: any(r.name == model and sum(r.rows_ahead) == rows for r in board.routes()),
+            "the engine to publish the backlog",
+        )
+    finally:
+        board.close()
 
 
 class Gate:

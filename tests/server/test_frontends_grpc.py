@@ -27,11 +27,10 @@ from sordino.protocol.pb import kserve_v2_pb2 as pb
 from sordino.server.grpc import InferenceServicer
 from sordino.server.grpc_link import StreamContext
 from sordino.server.link_tensors import STREAM_WINDOW
-from sordino.server.load_board import LoadBoard
 from sordino.testing import RunningServer, serve_in_thread
 from tests.conftest import thread_isolated
 from tests.metrics import counter_sum
-from tests.server.helpers import Gate, frontend_pid, stats
+from tests.server.helpers import Gate, frontend_pid, published_backlog, stats
 from tests.waiting import wait_for
 
 SERVICE = "/inference.GRPCInferenceService/"
@@ -307,16 +306,7 @@ def test_the_front_end_refuses_a_model_infer_from_the_engines_load_board(
         senders += [threading.Thread(target=send, args=(i, "low")) for i in range(1, 9)]
         for sender in senders[1:]:
             sender.start()
-        wait_for(lambda: stats(server, model).queue.depth == 8, "8 low rows queued")
-        assert server.frontends is not None and server.frontends.spec.board is not None
-        board = LoadBoard.attach(server.frontends.spec.board)
-        try:
-            wait_for(
-                lambda: any(r.name == model and sum(r.rows_ahead) == 8 for r in board.routes()),
-                "the engine to publish the backlog",
-            )
-        finally:
-            board.close()
+        published_backlog(server, model, 8)
         before, counted = stats(server, model).rejected, shed_count()
         # 1 µs cannot be met behind the backlog: refused in the front end.
         code, details, trailing = _outcome(
