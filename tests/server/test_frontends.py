@@ -1,8 +1,10 @@
-"""``server.frontends: 2``: a second HTTP process on the port, the engine reached over its link.
+"""``server.frontends: 2``: two front-end processes on the port, the engine reached over its link.
 
-One module-scoped server (the engine on a thread of this process, its extra front end a
-real process); which process holds a connection is read from the kernel (psutil), so
-each test knows whether the front end or the engine accepted the connection it uses.
+One module-scoped server (the engine on a thread of this process, its two front ends real
+processes); the engine reads no client connection, so every connection lands on a front
+end (which process holds one is read from the kernel, psutil). What the engine would
+answer itself is the ``reference``: a one-process server (``server.frontends: 1``) on
+another thread, serving the same models; answers are compared with its.
 """
 
 from __future__ import annotations
@@ -43,12 +45,28 @@ def server() -> Iterator[RunningServer]:
         yield running
 
 
+@pytest.fixture(scope="module")
+def reference() -> Iterator[RunningServer]:
+    """One process reading its own connections: what the engine answers without front ends."""
+    config = RuntimeConfig.model_validate(
+        {"server": {"frontends": 1, "max_request_size": LIMIT, "shutdown_timeout": 10}}
+    )
+    # The same models: an error that lists them must read the same.
+    with serve_in_thread(config, thread_isolated(builtin_sources())) as running:
+        yield running
+
+
+def _pids(server: RunningServer) -> list[int]:
+    assert server.frontends is not None
+    return [*server.frontends.pids(), os.getpid()]
+
+
 def _owner(server: RunningServer, sock: socket.socket) -> int:
-    """The pid of the process that accepted ``sock``'s connection (this one: the engine)."""
+    """The pid of the process that holds ``sock``'s connection (this one: the engine)."""
     client_port = sock.getsockname()[1]
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        for pid in (frontend_pid(server), os.getpid()):
+        for pid in _pids(server):
             try:
                 held = psutil.Process(pid).net_connections(kind="tcp")
             except psutil.NoSuchProcess:
@@ -57,6 +75,13 @@ def _owner(server: RunningServer, sock: socket.socket) -> int:
                 return pid
         time.sleep(0.01)
     raise AssertionError("no process accepted the connection")
+
+
+def _any(server: RunningServer) -> http.client.HTTPConnection:
+    """A new connection to ``server`` (whichever process accepts it)."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    connection.connect()
+    return connection
 
 
 def _connection(server: RunningServer, pid: int) -> http.client.HTTPConnection:
@@ -91,32 +116,52 @@ def _ask(
     return response.status, payload, {k.lower(): v for k, v in response.getheaders()}
 
 
-def test_both_processes_accept_connections_on_the_one_port(server: RunningServer) -> None:
+def test_the_front_ends_accept_every_connection_and_the_engine_none(
+    server: RunningServer,
+) -> None:
+    assert server.frontends is not None
+    fronts = set(server.frontends.pids())
+    assert len(fronts) == 2
     owners = set()
-    for pid in (frontend_pid(server), os.getpid()):
-        connection = _connection(server, pid)
+    for _ in range(24):  # new connections: the kernel spreads them over the listeners
+        connection = _any(server)
         status, _, _ = _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits())
         assert status == 200
         assert connection.sock is not None
         owners.add(_owner(server, connection.sock))
         connection.close()
-    assert owners == {frontend_pid(server), os.getpid()}
+    assert owners == fronts  # both front ends, never the engine
+    engine = psutil.Process(os.getpid()).net_connections(kind="tcp")
+    ports = (server.port, server.grpc_port)
+    assert not [c for c in engine if c.laddr.port in ports and c.status == psutil.CONN_LISTEN]
 
 
-def test_an_answer_through_the_front_end_equals_the_engines_own(server: RunningServer) -> None:
+def test_the_engine_holds_the_ports_another_program_cannot_take_them(
+    server: RunningServer,
+) -> None:
+    for port in (server.port, server.grpc_port):
+        stranger = socket.socket()
+        stranger.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        with pytest.raises(OSError), stranger:
+            stranger.bind(("127.0.0.1", port))
+
+
+def test_an_answer_through_a_front_end_equals_the_engines_own(
+    server: RunningServer, reference: RunningServer
+) -> None:
     answers = []
-    for pid in (frontend_pid(server), os.getpid()):
-        connection = _connection(server, pid)
+    for running in (server, reference):
+        connection = _any(running)
         for seed in range(3):
             status, payload, headers = _ask(
                 connection, "POST", "/v2/models/digits-classifier/infer", _digits(seed)
             )
             headers.pop("date")
-            answers.append((pid, seed, status, payload, headers))
+            answers.append((seed, status, payload, headers))
         connection.close()
     through, own = answers[:3], answers[3:]
-    assert [a[2:] for a in through] == [a[2:] for a in own]
-    assert {a[2] for a in through} == {200}
+    assert through == own
+    assert {a[1] for a in through} == {200}
 
 
 ERRORS: list[tuple[str, str, bytes | None, dict[str, str]]] = [
@@ -132,12 +177,14 @@ ERRORS: list[tuple[str, str, bytes | None, dict[str, str]]] = [
 
 
 @pytest.mark.parametrize("request_", ERRORS, ids=lambda r: f"{r[0]} {r[1][:30]}")
-def test_errors_are_the_same_through_either_process(
-    server: RunningServer, request_: tuple[str, str, bytes | None, dict[str, str]]
+def test_errors_through_a_front_end_are_the_engines_own(
+    server: RunningServer,
+    reference: RunningServer,
+    request_: tuple[str, str, bytes | None, dict[str, str]],
 ) -> None:
     answers = []
-    for pid in (frontend_pid(server), os.getpid()):
-        connection = _connection(server, pid)
+    for running in (server, reference):
+        connection = _any(running)
         status, payload, headers = _ask(connection, *request_)
         headers.pop("date", None)
         if status == 503:
@@ -155,7 +202,7 @@ def test_a_client_that_leaves_cancels_its_request_in_the_engine(server: RunningS
     before = stats(server, "simple")
     with Gate(server, "simple") as gate:
         held: list[int] = []
-        engine = _connection(server, os.getpid())
+        engine = _any(server)
         holder = threading.Thread(
             target=lambda: held.append(
                 _ask(engine, "POST", "/v2/models/simple/infer", SIMPLE_BODY)[0]
@@ -163,7 +210,7 @@ def test_a_client_that_leaves_cancels_its_request_in_the_engine(server: RunningS
         )
         holder.start()
         wait_for(gate.entered.is_set, "the held batch to start")
-        leaving = _connection(server, frontend_pid(server))
+        leaving = _any(server)
         assert leaving.sock is not None
         leaving.sock.sendall(SIMPLE_REQUEST)
         wait_for(lambda: stats(server, "simple").queue.depth == 1, "the request to queue")
@@ -191,7 +238,7 @@ def test_the_front_end_refuses_from_the_engines_load_board(server: RunningServer
     answers: list[int] = []
 
     def send(priority: str) -> None:
-        connection = _connection(server, os.getpid())
+        connection = _any(server)
         status, _, _ = _ask(
             connection, "POST", f"/v2/models/{model}/infer", _digits(),
             {"X-Sordino-Priority": priority},
@@ -218,7 +265,7 @@ def test_the_front_end_refuses_from_the_engines_load_board(server: RunningServer
             board.close()
         before = stats(server, model).rejected
         counted = _shed_count(server)
-        front = _connection(server, frontend_pid(server))
+        front = _any(server)
         status, payload, headers = _ask(
             front, "POST", f"/v2/models/{model}/infer", _digits(),
             {"X-Sordino-Priority": "low", "X-Sordino-Timeout": "1"},  # 1 µs: cannot be met
@@ -242,7 +289,7 @@ def test_the_front_end_refuses_from_the_engines_load_board(server: RunningServer
 
 
 def test_other_routes_move_the_connection_to_the_engine(server: RunningServer) -> None:
-    connection = _connection(server, frontend_pid(server))
+    connection = _any(server)
     status, _, _ = _ask(connection, "GET", "/v2/health/ready")  # its first request
     assert status == 200
     assert connection.sock is not None
@@ -259,12 +306,14 @@ def test_other_routes_move_the_connection_to_the_engine(server: RunningServer) -
     connection.close()
 
 
-def test_a_large_first_request_moves_with_all_its_bytes(server: RunningServer) -> None:
+def test_a_large_first_request_moves_with_all_its_bytes(
+    server: RunningServer, reference: RunningServer
+) -> None:
     # Far more than one hand-over message (32 KiB): the bytes read go in several.
     body = json.dumps({"ready": True, "padding": "x" * 300_000}).encode()
     answers = []
-    for pid in (frontend_pid(server), os.getpid()):
-        connection = _connection(server, pid)
+    for running in (server, reference):
+        connection = _any(running)
         assert connection.sock is not None
         connection.sock.sendall(
             b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
@@ -280,7 +329,7 @@ def test_a_large_first_request_moves_with_all_its_bytes(server: RunningServer) -
 
 
 def test_a_stream_works_on_a_connection_the_front_end_accepted(server: RunningServer) -> None:
-    connection = _connection(server, frontend_pid(server))
+    connection = _any(server)
     status, _, _ = _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits())
     assert status == 200  # answered over the link; the stream below moves the connection
     status, events, headers = _ask(
@@ -299,7 +348,7 @@ def test_a_stream_works_on_a_connection_the_front_end_accepted(server: RunningSe
 def test_a_pipelined_other_request_behind_inference_gets_a_clear_503(
     server: RunningServer,
 ) -> None:
-    connection = _connection(server, frontend_pid(server))
+    connection = _any(server)
     assert connection.sock is not None
     body = _digits()
     connection.sock.sendall(
@@ -319,42 +368,90 @@ def test_a_pipelined_other_request_behind_inference_gets_a_clear_503(
     connection.close()
 
 
-def _serve_steadily(server: RunningServer, count: int, statuses: list[int]) -> None:
-    connection = _connection(server, os.getpid())
+def _serve_steadily(server: RunningServer, pid: int, count: int, statuses: list[int]) -> None:
+    connection = _connection(server, pid)
     for seed in range(count):
         status, _, _ = _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits(seed))
         statuses.append(status)
     connection.close()
 
 
-def test_a_front_end_that_dies_is_replaced_and_the_engine_loses_nothing(
+def test_a_front_end_that_dies_is_replaced_and_the_others_lose_nothing(
     server: RunningServer,
 ) -> None:
     assert server.frontends is not None
-    dead = frontend_pid(server)
+    restarts = server.frontends.restarts
+    dead, alive = server.frontends.pids()
     statuses: list[int] = []
-    steady = threading.Thread(target=_serve_steadily, args=(server, 200, statuses))
+    steady = threading.Thread(target=_serve_steadily, args=(server, alive, 200, statuses))
     steady.start()
-    wait_for(lambda: len(statuses) >= 20, "requests on the engine's connection")
+    wait_for(lambda: len(statuses) >= 20, "requests on the other front end's connection")
     os.kill(dead, signal.SIGKILL)
+    # What the kernel queued for it while it died is reset with it; once it no longer
+    # listens, new connections go to the front end that is left (or to the replacement).
+    wait_for(lambda: not _listening(dead, server.port), "the killed front end to let go")
+    for _ in range(5):
+        connection = _any(server)
+        assert _ask(connection, "GET", "/v2/health/ready")[0] == 200
+        connection.close()
     steady.join(60)
     assert statuses == [200] * 200
-    wait_for(lambda: server.frontends is not None and server.frontends.restarts == 1, "a restart")
+    wait_for(
+        lambda: server.frontends is not None and server.frontends.restarts == restarts + 1,
+        "a restart",
+    )
     wait_for(
         lambda: (
             server.frontends is not None
             and set(server.frontends.pids()) <= server.frontends.link.pids()
         ),
-        "the new front end to connect",
+        "the new front end to listen",
     )
-    replacement = _connection(server, frontend_pid(server))
-    status, _, _ = _ask(replacement, "POST", "/v2/models/digits-classifier/infer", _digits())
-    assert status == 200 and frontend_pid(server) != dead
-    replacement.close()
+    (replacement,) = set(server.frontends.pids()) - {alive}
+    assert replacement != dead
+    connection = _connection(server, replacement)
+    status, _, _ = _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits())
+    assert status == 200
+    connection.close()
 
 
-def _listening(process: psutil.Process, port: int) -> bool:
+def test_with_every_front_end_down_the_port_stays_the_engines(server: RunningServer) -> None:
+    """Both killed at once: no program can take the port meanwhile (``reserve_port``'s
+    own tests show the rest: a client is refused until a front end listens again), and
+    both come back."""
+    assert server.frontends is not None
+    restarts = server.frontends.restarts
+    pids = server.frontends.pids()
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    wait_for(
+        lambda: not any(_listening(pid, server.port) for pid in pids),
+        "the killed front ends to let go of the port",
+    )
+    stranger = socket.socket()
+    stranger.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    with pytest.raises(OSError), stranger:
+        stranger.bind(("127.0.0.1", server.port))
+    wait_for(
+        lambda: server.frontends is not None and server.frontends.restarts == restarts + 2,
+        "both restarts",
+    )
+    wait_for(
+        lambda: (
+            server.frontends is not None
+            and set(server.frontends.pids()) <= server.frontends.link.pids()
+        ),
+        "the new front ends to listen",
+    )
+    connection = _any(server)
+    assert _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits())[0] == 200
+    connection.close()
+
+
+def _listening(process: psutil.Process | int, port: int) -> bool:
     try:
+        if isinstance(process, int):
+            process = psutil.Process(process)
         held = process.net_connections(kind="tcp")
     except psutil.NoSuchProcess:
         return False
@@ -533,12 +630,12 @@ DECODED: list[tuple[str, str, bytes, dict[str, str]]] = [
 
 @pytest.mark.parametrize("case", DECODED, ids=lambda c: c[0])
 def test_a_request_the_front_end_decodes_is_answered_byte_for_byte_as_the_engine_does(
-    server: RunningServer, case: tuple[str, str, bytes, dict[str, str]]
+    server: RunningServer, reference: RunningServer, case: tuple[str, str, bytes, dict[str, str]]
 ) -> None:
     _, model, body, headers = case
     answers = []
-    for pid in (frontend_pid(server), os.getpid()):
-        connection = _connection(server, pid)
+    for running in (server, reference):
+        connection = _any(running)
         status, payload, got = _ask(connection, "POST", f"/v2/models/{model}/infer", body, headers)
         got.pop("date", None)
         answers.append((status, payload, got))
@@ -561,7 +658,7 @@ def test_only_decoded_requests_reach_the_engine_and_a_malformed_body_none(
         monkeypatch.setattr(engine_link, name, spy)
     counted: list[tuple[Any, ...]] = []
     monkeypatch.setattr(server.runtime.service, "refused_unread", lambda *a: counted.append(a))
-    connection = _connection(server, frontend_pid(server))
+    connection = _any(server)
     path = "/v2/models/digits-classifier/infer"
     status, payload, _ = _ask(connection, "POST", path, b'{"inputs": 3}')
     assert status == 400 and b"inputs" in payload
@@ -583,7 +680,7 @@ def test_system_shared_memory_works_through_the_front_end(server: RunningServer)
     try:
         first = np.arange(16, dtype=np.int32).reshape(1, 16)
         shm.set_shared_memory_region(inputs, [first, first * 3])
-        connection = _connection(server, frontend_pid(server))
+        connection = _any(server)
         for name, key in (("fe_in", f"/sordino_fe_in_{tag}"), ("fe_out", f"/sordino_fe_out_{tag}")):
             status, _, _ = _ask(
                 connection,
@@ -593,7 +690,7 @@ def test_system_shared_memory_works_through_the_front_end(server: RunningServer)
             )
             assert status == 200
         connection.close()  # the registration moved that connection to the engine
-        connection = _connection(server, frontend_pid(server))
+        connection = _any(server)
         body = json.dumps(
             {
                 "inputs": [
@@ -632,7 +729,7 @@ def test_system_shared_memory_works_through_the_front_end(server: RunningServer)
         assert added.tolist() == (first * 4).tolist()
         assert subtracted.tolist() == (first - first * 3).tolist()
     finally:
-        engine = _connection(server, os.getpid())
+        engine = _any(server)
         _ask(engine, "POST", "/v2/systemsharedmemory/unregister", b"")
         engine.close()
         shm.destroy_shared_memory_region(inputs)
@@ -645,7 +742,7 @@ def test_a_model_whose_result_cache_is_on_gets_the_body_through_the_front_end(
     cache = server.runtime.result_cache
     cache.enable("digits-classifier", True)
     try:
-        connection = _connection(server, frontend_pid(server))
+        connection = _any(server)
         hits = cache.hits
         answers = [
             _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits(7))[:2]
