@@ -247,6 +247,10 @@ def cpu_model(
     w = statistics.mean([one["cpu_ms"].get("model", 0.0), other["cpu_ms"].get("model", 0.0)])
     e_fwd = max((other["cpu_ms"]["engine"] - (1 - share) * e1) / share, 1e-6)
     f = other["cpu_ms"].get("front", 0.0) / share
+    if apart:  # every N > 1 row measures e_fwd and f directly: their mean
+        direct = [r for r in many if r["forwarded_share"] >= 0.99]
+        e_fwd = max(statistics.mean(r["cpu_ms"]["engine"] for r in direct), 1e-6)
+        f = statistics.mean(r["cpu_ms"].get("front", 0.0) for r in direct)
 
     def rate_at(n: int, cores: int) -> float:
         """req/s with ``n`` processes reading connections on ``cores`` cores."""

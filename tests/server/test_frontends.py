@@ -12,10 +12,8 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import signal
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,7 +28,13 @@ from sordino.server.load_board import LoadBoard
 from sordino.testing import RunningServer, serve_in_thread
 from tests.conftest import thread_isolated
 from tests.metrics import counter_sum
-from tests.server.helpers import SIMPLE_BODY, SIMPLE_REQUEST, Gate, frontend_pid, stats
+from tests.server.frontend_helpers import (
+    any_connection,
+    ask,
+    digits_body,
+    owner,
+)
+from tests.server.helpers import SIMPLE_BODY, SIMPLE_REQUEST, Gate, stats
 from tests.waiting import wait_for
 
 LIMIT = 1 << 20  # server.max_request_size here: a 413 is cheap to provoke
@@ -56,66 +60,6 @@ def reference() -> Iterator[RunningServer]:
         yield running
 
 
-def _pids(server: RunningServer) -> list[int]:
-    assert server.frontends is not None
-    return [*server.frontends.pids(), os.getpid()]
-
-
-def _owner(server: RunningServer, sock: socket.socket) -> int:
-    """The pid of the process that holds ``sock``'s connection (this one: the engine)."""
-    client_port = sock.getsockname()[1]
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        for pid in _pids(server):
-            try:
-                held = psutil.Process(pid).net_connections(kind="tcp")
-            except psutil.NoSuchProcess:
-                continue
-            if any(c.raddr and c.raddr.port == client_port for c in held):
-                return pid
-        time.sleep(0.01)
-    raise AssertionError("no process accepted the connection")
-
-
-def _any(server: RunningServer) -> http.client.HTTPConnection:
-    """A new connection to ``server`` (whichever process accepts it)."""
-    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
-    connection.connect()
-    return connection
-
-
-def _connection(server: RunningServer, pid: int) -> http.client.HTTPConnection:
-    """A connection that process ``pid`` accepted (new ones are tried until one is)."""
-    for _ in range(200):
-        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
-        connection.connect()
-        assert connection.sock is not None
-        if _owner(server, connection.sock) == pid:
-            return connection
-        connection.close()
-    raise AssertionError(f"no connection landed on process {pid}")
-
-
-def _digits(seed: int = 0) -> bytes:
-    pixels = [float((i * 7 + seed) % 17) for i in range(64)]
-    return json.dumps(
-        {"inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": pixels}]}
-    ).encode()
-
-
-def _ask(
-    connection: http.client.HTTPConnection,
-    method: str,
-    path: str,
-    body: bytes | None = None,
-    headers: dict[str, str] | None = None,
-) -> tuple[int, bytes, dict[str, str]]:
-    connection.request(method, path, body=body, headers=headers or {})
-    response = connection.getresponse()
-    payload = response.read()
-    return response.status, payload, {k.lower(): v for k, v in response.getheaders()}
-
-
 def test_the_front_ends_accept_every_connection_and_the_engine_none(
     server: RunningServer,
 ) -> None:
@@ -124,11 +68,11 @@ def test_the_front_ends_accept_every_connection_and_the_engine_none(
     assert len(fronts) == 2
     owners = set()
     for _ in range(24):  # new connections: the kernel spreads them over the listeners
-        connection = _any(server)
-        status, _, _ = _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits())
+        connection = any_connection(server)
+        status, _, _ = ask(connection, "POST", "/v2/models/digits-classifier/infer", digits_body())
         assert status == 200
         assert connection.sock is not None
-        owners.add(_owner(server, connection.sock))
+        owners.add(owner(server, connection.sock))
         connection.close()
     assert owners == fronts  # both front ends, never the engine
     engine = psutil.Process(os.getpid()).net_connections(kind="tcp")
@@ -151,10 +95,10 @@ def test_an_answer_through_a_front_end_equals_the_engines_own(
 ) -> None:
     answers = []
     for running in (server, reference):
-        connection = _any(running)
+        connection = any_connection(running)
         for seed in range(3):
-            status, payload, headers = _ask(
-                connection, "POST", "/v2/models/digits-classifier/infer", _digits(seed)
+            status, payload, headers = ask(
+                connection, "POST", "/v2/models/digits-classifier/infer", digits_body(seed)
             )
             headers.pop("date")
             answers.append((seed, status, payload, headers))
@@ -165,14 +109,14 @@ def test_an_answer_through_a_front_end_equals_the_engines_own(
 
 
 ERRORS: list[tuple[str, str, bytes | None, dict[str, str]]] = [
-    ("POST", "/v2/models/nope/infer", _digits(), {}),  # 404
-    ("POST", "/v2/models/digits-classifier/versions/9/infer", _digits(), {}),  # 404
+    ("POST", "/v2/models/nope/infer", digits_body(), {}),  # 404
+    ("POST", "/v2/models/digits-classifier/versions/9/infer", digits_body(), {}),  # 404
     ("POST", "/v2/models/digits-classifier/infer", b"{oops", {}),  # 400
     ("POST", "/v2/models/digits-classifier/infer", b'{"inputs": [{"name": "x"}]}', {}),  # 400
     ("GET", "/v2/models/digits-classifier/infer", None, {}),  # 405
     ("POST", "/v2/models/digits-classifier/infer", b"0" * (LIMIT + 1), {}),  # 413
     # 503: the queue timeout has passed before the request is admitted
-    ("POST", "/v2/models/digits-classifier/infer", _digits(), {"X-Sordino-Timeout": "1"}),
+    ("POST", "/v2/models/digits-classifier/infer", digits_body(), {"X-Sordino-Timeout": "1"}),
 ]
 
 
@@ -184,8 +128,8 @@ def test_errors_through_a_front_end_are_the_engines_own(
 ) -> None:
     answers = []
     for running in (server, reference):
-        connection = _any(running)
-        status, payload, headers = _ask(connection, *request_)
+        connection = any_connection(running)
+        status, payload, headers = ask(connection, *request_)
         headers.pop("date", None)
         if status == 503:
             # The engine's own listener may refuse this one from its headers (early_shed:
@@ -202,15 +146,15 @@ def test_a_client_that_leaves_cancels_its_request_in_the_engine(server: RunningS
     before = stats(server, "simple")
     with Gate(server, "simple") as gate:
         held: list[int] = []
-        engine = _any(server)
+        engine = any_connection(server)
         holder = threading.Thread(
             target=lambda: held.append(
-                _ask(engine, "POST", "/v2/models/simple/infer", SIMPLE_BODY)[0]
+                ask(engine, "POST", "/v2/models/simple/infer", SIMPLE_BODY)[0]
             )
         )
         holder.start()
         wait_for(gate.entered.is_set, "the held batch to start")
-        leaving = _any(server)
+        leaving = any_connection(server)
         assert leaving.sock is not None
         leaving.sock.sendall(SIMPLE_REQUEST)
         wait_for(lambda: stats(server, "simple").queue.depth == 1, "the request to queue")
@@ -238,9 +182,9 @@ def test_the_front_end_refuses_from_the_engines_load_board(server: RunningServer
     answers: list[int] = []
 
     def send(priority: str) -> None:
-        connection = _any(server)
-        status, _, _ = _ask(
-            connection, "POST", f"/v2/models/{model}/infer", _digits(),
+        connection = any_connection(server)
+        status, _, _ = ask(
+            connection, "POST", f"/v2/models/{model}/infer", digits_body(),
             {"X-Sordino-Priority": priority},
         )  # fmt: skip
         answers.append(status)
@@ -265,9 +209,9 @@ def test_the_front_end_refuses_from_the_engines_load_board(server: RunningServer
             board.close()
         before = stats(server, model).rejected
         counted = _shed_count(server)
-        front = _any(server)
-        status, payload, headers = _ask(
-            front, "POST", f"/v2/models/{model}/infer", _digits(),
+        front = any_connection(server)
+        status, payload, headers = ask(
+            front, "POST", f"/v2/models/{model}/infer", digits_body(),
             {"X-Sordino-Priority": "low", "X-Sordino-Timeout": "1"},  # 1 µs: cannot be met
         )  # fmt: skip
         front.close()
@@ -289,19 +233,19 @@ def test_the_front_end_refuses_from_the_engines_load_board(server: RunningServer
 
 
 def test_other_routes_move_the_connection_to_the_engine(server: RunningServer) -> None:
-    connection = _any(server)
-    status, _, _ = _ask(connection, "GET", "/v2/health/ready")  # its first request
+    connection = any_connection(server)
+    status, _, _ = ask(connection, "GET", "/v2/health/ready")  # its first request
     assert status == 200
     assert connection.sock is not None
     sock = connection.sock
     # The engine serves it from now on; the front end closes its copy of the socket a
     # moment after handing it over, and until then the kernel shows it in both.
-    wait_for(lambda: _owner(server, sock) == os.getpid(), "the front end to let go of it")
-    status, metrics, _ = _ask(connection, "GET", "/metrics")
+    wait_for(lambda: owner(server, sock) == os.getpid(), "the front end to let go of it")
+    status, metrics, _ = ask(connection, "GET", "/metrics")
     assert status == 200 and b"sordino" in metrics
-    status, metadata, _ = _ask(connection, "GET", "/v2")
+    status, metadata, _ = ask(connection, "GET", "/v2")
     assert status == 200 and json.loads(metadata)["name"]
-    status, _, _ = _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits())
+    status, _, _ = ask(connection, "POST", "/v2/models/digits-classifier/infer", digits_body())
     assert status == 200
     connection.close()
 
@@ -313,7 +257,7 @@ def test_a_large_first_request_moves_with_all_its_bytes(
     body = json.dumps({"ready": True, "padding": "x" * 300_000}).encode()
     answers = []
     for running in (server, reference):
-        connection = _any(running)
+        connection = any_connection(running)
         assert connection.sock is not None
         connection.sock.sendall(
             b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
@@ -329,10 +273,10 @@ def test_a_large_first_request_moves_with_all_its_bytes(
 
 
 def test_a_stream_works_on_a_connection_the_front_end_accepted(server: RunningServer) -> None:
-    connection = _any(server)
-    status, _, _ = _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits())
+    connection = any_connection(server)
+    status, _, _ = ask(connection, "POST", "/v2/models/digits-classifier/infer", digits_body())
     assert status == 200  # answered over the link; the stream below moves the connection
-    status, events, headers = _ask(
+    status, events, headers = ask(
         connection,
         "POST",
         "/v2/models/countdown/generate_stream",
@@ -348,9 +292,9 @@ def test_a_stream_works_on_a_connection_the_front_end_accepted(server: RunningSe
 def test_a_pipelined_other_request_behind_inference_gets_a_clear_503(
     server: RunningServer,
 ) -> None:
-    connection = _any(server)
+    connection = any_connection(server)
     assert connection.sock is not None
-    body = _digits()
+    body = digits_body()
     connection.sock.sendall(
         b"POST /v2/models/digits-classifier/infer HTTP/1.1\r\nHost: x\r\n"
         b"Content-Length: %d\r\n\r\n%s"
@@ -366,126 +310,6 @@ def test_a_pipelined_other_request_behind_inference_gets_a_clear_503(
     assert answers.startswith(b"HTTP/1.1 200")
     assert b"HTTP/1.1 503" in answers and b"not supported" in answers
     connection.close()
-
-
-def _serve_steadily(server: RunningServer, pid: int, count: int, statuses: list[int]) -> None:
-    connection = _connection(server, pid)
-    for seed in range(count):
-        status, _, _ = _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits(seed))
-        statuses.append(status)
-    connection.close()
-
-
-def test_a_front_end_that_dies_is_replaced_and_the_others_lose_nothing(
-    server: RunningServer,
-) -> None:
-    assert server.frontends is not None
-    restarts = server.frontends.restarts
-    dead, alive = server.frontends.pids()
-    statuses: list[int] = []
-    steady = threading.Thread(target=_serve_steadily, args=(server, alive, 200, statuses))
-    steady.start()
-    wait_for(lambda: len(statuses) >= 20, "requests on the other front end's connection")
-    os.kill(dead, signal.SIGKILL)
-    # What the kernel queued for it while it died is reset with it; once it no longer
-    # listens, new connections go to the front end that is left (or to the replacement).
-    wait_for(lambda: not _listening(dead, server.port), "the killed front end to let go")
-    for _ in range(5):
-        connection = _any(server)
-        assert _ask(connection, "GET", "/v2/health/ready")[0] == 200
-        connection.close()
-    steady.join(60)
-    assert statuses == [200] * 200
-    wait_for(
-        lambda: server.frontends is not None and server.frontends.restarts == restarts + 1,
-        "a restart",
-    )
-    wait_for(
-        lambda: (
-            server.frontends is not None
-            and set(server.frontends.pids()) <= server.frontends.link.pids()
-        ),
-        "the new front end to listen",
-    )
-    (replacement,) = set(server.frontends.pids()) - {alive}
-    assert replacement != dead
-    connection = _connection(server, replacement)
-    status, _, _ = _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits())
-    assert status == 200
-    connection.close()
-
-
-def test_with_every_front_end_down_the_port_stays_the_engines(server: RunningServer) -> None:
-    """Both killed at once: no program can take the port meanwhile (``reserve_port``'s
-    own tests show the rest: a client is refused until a front end listens again), and
-    both come back."""
-    assert server.frontends is not None
-    restarts = server.frontends.restarts
-    pids = server.frontends.pids()
-    for pid in pids:
-        os.kill(pid, signal.SIGKILL)
-    wait_for(
-        lambda: not any(_listening(pid, server.port) for pid in pids),
-        "the killed front ends to let go of the port",
-    )
-    stranger = socket.socket()
-    stranger.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    with pytest.raises(OSError), stranger:
-        stranger.bind(("127.0.0.1", server.port))
-    wait_for(
-        lambda: server.frontends is not None and server.frontends.restarts == restarts + 2,
-        "both restarts",
-    )
-    wait_for(
-        lambda: (
-            server.frontends is not None
-            and set(server.frontends.pids()) <= server.frontends.link.pids()
-        ),
-        "the new front ends to listen",
-    )
-    connection = _any(server)
-    assert _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits())[0] == 200
-    connection.close()
-
-
-def _listening(process: psutil.Process | int, port: int) -> bool:
-    try:
-        if isinstance(process, int):
-            process = psutil.Process(process)
-        held = process.net_connections(kind="tcp")
-    except psutil.NoSuchProcess:
-        return False
-    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in held)
-
-
-def test_a_stop_answers_what_a_front_end_has_in_flight() -> None:
-    config = RuntimeConfig.model_validate({"server": {"frontends": 2, "shutdown_timeout": 10}})
-    simple = [s for s in builtin_sources() if s.name == "simple"]
-    serving = serve_in_thread(config, thread_isolated(simple))
-    server = serving.__enter__()
-    assert server.frontends is not None
-    frontend = psutil.Process(frontend_pid(server))
-    answered: list[tuple[int, str]] = []
-    with Gate(server, "simple") as gate:
-        connection = _connection(server, frontend.pid)
-
-        def ask() -> None:
-            status, _, headers = _ask(connection, "POST", "/v2/models/simple/infer", SIMPLE_BODY)
-            answered.append((status, headers.get("connection", "")))
-
-        asking = threading.Thread(target=ask)
-        asking.start()
-        wait_for(gate.entered.is_set, "the request to reach the model")
-        stopping = threading.Thread(target=serving.__exit__, args=(None, None, None))
-        stopping.start()
-        # The front end has its SIGTERM once it stops listening: only then is the
-        # answer due with "Connection: close" (before, it would be a plain answer).
-        wait_for(lambda: not _listening(frontend, server.port), "the front end to stop accepting")
-        gate.release()
-        asking.join(30)
-        stopping.join(60)
-    assert answered == [(200, "close")]
-    assert not frontend.is_running() or frontend.status() == psutil.STATUS_ZOMBIE
 
 
 def _binary(header: dict[str, object], *chunks: bytes) -> tuple[bytes, dict[str, str]]:
@@ -635,8 +459,8 @@ def test_a_request_the_front_end_decodes_is_answered_byte_for_byte_as_the_engine
     _, model, body, headers = case
     answers = []
     for running in (server, reference):
-        connection = _any(running)
-        status, payload, got = _ask(connection, "POST", f"/v2/models/{model}/infer", body, headers)
+        connection = any_connection(running)
+        status, payload, got = ask(connection, "POST", f"/v2/models/{model}/infer", body, headers)
         got.pop("date", None)
         answers.append((status, payload, got))
         connection.close()
@@ -658,16 +482,16 @@ def test_only_decoded_requests_reach_the_engine_and_a_malformed_body_none(
         monkeypatch.setattr(engine_link, name, spy)
     counted: list[tuple[Any, ...]] = []
     monkeypatch.setattr(server.runtime.service, "refused_unread", lambda *a: counted.append(a))
-    connection = _any(server)
+    connection = any_connection(server)
     path = "/v2/models/digits-classifier/infer"
-    status, payload, _ = _ask(connection, "POST", path, b'{"inputs": 3}')
+    status, payload, _ = ask(connection, "POST", path, b'{"inputs": 3}')
     assert status == 400 and b"inputs" in payload
     assert calls == []
     wait_for(
         lambda: counted == [("digits-classifier", None, None, "malformed_body", 1)],
         "the engine to count the front end's 400",
     )
-    assert _ask(connection, "POST", path, _digits())[0] == 200
+    assert ask(connection, "POST", path, digits_body())[0] == 200
     connection.close()
     assert calls == ["answer_decoded"]
 
@@ -680,9 +504,9 @@ def test_system_shared_memory_works_through_the_front_end(server: RunningServer)
     try:
         first = np.arange(16, dtype=np.int32).reshape(1, 16)
         shm.set_shared_memory_region(inputs, [first, first * 3])
-        connection = _any(server)
+        connection = any_connection(server)
         for name, key in (("fe_in", f"/sordino_fe_in_{tag}"), ("fe_out", f"/sordino_fe_out_{tag}")):
-            status, _, _ = _ask(
+            status, _, _ = ask(
                 connection,
                 "POST",
                 f"/v2/systemsharedmemory/region/{name}/register",
@@ -690,7 +514,7 @@ def test_system_shared_memory_works_through_the_front_end(server: RunningServer)
             )
             assert status == 200
         connection.close()  # the registration moved that connection to the engine
-        connection = _any(server)
+        connection = any_connection(server)
         body = json.dumps(
             {
                 "inputs": [
@@ -719,7 +543,7 @@ def test_system_shared_memory_works_through_the_front_end(server: RunningServer)
                 ],
             }
         ).encode()
-        status, payload, _ = _ask(connection, "POST", "/v2/models/simple/infer", body)
+        status, payload, _ = ask(connection, "POST", "/v2/models/simple/infer", body)
         connection.close()
         assert status == 200, payload
         entries = json.loads(payload)["outputs"]
@@ -729,8 +553,8 @@ def test_system_shared_memory_works_through_the_front_end(server: RunningServer)
         assert added.tolist() == (first * 4).tolist()
         assert subtracted.tolist() == (first - first * 3).tolist()
     finally:
-        engine = _any(server)
-        _ask(engine, "POST", "/v2/systemsharedmemory/unregister", b"")
+        engine = any_connection(server)
+        ask(engine, "POST", "/v2/systemsharedmemory/unregister", b"")
         engine.close()
         shm.destroy_shared_memory_region(inputs)
         shm.destroy_shared_memory_region(outputs)
@@ -742,10 +566,10 @@ def test_a_model_whose_result_cache_is_on_gets_the_body_through_the_front_end(
     cache = server.runtime.result_cache
     cache.enable("digits-classifier", True)
     try:
-        connection = _any(server)
+        connection = any_connection(server)
         hits = cache.hits
         answers = [
-            _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits(7))[:2]
+            ask(connection, "POST", "/v2/models/digits-classifier/infer", digits_body(7))[:2]
             for _ in range(2)
         ]
         connection.close()

@@ -231,8 +231,8 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
 @click.option(
     "--frontends",
     type=int,
-    help="Front-end processes sharing the HTTP and gRPC ports (server.frontends; default from the "
-    "cores, 1 = a single process).",
+    help="Processes reading the HTTP and gRPC ports (server.frontends; default from the cores): "
+    "1 = a single process; N > 1 = N front-end processes, the engine process reads none.",
 )
 @click.option(
     "--model-control-mode",
