@@ -1,4 +1,5 @@
-"""``server.frontends: 2``: a front end that dies, all of them dying at once, and a stop.
+"""``server.frontends: 2``: a front end that dies, all of them dying at once, a stop, and
+the ports the engine holds at start-up (taken, given back on a failed start).
 
 Its own server (the engine on a thread of this process, two front-end processes), as
 these tests kill front ends and stop servers.
@@ -11,12 +12,17 @@ import signal
 import socket
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
 
 import psutil
 import pytest
 
 from sordino.config import RuntimeConfig
+from sordino.errors import ModelLoadError
 from sordino.models.repository import builtin_sources
+from sordino.server.lifecycle import open_server
+from sordino.server.runtime import Runtime
 from sordino.testing import RunningServer, serve_in_thread
 from tests.conftest import thread_isolated
 from tests.server.frontend_helpers import (
@@ -148,3 +154,49 @@ def test_a_stop_answers_what_a_front_end_has_in_flight() -> None:
         stopping.join(60)
     assert answered == [(200, "close")]
     assert not frontend.is_running() or frontend.status() == psutil.STATUS_ZOMBIE
+
+
+def _config(http_port: int, grpc_port: int) -> RuntimeConfig:
+    return RuntimeConfig.model_validate(
+        {"server": {"host": "127.0.0.1", "frontends": 2, "http_port": http_port,
+                    "grpc_port": grpc_port}}
+    )  # fmt: skip
+
+
+async def test_a_taken_port_stops_start_up_as_for_one_process() -> None:
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        with pytest.raises(OSError) as raised:
+            async with open_server(_config(0, port), builtin_sources()):
+                pass
+    assert str(raised.value) == (
+        f"cannot listen for gRPC on 127.0.0.1:{port}: Address already in use; pick another "
+        "port with --grpc-port (0 picks a free one)"
+    )
+
+
+async def test_a_failed_start_gives_both_held_ports_back(tmp_path: Path) -> None:
+    digits = next(s for s in builtin_sources() if s.name == "digits-classifier")
+    broken = replace(digits, path=tmp_path / "not-a-model.onnx")
+    broken.path.write_bytes(b"not onnx")
+    ports: list[int] = []
+
+    def note(runtime: Runtime) -> None:  # the ports are held by now, before any model
+        ports.extend((runtime.config.server.http_port, runtime.config.server.grpc_port))
+
+    held = [socket.socket(), socket.socket()]
+    for sock in held:  # two free ports, known before start-up
+        sock.bind(("127.0.0.1", 0))
+    numbers = [sock.getsockname()[1] for sock in held]
+    for sock in held:
+        sock.close()
+    with pytest.raises(ModelLoadError):
+        async with open_server(_config(*numbers), [broken], prepare=note):
+            pass
+    assert ports == numbers
+    for port in numbers:
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", port))  # raises if the engine still held it
