@@ -18,18 +18,21 @@ channels, each its own HTTP/2 connection, so that the kernel can spread them ove
 processes as it spreads HTTP connections.
 
 Per cell: req/s, p50, p99, mean batch, and CPU ms per request of each component (psutil
-over the server's process tree): **engine** (the ``sordino start`` process: its own
-HTTP listener, decode, the service, the scheduler, the link's engine side), **front**
-(the extra front-end processes: HTTP and the link's other side), **model** (the worker
-processes), and the generator. Which process holds each of the generator's connections
-is read from the kernel once the load runs (SO_REUSEPORT spreads them at random), so
-the CPU of a request that crosses the link can be told from one that does not.
+over the server's process tree): **engine** (the ``sordino start`` process: with
+``--frontends 1`` its own HTTP listener and decode too; with N > 1 it reads no
+connection, so only the service, the scheduler and the link's engine side), **front**
+(the N front-end processes: HTTP, decode, encode and the link's other side), **model**
+(the worker processes), and the generator. Which process holds each of the generator's
+connections is read from the kernel once the load runs ("forwarded": the front ends'
+share; 100 % with N > 1 since the engine listens on neither port, about (N − 1) / N
+with ``--base`` code older than that, whose engine still read 1/N itself).
 
 ``--calls N`` instead profiles the engine's event-loop thread (``cProfile``, as
-``bench_request_path`` does) over N digits requests sent one at a time on a connection
-the engine accepted and N on one the extra front end accepted (an in-process server,
-``server.frontends: 2``): the engine's Python calls a request, read by itself against
-forwarded over the link, and the functions that differ most.
+``bench_request_path`` does) over N digits requests sent one at a time to an
+in-process server with ``server.frontends: 1`` (the engine reads the request itself)
+and N to one with ``server.frontends: 2`` (a front end decoded it): the engine's Python
+calls a request, read by itself against forwarded over the link, and the functions that
+differ most.
 
 From those, a per-component CPU model (printed, and saved with the cells to
 ``bench/results/frontends.json``) says what 16 and 64 cores would give; its
@@ -40,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import os
 import statistics
 import tempfile
 import threading
@@ -219,9 +221,15 @@ def cpu_model(
     """What 16 and 64 cores would give, from the per-request CPU of each component.
 
     ``e1``: engine CPU of a request it reads itself (the 1-front-end row); ``e_fwd``: of
-    a request that crossed the link, solved from the N-front-end row's engine CPU and
-    its share of forwarded connections; ``f``: a front end's CPU per request it
-    forwards; ``w``: the workers' per request. Each process is one core at most.
+    a request that crossed the link, from the N-front-end row's engine CPU and its share
+    of forwarded connections (all of them since the engine reads none: then e_fwd is
+    measured, not solved); ``f``: the front ends' CPU per request they forward; ``w``:
+    the workers' per request. Each process is one core at most. The arrangement is read
+    from that share: where every connection was a front end's (this code), N > 1 means
+    N front ends beside the engine, the engine's core taking e_fwd a request and the
+    workers the cores left after N + 1; where the engine held some (``--base`` code
+    before the engine stopped listening), the engine is the first of the N and reads
+    1/N of the connections at e1.
     """
     ours = [r for r in rows if r["server"].startswith(prefix) and r["concurrency"] == concurrency
             and not (not prefix and r["server"].startswith(_BASE))]  # fmt: skip
@@ -234,19 +242,32 @@ def cpu_model(
     share = other["forwarded_share"]
     if share <= 0.0:
         return None
+    apart = share >= 0.99  # the engine read no connection: it holds the ports only
     e1 = one["cpu_ms"]["engine"]
     w = statistics.mean([one["cpu_ms"].get("model", 0.0), other["cpu_ms"].get("model", 0.0)])
     e_fwd = max((other["cpu_ms"]["engine"] - (1 - share) * e1) / share, 1e-6)
     f = other["cpu_ms"].get("front", 0.0) / share
+    if apart:  # every N > 1 row measures e_fwd and f directly: their mean
+        direct = [r for r in many if r["forwarded_share"] >= 0.99]
+        e_fwd = max(statistics.mean(r["cpu_ms"]["engine"] for r in direct), 1e-6)
+        f = statistics.mean(r["cpu_ms"].get("front", 0.0) for r in direct)
+
+    def rate_at(n: int, cores: int) -> float:
+        """req/s with ``n`` processes reading connections on ``cores`` cores."""
+        if n == 1:  # one process: it reads, decodes and runs the engine
+            engine, left = 1000.0 / e1, cores - 1
+        elif apart:  # n front ends beside the engine's core, every request through them
+            engine, left = 1000.0 / e_fwd, cores - 1 - n
+        else:  # the engine is the first of n and reads 1/n itself; n - 1 take the rest
+            engine, left = 1000.0 / ((e1 + (n - 1) * e_fwd) / n), cores - n
+        # Either way the front ends' cores carry f a request they forward: at most n·1000/f.
+        fronts = 1000.0 * n / f if n > 1 and f > 0 else float("inf")
+        workers = 1000.0 * left / w if w > 0 else float("inf")
+        return max(min(engine, fronts, workers), 0.0)
 
     def best(cores: int) -> tuple[int, float]:
         """(front ends, req/s) at the best N for ``cores``."""
-        options = []
-        for n in range(1, cores):
-            engine = 1000.0 / ((e1 + (n - 1) * e_fwd) / n)
-            fronts = 1000.0 * n / f if n > 1 and f > 0 else float("inf")
-            workers = 1000.0 * (cores - n) / w if w > 0 else float("inf")
-            options.append((min(engine, fronts, workers), n))
+        options = [(rate_at(n, cores), n) for n in range(1, cores)]
         top = max(rate for rate, _ in options)
         # The fewest front ends within 2 % of the best: past that, a process buys nothing.
         rate, n = min(((r, n) for r, n in options if r >= 0.98 * top), key=lambda o: o[1])
@@ -260,11 +281,20 @@ def cpu_model(
         "cores": {str(c): dict(zip(("frontends", "rate"), best(c), strict=True))
                   for c in (2, 4, 8, 16, 64)},
         "ceiling_rate": 1000.0 / e_fwd,
+        "engine_reads": not apart,
         "assumptions": [
             "per-request CPU of each component stays as measured here (W1, this batch size)",
-            "the kernel spreads connections evenly, so the engine reads 1/N of them itself",
+            (
+                "with N > 1 the engine reads no connection: every request reaches it "
+                "decoded (e_fwd); N = 1 is one process at e1"
+                if apart
+                else "the kernel spreads connections evenly, so the engine reads 1/N of "
+                "them itself (at e1)"
+            ),
             "the engine's loop is one core; each front end is one core; workers scale to "
-            "the cores left (cores - N), the generator runs elsewhere",
+            + ("the cores left (cores - N - 1; cores - 1 at N = 1)" if apart
+               else "the cores left (cores - N)")
+            + ", the generator runs elsewhere",
             "no cost from cross-core traffic, memory bandwidth or the arena",
         ],
     }  # fmt: skip
@@ -316,26 +346,16 @@ def engine_calls(requests: int, top: int) -> dict[str, Any]:
     from sordino.models.repository import builtin_sources
     from sordino.testing import serve_in_thread
 
-    config = RuntimeConfig.model_validate({"server": {"frontends": 2, "shed_loop_lag": 0.01}})
     digits = [s for s in builtin_sources() if s.name == "digits-classifier"]
     bodies = [_json_body(row) for row in _rows(requests)]
     results: dict[str, Any] = {}
-    with serve_in_thread(config, digits) as server:
-        assert server.frontends is not None
-        (front,) = server.frontends.pids()
-        for label, owner in (("read by the engine", os.getpid()), ("forwarded", front)):
-            for _ in range(200):
-                conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
-                conn.connect()
-                assert conn.sock is not None
-                client_port = conn.sock.getsockname()[1]
-                time.sleep(0.05)  # accepted by now
-                held = psutil.Process(owner).net_connections(kind="tcp")
-                if any(c.raddr and c.raddr.port == client_port for c in held):
-                    break
-                conn.close()
-            else:
-                raise RuntimeError(f"no connection landed on {label}")
+    # One process reads its own connections; with front ends the engine reads none.
+    for label, count in (("read by the engine", 1), ("forwarded", 2)):
+        config = RuntimeConfig.model_validate(
+            {"server": {"frontends": count, "shed_loop_lag": 0.01}}
+        )
+        with serve_in_thread(config, digits) as server:
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
 
             def one(body: bytes, conn: http.client.HTTPConnection = conn) -> None:
                 conn.request("POST", "/v2/models/digits-classifier/infer", body,

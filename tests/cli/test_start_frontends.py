@@ -1,10 +1,12 @@
-"""``sordino start --frontends 2``: port 0, both processes serve, SIGTERM ends both cleanly."""
+"""``sordino start --frontends 2``: port 0, two front-end processes read every connection
+(the engine none), ready as soon as start says so, SIGTERM and Ctrl-C end them all cleanly."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -23,17 +25,29 @@ def test_a_bad_frontends_flag_is_a_clear_error(tmp_path: Path) -> None:
     assert "frontends" in result.output and "Traceback" not in result.output
 
 
+def _frontends(pid: int) -> list[psutil.Process]:
+    return [
+        child
+        for child in psutil.Process(pid).children()
+        if "sordino.server.frontend_main" in " ".join(child.cmdline())
+    ]
+
+
 def test_start_with_two_front_ends_serves_and_stops_cleanly(tmp_path: Path) -> None:
     frontends: list[psutil.Process] = []
     with serving_grpc(["--frontends", "2", *DIGITS], tmp_path) as (process, lines):
-        url = re.search(r"http://127\.0\.0\.1:\d+", "".join(lines))
+        url = re.search(r"http://127\.0\.0\.1:(\d+)", "".join(lines))
         assert url, "".join(lines)
-        frontends = [
-            child
-            for child in psutil.Process(process.pid).children()
-            if "sordino.server.frontend_main" in " ".join(child.cmdline())
-        ]
-        assert len(frontends) == 1
+        # Said ready: every front end listens already, the engine on neither port.
+        with urllib.request.urlopen(f"{url.group(0)}/v2/health/ready", timeout=30) as ready:
+            assert ready.status == 200
+        frontends = _frontends(process.pid)
+        assert len(frontends) == 2
+        pids = ", ".join(str(f.pid) for f in frontends)
+        assert f"front ends: 2 processes (pids {pids})" in "".join(lines)
+        port = int(url.group(1))
+        engine = psutil.Process(process.pid).net_connections(kind="tcp")
+        assert not [c for c in engine if c.laddr.port == port and c.status == "LISTEN"]
         body = json.dumps(
             {"inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": [1] * 64}]}
         ).encode()
@@ -52,7 +66,7 @@ def test_start_with_two_front_ends_serves_and_stops_cleanly(tmp_path: Path) -> N
         assert not frontend.is_running() or frontend.status() == psutil.STATUS_ZOMBIE
 
 
-def test_a_front_end_ends_with_its_engine(tmp_path: Path) -> None:
+def test_front_ends_end_with_their_engine(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "sordino", "start", "--http-port", "0", "--grpc-port", "0",
                "--frontends", "2", "--data-dir", str(tmp_path), *DIGITS]  # fmt: skip
     process = subprocess.Popen(
@@ -64,15 +78,43 @@ def test_a_front_end_ends_with_its_engine(tmp_path: Path) -> None:
         for line in process.stdout:
             if "grpc://" in line:
                 break
-        (frontend,) = [
-            child
-            for child in psutil.Process(process.pid).children()
-            if "sordino.server.frontend_main" in " ".join(child.cmdline())
-        ]
-        process.kill()  # no stop, no drain: the front end sees the link close
+        frontends = _frontends(process.pid)
+        assert len(frontends) == 2
+        process.kill()  # no stop, no drain: the front ends see the link close
         process.wait(30)
-        frontend.wait(30)  # not its parent: psutil.TimeoutExpired if it lingers
-        assert not frontend.is_running()
+        for frontend in frontends:
+            frontend.wait(30)  # not its parent: psutil.TimeoutExpired if it lingers
+            assert not frontend.is_running()
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(30)
+
+
+def test_ctrl_c_at_a_terminal_stops_the_engine_and_its_front_ends_in_order(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C signals the terminal's whole foreground group: the front ends, in a group
+    of their own, are stopped by the engine (none is restarted), with no traceback."""
+    command = [sys.executable, "-m", "sordino", "start", "--http-port", "0", "--grpc-port", "0",
+               "--frontends", "2", "--data-dir", str(tmp_path), *DIGITS]  # fmt: skip
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            if "grpc://" in line:
+                break
+        frontends = _frontends(process.pid)
+        os.killpg(process.pid, signal.SIGINT)
+        output = process.stdout.read()
+        assert process.wait(60) == 0, output
+        assert "Traceback" not in output and "stopped" in output
+        assert "starting another" not in output, output
+        for frontend in frontends:
+            frontend.wait(30)
     finally:
         if process.poll() is None:
             process.kill()

@@ -84,7 +84,6 @@ class Gate:
 
 
 def frontend_pid(server: RunningServer) -> int:
-    """The one extra front-end process of a server with ``server.frontends: 2``."""
+    """The first front-end process of a server with ``server.frontends`` > 1."""
     assert server.frontends is not None
-    (pid,) = server.frontends.pids()
-    return pid
+    return server.frontends.pids()[0]

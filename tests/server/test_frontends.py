@@ -1,8 +1,10 @@
-"""``server.frontends: 2``: a second HTTP process on the port, the engine reached over its link.
+"""``server.frontends: 2``: two front-end processes on the port, the engine reached over its link.
 
-One module-scoped server (the engine on a thread of this process, its extra front end a
-real process); which process holds a connection is read from the kernel (psutil), so
-each test knows whether the front end or the engine accepted the connection it uses.
+One module-scoped server (the engine on a thread of this process, its two front ends real
+processes); the engine reads no client connection, so every connection lands on a front
+end (which process holds one is read from the kernel, psutil). What the engine would
+answer itself is the ``reference``: a one-process server (``server.frontends: 1``) on
+another thread, serving the same models; answers are compared with its.
 """
 
 from __future__ import annotations
@@ -10,10 +12,8 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import signal
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,14 +27,13 @@ from sordino.server import engine_link
 from sordino.testing import RunningServer, serve_in_thread
 from tests.conftest import thread_isolated
 from tests.metrics import counter_sum
-from tests.server.helpers import (
-    SIMPLE_BODY,
-    SIMPLE_REQUEST,
-    Gate,
-    frontend_pid,
-    published_backlog,
-    stats,
+from tests.server.frontend_helpers import (
+    any_connection,
+    ask,
+    digits_body,
+    owner,
 )
+from tests.server.helpers import SIMPLE_BODY, SIMPLE_REQUEST, Gate, published_backlog, stats
 from tests.waiting import wait_for
 
 LIMIT = 1 << 20  # server.max_request_size here: a 413 is cheap to provoke
@@ -49,102 +48,87 @@ def server() -> Iterator[RunningServer]:
         yield running
 
 
-def _owner(server: RunningServer, sock: socket.socket) -> int:
-    """The pid of the process that accepted ``sock``'s connection (this one: the engine)."""
-    client_port = sock.getsockname()[1]
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        for pid in (frontend_pid(server), os.getpid()):
-            try:
-                held = psutil.Process(pid).net_connections(kind="tcp")
-            except psutil.NoSuchProcess:
-                continue
-            if any(c.raddr and c.raddr.port == client_port for c in held):
-                return pid
-        time.sleep(0.01)
-    raise AssertionError("no process accepted the connection")
+@pytest.fixture(scope="module")
+def reference() -> Iterator[RunningServer]:
+    """One process reading its own connections: what the engine answers without front ends."""
+    config = RuntimeConfig.model_validate(
+        {"server": {"frontends": 1, "max_request_size": LIMIT, "shutdown_timeout": 10}}
+    )
+    # The same models: an error that lists them must read the same.
+    with serve_in_thread(config, thread_isolated(builtin_sources())) as running:
+        yield running
 
 
-def _connection(server: RunningServer, pid: int) -> http.client.HTTPConnection:
-    """A connection that process ``pid`` accepted (new ones are tried until one is)."""
-    for _ in range(200):
-        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
-        connection.connect()
-        assert connection.sock is not None
-        if _owner(server, connection.sock) == pid:
-            return connection
-        connection.close()
-    raise AssertionError(f"no connection landed on process {pid}")
-
-
-def _digits(seed: int = 0) -> bytes:
-    pixels = [float((i * 7 + seed) % 17) for i in range(64)]
-    return json.dumps(
-        {"inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": pixels}]}
-    ).encode()
-
-
-def _ask(
-    connection: http.client.HTTPConnection,
-    method: str,
-    path: str,
-    body: bytes | None = None,
-    headers: dict[str, str] | None = None,
-) -> tuple[int, bytes, dict[str, str]]:
-    connection.request(method, path, body=body, headers=headers or {})
-    response = connection.getresponse()
-    payload = response.read()
-    return response.status, payload, {k.lower(): v for k, v in response.getheaders()}
-
-
-def test_both_processes_accept_connections_on_the_one_port(server: RunningServer) -> None:
+def test_the_front_ends_accept_every_connection_and_the_engine_none(
+    server: RunningServer,
+) -> None:
+    assert server.frontends is not None
+    fronts = set(server.frontends.pids())
+    assert len(fronts) == 2
     owners = set()
-    for pid in (frontend_pid(server), os.getpid()):
-        connection = _connection(server, pid)
-        status, _, _ = _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits())
+    for _ in range(24):  # new connections: the kernel spreads them over the listeners
+        connection = any_connection(server)
+        status, _, _ = ask(connection, "POST", "/v2/models/digits-classifier/infer", digits_body())
         assert status == 200
         assert connection.sock is not None
-        owners.add(_owner(server, connection.sock))
+        owners.add(owner(server, connection.sock))
         connection.close()
-    assert owners == {frontend_pid(server), os.getpid()}
+    assert owners == fronts  # both front ends, never the engine
+    engine = psutil.Process(os.getpid()).net_connections(kind="tcp")
+    ports = (server.port, server.grpc_port)
+    assert not [c for c in engine if c.laddr.port in ports and c.status == psutil.CONN_LISTEN]
 
 
-def test_an_answer_through_the_front_end_equals_the_engines_own(server: RunningServer) -> None:
+def test_the_engine_holds_the_ports_another_program_cannot_take_them(
+    server: RunningServer,
+) -> None:
+    for port in (server.port, server.grpc_port):
+        stranger = socket.socket()
+        stranger.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        with pytest.raises(OSError), stranger:
+            stranger.bind(("127.0.0.1", port))
+
+
+def test_an_answer_through_a_front_end_equals_the_engines_own(
+    server: RunningServer, reference: RunningServer
+) -> None:
     answers = []
-    for pid in (frontend_pid(server), os.getpid()):
-        connection = _connection(server, pid)
+    for running in (server, reference):
+        connection = any_connection(running)
         for seed in range(3):
-            status, payload, headers = _ask(
-                connection, "POST", "/v2/models/digits-classifier/infer", _digits(seed)
+            status, payload, headers = ask(
+                connection, "POST", "/v2/models/digits-classifier/infer", digits_body(seed)
             )
             headers.pop("date")
-            answers.append((pid, seed, status, payload, headers))
+            answers.append((seed, status, payload, headers))
         connection.close()
     through, own = answers[:3], answers[3:]
-    assert [a[2:] for a in through] == [a[2:] for a in own]
-    assert {a[2] for a in through} == {200}
+    assert through == own
+    assert {a[1] for a in through} == {200}
 
 
 ERRORS: list[tuple[str, str, bytes | None, dict[str, str]]] = [
-    ("POST", "/v2/models/nope/infer", _digits(), {}),  # 404
-    ("POST", "/v2/models/digits-classifier/versions/9/infer", _digits(), {}),  # 404
+    ("POST", "/v2/models/nope/infer", digits_body(), {}),  # 404
+    ("POST", "/v2/models/digits-classifier/versions/9/infer", digits_body(), {}),  # 404
     ("POST", "/v2/models/digits-classifier/infer", b"{oops", {}),  # 400
     ("POST", "/v2/models/digits-classifier/infer", b'{"inputs": [{"name": "x"}]}', {}),  # 400
     ("GET", "/v2/models/digits-classifier/infer", None, {}),  # 405
     ("POST", "/v2/models/digits-classifier/infer", b"0" * (LIMIT + 1), {}),  # 413
     # 503: the queue timeout has passed before the request is admitted
-    ("POST", "/v2/models/digits-classifier/infer", _digits(), {"X-Sordino-Timeout": "1"}),
+    ("POST", "/v2/models/digits-classifier/infer", digits_body(), {"X-Sordino-Timeout": "1"}),
 ]
 
 
 @pytest.mark.parametrize("request_", ERRORS, ids=lambda r: f"{r[0]} {r[1][:30]}")
-def test_errors_are_the_same_through_either_process(
-    server: RunningServer, request_: tuple[str, str, bytes | None, dict[str, str]]
+def test_errors_through_a_front_end_are_the_engines_own(
+    server: RunningServer,
+    reference: RunningServer,
+    request_: tuple[str, str, bytes | None, dict[str, str]],
 ) -> None:
     answers = []
-    for pid in (frontend_pid(server), os.getpid()):
-        connection = _connection(server, pid)
-        status, payload, headers = _ask(connection, *request_)
+    for running in (server, reference):
+        connection = any_connection(running)
+        status, payload, headers = ask(connection, *request_)
         headers.pop("date", None)
         if status == 503:
             # The engine's own listener may refuse this one from its headers (early_shed:
@@ -161,15 +145,15 @@ def test_a_client_that_leaves_cancels_its_request_in_the_engine(server: RunningS
     before = stats(server, "simple")
     with Gate(server, "simple") as gate:
         held: list[int] = []
-        engine = _connection(server, os.getpid())
+        engine = any_connection(server)
         holder = threading.Thread(
             target=lambda: held.append(
-                _ask(engine, "POST", "/v2/models/simple/infer", SIMPLE_BODY)[0]
+                ask(engine, "POST", "/v2/models/simple/infer", SIMPLE_BODY)[0]
             )
         )
         holder.start()
         wait_for(gate.entered.is_set, "the held batch to start")
-        leaving = _connection(server, frontend_pid(server))
+        leaving = any_connection(server)
         assert leaving.sock is not None
         leaving.sock.sendall(SIMPLE_REQUEST)
         wait_for(lambda: stats(server, "simple").queue.depth == 1, "the request to queue")
@@ -197,17 +181,17 @@ def test_the_front_end_refuses_from_the_engines_load_board(server: RunningServer
     answers: list[int] = []
 
     def send(priority: str) -> None:
-        connection = _connection(server, os.getpid())
-        status, _, _ = _ask(
-            connection, "POST", f"/v2/models/{model}/infer", _digits(),
+        connection = any_connection(server)
+        status, _, _ = ask(
+            connection, "POST", f"/v2/models/{model}/infer", digits_body(),
             {"X-Sordino-Priority": priority},
         )  # fmt: skip
         answers.append(status)
         connection.close()
 
-    warm = _connection(server, os.getpid())
+    warm = any_connection(server)
     for _ in range(3):  # the engine learns how long a batch takes: its expected wait
-        assert _ask(warm, "POST", f"/v2/models/{model}/infer", _digits(), {})[0] == 200
+        assert ask(warm, "POST", f"/v2/models/{model}/infer", digits_body(), {})[0] == 200
     warm.close()
     with Gate(server, model) as gate:
         senders = [threading.Thread(target=send, args=("high",))]
@@ -219,9 +203,9 @@ def test_the_front_end_refuses_from_the_engines_load_board(server: RunningServer
         published_backlog(server, model, 8)
         before = stats(server, model).rejected
         counted = _shed_count(server)
-        front = _connection(server, frontend_pid(server))
-        status, payload, headers = _ask(
-            front, "POST", f"/v2/models/{model}/infer", _digits(),
+        front = any_connection(server)
+        status, payload, headers = ask(
+            front, "POST", f"/v2/models/{model}/infer", digits_body(),
             {"X-Sordino-Priority": "low", "X-Sordino-Timeout": "1"},  # 1 µs: cannot be met
         )  # fmt: skip
         front.close()
@@ -243,29 +227,31 @@ def test_the_front_end_refuses_from_the_engines_load_board(server: RunningServer
 
 
 def test_other_routes_move_the_connection_to_the_engine(server: RunningServer) -> None:
-    connection = _connection(server, frontend_pid(server))
-    status, _, _ = _ask(connection, "GET", "/v2/health/ready")  # its first request
+    connection = any_connection(server)
+    status, _, _ = ask(connection, "GET", "/v2/health/ready")  # its first request
     assert status == 200
     assert connection.sock is not None
     sock = connection.sock
     # The engine serves it from now on; the front end closes its copy of the socket a
     # moment after handing it over, and until then the kernel shows it in both.
-    wait_for(lambda: _owner(server, sock) == os.getpid(), "the front end to let go of it")
-    status, metrics, _ = _ask(connection, "GET", "/metrics")
+    wait_for(lambda: owner(server, sock) == os.getpid(), "the front end to let go of it")
+    status, metrics, _ = ask(connection, "GET", "/metrics")
     assert status == 200 and b"sordino" in metrics
-    status, metadata, _ = _ask(connection, "GET", "/v2")
+    status, metadata, _ = ask(connection, "GET", "/v2")
     assert status == 200 and json.loads(metadata)["name"]
-    status, _, _ = _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits())
+    status, _, _ = ask(connection, "POST", "/v2/models/digits-classifier/infer", digits_body())
     assert status == 200
     connection.close()
 
 
-def test_a_large_first_request_moves_with_all_its_bytes(server: RunningServer) -> None:
+def test_a_large_first_request_moves_with_all_its_bytes(
+    server: RunningServer, reference: RunningServer
+) -> None:
     # Far more than one hand-over message (32 KiB): the bytes read go in several.
     body = json.dumps({"ready": True, "padding": "x" * 300_000}).encode()
     answers = []
-    for pid in (frontend_pid(server), os.getpid()):
-        connection = _connection(server, pid)
+    for running in (server, reference):
+        connection = any_connection(running)
         assert connection.sock is not None
         connection.sock.sendall(
             b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
@@ -281,10 +267,10 @@ def test_a_large_first_request_moves_with_all_its_bytes(server: RunningServer) -
 
 
 def test_a_stream_works_on_a_connection_the_front_end_accepted(server: RunningServer) -> None:
-    connection = _connection(server, frontend_pid(server))
-    status, _, _ = _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits())
+    connection = any_connection(server)
+    status, _, _ = ask(connection, "POST", "/v2/models/digits-classifier/infer", digits_body())
     assert status == 200  # answered over the link; the stream below moves the connection
-    status, events, headers = _ask(
+    status, events, headers = ask(
         connection,
         "POST",
         "/v2/models/countdown/generate_stream",
@@ -300,9 +286,9 @@ def test_a_stream_works_on_a_connection_the_front_end_accepted(server: RunningSe
 def test_a_pipelined_other_request_behind_inference_gets_a_clear_503(
     server: RunningServer,
 ) -> None:
-    connection = _connection(server, frontend_pid(server))
+    connection = any_connection(server)
     assert connection.sock is not None
-    body = _digits()
+    body = digits_body()
     connection.sock.sendall(
         b"POST /v2/models/digits-classifier/infer HTTP/1.1\r\nHost: x\r\n"
         b"Content-Length: %d\r\n\r\n%s"
@@ -318,78 +304,6 @@ def test_a_pipelined_other_request_behind_inference_gets_a_clear_503(
     assert answers.startswith(b"HTTP/1.1 200")
     assert b"HTTP/1.1 503" in answers and b"not supported" in answers
     connection.close()
-
-
-def _serve_steadily(server: RunningServer, count: int, statuses: list[int]) -> None:
-    connection = _connection(server, os.getpid())
-    for seed in range(count):
-        status, _, _ = _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits(seed))
-        statuses.append(status)
-    connection.close()
-
-
-def test_a_front_end_that_dies_is_replaced_and_the_engine_loses_nothing(
-    server: RunningServer,
-) -> None:
-    assert server.frontends is not None
-    dead = frontend_pid(server)
-    statuses: list[int] = []
-    steady = threading.Thread(target=_serve_steadily, args=(server, 200, statuses))
-    steady.start()
-    wait_for(lambda: len(statuses) >= 20, "requests on the engine's connection")
-    os.kill(dead, signal.SIGKILL)
-    steady.join(60)
-    assert statuses == [200] * 200
-    wait_for(lambda: server.frontends is not None and server.frontends.restarts == 1, "a restart")
-    wait_for(
-        lambda: (
-            server.frontends is not None
-            and set(server.frontends.pids()) <= server.frontends.link.pids()
-        ),
-        "the new front end to connect",
-    )
-    replacement = _connection(server, frontend_pid(server))
-    status, _, _ = _ask(replacement, "POST", "/v2/models/digits-classifier/infer", _digits())
-    assert status == 200 and frontend_pid(server) != dead
-    replacement.close()
-
-
-def _listening(process: psutil.Process, port: int) -> bool:
-    try:
-        held = process.net_connections(kind="tcp")
-    except psutil.NoSuchProcess:
-        return False
-    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in held)
-
-
-def test_a_stop_answers_what_a_front_end_has_in_flight() -> None:
-    config = RuntimeConfig.model_validate({"server": {"frontends": 2, "shutdown_timeout": 10}})
-    simple = [s for s in builtin_sources() if s.name == "simple"]
-    serving = serve_in_thread(config, thread_isolated(simple))
-    server = serving.__enter__()
-    assert server.frontends is not None
-    frontend = psutil.Process(frontend_pid(server))
-    answered: list[tuple[int, str]] = []
-    with Gate(server, "simple") as gate:
-        connection = _connection(server, frontend.pid)
-
-        def ask() -> None:
-            status, _, headers = _ask(connection, "POST", "/v2/models/simple/infer", SIMPLE_BODY)
-            answered.append((status, headers.get("connection", "")))
-
-        asking = threading.Thread(target=ask)
-        asking.start()
-        wait_for(gate.entered.is_set, "the request to reach the model")
-        stopping = threading.Thread(target=serving.__exit__, args=(None, None, None))
-        stopping.start()
-        # The front end has its SIGTERM once it stops listening: only then is the
-        # answer due with "Connection: close" (before, it would be a plain answer).
-        wait_for(lambda: not _listening(frontend, server.port), "the front end to stop accepting")
-        gate.release()
-        asking.join(30)
-        stopping.join(60)
-    assert answered == [(200, "close")]
-    assert not frontend.is_running() or frontend.status() == psutil.STATUS_ZOMBIE
 
 
 def _binary(header: dict[str, object], *chunks: bytes) -> tuple[bytes, dict[str, str]]:
@@ -534,13 +448,13 @@ DECODED: list[tuple[str, str, bytes, dict[str, str]]] = [
 
 @pytest.mark.parametrize("case", DECODED, ids=lambda c: c[0])
 def test_a_request_the_front_end_decodes_is_answered_byte_for_byte_as_the_engine_does(
-    server: RunningServer, case: tuple[str, str, bytes, dict[str, str]]
+    server: RunningServer, reference: RunningServer, case: tuple[str, str, bytes, dict[str, str]]
 ) -> None:
     _, model, body, headers = case
     answers = []
-    for pid in (frontend_pid(server), os.getpid()):
-        connection = _connection(server, pid)
-        status, payload, got = _ask(connection, "POST", f"/v2/models/{model}/infer", body, headers)
+    for running in (server, reference):
+        connection = any_connection(running)
+        status, payload, got = ask(connection, "POST", f"/v2/models/{model}/infer", body, headers)
         got.pop("date", None)
         answers.append((status, payload, got))
         connection.close()
@@ -562,16 +476,16 @@ def test_only_decoded_requests_reach_the_engine_and_a_malformed_body_none(
         monkeypatch.setattr(engine_link, name, spy)
     counted: list[tuple[Any, ...]] = []
     monkeypatch.setattr(server.runtime.service, "refused_unread", lambda *a: counted.append(a))
-    connection = _connection(server, frontend_pid(server))
+    connection = any_connection(server)
     path = "/v2/models/digits-classifier/infer"
-    status, payload, _ = _ask(connection, "POST", path, b'{"inputs": 3}')
+    status, payload, _ = ask(connection, "POST", path, b'{"inputs": 3}')
     assert status == 400 and b"inputs" in payload
     assert calls == []
     wait_for(
         lambda: counted == [("digits-classifier", None, None, "malformed_body", 1)],
         "the engine to count the front end's 400",
     )
-    assert _ask(connection, "POST", path, _digits())[0] == 200
+    assert ask(connection, "POST", path, digits_body())[0] == 200
     connection.close()
     assert calls == ["answer_decoded"]
 
@@ -584,9 +498,9 @@ def test_system_shared_memory_works_through_the_front_end(server: RunningServer)
     try:
         first = np.arange(16, dtype=np.int32).reshape(1, 16)
         shm.set_shared_memory_region(inputs, [first, first * 3])
-        connection = _connection(server, frontend_pid(server))
+        connection = any_connection(server)
         for name, key in (("fe_in", f"/sordino_fe_in_{tag}"), ("fe_out", f"/sordino_fe_out_{tag}")):
-            status, _, _ = _ask(
+            status, _, _ = ask(
                 connection,
                 "POST",
                 f"/v2/systemsharedmemory/region/{name}/register",
@@ -594,7 +508,7 @@ def test_system_shared_memory_works_through_the_front_end(server: RunningServer)
             )
             assert status == 200
         connection.close()  # the registration moved that connection to the engine
-        connection = _connection(server, frontend_pid(server))
+        connection = any_connection(server)
         body = json.dumps(
             {
                 "inputs": [
@@ -623,7 +537,7 @@ def test_system_shared_memory_works_through_the_front_end(server: RunningServer)
                 ],
             }
         ).encode()
-        status, payload, _ = _ask(connection, "POST", "/v2/models/simple/infer", body)
+        status, payload, _ = ask(connection, "POST", "/v2/models/simple/infer", body)
         connection.close()
         assert status == 200, payload
         entries = json.loads(payload)["outputs"]
@@ -633,8 +547,8 @@ def test_system_shared_memory_works_through_the_front_end(server: RunningServer)
         assert added.tolist() == (first * 4).tolist()
         assert subtracted.tolist() == (first - first * 3).tolist()
     finally:
-        engine = _connection(server, os.getpid())
-        _ask(engine, "POST", "/v2/systemsharedmemory/unregister", b"")
+        engine = any_connection(server)
+        ask(engine, "POST", "/v2/systemsharedmemory/unregister", b"")
         engine.close()
         shm.destroy_shared_memory_region(inputs)
         shm.destroy_shared_memory_region(outputs)
@@ -646,10 +560,10 @@ def test_a_model_whose_result_cache_is_on_gets_the_body_through_the_front_end(
     cache = server.runtime.result_cache
     cache.enable("digits-classifier", True)
     try:
-        connection = _connection(server, frontend_pid(server))
+        connection = any_connection(server)
         hits = cache.hits
         answers = [
-            _ask(connection, "POST", "/v2/models/digits-classifier/infer", _digits(7))[:2]
+            ask(connection, "POST", "/v2/models/digits-classifier/infer", digits_body(7))[:2]
             for _ in range(2)
         ]
         connection.close()

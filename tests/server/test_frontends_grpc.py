@@ -1,10 +1,11 @@
-"""``server.frontends: 2`` and gRPC: the extra front end serves the gRPC port too.
+"""``server.frontends: 2`` and gRPC: the front ends serve the gRPC port, the engine none.
 
-One module-scoped server (the engine on a thread of this process, its extra front end a
-real process). Which process accepted a channel's connection is read from the kernel
-(psutil: the process holding a new connection on the gRPC port), so each test knows
-whether the front end or the engine answers the calls it makes. Calls are made with raw
-bytes, so answers are compared byte for byte.
+One module-scoped server (the engine on a thread of this process, its two front ends
+real processes): every channel's connection lands on a front end, which decodes
+``ModelInfer`` and forwards the rest to the engine. What the engine answers itself is
+the ``reference``, a one-process server (``server.frontends: 1``) on another thread.
+Calls are made with raw bytes, so answers are compared byte for byte. Which process
+accepted a connection is read from the kernel (psutil) where a test needs one.
 """
 
 from __future__ import annotations
@@ -43,6 +44,15 @@ def server() -> Iterator[RunningServer]:
         yield running
 
 
+@pytest.fixture(scope="module")
+def reference() -> Iterator[RunningServer]:
+    """One process serving its own port: what the engine answers without front ends."""
+    config = RuntimeConfig.model_validate({"server": {"frontends": 1, "shutdown_timeout": 10}})
+    # The same models: an error that lists them must read the same.
+    with serve_in_thread(config, thread_isolated(builtin_sources())) as running:
+        yield running
+
+
 def _simple() -> pb.ModelInferRequest:
     """A ModelInfer of the built-in ``simple`` model (two INT32 [1, 16] inputs of ones)."""
     message = pb.ModelInferRequest(model_name="simple")
@@ -55,7 +65,8 @@ def _simple() -> pb.ModelInferRequest:
 def _held(server: RunningServer) -> dict[int, set[int]]:
     """Each process's connections on the gRPC port (their clients' ports)."""
     held: dict[int, set[int]] = {}
-    for pid in (frontend_pid(server), os.getpid()):
+    assert server.frontends is not None
+    for pid in (*server.frontends.pids(), os.getpid()):
         connections = psutil.Process(pid).net_connections(kind="tcp")
         held[pid] = {
             c.raddr.port
@@ -96,10 +107,16 @@ def _channel(
     raise AssertionError(f"no gRPC connection landed on process {pid}")
 
 
+def _open(server: RunningServer) -> grpc.Channel:
+    return grpc.insecure_channel(server.grpc_url, options=[("grpc.use_local_subchannel_pool", 1)])
+
+
 @pytest.fixture(scope="module")
-def channels(server: RunningServer) -> Iterator[tuple[grpc.Channel, grpc.Channel]]:
-    """A channel to the front end, then one to the engine."""
-    through, own = _channel(server, frontend_pid(server)), _channel(server, os.getpid())
+def channels(
+    server: RunningServer, reference: RunningServer
+) -> Iterator[tuple[grpc.Channel, grpc.Channel]]:
+    """A channel through a front end, then one to the one-process reference."""
+    through, own = _open(server), _open(reference)
     yield through, own
     through.close()
     own.close()
@@ -121,13 +138,21 @@ def _outcome(channel: grpc.Channel, method: str, raw: bytes) -> tuple[object, ..
         return (exc.code(), exc.details(), trailing)
 
 
-def test_grpc_connections_land_on_both_processes(
-    channels: tuple[grpc.Channel, grpc.Channel],
+def test_grpc_connections_land_on_the_front_ends_never_on_the_engine(
+    server: RunningServer,
 ) -> None:
-    for channel in channels:
+    assert server.frontends is not None
+    owners = set()
+    for _ in range(12):
+        before = _held(server)
+        channel = _open(server)
         answer = pb.ModelInferResponse.FromString(_call(channel, "ModelInfer", _digits()))
         assert answer.model_name == "digits-classifier"
         assert [o.name for o in answer.outputs] == ["probabilities"]
+        after = _held(server)
+        owners |= {pid for pid in after if after[pid] - before[pid]}
+        channel.close()
+    assert owners == set(server.frontends.pids())
 
 
 def test_model_infer_through_the_front_end_equals_the_engines_own(
@@ -250,11 +275,11 @@ def test_statistics_from_a_front_end_connection_count_its_requests(
 def test_a_cancelled_call_is_cancelled_in_the_engine(
     server: RunningServer, channels: tuple[grpc.Channel, grpc.Channel]
 ) -> None:
-    through, own = channels
+    through, _ = channels
     raw = _simple().SerializeToString()
     before = stats(server, "simple")
     with Gate(server, "simple") as gate:
-        held = own.unary_unary(SERVICE + "ModelInfer").future(raw, timeout=30)
+        held = through.unary_unary(SERVICE + "ModelInfer").future(raw, timeout=30)
         wait_for(gate.entered.is_set, "the held batch to start")
         leaving = through.unary_unary(SERVICE + "ModelInfer").future(raw, timeout=30)
         wait_for(lambda: stats(server, "simple").queue.depth == 1, "the request to queue")
@@ -285,20 +310,20 @@ def test_the_front_end_refuses_a_model_infer_from_the_engines_load_board(
     """A backlog the engine published is refused by the front end's gRPC too, from the
     message's parameters: the engine's status, message and retry-after, without the
     request reaching the engine's scheduler, and counted in the engine's metrics."""
-    through, own = channels
+    through, _ = channels
     model = "digits-classifier"
     outcomes: list[tuple[object, ...]] = []
 
     def send(seed: int, priority: str) -> None:
         outcomes.append(
-            _outcome(own, "ModelInfer", _with_parameters(_digits(seed), priority=priority))
+            _outcome(through, "ModelInfer", _with_parameters(_digits(seed), priority=priority))
         )
 
     def shed_count() -> float:
         return counter_sum(server, "sordino_rejected_requests", lambda s: s["reason"] == "shed")
 
     for seed in range(3):  # the engine learns how long a batch takes: its expected wait
-        _call(own, "ModelInfer", _digits(seed))
+        _call(through, "ModelInfer", _digits(seed))
     with Gate(server, model) as gate:
         senders = [threading.Thread(target=send, args=(0, "high"))]
         senders[0].start()
@@ -357,11 +382,11 @@ def test_a_stream_through_the_front_end_answers_as_the_engines_own(
 def test_a_stream_cancelled_through_the_front_end_is_cancelled_in_the_engine(
     server: RunningServer, channels: tuple[grpc.Channel, grpc.Channel]
 ) -> None:
-    through, own = channels
+    through, _ = channels
     raw = _simple().SerializeToString()
     before = stats(server, "simple")
     with Gate(server, "simple") as gate:
-        held = own.unary_unary(SERVICE + "ModelInfer").future(raw, timeout=30)
+        held = through.unary_unary(SERVICE + "ModelInfer").future(raw, timeout=30)
         wait_for(gate.entered.is_set, "the held batch to start")
         stream = through.stream_stream(SERVICE + "ModelStreamInfer")(iter([raw]), timeout=30)
         wait_for(lambda: stats(server, "simple").queue.depth == 1, "the request to queue")
@@ -420,13 +445,11 @@ def test_a_stream_whose_servicer_fails_ends_as_the_engines_own(
     channels: tuple[grpc.Channel, grpc.Channel],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert server.frontends is not None
-    servicer = server.frontends.link.servicer
-
-    async def broken(context: Any) -> None:
+    async def broken(self: InferenceServicer, context: Any) -> None:
         raise RuntimeError("the servicer broke")
 
-    monkeypatch.setattr(servicer, "ModelStreamInfer", broken)
+    # Both servers' servicers (the front ends' calls reach the engine's).
+    monkeypatch.setattr(InferenceServicer, "ModelStreamInfer", broken)
     outcomes = []
     for channel in channels:
         with pytest.raises(grpc.RpcError) as caught:
@@ -477,7 +500,8 @@ def test_system_shared_memory_works_through_the_front_end(
             register = pb.SystemSharedMemoryRegisterRequest(
                 name=name, key=f"/sordino_{name}_{tag}", offset=0, byte_size=128
             )
-            _call(through, "SystemSharedMemoryRegister", register.SerializeToString())
+            for channel in channels:  # the reference serves its own copy
+                _call(channel, "SystemSharedMemoryRegister", register.SerializeToString())
         message = pb.ModelInferRequest(model_name="simple", id="shm")
         for name, offset in (("INPUT0", 0), ("INPUT1", 64)):
             tensor = message.inputs.add(name=name, datatype="INT32", shape=[1, 16])
@@ -502,7 +526,8 @@ def test_system_shared_memory_works_through_the_front_end(
         )
         assert set(status.regions) == {"g_in", "g_out"}
     finally:
-        _call(through, "SystemSharedMemoryUnregister", b"")
+        for channel in channels:
+            _call(channel, "SystemSharedMemoryUnregister", b"")
         shm.destroy_shared_memory_region(inputs)
         shm.destroy_shared_memory_region(outputs)
 
@@ -527,8 +552,12 @@ def test_keys_and_tenants_hold_through_the_front_end() -> None:
     infer = message.SerializeToString()
     index = pb.RepositoryIndexRequest().SerializeToString()
     metadata = pb.ModelMetadataRequest(name="simple").SerializeToString()
-    with serve_in_thread(config, thread_isolated(simple)) as server:
-        through, own = _channel(server, frontend_pid(server)), _channel(server, os.getpid())
+    alone = config.model_copy(update={"server": config.server.model_copy(update={"frontends": 1})})
+    with (
+        serve_in_thread(config, thread_isolated(simple)) as server,
+        serve_in_thread(alone, thread_isolated(simple)) as reference,
+    ):
+        through, own = _open(server), _open(reference)
         try:
             for key in (None, "wrong-key-0123456789", acme, admin):
                 sent = () if key is None else (("authorization", f"Bearer {key}"),)

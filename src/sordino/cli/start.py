@@ -162,6 +162,13 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
             gc.freeze()
             # As the HTTP URL says https: with TLS on, the gRPC port wants TLS too.
             grpc_scheme = "grpcs" if config.server.tls is not None else "grpc"
+            if server.frontends is not None:
+                # Said once every front end listens: the lines below are true when printed.
+                pids = ", ".join(str(pid) for pid in server.frontends.pids())
+                click.echo(
+                    f"front ends: {server.frontends.count} processes (pids {pids}) read the "
+                    "client connections; this engine process reads none"
+                )
             click.echo(
                 f"sordino listening on {server.url} (KServe v2 HTTP, metrics at "
                 f"{server.url}/metrics, dashboard at {server.url}/dashboard)"
@@ -224,8 +231,8 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
 @click.option(
     "--frontends",
     type=int,
-    help="Front-end processes sharing the HTTP and gRPC ports (server.frontends; default from the "
-    "cores, 1 = a single process).",
+    help="Processes reading the HTTP and gRPC ports (server.frontends; default from the cores): "
+    "1 = a single process; N > 1 = N front-end processes, the engine process reads none.",
 )
 @click.option(
     "--model-control-mode",

@@ -87,9 +87,9 @@ class ServerConfig(Section):
     tls: TlsConfig | None = None
     """TLS for HTTP (https://) and gRPC; absent: plain text (docs/security.md)."""
     frontends: int | None = Field(default=None, ge=1, le=256)
-    """Front-end processes on the one HTTP port and the one gRPC port (SO_REUSEPORT), the
-    engine's own listeners counted as the first; 1 = one process. None: from the cores
-    (docs/configuration.md)."""
+    """Processes that read client connections on the one HTTP and the one gRPC port: 1 =
+    one process; N > 1 = N front-end processes (SO_REUSEPORT) and an engine process that
+    reads none. None: from the cores (docs/configuration.md)."""
     admin_token: str | None = Field(default=None, min_length=MIN_TOKEN_LENGTH, repr=False)
     """Bearer token of the admin API and the protected endpoints (model control, profiling,
     the journal, the full telemetry view); env SORDINO_ADMIN_TOKEN if unset."""

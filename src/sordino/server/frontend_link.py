@@ -59,13 +59,19 @@ class FrontendLink(link_frames.BatchedWrites, asyncio.Protocol):
         self._writable: asyncio.Future[None] | None = None  # set while the engine lags
 
     @classmethod
-    async def open(cls, path: str) -> FrontendLink:
-        """Connect to the engine's link socket at ``path`` and say hello."""
+    async def open(cls, path: str, *, hello: bool = True) -> FrontendLink:
+        """Connect to the engine's link socket at ``path`` and say hello (``hello``
+        false: later, with :meth:`say_hello`, once this process listens)."""
         loop = asyncio.get_running_loop()
         _, link = await loop.create_unix_connection(cls, path)
-        assert link.transport is not None
-        link.transport.write(link_frames.encode_hello(os.getpid()))
+        if hello:
+            link.say_hello()
         return link
+
+    def say_hello(self) -> None:
+        """Tell the engine this process's pid: it counts the front end as started."""
+        assert self.transport is not None
+        self.transport.write(link_frames.encode_hello(os.getpid()))
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]

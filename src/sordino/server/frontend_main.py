@@ -1,15 +1,20 @@
-"""An extra front-end process: ``python -m sordino.server.frontend_main SPEC``.
+"""A front-end process: ``python -m sordino.server.frontend_main SPEC``.
 
 Started by the engine (``server/frontends.py``) with a JSON :class:`FrontendSpec`. It
-binds the server's HTTP host and port, and its gRPC port, with ``SO_REUSEPORT`` (the
-kernel spreads new connections over every process bound there), connects to the
-engine's link, and serves HTTP with ``server/frontend_protocol.py`` and gRPC with
-``server/grpc_frontend.py`` until:
+connects to the engine's link, listens on the server's HTTP host and port, and on its
+gRPC port, with ``SO_REUSEPORT`` (the kernel spreads new connections over every process
+listening there; the engine only holds the ports and listens on neither), then says
+hello on the link — the engine counts it as started only then, so a server that says it
+is ready has every front end accepting — and serves HTTP with
+``server/frontend_protocol.py`` and gRPC with ``server/grpc_frontend.py`` until:
 
 - SIGTERM or SIGINT: stop accepting, let the requests in flight be answered (at most
   ``shutdown_timeout``), close the connections, exit 0;
 - the engine is gone (EOF on the link, or the parent-death signal): requests waiting
   on it are answered 503, the connections close, exit 0.
+
+A port it cannot listen on (another program took it) or an engine it cannot reach ends
+it with one logged line and status 1, no traceback.
 """
 
 from __future__ import annotations
@@ -95,7 +100,7 @@ async def serve(spec: FrontendSpec) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    link = await FrontendLink.open(spec.link)
+    link = await FrontendLink.open(spec.link, hello=False)
     channel = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     channel.connect(spec.handover)
     channel.settimeout(5.0)
@@ -133,6 +138,7 @@ async def serve(spec: FrontendSpec) -> None:
         grpc_server = await open_frontend_grpc(
             link, spec.host, spec.grpc_port, spec.grpc_options, shed
         )
+    link.say_hello()  # listening on both ports now
     ended = loop.create_task(link.closed.wait())
     stopped = loop.create_task(stop.wait())
     await asyncio.wait([ended, stopped], return_when=asyncio.FIRST_COMPLETED)
@@ -174,9 +180,14 @@ def main(argv: list[str]) -> int:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
-        asyncio.run(serve(spec))
+        run = asyncio.run
     else:
-        uvloop.run(serve(spec))
+        run = uvloop.run
+    try:
+        run(serve(spec))
+    except OSError as exc:  # a port taken, the engine's sockets gone
+        log.error("front-end process ended: %s", exc)
+        return 1
     return 0
 
 

@@ -1,17 +1,29 @@
-"""The extra front-end processes of one server (``server.frontends`` > 1): HTTP and gRPC.
+"""The front-end processes of one server (``server.frontends`` > 1): HTTP and gRPC.
 
-``server.frontends`` counts the engine process's own HTTP listener as the first front
-end; :class:`Frontends` starts the other N − 1 (``server/frontend_main.py``), each
-binding the same host and port with ``SO_REUSEPORT``, and keeps them running:
+``server.frontends`` counts the processes that read client connections. With N > 1
+:class:`Frontends` starts N front ends (``server/frontend_main.py``), each listening on
+the same HTTP and gRPC host and port with ``SO_REUSEPORT``, and the engine process reads
+no client connection: it holds both ports (bound, never listened on:
+``listen.reserve_port``) and answers only what the front ends send over the link —
+decoded inference requests, forwarded gRPC calls and streams, and the connections
+handed over for every other route. :class:`Frontends` keeps them running:
 
 - start: the engine's link (``server/engine_link.py``) listens, the processes start
-  and start-up returns once each has connected (one that exits first stops start-up
-  with its exit status);
-- a front end that ends while the server runs is started again (a warning says so);
-  the engine and the other front ends go on unaffected;
+  and start-up returns once each has said hello, which it does once it listens on
+  both ports (one that exits first stops start-up with its exit status): when
+  ``sordino start`` says it is listening, every front end accepts;
+- a front end that ends while the server runs is started again (a warning says so):
+  its connections are gone (and so is what the kernel had queued for it but it had
+  not accepted), new ones go to the others; the engine and the other front ends go
+  on unaffected. Were all of them restarting at once, the ports stay the engine's
+  (no other program can take them) and a new connection is refused until one
+  listens again;
 - stop (:meth:`Frontends.drain`): SIGTERM to each, which stops accepting and answers
   what it has in flight; the engine waits for them (bounded) before it drains its own
-  queues; :meth:`Frontends.close` then closes the link;
+  queues; :meth:`Frontends.close` then closes the link. The front ends run in their own
+  process group, so Ctrl-C at a terminal reaches the engine only and the stop keeps
+  this order (a SIGTERM to the whole group, as a service manager sends, stops each
+  front end the same way on its own);
 - the engine's end: the processes see EOF on the link (and get the parent-death
   signal on Linux) and end.
 """
@@ -47,13 +59,15 @@ _STEADY_S = 10.0  # a front end that ran this long before it ended is restarted 
 def default_frontends(cores: int | None) -> int:
     """The front ends ``server.frontends`` means when unset, on ``cores`` CPU cores.
 
-    1 below 8 cores, else a front end per 4 cores, at most 4. The engine's loop (the
-    service, the scheduler, the worker pipe) stays one core whatever N is, and a request
-    another process read and decoded still costs it about three quarters of one it
-    reads itself (0.127 against 0.171 ms): the CPU model of docs/benchmarks.md ("Front
-    ends that decode and encode") gives +15 % at 2 front ends, +24 % at 4 and 6 % more
-    from 4 to 14. On a small machine an extra process only competes with the engine and
-    the workers for the same cores.
+    1 (one process) below 8 cores, else a front end per 4 cores, at most 4. With N > 1
+    the engine's loop (the service, the scheduler, the worker pipe) is one core that
+    reads no connection: every request reaches it decoded, at about two thirds of the
+    CPU of one it reads itself (0.114 against 0.171 ms on W1), and that, not the front
+    ends, is the ceiling — on W1 one front end's core carries more than the engine's
+    (0.09 ms a request), so 2 already reach it and more are headroom for bodies that
+    cost more to decode (JSON). The split costs a process and a hop more per request:
+    below 8 cores the engine, the front ends and the workers would share too few cores
+    (the CPU model of ``bench/bench_frontends.py``, docs/benchmarks.md).
     """
     cores = cores or 1
     return 1 if cores < 8 else min(4, cores // 4)
@@ -70,7 +84,7 @@ def frontend_count(settings: ServerConfig) -> int:
 
 
 class Frontends:
-    """The N − 1 extra front-end processes and their link (see the module's docstring)."""
+    """The N front-end processes and their link (see the module's docstring)."""
 
     def __init__(
         self,
@@ -117,20 +131,25 @@ class Frontends:
         self._watch: asyncio.Task[None] | None = None
 
     def pids(self) -> list[int]:
-        """The extra front ends' process ids, now."""
+        """The front ends' process ids, now."""
         return [process.pid for process in self.processes]
 
     async def start(self) -> None:
-        """Start the link and the processes; return once every one has connected."""
+        """Start the link and the processes; return once every one listens (its hello)."""
         await self.link.start()
-        self.processes = [self._spawn() for _ in range(self.count - 1)]
+        self.processes = [self._spawn() for _ in range(self.count)]
         await self._connected(self.processes)
         self._watch = asyncio.get_running_loop().create_task(self._supervise())
 
     def _spawn(self) -> subprocess.Popen[bytes]:
+        # A process group of its own: Ctrl-C at a terminal signals the engine alone, which
+        # then stops the front ends in order (they stop accepting first; see drain()),
+        # instead of each ending at once and the supervisor seeing them die. It still
+        # ends with the engine (EOF on the link, the parent-death signal).
         return subprocess.Popen(
             [sys.executable, "-m", "sordino.server.frontend_main", self.spec.to_json()],
             stdin=subprocess.DEVNULL,
+            process_group=0,
         )
 
     async def _connected(self, processes: list[subprocess.Popen[bytes]]) -> None:
@@ -145,7 +164,7 @@ class Frontends:
                         f"status {status}; its error is above"
                     )
             if asyncio.get_running_loop().time() > deadline:
-                raise RuntimeError(f"front-end processes did not connect within {_START_S:.0f} s")
+                raise RuntimeError(f"front-end processes did not start within {_START_S:.0f} s")
             self.link.hello.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.link.hello.wait(), _WATCH_S)

@@ -1,8 +1,8 @@
-"""gRPC in an extra front-end process (``server.frontends`` > 1).
+"""gRPC in a front-end process (``server.frontends`` > 1).
 
-Every front end binds the server's gRPC port too (``grpc.so_reuseport``; the engine's
-own gRPC server binds it the same way), so the kernel spreads new HTTP/2 connections
-over the processes, and the process that accepted a connection answers every call on
+Every front end serves the server's gRPC port (``grpc.so_reuseport``; the engine only
+holds the port and serves none of it), so the kernel spreads new HTTP/2 connections
+over the front ends, and the one that accepted a connection answers every call on
 it:
 
 - ``ModelInfer`` is decoded here (``protocol/grpc_codec.py``, without the model's
@@ -255,7 +255,8 @@ async def open_frontend_grpc(
     options: dict[str, int],
     shed: HeaderShed | None = None,
 ) -> Any:
-    """Bind ``host:port`` beside the engine (``SO_REUSEPORT``) and start serving.
+    """Bind ``host:port`` beside the other front ends (``SO_REUSEPORT``; the engine holds
+    the port without listening) and start serving.
 
     ``options``: ``max_receive`` (bytes), ``handshake_ms``, ``accept_ahead``; ``shed``
     as :func:`frontend_handler` takes it. Raises OSError if the port cannot be bound.

@@ -11,6 +11,7 @@ answered UNIMPLEMENTED.
 from __future__ import annotations
 
 import logging
+import socket
 from typing import Any
 
 import grpc
@@ -19,6 +20,7 @@ from sordino.errors import SordinoError
 from sordino.server.grpc import SERVICE, UNSUPPORTED_RPCS, InferenceServicer
 from sordino.server.grpc_accept import open_server
 from sordino.server.grpc_guard import UNARY_RPCS, abort_with, guard, serialize, unsupported
+from sordino.server.listen import reserve_port
 from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
 from sordino.server.serve import check_port
@@ -65,10 +67,13 @@ class GrpcServer:
         self.servicer = InferenceServicer(runtime, control)
         self._server: Any = None
         self._started = False
+        self._reserved: socket.socket | None = None
         from sordino.server.frontends import frontend_count  # it imports this module's users
 
         self.shared_port = frontend_count(runtime.config.server) > 1
-        """Whether the front-end processes serve this port too (``SO_REUSEPORT``)."""
+        """Whether front-end processes serve this port (``SO_REUSEPORT``) instead of this
+        process: then it only holds the port (``listen.reserve_port``) and its servicer
+        answers the calls they forward."""
 
     @property
     def address(self) -> str:
@@ -80,9 +85,16 @@ class GrpcServer:
         """Bind the port now (serving starts with :meth:`start`).
 
         Raises OSError naming ``--grpc-port`` if the port is taken: checked with a
-        plain socket first, so that gRPC's own error log line never shows.
+        plain socket first, so that gRPC's own error log line never shows. With
+        front-end processes the port is only reserved: no gRPC server runs here.
         """
-        if self._server is not None:
+        if self._server is not None or self._reserved is not None:
+            return
+        if self.shared_port:
+            self._reserved = reserve_port(
+                self.host, self._requested_port, flag="--grpc-port", what=" for gRPC"
+            )
+            self.port = self._reserved.getsockname()[1]
             return
         check_port(self.host, self._requested_port, flag="--grpc-port", what=" for gRPC")
         limit = self.runtime.config.server.max_request_size
@@ -90,9 +102,8 @@ class GrpcServer:
             [
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", -1),
-                # Without this a second server could bind the same port and steal calls;
-                # with extra front ends (server.frontends > 1) they bind it too, on purpose.
-                ("grpc.so_reuseport", 1 if self.shared_port else 0),
+                # Without this a second server could bind the same port and steal calls.
+                ("grpc.so_reuseport", 0),
                 # A connection that never starts HTTP/2 is closed like a silent HTTP one.
                 (
                     "grpc.server_handshake_timeout_ms",
@@ -126,6 +137,8 @@ class GrpcServer:
     async def start(self) -> None:
         """Start serving (binding first if :meth:`bind` was not called)."""
         self.bind()
+        if self._server is None:  # front-end processes serve the port
+            return
         await self._server.start()
         self._started = True
 
@@ -134,6 +147,9 @@ class GrpcServer:
 
         A server bound but never started gives its port back.
         """
+        if self._reserved is not None:
+            self._reserved.close()
+            self._reserved = None
         if self._server is not None:
             if not self._started:
                 # grpc.aio releases a bound port only from a started server.

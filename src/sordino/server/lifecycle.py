@@ -7,9 +7,12 @@ open
     bind the HTTP port, then the gRPC port (a port in use stops start-up before any
     model loads, naming the flag that changes it), open the journal (locked: one
     server per journal), load every model (``on_loaded`` after each), start gRPC,
-    start HTTP, publish the engine's load board and start the extra front-end processes
-    (HTTP and gRPC; their HTTP refuses from the board; ``server.frontends`` > 1), start
-    model control (poll mode's rescans);
+    start HTTP, then with ``server.frontends`` > 1 publish the engine's load board and
+    start the front-end processes (HTTP and gRPC; their HTTP refuses from the board),
+    returning once each listens; start model control (poll mode's rescans). With
+    front-end processes this process only *holds* the two ports (bound, never listened
+    on: ``listen.reserve_port``) and reads no client connection; its HTTP server serves
+    the connections handed over to it and its gRPC servicer the calls forwarded to it;
 close
     stop accepting connections, stop the front-end processes (each answers what it
     has in flight first), stop model control, let queued requests finish
@@ -51,7 +54,7 @@ class Server:
     grpc: GrpcServer
     journal: Path | None
     frontends: Frontends | None = None
-    """The extra front-end processes (None: the engine's listeners are the only ones)."""
+    """The front-end processes (None: one process, the engine's listeners are the only ones)."""
 
     @property
     def url(self) -> str:

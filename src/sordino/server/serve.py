@@ -22,7 +22,7 @@ from sordino.server.early_shed import EarlyShed
 from sordino.server.frontends import frontend_count
 from sordino.server.http import build_app
 from sordino.server.http_protocol import HttpProtocol, http_protocol
-from sordino.server.listen import bind_socket, check_port
+from sordino.server.listen import bind_socket, check_port, reserve_port
 from sordino.server.loop_lag import LoopLag
 from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
@@ -76,7 +76,12 @@ class HttpServer:
                 "server.frontends > 1 is supported on Linux only (SO_REUSEPORT's spreading "
                 "of connections); use server.frontends: 1"
             )
-        self._sock = bind_socket(host, port, reuse_port=self.frontends > 1)
+        # With front-end processes this process reads no client connection: it only holds
+        # the port (bound, never listened on) for them, and serves what they hand over.
+        if self.frontends > 1:
+            self._sock = reserve_port(host, port, flag="--http-port")
+        else:
+            self._sock = bind_socket(host, port)
         self.port: int = self._sock.getsockname()[1]
         self.guard = ConnectionGuard(
             max_connections=settings.max_connections or default_max_connections(),
@@ -121,9 +126,10 @@ class HttpServer:
         return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     async def start(self) -> None:
-        """Start serving; return once the socket accepts connections."""
+        """Start serving; return once the socket accepts connections (with front-end
+        processes: once handed-over connections can be adopted; none is accepted here)."""
         loop = asyncio.get_running_loop()
-        sockets = [self._sock] if self._ssl is None else []
+        sockets = [self._sock] if self._ssl is None and self.frontends == 1 else []
         self._task = loop.create_task(self._server.serve(sockets=sockets))
         while not self._server.started:
             if self._task.done():
