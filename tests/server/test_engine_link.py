@@ -122,7 +122,8 @@ def test_a_decoded_request_and_its_response_cross_the_link_whole() -> None:
     )
     frame = b"".join(link_tensors.encode_result(4, response, True))
     ((kind, body),) = FrameReader().feed(frame)
-    ident, back, close = link_tensors.decode_result(body)
+    ident, back, close, held = link_tensors.decode_result(body)
+    assert not held
     assert (ident, close, back.model, back.id, back.parameters) == (4, True, "m", "r", {"k": 1})
     assert back.outputs["o"].tolist() == [[0, 1], [2, 3]]
     assert back.outputs["s"].tolist() == [b"p", b"q"]

@@ -88,6 +88,11 @@ class Arena:
     def capacity(self) -> int:
         return self._allocator.capacity
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran (the segment is gone)."""
+        return self._closed
+
     def acquire_nowait(self, nbytes: int, lifetime: Lifetime = "short") -> Block:
         """Reserve a block of at least ``nbytes``; raise :class:`OutOfMemory` if none fits now."""
         if self._waiters:  # never overtake someone already waiting

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sordino.errors import Cancelled
+from sordino.inference import InferResponse
 from sordino.server import link_frames, link_tensors
 from sordino.server.fast_infer import answer_decoded, answer_error, answer_infer
 from sordino.server.grpc_link import GrpcCalls
@@ -71,6 +72,9 @@ class _LinkConnection(link_frames.BatchedWrites, asyncio.Protocol):
         self.grpc = GrpcCalls(link.runtime, link.servicer, self.pending, self._write)
         self.pid: int | None = None
         self.transport: asyncio.Transport | None = None
+        self.held: dict[int, InferResponse] = {}
+        """Responses whose outputs the front end reads in place (``RESULT`` descriptors),
+        held until its ``RELEASE``, or until the link ends."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -79,6 +83,10 @@ class _LinkConnection(link_frames.BatchedWrites, asyncio.Protocol):
         for pending in self.pending.values():
             pending.cancel()
         self.pending.clear()
+        # The front end closed its end (or died): it reads none of these any more.
+        held, self.held = self.held, {}
+        for response in held.values():
+            response.release()
         self.link.connections.discard(self)
         self.transport = None
 
@@ -90,6 +98,11 @@ class _LinkConnection(link_frames.BatchedWrites, asyncio.Protocol):
                     self._start_decoded(link_tensors.decode_infer(body))
                 elif kind in link_tensors.GRPC_KINDS:
                     self.grpc.received(kind, body)
+                elif kind == link_tensors.RELEASE:
+                    for ident in link_tensors.decode_release(body):
+                        response = self.held.pop(ident, None)
+                        if response is not None:
+                            response.release()
                 elif kind == link_tensors.REFUSED:
                     self.runtime.service.refused_unread(*link_tensors.decode_refused(body))
                 elif kind == link_frames.REQUEST:
@@ -106,8 +119,20 @@ class _LinkConnection(link_frames.BatchedWrites, asyncio.Protocol):
                     raise FrameError(f"an unknown frame kind {kind}")
         except FrameError as exc:
             log.error("a front end sent a broken frame (%s); its link is closed", exc)
-            if self.transport is not None:
-                self.transport.close()
+            self.end()
+
+    def end(self) -> None:
+        """Close the link from this end. With responses held, only this end's writing:
+        the front end may be reading them now; it closes its end once it sees the
+        EOF, after any encoding under way, and the holds go then (never before)."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if self.held and transport.can_write_eof():
+            transport.write_eof()
+            self.transport = None  # nothing more is written; what arrives is still read
+        else:
+            transport.close()
 
     def _start(self, request: LinkRequest) -> None:
         pending = Pending()
@@ -143,14 +168,23 @@ class _LinkConnection(link_frames.BatchedWrites, asyncio.Protocol):
                     headers["Connection"] = "close"
                 self._send(ident, status, payload, headers)
             return
+        held = False
         try:
             if answering:
-                parts = link_tensors.encode_result(ident, result, self.runtime.stopping)
-                self._write(parts)
+                parts, held = link_tensors.encode_result_held(
+                    ident, result, self.runtime.stopping, self.runtime.memory.owner.existing()
+                )
+                if held and (self.transport is None or self.transport.is_closing()):
+                    held = False  # nobody will read it: released below
+                else:
+                    self._write(parts)
+                if held:
+                    self.held[ident] = result  # until the front end's RELEASE
         except Exception as exc:
             self._send(ident, *answer_error(exc, f"/v2/models/{decoded.request.model}/infer"))
         finally:
-            result.release()
+            if not held:
+                result.release()
 
     async def _answer(self, request: LinkRequest, pending: Pending) -> None:
         body = request.body
@@ -283,8 +317,7 @@ class EngineLink:
         if self._server is not None:
             self._server.close()
             for connection in list(self.connections):
-                if connection.transport is not None:
-                    connection.transport.close()
+                connection.end()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 1.0)
             self._server = None

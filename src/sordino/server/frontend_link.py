@@ -7,6 +7,13 @@ client that leaves cancels its request (:meth:`FrontendLink.cancel`). When the e
 is gone every request waiting on it, and every later one, is answered 503 at once —
 never left hanging — and :attr:`FrontendLink.closed` is set (the process then ends).
 
+A ``RESULT`` whose outputs the engine holds in its arena (descriptors,
+``server/link_tensors.py``) is read in place through :attr:`FrontendLink.arena`; the
+caller encodes it and then calls :meth:`FrontendLink.done`, and the ids done in one
+event-loop turn go back in one ``RELEASE``. Such a response may be read only while
+:meth:`FrontendLink.readable` says so: once this end of the link is closed the engine
+may have released it.
+
 :func:`hand_over` moves a connection to the engine (``SCM_RIGHTS``) with the bytes
 already read from it.
 """
@@ -19,6 +26,7 @@ import os
 import socket
 
 from sordino.inference import InferRequest, InferResponse
+from sordino.memory.peer_view import ArenaView
 from sordino.protocol.codec import encode_error
 from sordino.server import link_frames, link_tensors
 from sordino.server.link_frames import (
@@ -40,6 +48,12 @@ ENGINE_GONE = (
 )
 
 
+_UNREADABLE = (
+    "this front end cannot map the engine's shared-memory arena to read the response; "
+    "see the server's log"
+)
+_JSON = {"Content-Type": "application/json"}
+
 Reply = Answer | tuple[InferResponse, bool]
 """What the engine sends back: an answer to write as it is, or a decoded request's
 response (to encode here) and whether to close the connection after it."""
@@ -57,6 +71,10 @@ class FrontendLink(link_frames.BatchedWrites, asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = asyncio.Event()
         self._writable: asyncio.Future[None] | None = None  # set while the engine lags
+        self.arena = ArenaView()
+        """The engine's arena, mapped read-only when a result first names it."""
+        self.held: set[int] = set()  # results read in place, not done yet
+        self._released: list[int] = []  # done this turn: the next RELEASE
 
     @classmethod
     async def open(cls, path: str, *, hello: bool = True) -> FrontendLink:
@@ -86,6 +104,8 @@ class FrontendLink(link_frames.BatchedWrites, asyncio.Protocol):
         streams, self.streams = self.streams, {}
         for ident, inbox in streams.items():
             inbox.put_nowait(gone_answer(ident))
+        self.held.clear()  # the engine releases them all when the link ends
+        self._released.clear()
         self.closed.set()
 
     def data_received(self, data: bytes) -> None:
@@ -93,8 +113,17 @@ class FrontendLink(link_frames.BatchedWrites, asyncio.Protocol):
             for kind, body in self.reader.feed(data):
                 reply: Reply
                 if kind == link_tensors.RESULT:
-                    ident, response, close = link_tensors.decode_result(body)
-                    reply = (response, close)
+                    try:
+                        ident, response, close, held = link_tensors.decode_result(body, self.arena)
+                    except link_tensors.Unreadable as exc:
+                        log.error("the engine's arena cannot be mapped here: %s", exc)
+                        ident, held = exc.ident, False
+                        self._release(ident)
+                        reply = Answer(ident, 500, encode_error(_UNREADABLE), _JSON)
+                    else:
+                        reply = (response, close)
+                        if held:
+                            self.held.add(ident)
                 elif kind == link_tensors.STREAM_MESSAGE:
                     ident, raw = link_tensors.decode_stream_message(body)
                     inbox = self.streams.get(ident)
@@ -113,6 +142,8 @@ class FrontendLink(link_frames.BatchedWrites, asyncio.Protocol):
                 future = self.waiting.pop(ident, None)
                 if future is not None and not future.done():
                     future.set_result(reply)
+                else:
+                    self.done(ident)  # nobody waits for it (the client left): let go
         except FrameError as exc:
             log.error("the engine sent a broken frame (%s); the link is closed", exc)
             if self.transport is not None:
@@ -243,6 +274,30 @@ class FrontendLink(link_frames.BatchedWrites, asyncio.Protocol):
             return future, 0
         self.waiting[self.next_id] = future
         return future, self.next_id
+
+    def readable(self, ident: int) -> bool:
+        """Whether result ``ident``'s outputs may be read now: it is not held in the
+        engine's arena, or this end of the link is still open (the engine holds it)."""
+        return ident not in self.held or self.transport is not None
+
+    def done(self, ident: int) -> None:
+        """Result ``ident`` is encoded (or dropped): the engine may release what it holds
+        for it (one ``RELEASE`` per event-loop turn). Safe to call for any id, once."""
+        if ident in self.held:
+            self.held.discard(ident)
+            self._release(ident)
+
+    def _release(self, ident: int) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return  # the engine releases everything when the link ends
+        if not self._released:
+            asyncio.get_running_loop().call_soon(self._flush_released)
+        self._released.append(ident)
+
+    def _flush_released(self) -> None:
+        released, self._released = self._released, []
+        if released:
+            self._write([link_tensors.encode_release(released)])
 
     def cancel(self, ident: int) -> None:
         """The client of request ``ident`` left: the engine cancels it; no answer comes."""

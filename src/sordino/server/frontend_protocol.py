@@ -7,9 +7,10 @@ connection guard's limits and timeouts, keep-alive, pipelining), with two differ
   (``fast_infer.decode_body``; a malformed one is answered here and never reaches the
   engine), only its tensors and facts cross the engine link (``server/link_tensors.py``),
   and the response's tensors come back to be encoded here
-  (``fast_infer.encode_response``) and written in one write. The one request sent as
-  its body is one whose model has the engine's result cache on (it keys on the body:
-  the engine asks for it). A client that leaves cancels its request in the engine.
+  (``fast_infer.encode_response``) and written in one write: read in place from the
+  engine's arena when it sent descriptors, then released (``FrontendLink.done``). The
+  one request sent as its body is one whose model has the engine's result cache on (it
+  keys on the body: the engine asks for it). A client that leaves cancels its request in the engine.
 - any other request — metrics, health, model control, ``/generate``, SSE streams, the
   dashboard — needs the engine's state, so the connection moves there: at a boundary
   between requests, once the request line shows a target that is not inference, the
@@ -239,11 +240,19 @@ class FrontendInferCycle(InferCycle):
                 self.respond(reply.status, reply.payload, reply.headers)
                 return
         response, close = reply
+        link = conn.link
         try:
-            payload, headers = encode_response(response, request)
-            status = 200
+            if not link.readable(self._ident):  # the engine may have let go of its outputs
+                status, payload = 503, encode_error(ENGINE_GONE)
+                headers = {"Content-Type": "application/json", "Connection": "close"}
+            else:
+                # Outputs held in the engine's arena are read in place, here, once.
+                payload, headers = encode_response(response, request)
+                status = 200
         except Exception as exc:
             status, payload, headers = answer_error(exc, self.path)
+        finally:
+            link.done(self._ident)
         if close:
             headers["Connection"] = "close"
         self.respond(status, payload, headers)

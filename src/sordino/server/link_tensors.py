@@ -14,8 +14,26 @@ and the front end encodes the answer (``fast_infer.encode_response``). Two kinds
     arrays are zero-copy, read-only views of the frame (BYTES: new object arrays).
 ``RESULT`` (engine → front end)
     ``<QI>``, the facts — model, version, id, response parameters, output datatypes,
-    whether to close the connection, each output's name, datatype, shape and byte
-    length — then the outputs' bytes.
+    whether to close the connection, each output's name, datatype, shape, byte
+    length and arena offset — then the bytes of the outputs sent inline. An output
+    whose offset is set is not in the frame: it is an *arena descriptor*, read by the
+    front end in place from the engine's arena segment (named in the facts, ``a``;
+    mapped read-only, ``memory/peer_view.py``). The engine then keeps the response's
+    arena hold (``held``) until the front end sends ``RELEASE``; a link that drops
+    releases every hold of that front end. Held blocks are pinned: defragmentation
+    and compaction move only blocks whose every holder is parked, and a resize
+    waits for every lease to be parked (``Arena.quiet``), which a held response
+    never is. An output goes inline, as bytes, when it cannot go by descriptor:
+    ``BYTES`` (serialized, not a numpy buffer), one not in the arena (thread
+    isolation, a model whose outputs were built on the heap, another executor's
+    segment), one not C-contiguous and little-endian, one of at most
+    ``INLINE_MAX`` bytes (a copy is cheaper than the hold and its ``RELEASE``), and
+    every gRPC ``ModelInfer`` result (``server/grpc_link.py`` encodes inline). The
+    result cache and system shared memory never reach this frame (answered as
+    ``ANSWER``s, or written by the engine into the client's region).
+``RELEASE`` (front end → engine)
+    ``<Q>`` ids of ``RESULT`` frames that held outputs, encoded and written: their
+    holds go back to the arena. One frame per event-loop turn carries them all.
 
 ``GRPC_INFER`` (front end → engine)
     an ``INFER`` frame of a gRPC ``ModelInfer`` call (``server/grpc_frontend.py``), with
@@ -50,7 +68,7 @@ go back as ``ANSWER`` frames (status, ``{"error": …}`` body, headers).
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
@@ -58,15 +76,22 @@ import orjson
 from sordino.datatypes import serialize_bytes_tensor, tensor_from_binary
 from sordino.errors import SordinoError
 from sordino.inference import InferRequest, InferResponse, RequestedOutput, SharedInput, Tensor
+from sordino.memory.refs import Tensors
 from sordino.protocol.codec import output_datatype
 from sordino.server.link_frames import MAX_FRAME, FrameError, frame_head
+
+if TYPE_CHECKING:
+    from sordino.memory.arena import Arena
+    from sordino.memory.peer_view import ArenaView
 
 __all__ = [
     "CALL",
     "GRPC_INFER",
     "GRPC_KINDS",
     "INFER",
+    "INLINE_MAX",
     "REFUSED",
+    "RELEASE",
     "RESULT",
     "STREAM_CREDIT",
     "STREAM_END",
@@ -75,16 +100,20 @@ __all__ = [
     "STREAM_WINDOW",
     "Call",
     "Decoded",
+    "Unreadable",
     "decode_call",
     "decode_infer",
     "decode_refused",
+    "decode_release",
     "decode_result",
     "decode_stream_credit",
     "decode_stream_message",
     "encode_call",
     "encode_infer",
     "encode_refused",
+    "encode_release",
     "encode_result",
+    "encode_result_held",
     "encode_stream_credit",
     "encode_stream_end",
     "encode_stream_message",
@@ -92,6 +121,10 @@ __all__ = [
 
 INFER, RESULT, REFUSED, GRPC_INFER, CALL = 5, 6, 7, 8, 9
 STREAM_OPEN, STREAM_MESSAGE, STREAM_END, STREAM_CREDIT = 10, 11, 12, 13
+RELEASE = 14
+INLINE_MAX = 1024
+"""Bytes an output has at most to go inline in a ``RESULT`` even when it lies in the
+arena: copying a small output costs less than holding its block until ``RELEASE``."""
 GRPC_KINDS = frozenset((GRPC_INFER, CALL, STREAM_OPEN, STREAM_MESSAGE, STREAM_END, STREAM_CREDIT))
 """The frames a front end sends for the gRPC calls it forwards (``server/grpc_link.py``)."""
 STREAM_WINDOW = 16
@@ -220,18 +253,49 @@ def decode_infer(body: bytes) -> Decoded:
 
 
 def encode_result(ident: int, response: InferResponse, close: bool) -> list[Any]:
-    """The ``RESULT`` frame of ``response`` as parts to write in order; they hold no
-    reference to the response's arrays (it may be released at once).
+    """The ``RESULT`` frame of ``response``, every output inline, as parts to write in
+    order; they hold no reference to the response's arrays (it may be released at once).
 
     Raises InferenceFailed for an output whose dtype contradicts the model's datatype
     (as the encoder would) and TensorError for a BYTES output it cannot serialize.
     """
+    return encode_result_held(ident, response, close, None)[0]
+
+
+def encode_result_held(
+    ident: int, response: InferResponse, close: bool, arena: Arena | None
+) -> tuple[list[Any], bool]:
+    """The ``RESULT`` frame of ``response`` with its outputs in ``arena`` as descriptors,
+    and whether any went so (see the module's docstring for which do not).
+
+    When it says True the frame names the response's arena blocks: the caller keeps
+    the response unreleased until the front end's ``RELEASE`` (or the link's end).
+    When False the parts hold no reference to the response's arrays. Raises as
+    :func:`encode_result`.
+    """
     entries: list[Any] = []
     chunks: list[bytes | memoryview] = []
-    for name, array in response.outputs.items():
+    base = _arena_base(arena) if arena is not None else None
+    outputs = response.outputs
+    placed = outputs if base is not None and isinstance(outputs, Tensors) else None
+    held = False
+    for name, array in outputs.items():
         datatype = output_datatype(response, name, array)
+        offset = placed.ref(name).offset if placed is not None else None
+        if (
+            offset is not None
+            and base is not None
+            and array.nbytes > INLINE_MAX
+            and array.dtype.byteorder in _LITTLE
+            and array.flags.c_contiguous
+            and array.__array_interface__["data"][0] == base + offset
+            and datatype != "BYTES"
+        ):
+            entries.append((name, datatype, array.shape, array.nbytes, offset))
+            held = True
+            continue
         chunk = _raw(datatype, array)
-        entries.append((name, datatype, array.shape, len(chunk)))
+        entries.append((name, datatype, array.shape, len(chunk), None))
         chunks.append(chunk)
     # One copy: the outputs' blocks go back to the arena before the frame is written.
     chunks = [b"".join(chunks)]
@@ -244,14 +308,56 @@ def encode_result(ident: int, response: InferResponse, close: bool) -> list[Any]
         "k": close,
         "x": entries,
     }
-    return _frame(RESULT, ident, facts, chunks)
+    if held:
+        assert arena is not None
+        facts["a"] = arena.name
+    return _frame(RESULT, ident, facts, chunks), held
 
 
-def decode_result(body: bytes) -> tuple[int, InferResponse, bool]:
-    """The id, response and close flag a ``RESULT`` frame's body holds."""
+_LITTLE = frozenset("<|=" if np.little_endian else "<|")  # "=": native
+_BASES: dict[str, int] = {}
+
+
+def _arena_base(arena: Arena) -> int | None:
+    """The address the arena's segment is mapped at here (outputs are checked to lie in
+    it, not in another executor's segment); None once closed."""
+    if arena.closed:
+        return None
+    name = arena.name
+    base = _BASES.get(name)
+    if base is None:
+        base = int(np.frombuffer(arena.buffer, np.uint8).__array_interface__["data"][0])
+        _BASES.clear()  # one arena per process: the one before was resized away
+        _BASES[name] = base
+    return base
+
+
+def decode_result(
+    body: bytes, arena: ArenaView | None = None
+) -> tuple[int, InferResponse, bool, bool]:
+    """The id, response and close flag a ``RESULT`` frame's body holds, and whether the
+    engine holds its outputs (then read in place through ``arena``, and released with
+    ``RELEASE`` once encoded: the arrays must not be used after).
+
+    Raises FrameError for a malformed frame, OSError when the arena cannot be mapped.
+    """
     ident, facts, at = _facts(body)
+    view = memoryview(body)
+    segment = facts.get("a")
     try:
-        outputs, end = _tensors(facts["x"], body, at)
+        outputs: dict[str, Tensor] = {}
+        for name, datatype, shape, size, offset in facts["x"]:
+            if offset is None:
+                data = view[at : at + size]
+                at += size
+            elif arena is None or not isinstance(segment, str):
+                raise ValueError("an arena descriptor this end cannot read")
+            else:
+                try:
+                    data = arena.bytes_at(segment, offset, size)
+                except OSError as exc:
+                    raise Unreadable(ident, f"{segment}: {exc}") from None
+            outputs[name] = tensor_from_binary(name, datatype, tuple(shape), data)
         response = InferResponse(
             model=facts["m"],
             version=facts["v"],
@@ -263,9 +369,34 @@ def decode_result(body: bytes) -> tuple[int, InferResponse, bool]:
         close = bool(facts["k"])
     except (KeyError, TypeError, ValueError, SordinoError) as exc:
         raise FrameError(f"a malformed result frame: {exc}") from None
-    if end != len(body):
+    if at != len(body):
         raise FrameError("a result frame whose tensors do not fill it")
-    return ident, response, close
+    return ident, response, close, segment is not None
+
+
+class Unreadable(Exception):
+    """A ``RESULT`` whose outputs lie in an arena segment this process cannot map: its
+    id and why (the request is answered with an error, its hold released)."""
+
+    def __init__(self, ident: int, reason: str) -> None:
+        super().__init__(reason)
+        self.ident = ident
+
+
+_IDS = struct.Struct("<Q")
+
+
+def encode_release(idents: list[int]) -> bytes:
+    """The ``RELEASE`` frame of the held results ``idents``."""
+    body = struct.pack(f"<{len(idents)}Q", *idents)
+    return frame_head(len(body), RELEASE) + body
+
+
+def decode_release(body: bytes) -> tuple[int, ...]:
+    """The result ids a ``RELEASE`` frame's body holds."""
+    if len(body) % _IDS.size:
+        raise FrameError("a broken release frame")
+    return struct.unpack(f"<{len(body) // _IDS.size}Q", body)
 
 
 def encode_refused(

@@ -1,0 +1,288 @@
+"""Outputs that cross the engine link as arena descriptors, and the bytes they fall back to.
+
+The frames alone (a real arena, mapped read-only as a front end maps it), then a real
+server with ``server.frontends: 2`` and worker processes (outputs in the arena): the
+answers through the front end, the holds released by ``RELEASE``, by a link that drops,
+and kept while the engine closes a link whose front end may still read them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from sordino.config import ModelConfig, RuntimeConfig
+from sordino.inference import InferResponse
+from sordino.memory import Arena, TensorRef, Tensors, TensorsBuilder
+from sordino.memory.peer_view import ArenaView
+from sordino.models.repository import sources_for
+from sordino.server import link_tensors
+from sordino.server.fast_infer import decode_body
+from sordino.server.link_frames import FrameError, FrameReader, frame_head
+from sordino.testing import RunningServer, serve_in_thread
+from tests.models import identity_model
+from tests.server.helpers import frontend_pid
+from tests.waiting import wait_for
+
+WIDE = 1024  # FP32 columns: 4 KiB a row, above INLINE_MAX
+NARROW = 3
+
+
+def _frame(parts: list[object]) -> bytes:
+    frame = b"".join(parts)  # type: ignore[arg-type]
+    ((kind, body),) = FrameReader().feed(frame)
+    assert kind == link_tensors.RESULT
+    return body
+
+
+def _placed(arena: Arena, **arrays: np.ndarray) -> Tensors:
+    builder = TensorsBuilder(arena)
+    for name, array in arrays.items():
+        builder.put(name, array)
+    return builder.finish()
+
+
+def test_an_arena_output_crosses_as_a_descriptor_and_is_read_in_place() -> None:
+    arena = Arena(1 << 20)
+    try:
+        wide = np.arange(2 * WIDE, dtype=np.float32).reshape(2, WIDE)
+        outputs = _placed(arena, wide=wide, narrow=np.ones((2, NARROW), np.float32))
+        response = InferResponse("m", "1", outputs, {"wide": "FP32", "narrow": "FP32"}, id="r")
+        parts, held = link_tensors.encode_result_held(4, response, False, arena)
+        body = _frame(parts)
+        assert held
+        assert len(body) < wide.nbytes  # the wide output is not in the frame
+        ident, back, close, is_held = link_tensors.decode_result(body, ArenaView())
+        assert (ident, close, is_held, back.id) == (4, False, True, "r")
+        np.testing.assert_array_equal(back.outputs["wide"], wide)
+        assert not back.outputs["wide"].flags.writeable  # mapped read-only
+        np.testing.assert_array_equal(back.outputs["narrow"], np.ones((2, NARROW)))
+        with pytest.raises(FrameError):
+            link_tensors.decode_result(body)  # an end with no view of the arena
+        # Held, the block is pinned: no resize, and defragmentation leaves it in place.
+        offset = outputs.ref("wide").offset
+        assert not arena.quiet()
+        assert arena.resize(2 << 20) is None
+        arena.defragment()
+        assert outputs.ref("wide").offset == offset
+        np.testing.assert_array_equal(back.outputs["wide"], wide)
+        response.release()
+        assert arena.statistics().in_use_bytes == 0
+    finally:
+        arena.close()
+
+
+def _at(arena: Arena, array: np.ndarray, view: str = "") -> Tensors:
+    """``array`` written into a block of ``arena``, seen as ``view`` asks."""
+    block = arena.acquire_nowait(array.nbytes)
+    placed = np.ndarray(array.shape, array.dtype, arena.buffer, block.offset)
+    placed[...] = array
+    if view == "strided":
+        placed = placed[:, ::2]
+    return Tensors({"y": TensorRef(placed, block.offset)})
+
+
+FALLBACKS = ["heap", "strings", "small", "strided", "big-endian", "other segment", "no arena"]
+
+
+@pytest.mark.parametrize("case", FALLBACKS)
+def test_what_cannot_go_by_descriptor_goes_as_bytes(case: str) -> None:
+    arena, other = Arena(1 << 20), Arena(1 << 20)
+    try:
+        wide = np.arange(4 * WIDE, dtype=np.float32).reshape(4, WIDE)
+        datatype = "FP32"
+        outputs: dict[str, np.ndarray] | Tensors
+        if case == "heap":
+            outputs = {"y": wide}
+        elif case == "strings":
+            outputs, datatype = {"y": np.array([b"x" * 2000] * 2, dtype=object)}, "BYTES"
+        elif case == "small":
+            outputs = _at(arena, wide[:1, : link_tensors.INLINE_MAX // 4])
+        elif case == "big-endian":
+            outputs = _at(arena, wide.astype(">f4"))
+        elif case == "other segment":
+            outputs = _at(other, wide)
+        else:
+            outputs = _at(arena, wide, case)
+        response = InferResponse("m", "1", outputs, {"y": datatype})
+        where = None if case == "no arena" else arena
+        parts, held = link_tensors.encode_result_held(1, response, False, where)
+        _, back, _, is_held = link_tensors.decode_result(_frame(parts))
+        assert (held, is_held) == (False, False)
+        assert back.outputs["y"].tolist() == np.asarray(outputs["y"]).tolist()
+    finally:
+        arena.close()
+        other.close()
+
+
+def test_a_release_frame_carries_every_id() -> None:
+    frame = link_tensors.encode_release([3, 1 << 40, 7])
+    ((kind, body),) = FrameReader().feed(frame)
+    assert kind == link_tensors.RELEASE
+    assert link_tensors.decode_release(body) == (3, 1 << 40, 7)
+    with pytest.raises(FrameError):
+        link_tensors.decode_release(b"\x01\x02")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """Worker processes (outputs in the arena), a wide, a narrow and a strings model."""
+    root = tmp_path_factory.mktemp("descriptors")
+    sources = []
+    for name, datatype, width in (
+        ("wide", "FP32", WIDE),
+        ("narrow", "FP32", NARROW),
+        ("words", "BYTES", NARROW),
+    ):
+        path = identity_model(root / f"{name}.onnx", datatype, width)
+        sources += sources_for(ModelConfig(name=name, path=path, max_batch_size=8))
+    config = RuntimeConfig.model_validate({"server": {"frontends": 2, "shutdown_timeout": 10}})
+    with serve_in_thread(config, sources) as running:
+        yield running
+
+
+def _on_loop(server: RunningServer, call: object) -> object:
+    async def run() -> object:
+        return call()  # type: ignore[operator]
+
+    return asyncio.run_coroutine_threadsafe(run(), server.loop).result(10)
+
+
+def _in_use(server: RunningServer) -> int:
+    def read() -> int:
+        stats = server.runtime.memory.owner.statistics()
+        return 0 if stats is None else stats.in_use_bytes
+
+    return int(_on_loop(server, read))  # type: ignore[call-overload]
+
+
+def _held(server: RunningServer) -> int:
+    assert server.frontends is not None
+    link = server.frontends.link
+    return int(_on_loop(server, lambda: sum(len(c.held) for c in link.connections)))  # type: ignore[call-overload]
+
+
+def _body(model: str, rows: int, binary: bool) -> tuple[bytes, dict[str, str], np.ndarray]:
+    width = WIDE if model == "wide" else NARROW
+    data = np.arange(rows * width, dtype=np.float32).reshape(rows, width) / 7
+    header = json.dumps(
+        {
+            "inputs": [{"name": "x", "shape": [rows, width], "datatype": "FP32",
+                        "data": data.ravel().tolist()}],
+            "outputs": [{"name": "y", "parameters": {"binary_data": binary}}],
+        }
+    ).encode()  # fmt: skip
+    return header, {"Content-Type": "application/json"}, data
+
+
+def _connection(server: RunningServer, pid: int) -> http.client.HTTPConnection:
+    from tests.server.test_frontends import _connection as landed
+
+    return landed(server, pid)
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+@pytest.mark.parametrize("model", ["wide", "narrow"])
+def test_answers_through_the_front_end_equal_the_engines_own_and_no_hold_stays(
+    server: RunningServer, model: str, binary: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    encode = link_tensors.encode_result_held
+    sent: list[bool] = []
+
+    def counted(*args: Any) -> tuple[list[Any], bool]:
+        parts, held = encode(*args)
+        sent.append(held)
+        return parts, held
+
+    monkeypatch.setattr(link_tensors, "encode_result_held", counted)
+    answers = []
+    for pid in (frontend_pid(server), os.getpid()):
+        connection = _connection(server, pid)
+        for rows in (1, 3):
+            body, headers, _ = _body(model, rows, binary)
+            connection.request("POST", f"/v2/models/{model}/infer", body, headers)
+            response = connection.getresponse()
+            answers.append((rows, response.status, response.read()))
+        connection.close()
+    assert answers[:2] == answers[2:]
+    assert {status for _, status, _ in answers} == {200}
+    assert sent == [model == "wide"] * 2  # the front end's two: wide ones by descriptor
+    wait_for(lambda: _held(server) == 0, "every hold released", timeout=10)
+    wait_for(lambda: _in_use(server) == 0, "the arena empty", timeout=10)
+
+
+def test_strings_go_as_bytes_through_the_front_end(server: RunningServer) -> None:
+    connection = _connection(server, frontend_pid(server))
+    body = json.dumps(
+        {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "BYTES", "data": ["a", "", "é"]}]}
+    ).encode()
+    connection.request("POST", "/v2/models/words/infer", body)
+    response = connection.getresponse()
+    assert response.status == 200
+    assert json.loads(response.read())["outputs"][0]["data"] == ["a", "", "é"]
+    connection.close()
+
+
+def _infer_frame(ident: int, rows: int) -> bytes:
+    body = _body("wide", rows, True)[0]
+    request = decode_body(body, "wide", None, None, {}, client=None, received_at=None)
+    return b"".join(link_tensors.encode_infer(ident, request, 0.0))
+
+
+def _read_result(sock: socket.socket, reader: FrameReader) -> bytes:
+    while True:
+        data = sock.recv(1 << 20)
+        assert data, "the engine closed the link"
+        for kind, body in reader.feed(data):
+            assert kind == link_tensors.RESULT
+            return body
+
+
+def _fake_front_end(server: RunningServer) -> socket.socket:
+    """A raw link connection, as a front end makes one (no HELLO: not supervised)."""
+    assert server.frontends is not None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(30)
+    sock.connect(server.frontends.link.link_path)
+    return sock
+
+
+def test_a_link_that_drops_releases_what_it_held(server: RunningServer) -> None:
+    wait_for(lambda: _in_use(server) == 0, "the arena empty", timeout=10)
+    sock = _fake_front_end(server)
+    reader = FrameReader()
+    view = ArenaView()
+    sock.sendall(_infer_frame(1, 2))
+    ident, response, _, held = link_tensors.decode_result(_read_result(sock, reader), view)
+    assert (ident, held) == (1, True)
+    np.testing.assert_allclose(response.outputs["y"], _body("wide", 2, True)[2])
+    assert _in_use(server) > 0  # held for this end until it says RELEASE
+    sock.sendall(link_tensors.encode_release([1]))
+    wait_for(lambda: _in_use(server) == 0, "the arena empty", timeout=10)
+    sock.sendall(_infer_frame(2, 1))
+    assert link_tensors.decode_result(_read_result(sock, reader), view)[3]
+    assert _in_use(server) > 0
+    sock.close()  # as a front end that dies: no RELEASE, the link ends
+    wait_for(lambda: _in_use(server) == 0, "the arena empty", timeout=10)
+
+
+def test_an_engine_that_ends_a_link_keeps_its_holds_until_the_front_end_closes(
+    server: RunningServer,
+) -> None:
+    wait_for(lambda: _in_use(server) == 0, "the arena empty", timeout=10)
+    sock = _fake_front_end(server)
+    sock.sendall(_infer_frame(1, 1))
+    assert link_tensors.decode_result(_read_result(sock, FrameReader()), ArenaView())[3]
+    sock.sendall(frame_head(0, 99))  # a broken frame: the engine ends the link
+    assert sock.recv(1) == b""  # its end is closed (EOF) ...
+    assert _in_use(server) > 0  # ... but what this end may still read stays held
+    sock.close()
+    wait_for(lambda: _in_use(server) == 0, "the arena empty", timeout=10)
