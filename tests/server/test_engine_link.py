@@ -99,7 +99,7 @@ def test_a_decoded_request_and_its_response_cross_the_link_whole() -> None:
         client="10.0.0.1",
         received_at=5.5,
     )
-    frame = b"".join(link_tensors.encode_infer(3, request, 0.25))
+    frame = b"".join(link_tensors.encode_infer(3, request, 0.25)[0])
     ((kind, body),) = FrameReader().feed(frame)
     assert kind == link_tensors.INFER
     decoded = link_tensors.decode_infer(body)

@@ -22,9 +22,10 @@ import pytest
 from sordino.config import ModelConfig, RuntimeConfig
 from sordino.inference import InferResponse
 from sordino.memory import Arena, TensorRef, Tensors, TensorsBuilder
+from sordino.memory.grant import Grant, GrantSpace
 from sordino.memory.peer_view import ArenaView
 from sordino.models.repository import sources_for
-from sordino.server import link_tensors
+from sordino.server import link_arena, link_tensors
 from sordino.server.fast_infer import decode_body
 from sordino.server.link_frames import FrameError, FrameReader, frame_head
 from sordino.testing import RunningServer, serve_in_thread
@@ -105,7 +106,7 @@ def test_what_cannot_go_by_descriptor_goes_as_bytes(case: str) -> None:
         elif case == "strings":
             outputs, datatype = {"y": np.array([b"x" * 2000] * 2, dtype=object)}, "BYTES"
         elif case == "small":
-            outputs = _at(arena, wide[:1, : link_tensors.INLINE_MAX // 4])
+            outputs = _at(arena, wide[:1, : link_arena.INLINE_MAX // 4])
         elif case == "big-endian":
             outputs = _at(arena, wide.astype(">f4"))
         elif case == "other segment":
@@ -124,12 +125,12 @@ def test_what_cannot_go_by_descriptor_goes_as_bytes(case: str) -> None:
 
 
 def test_a_release_frame_carries_every_id() -> None:
-    frame = link_tensors.encode_release([3, 1 << 40, 7])
+    frame = link_arena.encode_ids(link_arena.RELEASE, [3, 1 << 40, 7])
     ((kind, body),) = FrameReader().feed(frame)
-    assert kind == link_tensors.RELEASE
-    assert link_tensors.decode_release(body) == (3, 1 << 40, 7)
+    assert kind == link_arena.RELEASE
+    assert link_arena.decode_ids(body) == (3, 1 << 40, 7)
     with pytest.raises(FrameError):
-        link_tensors.decode_release(b"\x01\x02")
+        link_arena.decode_ids(b"\x01\x02")
 
 
 @pytest.fixture(scope="module")
@@ -157,9 +158,14 @@ def _on_loop(server: RunningServer, call: object) -> object:
 
 
 def _in_use(server: RunningServer) -> int:
+    """Arena bytes in use, less the front ends' grants (held for as long as they live)."""
+    assert server.frontends is not None
+    link = server.frontends.link
+
     def read() -> int:
         stats = server.runtime.memory.owner.statistics()
-        return 0 if stats is None else stats.in_use_bytes
+        grants = sum(c.grant.block.size for c in link.connections if c.grant is not None)
+        return 0 if stats is None else stats.in_use_bytes - grants
 
     return int(_on_loop(server, read))  # type: ignore[call-overload]
 
@@ -234,7 +240,7 @@ def test_strings_go_as_bytes_through_the_front_end(server: RunningServer) -> Non
 def _infer_frame(ident: int, rows: int) -> bytes:
     body = _body("wide", rows, True)[0]
     request = decode_body(body, "wide", None, None, {}, client=None, received_at=None)
-    return b"".join(link_tensors.encode_infer(ident, request, 0.0))
+    return b"".join(link_tensors.encode_infer(ident, request, 0.0)[0])
 
 
 def _read_result(sock: socket.socket, reader: FrameReader) -> bytes:
@@ -265,7 +271,7 @@ def test_a_link_that_drops_releases_what_it_held(server: RunningServer) -> None:
     assert (ident, held) == (1, True)
     np.testing.assert_allclose(response.outputs["y"], _body("wide", 2, True)[2])
     assert _in_use(server) > 0  # held for this end until it says RELEASE
-    sock.sendall(link_tensors.encode_release([1]))
+    sock.sendall(link_arena.encode_ids(link_arena.RELEASE, [1]))
     wait_for(lambda: _in_use(server) == 0, "the arena empty", timeout=10)
     sock.sendall(_infer_frame(2, 1))
     assert link_tensors.decode_result(_read_result(sock, reader), view)[3]
@@ -286,3 +292,90 @@ def test_an_engine_that_ends_a_link_keeps_its_holds_until_the_front_end_closes(
     assert _in_use(server) > 0  # ... but what this end may still read stays held
     sock.close()
     wait_for(lambda: _in_use(server) == 0, "the arena empty", timeout=10)
+
+
+def _decoded_request(model: str, rows: int, words: bool = False) -> Any:
+    body, _, _ = _body(model, rows, True)
+    request = decode_body(body, model, None, None, {}, client=None, received_at=None)
+    if words:
+        request.inputs = {**request.inputs, "w": np.array([b"ab", b"c"], dtype=object)}
+        request.input_datatypes["w"] = "BYTES"
+    return request
+
+
+def test_inputs_laid_into_a_grant_are_read_in_place_and_freed_back() -> None:
+    arena = Arena(1 << 22)
+    freed: list[int] = []
+    try:
+        grant = Grant(arena, 1 << 20, freed.append)
+        space = GrantSpace(arena.name, grant.block.offset, grant.block.size)
+        request = _decoded_request("wide", 3, words=True)
+        parts, placed = link_tensors.encode_infer(5, request, 0.1, space=space)
+        frame = b"".join(parts)
+        assert len(placed) == 1 and len(frame) < request.inputs["x"].nbytes  # "w" inline
+        ((_, body),) = FrameReader().feed(frame)
+        decoded = link_tensors.decode_infer(body, grant)
+        inputs = decoded.request.inputs
+        assert isinstance(inputs, Tensors)
+        assert inputs.ref("x").offset == placed[0]  # an arena tensor: staged by reference
+        np.testing.assert_array_equal(inputs["x"], request.inputs["x"])
+        assert inputs["w"].tolist() == [b"ab", b"c"]
+        assert decoded.size >= request.inputs["x"].nbytes  # declared shapes still fit
+        assert grant.lent == 1 and not arena.quiet()  # the grant is pinned
+        decoded.request.release()
+        assert freed == placed and grant.lent == 0
+        space.free(freed[0])
+        assert space.used == 0
+        with pytest.raises(FrameError):
+            link_tensors.decode_infer(body)  # descriptors to an engine that granted nothing
+        with pytest.raises(FrameError):  # a range outside the grant
+            link_tensors.decode_infer(body, Grant(arena, 1 << 16, freed.append))
+    finally:
+        arena.close()
+
+
+def test_a_full_grant_sends_the_bytes_and_a_closed_one_waits_for_its_ranges() -> None:
+    arena = Arena(1 << 22)
+    try:
+        grant = Grant(arena, 8 * WIDE * 4, lambda offset: None)
+        space = GrantSpace(arena.name, grant.block.offset, grant.block.size)
+        first = link_tensors.encode_infer(1, _decoded_request("wide", 6), 0.0, space=space)
+        full = link_tensors.encode_infer(2, _decoded_request("wide", 6), 0.0, space=space)
+        assert len(first[1]) == 1 and full[1] == []  # no room left: bytes
+        ((_, body),) = FrameReader().feed(b"".join(first[0]))
+        held = link_tensors.decode_infer(body, grant).request
+        in_use = arena.statistics().in_use_bytes
+        grant.close()  # the link ended while a request still runs
+        assert arena.statistics().in_use_bytes == in_use
+        held.release()
+        assert arena.statistics().in_use_bytes == 0
+    finally:
+        arena.close()
+
+
+def test_inputs_from_the_front_end_cross_in_its_grant(
+    server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decode = link_tensors.decode_infer
+    placed: list[bool] = []
+
+    def counted(body: bytes, grant: Grant | None = None) -> link_tensors.Decoded:
+        decoded = decode(body, grant)
+        placed.append(isinstance(decoded.request.inputs, Tensors))
+        return decoded
+
+    monkeypatch.setattr(link_tensors, "decode_infer", counted)
+    connection = _connection(server, frontend_pid(server))
+    for model, rows in (("wide", 1), ("wide", 4), ("narrow", 2)):
+        body, headers, _ = _body(model, rows, True)
+        connection.request("POST", f"/v2/models/{model}/infer", body, headers)
+        response = connection.getresponse()
+        assert response.status == 200
+        response.read()
+    connection.close()
+    assert placed == [True, True, True]
+    assert server.frontends is not None
+    link = server.frontends.link
+    grants = [c.grant for c in link.connections if c.grant is not None]
+    assert len(grants) == 1
+    wait_for(lambda: _on_loop(server, lambda: grants[0].lent) == 0, "every range freed")

@@ -34,9 +34,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sordino.errors import Cancelled
+from sordino.errors import Cancelled, OutOfMemory
 from sordino.inference import InferResponse
-from sordino.server import link_frames, link_tensors
+from sordino.memory.grant import Grant, grant_size
+from sordino.server import link_arena, link_frames, link_tensors
 from sordino.server.fast_infer import answer_decoded, answer_error, answer_infer
 from sordino.server.grpc_link import GrpcCalls
 from sordino.server.link_frames import (
@@ -75,6 +76,9 @@ class _LinkConnection(link_frames.BatchedWrites, asyncio.Protocol):
         self.held: dict[int, InferResponse] = {}
         """Responses whose outputs the front end reads in place (``RESULT`` descriptors),
         held until its ``RELEASE``, or until the link ends."""
+        self.grant: Grant | None = None
+        """The block of the arena the front end lays its inputs into (``GRANT``)."""
+        self._freed: list[int] = []  # granted ranges let go of this turn: the next FREED
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -87,6 +91,8 @@ class _LinkConnection(link_frames.BatchedWrites, asyncio.Protocol):
         held, self.held = self.held, {}
         for response in held.values():
             response.release()
+        if self.grant is not None:  # back to the arena once running requests let go
+            self.grant.close()
         self.link.connections.discard(self)
         self.transport = None
 
@@ -95,11 +101,11 @@ class _LinkConnection(link_frames.BatchedWrites, asyncio.Protocol):
             frames = self.reader.feed(data)
             for kind, body in frames:
                 if kind == link_tensors.INFER:
-                    self._start_decoded(link_tensors.decode_infer(body))
+                    self._start_decoded(link_tensors.decode_infer(body, self.grant))
                 elif kind in link_tensors.GRPC_KINDS:
                     self.grpc.received(kind, body)
-                elif kind == link_tensors.RELEASE:
-                    for ident in link_tensors.decode_release(body):
+                elif kind == link_arena.RELEASE:
+                    for ident in link_arena.decode_ids(body):
                         response = self.held.pop(ident, None)
                         if response is not None:
                             response.release()
@@ -115,11 +121,46 @@ class _LinkConnection(link_frames.BatchedWrites, asyncio.Protocol):
                     self.pid = link_frames.decode_id(body)
                     self.link.connections.add(self)
                     self.link.hello.set()
+                    self._grant()
                 else:
                     raise FrameError(f"an unknown frame kind {kind}")
         except FrameError as exc:
             log.error("a front end sent a broken frame (%s); its link is closed", exc)
             self.end()
+
+    def _grant(self) -> None:
+        """Grant the front end a block of the arena for its inputs, where one may be
+        (``server/link_arena.py`` says when not); the ``GRANT`` frame tells it where."""
+        owner = self.runtime.memory.owner
+        arena = owner.existing()
+        if (
+            self.grant is not None
+            or arena is None
+            or arena.closed
+            or arena.zero_on_free
+            or owner.memory.pool_size == "auto"
+        ):
+            return
+        try:
+            # server.frontends unset: at most 4 (the default from the cores).
+            count = self.runtime.config.server.frontends or 4
+            self.grant = Grant(arena, grant_size(arena, count), self._free)
+        except OutOfMemory:
+            log.info("no arena space to grant a front end: its inputs cross as bytes")
+            return
+        block = self.grant.block
+        self._write([link_arena.encode_grant(arena.name, block.offset, block.size)])
+
+    def _free(self, offset: int) -> None:
+        """A granted range was let go of: the front end may reuse it (one ``FREED`` a turn)."""
+        if not self._freed:
+            asyncio.get_running_loop().call_soon(self._flush_freed)
+        self._freed.append(offset)
+
+    def _flush_freed(self) -> None:
+        freed, self._freed = self._freed, []
+        if freed:
+            self._write([link_arena.encode_ids(link_arena.FREED, freed)])
 
     def end(self) -> None:
         """Close the link from this end. With responses held, only this end's writing:
@@ -156,6 +197,10 @@ class _LinkConnection(link_frames.BatchedWrites, asyncio.Protocol):
             if not pending.gone:
                 self._send(ident, 500, b'{"error":"internal error"}', {})
             raise
+        finally:
+            # Inputs in the front end's grant go back to it whatever the outcome (the
+            # service released them already when it took the request: this is a no-op).
+            decoded.request.release()
         answering = self.pending.pop(ident, None) is not None and not pending.gone
         if result is None:  # the result cache keys on the body: ask for it
             if answering:

@@ -26,9 +26,10 @@ import os
 import socket
 
 from sordino.inference import InferRequest, InferResponse
+from sordino.memory.grant import GrantSpace
 from sordino.memory.peer_view import ArenaView
 from sordino.protocol.codec import encode_error
-from sordino.server import link_frames, link_tensors
+from sordino.server import link_arena, link_frames, link_tensors
 from sordino.server.link_frames import (
     HANDOVER_CHUNK,
     HANDOVER_HEAD,
@@ -74,6 +75,8 @@ class FrontendLink(link_frames.BatchedWrites, asyncio.Protocol):
         self.arena = ArenaView()
         """The engine's arena, mapped read-only when a result first names it."""
         self.held: set[int] = set()  # results read in place, not done yet
+        self.space: GrantSpace | None = None
+        """The block of the arena this front end lays decoded inputs into (``GRANT``)."""
         self._released: list[int] = []  # done this turn: the next RELEASE
 
     @classmethod
@@ -105,6 +108,7 @@ class FrontendLink(link_frames.BatchedWrites, asyncio.Protocol):
         for ident, inbox in streams.items():
             inbox.put_nowait(gone_answer(ident))
         self.held.clear()  # the engine releases them all when the link ends
+        self.space = None  # and takes its grant back
         self._released.clear()
         self.closed.set()
 
@@ -115,7 +119,7 @@ class FrontendLink(link_frames.BatchedWrites, asyncio.Protocol):
                 if kind == link_tensors.RESULT:
                     try:
                         ident, response, close, held = link_tensors.decode_result(body, self.arena)
-                    except link_tensors.Unreadable as exc:
+                    except link_arena.Unreadable as exc:
                         log.error("the engine's arena cannot be mapped here: %s", exc)
                         ident, held = exc.ident, False
                         self._release(ident)
@@ -124,6 +128,14 @@ class FrontendLink(link_frames.BatchedWrites, asyncio.Protocol):
                         reply = (response, close)
                         if held:
                             self.held.add(ident)
+                elif kind == link_arena.FREED:
+                    if self.space is not None:
+                        for offset in link_arena.decode_ids(body):
+                            self.space.free(offset)
+                    continue
+                elif kind == link_arena.GRANT:
+                    self._granted(*link_arena.decode_grant(body))
+                    continue
                 elif kind == link_tensors.STREAM_MESSAGE:
                     ident, raw = link_tensors.decode_stream_message(body)
                     inbox = self.streams.get(ident)
@@ -181,7 +193,7 @@ class FrontendLink(link_frames.BatchedWrites, asyncio.Protocol):
         future, ident = self._future()
         if ident:
             try:
-                parts = link_tensors.encode_infer(ident, request, read_s)
+                parts, _ = link_tensors.encode_infer(ident, request, read_s, space=self.space)
             except BaseException:
                 self.waiting.pop(ident, None)
                 raise
@@ -198,7 +210,7 @@ class FrontendLink(link_frames.BatchedWrites, asyncio.Protocol):
         future, ident = self._future()
         if ident:
             try:
-                parts = link_tensors.encode_infer(
+                parts, _ = link_tensors.encode_infer(
                     ident, request, 0.0, kind=link_tensors.GRPC_INFER, room=room
                 )
             except BaseException:
@@ -297,7 +309,13 @@ class FrontendLink(link_frames.BatchedWrites, asyncio.Protocol):
     def _flush_released(self) -> None:
         released, self._released = self._released, []
         if released:
-            self._write([link_tensors.encode_release(released)])
+            self._write([link_arena.encode_ids(link_arena.RELEASE, released)])
+
+    def _granted(self, segment: str, offset: int, size: int) -> None:
+        try:
+            self.space = GrantSpace(segment, offset, size)
+        except OSError as exc:  # inputs then cross as bytes
+            log.warning("the engine's arena grant cannot be mapped here: %s", exc)
 
     def cancel(self, ident: int) -> None:
         """The client of request ``ident`` left: the engine cancels it; no answer comes."""

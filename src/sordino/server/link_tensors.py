@@ -9,31 +9,34 @@ and the front end encodes the answer (``fast_infer.encode_response``). Two kinds
     object — model, version, request id, parameters, the forwarded header facts, client,
     ``received_at``, the time the body took to read, the requested outputs and their
     options, the input datatypes, the shared-memory inputs, and each tensor's name,
-    datatype, shape and byte length — then the tensors' bytes in that order: fixed-size
-    datatypes little-endian, BYTES in Triton's length-prefixed layout. The engine's
-    arrays are zero-copy, read-only views of the frame (BYTES: new object arrays).
+    datatype, shape, byte length and arena offset — then the bytes of the tensors sent
+    inline, in that order: fixed-size datatypes little-endian, BYTES in Triton's
+    length-prefixed layout. The engine's arrays are zero-copy, read-only views of the
+    frame (BYTES: new object arrays). A tensor whose offset is set is not in the frame:
+    the front end wrote it into the block of the arena the engine granted it
+    (``GRANT``, ``server/link_arena.py``); the engine reads it in place, as arena
+    tensors (``memory/grant.py``), and frees the range when the request is done with it.
 ``RESULT`` (engine → front end)
     ``<QI>``, the facts — model, version, id, response parameters, output datatypes,
     whether to close the connection, each output's name, datatype, shape, byte
     length and arena offset — then the bytes of the outputs sent inline. An output
-    whose offset is set is not in the frame: it is an *arena descriptor*, read by the
-    front end in place from the engine's arena segment (named in the facts, ``a``;
-    mapped read-only, ``memory/peer_view.py``). The engine then keeps the response's
-    arena hold (``held``) until the front end sends ``RELEASE``; a link that drops
-    releases every hold of that front end. Held blocks are pinned: defragmentation
-    and compaction move only blocks whose every holder is parked, and a resize
-    waits for every lease to be parked (``Arena.quiet``), which a held response
-    never is. An output goes inline, as bytes, when it cannot go by descriptor:
-    ``BYTES`` (serialized, not a numpy buffer), one not in the arena (thread
-    isolation, a model whose outputs were built on the heap, another executor's
-    segment), one not C-contiguous and little-endian, one of at most
-    ``INLINE_MAX`` bytes (a copy is cheaper than the hold and its ``RELEASE``), and
-    every gRPC ``ModelInfer`` result (``server/grpc_link.py`` encodes inline). The
-    result cache and system shared memory never reach this frame (answered as
-    ``ANSWER``s, or written by the engine into the client's region).
-``RELEASE`` (front end → engine)
-    ``<Q>`` ids of ``RESULT`` frames that held outputs, encoded and written: their
-    holds go back to the arena. One frame per event-loop turn carries them all.
+    whose offset is set is read by the front end in place from the engine's arena
+    (the segment named in the facts, ``a``; mapped read-only, ``memory/peer_view.py``);
+    the engine keeps the response's hold until the front end's ``RELEASE``, and a
+    link that drops releases every hold of that front end. Held blocks are pinned:
+    defragmentation and compaction move only blocks whose every holder is parked, and
+    a resize waits for every lease to be parked (``Arena.quiet``), which a held
+    response never is.
+
+Which tensors go by descriptor (``server/link_arena.py``): inputs that are numeric, not
+empty, and fit the front end's grant now; outputs in the arena, C-contiguous,
+little-endian, larger than ``INLINE_MAX``. The rest go as bytes: ``BYTES`` tensors
+(serialized, no numpy buffer), a grant that is full or was never given, outputs not
+in the arena (thread isolation, another executor's segment) or small, and every gRPC
+``ModelInfer`` (``GRPC_INFER`` and its ``RESULT`` carry bytes). The result cache and
+system shared memory never use descriptors: a cached model's body crosses as a
+``REQUEST`` and its answer as an ``ANSWER``; shared-memory inputs and outputs are
+read and written by the engine in the client's region.
 
 ``GRPC_INFER`` (front end → engine)
     an ``INFER`` frame of a gRPC ``ModelInfer`` call (``server/grpc_frontend.py``), with
@@ -68,6 +71,7 @@ go back as ``ANSWER`` frames (status, ``{"error": …}`` body, headers).
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -76,12 +80,14 @@ import orjson
 from sordino.datatypes import serialize_bytes_tensor, tensor_from_binary
 from sordino.errors import SordinoError
 from sordino.inference import InferRequest, InferResponse, RequestedOutput, SharedInput, Tensor
-from sordino.memory.refs import Tensors
+from sordino.memory.refs import TensorRef, Tensors
 from sordino.protocol.codec import output_datatype
+from sordino.server.link_arena import Unreadable, arena_base, in_place
 from sordino.server.link_frames import MAX_FRAME, FrameError, frame_head
 
 if TYPE_CHECKING:
     from sordino.memory.arena import Arena
+    from sordino.memory.grant import Grant, GrantSpace
     from sordino.memory.peer_view import ArenaView
 
 __all__ = [
@@ -89,9 +95,7 @@ __all__ = [
     "GRPC_INFER",
     "GRPC_KINDS",
     "INFER",
-    "INLINE_MAX",
     "REFUSED",
-    "RELEASE",
     "RESULT",
     "STREAM_CREDIT",
     "STREAM_END",
@@ -100,18 +104,15 @@ __all__ = [
     "STREAM_WINDOW",
     "Call",
     "Decoded",
-    "Unreadable",
     "decode_call",
     "decode_infer",
     "decode_refused",
-    "decode_release",
     "decode_result",
     "decode_stream_credit",
     "decode_stream_message",
     "encode_call",
     "encode_infer",
     "encode_refused",
-    "encode_release",
     "encode_result",
     "encode_result_held",
     "encode_stream_credit",
@@ -121,10 +122,6 @@ __all__ = [
 
 INFER, RESULT, REFUSED, GRPC_INFER, CALL = 5, 6, 7, 8, 9
 STREAM_OPEN, STREAM_MESSAGE, STREAM_END, STREAM_CREDIT = 10, 11, 12, 13
-RELEASE = 14
-INLINE_MAX = 1024
-"""Bytes an output has at most to go inline in a ``RESULT`` even when it lies in the
-arena: copying a small output costs less than holding its block until ``RELEASE``."""
 GRPC_KINDS = frozenset((GRPC_INFER, CALL, STREAM_OPEN, STREAM_MESSAGE, STREAM_END, STREAM_CREDIT))
 """The frames a front end sends for the gRPC calls it forwards (``server/grpc_link.py``)."""
 STREAM_WINDOW = 16
@@ -155,12 +152,27 @@ def _raw(datatype: str, array: Tensor) -> bytes | memoryview:
     return little.reshape(-1).view(np.uint8).data
 
 
-def _tensors(entries: list[Any], body: bytes, at: int) -> tuple[dict[str, Tensor], int]:
+def _tensors(
+    entries: list[Any], body: bytes, at: int, grant: Grant | None = None
+) -> tuple[Mapping[str, Tensor], int]:
     arrays: dict[str, Tensor] = {}
     view = memoryview(body)
-    for name, datatype, shape, size in entries:
-        arrays[name] = tensor_from_binary(name, datatype, tuple(shape), view[at : at + size])
-        at += size
+    placed: dict[str, int] = {}
+    for name, datatype, shape, size, offset in entries:
+        if offset is None:
+            data = view[at : at + size]
+            at += size
+        elif grant is None:
+            raise ValueError("an arena descriptor from a front end that was granted nothing")
+        else:
+            placed[name] = offset
+            data = grant.buffer[offset : offset + size]
+        arrays[name] = tensor_from_binary(name, datatype, tuple(shape), data)
+    if placed:
+        assert grant is not None
+        lease = grant.lease([(o, arrays[n].nbytes) for n, o in placed.items()])
+        refs = {n: TensorRef(a, placed.get(n)) for n, a in arrays.items()}
+        return Tensors(refs, (lease,)), at
     return arrays, at
 
 
@@ -175,41 +187,65 @@ def _frame(
 
 
 def encode_infer(
-    ident: int, request: InferRequest, read_s: float, *, kind: int = INFER, room: int | None = None
-) -> list[Any]:
-    """The ``INFER`` (or ``GRPC_INFER``) frame of ``request`` as parts to write in order;
-    ``room``: the bytes the request's declared shapes are bounded by (None: the frame's).
+    ident: int,
+    request: InferRequest,
+    read_s: float,
+    *,
+    kind: int = INFER,
+    room: int | None = None,
+    space: GrantSpace | None = None,
+) -> tuple[list[Any], list[int]]:
+    """The ``INFER`` (or ``GRPC_INFER``) frame of ``request`` as parts to write in order,
+    and the offsets of the inputs it laid into ``space`` (the front end's grant; None:
+    every input inline); ``room``: the bytes the declared shapes are bounded by (None:
+    the frame's, counting the inputs laid into ``space``).
 
-    Raises SordinoError (TensorError) for a tensor that cannot be serialized.
+    Raises SordinoError (TensorError) for a tensor that cannot be serialized and
+    FrameError for one too large; nothing stays in ``space`` then.
     """
     entries: list[Any] = []
     chunks: list[bytes | memoryview] = []
-    for name, array in request.inputs.items():
-        datatype = request.input_datatypes[name]
-        chunk = _raw(datatype, array)
-        entries.append((name, datatype, array.shape, len(chunk)))
-        chunks.append(chunk)
-    outputs = request.outputs
-    facts = {
-        "m": request.model,
-        "v": request.version,
-        "i": request.id,
-        "p": request.parameters,
-        "h": request.headers,
-        "c": request.client,
-        "t": request.received_at,
-        "r": read_s,
-        "o": None if outputs is None else [(o.name, o.binary, o.parameters) for o in outputs],
-        "d": request.input_datatypes,
-        "s": [
-            (s.name, s.datatype, s.shape, s.region, s.byte_size, s.offset)
-            for s in request.shared_inputs
-        ],
-        "x": entries,
-    }
-    if room is not None:
-        facts["n"] = room
-    return _frame(kind, ident, facts, chunks)
+    placed: list[int] = []
+    try:
+        for name, array in request.inputs.items():
+            datatype = request.input_datatypes[name]
+            if space is not None and datatype != "BYTES" and array.size:
+                offset = space.put(array)
+                if offset is not None:
+                    placed.append(offset)
+                    entries.append((name, datatype, array.shape, array.nbytes, offset))
+                    continue
+            chunk = _raw(datatype, array)
+            entries.append((name, datatype, array.shape, len(chunk), None))
+            chunks.append(chunk)
+        outputs = request.outputs
+        facts = {
+            "m": request.model,
+            "v": request.version,
+            "i": request.id,
+            "p": request.parameters,
+            "h": request.headers,
+            "c": request.client,
+            "t": request.received_at,
+            "r": read_s,
+            "o": None if outputs is None else [(o.name, o.binary, o.parameters) for o in outputs],
+            "d": request.input_datatypes,
+            "s": [
+                (s.name, s.datatype, s.shape, s.region, s.byte_size, s.offset)
+                for s in request.shared_inputs
+            ],
+            "x": entries,
+        }
+        if room is not None:
+            facts["n"] = room
+        elif placed:  # as if the placed tensors were in the frame
+            facts["n"] = _FACTS.size + len(orjson.dumps(facts)) + sum(e[3] for e in entries)
+        return _frame(kind, ident, facts, chunks), placed
+    except BaseException:
+        if space is not None:
+            for offset in placed:
+                space.free(offset)
+        raise
 
 
 def _facts(body: bytes) -> tuple[int, dict[str, Any], int]:
@@ -224,11 +260,17 @@ def _facts(body: bytes) -> tuple[int, dict[str, Any], int]:
     return ident, facts, at
 
 
-def decode_infer(body: bytes) -> Decoded:
-    """The request an ``INFER`` frame's body holds; FrameError if it is not one."""
+def decode_infer(body: bytes, grant: Grant | None = None) -> Decoded:
+    """The request an ``INFER`` frame's body holds; FrameError if it is not one.
+
+    Inputs the front end laid into ``grant`` are arena tensors, read in place (a
+    :class:`~sordino.memory.refs.Tensors` holding a lease of the grant: whoever
+    releases the request frees them).
+    """
     ident, facts, at = _facts(body)
+    inputs: Mapping[str, Tensor] | None = None
     try:
-        inputs, end = _tensors(facts["x"], body, at)
+        inputs, end = _tensors(facts["x"], body, at, grant)
         outputs = facts["o"]
         request = InferRequest(
             model=facts["m"],
@@ -245,10 +287,12 @@ def decode_infer(body: bytes) -> Decoded:
         )
         read_s = float(facts["r"])
         room = int(facts.get("n", len(body)))
+        if end != len(body):
+            raise ValueError("its tensors do not fill it")
     except (KeyError, TypeError, ValueError, SordinoError) as exc:
+        if isinstance(inputs, Tensors):
+            inputs.release()
         raise FrameError(f"a malformed request frame: {exc}") from None
-    if end != len(body):
-        raise FrameError("a request frame whose tensors do not fill it")
     return Decoded(ident, request, read_s, room)
 
 
@@ -275,22 +319,14 @@ def encode_result_held(
     """
     entries: list[Any] = []
     chunks: list[bytes | memoryview] = []
-    base = _arena_base(arena) if arena is not None else None
+    base = arena_base(arena) if arena is not None else None
     outputs = response.outputs
     placed = outputs if base is not None and isinstance(outputs, Tensors) else None
     held = False
     for name, array in outputs.items():
         datatype = output_datatype(response, name, array)
         offset = placed.ref(name).offset if placed is not None else None
-        if (
-            offset is not None
-            and base is not None
-            and array.nbytes > INLINE_MAX
-            and array.dtype.byteorder in _LITTLE
-            and array.flags.c_contiguous
-            and array.__array_interface__["data"][0] == base + offset
-            and datatype != "BYTES"
-        ):
+        if datatype != "BYTES" and in_place(array, offset, base):
             entries.append((name, datatype, array.shape, array.nbytes, offset))
             held = True
             continue
@@ -312,24 +348,6 @@ def encode_result_held(
         assert arena is not None
         facts["a"] = arena.name
     return _frame(RESULT, ident, facts, chunks), held
-
-
-_LITTLE = frozenset("<|=" if np.little_endian else "<|")  # "=": native
-_BASES: dict[str, int] = {}
-
-
-def _arena_base(arena: Arena) -> int | None:
-    """The address the arena's segment is mapped at here (outputs are checked to lie in
-    it, not in another executor's segment); None once closed."""
-    if arena.closed:
-        return None
-    name = arena.name
-    base = _BASES.get(name)
-    if base is None:
-        base = int(np.frombuffer(arena.buffer, np.uint8).__array_interface__["data"][0])
-        _BASES.clear()  # one arena per process: the one before was resized away
-        _BASES[name] = base
-    return base
 
 
 def decode_result(
@@ -372,31 +390,6 @@ def decode_result(
     if at != len(body):
         raise FrameError("a result frame whose tensors do not fill it")
     return ident, response, close, segment is not None
-
-
-class Unreadable(Exception):
-    """A ``RESULT`` whose outputs lie in an arena segment this process cannot map: its
-    id and why (the request is answered with an error, its hold released)."""
-
-    def __init__(self, ident: int, reason: str) -> None:
-        super().__init__(reason)
-        self.ident = ident
-
-
-_IDS = struct.Struct("<Q")
-
-
-def encode_release(idents: list[int]) -> bytes:
-    """The ``RELEASE`` frame of the held results ``idents``."""
-    body = struct.pack(f"<{len(idents)}Q", *idents)
-    return frame_head(len(body), RELEASE) + body
-
-
-def decode_release(body: bytes) -> tuple[int, ...]:
-    """The result ids a ``RELEASE`` frame's body holds."""
-    if len(body) % _IDS.size:
-        raise FrameError("a broken release frame")
-    return struct.unpack(f"<{len(body) // _IDS.size}Q", body)
 
 
 def encode_refused(
