@@ -6,10 +6,12 @@
     python -m bench.bench_frontends --calls 1000       # the engine's calls, read vs forwarded
     python -m bench.bench_frontends --base /work/main  # also main's code, interleaved
     python -m bench.bench_frontends --transport grpc   # gRPC ModelInfer, 8 channels
+    python -m bench.bench_frontends --workload w2      # W2 (CNN, 49 KB rows) instead of W1
 
 Both servers are up at once, each ``sordino start`` with bench_triton's "sordino"
-settings on W1 (max batch 32, 10 ms batching delay, 2 intra-op threads) and its own
-``--frontends``; cells are interleaved (A, B, A, B …, the order rotated each repeat).
+settings on W1 (max batch 32, 10 ms batching delay, 2 intra-op threads; ``--workload
+w2``: W2, the CNN of bench_workloads, in its auto mode) and its own ``--frontends``;
+cells are interleaved (A, B, A, B …, the order rotated each repeat).
 The load is bench_triton's lean generator (``bench/peer_load.py``: closed loops over
 HTTP/1.1 keep-alive, KServe binary tensors, every answer checked against ONNX Runtime).
 With ``--transport grpc`` it is gRPC ``ModelInfer`` instead (raw_input_contents,
@@ -133,18 +135,23 @@ def run_cell(
     warmup: float,
     transport: str = "http",
     channels: int = 8,
+    model: tuple[str, str] = ("w1", "x"),
 ) -> dict[str, Any]:
     """One closed loop against one server (``ends``: its HTTP URL, gRPC address and
-    pid); the split of its connections read midway."""
+    pid; ``model``: the model's and its input's names); the split of its connections
+    read midway."""
     http, address, pid = ends
     host = urlparse(http).netloc
+    name, input_name = model
     if transport == "grpc":
         port = int(address.rsplit(":", 1)[1])
-        requests = [peer_load.kserve_grpc_request("w1", "x", r) for r in inputs]
+        requests = [peer_load.kserve_grpc_request(name, input_name, r, [1, *r.shape])
+                    for r in inputs]  # fmt: skip
         decode = peer_load.kserve_grpc_output
     else:
         port = int(host.rsplit(":", 1)[1])
-        requests = [peer_load.kserve_http_request(host, "w1", "x", r) for r in inputs]
+        requests = [peer_load.kserve_http_request(host, name, input_name, r, [1, *r.shape])
+                    for r in inputs]  # fmt: skip
         decode = peer_load.kserve_http_output
 
     def load(length: float) -> peer_load.Answers:
@@ -164,12 +171,12 @@ def run_cell(
         split.update(_split(pid, port))
 
     sampler = threading.Thread(target=sample, daemon=True)
-    batches_before, cpu_before = sordino_batches(http, "w1"), tree_cpu(pid, _bucket)
+    batches_before, cpu_before = sordino_batches(http, name), tree_cpu(pid, _bucket)
     client_before = psutil.Process().cpu_times()
     sampler.start()
     answers = load(seconds)
     client_after = psutil.Process().cpu_times()
-    cpu_after, batches_after = tree_cpu(pid, _bucket), sordino_batches(http, "w1")
+    cpu_after, batches_after = tree_cpu(pid, _bucket), sordino_batches(http, name)
     sampler.join()
     failed, worst, first_error = peer_load.check(answers, expected, decode)
     n = max(len(answers.latencies), 1)
@@ -397,16 +404,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from bench.bench_workloads import server_config, workload
 
-    w1 = workload("w1", None, None)
-    inputs = np.random.default_rng(0).random((ROWS, 256), dtype=np.float32)
-    session = ort.InferenceSession(str(w1.model_file), providers=["CPUExecutionProvider"])
-    expected = np.stack([session.run(None, {"x": row[None]})[0][0] for row in inputs])
+    w = workload(args.workload, None, None)
+    inputs = np.random.default_rng(0).random((ROWS, *w.item_shape), dtype=np.float32)
+    session = ort.InferenceSession(str(w.model_file), providers=["CPUExecutionProvider"])
+    expected = np.stack([session.run(None, {w.input_name: row[None]})[0][0] for row in inputs])
     counts = [int(n) for n in args.frontends.split(",")]
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     servers: dict[str, tuple[str, str, int]] = {}
     cells: list[dict[str, Any]] = []
     with ExitStack() as stack, tempfile.TemporaryDirectory() as scratch:
-        config = server_config(w1, Path(scratch), 2, "adaptive", 100.0)
+        config = server_config(w, Path(scratch), 2, w.mode, 100.0)
         codes: list[tuple[str, dict[str, str] | None]] = [("", None)]
         if args.base:
             codes.append((_BASE, {"PYTHONPATH": str(Path(args.base).resolve() / "src")}))
@@ -424,7 +431,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cells = run_plan(
             plan,
             lambda step: run_cell(step[2], servers[step[2]], step[1], args.seconds, inputs,
-                                  expected, args.warmup, args.transport, args.channels),
+                                  expected, args.warmup, args.transport, args.channels,
+                                  (w.name, w.input_name)),
             lambda step, cell: (
                 f"{step[2]} c{step[1]}: {cell['rate']:,.0f} req/s, p99 {cell['p99_ms']:.1f} ms, "
                 f"connections {cell['connections']}"
@@ -437,7 +445,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     show(rows, [model, base])
     report = {
         **report_head("frontends"),
-        "settings": {"seconds": args.seconds, "repeat": args.repeat, "warmup": args.warmup,
+        "settings": {"workload": args.workload,
+                     "seconds": args.seconds, "repeat": args.repeat, "warmup": args.warmup,
                      "transport": args.transport, "channels": args.channels,
                      "frontends": counts, "concurrency": concurrencies},
         "base": args.base, "rows": rows, "model": model, "base_model": base, "cells": cells,
@@ -451,6 +460,8 @@ def main() -> None:
     cell_arguments(parser, seconds=5.0, repeat=3)
     parser.add_argument("--frontends", default="1,2", help="the --frontends of each server")
     parser.add_argument("--concurrency", default="64", help="requests in flight")
+    parser.add_argument("--workload", choices=("w1", "w2"), default="w1",
+                        help="W1 (MLP, 1 KB rows) or W2 (CNN, 49 KB rows)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="2 s a cell, one repeat")
     parser.add_argument("--transport", choices=("http", "grpc"), default="http",
                         help="the generator's protocol")  # fmt: skip

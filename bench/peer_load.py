@@ -38,10 +38,13 @@ class Answers:
     seconds: float = 0.0
 
 
-def kserve_http_request(host: str, model: str, name: str, row: np.ndarray) -> bytes:
-    """A KServe v2 binary-tensor request (binary output asked for) as raw HTTP/1.1 bytes."""
+def kserve_http_request(
+    host: str, model: str, name: str, row: np.ndarray, shape: list[int] | None = None
+) -> bytes:
+    """A KServe v2 binary-tensor request (binary output asked for) as raw HTTP/1.1 bytes;
+    ``shape``: the input's (``[1, row.size]`` when not given)."""
     header = orjson.dumps(
-        {"inputs": [{"name": name, "shape": [1, row.size], "datatype": "FP32",
+        {"inputs": [{"name": name, "shape": shape or [1, row.size], "datatype": "FP32",
                      "parameters": {"binary_data_size": row.nbytes}}],
          "parameters": {"binary_data_output": True}}
     )  # fmt: skip
@@ -64,14 +67,17 @@ def raw_http_request(host: str, path: str, row: np.ndarray) -> bytes:
     return head.encode() + body
 
 
-def kserve_grpc_request(model: str, name: str, row: np.ndarray) -> bytes:
-    """A serialized ``ModelInferRequest`` with the row in ``raw_input_contents``."""
+def kserve_grpc_request(
+    model: str, name: str, row: np.ndarray, shape: list[int] | None = None
+) -> bytes:
+    """A serialized ``ModelInferRequest`` with the row in ``raw_input_contents``;
+    ``shape``: the input's (``[1, row.size]`` when not given)."""
     from sordino.protocol.pb import kserve_v2_pb2 as pb
 
     request = pb.ModelInferRequest(model_name=model)
     tensor = request.inputs.add()
     tensor.name, tensor.datatype = name, "FP32"
-    tensor.shape.extend([1, row.size])
+    tensor.shape.extend(shape or [1, row.size])
     request.raw_input_contents.append(np.ascontiguousarray(row, dtype=np.float32).tobytes())
     return bytes(request.SerializeToString())
 

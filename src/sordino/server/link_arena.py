@@ -20,10 +20,10 @@ that keep those places alive and the rules for which tensors may go so:
     ``<Q>`` ids of ``RESULT`` frames that held outputs, encoded and written: their
     holds go back to the arena. One frame per event-loop turn.
 
-An input goes by descriptor when the front end has a grant with room for it and it is
-numeric and not empty; an output when it lies in the arena, C-contiguous and
-little-endian, and is larger than :data:`INLINE_MAX`. Everything else goes inline
-(see ``server/link_tensors.py``).
+An input goes by descriptor when it is numeric and larger than :data:`INLINE_MAX` and
+the front end has a grant with room for it; an output when it lies in the arena,
+C-contiguous and little-endian, and is larger than :data:`INLINE_MAX`. Everything else
+goes inline (see ``server/link_tensors.py``).
 """
 
 from __future__ import annotations
@@ -54,9 +54,12 @@ __all__ = [
 ]
 
 RELEASE, GRANT, FREED = 14, 15, 16
-INLINE_MAX = 1024
-"""Bytes an output has at most to go inline in a ``RESULT`` even when it lies in the
-arena: copying a small output costs less than holding its block until ``RELEASE``."""
+INLINE_MAX = 16 * 1024
+"""Bytes a tensor has at most to go inline even when it could go by descriptor: below
+about this size a copy through the socket costs less than the grant's allocator or the
+held block's ``RELEASE`` (``bench/bench_link_descriptors.py``: a 1 KiB input 48 µs
+inline against 61 µs laid into the grant, 48 KiB 102 against 75 µs; a 4 KiB output
+81 against 127 µs, 48 KiB 153 against 136 µs; busy 2-core machine)."""
 _ID = struct.Struct("<Q")
 _GRANT = struct.Struct("<QQ")
 _LITTLE = frozenset("<|=" if np.little_endian else "<|")  # "=": native

@@ -28,11 +28,12 @@ and the front end encodes the answer (``fast_infer.encode_response``). Two kinds
     a resize waits for every lease to be parked (``Arena.quiet``), which a held
     response never is.
 
-Which tensors go by descriptor (``server/link_arena.py``): inputs that are numeric, not
-empty, and fit the front end's grant now; outputs in the arena, C-contiguous,
-little-endian, larger than ``INLINE_MAX``. The rest go as bytes: ``BYTES`` tensors
-(serialized, no numpy buffer), a grant that is full or was never given, outputs not
-in the arena (thread isolation, another executor's segment) or small, and every gRPC
+Which tensors go by descriptor (``server/link_arena.py``): tensors larger than
+``INLINE_MAX`` (16 KiB): numeric inputs that fit the front end's grant now; outputs in
+the arena, C-contiguous, little-endian. The rest go as bytes: small tensors (a copy is
+cheaper), ``BYTES`` tensors (serialized, no numpy buffer), inputs when the grant is
+full or was never given, outputs not in the arena (thread isolation, another
+executor's segment), and every gRPC
 ``ModelInfer`` (``GRPC_INFER`` and its ``RESULT`` carry bytes). The result cache and
 system shared memory never use descriptors: a cached model's body crosses as a
 ``REQUEST`` and its answer as an ``ANSWER``; shared-memory inputs and outputs are
@@ -82,7 +83,7 @@ from sordino.errors import SordinoError
 from sordino.inference import InferRequest, InferResponse, RequestedOutput, SharedInput, Tensor
 from sordino.memory.refs import TensorRef, Tensors
 from sordino.protocol.codec import output_datatype
-from sordino.server.link_arena import Unreadable, arena_base, in_place
+from sordino.server.link_arena import INLINE_MAX, Unreadable, arena_base, in_place
 from sordino.server.link_frames import MAX_FRAME, FrameError, frame_head
 
 if TYPE_CHECKING:
@@ -209,7 +210,7 @@ def encode_infer(
     try:
         for name, array in request.inputs.items():
             datatype = request.input_datatypes[name]
-            if space is not None and datatype != "BYTES" and array.size:
+            if space is not None and datatype != "BYTES" and array.nbytes > INLINE_MAX:
                 offset = space.put(array)
                 if offset is not None:
                     placed.append(offset)
