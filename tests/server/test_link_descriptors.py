@@ -379,3 +379,30 @@ def test_inputs_from_the_front_end_cross_in_its_grant(
     grants = [c.grant for c in link.connections if c.grant is not None]
     assert len(grants) == 1
     wait_for(lambda: _on_loop(server, lambda: grants[0].lent) == 0, "every range freed")
+
+
+def test_granted_inputs_are_freed_when_the_service_swaps_the_inputs_mapping(
+    server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """System shared memory, sequence controls and step state make the request's inputs a
+    new dict (the grant's lease is not in it): the engine frees the ranges all the same."""
+    from sordino.server import fast_infer
+
+    admit = fast_infer.admit
+
+    def swapping(parts: Any, request: Any, tenant: str | None) -> bool:
+        request.inputs = dict(request.inputs)  # as shm.attach does
+        return admit(parts, request, tenant)
+
+    monkeypatch.setattr(fast_infer, "admit", swapping)
+    connection = _connection(server, frontend_pid(server))
+    body, headers, _ = _body("wide", 2, True)
+    connection.request("POST", "/v2/models/wide/infer", body, headers)
+    response = connection.getresponse()
+    assert response.status == 200
+    response.read()
+    connection.close()
+    assert server.frontends is not None
+    link = server.frontends.link
+    (grant,) = [c.grant for c in link.connections if c.grant is not None]
+    wait_for(lambda: _on_loop(server, lambda: grant.lent) == 0, "every range freed")

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sordino.errors import Cancelled, OutOfMemory
-from sordino.inference import InferResponse
+from sordino.inference import InferResponse, release_owned
 from sordino.memory.grant import Grant, grant_size
 from sordino.server import link_arena, link_frames, link_tensors
 from sordino.server.fast_infer import answer_decoded, answer_error, answer_infer
@@ -188,6 +188,7 @@ class _LinkConnection(link_frames.BatchedWrites, asyncio.Protocol):
     async def _serve(self, decoded: Decoded, pending: Pending) -> None:
         """A request the front end decoded: its response's tensors, or its error, back."""
         ident = decoded.id
+        inputs = decoded.request.inputs  # the service may swap in a plain dict (shm, state)
         try:
             result = await answer_decoded(
                 self.runtime, decoded.request, decoded.read_s, decoded.size, watch(pending)
@@ -198,9 +199,9 @@ class _LinkConnection(link_frames.BatchedWrites, asyncio.Protocol):
                 self._send(ident, 500, b'{"error":"internal error"}', {})
             raise
         finally:
-            # Inputs in the front end's grant go back to it whatever the outcome (the
-            # service released them already when it took the request: this is a no-op).
-            decoded.request.release()
+            # Inputs in the front end's grant go back to it whatever the outcome (a no-op
+            # when the service released them already, as it does the requests it took).
+            release_owned(inputs)
         answering = self.pending.pop(ident, None) is not None and not pending.gone
         if result is None:  # the result cache keys on the body: ask for it
             if answering:
