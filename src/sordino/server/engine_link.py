@@ -153,6 +153,8 @@ class _LinkConnection(link_frames.BatchedWrites, asyncio.Protocol):
 
     def _free(self, offset: int) -> None:
         """A granted range was let go of: the front end may reuse it (one ``FREED`` a turn)."""
+        if self.transport is None:
+            return  # the link is ending: the grant goes back whole
         if not self._freed:
             asyncio.get_running_loop().call_soon(self._flush_freed)
         self._freed.append(offset)
