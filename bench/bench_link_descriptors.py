@@ -12,9 +12,10 @@ the arena), the send, the front end's read and ``decode_result`` (read in place 
 its read-only mapping) and the encoding of the answer (``encode_infer_response``,
 binary), then the release (``RELEASE``). Row sizes: W1's input (256 FP32, 1 KiB) and
 output (10 FP32), W2's input (3×64×64 FP32, 48 KiB) and output (10 FP32), and a 48 KiB
-output. Each cell is the median of ``--repeat`` runs, µs a request; descriptors apply
-above ``link_arena.INLINE_MAX`` for outputs (the engine's rule) and for every numeric
-input (the front end's), so both ways are timed here for every size.
+output. Each cell is the median of ``--repeat`` runs, µs a request, the two ways
+interleaved; the server sends tensors of ``link_arena.INLINE_MAX`` bytes or less as
+bytes whatever the grant, a rule lifted here so that both ways are timed at every size
+(the figures it was set from).
 """
 
 from __future__ import annotations
@@ -62,12 +63,21 @@ def _time(run: Callable[[], None], requests: int) -> float:
     return (time.process_time() - started) * 1e6 / requests
 
 
-def inputs(shape: tuple[int, ...], granted: bool, requests: int) -> float:
+def _inline_max(limit: int) -> None:
+    """Set the size up to which tensors go as bytes (both modules read it)."""
+    link_arena.INLINE_MAX = limit
+    link_tensors.INLINE_MAX = limit  # type: ignore[attr-defined]
+
+
+def inputs(shape: tuple[int, ...], placed: bool, requests: int) -> float:
     arena = Arena(64 << 20)
     front, engine = _pair()
     reader = FrameReader()
-    grant = Grant(arena, 16 << 20, lambda offset: space.free(offset)) if granted else None
-    space = GrantSpace(arena.name, grant.block.offset, grant.block.size) if grant else None
+    grant, space = None, None
+    if placed:  # FREED, as the front end takes it, straight back to its allocator
+        grant = Grant(arena, 16 << 20, lambda offset: free(offset))
+        space = GrantSpace(arena.name, grant.block.offset, grant.block.size)
+        free = space.free
     row = np.random.default_rng(0).random((1, *shape), dtype=np.float32)
     request = InferRequest("m", {"x": row}, input_datatypes={"x": "FP32"})
 
@@ -85,14 +95,14 @@ def inputs(shape: tuple[int, ...], granted: bool, requests: int) -> float:
         arena.close()
 
 
-def outputs(shape: tuple[int, ...], held: bool, requests: int) -> float:
+def outputs(shape: tuple[int, ...], placed: bool, requests: int) -> float:
     arena = Arena(64 << 20)
     engine, front = _pair()
     reader = FrameReader()
     view = ArenaView()
     row = np.random.default_rng(0).random((1, *shape), dtype=np.float32)
     request = InferRequest("m", {}, parameters={"binary_data_output": True})
-    where = arena if held else None
+    where = arena if placed else None
     back_reader = FrameReader()
 
     def one() -> None:
@@ -126,12 +136,15 @@ def main() -> None:
     rows: list[tuple[str, float, float]] = []
     cells = [(label, shape, inputs) for label, shape in SIZES.items()]
     cells += [(label, shape, outputs) for label, shape in OUTPUTS.items()]
+    limit = link_arena.INLINE_MAX
+    _inline_max(0)
     for label, shape, run in cells:
         as_bytes, as_descriptor = [], []
         for _ in range(args.repeat):  # interleaved: the machine's load hits both alike
             as_bytes.append(run(shape, False, args.requests))
             as_descriptor.append(run(shape, True, args.requests))
         rows.append((label, statistics.median(as_bytes), statistics.median(as_descriptor)))
+    _inline_max(limit)
     print(f"{'tensor':<22} {'as bytes µs':>12} {'descriptor µs':>14}")
     for label, b, d in rows:
         print(f"{label:<22} {b:>12.1f} {d:>14.1f}")
