@@ -10,7 +10,7 @@
 
 Both servers are up at once, each ``sordino start`` with bench_triton's "sordino"
 settings on W1 (max batch 32, 10 ms batching delay, 2 intra-op threads; ``--workload
-w2``: W2, the CNN of bench_workloads, in its auto mode) and its own ``--frontends``;
+w2``: W2, the CNN of bench_workloads, with the same settings) and its own ``--frontends``;
 cells are interleaved (A, B, A, B …, the order rotated each repeat).
 The load is bench_triton's lean generator (``bench/peer_load.py``: closed loops over
 HTTP/1.1 keep-alive, KServe binary tensors, every answer checked against ONNX Runtime).
@@ -413,7 +413,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     servers: dict[str, tuple[str, str, int]] = {}
     cells: list[dict[str, Any]] = []
     with ExitStack() as stack, tempfile.TemporaryDirectory() as scratch:
-        config = server_config(w, Path(scratch), 2, w.mode, 100.0)
+        # One batching policy for either workload: W2's auto mode would pick its batch
+        # cap from a curve measured at start, which differs from server to server.
+        config = server_config(w, Path(scratch), 2, "adaptive", 100.0)
         codes: list[tuple[str, dict[str, str] | None]] = [("", None)]
         if args.base:
             codes.append((_BASE, {"PYTHONPATH": str(Path(args.base).resolve() / "src")}))
