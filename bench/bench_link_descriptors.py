@@ -12,10 +12,13 @@ the arena), the send, the front end's read and ``decode_result`` (read in place 
 its read-only mapping) and the encoding of the answer (``encode_infer_response``,
 binary), then the release (``RELEASE``). Row sizes: W1's input (256 FP32, 1 KiB) and
 output (10 FP32), W2's input (3×64×64 FP32, 48 KiB) and output (10 FP32), and a 48 KiB
-output. Each cell is the median of ``--repeat`` runs, µs a request, the two ways
-interleaved; the server sends tensors of ``link_arena.INLINE_MAX`` bytes or less as
-bytes whatever the grant, a rule lifted here so that both ways are timed at every size
-(the figures it was set from).
+output. Each cell is the median of ``--repeat`` runs, µs a request for each end (the
+front end: its encode, send, read and decode; the engine: its read, decode, encode,
+send and release), the two ways interleaved. ``RELEASE`` goes once every
+``--release-every`` requests (the server sends one per event-loop turn: at 64 in flight
+it carries several). The server sends tensors of ``link_arena.INLINE_MAX`` bytes or
+less as bytes whatever the grant, a rule lifted here so that both ways are timed at
+every size (the figures it was set from).
 """
 
 from __future__ import annotations
@@ -56,11 +59,29 @@ def _receive(sock: socket.socket, reader: FrameReader) -> bytes:
             return body
 
 
-def _time(run: Callable[[], None], requests: int) -> float:
-    started = time.process_time()
-    for _ in range(requests):
-        run()
-    return (time.process_time() - started) * 1e6 / requests
+class _Ends:
+    """CPU seconds spent by each end, added up part by part (both run in this process)."""
+
+    def __init__(self) -> None:
+        self.front = self.engine = 0.0
+        self._at = time.process_time()
+
+    def start(self) -> None:
+        self._at = time.process_time()
+
+    def front_did(self) -> None:
+        now = time.process_time()
+        self.front += now - self._at
+        self._at = now
+
+    def engine_did(self) -> None:
+        now = time.process_time()
+        self.engine += now - self._at
+        self._at = now
+
+    def per_request(self, requests: int) -> tuple[float, float]:
+        """(front end, engine) µs a request."""
+        return self.front * 1e6 / requests, self.engine * 1e6 / requests
 
 
 def _inline_max(limit: int) -> None:
@@ -69,7 +90,7 @@ def _inline_max(limit: int) -> None:
     link_tensors.INLINE_MAX = limit  # type: ignore[attr-defined]
 
 
-def inputs(shape: tuple[int, ...], placed: bool, requests: int) -> float:
+def inputs(shape: tuple[int, ...], placed: bool, requests: int) -> tuple[float, float]:
     arena = Arena(64 << 20)
     front, engine = _pair()
     reader = FrameReader()
@@ -81,21 +102,30 @@ def inputs(shape: tuple[int, ...], placed: bool, requests: int) -> float:
     row = np.random.default_rng(0).random((1, *shape), dtype=np.float32)
     request = InferRequest("m", {"x": row}, input_datatypes={"x": "FP32"})
 
+    ends = _Ends()
+
     def one() -> None:
+        ends.start()
         parts, _ = link_tensors.encode_infer(1, request, 0.0, space=space)
         front.sendall(b"".join(parts))
+        ends.front_did()
         decoded = link_tensors.decode_infer(_receive(engine, reader), grant)
         decoded.request.release()
+        ends.engine_did()
 
     try:
-        return _time(one, requests)
+        for _ in range(requests):
+            one()
+        return ends.per_request(requests)
     finally:
         front.close()
         engine.close()
         arena.close()
 
 
-def outputs(shape: tuple[int, ...], placed: bool, requests: int) -> float:
+def outputs(
+    shape: tuple[int, ...], placed: bool, requests: int, every: int = 1
+) -> tuple[float, float]:
     arena = Arena(64 << 20)
     engine, front = _pair()
     reader = FrameReader()
@@ -104,24 +134,40 @@ def outputs(shape: tuple[int, ...], placed: bool, requests: int) -> float:
     request = InferRequest("m", {}, parameters={"binary_data_output": True})
     where = arena if placed else None
     back_reader = FrameReader()
+    ends = _Ends()
+    held: dict[int, InferResponse] = {}
+    done: list[int] = []
 
-    def one() -> None:
-        builder = TensorsBuilder(arena)
+    def one(ident: int) -> None:
+        builder = TensorsBuilder(arena)  # the worker's output, there either way: not timed
         builder.put("y", row)
         response = InferResponse("m", "1", builder.finish(), {"y": "FP32"})
-        parts, kept = link_tensors.encode_result_held(1, response, False, where)
-        if not kept:
+        ends.start()
+        parts, kept = link_tensors.encode_result_held(ident, response, False, where)
+        if kept:
+            held[ident] = response
+        else:
             response.release()
         engine.sendall(b"".join(parts))
-        _, back, _, _ = link_tensors.decode_result(_receive(front, reader), view)
+        ends.engine_did()
+        _, back, _, is_held = link_tensors.decode_result(_receive(front, reader), view)
         encode_infer_response(back, request)
-        if kept:  # the RELEASE, sent and taken as the engine takes it
-            front.sendall(link_arena.encode_ids(link_arena.RELEASE, [1]))
-            link_arena.decode_ids(_receive(engine, back_reader))
-            response.release()
+        if is_held:
+            done.append(ident)
+        if len(done) >= every:  # the RELEASE of a loop turn
+            front.sendall(link_arena.encode_ids(link_arena.RELEASE, done))
+            done.clear()
+            ends.front_did()
+            for released in link_arena.decode_ids(_receive(engine, back_reader)):
+                held.pop(released).release()
+            ends.engine_did()
+        else:
+            ends.front_did()
 
     try:
-        return _time(one, requests)
+        for ident in range(requests):
+            one(ident)
+        return ends.per_request(requests)
     finally:
         engine.close()
         front.close()
@@ -132,10 +178,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--release-every", type=int, default=8,
+                        help="requests a RELEASE frame carries")  # fmt: skip
     args = parser.parse_args()
-    rows: list[tuple[str, float, float]] = []
-    cells = [(label, shape, inputs) for label, shape in SIZES.items()]
-    cells += [(label, shape, outputs) for label, shape in OUTPUTS.items()]
+    rows: list[tuple[str, list[float]]] = []
+    Run = Callable[[tuple[int, ...], bool, int], tuple[float, float]]
+    cells: list[tuple[str, tuple[int, ...], Run]] = [
+        (label, shape, inputs) for label, shape in SIZES.items()
+    ]
+    cells += [
+        (label, shape, lambda s, p, n: outputs(s, p, n, args.release_every))
+        for label, shape in OUTPUTS.items()
+    ]
     limit = link_arena.INLINE_MAX
     _inline_max(0)
     for label, shape, run in cells:
@@ -143,11 +197,13 @@ def main() -> None:
         for _ in range(args.repeat):  # interleaved: the machine's load hits both alike
             as_bytes.append(run(shape, False, args.requests))
             as_descriptor.append(run(shape, True, args.requests))
-        rows.append((label, statistics.median(as_bytes), statistics.median(as_descriptor)))
+        figures = [statistics.median(f[end] for f in way)
+                   for way in (as_bytes, as_descriptor) for end in (0, 1)]  # fmt: skip
+        rows.append((label, figures))
     _inline_max(limit)
-    print(f"{'tensor':<22} {'as bytes µs':>12} {'descriptor µs':>14}")
-    for label, b, d in rows:
-        print(f"{label:<22} {b:>12.1f} {d:>14.1f}")
+    print("µs a request        as bytes: front  engine   descriptor: front  engine")
+    for label, (bf, be, df, de) in rows:
+        print(f"{label:<22} {bf:>12.1f} {be:>7.1f} {df:>19.1f} {de:>7.1f}")
 
 
 if __name__ == "__main__":
