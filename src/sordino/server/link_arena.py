@@ -55,11 +55,12 @@ __all__ = [
 
 RELEASE, GRANT, FREED = 14, 15, 16
 INLINE_MAX = 16 * 1024
-"""Bytes a tensor has at most to go inline even when it could go by descriptor: below
-about this size a copy through the socket costs less than the grant's allocator or the
-held block's ``RELEASE`` (``bench/bench_link_descriptors.py``: a 1 KiB input 48 µs
-inline against 61 µs laid into the grant, 48 KiB 102 against 75 µs; a 4 KiB output
-81 against 127 µs, 48 KiB 153 against 136 µs; busy 2-core machine)."""
+"""Bytes a tensor has at most to go as bytes even when it could go by descriptor. The
+engine's core is the scarce one, and below about this size a descriptor costs it more
+than the copy (``python -m bench.bench_link_descriptors``, µs of the engine's CPU a
+request, bytes against descriptor: a 1 KiB input 31 against 42, 16 KiB 40 against 40,
+48 KiB 60 against 42; a 4 KiB output 11.6 against 15.4, 48 KiB 19.0 against 17.3, the
+front end's 72 against 37; busy 2-core machine, indicative)."""
 _ID = struct.Struct("<Q")
 _GRANT = struct.Struct("<QQ")
 _LITTLE = frozenset("<|=" if np.little_endian else "<|")  # "=": native
