@@ -9,11 +9,10 @@ and kept while the engine closes a link whose front end may still read them.
 from __future__ import annotations
 
 import asyncio
-import http.client
 import json
-import os
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,7 +29,7 @@ from sordino.server.fast_infer import decode_body
 from sordino.server.link_frames import FrameError, FrameReader, frame_head
 from sordino.testing import RunningServer, serve_in_thread
 from tests.models import identity_model
-from tests.server.helpers import frontend_pid
+from tests.server.frontend_helpers import any_connection
 from tests.waiting import wait_for
 
 WIDE = 8192  # FP32 columns: 32 KiB a row, above INLINE_MAX
@@ -133,10 +132,8 @@ def test_a_release_frame_carries_every_id() -> None:
         link_arena.decode_ids(b"\x01\x02")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """Worker processes (outputs in the arena), a wide, a narrow and a strings model."""
-    root = tmp_path_factory.mktemp("descriptors")
+def _sources(root: Path) -> list[Any]:
+    """Worker processes (outputs in the arena): a wide, a narrow and a strings model."""
     sources = []
     for name, datatype, width in (
         ("wide", "FP32", WIDE),
@@ -145,8 +142,27 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     ):
         path = identity_model(root / f"{name}.onnx", datatype, width)
         sources += sources_for(ModelConfig(name=name, path=path, max_batch_size=8))
+    return sources
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("descriptors")
+
+
+@pytest.fixture(scope="module")
+def server(models: Path) -> Iterator[RunningServer]:
+    """Two front-end processes: every client connection lands on one of them."""
     config = RuntimeConfig.model_validate({"server": {"frontends": 2, "shutdown_timeout": 10}})
-    with serve_in_thread(config, sources) as running:
+    with serve_in_thread(config, _sources(models)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def reference(models: Path) -> Iterator[RunningServer]:
+    """One process reading its own connections: what the engine answers without front ends."""
+    config = RuntimeConfig.model_validate({"server": {"frontends": 1}})
+    with serve_in_thread(config, _sources(models)) as running:
         yield running
 
 
@@ -176,6 +192,14 @@ def _held(server: RunningServer) -> int:
     return int(_on_loop(server, lambda: sum(len(c.held) for c in link.connections)))  # type: ignore[call-overload]
 
 
+def _lent(server: RunningServer) -> int:
+    """Ranges of the front ends' grants lent to requests now."""
+    assert server.frontends is not None
+    link = server.frontends.link
+    grants = [c.grant for c in link.connections if c.grant is not None]
+    return int(_on_loop(server, lambda: sum(g.lent for g in grants)))  # type: ignore[call-overload]
+
+
 def _body(model: str, rows: int, binary: bool) -> tuple[bytes, dict[str, str], np.ndarray]:
     width = WIDE if model == "wide" else NARROW
     data = np.arange(rows * width, dtype=np.float32).reshape(rows, width) / 7
@@ -189,16 +213,14 @@ def _body(model: str, rows: int, binary: bool) -> tuple[bytes, dict[str, str], n
     return header, {"Content-Type": "application/json"}, data
 
 
-def _connection(server: RunningServer, pid: int) -> http.client.HTTPConnection:
-    from tests.server.test_frontends import _connection as landed
-
-    return landed(server, pid)
-
-
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
 @pytest.mark.parametrize("model", ["wide", "narrow"])
-def test_answers_through_the_front_end_equal_the_engines_own_and_no_hold_stays(
-    server: RunningServer, model: str, binary: bool, monkeypatch: pytest.MonkeyPatch
+def test_answers_through_a_front_end_equal_the_engines_own_and_no_hold_stays(
+    server: RunningServer,
+    reference: RunningServer,
+    model: str,
+    binary: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     encode = link_tensors.encode_result_held
     sent: list[bool] = []
@@ -210,8 +232,8 @@ def test_answers_through_the_front_end_equal_the_engines_own_and_no_hold_stays(
 
     monkeypatch.setattr(link_tensors, "encode_result_held", counted)
     answers = []
-    for pid in (frontend_pid(server), os.getpid()):
-        connection = _connection(server, pid)
+    for running in (server, reference):
+        connection = any_connection(running)
         for rows in (1, 3):
             body, headers, _ = _body(model, rows, binary)
             connection.request("POST", f"/v2/models/{model}/infer", body, headers)
@@ -220,13 +242,13 @@ def test_answers_through_the_front_end_equal_the_engines_own_and_no_hold_stays(
         connection.close()
     assert answers[:2] == answers[2:]
     assert {status for _, status, _ in answers} == {200}
-    assert sent == [model == "wide"] * 2  # the front end's two: wide ones by descriptor
+    assert sent == [model == "wide"] * 2  # through a front end: wide ones by descriptor
     wait_for(lambda: _held(server) == 0, "every hold released", timeout=10)
     wait_for(lambda: _in_use(server) == 0, "the arena empty", timeout=10)
 
 
 def test_strings_go_as_bytes_through_the_front_end(server: RunningServer) -> None:
-    connection = _connection(server, frontend_pid(server))
+    connection = any_connection(server)
     body = json.dumps(
         {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "BYTES", "data": ["a", "", "é"]}]}
     ).encode()
@@ -365,7 +387,7 @@ def test_inputs_from_the_front_end_cross_in_its_grant(
         return decoded
 
     monkeypatch.setattr(link_tensors, "decode_infer", counted)
-    connection = _connection(server, frontend_pid(server))
+    connection = any_connection(server)
     for model, rows in (("wide", 1), ("wide", 4), ("narrow", 2)):
         body, headers, _ = _body(model, rows, True)
         connection.request("POST", f"/v2/models/{model}/infer", body, headers)
@@ -377,8 +399,8 @@ def test_inputs_from_the_front_end_cross_in_its_grant(
     assert server.frontends is not None
     link = server.frontends.link
     grants = [c.grant for c in link.connections if c.grant is not None]
-    assert len(grants) == 1
-    wait_for(lambda: _on_loop(server, lambda: grants[0].lent) == 0, "every range freed")
+    assert len(grants) == 2  # one a front-end process
+    wait_for(lambda: _lent(server) == 0, "every range freed")
 
 
 def test_granted_inputs_are_freed_when_the_service_swaps_the_inputs_mapping(
@@ -395,14 +417,11 @@ def test_granted_inputs_are_freed_when_the_service_swaps_the_inputs_mapping(
         return admit(parts, request, tenant)
 
     monkeypatch.setattr(fast_infer, "admit", swapping)
-    connection = _connection(server, frontend_pid(server))
+    connection = any_connection(server)
     body, headers, _ = _body("wide", 2, True)
     connection.request("POST", "/v2/models/wide/infer", body, headers)
     response = connection.getresponse()
     assert response.status == 200
     response.read()
     connection.close()
-    assert server.frontends is not None
-    link = server.frontends.link
-    (grant,) = [c.grant for c in link.connections if c.grant is not None]
-    wait_for(lambda: _on_loop(server, lambda: grant.lent) == 0, "every range freed")
+    wait_for(lambda: _lent(server) == 0, "every range freed")
