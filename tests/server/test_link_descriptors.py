@@ -425,3 +425,48 @@ def test_granted_inputs_are_freed_when_the_service_swaps_the_inputs_mapping(
     response.read()
     connection.close()
     wait_for(lambda: _lent(server) == 0, "every range freed")
+
+
+class _Transport:
+    """What a FrontendLink writes, kept (a stand-in for its Unix socket's transport)."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def is_closing(self) -> bool:
+        return False
+
+    def writelines(self, parts: list[bytes]) -> None:
+        self.written += parts
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_held_result_nobody_waits_for_is_released_and_a_gone_link_is_not_read() -> None:
+    from sordino.server.frontend_link import FrontendLink
+
+    arena = Arena(1 << 20)
+    try:
+        outputs = _placed(arena, y=np.ones((1, WIDE), np.float32))
+        response = InferResponse("m", "1", outputs, {"y": "FP32"})
+        parts, held = link_tensors.encode_result_held(7, response, False, arena)
+        assert held
+        link = FrontendLink()
+        transport = _Transport()
+        link.connection_made(transport)  # type: ignore[arg-type]
+        link.data_received(b"".join(parts))  # the client left: no future waits for id 7
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        ((kind, body),) = FrameReader().feed(b"".join(transport.written))
+        assert (kind, link_arena.decode_ids(body)) == (link_arena.RELEASE, (7,))
+        # A held result that arrived, and then the link ended: not to be read any more.
+        link.held.add(8)
+        assert link.readable(8) and link.readable(9)
+        link.connection_lost(None)
+        assert link.readable(9)  # nothing held under it
+        link.held.add(8)
+        assert not link.readable(8)
+        response.release()
+    finally:
+        arena.close()
