@@ -71,6 +71,9 @@ _SIZE = struct.Struct("<BQ")  # name length, size
 # correlation ID when the bits say so, and the requested outputs (uint16 count, strings).
 _FACTS_HEAD = struct.Struct("<BqdQIQ")
 _HAS_PRIORITY, _HAS_DEADLINE, _HAS_TENANT, _TEXT_CORRID = 1, 2, 4, 8
+_SEEN_FACTS: dict[bytes, RequestFacts] = {}
+"""Request facts decoded lately, by their bytes (a reader meets the same ones again)."""
+_SEEN_COUNT, _SEEN_BYTES = 1024, 512  # how many are kept; the longest kept
 _HEARTBEAT_FRAME = _HEADER.pack(0, _HEARTBEAT)
 _STOP_FRAME = _HEADER.pack(0, _STOP)
 
@@ -260,28 +263,59 @@ class _Body:
         return out
 
     def facts(self) -> tuple[RequestFacts, ...]:
+        """A Run's request facts. Each request's bytes are first measured (lengths only);
+        requests whose bytes were seen before get the same (frozen) record: the requests
+        of a batch mostly carry the same facts, and decoding them was a good share of a
+        Python-backend worker's time a request."""
         (count,) = self.unpack(_LEN)
+        data, at = self.data, self.at
         out = []
         for _ in range(count):
-            bits, priority, deadline, number, flags, timeout = self.unpack(_FACTS_HEAD)
-            request_id, parameters = self.text(), self.text()
-            tenant = self.text() if bits & _HAS_TENANT else None
-            corrid: int | str = self.text() if bits & _TEXT_CORRID else number
-            (outputs,) = self.unpack(_COUNT)
-            out.append(
-                RequestFacts(
-                    id=request_id,
-                    correlation_id=corrid,
-                    parameters=parameters,
-                    outputs=tuple(self.text() for _ in range(outputs)),
-                    flags=flags,
-                    timeout_us=timeout,
-                    priority=priority if bits & _HAS_PRIORITY else None,
-                    deadline=deadline if bits & _HAS_DEADLINE else None,
-                    tenant=tenant,
-                )
-            )
+            start = at
+            bits = data[at]
+            at += _FACTS_HEAD.size
+            texts = 2 + bool(bits & _HAS_TENANT) + bool(bits & _TEXT_CORRID)
+            for _ in range(texts):
+                at += _LEN.size + _LEN.unpack_from(data, at)[0]
+            (outputs,) = _COUNT.unpack_from(data, at)
+            at += _COUNT.size
+            for _ in range(outputs):
+                at += _LEN.size + _LEN.unpack_from(data, at)[0]
+            if at > len(data):
+                raise FrameError("a frame ends in the middle of a field")
+            chunk = data[start:at]
+            facts = _SEEN_FACTS.get(chunk)
+            if facts is None:
+                facts = _Body(chunk).one_facts()
+                if len(chunk) <= _SEEN_BYTES:
+                    if len(_SEEN_FACTS) >= _SEEN_COUNT:
+                        _SEEN_FACTS.clear()
+                    _SEEN_FACTS[chunk] = facts
+            out.append(facts)
+        self.at = at
         return tuple(out)
+
+    def one_facts(self) -> RequestFacts:
+        """One request's facts, which are the whole body."""
+        bits, priority, deadline, number, flags, timeout = self.unpack(_FACTS_HEAD)
+        request_id, parameters = self.text(), self.text()
+        tenant = self.text() if bits & _HAS_TENANT else None
+        corrid: int | str = self.text() if bits & _TEXT_CORRID else number
+        (outputs,) = self.unpack(_COUNT)
+        facts = RequestFacts(
+            id=request_id,
+            correlation_id=corrid,
+            parameters=parameters,
+            outputs=tuple(self.text() for _ in range(outputs)),
+            flags=flags,
+            timeout_us=timeout,
+            priority=priority if bits & _HAS_PRIORITY else None,
+            deadline=deadline if bits & _HAS_DEADLINE else None,
+            tenant=tenant,
+        )
+        if self.at != len(self.data):
+            raise FrameError("a request's facts are shorter than their bytes")
+        return facts
 
     def rest(self) -> bytes:
         return self.take(len(self.data) - self.at)
