@@ -54,23 +54,24 @@ class _Senders:
     and a batch then makes none. ``sent[i]`` is where request ``i``'s sender's response
     goes, None while it has no sender."""
 
-    __slots__ = ("_index", "sent")
+    __slots__ = ("sent",)
 
-    def __init__(self, requests: Sequence[utils.InferenceRequest]) -> None:
-        self.sent: list[_Sent | None] = [None] * len(requests)
-        self._index = {id(request): index for index, request in enumerate(requests)}
+    def __init__(self, count: int) -> None:
+        self.sent: list[_Sent | None] = [None] * count
 
     def __call__(self, request: utils.InferenceRequest) -> utils.InferenceResponseSender:
-        sent = _Sent()
-        self.sent[self._index[id(request)]] = sent
+        # The index collect_sent gave it (no reference from here back to the requests:
+        # they hold arena views, which must go when the batch ends, not at a GC pass).
+        sent = self.sent[request._sordino_index] = _Sent()
         return utils.InferenceResponseSender(sent, request._cancelled, decoupled=False)
 
 
 def collect_sent(requests: Sequence[utils.InferenceRequest]) -> _Senders:
     """Give each request of a non-decoupled model a sender (made on first use); return
     where each one's goes."""
-    senders = _Senders(requests)
-    for request in requests:
+    senders = _Senders(len(requests))
+    for index, request in enumerate(requests):
+        request._sordino_index = index
         request._make_sender = senders
     return senders
 

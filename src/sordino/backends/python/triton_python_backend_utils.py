@@ -245,25 +245,18 @@ class InferenceRequest:
         self._cancelled: Callable[[], bool] = _never
         self._sender: InferenceResponseSender | None = None
         self._make_sender: Callable[[InferenceRequest], InferenceResponseSender] | None = None
+        self._sordino_index = 0  # its place in execute's list (the backend's senders)
         self._sordino_priority: int | None = None
         self._sordino_deadline: float | None = None
         self._sordino_tenant: str | None = None
 
     @classmethod
     def _for_execute(
-        cls,
-        model_name: str,
-        inputs: list[Tensor],
-        requested_output_names: Sequence[str],
-        request_id: str,
-        correlation_id: int | str,
-        flags: int,
-        timeout: int,
-        parameters: str,
-    ) -> InferenceRequest:
-        """A request ``execute`` gets, made by the backend (``parameters`` a JSON string);
-        each accessor answers as ``InferenceRequest(...)``'s would. ``inputs`` is kept,
-        not copied; ``requested_output_names`` may be shared (the accessor copies it)."""
+        cls, model_name: str, inputs: list[Tensor], requested_output_names: Sequence[str],
+        request_id: str, correlation_id: int | str, flags: int, timeout: int, parameters: str,
+    ) -> InferenceRequest:  # fmt: skip
+        """A request ``execute`` gets, answering as ``InferenceRequest(...)``'s (``inputs``
+        kept, not copied; ``requested_output_names`` may be shared: the accessor copies)."""
         request = cls.__new__(cls)
         request.model_name = model_name
         request._inputs = inputs
@@ -279,6 +272,7 @@ class InferenceRequest:
         request._cancelled = _never
         request._sender = None
         request._make_sender = None
+        request._sordino_index = 0
         return request
 
     def inputs(self) -> list[Tensor]:
