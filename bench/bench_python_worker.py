@@ -3,6 +3,7 @@
     python -m bench.bench_python_worker                      # W1 model.py, 32 requests a batch
     python -m bench.bench_python_worker --model echo         # a model that does nothing
     python -m bench.bench_python_worker --profile 25         # + cProfile, top 25 by own time
+    python -m bench.bench_python_worker --server --spinning  # a real server under HTTP c64
 
 The worker's run loop (``execution/worker_loop.serve``) runs in a thread of this process
 over a real pipe and a real shared-memory arena, serving Triton's repository as
@@ -15,11 +16,18 @@ engine sends them), answers any :class:`Alloc`, and reads the :class:`Done`, for
 ``--seconds``. It prints the loop thread's CPU (``time.thread_time``) a request and a
 batch, with ``ONNX Runtime alone`` (``session.run`` on the same batch, in this thread)
 for the W1 model, so that the backend's share is the difference.
+
+``--server`` instead runs ``sordino start`` on that repository (``bench_triton``'s "sordino
+python" settings), loads it with 64 HTTP requests in flight for ``--seconds`` a round,
+and splits the worker process's CPU a request by thread: its main thread (the run loop,
+``execute`` and the calling thread of ONNX Runtime) and the others (ONNX Runtime's
+intra-op thread, which busy-waits between batches with ``--spinning``; the heartbeat).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import os
 import pstats
@@ -31,8 +39,9 @@ from multiprocessing import Pipe
 from pathlib import Path
 
 import numpy as np
+import psutil
 
-from bench import models, peers
+from bench import models, peer_load, peers
 from sordino.backends.base import BackendOptions
 from sordino.backends.python.backend import PythonBackend
 from sordino.execution.messages import STOP, Alloc, Allocated, Done, FrameReader, Run, encode
@@ -144,6 +153,50 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
     return {"batch_s": spent[0] / batches, "process_s": others / batches}
 
 
+def _threads(pid: int) -> dict[tuple[int, int], float]:
+    """CPU seconds of each thread of ``pid``'s children, by (pid, thread id)."""
+    found: dict[tuple[int, int], float] = {}
+    for child in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            for thread in child.threads():
+                found[(child.pid, thread.id)] = thread.user_time + thread.system_time
+    return found
+
+
+def serve_and_split(args: argparse.Namespace) -> dict[str, float]:
+    """One round against a real server: the worker's CPU a request, main thread and rest."""
+    from bench.bench_triton import _runner
+    from bench.common import sordino_server
+
+    with tempfile.TemporaryDirectory() as scratch:
+        model_py = _repository(Path(scratch), args.model, args.spinning)
+        settings = Path(scratch) / "runtime.yaml"
+        settings.write_text(
+            "scheduler:\n  mode: adaptive\n  slo_p99_ms: 100.0\n  strategies:\n"
+            "    - {name: dynamic_batching, max_batch: 32, timeout_ms: 10}\n"
+        )
+        repository = str(model_py.parent.parent.parent)
+        command = ["--no-builtin", "--config", str(settings), "--model-repository", repository]
+        with sordino_server(command) as server, _runner() as runner:
+            host = server.http.removeprefix("http://").rstrip("/")
+            rows = np.random.default_rng(0).standard_normal((256, WIDTH)).astype(np.float32)
+            requests = [peer_load.kserve_http_request(host, "w1", "x", r) for r in rows]
+            runner.run(peer_load.http_closed_loop(server.http, requests, 64, 1.0))
+            before = _threads(server.pid)
+            answers = runner.run(
+                peer_load.http_closed_loop(server.http, requests, 64, args.seconds)
+            )
+            after = _threads(server.pid)
+    count = max(1, len(answers.latencies))
+    spent = {key: after[key] - before.get(key, 0.0) for key in after}
+    main = sum(cpu for (pid, tid), cpu in spent.items() if pid == tid)
+    return {
+        "rate": count / answers.seconds,
+        "main": main / count,
+        "others": (sum(spent.values()) - main) / count,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=("w1", "echo"), default="w1")
@@ -156,7 +209,18 @@ def main() -> None:
         help="let model.py's ONNX Runtime threads spin (bench_triton's default)",
     )
     parser.add_argument("--profile", type=int, default=0, help="cProfile rows to print (0: off)")
+    parser.add_argument("--server", action="store_true", help="a real server under HTTP c64")
     args = parser.parse_args()
+    if args.server:
+        split = [serve_and_split(args) for _ in range(args.rounds)]
+        rate = statistics.median(r["rate"] for r in split)
+        main_ms = statistics.median(r["main"] for r in split) * 1e3
+        others_ms = statistics.median(r["others"] for r in split) * 1e3
+        spinning = "spinning" if args.spinning else "not spinning"
+        print(f"{args.model} served at c64 (ONNX Runtime {spinning}), median of {args.rounds}:")
+        print(f"  {rate:,.0f} req/s; worker CPU a request: main thread {main_ms:.4f} ms, "
+              f"other threads {others_ms:.4f} ms, all {main_ms + others_ms:.4f} ms")  # fmt: skip
+        return
     rounds = [measure(args) for _ in range(args.rounds)]
     batch = statistics.median(r["batch_s"] for r in rounds)
     process = statistics.median(r["process_s"] for r in rounds)

@@ -202,17 +202,23 @@ def test_requests_with_the_same_facts_read_back_equal_and_bad_facts_are_frame_er
     same = RequestFacts(id="", parameters='{"k":1}', priority=1, tenant="t")
     facts = (same, RequestFacts(id="other", correlation_id="s"), same, same)
     run = Run(1, {"x": HANDLE}, {}, None, "", (1, 1, 1, 1), facts)
+    alike = Run(2, {}, {}, None, "", (1,) * 5, (same,) * 5)
+    last_differs = Run(3, {}, {}, None, "", (1,) * 3, (same, same, facts[1]))
     reader = FrameReader()
     for _ in range(3):
-        (back,) = reader.feed(encode(run))
-        assert isinstance(back, Run) and back == run
+        for sent in (run, alike, last_differs):
+            (back,) = reader.feed(encode(sent))
+            assert isinstance(back, Run) and back == sent
     frame = encode(Run(2, {}, {}, None, "", (1,), (RequestFacts(id="ab"),)))
     id_at = frame.index(b"ab")
     cut = struct.pack("<IB", len(frame) - HEADER_SIZE - 3, 1) + frame[HEADER_SIZE:-3]
     longer = bytearray(frame)
     struct.pack_into("<I", longer, id_at - 4, 2**20)  # the id's length runs past the frame
     not_utf8 = frame.replace(b"ab", b"\xff\xfe")
-    for bad in (cut, bytes(longer), not_utf8):
+    alike_frame = encode(alike)
+    alike_body = alike_frame[HEADER_SIZE:-1]  # the last request's facts end early
+    alike_cut = struct.pack("<IB", len(alike_body), 1) + alike_body
+    for bad in (cut, bytes(longer), not_utf8, alike_cut):
         with pytest.raises(FrameError):
             FrameReader().feed(bad)
     assert FrameReader().feed(frame)[0] == Run(2, {}, {}, None, "", (1,), (RequestFacts(id="ab"),))
