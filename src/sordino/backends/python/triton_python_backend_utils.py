@@ -322,8 +322,11 @@ class InferenceRequest:
         """The sender of this request's responses (the same one on every call)."""
         sender = self._sender
         if sender is None and self._make_sender is not None:
-            # The backend's senders are made on first use: most models return responses.
-            sender = self._sender = self._make_sender(self)
+            # Made on first use (most models return responses); once, whichever threads ask.
+            with _FIRST_SENDER:
+                sender = self._sender
+                if sender is None:
+                    sender = self._sender = self._make_sender(self)
         if sender is None:
             raise TritonModelException(
                 "this request has no response sender: only the requests execute receives "
@@ -343,6 +346,10 @@ class InferenceRequest:
         from sordino.backends.python.bls import async_exec
 
         return async_exec(self, decoupled)
+
+
+_FIRST_SENDER = threading.Lock()
+"""Held while a request's sender is made (on its first ``get_response_sender()``)."""
 
 
 def _never() -> bool:
