@@ -195,6 +195,35 @@ def test_a_garbled_frame_is_a_frame_error(data: bytes, says: str) -> None:
         FrameReader().feed(data)
 
 
+def test_requests_with_the_same_facts_read_back_equal_and_bad_facts_are_frame_errors() -> None:
+    """A Run's requests whose facts are the same bytes read back equal to what was sent,
+    batch after batch (a reader keeps the records it decoded: they are frozen); facts
+    that end early, or run past their frame, or are not UTF-8, are frame errors."""
+    same = RequestFacts(id="", parameters='{"k":1}', priority=1, tenant="t")
+    facts = (same, RequestFacts(id="other", correlation_id="s"), same, same)
+    run = Run(1, {"x": HANDLE}, {}, None, "", (1, 1, 1, 1), facts)
+    alike = Run(2, {}, {}, None, "", (1,) * 5, (same,) * 5)
+    last_differs = Run(3, {}, {}, None, "", (1,) * 3, (same, same, facts[1]))
+    reader = FrameReader()
+    for _ in range(3):
+        for sent in (run, alike, last_differs):
+            (back,) = reader.feed(encode(sent))
+            assert isinstance(back, Run) and back == sent
+    frame = encode(Run(2, {}, {}, None, "", (1,), (RequestFacts(id="ab"),)))
+    id_at = frame.index(b"ab")
+    cut = struct.pack("<IB", len(frame) - HEADER_SIZE - 3, 1) + frame[HEADER_SIZE:-3]
+    longer = bytearray(frame)
+    struct.pack_into("<I", longer, id_at - 4, 2**20)  # the id's length runs past the frame
+    not_utf8 = frame.replace(b"ab", b"\xff\xfe")
+    alike_frame = encode(alike)
+    alike_body = alike_frame[HEADER_SIZE:-1]  # the last request's facts end early
+    alike_cut = struct.pack("<IB", len(alike_body), 1) + alike_body
+    for bad in (cut, bytes(longer), not_utf8, alike_cut):
+        with pytest.raises(FrameError):
+            FrameReader().feed(bad)
+    assert FrameReader().feed(frame)[0] == Run(2, {}, {}, None, "", (1,), (RequestFacts(id="ab"),))
+
+
 def test_a_pickled_frame_carries_only_the_rare_messages() -> None:
     """A pickle of something else (here a Done) in a pickled frame is refused."""
     body = pickle.dumps(Done(1, {}, 0.0))

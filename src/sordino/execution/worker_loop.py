@@ -11,7 +11,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -51,6 +51,8 @@ __all__ = ["Streams", "serve"]
 def serve(link: WorkerLink, backend: Backend, mapped: MappedArena, streams: Streams | None) -> None:
     """Serve the pipe until told to stop or the server's end closes."""
     decoupled = streams is not None and backend.metadata.decoupled
+    # Once: a Protocol's isinstance check costs tens of microseconds (it showed per batch).
+    per_request = isinstance(backend, RequestBatchBackend)
     while True:
         try:
             message = link.recv()
@@ -68,7 +70,7 @@ def serve(link: WorkerLink, backend: Backend, mapped: MappedArena, streams: Stre
                 if decoupled:
                     assert streams is not None and isinstance(backend, DecoupledBackend)
                     _run_decoupled(link, backend, buffer, message, streams)
-                elif not _run(link, backend, buffer, message, streams):
+                elif not _run(link, backend, buffer, message, streams, per_request):
                     return
             case Call(call_id=call_id, command=command):
                 _call(link, backend, call_id, command)
@@ -273,14 +275,20 @@ class _Outputs:
 
 
 def _run(
-    link: WorkerLink, backend: Backend, buffer: memoryview, run: Run, streams: Streams | None = None
+    link: WorkerLink,
+    backend: Backend,
+    buffer: memoryview,
+    run: Run,
+    streams: Streams | None = None,
+    per_request: bool = False,
 ) -> bool:
     """Run one batch and answer it; False when the server said to stop meanwhile.
 
     With ``streams`` (a backend that takes each request's facts) the model may ask
     whether a request was cancelled: that reads the pipe (:meth:`WorkerLink.poll`).
     Such a backend writes its outputs into the arena itself (``place``); other
-    outputs are copied in once the backend returned them.
+    outputs are copied in once the backend returned them. ``per_request``: whether
+    ``backend`` is a :class:`RequestBatchBackend` (checked once by :func:`serve`).
     """
     started = time.perf_counter()
     batch_id = run.batch_id
@@ -289,13 +297,13 @@ def _run(
         batch = {name: view_tensor(buffer, handle) for name, handle in run.inputs.items()}
         if run.fault is not None:
             perform(run.fault, in_process=False)
-        if (run.rows or run.requests) and isinstance(backend, RequestBatchBackend):
+        if (run.rows or run.requests) and per_request:
             cancelled = None
             if streams is not None:
                 streams.open(batch_id, max(1, len(run.rows)))
                 cancelled = _asker(link, streams, batch_id)
             try:
-                results = backend.infer_requests(
+                results = cast(RequestBatchBackend, backend).infer_requests(
                     batch, run.rows, run.requests, cancelled, place=outputs.place
                 )
             finally:

@@ -49,6 +49,12 @@ from sordino.backends.calls import ModelCaller
 from sordino.backends.decoupled import Responder
 from sordino.backends.python import bls
 from sordino.backends.python.decoupled import collect_sent, execute_decoupled, sent_responses
+from sordino.backends.python.joining import (
+    PythonModelError,
+    join_outputs,
+    output_layouts,
+    response_parts,
+)
 from sordino.errors import ModelLoadError
 from sordino.inference import ModelMetadata, RequestFacts, Tensor, TensorSpec
 
@@ -56,10 +62,6 @@ __all__ = ["PLATFORM", "PythonBackend", "PythonModelError"]
 
 PLATFORM = "python"
 UTILS = "triton_python_backend_utils"
-
-
-class PythonModelError(RuntimeError):
-    """``execute`` failed for a batch: raised, wrong response count, or a response error."""
 
 
 def _utils() -> ModuleType:
@@ -96,7 +98,7 @@ _NO_FACTS = RequestFacts()
 
 
 def _request(
-    utils: ModuleType, model: str, tensors: list[Any], facts: RequestFacts, outputs: list[str]
+    utils: ModuleType, model: str, tensors: list[Any], facts: RequestFacts, outputs: Sequence[str]
 ) -> Any:
     """The ``InferenceRequest`` ``execute`` gets for one request, with its facts.
 
@@ -110,79 +112,23 @@ def _request(
     sordino's own use (BLS requests made inside ``execute`` carry them on):
     ``_sordino_priority`` (the level, or None), ``_sordino_deadline`` (a
     ``time.time()`` value, or None) and ``_sordino_tenant`` (or None).
+    ``tensors`` becomes the request's own list; ``outputs`` (every output, sorted) may
+    be shared between requests.
     """
-    request = utils.InferenceRequest(
-        model_name=model,
-        inputs=tensors,
-        request_id=facts.id,
-        correlation_id=facts.correlation_id,
-        parameters=facts.parameters,
-        requested_output_names=sorted(facts.outputs) if facts.outputs else outputs,
-        flags=facts.flags,
-        timeout=facts.timeout_us,
+    request = utils.InferenceRequest._for_execute(
+        model,
+        tensors,
+        sorted(facts.outputs) if facts.outputs else outputs,
+        facts.id,
+        facts.correlation_id,
+        facts.flags,
+        facts.timeout_us,
+        facts.parameters,
     )
     request._sordino_priority = facts.priority
     request._sordino_deadline = facts.deadline
     request._sordino_tenant = facts.tenant
     return request
-
-
-def _layouts(
-    parts: dict[str, list[Tensor]], model: str
-) -> dict[str, tuple[np.dtype[Any], tuple[int, ...]]]:
-    """The dtype and shape of each output whose dtype can be placed (numbers, bools).
-
-    A request's tensor is that output; several requests' tensors are joined on the
-    first axis (their other dimensions must agree, as ``np.concatenate`` needs: else
-    :class:`PythonModelError` naming the output) with the dtype ``np.concatenate``
-    gives. Strings (``BYTES``) are left out: they are serialized on their way into
-    the arena, so there is nothing to place them in.
-    """
-    layouts: dict[str, tuple[np.dtype[Any], tuple[int, ...]]] = {}
-    for name, arrays in parts.items():
-        first = arrays[0]
-        if len(arrays) > 1:
-            for index, array in enumerate(arrays):
-                if array.ndim == 0 or array.shape[1:] != first.shape[1:]:
-                    raise PythonModelError(
-                        f"model {model}: the responses' {name} tensors cannot be joined into "
-                        f"a batch: request 0 gave shape {list(first.shape)}, request {index} "
-                        f"{list(array.shape)} (each needs a first, batch dimension and the "
-                        "same other dimensions)"
-                    )
-        if any(a.dtype.kind not in _PLACEABLE for a in arrays):
-            continue
-        if len(arrays) == 1:
-            layouts[name] = (first.dtype, tuple(first.shape))
-        else:
-            rows = sum(int(a.shape[0]) for a in arrays)
-            layouts[name] = (np.result_type(*arrays), (rows, *first.shape[1:]))
-    return layouts
-
-
-_PLACEABLE = frozenset("biufc")
-"""The dtype kinds written raw into the arena (bools, integers, floats, complex)."""
-
-
-def _join(parts: dict[str, list[Tensor]], placed: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Each output: its responses' tensors written into ``placed[name]`` where given
-    (one copy each, into its rows), else one tensor as it is or several concatenated."""
-    outputs: dict[str, Tensor] = {}
-    for name, arrays in parts.items():
-        target = placed.get(name)
-        if target is None:
-            outputs[name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-            continue
-        if len(arrays) == 1:
-            target[...] = arrays[0]
-        else:
-            start = 0
-            for array in arrays:
-                end = start + int(array.shape[0])
-                target[start:end] = array
-                start = end
-        outputs[name] = target
-    return outputs
 
 
 class PythonBackend:
@@ -198,6 +144,8 @@ class PythonBackend:
         self._batches = self._items = self._failures = 0
         self._busy = 0.0
         self._decoupled = False
+        self._everything: tuple[str, ...] = ()
+        """Every output's name, sorted (the requested outputs of a request naming none)."""
 
     @property
     def metadata(self) -> ModelMetadata:
@@ -256,6 +204,7 @@ class PythonBackend:
                 raise ModelLoadError(f"{where}: initialize raised {exc!r}") from exc
         self._model = model
         utils.publish_metrics()
+        self._everything = tuple(sorted(spec.name for spec in outputs))
         self._metadata = ModelMetadata(
             name=name,
             version=version,
@@ -320,8 +269,8 @@ class PythonBackend:
         known); ``cancelled(index)`` answers request ``index``'s ``is_cancelled()``.
         Returns each declared output, the responses' tensors joined in request order.
         With ``place``, each numeric output is written into the array ``place`` gives
-        for it (each response's tensor copied once, into its rows; see :func:`_join`);
-        what ``place`` raises propagates as it is.
+        for it (each response's tensor copied once, into its rows; see
+        ``backends/python/joining.py``); what ``place`` raises propagates as it is.
         """
         model = self._model
         if model is None:
@@ -335,13 +284,20 @@ class PythonBackend:
             )
         counts = list(rows) if metadata.batched and len(rows) > 1 else []
         known = list(facts) if len(facts) == max(len(counts), 1) else []
-        everything = sorted(spec.name for spec in metadata.outputs)
+        everything = self._everything
+        inputs = list(batch.items())
+        # Arrays that Tensor() would keep as they are (no numpy strings) skip its checks.
+        plain = all(type(a) is np.ndarray and a.dtype.kind not in "SU" for _, a in inputs)
+        tensor = utils.Tensor._of if plain else utils.Tensor
         requests = []
         start = 0
         for index, count in enumerate(counts or [-1]):
-            part = batch if count < 0 else {n: a[start : start + count] for n, a in batch.items()}
-            start += max(count, 0)
-            tensors = [utils.Tensor(n, a) for n, a in part.items()]
+            if count < 0:
+                tensors = [tensor(n, a) for n, a in inputs]
+            else:
+                end = start + count
+                tensors = [tensor(n, a[start:end]) for n, a in inputs]
+                start = end
             own = known[index] if known else _NO_FACTS
             request = _request(utils, metadata.name, tensors, own, everything)
             if cancelled is not None:
@@ -356,10 +312,10 @@ class PythonBackend:
             if inspect.iscoroutine(responses):  # async def execute, as Triton runs it
                 responses = bls.run_coroutine(responses, state)
             responses = sent_responses(responses, sent)
-            parts = self._parts(responses, len(requests))
-            layouts = _layouts(parts, metadata.name)
+            parts = response_parts(responses, len(requests), metadata)
+            layouts = output_layouts(parts, metadata.name)
             if place is None:
-                outputs = _join(parts, {})
+                outputs = join_outputs(parts, {})
         except Exception as exc:
             with self._lock:
                 self._failures += 1
@@ -369,7 +325,7 @@ class PythonBackend:
         finally:
             utils.publish_metrics()
         if place is not None:
-            outputs = _join(parts, place(layouts) if layouts else {})
+            outputs = join_outputs(parts, place(layouts) if layouts else {})
         elapsed = time.perf_counter() - started
         with self._lock:
             self._batches += 1
@@ -398,7 +354,7 @@ class PythonBackend:
         utils = sys.modules[UTILS]
         count = len(rows) if metadata.batched and len(rows) > 1 else 1
         known = list(facts) if len(facts) == count else []
-        everything = sorted(spec.name for spec in metadata.outputs)
+        everything = self._everything
 
         def request_for(index: int, tensors: list[Any]) -> Any:
             own = known[index] if known else _NO_FACTS
@@ -428,35 +384,6 @@ class PythonBackend:
             self._batches += 1
             self._items += sum(rows) if len(rows) > 1 else 1
             self._busy += time.perf_counter() - started
-
-    def _parts(self, responses: Any, expected: int) -> dict[str, list[Tensor]]:
-        """Each declared output's tensors, one per response in request order."""
-        name = self.metadata.name
-        if not isinstance(responses, list | tuple) or len(responses) != expected:
-            got = len(responses) if isinstance(responses, list | tuple) else type(responses)
-            raise PythonModelError(
-                f"model {name}: execute returned {got} responses for {expected} requests "
-                "(it must return one InferenceResponse per request)"
-            )
-        parts: dict[str, list[Tensor]] = {spec.name: [] for spec in self.metadata.outputs}
-        for index, response in enumerate(responses):
-            if response is None:
-                raise PythonModelError(
-                    f"model {name}: request {index} got no response (return one from "
-                    "execute, or send one through its response sender before execute returns)"
-                )
-            if response.has_error():
-                raise PythonModelError(
-                    f"model {name}: request {index}: {response.error().message()}"
-                )
-            given = {t.name(): t.as_numpy() for t in response.output_tensors()}
-            for spec in self.metadata.outputs:
-                if spec.name not in given:
-                    raise PythonModelError(
-                        f"model {name}: the response to request {index} lacks output {spec.name}"
-                    )
-                parts[spec.name].append(given[spec.name])
-        return parts
 
     def unload(self) -> None:
         model, self._model = self._model, None

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import queue
 import threading
@@ -92,7 +91,7 @@ def executing(state: Executing) -> Iterator[None]:
         if _LATEST is state and state.requests:
             # Keep the batch's facts, not its requests (their tensors are arena views).
             facts = _Facts(*caller_facts(state.requests))
-            _LATEST = dataclasses.replace(state, requests=(facts,))
+            _LATEST = Executing(state.model, (facts,), state.phase, state.caller)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,15 +116,27 @@ def caller_facts(requests: Sequence[Any]) -> tuple[int | None, float | None, str
     where no request has one. Several requests: the highest priority, the earliest
     deadline, the tenant of the request with the highest priority (the first such).
     """
-    levels = [getattr(r, "_sordino_priority", None) for r in requests]
-    ends = [getattr(r, "_sordino_deadline", None) for r in requests]
-    tenants = [getattr(r, "_sordino_tenant", None) for r in requests]
-    priority = min((p for p in levels if p is not None), default=None)
-    deadline = min((d for d in ends if d is not None), default=None)
-    tenant = next((t for p, t in zip(levels, tenants, strict=True) if p == priority and t), None)
-    if tenant is None:
-        tenant = next((t for t in tenants if t), None)
-    return priority, deadline, tenant
+    # One pass (it runs once a batch): the tenant of the first request at the best
+    # priority so far, and the first tenant of all.
+    priority: int | None = None
+    deadline: float | None = None
+    best_tenant: str | None = None
+    first_tenant: str | None = None
+    for request in requests:
+        level = getattr(request, "_sordino_priority", None)
+        end = getattr(request, "_sordino_deadline", None)
+        tenant = getattr(request, "_sordino_tenant", None)
+        if end is not None and (deadline is None or end < deadline):
+            deadline = end
+        if tenant and first_tenant is None:
+            first_tenant = tenant
+        if level is not None and (priority is None or level < priority):
+            priority, best_tenant = level, tenant or None
+        elif level == priority and tenant and best_tenant is None:
+            best_tenant = tenant
+    if priority is None:
+        return None, deadline, first_tenant
+    return priority, deadline, best_tenant or first_tenant
 
 
 def _text(value: Any, what: str) -> str:

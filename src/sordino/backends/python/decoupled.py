@@ -48,31 +48,50 @@ class _Sent:
         self.final = self.final or final
 
 
-def collect_sent(requests: Sequence[utils.InferenceRequest]) -> list[_Sent]:
-    """Give each request of a non-decoupled model a sender; return where each one's goes."""
-    collected = []
-    for request in requests:
-        sent = _Sent()
-        request._sender = utils.InferenceResponseSender(sent, request._cancelled, decoupled=False)
-        collected.append(sent)
-    return collected
+class _Senders:
+    """The senders of a non-decoupled model's requests, each made when its request is
+    first asked for it (``get_response_sender()``): most models return their responses,
+    and a batch then makes none. ``sent[i]`` is where request ``i``'s sender's response
+    goes, None while it has no sender."""
+
+    __slots__ = ("sent",)
+
+    def __init__(self, count: int) -> None:
+        self.sent: list[_Sent | None] = [None] * count
+
+    def __call__(self, request: utils.InferenceRequest) -> utils.InferenceResponseSender:
+        # The index collect_sent gave it (no reference from here back to the requests:
+        # they hold arena views, which must go when the batch ends, not at a GC pass).
+        sent = self.sent[request._sordino_index] = _Sent()
+        return utils.InferenceResponseSender(sent, request._cancelled, decoupled=False)
 
 
-def sent_responses(returned: Any, collected: list[_Sent]) -> Any:
+def collect_sent(requests: Sequence[utils.InferenceRequest]) -> _Senders:
+    """Give each request of a non-decoupled model a sender (made on first use); return
+    where each one's goes."""
+    senders = _Senders(len(requests))
+    for index, request in enumerate(requests):
+        request._sordino_index = index
+        request._make_sender = senders
+    return senders
+
+
+def sent_responses(returned: Any, collected: _Senders) -> Any:
     """``execute``'s return with the responses sent through senders in the places of None.
 
     ``returned`` None means every request answered through its sender. Anything else
     is returned as it is, for the caller's checks.
     """
-    if not collected or not any(s.response is not None for s in collected):
+    sent = collected.sent
+    if not any(s is not None and s.response is not None for s in sent):
         return returned
     if returned is None:
-        returned = [None] * len(collected)
-    if not isinstance(returned, list | tuple) or len(returned) != len(collected):
+        returned = [None] * len(sent)
+    if not isinstance(returned, list | tuple) or len(returned) != len(sent):
         return returned
     return [
-        sent.response if given is None else given
-        for given, sent in zip(returned, collected, strict=True)
+        (s.response if s is not None else None) if given is None else given
+        for given, s in zip(returned, sent, strict=True)
     ]
 
 

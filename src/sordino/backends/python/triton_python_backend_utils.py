@@ -123,11 +123,20 @@ class Tensor:
     """A named tensor: an input of a request, or an output a model gives."""
 
     def __init__(self, name: str, data: Any) -> None:
-        array = np.asarray(data)
+        array = data if type(data) is np.ndarray else np.asarray(data)
         if array.dtype.kind in "SU":
             array = array.astype(np.object_)
         self._name = name
         self._array = array
+
+    @classmethod
+    def _of(cls, name: str, array: np.ndarray[Any, Any]) -> Tensor:
+        """A tensor over ``array`` as it is (an input the backend gives ``execute``: an
+        ndarray whose dtype is never a numpy string kind), as ``Tensor(name, array)``."""
+        tensor = cls.__new__(cls)
+        tensor._name = name
+        tensor._array = array
+        return tensor
 
     def name(self) -> str:
         return self._name
@@ -220,21 +229,51 @@ class InferenceRequest:
             raise TritonModelException("Correlation ID must be integer or string")
         self.model_name = model_name
         self._inputs = list(inputs)
-        self._outputs = list(requested_output_names)
+        self._outputs: Sequence[str] = list(requested_output_names)
         self._id = request_id
         self._correlation = correlation_id
         self._flags = flags
         self._timeout = timeout
         self._version = model_version
-        self._memory = preferred_memory or PreferredMemory(_MEMORY_DEFAULT)
-        self._trace = trace or InferenceTrace()
+        self._memory = preferred_memory
+        self._trace = trace
         if isinstance(parameters, str):
             self._parameters = parameters
         else:
             # Most requests carry none: skip the encoder (it showed in profiles).
             self._parameters = json.dumps(dict(parameters)) if parameters else "{}"
-        self._cancelled: Callable[[], bool] = lambda: False
+        self._cancelled: Callable[[], bool] = _never
         self._sender: InferenceResponseSender | None = None
+        self._make_sender: Callable[[InferenceRequest], InferenceResponseSender] | None = None
+        self._sordino_index = 0  # its place in execute's list (the backend's senders)
+        self._sordino_priority: int | None = None
+        self._sordino_deadline: float | None = None
+        self._sordino_tenant: str | None = None
+
+    @classmethod
+    def _for_execute(
+        cls, model_name: str, inputs: list[Tensor], requested_output_names: Sequence[str],
+        request_id: str, correlation_id: int | str, flags: int, timeout: int, parameters: str,
+    ) -> InferenceRequest:  # fmt: skip
+        """A request ``execute`` gets, answering as ``InferenceRequest(...)``'s (``inputs``
+        kept, not copied; ``requested_output_names`` may be shared: the accessor copies)."""
+        request = cls.__new__(cls)
+        request.model_name = model_name
+        request._inputs = inputs
+        request._outputs = requested_output_names
+        request._id = request_id
+        request._correlation = correlation_id
+        request._flags = flags
+        request._timeout = timeout
+        request._version = -1
+        request._memory = None
+        request._trace = None
+        request._parameters = parameters
+        request._cancelled = _never
+        request._sender = None
+        request._make_sender = None
+        request._sordino_index = 0
+        return request
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs)
@@ -261,10 +300,16 @@ class InferenceRequest:
         return self._version
 
     def preferred_memory(self) -> PreferredMemory:
-        return self._memory
+        memory = self._memory
+        if memory is None:  # made on first use: most requests never ask
+            memory = self._memory = PreferredMemory(_MEMORY_DEFAULT)
+        return memory
 
     def trace(self) -> InferenceTrace:
-        return self._trace
+        trace = self._trace
+        if trace is None:  # made on first use: most requests never ask
+            trace = self._trace = InferenceTrace()
+        return trace
 
     def parameters(self) -> str:
         """The request's parameters as a JSON string (Triton's form)."""
@@ -276,6 +321,12 @@ class InferenceRequest:
     def get_response_sender(self) -> InferenceResponseSender:
         """The sender of this request's responses (the same one on every call)."""
         sender = self._sender
+        if sender is None and self._make_sender is not None:
+            # Made on first use (most models return responses); once, whichever threads ask.
+            with _FIRST_SENDER:
+                sender = self._sender
+                if sender is None:
+                    sender = self._sender = self._make_sender(self)
         if sender is None:
             raise TritonModelException(
                 "this request has no response sender: only the requests execute receives "
@@ -295,6 +346,15 @@ class InferenceRequest:
         from sordino.backends.python.bls import async_exec
 
         return async_exec(self, decoupled)
+
+
+_FIRST_SENDER = threading.Lock()
+"""Held while a request's sender is made (on its first ``get_response_sender()``)."""
+
+
+def _never() -> bool:
+    """``is_cancelled()`` of a request nobody can cancel."""
+    return False
 
 
 class InferenceResponse:
@@ -404,12 +464,22 @@ def using_decoupled_model_transaction_policy(model_config: Mapping[str, Any]) ->
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
     """The input ``name`` of ``request``, or None."""
-    return next((t for t in request.inputs() if t.name() == name), None)
+    # The request's own list when it is ours (inputs() copies it; this only reads).
+    inputs = request._inputs if type(request) is InferenceRequest else request.inputs()
+    for tensor in inputs:
+        if tensor.name() == name:
+            return tensor
+    return None
 
 
 def get_output_tensor_by_name(response: InferenceResponse, name: str) -> Tensor | None:
     """The output ``name`` of ``response``, or None."""
-    return next((t for t in response.output_tensors() if t.name() == name), None)
+    ours = type(response) is InferenceResponse
+    outputs = response._outputs if ours else response.output_tensors()
+    for tensor in outputs:
+        if tensor.name() == name:
+            return tensor
+    return None
 
 
 def _config_by_name(model_config: Mapping[str, Any], key: str, name: str) -> Any:

@@ -1,0 +1,127 @@
+"""A Triton Python model's responses joined into a batch's outputs.
+
+``execute`` returns one response per request; :func:`response_parts` checks them and
+takes each declared output's tensor from each, :func:`output_layouts` says the dtype
+and shape of each joined output that can be placed in the arena (numbers and bools),
+and :func:`join_outputs` writes each response's tensor into its rows of the array the
+worker placed (one copy each), or concatenates them where nothing was placed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from sordino.backends.python.triton_python_backend_utils import InferenceResponse
+from sordino.inference import ModelMetadata, Tensor
+
+__all__ = ["PythonModelError", "join_outputs", "output_layouts", "response_parts"]
+
+
+class PythonModelError(RuntimeError):
+    """``execute`` failed for a batch: raised, wrong response count, or a response error."""
+
+
+def response_parts(
+    responses: Any, expected: int, metadata: ModelMetadata
+) -> dict[str, list[Tensor]]:
+    """Each declared output's tensors, one per response in request order; else
+    :class:`PythonModelError` saying what is wrong (a count that is not
+    ``expected``, a missing response, a response's error, a missing output)."""
+    name = metadata.name
+    if not isinstance(responses, list | tuple) or len(responses) != expected:
+        got = len(responses) if isinstance(responses, list | tuple) else type(responses)
+        raise PythonModelError(
+            f"model {name}: execute returned {got} responses for {expected} requests "
+            "(it must return one InferenceResponse per request)"
+        )
+    declared = [spec.name for spec in metadata.outputs]
+    parts: dict[str, list[Tensor]] = {output: [] for output in declared}
+    for index, response in enumerate(responses):
+        if response is None:
+            raise PythonModelError(
+                f"model {name}: request {index} got no response (return one from "
+                "execute, or send one through its response sender before execute returns)"
+            )
+        if response.has_error():
+            raise PythonModelError(f"model {name}: request {index}: {response.error().message()}")
+        # Ours: its own list, read (output_tensors() copies it).
+        ours = type(response) is InferenceResponse
+        tensors = response._outputs if ours else response.output_tensors()
+        if len(tensors) == 1 and len(declared) == 1:
+            only = tensors[0]
+            if only.name() == declared[0]:
+                parts[declared[0]].append(only.as_numpy())
+                continue
+        given = {t.name(): t.as_numpy() for t in tensors}
+        for output in declared:
+            if output not in given:
+                raise PythonModelError(
+                    f"model {name}: the response to request {index} lacks output {output}"
+                )
+            parts[output].append(given[output])
+    return parts
+
+
+def output_layouts(
+    parts: dict[str, list[Tensor]], model: str
+) -> dict[str, tuple[np.dtype[Any], tuple[int, ...]]]:
+    """The dtype and shape of each output whose dtype can be placed (numbers, bools).
+
+    A request's tensor is that output; several requests' tensors are joined on the
+    first axis (their other dimensions must agree, as ``np.concatenate`` needs: else
+    :class:`PythonModelError` naming the output) with the dtype ``np.concatenate``
+    gives. Strings (``BYTES``) are left out: they are serialized on their way into
+    the arena, so there is nothing to place them in.
+    """
+    layouts: dict[str, tuple[np.dtype[Any], tuple[int, ...]]] = {}
+    for name, arrays in parts.items():
+        first = arrays[0]
+        if len(arrays) == 1:
+            if first.dtype.kind in _PLACEABLE:
+                layouts[name] = (first.dtype, tuple(first.shape))
+            continue
+        inner, dtype = first.shape[1:], first.dtype
+        rows, same, placeable = 0, True, True
+        for index, array in enumerate(arrays):
+            shape = array.shape
+            if not shape or shape[1:] != inner:
+                raise PythonModelError(
+                    f"model {model}: the responses' {name} tensors cannot be joined into "
+                    f"a batch: request 0 gave shape {list(first.shape)}, request {index} "
+                    f"{list(shape)} (each needs a first, batch dimension and the "
+                    "same other dimensions)"
+                )
+            rows += shape[0]
+            if array.dtype != dtype:
+                same = False
+                placeable = placeable and array.dtype.kind in _PLACEABLE
+        if not placeable or dtype.kind not in _PLACEABLE:
+            continue
+        # One dtype: the join's is that dtype (as np.result_type says for arrays of it).
+        joined = dtype if same else np.result_type(*arrays)
+        layouts[name] = (joined, (rows, *inner))
+    return layouts
+
+
+_PLACEABLE = frozenset("biufc")
+"""The dtype kinds written raw into the arena (bools, integers, floats, complex)."""
+
+
+def join_outputs(parts: dict[str, list[Tensor]], placed: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Each output: its responses' tensors written into ``placed[name]`` where given
+    (one copy each, into its rows), else one tensor as it is or several concatenated."""
+    outputs: dict[str, Tensor] = {}
+    for name, arrays in parts.items():
+        target = placed.get(name)
+        if target is None:
+            outputs[name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+            continue
+        if len(arrays) == 1:
+            target[...] = arrays[0]
+        else:
+            # One call writes each tensor into its rows (the target's dtype is the join's).
+            np.concatenate(arrays, out=target)
+        outputs[name] = target
+    return outputs
