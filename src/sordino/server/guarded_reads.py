@@ -78,29 +78,28 @@ class GuardedReads(asyncio.Protocol):
         keep-alive HTTP/1.1, or a header it cannot read — stops the fast path, and the
         parser takes the rest from that request on, as before.
         """
-        refused = False
-        while data[:5] == b"POST " and not self.transport.is_closing():
+        refused = 0
+        transport = self.transport
+        while data[:5] == b"POST " and not transport.is_closing():
             end = data.find(b"\r\n\r\n")
             head = connection_guard.plain_head(data, end) if end > 0 else None
             if head is None:
                 break
-            target, headers, length = head
-            following = end + 4 + length
+            following = end + 4 + head[2]
             if following > len(data):
                 break  # the body is not all here: the parser reads it
-            response = shed(target, headers)
+            response = shed(head[0], head[1])
             if response is None:
                 # Admitted: the parser reads it next, and must not ask again (a share
                 # admitted by credit would be asked twice, and admitted squared).
                 self._asked = True
                 break
-            if not refused:
-                self._unset_keep_alive()
-                refused = True
-            self.transport.write(response)
-            self.server_state.total_requests += 1
+            transport.write(response)
+            refused += 1
             data = data[following:]
         if refused:
+            self.server_state.total_requests += refused
+            self._unset_keep_alive()
             self._disarm()  # between requests, as after any answer
             if not data:  # idle now: the keep-alive timeout runs, as after any answer
                 self._idle()

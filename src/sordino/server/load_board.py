@@ -163,7 +163,8 @@ class LoadBoard:
         self._shm = shm
         self._record = record
         self._owner = owner
-        self._clock = clock
+        self.clock = clock
+        """The clock :meth:`fresh` reads (``time.monotonic``, the publisher's)."""
         buf = shm.buf
         assert buf is not None
         self._buf: memoryview | None = buf
@@ -238,7 +239,7 @@ class LoadBoard:
         """Publish the header (and so the board's freshness) under its seqlock."""
         buf = self._view()
         flags = (_TENANTS if tenants_required else 0) | (_STOPPING if stopping else 0)
-        published = self._clock() if now is None else now
+        published = self.clock() if now is None else now
         self._write(buf, 16, self.slots, _HEADER, (
             self._generation, published, share, top_share, last_lag_s, os.getpid(),
             flags, overflow,
@@ -303,10 +304,11 @@ class LoadBoard:
 
     def header_seq(self) -> int:
         """The header's seqlock now: unchanged (and even) since a :meth:`header` read,
-        nothing on the board changed (the header is written last on every publish)."""
-        self._view()
+        nothing on the board changed (the header is written last on every publish).
+        Raises ``ValueError`` once the board is closed."""
         words = self._words
-        assert words is not None
+        if words is None:
+            raise ValueError("the load board is closed")
         seq: int = words[2]
         return seq
 
@@ -323,7 +325,7 @@ class LoadBoard:
 
     def fresh(self, header: BoardHeader) -> bool:
         """Whether ``header`` was published within :data:`STALE_S`."""
-        return self._clock() - header.published_at <= STALE_S
+        return self.clock() - header.published_at <= STALE_S
 
     def route_at(self, slot: int) -> RouteLoad | None:
         """The route in ``slot``, or None if the slot is free (or could not be read)."""
