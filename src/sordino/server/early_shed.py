@@ -104,6 +104,7 @@ class HeaderShed:
         self._uncounted: Counter[tuple[str, str | None, str | None, str]] = Counter()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._refused_at = float("-inf")  # loop time of the last refusal
+        self._seen_at = float("nan")  # loop time the lag rule last heard of a request
         self._decided: dict[_Key, _Decision | object] = {}
         self._decided_at: object = float("nan")  # the epoch they were decided in
         self._lag_refusals: dict[tuple[int, str], tuple[Shed, bytes]] = {}
@@ -188,7 +189,8 @@ class HeaderShed:
         if self._skip():
             return None
         lag = self._lag
-        if lag is not None:
+        if lag is not None and now != self._seen_at:
+            self._seen_at = now  # once a loop iteration: it keeps the time of the last
             lag.request_seen(loop)
         if headers is self._read_headers and target is self._read_target:
             key, tenant = self._read  # the same request again (a client's same head)
