@@ -63,10 +63,9 @@ import os
 import struct
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from multiprocessing import shared_memory
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from sordino.errors import Shed
 from sordino.memory.segments import attach_segment, close_segment, create_recorded
@@ -95,6 +94,7 @@ VERSION_BYTES = 32
 STALE_S = 1.0
 """A board not published for this long refuses nothing (its engine is stuck or gone)."""
 _RETRIES = 64
+_POLICIES_KEPT = 64
 
 _HEAD = struct.Struct("<8sII")
 _HEADER = struct.Struct("<QddddIII")  # at 24
@@ -105,9 +105,9 @@ _TENANTS, _STOPPING = 1, 2
 _USED, _READY, _DEFAULT, _ELIGIBLE, _SHED_LATE, _OVERRIDE = 1, 2, 4, 8, 16, 32
 
 
-@dataclass(frozen=True, slots=True)
-class BoardHeader:
-    """The board's header: when it was published, the engine loop's lag shares."""
+class BoardHeader(NamedTuple):
+    """The board's header: when it was published, the engine loop's lag shares (a
+    tuple: a front end reads one each time the engine publishes)."""
 
     generation: int
     published_at: float
@@ -120,9 +120,9 @@ class BoardHeader:
     overflow: int
 
 
-@dataclass(frozen=True, slots=True)
-class RouteLoad:
-    """One model route's load as published: what the early-shed rules read of it."""
+class RouteLoad(NamedTuple):
+    """One model route's load as published: what the early-shed rules read of it (a
+    tuple: a front end reads one each time the engine publishes)."""
 
     name: str
     version: str
@@ -185,6 +185,7 @@ class LoadBoard:
         self._generation = 0
         self._map: dict[tuple[str, str | None], int] = {}
         self._map_generation = -1
+        self._policies: dict[tuple[int, int, float, int], QueueSettings] = {}
 
     @property
     def name(self) -> str:
@@ -337,13 +338,21 @@ class LoadBoard:
         waits = fields[8 : 8 + MAX_LEVELS]
         rows = fields[8 + MAX_LEVELS :]
         shown = min(levels, MAX_LEVELS)
-        settings = QueueSettings(
-            priority_levels=levels,
-            default_priority=default_priority,
-            default_timeout_s=timeout,
-            allow_timeout_override=bool(flags & _OVERRIDE),
-            shed_late=bool(flags & _SHED_LATE),
-        )
+        # One QueueSettings for each policy seen: the same object from one publish to
+        # the next, so what a reader derived from it (admission's choices) is kept.
+        policy = (levels, default_priority, timeout, flags & (_OVERRIDE | _SHED_LATE))
+        settings = self._policies.get(policy)
+        if settings is None:
+            settings = QueueSettings(
+                priority_levels=levels,
+                default_priority=default_priority,
+                default_timeout_s=timeout,
+                allow_timeout_override=bool(flags & _OVERRIDE),
+                shed_late=bool(flags & _SHED_LATE),
+            )
+            if len(self._policies) >= _POLICIES_KEPT:
+                self._policies.clear()
+            self._policies[policy] = settings
         return RouteLoad(
             name=name[:name_len].decode(errors="replace"),
             version=version[:version_len].decode(errors="replace"),
