@@ -70,7 +70,8 @@ def decision_cost(shed: Callable[[bytes, Sequence[tuple[bytes, bytes]]], bytes |
 
 async def _micro(shed: Any, n: int) -> dict[str, float]:
     def reset() -> None:
-        shed._decided_at = float("nan")  # a new iteration: decide (and read) again
+        # A new iteration: decide (and read) again.
+        shed._decided_at = shed._now = float("nan")
 
     return {
         "decision_us_alone": decision_cost(shed, n, reset),
@@ -128,6 +129,9 @@ class _Front(asyncio.Protocol):
     def __init__(self, shed: Any) -> None:
         import httptools
 
+        from sordino.server.connection_guard import plain_head
+
+        self.plain_head = plain_head
         self.shed = shed
         self.parser = httptools.HttpRequestParser(self)
         self.url = b""
@@ -141,13 +145,11 @@ class _Front(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        from sordino.server.connection_guard import plain_head
-
         # As the engine's own protocol does while refusing (``guarded_reads.py``): whole
         # requests at a request boundary are read without the parser's callbacks.
         while not self.in_message and data[:5] == b"POST ":
             end = data.find(b"\r\n\r\n")
-            head = plain_head(data, end) if end > 0 else None
+            head = self.plain_head(data, end) if end > 0 else None
             if head is None or end + 4 + head[2] > len(data):
                 break
             response = self.shed(head[0], head[1])

@@ -82,8 +82,8 @@ class BoardShed(HeaderShed):
         engine.last_lag_s = header.last_lag_s
 
     def _skip(self) -> bool:
-        # Asked for each request: the epoch lasts while the engine publishes nothing,
-        # and a board that stops moving goes stale meanwhile.
+        # Asked each loop iteration, not each epoch: the epoch lasts while the engine
+        # publishes nothing, and a board that stops moving goes stale meanwhile.
         return self._clock() > self._stale_at
 
     def _lags(self) -> tuple[LoopLag, ...]:

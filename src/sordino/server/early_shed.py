@@ -104,7 +104,8 @@ class HeaderShed:
         self._uncounted: Counter[tuple[str, str | None, str | None, str]] = Counter()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._refused_at = float("-inf")  # loop time of the last refusal
-        self._seen_at = float("nan")  # loop time the lag rule last heard of a request
+        self._now = float("nan")  # the loop time of the last request asked about
+        self._skipping = False  # refusing nothing this iteration (_skip)
         self._decided: dict[_Key, _Decision | object] = {}
         self._decided_at: object = float("nan")  # the epoch they were decided in
         self._lag_refusals: dict[tuple[int, str], tuple[Shed, bytes]] = {}
@@ -133,12 +134,13 @@ class HeaderShed:
     # -- what a subclass provides ------------------------------------------------------
 
     def _skip(self) -> bool:
-        """Whether to refuse nothing now (tenants required, stopping, no figures)."""
+        """Whether to refuse nothing now (tenants required, stopping, no figures):
+        asked once an event-loop iteration."""
         raise NotImplementedError
 
     def _epoch(self, now: float) -> object:
         """What decisions stay good for: this event-loop iteration (``now``, the
-        loop's time) where the state they read is live."""
+        loop's time) where the state they read is live. Asked once an iteration."""
         return now
 
     def _new_iteration(self) -> None:
@@ -178,20 +180,22 @@ class HeaderShed:
             loop = self._loop = asyncio.get_running_loop()
         # Decided once per epoch for each kind of request: under overload one event-loop
         # iteration refuses hundreds alike, and the model's state does not move between
-        # them (the loop's time is the iteration's, under uvloop).
+        # them (the loop's time is the iteration's, under uvloop). The epoch, and
+        # whether to refuse at all, are asked once an iteration.
         now = loop.time()
-        epoch = self._epoch(now)
-        if epoch != self._decided_at:
-            self._decided.clear()
-            self._lag_refusals.clear()
-            self._decided_at = epoch
-            self._new_iteration()
-        if self._skip():
+        if now != self._now:
+            self._now = now
+            epoch = self._epoch(now)
+            if epoch != self._decided_at:
+                self._decided.clear()
+                self._lag_refusals.clear()
+                self._decided_at = epoch
+                self._new_iteration()
+            self._skipping = self._skip()
+            if self._lag is not None and not self._skipping:
+                self._lag.request_seen(loop)  # it keeps the time of the last
+        if self._skipping:
             return None
-        lag = self._lag
-        if lag is not None and now != self._seen_at:
-            self._seen_at = now  # once a loop iteration: it keeps the time of the last
-            lag.request_seen(loop)
         if headers is self._read_headers and target is self._read_target:
             key, tenant = self._read  # the same request again (a client's same head)
         else:
