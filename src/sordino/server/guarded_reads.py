@@ -108,8 +108,9 @@ class GuardedReads(asyncio.Protocol):
                 return b""
             data = data[following:]
         if refused:
+            # (Busy again if a request follows: its parser callbacks or the next read
+            # unset the keep-alive; idle, it is set below.)
             self.server_state.total_requests += refused
-            self._unset_keep_alive()
             self._disarm()  # between requests, as after any answer
             if not data:  # idle now: the keep-alive timeout runs, as after any answer
                 self._idle()
