@@ -73,7 +73,11 @@ class BoardShed(HeaderShed):
     def _new_iteration(self) -> None:
         header = self.board.header()
         self._header = header
-        if header is None or header.tenants_required or header.stopping:
+        if header is None:  # being written all the while it was read: nothing this
+            self._stale_at = -math.inf  # iteration, and read again the next
+            self._decided_at = math.nan
+            return
+        if header.tenants_required or header.stopping:
             self._stale_at = -math.inf  # refuse nothing this epoch
             return
         self._stale_at = header.published_at + STALE_S
