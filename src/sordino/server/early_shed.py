@@ -135,12 +135,13 @@ class HeaderShed:
 
     def _skip(self) -> bool:
         """Whether to refuse nothing now (tenants required, stopping, no figures):
-        asked once an event-loop iteration."""
+        asked once each time the loop's clock moves (an iteration; under uvloop, whose
+        clock counts milliseconds, at most once a millisecond)."""
         raise NotImplementedError
 
     def _epoch(self, now: float) -> object:
         """What decisions stay good for: this event-loop iteration (``now``, the
-        loop's time) where the state they read is live. Asked once an iteration."""
+        loop's time) where the state they read is live. Asked as :meth:`_skip` is."""
         return now
 
     def _new_iteration(self) -> None:
@@ -180,8 +181,9 @@ class HeaderShed:
             loop = self._loop = asyncio.get_running_loop()
         # Decided once per epoch for each kind of request: under overload one event-loop
         # iteration refuses hundreds alike, and the model's state does not move between
-        # them (the loop's time is the iteration's, under uvloop). The epoch, and
-        # whether to refuse at all, are asked once an iteration.
+        # them (the epoch here: a reading of the loop's clock, which counts milliseconds
+        # under uvloop). The epoch, and whether to refuse at all, are asked when the
+        # loop's clock has moved.
         now = loop.time()
         if now != self._now:
             self._now = now
