@@ -25,7 +25,10 @@ its publisher can be started; ``sordino start`` has no switch for it yet). The l
 measured process to core 1, as in ``bench_overload``). Also the decision alone, in each
 process, on its own loop: µs of the loop thread's CPU per call, when each request is in
 an event-loop iteration of its own (the board read each time) and when many share one;
-and what one publish costs the engine's loop.
+and what one publish costs the engine's loop; and the Python of a refusal alone: a
+refused request read by each process's protocol from a transport that makes no system
+call (µs of the loop thread's CPU a request, one request a read, many reads an
+iteration).
 """
 
 from __future__ import annotations
@@ -68,14 +71,69 @@ def decision_cost(shed: Callable[[bytes, Sequence[tuple[bytes, bytes]]], bytes |
     return (time.thread_time() - began) / n * 1e6
 
 
-async def _micro(shed: Any, n: int) -> dict[str, float]:
+async def _micro(shed: Any, n: int, protocol: Callable[[], Any] | None = None) -> dict[str, float]:
     def reset() -> None:
-        shed._decided_at = float("nan")  # a new iteration: decide (and read) again
+        # A new iteration: decide (and read) again.
+        shed._decided_at = shed._now = float("nan")
 
-    return {
+    result = {
         "decision_us_alone": decision_cost(shed, n, reset),
         "decision_us_shared": decision_cost(shed, n, None),
     }
+    if protocol is not None:
+        result["protocol_us"] = _protocol_cost(protocol, n)
+    return result
+
+
+class _Transport:
+    """A transport that takes the writes and makes no system call."""
+
+    def __init__(self) -> None:
+        self.written = 0
+
+    def write(self, data: bytes) -> None:
+        self.written += 1
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 9) if name in ("peername", "sockname") else default
+
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class _ServerState:
+    """What the engine's protocol keeps in uvicorn's server state."""
+
+    def __init__(self) -> None:
+        self.total_requests = 0
+        self.connections: set[Any] = set()
+        self.tasks: set[Any] = set()
+        self.default_headers: list[tuple[bytes, bytes]] = []
+
+
+def _protocol_cost(make: Callable[[], Any], n: int) -> float:
+    """µs of this thread's CPU per refused request read by a connection's protocol
+    (``make`` returns one, connected to a :class:`_Transport`) from a read of its own,
+    all in one loop iteration: the Python of a refusal without its system calls."""
+    from bench.bench_overload import request_bytes
+
+    request = request_bytes(WORKLOADS["digits"], "127.0.0.1:9", "low", 1, "headers")
+    protocol = make()
+    transport = protocol.transport
+    for _ in range(100):  # the first is read by the parser; then it is refusing
+        protocol.data_received(request)
+    written = transport.written
+    began = time.thread_time()
+    for _ in range(n):
+        protocol.data_received(request)
+    spent = time.thread_time() - began
+    if transport.written - written != n:
+        raise RuntimeError("the benchmark's requests were not all refused")
+    return spent / n * 1e6
 
 
 async def _publish_cost(publisher: Any, n: int) -> float:
@@ -111,9 +169,23 @@ def engine(data_dir: str) -> None:
         while publisher.published == 0:
             time.sleep(0.01)
         print(json.dumps({"url": server.url, "board": publisher.name}), flush=True)
+
+        def protocol() -> Any:
+            from sordino.server.connection_guard import ConnectionGuard
+            from sordino.server.http_protocol import http_protocol
+
+            guard = ConnectionGuard(max_connections=1024, max_per_client=1024,
+                                    header_timeout=30.0, body_timeout=30.0)  # fmt: skip
+            guard.early_shed = server.early_shed
+            made = http_protocol(guard, None, server.runtime, 5.0)(  # type: ignore[arg-type]
+                server_state=_ServerState(), _loop=asyncio.get_running_loop()
+            )
+            made.connection_made(_Transport())
+            return made
+
         for line in sys.stdin:
             if line.strip() == "micro":
-                result = server.call(_micro(server.early_shed, 20_000))
+                result = server.call(_micro(server.early_shed, 20_000, protocol))
                 result["publish_us"] = server.call(_publish_cost(publisher, 2_000))
                 print(json.dumps(result), flush=True)
         server.loop.call_soon_threadsafe(publisher.close)
@@ -128,6 +200,9 @@ class _Front(asyncio.Protocol):
     def __init__(self, shed: Any) -> None:
         import httptools
 
+        from sordino.server.connection_guard import plain_head
+
+        self.plain_head = plain_head
         self.shed = shed
         self.parser = httptools.HttpRequestParser(self)
         self.url = b""
@@ -141,13 +216,11 @@ class _Front(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        from sordino.server.connection_guard import plain_head
-
         # As the engine's own protocol does while refusing (``guarded_reads.py``): whole
         # requests at a request boundary are read without the parser's callbacks.
         while not self.in_message and data[:5] == b"POST ":
             end = data.find(b"\r\n\r\n")
-            head = plain_head(data, end) if end > 0 else None
+            head = self.plain_head(data, end) if end > 0 else None
             if head is None or end + 4 + head[2] > len(data):
                 break
             response = self.shed(head[0], head[1])
@@ -188,7 +261,13 @@ def frontend(board_name: str) -> None:
 
     async def main() -> None:
         shed = attach_board_shed(board_name, {})
-        micro = await _micro(shed, 20_000)
+
+        def protocol() -> _Front:
+            made = _Front(shed)
+            made.connection_made(_Transport())  # type: ignore[arg-type]
+            return made
+
+        micro = await _micro(shed, 20_000, protocol)
         loop = asyncio.get_running_loop()
         server = await loop.create_server(lambda: _Front(shed), "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
@@ -310,6 +389,10 @@ def main() -> None:
         f"{micro['engine']['decision_us_shared']:.2f}; from the board "
         f"{micro['board']['decision_us_alone']:.2f} / {micro['board']['decision_us_shared']:.2f}"
         f"; a publish (one route) {micro['engine']['publish_us']:.1f} µs of the engine's loop"
+    )
+    console.print(
+        "a refused request read by the protocol, without system calls, µs: in the engine "
+        f"{micro['engine']['protocol_us']:.2f}; the front end {micro['board']['protocol_us']:.2f}"
     )
     path = save("refusal", {"rate": args.rate, "seconds": args.seconds, "rounds": rounds,
                             "decision": micro, "load_average": os.getloadavg()})  # fmt: skip

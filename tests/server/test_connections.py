@@ -135,6 +135,27 @@ def test_a_body_that_stops_halfway_is_answered_408_and_closed(impatient: Running
     assert b"the request body did not arrive within 0.5 s" in response
 
 
+def test_a_refused_body_that_stops_halfway_is_closed_at_the_body_timeout(
+    impatient: RunningServer,
+) -> None:
+    """While requests are refused from their heads, a refused request's body is dropped
+    as it comes: one that stops halfway holds the connection no longer than the body
+    timeout (its 503 was already written, so no 408 follows it)."""
+    refused = _request(INFER, BODY).replace(
+        b"Host: x\r\n", b"Host: x\r\nX-Sordino-Priority: low\r\nX-Sordino-Timeout: 1\r\n"
+    )
+    with _connect(impatient) as sock:
+        assert _status(_infer_on(sock)) == 200  # the scheduler learns a batch's time
+        sock.sendall(refused)  # refused: the server is refusing now
+        assert impatient.early_shed is not None
+        wait_for(impatient.early_shed.refusing, "a refusal")
+        sock.sendall(refused[: len(refused) - len(BODY) // 2])
+        began = time.monotonic()
+        response = _read_until_closed(sock)
+        assert TIMEOUT_S * 0.8 <= time.monotonic() - began < 10
+    assert response.count(b"HTTP/1.1 503 ") == 2 and b" 408 " not in response
+
+
 def test_a_prompt_client_is_unaffected_by_the_timeouts(impatient: RunningServer) -> None:
     """Keep-alive requests well apart in time, each sent at once, all succeed."""
     with _connect(impatient) as sock:

@@ -360,11 +360,11 @@ def test_refused_and_served_requests_pipelined_are_answered_in_order(
         assert _read_responses(sock, 1) == [200]
 
 
-def test_a_refused_request_whose_body_comes_later_is_refused_by_the_parser(
+def test_a_refused_request_whose_body_comes_later_is_refused_all_the_same(
     server: RunningServer,
 ) -> None:
-    """Headers and half the body in one write, the rest later: not whole, so the parser
-    reads it (and skips the body) — refused all the same, the connection kept."""
+    """Headers and half the body in one write, the rest later: refused (by the parser,
+    or from its head while refusing), its body skipped, the connection kept."""
     request = _refused_request()
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
         sock.sendall(GOOD_REQUEST)
@@ -376,6 +376,50 @@ def test_a_refused_request_whose_body_comes_later_is_refused_by_the_parser(
         assert _read_responses(sock, 1) == [503]
         sock.sendall(GOOD_REQUEST)
         assert _read_responses(sock, 1) == [200]
+
+
+def test_while_refusing_a_body_that_comes_later_is_dropped_without_the_parser(
+    server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While requests are being refused, a refused request whose head is whole but
+    whose body comes in later reads is answered at once and its body dropped by
+    length, unparsed; a request that follows in the body's last read is served."""
+    from sordino.server.http_protocol import HttpProtocol
+
+    parsed: list[bytes] = []
+    bodies: list[int] = []
+    on_headers, on_body = HttpProtocol.on_headers_complete, HttpProtocol.on_body
+
+    def counting(self: HttpProtocol) -> None:
+        parsed.append(self.url)
+        on_headers(self)
+
+    def counting_body(self: HttpProtocol, body: bytes) -> None:
+        bodies.append(len(body))
+        on_body(self, body)
+
+    monkeypatch.setattr(HttpProtocol, "on_headers_complete", counting)
+    monkeypatch.setattr(HttpProtocol, "on_body", counting_body)
+    before = _rejected(server, "shed")
+    request = _refused_request()
+    body_at = len(request) - len(NOT_JSON)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(GOOD_REQUEST)
+        assert _read_responses(sock, 1) == [200]
+        sock.sendall(request)  # refused: the server is refusing now
+        assert _read_responses(sock, 1) == [503]
+        assert server.early_shed is not None and server.early_shed.refusing()
+        parsed.clear()
+        bodies.clear()
+        sock.sendall(request[: body_at + 100])
+        assert _read_responses(sock, 1) == [503]  # answered before its body is here
+        for start in range(body_at + 100, len(request) - 100, 1000):
+            sock.sendall(request[start : min(start + 1000, len(request) - 100)])
+            time.sleep(0.01)
+        sock.sendall(request[-100:] + GOOD_REQUEST)  # the body's end, then a request
+        assert _read_responses(sock, 1) == [200]
+        assert parsed == [INFER.encode()] and sum(bodies) == len(GOOD)  # only that one
+    wait_for(lambda: _rejected(server, "shed") == before + 2, "2 refusals to be counted")
 
 
 @pytest.mark.parametrize(

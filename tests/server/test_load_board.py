@@ -360,6 +360,26 @@ def test_a_stale_board_refuses_nothing(tmp_path: Path) -> None:
         writer.close()
 
 
+def test_a_header_read_while_being_written_is_read_again_next_iteration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A header that could not be read whole (the engine writing it all the while)
+    refuses nothing for that iteration only, not until the engine publishes again."""
+    clock = _Clock()
+    writer, board = _board(tmp_path, clock)
+    try:
+        shed = BoardShed(board, {})
+        whole = board.header
+        monkeypatch.setattr(board, "header", lambda: None)
+        assert _refusal(shed, b"/v2/models/m/infer", LOW_200MS) is None
+        monkeypatch.setattr(board, "header", whole)  # the board has not moved since
+        refused = _refusal(shed, b"/v2/models/m/infer", LOW_200MS)
+        assert refused is not None and refused[0] == 503
+    finally:
+        board.close()
+        writer.close()
+
+
 def test_the_engines_lag_share_refuses_lower_priorities_only(tmp_path: Path) -> None:
     clock = _Clock()
     writer, board = _board(tmp_path, clock, share=0.01)

@@ -24,11 +24,12 @@ the engine's metrics); without it they add up in :attr:`BoardShed.refused`.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Mapping
 
 from sordino.server.early_shed import HeaderShed, ShedRoute
-from sordino.server.load_board import BoardHeader, LoadBoard
+from sordino.server.load_board import STALE_S, BoardHeader, LoadBoard
 from sordino.server.loop_lag import LoopLag
 
 __all__ = ["BoardShed", "RefusalCounts", "attach_board_shed"]
@@ -55,32 +56,39 @@ class BoardShed(HeaderShed):
         self.refused: RefusalCounts = Counter()
         """Refusals counted here when there is no ``on_refused``."""
         self._header: BoardHeader | None = None
+        self._seq = board.header_seq
+        self._clock = board.clock
+        self._stale_at = -math.inf  # the board's clock past which it is stale
         # The engine loop's lag, as published: a LoopLag never measured here, only
         # its admission by credit used (the same rule as in the engine's process).
         self._engine_lag = LoopLag(1.0)
+        self._lags_changed()
 
     def _epoch(self, now: float) -> object:
         # Decisions hold until the engine publishes again (its header is written last
         # on every publish): many loop iterations under overload, not one.
-        seq = self.board.header_seq()
+        seq = self._seq()
         return self._decided_at if seq & 1 else seq
 
     def _new_iteration(self) -> None:
         header = self.board.header()
         self._header = header
-        if header is not None:
-            engine = self._engine_lag
-            engine.share, engine.top_share = header.share, header.top_share
-            engine.last_lag_s = header.last_lag_s
+        if header is None:  # being written all the while it was read: nothing this
+            self._stale_at = -math.inf  # iteration, and read again the next
+            self._decided_at = math.nan
+            return
+        if header.tenants_required or header.stopping:
+            self._stale_at = -math.inf  # refuse nothing this epoch
+            return
+        self._stale_at = header.published_at + STALE_S
+        engine = self._engine_lag
+        engine.share, engine.top_share = header.share, header.top_share
+        engine.last_lag_s = header.last_lag_s
 
     def _skip(self) -> bool:
-        header = self._header
-        return (
-            header is None
-            or header.tenants_required
-            or header.stopping
-            or not self.board.fresh(header)
-        )
+        # Asked each loop iteration, not each epoch: the epoch lasts while the engine
+        # publishes nothing, and a board that stops moving goes stale meanwhile.
+        return self._clock() > self._stale_at
 
     def _lags(self) -> tuple[LoopLag, ...]:
         own = self.lag
@@ -92,9 +100,7 @@ class BoardShed(HeaderShed):
         route = self.board.find(header, model, version)
         if route is None or not route.ready:
             return None  # the engine answers it (404, 503 while loading, …)
-        return ShedRoute(
-            settings=route.settings, eligible=route.eligible, late=route.late, note=None
-        )
+        return ShedRoute(route.settings, route.eligible, route.late, None)
 
     def _flush(self, refused: RefusalCounts) -> None:
         if self._on_refused is not None:

@@ -50,7 +50,6 @@ import asyncio
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from sordino.admission.chain import (
@@ -95,8 +94,8 @@ class HeaderShed:
 
     def __init__(self, rules: Mapping[str, int | str], lag: LoopLag | None = None) -> None:
         self._rules = rules
-        self.lag = lag
-        """Event-loop lag: while the loop runs late, lower priorities are refused first."""
+        self._lag = lag
+        self._refused: tuple[Shed, bytes] | None = None  # the last refusal
         self.shed = 0
         """Requests refused here (each also counted as a ``shed`` rejection)."""
         # Refusals are counted once per event-loop iteration, by kind: under overload
@@ -105,24 +104,44 @@ class HeaderShed:
         self._uncounted: Counter[tuple[str, str | None, str | None, str]] = Counter()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._refused_at = float("-inf")  # loop time of the last refusal
-        self._decided: dict[tuple[bytes | None, ...], _Decision | object] = {}
+        self._now = float("nan")  # the loop time of the last request asked about
+        self._skipping = False  # refusing nothing this iteration (_skip)
+        self._decided: dict[_Key, _Decision | object] = {}
         self._decided_at: object = float("nan")  # the epoch they were decided in
         self._lag_refusals: dict[tuple[int, str], tuple[Shed, bytes]] = {}
         # What reads no live state is kept across epochs (at 1 in flight every request
         # is an epoch of its own): a target's model and version, and the priority and
         # deadline admission's rules give a route's settings (checked by identity).
         self._targets: dict[bytes, tuple[str, str | None] | None] = {}
+        # The lag rules that apply (a subclass's own rules: see _lags).
+        self._lag_rules: tuple[LoopLag, ...] = HeaderShed._lags(self)
         self._chosen: dict[tuple[bytes | None, ...], _Chosen] = {}
+        # The last request's headers read (kept by identity: see __call__).
+        self._read_headers: object = None
+        self._read_target: object = None
+        self._read: tuple[_Key, str | None] = ((b"", None, None, None), None)
+
+    @property
+    def lag(self) -> LoopLag | None:
+        """Event-loop lag: while the loop runs late, lower priorities are refused first."""
+        return self._lag
+
+    @lag.setter
+    def lag(self, lag: LoopLag | None) -> None:
+        self._lag = lag
+        self._lag_rules = self._lags()
 
     # -- what a subclass provides ------------------------------------------------------
 
     def _skip(self) -> bool:
-        """Whether to refuse nothing now (tenants required, stopping, no figures)."""
+        """Whether to refuse nothing now (tenants required, stopping, no figures):
+        asked once each time the loop's clock moves (an iteration; under uvloop, whose
+        clock counts milliseconds, at most once a millisecond)."""
         raise NotImplementedError
 
     def _epoch(self, now: float) -> object:
         """What decisions stay good for: this event-loop iteration (``now``, the
-        loop's time) where the state they read is live."""
+        loop's time) where the state they read is live. Asked as :meth:`_skip` is."""
         return now
 
     def _new_iteration(self) -> None:
@@ -134,8 +153,13 @@ class HeaderShed:
         raise NotImplementedError
 
     def _lags(self) -> tuple[LoopLag, ...]:
-        """The lag rules that apply: this loop's own, and any published to it."""
-        return () if self.lag is None else (self.lag,)
+        """The lag rules that apply: this loop's own, and any published to it (asked
+        again whenever :attr:`lag` is set; a subclass with rules of its own calls
+        :meth:`_lags_changed` once they are in place)."""
+        return () if self._lag is None else (self._lag,)
+
+    def _lags_changed(self) -> None:
+        self._lag_rules = self._lags()
 
     def _flush(self, refused: Counter[tuple[str, str | None, str | None, str]]) -> None:
         """Count one iteration's refusals: (model, version, tenant, reason) → count."""
@@ -147,10 +171,73 @@ class HeaderShed:
         """Return the whole HTTP response refusing the request, or None to serve it.
 
         ``target`` is the request's URL as sent; ``headers`` its headers, names in
-        lower case. Only ``POST`` requests are asked about.
+        lower case. Only ``POST`` requests are asked about. A ``headers`` sequence
+        passed again (the same object: ``plain_head`` hands out one list for each kind
+        of head it reads) must be unchanged: what it says is kept from the last call,
+        not read again.
         """
-        refused = self.refusal_of(target, headers)
-        return None if refused is None else refused[1]
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        # Decided once per epoch for each kind of request: under overload one event-loop
+        # iteration refuses hundreds alike, and the model's state does not move between
+        # them (the epoch here: a reading of the loop's clock, which counts milliseconds
+        # under uvloop). The epoch, and whether to refuse at all, are asked when the
+        # loop's clock has moved.
+        now = loop.time()
+        if now != self._now:
+            self._now = now
+            epoch = self._epoch(now)
+            if epoch != self._decided_at:
+                self._decided.clear()
+                self._lag_refusals.clear()
+                self._decided_at = epoch
+                self._new_iteration()
+            self._skipping = self._skip()
+            if self._lag is not None and not self._skipping:
+                self._lag.request_seen(loop)  # it keeps the time of the last
+        if self._skipping:
+            return None
+        if headers is self._read_headers and target is self._read_target:
+            key, tenant = self._read  # the same request again (a client's same head)
+        else:
+            key, tenant = self._read = _read(target, headers)
+            self._read_headers, self._read_target = headers, target
+        decision = self._decided.get(key)
+        if decision is None:
+            decision = self._decided[key] = self._decide(*key)
+        if decision is _SERVE:
+            return None
+        assert isinstance(decision, _Decision)
+        refused = None
+        for index, rule in enumerate(self._lag_rules):
+            # A rule admitting all (its shares at 1) is not asked: its credit stays.
+            if rule.top_share >= 1.0 and (rule.share >= 1.0 or not decision.stated_lower):
+                continue
+            if decision.stated_lower:
+                if not rule.admit():
+                    refused = self._lag_refusal(index, "lower", rule)
+                    break
+            elif not rule.admit_top():
+                refused = self._lag_refusal(index, "top", rule)
+                break
+        if refused is not None:
+            counted = decision.counted(tenant, Shed.reason)
+        else:
+            refused = decision.refusal
+            if refused is None:
+                return None
+            if decision.note is not None:
+                decision.note()
+            counted = decision.counted(tenant, decision.reason)
+        self.shed += 1
+        self._refused_at = now
+        uncounted = self._uncounted
+        if not uncounted:
+            loop.call_soon(self._count)
+        uncounted[counted] += 1
+        self._refused = refused
+        return refused[1]
 
     def refusal(
         self, target: bytes, headers: Sequence[tuple[bytes, bytes]]
@@ -167,65 +254,7 @@ class HeaderShed:
         self, target: bytes, headers: Sequence[tuple[bytes, bytes]]
     ) -> tuple[Shed, bytes] | None:
         """The error refusing the request and its whole HTTP response, or None."""
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
-        # Decided once per event-loop iteration for each kind of request: under overload
-        # one iteration refuses hundreds alike, and the model's state does not move
-        # between them (the loop's time is the iteration's, under uvloop).
-        now = loop.time()
-        epoch = self._epoch(now)
-        if epoch != self._decided_at:
-            self._decided.clear()
-            self._lag_refusals.clear()
-            self._decided_at = epoch
-            self._new_iteration()
-        if self._skip():
-            return None
-        lag = self.lag
-        if lag is not None:
-            lag.request_seen(loop)
-        priority_value = tag = timeout_value = tenant = None
-        for name, value in headers:
-            if name == _PRIORITY:
-                priority_value = value
-            elif name == _TIMEOUT:
-                timeout_value = value
-            elif name == _TAG:
-                tag = value
-            elif name == _TENANT:
-                tenant = value
-        key = (target, priority_value, timeout_value, tag)
-        decision = self._decided.get(key)
-        if decision is None:
-            decision = self._decided[key] = self._decide(target, priority_value, timeout_value, tag)
-        if decision is _SERVE:
-            return None
-        assert isinstance(decision, _Decision)
-        refused = None
-        for index, rule in enumerate(self._lags()):
-            if decision.stated_lower:
-                if not rule.admit():
-                    refused = self._lag_refusal(index, "lower", rule)
-                    break
-            elif not rule.admit_top():
-                refused = self._lag_refusal(index, "top", rule)
-                break
-        if refused is not None:
-            reason = Shed.reason
-        else:
-            if decision.late is None:
-                return None
-            if decision.note is not None:
-                decision.note()
-            reason, refused = decision.late.reason, (decision.late, decision.response)
-        self.shed += 1
-        self._refused_at = now
-        if not self._uncounted:
-            loop.call_soon(self._count)
-        named = tenant.decode("latin-1") if tenant is not None else None
-        self._uncounted[decision.model, decision.version, named, reason] += 1
-        return refused
+        return None if self(target, headers) is None else self._refused
 
     def _decide(
         self, target: bytes, priority_value: bytes | None, timeout_value: bytes | None,
@@ -262,7 +291,7 @@ class HeaderShed:
             late = route.late(chosen.priority, chosen.timeout_s)
         return _Decision(
             model_name, version, route.note, chosen.stated_lower,
-            late, _response(late) if late is not None else b"",
+            (late, _response(late)) if late is not None else None,
         )  # fmt: skip
 
     def _choose(
@@ -365,9 +394,9 @@ _SERVE = object()
 """A decision: the request is not this path's to refuse (the ordinary path reads it)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ShedRoute:
-    """What the header rule reads of one model route, wherever it comes from."""
+class ShedRoute(NamedTuple):
+    """What the header rule reads of one model route, wherever it comes from (a tuple:
+    one is made each epoch a route is asked about, at 1 in flight each request)."""
 
     settings: QueueSettings
     """The queue policy admission's rules read (levels, defaults, overrides)."""
@@ -380,24 +409,54 @@ class ShedRoute:
 
 
 class _Decision:
-    """What :meth:`HeaderShed._decide` found for one kind of request in one iteration
+    """What :meth:`HeaderShed._decide` found for one kind of request in one epoch
     (a plain class: made once an epoch, at 1 in flight once a request)."""
 
-    __slots__ = ("late", "model", "note", "response", "stated_lower", "version")
+    __slots__ = ("_counted", "model", "note", "reason", "refusal", "stated_lower", "version")
 
     def __init__(
         self, model: str, version: str | None, note: Callable[[], None] | None,
-        stated_lower: bool, late: Shed | None, response: bytes,
+        stated_lower: bool, refusal: tuple[Shed, bytes] | None,
     ) -> None:  # fmt: skip
         self.model = model
         self.version = version
         self.note = note
         self.stated_lower = stated_lower
         """Its ``X-Sordino-Priority`` names a level below the highest."""
-        self.late = late
-        """Its deadline cannot be met (the scheduler's rule), or None."""
-        self.response = response
-        """The refusal for ``late``."""
+        self.refusal = refusal
+        """Its deadline cannot be met (the scheduler's rule): the error and the whole
+        response refusing it; or None."""
+        self.reason = refusal[0].reason if refusal is not None else ""
+        self._counted: dict[tuple[str | None, str], _Counted] = {}
+
+    def counted(self, tenant: str | None, reason: str) -> _Counted:
+        """The key a refusal of this kind is counted under (made once, then reused)."""
+        key = self._counted.get((tenant, reason))
+        if key is None:
+            key = self._counted[tenant, reason] = (self.model, self.version, tenant, reason)
+        return key
+
+
+_Counted = tuple[str, str | None, str | None, str]
+"""(model, version as requested, tenant, reason): what a refusal is counted by."""
+_Key = tuple[bytes, bytes | None, bytes | None, bytes | None]
+"""(target, ``X-Sordino-Priority``, ``X-Sordino-Timeout``, ``X-Sordino-Tag``): a kind of request."""
+
+
+def _read(target: bytes, headers: Sequence[tuple[bytes, bytes]]) -> tuple[_Key, str | None]:
+    """What the rule reads of a request: its kind, and its tenant (None: none named)."""
+    priority_value = tag = timeout_value = tenant = None
+    for name, value in headers:
+        if name == _PRIORITY:
+            priority_value = value
+        elif name == _TIMEOUT:
+            timeout_value = value
+        elif name == _TAG:
+            tag = value
+        elif name == _TENANT:
+            tenant = value
+    named = tenant.decode("latin-1") if tenant is not None else None
+    return (target, priority_value, timeout_value, tag), named
 
 
 class _Chosen(NamedTuple):

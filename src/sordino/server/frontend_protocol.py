@@ -109,6 +109,10 @@ class FrontendProtocol(HttpProtocol):
     def data_received(self, data: bytes) -> None:
         if self._handed:
             return
+        if self._discard and self._admitted and not self._refused_late:
+            data = self._drop_body(data)  # of a request refused from its head
+            if not data:
+                return
         if (
             self._made
             and self._admitted
@@ -160,7 +164,26 @@ class FrontendProtocol(HttpProtocol):
 
 
 def _inference(line: bytes) -> bool:
-    """Whether a request line's target is ``…/infer`` (any method: the 405 is local)."""
+    """Whether a request line's target is ``…/infer`` (any method: the 405 is local).
+
+    Kept by line (a client sends the same few again and again; at most
+    :data:`_LINES_KEPT` of at most 4 KiB, then all forgotten)."""
+    if len(line) > 4096:
+        return _read_line(line)
+    known = _LINES.get(line)
+    if known is None:
+        known = _read_line(line)
+        if len(_LINES) >= _LINES_KEPT:
+            _LINES.clear()
+        _LINES[line] = known
+    return known
+
+
+_LINES: dict[bytes, bool] = {}
+_LINES_KEPT = 256
+
+
+def _read_line(line: bytes) -> bool:
     parts = line.split(b" ")
     if len(parts) != 3:
         return False

@@ -48,6 +48,7 @@ class GuardedReads(asyncio.Protocol):
         self.deadline: float | None = None  # when the phase being read times out
         self._request_bytes = False  # some of the current request's headers arrived
         self._shedding = False  # the current request was refused from its headers
+        self._discard = 0  # bytes still to come of a body refused unread (_refuse_whole)
         self._asked = False  # the request the parser reads next was admitted unparsed
 
     def forget(self) -> None:
@@ -66,45 +67,72 @@ class GuardedReads(asyncio.Protocol):
         raise NotImplementedError
 
     def _refuse_whole(self, data: bytes, shed: ShedCheck) -> bytes:
-        """Refuse the whole requests ``data`` starts with, unparsed; return the rest.
+        """Refuse the requests ``data`` starts with, unparsed; return the rest.
 
         The fast path of a refusal from the headers: at a boundary between requests,
-        each complete request in ``data`` (headers and its whole ``Content-Length``
-        body) that :attr:`ConnectionGuard.early_shed` refuses is answered at once,
-        without the HTTP parser's callbacks — a tenth to a fifth of a refusal's CPU
-        under overload (docs/benchmarks.md, "Overload, third pass"). Tried only while
-        requests are being refused (:meth:`ShedCheck.refusing`). Anything else —
-        a request it would serve, an incomplete one, chunked, ``Expect``, not plainly
+        each request in ``data`` whose head is whole (a plain keep-alive HTTP/1.1 POST
+        with a ``Content-Length``) that :attr:`ConnectionGuard.early_shed` refuses is
+        answered at once, without the HTTP parser's callbacks — a tenth to a fifth of
+        a refusal's CPU under overload (docs/benchmarks.md, "Overload, third pass").
+        Its body is skipped by length: the part not here yet is dropped as it comes
+        (:meth:`_drop_body`), under the body's deadlines, without the parser. Tried only
+        while requests are being refused (:meth:`ShedCheck.refusing`). Anything else —
+        a request it would serve, an incomplete head, chunked, ``Expect``, not plainly
         keep-alive HTTP/1.1, or a header it cannot read — stops the fast path, and the
         parser takes the rest from that request on, as before.
         """
-        refused = False
-        while data[:5] == b"POST " and not self.transport.is_closing():
+        refused = 0
+        transport = self.transport
+        while data[:5] == b"POST " and not transport.is_closing():
             end = data.find(b"\r\n\r\n")
             head = connection_guard.plain_head(data, end) if end > 0 else None
             if head is None:
                 break
-            target, headers, length = head
-            following = end + 4 + length
-            if following > len(data):
-                break  # the body is not all here: the parser reads it
-            response = shed(target, headers)
+            response = shed(head[0], head[1])
             if response is None:
                 # Admitted: the parser reads it next, and must not ask again (a share
                 # admitted by credit would be asked twice, and admitted squared).
                 self._asked = True
                 break
-            if not refused:
+            transport.write(response)
+            refused += 1
+            following = end + 4 + head[2]
+            if following > len(data):  # the rest of its body is still to come
+                self.server_state.total_requests += refused
                 self._unset_keep_alive()
-                refused = True
-            self.transport.write(response)
-            self.server_state.total_requests += 1
+                self._arm("body")
+                self._body_bytes = len(data) - end - 4
+                self._discard = following - len(data)
+                if self.guard.too_many_bodies():
+                    self.guard.evict_oldest_body()
+                return b""
             data = data[following:]
         if refused:
+            # (Busy again if a request follows: its parser callbacks or the next read
+            # unset the keep-alive; idle, it is set below.)
+            self.server_state.total_requests += refused
             self._disarm()  # between requests, as after any answer
             if not data:  # idle now: the keep-alive timeout runs, as after any answer
                 self._idle()
         return data
+
+    def _drop_body(self, data: bytes) -> bytes:
+        """Drop what ``data`` holds of the body of a request refused by
+        :meth:`_refuse_whole` (``_discard`` bytes still to come); return the rest."""
+        discard = self._discard
+        size = len(data)
+        if size >= connection_guard.LARGE_READ:
+            self.guard.trimmer.note(self.loop, size)
+        if size < discard:
+            self._discard = discard - size
+            self._body_bytes += size
+            return b""
+        self._discard = 0
+        self._disarm()  # between requests, as after any answer
+        if size == discard:
+            self._idle()
+            return b""
+        return data[discard:]
 
     def _shed(self, response: bytes) -> None:
         """Answer the request whose headers were just read with ``response``; skip its body."""

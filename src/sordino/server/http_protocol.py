@@ -189,6 +189,10 @@ class HttpProtocol(GuardedReads):
             return
         if not self._admitted or self._refused_late:
             return  # a refused connection: its request is not read
+        if self._discard:
+            data = self._drop_body(data)  # of a request refused from its head
+            if not data:
+                return
         shed = self.guard.early_shed
         if (
             shed is not None

@@ -63,10 +63,9 @@ import os
 import struct
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from multiprocessing import shared_memory
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from sordino.errors import Shed
 from sordino.memory.segments import attach_segment, close_segment, create_recorded
@@ -95,6 +94,7 @@ VERSION_BYTES = 32
 STALE_S = 1.0
 """A board not published for this long refuses nothing (its engine is stuck or gone)."""
 _RETRIES = 64
+_POLICIES_KEPT = 64
 
 _HEAD = struct.Struct("<8sII")
 _HEADER = struct.Struct("<QddddIII")  # at 24
@@ -105,9 +105,9 @@ _TENANTS, _STOPPING = 1, 2
 _USED, _READY, _DEFAULT, _ELIGIBLE, _SHED_LATE, _OVERRIDE = 1, 2, 4, 8, 16, 32
 
 
-@dataclass(frozen=True, slots=True)
-class BoardHeader:
-    """The board's header: when it was published, the engine loop's lag shares."""
+class BoardHeader(NamedTuple):
+    """The board's header: when it was published, the engine loop's lag shares (a
+    tuple: a front end reads one each time the engine publishes)."""
 
     generation: int
     published_at: float
@@ -120,9 +120,9 @@ class BoardHeader:
     overflow: int
 
 
-@dataclass(frozen=True, slots=True)
-class RouteLoad:
-    """One model route's load as published: what the early-shed rules read of it."""
+class RouteLoad(NamedTuple):
+    """One model route's load as published: what the early-shed rules read of it (a
+    tuple: a front end reads one each time the engine publishes)."""
 
     name: str
     version: str
@@ -163,7 +163,8 @@ class LoadBoard:
         self._shm = shm
         self._record = record
         self._owner = owner
-        self._clock = clock
+        self.clock = clock
+        """The clock :meth:`fresh` reads (``time.monotonic``, the publisher's)."""
         buf = shm.buf
         assert buf is not None
         self._buf: memoryview | None = buf
@@ -184,6 +185,7 @@ class LoadBoard:
         self._generation = 0
         self._map: dict[tuple[str, str | None], int] = {}
         self._map_generation = -1
+        self._policies: dict[tuple[int, int, float, int], QueueSettings] = {}
 
     @property
     def name(self) -> str:
@@ -238,7 +240,7 @@ class LoadBoard:
         """Publish the header (and so the board's freshness) under its seqlock."""
         buf = self._view()
         flags = (_TENANTS if tenants_required else 0) | (_STOPPING if stopping else 0)
-        published = self._clock() if now is None else now
+        published = self.clock() if now is None else now
         self._write(buf, 16, self.slots, _HEADER, (
             self._generation, published, share, top_share, last_lag_s, os.getpid(),
             flags, overflow,
@@ -303,10 +305,11 @@ class LoadBoard:
 
     def header_seq(self) -> int:
         """The header's seqlock now: unchanged (and even) since a :meth:`header` read,
-        nothing on the board changed (the header is written last on every publish)."""
-        self._view()
+        nothing on the board changed (the header is written last on every publish).
+        Raises ``ValueError`` once the board is closed."""
         words = self._words
-        assert words is not None
+        if words is None:
+            raise ValueError("the load board is closed")
         seq: int = words[2]
         return seq
 
@@ -323,7 +326,7 @@ class LoadBoard:
 
     def fresh(self, header: BoardHeader) -> bool:
         """Whether ``header`` was published within :data:`STALE_S`."""
-        return self._clock() - header.published_at <= STALE_S
+        return self.clock() - header.published_at <= STALE_S
 
     def route_at(self, slot: int) -> RouteLoad | None:
         """The route in ``slot``, or None if the slot is free (or could not be read)."""
@@ -335,13 +338,21 @@ class LoadBoard:
         waits = fields[8 : 8 + MAX_LEVELS]
         rows = fields[8 + MAX_LEVELS :]
         shown = min(levels, MAX_LEVELS)
-        settings = QueueSettings(
-            priority_levels=levels,
-            default_priority=default_priority,
-            default_timeout_s=timeout,
-            allow_timeout_override=bool(flags & _OVERRIDE),
-            shed_late=bool(flags & _SHED_LATE),
-        )
+        # One QueueSettings for each policy seen: the same object from one publish to
+        # the next, so what a reader derived from it (admission's choices) is kept.
+        policy = (levels, default_priority, timeout, flags & (_OVERRIDE | _SHED_LATE))
+        settings = self._policies.get(policy)
+        if settings is None:
+            settings = QueueSettings(
+                priority_levels=levels,
+                default_priority=default_priority,
+                default_timeout_s=timeout,
+                allow_timeout_override=bool(flags & _OVERRIDE),
+                shed_late=bool(flags & _SHED_LATE),
+            )
+            if len(self._policies) >= _POLICIES_KEPT:
+                self._policies.clear()
+            self._policies[policy] = settings
         return RouteLoad(
             name=name[:name_len].decode(errors="replace"),
             version=version[:version_len].decode(errors="replace"),
