@@ -605,9 +605,39 @@ async def test_a_batch_ending_with_nothing_queued_takes_no_scheduling_turn(
         await clock.advance(0.002)
         assert (await task)["x"][0, 0] == i
     assert executor.batches == [1] * 10
-    # Two a request, both at its arrival: the one that runs it and the look right after
-    # (within the same step); none when its batch ended (main: 30).
-    assert turns == 20
+    # One a request, at its arrival (the arrival's turn, run as a callback, does not
+    # look again at the queue it emptied); none when its batch ended (main: 30).
+    assert turns == 10
+    await sched.close()
+
+
+async def test_an_arrival_at_an_idle_loop_runs_without_waking_the_scheduling_task() -> None:
+    """A lone arrival is scheduled by a callback where the task's wake-up would be: its
+    batch runs, and the task stays asleep; a burst handed over in one step still
+    batches together, and work the batch leaves queued wakes the task."""
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 0.001)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=4, max_delay_s=0.0))
+    await clock.settle()
+    wake = sched._wake  # the loop's event is what this test watches
+    sets = 0
+    original = wake.set
+
+    def counted() -> None:
+        nonlocal sets
+        sets += 1
+        original()
+
+    wake.set = counted  # type: ignore[method-assign]
+    task = asyncio.create_task(sched.infer(_x(1), priority=2))
+    await clock.advance(0.002)
+    assert (await task)["x"][0, 0] == 1
+    assert executor.batches == [1] and sets == 0
+    burst = [asyncio.create_task(sched.infer(_x(i), priority=2)) for i in range(6)]
+    await clock.advance(0.01)
+    assert [(await t)["x"][0, 0] for t in burst] == list(range(6))
+    assert executor.batches == [1, 4, 2]  # the burst together: 4, then the 2 left
+    assert sets >= 1  # the 2 left over are the task's to run
     await sched.close()
 
 

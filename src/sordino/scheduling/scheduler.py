@@ -269,7 +269,7 @@ class ModelScheduler:
         self._outcomes.accepted += 1
         self._shedder.note_arrival(now, item.rows, item.priority)
         self._outcomes.queue_changed()
-        self._wake.set()
+        self._loop.arrived()
         return request
 
     async def infer(
