@@ -81,7 +81,8 @@ class SchedulingLoop:
         self._task: asyncio.Task[None] | None = None
         self._context = contextvars.copy_context()  # the task's (and its batches')
         self._idle = False  # the task waits on the event (set just before it does)
-        self._turn_soon = False  # an arrival's turn is scheduled as a callback
+        self._turn_soon = False  # an arrival's turn is scheduled (a callback or a task)
+        self._arrival: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
         self._started: dict[asyncio.Task[None], float] = {}
 
@@ -96,11 +97,13 @@ class SchedulingLoop:
     def arrived(self) -> None:
         """Work was queued: make the loop look at the queue.
 
-        When the task waits idle, the look is a callback scheduled where the task's
-        wake-up would be (the next event-loop step, after what is ready now): it runs
-        the turn the task would run, starting a batch or arming a timer, and hands on
-        to the task only when work is left that another batch may take. Otherwise the
-        event is set as for any other wake-up.
+        When the task waits idle, the look is scheduled where the task's wake-up would
+        be (the next event-loop step, after what is ready now) and runs the turn the
+        task would run, starting a batch or arming a timer; it hands on to the task
+        only when work is left that another batch may take. Where an instance is free
+        the look is the first step of a new task that runs the batch it starts (no
+        step to start one more); with none free, a plain callback. Otherwise the event
+        is set as for any other wake-up.
         """
         if self._turn_soon:
             return
@@ -108,22 +111,45 @@ class SchedulingLoop:
             self._wake.set()
             return
         self._turn_soon = True
-        asyncio.get_running_loop().call_soon(self._arrival_turn, context=self._context)
+        loop = asyncio.get_running_loop()
+        # A batch task that ended has its done callback queued ahead of this turn.
+        running = sum(1 for task in self._running if not task.done())
+        if running >= max(1, self._executor.instances(self.model)):
+            loop.call_soon(self._arrival_turn, context=self._context)
+        else:  # in a copy of the loop's context, as every batch task
+            # Held until its first step; then it is among the running (or done).
+            self._arrival = loop.create_task(self._arrival_batch(), context=self._context.copy())
 
     def _arrival_turn(self) -> None:
+        batch, now = self._arrival_look()
+        if batch is not None:
+            self._start(batch, now)
+
+    async def _arrival_batch(self) -> None:
+        batch, now = self._arrival_look()
+        if batch is None:
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self._prepare(batch, now)
+        self._track(task, now)
+        await self._runner.execute(batch)
+
+    def _arrival_look(self) -> tuple[list[WorkItem] | None, float]:
+        """An arrival's turn: the batch to start now (and when), or None."""
         self._turn_soon = False
+        now = self._clock.now()
         if not self._idle or self.closing or self._wake.is_set():
             self._wake.set()  # the task takes (or has taken) the turn itself
-            return
-        now = self._clock.now()
+            return None, now
         batch = self._schedule(now)
         if batch is None:
-            return  # a timer is set (or the queue is empty): the task waits on
-        self._start(batch, now)
+            return None, now  # a timer is set (or the queue is empty): the task waits on
         if len(self._queue):
             self._wake.set()  # the task's next look: another batch may take the rest
         else:
             self._set_timer(None)  # what the task's next look at an empty queue does
+        return batch, now
 
     def cancel_running(self) -> None:
         """Cancel every batch running (a close without drain)."""
@@ -176,6 +202,13 @@ class SchedulingLoop:
 
     def _start(self, batch: list[WorkItem], now: float) -> None:
         """Start ``batch`` as a task of its own, counted among the running."""
+        self._prepare(batch, now)
+        # In the loop's context (the task's, or an arrival turn's run in it), copied.
+        task = asyncio.get_running_loop().create_task(self._runner.execute(batch))
+        self._track(task, now)
+
+    def _prepare(self, batch: list[WorkItem], now: float) -> None:
+        """``batch`` left the queue to run now: its items are running."""
         self._outcomes.queue_changed()
         for item in batch:
             unpark(item.inputs)  # about to be read: pinned where it lies
@@ -183,8 +216,9 @@ class SchedulingLoop:
             if item.request is not None:
                 item.request.state = "running"
                 item.request.queue_s += now - item.arrival
-        # In the loop's context (the task's, or the arrival turn's run in it), copied.
-        task = asyncio.get_running_loop().create_task(self._runner.execute(batch))
+
+    def _track(self, task: asyncio.Task[None], now: float) -> None:
+        """Count ``task``, a batch started ``now``, among the running until it ends."""
         self._running.add(task)
         self._started[task] = now
         task.add_done_callback(self._batch_finished)
