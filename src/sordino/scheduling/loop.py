@@ -118,7 +118,9 @@ class SchedulingLoop:
             loop.call_soon(self._arrival_turn, context=self._context)
         else:  # in a copy of the loop's context, as every batch task
             # Held until its first step; then it is among the running (or done).
-            self._arrival = loop.create_task(self._arrival_batch(), context=self._context.copy())
+            self._arrival = loop.create_task(
+                self._arrival_batch(), name="sordino-batch", context=self._context.copy()
+            )
 
     def _arrival_turn(self) -> None:
         batch, now = self._arrival_look()
