@@ -851,3 +851,60 @@ async def test_a_batch_without_request_facts_carries_none() -> None:
     (context,) = executor.contexts
     assert context.requests == () and context.owners == ("",)
     await sched.close()
+
+
+class EventLog:
+    """An observer that keeps every event, in the order it heard them."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, object]] = []
+
+    def request_done(self, done: RequestDone) -> None:
+        self.events.append(("request", done.request_id))
+
+    def batch_done(self, done: BatchDone) -> None:
+        self.events.append(("batch", done.requests))
+
+    def queue_changed(self, model: ModelKey, depth: int) -> None:
+        self.events.append(("queue", depth))
+
+
+async def test_observers_hear_every_event_once_in_the_order_it_happened() -> None:
+    """Request ends and batches reach the observers a moment after the answers (one
+    callback a batch), in order with the queue changes around them; a close hands on
+    what still waits."""
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 0.001)
+    log = EventLog()
+    sched = ModelScheduler(
+        KEY,
+        batched=True,
+        executor=executor,
+        controller=StaticController("manual", BatchPolicy(max_batch=8, max_delay_s=0.0)),
+        settings=QueueSettings(),
+        clock=clock,
+        observers=(log,),
+    )
+    sched.start()
+    await clock.settle()
+    burst = [
+        asyncio.create_task(sched.infer(_x(i), priority=2, request_id=f"r{i}")) for i in range(2)
+    ]
+    await clock.advance(0.01)
+    await asyncio.gather(*burst)
+    last = asyncio.create_task(sched.infer(_x(9), priority=2, request_id="r9"))
+    await clock.advance(0.01)
+    await last
+    await sched.close()  # whatever still waits is handed on before it returns
+    assert log.events == [
+        ("queue", 1),
+        ("queue", 2),
+        ("queue", 0),
+        ("request", "r0"),
+        ("request", "r1"),
+        ("batch", 2),
+        ("queue", 1),
+        ("queue", 0),
+        ("request", "r9"),
+        ("batch", 1),
+    ]
