@@ -121,6 +121,14 @@ class SchedulingLoop:
             self._arrival = loop.create_task(
                 self._arrival_batch(), name="sordino-batch", context=self._context.copy()
             )
+            self._arrival.add_done_callback(self._arrival_ended)
+
+    def _arrival_ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() and self._turn_soon:
+            # Cancelled before its first step (the event loop closing): its turn never
+            # came, and no look may be left owed to the queue.
+            self._turn_soon = False
+            self._wake.set()
 
     def _arrival_turn(self) -> None:
         batch, now = self._arrival_look()
