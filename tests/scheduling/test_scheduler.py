@@ -908,3 +908,32 @@ async def test_observers_hear_every_event_once_in_the_order_it_happened() -> Non
         ("request", "r9"),
         ("batch", 1),
     ]
+
+
+async def test_a_batch_answers_all_its_requests_before_its_telemetry_is_counted() -> None:
+    """The observers hear of a batch once each of its requests has its answer: the
+    responses leave first (at one request in flight, the telemetry is off its latency)."""
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 0.001)
+    answered: list[list[bool]] = []
+
+    class Watcher(EventLog):
+        def batch_done(self, done: BatchDone) -> None:
+            answered.append([task.done() for task in burst])
+
+    sched = ModelScheduler(
+        KEY,
+        batched=True,
+        executor=executor,
+        controller=StaticController("manual", BatchPolicy(max_batch=8, max_delay_s=0.0)),
+        settings=QueueSettings(),
+        clock=clock,
+        observers=(Watcher(),),
+    )
+    sched.start()
+    await clock.settle()
+    burst = [asyncio.create_task(sched.infer(_x(i), priority=2)) for i in range(3)]
+    await clock.advance(0.01)
+    await asyncio.gather(*burst)
+    await sched.close()
+    assert answered == [[True, True, True]]

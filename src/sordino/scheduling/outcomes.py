@@ -159,11 +159,14 @@ class Outcomes:
             return
         if not self._later:
             try:
-                asyncio.get_running_loop().call_soon(self.flush)
+                loop = asyncio.get_running_loop()
             except RuntimeError:  # no event loop runs (a direct call): tell them now
                 self._later.append((event, record))
                 self.flush()
                 return
+            # Two hops: the first runs behind the wake-up of the batch's first request,
+            # and puts the flush behind every wake-up the batch scheduled after it.
+            loop.call_soon(loop.call_soon, self.flush)
         self._later.append((event, record))
 
     def flush(self) -> None:
