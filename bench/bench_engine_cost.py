@@ -1,11 +1,12 @@
 """The engine's CPU a request, without a transport: what issue 30's engine costs (W1-sized
-digits classifier, 64 in flight).
+digits classifier, 64 in flight by default).
 
     python -m bench.bench_engine_cost                          # this checkout, 3 runs
     python -m bench.bench_engine_cost --base /work/main --pairs 3   # main and this, alternated
+    python -m bench.bench_engine_cost --base /work/main --concurrency 1  # the c1 path
 
 A real server in a child process (``sordino.testing.serve_in_thread``, the built-in digits
-classifier, default settings); on its event loop 64 tasks each call
+classifier, default settings); on its event loop 64 tasks (``--concurrency``) each call
 ``InferenceService.infer`` on an already decoded request (one FP32 row), one after another,
 for ``--seconds`` a round: the service (tenant, validation, admission, ticket), the
 scheduler (request, queue, batcher, outcomes), staging into the arena, the worker pipe and
@@ -36,7 +37,7 @@ from sordino.config import load_config
 from sordino.inference import InferRequest
 from sordino.testing import serve_in_thread
 
-rounds, seconds = int(sys.argv[1]), float(sys.argv[2])
+rounds, seconds, clients = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 rows = np.random.default_rng(0).integers(0, 17, size=(256, 64)).astype(np.float32)
 runtimes = []
 with serve_in_thread(load_config(None, {}), prepare=runtimes.append) as server:
@@ -56,10 +57,10 @@ with serve_in_thread(load_config(None, {}), prepare=runtimes.append) as server:
                 response = await parts.service.infer(request, route)
                 response.release()
                 count += 1
-                i += 64
+                i += clients
 
         started = time.thread_time()
-        await asyncio.gather(*(client(i) for i in range(64)))
+        await asyncio.gather(*(client(i) for i in range(clients)))
         return (time.thread_time() - started) / count * 1e6, count / seconds
 
     cells = [asyncio.run_coroutine_threadsafe(cell(), server.loop).result()
@@ -68,11 +69,11 @@ print(json.dumps({"us": [c[0] for c in cells], "rate": [c[1] for c in cells]}))
 """
 
 
-def one_run(src: Path, rounds: int, seconds: float) -> dict[str, Any]:
+def one_run(src: Path, rounds: int, seconds: float, clients: int = 64) -> dict[str, Any]:
     """One child process on ``src``: its rounds' µs of loop CPU a request."""
     env = {**os.environ, "PYTHONPATH": str(src)}
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(rounds), str(seconds)],
+        [sys.executable, "-c", CHILD, str(rounds), str(seconds), str(clients)],
         env=env, capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -86,6 +87,9 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=3, help="runs of each code")
     parser.add_argument("--rounds", type=int, default=3, help="measured rounds a run")
     parser.add_argument("--seconds", type=float, default=2.0, help="length of a round")
+    parser.add_argument(
+        "--concurrency", type=int, default=64, help="requests in flight (1: the c1 path)"
+    )
     args = parser.parse_args()
     here = Path(__file__).resolve().parents[1] / "src"
     codes = [("base", args.base / "src")] if args.base else []
@@ -93,12 +97,17 @@ def main() -> None:
     runs: dict[str, list[float]] = {label: [] for label, _ in codes}
     for pair in range(args.pairs):
         for label, src in codes:
-            result = one_run(src, args.rounds, args.seconds)
+            result = one_run(src, args.rounds, args.seconds, args.concurrency)
             runs[label].append(result["median_us"])
             rate = statistics.median(result["rate"])
             console.print(f"[{pair + 1}/{args.pairs}] {label}: {result['median_us']:.1f} µs "
-                          f"CPU a request on the loop ({rate:,.0f} req/s)")  # fmt: skip
-    report: dict[str, Any] = {"benchmark": "engine_cost", "runs_us": runs}
+                          f"CPU a request on the loop ({rate:,.0f} req/s, "
+                          f"{1e6 / rate * args.concurrency:.0f} µs wall a request)")  # fmt: skip
+    report: dict[str, Any] = {
+        "benchmark": "engine_cost",
+        "concurrency": args.concurrency,
+        "runs_us": runs,
+    }
     for label, values in runs.items():
         report[f"{label}_median_us"] = statistics.median(values)
         console.print(f"{label}: median {statistics.median(values):.1f} µs a request "

@@ -153,6 +153,25 @@ async def test_execution_timeout(executor: ChainExecutor) -> None:
     await _serving(executor)
 
 
+async def test_a_batch_within_its_timeout_is_not_killed_for_the_one_before(
+    executor: ChainExecutor,
+) -> None:
+    """The execution timeout counts from each batch's own start: a batch that takes
+    half the timeout, started late in the timeout of a quick batch before it, runs to
+    its end (one watchdog timer serves the worker's batches, not one a batch)."""
+    inputs = _inputs(executor)
+    (await executor.run(KEY, [inputs])).release()  # the watchdog looks 1 s from here
+    await asyncio.sleep(0.7)
+    fault = executor.inject_fault("worker:digits-classifier", "latency", latency_s=0.5)
+    try:
+        (await executor.run(KEY, [inputs])).release()  # still running at that look
+    finally:
+        executor.faults.clear(fault.id)
+    inputs.release()
+    assert executor.statistics().retries == 0  # ran once: its worker was never killed
+    assert _in_use(executor) == 0
+
+
 def test_a_server_under_mixed_traffic_returns_to_zero() -> None:
     """Binary and JSON, bad requests, streams, cancelled streams: nothing stays behind."""
     with serve_in_thread() as server:

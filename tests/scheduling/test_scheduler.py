@@ -605,9 +605,39 @@ async def test_a_batch_ending_with_nothing_queued_takes_no_scheduling_turn(
         await clock.advance(0.002)
         assert (await task)["x"][0, 0] == i
     assert executor.batches == [1] * 10
-    # Two a request, both at its arrival: the one that runs it and the look right after
-    # (within the same step); none when its batch ended (main: 30).
-    assert turns == 20
+    # One a request, at its arrival (the arrival's turn, run as a callback, does not
+    # look again at the queue it emptied); none when its batch ended (main: 30).
+    assert turns == 10
+    await sched.close()
+
+
+async def test_an_arrival_at_an_idle_loop_runs_without_waking_the_scheduling_task() -> None:
+    """A lone arrival is scheduled by a callback where the task's wake-up would be: its
+    batch runs, and the task stays asleep; a burst handed over in one step still
+    batches together, and work the batch leaves queued wakes the task."""
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 0.001)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=4, max_delay_s=0.0))
+    await clock.settle()
+    wake = sched._wake  # the loop's event is what this test watches
+    sets = 0
+    original = wake.set
+
+    def counted() -> None:
+        nonlocal sets
+        sets += 1
+        original()
+
+    wake.set = counted  # type: ignore[method-assign]
+    task = asyncio.create_task(sched.infer(_x(1), priority=2))
+    await clock.advance(0.002)
+    assert (await task)["x"][0, 0] == 1
+    assert executor.batches == [1] and sets == 0
+    burst = [asyncio.create_task(sched.infer(_x(i), priority=2)) for i in range(6)]
+    await clock.advance(0.01)
+    assert [(await t)["x"][0, 0] for t in burst] == list(range(6))
+    assert executor.batches == [1, 4, 2]  # the burst together: 4, then the 2 left
+    assert sets >= 1  # the 2 left over are the task's to run
     await sched.close()
 
 
@@ -821,3 +851,89 @@ async def test_a_batch_without_request_facts_carries_none() -> None:
     (context,) = executor.contexts
     assert context.requests == () and context.owners == ("",)
     await sched.close()
+
+
+class EventLog:
+    """An observer that keeps every event, in the order it heard them."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, object]] = []
+
+    def request_done(self, done: RequestDone) -> None:
+        self.events.append(("request", done.request_id))
+
+    def batch_done(self, done: BatchDone) -> None:
+        self.events.append(("batch", done.requests))
+
+    def queue_changed(self, model: ModelKey, depth: int) -> None:
+        self.events.append(("queue", depth))
+
+
+async def test_observers_hear_every_event_once_in_the_order_it_happened() -> None:
+    """Request ends and batches reach the observers a moment after the answers (one
+    callback a batch), in order with the queue changes around them; a close hands on
+    what still waits."""
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 0.001)
+    log = EventLog()
+    sched = ModelScheduler(
+        KEY,
+        batched=True,
+        executor=executor,
+        controller=StaticController("manual", BatchPolicy(max_batch=8, max_delay_s=0.0)),
+        settings=QueueSettings(),
+        clock=clock,
+        observers=(log,),
+    )
+    sched.start()
+    await clock.settle()
+    burst = [
+        asyncio.create_task(sched.infer(_x(i), priority=2, request_id=f"r{i}")) for i in range(2)
+    ]
+    await clock.advance(0.01)
+    await asyncio.gather(*burst)
+    last = asyncio.create_task(sched.infer(_x(9), priority=2, request_id="r9"))
+    await clock.advance(0.01)
+    await last
+    await sched.close()  # whatever still waits is handed on before it returns
+    assert log.events == [
+        ("queue", 1),
+        ("queue", 2),
+        ("queue", 0),
+        ("request", "r0"),
+        ("request", "r1"),
+        ("batch", 2),
+        ("queue", 1),
+        ("queue", 0),
+        ("request", "r9"),
+        ("batch", 1),
+    ]
+
+
+async def test_a_batch_answers_all_its_requests_before_its_telemetry_is_counted() -> None:
+    """The observers hear of a batch once each of its requests has its answer: the
+    responses leave first (at one request in flight, the telemetry is off its latency)."""
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 0.001)
+    answered: list[list[bool]] = []
+
+    class Watcher(EventLog):
+        def batch_done(self, done: BatchDone) -> None:
+            answered.append([task.done() for task in burst])
+
+    sched = ModelScheduler(
+        KEY,
+        batched=True,
+        executor=executor,
+        controller=StaticController("manual", BatchPolicy(max_batch=8, max_delay_s=0.0)),
+        settings=QueueSettings(),
+        clock=clock,
+        observers=(Watcher(),),
+    )
+    sched.start()
+    await clock.settle()
+    burst = [asyncio.create_task(sched.infer(_x(i), priority=2)) for i in range(3)]
+    await clock.advance(0.01)
+    await asyncio.gather(*burst)
+    await sched.close()
+    assert answered == [[True, True, True]]

@@ -100,6 +100,9 @@ async def choose(
     ``model.signal`` when its time is up): once it says True, None is returned. The
     instance returned is marked busy; the caller frees it and fires ``model.signal``.
     """
+    quick = _only_instance(model, tried, lost, failed, ejected)
+    if quick is not None:
+        return quick
     while True:
         live = [
             slot
@@ -149,6 +152,39 @@ async def choose(
         if give_up is not None and give_up():
             return None
         await model.signal.wait()
+
+
+def _only_instance(
+    model: PlacedModel,
+    tried: set[str],
+    lost: set[int],
+    failed: Callable[[Instance], bool] | None,
+    ejected: Callable[[Instance], bool] | None,
+) -> tuple[TierSlot, Instance] | None:
+    """:func:`choose`'s answer for a model of one tier and one instance, idle and
+    serving, on a batch's first try (the usual case); None: ask :func:`choose`'s way.
+
+    The same questions are asked in the same order (each may move a state: an ejection
+    over, a breaker's cool-down), and with one instance none of their answers but
+    ``failed`` changes the choice: an ejected instance or a device whose breaker is
+    open is still taken when no other is left.
+    """
+    if tried or lost or len(model.tiers) != 1:
+        return None
+    slot = model.tiers[0]
+    if len(slot.instances) != 1:
+        return None
+    instance = slot.instances[0]
+    if not instance.serving or instance.busy:
+        return None
+    if failed is not None and failed(instance):
+        return None
+    if ejected is not None:
+        ejected(instance)
+    if slot.breaker is not None:
+        slot.breaker.allows()
+    instance.busy = True
+    return slot, instance
 
 
 class Placement:

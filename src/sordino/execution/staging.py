@@ -176,13 +176,28 @@ class Staging:
                     "arena's size (memory.pool_size, --pool-size; default "
                     "workers.shared_memory)"
                 )
+            placed = False
             if not arena.fits(needed):
                 owner.overflow.waits += 1
+            elif len(parts) == 1 and context.region is None:
+                # The usual batch, one request's: placed at once, so no bound to arm.
+                placed = self._place_nowait(staged, parts[0], metadata, arena)
+                if not placed:
+                    # A block did not fit now after all (the estimate is one block, the
+                    # batch takes several, aligned): what was taken goes back, and the
+                    # bounded way below places the batch.
+                    staged.copies.release()
+                    staged.outputs.release()
+                    staged.handles.clear()
+                    staged.space.clear()
+                    staged.copies = Lease(arena)
+                    staged.outputs = Lease(arena)
             # Every wait for space is bounded, protection or not: space held by batches
             # that wait themselves (each holding a part of what it needs) never comes.
             try:
-                async with asyncio.timeout(self._memory.overflow_wait) as waiting:
-                    await self._place(staged, parts, metadata)
+                if not placed:
+                    async with asyncio.timeout(self._memory.overflow_wait) as waiting:
+                        await self._place(staged, parts, metadata)
             except TimeoutError:
                 if not waiting.expired():
                     raise
@@ -222,12 +237,7 @@ class Staging:
         for name in parts[0]:
             staged.handles[name] = await self._handle(staged.copies, parts, name, metadata.name)
         rows = staged.rows
-        sizes: dict[str, int] = {}
-        for spec in metadata.outputs:
-            dims = spec.item_shape if metadata.batched else spec.shape
-            if spec.datatype == "BYTES" or any(d < 0 for d in dims):
-                continue
-            sizes[spec.name] = rows * math.prod(dims) * to_numpy_dtype(spec.datatype).itemsize
+        sizes = {name: rows * size for name, size in _output_sizes(metadata)}
         region = staged.context.region if len(parts) == 1 else None
         if region is not None and sizes:
             # One multi-step request's step: its outputs go to the request's region.
@@ -238,6 +248,53 @@ class Staging:
         for name, size in sizes.items():
             block = await staged.outputs.acquire(size)
             staged.space[name] = TensorHandle.space(block)
+
+    def _place_nowait(
+        self, staged: StagedBatch, part: Part, metadata: ModelMetadata, arena: Arena
+    ) -> bool:
+        """Place a one-part batch (no step region) if every block fits now; else False.
+
+        What :meth:`_place` does when no acquire has to wait — each block taken only
+        where the arena says it fits now, as its ``acquire`` does, so the allocator
+        counts no failure — without its coroutines and its wait's timer. On False the
+        blocks taken are still in the staged leases (the caller gives them back) and
+        no count has moved.
+        """
+        copies, outputs = staged.copies, staged.outputs
+        assert copies is not None and outputs is not None
+        handles = staged.handles
+        by_reference = copied_again = copied = 0
+        for name in part:
+            ref = part.ref(name) if isinstance(part, Tensors) else TensorRef(part[name])
+            array = ref.array
+            if ref.offset is not None and array.flags.c_contiguous:
+                by_reference += 1
+                nbytes = int(array.nbytes)
+                handles[name] = TensorHandle(
+                    ref.offset, nbytes, array.dtype.str, tuple(array.shape), nbytes
+                )
+                continue
+            if ref.offset is not None:
+                copied_again += 1
+            size = tensor_nbytes(array)
+            if not arena.fits(size):
+                return False
+            block = copies.acquire_nowait(size)
+            handle = write_tensor(arena.buffer, block.offset, block.size, array)
+            copied += handle.nbytes
+            handles[name] = handle
+        rows = staged.rows
+        for name, size in _output_sizes(metadata):
+            if not arena.fits(rows * size):
+                return False
+            staged.space[name] = TensorHandle.space(outputs.acquire_nowait(rows * size))
+        model = metadata.name
+        if by_reference:
+            self.arena_inputs[model, False] += by_reference
+        if copied_again:
+            self.arena_inputs[model, True] += copied_again
+        self.bytes_copied += copied
+        return True
 
     async def _handle(
         self, copies: Lease, parts: Sequence[Part], name: str, model: str
@@ -310,8 +367,25 @@ def row_bytes(part: Part, metadata: ModelMetadata) -> int:
     """Arena bytes one row of ``part`` needs staged: its inputs and its fixed-size outputs.
 
     For a model without a batch dimension the whole part is one row. Outputs of
-    unknown size (strings, variable dimensions) are not counted.
+    unknown size (strings, variable dimensions) are not counted. The last answer for a
+    :class:`Tensors` (whose arrays' shapes never change) is kept: a request's inputs are
+    asked about by the overflow check, the batcher and staging in turn.
     """
+    global _LAST_ROW_BYTES
+    last_part, last_metadata, last_bytes = _LAST_ROW_BYTES
+    if part is last_part and metadata is last_metadata:
+        return last_bytes
+    value = _row_bytes(part, metadata)
+    if isinstance(part, Tensors):
+        _LAST_ROW_BYTES = (part, metadata, value)
+    return value
+
+
+_LAST_ROW_BYTES: tuple[object, object, int] = (None, None, 0)
+"""The part, the metadata and the bytes of :func:`row_bytes`'s last answer for a Tensors."""
+
+
+def _row_bytes(part: Part, metadata: ModelMetadata) -> int:
     rows = 1
     if metadata.batched and part:
         rows = max(1, int(next(iter(part.values())).shape[0]))
@@ -320,6 +394,31 @@ def row_bytes(part: Part, metadata: ModelMetadata) -> int:
             return int(array.nbytes) // rows + _output_row_bytes(metadata)
     inputs = sum(int(array.nbytes) for array in part.values()) // rows  # BYTES: estimated
     return inputs + _output_row_bytes(metadata)
+
+
+_OUTPUT_SIZES: dict[int, tuple[ModelMetadata, tuple[tuple[str, int], ...]]] = {}
+"""A model's outputs of fixed size and their bytes a row, by ``id(metadata)`` (held,
+and checked by identity, as ``_OUTPUT_BYTES``)."""
+
+
+def _output_sizes(metadata: ModelMetadata) -> tuple[tuple[str, int], ...]:
+    """``(name, bytes a row)`` of each output whose size the metadata fixes, in order.
+
+    For a model without a batch dimension "a row" is the whole output (one row).
+    """
+    entry = _OUTPUT_SIZES.get(id(metadata))
+    if entry is not None and entry[0] is metadata:
+        return entry[1]
+    sizes = []
+    for spec in metadata.outputs:
+        dims = spec.item_shape if metadata.batched else spec.shape
+        if spec.datatype == "BYTES" or any(d < 0 for d in dims):
+            continue
+        sizes.append((spec.name, math.prod(dims) * to_numpy_dtype(spec.datatype).itemsize))
+    if len(_OUTPUT_SIZES) >= 1024:  # models reloaded many times: start again
+        _OUTPUT_SIZES.clear()
+    _OUTPUT_SIZES[id(metadata)] = (metadata, tuple(sizes))
+    return tuple(sizes)
 
 
 _OUTPUT_BYTES: dict[int, tuple[ModelMetadata, int]] = {}

@@ -48,7 +48,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from sordino.clock import Clock
+from sordino.clock import Clock, TimerHandle
 from sordino.errors import ModelLoadError
 from sordino.execution.batch import Cancels
 from sordino.execution.decoupled import ResponseChannel
@@ -119,6 +119,11 @@ class WorkerProcess(WorkerPipe):
         self._serving: dict[int, asyncio.Task[None]] = {}  # model calls, by the worker's id
         self._batch_ends: float | None = None  # when the running batch is killed (clock)
         self._batch_timeout = 0.0
+        # One timer for the execution timeout, not one a batch: armed at the running
+        # batch's end, it kills the worker if that batch still runs then, and moves on
+        # to a later batch's end if the batch it was armed for is over.
+        self._watchdog: TimerHandle | None = None
+        self._watchdog_at: float | None = None
         self._kill_cause: str | None = None
         self._broken = False
         self.pid: int | None = None
@@ -221,14 +226,10 @@ class WorkerProcess(WorkerPipe):
             else:
                 cancels = None
             ran = False
-            timer = None
             if timeout_s > 0:
-                self._batch_ends = self._clock.now() + timeout_s
+                self._batch_ends = ends = self._clock.now() + timeout_s
                 self._batch_timeout = timeout_s
-                timer = self._clock.call_at(
-                    self._clock.now() + timeout_s,
-                    lambda: self.kill(f"execution timeout: a batch ran over {timeout_s:g} s"),
-                )
+                self._watch_until(ends)
             try:
                 facts = requests if self.per_request else ()
                 self._send(Run(batch_id, inputs, space, fault, segment, rows, facts))
@@ -248,8 +249,6 @@ class WorkerProcess(WorkerPipe):
                 if cancels is not None:
                     cancels.bind(None)
                 self._batch_ends = None
-                if timer is not None:
-                    timer.cancel()
                 self._pending.pop(batch_id, None)
                 self._allocate.pop(batch_id, None)
                 if channel is not None and (not ran or channel.finished):
@@ -303,6 +302,26 @@ class WorkerProcess(WorkerPipe):
         if self.dead.done():
             return self.dead.result()
         return "the worker is not running"
+
+    def _watch_until(self, ends: float) -> None:
+        """Have the watchdog look at ``ends`` (the running batch's end), unless it
+        looks before then already (it moves on from there)."""
+        if self._watchdog is not None:
+            if self._watchdog_at is not None and self._watchdog_at <= ends:
+                return
+            self._watchdog.cancel()
+        self._watchdog_at = ends
+        self._watchdog = self._clock.call_at(ends, self._watchdog_fired)
+
+    def _watchdog_fired(self) -> None:
+        armed_at, self._watchdog, self._watchdog_at = self._watchdog_at, None, None
+        ends = self._batch_ends
+        if ends is None:
+            return  # no batch runs: the watchdog sleeps until the next one
+        if ends == armed_at:  # the batch it was armed for still runs: its time is up
+            self.kill(f"execution timeout: a batch ran over {self._batch_timeout:g} s")
+        else:
+            self._watch_until(ends)  # a later batch runs: look again at its end
 
     def kill(self, cause: str) -> None:
         """SIGKILL the process (it may be hung or stopped); fail its batch with ``cause``."""

@@ -9,11 +9,19 @@ batches run at once when the model has several instances.
 The loop waits on a single wake-up event, set when work arrives, when a batch ends
 while work is queued (or the loop is closing), when a timer for the batch delay or the
 next deadline fires, or on close. It never polls.
+
+An arrival that finds the task idle (waiting on the event, nothing else having woken
+it) takes its turn as a plain callback instead (:meth:`SchedulingLoop.arrived`): the
+same ``_schedule`` at the same point of the event loop — after everything already
+ready to run, so a burst handed over in one step still batches together — without
+waking the task for it and without the task's second look at a queue it just emptied.
+At one request in flight that is every request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 
 from sordino.clock import Clock, TimerHandle
 from sordino.errors import QueueTimeout
@@ -71,15 +79,87 @@ class SchedulingLoop:
         self._timer: TimerHandle | None = None
         self._timer_at: float | None = None
         self._task: asyncio.Task[None] | None = None
+        self._context = contextvars.copy_context()  # the task's (and its batches')
+        self._idle = False  # the task waits on the event (set just before it does)
+        self._turn_soon = False  # an arrival's turn is scheduled (a callback or a task)
+        self._arrival: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
         self._started: dict[asyncio.Task[None], float] = {}
 
     def start(self) -> None:
         """Start the scheduling task in the running event loop."""
         if self._task is None:
+            self._context = contextvars.copy_context()
             self._task = asyncio.get_running_loop().create_task(
-                self._run(), name=f"sordino-scheduler-{self.model}"
+                self._run(), name=f"sordino-scheduler-{self.model}", context=self._context
             )
+
+    def arrived(self) -> None:
+        """Work was queued: make the loop look at the queue.
+
+        When the task waits idle, the look is scheduled where the task's wake-up would
+        be (the next event-loop step, after what is ready now) and runs the turn the
+        task would run, starting a batch or arming a timer; it hands on to the task
+        only when work is left that another batch may take. Where an instance is free
+        the look is the first step of a new task that runs the batch it starts (no
+        step to start one more); with none free, a plain callback. Otherwise the event
+        is set as for any other wake-up.
+        """
+        if self._turn_soon:
+            return
+        if not self._idle or self.closing or self._wake.is_set():
+            self._wake.set()
+            return
+        self._turn_soon = True
+        loop = asyncio.get_running_loop()
+        # A batch task that ended has its done callback queued ahead of this turn.
+        running = sum(1 for task in self._running if not task.done())
+        if running >= max(1, self._executor.instances(self.model)):
+            loop.call_soon(self._arrival_turn, context=self._context)
+        else:  # in a copy of the loop's context, as every batch task
+            # Held until its first step; then it is among the running (or done).
+            self._arrival = loop.create_task(
+                self._arrival_batch(), name="sordino-batch", context=self._context.copy()
+            )
+            self._arrival.add_done_callback(self._arrival_ended)
+
+    def _arrival_ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() and self._turn_soon:
+            # Cancelled before its first step (the event loop closing): its turn never
+            # came, and no look may be left owed to the queue.
+            self._turn_soon = False
+            self._wake.set()
+
+    def _arrival_turn(self) -> None:
+        batch, now = self._arrival_look()
+        if batch is not None:
+            self._start(batch, now)
+
+    async def _arrival_batch(self) -> None:
+        batch, now = self._arrival_look()
+        if batch is None:
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self._prepare(batch, now)
+        self._track(task, now)
+        await self._runner.execute(batch)
+
+    def _arrival_look(self) -> tuple[list[WorkItem] | None, float]:
+        """An arrival's turn: the batch to start now (and when), or None."""
+        self._turn_soon = False
+        now = self._clock.now()
+        if not self._idle or self.closing or self._wake.is_set():
+            self._wake.set()  # the task takes (or has taken) the turn itself
+            return None, now
+        batch = self._schedule(now)
+        if batch is None:
+            return None, now  # a timer is set (or the queue is empty): the task waits on
+        if len(self._queue):
+            self._wake.set()  # the task's next look: another batch may take the rest
+        else:
+            self._set_timer(None)  # what the task's next look at an empty queue does
+        return batch, now
 
     def cancel_running(self) -> None:
         """Cancel every batch running (a close without drain)."""
@@ -122,19 +202,36 @@ class SchedulingLoop:
             if batch is None:
                 if self.closing and len(self._queue) == 0 and not self._running:
                     return
-                await self._wake.wait()
+                self._idle = True
+                try:
+                    await self._wake.wait()
+                finally:
+                    self._idle = False
                 continue
-            self._outcomes.queue_changed()
-            for item in batch:
-                unpark(item.inputs)  # about to be read: pinned where it lies
-                item.dispatched_at = now
-                if item.request is not None:
-                    item.request.state = "running"
-                    item.request.queue_s += now - item.arrival
-            task = asyncio.get_running_loop().create_task(self._runner.execute(batch))
-            self._running.add(task)
-            self._started[task] = now
-            task.add_done_callback(self._batch_finished)
+            self._start(batch, now)
+
+    def _start(self, batch: list[WorkItem], now: float) -> None:
+        """Start ``batch`` as a task of its own, counted among the running."""
+        self._prepare(batch, now)
+        # In the loop's context (the task's, or an arrival turn's run in it), copied.
+        task = asyncio.get_running_loop().create_task(self._runner.execute(batch))
+        self._track(task, now)
+
+    def _prepare(self, batch: list[WorkItem], now: float) -> None:
+        """``batch`` left the queue to run now: its items are running."""
+        self._outcomes.queue_changed()
+        for item in batch:
+            unpark(item.inputs)  # about to be read: pinned where it lies
+            item.dispatched_at = now
+            if item.request is not None:
+                item.request.state = "running"
+                item.request.queue_s += now - item.arrival
+
+    def _track(self, task: asyncio.Task[None], now: float) -> None:
+        """Count ``task``, a batch started ``now``, among the running until it ends."""
+        self._running.add(task)
+        self._started[task] = now
+        task.add_done_callback(self._batch_finished)
 
     def _schedule(self, now: float) -> list[WorkItem] | None:
         """Return the work items to run as one batch now, or None (a timer is set)."""
@@ -206,6 +303,8 @@ class SchedulingLoop:
         # An instance came free: the loop looks again only when that can change
         # something — queued work may run now, or a close waits for the last batch.
         # With nothing queued a turn would only find the queue empty: one event-loop
-        # step per batch (each request at 1 in flight) saved; an arrival wakes it.
-        if self.closing or len(self._queue):
+        # step per batch (each request at 1 in flight) saved; an arrival wakes it. An
+        # arrival's turn already scheduled looks itself (the next request of a client
+        # answered by this batch may be queued before this callback runs).
+        if self.closing or (len(self._queue) and not self._turn_soon):
             self._wake.set()

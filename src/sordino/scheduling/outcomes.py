@@ -6,12 +6,22 @@ inputs, its step region, its stepper, a decoupled model's channel) and tells the
 observers once. The counts :meth:`ModelScheduler.statistics
 <sordino.scheduling.scheduler.ModelScheduler.statistics>` reports are kept here, beside
 the observers they mirror.
+
+The observers hear of a request's end and of a batch a moment later, in order: the
+events wait in a list that one callback, scheduled on the event loop behind the
+requests' own wake-ups, hands on. So a request answered by a batch is on its way to its
+client before the telemetry of its batch is counted (at one request in flight that
+is the response's latency), and a batch's events cost one callback, however many
+requests it held. A queue change told while events wait joins them, so every observer
+sees the events in the order they happened; :meth:`Outcomes.flush` hands them on at
+once (a scheduler that closes).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 from sordino.clock import Clock
 from sordino.errors import SordinoError
@@ -39,6 +49,7 @@ class Outcomes:
         self._clock = clock
         self._queue = queue
         self._observers = tuple(observers)
+        self._later: list[tuple[int, Any]] = []  # (event, its record or the depth)
         self.accepted = self.succeeded = self.failed = self.cancelled = 0
         self.rejected = self.timed_out = self.batches = self.batched_rows = 0
         self.isolated = 0
@@ -127,19 +138,52 @@ class Outcomes:
             else (),
             request.id,
         )
-        for observer in self._observers:
-            observer.request_done(done)
+        self._tell(_REQUEST_DONE, done)
 
     def batch_observed(
         self, rows: int, requests: int, input_s: float, infer_s: float, output_s: float, *, ok: bool
     ) -> None:
         done = BatchDone(self.model, rows, requests, input_s, infer_s, output_s, ok)
-        for observer in self._observers:
-            observer.batch_done(done)
+        self._tell(_BATCH_DONE, done)
 
     def queue_changed(self) -> None:
+        if self._later:  # after the events waiting, as it happened after them
+            self._later.append((_QUEUE_CHANGED, len(self._queue)))
+            return
         for observer in self._observers:
             observer.queue_changed(self.model, len(self._queue))
+
+    def _tell(self, event: int, record: Any) -> None:
+        """Have the observers hear of ``record`` from the flush scheduled next."""
+        if not self._observers:
+            return
+        if not self._later:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no event loop runs (a direct call): tell them now
+                self._later.append((event, record))
+                self.flush()
+                return
+            # Two hops: the first runs behind the wake-up of the batch's first request,
+            # and puts the flush behind every wake-up the batch scheduled after it.
+            loop.call_soon(loop.call_soon, self.flush)
+        self._later.append((event, record))
+
+    def flush(self) -> None:
+        """Hand the events waiting to the observers now, in order."""
+        later, self._later = self._later, []
+        model = self.model
+        for event, record in later:
+            for observer in self._observers:
+                if event == _REQUEST_DONE:
+                    observer.request_done(record)
+                elif event == _BATCH_DONE:
+                    observer.batch_done(record)
+                else:
+                    observer.queue_changed(model, record)
+
+
+_REQUEST_DONE, _BATCH_DONE, _QUEUE_CHANGED = 0, 1, 2
 
 
 def discard_outputs(request: Request) -> None:

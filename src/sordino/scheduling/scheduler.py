@@ -172,6 +172,7 @@ class ModelScheduler:
         # A decoupled model's requests still being answered (bounded by the timeout).
         await self._outcomes.answered.wait()
         self._loop.cancel_timer()
+        self._outcomes.flush()  # the last requests' telemetry, before the model goes
 
     def retune(self, controller: ModeController, settings: QueueSettings) -> None:
         """Use ``controller`` and ``settings`` from the next decision on (hot reconfiguration).
@@ -269,7 +270,7 @@ class ModelScheduler:
         self._outcomes.accepted += 1
         self._shedder.note_arrival(now, item.rows, item.priority)
         self._outcomes.queue_changed()
-        self._wake.set()
+        self._loop.arrived()
         return request
 
     async def infer(
