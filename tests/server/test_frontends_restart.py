@@ -65,9 +65,13 @@ def test_a_front_end_that_dies_is_replaced_and_the_others_lose_nothing(
     steady.start()
     wait_for(lambda: len(statuses) >= 20, "requests on the other front end's connection")
     os.kill(dead, signal.SIGKILL)
-    # What the kernel queued for it while it died is reset with it; once it no longer
-    # listens, new connections go to the front end that is left (or to the replacement).
+    # What the kernel queued for it while it died is reset with it; once it is gone, new
+    # connections go to the front end that is left (or to the replacement). Gone means
+    # reaped: a dying process's fd table empties before its sockets are released (the
+    # last close runs later in its exit), and a connection queued on its listener in
+    # that window is reset too (seen under load).
     wait_for(lambda: not listening(dead, server.port), "the killed front end to let go")
+    wait_for(lambda: not psutil.pid_exists(dead), "the supervisor to reap it")
     for _ in range(5):
         connection = any_connection(server)
         assert ask(connection, "GET", "/v2/health/ready")[0] == 200
@@ -106,6 +110,7 @@ def test_with_every_front_end_down_the_port_stays_the_engines(server: RunningSer
         lambda: not any(listening(pid, server.port) for pid in pids),
         "the killed front ends to let go of the port",
     )
+    wait_for(lambda: not any(psutil.pid_exists(pid) for pid in pids), "both to be reaped")
     stranger = socket.socket()
     stranger.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     with pytest.raises(OSError), stranger:
