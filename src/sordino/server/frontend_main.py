@@ -110,9 +110,9 @@ async def serve(spec: FrontendSpec) -> None:
         from sordino.server.board_shed import RefusalCounts, attach_board_shed
 
         # Refuse from the engine's published load, before the body is read and
-        # without a round trip: the same header rule as the engine's own listener.
+        # without a round trip: the same header rule as the one-process server's.
         def count(refused: RefusalCounts) -> None:
-            # Counted by the engine as its own listener's refusals, once a loop iteration.
+            # Counted by the engine as its own early refusals are, once a loop iteration.
             for (model, version, tenant, reason), times in refused.items():
                 link.refused(model, version, tenant, reason, times)
 

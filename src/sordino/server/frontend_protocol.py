@@ -1,4 +1,4 @@
-"""The HTTP protocol of an extra front-end process (``server.frontends`` > 1).
+"""The HTTP protocol of a front-end process (``server.frontends`` > 1).
 
 The same protocol as the engine's listener (``server/http_protocol.py``: httptools, the
 connection guard's limits and timeouts, keep-alive, pipelining), with two differences:
@@ -53,7 +53,7 @@ _LINE_MAX = 16384
 (the engine's parser then answers whatever it is)."""
 _PIPELINED = (
     "a request that is not inference, pipelined behind an unanswered inference request, "
-    "is not supported by an extra front-end process (server.frontends > 1): send it once "
+    "is not supported by a front-end process (server.frontends > 1): send it once "
     "the answers before it arrived, or on a connection of its own"
 )
 
@@ -230,7 +230,7 @@ class FrontendInferCycle(InferCycle):
                 received_at=self.received_at,
             )
         except SordinoError as exc:
-            # Counted by the engine as it counts one its own listener refuses.
+            # Counted by the engine as it counts one refused in its own process.
             conn.link.refused(self.model, self.version, facts.get("x-sordino-tenant"), exc.reason)
             self.respond(*error_parts(exc))
             return

@@ -63,7 +63,7 @@ read and written by the engine in the client's region.
     requests the front end answered with an error itself (a malformed body, one too
     large, a client gone while sending it, a refusal from the engine's load board):
     their model, version, tenant header, reason and how many, counted by the engine as
-    its own listener counts them (no answer follows).
+    its own early refusals are counted (no answer follows).
 
 JSON (orjson) carries only what came from JSON on the wire; nothing is pickled. Errors
 go back as ``ANSWER`` frames (status, ``{"error": …}`` body, headers).
