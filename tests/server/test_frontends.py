@@ -466,7 +466,7 @@ def test_only_decoded_requests_reach_the_engine_and_a_malformed_body_none(
     server: RunningServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[str] = []
-    for name in ("answer_decoded", "answer_infer"):
+    for name in ("begin_decoded", "answer_infer"):
         real = getattr(engine_link, name)
 
         def spy(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
@@ -487,7 +487,7 @@ def test_only_decoded_requests_reach_the_engine_and_a_malformed_body_none(
     )
     assert ask(connection, "POST", path, digits_body())[0] == 200
     connection.close()
-    assert calls == ["answer_decoded"]
+    assert calls == ["begin_decoded"]
 
 
 def test_system_shared_memory_works_through_the_front_end(server: RunningServer) -> None:

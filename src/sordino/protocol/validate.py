@@ -50,7 +50,7 @@ def check_declared_shape(
     """
     declared: tuple[int, ...] | None = None
     if metadata is None:
-        rank, limit = MAX_RANK, f"a tensor has at most {MAX_RANK}"
+        rank = MAX_RANK
     else:
         spec = metadata.input(name)
         if spec is None:
@@ -63,8 +63,11 @@ def check_declared_shape(
             )
         declared = spec.shape
         rank = len(spec.shape)
-        limit = f"model {metadata.name!r} expects rank {rank}: {_shape(spec.shape)}"
     if len(shape) > rank:
+        if metadata is None or declared is None:
+            limit = f"a tensor has at most {MAX_RANK}"
+        else:
+            limit = f"model {metadata.name!r} expects rank {rank}: {_shape(declared)}"
         tail = f"input {name!r} has {len(shape)} dimensions but {limit}"
         if metadata is None or declared is None:
             raise TensorError(tail)

@@ -90,6 +90,14 @@ class Outbox:
     def get_nowait(self) -> StepOutput | SordinoError:
         return self._items.popleft()
 
+    def ready(self) -> asyncio.Future[None]:
+        """A future set once an item is here: for a reader that waits by callback (no
+        task) rather than in :meth:`get`; cancelling it loses nothing."""
+        self._waiter = waiter = asyncio.get_running_loop().create_future()
+        if self._items:
+            waiter.set_result(None)
+        return waiter
+
     def empty(self) -> bool:
         return not self._items
 

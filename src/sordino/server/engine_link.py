@@ -30,15 +30,17 @@ import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sordino.errors import Cancelled, OutOfMemory
-from sordino.inference import InferResponse, release_owned
+from sordino.inference import InferRequest, InferResponse, Tensor, release_owned
 from sordino.memory.grant import Grant, grant_size
 from sordino.server import link_arena, link_frames, link_tensors
-from sordino.server.fast_infer import answer_decoded, answer_error, answer_infer
+from sordino.server.fast_infer import Ready, answer_error, answer_infer, begin_decoded, serve
+from sordino.server.infer_soon import Soon
 from sordino.server.grpc_link import GrpcCalls
 from sordino.server.link_frames import (
     HANDOVER_CHUNK,
@@ -48,7 +50,6 @@ from sordino.server.link_frames import (
     LinkRequest,
 )
 from sordino.server.link_pending import Pending, watch
-from sordino.server.link_tensors import Decoded
 from sordino.server.runtime import Runtime
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ class _LinkConnection(link_frames.BatchedWrites, asyncio.Protocol):
     def __init__(self, link: EngineLink) -> None:
         self.link = link
         self.runtime = link.runtime
+        self.parts = link.runtime.inference
         self.reader = FrameReader()
         self.pending: dict[int, Pending] = {}
         self.out: list[bytes] = []
@@ -101,7 +103,7 @@ class _LinkConnection(link_frames.BatchedWrites, asyncio.Protocol):
             frames = self.reader.feed(data)
             for kind, body in frames:
                 if kind == link_tensors.INFER:
-                    self._start_decoded(link_tensors.decode_infer(body, self.grant))
+                    self._infer(body)
                 elif kind in link_tensors.GRPC_KINDS:
                     self.grpc.received(kind, body)
                 elif kind == link_arena.RELEASE:
@@ -182,57 +184,108 @@ class _LinkConnection(link_frames.BatchedWrites, asyncio.Protocol):
         self.pending[request.id] = pending
         pending.task = asyncio.get_running_loop().create_task(self._answer(request, pending))
 
-    def _start_decoded(self, decoded: Decoded) -> None:
-        pending = Pending()
-        self.pending[decoded.id] = pending
-        pending.task = asyncio.get_running_loop().create_task(self._serve(decoded, pending))
+    def _infer(self, body: bytes) -> None:
+        """An ``INFER`` frame: checked and handed to the service now; answered by
+        callback (:meth:`_done`), or by a task where the service must wait."""
+        decoded = link_tensors.decode_infer(body, self.grant)
+        ident, request = decoded.id, decoded.request
+        inputs = request.inputs  # the service may swap in a plain dict (shm, state)
+        ready = begin_decoded(self.parts, request, decoded.read_s, decoded.size)
+        if not isinstance(ready, Ready):
+            release_owned(inputs)  # granted inputs go back to the front end
+            if ready is None:  # the result cache keys on the body: ask for it
+                self._send(ident, link_frames.SEND_BODY, b"", {})
+            else:
+                self._answer_error(ident, ready)
+            return
+        if not ready.shared:
+            pending = _Forwarded(inputs)
+            try:
+                pending.soon = self.parts.service.infer_soon(
+                    request, ready.route, partial(self._done, ident, request.model, inputs)
+                )
+            except Exception as exc:  # refused (counted by the service)
+                release_owned(inputs)
+                self._answer_error(ident, answer_error(exc, _path(request.model)))
+                return
+            if pending.soon is not None:
+                self.pending[ident] = pending
+                return
+        task_pending = Pending()
+        self.pending[ident] = task_pending
+        task_pending.task = asyncio.get_running_loop().create_task(
+            self._serve(ident, request, ready, task_pending)
+        )
 
-    async def _serve(self, decoded: Decoded, pending: Pending) -> None:
-        """A request the front end decoded: its response's tensors, or its error, back."""
-        ident = decoded.id
-        inputs = decoded.request.inputs  # the service may swap in a plain dict (shm, state)
+    def _done(
+        self, ident: int, model: str, inputs: Mapping[str, Tensor], answer: InferResponse | Exception
+    ) -> None:
+        """The service's answer to request ``ident`` (:meth:`InferenceService.infer_soon`)."""
+        # Inputs in the front end's grant go back to it whatever the outcome (a no-op
+        # when the service released them already, as it does the requests it took).
+        release_owned(inputs)
+        if self.pending.pop(ident, None) is None:  # the link is gone
+            if not isinstance(answer, Exception):
+                answer.release()
+            return
+        if isinstance(answer, Exception):
+            self._answer_error(ident, answer_error(answer, _path(model)))
+            return
+        self._result(ident, model, answer)
+
+    def _result(self, ident: int, model: str, response: InferResponse) -> None:
+        """Send ``response`` (held until the front end's ``RELEASE`` when its outputs go
+        as arena descriptors; else released here)."""
+        held = False
         try:
-            result = await answer_decoded(
-                self.runtime, decoded.request, decoded.read_s, decoded.size, watch(pending)
+            parts, held = link_tensors.encode_result_held(
+                ident, response, self.runtime.stopping, self.runtime.memory.owner.existing()
             )
+            if held and (self.transport is None or self.transport.is_closing()):
+                held = False  # nobody will read it: released below
+            else:
+                self._write(parts)
+            if held:
+                self.held[ident] = response  # until the front end's RELEASE
+        except Exception as exc:  # an output the frame cannot carry: answered as an error
+            self._send(ident, *answer_error(exc, _path(model)))
+        finally:
+            if not held:
+                response.release()
+
+    async def _serve(
+        self, ident: int, request: InferRequest, ready: Ready, pending: Pending
+    ) -> None:
+        """A decoded request the service answers in a task (it may wait before its queue)."""
+        inputs = request.inputs
+        try:
+            try:
+                result: InferResponse | tuple[int, bytes, dict[str, str]] = await serve(
+                    self.parts, request, ready.route, ready.shared, watch(pending)
+                )
+            except Exception as exc:
+                result = answer_error(exc, _path(request.model))
         except BaseException:
             self.pending.pop(ident, None)
             if not pending.gone:
                 self._send(ident, 500, b'{"error":"internal error"}', {})
             raise
         finally:
-            # Inputs in the front end's grant go back to it whatever the outcome (a no-op
-            # when the service released them already, as it does the requests it took).
             release_owned(inputs)
         answering = self.pending.pop(ident, None) is not None and not pending.gone
-        if result is None:  # the result cache keys on the body: ask for it
-            if answering:
-                self._send(ident, link_frames.SEND_BODY, b"", {})
-            return
         if isinstance(result, tuple):
             if answering:
-                status, payload, headers = result
-                if self.runtime.stopping:
-                    headers["Connection"] = "close"
-                self._send(ident, status, payload, headers)
-            return
-        held = False
-        try:
-            if answering:
-                parts, held = link_tensors.encode_result_held(
-                    ident, result, self.runtime.stopping, self.runtime.memory.owner.existing()
-                )
-                if held and (self.transport is None or self.transport.is_closing()):
-                    held = False  # nobody will read it: released below
-                else:
-                    self._write(parts)
-                if held:
-                    self.held[ident] = result  # until the front end's RELEASE
-        except Exception as exc:
-            self._send(ident, *answer_error(exc, f"/v2/models/{decoded.request.model}/infer"))
-        finally:
-            if not held:
-                result.release()
+                self._answer_error(ident, result)
+        elif answering:
+            self._result(ident, request.model, result)
+        else:
+            result.release()
+
+    def _answer_error(self, ident: int, answer: tuple[int, bytes, dict[str, str]]) -> None:
+        status, payload, headers = answer
+        if self.runtime.stopping:
+            headers["Connection"] = "close"
+        self._send(ident, status, payload, headers)
 
     async def _answer(self, request: LinkRequest, pending: Pending) -> None:
         body = request.body
@@ -370,6 +423,29 @@ class EngineLink:
                 await asyncio.wait_for(self._server.wait_closed(), 1.0)
             self._server = None
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _path(model: str) -> str:
+    return f"/v2/models/{model}/infer"
+
+
+class _Forwarded(Pending):
+    """A forwarded request the service answers by callback (``infer_soon``): a cancel
+    cancels it there and gives its granted inputs back to the front end."""
+
+    __slots__ = ("inputs", "soon")
+
+    def __init__(self, inputs: Mapping[str, Tensor]) -> None:
+        super().__init__()
+        self.inputs = inputs
+        self.soon: Soon | None = None
+
+    def cancel(self) -> None:
+        self.gone = True
+        soon, self.soon = self.soon, None
+        if soon is not None:
+            soon.cancel()
+            release_owned(self.inputs)
 
 
 class _Adopting:

@@ -43,11 +43,13 @@ __all__ = [
     "INFER_PATH",
     "READ_HEADERS",
     "BodyReader",
+    "Ready",
     "Watch",
     "admit",
     "answer_decoded",
     "answer_error",
     "answer_infer",
+    "begin_decoded",
     "check_declared",
     "check_model_shapes",
     "decode_body",
@@ -369,18 +371,24 @@ def answer_error(exc: Exception, path: str) -> tuple[int, bytes, dict[str, str]]
     )
 
 
-async def answer_decoded(
-    parts: InferenceParts | Runtime,
-    request: InferRequest,
-    read_s: float,
-    room: int,
-    watch: Watch,
-) -> InferResponse | tuple[int, bytes, dict[str, str]] | None:
-    """The engine's part of a request a front end decoded: the response to send back
-    (the caller releases it) or an error's answer; None when the model's result cache is
-    on, which keys on the body: the front end then sends the body (``answer_infer``)."""
-    if not isinstance(parts, InferenceParts):
-        parts = parts.inference
+class Ready:
+    """A decoded request past the engine's checks (:func:`begin_decoded`): its route and
+    whether it uses system shared memory; what the service step (:func:`serve`) takes."""
+
+    __slots__ = ("route", "shared")
+
+    def __init__(self, route: Route, shared: bool) -> None:
+        self.route, self.shared = route, shared
+
+
+def begin_decoded(
+    parts: InferenceParts, request: InferRequest, read_s: float, room: int
+) -> Ready | tuple[int, bytes, dict[str, str]] | None:
+    """The engine's checks of a request a front end decoded, before the service: its
+    :class:`Ready` (authenticated, its model found, its shapes bounded, its tenant and
+    shared-memory inputs attached), or the answer of the error that ends it (counted);
+    None when the model's result cache is on, which keys on the body: the front end
+    then sends the body (``answer_infer``). Never waits."""
     try:
         with parts.service.receiving(
             request.model, request.version, request.headers.get("x-sordino-tenant")
@@ -391,8 +399,28 @@ async def answer_decoded(
             if parts.result_cache.active(request.model):
                 return None
             check_model_shapes(request, route, room)
-            shared = admit(parts, request, tenant)
-        return await serve(parts, request, route, shared, watch)
+            return Ready(route, admit(parts, request, tenant))
+    except Exception as exc:
+        return answer_error(exc, f"/v2/models/{request.model}/infer")
+
+
+async def answer_decoded(
+    parts: InferenceParts | Runtime,
+    request: InferRequest,
+    read_s: float,
+    room: int,
+    watch: Watch,
+) -> InferResponse | tuple[int, bytes, dict[str, str]] | None:
+    """The engine's part of a request a front end decoded: the response to send back
+    (the caller releases it) or an error's answer; None when the model's result cache is
+    on (:func:`begin_decoded`, then :func:`serve`)."""
+    if not isinstance(parts, InferenceParts):
+        parts = parts.inference
+    ready = begin_decoded(parts, request, read_s, room)
+    if not isinstance(ready, Ready):
+        return ready
+    try:
+        return await serve(parts, request, ready.route, ready.shared, watch)
     except Exception as exc:
         return answer_error(exc, f"/v2/models/{request.model}/infer")
 

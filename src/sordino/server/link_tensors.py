@@ -72,6 +72,7 @@ go back as ``ANSWER`` frames (status, ``{"error": …}`` body, headers).
 from __future__ import annotations
 
 import struct
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -134,6 +135,7 @@ responses in its front end's memory, and the engine's servicer waits (in its
 _CREDIT = struct.Struct("<QI")  # a stream's id, the responses granted
 _STREAM_HEAD = struct.Struct("<Q")  # a stream message's id
 _FACTS = struct.Struct("<QI")  # id, the facts' length
+_NATIVE_LITTLE = sys.byteorder == "little"
 
 
 class Decoded:
@@ -331,11 +333,16 @@ def encode_result_held(
             entries.append((name, datatype, array.shape, array.nbytes, offset))
             held = True
             continue
-        chunk = _raw(datatype, array)
+        chunk: bytes | memoryview
+        if datatype != "BYTES" and _NATIVE_LITTLE and array.dtype.byteorder in "=|":
+            chunk = array.tobytes()  # the copy, in C order
+        else:
+            chunk = _raw(datatype, array)
         entries.append((name, datatype, array.shape, len(chunk), None))
         chunks.append(chunk)
     # One copy: the outputs' blocks go back to the arena before the frame is written.
-    chunks = [b"".join(chunks)]
+    if len(chunks) != 1 or not isinstance(chunks[0], bytes):
+        chunks = [b"".join(chunks)]
     facts = {
         "m": response.model,
         "v": response.version,

@@ -49,6 +49,7 @@ from sordino.records import Outcome
 from sordino.scheduling.work import Request
 from sordino.server import answers
 from sordino.server.counting import INTERNAL, Arrival, Rejections, reason_of, request_tenant
+from sordino.server.infer_soon import Soon
 from sordino.server.registry import ModelRegistry
 from sordino.server.request_facts import request_facts
 from sordino.server.route import Route
@@ -57,7 +58,7 @@ from sordino.telemetry.hub import Telemetry
 from sordino.telemetry.metrics import Metrics
 from sordino.telemetry.model_stats import ModelStats
 
-__all__ = ["INTERNAL", "Arrival", "InferenceService", "request_tenant"]
+__all__ = ["INTERNAL", "Arrival", "InferenceService", "Soon", "request_tenant"]
 
 
 class InferenceService:
@@ -193,48 +194,57 @@ class InferenceService:
         context = self.admit(request, route)
         ticket = self._tickets.issue(request.model, context)
         try:
-            if one_shot and (route.metadata.stream is not None or route.metadata.decoupled):
-                how = (
-                    "is decoupled (it sends any number of responses per request, as Triton's "
-                    "decoupled transaction policy); its inference endpoints are the streams"
-                    if route.metadata.decoupled
-                    else "streams its responses (one per step)"
-                )
-                raise Unsupported(
-                    f"model {route.key.name!r} {how}: use ModelStreamInfer over gRPC or POST "
-                    f"/v2/models/{route.key.name}/generate_stream over HTTP"
-                )
+            if one_shot:
+                _one_shot(route)
             if self._tickets.waits:
                 await ticket.charge(route, request)
-            elif self._tickets.charging:
-                ticket.weigh(route, request)  # no quota to wait on: no coroutine
-            # Fair share only among authenticated tenants (claimed names are free to invent).
-            share, weight = "", 1
-            tenants = self._tenants
-            if tenants is not None and tenants.enabled:
-                share, weight = context.tenant, tenants.weight(context.tenant)
-            accepted = route.scheduler.submit(
-                request.inputs,
-                priority=context.priority,
-                timeout_s=context.timeout_s,
-                request_id=request.id,
-                stream=route.metadata.stream,
-                decoupled=route.metadata.decoupled,
-                tenant=share,
-                weight=weight,
-                owner=context.tenant,
-                # Built only for a backend that reads them (a Triton Python model).
-                facts=request_facts(request, context.priority, context.timeout_s, share or None)
-                if route.model.request_facts
-                else None,
-            )
+            return self._submit(request, route, context, ticket), ticket
         except BaseException as exc:  # never accepted: the inputs are still ours
-            ticket.release(None)
-            reason = reason_of(exc)
-            if reason is not None:
-                self._rejections.refused(request, reason)
+            self._unaccepted(request, ticket, exc)
             raise
-        return accepted, ticket
+
+    def _accept_now(self, request: InferRequest, route: Route) -> tuple[Request, Ticket]:
+        """:meth:`_accept` of a one-shot request where no charge waits (``not waits``)."""
+        context = self.admit(request, route)
+        ticket = self._tickets.issue(request.model, context)
+        try:
+            _one_shot(route)
+            return self._submit(request, route, context, ticket), ticket
+        except BaseException as exc:
+            self._unaccepted(request, ticket, exc)
+            raise
+
+    def _submit(
+        self, request: InferRequest, route: Route, context: AdmissionContext, ticket: Ticket
+    ) -> Request:
+        if self._tickets.charging and not self._tickets.waits:
+            ticket.weigh(route, request)  # no quota to wait on: no coroutine
+        # Fair share only among authenticated tenants (claimed names are free to invent).
+        share, weight = "", 1
+        tenants = self._tenants
+        if tenants is not None and tenants.enabled:
+            share, weight = context.tenant, tenants.weight(context.tenant)
+        return route.scheduler.submit(
+            request.inputs,
+            priority=context.priority,
+            timeout_s=context.timeout_s,
+            request_id=request.id,
+            stream=route.metadata.stream,
+            decoupled=route.metadata.decoupled,
+            tenant=share,
+            weight=weight,
+            owner=context.tenant,
+            # Built only for a backend that reads them (a Triton Python model).
+            facts=request_facts(request, context.priority, context.timeout_s, share or None)
+            if route.model.request_facts
+            else None,
+        )
+
+    def _unaccepted(self, request: InferRequest, ticket: Ticket, exc: BaseException) -> None:
+        ticket.release(None)
+        reason = reason_of(exc)
+        if reason is not None:
+            self._rejections.refused(request, reason)
 
     # -- the ways through --------------------------------------------------------------
 
@@ -285,6 +295,21 @@ class InferenceService:
             # task cancelled after its request succeeded is a success in both.
             ticket.release(accepted.outcome or "cancelled")
         return answers.response(route, request, outputs)
+
+    def infer_soon(
+        self, request: InferRequest, route: Route, done: Callable[[InferResponse | Exception], None]
+    ) -> Soon | None:
+        """:meth:`infer` without a task, for a transport that answers by callback: the
+        request is admitted and queued now (a refusal raises here, counted, as from
+        :meth:`infer`) and ``done`` is called once with its response (the callee
+        releases it) or its error; :meth:`Soon.cancel` cancels it (``done`` is then not
+        called). None, having done nothing, for a request that must wait in :meth:`infer`
+        (a generation, a sequence, a streaming model, a quota that may wait for room).
+        """
+        if route.way != "infer" or self._tickets.waits:
+            return None
+        accepted, ticket = self._accept_now(request, route)
+        return Soon(route, request, accepted, ticket, done)
 
     async def responses(
         self, request: InferRequest, route: Route | None = None
@@ -399,6 +424,21 @@ class InferenceService:
             self._registry.get(name)
             keys = [ModelKey(name, v) for v in self._registry.versions(name)]
         return self._stats.triton_json(keys)
+
+
+def _one_shot(route: Route) -> None:
+    """Refuse a one-shot request to a model whose answers are streams."""
+    if route.metadata.stream is not None or route.metadata.decoupled:
+        how = (
+            "is decoupled (it sends any number of responses per request, as Triton's "
+            "decoupled transaction policy); its inference endpoints are the streams"
+            if route.metadata.decoupled
+            else "streams its responses (one per step)"
+        )
+        raise Unsupported(
+            f"model {route.key.name!r} {how}: use ModelStreamInfer over gRPC or POST "
+            f"/v2/models/{route.key.name}/generate_stream over HTTP"
+        )
 
 
 def _initial_state(request: InferRequest, route: Route, names: tuple[str, ...]) -> None:

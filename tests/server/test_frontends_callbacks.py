@@ -1,0 +1,157 @@
+"""Requests a front end forwards, answered by the engine by callback (no task a request:
+``InferenceService.infer_soon``): the same outcomes as the engine's own listener gives."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from sordino.config import RuntimeConfig
+from sordino.config.tenants import hash_key
+from sordino.inference import InferRequest
+from sordino.models.repository import builtin_sources
+from sordino.server import engine_link
+from sordino.server.infer_soon import Soon
+from sordino.testing import RunningServer, serve_in_thread
+from tests.conftest import thread_isolated
+from tests.server.helpers import SIMPLE_BODY, SIMPLE_REQUEST, Gate, frontend_pid, stats
+from tests.server.test_frontends import _ask, _connection
+from tests.waiting import wait_for
+
+ACME, SMALL = "acme-key-0123456789", "small-key-0123456789"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    config = RuntimeConfig.model_validate(
+        {
+            "server": {"frontends": 2, "shutdown_timeout": 10},
+            "tenants": [
+                {"name": "acme", "keys": [hash_key(ACME)]},
+                {"name": "small", "keys": [hash_key(SMALL)], "rate": "1/s", "burst": 1},
+            ],
+            "auth": {"required": True},
+        }
+    )
+    simple = [s for s in builtin_sources() if s.name == "simple"]
+    with serve_in_thread(config, thread_isolated(simple)) as running:
+        yield running
+
+
+def _key(key: str | None) -> dict[str, str]:
+    return {} if key is None else {"Authorization": f"Bearer {key}"}
+
+
+def test_forwarded_requests_are_answered_by_callback(
+    server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[Soon] = []
+    real = server.runtime.service.infer_soon
+
+    def spy(*args: object, **kwargs: object) -> Soon | None:
+        soon = real(*args, **kwargs)  # type: ignore[arg-type]
+        if soon is not None:
+            started.append(soon)
+        return soon
+
+    monkeypatch.setattr(server.runtime.service, "infer_soon", spy)
+    connection = _connection(server, frontend_pid(server))
+    status, _, _ = _ask(connection, "POST", "/v2/models/simple/infer", SIMPLE_BODY, _key(ACME))
+    connection.close()
+    assert status == 200
+    assert len(started) == 1
+
+
+def test_keys_and_a_tenant_s_rate_hold_as_on_the_engine(server: RunningServer) -> None:
+    for key in (None, "wrong-key-0123456789", ACME):
+        answers = []
+        for pid in (frontend_pid(server), os.getpid()):
+            connection = _connection(server, pid)
+            status, payload, headers = _ask(
+                connection, "POST", "/v2/models/simple/infer", SIMPLE_BODY, _key(key)
+            )
+            headers.pop("date", None)
+            answers.append((status, payload, headers))
+            connection.close()
+        assert answers[0] == answers[1], key
+        assert answers[0][0] == (200 if key == ACME else 401)
+    connection = _connection(server, frontend_pid(server))
+    codes = [
+        _ask(connection, "POST", "/v2/models/simple/infer", SIMPLE_BODY, _key(SMALL))[0]
+        for _ in range(4)
+    ]
+    connection.close()
+    assert codes[0] == 200 and 429 in codes
+
+
+def test_a_client_that_leaves_while_its_request_runs_gets_it_cancelled(
+    server: RunningServer,
+) -> None:
+    """The batch runs to its end unseen; the request is counted cancelled, its ticket
+    given back (the tenant's slot: the next request is served) and nothing is sent."""
+    before = stats(server, "simple")
+    head, _, body = SIMPLE_REQUEST.partition(b"\r\n\r\n")
+    keyed = head + f"\r\nAuthorization: Bearer {ACME}".encode() + b"\r\n\r\n" + body
+    with Gate(server, "simple") as gate:
+        leaving = _connection(server, frontend_pid(server))
+        assert leaving.sock is not None
+        leaving.sock.sendall(keyed)
+        wait_for(gate.entered.is_set, "the request's batch to start")
+        leaving.close()
+        wait_for(
+            lambda: stats(server, "simple").cancelled == before.cancelled + 1,
+            "the engine to cancel the request the front end sent",
+        )
+        gate.release()
+    connection = _connection(server, frontend_pid(server))
+    status, _, _ = _ask(connection, "POST", "/v2/models/simple/infer", SIMPLE_BODY, _key(ACME))
+    connection.close()
+    assert status == 200
+    assert gate.rows[0] == 1
+
+
+def test_a_request_that_must_wait_goes_through_a_task(
+    server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the service cannot answer by callback (``infer_soon`` gives None), the
+    request is served as before, in a task."""
+
+    def never(request: InferRequest, *args: object) -> None:
+        return None
+
+    served: list[int] = []
+    real = engine_link._LinkConnection._serve
+
+    async def spy(self: object, ident: int, *args: object) -> None:
+        served.append(ident)
+        await real(self, ident, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(server.runtime.service, "infer_soon", never)
+    monkeypatch.setattr(engine_link._LinkConnection, "_serve", spy)
+    connection = _connection(server, frontend_pid(server))
+    status, _, _ = _ask(connection, "POST", "/v2/models/simple/infer", SIMPLE_BODY, _key(ACME))
+    connection.close()
+    assert status == 200
+    assert len(served) == 1
+
+
+def test_answers_reach_every_client_of_a_busy_front_end(server: RunningServer) -> None:
+    results: list[int] = []
+
+    def client() -> None:
+        connection = _connection(server, frontend_pid(server))
+        for _ in range(10):
+            results.append(
+                _ask(connection, "POST", "/v2/models/simple/infer", SIMPLE_BODY, _key(ACME))[0]
+            )
+        connection.close()
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert results == [200] * 40
