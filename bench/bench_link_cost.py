@@ -19,7 +19,8 @@ counted. ``bench.bench_engine_cost`` measures the same engine without the link (
 service called on its loop), so the difference of the two is the link's own path.
 
 ``--profile N`` adds one round under cProfile on the loop thread and prints its top N
-functions by own time: calls, own and cumulative µs a request *under the profiler*,
+functions by own time (and the Python calls a request, a figure the machine's noise
+does not move): calls, own and cumulative µs a request *under the profiler*,
 which inflates small Python functions (read it as a ranking), in wall time (a system
 call's time includes the thread's waits for a core on a busy machine). With
 ``--base DIR`` the runs alternate with DIR's ``src/`` (base, this, base, this …) so both share the
@@ -121,14 +122,21 @@ with serve_in_thread(load_config(None, {}), prepare=runtimes.append) as server:
         count = int(feeder.stdout.readline())
         return count, time.clock_gettime(clock)
 
+    def runs():  # the model's (requests, batches) so far
+        stats = on_loop(lambda: server.runtime.service.triton_statistics("digits-classifier"))
+        model = stats["model_stats"][0]
+        return model["inference_count"], model["execution_count"]
+
     time.sleep(seconds)  # warm-up, not measured
     cells = []
     for _ in range(rounds):
+        r0, b0 = runs()
         n0, c0 = mark()
         time.sleep(seconds)
         n1, c1 = mark()
-        cells.append(((c1 - c0) / (n1 - n0) * 1e6, (n1 - n0) / seconds))
-    ranking = []
+        r1, b1 = runs()
+        cells.append(((c1 - c0) / (n1 - n0) * 1e6, (n1 - n0) / seconds, (r1 - r0) / (b1 - b0)))
+    ranking, calls = [], 0.0
     if top:
         profiler = cProfile.Profile()
         n0, _ = mark()
@@ -138,6 +146,7 @@ with serve_in_thread(load_config(None, {}), prepare=runtimes.append) as server:
         n1, _ = mark()
         n = n1 - n0
         stats = pstats.Stats(profiler).stats
+        calls = sum(v[1] for v in stats.values()) / (n1 - n0)
         rows = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
         for (path, line, name), (cc, nc, tt, ct, _) in rows:
             where = path.split("/src/")[-1] if "/src/" in path else path.rsplit("/", 1)[-1]
@@ -145,7 +154,8 @@ with serve_in_thread(load_config(None, {}), prepare=runtimes.append) as server:
     feeder.stdin.close()
     feeder.wait(10)
 print(json.dumps({"us": [c[0] for c in cells], "rate": [c[1] for c in cells],
-                  "profile": ranking}))
+                  "batch": [c[2] for c in cells], "profile": ranking,
+                  "calls": calls}))
 """
 
 
@@ -177,14 +187,19 @@ def main() -> None:
     codes.append(("this", here))
     runs: dict[str, list[float]] = {label: [] for label, _ in codes}
     profiles: dict[str, Any] = {}
+    calls: dict[str, list[float]] = {}
     for pair in range(args.pairs):
         for label, src in codes:
             result = one_run(src, args.rounds, args.seconds, args.profile)
             runs[label].append(result["median_us"])
             profiles[label] = result["profile"]
+            if args.profile:
+                calls.setdefault(label, []).append(result["calls"])
             rate = statistics.median(result["rate"])
+            batch = statistics.median(result["batch"])
             console.print(f"[{pair + 1}/{args.pairs}] {label}: {result['median_us']:.1f} µs "
-                          f"CPU a forwarded request on the loop ({rate:,.0f} req/s)")  # fmt: skip
+                          f"CPU a forwarded request on the loop ({rate:,.0f} req/s, "
+                          f"{batch:.1f} requests a batch)")  # fmt: skip
     report: dict[str, Any] = {"benchmark": "link_cost", "runs_us": runs, "profile": profiles}
     for label, values in runs.items():
         report[f"{label}_median_us"] = statistics.median(values)
@@ -194,6 +209,11 @@ def main() -> None:
         ratio = report["this_median_us"] / report["base_median_us"]
         report["ratio"] = ratio
         console.print(f"this / base: {ratio:.3f}")
+    for label, counts in calls.items():
+        report[f"{label}_calls"] = counts
+        listed = ", ".join(f"{c:.0f}" for c in counts)
+        console.print(f"{label}: {statistics.median(counts):.0f} Python calls a request on the "
+                      f"loop (profiled rounds: {listed})")  # fmt: skip
     for label, ranking in profiles.items():
         if ranking:
             console.print(f"{label}, last run's profile (µs a request under cProfile):")
