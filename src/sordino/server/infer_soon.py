@@ -47,17 +47,17 @@ class Soon:
             return
         self._waiter = None
         accepted = self._accepted
-        result = accepted.outputs.get_nowait()
-        # The scheduler's outcome, which it also counted in sordino_requests_total.
-        self._ticket.release(accepted.outcome or "cancelled")
         answer: InferResponse | Exception
-        if isinstance(result, SordinoError):
-            answer = result
-        else:
-            try:
+        try:
+            result = accepted.outputs.get_nowait()
+            # The scheduler's outcome, which it also counted in sordino_requests_total.
+            self._ticket.release(accepted.outcome or "cancelled")
+            if isinstance(result, SordinoError):
+                answer = result
+            else:
                 answer = answers.response(self._route, self._request, result.outputs)
-            except Exception as exc:  # as from InferenceService.infer
-                answer = exc
+        except Exception as exc:  # as InferenceService.infer would raise it: answered
+            answer = exc
         self._done(answer)
 
     def cancel(self) -> None:
