@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
 
@@ -17,18 +16,17 @@ from sordino.server import engine_link
 from sordino.server.infer_soon import Soon
 from sordino.testing import RunningServer, serve_in_thread
 from tests.conftest import thread_isolated
-from tests.server.helpers import SIMPLE_BODY, SIMPLE_REQUEST, Gate, frontend_pid, stats
-from tests.server.test_frontends import _ask, _connection
+from tests.server.frontend_helpers import any_connection, ask
+from tests.server.helpers import SIMPLE_BODY, SIMPLE_REQUEST, Gate, stats
 from tests.waiting import wait_for
 
 ACME, SMALL = "acme-key-0123456789", "small-key-0123456789"
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    config = RuntimeConfig.model_validate(
+def _config(frontends: int) -> RuntimeConfig:
+    return RuntimeConfig.model_validate(
         {
-            "server": {"frontends": 2, "shutdown_timeout": 10},
+            "server": {"frontends": frontends, "shutdown_timeout": 10},
             "tenants": [
                 {"name": "acme", "keys": [hash_key(ACME)]},
                 {"name": "small", "keys": [hash_key(SMALL)], "rate": "1/s", "burst": 1},
@@ -36,8 +34,21 @@ def server() -> Iterator[RunningServer]:
             "auth": {"required": True},
         }
     )
-    simple = [s for s in builtin_sources() if s.name == "simple"]
-    with serve_in_thread(config, thread_isolated(simple)) as running:
+
+
+SIMPLE = [s for s in builtin_sources() if s.name == "simple"]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    with serve_in_thread(_config(2), thread_isolated(SIMPLE)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def reference() -> Iterator[RunningServer]:
+    """The same server in one process: what the engine answers on its own listener."""
+    with serve_in_thread(_config(1), thread_isolated(SIMPLE)) as running:
         yield running
 
 
@@ -58,19 +69,21 @@ def test_forwarded_requests_are_answered_by_callback(
         return soon
 
     monkeypatch.setattr(server.runtime.service, "infer_soon", spy)
-    connection = _connection(server, frontend_pid(server))
-    status, _, _ = _ask(connection, "POST", "/v2/models/simple/infer", SIMPLE_BODY, _key(ACME))
+    connection = any_connection(server)
+    status, _, _ = ask(connection, "POST", "/v2/models/simple/infer", SIMPLE_BODY, _key(ACME))
     connection.close()
     assert status == 200
     assert len(started) == 1
 
 
-def test_keys_and_a_tenant_s_rate_hold_as_on_the_engine(server: RunningServer) -> None:
+def test_keys_and_a_tenant_s_rate_hold_as_on_the_engine(
+    server: RunningServer, reference: RunningServer
+) -> None:
     for key in (None, "wrong-key-0123456789", ACME):
         answers = []
-        for pid in (frontend_pid(server), os.getpid()):
-            connection = _connection(server, pid)
-            status, payload, headers = _ask(
+        for running in (server, reference):
+            connection = any_connection(running)
+            status, payload, headers = ask(
                 connection, "POST", "/v2/models/simple/infer", SIMPLE_BODY, _key(key)
             )
             headers.pop("date", None)
@@ -78,9 +91,9 @@ def test_keys_and_a_tenant_s_rate_hold_as_on_the_engine(server: RunningServer) -
             connection.close()
         assert answers[0] == answers[1], key
         assert answers[0][0] == (200 if key == ACME else 401)
-    connection = _connection(server, frontend_pid(server))
+    connection = any_connection(server)
     codes = [
-        _ask(connection, "POST", "/v2/models/simple/infer", SIMPLE_BODY, _key(SMALL))[0]
+        ask(connection, "POST", "/v2/models/simple/infer", SIMPLE_BODY, _key(SMALL))[0]
         for _ in range(4)
     ]
     connection.close()
@@ -96,7 +109,7 @@ def test_a_client_that_leaves_while_its_request_runs_gets_it_cancelled(
     head, _, body = SIMPLE_REQUEST.partition(b"\r\n\r\n")
     keyed = head + f"\r\nAuthorization: Bearer {ACME}".encode() + b"\r\n\r\n" + body
     with Gate(server, "simple") as gate:
-        leaving = _connection(server, frontend_pid(server))
+        leaving = any_connection(server)
         assert leaving.sock is not None
         leaving.sock.sendall(keyed)
         wait_for(gate.entered.is_set, "the request's batch to start")
@@ -106,8 +119,8 @@ def test_a_client_that_leaves_while_its_request_runs_gets_it_cancelled(
             "the engine to cancel the request the front end sent",
         )
         gate.release()
-    connection = _connection(server, frontend_pid(server))
-    status, _, _ = _ask(connection, "POST", "/v2/models/simple/infer", SIMPLE_BODY, _key(ACME))
+    connection = any_connection(server)
+    status, _, _ = ask(connection, "POST", "/v2/models/simple/infer", SIMPLE_BODY, _key(ACME))
     connection.close()
     assert status == 200
     assert gate.rows[0] == 1
@@ -131,8 +144,8 @@ def test_a_request_that_must_wait_goes_through_a_task(
 
     monkeypatch.setattr(server.runtime.service, "infer_soon", never)
     monkeypatch.setattr(engine_link._LinkConnection, "_serve", spy)
-    connection = _connection(server, frontend_pid(server))
-    status, _, _ = _ask(connection, "POST", "/v2/models/simple/infer", SIMPLE_BODY, _key(ACME))
+    connection = any_connection(server)
+    status, _, _ = ask(connection, "POST", "/v2/models/simple/infer", SIMPLE_BODY, _key(ACME))
     connection.close()
     assert status == 200
     assert len(served) == 1
@@ -142,10 +155,10 @@ def test_answers_reach_every_client_of_a_busy_front_end(server: RunningServer) -
     results: list[int] = []
 
     def client() -> None:
-        connection = _connection(server, frontend_pid(server))
+        connection = any_connection(server)
         for _ in range(10):
             results.append(
-                _ask(connection, "POST", "/v2/models/simple/infer", SIMPLE_BODY, _key(ACME))[0]
+                ask(connection, "POST", "/v2/models/simple/infer", SIMPLE_BODY, _key(ACME))[0]
             )
         connection.close()
 

@@ -40,8 +40,8 @@ from sordino.inference import InferRequest, InferResponse, Tensor, release_owned
 from sordino.memory.grant import Grant, grant_size
 from sordino.server import link_arena, link_frames, link_tensors
 from sordino.server.fast_infer import Ready, answer_error, answer_infer, begin_decoded, serve
-from sordino.server.infer_soon import Soon
 from sordino.server.grpc_link import GrpcCalls
+from sordino.server.infer_soon import Soon
 from sordino.server.link_frames import (
     HANDOVER_CHUNK,
     HANDOVER_HEAD,
@@ -218,7 +218,11 @@ class _LinkConnection(link_frames.BatchedWrites, asyncio.Protocol):
         )
 
     def _done(
-        self, ident: int, model: str, inputs: Mapping[str, Tensor], answer: InferResponse | Exception
+        self,
+        ident: int,
+        model: str,
+        inputs: Mapping[str, Tensor],
+        answer: InferResponse | Exception,
     ) -> None:
         """The service's answer to request ``ident`` (:meth:`InferenceService.infer_soon`)."""
         # Inputs in the front end's grant go back to it whatever the outcome (a no-op
