@@ -19,6 +19,7 @@ from sordino.config.memory import MemoryConfig
 from sordino.models.repository import builtin_sources
 from sordino.testing import Fragmentation, fragment_arena, serve_in_thread
 from tests.conftest import digits_pixels
+from tests.waiting import wait_for
 
 DIGITS = "digits-classifier"
 
@@ -86,8 +87,13 @@ def test_requests_are_answered_while_a_large_arena_is_defragmented(
         assert report["bytes_moved"] >= 128 << 20, report
         # The goal is reached, as the arena stands once no request is in flight: the
         # report's own figure is taken while a request may hold a few hundred bytes in
-        # the compacted free space (fragmentation 4.6e-7 against a goal of 0 once).
-        assert server.call(_fragmentation(runtime)) <= goal + 1e-9, report  # type: ignore[misc]
+        # the compacted free space (fragmentation 4.6e-7 against a goal of 0 once), and
+        # the last batch's bookkeeping (its release, the batch-boundary compaction) may
+        # still be a loop step behind its answer (5.8e-7 once).
+        wait_for(
+            lambda: server.call(_fragmentation(runtime)) <= goal + 1e-9,  # type: ignore[misc]
+            f"the arena at its defragmentation goal ({report})",
+        )
         assert report["steps"] > 1 and report["pause_s"] < report["duration_s"] / 3, report
 
         async def check_and_release() -> tuple[set[int], bool]:

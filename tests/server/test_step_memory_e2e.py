@@ -21,6 +21,7 @@ from sordino.config import RuntimeConfig
 from sordino.memory.allocator import ALIGNMENT
 from sordino.models.repository import builtin_sources
 from sordino.testing import serve_in_thread
+from tests.waiting import wait_for
 
 STEPS = 20
 
@@ -91,6 +92,9 @@ def test_a_generation_runs_its_steps_in_one_region_of_one_steps_outputs() -> Non
         )
         assert answer.status_code == 200, answer.text
         assert answer.json()["image"] == reference.json()["image"]
+        # The scheduler's observers hear of a finished request a loop step after its
+        # answer is written: the plan is read once they have.
+        wait_for(lambda: runtime.memory.statistics().plans, "the step plan's statistics")
         (plan,) = runtime.memory.statistics().plans
         assert plan.model == "digits-diffusion" and plan.regions == 1
         assert plan.region_bytes > 0 and plan.region_fallbacks == 0
