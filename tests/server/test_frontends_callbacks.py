@@ -6,13 +6,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
+import grpc
+import numpy as np
 import pytest
 
 from sordino.config import RuntimeConfig
 from sordino.config.tenants import hash_key
 from sordino.inference import InferRequest
 from sordino.models.repository import builtin_sources
-from sordino.server import engine_link
+from sordino.protocol.pb import kserve_v2_pb2 as pb
+from sordino.server import engine_link, grpc_link
 from sordino.server.infer_soon import Soon
 from sordino.testing import RunningServer, serve_in_thread
 from tests.conftest import thread_isolated
@@ -168,3 +171,119 @@ def test_answers_reach_every_client_of_a_busy_front_end(server: RunningServer) -
     for thread in threads:
         thread.join(60)
     assert results == [200] * 40
+
+
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def _grpc_simple(seed: int = 0) -> bytes:
+    """A ModelInfer of ``simple`` (two INT32 [1, 16] inputs)."""
+    message = pb.ModelInferRequest(model_name="simple", id=f"g{seed}")
+    for name in ("INPUT0", "INPUT1"):
+        message.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        message.raw_input_contents.append(np.full((1, 16), seed, np.int32).tobytes())
+    return message.SerializeToString()
+
+
+def _grpc_outcome(running: RunningServer, raw: bytes, key: str | None) -> tuple[object, ...]:
+    """A ModelInfer's answer: ("ok", its bytes) or its code, details and retry-after."""
+    metadata = () if key is None else (("authorization", f"Bearer {key}"),)
+    with grpc.insecure_channel(running.grpc_url) as channel:
+        try:
+            return ("ok", channel.unary_unary(MODEL_INFER)(raw, timeout=30, metadata=metadata))
+        except grpc.RpcError as exc:
+            trailing = tuple((k, v) for k, v in exc.trailing_metadata() or () if k == "retry-after")
+            return (exc.code(), exc.details(), trailing)
+
+
+def test_forwarded_model_infers_are_answered_by_callback_as_the_engine_answers(
+    server: RunningServer, reference: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GRPC_INFER frame is queued as it is read and answered by callback (no task);
+    its answers, errors included, are the engine's own, byte for byte."""
+    started: list[Soon] = []
+    tasks: list[object] = []
+    real = server.runtime.service.infer_soon
+    real_task = grpc_link.GrpcCalls._infer
+
+    def spy(*args: object, **kwargs: object) -> Soon | None:
+        soon = real(*args, **kwargs)  # type: ignore[arg-type]
+        if soon is not None:
+            started.append(soon)
+        return soon
+
+    async def task_spy(self: object, *args: object) -> None:
+        tasks.append(args)
+        await real_task(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(server.runtime.service, "infer_soon", spy)
+    monkeypatch.setattr(grpc_link.GrpcCalls, "_infer", task_spy)
+    wrong_shape = pb.ModelInferRequest.FromString(_grpc_simple())
+    wrong_shape.inputs[0].shape[:] = [1, 15]
+    wrong_shape.raw_input_contents[0] = np.ones((1, 15), np.int32).tobytes()
+    asks = [
+        (_grpc_simple(3), ACME),
+        (_grpc_simple(4), None),
+        (pb.ModelInferRequest(model_name="nope").SerializeToString(), ACME),
+        (wrong_shape.SerializeToString(), ACME),
+    ]
+    for raw, key in asks:
+        assert _grpc_outcome(server, raw, key) == _grpc_outcome(reference, raw, key)
+    assert _grpc_outcome(server, _grpc_simple(5), ACME)[0] == "ok"
+    assert len(started) == 2  # the two served; the refused ones never reached the queue
+    assert tasks == []
+
+
+def test_a_model_infer_that_must_wait_goes_through_a_task(
+    server: RunningServer, reference: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tasks: list[object] = []
+    real_task = grpc_link.GrpcCalls._infer
+
+    def never(request: InferRequest, *args: object) -> None:
+        return None
+
+    async def task_spy(self: object, *args: object) -> None:
+        tasks.append(args)
+        await real_task(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(server.runtime.service, "infer_soon", never)
+    monkeypatch.setattr(grpc_link.GrpcCalls, "_infer", task_spy)
+    raw = _grpc_simple(6)
+    assert _grpc_outcome(server, raw, ACME) == _grpc_outcome(reference, raw, ACME)
+    assert len(tasks) == 1
+
+
+def test_a_cancelled_model_infer_is_cancelled_in_the_scheduler(
+    server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client's cancel crosses as a CANCEL frame: the queued request is taken out of
+    the scheduler (counted cancelled, never run) and its ticket given back once."""
+    cancels: list[Soon] = []
+    real_cancel = Soon.cancel
+
+    def spy(soon: Soon) -> None:
+        cancels.append(soon)
+        real_cancel(soon)
+
+    monkeypatch.setattr(Soon, "cancel", spy)
+    metadata = (("authorization", f"Bearer {ACME}"),)
+    before = stats(server, "simple")
+    with grpc.insecure_channel(server.grpc_url) as channel, Gate(server, "simple") as gate:
+        infer = channel.unary_unary(MODEL_INFER)
+        held = infer.future(_grpc_simple(1), timeout=30, metadata=metadata)
+        wait_for(gate.entered.is_set, "the held batch to start")
+        leaving = infer.future(_grpc_simple(2), timeout=30, metadata=metadata)
+        wait_for(lambda: stats(server, "simple").queue.depth == 1, "the request to queue")
+        leaving.cancel()
+        wait_for(
+            lambda: stats(server, "simple").cancelled == before.cancelled + 1,
+            "the engine to cancel the call in the scheduler",
+        )
+        gate.release()
+        assert pb.ModelInferResponse.FromString(held.result()).id == "g1"
+    assert gate.rows == [1]  # the cancelled request never ran
+    assert len(cancels) == 1
+    after = stats(server, "simple")
+    assert after.queue.depth == 0
+    assert _grpc_outcome(server, _grpc_simple(7), ACME)[0] == "ok"

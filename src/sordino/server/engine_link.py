@@ -41,7 +41,6 @@ from sordino.memory.grant import Grant, grant_size
 from sordino.server import link_arena, link_frames, link_tensors
 from sordino.server.fast_infer import Ready, answer_error, answer_infer, begin_decoded, serve
 from sordino.server.grpc_link import GrpcCalls
-from sordino.server.infer_soon import Soon
 from sordino.server.link_frames import (
     HANDOVER_CHUNK,
     HANDOVER_HEAD,
@@ -49,7 +48,7 @@ from sordino.server.link_frames import (
     FrameReader,
     LinkRequest,
 )
-from sordino.server.link_pending import Pending, watch
+from sordino.server.link_pending import Forwarded, Pending, watch
 from sordino.server.runtime import Runtime
 
 if TYPE_CHECKING:
@@ -199,7 +198,7 @@ class _LinkConnection(link_frames.BatchedWrites, asyncio.Protocol):
                 self._answer_error(ident, ready)
             return
         if not ready.shared:
-            pending = _Forwarded(inputs)
+            pending = Forwarded(inputs)
             try:
                 pending.soon = self.parts.service.infer_soon(
                     request, ready.route, partial(self._done, ident, request.model, inputs)
@@ -431,25 +430,6 @@ class EngineLink:
 
 def _path(model: str) -> str:
     return f"/v2/models/{model}/infer"
-
-
-class _Forwarded(Pending):
-    """A forwarded request the service answers by callback (``infer_soon``): a cancel
-    cancels it there and gives its granted inputs back to the front end."""
-
-    __slots__ = ("inputs", "soon")
-
-    def __init__(self, inputs: Mapping[str, Tensor]) -> None:
-        super().__init__()
-        self.inputs = inputs
-        self.soon: Soon | None = None
-
-    def cancel(self) -> None:
-        self.gone = True
-        soon, self.soon = self.soon, None
-        if soon is not None:
-            soon.cancel()
-            release_owned(self.inputs)
 
 
 class _Adopting:

@@ -5,12 +5,12 @@ request as a ``GRPC_INFER`` frame; every other unary RPC crosses as a ``CALL`` f
 (the method's name, the peer, the call's text metadata, the serialized request). Here
 the engine answers both as its own gRPC servicer (``server/grpc.py``) would:
 
-- :func:`answer_grpc_infer` runs the steps the servicer's ``ModelInfer`` runs after its
+- :func:`begin_grpc_infer` runs the checks the servicer's ``ModelInfer`` runs after its
   decode — the one model lookup, the model's bounds on the declared shapes
   (``fast_infer.check_model_shapes``, the words the metadata-aware decode uses), the
-  shared-memory inputs, the service, the shared-memory outputs — inside
-  ``service.receiving``, and returns the response (to send back as ``RESULT``) or the
-  error's :class:`GrpcStatus`;
+  shared-memory inputs — inside ``service.receiving``; :func:`answer_grpc_infer` then
+  the service and the shared-memory outputs, and returns the response (to send back
+  as ``RESULT``) or the error's :class:`GrpcStatus`;
 - :func:`answer_stream` serves a forwarded ``ModelStreamInfer`` with the servicer's
   own method, held against the per-client stream limit as the engine's server holds
   it, on a :class:`StreamContext` whose ``read`` takes the messages the front end
@@ -21,7 +21,11 @@ the engine answers both as its own gRPC servicer (``server/grpc.py``) would:
 
 :class:`GrpcCalls` is the engine link's gRPC side: it starts each call's task on the
 frames above (``server/engine_link.py`` hands them over), keeps the open streams, and
-writes each answer back. A forwarded stream's responses are flow-controlled: the engine
+writes each answer back. A ``ModelInfer`` is checked and queued as its frame is read
+and answered by callback (``InferenceService.infer_soon``: no task, no coroutine
+chain), as the link's HTTP requests are; it takes a task only where the service must
+wait (a generation, a sequence, a quota that may wait) or writes shared-memory outputs.
+A forwarded stream's responses are flow-controlled: the engine
 sends at most ``link_tensors.STREAM_WINDOW`` responses beyond the front end's credit
 (:attr:`StreamContext.granted`), so a slow client holds the servicer back, not memory.
 
@@ -35,6 +39,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 import grpc
@@ -46,8 +51,9 @@ from sordino.server import link_frames, link_tensors
 from sordino.server.fast_infer import Watch, check_model_shapes, serve
 from sordino.server.grpc_guard import UNARY_RPCS, details, guard, serialize
 from sordino.server.link_frames import FrameError
-from sordino.server.link_pending import Pending, watch
+from sordino.server.link_pending import Forwarded, Pending, watch
 from sordino.server.link_tensors import STREAM_WINDOW, Call, Decoded
+from sordino.server.route import Route
 from sordino.server.runtime import Runtime
 from sordino.server.streams import peer_address
 
@@ -62,6 +68,7 @@ __all__ = [
     "answer_call",
     "answer_grpc_infer",
     "answer_stream",
+    "begin_grpc_infer",
     "error_status",
     "internal_status",
     "unhandled_status",
@@ -101,11 +108,10 @@ def internal_status(message: str) -> GrpcStatus:
     return GrpcStatus(grpc.StatusCode.INTERNAL.value[0], details(message).encode("utf-8"))
 
 
-async def answer_grpc_infer(
-    runtime: Runtime, decoded: Decoded, watch: Watch
-) -> InferResponse | GrpcStatus:
-    """The engine's part of a ``ModelInfer`` a front end decoded (see the module's
-    docstring); the caller releases the response."""
+def begin_grpc_infer(runtime: Runtime, decoded: Decoded) -> tuple[Route, bool] | GrpcStatus:
+    """The engine's checks of a ``ModelInfer`` a front end decoded, before the service
+    (see the module's docstring): its route and whether it uses system shared memory,
+    or the error's status (counted). Never waits."""
     parts = runtime.inference
     request = decoded.request
     try:
@@ -116,7 +122,27 @@ async def answer_grpc_infer(
             shared = parts.shared_memory.uses(request)
             if shared:
                 parts.shared_memory.attach(request, parts.service.tenant_of(request))
-        return await serve(parts, request, route, shared, watch)
+    except Exception as exc:
+        return error_status(exc)
+    return route, shared
+
+
+async def answer_grpc_infer(
+    runtime: Runtime, decoded: Decoded, watch: Watch
+) -> InferResponse | GrpcStatus:
+    """The engine's part of a ``ModelInfer`` a front end decoded (see the module's
+    docstring); the caller releases the response."""
+    begun = begin_grpc_infer(runtime, decoded)
+    if isinstance(begun, GrpcStatus):
+        return begun
+    return await _serve_grpc(runtime, decoded, *begun, watch)
+
+
+async def _serve_grpc(
+    runtime: Runtime, decoded: Decoded, route: Route, shared: bool, watch: Watch
+) -> InferResponse | GrpcStatus:
+    try:
+        return await serve(runtime.inference, decoded.request, route, shared, watch)
     except Exception as exc:
         return error_status(exc)
 
@@ -277,7 +303,7 @@ class GrpcCalls:
     def received(self, kind: int, body: bytes) -> None:
         """Act on one frame (FrameError for a broken one)."""
         if kind == link_tensors.GRPC_INFER:
-            self._begin(link_tensors.decode_infer(body), self._infer)
+            self._infer_frame(link_tensors.decode_infer(body))
         elif kind == link_tensors.CALL:
             self._begin(link_tensors.decode_call(body), self._call)
         elif kind == link_tensors.STREAM_OPEN:
@@ -301,11 +327,60 @@ class GrpcCalls:
         self.pending[item.id] = pending
         pending.task = asyncio.get_running_loop().create_task(work(item, pending))
 
-    async def _infer(self, decoded: Decoded, pending: Pending) -> None:
-        """A ``ModelInfer`` a front end decoded: its response's tensors or its status."""
+    def _infer_frame(self, decoded: Decoded) -> None:
+        """A ``ModelInfer`` a front end decoded: checked and queued now, answered by
+        callback (:meth:`_done`), or by a task where the service must wait."""
+        ident = decoded.id
+        begun = begin_grpc_infer(self.runtime, decoded)
+        if isinstance(begun, GrpcStatus):
+            self._status(ident, begun)
+            return
+        route, shared = begun
+        if not shared:  # shared-memory outputs are written in the task
+            request = decoded.request
+            pending = Forwarded(request.inputs)
+            try:
+                pending.soon = self.runtime.inference.service.infer_soon(
+                    request, route, partial(self._done, ident)
+                )
+            except Exception as exc:  # refused (counted by the service)
+                self._status(ident, error_status(exc))
+                return
+            if pending.soon is not None:
+                self.pending[ident] = pending
+                return
+
+        async def infer(decoded: Decoded, pending: Pending) -> None:
+            await self._infer(decoded, route, shared, pending)
+
+        self._begin(decoded, infer)
+
+    def _done(self, ident: int, answer: InferResponse | Exception) -> None:
+        """The service's answer to call ``ident`` (``InferenceService.infer_soon``)."""
+        if self.pending.pop(ident, None) is None:  # the link is gone
+            if not isinstance(answer, Exception):
+                answer.release()
+            return
+        if isinstance(answer, Exception):
+            self._status(ident, error_status(answer))
+        else:
+            self._result(ident, answer)
+
+    def _result(self, ident: int, response: InferResponse) -> None:
+        """Send ``response``'s tensors back (an output the frame cannot carry: its error's
+        status); the response is released."""
+        try:
+            self._write(link_tensors.encode_result(ident, response, False))
+        except Exception as exc:
+            self._status(ident, error_status(exc))
+        finally:
+            response.release()
+
+    async def _infer(self, decoded: Decoded, route: Route, shared: bool, pending: Pending) -> None:
+        """A checked ``ModelInfer`` the service answers in a task (it may wait)."""
         ident = decoded.id
         try:
-            result = await answer_grpc_infer(self.runtime, decoded, watch(pending))
+            result = await _serve_grpc(self.runtime, decoded, route, shared, watch(pending))
         except BaseException:
             self._fail(ident, pending)
             raise
@@ -313,13 +388,9 @@ class GrpcCalls:
         if isinstance(result, GrpcStatus):
             if answering:
                 self._status(ident, result)
-            return
-        try:
-            if answering:
-                self._write(link_tensors.encode_result(ident, result, False))
-        except Exception as exc:
-            self._status(ident, error_status(exc))
-        finally:
+        elif answering:
+            self._result(ident, result)
+        else:
             result.release()
 
     async def _call(self, call: Call, pending: Pending) -> None:
