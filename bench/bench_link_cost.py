@@ -4,6 +4,7 @@ measured on the engine's loop thread alone (W1-sized digits classifier, 64 in fl
     python -m bench.bench_link_cost                                 # this checkout, 3 runs
     python -m bench.bench_link_cost --base /work/main --pairs 3     # main and this, alternated
     python -m bench.bench_link_cost --profile 30                    # + a cProfile ranking
+    python -m bench.bench_link_cost --grpc                          # GRPC_INFER frames
 
 A real server in a child process (``sordino.testing.serve_in_thread``, the built-in digits
 classifier, default settings) with an :class:`EngineLink` on its loop, and a feeder
@@ -14,7 +15,10 @@ soon as its answer arrives. No HTTP anywhere: the figure is the engine loop thre
 CPU (its ``pthread_getcpuclockid`` clock, read from another thread) over the requests
 answered in a round — the link's read, decode, the service, the scheduler, staging, the
 worker pipe, telemetry, the result's frame and its write — the median of ``--rounds``
-rounds of ``--seconds`` after one unmeasured. The feeder's and the worker's CPU are not
+rounds of ``--seconds`` after one unmeasured. With ``--grpc`` the feeder sends each as
+the gRPC front end does (``server/grpc_frontend.py``): the ``ModelInferRequest``'s
+bytes parsed and decoded by ``grpc_codec.decode_infer_request``, then
+``FrontendLink.call_grpc`` (one ``GRPC_INFER`` frame). The feeder's and the worker's CPU are not
 counted. ``bench.bench_engine_cost`` measures the same engine without the link (the
 service called on its loop), so the difference of the two is the link's own path.
 
@@ -24,7 +28,8 @@ does not move): calls, own and cumulative µs a request *under the profiler*,
 which inflates small Python functions (read it as a ranking), in wall time (a system
 call's time includes the thread's waits for a core on a busy machine). With
 ``--base DIR`` the runs alternate with DIR's ``src/`` (base, this, base, this …) so both share the
-machine's noise. Results go to ``bench/results/link_cost.json``.
+machine's noise. Results go to ``bench/results/link_cost.json`` (``link_cost_grpc.json``
+with ``--grpc``).
 """
 
 from __future__ import annotations
@@ -44,12 +49,31 @@ FEEDER = r"""
 import asyncio, sys, time
 import numpy as np
 import orjson
+from sordino.protocol.grpc_codec import decode_infer_request, parse_message
+from sordino.protocol.pb import kserve_v2_pb2 as pb
 from sordino.server.fast_infer import decode_body
 from sordino.server.frontend_link import FrontendLink
 
 rows = np.random.default_rng(0).integers(0, 17, size=(256, 64)).astype(np.float32)
 bodies = [orjson.dumps({"inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32",
                                      "data": row.tolist()}]}) for row in rows]
+grpc_mode = sys.argv[2] == "grpc"
+
+def message(row):
+    m = pb.ModelInferRequest(model_name="digits-classifier")
+    m.inputs.add(name="pixels", datatype="FP32", shape=[1, 64])
+    m.raw_input_contents.append(row.tobytes())
+    return m.SerializeToString()
+
+messages = [message(row) for row in rows]
+
+def send(link, i):
+    if grpc_mode:  # as server/grpc_frontend.py's model_infer
+        parsed = parse_message(pb.ModelInferRequest, messages[i % 256])
+        return link.call_grpc(decode_infer_request(parsed), parsed.ByteSize())[1]
+    request = decode_body(bodies[i % 256], "digits-classifier", None, None, {},
+                          client="127.0.0.1", received_at=time.monotonic())
+    return link.call_decoded(request, 2e-6)[1]
 
 async def main():
     link = await FrontendLink.open(sys.argv[1])
@@ -59,11 +83,8 @@ async def main():
     async def client(i):
         nonlocal count
         while True:
-            request = decode_body(bodies[i % 256], "digits-classifier", None, None, {},
-                                  client="127.0.0.1", received_at=time.monotonic())
             await link.writable()
-            _, future = link.call_decoded(request, 2e-6)
-            reply = await future
+            reply = await send(link, i)
             if not isinstance(reply, tuple):
                 sys.exit(f"the engine answered {reply}")
             count += 1
@@ -95,7 +116,7 @@ from sordino.server.engine_link import EngineLink
 from sordino.testing import serve_in_thread
 
 rounds, seconds, top = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
-feeder_code = sys.argv[4]
+feeder_code, mode = sys.argv[4], sys.argv[5]
 runtimes = []
 with serve_in_thread(load_config(None, {}), prepare=runtimes.append) as server:
     loop = server.loop
@@ -112,7 +133,7 @@ with serve_in_thread(load_config(None, {}), prepare=runtimes.append) as server:
 
     link, ident = asyncio.run_coroutine_threadsafe(open_link(), loop).result()
     clock = time.pthread_getcpuclockid(ident)
-    feeder = subprocess.Popen([sys.executable, "-c", feeder_code, link.link_path],
+    feeder = subprocess.Popen([sys.executable, "-c", feeder_code, link.link_path, mode],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert feeder.stdout.readline().strip() == "ready"
 
@@ -159,11 +180,11 @@ print(json.dumps({"us": [c[0] for c in cells], "rate": [c[1] for c in cells],
 """
 
 
-def one_run(src: Path, rounds: int, seconds: float, top: int) -> dict[str, Any]:
+def one_run(src: Path, rounds: int, seconds: float, top: int, mode: str) -> dict[str, Any]:
     """One engine process on ``src``: its rounds' µs of loop CPU a forwarded request."""
     env = {**os.environ, "PYTHONPATH": str(src)}
     out = subprocess.run(
-        [sys.executable, "-c", ENGINE, str(rounds), str(seconds), str(top), FEEDER],
+        [sys.executable, "-c", ENGINE, str(rounds), str(seconds), str(top), FEEDER, mode],
         env=env, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     if out.returncode != 0:
@@ -181,7 +202,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0, help="length of a round")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="a profiled round in each run: its top N functions")  # fmt: skip
+    parser.add_argument("--grpc", action="store_true",
+                        help="GRPC_INFER frames, as the gRPC front end sends them")  # fmt: skip
     args = parser.parse_args()
+    mode = "grpc" if args.grpc else "http"
     here = Path(__file__).resolve().parents[1] / "src"
     codes = [("base", args.base / "src")] if args.base else []
     codes.append(("this", here))
@@ -190,7 +214,7 @@ def main() -> None:
     calls: dict[str, list[float]] = {}
     for pair in range(args.pairs):
         for label, src in codes:
-            result = one_run(src, args.rounds, args.seconds, args.profile)
+            result = one_run(src, args.rounds, args.seconds, args.profile, mode)
             runs[label].append(result["median_us"])
             profiles[label] = result["profile"]
             if args.profile:
@@ -200,7 +224,9 @@ def main() -> None:
             console.print(f"[{pair + 1}/{args.pairs}] {label}: {result['median_us']:.1f} µs "
                           f"CPU a forwarded request on the loop ({rate:,.0f} req/s, "
                           f"{batch:.1f} requests a batch)")  # fmt: skip
-    report: dict[str, Any] = {"benchmark": "link_cost", "runs_us": runs, "profile": profiles}
+    report: dict[str, Any] = {
+        "benchmark": "link_cost", "frames": mode, "runs_us": runs, "profile": profiles
+    }  # fmt: skip
     for label, values in runs.items():
         report[f"{label}_median_us"] = statistics.median(values)
         console.print(f"{label}: median {statistics.median(values):.1f} µs a request "
@@ -220,7 +246,7 @@ def main() -> None:
             console.print(f"{'calls':>6} {'own':>6} {'cum':>7}  function")
             for where, calls, own, cum in ranking:
                 console.print(f"{calls:6.2f} {own:6.1f} {cum:7.1f}  {where}", highlight=False)
-    console.print(f"wrote {save('link_cost', report)}")
+    console.print(f"wrote {save('link_cost_grpc' if args.grpc else 'link_cost', report)}")
 
 
 if __name__ == "__main__":
