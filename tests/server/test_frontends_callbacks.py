@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
@@ -14,9 +16,11 @@ from sordino.config import RuntimeConfig
 from sordino.config.tenants import hash_key
 from sordino.inference import InferRequest
 from sordino.models.repository import builtin_sources
+from sordino.protocol.grpc_codec import decode_infer_request
 from sordino.protocol.pb import kserve_v2_pb2 as pb
-from sordino.server import engine_link, grpc_link
+from sordino.server import engine_link, grpc_link, link_tensors
 from sordino.server.infer_soon import Soon
+from sordino.server.link_pending import Forwarded
 from sordino.testing import RunningServer, serve_in_thread
 from tests.conftest import thread_isolated
 from tests.server.frontend_helpers import any_connection, ask
@@ -287,3 +291,64 @@ def test_a_cancelled_model_infer_is_cancelled_in_the_scheduler(
     after = stats(server, "simple")
     assert after.queue.depth == 0
     assert _grpc_outcome(server, _grpc_simple(7), ACME)[0] == "ok"
+
+
+T = TypeVar("T")
+
+
+def _on_loop(server: RunningServer, call: Callable[[], T]) -> T:
+    async def run() -> T:
+        return call()
+
+    return asyncio.run_coroutine_threadsafe(run(), server.loop).result(30)
+
+
+class _Transport:
+    """What a link connection writes, kept (a stand-in for the socket's transport)."""
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+
+    def is_closing(self) -> bool:
+        return False
+
+    def writelines(self, parts: list[Any]) -> None:
+        self.frames.append(b"".join(parts))
+
+
+def _grpc_frame(ident: int, seed: int) -> bytes:
+    request = decode_infer_request(pb.ModelInferRequest.FromString(_grpc_simple(seed)))
+    request.headers["authorization"] = f"Bearer {ACME}"
+    parts, _ = link_tensors.encode_infer(ident, request, 0.0, kind=link_tensors.GRPC_INFER)
+    return b"".join(parts)
+
+
+def test_a_lost_link_cancels_its_model_infers_in_the_scheduler(server: RunningServer) -> None:
+    """The front end's link ends (it died) with a ModelInfer queued: the engine cancels
+    it in the scheduler (counted cancelled, never run)."""
+
+    class Link:
+        def __init__(self) -> None:
+            self.runtime = server.runtime
+            self.servicer = None
+            self.connections: set[object] = set()
+
+    connection = engine_link._LinkConnection(Link())  # type: ignore[arg-type]
+    transport = _Transport()
+    connection.transport = transport  # type: ignore[assignment]
+    before = stats(server, "simple")
+    with Gate(server, "simple") as gate:
+        _on_loop(server, lambda: connection.data_received(_grpc_frame(1, 1)))
+        wait_for(gate.entered.is_set, "the held batch to start")
+        _on_loop(server, lambda: connection.data_received(_grpc_frame(2, 2)))
+        wait_for(lambda: stats(server, "simple").queue.depth == 1, "the request to queue")
+        assert isinstance(connection.pending[2], Forwarded)
+        _on_loop(server, lambda: connection.connection_lost(None))
+        wait_for(
+            lambda: stats(server, "simple").cancelled > before.cancelled,
+            "the engine to cancel the queued call in the scheduler",
+        )
+        gate.release()
+        wait_for(lambda: stats(server, "simple").queue.depth == 0, "the queue to empty")
+    assert gate.rows == [1]  # the cancelled request never ran
+    assert connection.pending == {}
