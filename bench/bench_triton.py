@@ -62,6 +62,9 @@ SORDINO, DEFAULTS, TRITON, TRITON_0, MOSEC = (
 SORDINO_PY = "sordino python"
 """sordino serving Triton's repository itself: the same ``model.py`` (backend: python),
 the same ``config.pbtxt`` (issue 29); only on request (``--servers``)."""
+SORDINO_FE = "sordino 2fe"
+""""sordino" with ``--frontends 2``: two front-end processes read the connections and
+the engine none (issue 30); only on request (``--servers``)."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,16 @@ class Target:
 
 def _root_is_front(process: psutil.Process, root: int) -> str:
     return "front" if process.pid == root else "model"
+
+
+def _frontends_are_front(process: psutil.Process, root: int) -> str:
+    # The engine process and its front-end processes serve; the workers are the model.
+    if process.pid == root:
+        return "front"
+    try:
+        return "front" if "sordino.server.frontend_main" in process.cmdline() else "model"
+    except psutil.Error:
+        return "model"
 
 
 def _mosec_parts(process: psutil.Process, root: int) -> str:
@@ -348,6 +361,15 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         us, them = (SORDINO, transport, 64), (TRITON, transport, 64)
         add(f"{transport} c64 throughput / Triton's", ratio(us, them, "rate"), 1.0, True)
         add(f"{transport} c64 p99 / Triton's", ratio(us, them, "p99_ms"), 1.0, False)
+    for transport in ("http", "grpc"):
+        us, them = (SORDINO_FE, transport, 64), (TRITON, transport, 64)
+        if us in at:
+            add(
+                f"2 front ends: {transport} c64 throughput / Triton's",
+                ratio(us, them, "rate"), 1.0, True,
+            )  # fmt: skip
+            add(f"2 front ends: {transport} c64 p99 / Triton's", ratio(us, them, "p99_ms"), 1.0,
+                False)  # fmt: skip
     add(
         "gRPC c64 mean batch / HTTP's",
         ratio((SORDINO, "grpc", 64), (SORDINO, "http", 64), "mean_batch"),
@@ -421,7 +443,10 @@ def show(rows: list[dict[str, Any]], found: list[dict[str, Any]]) -> None:
                "max |diff|")  # fmt: skip
     for c in columns:
         table.add_column(c, justify="left" if c in ("server", "transport") else "right")
-    order = {s: i for i, s in enumerate((SORDINO, SORDINO_PY, DEFAULTS, TRITON, TRITON_0, MOSEC))}
+    order = {
+        s: i
+        for i, s in enumerate((SORDINO, SORDINO_FE, SORDINO_PY, DEFAULTS, TRITON, TRITON_0, MOSEC))
+    }
     for r in sorted(
         rows, key=lambda r: (r["concurrency"], r["transport"] != "http", order[r["server"]])
     ):
@@ -529,6 +554,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 s = stack.enter_context(sordino_server(["--no-builtin", "--config", str(config)]))
                 targets[SORDINO] = Target(SORDINO, s.http, s.grpc, "w1", s.pid, _root_is_front,
                                           lambda u=s.http: sordino_batches(u, "w1"))  # fmt: skip
+            if SORDINO_FE in wanted:
+                config = server_config(w1, Path(scratch), 2, "adaptive", 100.0)
+                f = stack.enter_context(sordino_server(
+                    ["--no-builtin", "--config", str(config), "--frontends", "2"]
+                ))  # fmt: skip
+                targets[SORDINO_FE] = Target(SORDINO_FE, f.http, f.grpc, "w1", f.pid,
+                                             _frontends_are_front,
+                                             lambda u=f.http: sordino_batches(u, "w1"))  # fmt: skip
             if SORDINO_PY in wanted:
                 repo = peers.write_triton_repository(
                     Path(scratch) / "python-models",
@@ -604,7 +637,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.seconds, args.repeat, args.warmup = 2.0, 1, 0.3
-    known = {SORDINO, DEFAULTS, TRITON, TRITON_0, MOSEC, SORDINO_PY}
+    known = {SORDINO, DEFAULTS, TRITON, TRITON_0, MOSEC, SORDINO_PY, SORDINO_FE}
     if unknown := set(args.servers.split(",")) - known:
         parser.error(f"unknown server(s) {sorted(unknown)}; choose from {sorted(known)}")
     run(args)

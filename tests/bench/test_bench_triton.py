@@ -113,6 +113,34 @@ def test_verdicts_compare_against_the_right_peer() -> None:
     assert found["defaults HTTP c64 throughput / Mosec's"]["value"] == 3.0
 
 
+def test_two_front_ends_are_compared_with_triton_only_when_measured() -> None:
+    cells = [
+        _cell("sordino", "http", 64, rate=300.0, p99_ms=10.0),
+        _cell("triton 10ms", "http", 64, rate=200.0, p99_ms=20.0),
+    ]
+    found = {v["target"] for v in bench_triton.verdicts(bench_triton.aggregate(cells))}
+    assert not any(target.startswith("2 front ends") for target in found)
+    cells.append(_cell("sordino 2fe", "http", 64, rate=100.0, p99_ms=30.0))
+    verdicts = {v["target"]: v for v in bench_triton.verdicts(bench_triton.aggregate(cells))}
+    assert verdicts["2 front ends: http c64 throughput / Triton's"]["value"] == 0.5
+    assert verdicts["2 front ends: http c64 p99 / Triton's"]["met"] is False
+    assert "2 front ends: grpc c64 throughput / Triton's" not in verdicts
+
+
+def test_front_end_processes_count_as_the_serving_side() -> None:
+    class Process:
+        def __init__(self, pid: int, cmdline: list[str]) -> None:
+            self.pid, self._cmdline = pid, cmdline
+
+        def cmdline(self) -> list[str]:
+            return self._cmdline
+
+    front = Process(2, ["python", "-m", "sordino.server.frontend_main", "{}"])
+    worker = Process(3, ["python", "-c", "from multiprocessing.spawn import spawn_main"])
+    bucket = bench_triton._frontends_are_front
+    assert [bucket(p, 1) for p in (Process(1, []), front, worker)] == ["front", "front", "model"]  # type: ignore[arg-type]
+
+
 def test_a_missing_server_leaves_its_targets_unmeasured() -> None:
     rows = bench_triton.aggregate([_cell("sordino", "http", 64)])
     found = {v["target"]: v for v in bench_triton.verdicts(rows)}
