@@ -20,15 +20,19 @@ machine's noise. Results go to ``bench/results/engine_cost.json``.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from bench.common import console, save
+from bench.common import (
+    alternated,
+    alternation_arguments,
+    child_run,
+    console,
+    report_alternation,
+    save,
+)
 
 CHILD = r"""
 import asyncio, json, statistics, sys, time
@@ -71,29 +75,18 @@ print(json.dumps({"us": [c[0] for c in cells], "rate": [c[1] for c in cells]}))
 
 def one_run(src: Path, rounds: int, seconds: float, clients: int = 64) -> dict[str, Any]:
     """One child process on ``src``: its rounds' µs of loop CPU a request."""
-    env = {**os.environ, "PYTHONPATH": str(src)}
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(rounds), str(seconds), str(clients)],
-        env=env, capture_output=True, text=True, timeout=300, check=True,
-    )  # fmt: skip
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    result["median_us"] = statistics.median(result["us"])
-    return result
+    command = [sys.executable, "-c", CHILD, str(rounds), str(seconds), str(clients)]
+    return child_run(command, src, timeout=300)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", type=Path, help="a checkout whose src/ runs alternated")
-    parser.add_argument("--pairs", type=int, default=3, help="runs of each code")
-    parser.add_argument("--rounds", type=int, default=3, help="measured rounds a run")
-    parser.add_argument("--seconds", type=float, default=2.0, help="length of a round")
+    alternation_arguments(parser)
     parser.add_argument(
         "--concurrency", type=int, default=64, help="requests in flight (1: the c1 path)"
     )
     args = parser.parse_args()
-    here = Path(__file__).resolve().parents[1] / "src"
-    codes = [("base", args.base / "src")] if args.base else []
-    codes.append(("this", here))
+    codes = alternated(args.base)
     runs: dict[str, list[float]] = {label: [] for label, _ in codes}
     for pair in range(args.pairs):
         for label, src in codes:
@@ -108,14 +101,7 @@ def main() -> None:
         "concurrency": args.concurrency,
         "runs_us": runs,
     }
-    for label, values in runs.items():
-        report[f"{label}_median_us"] = statistics.median(values)
-        console.print(f"{label}: median {statistics.median(values):.1f} µs a request "
-                      f"(runs {', '.join(f'{v:.1f}' for v in values)})")  # fmt: skip
-    if args.base:
-        ratio = report["this_median_us"] / report["base_median_us"]
-        report["ratio"] = ratio
-        console.print(f"this / base: {ratio:.3f}")
+    report_alternation(runs, report, "a request")
     console.print(f"wrote {save('engine_cost', report)}")
 
 

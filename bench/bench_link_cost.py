@@ -35,15 +35,19 @@ with ``--grpc``).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from bench.common import console, save
+from bench.common import (
+    alternated,
+    alternation_arguments,
+    child_run,
+    console,
+    report_alternation,
+    save,
+)
 
 FEEDER = r"""
 import asyncio, sys, time
@@ -182,33 +186,20 @@ print(json.dumps({"us": [c[0] for c in cells], "rate": [c[1] for c in cells],
 
 def one_run(src: Path, rounds: int, seconds: float, top: int, mode: str) -> dict[str, Any]:
     """One engine process on ``src``: its rounds' µs of loop CPU a forwarded request."""
-    env = {**os.environ, "PYTHONPATH": str(src)}
-    out = subprocess.run(
-        [sys.executable, "-c", ENGINE, str(rounds), str(seconds), str(top), FEEDER, mode],
-        env=env, capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
-    if out.returncode != 0:
-        raise SystemExit(f"the engine process failed:\n{out.stderr[-4000:]}")
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    result["median_us"] = statistics.median(result["us"])
-    return result
+    command = [sys.executable, "-c", ENGINE, str(rounds), str(seconds), str(top), FEEDER, mode]
+    return child_run(command, src, timeout=600)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", type=Path, help="a checkout whose src/ runs alternated")
-    parser.add_argument("--pairs", type=int, default=3, help="runs of each code")
-    parser.add_argument("--rounds", type=int, default=3, help="measured rounds a run")
-    parser.add_argument("--seconds", type=float, default=2.0, help="length of a round")
+    alternation_arguments(parser)
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="a profiled round in each run: its top N functions")  # fmt: skip
     parser.add_argument("--grpc", action="store_true",
                         help="GRPC_INFER frames, as the gRPC front end sends them")  # fmt: skip
     args = parser.parse_args()
     mode = "grpc" if args.grpc else "http"
-    here = Path(__file__).resolve().parents[1] / "src"
-    codes = [("base", args.base / "src")] if args.base else []
-    codes.append(("this", here))
+    codes = alternated(args.base)
     runs: dict[str, list[float]] = {label: [] for label, _ in codes}
     profiles: dict[str, Any] = {}
     calls: dict[str, list[float]] = {}
@@ -227,14 +218,7 @@ def main() -> None:
     report: dict[str, Any] = {
         "benchmark": "link_cost", "frames": mode, "runs_us": runs, "profile": profiles
     }  # fmt: skip
-    for label, values in runs.items():
-        report[f"{label}_median_us"] = statistics.median(values)
-        console.print(f"{label}: median {statistics.median(values):.1f} µs a request "
-                      f"(runs {', '.join(f'{v:.1f}' for v in values)})")  # fmt: skip
-    if args.base:
-        ratio = report["this_median_us"] / report["base_median_us"]
-        report["ratio"] = ratio
-        console.print(f"this / base: {ratio:.3f}")
+    report_alternation(runs, report, "a request")
     for label, counts in calls.items():
         report[f"{label}_calls"] = counts
         listed = ", ".join(f"{c:.0f}" for c in counts)

@@ -9,6 +9,7 @@ import os
 import platform
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -209,6 +210,51 @@ def save(name: str, payload: dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2))
     return path
+
+
+def alternation_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--base``, ``--pairs``, ``--rounds``, ``--seconds``: this checkout's ``src/``
+    measured in runs alternated with another checkout's (see :func:`alternated`)."""
+    parser.add_argument("--base", type=Path, help="a checkout whose src/ runs alternated")
+    parser.add_argument("--pairs", type=int, default=3, help="runs of each code")
+    parser.add_argument("--rounds", type=int, default=3, help="measured rounds a run")
+    parser.add_argument("--seconds", type=float, default=2.0, help="length of a round")
+
+
+def alternated(base: Path | None) -> list[tuple[str, Path]]:
+    """The ``src/`` folders an A/B alternates: ``("base", …)`` when ``base`` is given,
+    then ``("this", …)``, this checkout's."""
+    codes = [("base", base / "src")] if base else []
+    codes.append(("this", Path(__file__).resolve().parents[1] / "src"))
+    return codes
+
+
+def child_run(command: list[str], src: Path, timeout: float) -> dict[str, Any]:
+    """Run ``command`` with ``src`` on its ``PYTHONPATH``; its last line of output is a
+    JSON report whose ``us`` list gets its median as ``median_us``. A failed child ends
+    the benchmark with its error output (no traceback here)."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    out = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"the measured process failed:\n{out.stderr[-4000:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    result["median_us"] = statistics.median(result["us"])
+    return result
+
+
+def report_alternation(runs: dict[str, list[float]], report: dict[str, Any], what: str) -> None:
+    """Print each code's median of ``runs`` (µs ``what``) and this / base; add both to
+    ``report`` (``<label>_median_us``, ``ratio``)."""
+    for label, values in runs.items():
+        report[f"{label}_median_us"] = statistics.median(values)
+        console.print(f"{label}: median {statistics.median(values):.1f} µs {what} "
+                      f"(runs {', '.join(f'{v:.1f}' for v in values)})")  # fmt: skip
+    if "base" in runs:
+        ratio = report["this_median_us"] / report["base_median_us"]
+        report["ratio"] = ratio
+        console.print(f"this / base: {ratio:.3f}")
 
 
 def report_head(benchmark: str, **versions: str) -> dict[str, Any]:
