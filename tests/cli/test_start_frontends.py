@@ -66,18 +66,26 @@ def test_start_with_two_front_ends_serves_and_stops_cleanly(tmp_path: Path) -> N
         assert not frontend.is_running() or frontend.status() == psutil.STATUS_ZOMBIE
 
 
-def test_front_ends_end_with_their_engine(tmp_path: Path) -> None:
+def _start_two_front_ends(tmp_path: Path, *, own_group: bool = False) -> subprocess.Popen[str]:
+    """``sordino start --frontends 2`` on digits, read until it says it listens (its
+    output stays on ``stdout``); ``own_group``: in a session of its own, as a terminal's
+    foreground job is."""
     command = [sys.executable, "-m", "sordino", "start", "--http-port", "0", "--grpc-port", "0",
                "--frontends", "2", "--data-dir", str(tmp_path), *DIGITS]  # fmt: skip
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=own_group,
     )  # fmt: skip
+    assert process.stdout is not None
+    for line in process.stdout:
+        if "grpc://" in line:
+            break
+    return process
+
+
+def test_front_ends_end_with_their_engine(tmp_path: Path) -> None:
+    process = _start_two_front_ends(tmp_path)
     try:
-        assert process.stdout is not None
-        for line in process.stdout:
-            if "grpc://" in line:
-                break
         frontends = _frontends(process.pid)
         assert len(frontends) == 2
         process.kill()  # no stop, no drain: the front ends see the link close
@@ -96,17 +104,9 @@ def test_ctrl_c_at_a_terminal_stops_the_engine_and_its_front_ends_in_order(
 ) -> None:
     """Ctrl-C signals the terminal's whole foreground group: the front ends, in a group
     of their own, are stopped by the engine (none is restarted), with no traceback."""
-    command = [sys.executable, "-m", "sordino", "start", "--http-port", "0", "--grpc-port", "0",
-               "--frontends", "2", "--data-dir", str(tmp_path), *DIGITS]  # fmt: skip
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
-    )  # fmt: skip
+    process = _start_two_front_ends(tmp_path, own_group=True)
     try:
         assert process.stdout is not None
-        for line in process.stdout:
-            if "grpc://" in line:
-                break
         frontends = _frontends(process.pid)
         os.killpg(process.pid, signal.SIGINT)
         output = process.stdout.read()
