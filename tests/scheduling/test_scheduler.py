@@ -52,7 +52,7 @@ def _scheduler(
     policy: BatchPolicy | None = None,
     settings: QueueSettings | None = None,
     mode: str = "manual",
-    observer: QueueDepths | None = None,
+    observer: QueueDepths | EventLog | None = None,
 ) -> ModelScheduler:
     policy = policy or BatchPolicy(max_batch=8, max_delay_s=0.010)
     controller = build_controller(mode, policy, slo_s=0.1)  # type: ignore[arg-type]
@@ -876,16 +876,7 @@ async def test_observers_hear_every_event_once_in_the_order_it_happened() -> Non
     clock = VirtualClock()
     executor = ScriptedExecutor(clock, latency=lambda rows: 0.001)
     log = EventLog()
-    sched = ModelScheduler(
-        KEY,
-        batched=True,
-        executor=executor,
-        controller=StaticController("manual", BatchPolicy(max_batch=8, max_delay_s=0.0)),
-        settings=QueueSettings(),
-        clock=clock,
-        observers=(log,),
-    )
-    sched.start()
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=8, max_delay_s=0.0), observer=log)
     await clock.settle()
     burst = [
         asyncio.create_task(sched.infer(_x(i), priority=2, request_id=f"r{i}")) for i in range(2)
@@ -921,16 +912,9 @@ async def test_a_batch_answers_all_its_requests_before_its_telemetry_is_counted(
         def batch_done(self, done: BatchDone) -> None:
             answered.append([task.done() for task in burst])
 
-    sched = ModelScheduler(
-        KEY,
-        batched=True,
-        executor=executor,
-        controller=StaticController("manual", BatchPolicy(max_batch=8, max_delay_s=0.0)),
-        settings=QueueSettings(),
-        clock=clock,
-        observers=(Watcher(),),
+    sched = _scheduler(
+        clock, executor, BatchPolicy(max_batch=8, max_delay_s=0.0), observer=Watcher()
     )
-    sched.start()
     await clock.settle()
     burst = [asyncio.create_task(sched.infer(_x(i), priority=2)) for i in range(3)]
     await clock.advance(0.01)
