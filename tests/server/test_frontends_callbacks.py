@@ -19,6 +19,7 @@ from sordino.models.repository import builtin_sources
 from sordino.protocol.grpc_codec import decode_infer_request
 from sordino.protocol.pb import kserve_v2_pb2 as pb
 from sordino.server import engine_link, grpc_link, link_tensors
+from sordino.server.connection_tally import ConnectionTally
 from sordino.server.infer_soon import Soon
 from sordino.server.link_pending import Forwarded
 from sordino.testing import RunningServer, serve_in_thread
@@ -332,6 +333,7 @@ def test_a_lost_link_cancels_its_model_infers_in_the_scheduler(server: RunningSe
             self.runtime = server.runtime
             self.servicer = None
             self.connections: set[object] = set()
+            self.tally = ConnectionTally()
 
     connection = engine_link._LinkConnection(Link())  # type: ignore[arg-type]
     transport = _Transport()

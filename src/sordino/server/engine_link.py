@@ -39,6 +39,7 @@ from sordino.errors import Cancelled, OutOfMemory
 from sordino.inference import InferRequest, InferResponse, Tensor, release_owned
 from sordino.memory.grant import Grant, grant_size
 from sordino.server import link_arena, link_frames, link_tensors
+from sordino.server.connection_tally import ConnectionTally
 from sordino.server.fast_infer import Ready, answer_error, answer_infer, begin_decoded, serve
 from sordino.server.grpc_link import GrpcCalls
 from sordino.server.link_frames import (
@@ -95,6 +96,7 @@ class _LinkConnection(link_frames.BatchedWrites, asyncio.Protocol):
         if self.grant is not None:  # back to the arena once running requests let go
             self.grant.close()
         self.link.connections.discard(self)
+        self.link.tally.gone(self)  # its open connections leave the sum, not its counters
         self.transport = None
 
     def data_received(self, data: bytes) -> None:
@@ -118,6 +120,8 @@ class _LinkConnection(link_frames.BatchedWrites, asyncio.Protocol):
                     pending = self.pending.pop(link_frames.decode_id(body), None)
                     if pending is not None:
                         pending.cancel()
+                elif kind == link_frames.CONNECTIONS:
+                    self.link.tally.report(self, link_frames.decode_connections(body))
                 elif kind == link_frames.HELLO:
                     self.pid = link_frames.decode_id(body)
                     self.link.connections.add(self)
@@ -342,6 +346,8 @@ class EngineLink:
         self.path = Path(tempfile.mkdtemp(prefix="sordino-link-"))
         self.connections: set[_LinkConnection] = set()
         self.hello = asyncio.Event()
+        self.tally = ConnectionTally()
+        """The front ends' connection figures (``CONNECTIONS`` frames)."""
         self._server: asyncio.AbstractServer | None = None
         self._handover: socket.socket | None = None
         self._peers: dict[int, tuple[socket.socket, _Adopting]] = {}

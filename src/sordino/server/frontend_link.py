@@ -29,6 +29,7 @@ from sordino.inference import InferRequest, InferResponse
 from sordino.memory.grant import GrantSpace
 from sordino.memory.peer_view import ArenaView
 from sordino.protocol.codec import encode_error
+from sordino.records import ConnectionStatistics
 from sordino.server import link_arena, link_frames, link_tensors
 from sordino.server.link_frames import (
     HANDOVER_CHUNK,
@@ -276,6 +277,11 @@ class FrontendLink(link_frames.BatchedWrites, asyncio.Protocol):
         """Tell the engine of ``count`` requests answered here with an error, to count them."""
         if self.transport is not None and not self.transport.is_closing():
             self._write([link_tensors.encode_refused(model, version, tenant, reason, count)])
+
+    def connections(self, stats: ConnectionStatistics) -> None:
+        """Tell the engine this front end's connection figures (``CONNECTIONS``)."""
+        if self.transport is not None and not self.transport.is_closing():
+            self._write([link_frames.encode_connections(stats)])
 
     def _future(self) -> tuple[asyncio.Future[Reply], int]:
         """A new request's future and id; id 0 (and the 503) when the engine is gone."""

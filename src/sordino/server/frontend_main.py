@@ -91,7 +91,9 @@ def _die_with_parent() -> None:
 
 async def serve(spec: FrontendSpec) -> None:
     """Serve until a signal or the engine's end (see the module's docstring)."""
+    from sordino.server import link_frames
     from sordino.server.connection_guard import ConnectionGuard
+    from sordino.server.connection_tally import ConnectionReporter
     from sordino.server.frontend_link import FrontendLink
     from sordino.server.frontend_protocol import frontend_protocol
     from sordino.server.listen import bind_socket
@@ -139,6 +141,11 @@ async def serve(spec: FrontendSpec) -> None:
             link, spec.host, spec.grpc_port, spec.grpc_options, shed
         )
     link.say_hello()  # listening on both ports now
+    # The engine reports this process's connections with its own (/metrics).
+    reporter = ConnectionReporter(
+        guard.statistics, link.connections, link_frames.CONNECTIONS_EVERY_S
+    )
+    reporter.start()
     ended = loop.create_task(link.closed.wait())
     stopped = loop.create_task(stop.wait())
     await asyncio.wait([ended, stopped], return_when=asyncio.FIRST_COMPLETED)
@@ -161,6 +168,7 @@ async def serve(spec: FrontendSpec) -> None:
         await stopping
     for task in list(state.tasks):
         task.cancel()
+    reporter.stop()
     link.close()
     channel.close()
     guard.close_lingering()

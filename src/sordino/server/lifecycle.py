@@ -92,6 +92,7 @@ async def open_server(
             count=http.frontends,
             servicer=grpc.servicer,
         )
+        http.tally = frontends.link.tally
     try:
         grpc.bind()
         opened = runtime.telemetry.open_journal(journal) if journal is not None else None

@@ -1,7 +1,7 @@
 """The wire of the engine link: the frames between a front-end process and the engine.
 
 One frame per message, a fixed ``<IB>`` head (body length, kind) as in the worker pipe
-(``execution/frames.py``), then a body laid out with ``struct`` — no pickle. Three kinds:
+(``execution/frames.py``), then a body laid out with ``struct`` — no pickle. The kinds:
 
 ``REQUEST`` (front end → engine)
     one ``POST …/infer``: its id on the connection, ``received_at`` (``time.monotonic``,
@@ -12,6 +12,10 @@ One frame per message, a fixed ``<IB>`` head (body length, kind) as in the worke
 ``ANSWER`` (engine → front end)
     request ``id``'s status, headers and payload: what ``fast_infer.answer_infer``
     returned, written by the front end in one write.
+``CONNECTIONS`` (front end → engine)
+    the front end's :class:`~sordino.records.ConnectionStatistics` (its connection
+    guard's), sent when they change, at most once per :data:`CONNECTIONS_EVERY_S`
+    (``server/connection_tally.py``).
 
 :class:`FrameReader` takes reads of any size and returns every whole frame they
 complete (reads are batched: one read may carry many frames).
@@ -22,11 +26,15 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
+
+from sordino.records import ConnectionStatistics
 
 __all__ = [
     "ANSWER",
     "CANCEL",
+    "CONNECTIONS",
+    "CONNECTIONS_EVERY_S",
     "HANDOVER_CHUNK",
     "HANDOVER_HEAD",
     "HELLO",
@@ -38,10 +46,12 @@ __all__ = [
     "FrameReader",
     "LinkRequest",
     "decode_answer",
+    "decode_connections",
     "decode_id",
     "decode_request",
     "encode_answer",
     "encode_cancel",
+    "encode_connections",
     "encode_hello",
     "encode_request",
     "frame_head",
@@ -49,6 +59,10 @@ __all__ = [
 
 _HEAD = struct.Struct("<IB")  # body length, kind
 REQUEST, CANCEL, ANSWER, HELLO = 1, 2, 3, 4
+CONNECTIONS = 17  # 5-13: link_tensors.py, 14-16: link_arena.py
+CONNECTIONS_EVERY_S = 0.25
+"""How often a front end looks at its connection figures (and sends them if changed)."""
+_CONNECTIONS = struct.Struct("<8Q")  # ConnectionStatistics' fields, in order
 SEND_BODY = 0
 """An ``ANSWER`` status that is no answer: send the request's body (``REQUEST``) instead
 of its decoded tensors (the engine's result cache for the model keys on the body)."""
@@ -184,6 +198,18 @@ def decode_id(body: bytes) -> int:
     if len(body) != _ID.size:
         raise FrameError("a malformed id frame")
     return int(_ID.unpack(body)[0])
+
+
+def encode_connections(stats: ConnectionStatistics) -> bytes:
+    """The ``CONNECTIONS`` frame of a front end's connection figures."""
+    return _HEAD.pack(_CONNECTIONS.size, CONNECTIONS) + _CONNECTIONS.pack(*astuple(stats))
+
+
+def decode_connections(body: bytes) -> ConnectionStatistics:
+    """The figures a ``CONNECTIONS`` frame's body holds; FrameError if it is not one."""
+    if len(body) != _CONNECTIONS.size:
+        raise FrameError("a malformed connections frame")
+    return ConnectionStatistics(*_CONNECTIONS.unpack(body))
 
 
 def encode_answer(ident: int, status: int, payload: bytes, headers: dict[str, str]) -> list[bytes]:

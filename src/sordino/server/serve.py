@@ -17,7 +17,9 @@ from collections.abc import Generator
 import uvicorn
 
 from sordino.errors import ConfigError
+from sordino.records import ConnectionStatistics
 from sordino.server.connection_guard import ConnectionGuard, default_max_connections
+from sordino.server.connection_tally import ConnectionTally
 from sordino.server.early_shed import EarlyShed
 from sordino.server.frontends import frontend_count
 from sordino.server.http import build_app
@@ -97,7 +99,9 @@ class HttpServer:
         lag = settings.shed_loop_lag
         self.early_shed = EarlyShed(runtime, LoopLag(lag) if lag > 0 else None)
         self.guard.early_shed = self.early_shed
-        runtime.metrics.registry.register(ConnectionCollector(self.guard.statistics))
+        self.tally: ConnectionTally | None = None
+        """The front ends' connection figures (set with ``server.frontends`` > 1)."""
+        runtime.metrics.registry.register(ConnectionCollector(self.connection_statistics))
         self.tls = tls is not None
         # With TLS the listener is made here, not by uvicorn, so that the TLS handshake
         # is bounded by server.header_timeout (uvicorn leaves asyncio's 60 s default).
@@ -119,6 +123,12 @@ class HttpServer:
         self._server = _EmbeddedServer(config)
         self._task: asyncio.Task[None] | None = None
         self._adopting: set[asyncio.Task[None]] = set()
+
+    def connection_statistics(self) -> ConnectionStatistics:
+        """The server's HTTP connections: this process's, and its front ends' when it
+        has some (``server/connection_tally.py``)."""
+        own = self.guard.statistics()
+        return own if self.tally is None else self.tally.total(own)
 
     @property
     def url(self) -> str:

@@ -5,6 +5,10 @@
 - ``sordino_http_connections_refused_total{scope}``: refused at a limit
 - ``sordino_http_timeouts_total{phase}``: closed for headers (``header``) or a body
   (``body``) that did not arrive in time
+
+With ``server.frontends`` N > 1 the source sums every process's figures
+(``server/connection_tally.py``): the limits are then N × each setting, each front end
+applying it on its own.
 """
 
 from __future__ import annotations
@@ -28,11 +32,14 @@ class ConnectionCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         stats = self._source()
         yield GaugeMetricFamily(
-            "sordino_http_connections", "Open HTTP connections.", value=stats.open
+            "sordino_http_connections",
+            "Open HTTP connections (with front-end processes: summed over them and the engine).",
+            value=stats.open,
         )
         limit = GaugeMetricFamily(
             "sordino_http_connections_limit",
-            "Open HTTP connections allowed, in total and per client address.",
+            "Open HTTP connections allowed, in total and per client address (with N "
+            "front-end processes, each applying the limit on its own: N times the setting).",
             labels=["scope"],
         )
         limit.add_metric(["total"], stats.max_connections)
