@@ -85,13 +85,14 @@ def test_requests_are_answered_while_a_large_arena_is_defragmented(
         # each latency against the run's length failed on a loaded 2-core machine.)
         assert len(latencies) >= 3, (latencies, report)
         assert report["bytes_moved"] >= 128 << 20, report
-        # The goal is reached, as the arena stands once no request is in flight: the
-        # report's own figure is taken while a request may hold a few hundred bytes in
-        # the compacted free space (fragmentation 4.6e-7 against a goal of 0 once), and
-        # the last batch's bookkeeping (its release, the batch-boundary compaction) may
-        # still be a loop step behind its answer (5.8e-7 once).
+        # The goal is reached, as the arena stands once no request is in flight, but for
+        # the place of the blocks requests held or took while the pass ran: a block in
+        # use cannot move (the report's pinned_blocks), and one placed between the
+        # blocks the pass packs leaves, once its request ends, a hole of its size (320
+        # bytes seen: fragmentation 4.6e-7 and 5.8e-7 under load, with the same blocks
+        # and bytes in use) — against the 0.9 the arena started at.
         wait_for(
-            lambda: server.call(_fragmentation(runtime)) <= goal + 1e-9,  # type: ignore[misc]
+            lambda: server.call(_fragmentation(runtime)) <= goal + 1e-3,  # type: ignore[misc]
             f"the arena at its defragmentation goal ({report})",
         )
         assert report["steps"] > 1 and report["pause_s"] < report["duration_s"] / 3, report
