@@ -49,9 +49,12 @@ class Soon:
         accepted = self._accepted
         answer: InferResponse | Exception
         try:
-            result = accepted.outputs.get_nowait()
-            # The scheduler's outcome, which it also counted in sordino_requests_total.
-            self._ticket.release(accepted.outcome or "cancelled")
+            try:
+                result = accepted.outputs.get_nowait()
+            finally:
+                # The scheduler's outcome, which it also counted in sordino_requests_total;
+                # given back whether or not the result could be taken.
+                self._ticket.release(accepted.outcome or "cancelled")
             if isinstance(result, SordinoError):
                 answer = result
             else:
