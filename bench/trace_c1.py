@@ -44,7 +44,7 @@ MARKS: list[tuple[str, str, str, str]] = [
     ("server/service.py", "accepted, ticket = await self._accept(request, route, one_shot=True)",
      "front: queued (admitted, submitted)", "after"),
     ("scheduling/loop.py",
-     "task = asyncio.get_running_loop().create_task(self._runner.execute(batch))",
+     "task = asyncio.get_running_loop().create_task(self._runner.execute(batch), context=context)",
      "front: batch decided", "before"),
     ("scheduling/batches.py",
      "outputs = await self._executor.run(self.model, [item.inputs for item in live], context)",

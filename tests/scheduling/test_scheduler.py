@@ -921,3 +921,44 @@ async def test_a_batch_answers_all_its_requests_before_its_telemetry_is_counted(
     await asyncio.gather(*burst)
     await sched.close()
     assert answered == [[True, True, True]]
+
+
+async def test_the_next_batch_starts_as_an_instance_comes_free_before_the_answers() -> None:
+    """One instance, three batches' worth queued: each batch starts the moment the one
+    before returns from the executor, ahead of that batch's answers (so the model
+    computes while they are written), and never two at once on the one instance."""
+    clock = VirtualClock()
+    executor = ScriptedExecutor(clock, latency=lambda rows: 0.001)
+    inside = 0
+    most = 0
+    run = executor.run
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal inside, most
+        inside += 1
+        most = max(most, inside)
+        try:
+            return await run(*args, **kwargs)
+        finally:
+            inside -= 1
+
+    executor.run = counted  # type: ignore[method-assign]
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=2, max_delay_s=0.0))
+    started_at_answer: dict[int, int] = {}
+    tasks = []
+
+    def answered(i: int) -> None:
+        started_at_answer.setdefault(i, len(executor.batches))
+
+    for i in range(6):
+        task = asyncio.create_task(sched.infer(_x(i), priority=2))
+        task.add_done_callback(lambda _t, i=i: answered(i))
+        tasks.append(task)
+    await clock.advance(0.01)
+    assert [(await t)["x"][0, 0] for t in tasks] == [0, 1, 2, 3, 4, 5]
+    assert executor.batches == [2, 2, 2]
+    # The first batch's requests were answered after the second batch had started, the
+    # second's after the third had.
+    assert started_at_answer == {0: 2, 1: 2, 2: 3, 3: 3, 4: 3, 5: 3}
+    assert most == 1
+    await sched.close()

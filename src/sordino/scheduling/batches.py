@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -66,6 +66,9 @@ class BatchRunner:
         self._outcomes = outcomes
         self._steps = steps
         self._failures = BatchFailures(model, clock=clock, outcomes=outcomes, rerun=self.run)
+        # Told (by the scheduling loop) that a batch's executor call returned, before its
+        # requests are handed their rows: the instance is free for the next batch.
+        self.computed: Callable[[], None] | None = None
 
     async def execute(self, items: list[WorkItem]) -> None:
         """Run one batch and hand each request its rows; release the steps' inputs."""
@@ -80,13 +83,19 @@ class BatchRunner:
         # Staging (the inputs into the arena) happens inside the executor's one call,
         # so its time counts as compute, and the Triton "compute_input" phase is 0.
         try:
-            await self.run(live)
+            await self.run(live, computed=self.computed if _one_step(live) else None)
         finally:
             for item in live:
                 release_owned(item.inputs)
 
-    async def run(self, live: list[WorkItem]) -> None:
-        """Run ``live`` (items of requests not ended) as one batch; answer its requests."""
+    async def run(
+        self, live: list[WorkItem], *, computed: Callable[[], None] | None = None
+    ) -> None:
+        """Run ``live`` (items of requests not ended) as one batch; answer its requests.
+
+        ``computed`` is called once the executor's call returned with outputs, before the
+        requests get them (a failed batch's reruns hold the instance until they end).
+        """
         first_request = live[0].request
         if first_request is not None and first_request.decoupled:
             await self._run_decoupled(live)
@@ -110,6 +119,8 @@ class BatchRunner:
             await self._failures.failed(live, exc, rows, t0, t1)
             return
         _unstop(live, cancels)
+        if computed is not None:
+            computed()
         t2 = self._clock.now()
         self._cost.note(rows, t2 - t0)
         with outputs:
@@ -190,6 +201,15 @@ class BatchRunner:
             if request is not None:
                 request.compute_s += t2 - t0
         self._outcomes.batch_observed(rows, len(live), 0.0, t2 - t0, 0.0, ok=True)
+
+
+def _one_step(live: Sequence[WorkItem]) -> bool:
+    """Whether every request of the batch ends with it (no next step to queue first)."""
+    for item in live:
+        request = item.request
+        if request is not None and (request.stream is not None or request.stepper is not None):
+            return False
+    return True
 
 
 def _unstop(live: Sequence[WorkItem], cancels: Cancels | None) -> None:

@@ -84,7 +84,10 @@ class SchedulingLoop:
         self._turn_soon = False  # an arrival's turn is scheduled (a callback or a task)
         self._arrival: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
+        # The running batches whose executor call has not returned: each holds an instance.
+        self._holding: set[asyncio.Task[None]] = set()
         self._started: dict[asyncio.Task[None], float] = {}
+        runner.computed = self._computed
 
     def start(self) -> None:
         """Start the scheduling task in the running event loop."""
@@ -113,7 +116,7 @@ class SchedulingLoop:
         self._turn_soon = True
         loop = asyncio.get_running_loop()
         # A batch task that ended has its done callback queued ahead of this turn.
-        running = sum(1 for task in self._running if not task.done())
+        running = sum(1 for task in self._holding if not task.done())
         if running >= max(1, self._executor.instances(self.model)):
             loop.call_soon(self._arrival_turn, context=self._context)
         else:  # in a copy of the loop's context, as every batch task
@@ -213,8 +216,10 @@ class SchedulingLoop:
     def _start(self, batch: list[WorkItem], now: float) -> None:
         """Start ``batch`` as a task of its own, counted among the running."""
         self._prepare(batch, now)
-        # In the loop's context (the task's, or an arrival turn's run in it), copied.
-        task = asyncio.get_running_loop().create_task(self._runner.execute(batch))
+        # In a copy of the loop's context (the task's, or an arrival turn's run in it;
+        # a batch that came free runs this in its own, a copy of the same).
+        context = self._context.copy()
+        task = asyncio.get_running_loop().create_task(self._runner.execute(batch), context=context)
         self._track(task, now)
 
     def _prepare(self, batch: list[WorkItem], now: float) -> None:
@@ -230,8 +235,33 @@ class SchedulingLoop:
     def _track(self, task: asyncio.Task[None], now: float) -> None:
         """Count ``task``, a batch started ``now``, among the running until it ends."""
         self._running.add(task)
+        self._holding.add(task)
         self._started[task] = now
         task.add_done_callback(self._batch_finished)
+
+    def _computed(self) -> None:
+        """The running batch's executor call returned: its instance is free now.
+
+        Called from the batch's task before its requests are handed their rows. Work
+        queued meanwhile starts here, ahead of those requests' answers and of what the
+        event loop reads next, so the model computes the next batch while this one's
+        answers are encoded and written. Waiting for the batch task to end instead puts
+        the next batch behind all of that: the instance stands idle while the loop
+        works, and the loop then waits for the instance (two batches of a closed loop
+        take turns instead of overlapping).
+        """
+        task = asyncio.current_task()
+        if task is None or task not in self._holding:
+            return
+        self._holding.discard(task)
+        if self.closing or self._turn_soon or len(self._queue) == 0:
+            return  # nothing to start, or a turn is already on its way
+        if not self._idle or self._wake.is_set():
+            self._wake.set()
+            return
+        batch, now = self._arrival_look()
+        if batch is not None:
+            self._start(batch, now)
 
     def _schedule(self, now: float) -> list[WorkItem] | None:
         """Return the work items to run as one batch now, or None (a timer is set)."""
@@ -252,12 +282,12 @@ class SchedulingLoop:
             self._set_timer(None)
             return None
         instances = max(1, self._executor.instances(self.model))
-        if len(self._running) >= instances:
+        if len(self._holding) >= instances:
             self._set_timer(self._queue.next_deadline())
             return None
         # With another instance idle besides the one this batch takes, waiting to fill
         # it would leave that capacity unused: run now (no arrivals expected).
-        rate = self._shedder.arrival_rate() if len(self._running) + 1 >= instances else 0.0
+        rate = self._shedder.arrival_rate() if len(self._holding) + 1 >= instances else 0.0
         decision = decide(self._queue, self.controller.policy(), now, rate)
         if isinstance(decision, Dispatch):
             rows = self._overflow.rows_that_fit(decision)
@@ -299,6 +329,7 @@ class SchedulingLoop:
 
     def _batch_finished(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
+        self._holding.discard(task)
         self._started.pop(task, None)
         # An instance came free: the loop looks again only when that can change
         # something — queued work may run now, or a close waits for the last batch.
