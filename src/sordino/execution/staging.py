@@ -367,22 +367,19 @@ def row_bytes(part: Part, metadata: ModelMetadata) -> int:
     """Arena bytes one row of ``part`` needs staged: its inputs and its fixed-size outputs.
 
     For a model without a batch dimension the whole part is one row. Outputs of
-    unknown size (strings, variable dimensions) are not counted. The last answer for a
-    :class:`Tensors` (whose arrays' shapes never change) is kept: a request's inputs are
-    asked about by the overflow check, the batcher and staging in turn.
+    unknown size (strings, variable dimensions) are not counted. A :class:`Tensors`
+    (whose arrays' shapes never change) keeps the answer for its metadata
+    (``Tensors.memo``): a request's inputs are asked about by the overflow check, the
+    batcher and staging in turn.
     """
-    global _LAST_ROW_BYTES
-    last_part, last_metadata, last_bytes = _LAST_ROW_BYTES
-    if part is last_part and metadata is last_metadata:
-        return last_bytes
-    value = _row_bytes(part, metadata)
     if isinstance(part, Tensors):
-        _LAST_ROW_BYTES = (part, metadata, value)
-    return value
-
-
-_LAST_ROW_BYTES: tuple[object, object, int] = (None, None, 0)
-"""The part, the metadata and the bytes of :func:`row_bytes`'s last answer for a Tensors."""
+        memo = part.memo
+        if memo is not None and memo[0] is metadata:
+            return memo[1]
+        value = _row_bytes(part, metadata)
+        part.memo = (metadata, value)
+        return value
+    return _row_bytes(part, metadata)
 
 
 def _row_bytes(part: Part, metadata: ModelMetadata) -> int:

@@ -172,7 +172,7 @@ class Tensors(Mapping[str, Tensor]):
     later calls do nothing). A ``Tensors`` of heap arrays (:meth:`of`) holds no lease.
     """
 
-    __slots__ = ("_arrays", "_leases", "_offsets", "_parked", "_released")
+    __slots__ = ("_arrays", "_leases", "_offsets", "_parked", "_released", "memo")
 
     def __init__(self, refs: Mapping[str, TensorRef], leases: tuple[Lease, ...] = ()) -> None:
         """Take over one hold of each of ``leases`` (the caller's, not a new one)."""
@@ -182,6 +182,9 @@ class Tensors(Mapping[str, Tensor]):
         self._leases = leases
         self._released = False
         self._parked = False
+        self.memo: tuple[object, int] | None = None
+        """What a reader worked out from these arrays' shapes and dtypes, which never
+        change, with the key it was worked out for (the execution layer's bytes a row)."""
 
     @classmethod
     def _adopt(
@@ -198,6 +201,7 @@ class Tensors(Mapping[str, Tensor]):
         tensors._leases = leases
         tensors._released = False
         tensors._parked = False
+        tensors.memo = None
         return tensors
 
     @classmethod
