@@ -64,6 +64,7 @@ from sordino.protocol.codec import encode_error
 from sordino.protocol.status import retry_after_header
 from sordino.records import QueueSettings
 from sordino.server.loop_lag import LoopLag
+from sordino.server.memo import Memo
 
 if TYPE_CHECKING:
     from sordino.server.runtime import Runtime
@@ -112,7 +113,7 @@ class HeaderShed:
         # What reads no live state is kept across epochs (at 1 in flight every request
         # is an epoch of its own): a target's model and version, and the priority and
         # deadline admission's rules give a route's settings (checked by identity).
-        self._targets: dict[bytes, tuple[str, str | None] | None] = {}
+        self._targets: Memo[bytes, tuple[str, str | None] | None] = Memo(_named, _KEPT)
         # The lag rules that apply (a subclass's own rules: see _lags).
         self._lag_rules: tuple[LoopLag, ...] = HeaderShed._lags(self)
         self._chosen: dict[tuple[bytes | None, ...], _Chosen] = {}
@@ -262,14 +263,7 @@ class HeaderShed:
     ) -> _Decision | object:  # fmt: skip
         """What a request with these headers gets now, but for the lag rule (applied to
         each request): :data:`_SERVE` if this path does not answer it at all."""
-        targets = self._targets
-        if target in targets:
-            named = targets[target]
-        else:
-            named = _named(target)
-            if len(targets) >= _KEPT:
-                targets.clear()
-            targets[target] = named
+        named = self._targets[target]
         if named is None:
             return _SERVE  # not inference, or an odd name: the ordinary path answers it
         model_name, version = named

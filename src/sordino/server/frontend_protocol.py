@@ -45,6 +45,7 @@ from sordino.server.frontend_link import ENGINE_GONE, FrontendLink, Reply, hand_
 from sordino.server.http_cycle import InferCycle
 from sordino.server.http_protocol import HttpProtocol
 from sordino.server.link_frames import SEND_BODY, Answer, LinkRequest
+from sordino.server.memo import Memo
 
 __all__ = ["FrontendInferCycle", "FrontendProtocol", "frontend_protocol"]
 
@@ -166,21 +167,11 @@ class FrontendProtocol(HttpProtocol):
 def _inference(line: bytes) -> bool:
     """Whether a request line's target is ``…/infer`` (any method: the 405 is local).
 
-    Kept by line (a client sends the same few again and again; at most
-    :data:`_LINES_KEPT` of at most 4 KiB, then all forgotten)."""
+    Kept by line (a client sends the same few again and again; at most 256 lines of at
+    most 4 KiB, then all forgotten: :class:`~sordino.server.memo.Memo`)."""
     if len(line) > 4096:
         return _read_line(line)
-    known = _LINES.get(line)
-    if known is None:
-        known = _read_line(line)
-        if len(_LINES) >= _LINES_KEPT:
-            _LINES.clear()
-        _LINES[line] = known
-    return known
-
-
-_LINES: dict[bytes, bool] = {}
-_LINES_KEPT = 256
+    return _LINES[line]
 
 
 def _read_line(line: bytes) -> bool:
@@ -194,6 +185,9 @@ def _read_line(line: bytes) -> bool:
         return INFER_PATH.fullmatch(path.decode("ascii")) is not None
     except UnicodeDecodeError:
         return False
+
+
+_LINES: Memo[bytes, bool] = Memo(_read_line, 256)
 
 
 class FrontendInferCycle(InferCycle):

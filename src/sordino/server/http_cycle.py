@@ -21,6 +21,7 @@ from sordino.errors import Cancelled
 from sordino.protocol.codec import encode_error
 from sordino.server.disconnect import client_left
 from sordino.server.fast_infer import answer_infer, too_large
+from sordino.server.memo import Memo
 
 if TYPE_CHECKING:
     from sordino.server.http_protocol import HttpProtocol
@@ -155,10 +156,6 @@ class Cycle:
 
 
 _TEXT = "text/plain; charset=utf-8"
-_HEADS: dict[tuple[tuple[str, str], ...], tuple[bytes, bool]] = {}
-"""An answer's own header lines as written, and whether they say close, by its headers:
-an inference answer's few kinds are encoded once, not once a request."""
-_HEADS_MAX = 256
 _CLOSE = re.compile(r"(?:^|,)\s*close\s*(?:,|$)", re.IGNORECASE)
 
 
@@ -278,14 +275,7 @@ class InferCycle(Cycle):
         self.response_started = True
         self.waiting_for_100_continue = False
         conn = self.conn
-        key = tuple(headers.items())
-        cached = _HEADS.get(key)
-        if cached is None:
-            cached = _head_lines(headers)
-            if len(_HEADS) >= _HEADS_MAX:
-                _HEADS.clear()
-            _HEADS[key] = cached
-        lines, closing = cached
+        lines, closing = _HEADS[tuple(headers.items())]
         if closing:
             self.keep_alive = False
         parts = [
@@ -301,15 +291,20 @@ class InferCycle(Cycle):
         self._complete()
 
 
-def _head_lines(headers: dict[str, str]) -> tuple[bytes, bool]:
+def _head_lines(headers: tuple[tuple[str, str], ...]) -> tuple[bytes, bool]:
     """``headers`` as header lines (names in lower case, ``content-type`` JSON unless
     given) and whether a ``Connection`` among them says close."""
     lines, closing = [], False
-    for name, value in headers.items():
+    for name, value in headers:
         lower = name.lower()
         if lower == "connection" and _CLOSE.search(value):
             closing = True
         lines.append(f"{lower}: {value}\r\n".encode("latin-1"))
-    if "Content-Type" not in headers:
+    if all(name != "Content-Type" for name, _ in headers):
         lines.append(b"content-type: application/json\r\n")
     return b"".join(lines), closing
+
+
+_HEADS: Memo[tuple[tuple[str, str], ...], tuple[bytes, bool]] = Memo(_head_lines, 256)
+"""An answer's own header lines as written, and whether they say close, by its headers:
+an inference answer's few kinds are encoded once, not once a request."""
