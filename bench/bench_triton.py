@@ -221,7 +221,9 @@ def run_cell(
         load(warmup)
     batches_before, cpu_before = target.batches(), tree_cpu(target.pid, target.front)
     client_before = psutil.Process().cpu_times()
+    machine_before = psutil.cpu_times()
     answers = load(seconds)
+    machine_after = psutil.cpu_times()
     client_after = psutil.Process().cpu_times()
     cpu_after, batches_after = tree_cpu(target.pid, target.front), target.batches()
     failed, worst, first_error = peer_load.check(answers, expected, decode)
@@ -236,6 +238,7 @@ def run_cell(
         "mean_batch": mean_batch(batches_before, batches_after),
         "cpu_ms": {k: v * 1000 / n for k, v in cpu_delta(cpu_before, cpu_after).items()},
         "client_cpu_ms": client * 1000 / n,
+        "idle_share": idle_share(machine_before, machine_after),
         "failed": failed, "max_abs_diff": worst, "first_error": first_error,
     }  # fmt: skip
 
@@ -286,6 +289,14 @@ def perf_analyzer_cell(binary: Path, libs: Path, target: Target, transport: str,
     }  # fmt: skip
 
 
+def idle_share(before: Any, after: Any) -> float:
+    """The share of the machine's CPU time (all cores) that was idle between two
+    ``psutil.cpu_times()``: what a server that is the bottleneck left unused while
+    nothing else ran — a pipeline whose stages take turns shows here."""
+    spent = sum(after) - sum(before)
+    return (after.idle - before.idle) / spent if spent > 0 else 0.0
+
+
 @contextmanager
 def _runner() -> Iterator[asyncio.Runner]:
     try:
@@ -334,6 +345,7 @@ def aggregate(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "repeats": len(group),
             **{k: median([c[k] for c in group])
                for k in ("rate", "p50_ms", "p99_ms", "mean_batch", "client_cpu_ms")},
+            "idle_share": median([c.get("idle_share") for c in group]),
             "cpu_ms": {p: median([c["cpu_ms"].get(p) for c in group]) for p in parts},
             "failed": sum(c["failed"] for c in group),
             "max_abs_diff": max(c["max_abs_diff"] for c in group),
@@ -439,8 +451,8 @@ def show(rows: list[dict[str, Any]], found: list[dict[str, Any]]) -> None:
 
     table = Table(title="W1 MLP, closed loops, medians over the repeats (CPU: ms per request)")
     columns = ("server", "transport", "in flight", "req/s", "p50 ms", "p99 ms", "mean batch",
-               "CPU front", "CPU model", "CPU total", "client CPU", "failed",
-               "max |diff|")  # fmt: skip
+               "CPU front", "CPU model", "CPU total", "client CPU", "machine idle",
+               "failed", "max |diff|")  # fmt: skip
     for c in columns:
         table.add_column(c, justify="left" if c in ("server", "transport") else "right")
     order = {
@@ -456,7 +468,9 @@ def show(rows: list[dict[str, Any]], found: list[dict[str, Any]]) -> None:
             f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.1f}",
             "n/a" if r["mean_batch"] is None else f"{r['mean_batch']:.1f}",
             f"{cpu['front']:.3f}", f"{cpu['model']:.3f}", f"{cpu['total']:.3f}",
-            f"{r['client_cpu_ms']:.3f}", str(r["failed"]), f"{r['max_abs_diff']:.1e}",
+            f"{r['client_cpu_ms']:.3f}",
+            "n/a" if r.get("idle_share") is None else f"{r['idle_share']:.0%}",
+            str(r["failed"]), f"{r['max_abs_diff']:.1e}",
         )  # fmt: skip
     console.print(table)
     for v in found:

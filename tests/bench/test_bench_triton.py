@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections import namedtuple
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,16 @@ def test_aggregate_takes_medians_sums_failures_and_keeps_the_worst_difference() 
     assert row["rate"] == 200.0 and row["repeats"] == 3
     assert row["failed"] == 1 and row["max_abs_diff"] == 3e-7
     assert row["cpu_ms"]["front"] == 0.1 and row["mean_batch"] is None
+    assert row["idle_share"] is None  # cells without it (perf_analyzer's) say n/a
+
+
+def test_the_machine_idle_share_is_the_idle_part_of_all_cpu_time() -> None:
+    times = namedtuple("times", "user system idle")
+    assert bench_triton.idle_share(times(10, 5, 20), times(16, 7, 28)) == 0.5
+    assert bench_triton.idle_share(times(1, 1, 1), times(1, 1, 1)) == 0.0
+    cells = [_cell("sordino", "http", 64, idle_share=v) for v in (0.4, 0.1, 0.3)]
+    (row,) = bench_triton.aggregate(cells)
+    assert row["idle_share"] == 0.3
 
 
 def test_verdicts_compare_against_the_right_peer() -> None:
