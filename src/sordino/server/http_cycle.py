@@ -233,27 +233,17 @@ class InferCycle(Cycle):
         try:
             await self._answer()
         except BaseException as exc:  # cancelled (the shutdown's grace ran out), or a defect
-            self._defect(exc)
-
-    def _defect(self, exc: BaseException) -> None:
-        # As uvicorn does for an ASGI app: logged, answered 500 if nothing was sent yet.
-        log.error("inference request to %s ended without an answer", self.path, exc_info=exc)
-        if not self.response_started:
-            self.keep_alive = False
-            self.respond(500, b"Internal Server Error", {"Content-Type": _TEXT})
-        else:
-            self.conn.transport.close()
+            # As uvicorn does for an ASGI app: logged, answered 500 if nothing was sent yet.
+            log.error("inference request to %s ended without an answer", self.path, exc_info=exc)
+            if not self.response_started:
+                self.keep_alive = False
+                self.respond(500, b"Internal Server Error", {"Content-Type": _TEXT})
+            else:
+                self.conn.transport.close()
 
     def answer_soon(self) -> bool:
         """Answer by callback if this request may be (see the class): True when it is
         answered or the service has it, False for the task to answer it."""
-        try:
-            return self._answer_soon()
-        except Exception as exc:  # a defect, inside the parser's callback: answered 500
-            self._defect(exc)
-            return True
-
-    def _answer_soon(self) -> bool:
         if not self.answers_by_callback or self.method != "POST":
             return False
         if self.more_body or self.disconnected or self.waiting_for_100_continue:
@@ -298,18 +288,15 @@ class InferCycle(Cycle):
     def _answered(self, request: InferRequest, answer: InferResponse | Exception) -> None:
         """The service's answer to a request it took by callback: encoded and written."""
         self._soon = None
+        if isinstance(answer, Exception):
+            self._finish(*answer_error(answer, self.path))
+            return
         try:
-            if isinstance(answer, Exception):
-                self._finish(*answer_error(answer, self.path))
-                return
-            try:
-                payload, headers = encode_response(answer, request)
-            except Exception as exc:
-                self._finish(*answer_error(exc, self.path))
-                return
-            self._finish(200, payload, headers)
-        except Exception as exc:  # a defect: answered as the task would answer it
-            self._defect(exc)
+            payload, headers = encode_response(answer, request)
+        except Exception as exc:
+            self._finish(*answer_error(exc, self.path))
+            return
+        self._finish(200, payload, headers)
 
     def _finish(self, status: int, payload: bytes, headers: dict[str, str]) -> None:
         if self.conn.runtime.inference.registry.stopping:
