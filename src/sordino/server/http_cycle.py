@@ -334,7 +334,7 @@ class InferCycle(Cycle):
             received_at=self.received_at,
             path=self.path,
         )
-        self._finish(status, payload, headers)
+        self.respond(status, payload, headers)
 
     def _body_limit(self) -> int:
         """The most bytes a body may have: ``server.max_request_size``."""
