@@ -229,35 +229,3 @@ def test_an_idle_keep_alive_connection_is_closed_after_the_keep_alive_timeout() 
         [(head, _)] = _responses(sock, 1)
         assert _status(head) == 200 and b"connection: close" not in head
         assert sock.recv(65536) == b""  # closed by the server, not by this client
-
-
-def test_an_inference_request_read_whole_is_answered_without_a_task(
-    server: RunningServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A request whose body is all here when its message ends is queued from the read
-    and answered by callback (no task); one whose body comes in a later read is read and
-    answered by its task; a model that is not known is answered at once. All alike."""
-    started: list[str] = []
-    start = HttpProtocol._start
-
-    def counted(self: HttpProtocol, cycle: object) -> None:
-        started.append(type(cycle).__name__)
-        start(self, cycle)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(HttpProtocol, "_start", counted)
-    with _connect(server) as sock:
-        sock.sendall(_infer())
-        ((head, body),) = _responses(sock, 1)
-        assert _status(head) == 200 and orjson.loads(body)["model_name"] == MODEL
-        assert started == []
-        request = _infer()
-        sock.sendall(request[:-10])  # the body's end in a read of its own
-        wait_for(lambda: started == ["InferCycle"], "the request's task to read the rest")
-        sock.sendall(request[-10:])
-        ((head, body),) = _responses(sock, 1)
-        assert _status(head) == 200 and orjson.loads(body)["model_name"] == MODEL
-        missing = _infer().replace(INFER.encode(), b"/v2/models/nothing/infer")
-        sock.sendall(missing)
-        ((head, body),) = _responses(sock, 1)
-        assert _status(head) == 404 and b"nothing" in body
-    assert started == ["InferCycle"]

@@ -193,8 +193,6 @@ _LINES: Memo[bytes, bool] = Memo(_read_line, 256)
 class FrontendInferCycle(InferCycle):
     """``…/infer`` on a front end: read the body, ask the engine, one write."""
 
-    answers_by_callback = False  # the engine answers it, over the link
-
     __slots__ = ("_future", "_ident")
 
     conn: FrontendProtocol

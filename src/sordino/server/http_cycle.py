@@ -15,31 +15,16 @@ import http
 import logging
 import re
 from collections.abc import Awaitable
-from functools import partial
-from typing import TYPE_CHECKING, ClassVar, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from sordino.errors import Cancelled
-from sordino.inference import InferRequest, InferResponse
 from sordino.protocol.codec import encode_error
 from sordino.server.disconnect import client_left
-from sordino.server.fast_infer import (
-    admit,
-    answer_error,
-    answer_infer,
-    check_declared,
-    decode_body,
-    encode_response,
-    open_request,
-    parse_headers,
-    serve,
-    too_large,
-)
+from sordino.server.fast_infer import answer_infer, too_large
 from sordino.server.memo import Memo
 
 if TYPE_CHECKING:
     from sordino.server.http_protocol import HttpProtocol
-    from sordino.server.infer_soon import Soon
-    from sordino.server.route import Route
 
 __all__ = ["HIGH_WATER", "STATUS_LINE", "Cycle", "InferCycle"]
 
@@ -175,24 +160,10 @@ _CLOSE = re.compile(r"(?:^|,)\s*close\s*(?:,|$)", re.IGNORECASE)
 
 
 class InferCycle(Cycle):
-    """``…/infer``: read the body, :func:`answer_infer`, one write; no ASGI, no Starlette.
-
-    A request whose body is all here when its message ends is answered by callback
-    (:meth:`answer_soon`): decoded and queued in the ``data_received`` that brought it,
-    written from the scheduler's answer, with no task and no chain of coroutines — the
-    engine link's way (``InferenceService.infer_soon``). The rest — a body still coming,
-    another method, the result cache, a request the service must wait for (a generation,
-    a sequence, shared memory, a quota that may wait) — is answered by the task
-    (:meth:`run`), which goes on from what the callback's attempt already did.
-    """
-
-    answers_by_callback: ClassVar[bool] = True
-    """Whether :meth:`answer_soon` may answer (a front end's cycle asks the engine)."""
+    """``…/infer``: read the body, :func:`answer_infer`, one write; no ASGI, no Starlette."""
 
     __slots__ = (
-        "_decoded",
         "_gone",
-        "_soon",
         "_working",
         "client",
         "headers",
@@ -225,9 +196,6 @@ class InferCycle(Cycle):
         self.received_at = received_at
         self._working = False  # the service has the request (a disconnect cancels it)
         self._gone = False  # the client left while the service had it
-        self._soon: Soon | None = None  # answered by callback: the service has it
-        # Decoded and admitted by answer_soon, for the task to serve.
-        self._decoded: tuple[InferRequest, Route, bool] | None = None
 
     async def run(self) -> None:
         try:
@@ -241,84 +209,7 @@ class InferCycle(Cycle):
             else:
                 self.conn.transport.close()
 
-    def answer_soon(self) -> bool:
-        """Answer by callback if this request may be (see the class): True when it is
-        answered or the service has it, False for the task to answer it."""
-        if not self.answers_by_callback or self.method != "POST":
-            return False
-        if self.more_body or self.disconnected or self.waiting_for_100_continue:
-            return False
-        parts = self.conn.runtime.inference
-        if parts.result_cache.active(self.model):
-            return False  # it keys on the body: answer_infer's path
-        declared, header_length, forwarded = parse_headers(self.headers)
-        try:
-            # Whatever ends the request before the service has it is counted there.
-            with parts.service.receiving(
-                self.model, self.version, forwarded.get("x-sordino-tenant")
-            ):
-                limit = parts.max_request_size
-                check_declared(limit, declared)
-                if self.buffered > limit:
-                    raise too_large(limit)
-                tenant, route = open_request(parts, self.model, self.version, forwarded, 0.0)
-                request = decode_body(
-                    self._take(),
-                    self.model,
-                    self.version,
-                    header_length,
-                    forwarded,
-                    client=self.client,
-                    received_at=self.received_at,
-                    metadata=route.metadata,
-                    max_batch_size=route.max_batch_size,
-                )
-                shared = admit(parts, request, tenant)
-            if not shared:
-                soon = parts.service.infer_soon(request, route, partial(self._answered, request))
-                if soon is not None:
-                    self._soon = soon
-                    return True
-        except Exception as exc:  # refused, malformed, unknown: answered now
-            self._finish(*answer_error(exc, self.path))
-            return True
-        self._decoded = (request, route, shared)
-        return False
-
-    def _answered(self, request: InferRequest, answer: InferResponse | Exception) -> None:
-        """The service's answer to a request it took by callback: encoded and written."""
-        self._soon = None
-        if isinstance(answer, Exception):
-            self._finish(*answer_error(answer, self.path))
-            return
-        try:
-            payload, headers = encode_response(answer, request)
-        except Exception as exc:
-            self._finish(*answer_error(exc, self.path))
-            return
-        self._finish(200, payload, headers)
-
-    def _finish(self, status: int, payload: bytes, headers: dict[str, str]) -> None:
-        if self.conn.runtime.inference.registry.stopping:
-            # As answer_infer: keep-alive clients reconnect elsewhere.
-            headers["Connection"] = "close"
-        self.respond(status, payload, headers)
-
     async def _answer(self) -> None:
-        decoded = self._decoded
-        if decoded is not None:  # answer_soon decoded and admitted it: the service step
-            self._decoded = None
-            request, route, shared = decoded
-            try:
-                response = await serve(
-                    self.conn.runtime.inference, request, route, shared, self.until_disconnect
-                )
-                payload, headers = encode_response(response, request)
-            except Exception as exc:
-                self._finish(*answer_error(exc, self.path))
-                return
-            self._finish(200, payload, headers)
-            return
         if self.method != "POST":
             message = f"{self.method} is not allowed on {self.path}; use POST"
             self.respond(405, encode_error(message), {"Allow": "POST"})
@@ -372,10 +263,6 @@ class InferCycle(Cycle):
 
     def disconnect(self) -> None:
         super().disconnect()
-        soon, self._soon = self._soon, None
-        if soon is not None:
-            soon.cancel()  # the service removes the queued request and counts it cancelled
-            return
         if self._working and not self._gone and self.task is not None:
             # The service removes the queued request and counts it cancelled.
             self._gone = True

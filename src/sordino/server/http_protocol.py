@@ -108,9 +108,6 @@ class HttpProtocol(GuardedReads):
         self.pipeline: deque[Cycle] = deque()
         self.cycle: Cycle | None = None  # the request parsed last
         self._running: Cycle | None = None  # the request being answered
-        # An inference request whose answer waits for the end of its message (then by
-        # callback, InferCycle.answer_soon) or of this read (then by its task).
-        self._starting: InferCycle | None = None
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.expect_100_continue = False
@@ -219,10 +216,6 @@ class HttpProtocol(GuardedReads):
         except httptools.HttpParserError:
             self._bad_request("Invalid HTTP request received.")
             return
-        starting = self._starting
-        if starting is not None:  # its body is still coming: the task reads the rest
-            self._starting = None
-            self._start(starting)
         if self._phase == "body" and self.guard.too_many_bodies():
             self.guard.evict_oldest_body()
 
@@ -336,10 +329,7 @@ class HttpProtocol(GuardedReads):
             cycle = AsgiCycle(self, scope, keep_alive, self.expect_100_continue)
         previous, self.cycle = self.cycle, cycle
         if previous is None or previous.response_complete:
-            if isinstance(cycle, InferCycle) and cycle.answers_by_callback:
-                self._running = self._starting = cycle  # started at the message's end
-            else:
-                self._start(cycle)
+            self._start(cycle)
         else:  # pipelined: answered after the ones before it
             self.pause_reading()
             self.pipeline.appendleft(cycle)
@@ -366,11 +356,6 @@ class HttpProtocol(GuardedReads):
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
             cycle.end()
-            starting = self._starting
-            if starting is not None and starting is cycle:
-                self._starting = None
-                if not starting.answer_soon():
-                    self._start(starting)
 
     # -- answers ---------------------------------------------------------------------
 
