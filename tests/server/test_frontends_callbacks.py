@@ -201,15 +201,27 @@ def _grpc_outcome(running: RunningServer, raw: bytes, key: str | None) -> tuple[
             return (exc.code(), exc.details(), trailing)
 
 
+def _grpc_tasks(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The arguments of every forwarded ModelInfer the engine answers in a task, as
+    they come (the engine's own task path still runs them)."""
+    tasks: list[object] = []
+    real_task = grpc_link.GrpcCalls._infer
+
+    async def task_spy(self: object, *args: object) -> None:
+        tasks.append(args)
+        await real_task(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(grpc_link.GrpcCalls, "_infer", task_spy)
+    return tasks
+
+
 def test_forwarded_model_infers_are_answered_by_callback_as_the_engine_answers(
     server: RunningServer, reference: RunningServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A GRPC_INFER frame is queued as it is read and answered by callback (no task);
     its answers, errors included, are the engine's own, byte for byte."""
     started: list[Soon] = []
-    tasks: list[object] = []
     real = server.runtime.service.infer_soon
-    real_task = grpc_link.GrpcCalls._infer
 
     def spy(*args: object, **kwargs: object) -> Soon | None:
         soon = real(*args, **kwargs)  # type: ignore[arg-type]
@@ -217,12 +229,8 @@ def test_forwarded_model_infers_are_answered_by_callback_as_the_engine_answers(
             started.append(soon)
         return soon
 
-    async def task_spy(self: object, *args: object) -> None:
-        tasks.append(args)
-        await real_task(self, *args)  # type: ignore[arg-type]
-
     monkeypatch.setattr(server.runtime.service, "infer_soon", spy)
-    monkeypatch.setattr(grpc_link.GrpcCalls, "_infer", task_spy)
+    tasks = _grpc_tasks(monkeypatch)
     wrong_shape = pb.ModelInferRequest.FromString(_grpc_simple())
     wrong_shape.inputs[0].shape[:] = [1, 15]
     wrong_shape.raw_input_contents[0] = np.ones((1, 15), np.int32).tobytes()
@@ -242,18 +250,11 @@ def test_forwarded_model_infers_are_answered_by_callback_as_the_engine_answers(
 def test_a_model_infer_that_must_wait_goes_through_a_task(
     server: RunningServer, reference: RunningServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tasks: list[object] = []
-    real_task = grpc_link.GrpcCalls._infer
-
     def never(request: InferRequest, *args: object) -> None:
         return None
 
-    async def task_spy(self: object, *args: object) -> None:
-        tasks.append(args)
-        await real_task(self, *args)  # type: ignore[arg-type]
-
     monkeypatch.setattr(server.runtime.service, "infer_soon", never)
-    monkeypatch.setattr(grpc_link.GrpcCalls, "_infer", task_spy)
+    tasks = _grpc_tasks(monkeypatch)
     raw = _grpc_simple(6)
     assert _grpc_outcome(server, raw, ACME) == _grpc_outcome(reference, raw, ACME)
     assert len(tasks) == 1
