@@ -326,6 +326,66 @@ def test_binary_sizes_beyond_the_body_are_rejected() -> None:
         decode(body[:-1], length)
 
 
+def test_a_repeated_binary_header_gives_each_request_its_own_parts() -> None:
+    """The JSON header of a binary body is read once and kept (clients repeat it): each
+    request still gets its own tensors, parameters and outputs, which the service may
+    change without touching the next request's."""
+    outputs = [{"name": "y", "parameters": {"binary_data": True}}]
+    first_body, length = binary_body(
+        binary_input("x", "INT32", np.arange(3, dtype=np.int32)),
+        parameters={"priority": 2},
+        outputs=outputs,
+    )
+    second_body, again = binary_body(
+        binary_input("x", "INT32", np.arange(10, 13, dtype=np.int32)),
+        parameters={"priority": 2},
+        outputs=outputs,
+    )
+    assert first_body[:length] == second_body[:again]
+    first, second = decode(first_body, length), decode(second_body, again)
+    assert first.inputs["x"].tolist() == [0, 1, 2]
+    assert second.inputs["x"].tolist() == [10, 11, 12]
+    first.parameters["tenant"] = "a"
+    first.input_datatypes["extra"] = "BOOL"
+    assert first.outputs is not None
+    first.outputs.clear()
+    assert second.parameters == {"priority": 2}
+    assert second.input_datatypes == {"x": "INT32"}
+    assert second.outputs == [RequestedOutput(name="y", binary=True)]
+    assert decode(first_body, length).parameters == {"priority": 2}
+
+
+def test_a_repeated_binary_header_is_checked_against_each_body() -> None:
+    """A header read before is still checked against each body: its framing, and its
+    shapes against the body's size; a wrong header is refused every time it comes."""
+    body, length = binary_body(binary_input("x", "INT8", np.zeros(4, np.int8)))
+    assert decode(body, length).inputs["x"].shape == (4,)
+    with pytest.raises(MalformedBody, match=r"holds 5 bytes .*\('x': 4\) add up to 4"):
+        decode(body + b"!", length)
+    with pytest.raises(MalformedBody, match="holds 3 bytes"):
+        decode(body[:-1], length)
+    bad = orjson.dumps({"inputs": [{"name": "x", "datatype": "INT8", "shape": [4]}]})
+    for _ in range(2):
+        with pytest.raises(TensorError, match=r"neither 'data' nor parameters\.binary_data_size"):
+            decode(bad + b"\x00" * 4, len(bad))
+
+
+def test_a_binary_header_reports_its_inputs_before_its_outputs() -> None:
+    """With both wrong, the inputs' error is the one reported, the first time and the
+    next (the header is not kept half read); the outputs' error once the inputs are right."""
+    spec = {"name": "x", "datatype": "FP32", "shape": [3], "parameters": {"binary_data_size": 8}}
+    body, length = binary_body((spec, b"\x00" * 8), outputs=[{"name": ""}])
+    for _ in range(2):
+        with pytest.raises(TensorError, match=r"'x' has shape \[3\]"):
+            decode(body, length)
+    body, length = binary_body(
+        binary_input("x", "INT8", np.zeros(2, np.int8)), outputs=[{"name": ""}]
+    )
+    for _ in range(2):
+        with pytest.raises(TensorError, match="outputs\\[0\\] has no 'name'"):
+            decode(body, length)
+
+
 def test_binary_data_without_header_length_is_rejected() -> None:
     """binary_data_size without Inference-Header-Content-Length says to set the header."""
     spec = {"name": "x", "datatype": "INT8", "shape": [1], "parameters": {"binary_data_size": 1}}

@@ -14,9 +14,9 @@ The classification and shared-memory parameters are checked in ``extensions.py``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import orjson
@@ -39,6 +39,7 @@ from sordino.inference import (
     SharedInput,
     Tensor,
 )
+from sordino.memo import Memo
 from sordino.protocol.extensions import (
     refuse_output_extensions,
     shared_memory_entry,
@@ -115,17 +116,13 @@ def decode_infer_request(
     (:func:`~sordino.protocol.validate.check_declared_shape`); the full check against
     the model is :func:`~sordino.protocol.validate.validate_request`'s job.
     """
-    header = _parse_header(body, header_length)
+    if header_length is not None and 0 <= header_length <= min(len(body), _MEMO_HEADER_BYTES):
+        # A client sends the same JSON header request after request: read it once.
+        parsed = _BINARY_HEADERS[bytes(memoryview(body)[:header_length])]
+    else:
+        parsed = _read_header(_parse_header(body, header_length))
     json_end = len(body) if header_length is None else header_length
-
-    request_id = header.get("id")
-    if request_id is not None and not isinstance(request_id, str):
-        raise InvalidRequest(f"the request 'id' must be a string, got {_json_kind(request_id)}")
-    parameters = _parameters(header.get("parameters"), "the request")
-    if not isinstance(parameters.get("binary_data_output", False), bool):
-        raise InvalidRequest("request parameter 'binary_data_output' must be true or false")
-
-    specs = _parse_inputs(header["inputs"])
+    specs = parsed.specs
     for spec in specs:
         check_declared_shape(
             spec.name,
@@ -134,7 +131,8 @@ def decode_infer_request(
             metadata=metadata,
             max_batch_size=max_batch_size,
         )
-    _check_framing(specs, len(body) - json_end, header_length)
+    if parsed.binary_bytes != len(body) - json_end:
+        _framing_error(specs, len(body) - json_end, header_length)
 
     inputs: dict[str, Tensor] = {}
     shared: list[SharedInput] = []
@@ -151,17 +149,77 @@ def decode_infer_request(
             inputs[spec.name] = tensor_from_binary(spec.name, spec.datatype, spec.shape, view)
             offset = end
 
+    if parsed.outputs_ok:
+        outputs = None if parsed.outputs is None else list(parsed.outputs)
+    else:
+        outputs = _parse_outputs(parsed.raw_outputs)  # raises what is wrong with them
     return InferRequest(
         model=model,
         inputs=inputs,
         version=version,
-        id=request_id,
-        outputs=_parse_outputs(header.get("outputs")),
-        parameters=parameters,
+        id=parsed.id,
+        outputs=outputs,
+        # The service writes into these: each request its own.
+        parameters=dict(parsed.parameters),
         input_datatypes={spec.name: spec.datatype for spec in specs},
         headers=dict(headers) if headers else {},
         shared_inputs=shared,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Header:
+    """What a request's JSON header says, checked: all of the request but its tensors."""
+
+    id: str | None
+    parameters: dict[str, Any]
+    """Never handed out: each request gets a copy (the service writes into its own)."""
+    specs: tuple[_InputHeader, ...]
+    outputs: tuple[RequestedOutput, ...] | None
+    raw_outputs: object
+    outputs_ok: bool
+    """False: ``raw_outputs`` is wrong, reported after the inputs' errors (as read)."""
+    binary_bytes: int
+    """The bytes of binary input data the header declares (after the JSON)."""
+
+
+def _read_header(header: dict[str, Any]) -> _Header:
+    request_id = header.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidRequest(f"the request 'id' must be a string, got {_json_kind(request_id)}")
+    parameters = _parameters(header.get("parameters"), "the request")
+    if not isinstance(parameters.get("binary_data_output", False), bool):
+        raise InvalidRequest("request parameter 'binary_data_output' must be true or false")
+    specs = tuple(_parse_inputs(header["inputs"]))
+    binary_bytes = sum(spec.binary_size or 0 for spec in specs)
+    raw_outputs = header.get("outputs")
+    try:
+        outputs = _parse_outputs(raw_outputs)
+    except (InvalidRequest, TensorError):
+        return _Header(request_id, parameters, specs, None, raw_outputs, False, binary_bytes)
+    return _Header(
+        request_id,
+        parameters,
+        specs,
+        None if outputs is None else tuple(outputs),
+        raw_outputs,
+        True,
+        binary_bytes,
+    )
+
+
+def _binary_header(text: bytes) -> _Header:
+    where = f"the first {len(text)} bytes of the body ({HEADER_CONTENT_LENGTH})"
+    return _read_header(_header_object(text, where))
+
+
+_MEMO_HEADER_BYTES = 4096
+"""The longest JSON header of a binary body kept in ``_BINARY_HEADERS`` (one with
+``data`` inline may be long; those are read afresh)."""
+
+_BINARY_HEADERS: Memo[bytes, _Header] = Memo(_binary_header, 256)
+"""A binary body's JSON header as read, by its bytes: a client's requests repeat it
+(the tensors' bytes follow it). A header that is wrong raises and is not kept."""
 
 
 def _parse_header(body: bytes, header_length: int | None) -> dict[str, Any]:
@@ -176,6 +234,10 @@ def _parse_header(body: bytes, header_length: int | None) -> dict[str, Any]:
             )
         where = f"the first {header_length} bytes of the body ({HEADER_CONTENT_LENGTH})"
         text = memoryview(body)[:header_length]
+    return _header_object(text, where)
+
+
+def _header_object(text: bytes | memoryview, where: str) -> dict[str, Any]:
     try:
         header = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
@@ -268,11 +330,12 @@ def _parse_input(index: int, raw: dict[str, Any]) -> _InputHeader:
     return _InputHeader(name, datatype, tuple(shape), data, size)
 
 
-def _check_framing(specs: list[_InputHeader], available: int, header_length: int | None) -> None:
+def _framing_error(
+    specs: Sequence[_InputHeader], available: int, header_length: int | None
+) -> NoReturn:
+    """Raise: the body's ``available`` bytes after the JSON are not what ``specs`` declare."""
     binary = [spec for spec in specs if spec.binary_size is not None]
     needed = sum(spec.binary_size or 0 for spec in binary)
-    if needed == available:
-        return
     sizes = ", ".join(f"{spec.name!r}: {spec.binary_size}" for spec in binary) or "none"
     if header_length is None:
         raise MalformedBody(

@@ -60,11 +60,11 @@ from sordino.admission.chain import (
     choose_timeout,
 )
 from sordino.errors import NotFound, Shed, SordinoError, Unavailable
+from sordino.memo import Memo
 from sordino.protocol.codec import encode_error
 from sordino.protocol.status import retry_after_header
 from sordino.records import QueueSettings
 from sordino.server.loop_lag import LoopLag
-from sordino.server.memo import Memo
 
 if TYPE_CHECKING:
     from sordino.server.runtime import Runtime

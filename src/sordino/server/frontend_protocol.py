@@ -29,6 +29,7 @@ import time
 from typing import ClassVar
 
 from sordino.errors import SordinoError
+from sordino.memo import Memo
 from sordino.protocol.codec import encode_error
 from sordino.server.connection_guard import ConnectionGuard
 from sordino.server.fast_infer import (
@@ -45,7 +46,6 @@ from sordino.server.frontend_link import ENGINE_GONE, FrontendLink, Reply, hand_
 from sordino.server.http_cycle import InferCycle
 from sordino.server.http_protocol import HttpProtocol
 from sordino.server.link_frames import SEND_BODY, Answer, LinkRequest
-from sordino.server.memo import Memo
 
 __all__ = ["FrontendInferCycle", "FrontendProtocol", "frontend_protocol"]
 
@@ -168,7 +168,7 @@ def _inference(line: bytes) -> bool:
     """Whether a request line's target is ``…/infer`` (any method: the 405 is local).
 
     Kept by line (a client sends the same few again and again; at most 256 lines of at
-    most 4 KiB, then all forgotten: :class:`~sordino.server.memo.Memo`)."""
+    most 4 KiB, then all forgotten: :class:`~sordino.memo.Memo`)."""
     if len(line) > 4096:
         return _read_line(line)
     return _LINES[line]

@@ -18,10 +18,10 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, TypeVar
 
 from sordino.errors import Cancelled
+from sordino.memo import Memo
 from sordino.protocol.codec import encode_error
 from sordino.server.disconnect import client_left
 from sordino.server.fast_infer import answer_infer, too_large
-from sordino.server.memo import Memo
 
 if TYPE_CHECKING:
     from sordino.server.http_protocol import HttpProtocol

@@ -1,10 +1,10 @@
-"""The transports' bounded memo (``server/memo.py``)."""
+"""The bounded memo (``sordino/memo.py``) the transports and the codec keep."""
 
 from __future__ import annotations
 
 import pytest
 
-from sordino.server.memo import Memo
+from sordino.memo import Memo
 
 
 def test_a_value_is_worked_out_once_a_key_and_then_read() -> None:
