@@ -352,7 +352,10 @@ class Staging:
         for lease in (staged.copies, staged.outputs):
             if lease is not None:
                 lease.release()
-        staged.copies = staged.outputs = None
+        # ``allocate`` closes over the batch: dropped here, the batch and everything it
+        # holds (its parts, their tensors, its context) are freed when the last
+        # reference goes, not left as a cycle for the collector to find.
+        staged.copies = staged.outputs = staged.allocate = None
 
 
 def _by_reference(parts: Sequence[Part]) -> bool:
