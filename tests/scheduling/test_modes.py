@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import random
+
 from sordino.scheduling.batcher import BatchPolicy
 from sordino.scheduling.modes import (
     AimdController,
@@ -107,3 +110,23 @@ def test_aimd_grows_under_a_backlog_whatever_the_p99() -> None:
         t += 0.02
         ctl.observe(t, 0.5, backlog_rows=64)
     assert ctl.policy().max_batch == 16 > low
+
+
+def test_aimd_reads_the_p99_of_its_window_alone() -> None:
+    """The p99 is the sample at rank ⌈0.99·n⌉ of those in the last ``window_s``; what is
+    older is forgotten (and the columns holding the window stay small)."""
+    ctl = AimdController("adaptive", CEILING, slo_s=1.0, window_s=2.0, interval_s=0.5)
+    latencies = [ms / 1000 for ms in range(1, 201)]
+    random.Random(7).shuffle(latencies)
+    t = 0.0
+    for latency in latencies:  # 200 samples over 0.6 s: one adjustment at 0.5 s
+        t += 0.003
+        ctl.observe(t, latency)
+    seen = latencies[: int(0.5 / 0.003) + 1]  # those observed up to the adjustment
+    rank = math.ceil(0.99 * len(seen)) - 1
+    assert ctl.statistics().p99_s == sorted(seen)[rank]
+    for _ in range(3000):  # 3 s more at 5 ms: the first 200 leave the window
+        t += 0.001
+        ctl.observe(t, 0.005)
+    assert ctl.statistics().p99_s == 0.005
+    assert len(ctl._times) < 2 * 2000 + 10  # at most twice the window's samples kept

@@ -26,10 +26,13 @@ hybrid              measures the curve and caps the batch at the largest size wh
 from __future__ import annotations
 
 import math
-from collections import deque
+from array import array
+from bisect import bisect_left
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
+
+import numpy as np
 
 from sordino.clock import Clock
 from sordino.config import SchedulerMode as Mode
@@ -159,7 +162,12 @@ class AimdController:
         self._min_samples = min_samples
         self._decrease = decrease
         self._headroom = headroom
-        self._samples: deque[tuple[float, float]] = deque()
+        # The window's samples as two columns of C doubles, the live ones from
+        # ``_first`` on: a request adds two floats, not a tuple for the collector, and
+        # the p99 is a partial sort of a numpy view rather than a sort of a list.
+        self._times = array("d")
+        self._latencies = array("d")
+        self._first = 0
         self._next_adjust: float | None = None
         self._p99: float | None = None
         self._adjustments = 0
@@ -170,19 +178,17 @@ class AimdController:
         return self._policy
 
     def observe(self, now: float, latency_s: float, *, backlog_rows: int = 0) -> None:
-        self._samples.append((now, latency_s))
+        self._times.append(now)
+        self._latencies.append(latency_s)
         self._backlog = backlog_rows
         if self._next_adjust is None:
             self._next_adjust = now + self._interval_s
         if now < self._next_adjust:
             return
         self._next_adjust = now + self._interval_s
-        while self._samples and self._samples[0][0] < now - self._window_s:
-            self._samples.popleft()
-        if len(self._samples) < self._min_samples:
+        p99 = self._window_p99(now)
+        if p99 is None:
             return
-        latencies = sorted(lat for _, lat in self._samples)
-        p99 = latencies[min(len(latencies) - 1, math.ceil(0.99 * len(latencies)) - 1)]
         self._p99 = p99
         current = self._policy
         if self._backlog >= current.max_batch:
@@ -206,6 +212,24 @@ class AimdController:
             self._policy = replace(
                 current, max_batch=cap, max_delay_s=delay, min_batch=min(current.min_batch, cap)
             )
+
+    def _window_p99(self, now: float) -> float | None:
+        """The p99 of the latencies observed in the last ``window_s`` (the sample at
+        rank ⌈0.99·n⌉ of n), having forgotten the older ones; None under ``min_samples``."""
+        times, latencies = self._times, self._latencies
+        first = bisect_left(times, now - self._window_s, self._first)
+        if first > len(times) // 2:  # forget the expired half: the columns stay small
+            del times[:first], latencies[:first]
+            first = 0
+        self._first = first
+        count = len(times) - first
+        if count < self._min_samples:
+            return None
+        rank = min(count - 1, math.ceil(0.99 * count) - 1)
+        window = np.frombuffer(latencies, dtype=np.float64)[first:]
+        p99 = float(np.partition(window, rank)[rank])
+        del window  # the columns cannot grow while a view of them is held
+        return p99
 
     def statistics(self) -> ControllerStatistics:
         return ControllerStatistics(
