@@ -281,6 +281,30 @@ def test_a_refused_connection_is_answered_even_when_none_may_linger(
             sock.close()
 
 
+def test_served_connections_are_freed_without_the_cyclic_gc(limited: RunningServer) -> None:
+    """A connection that was served and closed must not sit in a reference cycle (its
+    protocol and its last request's cycle, which holds the protocol) until the collector
+    runs: a client that opens a connection a request left a dozen objects each."""
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(50):
+            with _connect(limited) as sock:
+                assert _status(_infer_on(sock)) == 200
+
+        def retained() -> int:
+            return sum(
+                1
+                for o in gc.get_objects()
+                if isinstance(o, HttpProtocol)
+                and (getattr(o, "server", None) or ("", 0))[1] == limited.port
+            )
+
+        wait_for(lambda: retained() == 0, "the closed connections to be freed", 10)
+    finally:
+        gc.enable()
+
+
 def test_refused_connections_are_freed_without_the_cyclic_gc(full: RunningServer) -> None:
     """A refused connection's protocol must not sit in a reference cycle (with its
     parser and transport) until a full collection: hundreds piled up under pressure."""

@@ -177,8 +177,11 @@ class HttpProtocol(GuardedReads):
         self.drop()
 
     def drop(self) -> None:
-        """Break the cycle the parser's bound methods make with this protocol."""
+        """Break the cycles a closed connection would leave for the collector: the
+        parser's bound methods, and its last request's cycle (which holds this protocol)."""
         self.parser = None
+        self.cycle = None
+        self.pipeline.clear()
 
     def eof_received(self) -> None:
         pass
