@@ -2,6 +2,7 @@
 
     python -m bench.gc_census                       # this checkout, 4 s a phase
     python -m bench.gc_census --src /other/checkout/src --seconds 6
+    python -m bench.gc_census --grpc                # gRPC ModelInfer instead of HTTP
 
 A request that leaves a reference cycle behind (a closure held by what it closes over,
 an exception kept with its traceback) is freed only when the collector finds it, and
@@ -95,6 +96,8 @@ def main() -> None:
     parser.add_argument("--src", type=Path, help="the src/ to serve (default: this checkout's)")
     parser.add_argument("--seconds", type=float, default=4.0, help="length of each phase")
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--grpc", action="store_true", help="gRPC ModelInfer instead of HTTP")
+    parser.add_argument("--frontends", type=int, default=1, help="server.frontends")
     args = parser.parse_args()
     here = Path(__file__).resolve().parent.parent
     src = (args.src or here / "src").resolve()
@@ -108,17 +111,30 @@ def main() -> None:
         env = {"PYTHONPATH": os.pathsep.join([str(hook), str(src), str(here)]),
                "SORDINO_GC_CENSUS": str(out)}  # fmt: skip
         config = server_config(w1, Path(scratch), 2, "adaptive", 100.0)
-        with sordino_server(["--no-builtin", "--config", str(config)], env=env) as server:
+        start = ["--no-builtin", "--config", str(config), "--frontends", str(args.frontends)]
+        with sordino_server(start, env=env) as server:
             host = urlparse(server.http).netloc
-            requests = [peer_load.kserve_http_request(host, "w1", "x", row) for row in rows]
+            if args.grpc:
+                requests = [peer_load.kserve_grpc_request("w1", "x", row) for row in rows]
+            else:
+                requests = [peer_load.kserve_http_request(host, "w1", "x", row) for row in rows]
 
             def load(seconds: float) -> int:
-                done = asyncio.run(
-                    peer_load.http_closed_loop(server.http, requests, args.concurrency, seconds)
-                )
-                return len(done.latencies)
+                if args.grpc:
+                    closed_loop = peer_load.grpc_closed_loop(
+                        server.grpc, requests, args.concurrency, seconds
+                    )
+                else:
+                    closed_loop = peer_load.http_closed_loop(
+                        server.http, requests, args.concurrency, seconds
+                    )
+                return len(asyncio.run(closed_loop).latencies)
 
-            console.print(f"serving W1 from {src} at {args.concurrency} in flight")
+            transport = "gRPC" if args.grpc else "HTTP"
+            console.print(
+                f"serving W1 from {src} over {transport} at {args.concurrency} in flight"
+                f" ({args.frontends} front-end process{'es' if args.frontends > 1 else ''})"
+            )
             load(1.5)  # warm-up
             os.kill(server.pid, signal.SIGUSR1)
             timed = load(args.seconds)
