@@ -11,6 +11,7 @@ import gc
 import socket
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import orjson
@@ -281,54 +282,50 @@ def test_a_refused_connection_is_answered_even_when_none_may_linger(
             sock.close()
 
 
+@contextmanager
+def _collector_off() -> Iterator[None]:
+    """The cycle collector off (after a collection), so only what is freed at once goes."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _retained(server: RunningServer) -> int:
+    """The protocols of ``server``'s connections still in memory. This server's only: with
+    the collector off, the connections other servers of the session close meanwhile
+    (keep-alive ones time out) stay too."""
+    return sum(
+        1
+        for o in gc.get_objects()
+        if isinstance(o, HttpProtocol) and (getattr(o, "server", None) or ("", 0))[1] == server.port
+    )
+
+
 def test_served_connections_are_freed_without_the_cyclic_gc(limited: RunningServer) -> None:
     """A connection that was served and closed must not sit in a reference cycle (its
     protocol and its last request's cycle, which holds the protocol) until the collector
     runs: a client that opens a connection a request left a dozen objects each."""
-    gc.collect()
-    gc.disable()
-    try:
+    with _collector_off():
         for _ in range(50):
             with _connect(limited) as sock:
                 assert _status(_infer_on(sock)) == 200
-
-        def retained() -> int:
-            return sum(
-                1
-                for o in gc.get_objects()
-                if isinstance(o, HttpProtocol)
-                and (getattr(o, "server", None) or ("", 0))[1] == limited.port
-            )
-
-        wait_for(lambda: retained() == 0, "the closed connections to be freed", 10)
-    finally:
-        gc.enable()
+        wait_for(lambda: _retained(limited) == 0, "the closed connections to be freed", 10)
 
 
 def test_refused_connections_are_freed_without_the_cyclic_gc(full: RunningServer) -> None:
     """A refused connection's protocol must not sit in a reference cycle (with its
     parser and transport) until a full collection: hundreds piled up under pressure."""
     held = [_connect(full) for _ in range(2)]
-    gc.collect()
-    gc.disable()
     try:
-        for _ in range(100):
-            with _connect(full) as refused:
-                assert _status(_read_until_closed(refused)) == 503
-
-        def retained() -> int:
-            # This server's only: with the collector off, the connections other servers
-            # of the session close meanwhile (keep-alive ones time out) stay too.
-            return sum(
-                1
-                for o in gc.get_objects()
-                if isinstance(o, HttpProtocol)
-                and (getattr(o, "server", None) or ("", 0))[1] == full.port
-            )
-
-        # The 2 held connections, and refused ones still lingering (1 s) at most.
-        wait_for(lambda: retained() <= 2, "the refused connections to be freed", 10)
+        with _collector_off():
+            for _ in range(100):
+                with _connect(full) as refused:
+                    assert _status(_read_until_closed(refused)) == 503
+            # The 2 held connections, and refused ones still lingering (1 s) at most.
+            wait_for(lambda: _retained(full) <= 2, "the refused connections to be freed", 10)
     finally:
-        gc.enable()
         for sock in held:
             sock.close()
