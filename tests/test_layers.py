@@ -1,7 +1,7 @@
 """The import rules of docs/architecture.md, checked over every module of ``src/sordino``.
 
 Each top-level part of the package may import the foundation (errors, clock, events,
-datatypes, inference, records, config, lazy and the package root) and the parts listed for
+datatypes, inference, records, config, lazy, memo and the package root) and the parts listed for
 it in :data:`ALLOWED`, never a part above it. Imports inside functions and under
 ``TYPE_CHECKING`` count too: a lazy import is still a dependency.
 """
@@ -18,7 +18,18 @@ import sordino
 SRC = Path(sordino.__file__).parent
 
 FOUNDATION = frozenset(
-    {"__init__", "errors", "clock", "events", "datatypes", "inference", "records", "config", "lazy"}
+    {
+        "__init__",
+        "errors",
+        "clock",
+        "events",
+        "datatypes",
+        "inference",
+        "records",
+        "config",
+        "lazy",
+        "memo",
+    }
 )
 
 # The request path's parts: what the server is built from.
