@@ -86,15 +86,22 @@ def test_requests_are_answered_while_a_large_arena_is_defragmented(
         assert len(latencies) >= 3, (latencies, report)
         assert report["bytes_moved"] >= 128 << 20, report
         # The goal is reached, as the arena stands once no request is in flight, but for
-        # the place of the blocks requests held or took while the pass ran: a block in
-        # use cannot move (the report's pinned_blocks), and one placed between the
-        # blocks the pass packs leaves, once its request ends, a hole of its size (320
-        # bytes seen: fragmentation 4.6e-7 and 5.8e-7 under load, with the same blocks
-        # and bytes in use) — against the 0.9 the arena started at.
-        wait_for(
-            lambda: server.call(_fragmentation(runtime)) <= goal + 1e-3,  # type: ignore[misc]
-            f"the arena at its defragmentation goal ({report})",
-        )
+        # the place of the blocks requests held or took while the pass ran, against the
+        # 0.9 the arena started at:
+        # - one placed between the blocks the pass packs leaves, once its request ends,
+        #   a hole of its size (320 bytes seen: fragmentation 4.6e-7 and 5.8e-7 under
+        #   load, with the same blocks and bytes in use);
+        # - one in use when the pass began cannot move (the report's pinned_blocks): the
+        #   pieces packed around it can leave, once its request ends, a hole of up to one
+        #   piece (1/66 of the free space, seen once in a clean-clone run under load).
+        piece = int(held.tensors[0]["block"].nbytes)
+
+        def at_goal() -> bool:
+            stats = server.call(_statistics(runtime))  # type: ignore[misc]
+            slack = report["pinned_blocks"] * piece / stats.free_bytes if stats.free_bytes else 0
+            return bool(stats.fragmentation <= goal + 1e-3 + slack)
+
+        wait_for(at_goal, f"the arena at its defragmentation goal ({report})")
         assert report["steps"] > 1 and report["pause_s"] < report["duration_s"] / 3, report
 
         async def check_and_release() -> tuple[set[int], bool]:
@@ -107,6 +114,6 @@ def test_requests_are_answered_while_a_large_arena_is_defragmented(
         assert firsts == kept and uniform, "a moved block lost its contents"
 
 
-async def _fragmentation(runtime: Any) -> float:
-    """The arena's fragmentation now (on the server's loop)."""
-    return float(runtime.executor.staging.arena.statistics().fragmentation)
+async def _statistics(runtime: Any) -> Any:
+    """The arena's statistics now (on the server's loop)."""
+    return runtime.executor.staging.arena.statistics()
