@@ -32,6 +32,7 @@ from sordino.execution.run_messages import (
     Stop,
 )
 from sordino.inference import RequestFacts
+from sordino.memo import Memo
 from sordino.memory.tensors import TensorHandle
 
 if TYPE_CHECKING:
@@ -71,9 +72,7 @@ _SIZE = struct.Struct("<BQ")  # name length, size
 # correlation ID when the bits say so, and the requested outputs (uint16 count, strings).
 _FACTS_HEAD = struct.Struct("<BqdQIQ")
 _HAS_PRIORITY, _HAS_DEADLINE, _HAS_TENANT, _TEXT_CORRID = 1, 2, 4, 8
-_SEEN_FACTS: dict[bytes, RequestFacts] = {}
-"""Request facts decoded lately, by their bytes (a reader meets the same ones again)."""
-_SEEN_COUNT, _SEEN_BYTES = 1024, 512  # how many are kept; the longest kept
+_SEEN_BYTES = 512  # the longest facts kept in _SEEN_FACTS
 _SAME_BYTES = 1 << 16  # the most bytes compared at once with the first request's, repeated
 _HEARTBEAT_FRAME = _HEADER.pack(0, _HEARTBEAT)
 _STOP_FRAME = _HEADER.pack(0, _STOP)
@@ -294,13 +293,7 @@ class _Body:
             if at > len(data):
                 raise FrameError("a frame ends in the middle of a field")
             chunk = data[start:at]
-            record = _SEEN_FACTS.get(chunk)
-            if record is None:
-                record = _Body(chunk).one_facts()
-                if len(chunk) <= _SEEN_BYTES:
-                    if len(_SEEN_FACTS) >= _SEEN_COUNT:
-                        _SEEN_FACTS.clear()
-                    _SEEN_FACTS[chunk] = record
+            record = _SEEN_FACTS[chunk] if len(chunk) <= _SEEN_BYTES else _facts_of(chunk)
             out.append(record)
         self.at = at
         return tuple(out)
@@ -433,3 +426,12 @@ class FrameReader:
             at = start + length
         del buffer[:at]
         return messages
+
+
+def _facts_of(chunk: bytes) -> RequestFacts:
+    """One request's facts from their bytes alone."""
+    return _Body(chunk).one_facts()
+
+
+_SEEN_FACTS: Memo[bytes, RequestFacts] = Memo(_facts_of, 1024)
+"""Request facts decoded lately, by their bytes (a reader meets the same ones again)."""

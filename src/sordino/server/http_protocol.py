@@ -31,6 +31,7 @@ from typing import Any, ClassVar, Protocol, cast
 import httptools
 from starlette.types import ASGIApp
 
+from sordino.memo import Memo
 from sordino.server.asgi_bridge import AsgiCycle
 from sordino.server.connection_guard import (
     LARGE_READ,
@@ -289,13 +290,8 @@ class HttpProtocol(GuardedReads):
         # A reserve slot serves one request, then is free.
         keep_alive = version != "1.0" and parser.should_keep_alive() and not reserve
         url = self.url
-        target = _TARGETS.get(url)
-        if target is None:
-            target = _target(url)
-            if url[:1] == b"/":  # kept: an origin-form target says all it means
-                if len(_TARGETS) >= _TARGETS_KEPT:
-                    _TARGETS.clear()
-                _TARGETS[url] = target
+        # Kept: an origin-form target says all it means.
+        target = _TARGETS[url] if url[:1] == b"/" else _target(url)
         raw_path, query, path, model = target
         name = method.decode("ascii")
         cycle: Cycle
@@ -463,9 +459,6 @@ def _split(parsed: Any) -> tuple[bytes, bytes]:
 _Target = tuple[bytes, bytes, str, tuple[str, str | None] | None]
 """A request target read: raw path, query, path (unquoted), and the model and version
 if it is ``…/infer``."""
-_TARGETS: dict[bytes, _Target] = {}
-"""Targets read, by the bytes sent: a server sees a few kinds again and again."""
-_TARGETS_KEPT = 256
 
 
 def _target(url: bytes) -> _Target:
@@ -477,3 +470,7 @@ def _target(url: bytes) -> _Target:
         path = urllib.parse.unquote(path)
     match = INFER_PATH.fullmatch(path) if path.startswith(_INFER_PREFIX) else None
     return raw_path, query, path, (match["model"], match["version"]) if match else None
+
+
+_TARGETS: Memo[bytes, _Target] = Memo(_target, 256)
+"""Targets read, by the bytes sent: a server sees a few kinds again and again."""

@@ -68,6 +68,7 @@ from pathlib import Path
 from typing import IO, Any, NamedTuple
 
 from sordino.errors import Shed
+from sordino.memo import Memo
 from sordino.memory.segments import attach_segment, close_segment, create_recorded
 from sordino.records import QueueSettings
 from sordino.scheduling.shedding import late_refusal
@@ -95,6 +96,21 @@ STALE_S = 1.0
 """A board not published for this long refuses nothing (its engine is stuck or gone)."""
 _RETRIES = 64
 _POLICIES_KEPT = 64
+
+_Policy = tuple[int, int, float, int]
+"""A route's queue policy as published: levels, default priority, timeout, flags."""
+
+
+def _settings_of(policy: _Policy) -> QueueSettings:
+    levels, default_priority, timeout, flags = policy
+    return QueueSettings(
+        priority_levels=levels,
+        default_priority=default_priority,
+        default_timeout_s=timeout,
+        allow_timeout_override=bool(flags & _OVERRIDE),
+        shed_late=bool(flags & _SHED_LATE),
+    )
+
 
 _HEAD = struct.Struct("<8sII")
 _HEADER = struct.Struct("<QddddIII")  # at 24
@@ -185,7 +201,7 @@ class LoadBoard:
         self._generation = 0
         self._map: dict[tuple[str, str | None], int] = {}
         self._map_generation = -1
-        self._policies: dict[tuple[int, int, float, int], QueueSettings] = {}
+        self._policies: Memo[_Policy, QueueSettings] = Memo(_settings_of, _POLICIES_KEPT)
 
     @property
     def name(self) -> str:
@@ -340,19 +356,8 @@ class LoadBoard:
         shown = min(levels, MAX_LEVELS)
         # One QueueSettings for each policy seen: the same object from one publish to
         # the next, so what a reader derived from it (admission's choices) is kept.
-        policy = (levels, default_priority, timeout, flags & (_OVERRIDE | _SHED_LATE))
-        settings = self._policies.get(policy)
-        if settings is None:
-            settings = QueueSettings(
-                priority_levels=levels,
-                default_priority=default_priority,
-                default_timeout_s=timeout,
-                allow_timeout_override=bool(flags & _OVERRIDE),
-                shed_late=bool(flags & _SHED_LATE),
-            )
-            if len(self._policies) >= _POLICIES_KEPT:
-                self._policies.clear()
-            self._policies[policy] = settings
+        policy: _Policy = (levels, default_priority, timeout, flags & (_OVERRIDE | _SHED_LATE))
+        settings = self._policies[policy]
         return RouteLoad(
             name=name[:name_len].decode(errors="replace"),
             version=version[:version_len].decode(errors="replace"),
