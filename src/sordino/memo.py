@@ -1,6 +1,7 @@
-"""A bounded memo for the few values a transport works out again and again.
+"""A bounded memo for the few values worked out again and again from what arrives.
 
-A server sees the same request lines, targets and answer heads over and over; working
+A server sees the same request lines, targets, answer heads and JSON headers over and
+over (a worker the same request facts, a front end the same queue policies); working
 each out once pays. What it keeps is bounded (a client chooses the keys): at ``limit``
 entries everything is forgotten at once and kept afresh — no order to maintain on the
 hot path, as ``functools.lru_cache`` keeps, and a hit is a plain ``dict`` lookup in C.
