@@ -23,6 +23,7 @@ from sordino.models.repository import builtin_sources
 from sordino.server.http_protocol import HttpProtocol
 from sordino.testing import RunningServer, serve_in_thread
 from tests.conftest import thread_isolated
+from tests.server.helpers import Gate
 from tests.waiting import wait_for
 
 MODEL = "digits-classifier"
@@ -229,3 +230,34 @@ def test_an_idle_keep_alive_connection_is_closed_after_the_keep_alive_timeout() 
         [(head, _)] = _responses(sock, 1)
         assert _status(head) == 200 and b"connection: close" not in head
         assert sock.recv(65536) == b""  # closed by the server, not by this client
+
+
+def test_once_stopping_every_answer_closes_its_connection() -> None:
+    """After the listener closes, the answer being made and the next request on an idle
+    kept-alive connection both say ``Connection: close``, and the server closes each
+    connection after it: a client learns of the stop from an answer, never from a close
+    that crosses its next request."""
+    sources = thread_isolated([s for s in builtin_sources() if s.name == MODEL])
+    with serve_in_thread(RuntimeConfig(), sources) as running:
+        assert running.http is not None
+        http = running.http
+        with _connect(running) as busy, _connect(running) as idle:
+            idle.sendall(_infer())
+            [(head, _)] = _responses(idle, 1)
+            assert _status(head) == 200 and b"connection: close" not in head
+            with Gate(running, MODEL) as gate:
+                busy.sendall(_infer())
+                assert gate.entered.wait(30)
+
+                async def stop_accepting() -> None:
+                    http.stop_accepting()
+
+                running.call(stop_accepting())
+                gate.release()
+                [(head, _)] = _responses(busy, 1)
+                assert _status(head) == 200 and b"connection: close" in head
+                assert busy.recv(65536) == b""
+            idle.sendall(_infer())
+            [(head, _)] = _responses(idle, 1)
+            assert _status(head) == 200 and b"connection: close" in head
+            assert idle.recv(65536) == b""

@@ -32,6 +32,11 @@ A request may also be refused from its headers alone (:attr:`ConnectionGuard.ear
 and the connection stays open for the next request. While requests are being refused,
 whole requests that arrive at a request boundary are read for that without the HTTP
 parser (:func:`plain_head`).
+
+Once the server stops (:meth:`ConnectionGuard.begin_closing`), every answer says
+``Connection: close`` and its connection closes after it, so a keep-alive client
+learns of the stop from an answer instead of from a close that may cross its next
+request; refusals from headers stop with it (the stopping server answers each request).
 """
 
 from __future__ import annotations
@@ -160,6 +165,18 @@ class ConnectionGuard:
         shortest = min(header_timeout, body_timeout, body_rate_grace)
         self.sweep_s = min(1.0, max(0.02, shortest / 8))
         self.early_shed: ShedCheck | None = None
+        self.closing = False  # the server stops: answers close their connections
+
+    def begin_closing(self) -> None:
+        """The server stops: from now on every request's answer says ``Connection: close``.
+
+        A client between two requests on a kept-alive connection then sends its next
+        request, gets its answer and the close with it, and opens no race with a close
+        from the server. Refusals from headers stop too: a request refused that way is
+        answered before its body is read, which a closing answer must not do.
+        """
+        self.closing = True
+        self.early_shed = None
 
     def watch(self, protocol: Guarded) -> None:
         """Check ``protocol``'s read deadline from now on (until :meth:`unwatch`)."""

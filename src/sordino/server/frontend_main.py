@@ -9,7 +9,8 @@ is ready has every front end accepting — and serves HTTP with
 ``server/frontend_protocol.py`` and gRPC with ``server/grpc_frontend.py`` until:
 
 - SIGTERM or SIGINT: stop accepting, let the requests in flight be answered (at most
-  ``shutdown_timeout``), close the connections, exit 0;
+  ``shutdown_timeout``), each answer saying ``Connection: close``; close the connections
+  still open after a grace of 2 s, exit 0;
 - the engine is gone (EOF on the link, or the parent-death signal): requests waiting
   on it are answered 503, the connections close, exit 0.
 
@@ -37,6 +38,8 @@ __all__ = ["FrontendSpec", "main"]
 log = logging.getLogger("sordino.frontends")
 
 _PR_SET_PDEATHSIG = 1
+# How long kept-alive connections may stay open once stopping (HttpServer.stop's grace).
+_GRACE_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +158,17 @@ async def serve(spec: FrontendSpec) -> None:
         if grpc_server is not None
         else None
     )
+    # As the one-process server stops (HttpServer.stop): every answer from now on closes
+    # its connection, and a kept-alive client has a grace to send its next request and
+    # read that answer before the idle connections are closed under it.
+    guard.begin_closing()
+    for connection in state.connections:
+        connection.end_keep_alive()
+    graced = loop.time() + _GRACE_S
+    while state.connections:
+        if loop.time() >= graced:
+            break
+        await asyncio.sleep(0.01)
     for connection in list(state.connections):
         connection.shutdown()  # idle ones close, busy ones after their answer
     deadline = loop.time() + spec.shutdown_timeout + 2.0

@@ -288,7 +288,12 @@ class HttpProtocol(GuardedReads):
         received = time.monotonic()  # a request's deadline counts from here
         version = parser.get_http_version()
         # A reserve slot serves one request, then is free.
-        keep_alive = version != "1.0" and parser.should_keep_alive() and not reserve
+        keep_alive = (
+            version != "1.0"
+            and parser.should_keep_alive()
+            and not reserve
+            and not self.guard.closing
+        )
         url = self.url
         # Kept: an origin-form target says all it means.
         target = _TARGETS[url] if url[:1] == b"/" else _target(url)
@@ -385,6 +390,15 @@ class HttpProtocol(GuardedReads):
             self._head_of = headers
             self._head = b"".join(b"%s: %s\r\n" % pair for pair in headers)
         return self._head
+
+    def end_keep_alive(self) -> None:
+        """The server stops: the last answer due on this connection (the one being made,
+        else the last pipelined) says ``Connection: close`` and the connection closes
+        after it. Requests read later are answered so too (``guard.closing``); an idle
+        connection stays open to answer its client's next request the same way."""
+        last = self.pipeline[0] if self.pipeline else self.cycle
+        if last is not None and not last.response_complete:
+            last.keep_alive = False
 
     def shutdown(self) -> None:
         """uvicorn's graceful shutdown: close if idle, else after the current answer."""

@@ -21,6 +21,7 @@ from sordino.server.frontends import Frontends
 from sordino.server.lifecycle import open_server
 from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
+from sordino.server.serve import HttpServer
 
 __all__ = ["RunningServer", "serve_in_thread"]
 
@@ -45,6 +46,8 @@ class RunningServer:
     """What refuses requests from their headers (tests may swap its ``lag``)."""
     frontends: Frontends | None = None
     """The extra HTTP front-end processes (``server.frontends`` > 1), else None."""
+    http: HttpServer | None = None
+    """The HTTP server (tests may begin its stop: ``stop_accepting``, on its loop)."""
 
     def thread_backends(self, name: str, version: str | None = None) -> list[Backend]:
         """The in-process backends of a thread-isolated model (tests hold or inspect them)."""
@@ -113,6 +116,7 @@ def serve_in_thread(
                     control=server.control,
                     early_shed=server.http.early_shed,
                     frontends=server.frontends,
+                    http=server.http,
                 )
                 started.set()
                 await stop.wait()
