@@ -35,7 +35,7 @@ from sordino.inference import InferRequest, InferResponse
 from sordino.memory import Arena, TensorsBuilder
 from sordino.memory.grant import Grant, GrantSpace
 from sordino.memory.peer_view import ArenaView
-from sordino.protocol.codec import encode_infer_response
+from sordino.protocol.encode import encode_infer_response
 from sordino.server import link_arena, link_tensors
 from sordino.server.link_frames import FrameReader
 

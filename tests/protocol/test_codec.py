@@ -19,14 +19,8 @@ from sordino.inference import (
     RequestedOutput,
     TensorSpec,
 )
-from sordino.protocol.codec import (
-    HEADER_CONTENT_LENGTH,
-    decode_infer_request,
-    encode_error,
-    encode_infer_response,
-    encode_json,
-    parse_header_length,
-)
+from sordino.protocol.codec import HEADER_CONTENT_LENGTH, decode_infer_request, parse_header_length
+from sordino.protocol.encode import encode_error, encode_infer_response, encode_json
 
 # datatype -> (JSON data, numpy dtype); values probe each type's edges.
 JSON_CASES: dict[str, tuple[list[Any], Any]] = {

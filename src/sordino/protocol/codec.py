@@ -9,7 +9,8 @@ client asked to get as binary.
 
 Binary inputs become zero-copy, read-only numpy views on the request body; JSON
 inputs become new arrays. Every error names the tensor and says what is accepted.
-The classification and shared-memory parameters are checked in ``extensions.py``.
+The classification and shared-memory parameters are checked in ``extensions.py``;
+answers are encoded in ``encode.py``.
 """
 
 from __future__ import annotations
@@ -18,45 +19,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-import numpy as np
 import orjson
 
 from sordino.datatypes import (
     DATATYPES,
     brief_repr,
     format_shape,
-    from_numpy_dtype,
-    serialize_bytes_tensor,
     tensor_from_binary,
     tensor_from_json,
 )
-from sordino.errors import InferenceFailed, InvalidRequest, MalformedBody, TensorError
-from sordino.inference import (
-    InferRequest,
-    InferResponse,
-    ModelMetadata,
-    RequestedOutput,
-    SharedInput,
-    Tensor,
-)
+from sordino.errors import InvalidRequest, MalformedBody, TensorError
+from sordino.inference import InferRequest, ModelMetadata, RequestedOutput, SharedInput, Tensor
 from sordino.memo import Memo
-from sordino.protocol.extensions import (
-    refuse_output_extensions,
-    shared_memory_entry,
-    shared_memory_parameters,
-    wants_shared_memory,
-)
+from sordino.protocol.extensions import refuse_output_extensions, shared_memory_parameters
 from sordino.protocol.validate import check_declared_shape
 
-__all__ = [
-    "HEADER_CONTENT_LENGTH",
-    "decode_infer_request",
-    "encode_error",
-    "encode_infer_response",
-    "encode_json",
-    "output_datatype",
-    "parse_header_length",
-]
+__all__ = ["HEADER_CONTENT_LENGTH", "decode_infer_request", "parse_header_length"]
 
 HEADER_CONTENT_LENGTH = "Inference-Header-Content-Length"
 """The HTTP header that gives the byte length of the JSON part of a binary body."""
@@ -374,131 +352,6 @@ def _parse_outputs(raw: object) -> list[RequestedOutput] | None:
         outputs.append(RequestedOutput(name=name, binary=binary, parameters=parameters))
     # An empty list asks for nothing in particular, which the protocol reads as "all".
     return outputs or None
-
-
-def encode_infer_response(
-    response: InferResponse, request: InferRequest
-) -> tuple[bytes, dict[str, str]]:
-    """Encode ``response`` for ``request``; return the body and the headers to add.
-
-    Outputs come in the order the request listed them, or the response's order when
-    it listed none. An output is binary when its RequestedOutput says so, or when it
-    does not say and the request parameter ``binary_data_output`` is true. With any
-    binary output the headers carry ``Inference-Header-Content-Length``. Raises
-    InvalidRequest for a BYTES output that is not UTF-8 but was asked for as JSON, and
-    InferenceFailed when the model did not return a requested output or returned an
-    array whose dtype contradicts its declared datatype.
-    """
-    default_binary = bool(request.parameters.get("binary_data_output", False))
-    shared: dict[str, dict[str, Any]] = {}
-    if request.outputs is None:
-        wanted = [(name, default_binary) for name in response.outputs]
-    else:
-        wanted = [
-            (out.name, default_binary if out.binary is None else out.binary)
-            for out in request.outputs
-        ]
-        shared = {out.name: out.parameters for out in request.outputs if wants_shared_memory(out)}
-
-    entries: list[dict[str, Any]] = []
-    chunks: list[bytes | memoryview] = []
-    wanted_binary = dict(wanted)
-    for name, binary in wanted:
-        array = response.outputs.get(name)
-        if array is None:
-            raise InferenceFailed(
-                f"model {response.model!r} did not return output {name!r}; "
-                f"it returned {', '.join(map(repr, response.outputs)) or 'nothing'}"
-            )
-        datatype = output_datatype(response, name, array)
-        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
-        if name in shared:
-            # Written into the client's region by the server; the entry says where.
-            entry["parameters"] = shared_memory_entry(shared[name], array)
-            wanted_binary[name] = False
-        elif binary:
-            chunk = _binary_output(name, datatype, array)
-            entry["parameters"] = {"binary_data_size": len(chunk)}
-            chunks.append(chunk)
-        else:
-            entry["data"] = _json_output(name, datatype, array)
-        entries.append(entry)
-
-    document: dict[str, Any] = {"model_name": response.model, "model_version": response.version}
-    if request.id is not None:
-        document["id"] = request.id
-    if response.parameters:
-        document["parameters"] = response.parameters
-    document["outputs"] = entries
-    header = encode_json(document)
-    if not any(wanted_binary.values()):
-        return header, {"Content-Type": "application/json"}
-    headers = {
-        HEADER_CONTENT_LENGTH: str(len(header)),
-        "Content-Type": "application/octet-stream",
-    }
-    return b"".join([header, *chunks]), headers
-
-
-def output_datatype(response: InferResponse, name: str, array: Tensor) -> str:
-    """Return the datatype of output ``name``; raise InferenceFailed if it contradicts the model."""
-    try:
-        actual = from_numpy_dtype(array.dtype)
-    except TensorError as exc:
-        raise InferenceFailed(f"model {response.model!r} output {name!r}: {exc.message}") from None
-    declared = response.output_datatypes.get(name, actual)
-    if declared != actual:
-        raise InferenceFailed(
-            f"model {response.model!r} returned output {name!r} as {actual} "
-            f"(numpy {array.dtype}) but declares it {declared}"
-        )
-    return declared
-
-
-def _binary_output(name: str, datatype: str, array: Tensor) -> bytes | memoryview:
-    if datatype == "BYTES":
-        try:
-            return serialize_bytes_tensor(array)
-        except TensorError as exc:
-            raise InferenceFailed(f"output {name!r}: {exc.message}") from None
-    little = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
-    # A byte view, not tobytes(): the final join is then the only copy.
-    return little.reshape(-1).view(np.uint8).data
-
-
-def _json_output(name: str, datatype: str, array: Tensor) -> object:
-    flat = array.reshape(-1)
-    if datatype != "BYTES":
-        # orjson writes numeric arrays itself when they are native-endian and contiguous.
-        return np.ascontiguousarray(flat, dtype=flat.dtype.newbyteorder("="))
-    strings: list[str] = []
-    for index, item in enumerate(flat.tolist()):
-        if isinstance(item, str):
-            strings.append(item)
-            continue
-        try:
-            strings.append(item.decode("utf-8"))
-        except UnicodeDecodeError:
-            raise InvalidRequest(
-                f"output {name!r} element {index} is not valid UTF-8 and cannot be sent as "
-                'JSON; request the output with "binary_data": true'
-            ) from None
-        except AttributeError:
-            raise InferenceFailed(
-                f"output {name!r} element {index} is a {type(item).__name__}; "
-                "BYTES outputs must hold bytes or str"
-            ) from None
-    return strings
-
-
-def encode_error(message: str) -> bytes:
-    """Return the KServe v2 error body ``{"error": message}``."""
-    return orjson.dumps({"error": message})
-
-
-def encode_json(obj: object) -> bytes:
-    """Serialize ``obj`` as JSON with orjson; numpy arrays and scalars are written natively."""
-    return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def _json_kind(value: object) -> str:

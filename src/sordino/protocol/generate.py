@@ -27,7 +27,7 @@ import orjson
 from sordino.datatypes import brief_repr, tensor_from_json
 from sordino.errors import InvalidRequest, MalformedBody, TensorError
 from sordino.inference import InferRequest, InferResponse, ModelMetadata, Tensor, TensorSpec
-from sordino.protocol.codec import encode_json
+from sordino.protocol.encode import encode_json
 from sordino.protocol.validate import refuse_declined
 
 __all__ = ["decode_generate_request", "encode_generate_response", "sse_event"]

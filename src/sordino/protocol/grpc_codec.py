@@ -39,7 +39,7 @@ from sordino.inference import (
     SharedInput,
     Tensor,
 )
-from sordino.protocol.codec import output_datatype
+from sordino.protocol.encode import output_datatype
 from sordino.protocol.extensions import (
     refuse_output_extensions,
     shared_memory_entry,

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sordino.admission.tenants import ADMIN_TENANT
 from sordino.errors import InvalidRequest, SordinoError
-from sordino.protocol.codec import encode_error, encode_json
+from sordino.protocol.encode import encode_error, encode_json
 from sordino.server.fast_infer import INFER_PATH, error_parts
 from sordino.server.runtime import Runtime
 

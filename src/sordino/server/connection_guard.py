@@ -51,7 +51,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Literal, NamedTuple, Protocol
 
-from sordino.protocol.codec import encode_error
+from sordino.protocol.encode import encode_error
 from sordino.records import ConnectionStatistics
 from sordino.server.malloc_trim import Trimmer
 

@@ -61,7 +61,7 @@ from sordino.admission.chain import (
 )
 from sordino.errors import NotFound, Shed, SordinoError, Unavailable
 from sordino.memo import Memo
-from sordino.protocol.codec import encode_error
+from sordino.protocol.encode import encode_error
 from sordino.protocol.status import retry_after_header
 from sordino.records import QueueSettings
 from sordino.server.loop_lag import LoopLag

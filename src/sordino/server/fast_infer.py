@@ -24,12 +24,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sordino.errors import Cancelled, MalformedBody, SordinoError
 from sordino.inference import InferRequest, InferResponse, ModelMetadata
-from sordino.protocol.codec import (
-    decode_infer_request,
-    encode_error,
-    encode_infer_response,
-    parse_header_length,
-)
+from sordino.protocol.codec import decode_infer_request, parse_header_length
+from sordino.protocol.encode import encode_error, encode_infer_response
 from sordino.protocol.status import http_status, retry_after_header
 from sordino.protocol.validate import check_declared_shape
 from sordino.server.connection_guard import RECEIVED

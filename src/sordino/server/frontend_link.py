@@ -28,7 +28,7 @@ import socket
 from sordino.inference import InferRequest, InferResponse
 from sordino.memory.grant import GrantSpace
 from sordino.memory.peer_view import ArenaView
-from sordino.protocol.codec import encode_error
+from sordino.protocol.encode import encode_error
 from sordino.records import ConnectionStatistics
 from sordino.server import link_arena, link_frames, link_tensors
 from sordino.server.link_frames import (

@@ -30,7 +30,7 @@ from typing import ClassVar
 
 from sordino.errors import SordinoError
 from sordino.memo import Memo
-from sordino.protocol.codec import encode_error
+from sordino.protocol.encode import encode_error
 from sordino.server.connection_guard import ConnectionGuard
 from sordino.server.fast_infer import (
     INFER_PATH,

@@ -36,7 +36,7 @@ from sordino.guardian import (
     check_supported,
 )
 from sordino.inference import ModelKey
-from sordino.protocol.codec import encode_json
+from sordino.protocol.encode import encode_json
 from sordino.telemetry.journal_reader import JournalReader, MissingJournal
 
 if TYPE_CHECKING:

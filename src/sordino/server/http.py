@@ -21,10 +21,7 @@ from starlette.types import ASGIApp
 from sordino import __version__
 from sordino.control.admin import AdminAccess, admin_routes
 from sordino.errors import ModelNotReady, SordinoError
-from sordino.protocol.codec import (
-    encode_error,
-    encode_json,
-)
+from sordino.protocol.encode import encode_error, encode_json
 from sordino.server.auth import caller, me_routes, visible_metrics, with_authentication
 from sordino.server.fast_infer import error_parts, with_fast_infer
 from sordino.server.feedback_routes import feedback_routes

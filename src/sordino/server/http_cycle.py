@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from sordino.errors import Cancelled
 from sordino.memo import Memo
-from sordino.protocol.codec import encode_error
+from sordino.protocol.encode import encode_error
 from sordino.server.disconnect import client_left
 from sordino.server.fast_infer import answer_infer, too_large
 

@@ -83,7 +83,7 @@ from sordino.datatypes import serialize_bytes_tensor, tensor_from_binary
 from sordino.errors import SordinoError
 from sordino.inference import InferRequest, InferResponse, RequestedOutput, SharedInput, Tensor
 from sordino.memory.refs import TensorRef, Tensors
-from sordino.protocol.codec import output_datatype
+from sordino.protocol.encode import output_datatype
 from sordino.server.link_arena import INLINE_MAX, Unreadable, arena_base, in_place
 from sordino.server.link_frames import MAX_FRAME, FrameError, frame_head
 

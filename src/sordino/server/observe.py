@@ -35,7 +35,7 @@ from sordino.backends.base import dummy_inputs
 from sordino.control.admin import AdminAccess
 from sordino.control.profiling import profile_model
 from sordino.errors import InvalidRequest, NotFound, SordinoError
-from sordino.protocol.codec import encode_json
+from sordino.protocol.encode import encode_json
 from sordino.records import MemoryStatistics
 from sordino.server.runtime import Runtime
 from sordino.telemetry.journal_reader import JournalReader, MissingJournal
