@@ -3,7 +3,8 @@
 Each top-level part of the package may import the foundation (errors, clock, events,
 datatypes, inference, records, config, lazy, memo and the package root) and the parts listed for
 it in :data:`ALLOWED`, never a part above it. Imports inside functions and under
-``TYPE_CHECKING`` count too: a lazy import is still a dependency.
+``TYPE_CHECKING`` count too: a lazy import is still a dependency. No module is over 500
+lines (generated protobuf code aside).
 """
 
 from __future__ import annotations
@@ -144,3 +145,16 @@ def test_the_checker_sees_a_violation(tmp_path: Path, line: str) -> None:
     probe.write_text(f"def f():\n    {line}\n")
     assert _imports(probe) == [(2, "sordino.scheduling.scheduler")]
     assert _part("sordino.scheduling.scheduler") not in FOUNDATION | ALLOWED["telemetry"]
+
+
+MAX_LINES = 500
+
+
+def test_no_module_is_over_500_lines() -> None:
+    """A module past 500 lines holds more than one job (issue 30): split it by job."""
+    long = sorted(
+        f"sordino/{path.relative_to(SRC)}: {count} lines"
+        for path in _modules()
+        if (count := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    )
+    assert long == [], "split these modules:\n" + "\n".join(long)
