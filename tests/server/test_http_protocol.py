@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import gc
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -261,3 +262,55 @@ def test_once_stopping_every_answer_closes_its_connection() -> None:
             [(head, _)] = _responses(idle, 1)
             assert _status(head) == 200 and b"connection: close" in head
             assert idle.recv(65536) == b""
+
+
+def _cancelled(server: RunningServer) -> int:
+    """Requests refused because their client left before the service had them
+    (``sordino_requests_total``, outcome ``rejected``, reason ``cancelled``)."""
+    with _connect(server) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        [(_, body)] = _responses(sock, 1)
+    return sum(
+        int(float(line.rsplit(b" ", 1)[1]))
+        for line in body.splitlines()
+        if line.startswith(b"sordino_requests_total{")
+        and b'outcome="rejected"' in line
+        and b'reason="cancelled"' in line
+    )
+
+
+def test_a_body_that_comes_in_pieces_is_answered_once_whole(server: RunningServer) -> None:
+    """The request starts when its body is whole (no task waits for it meanwhile): a
+    body sent in two writes with a pause between them is answered like one sent whole."""
+    request = _infer()
+    split = len(request) - len(BODY) // 2
+    with _connect(server) as sock:
+        sock.sendall(request[:split])
+        time.sleep(0.05)  # the server reads the first part alone (not needed to pass)
+        sock.sendall(request[split:])
+        [(head, body)] = _responses(sock, 1)
+        assert _status(head) == 200 and orjson.loads(body)["outputs"]
+
+
+def test_a_body_past_the_high_water_mark_is_read_by_the_task(server: RunningServer) -> None:
+    """A body larger than what is buffered before reading pauses (64 KiB) is read by
+    the request's task as it comes, as before, and answered."""
+    document = orjson.loads(BODY)
+    document["id"] = "x" * 200_000
+    body = orjson.dumps(document)
+    head = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    with _connect(server) as sock:
+        sock.sendall(head.encode() + body)
+        [(answer_head, answer)] = _responses(sock, 1)
+        assert _status(answer_head) == 200 and orjson.loads(answer)["id"] == document["id"]
+
+
+def test_a_client_that_leaves_mid_body_is_counted_cancelled(server: RunningServer) -> None:
+    """A request whose client leaves before its body is whole is counted once, refused
+    as cancelled, as when a task was reading its body."""
+    before = _cancelled(server)
+    request = _infer()
+    with _connect(server) as sock:
+        sock.sendall(request[: len(request) - 10])
+        time.sleep(0.05)  # the server reads the first part alone (not needed to pass)
+    wait_for(lambda: _cancelled(server) == before + 1, "the request counted cancelled")

@@ -40,7 +40,8 @@ from sordino.inference import InferRequest, InferResponse, Tensor, release_owned
 from sordino.memory.grant import Grant, grant_size
 from sordino.server import link_arena, link_frames, link_tensors
 from sordino.server.connection_tally import ConnectionTally
-from sordino.server.fast_infer import Ready, answer_error, answer_infer, begin_decoded, serve
+from sordino.server.decoded_infer import Ready, begin_decoded
+from sordino.server.fast_infer import answer_error, answer_infer, serve
 from sordino.server.grpc_link import GrpcCalls
 from sordino.server.link_frames import (
     HANDOVER_CHUNK,

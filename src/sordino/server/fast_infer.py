@@ -27,7 +27,6 @@ from sordino.inference import InferRequest, InferResponse, ModelMetadata
 from sordino.protocol.codec import decode_infer_request, parse_header_length
 from sordino.protocol.encode import encode_error, encode_infer_response
 from sordino.protocol.status import http_status, retry_after_header
-from sordino.protocol.validate import check_declared_shape
 from sordino.server.connection_guard import RECEIVED
 from sordino.server.disconnect import until_disconnect
 from sordino.server.inference_parts import InferenceParts
@@ -38,22 +37,23 @@ from sordino.server.service import request_tenant
 __all__ = [
     "INFER_PATH",
     "READ_HEADERS",
+    "Answer",
     "BodyReader",
-    "Ready",
+    "Opened",
     "Watch",
     "admit",
-    "answer_decoded",
     "answer_error",
     "answer_infer",
-    "begin_decoded",
     "check_declared",
-    "check_model_shapes",
     "decode_body",
     "encode_response",
     "error_parts",
+    "finish_infer",
+    "open_infer",
     "open_request",
     "parse_headers",
     "serve",
+    "serve_opened",
     "too_large",
     "with_fast_infer",
 ]
@@ -144,6 +144,10 @@ def with_fast_infer(app: ASGIApp, parts: InferenceParts) -> ASGIApp:
     return asgi
 
 
+Answer = tuple[int, bytes, dict[str, str]]
+"""An answer as written: status, payload, headers (names as written)."""
+
+
 async def answer_infer(
     parts: InferenceParts | Runtime,
     model: str,
@@ -155,7 +159,7 @@ async def answer_infer(
     client: str | None,
     received_at: float | None,
     path: str,
-) -> tuple[int, bytes, dict[str, str]]:
+) -> Answer:
     """Answer one ``POST …/infer``: its status, body and headers (names as written).
 
     Transport-neutral: ``raw_headers`` are the request's (names in lower case),
@@ -163,25 +167,81 @@ async def answer_infer(
     that leaves cancels it. Every outcome is an answer: errors are ``{"error": …}``.
     The steps — :func:`decode_body`, :func:`open_request`, :func:`serve`,
     :func:`encode_response` — are those a front-end process and the engine split
-    between them (``server/engine_link.py``). ``parts`` are the runtime's parts a
-    request uses (``Runtime.inference``; a :class:`Runtime` is taken for its
-    ``inference``).
+    between them (``server/engine_link.py``); with the body read, :func:`open_infer`
+    and :func:`serve_opened` are this function's two halves. ``parts`` are the
+    runtime's parts a request uses (``Runtime.inference``; a :class:`Runtime` is taken
+    for its ``inference``).
     """
     if not isinstance(parts, InferenceParts):
         parts = parts.inference
-    limit = parts.max_request_size
-    declared, header_length, forwarded = parse_headers(raw_headers)
-    headers: dict[str, str]
-    cache_key: tuple[str, str, bytes] | None = None
+    parsed = parse_headers(raw_headers)
     try:
         # Whatever ends the request before the service has it is counted there.
-        with parts.service.receiving(model, version, forwarded.get("x-sordino-tenant")):
-            check_declared(limit, declared)
+        with parts.service.receiving(model, version, parsed[2].get("x-sordino-tenant")):
+            check_declared(parts.max_request_size, parsed[0])
             arrived = time.perf_counter()
             body = await read_body()
-            tenant, route = open_request(
-                parts, model, version, forwarded, time.perf_counter() - arrived
-            )
+    except Exception as exc:
+        return _told(parts, answer_error(exc, path))
+    opened = open_infer(
+        parts,
+        model,
+        version,
+        parsed,
+        body,
+        time.perf_counter() - arrived,
+        client=client,
+        received_at=received_at,
+        path=path,
+    )
+    if not isinstance(opened, Opened):
+        return opened
+    return await serve_opened(parts, opened, watch, path)
+
+
+class Opened:
+    """A request decoded and past the engine's checks (:func:`open_infer`), for the
+    service: its route, whether it uses system shared memory, and its result-cache key
+    (None when its model caches no results)."""
+
+    __slots__ = ("cache_key", "request", "route", "shared")
+
+    def __init__(
+        self,
+        request: InferRequest,
+        route: Route,
+        shared: bool,
+        cache_key: tuple[str, str, bytes] | None,
+    ) -> None:
+        self.request, self.route, self.shared, self.cache_key = request, route, shared, cache_key
+
+
+def open_infer(
+    parts: InferenceParts,
+    model: str,
+    version: str | None,
+    parsed: tuple[bytes | None, bytes | None, dict[str, str]],
+    body: bytes,
+    read_s: float,
+    *,
+    client: str | None,
+    received_at: float | None,
+    path: str,
+) -> Opened | Answer:
+    """The request whose whole ``body`` was read, up to the service: authenticated, its
+    model looked up once, answered from the result cache, or decoded with its tenant and
+    shared-memory inputs attached. Never waits. Returns the :class:`Opened` request, or
+    the answer that ends it (an error, counted; a cached result). ``parsed`` is
+    :func:`parse_headers`' reading of the request's headers."""
+    declared, header_length, forwarded = parsed
+    cache_key: tuple[str, str, bytes] | None = None
+    try:
+        with parts.service.receiving(model, version, forwarded.get("x-sordino-tenant")):
+            limit = parts.max_request_size
+            check_declared(limit, declared)
+            if len(body) > limit:
+                raise too_large(limit)
+            tenant, route = open_request(parts, model, version, forwarded, read_s)
             cache = parts.result_cache
             if cache.active(model):
                 tenants = parts.tenants
@@ -193,7 +253,7 @@ async def answer_infer(
                 )
                 cached = cache.get(cache_key)
                 if cached is not None:
-                    return 200, cached.payload, dict(cached.headers)
+                    return _told(parts, (200, cached.payload, dict(cached.headers)))
             request = decode_body(
                 body,
                 model,
@@ -206,18 +266,44 @@ async def answer_infer(
                 max_batch_size=route.max_batch_size,
             )
             shared = admit(parts, request, tenant)
-        response = await serve(parts, request, route, shared, watch)
-        payload, headers = encode_response(response, request)
-        status = 200
-        if cache_key is not None and not shared:
-            cache.put(cache_key, payload, headers)
     except Exception as exc:
-        status, payload, headers = answer_error(exc, path)
+        return _told(parts, answer_error(exc, path))
+    return Opened(request, route, shared, cache_key)
+
+
+async def serve_opened(parts: InferenceParts, opened: Opened, watch: Watch, path: str) -> Answer:
+    """The service's part of an :class:`Opened` request, in a task: its answer."""
+    try:
+        response = await serve(parts, opened.request, opened.route, opened.shared, watch)
+    except Exception as exc:
+        return _told(parts, answer_error(exc, path))
+    return finish_infer(parts, opened, response, path)
+
+
+def finish_infer(
+    parts: InferenceParts, opened: Opened, outcome: InferResponse | Exception, path: str
+) -> Answer:
+    """The answer of an :class:`Opened` request from the service's ``outcome``: the
+    response encoded (and released; kept in the result cache when its model keeps
+    results), or the error's answer."""
+    if isinstance(outcome, Exception):
+        return _told(parts, answer_error(outcome, path))
+    try:
+        payload, headers = encode_response(outcome, opened.request)
+        if opened.cache_key is not None and not opened.shared:
+            parts.result_cache.put(opened.cache_key, payload, headers)
+    except Exception as exc:
+        return _told(parts, answer_error(exc, path))
+    return _told(parts, (200, payload, headers))
+
+
+def _told(parts: InferenceParts, answer: Answer) -> Answer:
+    """``answer``, telling a kept-alive client to go elsewhere once the server stops."""
     if parts.registry.stopping:
         # Tell keep-alive clients to reconnect elsewhere rather than reuse a connection
         # the server is about to close.
-        headers["Connection"] = "close"
-    return status, payload, headers
+        answer[2]["Connection"] = "close"
+    return answer
 
 
 def parse_headers(
@@ -272,27 +358,6 @@ def decode_body(
     if received_at is not None:
         request.received_at = received_at
     return request
-
-
-def check_model_shapes(request: InferRequest, route: Route, room: int) -> None:
-    """The model's bounds on the declared shapes, for a request decoded without them
-    (the same check, in the same words, as :func:`decode_body` with the metadata)."""
-    for name, array in request.inputs.items():
-        check_declared_shape(
-            name,
-            array.shape,
-            room=room,
-            metadata=route.metadata,
-            max_batch_size=route.max_batch_size,
-        )
-    for shared in request.shared_inputs:
-        check_declared_shape(
-            shared.name,
-            shared.shape,
-            room=max(room, shared.byte_size),
-            metadata=route.metadata,
-            max_batch_size=route.max_batch_size,
-        )
 
 
 def open_request(
@@ -365,60 +430,6 @@ def answer_error(exc: Exception, path: str) -> tuple[int, bytes, dict[str, str]]
         encode_error(f"internal error: {type(exc).__name__}"),
         {"Content-Type": "application/json"},
     )
-
-
-class Ready:
-    """A decoded request past the engine's checks (:func:`begin_decoded`): its route and
-    whether it uses system shared memory; what the service step (:func:`serve`) takes."""
-
-    __slots__ = ("route", "shared")
-
-    def __init__(self, route: Route, shared: bool) -> None:
-        self.route, self.shared = route, shared
-
-
-def begin_decoded(
-    parts: InferenceParts, request: InferRequest, read_s: float, room: int
-) -> Ready | tuple[int, bytes, dict[str, str]] | None:
-    """The engine's checks of a request a front end decoded, before the service: its
-    :class:`Ready` (authenticated, its model found, its shapes bounded, its tenant and
-    shared-memory inputs attached), or the answer of the error that ends it (counted);
-    None when the model's result cache is on, which keys on the body: the front end
-    then sends the body (``answer_infer``). Never waits."""
-    try:
-        with parts.service.receiving(
-            request.model, request.version, request.headers.get("x-sordino-tenant")
-        ):
-            tenant, route = open_request(
-                parts, request.model, request.version, request.headers, read_s
-            )
-            if parts.result_cache.active(request.model):
-                return None
-            check_model_shapes(request, route, room)
-            return Ready(route, admit(parts, request, tenant))
-    except Exception as exc:
-        return answer_error(exc, f"/v2/models/{request.model}/infer")
-
-
-async def answer_decoded(
-    parts: InferenceParts | Runtime,
-    request: InferRequest,
-    read_s: float,
-    room: int,
-    watch: Watch,
-) -> InferResponse | tuple[int, bytes, dict[str, str]] | None:
-    """The engine's part of a request a front end decoded: the response to send back
-    (the caller releases it) or an error's answer; None when the model's result cache is
-    on (:func:`begin_decoded`, then :func:`serve`)."""
-    if not isinstance(parts, InferenceParts):
-        parts = parts.inference
-    ready = begin_decoded(parts, request, read_s, room)
-    if not isinstance(ready, Ready):
-        return ready
-    try:
-        return await serve(parts, request, ready.route, ready.shared, watch)
-    except Exception as exc:
-        return answer_error(exc, f"/v2/models/{request.model}/infer")
 
 
 async def _send(send: Send, status: int, payload: bytes, headers: dict[str, str]) -> None:

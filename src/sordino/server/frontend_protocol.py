@@ -195,6 +195,8 @@ class FrontendInferCycle(InferCycle):
 
     __slots__ = ("_future", "_ident")
 
+    answers_whole = False  # the engine answers it: always read and forwarded in the task
+
     conn: FrontendProtocol
 
     async def _answer(self) -> None:

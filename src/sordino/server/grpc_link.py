@@ -7,7 +7,7 @@ the engine answers both as its own gRPC servicer (``server/grpc.py``) would:
 
 - :func:`begin_grpc_infer` runs the checks the servicer's ``ModelInfer`` runs after its
   decode — the one model lookup, the model's bounds on the declared shapes
-  (``fast_infer.check_model_shapes``, the words the metadata-aware decode uses), the
+  (``decoded_infer.check_model_shapes``, the words the metadata-aware decode uses), the
   shared-memory inputs — inside ``service.receiving``; :func:`answer_grpc_infer` then
   the service and the shared-memory outputs, and returns the response (to send back
   as ``RESULT``) or the error's :class:`GrpcStatus`;
@@ -48,7 +48,8 @@ from sordino.errors import SordinoError
 from sordino.inference import InferResponse
 from sordino.protocol.status import grpc_code_name, retry_after_header
 from sordino.server import link_frames, link_tensors
-from sordino.server.fast_infer import Watch, check_model_shapes, serve
+from sordino.server.decoded_infer import check_model_shapes
+from sordino.server.fast_infer import Watch, serve
 from sordino.server.grpc_guard import UNARY_RPCS, details, guard, serialize
 from sordino.server.link_frames import FrameError
 from sordino.server.link_pending import Forwarded, Pending, watch

@@ -14,14 +14,22 @@ import asyncio
 import http
 import logging
 import re
+import time
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from sordino.errors import Cancelled
 from sordino.memo import Memo
 from sordino.protocol.encode import encode_error
 from sordino.server.disconnect import client_left
-from sordino.server.fast_infer import answer_infer, too_large
+from sordino.server.fast_infer import (
+    Opened,
+    answer_infer,
+    open_infer,
+    parse_headers,
+    serve_opened,
+    too_large,
+)
 
 if TYPE_CHECKING:
     from sordino.server.http_protocol import HttpProtocol
@@ -52,7 +60,8 @@ class Cycle:
     """A request's body as it arrives, and the state of its answer.
 
     Subclasses implement :meth:`run` (the connection runs it as a task once every
-    earlier request on the connection is answered) and end it by :meth:`_complete`.
+    earlier request on the connection is answered, unless :meth:`defer` says it starts
+    itself) and end it by :meth:`_complete`.
     """
 
     __slots__ = (
@@ -92,6 +101,12 @@ class Cycle:
     async def run(self) -> None:
         """Answer the request (the connection's task for it)."""
         raise NotImplementedError
+
+    def defer(self) -> bool:
+        """Whether the request, due now, starts itself later (once its body is whole,
+        ``InferCycle``: it asks the connection for its task if it needs one) instead of
+        the connection running :meth:`run` in a task now."""
+        return False
 
     # -- from the connection ---------------------------------------------------------
 
@@ -160,10 +175,22 @@ _CLOSE = re.compile(r"(?:^|,)\s*close\s*(?:,|$)", re.IGNORECASE)
 
 
 class InferCycle(Cycle):
-    """``…/infer``: read the body, :func:`answer_infer`, one write; no ASGI, no Starlette."""
+    """``…/infer``: read the body, :func:`answer_infer`, one write; no ASGI, no Starlette.
+
+    A ``POST`` that does not wait for ``100 Continue`` starts once its body is whole
+    (:meth:`defer`, then :meth:`end`): :func:`open_infer` decodes it in one callback and
+    the task starts at the service (:func:`serve_opened`), with no coroutine reading the
+    body meanwhile. A body past :data:`HIGH_WATER`, or a client that leaves mid-body,
+    starts the task at once, as every other request does.
+    """
+
+    answers_whole: ClassVar[bool] = True
+    """Whether the task starts once the body is whole (a front end's cycle: no)."""
 
     __slots__ = (
+        "_deferred",
         "_gone",
+        "_opened",
         "_working",
         "client",
         "headers",
@@ -196,6 +223,63 @@ class InferCycle(Cycle):
         self.received_at = received_at
         self._working = False  # the service has the request (a disconnect cancels it)
         self._gone = False  # the client left while the service had it
+        self._deferred = False  # starts when its body is whole (defer)
+        self._opened: Opened | None = None  # decoded (_open), for the task's service step
+
+    def defer(self) -> bool:
+        if not self.answers_whole or self.method != "POST" or self.waiting_for_100_continue:
+            return False
+        self._deferred = True
+        return True
+
+    def feed(self, chunk: bytes) -> int:
+        buffered = super().feed(chunk)
+        if self._deferred and buffered > HIGH_WATER:
+            self._in_task()  # a large body is read by the task, reading paused meanwhile
+        return buffered
+
+    def end(self) -> None:
+        super().end()
+        if self._deferred:
+            self._deferred = False
+            # From the loop, not from inside the parser's callback (an answer written
+            # there could close the transport under the parser).
+            self.conn.loop.call_soon(self._open)
+
+    def disconnect(self) -> None:
+        super().disconnect()
+        if self._deferred:  # left mid-body: the task counts it, as any request read so
+            self._in_task()
+        elif self._working and not self._gone and self.task is not None:
+            # The service removes the queued request and counts it cancelled.
+            self._gone = True
+            self.task.cancel()
+
+    def _in_task(self) -> None:
+        self._deferred = False
+        self.conn.start_task(self)
+
+    def _open(self) -> None:
+        """The body is whole: decoded and checked up to the service, then the task."""
+        if self.disconnected:
+            self._in_task()  # the task counts the request the client left
+            return
+        opened = open_infer(
+            self.conn.runtime.inference,
+            self.model,
+            self.version,
+            parse_headers(self.headers),
+            self._take(),
+            time.monotonic() - self.received_at,
+            client=self.client,
+            received_at=self.received_at,
+            path=self.path,
+        )
+        if isinstance(opened, Opened):
+            self._opened = opened
+            self._in_task()
+        else:
+            self.respond(*opened)
 
     async def run(self) -> None:
         try:
@@ -214,17 +298,23 @@ class InferCycle(Cycle):
             message = f"{self.method} is not allowed on {self.path}; use POST"
             self.respond(405, encode_error(message), {"Allow": "POST"})
             return
-        status, payload, headers = await answer_infer(
-            self.conn.runtime,
-            self.model,
-            self.version,
-            self.headers,
-            self.read_body,
-            self.until_disconnect,
-            client=self.client,
-            received_at=self.received_at,
-            path=self.path,
-        )
+        opened, self._opened = self._opened, None
+        if opened is not None:  # decoded when its body came whole (_open)
+            status, payload, headers = await serve_opened(
+                self.conn.runtime.inference, opened, self.until_disconnect, self.path
+            )
+        else:
+            status, payload, headers = await answer_infer(
+                self.conn.runtime,
+                self.model,
+                self.version,
+                self.headers,
+                self.read_body,
+                self.until_disconnect,
+                client=self.client,
+                received_at=self.received_at,
+                path=self.path,
+            )
         self.respond(status, payload, headers)
 
     def _body_limit(self) -> int:
@@ -260,13 +350,6 @@ class InferCycle(Cycle):
             raise client_left() from None
         finally:
             self._working = False
-
-    def disconnect(self) -> None:
-        super().disconnect()
-        if self._working and not self._gone and self.task is not None:
-            # The service removes the queued request and counts it cancelled.
-            self._gone = True
-            self.task.cancel()
 
     def respond(self, status: int, payload: bytes, headers: dict[str, str]) -> None:
         """Write the whole answer in one write (dropped if the client left)."""

@@ -333,7 +333,10 @@ class HttpProtocol(GuardedReads):
             cycle = AsgiCycle(self, scope, keep_alive, self.expect_100_continue)
         previous, self.cycle = self.cycle, cycle
         if previous is None or previous.response_complete:
-            self._start(cycle)
+            if cycle.defer():
+                self._running = cycle  # it starts itself once its body is whole
+            else:
+                self.start_task(cycle)
         else:  # pipelined: answered after the ones before it
             self.pause_reading()
             self.pipeline.appendleft(cycle)
@@ -363,7 +366,8 @@ class HttpProtocol(GuardedReads):
 
     # -- answers ---------------------------------------------------------------------
 
-    def _start(self, cycle: Cycle) -> None:
+    def start_task(self, cycle: Cycle) -> None:
+        """Run ``cycle`` (the request due now) in a task."""
         self._running = cycle
         task = self.loop.create_task(cycle.run())
         cycle.task = task
@@ -379,7 +383,7 @@ class HttpProtocol(GuardedReads):
         self._unset_keep_alive()
         self.resume_reading()
         if self.pipeline:
-            self._start(self.pipeline.pop())
+            self.start_task(self.pipeline.pop())
         else:
             self._idle()
 

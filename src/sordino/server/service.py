@@ -193,6 +193,7 @@ class InferenceService:
         """
         context = self.admit(request, route)
         ticket = self._tickets.issue(request.model, context)
+        _hold_as_tensors(request)
         try:
             if one_shot:
                 _one_shot(route)
@@ -207,6 +208,7 @@ class InferenceService:
         """:meth:`_accept` of a one-shot request where no charge waits (``not waits``)."""
         context = self.admit(request, route)
         ticket = self._tickets.issue(request.model, context)
+        _hold_as_tensors(request)
         try:
             _one_shot(route)
             return self._submit(request, route, context, ticket), ticket
@@ -424,6 +426,15 @@ class InferenceService:
             self._registry.get(name)
             keys = [ModelKey(name, v) for v in self._registry.versions(name)]
         return self._stats.triton_json(keys)
+
+
+def _hold_as_tensors(request: InferRequest) -> None:
+    """Hold the request's inputs as the scheduler will (:class:`Tensors`), from here on:
+    the bytes a row the ticket weighs are then kept with them (``Tensors.memo``) for the
+    scheduler's overflow check and staging, instead of being worked out again."""
+    inputs = request.inputs
+    if not isinstance(inputs, Tensors):
+        request.inputs = Tensors.of(inputs)
 
 
 def _one_shot(route: Route) -> None:
