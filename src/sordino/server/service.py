@@ -191,9 +191,9 @@ class InferenceService:
         for room; 429 if none comes). Raises, having counted and released the request
         and given back its ticket, when it is refused.
         """
+        _hold_as_tensors(request)
         context = self.admit(request, route)
         ticket = self._tickets.issue(request.model, context)
-        _hold_as_tensors(request)
         try:
             if one_shot:
                 _one_shot(route)
@@ -206,9 +206,9 @@ class InferenceService:
 
     def _accept_now(self, request: InferRequest, route: Route) -> tuple[Request, Ticket]:
         """:meth:`_accept` of a one-shot request where no charge waits (``not waits``)."""
+        _hold_as_tensors(request)
         context = self.admit(request, route)
         ticket = self._tickets.issue(request.model, context)
-        _hold_as_tensors(request)
         try:
             _one_shot(route)
             return self._submit(request, route, context, ticket), ticket
