@@ -19,7 +19,13 @@ from sordino.inference import InferRequest, InferResponse, Tensor
 from sordino.protocol.codec import HEADER_CONTENT_LENGTH
 from sordino.protocol.extensions import shared_memory_entry, wants_shared_memory
 
-__all__ = ["encode_error", "encode_infer_response", "encode_json", "output_datatype"]
+__all__ = [
+    "encode_error",
+    "encode_infer_response",
+    "encode_json",
+    "output_array",
+    "output_datatype",
+]
 
 
 def encode_infer_response(
@@ -50,12 +56,7 @@ def encode_infer_response(
     chunks: list[bytes | memoryview] = []
     wanted_binary = dict(wanted)
     for name, binary in wanted:
-        array = response.outputs.get(name)
-        if array is None:
-            raise InferenceFailed(
-                f"model {response.model!r} did not return output {name!r}; "
-                f"it returned {', '.join(map(repr, response.outputs)) or 'nothing'}"
-            )
+        array = output_array(response, name)
         datatype = output_datatype(response, name, array)
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         if name in shared:
@@ -84,6 +85,17 @@ def encode_infer_response(
         "Content-Type": "application/octet-stream",
     }
     return b"".join([header, *chunks]), headers
+
+
+def output_array(response: InferResponse, name: str) -> Tensor:
+    """Output ``name`` of ``response``; raise InferenceFailed if the model did not return it."""
+    array = response.outputs.get(name)
+    if array is None:
+        raise InferenceFailed(
+            f"model {response.model!r} did not return output {name!r}; "
+            f"it returned {', '.join(map(repr, response.outputs)) or 'nothing'}"
+        )
+    return array
 
 
 def output_datatype(response: InferResponse, name: str, array: Tensor) -> str:

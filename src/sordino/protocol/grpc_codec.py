@@ -39,7 +39,7 @@ from sordino.inference import (
     SharedInput,
     Tensor,
 )
-from sordino.protocol.encode import output_datatype
+from sordino.protocol.encode import output_array, output_datatype
 from sordino.protocol.extensions import (
     refuse_output_extensions,
     shared_memory_entry,
@@ -346,12 +346,7 @@ def encode_infer_response(response: InferResponse, request: InferRequest) -> pb.
     wanted = [o.name for o in request.outputs] if request.outputs else list(response.outputs)
     shared = {o.name: o.parameters for o in request.outputs or () if wants_shared_memory(o)}
     for name in wanted:
-        array = response.outputs.get(name)
-        if array is None:
-            raise InferenceFailed(
-                f"model {response.model!r} did not return output {name!r}; "
-                f"it returned {', '.join(map(repr, response.outputs)) or 'nothing'}"
-            )
+        array = output_array(response, name)
         datatype = output_datatype(response, name, array)
         # The values go in raw_output_contents, in the same order as outputs.
         entry = message.outputs.add(name=name, datatype=datatype, shape=array.shape)
