@@ -168,7 +168,8 @@ class ConnectionGuard:
         self.closing = False  # the server stops: answers close their connections
 
     def begin_closing(self) -> None:
-        """The server stops: from now on every request's answer says ``Connection: close``.
+        """The server stops: from now on every request's answer says ``Connection: close``
+        (the answers being made on the connections open now too).
 
         A client between two requests on a kept-alive connection then sends its next
         request, gets its answer and the close with it, and opens no race with a close
@@ -177,6 +178,8 @@ class ConnectionGuard:
         """
         self.closing = True
         self.early_shed = None
+        for protocol in self._live:
+            protocol.end_keep_alive()
 
     def watch(self, protocol: Guarded) -> None:
         """Check ``protocol``'s read deadline from now on (until :meth:`unwatch`)."""
@@ -316,6 +319,10 @@ class Guarded(Protocol):
 
     def expire(self, now: float, *, because: str | None = None) -> None:
         """The phase being read ran past its deadline (``because``: it must end now)."""
+        ...
+
+    def end_keep_alive(self) -> None:
+        """The server stops: the last answer due on the connection closes it."""
         ...
 
 

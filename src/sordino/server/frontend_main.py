@@ -162,8 +162,6 @@ async def serve(spec: FrontendSpec) -> None:
     # its connection, and a kept-alive client has a grace to send its next request and
     # read that answer before the idle connections are closed under it.
     guard.begin_closing()
-    for connection in state.connections:
-        connection.end_keep_alive()
     graced = loop.time() + _GRACE_S
     while state.connections:
         if loop.time() >= graced:

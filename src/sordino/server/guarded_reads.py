@@ -63,6 +63,9 @@ class GuardedReads(asyncio.Protocol):
     def _idle(self) -> None:
         raise NotImplementedError
 
+    def end_keep_alive(self) -> None:
+        raise NotImplementedError
+
     def _unset_keep_alive(self) -> None:
         raise NotImplementedError
 

@@ -187,9 +187,6 @@ class HttpServer:
         """Close the listening socket; open connections keep being served, each answer
         now closing its connection (:meth:`ConnectionGuard.begin_closing`)."""
         self.guard.begin_closing()
-        for connection in self._server.server_state.connections:
-            if isinstance(connection, HttpProtocol):  # all are; uvicorn types them wider
-                connection.end_keep_alive()
         for server in getattr(self._server, "servers", ()):  # none before start()
             server.close()
 
