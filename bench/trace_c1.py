@@ -38,8 +38,7 @@ from bench.common import sordino_server
 MARKS: list[tuple[str, str, str, str]] = [
     ("server/http_protocol.py", "def data_received(self, data: bytes) -> None:",
      "front: HTTP bytes in", "after"),
-    ("server/fast_infer.py", "check_declared(limit, declared)", "front: body whole (open_infer)",
-     "before"),
+    ("server/fast_infer.py", "if len(body) > limit:", "front: body whole (open_infer)", "before"),
     ("server/fast_infer.py",
      "response = await serve(parts, opened.request, opened.route, opened.shared, watch)",
      "front: decoded", "before"),

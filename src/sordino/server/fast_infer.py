@@ -233,12 +233,12 @@ def open_infer(
     shared-memory inputs attached. Never waits. Returns the :class:`Opened` request, or
     the answer that ends it (an error, counted; a cached result). ``parsed`` is
     :func:`parse_headers`' reading of the request's headers."""
-    declared, header_length, forwarded = parsed
+    _, header_length, forwarded = parsed
     cache_key: tuple[str, str, bytes] | None = None
     try:
         with parts.service.receiving(model, version, forwarded.get("x-sordino-tenant")):
             limit = parts.max_request_size
-            check_declared(limit, declared)
+            # The whole body: its length says what a Content-Length past the limit would.
             if len(body) > limit:
                 raise too_large(limit)
             tenant, route = open_request(parts, model, version, forwarded, read_s)
