@@ -269,3 +269,36 @@ def _restarted(server: RunningServer, start: int, count: int) -> None:
         return len(restarts) >= count and worker(server, 0).state == "ready"
 
     wait_until(serving, 60, f"restart {count}")
+
+
+def _thread_niceness(pid: int) -> dict[int, int]:
+    """Each thread of ``pid`` and its niceness (field 19 of ``/proc/PID/task/TID/stat``)."""
+    found = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        # a thread may end meanwhile
+        with contextlib.suppress(FileNotFoundError), open(f"/proc/{pid}/task/{tid}/stat") as stat:
+            found[int(tid)] = int(stat.read().rsplit(")", 1)[1].split()[16])
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads /proc")
+def test_every_thread_of_a_worker_runs_below_the_server(pair: RunningServer) -> None:
+    """``workers.nice`` (10 by default) lowers all of a worker's threads, the model's too."""
+    server = os.getpriority(os.PRIO_PROCESS, 0)
+    threads = _thread_niceness(worker(pair, 0).pid)
+    # the main thread, the heartbeat and ONNX Runtime's intra-op pool at least
+    assert len(threads) >= 3
+    assert set(threads.values()) == {min(19, server + 10)}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads /proc")
+def test_nice_zero_keeps_the_servers_priority() -> None:
+    config = RuntimeConfig.model_validate({"workers": {"nice": 0}})
+    with serve_in_thread(config, digits()) as server:
+        threads = _thread_niceness(worker(server, 0).pid)
+    assert set(threads.values()) == {os.getpriority(os.PRIO_PROCESS, 0)}
+
+
+def test_a_niceness_outside_unix_range_is_refused() -> None:
+    with pytest.raises(ValueError, match="nice"):
+        RuntimeConfig.model_validate({"workers": {"nice": 20}})

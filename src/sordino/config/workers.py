@@ -58,6 +58,11 @@ class WorkersConfig(Section):
     """A worker that ran this many batches is healthy (as after ``restart_backoff_reset``)."""
     warmup_batches: int = Field(default=1, ge=0)
     """Dummy batches a (re)started worker runs before it takes traffic."""
+    nice: int = Field(default=10, ge=0, le=19)
+    """How much lower than the server's the CPU priority of worker processes is (Unix
+    ``nice``, added to the server's own): where the server and its workers want the same
+    cores, the server's loop, which every request crosses, runs first. 0: the same
+    priority as the server."""
     shared_memory: Size = Field(default=parse_size("256MB"), ge=4096)
     """Size of the shared-memory arena that tensors travel through."""
     outlier_ejection: OutlierEjectionConfig = OutlierEjectionConfig()

@@ -179,6 +179,7 @@ class ChainExecutor:
             warmup_batches=self._settings.warmup_batches,
             framework_memory=config.framework_memory,
             thread_spinning=config.thread_spinning,
+            nice=self._settings.nice,
         )
         return ProcessInstance(
             key,

@@ -74,6 +74,8 @@ class WorkerSpec:
     """ONNX Runtime's arenas in this process (the model's ``framework_memory``)."""
     thread_spinning: bool = False
     """Let ONNX Runtime's threads busy-wait for work (the model's ``thread_spinning``)."""
+    nice: int = 0
+    """Added to the process's CPU niceness before any thread starts (``workers.nice``)."""
 
 
 def _heartbeat(link: WorkerLink, interval: float) -> None:
@@ -85,6 +87,23 @@ def _heartbeat(link: WorkerLink, interval: float) -> None:
             return
 
 
+def _lower_priority(by: int) -> None:
+    """Add ``by`` to this process's niceness, for every thread it already runs.
+
+    Linux keeps a niceness per thread, and ``setpriority`` on the process's own ID sets
+    only the calling thread's; threads started later inherit their creator's. Those the
+    imports before this point may have started (a BLAS pool) are set one by one.
+    """
+    target = min(19, os.getpriority(os.PRIO_PROCESS, 0) + by)
+    try:
+        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
+    except OSError:  # no /proc: the call below sets the whole process
+        threads = [0]
+    for tid in threads:
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.setpriority(os.PRIO_PROCESS, tid, target)
+
+
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     """Entry point of the worker process."""
     # Ctrl-C and SIGTERM reach the whole process group; the server decides when its
@@ -94,6 +113,8 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    if spec.nice:
+        _lower_priority(spec.nice)
     from sordino.backends.registry import backend_kind, create_backend
 
     link = WorkerLink(conn)
