@@ -286,8 +286,9 @@ def test_every_thread_of_a_worker_runs_below_the_server(pair: RunningServer) -> 
     """``workers.nice`` (10 by default) lowers all of a worker's threads, the model's too."""
     server = os.getpriority(os.PRIO_PROCESS, 0)
     threads = _thread_niceness(worker(pair, 0).pid)
-    # the main thread, the heartbeat and ONNX Runtime's intra-op pool at least
-    assert len(threads) >= 3
+    # the main thread and the heartbeat at least; ONNX Runtime's and numpy's pools where
+    # the cores give them threads
+    assert len(threads) >= 2
     assert set(threads.values()) == {min(19, server + 10)}
 
 

@@ -75,7 +75,7 @@ class WorkerSpec:
     thread_spinning: bool = False
     """Let ONNX Runtime's threads busy-wait for work (the model's ``thread_spinning``)."""
     nice: int = 0
-    """Added to the process's CPU niceness before any thread starts (``workers.nice``)."""
+    """Added to the niceness of every thread of the worker, first thing (``workers.nice``)."""
 
 
 def _heartbeat(link: WorkerLink, interval: float) -> None:
