@@ -48,7 +48,7 @@ import logging
 import resource
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Literal, NamedTuple, Protocol
 
 from sordino.protocol.encode import encode_error
@@ -56,6 +56,7 @@ from sordino.records import ConnectionStatistics
 from sordino.server.malloc_trim import Trimmer
 
 __all__ = [
+    "CLOSING_GRACE_S",
     "LARGE_READ",
     "LINGER_S",
     "MAX_LINGERING",
@@ -68,6 +69,7 @@ __all__ = [
     "Phase",
     "ShedCheck",
     "default_max_connections",
+    "drained",
     "error_response",
     "monitoring",
     "plain_head",
@@ -75,6 +77,9 @@ __all__ = [
 
 log = logging.getLogger("sordino.http")
 
+CLOSING_GRACE_S = 2.0
+"""Once the server stops, how long kept-alive connections may still send a request (each
+answer closing its connection) before the idle ones are closed under them."""
 LINGER_S = 1.0
 """How long a refused connection stays open for its client to read the 503."""
 MAX_LINGERING = 256
@@ -324,6 +329,17 @@ class Guarded(Protocol):
     def end_keep_alive(self) -> None:
         """The server stops: the last answer due on the connection closes it."""
         ...
+
+
+async def drained(connections: Collection[object], within_s: float) -> None:
+    """Return once ``connections`` (a live set the server keeps) is empty, or after
+    ``within_s`` seconds, whichever comes first (looked at every 10 ms)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while connections:
+        if loop.time() >= deadline:
+            return
+        await asyncio.sleep(0.01)
 
 
 def monitoring(target: bytes) -> bool:

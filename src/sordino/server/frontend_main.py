@@ -38,8 +38,6 @@ __all__ = ["FrontendSpec", "main"]
 log = logging.getLogger("sordino.frontends")
 
 _PR_SET_PDEATHSIG = 1
-# How long kept-alive connections may stay open once stopping (HttpServer.stop's grace).
-_GRACE_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +93,7 @@ def _die_with_parent() -> None:
 async def serve(spec: FrontendSpec) -> None:
     """Serve until a signal or the engine's end (see the module's docstring)."""
     from sordino.server import link_frames
-    from sordino.server.connection_guard import ConnectionGuard
+    from sordino.server.connection_guard import CLOSING_GRACE_S, ConnectionGuard, drained
     from sordino.server.connection_tally import ConnectionReporter
     from sordino.server.frontend_link import FrontendLink
     from sordino.server.frontend_protocol import frontend_protocol
@@ -162,18 +160,10 @@ async def serve(spec: FrontendSpec) -> None:
     # its connection, and a kept-alive client has a grace to send its next request and
     # read that answer before the idle connections are closed under it.
     guard.begin_closing()
-    graced = loop.time() + _GRACE_S
-    while state.connections:
-        if loop.time() >= graced:
-            break
-        await asyncio.sleep(0.01)
+    await drained(state.connections, CLOSING_GRACE_S)
     for connection in list(state.connections):
         connection.shutdown()  # idle ones close, busy ones after their answer
-    deadline = loop.time() + spec.shutdown_timeout + 2.0
-    while state.connections:
-        if loop.time() >= deadline:
-            break
-        await asyncio.sleep(0.01)
+    await drained(state.connections, spec.shutdown_timeout + 2.0)
     for connection in list(state.connections):
         connection.transport.close()
     if stopping is not None:

@@ -18,7 +18,12 @@ import uvicorn
 
 from sordino.errors import ConfigError
 from sordino.records import ConnectionStatistics
-from sordino.server.connection_guard import ConnectionGuard, default_max_connections
+from sordino.server.connection_guard import (
+    CLOSING_GRACE_S,
+    ConnectionGuard,
+    default_max_connections,
+    drained,
+)
 from sordino.server.connection_tally import ConnectionTally
 from sordino.server.early_shed import EarlyShed
 from sordino.server.frontends import frontend_count
@@ -190,7 +195,7 @@ class HttpServer:
         for server in getattr(self._server, "servers", ()):  # none before start()
             server.close()
 
-    async def stop(self, *, grace_s: float = 2.0) -> None:
+    async def stop(self, *, grace_s: float = CLOSING_GRACE_S) -> None:
         """Close the listening socket and, after a grace period, the connections.
 
         During the grace period connections are still served (after shutdown began,
@@ -200,11 +205,7 @@ class HttpServer:
         when the grace period ends are closed.
         """
         self.stop_accepting()
-        deadline = asyncio.get_running_loop().time() + grace_s
-        while self._server.server_state.connections:
-            if asyncio.get_running_loop().time() >= deadline:
-                break
-            await asyncio.sleep(0.01)
+        await drained(self._server.server_state.connections, grace_s)
         self._server.should_exit = True
         if self._task is not None:
             await self._task
