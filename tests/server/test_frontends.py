@@ -306,6 +306,33 @@ def test_a_pipelined_other_request_behind_inference_gets_a_clear_503(
     connection.close()
 
 
+def test_an_upgrade_proposal_through_a_front_end_is_served_with_its_body(
+    server: RunningServer,
+) -> None:
+    """``curl --http2 -d …`` proposes h2c on a POST with a body: a front end (whose
+    protocol is the engine's) answers it as plain HTTP/1.1, body read, and the next
+    request on the connection too (server/ignored_upgrade.py)."""
+    connection = any_connection(server)
+    assert connection.sock is not None
+    body = digits_body()
+    request = (
+        b"POST /v2/models/digits-classifier/infer HTTP/1.1\r\nHost: x\r\n"
+        b"%sContent-Length: %d\r\n\r\n%s"
+    )
+    h2c = (
+        b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+        b"HTTP2-Settings: AAMAAABkAAQAAP__\r\n"
+    )
+    connection.sock.sendall(request % (h2c, len(body), body) + request % (b"", len(body), body))
+    answers = b""
+    while answers.count(b"model_name") < 2:
+        chunk = connection.sock.recv(65536)
+        assert chunk, answers
+        answers += chunk
+    assert answers.startswith(b"HTTP/1.1 200") and answers.count(b"HTTP/1.1 200") == 2
+    connection.close()
+
+
 def _binary(header: dict[str, object], *chunks: bytes) -> tuple[bytes, dict[str, str]]:
     """A body with the binary-data extension: the JSON header, then ``chunks``."""
     text = json.dumps(header).encode()

@@ -314,3 +314,53 @@ def test_a_client_that_leaves_mid_body_is_counted_cancelled(server: RunningServe
         sock.sendall(request[: len(request) - 10])
         time.sleep(0.05)  # the server reads the first part alone (not needed to pass)
     wait_for(lambda: _cancelled(server) == before + 1, "the request counted cancelled")
+
+
+# What `curl --http2 -d @request.json http://…` sends: an h2c proposal on a POST with a body.
+H2C = (
+    "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+    "HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n"
+)
+
+
+def _chunked_upgrade() -> bytes:
+    head = f"POST {INFER} HTTP/1.1\r\nHost: x\r\n{H2C}Transfer-Encoding: chunked\r\n\r\n"
+    return head.encode() + b"%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY)
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        pytest.param([_infer(H2C)], id="content-length"),
+        pytest.param([_infer(H2C)[:120], _infer(H2C)[120:300], _infer(H2C)[300:]], id="pieces"),
+        pytest.param([_chunked_upgrade()], id="chunked"),
+    ],
+)
+def test_an_upgrade_proposal_is_ignored_and_its_body_read(
+    server: RunningServer, pieces: list[bytes]
+) -> None:
+    """No protocol switch is served, so a request proposing one (h2c, as curl --http2
+    sends on every request) is answered as plain HTTP/1.1 with its body — the parser
+    alone ends it at its headers (server/ignored_upgrade.py)."""
+    with _connect(server) as sock:
+        for piece in pieces:
+            sock.sendall(piece)
+            time.sleep(0.02)  # each piece in a read of its own (not needed to pass)
+        [(head, body)] = _responses(sock, 1)
+    assert _status(head) == 200, body
+    assert orjson.loads(body)["model_name"] == MODEL
+
+
+def test_requests_after_an_ignored_upgrade_are_parsed_as_before(server: RunningServer) -> None:
+    """What follows an upgrade proposal on the connection — with and without a body,
+    pipelined in the same write — is answered in order, nothing read as a request twice."""
+    ready = f"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n{H2C}\r\n".encode()
+    with _connect(server) as sock:
+        sock.sendall(_infer(H2C) + _infer() + ready + _infer(H2C) + _infer())
+        answers = _responses(sock, 5)
+        sock.sendall(_infer())  # the connection still serves
+        answers += _responses(sock, 1)
+    assert [_status(head) for head, _ in answers] == [200] * 6
+    assert [orjson.loads(body)["model_name"] for _, body in answers[:2] + answers[3:]] == [
+        MODEL
+    ] * 5

@@ -43,6 +43,7 @@ from sordino.server.connection_guard import (
 from sordino.server.fast_infer import INFER_PATH
 from sordino.server.guarded_reads import GuardedReads
 from sordino.server.http_cycle import HIGH_WATER, STATUS_LINE, Cycle, InferCycle
+from sordino.server.ignored_upgrade import IgnoredUpgrade
 from sordino.server.runtime import Runtime
 from sordino.server.tls_accept import client_address
 
@@ -76,7 +77,7 @@ def http_protocol(
     return Bound
 
 
-class HttpProtocol(GuardedReads):
+class HttpProtocol(IgnoredUpgrade, GuardedReads):
     """One HTTP/1.1 connection (see the module's docstring)."""
 
     guard: ClassVar[ConnectionGuard]
@@ -215,8 +216,8 @@ class HttpProtocol(GuardedReads):
         self._unset_keep_alive()
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            pass  # no upgrade is served: the request was answered as plain HTTP
+        except httptools.HttpParserUpgrade as upgrade:  # none is served: HTTP/1.1 goes on
+            self._ignore_upgrade(data, upgrade.args[0])
         except httptools.HttpParserError:
             self._bad_request("Invalid HTTP request received.")
             return
@@ -353,6 +354,8 @@ class HttpProtocol(GuardedReads):
             self.pause_reading()
 
     def on_message_complete(self) -> None:
+        if self.parser.should_upgrade() and self._body_skipped():
+            return  # the body is still to come (server/ignored_upgrade.py)
         self._disarm()
         if self._refused_late:
             return
