@@ -11,10 +11,12 @@ gRPC to both and compares every output (exact equality) and the metadata (input 
 output names, datatypes, shapes). The decoupled examples (``repeat_int32``,
 ``square_int32``) are streamed instead, over gRPC ``ModelStreamInfer`` (every response,
 with the empty final one) and HTTP ``generate_stream`` (every event), and both servers
-must refuse a unary ``infer`` on them. Custom metric families a model defines are looked
-for in both servers' ``/metrics``. Prints one line per check and a verdict; the exit
-status is 0 when everything matched, 1 when something differed, 2 when a server could
-not be installed or started. Results go to ``bench/results/triton_python_parity.json``.
+must refuse a unary ``infer`` on them. A model of the bench's own answers with each of
+Triton's error codes: both servers must give the same status and message. Custom metric
+families a model defines are looked for in both servers' ``/metrics``. Prints one line
+per check and a verdict; the exit status is 0 when everything matched, 1 when something
+differed, 2 when a server could not be installed or started. Results go to
+``bench/results/triton_python_parity.json``.
 """
 
 from __future__ import annotations
@@ -43,6 +45,47 @@ Case = tuple[str, dict[str, np.ndarray], list[str]]
 
 DECOUPLED = {"repeat_int32", "square_int32"}
 """The decoupled examples: streamed, not asked once."""
+
+ERROR_CODES = "error_codes"
+"""A model of the bench's own (added to the repository): it answers ``X = -1 - code``
+with ``TritonError(message, code)``, so both servers' status for each of Triton's
+error codes, and the message the client reads, can be compared."""
+
+_ERROR_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+NAMES = ["UNKNOWN", "INTERNAL", "NOT_FOUND", "INVALID_ARG", "UNAVAILABLE", "UNSUPPORTED",
+         "ALREADY_EXISTS", "CANCELLED"]
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = int(pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0, 0])
+            code = getattr(pb_utils.TritonError, NAMES[-1 - x])
+            responses.append(pb_utils.InferenceResponse(
+                error=pb_utils.TritonError(f"no answer for {x}", code)))
+        return responses
+"""
+
+_ERROR_CONFIG = """name: "error_codes"
+backend: "python"
+max_batch_size: 8
+input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "Y", data_type: TYPE_INT32, dims: [ 1 ] } ]
+"""
+
+
+def _error_answer(mod: Any, client: Any, code: int) -> tuple[str, str]:
+    """(status, message) of the error ``error_codes`` answers for Triton's ``code``."""
+    tensor = mod.InferInput("X", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[-1 - code]], dtype=np.int32))
+    try:
+        client.infer(ERROR_CODES, [tensor])
+    except InferenceServerException as error:
+        return str(error.status()), str(error.message())
+    return "OK", ""
 
 
 def stream_cases(models: list[str]) -> list[tuple[str, dict[str, np.ndarray]]]:
@@ -215,7 +258,7 @@ def compare(
             refused = (_refuses_infer(theirs, mod, model, arrays),
                        _refuses_infer(ours, mod, model, arrays))  # fmt: skip
             check(f"{model} unary infer refused", protocol, refused == (True, True), str(refused))
-        for case in cases([m for m in models if m not in DECOUPLED]):
+        for case in cases([m for m in models if m not in DECOUPLED and m != ERROR_CODES]):
             expected, got = _infer(mod, theirs, case), _infer(mod, ours, case)
             same = all(np.array_equal(expected[n], got[n]) for n in expected)
             shapes = {n: list(got[n].shape) for n in got}
@@ -229,6 +272,10 @@ def compare(
             )
             refused = [_refuses(mod, client, case) for client in (theirs, ours)]
             check("bls_sync undefined_model refused", protocol, all(refused), str(refused))
+        if ERROR_CODES in models:
+            for code in range(8):
+                expected, got = _error_answer(mod, theirs, code), _error_answer(mod, ours, code)
+                check(f"{ERROR_CODES} error code {code}", protocol, expected == got, str(got))
         theirs.close()
         ours.close()
     return checks
@@ -245,13 +292,16 @@ def _refuses(mod: Any, client: Any, case: Case) -> bool:
 def repository(source: Path, into: Path) -> Path:
     """A copy of ``source`` in ``into``, with the stand-in for the "pytorch" model that
     Triton's bls example calls (add_sub under that name: no torch here) when
-    ``bls_async`` is there without it."""
+    ``bls_async`` is there without it, and the bench's :data:`ERROR_CODES` model."""
     repo = into / "models"
     shutil.copytree(source, repo)
     if (repo / "bls_async").is_dir() and not (repo / "pytorch").exists():
         shutil.copytree(repo / "add_sub", repo / "pytorch")
         config = repo / "pytorch" / "config.pbtxt"
         config.write_text(config.read_text().replace('name: "add_sub"', 'name: "pytorch"'))
+    (repo / ERROR_CODES / "1").mkdir(parents=True)
+    (repo / ERROR_CODES / "config.pbtxt").write_text(_ERROR_CONFIG)
+    (repo / ERROR_CODES / "1" / "model.py").write_text(_ERROR_MODEL)
     return repo
 
 

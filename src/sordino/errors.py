@@ -29,8 +29,11 @@ value and what would have been accepted.
     ├── Unsupported                  400: a feature that is configured or asked for but not
     │                                implemented; never silently ignored
     ├── Cancelled                    the client cancelled the request
-    └── InferenceFailed              500: the batch failed (worker lost, every device failed)
-        └── ModelError               the model itself raised on the batch's inputs
+    ├── InferenceFailed              500: the batch failed (worker lost, every device failed)
+    │   └── ModelError               the model itself raised on the batch's inputs
+    └── ModelResponseError           the model answered this request with an error
+        │                            (Triton's code gives the status: 500, 503, 501)
+        └── ModelRejected            ... of the client's kind (400, 404)
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ __all__ = [
     "ModelError",
     "ModelLoadError",
     "ModelNotReady",
+    "ModelRejected",
+    "ModelResponseError",
     "NotFound",
     "OutOfMemory",
     "QueueFull",
@@ -59,6 +64,7 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "Unsupported",
+    "model_response_error",
 ]
 
 
@@ -238,3 +244,40 @@ class ModelError(InferenceFailed):
     so that only the request the model cannot take fails (never a whole batch for one
     bad request).
     """
+
+
+class ModelResponseError(SordinoError):
+    """The model answered this request with an error (a Triton Python model's
+    ``InferenceResponse(error=TritonError(message, code))``): the request's own answer,
+    given as the model wrote it, not a failure of its batch — the batch's other
+    requests keep their answers, nothing is run again, and no worker counts it as a
+    failure. ``code`` is Triton's error code, which gives the HTTP status and gRPC code
+    as Triton gives them (``protocol/status.py``). Made by :func:`model_response_error`.
+    """
+
+    reason = "model_response_error"
+    code = 1  # TRITONSERVER_ERROR_INTERNAL
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class ModelRejected(ModelResponseError):
+    """A :class:`ModelResponseError` of the client's kind (Triton's ``UNKNOWN``,
+    ``INVALID_ARG``, ``NOT_FOUND``, ``ALREADY_EXISTS``, ``CANCELLED``: a 4xx): counted
+    as the client's error, as a request refused for bad input is, not as a failure."""
+
+    reason = "model_rejected"
+    code = 3  # TRITONSERVER_ERROR_INVALID_ARG
+
+
+_SERVER_CODES = frozenset({1, 4, 5})  # INTERNAL, UNAVAILABLE, UNSUPPORTED
+
+
+def model_response_error(message: str, code: int) -> ModelResponseError:
+    """The error a model's error response with Triton's ``code`` is answered with."""
+    if code in _SERVER_CODES or code not in range(8):
+        return ModelResponseError(message, code if code in _SERVER_CODES else 1)
+    return ModelRejected(message, code)

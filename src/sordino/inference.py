@@ -17,9 +17,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import numpy.typing as npt
+import orjson
+
+from sordino.errors import ModelResponseError, model_response_error
 
 __all__ = [
+    "REQUEST_ERRORS",
     "InferRequest",
     "InferResponse",
     "ModelKey",
@@ -30,6 +35,8 @@ __all__ = [
     "StreamSpec",
     "Tensor",
     "TensorSpec",
+    "decode_request_errors",
+    "encode_request_errors",
     "release_owned",
 ]
 
@@ -252,3 +259,34 @@ class ModelMetadata:
             if spec.name == name:
                 return spec
         return None
+
+
+REQUEST_ERRORS = "sordino.request_errors"
+"""The output in which a backend that runs a batch as its requests (Triton's
+``execute``) says which requests it answered with an error: a ``BYTES`` tensor with an
+element per request, empty for one answered, else ``{"code": …, "message": …}``
+(Triton's error code). The other outputs then hold the rows of the answered requests
+only, in order. The scheduler takes it out before anything else sees the outputs
+(``scheduling/batches.py``)."""
+
+
+def encode_request_errors(count: int, errors: Mapping[int, tuple[int, str]]) -> Tensor:
+    """The :data:`REQUEST_ERRORS` tensor of a batch of ``count`` requests: ``errors``
+    maps a request's index to its error's (code, message)."""
+    column = np.empty(count, dtype=object)
+    for index in range(count):
+        error = errors.get(index)
+        column[index] = (
+            b"" if error is None else orjson.dumps({"code": error[0], "message": error[1]})
+        )
+    return column
+
+
+def decode_request_errors(column: Tensor, count: int) -> list[ModelResponseError | None]:
+    """Each request's error from a :data:`REQUEST_ERRORS` tensor (None: answered)."""
+    found: list[ModelResponseError | None] = [None] * count
+    for index, entry in enumerate(column.reshape(-1)[:count]):
+        if entry:
+            error = orjson.loads(entry)
+            found[index] = model_response_error(str(error["message"]), int(error["code"]))
+    return found

@@ -24,6 +24,7 @@ from sordino.config import RuntimeConfig
 from sordino.errors import ModelLoadError
 from sordino.models.repository import scan_repository
 from sordino.testing import RunningServer, serve_in_thread
+from tests.metrics import counter_sum
 from tests.waiting import wait_for
 
 EXAMPLES = Path(__file__).parent.parent / "fixtures" / "triton_python_examples"
@@ -78,6 +79,38 @@ output [ { name: "N", data_type: TYPE_INT32, dims: [ 1 ] } ]
 """
 
 
+ANSWERING = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+NAMES = ["UNKNOWN", "INTERNAL", "NOT_FOUND", "INVALID_ARG", "UNAVAILABLE", "UNSUPPORTED",
+         "ALREADY_EXISTS", "CANCELLED"]
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            if x[0, 0] < 0:  # -1 - code: an error with Triton's code
+                code = getattr(pb_utils.TritonError, NAMES[-1 - int(x[0, 0])])
+                error = pb_utils.TritonError(f"no answer for {int(x[0, 0])}", code)
+                responses.append(pb_utils.InferenceResponse(error=error))
+            else:  # how many requests its batch held, and its own value
+                seen = np.full(x.shape, len(requests) * 100 + x[0, 0], dtype=np.int32)
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("N", seen)]))
+        return responses
+"""
+
+ANSWERING_CONFIG = """
+backend: "python"
+max_batch_size: 8
+dynamic_batching { preferred_batch_size: [ 3 ] max_queue_delay_microseconds: 5000000 }
+input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "N", data_type: TYPE_INT32, dims: [ 1 ] } ]
+"""
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     root = tmp_path_factory.mktemp("repo")
@@ -92,6 +125,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     (root / "counting" / "1").mkdir(parents=True)
     (root / "counting" / "config.pbtxt").write_text(COUNTING_CONFIG)
     (root / "counting" / "1" / "model.py").write_text(COUNTING)
+    for name in ("answering", "answering_thread"):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(ANSWERING_CONFIG)
+        (root / name / "1" / "model.py").write_text(ANSWERING)
+    (root / "answering_thread" / "config.yaml").write_text("backend: python\nisolation: thread\n")
+    # The same model answering each request at once (the one above waits for 3).
+    shutil.copytree(root / "answering", root / "answering_now")
+    (root / "answering_now" / "config.pbtxt").write_text(
+        ANSWERING_CONFIG.replace(
+            "preferred_batch_size: [ 3 ] max_queue_delay_microseconds: 5000000",
+            "max_queue_delay_microseconds: 0",
+        )
+    )
     # manual: batches wait up to the configured delay, as Triton's dynamic batcher does.
     config = RuntimeConfig.model_validate({"scheduler": {"mode": "manual"}})
     with serve_in_thread(config, scan_repository(root)) as running:
@@ -162,7 +208,7 @@ def test_auto_complete_config_gives_a_batched_model(client: Any) -> None:
     [
         (1, "execute raised ValueError('one is not welcome')"),
         (2, "execute returned 0 responses for 1 requests"),
-        (3, "request 0: three is wrong"),
+        (3, "three is wrong"),  # a response's error: the model's words, as on Triton
     ],
 )
 def test_a_failing_execute_is_a_clear_error_and_the_worker_serves_on(
@@ -174,6 +220,63 @@ def test_a_failing_execute_is_a_clear_error_and_the_worker_serves_on(
     assert said in str(caught.value.message())
     ok = _infer(client, "faulty", {"X": np.array([7], dtype=np.int32)}, ["Y"])
     assert ok.as_numpy("Y").tolist() == [70]
+
+
+@pytest.mark.parametrize("model", ["answering", "answering_thread"])
+def test_a_response_error_answers_its_request_alone_and_the_batch_runs_once(
+    server: RunningServer, model: str
+) -> None:
+    """One request of a batch answered with an error: it gets that error as the model
+    wrote it (Triton's status: INVALID_ARG is a 400), the others their answers from the
+    same execute (a batch of 3, not run again one by one), and no worker failure is
+    counted (the model answered; it did not fail)."""
+    url = server.url.removeprefix("http://")
+
+    def send(value: int) -> object:
+        client = httpclient.InferenceServerClient(url=url)
+        try:
+            result = _infer(client, model, {"X": np.array([[value]], np.int32)}, ["N"])
+            return int(result.as_numpy("N")[0, 0])
+        except InferenceServerException as error:
+            return (error.status(), error.message())
+        finally:
+            client.close()
+
+    def failures() -> int:
+        return counter_sum(server, "sordino_worker_failures", lambda x: x["model"] == model)
+
+    before = failures()
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(send, [5, -4, 7]))  # -4: INVALID_ARG
+    assert answers == [305, ("400", "no answer for -4"), 307]
+    assert failures() == before
+    rejected = counter_sum(
+        server,
+        "sordino_requests",
+        lambda x: x["model"] == model and x["reason"] == "model_rejected",
+    )
+    assert rejected >= 1
+
+
+# Triton 2.51's answer to a response with each error code (UNKNOWN, INTERNAL, NOT_FOUND,
+# INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED), measured side by
+# side with it on the same model (docs/backends.md, "Errors").
+TRITON_HTTP = ["400", "500", "404", "400", "503", "501", "400", "400"]
+TRITON_GRPC = [
+    "UNKNOWN", "INTERNAL", "NOT_FOUND", "INVALID_ARGUMENT", "UNAVAILABLE", "UNIMPLEMENTED",
+    "ALREADY_EXISTS", "CANCELLED",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("code", range(8))
+def test_a_response_errors_code_gives_tritons_status(client: Any, code: int) -> None:
+    with pytest.raises(InferenceServerException) as caught:
+        _infer(client, "answering_now", {"X": np.array([[-1 - code]], np.int32)}, ["N"])
+    expected = (
+        TRITON_HTTP[code] if _mod(client) is httpclient else f"StatusCode.{TRITON_GRPC[code]}"
+    )
+    assert caught.value.status() == expected
+    assert caught.value.message() == f"no answer for {-1 - code}"
 
 
 def test_execute_gets_the_requests_the_scheduler_batched(server: RunningServer) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 from sordino.inference import ModelKey
 from sordino.records import RequestDone
 from sordino.telemetry.availability import AvailabilityTally, outcome_class, rejection_class
+from sordino.telemetry.series import SeriesRecorder
 
 
 def _done(priority: int, outcome: str = "success", reason: str = "") -> RequestDone:
@@ -66,3 +67,25 @@ def test_refusals_before_acceptance_are_client_errors_or_refusals() -> None:
     assert (row["client_error"], row["refused"], row["accepted"], row["priority"]) == (
         402, 3, 0, 0,
     )  # fmt: skip
+
+
+def test_a_models_error_answer_of_the_clients_kind_is_a_client_error() -> None:
+    """A model's response with INVALID_ARG (say) is the caller's error: not accepted work
+    that failed, not in the error rate; INTERNAL and the like are the model's failure."""
+    assert outcome_class("failure", "model_rejected") == "client_error"
+    assert outcome_class("failure", "model_response_error") == "failed"
+    emitted: list[dict[str, Any]] = []
+    tally = AvailabilityTally(lambda *a, **payload: emitted.append(payload), wall=lambda: 1000.0)
+    tally.request_done(_done(1))
+    tally.request_done(_done(1, "failure", "model_rejected"))
+    tally.request_done(_done(1, "failure", "model_response_error"))
+    tally.flush()
+    (row,) = emitted[0]["counts"]
+    assert (row["accepted"], row["ok"], row["failed"], row["client_error"]) == (2, 1, 1, 1)
+    series = SeriesRecorder(
+        models=list, instances=lambda _: 1, slo_s=lambda _: 1.0, wall=lambda: 1000.5
+    )
+    for reason in ("ok", "model_rejected", "model_response_error"):
+        series.request_done(_done(1, "success" if reason == "ok" else "failure", reason))
+    (second,) = series.close_until(1001)
+    assert (second.requests, second.errors, second.client_errors) == (2, 1, 1)

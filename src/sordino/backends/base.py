@@ -175,7 +175,9 @@ class RequestBatchBackend(Protocol):
     (Triton's ``is_cancelled()``); None: never. ``place`` (:data:`OutputPlacer`), when
     given, is where the outputs are to lie (a worker process's arena): the backend may
     ask it once, after the model ran, for an array per output to write that output
-    into, so that each response's tensor is copied once, straight into its rows.
+    into, so that each response's tensor is copied once, straight into its rows. A
+    request the model answered with an error has no rows in the outputs; the output
+    :data:`~sordino.inference.REQUEST_ERRORS` then says which and why.
     """
 
     def infer_requests(

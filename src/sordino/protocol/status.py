@@ -13,6 +13,7 @@ from sordino.errors import (
     InvalidRequest,
     MalformedBody,
     ModelLoadError,
+    ModelResponseError,
     NotFound,
     RateLimited,
     SordinoError,
@@ -23,9 +24,21 @@ from sordino.errors import (
 
 __all__ = ["grpc_code_name", "http_status", "retry_after_header"]
 
+# A model's error response, by Triton's error code (TRITONSERVER_Error_Code: UNKNOWN,
+# INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS,
+# CANCELLED), as Triton 2.51 answers it over HTTP and gRPC (measured side by side:
+# docs/backends.md, "Errors").
+_TRITON_HTTP = (400, 500, 404, 400, 503, 501, 400, 400)
+_TRITON_GRPC = (
+    "UNKNOWN", "INTERNAL", "NOT_FOUND", "INVALID_ARGUMENT", "UNAVAILABLE", "UNIMPLEMENTED",
+    "ALREADY_EXISTS", "CANCELLED",
+)  # fmt: skip
+
 
 def http_status(error: SordinoError) -> int:
     """Return the HTTP status for ``error``."""
+    if isinstance(error, ModelResponseError):
+        return _TRITON_HTTP[error.code]
     if isinstance(error, MalformedBody) and error.too_large:
         return 413
     if isinstance(error, InvalidRequest | Unsupported | ModelLoadError | ConfigError):
@@ -51,6 +64,8 @@ def http_status(error: SordinoError) -> int:
 
 def grpc_code_name(error: SordinoError) -> str:
     """Return the gRPC status code name (``grpc.StatusCode`` member) for ``error``."""
+    if isinstance(error, ModelResponseError):
+        return _TRITON_GRPC[error.code]
     if isinstance(error, MalformedBody) and error.too_large:
         return "RESOURCE_EXHAUSTED"
     if isinstance(error, InvalidRequest | ModelLoadError | ConfigError):

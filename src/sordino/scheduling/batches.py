@@ -32,7 +32,14 @@ from sordino.errors import (
 from sordino.execution.batch import BatchContext, Cancels
 from sordino.execution.decoupled import ResponseChannel
 from sordino.execution.executor import Executor
-from sordino.inference import ModelKey, RequestFacts, release_owned
+from sordino.inference import (
+    REQUEST_ERRORS,
+    ModelKey,
+    RequestFacts,
+    decode_request_errors,
+    release_owned,
+)
+from sordino.memory.refs import Tensors
 from sordino.memory.region import StepRegion
 from sordino.scheduling.estimate import BatchCost
 from sordino.scheduling.failures import BatchFailures
@@ -123,9 +130,19 @@ class BatchRunner:
             computed()
         t2 = self._clock.now()
         self._cost.note(rows, t2 - t0)
+        errors = None
+        if REQUEST_ERRORS in outputs:  # some requests' answers are errors: no rows
+            errors = decode_request_errors(outputs[REQUEST_ERRORS], len(live))
+            answered = Tensors.compose({n: (outputs, n) for n in outputs if n != REQUEST_ERRORS})
+            outputs.release()
+            outputs = answered
         with outputs:
             offset = 0
-            for item in live:
+            for index, item in enumerate(live):
+                error = errors[index] if errors is not None else None
+                if error is not None:
+                    self._steps.answered_with_error(item, error, t2 - t0)
+                    continue
                 if len(live) == 1:
                     result = outputs.share()
                 else:

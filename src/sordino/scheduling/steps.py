@@ -72,6 +72,17 @@ class Steps:
         request.item = item
         return item
 
+    def answered_with_error(self, item: WorkItem, error: SordinoError, compute_s: float) -> None:
+        """The model answered ``item``'s request with ``error`` (its batch ran): the
+        request ends with it, as its answer; its step counts as computed."""
+        request = item.request
+        if request is None or request.finished:
+            return  # cancelled while it ran
+        request.item = None
+        request.steps += 1
+        request.compute_s += compute_s
+        self._outcomes.fail(request, error)
+
     def update_from_output(
         self, item: WorkItem, result: Tensors, compute_s: float, done_at: float | None = None
     ) -> None:

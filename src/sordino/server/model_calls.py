@@ -53,6 +53,7 @@ _TRITON_CODES = {
     "RESOURCE_EXHAUSTED": "UNAVAILABLE",
     "CANCELLED": "CANCELLED",
     "ALREADY_EXISTS": "ALREADY_EXISTS",
+    "UNKNOWN": "UNKNOWN",  # a callee's own error response with that code
 }
 
 

@@ -85,11 +85,15 @@ def rejection_class(reason: str) -> str:
 
 
 def outcome_class(outcome: str, reason: str) -> str:
-    """``ok``, ``timeout``, ``unavailable`` (answered 503), ``cancelled`` or ``failed``."""
+    """``ok``, ``timeout``, ``unavailable`` (answered 503), ``cancelled``,
+    ``client_error`` (the model answered the request with an error of the client's
+    kind: ``model_rejected``, a 4xx) or ``failed``."""
     if outcome == "success":
         return "ok"
     if outcome == "cancelled":
         return "cancelled"
+    if reason in _CLIENT:
+        return "client_error"
     if "timeout" in reason or "deadline" in reason:
         return "timeout"
     return "unavailable" if reason in _UNAVAILABLE else "failed"
@@ -116,8 +120,10 @@ class AvailabilityTally:
         counts = self._counts.get(key)
         if counts is None:
             counts = self._counts[key] = dict.fromkeys(_FIELDS, 0)
-        counts["accepted"] += 1
-        counts[outcome_class(done.outcome, done.reason)] += 1
+        kind = outcome_class(done.outcome, done.reason)
+        if kind != "client_error":  # a model's answer of the client's kind: as refused
+            counts["accepted"] += 1
+        counts[kind] += 1
 
     def rejected(self, model: str, reason: str, count: int = 1) -> None:
         """Count ``count`` requests for ``model`` refused before acceptance for ``reason``.

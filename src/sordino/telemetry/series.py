@@ -56,7 +56,9 @@ class SecondRow:
     fragmentation: float | None = None
     temperature_c: float | None = None
     rejected_by_reason: dict[str, int] = field(default_factory=dict)
-    """Requests refused before acceptance in that second, by reason (not in ``requests``)."""
+    """Requests refused before acceptance in that second, and those a model answered
+    with an error of the client's kind (``model_rejected``), by reason (not in
+    ``requests``)."""
 
     @property
     def error_rate(self) -> float:
@@ -192,7 +194,12 @@ class SeriesRecorder:
             if done.total_s <= self._slo_s(done.model):
                 bucket.slo_met += 1
         elif done.outcome == "failure":
-            bucket.errors[done.reason] = bucket.errors.get(done.reason, 0) + 1
+            if _kind(done.reason) == "client_error":
+                # The model answered it with an error of the client's kind (a 4xx): the
+                # caller's mistake, counted as a refused bad request is, not an error.
+                bucket.rejected[done.reason] = bucket.rejected.get(done.reason, 0) + 1
+            else:
+                bucket.errors[done.reason] = bucket.errors.get(done.reason, 0) + 1
 
     def rejected(self, model: ModelKey, reason: str, count: int = 1) -> None:
         """Count ``count`` requests for a loaded ``model`` refused before acceptance."""

@@ -56,7 +56,14 @@ from sordino.backends.python.joining import (
     response_parts,
 )
 from sordino.errors import ModelLoadError
-from sordino.inference import ModelMetadata, RequestFacts, Tensor, TensorSpec
+from sordino.inference import (
+    REQUEST_ERRORS,
+    ModelMetadata,
+    RequestFacts,
+    Tensor,
+    TensorSpec,
+    encode_request_errors,
+)
 
 __all__ = ["PLATFORM", "PythonBackend", "PythonModelError"]
 
@@ -267,7 +274,9 @@ class PythonBackend:
         ``rows`` are the requests' row counts in order (empty: one request);
         ``facts`` their facts, one each (empty, or a count that does not match: none
         known); ``cancelled(index)`` answers request ``index``'s ``is_cancelled()``.
-        Returns each declared output, the responses' tensors joined in request order.
+        Returns each declared output, the responses' tensors joined in request order;
+        requests answered with an error (``InferenceResponse(error=...)``) have no rows
+        there, and their errors are in :data:`~sordino.inference.REQUEST_ERRORS`.
         With ``place``, each numeric output is written into the array ``place`` gives
         for it (each response's tensor copied once, into its rows; see
         ``backends/python/joining.py``); what ``place`` raises propagates as it is.
@@ -312,7 +321,7 @@ class PythonBackend:
             if inspect.iscoroutine(responses):  # async def execute, as Triton runs it
                 responses = bls.run_coroutine(responses, state)
             responses = sent_responses(responses, sent)
-            parts = response_parts(responses, len(requests), metadata)
+            parts, errors = response_parts(responses, len(requests), metadata)
             layouts = output_layouts(parts, metadata.name)
             if place is None:
                 outputs = join_outputs(parts, {})
@@ -326,6 +335,8 @@ class PythonBackend:
             utils.publish_metrics()
         if place is not None:
             outputs = join_outputs(parts, place(layouts) if layouts else {})
+        if errors:
+            outputs[REQUEST_ERRORS] = encode_request_errors(len(requests), errors)
         elapsed = time.perf_counter() - started
         with self._lock:
             self._batches += 1

@@ -1,8 +1,10 @@
 """A Triton Python model's responses joined into a batch's outputs.
 
 ``execute`` returns one response per request; :func:`response_parts` checks them and
-takes each declared output's tensor from each, :func:`output_layouts` says the dtype
-and shape of each joined output that can be placed in the arena (numbers and bools),
+takes each declared output's tensor from each (a response with an error is that
+request's answer: it is set apart, and the outputs hold the other requests' rows),
+:func:`output_layouts` says the dtype and shape of each joined output that can be
+placed in the arena (numbers and bools),
 and :func:`join_outputs` writes each response's tensor into its rows of the array the
 worker placed (one copy each), or concatenates them where nothing was placed.
 """
@@ -25,10 +27,11 @@ class PythonModelError(RuntimeError):
 
 def response_parts(
     responses: Any, expected: int, metadata: ModelMetadata
-) -> dict[str, list[Tensor]]:
-    """Each declared output's tensors, one per response in request order; else
-    :class:`PythonModelError` saying what is wrong (a count that is not
-    ``expected``, a missing response, a response's error, a missing output)."""
+) -> tuple[dict[str, list[Tensor]], dict[int, tuple[int, str]]]:
+    """Each declared output's tensors, one per response without an error, in request
+    order, and the errors of the others by request index (Triton's code, the message);
+    else :class:`PythonModelError` saying what is wrong (a count that is not
+    ``expected``, a missing response, a missing output)."""
     name = metadata.name
     if not isinstance(responses, list | tuple) or len(responses) != expected:
         got = len(responses) if isinstance(responses, list | tuple) else type(responses)
@@ -38,6 +41,7 @@ def response_parts(
         )
     declared = [spec.name for spec in metadata.outputs]
     parts: dict[str, list[Tensor]] = {output: [] for output in declared}
+    errors: dict[int, tuple[int, str]] = {}
     for index, response in enumerate(responses):
         if response is None:
             raise PythonModelError(
@@ -45,7 +49,9 @@ def response_parts(
                 "execute, or send one through its response sender before execute returns)"
             )
         if response.has_error():
-            raise PythonModelError(f"model {name}: request {index}: {response.error().message()}")
+            error = response.error()
+            errors[index] = (_code(error), error.message())
+            continue
         # Ours: its own list, read (output_tensors() copies it).
         ours = type(response) is InferenceResponse
         tensors = response._outputs if ours else response.output_tensors()
@@ -61,7 +67,13 @@ def response_parts(
                     f"model {name}: the response to request {index} lacks output {output}"
                 )
             parts[output].append(given[output])
-    return parts
+    return parts, errors
+
+
+def _code(error: Any) -> int:
+    """Triton's error code of ``error`` (ours, or one made by other utilities): an int."""
+    code = error.code()
+    return code if isinstance(code, int) else int(getattr(code, "value", 1))
 
 
 def output_layouts(
@@ -77,6 +89,8 @@ def output_layouts(
     """
     layouts: dict[str, tuple[np.dtype[Any], tuple[int, ...]]] = {}
     for name, arrays in parts.items():
+        if not arrays:
+            continue  # every request was answered with an error
         first = arrays[0]
         if len(arrays) == 1:
             if first.dtype.kind in _PLACEABLE:
@@ -114,6 +128,8 @@ def join_outputs(parts: dict[str, list[Tensor]], placed: dict[str, Tensor]) -> d
     (one copy each, into its rows), else one tensor as it is or several concatenated."""
     outputs: dict[str, Tensor] = {}
     for name, arrays in parts.items():
+        if not arrays:
+            continue
         target = placed.get(name)
         if target is None:
             outputs[name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
