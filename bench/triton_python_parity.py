@@ -12,7 +12,8 @@ output names, datatypes, shapes). The decoupled examples (``repeat_int32``,
 ``square_int32``) are streamed instead, over gRPC ``ModelStreamInfer`` (every response,
 with the empty final one) and HTTP ``generate_stream`` (every event), and both servers
 must refuse a unary ``infer`` on them. A model of the bench's own answers with each of
-Triton's error codes: both servers must give the same status and message. Custom metric
+Triton's error codes (both servers must give the same status and message), another
+returns outputs in other datatypes than it declares (the same datatypes and values). Custom metric
 families a model defines are looked for in both servers' ``/metrics``. Prints one line
 per check and a verdict; the exit status is 0 when everything matched, 1 when something
 differed, 2 when a server could not be installed or started. Results go to
@@ -75,6 +76,45 @@ max_batch_size: 8
 input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
 output [ { name: "Y", data_type: TYPE_INT32, dims: [ 1 ] } ]
 """
+
+
+AS_MADE = "as_made"
+"""A model of the bench's own: it returns INT64 and BYTES tensors for outputs its
+``config.pbtxt`` declares FP32; both servers' datatypes and values are compared."""
+
+_AS_MADE_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([
+            pb_utils.Tensor("I", np.array([[1, 2]], dtype=np.int64)),
+            pb_utils.Tensor("S", np.array([["a", "b"]], dtype=object)),
+        ]) for _ in requests]
+"""
+
+_AS_MADE_CONFIG = """name: "as_made"
+backend: "python"
+max_batch_size: 8
+input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "I", data_type: TYPE_FP32, dims: [ 2 ] },
+         { name: "S", data_type: TYPE_FP32, dims: [ 2 ] } ]
+"""
+
+
+def _as_made(mod: Any, client: Any) -> list[tuple[str, str, Any]]:
+    """(output, datatype, values) of ``as_made``'s answer."""
+    tensor = mod.InferInput("X", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[1]], dtype=np.int32))
+    result = client.infer(AS_MADE, [tensor])
+    found = []
+    for name in ("I", "S"):
+        output = result.get_output(name)
+        datatype = output["datatype"] if isinstance(output, dict) else output.datatype
+        found.append((name, datatype, result.as_numpy(name).tolist()))
+    return found
 
 
 def _error_answer(mod: Any, client: Any, code: int) -> tuple[str, str]:
@@ -258,7 +298,8 @@ def compare(
             refused = (_refuses_infer(theirs, mod, model, arrays),
                        _refuses_infer(ours, mod, model, arrays))  # fmt: skip
             check(f"{model} unary infer refused", protocol, refused == (True, True), str(refused))
-        for case in cases([m for m in models if m not in DECOUPLED and m != ERROR_CODES]):
+        own = {ERROR_CODES, AS_MADE}
+        for case in cases([m for m in models if m not in DECOUPLED and m not in own]):
             expected, got = _infer(mod, theirs, case), _infer(mod, ours, case)
             same = all(np.array_equal(expected[n], got[n]) for n in expected)
             shapes = {n: list(got[n].shape) for n in got}
@@ -272,6 +313,9 @@ def compare(
             )
             refused = [_refuses(mod, client, case) for client in (theirs, ours)]
             check("bls_sync undefined_model refused", protocol, all(refused), str(refused))
+        if AS_MADE in models:
+            expected_made, got_made = _as_made(mod, theirs), _as_made(mod, ours)
+            check(f"{AS_MADE} datatypes", protocol, expected_made == got_made, str(got_made))
         if ERROR_CODES in models:
             for code in range(8):
                 expected, got = _error_answer(mod, theirs, code), _error_answer(mod, ours, code)
@@ -292,7 +336,8 @@ def _refuses(mod: Any, client: Any, case: Case) -> bool:
 def repository(source: Path, into: Path) -> Path:
     """A copy of ``source`` in ``into``, with the stand-in for the "pytorch" model that
     Triton's bls example calls (add_sub under that name: no torch here) when
-    ``bls_async`` is there without it, and the bench's :data:`ERROR_CODES` model."""
+    ``bls_async`` is there without it, and the bench's :data:`ERROR_CODES` and
+    :data:`AS_MADE` models."""
     repo = into / "models"
     shutil.copytree(source, repo)
     if (repo / "bls_async").is_dir() and not (repo / "pytorch").exists():
@@ -302,6 +347,9 @@ def repository(source: Path, into: Path) -> Path:
     (repo / ERROR_CODES / "1").mkdir(parents=True)
     (repo / ERROR_CODES / "config.pbtxt").write_text(_ERROR_CONFIG)
     (repo / ERROR_CODES / "1" / "model.py").write_text(_ERROR_MODEL)
+    (repo / AS_MADE / "1").mkdir(parents=True)
+    (repo / AS_MADE / "config.pbtxt").write_text(_AS_MADE_CONFIG)
+    (repo / AS_MADE / "1" / "model.py").write_text(_AS_MADE_MODEL)
     return repo
 
 

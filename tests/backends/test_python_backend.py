@@ -111,6 +111,35 @@ output [ { name: "N", data_type: TYPE_INT32, dims: [ 1 ] } ]
 """
 
 
+AS_MADE = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse([
+                pb_utils.Tensor("I", np.array([[1, 2]], dtype=np.int64)),
+                pb_utils.Tensor("S", np.array([["a", "b"]], dtype=object)),
+                pb_utils.Tensor("F", np.array([[0.5, 1.5]], dtype=np.float32)),
+            ])
+            for _ in requests
+        ]
+"""
+
+AS_MADE_CONFIG = """
+backend: "python"
+max_batch_size: 8
+input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [
+  { name: "I", data_type: TYPE_FP32, dims: [ 2 ] },
+  { name: "S", data_type: TYPE_FP32, dims: [ 2 ] },
+  { name: "F", data_type: TYPE_FP32, dims: [ 2 ] }
+]
+"""
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     root = tmp_path_factory.mktemp("repo")
@@ -130,6 +159,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         (root / name / "config.pbtxt").write_text(ANSWERING_CONFIG)
         (root / name / "1" / "model.py").write_text(ANSWERING)
     (root / "answering_thread" / "config.yaml").write_text("backend: python\nisolation: thread\n")
+    (root / "as_made" / "1").mkdir(parents=True)
+    (root / "as_made" / "config.pbtxt").write_text(AS_MADE_CONFIG)
+    (root / "as_made" / "1" / "model.py").write_text(AS_MADE)
     # The same model answering each request at once (the one above waits for 3).
     shutil.copytree(root / "answering", root / "answering_now")
     (root / "answering_now" / "config.pbtxt").write_text(
@@ -277,6 +309,19 @@ def test_a_response_errors_code_gives_tritons_status(client: Any, code: int) -> 
     )
     assert caught.value.status() == expected
     assert caught.value.message() == f"no answer for {-1 - code}"
+
+
+def test_outputs_are_answered_in_the_datatype_execute_gave_them(client: Any) -> None:
+    """An output returned in another datatype than config.pbtxt declares is answered in
+    its own, as Triton 2.51 answers it (INT64 and BYTES for FP32 here), never cast."""
+    result = _infer(client, "as_made", {"X": np.array([[1]], np.int32)}, ["I", "S", "F"])
+    datatypes = {}
+    for name in ("I", "S", "F"):
+        output = result.get_output(name)
+        datatypes[name] = output["datatype"] if isinstance(output, dict) else output.datatype
+    assert datatypes == {"I": "INT64", "S": "BYTES", "F": "FP32"}
+    assert result.as_numpy("I").tolist() == [[1, 2]]
+    assert result.as_numpy("S").tolist() == [[b"a", b"b"]]
 
 
 def test_execute_gets_the_requests_the_scheduler_batched(server: RunningServer) -> None:

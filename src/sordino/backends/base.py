@@ -124,7 +124,10 @@ class BackendKind:
     ``warm_up`` False: the runtime runs no warm-up batches (dummy inputs) through the
     model before it serves, for model code that acts on what it gets (a Triton Python
     model may call other models, not loaded yet, with them; Triton runs ``execute``
-    only for requests).
+    only for requests). ``outputs_as_made``: an output the model returns in another
+    datatype than it declares is answered in the datatype it has (Triton's Python
+    backend reports what ``execute`` returned; sordino's own backends never differ,
+    and an answer that does is otherwise refused as the server's failure).
     """
 
     name: str
@@ -133,6 +136,7 @@ class BackendKind:
     suffixes: tuple[str, ...] = ()
     platforms: tuple[str, ...] = ()
     request_facts: bool = field(default=False, kw_only=True)
+    outputs_as_made: bool = field(default=False, kw_only=True)
     execution_providers: bool = False
     description: str = ""
     warm_up: bool = True

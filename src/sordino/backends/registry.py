@@ -72,6 +72,7 @@ BUILTIN: tuple[BackendKind, ...] = (
         model_files=("model.py",),
         platforms=("python",),
         request_facts=True,
+        outputs_as_made=True,
         description="a Triton Python-backend model.py (class TritonPythonModel)",
         warm_up=False,
     ),

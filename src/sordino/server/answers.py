@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from sordino.datatypes import from_numpy_dtype
+from sordino.errors import TensorError
 from sordino.generation.pipeline import Progress
 from sordino.generation.reuse import Generated
 from sordino.inference import InferRequest, InferResponse, Tensor
@@ -40,6 +42,8 @@ def response(route: Route, request: InferRequest, outputs: Tensors) -> InferResp
             picked, datatypes = classify(
                 request, picked, dict(datatypes), model.labels, batched=route.metadata.batched
             )
+    if route.model.outputs_as_made:
+        datatypes = _as_made(picked, datatypes)
     return InferResponse(
         model=route.key.name,
         version=route.key.version,
@@ -47,6 +51,22 @@ def response(route: Route, request: InferRequest, outputs: Tensors) -> InferResp
         output_datatypes=dict(datatypes),
         id=request.id,
     )
+
+
+def _as_made(outputs: Tensors, datatypes: dict[str, str]) -> dict[str, str]:
+    """``datatypes``, each output's that its array contradicts replaced by the array's
+    own (a Triton Python model's answer, as Triton reports it: no cast either way)."""
+    changed: dict[str, str] | None = None
+    for name, array in outputs.items():
+        try:
+            actual = from_numpy_dtype(array.dtype)
+        except TensorError:
+            continue  # no KServe datatype: the encoder says so
+        if actual != datatypes.get(name):
+            if changed is None:
+                changed = dict(datatypes)
+            changed[name] = actual
+    return datatypes if changed is None else changed
 
 
 def progress_response(route: Route, request: InferRequest, progress: Progress) -> InferResponse:

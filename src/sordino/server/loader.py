@@ -243,7 +243,8 @@ class ModelLoader:
             )
             scheduler.start()
             model = LoadedModel(source, key, metadata, scheduling, scheduler, curve, instances)
-            model.request_facts = backend_kind(config.backend, model=repr(key.name)).request_facts
+            kind = backend_kind(config.backend, model=repr(key.name))
+            model.request_facts, model.outputs_as_made = kind.request_facts, kind.outputs_as_made
             model.labels = read_labels(source)
             if config.sequence_batching is not None:
                 model.sequences = sequences_for(

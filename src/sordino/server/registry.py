@@ -40,6 +40,9 @@ class LoadedModel:
     """Set for a model with ``sequence_batching``: its live sequences."""
     request_facts: bool = False
     """Whether its backend reads each request's facts (``BackendKind.request_facts``)."""
+    outputs_as_made: bool = False
+    """Whether its outputs are answered in the datatype they have
+    (``BackendKind.outputs_as_made``), not only in the one it declares."""
     route: Route | None = None
     """Where its requests go (:class:`Route`), set when the registry adds it."""
 
