@@ -45,6 +45,8 @@ class TritonPythonModel:
             os._exit(3)  # the model kills its own process
         if x[0] == 3:
             return [pb_utils.InferenceResponse(error=pb_utils.TritonError("three is wrong"))]
+        if x[0] == 4:
+            return [pb_utils.InferenceResponse([])]  # no Y
         return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", x * 10)]) for _ in requests]
 """
 
@@ -241,6 +243,7 @@ def test_auto_complete_config_gives_a_batched_model(client: Any) -> None:
         (1, "execute raised ValueError('one is not welcome')"),
         (2, "execute returned 0 responses for 1 requests"),
         (3, "three is wrong"),  # a response's error: the model's words, as on Triton
+        (4, "its response lacks output Y"),
     ],
 )
 def test_a_failing_execute_is_a_clear_error_and_the_worker_serves_on(

@@ -19,7 +19,7 @@ import pytest
 from sordino.backends.base import BackendOptions
 from sordino.backends.python.backend import PythonBackend, PythonModelError
 from sordino.backends.python.joining import join_outputs, output_layouts
-from sordino.inference import RequestFacts
+from sordino.inference import REQUEST_ERRORS, RequestFacts, decode_request_errors
 
 MODEL = """
 import weakref
@@ -101,8 +101,8 @@ def test_each_request_answers_as_tritons_and_sent_responses_take_their_place(
 ) -> None:
     """Three requests: their accessors answer as a made request's do, copies where
     Triton's give copies; requests 0 and 2 answer through their senders (a second
-    send is refused with Triton's message), request 1 by returning; the answer lacks
-    the declared output A, which is an error naming it."""
+    send is refused with Triton's message), request 1 by returning; the answers lack
+    the declared output A, which is an error of each request, naming it."""
     batch = {"X": np.array([[1], [2], [3]], np.int32)}
     facts = [RequestFacts(id="a"), RequestFacts(id="b", outputs=("Y",)), RequestFacts(id="c")]
     asked: list[int] = []
@@ -114,14 +114,13 @@ def test_each_request_answers_as_tritons_and_sent_responses_take_their_place(
     model: Any = backend._model
     gc.disable()  # the requests (arena views) must go when the batch ends, not at a GC
     try:
-        try:
-            backend.infer_requests(batch, [1, 1, 1], facts, cancelled)
-        except PythonModelError as exc:  # (not pytest.raises: it keeps the frames)
-            message = str(exc)
+        outputs = backend.infer_requests(batch, [1, 1, 1], facts, cancelled)
         assert all(ref() is None for ref in model.requests)
     finally:
         gc.enable()
-    assert "lacks output A" in message
+    errors = decode_request_errors(outputs[REQUEST_ERRORS], 3)
+    assert all(error is not None and "lacks output A" in error.message for error in errors)
+    assert set(outputs) == {REQUEST_ERRORS}  # no request answered: no rows
     seen = model.seen
     assert [s["id"] for s in seen] == ["a", "b", "c"]
     assert [s["outputs"] for s in seen] == [["A", "Y"], ["Y"], ["A", "Y"]]

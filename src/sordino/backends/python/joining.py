@@ -31,7 +31,8 @@ def response_parts(
     """Each declared output's tensors, one per response without an error, in request
     order, and the errors of the others by request index (Triton's code, the message);
     else :class:`PythonModelError` saying what is wrong (a count that is not
-    ``expected``, a missing response, a missing output)."""
+    ``expected``, a missing response). A response that lacks a declared output is an
+    error of its request (``INTERNAL``), as one with an error is."""
     name = metadata.name
     if not isinstance(responses, list | tuple) or len(responses) != expected:
         got = len(responses) if isinstance(responses, list | tuple) else type(responses)
@@ -61,11 +62,11 @@ def response_parts(
                 parts[declared[0]].append(only.as_numpy())
                 continue
         given = {t.name(): t.as_numpy() for t in tensors}
+        missing = [output for output in declared if output not in given]
+        if missing:  # that request's answer is an error (INTERNAL: the model's fault)
+            errors[index] = (1, f"model {name}: its response lacks output {missing[0]}")
+            continue
         for output in declared:
-            if output not in given:
-                raise PythonModelError(
-                    f"model {name}: the response to request {index} lacks output {output}"
-                )
             parts[output].append(given[output])
     return parts, errors
 
