@@ -7,6 +7,7 @@ worker processes as ONNX models are; answers are checked over HTTP and gRPC.
 from __future__ import annotations
 
 import shutil
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -156,6 +157,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     (root / "counting" / "1").mkdir(parents=True)
     (root / "counting" / "config.pbtxt").write_text(COUNTING_CONFIG)
     (root / "counting" / "1" / "model.py").write_text(COUNTING)
+    # The same model with no dynamic_batching in its config.pbtxt.
+    (root / "alone" / "1").mkdir(parents=True)
+    lines = COUNTING_CONFIG.splitlines(keepends=True)
+    (root / "alone" / "config.pbtxt").write_text(
+        "".join(line for line in lines if not line.startswith("dynamic_batching"))
+    )
+    (root / "alone" / "1" / "model.py").write_text(COUNTING)
     for name in ("answering", "answering_thread"):
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(ANSWERING_CONFIG)
@@ -343,6 +351,27 @@ def test_execute_gets_the_requests_the_scheduler_batched(server: RunningServer) 
         answers = list(pool.map(send, [1, 2, 3]))
     # preferred_batch_size 6 and a 5 s delay: the three (6 rows) form one batch.
     assert answers == [[301], [302, 302], [303, 303, 303]]
+
+
+def test_without_dynamic_batching_each_request_is_executed_alone(server: RunningServer) -> None:
+    """As Triton's default scheduler: a config.pbtxt with max_batch_size but no
+    dynamic_batching never joins requests — concurrent requests of 1, 2 and 3 rows
+    each reach execute alone (with all their rows), where sordino would batch them."""
+    url = server.url.removeprefix("http://")
+    gate = threading.Barrier(6)
+
+    def send(rows: int) -> list[int]:
+        client = httpclient.InferenceServerClient(url=url)
+        try:
+            gate.wait()
+            result = _infer(client, "alone", {"X": np.zeros((rows, 1), np.int32)}, ["N"])
+            return [int(v) for v in result.as_numpy("N").reshape(-1)]
+        finally:
+            client.close()
+
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(send, [1, 2, 3, 1, 2, 3]))
+    assert answers == [[101], [102, 102], [103, 103, 103]] * 2
 
 
 def test_custom_metrics_show_in_metrics(server: RunningServer) -> None:

@@ -207,7 +207,8 @@ def sordino_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any
     """What sordino's ``ModelConfig`` takes from a Triton configuration (JSON form).
 
     The backend (``backend``, or ``platform``), ``max_batch_size``, the dynamic
-    batcher's preferred sizes and delay, the sequence batcher (:func:`_sequence_batching`)
+    batcher's preferred sizes and delay (without one, and without a sequence batcher,
+    requests are not joined: ``enabled: false``), the sequence batcher (:func:`_sequence_batching`)
     and the instance group's count, kind and GPUs. The rest stays for the backend to
     read (a Python model gets all of it).
     """
@@ -228,6 +229,11 @@ def sordino_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any
     sequences = config.get("sequence_batching")
     if isinstance(sequences, Mapping):
         settings["sequence_batching"] = _sequence_batching(sequences, source)
+    elif batching is None:
+        # Triton joins requests only under a dynamic (or sequence) batcher: without one
+        # each request is its own batch (the backend's auto_complete_config may still
+        # add the batcher: the loader reads that from the model's metadata).
+        settings["dynamic_batching"] = {"enabled": False}
     groups = config.get("instance_group")
     if groups:
         if len(groups) != 1:

@@ -72,6 +72,11 @@ class QueuePolicy(Section):
 class DynamicBatchingConfig(Section):
     """Triton's ``dynamic_batching`` section; None inherits the scheduler's strategy."""
 
+    enabled: bool | None = None
+    """False: requests are never joined into one batch (each runs alone, its own rows at
+    most ``max_batch_size``), as Triton runs a model whose ``config.pbtxt`` has no
+    ``dynamic_batching``; None inherits the strategy's ``enabled``."""
+
     preferred_batch_size: tuple[Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)], ...] = Field(
         default=(), max_length=64
     )

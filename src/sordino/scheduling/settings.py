@@ -8,7 +8,9 @@ The rules, in one place:
 - The batch cap is ``min(max_batch_size, scheduler max_batch)``.
 - The wait is the model's ``max_queue_delay_microseconds`` if set, else the
   scheduler's ``timeout_ms``; ``min_batch`` and preferred sizes likewise.
-- ``dynamic_batching.enabled: false`` turns batching off (cap 1, no wait).
+- ``dynamic_batching.enabled: false`` turns batching off (cap 1, no wait): the
+  scheduler's for every model, or a model's own (Triton's rule for a ``config.pbtxt``
+  without ``dynamic_batching``: its requests are never joined).
 - The denoiser of a Stable Diffusion export runs ``ultra_low_latency`` unless the
   model's ``scheduler_mode`` or the server's ``scheduler.mode`` is set: its batch is
   the steps of the generations that queued while the previous call ran, and a step
@@ -76,7 +78,10 @@ def scheduling_for(
         max_batch_size = model.max_batch_size
     else:
         max_batch_size = strategy.max_batch
-    cap = min(max_batch_size, strategy.max_batch) if strategy.enabled else 1
+    enabled = strategy.enabled if batching.enabled is None else batching.enabled
+    if node is not None and node.scheduler == "dynamic_batching":
+        enabled = True
+    cap = min(max_batch_size, strategy.max_batch) if enabled else 1
     cap = max(cap, 1)
     if batching.max_queue_delay_microseconds is not None:
         delay_s = batching.max_queue_delay_microseconds / 1e6

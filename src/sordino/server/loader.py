@@ -191,6 +191,13 @@ class ModelLoader:
         if config.max_batch_size is None and declared is not None:
             # The backend's own configuration (a Python model's auto_complete_config).
             config = config.model_copy(update={"max_batch_size": int(declared)})
+        if (
+            config.dynamic_batching.enabled is False
+            and metadata.extra.get("dynamic_batching") == "on"
+        ):
+            # config.pbtxt had no dynamic batcher; auto_complete_config added one.
+            batching = config.dynamic_batching.model_copy(update={"enabled": None})
+            config = config.model_copy(update={"dynamic_batching": batching})
         return key, config, metadata
 
     async def _serve(

@@ -219,8 +219,14 @@ class PythonBackend:
             inputs=inputs,
             outputs=outputs,
             batched=batched,
-            # The loader bounds the scheduler's batches by it when sordino's config does not.
-            extra={"max_batch_size": str(config["max_batch_size"])} if batched else {},
+            # The loader bounds the scheduler's batches by it when sordino's config does
+            # not, and joins requests only where the completed config has a dynamic batcher.
+            extra={
+                "max_batch_size": str(config["max_batch_size"]),
+                "dynamic_batching": "on" if "dynamic_batching" in config else "off",
+            }
+            if batched
+            else {},
             decoupled=self._decoupled,
         )
 
