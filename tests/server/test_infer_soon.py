@@ -32,6 +32,7 @@ def _soon() -> tuple[Soon, Any, list[Any], list[Any], list[Any]]:
     released: list[Any] = []
     answered: list[Any] = []
     route = SimpleNamespace(
+        model=SimpleNamespace(outputs_as_made=False),
         scheduler=SimpleNamespace(cancel=cancelled.append),
         key=SimpleNamespace(name="m", version="1"),
         output_datatypes={"y": "FP32"},
