@@ -17,8 +17,11 @@ each run (printed, to replay):
   documented status codes, every 4xx naming its problem.
 
 At the end the server must still answer a normal request over both protocols.
+``--frontends N`` serves the ``http``, ``grpc`` and ``auth`` targets from N front-end
+processes (``server.frontends``: their own HTTP protocol, gRPC server and engine link).
 
-    python -m bench.fuzz [--cases 2000] [--seed N] [--only api]   # writes bench/results/fuzz.json
+    python -m bench.fuzz [--cases 2000] [--seed N] [--only api] [--frontends 2]
+    # writes bench/results/fuzz.json
 """
 
 from __future__ import annotations
@@ -207,7 +210,16 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=2000, help="cases per target")
     parser.add_argument("--seed", type=int, default=None, help="replay a run's seed")
     parser.add_argument("--only", choices=["api"], default=None, help="run only this target")
+    parser.add_argument(
+        "--frontends",
+        type=int,
+        default=1,
+        help="front-end processes of the http, grpc, auth servers",
+    )
     args = parser.parse_args()
+    if args.frontends < 1:
+        parser.error("--frontends must be 1 or more")
+    front = ["--frontends", str(args.frontends)]
     run_seed = args.seed if args.seed is not None else random.randrange(2**32)
     console.print(f"seed {run_seed} (replay with --seed {run_seed})")
     results: dict[str, Tally] = {}
@@ -217,11 +229,11 @@ def main() -> None:
         folder = Path(scratch)
         results["api"], served["api port"] = api_campaign(folder, args.cases, run_seed)
         if args.only is None:
-            with sordino_server(["--config", str(_config(folder, False))]) as ends:
+            with sordino_server(["--config", str(_config(folder, False)), *front]) as ends:
                 results["http"] = http_campaign(ends.http, args.cases, run_seed)
                 results["grpc"] = grpc_campaign(ends.grpc, args.cases, run_seed)
                 served["open port"] = _still_serves(ends.http, ends.grpc, {})
-            with sordino_server(["--config", str(_config(folder, True))]) as ends:
+            with sordino_server(["--config", str(_config(folder, True)), *front]) as ends:
                 results["auth"] = auth_campaign(ends.http, ends.grpc, args.cases, run_seed)
                 served["auth port"] = _still_serves(
                     ends.http, ends.grpc, {"Authorization": f"Bearer {KEY}"}
@@ -237,6 +249,7 @@ def main() -> None:
         "fuzz" if args.only is None else f"fuzz-{args.only}",
         {
             "seed": run_seed,
+            "frontends": args.frontends,
             "seconds": seconds,
             "targets": {
                 name: {"cases": t.cases, "failures": len(t.failures), "examples": t.failures[:20]}
