@@ -47,61 +47,18 @@ Case = tuple[str, dict[str, np.ndarray], list[str]]
 DECOUPLED = {"repeat_int32", "square_int32"}
 """The decoupled examples: streamed, not asked once."""
 
+OWN = Path(__file__).parent.parent / "tests" / "fixtures" / "triton_python_answers"
+"""Models of our own, added to the repository (``tests/backends/test_python_backend.py``
+serves them too)."""
+
 ERROR_CODES = "error_codes"
-"""A model of the bench's own (added to the repository): it answers ``X = -1 - code``
-with ``TritonError(message, code)``, so both servers' status for each of Triton's
-error codes, and the message the client reads, can be compared."""
-
-_ERROR_MODEL = """
-import triton_python_backend_utils as pb_utils
-
-NAMES = ["UNKNOWN", "INTERNAL", "NOT_FOUND", "INVALID_ARG", "UNAVAILABLE", "UNSUPPORTED",
-         "ALREADY_EXISTS", "CANCELLED"]
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            x = int(pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0, 0])
-            code = getattr(pb_utils.TritonError, NAMES[-1 - x])
-            responses.append(pb_utils.InferenceResponse(
-                error=pb_utils.TritonError(f"no answer for {x}", code)))
-        return responses
-"""
-
-_ERROR_CONFIG = """name: "error_codes"
-backend: "python"
-max_batch_size: 8
-input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
-output [ { name: "Y", data_type: TYPE_INT32, dims: [ 1 ] } ]
-"""
-
+"""It answers ``X = -1 - code`` with ``TritonError(message, code)``, so both servers'
+status for each of Triton's error codes, and the message the client reads, can be
+compared."""
 
 AS_MADE = "as_made"
-"""A model of the bench's own: it returns INT64 and BYTES tensors for outputs its
-``config.pbtxt`` declares FP32; both servers' datatypes and values are compared."""
-
-_AS_MADE_MODEL = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([
-            pb_utils.Tensor("I", np.array([[1, 2]], dtype=np.int64)),
-            pb_utils.Tensor("S", np.array([["a", "b"]], dtype=object)),
-        ]) for _ in requests]
-"""
-
-_AS_MADE_CONFIG = """name: "as_made"
-backend: "python"
-max_batch_size: 8
-input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
-output [ { name: "I", data_type: TYPE_FP32, dims: [ 2 ] },
-         { name: "S", data_type: TYPE_FP32, dims: [ 2 ] } ]
-"""
+"""It returns INT64 and BYTES tensors for outputs its ``config.pbtxt`` declares FP32;
+both servers' datatypes and values are compared."""
 
 
 def _as_made(mod: Any, client: Any) -> list[tuple[str, str, Any]]:
@@ -110,7 +67,7 @@ def _as_made(mod: Any, client: Any) -> list[tuple[str, str, Any]]:
     tensor.set_data_from_numpy(np.array([[1]], dtype=np.int32))
     result = client.infer(AS_MADE, [tensor])
     found = []
-    for name in ("I", "S"):
+    for name in ("I", "S", "F"):
         output = result.get_output(name)
         datatype = output["datatype"] if isinstance(output, dict) else output.datatype
         found.append((name, datatype, result.as_numpy(name).tolist()))
@@ -344,12 +301,8 @@ def repository(source: Path, into: Path) -> Path:
         shutil.copytree(repo / "add_sub", repo / "pytorch")
         config = repo / "pytorch" / "config.pbtxt"
         config.write_text(config.read_text().replace('name: "add_sub"', 'name: "pytorch"'))
-    (repo / ERROR_CODES / "1").mkdir(parents=True)
-    (repo / ERROR_CODES / "config.pbtxt").write_text(_ERROR_CONFIG)
-    (repo / ERROR_CODES / "1" / "model.py").write_text(_ERROR_MODEL)
-    (repo / AS_MADE / "1").mkdir(parents=True)
-    (repo / AS_MADE / "config.pbtxt").write_text(_AS_MADE_CONFIG)
-    (repo / AS_MADE / "1" / "model.py").write_text(_AS_MADE_MODEL)
+    for name in (ERROR_CODES, AS_MADE):
+        shutil.copytree(OWN / name, repo / name)
     return repo
 
 

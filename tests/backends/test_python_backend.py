@@ -82,65 +82,15 @@ output [ { name: "N", data_type: TYPE_INT32, dims: [ 1 ] } ]
 """
 
 
-ANSWERING = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
+ANSWERS = Path(__file__).parent.parent / "fixtures" / "triton_python_answers"
+"""Two models of our own, the parity bench's too (bench/triton_python_parity.py):
+``error_codes`` answers ``X = -1 - code`` with that Triton error code, ``as_made``
+returns outputs in other datatypes than it declares."""
 
-NAMES = ["UNKNOWN", "INTERNAL", "NOT_FOUND", "INVALID_ARG", "UNAVAILABLE", "UNSUPPORTED",
-         "ALREADY_EXISTS", "CANCELLED"]
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
-            if x[0, 0] < 0:  # -1 - code: an error with Triton's code
-                code = getattr(pb_utils.TritonError, NAMES[-1 - int(x[0, 0])])
-                error = pb_utils.TritonError(f"no answer for {int(x[0, 0])}", code)
-                responses.append(pb_utils.InferenceResponse(error=error))
-            else:  # how many requests its batch held, and its own value
-                seen = np.full(x.shape, len(requests) * 100 + x[0, 0], dtype=np.int32)
-                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("N", seen)]))
-        return responses
-"""
-
-ANSWERING_CONFIG = """
-backend: "python"
-max_batch_size: 8
-dynamic_batching { preferred_batch_size: [ 3 ] max_queue_delay_microseconds: 5000000 }
-input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
-output [ { name: "N", data_type: TYPE_INT32, dims: [ 1 ] } ]
-"""
-
-
-AS_MADE = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [
-            pb_utils.InferenceResponse([
-                pb_utils.Tensor("I", np.array([[1, 2]], dtype=np.int64)),
-                pb_utils.Tensor("S", np.array([["a", "b"]], dtype=object)),
-                pb_utils.Tensor("F", np.array([[0.5, 1.5]], dtype=np.float32)),
-            ])
-            for _ in requests
-        ]
-"""
-
-AS_MADE_CONFIG = """
-backend: "python"
-max_batch_size: 8
-input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
-output [
-  { name: "I", data_type: TYPE_FP32, dims: [ 2 ] },
-  { name: "S", data_type: TYPE_FP32, dims: [ 2 ] },
-  { name: "F", data_type: TYPE_FP32, dims: [ 2 ] }
-]
-"""
+# error_codes joining 3 requests a batch, as Triton's dynamic batcher would.
+BATCH_OF_3 = (
+    "dynamic_batching { preferred_batch_size: [ 3 ] max_queue_delay_microseconds: 5000000 }\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -165,21 +115,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     )
     (root / "alone" / "1" / "model.py").write_text(COUNTING)
     for name in ("answering", "answering_thread"):
-        (root / name / "1").mkdir(parents=True)
-        (root / name / "config.pbtxt").write_text(ANSWERING_CONFIG)
-        (root / name / "1" / "model.py").write_text(ANSWERING)
+        shutil.copytree(ANSWERS / "error_codes", root / name)
+        config = root / name / "config.pbtxt"
+        config.write_text(config.read_text() + BATCH_OF_3)
     (root / "answering_thread" / "config.yaml").write_text("backend: python\nisolation: thread\n")
-    (root / "as_made" / "1").mkdir(parents=True)
-    (root / "as_made" / "config.pbtxt").write_text(AS_MADE_CONFIG)
-    (root / "as_made" / "1" / "model.py").write_text(AS_MADE)
-    # The same model answering each request at once (the one above waits for 3).
-    shutil.copytree(root / "answering", root / "answering_now")
-    (root / "answering_now" / "config.pbtxt").write_text(
-        ANSWERING_CONFIG.replace(
-            "preferred_batch_size: [ 3 ] max_queue_delay_microseconds: 5000000",
-            "max_queue_delay_microseconds: 0",
-        )
-    )
+    # The same model answering each request at once (no dynamic_batching: one a batch).
+    shutil.copytree(ANSWERS / "error_codes", root / "answering_now")
+    shutil.copytree(ANSWERS / "as_made", root / "as_made")
     # manual: batches wait up to the configured delay, as Triton's dynamic batcher does.
     config = RuntimeConfig.model_validate({"scheduler": {"mode": "manual"}})
     with serve_in_thread(config, scan_repository(root)) as running:
