@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from sordino.config import RuntimeConfig
@@ -29,6 +30,7 @@ from sordino.testing import RunningServer, serve_in_thread
 from tests.waiting import wait_for
 
 EXAMPLES = Path(__file__).parent.parent / "fixtures" / "triton_python_examples"
+ANSWERS = Path(__file__).parent.parent / "fixtures" / "triton_python_answers"
 
 ONE_IN = """
 backend: "python"
@@ -234,6 +236,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     _model(root, "rules", ONE_IN, RULES)
     _model(root, "sender_one", ONE_IN.replace("model_transaction_policy", "#"), SENDER_ONE)
     _model(root, "batched", BATCHED_CONFIG, BATCHED)
+    # Error responses within a stream (bench.triton_python_parity's, measured on Triton),
+    # in a worker process and on a thread, and a model that calls it through BLS.
+    for name in ("stream_errors", "stream_errors_bls"):
+        shutil.copytree(ANSWERS / name, root / name)
+    shutil.copytree(ANSWERS / "stream_errors", root / "stream_errors_thread")
+    (root / "stream_errors_thread" / "config.yaml").write_text(
+        "backend: python\nisolation: thread\n"
+    )
     # manual: the batch waits (up to 5 s) for the three requests, as Triton's batcher does.
     (root / "batched" / "config.yaml").write_text("backend: python\nscheduler_mode: manual\n")
     # A short execution timeout bounds a stream that never ends (never_final).
@@ -526,3 +536,111 @@ def test_a_batched_decoupled_model_answers_each_request_of_the_batch(stream: _St
         if response.outputs:
             got[response.id] += result.as_numpy("Y").tolist()
     assert got == {"1": [[1, 3]], "2": [[2, 3]] * 2, "3": [[3, 3]] * 3}
+
+
+def _answers(stream: _Stream, quiet_s: float = 1.0) -> list[Any]:
+    """Every answer of the stream until none comes for ``quiet_s``: ``("N", value,
+    final)`` for a response, ``("error", message)`` for an error."""
+    got: list[Any] = []
+    while True:
+        try:
+            result, error = stream.answers.get(timeout=quiet_s if got else 30)
+        except queue.Empty:
+            return got
+        if error is not None:
+            got.append(("error", error.message()))
+            continue
+        response = result.get_response()
+        final = response.parameters["triton_final_response"].bool_param
+        n = result.as_numpy("N").tolist() if response.outputs else None
+        got.append(("N", n, final))
+
+
+@pytest.mark.parametrize("model", ["stream_errors", "stream_errors_thread"])
+def test_an_error_response_is_one_response_of_the_stream(stream: _Stream, model: str) -> None:
+    """As on Triton 2.51: the model's error response reaches the client as it wrote it,
+    and its stream goes on to the next response and the final flag; an error response
+    with the final flag is the request's last (the stream serves the next request)."""
+    stream.send(model, {"X": np.array([3], np.int32)}, enable_empty_final_response=True)
+    assert _answers(stream) == [
+        ("N", [1], False),
+        ("error", "step 2 of 3"),
+        ("N", [3], False),
+        ("N", None, True),
+    ]
+    stream.send(model, {"X": np.array([-1], np.int32)}, enable_empty_final_response=True)
+    assert _answers(stream) == [("N", [1], False), ("error", "step 2 of -1")]
+    stream.send(model, {"X": np.array([0], np.int32)})
+    # Without the empty final response the bare final flag sends nothing (as on Triton).
+    assert _answers(stream) == [("N", [1], False), ("error", "step 2 of 0"), ("N", [3], False)]
+
+
+def test_an_error_response_is_one_event_of_the_http_stream(server: RunningServer) -> None:
+    """generate_stream: the error is an event and the events go on, as on Triton."""
+    events = []
+    with httpx.stream(
+        "POST", f"{server.url}/v2/models/stream_errors/generate_stream", json={"X": [5]}, timeout=30
+    ) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data:"):
+                events.append(json.loads(line[len("data:") :]))
+    assert [e.get("N", e.get("error")) for e in events] == [1, "step 2 of 5", 3]
+
+
+def test_a_bls_caller_sees_the_error_response_and_the_rest_of_the_stream(
+    server: RunningServer,
+) -> None:
+    """The callee's error response is one response of the call's iterator, with its code;
+    with the final flag it is the last (Triton 2.51 drops the first and never ends the
+    second: docs/backends.md)."""
+    client = httpclient.InferenceServerClient(url=server.url.removeprefix("http://"))
+    where = "BLS call to model 'stream_errors'"
+    try:
+        seen = {}
+        for x in (3, -1):
+            tensor = httpclient.InferInput("X", [1], "INT32")
+            tensor.set_data_from_numpy(np.array([x], np.int32))
+            result = client.infer("stream_errors_bls", [tensor])
+            seen[x] = [s.decode() for s in result.as_numpy("SEEN").tolist()]
+    finally:
+        client.close()
+    assert seen == {
+        3: ["N 1", f"error 3: {where}: step 2 of 3", "N 3", "end"],
+        -1: ["N 1", f"error 1: {where}: step 2 of -1"],
+    }
+
+
+def test_a_streams_outcome_is_its_last_response(server: RunningServer) -> None:
+    """An error within the stream does not fail the request; a last error does, counted
+    by its code as a unary error response is (the client's kind, or the model's)."""
+
+    def count(reason: str) -> float:
+        text = httpx.get(f"{server.url}/metrics").text
+        for family in text_string_to_metric_families(text):
+            if family.name == "sordino_requests":
+                return sum(
+                    s.value
+                    for s in family.samples
+                    if s.name.endswith("_total")
+                    and s.labels["model"] == "stream_errors"
+                    and s.labels["reason"] == reason
+                )
+        return 0.0
+
+    before = {reason: count(reason) for reason in ("ok", "model_rejected", "model_response_error")}
+    for x in (0, -3, -4):  # the last error's code: 3 INVALID_ARG, 4 UNAVAILABLE
+        with httpx.stream(
+            "POST",
+            f"{server.url}/v2/models/stream_errors/generate_stream",
+            json={"X": [x]},
+            timeout=30,
+        ) as response:
+            response.read()
+    wait_for(
+        lambda: (
+            {reason: count(reason) - before[reason] for reason in before}
+            == {"ok": 1, "model_rejected": 1, "model_response_error": 1}
+        ),
+        "one stream counted under each reason",
+    )

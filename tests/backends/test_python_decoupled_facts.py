@@ -162,6 +162,7 @@ def test_infer_decoupled_hands_each_request_its_facts_and_calls_carry_them(
             outputs: dict[str, np.ndarray] | None,
             final: bool,
             error: str | None = None,
+            code: int = 1,
         ) -> None:
             assert error is None and final
             self.sent[index] = outputs or {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sordino.errors import SordinoError
 from sordino.execution.decoupled import ResponseChannel
 from sordino.testing.clock import VirtualClock
 
@@ -13,18 +14,23 @@ class _Seen:
         self.responses: list[tuple[int, list[int], bool]] = []
         self.errors: list[tuple[int, str]] = []
         self.cancelled: list[int] = []
+        self.model_errors: list[tuple[int, str, str, bool]] = []
 
     def channel(self, count: int) -> ResponseChannel:
         channel = ResponseChannel(
             "m/1",
             count,
-            lambda i, outputs, final: self.responses.append(
-                (i, [int(v) for v in outputs.get("Y", np.zeros(0))], final)
-            ),
+            self._response,
             lambda i, message: self.errors.append((i, message)),
         )
         channel.bind(self.cancelled.append)
         return channel
+
+    def _response(self, i: int, outputs: dict[str, np.ndarray] | SordinoError, final: bool) -> None:
+        if isinstance(outputs, SordinoError):
+            self.model_errors.append((i, type(outputs).__name__, str(outputs), final))
+        else:
+            self.responses.append((i, [int(v) for v in outputs.get("Y", np.zeros(0))], final))
 
 
 def test_responses_flow_until_the_final_one_and_later_ones_are_dropped() -> None:
@@ -39,12 +45,20 @@ def test_responses_flow_until_the_final_one_and_later_ones_are_dropped() -> None
     assert channel.finished and seen.errors == []
 
 
-def test_an_error_response_ends_its_request_naming_the_model() -> None:
+def test_an_error_response_is_a_response_and_ends_its_request_only_when_final() -> None:
+    """The model's error (its message as written, the kind its code says) is one
+    response of the stream; with the final flag nothing comes after it."""
     seen = _Seen()
     channel = seen.channel(1)
-    channel.response(0, {}, True, "bad input")
+    channel.response(0, {}, False, "bad step", 3)
     channel.response(0, {"Y": np.array([1])}, False, None)
-    assert seen.errors == [(0, "model m/1: bad input")] and seen.responses == []
+    channel.response(0, {}, True, "bad input", 4)
+    channel.response(0, {"Y": np.array([2])}, False, None)
+    assert seen.model_errors == [
+        (0, "ModelRejected", "bad step", False),
+        (0, "ModelResponseError", "bad input", True),
+    ]
+    assert seen.responses == [(0, [1], False)] and seen.errors == [] and channel.finished
 
 
 def test_a_cancelled_request_tells_the_model_once_and_hears_nothing_more() -> None:

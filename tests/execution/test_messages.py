@@ -102,6 +102,8 @@ MESSAGES = [
     Cancel(2**40, 7),
     Respond(3, 0, True, {}),
     Respond(4, 2, True, {}, "the model said ünïcode no"),
+    Respond(4, 1, False, {}, "mid-stream", 3),
+    Respond(4, 1, False, {}, "unknown", 0),
 ]
 
 

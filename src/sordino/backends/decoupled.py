@@ -35,9 +35,12 @@ class Responder(Protocol):
         outputs: dict[str, np.ndarray] | None,
         final: bool,
         error: str | None = None,
+        code: int = 1,
     ) -> None:
         """Request ``index`` of the batch gets a response (``outputs``; None with
-        ``final`` alone), or ``error``, which ends it. ``final``: it gets no more."""
+        ``final`` alone), or the model's ``error`` (Triton's error ``code``: 1 is
+        ``INTERNAL``), which is one response of the stream as any other. ``final``: it
+        gets no more."""
         ...
 
     def cancelled(self, index: int) -> bool:

@@ -10,7 +10,9 @@ frames, a thread instance from the model's threads (through the event loop).
 
 Every request of the batch ends exactly once, in one of:
 
-- its final response (or an error response) from the model;
+- its final response from the model (an error response too, when the model sent it
+  with the final flag; one without it is a response of the stream as any other, as on
+  Triton);
 - :meth:`ResponseChannel.fail`: ``execute`` raised, or the worker was lost (mid-stream:
   every request still open gets the cause);
 - :meth:`ResponseChannel.cancel`: the client went away; the instance is told
@@ -28,11 +30,13 @@ from collections.abc import Callable
 import numpy as np
 
 from sordino.clock import Clock, TimerHandle
+from sordino.errors import SordinoError, model_response_error
 
 __all__ = ["ResponseChannel", "ThreadResponder"]
 
-OnResponse = Callable[[int, dict[str, np.ndarray], bool], None]
-"""``(index, outputs, final)``: request ``index`` of the batch got a response."""
+OnResponse = Callable[[int, dict[str, np.ndarray] | SordinoError, bool], None]
+"""``(index, outputs, final)``: request ``index`` of the batch got a response: its
+outputs, or the error the model answered with (the request goes on unless ``final``)."""
 OnError = Callable[[int, str], None]
 """``(index, message)``: request ``index`` of the batch ended with an error."""
 
@@ -65,19 +69,22 @@ class ResponseChannel:
             self._timer = clock.call_at(clock.now() + timeout_s, lambda: self._expire(timeout_s))
 
     def response(
-        self, index: int, outputs: dict[str, np.ndarray], final: bool, error: str | None
+        self,
+        index: int,
+        outputs: dict[str, np.ndarray],
+        final: bool,
+        error: str | None,
+        code: int = 1,
     ) -> None:
-        """The model's response to request ``index`` (dropped once that request ended)."""
+        """The model's response to request ``index`` (dropped once that request ended):
+        ``outputs``, or the model's ``error`` message with Triton's error ``code``."""
         if index not in self._open:
             return
         self.streamed = True
-        if error is not None:
-            self._end(index)
-            self._on_error(index, f"model {self.model}: {error}")
-            return
         if final:
             self._end(index)
-        self._on_response(index, outputs, final)
+        answer = outputs if error is None else model_response_error(error, code)
+        self._on_response(index, answer, final)
 
     def fail(self, message: str) -> None:
         """End every request still open with ``message`` (the batch failed, the worker
@@ -138,9 +145,10 @@ class ThreadResponder:
         outputs: dict[str, np.ndarray] | None,
         final: bool,
         error: str | None = None,
+        code: int = 1,
     ) -> None:
         arrays = {name: np.array(array) for name, array in (outputs or {}).items()}
-        self._loop.call_soon_threadsafe(self._channel.response, index, arrays, final, error)
+        self._loop.call_soon_threadsafe(self._channel.response, index, arrays, final, error, code)
 
     def cancelled(self, index: int) -> bool:
         return index in self._cancelled

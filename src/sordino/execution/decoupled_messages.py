@@ -20,7 +20,7 @@ class Respond:
     ``outputs`` are the response's tensors (none with a bare final flag), carried in the
     frame: the model sends from any thread, at any time, so there is no arena exchange
     to place them. ``final``: the request's last response. ``error``: the model answered
-    the request with an error, which ends it.
+    the request with an error (Triton's error ``code``), as one response of its stream.
     """
 
     batch_id: int
@@ -28,6 +28,7 @@ class Respond:
     final: bool
     outputs: dict[str, np.ndarray]
     error: str | None = None
+    code: int = 1
 
 
 @dataclass(frozen=True, slots=True)

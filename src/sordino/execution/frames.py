@@ -56,7 +56,7 @@ MAX_BODY = 64 << 20
 _RUN, _ALLOCATED, _STOP, _HEARTBEAT, _ALLOC, _DONE, _RUN_FAILED, _PICKLED = range(1, 9)
 # A decoupled model's frames, numbered apart from the others (room for kinds between).
 _RESPOND, _CANCEL = 20, 21
-_RESPOND_HEAD = struct.Struct("<QIBB")  # batch id, index, final, has an error
+_RESPOND_HEAD = struct.Struct("<QIBB")  # batch id, index, final, 0 or an error's code + 1
 _CANCEL_BODY = struct.Struct("<QI")  # batch id, index
 _ARRAY = struct.Struct("<BBBQ")  # name length, dtype length, ndim, data bytes
 _ID = struct.Struct("<Q")
@@ -191,7 +191,10 @@ def encode(message: ToWorker | FromWorker) -> bytes:
             body = b"".join(
                 (
                     _RESPOND_HEAD.pack(
-                        message.batch_id, message.index, message.final, error is not None
+                        message.batch_id,
+                        message.index,
+                        message.final,
+                        0 if error is None else 1 + min(max(message.code, 0), 254),
                     ),
                     _text(error) if error is not None else b"",
                     _arrays(message.outputs),
@@ -360,9 +363,11 @@ def _decode(kind: int, data: bytes) -> ToWorker | FromWorker:
             (batch_id,) = body.unpack(_ID)
             message = RunFailed(batch_id, body.text(), body.text())
         case 20:  # _RESPOND
-            batch_id, index, final, has_error = body.unpack(_RESPOND_HEAD)
-            error = body.text() if has_error else None
-            message = Respond(batch_id, index, bool(final), body.arrays(), error)
+            batch_id, index, final, coded = body.unpack(_RESPOND_HEAD)
+            error = body.text() if coded else None
+            message = Respond(
+                batch_id, index, bool(final), body.arrays(), error, coded - 1 if coded else 1
+            )
         case 21:  # _CANCEL
             batch_id, index = body.unpack(_CANCEL_BODY)
             message = Cancel(batch_id, index)

@@ -139,8 +139,9 @@ class _BatchResponder:
         outputs: dict[str, np.ndarray] | None,
         final: bool,
         error: str | None = None,
+        code: int = 1,
     ) -> None:
-        frame = encode(Respond(self._batch_id, index, final, outputs or {}, error))
+        frame = encode(Respond(self._batch_id, index, final, outputs or {}, error, code))
         if len(frame) - HEADER_SIZE > MAX_BODY:
             # The model's send raises, naming the limit; the request is still open.
             raise ValueError(

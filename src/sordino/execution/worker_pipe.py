@@ -206,7 +206,7 @@ class WorkerPipe:
             case Respond(batch_id=batch_id, index=index, final=final, outputs=outputs):
                 channel = self._channels.get(batch_id)
                 if channel is not None:
-                    channel.response(index, outputs, final, message.error)
+                    channel.response(index, outputs, final, message.error, message.code)
                     if channel.finished and batch_id not in self._pending:
                         del self._channels[batch_id]
             case Alloc(batch_id=batch_id, sizes=sizes):

@@ -160,9 +160,13 @@ class BatchRunner:
         rows = sum(item.rows for item in live)
         requests = [item.request for item in live]
 
-        def respond(index: int, outputs: dict[str, np.ndarray], final: bool) -> None:
+        def respond(index: int, outputs: dict[str, np.ndarray] | SordinoError, final: bool) -> None:
             request = requests[index]
-            if request is not None and not request.finished:
+            if request is None or request.finished:
+                return
+            if isinstance(outputs, SordinoError):
+                self._steps.decoupled_error(request, outputs, final)
+            else:
                 self._steps.decoupled_response(request, outputs, final)
 
         def fail(index: int, message: str) -> None:

@@ -308,6 +308,9 @@ class ModelScheduler:
     async def responses(self, request: Request) -> AsyncGenerator[StepOutput, None]:
         """Yield each step's outputs of ``request`` until its final one; raise its error.
 
+        A decoupled model's error response that is not its last is yielded as a step
+        with ``error`` set (and no outputs); the request goes on.
+
         The reader owns each yielded ``outputs`` and releases it. If the reader stops
         early (its task is cancelled, or it leaves the loop), the request is cancelled.
         """

@@ -205,6 +205,15 @@ class Steps:
         if final:
             self._outcomes.finish(request, "success", "ok")
 
+    def decoupled_error(self, request: Request, error: SordinoError, final: bool) -> None:
+        """An error response a decoupled model sent ``request``: its end when ``final``,
+        else one response of its stream (the request goes on)."""
+        if final:
+            self._outcomes.fail(request, error)
+            return
+        request.steps += 1
+        request.outputs.put_nowait(StepOutput(Tensors.of({}), False, request.steps, error=error))
+
 
 def _nbytes(tensors: Mapping[str, Tensor]) -> int:
     return sum(int(array.nbytes) for array in tensors.values())

@@ -110,6 +110,10 @@ class StepOutput(NamedTuple):
     step: int
     empty: bool = False
     """True for the end of a decoupled request whose last step sent no response."""
+    error: SordinoError | None = None
+    """A decoupled model's error response that is not its last (``outputs`` is empty):
+    one response of the stream, as on Triton. A request's last error is not a step: the
+    request fails with it."""
 
 
 class Stepper(Protocol):

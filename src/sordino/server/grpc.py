@@ -24,7 +24,7 @@ import grpc
 
 from sordino import __version__
 from sordino.control.admin import AdminAccess
-from sordino.errors import SordinoError, Unsupported
+from sordino.errors import ModelResponseError, SordinoError, Unsupported
 from sordino.inference import InferRequest
 from sordino.protocol.grpc_codec import (
     decode_infer_request,
@@ -317,6 +317,11 @@ class InferenceServicer:
             empty_final = bool(request.parameters.pop(EMPTY_FINAL_RESPONSE, False))
             async with aclosing(self._service.responses(request, route)) as responses:
                 async for response, final in responses:
+                    if isinstance(response, SordinoError):
+                        # The model's error response within its stream, as Triton sends it:
+                        # the message, the request's id and model, and the stream goes on.
+                        await send(_error_response(str(response), model, request_id, final))
+                        continue
                     try:
                         if shared:
                             self._shared.write_outputs(request, response, request_tenant(request))
@@ -329,22 +334,40 @@ class InferenceServicer:
                     model, version = encoded.model_name, encoded.model_version
                     await send(pb.ModelStreamInferResponse(infer_response=encoded))
             if empty_final:
-                last = pb.ModelInferResponse(model_name=model, model_version=version, id=request_id)
+                # As Triton 2.51's: the model's name and the request's id, no version.
+                last = pb.ModelInferResponse(model_name=model, id=request_id)
                 encode_parameters({FINAL_RESPONSE: True}, last.parameters)
                 await send(pb.ModelStreamInferResponse(infer_response=last))
             return
+        except ModelResponseError as exc:
+            # The model's error response with the final flag: Triton marks it final.
+            failed_message = _error_response(str(exc), model, request_id, final=True)
         except SordinoError as exc:
             log.debug("stream request %r failed: %s", request_id, exc)
-            error = str(exc)
+            failed = pb.ModelInferResponse(model_name=model, model_version=version, id=request_id)
+            failed_message = pb.ModelStreamInferResponse(
+                error_message=str(exc), infer_response=failed
+            )
         except Exception as exc:
             log.exception("stream request %r failed", request_id)
             error = f"internal error: {type(exc).__name__}: {exc}"
-        failed = pb.ModelInferResponse(model_name=model, model_version=version, id=request_id)
+            failed = pb.ModelInferResponse(model_name=model, model_version=version, id=request_id)
+            failed_message = pb.ModelStreamInferResponse(error_message=error, infer_response=failed)
         try:
-            await send(pb.ModelStreamInferResponse(error_message=error, infer_response=failed))
+            await send(failed_message)
         except Exception:
             # The stream itself is broken (the client is gone); nobody is left to answer.
             log.debug("could not send the error of stream request %r", request_id)
+
+
+def _error_response(
+    message: str, model: str, request_id: str, final: bool
+) -> pb.ModelStreamInferResponse:
+    """A model's error response in a stream, as Triton 2.51 sends it: the message, the
+    request's id and model name (no version), ``triton_final_response`` as flagged."""
+    answer = pb.ModelInferResponse(model_name=model, id=request_id)
+    encode_parameters({FINAL_RESPONSE: final}, answer.parameters)
+    return pb.ModelStreamInferResponse(error_message=message, infer_response=answer)
 
 
 def _metadata(context: Any) -> dict[str, str]:

@@ -110,10 +110,13 @@ def extra_routes(
             await responses.aclose()
             raise
         binary = _binary(route)
-        try:
-            event = sse_event(encode_generate_response(first, binary))
-        finally:
-            first.release()
+        if isinstance(first, SordinoError):  # the model's error response, not its last
+            event = sse_event({"error": str(first)})
+        else:
+            try:
+                event = sse_event(encode_generate_response(first, binary))
+            finally:
+                first.release()
         return EventStream(_events(event, responses, binary))
 
     routes = [
@@ -189,13 +192,16 @@ async def _no_events() -> AsyncIterator[bytes]:
 
 async def _events(
     first: bytes,
-    rest: AsyncGenerator[tuple[InferResponse, bool], None],
+    rest: AsyncGenerator[tuple[InferResponse | SordinoError, bool], None],
     binary: tuple[str, ...] = (),
 ) -> AsyncIterator[bytes]:
     yield first
     async with aclosing(rest):
         try:
             async for response, _ in rest:
+                if isinstance(response, SordinoError):  # the model's, within its stream
+                    yield sse_event({"error": str(response)})
+                    continue
                 try:
                     event = sse_event(encode_generate_response(response, binary))
                 finally:

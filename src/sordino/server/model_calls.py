@@ -121,6 +121,11 @@ class ModelCalls:
                 if call.decoupled:
                     async with aclosing(self._service.responses(request)) as responses:
                         async for response, final in responses:
+                            if isinstance(response, SordinoError):  # the callee's, mid-stream
+                                yield CallAnswer(
+                                    error=f"{where}: {response}", code=_code(response), final=final
+                                )
+                                continue
                             yield _answer(response, final)
                             if final:
                                 return

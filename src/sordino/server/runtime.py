@@ -26,7 +26,7 @@ from sordino.admission.tenants import Tenants
 from sordino.clock import Clock, MonotonicClock
 from sordino.config import RuntimeConfig
 from sordino.control.admin import admin_token
-from sordino.errors import ModelLoadError
+from sordino.errors import ModelLoadError, SordinoError
 from sordino.events import EventSink
 from sordino.execution.chain import ChainExecutor
 from sordino.execution.ray_executor import RayExecutor
@@ -477,7 +477,9 @@ class Runtime:
         """Run one request (see :meth:`InferenceService.infer`); release the response."""
         return await self.service.infer(request)
 
-    def responses(self, request: InferRequest) -> AsyncGenerator[tuple[InferResponse, bool], None]:
+    def responses(
+        self, request: InferRequest
+    ) -> AsyncGenerator[tuple[InferResponse | SordinoError, bool], None]:
         return self.service.responses(request)
 
     def triton_statistics(self, name: str | None = None, version: str | None = None) -> Any:

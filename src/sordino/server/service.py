@@ -315,14 +315,16 @@ class InferenceService:
 
     async def responses(
         self, request: InferRequest, route: Route | None = None
-    ) -> AsyncGenerator[tuple[InferResponse, bool], None]:
+    ) -> AsyncGenerator[tuple[InferResponse | SordinoError, bool], None]:
         """Yield ``(response, final)`` for each response to ``request``; ``final`` marks the last.
 
         Validation and admission happen before the first step, so a refused request
         raises before anything is yielded. Errors of a later step raise from the
-        iteration (the responses already yielded stand). Each yielded response is the
-        reader's to release. A reader that stops early cancels the request; close the
-        iterator (``contextlib.aclosing``) when leaving it early.
+        iteration (the responses already yielded stand). A decoupled model's error
+        response that is not its last is yielded as the error (``final`` false; the
+        stream goes on, as on Triton). Each yielded response is the reader's to release.
+        A reader that stops early cancels the request; close the iterator
+        (``contextlib.aclosing``) when leaving it early.
         """
         route = self._route(request, route)
         if route.way == "generate":
@@ -337,6 +339,10 @@ class InferenceService:
         try:
             async with aclosing(route.scheduler.responses(accepted)) as steps:
                 async for step in steps:
+                    if step.error is not None:
+                        step.outputs.release()  # none: the step is the model's error
+                        yield step.error, False
+                        continue
                     if step.empty:  # a decoupled request ended without a last response
                         step.outputs.release()
                         continue

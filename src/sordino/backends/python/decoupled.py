@@ -177,9 +177,10 @@ def _asker(responder: Responder, index: int) -> Any:
 def _emitter(responder: Responder, index: int, declared: Mapping[str, str], name: str) -> Any:
     def emit(response: utils.InferenceResponse | None, final: bool) -> None:
         if response is not None and response.has_error():
+            # One response of the stream, as on Triton: the request goes on unless final.
             error = response.error()
-            message = error.message() if error is not None else "error"
-            responder.respond(index, None, True, message)
+            message, code = (error.message(), error.code()) if error is not None else ("error", 1)
+            responder.respond(index, None, final, message, code if code in range(8) else 1)
             return
         outputs = _outputs(response, declared, name) if response is not None else None
         responder.respond(index, outputs, final)
