@@ -423,3 +423,35 @@ def test_a_grpc_cancel_reaches_is_cancelled_on_the_actor(
     finally:
         client.close()
         server.call(server.runtime.unload("waits_ray", "1", drain=False), timeout=60)
+
+
+def test_a_python_models_error_response_is_its_requests_answer_on_an_actor(
+    server: RunningServer,
+) -> None:
+    """tests/fixtures/triton_python_answers/error_codes on an actor: the request the model
+    answered with ``TritonError(..., INVALID_ARG)`` gets 400 and the model's message, as
+    from a worker process; the next request is answered, and no worker failure counts."""
+    folder = Path(__file__).parent.parent / "fixtures" / "triton_python_answers"
+    source = next(s for s in scan_repository(folder) if s.name == "error_codes")
+    config = source.config.model_copy(update={"ray": RayModelOptions(num_cpus=0)})
+    server.call(server.runtime.load(dataclasses.replace(source, config=config)), timeout=120)
+    try:
+        assert [
+            w.isolation
+            for w in server.runtime.executor.statistics().workers
+            if w.model == "error_codes"
+        ] == ["ray"]
+        url = f"{server.url}/v2/models/error_codes/infer"
+
+        def ask(x: int) -> httpx.Response:
+            body = {"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 1], "data": [x]}]}
+            return httpx.post(url, json=body, timeout=60)
+
+        refused = ask(-4)  # -1 - code: INVALID_ARG
+        assert (refused.status_code, refused.json()["error"]) == (400, "no answer for -4")
+        answered = ask(7)
+        assert answered.status_code == 200 and answered.json()["outputs"][0]["data"] == [107]
+        workers = server.runtime.executor.statistics().workers
+        assert [w.failures for w in workers if w.model == "error_codes"] == [0]
+    finally:
+        server.call(server.runtime.unload("error_codes", "1", drain=False), timeout=60)
