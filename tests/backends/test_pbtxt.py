@@ -158,3 +158,104 @@ def test_a_bad_control_is_refused_naming_it(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match=r"(?s)config\.pbtxt.*START takes exactly"):
         scan_repository(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("policy", "served"),
+    [
+        ("", ["3"]),
+        ("version_policy: { all { } }", ["1", "2", "3"]),
+        ("version_policy: { latest { num_versions: 2 } }", ["2", "3"]),
+        ("version_policy: { specific { versions: [ 1, 3 ] } }", ["1", "3"]),
+    ],
+)
+def test_the_version_policy_says_which_versions_are_served(
+    tmp_path: Path, policy: str, served: list[str]
+) -> None:
+    """As Triton: the newest version by default, else what ``version_policy`` says."""
+    for version in ("1", "2", "3"):
+        (tmp_path / "m" / version).mkdir(parents=True)
+        (tmp_path / "m" / version / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+    (tmp_path / "m" / "config.pbtxt").write_text(f'backend: "python"\n{policy}\n')
+    assert [s.version for s in scan_repository(tmp_path)] == served
+
+
+def test_the_dynamic_batchers_priorities_and_queue_policy_are_taken() -> None:
+    """priority_levels, default_priority_level and default_queue_policy as Triton reads
+    them: allow_timeout_override false unless set (Triton's default)."""
+    text = """
+    backend: "python"
+    max_batch_size: 8
+    dynamic_batching {
+      priority_levels: 4
+      default_priority_level: 4
+      default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 5000
+                             max_queue_size: 3 }
+    }
+    """
+    config = ModelConfig(**sordino_settings(parse_pbtxt(text), source="c"))
+    batching = config.dynamic_batching
+    assert (batching.priority_levels, batching.default_priority_level) == (4, 4)
+    queue = batching.default_queue_policy
+    assert (queue.timeout_action, queue.default_timeout_microseconds) == ("DELAY", 5000)
+    assert (queue.max_queue_size, queue.allow_timeout_override) == (3, False)
+
+
+def test_protobuf_defaults_are_as_if_unset() -> None:
+    """0 levels (no priorities) and a 0 queue size (Triton's unbounded) leave sordino's
+    defaults: its levels, its bounded queue."""
+    text = """
+    backend: "python"
+    dynamic_batching {
+      priority_levels: 0 default_priority_level: 0
+      default_queue_policy { max_queue_size: 0 allow_timeout_override: true }
+    }
+    """
+    config = ModelConfig(**sordino_settings(parse_pbtxt(text), source="c"))
+    default = ModelConfig().dynamic_batching
+    batching = config.dynamic_batching
+    assert (batching.priority_levels, batching.default_priority_level) == (
+        default.priority_levels,
+        default.default_priority_level,
+    )
+    assert (
+        batching.default_queue_policy.max_queue_size == default.default_queue_policy.max_queue_size
+    )
+    assert batching.default_queue_policy.allow_timeout_override
+
+
+@pytest.mark.parametrize(
+    ("field", "said"),
+    [
+        (
+            "dynamic_batching { priority_queue_policy { key: 1 value { max_queue_size: 2 } } }",
+            "dynamic_batching.priority_queue_policy",
+        ),
+        ("dynamic_batching { preserve_ordering: true }", "dynamic_batching.preserve_ordering"),
+        ("response_cache { enable: true }", "response_cache"),
+        (
+            'model_warmup [ { name: "w" batch_size: 1 inputs { key: "X" value { '
+            "data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } } } ]",
+            "model_warmup",
+        ),
+        (
+            'instance_group [ { count: 1 rate_limiter { resources [ { name: "R" count: 1 } ] } } ]',
+            "instance_group.rate_limiter",
+        ),
+        ("instance_group [ { count: 1 passive: true } ]", "instance_group.passive"),
+    ],
+)
+def test_what_sordino_does_not_do_is_refused_by_name(field: str, said: str) -> None:
+    """Set, these change what Triton does; sordino does not, so it says so at load."""
+    with pytest.raises(ConfigError, match=f"m/config.pbtxt: sordino does not support {said}"):
+        sordino_settings(parse_pbtxt(f'backend: "python"\n{field}'), source="m/config.pbtxt")
+
+
+def test_fields_at_their_defaults_are_not_refused() -> None:
+    text = """
+    backend: "python"
+    dynamic_batching { preserve_ordering: false }
+    response_cache { enable: false }
+    instance_group [ { count: 1 kind: KIND_CPU passive: false } ]
+    """
+    assert sordino_settings(parse_pbtxt(text), source="c")["instance_count"] == 1

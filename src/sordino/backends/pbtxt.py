@@ -206,10 +206,13 @@ _KINDS = {"KIND_CPU": "cpu", "KIND_GPU": "gpu", "KIND_AUTO": "auto", "KIND_MODEL
 def sordino_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any]:
     """What sordino's ``ModelConfig`` takes from a Triton configuration (JSON form).
 
-    The backend (``backend``, or ``platform``), ``max_batch_size``, the dynamic
-    batcher's preferred sizes and delay (without one, and without a sequence batcher,
-    requests are not joined: ``enabled: false``), the sequence batcher (:func:`_sequence_batching`)
-    and the instance group's count, kind and GPUs. The rest stays for the backend to
+    The backend (``backend``, or ``platform``), ``max_batch_size``, the version policy,
+    the dynamic batcher (:func:`_dynamic_batching`; without one, and without a sequence
+    batcher, requests are not joined: ``enabled: false``), the sequence batcher
+    (:func:`_sequence_batching`) and the instance group's count, kind and GPUs. What
+    sordino does not do is refused by name when set to other than Triton's default
+    (:data:`_REFUSED`, an instance group's rate limiter, host policy, secondary devices
+    or ``passive``), rather than served as if absent. The rest stays for the backend to
     read (a Python model gets all of it).
     """
     settings: dict[str, Any] = {}
@@ -218,14 +221,13 @@ def sordino_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any
         settings["backend"] = str(backend)
     if "max_batch_size" in config:
         settings["max_batch_size"] = config["max_batch_size"]
+    refused = [key for key, what in _REFUSED.items() if _asks(_field(config, what))]
+    policy = config.get("version_policy")
+    if isinstance(policy, Mapping) and policy:
+        settings["version_policy"] = {kind: dict(given or {}) for kind, given in policy.items()}
     batching = config.get("dynamic_batching")
     if isinstance(batching, Mapping):
-        folded: dict[str, Any] = {}
-        if "preferred_batch_size" in batching:
-            folded["preferred_batch_size"] = list(batching["preferred_batch_size"])
-        if "max_queue_delay_microseconds" in batching:
-            folded["max_queue_delay_microseconds"] = batching["max_queue_delay_microseconds"]
-        settings["dynamic_batching"] = folded
+        settings["dynamic_batching"] = _dynamic_batching(batching)
     sequences = config.get("sequence_batching")
     if isinstance(sequences, Mapping):
         settings["sequence_batching"] = _sequence_batching(sequences, source)
@@ -243,7 +245,66 @@ def sordino_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any
         settings["instance_kind"] = _KINDS.get(str(group.get("kind", "KIND_AUTO")), "auto")
         if group.get("gpus"):
             settings["gpus"] = tuple(group["gpus"])
+        refused += [f"instance_group.{key}" for key in _GROUP_REFUSED if _asks(group.get(key))]
+    if refused:
+        raise ConfigError(
+            f"{source}: sordino does not support {', '.join(sorted(refused))}; remove "
+            "them (docs/backends.md, config.pbtxt, says what sordino takes)"
+        )
     return settings
+
+
+_REFUSED = {
+    "dynamic_batching.priority_queue_policy": ("dynamic_batching", "priority_queue_policy"),
+    "dynamic_batching.preserve_ordering": ("dynamic_batching", "preserve_ordering"),
+    "response_cache": ("response_cache", "enable"),
+    "model_warmup": ("model_warmup",),
+}
+"""Triton fields sordino does not do (its name → where it is): refused when set."""
+_GROUP_REFUSED = ("rate_limiter", "host_policy", "secondary_devices", "passive", "profile")
+"""An instance group's fields sordino does not do."""
+_QUEUE_KEYS = (
+    "timeout_action",
+    "default_timeout_microseconds",
+    "allow_timeout_override",
+    "max_queue_size",
+)
+
+
+def _field(config: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    value: Any = config
+    for key in path:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return value
+
+
+def _dynamic_batching(section: Mapping[str, Any]) -> dict[str, Any]:
+    """sordino's ``dynamic_batching`` from Triton's (what it does not take is refused by
+    :func:`sordino_settings`).
+
+    A field at its protobuf default (0, false, absent) is as if unset, as Triton reads
+    it: ``priority_levels: 0`` is no priorities (sordino's default levels then, which a
+    request that names none does not see), ``max_queue_size: 0`` Triton's unbounded
+    queue (sordino's bounded default: it runs no unbounded queue). Given a
+    ``default_queue_policy``, ``allow_timeout_override`` is Triton's default (false)
+    unless set.
+    """
+    folded: dict[str, Any] = {}
+    if "preferred_batch_size" in section:
+        folded["preferred_batch_size"] = list(section["preferred_batch_size"])
+    if "max_queue_delay_microseconds" in section:
+        folded["max_queue_delay_microseconds"] = section["max_queue_delay_microseconds"]
+    for key in ("priority_levels", "default_priority_level"):
+        if _asks(section.get(key)):
+            folded[key] = section[key]
+    queue = section.get("default_queue_policy")
+    if isinstance(queue, Mapping):
+        policy = {key: queue[key] for key in _QUEUE_KEYS if _asks(queue.get(key))}
+        policy.setdefault("allow_timeout_override", False)
+        folded["default_queue_policy"] = policy
+    return folded
 
 
 _STRATEGY_KEYS = {"direct": frozenset(), "oldest": frozenset({"max_candidate_sequences"})}
