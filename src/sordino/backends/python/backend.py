@@ -241,6 +241,14 @@ class PythonBackend:
                 config = parse_pbtxt(path.read_text(encoding="utf-8"), source=str(path))
             except ConfigError as exc:
                 raise ModelLoadError(f"{where}: {exc}") from exc
+        packed = config.get("parameters", {}).get("EXECUTION_ENV_PATH")
+        if isinstance(packed, dict) and packed.get("string_value"):
+            raise ModelLoadError(
+                f"{where}: {path} sets the parameter EXECUTION_ENV_PATH "
+                f"({packed['string_value']}): sordino runs a Python model in its workers' own "
+                "interpreter, not in a packed environment (not supported); install what the "
+                "model imports into sordino's environment and remove the parameter"
+            )
         config.setdefault("name", self._options.name)
         config.setdefault("backend", "python")
         config.setdefault("max_batch_size", 0)
