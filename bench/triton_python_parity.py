@@ -16,7 +16,8 @@ Triton's error codes (both servers must give the same status and message), anoth
 returns outputs in other datatypes than it declares (the same datatypes and values), a
 decoupled one sends error responses within its stream (streamed as the examples are), and
 a last one calls it through BLS (Triton's BLS drops the error in the stream: a known
-difference, printed ``KNOWN``, not failing the verdict). Custom metric
+difference, printed ``KNOWN``, not failing the verdict); one more has three versions and
+a ``version_policy`` (which are served, what each answers). Custom metric
 families a model defines are looked for in both servers' ``/metrics``. Prints one line
 per check and a verdict; the exit status is 0 when everything matched, 1 when something
 differed, 2 when a server could not be installed or started. Results go to
@@ -73,6 +74,11 @@ it saw. Triton 2.51 drops the error response within the stream (its BLS iterator
 the responses around it only); sordino yields it, with ``has_error()``: a known
 difference, printed as such and not counted as one (docs/backends.md says why)."""
 
+VERSIONS = "versions"
+"""Three version folders and ``version_policy: { specific { versions: [ 1, 3 ] } }``:
+which versions each server serves (asked by number, and with none), and what they
+answer."""
+
 QUIET_S = 2.0
 """After an error in a gRPC stream, how long to wait for more before taking the stream
 as ended (the client is not told whether the error was the request's last)."""
@@ -108,6 +114,21 @@ def _seen(mod: Any, client: Any, x: int) -> list[str]:
     tensor.set_data_from_numpy(np.array([x], dtype=np.int32))
     result = client.infer(STREAM_ERRORS_BLS, [tensor])
     return [s.decode() for s in result.as_numpy("SEEN").tolist()]
+
+
+def _versions(mod: Any, client: Any) -> list[tuple[str, Any]]:
+    """(version asked, the answer's V or "refused") for :data:`VERSIONS`."""
+    found: list[tuple[str, Any]] = []
+    for version in ("", "1", "2", "3"):
+        tensor = mod.InferInput("X", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([7], dtype=np.int32))
+        try:
+            result = client.infer(VERSIONS, [tensor], model_version=version)
+        except InferenceServerException:
+            found.append((version, "refused"))
+            continue
+        found.append((version, result.as_numpy("V").tolist()))
+    return found
 
 
 def stream_cases(models: list[str]) -> list[tuple[str, dict[str, np.ndarray]]]:
@@ -291,7 +312,7 @@ def compare(
             refused = (_refuses_infer(theirs, mod, model, arrays),
                        _refuses_infer(ours, mod, model, arrays))  # fmt: skip
             check(f"{model} unary infer refused", protocol, refused == (True, True), str(refused))
-        own = {ERROR_CODES, AS_MADE, STREAM_ERRORS_BLS}
+        own = {ERROR_CODES, AS_MADE, STREAM_ERRORS_BLS, VERSIONS}
         for case in cases([m for m in models if m not in DECOUPLED and m not in own]):
             expected, got = _infer(mod, theirs, case), _infer(mod, ours, case)
             same = all(np.array_equal(expected[n], got[n]) for n in expected)
@@ -309,6 +330,10 @@ def compare(
         if AS_MADE in models:
             expected_made, got_made = _as_made(mod, theirs), _as_made(mod, ours)
             check(f"{AS_MADE} datatypes", protocol, expected_made == got_made, str(got_made))
+        if VERSIONS in models:
+            expected_versions, got_versions = _versions(mod, theirs), _versions(mod, ours)
+            check(f"{VERSIONS} served", protocol, expected_versions == got_versions,
+                  str(got_versions))  # fmt: skip
         if STREAM_ERRORS_BLS in models:
             for x in (0, 3):  # with the final flag on the error, Triton's caller waits forever
                 expected_seen, got_seen = _seen(mod, theirs, x), _seen(mod, ours, x)
@@ -337,14 +362,15 @@ def repository(source: Path, into: Path) -> Path:
     """A copy of ``source`` in ``into``, with the stand-in for the "pytorch" model that
     Triton's bls example calls (add_sub under that name: no torch here) when
     ``bls_async`` is there without it, and the bench's :data:`ERROR_CODES`,
-    :data:`AS_MADE`, :data:`STREAM_ERRORS` and :data:`STREAM_ERRORS_BLS` models."""
+    :data:`AS_MADE`, :data:`STREAM_ERRORS`, :data:`STREAM_ERRORS_BLS` and
+    :data:`VERSIONS` models."""
     repo = into / "models"
     shutil.copytree(source, repo)
     if (repo / "bls_async").is_dir() and not (repo / "pytorch").exists():
         shutil.copytree(repo / "add_sub", repo / "pytorch")
         config = repo / "pytorch" / "config.pbtxt"
         config.write_text(config.read_text().replace('name: "add_sub"', 'name: "pytorch"'))
-    for name in (ERROR_CODES, AS_MADE, STREAM_ERRORS, STREAM_ERRORS_BLS):
+    for name in (ERROR_CODES, AS_MADE, STREAM_ERRORS, STREAM_ERRORS_BLS, VERSIONS):
         shutil.copytree(OWN / name, repo / name)
     return repo
 
