@@ -17,7 +17,8 @@ returns outputs in other datatypes than it declares (the same datatypes and valu
 decoupled one sends error responses within its stream (streamed as the examples are), and
 a last one calls it through BLS (Triton's BLS drops the error in the stream: a known
 difference, printed ``KNOWN``, not failing the verdict); one more has three versions and
-a ``version_policy`` (which are served, what each answers). Custom metric
+a ``version_policy`` (which are served, what each answers), and a last one is slow on its
+first batch only, then asked with short timeouts (answered or refused). Custom metric
 families a model defines are looked for in both servers' ``/metrics``. Prints one line
 per check and a verdict; the exit status is 0 when everything matched, 1 when something
 differed, 2 when a server could not be installed or started. Results go to
@@ -32,6 +33,7 @@ import queue
 import shutil
 import sys
 import tempfile
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -78,6 +80,14 @@ VERSIONS = "versions"
 """Three version folders and ``version_policy: { specific { versions: [ 1, 3 ] } }``:
 which versions each server serves (asked by number, and with none), and what they
 answer."""
+
+COLD_START = "cold_start"
+"""Its first ``execute`` takes 0.5 s, the rest no time: then asked one request every
+0.3 s with a 100 ms ``timeout``, each answered or refused. Triton bounds only the wait in
+its queue and answers all; sordino refuses a request its batch time says cannot finish
+in time, until that figure is over a second old (``STALE_S``) and an idle model runs
+one to measure it again: a known difference while the refusals end within that second
+(docs/scheduling.md, "Overload")."""
 
 QUIET_S = 2.0
 """After an error in a gRPC stream, how long to wait for more before taking the stream
@@ -128,6 +138,22 @@ def _versions(mod: Any, client: Any) -> list[tuple[str, Any]]:
             found.append((version, "refused"))
             continue
         found.append((version, result.as_numpy("V").tolist()))
+    return found
+
+
+def _cold(mod: Any, client: Any) -> list[str]:
+    """What each of 8 requests to :data:`COLD_START` got ("ok" or the status), one every
+    0.3 s, all but the first with a 100 ms timeout."""
+    found = []
+    for i in range(8):
+        time.sleep(0.3 if i else 0.0)
+        tensor = mod.InferInput("X", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[i]], dtype=np.int32))
+        try:
+            client.infer(COLD_START, [tensor], **({"timeout": 100_000} if i else {}))
+            found.append("ok")
+        except InferenceServerException as error:
+            found.append(str(error.status()))
     return found
 
 
@@ -312,7 +338,7 @@ def compare(
             refused = (_refuses_infer(theirs, mod, model, arrays),
                        _refuses_infer(ours, mod, model, arrays))  # fmt: skip
             check(f"{model} unary infer refused", protocol, refused == (True, True), str(refused))
-        own = {ERROR_CODES, AS_MADE, STREAM_ERRORS_BLS, VERSIONS}
+        own = {ERROR_CODES, AS_MADE, STREAM_ERRORS_BLS, VERSIONS, COLD_START}
         for case in cases([m for m in models if m not in DECOUPLED and m not in own]):
             expected, got = _infer(mod, theirs, case), _infer(mod, ours, case)
             same = all(np.array_equal(expected[n], got[n]) for n in expected)
@@ -330,6 +356,13 @@ def compare(
         if AS_MADE in models:
             expected_made, got_made = _as_made(mod, theirs), _as_made(mod, ours)
             check(f"{AS_MADE} datatypes", protocol, expected_made == got_made, str(got_made))
+        if COLD_START in models:
+            expected_cold, got_cold = _cold(mod, theirs), _cold(mod, ours)
+            refused = next((i for i, a in enumerate(got_cold[1:], 1) if a == "ok"), 8) - 1
+            check(f"{COLD_START} then 100 ms timeouts", protocol, expected_cold == got_cold,
+                  f"triton {expected_cold}, sordino {got_cold}",
+                  known=got_cold == ["ok"] + [got_cold[1]] * refused + ["ok"] * (7 - refused)
+                  and refused <= 4)  # fmt: skip
         if VERSIONS in models:
             expected_versions, got_versions = _versions(mod, theirs), _versions(mod, ours)
             check(f"{VERSIONS} served", protocol, expected_versions == got_versions,
@@ -362,15 +395,15 @@ def repository(source: Path, into: Path) -> Path:
     """A copy of ``source`` in ``into``, with the stand-in for the "pytorch" model that
     Triton's bls example calls (add_sub under that name: no torch here) when
     ``bls_async`` is there without it, and the bench's :data:`ERROR_CODES`,
-    :data:`AS_MADE`, :data:`STREAM_ERRORS`, :data:`STREAM_ERRORS_BLS` and
-    :data:`VERSIONS` models."""
+    :data:`AS_MADE`, :data:`STREAM_ERRORS`, :data:`STREAM_ERRORS_BLS`, :data:`VERSIONS`
+    and :data:`COLD_START` models."""
     repo = into / "models"
     shutil.copytree(source, repo)
     if (repo / "bls_async").is_dir() and not (repo / "pytorch").exists():
         shutil.copytree(repo / "add_sub", repo / "pytorch")
         config = repo / "pytorch" / "config.pbtxt"
         config.write_text(config.read_text().replace('name: "add_sub"', 'name: "pytorch"'))
-    for name in (ERROR_CODES, AS_MADE, STREAM_ERRORS, STREAM_ERRORS_BLS, VERSIONS):
+    for name in (ERROR_CODES, AS_MADE, STREAM_ERRORS, STREAM_ERRORS_BLS, VERSIONS, COLD_START):
         shutil.copytree(OWN / name, repo / name)
     return repo
 

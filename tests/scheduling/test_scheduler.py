@@ -23,6 +23,7 @@ from sordino.inference import ModelKey, RequestFacts
 from sordino.memory.refs import Tensors
 from sordino.records import BatchDone, QueueSettings, RequestDone
 from sordino.scheduling.batcher import BatchPolicy
+from sordino.scheduling.estimate import STALE_S
 from sordino.scheduling.modes import StaticController, build_controller
 from sordino.scheduling.scheduler import ModelScheduler
 from sordino.testing import ScriptedExecutor, VirtualClock
@@ -514,6 +515,54 @@ async def test_work_that_cannot_finish_before_its_deadline_is_not_started() -> N
     with pytest.raises(QueueTimeout, match="cannot finish before its deadline"):
         await late
     assert executor.batches == [1, 1]  # the hopeless one never ran
+    await sched.close()
+
+
+async def test_an_idle_model_with_a_stale_batch_time_runs_what_it_says_is_late() -> None:
+    """Refused while the batch time is fresh; over a second later, with nothing else in
+    flight, the request runs (a probe) and its batch's time replaces the old figure."""
+    clock = VirtualClock()
+    latencies = [0.2, 0.2, 0.01]
+    executor = ScriptedExecutor(clock, latency=lambda rows: latencies.pop(0))
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=1))
+    await asyncio.gather(sched.infer(_x(0), priority=2), clock.advance(0.3))
+    with pytest.raises(Shed, match="overloaded"):
+        sched.submit(_x(1), priority=2, timeout_s=0.1)  # 0.1 s after a 0.2 s batch
+    await clock.advance(STALE_S)
+    late = asyncio.create_task(sched.infer(_x(2), priority=2, timeout_s=0.1))
+    await clock.advance(0.3)
+    np.testing.assert_array_equal((await late)["x"], _x(2)["x"])
+    fast = asyncio.create_task(sched.infer(_x(3), priority=2, timeout_s=0.1))  # 0.2 s known
+    with pytest.raises(Shed):
+        await fast
+    assert executor.batches == [1, 1]
+    await sched.close()
+
+
+async def test_one_slow_batch_does_not_refuse_every_later_deadline() -> None:
+    """A cold first batch (0.5 s), then 1 ms ones; a request every 50 ms with a 100 ms
+    deadline. Before, every one was refused at arrival for good (``shed``: the 0.5 s
+    learnt) and no batch ran to learn otherwise; now they are refused for about a
+    second, then one runs, and every one after it is served."""
+    clock = VirtualClock()
+    slow = [0.5]
+    executor = ScriptedExecutor(clock, latency=lambda rows: slow.pop() if slow else 0.001)
+    sched = _scheduler(clock, executor, BatchPolicy(max_batch=4))
+    first = asyncio.create_task(sched.infer(_x(0), priority=2))
+    await clock.advance(0.6)
+    await first
+    answers = []
+    for i in range(1, 41):
+        task = asyncio.create_task(sched.infer(_x(i), priority=2, timeout_s=0.1))
+        await clock.advance(0.05)
+        try:
+            await task
+            answers.append("ok")
+        except Shed:
+            answers.append("shed")
+    served = answers.index("ok")
+    assert served <= STALE_S / 0.05 and answers[served:] == ["ok"] * (40 - served)
+    assert sched.expected_wait(2) is not None and sched.expected_wait(2) < 0.01
     await sched.close()
 
 

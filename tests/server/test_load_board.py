@@ -210,6 +210,11 @@ def test_a_route_with_no_slot_is_left_off_and_forwarded(server: RunningServer) -
         assert [r["name"] for r in seen.ask("routes")] == [MODEL]
         assert seen.ask("header")["overflow"] == 1
         assert seen.shed("/v2/models/simple/infer", X_Sordino_Timeout="1") is None
+        # A batch just ran (an idle model's batch time over a second old refuses no
+        # deadline: docs/scheduling.md, "Overload"); the next publish carries it.
+        httpx.post(f"{server.url}{INFER}", json=GOOD, timeout=30)
+        after = small.published
+        wait_for(lambda: small.published > after, "a publish after the batch")
         assert seen.shed(X_Sordino_Timeout="1") is not None
     finally:
         seen.close()

@@ -129,7 +129,7 @@ class BatchRunner:
         if computed is not None:
             computed()
         t2 = self._clock.now()
-        self._cost.note(rows, t2 - t0)
+        self._cost.note(rows, t2 - t0, t2)
         errors = None
         if REQUEST_ERRORS in outputs:  # some requests' answers are errors: no rows
             errors = decode_request_errors(outputs[REQUEST_ERRORS], len(live))
@@ -215,7 +215,7 @@ class BatchRunner:
                 if request is not None:
                     request.item = None
         t2 = self._clock.now()
-        self._cost.note(rows, t2 - t0)
+        self._cost.note(rows, t2 - t0, t2)
         self._outcomes.batches += 1
         self._outcomes.batched_rows += rows
         for request in requests:

@@ -99,6 +99,11 @@ class Arrivals:
         return max(steady, self._recent.rate_above(priority, now))
 
 
+STALE_S = 1.0
+"""A batch time measured longer ago than this is stale: an idle model admits a request it
+says is late (a probe), and the next batch's time replaces it (``shedding.py``)."""
+
+
 class BatchCost:
     """A batch's run time as ``fixed + per_row × rows``, from moving moments of recent
     batches' rows and seconds."""
@@ -109,9 +114,24 @@ class BatchCost:
         self.mean_rows = 0.0
         # Moving second moments (rows², rows·seconds): the split into fixed and per row.
         self._rr = self._rs = 0.0
+        self.ended_at: float | None = None
+        """When the last batch noted with its end time ended."""
 
-    def note(self, rows: int, seconds: float) -> None:
-        """A batch of ``rows`` ran in ``seconds``."""
+    def stale(self, now: float) -> bool:
+        """Whether no batch ended in the last :data:`STALE_S` (or none ever did)."""
+        return self.ended_at is None or now - self.ended_at >= STALE_S
+
+    def note(self, rows: int, seconds: float, ended_at: float | None = None) -> None:
+        """A batch of ``rows`` ran in ``seconds`` (ending at ``ended_at``, when known).
+
+        A batch that started when the estimate was stale replaces it: the estimate
+        says what the model did over a second ago, this batch what it does now (a cold
+        first batch of 500 ms, then 1 ms ones).
+        """
+        if ended_at is not None:
+            if self.ended_at is not None and ended_at - seconds - self.ended_at >= STALE_S:
+                self.mean_s = None
+            self.ended_at = ended_at
         if self.mean_s is None:
             self.mean_s, self.mean_rows = seconds, float(rows)
             self._rr, self._rs = float(rows * rows), rows * seconds

@@ -367,6 +367,12 @@ class ModelScheduler:
         """
         return self._shedder.expected_wait(priority)
 
+    def admission_wait(self, priority: int) -> float | None:
+        """:meth:`expected_wait` as the arrival rule reads it (None while the model is
+        idle and its batch time stale: see :meth:`Shedder.admission_wait
+        <sordino.scheduling.shedding.Shedder.admission_wait>`); what front ends refuse on."""
+        return self._shedder.admission_wait(priority)
+
     def rows_ahead(self, priority: int) -> int:
         """Rows queued now at ``priority`` and higher (what a :class:`Shed` names)."""
         return self._shedder.rows_ahead(priority)

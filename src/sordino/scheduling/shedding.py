@@ -4,8 +4,12 @@ Only the engine knows the work ahead of a request. At arrival a request is shed 
 :class:`~sordino.errors.Shed`) when the rows queued at its priority and higher, at the
 rate recent batches ran and in the time higher priorities arriving meanwhile leave it,
 would take more than :data:`ADMIT_SHARE` of its deadline; and a batch never starts work
-whose deadline is nearer than a batch takes (docs/scheduling.md, "Overload"). The
-arrival rate the batcher waits for is counted here too.
+whose deadline is nearer than a batch takes (docs/scheduling.md, "Overload"). Neither
+rule applies to an idle model (nothing else accepted and unfinished) whose batch time
+is stale (no batch ended in the last :data:`~sordino.scheduling.estimate.STALE_S`):
+there it would refuse on that old figure alone, which only running a batch measures
+again, so one slow batch (a cold start) refused every request with a shorter deadline
+for ever. The arrival rate the batcher waits for is counted here too.
 """
 
 from __future__ import annotations
@@ -114,9 +118,23 @@ class Shedder:
             self.model,
             priority,
             timeout_s,
-            self.expected_wait(priority),
+            self.admission_wait(priority),
             lambda: self._queue.rows_ahead(priority),
         )
+
+    def admission_wait(self, priority: int) -> float | None:
+        """:meth:`expected_wait` as the arrival rule reads it: None (admit) while the
+        model is idle and its batch time stale, where the wait is that old figure alone
+        — one only running a batch corrects (a cold first batch of 500 ms refused every
+        later request with a 100 ms deadline, and none ever ran to correct it)."""
+        if self._probe():
+            return None
+        return self.expected_wait(priority)
+
+    def _probe(self, in_flight: int = 0) -> bool:
+        """Whether the model has nothing in flight but ``in_flight`` requests and its
+        batch time is stale: what arrives (or is batched) now runs whatever that says."""
+        return self._outcomes.in_flight() <= in_flight and self._cost.stale(self._clock.now())
 
     def rows_ahead(self, priority: int) -> int:
         """Rows queued now at ``priority`` and higher."""
@@ -147,10 +165,13 @@ class Shedder:
 
         A batch takes about the recent batches' run time; an item whose deadline is
         nearer than that is answered now (503) instead of computed for a client that
-        will have given up.
+        will have given up. Not when the batch is all the model has in flight and the
+        batch time is stale: running it measures that again (see :meth:`admission_wait`).
         """
         batch_s = self._cost.mean_s
         if batch_s is None or self.settings.timeout_action != "REJECT":
+            return batch
+        if self._probe(len(batch)):
             return batch
         finish = now + batch_s
         kept = []

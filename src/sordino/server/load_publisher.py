@@ -192,6 +192,6 @@ class LoadBoardPublisher:
             and model.sequences is None
             and not runtime.result_cache.active(key.name),
             settings=settings,
-            waits=tuple(scheduler.expected_wait(p) for p in levels),
+            waits=tuple(scheduler.admission_wait(p) for p in levels),
             rows_ahead=tuple(scheduler.rows_ahead(p) for p in levels),
         )
