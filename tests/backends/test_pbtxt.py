@@ -8,7 +8,7 @@ import pytest
 
 from sordino.backends.pbtxt import parse_pbtxt, sordino_settings
 from sordino.config import ModelConfig
-from sordino.errors import ConfigError
+from sordino.errors import ConfigError, ModelLoadError
 from sordino.models.repository import scan_repository
 
 TEXT = """
@@ -259,3 +259,25 @@ def test_fields_at_their_defaults_are_not_refused() -> None:
     instance_group [ { count: 1 kind: KIND_CPU passive: false } ]
     """
     assert sordino_settings(parse_pbtxt(text), source="c")["instance_count"] == 1
+
+
+@pytest.mark.parametrize(
+    ("platform", "said"),
+    [
+        ('platform: "ensemble"', r"is a Triton ensemble .*not supported.*pipelines section"),
+        (
+            'platform: "pytorch_libtorch"',
+            r"names the backend or platform 'pytorch_libtorch', which sordino does not serve "
+            r"\(not supported\); it serves .*onnxruntime_onnx.*python",
+        ),
+        ('backend: "tensorrt"', r"names the backend or platform 'tensorrt'"),
+    ],
+)
+def test_a_platform_sordino_does_not_serve_is_named(
+    tmp_path: Path, platform: str, said: str
+) -> None:
+    """Before, such a folder was taken for an ONNX model: "no .onnx file in …/1"."""
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "config.pbtxt").write_text(f"{platform}\nmax_batch_size: 0\n")
+    with pytest.raises(ModelLoadError, match=said):
+        scan_repository(tmp_path)

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import yaml
 
-from sordino.backends.registry import backend_kind, kind_for_platform
+from sordino.backends.registry import backend_kind, backend_kinds, kind_for_platform
 from sordino.config import MODEL_NAME_PATTERN, ModelConfig, load_model_config_file
 from sordino.config.loader import shown_value
 from sordino.errors import ConfigError, ModelLoadError
@@ -260,7 +260,10 @@ def _from_pbtxt(path: Path) -> ModelConfig:
 
     triton = parse_pbtxt(path.read_text(encoding="utf-8"), source=str(path))
     settings = sordino_settings(triton, source=str(path))
-    kind = kind_for_platform(str(settings.get("backend", "")))
+    named = str(settings.get("backend", ""))
+    kind = kind_for_platform(named)
+    if named and kind is None:
+        raise ModelLoadError(_unknown_platform(path, named))
     if kind is None or kind.name == "onnxruntime":
         return ModelConfig()  # unchanged: ONNX models never read config.pbtxt
     settings["backend"] = kind.name
@@ -268,6 +271,25 @@ def _from_pbtxt(path: Path) -> ModelConfig:
         return ModelConfig(**settings)
     except ValueError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
+
+
+def _unknown_platform(path: Path, named: str) -> str:
+    """Why a ``config.pbtxt`` naming a backend or platform sordino lacks is refused."""
+    where = f"model {path.parent.name!r}: {path}"
+    if named == "ensemble":
+        return (
+            f'{where} is a Triton ensemble (platform: "ensemble"); sordino does not load '
+            "ensembles from a model repository (not supported). Serve its steps as models "
+            "and chain them in the pipelines section of sordino's configuration, which takes "
+            "Triton's ensemble_scheduling spelling (a pipeline input keeps its model input's "
+            "name: docs/configuration.md#pipelines)"
+        )
+    served = sorted({n for kind in backend_kinds().values() for n in (kind.name, *kind.platforms)})
+    return (
+        f"{where} names the backend or platform {named!r}, which sordino does not serve (not "
+        f"supported); it serves {', '.join(served)} (docs/backends.md; a backend of your own "
+        "registers through the sordino.backends entry points)"
+    )
 
 
 def _is_export(folder: Path) -> bool:
