@@ -66,9 +66,11 @@ def extra_routes(
         if not isinstance(ready, bool):
             raise InvalidRequest("'ready' must be true or false")
         entries = control.index(ready_only=ready)
+        # As Triton 2.51: a reason only where there is one (not for a READY model).
         return json(
             [
-                {"name": e.name, "version": e.version, "state": e.state, "reason": e.reason}
+                {"name": e.name, "version": e.version, "state": e.state}
+                | ({"reason": e.reason} if e.reason else {})
                 for e in entries
             ]
         )
