@@ -211,9 +211,8 @@ def sordino_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any
     batcher, requests are not joined: ``enabled: false``), the sequence batcher
     (:func:`_sequence_batching`) and the instance group's count, kind and GPUs. What
     sordino does not do is refused by name when set to other than Triton's default
-    (:data:`_REFUSED`, an instance group's rate limiter, host policy, secondary devices
-    or ``passive``), rather than served as if absent. The rest stays for the backend to
-    read (a Python model gets all of it).
+    (:data:`_REFUSED`, and an instance group's :data:`_GROUP_REFUSED`), rather than served
+    as if absent. The rest stays for the backend to read (a Python model gets all of it).
     """
     settings: dict[str, Any] = {}
     backend = config.get("backend") or config.get("platform")
