@@ -178,6 +178,19 @@ def test_the_metadata_comes_from_config_pbtxt(client: Any) -> None:
     ]
 
 
+def test_the_config_names_the_python_backend_as_triton_does(client: Any) -> None:
+    """Triton 2.51 on add_sub: metadata platform "python"; config backend "python" and
+    platform "" (the config said backend onnxruntime, platform python)."""
+    meta = client.get_model_metadata("add_sub")
+    config = client.get_model_config("add_sub")
+    if isinstance(meta, dict):
+        platform = meta["platform"]
+    else:
+        platform, config = meta.platform, {"backend": config.config.backend,
+                                           "platform": config.config.platform}  # fmt: skip
+    assert (platform, config["backend"], config["platform"]) == ("python", "python", "")
+
+
 def test_auto_complete_config_gives_a_batched_model(client: Any) -> None:
     """auto_complete_config's inputs, outputs and max_batch_size serve: rows of 4."""
     a = np.arange(8, dtype=np.float32).reshape(2, 4)

@@ -40,10 +40,13 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
     policy = scheduling.policy
     queue = scheduling.queue
     controller = model.scheduler.statistics().controller
+    backend = model.source.config.backend
     config: dict[str, Any] = {
         "name": meta.name,
-        "platform": meta.platform,
-        "backend": "onnxruntime",
+        # As Triton 2.51: a platform for a model served by one (onnxruntime_onnx), none
+        # for a backend's own kind of model (a Python model: backend python, platform "").
+        "platform": meta.platform if meta.platform != backend else "",
+        "backend": backend,
         "version_policy": _version_policy(model),
         # An iterative model's public tensors are one request's (the steps are batched).
         "max_batch_size": scheduling.max_batch_size if meta.batched else 0,
