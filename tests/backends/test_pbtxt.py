@@ -281,3 +281,11 @@ def test_a_platform_sordino_does_not_serve_is_named(
     (tmp_path / "m" / "config.pbtxt").write_text(f"{platform}\nmax_batch_size: 0\n")
     with pytest.raises(ModelLoadError, match=said):
         scan_repository(tmp_path)
+
+
+def test_a_dynamic_batcher_without_a_delay_waits_none_as_on_triton() -> None:
+    """Triton's max_queue_delay_microseconds defaults to 0: batch what is queued. sordino
+    filled it with its scheduler's 10 ms wait before."""
+    text = 'backend: "python"\nmax_batch_size: 8\ndynamic_batching { }\n'
+    config = ModelConfig(**sordino_settings(parse_pbtxt(text), source="c"))
+    assert config.dynamic_batching.max_queue_delay_microseconds == 0

@@ -283,8 +283,10 @@ def _dynamic_batching(section: Mapping[str, Any]) -> dict[str, Any]:
     """sordino's ``dynamic_batching`` from Triton's (what it does not take is refused by
     :func:`sordino_settings`).
 
-    A field at its protobuf default (0, false, absent) is as if unset, as Triton reads
-    it: ``priority_levels: 0`` is no priorities (sordino's default levels then, which a
+    ``max_queue_delay_microseconds`` unset is Triton's 0 (sordino's own default, the
+    scheduler's ``timeout_ms``, is for its own configuration). Other fields at their
+    protobuf default (0, false, absent) are as if unset, as Triton reads them:
+    ``priority_levels: 0`` is no priorities (sordino's default levels then, which a
     request that names none does not see), ``max_queue_size: 0`` Triton's unbounded
     queue (sordino's bounded default: it runs no unbounded queue). Given a
     ``default_queue_policy``, ``allow_timeout_override`` is Triton's default (false)
@@ -293,8 +295,8 @@ def _dynamic_batching(section: Mapping[str, Any]) -> dict[str, Any]:
     folded: dict[str, Any] = {}
     if "preferred_batch_size" in section:
         folded["preferred_batch_size"] = list(section["preferred_batch_size"])
-    if "max_queue_delay_microseconds" in section:
-        folded["max_queue_delay_microseconds"] = section["max_queue_delay_microseconds"]
+    # Unset, Triton's delay is 0: a batch of what is queued, no wait to fill it.
+    folded["max_queue_delay_microseconds"] = section.get("max_queue_delay_microseconds", 0)
     for key in ("priority_levels", "default_priority_level"):
         if _asks(section.get(key)):
             folded[key] = section[key]

@@ -195,8 +195,12 @@ class ModelLoader:
             config.dynamic_batching.enabled is False
             and metadata.extra.get("dynamic_batching") == "on"
         ):
-            # config.pbtxt had no dynamic batcher; auto_complete_config added one.
-            batching = config.dynamic_batching.model_copy(update={"enabled": None})
+            # config.pbtxt had no dynamic batcher; auto_complete_config added one (its
+            # delay, as on Triton: 0 unless it set one).
+            delay = int(metadata.extra.get("max_queue_delay_microseconds", "0"))
+            batching = config.dynamic_batching.model_copy(
+                update={"enabled": None, "max_queue_delay_microseconds": delay}
+            )
             config = config.model_copy(update={"dynamic_batching": batching})
         return key, config, metadata
 

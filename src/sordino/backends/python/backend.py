@@ -224,6 +224,13 @@ class PythonBackend:
             extra={
                 "max_batch_size": str(config["max_batch_size"]),
                 "dynamic_batching": "on" if "dynamic_batching" in config else "off",
+                "max_queue_delay_microseconds": str(
+                    int(
+                        (config.get("dynamic_batching") or {}).get(
+                            "max_queue_delay_microseconds", 0
+                        )
+                    )
+                ),
             }
             if batched
             else {},
