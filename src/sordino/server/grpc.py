@@ -320,7 +320,7 @@ class InferenceServicer:
                     if isinstance(response, SordinoError):
                         # The model's error response within its stream, as Triton sends it:
                         # the message, the request's id and model, and the stream goes on.
-                        await send(_error_response(str(response), model, request_id, final))
+                        await send(_error_response(str(response), model, request_id, final=final))
                         continue
                     try:
                         if shared:
@@ -341,32 +341,32 @@ class InferenceServicer:
             return
         except ModelResponseError as exc:
             # The model's error response with the final flag: Triton marks it final.
-            failed_message = _error_response(str(exc), model, request_id, final=True)
+            failed = _error_response(str(exc), model, request_id, final=True)
         except SordinoError as exc:
             log.debug("stream request %r failed: %s", request_id, exc)
-            failed = pb.ModelInferResponse(model_name=model, model_version=version, id=request_id)
-            failed_message = pb.ModelStreamInferResponse(
-                error_message=str(exc), infer_response=failed
-            )
+            failed = _error_response(str(exc), model, request_id, version=version)
         except Exception as exc:
             log.exception("stream request %r failed", request_id)
             error = f"internal error: {type(exc).__name__}: {exc}"
-            failed = pb.ModelInferResponse(model_name=model, model_version=version, id=request_id)
-            failed_message = pb.ModelStreamInferResponse(error_message=error, infer_response=failed)
+            failed = _error_response(error, model, request_id, version=version)
         try:
-            await send(failed_message)
+            await send(failed)
         except Exception:
             # The stream itself is broken (the client is gone); nobody is left to answer.
             log.debug("could not send the error of stream request %r", request_id)
 
 
 def _error_response(
-    message: str, model: str, request_id: str, final: bool
+    message: str, model: str, request_id: str, *, final: bool | None = None, version: str = ""
 ) -> pb.ModelStreamInferResponse:
-    """A model's error response in a stream, as Triton 2.51 sends it: the message, the
-    request's id and model name (no version), ``triton_final_response`` as flagged."""
-    answer = pb.ModelInferResponse(model_name=model, id=request_id)
-    encode_parameters({FINAL_RESPONSE: final}, answer.parameters)
+    """An error response in a stream: ``message`` for request ``request_id`` of ``model``.
+
+    A model's own error response (``final`` given) is as Triton 2.51 sends it: no
+    version, ``triton_final_response`` as the model flagged it. Without ``final``, the
+    request's end by sordino's error (``version`` as far as it is known)."""
+    answer = pb.ModelInferResponse(model_name=model, model_version=version, id=request_id)
+    if final is not None:
+        encode_parameters({FINAL_RESPONSE: final}, answer.parameters)
     return pb.ModelStreamInferResponse(error_message=message, infer_response=answer)
 
 

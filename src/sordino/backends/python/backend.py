@@ -192,6 +192,7 @@ class PythonBackend:
         inputs = _specs(config.get("input", ()), batched, where)
         outputs = _specs(config.get("output", ()), batched, where)
         self._config = config
+        batcher = config.get("dynamic_batching")
         gpu = device.startswith("cuda")
         args = {
             "model_config": json.dumps(config),
@@ -225,11 +226,7 @@ class PythonBackend:
                 "max_batch_size": str(config["max_batch_size"]),
                 "dynamic_batching": "on" if "dynamic_batching" in config else "off",
                 "max_queue_delay_microseconds": str(
-                    int(
-                        (config.get("dynamic_batching") or {}).get(
-                            "max_queue_delay_microseconds", 0
-                        )
-                    )
+                    int((batcher or {}).get("max_queue_delay_microseconds", 0))
                 ),
             }
             if batched

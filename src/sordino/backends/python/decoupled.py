@@ -27,6 +27,7 @@ from sordino.backends.calls import ModelCaller
 from sordino.backends.decoupled import Responder
 from sordino.backends.python import bls
 from sordino.backends.python import triton_python_backend_utils as utils
+from sordino.backends.python.joining import triton_code
 from sordino.datatypes import from_numpy_dtype
 from sordino.inference import Tensor
 
@@ -179,8 +180,10 @@ def _emitter(responder: Responder, index: int, declared: Mapping[str, str], name
         if response is not None and response.has_error():
             # One response of the stream, as on Triton: the request goes on unless final.
             error = response.error()
-            message, code = (error.message(), error.code()) if error is not None else ("error", 1)
-            responder.respond(index, None, final, message, code if code in range(8) else 1)
+            message, code = (
+                (error.message(), triton_code(error)) if error is not None else ("error", 1)
+            )
+            responder.respond(index, None, final, message, code)
             return
         outputs = _outputs(response, declared, name) if response is not None else None
         responder.respond(index, outputs, final)

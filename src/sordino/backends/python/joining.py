@@ -18,7 +18,7 @@ import numpy as np
 from sordino.backends.python.triton_python_backend_utils import InferenceResponse
 from sordino.inference import ModelMetadata, Tensor
 
-__all__ = ["PythonModelError", "join_outputs", "output_layouts", "response_parts"]
+__all__ = ["PythonModelError", "join_outputs", "output_layouts", "response_parts", "triton_code"]
 
 
 class PythonModelError(RuntimeError):
@@ -51,7 +51,7 @@ def response_parts(
             )
         if response.has_error():
             error = response.error()
-            errors[index] = (_code(error), error.message())
+            errors[index] = (triton_code(error), error.message())
             continue
         # Ours: its own list, read (output_tensors() copies it).
         ours = type(response) is InferenceResponse
@@ -71,10 +71,12 @@ def response_parts(
     return parts, errors
 
 
-def _code(error: Any) -> int:
-    """Triton's error code of ``error`` (ours, or one made by other utilities): an int."""
+def triton_code(error: Any) -> int:
+    """Triton's error code of ``error`` (ours, or one made by other utilities): one of
+    its eight codes, ``INTERNAL`` (1) for anything else."""
     code = error.code()
-    return code if isinstance(code, int) else int(getattr(code, "value", 1))
+    code = code if isinstance(code, int) else int(getattr(code, "value", 1))
+    return code if code in range(8) else 1
 
 
 def output_layouts(
