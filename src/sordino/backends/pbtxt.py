@@ -248,7 +248,8 @@ def sordino_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any
     if refused:
         raise ConfigError(
             f"{source}: sordino does not support {', '.join(sorted(refused))}; remove "
-            "them (docs/backends.md, config.pbtxt, says what sordino takes)"
+            f"{'it' if len(refused) == 1 else 'them'} (docs/backends.md, config.pbtxt, says "
+            "what sordino takes)"
         )
     return settings
 
