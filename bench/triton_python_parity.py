@@ -18,7 +18,8 @@ decoupled one sends error responses within its stream (streamed as the examples 
 a last one calls it through BLS (Triton's BLS drops the error in the stream: a known
 difference, printed ``KNOWN``, not failing the verdict); one more has three versions and
 a ``version_policy`` (which are served, what each answers), and a last one is slow on its
-first batch only, then asked with short timeouts (answered or refused). Custom metric
+first batch only, then asked with short timeouts (answered or refused); two Triton
+ensembles chain the examples (metadata, configuration and answers compared). Custom metric
 families a model defines are looked for in both servers' ``/metrics``. Prints one line
 per check and a verdict; the exit status is 0 when everything matched, 1 when something
 differed, 2 when a server could not be installed or started. Results go to
@@ -88,6 +89,15 @@ its queue and answers all; sordino refuses a request its batch time says cannot 
 in time, until that figure is over a second old (``STALE_S``) and an idle model runs
 one to measure it again: a known difference while the refusals end within that second
 (docs/scheduling.md, "Overload")."""
+
+ENSEMBLES: dict[str, tuple[tuple[str, str], tuple[str, str], bool]] = {
+    "ensemble_add_sub": (("A", "B"), ("TWICE_A", "diff"), False),
+    "ensemble_batched": (("X", "Y"), ("DOUBLE_X", "SUM"), True),
+}
+"""Triton ensembles (``platform: "ensemble"``) of the examples ``add_sub`` and
+``auto_complete``: ensemble name -> (inputs, outputs, batched). Their tensors are named
+apart from the steps' and their steps are wired by those names; one does not batch, the
+other takes 1 to 4 rows."""
 
 QUIET_S = 2.0
 """After an error in a gRPC stream, how long to wait for more before taking the stream
@@ -257,6 +267,12 @@ def cases(models: list[str]) -> list[Case]:
     out: list[Case] = []
     for _ in range(3):
         for model in models:
+            if model in ENSEMBLES:
+                names, outputs, batched = ENSEMBLES[model]
+                shape = (int(rng.integers(1, 5)), 4) if batched else (4,)
+                ensemble = {n: rng.standard_normal(shape).astype(np.float32) for n in names}
+                out.append((model, ensemble, list(outputs)))
+                continue
             shape = (int(rng.integers(1, 5)), 4) if "auto_complete" in model else (4,)
             a, b = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
             arrays = {"INPUT0": a, "INPUT1": b}
@@ -276,6 +292,24 @@ def _infer(mod: Any, client: Any, case: Case) -> dict[str, np.ndarray]:
         inputs.append(tensor)
     result = client.infer(model, inputs, outputs=[mod.InferRequestedOutput(n) for n in outputs])
     return {name: result.as_numpy(name) for name in outputs}
+
+
+def _ensemble_config(client: Any, model: str) -> dict[str, Any]:
+    """What an ensemble's configuration (HTTP) says that both servers should say alike:
+    platform, backend, batch size, tensors, and the models of its steps."""
+    config = client.get_model_config(model)
+    steps = config.get("ensemble_scheduling", {}).get("step", [])
+    return {
+        "platform": config.get("platform"),
+        "backend": config.get("backend"),
+        "max_batch_size": config.get("max_batch_size"),
+        # Triton fills in every field of its protobuf (format, optional, ...): not these.
+        **{
+            kind: [(t["name"], t["data_type"], t["dims"]) for t in config.get(kind, [])]
+            for kind in ("input", "output")
+        },
+        "steps": sorted(step["model_name"] for step in steps),
+    }
 
 
 def _metadata(mod: Any, client: Any, model: str) -> list[tuple[str, str, str, list[int]]]:
@@ -353,6 +387,13 @@ def compare(
             )
             refused = [_refuses(mod, client, case) for client in (theirs, ours)]
             check("bls_sync undefined_model refused", protocol, all(refused), str(refused))
+        for model in ENSEMBLES if protocol == "http" else ():
+            if model in models:
+                expected_config = _ensemble_config(theirs, model)
+                got_config = _ensemble_config(ours, model)
+                check(f"{model} config", protocol, expected_config == got_config,
+                      "" if expected_config == got_config
+                      else f"triton {expected_config}, sordino {got_config}")  # fmt: skip
         if AS_MADE in models:
             expected_made, got_made = _as_made(mod, theirs), _as_made(mod, ours)
             check(f"{AS_MADE} datatypes", protocol, expected_made == got_made, str(got_made))
@@ -396,7 +437,7 @@ def repository(source: Path, into: Path) -> Path:
     Triton's bls example calls (add_sub under that name: no torch here) when
     ``bls_async`` is there without it, and the bench's :data:`ERROR_CODES`,
     :data:`AS_MADE`, :data:`STREAM_ERRORS`, :data:`STREAM_ERRORS_BLS`, :data:`VERSIONS`
-    and :data:`COLD_START` models."""
+    and :data:`COLD_START` models, with its :data:`ENSEMBLES` where their steps are."""
     repo = into / "models"
     shutil.copytree(source, repo)
     if (repo / "bls_async").is_dir() and not (repo / "pytorch").exists():
@@ -405,6 +446,9 @@ def repository(source: Path, into: Path) -> Path:
         config.write_text(config.read_text().replace('name: "add_sub"', 'name: "pytorch"'))
     for name in (ERROR_CODES, AS_MADE, STREAM_ERRORS, STREAM_ERRORS_BLS, VERSIONS, COLD_START):
         shutil.copytree(OWN / name, repo / name)
+    if (repo / "add_sub").is_dir() and (repo / "auto_complete").is_dir():
+        for name in ENSEMBLES:
+            shutil.copytree(OWN / name, repo / name)
     return repo
 
 

@@ -264,7 +264,6 @@ def test_fields_at_their_defaults_are_not_refused() -> None:
 @pytest.mark.parametrize(
     ("platform", "said"),
     [
-        ('platform: "ensemble"', r"is a Triton ensemble .*not supported.*pipelines section"),
         (
             'platform: "pytorch_libtorch"',
             r"names the backend or platform 'pytorch_libtorch', which sordino does not serve "

@@ -81,10 +81,57 @@ def test_the_triton_ensemble_spelling_is_accepted() -> None:
     assert [n.name for n in config.pipelines[0].nodes] == ["simple", "simple_2"]
     x = np.arange(16, dtype=np.int32).reshape(1, 16)
     with serve_in_thread(config, _models("simple")) as server:
-        assert (
-            _infer(server, "twice", {"INPUT0": x, "INPUT1": x})["OUTPUT0"]
-            == (2 * x).ravel().tolist()
-        )
+        # Only what the steps' output_map names comes out (not simple_2's OUTPUT1).
+        assert _infer(server, "twice", {"INPUT0": x, "INPUT1": x}) == {
+            "OUTPUT0": (2 * x).ravel().tolist()
+        }
+
+
+def test_pipeline_inputs_and_outputs_take_names_of_their_own() -> None:
+    """``inputs.NAME`` reads the pipeline input NAME; ``outputs`` names what is returned
+    (the rest of the nodes' outputs is dropped), as a Triton ensemble's tensors do."""
+    renamed = {
+        "name": "renamed",
+        "nodes": [
+            {"name": "a", "model": "simple",
+             "inputs": {"INPUT0": "inputs.left", "INPUT1": "inputs.right"}},
+            {"name": "b", "model": "simple",
+             "inputs": {"INPUT0": "a.OUTPUT0", "INPUT1": "inputs.left"}},
+        ],
+        "outputs": {"total": "b.OUTPUT0", "gap": "a.OUTPUT1"},
+    }  # fmt: skip
+    config = load_config(None, {"pipelines": [renamed]})
+    x = np.arange(16, dtype=np.int32).reshape(1, 16)
+    y = np.full((1, 16), 3, np.int32)
+    with serve_in_thread(config, _models("simple")) as server:
+        answer = _infer(server, "renamed", {"left": x, "right": y})
+        assert answer == {"total": (x + y + x).ravel().tolist(), "gap": (x - y).ravel().tolist()}
+        metadata = request_json("GET", f"{server.url}/v2/models/renamed", timeout=10)
+        assert [i["name"] for i in metadata["inputs"]] == ["left", "right"]
+        assert [o["name"] for o in metadata["outputs"]] == ["total", "gap"]
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "said"),
+    [
+        ({"nodes": [{"name": "inputs", "model": "simple"}]}, "a node is named 'inputs'"),
+        (
+            {"nodes": [{"name": "a", "model": "simple", "inputs": {"INPUT0": "left"}}]},
+            "'left' is neither NODE.OUTPUT nor inputs.NAME",
+        ),
+        (
+            {"nodes": [{"name": "a", "model": "simple"}], "outputs": {"x": "inputs.INPUT0"}},
+            "output x: 'inputs.INPUT0' is not NODE.OUTPUT",
+        ),
+        (
+            {"nodes": [{"name": "a", "model": "simple"}], "outputs": {"x": "b.OUTPUT0"}},
+            "output x comes from 'b', which is not a node of this pipeline",
+        ),
+    ],
+)
+def test_bad_names_are_refused_in_the_configuration(pipeline: dict[str, object], said: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        load_config(None, {"pipelines": [{"name": "p", **pipeline}]})
 
 
 def test_an_error_names_the_node() -> None:

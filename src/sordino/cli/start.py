@@ -389,6 +389,7 @@ def start(
     }
     try:
         from sordino.control.admin import admin_token, exposure_refusal, exposure_warning
+        from sordino.models.ensembles import with_ensembles
         from sordino.models.hints import with_runtime_hints
 
         config = load_config(config_path, {k: v for k, v in overrides.items() if v is not None})
@@ -401,6 +402,8 @@ def start(
         if exposed is not None:
             log.warning("%s", exposed)
         sources = collect_sources(config, models, builtin, triton_examples)
+        ensembles = with_ensembles(config.pipelines, config.model_repository)
+        config = config.model_copy(update={"pipelines": ensembles})
         config = with_runtime_hints(config, [source.path for source in sources])
         config.server.data_dir.mkdir(parents=True, exist_ok=True)
         raise_open_file_limit()

@@ -16,6 +16,9 @@ A repository is Triton's layout::
       add_sub/
         config.pbtxt         Triton's configuration, read when there is no config.yaml
         1/model.py           backend: "python" (a Triton Python-backend model)
+      chain/
+        config.pbtxt         platform: "ensemble": served as a pipeline of the
+        1/                   models above (models/ensembles.py), not loaded here
 
 The file a version folder must hold is its backend kind's
 (:class:`~sordino.backends.base.BackendKind`: ``model.onnx``, ``model.py``, ...). A
@@ -208,9 +211,12 @@ def scan_repository(root: Path) -> list[ModelSource]:
     """Return every model version a Triton-style repository folder holds."""
     if not root.is_dir():
         raise ModelLoadError(f"model repository {root} is not a folder")
+    from sordino.models.ensembles import is_ensemble
+
     sources: list[ModelSource] = []
     for name in repository_names(root, warn=True):
-        sources.extend(load_repository_model(root, name))
+        if not is_ensemble(root / name):  # served as a pipeline (models/ensembles.py)
+            sources.extend(load_repository_model(root, name))
     return sources
 
 
@@ -227,6 +233,10 @@ def load_repository_model(root: Path, name: str) -> list[ModelSource]:
         raise ModelLoadError(f"model {name!r} is not in repository {root}")
     inside = root.resolve()
     _contained(inside, folder, name)
+    from sordino.models.ensembles import is_ensemble, refuse_control
+
+    if is_ensemble(folder):
+        raise refuse_control(root, name)
     config_file = folder / "config.yaml"
     if config_file.exists():
         _contained(inside, config_file, name)
@@ -276,14 +286,6 @@ def _from_pbtxt(path: Path) -> ModelConfig:
 def _unknown_platform(path: Path, named: str) -> str:
     """Why a ``config.pbtxt`` naming a backend or platform sordino lacks is refused."""
     where = f"model {path.parent.name!r}: {path}"
-    if named == "ensemble":
-        return (
-            f'{where} is a Triton ensemble (platform: "ensemble"); sordino does not load '
-            "ensembles from a model repository (not supported). Serve its steps as models "
-            "and chain them in the pipelines section of sordino's configuration, which takes "
-            "Triton's ensemble_scheduling spelling (a pipeline input keeps its model input's "
-            "name: docs/configuration.md#pipelines)"
-        )
     served = sorted({n for kind in backend_kinds().values() for n in (kind.name, *kind.platforms)})
     return (
         f"{where} names the backend or platform {named!r}, which sordino does not serve (not "

@@ -6,6 +6,7 @@ from typing import Any
 
 from sordino.datatypes import to_triton_type
 from sordino.inference import TensorSpec
+from sordino.server.pipelines import PipelineExecutor
 from sordino.server.runtime import LoadedModel
 
 __all__ = ["model_metadata_json", "triton_config_json"]
@@ -72,6 +73,13 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
         for key, value in meta.extra.items():
             if key in _GENERATOR_SETTINGS:
                 config["parameters"][f"sordino_{key}"] = {"string_value": value}
+    executor = model.scheduler.executor
+    if isinstance(executor, PipelineExecutor):
+        # As Triton shows an ensemble: its steps, no instances, no batcher of its own.
+        config.update(platform="ensemble", backend="")
+        config["ensemble_scheduling"] = {"step": executor.steps()}
+        del config["instance_group"]
+        return config
     if meta.stream is not None or model.pipeline is not None or meta.decoupled:
         # Triton's word for a model that may send several responses per request.
         config["model_transaction_policy"] = {"decoupled": True}

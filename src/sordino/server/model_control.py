@@ -31,6 +31,7 @@ from pathlib import Path
 
 from sordino.config import ModelConfig
 from sordino.errors import InvalidRequest, NotFound, SordinoError, Unsupported
+from sordino.models.ensembles import is_ensemble
 from sordino.models.repository import (
     ModelSource,
     is_model_name,
@@ -175,6 +176,8 @@ class ModelControl:
             self._polls += 1
             present = self._repository_names()
             for name in present:
+                if is_ensemble(self.repository / name):
+                    continue  # served from start-up on (models/ensembles.py)
                 try:
                     await self._apply(name, load_repository_model(self.repository, name))
                 except SordinoError as exc:

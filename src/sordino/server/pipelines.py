@@ -23,7 +23,8 @@ import numpy as np
 from sordino.admission.chain import parse_priority
 from sordino.clock import Clock
 from sordino.config import ModelConfig, SchedulerConfig
-from sordino.config.pipelines import NodeConfig, PipelineConfig
+from sordino.config.models import DynamicBatchingConfig
+from sordino.config.pipelines import PIPELINE_INPUTS, NodeConfig, PipelineConfig
 from sordino.errors import (
     InferenceFailed,
     InvalidRequest,
@@ -37,7 +38,7 @@ from sordino.execution.batch import NO_CONTEXT, BatchContext
 from sordino.execution.chain import ChainExecutor
 from sordino.execution.executor import MemoryFit
 from sordino.execution.staging import row_bytes
-from sordino.inference import ModelKey, ModelMetadata, Tensor, TensorSpec
+from sordino.inference import ModelKey, ModelMetadata, Tensor
 from sordino.memory.planner import plan_greedy_by_size
 from sordino.memory.quotas import QuotaLedger
 from sordino.memory.refs import Tensors, TensorsBuilder
@@ -46,6 +47,7 @@ from sordino.records import PipelineStatistics, SchedulerObserver
 from sordino.scheduling.modes import build_controller
 from sordino.scheduling.scheduler import ModelScheduler
 from sordino.scheduling.settings import scheduling_for
+from sordino.server.pipeline_wiring import outputs_of, source_of, tensors_of
 from sordino.server.registry import LoadedModel, ModelRegistry
 
 __all__ = ["PipelineExecutor", "build_pipeline", "pipeline_statistics"]
@@ -94,22 +96,27 @@ class PipelineExecutor:
         for index, node in enumerate(self._order):
             wiring: dict[str, tuple[str, str]] = {}
             for spec in models[node.name].inputs:
-                source = node.inputs.get(spec.name)
-                if source is None:
-                    wiring[spec.name] = (_INPUT + spec.name, spec.name)
+                producer, output = source_of(node, spec.name)
+                if producer == PIPELINE_INPUTS:
+                    wiring[spec.name] = (_INPUT + output, output)
                 else:
-                    producer, _, output = source.partition(".")
                     wiring[spec.name] = (producer, output)
             for key, _ in wiring.values():
                 readers.setdefault(key, []).append(index)
             self._wiring.append(wiring)
-        consumed = {source for node in config.nodes for source in node.inputs.values()}
-        self._outputs: dict[str, tuple[str, str]] = {
-            spec.name: (node.name, spec.name)
-            for node in self._order
-            for spec in models[node.name].outputs
-            if f"{node.name}.{spec.name}" not in consumed
+        self._outputs = {
+            name: (node, output) for name, (node, output, _) in outputs_of(config, models).items()
         }
+        # Each node's outputs that the pipeline reads or returns.
+        self._made: dict[str, list[str]] = {node.name: [] for node in self._order}
+        used = {pair for wiring in self._wiring for pair in wiring.values()}
+        for node in self._order:
+            self._made[node.name] = [
+                spec.name
+                for spec in models[node.name].outputs
+                if (node.name, spec.name) in used
+                or (node.name, spec.name) in self._outputs.values()
+            ]
         kept = {key for key, _ in self._outputs.values()}
         end = len(self._order) - 1
         # The lifetime plan: each key's tensors live until its last reader has run.
@@ -133,6 +140,32 @@ class PipelineExecutor:
             raise
         self._last[name] = model
         return model
+
+    def steps(self) -> list[dict[str, object]]:
+        """The nodes as the steps of a Triton ensemble configuration, in the order
+        they run: a tensor between nodes is named ``NODE.OUTPUT``."""
+        names = {key: name for name, key in self._outputs.items()}
+        steps: list[dict[str, object]] = []
+        for node, wiring in zip(self._order, self._wiring, strict=True):
+            inputs = {
+                model_input: key.removeprefix(_INPUT)
+                if key.startswith(_INPUT)
+                else names.get((key, tensor), f"{key}.{tensor}")
+                for model_input, (key, tensor) in wiring.items()
+            }
+            outputs = {
+                output: names.get((node.name, output), f"{node.name}.{output}")
+                for output in self._made[node.name]
+            }
+            steps.append(
+                {
+                    "model_name": node.model,
+                    "model_version": -1,
+                    "input_map": inputs,
+                    "output_map": outputs,
+                }
+            )
+        return steps
 
     def instances(self, model: ModelKey) -> int:
         return CONCURRENT_BATCHES
@@ -300,14 +333,6 @@ def pipeline_statistics(models: Iterable[LoadedModel]) -> tuple[PipelineStatisti
     )
 
 
-def _spec_matches(output: TensorSpec, target: TensorSpec) -> bool:
-    if output.datatype != target.datatype or len(output.shape) != len(target.shape):
-        return False
-    return all(
-        a == b or a == -1 or b == -1 for a, b in zip(output.shape, target.shape, strict=True)
-    )
-
-
 def build_pipeline(
     config: PipelineConfig,
     registry: ModelRegistry,
@@ -337,73 +362,45 @@ def build_pipeline(
                 f"{where}, node {node.name}: model {node.model} is iterative or streaming; "
                 "pipeline nodes must be one-shot models (not supported yet)"
             )
-        if not served.metadata.batched:
-            raise ModelLoadError(f"{where}, node {node.name}: model {node.model} does not batch")
         models[node.name] = served.metadata
-        caps.append(served.max_batch_size)
-    inputs: dict[str, TensorSpec] = {}
-    consumed: set[str] = set()
-    for node in config.nodes:
-        metadata = models[node.name]
-        known = {spec.name for spec in metadata.inputs}
-        for name in node.inputs:
-            if name not in known:
+        caps.append(served.max_batch_size if served.metadata.batched else 0)
+    inputs, outputs_specs = tensors_of(config, models)
+    batching = [cap for cap in caps if cap]
+    # Unset: batch when a node does.
+    batched = bool(batching) if config.max_batch_size is None else config.max_batch_size > 0
+    if config.max_batch_size:
+        for node, cap in zip(config.nodes, caps, strict=True):
+            if cap and cap < config.max_batch_size:
                 raise ModelLoadError(
-                    f"{where}, node {node.name}: model {node.model} has no input {name!r} "
-                    f"(inputs: {', '.join(sorted(known))})"
+                    f"{where} allows a batch of {config.max_batch_size}, but node {node.name}'s "
+                    f"model {node.model} allows only {cap}: lower the pipeline's "
+                    "max_batch_size or raise the model's"
                 )
-        for spec in metadata.inputs:
-            source = node.inputs.get(spec.name)
-            if source is None:
-                seen = inputs.setdefault(spec.name, spec)
-                if not _spec_matches(seen, spec):
-                    raise ModelLoadError(
-                        f"{where}: pipeline input {spec.name} is {seen.datatype} "
-                        f"{list(seen.shape)} for one node and {spec.datatype} "
-                        f"{list(spec.shape)} for node {node.name}"
-                    )
-                continue
-            producer, _, output_name = source.partition(".")
-            output = models[producer].output(output_name)
-            if output is None:
-                outputs = ", ".join(s.name for s in models[producer].outputs)
-                raise ModelLoadError(
-                    f"{where}, node {node.name}: input {spec.name} reads {source}, but node "
-                    f"{producer} has no output {output_name!r} (outputs: {outputs})"
-                )
-            if not _spec_matches(output, spec):
-                raise ModelLoadError(
-                    f"{where}, node {node.name}: input {spec.name} is {spec.datatype} "
-                    f"{list(spec.shape)}, but {source} is {output.datatype} "
-                    f"{list(output.shape)}: the datatypes and shapes must match"
-                )
-            consumed.add(source)
-    outputs_specs: dict[str, TensorSpec] = {}
-    for node in config.order():
-        for spec in models[node.name].outputs:
-            if f"{node.name}.{spec.name}" in consumed:
-                continue
-            if spec.name in outputs_specs:
-                raise ModelLoadError(
-                    f"{where}: two nodes leave an output called {spec.name}; consume one of "
-                    "them in a later node"
-                )
-            outputs_specs[spec.name] = spec
+    rows = config.max_batch_size or (min(batching) if batching else 0)
+    # A node that does not batch takes each request whole: the pipeline runs one
+    # request at a time (its nodes' own schedulers still batch across requests).
+    whole = batched and len(batching) < len(caps)
     key = ModelKey(config.name, "1")
     metadata = ModelMetadata(
         config.name,
         "1",
-        "sordino_pipeline",
+        "ensemble",  # Triton's platform for models chained by its ensemble scheduler
         tuple(inputs.values()),
         tuple(outputs_specs.values()),
-        batched=True,
+        batched=batched,
     )
-    model_config = ModelConfig(name=config.name, max_batch_size=min(caps))
-    scheduling = scheduling_for(scheduler, model_config, batched=True, instances=CONCURRENT_BATCHES)
+    model_config = ModelConfig(
+        name=config.name,
+        max_batch_size=rows if batched else None,
+        dynamic_batching=DynamicBatchingConfig(enabled=False if whole else None),
+    )
+    scheduling = scheduling_for(
+        scheduler, model_config, batched=batched, instances=CONCURRENT_BATCHES
+    )
     controller = build_controller(scheduling.mode, scheduling.policy, scheduling.slo_s)
     engine = ModelScheduler(
         key,
-        batched=True,
+        batched=batched,
         executor=PipelineExecutor(config, registry, models, executor=executor, pools=pools),
         controller=controller,
         settings=scheduling.queue,

@@ -1,0 +1,137 @@
+"""Triton ensembles in a model repository, served as pipelines.
+
+A repository folder whose ``config.pbtxt`` says ``platform: "ensemble"`` is not a
+model to load but a chain of the repository's (or the configuration's) models: it
+becomes a :class:`~sordino.config.pipelines.PipelineConfig` through the
+``ensemble_scheduling`` spelling that section takes (steps wired by their ensemble
+tensor names, in any order; the ``input`` and ``output`` lists; ``max_batch_size``,
+0 for requests that pass whole). The pipelines are built once every model has
+loaded (:meth:`sordino.server.runtime.Runtime.start`), so an ensemble may name any
+served model, wherever it comes from.
+
+An ensemble is read at start-up: model control (``explicit``, ``poll``) loads and
+unloads models, never ensembles (:func:`refuse_control`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sordino.config.base import reject_repeated_names
+from sordino.config.pipelines import PipelineConfig
+from sordino.errors import ConfigError, ModelLoadError
+
+__all__ = [
+    "ensemble_pipeline",
+    "is_ensemble",
+    "refuse_control",
+    "repository_ensembles",
+    "with_ensembles",
+]
+
+_TAKEN = {"name", "platform", "max_batch_size", "input", "output", "ensemble_scheduling"}
+"""The ``config.pbtxt`` fields of an ensemble that sordino reads; any other one set is
+refused by name (Triton's own ensembles take few more: ``version_policy``,
+``parameters``)."""
+
+
+def is_ensemble(folder: Path) -> bool:
+    """Whether the model folder ``folder`` is a Triton ensemble (``platform: "ensemble"``
+    in its ``config.pbtxt``, and no ``config.yaml`` of sordino's)."""
+    path = folder / "config.pbtxt"
+    if (folder / "config.yaml").exists() or not path.is_file():
+        return False
+    return str(_read(path).get("platform", "")) == "ensemble"
+
+
+def _read(path: Path) -> dict[str, Any]:
+    from sordino.backends.pbtxt import parse_pbtxt
+
+    try:
+        return parse_pbtxt(path.read_text(encoding="utf-8"), source=str(path))
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: cannot read it: {exc}") from exc
+
+
+def ensemble_pipeline(folder: Path) -> PipelineConfig:
+    """The pipeline the ensemble in ``folder`` describes (:class:`ConfigError` names the
+    file and what to fix)."""
+    path = folder / "config.pbtxt"
+    triton = _read(path)
+    name = folder.name
+    if triton.get("name", name) != name:
+        raise ConfigError(
+            f"{path}: name {triton['name']!r} differs from its folder {name!r}; remove name "
+            "or rename the folder"
+        )
+    refused = sorted(set(triton) - _TAKEN)
+    if refused:
+        raise ConfigError(
+            f"{path}: {', '.join(refused)} is not supported on an ensemble by sordino; remove it"
+        )
+    if not (folder / "1").is_dir() and not any(p.name.isdigit() for p in folder.iterdir()):
+        raise ConfigError(
+            f"{path}: an ensemble needs a version folder, as in Triton: create "
+            f"{folder / '1'} (empty)"
+        )
+    section: dict[str, Any] = {
+        "name": name,
+        "ensemble_scheduling": triton.get("ensemble_scheduling"),
+        "input": triton.get("input", []),
+        "output": triton.get("output", []),
+        "max_batch_size": int(triton.get("max_batch_size", 0)),
+    }
+    if section["ensemble_scheduling"] is None:
+        raise ConfigError(f"{path}: an ensemble needs ensemble_scheduling {{ step [ ... ] }}")
+    try:
+        return PipelineConfig(**section)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {_plain(exc)}") from exc
+
+
+def _plain(exc: ValueError) -> str:
+    """A pydantic error's messages without its framing (one line each)."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        return "; ".join(str(e.get("msg", "")).removeprefix("Value error, ") for e in errors())
+    return str(exc)
+
+
+def repository_ensembles(root: Path) -> list[PipelineConfig]:
+    """Every ensemble in the repository ``root``, as pipelines (sorted by name)."""
+    from sordino.models.repository import repository_names
+
+    return [
+        ensemble_pipeline(root / name)
+        for name in repository_names(root)
+        if is_ensemble(root / name)
+    ]
+
+
+def with_ensembles(
+    pipelines: tuple[PipelineConfig, ...], root: Path | None
+) -> tuple[PipelineConfig, ...]:
+    """``pipelines`` and the ensembles of the repository ``root`` (a name given twice
+    is a :class:`ConfigError`)."""
+    if root is None or not root.is_dir():
+        return pipelines
+    found = (*pipelines, *repository_ensembles(root))
+    try:
+        reject_repeated_names(
+            (p.name for p in found),
+            what="pipeline names",
+            hint="a repository ensemble takes its folder's name",
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    return found
+
+
+def refuse_control(root: Path, name: str) -> ModelLoadError:
+    """Why model control cannot load or unload the ensemble ``name``."""
+    return ModelLoadError(
+        f"model {name!r} in {root} is a Triton ensemble: sordino serves a repository's "
+        "ensembles from start-up on and cannot load or unload one while serving (not "
+        "supported); restart the server to change it"
+    )

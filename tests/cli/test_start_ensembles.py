@@ -1,0 +1,97 @@
+"""Triton ensembles in a model repository, through ``sordino start``: served as Triton
+serves them, and a broken one stops start-up with its reason."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from tests.cli.conftest import sordino_start
+from tests.waiting import wait_for
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+EXAMPLES = FIXTURES / "triton_python_examples"
+ENSEMBLES = FIXTURES / "triton_python_answers"
+
+
+def _repository(into: Path) -> Path:
+    repo = into / "models"
+    for name in ("add_sub", "auto_complete"):
+        shutil.copytree(EXAMPLES / name, repo / name)
+    for name in ("ensemble_add_sub", "ensemble_batched"):
+        shutil.copytree(ENSEMBLES / name, repo / name)
+    return repo
+
+
+def _inputs(mod: object, arrays: dict[str, np.ndarray]) -> list[object]:
+    inputs = []
+    for name, array in arrays.items():
+        tensor = mod.InferInput(name, list(array.shape), "FP32")  # type: ignore[attr-defined]
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+def test_a_repository_ensemble_is_served_as_triton_serves_it(tmp_path: Path) -> None:
+    """Before, such a folder stopped start-up: "sordino does not load ensembles"."""
+    repo = _repository(tmp_path)
+    rng = np.random.default_rng(5)
+    a, b = (rng.standard_normal(4).astype(np.float32) for _ in range(2))
+    x, y = (rng.standard_normal((3, 4)).astype(np.float32) for _ in range(2))
+    with sordino_start(["--model-repository", str(repo), "--no-builtin"], tmp_path) as server:
+        http = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+        wait_for(lambda: any("grpc://" in line for line in server.lines), "the gRPC URL", 60)
+        address = next(line for line in server.lines if "grpc://" in line)
+        grpc = grpcclient.InferenceServerClient(address.split("grpc://")[1].split()[0])
+        for mod, client in ((httpclient, http), (grpcclient, grpc)):
+            # Tensors named apart from the steps', steps listed last first, no batching.
+            result = client.infer("ensemble_add_sub", _inputs(mod, {"A": a, "B": b}))
+            np.testing.assert_allclose(result.as_numpy("TWICE_A"), (a + b) + (a - b))
+            np.testing.assert_array_equal(result.as_numpy("diff"), a - b)
+            # Batched: three rows through the batching example, twice.
+            asked = [mod.InferRequestedOutput("SUM")]
+            result = client.infer("ensemble_batched", _inputs(mod, {"X": x, "Y": y}), outputs=asked)
+            np.testing.assert_array_equal(result.as_numpy("SUM"), x + y)
+            assert result.as_numpy("DOUBLE_X") is None  # only what was asked
+        metadata = http.get_model_metadata("ensemble_batched")
+        assert metadata["platform"] == "ensemble"
+        assert [(t["name"], t["shape"]) for t in metadata["inputs"]] == [
+            ("X", [-1, 4]),
+            ("Y", [-1, 4]),
+        ]
+        config = http.get_model_config("ensemble_add_sub")
+        assert (config["platform"], config["backend"], config["max_batch_size"]) == (
+            "ensemble",
+            "",
+            0,
+        )
+        steps = config["ensemble_scheduling"]["step"]
+        assert [step["model_name"] for step in steps] == ["add_sub", "add_sub"]
+        assert steps[0]["input_map"] == {"INPUT0": "A", "INPUT1": "B"}
+        assert steps[1]["output_map"] == {"OUTPUT0": "TWICE_A"}
+        index = {(m["name"], m.get("state")) for m in http.get_model_repository_index()}
+        assert {("ensemble_add_sub", "READY"), ("ensemble_batched", "READY")} <= index
+        http.close()
+        grpc.close()
+
+
+def test_a_broken_ensemble_stops_start_up_saying_what_to_fix(tmp_path: Path) -> None:
+    repo = _repository(tmp_path)
+    config = repo / "ensemble_add_sub" / "config.pbtxt"
+    config.write_text(config.read_text().replace('value: "TWICE_A"', 'value: "TWICE"'))
+    done = subprocess.run(
+        [sys.executable, "-m", "sordino", "start", "--model-repository", str(repo),
+         "--no-builtin", "--http-port", "0", "--grpc-port", "0",
+         "--data-dir", str(tmp_path / "data")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "ensemble output 'TWICE_A' is produced by no step" in done.stderr
+    assert str(config) in done.stderr

@@ -1,0 +1,221 @@
+"""Triton ensembles read from a repository: wiring by tensor names, steps that do not
+batch, and every mistake refused at start-up with what to fix."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sordino.config import RuntimeConfig, load_config
+from sordino.control.client import ClientError, request_json
+from sordino.errors import ConfigError, ModelLoadError
+from sordino.models.ensembles import ensemble_pipeline, with_ensembles
+from sordino.models.repository import builtin_sources, scan_repository
+from sordino.testing import serve_in_thread
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+
+CENTRED = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            # Not row by row: two requests merged into one would change every answer.
+            y = (x - x.sum(axis=0, keepdims=True)).astype(np.int32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)]))
+        return responses
+"""
+
+CENTRED_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "X", data_type: TYPE_INT32, dims: [ -1, 16 ] } ]
+output [ { name: "Y", data_type: TYPE_INT32, dims: [ -1, 16 ] } ]
+"""
+
+CHAIN = """
+name: "chain"
+platform: "ensemble"
+max_batch_size: 8
+input [
+  { name: "P", data_type: TYPE_INT32, dims: [ 16 ] },
+  { name: "Q", data_type: TYPE_INT32, dims: [ 16 ] }
+]
+output [ { name: "R", data_type: TYPE_INT32, dims: [ 16 ] } ]
+ensemble_scheduling {
+  step [
+    { model_name: "centred" input_map { key: "X" value: "s" } output_map { key: "Y" value: "R" } },
+    {
+      model_name: "simple"
+      input_map { key: "INPUT0" value: "P" }
+      input_map { key: "INPUT1" value: "Q" }
+      output_map { key: "OUTPUT0" value: "s" }
+    }
+  ]
+}
+"""
+
+
+def _ensemble(root: Path, name: str, text: str) -> Path:
+    folder = root / name
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(text)
+    return folder
+
+
+def _repository(root: Path) -> Path:
+    folder = root / "centred"
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.py").write_text(CENTRED)
+    (folder / "config.pbtxt").write_text(CENTRED_CONFIG)
+    _ensemble(root, "chain", CHAIN)
+    return root
+
+
+def _config(root: Path, **server: object) -> RuntimeConfig:
+    config = load_config(None, {"model_repository": str(root), "server": server})
+    return config.model_copy(
+        update={"pipelines": with_ensembles(config.pipelines, config.model_repository)}
+    )
+
+
+def _ask(url: str, model: str, p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    body = {
+        "inputs": [
+            {"name": n, "shape": list(a.shape), "datatype": "INT32", "data": a.ravel().tolist()}
+            for n, a in (("P", p), ("Q", q))
+        ]
+    }
+    answer = request_json("POST", f"{url}/v2/models/{model}/infer", body, timeout=30)
+    (out,) = answer["outputs"]
+    assert out["name"] == "R"
+    return np.array(out["data"], np.int32).reshape(out["shape"])
+
+
+def test_a_step_that_does_not_batch_takes_each_request_whole(tmp_path: Path) -> None:
+    """A batching ensemble may hold a model that does not batch (Triton: its dims carry
+    the batch dimension); each request reaches it alone, however many arrive at once."""
+    root = _repository(tmp_path / "models")
+    sources = scan_repository(root) + [s for s in builtin_sources() if s.name == "simple"]
+    assert {s.name for s in sources} == {"centred", "simple"}  # the ensemble is not a model
+    rng = np.random.default_rng(11)
+    asked = [
+        (rng.integers(-50, 50, (n, 16), np.int32), rng.integers(-50, 50, (n, 16), np.int32))
+        for n in (1, 2, 3, 1, 4, 2, 3, 1)
+    ]
+    with serve_in_thread(_config(root), sources) as server:
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda pq: _ask(server.url, "chain", *pq), asked))
+        metadata = request_json("GET", f"{server.url}/v2/models/chain", timeout=10)
+    for (p, q), answer in zip(asked, answers, strict=True):
+        s = p + q
+        np.testing.assert_array_equal(answer, s - s.sum(axis=0, keepdims=True))
+    assert metadata["platform"] == "ensemble"
+    assert [(t["name"], t["shape"]) for t in metadata["inputs"]] == [
+        ("P", [-1, 16]),
+        ("Q", [-1, 16]),
+    ]
+
+
+def test_an_ensemble_batching_more_than_a_step_is_refused(tmp_path: Path) -> None:
+    """As Triton: a step that batches must take the ensemble's max_batch_size."""
+    root = _repository(tmp_path / "models")
+    (root / "chain" / "config.pbtxt").write_text(
+        CHAIN.replace("max_batch_size: 8", "max_batch_size: 100")
+    )
+    sources = scan_repository(root) + [s for s in builtin_sources() if s.name == "simple"]
+    with (
+        pytest.raises(
+            ModelLoadError,
+            match="pipeline chain allows a batch of 100, but node "
+            "simple's model simple allows only 64: lower",
+        ),
+        serve_in_thread(_config(root), sources),
+    ):
+        pass
+
+
+def test_model_control_does_not_load_an_ensemble_but_says_so(tmp_path: Path) -> None:
+    root = _repository(tmp_path / "models")
+    sources = scan_repository(root) + [s for s in builtin_sources() if s.name == "simple"]
+    config = _config(root, model_control_mode="explicit")
+    with serve_in_thread(config, sources) as server:
+        with pytest.raises(ClientError, match="is a Triton ensemble: sordino serves"):
+            request_json("POST", f"{server.url}/v2/repository/models/chain/load", {}, timeout=30)
+        index = request_json("POST", f"{server.url}/v2/repository/index", {}, timeout=10)
+        assert {"name": "chain", "version": "1", "state": "READY"} in index
+
+
+STEP = (
+    '{ model_name: "simple" input_map { key: "INPUT0" value: "P" } '
+    'input_map { key: "INPUT1" value: "Q" } output_map { key: "OUTPUT0" value: "R" } }'
+)
+
+
+def _text(*, steps: str = STEP, extra: str = "", output: str = "R", inputs: str = "P") -> str:
+    return (
+        f'name: "bad"\nplatform: "ensemble"\nmax_batch_size: 8\n{extra}\n'
+        f'input [ {{ name: "{inputs}", data_type: TYPE_INT32, dims: [ 16 ] }}, '
+        '{ name: "Q", data_type: TYPE_INT32, dims: [ 16 ] } ]\n'
+        f'output [ {{ name: "{output}", data_type: TYPE_INT32, dims: [ 16 ] }} ]\n'
+        f"ensemble_scheduling {{ step [ {steps} ] }}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (_text(output="Z"), "ensemble output 'Z' is produced by no step"),
+        (
+            _text(inputs="O"),
+            "input INPUT0 reads 'P', which is neither an input of the "
+            "ensemble nor produced by a step",
+        ),
+        (_text(steps=f"{STEP}, {STEP}"), "ensemble tensor 'R' is produced by two steps"),
+        (
+            _text(steps=STEP.replace("model_name", "model_version: 2 model_name")),
+            "model_version 2 is not supported",
+        ),
+        (
+            _text(extra="dynamic_batching { }"),
+            "dynamic_batching is not supported on an ensemble by sordino; remove it",
+        ),
+        (_text().replace('name: "bad"', 'name: "other"'), "name 'other' differs from its folder"),
+        (
+            _text().replace(STEP, STEP.replace('"Q"', '"P"')) + "",
+            "ensemble input 'Q' is read by no step; remove it",
+        ),
+    ],
+)
+def test_a_mistaken_ensemble_is_refused_saying_what_to_fix(
+    tmp_path: Path, text: str, said: str
+) -> None:
+    folder = _ensemble(tmp_path, "bad", text)
+    with pytest.raises(ConfigError, match=said) as raised:
+        ensemble_pipeline(folder)
+    assert str(folder / "config.pbtxt") in str(raised.value)
+
+
+def test_an_ensemble_without_a_version_folder_is_refused(tmp_path: Path) -> None:
+    folder = _ensemble(tmp_path, "bad", _text())
+    (folder / "1").rmdir()
+    with pytest.raises(ConfigError, match="an ensemble needs a version folder, as in Triton"):
+        ensemble_pipeline(folder)
+
+
+def test_the_examples_ensembles_are_read_in_name_order() -> None:
+    root = FIXTURES / "triton_python_answers"
+    names = [p.name for p in with_ensembles((), root)]
+    assert names == ["ensemble_add_sub", "ensemble_batched"]
+    chained = ensemble_pipeline(root / "ensemble_add_sub")
+    # The steps, listed last first, run first first.
+    assert [n.name for n in chained.order()] == ["add_sub_2", "add_sub"]
+    assert chained.outputs == {"TWICE_A": "add_sub.OUTPUT0", "diff": "add_sub_2.OUTPUT1"}
