@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
 
+import httpx
 import numpy as np
 import pytest
 
 from sordino.config import load_config
-from sordino.control.client import ClientError, request_json
+from sordino.control.client import AdminClient, ClientError, ServerError, request_json
 from sordino.errors import ConfigError, ModelLoadError
 from sordino.models.repository import builtin_sources
 from sordino.testing import RunningServer, serve_in_thread
+from tests.waiting import wait_for
 
 TWICE = {
     "name": "twice",
@@ -184,3 +188,46 @@ def test_bad_wiring_is_refused_at_load(nodes: list[dict[str, object]], needle: s
         serve_in_thread(config, _models("simple", "digits-classifier")),
     ):
         pass
+
+
+def test_a_pipeline_is_ready_while_its_models_can_serve() -> None:
+    """Before, readiness counted the pipeline's own instances, of which it has none:
+    a server with a pipeline answered 503 to /v2/health/ready from its start on."""
+    token = "pipeline-ready-token"
+    config = load_config(
+        None,
+        {
+            "pipelines": [TWICE],
+            "server": {"admin_token": token},
+            "workers": {"restart_backoff": "3s"},
+        },
+    )
+    with serve_in_thread(config, _models("simple")) as server:
+        for path in ("/v2/health/ready", "/v2/models/twice/ready", "/v2/models/simple/ready"):
+            assert httpx.get(server.url + path).status_code == 200, path
+        admin = AdminClient(server.url, token)
+        admin.inject("worker:simple", "crash", rate=1.0)
+        x = np.zeros((1, 16), np.int32)
+
+        def send() -> None:
+            with contextlib.suppress(ClientError, ServerError):
+                _infer(server, "simple", {"INPUT0": x, "INPUT1": x})
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        wait_for(
+            lambda: httpx.get(server.url + "/v2/models/twice/ready").status_code == 503,
+            "the pipeline to turn unready while its model's only worker restarts",
+            30,
+        )
+        assert set(httpx.get(server.url + "/health").json()["failing"]) == {
+            "simple/1",
+            "twice/1",
+        }
+        admin.clear()
+        wait_for(
+            lambda: httpx.get(server.url + "/v2/models/twice/ready").status_code == 200,
+            "the pipeline to be ready again once its model serves",
+            60,
+        )
+        sender.join(60)

@@ -23,7 +23,7 @@ from starlette.routing import Route
 from sordino.backends.base import dummy_inputs
 from sordino.config.units import parse_duration
 from sordino.control.admin import AdminAccess
-from sordino.errors import ConfigError, InvalidRequest
+from sordino.errors import ConfigError, InvalidRequest, SordinoError
 from sordino.guardian import (
     SUPPORTED,
     AlertSender,
@@ -37,6 +37,7 @@ from sordino.guardian import (
 )
 from sordino.inference import ModelKey
 from sordino.protocol.encode import encode_json
+from sordino.server.pipelines import PipelineExecutor
 from sordino.telemetry.journal_reader import JournalReader, MissingJournal
 
 if TYPE_CHECKING:
@@ -84,8 +85,31 @@ async def deep_health(runtime: Runtime, timeout_s: float = DEEP_HEALTH_TIMEOUT_S
 
 
 def not_serving(runtime: Runtime) -> list[str]:
-    """The loaded models none of whose instances can take a batch now."""
-    return [str(m.key) for m in runtime.models() if runtime.executor.serving(m.key) == 0]
+    """The loaded models none of whose instances can take a batch now; a pipeline (an
+    ensemble) is one of them when a model it runs is, or is not loaded. (A pipeline has
+    no instances: counting its own, every server with one was never ready.)"""
+    pipelines = {p.key for p in runtime.pipelines}
+    down = {
+        m.key
+        for m in runtime.models()
+        if m.key not in pipelines and runtime.executor.serving(m.key) == 0
+    }
+    for pipeline in runtime.pipelines:  # built inner first: an inner one is judged before
+        executor = pipeline.scheduler.executor
+        if isinstance(executor, PipelineExecutor) and any(
+            (key := _served_key(runtime, node.model)) is None or key in down
+            for node in executor.config.nodes
+        ):
+            down.add(pipeline.key)
+    return [str(m.key) for m in runtime.models() if m.key in down]
+
+
+def _served_key(runtime: Runtime, name: str) -> ModelKey | None:
+    """The version a request for ``name`` runs, None if none is served."""
+    try:
+        return runtime.registry.get(name).key
+    except SordinoError:
+        return None
 
 
 def wedged(runtime: Runtime) -> dict[str, str]:
