@@ -3,6 +3,8 @@ batch, and every mistake refused at start-up with what to fix."""
 
 from __future__ import annotations
 
+import shutil
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import numpy as np
 import pytest
 
 from sordino.config import RuntimeConfig, load_config
+from sordino.config.pipelines import nodes_first
 from sordino.control.client import ClientError, request_json
 from sordino.errors import ConfigError, ModelLoadError
 from sordino.models.ensembles import ensemble_pipeline, with_ensembles
@@ -219,3 +222,109 @@ def test_the_examples_ensembles_are_read_in_name_order() -> None:
     # The steps, listed last first, run first first.
     assert [n.name for n in chained.order()] == ["add_sub_2", "add_sub"]
     assert chained.outputs == {"TWICE_A": "add_sub.OUTPUT0", "diff": "add_sub_2.OUTPUT1"}
+
+
+INNER = """
+name: "z_inner"
+platform: "ensemble"
+max_batch_size: 8
+input [
+  { name: "P", data_type: TYPE_INT32, dims: [ 16 ] },
+  { name: "Q", data_type: TYPE_INT32, dims: [ 16 ] }
+]
+output [ { name: "R", data_type: TYPE_INT32, dims: [ 16 ] } ]
+ensemble_scheduling {
+  step [
+    {
+      model_name: "simple"
+      input_map { key: "INPUT0" value: "P" }
+      input_map { key: "INPUT1" value: "Q" }
+      output_map { key: "OUTPUT0" value: "R" }
+    }
+  ]
+}
+"""
+
+OUTER = """
+name: "a_outer"
+platform: "ensemble"
+max_batch_size: 8
+input [
+  { name: "P", data_type: TYPE_INT32, dims: [ 16 ] },
+  { name: "Q", data_type: TYPE_INT32, dims: [ 16 ] }
+]
+output [ { name: "R", data_type: TYPE_INT32, dims: [ 16 ] } ]
+ensemble_scheduling {
+  step [
+    { model_name: "centred" input_map { key: "X" value: "P" } output_map { key: "Y" value: "c" } },
+    {
+      model_name: "z_inner"
+      input_map { key: "P" value: "c" }
+      input_map { key: "Q" value: "Q" }
+      output_map { key: "R" value: "R" }
+    }
+  ]
+}
+"""
+
+
+def test_an_ensemble_of_ensembles_is_built_inner_first_and_drained_outer_first(
+    tmp_path: Path,
+) -> None:
+    """The outer one sorts first by name, and its second step reaches the inner one
+    only after the server began to stop: that request still gets its answer."""
+    root = _repository(tmp_path / "models")
+    slow = CENTRED.replace("import numpy as np", "import time\nimport numpy as np").replace(
+        "        responses = []", "        time.sleep(0.8)\n        responses = []"
+    )
+    (root / "centred" / "1" / "model.py").write_text(slow)
+    _ensemble(root, "z_inner", INNER)
+    _ensemble(root, "a_outer", OUTER)
+    sources = scan_repository(root) + [s for s in builtin_sources() if s.name == "simple"]
+    rng = np.random.default_rng(12)
+    asked = [
+        (rng.integers(-50, 50, (n, 16), np.int32), rng.integers(-50, 50, (n, 16), np.int32))
+        for n in (1, 2, 3)
+    ]
+    with ThreadPoolExecutor(3) as pool:
+        with serve_in_thread(_config(root), sources) as server:
+            url = server.url
+            request_json("GET", f"{url}/v2/models/a_outer/ready", timeout=10)
+            answers = [pool.submit(_ask, url, "a_outer", p, q) for p, q in asked]
+            time.sleep(0.3)  # the requests are in the slow first step when the server stops
+        for (p, q), answer in zip(asked, answers, strict=True):
+            c = p - p.sum(axis=0, keepdims=True)
+            np.testing.assert_array_equal(answer.result(timeout=30), c + q)
+
+
+def test_pipelines_that_run_each_other_are_refused(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    _ensemble(root, "z_inner", INNER.replace('"simple"', '"a_outer"'))
+    _ensemble(root, "a_outer", OUTER)
+    with pytest.raises(ConfigError, match="pipelines run each other in a cycle: a_outer, z_inner"):
+        nodes_first(with_ensembles((), root))
+
+
+def test_a_decoupled_step_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    shutil.copytree(FIXTURES / "triton_python_examples" / "repeat_int32", root / "repeat_int32")
+    step = (
+        '{ model_name: "repeat_int32" input_map { key: "IN" value: "I" } '
+        'input_map { key: "DELAY" value: "D" } input_map { key: "WAIT" value: "W" } '
+        'output_map { key: "OUT" value: "O" } output_map { key: "IDX" value: "X" } }'
+    )
+    tensors = ", ".join(f'{{ name: "{n}", data_type: TYPE_INT32, dims: [ 1 ] }}' for n in "IDW")
+    text = (
+        f'platform: "ensemble"\nmax_batch_size: 0\ninput [ {tensors} ]\n'
+        f"ensemble_scheduling {{ step [ {step} ] }}\n"
+    )
+    _ensemble(root, "streamed", text)
+    with (
+        pytest.raises(
+            ModelLoadError,
+            match="model repeat_int32 is iterative, streaming or "
+            "decoupled; pipeline nodes must be one-shot models",
+        ),
+        serve_in_thread(_config(root), scan_repository(root)),
+    ):
+        pass

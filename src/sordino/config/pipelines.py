@@ -20,6 +20,7 @@ checked at load, against the loaded models (``server/pipelines.py``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -27,8 +28,9 @@ from pydantic import Field, model_validator
 from sordino.config.base import Section, reject_repeated_names
 from sordino.config.models import MODEL_NAME_PATTERN
 from sordino.config.nodes import NodeRuntime
+from sordino.errors import ConfigError
 
-__all__ = ["PIPELINE_INPUTS", "NodeConfig", "NodeRuntime", "PipelineConfig"]
+__all__ = ["PIPELINE_INPUTS", "NodeConfig", "NodeRuntime", "PipelineConfig", "nodes_first"]
 
 
 class NodeConfig(Section):
@@ -220,3 +222,26 @@ class PipelineConfig(Section):
         for node in self.nodes:
             visit(node.name, [])
         return done
+
+
+def nodes_first(pipelines: Iterable[PipelineConfig]) -> list[PipelineConfig]:
+    """``pipelines`` in an order where a pipeline that is a node of another comes
+    before it (a Triton ensemble of ensembles); :class:`ConfigError` for a cycle."""
+    pending = list(pipelines)
+    names = {pipeline.name for pipeline in pending}
+    built: set[str] = set()
+    order: list[PipelineConfig] = []
+    while pending:
+        ready = [
+            p for p in pending if all(n.model in built or n.model not in names for n in p.nodes)
+        ]
+        if not ready:
+            raise ConfigError(
+                "pipelines run each other in a cycle: "
+                f"{', '.join(sorted(p.name for p in pending))}; a pipeline may run another "
+                "only if that one does not run it back"
+            )
+        order += ready
+        built |= {p.name for p in ready}
+        pending = [p for p in pending if p.name not in built]
+    return order

@@ -50,7 +50,7 @@ from sordino.scheduling.settings import scheduling_for
 from sordino.server.pipeline_wiring import outputs_of, source_of, tensors_of
 from sordino.server.registry import LoadedModel, ModelRegistry
 
-__all__ = ["PipelineExecutor", "build_pipeline", "pipeline_statistics"]
+__all__ = ["PipelineExecutor", "build_pipeline", "outer_first", "pipeline_statistics"]
 
 CONCURRENT_BATCHES = 4
 
@@ -131,12 +131,14 @@ class PipelineExecutor:
         self._plan = (0, 0)
 
     def _model(self, name: str) -> LoadedModel:
-        """The node's model; while the server drains, the one it last used."""
+        """The node's model; while the server drains, the one still registered (an
+        inner pipeline drains after this one), else the one it last used."""
         try:
             model = self._registry.get(name)
         except ShuttingDown:
-            if name in self._last:
-                return self._last[name]
+            found = self._registry.newest(name) or self._last.get(name)
+            if found is not None:
+                return found
             raise
         self._last[name] = model
         return model
@@ -333,6 +335,24 @@ def pipeline_statistics(models: Iterable[LoadedModel]) -> tuple[PipelineStatisti
     )
 
 
+def outer_first(pipelines: Sequence[LoadedModel]) -> list[list[LoadedModel]]:
+    """``pipelines`` in layers to drain one after the other: each layer holds those that
+    no pipeline of a later layer runs as a node (an ensemble before its inner ones)."""
+    left = list(pipelines)
+    layers: list[list[LoadedModel]] = []
+    while left:
+        inner = {
+            node.model
+            for p in left
+            if isinstance(executor := p.scheduler.executor, PipelineExecutor)
+            for node in executor.config.nodes
+        }
+        layer = [p for p in left if p.key.name not in inner] or left  # (no cycle is built)
+        layers.append(layer)
+        left = [p for p in left if p not in layer]
+    return layers
+
+
 def build_pipeline(
     config: PipelineConfig,
     registry: ModelRegistry,
@@ -357,10 +377,11 @@ def build_pipeline(
                 "(a pipeline's nodes are served models)"
             )
         served = registry.get(node.model)
-        if served.pipeline is not None or served.metadata.stream is not None:
+        meta = served.metadata
+        if served.pipeline is not None or meta.stream is not None or meta.decoupled:
             raise ModelLoadError(
-                f"{where}, node {node.name}: model {node.model} is iterative or streaming; "
-                "pipeline nodes must be one-shot models (not supported yet)"
+                f"{where}, node {node.name}: model {node.model} is iterative, streaming or "
+                "decoupled; pipeline nodes must be one-shot models (not supported yet)"
             )
         models[node.name] = served.metadata
         caps.append(served.max_batch_size if served.metadata.batched else 0)

@@ -100,6 +100,11 @@ class ModelRegistry:
             for _, model in sorted(self._models[name].items(), key=lambda kv: version_key(kv[0]))
         ]
 
+    def newest(self, name: str) -> LoadedModel | None:
+        """The version of ``name`` served by default, shutting down or not (for work
+        already accepted, such as a pipeline's next node while the server drains)."""
+        return self._newest.get(name)
+
     def get(self, name: str, version: str | None = None) -> LoadedModel:
         """Return the model version to serve (the highest loaded when ``version`` is None)."""
         if self.stopping:

@@ -25,6 +25,7 @@ from sordino.admission.gate import TrafficGate
 from sordino.admission.tenants import Tenants
 from sordino.clock import Clock, MonotonicClock
 from sordino.config import RuntimeConfig
+from sordino.config.pipelines import nodes_first
 from sordino.control.admin import admin_token
 from sordino.errors import ModelLoadError, SordinoError
 from sordino.events import EventSink
@@ -45,7 +46,7 @@ from sordino.server.guarding import open_guardian
 from sordino.server.inference_parts import InferenceParts
 from sordino.server.loader import LOAD_CONCURRENCY, ModelLoader
 from sordino.server.model_calls import ModelCalls
-from sordino.server.pipelines import build_pipeline, pipeline_statistics
+from sordino.server.pipelines import build_pipeline, outer_first, pipeline_statistics
 from sordino.server.quant_guard import QuantGuard
 from sordino.server.registry import LoadedModel, ModelRegistry
 from sordino.server.result_cache import ResultCache
@@ -330,7 +331,7 @@ class Runtime:
         concurrency = 1 if self.config.executor.kind == "ray" else LOAD_CONCURRENCY
         await self.loader.load_all(self._sources, on_loaded, concurrency=concurrency)
         self._check_nodes()
-        for pipeline in self.config.pipelines:
+        for pipeline in nodes_first(self.config.pipelines):
             served = build_pipeline(
                 pipeline,
                 self.registry,
@@ -384,18 +385,17 @@ class Runtime:
         await self.quant_guard.stop()
         if self.guardian is not None:
             await self.guardian.stop()
-        # Pipelines drain first: their requests still need the node models.
-        for pipeline in self.pipelines:
-            self.registry.remove(pipeline.key.name, pipeline.key.version)
-        if self.pipelines:
-            closing = [
-                asyncio.ensure_future(p.scheduler.close(drain=drain)) for p in self.pipelines
-            ]
+        # Pipelines drain first, an ensemble before those it runs (which stay registered
+        # for it meanwhile): their requests still need the node models.
+        for layer in outer_first(self.pipelines):
+            for pipeline in layer:
+                self.registry.remove(pipeline.key.name, pipeline.key.version)
+            closing = [asyncio.ensure_future(p.scheduler.close(drain=drain)) for p in layer]
             _, pending = await asyncio.wait(closing, timeout=left())
-            for pipeline in self.pipelines if pending else ():
+            for pipeline in layer if pending else ():
                 await pipeline.scheduler.close(drain=False)
             await asyncio.gather(*closing, return_exceptions=True)
-            self.pipelines.clear()
+        self.pipelines.clear()
         models = self.registry.models()
         if models:
             closing = [asyncio.ensure_future(m.scheduler.close(drain=drain)) for m in models]
