@@ -75,6 +75,12 @@ def test_a_repository_ensemble_is_served_as_triton_serves_it(tmp_path: Path) -> 
         assert [step["model_name"] for step in steps] == ["add_sub", "add_sub"]
         assert steps[0]["input_map"] == {"INPUT0": "A", "INPUT1": "B"}
         assert steps[1]["output_map"] == {"OUTPUT0": "TWICE_A"}
+        over_grpc = grpc.get_model_config("ensemble_add_sub", as_json=True)["config"]
+        assert over_grpc["platform"] == "ensemble"
+        grpc_steps = over_grpc["ensemble_scheduling"]["step"]
+        assert [(s["model_name"], s["output_map"]) for s in grpc_steps] == [
+            (step["model_name"], step["output_map"]) for step in steps
+        ]
         index = {(m["name"], m.get("state")) for m in http.get_model_repository_index()}
         assert {("ensemble_add_sub", "READY"), ("ensemble_batched", "READY")} <= index
         http.close()
