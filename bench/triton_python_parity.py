@@ -19,7 +19,8 @@ a last one calls it through BLS (Triton's BLS drops the error in the stream: a k
 difference, printed ``KNOWN``, not failing the verdict); one more has three versions and
 a ``version_policy`` (which are served, what each answers), and a last one is slow on its
 first batch only, then asked with short timeouts (answered or refused); two Triton
-ensembles chain the examples (metadata, configuration and answers compared). Custom metric
+ensembles chain the examples (metadata, configuration and answers compared), and a
+model with an optional input is asked with and without it. Custom metric
 families a model defines are looked for in both servers' ``/metrics``. Prints one line
 per check and a verdict; the exit status is 0 when everything matched, 1 when something
 differed, 2 when a server could not be installed or started. Results go to
@@ -36,6 +37,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +101,11 @@ ENSEMBLES: dict[str, tuple[tuple[str, str], tuple[str, str], bool]] = {
 ``auto_complete``: ensemble name -> (inputs, outputs, batched). Their tensors are named
 apart from the steps' and their steps are wired by those names; one does not batch, the
 other takes 1 to 4 rows."""
+
+OPTIONAL = "optional_input"
+"""Its input ``BIAS`` is ``optional: true``: asked with and without it (and both at once,
+from threads, so they may meet in one batch); sordino refused a request without it
+before ("expects input 'BIAS'")."""
 
 QUIET_S = 2.0
 """After an error in a gRPC stream, how long to wait for more before taking the stream
@@ -267,6 +275,12 @@ def cases(models: list[str]) -> list[Case]:
     out: list[Case] = []
     for _ in range(3):
         for model in models:
+            if model == OPTIONAL:
+                rows = int(rng.integers(1, 5))
+                x, bias = (rng.standard_normal((rows, 4)).astype(np.float32) for _ in range(2))
+                out.append((model, {"X": x, "BIAS": bias}, ["Y"]))
+                out.append((model, {"X": x}, ["Y"]))
+                continue
             if model in ENSEMBLES:
                 names, outputs, batched = ENSEMBLES[model]
                 shape = (int(rng.integers(1, 5)), 4) if batched else (4,)
@@ -282,16 +296,48 @@ def cases(models: list[str]) -> list[Case]:
     return out
 
 
-def _infer(mod: Any, client: Any, case: Case) -> dict[str, np.ndarray]:
-    model, arrays, outputs = case
+def _tensors(mod: Any, arrays: dict[str, np.ndarray]) -> list[Any]:
     inputs = []
     for name, array in arrays.items():
         datatype = "BYTES" if array.dtype == np.object_ else "FP32"
         tensor = mod.InferInput(name, list(array.shape), datatype)
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
-    result = client.infer(model, inputs, outputs=[mod.InferRequestedOutput(n) for n in outputs])
+    return inputs
+
+
+def _asked(mod: Any, outputs: list[str]) -> list[Any]:
+    return [mod.InferRequestedOutput(n) for n in outputs]
+
+
+def _infer(mod: Any, client: Any, case: Case) -> dict[str, np.ndarray]:
+    model, arrays, outputs = case
+    result = client.infer(model, _tensors(mod, arrays), outputs=_asked(mod, outputs))
     return {name: result.as_numpy(name) for name in outputs}
+
+
+def _at_once(mod: Any, url: str, asked: list[Case]) -> list[dict[str, np.ndarray]]:
+    """Every case sent at once: by the HTTP client's ``async_infer`` (one client that
+    many wide, from this thread: it is gevent's), or each from a thread over gRPC."""
+    if mod is httpclient:
+        client = httpclient.InferenceServerClient(
+            url=url.removeprefix("http://"), concurrency=len(asked)
+        )
+        pending = [
+            client.async_infer(model, _tensors(mod, arrays), outputs=_asked(mod, outputs))
+            for model, arrays, outputs in asked
+        ]
+        results = [request.get_result() for request in pending]
+        answers = [
+            {n: r.as_numpy(n) for n in outputs}
+            for r, (_, _, outputs) in zip(results, asked, strict=True)
+        ]
+    else:
+        client = grpcclient.InferenceServerClient(url)
+        with ThreadPoolExecutor(len(asked)) as pool:
+            answers = list(pool.map(partial(_infer, mod, client), asked))
+    client.close()
+    return answers
 
 
 def _ensemble_config(client: Any, model: str) -> dict[str, Any]:
@@ -387,6 +433,24 @@ def compare(
             )
             refused = [_refuses(mod, client, case) for client in (theirs, ours)]
             check("bls_sync undefined_model refused", protocol, all(refused), str(refused))
+        if OPTIONAL in models:  # with and without BIAS at once: one batch may hold both
+            mixed = cases([OPTIONAL])
+            urls = (
+                (triton.http, sordino_http)
+                if protocol == "http"
+                else (triton.grpc or "", sordino_grpc)
+            )
+            expected_mixed, got_mixed = (_at_once(mod, url, mixed) for url in urls)
+            same = all(
+                np.array_equal(e["Y"], g["Y"])
+                for e, g in zip(expected_mixed, got_mixed, strict=True)
+            )
+            check(
+                f"{OPTIONAL} with and without BIAS at once",
+                protocol,
+                same,
+                f"{len(mixed)} requests",
+            )
         for model in ENSEMBLES if protocol == "http" else ():
             if model in models:
                 expected_config = _ensemble_config(theirs, model)
@@ -436,15 +500,17 @@ def repository(source: Path, into: Path) -> Path:
     """A copy of ``source`` in ``into``, with the stand-in for the "pytorch" model that
     Triton's bls example calls (add_sub under that name: no torch here) when
     ``bls_async`` is there without it, and the bench's :data:`ERROR_CODES`,
-    :data:`AS_MADE`, :data:`STREAM_ERRORS`, :data:`STREAM_ERRORS_BLS`, :data:`VERSIONS`
-    and :data:`COLD_START` models, with its :data:`ENSEMBLES` where their steps are."""
+    :data:`AS_MADE`, :data:`STREAM_ERRORS`, :data:`STREAM_ERRORS_BLS`, :data:`VERSIONS`,
+    :data:`COLD_START` and :data:`OPTIONAL` models, with its :data:`ENSEMBLES` where their
+    steps are."""
     repo = into / "models"
     shutil.copytree(source, repo)
     if (repo / "bls_async").is_dir() and not (repo / "pytorch").exists():
         shutil.copytree(repo / "add_sub", repo / "pytorch")
         config = repo / "pytorch" / "config.pbtxt"
         config.write_text(config.read_text().replace('name: "add_sub"', 'name: "pytorch"'))
-    for name in (ERROR_CODES, AS_MADE, STREAM_ERRORS, STREAM_ERRORS_BLS, VERSIONS, COLD_START):
+    own = (ERROR_CODES, AS_MADE, STREAM_ERRORS, STREAM_ERRORS_BLS, VERSIONS, COLD_START, OPTIONAL)
+    for name in own:
         shutil.copytree(OWN / name, repo / name)
     if (repo / "add_sub").is_dir() and (repo / "auto_complete").is_dir():
         for name in ENSEMBLES:

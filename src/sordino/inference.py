@@ -187,12 +187,15 @@ class TensorSpec:
 
     ``shape`` is the full shape as the model declares it, batch dimension included
     when ``batched`` is true; ``-1`` marks a dimension of any size. ``datatype`` is
-    the KServe v2 name (``FP32``, ``INT64``, ``BYTES``, ...).
+    the KServe v2 name (``FP32``, ``INT64``, ``BYTES``, ...). An ``optional`` input
+    may be left out of a request (Triton's ``optional: true``; a Python model then
+    finds no such tensor).
     """
 
     name: str
     datatype: str
     shape: tuple[int, ...]
+    optional: bool = False
 
     @property
     def item_shape(self) -> tuple[int, ...]:

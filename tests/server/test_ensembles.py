@@ -328,3 +328,31 @@ def test_a_decoupled_step_is_refused(tmp_path: Path) -> None:
         serve_in_thread(_config(root), scan_repository(root)),
     ):
         pass
+
+
+def test_an_optional_input_a_step_leaves_unmapped_stays_optional(tmp_path: Path) -> None:
+    """As in Triton, a step's optional input may be left out of its input_map; the
+    pipeline then takes it as an optional input of its own name."""
+    root = tmp_path / "models"
+    shutil.copytree(FIXTURES / "triton_python_answers" / "optional_input", root / "optional_input")
+    step = (
+        '{ model_name: "optional_input" input_map { key: "X" value: "IN" } '
+        'output_map { key: "Y" value: "OUT" } }'
+    )
+    text = (
+        'platform: "ensemble"\nmax_batch_size: 4\n'
+        'input [ { name: "IN", data_type: TYPE_FP32, dims: [ 4 ] } ]\n'
+        'output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 4 ] } ]\n'
+        f"ensemble_scheduling {{ step [ {step} ] }}\n"
+    )
+    _ensemble(root, "biased", text)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    with serve_in_thread(_config(root), scan_repository(root)) as server:
+        body = {"inputs": [{"name": "IN", "shape": [2, 4], "datatype": "FP32",
+                            "data": x.ravel().tolist()}]}  # fmt: skip
+        answer = request_json("POST", f"{server.url}/v2/models/biased/infer", body, timeout=30)
+        assert answer["outputs"][0]["data"] == (x + 100).ravel().tolist()
+        bias = {"name": "BIAS", "shape": [2, 4], "datatype": "FP32", "data": [1.0] * 8}
+        body["inputs"].append(bias)
+        answer = request_json("POST", f"{server.url}/v2/models/biased/infer", body, timeout=30)
+        assert answer["outputs"][0]["data"] == (x + 1).ravel().tolist()

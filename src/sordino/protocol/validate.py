@@ -94,7 +94,8 @@ def validate_request(
 ) -> None:
     """Raise TensorError unless ``request`` fits the model ``metadata`` describes.
 
-    Every model input must be present and no other; each input's datatype and rank
+    Every model input must be present (but an optional one) and no other; each
+    input's datatype and rank
     must equal the spec's and every fixed dimension (``>= 0`` in the spec) must
     match. When the model is batched, the leading dimension is the batch size: it
     must be at least 1, at most ``max_batch_size`` when that is positive, and the
@@ -112,6 +113,8 @@ def validate_request(
     for spec in metadata.inputs:
         array = request.inputs.get(spec.name)
         if array is None:
+            if spec.optional:
+                continue
             raise TensorError(
                 f"expected {len(expected)} inputs but got {len(request.inputs)} inputs for "
                 f"model '{model}' (sordino: model {model!r} expects input {spec.name!r} "
@@ -160,7 +163,7 @@ def _check_input(
 
 
 def _check_batch(request: InferRequest, metadata: ModelMetadata, max_batch_size: int) -> None:
-    sizes = {spec.name: int(request.inputs[spec.name].shape[0]) for spec in metadata.inputs}
+    sizes = {name: int(array.shape[0]) for name, array in request.inputs.items()}
     if len(set(sizes.values())) > 1:
         listed = ", ".join(f"{name!r}: {size}" for name, size in sizes.items())
         raise TensorError(

@@ -30,7 +30,14 @@ def _tensor(spec: TensorSpec) -> dict[str, Any]:
 
 def _config_tensor(spec: TensorSpec, batched: bool) -> dict[str, Any]:
     dims = spec.item_shape if batched else spec.shape
-    return {"name": spec.name, "data_type": to_triton_type(spec.datatype), "dims": list(dims)}
+    tensor: dict[str, Any] = {
+        "name": spec.name,
+        "data_type": to_triton_type(spec.datatype),
+        "dims": list(dims),
+    }
+    if spec.optional:
+        tensor["optional"] = True
+    return tensor
 
 
 def triton_config_json(model: LoadedModel) -> dict[str, Any]:

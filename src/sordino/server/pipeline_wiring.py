@@ -81,6 +81,8 @@ def tensors_of(
             producer, output_name = source_of(node, spec.name)
             if producer == PIPELINE_INPUTS:
                 seen = inputs.setdefault(output_name, replace(spec, name=output_name))
+                if seen.optional and not spec.optional:  # optional only if every reader's is
+                    seen = inputs[output_name] = replace(seen, optional=False)
                 if not spec_matches(seen, spec):
                     raise ModelLoadError(
                         f"{where}: pipeline input {output_name} is {seen.datatype} "

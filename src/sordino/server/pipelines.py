@@ -218,6 +218,7 @@ class PipelineExecutor:
                     {
                         name: (live[key], tensor)
                         for name, (key, tensor) in self._wiring[index].items()
+                        if key in live  # (an optional pipeline input the request left out)
                     }
                 )
                 self._handed_over += sum(1 for name in inputs if inputs.ref(name).in_arena)
@@ -225,7 +226,9 @@ class PipelineExecutor:
                 live[node.name] = outputs
                 sizes[node.name] = (_nbytes(outputs), index)
                 for key in self._release_after.get(index, ()):
-                    live.pop(key).release()
+                    left = live.pop(key, None)  # (None: an optional input left out)
+                    if left is not None:
+                        left.release()
             self._plan = self._lay_out(sizes)
             return Tensors.compose(
                 {name: (live[key], tensor) for name, (key, tensor) in self._outputs.items()}

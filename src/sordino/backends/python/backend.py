@@ -87,6 +87,10 @@ def _datatype(triton_type: object, where: str) -> str:
     return "BYTES" if name == "STRING" else name
 
 
+_UNSUPPORTED = ("allow_ragged_batch", "is_shape_tensor", "is_non_linear_format_io")
+"""Tensor fields sordino does not do: refused when true."""
+
+
 def _specs(entries: Sequence[dict[str, Any]], batched: bool, where: str) -> tuple[TensorSpec, ...]:
     specs = []
     for entry in entries:
@@ -96,8 +100,14 @@ def _specs(entries: Sequence[dict[str, Any]], batched: bool, where: str) -> tupl
         dims = [int(d) for d in entry.get("dims", ())]
         if "reshape" in entry:
             raise ModelLoadError(f"{where}: {name}: reshape is not supported")
+        for field in _UNSUPPORTED:
+            if entry.get(field) is True:
+                raise ModelLoadError(
+                    f"{where}: {name}: {field} is not supported by sordino; remove it"
+                )
         shape = tuple([-1, *dims] if batched else dims)
-        specs.append(TensorSpec(str(name), _datatype(entry.get("data_type"), where), shape))
+        datatype = _datatype(entry.get("data_type"), where)
+        specs.append(TensorSpec(str(name), datatype, shape, entry.get("optional") is True))
     return tuple(specs)
 
 
