@@ -20,7 +20,8 @@ difference, printed ``KNOWN``, not failing the verdict); one more has three vers
 a ``version_policy`` (which are served, what each answers), and a last one is slow on its
 first batch only, then asked with short timeouts (answered or refused); two Triton
 ensembles chain the examples (metadata, configuration and answers compared), and a
-model with an optional input is asked with and without it. Custom metric
+model with an optional input is asked with and without it, and one with
+``model_warmup`` says what it ran before its first request. Custom metric
 families a model defines are looked for in both servers' ``/metrics``. Prints one line
 per check and a verdict; the exit status is 0 when everything matched, 1 when something
 differed, 2 when a server could not be installed or started. Results go to
@@ -106,6 +107,11 @@ OPTIONAL = "optional_input"
 """Its input ``BIAS`` is ``optional: true``: asked with and without it (and both at once,
 from threads, so they may meet in one batch); sordino refused a request without it
 before ("expects input 'BIAS'")."""
+
+WARMUP = "warmup"
+"""Its ``config.pbtxt`` has ``model_warmup`` samples (zeros twice, two rows from a data
+file) and it answers what it ran before each request: both servers must have run the
+same. sordino refused ``model_warmup`` at load before."""
 
 QUIET_S = 2.0
 """After an error in a gRPC stream, how long to wait for more before taking the stream
@@ -418,7 +424,13 @@ def compare(
             refused = (_refuses_infer(theirs, mod, model, arrays),
                        _refuses_infer(ours, mod, model, arrays))  # fmt: skip
             check(f"{model} unary infer refused", protocol, refused == (True, True), str(refused))
-        own = {ERROR_CODES, AS_MADE, STREAM_ERRORS_BLS, VERSIONS, COLD_START}
+        own = {ERROR_CODES, AS_MADE, STREAM_ERRORS_BLS, VERSIONS, COLD_START, WARMUP}
+        if WARMUP in models:  # asked first, over each protocol in turn: the same history
+            ones: Case = (WARMUP, {"X": np.ones((1, 4), np.float32)}, ["CALLS", "ROWS", "TOTAL"])
+            expected_run, got_run = _infer(mod, theirs, ones), _infer(mod, ours, ones)
+            shown = {n: a.ravel().tolist() for n, a in got_run.items()}
+            same = all(np.array_equal(expected_run[n], got_run[n]) for n in expected_run)
+            check(f"{WARMUP} ran its samples", protocol, same, str(shown))
         for case in cases([m for m in models if m not in DECOUPLED and m not in own]):
             expected, got = _infer(mod, theirs, case), _infer(mod, ours, case)
             same = all(np.array_equal(expected[n], got[n]) for n in expected)
@@ -501,15 +513,16 @@ def repository(source: Path, into: Path) -> Path:
     Triton's bls example calls (add_sub under that name: no torch here) when
     ``bls_async`` is there without it, and the bench's :data:`ERROR_CODES`,
     :data:`AS_MADE`, :data:`STREAM_ERRORS`, :data:`STREAM_ERRORS_BLS`, :data:`VERSIONS`,
-    :data:`COLD_START` and :data:`OPTIONAL` models, with its :data:`ENSEMBLES` where their
-    steps are."""
+    :data:`COLD_START`, :data:`OPTIONAL` and :data:`WARMUP` models, with its
+    :data:`ENSEMBLES` where their steps are."""
     repo = into / "models"
     shutil.copytree(source, repo)
     if (repo / "bls_async").is_dir() and not (repo / "pytorch").exists():
         shutil.copytree(repo / "add_sub", repo / "pytorch")
         config = repo / "pytorch" / "config.pbtxt"
         config.write_text(config.read_text().replace('name: "add_sub"', 'name: "pytorch"'))
-    own = (ERROR_CODES, AS_MADE, STREAM_ERRORS, STREAM_ERRORS_BLS, VERSIONS, COLD_START, OPTIONAL)
+    own = (ERROR_CODES, AS_MADE, STREAM_ERRORS, STREAM_ERRORS_BLS, VERSIONS, COLD_START,
+           OPTIONAL, WARMUP)  # fmt: skip
     for name in own:
         shutil.copytree(OWN / name, repo / name)
     if (repo / "add_sub").is_dir() and (repo / "auto_complete").is_dir():

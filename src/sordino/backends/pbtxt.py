@@ -53,7 +53,15 @@ REPEATED = frozenset(
 )
 """Repeated fields of Triton's ``ModelConfig`` (and the messages inside it)."""
 
-_MAPS = frozenset({"parameters", "input_map", "output_map", "priority_queue_policy"})
+_MAPS = frozenset(
+    {
+        "parameters",
+        "input_map",
+        "output_map",
+        "priority_queue_policy",
+        "inputs",
+    }  # inputs: model_warmup's
+)
 """Map fields: written as repeated ``{ key: ... value: ... }`` entries."""
 
 _TOKEN = re.compile(
@@ -209,7 +217,8 @@ def sordino_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any
     The backend (``backend``, or ``platform``), ``max_batch_size``, the version policy,
     the dynamic batcher (:func:`_dynamic_batching`; without one, and without a sequence
     batcher, requests are not joined: ``enabled: false``), the sequence batcher
-    (:func:`_sequence_batching`) and the instance group's count, kind and GPUs. What
+    (:func:`_sequence_batching`), ``model_warmup`` and the instance group's count, kind
+    and GPUs. What
     sordino does not do is refused by name when set to other than Triton's default
     (:data:`_REFUSED`, and an instance group's :data:`_GROUP_REFUSED`), rather than served
     as if absent. The rest stays for the backend to read (a Python model gets all of it).
@@ -235,6 +244,9 @@ def sordino_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any
         # each request is its own batch (the backend's auto_complete_config may still
         # add the batcher: the loader reads that from the model's metadata).
         settings["dynamic_batching"] = {"enabled": False}
+    warmup = config.get("model_warmup")
+    if warmup:
+        settings["model_warmup"] = [warmup] if isinstance(warmup, Mapping) else list(warmup)
     groups = config.get("instance_group")
     if groups:
         if len(groups) != 1:
@@ -258,7 +270,6 @@ _REFUSED = {
     "dynamic_batching.priority_queue_policy": ("dynamic_batching", "priority_queue_policy"),
     "dynamic_batching.preserve_ordering": ("dynamic_batching", "preserve_ordering"),
     "response_cache": ("response_cache", "enable"),
-    "model_warmup": ("model_warmup",),
 }
 """Triton fields sordino does not do (its name → where it is): refused when set."""
 _GROUP_REFUSED = ("rate_limiter", "host_policy", "secondary_devices", "passive", "profile")

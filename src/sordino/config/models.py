@@ -19,6 +19,7 @@ from sordino.config.iterative import IterativeConfig
 from sordino.config.memory import FrameworkMemoryConfig
 from sordino.config.scheduler import SchedulerMode
 from sordino.config.sequences import SequenceBatchingConfig
+from sordino.config.warmup import WarmupSample
 
 __all__ = [
     "MODEL_NAME_PATTERN",
@@ -272,6 +273,8 @@ class ModelConfig(Section):
     """How Ray schedules each instance's actor; only with ``executor.kind: ray``."""
     sequence_batching: SequenceBatchingConfig | None = None
     """Serve a stateful model with Triton's sequence batcher (docs/http-api.md#sequences)."""
+    model_warmup: tuple[WarmupSample, ...] = ()
+    """Samples run on each instance before the model serves (Triton's ``model_warmup``)."""
     label_filename: ExpandedPath | dict[str, ExpandedPath] | None = None
     """Labels for Triton's classification extension: a text file with one label per line
     (line i names class i), for every output, or a mapping of output name to file.

@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sordino.backends.base import dummy_inputs
@@ -22,7 +23,7 @@ from sordino.clock import Clock
 from sordino.config import RuntimeConfig
 from sordino.config.models import ModelConfig, StreamingConfig
 from sordino.config.nodes import NodePolicy
-from sordino.errors import ModelLoadError
+from sordino.errors import ModelLoadError, SordinoError
 from sordino.events import EventSink
 from sordino.execution.chain import ChainExecutor
 from sordino.inference import ModelKey, ModelMetadata, StreamSpec, Tensor
@@ -240,6 +241,8 @@ class ModelLoader:
                     await self._warm_up(key, dummy_inputs(metadata, rows))
 
                 curve = await measure_batch_curve(run, self._clock, scheduling.policy.max_batch)
+            if config.model_warmup:
+                await self._run_samples(key, config, metadata, scheduling.max_batch_size, instances)
             controller = build_controller(
                 scheduling.mode, scheduling.policy, scheduling.slo_s, curve
             )
@@ -288,6 +291,40 @@ class ModelLoader:
             slo_p99_ms=scheduling.slo_s * 1000,
         )
         return model
+
+    async def _run_samples(
+        self,
+        key: ModelKey,
+        config: ModelConfig,
+        metadata: ModelMetadata,
+        max_batch_size: int,
+        instances: int,
+    ) -> None:
+        """Run the model's ``model_warmup`` samples, each ``count`` times on each
+        instance (as many at once as there are instances), before it serves."""
+        from sordino.server.warmup import warmup_requests
+
+        if metadata.decoupled:
+            raise ModelLoadError(
+                f"model {key}: model_warmup on a decoupled model is not supported; remove it"
+            )
+        path = config.path if isinstance(config.path, Path) else None
+        folder = path if path is None or path.is_dir() else path.parent
+        requests = warmup_requests(
+            config.model_warmup,
+            metadata,
+            max_batch_size=max_batch_size,
+            folder=folder or Path("."),
+        )
+        for request in requests:
+            try:
+                for _ in range(request.runs):
+                    runs = (self._warm_up(key, request.inputs) for _ in range(instances))
+                    await asyncio.gather(*runs)
+            except SordinoError as exc:
+                raise ModelLoadError(
+                    f"model {key}: model_warmup {request.name!r} failed: {exc}"
+                ) from exc
 
     async def _warm_up(self, key: ModelKey, inputs: dict[str, Tensor]) -> None:
         outputs = await self._executor.run(key, [inputs])
