@@ -234,11 +234,6 @@ def test_protobuf_defaults_are_as_if_unset() -> None:
         ("dynamic_batching { preserve_ordering: true }", "dynamic_batching.preserve_ordering"),
         ("response_cache { enable: true }", "response_cache"),
         (
-            'model_warmup [ { name: "w" batch_size: 1 inputs { key: "X" value { '
-            "data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } } } ]",
-            "model_warmup",
-        ),
-        (
             'instance_group [ { count: 1 rate_limiter { resources [ { name: "R" count: 1 } ] } } ]',
             "instance_group.rate_limiter",
         ),
@@ -249,6 +244,18 @@ def test_what_sordino_does_not_do_is_refused_by_name(field: str, said: str) -> N
     """Set, these change what Triton does; sordino does not, so it says so at load."""
     with pytest.raises(ConfigError, match=f"m/config.pbtxt: sordino does not support {said}"):
         sordino_settings(parse_pbtxt(f'backend: "python"\n{field}'), source="m/config.pbtxt")
+
+
+def test_model_warmup_is_taken_with_its_inputs_map() -> None:
+    """It was refused before; its ``inputs`` is a map of messages."""
+    text = (
+        'backend: "python"\nmodel_warmup [ { name: "w" batch_size: 2 count: 3 inputs { key: "X" '
+        "value { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } } } ]"
+    )
+    config = ModelConfig(**sordino_settings(parse_pbtxt(text), source="c"))
+    (sample,) = config.model_warmup
+    assert (sample.name, sample.batch_size, sample.count) == ("w", 2, 3)
+    assert sample.inputs["X"].data_type == "TYPE_INT32" and sample.inputs["X"].zero_data
 
 
 def test_fields_at_their_defaults_are_not_refused() -> None:
