@@ -223,6 +223,16 @@ def _triton_instance_group(groups: object) -> dict[str, object]:
     return folded
 
 
+class DeclaredTensor(Section):
+    """An input or output as a Triton ``config.pbtxt`` declares it: checked against the
+    model when it loads (``backends/onnx_pbtxt.py``)."""
+
+    name: str
+    data_type: str = Field(pattern=r"^TYPE_[A-Z0-9]+$")
+    dims: tuple[int, ...] = ()
+    """Without the batch dimension when ``max_batch_size`` is above 0; -1: any size."""
+
+
 class ModelConfig(Section):
     """One model: an explicit ``models:`` entry, or a repository folder's ``config.yaml``.
 
@@ -273,6 +283,10 @@ class ModelConfig(Section):
     """How Ray schedules each instance's actor; only with ``executor.kind: ray``."""
     sequence_batching: SequenceBatchingConfig | None = None
     """Serve a stateful model with Triton's sequence batcher (docs/http-api.md#sequences)."""
+    input: tuple[DeclaredTensor, ...] = ()
+    """The inputs the model must have (Triton's ``input`` list): checked at load."""
+    output: tuple[DeclaredTensor, ...] = ()
+    """The outputs the model must have (Triton's ``output`` list): checked at load."""
     model_warmup: tuple[WarmupSample, ...] = ()
     """Samples run on each instance before the model serves (Triton's ``model_warmup``)."""
     label_filename: ExpandedPath | dict[str, ExpandedPath] | None = None

@@ -22,9 +22,10 @@ A repository is Triton's layout::
 
 The file a version folder must hold is its backend kind's
 (:class:`~sordino.backends.base.BackendKind`: ``model.onnx``, ``model.py``, ...). A
-``config.pbtxt`` whose ``backend``/``platform`` names a kind other than ONNX Runtime
-chooses that kind and gives its batching and instance settings
-(:func:`sordino.backends.pbtxt.sordino_settings`); for ONNX models it is not read.
+``config.pbtxt`` (read when there is no ``config.yaml``) gives the batching, version,
+warm-up and instance settings (:func:`sordino.backends.pbtxt.sordino_settings`); its
+``backend``/``platform`` chooses the kind (ONNX Runtime when it names none), and an ONNX
+model's tensors it declares are checked at load (``backends/onnx_pbtxt.py``).
 
 A model's name is its folder's name and must be a model name (``MODEL_NAME_PATTERN``:
 no path separators, never ``..``); a folder that is not is skipped with a warning.
@@ -265,7 +266,8 @@ def load_repository_model(root: Path, name: str) -> list[ModelSource]:
 
 
 def _from_pbtxt(path: Path) -> ModelConfig:
-    """The ModelConfig a Triton ``config.pbtxt`` gives (a default one for ONNX models)."""
+    """The ModelConfig a Triton ``config.pbtxt`` gives (an ONNX model's is read by
+    ``backends/onnx_pbtxt.py``)."""
     from sordino.backends.pbtxt import parse_pbtxt, sordino_settings
 
     triton = parse_pbtxt(path.read_text(encoding="utf-8"), source=str(path))
@@ -275,7 +277,10 @@ def _from_pbtxt(path: Path) -> ModelConfig:
     if named and kind is None:
         raise ModelLoadError(_unknown_platform(path, named))
     if kind is None or kind.name == "onnxruntime":
-        return ModelConfig()  # unchanged: ONNX models never read config.pbtxt
+        from sordino.backends.onnx_pbtxt import onnx_settings
+
+        settings = onnx_settings(triton, source=str(path))
+        kind = backend_kind("onnxruntime", model=path.parent.name)
     settings["backend"] = kind.name
     try:
         return ModelConfig(**settings)

@@ -188,6 +188,14 @@ class ModelLoader:
             )
         config = source.config
         metadata = await self._executor.load(key, source.path, config)
+        if config.input or config.output:
+            from sordino.backends.onnx_pbtxt import check_declared
+
+            try:
+                check_declared(config, metadata)
+            except ModelLoadError:
+                await self._executor.unload(key)
+                raise
         declared = metadata.extra.get("max_batch_size")
         if config.max_batch_size is None and declared is not None:
             # The backend's own configuration (a Python model's auto_complete_config).

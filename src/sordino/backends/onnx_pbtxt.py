@@ -1,0 +1,188 @@
+"""A Triton ``config.pbtxt`` beside an ONNX model: what sordino takes, checks and refuses.
+
+Triton's ONNX Runtime models are the commonest Triton repository. Their
+``config.pbtxt`` is read as Triton reads it (:func:`onnx_settings`): the batching,
+version, sequence, warm-up and instance settings of :func:`~sordino.backends.pbtxt.
+sordino_settings`, with the dynamic batcher Triton's ONNX Runtime backend adds to a
+model that batches when none is given (no wait to fill a batch); ONNX Runtime's
+``intra_op_thread_count`` parameter,
+each output's ``label_filename``, and the ``input`` and ``output`` lists, which are
+checked against the model when it loads (:func:`check_declared`): every tensor named
+exists with that datatype and a shape the model's fits, and a ``max_batch_size`` above
+0 needs a model whose first dimension is variable. A field that would change what
+Triton does and that sordino does not do is refused by name rather than ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sordino.backends.pbtxt import sordino_settings
+from sordino.config.models import ModelConfig
+from sordino.errors import ConfigError, ModelLoadError
+from sordino.inference import ModelMetadata, TensorSpec
+
+__all__ = ["check_declared", "onnx_settings"]
+
+_TAKEN = frozenset(
+    {
+        "name",
+        "platform",
+        "backend",
+        "max_batch_size",
+        "input",
+        "output",
+        "version_policy",
+        "dynamic_batching",
+        "sequence_batching",
+        "instance_group",
+        "model_warmup",
+        "parameters",
+        "optimization",
+        "default_model_filename",
+        "response_cache",
+        "model_transaction_policy",
+    }
+)
+"""Fields read (or checked) here; any other one set is refused by name."""
+
+_OPTIMIZATION_TAKEN = frozenset({"input_pinned_memory", "output_pinned_memory", "priority"})
+"""GPU transfer hints and Triton's default priority: nothing to do on sordino's CPU path."""
+
+_TENSOR_TAKEN = frozenset({"name", "data_type", "dims", "format", "label_filename"})
+_PARAMETERS = {"intra_op_thread_count": "intra_op_threads"}
+"""ONNX Runtime backend parameters sordino takes, and its own name for each."""
+
+
+def onnx_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any]:
+    """What sordino's ``ModelConfig`` takes from the ``config.pbtxt`` of an ONNX model."""
+    settings = sordino_settings(config, source=source)
+    rows = int(config.get("max_batch_size", 0) or 0)
+    if "dynamic_batching" not in config and "sequence_batching" not in config and rows != 1:
+        # Triton's ONNX Runtime backend completes the configuration of a model that
+        # batches with a dynamic batcher at its defaults (no wait); without one, rows
+        # above 1 could only come from a single request.
+        settings["dynamic_batching"] = {"max_queue_delay_microseconds": 0}
+    refused = [key for key in config if key not in _TAKEN and _set(config[key])]
+    optimization = _one(config.get("optimization"))
+    refused += [
+        f"optimization.{key}"
+        for key in optimization
+        if key not in _OPTIMIZATION_TAKEN and _set(optimization[key])
+    ]
+    if str(optimization.get("priority", "PRIORITY_DEFAULT")) != "PRIORITY_DEFAULT":
+        refused.append("optimization.priority")
+    if str(config.get("default_model_filename", "model.onnx")) not in ("", "model.onnx"):
+        refused.append("default_model_filename (name the file model.onnx)")
+    if _set(_one(config.get("model_transaction_policy")).get("decoupled")):
+        refused.append("model_transaction_policy.decoupled")
+    for key, value in (config.get("parameters") or {}).items():
+        ours = _PARAMETERS.get(key)
+        text = value.get("string_value") if isinstance(value, Mapping) else value
+        if ours is None:
+            refused.append(f"parameters.{key}")
+        elif str(text).strip() not in ("", "0"):
+            try:
+                settings[ours] = int(str(text))
+            except ValueError:
+                raise ConfigError(
+                    f"{source}: parameters.{key} is {text!r}; give a whole number"
+                ) from None
+    labels: dict[str, str] = {}
+    for kind in ("input", "output"):
+        declared = []
+        for tensor in config.get(kind) or ():
+            where = f"{kind} {tensor.get('name', '?')}"
+            refused += [
+                f"{where}: {key}"
+                for key in tensor
+                if key not in _TENSOR_TAKEN and _set(tensor[key])
+            ]
+            label = tensor.get("label_filename")
+            if isinstance(label, list):  # (the parser keeps it as a list)
+                label = label[0] if len(label) == 1 else None
+            if label:
+                labels[str(tensor.get("name"))] = str(label)
+            declared.append(
+                {
+                    "name": tensor.get("name"),
+                    "data_type": tensor.get("data_type"),
+                    "dims": list(tensor.get("dims", ())),
+                }
+            )
+        settings[kind] = declared
+    if labels:
+        settings["label_filename"] = labels
+    if refused:
+        raise ConfigError(
+            f"{source}: sordino does not support {', '.join(sorted(refused))} for an ONNX "
+            f"model; remove {'it' if len(refused) == 1 else 'them'} (docs/backends.md says "
+            "what it takes from config.pbtxt)"
+        )
+    return settings
+
+
+def _one(value: Any) -> dict[str, Any]:
+    """A message field given once or more (protobuf's text format merges the repeats)."""
+    if isinstance(value, list):
+        merged: dict[str, Any] = {}
+        for part in value:
+            merged.update(part if isinstance(part, Mapping) else {})
+        return merged
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+def _set(value: Any) -> bool:
+    """Whether a field is set to other than its protobuf default (which asks nothing)."""
+    if isinstance(value, Mapping):
+        return any(_set(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_set(v) for v in value)
+    return value not in (None, 0, 0.0, False, "")
+
+
+def check_declared(config: ModelConfig, metadata: ModelMetadata) -> None:
+    """Refuse a model whose tensors are not those its ``config.pbtxt`` declares, as
+    Triton does (:class:`ModelLoadError` naming the tensor and both shapes)."""
+    where = f"model {metadata.name}: config.pbtxt"
+    batching = bool(config.max_batch_size)
+    if batching and not metadata.batched:
+        raise ModelLoadError(
+            f"{where}: max_batch_size {config.max_batch_size}, but the model's first "
+            "dimension is fixed, so it cannot batch: set max_batch_size: 0 and give the "
+            "full shapes"
+        )
+    for kind, declared, specs in (
+        ("input", config.input, metadata.inputs),
+        ("output", config.output, metadata.outputs),
+    ):
+        known = {spec.name: spec for spec in specs}
+        for tensor in declared:
+            spec = known.get(tensor.name)
+            if spec is None:
+                raise ModelLoadError(
+                    f"{where}: {kind} {tensor.name!r} is not one of the model's "
+                    f"({', '.join(known)}); rename or remove it"
+                )
+            _check_tensor(where, kind, tensor.data_type, tensor.dims, spec, batching)
+
+
+def _check_tensor(
+    where: str, kind: str, data_type: str, dims: tuple[int, ...], spec: TensorSpec, batching: bool
+) -> None:
+    datatype = data_type.removeprefix("TYPE_")
+    datatype = "BYTES" if datatype == "STRING" else datatype
+    if datatype != spec.datatype:
+        raise ModelLoadError(
+            f"{where}: {kind} {spec.name} is {data_type}, but the model's is {spec.datatype}"
+        )
+    shape = spec.item_shape if batching else spec.shape
+    fits = len(dims) == len(shape) and all(
+        a == b or -1 in (a, b) for a, b in zip(dims, shape, strict=True)
+    )
+    if not fits:
+        raise ModelLoadError(
+            f"{where}: {kind} {spec.name} has dims {list(dims)}, but the model's are "
+            f"{list(shape)}{' (after the batch dimension)' if batching else ''}"
+        )
