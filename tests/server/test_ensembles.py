@@ -153,6 +153,9 @@ def test_model_control_does_not_load_an_ensemble_but_says_so(tmp_path: Path) -> 
     with serve_in_thread(config, sources) as server:
         with pytest.raises(ClientError, match="is a Triton ensemble: sordino serves"):
             request_json("POST", f"{server.url}/v2/repository/models/chain/load", {}, timeout=30)
+        # Unloading it would leave the server unable to stop (it was allowed before).
+        with pytest.raises(ClientError, match=r"'chain' is a pipeline .* cannot be unloaded"):
+            request_json("POST", f"{server.url}/v2/repository/models/chain/unload", {}, timeout=30)
         index = request_json("POST", f"{server.url}/v2/repository/index", {}, timeout=10)
         assert {"name": "chain", "version": "1", "state": "READY"} in index
 

@@ -144,6 +144,12 @@ class ModelControl:
         """Unload every version of ``name`` after its queued requests finish."""
         self._require_explicit("unload")
         _check_name(name)
+        if any(pipeline.key.name == name for pipeline in self.runtime.pipelines):
+            raise Unsupported(
+                f"{name!r} is a pipeline (a Triton ensemble or the pipelines section): it is "
+                "served from start-up on and cannot be unloaded while serving (not "
+                "supported); restart the server without it"
+            )
         async with self._lock, self._journaled("unload", name):
             known = name in self._configs or name in self._repository_names()
             if not self.runtime.versions(name) and not known:
