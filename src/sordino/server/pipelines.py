@@ -108,15 +108,12 @@ class PipelineExecutor:
             name: (node, output) for name, (node, output, _) in outputs_of(config, models).items()
         }
         # Each node's outputs that the pipeline reads or returns.
-        self._made: dict[str, list[str]] = {node.name: [] for node in self._order}
         used = {pair for wiring in self._wiring for pair in wiring.values()}
-        for node in self._order:
-            self._made[node.name] = [
-                spec.name
-                for spec in models[node.name].outputs
-                if (node.name, spec.name) in used
-                or (node.name, spec.name) in self._outputs.values()
-            ]
+        used |= set(self._outputs.values())
+        self._made = {
+            node.name: [s.name for s in models[node.name].outputs if (node.name, s.name) in used]
+            for node in self._order
+        }
         kept = {key for key, _ in self._outputs.values()}
         end = len(self._order) - 1
         # The lifetime plan: each key's tensors live until its last reader has run.
