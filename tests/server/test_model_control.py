@@ -243,3 +243,21 @@ async def test_poll_mode_follows_the_repository(repo: Path) -> None:
     finally:
         await control.close()
         await runtime.stop()
+
+
+def test_a_load_after_the_configuration_changed_reloads(
+    explicit: RunningServer, repo: Path
+) -> None:
+    """Triton reloads a model whose configuration was edited; sordino compared the model
+    file alone and kept serving the old configuration."""
+    client = httpclient.InferenceServerClient(explicit.url.removeprefix("http://"))
+    client.load_model("simple")  # (the first load reloads: nothing was loaded through it yet)
+    assert client.get_model_config("simple")["max_batch_size"] != 4
+    (repo / "simple" / "config.yaml").write_text("isolation: thread\nmax_batch_size: 4\n")
+    client.load_model("simple")
+    assert client.get_model_config("simple")["max_batch_size"] == 4
+    assert explicit.control is not None
+    reloads = explicit.control.statistics().reloads
+    client.load_model("simple")  # nothing changed: nothing reloads
+    assert explicit.control.statistics().reloads == reloads
+    client.close()

@@ -45,7 +45,7 @@ __all__ = ["IndexEntry", "ModelControl", "ModelControlStatistics"]
 
 log = logging.getLogger("sordino.control")
 
-_Stamp = tuple[str, int, int]
+_Stamp = tuple[str, int, int, ModelConfig]
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,9 +294,11 @@ def _check_name(name: str) -> None:
 
 
 def _stamp(source: ModelSource) -> _Stamp | None:
-    """What identifies a model file's contents cheaply: path, modification time and size."""
+    """What identifies a model version cheaply: its file's path, modification time and
+    size, and its configuration as read now (``config.yaml`` or ``config.pbtxt``: an
+    edited one makes a load, or a poll, reload the model, as on Triton)."""
     try:
         stat = source.path.stat()
     except OSError:
         return None
-    return (str(source.path), stat.st_mtime_ns, stat.st_size)
+    return (str(source.path), stat.st_mtime_ns, stat.st_size, source.config)
