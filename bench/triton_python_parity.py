@@ -382,6 +382,51 @@ def _clients(http: str, grpc: str) -> list[tuple[str, Any, Any]]:
     ]
 
 
+COUNTED = ("nv_inference_request_success", "nv_inference_request_failure",
+           "nv_inference_count", "nv_inference_exec_count")  # fmt: skip
+"""Triton's counters whose values both servers should agree on for a model asked the
+same requests one at a time (durations differ; batching may, under concurrency)."""
+
+
+def _nv_samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    # The parser names a counter's samples NAME_total; Triton's carry no suffix, and
+    # sordino's (untyped) neither: compare the names as written.
+    return {
+        (sample.name.removesuffix("_total"), tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name.startswith("nv_")
+        for sample in family.samples
+    }
+
+
+def _triton_metrics(theirs: str, ours: str, models: list[str]) -> list[dict[str, Any]]:
+    """Triton's ``nv_inference_*`` families in both servers' ``/metrics``, and the
+    counts of the models asked one request at a time (:data:`ERROR_CODES`, add_sub)."""
+    expected, got = _nv_samples(theirs), _nv_samples(ours)
+    checks = []
+    wanted = {name for name, _ in expected if name.startswith("nv_inference")}
+    missing = sorted(wanted - {name for name, _ in got})
+    detail = f"missing {missing}" if missing else ""
+    checks.append({"check": "/metrics has Triton's nv_inference_* families", "protocol": "http",
+                   "equal": not missing, "detail": detail})  # fmt: skip
+    for model in (m for m in (ERROR_CODES, "add_sub") if m in models):
+        theirs_counts = {k: v for k, v in expected.items() if k[0] in COUNTED
+                         and ("model", model) in k[1]}  # fmt: skip
+        ours_counts = {k: v for k, v in got.items() if k[0] in COUNTED and ("model", model) in k[1]}
+        shown = {f"{k[0]}{dict(k[1]).get('reason', '')}": v for k, v in sorted(ours_counts.items())}
+        same = theirs_counts == ours_counts
+        detail = str(shown) if same else f"triton {theirs_counts}, sordino {ours_counts}"
+        checks.append({"check": f"{model} nv_inference counts", "protocol": "http",
+                       "equal": same, "detail": detail})  # fmt: skip
+    for check in checks:
+        print(f"{'ok  ' if check['equal'] else 'DIFF'} http {check['check']} {check['detail']}")
+    return checks
+
+
 def _metric_names(url: str) -> set[str]:
     with urllib.request.urlopen(url, timeout=10) as response:
         text = response.read().decode()
@@ -560,6 +605,7 @@ def main() -> None:
                 }
             )
             print(f"{'ok  ' if same else 'DIFF'} http /metrics has {family} ({found})")
+            checks += _triton_metrics(triton.metrics or "", f"{ours.http}/metrics", models)
     except peers.PeerError as exc:
         print(f"cannot run: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -35,7 +35,7 @@ from sordino.generation.degrade import StepDegrader
 from sordino.generation.metrics import GenerationCollector
 from sordino.generation.pipeline import Pipeline
 from sordino.guardian import Guardian
-from sordino.inference import InferRequest, InferResponse, Tensor
+from sordino.inference import InferRequest, InferResponse, ModelKey, Tensor
 from sordino.memory.manager import MemoryManager
 from sordino.memory.planner import StepPlanner
 from sordino.memory.refs import Tensors
@@ -63,6 +63,7 @@ from sordino.telemetry.observers import SchedulerObservers
 from sordino.telemetry.pipeline_metrics import PipelineCollector
 from sordino.telemetry.tenant_metrics import TenantCollector
 from sordino.telemetry.timings import TimingSeries
+from sordino.telemetry.triton_metrics import TritonCollector
 
 __all__ = ["LoadedModel", "Runtime"]
 
@@ -217,6 +218,7 @@ class Runtime:
         self.metrics.registry.register(TenantCollector(self.tenants.statistics))
         # Python models' custom metrics: their workers write snapshots where this reads.
         self.metrics.registry.register(ModelMetricsCollector(model_metrics_dir()))
+        self.metrics.registry.register(TritonCollector(self.stats, self._queued))
         self.metrics.registry.register(
             PipelineCollector(lambda: pipeline_statistics(self.pipelines))
         )
@@ -481,6 +483,10 @@ class Runtime:
         self, request: InferRequest
     ) -> AsyncGenerator[tuple[InferResponse | SordinoError, bool], None]:
         return self.service.responses(request)
+
+    def _queued(self) -> list[tuple[ModelKey, int]]:
+        """Each loaded model version and its requests queued now."""
+        return [(m.key, m.scheduler.queued) for m in self.registry.models()]
 
     def triton_statistics(self, name: str | None = None, version: str | None = None) -> Any:
         return self.service.triton_statistics(name, version)

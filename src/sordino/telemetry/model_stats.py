@@ -14,7 +14,34 @@ from typing import Any
 from sordino.inference import ModelKey
 from sordino.records import BatchDone, RequestDone
 
-__all__ = ["ModelStats"]
+__all__ = ["FAILURE_REASONS", "ModelStats", "triton_reason"]
+
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+"""Triton's reasons for a failed request (``nv_inference_request_failure{reason}``)."""
+
+_REJECTED = frozenset(
+    {"queue_full", "shed", "queue_timeout", "rate_limited", "out_of_memory", "unavailable"}
+)
+"""sordino's reasons for a request its scheduler refused or let expire in its queue."""
+_BACKEND = frozenset({"inference_failed"})
+"""sordino's reasons for a request the model failed (raised, died, returned no answer)."""
+_ANSWERED = frozenset({"model_response_error", "model_rejected"})
+"""A model's own error response (a Python model's ``TritonError``): Triton counts the
+request a success, the model having run; sordino's own figures count it a failure."""
+
+
+def triton_reason(outcome: str, reason: str) -> str:
+    """The Triton failure reason of a request that ended ``outcome`` for ``reason``;
+    ``SUCCESS`` for one Triton counts successful."""
+    if outcome == "success" or reason in _ANSWERED:
+        return "SUCCESS"
+    if outcome == "cancelled" or reason == "cancelled":
+        return "CANCELED"
+    if reason in _REJECTED:
+        return "REJECTED"
+    if reason in _BACKEND:
+        return "BACKEND"
+    return "OTHER"
 
 
 @dataclass
@@ -57,6 +84,7 @@ class ModelStats:
                 "compute_infer": _Duration(),
                 "compute_output": _Duration(),
                 "batches": {},
+                "failures": dict.fromkeys(("SUCCESS", *FAILURE_REASONS), 0),
             }
         return entry
 
@@ -71,6 +99,7 @@ class ModelStats:
             entry["queue"].add(done.queue_s)
         elif done.outcome == "failure":
             entry["fail"].add(done.total_s)
+        entry["failures"][triton_reason(done.outcome, done.reason)] += 1
 
     def batch_done(self, done: BatchDone) -> None:
         if not done.ok:
@@ -90,6 +119,23 @@ class ModelStats:
 
     def queue_changed(self, model: ModelKey, depth: int) -> None:
         return None
+
+    def triton_counters(self, model: ModelKey) -> dict[str, Any]:
+        """The figures behind Triton's ``nv_inference_*`` metrics for ``model``:
+        counts, durations in nanoseconds, and failures by Triton's reason."""
+        entry = self._entry(model)
+        failures = dict(entry["failures"])
+        return {
+            "success": failures.pop("SUCCESS"),
+            "failures": failures,
+            "inference_count": entry["inference_count"],
+            "execution_count": entry["execution_count"],
+            "request_ns": entry["success"].ns + entry["fail"].ns,
+            **{
+                f"{phase}_ns": entry[phase].ns
+                for phase in ("queue", "compute_input", "compute_infer", "compute_output")
+            },
+        }
 
     def triton_json(self, models: list[ModelKey]) -> dict[str, Any]:
         """Return ``{"model_stats": [...]}`` for ``models`` as Triton's extension shapes it."""
