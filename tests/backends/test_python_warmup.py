@@ -89,6 +89,21 @@ def test_a_sample_that_does_not_fit_stops_the_load(
         pass
 
 
+def test_a_data_file_outside_the_model_folder_is_refused(tmp_path: Path) -> None:
+    """A symbolic link in warmup/ that leads out of the model folder is not read."""
+    _repository(tmp_path)
+    outside = tmp_path / "secret.bin"
+    outside.write_bytes(b"\0" * 32)
+    link = tmp_path / "warmup" / "warmup" / "x.bin"
+    link.unlink()
+    link.symlink_to(outside)
+    with (
+        pytest.raises(ModelLoadError, match=re.escape("input_data_file 'x.bin' is not a file in")),
+        serve_in_thread(RuntimeConfig(), scan_repository(tmp_path)),
+    ):
+        pass
+
+
 def test_a_sample_the_model_fails_on_stops_the_load(tmp_path: Path) -> None:
     _repository(tmp_path)
     model = tmp_path / "warmup" / "1" / "model.py"

@@ -126,8 +126,11 @@ def _row(value: WarmupInput, spec: TensorSpec, batched: bool, folder: Path, wher
 
 
 def _read(folder: Path, name: str, where: str) -> bytes:
+    """The data file ``name`` of the model folder's ``warmup/``; never a file outside
+    the model folder (a path, or a symbolic link that leads out, is refused)."""
     path = folder / "warmup" / name
-    if Path(name).name != name or not path.is_file():
+    inside = path.resolve().is_relative_to(folder.resolve())
+    if Path(name).name != name or not path.is_file() or not inside:
         raise ModelLoadError(
             f"{where}: input_data_file {name!r} is not a file in {folder / 'warmup'}"
         )
