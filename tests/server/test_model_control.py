@@ -240,6 +240,18 @@ async def test_poll_mode_follows_the_repository(repo: Path) -> None:
         await control.poll_once()
         assert runtime.versions("other") == []
         assert [e.name for e in control.index(ready_only=True)] == ["simple"]
+        # An ensemble is left as it was at start-up; a config.pbtxt that cannot be read
+        # is logged, and the poll goes on to the other models (it used to stop there).
+        (repo / "chain" / "1").mkdir(parents=True)
+        (repo / "chain" / "config.pbtxt").write_text('platform: "ensemble"\n')
+        (repo / "broken" / "1").mkdir(parents=True)
+        (repo / "broken" / "config.pbtxt").write_text("max_batch_size: {{\n")
+        _add_version(repo, 4)
+        await control.poll_once()
+        await asyncio.to_thread(
+            wait_for, lambda: runtime.versions("simple") == ["4"], "the poll past them"
+        )
+        assert runtime.versions("chain") == [] and runtime.versions("broken") == []
     finally:
         await control.close()
         await runtime.stop()

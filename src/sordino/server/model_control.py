@@ -182,11 +182,11 @@ class ModelControl:
             self._polls += 1
             present = self._repository_names()
             for name in present:
-                if is_ensemble(self.repository / name):
-                    continue  # served from start-up on (models/ensembles.py)
                 try:
+                    if is_ensemble(self.repository / name):
+                        continue  # served from start-up on (models/ensembles.py)
                     await self._apply(name, load_repository_model(self.repository, name))
-                except SordinoError as exc:
+                except SordinoError as exc:  # a broken config.pbtxt among them
                     log.error("repository poll: model %r: %s", name, exc)
             for name in sorted(self._repository_loaded() - set(present)):
                 await self._apply(name, [])
