@@ -205,6 +205,11 @@ def test_a_pipeline_is_ready_while_its_models_can_serve() -> None:
     with serve_in_thread(config, _models("simple")) as server:
         for path in ("/v2/health/ready", "/v2/models/twice/ready", "/v2/models/simple/ready"):
             assert httpx.get(server.url + path).status_code == 200, path
+        # The deep check runs one inference through the pipeline too (it answered 503,
+        # "twice/1 has no loaded instance", before).
+        deep = httpx.get(server.url + "/health?deep=true", timeout=60)
+        assert deep.status_code == 200, deep.text
+        assert "twice/1" in deep.json()["models"]
         admin = AdminClient(server.url, token)
         admin.inject("worker:simple", "crash", rate=1.0)
         x = np.zeros((1, 16), np.int32)

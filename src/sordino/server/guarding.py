@@ -38,6 +38,7 @@ from sordino.guardian import (
 from sordino.inference import ModelKey
 from sordino.protocol.encode import encode_json
 from sordino.server.pipelines import PipelineExecutor
+from sordino.server.registry import LoadedModel
 from sordino.telemetry.journal_reader import JournalReader, MissingJournal
 
 if TYPE_CHECKING:
@@ -67,12 +68,17 @@ async def deep_health(runtime: Runtime, timeout_s: float = DEEP_HEALTH_TIMEOUT_S
     """
     models = runtime.models()
 
-    async def probe(key: ModelKey) -> str | None:
+    async def probe(model: LoadedModel) -> str | None:
+        key = model.key
+        # A pipeline has no instances: its own executor runs the inference through the
+        # models it chains (it failed as "no loaded instance" before).
+        executor = model.scheduler.executor
+        if isinstance(executor, PipelineExecutor):
+            run = executor.run(key, [dummy_inputs(model.metadata, 1)])
+        else:
+            run = runtime.executor.run(key, [dummy_inputs(runtime.executor.metadata(key), 1)])
         try:
-            outputs = await asyncio.wait_for(
-                runtime.executor.run(key, [dummy_inputs(runtime.executor.metadata(key), 1)]),
-                timeout_s,
-            )
+            outputs = await asyncio.wait_for(run, timeout_s)
         except TimeoutError:
             return f"no answer within {timeout_s:g} s"
         except Exception as exc:
@@ -80,7 +86,7 @@ async def deep_health(runtime: Runtime, timeout_s: float = DEEP_HEALTH_TIMEOUT_S
         outputs.release()
         return None
 
-    results = await asyncio.gather(*(probe(m.key) for m in models))
+    results = await asyncio.gather(*(probe(m) for m in models))
     return {str(m.key): r for m, r in zip(models, results, strict=True) if r is not None}
 
 
