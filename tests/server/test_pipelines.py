@@ -14,6 +14,7 @@ from sordino.config import load_config
 from sordino.control.client import AdminClient, ClientError, ServerError, request_json
 from sordino.errors import ConfigError, ModelLoadError
 from sordino.models.repository import builtin_sources
+from sordino.server.guarding import guarded_models
 from sordino.testing import RunningServer, serve_in_thread
 from tests.waiting import wait_for
 
@@ -210,6 +211,8 @@ def test_a_pipeline_is_ready_while_its_models_can_serve() -> None:
         deep = httpx.get(server.url + "/health?deep=true", timeout=60)
         assert deep.status_code == 200, deep.text
         assert "twice/1" in deep.json()["models"]
+        # The guardian acts on the model, never on the pipeline (no instance of its own).
+        assert [str(k) for k in guarded_models(server.runtime, set())] == ["simple/1"]
         admin = AdminClient(server.url, token)
         admin.inject("worker:simple", "crash", rate=1.0)
         x = np.zeros((1, 16), np.int32)

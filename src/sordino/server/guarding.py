@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "deep_health",
+    "guarded_models",
     "guardian_routes",
     "health_response",
     "not_serving",
@@ -108,6 +109,16 @@ def not_serving(runtime: Runtime) -> list[str]:
         ):
             down.add(pipeline.key)
     return [str(m.key) for m in runtime.models() if m.key in down]
+
+
+def guarded_models(runtime: Runtime, excluded: set[str]) -> list[ModelKey]:
+    """The served models the guardian's actions act on: not ``excluded``, and not the
+    pipelines, which have no instance to restart or scale (their models are acted on;
+    with a pipeline counted, "the only model" of a one-model server was never found)."""
+    pipelines = {p.key for p in runtime.pipelines}
+    return [
+        m.key for m in runtime.models() if m.key.name not in excluded and m.key not in pipelines
+    ]
 
 
 def _served_key(runtime: Runtime, name: str) -> ModelKey | None:
@@ -232,7 +243,7 @@ def open_guardian(runtime: Runtime) -> Guardian:
         executor=runtime.executor,
         gate=runtime.gate,
         config=config,
-        models=lambda: [m.key for m in runtime.models() if m.key.name not in excluded],
+        models=lambda: guarded_models(runtime, excluded),
         worst_instance=_WorstInstance(runtime),
         defragmenter=memory if isinstance(memory, Defragmenter) else None,
         step_degrader=degrader if isinstance(degrader, StepDegrader) else None,
