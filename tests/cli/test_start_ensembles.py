@@ -101,3 +101,39 @@ def test_a_broken_ensemble_stops_start_up_saying_what_to_fix(tmp_path: Path) -> 
     assert "Traceback" not in done.stderr
     assert "ensemble output 'TWICE_A' is produced by no step" in done.stderr
     assert str(config) in done.stderr
+
+
+def test_load_model_starts_with_the_models_named_and_what_their_ensembles_run(
+    tmp_path: Path,
+) -> None:
+    """As Triton's --load-model in explicit mode: the rest of the repository loads on
+    request (sordino loaded every model at start-up, whatever the mode)."""
+    repo = _repository(tmp_path)
+    args = ["--model-repository", str(repo), "--no-builtin", "--model-control-mode",
+            "explicit", "--load-model", "ensemble_add_sub"]  # fmt: skip
+    with sordino_start(args, tmp_path) as server:
+        http = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+        states = {m["name"]: m["state"] for m in http.get_model_repository_index()}
+        assert states == {
+            "add_sub": "READY",  # run by ensemble_add_sub
+            "auto_complete": "UNAVAILABLE",
+            "ensemble_add_sub": "READY",
+            "ensemble_batched": "UNAVAILABLE",
+        }
+        http.load_model("auto_complete")
+        assert http.is_model_ready("auto_complete")
+        http.close()
+
+
+def test_load_model_needs_explicit_mode_and_a_model_of_the_repository(tmp_path: Path) -> None:
+    repo = _repository(tmp_path)
+    base = [sys.executable, "-m", "sordino", "start", "--model-repository", str(repo),
+            "--no-builtin", "--http-port", "0", "--data-dir", str(tmp_path / "data")]  # fmt: skip
+    for extra, said in (
+        (["--load-model", "add_sub"], "add --model-control-mode explicit"),
+        (["--model-control-mode", "explicit", "--load-model", "nope"],
+         "--load-model nope: not in the model repository"),
+    ):  # fmt: skip
+        done = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stderr
+        assert said in done.stderr and "Traceback" not in done.stderr

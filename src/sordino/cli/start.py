@@ -25,6 +25,7 @@ from sordino.errors import ConfigError, SordinoError
 # The server's modules (numpy, ONNX Runtime, gRPC, starlette) are imported when it starts,
 # not when this module is: `sordino --help` and `sordino start --help` stay quick.
 if TYPE_CHECKING:
+    from sordino.config.pipelines import PipelineConfig
     from sordino.models.repository import ModelSource
     from sordino.server.registry import LoadedModel
 
@@ -81,6 +82,40 @@ def collect_sources(
     if not sources and config.model_repository is None:
         raise ConfigError("no models to serve: give --model, --model-repository or --builtin")
     return sources
+
+
+def _only(
+    config: RuntimeConfig,
+    names: tuple[str, ...],
+    sources: list[ModelSource],
+    pipelines: tuple[PipelineConfig, ...],
+) -> tuple[list[ModelSource], tuple[PipelineConfig, ...]]:
+    """The start-up models ``--load-model`` keeps: the repository's models and ensembles
+    named, with the models those ensembles run (the rest loads on request); models given
+    otherwise (``--model``, ``models:``, the built-ins) are kept."""
+    root = config.model_repository
+    if config.server.model_control_mode != "explicit" or root is None:
+        raise ConfigError(
+            "--load-model chooses which repository models load at start-up in explicit "
+            "model control: add --model-control-mode explicit and --model-repository DIR, "
+            "or drop --load-model"
+        )
+    ensembles = {p.name: p for p in pipelines if (root / p.name).is_dir()}
+    known = {s.name for s in sources if s.path.is_relative_to(root)} | set(ensembles)
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise ConfigError(
+            f"--load-model {', '.join(unknown)}: not in the model repository {root} "
+            f"(its models: {', '.join(sorted(known)) or 'none'})"
+        )
+    wanted, todo = set(), list(names)
+    while todo:  # an ensemble brings the models it runs, ensembles among them
+        name = todo.pop()
+        if name not in wanted:
+            wanted.add(name)
+            todo += [node.model for node in ensembles[name].nodes] if name in ensembles else []
+    kept = [s for s in sources if s.name in wanted or not s.path.is_relative_to(root)]
+    return kept, tuple(p for p in pipelines if p.name in wanted or p.name not in ensembles)
 
 
 def _empty_repository(root: Path, mode: str, others: list[ModelSource]) -> None:
@@ -240,6 +275,15 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
     help="none: fixed models; explicit: load/unload API; poll: follow the repository.",
 )
 @click.option(
+    "--load-model",
+    "load_models",
+    multiple=True,
+    metavar="NAME",
+    help="With --model-control-mode explicit: load only this repository model at start-up "
+    "(repeatable; an ensemble brings the models it runs; '*' or none given: every model), "
+    "as Triton's --load-model.",
+)
+@click.option(
     "--repository-poll-secs",
     type=float,
     help="How often poll mode rescans the repository (default 15).",
@@ -334,6 +378,7 @@ def start(
     grpc_port: int | None,
     frontends: int | None,
     model_control_mode: str | None,
+    load_models: tuple[str, ...],
     repository_poll_secs: float | None,
     data_dir: Path | None,
     mode: str | None,
@@ -403,6 +448,8 @@ def start(
             log.warning("%s", exposed)
         sources = collect_sources(config, models, builtin, triton_examples)
         ensembles = with_ensembles(config.pipelines, config.model_repository)
+        if load_models and "*" not in load_models:
+            sources, ensembles = _only(config, load_models, sources, ensembles)
         config = config.model_copy(update={"pipelines": ensembles})
         config = with_runtime_hints(config, [source.path for source in sources])
         config.server.data_dir.mkdir(parents=True, exist_ok=True)

@@ -133,5 +133,6 @@ def refuse_control(root: Path, name: str) -> ModelLoadError:
     return ModelLoadError(
         f"model {name!r} in {root} is a Triton ensemble: sordino serves a repository's "
         "ensembles from start-up on and cannot load or unload one while serving (not "
-        "supported); restart the server to change it"
+        "supported); restart the server to change it (naming it with --load-model, if "
+        "that is given)"
     )
