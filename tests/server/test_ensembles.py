@@ -210,6 +210,16 @@ def test_a_mistaken_ensemble_is_refused_saying_what_to_fix(
     assert str(folder / "config.pbtxt") in str(raised.value)
 
 
+def test_fields_at_tritons_defaults_are_taken(tmp_path: Path) -> None:
+    """A configuration copied from Triton's GET …/config carries them."""
+    extra = 'backend: ""\nversion_policy: { latest: { num_versions: 1 } }'
+    folder = _ensemble(tmp_path, "bad", _text(extra=extra))
+    assert ensemble_pipeline(folder).name == "bad"
+    other = _ensemble(tmp_path / "b", "bad", _text(extra="version_policy: { all { } }"))
+    with pytest.raises(ConfigError, match="version_policy is not supported on an ensemble"):
+        ensemble_pipeline(other)
+
+
 def test_an_ensemble_without_a_version_folder_is_refused(tmp_path: Path) -> None:
     folder = _ensemble(tmp_path, "bad", _text())
     (folder / "1").rmdir()

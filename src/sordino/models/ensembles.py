@@ -31,9 +31,12 @@ __all__ = [
 ]
 
 _TAKEN = {"name", "platform", "max_batch_size", "input", "output", "ensemble_scheduling"}
-"""The ``config.pbtxt`` fields of an ensemble that sordino reads; any other one set is
-refused by name (Triton's own ensembles take few more: ``version_policy``,
-``parameters``)."""
+"""The ``config.pbtxt`` fields of an ensemble that sordino reads; any other one set to
+other than its default is refused by name (a ``version_policy`` but the latest one
+version, ``parameters``, ...)."""
+_DEFAULTS: dict[str, Any] = {"version_policy": {"latest": {"num_versions": 1}}, "backend": ""}
+"""Fields a configuration copied from Triton's ``GET …/config`` carries at their
+defaults: taken, as asking nothing."""
 
 
 def is_ensemble(folder: Path) -> bool:
@@ -65,7 +68,12 @@ def ensemble_pipeline(folder: Path) -> PipelineConfig:
             f"{path}: name {triton['name']!r} differs from its folder {name!r}; remove name "
             "or rename the folder"
         )
-    refused = sorted(set(triton) - _TAKEN)
+    refused = sorted(
+        key
+        for key, value in triton.items()
+        # A message given empty still asks for something (dynamic_batching { }).
+        if key not in _TAKEN and value not in (_DEFAULTS.get(key), None, 0, False, "", [])
+    )
     if refused:
         raise ConfigError(
             f"{path}: {', '.join(refused)} is not supported on an ensemble by sordino; remove it"
