@@ -25,7 +25,6 @@ from sordino.errors import ConfigError, SordinoError
 # The server's modules (numpy, ONNX Runtime, gRPC, starlette) are imported when it starts,
 # not when this module is: `sordino --help` and `sordino start --help` stay quick.
 if TYPE_CHECKING:
-    from sordino.config.pipelines import PipelineConfig
     from sordino.models.repository import ModelSource
     from sordino.server.registry import LoadedModel
 
@@ -82,40 +81,6 @@ def collect_sources(
     if not sources and config.model_repository is None:
         raise ConfigError("no models to serve: give --model, --model-repository or --builtin")
     return sources
-
-
-def _only(
-    config: RuntimeConfig,
-    names: tuple[str, ...],
-    sources: list[ModelSource],
-    pipelines: tuple[PipelineConfig, ...],
-) -> tuple[list[ModelSource], tuple[PipelineConfig, ...]]:
-    """The start-up models ``--load-model`` keeps: the repository's models and ensembles
-    named, with the models those ensembles run (the rest loads on request); models given
-    otherwise (``--model``, ``models:``, the built-ins) are kept."""
-    root = config.model_repository
-    if config.server.model_control_mode != "explicit" or root is None:
-        raise ConfigError(
-            "--load-model chooses which repository models load at start-up in explicit "
-            "model control: add --model-control-mode explicit and --model-repository DIR, "
-            "or drop --load-model"
-        )
-    ensembles = {p.name: p for p in pipelines if (root / p.name).is_dir()}
-    known = {s.name for s in sources if s.path.is_relative_to(root)} | set(ensembles)
-    unknown = sorted(set(names) - known)
-    if unknown:
-        raise ConfigError(
-            f"--load-model {', '.join(unknown)}: not in the model repository {root} "
-            f"(its models: {', '.join(sorted(known)) or 'none'})"
-        )
-    wanted, todo = set(), list(names)
-    while todo:  # an ensemble brings the models it runs, ensembles among them
-        name = todo.pop()
-        if name not in wanted:
-            wanted.add(name)
-            todo += [node.model for node in ensembles[name].nodes] if name in ensembles else []
-    kept = [s for s in sources if s.name in wanted or not s.path.is_relative_to(root)]
-    return kept, tuple(p for p in pipelines if p.name in wanted or p.name not in ensembles)
 
 
 def _empty_repository(root: Path, mode: str, others: list[ModelSource]) -> None:
@@ -434,7 +399,7 @@ def start(
     }
     try:
         from sordino.control.admin import admin_token, exposure_refusal, exposure_warning
-        from sordino.models.ensembles import with_ensembles
+        from sordino.models.ensembles import only_named, with_ensembles
         from sordino.models.hints import with_runtime_hints
 
         config = load_config(config_path, {k: v for k, v in overrides.items() if v is not None})
@@ -449,7 +414,7 @@ def start(
         sources = collect_sources(config, models, builtin, triton_examples)
         ensembles = with_ensembles(config.pipelines, config.model_repository)
         if load_models and "*" not in load_models:
-            sources, ensembles = _only(config, load_models, sources, ensembles)
+            sources, ensembles = only_named(config, load_models, sources, ensembles)
         config = config.model_copy(update={"pipelines": ensembles})
         config = with_runtime_hints(config, [source.path for source in sources])
         config.server.data_dir.mkdir(parents=True, exist_ok=True)

@@ -10,21 +10,28 @@ loaded (:meth:`sordino.server.runtime.Runtime.start`), so an ensemble may name a
 served model, wherever it comes from.
 
 An ensemble is read at start-up: model control (``explicit``, ``poll``) loads and
-unloads models, never ensembles (:func:`refuse_control`).
+unloads models, never ensembles (:func:`refuse_control`). ``sordino start
+--load-model`` keeps the models and ensembles it names, with what those run
+(:func:`only_named`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sordino.config.base import reject_repeated_names
 from sordino.config.pipelines import PipelineConfig
 from sordino.errors import ConfigError, ModelLoadError
 
+if TYPE_CHECKING:
+    from sordino.config import RuntimeConfig
+    from sordino.models.repository import ModelSource
+
 __all__ = [
     "ensemble_pipeline",
     "is_ensemble",
+    "only_named",
     "refuse_control",
     "repository_ensembles",
     "with_ensembles",
@@ -144,3 +151,37 @@ def refuse_control(root: Path, name: str) -> ModelLoadError:
         "supported); restart the server to change it (naming it with --load-model, if "
         "that is given)"
     )
+
+
+def only_named(
+    config: RuntimeConfig,
+    names: tuple[str, ...],
+    sources: list[ModelSource],
+    pipelines: tuple[PipelineConfig, ...],
+) -> tuple[list[ModelSource], tuple[PipelineConfig, ...]]:
+    """The start-up models ``--load-model`` keeps: the repository's models and ensembles
+    named, with the models those ensembles run (the rest loads on request); models given
+    otherwise (``--model``, ``models:``, the built-ins) are kept."""
+    root = config.model_repository
+    if config.server.model_control_mode != "explicit" or root is None:
+        raise ConfigError(
+            "--load-model chooses which repository models load at start-up in explicit "
+            "model control: add --model-control-mode explicit and --model-repository DIR, "
+            "or drop --load-model"
+        )
+    ensembles = {p.name: p for p in pipelines if (root / p.name).is_dir()}
+    known = {s.name for s in sources if s.path.is_relative_to(root)} | set(ensembles)
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise ConfigError(
+            f"--load-model {', '.join(unknown)}: not in the model repository {root} "
+            f"(its models: {', '.join(sorted(known)) or 'none'})"
+        )
+    wanted, todo = set(), list(names)
+    while todo:  # an ensemble brings the models it runs, ensembles among them
+        name = todo.pop()
+        if name not in wanted:
+            wanted.add(name)
+            todo += [node.model for node in ensembles[name].nodes] if name in ensembles else []
+    kept = [s for s in sources if s.name in wanted or not s.path.is_relative_to(root)]
+    return kept, tuple(p for p in pipelines if p.name in wanted or p.name not in ensembles)
