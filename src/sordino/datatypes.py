@@ -208,6 +208,13 @@ def to_triton_type(datatype: str) -> str:
     return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
 
 
+def from_triton_type(triton_type: str) -> str:
+    """Return the KServe datatype of a Triton model-config type (``TYPE_STRING`` is
+    ``BYTES``), the inverse of :func:`to_triton_type`; the name is not checked here."""
+    name = triton_type.removeprefix("TYPE_")
+    return "BYTES" if name == "STRING" else name
+
+
 def element_size(datatype: str) -> int | None:
     """Return the size in bytes of one element, or None for ``BYTES`` (variable size)."""
     _check_datatype(datatype)

@@ -147,3 +147,25 @@ def test_an_onnx_models_config_takes_the_same_list() -> None:
         serve_in_thread(RuntimeConfig(), [wrong]),
     ):
         pass
+
+
+def test_a_string_data_file_is_read_as_triton_lays_it_out(tmp_path: Path) -> None:
+    """Each element a 4-byte little-endian length, then its bytes."""
+    from sordino.inference import ModelMetadata, TensorSpec
+    from sordino.server.warmup import warmup_requests
+
+    (tmp_path / "warmup").mkdir()
+    (tmp_path / "warmup" / "t.bin").write_bytes(b"\x02\x00\x00\x00hi\x00\x00\x00\x00")
+    spec = TensorSpec("T", "BYTES", (-1, 2))
+    metadata = ModelMetadata("m", "1", "python", (spec,), (), batched=True)
+    sample = {"name": "s", "batch_size": 2, "inputs": {"T": {
+        "data_type": "TYPE_STRING", "dims": [2], "input_data_file": "t.bin"}}}  # fmt: skip
+    (request,) = warmup_requests(
+        [WarmupSample(**sample)], metadata, max_batch_size=4, folder=tmp_path
+    )
+    assert request.inputs["T"].tolist() == [[b"hi", b""], [b"hi", b""]]
+    (tmp_path / "warmup" / "t.bin").write_bytes(b"\x09\x00\x00\x00hi")
+    with pytest.raises(
+        ModelLoadError, match=re.escape("model m: model_warmup 's', input T: t.bin")
+    ):
+        warmup_requests([WarmupSample(**sample)], metadata, max_batch_size=4, folder=tmp_path)

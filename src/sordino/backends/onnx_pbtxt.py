@@ -20,6 +20,7 @@ from typing import Any
 
 from sordino.backends.pbtxt import sordino_settings
 from sordino.config.models import ModelConfig
+from sordino.datatypes import from_triton_type
 from sordino.errors import ConfigError, ModelLoadError
 from sordino.inference import ModelMetadata, TensorSpec
 
@@ -171,8 +172,7 @@ def check_declared(config: ModelConfig, metadata: ModelMetadata) -> None:
 def _check_tensor(
     where: str, kind: str, data_type: str, dims: tuple[int, ...], spec: TensorSpec, batching: bool
 ) -> None:
-    datatype = data_type.removeprefix("TYPE_")
-    datatype = "BYTES" if datatype == "STRING" else datatype
+    datatype = from_triton_type(data_type)
     if datatype != spec.datatype:
         raise ModelLoadError(
             f"{where}: {kind} {spec.name} is {data_type}, but the model's is {spec.datatype}"

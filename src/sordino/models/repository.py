@@ -271,16 +271,17 @@ def _from_pbtxt(path: Path) -> ModelConfig:
     from sordino.backends.pbtxt import parse_pbtxt, sordino_settings
 
     triton = parse_pbtxt(path.read_text(encoding="utf-8"), source=str(path))
-    settings = sordino_settings(triton, source=str(path))
-    named = str(settings.get("backend", ""))
+    named = str(triton.get("backend") or triton.get("platform") or "")
     kind = kind_for_platform(named)
     if named and kind is None:
         raise ModelLoadError(_unknown_platform(path, named))
     if kind is None or kind.name == "onnxruntime":
         from sordino.backends.onnx_pbtxt import onnx_settings
 
-        settings = onnx_settings(triton, source=str(path))
+        settings = onnx_settings(triton, source=str(path))  # sordino_settings and more
         kind = backend_kind("onnxruntime", model=path.parent.name)
+    else:
+        settings = sordino_settings(triton, source=str(path))
     settings["backend"] = kind.name
     try:
         return ModelConfig(**settings)

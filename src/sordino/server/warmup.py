@@ -12,7 +12,6 @@ the sample and what to fix.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from sordino.config.warmup import WarmupInput, WarmupSample
-from sordino.datatypes import to_numpy_dtype
-from sordino.errors import ModelLoadError
+from sordino.datatypes import deserialize_bytes_tensor, from_triton_type, to_numpy_dtype
+from sordino.errors import ModelLoadError, TensorError
 from sordino.inference import ModelMetadata, Tensor, TensorSpec
 
 __all__ = ["WarmupRequest", "warmup_requests"]
@@ -84,8 +83,7 @@ def _rows(sample: WarmupSample, metadata: ModelMetadata, max_batch_size: int, wh
 
 def _row(value: WarmupInput, spec: TensorSpec, batched: bool, folder: Path, where: str) -> Tensor:
     """One row of the input (the whole input for a model that does not batch)."""
-    datatype = value.data_type.removeprefix("TYPE_")
-    datatype = "BYTES" if datatype == "STRING" else datatype
+    datatype = from_triton_type(value.data_type)
     if datatype != spec.datatype:
         raise ModelLoadError(
             f"{where}: data_type {value.data_type}, but the model's input is {spec.datatype}"
@@ -100,8 +98,11 @@ def _row(value: WarmupInput, spec: TensorSpec, batched: bool, folder: Path, wher
     count = int(np.prod(dims, dtype=np.int64)) if dims else 1
     if datatype == "BYTES":
         if value.input_data_file is not None:
-            elements = _strings(_read(folder, value.input_data_file, where), where)
-            return _shaped(np.array(elements, dtype=object), dims, count, where)
+            data = _read(folder, value.input_data_file, where)
+            try:
+                return deserialize_bytes_tensor(data, count).reshape(dims)
+            except TensorError as exc:
+                raise ModelLoadError(f"{where}: {value.input_data_file}: {exc}") from None
         if value.random_data:
             digits = np.random.default_rng(0).integers(0, 10, count)
             return np.array([str(d).encode() for d in digits], dtype=object).reshape(dims)
@@ -135,26 +136,3 @@ def _read(folder: Path, name: str, where: str) -> bytes:
             f"{where}: input_data_file {name!r} is not a file in {folder / 'warmup'}"
         )
     return path.read_bytes()
-
-
-def _strings(data: bytes, where: str) -> list[bytes]:
-    """Triton's string layout: each element a 4-byte little-endian length, its bytes."""
-    elements, at = [], 0
-    while at < len(data):
-        if at + 4 > len(data):
-            raise ModelLoadError(f"{where}: the data file ends inside an element's length")
-        (size,) = struct.unpack_from("<I", data, at)
-        at += 4
-        if at + size > len(data):
-            raise ModelLoadError(f"{where}: the data file ends inside an element")
-        elements.append(data[at : at + size])
-        at += size
-    return elements
-
-
-def _shaped(array: np.ndarray, dims: tuple[int, ...], count: int, where: str) -> Tensor:
-    if array.size != count:
-        raise ModelLoadError(
-            f"{where}: the data file holds {array.size} strings, but dims {list(dims)} take {count}"
-        )
-    return array.reshape(dims)

@@ -55,6 +55,7 @@ from sordino.backends.python.joining import (
     output_layouts,
     response_parts,
 )
+from sordino.datatypes import from_triton_type
 from sordino.errors import ModelLoadError
 from sordino.inference import (
     REQUEST_ERRORS,
@@ -83,8 +84,7 @@ def _datatype(triton_type: object, where: str) -> str:
     text = str(triton_type)
     if not text.startswith("TYPE_"):
         raise ModelLoadError(f"{where}: data_type {text!r} is not a Triton type (TYPE_FP32, ...)")
-    name = text[len("TYPE_") :]
-    return "BYTES" if name == "STRING" else name
+    return from_triton_type(text)
 
 
 _UNSUPPORTED = ("allow_ragged_batch", "is_shape_tensor", "is_non_linear_format_io")
