@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -266,8 +266,9 @@ def triton_server(python: Path, onnx_path: Path, models: list[Batching]) -> Iter
 
 
 @contextmanager
-def triton_on(python: Path, repository: Path) -> Iterator[Server]:
-    """``tritonserver`` from the pytriton wheel serving the model repository ``repository``."""
+def triton_on(python: Path, repository: Path, args: Sequence[str] = ()) -> Iterator[Server]:
+    """``tritonserver`` from the pytriton wheel serving the model repository ``repository``
+    (``args``: more of its flags, ``--model-control-mode=explicit`` say)."""
     binary, stub, libs = triton_layout(python)
     with tempfile.TemporaryDirectory(prefix="bench-triton-") as scratch:
         root = Path(scratch)
@@ -293,7 +294,7 @@ def triton_on(python: Path, repository: Path) -> Iterator[Server]:
                f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}",
                "--http-address=127.0.0.1", "--grpc-address=127.0.0.1",
                "--allow-gpu-metrics=false", "--allow-cpu-metrics=false",
-               "--strict-readiness=true", "--log-verbose=0"]  # fmt: skip
+               "--strict-readiness=true", "--log-verbose=0", *args]  # fmt: skip
         log = PEERS / "triton-server.log"
         with _process(cmd, env, log, root) as proc:
             _wait_ready(proc, f"http://127.0.0.1:{http}/v2/health/ready", "tritonserver", log)

@@ -21,7 +21,11 @@ a ``version_policy`` (which are served, what each answers), and a last one is sl
 first batch only, then asked with short timeouts (answered or refused); two Triton
 ensembles chain the examples (metadata, configuration and answers compared), and a
 model with an optional input is asked with and without it, and one with
-``model_warmup`` says what it ran before its first request. Custom metric
+``model_warmup`` says what it ran before its first request. Then both serve the
+repository again in explicit model control, started with nothing loaded, and take the
+same sequence of loads and unloads of the ensembles and the models they run
+(``unload_dependents`` among them): each answer and the repository index after it are
+compared (:data:`CONTROL`). Custom metric
 families a model defines are looked for in both servers' ``/metrics``. Prints one line
 per check and a verdict; the exit status is 0 when everything matched, 1 when something
 differed, 2 when a server could not be installed or started. Results go to
@@ -37,6 +41,7 @@ import shutil
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -576,6 +581,81 @@ def repository(source: Path, into: Path) -> Path:
     return repo
 
 
+CONTROL: list[tuple[str, str, dict[str, Any]]] = [
+    ("load", "ensemble_add_sub", {}),
+    ("unload", "add_sub", {}),
+    ("load", "add_sub", {}),
+    ("unload", "ensemble_add_sub", {}),
+    ("load", "ensemble_add_sub", {}),
+    ("load", "ensemble_add_sub", {}),
+    ("unload", "ensemble_add_sub", {"unload_dependents": True}),
+    ("unload", "add_sub", {}),
+    ("load", "ensemble_add_sub", {}),
+    ("unload", "ensemble_add_sub", {"unload_dependents": True}),
+    ("load", "ensemble_batched", {}),
+    ("unload", "auto_complete", {}),
+    ("load", "ensemble_batched", {}),
+    ("unload", "ensemble_batched", {"unload_dependents": True}),
+]
+"""Model control of the ensembles, in order: (action, model, parameters)."""
+
+
+def _control_post(url: str, body: dict[str, Any]) -> tuple[int, Any]:
+    request = urllib.request.Request(url, json.dumps(body).encode(), method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            text = answer.read()
+            return answer.status, json.loads(text) if text else None
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
+
+
+def _settled_index(url: str, names: set[str]) -> list[tuple[str, str, str]]:
+    """The index entries of ``names`` once no model is LOADING or UNLOADING (Triton
+    answers an unload before the model has left)."""
+    for _ in range(100):
+        _, entries = _control_post(f"{url}/v2/repository/index", {})
+        found = [(e["name"], e.get("version", ""), e.get("state", "")) for e in entries
+                 if e["name"] in names]  # fmt: skip
+        if not any(state in ("LOADING", "UNLOADING") for _, _, state in found):
+            return sorted(found)
+        time.sleep(0.1)
+    return sorted(found)
+
+
+def control_run(url: str) -> list[Any]:
+    """Take :data:`CONTROL` on the server at ``url``: the index first, then each
+    answer's status and the index after it."""
+    names = {model for _, model, _ in CONTROL}
+    seen: list[Any] = [_settled_index(url, names)]
+    for action, model, parameters in CONTROL:
+        body = {"parameters": parameters} if parameters else {}
+        status, _ = _control_post(f"{url}/v2/repository/models/{model}/{action}", body)
+        seen.append((status, _settled_index(url, names)))
+    return seen
+
+
+def compare_control(python: Path, repo: Path) -> list[dict[str, Any]]:
+    """Both servers in explicit model control, started with nothing loaded, through
+    :data:`CONTROL`; one record per step."""
+    if not all((repo / name).is_dir() for name in ENSEMBLES):
+        return []
+    with (
+        peers.triton_on(python, repo, ["--model-control-mode=explicit"]) as triton,
+        sordino_server(["--model-repository", str(repo), "--no-builtin",
+                        "--model-control-mode", "explicit"]) as ours,
+    ):  # fmt: skip
+        theirs, mine = control_run(triton.http), control_run(ours.http)
+    checks = []
+    steps = [("start", "", {}), *CONTROL]
+    for (action, model, parameters), a, b in zip(steps, theirs, mine, strict=True):
+        what = f"control: {action} {model} {parameters or ''}".rstrip()
+        checks.append({"check": what, "protocol": "http", "equal": a == b,
+                       "detail": "" if a == b else f"triton {a}, sordino {b}"})  # fmt: skip
+        print(f"{'ok  ' if a == b else 'DIFF'} http {what} {'' if a == b else (a, b)}")
+    return checks
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repository", type=Path, default=EXAMPLES)
@@ -606,6 +686,7 @@ def main() -> None:
             )
             print(f"{'ok  ' if same else 'DIFF'} http /metrics has {family} ({found})")
             checks += _triton_metrics(triton.metrics or "", f"{ours.http}/metrics", models)
+        checks += compare_control(python, repo)
     except peers.PeerError as exc:
         print(f"cannot run: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -113,15 +113,30 @@ def test_load_model_starts_with_the_models_named_and_what_their_ensembles_run(
             "explicit", "--load-model", "ensemble_add_sub"]  # fmt: skip
     with sordino_start(args, tmp_path) as server:
         http = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
-        states = {m["name"]: m["state"] for m in http.get_model_repository_index()}
+        states = {m["name"]: m.get("state", "") for m in http.get_model_repository_index()}
         assert states == {
             "add_sub": "READY",  # run by ensemble_add_sub
-            "auto_complete": "UNAVAILABLE",
+            "auto_complete": "",  # never loaded: its name alone, as on Triton
             "ensemble_add_sub": "READY",
-            "ensemble_batched": "UNAVAILABLE",
+            "ensemble_batched": "",
         }
-        http.load_model("auto_complete")
-        assert http.is_model_ready("auto_complete")
+        http.load_model("ensemble_batched")  # brings auto_complete
+        assert http.is_model_ready("auto_complete") and http.is_model_ready("ensemble_batched")
+        http.close()
+
+
+def test_explicit_mode_without_load_model_starts_with_no_repository_model(
+    tmp_path: Path,
+) -> None:
+    """As Triton: explicit model control loads what --load-model names, nothing else."""
+    repo = _repository(tmp_path)
+    args = ["--model-repository", str(repo), "--no-builtin", "--model-control-mode", "explicit"]
+    with sordino_start(args, tmp_path) as server:
+        http = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+        assert http.is_server_ready()
+        assert [m for m in http.get_model_repository_index() if "state" in m] == []
+        http.load_model("ensemble_add_sub")
+        assert http.is_model_ready("ensemble_add_sub") and http.is_model_ready("add_sub")
         http.close()
 
 
@@ -133,6 +148,8 @@ def test_load_model_needs_explicit_mode_and_a_model_of_the_repository(tmp_path: 
         (["--load-model", "add_sub"], "add --model-control-mode explicit"),
         (["--model-control-mode", "explicit", "--load-model", "nope"],
          "--load-model nope: not in the model repository"),
+        (["--model-control-mode", "explicit", "--load-model", "*", "--load-model", "add_sub"],
+         "--load-model '*' loads every model of the repository: give it alone"),
     ):  # fmt: skip
         done = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=120)
         assert done.returncode == 2, done.stderr

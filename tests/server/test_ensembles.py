@@ -13,7 +13,7 @@ import pytest
 
 from sordino.config import RuntimeConfig, load_config
 from sordino.config.pipelines import nodes_first
-from sordino.control.client import ClientError, request_json
+from sordino.control.client import request_json
 from sordino.errors import ConfigError, ModelLoadError
 from sordino.models.ensembles import ensemble_pipeline, with_ensembles
 from sordino.models.repository import builtin_sources, scan_repository
@@ -144,20 +144,6 @@ def test_an_ensemble_batching_more_than_a_step_is_refused(tmp_path: Path) -> Non
         serve_in_thread(_config(root), sources),
     ):
         pass
-
-
-def test_model_control_does_not_load_an_ensemble_but_says_so(tmp_path: Path) -> None:
-    root = _repository(tmp_path / "models")
-    sources = scan_repository(root) + [s for s in builtin_sources() if s.name == "simple"]
-    config = _config(root, model_control_mode="explicit")
-    with serve_in_thread(config, sources) as server:
-        with pytest.raises(ClientError, match="is a Triton ensemble: sordino serves"):
-            request_json("POST", f"{server.url}/v2/repository/models/chain/load", {}, timeout=30)
-        # Unloading it would leave the server unable to stop (it was allowed before).
-        with pytest.raises(ClientError, match=r"'chain' is a pipeline .* cannot be unloaded"):
-            request_json("POST", f"{server.url}/v2/repository/models/chain/unload", {}, timeout=30)
-        index = request_json("POST", f"{server.url}/v2/repository/index", {}, timeout=10)
-        assert {"name": "chain", "version": "1", "state": "READY"} in index
 
 
 STEP = (

@@ -71,7 +71,10 @@ def test_index_load_unload_over_grpc(explicit: RunningServer, repo: Path) -> Non
     client.unload_model("simple")
     assert not client.is_model_ready("simple")
     index = client.get_model_repository_index(as_json=True)["models"]
-    assert index == [{"name": "simple", "state": "UNAVAILABLE", "reason": "unloaded"}]
+    # As Triton 2.51: the version it had, unloaded.
+    assert index == [
+        {"name": "simple", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
+    ]
     client.load_model("simple")
     assert client.is_model_ready("simple")
     with pytest.raises(InferenceServerException) as info:
@@ -273,3 +276,22 @@ def test_a_load_after_the_configuration_changed_reloads(
     client.load_model("simple")  # nothing changed: nothing reloads
     assert explicit.control.statistics().reloads == reloads
     client.close()
+
+
+def test_loading_a_model_served_since_start_up_unchanged_does_nothing(
+    explicit: RunningServer,
+) -> None:
+    """Model control is built before the models load: it used to know none of them,
+    so a load of an unchanged start-up model reloaded it (same version: unloaded, so
+    requests meanwhile got 404, and its statistics restarted)."""
+    client = httpclient.InferenceServerClient(explicit.url[len("http://") :])
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        tensor = httpclient.InferInput(name, [1, 16], "INT32")
+        tensor.set_data_from_numpy(np.ones((1, 16), np.int32))
+        inputs.append(tensor)
+    client.infer("simple", inputs)
+    client.load_model("simple")
+    stats = client.get_inference_statistics("simple")["model_stats"][0]
+    assert stats["inference_count"] == 1
+    assert explicit.control is not None and explicit.control.statistics().reloads == 0

@@ -67,7 +67,9 @@ def list_models(url: str | None, token: str | None, ready: bool, as_json: bool) 
 
     table = Table("model", "version", "state", "reason", box=None)
     for entry in entries:
-        table.add_row(entry["name"], entry["version"], entry["state"], entry.get("reason", ""))
+        table.add_row(
+            entry["name"], entry.get("version", ""), entry.get("state", ""), entry.get("reason", "")
+        )
     Console().print(table)
 
 
@@ -83,11 +85,17 @@ def load_model(name: str, url: str | None, token: str | None) -> None:
 
 @models.command("unload")
 @click.argument("name")
+@click.option(
+    "--unload-dependents",
+    is_flag=True,
+    help="NAME is an ensemble: unload the models it runs too (those no other runs).",
+)
 @url_option
 @token_option
-def unload_model(name: str, url: str | None, token: str | None) -> None:
+def unload_model(name: str, unload_dependents: bool, url: str | None, token: str | None) -> None:
     """Unload every version of NAME once its queued requests have finished."""
-    _post(url, token, f"/v2/repository/models/{quote(name, safe='')}/unload")
+    body = {"parameters": {"unload_dependents": True}} if unload_dependents else None
+    _post(url, token, f"/v2/repository/models/{quote(name, safe='')}/unload", body)
     click.echo(f"unloaded {name}")
 
 

@@ -244,9 +244,9 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
     "load_models",
     multiple=True,
     metavar="NAME",
-    help="With --model-control-mode explicit: load only this repository model at start-up "
-    "(repeatable; an ensemble brings the models it runs; '*' or none given: every model), "
-    "as Triton's --load-model.",
+    help="With --model-control-mode explicit: load this repository model at start-up "
+    "(repeatable; an ensemble brings the models it runs; '*' alone: every model; none "
+    "given: no repository model), as Triton's --load-model.",
 )
 @click.option(
     "--repository-poll-secs",
@@ -413,8 +413,12 @@ def start(
             log.warning("%s", exposed)
         sources = collect_sources(config, models, builtin, triton_examples)
         ensembles = with_ensembles(config.pipelines, config.model_repository)
-        if load_models and "*" not in load_models:
+        if load_models or config.server.model_control_mode == "explicit":
             sources, ensembles = only_named(config, load_models, sources, ensembles)
+            if not load_models and config.model_repository is not None:
+                log.info("explicit model control: no repository model loads at start-up "
+                         "(as Triton); load with `sordino models load NAME`, or name them "
+                         "with --load-model ('*' for all)")  # fmt: skip
         config = config.model_copy(update={"pipelines": ensembles})
         config = with_runtime_hints(config, [source.path for source in sources])
         config.server.data_dir.mkdir(parents=True, exist_ok=True)

@@ -9,10 +9,10 @@ tensor names, in any order; the ``input`` and ``output`` lists; ``max_batch_size
 loaded (:meth:`sordino.server.runtime.Runtime.start`), so an ensemble may name any
 served model, wherever it comes from.
 
-An ensemble is read at start-up: model control (``explicit``, ``poll``) loads and
-unloads models, never ensembles (:func:`refuse_control`). ``sordino start
---load-model`` keeps the models and ensembles it names, with what those run
-(:func:`only_named`).
+Model control (``explicit``, ``poll``) loads and unloads ensembles as Triton does, with
+the models they run (:mod:`sordino.server.ensemble_control`). In explicit model
+control ``sordino start`` loads the repository models and ensembles ``--load-model``
+names, with what those run, and no other (:func:`only_named`), as Triton does.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ __all__ = [
     "ensemble_pipeline",
     "is_ensemble",
     "only_named",
-    "refuse_control",
     "repository_ensembles",
     "with_ensembles",
 ]
@@ -143,32 +142,31 @@ def with_ensembles(
     return found
 
 
-def refuse_control(root: Path, name: str) -> ModelLoadError:
-    """Why model control cannot load or unload the ensemble ``name``."""
-    return ModelLoadError(
-        f"model {name!r} in {root} is a Triton ensemble: sordino serves a repository's "
-        "ensembles from start-up on and cannot load or unload one while serving (not "
-        "supported); restart the server to change it (naming it with --load-model, if "
-        "that is given)"
-    )
-
-
 def only_named(
     config: RuntimeConfig,
     names: tuple[str, ...],
     sources: list[ModelSource],
     pipelines: tuple[PipelineConfig, ...],
 ) -> tuple[list[ModelSource], tuple[PipelineConfig, ...]]:
-    """The start-up models ``--load-model`` keeps: the repository's models and ensembles
-    named, with the models those ensembles run (the rest loads on request); models given
-    otherwise (``--model``, ``models:``, the built-ins) are kept."""
+    """The start-up models of explicit model control, as Triton's ``--load-model``: the
+    repository's models and ensembles named (none when ``names`` is empty; ``*`` alone
+    is all of them), with the models those ensembles and the ``pipelines`` section run
+    (the rest loads on request); models given otherwise (``--model``, ``models:``, the
+    built-ins) are kept."""
     root = config.model_repository
-    if config.server.model_control_mode != "explicit" or root is None:
+    if names and (config.server.model_control_mode != "explicit" or root is None):
         raise ConfigError(
             "--load-model chooses which repository models load at start-up in explicit "
             "model control: add --model-control-mode explicit and --model-repository DIR, "
             "or drop --load-model"
         )
+    if "*" in names and len(names) > 1:
+        raise ConfigError(
+            "--load-model '*' loads every model of the repository: give it alone, or "
+            "name the models instead"
+        )
+    if root is None or "*" in names:
+        return sources, pipelines
     ensembles = {p.name: p for p in pipelines if (root / p.name).is_dir()}
     known = {s.name for s in sources if s.path.is_relative_to(root)} | set(ensembles)
     unknown = sorted(set(names) - known)
@@ -177,7 +175,9 @@ def only_named(
             f"--load-model {', '.join(unknown)}: not in the model repository {root} "
             f"(its models: {', '.join(sorted(known)) or 'none'})"
         )
-    wanted, todo = set(), list(names)
+    # The pipelines section is the configuration's own: the models it runs load.
+    todo = [*names, *(n.model for p in pipelines if p.name not in ensembles for n in p.nodes)]
+    wanted: set[str] = set()
     while todo:  # an ensemble brings the models it runs, ensembles among them
         name = todo.pop()
         if name not in wanted:

@@ -234,10 +234,13 @@ def load_repository_model(root: Path, name: str) -> list[ModelSource]:
         raise ModelLoadError(f"model {name!r} is not in repository {root}")
     inside = root.resolve()
     _contained(inside, folder, name)
-    from sordino.models.ensembles import is_ensemble, refuse_control
+    from sordino.models.ensembles import is_ensemble
 
     if is_ensemble(folder):
-        raise refuse_control(root, name)
+        raise ModelLoadError(
+            f"model {name!r} in {root} is a Triton ensemble, not a model file to load: it is "
+            "served as a pipeline of the models it runs (models/ensembles.py)"
+        )
     config_file = folder / "config.yaml"
     if config_file.exists():
         _contained(inside, config_file, name)

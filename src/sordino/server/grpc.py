@@ -250,7 +250,10 @@ class InferenceServicer:
     ) -> pb.RepositoryModelUnloadResponse:
         self.access.check_grpc(context)
         request = parse_message(pb.RepositoryModelUnloadRequest, raw)
-        await self.control.unload(request.model_name)
+        dependents = request.parameters.get("unload_dependents")
+        await self.control.unload(
+            request.model_name, unload_dependents=dependents is not None and dependents.bool_param
+        )
         return pb.RepositoryModelUnloadResponse()
 
     async def ModelStreamInfer(self, context: Any) -> None:

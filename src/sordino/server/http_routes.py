@@ -66,10 +66,12 @@ def extra_routes(
         if not isinstance(ready, bool):
             raise InvalidRequest("'ready' must be true or false")
         entries = control.index(ready_only=ready)
-        # As Triton 2.51: a reason only where there is one (not for a READY model).
+        # As Triton 2.51: a reason only where there is one (not for a READY model), a
+        # model never loaded as its name alone.
         return json(
             [
-                {"name": e.name, "version": e.version, "state": e.state}
+                {"name": e.name}
+                | ({"version": e.version, "state": e.state} if e.state else {})
                 | ({"reason": e.reason} if e.reason else {})
                 for e in entries
             ]
@@ -87,8 +89,14 @@ def extra_routes(
         return Response(status_code=200)
 
     async def unload(request: Request) -> Response:
-        await json_body(request)
-        await control.unload(request.path_params["model"])
+        body = await json_body(request)
+        parameters = body.get("parameters") or {}
+        if not isinstance(parameters, dict):
+            raise InvalidRequest("'parameters' must be an object")
+        dependents = parameters.get("unload_dependents", False)
+        if not isinstance(dependents, bool):
+            raise InvalidRequest("parameter 'unload_dependents' must be true or false")
+        await control.unload(request.path_params["model"], unload_dependents=dependents)
         return Response(status_code=200)
 
     async def generate(request: Request) -> Response:

@@ -4,13 +4,16 @@
 are refused. ``explicit``: the load and unload endpoints (HTTP, gRPC, ``sordino
 models``) change what is served. ``poll``: the model repository is rescanned every
 ``server.repository_poll_secs`` and what is served follows it; load and unload are
-refused. Unlike Triton, every mode starts with all configured models loaded.
+refused. As on Triton, ``none`` and ``poll`` start with every configured model loaded,
+``explicit`` with those ``--load-model`` names (``sordino start``).
 
 Loading a model (re)reads its repository folder (or its start-up configuration) and
 brings the served versions in line with it: new versions are loaded first, versions
 whose file changed are reloaded, and versions no longer selected are unloaded last,
 with a drain, so requests already queued on them still finish and new requests go to
-the versions that stay. Control operations run one at a time.
+the versions that stay. Control operations run one at a time. A repository's Triton
+ensembles are loaded and unloaded too, with the models they run
+(:mod:`sordino.server.ensemble_control`).
 
 A name given to load or unload must be a model name (``MODEL_NAME_PATTERN``); it is
 looked up among the repository's folders and the start-up configuration, never used as
@@ -30,8 +33,9 @@ from functools import partial
 from pathlib import Path
 
 from sordino.config import ModelConfig
-from sordino.errors import InvalidRequest, NotFound, SordinoError, Unsupported
-from sordino.models.ensembles import is_ensemble
+from sordino.config.pipelines import PipelineConfig
+from sordino.errors import ConfigError, InvalidRequest, NotFound, SordinoError, Unsupported
+from sordino.models.ensembles import ensemble_pipeline
 from sordino.models.repository import (
     ModelSource,
     is_model_name,
@@ -39,6 +43,7 @@ from sordino.models.repository import (
     repository_names,
     sources_for,
 )
+from sordino.server.ensemble_control import EnsembleSet
 from sordino.server.runtime import Runtime
 
 __all__ = ["IndexEntry", "ModelControl", "ModelControlStatistics"]
@@ -52,8 +57,9 @@ _Stamp = tuple[str, int, int, ModelConfig]
 class IndexEntry:
     """One row of the repository index: a model version and its state.
 
-    ``state`` is READY, LOADING, UNLOADING or UNAVAILABLE (Triton's names); ``version``
-    is empty for a model with no version loaded, and ``reason`` says why.
+    ``state`` is READY, LOADING, UNLOADING or UNAVAILABLE (Triton's names), and
+    ``reason`` says why one is UNAVAILABLE; a model never loaded has neither a version
+    nor a state, as on Triton.
     """
 
     name: str
@@ -85,19 +91,36 @@ class ModelControl:
         self.poll_s = server.repository_poll_secs
         self._configs: dict[str, ModelConfig] = {}
         self._stamps: dict[tuple[str, str], _Stamp | None] = {}
-        for model in runtime.models():
-            self._configs.setdefault(model.key.name, model.source.config)
-            self._stamps[(model.key.name, model.key.version)] = _stamp(model.source)
+        self.ensembles = EnsembleSet(runtime, self.repository)
         self._transient: dict[tuple[str, str], str] = {}
         self._failed: dict[str, str] = {}
+        self._last_versions: dict[str, list[str]] = {}
+        self._asked: set[str] = set()  # models loaded by name, not only as an ensemble's
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._loads = self._reloads = self._unloads = self._failures = self._polls = 0
+        self._adopt()
 
     # -- lifecycle -------------------------------------------------------------------
 
+    def _adopt(self) -> None:
+        """Take in what the runtime serves that model control has not loaded itself (the
+        start-up models, ensembles and their configurations): a load of one of them,
+        unchanged, then does nothing, and one unloaded can be loaded again."""
+        for model in self.runtime.models():
+            key = (model.key.name, model.key.version)
+            if model not in self.runtime.pipelines and key not in self._stamps:
+                self._configs.setdefault(model.key.name, model.source.config)
+                self._stamps[key] = _stamp(model.source)
+        self.ensembles.adopt()
+        steps = {n.model for c in self.ensembles.wanted.values() for n in c.nodes}
+        self._asked |= {m.key.name for m in self.runtime.models()} - steps
+        self._remember()
+
     def start(self) -> None:
-        """Start polling the repository (``poll`` mode only)."""
+        """Take in the start-up models (the runtime has started); start polling the
+        repository (``poll`` mode only)."""
+        self._adopt()
         if self.mode == "poll" and self._task is None:
             self._task = asyncio.get_running_loop().create_task(
                 self._poll_loop(), name="sordino-repository-poll"
@@ -126,35 +149,112 @@ class ModelControl:
             for (model, version), state in sorted(self._transient.items()):
                 if model == name and version not in versions:
                     entries.append(IndexEntry(name, version, state))
-            if not any(entry.name == name for entry in entries):
-                reason = self._failed.get(name, "unloaded")
+            if any(entry.name == name for entry in entries):
+                continue
+            reason = self._failed.get(name) or self.ensembles.failed.get(name)
+            if reason is not None:
                 entries.append(IndexEntry(name, "", "UNAVAILABLE", reason))
+            elif name in self._last_versions:  # as Triton: the versions it had, unloaded
+                entries += [
+                    IndexEntry(name, v, "UNAVAILABLE", "unloaded")
+                    for v in self._last_versions[name]
+                ]
+            else:
+                entries.append(IndexEntry(name, "", ""))  # never loaded: a name alone
         if ready_only:
             return [entry for entry in entries if entry.state == "READY"]
         return entries
 
     async def load(self, name: str) -> None:
-        """Load or reload ``name`` from the repository (``explicit`` mode only)."""
+        """Load or reload ``name`` from the repository (``explicit`` mode only); an
+        ensemble brings the models it runs."""
         self._require_explicit("load")
         _check_name(name)
+        self._refuse_pipeline(name, "load")
         async with self._lock, self._journaled("load", name):
-            await self._apply(name, self._resolve(name))
+            if self.ensembles.owns(name):
+                await self._load_ensemble(name, ())
+            elif await self._apply(name, self._resolve(name)):
+                self.ensembles.rebuild_users_of(name)
+            self._asked.add(name)
+            await self.ensembles.settle()
+            failed = self.ensembles.failed.get(name)
+            if failed is not None:
+                self.ensembles.wanted.pop(name, None)
+                self._failures += 1
+                raise ConfigError(failed)
 
-    async def unload(self, name: str) -> None:
-        """Unload every version of ``name`` after its queued requests finish."""
+    async def unload(self, name: str, *, unload_dependents: bool = False) -> None:
+        """Unload every version of ``name`` after its queued requests finish; the
+        ensembles that run it drain first. ``unload_dependents``: an ensemble's models
+        are unloaded too (but those loaded by name, or run by another ensemble asked
+        for), as on Triton."""
         self._require_explicit("unload")
         _check_name(name)
-        if any(pipeline.key.name == name for pipeline in self.runtime.pipelines):
-            raise Unsupported(
-                f"{name!r} is a pipeline (a Triton ensemble or the pipelines section): it is "
-                "served from start-up on and cannot be unloaded while serving (not "
-                "supported); restart the server without it"
-            )
+        self._refuse_pipeline(name, "unload")
         async with self._lock, self._journaled("unload", name):
             known = name in self._configs or name in self._repository_names()
             if not self.runtime.versions(name) and not known:
                 raise NotFound(f"unknown model {name!r}; nothing to unload")
+            await self._unload(name, unload_dependents)
+            self._asked.discard(name)
+            await self.ensembles.settle()
+
+    def _refuse_pipeline(self, name: str, action: str) -> None:
+        """Refuse to load or unload a pipeline of the ``pipelines`` section."""
+        if self.ensembles.owns(name):
+            return
+        if any(pipeline.key.name == name for pipeline in self.runtime.pipelines):
+            raise Unsupported(
+                f"{name!r} is a pipeline of the configuration's pipelines section: it is "
+                f"served from start-up on and cannot be {action}ed while serving (not "
+                "supported); restart the server to change it (a Triton ensemble in the "
+                "model repository can be)"
+            )
+
+    async def _load_ensemble(self, name: str, within: tuple[str, ...]) -> None:
+        """Load the models the ensemble ``name`` runs, then ask for it."""
+        if name in within:
+            raise ConfigError(
+                f"ensembles run each other in a cycle: {' -> '.join((*within, name))}; an "
+                "ensemble may run another only if that one does not run it back"
+            )
+        assert self.repository is not None
+        try:
+            config = ensemble_pipeline(self.repository / name)
+        except SordinoError as exc:  # one served stays as it is, as on Triton
+            self._failures += 1
+            self.ensembles.failed[name] = str(exc)
+            raise
+        self.ensembles.failed.pop(name, None)
+        served = {p.key.name for p in self.runtime.pipelines}
+        for node in config.nodes:
+            if self.ensembles.owns(node.model):
+                await self._load_ensemble(node.model, (*within, name))
+            elif node.model not in served and await self._apply(
+                node.model, self._resolve(node.model)
+            ):
+                self.ensembles.rebuild_users_of(node.model)
+        if not self.runtime.versions(name):
+            self._loads += 1
+        elif self.ensembles.wanted.get(name) != config:
+            self._reloads += 1
+        self.ensembles.wanted[name] = config
+
+    async def _unload(self, name: str, dependents: bool) -> None:
+        config: PipelineConfig | None = self.ensembles.wanted.pop(name, None)
+        if config is None and not self.ensembles.owns(name):
+            await self.ensembles.settle(leaving=[name])  # its ensembles drain first
             await self._apply(name, [])
+            return
+        if self.runtime.versions(name):
+            self._unloads += 1
+        await self.ensembles.settle()
+        self.ensembles.failed.pop(name, None)
+        # As on Triton: a model loaded by name stays, and one another ensemble runs.
+        for model in {n.model for n in config.nodes} if config and dependents else ():
+            if model not in self._asked and not self.ensembles.users_of([model]):
+                await self._unload(model, dependents)
 
     @contextlib.asynccontextmanager
     async def _journaled(self, action: str, name: str) -> AsyncIterator[None]:
@@ -162,6 +262,7 @@ class ModelControl:
         try:
             yield
         except Exception as exc:
+            self._remember()
             self.runtime.events.emit(
                 "admin_call",
                 f"model:{name}",
@@ -170,9 +271,15 @@ class ModelControl:
                 outcome=f"failed: {exc}",
             )
             raise
+        self._remember()
         self.runtime.events.emit(
             "admin_call", f"model:{name}", "model control API", action=action, outcome="ok"
         )
+
+    def _remember(self) -> None:
+        """Note the versions each model serves now (the index shows them unloaded)."""
+        for name in {m.key.name for m in self.runtime.models()}:
+            self._last_versions[name] = self.runtime.versions(name)
 
     async def poll_once(self) -> None:
         """Rescan the repository once and follow it: load, reload and unload models."""
@@ -181,15 +288,23 @@ class ModelControl:
         async with self._lock:
             self._polls += 1
             present = self._repository_names()
+            ensembles: dict[str, PipelineConfig] = {}
             for name in present:
                 try:
-                    if is_ensemble(self.repository / name):
-                        continue  # served from start-up on (models/ensembles.py)
-                    await self._apply(name, load_repository_model(self.repository, name))
+                    if self.ensembles.owns(name):  # after the models it runs
+                        ensembles[name] = ensemble_pipeline(self.repository / name)
+                    elif await self._apply(name, load_repository_model(self.repository, name)):
+                        self.ensembles.rebuild_users_of(name)
                 except SordinoError as exc:  # a broken config.pbtxt among them
                     log.error("repository poll: model %r: %s", name, exc)
+                    if name in self.ensembles.wanted:  # an unreadable one stays as it was
+                        ensembles[name] = self.ensembles.wanted[name]
             for name in sorted(self._repository_loaded() - set(present)):
+                await self.ensembles.settle(leaving=[name])
                 await self._apply(name, [])
+            self.ensembles.wanted = ensembles
+            await self.ensembles.settle()
+            self._remember()
 
     def statistics(self) -> ModelControlStatistics:
         """Return the counters of control operations."""
@@ -232,11 +347,13 @@ class ModelControl:
         known = ", ".join(sorted(set(self._configs) | set(self._repository_names()))) or "none"
         raise NotFound(f"no model {name!r} to load in {where}; known models: {known}")
 
-    async def _apply(self, name: str, sources: list[ModelSource]) -> None:
-        """Make the served versions of ``name`` exactly ``sources``: add, reload, then drain."""
+    async def _apply(self, name: str, sources: list[ModelSource]) -> bool:
+        """Make the served versions of ``name`` exactly ``sources``: add, reload, then
+        drain; return whether anything changed."""
         runtime = self.runtime
         wanted = {source.version: source for source in sources}
         loaded = set(runtime.versions(name))
+        changed = bool(loaded - set(wanted))
         try:
             for version, source in sorted(wanted.items()):
                 stamp = _stamp(source)
@@ -249,6 +366,7 @@ class ModelControl:
                     self._reloads += 1
                 else:
                     self._loads += 1
+                changed = True
                 await self._step(name, version, "LOADING", partial(runtime.load, source))
                 self._stamps[(name, version)] = stamp
                 self._configs[name] = source.config
@@ -264,6 +382,7 @@ class ModelControl:
         self._failed.pop(name, None)
         for version in sorted(loaded - set(wanted)):
             self._stamps.pop((name, version), None)
+        return changed
 
     async def _step(
         self, name: str, version: str, state: str, operation: Callable[[], Awaitable[object]]

@@ -42,11 +42,12 @@ from sordino.memory.refs import Tensors
 from sordino.memory.segments import SEGMENTS_DIR, StaleSegment, remove_stale_segments
 from sordino.models.repository import ModelSource
 from sordino.records import SchedulerStatistics
+from sordino.server.ensemble_control import serve_pipeline
 from sordino.server.guarding import open_guardian
 from sordino.server.inference_parts import InferenceParts
 from sordino.server.loader import LOAD_CONCURRENCY, ModelLoader
 from sordino.server.model_calls import ModelCalls
-from sordino.server.pipelines import build_pipeline, outer_first, pipeline_statistics
+from sordino.server.pipelines import outer_first, pipeline_statistics
 from sordino.server.quant_guard import QuantGuard
 from sordino.server.registry import LoadedModel, ModelRegistry
 from sordino.server.result_cache import ResultCache
@@ -140,7 +141,7 @@ class Runtime:
         self.shared_memory = SystemSharedMemory(isolated=lambda: self.tenants.enabled)
         """Clients' registered system shared-memory regions (Triton's extension)."""
         # One observer per scheduler, calling only the stores that use each event.
-        self._observers = (
+        self.observers = (
             SchedulerObservers(
                 self.metrics, self.stats, self.telemetry.series, self.telemetry.availability,
                 self.telemetry.recent_requests, self.timings, self.step_plans,
@@ -152,7 +153,7 @@ class Runtime:
             config,
             executor=self.executor,
             registry=self.registry,
-            observers=self._observers,
+            observers=self.observers,
             stats=self.stats,
             clock=self.clock,
             events=self.events,
@@ -334,18 +335,7 @@ class Runtime:
         await self.loader.load_all(self._sources, on_loaded, concurrency=concurrency)
         self._check_nodes()
         for pipeline in nodes_first(self.config.pipelines):
-            served = build_pipeline(
-                pipeline,
-                self.registry,
-                self.config.scheduler,
-                clock=self.clock,
-                observers=self._observers,
-                executor=self.executor,
-                pools=self.memory.pools,
-            )
-            self.registry.add(served)
-            self.pipelines.append(served)
-            self.events.emit("model_loaded", str(served.key), pipeline=len(pipeline.nodes))
+            serve_pipeline(self, pipeline)
         self._started = True
         self.quant_guard.start()
         self.events.emit("server_started", "runtime", models=len(self._sources))
