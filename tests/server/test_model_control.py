@@ -101,7 +101,10 @@ def test_cli_lists_loads_and_unloads(explicit: RunningServer) -> None:
     listed = runner.invoke(cli, ["models", "list", "--url", explicit.url, "--json"])
     assert listed.exit_code == 0, listed.output
     assert '"state": "READY"' in listed.output
-    assert runner.invoke(cli, ["models", "unload", "simple", "--url", explicit.url]).exit_code == 0
+    unloaded = runner.invoke(
+        cli, ["models", "unload", "simple", "--unload-dependents", "--url", explicit.url]
+    )
+    assert unloaded.exit_code == 0, unloaded.output  # not an ensemble: the flag changes nothing
     assert explicit.runtime.versions("simple") == []
     loaded = runner.invoke(cli, ["models", "load", "simple", "--url", explicit.url])
     assert loaded.exit_code == 0 and "loaded simple" in loaded.output
