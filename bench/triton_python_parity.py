@@ -21,7 +21,9 @@ a ``version_policy`` (which are served, what each answers), and a last one is sl
 first batch only, then asked with short timeouts (answered or refused); two Triton
 ensembles chain the examples (metadata, configuration and answers compared), and a
 model with an optional input is asked with and without it, and one with
-``model_warmup`` says what it ran before its first request. Then both serve the
+``model_warmup`` says what it ran before its first request; both servers have a local
+response cache, and a model that enables it is asked the same inputs again (answers,
+statistics and the ``nv_cache_*`` families compared). Then both serve the
 repository again in explicit model control, started with nothing loaded, and take the
 same sequence of loads and unloads of the ensembles and the models they run
 (``unload_dependents`` among them): each answer and the repository index after it are
@@ -112,6 +114,17 @@ OPTIONAL = "optional_input"
 """Its input ``BIAS`` is ``optional: true``: asked with and without it (and both at once,
 from threads, so they may meet in one batch); sordino refused a request without it
 before ("expects input 'BIAS'")."""
+
+CACHED = "cached"
+"""It enables ``response_cache`` and answers how many requests it has run; both servers
+start with a local cache of 1 MiB (:data:`CACHE`). Asked the same inputs again over
+HTTP and gRPC, with other inputs between: the answers (an answer from the cache says
+the run of the request that filled it) and the statistics after (inferences,
+executions, successes, cache hits and misses) are compared. sordino refused
+``response_cache`` at load before."""
+
+CACHE = "local,size=1048576"
+"""Both servers' ``--cache-config``."""
 
 WARMUP = "warmup"
 """Its ``config.pbtxt`` has ``model_warmup`` samples (zeros twice, two rows from a data
@@ -418,6 +431,25 @@ def _triton_metrics(theirs: str, ours: str, models: list[str]) -> list[dict[str,
     detail = f"missing {missing}" if missing else ""
     checks.append({"check": "/metrics has Triton's nv_inference_* families", "protocol": "http",
                    "equal": not missing, "detail": detail})  # fmt: skip
+    if CACHED in models:  # the response cache's families, and the cached model's counts
+        cache = {name for name, _ in expected if name.startswith("nv_cache")}
+        missing = sorted(cache - {name for name, _ in got})
+        checks.append(
+            {
+                "check": "/metrics has Triton's nv_cache_* families",
+                "protocol": "http",
+                "equal": bool(cache) and not missing,
+                "detail": f"missing {missing}" if missing else f"{len(cache)} families",
+            }
+        )
+        counted = {"nv_cache_num_hits_per_model", "nv_cache_num_misses_per_model"}
+        pick = (
+            {k: v for k, v in expected.items() if k[0] in counted},
+            {k: v for k, v in got.items() if k[0] in counted},
+        )
+        checks.append({"check": f"{CACHED} nv_cache counts", "protocol": "http",
+                       "equal": pick[0] == pick[1],
+                       "detail": f"triton {pick[0]}, sordino {pick[1]}"})  # fmt: skip
     for model in (m for m in (ERROR_CODES, "add_sub") if m in models):
         theirs_counts = {k: v for k, v in expected.items() if k[0] in COUNTED
                          and ("model", model) in k[1]}  # fmt: skip
@@ -474,7 +506,7 @@ def compare(
             refused = (_refuses_infer(theirs, mod, model, arrays),
                        _refuses_infer(ours, mod, model, arrays))  # fmt: skip
             check(f"{model} unary infer refused", protocol, refused == (True, True), str(refused))
-        own = {ERROR_CODES, AS_MADE, STREAM_ERRORS_BLS, VERSIONS, COLD_START, WARMUP}
+        own = {ERROR_CODES, AS_MADE, STREAM_ERRORS_BLS, VERSIONS, COLD_START, WARMUP, CACHED}
         if WARMUP in models:  # asked first, over each protocol in turn: the same history
             ones: Case = (WARMUP, {"X": np.ones((1, 4), np.float32)}, ["CALLS", "ROWS", "TOTAL"])
             expected_run, got_run = _infer(mod, theirs, ones), _infer(mod, ours, ones)
@@ -520,6 +552,13 @@ def compare(
                 check(f"{model} config", protocol, expected_config == got_config,
                       "" if expected_config == got_config
                       else f"triton {expected_config}, sordino {got_config}")  # fmt: skip
+        if CACHED in models:
+            expected_runs, got_runs = _cached(mod, theirs), _cached(mod, ours)
+            check(f"{CACHED} answers", protocol, expected_runs == got_runs, str(got_runs))
+        if CACHED in models and protocol == "grpc":  # after both protocols' requests
+            expected_stats, got_stats = _cache_stats(theirs), _cache_stats(ours)
+            check(f"{CACHED} statistics", protocol, expected_stats == got_stats,
+                  f"triton {expected_stats}, sordino {got_stats}")  # fmt: skip
         if AS_MADE in models:
             expected_made, got_made = _as_made(mod, theirs), _as_made(mod, ours)
             check(f"{AS_MADE} datatypes", protocol, expected_made == got_made, str(got_made))
@@ -550,6 +589,30 @@ def compare(
     return checks
 
 
+def _cached(mod: Any, client: Any) -> list[tuple[list[float], int]]:
+    """:data:`CACHED` asked X, X, another X, X: each answer's Y and RUNS."""
+    seen = []
+    for first in (1.0, 1.0, 5.0, 1.0):
+        x = np.array([first, 2, 3, 4], np.float32)
+        answer = _infer(mod, client, (CACHED, {"X": x}, ["Y", "RUNS"]))
+        seen.append((answer["Y"].tolist(), int(answer["RUNS"][0])))
+    return seen
+
+
+def _cache_stats(client: Any) -> dict[str, int]:
+    """:data:`CACHED`'s statistics that the response cache changes."""
+    found = client.get_inference_statistics(CACHED, as_json=True)["model_stats"][0]
+    figures = found["inference_stats"]
+    return {
+        "inference_count": int(found.get("inference_count", 0)),
+        "execution_count": int(found.get("execution_count", 0)),
+        **{
+            key: int(figures.get(key, {}).get("count", 0))
+            for key in ("success", "cache_hit", "cache_miss")
+        },
+    }
+
+
 def _refuses(mod: Any, client: Any, case: Case) -> bool:
     try:
         _infer(mod, client, case)
@@ -563,7 +626,7 @@ def repository(source: Path, into: Path) -> Path:
     Triton's bls example calls (add_sub under that name: no torch here) when
     ``bls_async`` is there without it, and the bench's :data:`ERROR_CODES`,
     :data:`AS_MADE`, :data:`STREAM_ERRORS`, :data:`STREAM_ERRORS_BLS`, :data:`VERSIONS`,
-    :data:`COLD_START`, :data:`OPTIONAL` and :data:`WARMUP` models, with its
+    :data:`COLD_START`, :data:`OPTIONAL`, :data:`WARMUP` and :data:`CACHED` models, with its
     :data:`ENSEMBLES` where their steps are."""
     repo = into / "models"
     shutil.copytree(source, repo)
@@ -572,7 +635,7 @@ def repository(source: Path, into: Path) -> Path:
         config = repo / "pytorch" / "config.pbtxt"
         config.write_text(config.read_text().replace('name: "add_sub"', 'name: "pytorch"'))
     own = (ERROR_CODES, AS_MADE, STREAM_ERRORS, STREAM_ERRORS_BLS, VERSIONS, COLD_START,
-           OPTIONAL, WARMUP)  # fmt: skip
+           OPTIONAL, WARMUP, CACHED)  # fmt: skip
     for name in own:
         shutil.copytree(OWN / name, repo / name)
     if (repo / "add_sub").is_dir() and (repo / "auto_complete").is_dir():
@@ -666,8 +729,10 @@ def main() -> None:
         python = peers.ensure_venv("triton", peers.TRITON_PACKAGES,
                                    "import pytriton, onnxruntime, numpy")  # fmt: skip
         with (
-            peers.triton_on(python, repo) as triton,
-            sordino_server(["--model-repository", str(repo), "--no-builtin"]) as ours,
+            peers.triton_on(python, repo, [f"--cache-config={CACHE}"]) as triton,
+            sordino_server(
+                ["--model-repository", str(repo), "--no-builtin", "--cache-config", CACHE]
+            ) as ours,  # fmt: skip
         ):
             models = sorted(p.name for p in repo.iterdir() if p.is_dir())
             checks = compare(triton, ours.http, ours.grpc, models)

@@ -232,7 +232,6 @@ def test_protobuf_defaults_are_as_if_unset() -> None:
             "dynamic_batching.priority_queue_policy",
         ),
         ("dynamic_batching { preserve_ordering: true }", "dynamic_batching.preserve_ordering"),
-        ("response_cache { enable: true }", "response_cache"),
         (
             'instance_group [ { count: 1 rate_limiter { resources [ { name: "R" count: 1 } ] } } ]',
             "instance_group.rate_limiter",
@@ -265,7 +264,15 @@ def test_fields_at_their_defaults_are_not_refused() -> None:
     response_cache { enable: false }
     instance_group [ { count: 1 kind: KIND_CPU passive: false } ]
     """
-    assert sordino_settings(parse_pbtxt(text), source="c")["instance_count"] == 1
+    settings = sordino_settings(parse_pbtxt(text), source="c")
+    assert settings["instance_count"] == 1 and "response_cache" not in settings
+
+
+def test_a_response_cache_is_taken() -> None:
+    """Triton's response_cache is the model's ``response_cache`` (tests/server/
+    test_response_cache.py serves it)."""
+    text = 'backend: "python"\nresponse_cache { enable: true }\n'
+    assert sordino_settings(parse_pbtxt(text), source="c")["response_cache"] is True
 
 
 @pytest.mark.parametrize(

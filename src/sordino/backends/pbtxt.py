@@ -244,6 +244,8 @@ def sordino_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any
         # each request is its own batch (the backend's auto_complete_config may still
         # add the batcher: the loader reads that from the model's metadata).
         settings["dynamic_batching"] = {"enabled": False}
+    if _asks(_field(config, ("response_cache", "enable"))):
+        settings["response_cache"] = True
     warmup = config.get("model_warmup")
     if warmup:
         settings["model_warmup"] = [warmup] if isinstance(warmup, Mapping) else list(warmup)
@@ -269,7 +271,6 @@ def sordino_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any
 _REFUSED = {
     "dynamic_batching.priority_queue_policy": ("dynamic_batching", "priority_queue_policy"),
     "dynamic_batching.preserve_ordering": ("dynamic_batching", "preserve_ordering"),
-    "response_cache": ("response_cache", "enable"),
 }
 """Triton fields sordino does not do (its name → where it is): refused when set."""
 _GROUP_REFUSED = ("rate_limiter", "host_policy", "secondary_devices", "passive", "profile")

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, get_args
 
 import click
 
+from sordino.cli.cache_config import cache_size
 from sordino.cli.switches import switch_option
 from sordino.config import RuntimeConfig, SchedulerMode, load_config
 from sordino.errors import ConfigError, SordinoError
@@ -249,6 +250,14 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
     "given: no repository model), as Triton's --load-model.",
 )
 @click.option(
+    "--cache-config",
+    "cache_size",
+    multiple=True,
+    metavar="local,size=BYTES",
+    callback=cache_size,
+    help="Keep answers of models that enable response_cache, as Triton's local cache.",
+)
+@click.option(
     "--repository-poll-secs",
     type=float,
     help="How often poll mode rescans the repository (default 15).",
@@ -344,6 +353,7 @@ def start(
     frontends: int | None,
     model_control_mode: str | None,
     load_models: tuple[str, ...],
+    cache_size: int | None,
     repository_poll_secs: float | None,
     data_dir: Path | None,
     mode: str | None,
@@ -382,6 +392,7 @@ def start(
         "server.frontends": frontends,
         "server.model_control_mode": model_control_mode,
         "server.repository_poll_secs": repository_poll_secs,
+        "server.response_cache_size": cache_size,
         "server.data_dir": str(data_dir) if data_dir else None,
         "scheduler.mode": mode,
         "memory.strategy": memory_strategy,

@@ -289,6 +289,10 @@ class ModelConfig(Section):
     """The outputs the model must have (Triton's ``output`` list): checked at load."""
     model_warmup: tuple[WarmupSample, ...] = ()
     """Samples run on each instance before the model serves (Triton's ``model_warmup``)."""
+    response_cache: bool = False
+    """Answer a request whose inputs equal those of a recent successful one from the
+    server's response cache (Triton's ``response_cache { enable: true }``); takes effect
+    where the server has one (``server.response_cache_size``)."""
     label_filename: ExpandedPath | dict[str, ExpandedPath] | None = None
     """Labels for Triton's classification extension: a text file with one label per line
     (line i names class i), for every output, or a mapping of output name to file.
@@ -348,6 +352,16 @@ class ModelConfig(Section):
     def _one_step_kind(self) -> ModelConfig:
         if self.streaming is not None and self.iterative is not None:
             raise ValueError("a model is either streaming or iterative, not both; remove one")
+        if self.response_cache:
+            kind = next(
+                (k for k in ("streaming", "iterative", "sequence_batching") if getattr(self, k)),
+                None,
+            )
+            if kind is not None:
+                raise ValueError(
+                    f"response_cache is not supported for a model with {kind} (its answers "
+                    "depend on more than its inputs); remove response_cache"
+                )
         return self
 
     @model_validator(mode="after")

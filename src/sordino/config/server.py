@@ -82,6 +82,10 @@ class ServerConfig(Section):
     """gRPC calls requested from gRPC core ahead of their arrival, so that calls arriving
     while the event loop is busy are all accepted in one turn (server/grpc_accept.py);
     1 = grpc.aio's own one at a time."""
+    response_cache_size: Size | None = Field(default=None, ge=1)
+    """Bytes of answers kept for the models that enable ``response_cache`` (Triton's
+    ``local`` cache; flag ``--cache-config local,size=BYTES``); None: no cache, and such
+    models run every request, as on Triton without ``--cache-config``."""
     shutdown_timeout: Duration = 30.0
     """How long a graceful stop waits for in-flight requests before cancelling them."""
     tls: TlsConfig | None = None

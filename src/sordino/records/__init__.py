@@ -56,6 +56,7 @@ from sordino.records.scheduling import (
     SchedulerStatistics,
 )
 from sordino.records.serving import (
+    CacheFigures,
     ConnectionStatistics,
     PipelineStatistics,
     TenantStatistics,
@@ -66,6 +67,7 @@ __all__ = [
     "BatchDone",
     "BreakerState",
     "BreakerStatistics",
+    "CacheFigures",
     "CompactionStatistics",
     "CompactionStep",
     "ConnectionStatistics",

@@ -1,5 +1,5 @@
 """What the server's own parts report: the HTTP listener's connections, each tenant at
-admission, and how a pipeline's tensors travelled between its nodes.
+admission, how a pipeline's tensors travelled between its nodes, and the response cache.
 """
 
 from __future__ import annotations
@@ -7,10 +7,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "CacheFigures",
     "ConnectionStatistics",
     "PipelineStatistics",
     "TenantStatistics",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class CacheFigures:
+    """The response cache as a whole (Triton's ``nv_cache_*`` gauges)."""
+
+    size: int
+    used: int
+    entries: int
+    lookups: int
+    hits: int
+    misses: int
+    evictions: int
+    lookup_s: float
+    insertion_s: float
 
 
 @dataclass(frozen=True, slots=True)

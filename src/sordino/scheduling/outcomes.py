@@ -140,6 +140,16 @@ class Outcomes:
         )
         self._tell(_REQUEST_DONE, done)
 
+    def answered_elsewhere(self, priority: int, total_s: float, request_id: str | None) -> None:
+        """A request answered without being queued (from the response cache): accepted
+        and succeeded at once, and so told to the observers."""
+        self.accepted += 1
+        self.succeeded += 1
+        done = RequestDone(
+            self.model, "success", "ok", priority, 0.0, 0.0, total_s, request_id=request_id
+        )
+        self._tell(_REQUEST_DONE, done)
+
     def batch_observed(
         self, rows: int, requests: int, input_s: float, infer_s: float, output_s: float, *, ok: bool
     ) -> None:

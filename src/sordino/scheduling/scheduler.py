@@ -327,6 +327,13 @@ class ModelScheduler:
                 self.cancel(request)
             discard_outputs(request)
 
+    def answered_from_cache(
+        self, priority: int, total_s: float, request_id: str | None = None
+    ) -> None:
+        """Count a request the server answered from its response cache (never queued):
+        a success of this model, as Triton counts one."""
+        self._outcomes.answered_elsewhere(priority, total_s, request_id)
+
     def cancel(self, request: Request) -> None:
         """Cancel ``request``: drop its queued step; a running step finishes unseen."""
         if request.finished:

@@ -34,6 +34,7 @@ from sordino.scheduling.scheduler import ModelScheduler
 from sordino.scheduling.settings import scheduling_for
 from sordino.server.classification import read_labels
 from sordino.server.registry import LoadedModel, ModelRegistry
+from sordino.server.response_cache import ResponseCache
 from sordino.server.sequences import sequences_for
 from sordino.telemetry.model_stats import ModelStats
 
@@ -97,8 +98,11 @@ class ModelLoader:
         clock: Clock,
         events: EventSink,
         make_pipeline: Callable[[LoadedModel], Pipeline] | None = None,
+        response_cache: ResponseCache | None = None,
     ) -> None:
+        """``response_cache``: forgets the answers of each version unloaded."""
         self._make_pipeline = make_pipeline
+        self._cache = response_cache
         self._config = config
         self._executor = executor
         self._registry = registry
@@ -213,6 +217,22 @@ class ModelLoader:
             config = config.model_copy(update={"dynamic_batching": batching})
         return key, config, metadata
 
+    def _check_cache(self, key: ModelKey, metadata: ModelMetadata) -> None:
+        """Refuse ``response_cache`` on a decoupled model, as Triton does; say when the
+        server has no cache to keep its answers in."""
+        if metadata.decoupled:
+            raise ModelLoadError(
+                f"model {key}: response_cache is not supported for a decoupled model (it "
+                "may send any number of responses); remove response_cache"
+            )
+        if not self._config.server.response_cache_size:
+            log.warning(
+                "model %s enables response_cache, but the server has no response cache: "
+                "every request runs the model, as on Triton without --cache-config (start "
+                "with --cache-config local,size=BYTES to keep answers)",
+                key,
+            )
+
     async def _serve(
         self, source: ModelSource, key: ModelKey, config: ModelConfig, metadata: ModelMetadata
     ) -> LoadedModel:
@@ -224,6 +244,8 @@ class ModelLoader:
             if config.streaming is not None:
                 spec = stream_spec_for(config.streaming, metadata)
                 metadata = dataclasses.replace(metadata, stream=spec)
+            if config.response_cache:
+                self._check_cache(key, metadata)
             node = node_policy(self._config, source, batched=metadata.batched)
             scheduling = scheduling_for(
                 self._config.scheduler,
@@ -344,6 +366,8 @@ class ModelLoader:
         await model.scheduler.close(drain=drain)
         await self._executor.unload(model.key)
         self._stats.forget(model.key)
+        if self._cache is not None:  # a version loaded again may answer otherwise
+            self._cache.forget(model.key)
         self._events.emit("model_unloaded", str(model.key))
 
 

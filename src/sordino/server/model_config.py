@@ -87,6 +87,8 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
         config["ensemble_scheduling"] = {"step": executor.steps()}
         del config["instance_group"]
         return config
+    if model.source.config.response_cache:
+        config["response_cache"] = {"enable": True}
     if meta.stream is not None or model.pipeline is not None or meta.decoupled:
         # Triton's word for a model that may send several responses per request.
         config["model_transaction_policy"] = {"decoupled": True}

@@ -50,6 +50,7 @@ from sordino.server.model_calls import ModelCalls
 from sordino.server.pipelines import outer_first, pipeline_statistics
 from sordino.server.quant_guard import QuantGuard
 from sordino.server.registry import LoadedModel, ModelRegistry
+from sordino.server.response_cache import ResponseCache
 from sordino.server.result_cache import ResultCache
 from sordino.server.service import InferenceService
 from sordino.server.shm import SystemSharedMemory
@@ -149,6 +150,9 @@ class Runtime:
             ),
         )  # fmt: skip
         self.pipelines: list[LoadedModel] = []
+        size = config.server.response_cache_size
+        self.response_cache = ResponseCache(size) if size else None
+        """Triton's response cache, for the models that enable it (``--cache-config``)."""
         self.loader = ModelLoader(
             config,
             executor=self.executor,
@@ -158,6 +162,7 @@ class Runtime:
             clock=self.clock,
             events=self.events,
             make_pipeline=self._make_pipeline,
+            response_cache=self.response_cache,
         )
         # Quantized models checked against their float reference (--quant-aware).
         self.quant_guard = QuantGuard(
@@ -199,6 +204,7 @@ class Runtime:
             learn=self.memory.learn if config.memory.enabled else None,
             tenants=self.tenants,
             pools=self.memory.pools if self.memory.pools.statistics(limited_only=True) else None,
+            response_cache=self.response_cache,
         )
         # What the inference endpoints use of all this, and nothing else.
         self.inference = InferenceParts(
@@ -219,7 +225,10 @@ class Runtime:
         self.metrics.registry.register(TenantCollector(self.tenants.statistics))
         # Python models' custom metrics: their workers write snapshots where this reads.
         self.metrics.registry.register(ModelMetricsCollector(model_metrics_dir()))
-        self.metrics.registry.register(TritonCollector(self.stats, self._queued))
+        cache = self.response_cache
+        self.metrics.registry.register(
+            TritonCollector(self.stats, self._queued, cache.statistics if cache else None)
+        )
         self.metrics.registry.register(
             PipelineCollector(lambda: pipeline_statistics(self.pipelines))
         )

@@ -30,16 +30,14 @@ batch into the arena: one copy between the socket and the model.)
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
 from typing import Any
 
-import numpy as np
-
 from sordino.admission.chain import AdmissionChain, AdmissionContext
 from sordino.admission.tenants import Tenants
-from sordino.datatypes import to_numpy_dtype
-from sordino.errors import InvalidRequest, SordinoError, TensorError, Unsupported
+from sordino.errors import InvalidRequest, SordinoError
 from sordino.generation.pipeline import Progress
 from sordino.inference import InferRequest, InferResponse, ModelKey
 from sordino.memory.quotas import QuotaLedger
@@ -52,7 +50,8 @@ from sordino.server.counting import INTERNAL, Arrival, Rejections, reason_of, re
 from sordino.server.infer_soon import Soon
 from sordino.server.registry import ModelRegistry
 from sordino.server.request_facts import request_facts
-from sordino.server.route import Route
+from sordino.server.response_cache import ResponseCache
+from sordino.server.route import Route, fill_initial_state, refuse_one_shot
 from sordino.server.ticket import Ticket, Tickets
 from sordino.telemetry.hub import Telemetry
 from sordino.telemetry.metrics import Metrics
@@ -77,11 +76,13 @@ class InferenceService:
         learn: Callable[[str, int, int, float], None] | None = None,
         tenants: Tenants | None = None,
         pools: QuotaLedger | None = None,
+        response_cache: ResponseCache | None = None,
     ) -> None:
         """``quotas`` charges each request's staged bytes to its tenant, ``pools`` to its
         model (the node pools, ``nodes[].runtime.memory_pool``); ``learn`` is told
         ``(model, rows, bytes, seconds)`` of every request that succeeded; ``tenants``
-        authenticates requests and applies each tenant's limits."""
+        authenticates requests and applies each tenant's limits; ``response_cache`` keeps
+        the answers of the models that enable it."""
         self._registry = registry
         self._tenants = tenants
         self._admission = admission
@@ -90,6 +91,7 @@ class InferenceService:
         self._telemetry = telemetry
         self._rejections = Rejections(registry, metrics, telemetry)
         self._tickets = Tickets(telemetry, tenants=tenants, quotas=quotas, pools=pools, learn=learn)
+        self._cache = response_cache
 
     # -- the way in ------------------------------------------------------------------
 
@@ -107,7 +109,7 @@ class InferenceService:
             metadata = route.metadata
             stream = metadata.stream
             if stream is not None and stream.state:
-                _initial_state(request, route, stream.state)
+                fill_initial_state(request, route, stream.state)
             if model.pipeline is not None:
                 model.pipeline.parse(request)  # the generator's own inputs; 400 on a mistake
             else:
@@ -196,7 +198,7 @@ class InferenceService:
         ticket = self._tickets.issue(request.model, context)
         try:
             if one_shot:
-                _one_shot(route)
+                refuse_one_shot(route)
             if self._tickets.waits:
                 await ticket.charge(route, request)
             return self._submit(request, route, context, ticket), ticket
@@ -210,7 +212,7 @@ class InferenceService:
         context = self.admit(request, route)
         ticket = self._tickets.issue(request.model, context)
         try:
-            _one_shot(route)
+            refuse_one_shot(route)
             return self._submit(request, route, context, ticket), ticket
         except BaseException as exc:
             self._unaccepted(request, ticket, exc)
@@ -289,6 +291,9 @@ class InferenceService:
         return request.client
 
     async def _infer_one(self, request: InferRequest, route: Route) -> InferResponse:
+        cache = self._cache if route.cached else None
+        if cache is not None:
+            return await self._infer_cached(request, route, cache)
         accepted, ticket = await self._accept(request, route, one_shot=True)
         try:
             outputs = await route.scheduler.result(accepted)
@@ -296,6 +301,40 @@ class InferenceService:
             # The scheduler's outcome, which it also counted in sordino_requests_total: a
             # task cancelled after its request succeeded is a success in both.
             ticket.release(accepted.outcome or "cancelled")
+        return answers.response(route, request, outputs)
+
+    async def _infer_cached(
+        self, request: InferRequest, route: Route, cache: ResponseCache
+    ) -> InferResponse:
+        """:meth:`_infer_one` of a model whose answers the response cache keeps: a
+        request is validated and admitted as any other, then answered from the cache
+        when its inputs were answered before; else run, and its answer kept."""
+        started = time.perf_counter()
+        _hold_as_tensors(request)
+        inputs = request.inputs
+        assert isinstance(inputs, Tensors)
+        key = cache.key(route.key, inputs)
+        kept = cache.get(key)
+        if kept is not None:
+            context = self.admit(request, route)
+            self._tickets.issue(request.model, context).release("success")
+            inputs.release()
+            elapsed = time.perf_counter() - started
+            self._stats.cache_looked_up(route.key, hit=True, seconds=elapsed)
+            route.scheduler.answered_from_cache(context.priority, elapsed, request.id)
+            return answers.response(route, request, Tensors.of(kept))
+        spent = time.perf_counter() - started
+        try:
+            accepted, ticket = await self._accept(request, route, one_shot=True)
+            try:
+                outputs = await route.scheduler.result(accepted)
+            finally:
+                ticket.release(accepted.outcome or "cancelled")
+            started = time.perf_counter()
+            cache.put(route.key, key, outputs)
+            spent += time.perf_counter() - started
+        finally:  # a miss, answered or not (the lookup's time, and the insertion's)
+            self._stats.cache_looked_up(route.key, hit=False, seconds=spent)
         return answers.response(route, request, outputs)
 
     def infer_soon(
@@ -308,7 +347,7 @@ class InferenceService:
         called). None, having done nothing, for a request that must wait in :meth:`infer`
         (a generation, a sequence, a streaming model, a quota that may wait for room).
         """
-        if route.way != "infer" or self._tickets.waits:
+        if route.way != "infer" or self._tickets.waits or (route.cached and self._cache):
             return None
         accepted, ticket = self._accept_now(request, route)
         return Soon(route, request, accepted, ticket, done)
@@ -441,41 +480,3 @@ def _hold_as_tensors(request: InferRequest) -> None:
     inputs = request.inputs
     if not isinstance(inputs, Tensors):
         request.inputs = Tensors.of(inputs)
-
-
-def _one_shot(route: Route) -> None:
-    """Refuse a one-shot request to a model whose answers are streams."""
-    if route.metadata.stream is not None or route.metadata.decoupled:
-        how = (
-            "is decoupled (it sends any number of responses per request, as Triton's "
-            "decoupled transaction policy); its inference endpoints are the streams"
-            if route.metadata.decoupled
-            else "streams its responses (one per step)"
-        )
-        raise Unsupported(
-            f"model {route.key.name!r} {how}: use ModelStreamInfer over gRPC or POST "
-            f"/v2/models/{route.key.name}/generate_stream over HTTP"
-        )
-
-
-def _initial_state(request: InferRequest, route: Route, names: tuple[str, ...]) -> None:
-    """Give a step model's state inputs (fed by its carry, never by the client) zeros."""
-    metadata = route.metadata
-    inputs = dict(request.inputs)
-    rows = 1
-    if metadata.batched and inputs:
-        rows = int(next(iter(inputs.values())).shape[0])
-    for name in names:
-        if name in inputs:
-            raise TensorError(
-                f"input {name!r} of model {route.key.name!r} is the model's own state (fed "
-                "from its previous step); leave it out of the request"
-            )
-        spec = metadata.input(name)
-        assert spec is not None  # checked at load
-        shape = [max(dim, 1) for dim in spec.shape]
-        if metadata.batched:
-            shape[0] = rows
-        inputs[name] = np.zeros(shape, dtype=to_numpy_dtype(spec.datatype))
-        request.input_datatypes[name] = spec.datatype
-    request.inputs = inputs

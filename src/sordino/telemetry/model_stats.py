@@ -83,6 +83,8 @@ class ModelStats:
                 "compute_input": _Duration(),
                 "compute_infer": _Duration(),
                 "compute_output": _Duration(),
+                "cache_hit": _Duration(),
+                "cache_miss": _Duration(),
                 "batches": {},
                 "failures": dict.fromkeys(("SUCCESS", *FAILURE_REASONS), 0),
             }
@@ -120,6 +122,14 @@ class ModelStats:
     def queue_changed(self, model: ModelKey, depth: int) -> None:
         return None
 
+    def cache_looked_up(self, model: ModelKey, *, hit: bool, seconds: float) -> None:
+        """A request to ``model`` was looked up in the response cache: a hit (the time of
+        the lookup) or a miss (the lookup's and the insertion's), as Triton counts them."""
+        entry = self._entry(model)
+        entry["cache_hit" if hit else "cache_miss"].add(seconds)
+        if hit:
+            entry["last_inference"] = int(time.time() * 1000)
+
     def triton_counters(self, model: ModelKey) -> dict[str, Any]:
         """The figures behind Triton's ``nv_inference_*`` metrics for ``model``:
         counts, durations in nanoseconds, and failures by Triton's reason."""
@@ -131,6 +141,10 @@ class ModelStats:
             "inference_count": entry["inference_count"],
             "execution_count": entry["execution_count"],
             "request_ns": entry["success"].ns + entry["fail"].ns,
+            "cache_hits": entry["cache_hit"].count,
+            "cache_hit_ns": entry["cache_hit"].ns,
+            "cache_misses": entry["cache_miss"].count,
+            "cache_miss_ns": entry["cache_miss"].ns,
             **{
                 f"{phase}_ns": entry[phase].ns
                 for phase in ("queue", "compute_input", "compute_infer", "compute_output")
@@ -154,9 +168,9 @@ class ModelStats:
                         for key in (
                             "success", "fail", "queue",
                             "compute_input", "compute_infer", "compute_output",
+                            "cache_hit", "cache_miss",
                         )
-                    }
-                    | {"cache_hit": {"count": 0, "ns": 0}, "cache_miss": {"count": 0, "ns": 0}},
+                    },
                     "batch_stats": [
                         {
                             "batch_size": size,
