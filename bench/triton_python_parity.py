@@ -698,6 +698,38 @@ def control_run(url: str) -> list[Any]:
     return seen
 
 
+def logging_checks(theirs: str, ours: str) -> list[dict[str, Any]]:
+    """Triton's logging extension on both servers: the settings' names, a change of
+    two, and a change of ``log_file`` refused (the values read first differ by design:
+    the bench starts sordino with ``--log-level warning``)."""
+
+    def ask(url: str, body: dict[str, Any] | None) -> tuple[int, Any]:
+        if body is None:
+            with urllib.request.urlopen(f"{url}/v2/logging", timeout=10) as answer:
+                return answer.status, json.loads(answer.read())
+        return _control_post(f"{url}/v2/logging", body)
+
+    checks = []
+    for what, body in (
+        ("names", None),
+        ("change", {"log_verbose_level": 1, "log_format": "ISO8601"}),
+        ("log_file refused", {"log_file": "/tmp/sordino-parity.log"}),
+        ("back", {"log_verbose_level": 0, "log_format": "default"}),
+    ):
+        (a_status, a), (b_status, b) = ask(theirs, body), ask(ours, body)
+        if what == "names":
+            same = a_status == b_status == 200 and sorted(a) == sorted(b)
+        elif what == "log_file refused":
+            same = a_status >= 400 and b_status >= 400
+        else:
+            same = a_status == b_status == 200 and all(a[k] == b[k] for k in body or {})
+        detail = "" if same else f"triton {a_status} {a}, sordino {b_status} {b}"
+        checks.append({"check": f"logging {what}", "protocol": "http", "equal": same,
+                       "detail": detail})  # fmt: skip
+        print(f"{'ok  ' if same else 'DIFF'} http logging {what}")
+    return checks
+
+
 def compare_control(python: Path, repo: Path) -> list[dict[str, Any]]:
     """Both servers in explicit model control, started with nothing loaded, through
     :data:`CONTROL`; one record per step."""
@@ -751,6 +783,7 @@ def main() -> None:
             )
             print(f"{'ok  ' if same else 'DIFF'} http /metrics has {family} ({found})")
             checks += _triton_metrics(triton.metrics or "", f"{ours.http}/metrics", models)
+            checks += logging_checks(triton.http, ours.http)
         checks += compare_control(python, repo)
     except peers.PeerError as exc:
         print(f"cannot run: {exc}", file=sys.stderr)

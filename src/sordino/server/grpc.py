@@ -36,6 +36,7 @@ from sordino.protocol.grpc_codec import (
 from sordino.protocol.pb import kserve_v2_pb2 as pb
 from sordino.server.guarding import unready
 from sordino.server.http import EXTENSIONS
+from sordino.server.log_settings import process_log_settings
 from sordino.server.model_config import model_metadata_json, triton_config_json
 from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
@@ -54,10 +55,6 @@ UNSUPPORTED_RPCS: dict[str, str] = {
     "TraceSetting": (
         "the trace extension is not supported by sordino; use the metrics at /metrics and "
         "the ModelStatistics RPC"
-    ),
-    "LogSettings": (
-        "the logging extension is not supported by sordino; set the level with "
-        "sordino start --log-level"
     ),
 }
 """Triton RPCs sordino answers with UNIMPLEMENTED, and the message it sends (after ``Name: ``)."""
@@ -255,6 +252,26 @@ class InferenceServicer:
             request.model_name, unload_dependents=dependents is not None and dependents.bool_param
         )
         return pb.RepositoryModelUnloadResponse()
+
+    async def LogSettings(self, raw: bytes, context: Any) -> pb.LogSettingsResponse:
+        """Triton's logging extension: the settings, after the request's changes."""
+        self.access.check_grpc(context)
+        request = parse_message(pb.LogSettingsRequest, raw)
+        changes: dict[str, Any] = {}
+        for name, value in request.settings.items():
+            which = value.WhichOneof("parameter_choice")
+            changes[name] = None if which is None else getattr(value, which)
+        settings = process_log_settings()
+        response = pb.LogSettingsResponse()
+        for name, now in (settings.update(changes) if changes else settings.current()).items():
+            entry = response.settings[name]
+            if isinstance(now, bool):
+                entry.bool_param = now
+            elif isinstance(now, int):
+                entry.uint32_param = now
+            else:
+                entry.string_param = str(now)
+        return response
 
     async def ModelStreamInfer(self, context: Any) -> None:
         """Serve one bidirectional stream: each request runs concurrently; errors stay in it.

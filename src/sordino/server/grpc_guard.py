@@ -41,6 +41,7 @@ UNARY_RPCS = (
     "RepositoryIndex",
     "RepositoryModelLoad",
     "RepositoryModelUnload",
+    "LogSettings",
     "SystemSharedMemoryStatus",
     "SystemSharedMemoryRegister",
     "SystemSharedMemoryUnregister",

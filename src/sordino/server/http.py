@@ -27,6 +27,7 @@ from sordino.server.fast_infer import error_parts, with_fast_infer
 from sordino.server.feedback_routes import feedback_routes
 from sordino.server.guarding import guardian_routes, health_response, unready
 from sordino.server.http_routes import extra_routes
+from sordino.server.log_settings import log_routes
 from sordino.server.memory_routes import memory_routes
 from sordino.server.model_config import model_metadata_json, triton_config_json
 from sordino.server.model_control import ModelControl
@@ -47,6 +48,8 @@ EXTENSIONS = [
     "schedule_policy",
     "parameters",
     "model_repository",
+    "model_repository(unload_dependents)",
+    "logging",
     "generate",
     "system_shared_memory",
     "classification",
@@ -156,6 +159,7 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
     routes += me_routes(runtime)
     routes += guardian_routes(runtime, functools.partial(_guard, runtime), access)
     routes += shm_routes(runtime, functools.partial(_guard, runtime))
+    routes += log_routes(functools.partial(_guard, runtime), access.protect)
     reconfigurer = Reconfigurer(runtime)
     routes += reconfigure_routes(reconfigurer, functools.partial(_guard, runtime), access)
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):

@@ -670,3 +670,47 @@ class SystemSharedMemoryUnregisterRequest(_message.Message):
 class SystemSharedMemoryUnregisterResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class LogSettingsRequest(_message.Message):
+    __slots__ = ("settings",)
+    class SettingValue(_message.Message):
+        __slots__ = ("bool_param", "uint32_param", "string_param")
+        BOOL_PARAM_FIELD_NUMBER: _ClassVar[int]
+        UINT32_PARAM_FIELD_NUMBER: _ClassVar[int]
+        STRING_PARAM_FIELD_NUMBER: _ClassVar[int]
+        bool_param: bool
+        uint32_param: int
+        string_param: str
+        def __init__(self, bool_param: _Optional[bool] = ..., uint32_param: _Optional[int] = ..., string_param: _Optional[str] = ...) -> None: ...
+    class SettingsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: LogSettingsRequest.SettingValue
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[LogSettingsRequest.SettingValue, _Mapping]] = ...) -> None: ...
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    settings: _containers.MessageMap[str, LogSettingsRequest.SettingValue]
+    def __init__(self, settings: _Optional[_Mapping[str, LogSettingsRequest.SettingValue]] = ...) -> None: ...
+
+class LogSettingsResponse(_message.Message):
+    __slots__ = ("settings",)
+    class SettingValue(_message.Message):
+        __slots__ = ("bool_param", "uint32_param", "string_param")
+        BOOL_PARAM_FIELD_NUMBER: _ClassVar[int]
+        UINT32_PARAM_FIELD_NUMBER: _ClassVar[int]
+        STRING_PARAM_FIELD_NUMBER: _ClassVar[int]
+        bool_param: bool
+        uint32_param: int
+        string_param: str
+        def __init__(self, bool_param: _Optional[bool] = ..., uint32_param: _Optional[int] = ..., string_param: _Optional[str] = ...) -> None: ...
+    class SettingsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: LogSettingsResponse.SettingValue
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[LogSettingsResponse.SettingValue, _Mapping]] = ...) -> None: ...
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    settings: _containers.MessageMap[str, LogSettingsResponse.SettingValue]
+    def __init__(self, settings: _Optional[_Mapping[str, LogSettingsResponse.SettingValue]] = ...) -> None: ...
