@@ -130,7 +130,6 @@ def test_a_batch_size_for_a_model_that_cannot_batch_is_refused() -> None:
          "parameters.enable_mem_arena"),
         ('optimization { execution_accelerators { cpu_execution_accelerator : [ { name : '
          '"openvino" } ] } }', "optimization.execution_accelerators"),
-        ('default_model_filename: "resnet.onnx"', "default_model_filename"),
         ('model_repository_agents { agents [ { name: "checksum" } ] }', "model_repository_agents"),
         ("model_transaction_policy { decoupled: true }", "model_transaction_policy.decoupled"),
     ],
@@ -140,6 +139,28 @@ def test_what_sordino_does_not_do_is_refused_by_name(tmp_path: Path, extra: str,
     with pytest.raises(ConfigError, match=re.escape(said)) as raised:
         scan_repository(root)
     assert "for an ONNX model; remove it" in str(raised.value)
+
+
+def test_default_model_filename_names_the_file_each_version_serves(tmp_path: Path) -> None:
+    """As Triton: a folder may hold other files of the kind; the one named serves (it
+    was refused before). A name with no such file stops the load, saying so."""
+    root = _repository(tmp_path / "a", SIMPLE + 'default_model_filename: "simple.onnx"\n')
+    version = root / "simple" / "1"
+    (version / "model.onnx").rename(version / "simple.onnx")
+    shutil.copy(version / "simple.onnx", version / "spare.onnx")
+    (source,) = scan_repository(root)
+    assert source.path == version / "simple.onnx"
+    with serve_in_thread(RuntimeConfig(), [source]) as server:
+        client = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+        assert client.infer("simple", _tensors(1)).as_numpy("OUTPUT0").shape == (1, 16)
+        client.close()
+    missing = _repository(tmp_path / "b", SIMPLE + 'default_model_filename: "nope.onnx"\n')
+    with pytest.raises(
+        ModelLoadError, match=r"no nope.onnx in .* \(the file its default_model_filename names\)"
+    ):
+        scan_repository(missing)
+    with pytest.raises(ConfigError, match="default_model_filename"):
+        scan_repository(_repository(tmp_path / "c", SIMPLE + 'default_model_filename: "../x"\n'))
 
 
 def test_a_reshape_is_refused_and_a_label_file_is_taken(tmp_path: Path) -> None:

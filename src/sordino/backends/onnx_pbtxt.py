@@ -74,8 +74,6 @@ def onnx_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any]:
     ]
     if str(optimization.get("priority", "PRIORITY_DEFAULT")) != "PRIORITY_DEFAULT":
         refused.append("optimization.priority")
-    if str(config.get("default_model_filename", "model.onnx")) not in ("", "model.onnx"):
-        refused.append("default_model_filename (name the file model.onnx)")
     if _set(_one(config.get("model_transaction_policy")).get("decoupled")):
         refused.append("model_transaction_policy.decoupled")
     for key, value in (config.get("parameters") or {}).items():

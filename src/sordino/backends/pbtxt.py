@@ -229,6 +229,8 @@ def sordino_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any
         settings["backend"] = str(backend)
     if "max_batch_size" in config:
         settings["max_batch_size"] = config["max_batch_size"]
+    if config.get("default_model_filename"):
+        settings["default_model_filename"] = str(config["default_model_filename"])
     refused = [key for key, what in _REFUSED.items() if _asks(_field(config, what))]
     policy = config.get("version_policy")
     if isinstance(policy, Mapping) and policy:

@@ -247,6 +247,9 @@ class ModelConfig(Section):
     """Model name used in URLs (/v2/models/<name>)."""
     path: ExpandedPath | None = None
     """An .onnx file, or a folder of numbered version folders (1/model.onnx, 2/...)."""
+    default_model_filename: str | None = Field(default=None, pattern=r"^[^/\\]+$", max_length=255)
+    """The file each version folder serves (Triton's ``default_model_filename``); None:
+    ``model.onnx`` (``model.py``), or the one file of the backend's kind there."""
     backend: str = Field(default="onnxruntime", pattern=r"^[a-z][a-z0-9_]*$", max_length=64)
     """Runtime that executes the model: ``onnxruntime`` (Triton's ``platform:
     onnxruntime_onnx``), ``python`` (a Triton Python-backend ``model.py``), or a kind a
@@ -311,6 +314,13 @@ class ModelConfig(Section):
                 "framework_memory is not supported with isolation: thread (the model shares "
                 "the server's ONNX Runtime); use isolation: process or remove framework_memory"
             )
+        return value
+
+    @field_validator("default_model_filename")
+    @classmethod
+    def _a_file_name(cls, value: str | None) -> str | None:
+        if value in (".", ".."):
+            raise ValueError(f"{value!r} is not a file name; name the model file itself")
         return value
 
     @model_validator(mode="before")

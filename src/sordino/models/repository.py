@@ -352,7 +352,7 @@ def _shown(name: str) -> str:
 def _versions_in(folder: Path, name: str, config: ModelConfig) -> list[ModelSource]:
     numbered = {int(p.name): p for p in folder.iterdir() if p.is_dir() and p.name.isdigit()}
     if not numbered:
-        return [ModelSource(name, "1", _model_file(folder, name, config.backend), config)]
+        return [ModelSource(name, "1", _model_file(folder, name, config), config)]
     chosen = config.version_policy.select(numbered)
     if not chosen:
         raise ModelLoadError(
@@ -360,14 +360,22 @@ def _versions_in(folder: Path, name: str, config: ModelConfig) -> list[ModelSour
             f"({', '.join(str(v) for v in sorted(numbered))})"
         )
     return [
-        ModelSource(name, str(v), _model_file(numbered[v], name, config.backend), config)
-        for v in chosen
+        ModelSource(name, str(v), _model_file(numbered[v], name, config), config) for v in chosen
     ]
 
 
-def _model_file(folder: Path, name: str, backend: str) -> Path:
-    """The file of ``folder`` that ``backend``'s kind serves (ModelLoadError if none)."""
-    kind = backend_kind(backend, model=repr(name))
+def _model_file(folder: Path, name: str, config: ModelConfig) -> Path:
+    """The file of ``folder`` that the model's kind serves (ModelLoadError if none): the
+    one ``default_model_filename`` names, where it names one."""
+    if config.default_model_filename:
+        path = folder / config.default_model_filename
+        if not path.is_file():
+            raise ModelLoadError(
+                f"model {name!r}: no {config.default_model_filename} in {folder} (the file "
+                "its default_model_filename names): add it, or name the file there"
+            )
+        return path
+    kind = backend_kind(config.backend, model=repr(name))
     found = kind.model_file(folder)
     if isinstance(found, Path):
         return found
