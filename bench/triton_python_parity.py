@@ -730,6 +730,36 @@ def logging_checks(theirs: str, ours: str) -> list[dict[str, Any]]:
     return checks
 
 
+OVERRIDE: dict[str, Any] = {
+    "backend": "python",
+    "input": [{"name": f"INPUT{i}", "data_type": "TYPE_FP32", "dims": [4]} for i in (0, 1)],
+    "output": [{"name": f"OUTPUT{i}", "data_type": "TYPE_FP32", "dims": [4]} for i in (0, 1)],
+    "instance_group": [{"count": 2, "kind": "KIND_CPU"}],
+}
+"""add_sub's configuration with two instances: a load's ``config`` parameter."""
+
+
+def override_run(url: str) -> list[Any]:
+    """add_sub loaded with :data:`OVERRIDE`, again without it, then unloaded and loaded:
+    each answer's status and add_sub's instance count after it."""
+
+    def instances() -> int:
+        with urllib.request.urlopen(f"{url}/v2/models/add_sub/config", timeout=10) as answer:
+            return int(json.loads(answer.read())["instance_group"][0]["count"])
+
+    load = f"{url}/v2/repository/models/add_sub/load"
+    seen = []
+    for path, body in (
+        (load, {"parameters": {"config": json.dumps(OVERRIDE)}}),
+        (load, {}),
+        (f"{url}/v2/repository/models/add_sub/unload", {}),
+        (load, {}),
+    ):
+        status, _ = _control_post(path, body)
+        seen.append((status, instances() if "unload" not in path else 0))
+    return seen
+
+
 def compare_control(python: Path, repo: Path) -> list[dict[str, Any]]:
     """Both servers in explicit model control, started with nothing loaded, through
     :data:`CONTROL`; one record per step."""
@@ -741,7 +771,13 @@ def compare_control(python: Path, repo: Path) -> list[dict[str, Any]]:
                         "--model-control-mode", "explicit"]) as ours,
     ):  # fmt: skip
         theirs, mine = control_run(triton.http), control_run(ours.http)
+        theirs_override, mine_override = override_run(triton.http), override_run(ours.http)
     checks = []
+    same = theirs_override == mine_override
+    checks.append({"check": "control: load add_sub with a config, then without",
+                   "protocol": "http", "equal": same,
+                   "detail": f"triton {theirs_override}, sordino {mine_override}"})  # fmt: skip
+    print(f"{'ok  ' if same else 'DIFF'} http control: config override {mine_override}")
     steps = [("start", "", {}), *CONTROL]
     for (action, model, parameters), a, b in zip(steps, theirs, mine, strict=True):
         what = f"control: {action} {model} {parameters or ''}".rstrip()

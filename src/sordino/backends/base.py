@@ -105,6 +105,9 @@ class BackendOptions:
     memory: FrameworkMemoryConfig | None = None
     thread_spinning: bool = False
     index: int = 0
+    triton_config: str | None = None
+    """The model's Triton configuration as JSON text, given with a model-control load
+    (``ModelConfig.triton_config``): read instead of the folder's ``config.pbtxt``."""
 
 
 @dataclass(frozen=True, slots=True)

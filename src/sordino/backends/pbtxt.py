@@ -13,13 +13,14 @@ are repeated, so the repeated fields of ``ModelConfig`` are listed here
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from sordino.errors import ConfigError
 
-__all__ = ["REPEATED", "parse_pbtxt", "sordino_settings"]
+__all__ = ["REPEATED", "parse_pbtxt", "parse_triton_json", "sordino_settings"]
 
 REPEATED = frozenset(
     {
@@ -207,6 +208,37 @@ def parse_pbtxt(text: str, *, source: str = "config.pbtxt") -> dict[str, Any]:
     """Triton's JSON form of the ``ModelConfig`` in ``text``; ConfigError naming the line."""
     return _Reader(_tokens(text, source), source).message(None)
 
+
+def parse_triton_json(text: str, *, source: str) -> dict[str, Any]:
+    """The ``ModelConfig`` in ``text``, Triton's JSON form of it (what ``GET …/config``
+    answers, and a model-control load's ``config`` parameter gives): field names as
+    :func:`parse_pbtxt` gives them, protobuf's lowerCamelCase ones (``maxBatchSize``)
+    read as theirs; ConfigError saying what is wrong."""
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{source} is not JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise ConfigError(f"{source} must be a JSON object (a model configuration)")
+    converted = _snake_case(document, in_map=False)
+    assert isinstance(converted, dict)
+    return converted
+
+
+def _snake_case(value: Any, *, in_map: bool) -> Any:
+    """``value`` with its field names in snake case (a map's keys are names: kept)."""
+    if isinstance(value, list):
+        return [_snake_case(item, in_map=False) for item in value]
+    if not isinstance(value, dict):
+        return value
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        name = key if in_map else _CAMEL.sub(lambda m: "_" + m.group(0).lower(), str(key))
+        out[name] = _snake_case(item, in_map=not in_map and name in _MAPS)
+    return out
+
+
+_CAMEL = re.compile(r"(?<=[a-z0-9])[A-Z]")
 
 _KINDS = {"KIND_CPU": "cpu", "KIND_GPU": "gpu", "KIND_AUTO": "auto", "KIND_MODEL": "auto"}
 

@@ -144,12 +144,14 @@ def create_backend(
     memory: FrameworkMemoryConfig | None = None,
     thread_spinning: bool = False,
     index: int = 0,
+    triton_config: str | None = None,
 ) -> Backend:
     """A new, unloaded backend of ``kind`` for model ``name`` (``load`` comes next).
 
     ``providers`` are the execution providers to try in order (for ONNX Runtime);
     ``memory`` configures its arenas (only in a worker process of the model's own);
-    ``thread_spinning`` lets its threads busy-wait for work (``ModelConfig.thread_spinning``).
+    ``thread_spinning`` lets its threads busy-wait for work (``ModelConfig.thread_spinning``);
+    ``triton_config`` is a load's Triton configuration (JSON text) for its backend.
     Raises :class:`ModelLoadError` for a kind this build does not know.
     """
     options = BackendOptions(
@@ -160,5 +162,6 @@ def create_backend(
         memory=memory,
         thread_spinning=thread_spinning,
         index=index,
+        triton_config=triton_config,
     )
     return backend_kind(kind, model=name).create(options)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 from urllib.parse import quote
 
 import click
@@ -75,11 +75,20 @@ def list_models(url: str | None, token: str | None, ready: bool, as_json: bool) 
 
 @models.command("load")
 @click.argument("name")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.File("r", encoding="utf-8"),
+    help="A JSON file of Triton's model configuration, used instead of the folder's.",
+)
 @url_option
 @token_option
-def load_model(name: str, url: str | None, token: str | None) -> None:
+def load_model(name: str, config_file: TextIO | None, url: str | None, token: str | None) -> None:
     """Load NAME, or reload it: new versions load first, retired ones drain and unload."""
-    _post(url, token, f"/v2/repository/models/{quote(name, safe='')}/load")
+    body = None
+    if config_file is not None:
+        body = {"parameters": {"config": config_file.read()}}
+    _post(url, token, f"/v2/repository/models/{quote(name, safe='')}/load", body)
     click.echo(f"loaded {name}")
 
 

@@ -8,7 +8,7 @@ The per-model section speaks Triton's vocabulary (``max_batch_size``,
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -303,6 +303,10 @@ class ModelConfig(Section):
     model's folder (beside ``config.yaml``)."""
     framework_memory: FrameworkMemoryConfig = FrameworkMemoryConfig()
     """ONNX Runtime's CPU (and CUDA) arenas in the model's worker processes (docs/memory.md)."""
+    triton_config: dict[str, Any] | None = Field(default=None, exclude=True)
+    """Set by model control, not written: the Triton configuration (JSON form) a load's
+    ``config`` parameter gave, which the model's backend reads instead of the folder's
+    ``config.pbtxt`` (a Python model's ``args["model_config"]`` start from it)."""
 
     @field_validator("framework_memory")
     @classmethod

@@ -36,8 +36,10 @@ device switches, warm-up, chaos faults, profiling windows) and the statistics
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from sordino.backends.base import Backend
 from sordino.clock import Clock
@@ -164,6 +166,7 @@ class ChainExecutor:
                 backend=config.backend,
                 thread_spinning=config.thread_spinning,
                 calls=self._call_server,
+                triton_config=_json_or_none(config.triton_config),
             )
         spec = WorkerSpec(
             model=key.name,
@@ -180,6 +183,7 @@ class ChainExecutor:
             framework_memory=config.framework_memory,
             thread_spinning=config.thread_spinning,
             nice=self._settings.nice,
+            triton_config=_json_or_none(config.triton_config),
         )
         return ProcessInstance(
             key,
@@ -418,3 +422,8 @@ class ChainExecutor:
             outliers=self._outliers.statistics(),
             arena_bytes=self._staging.bytes_copied,
         )
+
+
+def _json_or_none(config: dict[str, Any] | None) -> str | None:
+    """A load's Triton configuration as the JSON text an instance's backend reads."""
+    return None if config is None else json.dumps(config)

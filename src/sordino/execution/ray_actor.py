@@ -21,6 +21,7 @@ worker process.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -112,6 +113,7 @@ class ModelActor:
             providers=spec["providers"],
             intra_op_threads=spec["intra_op_threads"],
             thread_spinning=bool(spec.get("thread_spinning", False)),
+            triton_config=json.dumps(spec["triton_config"]) if spec.get("triton_config") else None,
         )
         backend.load(Path(spec["path"]), spec["target"])
         # A decoupled model is not warmed up (the executor then refuses it by name), nor

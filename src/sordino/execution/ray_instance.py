@@ -96,6 +96,7 @@ class RayInstance(InstanceBase):
             "target": device.target,
             "intra_op_threads": device.intra_op_threads,
             "thread_spinning": config.thread_spinning,
+            "triton_config": None if config.triton_config is None else dict(config.triton_config),
             "warmup_batches": settings.warmup_batches,
         }
         self._options = config.ray or RayModelOptions()

@@ -43,6 +43,7 @@ class ThreadInstance(InstanceBase):
         backend: str,
         thread_spinning: bool = False,
         calls: Callable[[], CallServer | None] | None = None,
+        triton_config: str | None = None,
     ) -> None:
         """Build the ``backend`` kind's backend (unloaded); :meth:`open` loads it.
 
@@ -60,6 +61,7 @@ class ThreadInstance(InstanceBase):
             intra_op_threads=device.intra_op_threads,
             thread_spinning=thread_spinning,
             index=index,
+            triton_config=triton_config,
         )
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sordino-{key.name}")
         self._calls = calls

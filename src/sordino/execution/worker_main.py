@@ -76,6 +76,8 @@ class WorkerSpec:
     """Let ONNX Runtime's threads busy-wait for work (the model's ``thread_spinning``)."""
     nice: int = 0
     """Added to the niceness of every thread of the worker, first thing (``workers.nice``)."""
+    triton_config: str | None = None
+    """A model-control load's Triton configuration (JSON text) for the backend."""
 
 
 def _heartbeat(link: WorkerLink, interval: float) -> None:
@@ -133,6 +135,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
             memory=spec.framework_memory,
             thread_spinning=spec.thread_spinning,
             index=spec.index,
+            triton_config=spec.triton_config,
         )
         if isinstance(backend, CallingBackend):
             backend.set_caller(link)  # the model's BLS calls go over the pipe

@@ -63,11 +63,12 @@ def _read(path: Path) -> dict[str, Any]:
         raise ModelLoadError(f"{path}: cannot read it: {exc}") from exc
 
 
-def ensemble_pipeline(folder: Path) -> PipelineConfig:
+def ensemble_pipeline(folder: Path, given: dict[str, Any] | None = None) -> PipelineConfig:
     """The pipeline the ensemble in ``folder`` describes (:class:`ConfigError` names the
-    file and what to fix)."""
+    file and what to fix); ``given``: a Triton configuration (JSON form) used instead
+    of its ``config.pbtxt``, as a model-control load's ``config`` gives one."""
     path = folder / "config.pbtxt"
-    triton = _read(path)
+    triton = _read(path) if given is None else given
     name = folder.name
     if triton.get("name", name) != name:
         raise ConfigError(

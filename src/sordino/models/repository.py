@@ -42,6 +42,7 @@ import shutil
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -221,11 +222,15 @@ def scan_repository(root: Path) -> list[ModelSource]:
     return sources
 
 
-def load_repository_model(root: Path, name: str) -> list[ModelSource]:
+def load_repository_model(
+    root: Path, name: str, override: dict[str, Any] | None = None
+) -> list[ModelSource]:
     """Return the versions of the model folder ``root/name`` (its config.yaml applied).
 
     ``name`` must be a model name; every file used must lie inside ``root`` once
-    symbolic links are followed (:class:`ModelLoadError` otherwise).
+    symbolic links are followed (:class:`ModelLoadError` otherwise). ``override``: a
+    Triton configuration (JSON form) used instead of the folder's own, as a model-control
+    load's ``config`` parameter gives one.
     """
     if not is_model_name(name):
         raise ModelLoadError(f"{_shown(name)} is not a model name, so it is not in {root}")
@@ -242,12 +247,20 @@ def load_repository_model(root: Path, name: str) -> list[ModelSource]:
             "served as a pipeline of the models it runs (models/ensembles.py)"
         )
     config_file = folder / "config.yaml"
-    if config_file.exists():
+    if override is not None:
+        if override.get("name") not in (None, "", name):
+            raise ConfigError(
+                f"the load request's config names model {shown_value(override['name'])}, "
+                f"but it loads {name!r}: remove name from it, or make it {name!r}"
+            )
+        config = _from_triton(override, folder, "the load request's config")
+    elif config_file.exists():
         _contained(inside, config_file, name)
         config = load_model_config_file(config_file)
     elif (folder / "config.pbtxt").is_file():
         _contained(inside, folder / "config.pbtxt", name)
-        config = _from_pbtxt(folder / "config.pbtxt")
+        path = folder / "config.pbtxt"
+        config = _from_triton(_read_pbtxt(path), folder, str(path))
     else:
         config = ModelConfig()
     if config.name not in (None, name):
@@ -268,33 +281,42 @@ def load_repository_model(root: Path, name: str) -> list[ModelSource]:
     return sources
 
 
-def _from_pbtxt(path: Path) -> ModelConfig:
-    """The ModelConfig a Triton ``config.pbtxt`` gives (an ONNX model's is read by
-    ``backends/onnx_pbtxt.py``)."""
-    from sordino.backends.pbtxt import parse_pbtxt, sordino_settings
+def _read_pbtxt(path: Path) -> dict[str, Any]:
+    from sordino.backends.pbtxt import parse_pbtxt
 
-    triton = parse_pbtxt(path.read_text(encoding="utf-8"), source=str(path))
+    return parse_pbtxt(path.read_text(encoding="utf-8"), source=str(path))
+
+
+def _from_triton(triton: dict[str, Any], folder: Path, source: str) -> ModelConfig:
+    """The ModelConfig a Triton configuration gives (the JSON form of the model folder's
+    ``config.pbtxt``, or a load's ``config``; an ONNX model's is read by
+    ``backends/onnx_pbtxt.py``). One that is not the folder's own is kept whole for the
+    backend (``triton_config``): a Python model reads it instead of ``config.pbtxt``."""
+    from sordino.backends.pbtxt import sordino_settings
+
     named = str(triton.get("backend") or triton.get("platform") or "")
     kind = kind_for_platform(named)
     if named and kind is None:
-        raise ModelLoadError(_unknown_platform(path, named))
+        raise ModelLoadError(_unknown_platform(folder.name, source, named))
     if kind is None or kind.name == "onnxruntime":
         from sordino.backends.onnx_pbtxt import onnx_settings
 
-        settings = onnx_settings(triton, source=str(path))  # sordino_settings and more
-        kind = backend_kind("onnxruntime", model=path.parent.name)
+        settings = onnx_settings(triton, source=source)  # sordino_settings and more
+        kind = backend_kind("onnxruntime", model=folder.name)
     else:
-        settings = sordino_settings(triton, source=str(path))
+        settings = sordino_settings(triton, source=source)
     settings["backend"] = kind.name
+    if source != str(folder / "config.pbtxt"):
+        settings["triton_config"] = triton
     try:
         return ModelConfig(**settings)
     except ValueError as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
+        raise ConfigError(f"{source}: {exc}") from exc
 
 
-def _unknown_platform(path: Path, named: str) -> str:
+def _unknown_platform(model: str, source: str, named: str) -> str:
     """Why a ``config.pbtxt`` naming a backend or platform sordino lacks is refused."""
-    where = f"model {path.parent.name!r}: {path}"
+    where = f"model {model!r}: {source}"
     served = sorted({n for kind in backend_kinds().values() for n in (kind.name, *kind.platforms)})
     return (
         f"{where} names the backend or platform {named!r}, which sordino does not serve (not "

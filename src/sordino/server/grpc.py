@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -24,7 +24,7 @@ import grpc
 
 from sordino import __version__
 from sordino.control.admin import AdminAccess
-from sordino.errors import ModelResponseError, SordinoError, Unsupported
+from sordino.errors import ModelResponseError, SordinoError
 from sordino.inference import InferRequest
 from sordino.protocol.grpc_codec import (
     decode_infer_request,
@@ -38,7 +38,7 @@ from sordino.server.guarding import unready
 from sordino.server.http import EXTENSIONS
 from sordino.server.log_settings import process_log_settings
 from sordino.server.model_config import model_metadata_json, triton_config_json
-from sordino.server.model_control import ModelControl
+from sordino.server.model_control import ModelControl, load_parameters
 from sordino.server.runtime import Runtime
 from sordino.server.service import request_tenant
 from sordino.server.shm import cuda_register, cuda_status
@@ -238,8 +238,11 @@ class InferenceServicer:
     async def RepositoryModelLoad(self, raw: bytes, context: Any) -> pb.RepositoryModelLoadResponse:
         self.access.check_grpc(context)
         request = parse_message(pb.RepositoryModelLoadRequest, raw)
-        _refuse_load_parameters(request.parameters.keys())
-        await self.control.load(request.model_name)
+        given = {
+            name: getattr(value, value.WhichOneof("parameter_choice") or "string_param")
+            for name, value in request.parameters.items()
+        }
+        await self.control.load(request.model_name, load_parameters(given))
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(
@@ -427,14 +430,6 @@ class _Caller:
         """Give ``request`` the caller's address and credentials headers."""
         request.client = self.client
         request.headers.update(self.headers)
-
-
-def _refuse_load_parameters(names: Iterable[str]) -> None:
-    for name in names:
-        raise Unsupported(
-            f"load parameter {name!r} is not supported (sordino loads a model from its "
-            "repository folder as it is); send the load request without parameters"
-        )
 
 
 Caller = _Caller

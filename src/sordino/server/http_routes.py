@@ -26,7 +26,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from sordino.control.admin import AdminAccess
-from sordino.errors import Cancelled, InvalidRequest, MalformedBody, SordinoError, Unsupported
+from sordino.errors import Cancelled, InvalidRequest, MalformedBody, SordinoError
 from sordino.inference import InferRequest, InferResponse
 from sordino.protocol.generate import (
     decode_generate_request,
@@ -35,7 +35,7 @@ from sordino.protocol.generate import (
 )
 from sordino.server.disconnect import EventStream, until_disconnect
 from sordino.server.inference_parts import InferenceParts
-from sordino.server.model_control import ModelControl
+from sordino.server.model_control import ModelControl, load_parameters
 from sordino.server.route import Route as ModelRoute
 
 __all__ = ["OFF_LOOP_BYTES", "extra_routes", "json_body"]
@@ -80,12 +80,9 @@ def extra_routes(
     async def load(request: Request) -> Response:
         body = await json_body(request)
         parameters = body.get("parameters") or {}
-        if parameters:
-            raise Unsupported(
-                f"load parameters {sorted(parameters)} are not supported (sordino loads a model "
-                "from its repository folder as it is); send the load request without them"
-            )
-        await control.load(request.path_params["model"])
+        if not isinstance(parameters, dict):
+            raise InvalidRequest("'parameters' must be an object")
+        await control.load(request.path_params["model"], load_parameters(parameters))
         return Response(status_code=200)
 
     async def unload(request: Request) -> Response:

@@ -27,10 +27,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from sordino.config import ModelConfig
 from sordino.config.pipelines import PipelineConfig
@@ -46,7 +47,7 @@ from sordino.models.repository import (
 from sordino.server.ensemble_control import EnsembleSet
 from sordino.server.runtime import Runtime
 
-__all__ = ["IndexEntry", "ModelControl", "ModelControlStatistics"]
+__all__ = ["IndexEntry", "ModelControl", "ModelControlStatistics", "load_parameters"]
 
 log = logging.getLogger("sordino.control")
 
@@ -96,6 +97,7 @@ class ModelControl:
         self._failed: dict[str, str] = {}
         self._last_versions: dict[str, list[str]] = {}
         self._asked: set[str] = set()  # models loaded by name, not only as an ensemble's
+        self._overrides: dict[str, dict[str, Any]] = {}  # a load's config, by model
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._loads = self._reloads = self._unloads = self._failures = self._polls = 0
@@ -165,24 +167,40 @@ class ModelControl:
             return [entry for entry in entries if entry.state == "READY"]
         return entries
 
-    async def load(self, name: str) -> None:
+    async def load(self, name: str, config: str | None = None) -> None:
         """Load or reload ``name`` from the repository (``explicit`` mode only); an
-        ensemble brings the models it runs."""
+        ensemble brings the models it runs. ``config``: a Triton configuration (JSON
+        text) used instead of the folder's, as on Triton, from now on until the model
+        is unloaded (a later load without one keeps it)."""
         self._require_explicit("load")
         _check_name(name)
         self._refuse_pipeline(name, "load")
+        given = None if config is None else self._override(name, config)
         async with self._lock, self._journaled("load", name):
-            if self.ensembles.owns(name):
-                await self._load_ensemble(name, ())
-            elif await self._apply(name, self._resolve(name)):
-                self.ensembles.rebuild_users_of(name)
-            self._asked.add(name)
-            await self.ensembles.settle()
-            failed = self.ensembles.failed.get(name)
-            if failed is not None:
-                self.ensembles.wanted.pop(name, None)
-                self._failures += 1
-                raise ConfigError(failed)
+            before = self._overrides.get(name)
+            if given is not None:
+                self._overrides[name] = given
+            try:
+                await self._load(name)
+            except BaseException:
+                if given is not None:  # a load that failed leaves the config it had
+                    self._overrides.pop(name, None)
+                    if before is not None:
+                        self._overrides[name] = before
+                raise
+
+    async def _load(self, name: str) -> None:
+        if self.ensembles.owns(name):
+            await self._load_ensemble(name, ())
+        elif await self._apply(name, self._resolve(name)):
+            self.ensembles.rebuild_users_of(name)
+        self._asked.add(name)
+        await self.ensembles.settle()
+        failed = self.ensembles.failed.get(name)
+        if failed is not None:
+            self.ensembles.wanted.pop(name, None)
+            self._failures += 1
+            raise ConfigError(failed)
 
     async def unload(self, name: str, *, unload_dependents: bool = False) -> None:
         """Unload every version of ``name`` after its queued requests finish; the
@@ -198,7 +216,23 @@ class ModelControl:
                 raise NotFound(f"unknown model {name!r}; nothing to unload")
             await self._unload(name, unload_dependents)
             self._asked.discard(name)
+            self._overrides.pop(name, None)
             await self.ensembles.settle()
+
+    def _override(self, name: str, config: str) -> dict[str, Any]:
+        """A load's ``config``, read (InvalidRequest saying what is wrong with it)."""
+        from sordino.backends.pbtxt import parse_triton_json
+
+        if self.repository is None or name not in self._repository_names():
+            raise Unsupported(
+                f"model {name!r} is not a model of the repository, so a load's config cannot "
+                "replace its configuration (not supported): change its entry in sordino's "
+                "configuration instead, or load it without config"
+            )
+        try:
+            return parse_triton_json(config, source="the load request's config")
+        except ConfigError as exc:
+            raise InvalidRequest(str(exc)) from None
 
     def _refuse_pipeline(self, name: str, action: str) -> None:
         """Refuse to load or unload a pipeline of the ``pipelines`` section."""
@@ -221,7 +255,7 @@ class ModelControl:
             )
         assert self.repository is not None
         try:
-            config = ensemble_pipeline(self.repository / name)
+            config = ensemble_pipeline(self.repository / name, self._overrides.get(name))
         except SordinoError as exc:  # one served stays as it is, as on Triton
             self._failures += 1
             self.ensembles.failed[name] = str(exc)
@@ -339,7 +373,7 @@ class ModelControl:
 
     def _resolve(self, name: str) -> list[ModelSource]:
         if self.repository is not None and name in self._repository_names():
-            return load_repository_model(self.repository, name)
+            return load_repository_model(self.repository, name, self._overrides.get(name))
         config = self._configs.get(name)
         if config is not None:
             return sources_for(config)
@@ -400,6 +434,25 @@ class ModelControl:
                 await self.poll_once()
             except Exception:  # a broken repository must not stop polling
                 log.exception("repository poll failed")
+
+
+def load_parameters(parameters: Mapping[str, Any]) -> str | None:
+    """The ``config`` parameter of a load request (Triton's: a model configuration as
+    JSON text), None without one; any other parameter is refused, saying what is taken."""
+    for name, value in parameters.items():
+        if name != "config":
+            raise Unsupported(
+                f"load parameter {name!r} is not supported: sordino takes 'config' (the "
+                "model's configuration as JSON text) and loads the model's files from its "
+                "repository folder (no file: uploads); send the load without it"
+            )
+        if not isinstance(value, str):
+            raise InvalidRequest(
+                "load parameter 'config' must be a string: the model configuration as JSON "
+                "text (json.dumps of it)"
+            )
+    config = parameters.get("config")
+    return None if config is None else str(config)
 
 
 def _check_name(name: str) -> None:

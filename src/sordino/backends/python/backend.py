@@ -250,7 +250,10 @@ class PythonBackend:
 
         path = folder / "config.pbtxt"
         config: dict[str, Any] = {}
-        if path.is_file():
+        if self._options.triton_config is not None:  # a load's config, instead of the file
+            config = json.loads(self._options.triton_config)
+            path = Path("the load request's config")
+        elif path.is_file():
             try:
                 config = parse_pbtxt(path.read_text(encoding="utf-8"), source=str(path))
             except ConfigError as exc:
