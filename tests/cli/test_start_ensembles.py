@@ -12,6 +12,9 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from sordino.config import load_config
+from sordino.models.ensembles import ensemble_pipeline, only_named, with_ensembles
+from sordino.models.repository import scan_repository
 from tests.cli.conftest import sordino_start
 from tests.waiting import wait_for
 
@@ -154,3 +157,22 @@ def test_load_model_needs_explicit_mode_and_a_model_of_the_repository(tmp_path: 
         done = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=120)
         assert done.returncode == 2, done.stderr
         assert said in done.stderr and "Traceback" not in done.stderr
+
+
+def test_explicit_mode_keeps_what_the_pipelines_section_runs(tmp_path: Path) -> None:
+    """The pipelines section is the configuration's own: in explicit mode without
+    --load-model the repository models it runs still load, the rest does not."""
+    repo = _repository(tmp_path)
+    shutil.copytree(repo / "ensemble_add_sub", tmp_path / "twice")
+    (tmp_path / "twice" / "config.pbtxt").write_text(
+        (repo / "ensemble_add_sub" / "config.pbtxt")
+        .read_text()
+        .replace('name: "ensemble_add_sub"', 'name: "twice"')
+    )
+    config = load_config(
+        None, {"model_repository": str(repo), "server.model_control_mode": "explicit"}
+    )
+    pipelines = with_ensembles((ensemble_pipeline(tmp_path / "twice"),), repo)
+    sources, kept = only_named(config, (), scan_repository(repo), pipelines)
+    assert {s.name for s in sources} == {"add_sub"}  # what "twice" runs
+    assert [p.name for p in kept] == ["twice"]  # the repository's ensembles wait
