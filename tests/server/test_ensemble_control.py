@@ -195,3 +195,26 @@ async def test_a_polled_repository_brings_and_takes_its_ensembles(tmp_path: Path
     finally:
         await control.close()
         await runtime.stop()
+
+
+def test_an_ensemble_with_a_response_cache_answers_again_without_its_steps(
+    tmp_path: Path,
+) -> None:
+    """Triton caches a top-level request to an ensemble that enables response_cache."""
+    root = _repository(tmp_path / "models")
+    text = CHAIN + "\nresponse_cache { enable: true }\n"
+    (root / "chain" / "config.pbtxt").write_text(text)
+    config = _config(root).model_copy(
+        update={"server": load_config(None, {"server.response_cache_size": 1 << 20}).server}
+    )
+    with serve_in_thread(config, [*_simple(), *scan_repository(root)]) as server:
+        for _ in range(3):
+            assert _answers(server)
+        stats = request_json("GET", f"{server.url}/v2/models/chain/stats", timeout=10)
+        steps = request_json("GET", f"{server.url}/v2/models/centred/stats", timeout=10)
+        found = request_json("GET", f"{server.url}/v2/models/chain/config", timeout=10)
+    figures = stats["model_stats"][0]["inference_stats"]
+    assert (figures["cache_hit"]["count"], figures["cache_miss"]["count"]) == (2, 1)
+    assert figures["success"]["count"] == 3
+    assert steps["model_stats"][0]["inference_count"] == 1  # the steps ran once
+    assert found["response_cache"] == {"enable": True}

@@ -160,6 +160,9 @@ class PipelineConfig(Section):
     max_batch_size: int | None = Field(default=None, ge=0)
     """Rows a request may carry; 0: requests are not batched and pass whole (Triton's
     ``max_batch_size: 0``); None: the smallest of the nodes' models'."""
+    response_cache: bool = False
+    """Answer a request whose inputs were answered before from the server's response
+    cache, without running the nodes (Triton's ``response_cache`` on an ensemble)."""
 
     @model_validator(mode="before")
     @classmethod

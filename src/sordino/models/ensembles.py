@@ -36,7 +36,15 @@ __all__ = [
     "with_ensembles",
 ]
 
-_TAKEN = {"name", "platform", "max_batch_size", "input", "output", "ensemble_scheduling"}
+_TAKEN = {
+    "name",
+    "platform",
+    "max_batch_size",
+    "input",
+    "output",
+    "ensemble_scheduling",
+    "response_cache",
+}
 """The ``config.pbtxt`` fields of an ensemble that sordino reads; any other one set to
 other than its default is refused by name (a ``version_policy`` but the latest one
 version, ``parameters``, ...)."""
@@ -96,6 +104,7 @@ def ensemble_pipeline(folder: Path, given: dict[str, Any] | None = None) -> Pipe
         "input": triton.get("input", []),
         "output": triton.get("output", []),
         "max_batch_size": int(triton.get("max_batch_size", 0)),
+        "response_cache": bool((triton.get("response_cache") or {}).get("enable", False)),
     }
     if section["ensemble_scheduling"] is None:
         raise ConfigError(f"{path}: an ensemble needs ensemble_scheduling {{ step [ ... ] }}")

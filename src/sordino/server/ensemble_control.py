@@ -55,6 +55,12 @@ def serve_pipeline(runtime: Runtime, config: PipelineConfig) -> LoadedModel:
     runtime.registry.add(served)
     runtime.pipelines.append(served)
     runtime.events.emit("model_loaded", str(served.key), pipeline=len(config.nodes))
+    if config.response_cache and runtime.response_cache is None:
+        log.warning(
+            "pipeline %s enables response_cache, but the server has no response cache: "
+            "every request runs it, as on Triton without --cache-config",
+            config.name,
+        )
     return served
 
 
@@ -63,6 +69,8 @@ async def retire_pipeline(runtime: Runtime, pipeline: LoadedModel) -> None:
     runtime.registry.remove(pipeline.key.name, pipeline.key.version)
     runtime.pipelines.remove(pipeline)
     await pipeline.scheduler.close(drain=True)
+    if runtime.response_cache is not None:  # rebuilt, it may answer otherwise
+        runtime.response_cache.forget(pipeline.key)
     runtime.events.emit("model_unloaded", str(pipeline.key))
 
 

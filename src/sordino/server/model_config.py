@@ -80,6 +80,8 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
         for key, value in meta.extra.items():
             if key in _GENERATOR_SETTINGS:
                 config["parameters"][f"sordino_{key}"] = {"string_value": value}
+    if model.source.config.response_cache:
+        config["response_cache"] = {"enable": True}
     executor = model.scheduler.executor
     if isinstance(executor, PipelineExecutor):
         # As Triton shows an ensemble: its steps, no instances, no batcher of its own.
@@ -87,8 +89,6 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
         config["ensemble_scheduling"] = {"step": executor.steps()}
         del config["instance_group"]
         return config
-    if model.source.config.response_cache:
-        config["response_cache"] = {"enable": True}
     if meta.stream is not None or model.pipeline is not None or meta.decoupled:
         # Triton's word for a model that may send several responses per request.
         config["model_transaction_policy"] = {"decoupled": True}

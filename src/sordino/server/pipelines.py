@@ -414,6 +414,7 @@ def build_pipeline(
         name=config.name,
         max_batch_size=rows if batched else None,
         dynamic_batching=DynamicBatchingConfig(enabled=False if whole else None),
+        response_cache=config.response_cache,
     )
     scheduling = scheduling_for(
         scheduler, model_config, batched=batched, instances=CONCURRENT_BATCHES
