@@ -64,6 +64,10 @@ class ResponseCache:
                 digest.update(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
         return digest.digest()
 
+    def holds(self, key: bytes) -> bool:
+        """Whether an answer is kept under ``key`` (not a lookup: nothing counted)."""
+        return key in self._entries
+
     def get(self, key: bytes) -> dict[str, Tensor] | None:
         """The outputs kept under ``key`` (read-only arrays), or None."""
         started = time.perf_counter()

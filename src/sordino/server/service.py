@@ -314,15 +314,17 @@ class InferenceService:
         inputs = request.inputs
         assert isinstance(inputs, Tensors)
         key = cache.key(route.key, inputs)
-        kept = cache.get(key)
-        if kept is not None:
+        if cache.holds(key):  # admitted first: a refused request is no hit
             context = self.admit(request, route)
+            kept = cache.get(key)
+            assert kept is not None  # (nothing ran in between)
             self._tickets.issue(request.model, context).release("success")
-            inputs.release()
+            request.release()
             elapsed = time.perf_counter() - started
             self._stats.cache_looked_up(route.key, hit=True, seconds=elapsed)
             route.scheduler.answered_from_cache(context.priority, elapsed, request.id)
             return answers.response(route, request, Tensors.of(kept))
+        cache.get(key)  # the miss, counted
         spent = time.perf_counter() - started
         try:
             accepted, ticket = await self._accept(request, route, one_shot=True)
