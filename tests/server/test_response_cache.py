@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -24,44 +25,15 @@ from sordino.models.repository import scan_repository
 from sordino.server.response_cache import ResponseCache
 from sordino.testing import serve_in_thread
 
-COUNTING = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.runs = 0
-
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            self.runs += 1
-            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
-            responses.append(pb_utils.InferenceResponse([
-                pb_utils.Tensor("Y", (x * 2).astype(np.float32)),
-                pb_utils.Tensor("RUNS", np.array([self.runs], np.int32)),
-            ]))
-        return responses
-"""
-
-CONFIG = """
-backend: "python"
-max_batch_size: 0
-input [ { name: "X", data_type: TYPE_FP32, dims: [ 4 ] } ]
-output [
-  { name: "Y", data_type: TYPE_FP32, dims: [ 4 ] },
-  { name: "RUNS", data_type: TYPE_INT32, dims: [ 1 ] }
-]
-response_cache { enable: true }
-"""
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "triton_python_answers" / "cached"
+"""It answers Y = 2 X and RUNS, how many requests it has run; its config.pbtxt enables
+response_cache (the parity bench serves it too)."""
 
 
 def _repository(root: Path, extra: str = "") -> Path:
-    folder = root / "counting"
-    (folder / "1").mkdir(parents=True)
-    (folder / "1" / "model.py").write_text(COUNTING)
-    (folder / "config.pbtxt").write_text(CONFIG + extra)
+    shutil.copytree(FIXTURE, root / "cached")
+    config = root / "cached" / "config.pbtxt"
+    config.write_text(config.read_text() + extra)
     return root
 
 
@@ -69,7 +41,7 @@ def _ask(client: httpclient.InferenceServerClient, x: list[float], *outputs: str
     tensor = httpclient.InferInput("X", [4], "FP32")
     tensor.set_data_from_numpy(np.array(x, np.float32))
     asked = [httpclient.InferRequestedOutput(name) for name in outputs] or None
-    result = client.infer("counting", [tensor], outputs=asked)
+    result = client.infer("cached", [tensor], outputs=asked)
     return {o["name"]: result.as_numpy(o["name"]) for o in result.get_response()["outputs"]}
 
 
@@ -91,9 +63,9 @@ def test_a_request_answered_before_is_answered_from_the_cache(tmp_path: Path) ->
         grpc = grpcclient.InferenceServerClient(server.grpc_url)
         tensor = grpcclient.InferInput("X", [4], "FP32")
         tensor.set_data_from_numpy(np.array([1, 2, 3, 4], np.float32))
-        assert grpc.infer("counting", [tensor]).as_numpy("RUNS").tolist() == [1]
-        stats = client.get_inference_statistics("counting")["model_stats"][0]
-        with urllib.request.urlopen(f"{server.url}/v2/models/counting/config") as answer:
+        assert grpc.infer("cached", [tensor]).as_numpy("RUNS").tolist() == [1]
+        stats = client.get_inference_statistics("cached")["model_stats"][0]
+        with urllib.request.urlopen(f"{server.url}/v2/models/cached/config") as answer:
             found = json.loads(answer.read())
         metrics = urllib.request.urlopen(f"{server.url}/metrics", timeout=10).read().decode()
     # As Triton counts: every request a success, only those run inferences.
@@ -103,7 +75,7 @@ def test_a_request_answered_before_is_answered_from_the_cache(tmp_path: Path) ->
     assert (figures["cache_hit"]["count"], figures["cache_miss"]["count"]) == (3, 2)
     assert figures["compute_infer"]["count"] == 2
     assert found["response_cache"] == {"enable": True}
-    assert 'nv_cache_num_hits_per_model{model="counting",version="1"} 3.0' in metrics
+    assert 'nv_cache_num_hits_per_model{model="cached",version="1"} 3.0' in metrics
     assert "nv_cache_num_entries 2.0" in metrics
 
 
