@@ -253,7 +253,7 @@ def load_repository_model(
                 f"the load request's config names model {shown_value(override['name'])}, "
                 f"but it loads {name!r}: remove name from it, or make it {name!r}"
             )
-        config = _from_triton(override, folder, "the load request's config")
+        config = _from_triton(override, folder, "the load request's config", given=True)
     elif config_file.exists():
         _contained(inside, config_file, name)
         config = load_model_config_file(config_file)
@@ -287,11 +287,13 @@ def _read_pbtxt(path: Path) -> dict[str, Any]:
     return parse_pbtxt(path.read_text(encoding="utf-8"), source=str(path))
 
 
-def _from_triton(triton: dict[str, Any], folder: Path, source: str) -> ModelConfig:
+def _from_triton(
+    triton: dict[str, Any], folder: Path, source: str, *, given: bool = False
+) -> ModelConfig:
     """The ModelConfig a Triton configuration gives (the JSON form of the model folder's
     ``config.pbtxt``, or a load's ``config``; an ONNX model's is read by
-    ``backends/onnx_pbtxt.py``). One that is not the folder's own is kept whole for the
-    backend (``triton_config``): a Python model reads it instead of ``config.pbtxt``."""
+    ``backends/onnx_pbtxt.py``). One ``given`` instead of the folder's own is kept whole
+    for the backend (``triton_config``): a Python model reads it, not ``config.pbtxt``."""
     from sordino.backends.pbtxt import sordino_settings
 
     named = str(triton.get("backend") or triton.get("platform") or "")
@@ -306,7 +308,7 @@ def _from_triton(triton: dict[str, Any], folder: Path, source: str) -> ModelConf
     else:
         settings = sordino_settings(triton, source=source)
     settings["backend"] = kind.name
-    if source != str(folder / "config.pbtxt"):
+    if given:
         settings["triton_config"] = triton
     try:
         return ModelConfig(**settings)
