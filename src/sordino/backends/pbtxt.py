@@ -16,11 +16,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from sordino.errors import ConfigError
+from sordino.errors import ConfigError, ModelLoadError
 
-__all__ = ["REPEATED", "parse_pbtxt", "parse_triton_json", "sordino_settings"]
+__all__ = ["REPEATED", "parse_pbtxt", "parse_triton_json", "read_pbtxt", "sordino_settings"]
 
 REPEATED = frozenset(
     {
@@ -207,6 +208,15 @@ def _add(fields: dict[str, Any], name: str, value: Any) -> None:
 def parse_pbtxt(text: str, *, source: str = "config.pbtxt") -> dict[str, Any]:
     """Triton's JSON form of the ``ModelConfig`` in ``text``; ConfigError naming the line."""
     return _Reader(_tokens(text, source), source).message(None)
+
+
+def read_pbtxt(path: Path) -> dict[str, Any]:
+    """:func:`parse_pbtxt` of the file ``path`` (ModelLoadError when it cannot be read)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: cannot read it: {exc}") from exc
+    return parse_pbtxt(text, source=str(path))
 
 
 def parse_triton_json(text: str, *, source: str) -> dict[str, Any]:

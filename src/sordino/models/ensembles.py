@@ -20,9 +20,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sordino.backends.pbtxt import read_pbtxt
 from sordino.config.base import reject_repeated_names
 from sordino.config.pipelines import PipelineConfig
-from sordino.errors import ConfigError, ModelLoadError
+from sordino.errors import ConfigError
 
 if TYPE_CHECKING:
     from sordino.config import RuntimeConfig
@@ -59,16 +60,7 @@ def is_ensemble(folder: Path) -> bool:
     path = folder / "config.pbtxt"
     if (folder / "config.yaml").exists() or not path.is_file():
         return False
-    return str(_read(path).get("platform", "")) == "ensemble"
-
-
-def _read(path: Path) -> dict[str, Any]:
-    from sordino.backends.pbtxt import parse_pbtxt
-
-    try:
-        return parse_pbtxt(path.read_text(encoding="utf-8"), source=str(path))
-    except OSError as exc:
-        raise ModelLoadError(f"{path}: cannot read it: {exc}") from exc
+    return str(read_pbtxt(path).get("platform", "")) == "ensemble"
 
 
 def ensemble_pipeline(folder: Path, given: dict[str, Any] | None = None) -> PipelineConfig:
@@ -76,7 +68,7 @@ def ensemble_pipeline(folder: Path, given: dict[str, Any] | None = None) -> Pipe
     file and what to fix); ``given``: a Triton configuration (JSON form) used instead
     of its ``config.pbtxt``, as a model-control load's ``config`` gives one."""
     path = folder / "config.pbtxt"
-    triton = _read(path) if given is None else given
+    triton = read_pbtxt(path) if given is None else given
     name = folder.name
     if triton.get("name", name) != name:
         raise ConfigError(

@@ -46,6 +46,7 @@ from typing import Any
 
 import yaml
 
+from sordino.backends.pbtxt import read_pbtxt
 from sordino.backends.registry import backend_kind, backend_kinds, kind_for_platform
 from sordino.config import MODEL_NAME_PATTERN, ModelConfig, load_model_config_file
 from sordino.config.loader import shown_value
@@ -260,7 +261,7 @@ def load_repository_model(
     elif (folder / "config.pbtxt").is_file():
         _contained(inside, folder / "config.pbtxt", name)
         path = folder / "config.pbtxt"
-        config = _from_triton(_read_pbtxt(path), folder, str(path))
+        config = _from_triton(read_pbtxt(path), folder, str(path))
     else:
         config = ModelConfig()
     if config.name not in (None, name):
@@ -279,12 +280,6 @@ def load_repository_model(
     for source in sources:
         _contained(inside, source.path, name)
     return sources
-
-
-def _read_pbtxt(path: Path) -> dict[str, Any]:
-    from sordino.backends.pbtxt import parse_pbtxt
-
-    return parse_pbtxt(path.read_text(encoding="utf-8"), source=str(path))
 
 
 def _from_triton(

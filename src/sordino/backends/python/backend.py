@@ -245,7 +245,7 @@ class PythonBackend:
         )
 
     def _read_config(self, folder: Path, where: str) -> dict[str, Any]:
-        from sordino.backends.pbtxt import parse_pbtxt
+        from sordino.backends.pbtxt import read_pbtxt
         from sordino.errors import ConfigError
 
         path = folder / "config.pbtxt"
@@ -255,7 +255,7 @@ class PythonBackend:
             path = Path("the load request's config")
         elif path.is_file():
             try:
-                config = parse_pbtxt(path.read_text(encoding="utf-8"), source=str(path))
+                config = read_pbtxt(path)
             except ConfigError as exc:
                 raise ModelLoadError(f"{where}: {exc}") from exc
         packed = config.get("parameters", {}).get("EXECUTION_ENV_PATH")
