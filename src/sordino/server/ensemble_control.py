@@ -30,6 +30,7 @@ from sordino.errors import SordinoError
 from sordino.models.ensembles import is_ensemble
 from sordino.server.pipelines import PipelineExecutor, build_pipeline, outer_first
 from sordino.server.registry import LoadedModel
+from sordino.server.response_cache import warn_uncached
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -56,11 +57,7 @@ def serve_pipeline(runtime: Runtime, config: PipelineConfig) -> LoadedModel:
     runtime.pipelines.append(served)
     runtime.events.emit("model_loaded", str(served.key), pipeline=len(config.nodes))
     if config.response_cache and runtime.response_cache is None:
-        log.warning(
-            "pipeline %s enables response_cache, but the server has no response cache: "
-            "every request runs it, as on Triton without --cache-config",
-            config.name,
-        )
+        warn_uncached(f"pipeline {config.name}")
     return served
 
 

@@ -34,7 +34,7 @@ from sordino.scheduling.scheduler import ModelScheduler
 from sordino.scheduling.settings import scheduling_for
 from sordino.server.classification import read_labels
 from sordino.server.registry import LoadedModel, ModelRegistry
-from sordino.server.response_cache import ResponseCache
+from sordino.server.response_cache import ResponseCache, warn_uncached
 from sordino.server.sequences import sequences_for
 from sordino.telemetry.model_stats import ModelStats
 
@@ -225,13 +225,8 @@ class ModelLoader:
                 f"model {key}: response_cache is not supported for a decoupled model (it "
                 "may send any number of responses); remove response_cache"
             )
-        if not self._config.server.response_cache_size:
-            log.warning(
-                "model %s enables response_cache, but the server has no response cache: "
-                "every request runs the model, as on Triton without --cache-config (start "
-                "with --cache-config local,size=BYTES to keep answers)",
-                key,
-            )
+        if self._cache is None:
+            warn_uncached(f"model {key}")
 
     async def _serve(
         self, source: ModelSource, key: ModelKey, config: ModelConfig, metadata: ModelMetadata

@@ -18,6 +18,7 @@ out of the arena when it is kept (the arena's blocks go back at once), read-only
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -28,7 +29,21 @@ import numpy as np
 from sordino.inference import ModelKey, Tensor
 from sordino.records import CacheFigures
 
-__all__ = ["ResponseCache"]
+__all__ = ["ResponseCache", "warn_uncached"]
+
+log = logging.getLogger("sordino")
+
+
+def warn_uncached(what: str) -> None:
+    """Say that ``what`` (a model or pipeline) enables response_cache on a server that
+    has no cache, so every request runs it, as on Triton without ``--cache-config``."""
+    log.warning(
+        "%s enables response_cache, but the server has no response cache: every request "
+        "runs it, as on Triton without --cache-config (start with --cache-config "
+        "local,size=BYTES to keep answers)",
+        what,
+    )
+
 
 _DIGEST_BYTES = 16
 _ENTRY_OVERHEAD = 64 + _DIGEST_BYTES
