@@ -65,7 +65,12 @@ from sordino.execution.messages import (
 from sordino.execution.model_calls import CallServer
 from sordino.execution.worker_main import WorkerSpec, worker_main
 from sordino.execution.worker_pipe import Allocate, WorkerError, WorkerLost, WorkerPipe
-from sordino.execution.worker_spawn import LIVE_PIDS, describe_exit, start_apart_from_main
+from sordino.execution.worker_spawn import (
+    LIVE_PIDS,
+    describe_exit,
+    join_exit_code,
+    start_apart_from_main,
+)
 from sordino.inference import ModelMetadata, RequestFacts
 from sordino.memory.tensors import TensorHandle
 
@@ -357,8 +362,8 @@ class WorkerProcess(WorkerPipe):
 
     async def _reap(self) -> None:
         # The pipe closes as the process exits; wait for it off the loop to read its code.
-        await self._loop.run_in_executor(None, self._process.join, 10)
-        self._on_exit(self._process.exitcode)
+        code = await self._loop.run_in_executor(None, join_exit_code, self._process, 10)
+        self._on_exit(code)
 
     def _on_exit(self, code: int | None) -> None:
         if self._process.pid is not None:

@@ -3,7 +3,8 @@
 ``spawn`` re-imports the parent's ``__main__`` and passes on the signal mask: a worker
 is started with the main script hidden and SIGINT/SIGTERM blocked
 (:func:`start_apart_from_main`); the pids of live workers are kept so that the ones
-left at exit are killed (see ``execution/worker.py``).
+left at exit are killed (see ``execution/worker.py``); and a worker's exit code is
+read even when another thread's start of a process reaped it (:func:`join_exit_code`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,16 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
-__all__ = ["LIVE_PIDS", "WORKER_IGNORED_SIGNALS", "describe_exit", "start_apart_from_main"]
+__all__ = [
+    "LIVE_PIDS",
+    "WORKER_IGNORED_SIGNALS",
+    "describe_exit",
+    "join_exit_code",
+    "start_apart_from_main",
+]
 
 
 def describe_exit(code: int | None) -> str:
@@ -29,6 +37,25 @@ def describe_exit(code: int | None) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exited with code {code}"
+
+
+def join_exit_code(process: Any, timeout_s: float, settle_s: float = 1.0) -> int | None:
+    """Wait up to ``timeout_s`` for ``process`` to end; its exit code (None: still running).
+
+    Every ``Process.start()`` first polls all the children multiprocessing knows of
+    (its ``_cleanup``), so a worker restarted in another thread can reap this one
+    between our ``waitpid`` and its own store of the code: our ``waitpid`` then fails
+    with ECHILD and ``join`` returns with no code, which would read as a plain
+    "exited" instead of "killed by SIGKILL". The other thread stores the code moments
+    later: wait up to ``settle_s`` for it.
+    """
+    process.join(timeout_s)
+    deadline = time.monotonic() + settle_s
+    code: int | None = process.exitcode
+    while code is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+        code = process.exitcode
+    return code
 
 
 _MAIN_LOCK = threading.Lock()
