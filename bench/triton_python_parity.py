@@ -131,6 +131,21 @@ WARMUP = "warmup"
 file) and it answers what it ran before each request: both servers must have run the
 same. sordino refused ``model_warmup`` at load before."""
 
+REQUESTED_ONLY = "requested_only"
+"""It answers each request with only the outputs it asked for (of A and B; C is
+declared and never returned): three requests asking for different outputs, sent at
+once (one batch), must each get theirs; sordino answered a response lacking a declared
+output with a 500 before. :data:`REQUESTED_ONLY_ENSEMBLE` runs it as a step."""
+
+REQUESTED_ONLY_ENSEMBLE = "ensemble_requested_only"
+"""An ensemble mapping :data:`REQUESTED_ONLY`'s A and C (never returned) to OA and OC:
+asked with no outputs named and for OC alone."""
+
+_REQUESTED_ONLY_STEP = (
+    '{ model_name: "requested_only" input_map { key: "X" value: "IN" } '
+    'output_map { key: "A" value: "OA" } output_map { key: "C" value: "OC" } }'
+)
+
 QUIET_S = 2.0
 """After an error in a gRPC stream, how long to wait for more before taking the stream
 as ended (the client is not told whether the error was the request's last)."""
@@ -340,6 +355,11 @@ def _infer(mod: Any, client: Any, case: Case) -> dict[str, np.ndarray]:
     return {name: result.as_numpy(name) for name in outputs}
 
 
+def _listed(answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each answer's outputs as lists (None: the output is not in the answer)."""
+    return [{n: None if a is None else a.tolist() for n, a in answer.items()} for answer in answers]
+
+
 def _at_once(mod: Any, url: str, asked: list[Case]) -> list[dict[str, np.ndarray]]:
     """Every case sent at once: by the HTTP client's ``async_infer`` (one client that
     many wide, from this thread: it is gevent's), or each from a thread over gRPC."""
@@ -506,7 +526,8 @@ def compare(
             refused = (_refuses_infer(theirs, mod, model, arrays),
                        _refuses_infer(ours, mod, model, arrays))  # fmt: skip
             check(f"{model} unary infer refused", protocol, refused == (True, True), str(refused))
-        own = {ERROR_CODES, AS_MADE, STREAM_ERRORS_BLS, VERSIONS, COLD_START, WARMUP, CACHED}
+        own = {ERROR_CODES, AS_MADE, STREAM_ERRORS_BLS, VERSIONS, COLD_START, WARMUP, CACHED,
+               REQUESTED_ONLY, REQUESTED_ONLY_ENSEMBLE}  # fmt: skip
         if WARMUP in models:  # asked first, over each protocol in turn: the same history
             ones: Case = (WARMUP, {"X": np.ones((1, 4), np.float32)}, ["CALLS", "ROWS", "TOTAL"])
             expected_run, got_run = _infer(mod, theirs, ones), _infer(mod, ours, ones)
@@ -545,6 +566,23 @@ def compare(
                 same,
                 f"{len(mixed)} requests",
             )
+        if REQUESTED_ONLY in models:  # one batch of three, each asking for other outputs
+            asked = [(REQUESTED_ONLY, {"X": np.array([[v]], np.int32)}, names)
+                     for v, names in ((1, ["A"]), (2, ["B"]), (3, ["A", "B", "C"]))]  # fmt: skip
+            urls = (
+                (triton.http, sordino_http)
+                if protocol == "http"
+                else (triton.grpc or "", sordino_grpc)
+            )
+            expected_only, got_only = (_listed(_at_once(mod, url, asked)) for url in urls)
+            check(f"{REQUESTED_ONLY} each its outputs, at once", protocol,
+                  expected_only == got_only, str(got_only))  # fmt: skip
+        if REQUESTED_ONLY_ENSEMBLE in models:
+            for names in (["OA", "OC"], ["OC"]):
+                case = (REQUESTED_ONLY_ENSEMBLE, {"IN": np.array([[3]], np.int32)}, names)
+                expected_step, got_step = (_listed([_infer(mod, c, case)]) for c in (theirs, ours))
+                check(f"{REQUESTED_ONLY_ENSEMBLE} asked {names}", protocol,
+                      expected_step == got_step, str(got_step))  # fmt: skip
         for model in ENSEMBLES if protocol == "http" else ():
             if model in models:
                 expected_config = _ensemble_config(theirs, model)
@@ -626,7 +664,8 @@ def repository(source: Path, into: Path) -> Path:
     Triton's bls example calls (add_sub under that name: no torch here) when
     ``bls_async`` is there without it, and the bench's :data:`ERROR_CODES`,
     :data:`AS_MADE`, :data:`STREAM_ERRORS`, :data:`STREAM_ERRORS_BLS`, :data:`VERSIONS`,
-    :data:`COLD_START`, :data:`OPTIONAL`, :data:`WARMUP` and :data:`CACHED` models, with its
+    :data:`COLD_START`, :data:`OPTIONAL`, :data:`WARMUP`, :data:`CACHED` and
+    :data:`REQUESTED_ONLY` models (and :data:`REQUESTED_ONLY_ENSEMBLE`), with its
     :data:`ENSEMBLES` where their steps are."""
     repo = into / "models"
     shutil.copytree(source, repo)
@@ -635,9 +674,17 @@ def repository(source: Path, into: Path) -> Path:
         config = repo / "pytorch" / "config.pbtxt"
         config.write_text(config.read_text().replace('name: "add_sub"', 'name: "pytorch"'))
     own = (ERROR_CODES, AS_MADE, STREAM_ERRORS, STREAM_ERRORS_BLS, VERSIONS, COLD_START,
-           OPTIONAL, WARMUP, CACHED)  # fmt: skip
+           OPTIONAL, WARMUP, CACHED, REQUESTED_ONLY)  # fmt: skip
     for name in own:
         shutil.copytree(OWN / name, repo / name)
+    (repo / REQUESTED_ONLY_ENSEMBLE / "1").mkdir(parents=True)
+    (repo / REQUESTED_ONLY_ENSEMBLE / "config.pbtxt").write_text(
+        'platform: "ensemble"\nmax_batch_size: 8\n'
+        'input [ { name: "IN", data_type: TYPE_INT32, dims: [ 1 ] } ]\n'
+        'output [ { name: "OA", data_type: TYPE_INT32, dims: [ 1 ] },\n'
+        '         { name: "OC", data_type: TYPE_INT32, dims: [ 1 ] } ]\n'
+        f"ensemble_scheduling {{ step [ {_REQUESTED_ONLY_STEP} ] }}\n"
+    )
     if (repo / "add_sub").is_dir() and (repo / "auto_complete").is_dir():
         for name in ENSEMBLES:
             shutil.copytree(OWN / name, repo / name)

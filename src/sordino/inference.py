@@ -13,7 +13,7 @@ protocol, scheduling and execution layers all read it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ import orjson
 from sordino.errors import ModelResponseError, model_response_error
 
 __all__ = [
+    "REQUEST_ABSENT",
     "REQUEST_ERRORS",
     "InferRequest",
     "InferResponse",
@@ -35,7 +36,9 @@ __all__ = [
     "StreamSpec",
     "Tensor",
     "TensorSpec",
+    "decode_request_absent",
     "decode_request_errors",
+    "encode_request_absent",
     "encode_request_errors",
     "release_owned",
 ]
@@ -292,4 +295,31 @@ def decode_request_errors(column: Tensor, count: int) -> list[ModelResponseError
         if entry:
             error = orjson.loads(entry)
             found[index] = model_response_error(str(error["message"]), int(error["code"]))
+    return found
+
+
+REQUEST_ABSENT = "sordino.request_absent"
+"""The output in which such a backend says which outputs some answered requests'
+responses lack when others' have them (Triton answers a request without an output
+its response lacks): a ``BYTES`` tensor with an element per request, empty, or a
+JSON list of the names. Those rows of the other outputs are filler; the scheduler
+takes the column out and leaves the names out of each request's answer."""
+
+
+def encode_request_absent(count: int, absent: Mapping[int, Sequence[str]]) -> Tensor:
+    """The :data:`REQUEST_ABSENT` tensor of a batch of ``count`` requests: ``absent``
+    maps a request's index to the outputs its response lacks."""
+    column = np.empty(count, dtype=object)
+    for index in range(count):
+        names = absent.get(index)
+        column[index] = orjson.dumps(list(names)) if names else b""
+    return column
+
+
+def decode_request_absent(column: Tensor, count: int) -> list[tuple[str, ...]]:
+    """The outputs each request's response lacks, from a :data:`REQUEST_ABSENT` tensor."""
+    found: list[tuple[str, ...]] = [()] * count
+    for index, entry in enumerate(column.reshape(-1)[:count]):
+        if entry:
+            found[index] = tuple(str(name) for name in orjson.loads(entry))
     return found

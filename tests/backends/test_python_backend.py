@@ -46,8 +46,6 @@ class TritonPythonModel:
             os._exit(3)  # the model kills its own process
         if x[0] == 3:
             return [pb_utils.InferenceResponse(error=pb_utils.TritonError("three is wrong"))]
-        if x[0] == 4:
-            return [pb_utils.InferenceResponse([])]  # no Y
         return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", x * 10)]) for _ in requests]
 """
 
@@ -122,6 +120,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     # The same model answering each request at once (no dynamic_batching: one a batch).
     shutil.copytree(ANSWERS / "error_codes", root / "answering_now")
     shutil.copytree(ANSWERS / "as_made", root / "as_made")
+    for name in ("requested_only", "requested_only_thread"):  # batches of 3, as BATCH_OF_3
+        shutil.copytree(ANSWERS / "requested_only", root / name)
+    (root / "requested_only_thread" / "config.yaml").write_text(
+        "backend: python\nisolation: thread\n"
+    )
     # manual: batches wait up to the configured delay, as Triton's dynamic batcher does.
     config = RuntimeConfig.model_validate({"scheduler": {"mode": "manual"}})
     with serve_in_thread(config, scan_repository(root)) as running:
@@ -213,7 +216,6 @@ def test_auto_complete_config_gives_a_batched_model(client: Any) -> None:
         (1, "execute raised ValueError('one is not welcome')"),
         (2, "execute returned 0 responses for 1 requests"),
         (3, "three is wrong"),  # a response's error: the model's words, as on Triton
-        (4, "its response lacks output Y"),
     ],
 )
 def test_a_failing_execute_is_a_clear_error_and_the_worker_serves_on(
@@ -261,6 +263,36 @@ def test_a_response_error_answers_its_request_alone_and_the_batch_runs_once(
         lambda x: x["model"] == model and x["reason"] == "model_rejected",
     )
     assert rejected >= 1
+
+
+@pytest.mark.parametrize("model", ["requested_only", "requested_only_thread"])
+def test_each_request_gets_the_outputs_its_response_has(server: RunningServer, model: str) -> None:
+    """A batch of 3 whose responses each hold only the outputs their request asked for
+    (requested_output_names()): each request gets its own, as on Triton 2.51 (the
+    parity bench compares them); an output the model never returns (C) is left out
+    even when asked for, not an error."""
+    url = server.url.removeprefix("http://")
+
+    def send(value_and_outputs: tuple[int, list[str]]) -> dict[str, Any]:
+        value, outputs = value_and_outputs
+        client = httpclient.InferenceServerClient(url=url)
+        try:
+            result = _infer(client, model, {"X": np.array([[value]], np.int32)}, outputs)
+            names = [output["name"] for output in result.get_response()["outputs"]]
+            return {name: result.as_numpy(name).tolist() for name in names}
+        finally:
+            client.close()
+
+    asked = [(1, ["A"]), (2, ["B"]), (3, ["A", "B", "C"])]
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(send, asked))
+    assert answers == [{"A": [[10]]}, {"B": [[b"2"]]}, {"A": [[30]], "B": [[b"3"]]}]
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        alone = _infer(grpc, model, {"X": np.array([[4]], np.int32)}, ["C"])
+        assert list(alone.get_response().outputs) == []
+    finally:
+        grpc.close()
 
 
 # Triton 2.51's answer to a response with each error code (UNKNOWN, INTERNAL, NOT_FOUND,

@@ -19,7 +19,11 @@ import pytest
 from sordino.backends.base import BackendOptions
 from sordino.backends.python.backend import PythonBackend, PythonModelError
 from sordino.backends.python.joining import join_outputs, output_layouts
-from sordino.inference import REQUEST_ERRORS, RequestFacts, decode_request_errors
+from sordino.inference import (
+    REQUEST_ABSENT,
+    RequestFacts,
+    decode_request_absent,
+)
 
 MODEL = """
 import weakref
@@ -88,7 +92,7 @@ output [
 def backend(tmp_path: Path) -> Iterator[PythonBackend]:
     (tmp_path / "m" / "1").mkdir(parents=True)
     (tmp_path / "m" / "config.pbtxt").write_text(CONFIG)
-    # Y only: the model gives no A (a response lacking it is an error the test checks).
+    # Y only: the model gives no A (each request is answered without it).
     (tmp_path / "m" / "1" / "model.py").write_text(MODEL)
     loaded = PythonBackend(BackendOptions(name="m", version="1"))
     loaded.load(tmp_path / "m" / "1" / "model.py")
@@ -102,7 +106,7 @@ def test_each_request_answers_as_tritons_and_sent_responses_take_their_place(
     """Three requests: their accessors answer as a made request's do, copies where
     Triton's give copies; requests 0 and 2 answer through their senders (a second
     send is refused with Triton's message), request 1 by returning; the answers lack
-    the declared output A, which is an error of each request, naming it."""
+    the declared output A, which is left out of the outputs."""
     batch = {"X": np.array([[1], [2], [3]], np.int32)}
     facts = [RequestFacts(id="a"), RequestFacts(id="b", outputs=("Y",)), RequestFacts(id="c")]
     asked: list[int] = []
@@ -118,9 +122,8 @@ def test_each_request_answers_as_tritons_and_sent_responses_take_their_place(
         assert all(ref() is None for ref in model.requests)
     finally:
         gc.enable()
-    errors = decode_request_errors(outputs[REQUEST_ERRORS], 3)
-    assert all(error is not None and "lacks output A" in error.message for error in errors)
-    assert set(outputs) == {REQUEST_ERRORS}  # no request answered: no rows
+    # No response has A: it is left out (Triton answers each request without it).
+    assert set(outputs) == {"Y"} and outputs["Y"].tolist() == [[10], [20], [30]]
     seen = model.seen
     assert [s["id"] for s in seen] == ["a", "b", "c"]
     assert [s["outputs"] for s in seen] == [["A", "Y"], ["Y"], ["A", "Y"]]
@@ -212,3 +215,33 @@ def test_responses_of_different_dtypes_join_as_numpy_joins_them() -> None:
         output_layouts({"Y": [np.zeros((1, 1)), np.zeros((2, 2))]}, "m")
     with pytest.raises(PythonModelError, match="request 1 \\[\\]"):
         output_layouts({"Y": [np.zeros((1, 1)), np.zeros(())]}, "m")
+
+
+REQUESTED_ONLY = Path(__file__).parent.parent / "fixtures" / "triton_python_answers"
+
+
+def test_outputs_some_responses_lack_are_filled_and_named(tmp_path: Path) -> None:
+    """Three requests asking for A, B, and both: A and B join with filler rows for the
+    requests that lack them (zeros, empty strings), which REQUEST_ABSENT names; C, which
+    no response has, is left out; placed arrays get the filler too."""
+    folder = tmp_path / "requested_only"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(
+        (REQUESTED_ONLY / "requested_only" / "config.pbtxt").read_text()
+    )
+    (folder / "1" / "model.py").write_text(
+        (REQUESTED_ONLY / "requested_only" / "1" / "model.py").read_text()
+    )
+    backend = PythonBackend(BackendOptions(name="requested_only", version="1"))
+    backend.load(folder / "1" / "model.py")
+    facts = [RequestFacts(outputs=("A",)), RequestFacts(outputs=("B",)), RequestFacts()]
+    batch = {"X": np.array([[1], [2], [3], [4]], np.int32)}
+    try:
+        for place in (None, lambda layouts: {n: np.zeros(s, d) for n, (d, s) in layouts.items()}):
+            outputs = backend.infer_requests(batch, [1, 2, 1], facts, place=place)
+            assert set(outputs) == {"A", "B", REQUEST_ABSENT}
+            assert outputs["A"].tolist() == [[10], [0], [0], [40]]
+            assert outputs["B"].tolist() == [[b""], [b"2"], [b"3"], [b"4"]]
+            assert decode_request_absent(outputs[REQUEST_ABSENT], 3) == [("B",), ("A",), ()]
+    finally:
+        backend.unload()

@@ -720,10 +720,13 @@ def test_big_endian_output_is_sent_little_endian() -> None:
     assert split_binary(body, headers)[1] == np.array([1.0, 2.0], "<f8").tobytes()
 
 
-def test_missing_output_is_an_inference_failure() -> None:
-    """A requested output the model did not return is a server-side failure."""
-    with pytest.raises(InferenceFailed, match="did not return output 'z'"):
-        encode_infer_response(response(y=np.zeros(1)), request_for([RequestedOutput("z")]))
+def test_an_output_the_model_did_not_return_is_left_out() -> None:
+    """A requested output the model did not return is left out, as Triton answers (a
+    Python model may return only some); the answer is JSON when no binary one is left."""
+    asked = [RequestedOutput("z", binary=True), RequestedOutput("y", binary=False)]
+    body, headers = encode_infer_response(response(y=np.zeros(1)), request_for(asked))
+    assert headers == {"Content-Type": "application/json"}
+    assert [o["name"] for o in orjson.loads(body)["outputs"]] == ["y"]
 
 
 def test_output_dtype_contradicting_its_datatype_is_an_inference_failure() -> None:

@@ -7,7 +7,9 @@ import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
@@ -355,3 +357,57 @@ def test_an_optional_input_a_step_leaves_unmapped_stays_optional(tmp_path: Path)
         body["inputs"].append(bias)
         answer = request_json("POST", f"{server.url}/v2/models/biased/infer", body, timeout=30)
         assert answer["outputs"][0]["data"] == (x + 1).ravel().tolist()
+
+
+def test_a_step_is_asked_for_its_mapped_outputs_and_what_it_leaves_out_is_left_out(
+    tmp_path: Path,
+) -> None:
+    """As Triton's ensemble does: the step's requested_output_names() are its
+    output_map's keys (A and C, not B); C, which the model never returns, is left out
+    of the answer, even when asked for; a later step that needs it fails, naming it."""
+    root = tmp_path / "models"
+    answers = FIXTURES / "triton_python_answers"
+    shutil.copytree(answers / "requested_only", root / "requested_only")
+    shutil.copytree(answers / "optional_input", root / "optional_input")
+    first = (
+        '{ model_name: "requested_only" input_map { key: "X" value: "IN" } '
+        'output_map { key: "A" value: "OA" } output_map { key: "C" value: "OC" } }'
+    )
+    text = (
+        'platform: "ensemble"\nmax_batch_size: 4\n'
+        'input [ { name: "IN", data_type: TYPE_INT32, dims: [ 1 ] } ]\n'
+        'output [ { name: "OA", data_type: TYPE_INT32, dims: [ 1 ] },\n'
+        '         { name: "OC", data_type: TYPE_INT32, dims: [ 1 ] } ]\n'
+        f"ensemble_scheduling {{ step [ {first} ] }}\n"
+    )
+    _ensemble(root, "mapped", text)
+    steps = (
+        '{ model_name: "requested_only" input_map { key: "X" value: "IN" } '
+        'output_map { key: "C" value: "MID" } }, '
+        '{ model_name: "requested_only" input_map { key: "X" value: "MID" } '
+        'output_map { key: "A" value: "OUT" } }'
+    )
+    _ensemble(
+        root,
+        "chained",
+        'platform: "ensemble"\nmax_batch_size: 4\n'
+        'input [ { name: "IN", data_type: TYPE_INT32, dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT", data_type: TYPE_INT32, dims: [ 1 ] } ]\n'
+        f"ensemble_scheduling {{ step [ {steps} ] }}\n",
+    )
+    with serve_in_thread(_config(root), scan_repository(root)) as server:
+        url = f"{server.url}/v2/models/mapped/infer"
+        body: dict[str, Any] = {
+            "inputs": [{"name": "IN", "shape": [1, 1], "datatype": "INT32", "data": [3]}]
+        }
+        answer = request_json("POST", url, body, timeout=30)
+        assert [(o["name"], o["data"]) for o in answer["outputs"]] == [("OA", [30])]
+        body["outputs"] = [{"name": "OC"}]
+        assert request_json("POST", url, body, timeout=30)["outputs"] == []
+        del body["outputs"]
+        failed = httpx.post(f"{server.url}/v2/models/chained/infer", json=body, timeout=30)
+        assert failed.status_code == 500
+        assert (
+            "did not return output C, which node requested_only_2 (model requested_only) "
+            "needs as its input X" in failed.json()["error"]
+        )

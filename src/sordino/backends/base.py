@@ -184,7 +184,9 @@ class RequestBatchBackend(Protocol):
     ask it once, after the model ran, for an array per output to write that output
     into, so that each response's tensor is copied once, straight into its rows. A
     request the model answered with an error has no rows in the outputs; the output
-    :data:`~sordino.inference.REQUEST_ERRORS` then says which and why.
+    :data:`~sordino.inference.REQUEST_ERRORS` then says which and why. An output
+    some responses lack has filler rows for their requests, named in
+    :data:`~sordino.inference.REQUEST_ABSENT` (one no response has is left out).
     """
 
     def infer_requests(

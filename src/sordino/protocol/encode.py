@@ -23,7 +23,6 @@ __all__ = [
     "encode_error",
     "encode_infer_response",
     "encode_json",
-    "output_array",
     "output_datatype",
 ]
 
@@ -36,10 +35,12 @@ def encode_infer_response(
     Outputs come in the order the request listed them, or the response's order when
     it listed none. An output is binary when its RequestedOutput says so, or when it
     does not say and the request parameter ``binary_data_output`` is true. With any
-    binary output the headers carry ``Inference-Header-Content-Length``. Raises
-    InvalidRequest for a BYTES output that is not UTF-8 but was asked for as JSON, and
-    InferenceFailed when the model did not return a requested output or returned an
-    array whose dtype contradicts its declared datatype.
+    binary output the headers carry ``Inference-Header-Content-Length``. An output
+    the model did not return is left out, even one the request names, as Triton
+    answers (a Python model may answer only some; ``requested_output_names()`` says
+    which were asked for). Raises InvalidRequest for a BYTES output that is not UTF-8
+    but was asked for as JSON, and InferenceFailed when the model returned an array
+    whose dtype contradicts its declared datatype.
     """
     default_binary = bool(request.parameters.get("binary_data_output", False))
     shared: dict[str, dict[str, Any]] = {}
@@ -54,15 +55,16 @@ def encode_infer_response(
 
     entries: list[dict[str, Any]] = []
     chunks: list[bytes | memoryview] = []
-    wanted_binary = dict(wanted)
+    produced = response.outputs
     for name, binary in wanted:
-        array = output_array(response, name)
+        array = produced.get(name)
+        if array is None:
+            continue
         datatype = output_datatype(response, name, array)
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         if name in shared:
             # Written into the client's region by the server; the entry says where.
             entry["parameters"] = shared_memory_entry(shared[name], array)
-            wanted_binary[name] = False
         elif binary:
             chunk = _binary_output(name, datatype, array)
             entry["parameters"] = {"binary_data_size": len(chunk)}
@@ -78,24 +80,13 @@ def encode_infer_response(
         document["parameters"] = response.parameters
     document["outputs"] = entries
     header = encode_json(document)
-    if not any(wanted_binary.values()):
+    if not chunks:
         return header, {"Content-Type": "application/json"}
     headers = {
         HEADER_CONTENT_LENGTH: str(len(header)),
         "Content-Type": "application/octet-stream",
     }
     return b"".join([header, *chunks]), headers
-
-
-def output_array(response: InferResponse, name: str) -> Tensor:
-    """Output ``name`` of ``response``; raise InferenceFailed if the model did not return it."""
-    array = response.outputs.get(name)
-    if array is None:
-        raise InferenceFailed(
-            f"model {response.model!r} did not return output {name!r}; "
-            f"it returned {', '.join(map(repr, response.outputs)) or 'nothing'}"
-        )
-    return array
 
 
 def output_datatype(response: InferResponse, name: str, array: Tensor) -> str:

@@ -39,7 +39,7 @@ from sordino.inference import (
     SharedInput,
     Tensor,
 )
-from sordino.protocol.encode import output_array, output_datatype
+from sordino.protocol.encode import output_datatype
 from sordino.protocol.extensions import (
     refuse_output_extensions,
     shared_memory_entry,
@@ -336,17 +336,20 @@ def _requested_outputs(
 def encode_infer_response(response: InferResponse, request: InferRequest) -> pb.ModelInferResponse:
     """Encode ``response`` as a ``ModelInferResponse`` with raw output contents.
 
-    Outputs come in the order the request listed them, or the model's order. Raises
-    InferenceFailed when the model did not return a requested output or returned
-    an array whose dtype contradicts its declared datatype.
+    Outputs come in the order the request listed them, or the model's order; one the
+    model did not return is left out, as Triton answers. Raises InferenceFailed when
+    the model returned an array whose dtype contradicts its declared datatype.
     """
     message = pb.ModelInferResponse(
         model_name=response.model, model_version=response.version, id=request.id or ""
     )
     wanted = [o.name for o in request.outputs] if request.outputs else list(response.outputs)
     shared = {o.name: o.parameters for o in request.outputs or () if wants_shared_memory(o)}
+    produced = response.outputs
     for name in wanted:
-        array = output_array(response, name)
+        array = produced.get(name)
+        if array is None:
+            continue
         datatype = output_datatype(response, name, array)
         # The values go in raw_output_contents, in the same order as outputs.
         entry = message.outputs.add(name=name, datatype=datatype, shape=array.shape)

@@ -33,9 +33,11 @@ from sordino.execution.batch import BatchContext, Cancels
 from sordino.execution.decoupled import ResponseChannel
 from sordino.execution.executor import Executor
 from sordino.inference import (
+    REQUEST_ABSENT,
     REQUEST_ERRORS,
     ModelKey,
     RequestFacts,
+    decode_request_absent,
     decode_request_errors,
     release_owned,
 )
@@ -130,10 +132,16 @@ class BatchRunner:
             computed()
         t2 = self._clock.now()
         self._cost.note(rows, t2 - t0, t2)
-        errors = None
-        if REQUEST_ERRORS in outputs:  # some requests' answers are errors: no rows
-            errors = decode_request_errors(outputs[REQUEST_ERRORS], len(live))
-            answered = Tensors.compose({n: (outputs, n) for n in outputs if n != REQUEST_ERRORS})
+        errors = absent = None
+        if REQUEST_ERRORS in outputs or REQUEST_ABSENT in outputs:
+            # Some requests' answers are errors (no rows) or lack outputs (filler rows).
+            if REQUEST_ERRORS in outputs:
+                errors = decode_request_errors(outputs[REQUEST_ERRORS], len(live))
+            if REQUEST_ABSENT in outputs:
+                absent = decode_request_absent(outputs[REQUEST_ABSENT], len(live))
+            answered = Tensors.compose(
+                {n: (outputs, n) for n in outputs if n not in (REQUEST_ERRORS, REQUEST_ABSENT)}
+            )
             outputs.release()
             outputs = answered
         with outputs:
@@ -148,6 +156,8 @@ class BatchRunner:
                 else:
                     result = outputs.rows(offset, offset + item.rows)
                 offset += item.rows
+                if absent is not None and absent[index]:
+                    result = _without(result, absent[index])
                 self._steps.update_from_output(item, result, t2 - t0, t2)
         t3 = self._clock.now()
         self._outcomes.batches += 1
@@ -272,3 +282,10 @@ def batch_context(live: Sequence[WorkItem]) -> BatchContext:
         # A backend that reads the facts (Triton's Python) is also told of cancellations.
         cancels=Cancels() if facts and not (first is not None and first.decoupled) else None,
     )
+
+
+def _without(result: Tensors, names: Sequence[str]) -> Tensors:
+    """``result`` less the outputs ``names`` (its request's response lacked them)."""
+    kept = Tensors.compose({n: (result, n) for n in result if n not in names})
+    result.release()
+    return kept

@@ -38,7 +38,7 @@ from sordino.execution.batch import NO_CONTEXT, BatchContext
 from sordino.execution.chain import ChainExecutor
 from sordino.execution.executor import MemoryFit
 from sordino.execution.staging import row_bytes
-from sordino.inference import ModelKey, ModelMetadata, Tensor
+from sordino.inference import ModelKey, ModelMetadata, RequestFacts, Tensor
 from sordino.memory.planner import plan_greedy_by_size
 from sordino.memory.quotas import QuotaLedger
 from sordino.memory.refs import Tensors, TensorsBuilder
@@ -92,6 +92,7 @@ class PipelineExecutor:
         self._last: dict[str, LoadedModel] = {}
         # Each node input -> (key of the live tensors it reads, tensor name there).
         self._wiring: list[dict[str, tuple[str, str]]] = []
+        self._optional: list[frozenset[str]] = []  # each node's optional inputs
         readers: dict[str, list[int]] = {}
         for index, node in enumerate(self._order):
             wiring: dict[str, tuple[str, str]] = {}
@@ -104,6 +105,7 @@ class PipelineExecutor:
             for key, _ in wiring.values():
                 readers.setdefault(key, []).append(index)
             self._wiring.append(wiring)
+            self._optional.append(frozenset(s.name for s in models[node.name].inputs if s.optional))
         self._outputs = {
             name: (node, output) for name, (node, output, _) in outputs_of(config, models).items()
         }
@@ -211,15 +213,9 @@ class PipelineExecutor:
             for key, tensors in live.items():
                 sizes[key] = (_nbytes(tensors), 0)
             for index, node in enumerate(self._order):
-                inputs = Tensors.compose(
-                    {
-                        name: (live[key], tensor)
-                        for name, (key, tensor) in self._wiring[index].items()
-                        if key in live  # (an optional pipeline input the request left out)
-                    }
-                )
+                inputs = Tensors.compose(self._node_inputs(index, live))
                 self._handed_over += sum(1 for name in inputs if inputs.ref(name).in_arena)
-                outputs = await self._run_node(node, inputs)
+                outputs = await self._run_node(node, inputs, self._made[node.name])
                 live[node.name] = outputs
                 sizes[node.name] = (_nbytes(outputs), index)
                 for key in self._release_after.get(index, ()):
@@ -227,12 +223,39 @@ class PipelineExecutor:
                     if left is not None:
                         left.release()
             self._plan = self._lay_out(sizes)
+            # An output a node's model did not return is left out (as Triton does).
             return Tensors.compose(
-                {name: (live[key], tensor) for name, (key, tensor) in self._outputs.items()}
+                {
+                    name: (live[key], tensor)
+                    for name, (key, tensor) in self._outputs.items()
+                    if tensor in live[key]
+                }
             )
         finally:
             for tensors in live.values():
                 tensors.release()
+
+    def _node_inputs(self, index: int, live: dict[str, Tensors]) -> dict[str, tuple[Tensors, str]]:
+        """Where node ``index`` reads each input; raises InferenceFailed for a required
+        one that a node before it did not return (an optional one is left out, as a
+        pipeline input the request left out is)."""
+        wired: dict[str, tuple[Tensors, str]] = {}
+        for name, (key, tensor) in self._wiring[index].items():
+            source = live.get(key)
+            if source is None:
+                continue  # an optional pipeline input the request left out
+            if tensor not in source:
+                if name in self._optional[index]:
+                    continue
+                node = self._order[index]
+                producer = next(n for n in self._order if n.name == key)
+                raise InferenceFailed(
+                    f"pipeline {self.config.name}: node {key} (model {producer.model}) "
+                    f"did not return output {tensor}, which node {node.name} (model "
+                    f"{node.model}) needs as its input {name}"
+                )
+            wired[name] = (source, tensor)
+        return wired
 
     def _enter(self, parts: Sequence[Mapping[str, Tensor]], live: dict[str, Tensors]) -> None:
         """The batch's pipeline inputs as live tensors, each written at most once.
@@ -281,8 +304,13 @@ class PipelineExecutor:
         plan, peak = plan_greedy_by_size(tensors)
         return peak, sum(planned.size for planned in plan)
 
-    async def _run_node(self, node: NodeConfig, inputs: Tensors) -> Tensors:
-        """Submit ``inputs`` (the node's request takes them over) and await its outputs."""
+    async def _run_node(self, node: NodeConfig, inputs: Tensors, wanted: Sequence[str]) -> Tensors:
+        """Submit ``inputs`` (the node's request takes them over) and await its outputs.
+
+        A model that reads its requests' facts is asked for ``wanted`` only (the
+        outputs the pipeline reads or returns), as Triton's ensemble asks a step for
+        its ``output_map``'s keys (``requested_output_names()``).
+        """
         where = f"pipeline {self.config.name}, node {node.name} (model {node.model})"
         submitted = False
         try:
@@ -295,8 +323,9 @@ class PipelineExecutor:
                 nbytes = _rows(inputs, served) * row_bytes(inputs, served.metadata)
                 charged = await self._pools.acquire(node.model, nbytes)
             try:
+                facts = RequestFacts(outputs=tuple(wanted)) if served.request_facts else None
                 request = served.scheduler.submit(
-                    inputs, priority=priority, timeout_s=node.runtime.timeout
+                    inputs, priority=priority, timeout_s=node.runtime.timeout, facts=facts
                 )
                 submitted = True
                 return await served.scheduler.result(request)

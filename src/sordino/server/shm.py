@@ -323,7 +323,7 @@ class SystemSharedMemory:
             name, size, offset = where
             array = response.outputs.get(output.name)
             if array is None:
-                continue  # the encoder reports the missing output
+                continue  # not produced: left out, as the encoder leaves it
             if array.dtype == np.object_:
                 payload = np.frombuffer(serialize_bytes_tensor(array), dtype=np.uint8)
             else:

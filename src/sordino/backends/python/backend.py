@@ -58,11 +58,13 @@ from sordino.backends.python.joining import (
 from sordino.datatypes import from_triton_type
 from sordino.errors import ModelLoadError
 from sordino.inference import (
+    REQUEST_ABSENT,
     REQUEST_ERRORS,
     ModelMetadata,
     RequestFacts,
     Tensor,
     TensorSpec,
+    encode_request_absent,
     encode_request_errors,
 )
 
@@ -307,7 +309,9 @@ class PythonBackend:
         known); ``cancelled(index)`` answers request ``index``'s ``is_cancelled()``.
         Returns each declared output, the responses' tensors joined in request order;
         requests answered with an error (``InferenceResponse(error=...)``) have no rows
-        there, and their errors are in :data:`~sordino.inference.REQUEST_ERRORS`.
+        there, and their errors are in :data:`~sordino.inference.REQUEST_ERRORS`. An
+        output no response has is left out; one some responses lack has filler rows
+        for those, named in :data:`~sordino.inference.REQUEST_ABSENT`.
         With ``place``, each numeric output is written into the array ``place`` gives
         for it (each response's tensor copied once, into its rows; see
         ``backends/python/joining.py``); what ``place`` raises propagates as it is.
@@ -352,7 +356,7 @@ class PythonBackend:
             if inspect.iscoroutine(responses):  # async def execute, as Triton runs it
                 responses = bls.run_coroutine(responses, state)
             responses = sent_responses(responses, sent)
-            parts, errors = response_parts(responses, len(requests), metadata)
+            parts, errors, absent = response_parts(responses, len(requests), metadata, counts)
             layouts = output_layouts(parts, metadata.name)
             if place is None:
                 outputs = join_outputs(parts, {})
@@ -368,6 +372,8 @@ class PythonBackend:
             outputs = join_outputs(parts, place(layouts) if layouts else {})
         if errors:
             outputs[REQUEST_ERRORS] = encode_request_errors(len(requests), errors)
+        if absent:
+            outputs[REQUEST_ABSENT] = encode_request_absent(len(requests), absent)
         elapsed = time.perf_counter() - started
         with self._lock:
             self._batches += 1

@@ -2,7 +2,9 @@
 
 ``execute`` returns one response per request; :func:`response_parts` checks them and
 takes each declared output's tensor from each (a response with an error is that
-request's answer: it is set apart, and the outputs hold the other requests' rows),
+request's answer: it is set apart, and the outputs hold the other requests' rows; an
+output a response lacks, as Triton allows, is left out of its answer, the rows it
+would have filled zeros),
 :func:`output_layouts` says the dtype and shape of each joined output that can be
 placed in the arena (numbers and bools),
 and :func:`join_outputs` writes each response's tensor into its rows of the array the
@@ -11,6 +13,7 @@ worker placed (one copy each), or concatenates them where nothing was placed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -26,13 +29,21 @@ class PythonModelError(RuntimeError):
 
 
 def response_parts(
-    responses: Any, expected: int, metadata: ModelMetadata
-) -> tuple[dict[str, list[Tensor]], dict[int, tuple[int, str]]]:
+    responses: Any, expected: int, metadata: ModelMetadata, rows: Sequence[int] = ()
+) -> tuple[dict[str, list[Tensor]], dict[int, tuple[int, str]], dict[int, list[str]]]:
     """Each declared output's tensors, one per response without an error, in request
-    order, and the errors of the others by request index (Triton's code, the message);
-    else :class:`PythonModelError` saying what is wrong (a count that is not
-    ``expected``, a missing response). A response that lacks a declared output is an
-    error of its request (``INTERNAL``), as one with an error is."""
+    order; the errors of the others by request index (Triton's code, the message); and
+    the outputs each answered request's response lacks, by request index. Else
+    :class:`PythonModelError` saying what is wrong (a count that is not ``expected``,
+    a missing response).
+
+    A response may lack a declared output (Triton answers its request without it: a
+    model that returns only ``requested_output_names()`` does). An output no response
+    has is left out; one only some lack is filled, for those, with zeros of the rows
+    ``rows`` gives them (the requests' row counts; empty for one request) and the
+    dtype and other dimensions of the first response that has it, so the joined
+    output's rows stay in step with the requests'.
+    """
     name = metadata.name
     if not isinstance(responses, list | tuple) or len(responses) != expected:
         got = len(responses) if isinstance(responses, list | tuple) else type(responses)
@@ -43,6 +54,7 @@ def response_parts(
     declared = [spec.name for spec in metadata.outputs]
     parts: dict[str, list[Tensor]] = {output: [] for output in declared}
     errors: dict[int, tuple[int, str]] = {}
+    absent: dict[int, list[str]] = {}
     for index, response in enumerate(responses):
         if response is None:
             raise PythonModelError(
@@ -63,12 +75,55 @@ def response_parts(
                 continue
         given = {t.name(): t.as_numpy() for t in tensors}
         missing = [output for output in declared if output not in given]
-        if missing:  # that request's answer is an error (INTERNAL: the model's fault)
-            errors[index] = (1, f"model {name}: its response lacks output {missing[0]}")
-            continue
+        if missing:
+            absent[index] = missing
         for output in declared:
-            parts[output].append(given[output])
-    return parts, errors
+            parts[output].append(given.get(output, _ABSENT))
+    if absent:
+        _fill_absent(parts, absent, [i for i in range(len(responses)) if i not in errors], rows)
+    return parts, errors, absent
+
+
+_ABSENT: Any = None
+"""Where a response lacks an output, until :func:`_fill_absent` fills or drops it."""
+
+
+def _fill_absent(
+    parts: dict[str, list[Tensor]],
+    absent: dict[int, list[str]],
+    answered: list[int],
+    rows: Sequence[int],
+) -> None:
+    """Drop the outputs no response has; fill the places of those some lack with zeros.
+
+    ``absent`` is left naming only the outputs filled (those dropped are not in any
+    answer: nothing to take out of one).
+    """
+    for output, arrays in list(parts.items()):
+        present = next((array for array in arrays if array is not _ABSENT), None)
+        if present is None:
+            del parts[output]
+            continue
+        if not any(array is _ABSENT for array in arrays):
+            continue
+        inner, dtype = present.shape[1:], present.dtype
+        for place, request in enumerate(answered):
+            if arrays[place] is _ABSENT:
+                count = rows[request] if request < len(rows) else 1
+                arrays[place] = _zeros((count, *inner), dtype)
+    for request, names in list(absent.items()):
+        kept = [output for output in names if output in parts]
+        if kept:
+            absent[request] = kept
+        else:
+            del absent[request]
+
+
+def _zeros(shape: tuple[int, ...], dtype: np.dtype[Any]) -> Tensor:
+    """Zeros of ``dtype`` (empty strings for an object array: BYTES)."""
+    if dtype == np.object_:
+        return np.full(shape, b"", dtype=object)
+    return np.zeros(shape, dtype)
 
 
 def triton_code(error: Any) -> int:
