@@ -82,6 +82,13 @@ def test_statistics_extension(client: httpclient.InferenceServerClient) -> None:
     entry = stats["model_stats"][0]
     assert entry["name"] == "digits-classifier"
     assert "success" in entry["inference_stats"]
+    # Triton 2.51's fields, in its order; a CPU model's memory usage and the response
+    # statistics (which its Python and ONNX backends never report) are empty there too.
+    assert list(entry) == [
+        "name", "version", "last_inference", "inference_count", "execution_count",
+        "inference_stats", "response_stats", "batch_stats", "memory_usage",
+    ]  # fmt: skip
+    assert (entry["response_stats"], entry["memory_usage"]) == ({}, [])
 
 
 def test_errors_surface_as_exceptions(client: httpclient.InferenceServerClient) -> None:

@@ -171,6 +171,7 @@ class ModelStats:
                             "cache_hit", "cache_miss",
                         )
                     },
+                    "response_stats": {},
                     "batch_stats": [
                         {
                             "batch_size": size,
@@ -180,6 +181,7 @@ class ModelStats:
                         }
                         for size, b in sorted(entry["batches"].items())
                     ],
+                    "memory_usage": [],
                 }
             )  # fmt: skip
         return {"model_stats": out}

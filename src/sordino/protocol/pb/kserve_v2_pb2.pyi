@@ -513,7 +513,14 @@ class InferBatchStatistics(_message.Message):
     def __init__(self, batch_size: _Optional[int] = ..., compute_input: _Optional[_Union[StatisticDuration, _Mapping]] = ..., compute_infer: _Optional[_Union[StatisticDuration, _Mapping]] = ..., compute_output: _Optional[_Union[StatisticDuration, _Mapping]] = ...) -> None: ...
 
 class ModelStatistics(_message.Message):
-    __slots__ = ("name", "version", "last_inference", "inference_count", "execution_count", "inference_stats", "batch_stats")
+    __slots__ = ("name", "version", "last_inference", "inference_count", "execution_count", "inference_stats", "batch_stats", "memory_usage", "response_stats")
+    class ResponseStatsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: InferResponseStatistics
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[InferResponseStatistics, _Mapping]] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     LAST_INFERENCE_FIELD_NUMBER: _ClassVar[int]
@@ -521,6 +528,8 @@ class ModelStatistics(_message.Message):
     EXECUTION_COUNT_FIELD_NUMBER: _ClassVar[int]
     INFERENCE_STATS_FIELD_NUMBER: _ClassVar[int]
     BATCH_STATS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USAGE_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_STATS_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     last_inference: int
@@ -528,7 +537,35 @@ class ModelStatistics(_message.Message):
     execution_count: int
     inference_stats: InferStatistics
     batch_stats: _containers.RepeatedCompositeFieldContainer[InferBatchStatistics]
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., last_inference: _Optional[int] = ..., inference_count: _Optional[int] = ..., execution_count: _Optional[int] = ..., inference_stats: _Optional[_Union[InferStatistics, _Mapping]] = ..., batch_stats: _Optional[_Iterable[_Union[InferBatchStatistics, _Mapping]]] = ...) -> None: ...
+    memory_usage: _containers.RepeatedCompositeFieldContainer[MemoryUsage]
+    response_stats: _containers.MessageMap[str, InferResponseStatistics]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., last_inference: _Optional[int] = ..., inference_count: _Optional[int] = ..., execution_count: _Optional[int] = ..., inference_stats: _Optional[_Union[InferStatistics, _Mapping]] = ..., batch_stats: _Optional[_Iterable[_Union[InferBatchStatistics, _Mapping]]] = ..., memory_usage: _Optional[_Iterable[_Union[MemoryUsage, _Mapping]]] = ..., response_stats: _Optional[_Mapping[str, InferResponseStatistics]] = ...) -> None: ...
+
+class MemoryUsage(_message.Message):
+    __slots__ = ("type", "id", "byte_size")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    BYTE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    id: int
+    byte_size: int
+    def __init__(self, type: _Optional[str] = ..., id: _Optional[int] = ..., byte_size: _Optional[int] = ...) -> None: ...
+
+class InferResponseStatistics(_message.Message):
+    __slots__ = ("compute_infer", "compute_output", "success", "fail", "empty_response", "cancel")
+    COMPUTE_INFER_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    SUCCESS_FIELD_NUMBER: _ClassVar[int]
+    FAIL_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    compute_infer: StatisticDuration
+    compute_output: StatisticDuration
+    success: StatisticDuration
+    fail: StatisticDuration
+    empty_response: StatisticDuration
+    cancel: StatisticDuration
+    def __init__(self, compute_infer: _Optional[_Union[StatisticDuration, _Mapping]] = ..., compute_output: _Optional[_Union[StatisticDuration, _Mapping]] = ..., success: _Optional[_Union[StatisticDuration, _Mapping]] = ..., fail: _Optional[_Union[StatisticDuration, _Mapping]] = ..., empty_response: _Optional[_Union[StatisticDuration, _Mapping]] = ..., cancel: _Optional[_Union[StatisticDuration, _Mapping]] = ...) -> None: ...
 
 class ModelStatisticsResponse(_message.Message):
     __slots__ = ("model_stats",)
