@@ -777,6 +777,68 @@ def logging_checks(theirs: str, ours: str) -> list[dict[str, Any]]:
     return checks
 
 
+TRACE_STEPS: list[tuple[str, str, dict[str, Any] | None]] = [
+    ("read", "", None),
+    ("a model's own rate", "add_sub", {"trace_rate": "2"}),
+    ("switched on", "", {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "2"}),
+    ("the model's, after", "add_sub", None),
+    ("the model's rate cleared", "add_sub", {"trace_rate": None}),
+    ("rate 0 refused", "", {"trace_rate": "0"}),
+    ("file refused", "", {"trace_file": "/tmp/elsewhere.json"}),
+    ("unknown model refused", "nope", {"trace_rate": "1"}),
+]
+"""Triton's trace extension, asked the same of both servers (started with a trace file
+and no tracing): each answer's status and settings (the file's path aside) compared."""
+
+
+def trace_checks(theirs: str, ours: str) -> list[dict[str, Any]]:
+    """:data:`TRACE_STEPS` on both servers, then two add_sub requests (``t0``, ``t1``:
+    both traced, rate 1 and count 2) and the settings after (count ``"0"`` on both)."""
+
+    def ask(url: str, model: str, body: dict[str, Any] | None) -> tuple[int, Any]:
+        where = f"{url}/v2{f'/models/{model}' if model else ''}/trace/setting"
+        if body is None:
+            with urllib.request.urlopen(where, timeout=10) as answer:
+                found = json.loads(answer.read())
+                status = answer.status
+        else:
+            status, found = _control_post(where, body)
+        if isinstance(found, dict):
+            found.pop("trace_file", None)
+        return status, found if status < 400 else None
+
+    checks = []
+    a_add_sub = np.ones(4, np.float32)
+    for what, model, body in [*TRACE_STEPS, ("after two requests", "", None)]:
+        if what == "after two requests":
+            for url in (theirs, ours):
+                client = httpclient.InferenceServerClient(url.removeprefix("http://"))
+                for rid in ("t0", "t1"):
+                    arrays = {"INPUT0": a_add_sub, "INPUT1": a_add_sub}
+                    client.infer("add_sub", _tensors(httpclient, arrays), request_id=rid)
+                client.close()
+        expected, got = ask(theirs, model, body), ask(ours, model, body)
+        same = expected == got if expected[0] < 400 else got[0] >= 400
+        detail = "" if same else f"triton {expected}, sordino {got}"
+        checks.append({"check": f"trace setting {what}", "protocol": "http", "equal": same,
+                       "detail": detail})  # fmt: skip
+        print(f"{'ok  ' if same else 'DIFF'} http trace setting {what} {detail}")
+    return checks
+
+
+def traced_requests(path: Path) -> list[tuple[str, str, list[str]]]:
+    """A trace file's traces: request id, model, and the timestamps' names (sorted)."""
+    found: dict[int, dict[str, Any]] = {}
+    for record in json.loads(path.read_text()) if path.exists() else []:
+        trace = found.setdefault(record["id"], {"names": []})
+        if "timestamps" in record:
+            trace["names"] += [t["name"] for t in record["timestamps"]]
+        else:
+            trace.update(record)
+    return [(t.get("request_id", ""), t.get("model_name", ""), sorted(t["names"]))
+            for _, t in sorted(found.items())]  # fmt: skip
+
+
 OVERRIDE: dict[str, Any] = {
     "backend": "python",
     "input": [{"name": f"INPUT{i}", "data_type": "TYPE_FP32", "dims": [4]} for i in (0, 1)],
@@ -843,12 +905,15 @@ def main() -> None:
     try:
         python = peers.ensure_venv("triton", peers.TRITON_PACKAGES,
                                    "import pytriton, onnxruntime, numpy")  # fmt: skip
+        traces = Path(scratch.name) / "triton-trace.json", Path(scratch.name) / "sordino-trace.json"
         with (
-            peers.triton_on(python, repo, [f"--cache-config={CACHE}"]) as triton,
+            peers.triton_on(python, repo, [f"--cache-config={CACHE}",
+                                           f"--trace-config=triton,file={traces[0]}"]) as triton,
             sordino_server(
-                ["--model-repository", str(repo), "--no-builtin", "--cache-config", CACHE]
-            ) as ours,  # fmt: skip
-        ):
+                ["--model-repository", str(repo), "--no-builtin", "--cache-config", CACHE,
+                 "--trace-config", f"triton,file={traces[1]}"]
+            ) as ours,
+        ):  # fmt: skip
             models = sorted(p.name for p in repo.iterdir() if p.is_dir())
             checks = compare(triton, ours.http, ours.grpc, models)
             theirs_metrics = _metric_names(triton.metrics or "")
@@ -867,6 +932,12 @@ def main() -> None:
             print(f"{'ok  ' if same else 'DIFF'} http /metrics has {family} ({found})")
             checks += _triton_metrics(triton.metrics or "", f"{ours.http}/metrics", models)
             checks += logging_checks(triton.http, ours.http)
+            checks += trace_checks(triton.http, ours.http)
+        expected_traces, got_traces = (traced_requests(path) for path in traces)
+        same = expected_traces == got_traces and len(got_traces) == 2
+        checks.append({"check": "trace file", "protocol": "http", "equal": same,
+                       "detail": f"triton {expected_traces}, sordino {got_traces}"})  # fmt: skip
+        print(f"{'ok  ' if same else 'DIFF'} http trace file {got_traces}")
         checks += compare_control(python, repo)
     except peers.PeerError as exc:
         print(f"cannot run: {exc}", file=sys.stderr)

@@ -113,6 +113,9 @@ class InferRequest:
     """Set only by the server itself, for a request a model makes to another model (BLS):
     the tenant it is served for, taken from the request the calling model was executing
     (already authenticated). Transports never set it."""
+    trace: object = None
+    """``"HTTP"`` or ``"GRPC"`` when a transport will encode the answer itself; the
+    request's trace once the server samples it (``server/tracing.py``)."""
 
     def release(self) -> None:
         """Give back the arena blocks under ``inputs``, if they are owned tensors."""

@@ -236,8 +236,16 @@ def test_grpc_and_http_requests_share_a_batch(
     http.close()
 
 
-def test_unsupported_rpcs_say_so(client: grpcclient.InferenceServerClient) -> None:
+def test_trace_settings_without_a_trace_file_read_as_tritons(
+    client: grpcclient.InferenceServerClient,
+) -> None:
+    """Started with no trace file: Triton 2.51's defaults, and no tracing to switch on."""
+    settings = client.get_trace_settings(as_json=True)["settings"]
+    assert {name: given["value"] for name, given in settings.items()} == {
+        "trace_level": ["OFF"], "trace_rate": ["1000"], "trace_count": ["-1"],
+        "log_frequency": ["0"], "trace_file": [""], "trace_mode": ["triton"],
+    }  # fmt: skip
     with pytest.raises(InferenceServerException) as info:
-        client.get_trace_settings()
-    assert info.value.status() == "StatusCode.UNIMPLEMENTED"
-    assert "trace extension is not supported" in info.value.message()
+        client.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]})
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "trace file name is not given" in info.value.message()

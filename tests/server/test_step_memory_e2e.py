@@ -84,7 +84,10 @@ def test_a_generation_runs_its_steps_in_one_region_of_one_steps_outputs() -> Non
         url = f"{server.url}/v2/models/digits-diffusion/generate"
         reference = httpx.post(url, json=body, timeout=60)
         assert reference.status_code == 200, reference.text
-        assert not server.runtime.memory.statistics().plans[0].regions
+        # Observers hear of the finished request a loop step after its answer is written.
+        memory = server.runtime.memory
+        wait_for(lambda: memory.statistics().plans, "the thread instance's step plan")
+        assert not memory.statistics().plans[0].regions
     with serve_in_thread(RuntimeConfig(), [source]) as server:
         runtime = server.runtime
         answer = httpx.post(

@@ -14,12 +14,13 @@ import resource
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 import click
 
 from sordino.cli.cache_config import cache_size
 from sordino.cli.switches import switch_option
+from sordino.cli.trace_config import trace_settings
 from sordino.config import RuntimeConfig, SchedulerMode, load_config
 from sordino.errors import ConfigError, SordinoError
 
@@ -258,6 +259,14 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
     help="Keep answers of models that enable response_cache, as Triton's local cache.",
 )
 @click.option(
+    "--trace-config",
+    "trace",
+    multiple=True,
+    metavar="[triton,]SETTING=VALUE",
+    callback=trace_settings,
+    help="Trace requests, as Triton: triton,file=PATH level=TIMESTAMPS.",
+)
+@click.option(
     "--repository-poll-secs",
     type=float,
     help="How often poll mode rescans the repository (default 15).",
@@ -354,6 +363,7 @@ def start(
     model_control_mode: str | None,
     load_models: tuple[str, ...],
     cache_size: int | None,
+    trace: dict[str, Any],
     repository_poll_secs: float | None,
     data_dir: Path | None,
     mode: str | None,
@@ -393,6 +403,7 @@ def start(
         "server.model_control_mode": model_control_mode,
         "server.repository_poll_secs": repository_poll_secs,
         "server.response_cache_size": cache_size,
+        **{f"server.trace.{field}": value for field, value in trace.items()},
         "server.data_dir": str(data_dir) if data_dir else None,
         "scheduler.mode": mode,
         "memory.strategy": memory_strategy,

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from sordino.config.base import ExpandedPath, Section
+from sordino.config.trace import TraceConfig
 from sordino.config.units import Duration, Size, parse_size
 
 __all__ = ["MIN_TOKEN_LENGTH", "ModelControlMode", "ServerConfig", "TlsConfig"]
@@ -86,6 +87,8 @@ class ServerConfig(Section):
     """Bytes of answers kept for the models that enable ``response_cache`` (Triton's
     ``local`` cache; flag ``--cache-config local,size=BYTES``); None: no cache, and such
     models run every request, as on Triton without ``--cache-config``."""
+    trace: TraceConfig = Field(default_factory=TraceConfig)
+    """Triton's request tracing (``--trace-config``; docs/observability.md)."""
     shutdown_timeout: Duration = 30.0
     """How long a graceful stop waits for in-flight requests before cancelling them."""
     tls: TlsConfig | None = None

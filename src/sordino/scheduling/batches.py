@@ -47,7 +47,7 @@ from sordino.scheduling.estimate import BatchCost
 from sordino.scheduling.failures import BatchFailures
 from sordino.scheduling.outcomes import Outcomes
 from sordino.scheduling.steps import Steps
-from sordino.scheduling.work import WorkItem
+from sordino.scheduling.work import Stamps, WorkItem
 
 __all__ = ["BatchRunner", "batch_context"]
 
@@ -158,6 +158,9 @@ class BatchRunner:
                 offset += item.rows
                 if absent is not None and absent[index]:
                     result = _without(result, absent[index])
+                request = item.request
+                if request is not None and request.trace is not None:
+                    _stamp_compute(request.trace, (t0, t1, t2, self._clock.now()))
                 self._steps.update_from_output(item, result, t2 - t0, t2)
         t3 = self._clock.now()
         self._outcomes.batches += 1
@@ -289,3 +292,13 @@ def _without(result: Tensors, names: Sequence[str]) -> Tensors:
     kept = Tensors.compose({n: (result, n) for n in result if n not in names})
     result.release()
     return kept
+
+
+_COMPUTE = ("COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END")
+
+
+def _stamp_compute(trace: Stamps, moments: tuple[float, ...]) -> None:
+    """A traced request's batch: begun, staged, back from the model, split (the
+    scheduler's clock: ``time.monotonic`` in a server, as the trace's)."""
+    for name, moment in zip(_COMPUTE, moments, strict=True):
+        trace.stamp(name, int(moment * 1e9))

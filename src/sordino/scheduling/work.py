@@ -131,6 +131,12 @@ class Stepper(Protocol):
     def close(self) -> None: ...
 
 
+class Stamps(Protocol):
+    """A request's trace, as the scheduler stamps it (``server/tracing.Trace``)."""
+
+    def stamp(self, name: str, ns: int | None = None) -> None: ...
+
+
 @dataclass(eq=False, slots=True)
 class Request:
     """One accepted request, owned by its model's scheduler until it finishes.
@@ -173,6 +179,9 @@ class Request:
     facts: RequestFacts | None = None
     """What a backend may know of it (id, correlation ID, parameters, deadline, ...);
     each batch holding a step of it carries them in its context."""
+    trace: Stamps | None = None
+    """Its trace when the server sampled it (``server/tracing.py``): its batch's
+    moments are stamped on it."""
 
     @property
     def max_steps(self) -> int:

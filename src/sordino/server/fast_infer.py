@@ -33,6 +33,7 @@ from sordino.server.inference_parts import InferenceParts
 from sordino.server.route import Route
 from sordino.server.runtime import Runtime
 from sordino.server.service import request_tenant
+from sordino.server.tracing import sent
 
 __all__ = [
     "INFER_PATH",
@@ -273,11 +274,15 @@ def open_infer(
 
 async def serve_opened(parts: InferenceParts, opened: Opened, watch: Watch, path: str) -> Answer:
     """The service's part of an :class:`Opened` request, in a task: its answer."""
+    request = opened.request
+    request.trace = "HTTP"  # the answer is encoded here: a trace's sending is stamped here
     try:
-        response = await serve(parts, opened.request, opened.route, opened.shared, watch)
+        response = await serve(parts, request, opened.route, opened.shared, watch)
     except Exception as exc:
         return _told(parts, answer_error(exc, path))
-    return finish_infer(parts, opened, response, path)
+    if request.trace == "HTTP":  # not traced
+        return finish_infer(parts, opened, response, path)
+    return sent(request, lambda: finish_infer(parts, opened, response, path))
 
 
 def finish_infer(

@@ -14,6 +14,7 @@ the task awaiting the runtime, which removes its queued request (counted as canc
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
@@ -25,7 +26,7 @@ import grpc
 from sordino import __version__
 from sordino.control.admin import AdminAccess
 from sordino.errors import ModelResponseError, SordinoError
-from sordino.inference import InferRequest
+from sordino.inference import InferRequest, InferResponse
 from sordino.protocol.grpc_codec import (
     decode_infer_request,
     encode_infer_response,
@@ -43,6 +44,7 @@ from sordino.server.runtime import Runtime
 from sordino.server.service import request_tenant
 from sordino.server.shm import cuda_register, cuda_status
 from sordino.server.streams import StreamLimit, peer_address
+from sordino.server.tracing import sent
 
 __all__ = ["SERVICE", "UNSUPPORTED_RPCS", "Caller", "InferenceServicer", "Unary"]
 
@@ -51,13 +53,9 @@ log = logging.getLogger("sordino.grpc")
 SERVICE = "inference.GRPCInferenceService"
 """The service's name on the wire (its method paths are ``/SERVICE/Method``)."""
 
-UNSUPPORTED_RPCS: dict[str, str] = {
-    "TraceSetting": (
-        "the trace extension is not supported by sordino; use the metrics at /metrics and "
-        "the ModelStatistics RPC"
-    ),
-}
-"""Triton RPCs sordino answers with UNIMPLEMENTED, and the message it sends (after ``Name: ``)."""
+UNSUPPORTED_RPCS: dict[str, str] = {}
+"""Triton RPCs sordino answers with UNIMPLEMENTED, and the message it sends (after
+``Name: ``): none at present (``TraceSetting`` was, until the trace extension)."""
 
 FINAL_RESPONSE = "triton_final_response"
 EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"
@@ -157,7 +155,16 @@ class InferenceServicer:
             shared = self._shared.uses(request)
             if shared:
                 self._shared.attach(request, self._service.tenant_of(request))
+        request.trace = "GRPC"  # the answer is encoded here: a trace's sending is stamped here
         response = await self._service.infer(request, route)
+        if request.trace == "GRPC":  # not traced
+            return self._encoded(request, response, shared)
+        return sent(request, functools.partial(self._encoded, request, response, shared))
+
+    def _encoded(
+        self, request: InferRequest, response: InferResponse, shared: bool
+    ) -> pb.ModelInferResponse:
+        """``response`` encoded (its shared-memory outputs written), then released."""
         try:
             if shared:
                 self._shared.write_outputs(request, response, request_tenant(request))
@@ -274,6 +281,22 @@ class InferenceServicer:
                 entry.uint32_param = now
             else:
                 entry.string_param = str(now)
+        return response
+
+    async def TraceSetting(self, raw: bytes, context: Any) -> pb.TraceSettingResponse:
+        """Triton's trace extension: the settings of the server or of ``model_name``,
+        after the request's changes (a setting with no value: take the server's)."""
+        self.access.check_grpc(context)
+        request = parse_message(pb.TraceSettingRequest, raw)
+        changes: dict[str, Any] = {}
+        for name, given in request.settings.items():
+            values = list(given.value)
+            changes[name] = (values if name == "trace_level" else values[0]) if values else None
+        tracer, model = self._service.tracer, request.model_name or None
+        response = pb.TraceSettingResponse()
+        settings = tracer.update(changes, model) if changes else tracer.current(model)
+        for name, now in settings.items():
+            response.settings[name].value.extend(now if isinstance(now, list) else [now])
         return response
 
     async def ModelStreamInfer(self, context: Any) -> None:

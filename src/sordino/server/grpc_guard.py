@@ -42,6 +42,7 @@ UNARY_RPCS = (
     "RepositoryModelLoad",
     "RepositoryModelUnload",
     "LogSettings",
+    "TraceSetting",
     "SystemSharedMemoryStatus",
     "SystemSharedMemoryRegister",
     "SystemSharedMemoryUnregister",

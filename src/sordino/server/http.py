@@ -38,6 +38,7 @@ from sordino.server.reconfigure_routes import reconfigure_routes
 from sordino.server.runtime import Runtime
 from sordino.server.shm_routes import shm_routes
 from sordino.server.tenant_routes import tenant_routes
+from sordino.server.tracing import trace_routes
 
 __all__ = ["EXTENSIONS", "build_app"]
 
@@ -50,6 +51,7 @@ EXTENSIONS = [
     "model_repository",
     "model_repository(unload_dependents)",
     "logging",
+    "trace",
     "generate",
     "system_shared_memory",
     "classification",
@@ -160,6 +162,9 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
     routes += guardian_routes(runtime, functools.partial(_guard, runtime), access)
     routes += shm_routes(runtime, functools.partial(_guard, runtime))
     routes += log_routes(functools.partial(_guard, runtime), access.protect)
+    routes += trace_routes(
+        runtime.service.tracer, functools.partial(_guard, runtime), access.protect
+    )
     reconfigurer = Reconfigurer(runtime)
     routes += reconfigure_routes(reconfigurer, functools.partial(_guard, runtime), access)
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):

@@ -54,6 +54,7 @@ from sordino.server.response_cache import ResponseCache
 from sordino.server.result_cache import ResultCache
 from sordino.server.service import InferenceService
 from sordino.server.shm import SystemSharedMemory
+from sordino.server.tracing import Tracer
 from sordino.telemetry.execution_metrics import ExecutionCollector
 from sordino.telemetry.hub import Telemetry
 from sordino.telemetry.labels import MetricLabels
@@ -206,6 +207,7 @@ class Runtime:
             pools=self.memory.pools if self.memory.pools.statistics(limited_only=True) else None,
             response_cache=self.response_cache,
         )
+        self.service.tracer = Tracer(config.server.trace, self.registry.has)
         # What the inference endpoints use of all this, and nothing else.
         self.inference = InferenceParts(
             self.service, self.registry, self.tenants, self.shared_memory,
@@ -412,6 +414,7 @@ class Runtime:
         self.memory.close()  # the arena, once no worker maps it
         self.events.emit("server_stopped", "runtime")
         await self.telemetry.stop()
+        self.service.tracer.close()  # the traces not yet written
 
     def remove_stale_segments(self) -> list[StaleSegment]:
         """Remove the arena segments of dead servers on this data dir; log and report each."""

@@ -53,6 +53,7 @@ from sordino.server.request_facts import request_facts
 from sordino.server.response_cache import ResponseCache
 from sordino.server.route import Route, fill_initial_state, refuse_one_shot
 from sordino.server.ticket import Ticket, Tickets
+from sordino.server.tracing import Trace, Tracer, traced
 from sordino.telemetry.hub import Telemetry
 from sordino.telemetry.metrics import Metrics
 from sordino.telemetry.model_stats import ModelStats
@@ -92,6 +93,8 @@ class InferenceService:
         self._rejections = Rejections(registry, metrics, telemetry)
         self._tickets = Tickets(telemetry, tenants=tenants, quotas=quotas, pools=pools, learn=learn)
         self._cache = response_cache
+        self.tracer = Tracer.off()
+        """Triton's request tracing (``server/tracing.py``); the runtime sets its own."""
 
     # -- the way in ------------------------------------------------------------------
 
@@ -290,11 +293,21 @@ class InferenceService:
             return tenant
         return request.client
 
-    async def _infer_one(self, request: InferRequest, route: Route) -> InferResponse:
+    async def _infer_one(
+        self, request: InferRequest, route: Route, trace: Trace | None = None
+    ) -> InferResponse:
         cache = self._cache if route.cached else None
         if cache is not None:
             return await self._infer_cached(request, route, cache)
+        tracer = self.tracer
+        if trace is None and tracer.on:
+            trace = tracer.sample(route.key.name, route.key.version, request.id)
+            if trace is not None:
+                return await traced(self._infer_one, request, route, trace)
         accepted, ticket = await self._accept(request, route, one_shot=True)
+        if trace is not None:
+            accepted.trace = trace
+            trace.stamp("QUEUE_START")
         try:
             outputs = await route.scheduler.result(accepted)
         finally:
