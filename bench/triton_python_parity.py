@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from bench import peers
 from bench.common import save, sordino_server
@@ -142,7 +142,7 @@ REQUESTED_ONLY_ENSEMBLE = "ensemble_requested_only"
 asked with no outputs named and for OC alone."""
 
 _REQUESTED_ONLY_STEP = (
-    '{ model_name: "requested_only" input_map { key: "X" value: "IN" } '
+    '{ model_name: "requested_only" model_version: -1 input_map { key: "X" value: "IN" } '
     'output_map { key: "A" value: "OA" } output_map { key: "C" value: "OC" } }'
 )
 
@@ -338,7 +338,7 @@ def cases(models: list[str]) -> list[Case]:
 def _tensors(mod: Any, arrays: dict[str, np.ndarray]) -> list[Any]:
     inputs = []
     for name, array in arrays.items():
-        datatype = "BYTES" if array.dtype == np.object_ else "FP32"
+        datatype = "BYTES" if array.dtype == np.object_ else np_to_triton_dtype(array.dtype)
         tensor = mod.InferInput(name, list(array.shape), datatype)
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
@@ -780,7 +780,16 @@ def logging_checks(theirs: str, ours: str) -> list[dict[str, Any]]:
 TRACE_STEPS: list[tuple[str, str, dict[str, Any] | None]] = [
     ("read", "", None),
     ("a model's own rate", "add_sub", {"trace_rate": "2"}),
-    ("switched on", "", {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "2"}),
+    (
+        "switched on",
+        "",
+        {
+            "trace_level": ["TIMESTAMPS"],
+            "trace_rate": "1",
+            "trace_count": "2",
+            "log_frequency": "1",
+        },
+    ),
     ("the model's, after", "add_sub", None),
     ("the model's rate cleared", "add_sub", {"trace_rate": None}),
     ("rate 0 refused", "", {"trace_rate": "0"}),
@@ -793,7 +802,8 @@ and no tracing): each answer's status and settings (the file's path aside) compa
 
 def trace_checks(theirs: str, ours: str) -> list[dict[str, Any]]:
     """:data:`TRACE_STEPS` on both servers, then two add_sub requests (``t0``, ``t1``:
-    both traced, rate 1 and count 2) and the settings after (count ``"0"`` on both)."""
+    both traced, rate 1 and count 2, a file each) and the settings after (count ``"0"``
+    on both)."""
 
     def ask(url: str, model: str, body: dict[str, Any] | None) -> tuple[int, Any]:
         where = f"{url}/v2{f'/models/{model}' if model else ''}/trace/setting"
@@ -827,9 +837,11 @@ def trace_checks(theirs: str, ours: str) -> list[dict[str, Any]]:
 
 
 def traced_requests(path: Path) -> list[tuple[str, str, list[str]]]:
-    """A trace file's traces: request id, model, and the timestamps' names (sorted)."""
+    """The traces in ``PATH.0``, ``PATH.1``, … (a log frequency of 1: each written as it
+    is taken, not at the server's stop): request id, model, the timestamps' names."""
     found: dict[int, dict[str, Any]] = {}
-    for record in json.loads(path.read_text()) if path.exists() else []:
+    files = sorted(path.parent.glob(f"{path.name}.*"), key=lambda p: int(p.suffix[1:]))
+    for record in (r for file in files for r in json.loads(file.read_text())):
         trace = found.setdefault(record["id"], {"names": []})
         if "timestamps" in record:
             trace["names"] += [t["name"] for t in record["timestamps"]]
@@ -837,6 +849,20 @@ def traced_requests(path: Path) -> list[tuple[str, str, list[str]]]:
             trace.update(record)
     return [(t.get("request_id", ""), t.get("model_name", ""), sorted(t["names"]))
             for _, t in sorted(found.items())]  # fmt: skip
+
+
+def trace_files_check(theirs: Path, ours: Path) -> dict[str, Any]:
+    """Both servers' trace files once each holds its two traces (5 s at most: a trace is
+    written after its answer)."""
+    for _ in range(50):
+        expected, got = traced_requests(theirs), traced_requests(ours)
+        if len(expected) >= 2 and len(got) >= 2:
+            break
+        time.sleep(0.1)
+    same = expected == got and len(got) == 2
+    print(f"{'ok  ' if same else 'DIFF'} http trace files {got}")
+    return {"check": "trace files", "protocol": "http", "equal": same,
+            "detail": f"triton {expected}, sordino {got}"}  # fmt: skip
 
 
 OVERRIDE: dict[str, Any] = {
@@ -933,11 +959,7 @@ def main() -> None:
             checks += _triton_metrics(triton.metrics or "", f"{ours.http}/metrics", models)
             checks += logging_checks(triton.http, ours.http)
             checks += trace_checks(triton.http, ours.http)
-        expected_traces, got_traces = (traced_requests(path) for path in traces)
-        same = expected_traces == got_traces and len(got_traces) == 2
-        checks.append({"check": "trace file", "protocol": "http", "equal": same,
-                       "detail": f"triton {expected_traces}, sordino {got_traces}"})  # fmt: skip
-        print(f"{'ok  ' if same else 'DIFF'} http trace file {got_traces}")
+            checks.append(trace_files_check(*traces))
         checks += compare_control(python, repo)
     except peers.PeerError as exc:
         print(f"cannot run: {exc}", file=sys.stderr)
