@@ -24,9 +24,10 @@ server's again); values are strings, as Triton's protocol has them. The file and
 mode are set at start only (as on Triton); ``TENSORS`` and the ``opentelemetry`` mode
 are refused as not supported.
 
-Not traced: streams, generation and iterative models, pipeline steps and BLS calls
-(Triton traces them as child requests); behind ``--frontends N`` the front-end
-timestamps (their processes encode the answers).
+Not traced: streams, generation and iterative models, cached answers and pipeline
+steps (Triton traces steps as child requests); a BLS call is traced as a request of its
+own, with no parent. Behind ``--frontends N`` the front-end timestamps are not written
+(their processes encode the answers).
 """
 
 from __future__ import annotations
