@@ -7,16 +7,20 @@ import io
 import logging
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from sordino.errors import InvalidRequest, Unsupported
-from sordino.server import log_settings
-from sordino.server.log_settings import LogSettings
+from sordino.models.repository import scan_repository
+from sordino.telemetry import log_settings
+from sordino.telemetry.log_settings import LogSettings
 from sordino.testing import serve_in_thread
+from tests.waiting import wait_for
 
 TRITON_DEFAULTS = {
     "log_file": "",
@@ -118,3 +122,65 @@ def test_http_and_grpc_read_and_change_the_same_settings(process_log: None) -> N
             grpc.update_log_settings({"nope": True})
         assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
         assert "logging" in http.get_server_metadata()["extensions"]
+
+
+TALKER = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        pb_utils.Logger.log_info("talker: info at initialize")
+
+    def execute(self, requests):
+        pb_utils.Logger.log_info("talker: info at execute")
+        pb_utils.Logger.log_verbose("talker: verbose at execute")
+        pb_utils.Logger.log_warn("talker: warning at execute")
+        return [
+            pb_utils.InferenceResponse(
+                [pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())]
+            )
+            for r in requests
+        ]
+"""
+
+
+def test_a_python_models_log_lines_in_its_worker_follow_the_settings(
+    process_log: None, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A model's pb_utils.Logger lines in its worker process: info shown from the start
+    (Python would keep only warnings there), verbose once log_verbose_level is 1, info
+    gone once log_info is false — as Triton's model logs follow its settings."""
+    folder = tmp_path / "talker"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 4\n'
+        'input [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
+        'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
+    )
+    (folder / "1" / "model.py").write_text(TALKER)
+    logging.getLogger().setLevel(logging.INFO)
+    body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [1]}]}
+
+    def lines_after(change: dict[str, object] | None) -> list[tuple[str, str]]:
+        """The model's lines of one request (its warning, always written, comes last)."""
+        if change is not None:
+            assert httpx.post(f"{server.url}/v2/logging", json=change).status_code == 200
+        capfd.readouterr()
+        assert httpx.post(f"{server.url}/v2/models/talker/infer", json=body).status_code == 200
+        written: list[str] = []
+
+        def warned() -> bool:
+            written.append(capfd.readouterr().err)
+            return "warning at execute" in "".join(written)
+
+        wait_for(warned, "the worker's warning line")
+        return re.findall(r"talker: (\w+) at (\w+)", "".join(written))
+
+    with serve_in_thread(None, scan_repository(tmp_path)) as server:
+        assert "talker: info at initialize" in capfd.readouterr().err
+        assert lines_after(None) == [("info", "execute"), ("warning", "execute")]
+        verbose = lines_after({"log_verbose_level": 1})
+        assert verbose == [("info", "execute"), ("verbose", "execute"), ("warning", "execute")]
+        assert lines_after({"log_info": False, "log_verbose_level": 0}) == [("warning", "execute")]

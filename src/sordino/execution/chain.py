@@ -323,6 +323,11 @@ class ChainExecutor:
             model, seconds=seconds, trace_dir=trace_dir, synthetic_batch=synthetic_batch
         )
 
+    async def tell_log(self, settings: dict[str, Any]) -> None:
+        """The models' worker processes log as the server now does (the logging
+        extension changed it; ``telemetry/log_settings.py``)."""
+        await self._pool.tell_log(settings)
+
     # -- the guardian's controls ------------------------------------------------------
 
     def serving(self, key: ModelKey) -> int:

@@ -35,7 +35,7 @@ from sordino.execution.backoff import RestartBackoff, start_again
 from sordino.execution.devices import Device
 from sordino.execution.faults import FaultAction
 from sordino.execution.instance_base import InstanceBase
-from sordino.execution.messages import ProfileStart, ProfileStop, ProfileStopped
+from sordino.execution.messages import LogChange, ProfileStart, ProfileStop, ProfileStopped
 from sordino.execution.model_calls import CallServer
 from sordino.execution.staging import StagedBatch, read_outputs
 from sordino.execution.worker import WorkerError, WorkerLost, WorkerProcess
@@ -183,6 +183,21 @@ class ProcessInstance(InstanceBase):
         if not isinstance(reply, ProfileStopped):
             raise WorkerError("error", f"the worker answered profile_stop with {reply!r}")
         return reply.path, reply.batches
+
+    async def tell_log(self, settings: dict[str, Any]) -> None:
+        """Have the worker log as the server now does (a replacement starts so anyway);
+        a worker lost meanwhile, or one that does not answer in time, is let be."""
+        worker = self._worker
+        if worker is None or not worker.alive:
+            return
+        # (log_file is the server's: it cannot change, and a worker writes where it does.)
+        change = LogChange(tuple((k, v) for k, v in settings.items() if k != "log_file"))
+        try:
+            await worker.call(change, timeout_s=self._settings.start_timeout)
+        except WorkerLost:
+            pass  # its replacement starts with the server's settings
+        except WorkerError as exc:
+            log.warning("worker %s did not take the new log settings: %s", self.subject, exc)
 
     def kill(self, cause: str) -> None:
         """Kill the current worker (it is then replaced as after any failure)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from sordino.backends.base import Backend
 from sordino.backends.registry import check_backend_kind
@@ -19,6 +20,7 @@ from sordino.config import ModelConfig
 from sordino.errors import ModelLoadError, ModelNotReady
 from sordino.events import EventSink
 from sordino.execution.devices import Device
+from sordino.execution.instances import ProcessInstance
 from sordino.execution.outliers import OutlierDetector
 from sordino.execution.placement import Instance, PlacedModel, Placement, Signal, TierSlot
 from sordino.execution.thread_instance import ThreadInstance
@@ -137,6 +139,16 @@ class InstancePool:
         """The loaded version of model ``name`` (the newest when several are), or None."""
         keys = sorted((k for k in self.models if k.name == name), key=lambda k: k.version)
         return keys[-1] if keys else None
+
+    async def tell_log(self, settings: dict[str, Any]) -> None:
+        """Every worker process of every model logs as the server now does."""
+        told = [
+            instance.tell_log(settings)
+            for entry in self.models.values()
+            for instance in entry.instances()
+            if isinstance(instance, ProcessInstance)
+        ]
+        await asyncio.gather(*told)
 
     def instance(self, key: ModelKey, index: int) -> Instance | None:
         """Instance ``index`` of ``key``, or None."""

@@ -10,7 +10,7 @@ space, ended by :class:`Done` or :class:`RunFailed`. A command between batches:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from sordino.execution.faults import FaultAction
 from sordino.inference import ModelMetadata, RequestFacts
@@ -27,6 +27,7 @@ __all__ = [
     "Done",
     "Heartbeat",
     "LoadFailed",
+    "LogChange",
     "ProfileStart",
     "ProfileStop",
     "ProfileStopped",
@@ -82,7 +83,15 @@ class ProfileStop:
     name: ClassVar[str] = "profile_stop"
 
 
-Command = ProfileStart | ProfileStop
+@dataclass(frozen=True, slots=True)
+class LogChange:
+    """Log as the server now does (the logging extension's settings, by name)."""
+
+    name: ClassVar[str] = "log_change"
+    settings: tuple[tuple[str, Any], ...]
+
+
+Command = ProfileStart | ProfileStop | LogChange
 """What :class:`Call` may carry."""
 
 

@@ -73,6 +73,7 @@ from sordino.execution.worker_spawn import (
 )
 from sordino.inference import ModelMetadata, RequestFacts
 from sordino.memory.tensors import TensorHandle
+from sordino.telemetry.log_settings import process_log_settings
 
 __all__ = ["WorkerError", "WorkerLost", "WorkerProcess"]
 
@@ -107,7 +108,8 @@ class WorkerProcess(WorkerPipe):
         self._child_conn: Connection | None = child
         self._process = _SPAWN.Process(
             target=worker_main,
-            args=(spec, child),
+            # The server's logging as it is now: a model's log lines follow it.
+            args=(spec, child, process_log_settings().current()),
             name=f"sordino-{spec.model}-{spec.index}",
             daemon=True,
         )

@@ -28,6 +28,7 @@ from sordino.execution.messages import (
     Cancel,
     Command,
     Done,
+    LogChange,
     ProfileStart,
     ProfileStop,
     ProfileStopped,
@@ -41,6 +42,7 @@ from sordino.execution.messages import (
 from sordino.execution.worker_link import WorkerLink
 from sordino.inference import Tensor
 from sordino.memory.tensors import TensorHandle, tensor_nbytes, view_tensor, write_tensor
+from sordino.telemetry.log_settings import process_log_settings
 
 if TYPE_CHECKING:
     from sordino.execution.worker_main import MappedArena
@@ -187,9 +189,13 @@ def _run_decoupled(
 
 def _call(link: WorkerLink, backend: Backend, call_id: int, command: Command) -> None:
     try:
+        value: ProfileStopped | None = None
+        if isinstance(command, LogChange):
+            process_log_settings().update(dict(command.settings))
+            link.send(Reply(call_id, None))
+            return
         if not isinstance(backend, ProfilingBackend):
             raise RuntimeError(f"the {type(backend).__name__} backend cannot profile")
-        value: ProfileStopped | None = None
         match command:
             case ProfileStart(prefix=prefix):
                 backend.start_profiling(prefix)

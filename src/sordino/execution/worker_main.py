@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 from sordino.backends.base import RequestBatchBackend, dummy_inputs
 from sordino.backends.calls import CallingBackend
@@ -46,6 +47,7 @@ from sordino.execution.messages import (
 )
 from sordino.execution.worker_link import WorkerLink
 from sordino.execution.worker_loop import Streams, serve
+from sordino.telemetry.log_settings import configure_process_log
 
 __all__ = ["MappedArena", "WorkerSpec", "worker_main"]
 
@@ -109,8 +111,10 @@ def _lower_priority(by: int) -> None:
             os.setpriority(os.PRIO_PROCESS, tid, target)
 
 
-def worker_main(spec: WorkerSpec, conn: Connection) -> None:
-    """Entry point of the worker process."""
+def worker_main(spec: WorkerSpec, conn: Connection, log: dict[str, Any] | None = None) -> None:
+    """Entry point of the worker process; ``log`` is the server's logging settings
+    (``LogSettings.current()``), which its log follows from the start (None: Python's
+    own, warnings only)."""
     # Ctrl-C and SIGTERM reach the whole process group; the server decides when its
     # workers stop (a Stop message, or end of file on the pipe when it is gone). They
     # arrive blocked from the spawning thread (see worker.py); one already pending is
@@ -118,6 +122,8 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    if log is not None:
+        configure_process_log(log)
     if spec.nice:
         _lower_priority(spec.nice)
     from sordino.backends.registry import backend_kind, create_backend

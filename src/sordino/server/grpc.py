@@ -37,7 +37,7 @@ from sordino.protocol.grpc_codec import (
 from sordino.protocol.pb import kserve_v2_pb2 as pb
 from sordino.server.guarding import unready
 from sordino.server.http import EXTENSIONS
-from sordino.server.log_settings import process_log_settings
+from sordino.server.log_settings import tell_workers
 from sordino.server.model_config import model_metadata_json, triton_config_json
 from sordino.server.model_control import ModelControl, load_parameters
 from sordino.server.runtime import Runtime
@@ -45,6 +45,7 @@ from sordino.server.service import request_tenant
 from sordino.server.shm import cuda_register, cuda_status
 from sordino.server.streams import StreamLimit, peer_address
 from sordino.server.tracing import sent
+from sordino.telemetry.log_settings import process_log_settings
 
 __all__ = ["SERVICE", "UNSUPPORTED_RPCS", "Caller", "InferenceServicer", "Unary"]
 
@@ -273,7 +274,10 @@ class InferenceServicer:
             changes[name] = None if which is None else getattr(value, which)
         settings = process_log_settings()
         response = pb.LogSettingsResponse()
-        for name, now in (settings.update(changes) if changes else settings.current()).items():
+        current = settings.update(changes) if changes else settings.current()
+        if changes:
+            await tell_workers(self.runtime.executor, current)
+        for name, now in current.items():
             entry = response.settings[name]
             if isinstance(now, bool):
                 entry.bool_param = now

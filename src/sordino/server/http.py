@@ -161,7 +161,7 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
     routes += me_routes(runtime)
     routes += guardian_routes(runtime, functools.partial(_guard, runtime), access)
     routes += shm_routes(runtime, functools.partial(_guard, runtime))
-    routes += log_routes(functools.partial(_guard, runtime), access.protect)
+    routes += log_routes(functools.partial(_guard, runtime), access.protect, runtime.executor)
     routes += trace_routes(
         runtime.service.tracer, functools.partial(_guard, runtime), access.protect
     )

@@ -14,132 +14,43 @@ request reads). The settings, as Triton 2.51 names them:
   over the network (as on Triton: refused).
 
 They apply to the server process's log (every logger, sordino's and its libraries'),
-from the level ``sordino start --log-level`` set; a model's worker processes keep
-their own. A setting sordino does not know, or a value of the wrong type, is refused
+from the level ``sordino start --log-level`` set, and to the models' worker processes
+(a Python model's ``pb_utils.Logger`` lines follow them, as on Triton): a worker starts
+with the server's settings and is told of each change (Ray actors are not). A setting
+sordino does not know, or a value of the wrong type, is refused
 with what to send (Triton ignores the one and answers the other 500). Who may call it
 is the transports' business: like model control, it is a protected endpoint.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from sordino.errors import InvalidRequest, Unsupported
+from sordino.telemetry.log_settings import process_log_settings
 
-__all__ = ["LogSettings", "log_routes", "process_log_settings"]
-
-_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-"""The line ``sordino start`` writes (its ``logging.basicConfig``)."""
-FORMATS = {"default": None, "ISO8601": "%Y-%m-%dT%H:%M:%SZ"}
-"""Triton's log formats, and the time format each gives a line (None: logging's own)."""
-_SWITCHES = {"log_info": logging.INFO, "log_warning": logging.WARNING, "log_error": logging.ERROR}
-
-
-class LogSettings:
-    """The logging extension's settings over one logger (the root logger: the whole
-    process) and the handlers it writes through."""
-
-    def __init__(self, logger: logging.Logger | None = None) -> None:
-        self._logger = logger if logger is not None else logging.getLogger()
-        level = self._logger.getEffectiveLevel()
-        self._on = {name: level <= at for name, at in _SWITCHES.items()}
-        self._verbose = 1 if level <= logging.DEBUG else 0
-        self._format = "default"
-        self._filter = _Severities(self._on)
-
-    def current(self) -> dict[str, Any]:
-        """The settings, as Triton's ``GET /v2/logging`` answers them."""
-        return {
-            "log_file": "",
-            **self._on,
-            "log_verbose_level": self._verbose,
-            "log_format": self._format,
-        }
-
-    def update(self, changes: Mapping[str, Any]) -> dict[str, Any]:
-        """Apply ``changes`` (all checked before any is applied); return the settings."""
-        known = {"log_file", *_SWITCHES, "log_verbose_level", "log_format"}
-        unknown = sorted(set(changes) - known)
-        if unknown:
-            raise InvalidRequest(
-                f"unknown log setting {', '.join(map(repr, unknown))}; the settings are "
-                f"{', '.join(sorted(known))}"
-            )
-        if "log_file" in changes:
-            raise Unsupported(
-                "log_file cannot be changed over the network (as on Triton): the log goes "
-                "where sordino start sends it (standard error)"
-            )
-        for name in _SWITCHES:
-            if name in changes and not isinstance(changes[name], bool):
-                raise InvalidRequest(f"{name} must be true or false, not {changes[name]!r}")
-        verbose = changes.get("log_verbose_level", self._verbose)
-        if isinstance(verbose, bool) or not isinstance(verbose, int) or verbose < 0:
-            raise InvalidRequest(f"log_verbose_level must be a whole number ≥ 0, not {verbose!r}")
-        shape = changes.get("log_format", self._format)
-        if shape not in FORMATS:
-            raise InvalidRequest(f"log_format must be {' or '.join(FORMATS)}, not {shape!r}")
-        self._on.update({name: changes[name] for name in _SWITCHES if name in changes})
-        self._verbose, self._format = verbose, shape
-        self._apply()
-        return self.current()
-
-    def _apply(self) -> None:
-        self._logger.setLevel(logging.DEBUG if self._verbose else logging.INFO)
-        formatter = logging.Formatter(_FORMAT, datefmt=FORMATS[self._format])
-        if self._format == "ISO8601":
-            formatter.converter = time.gmtime
-        for handler in self._logger.handlers:
-            if self._filter not in handler.filters:
-                handler.addFilter(self._filter)
-            handler.setFormatter(formatter)
-
-
-class _Severities(logging.Filter):
-    """Drops the records of the severities switched off (debug ones pass the logger's
-    level only while verbose)."""
-
-    def __init__(self, on: dict[str, bool]) -> None:
-        super().__init__()
-        self._on = on
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.ERROR:
-            return self._on["log_error"]
-        if record.levelno >= logging.WARNING:
-            return self._on["log_warning"]
-        if record.levelno >= logging.INFO:
-            return self._on["log_info"]
-        return True
-
-
-_PROCESS: LogSettings | None = None
-
-
-def process_log_settings() -> LogSettings:
-    """The settings of this process's log (one per process: logging is process-wide),
-    made the first time they are asked for."""
-    global _PROCESS
-    if _PROCESS is None:
-        _PROCESS = LogSettings()
-    return _PROCESS
-
+__all__ = ["log_routes", "tell_workers"]
 
 Handler = Callable[[Request], Awaitable[Response]]
 
 
+async def tell_workers(executor: object, settings: dict[str, Any]) -> None:
+    """The models' worker processes log as the server now does (``settings``); an
+    executor without worker processes of its own (Ray's) is not told."""
+    tell = getattr(executor, "tell_log", None)
+    if tell is not None:
+        await tell(settings)
+
+
 def log_routes(
-    guard: Callable[[Handler], Handler], protect: Callable[[Handler], Handler]
+    guard: Callable[[Handler], Handler], protect: Callable[[Handler], Handler], executor: object
 ) -> list[Route]:
     """``GET`` and ``POST /v2/logging`` (``guard`` maps errors to answers, ``protect``
-    puts a handler behind the admin check)."""
+    puts a handler behind the admin check; a change reaches ``executor``'s workers)."""
 
     async def logging_settings(request: Request) -> Response:
         from sordino.server.http_routes import json_body
@@ -147,6 +58,8 @@ def log_routes(
         settings = process_log_settings()
         if request.method == "GET":
             return JSONResponse(settings.current())
-        return JSONResponse(settings.update(await json_body(request)))
+        now = settings.update(await json_body(request))
+        await tell_workers(executor, now)
+        return JSONResponse(now)
 
     return [Route("/v2/logging", guard(protect(logging_settings)), methods=["GET", "POST"])]
