@@ -19,8 +19,10 @@ from sordino.cli.start import start
 from sordino.config import RuntimeConfig
 from sordino.config.trace import TraceConfig
 from sordino.errors import InvalidRequest, Unsupported
+from sordino.models.repository import builtin_sources
 from sordino.server.tracing import Tracer
 from sordino.testing import serve_in_thread
+from tests.conftest import thread_isolated
 
 ENGINE = [
     "REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
@@ -191,3 +193,24 @@ def test_bad_trace_flags_stop_start_with_what_to_give(flags: list[str], said: st
     assert result.exit_code == 2, result.output
     assert said in result.output
     assert "Traceback" not in result.output
+
+
+def test_behind_front_end_processes_the_engine_traces(tmp_path: Path) -> None:
+    """--frontends 2: requests come to the engine over the link (its callback path, which
+    tracing turns off); each traced request has the engine's timestamps, in time order."""
+    path = tmp_path / "trace.json"
+    trace = TraceConfig(file=path, level=["TIMESTAMPS"], rate=1)
+    server_config = RuntimeConfig().server.model_copy(update={"trace": trace, "frontends": 2})
+    config = RuntimeConfig().model_copy(update={"server": server_config})
+    with serve_in_thread(config, thread_isolated(builtin_sources())) as server:
+        http = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+        for index in range(3):
+            _simple(http, httpclient, f"f{index}")
+        http.close()
+    traces = _traces(path)
+    assert sorted(t["request_id"] for t in traces.values()) == ["f0", "f1", "f2"]
+    for traced in traces.values():
+        moments = dict(traced["stamps"])
+        assert sorted(moments) == sorted(ENGINE)
+        in_time = [moments[name] for name in ENGINE]
+        assert in_time == sorted(in_time)

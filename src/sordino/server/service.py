@@ -361,9 +361,11 @@ class InferenceService:
         :meth:`infer`) and ``done`` is called once with its response (the callee
         releases it) or its error; :meth:`Soon.cancel` cancels it (``done`` is then not
         called). None, having done nothing, for a request that must wait in :meth:`infer`
-        (a generation, a sequence, a streaming model, a quota that may wait for room).
+        (a generation, a sequence, a streaming model, a quota that may wait, tracing on).
         """
-        if route.way != "infer" or self._tickets.waits or (route.cached and self._cache):
+        if route.way != "infer" or self._tickets.waits or self.tracer.on:
+            return None
+        if route.cached and self._cache:
             return None
         accepted, ticket = self._accept_now(request, route)
         return Soon(route, request, accepted, ticket, done)
