@@ -402,6 +402,30 @@ def _ensemble_config(client: Any, model: str) -> dict[str, Any]:
     }
 
 
+CONFIGURED = ("add_sub", "auto_complete", CACHED, OPTIONAL, WARMUP, REQUESTED_ONLY)
+"""Python models whose whole configuration (HTTP) is compared, as :func:`_config` keeps it."""
+
+
+def _config(client: Any, model: str) -> dict[str, Any]:
+    """A model's configuration (HTTP), every field in Triton's order, less what differs on
+    purpose: sordino's own ``sordino_*`` parameters, the scheduler's values in
+    ``dynamic_batching`` (its priority levels and preferred sizes are the ones it uses;
+    the delay and ordering are compared) and an instance group's name (Triton names one
+    its configuration does not give ``MODEL``, sordino ``MODEL_0``)."""
+    config = client.get_model_config(model)
+    config["parameters"] = {
+        k: v for k, v in config.get("parameters", {}).items() if not k.startswith("sordino_")
+    }
+    batching = config.get("dynamic_batching")
+    if batching is not None:
+        config["dynamic_batching"] = {
+            k: batching.get(k) for k in ("max_queue_delay_microseconds", "preserve_ordering")
+        }
+    for group in config.get("instance_group", []):
+        group.pop("name", None)
+    return {"keys": list(config), **config}
+
+
 def _metadata(mod: Any, client: Any, model: str) -> list[tuple[str, str, str, list[int]]]:
     meta = client.get_model_metadata(model)
     if mod is grpcclient:
@@ -583,6 +607,14 @@ def compare(
                 expected_step, got_step = (_listed([_infer(mod, c, case)]) for c in (theirs, ours))
                 check(f"{REQUESTED_ONLY_ENSEMBLE} asked {names}", protocol,
                       expected_step == got_step, str(got_step))  # fmt: skip
+        for model in CONFIGURED if protocol == "http" else ():
+            if model in models:
+                expected_config, got_config = _config(theirs, model), _config(ours, model)
+                differing = sorted(k for k in expected_config
+                                   if expected_config[k] != got_config.get(k))  # fmt: skip
+                check(f"{model} config", protocol, not differing and expected_config == got_config,
+                      ", ".join(f"{k}: triton {expected_config[k]}, sordino {got_config.get(k)}"
+                                for k in differing))  # fmt: skip
         for model in ENSEMBLES if protocol == "http" else ():
             if model in models:
                 expected_config = _ensemble_config(theirs, model)

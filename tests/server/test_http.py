@@ -51,7 +51,19 @@ def test_model_metadata(client: httpx.Client) -> None:
 def test_model_config_is_triton_shaped(client: httpx.Client) -> None:
     body = client.get("/v2/models/simple/config").json()
     assert body["max_batch_size"] == 64
-    assert body["input"][0] == {"name": "INPUT0", "data_type": "TYPE_INT32", "dims": [16]}
+    # Every field Triton 2.51 writes for an input, its defaults where sordino has none.
+    assert body["input"][0] == {
+        "name": "INPUT0", "data_type": "TYPE_INT32", "format": "FORMAT_NONE", "dims": [16],
+        "is_shape_tensor": False, "allow_ragged_batch": False, "optional": False,
+        "is_non_linear_format_io": False,
+    }  # fmt: skip
+    assert list(body) == [
+        "name", "platform", "backend", "runtime", "version_policy", "max_batch_size", "input",
+        "output", "batch_input", "batch_output", "optimization", "dynamic_batching",
+        "instance_group", "default_model_filename", "cc_model_filenames", "metric_tags",
+        "parameters", "model_warmup",
+    ]  # fmt: skip
+    assert body["default_model_filename"] == "simple.onnx"  # the file it serves
     assert body["dynamic_batching"]["priority_levels"] == 3
     assert body["dynamic_batching"]["default_queue_policy"]["max_queue_size"] == 1024
     text = client.get("/v2/models/text-normalizer/config").json()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sordino.config.warmup import WarmupSample
 from sordino.datatypes import to_triton_type
 from sordino.inference import TensorSpec
 from sordino.server.pipelines import PipelineExecutor
@@ -28,16 +29,69 @@ def _tensor(spec: TensorSpec) -> dict[str, Any]:
     return {"name": spec.name, "datatype": spec.datatype, "shape": list(spec.shape)}
 
 
-def _config_tensor(spec: TensorSpec, batched: bool) -> dict[str, Any]:
-    dims = spec.item_shape if batched else spec.shape
-    tensor: dict[str, Any] = {
-        "name": spec.name,
-        "data_type": to_triton_type(spec.datatype),
-        "dims": list(dims),
-    }
-    if spec.optional:
-        tensor["optional"] = True
-    return tensor
+def _config_tensor(spec: TensorSpec, batched: bool, *, output: bool = False) -> dict[str, Any]:
+    """An ``input`` or ``output`` entry with every field Triton 2.51 writes (its defaults
+    where sordino has nothing to say), in its order."""
+    dims = list(spec.item_shape if batched else spec.shape)
+    data_type = to_triton_type(spec.datatype)
+    if output:
+        return {"name": spec.name, "data_type": data_type, "dims": dims, "label_filename": "",
+                "is_shape_tensor": False, "is_non_linear_format_io": False}  # fmt: skip
+    return {"name": spec.name, "data_type": data_type, "format": "FORMAT_NONE", "dims": dims,
+            "is_shape_tensor": False, "allow_ragged_batch": False, "optional": spec.optional,
+            "is_non_linear_format_io": False}  # fmt: skip
+
+
+_OPTIMIZATION = {
+    "priority": "PRIORITY_DEFAULT",
+    "input_pinned_memory": {"enable": True},
+    "output_pinned_memory": {"enable": True},
+    "gather_kernel_buffer_threshold": 0,
+    "eager_batching": False,
+}
+"""Triton's ``optimization`` section as it fills it in for a model that sets none."""
+
+
+def _tritons_defaults(model: LoadedModel, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with the fields Triton 2.51 fills in for every model that does not set
+    them (``GET …/config`` of a model whose config.pbtxt is a few lines), in its order."""
+    source = model.source
+    filled: dict[str, Any] = {}
+    for key, value in config.items():
+        filled[key] = value
+        if key == "backend":
+            filled["runtime"] = ""
+        elif key == "output":
+            filled.update(batch_input=[], batch_output=[], optimization=_OPTIMIZATION)
+        elif key == "instance_group":
+            for group in value:
+                group.update(gpus=[], secondary_devices=[], profile=[], passive=False,
+                             host_policy="")  # fmt: skip
+            filled["default_model_filename"] = source.config.default_model_filename or (
+                source.path.name
+            )
+            filled.update(cc_model_filenames={}, metric_tags={})
+    filled["model_warmup"] = [_warmup_json(sample) for sample in source.config.model_warmup]
+    ranked = {key: at for at, key in enumerate(_ORDER)}
+    return dict(sorted(filled.items(), key=lambda item: ranked.get(item[0], len(ranked))))
+
+
+_ORDER = (
+    "name", "platform", "backend", "runtime", "version_policy", "max_batch_size", "input",
+    "output", "batch_input", "batch_output", "optimization", "dynamic_batching",
+    "sequence_batching", "ensemble_scheduling", "instance_group", "default_model_filename",
+    "cc_model_filenames", "metric_tags", "parameters", "model_warmup", "model_operations",
+    "model_transaction_policy", "model_repository_agents", "response_cache",
+)  # fmt: skip
+"""The order of Triton's ``ModelConfig`` fields, which its JSON keeps."""
+
+
+def _warmup_json(sample: WarmupSample) -> dict[str, Any]:
+    """A ``model_warmup`` sample as Triton's JSON writes it."""
+    inputs = {name: given.model_dump(exclude_defaults=True)
+              for name, given in sample.inputs.items()}  # fmt: skip
+    return {"name": sample.name, "batch_size": sample.batch_size, "inputs": inputs,
+            "count": sample.count}  # fmt: skip
 
 
 def triton_config_json(model: LoadedModel) -> dict[str, Any]:
@@ -59,7 +113,9 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
         # An iterative model's public tensors are one request's (the steps are batched).
         "max_batch_size": scheduling.max_batch_size if meta.batched else 0,
         "input": [_config_tensor(spec, batched and meta.batched) for spec in meta.inputs],
-        "output": [_config_tensor(spec, batched and meta.batched) for spec in meta.outputs],
+        "output": [
+            _config_tensor(spec, batched and meta.batched, output=True) for spec in meta.outputs
+        ],
         "instance_group": [
             {"name": f"{meta.name}_0", "kind": "KIND_CPU", "count": model.instances}
         ],
@@ -92,7 +148,9 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
     if meta.stream is not None or model.pipeline is not None or meta.decoupled:
         # Triton's word for a model that may send several responses per request.
         config["model_transaction_policy"] = {"decoupled": True}
-    if batched:
+    # A model whose requests never join (a config.pbtxt with no dynamic_batching) shows
+    # none, as Triton shows such a model.
+    if batched and (policy.max_batch > 1 or model.source.config.dynamic_batching.enabled):
         config["dynamic_batching"] = {
             "preferred_batch_size": list(policy.preferred),
             "max_queue_delay_microseconds": round(policy.max_delay_s * 1e6),
@@ -106,7 +164,7 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
                 "max_queue_size": queue.max_queue_size,
             },
         }
-    return config
+    return _tritons_defaults(model, config)
 
 
 _GENERATOR_SETTINGS = frozenset(
