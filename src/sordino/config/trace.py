@@ -21,7 +21,7 @@ class TraceConfig(Section):
     file: ExpandedPath | None = None
     """Where the traces are written (``PATH``, or ``PATH.0``, ``PATH.1``, … with a
     ``log_frequency``); None: no tracing (Triton's ``--trace-config triton,file=``)."""
-    level: list[Level] = Field(default_factory=lambda: list[Level](["OFF"]))
+    level: tuple[Level, ...] = ("OFF",)
     """``["TIMESTAMPS"]`` traces; ``["OFF"]`` does not (``level=``)."""
     rate: int = Field(default=1000, ge=1)
     """Trace every N-th request of a model (``rate=``)."""
