@@ -20,6 +20,7 @@ from sordino.config import RuntimeConfig
 from sordino.config.trace import TraceConfig
 from sordino.errors import InvalidRequest, Unsupported
 from sordino.models.repository import builtin_sources
+from sordino.server import tracing
 from sordino.server.tracing import Tracer
 from sordino.testing import serve_in_thread
 from tests.conftest import thread_isolated
@@ -214,3 +215,22 @@ def test_behind_front_end_processes_the_engine_traces(tmp_path: Path) -> None:
         assert sorted(moments) == sorted(ENGINE)
         in_time = [moments[name] for name in ENGINE]
         assert in_time == sorted(in_time)
+
+
+def test_traces_held_for_the_stop_are_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """log_frequency 0 keeps traces for the stop, but never more than HELD_AT_MOST: the
+    held ones then go to the next numbered file, and the rest to PATH at the stop."""
+    monkeypatch.setattr(tracing, "HELD_AT_MOST", 3)
+    path = tmp_path / "trace.json"
+    tracer = Tracer(TraceConfig(file=path, level=("TIMESTAMPS",), rate=1), lambda name: True)
+    for index in range(4):
+        trace = tracer.sample("m", "1", f"r{index}")
+        assert trace is not None
+        trace.collect()
+    assert [t["request_id"] for t in _traces(tmp_path / "trace.json.0").values()] == [
+        "r0", "r1", "r2"
+    ]  # fmt: skip
+    tracer.close()
+    assert [t["request_id"] for t in _traces(path).values()] == ["r3"]

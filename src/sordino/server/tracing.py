@@ -55,6 +55,10 @@ __all__ = ["FRONTENDS", "Trace", "Tracer", "sent", "stamp_now", "trace_routes", 
 
 log = logging.getLogger("sordino.tracing")
 
+HELD_AT_MOST = 10_000
+"""Traces kept in memory for the stop (``log_frequency`` 0) at most: past it they are
+written to the next ``PATH.N`` (a trace is about 1 KB)."""
+
 _SETTINGS = (
     "trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file", "trace_mode",
 )  # fmt: skip
@@ -236,6 +240,17 @@ class Tracer:
         setting.pending.append(trace)
         if setting.frequency and len(setting.pending) >= setting.frequency:
             self._write(setting.pending, self._numbered())
+            setting.pending = []
+        elif len(setting.pending) >= HELD_AT_MOST:
+            # log_frequency 0 keeps the traces for the stop: never without bound.
+            path = self._numbered()
+            log.warning(
+                "%d traces held for the trace file (log_frequency 0) written to %s; set "
+                "log_frequency to write them as they come",
+                len(setting.pending),
+                path,
+            )
+            self._write(setting.pending, path)
             setting.pending = []
 
     def close(self) -> None:
