@@ -384,26 +384,10 @@ def _at_once(mod: Any, url: str, asked: list[Case]) -> list[dict[str, np.ndarray
     return answers
 
 
-def _ensemble_config(client: Any, model: str) -> dict[str, Any]:
-    """What an ensemble's configuration (HTTP) says that both servers should say alike:
-    platform, backend, batch size, tensors, and the models of its steps."""
-    config = client.get_model_config(model)
-    steps = config.get("ensemble_scheduling", {}).get("step", [])
-    return {
-        "platform": config.get("platform"),
-        "backend": config.get("backend"),
-        "max_batch_size": config.get("max_batch_size"),
-        # Triton fills in every field of its protobuf (format, optional, ...): not these.
-        **{
-            kind: [(t["name"], t["data_type"], t["dims"]) for t in config.get(kind, [])]
-            for kind in ("input", "output")
-        },
-        "steps": sorted(step["model_name"] for step in steps),
-    }
-
-
-CONFIGURED = ("add_sub", "auto_complete", CACHED, OPTIONAL, WARMUP, REQUESTED_ONLY)
-"""Python models whose whole configuration (HTTP) is compared, as :func:`_config` keeps it."""
+CONFIGURED = ("add_sub", "auto_complete", CACHED, OPTIONAL, WARMUP, REQUESTED_ONLY,
+              *ENSEMBLES, REQUESTED_ONLY_ENSEMBLE)  # fmt: skip
+"""Models whose whole configuration (HTTP) is compared, as :func:`_config` keeps it:
+Python models and ensembles (their steps as written)."""
 
 
 def _config(client: Any, model: str) -> dict[str, Any]:
@@ -615,13 +599,6 @@ def compare(
                 check(f"{model} config", protocol, not differing and expected_config == got_config,
                       ", ".join(f"{k}: triton {expected_config[k]}, sordino {got_config.get(k)}"
                                 for k in differing))  # fmt: skip
-        for model in ENSEMBLES if protocol == "http" else ():
-            if model in models:
-                expected_config = _ensemble_config(theirs, model)
-                got_config = _ensemble_config(ours, model)
-                check(f"{model} config", protocol, expected_config == got_config,
-                      "" if expected_config == got_config
-                      else f"triton {expected_config}, sordino {got_config}")  # fmt: skip
         if CACHED in models:
             expected_runs, got_runs = _cached(mod, theirs), _cached(mod, ours)
             check(f"{CACHED} answers", protocol, expected_runs == got_runs, str(got_runs))

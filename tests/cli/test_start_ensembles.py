@@ -76,8 +76,10 @@ def test_a_repository_ensemble_is_served_as_triton_serves_it(tmp_path: Path) -> 
         )
         steps = config["ensemble_scheduling"]["step"]
         assert [step["model_name"] for step in steps] == ["add_sub", "add_sub"]
-        assert steps[0]["input_map"] == {"INPUT0": "A", "INPUT1": "B"}
-        assert steps[1]["output_map"] == {"OUTPUT0": "TWICE_A"}
+        # As written in its config.pbtxt (last first), as Triton shows them.
+        assert steps[0]["input_map"] == {"INPUT0": "sum", "INPUT1": "diff"}
+        assert steps[1]["output_map"] == {"OUTPUT0": "sum", "OUTPUT1": "diff"}
+        assert steps[1]["model_namespace"] == ""
         over_grpc = grpc.get_model_config("ensemble_add_sub", as_json=True)["config"]
         assert over_grpc["platform"] == "ensemble"
         grpc_steps = over_grpc["ensemble_scheduling"]["step"]

@@ -20,6 +20,7 @@ checked at load, against the loaded models (``server/pipelines.py``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -63,6 +64,7 @@ def _ensemble(data: Any) -> Any:
         return data
     data = dict(data)
     ensemble = data.pop("ensemble_scheduling")
+    data["ensemble_steps"] = json.dumps(ensemble, default=str)
     declared_inputs = _declared(data.pop("input", None), "input")
     declared_outputs = _declared(data.pop("output", None), "output")
     steps = ensemble.get("step") if isinstance(ensemble, dict) else None
@@ -163,6 +165,9 @@ class PipelineConfig(Section):
     response_cache: bool = False
     """Answer a request whose inputs were answered before from the server's response
     cache, without running the nodes (Triton's ``response_cache`` on an ensemble)."""
+    ensemble_steps: str | None = Field(default=None, exclude=True, repr=False)
+    """Set from Triton's ``ensemble_scheduling`` spelling (not a key of its own): its
+    section as written, JSON, which the configuration endpoint shows back."""
 
     @model_validator(mode="before")
     @classmethod

@@ -52,9 +52,12 @@ _OPTIMIZATION = {
 """Triton's ``optimization`` section as it fills it in for a model that sets none."""
 
 
-def _tritons_defaults(model: LoadedModel, config: dict[str, Any]) -> dict[str, Any]:
+def _tritons_defaults(
+    model: LoadedModel, config: dict[str, Any], *, filename: str | None = None
+) -> dict[str, Any]:
     """``config`` with the fields Triton 2.51 fills in for every model that does not set
-    them (``GET …/config`` of a model whose config.pbtxt is a few lines), in its order."""
+    them (``GET …/config`` of a model whose config.pbtxt is a few lines), in its order;
+    ``filename`` is the ``default_model_filename`` (None: the file the model serves)."""
     source = model.source
     filled: dict[str, Any] = {}
     for key, value in config.items():
@@ -62,13 +65,17 @@ def _tritons_defaults(model: LoadedModel, config: dict[str, Any]) -> dict[str, A
         if key == "backend":
             filled["runtime"] = ""
         elif key == "output":
-            filled.update(batch_input=[], batch_output=[], optimization=_OPTIMIZATION)
+            filled.update(batch_input=[], batch_output=[])
+            if config["platform"] != "ensemble":  # (Triton gives an ensemble none)
+                filled["optimization"] = _OPTIMIZATION
         elif key == "instance_group":
             for group in value:
                 group.update(gpus=[], secondary_devices=[], profile=[], passive=False,
                              host_policy="")  # fmt: skip
-            filled["default_model_filename"] = source.config.default_model_filename or (
-                source.path.name
+            filled["default_model_filename"] = (
+                filename
+                if filename is not None
+                else source.config.default_model_filename or source.path.name
             )
             filled.update(cc_model_filenames={}, metric_tags={})
     filled["model_warmup"] = [_warmup_json(sample) for sample in source.config.model_warmup]
@@ -141,10 +148,10 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
     executor = model.scheduler.executor
     if isinstance(executor, PipelineExecutor):
         # As Triton shows an ensemble: its steps, no instances, no batcher of its own.
-        config.update(platform="ensemble", backend="")
+        config.update(platform="ensemble", backend="", instance_group=[])
         config["ensemble_scheduling"] = {"step": executor.steps()}
-        del config["instance_group"]
-        return config
+        config["model_transaction_policy"] = {"decoupled": False}
+        return _tritons_defaults(model, config, filename="")
     if meta.stream is not None or model.pipeline is not None or meta.decoupled:
         # Triton's word for a model that may send several responses per request.
         config["model_transaction_policy"] = {"decoupled": True}

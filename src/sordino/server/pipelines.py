@@ -15,6 +15,7 @@ next nodes as they are, by reference, and are released after their last reader r
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -143,8 +144,21 @@ class PipelineExecutor:
         return model
 
     def steps(self) -> list[dict[str, object]]:
-        """The nodes as the steps of a Triton ensemble configuration, in the order
-        they run: a tensor between nodes is named ``NODE.OUTPUT``."""
+        """The steps of a Triton ensemble configuration: as its ``ensemble_scheduling``
+        was written (each with Triton's fields), else the nodes, in the order they run,
+        a tensor between nodes named ``NODE.OUTPUT``."""
+        if self.config.ensemble_steps is not None:
+            written = json.loads(self.config.ensemble_steps)
+            return [
+                {
+                    "model_name": step["model_name"],
+                    "model_version": step.get("model_version", -1),
+                    "input_map": step.get("input_map") or {},
+                    "output_map": step.get("output_map") or {},
+                    "model_namespace": step.get("model_namespace", ""),
+                }
+                for step in written["step"]
+            ]
         names = {key: name for name, key in self._outputs.items()}
         steps: list[dict[str, object]] = []
         for node, wiring in zip(self._order, self._wiring, strict=True):
