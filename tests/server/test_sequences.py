@@ -25,7 +25,7 @@ from sordino.config import load_config
 from sordino.config.models import ModelConfig
 from sordino.config.sequences import SequenceBatchingConfig
 from sordino.config.tenants import hash_key
-from sordino.models.repository import ModelSource, triton_example_sources
+from sordino.models.repository import ModelSource, scan_repository, triton_example_sources
 from sordino.testing import RunningServer, serve_in_thread
 from tests.waiting import wait_for
 
@@ -317,3 +317,51 @@ def test_control_inputs_corrid_uint64_and_string(tmp_path: Path) -> None:
 def test_sequence_batching_config_mistakes(section: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         SequenceBatchingConfig.model_validate(section)
+
+
+FORGETFUL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            tensors = [pb_utils.Tensor("Y", x)]
+            if int(x.reshape(-1)[0]) != 0:  # 0: the state output is forgotten
+                tensors.append(pb_utils.Tensor("STATE_OUT", x))
+            responses.append(pb_utils.InferenceResponse(tensors))
+        return responses
+"""
+
+
+def test_a_state_output_the_model_did_not_return_is_a_clear_error(tmp_path: Path) -> None:
+    """A model keeps its sequence's state in an output: a response without it ends that
+    request with an error naming it (a model may leave other outputs out)."""
+    folder = tmp_path / "forgetful"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] },\n'
+        '        { name: "STATE_IN", data_type: TYPE_INT32, dims: [ 1 ] } ]\n'
+        'output [ { name: "Y", data_type: TYPE_INT32, dims: [ 1 ] },\n'
+        '         { name: "STATE_OUT", data_type: TYPE_INT32, dims: [ 1 ] } ]\n'
+        'sequence_batching { state [ { input_name: "STATE_IN" output_name: "STATE_OUT"\n'
+        "  data_type: TYPE_INT32 dims: [ 1 ] } ] }\n"
+    )
+    (folder / "1" / "model.py").write_text(FORGETFUL)
+    with serve_in_thread(sources=scan_repository(tmp_path)) as server:
+        client = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+
+        def send(value: int, *, start: bool) -> Any:
+            tensor = httpclient.InferInput("X", [1], "INT32")
+            tensor.set_data_from_numpy(np.array([value], dtype=np.int32))
+            return client.infer("forgetful", [tensor], sequence_id=7, sequence_start=start)
+
+        assert send(3, start=True).as_numpy("Y").tolist() == [3]
+        with pytest.raises(InferenceServerException) as caught:
+            send(0, start=False)
+        assert "did not return its state output 'STATE_OUT'" in caught.value.message()
+        client.close()

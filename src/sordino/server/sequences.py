@@ -35,7 +35,13 @@ import numpy as np
 
 from sordino.config.sequences import SequenceBatchingConfig
 from sordino.datatypes import to_numpy_dtype
-from sordino.errors import InvalidRequest, ModelLoadError, QueueFull, RateLimited
+from sordino.errors import (
+    InferenceFailed,
+    InvalidRequest,
+    ModelLoadError,
+    QueueFull,
+    RateLimited,
+)
 from sordino.events import EventSink
 from sordino.inference import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor
 from sordino.memory.refs import Tensors
@@ -191,6 +197,14 @@ class Sequences:
                     response = await call(request)
                 finally:
                     request.outputs = wanted
+                missing = [name for name in self._state_outputs if name not in response.outputs]
+                if missing:  # (a model may leave an output out: not its state)
+                    response.release()
+                    raise InferenceFailed(
+                        f"model {self.metadata.name!r} did not return its state output "
+                        f"{missing[0]!r} (sequence_batching state), so sequence {corrid} "
+                        "cannot go on; the model must return it with every response"
+                    )
                 sequence.state = {
                     self._state_outputs[name]: np.array(response.outputs[name])
                     for name in self._state_outputs
