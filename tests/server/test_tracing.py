@@ -161,6 +161,9 @@ def test_without_a_file_timestamps_are_refused() -> None:
     with pytest.raises(InvalidRequest, match="trace file name is not given"):
         tracer.update({"trace_level": ["TIMESTAMPS"]})
     assert tracer.update({"trace_rate": "10"})["trace_rate"] == "10"
+    for model in (None, "m"):  # the one mode there is, named: nothing to change
+        assert tracer.update({"trace_mode": "triton"}, model)["trace_mode"] == "triton"
+        assert tracer.update({"trace_mode": None}, model)["trace_rate"] == "10"
     with pytest.raises(Unsupported, match="TENSORS"):
         tracer.update({"trace_level": ["TENSORS"]})
     assert not tracer.on

@@ -179,6 +179,7 @@ class Tracer:
         or to ``model``'s own (a ``None`` value: take the server's again); the settings."""
         self._of(model)  # an unknown model is refused first
         parsed = {name: _parsed(name, value) for name, value in changes.items()}
+        parsed.pop("trace_mode", None)  # checked: triton, the one there is
         given = parsed.get("trace_level")
         level = given if given is not None else self._of(model).level
         if self._file is None and "TIMESTAMPS" in level:
