@@ -190,6 +190,7 @@ def test_a_log_frequency_of_zero_writes_one_file_at_stop(tmp_path: Path) -> None
         (["--trace-config", "level=TENSORS"], "TENSORS is not supported"),
         (["--trace-config", "triton,size=3"], "the settings are triton,file=PATH"),
         (["--trace-config", "rate"], "give [triton,]SETTING=VALUE"),
+        (["--trace-config", "triton,file=/nonexistent/sordino/t.json"], "does not exist"),
     ],
 )
 def test_bad_trace_flags_stop_start_with_what_to_give(flags: list[str], said: str) -> None:

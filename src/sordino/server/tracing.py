@@ -45,7 +45,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as HttpRoute
 
 from sordino.config.trace import TraceConfig
-from sordino.errors import InvalidRequest, Unsupported
+from sordino.errors import ConfigError, InvalidRequest, Unsupported
 
 if TYPE_CHECKING:
     from sordino.inference import InferRequest, InferResponse
@@ -144,6 +144,13 @@ class Tracer:
     """The trace settings of the server and of each model, the sampling, and the file."""
 
     def __init__(self, config: TraceConfig, has_model: Callable[[str], bool]) -> None:
+        """Raises ConfigError for a trace file whose folder does not exist (a trace is
+        written when it is taken, long after start: too late to say so)."""
+        if config.file is not None and not config.file.parent.is_dir():
+            raise ConfigError(
+                f"server.trace.file {config.file}: the folder {config.file.parent} does not "
+                "exist; create it or give the trace file another path"
+            )
         self._file = config.file
         self._has_model = has_model
         self._global = _Setting(
