@@ -56,6 +56,34 @@ output [ { name: "Y", data_type: TYPE_INT32, dims: [ 1 ] } ]
 """
 
 
+ALL_BUT_C = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        by_name = pb_utils.get_input_tensor_by_name
+        return [
+            pb_utils.InferenceResponse(
+                [pb_utils.Tensor(n, by_name(r, "X").as_numpy()) for n in ("A", "B", "D")]
+            )
+            for r in requests
+        ]
+"""
+
+ALL_BUT_C_CONFIG = """
+backend: "python"
+max_batch_size: 4
+input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [
+  { name: "A", data_type: TYPE_INT32, dims: [ 1 ] },
+  { name: "B", data_type: TYPE_INT32, dims: [ 1 ] },
+  { name: "C", data_type: TYPE_INT32, dims: [ 1 ] },
+  { name: "D", data_type: TYPE_INT32, dims: [ 1 ] }
+]
+"""
+
+
 COUNTING = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -102,6 +130,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     (root / "faulty" / "1").mkdir(parents=True)
     (root / "faulty" / "config.pbtxt").write_text(FAULTY_CONFIG)
     (root / "faulty" / "1" / "model.py").write_text(FAULTY)
+    (root / "all_but_c" / "1").mkdir(parents=True)
+    (root / "all_but_c" / "config.pbtxt").write_text(ALL_BUT_C_CONFIG)
+    (root / "all_but_c" / "1" / "model.py").write_text(ALL_BUT_C)
     (root / "counting" / "1").mkdir(parents=True)
     (root / "counting" / "config.pbtxt").write_text(COUNTING_CONFIG)
     (root / "counting" / "1" / "model.py").write_text(COUNTING)
@@ -293,6 +324,18 @@ def test_each_request_gets_the_outputs_its_response_has(server: RunningServer, m
         assert list(alone.get_response().outputs) == []
     finally:
         grpc.close()
+
+
+def test_outputs_asked_for_are_answered_those_the_model_gave(client: Any) -> None:
+    """A model that gives A, B and D of A-D, asked for A and C: A alone, not an error."""
+    result = _infer(client, "all_but_c", {"X": np.array([[5]], np.int32)}, ["A", "C"])
+    response = result.get_response()
+    names = (
+        [o["name"] for o in response["outputs"]]
+        if isinstance(response, dict)
+        else [o.name for o in response.outputs]
+    )
+    assert names == ["A"] and result.as_numpy("A").tolist() == [[5]]
 
 
 # Triton 2.51's answer to a response with each error code (UNKNOWN, INTERNAL, NOT_FOUND,

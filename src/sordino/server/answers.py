@@ -32,7 +32,7 @@ def response(route: Route, request: InferRequest, outputs: Tensors) -> InferResp
         chosen = {
             spec.name: (outputs, spec.name)
             for spec in route.metadata.outputs
-            if spec.name in wanted
+            if spec.name in wanted and spec.name in outputs  # (a model may leave one out)
         }
         if len(chosen) < len(outputs):
             picked = Tensors.compose(chosen)
