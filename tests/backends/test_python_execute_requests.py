@@ -245,3 +245,35 @@ def test_outputs_some_responses_lack_are_filled_and_named(tmp_path: Path) -> Non
             assert decode_request_absent(outputs[REQUEST_ABSENT], 3) == [("B",), ("A",), ()]
     finally:
         backend.unload()
+
+
+def test_response_parameters_are_dropped_with_a_warning_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """InferenceResponse(parameters=...) is taken (newer Tritons take it) and said once
+    per model not to reach the client, rather than dropped in silence."""
+    (tmp_path / "p" / "1").mkdir(parents=True)
+    (tmp_path / "p" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 4\n'
+        'input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]\n'
+        'output [ { name: "Y", data_type: TYPE_INT32, dims: [ 1 ] } ]\n'
+    )
+    (tmp_path / "p" / "1" / "model.py").write_text(
+        "import triton_python_backend_utils as pb_utils\n\n\n"
+        "class TritonPythonModel:\n"
+        "    def execute(self, requests):\n"
+        "        x = [pb_utils.get_input_tensor_by_name(r, 'X') for r in requests]\n"
+        "        return [pb_utils.InferenceResponse([pb_utils.Tensor('Y', t.as_numpy())],\n"
+        "                                           parameters={'seen': 1}) for t in x]\n"
+    )
+    backend = PythonBackend(BackendOptions(name="p_params", version="1"))
+    backend.load(tmp_path / "p" / "1" / "model.py")
+    try:
+        with caplog.at_level("WARNING", logger="sordino.python_model"):
+            for _ in range(2):
+                outputs = backend.infer_requests({"X": np.array([[1], [2]], np.int32)}, [1, 1])
+                assert outputs["Y"].tolist() == [[1], [2]]
+        said = [r.getMessage() for r in caplog.records if "parameters" in r.getMessage()]
+        assert len(said) == 1 and "model p_params" in said[0] and "dropped" in said[0]
+    finally:
+        backend.unload()

@@ -27,7 +27,7 @@ from sordino.backends.calls import ModelCaller
 from sordino.backends.decoupled import Responder
 from sordino.backends.python import bls
 from sordino.backends.python import triton_python_backend_utils as utils
-from sordino.backends.python.joining import triton_code
+from sordino.backends.python.joining import dropped_parameters, triton_code
 from sordino.datatypes import from_numpy_dtype
 from sordino.inference import Tensor
 
@@ -101,6 +101,8 @@ def _outputs(
 ) -> dict[str, np.ndarray]:
     """The response's tensors, each a declared output of its declared datatype; else the
     model's send raises, saying which (a response is checked as it is sent, not later)."""
+    if getattr(response, "parameters", lambda: "{}")() != "{}":
+        dropped_parameters(name)
     outputs = {}
     for tensor in response.output_tensors():
         array = np.asarray(tensor.as_numpy())

@@ -13,6 +13,7 @@ worker placed (one copy each), or concatenates them where nothing was placed.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,7 +22,16 @@ import numpy as np
 from sordino.backends.python.triton_python_backend_utils import InferenceResponse
 from sordino.inference import ModelMetadata, Tensor
 
-__all__ = ["PythonModelError", "join_outputs", "output_layouts", "response_parts", "triton_code"]
+__all__ = [
+    "PythonModelError",
+    "dropped_parameters",
+    "join_outputs",
+    "output_layouts",
+    "response_parts",
+    "triton_code",
+]
+
+log = logging.getLogger("sordino.python_model")
 
 
 class PythonModelError(RuntimeError):
@@ -67,6 +77,8 @@ def response_parts(
             continue
         # Ours: its own list, read (output_tensors() copies it).
         ours = type(response) is InferenceResponse
+        if ours and response._parameters != "{}":
+            dropped_parameters(name)
         tensors = response._outputs if ours else response.output_tensors()
         if len(tensors) == 1 and len(declared) == 1:
             only = tensors[0]
@@ -124,6 +136,21 @@ def _zeros(shape: tuple[int, ...], dtype: np.dtype[Any]) -> Tensor:
     if dtype == np.object_:
         return np.full(shape, b"", dtype=object)
     return np.zeros(shape, dtype)
+
+
+_TOLD: set[str] = set()
+
+
+def dropped_parameters(model: str) -> None:
+    """Say once per model that its responses' ``parameters`` go nowhere (sordino does
+    not send a response's parameters to the client; Triton 2.51 does not take them)."""
+    if model not in _TOLD:
+        _TOLD.add(model)
+        log.warning(
+            "model %s: a response's parameters are not sent to the client (sordino does not "
+            "pass them on; Triton 2.51's Python backend refuses them); they are dropped",
+            model,
+        )
 
 
 def triton_code(error: Any) -> int:
