@@ -96,15 +96,21 @@ class _Setting:
     def copy(self) -> _Setting:
         return _Setting(self.level, self.rate, self.count, self.frequency)
 
+    def get(self, name: str) -> Any:
+        """The value of the protocol's setting ``name`` (``trace_rate``, ...)."""
+        return getattr(self, _ATTRIBUTES[name])
+
     def set(self, name: str, value: Any) -> None:
-        if name == "trace_level":
-            self.level = value
-        elif name == "trace_rate":
-            self.rate = value
-        elif name == "trace_count":
-            self.count = value
-        elif name == "log_frequency":
-            self.frequency = value
+        setattr(self, _ATTRIBUTES[name], value)
+
+
+_ATTRIBUTES = {
+    "trace_level": "level",
+    "trace_rate": "rate",
+    "trace_count": "count",
+    "log_frequency": "frequency",
+}
+"""Each setting the protocol may change, and the :class:`_Setting` attribute holding it."""
 
 
 class Trace:
@@ -207,7 +213,7 @@ class Tracer:
             for name, value in parsed.items():
                 if value is None:
                     own.specified.discard(name)
-                    own.set(name, _value_of(self._global, name))
+                    own.set(name, self._global.get(name))
                 else:
                     own.specified.add(name)
                     own.set(name, value)
@@ -359,11 +365,6 @@ def trace_routes(
         HttpRoute(path, handler, methods=["GET", "POST"])
         for path in ("/v2/trace/setting", "/v2/models/{model}/trace/setting")
     ]
-
-
-def _value_of(setting: _Setting, name: str) -> Any:
-    return {"trace_level": setting.level, "trace_rate": setting.rate,
-            "trace_count": setting.count, "log_frequency": setting.frequency}[name]  # fmt: skip
 
 
 def _parsed(name: str, value: Any) -> Any:
