@@ -79,8 +79,7 @@ def _tritons_defaults(
             )
             filled.update(cc_model_filenames={}, metric_tags={})
     filled["model_warmup"] = [_warmup_json(sample) for sample in source.config.model_warmup]
-    ranked = {key: at for at, key in enumerate(_ORDER)}
-    return dict(sorted(filled.items(), key=lambda item: ranked.get(item[0], len(ranked))))
+    return dict(sorted(filled.items(), key=lambda item: _RANK.get(item[0], len(_RANK))))
 
 
 _ORDER = (
@@ -91,6 +90,7 @@ _ORDER = (
     "model_transaction_policy", "model_repository_agents", "response_cache",
 )  # fmt: skip
 """The order of Triton's ``ModelConfig`` fields, which its JSON keeps."""
+_RANK = {key: at for at, key in enumerate(_ORDER)}
 
 
 def _warmup_json(sample: WarmupSample) -> dict[str, Any]:
