@@ -82,7 +82,11 @@ def test_a_loads_config_replaces_the_folders_until_the_model_is_unloaded(
         ({"config": "[1]"}, "must be a JSON object"),
         ({"config": json.dumps({**CONFIG, "name": "other"})}, "names model 'other', but it"),
         ({"config": 5}, "load parameter 'config' must be a string"),
-        ({"file:1/model.py": "eA=="}, "load parameter 'file:1/model.py' is not supported"),
+        ({"file:1/model.py": "eA=="}, "needs the 'config' parameter too"),
+        ({"config": json.dumps(CONFIG), "file:../1/model.py": "eA=="}, "inside the model's"),
+        ({"config": json.dumps(CONFIG), "file:1/model.py": "not base64!"}, "is not base64"),
+        ({"config": json.dumps(CONFIG), "file:1/model.py": 7}, "must be the file's bytes"),
+        ({"config": json.dumps(CONFIG), "sideload": "x"}, "load parameter 'sideload' is not"),
         (
             {"config": json.dumps({**CONFIG, "instance_group": [{"count": 1, "passive": True}]})},
             "sordino does not support instance_group.passive",

@@ -10,6 +10,7 @@ it writes the built-in models out as a model repository to serve, edit and reloa
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 from pathlib import Path
@@ -81,13 +82,47 @@ def list_models(url: str | None, token: str | None, ready: bool, as_json: bool) 
     type=click.File("r", encoding="utf-8"),
     help="A JSON file of Triton's model configuration, used instead of the folder's.",
 )
+@click.option(
+    "--file",
+    "files",
+    multiple=True,
+    metavar="VERSION/FILE=PATH",
+    help="Send PATH as the file VERSION/FILE of the model's folder (repeat it; with "
+    "--config): the files sent make the whole folder, e.g. --file 1/model.onnx=./m.onnx.",
+)
 @url_option
 @token_option
-def load_model(name: str, config_file: TextIO | None, url: str | None, token: str | None) -> None:
+def load_model(
+    name: str,
+    config_file: TextIO | None,
+    files: tuple[str, ...],
+    url: str | None,
+    token: str | None,
+) -> None:
     """Load NAME, or reload it: new versions load first, retired ones drain and unload."""
-    body = None
+    parameters: dict[str, str] = {}
     if config_file is not None:
-        body = {"parameters": {"config": config_file.read()}}
+        parameters["config"] = config_file.read()
+    if files and config_file is None:
+        raise click.UsageError(
+            "--file needs --config: the files sent make the model's whole folder, and the "
+            "config is its configuration"
+        )
+    for given in files:
+        where, _, path = given.partition("=")
+        if not where or not path:
+            raise click.BadParameter(
+                f"{given!r}: give VERSION/FILE=PATH, e.g. 1/model.onnx=./model.onnx",
+                param_hint="--file",
+            )
+        try:
+            content = Path(path).read_bytes()
+        except OSError as exc:
+            raise click.BadParameter(
+                f"cannot read {path}: {exc.strerror}", param_hint="--file"
+            ) from None
+        parameters[f"file:{where}"] = base64.b64encode(content).decode("ascii")
+    body = {"parameters": parameters} if parameters else None
     _post(url, token, f"/v2/repository/models/{quote(name, safe='')}/load", body)
     click.echo(f"loaded {name}")
 

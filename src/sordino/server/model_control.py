@@ -27,8 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -39,46 +38,24 @@ from sordino.errors import ConfigError, InvalidRequest, NotFound, SordinoError, 
 from sordino.models.ensembles import ensemble_pipeline
 from sordino.models.repository import (
     ModelSource,
-    is_model_name,
     load_repository_model,
     repository_names,
     sources_for,
 )
+from sordino.server.control_records import (
+    IndexEntry,
+    ModelControlStatistics,
+    Stamp,
+    check_name,
+    stamp,
+)
 from sordino.server.ensemble_control import EnsembleSet
+from sordino.server.model_uploads import LoadRequest, Uploads, discard, load_parameters
 from sordino.server.runtime import Runtime
 
-__all__ = ["IndexEntry", "ModelControl", "ModelControlStatistics", "load_parameters"]
+__all__ = ["IndexEntry", "LoadRequest", "ModelControl", "ModelControlStatistics", "load_parameters"]
 
 log = logging.getLogger("sordino.control")
-
-_Stamp = tuple[str, int, int, ModelConfig]
-
-
-@dataclass(frozen=True, slots=True)
-class IndexEntry:
-    """One row of the repository index: a model version and its state.
-
-    ``state`` is READY, LOADING, UNLOADING or UNAVAILABLE (Triton's names), and
-    ``reason`` says why one is UNAVAILABLE; a model never loaded has neither a version
-    nor a state, as on Triton.
-    """
-
-    name: str
-    version: str
-    state: str
-    reason: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class ModelControlStatistics:
-    """Counters of the control operations since start-up."""
-
-    mode: str
-    loads: int
-    reloads: int
-    unloads: int
-    failures: int
-    polls: int
 
 
 class ModelControl:
@@ -91,13 +68,15 @@ class ModelControl:
         self.repository: Path | None = runtime.config.model_repository
         self.poll_s = server.repository_poll_secs
         self._configs: dict[str, ModelConfig] = {}
-        self._stamps: dict[tuple[str, str], _Stamp | None] = {}
+        self._stamps: dict[tuple[str, str], Stamp | None] = {}
         self.ensembles = EnsembleSet(runtime, self.repository)
         self._transient: dict[tuple[str, str], str] = {}
         self._failed: dict[str, str] = {}
         self._last_versions: dict[str, list[str]] = {}
         self._asked: set[str] = set()  # models loaded by name, not only as an ensemble's
         self._overrides: dict[str, dict[str, Any]] = {}  # a load's config, by model
+        self._uploads = Uploads()  # the folders of models loaded from a load's files
+        self._uploaded: set[str] = set()  # models ever loaded from uploaded files
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._loads = self._reloads = self._unloads = self._failures = self._polls = 0
@@ -113,7 +92,7 @@ class ModelControl:
             key = (model.key.name, model.key.version)
             if model not in self.runtime.pipelines and key not in self._stamps:
                 self._configs.setdefault(model.key.name, model.source.config)
-                self._stamps[key] = _stamp(model.source)
+                self._stamps[key] = stamp(model.source)
         self.ensembles.adopt()
         steps = {n.model for c in self.ensembles.wanted.values() for n in c.nodes}
         self._asked |= {m.key.name for m in self.runtime.models()} - steps
@@ -129,12 +108,14 @@ class ModelControl:
             )
 
     async def close(self) -> None:
-        """Stop polling; an operation in progress finishes first."""
+        """Stop polling; an operation in progress finishes first. Uploaded model
+        folders are removed (the runtime stops after this)."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        self._uploads.close()
 
     # -- the operations --------------------------------------------------------------
 
@@ -167,27 +148,52 @@ class ModelControl:
             return [entry for entry in entries if entry.state == "READY"]
         return entries
 
-    async def load(self, name: str, config: str | None = None) -> None:
-        """Load or reload ``name`` from the repository (``explicit`` mode only); an
-        ensemble brings the models it runs. ``config``: a Triton configuration (JSON
-        text) used instead of the folder's, as on Triton, from now on until the model
-        is unloaded (a later load without one keeps it)."""
+    async def load(self, name: str, request: LoadRequest | None = None) -> None:
+        """Load or reload ``name`` (``explicit`` mode only); an ensemble brings the
+        models it runs. ``request.config``: a Triton configuration (JSON text) used
+        instead of the folder's, as on Triton, from now on until the model is unloaded
+        (a later load without one keeps it). ``request.files``: the model's whole folder
+        (``server/model_uploads.py``), loaded instead of the repository's for this load
+        only: a later load without files reads the repository again, as on Triton."""
+        request = request or LoadRequest()
         self._require_explicit("load")
-        _check_name(name)
+        check_name(name)
         self._refuse_pipeline(name, "load")
-        given = None if config is None else self._override(name, config)
+        if request.files and self.ensembles.owns(name):
+            raise Unsupported(
+                f"{name!r} is an ensemble of the repository: it takes no uploaded files "
+                "(not supported); load it without file: parameters"
+            )
+        configured = name in self._configs and name not in self._uploaded
+        if request.files and configured and not self._in_repository(name):
+            raise Unsupported(
+                f"model {name!r} is a model of sordino's configuration: it takes no "
+                "uploaded files (not supported); give its files another name"
+            )
+        given = None
+        if request.config is not None:
+            given = self._override(name, request.config, uploaded=bool(request.files))
         async with self._lock, self._journaled("load", name):
             before = self._overrides.get(name)
+            root = self._uploads.write(name, request.files) if request.files else None
+            was = self._uploads.use(name, root)
             if given is not None:
                 self._overrides[name] = given
+            elif was is not None:  # back to the repository: the upload's config goes
+                self._overrides.pop(name, None)
             try:
                 await self._load(name)
             except BaseException:
-                if given is not None:  # a load that failed leaves the config it had
-                    self._overrides.pop(name, None)
-                    if before is not None:
-                        self._overrides[name] = before
+                self._uploads.use(name, was)  # a load that failed leaves what it had
+                discard(root)
+                self._overrides.pop(name, None)
+                if before is not None:
+                    self._overrides[name] = before
                 raise
+            if was is not None:
+                discard(was)
+            if root is not None:
+                self._uploaded.add(name)
 
     async def _load(self, name: str) -> None:
         if self.ensembles.owns(name):
@@ -208,7 +214,7 @@ class ModelControl:
         are unloaded too (but those loaded by name, or run by another ensemble asked
         for), as on Triton."""
         self._require_explicit("unload")
-        _check_name(name)
+        check_name(name)
         self._refuse_pipeline(name, "unload")
         async with self._lock, self._journaled("unload", name):
             known = name in self._configs or name in self._repository_names()
@@ -217,17 +223,20 @@ class ModelControl:
             await self._unload(name, unload_dependents)
             self._asked.discard(name)
             self._overrides.pop(name, None)
+            discard(self._uploads.use(name, None))
             await self.ensembles.settle()
 
-    def _override(self, name: str, config: str) -> dict[str, Any]:
-        """A load's ``config``, read (InvalidRequest saying what is wrong with it)."""
+    def _override(self, name: str, config: str, *, uploaded: bool) -> dict[str, Any]:
+        """A load's ``config``, read (InvalidRequest saying what is wrong with it); one
+        without files is for a model of the repository only."""
         from sordino.backends.pbtxt import parse_triton_json
 
-        if self.repository is None or name not in self._repository_names():
+        if not uploaded and not self._in_repository(name):
             raise Unsupported(
                 f"model {name!r} is not a model of the repository, so a load's config cannot "
                 "replace its configuration (not supported): change its entry in sordino's "
-                "configuration instead, or load it without config"
+                "configuration instead, load it without config, or send its files with the "
+                "config (file: parameters)"
             )
         try:
             return parse_triton_json(config, source="the load request's config")
@@ -365,6 +374,9 @@ class ModelControl:
     def _repository_names(self) -> list[str]:
         return [] if self.repository is None else repository_names(self.repository)
 
+    def _in_repository(self, name: str) -> bool:
+        return name in self._repository_names()
+
     def _repository_loaded(self) -> set[str]:
         root = self.repository
         if root is None:
@@ -372,14 +384,45 @@ class ModelControl:
         return {m.key.name for m in self.runtime.models() if m.source.path.is_relative_to(root)}
 
     def _resolve(self, name: str) -> list[ModelSource]:
-        if self.repository is not None and name in self._repository_names():
+        uploaded = self._uploads.root(name)
+        if uploaded is not None:
+            return load_repository_model(uploaded, name, self._overrides.get(name))
+        if self.repository is not None and self._in_repository(name):
             return load_repository_model(self.repository, name, self._overrides.get(name))
+        if name in self._uploaded:  # its folder went with its files
+            raise NotFound(
+                f"model {name!r} was loaded from files sent with a load, and the repository "
+                "has no folder of that name: send its files (and config) again to load it"
+            )
         config = self._configs.get(name)
         if config is not None:
             return sources_for(config)
         where = f"the model repository {self.repository}" if self.repository else "no repository"
         known = ", ".join(sorted(set(self._configs) | set(self._repository_names()))) or "none"
         raise NotFound(f"no model {name!r} to load in {where}; known models: {known}")
+
+    async def _restore(self, source: ModelSource) -> None:
+        """Serve again the version a failed reload replaced (as on Triton, a reload that
+        fails leaves the model as it was): from its files and configuration as they were
+        loaded, which a folder sent with a load, or a load's config, still has."""
+        try:
+            await self._step(
+                source.name, source.version, "LOADING", partial(self.runtime.load, source)
+            )
+        except SordinoError as exc:
+            log.error(
+                "model %r version %s: its reload failed, and it cannot be served as before "
+                "either (%s): it is unloaded",
+                source.name,
+                source.version,
+                exc,
+            )
+        else:
+            log.warning(
+                "model %r version %s: its reload failed; the version served before serves again",
+                source.name,
+                source.version,
+            )
 
     async def _apply(self, name: str, sources: list[ModelSource]) -> bool:
         """Make the served versions of ``name`` exactly ``sources``: add, reload, then
@@ -390,10 +433,11 @@ class ModelControl:
         changed = bool(loaded - set(wanted))
         try:
             for version, source in sorted(wanted.items()):
-                stamp = _stamp(source)
+                now, before = stamp(source), None
                 if version in loaded:
-                    if self._stamps.get((name, version)) == stamp:
+                    if self._stamps.get((name, version)) == now:
                         continue
+                    before = runtime.get(name, version).source
                     await self._step(
                         name, version, "UNLOADING", partial(runtime.unload, name, version)
                     )
@@ -401,8 +445,13 @@ class ModelControl:
                 else:
                     self._loads += 1
                 changed = True
-                await self._step(name, version, "LOADING", partial(runtime.load, source))
-                self._stamps[(name, version)] = stamp
+                try:
+                    await self._step(name, version, "LOADING", partial(runtime.load, source))
+                except SordinoError:
+                    if before is not None:
+                        await self._restore(before)
+                    raise
+                self._stamps[(name, version)] = now
                 self._configs[name] = source.config
             stale = sorted(loaded - set(wanted))
             self._unloads += len(stale)
@@ -434,43 +483,3 @@ class ModelControl:
                 await self.poll_once()
             except Exception:  # a broken repository must not stop polling
                 log.exception("repository poll failed")
-
-
-def load_parameters(parameters: Mapping[str, Any]) -> str | None:
-    """The ``config`` parameter of a load request (Triton's: a model configuration as
-    JSON text), None without one; any other parameter is refused, saying what is taken."""
-    for name, value in parameters.items():
-        if name != "config":
-            raise Unsupported(
-                f"load parameter {name!r} is not supported: sordino takes 'config' (the "
-                "model's configuration as JSON text) and loads the model's files from its "
-                "repository folder (no file: uploads); send the load without it"
-            )
-        if not isinstance(value, str):
-            raise InvalidRequest(
-                "load parameter 'config' must be a string: the model configuration as JSON "
-                "text (json.dumps of it)"
-            )
-    config = parameters.get("config")
-    return None if config is None else str(config)
-
-
-def _check_name(name: str) -> None:
-    """Refuse anything but a model name: a name is looked up, never used as a path."""
-    if not is_model_name(name):
-        shown = repr(name) if len(name) <= 60 else repr(name[:57]) + "…"
-        raise InvalidRequest(
-            f"{shown} is not a model name: use letters, digits, '_', '.' and '-', starting "
-            "with a letter or digit (no '/', no '..')"
-        )
-
-
-def _stamp(source: ModelSource) -> _Stamp | None:
-    """What identifies a model version cheaply: its file's path, modification time and
-    size, and its configuration as read now (``config.yaml`` or ``config.pbtxt``: an
-    edited one makes a load, or a poll, reload the model, as on Triton)."""
-    try:
-        stat = source.path.stat()
-    except OSError:
-        return None
-    return (str(source.path), stat.st_mtime_ns, stat.st_size, source.config)
