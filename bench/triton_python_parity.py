@@ -27,7 +27,9 @@ statistics and the ``nv_cache_*`` families compared). Then both serve the
 repository again in explicit model control, started with nothing loaded, and take the
 same sequence of loads and unloads of the ensembles and the models they run
 (``unload_dependents`` among them): each answer and the repository index after it are
-compared (:data:`CONTROL`). Custom metric
+compared (:data:`CONTROL`); a third pair takes loads with files (``file:``
+parameters) and a Python model's ``pb_utils.load_model`` / ``unload_model`` /
+``is_model_ready`` (``bench/triton_loading_parity.py``). Custom metric
 families a model defines are looked for in both servers' ``/metrics``. Prints one line
 per check and a verdict; the exit status is 0 when everything matched, 1 when something
 differed, 2 when a server could not be installed or started. Results go to
@@ -55,7 +57,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from bench import peers
+from bench import peers, triton_loading_parity
 from bench.common import save, sordino_server
 
 EXAMPLES = Path(__file__).parent.parent / "tests" / "fixtures" / "triton_python_examples"
@@ -970,6 +972,7 @@ def main() -> None:
             checks += trace_checks(triton.http, ours.http)
             checks.append(trace_files_check(*traces))
         checks += compare_control(python, repo)
+        checks += triton_loading_parity.compare(python, Path(scratch.name))
     except peers.PeerError as exc:
         print(f"cannot run: {exc}", file=sys.stderr)
         sys.exit(2)

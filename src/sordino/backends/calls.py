@@ -43,6 +43,12 @@ class ModelCall:
     known); ``timeout_us`` is the call's own queue timeout (Triton's ``timeout``, 0:
     none). ``decoupled`` asks for every response of a decoupled model as it comes.
     ``caller`` names the calling model (a cycle back to it is detected).
+
+    ``control`` makes it a call of Triton's model loading API instead of an inference
+    (``pb_utils.load_model``, ``unload_model``, ``is_model_ready``): ``"load"`` (with
+    ``parameters`` ``config``, JSON text, and ``files``, ``{"file:1/model.py": bytes}``),
+    ``"unload"`` (``unload_dependents``) or ``"ready"`` (answered with the
+    ``ready`` parameter); ``inputs`` is empty.
     """
 
     model: str
@@ -57,6 +63,7 @@ class ModelCall:
     timeout_us: int = 0
     decoupled: bool = False
     caller: str = ""
+    control: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,13 @@ The call carries its caller's facts:
 - tenant: the calling request's (``InferRequest.internal_tenant``: no key needed),
   else ``default``.
 
+A call of the model loading API (``ModelCall.control``: ``pb_utils.load_model``,
+``unload_model``, ``is_model_ready``) goes to model control instead
+(:class:`ModelLoading`, the server's ``ModelControl`` once it has started): a load runs
+to its end even if the call is given up, and an unload is answered once the model no
+longer serves, while its drain goes on (a model may unload the model whose request it
+is executing, itself included).
+
 Dead ends answer an error, never wedge: an unknown or unloaded model (404), a model
 calling itself from its only instance (a cycle that would wait forever — Triton
 deadlocks there), a decoupled model called without ``decoupled=True``, a deadline
@@ -29,10 +36,11 @@ passed, the server stopping (the scheduler ends the request).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -40,10 +48,26 @@ from sordino.backends.calls import CallAnswer, ModelCall, failed_answer
 from sordino.errors import NotFound, SordinoError
 from sordino.inference import InferRequest, InferResponse, RequestedOutput
 from sordino.protocol.status import grpc_code_name
+from sordino.server.model_uploads import LoadRequest, load_parameters
 from sordino.server.registry import LoadedModel, ModelRegistry
 from sordino.server.service import InferenceService
 
-__all__ = ["ModelCalls"]
+__all__ = ["ModelCalls", "ModelLoading"]
+
+log = logging.getLogger("sordino.control")
+
+
+class ModelLoading(Protocol):
+    """What answers the model loading API (the server's ``ModelControl``)."""
+
+    async def load(
+        self, name: str, request: LoadRequest | None = None, *, within: str = ""
+    ) -> None: ...
+
+    async def unload(
+        self, name: str, *, unload_dependents: bool = False, within: str = ""
+    ) -> None: ...
+
 
 _TRITON_CODES = {
     "NOT_FOUND": "NOT_FOUND",
@@ -94,9 +118,15 @@ class ModelCalls:
     def __init__(self, service: InferenceService, registry: ModelRegistry) -> None:
         self._service = service
         self._registry = registry
+        self.control: ModelLoading | None = None
+        """Model control, once the server has started (the model loading API)."""
+        self._controls: set[asyncio.Task[None]] = set()
 
     async def __call__(self, call: ModelCall) -> AsyncIterator[CallAnswer]:
         """Each response to ``call`` as it comes, the last one ``final``."""
+        if call.control:
+            yield await self._control(call)
+            return
         where = f"BLS call to model {call.model!r}"
         try:
             model = self._registry.get(call.model, call.version or None)
@@ -181,3 +211,56 @@ class ModelCalls:
             internal_tenant=call.tenant or "default",
         )
         return request, wait_s
+
+    async def _control(self, call: ModelCall) -> CallAnswer:
+        """Answer a call of the model loading API."""
+        where = f"{call.control}_model({call.model!r})".replace("ready_model", "is_model_ready")
+        if call.control == "ready":
+            registry = self._registry
+            found = registry.contains if call.version else lambda name, _: registry.has(name)
+            return CallAnswer(parameters={"ready": found(call.model, call.version)})
+        control = self.control
+        if control is None:
+            return failed_answer(
+                f"{where}: the model loading API is available once the server has started "
+                "(as on Triton, load the model that uses it after start-up, not with "
+                "--load-model)",
+                "UNAVAILABLE",
+            )
+        try:
+            if call.control == "load":
+                config = call.parameters.get("config")
+                files = call.parameters.get("files") or {}
+                request = load_parameters({**({"config": config} if config else {}), **files})
+                task = self._keep(control.load(call.model, request, within=call.caller))
+                await asyncio.shield(task)  # given up, it still runs to its end
+            elif call.control == "unload":
+                dependents = bool(call.parameters.get("unload_dependents", False))
+                task = self._keep(
+                    control.unload(call.model, unload_dependents=dependents, within=call.caller)
+                )
+                served = self._registry.has(call.model)  # else: no drain, wait for the end
+                while not task.done() and (not served or self._registry.has(call.model)):
+                    await asyncio.wait({task}, timeout=0.005)
+                if task.done():
+                    task.result()
+            else:
+                return failed_answer(f"{where}: unknown model control call", "INVALID_ARG")
+        except SordinoError as exc:
+            return failed_answer(f"{where}: {exc}", _code(exc))
+        return CallAnswer()
+
+    def _keep(self, operation: Any) -> asyncio.Task[None]:
+        """Run a control operation to its end, whoever still waits for it."""
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(operation)
+        self._controls.add(task)
+        task.add_done_callback(self._controls.discard)
+        task.add_done_callback(_unheard)
+        return task
+
+
+def _unheard(task: asyncio.Task[None]) -> None:
+    """Log how a control operation failed (its caller may no longer wait for it: an
+    unload answered once the model stopped serving, a call given up)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("model loading API: %s", task.exception())

@@ -34,7 +34,7 @@ from typing import Any
 
 from sordino.config import ModelConfig
 from sordino.config.pipelines import PipelineConfig
-from sordino.errors import ConfigError, InvalidRequest, NotFound, SordinoError, Unsupported
+from sordino.errors import ConfigError, NotFound, SordinoError, Unsupported
 from sordino.models.ensembles import ensemble_pipeline
 from sordino.models.repository import (
     ModelSource,
@@ -50,7 +50,13 @@ from sordino.server.control_records import (
     stamp,
 )
 from sordino.server.ensemble_control import EnsembleSet
-from sordino.server.model_uploads import LoadRequest, Uploads, discard, load_parameters
+from sordino.server.model_uploads import (
+    LoadRequest,
+    Uploads,
+    discard,
+    load_parameters,
+    read_config,
+)
 from sordino.server.runtime import Runtime
 
 __all__ = ["IndexEntry", "LoadRequest", "ModelControl", "ModelControlStatistics", "load_parameters"]
@@ -102,6 +108,7 @@ class ModelControl:
         """Take in the start-up models (the runtime has started); start polling the
         repository (``poll`` mode only)."""
         self._adopt()
+        self.runtime.model_calls.control = self  # models' pb_utils.load_model from now on
         if self.mode == "poll" and self._task is None:
             self._task = asyncio.get_running_loop().create_task(
                 self._poll_loop(), name="sordino-repository-poll"
@@ -110,6 +117,7 @@ class ModelControl:
     async def close(self) -> None:
         """Stop polling; an operation in progress finishes first. Uploaded model
         folders are removed (the runtime stops after this)."""
+        self.runtime.model_calls.control = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -148,13 +156,16 @@ class ModelControl:
             return [entry for entry in entries if entry.state == "READY"]
         return entries
 
-    async def load(self, name: str, request: LoadRequest | None = None) -> None:
+    async def load(
+        self, name: str, request: LoadRequest | None = None, *, within: str = ""
+    ) -> None:
         """Load or reload ``name`` (``explicit`` mode only); an ensemble brings the
         models it runs. ``request.config``: a Triton configuration (JSON text) used
         instead of the folder's, as on Triton, from now on until the model is unloaded
         (a later load without one keeps it). ``request.files``: the model's whole folder
         (``server/model_uploads.py``), loaded instead of the repository's for this load
-        only: a later load without files reads the repository again, as on Triton."""
+        only: a later load without files reads the repository again, as on Triton.
+        ``within``: the model whose code asks (``pb_utils.load_model``; see ``_turn``)."""
         request = request or LoadRequest()
         self._require_explicit("load")
         check_name(name)
@@ -172,8 +183,8 @@ class ModelControl:
             )
         given = None
         if request.config is not None:
-            given = self._override(name, request.config, uploaded=bool(request.files))
-        async with self._lock, self._journaled("load", name):
+            given = read_config(name, request, self._in_repository(name))
+        async with self._turn(within), self._journaled("load", name):
             before = self._overrides.get(name)
             root = self._uploads.write(name, request.files) if request.files else None
             was = self._uploads.use(name, root)
@@ -208,15 +219,15 @@ class ModelControl:
             self._failures += 1
             raise ConfigError(failed)
 
-    async def unload(self, name: str, *, unload_dependents: bool = False) -> None:
+    async def unload(self, name: str, *, unload_dependents: bool = False, within: str = "") -> None:
         """Unload every version of ``name`` after its queued requests finish; the
         ensembles that run it drain first. ``unload_dependents``: an ensemble's models
         are unloaded too (but those loaded by name, or run by another ensemble asked
-        for), as on Triton."""
+        for), as on Triton. ``within``: as for :meth:`load`."""
         self._require_explicit("unload")
         check_name(name)
         self._refuse_pipeline(name, "unload")
-        async with self._lock, self._journaled("unload", name):
+        async with self._turn(within), self._journaled("unload", name):
             known = name in self._configs or name in self._repository_names()
             if not self.runtime.versions(name) and not known:
                 raise NotFound(f"unknown model {name!r}; nothing to unload")
@@ -225,23 +236,6 @@ class ModelControl:
             self._overrides.pop(name, None)
             discard(self._uploads.use(name, None))
             await self.ensembles.settle()
-
-    def _override(self, name: str, config: str, *, uploaded: bool) -> dict[str, Any]:
-        """A load's ``config``, read (InvalidRequest saying what is wrong with it); one
-        without files is for a model of the repository only."""
-        from sordino.backends.pbtxt import parse_triton_json
-
-        if not uploaded and not self._in_repository(name):
-            raise Unsupported(
-                f"model {name!r} is not a model of the repository, so a load's config cannot "
-                "replace its configuration (not supported): change its entry in sordino's "
-                "configuration instead, load it without config, or send its files with the "
-                "config (file: parameters)"
-            )
-        try:
-            return parse_triton_json(config, source="the load request's config")
-        except ConfigError as exc:
-            raise InvalidRequest(str(exc)) from None
 
     def _refuse_pipeline(self, name: str, action: str) -> None:
         """Refuse to load or unload a pipeline of the ``pipelines`` section."""
@@ -298,6 +292,22 @@ class ModelControl:
         for model in {n.model for n in config.nodes} if config and dependents else ():
             if model not in self._asked and not self.ensembles.users_of([model]):
                 await self._unload(model, dependents)
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, within: str) -> AsyncIterator[None]:
+        """Control operations run one at a time — but one that a model's code asks for
+        (``within``: that model) while an operation holding the turn is loading that
+        very model (its ``initialize`` loads the models it uses) runs inside it:
+        waiting for the turn would wait for itself."""
+        if within and self._lock.locked():
+            loading = (
+                state == "LOADING" for (m, _), state in self._transient.items() if m == within
+            )
+            if any(loading):
+                yield
+                return
+        async with self._lock:
+            yield
 
     @contextlib.asynccontextmanager
     async def _journaled(self, action: str, name: str) -> AsyncIterator[None]:

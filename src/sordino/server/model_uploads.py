@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from sordino.errors import InvalidRequest, Unsupported
+from sordino.errors import ConfigError, InvalidRequest, Unsupported
 
-__all__ = ["FILE_PREFIX", "LoadRequest", "Uploads", "load_parameters"]
+__all__ = ["FILE_PREFIX", "LoadRequest", "Uploads", "load_parameters", "read_config"]
 
 log = logging.getLogger("sordino.control")
 
@@ -79,6 +79,25 @@ def load_parameters(parameters: Mapping[str, Any]) -> LoadRequest:
             "Triton)"
         )
     return LoadRequest(config, files)
+
+
+def read_config(name: str, request: LoadRequest, in_repository: bool) -> dict[str, Any]:
+    """``request``'s config for model ``name``, read (InvalidRequest saying what is wrong
+    with it); one without files is for a model of the repository only."""
+    from sordino.backends.pbtxt import parse_triton_json
+
+    assert request.config is not None
+    if not request.files and not in_repository:
+        raise Unsupported(
+            f"model {name!r} is not a model of the repository, so a load's config cannot "
+            "replace its configuration (not supported): change its entry in sordino's "
+            "configuration instead, load it without config, or send its files with the "
+            "config (file: parameters)"
+        )
+    try:
+        return parse_triton_json(request.config, source="the load request's config")
+    except ConfigError as exc:
+        raise InvalidRequest(str(exc)) from None
 
 
 def upload_path(name: str) -> str:

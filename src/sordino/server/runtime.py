@@ -214,9 +214,10 @@ class Runtime:
             self.result_cache, self.timings, config.server.max_request_size,
         )  # fmt: skip
         # Python models' calls to other models (BLS) take the service's path.
+        self.model_calls = ModelCalls(self.service, self.registry)  # model control: later
         serve_model_calls = getattr(self.executor, "serve_model_calls", None)
         if serve_model_calls is not None:  # not the Ray executor: its models cannot call
-            serve_model_calls(ModelCalls(self.service, self.registry))
+            serve_model_calls(self.model_calls)
         self._sources = list(sources)
         self._started = False
         self.metrics.watch_schedulers(self.registry.scheduler_statistics)

@@ -190,7 +190,8 @@ class PythonBackend:
             raise ModelLoadError(f"{where}: {model_path} defines no class TritonPythonModel")
         if hasattr(model_class, "auto_complete_config"):
             try:
-                completed = model_class.auto_complete_config(utils.ModelConfig(config))
+                with bls.executing(bls.Executing(name, phase="auto_complete_config")):
+                    completed = model_class.auto_complete_config(utils.ModelConfig(config))
             except Exception as exc:
                 raise ModelLoadError(f"{where}: auto_complete_config raised {exc!r}") from exc
             config = completed.as_dict()

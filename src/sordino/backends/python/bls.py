@@ -48,6 +48,7 @@ __all__ = [
     "executing",
     "install",
     "run_exec",
+    "start_call",
 ]
 
 
@@ -219,7 +220,9 @@ def _response(answer: CallAnswer) -> Any:
     return utils.InferenceResponse(output_tensors=tensors, error=error, parameters=parameters)
 
 
-def _start(call: ModelCall, on_answer: Callable[[CallAnswer], None]) -> Callable[[], None]:
+def start_call(call: ModelCall, on_answer: Callable[[CallAnswer], None]) -> Callable[[], None]:
+    """Send ``call`` with the caller of what runs here (else the process's); ``on_answer``
+    gets its answers. Returns the function that gives the call up."""
     state = current()
     caller = state.caller if state is not None and state.caller is not None else _CALLER
     if caller is None:
@@ -244,7 +247,7 @@ class ResponseIterator:
     def __init__(self, call: ModelCall) -> None:
         self._answers: queue.SimpleQueue[CallAnswer] = queue.SimpleQueue()
         self._done = False
-        self._cancel = _start(call, self._answers.put)
+        self._cancel = start_call(call, self._answers.put)
 
     def __iter__(self) -> ResponseIterator:
         return self
@@ -268,7 +271,7 @@ def run_exec(request: Any, decoupled: bool) -> Any:
     if decoupled:
         return ResponseIterator(call)
     answers: queue.SimpleQueue[CallAnswer] = queue.SimpleQueue()
-    _start(call, answers.put)
+    start_call(call, answers.put)
     return _response(_single(answers.get))
 
 
@@ -303,7 +306,7 @@ def async_exec(request: Any, decoupled: bool) -> asyncio.Future[Any]:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
                 loop.call_soon_threadsafe(settle, answer)
 
-    cancel = _start(call, on_answer)
+    cancel = start_call(call, on_answer)
     future.add_done_callback(lambda f: cancel() if f.cancelled() else None)
     return future
 

@@ -17,8 +17,9 @@ where the server's ``/metrics`` reads it (``sordino.telemetry.model_metrics``).
 
 Here: the tensors, requests, responses and their sender, and the type and config
 helpers; the errors are ``triton_errors.py``'s, ``Logger`` ``model_logger.py``'s, the
-custom metrics ``model_metrics.py``'s and ``ModelConfig`` ``model_config.py``'s, every
-name importable from this module as in Triton's.
+custom metrics ``model_metrics.py``'s, ``ModelConfig`` ``model_config.py``'s and the
+model loading API (``load_model``, ``unload_model``, ``is_model_ready``)
+``model_loading.py``'s, every name importable from this module as in Triton's.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from sordino.backends.python.model_config import ModelConfig
+from sordino.backends.python.model_loading import is_model_ready, load_model, unload_model
 from sordino.backends.python.model_logger import Logger
 from sordino.backends.python.model_metrics import (
     COUNTER,
@@ -72,10 +74,13 @@ __all__ = [
     "get_input_tensor_by_name",
     "get_output_config_by_name",
     "get_output_tensor_by_name",
+    "is_model_ready",
+    "load_model",
     "metric_snapshot",
     "numpy_to_triton_type",
     "publish_metrics",
     "triton_string_to_numpy",
+    "unload_model",
     "using_decoupled_model_transaction_policy",
 ]
 

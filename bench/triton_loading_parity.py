@@ -1,0 +1,196 @@
+"""Loading models with their files, and from a model's code, side by side with Triton.
+
+Part of ``python -m bench.triton_python_parity`` (its ``main`` calls :func:`compare`);
+runnable alone: ``PYTHONPATH=. python -m bench.triton_loading_parity``. Both servers
+run in explicit model control on the same scratch repository (add_sub, and the
+``model_loader`` fixture twice: as it is, and as ``loader_init``, whose ``initialize``
+loads add_sub), and go through the same steps:
+
+- **uploads** (:data:`UPLOADS`): Triton's load API with ``file:`` parameters over HTTP —
+  a new name, a repository model's folder replaced for one load, refusals; the
+  outcome of each step (the status class: 2xx or not) and the versions ready after it;
+- **the model loading API** (:data:`LOADING`): ``pb_utils.load_model``,
+  ``unload_model`` and ``is_model_ready`` from ``model_loader``'s ``execute``, each
+  step's ``ok`` and ``ready``; then ``loader_init`` loaded by the client (its
+  ``initialize`` loads add_sub), and ``model_loader`` unloading itself.
+
+Messages differ (each server words its own) and are not compared. Steps left out
+because Triton 2.51 fails on them (measured): ``pb_utils.load_model`` with files and no
+config closes Triton's connection (the server process ends); sordino refuses it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tritonclient.http as httpclient
+
+from bench import peers
+from bench.common import sordino_server
+
+FIXTURES = Path(__file__).parent.parent / "tests" / "fixtures"
+ADD_SUB = FIXTURES / "triton_python_examples" / "add_sub"
+LOADER = FIXTURES / "triton_python_answers" / "model_loader"
+
+CONFIG = json.dumps(
+    {
+        "backend": "python",
+        "input": [{"name": f"INPUT{i}", "data_type": "TYPE_FP32", "dims": [4]} for i in (0, 1)],
+        "output": [{"name": f"OUTPUT{i}", "data_type": "TYPE_FP32", "dims": [4]} for i in (0, 1)],
+    }
+)
+CODE = base64.b64encode((ADD_SUB / "1" / "model.py").read_bytes()).decode()
+
+UPLOADS: list[tuple[str, str, dict[str, Any]]] = [
+    ("files without config", "up", {"file:1/model.py": CODE}),
+    ("files and config, a new name", "up", {"config": CONFIG, "file:1/model.py": CODE}),
+    ("again without files (not in the repository)", "up", {}),
+    ("config alone (not in the repository)", "up", {"config": CONFIG}),
+    ("a path that climbs out", "up2", {"config": CONFIG, "file:../../x/model.py": CODE}),
+    ("an empty path", "up3", {"config": CONFIG, "file:": CODE}),
+    ("a repository model", "add_sub", {}),
+    ("a repository model's folder replaced (version 2)", "add_sub",
+     {"config": CONFIG, "file:2/model.py": CODE}),
+    ("the repository model again without files", "add_sub", {}),
+]  # fmt: skip
+"""(what, model, load parameters): each load, then the versions ready of ``up`` and
+add_sub."""
+
+LOADING: list[dict[str, Any]] = [
+    {"op": "ready", "model": "add_sub"},
+    {"op": "load", "model": "add_sub"},
+    {"op": "ready", "model": "add_sub"},
+    {"op": "ready", "model": "add_sub", "version": "1"},
+    {"op": "ready", "model": "add_sub", "version": "2"},
+    {"op": "unload", "model": "add_sub"},
+    {"op": "ready", "model": "add_sub"},
+    {"op": "load", "model": "nowhere"},
+    {"op": "unload", "model": "nowhere"},
+    {"op": "load", "model": "sent", "config": CONFIG, "files": {"file:1/model.py": CODE}},
+    {"op": "ready", "model": "sent"},
+    {"op": "load", "model": "add_sub", "config": "{nope"},
+    {"op": "ready", "model": "add_sub"},
+]
+"""``model_loader``'s commands, in order."""
+
+KNOWN = {
+    "loading API: unload nowhere": "sordino refuses to unload a model it does not know "
+    "(NOT_FOUND); Triton answers success",
+}
+
+
+def _post(url: str, body: dict[str, Any]) -> int:
+    request = urllib.request.Request(url, json.dumps(body).encode(), method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def _ready(client: httpclient.InferenceServerClient, model: str) -> list[str]:
+    return [v for v in ("1", "2", "3") if client.is_model_ready(model, v)]
+
+
+def upload_run(url: str) -> list[tuple[bool, list[str], list[str]]]:
+    """Each :data:`UPLOADS` step: whether it succeeded, and the versions then ready."""
+    client = httpclient.InferenceServerClient(url.removeprefix("http://"), network_timeout=120)
+    seen = []
+    for _, model, parameters in UPLOADS:
+        status = _post(f"{url}/v2/repository/models/{model}/load", {"parameters": parameters})
+        seen.append((200 <= status < 300, _ready(client, "up"), _ready(client, "add_sub")))
+    client.unload_model("up")
+    client.unload_model("add_sub")
+    return seen
+
+
+def _ask(client: httpclient.InferenceServerClient, command: dict[str, Any]) -> dict[str, Any]:
+    tensor = httpclient.InferInput("COMMAND", [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([json.dumps(command).encode()], dtype=np.object_))
+    result = client.infer("model_loader", [tensor]).as_numpy("RESULT")
+    answer = json.loads(result.reshape(-1)[0])
+    return {"ok": answer["ok"], "ready": answer.get("ready")}
+
+
+def loading_run(url: str) -> list[Any]:
+    """Each :data:`LOADING` step's answer, then loader_init's load and the self-unload."""
+    client = httpclient.InferenceServerClient(url.removeprefix("http://"), network_timeout=120)
+    client.load_model("model_loader")
+    seen: list[Any] = [_ask(client, command) for command in LOADING]
+    loaded = _post(f"{url}/v2/repository/models/loader_init/load", {})
+    seen.append((200 <= loaded < 300, client.is_model_ready("add_sub")))
+    seen.append((_ask(client, {"op": "unload", "model": "model_loader"}),
+                 client.is_model_ready("model_loader")))  # fmt: skip
+    return seen
+
+
+def repository(into: Path) -> Path:
+    """The scratch repository both servers serve."""
+    repo = into / "loading"
+    shutil.copytree(ADD_SUB, repo / "add_sub")
+    shutil.copytree(LOADER, repo / "model_loader")
+    shutil.copytree(LOADER, repo / "loader_init")
+    config = repo / "loader_init" / "config.pbtxt"
+    config.write_text(
+        config.read_text()
+        + 'parameters { key: "LOAD_AT_INITIALIZE" value { string_value: "add_sub" } }\n'
+    )
+    return repo
+
+
+def compare(python: Path, into: Path) -> list[dict[str, Any]]:
+    """Both servers through :data:`UPLOADS` and :data:`LOADING`; one check a step."""
+    repo = repository(into)
+    with (
+        peers.triton_on(python, repo, ["--model-control-mode=explicit"]) as triton,
+        sordino_server(["--model-repository", str(repo), "--no-builtin",
+                        "--model-control-mode", "explicit"]) as ours,
+    ):  # fmt: skip
+        uploads = upload_run(triton.http), upload_run(ours.http)
+        loading = loading_run(triton.http), loading_run(ours.http)
+    names = [f"uploads: {what}" for what, _, _ in UPLOADS]
+    names += [
+        f"loading API: {c['op']} {c['model']} {c.get('version', '')}".rstrip() for c in LOADING
+    ]
+    names += ["loading API: initialize loads add_sub", "loading API: a model unloads itself"]
+    checks = []
+    for name, theirs, mine in zip(names, [*uploads[0], *loading[0]], [*uploads[1], *loading[1]],
+                                  strict=True):  # fmt: skip
+        same = theirs == mine
+        check = {"check": name, "protocol": "http", "equal": same,
+                 "detail": "" if same else f"triton {theirs}, sordino {mine}"}  # fmt: skip
+        if name in KNOWN:
+            check |= {"known": True, "detail": f"{check['detail']}: {KNOWN[name]}"}
+        checks.append(check)
+        mark = "ok  " if same else ("known" if name in KNOWN else "DIFF")
+        print(f"{mark} http {name} {'' if same else (theirs, mine)}", flush=True)
+    return checks
+
+
+def main() -> None:
+    scratch = tempfile.TemporaryDirectory(prefix="sordino-loading-")
+    try:
+        python = peers.ensure_venv("triton", peers.TRITON_PACKAGES,
+                                   "import pytriton, onnxruntime, numpy")  # fmt: skip
+        checks = compare(python, Path(scratch.name))
+    except peers.PeerError as exc:
+        print(f"cannot run: {exc}", file=sys.stderr)
+        sys.exit(2)
+    finally:
+        scratch.cleanup()
+    differing = [c for c in checks if not c["equal"] and not c.get("known")]
+    print(f"{len(checks) - len(differing)}/{len(checks)} checks equal or known")
+    sys.exit(1 if differing else 0)
+
+
+if __name__ == "__main__":
+    main()
