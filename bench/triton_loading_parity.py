@@ -1,4 +1,5 @@
-"""Loading models with their files, and from a model's code, side by side with Triton.
+"""Loading models with their files, and from a model's code, side by side with Triton
+(and what ``triton_python_backend_utils``' type helpers answer).
 
 Part of ``python -m bench.triton_python_parity`` (its ``main`` calls :func:`compare`);
 runnable alone: ``PYTHONPATH=. python -m bench.triton_loading_parity``. Both servers
@@ -12,7 +13,9 @@ loads add_sub), and go through the same steps:
 - **the model loading API** (:data:`LOADING`): ``pb_utils.load_model``,
   ``unload_model`` and ``is_model_ready`` from ``model_loader``'s ``execute``, each
   step's ``ok`` and ``ready``; then ``loader_init`` loaded by the client (its
-  ``initialize`` loads add_sub), and ``model_loader`` unloading itself.
+  ``initialize`` loads add_sub), and ``model_loader`` unloading itself;
+- **the utilities** fixture: what ``pb_utils``' type tables, converters, BYTES
+  (de)serialization and request release flags give, as one JSON text.
 
 Messages differ (each server words its own) and are not compared. Steps left out
 because Triton 2.51 fails on them (measured): ``pb_utils.load_model`` with files and no
@@ -26,6 +29,7 @@ import json
 import shutil
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -40,6 +44,7 @@ from bench.common import sordino_server
 FIXTURES = Path(__file__).parent.parent / "tests" / "fixtures"
 ADD_SUB = FIXTURES / "triton_python_examples" / "add_sub"
 LOADER = FIXTURES / "triton_python_answers" / "model_loader"
+UTILITIES = FIXTURES / "triton_python_answers" / "utilities"
 
 CONFIG = json.dumps(
     {
@@ -97,6 +102,17 @@ def _post(url: str, body: dict[str, Any]) -> int:
         return int(exc.code)
 
 
+def _settle(client: httpclient.InferenceServerClient) -> None:
+    """Wait until no model is LOADING or UNLOADING: Triton answers an unload before its
+    model has left, and a load of it meanwhile can crash or hang Triton 2.51 (its own
+    test sleeps 30 s after each unload)."""
+    for _ in range(600):
+        states = {entry.get("state") for entry in client.get_model_repository_index()}
+        if not states & {"LOADING", "UNLOADING"}:
+            return
+        time.sleep(0.1)
+
+
 def _ready(client: httpclient.InferenceServerClient, model: str) -> list[str]:
     return [v for v in ("1", "2", "3") if client.is_model_ready(model, v)]
 
@@ -107,9 +123,11 @@ def upload_run(url: str) -> list[tuple[bool, list[str], list[str]]]:
     seen = []
     for _, model, parameters in UPLOADS:
         status = _post(f"{url}/v2/repository/models/{model}/load", {"parameters": parameters})
+        _settle(client)
         seen.append((200 <= status < 300, _ready(client, "up"), _ready(client, "add_sub")))
     client.unload_model("up")
     client.unload_model("add_sub")
+    _settle(client)
     return seen
 
 
@@ -125,12 +143,29 @@ def loading_run(url: str) -> list[Any]:
     """Each :data:`LOADING` step's answer, then loader_init's load and the self-unload."""
     client = httpclient.InferenceServerClient(url.removeprefix("http://"), network_timeout=120)
     client.load_model("model_loader")
-    seen: list[Any] = [_ask(client, command) for command in LOADING]
+    seen: list[Any] = []
+    for command in LOADING:
+        print(f"  {url}: {command['op']} {command['model']}", flush=True)
+        seen.append(_ask(client, command))
+        _settle(client)
     loaded = _post(f"{url}/v2/repository/models/loader_init/load", {})
+    _settle(client)
     seen.append((200 <= loaded < 300, client.is_model_ready("add_sub")))
     seen.append((_ask(client, {"op": "unload", "model": "model_loader"}),
                  client.is_model_ready("model_loader")))  # fmt: skip
     return seen
+
+
+def utilities_run(url: str) -> Any:
+    """The utilities fixture's answer (loaded, asked once, unloaded)."""
+    client = httpclient.InferenceServerClient(url.removeprefix("http://"), network_timeout=120)
+    client.load_model("utilities")
+    tensor = httpclient.InferInput("IN", [1], "FP32")
+    tensor.set_data_from_numpy(np.ones(1, dtype=np.float32))
+    answer = json.loads(client.infer("utilities", [tensor]).as_numpy("RESULT").reshape(-1)[0])
+    client.unload_model("utilities")
+    _settle(client)
+    return answer
 
 
 def repository(into: Path) -> Path:
@@ -139,6 +174,7 @@ def repository(into: Path) -> Path:
     shutil.copytree(ADD_SUB, repo / "add_sub")
     shutil.copytree(LOADER, repo / "model_loader")
     shutil.copytree(LOADER, repo / "loader_init")
+    shutil.copytree(UTILITIES, repo / "utilities")
     config = repo / "loader_init" / "config.pbtxt"
     config.write_text(
         config.read_text()
@@ -157,14 +193,17 @@ def compare(python: Path, into: Path) -> list[dict[str, Any]]:
     ):  # fmt: skip
         uploads = upload_run(triton.http), upload_run(ours.http)
         loading = loading_run(triton.http), loading_run(ours.http)
-    names = [f"uploads: {what}" for what, _, _ in UPLOADS]
+        utilities = utilities_run(triton.http), utilities_run(ours.http)
+    names = ["pb_utils type helpers and release flags"]
+    names += [f"uploads: {what}" for what, _, _ in UPLOADS]
     names += [
         f"loading API: {c['op']} {c['model']} {c.get('version', '')}".rstrip() for c in LOADING
     ]
     names += ["loading API: initialize loads add_sub", "loading API: a model unloads itself"]
     checks = []
-    for name, theirs, mine in zip(names, [*uploads[0], *loading[0]], [*uploads[1], *loading[1]],
-                                  strict=True):  # fmt: skip
+    theirs_all = [utilities[0], *uploads[0], *loading[0]]
+    mine_all = [utilities[1], *uploads[1], *loading[1]]
+    for name, theirs, mine in zip(names, theirs_all, mine_all, strict=True):
         same = theirs == mine
         check = {"check": name, "protocol": "http", "equal": same,
                  "detail": "" if same else f"triton {theirs}, sordino {mine}"}  # fmt: skip

@@ -48,9 +48,7 @@ def _repository(root: Path) -> Path:
 
 
 def _serve(root: Path, mode: str) -> Any:
-    config = load_config(
-        None, {"model_repository": str(root), "server.model_control_mode": mode}
-    )
+    config = load_config(None, {"model_repository": str(root), "server.model_control_mode": mode})
     return serve_in_thread(config, load_repository_model(root, "model_loader"))
 
 

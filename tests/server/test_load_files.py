@@ -59,7 +59,7 @@ def _add_sub(client: Any, model: str, version: str = "") -> np.ndarray:
     a = np.arange(4, dtype=np.float32)
     inputs = []
     for name in ("INPUT0", "INPUT1"):
-        given = (httpclient if isinstance(client, httpclient.InferenceServerClient) else grpcclient)
+        given = httpclient if isinstance(client, httpclient.InferenceServerClient) else grpcclient
         tensor = given.InferInput(name, [4], "FP32")
         tensor.set_data_from_numpy(a)
         inputs.append(tensor)
@@ -154,9 +154,7 @@ def test_the_cli_sends_files(server: RunningServer, tmp_path: Path, uploads: Pat
     assert not isinstance(done.exception, Exception) or isinstance(done.exception, SystemExit)
 
 
-def test_uploaded_folders_are_removed_when_the_server_stops(
-    tmp_path: Path, uploads: Path
-) -> None:
+def test_uploaded_folders_are_removed_when_the_server_stops(tmp_path: Path, uploads: Path) -> None:
     config = load_config(None, {"server.model_control_mode": "explicit"})
     with serve_in_thread(config, []) as running:
         client = httpclient.InferenceServerClient(running.url.removeprefix("http://"))

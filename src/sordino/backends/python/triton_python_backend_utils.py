@@ -49,6 +49,14 @@ from sordino.backends.python.model_metrics import (
     Metric as Metric,  # public before the split; kept importable
 )
 from sordino.backends.python.triton_errors import TritonError, TritonModelException
+from sordino.backends.python.triton_types import (
+    TRITON_STRING_TO_NUMPY,
+    deserialize_bytes_tensor,
+    numpy_to_triton_type,
+    serialize_byte_tensor,
+    triton_string_to_numpy,
+    triton_to_numpy_type,
+)
 
 __all__ = [
     "COUNTER",
@@ -58,7 +66,10 @@ __all__ = [
     "TRITONSERVER_MEMORY_GPU",
     "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END",
     "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
+    "TRITONSERVER_REQUEST_RELEASE_ALL",
+    "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
     "TRITONSERVER_RESPONSE_COMPLETE_FINAL",
+    "TRITON_STRING_TO_NUMPY",
     "InferenceRequest",
     "InferenceResponse",
     "InferenceResponseSender",
@@ -70,6 +81,7 @@ __all__ = [
     "Tensor",
     "TritonError",
     "TritonModelException",
+    "deserialize_bytes_tensor",
     "get_input_config_by_name",
     "get_input_tensor_by_name",
     "get_output_config_by_name",
@@ -79,7 +91,9 @@ __all__ = [
     "metric_snapshot",
     "numpy_to_triton_type",
     "publish_metrics",
+    "serialize_byte_tensor",
     "triton_string_to_numpy",
+    "triton_to_numpy_type",
     "unload_model",
     "using_decoupled_model_transaction_policy",
 ]
@@ -87,41 +101,8 @@ __all__ = [
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
-
-_NUMPY = {
-    "TYPE_BOOL": np.bool_,
-    "TYPE_UINT8": np.uint8,
-    "TYPE_UINT16": np.uint16,
-    "TYPE_UINT32": np.uint32,
-    "TYPE_UINT64": np.uint64,
-    "TYPE_INT8": np.int8,
-    "TYPE_INT16": np.int16,
-    "TYPE_INT32": np.int32,
-    "TYPE_INT64": np.int64,
-    "TYPE_FP16": np.float16,
-    "TYPE_FP32": np.float32,
-    "TYPE_FP64": np.float64,
-    "TYPE_STRING": np.object_,
-}
-
-
-def triton_string_to_numpy(triton_type_string: str) -> type:
-    """The numpy type of a Triton data type name (``"TYPE_FP32"`` -> ``np.float32``)."""
-    try:
-        return _NUMPY[triton_type_string]
-    except KeyError:
-        raise TritonModelException(f"unknown Triton data type {triton_type_string!r}") from None
-
-
-def numpy_to_triton_type(data_type: Any) -> str | None:
-    """The Triton data type name of a numpy type, or None."""
-    dtype = np.dtype(data_type)
-    if dtype.kind in "OSU":
-        return "TYPE_STRING"
-    for name, numpy_type in _NUMPY.items():
-        if numpy_type is not np.object_ and np.dtype(numpy_type) == dtype:
-            return name
-    return None
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 
 
 class Tensor:
@@ -152,7 +133,8 @@ class Tensor:
     def shape(self) -> list[int]:
         return list(self._array.shape)
 
-    def triton_dtype(self) -> str | None:
+    def triton_dtype(self) -> int | None:
+        """Triton's data-type code (``TRITONSERVER_DataType``: 11 for FP32, 13 BYTES)."""
         return numpy_to_triton_type(self._array.dtype)
 
     def is_cpu(self) -> bool:
@@ -297,6 +279,17 @@ class InferenceRequest:
 
     def set_flags(self, flags: int) -> None:
         self._flags = flags
+
+    def set_release_flags(self, flags: int) -> None:
+        """``TRITONSERVER_REQUEST_RELEASE_ALL`` (the request ends with its response) is
+        taken; ``..._RESCHEDULE`` (run the request again: Triton's iterative sequences)
+        is refused, saying so."""
+        if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            raise TritonModelException(
+                "request rescheduling (set_release_flags(TRITONSERVER_REQUEST_RELEASE_"
+                "RESCHEDULE)) is not supported by sordino: return the request's response, "
+                "and keep state between requests of a sequence with sequence batching"
+            )
 
     def timeout(self) -> int:
         return self._timeout

@@ -1,0 +1,44 @@
+"""``triton_python_backend_utils``' type helpers, as Triton 2.51's answer (the parity
+bench's ``utilities`` fixture compares them with Triton's own), and the request release
+flags."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sordino.backends.python import triton_python_backend_utils as pb_utils
+
+
+def test_bytes_tensors_round_trip_through_triton_s_serialization() -> None:
+    words = np.array([[b"ab", "c"], [b"", "\u00e9"]], dtype=np.object_)
+    encoded = pb_utils.serialize_byte_tensor(words)
+    assert encoded == b"\x02\x00\x00\x00ab\x01\x00\x00\x00c\x00\x00\x00\x00\x02\x00\x00\x00\xc3\xa9"
+    decoded = pb_utils.deserialize_bytes_tensor(encoded)
+    assert decoded.dtype == np.object_
+    assert list(decoded) == [b"ab", b"c", b"", "\u00e9".encode()]
+    assert pb_utils.serialize_byte_tensor(np.array([], dtype=np.object_)) == ()
+    assert pb_utils.serialize_byte_tensor(np.zeros(2, dtype=np.float32)) is None
+    with pytest.raises(ValueError, match="runs past the end"):
+        pb_utils.deserialize_bytes_tensor(b"\x05\x00\x00\x00ab")
+
+
+def test_type_codes_are_triton_s() -> None:
+    assert pb_utils.numpy_to_triton_type(np.float32) == 11
+    assert pb_utils.numpy_to_triton_type(np.object_) == 13
+    assert pb_utils.numpy_to_triton_type(np.bytes_) == 13
+    assert pb_utils.numpy_to_triton_type(np.complex64) is None
+    assert pb_utils.triton_to_numpy_type(8) is np.int32
+    assert pb_utils.triton_to_numpy_type(0) is None
+    assert pb_utils.Tensor("x", np.ones(2, dtype=np.int64)).triton_dtype() == 9
+    assert pb_utils.triton_string_to_numpy("TYPE_FP16") is np.float16
+    with pytest.raises(KeyError, match="TYPE_NOPE"):
+        pb_utils.triton_string_to_numpy("TYPE_NOPE")
+    assert set(pb_utils.TRITON_STRING_TO_NUMPY) >= {"TYPE_BOOL", "TYPE_STRING"}
+
+
+def test_a_request_may_be_released_but_not_rescheduled() -> None:
+    request = pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[])
+    request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL)
+    with pytest.raises(pb_utils.TritonModelException, match=r"rescheduling .* is not supported"):
+        request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
