@@ -29,7 +29,8 @@ same sequence of loads and unloads of the ensembles and the models they run
 (``unload_dependents`` among them): each answer and the repository index after it are
 compared (:data:`CONTROL`); a third pair takes loads with files (``file:``
 parameters) and a Python model's ``pb_utils.load_model`` / ``unload_model`` /
-``is_model_ready`` (``bench/triton_loading_parity.py``). Custom metric
+``is_model_ready`` (``bench/triton_loading_parity.py``); tritonclient's compressed
+requests and answers are compared too (``bench/triton_transport_parity.py``). Custom metric
 families a model defines are looked for in both servers' ``/metrics``. Prints one line
 per check and a verdict; the exit status is 0 when everything matched, 1 when something
 differed, 2 when a server could not be installed or started. Results go to
@@ -57,7 +58,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from bench import peers, triton_loading_parity
+from bench import peers, triton_loading_parity, triton_transport_parity
 from bench.common import save, sordino_server
 
 EXAMPLES = Path(__file__).parent.parent / "tests" / "fixtures" / "triton_python_examples"
@@ -969,6 +970,7 @@ def main() -> None:
             print(f"{'ok  ' if same else 'DIFF'} http /metrics has {family} ({found})")
             checks += _triton_metrics(triton.metrics or "", f"{ours.http}/metrics", models)
             checks += logging_checks(triton.http, ours.http)
+            checks += triton_transport_parity.compression_checks(triton.http, ours.http)
             checks += trace_checks(triton.http, ours.http)
             checks.append(trace_files_check(*traces))
         checks += compare_control(python, repo)

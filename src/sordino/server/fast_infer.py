@@ -29,6 +29,7 @@ from sordino.protocol.encode import encode_error, encode_infer_response
 from sordino.protocol.status import http_status, retry_after_header
 from sordino.server.connection_guard import RECEIVED
 from sordino.server.disconnect import until_disconnect
+from sordino.server.http_coding import coded, inflate
 from sordino.server.inference_parts import InferenceParts
 from sordino.server.route import Route
 from sordino.server.runtime import Runtime
@@ -70,6 +71,9 @@ _FORWARDED = {
     b"x-sordino-timeout": "x-sordino-timeout",
     b"x-sordino-tenant": "x-sordino-tenant",
     b"authorization": "authorization",  # the API key: the service authenticates it
+    # A compressed body, a compressed answer (server/http_coding.py).
+    b"content-encoding": "content-encoding",
+    b"accept-encoding": "accept-encoding",
 }
 READ_HEADERS = frozenset({b"content-length", b"inference-header-content-length", *_FORWARDED})
 """Every header :func:`parse_headers` reads (what a front end forwards of a request)."""
@@ -242,6 +246,9 @@ def open_infer(
             # The whole body: its length says what a Content-Length past the limit would.
             if len(body) > limit:
                 raise too_large(limit)
+            coding = forwarded.get("content-encoding")
+            if coding is not None:
+                body = inflate(body, coding, limit)
             tenant, route = open_request(parts, model, version, forwarded, read_s)
             cache = parts.result_cache
             if cache.active(model):
@@ -254,7 +261,8 @@ def open_infer(
                 )
                 cached = cache.get(cache_key)
                 if cached is not None:
-                    return _told(parts, (200, cached.payload, dict(cached.headers)))
+                    answer = coded(forwarded, cached.payload, dict(cached.headers))
+                    return _told(parts, (200, *answer))
             request = decode_body(
                 body,
                 model,
@@ -297,6 +305,8 @@ def finish_infer(
         payload, headers = encode_response(outcome, opened.request)
         if opened.cache_key is not None and not opened.shared:
             parts.result_cache.put(opened.cache_key, payload, headers)
+        if opened.request.headers is not None:
+            payload, headers = coded(opened.request.headers, payload, headers)
     except Exception as exc:
         return _told(parts, answer_error(exc, path))
     return _told(parts, (200, payload, headers))
@@ -315,7 +325,8 @@ def parse_headers(
     raw_headers: Iterable[tuple[bytes, bytes]],
 ) -> tuple[bytes | None, bytes | None, dict[str, str]]:
     """The ``Content-Length``, the ``Inference-Header-Content-Length`` and the headers
-    the service reads (``x-sordino-*``, ``authorization``) of a request's headers."""
+    the service reads (``x-sordino-*``, ``authorization``) and the transport's codings
+    (``content-encoding``, ``accept-encoding``) of a request's headers."""
     declared: bytes | None = None
     header_length: bytes | None = None
     forwarded: dict[str, str] = {}

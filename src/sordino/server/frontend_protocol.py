@@ -43,6 +43,7 @@ from sordino.server.fast_infer import (
     parse_headers,
 )
 from sordino.server.frontend_link import ENGINE_GONE, FrontendLink, Reply, hand_over
+from sordino.server.http_coding import coded, inflate
 from sordino.server.http_cycle import InferCycle
 from sordino.server.http_protocol import HttpProtocol
 from sordino.server.link_frames import SEND_BODY, Answer, LinkRequest
@@ -215,9 +216,10 @@ class FrontendInferCycle(InferCycle):
             arrived = time.perf_counter()
             body = await self.read_body()
             read_s = time.perf_counter() - arrived
+            coding = facts.get("content-encoding")
             # A malformed body is answered here; it never reaches the engine.
             request = decode_body(
-                body,
+                body if coding is None else inflate(body, coding, conn.max_request_size),
                 self.model,
                 self.version,
                 header_length,
@@ -266,7 +268,7 @@ class FrontendInferCycle(InferCycle):
                 headers = {"Content-Type": "application/json", "Connection": "close"}
             else:
                 # Outputs held in the engine's arena are read in place, here, once.
-                payload, headers = encode_response(response, request)
+                payload, headers = coded(facts, *encode_response(response, request))
                 status = 200
         except Exception as exc:
             status, payload, headers = answer_error(exc, self.path)
