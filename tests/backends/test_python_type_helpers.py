@@ -1,13 +1,25 @@
 """``triton_python_backend_utils``' type helpers, as Triton 2.51's answer (the parity
-bench's ``utilities`` fixture compares them with Triton's own), and the request release
-flags."""
+bench's ``utilities`` fixture compares them with Triton's own), the request release
+flags and ``get_model_dir()``."""
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import numpy as np
 import pytest
+import tritonclient.http as httpclient
 
+from sordino.backends.python import bls
 from sordino.backends.python import triton_python_backend_utils as pb_utils
+from sordino.backends.python.model_dir import set_model_dir
+from sordino.config import load_config
+from sordino.models.repository import load_repository_model
+from sordino.testing import serve_in_thread
+
+UTILITIES = Path(__file__).parent.parent / "fixtures" / "triton_python_answers" / "utilities"
 
 
 def test_bytes_tensors_round_trip_through_triton_s_serialization() -> None:
@@ -42,3 +54,31 @@ def test_a_request_may_be_released_but_not_rescheduled() -> None:
     request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL)
     with pytest.raises(pb_utils.TritonModelException, match=r"rescheduling .* is not supported"):
         request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+
+
+def test_a_model_in_a_worker_reads_its_folder_and_the_helpers(tmp_path: Path) -> None:
+    shutil.copytree(UTILITIES, tmp_path / "utilities")
+    config = load_config(None, {"model_repository": str(tmp_path)})
+    with serve_in_thread(config, load_repository_model(tmp_path, "utilities")) as server:
+        client = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+        tensor = httpclient.InferInput("IN", [1], "FP32")
+        tensor.set_data_from_numpy(np.ones(1, dtype=np.float32))
+        answer = json.loads(client.infer("utilities", [tensor]).as_numpy("RESULT")[0])
+    assert answer["model_dir"] == str(tmp_path / "utilities" / "1")
+    assert answer["numpy_to_triton_type"] == [1, 2, 8, 10, 11, 13]
+    assert answer["unknown_string"] == "raises KeyError"
+
+
+def test_get_model_dir_names_the_asking_model_among_several(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sordino.backends.python import model_dir
+
+    monkeypatch.setattr(model_dir, "_DIRS", {})
+    set_model_dir("a", "/models/a/1")
+    assert pb_utils.get_model_dir() == "/models/a/1"  # the only one
+    set_model_dir("b", "/models/b/1")
+    with bls.executing(bls.Executing("b", phase="initialize")):
+        assert pb_utils.get_model_dir() == "/models/b/1"
+    with pytest.raises(pb_utils.TritonModelException, match="cannot tell which asks"):
+        pb_utils.get_model_dir()

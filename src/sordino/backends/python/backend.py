@@ -55,6 +55,7 @@ from sordino.backends.python.joining import (
     output_layouts,
     response_parts,
 )
+from sordino.backends.python.model_dir import set_model_dir
 from sordino.datatypes import from_triton_type
 from sordino.errors import ModelLoadError
 from sordino.inference import (
@@ -282,6 +283,7 @@ class PythonBackend:
         if spec is None or spec.loader is None:
             raise ModelLoadError(f"{where}: cannot import {path}")
         module = importlib.util.module_from_spec(spec)
+        set_model_dir(self._options.name, str(version_folder))  # pb_utils.get_model_dir()
         # Triton puts the version folder on the path: model.py may import files beside it.
         if str(version_folder) not in sys.path:
             sys.path.insert(0, str(version_folder))

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from sordino.backends.python.model_config import ModelConfig
+from sordino.backends.python.model_dir import get_model_dir
 from sordino.backends.python.model_loading import is_model_ready, load_model, unload_model
 from sordino.backends.python.model_logger import Logger
 from sordino.backends.python.model_metrics import (
@@ -84,6 +85,7 @@ __all__ = [
     "deserialize_bytes_tensor",
     "get_input_config_by_name",
     "get_input_tensor_by_name",
+    "get_model_dir",
     "get_output_config_by_name",
     "get_output_tensor_by_name",
     "is_model_ready",

@@ -1,0 +1,42 @@
+"""``pb_utils.get_model_dir()``: the folder of the model's ``model.py`` (its version
+folder), as Triton's Python backend gives it to a model.
+
+Triton runs each model instance in a process of its own, so there the folder is the
+process's; sordino may run several Python models in one process (thread instances), so
+the folder is the one of the model whose code asks (its ``initialize``, ``execute`` or
+``finalize``: :func:`sordino.backends.python.bls.current`), or of the only model the
+process has (code run while ``model.py`` is imported, a thread the model started).
+"""
+
+from __future__ import annotations
+
+import threading
+
+__all__ = ["get_model_dir", "set_model_dir"]
+
+_DIRS: dict[str, str] = {}
+_LOCK = threading.Lock()
+
+
+def set_model_dir(model: str, folder: str) -> None:
+    """Note that ``model``'s ``model.py`` is in ``folder`` (before it is imported)."""
+    with _LOCK:
+        _DIRS[model] = folder
+
+
+def get_model_dir() -> str:
+    """The folder of the asking model's ``model.py``."""
+    from sordino.backends.python import bls
+    from sordino.backends.python.triton_errors import TritonModelException
+
+    state = bls.current()
+    with _LOCK:
+        if state is not None and state.model in _DIRS:
+            return _DIRS[state.model]
+        if len(_DIRS) == 1:
+            return next(iter(_DIRS.values()))
+        known = ", ".join(sorted(_DIRS)) or "none"
+    raise TritonModelException(
+        "get_model_dir(): this process runs several Python models and cannot tell which "
+        f"asks from here ({known}); call it from initialize or execute"
+    )
