@@ -77,3 +77,18 @@ def test_triton_examples_come_with_the_flag_only(tmp_path: Path) -> None:
     assert "simple_string" not in names(collect_sources(config, (), None))
     served = names(collect_sources(config, (), None, triton_examples=True))
     assert {"simple", "simple_string", "simple_int8"} <= set(served)
+
+
+def test_several_repositories_are_refused_not_dropped(tmp_path: Path) -> None:
+    """Triton takes --model-repository several times; sordino serves one, and says so
+    rather than serving the last one given alone."""
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    result = CliRunner().invoke(
+        cli, ["start", "--model-repository", str(tmp_path / "a"),
+              "--model-repository", str(tmp_path / "b"), "--data-dir", str(tmp_path / "d")],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert "given 2 times" in result.output
+    assert "sordino serves one model repository" in result.output
+    assert "Traceback" not in result.output

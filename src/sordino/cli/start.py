@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, get_args
 import click
 
 from sordino.cli.cache_config import cache_size
+from sordino.cli.repository_option import repository_option
 from sordino.cli.switches import switch_option
 from sordino.cli.trace_config import trace_settings
 from sordino.config import RuntimeConfig, SchedulerMode, load_config
@@ -204,11 +205,7 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
     metavar="[NAME=]PATH",
     help="An .onnx file or versioned folder to serve (repeatable).",
 )
-@click.option(
-    "--model-repository",
-    type=click.Path(path_type=Path, file_okay=False),
-    help="A Triton-style folder: one sub-folder per model.",
-)
+@repository_option
 @click.option(
     "--builtin/--no-builtin",
     default=None,
