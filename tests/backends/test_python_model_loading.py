@@ -166,3 +166,15 @@ def test_the_api_is_refused_in_auto_complete_config_and_finalize(phase: str) -> 
         pytest.raises(pb_utils.TritonModelException, match=f"not supported in {phase}"),
     ):
         pb_utils.load_model("other")
+
+
+def test_a_thread_instance_loads_from_initialize_too(server: RunningServer) -> None:
+    # Run on a thread of the server process (its calls go onto the server's loop).
+    root = server.runtime.config.model_repository
+    assert root is not None
+    (root / "loader_init" / "config.yaml").write_text("backend: python\nisolation: thread\n")
+    client = _client(server)
+    client.load_model("loader_init")
+    assert client.is_model_ready("loader_init")
+    assert client.is_model_ready("add_sub")
+    assert server.runtime.get("loader_init").source.config.isolation == "thread"
