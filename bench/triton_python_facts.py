@@ -12,7 +12,10 @@ and gRPC to both, and compares what the model saw: the id, the correlation ID (a
 or a string), the flags (sequence start and end), the timeout, the parameters string
 (exactly; over gRPC, whose parameters are a protobuf map with no order, as JSON) and
 the requested output names (as a set: Triton returns a Python ``set``, sordino a
-sorted list). Prints one line per check and a verdict; exit status 0 when all
+sorted list). Then ``bls_facts`` calls ``echo_facts`` through BLS with each of its own
+cases (an id, parameters as a dict and as JSON text, a timeout, a sequence's
+correlation ID and flags, int and string, every output, a version) and answers what the
+callee saw: compared the same way. Prints one line per check and a verdict; exit status 0 when all
 matched, 1 when something differed, 2 when a server could not be installed or
 started. Results go to ``bench/results/triton_python_facts.json``.
 """
@@ -116,6 +119,45 @@ def compare(triton: peers.Server, http: str, grpc: str) -> list[dict[str, Any]]:
     return checks
 
 
+BLS_CASES = (
+    "BLS: no arguments but the input",
+    "BLS: request_id, parameters as a dict",
+    "BLS: parameters as JSON text",
+    "BLS: timeout",
+    "BLS: sequence start, int correlation ID",
+    "BLS: sequence start and end, string correlation ID",
+    "BLS: every output",
+    "BLS: model_version 1",
+)
+"""What each of ``bls_facts``' cases (its CASE input, in order) sets up."""
+
+
+def _ask_bls(client: httpclient.InferenceServerClient, case: int) -> Any:
+    tensor = httpclient.InferInput("CASE", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([case], dtype=np.int32))
+    seen = json.loads(client.infer("bls_facts", [tensor]).as_numpy("FACTS")[0])
+    if isinstance(seen, dict) and "outputs" in seen:
+        seen["outputs"] = sorted(seen["outputs"])
+        return {key: seen[key] for key in COMPARED}
+    return seen
+
+
+def compare_bls(triton: str, ours: str) -> list[dict[str, Any]]:
+    """Each BLS case on both servers: what the callee saw, compared."""
+    checks: list[dict[str, Any]] = []
+    theirs_client = httpclient.InferenceServerClient(url=triton.removeprefix("http://"))
+    ours_client = httpclient.InferenceServerClient(url=ours.removeprefix("http://"))
+    for case, what in enumerate(BLS_CASES):
+        expected, got = _ask_bls(theirs_client, case), _ask_bls(ours_client, case)
+        same = expected == got
+        detail = json.dumps(got) if same else f"triton {expected} sordino {got}"
+        checks.append({"check": what, "protocol": "http", "equal": same, "detail": detail})
+        print(f"{'ok  ' if same else 'DIFF'} http {what}: {detail}")
+    theirs_client.close()
+    ours_client.close()
+    return checks
+
+
 def main() -> None:
     try:
         python = peers.ensure_venv("triton", peers.TRITON_PACKAGES,
@@ -125,6 +167,7 @@ def main() -> None:
             sordino_server(["--model-repository", str(REPOSITORY), "--no-builtin"]) as ours,
         ):
             checks = compare(triton, ours.http, ours.grpc)
+            checks += compare_bls(triton.http, ours.http)
     except peers.PeerError as exc:
         print(f"cannot run: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -221,3 +221,19 @@ def test_a_ray_actor_hands_each_request_its_facts(tmp_path: Path) -> None:
         assert (seen[0]["priority"], seen[0]["tenant"]) == (2, "acme")
     finally:
         backend.unload()
+
+
+def test_the_servers_tenant_is_not_among_a_models_parameters() -> None:
+    """The tenant the server resolved (a key's, a BLS caller's) is sordino's own fact
+    (``_sordino_tenant``), not a parameter the client sent: it is left out of
+    ``parameters()``, as Triton, which has no tenants, shows none. One the client sent
+    without tenants configured is the client's, and passed on."""
+    from sordino.inference import InferRequest
+    from sordino.server.request_facts import request_facts
+
+    resolved = InferRequest(
+        model="m", inputs={}, parameters={"tenant": "acme", "mode": "fast"}, tenant="acme"
+    )
+    assert request_facts(resolved, 1, None, "acme").parameters == '{"mode":"fast"}'
+    sent = InferRequest(model="m", inputs={}, parameters={"tenant": "acme"})
+    assert request_facts(sent, 1, None, None).parameters == '{"tenant":"acme"}'

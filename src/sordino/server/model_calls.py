@@ -14,9 +14,11 @@ The call carries its caller's facts:
 - priority: the calling request's level, brought into the callee's levels
   (``parameters.priority``; a priority the model sets in the call's parameters wins,
   within what the tenant may claim);
-- deadline: the calling request's, as ``parameters.timeout`` (the callee's queue
-  policy decides whether a request may shorten its timeout) and as a bound on the
-  wait here — past it the call answers an error;
+- deadline: the calling request's, as the ``X-Sordino-Timeout`` a client may send
+  (the callee's queue policy decides whether a request may shorten its timeout; a
+  call's own ``timeout`` comes first, as ``parameters.timeout``, which is what the
+  callee's ``timeout()`` shows, as on Triton) and as a bound on the wait here — past it
+  the call answers an error;
 - tenant: the calling request's (``InferRequest.internal_tenant``: no key needed),
   else ``default``.
 
@@ -44,6 +46,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from sordino.admission.chain import TIMEOUT_HEADER
 from sordino.backends.calls import CallAnswer, ModelCall, failed_answer
 from sordino.errors import NotFound, SordinoError
 from sordino.inference import InferRequest, InferResponse, RequestedOutput
@@ -198,9 +201,12 @@ class ModelCalls:
             levels = model.scheduling.queue.priority_levels
             parameters.setdefault("priority", min(max(int(call.priority), 1), levels))
         wait_s = None if call.deadline is None else call.deadline - time.time()
-        timeouts = [t for t in (call.timeout_us, wait_s and int(wait_s * 1e6)) if t and t > 0]
-        if timeouts and "timeout" not in parameters:
-            parameters["timeout"] = max(1, min(timeouts))
+        headers: dict[str, str] = {}
+        if call.timeout_us > 0 and "timeout" not in parameters:
+            parameters["timeout"] = call.timeout_us  # the callee's timeout(), as on Triton
+        elif wait_s is not None and wait_s > 0 and "timeout" not in parameters:
+            # The caller's deadline bounds the callee's queue, not shown as its timeout().
+            headers[TIMEOUT_HEADER] = str(max(1, int(wait_s * 1e6)))
         request = InferRequest(
             model=call.model,
             version=call.version or None,
@@ -208,6 +214,7 @@ class ModelCalls:
             id=call.request_id or None,
             outputs=[RequestedOutput(name) for name in call.outputs] or None,
             parameters=parameters,
+            headers=headers,
             internal_tenant=call.tenant or "default",
         )
         return request, wait_s

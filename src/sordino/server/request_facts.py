@@ -11,7 +11,9 @@ Triton 2.51 (``http_server.cc``/``grpc/infer_handler.cc`` and the Python backend
 - the parameters are those the server does not consume — Triton takes
   ``sequence_id``, ``sequence_start``, ``sequence_end``, ``priority``, ``timeout``
   and ``binary_data_output`` out and passes the rest on — written as one compact JSON
-  object (TritonJson writes no spaces), in the order they came; ``"{}"`` for none;
+  object (TritonJson writes no spaces), in the order they came; ``"{}"`` for none; the
+  ``tenant`` the server resolved (from a key, or a BLS caller's) is sordino's own and
+  left out (the model has it as ``_sordino_tenant``);
 - the flags are the sequence's start (1) and end (2), as the correlation ID is;
 - the timeout is the ``timeout`` parameter as sent, in microseconds (0 for none);
 - the requested outputs are the names the client asked for (empty: every output).
@@ -43,6 +45,8 @@ def request_facts(
     parameters = "{}"
     if given:
         kept = {k: v for k, v in given.items() if k not in CONSUMED_PARAMETERS}
+        if request.tenant is not None:  # the server's own (authenticated, a BLS caller's)
+            kept.pop("tenant", None)
         if kept:
             parameters = json.dumps(kept, separators=(",", ":"), default=str)
     wanted = request.outputs

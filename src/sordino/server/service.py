@@ -152,9 +152,6 @@ class InferenceService:
             request.parameters["tenant"] = request.tenant = request.internal_tenant
             return request.internal_tenant
         tenants = self._tenants
-        if request.internal_tenant is not None:  # a model's call (BLS): its caller's tenant
-            request.parameters["tenant"] = request.internal_tenant
-            return request.internal_tenant
         if tenants is None or not tenants.enabled:
             return request_tenant(request)
         request.parameters.pop("tenant", None)

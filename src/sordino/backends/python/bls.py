@@ -33,7 +33,7 @@ import contextlib
 import json
 import queue
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +47,7 @@ __all__ = [
     "caller_facts",
     "executing",
     "install",
+    "parameters_text",
     "run_exec",
     "start_call",
 ]
@@ -146,6 +147,28 @@ def _text(value: Any, what: str) -> str:
     if isinstance(value, str):
         return value
     raise _utils().TritonModelException(f"InferenceRequest {what} must be a string, not {value!r}")
+
+
+def parameters_text(parameters: Any) -> str:
+    """A BLS request's ``parameters`` as the JSON text ``parameters()`` answers, taken as
+    Triton takes them: a dict of str to bool, int or str (``TritonModelException``
+    otherwise, in Triton's words)."""
+    if parameters is None or (not parameters and isinstance(parameters, Mapping)):
+        return "{}"  # most requests carry none: no encoder (it showed in profiles)
+    if not isinstance(parameters, Mapping):
+        raise _utils().TritonModelException(
+            f"Expect parameters to be a dict, found type {type(parameters)}"
+        )
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise _utils().TritonModelException(
+                f"Expect parameters keys to have type str, found type {type(key)}"
+            )
+        if not isinstance(value, bool | int | str):
+            raise _utils().TritonModelException(
+                f"Expect parameters values to have type bool/int/str, found type {type(value)}"
+            )
+    return json.dumps(dict(parameters))
 
 
 def _utils() -> Any:

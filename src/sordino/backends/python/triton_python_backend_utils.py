@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from sordino.backends.python import bls
 from sordino.backends.python.model_config import ModelConfig
 from sordino.backends.python.model_dir import get_model_dir
 from sordino.backends.python.model_loading import is_model_ready, load_model, unload_model
@@ -210,7 +211,7 @@ class InferenceRequest:
         flags: int = 0,
         timeout: int = 0,
         model_version: int | str = -1,
-        parameters: Mapping[str, Any] | str | None = None,
+        parameters: Mapping[str, bool | int | str] | None = None,
         preferred_memory: PreferredMemory | None = None,
         trace: InferenceTrace | None = None,
     ) -> None:
@@ -226,11 +227,7 @@ class InferenceRequest:
         self._version = model_version
         self._memory = preferred_memory
         self._trace = trace
-        if isinstance(parameters, str):
-            self._parameters = parameters
-        else:
-            # Most requests carry none: skip the encoder (it showed in profiles).
-            self._parameters = json.dumps(dict(parameters)) if parameters else "{}"
+        self._parameters: str = bls.parameters_text(parameters)
         self._cancelled: Callable[[], bool] = _never
         self._sender: InferenceResponseSender | None = None
         self._make_sender: Callable[[InferenceRequest], InferenceResponseSender] | None = None
@@ -364,10 +361,11 @@ class InferenceResponse:
         self,
         output_tensors: Sequence[Tensor] | None = None,
         error: TritonError | None = None,
-        parameters: Mapping[str, Any] | str | None = None,
+        parameters: Mapping[str, bool | int | str] | None = None,
     ) -> None:
         self._outputs = list(output_tensors or [])
         self._error = error
+        self._parameters: str
         if isinstance(parameters, str):
             self._parameters = parameters
         else:
