@@ -491,26 +491,3 @@ def test_a_decoupled_model_loads_and_refuses_a_one_answer_call(tmp_path: Path) -
         RuntimeError, match=r"model repeat is decoupled: its responses are a stream"
     ):
         backend.infer({"IN": np.array([1], np.int32)})
-
-
-def test_a_packed_execution_environment_is_refused_saying_so(tmp_path: Path) -> None:
-    """Triton's EXECUTION_ENV_PATH (a conda-pack archive the model runs in) is not
-    something sordino does: a load error naming it, not a model run in another
-    interpreter than the one its configuration asks for."""
-    version = tmp_path / "packed" / "1"
-    version.mkdir(parents=True)
-    (tmp_path / "packed" / "config.pbtxt").write_text(
-        'backend: "python"\n'
-        'input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
-        'output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
-        'parameters: { key: "EXECUTION_ENV_PATH", '
-        'value: { string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" } }\n'
-    )
-    (version / "model.py").write_text(
-        "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
-    )
-    backend = create_backend(
-        "python", name="packed", version="1", providers=(), intra_op_threads=None
-    )
-    with pytest.raises(ModelLoadError, match=r"EXECUTION_ENV_PATH .*not supported"):
-        backend.load(version / "model.py", "cpu")

@@ -108,6 +108,9 @@ class BackendOptions:
     triton_config: str | None = None
     """The model's Triton configuration as JSON text, given with a model-control load
     (``ModelConfig.triton_config``): read instead of the folder's ``config.pbtxt``."""
+    own_process: bool = False
+    """Whether the instance has a worker process of its own (it may change the process:
+    a Python model's ``EXECUTION_ENV_PATH`` goes first on its ``sys.path``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,13 +145,15 @@ def create_backend(
     thread_spinning: bool = False,
     index: int = 0,
     triton_config: str | None = None,
+    own_process: bool = False,
 ) -> Backend:
     """A new, unloaded backend of ``kind`` for model ``name`` (``load`` comes next).
 
     ``providers`` are the execution providers to try in order (for ONNX Runtime);
     ``memory`` configures its arenas (only in a worker process of the model's own);
     ``thread_spinning`` lets its threads busy-wait for work (``ModelConfig.thread_spinning``);
-    ``triton_config`` is a load's Triton configuration (JSON text) for its backend.
+    ``triton_config`` is a load's Triton configuration (JSON text) for its backend;
+    ``own_process``: the instance runs in a worker process of its own.
     Raises :class:`ModelLoadError` for a kind this build does not know.
     """
     options = BackendOptions(
@@ -163,5 +165,6 @@ def create_backend(
         thread_spinning=thread_spinning,
         index=index,
         triton_config=triton_config,
+        own_process=own_process,
     )
     return backend_kind(kind, model=name).create(options)

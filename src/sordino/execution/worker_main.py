@@ -142,6 +142,7 @@ def worker_main(spec: WorkerSpec, conn: Connection, log: dict[str, Any] | None =
             thread_spinning=spec.thread_spinning,
             index=spec.index,
             triton_config=spec.triton_config,
+            own_process=True,
         )
         if isinstance(backend, CallingBackend):
             backend.set_caller(link)  # the model's BLS calls go over the pipe

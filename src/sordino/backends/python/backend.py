@@ -49,6 +49,7 @@ from sordino.backends.calls import ModelCaller
 from sordino.backends.decoupled import Responder
 from sordino.backends.python import bls
 from sordino.backends.python.decoupled import collect_sent, execute_decoupled, sent_responses
+from sordino.backends.python.environment import activate, execution_environment
 from sordino.backends.python.joining import (
     PythonModelError,
     join_outputs,
@@ -262,14 +263,11 @@ class PythonBackend:
                 config = read_pbtxt(path)
             except ConfigError as exc:
                 raise ModelLoadError(f"{where}: {exc}") from exc
-        packed = config.get("parameters", {}).get("EXECUTION_ENV_PATH")
-        if isinstance(packed, dict) and packed.get("string_value"):
-            raise ModelLoadError(
-                f"{where}: {path} sets the parameter EXECUTION_ENV_PATH "
-                f"({packed['string_value']}): sordino runs a Python model in its workers' own "
-                "interpreter, not in a packed environment (not supported); install what the "
-                "model imports into sordino's environment and remove the parameter"
-            )
+        packages = execution_environment(
+            config, folder, f"{where}: {path}", own_process=self._options.own_process
+        )
+        if packages is not None:  # its own packed environment (Triton's), first on the path
+            activate(packages)
         config.setdefault("name", self._options.name)
         config.setdefault("backend", "python")
         config.setdefault("max_batch_size", 0)
