@@ -114,6 +114,7 @@ class ModelActor:
             intra_op_threads=spec["intra_op_threads"],
             thread_spinning=bool(spec.get("thread_spinning", False)),
             triton_config=json.dumps(spec["triton_config"]) if spec.get("triton_config") else None,
+            own_process=True,  # an actor is a process of one model instance
         )
         backend.load(Path(spec["path"]), spec["target"])
         # A decoupled model is not warmed up (the executor then refuses it by name), nor
