@@ -26,6 +26,7 @@ from sordino.errors import ModelResponseError, model_response_error
 __all__ = [
     "REQUEST_ABSENT",
     "REQUEST_ERRORS",
+    "REQUEST_PARAMETERS",
     "InferRequest",
     "InferResponse",
     "ModelKey",
@@ -325,4 +326,29 @@ def decode_request_absent(column: Tensor, count: int) -> list[tuple[str, ...]]:
     for index, entry in enumerate(column.reshape(-1)[:count]):
         if entry:
             found[index] = tuple(str(name) for name in orjson.loads(entry))
+    return found
+
+
+REQUEST_PARAMETERS = "sordino.request_parameters"
+"""The output in which such a backend gives the parameters of answered requests'
+responses (Triton's ``InferenceResponse(parameters=...)``): a ``BYTES`` tensor with an
+element per request, empty, or the JSON object. The scheduler takes the column out and
+puts each object on its request's answer (``InferResponse.parameters``)."""
+
+
+def encode_request_parameters(count: int, parameters: Mapping[int, str]) -> Tensor:
+    """The :data:`REQUEST_PARAMETERS` tensor of a batch of ``count`` requests:
+    ``parameters`` maps a request's index to its response's parameters (JSON text)."""
+    column = np.empty(count, dtype=object)
+    for index in range(count):
+        column[index] = parameters.get(index, "").encode()
+    return column
+
+
+def decode_request_parameters(column: Tensor, count: int) -> list[dict[str, Any] | None]:
+    """Each request's response parameters from a :data:`REQUEST_PARAMETERS` tensor."""
+    found: list[dict[str, Any] | None] = [None] * count
+    for index, entry in enumerate(column.reshape(-1)[:count]):
+        if entry:
+            found[index] = orjson.loads(entry)
     return found

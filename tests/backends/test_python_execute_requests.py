@@ -21,8 +21,10 @@ from sordino.backends.python.backend import PythonBackend, PythonModelError
 from sordino.backends.python.joining import join_outputs, output_layouts
 from sordino.inference import (
     REQUEST_ABSENT,
+    REQUEST_PARAMETERS,
     RequestFacts,
     decode_request_absent,
+    decode_request_parameters,
 )
 
 MODEL = """
@@ -247,11 +249,11 @@ def test_outputs_some_responses_lack_are_filled_and_named(tmp_path: Path) -> Non
         backend.unload()
 
 
-def test_response_parameters_are_dropped_with_a_warning_once(
+def test_response_parameters_come_with_the_batch_beside_its_outputs(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """InferenceResponse(parameters=...) is taken (newer Tritons take it) and said once
-    per model not to reach the client, rather than dropped in silence."""
+    """InferenceResponse(parameters=...) (newer Tritons send them to the client) comes
+    out in REQUEST_PARAMETERS, each request's own, and nothing is said dropped."""
     (tmp_path / "p" / "1").mkdir(parents=True)
     (tmp_path / "p" / "config.pbtxt").write_text(
         'backend: "python"\nmax_batch_size: 4\n'
@@ -264,16 +266,17 @@ def test_response_parameters_are_dropped_with_a_warning_once(
         "    def execute(self, requests):\n"
         "        x = [pb_utils.get_input_tensor_by_name(r, 'X') for r in requests]\n"
         "        return [pb_utils.InferenceResponse([pb_utils.Tensor('Y', t.as_numpy())],\n"
-        "                                           parameters={'seen': 1}) for t in x]\n"
+        "                                           parameters={'seen': int(t.as_numpy()[0, 0])})\n"
+        "                for t in x]\n"
     )
     backend = PythonBackend(BackendOptions(name="p_params", version="1"))
     backend.load(tmp_path / "p" / "1" / "model.py")
     try:
         with caplog.at_level("WARNING", logger="sordino.python_model"):
-            for _ in range(2):
-                outputs = backend.infer_requests({"X": np.array([[1], [2]], np.int32)}, [1, 1])
-                assert outputs["Y"].tolist() == [[1], [2]]
-        said = [r.getMessage() for r in caplog.records if "parameters" in r.getMessage()]
-        assert len(said) == 1 and "model p_params" in said[0] and "dropped" in said[0]
+            outputs = backend.infer_requests({"X": np.array([[1], [2]], np.int32)}, [1, 1])
+        assert outputs["Y"].tolist() == [[1], [2]]
+        given = decode_request_parameters(outputs[REQUEST_PARAMETERS], 2)
+        assert given == [{"seen": 1}, {"seen": 2}]
+        assert not [r for r in caplog.records if "parameters" in r.getMessage()]
     finally:
         backend.unload()

@@ -172,7 +172,7 @@ class Tensors(Mapping[str, Tensor]):
     later calls do nothing). A ``Tensors`` of heap arrays (:meth:`of`) holds no lease.
     """
 
-    __slots__ = ("_arrays", "_leases", "_offsets", "_parked", "_released", "memo")
+    __slots__ = ("_arrays", "_leases", "_offsets", "_parked", "_released", "memo", "parameters")
 
     def __init__(self, refs: Mapping[str, TensorRef], leases: tuple[Lease, ...] = ()) -> None:
         """Take over one hold of each of ``leases`` (the caller's, not a new one)."""
@@ -185,6 +185,10 @@ class Tensors(Mapping[str, Tensor]):
         self.memo: tuple[object, int] | None = None
         """What a reader worked out from these arrays' shapes and dtypes, which never
         change, with the key it was worked out for (the execution layer's bytes a row)."""
+        self.parameters: dict[str, Any] | None = None
+        """The parameters a model gave with these outputs as one request's answer
+        (Triton's response parameters), carried with them to the answer; not copied to
+        tensors derived from these."""
 
     @classmethod
     def _adopt(
@@ -202,6 +206,7 @@ class Tensors(Mapping[str, Tensor]):
         tensors._released = False
         tensors._parked = False
         tensors.memo = None
+        tensors.parameters = None
         return tensors
 
     @classmethod

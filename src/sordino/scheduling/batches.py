@@ -35,10 +35,12 @@ from sordino.execution.executor import Executor
 from sordino.inference import (
     REQUEST_ABSENT,
     REQUEST_ERRORS,
+    REQUEST_PARAMETERS,
     ModelKey,
     RequestFacts,
     decode_request_absent,
     decode_request_errors,
+    decode_request_parameters,
     release_owned,
 )
 from sordino.memory.refs import Tensors
@@ -50,6 +52,9 @@ from sordino.scheduling.steps import Steps
 from sordino.scheduling.work import Stamps, WorkItem
 
 __all__ = ["BatchRunner", "batch_context"]
+
+_BESIDE_OUTPUTS = (REQUEST_ERRORS, REQUEST_ABSENT, REQUEST_PARAMETERS)
+"""The columns a backend gives beside a batch's outputs, about its requests' answers."""
 
 
 class BatchRunner:
@@ -132,15 +137,18 @@ class BatchRunner:
             computed()
         t2 = self._clock.now()
         self._cost.note(rows, t2 - t0, t2)
-        errors = absent = None
-        if REQUEST_ERRORS in outputs or REQUEST_ABSENT in outputs:
-            # Some requests' answers are errors (no rows) or lack outputs (filler rows).
+        errors = absent = parameters = None
+        if REQUEST_ERRORS in outputs or REQUEST_ABSENT in outputs or REQUEST_PARAMETERS in outputs:
+            # Some requests' answers are errors (no rows), lack outputs (filler rows) or
+            # carry their responses' parameters.
             if REQUEST_ERRORS in outputs:
                 errors = decode_request_errors(outputs[REQUEST_ERRORS], len(live))
             if REQUEST_ABSENT in outputs:
                 absent = decode_request_absent(outputs[REQUEST_ABSENT], len(live))
+            if REQUEST_PARAMETERS in outputs:
+                parameters = decode_request_parameters(outputs[REQUEST_PARAMETERS], len(live))
             answered = Tensors.compose(
-                {n: (outputs, n) for n in outputs if n not in (REQUEST_ERRORS, REQUEST_ABSENT)}
+                {n: (outputs, n) for n in outputs if n not in _BESIDE_OUTPUTS}
             )
             outputs.release()
             outputs = answered
@@ -158,6 +166,8 @@ class BatchRunner:
                 offset += item.rows
                 if absent is not None and absent[index]:
                     result = _without(result, absent[index])
+                if parameters is not None:
+                    result.parameters = parameters[index]
                 request = item.request
                 if request is not None and request.trace is not None:
                     _stamp_compute(request.trace, (t0, t1, t2, self._clock.now()))

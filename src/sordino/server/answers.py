@@ -23,8 +23,10 @@ __all__ = ["generated_response", "progress_response", "response"]
 
 
 def response(route: Route, request: InferRequest, outputs: Tensors) -> InferResponse:
-    """The response to ``request``: the outputs it asked for (it owns ``outputs``)."""
+    """The response to ``request``: the outputs it asked for (it owns ``outputs``), with
+    the parameters the model gave with them."""
     picked = outputs
+    parameters = outputs.parameters
     datatypes = route.output_datatypes
     wanted_outputs = request.outputs
     if wanted_outputs:
@@ -50,6 +52,7 @@ def response(route: Route, request: InferRequest, outputs: Tensors) -> InferResp
         outputs=picked,
         output_datatypes=dict(datatypes),
         id=request.id,
+        parameters=parameters if parameters is not None else {},
     )
 
 

@@ -107,12 +107,13 @@ def _bytes_elements(array: Any) -> Any:
 
 
 def _answer(response: InferResponse, final: bool) -> CallAnswer:
-    """The answer carrying ``response``'s outputs (copied: the response is released)."""
+    """The answer carrying ``response``'s outputs (copied: the response is released) and
+    parameters."""
     try:
         outputs = {name: np.array(array, copy=True) for name, array in response.outputs.items()}
     finally:
         response.release()
-    return CallAnswer(outputs=outputs, final=final)
+    return CallAnswer(outputs=outputs, final=final, parameters=dict(response.parameters))
 
 
 class ModelCalls:

@@ -62,12 +62,14 @@ from sordino.errors import ModelLoadError
 from sordino.inference import (
     REQUEST_ABSENT,
     REQUEST_ERRORS,
+    REQUEST_PARAMETERS,
     ModelMetadata,
     RequestFacts,
     Tensor,
     TensorSpec,
     encode_request_absent,
     encode_request_errors,
+    encode_request_parameters,
 )
 
 __all__ = ["PLATFORM", "PythonBackend", "PythonModelError"]
@@ -357,7 +359,10 @@ class PythonBackend:
             if inspect.iscoroutine(responses):  # async def execute, as Triton runs it
                 responses = bls.run_coroutine(responses, state)
             responses = sent_responses(responses, sent)
-            parts, errors, absent = response_parts(responses, len(requests), metadata, counts)
+            given: dict[int, str] = {}
+            parts, errors, absent = response_parts(
+                responses, len(requests), metadata, counts, given
+            )
             layouts = output_layouts(parts, metadata.name)
             if place is None:
                 outputs = join_outputs(parts, {})
@@ -375,6 +380,8 @@ class PythonBackend:
             outputs[REQUEST_ERRORS] = encode_request_errors(len(requests), errors)
         if absent:
             outputs[REQUEST_ABSENT] = encode_request_absent(len(requests), absent)
+        if given:  # the responses' parameters, for their requests' answers
+            outputs[REQUEST_PARAMETERS] = encode_request_parameters(len(requests), given)
         elapsed = time.perf_counter() - started
         with self._lock:
             self._batches += 1

@@ -39,13 +39,18 @@ class PythonModelError(RuntimeError):
 
 
 def response_parts(
-    responses: Any, expected: int, metadata: ModelMetadata, rows: Sequence[int] = ()
+    responses: Any,
+    expected: int,
+    metadata: ModelMetadata,
+    rows: Sequence[int] = (),
+    parameters: dict[int, str] | None = None,
 ) -> tuple[dict[str, list[Tensor]], dict[int, tuple[int, str]], dict[int, list[str]]]:
     """Each declared output's tensors, one per response without an error, in request
     order; the errors of the others by request index (Triton's code, the message); and
     the outputs each answered request's response lacks, by request index. Else
     :class:`PythonModelError` saying what is wrong (a count that is not ``expected``,
-    a missing response).
+    a missing response). ``parameters``, when given, gets the parameters (JSON text) of
+    each answered response that has some, by request index.
 
     A response may lack a declared output (Triton answers its request without it: a
     model that returns only ``requested_output_names()`` does). An output no response
@@ -78,7 +83,10 @@ def response_parts(
         # Ours: its own list, read (output_tensors() copies it).
         ours = type(response) is InferenceResponse
         if ours and response._parameters != "{}":
-            dropped_parameters(name)
+            if parameters is None:
+                dropped_parameters(name)
+            else:
+                parameters[index] = response._parameters
         tensors = response._outputs if ours else response.output_tensors()
         if len(tensors) == 1 and len(declared) == 1:
             only = tensors[0]
@@ -142,13 +150,15 @@ _TOLD: set[str] = set()
 
 
 def dropped_parameters(model: str) -> None:
-    """Say once per model that its responses' ``parameters`` go nowhere (sordino does
-    not send a response's parameters to the client; Triton 2.51 does not take them)."""
+    """Say once per model that its responses' ``parameters`` go nowhere (a decoupled
+    model's: sordino sends an ordinary model's to the client, as Tritons after 2.51 do,
+    not yet a decoupled one's)."""
     if model not in _TOLD:
         _TOLD.add(model)
         log.warning(
-            "model %s: a response's parameters are not sent to the client (sordino does not "
-            "pass them on; Triton 2.51's Python backend refuses them); they are dropped",
+            "model %s: a decoupled response's parameters are not sent to the client "
+            "(sordino passes on those of a model that is not decoupled only; Triton 2.51's "
+            "Python backend refuses them); they are dropped",
             model,
         )
 
