@@ -1,6 +1,7 @@
 """A Python model's response parameters (``InferenceResponse(parameters=...)``, which
 Tritons after 2.51 send to the client) reach the client over HTTP and gRPC, each request
-of a batch its own, from a worker process and a thread, and a BLS caller."""
+of a batch its own, from a worker process and a thread, a decoupled model's stream, and a
+BLS caller."""
 
 from __future__ import annotations
 
@@ -44,6 +45,30 @@ class TritonPythonModel:
         return answers
 """
 
+STREAM_CONFIG = """backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "Y", data_type: TYPE_INT32, dims: [ 1 ] } ]
+"""
+
+STREAM = """import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            sender = request.get_response_sender()
+            for step in range(int(x[0])):
+                sender.send(pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("Y", np.array([step], np.int32))],
+                    parameters={"step": step, "last": step == int(x[0]) - 1}))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
 CALLER_CONFIG = """backend: "python"
 max_batch_size: 0
 input [ { name: "X", data_type: TYPE_INT32, dims: [ 1, 1 ] } ]
@@ -75,6 +100,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         ("telling", CONFIG, MODEL),
         ("telling_thread", CONFIG, MODEL),
         ("caller", CALLER_CONFIG, CALLER),
+        ("streaming", STREAM_CONFIG, STREAM),
     ):
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(config)
@@ -125,3 +151,22 @@ def test_a_bls_caller_reads_them(server: RunningServer) -> None:
     seen = client.infer("caller", [tensor]).as_numpy("SEEN")[0]
     client.close()
     assert json.loads(seen) == {"value": 3, "batch": 1, "odd": True}  # the call alone
+
+
+def test_a_decoupled_models_responses_carry_theirs(server: RunningServer) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    answers: list[object] = []
+    client.start_stream(callback=lambda result, error: answers.append(error or result))
+    tensor = grpcclient.InferInput("X", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([3], dtype=np.int32))
+    client.async_stream_infer("streaming", [tensor], enable_empty_final_response=True)
+    client.stop_stream()  # waits for the stream's end
+    client.close()
+    seen = []
+    for answer in answers:
+        assert not isinstance(answer, Exception), answer
+        response = answer.get_response()  # type: ignore[attr-defined]
+        if response.outputs:
+            parameters = response.parameters
+            seen.append((parameters["step"].int64_param, parameters["last"].bool_param))
+    assert seen == [(0, False), (1, False), (2, True)]

@@ -18,7 +18,13 @@ import numpy as np
 
 from sordino.clock import Clock
 from sordino.errors import InferenceFailed, QueueTimeout, ShuttingDown, SordinoError
-from sordino.inference import ModelKey, StreamSpec, Tensor
+from sordino.inference import (
+    REQUEST_PARAMETERS,
+    ModelKey,
+    StreamSpec,
+    Tensor,
+    decode_request_parameters,
+)
 from sordino.memory.refs import Tensors
 from sordino.scheduling.modes import ModeController
 from sordino.scheduling.outcomes import Outcomes
@@ -196,10 +202,15 @@ class Steps:
     def decoupled_response(
         self, request: Request, outputs: dict[str, np.ndarray], final: bool
     ) -> None:
-        """One response a decoupled model sent ``request``; a bare final flag ends it."""
+        """One response a decoupled model sent ``request``; a bare final flag ends it.
+        Its parameters, given beside its outputs (``REQUEST_PARAMETERS``), go with them."""
         request.steps += 1
-        if outputs:
-            request.outputs.put_nowait(StepOutput(Tensors.of(outputs), final, request.steps))
+        given = outputs.pop(REQUEST_PARAMETERS, None) if REQUEST_PARAMETERS in outputs else None
+        if outputs or given is not None:
+            tensors = Tensors.of(outputs)
+            if given is not None:
+                tensors.parameters = decode_request_parameters(given, 1)[0]
+            request.outputs.put_nowait(StepOutput(tensors, final, request.steps))
         elif final:
             request.outputs.put_nowait(StepOutput(Tensors.of({}), True, request.steps, empty=True))
         if final:

@@ -27,9 +27,9 @@ from sordino.backends.calls import ModelCaller
 from sordino.backends.decoupled import Responder
 from sordino.backends.python import bls
 from sordino.backends.python import triton_python_backend_utils as utils
-from sordino.backends.python.joining import dropped_parameters, triton_code
+from sordino.backends.python.joining import triton_code
 from sordino.datatypes import from_numpy_dtype
-from sordino.inference import Tensor
+from sordino.inference import REQUEST_PARAMETERS, Tensor
 
 __all__ = ["collect_sent", "execute_decoupled", "sent_responses"]
 
@@ -101,9 +101,10 @@ def _outputs(
 ) -> dict[str, np.ndarray]:
     """The response's tensors, each a declared output of its declared datatype; else the
     model's send raises, saying which (a response is checked as it is sent, not later)."""
-    if getattr(response, "parameters", lambda: "{}")() != "{}":
-        dropped_parameters(name)
     outputs = {}
+    parameters = getattr(response, "parameters", lambda: "{}")()
+    if parameters != "{}":  # carried beside the outputs to the response's answer
+        outputs[REQUEST_PARAMETERS] = np.array([parameters.encode()], dtype=np.object_)
     for tensor in response.output_tensors():
         array = np.asarray(tensor.as_numpy())
         datatype = declared.get(tensor.name())

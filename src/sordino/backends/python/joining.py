@@ -13,7 +13,6 @@ worker placed (one copy each), or concatenates them where nothing was placed.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,14 +23,11 @@ from sordino.inference import ModelMetadata, Tensor
 
 __all__ = [
     "PythonModelError",
-    "dropped_parameters",
     "join_outputs",
     "output_layouts",
     "response_parts",
     "triton_code",
 ]
-
-log = logging.getLogger("sordino.python_model")
 
 
 class PythonModelError(RuntimeError):
@@ -42,15 +38,15 @@ def response_parts(
     responses: Any,
     expected: int,
     metadata: ModelMetadata,
-    rows: Sequence[int] = (),
-    parameters: dict[int, str] | None = None,
+    rows: Sequence[int],
+    parameters: dict[int, str],
 ) -> tuple[dict[str, list[Tensor]], dict[int, tuple[int, str]], dict[int, list[str]]]:
     """Each declared output's tensors, one per response without an error, in request
     order; the errors of the others by request index (Triton's code, the message); and
     the outputs each answered request's response lacks, by request index. Else
     :class:`PythonModelError` saying what is wrong (a count that is not ``expected``,
-    a missing response). ``parameters``, when given, gets the parameters (JSON text) of
-    each answered response that has some, by request index.
+    a missing response). ``parameters`` gets the parameters (JSON text) of each
+    answered response that has some, by request index.
 
     A response may lack a declared output (Triton answers its request without it: a
     model that returns only ``requested_output_names()`` does). An output no response
@@ -83,10 +79,9 @@ def response_parts(
         # Ours: its own list, read (output_tensors() copies it).
         ours = type(response) is InferenceResponse
         if ours and response._parameters != "{}":
-            if parameters is None:
-                dropped_parameters(name)
-            else:
-                parameters[index] = response._parameters
+            parameters[index] = response._parameters
+        elif not ours and (given := getattr(response, "parameters", lambda: "{}")()) != "{}":
+            parameters[index] = given
         tensors = response._outputs if ours else response.output_tensors()
         if len(tensors) == 1 and len(declared) == 1:
             only = tensors[0]
@@ -144,23 +139,6 @@ def _zeros(shape: tuple[int, ...], dtype: np.dtype[Any]) -> Tensor:
     if dtype == np.object_:
         return np.full(shape, b"", dtype=object)
     return np.zeros(shape, dtype)
-
-
-_TOLD: set[str] = set()
-
-
-def dropped_parameters(model: str) -> None:
-    """Say once per model that its responses' ``parameters`` go nowhere (a decoupled
-    model's: sordino sends an ordinary model's to the client, as Tritons after 2.51 do,
-    not yet a decoupled one's)."""
-    if model not in _TOLD:
-        _TOLD.add(model)
-        log.warning(
-            "model %s: a decoupled response's parameters are not sent to the client "
-            "(sordino passes on those of a model that is not decoupled only; Triton 2.51's "
-            "Python backend refuses them); they are dropped",
-            model,
-        )
 
 
 def triton_code(error: Any) -> int:
