@@ -1,7 +1,7 @@
 """A Python model's response parameters (``InferenceResponse(parameters=...)``, which
 Tritons after 2.51 send to the client) reach the client over HTTP and gRPC, each request
-of a batch its own, from a worker process and a thread, a decoupled model's stream, and a
-BLS caller."""
+of a batch its own, from a worker process and a thread, a decoupled model's stream, a
+BLS caller and the response cache."""
 
 from __future__ import annotations
 
@@ -101,12 +101,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         ("telling_thread", CONFIG, MODEL),
         ("caller", CALLER_CONFIG, CALLER),
         ("streaming", STREAM_CONFIG, STREAM),
+        ("telling_cached", CONFIG + "response_cache { enable: true }\n", MODEL),
     ):
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(config)
         (root / name / "1" / "model.py").write_text(model)
     (root / "telling_thread" / "config.yaml").write_text("backend: python\nisolation: thread\n")
-    config = RuntimeConfig.model_validate({"scheduler": {"mode": "manual"}})
+    config = RuntimeConfig.model_validate(
+        {"scheduler": {"mode": "manual"}, "server": {"response_cache_size": 1 << 20}}
+    )
     with serve_in_thread(config, scan_repository(root)) as running:
         yield running
     shutil.rmtree(root, ignore_errors=True)
@@ -170,3 +173,13 @@ def test_a_decoupled_models_responses_carry_theirs(server: RunningServer) -> Non
             parameters = response.parameters
             seen.append((parameters["step"].int64_param, parameters["last"].bool_param))
     assert seen == [(0, False), (1, False), (2, True)]
+
+
+def test_an_answer_from_the_response_cache_keeps_them(server: RunningServer) -> None:
+    first = _http(server, "telling_cached", 9)
+    again = _http(server, "telling_cached", 9)
+    assert first == again and first["value"] == 9
+    client = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+    stats = client.get_inference_statistics("telling_cached")["model_stats"][0]
+    client.close()
+    assert stats["inference_stats"]["cache_hit"]["count"] == 1

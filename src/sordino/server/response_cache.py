@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from sordino.inference import ModelKey, Tensor
+from sordino.memory.refs import Tensors
 from sordino.records import CacheFigures
 
 __all__ = ["ResponseCache", "warn_uncached"]
@@ -55,7 +56,10 @@ class ResponseCache:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._entries: OrderedDict[bytes, tuple[dict[str, Tensor], int, ModelKey]] = OrderedDict()
+        # Each answer: its read-only arrays, its size, its model, its parameters.
+        self._entries: OrderedDict[
+            bytes, tuple[dict[str, Tensor], int, ModelKey, dict[str, Any] | None]
+        ] = OrderedDict()
         self._keys: dict[ModelKey, set[bytes]] = {}  # each model version's entries
         self._used = 0
         self._lookups = self._hits = self._evictions = 0
@@ -83,16 +87,20 @@ class ResponseCache:
         """Whether an answer is kept under ``key`` (not a lookup: nothing counted)."""
         return key in self._entries
 
-    def get(self, key: bytes) -> dict[str, Tensor] | None:
-        """The outputs kept under ``key`` (read-only arrays), or None."""
+    def get(self, key: bytes) -> Tensors | None:
+        """The answer kept under ``key`` (read-only arrays, and the parameters the model
+        gave with them), a new owner of it for each hit; or None."""
         started = time.perf_counter()
         self._lookups += 1
         found = self._entries.get(key)
+        answer = None
         if found is not None:
             self._hits += 1
             self._entries.move_to_end(key)
+            answer = Tensors.of(dict(found[0]))
+            answer.parameters = found[3]
         self._lookup_s += time.perf_counter() - started
-        return None if found is None else found[0]
+        return answer
 
     def forget(self, model: ModelKey) -> None:
         """Drop every answer of ``model`` (it was unloaded)."""
@@ -116,14 +124,15 @@ class ResponseCache:
             while self._used + nbytes > self.size:
                 self._drop(next(iter(self._entries)))
                 self._evictions += 1
-            self._entries[key] = (kept, nbytes, model)
+            parameters = outputs.parameters if isinstance(outputs, Tensors) else None
+            self._entries[key] = (kept, nbytes, model, parameters)
             self._keys.setdefault(model, set()).add(key)
             self._used += nbytes
         self._insertion_s += time.perf_counter() - started
         return stored
 
     def _drop(self, key: bytes) -> None:
-        _, nbytes, model = self._entries.pop(key)
+        _, nbytes, model, _ = self._entries.pop(key)
         self._used -= nbytes
         keys = self._keys[model]
         keys.discard(key)

@@ -333,7 +333,7 @@ class InferenceService:
             elapsed = time.perf_counter() - started
             self._stats.cache_looked_up(route.key, hit=True, seconds=elapsed)
             route.scheduler.answered_from_cache(context.priority, elapsed, request.id)
-            return answers.response(route, request, Tensors.of(kept))
+            return answers.response(route, request, kept)
         cache.get(key)  # the miss, counted
         spent = time.perf_counter() - started
         # (As _infer_one, in other words: bench/trace_c1.py marks that one's lines.)
