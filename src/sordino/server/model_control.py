@@ -184,27 +184,33 @@ class ModelControl:
         given = None
         if request.config is not None:
             given = read_config(name, request, self._in_repository(name))
-        async with self._turn(within), self._journaled("load", name):
-            before = self._overrides.get(name)
-            root = self._uploads.write(name, request.files) if request.files else None
-            was = self._uploads.use(name, root)
-            if given is not None:
-                self._overrides[name] = given
-            elif was is not None:  # back to the repository: the upload's config goes
-                self._overrides.pop(name, None)
-            try:
-                await self._load(name)
-            except BaseException:
-                self._uploads.use(name, was)  # a load that failed leaves what it had
-                discard(root)
-                self._overrides.pop(name, None)
-                if before is not None:
-                    self._overrides[name] = before
-                raise
-            if was is not None:
+        root = None
+        if request.files:  # written off the loop (a model's files may be large)
+            root = await asyncio.to_thread(self._uploads.write, name, request.files)
+        served = False
+        try:
+            async with self._turn(within), self._journaled("load", name):
+                before = self._overrides.get(name)
+                was = self._uploads.use(name, root)
+                if given is not None:
+                    self._overrides[name] = given
+                elif was is not None:  # back to the repository: the upload's config goes
+                    self._overrides.pop(name, None)
+                try:
+                    await self._load(name)
+                except BaseException:
+                    self._uploads.use(name, was)  # a load that failed leaves what it had
+                    self._overrides.pop(name, None)
+                    if before is not None:
+                        self._overrides[name] = before
+                    raise
+                served = True
                 discard(was)
-            if root is not None:
-                self._uploaded.add(name)
+                if root is not None:
+                    self._uploaded.add(name)
+        finally:
+            if not served:
+                discard(root)  # the files of a load that did not happen
 
     async def _load(self, name: str) -> None:
         if self.ensembles.owns(name):
@@ -299,13 +305,10 @@ class ModelControl:
         (``within``: that model) while an operation holding the turn is loading that
         very model (its ``initialize`` loads the models it uses) runs inside it:
         waiting for the turn would wait for itself."""
-        if within and self._lock.locked():
-            loading = (
-                state == "LOADING" for (m, _), state in self._transient.items() if m == within
-            )
-            if any(loading):
-                yield
-                return
+        loading = {m for (m, _), state in self._transient.items() if state == "LOADING"}
+        if within and within in loading and self._lock.locked():
+            yield
+            return
         async with self._lock:
             yield
 
