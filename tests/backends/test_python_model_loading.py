@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -178,3 +179,38 @@ def test_a_thread_instance_loads_from_initialize_too(server: RunningServer) -> N
     assert client.is_model_ready("loader_init")
     assert client.is_model_ready("add_sub")
     assert server.runtime.get("loader_init").source.config.isolation == "thread"
+
+
+def test_a_load_past_the_batchs_deadline_answers_and_goes_on(tmp_path: Path) -> None:
+    """A load that outlasts the calling batch's execution timeout (less a tenth) answers
+    the model an error before the worker would be killed for the batch, and goes on."""
+    root = _repository(tmp_path / "models")
+    slow = root / "slow"
+    shutil.copytree(ADD_SUB, slow)
+    code = slow / "1" / "model.py"
+    code.write_text(
+        "import time\n"
+        + code.read_text().replace(
+            "    def initialize(self, args):\n",
+            "    def initialize(self, args):\n        time.sleep(4)\n",
+        )
+    )
+    config = load_config(
+        None,
+        {
+            "model_repository": str(root),
+            "server.model_control_mode": "explicit",
+            "workers.execution_timeout": 2,
+        },
+    )
+    with serve_in_thread(config, load_repository_model(root, "model_loader")) as running:
+        client = _client(running)
+        answer = _ask(client, op="load", model="slow")
+        assert answer["ok"] is False
+        assert "not done before the calling request's deadline" in answer["error"]
+        for _ in range(200):  # it went on
+            if client.is_model_ready("slow"):
+                break
+            time.sleep(0.05)
+        assert client.is_model_ready("slow")
+        assert _ask(client, op="ready", model="model_loader")["ready"] is True  # not killed

@@ -235,27 +235,37 @@ class ModelCalls:
                 "--load-model)",
                 "UNAVAILABLE",
             )
+        # The calling batch's deadline (before its execution timeout): past it the call
+        # answers, and the operation goes on.
+        wait_s = None if call.deadline is None else max(0.0, call.deadline - time.time())
         try:
-            if call.control == "load":
-                config = call.parameters.get("config")
-                files = call.parameters.get("files") or {}
-                request = load_parameters({**({"config": config} if config else {}), **files})
-                task = self._keep(control.load(call.model, request, within=call.caller))
-                await asyncio.shield(task)  # given up, it still runs to its end
-            elif call.control == "unload":
-                dependents = bool(call.parameters.get("unload_dependents", False))
-                task = self._keep(
-                    control.unload(call.model, unload_dependents=dependents, within=call.caller)
-                )
-                served = self._registry.has(call.model)  # else: no drain, wait for the end
-                while not task.done() and (not served or self._registry.has(call.model)):
-                    await asyncio.wait({task}, timeout=0.005)
-                if task.done():
-                    task.result()
-            else:
-                return failed_answer(f"{where}: unknown model control call", "INVALID_ARG")
+            async with asyncio.timeout(wait_s):
+                if call.control == "load":
+                    config = call.parameters.get("config")
+                    files = call.parameters.get("files") or {}
+                    request = load_parameters({**({"config": config} if config else {}), **files})
+                    task = self._keep(control.load(call.model, request, within=call.caller))
+                    await asyncio.shield(task)  # given up, it still runs to its end
+                elif call.control == "unload":
+                    dependents = bool(call.parameters.get("unload_dependents", False))
+                    task = self._keep(
+                        control.unload(call.model, unload_dependents=dependents, within=call.caller)
+                    )
+                    served = self._registry.has(call.model)  # else: no drain, wait for the end
+                    while not task.done() and (not served or self._registry.has(call.model)):
+                        await asyncio.wait({task}, timeout=0.005)
+                    if task.done():
+                        task.result()
+                else:
+                    return failed_answer(f"{where}: unknown model control call", "INVALID_ARG")
         except SordinoError as exc:
             return failed_answer(f"{where}: {exc}", _code(exc))
+        except TimeoutError:
+            return failed_answer(
+                f"{where}: not done before the calling request's deadline ({wait_s:.3g} s were "
+                "left); it goes on, and is_model_ready says when the model serves",
+                "UNAVAILABLE",
+            )
         return CallAnswer()
 
     def _keep(self, operation: Any) -> asyncio.Task[None]:
