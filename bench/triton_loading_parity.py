@@ -19,7 +19,12 @@ loads add_sub), and go through the same steps:
 
 Messages differ (each server words its own) and are not compared. Steps left out
 because Triton 2.51 fails on them (measured): ``pb_utils.load_model`` with files and no
-config closes Triton's connection (the server process ends); sordino refuses it.
+config closes Triton's connection (the server process ends); and Triton's answer now
+and then never came, or its process ended, during these calls (3 runs of 8 on
+2026-12-06: one at a ``pb_utils.load_model`` whose config is not JSON, now left out, two
+before :func:`_settle` waited out each unload); sordino refuses both loads, saying why
+(``tests/backends/test_python_model_loading.py``). A step whose answer does not come
+within two minutes is recorded as such (a difference), not raised.
 """
 
 from __future__ import annotations
@@ -82,8 +87,6 @@ LOADING: list[dict[str, Any]] = [
     {"op": "unload", "model": "nowhere"},
     {"op": "load", "model": "sent", "config": CONFIG, "files": {"file:1/model.py": CODE}},
     {"op": "ready", "model": "sent"},
-    {"op": "load", "model": "add_sub", "config": "{nope"},
-    {"op": "ready", "model": "add_sub"},
 ]
 """``model_loader``'s commands, in order."""
 
@@ -134,7 +137,10 @@ def upload_run(url: str) -> list[tuple[bool, list[str], list[str]]]:
 def _ask(client: httpclient.InferenceServerClient, command: dict[str, Any]) -> dict[str, Any]:
     tensor = httpclient.InferInput("COMMAND", [1], "BYTES")
     tensor.set_data_from_numpy(np.array([json.dumps(command).encode()], dtype=np.object_))
-    result = client.infer("model_loader", [tensor]).as_numpy("RESULT")
+    try:
+        result = client.infer("model_loader", [tensor]).as_numpy("RESULT")
+    except Exception as exc:  # no answer (a server that hangs or ends): a difference
+        return {"ok": None, "ready": f"no answer: {type(exc).__name__}"}
     answer = json.loads(result.reshape(-1)[0])
     return {"ok": answer["ok"], "ready": answer.get("ready")}
 
