@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from sordino.cli.main import cli
 from sordino.cli.start import collect_sources
 from sordino.config import load_config
-from sordino.errors import ConfigError
+from sordino.errors import ConfigError, ModelLoadError
 from sordino.models.repository import ModelSource
 
 DIGITS = Path(str(resources.files("sordino.models.builtin").joinpath("digits-classifier.onnx")))
@@ -79,16 +79,23 @@ def test_triton_examples_come_with_the_flag_only(tmp_path: Path) -> None:
     assert {"simple", "simple_string", "simple_int8"} <= set(served)
 
 
-def test_several_repositories_are_refused_not_dropped(tmp_path: Path) -> None:
-    """Triton takes --model-repository several times; sordino serves one, and says so
-    rather than serving the last one given alone."""
-    for name in ("a", "b"):
-        (tmp_path / name).mkdir()
+def test_several_repositories_serve_their_models_together(tmp_path: Path) -> None:
+    """--model-repository given twice serves the models of both, as Triton; a model
+    name in both is refused, naming both."""
+    for name, model in (("a", "one"), ("b", "two")):
+        (tmp_path / name / model / "1").mkdir(parents=True)
+        shutil.copy(DIGITS, tmp_path / name / model / "1" / "model.onnx")
+    config = load_config(None, {"model_repository": [str(tmp_path / "a"), str(tmp_path / "b")]})
+    assert names(collect_sources(config, (), None)) == ["one", "two"]
+    (tmp_path / "b" / "one" / "1").mkdir(parents=True)
+    shutil.copy(DIGITS, tmp_path / "b" / "one" / "1" / "model.onnx")
+    with pytest.raises(ModelLoadError, match="'one' is in more than one model repository") as err:
+        collect_sources(config, (), None)
+    assert str(tmp_path / "a") in str(err.value) and str(tmp_path / "b") in str(err.value)
     result = CliRunner().invoke(
         cli, ["start", "--model-repository", str(tmp_path / "a"),
               "--model-repository", str(tmp_path / "b"), "--data-dir", str(tmp_path / "d")],
     )  # fmt: skip
     assert result.exit_code == 2
-    assert "given 2 times" in result.output
-    assert "sordino serves one model repository" in result.output
+    assert "more than one model repository" in result.output
     assert "Traceback" not in result.output

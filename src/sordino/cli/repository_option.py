@@ -1,9 +1,9 @@
-"""``--model-repository``: one folder, and a clear refusal of several.
+"""``--model-repository``, given once or more (Triton's flag, repeatable).
 
 Triton's ``tritonserver`` takes ``--model-repository`` several times and serves the
-models of all; sordino serves one repository. Click would keep the last one given and
-drop the others in silence (a Triton command line would lose models without a word),
-so the option collects every value and refuses more than one, saying what to do.
+models of all; so does ``sordino start`` (``models/repositories.py``: a model name in
+two of them is refused, naming both). Click would keep the last value of an option that
+is not ``multiple`` and drop the others in silence, so the option collects every one.
 """
 
 from __future__ import annotations
@@ -14,30 +14,26 @@ from typing import TypeVar
 
 import click
 
-__all__ = ["one_repository", "repository_option"]
+__all__ = ["repository_option", "repository_setting"]
 
 F = TypeVar("F", bound=Callable[..., object])
 
 
-def one_repository(given: tuple[Path, ...]) -> Path | None:
-    """The repository given, None for none; more than one is a usage error."""
-    if len(given) > 1:
-        shown = ", ".join(str(path) for path in given)
-        raise click.BadParameter(
-            f"given {len(given)} times ({shown}): sordino serves one model repository "
-            "(Triton takes several); copy the model folders into one and give that",
-            param_hint="--model-repository",
-        )
-    return given[0] if given else None
-
-
 def repository_option(function: F) -> F:
-    """The ``--model-repository`` option of ``sordino start``."""
+    """The ``--model-repository`` option of ``sordino start`` (a tuple of paths)."""
     option = click.option(
         "--model-repository",
         type=click.Path(path_type=Path, file_okay=False),
         multiple=True,
-        callback=lambda _context, _parameter, given: one_repository(given),
-        help="A Triton-style folder: one sub-folder per model.",
+        help="A Triton-style folder: one sub-folder per model (repeatable: the models of "
+        "every one, as Triton's).",
     )
     return option(function)
+
+
+def repository_setting(given: tuple[Path, ...]) -> str | list[str] | None:
+    """The option's values as the configuration's ``model_repository`` takes them: one
+    path, or a list of them (None: not given)."""
+    if not given:
+        return None
+    return str(given[0]) if len(given) == 1 else [str(path) for path in given]

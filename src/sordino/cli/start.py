@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, get_args
 import click
 
 from sordino.cli.cache_config import cache_size
-from sordino.cli.repository_option import repository_option
+from sordino.cli.repository_option import repository_option, repository_setting
 from sordino.cli.switches import switch_option
 from sordino.cli.trace_config import trace_settings
 from sordino.config import RuntimeConfig, SchedulerMode, load_config
@@ -50,10 +50,10 @@ def collect_sources(
     configuration error when nothing at all would be served (model control ``none``),
     and a warning otherwise. Two models with the same name are a configuration error.
     """
+    from sordino.models.repositories import scan_repositories
     from sordino.models.repository import (
         builtin_sources,
         model_from_spec,
-        scan_repository,
         sources_for,
         triton_example_sources,
     )  # fmt: skip
@@ -67,10 +67,11 @@ def collect_sources(
         sources = builtin_sources() + sources
     if triton_examples:
         sources = triton_example_sources() + sources
-    if config.model_repository is not None:
-        found = scan_repository(config.model_repository)
-        if not found:
-            _empty_repository(config.model_repository, config.server.model_control_mode, sources)
+    if config.repositories:
+        found = scan_repositories(config.repositories)  # a name in two of them: refused
+        for root in config.repositories:
+            if not any(source.path.is_relative_to(root) for source in found):
+                _empty_repository(root, config.server.model_control_mode, sources + found)
         sources += found
     seen: dict[tuple[str, str], ModelSource] = {}
     for source in sources:
@@ -350,7 +351,7 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
 def start(
     config_path: Path | None,
     models: tuple[str, ...],
-    model_repository: Path | None,
+    model_repository: tuple[Path, ...],
     builtin: bool | None,
     triton_examples: bool,
     host: str | None,
@@ -409,7 +410,7 @@ def start(
         "memory.pool_min": pool_min,
         "memory.pool_max": pool_max,
         "memory.defrag_interval": defrag_interval,
-        "model_repository": str(model_repository) if model_repository else None,
+        "model_repository": repository_setting(model_repository),
         "self_healing.enabled": guardian_mode,
         "quant_guard.enabled": quant_aware,
         "self_healing.alert_channels": list(alert_channels) if alert_channels else None,
@@ -431,7 +432,7 @@ def start(
         if exposed is not None:
             log.warning("%s", exposed)
         sources = collect_sources(config, models, builtin, triton_examples)
-        ensembles = with_ensembles(config.pipelines, config.model_repository)
+        ensembles = with_ensembles(config.pipelines, config.repositories)
         if load_models or config.server.model_control_mode == "explicit":
             sources, ensembles = only_named(config, load_models, sources, ensembles)
             if not load_models and config.model_repository is not None:

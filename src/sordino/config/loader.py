@@ -208,7 +208,11 @@ def _anchor_paths(data: dict[str, object], base: Path) -> None:
     if isinstance(server, dict) and "data_dir" in server:
         server["data_dir"] = _anchored(server["data_dir"], base)
     if "model_repository" in data:
-        data["model_repository"] = _anchored(data["model_repository"], base)
+        given = data["model_repository"]
+        if isinstance(given, list):
+            data["model_repository"] = [_anchored(path, base) for path in given]
+        else:
+            data["model_repository"] = _anchored(given, base)
     if isinstance(models, list):
         for model in models:
             if isinstance(model, dict) and "path" in model:

@@ -8,6 +8,7 @@ declared under ``devices``; ``sordino.execution.devices`` resolves those by thei
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
@@ -56,8 +57,9 @@ class RuntimeConfig(Section):
     telemetry: TelemetryConfig = TelemetryConfig()
     models: tuple[Annotated[ModelConfig, AfterValidator(_named_with_path)], ...] = ()
     """Explicitly listed models; each needs ``name`` and ``path``."""
-    model_repository: ExpandedPath | None = None
-    """A Triton-style folder with one sub-folder per model."""
+    model_repository: ExpandedPath | tuple[ExpandedPath, ...] | None = None
+    """A Triton-style folder with one sub-folder per model, or several (their models
+    together, as Triton's ``--model-repository`` given more than once)."""
     workers: WorkersConfig = WorkersConfig()
     memory: MemoryConfig = MemoryConfig()
     """The shared-memory arena's manager (docs/memory.md)."""
@@ -183,6 +185,14 @@ class RuntimeConfig(Section):
                     "with executor.kind: ray every instance is a Ray actor: remove isolation"
                 )
         return self
+
+    @property
+    def repositories(self) -> tuple[Path, ...]:
+        """Every model repository given, in order (none: empty)."""
+        given = self.model_repository
+        if given is None:
+            return ()
+        return given if isinstance(given, tuple) else (given,)
 
     @model_validator(mode="after")
     def _poll_needs_repository(self) -> RuntimeConfig:

@@ -17,6 +17,7 @@ names, with what those run, and no other (:func:`only_named`), as Triton does.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -126,13 +127,15 @@ def repository_ensembles(root: Path) -> list[PipelineConfig]:
 
 
 def with_ensembles(
-    pipelines: tuple[PipelineConfig, ...], root: Path | None
+    pipelines: tuple[PipelineConfig, ...], roots: Path | Sequence[Path] | None
 ) -> tuple[PipelineConfig, ...]:
-    """``pipelines`` and the ensembles of the repository ``root`` (a name given twice
-    is a :class:`ConfigError`)."""
-    if root is None or not root.is_dir():
+    """``pipelines`` and the ensembles of the repository ``roots`` (one or several; a
+    name given twice is a :class:`ConfigError`)."""
+    given = () if roots is None else (roots,) if isinstance(roots, Path) else tuple(roots)
+    present = [root for root in given if root.is_dir()]
+    if not present:
         return pipelines
-    found = (*pipelines, *repository_ensembles(root))
+    found = (*pipelines, *(e for root in present for e in repository_ensembles(root)))
     try:
         reject_repeated_names(
             (p.name for p in found),
@@ -155,8 +158,8 @@ def only_named(
     is all of them), with the models those ensembles and the ``pipelines`` section run
     (the rest loads on request); models given otherwise (``--model``, ``models:``, the
     built-ins) are kept."""
-    root = config.model_repository
-    if names and (config.server.model_control_mode != "explicit" or root is None):
+    roots = config.repositories
+    if names and (config.server.model_control_mode != "explicit" or not roots):
         raise ConfigError(
             "--load-model chooses which repository models load at start-up in explicit "
             "model control: add --model-control-mode explicit and --model-repository DIR, "
@@ -167,14 +170,20 @@ def only_named(
             "--load-model '*' loads every model of the repository: give it alone, or "
             "name the models instead"
         )
-    if root is None or "*" in names:
+    if not roots or "*" in names:
         return sources, pipelines
-    ensembles = {p.name: p for p in pipelines if (root / p.name).is_dir()}
-    known = {s.name for s in sources if s.path.is_relative_to(root)} | set(ensembles)
+
+    def inside(path: Path) -> bool:
+        return any(path.is_relative_to(root) for root in roots)
+
+    ensembles = {p.name: p for p in pipelines if any((r / p.name).is_dir() for r in roots)}
+    known = {s.name for s in sources if inside(s.path)} | set(ensembles)
     unknown = sorted(set(names) - known)
     if unknown:
+        where = ", ".join(str(root) for root in roots)
         raise ConfigError(
-            f"--load-model {', '.join(unknown)}: not in the model repository {root} "
+            f"--load-model {', '.join(unknown)}: not in the model repositor"
+            f"{'y' if len(roots) == 1 else 'ies'} {where} "
             f"(its models: {', '.join(sorted(known)) or 'none'})"
         )
     # The pipelines section is the configuration's own: the models it runs load.
@@ -185,5 +194,5 @@ def only_named(
         if name not in wanted:
             wanted.add(name)
             todo += [node.model for node in ensembles[name].nodes] if name in ensembles else []
-    kept = [s for s in sources if s.name in wanted or not s.path.is_relative_to(root)]
+    kept = [s for s in sources if s.name in wanted or not inside(s.path)]
     return kept, tuple(p for p in pipelines if p.name in wanted or p.name not in ensembles)

@@ -33,8 +33,7 @@ from sordino.server.registry import LoadedModel
 from sordino.server.response_cache import warn_uncached
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
+    from sordino.models.repositories import Repositories
     from sordino.server.runtime import Runtime
 
 __all__ = ["EnsembleSet", "retire_pipeline", "serve_pipeline"]
@@ -82,9 +81,9 @@ class EnsembleSet:
     """The ensembles of one runtime's model repository that are asked for, and the
     work of keeping each served while the models it runs are."""
 
-    def __init__(self, runtime: Runtime, repository: Path | None) -> None:
+    def __init__(self, runtime: Runtime, repositories: Repositories) -> None:
         self.runtime = runtime
-        self.repository = repository
+        self.repositories = repositories
         self.wanted: dict[str, PipelineConfig] = {}
         self._stale: set[str] = set()
         self._mine: set[str] = set()  # the pipelines served as the repository's ensembles
@@ -99,7 +98,11 @@ class EnsembleSet:
 
     def owns(self, name: str) -> bool:
         """Whether ``name`` is an ensemble folder of the repository."""
-        return self.repository is not None and is_ensemble(self.repository / name)
+        try:
+            folder = self.repositories.folder(name)
+        except SordinoError:  # in two repositories: the load says so
+            return False
+        return folder is not None and is_ensemble(folder)
 
     def served(self) -> dict[str, LoadedModel]:
         """The repository's ensembles in service, by name."""

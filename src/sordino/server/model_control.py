@@ -29,17 +29,16 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from sordino.config import ModelConfig
 from sordino.config.pipelines import PipelineConfig
 from sordino.errors import ConfigError, NotFound, SordinoError, Unsupported
 from sordino.models.ensembles import ensemble_pipeline
+from sordino.models.repositories import Repositories
 from sordino.models.repository import (
     ModelSource,
     load_repository_model,
-    repository_names,
     sources_for,
 )
 from sordino.server.control_records import (
@@ -71,11 +70,11 @@ class ModelControl:
         self.runtime = runtime
         server = runtime.config.server
         self.mode = server.model_control_mode
-        self.repository: Path | None = runtime.config.model_repository
+        self.repositories = Repositories(runtime.config.repositories)
         self.poll_s = server.repository_poll_secs
         self._configs: dict[str, ModelConfig] = {}
         self._stamps: dict[tuple[str, str], Stamp | None] = {}
-        self.ensembles = EnsembleSet(runtime, self.repository)
+        self.ensembles = EnsembleSet(runtime, self.repositories)
         self._transient: dict[tuple[str, str], str] = {}
         self._failed: dict[str, str] = {}
         self._last_versions: dict[str, list[str]] = {}
@@ -262,9 +261,10 @@ class ModelControl:
                 f"ensembles run each other in a cycle: {' -> '.join((*within, name))}; an "
                 "ensemble may run another only if that one does not run it back"
             )
-        assert self.repository is not None
         try:
-            config = ensemble_pipeline(self.repository / name, self._overrides.get(name))
+            folder = self.repositories.folder(name)
+            assert folder is not None  # (an ensemble it owns)
+            config = ensemble_pipeline(folder, self._overrides.get(name))
         except SordinoError as exc:  # one served stays as it is, as on Triton
             self._failures += 1
             self.ensembles.failed[name] = str(exc)
@@ -339,7 +339,7 @@ class ModelControl:
 
     async def poll_once(self) -> None:
         """Rescan the repository once and follow it: load, reload and unload models."""
-        if self.repository is None:
+        if not self.repositories:
             return
         async with self._lock:
             self._polls += 1
@@ -347,9 +347,11 @@ class ModelControl:
             ensembles: dict[str, PipelineConfig] = {}
             for name in present:
                 try:
+                    root = self.repositories.root_of(name)
+                    assert root is not None  # (a name it lists)
                     if self.ensembles.owns(name):  # after the models it runs
-                        ensembles[name] = ensemble_pipeline(self.repository / name)
-                    elif await self._apply(name, load_repository_model(self.repository, name)):
+                        ensembles[name] = ensemble_pipeline(root / name)
+                    elif await self._apply(name, load_repository_model(root, name)):
                         self.ensembles.rebuild_users_of(name)
                 except SordinoError as exc:  # a broken config.pbtxt among them
                     log.error("repository poll: model %r: %s", name, exc)
@@ -385,23 +387,22 @@ class ModelControl:
         )
 
     def _repository_names(self) -> list[str]:
-        return [] if self.repository is None else repository_names(self.repository)
+        return self.repositories.names()
 
     def _in_repository(self, name: str) -> bool:
         return name in self._repository_names()
 
     def _repository_loaded(self) -> set[str]:
-        root = self.repository
-        if root is None:
-            return set()
-        return {m.key.name for m in self.runtime.models() if m.source.path.is_relative_to(root)}
+        holds = self.repositories.holds
+        return {m.key.name for m in self.runtime.models() if holds(m.source.path)}
 
     def _resolve(self, name: str) -> list[ModelSource]:
         uploaded = self._uploads.root(name)
         if uploaded is not None:
             return load_repository_model(uploaded, name, self._overrides.get(name))
-        if self.repository is not None and self._in_repository(name):
-            return load_repository_model(self.repository, name, self._overrides.get(name))
+        root = self.repositories.root_of(name)
+        if root is not None:
+            return load_repository_model(root, name, self._overrides.get(name))
         if name in self._uploaded:  # its folder went with its files
             raise NotFound(
                 f"model {name!r} was loaded from files sent with a load, and the repository "
@@ -410,7 +411,7 @@ class ModelControl:
         config = self._configs.get(name)
         if config is not None:
             return sources_for(config)
-        where = f"the model repository {self.repository}" if self.repository else "no repository"
+        where = str(self.repositories) if self.repositories else "no repository"
         known = ", ".join(sorted(set(self._configs) | set(self._repository_names()))) or "none"
         raise NotFound(f"no model {name!r} to load in {where}; known models: {known}")
 

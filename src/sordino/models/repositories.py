@@ -1,0 +1,72 @@
+"""Several model repositories served together, as Triton's ``--model-repository`` given
+more than once: their models side by side, each name in one repository only.
+
+A name found in two repositories is refused when it is looked up (:meth:`root_of`, at
+start-up by :func:`scan_repositories`), naming both, as Triton refuses such a model;
+the other models serve. The repositories' order is kept (the index lists names
+sorted, as one repository's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from sordino.errors import ModelLoadError
+from sordino.models.repository import ModelSource, repository_names, scan_repository
+
+__all__ = ["Repositories", "scan_repositories"]
+
+
+class Repositories:
+    """The model repositories of a server (none, one or several)."""
+
+    def __init__(self, roots: Sequence[Path]) -> None:
+        self.roots = tuple(roots)
+
+    def __bool__(self) -> bool:
+        return bool(self.roots)
+
+    def __str__(self) -> str:
+        shown = ", ".join(str(root) for root in self.roots)
+        return f"the model repositor{'y' if len(self.roots) == 1 else 'ies'} {shown}"
+
+    def names(self) -> list[str]:
+        """Every model folder of every repository (sorted; a name in two once)."""
+        return sorted({name for root in self.roots for name in repository_names(root)})
+
+    def root_of(self, name: str) -> Path | None:
+        """The repository holding model folder ``name`` (None: none does);
+        ModelLoadError when two do."""
+        holders = [root for root in self.roots if name in repository_names(root)]
+        if len(holders) > 1:
+            raise ModelLoadError(_twice(name, holders))
+        return holders[0] if holders else None
+
+    def folder(self, name: str) -> Path | None:
+        """Model ``name``'s folder (None: no repository has it)."""
+        root = self.root_of(name)
+        return None if root is None else root / name
+
+    def holds(self, path: Path) -> bool:
+        """Whether ``path`` lies in one of the repositories."""
+        return any(path.is_relative_to(root) for root in self.roots)
+
+
+def scan_repositories(roots: Sequence[Path]) -> list[ModelSource]:
+    """Every model version the repositories hold (:func:`scan_repository` of each); a
+    name in two of them is a ModelLoadError naming both."""
+    seen: dict[str, Path] = {}
+    for root in roots:
+        for name in repository_names(root):
+            if name in seen:
+                raise ModelLoadError(_twice(name, [seen[name], root]))
+            seen[name] = root
+    return [source for root in roots for source in scan_repository(root)]
+
+
+def _twice(name: str, roots: Sequence[Path]) -> str:
+    return (
+        f"model {name!r} is in more than one model repository ({', '.join(map(str, roots))}): "
+        "a name may be in one only, as on Triton; rename or remove one of the folders"
+    )
