@@ -15,7 +15,11 @@ loads add_sub), and go through the same steps:
   step's ``ok`` and ``ready``; then ``loader_init`` loaded by the client (its
   ``initialize`` loads add_sub), and ``model_loader`` unloading itself;
 - **the utilities** fixture: what ``pb_utils``' type tables, converters, BYTES
-  (de)serialization and request release flags give, as one JSON text.
+  (de)serialization and request release flags give, as one JSON text;
+- **two repositories** (``--model-repository`` twice: add_sub in one, auto_complete in
+  the other): the index and each model's readiness; and with add_sub in both, whether
+  the server starts (Triton, with its default ``--exit-on-error``, does not; nor does
+  sordino).
 
 Messages differ (each server words its own) and are not compared. Steps left out
 because Triton 2.51 fails on them (measured): ``pb_utils.load_model`` with files and no
@@ -221,12 +225,54 @@ def compare(python: Path, into: Path) -> list[dict[str, Any]]:
     return checks
 
 
+def _index(url: str) -> list[tuple[str, str, str]]:
+    client = httpclient.InferenceServerClient(url.removeprefix("http://"))
+    entries = client.get_model_repository_index()
+    client.close()
+    return [(e["name"], e.get("version", ""), e.get("state", "")) for e in entries]
+
+
+def repositories_checks(python: Path, into: Path) -> list[dict[str, Any]]:
+    """Both servers on two repositories, then on two that share a model name."""
+    one, two = into / "one", into / "two"
+    shutil.copytree(ADD_SUB, one / "add_sub")
+    shutil.copytree(ADD_SUB.parent / "auto_complete", two / "auto_complete")
+    ours_flags = ["--model-repository", str(one), "--model-repository", str(two), "--no-builtin"]
+    with (
+        peers.triton_on(python, one, [f"--model-repository={two}"]) as triton,
+        sordino_server(ours_flags) as ours,
+    ):
+        indexes = _index(triton.http), _index(ours.http)
+    shutil.copytree(ADD_SUB, two / "add_sub")
+    started = []
+    for start in (
+        lambda: peers.triton_on(python, one, [f"--model-repository={two}"]),
+        lambda: sordino_server(ours_flags),
+    ):
+        try:
+            with start():
+                started.append(True)
+        except (peers.PeerError, RuntimeError):
+            started.append(False)
+    checks = []
+    for what, theirs, mine in (
+        ("two repositories: the index", *indexes),
+        ("two repositories with a name in both: the server starts", *started),
+    ):
+        same = theirs == mine
+        checks.append({"check": what, "protocol": "http", "equal": same,
+                       "detail": f"triton {theirs}, sordino {mine}"})  # fmt: skip
+        print(f"{'ok  ' if same else 'DIFF'} http {what} {'' if same else (theirs, mine)}")
+    return checks
+
+
 def main() -> None:
     scratch = tempfile.TemporaryDirectory(prefix="sordino-loading-")
     try:
         python = peers.ensure_venv("triton", peers.TRITON_PACKAGES,
                                    "import pytriton, onnxruntime, numpy")  # fmt: skip
         checks = compare(python, Path(scratch.name))
+        checks += repositories_checks(python, Path(scratch.name))
     except peers.PeerError as exc:
         print(f"cannot run: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -975,6 +975,7 @@ def main() -> None:
             checks.append(trace_files_check(*traces))
         checks += compare_control(python, repo)
         checks += triton_loading_parity.compare(python, Path(scratch.name))
+        checks += triton_loading_parity.repositories_checks(python, Path(scratch.name))
     except peers.PeerError as exc:
         print(f"cannot run: {exc}", file=sys.stderr)
         sys.exit(2)
