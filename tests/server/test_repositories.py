@@ -91,6 +91,11 @@ def test_the_models_of_every_repository_load_and_unload(
     with pytest.raises(InferenceServerException, match="more than one model repository"):
         client.load_model("first")
     assert client.is_model_ready("summed")
+    _model(roots[0], "fourth")
+    _model(roots[1], "fourth")
+    fourth = [e for e in client.get_model_repository_index() if e["name"] == "fourth"]
+    reason = "model appears in two or more repositories"  # as Triton's index says it
+    assert fourth == [{"name": "fourth", "state": "UNAVAILABLE", "reason": reason}]
 
 
 async def test_polling_follows_every_repository(roots: tuple[Path, Path]) -> None:

@@ -48,6 +48,16 @@ class Repositories:
         root = self.root_of(name)
         return None if root is None else root / name
 
+    def twice(self) -> set[str]:
+        """The model names in more than one of the repositories."""
+        seen: set[str] = set()
+        found: set[str] = set()
+        for root in self.roots:
+            names = set(repository_names(root))
+            found |= seen & names
+            seen |= names
+        return found
+
     def holds(self, path: Path) -> bool:
         """Whether ``path`` lies in one of the repositories."""
         return any(path.is_relative_to(root) for root in self.roots)

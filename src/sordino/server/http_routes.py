@@ -71,7 +71,8 @@ def extra_routes(
         return json(
             [
                 {"name": e.name}
-                | ({"version": e.version, "state": e.state} if e.state else {})
+                | ({"version": e.version} if e.version else {})
+                | ({"state": e.state} if e.state else {})
                 | ({"reason": e.reason} if e.reason else {})
                 for e in entries
             ]

@@ -130,6 +130,7 @@ class ModelControl:
         """Every model the server knows: loaded versions, and models it could load."""
         names = set(self._configs) | {m.key.name for m in self.runtime.models()}
         names |= set(self._repository_names())
+        twice = self.repositories.twice()
         entries: list[IndexEntry] = []
         for name in sorted(names):
             versions = self.runtime.versions(name)
@@ -141,7 +142,8 @@ class ModelControl:
                     entries.append(IndexEntry(name, version, state))
             if any(entry.name == name for entry in entries):
                 continue
-            reason = self._failed.get(name) or self.ensembles.failed.get(name)
+            failed = self._failed.get(name) or self.ensembles.failed.get(name)
+            reason = "model appears in two or more repositories" if name in twice else failed
             if reason is not None:
                 entries.append(IndexEntry(name, "", "UNAVAILABLE", reason))
             elif name in self._last_versions:  # as Triton: the versions it had, unloaded
@@ -175,14 +177,15 @@ class ModelControl:
                 "(not supported); load it without file: parameters"
             )
         configured = name in self._configs and name not in self._uploaded
-        if request.files and configured and not self._in_repository(name):
+        in_repository = name in self._repository_names()
+        if request.files and configured and not in_repository:
             raise Unsupported(
                 f"model {name!r} is a model of sordino's configuration: it takes no "
                 "uploaded files (not supported); give its files another name"
             )
         given = None
         if request.config is not None:
-            given = read_config(name, request, self._in_repository(name))
+            given = read_config(name, request, in_repository)
         root = None
         if request.files:  # written off the loop (a model's files may be large)
             root = await asyncio.to_thread(self._uploads.write, name, request.files)
@@ -388,9 +391,6 @@ class ModelControl:
 
     def _repository_names(self) -> list[str]:
         return self.repositories.names()
-
-    def _in_repository(self, name: str) -> bool:
-        return name in self._repository_names()
 
     def _repository_loaded(self) -> set[str]:
         holds = self.repositories.holds
