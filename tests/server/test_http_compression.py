@@ -132,6 +132,15 @@ def test_inflate_takes_the_codings_clients_send() -> None:
         inflate(gzip.compress(BODY)[:-10], "gzip", 1 << 20)  # truncated
     with pytest.raises(Unsupported, match="'compress' is not supported"):
         inflate(BODY, "compress", 1 << 20)
+    # A gzip body of several members (RFC 1952) is all of them; bytes after a deflate
+    # stream are refused, as is a second member that inflates past the limit.
+    half = len(BODY) // 2
+    members = gzip.compress(BODY[:half]) + gzip.compress(BODY[half:])
+    assert inflate(members, "gzip", 1 << 20) == BODY
+    with pytest.raises(MalformedBody, match="is not deflate data"):
+        inflate(zlib.compress(BODY) + b"more", "deflate", 1 << 20)
+    with pytest.raises(MalformedBody, match="inflates past the limit"):
+        inflate(members + gzip.compress(b" " * 300), "gzip", len(BODY) + 100)
 
 
 @pytest.mark.parametrize(

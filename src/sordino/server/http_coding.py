@@ -53,17 +53,29 @@ def inflate(body: bytes, coding: str, limit: int) -> bytes:
 
 
 def _inflate(body: bytes, wbits: int, limit: int) -> bytes:
-    decoder = zlib.decompressobj(wbits)
-    data = decoder.decompress(body, limit + 1)
-    if len(data) > limit or decoder.unconsumed_tail:
-        raise MalformedBody(
-            f"the request body inflates past the limit of {limit} bytes; send less data "
-            "per request or raise server.max_request_size",
-            too_large=True,
-        )
-    if not decoder.eof:
-        raise zlib.error("truncated")
-    return data
+    """``body`` inflated: a gzip body may be several members one after another (RFC
+    1952), each inflated in turn; bytes after a deflate stream are an error."""
+    parts: list[bytes] = []
+    size = 0
+    rest = body
+    while True:
+        decoder = zlib.decompressobj(wbits)
+        data = decoder.decompress(rest, limit - size + 1)
+        size += len(data)
+        if size > limit or decoder.unconsumed_tail:
+            raise MalformedBody(
+                f"the request body inflates past the limit of {limit} bytes; send less "
+                "data per request or raise server.max_request_size",
+                too_large=True,
+            )
+        if not decoder.eof:
+            raise zlib.error("truncated")
+        parts.append(data)
+        rest = decoder.unused_data
+        if not rest:
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+        if wbits != _WBITS["gzip"]:
+            raise zlib.error("bytes after the end of the compressed data")
 
 
 def _not(coding: str) -> MalformedBody:
