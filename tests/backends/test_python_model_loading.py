@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from sordino.config import load_config
 from sordino.errors import SordinoError
 from sordino.models.repository import load_repository_model
 from sordino.testing import RunningServer, serve_in_thread
+from tests.waiting import wait_for
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 LOADER = FIXTURES / "triton_python_answers" / "model_loader"
@@ -208,9 +208,5 @@ def test_a_load_past_the_batchs_deadline_answers_and_goes_on(tmp_path: Path) -> 
         answer = _ask(client, op="load", model="slow")
         assert answer["ok"] is False
         assert "not done before the calling request's deadline" in answer["error"]
-        for _ in range(200):  # it went on
-            if client.is_model_ready("slow"):
-                break
-            time.sleep(0.05)
-        assert client.is_model_ready("slow")
+        wait_for(lambda: client.is_model_ready("slow"), "the load to go on", timeout=60)
         assert _ask(client, op="ready", model="model_loader")["ready"] is True  # not killed
