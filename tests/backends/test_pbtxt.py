@@ -237,6 +237,12 @@ def test_protobuf_defaults_are_as_if_unset() -> None:
             "instance_group.rate_limiter",
         ),
         ("instance_group [ { count: 1 passive: true } ]", "instance_group.passive"),
+        (
+            'batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "N" data_type: TYPE_FP32 '
+            'source_input: "X" } ]',
+            "batch_input",
+        ),
+        ('model_repository_agents { agents [ { name: "checksum" } ] }', "model_repository_agents"),
     ],
 )
 def test_what_sordino_does_not_do_is_refused_by_name(field: str, said: str) -> None:

@@ -315,6 +315,11 @@ def sordino_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any
 _REFUSED = {
     "dynamic_batching.priority_queue_policy": ("dynamic_batching", "priority_queue_policy"),
     "dynamic_batching.preserve_ordering": ("dynamic_batching", "preserve_ordering"),
+    # Ragged batching's extra tensors, made by Triton's core for the model.
+    "batch_input": ("batch_input",),
+    "batch_output": ("batch_output",),
+    # Repository agents (checksums, decryption) run on the model's files at load.
+    "model_repository_agents": ("model_repository_agents",),
 }
 """Triton fields sordino does not do (its name → where it is): refused when set."""
 _GROUP_REFUSED = ("rate_limiter", "host_policy", "secondary_devices", "passive", "profile")
