@@ -455,3 +455,27 @@ def test_a_python_models_error_response_is_its_requests_answer_on_an_actor(
         assert [w.failures for w in workers if w.model == "error_codes"] == [0]
     finally:
         server.call(server.runtime.unload("error_codes", "1", drain=False), timeout=60)
+
+
+def test_a_log_settings_change_reaches_every_actor(server: RunningServer) -> None:
+    """/v2/logging reaches the Ray actors as it reaches worker processes: each logs by
+    the new settings (asked of the actor itself)."""
+    key = next(m.key for m in server.runtime.models() if m.key.name == "digits-classifier")
+    executor = server.runtime.executor
+
+    def actors_settings() -> list[dict[str, Any]]:
+        found = []
+        for index in range(2):
+            instance = executor.instance(key, index)
+            actor = getattr(instance, "_actor", None)
+            assert actor is not None
+            found.append(ray.get(actor.log.remote({}), timeout=30))
+        return found
+
+    try:
+        assert httpx.post(server.url + "/v2/logging", json={"log_verbose_level": 1}).is_success
+        assert [s["log_verbose_level"] for s in actors_settings()] == [1, 1]
+        assert httpx.post(server.url + "/v2/logging", json={"log_info": False}).is_success
+        assert [s["log_info"] for s in actors_settings()] == [False, False]
+    finally:
+        httpx.post(server.url + "/v2/logging", json={"log_verbose_level": 0, "log_info": True})

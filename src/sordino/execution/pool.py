@@ -20,7 +20,6 @@ from sordino.config import ModelConfig
 from sordino.errors import ModelLoadError, ModelNotReady
 from sordino.events import EventSink
 from sordino.execution.devices import Device
-from sordino.execution.instances import ProcessInstance
 from sordino.execution.outliers import OutlierDetector
 from sordino.execution.placement import Instance, PlacedModel, Placement, Signal, TierSlot
 from sordino.execution.thread_instance import ThreadInstance
@@ -141,12 +140,13 @@ class InstancePool:
         return keys[-1] if keys else None
 
     async def tell_log(self, settings: dict[str, Any]) -> None:
-        """Every worker process of every model logs as the server now does."""
+        """Every worker process and Ray actor of every model logs as the server now does
+        (a thread instance logs with the server)."""
         told = [
-            instance.tell_log(settings)
+            tell(settings)
             for entry in self.models.values()
             for instance in entry.instances()
-            if isinstance(instance, ProcessInstance)
+            if (tell := getattr(instance, "tell_log", None)) is not None
         ]
         await asyncio.gather(*told)
 

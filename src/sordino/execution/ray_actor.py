@@ -35,6 +35,7 @@ from sordino.errors import Unavailable
 from sordino.execution.faults import FaultAction, InjectedFault, perform
 from sordino.execution.ray_pool import place_and_run
 from sordino.inference import ModelMetadata, RequestFacts, Tensor
+from sordino.telemetry.log_settings import configure_process_log, process_log_settings
 
 __all__ = ["INSTALL_HINT", "ModelActor", "actor_class", "actor_options", "import_ray"]
 
@@ -106,6 +107,8 @@ class ModelActor:
         """Load and warm up the model; return its metadata, node id, node address, pid."""
         import ray
 
+        if spec.get("log"):  # log as the server does (Ray leaves the actor's log bare)
+            configure_process_log(spec["log"])
         backend = create_backend(
             spec["backend"],
             name=spec["model"],
@@ -175,6 +178,12 @@ class ModelActor:
     def ping(self) -> int:
         """The heartbeat: answered between and during batches (the actor has two threads)."""
         return os.getpid()
+
+    def log(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """Log as the server now does (the logging extension changed it), as a worker
+        process takes ``LogChange``; return the settings the actor logs by now."""
+        configure_process_log(settings)
+        return process_log_settings().current()
 
 
 def _infer_requests(

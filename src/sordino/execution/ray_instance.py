@@ -19,7 +19,7 @@ import asyncio
 import functools
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from sordino.execution.worker import WorkerError, WorkerLost
 from sordino.inference import ModelKey, ModelMetadata
 from sordino.memory.refs import TensorRef
 from sordino.records import WorkerStatistics
+from sordino.telemetry.log_settings import process_log_settings
 
 __all__ = ["RayInstance"]
 
@@ -161,7 +162,8 @@ class RayInstance(InstanceBase):
         started = self._clock.now()
         try:
             result = await asyncio.wait_for(
-                actor.load.remote(self._spec), self._settings.start_timeout
+                actor.load.remote({**self._spec, "log": _log_settings()}),
+                self._settings.start_timeout,
             )
         except TimeoutError:
             self._kill_actor(actor)
@@ -333,6 +335,19 @@ class RayInstance(InstanceBase):
         if self._actor is not None:
             self._lose(self._actor, cause)
 
+    async def tell_log(self, settings: dict[str, Any]) -> None:
+        """Have the actor log as the server now does (a replacement starts so anyway);
+        an actor lost meanwhile, or one that does not answer in time, is let be."""
+        actor = self._actor
+        if actor is None:
+            return
+        try:
+            await asyncio.wait_for(
+                actor.log.remote(_without_file(settings)), self._settings.start_timeout
+            )
+        except Exception as exc:  # lost, or slow: its replacement starts with them
+            log.warning("Ray actor %s did not take the new log settings: %r", self.subject, exc)
+
     async def start_profiling(self, prefix: str) -> None:
         raise Unavailable(
             f"{self.subject}: profiling is not supported with the ray executor "
@@ -427,3 +442,13 @@ class RayInstance(InstanceBase):
             except TimeoutError:
                 continue
         return self.last_cause or "actor lost"
+
+
+def _log_settings() -> dict[str, Any]:
+    """The server's log settings now, for an actor that starts."""
+    return _without_file(process_log_settings().current())
+
+
+def _without_file(settings: Mapping[str, Any]) -> dict[str, Any]:
+    # (log_file is the server's: an actor writes where Ray puts its output.)
+    return {key: value for key, value in settings.items() if key != "log_file"}
