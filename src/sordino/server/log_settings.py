@@ -16,7 +16,7 @@ request reads). The settings, as Triton 2.51 names them:
 They apply to the server process's log (every logger, sordino's and its libraries'),
 from the level ``sordino start --log-level`` set, and to the models' worker processes
 (a Python model's ``pb_utils.Logger`` lines follow them, as on Triton): a worker starts
-with the server's settings and is told of each change (Ray actors are not). A setting
+with the server's settings and is told of each change, as is a Ray actor. A setting
 sordino does not know, or a value of the wrong type, is refused
 with what to send (Triton ignores the one and answers the other 500). Who may call it
 is the transports' business: like model control, it is a protected endpoint.
