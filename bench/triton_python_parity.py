@@ -397,8 +397,7 @@ def _config(client: Any, model: str) -> dict[str, Any]:
     """A model's configuration (HTTP), every field in Triton's order, less what differs on
     purpose: sordino's own ``sordino_*`` parameters, the scheduler's values in
     ``dynamic_batching`` (its priority levels and preferred sizes are the ones it uses;
-    the delay and ordering are compared) and an instance group's name (Triton names one
-    its configuration does not give ``MODEL``, sordino ``MODEL_0``)."""
+    the delay and ordering are compared)."""
     config = client.get_model_config(model)
     config["parameters"] = {
         k: v for k, v in config.get("parameters", {}).items() if not k.startswith("sordino_")
@@ -408,8 +407,6 @@ def _config(client: Any, model: str) -> dict[str, Any]:
         config["dynamic_batching"] = {
             k: batching.get(k) for k in ("max_queue_delay_microseconds", "preserve_ordering")
         }
-    for group in config.get("instance_group", []):
-        group.pop("name", None)
     return {"keys": list(config), **config}
 
 

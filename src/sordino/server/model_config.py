@@ -123,9 +123,8 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
         "output": [
             _config_tensor(spec, batched and meta.batched, output=True) for spec in meta.outputs
         ],
-        "instance_group": [
-            {"name": f"{meta.name}_0", "kind": "KIND_CPU", "count": model.instances}
-        ],
+        # Named as Triton names a group its configuration leaves unnamed: the model's name.
+        "instance_group": [{"name": meta.name, "kind": "KIND_CPU", "count": model.instances}],
         "parameters": {
             "sordino_mode": {"string_value": scheduling.mode},
             "sordino_effective_mode": {"string_value": controller.effective_mode},
