@@ -123,8 +123,9 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
         "output": [
             _config_tensor(spec, batched and meta.batched, output=True) for spec in meta.outputs
         ],
-        # Named as Triton names a group its configuration leaves unnamed: the model's name.
-        "instance_group": [{"name": meta.name, "kind": "KIND_CPU", "count": model.instances}],
+        "instance_group": [
+            {"name": _group_name(model), "kind": "KIND_CPU", "count": model.instances}
+        ],
         "parameters": {
             "sordino_mode": {"string_value": scheduling.mode},
             "sordino_effective_mode": {"string_value": controller.effective_mode},
@@ -193,3 +194,10 @@ def _version_policy(model: LoadedModel) -> dict[str, Any]:
     if policy.specific is not None:
         return {"specific": {"versions": list(policy.specific.versions)}}
     return {"all": {}}
+
+
+def _group_name(model: LoadedModel) -> str:
+    """The instance group's name as Triton gives one its configuration does not name:
+    ``MODEL_0`` for a group the configuration lists, ``MODEL`` where it lists none."""
+    listed = "instance_count" in model.source.config.model_fields_set
+    return f"{model.key.name}_0" if listed else model.key.name
