@@ -19,7 +19,7 @@ import asyncio
 import functools
 import itertools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -162,7 +162,7 @@ class RayInstance(InstanceBase):
         started = self._clock.now()
         try:
             result = await asyncio.wait_for(
-                actor.load.remote({**self._spec, "log": _log_settings()}),
+                actor.load.remote({**self._spec, "log": process_log_settings().current()}),
                 self._settings.start_timeout,
             )
         except TimeoutError:
@@ -342,9 +342,7 @@ class RayInstance(InstanceBase):
         if actor is None:
             return
         try:
-            await asyncio.wait_for(
-                actor.log.remote(_without_file(settings)), self._settings.start_timeout
-            )
+            await asyncio.wait_for(actor.log.remote(settings), self._settings.start_timeout)
         except Exception as exc:  # lost, or slow: its replacement starts with them
             log.warning("Ray actor %s did not take the new log settings: %r", self.subject, exc)
 
@@ -442,13 +440,3 @@ class RayInstance(InstanceBase):
             except TimeoutError:
                 continue
         return self.last_cause or "actor lost"
-
-
-def _log_settings() -> dict[str, Any]:
-    """The server's log settings now, for an actor that starts."""
-    return _without_file(process_log_settings().current())
-
-
-def _without_file(settings: Mapping[str, Any]) -> dict[str, Any]:
-    # (log_file is the server's: an actor writes where Ray puts its output.)
-    return {key: value for key, value in settings.items() if key != "log_file"}

@@ -222,7 +222,7 @@ class ModelCalls:
 
     async def _control(self, call: ModelCall) -> CallAnswer:
         """Answer a call of the model loading API."""
-        where = f"{call.control}_model({call.model!r})".replace("ready_model", "is_model_ready")
+        where = f"{_API_NAMES.get(call.control, call.control)}({call.model!r})"
         if call.control == "ready":
             registry = self._registry
             found = registry.contains if call.version else lambda name, _: registry.has(name)
@@ -275,6 +275,10 @@ class ModelCalls:
         task.add_done_callback(self._controls.discard)
         task.add_done_callback(_unheard)
         return task
+
+
+_API_NAMES = {"load": "load_model", "unload": "unload_model", "ready": "is_model_ready"}
+"""The ``pb_utils`` function each control call comes from (for its errors)."""
 
 
 def _unheard(task: asyncio.Task[None]) -> None:

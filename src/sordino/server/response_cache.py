@@ -97,7 +97,7 @@ class ResponseCache:
         if found is not None:
             self._hits += 1
             self._entries.move_to_end(key)
-            answer = Tensors.of(dict(found[0]))
+            answer = Tensors.of(found[0])
             answer.parameters = found[3]
         self._lookup_s += time.perf_counter() - started
         return answer

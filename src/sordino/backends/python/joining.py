@@ -21,13 +21,7 @@ import numpy as np
 from sordino.backends.python.triton_python_backend_utils import InferenceResponse
 from sordino.inference import ModelMetadata, Tensor
 
-__all__ = [
-    "PythonModelError",
-    "join_outputs",
-    "output_layouts",
-    "response_parts",
-    "triton_code",
-]
+__all__ = ["PythonModelError", "join_outputs", "output_layouts", "response_parts", "triton_code"]
 
 
 class PythonModelError(RuntimeError):

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import threading
 
+from sordino.backends.python import bls
+from sordino.backends.python.triton_errors import TritonModelException
+
 __all__ = ["get_model_dir", "set_model_dir"]
 
 _DIRS: dict[str, str] = {}
@@ -26,9 +29,6 @@ def set_model_dir(model: str, folder: str) -> None:
 
 def get_model_dir() -> str:
     """The folder of the asking model's ``model.py``."""
-    from sordino.backends.python import bls
-    from sordino.backends.python.triton_errors import TritonModelException
-
     state = bls.current()
     with _LOCK:
         if state is not None and state.model in _DIRS:

@@ -34,6 +34,7 @@ from typing import Any
 
 from sordino.backends.calls import CallAnswer, ModelCall
 from sordino.backends.python import bls
+from sordino.backends.python.triton_errors import TritonModelException
 
 __all__ = ["is_model_ready", "load_model", "unload_model"]
 
@@ -48,11 +49,13 @@ def load_model(model_name: str, config: str = "", files: Mapping[str, bytes] | N
         parameters["config"] = _text(config, "config")
     if files:
         if not isinstance(files, Mapping):
-            raise _exception(f"load_model files must be a dict of path to bytes, not {files!r}")
+            raise TritonModelException(
+                f"load_model files must be a dict of path to bytes, not {files!r}"
+            )
         checked = {}
         for path, content in files.items():
             if not isinstance(path, str) or not isinstance(content, (bytes, bytearray)):
-                raise _exception(
+                raise TritonModelException(
                     "load_model files must map each 'file:<version>/<name>' path (str) to "
                     f"the file's content (bytes); got {type(path).__name__} -> "
                     f"{type(content).__name__}"
@@ -81,7 +84,9 @@ def _ask(
     state = bls.current()
     phase = "execute" if state is None else state.phase
     if phase in _REFUSED_IN:
-        raise _exception(f"the model loading API is not supported in {phase} (as on Triton)")
+        raise TritonModelException(
+            f"the model loading API is not supported in {phase} (as on Triton)"
+        )
     call = ModelCall(
         model=_text(model, "model_name"),
         inputs={},
@@ -96,17 +101,11 @@ def _ask(
     while not answer.final:
         answer = answers.get()
     if answer.error:
-        raise _exception(answer.error)
+        raise TritonModelException(answer.error)
     return answer
 
 
 def _text(value: Any, what: str) -> str:
     if isinstance(value, str):
         return value
-    raise _exception(f"{what} must be a string, not {value!r}")
-
-
-def _exception(message: str) -> Exception:
-    from sordino.backends.python.triton_errors import TritonModelException
-
-    return TritonModelException(message)
+    raise TritonModelException(f"{what} must be a string, not {value!r}")

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from sordino.datatypes import serialize_bytes_tensor
+
 __all__ = [
     "TRITON_STRING_TO_NUMPY",
     "deserialize_bytes_tensor",
@@ -99,11 +101,10 @@ def serialize_byte_tensor(input_tensor: np.ndarray[Any, Any]) -> Any:
         return ()
     if input_tensor.dtype != np.object_ and input_tensor.dtype.type != np.bytes_:
         return None
-    parts: list[bytes] = []
-    for item in input_tensor.reshape(-1, order="C"):
-        data = item if isinstance(item, bytes) else str(item).encode("utf-8")
-        parts += (_LENGTH.pack(len(data)), data)
-    return b"".join(parts)
+    elements = np.empty(input_tensor.size, dtype=np.object_)
+    # Triton writes any other element as its str(); sordino's writer takes bytes and str.
+    elements[:] = [x if isinstance(x, bytes | str) else str(x) for x in input_tensor.ravel()]
+    return serialize_bytes_tensor(elements)
 
 
 def deserialize_bytes_tensor(encoded_tensor: bytes) -> np.ndarray[Any, Any]:
