@@ -179,13 +179,26 @@ def release_owned(tensors: Mapping[str, Tensor]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class ModelKey:
-    """A loaded model version: what the executor and the statistics are keyed by."""
+    """A loaded model version: what the executor and the statistics are keyed by.
+
+    ``generation`` tells apart two loads of one version that are up at once: while a
+    version is reloaded, the new load warms up beside the one serving, which drains
+    once the new one serves. It is left out of equality and hashing, so statistics,
+    telemetry and caches keyed by a version see one model throughout a reload; only
+    what holds the instances (the executor's pool) keys by :attr:`slot`.
+    """
 
     name: str
     version: str
+    generation: int = field(default=0, compare=False)
 
     def __str__(self) -> str:
         return f"{self.name}/{self.version}"
+
+    @property
+    def slot(self) -> tuple[ModelKey, int]:
+        """This load of the version (the key and its generation), as the pool keys it."""
+        return (self, self.generation)
 
 
 @dataclass(frozen=True, slots=True)

@@ -205,8 +205,8 @@ class ChainExecutor:
     async def aclose(self) -> None:
         """Stop every instance; remove the arena if this executor made it (else its
         owner, the memory manager, does)."""
-        for key in list(self._pool.models):
-            await self.unload(key)
+        for entry in list(self._pool.models.values()):
+            await self.unload(entry.key)
         if self._own_arena:
             self._arena.close()
 
@@ -232,7 +232,7 @@ class ChainExecutor:
         shrunk to the space free now, but never made larger than the arena, and a
         request larger than the arena is still refused (it could never run).
         """
-        entry = self._pool.models.get(model)
+        entry = self._pool.entry(model)
         if entry is None or entry.isolation != "process":
             return None
         arena = self._arena.existing()
@@ -254,7 +254,7 @@ class ChainExecutor:
         Tensors already there (placed with :class:`~sordino.memory.refs.TensorsBuilder`)
         reach the worker without a copy when they run as a batch of their own.
         """
-        entry = self._pool.models.get(model)
+        entry = self._pool.entry(model)
         if entry is None or entry.isolation != "process":
             return None
         return self._arena.arena
@@ -404,7 +404,7 @@ class ChainExecutor:
     def worker_memory(self) -> tuple[WorkerMemory, ...]:
         """Per worker process: its resident memory and its ONNX Runtime arenas
         (:func:`~sordino.execution.stats.worker_memory`)."""
-        return worker_memory(i for model in self._pool.models.values() for i in model.instances())
+        return worker_memory(i for model in self._pool.reported() for i in model.instances())
 
     def node_memory(self) -> tuple[NodeMemoryStatistics, ...]:
         """The Ray nodes' memory pools: none here (:class:`RayExecutor` has them)."""
@@ -413,7 +413,7 @@ class ChainExecutor:
     def statistics(self) -> ExecutionStatistics:
         workers = tuple(
             instance.statistics()
-            for model in self._pool.models.values()
+            for model in self._pool.reported()
             for instance in model.instances()
         )
         return ExecutionStatistics(

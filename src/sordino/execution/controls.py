@@ -55,7 +55,7 @@ class ExecutorControls:
         and oom faults aimed at this one instance go with the replaced process.
         Thread-isolated instances run inside the server and cannot be restarted.
         """
-        entry = self._pool.models.get(key)
+        entry = self._pool.entry(key)
         instance = next((i for i in entry.instances() if i.index == index), None) if entry else None
         if not isinstance(instance, ProcessInstance) or instance.pid is None:
             return False

@@ -94,11 +94,13 @@ class OutlierDetector:
         self._settings = settings
         self._clock = clock
         self._events = events
-        self._records: dict[tuple[ModelKey, int], _Record] = {}
+        # By instance: (model, its generation, index); a reloaded version's two loads
+        # have instances of the same index.
+        self._records: dict[tuple[ModelKey, int, int], _Record] = {}
         self.ejections = 0
 
     def _record(self, instance: Tracked) -> _Record:
-        key = (instance.key, instance.index)
+        key = _at(instance)
         record = self._records.get(key)
         pid = instance.pid
         if record is None or record.pid != pid:
@@ -110,8 +112,7 @@ class OutlierDetector:
 
     def ejected(self, instance: Tracked) -> bool:
         """True while ``instance`` is ejected (False once replaced or its time is up)."""
-        key = (instance.key, instance.index)
-        record = self._records.get(key)
+        record = self._records.get(_at(instance))
         if record is None or record.until is None:
             return False
         record = self._record(instance)  # a replaced instance is no longer ejected
@@ -121,7 +122,7 @@ class OutlierDetector:
 
     def suspect(self, instance: Tracked) -> bool:
         """True when ``instance`` failed ``consecutive_failures`` batches in a row."""
-        record = self._records.get((instance.key, instance.index))
+        record = self._records.get(_at(instance))
         return (
             record is not None
             and record.pid == instance.pid
@@ -130,7 +131,7 @@ class OutlierDetector:
 
     def succeeded(self, instance: Tracked) -> None:
         """``instance`` ran a batch: its failures in a row and its ejection streak end."""
-        record = self._records.get((instance.key, instance.index))
+        record = self._records.get(_at(instance))
         if record is not None and record.pid == instance.pid:
             record.consecutive = 0
             record.streak = 0
@@ -181,12 +182,18 @@ class OutlierDetector:
 
     def forget(self, key: ModelKey) -> None:
         """Drop the figures of ``key``'s instances (the model is unloaded)."""
-        for model, index in [k for k in self._records if k[0] == key]:
-            del self._records[(model, index)]
+        for at in [at for at in self._records if at[0] == key and at[1] == key.generation]:
+            del self._records[at]
 
     def statistics(self) -> tuple[OutlierStatistics, ...]:
-        """Each instance that failed a batch of its own or was ever ejected."""
+        """Each instance that failed a batch of its own or was ever ejected (of a version
+        being reloaded, the instances of its first load, as the pool reports them)."""
         now = self._clock.now()
+        shown: dict[tuple[ModelKey, int], tuple[int, _Record]] = {}
+        for (key, generation, index), record in self._records.items():
+            seen = shown.get((key, index))
+            if seen is None or generation < seen[0]:
+                shown[(key, index)] = (generation, record)
         return tuple(
             OutlierStatistics(
                 model=key.name,
@@ -199,8 +206,8 @@ class OutlierDetector:
                 else None,
                 last_cause=record.last_cause,
             )
-            for (key, index), record in sorted(
-                self._records.items(), key=lambda item: (str(item[0][0]), item[0][1])
+            for (key, index), (_, record) in sorted(
+                shown.items(), key=lambda item: (str(item[0][0]), item[0][1])
             )
         )
 
@@ -210,3 +217,8 @@ class OutlierDetector:
         self._events.emit(
             "instance_returned", instance.subject, cause, version=instance.key.version
         )
+
+
+def _at(instance: Tracked) -> tuple[ModelKey, int, int]:
+    """Where an instance's record is kept: its model, the model's generation, its index."""
+    return (instance.key, instance.key.generation, instance.index)

@@ -47,13 +47,15 @@ class InstancePool:
         self._placement = placement
         self._outliers = outliers
         self._events = events
-        self.models: dict[ModelKey, PlacedModel] = {}
-        self.sources: dict[ModelKey, tuple[Path, ModelConfig]] = {}
+        self.models: dict[tuple[ModelKey, int], PlacedModel] = {}
+        """Each loaded model, by :attr:`ModelKey.slot`: a version being reloaded has two
+        (the one serving and the one warming up), told apart by their generation."""
+        self.sources: dict[tuple[ModelKey, int], tuple[Path, ModelConfig]] = {}
         """Where each loaded model came from (what :meth:`scale` starts more of)."""
 
     async def load(self, key: ModelKey, path: Path, config: ModelConfig) -> ModelMetadata:
         """Start ``config.instance_count`` instances of ``key`` on each device it runs on."""
-        if key in self.models:
+        if key.slot in self.models:
             raise ModelLoadError(f"model {key} is already loaded")
         check_backend_kind(config.backend, model=str(key))
         model_signal = Signal()
@@ -86,15 +88,15 @@ class InstancePool:
         if metadata is None:
             raise ModelLoadError(f"model {key} could not start on any device: {'; '.join(errors)}")
         tiers = [slot for slot in slots if slot.instances]
-        self.models[key] = PlacedModel(key, config.isolation, metadata, tiers, model_signal)
-        self.sources[key] = (path, config)
+        self.models[key.slot] = PlacedModel(key, config.isolation, metadata, tiers, model_signal)
+        self.sources[key.slot] = (path, config)
         self._placement.watch(model_signal)
         return metadata
 
     async def unload(self, key: ModelKey) -> None:
         """Stop every instance of ``key``."""
-        model = self.models.pop(key, None)
-        self.sources.pop(key, None)
+        model = self.models.pop(key.slot, None)
+        self.sources.pop(key.slot, None)
         if model is None:
             return
         self._placement.unwatch(model.signal)
@@ -102,9 +104,24 @@ class InstancePool:
         await asyncio.gather(*(i.aclose() for i in model.instances()))
         model.signal.fire()  # waiters find no serving instance and fail explicitly
 
+    def entry(self, key: ModelKey) -> PlacedModel | None:
+        """Loaded model ``key`` (that generation of it), or None."""
+        return self.models.get(key.slot)
+
+    def reported(self) -> list[PlacedModel]:
+        """The loaded models as statistics show them: one per version. While a version
+        is reloaded, the load that came first (serving, then draining) until it is gone:
+        the two loads' instances share their names (model, version, index)."""
+        first: dict[ModelKey, PlacedModel] = {}
+        for entry in self.models.values():
+            seen = first.get(entry.key)
+            if seen is None or entry.key.generation < seen.key.generation:
+                first[entry.key] = entry
+        return list(first.values())
+
     def instances(self, model: ModelKey) -> int:
         """How many instances ``model`` has on its largest tier (0: not loaded)."""
-        entry = self.models.get(model)
+        entry = self.models.get(model.slot)
         if entry is None:
             return 0
         return max(len(tier.instances) for tier in entry.tiers)
@@ -114,14 +131,14 @@ class InstancePool:
 
     def local_backends(self, model: ModelKey) -> list[Backend]:
         """The backends of ``model`` that run in this process (thread isolation), in order."""
-        entry = self.models.get(model)
+        entry = self.models.get(model.slot)
         if entry is None:
             return []
         return [inst.backend for inst in entry.instances() if isinstance(inst, ThreadInstance)]
 
     def model(self, key: ModelKey) -> PlacedModel:
         """Loaded model ``key``; :class:`ModelNotReady` when it is not loaded."""
-        model = self.models.get(key)
+        model = self.models.get(key.slot)
         if model is None:
             raise ModelNotReady(
                 f"Request for unknown model: '{key.name}' version {key.version} is not at "
@@ -131,12 +148,16 @@ class InstancePool:
 
     def serving(self, key: ModelKey) -> int:
         """How many instances of ``key`` can take a batch now."""
-        entry = self.models.get(key)
+        entry = self.models.get(key.slot)
         return sum(1 for i in entry.instances() if i.serving) if entry is not None else 0
 
     def find_model(self, name: str) -> ModelKey | None:
-        """The loaded version of model ``name`` (the newest when several are), or None."""
-        keys = sorted((k for k in self.models if k.name == name), key=lambda k: k.version)
+        """The loaded version of model ``name`` (the newest when several are; of a
+        version being reloaded, its newest load), or None."""
+        keys = sorted(
+            (entry.key for entry in self.models.values() if entry.key.name == name),
+            key=lambda k: (k.version, k.generation),
+        )
         return keys[-1] if keys else None
 
     async def tell_log(self, settings: dict[str, Any]) -> None:
@@ -152,7 +173,7 @@ class InstancePool:
 
     def instance(self, key: ModelKey, index: int) -> Instance | None:
         """Instance ``index`` of ``key``, or None."""
-        entry = self.models.get(key)
+        entry = self.models.get(key.slot)
         if entry is None:
             return None
         return next((i for i in entry.instances() if i.index == index), None)
@@ -166,7 +187,7 @@ class InstancePool:
         (serving, after their worker started) or removed (stopped).
         """
         entry = self.model(key)
-        path, config = self.sources[key]
+        path, config = self.sources[key.slot]
         slot = entry.tiers[0]
         count = len(slot.instances)
         target = max(minimum, min(maximum, count + delta))

@@ -67,8 +67,9 @@ class RayExecutor(ChainExecutor):
         self._ray = import_ray()  # fails here, at start-up, naming the extra to install
         super().__init__(config, clock=clock, events=events, arena=arena)
         self._connected_here = False
-        self._groups: dict[ModelKey, Any] = {}
-        self._asks: dict[ModelKey, dict[str, float]] = {}
+        # By ModelKey.slot: a version being reloaded has two loads up at once.
+        self._groups: dict[tuple[ModelKey, int], Any] = {}
+        self._asks: dict[tuple[ModelKey, int], dict[str, float]] = {}
         """What each actor of a loaded model asks Ray for (see :meth:`_check_fits`)."""
         settings = config.executor
         self.pools = (
@@ -122,14 +123,14 @@ class RayExecutor(ChainExecutor):
         options = config.ray or RayModelOptions()
         self._check_fits(key, config, options)
         if options.placement == "pack":
-            self._groups[key] = await self._placement_group(key, config, options)
+            self._groups[key.slot] = await self._placement_group(key, config, options)
         try:
             metadata = await super().load(key, path, config)
         except BaseException:
-            self._asks.pop(key, None)
+            self._asks.pop(key.slot, None)
             self._remove_group(key)
             raise
-        self._pool.models[key].isolation = "ray"
+        self._pool.models[key.slot].isolation = "ray"
         if metadata.decoupled:
             # Its responses would need a channel from the actor back to the server.
             await self.unload(key)
@@ -174,13 +175,13 @@ class RayExecutor(ChainExecutor):
                 + f". Lower the model's ray options or instance_count ({config.instance_count}), "
                 "or add nodes to the cluster"
             )
-        self._asks[key] = ask
+        self._asks[key.slot] = ask
 
     def _resources(self) -> tuple[dict[str, float], dict[str, float]]:
         """The cluster's total resources, and what the loaded models' actors ask for."""
         held: dict[str, float] = {}
-        for model, entry in self._pool.models.items():
-            for name, amount in self._asks.get(model, {}).items():
+        for slot, entry in self._pool.models.items():
+            for name, amount in self._asks.get(slot, {}).items():
                 held[name] = held.get(name, 0.0) + amount * len(entry.instances())
         total = {str(k): float(v) for k, v in self._ray.cluster_resources().items()}
         return total, held
@@ -189,7 +190,7 @@ class RayExecutor(ChainExecutor):
         self, key: ModelKey, delta: int, *, minimum: int, maximum: int
     ) -> list[Instance]:
         """:meth:`ChainExecutor.scale`, adding no more actors than the cluster can hold."""
-        ask = self._asks.get(key, {})
+        ask = self._asks.get(key.slot, {})
         if delta > 0 and ask:
             total, held = self._resources()
             room = min(
@@ -230,7 +231,7 @@ class RayExecutor(ChainExecutor):
         return group
 
     def _remove_group(self, key: ModelKey) -> None:
-        group = self._groups.pop(key, None)
+        group = self._groups.pop(key.slot, None)
         if group is not None:
             try:
                 self._ray.util.remove_placement_group(group)
@@ -247,7 +248,7 @@ class RayExecutor(ChainExecutor):
         config: ModelConfig,
         model_signal: Signal,
     ) -> Instance:
-        group = self._groups.get(key)
+        group = self._groups.get(key.slot)
         # Instances past the group's bundles (scaled up) go where Ray's scheduler says.
         bundle = index if group is not None and index < config.instance_count else -1
         return RayInstance(
@@ -268,7 +269,7 @@ class RayExecutor(ChainExecutor):
 
     async def unload(self, key: ModelKey) -> None:
         await super().unload(key)
-        self._asks.pop(key, None)
+        self._asks.pop(key.slot, None)
         self._remove_group(key)
 
     async def aclose(self) -> None:

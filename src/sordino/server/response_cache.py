@@ -68,9 +68,10 @@ class ResponseCache:
     @staticmethod
     def key(model: ModelKey, inputs: Mapping[str, Tensor]) -> bytes:
         """The digest of ``model`` and ``inputs`` (their names, datatypes, shapes and
-        bytes, in name order)."""
+        bytes, in name order). The model's generation is in it: a version reloaded
+        never answers from what its previous load said."""
         digest = hashlib.blake2b(digest_size=_DIGEST_BYTES)
-        digest.update(f"{model.name}\0{model.version}\0".encode())
+        digest.update(f"{model.name}\0{model.version}\0{model.generation}\0".encode())
         for name in sorted(inputs):
             array = np.asarray(inputs[name])
             digest.update(f"{name}\0{array.dtype.str}\0{array.shape}\0".encode())
