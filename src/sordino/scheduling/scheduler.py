@@ -123,6 +123,7 @@ class ModelScheduler:
             arrivals=Arrivals(settings.priority_levels, clock.now()),
             cost=cost,
         )
+        self._replaced = False
         self._loop = SchedulingLoop(
             model,
             executor=executor,
@@ -147,8 +148,11 @@ class ModelScheduler:
         """Start the scheduling task in the running event loop."""
         self._loop.start()
 
-    async def close(self, *, drain: bool = True) -> None:
+    async def close(self, *, drain: bool = True, replaced: bool = False) -> None:
         """Stop taking requests; finish the accepted ones (``drain``) or fail them, then stop.
+
+        ``replaced``: another load of the model serves in its place (a reload), which
+        a request refused from now on is told to retry on.
 
         With ``drain``, queued requests run, and streams keep stepping to their end.
         Without, queued work and the next steps of running streams end with an explicit
@@ -157,6 +161,7 @@ class ModelScheduler:
         whatever it waits for. Every accepted request ends with an outcome.
         """
         self._loop.closing = True
+        self._replaced = replaced
         if not drain:
             self._steps.aborting = True
             drained = self._queue.drain()
@@ -241,6 +246,11 @@ class ModelScheduler:
         ``decoupled``: the model sends its own responses (read them with :meth:`responses`).
         """
         if self._loop.closing:
+            if self._replaced:
+                raise ShuttingDown(
+                    f"model {self.model} was reloaded while this request waited; retry it "
+                    "(the new load serves)"
+                )
             raise ShuttingDown(f"model {self.model} is shutting down; retry on another replica")
         now = self._clock.now()
         tensors = Tensors.of(inputs)

@@ -117,8 +117,25 @@ class ModelLoader:
 
     async def load(self, source: ModelSource) -> LoadedModel:
         """Load one model version, warm it up, and start its scheduler."""
-        started = await self._start(source)
+        started = await self._start(source, self._new_key(source))
         return await self._serve(source, *started)
+
+    async def reload(self, source: ModelSource) -> LoadedModel:
+        """Load ``source``'s version again while the load it replaces serves (Triton's
+        reload): the new load starts and warms up beside the old one, takes its place
+        in one step, and the old one then finishes the requests it accepted and stops.
+        Requests are answered throughout. If the new load fails, the old one serves on
+        as it was and the error is raised."""
+        old = self._registry.loaded(source.name, source.version)
+        key = ModelKey(source.name, source.version, old.key.generation + 1)
+        started = await self._start(source, key)
+        model = await self._serve(source, *started)  # serves from here on
+        # Its statistics start again (as a reload's do on Triton); a version's answers
+        # kept in the response cache are the old load's, never hit again (the key
+        # carries the generation): they go with it below.
+        self._stats.forget(old.key)
+        await self._stop(old, drain=True, replaced=True)
+        return model
 
     async def load_all(
         self,
@@ -151,8 +168,9 @@ class ModelLoader:
         gate = asyncio.Semaphore(max(1, concurrency))
 
         async def start(source: ModelSource) -> tuple[ModelKey, ModelConfig, ModelMetadata]:
+            key = self._new_key(source)
             async with gate:
-                return await self._start(source)
+                return await self._start(source, key)
 
         starting = [asyncio.ensure_future(start(source)) for source in sources]
         loaded: list[LoadedModel] = []
@@ -182,14 +200,20 @@ class ModelLoader:
             raise
         return loaded
 
-    async def _start(self, source: ModelSource) -> tuple[ModelKey, ModelConfig, ModelMetadata]:
-        """Start ``source``'s instances: its key, its configuration (completed by the
-        backend's own) and its metadata."""
+    def _new_key(self, source: ModelSource) -> ModelKey:
+        """The key of ``source``'s version, which must not be loaded yet."""
         key = ModelKey(source.name, source.version)
         if self._registry.contains(source.name, source.version):
             raise ModelLoadError(
                 f"model {key} is already loaded; unload it first or load another version"
             )
+        return key
+
+    async def _start(
+        self, source: ModelSource, key: ModelKey
+    ) -> tuple[ModelKey, ModelConfig, ModelMetadata]:
+        """Start ``source``'s instances as ``key``: its key, its configuration (completed
+        by the backend's own) and its metadata."""
         config = source.config
         metadata = await self._executor.load(key, source.path, config)
         if config.input or config.output:
@@ -358,12 +382,18 @@ class ModelLoader:
     async def unload(self, name: str, version: str, *, drain: bool = True) -> None:
         """Stop serving one model version; queued requests finish first when ``drain``."""
         model = self._registry.remove(name, version)
-        await model.scheduler.close(drain=drain)
-        await self._executor.unload(model.key)
+        await self._stop(model, drain=drain)
         self._stats.forget(model.key)
+
+    async def _stop(self, model: LoadedModel, *, drain: bool, replaced: bool = False) -> None:
+        """Stop a load no longer in the registry (``replaced``: by a reload's new one):
+        its scheduler (draining it or not), then its instances."""
+        await model.scheduler.close(drain=drain, replaced=replaced)
+        await self._executor.unload(model.key)
         if self._cache is not None:  # a version loaded again may answer otherwise
             self._cache.forget(model.key)
-        self._events.emit("model_unloaded", str(model.key))
+        cause = "reloaded: its new load serves" if replaced else ""
+        self._events.emit("model_unloaded", str(model.key), cause)
 
 
 def stream_spec_for(config: StreamingConfig, metadata: ModelMetadata) -> StreamSpec:

@@ -11,8 +11,10 @@ Loading a model (re)reads its repository folder (or its start-up configuration) 
 brings the served versions in line with it: new versions are loaded first, versions
 whose file changed are reloaded, and versions no longer selected are unloaded last,
 with a drain, so requests already queued on them still finish and new requests go to
-the versions that stay. Control operations run one at a time. A repository's Triton
-ensembles are loaded and unloaded too, with the models they run
+the versions that stay. A version reloaded is served throughout: its new load warms up
+beside the old one and takes its place once ready (:meth:`ModelLoader.reload`); a
+reload that fails leaves the old one serving. Control operations run one at a time.
+A repository's Triton ensembles are loaded and unloaded too, with the models they run
 (:mod:`sordino.server.ensemble_control`).
 
 A name given to load or unload must be a model name (``MODEL_NAME_PATTERN``); it is
@@ -415,29 +417,6 @@ class ModelControl:
         known = ", ".join(sorted(set(self._configs) | set(self._repository_names()))) or "none"
         raise NotFound(f"no model {name!r} to load in {where}; known models: {known}")
 
-    async def _restore(self, source: ModelSource) -> None:
-        """Serve again the version a failed reload replaced (as on Triton, a reload that
-        fails leaves the model as it was): from its files and configuration as they were
-        loaded, which a folder sent with a load, or a load's config, still has."""
-        try:
-            await self._step(
-                source.name, source.version, "LOADING", partial(self.runtime.load, source)
-            )
-        except SordinoError as exc:
-            log.error(
-                "model %r version %s: its reload failed, and it cannot be served as before "
-                "either (%s): it is unloaded",
-                source.name,
-                source.version,
-                exc,
-            )
-        else:
-            log.warning(
-                "model %r version %s: its reload failed; the version served before serves again",
-                source.name,
-                source.version,
-            )
-
     async def _apply(self, name: str, sources: list[ModelSource]) -> bool:
         """Make the served versions of ``name`` exactly ``sources``: add, reload, then
         drain; return whether anything changed."""
@@ -447,24 +426,18 @@ class ModelControl:
         changed = bool(loaded - set(wanted))
         try:
             for version, source in sorted(wanted.items()):
-                now, before = stamp(source), None
+                now = stamp(source)
                 if version in loaded:
                     if self._stamps.get((name, version)) == now:
                         continue
-                    before = runtime.get(name, version).source
-                    await self._step(
-                        name, version, "UNLOADING", partial(runtime.unload, name, version)
-                    )
+                    # Served by the load it replaces until the new one serves; if the
+                    # new one fails, the old one serves on (as on Triton).
                     self._reloads += 1
+                    await runtime.loader.reload(source)
                 else:
                     self._loads += 1
-                changed = True
-                try:
                     await self._step(name, version, "LOADING", partial(runtime.load, source))
-                except SordinoError:
-                    if before is not None:
-                        await self._restore(before)
-                    raise
+                changed = True
                 self._stamps[(name, version)] = now
                 self._configs[name] = source.config
             stale = sorted(loaded - set(wanted))

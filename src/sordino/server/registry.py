@@ -63,6 +63,7 @@ class ModelRegistry:
         self.stopping = False
 
     def add(self, model: LoadedModel) -> None:
+        """Serve ``model``; one of the same version (a reload's old load) it replaces."""
         model.route = Route.of(model)
         self._models.setdefault(model.key.name, {})[model.key.version] = model
         self._update_newest(model.key.name)
@@ -90,6 +91,14 @@ class ModelRegistry:
         if not versions:
             self._models.pop(name, None)
         self._update_newest(name)
+        return model
+
+    def loaded(self, name: str, version: str) -> LoadedModel:
+        """Loaded version ``version`` of ``name``, shutting down or not; NotFound if it is
+        not loaded."""
+        model = self._models.get(name, {}).get(version)
+        if model is None:
+            raise NotFound(f"model {name!r} version {version!r} is not loaded")
         return model
 
     def models(self) -> list[LoadedModel]:
