@@ -14,9 +14,11 @@ one while every model it runs is served:
   runs are unloaded too.
 
 An ensemble is drained as a model is: requests already accepted still get their
-answer, requests that arrive meanwhile get 404 (no such model). Pipelines of the
-configuration's ``pipelines`` section are not the repository's: they are served from
-start-up on and stay.
+answer, requests that arrive meanwhile get 404 (no such model). An ensemble rebuilt
+(its configuration, or a model it runs, changed) is built first and takes the old one's
+place in one step; the old one then drains: requests for it are answered throughout.
+Pipelines of the configuration's ``pipelines`` section are not the repository's: they
+are served from start-up on and stay.
 """
 
 from __future__ import annotations
@@ -41,8 +43,11 @@ __all__ = ["EnsembleSet", "retire_pipeline", "serve_pipeline"]
 log = logging.getLogger("sordino.control")
 
 
-def serve_pipeline(runtime: Runtime, config: PipelineConfig) -> LoadedModel:
-    """Build the pipeline ``config`` against the models served now and serve it."""
+def serve_pipeline(
+    runtime: Runtime, config: PipelineConfig, replacing: LoadedModel | None = None
+) -> LoadedModel:
+    """Build the pipeline ``config`` against the models served now and serve it (in
+    ``replacing``'s place, in one step, when given: retire that one after)."""
     served = build_pipeline(
         config,
         runtime.registry,
@@ -51,6 +56,7 @@ def serve_pipeline(runtime: Runtime, config: PipelineConfig) -> LoadedModel:
         observers=runtime.observers,
         executor=runtime.executor,
         pools=runtime.memory.pools,
+        replacing=replacing,
     )
     runtime.registry.add(served)
     runtime.pipelines.append(served)
@@ -60,14 +66,20 @@ def serve_pipeline(runtime: Runtime, config: PipelineConfig) -> LoadedModel:
     return served
 
 
-async def retire_pipeline(runtime: Runtime, pipeline: LoadedModel) -> None:
-    """Take ``pipeline`` out of service; the requests it accepted still finish."""
-    runtime.registry.remove(pipeline.key.name, pipeline.key.version)
+async def retire_pipeline(
+    runtime: Runtime, pipeline: LoadedModel, *, replaced: bool = False
+) -> None:
+    """Take ``pipeline`` out of service (``replaced``: another serves in its place
+    already); the requests it accepted still finish."""
+    if not replaced:
+        runtime.registry.remove(pipeline.key.name, pipeline.key.version)
     runtime.pipelines.remove(pipeline)
-    await pipeline.scheduler.close(drain=True)
+    await pipeline.scheduler.close(drain=True, replaced=replaced)
     if runtime.response_cache is not None:  # rebuilt, it may answer otherwise
         runtime.response_cache.forget(pipeline.key)
-    runtime.events.emit("model_unloaded", str(pipeline.key))
+    runtime.events.emit(
+        "model_unloaded", str(pipeline.key), "rebuilt: the new one serves" if replaced else ""
+    )
 
 
 def pipeline_config(pipeline: LoadedModel) -> PipelineConfig:
@@ -140,21 +152,56 @@ class EnsembleSet:
             )
         }
         out |= self.users_of(out) & set(served)  # an outer one runs an inner one going out
-        for layer in outer_first([served[name] for name in out]):
+        again = self._servable_again(out, gone)
+        for layer in outer_first([served[name] for name in out - again]):
             for pipeline in layer:
                 self._mine.discard(pipeline.key.name)
                 await retire_pipeline(self.runtime, pipeline)
         self._stale.clear()
+        replaced: list[LoadedModel] = []
         for config in nodes_first(self.wanted.values()):
-            if registry.versions(config.name) or any(
-                n.model in gone or not registry.versions(n.model) for n in config.nodes
+            old = served[config.name] if config.name in again else None
+            if old is None and (
+                registry.versions(config.name)
+                or any(n.model in gone or not registry.versions(n.model) for n in config.nodes)
             ):
                 continue
             try:
-                serve_pipeline(self.runtime, config)
+                serve_pipeline(self.runtime, config, replacing=old)
                 self._mine.add(config.name)
             except SordinoError as exc:
                 self.failed[config.name] = str(exc)
                 log.error("ensemble %r cannot be served: %s", config.name, exc)
+                if old is not None:  # out of service, as it would have been before
+                    self._mine.discard(config.name)
+                    await retire_pipeline(self.runtime, old)
             else:
                 self.failed.pop(config.name, None)
+                if old is not None:
+                    replaced.append(old)
+        for layer in outer_first(replaced):  # each drains once its rebuilt one serves
+            for pipeline in layer:
+                await retire_pipeline(self.runtime, pipeline, replaced=True)
+
+    def _servable_again(self, out: set[str], gone: set[str]) -> set[str]:
+        """Those of ``out`` (ensembles going out of service) that are still wanted and
+        whose models all stay served: each is rebuilt and takes the old one's place in
+        one step, so that requests for it are answered throughout."""
+        registry = self.runtime.registry
+        again = {
+            name
+            for name in out
+            if name in self.wanted
+            and not any(
+                n.model in gone or not registry.versions(n.model) for n in self.wanted[name].nodes
+            )
+        }
+        while True:  # an ensemble running one that goes for good goes too
+            dropped = {
+                name
+                for name in again
+                if any(n.model in out - again for n in self.wanted[name].nodes)
+            }
+            if not dropped:
+                return again
+            again -= dropped

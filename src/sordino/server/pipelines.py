@@ -405,11 +405,13 @@ def build_pipeline(
     observers: Sequence[SchedulerObserver],
     executor: ChainExecutor | None = None,
     pools: QuotaLedger | None = None,
+    replacing: LoadedModel | None = None,
 ) -> LoadedModel:
     """Check ``config`` against the loaded models and return the pipeline as a model
-    (``pools``: the node pools its nodes' requests are charged to)."""
+    (``pools``: the node pools its nodes' requests are charged to; ``replacing``: the
+    pipeline of that name it is built to replace)."""
     where = f"pipeline {config.name}"
-    if registry.versions(config.name):
+    if registry.versions(config.name) and replacing is None:
         raise ModelLoadError(f"{where}: a model of that name is already served")
     models: dict[str, ModelMetadata] = {}
     caps: list[int] = []
@@ -444,7 +446,7 @@ def build_pipeline(
     # A node that does not batch takes each request whole: the pipeline runs one
     # request at a time (its nodes' own schedulers still batch across requests).
     whole = batched and len(batching) < len(caps)
-    key = ModelKey(config.name, "1")
+    key = ModelKey(config.name, "1", replacing.key.generation + 1 if replacing else 0)
     metadata = ModelMetadata(
         config.name,
         "1",
