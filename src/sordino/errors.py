@@ -24,6 +24,7 @@ value and what would have been accepted.
     │   ├── QueueTimeout             the request's deadline passed while it waited
     │   │   └── DeadlineExceeded     a running generation ended at its deadline
     │   ├── ShuttingDown             the server is stopping
+    │   │   └── Replaced             the version was reloaded before the request queued
     │   └── OutOfMemory              the shared-memory arena cannot hold the tensors now
     ├── RateLimited                  429: a rate limit (Retry-After)
     ├── Unsupported                  400: a feature that is configured or asked for but not
@@ -57,6 +58,7 @@ __all__ = [
     "QueueFull",
     "QueueTimeout",
     "RateLimited",
+    "Replaced",
     "Shed",
     "ShuttingDown",
     "SordinoError",
@@ -201,6 +203,13 @@ class ShuttingDown(Unavailable):
     """The server is stopping and takes no new work."""
 
     reason = "shutting_down"
+
+
+class Replaced(ShuttingDown):
+    """The model version a request was looked up for was reloaded (another load serves
+    in its place) before the request reached its queue; nothing of it was accepted.
+    The inference service asks the load serving now instead: a client sees this only
+    when the version was reloaded again meanwhile."""
 
 
 class OutOfMemory(Unavailable):

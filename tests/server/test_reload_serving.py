@@ -276,3 +276,47 @@ def test_a_reloads_new_load_never_answers_from_what_the_old_one_kept() -> None:
     assert old == new  # one version to statistics and telemetry
     assert ResponseCache.key(old, inputs) != ResponseCache.key(new, inputs)
     assert ResponseCache.key(old, inputs) == ResponseCache.key(ModelKey("slow", "1"), inputs)
+
+
+def test_a_request_that_found_the_old_load_is_answered_by_the_new_one(
+    server: RunningServer, repo: Path
+) -> None:
+    """A request looked up before the switch and queued after it (in the loop turns in
+    between, or waiting for its tenant's quota) was refused 503 by the old load's
+    closed queue; nothing of it was accepted, so the service asks the new load."""
+    from sordino.inference import InferRequest
+
+    def request() -> InferRequest:
+        return InferRequest(model="slow", version="1", inputs={"X": np.array([[10.0]], np.float32)})
+
+    old = server.runtime.registry.route("slow", "1")
+    (repo / "slow" / "config.pbtxt").write_text(reloaded_config(2))
+    _reload(server).join(120)
+    assert server.runtime.registry.route("slow", "1") is not old
+    service = server.runtime.service
+
+    async def through_infer() -> float:
+        response = await service.infer(request(), old)
+        try:
+            return float(np.asarray(response.outputs["Y"]).reshape(-1)[0])
+        finally:
+            response.release()
+
+    assert server.call(through_infer()) == 12.0
+    answered: list[float] = []
+
+    async def through_infer_soon() -> object:
+        soon = service.infer_soon(request(), old, lambda answer: answered.append(0.0))
+        return soon
+
+    assert server.call(through_infer_soon()) is None  # left to infer(), which asks anew
+
+    async def through_responses() -> list[float]:
+        seen = []
+        async for response, _final in service.responses(request(), old):
+            seen.append(float(np.asarray(response.outputs["Y"]).reshape(-1)[0]))
+            response.release()
+        return seen
+
+    assert server.call(through_responses()) == [12.0]
+    assert answered == []

@@ -39,6 +39,7 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from sordino.clock import Clock
 from sordino.errors import (
     Cancelled,
+    Replaced,
     Shed,
     ShuttingDown,
     SordinoError,
@@ -247,7 +248,7 @@ class ModelScheduler:
         """
         if self._loop.closing:
             if self._replaced:
-                raise ShuttingDown(
+                raise Replaced(
                     f"model {self.model} was reloaded while this request waited; retry it "
                     "(the new load serves)"
                 )

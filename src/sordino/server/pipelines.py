@@ -31,6 +31,7 @@ from sordino.errors import (
     InvalidRequest,
     ModelLoadError,
     RateLimited,
+    Replaced,
     ShuttingDown,
     SordinoError,
     Unavailable,
@@ -338,9 +339,15 @@ class PipelineExecutor:
                 charged = await self._pools.acquire(node.model, nbytes)
             try:
                 facts = RequestFacts(outputs=tuple(wanted)) if served.request_facts else None
-                request = served.scheduler.submit(
-                    inputs, priority=priority, timeout_s=node.runtime.timeout, facts=facts
-                )
+                try:
+                    request = served.scheduler.submit(
+                        inputs, priority=priority, timeout_s=node.runtime.timeout, facts=facts
+                    )
+                except Replaced:  # reloaded while the charge waited: its new load
+                    served = self._model(node.model)
+                    request = served.scheduler.submit(
+                        inputs, priority=priority, timeout_s=node.runtime.timeout, facts=facts
+                    )
                 submitted = True
                 return await served.scheduler.result(request)
             finally:

@@ -37,9 +37,9 @@ from typing import Any
 
 from sordino.admission.chain import AdmissionChain, AdmissionContext
 from sordino.admission.tenants import Tenants
-from sordino.errors import InvalidRequest, SordinoError
+from sordino.errors import InvalidRequest, Replaced, SordinoError
 from sordino.generation.pipeline import Progress
-from sordino.inference import InferRequest, InferResponse, ModelKey
+from sordino.inference import InferRequest, InferResponse
 from sordino.memory.quotas import QuotaLedger
 from sordino.memory.refs import Tensors
 from sordino.protocol.validate import check_text_inputs, validate_request
@@ -247,7 +247,7 @@ class InferenceService:
     def _unaccepted(self, request: InferRequest, ticket: Ticket, exc: BaseException) -> None:
         ticket.release(None)
         reason = reason_of(exc)
-        if reason is not None:
+        if reason is not None and not isinstance(exc, Replaced):  # asked again
             self._rejections.refused(request, reason)
 
     # -- the ways through --------------------------------------------------------------
@@ -280,7 +280,10 @@ class InferenceService:
             return await sequences.run(
                 request, tenant, one, owner=self._sequence_owner(request, tenant)
             )
-        return await self._infer_one(request, route)
+        try:
+            return await self._infer_one(request, route)
+        except Replaced:  # reloaded between its lookup and its queue (not accepted)
+            return await self._infer_one(request, self._route(request, None))
 
     def _sequence_owner(self, request: InferRequest, tenant: str) -> str:
         """Whom a new sequence of ``request`` counts against: the tenant when the key
@@ -358,13 +361,17 @@ class InferenceService:
         :meth:`infer`) and ``done`` is called once with its response (the callee
         releases it) or its error; :meth:`Soon.cancel` cancels it (``done`` is then not
         called). None, having done nothing, for a request that must wait in :meth:`infer`
-        (a generation, a sequence, a streaming model, a quota that may wait, tracing on).
+        (a generation, a sequence, a streaming model, a quota that may wait, tracing on;
+        or its version was reloaded since the transport looked it up).
         """
         if route.way != "infer" or self._tickets.waits or self.tracer.on:
             return None
         if route.cached and self._cache:
             return None
-        accepted, ticket = self._accept_now(request, route)
+        try:
+            accepted, ticket = self._accept_now(request, route)
+        except Replaced:  # reloaded before it queued: infer() asks the new load
+            return None
         return Soon(route, request, accepted, ticket, done)
 
     async def responses(
@@ -389,7 +396,11 @@ class InferenceService:
         if route.way == "sequence":
             yield await self.infer(request, route), True
             return
-        accepted, ticket = await self._accept(request, route, one_shot=False)
+        try:
+            accepted, ticket = await self._accept(request, route, one_shot=False)
+        except Replaced:  # reloaded between its lookup and its queue (not accepted)
+            route = self._route(request, None)
+            accepted, ticket = await self._accept(request, route, one_shot=False)
         try:
             async with aclosing(route.scheduler.responses(accepted)) as steps:
                 async for step in steps:
@@ -472,20 +483,12 @@ class InferenceService:
         """
         self._rejections.count(model, version, tenant, reason, count)
 
-    def response(self, route: Route, request: InferRequest, outputs: Tensors) -> InferResponse:
-        """The response to ``request``: the outputs it asked for (it owns ``outputs``)."""
-        return answers.response(route, request, outputs)
-
     def triton_statistics(self, name: str | None = None, version: str | None = None) -> Any:
         """Return Triton's statistics-extension JSON for one model or all of them."""
         if name is None:
-            keys = [m.key for m in self._registry.models()]
-        elif version:
-            keys = [self._registry.get(name, version).key]
-        else:
-            self._registry.get(name)
-            keys = [ModelKey(name, v) for v in self._registry.versions(name)]
-        return self._stats.triton_json(keys)
+            return self._stats.triton_json([m.key for m in self._registry.models()])
+        versions = [version] if version else self._registry.versions(name) or [""]
+        return self._stats.triton_json([self._registry.get(name, v).key for v in versions])
 
 
 def _hold_as_tensors(request: InferRequest) -> None:
