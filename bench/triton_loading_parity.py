@@ -19,7 +19,12 @@ loads add_sub), and go through the same steps:
 - **two repositories** (``--model-repository`` twice: add_sub in one, auto_complete in
   the other): the index and each model's readiness; and with add_sub in both, whether
   the server starts (Triton, with its default ``--exit-on-error``, does not; nor does
-  sordino).
+  sordino);
+- **a reload under traffic** (:func:`reload_checks`: ``tests/fixtures/triton_reload``,
+  whose ``initialize`` takes 2 s): two clients ask version 1 throughout a reload after
+  its ``config.pbtxt`` changed, then a reload that fails — the failures they saw,
+  whether each saw the old load's answers and then only the new one's, the index
+  states and readiness meanwhile, and what the failed reload left serving.
 
 Messages differ (each server words its own) and are not compared. Steps left out
 because Triton 2.51 fails on them (measured): ``pb_utils.load_model`` with files and no
@@ -38,6 +43,7 @@ import json
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -46,6 +52,7 @@ from typing import Any
 
 import numpy as np
 import tritonclient.http as httpclient
+from tests.server.test_reload_serving import RELOADED, reloaded_config
 
 from bench import peers
 from bench.common import sordino_server
@@ -266,6 +273,122 @@ def repositories_checks(python: Path, into: Path) -> list[dict[str, Any]]:
     return checks
 
 
+class _Asking:
+    """Two HTTP clients asking ``slow`` version 1 in turn until stopped: each answer's
+    added number per client, in order, and the failures."""
+
+    def __init__(self, url: str) -> None:
+        self._url, self._stop = url.removeprefix("http://"), threading.Event()
+        self.each: list[list[float]] = [[], []]
+        self.failures: list[str] = []
+        self._threads = [threading.Thread(target=self._run, args=(i,)) for i in (0, 1)]
+        for thread in self._threads:
+            thread.start()
+
+    def _run(self, index: int) -> None:
+        client = httpclient.InferenceServerClient(self._url, network_timeout=60)
+        tensor = httpclient.InferInput("X", [1, 1], "FP32")
+        tensor.set_data_from_numpy(np.array([[10.0]], dtype=np.float32))
+        for _ in range(100_000):  # bounded; stops far earlier
+            if self._stop.is_set():
+                return
+            try:
+                answer = client.infer("slow", [tensor], model_version="1").as_numpy("Y")
+                self.each[index].append(float(answer.reshape(-1)[0]) - 10.0)
+            except Exception as exc:
+                self.failures.append(f"{type(exc).__name__}: {exc}"[:300])
+                time.sleep(0.05)
+
+    def answered(self) -> int:
+        return sum(len(each) for each in self.each)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(120)
+
+
+def reload_run(url: str, folder: Path) -> list[Any]:
+    """``slow`` reloaded under traffic (its ``initialize`` takes 2 s), then a reload
+    that fails: what the clients saw, and what the index and readiness said meanwhile."""
+    client = httpclient.InferenceServerClient(url.removeprefix("http://"), network_timeout=120)
+    config = folder / "config.pbtxt"
+    config.write_text(reloaded_config(1))
+    client.load_model("slow")
+    asking = _Asking(url)
+    states: set[str] = set()
+    ready = True
+    try:
+        for _ in range(600):
+            if asking.answered() >= 10:
+                break
+            time.sleep(0.05)
+        config.write_text(reloaded_config(2, sleep=2.0))
+        loading = threading.Thread(target=_post, args=(f"{url}/v2/repository/models/slow/load", {}))
+        loading.start()
+        while loading.is_alive():
+            index = client.get_model_repository_index()
+            states |= {e.get("state", "") for e in index if e["name"] == "slow"}
+            ready = ready and client.is_model_ready("slow", "1")
+            time.sleep(0.1)
+        seen = asking.answered()
+        for _ in range(600):
+            if asking.answered() >= seen + 10:
+                break
+            time.sleep(0.05)
+        config.write_text(reloaded_config(3, fail=True))
+        failed = _post(f"{url}/v2/repository/models/slow/load", {})
+        seen = asking.answered()
+        for _ in range(600):
+            if asking.answered() >= seen + 10:
+                break
+            time.sleep(0.05)
+    finally:
+        asking.stop()
+    for failure in asking.failures:
+        print(f"  {url}: a request failed: {failure}", flush=True)
+    in_order = all(each == sorted(each) for each in asking.each)
+    after = sorted({added for each in asking.each for added in each[-3:]})
+    client.unload_model("slow")
+    _settle(client)
+    return [
+        len(asking.failures),
+        in_order and {added for each in asking.each for added in each} == {1.0, 2.0},
+        sorted(states),
+        ready,
+        200 <= failed < 300,
+        after,
+    ]
+
+
+RELOAD_STEPS = (
+    "reload under traffic: requests that failed",
+    "reload under traffic: the old load answered until the new one did, then the new one",
+    "reload under traffic: the index states seen during it",
+    "reload under traffic: ready throughout",
+    "a reload that fails: the load succeeded",
+    "a reload that fails: what the last answers added",
+)
+
+
+def reload_checks(python: Path, into: Path) -> list[dict[str, Any]]:
+    """Both servers through :func:`reload_run` (one after the other: the same folder)."""
+    repo = into / "reloading"
+    shutil.copytree(RELOADED, repo / "slow")
+    flags = ["--model-repository", str(repo), "--no-builtin", "--model-control-mode", "explicit"]
+    with peers.triton_on(python, repo, ["--model-control-mode=explicit"]) as triton:
+        theirs = reload_run(triton.http, repo / "slow")
+    with sordino_server(flags) as ours:
+        mine = reload_run(ours.http, repo / "slow")
+    checks = []
+    for what, their, my in zip(RELOAD_STEPS, theirs, mine, strict=True):
+        same = their == my
+        checks.append({"check": what, "protocol": "http", "equal": same,
+                       "detail": f"triton {their}, sordino {my}"})  # fmt: skip
+        print(f"{'ok  ' if same else 'DIFF'} http {what}: triton {their}, sordino {my}")
+    return checks
+
+
 def main() -> None:
     scratch = tempfile.TemporaryDirectory(prefix="sordino-loading-")
     try:
@@ -273,6 +396,7 @@ def main() -> None:
                                    "import pytriton, onnxruntime, numpy")  # fmt: skip
         checks = compare(python, Path(scratch.name))
         checks += repositories_checks(python, Path(scratch.name))
+        checks += reload_checks(python, Path(scratch.name))
     except peers.PeerError as exc:
         print(f"cannot run: {exc}", file=sys.stderr)
         sys.exit(2)

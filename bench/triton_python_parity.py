@@ -29,7 +29,9 @@ same sequence of loads and unloads of the ensembles and the models they run
 (``unload_dependents`` among them): each answer and the repository index after it are
 compared (:data:`CONTROL`); a third pair takes loads with files (``file:``
 parameters) and a Python model's ``pb_utils.load_model`` / ``unload_model`` /
-``is_model_ready`` (``bench/triton_loading_parity.py``); tritonclient's compressed
+``is_model_ready``, and a version reloaded under traffic (answered throughout, as the
+index and readiness said meanwhile; then a reload that fails)
+(``bench/triton_loading_parity.py``); tritonclient's compressed
 requests and answers are compared too (``bench/triton_transport_parity.py``). Custom metric
 families a model defines are looked for in both servers' ``/metrics``. Prints one line
 per check and a verdict; the exit status is 0 when everything matched, 1 when something
@@ -973,6 +975,7 @@ def main() -> None:
         checks += compare_control(python, repo)
         checks += triton_loading_parity.compare(python, Path(scratch.name))
         checks += triton_loading_parity.repositories_checks(python, Path(scratch.name))
+        checks += triton_loading_parity.reload_checks(python, Path(scratch.name))
     except peers.PeerError as exc:
         print(f"cannot run: {exc}", file=sys.stderr)
         sys.exit(2)
