@@ -24,7 +24,9 @@ loads add_sub), and go through the same steps:
   whose ``initialize`` takes 2 s): two clients ask version 1 throughout a reload after
   its ``config.pbtxt`` changed, then a reload that fails — the failures they saw,
   whether each saw the old load's answers and then only the new one's, the index
-  states and readiness meanwhile, and what the failed reload left serving.
+  states and readiness meanwhile, and what the failed reload left serving; then its
+  instance count alone changed, 1 to 2 to 1 (:func:`update_run`): which processes
+  answered after each load (Triton updates such a model, keeping its instances).
 
 Messages differ (each server words its own) and are not compared. Steps left out
 because Triton 2.51 fails on them (measured): ``pb_utils.load_model`` with files and no
@@ -361,6 +363,47 @@ def reload_run(url: str, folder: Path) -> list[Any]:
     ]
 
 
+def _pids(url: str) -> set[int]:
+    """The processes 40 requests to ``slow`` (4 clients at once) were answered by."""
+    tensor = httpclient.InferInput("X", [1, 1], "FP32")
+    tensor.set_data_from_numpy(np.array([[10.0]], dtype=np.float32))
+    seen: set[int] = set()
+
+    def ask() -> None:
+        client = httpclient.InferenceServerClient(url.removeprefix("http://"), network_timeout=60)
+        for _ in range(10):
+            seen.add(int(client.infer("slow", [tensor]).as_numpy("PID").reshape(-1)[0]))
+
+    asking = [threading.Thread(target=ask) for _ in range(4)]
+    for thread in asking:
+        thread.start()
+    for thread in asking:
+        thread.join(120)
+    return seen
+
+
+def update_run(url: str, folder: Path) -> list[Any]:
+    """``slow``'s instance count changed alone (1, then 2, then 1; each execute takes
+    20 ms): which processes answered after each load — Triton updates such a model
+    instead of reloading it, keeping the instances it has."""
+    client = httpclient.InferenceServerClient(url.removeprefix("http://"), network_timeout=120)
+    seen = []
+    for count in (1, 2, 1):
+        (folder / "config.pbtxt").write_text(reloaded_config(1, count=count, work=0.02))
+        client.load_model("slow")
+        _settle(client)
+        seen.append(_pids(url))
+    client.unload_model("slow")
+    _settle(client)
+    one, two, back = seen
+    return [len(one), (len(two), one <= two), (len(back), back <= two)]
+
+
+UPDATE_STEPS = (
+    "instance count 1: processes answering",
+    "instance count 1 -> 2: processes answering, the one before among them",
+    "instance count 2 -> 1: processes answering, one of the two before",
+)
 RELOAD_STEPS = (
     "reload under traffic: requests that failed",
     "reload under traffic: the old load answered until the new one did, then the new one",
@@ -377,11 +420,11 @@ def reload_checks(python: Path, into: Path) -> list[dict[str, Any]]:
     shutil.copytree(RELOADED, repo / "slow")
     flags = ["--model-repository", str(repo), "--no-builtin", "--model-control-mode", "explicit"]
     with peers.triton_on(python, repo, ["--model-control-mode=explicit"]) as triton:
-        theirs = reload_run(triton.http, repo / "slow")
+        theirs = reload_run(triton.http, repo / "slow") + update_run(triton.http, repo / "slow")
     with sordino_server(flags) as ours:
-        mine = reload_run(ours.http, repo / "slow")
+        mine = reload_run(ours.http, repo / "slow") + update_run(ours.http, repo / "slow")
     checks = []
-    for what, their, my in zip(RELOAD_STEPS, theirs, mine, strict=True):
+    for what, their, my in zip(RELOAD_STEPS + UPDATE_STEPS, theirs, mine, strict=True):
         same = their == my
         checks.append({"check": what, "protocol": "http", "equal": same,
                        "detail": f"triton {their}, sordino {my}"})  # fmt: skip

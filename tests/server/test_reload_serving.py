@@ -26,13 +26,23 @@ from tests.waiting import wait_for
 RELOADED = Path(__file__).parent.parent / "fixtures" / "triton_reload" / "slow"
 
 
-def reloaded_config(add: int, *, sleep: float = 0.0, fail: bool = False) -> str:
-    """The fixture model's ``config.pbtxt`` (its own is ``reloaded_config(1)``)."""
-    parameters = {"ADD": str(add), "SLEEP": str(sleep), "FAIL": "yes" if fail else "no"}
+def reloaded_config(
+    add: int, *, sleep: float = 0.0, fail: bool = False, count: int = 1, work: float = 0.0
+) -> str:
+    """The fixture model's ``config.pbtxt`` (its own is ``reloaded_config(1)``): ``count``
+    instances; each execute takes ``work`` seconds."""
+    parameters = {
+        "ADD": str(add),
+        "SLEEP": str(sleep),
+        "FAIL": "yes" if fail else "no",
+        "WORK": str(work),
+    }
     return (
         'backend: "python"\nmax_batch_size: 8\n'
         'input [{ name: "X", data_type: TYPE_FP32, dims: [ 1 ] }]\n'
-        'output [{ name: "Y", data_type: TYPE_FP32, dims: [ 1 ] }]\n'
+        'output [{ name: "Y", data_type: TYPE_FP32, dims: [ 1 ] }, '
+        '{ name: "PID", data_type: TYPE_INT64, dims: [ 1 ] }]\n'
+        f"instance_group [{{ count: {count}, kind: KIND_CPU }}]\n"
         + "".join(
             f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}\n'
             for key, value in parameters.items()
@@ -320,3 +330,44 @@ def test_a_request_that_found_the_old_load_is_answered_by_the_new_one(
 
     assert server.call(through_responses()) == [12.0]
     assert answered == []
+
+
+def test_an_instance_count_changed_alone_updates_the_model_without_a_reload(
+    server: RunningServer, repo: Path
+) -> None:
+    """As Triton updates a model whose config.pbtxt changed in its instance count alone:
+    the instances serving go on; only those added start, or those taken away stop.
+    (Any other change reloads the model.)"""
+    client = httpclient.InferenceServerClient(server.url[len("http://") :], network_timeout=120)
+    config = repo / "slow" / "config.pbtxt"
+
+    def pids() -> list[int]:
+        return sorted(w.pid or 0 for w in server.runtime.executor.statistics().workers)
+
+    first = pids()
+    assert len(first) == 1
+    with Traffic(server) as traffic:
+        config.write_text(reloaded_config(1, count=3))
+        client.load_model("slow")
+        grown = pids()
+        assert len(grown) == 3 and first[0] in grown
+        assert client.get_model_config("slow")["instance_group"][0]["count"] == 3
+        traffic.answers(20)
+        config.write_text(reloaded_config(1, count=1))
+        client.load_model("slow")
+        shrunk = pids()
+        assert len(shrunk) == 1 and shrunk[0] in grown
+        traffic.answers(20)
+    assert traffic.failures == [] and set(traffic.added) == {1.0}
+    assert server.control is not None
+    statistics = server.control.statistics()
+    assert (statistics.updates, statistics.reloads) == (2, 0)
+    assert [e.cause for e in server.runtime.events.recent("model_updated")] == [
+        "instances 1 -> 3",
+        "instances 3 -> 1",
+    ]
+    config.write_text(reloaded_config(2, count=2))  # more than the count: a reload
+    client.load_model("slow")
+    assert server.control.statistics().reloads == 1
+    assert len(pids()) == 2 and not set(pids()) & set(shrunk)
+    client.close()

@@ -213,6 +213,11 @@ class ChainExecutor:
     def instances(self, model: ModelKey) -> int:
         return self._pool.instances(model)
 
+    def tiers(self, model: ModelKey) -> int:
+        """How many tiers of its device chain ``model`` has instances on (0: none)."""
+        entry = self._pool.entry(model)
+        return len(entry.tiers) if entry is not None else 0
+
     def metadata(self, model: ModelKey) -> ModelMetadata:
         return self._pool.metadata(model)
 

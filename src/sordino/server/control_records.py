@@ -3,20 +3,46 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
+from sordino.backends.pbtxt import read_pbtxt
 from sordino.config import ModelConfig
-from sordino.errors import InvalidRequest
+from sordino.errors import InvalidRequest, SordinoError
 from sordino.models.repository import ModelSource, is_model_name
 
 __all__ = ["IndexEntry", "ModelControlStatistics", "Stamp", "check_name", "stamp"]
 
-Stamp = tuple[str, int, int, tuple[int, int], ModelConfig]
 
+_CONFIG_FILES = frozenset({"config.pbtxt", "config.yaml"})
 _FOLDER_ENTRIES = 10_000
 """Files of a model's folder looked at for its newest change (a folder of more, such as
 a packed environment unpacked in place, is stamped by its first ones)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stamp:
+    """What identifies a loaded model version cheaply (see :func:`stamp`)."""
+
+    files: tuple[str, int, int, int, int]
+    """Its model file's path, modification time and size; the newest change among the
+    other files of its model's folder, and a digest of their names."""
+    config: ModelConfig
+    triton: str
+    """Its folder's ``config.pbtxt`` as read now (JSON), ``instance_group`` aside."""
+
+    def instances_only(self, before: Stamp) -> bool:
+        """Whether this differs from ``before`` in the instance count alone: Triton then
+        updates the model's instances instead of reloading it."""
+        count = self.config.instance_count
+        return (
+            self.files == before.files
+            and self.triton == before.triton
+            and count != before.config.instance_count
+            and before.config.model_copy(update={"instance_count": count}) == self.config
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +70,8 @@ class ModelControlStatistics:
     unloads: int
     failures: int
     polls: int
+    updates: int = 0
+    """Versions whose instance count alone changed, updated without a reload."""
 
 
 def check_name(name: str) -> None:
@@ -62,36 +90,56 @@ def stamp(source: ModelSource) -> Stamp | None:
 
     As on Triton, a file added, removed or edited anywhere in a repository model's
     folder (``config.pbtxt`` — whose ``parameters`` only a Python model reads —, a
-    module beside ``model.py``, a labels file) makes a load, or a poll, reload it.
+    module beside ``model.py``, a labels file) makes a load, or a poll, reload it; one
+    whose configuration changed in its instance count alone updates it instead
+    (:meth:`Stamp.instances_only`).
     """
     try:
         stat = source.path.stat()
     except OSError:
         return None
-    return (str(source.path), stat.st_mtime_ns, stat.st_size, _newest(source), source.config)
-
-
-def _newest(source: ModelSource) -> tuple[int, int]:
-    """The newest modification time (ns) of the files in the model's folder (``NAME/``
-    above the version folder) and a digest of their names (a file removed changes it);
-    (0, 0) when the model file is not in a folder of the model's name (a configured
-    file, a built-in model). ``__pycache__`` is left out: importing ``model.py`` writes
-    it, and a load must not make the next one reload."""
     folder = next((p for p in source.path.parents[:2] if p.name == source.name), None)
-    if folder is None:
-        return (0, 0)
-    newest, stack = 0, [folder.as_posix()]
+    newest, names = _newest(folder) if folder is not None else (0, 0)
+    files = (str(source.path), stat.st_mtime_ns, stat.st_size, newest, names)
+    return Stamp(files, source.config, _triton(folder) if folder is not None else "")
+
+
+def _newest(folder: Path) -> tuple[int, int]:
+    """The newest modification time (ns) of the files in a model's folder (``NAME/``
+    above the version folder) and a digest of their names (a file removed changes it).
+    Its configuration files are left out (:class:`Stamp` compares what they say), and
+    ``__pycache__``: importing ``model.py`` writes it, and a load must not make the
+    next one reload."""
+    root = folder.as_posix()
+    newest, stack = 0, [root]
     names: list[str] = []
     try:
         while stack and len(names) < _FOLDER_ENTRIES:
-            with os.scandir(stack.pop()) as entries:
+            where = stack.pop()
+            with os.scandir(where) as entries:
                 for entry in entries:
                     if entry.is_dir(follow_symlinks=False):
                         if entry.name != "__pycache__":
                             stack.append(entry.path)
+                        continue
+                    if where == root and entry.name in _CONFIG_FILES:
                         continue
                     names.append(entry.path)
                     newest = max(newest, entry.stat(follow_symlinks=False).st_mtime_ns)
     except OSError:  # removed while looked at: what was seen stands
         pass
     return (newest, hash(tuple(sorted(names))))
+
+
+def _triton(folder: Path) -> str:
+    """The folder's ``config.pbtxt`` as Triton's JSON form, ``instance_group`` aside
+    ("" without one; its text when it cannot be read, which the load then says)."""
+    path = folder / "config.pbtxt"
+    if not path.is_file():
+        return ""
+    try:
+        config = read_pbtxt(path)
+    except SordinoError as exc:
+        return str(exc)
+    config.pop("instance_group", None)
+    return json.dumps(config, sort_keys=True)

@@ -137,6 +137,45 @@ class ModelLoader:
         await self._stop(old, drain=True, replaced=True)
         return model
 
+    async def update_instances(self, source: ModelSource) -> bool:
+        """Give the served version of ``source`` the instance count it asks for without
+        reloading it, as Triton updates a model whose configuration changed in its
+        instance count alone: instances are started, or stopped (idle ones first), and
+        the others serve on. False, having changed nothing, for a model this cannot be
+        done to (a sequence or iterative one, or one on a device chain of several
+        tiers): reload it then. When fewer instances start than asked for, those that
+        did are stopped again and :class:`ModelLoadError` says so."""
+        model = self._registry.loaded(source.name, source.version)
+        key, before = model.key, model.instances
+        if model.sequences or model.pipeline or self._executor.tiers(key) != 1:
+            return False
+        wanted = source.config.instance_count
+        await self._executor.scale(key, wanted - before, minimum=wanted, maximum=wanted)
+        if (started := self._executor.instances(key)) != wanted:
+            await self._executor.scale(key, before - started, minimum=before, maximum=before)
+            raise ModelLoadError(
+                f"model {key}: {started} of the {wanted} instances asked for started; it "
+                f"serves on with {self._executor.instances(key)} (the log says why)"
+            )
+        config = source.config
+        node = node_policy(self._config, source, batched=model.metadata.batched)
+        scheduling = scheduling_for(
+            self._config.scheduler,
+            config,
+            batched=model.metadata.batched,
+            instances=wanted,
+            node=node,
+        )
+        if scheduling != model.scheduling:
+            controller = build_controller(
+                scheduling.mode, scheduling.policy, scheduling.slo_s, model.curve
+            )
+            model.scheduler.retune(controller, scheduling.queue)
+            model.scheduling = scheduling
+        model.source, model.instances = source, wanted
+        self._events.emit("model_updated", str(key), f"instances {before} -> {wanted}")
+        return True
+
     async def load_all(
         self,
         sources: Sequence[ModelSource],

@@ -87,6 +87,7 @@ class ModelControl:
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._loads = self._reloads = self._unloads = self._failures = self._polls = 0
+        self._updates = 0
         self._adopt()
 
     # -- lifecycle -------------------------------------------------------------------
@@ -372,7 +373,13 @@ class ModelControl:
     def statistics(self) -> ModelControlStatistics:
         """Return the counters of control operations."""
         return ModelControlStatistics(
-            self.mode, self._loads, self._reloads, self._unloads, self._failures, self._polls
+            self.mode,
+            self._loads,
+            self._reloads,
+            self._unloads,
+            self._failures,
+            self._polls,
+            self._updates,
         )
 
     # -- internals -------------------------------------------------------------------
@@ -428,12 +435,21 @@ class ModelControl:
             for version, source in sorted(wanted.items()):
                 now = stamp(source)
                 if version in loaded:
-                    if self._stamps.get((name, version)) == now:
+                    before = self._stamps.get((name, version))
+                    if before == now:
                         continue
-                    # Served by the load it replaces until the new one serves; if the
-                    # new one fails, the old one serves on (as on Triton).
-                    self._reloads += 1
-                    await runtime.loader.reload(source)
+                    if (
+                        now is not None
+                        and before is not None
+                        and now.instances_only(before)
+                        and await runtime.loader.update_instances(source)
+                    ):
+                        self._updates += 1
+                    else:
+                        # Served by the load it replaces until the new one serves; if
+                        # the new one fails, the old one serves on (as on Triton).
+                        self._reloads += 1
+                        await runtime.loader.reload(source)
                 else:
                     self._loads += 1
                     await self._step(name, version, "LOADING", partial(runtime.load, source))
