@@ -25,6 +25,7 @@ from sordino.config import ModelConfig, RayModelOptions, RuntimeConfig
 from sordino.errors import ModelLoadError, Unavailable
 from sordino.execution.ray_instance import INLINE_BYTES
 from sordino.inference import ModelKey
+from sordino.memory.refs import Tensors
 from sordino.models.repository import scan_repository
 from sordino.testing import RunningServer, serve_in_thread
 from tests.cli.conftest import sordino_start
@@ -260,6 +261,37 @@ def test_pack_places_a_models_actors_together(server: RunningServer) -> None:
         server.call(runtime.executor.unload(key))
     groups = ray.util.placement_group_table()
     assert not any(g["state"] == "CREATED" for g in groups.values())
+
+
+def test_a_reloads_new_load_has_its_own_actors_and_placement_group(
+    server: RunningServer,
+) -> None:
+    """A version reloaded is loaded again beside the one serving (its next generation):
+    each load has its own actors and placement group, and the old one's unload leaves
+    the new one's whole (they were one entry, keyed by the version)."""
+    runtime = server.runtime
+    source = digits(instance_count=1, ray={"num_cpus": 0.25, "placement": "pack"})[0]
+    old, new = ModelKey("regen", "1"), ModelKey("regen", "1", generation=1)
+
+    def created() -> int:
+        table = ray.util.placement_group_table().values()
+        return sum(1 for g in table if g["state"] == "CREATED")
+
+    before = created()
+    server.call(runtime.executor.load(old, source.path, source.config))
+    try:
+        server.call(runtime.executor.load(new, source.path, source.config))
+        assert created() == before + 2
+        server.call(runtime.executor.unload(old))
+        assert created() == before + 1
+        assert runtime.executor.instances(new) == 1
+        rows = Tensors.of({"pixels": np.zeros((1, 64), np.float32)})
+        outputs = server.call(runtime.executor.run(new, [rows]))
+        outputs.release()  # type: ignore[attr-defined]
+    finally:
+        server.call(runtime.executor.unload(old))
+        server.call(runtime.executor.unload(new))
+    assert created() == before
 
 
 def test_a_cluster_too_small_for_a_model_is_named_at_once(server: RunningServer) -> None:
