@@ -147,7 +147,9 @@ class ModelLoader:
         did are stopped again and :class:`ModelLoadError` says so."""
         model = self._registry.loaded(source.name, source.version)
         key, before = model.key, model.instances
-        if model.sequences or model.pipeline or self._executor.tiers(key) != 1:
+        if model.sequences is not None or model.pipeline is not None:
+            return False
+        if self._executor.tiers(key) != 1:
             return False
         wanted = source.config.instance_count
         await self._executor.scale(key, wanted - before, minimum=wanted, maximum=wanted)
