@@ -371,3 +371,25 @@ def test_an_instance_count_changed_alone_updates_the_model_without_a_reload(
     assert server.control.statistics().reloads == 1
     assert len(pids()) == 2 and not set(pids()) & set(shrunk)
     client.close()
+
+
+def test_an_update_whose_instances_cannot_start_leaves_the_model_as_it_was(
+    server: RunningServer, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = httpclient.InferenceServerClient(server.url[len("http://") :], network_timeout=120)
+    config = repo / "slow" / "config.pbtxt"
+
+    def pids() -> list[int]:
+        return sorted(w.pid or 0 for w in server.runtime.executor.statistics().workers)
+
+    first = pids()
+    monkeypatch.setenv("RELOADED_FAIL_FROM", "1")  # the worker processes started from now
+    config.write_text(reloaded_config(1, count=3))
+    with pytest.raises(InferenceServerException, match="1 of the 3 instances asked for started"):
+        client.load_model("slow")
+    assert pids() == first
+    assert client.get_model_config("slow")["instance_group"][0]["count"] == 1
+    monkeypatch.delenv("RELOADED_FAIL_FROM")
+    client.load_model("slow")  # mended: the update is made now
+    assert len(pids()) == 3 and first[0] in pids()
+    client.close()
