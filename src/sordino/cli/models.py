@@ -99,7 +99,9 @@ def load_model(
     url: str | None,
     token: str | None,
 ) -> None:
-    """Load NAME, or reload it: new versions load first, retired ones drain and unload."""
+    """Load NAME, or reload it: new versions load first, a changed one is reloaded
+    beside the one serving (an instance count changed alone: updated in place), retired
+    ones drain and unload."""
     parameters: dict[str, str] = {}
     if config_file is not None:
         parameters["config"] = config_file.read()
