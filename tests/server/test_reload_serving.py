@@ -393,3 +393,28 @@ def test_an_update_whose_instances_cannot_start_leaves_the_model_as_it_was(
     client.load_model("slow")  # mended: the update is made now
     assert len(pids()) == 3 and first[0] in pids()
     client.close()
+
+
+def test_an_update_keeps_what_the_models_own_configuration_completed(tmp_path: Path) -> None:
+    """A Python model's auto_complete_config sets max_batch_size and a dynamic batcher
+    its config.pbtxt does not have: an instance update keeps them (the scheduling was
+    worked out from the folder's configuration alone, which has neither)."""
+    root = tmp_path / "repo"
+    example = Path(__file__).parent.parent / "fixtures" / "triton_python_examples"
+    shutil.copytree(example / "auto_complete", root / "auto_complete")
+    config = load_config(
+        None, {"model_repository": str(root), "server.model_control_mode": "explicit"}
+    )
+    with serve_in_thread(config, scan_repository(root)) as server:
+        before = server.runtime.get("auto_complete").scheduling
+        assert before.max_batch_size == 4
+        folder = root / "auto_complete"
+        (folder / "config.pbtxt").write_text(
+            (folder / "config.pbtxt").read_text() + "instance_group [{ count: 2 }]\n"
+        )
+        client = httpclient.InferenceServerClient(server.url[len("http://") :])
+        client.load_model("auto_complete")
+        assert server.control is not None and server.control.statistics().updates == 1
+        assert server.runtime.get("auto_complete").instances == 2
+        assert server.runtime.get("auto_complete").scheduling == before
+        client.close()

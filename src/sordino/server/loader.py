@@ -41,7 +41,7 @@ from sordino.telemetry.model_stats import ModelStats
 if TYPE_CHECKING:
     from sordino.generation.pipeline import Pipeline
 
-__all__ = ["LOAD_CONCURRENCY", "ModelLoader", "node_policy", "stream_spec_for"]
+__all__ = ["LOAD_CONCURRENCY", "ModelLoader", "completed", "node_policy", "stream_spec_for"]
 
 log = logging.getLogger("sordino")
 
@@ -159,7 +159,7 @@ class ModelLoader:
                 f"model {key}: {started} of the {wanted} instances asked for started; it "
                 f"serves on with {self._executor.instances(key)} (the log says why)"
             )
-        config = source.config
+        config = completed(source.config, model.metadata)  # as its load completed it
         node = node_policy(self._config, source, batched=model.metadata.batched)
         scheduling = scheduling_for(
             self._config.scheduler,
@@ -265,22 +265,7 @@ class ModelLoader:
             except ModelLoadError:
                 await self._executor.unload(key)
                 raise
-        declared = metadata.extra.get("max_batch_size")
-        if config.max_batch_size is None and declared is not None:
-            # The backend's own configuration (a Python model's auto_complete_config).
-            config = config.model_copy(update={"max_batch_size": int(declared)})
-        if (
-            config.dynamic_batching.enabled is False
-            and metadata.extra.get("dynamic_batching") == "on"
-        ):
-            # config.pbtxt had no dynamic batcher; auto_complete_config added one (its
-            # delay, as on Triton: 0 unless it set one).
-            delay = int(metadata.extra.get("max_queue_delay_microseconds", "0"))
-            batching = config.dynamic_batching.model_copy(
-                update={"enabled": None, "max_queue_delay_microseconds": delay}
-            )
-            config = config.model_copy(update={"dynamic_batching": batching})
-        return key, config, metadata
+        return key, completed(config, metadata), metadata
 
     def _check_cache(self, key: ModelKey, metadata: ModelMetadata) -> None:
         """Refuse ``response_cache`` on a decoupled model, as Triton does; say when the
@@ -435,6 +420,24 @@ class ModelLoader:
             self._cache.forget(model.key)
         cause = "reloaded: its new load serves" if replaced else ""
         self._events.emit("model_unloaded", str(model.key), cause)
+
+
+def completed(config: ModelConfig, metadata: ModelMetadata) -> ModelConfig:
+    """``config`` completed by the backend's own configuration (``metadata.extra``: a
+    Python model's ``auto_complete_config``): its ``max_batch_size`` when the config
+    sets none, and a dynamic batcher it added."""
+    declared = metadata.extra.get("max_batch_size")
+    if config.max_batch_size is None and declared is not None:
+        config = config.model_copy(update={"max_batch_size": int(declared)})
+    if config.dynamic_batching.enabled is False and metadata.extra.get("dynamic_batching") == "on":
+        # config.pbtxt had no dynamic batcher; auto_complete_config added one (its
+        # delay, as on Triton: 0 unless it set one).
+        delay = int(metadata.extra.get("max_queue_delay_microseconds", "0"))
+        batching = config.dynamic_batching.model_copy(
+            update={"enabled": None, "max_queue_delay_microseconds": delay}
+        )
+        config = config.model_copy(update={"dynamic_batching": batching})
+    return config
 
 
 def stream_spec_for(config: StreamingConfig, metadata: ModelMetadata) -> StreamSpec:
