@@ -25,6 +25,7 @@ from sordino.backends.pbtxt import read_pbtxt
 from sordino.config.base import reject_repeated_names
 from sordino.config.pipelines import PipelineConfig
 from sordino.errors import ConfigError
+from sordino.models.repositories import Repositories
 
 if TYPE_CHECKING:
     from sordino.config import RuntimeConfig
@@ -172,18 +173,14 @@ def only_named(
         )
     if not roots or "*" in names:
         return sources, pipelines
-
-    def inside(path: Path) -> bool:
-        return any(path.is_relative_to(root) for root in roots)
-
+    repositories = Repositories(roots)
+    inside = repositories.holds
     ensembles = {p.name: p for p in pipelines if any((r / p.name).is_dir() for r in roots)}
     known = {s.name for s in sources if inside(s.path)} | set(ensembles)
     unknown = sorted(set(names) - known)
     if unknown:
-        where = ", ".join(str(root) for root in roots)
         raise ConfigError(
-            f"--load-model {', '.join(unknown)}: not in the model repositor"
-            f"{'y' if len(roots) == 1 else 'ies'} {where} "
+            f"--load-model {', '.join(unknown)}: not in {repositories} "
             f"(its models: {', '.join(sorted(known)) or 'none'})"
         )
     # The pipelines section is the configuration's own: the models it runs load.
