@@ -100,7 +100,9 @@ class ModelControl:
             key = (model.key.name, model.key.version)
             if model not in self.runtime.pipelines and key not in self._stamps:
                 self._configs.setdefault(model.key.name, model.source.config)
-                self._stamps[key] = stamp(model.source)
+                # (Read only by loads and polls: a model's folder is not walked at
+                # start-up for model control "none", which takes neither.)
+                self._stamps[key] = stamp(model.source) if self.mode != "none" else None
         self.ensembles.adopt()
         steps = {n.model for c in self.ensembles.wanted.values() for n in c.nodes}
         self._asked |= {m.key.name for m in self.runtime.models()} - steps
