@@ -161,19 +161,15 @@ class ModelLoader:
             )
         config = completed(source.config, model.metadata)  # as its load completed it
         node = node_policy(self._config, source, batched=model.metadata.batched)
-        scheduling = scheduling_for(
-            self._config.scheduler,
-            config,
-            batched=model.metadata.batched,
-            instances=wanted,
-            node=node,
-        )
-        if scheduling != model.scheduling:
-            controller = build_controller(
-                scheduling.mode, scheduling.policy, scheduling.slo_s, model.curve
+        model.reschedule(
+            scheduling_for(
+                self._config.scheduler,
+                config,
+                batched=model.metadata.batched,
+                instances=wanted,
+                node=node,
             )
-            model.scheduler.retune(controller, scheduling.queue)
-            model.scheduling = scheduling
+        )
         model.source, model.instances = source, wanted
         self._events.emit("model_updated", str(key), f"instances {before} -> {wanted}")
         return True

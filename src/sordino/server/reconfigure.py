@@ -44,7 +44,6 @@ from sordino.operations.changes import (
     strategies_as_list,
 )
 from sordino.operations.verify import Verdict, judge
-from sordino.scheduling.modes import build_controller
 from sordino.scheduling.settings import scheduling_for
 from sordino.server.registry import LoadedModel
 from sordino.server.runtime import Runtime
@@ -242,19 +241,15 @@ class Reconfigurer:
         runtime.use_config(snapshot.config)
         for model in _served(runtime):
             config = snapshot.models.get(model.key.name, model.source.config)
-            scheduling = scheduling_for(
-                snapshot.config.scheduler,
-                config,
-                batched=model.scheduler.batched,
-                instances=model.instances,
-                node=snapshot.config.node_policies.get(model.key.name),
-            )
-            if scheduling != model.scheduling:
-                controller = build_controller(
-                    scheduling.mode, scheduling.policy, scheduling.slo_s, model.curve
+            model.reschedule(
+                scheduling_for(
+                    snapshot.config.scheduler,
+                    config,
+                    batched=model.scheduler.batched,
+                    instances=model.instances,
+                    node=snapshot.config.node_policies.get(model.key.name),
                 )
-                model.scheduler.retune(controller, scheduling.queue)
-                model.scheduling = scheduling
+            )
             model.source = dataclasses.replace(model.source, config=config)
         if snapshot.config.memory != old.memory:
             await runtime.memory.retune(snapshot.config.memory)

@@ -9,7 +9,7 @@ from sordino.errors import NotFound, ShuttingDown
 from sordino.inference import ModelKey, ModelMetadata
 from sordino.models.repository import ModelSource
 from sordino.records import SchedulerStatistics
-from sordino.scheduling.modes import BatchCurve
+from sordino.scheduling.modes import BatchCurve, build_controller
 from sordino.scheduling.scheduler import ModelScheduler
 from sordino.scheduling.settings import ModelScheduling
 from sordino.server.route import Route
@@ -49,6 +49,17 @@ class LoadedModel:
     @property
     def max_batch_size(self) -> int:
         return self.scheduling.max_batch_size
+
+    def reschedule(self, scheduling: ModelScheduling) -> None:
+        """Schedule under ``scheduling`` from the next decision on (queued and running
+        work stays as it is); nothing when it is the one in use."""
+        if scheduling == self.scheduling:
+            return
+        controller = build_controller(
+            scheduling.mode, scheduling.policy, scheduling.slo_s, self.curve
+        )
+        self.scheduler.retune(controller, scheduling.queue)
+        self.scheduling = scheduling
 
 
 class ModelRegistry:
