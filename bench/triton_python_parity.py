@@ -151,6 +151,12 @@ _REQUESTED_ONLY_STEP = (
     'output_map { key: "A" value: "OA" } output_map { key: "C" value: "OC" } }'
 )
 
+RESHAPED = "reshaped"
+"""Its tensors are reshaped (Triton's ``reshape``): GRID sent as ``[rows, n, 2, 2]`` is
+``[rows, n, 4]`` to the model, and its outputs the other way round (one from ``[rows]``
+to ``[rows, 1]``); it answers the shape it saw. Asked one at a time and several at once
+(one batch); sordino refused the model before ("reshape is not supported")."""
+
 QUIET_S = 2.0
 """After an error in a gRPC stream, how long to wait for more before taking the stream
 as ended (the client is not told whether the error was the request's last)."""
@@ -325,6 +331,11 @@ def cases(models: list[str]) -> list[Case]:
                 out.append((model, {"X": x, "BIAS": bias}, ["Y"]))
                 out.append((model, {"X": x}, ["Y"]))
                 continue
+            if model == RESHAPED:
+                shape = (int(rng.integers(1, 4)), int(rng.integers(1, 4)), 2, 2)
+                grid = rng.standard_normal(shape).astype(np.float32)
+                out.append((model, {"GRID": grid}, ["TWICE", "TOTAL", "SEEN"]))
+                continue
             if model in ENSEMBLES:
                 names, outputs, batched = ENSEMBLES[model]
                 shape = (int(rng.integers(1, 5)), 4) if batched else (4,)
@@ -390,7 +401,7 @@ def _at_once(mod: Any, url: str, asked: list[Case]) -> list[dict[str, np.ndarray
 
 
 CONFIGURED = ("add_sub", "auto_complete", CACHED, OPTIONAL, WARMUP, REQUESTED_ONLY,
-              *ENSEMBLES, REQUESTED_ONLY_ENSEMBLE)  # fmt: skip
+              RESHAPED, *ENSEMBLES, REQUESTED_ONLY_ENSEMBLE)  # fmt: skip
 """Models whose whole configuration (HTTP) is compared, as :func:`_config` keeps it:
 Python models and ensembles (their steps as written)."""
 
@@ -587,6 +598,16 @@ def compare(
             expected_only, got_only = (_listed(_at_once(mod, url, asked)) for url in urls)
             check(f"{REQUESTED_ONLY} each its outputs, at once", protocol,
                   expected_only == got_only, str(got_only))  # fmt: skip
+        if RESHAPED in models:  # several shapes at once: one batch of rows alike
+            urls = (
+                (triton.http, sordino_http)
+                if protocol == "http"
+                else (triton.grpc or "", sordino_grpc)
+            )
+            together = [c for c in cases([RESHAPED]) if c[1]["GRID"].shape[1] == 2]
+            expected_shaped, got_shaped = (_listed(_at_once(mod, url, together)) for url in urls)
+            check(f"{RESHAPED} at once", protocol, expected_shaped == got_shaped,
+                  f"{len(together)} requests")  # fmt: skip
         if REQUESTED_ONLY_ENSEMBLE in models:
             for names in (["OA", "OC"], ["OC"]):
                 case = (REQUESTED_ONLY_ENSEMBLE, {"IN": np.array([[3]], np.int32)}, names)
@@ -675,8 +696,8 @@ def repository(source: Path, into: Path) -> Path:
     Triton's bls example calls (add_sub under that name: no torch here) when
     ``bls_async`` is there without it, and the bench's :data:`ERROR_CODES`,
     :data:`AS_MADE`, :data:`STREAM_ERRORS`, :data:`STREAM_ERRORS_BLS`, :data:`VERSIONS`,
-    :data:`COLD_START`, :data:`OPTIONAL`, :data:`WARMUP`, :data:`CACHED` and
-    :data:`REQUESTED_ONLY` models (and :data:`REQUESTED_ONLY_ENSEMBLE`), with its
+    :data:`COLD_START`, :data:`OPTIONAL`, :data:`WARMUP`, :data:`CACHED`,
+    :data:`RESHAPED` and :data:`REQUESTED_ONLY` models (and :data:`REQUESTED_ONLY_ENSEMBLE`), with its
     :data:`ENSEMBLES` where their steps are."""
     repo = into / "models"
     shutil.copytree(source, repo)
@@ -685,7 +706,7 @@ def repository(source: Path, into: Path) -> Path:
         config = repo / "pytorch" / "config.pbtxt"
         config.write_text(config.read_text().replace('name: "add_sub"', 'name: "pytorch"'))
     own = (ERROR_CODES, AS_MADE, STREAM_ERRORS, STREAM_ERRORS_BLS, VERSIONS, COLD_START,
-           OPTIONAL, WARMUP, CACHED, REQUESTED_ONLY)  # fmt: skip
+           OPTIONAL, WARMUP, CACHED, REQUESTED_ONLY, RESHAPED)  # fmt: skip
     for name in own:
         shutil.copytree(OWN / name, repo / name)
     (repo / REQUESTED_ONLY_ENSEMBLE / "1").mkdir(parents=True)

@@ -64,3 +64,43 @@ def slow_model(path: Path, size: int = 1536, repeats: int = 3) -> Path:
         initializer=[weight],
     )  # fmt: skip
     return _save(graph, path)
+
+
+def densenet_shaped_model(path: Path, classes: int = 1000) -> Path:
+    """Triton's quickstart model's tensors: ``data_0`` FP32 [batch, 3, 224, 224] →
+    ``fc6_1`` [batch, classes, 1, 1] (a global average pool, then a 1×1 convolution
+    whose filter ``k`` gives class ``k`` the weight ``k + 1`` on channel ``k % 3``)."""
+    weights = np.zeros((classes, 3, 1, 1), np.float32)
+    for k in range(classes):
+        weights[k, k % 3, 0, 0] = k + 1
+    graph = helper.make_graph(
+        [
+            helper.make_node("GlobalAveragePool", ["data_0"], ["pooled"]),
+            helper.make_node("Conv", ["pooled", "w"], ["fc6_1"]),
+        ],
+        "densenet_shaped",
+        [helper.make_tensor_value_info("data_0", TensorProto.FLOAT, ["batch", 3, 224, 224])],
+        [helper.make_tensor_value_info("fc6_1", TensorProto.FLOAT, ["batch", classes, 1, 1])],
+        [helper.make_tensor("w", TensorProto.FLOAT, list(weights.shape), weights.ravel())],
+    )
+    return _save(graph, path)
+
+
+def grid_model(path: Path) -> Path:
+    """``GRID`` FP32 [batch, rows, 4] → ``TOTAL`` [batch] (its sum) and ``TWICE``
+    [batch, rows, 4] (doubled): a model whose tensors a config may ``reshape``."""
+    two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceSum", ["GRID", "axes"], ["TOTAL"], keepdims=0),
+            helper.make_node("Mul", ["GRID", "two"], ["TWICE"]),
+        ],
+        "grid",
+        [helper.make_tensor_value_info("GRID", TensorProto.FLOAT, ["batch", "rows", 4])],
+        [
+            helper.make_tensor_value_info("TOTAL", TensorProto.FLOAT, ["batch"]),
+            helper.make_tensor_value_info("TWICE", TensorProto.FLOAT, ["batch", "rows", 4]),
+        ],
+        [two, helper.make_tensor("axes", TensorProto.INT64, [2], [1, 2])],
+    )
+    return _save(graph, path)

@@ -216,6 +216,10 @@ class TensorSpec:
     datatype: str
     shape: tuple[int, ...]
     optional: bool = False
+    reshape: tuple[int, ...] | None = None
+    """The shape the model itself takes or gives, after the batch dimension when it
+    batches, where its configuration gives one other than ``shape`` (Triton's
+    ``reshape``: ``backends/reshape.py``); None: ``shape``."""
 
     @property
     def item_shape(self) -> tuple[int, ...]:

@@ -165,11 +165,12 @@ def test_default_model_filename_names_the_file_each_version_serves(tmp_path: Pat
         scan_repository(_repository(tmp_path / "c", SIMPLE + 'default_model_filename: "../x"\n'))
 
 
-def test_a_reshape_is_refused_and_a_label_file_is_taken(tmp_path: Path) -> None:
+def test_a_reshape_and_a_label_file_are_taken(tmp_path: Path) -> None:
+    """(A reshape was refused before; tests/backends/test_reshape.py serves them.)"""
     at = 'dims: [ 16 ] },\n  { name: "INPUT1"'
     reshaped = SIMPLE.replace(at, at.replace("] }", "] reshape: { shape: [ 4, 4 ] } }"))
-    with pytest.raises(ConfigError, match=re.escape("input INPUT0: reshape")):
-        scan_repository(_repository(tmp_path / "a", reshaped))
+    (source,) = scan_repository(_repository(tmp_path / "a", reshaped))
+    assert source.config.input[0].reshape == (4, 4)
     at = '"OUTPUT1" data_type: TYPE_INT32 dims: [ 16 ]'
     labelled = SIMPLE.replace(at, at + ' label_filename: "l.txt"')
     (source,) = scan_repository(_repository(tmp_path / "b", labelled))

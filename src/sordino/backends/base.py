@@ -33,6 +33,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from sordino.backends.reshape import Reshapes
 from sordino.config.memory import FrameworkMemoryConfig
 from sordino.inference import ModelMetadata, RequestFacts, Tensor
 
@@ -108,6 +109,9 @@ class BackendOptions:
     triton_config: str | None = None
     """The model's Triton configuration as JSON text, given with a model-control load
     (``ModelConfig.triton_config``): read instead of the folder's ``config.pbtxt``."""
+    reshapes: Reshapes | None = None
+    """Inputs and outputs clients see in another shape than the model's (Triton's
+    ``reshape``, from the model's declared ``input`` and ``output``)."""
     own_process: bool = False
     """Whether the instance has a worker process of its own (it may change the process:
     a Python model's ``EXECUTION_ENV_PATH`` goes first on its ``sys.path``)."""

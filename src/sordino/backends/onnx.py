@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from sordino.backends.base import WARMUP_SHAPE, BackendStatistics
+from sordino.backends.reshape import Reshapes
 from sordino.config.memory import EXTEND_STRATEGIES, FrameworkMemoryConfig
 from sordino.datatypes import from_onnx_type
 from sordino.errors import ModelLoadError
@@ -72,7 +73,8 @@ class OnnxBackend:
     model's own); shrinking the CPU arena after large batches; and the CUDA
     provider's ``gpu_mem_limit``/``arena_extend_strategy`` when it is in the list.
     ``thread_spinning`` lets ONNX Runtime's threads busy-wait for work (off: they sleep
-    between operators).
+    between operators). ``reshapes``: tensors clients send and read in another shape
+    than the model's (Triton's ``reshape``); the metadata is the clients'.
     """
 
     def __init__(
@@ -84,8 +86,10 @@ class OnnxBackend:
         intra_op_threads: int | None = None,
         memory: FrameworkMemoryConfig | None = None,
         thread_spinning: bool = False,
+        reshapes: Reshapes | None = None,
     ) -> None:
         self._name = name
+        self._reshapes = reshapes
         self._spinning = thread_spinning
         self._memory = memory or FrameworkMemoryConfig()
         self._shrink_options: Any = None
@@ -96,6 +100,7 @@ class OnnxBackend:
         self._session: Any = None
         self._metadata: ModelMetadata | None = None
         self._string_inputs: frozenset[str] = frozenset()
+        self._outputs: tuple[str, ...] = ()
         self._lock = threading.Lock()
         self._batches = self._items = self._failures = 0
         self._busy = 0.0
@@ -138,7 +143,7 @@ class OnnxBackend:
         # denoise the 1x1 latent that dummy_inputs would otherwise send).
         props = session.get_modelmeta().custom_metadata_map
         extra = {k: v for k, v in props.items() if k.startswith(WARMUP_SHAPE)}
-        self._metadata = ModelMetadata(
+        metadata = ModelMetadata(
             name=self._name,
             version=self._version,
             platform=PLATFORM,
@@ -147,6 +152,10 @@ class OnnxBackend:
             batched=batched,
             extra=extra,
         )
+        self._outputs = tuple(spec.name for spec in outputs)
+        if self._reshapes:
+            metadata, self._reshapes = self._reshapes.metadata(metadata, f"model {self._name}")
+        self._metadata = metadata
 
     def _session_for(self, model_path: Path, device: str, profile_prefix: str = "") -> Any:
         """A new session on ``model_path``; with ``profile_prefix``, one that profiles."""
@@ -196,9 +205,10 @@ class OnnxBackend:
         session = self._session
         if session is None:
             raise ModelLoadError(f"model {self._name} is not loaded")
+        reshapes = self._reshapes
         feed = {
             name: _to_str_array(arr) if name in self._string_inputs else arr
-            for name, arr in batch.items()
+            for name, arr in (reshapes.inputs_to_model(batch) if reshapes else batch).items()
         }
         rows = int(next(iter(batch.values())).shape[0]) if batch else 0
         shrink = self._memory.shrink_after_rows
@@ -217,7 +227,8 @@ class OnnxBackend:
             self._batches += 1
             self._items += rows
             self._busy += elapsed
-        return {spec.name: arr for spec, arr in zip(self.metadata.outputs, results, strict=True)}
+        outputs = dict(zip(self._outputs, results, strict=True))
+        return reshapes.outputs_to_client(outputs) if reshapes else outputs
 
     def unload(self) -> None:
         self._session = None

@@ -6,7 +6,8 @@ version, sequence, warm-up and instance settings of :func:`~sordino.backends.pbt
 sordino_settings`, with the dynamic batcher Triton's ONNX Runtime backend adds to a
 model that batches when none is given (no wait to fill a batch); ONNX Runtime's
 ``intra_op_thread_count`` parameter,
-each output's ``label_filename``, and the ``input`` and ``output`` lists, which are
+each output's ``label_filename``, a tensor's ``reshape`` (clients see ``dims``, the model
+its ``reshape``: ``backends/reshape.py``), and the ``input`` and ``output`` lists, which are
 checked against the model when it loads (:func:`check_declared`): every tensor named
 exists with that datatype and a shape the model's fits, and a ``max_batch_size`` above
 0 needs a model whose first dimension is variable. A field that would change what
@@ -51,7 +52,7 @@ _TAKEN = frozenset(
 _OPTIMIZATION_TAKEN = frozenset({"input_pinned_memory", "output_pinned_memory", "priority"})
 """GPU transfer hints and Triton's default priority: nothing to do on sordino's CPU path."""
 
-_TENSOR_TAKEN = frozenset({"name", "data_type", "dims", "format", "label_filename"})
+_TENSOR_TAKEN = frozenset({"name", "data_type", "dims", "format", "label_filename", "reshape"})
 _PARAMETERS = {"intra_op_thread_count": "intra_op_threads"}
 """ONNX Runtime backend parameters sordino takes, and its own name for each."""
 
@@ -103,13 +104,14 @@ def onnx_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any]:
                 label = label[0] if len(label) == 1 else None
             if label:
                 labels[str(tensor.get("name"))] = str(label)
-            declared.append(
-                {
-                    "name": tensor.get("name"),
-                    "data_type": tensor.get("data_type"),
-                    "dims": list(tensor.get("dims", ())),
-                }
-            )
+            entry = {
+                "name": tensor.get("name"),
+                "data_type": tensor.get("data_type"),
+                "dims": list(tensor.get("dims", ())),
+            }
+            if "reshape" in tensor:  # (backends/reshape.py)
+                entry["reshape"] = tensor["reshape"]
+            declared.append(entry)
         settings[kind] = declared
     if labels:
         settings["label_filename"] = labels

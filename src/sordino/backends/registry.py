@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from importlib.metadata import entry_points
 
 from sordino.backends.base import Backend, BackendKind, BackendOptions
+from sordino.backends.reshape import Reshapes
 from sordino.config.memory import FrameworkMemoryConfig
 from sordino.errors import ModelLoadError
 
@@ -47,6 +48,7 @@ def _onnxruntime(options: BackendOptions) -> Backend:
         intra_op_threads=options.intra_op_threads,
         memory=options.memory,
         thread_spinning=options.thread_spinning,
+        reshapes=options.reshapes,
     )
 
 
@@ -146,6 +148,7 @@ def create_backend(
     index: int = 0,
     triton_config: str | None = None,
     own_process: bool = False,
+    reshapes: Reshapes | None = None,
 ) -> Backend:
     """A new, unloaded backend of ``kind`` for model ``name`` (``load`` comes next).
 
@@ -153,7 +156,8 @@ def create_backend(
     ``memory`` configures its arenas (only in a worker process of the model's own);
     ``thread_spinning`` lets its threads busy-wait for work (``ModelConfig.thread_spinning``);
     ``triton_config`` is a load's Triton configuration (JSON text) for its backend;
-    ``own_process``: the instance runs in a worker process of its own.
+    ``own_process``: the instance runs in a worker process of its own;
+    ``reshapes``: tensors clients see in another shape than the model's.
     Raises :class:`ModelLoadError` for a kind this build does not know.
     """
     options = BackendOptions(
@@ -166,5 +170,6 @@ def create_backend(
         index=index,
         triton_config=triton_config,
         own_process=own_process,
+        reshapes=reshapes,
     )
     return backend_kind(kind, model=name).create(options)

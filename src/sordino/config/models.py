@@ -13,6 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from sordino.config.base import MAX_BATCH_SIZE, ExpandedPath, Section
+from sordino.config.declared import DeclaredTensor, check_reshape
 from sordino.config.devices import ProviderName
 from sordino.config.executor import RayModelOptions
 from sordino.config.iterative import IterativeConfig
@@ -223,16 +224,6 @@ def _triton_instance_group(groups: object) -> dict[str, object]:
     return folded
 
 
-class DeclaredTensor(Section):
-    """An input or output as a Triton ``config.pbtxt`` declares it: checked against the
-    model when it loads (``backends/onnx_pbtxt.py``)."""
-
-    name: str
-    data_type: str = Field(pattern=r"^TYPE_[A-Z0-9]+$")
-    dims: tuple[int, ...] = ()
-    """Without the batch dimension when ``max_batch_size`` is above 0; -1: any size."""
-
-
 class ModelConfig(Section):
     """One model: an explicit ``models:`` entry, or a repository folder's ``config.yaml``.
 
@@ -376,6 +367,19 @@ class ModelConfig(Section):
                     f"response_cache is not supported for a model with {kind} (its answers "
                     "depend on more than its inputs); remove response_cache"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _reshapes_hold_their_dims(self) -> ModelConfig:
+        for kind in ("input", "output"):
+            for tensor in getattr(self, kind):
+                if tensor.reshape is not None:
+                    check_reshape(
+                        f"{kind} {tensor.name}",
+                        tensor.dims,
+                        tensor.reshape,
+                        batching=self.max_batch_size != 0,
+                    )
         return self
 
     @model_validator(mode="after")

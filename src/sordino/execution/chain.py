@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from sordino.backends.base import Backend
+from sordino.backends.reshape import reshapes_of
 from sordino.clock import Clock
 from sordino.config import ModelConfig, RuntimeConfig
 from sordino.errors import InferenceFailed
@@ -167,6 +168,7 @@ class ChainExecutor:
                 thread_spinning=config.thread_spinning,
                 calls=self._call_server,
                 triton_config=_json_or_none(config.triton_config),
+                reshapes=reshapes_of(config),
             )
         spec = WorkerSpec(
             model=key.name,
@@ -184,6 +186,7 @@ class ChainExecutor:
             thread_spinning=config.thread_spinning,
             nice=self._settings.nice,
             triton_config=_json_or_none(config.triton_config),
+            reshapes=reshapes_of(config),
         )
         return ProcessInstance(
             key,

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from sordino.backends.reshape import reshapes_of
 from sordino.clock import Clock
 from sordino.config import ModelConfig, WorkersConfig
 from sordino.config.executor import RayModelOptions
@@ -99,6 +100,7 @@ class RayInstance(InstanceBase):
             "thread_spinning": config.thread_spinning,
             "triton_config": None if config.triton_config is None else dict(config.triton_config),
             "warmup_batches": settings.warmup_batches,
+            "reshapes": reshapes_of(config),
         }
         self._options = config.ray or RayModelOptions()
         self._settings = settings

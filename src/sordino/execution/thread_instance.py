@@ -13,6 +13,7 @@ from sordino.backends.base import Backend, ProfilingBackend, RequestBatchBackend
 from sordino.backends.calls import CallingBackend
 from sordino.backends.decoupled import DecoupledBackend
 from sordino.backends.registry import create_backend
+from sordino.backends.reshape import Reshapes
 from sordino.errors import Unavailable
 from sordino.execution.decoupled import ThreadResponder
 from sordino.execution.devices import Device
@@ -44,6 +45,7 @@ class ThreadInstance(InstanceBase):
         thread_spinning: bool = False,
         calls: Callable[[], CallServer | None] | None = None,
         triton_config: str | None = None,
+        reshapes: Reshapes | None = None,
     ) -> None:
         """Build the ``backend`` kind's backend (unloaded); :meth:`open` loads it.
 
@@ -62,6 +64,7 @@ class ThreadInstance(InstanceBase):
             thread_spinning=thread_spinning,
             index=index,
             triton_config=triton_config,
+            reshapes=reshapes,
         )
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sordino-{key.name}")
         self._calls = calls

@@ -38,6 +38,7 @@ from typing import Any
 from sordino.backends.base import RequestBatchBackend, dummy_inputs
 from sordino.backends.calls import CallingBackend
 from sordino.backends.decoupled import DecoupledBackend
+from sordino.backends.reshape import Reshapes
 from sordino.config.memory import FrameworkMemoryConfig
 from sordino.execution.messages import (
     HEARTBEAT,
@@ -80,6 +81,8 @@ class WorkerSpec:
     """Added to the niceness of every thread of the worker, first thing (``workers.nice``)."""
     triton_config: str | None = None
     """A model-control load's Triton configuration (JSON text) for the backend."""
+    reshapes: Reshapes | None = None
+    """Tensors clients see in another shape than the model's (Triton's ``reshape``)."""
 
 
 def _heartbeat(link: WorkerLink, interval: float) -> None:
@@ -143,6 +146,7 @@ def worker_main(spec: WorkerSpec, conn: Connection, log: dict[str, Any] | None =
             index=spec.index,
             triton_config=spec.triton_config,
             own_process=True,
+            reshapes=spec.reshapes,
         )
         if isinstance(backend, CallingBackend):
             backend.set_caller(link)  # the model's BLS calls go over the pipe

@@ -34,12 +34,18 @@ def _config_tensor(spec: TensorSpec, batched: bool, *, output: bool = False) -> 
     where sordino has nothing to say), in its order."""
     dims = list(spec.item_shape if batched else spec.shape)
     data_type = to_triton_type(spec.datatype)
+    entry: dict[str, Any] = {"name": spec.name, "data_type": data_type}
+    if not output:
+        entry["format"] = "FORMAT_NONE"
+    entry["dims"] = dims
+    if spec.reshape is not None:
+        entry["reshape"] = {"shape": list(spec.reshape)}
     if output:
-        return {"name": spec.name, "data_type": data_type, "dims": dims, "label_filename": "",
-                "is_shape_tensor": False, "is_non_linear_format_io": False}  # fmt: skip
-    return {"name": spec.name, "data_type": data_type, "format": "FORMAT_NONE", "dims": dims,
-            "is_shape_tensor": False, "allow_ragged_batch": False, "optional": spec.optional,
-            "is_non_linear_format_io": False}  # fmt: skip
+        entry.update(label_filename="", is_shape_tensor=False, is_non_linear_format_io=False)
+        return entry
+    entry.update(is_shape_tensor=False, allow_ragged_batch=False, optional=spec.optional,
+                 is_non_linear_format_io=False)  # fmt: skip
+    return entry
 
 
 _OPTIMIZATION = {

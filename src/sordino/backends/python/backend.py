@@ -57,6 +57,8 @@ from sordino.backends.python.joining import (
     response_parts,
 )
 from sordino.backends.python.model_dir import set_model_dir
+from sordino.backends.reshape import Reshapes
+from sordino.config.declared import check_reshape
 from sordino.datatypes import from_triton_type
 from sordino.errors import ModelLoadError
 from sordino.inference import (
@@ -104,8 +106,13 @@ def _specs(entries: Sequence[dict[str, Any]], batched: bool, where: str) -> tupl
         if not name:
             raise ModelLoadError(f"{where}: every input and output needs a name")
         dims = [int(d) for d in entry.get("dims", ())]
-        if "reshape" in entry:
-            raise ModelLoadError(f"{where}: {name}: reshape is not supported")
+        reshape = None
+        if entry.get("reshape") is not None:
+            reshape = tuple(int(d) for d in entry["reshape"].get("shape", ()))
+            try:
+                check_reshape(f"{where}: {name}", dims, reshape, batching=batched)
+            except ValueError as exc:
+                raise ModelLoadError(str(exc)) from None
         for field in _UNSUPPORTED:
             if entry.get(field) is True:
                 raise ModelLoadError(
@@ -113,7 +120,8 @@ def _specs(entries: Sequence[dict[str, Any]], batched: bool, where: str) -> tupl
                 )
         shape = tuple([-1, *dims] if batched else dims)
         datatype = _datatype(entry.get("data_type"), where)
-        specs.append(TensorSpec(str(name), datatype, shape, entry.get("optional") is True))
+        optional = entry.get("optional") is True
+        specs.append(TensorSpec(str(name), datatype, shape, optional, reshape))
     return tuple(specs)
 
 
@@ -167,6 +175,8 @@ class PythonBackend:
         self._batches = self._items = self._failures = 0
         self._busy = 0.0
         self._decoupled = False
+        self._reshapes = Reshapes()
+        """Tensors clients see in another shape than the model (Triton's ``reshape``)."""
         self._everything: tuple[str, ...] = ()
         """Every output's name, sorted (the requested outputs of a request naming none)."""
 
@@ -209,6 +219,7 @@ class PythonBackend:
         inputs = _specs(config.get("input", ()), batched, where)
         outputs = _specs(config.get("output", ()), batched, where)
         self._config = config
+        self._reshapes = Reshapes.of(config, batched=batched)
         batcher = config.get("dynamic_batching")
         gpu = device.startswith("cuda")
         args = {
@@ -332,6 +343,12 @@ class PythonBackend:
         counts = list(rows) if metadata.batched and len(rows) > 1 else []
         known = list(facts) if len(facts) == max(len(counts), 1) else []
         everything = self._everything
+        reshapes = self._reshapes
+        placed: dict[str, Tensor] = {}
+        if reshapes:
+            batch = reshapes.inputs_to_model(batch)
+            if place is not None and reshapes.outputs:
+                place, placed = reshapes.placer(place)
         inputs = list(batch.items())
         # Arrays that Tensor() would keep as they are (no numpy strings) skip its checks.
         plain = all(type(a) is np.ndarray and a.dtype.kind not in "SU" for _, a in inputs)
@@ -376,6 +393,9 @@ class PythonBackend:
             utils.publish_metrics()
         if place is not None:
             outputs = join_outputs(parts, place(layouts) if layouts else {})
+        if reshapes.outputs:
+            reshapes.outputs_to_client(outputs)
+            outputs.update((name, placed[name]) for name in placed if name in outputs)
         if errors:
             outputs[REQUEST_ERRORS] = encode_request_errors(len(requests), errors)
         if absent:
@@ -429,6 +449,7 @@ class PythonBackend:
                 declared,
                 request_for=request_for,
                 caller=self._caller,
+                reshapes=self._reshapes,
             )
         except Exception as exc:
             with self._lock:

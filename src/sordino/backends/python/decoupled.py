@@ -28,6 +28,7 @@ from sordino.backends.decoupled import Responder
 from sordino.backends.python import bls
 from sordino.backends.python import triton_python_backend_utils as utils
 from sordino.backends.python.joining import triton_code
+from sordino.backends.reshape import Reshapes
 from sordino.datatypes import from_numpy_dtype
 from sordino.inference import REQUEST_PARAMETERS, Tensor
 
@@ -134,6 +135,7 @@ def execute_decoupled(
     *,
     request_for: Callable[[int, list[utils.Tensor]], utils.InferenceRequest],
     caller: ModelCaller | None = None,
+    reshapes: Reshapes | None = None,
 ) -> None:
     """Call a decoupled model's ``execute`` with one request per entry of ``rows``.
 
@@ -141,8 +143,12 @@ def execute_decoupled(
     ``execute`` raised or returned something other than None, after closing the senders
     of the requests that had not finished. ``declared`` maps each output to its datatype.
     ``request_for(index, tensors)`` builds request ``index`` (with its facts); BLS calls
-    made meanwhile go through ``caller`` and carry those requests' facts.
+    made meanwhile go through ``caller`` and carry those requests' facts. ``reshapes``:
+    tensors the model takes and gives in another shape than clients (Triton's
+    ``reshape``).
     """
+    if reshapes:
+        batch = reshapes.inputs_to_model(batch)
     counts = list(rows) if batched and len(rows) > 1 else []
     requests: list[utils.InferenceRequest] = []
     senders: list[utils.InferenceResponseSender] = []
@@ -154,7 +160,9 @@ def execute_decoupled(
         request = request_for(index, [utils.Tensor(n, a) for n, a in part.items()])
         request._cancelled = _asker(responder, index)
         sender = utils.InferenceResponseSender(
-            _emitter(responder, index, declared, name), request._cancelled, decoupled=True
+            _emitter(responder, index, declared, name, reshapes),
+            request._cancelled,
+            decoupled=True,
         )
         request._sender = sender
         requests.append(request)
@@ -178,7 +186,13 @@ def _asker(responder: Responder, index: int) -> Any:
     return lambda: responder.cancelled(index)
 
 
-def _emitter(responder: Responder, index: int, declared: Mapping[str, str], name: str) -> Any:
+def _emitter(
+    responder: Responder,
+    index: int,
+    declared: Mapping[str, str],
+    name: str,
+    reshapes: Reshapes | None = None,
+) -> Any:
     def emit(response: utils.InferenceResponse | None, final: bool) -> None:
         if response is not None and response.has_error():
             # One response of the stream, as on Triton: the request goes on unless final.
@@ -189,6 +203,8 @@ def _emitter(responder: Responder, index: int, declared: Mapping[str, str], name
             responder.respond(index, None, final, message, code)
             return
         outputs = _outputs(response, declared, name) if response is not None else None
+        if outputs is not None and reshapes is not None and reshapes.outputs:
+            reshapes.outputs_to_client(outputs)
         responder.respond(index, outputs, final)
 
     return emit
