@@ -604,7 +604,11 @@ def compare(
                 if protocol == "http"
                 else (triton.grpc or "", sordino_grpc)
             )
-            together = [c for c in cases([RESHAPED]) if c[1]["GRID"].shape[1] == 2]
+            together: list[Case] = [
+                (RESHAPED, {"GRID": np.full((rows, 2, 2, 2), rows, np.float32)},
+                 ["TWICE", "TOTAL", "SEEN"])
+                for rows in (1, 2, 3)
+            ]  # fmt: skip
             expected_shaped, got_shaped = (_listed(_at_once(mod, url, together)) for url in urls)
             check(f"{RESHAPED} at once", protocol, expected_shaped == got_shaped,
                   f"{len(together)} requests")  # fmt: skip
@@ -696,8 +700,8 @@ def repository(source: Path, into: Path) -> Path:
     Triton's bls example calls (add_sub under that name: no torch here) when
     ``bls_async`` is there without it, and the bench's :data:`ERROR_CODES`,
     :data:`AS_MADE`, :data:`STREAM_ERRORS`, :data:`STREAM_ERRORS_BLS`, :data:`VERSIONS`,
-    :data:`COLD_START`, :data:`OPTIONAL`, :data:`WARMUP`, :data:`CACHED`,
-    :data:`RESHAPED` and :data:`REQUESTED_ONLY` models (and :data:`REQUESTED_ONLY_ENSEMBLE`), with its
+    :data:`COLD_START`, :data:`OPTIONAL`, :data:`WARMUP`, :data:`CACHED`, :data:`RESHAPED`
+    and :data:`REQUESTED_ONLY` models (and :data:`REQUESTED_ONLY_ENSEMBLE`), with its
     :data:`ENSEMBLES` where their steps are."""
     repo = into / "models"
     shutil.copytree(source, repo)
