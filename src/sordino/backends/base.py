@@ -35,6 +35,7 @@ import numpy as np
 
 from sordino.backends.reshape import Reshapes
 from sordino.config.memory import FrameworkMemoryConfig
+from sordino.config.onnxruntime import OnnxRuntimeOptions
 from sordino.inference import ModelMetadata, RequestFacts, Tensor
 
 __all__ = [
@@ -109,6 +110,8 @@ class BackendOptions:
     triton_config: str | None = None
     """The model's Triton configuration as JSON text, given with a model-control load
     (``ModelConfig.triton_config``): read instead of the folder's ``config.pbtxt``."""
+    onnxruntime: OnnxRuntimeOptions | None = None
+    """ONNX Runtime's session options (the model's ``onnxruntime``)."""
     reshapes: Reshapes | None = None
     """Inputs and outputs clients see in another shape than the model's (Triton's
     ``reshape``, from the model's declared ``input`` and ``output``)."""

@@ -13,6 +13,7 @@ import numpy as np
 from sordino.backends.base import WARMUP_SHAPE, BackendStatistics
 from sordino.backends.reshape import Reshapes
 from sordino.config.memory import EXTEND_STRATEGIES, FrameworkMemoryConfig
+from sordino.config.onnxruntime import OnnxRuntimeOptions
 from sordino.datatypes import from_onnx_type
 from sordino.errors import ModelLoadError
 from sordino.inference import ModelMetadata, Tensor, TensorSpec
@@ -35,6 +36,13 @@ def _dims(shape: list[Any]) -> tuple[int, ...]:
 
 _CPU_ARENA: FrameworkMemoryConfig | None = None
 """The CPU arena registered in this process (ONNX Runtime allows one per device)."""
+_LEVELS = {
+    "disable_all": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
+"""``OnnxRuntimeOptions.graph_optimization_level`` -> ONNX Runtime's level's name."""
 
 
 def _register_cpu_arena(memory: FrameworkMemoryConfig) -> None:
@@ -74,7 +82,8 @@ class OnnxBackend:
     provider's ``gpu_mem_limit``/``arena_extend_strategy`` when it is in the list.
     ``thread_spinning`` lets ONNX Runtime's threads busy-wait for work (off: they sleep
     between operators). ``reshapes``: tensors clients send and read in another shape
-    than the model's (Triton's ``reshape``); the metadata is the clients'.
+    than the model's (Triton's ``reshape``); the metadata is the clients'. ``session``:
+    the other session options (the model's ``onnxruntime``).
     """
 
     def __init__(
@@ -87,7 +96,9 @@ class OnnxBackend:
         memory: FrameworkMemoryConfig | None = None,
         thread_spinning: bool = False,
         reshapes: Reshapes | None = None,
+        session: OnnxRuntimeOptions | None = None,
     ) -> None:
+        self._options = session or OnnxRuntimeOptions()
         self._name = name
         self._reshapes = reshapes
         self._spinning = thread_spinning
@@ -170,6 +181,16 @@ class OnnxBackend:
         options.add_session_config_entry("session.intra_op.allow_spinning", spin)
         options.add_session_config_entry("session.inter_op.allow_spinning", spin)
         options.log_severity_level = 3
+        tuning = self._options
+        if tuning.inter_op_threads:
+            options.inter_op_num_threads = tuning.inter_op_threads
+        if tuning.execution_mode == "parallel":
+            options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+        level = _LEVELS[tuning.graph_optimization_level]
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+        options.enable_mem_pattern = tuning.memory_pattern
+        if tuning.device_allocator_for_initializers:
+            options.add_session_config_entry("session.use_device_allocator_for_initializers", "1")
         memory = self._memory
         options.enable_cpu_mem_arena = memory.cpu_arena
         if memory.custom_cpu_arena:

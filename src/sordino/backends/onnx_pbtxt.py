@@ -49,12 +49,32 @@ _TAKEN = frozenset(
 )
 """Fields read (or checked) here; any other one set is refused by name."""
 
-_OPTIMIZATION_TAKEN = frozenset({"input_pinned_memory", "output_pinned_memory", "priority"})
-"""GPU transfer hints and Triton's default priority: nothing to do on sordino's CPU path."""
+_OPTIMIZATION_TAKEN = frozenset(
+    {"input_pinned_memory", "output_pinned_memory", "priority", "graph"}
+)
+"""GPU transfer hints and Triton's default priority (nothing to do on sordino's CPU
+path), and the graph optimization level."""
+_GRAPH_LEVELS = {-1: "basic", 1: "extended", 2: "disable_all"}
+"""Triton's ``optimization { graph { level } }`` (any other value: every optimization)."""
 
 _TENSOR_TAKEN = frozenset({"name", "data_type", "dims", "format", "label_filename", "reshape"})
-_PARAMETERS = {"intra_op_thread_count": "intra_op_threads"}
-"""ONNX Runtime backend parameters sordino takes, and its own name for each."""
+_PARAMETERS = {
+    "intra_op_thread_count": ("intra_op_threads",),
+    "inter_op_thread_count": ("onnxruntime", "inter_op_threads"),
+    "execution_mode": ("onnxruntime", "execution_mode"),
+    "enable_mem_pattern": ("onnxruntime", "memory_pattern"),
+    "session.use_device_allocator_for_initializers": (
+        "onnxruntime",
+        "device_allocator_for_initializers",
+    ),
+    "enable_mem_arena": ("framework_memory", "cpu_arena"),
+    "memory.enable_memory_arena_shrinkage": ("framework_memory", "shrink_after_rows"),
+    "gpu_mem_limit": ("framework_memory", "gpu_mem_limit"),
+    "arena_extend_strategy": ("framework_memory", "gpu_arena_extend_strategy"),
+}
+"""Triton's ONNX Runtime backend parameters sordino takes, and where each goes in its
+own configuration (:func:`_parameter` reads the value as Triton does)."""
+_TRUE, _FALSE = ("true", "1", "on", "yes"), ("false", "0", "off", "no")
 
 
 def onnx_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any]:
@@ -77,18 +97,23 @@ def onnx_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any]:
         refused.append("optimization.priority")
     if _set(_one(config.get("model_transaction_policy")).get("decoupled")):
         refused.append("model_transaction_policy.decoupled")
+    graph = _one(optimization.get("graph"))
+    if "level" in graph:
+        level = _whole(graph["level"], f"{source}: optimization.graph.level")
+        settings["onnxruntime"] = {"graph_optimization_level": _GRAPH_LEVELS.get(level, "all")}
     for key, value in (config.get("parameters") or {}).items():
-        ours = _PARAMETERS.get(key)
+        path = _PARAMETERS.get(key)
         text = value.get("string_value") if isinstance(value, Mapping) else value
-        if ours is None:
+        if path is None:
             refused.append(f"parameters.{key}")
-        elif str(text).strip() not in ("", "0"):
-            try:
-                settings[ours] = int(str(text))
-            except ValueError:
-                raise ConfigError(
-                    f"{source}: parameters.{key} is {text!r}; give a whole number"
-                ) from None
+            continue
+        taken = _parameter(key, str(text).strip(), f"{source}: parameters.{key}")
+        if taken is None:
+            continue
+        if len(path) == 1:
+            settings[path[0]] = taken
+        else:
+            settings.setdefault(path[0], {})[path[1]] = taken
     labels: dict[str, str] = {}
     for kind in ("input", "output"):
         declared = []
@@ -122,6 +147,53 @@ def onnx_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any]:
             "what it takes from config.pbtxt)"
         )
     return settings
+
+
+def _whole(text: Any, where: str) -> int:
+    try:
+        return int(str(text).strip())
+    except ValueError:
+        raise ConfigError(f"{where} is {text!r}; give a whole number") from None
+
+
+def _flag(text: str, where: str) -> bool:
+    if text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    raise ConfigError(f"{where} is {text!r}; give 1 or 0 (true or false)")
+
+
+def _parameter(key: str, text: str, where: str) -> Any:
+    """The value sordino takes for Triton's ONNX Runtime parameter ``key`` given as
+    ``text`` (None: Triton's default, nothing to set); ConfigError for a value Triton
+    refuses, or one sordino does not do."""
+    if key in ("intra_op_thread_count", "inter_op_thread_count"):
+        count = _whole(text, where)
+        return count if count > 0 else None  # 0: ONNX Runtime's own choice
+    if key == "execution_mode":
+        mode = _whole(text, where)
+        if mode not in (0, 1):
+            raise ConfigError(f"{where} is {mode}; give 0 (sequential) or 1 (parallel)")
+        return "parallel" if mode else "sequential"
+    if key == "memory.enable_memory_arena_shrinkage":
+        if text.replace(" ", "") != "cpu:0":
+            raise ConfigError(
+                f'{where} is {text!r}; sordino shrinks only the CPU arena: give "cpu:0" '
+                "(or remove it)"
+            )
+        return 1  # Triton shrinks after every run: a batch of one row or more
+    if key == "gpu_mem_limit":
+        return _whole(text, where)
+    if key == "arena_extend_strategy":
+        strategies = {0: "kNextPowerOfTwo", 1: "kSameAsRequested"}
+        strategy = strategies.get(_whole(text, where))
+        if strategy is None:
+            raise ConfigError(
+                f"{where} is {text!r}; give 0 (kNextPowerOfTwo) or 1 (kSameAsRequested)"
+            )
+        return strategy
+    return _flag(text, where)  # enable_mem_pattern, enable_mem_arena, the allocator's
 
 
 def _one(value: Any) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from importlib.metadata import entry_points
 from sordino.backends.base import Backend, BackendKind, BackendOptions
 from sordino.backends.reshape import Reshapes
 from sordino.config.memory import FrameworkMemoryConfig
+from sordino.config.onnxruntime import OnnxRuntimeOptions
 from sordino.errors import ModelLoadError
 
 __all__ = [
@@ -49,6 +50,7 @@ def _onnxruntime(options: BackendOptions) -> Backend:
         memory=options.memory,
         thread_spinning=options.thread_spinning,
         reshapes=options.reshapes,
+        session=options.onnxruntime,
     )
 
 
@@ -149,6 +151,7 @@ def create_backend(
     triton_config: str | None = None,
     own_process: bool = False,
     reshapes: Reshapes | None = None,
+    onnxruntime: OnnxRuntimeOptions | None = None,
 ) -> Backend:
     """A new, unloaded backend of ``kind`` for model ``name`` (``load`` comes next).
 
@@ -157,7 +160,8 @@ def create_backend(
     ``thread_spinning`` lets its threads busy-wait for work (``ModelConfig.thread_spinning``);
     ``triton_config`` is a load's Triton configuration (JSON text) for its backend;
     ``own_process``: the instance runs in a worker process of its own;
-    ``reshapes``: tensors clients see in another shape than the model's.
+    ``reshapes``: tensors clients see in another shape than the model's;
+    ``onnxruntime``: ONNX Runtime's session options (the model's ``onnxruntime``).
     Raises :class:`ModelLoadError` for a kind this build does not know.
     """
     options = BackendOptions(
@@ -171,5 +175,6 @@ def create_backend(
         triton_config=triton_config,
         own_process=own_process,
         reshapes=reshapes,
+        onnxruntime=onnxruntime,
     )
     return backend_kind(kind, model=name).create(options)

@@ -18,6 +18,7 @@ from sordino.config.devices import ProviderName
 from sordino.config.executor import RayModelOptions
 from sordino.config.iterative import IterativeConfig
 from sordino.config.memory import FrameworkMemoryConfig
+from sordino.config.onnxruntime import OnnxRuntimeOptions
 from sordino.config.scheduler import SchedulerMode
 from sordino.config.sequences import SequenceBatchingConfig
 from sordino.config.warmup import WarmupSample
@@ -261,6 +262,9 @@ class ModelConfig(Section):
     intra_op_threads: int | None = Field(default=None, ge=1, le=1024)
     """Threads ONNX Runtime uses inside one operator; None: the machine's cores divided
     among the model's instances (at least 1)."""
+    onnxruntime: OnnxRuntimeOptions = OnnxRuntimeOptions()
+    """ONNX Runtime's session options: inter-op threads, execution mode, graph
+    optimization level, memory pattern (Triton's ONNX Runtime backend parameters)."""
     thread_spinning: bool = False
     """Let ONNX Runtime's intra- and inter-op threads spin (busy-wait) for work between
     operators: a little lower latency for some models, but each running instance burns

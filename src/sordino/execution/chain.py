@@ -169,6 +169,7 @@ class ChainExecutor:
                 calls=self._call_server,
                 triton_config=_json_or_none(config.triton_config),
                 reshapes=reshapes_of(config),
+                onnxruntime=config.onnxruntime,
             )
         spec = WorkerSpec(
             model=key.name,
@@ -187,6 +188,7 @@ class ChainExecutor:
             nice=self._settings.nice,
             triton_config=_json_or_none(config.triton_config),
             reshapes=reshapes_of(config),
+            onnxruntime=config.onnxruntime,
         )
         return ProcessInstance(
             key,

@@ -119,6 +119,7 @@ class ModelActor:
             triton_config=json.dumps(spec["triton_config"]) if spec.get("triton_config") else None,
             own_process=True,  # an actor is a process of one model instance
             reshapes=spec.get("reshapes"),
+            onnxruntime=spec.get("onnxruntime"),
         )
         backend.load(Path(spec["path"]), spec["target"])
         # A decoupled model is not warmed up (the executor then refuses it by name), nor

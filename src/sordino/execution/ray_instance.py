@@ -101,6 +101,7 @@ class RayInstance(InstanceBase):
             "triton_config": None if config.triton_config is None else dict(config.triton_config),
             "warmup_batches": settings.warmup_batches,
             "reshapes": reshapes_of(config),
+            "onnxruntime": config.onnxruntime,
         }
         self._options = config.ray or RayModelOptions()
         self._settings = settings

@@ -14,6 +14,7 @@ from sordino.backends.calls import CallingBackend
 from sordino.backends.decoupled import DecoupledBackend
 from sordino.backends.registry import create_backend
 from sordino.backends.reshape import Reshapes
+from sordino.config.onnxruntime import OnnxRuntimeOptions
 from sordino.errors import Unavailable
 from sordino.execution.decoupled import ThreadResponder
 from sordino.execution.devices import Device
@@ -46,6 +47,7 @@ class ThreadInstance(InstanceBase):
         calls: Callable[[], CallServer | None] | None = None,
         triton_config: str | None = None,
         reshapes: Reshapes | None = None,
+        onnxruntime: OnnxRuntimeOptions | None = None,
     ) -> None:
         """Build the ``backend`` kind's backend (unloaded); :meth:`open` loads it.
 
@@ -65,6 +67,7 @@ class ThreadInstance(InstanceBase):
             index=index,
             triton_config=triton_config,
             reshapes=reshapes,
+            onnxruntime=onnxruntime,
         )
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sordino-{key.name}")
         self._calls = calls

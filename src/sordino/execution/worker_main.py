@@ -40,6 +40,7 @@ from sordino.backends.calls import CallingBackend
 from sordino.backends.decoupled import DecoupledBackend
 from sordino.backends.reshape import Reshapes
 from sordino.config.memory import FrameworkMemoryConfig
+from sordino.config.onnxruntime import OnnxRuntimeOptions
 from sordino.execution.messages import (
     HEARTBEAT,
     FrameError,
@@ -81,6 +82,8 @@ class WorkerSpec:
     """Added to the niceness of every thread of the worker, first thing (``workers.nice``)."""
     triton_config: str | None = None
     """A model-control load's Triton configuration (JSON text) for the backend."""
+    onnxruntime: OnnxRuntimeOptions | None = None
+    """ONNX Runtime's session options (the model's ``onnxruntime``)."""
     reshapes: Reshapes | None = None
     """Tensors clients see in another shape than the model's (Triton's ``reshape``)."""
 
@@ -147,6 +150,7 @@ def worker_main(spec: WorkerSpec, conn: Connection, log: dict[str, Any] | None =
             triton_config=spec.triton_config,
             own_process=True,
             reshapes=spec.reshapes,
+            onnxruntime=spec.onnxruntime,
         )
         if isinstance(backend, CallingBackend):
             backend.set_caller(link)  # the model's BLS calls go over the pipe
