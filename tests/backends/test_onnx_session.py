@@ -139,3 +139,13 @@ def test_a_tuned_triton_repository_serves(tmp_path: Path) -> None:
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), 2 * x)
         np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), 0 * x)
         client.close()
+
+
+def test_a_python_model_refuses_them() -> None:
+    from pydantic import ValidationError
+
+    from sordino.config.models import ModelConfig
+
+    with pytest.raises(ValidationError, match="a Python model opens itself"):
+        ModelConfig(backend="python", onnxruntime={"execution_mode": "parallel"})
+    ModelConfig(backend="python", onnxruntime={})

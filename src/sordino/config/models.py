@@ -374,6 +374,15 @@ class ModelConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _onnxruntime_for_onnx_runtime(self) -> ModelConfig:
+        if self.backend == "python" and not self.onnxruntime.is_default:
+            raise ValueError(
+                "onnxruntime sets ONNX Runtime's session options, which a Python model "
+                "opens itself (if at all); remove onnxruntime"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _reshapes_hold_their_dims(self) -> ModelConfig:
         for kind in ("input", "output"):
             for tensor in getattr(self, kind):
