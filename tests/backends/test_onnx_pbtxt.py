@@ -126,8 +126,8 @@ def test_a_batch_size_for_a_model_that_cannot_batch_is_refused() -> None:
 @pytest.mark.parametrize(
     ("extra", "said"),
     [
-        ('parameters { key: "cudnn_conv_algo_search" value: { string_value: "1" } }',
-         "parameters.cudnn_conv_algo_search"),
+        ('parameters { key: "not_a_parameter" value: { string_value: "1" } }',
+         "parameters.not_a_parameter"),
         ('optimization { execution_accelerators { cpu_execution_accelerator : [ { name : '
          '"openvino" } ] } }', "optimization.execution_accelerators"),
         ('model_repository_agents { agents [ { name: "checksum" } ] }', "model_repository_agents"),

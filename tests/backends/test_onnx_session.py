@@ -149,3 +149,38 @@ def test_a_python_model_refuses_them() -> None:
     with pytest.raises(ValidationError, match="a Python model opens itself"):
         ModelConfig(backend="python", onnxruntime={"execution_mode": "parallel"})
     ModelConfig(backend="python", onnxruntime={})
+
+
+GPU_TUNED = """
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+optimization { execution_accelerators {
+  gpu_execution_accelerator : [ {
+    name : "tensorrt"
+    parameters { key: "precision_mode" value: "FP16" }
+    parameters { key: "max_workspace_size_bytes" value: "1073741824" }
+  } ]
+} }
+parameters { key: "cudnn_conv_algo_search" value: { string_value: "1" } }
+"""
+
+
+def test_gpu_settings_are_left_for_an_instance_on_the_cpu(tmp_path: Path) -> None:
+    """Triton's backend reads TensorRT and CUDA settings only for an instance on a GPU:
+    a repository tuned for one serves on the CPU, on Triton and on sordino; on a GPU
+    instance sordino refuses them by name (it does not pass them on)."""
+    (source,) = scan_repository(_simple(tmp_path / "auto", GPU_TUNED))
+    assert source.config.instance_kind == "auto"
+    cpu = GPU_TUNED + "instance_group [ { kind: KIND_CPU } ]\n"
+    (source,) = scan_repository(_simple(tmp_path / "cpu", cpu))
+    with serve_in_thread(RuntimeConfig(), [source]) as server:
+        client = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+        assert client.is_model_ready("simple")
+        client.close()
+    gpu = GPU_TUNED + "instance_group [ { kind: KIND_GPU } ]\n"
+    said = "optimization.execution_accelerators.gpu_execution_accelerator, parameters.cudnn"
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        scan_repository(_simple(tmp_path / "gpu", gpu))
+    openvino = GPU_TUNED.replace("gpu_execution_accelerator", "cpu_execution_accelerator")
+    with pytest.raises(ConfigError, match="execution_accelerators.cpu_execution_accelerator"):
+        scan_repository(_simple(tmp_path / "openvino", openvino))

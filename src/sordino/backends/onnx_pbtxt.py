@@ -50,7 +50,7 @@ _TAKEN = frozenset(
 """Fields read (or checked) here; any other one set is refused by name."""
 
 _OPTIMIZATION_TAKEN = frozenset(
-    {"input_pinned_memory", "output_pinned_memory", "priority", "graph"}
+    {"input_pinned_memory", "output_pinned_memory", "priority", "graph", "execution_accelerators"}
 )
 """GPU transfer hints and Triton's default priority (nothing to do on sordino's CPU
 path), and the graph optimization level."""
@@ -75,6 +75,8 @@ _PARAMETERS = {
 """Triton's ONNX Runtime backend parameters sordino takes, and where each goes in its
 own configuration (:func:`_parameter` reads the value as Triton does)."""
 _TRUE, _FALSE = ("true", "1", "on", "yes"), ("false", "0", "off", "no")
+_CUDA_ONLY = ("cudnn_conv_algo_search", "do_copy_in_default_stream")
+"""Parameters Triton's backend reads only for an instance on a GPU (the CUDA provider's)."""
 
 
 def onnx_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any]:
@@ -97,6 +99,14 @@ def onnx_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any]:
         refused.append("optimization.priority")
     if _set(_one(config.get("model_transaction_policy")).get("decoupled")):
         refused.append("model_transaction_policy.decoupled")
+    # Triton's backend adds GPU execution accelerators (TensorRT, CUDA settings) only to an
+    # instance on a GPU and never reads them for one on the CPU, as sordino runs a model
+    # whose instance group is not KIND_GPU: there they are left as Triton leaves them.
+    on_gpu = settings.get("instance_kind") == "gpu"
+    accelerators = _one(optimization.get("execution_accelerators"))
+    for key, value in accelerators.items():
+        if _set(value) and (on_gpu or key != "gpu_execution_accelerator"):
+            refused.append(f"optimization.execution_accelerators.{key}")
     graph = _one(optimization.get("graph"))
     if "level" in graph:
         level = _whole(graph["level"], f"{source}: optimization.graph.level")
@@ -104,6 +114,8 @@ def onnx_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any]:
     for key, value in (config.get("parameters") or {}).items():
         path = _PARAMETERS.get(key)
         text = value.get("string_value") if isinstance(value, Mapping) else value
+        if key in _CUDA_ONLY and not on_gpu:
+            continue  # (as the accelerators above)
         if path is None:
             refused.append(f"parameters.{key}")
             continue
