@@ -119,14 +119,37 @@ def test_an_empty_sequence_batcher_is_the_direct_strategy() -> None:
     config = ModelConfig(**settings)
     assert config.sequence_batching is not None
     assert config.sequence_batching.strategy == "direct"
+    # Triton's strategies batch what is queued unless told to wait (refused before).
+    assert config.dynamic_batching.max_queue_delay_microseconds == 0
+
+
+@pytest.mark.parametrize(
+    ("strategy", "delay", "preferred"),
+    [
+        ("direct { max_queue_delay_microseconds: 100 }", 100, ()),
+        ("oldest { max_candidate_sequences: 1024 max_queue_delay_microseconds: 10000 }", 10000,
+         ()),
+        ("oldest { preferred_batch_size: [ 2, 4 ] }", 0, (2, 4)),
+    ],
+)  # fmt: skip
+def test_a_strategys_queue_delay_and_sizes_are_its_batchers(
+    strategy: str, delay: int, preferred: tuple[int, ...]
+) -> None:
+    """What Triton's strategy waits to join the sequences' requests into a batch (its
+    simple_dyna_sequence example: oldest, 10 ms) is sordino's batcher's wait."""
+    text = f"max_batch_size: 8\nsequence_batching {{ {strategy} }}"
+    config = ModelConfig(**sordino_settings(parse_pbtxt(text), source="c"))
+    batching = config.dynamic_batching
+    assert (batching.max_queue_delay_microseconds, batching.preferred_batch_size) == (
+        delay,
+        preferred,
+    )
 
 
 @pytest.mark.parametrize(
     ("field", "said"),
     [
-        ("direct { max_queue_delay_microseconds: 100 }", "direct.max_queue_delay_microseconds"),
         ("direct { minimum_slot_utilization: 0.5 }", "direct.minimum_slot_utilization"),
-        ("oldest { preferred_batch_size: [ 2 ] }", "oldest.preferred_batch_size"),
         ("oldest { preserve_ordering: true }", "oldest.preserve_ordering"),
         ("iterative_sequence: true", "iterative_sequence"),
         (

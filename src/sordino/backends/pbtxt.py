@@ -283,6 +283,8 @@ def sordino_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any
     sequences = config.get("sequence_batching")
     if isinstance(sequences, Mapping):
         settings["sequence_batching"] = _sequence_batching(sequences, source)
+        if batching is None:  # (Triton takes one of the two)
+            settings["dynamic_batching"] = _strategy_batching(sequences)
     elif batching is None:
         # Triton joins requests only under a dynamic (or sequence) batcher: without one
         # each request is its own batch (the backend's auto_complete_config may still
@@ -371,10 +373,32 @@ def _dynamic_batching(section: Mapping[str, Any]) -> dict[str, Any]:
 
 
 _STRATEGY_KEYS = {"direct": frozenset(), "oldest": frozenset({"max_candidate_sequences"})}
-"""What sordino takes of each strategy of Triton's sequence batcher."""
+"""What sordino's sequence batcher takes of each strategy of Triton's."""
+_STRATEGY_BATCHING = {
+    "direct": frozenset({"max_queue_delay_microseconds"}),
+    "oldest": frozenset({"max_queue_delay_microseconds", "preferred_batch_size"}),
+}
+"""What of each strategy is the batcher's that joins the sequences' requests (sordino's
+``dynamic_batching`` for the model: :func:`_strategy_batching`)."""
 _STATE_KEYS = frozenset({"input_name", "output_name"})
 _STATE_DESCRIPTIONS = frozenset({"data_type", "dims"})
 """A state's datatype and shape: those of its output, which the model declares already."""
+
+
+def _strategy_batching(section: Mapping[str, Any]) -> dict[str, Any]:
+    """The batcher that joins the requests of a sequence model's sequences, from its
+    strategy: its ``max_queue_delay_microseconds`` (unset, Triton's 0: no wait) and, for
+    ``oldest``, its ``preferred_batch_size``."""
+    for kind in ("oldest", "direct"):
+        strategy = section.get(kind)
+        if isinstance(strategy, Mapping):
+            folded: dict[str, Any] = {
+                "max_queue_delay_microseconds": strategy.get("max_queue_delay_microseconds", 0)
+            }
+            if kind == "oldest" and strategy.get("preferred_batch_size"):
+                folded["preferred_batch_size"] = list(strategy["preferred_batch_size"])
+            return folded
+    return {"max_queue_delay_microseconds": 0}  # Triton's default strategy is direct
 
 
 def _asks(value: Any) -> bool:
@@ -386,11 +410,12 @@ def _sequence_batching(section: Mapping[str, Any], source: str) -> dict[str, Any
     """sordino's ``sequence_batching`` from Triton's (``config/sequences.py``).
 
     Taken: ``max_sequence_idle_microseconds``, the ``direct`` or ``oldest`` strategy
-    (``oldest.max_candidate_sequences``), ``control_input`` and each ``state``'s
+    (``oldest.max_candidate_sequences``; its queue delay and preferred sizes are the
+    batcher's, :func:`_strategy_batching`), ``control_input`` and each ``state``'s
     ``input_name``/``output_name``. Fields sordino does not implement are refused by
-    name when set to other than Triton's default (a ``direct``/``oldest`` queue delay,
-    preferred sizes, ordering or slot utilization, a state's ``initial_state`` or
-    buffer options, ``iterative_sequence``), rather than served as if absent.
+    name when set to other than Triton's default (ordering or slot utilization, a
+    state's ``initial_state`` or buffer options, ``iterative_sequence``), rather than
+    served as if absent.
     """
     where = f"{source}: sequence_batching"
     refused: list[str] = []
@@ -401,9 +426,8 @@ def _sequence_batching(section: Mapping[str, Any], source: str) -> dict[str, Any
         elif key in _STRATEGY_KEYS:
             given = value if isinstance(value, Mapping) else {}
             settings[key] = {k: v for k, v in given.items() if k in _STRATEGY_KEYS[key]}
-            refused += [
-                f"{key}.{k}" for k, v in given.items() if k not in settings[key] and _asks(v)
-            ]
+            taken = _STRATEGY_KEYS[key] | _STRATEGY_BATCHING[key]
+            refused += [f"{key}.{k}" for k, v in given.items() if k not in taken and _asks(v)]
         elif key == "control_input":
             settings[key] = list(value)
         elif key == "state":
