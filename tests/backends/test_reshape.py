@@ -5,6 +5,7 @@ reshape")."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -233,4 +234,22 @@ def test_a_python_model_sees_and_gives_the_reshaped_tensors() -> None:
         config = client.get_model_config("reshaped")
         assert config["input"][0]["reshape"] == {"shape": [-1, 4]}
         assert config["output"][1]["reshape"] == {"shape": []}
+        client.close()
+
+
+def test_a_model_in_the_servers_own_process_is_reshaped_too(tmp_path: Path) -> None:
+    """(``isolation: thread``: the backend runs in the server, not in a worker.)"""
+    root = _model(tmp_path, "grid", GRID, grid_model)
+    (source,) = scan_repository(root)
+    threaded = dataclasses.replace(
+        source, config=source.config.model_copy(update={"isolation": "thread"})
+    )
+    with serve_in_thread(RuntimeConfig(), [threaded]) as running:
+        client = httpclient.InferenceServerClient(running.url.removeprefix("http://"))
+        grid = np.ones((1, 2, 2, 2), np.float32)
+        tensor = httpclient.InferInput("GRID", [1, 2, 2, 2], "FP32")
+        tensor.set_data_from_numpy(grid)
+        result = client.infer("grid", [tensor])
+        np.testing.assert_array_equal(result.as_numpy("TOTAL"), [[8.0]])
+        np.testing.assert_array_equal(result.as_numpy("TWICE"), 2 * grid)
         client.close()
