@@ -157,6 +157,16 @@ RESHAPED = "reshaped"
 to ``[rows, 1]``); it answers the shape it saw. Asked one at a time and several at once
 (one batch); sordino refused the model before ("reshape is not supported")."""
 
+LEVEL_QUEUES = "level_queues"
+"""Priority levels with queue policies of their own (``priority_queue_policy``): at most
+one request of level 2 waits, one of level 3 waits at most 200 ms; each ``execute``
+takes 0.5 s. Five requests sent 0.05 s apart (:data:`_LEVEL_ORDER`) must be answered or
+refused alike; sordino refused the model at load before."""
+
+_LEVEL_ORDER = ((1, "A"), (2, "B"), (2, "C"), (3, "E"), (1, "D"))
+"""(priority, name) of :data:`LEVEL_QUEUES`'s requests, in the order sent: A runs; B
+waits at level 2, whose queue is then full for C; E's 200 ms pass behind A; D waits."""
+
 QUIET_S = 2.0
 """After an error in a gRPC stream, how long to wait for more before taking the stream
 as ended (the client is not told whether the error was the request's last)."""
@@ -401,7 +411,7 @@ def _at_once(mod: Any, url: str, asked: list[Case]) -> list[dict[str, np.ndarray
 
 
 CONFIGURED = ("add_sub", "auto_complete", CACHED, OPTIONAL, WARMUP, REQUESTED_ONLY,
-              RESHAPED, *ENSEMBLES, REQUESTED_ONLY_ENSEMBLE)  # fmt: skip
+              RESHAPED, LEVEL_QUEUES, *ENSEMBLES, REQUESTED_ONLY_ENSEMBLE)  # fmt: skip
 """Models whose whole configuration (HTTP) is compared, as :func:`_config` keeps it:
 Python models and ensembles (their steps as written)."""
 
@@ -410,7 +420,7 @@ def _config(client: Any, model: str) -> dict[str, Any]:
     """A model's configuration (HTTP), every field in Triton's order, less what differs on
     purpose: sordino's own ``sordino_*`` parameters, the scheduler's values in
     ``dynamic_batching`` (its priority levels and preferred sizes are the ones it uses;
-    the delay and ordering are compared)."""
+    the delay, the ordering and the levels' own queue policies are compared)."""
     config = client.get_model_config(model)
     config["parameters"] = {
         k: v for k, v in config.get("parameters", {}).items() if not k.startswith("sordino_")
@@ -418,7 +428,8 @@ def _config(client: Any, model: str) -> dict[str, Any]:
     batching = config.get("dynamic_batching")
     if batching is not None:
         config["dynamic_batching"] = {
-            k: batching.get(k) for k in ("max_queue_delay_microseconds", "preserve_ordering")
+            k: batching.get(k)
+            for k in ("max_queue_delay_microseconds", "preserve_ordering", "priority_queue_policy")
         }
     return {"keys": list(config), **config}
 
@@ -548,7 +559,7 @@ def compare(
                        _refuses_infer(ours, mod, model, arrays))  # fmt: skip
             check(f"{model} unary infer refused", protocol, refused == (True, True), str(refused))
         own = {ERROR_CODES, AS_MADE, STREAM_ERRORS_BLS, VERSIONS, COLD_START, WARMUP, CACHED,
-               REQUESTED_ONLY, REQUESTED_ONLY_ENSEMBLE}  # fmt: skip
+               REQUESTED_ONLY, REQUESTED_ONLY_ENSEMBLE, LEVEL_QUEUES}  # fmt: skip
         if WARMUP in models:  # asked first, over each protocol in turn: the same history
             ones: Case = (WARMUP, {"X": np.ones((1, 4), np.float32)}, ["CALLS", "ROWS", "TOTAL"])
             expected_run, got_run = _infer(mod, theirs, ones), _infer(mod, ours, ones)
@@ -612,6 +623,16 @@ def compare(
             expected_shaped, got_shaped = (_listed(_at_once(mod, url, together)) for url in urls)
             check(f"{RESHAPED} at once", protocol, expected_shaped == got_shaped,
                   f"{len(together)} requests")  # fmt: skip
+        if LEVEL_QUEUES in models:
+            urls = (
+                (triton.http, sordino_http)
+                if protocol == "http"
+                else (triton.grpc or "", sordino_grpc)
+            )
+            expected_levels, got_levels = (_level_queues(mod, url) for url in urls)
+            check(f"{LEVEL_QUEUES} answered or refused", protocol,
+                  expected_levels == got_levels,
+                  f"triton {expected_levels}, sordino {got_levels}")  # fmt: skip
         if REQUESTED_ONLY_ENSEMBLE in models:
             for names in (["OA", "OC"], ["OC"]):
                 case = (REQUESTED_ONLY_ENSEMBLE, {"IN": np.array([[3]], np.int32)}, names)
@@ -663,6 +684,42 @@ def compare(
     return checks
 
 
+def _level_queues(mod: Any, url: str) -> list[str]:
+    """Each of :data:`_LEVEL_ORDER`'s requests' fate: ``ok`` or ``refused``, in order."""
+
+    def one(index: int, priority: int) -> str:
+        time.sleep(0.05 * index)
+        if mod is httpclient:  # (tritonclient's HTTP client is gevent's: one a thread)
+            body = {
+                "inputs": [{"name": "X", "shape": [1, 1], "datatype": "INT32", "data": [index]}],
+                "parameters": {"priority": priority},
+            }
+            request = urllib.request.Request(
+                f"{url}/v2/models/{LEVEL_QUEUES}/infer", json.dumps(body).encode(),
+                {"Content-Type": "application/json"},
+            )  # fmt: skip
+            try:
+                with urllib.request.urlopen(request, timeout=30) as answer:
+                    answer.read()
+            except urllib.error.HTTPError:
+                return "refused"
+            return "ok"
+        client = grpcclient.InferenceServerClient(url)
+        tensor = grpcclient.InferInput("X", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[index]], np.int32))
+        try:
+            client.infer(LEVEL_QUEUES, [tensor], priority=priority)
+        except InferenceServerException:
+            return "refused"
+        finally:
+            client.close()
+        return "ok"
+
+    with ThreadPoolExecutor(len(_LEVEL_ORDER)) as pool:
+        fates = pool.map(lambda at: one(at[0], at[1][0]), enumerate(_LEVEL_ORDER))
+        return [f"{name} {fate}" for (_, name), fate in zip(_LEVEL_ORDER, fates, strict=True)]
+
+
 def _cached(mod: Any, client: Any) -> list[tuple[list[float], int]]:
     """:data:`CACHED` asked X, X, another X, X: each answer's Y and RUNS."""
     seen = []
@@ -700,9 +757,9 @@ def repository(source: Path, into: Path) -> Path:
     Triton's bls example calls (add_sub under that name: no torch here) when
     ``bls_async`` is there without it, and the bench's :data:`ERROR_CODES`,
     :data:`AS_MADE`, :data:`STREAM_ERRORS`, :data:`STREAM_ERRORS_BLS`, :data:`VERSIONS`,
-    :data:`COLD_START`, :data:`OPTIONAL`, :data:`WARMUP`, :data:`CACHED`, :data:`RESHAPED`
-    and :data:`REQUESTED_ONLY` models (and :data:`REQUESTED_ONLY_ENSEMBLE`), with its
-    :data:`ENSEMBLES` where their steps are."""
+    :data:`COLD_START`, :data:`OPTIONAL`, :data:`WARMUP`, :data:`CACHED`, :data:`RESHAPED`,
+    :data:`LEVEL_QUEUES` and :data:`REQUESTED_ONLY` models (and
+    :data:`REQUESTED_ONLY_ENSEMBLE`), with its :data:`ENSEMBLES` where their steps are."""
     repo = into / "models"
     shutil.copytree(source, repo)
     if (repo / "bls_async").is_dir() and not (repo / "pytorch").exists():
@@ -710,7 +767,7 @@ def repository(source: Path, into: Path) -> Path:
         config = repo / "pytorch" / "config.pbtxt"
         config.write_text(config.read_text().replace('name: "add_sub"', 'name: "pytorch"'))
     own = (ERROR_CODES, AS_MADE, STREAM_ERRORS, STREAM_ERRORS_BLS, VERSIONS, COLD_START,
-           OPTIONAL, WARMUP, CACHED, REQUESTED_ONLY, RESHAPED)  # fmt: skip
+           OPTIONAL, WARMUP, CACHED, REQUESTED_ONLY, RESHAPED, LEVEL_QUEUES)  # fmt: skip
     for name in own:
         shutil.copytree(OWN / name, repo / name)
     (repo / REQUESTED_ONLY_ENSEMBLE / "1").mkdir(parents=True)

@@ -16,7 +16,7 @@ from sordino.admission.chain import (
 )
 from sordino.errors import InvalidRequest, QueueTimeout, Unsupported
 from sordino.inference import InferRequest
-from sordino.records import QueueSettings
+from sordino.records import LevelQueue, QueueSettings
 
 RULES = {"premium_user": "high", "batch_job": "low", "vip": 1}
 
@@ -162,3 +162,21 @@ def test_the_deadline_counts_from_arrival() -> None:
     late = InferRequest(model="m", inputs={}, received_at=time.monotonic() - 0.6)
     with pytest.raises(QueueTimeout, match="waited"):
         AdmissionChain(default_links()).admit(late, context)
+
+
+def test_a_level_with_its_own_policy_has_its_own_deadline() -> None:
+    """Triton's priority_queue_policy: the request's level's default timeout and override
+    rule; the model's for the other levels."""
+    settings = QueueSettings(
+        default_timeout_s=1.0,
+        allow_timeout_override=True,
+        levels=(None, None, LevelQueue(default_timeout_s=0.2, allow_timeout_override=False)),
+    )
+    assert _admit({"priority": 3}, settings=settings).timeout_s == pytest.approx(0.2, abs=0.01)
+    assert _admit({"priority": 3, "timeout": 100_000}, settings=settings).timeout_s == (
+        pytest.approx(0.2, abs=0.01)
+    )  # the level allows no override
+    assert _admit({"priority": 1, "timeout": 100_000}, settings=settings).timeout_s == (
+        pytest.approx(0.1, abs=0.01)
+    )
+    assert _admit({"priority": 2}, settings=settings).timeout_s == pytest.approx(1.0, abs=0.01)

@@ -250,10 +250,6 @@ def test_protobuf_defaults_are_as_if_unset() -> None:
 @pytest.mark.parametrize(
     ("field", "said"),
     [
-        (
-            "dynamic_batching { priority_queue_policy { key: 1 value { max_queue_size: 2 } } }",
-            "dynamic_batching.priority_queue_policy",
-        ),
         ("dynamic_batching { preserve_ordering: true }", "dynamic_batching.preserve_ordering"),
         (
             'instance_group [ { count: 1 rate_limiter { resources [ { name: "R" count: 1 } ] } } ]',
@@ -331,3 +327,23 @@ def test_a_dynamic_batcher_without_a_delay_waits_none_as_on_triton() -> None:
     text = 'backend: "python"\nmax_batch_size: 8\ndynamic_batching { }\n'
     config = ModelConfig(**sordino_settings(parse_pbtxt(text), source="c"))
     assert config.dynamic_batching.max_queue_delay_microseconds == 0
+
+
+def test_a_levels_own_queue_policy_is_taken() -> None:
+    """Triton's priority_queue_policy (refused before): each level's policy is whole,
+    Triton's defaults where it says nothing; a level past priority_levels is refused."""
+    text = (
+        "max_batch_size: 4\ndynamic_batching { priority_levels: 3\n"
+        "  default_queue_policy { default_timeout_microseconds: 5000 }\n"
+        "  priority_queue_policy { key: 3 value: { max_queue_size: 2 timeout_action: DELAY } }\n"
+        "}"
+    )
+    config = ModelConfig(**sordino_settings(parse_pbtxt(text), source="c"))
+    (level,) = config.dynamic_batching.priority_queue_policy.items()
+    assert level[0] == 3
+    policy = level[1]
+    assert (policy.max_queue_size, policy.timeout_action) == (2, "DELAY")
+    assert (policy.default_timeout_microseconds, policy.allow_timeout_override) == (0, False)
+    with pytest.raises(ValueError, match=r"names level\(s\) \[3\], outside priority_levels 1..2"):
+        ModelConfig(**sordino_settings(parse_pbtxt(text.replace("levels: 3", "levels: 2")),
+                                       source="c"))  # fmt: skip

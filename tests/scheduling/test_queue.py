@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from sordino.errors import QueueFull
+from sordino.records import LevelQueue
 from sordino.scheduling.queue import RequestQueue
 from sordino.scheduling.work import WorkItem, signature_of
 
@@ -124,3 +125,62 @@ def test_statistics_count_by_priority() -> None:
     assert stats.depth == 2
     assert stats.depth_by_priority == (1, 0, 1)
     assert stats.oldest_arrival == 2.0
+
+
+def test_a_level_with_its_own_limit_refuses_past_it() -> None:
+    """Triton's priority_queue_policy max_queue_size: that level's items alone; the other
+    levels and the whole queue's limit as before (refused before: not supported)."""
+    q = _queue(max_size=5)
+    q.set_levels((None, LevelQueue(max_queue_size=1), None))
+    q.put_nowait(_item(priority=2))
+    with pytest.raises(QueueFull, match=r"queue of priority 2 is full \(1 requests waiting\)"):
+        q.put_nowait(_item(priority=2))
+    q.put_nowait(_item(priority=2), force=True)  # a step of accepted work: never refused
+    for priority in (1, 3, 1):
+        q.put_nowait(_item(priority=priority))
+    with pytest.raises(QueueFull, match=r"the queue is full \(5 requests waiting\)"):
+        q.put_nowait(_item(priority=1))
+    q.set_levels(())
+    assert len(q) == 5
+
+
+def test_a_level_with_its_own_action_delays_or_rejects_at_its_deadline() -> None:
+    q = _queue(delay=False)
+    q.set_levels((LevelQueue(timeout_action="DELAY"), None, None))
+    kept, dropped = _item(priority=1, deadline=1.0), _item(priority=2, deadline=1.0)
+    q.put_nowait(kept)
+    q.put_nowait(dropped)
+    assert q.expire(2.0) == [dropped]
+    assert kept.delayed and q.head() is kept
+
+
+def test_a_served_model_shows_its_levels_policies() -> None:
+    """``GET …/config`` over HTTP and gRPC, as Triton shows them (compared side by side
+    in bench.triton_python_parity, with the requests each refuses)."""
+    from pathlib import Path
+
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    from sordino.config import RuntimeConfig
+    from sordino.models.repository import scan_repository
+    from sordino.testing import serve_in_thread
+
+    fixture = Path(__file__).parent.parent / "fixtures" / "triton_python_answers"
+    sources = [s for s in scan_repository(fixture) if s.name == "level_queues"]
+    with serve_in_thread(RuntimeConfig(), sources) as running:
+        http = httpclient.InferenceServerClient(running.url.removeprefix("http://"))
+        levels = http.get_model_config("level_queues")["dynamic_batching"]
+        http.close()
+        grpc = grpcclient.InferenceServerClient(running.grpc_url)
+        by_grpc = grpc.get_model_config("level_queues", as_json=True)["config"]
+        grpc.close()
+    assert levels["priority_queue_policy"] == {
+        "2": {"timeout_action": "REJECT", "default_timeout_microseconds": 0,
+              "allow_timeout_override": False, "max_queue_size": 1},
+        "3": {"timeout_action": "REJECT", "default_timeout_microseconds": 200000,
+              "allow_timeout_override": False, "max_queue_size": 0},
+    }  # fmt: skip
+    policies = by_grpc["dynamic_batching"]["priority_queue_policy"]
+    assert policies["2"]["max_queue_size"] == 1
+    assert policies["3"]["default_timeout_microseconds"] == "200000"  # (uint64: text)

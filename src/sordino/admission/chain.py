@@ -156,18 +156,28 @@ def choose_priority(
 
 
 def choose_timeout(
-    settings: QueueSettings, *, stated: object = None, header: str | None = None
+    settings: QueueSettings,
+    *,
+    stated: object = None,
+    header: str | None = None,
+    priority: int = 0,
 ) -> float | None:
     """The deadline rule, the one place it lives: seconds from arrival, or None.
 
     ``stated`` is ``parameters.timeout`` (microseconds, Triton's name), else ``header``
     (``X-Sordino-Timeout``, same unit). A request may only shorten the model's default
     timeout, and only when the queue policy allows overrides; without a default, its
-    own timeout applies. Raises :class:`InvalidRequest` for a malformed value.
+    own timeout applies. The policy is that of the request's ``priority`` level where
+    the level has its own (``priority_queue_policy``). Raises :class:`InvalidRequest`
+    for a malformed value.
     """
-    default = settings.default_timeout_s or None
+    if settings.levels:
+        default_s, allow = settings.timeout_rule(priority)
+    else:
+        default_s, allow = settings.default_timeout_s, settings.allow_timeout_override
+    default = default_s or None
     value = stated if stated is not None else _timeout_header(header)
-    if value is None or not settings.allow_timeout_override:
+    if value is None or not allow:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidRequest(
@@ -210,6 +220,7 @@ def resolve_timeout(request: InferRequest, context: AdmissionContext) -> None:
         context.settings,
         stated=request.parameters.get("timeout"),
         header=request.headers.get(TIMEOUT_HEADER),
+        priority=context.priority,
     )
     if timeout_s and request.received_at is not None:
         waited = time.monotonic() - request.received_at

@@ -315,7 +315,6 @@ def sordino_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any
 
 
 _REFUSED = {
-    "dynamic_batching.priority_queue_policy": ("dynamic_batching", "priority_queue_policy"),
     "dynamic_batching.preserve_ordering": ("dynamic_batching", "preserve_ordering"),
     # Ragged batching's extra tensors, made by Triton's core for the model.
     "batch_input": ("batch_input",),
@@ -352,7 +351,8 @@ def _dynamic_batching(section: Mapping[str, Any]) -> dict[str, Any]:
     protobuf default (0, false, absent) are as if unset, as Triton reads them:
     ``priority_levels: 0`` is no priorities (sordino's default levels then, which a
     request that names none does not see), ``max_queue_size: 0`` Triton's unbounded
-    queue (sordino's bounded default: it runs no unbounded queue). Given a
+    queue (sordino's bounded default: it runs no unbounded queue). A level of
+    ``priority_queue_policy`` takes its own policy, whole. Given a
     ``default_queue_policy``, ``allow_timeout_override`` is Triton's default (false)
     unless set.
     """
@@ -366,10 +366,24 @@ def _dynamic_batching(section: Mapping[str, Any]) -> dict[str, Any]:
             folded[key] = section[key]
     queue = section.get("default_queue_policy")
     if isinstance(queue, Mapping):
-        policy = {key: queue[key] for key in _QUEUE_KEYS if _asks(queue.get(key))}
-        policy.setdefault("allow_timeout_override", False)
-        folded["default_queue_policy"] = policy
+        folded["default_queue_policy"] = _queue_policy(queue)
+    levels = section.get("priority_queue_policy")
+    if isinstance(levels, Mapping) and levels:
+        # A level's policy is whole on its own, Triton's defaults where it says nothing
+        # (not the default policy's); its max_queue_size 0 is "no limit of its own".
+        folded["priority_queue_policy"] = {
+            int(level): _queue_policy(policy if isinstance(policy, Mapping) else {})
+            for level, policy in levels.items()
+        }
     return folded
+
+
+def _queue_policy(queue: Mapping[str, Any]) -> dict[str, Any]:
+    """sordino's queue policy from Triton's (``allow_timeout_override`` Triton's false
+    unless set)."""
+    policy = {key: queue[key] for key in _QUEUE_KEYS if _asks(queue.get(key))}
+    policy.setdefault("allow_timeout_override", False)
+    return policy
 
 
 _STRATEGY_KEYS = {"direct": frozenset(), "oldest": frozenset({"max_candidate_sequences"})}

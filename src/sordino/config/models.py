@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from sordino.config.base import MAX_BATCH_SIZE, ExpandedPath, Section
 from sordino.config.declared import DeclaredTensor, check_reshape
@@ -28,6 +28,7 @@ __all__ = [
     "AllVersions",
     "DynamicBatchingConfig",
     "LatestVersions",
+    "LevelQueuePolicy",
     "ModelConfig",
     "QueuePolicy",
     "SpecificVersions",
@@ -72,6 +73,29 @@ class QueuePolicy(Section):
         return size
 
 
+class _FrozenLevels(dict[int, "LevelQueuePolicy"]):
+    """``priority_queue_policy``'s value: a dict that hashes, as a frozen section must."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted(self.items(), key=lambda item: item[0])))
+
+
+class LevelQueuePolicy(Section):
+    """One priority level's own queue policy (Triton's ``priority_queue_policy``): its
+    requests' deadlines, what happens at one, and how many of them may wait."""
+
+    timeout_action: Literal["REJECT", "DELAY"] = "REJECT"
+    """At the deadline: REJECT fails the request; DELAY keeps it but behind on-time ones."""
+    default_timeout_microseconds: int = Field(default=0, ge=0, le=_HOUR_US)
+    """Queue deadline of a request at this level; 0 means no deadline."""
+    allow_timeout_override: bool = True
+    """Whether a request at this level may set its own queue deadline."""
+    max_queue_size: int = Field(default=0, ge=0, le=MAX_QUEUE_SIZE)
+    """Most requests of this level waiting (more are refused with 503, QueueFull); 0: no
+    limit of the level's own (the model's ``default_queue_policy.max_queue_size`` bounds
+    every level together)."""
+
+
 class DynamicBatchingConfig(Section):
     """Triton's ``dynamic_batching`` section; None inherits the scheduler's strategy."""
 
@@ -93,6 +117,22 @@ class DynamicBatchingConfig(Section):
     default_priority_level: int = 2
     """Level of requests that ask for none; when omitted, the middle level."""
     default_queue_policy: QueuePolicy = QueuePolicy()
+    priority_queue_policy: Annotated[
+        dict[Annotated[int, Field(ge=1)], LevelQueuePolicy], AfterValidator(_FrozenLevels)
+    ] = Field(default_factory=lambda: _FrozenLevels())
+    """A priority level's own queue policy, by level (Triton's ``priority_queue_policy``);
+    levels not named follow ``default_queue_policy``."""
+
+    @model_validator(mode="after")
+    def _policies_of_levels(self) -> DynamicBatchingConfig:
+        outside = sorted(level for level in self.priority_queue_policy
+                         if level > self.priority_levels)  # fmt: skip
+        if outside:
+            raise ValueError(
+                f"priority_queue_policy names level(s) {outside}, outside priority_levels "
+                f"1..{self.priority_levels}"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -48,6 +48,7 @@ from sordino.records.memory import (
 from sordino.records.scheduling import (
     BatchDone,
     ControllerStatistics,
+    LevelQueue,
     Outcome,
     QueueSettings,
     QueueStatistics,
@@ -77,6 +78,7 @@ __all__ = [
     "ExecutionStatistics",
     "GuardianStatistics",
     "InstanceState",
+    "LevelQueue",
     "MemoryForecast",
     "MemoryStatistics",
     "NodeMemoryStatistics",

@@ -12,6 +12,7 @@ from sordino.inference import ModelKey
 __all__ = [
     "BatchDone",
     "ControllerStatistics",
+    "LevelQueue",
     "Outcome",
     "QueueSettings",
     "QueueStatistics",
@@ -23,6 +24,17 @@ __all__ = [
 
 Outcome = Literal["success", "failure", "cancelled"]
 """How an accepted request ended."""
+
+
+@dataclass(frozen=True, slots=True)
+class LevelQueue:
+    """One priority level's own queue policy (Triton's ``priority_queue_policy``)."""
+
+    timeout_action: Literal["REJECT", "DELAY"] = "REJECT"
+    default_timeout_s: float = 0.0
+    allow_timeout_override: bool = True
+    max_queue_size: int = 0
+    """Most items of this level queued; 0: no limit of its own."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +50,22 @@ class QueueSettings:
     shed_late: bool = True
     """Refuse at admission a request the work ahead would make miss its deadline; false
     (``scheduler.priority: frame_sync``) queues it and lets it run late."""
+    levels: tuple[LevelQueue | None, ...] = ()
+    """Each level's own policy (index: level - 1), where it has one; the fields above
+    are every other level's (and ``max_queue_size`` bounds all of them together)."""
+
+    def timeout_rule(self, priority: int) -> tuple[float, bool]:
+        """The default deadline (seconds, 0: none) and whether a request may set its
+        own, for a request at ``priority``."""
+        level = self.levels[priority - 1] if 0 < priority <= len(self.levels) else None
+        if level is None:
+            return self.default_timeout_s, self.allow_timeout_override
+        return level.default_timeout_s, level.allow_timeout_override
+
+    def rejects_late(self, priority: int) -> bool:
+        """Whether a request at ``priority`` is failed at its deadline (REJECT)."""
+        level = self.levels[priority - 1] if 0 < priority <= len(self.levels) else None
+        return (self.timeout_action if level is None else level.timeout_action) == "REJECT"
 
 
 @dataclass(frozen=True, slots=True)

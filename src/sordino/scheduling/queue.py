@@ -21,7 +21,7 @@ from collections.abc import Callable
 from itertools import chain
 
 from sordino.errors import QueueFull
-from sordino.records import QueueStatistics
+from sordino.records import LevelQueue, QueueStatistics
 from sordino.scheduling.work import Signature, WorkItem
 
 __all__ = ["RequestQueue"]
@@ -55,6 +55,21 @@ class RequestQueue:
         self._resume: str | None = None  # whose turn the last fair batch ended before
         self.max_size = max_size
         self.delay_expired = delay_expired
+        self._limits: list[int] | None = None
+        """Each level's own limit (0: none), where some level has one."""
+        self._delays: list[bool] | None = None
+        """Each level's own timeout action (True: DELAY), where some level has one."""
+
+    def set_levels(self, levels: tuple[LevelQueue | None, ...]) -> None:
+        """Give levels policies of their own (``QueueSettings.levels``): a level's limit
+        on its items, and its action at a deadline; () for none."""
+        if not levels:
+            self._limits = self._delays = None
+            return
+        self._limits = [0 if p is None else p.max_queue_size for p in levels]
+        self._delays = [
+            self.delay_expired if p is None else p.timeout_action == "DELAY" for p in levels
+        ]
 
     def __len__(self) -> int:
         return len(self._queued)
@@ -81,6 +96,15 @@ class RequestQueue:
             )
         if not 1 <= item.priority <= len(self._levels):
             raise ValueError(f"priority {item.priority} outside 1..{len(self._levels)}")
+        if self._limits is not None and not force:
+            index = item.priority - 1
+            limit = self._limits[index]
+            if limit and len(self._levels[index]) + len(self._delayed[index]) >= limit:
+                raise QueueFull(
+                    f"the queue of priority {item.priority} is full ({limit} requests "
+                    "waiting); retry later, at another priority, or raise max_queue_size "
+                    f"in priority_queue_policy {item.priority}",
+                )
         self._levels[item.priority - 1].append(item)
         self._queued.add(item)
         self._rows += item.rows
@@ -122,7 +146,8 @@ class RequestQueue:
             if item not in self._queued or item.delayed:
                 continue
             self._levels[item.priority - 1].remove(item)
-            if self.delay_expired:
+            delays = self._delays
+            if self.delay_expired if delays is None else delays[item.priority - 1]:
                 item.delayed = True
                 self._delayed[item.priority - 1].append(item)
             else:

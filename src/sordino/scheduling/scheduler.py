@@ -92,6 +92,7 @@ class ModelScheduler:
             max_size=settings.max_queue_size,
             delay_expired=settings.timeout_action == "DELAY",
         )
+        self._queue.set_levels(settings.levels)
         self._outcomes = Outcomes(model, clock=clock, queue=self._queue, observers=observers)
         self._overflow = Overflow(model, executor=executor, queue=self._queue)
         self._wake = asyncio.Event()
@@ -199,6 +200,7 @@ class ModelScheduler:
         self._shedder.settings = settings
         self._queue.max_size = settings.max_queue_size
         self._queue.delay_expired = settings.timeout_action == "DELAY"
+        self._queue.set_levels(settings.levels)
         self._wake.set()
 
     def running_for(self) -> float:

@@ -32,8 +32,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sordino.config import ModelConfig, SchedulerConfig
+from sordino.config.models import DynamicBatchingConfig
 from sordino.config.nodes import NodePolicy
-from sordino.records import QueueSettings
+from sordino.records import LevelQueue, QueueSettings
 from sordino.scheduling.batcher import BatchPolicy
 from sordino.scheduling.modes import Mode, conservative_policy, conservative_queue_size
 
@@ -118,8 +119,27 @@ def scheduling_for(
         else default_timeout_s,
         allow_timeout_override=queue_policy.allow_timeout_override,
         shed_late=not frame_sync,
+        levels=_levels(batching),
     )
     return ModelScheduling(mode, max_batch_size, policy, queue, scheduler.slo_p99_ms / 1000)
+
+
+def _levels(batching: DynamicBatchingConfig) -> tuple[LevelQueue | None, ...]:
+    """Each level's own queue policy (``priority_queue_policy``), by level; () for none."""
+    policies = batching.priority_queue_policy
+    if not policies:
+        return ()
+    return tuple(
+        None
+        if (policy := policies.get(level)) is None
+        else LevelQueue(
+            timeout_action=policy.timeout_action,
+            default_timeout_s=policy.default_timeout_microseconds / 1e6,
+            allow_timeout_override=policy.allow_timeout_override,
+            max_queue_size=policy.max_queue_size,
+        )
+        for level in range(1, batching.priority_levels + 1)
+    )
 
 
 def _level(priority: int | str, levels: int, default: int) -> int:

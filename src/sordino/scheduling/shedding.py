@@ -169,20 +169,26 @@ class Shedder:
         batch time is stale: running it measures that again (see :meth:`admission_wait`).
         """
         batch_s = self._cost.mean_s
-        if batch_s is None or self.settings.timeout_action != "REJECT":
+        settings = self.settings
+        if batch_s is None or (settings.timeout_action != "REJECT" and not settings.levels):
             return batch
         if self._probe(len(batch)):
             return batch
         finish = now + batch_s
         kept = []
         for item in batch:
-            if item.deadline is not None and item.deadline < finish:
+            deadline = item.deadline
+            if (
+                deadline is not None
+                and deadline < finish
+                and (not settings.levels or settings.rejects_late(item.priority))
+            ):
                 self._outcomes.timed_out += 1
                 self._outcomes.drop(
                     item,
                     QueueTimeout(
                         f"request to model {self.model} cannot finish before its deadline "
-                        f"({(item.deadline - now) * 1000:.0f} ms left, a batch takes about "
+                        f"({(deadline - now) * 1000:.0f} ms left, a batch takes about "
                         f"{batch_s * 1000:.0f} ms); it was not run. Raise its timeout "
                         "or reduce load"
                     ),

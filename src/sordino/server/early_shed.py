@@ -313,6 +313,7 @@ class HeaderShed:
             timeout_s = choose_timeout(
                 settings,
                 header=timeout_value.decode("latin-1") if timeout_value is not None else None,
+                priority=priority,
             )
         except SordinoError:
             timeout_s = None  # malformed: the ordinary path says what is wrong with it

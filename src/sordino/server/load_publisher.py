@@ -188,8 +188,11 @@ class LoadBoardPublisher:
             version=key.version,
             default=self._defaults.get(key.name) == key.version,
             ready=True,  # in the registry: loaded, warmed up, serving
+            # (Levels with queue policies of their own are the engine's to judge: the
+            # board carries the model's one policy.)
             eligible=model.pipeline is None
             and model.sequences is None
+            and not settings.levels
             and not runtime.result_cache.active(key.name),
             settings=settings,
             waits=tuple(scheduler.admission_wait(p) for p in levels),

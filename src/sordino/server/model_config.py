@@ -162,8 +162,10 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
         # Triton's word for a model that may send several responses per request.
         config["model_transaction_policy"] = {"decoupled": True}
     # A model whose requests never join (a config.pbtxt with no dynamic_batching) shows
-    # none, as Triton shows such a model.
-    if batched and (policy.max_batch > 1 or model.source.config.dynamic_batching.enabled):
+    # none, as Triton shows such a model; one whose configuration has a batcher shows it
+    # (a Python model's, as its backend completed it), even for batches of one.
+    asked = model.source.config.dynamic_batching.enabled or meta.extra.get("dynamic_batching")
+    if batched and (policy.max_batch > 1 or asked == "on" or asked is True):
         config["dynamic_batching"] = {
             "preferred_batch_size": list(policy.preferred),
             "max_queue_delay_microseconds": round(policy.max_delay_s * 1e6),
@@ -177,6 +179,17 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
                 "max_queue_size": queue.max_queue_size,
             },
         }
+        if queue.levels:  # Triton's map, its keys as text (uint64 in JSON)
+            config["dynamic_batching"]["priority_queue_policy"] = {
+                str(level): {
+                    "timeout_action": policy.timeout_action,
+                    "default_timeout_microseconds": round(policy.default_timeout_s * 1e6),
+                    "allow_timeout_override": policy.allow_timeout_override,
+                    "max_queue_size": policy.max_queue_size,
+                }
+                for level, policy in enumerate(queue.levels, 1)
+                if policy is not None
+            }
     return _tritons_defaults(model, config)
 
 

@@ -357,20 +357,29 @@ class ModelQueuePolicy(_message.Message):
     def __init__(self, timeout_action: _Optional[_Union[ModelQueuePolicy.TimeoutAction, str]] = ..., default_timeout_microseconds: _Optional[int] = ..., allow_timeout_override: _Optional[bool] = ..., max_queue_size: _Optional[int] = ...) -> None: ...
 
 class ModelDynamicBatching(_message.Message):
-    __slots__ = ("preferred_batch_size", "max_queue_delay_microseconds", "preserve_ordering", "priority_levels", "default_priority_level", "default_queue_policy")
+    __slots__ = ("preferred_batch_size", "max_queue_delay_microseconds", "preserve_ordering", "priority_levels", "default_priority_level", "default_queue_policy", "priority_queue_policy")
+    class PriorityQueuePolicyEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: ModelQueuePolicy
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[_Union[ModelQueuePolicy, _Mapping]] = ...) -> None: ...
     PREFERRED_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_DELAY_MICROSECONDS_FIELD_NUMBER: _ClassVar[int]
     PRESERVE_ORDERING_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_LEVELS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_PRIORITY_LEVEL_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_QUEUE_POLICY_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_QUEUE_POLICY_FIELD_NUMBER: _ClassVar[int]
     preferred_batch_size: _containers.RepeatedScalarFieldContainer[int]
     max_queue_delay_microseconds: int
     preserve_ordering: bool
     priority_levels: int
     default_priority_level: int
     default_queue_policy: ModelQueuePolicy
-    def __init__(self, preferred_batch_size: _Optional[_Iterable[int]] = ..., max_queue_delay_microseconds: _Optional[int] = ..., preserve_ordering: _Optional[bool] = ..., priority_levels: _Optional[int] = ..., default_priority_level: _Optional[int] = ..., default_queue_policy: _Optional[_Union[ModelQueuePolicy, _Mapping]] = ...) -> None: ...
+    priority_queue_policy: _containers.MessageMap[int, ModelQueuePolicy]
+    def __init__(self, preferred_batch_size: _Optional[_Iterable[int]] = ..., max_queue_delay_microseconds: _Optional[int] = ..., preserve_ordering: _Optional[bool] = ..., priority_levels: _Optional[int] = ..., default_priority_level: _Optional[int] = ..., default_queue_policy: _Optional[_Union[ModelQueuePolicy, _Mapping]] = ..., priority_queue_policy: _Optional[_Mapping[int, ModelQueuePolicy]] = ...) -> None: ...
 
 class ModelParameter(_message.Message):
     __slots__ = ("string_value",)
