@@ -253,3 +253,27 @@ def test_a_model_in_the_servers_own_process_is_reshaped_too(tmp_path: Path) -> N
         np.testing.assert_array_equal(result.as_numpy("TOTAL"), [[8.0]])
         np.testing.assert_array_equal(result.as_numpy("TWICE"), 2 * grid)
         client.close()
+
+
+def test_a_model_that_does_not_batch_is_reshaped_whole(tmp_path: Path) -> None:
+    """Triton's older densenet_onnx configuration: max_batch_size 0, the whole input
+    reshaped to the model's [1, 3, 224, 224] and its output from [1, 1000, 1, 1]."""
+    text = """platform: "onnxruntime_onnx"
+max_batch_size : 0
+input [ { name: "data_0" data_type: TYPE_FP32 format: FORMAT_NCHW dims: [ 3, 224, 224 ]
+          reshape { shape: [ 1, 3, 224, 224 ] } } ]
+output [ { name: "fc6_1" data_type: TYPE_FP32 dims: [ 1000 ]
+           reshape { shape: [ 1, 1000, 1, 1 ] } } ]
+"""
+    (source,) = scan_repository(_model(tmp_path, "densenet_onnx", text, densenet_shaped_model))
+    with serve_in_thread(RuntimeConfig(), [source]) as running:
+        client = httpclient.InferenceServerClient(running.url.removeprefix("http://"))
+        metadata = client.get_model_metadata("densenet_onnx")
+        assert _shapes(metadata["inputs"]) == {"data_0": [3, 224, 224]}
+        assert _shapes(metadata["outputs"]) == {"fc6_1": [1000]}
+        tensor = httpclient.InferInput("data_0", [3, 224, 224], "FP32")
+        tensor.set_data_from_numpy(np.ones((3, 224, 224), np.float32))
+        scores = client.infer("densenet_onnx", [tensor]).as_numpy("fc6_1")
+        assert scores.shape == (1000,)
+        np.testing.assert_allclose(scores[:3], [1.0, 2.0, 3.0], rtol=1e-5)
+        client.close()

@@ -149,11 +149,15 @@ class Reshapes:
         tensor's shape in the model is not its ``reshape``."""
         if self.batched is None:
             return replace(self, batched=metadata.batched).metadata(metadata, where)
-        return replace(
-            metadata,
-            inputs=self._specs(metadata.inputs, self.inputs, "input", where),
-            outputs=self._specs(metadata.outputs, self.outputs, "output", where),
-        ), self
+        inputs = self._specs(metadata.inputs, self.inputs, "input", where)
+        outputs = self._specs(metadata.outputs, self.outputs, "output", where)
+        # A model whose own first dimension is variable but whose configuration does not
+        # batch (max_batch_size 0) batches only if its clients' tensors still lead with
+        # a variable dimension (the ONNX backend's rule).
+        batched = metadata.batched and (
+            self.batched or all(spec.shape[:1] == (-1,) for spec in inputs + outputs)
+        )
+        return replace(metadata, inputs=inputs, outputs=outputs, batched=batched), self
 
     def _specs(
         self,
