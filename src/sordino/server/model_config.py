@@ -179,17 +179,18 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
                 "max_queue_size": queue.max_queue_size,
             },
         }
-        if queue.levels:  # Triton's map, its keys as text (uint64 in JSON)
-            config["dynamic_batching"]["priority_queue_policy"] = {
-                str(level): {
-                    "timeout_action": policy.timeout_action,
-                    "default_timeout_microseconds": round(policy.default_timeout_s * 1e6),
-                    "allow_timeout_override": policy.allow_timeout_override,
-                    "max_queue_size": policy.max_queue_size,
-                }
-                for level, policy in enumerate(queue.levels, 1)
-                if policy is not None
+        # Triton's map, its keys as text (uint64 in JSON); shown empty without levels
+        # of their own, as Triton shows it.
+        config["dynamic_batching"]["priority_queue_policy"] = {
+            str(level): {
+                "timeout_action": policy.timeout_action,
+                "default_timeout_microseconds": round(policy.default_timeout_s * 1e6),
+                "allow_timeout_override": policy.allow_timeout_override,
+                "max_queue_size": policy.max_queue_size,
             }
+            for level, policy in enumerate(queue.levels, 1)
+            if policy is not None
+        }
     return _tritons_defaults(model, config)
 
 
