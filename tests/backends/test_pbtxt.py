@@ -153,7 +153,8 @@ def test_a_strategys_queue_delay_and_sizes_are_its_batchers(
         ("oldest { preserve_ordering: true }", "oldest.preserve_ordering"),
         ("iterative_sequence: true", "iterative_sequence"),
         (
-            'state [ { input_name: "a" output_name: "b" initial_state { name: "z" } } ]',
+            'state [ { input_name: "a" output_name: "b" initial_state { name: "z" '
+            'data_file: "z.bin" } } ]',
             "state.initial_state",
         ),
         (
@@ -347,3 +348,22 @@ def test_a_levels_own_queue_policy_is_taken() -> None:
     with pytest.raises(ValueError, match=r"names level\(s\) \[3\], outside priority_levels 1..2"):
         ModelConfig(**sordino_settings(parse_pbtxt(text.replace("levels: 3", "levels: 2")),
                                        source="c"))  # fmt: skip
+
+
+def test_an_initial_state_of_zeros_is_sordinos_own_start() -> None:
+    """``initial_state { zero_data: true }`` is what sordino starts each sequence's state
+    from (refused before); one read from a file stays refused (above)."""
+    text = (
+        "max_batch_size: 4\nsequence_batching { direct { }\n"
+        '  state [ { input_name: "S_IN" output_name: "S_OUT" data_type: TYPE_FP32 '
+        "dims: [ 2 ]\n    initial_state { data_type: TYPE_FP32 dims: [ 2 ] zero_data: true "
+        'name: "zeros" } } ]\n}'
+    )
+    config = ModelConfig(**sordino_settings(parse_pbtxt(text), source="c"))
+    assert config.sequence_batching is not None
+    (state,) = config.sequence_batching.state
+    assert (state.input_name, state.output_name) == ("S_IN", "S_OUT")
+    with pytest.raises(ConfigError, match=r"initial_state dims \[3\] is not the state's"):
+        sordino_settings(
+            parse_pbtxt(text.replace("dims: [ 2 ] zero", "dims: [ 3 ] zero")), source="c"
+        )

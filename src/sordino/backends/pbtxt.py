@@ -396,7 +396,28 @@ _STRATEGY_BATCHING = {
 ``dynamic_batching`` for the model: :func:`_strategy_batching`)."""
 _STATE_KEYS = frozenset({"input_name", "output_name"})
 _STATE_DESCRIPTIONS = frozenset({"data_type", "dims"})
+_ZEROS = frozenset({"zero_data", "data_type", "dims", "name"})
+"""An ``initial_state`` of zeros: what sordino starts every sequence's state from."""
 """A state's datatype and shape: those of its output, which the model declares already."""
+
+
+def _zeros(initial: Any, state: Mapping[str, Any], where: str) -> bool:
+    """Whether ``initial`` (a ``state``'s ``initial_state``) starts it at zeros only
+    (``zero_data: true``); ConfigError when its type or shape is not the state's, which
+    Triton refuses too."""
+    entries = initial if isinstance(initial, list) else [initial] if initial else []
+    zeros = bool(entries) and all(
+        isinstance(entry, Mapping) and entry.get("zero_data") is True and set(entry) <= _ZEROS
+        for entry in entries
+    )
+    for entry in entries if zeros else ():
+        for key in ("data_type", "dims"):
+            if key in entry and key in state and entry[key] != state[key]:
+                raise ConfigError(
+                    f"{where}: state {state.get('input_name')!r}: initial_state {key} "
+                    f"{entry[key]} is not the state's ({state[key]}); give the same"
+                )
+    return zeros
 
 
 def _strategy_batching(section: Mapping[str, Any]) -> dict[str, Any]:
@@ -450,6 +471,8 @@ def _sequence_batching(section: Mapping[str, Any], source: str) -> dict[str, Any
                 given = state if isinstance(state, Mapping) else {}
                 states.append({k: v for k, v in given.items() if k in _STATE_KEYS})
                 kept = _STATE_KEYS | _STATE_DESCRIPTIONS
+                if _zeros(given.get("initial_state"), given, where):
+                    kept = kept | {"initial_state"}
                 refused += [f"state.{k}" for k, v in given.items() if k not in kept and _asks(v)]
             settings[key] = states
         elif _asks(value):
