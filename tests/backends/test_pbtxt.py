@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -252,10 +253,6 @@ def test_protobuf_defaults_are_as_if_unset() -> None:
     ("field", "said"),
     [
         ("dynamic_batching { preserve_ordering: true }", "dynamic_batching.preserve_ordering"),
-        (
-            'instance_group [ { count: 1 rate_limiter { resources [ { name: "R" count: 1 } ] } } ]',
-            "instance_group.rate_limiter",
-        ),
         ("instance_group [ { count: 1 passive: true } ]", "instance_group.passive"),
         (
             'batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "N" data_type: TYPE_FP32 '
@@ -367,3 +364,38 @@ def test_an_initial_state_of_zeros_is_sordinos_own_start() -> None:
         sordino_settings(
             parse_pbtxt(text.replace("dims: [ 2 ] zero", "dims: [ 3 ] zero")), source="c"
         )
+
+
+@pytest.mark.parametrize(
+    ("groups", "count", "kind", "gpus"),
+    [
+        ("{ count: 2 kind: KIND_CPU }, { count: 1 kind: KIND_CPU }", 3, "cpu", ()),
+        ("{ count: 1 kind: KIND_GPU gpus: [ 0 ] }, { count: 1 kind: KIND_GPU gpus: [ 1, 2 ] }",
+         1, "gpu", (0, 1, 2)),
+        ('{ count: 2 kind: KIND_CPU rate_limiter { resources [ { name: "R" count: 1 } ] '
+         "priority: 2 } }", 2, "cpu", ()),
+    ],
+)  # fmt: skip
+def test_instance_groups_one_kind_of_device_can_say(
+    groups: str, count: int, kind: str, gpus: tuple[int, ...]
+) -> None:
+    """Several groups of the CPU add up, GPU groups of one count on GPUs of their own
+    join, and a group's rate_limiter is read as Triton reads it without --rate-limit (its
+    default): not at all (each refused before)."""
+    config = ModelConfig(**sordino_settings(parse_pbtxt(f"instance_group [ {groups} ]"),
+                                            source="c"))  # fmt: skip
+    assert (config.instance_count, config.instance_kind, config.gpus) == (count, kind, gpus)
+
+
+@pytest.mark.parametrize(
+    ("groups", "said"),
+    [
+        ("{ count: 1 kind: KIND_CPU }, { count: 1 kind: KIND_GPU }", "of several kinds (cpu, gpu)"),
+        ("{ count: 1 kind: KIND_GPU gpus: [ 0 ] }, { count: 2 kind: KIND_GPU gpus: [ 1 ] }",
+         "the same count on GPUs of their own (got counts [1, 2]"),
+        ("{ count: 1 kind: KIND_GPU }, { count: 1 kind: KIND_GPU }", "without gpus"),
+    ],
+)  # fmt: skip
+def test_instance_groups_one_count_a_device_cannot_say_are_refused(groups: str, said: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        sordino_settings(parse_pbtxt(f"instance_group [ {groups} ]"), source="c")

@@ -297,14 +297,10 @@ def sordino_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any
         settings["model_warmup"] = [warmup] if isinstance(warmup, Mapping) else list(warmup)
     groups = config.get("instance_group")
     if groups:
-        if len(groups) != 1:
-            raise ConfigError(f"{source}: sordino takes one instance_group entry")
-        group = groups[0]
-        settings["instance_count"] = group.get("count", 1)
-        settings["instance_kind"] = _KINDS.get(str(group.get("kind", "KIND_AUTO")), "auto")
-        if group.get("gpus"):
-            settings["gpus"] = tuple(group["gpus"])
-        refused += [f"instance_group.{key}" for key in _GROUP_REFUSED if _asks(group.get(key))]
+        settings.update(_instance_groups(groups, source))
+        for group in groups:
+            refused += [f"instance_group.{key}" for key in _GROUP_REFUSED if _asks(group.get(key))]
+        refused = sorted(set(refused))
     if refused:
         raise ConfigError(
             f"{source}: sordino does not support {', '.join(sorted(refused))}; remove "
@@ -323,14 +319,54 @@ _REFUSED = {
     "model_repository_agents": ("model_repository_agents",),
 }
 """Triton fields sordino does not do (its name → where it is): refused when set."""
-_GROUP_REFUSED = ("rate_limiter", "host_policy", "secondary_devices", "passive", "profile")
-"""An instance group's fields sordino does not do."""
+_GROUP_REFUSED = ("host_policy", "secondary_devices", "passive", "profile")
+"""An instance group's fields sordino does not do. (``rate_limiter`` is read as Triton
+reads it without ``--rate-limit``, its default: not at all; sordino has no such mode.)"""
 _QUEUE_KEYS = (
     "timeout_action",
     "default_timeout_microseconds",
     "allow_timeout_override",
     "max_queue_size",
 )
+
+
+def _instance_groups(groups: list[Any], source: str) -> dict[str, Any]:
+    """The instances of Triton's ``instance_group`` entries as sordino's one group: the
+    counts of several groups of the CPU added up; several GPU groups of one count on
+    GPUs of their own joined; ConfigError for groups one kind of device and one count
+    a device cannot say (of several kinds, or other counts on other GPUs)."""
+    kinds = {_KINDS.get(str(g.get("kind", "KIND_AUTO")), "auto") for g in groups}
+    if len(kinds) != 1:
+        raise ConfigError(
+            f"{source}: instance groups of several kinds ({', '.join(sorted(kinds))}) are not "
+            "supported: sordino runs a model's instances on one kind of device"
+        )
+    (kind,) = kinds
+    counts = [int(g.get("count", 1)) for g in groups]
+    settings: dict[str, Any] = {"instance_kind": kind}
+    gpus = [list(g.get("gpus") or ()) for g in groups]
+    if len(groups) == 1:
+        settings["instance_count"] = counts[0]
+        if gpus[0]:
+            settings["gpus"] = tuple(gpus[0])
+        return settings
+    if kind != "gpu" or not any(gpus):
+        if kind == "gpu":
+            raise ConfigError(
+                f"{source}: several KIND_GPU groups without gpus are not supported; name "
+                "each group's gpus"
+            )
+        settings["instance_count"] = sum(counts)
+        return settings
+    joined = [gpu for ids in gpus for gpu in ids]
+    if not all(gpus) or len(set(counts)) != 1 or len(set(joined)) != len(joined):
+        raise ConfigError(
+            f"{source}: KIND_GPU groups are supported with the same count on GPUs of their "
+            f"own (got counts {counts} on gpus {gpus}): sordino runs one count on each GPU"
+        )
+    settings["instance_count"] = counts[0]
+    settings["gpus"] = tuple(joined)
+    return settings
 
 
 def _field(config: Mapping[str, Any], path: tuple[str, ...]) -> Any:
