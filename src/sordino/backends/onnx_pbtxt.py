@@ -53,7 +53,8 @@ _OPTIMIZATION_TAKEN = frozenset(
     {"input_pinned_memory", "output_pinned_memory", "priority", "graph", "execution_accelerators"}
 )
 """GPU transfer hints and Triton's default priority (nothing to do on sordino's CPU
-path), and the graph optimization level."""
+path), the graph optimization level, and the execution accelerators (GPU ones left
+unread off a GPU, as Triton leaves them; the others refused: :func:`onnx_settings`)."""
 _GRAPH_LEVELS = {-1: "basic", 1: "extended", 2: "disable_all"}
 """Triton's ``optimization { graph { level } }`` (any other value: every optimization)."""
 
