@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sordino.backends.pbtxt import parse_pbtxt, sordino_settings
+from sordino.backends.pbtxt import parse_pbtxt
+from sordino.backends.pbtxt_settings import sordino_settings
 from sordino.config import ModelConfig
 from sordino.errors import ConfigError, ModelLoadError
 from sordino.models.repository import scan_repository

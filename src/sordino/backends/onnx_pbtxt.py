@@ -2,7 +2,7 @@
 
 Triton's ONNX Runtime models are the commonest Triton repository. Their
 ``config.pbtxt`` is read as Triton reads it (:func:`onnx_settings`): the batching,
-version, sequence, warm-up and instance settings of :func:`~sordino.backends.pbtxt.
+version, sequence, warm-up and instance settings of :func:`~sordino.backends.pbtxt_settings.
 sordino_settings`, with the dynamic batcher Triton's ONNX Runtime backend adds to a
 model that batches when none is given (no wait to fill a batch); ONNX Runtime's
 ``intra_op_thread_count`` parameter,
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sordino.backends.pbtxt import sordino_settings
+from sordino.backends.pbtxt_settings import sordino_settings
 from sordino.config.models import ModelConfig
 from sordino.datatypes import from_triton_type
 from sordino.errors import ConfigError, ModelLoadError

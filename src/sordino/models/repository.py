@@ -23,7 +23,7 @@ A repository is Triton's layout::
 The file a version folder must hold is its backend kind's
 (:class:`~sordino.backends.base.BackendKind`: ``model.onnx``, ``model.py``, ...). A
 ``config.pbtxt`` (read when there is no ``config.yaml``) gives the batching, version,
-warm-up and instance settings (:func:`sordino.backends.pbtxt.sordino_settings`); its
+warm-up and instance settings (:func:`sordino.backends.pbtxt_settings.sordino_settings`); its
 ``backend``/``platform`` chooses the kind (ONNX Runtime when it names none), and an ONNX
 model's tensors it declares are checked at load (``backends/onnx_pbtxt.py``).
 
@@ -289,7 +289,7 @@ def _from_triton(
     ``config.pbtxt``, or a load's ``config``; an ONNX model's is read by
     ``backends/onnx_pbtxt.py``). One ``given`` instead of the folder's own is kept whole
     for the backend (``triton_config``): a Python model reads it, not ``config.pbtxt``."""
-    from sordino.backends.pbtxt import sordino_settings
+    from sordino.backends.pbtxt_settings import sordino_settings
 
     named = str(triton.get("backend") or triton.get("platform") or "")
     kind = kind_for_platform(named)

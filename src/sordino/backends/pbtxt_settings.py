@@ -1,0 +1,283 @@
+"""What sordino's ``ModelConfig`` takes from a Triton configuration in its JSON form
+(:mod:`sordino.backends.pbtxt` reads ``config.pbtxt`` into it): the backend, the batchers,
+the versions, warm-up, the instance groups — and, by name, what it does not do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sordino.errors import ConfigError
+
+__all__ = ["sordino_settings"]
+
+_KINDS = {"KIND_CPU": "cpu", "KIND_GPU": "gpu", "KIND_AUTO": "auto", "KIND_MODEL": "auto"}
+
+
+def sordino_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any]:
+    """What sordino's ``ModelConfig`` takes from a Triton configuration (JSON form).
+
+    The backend (``backend``, or ``platform``), ``max_batch_size``, the version policy,
+    the dynamic batcher (:func:`_dynamic_batching`; without one, and without a sequence
+    batcher, requests are not joined: ``enabled: false``), the sequence batcher
+    (:func:`_sequence_batching`), ``model_warmup`` and the instance group's count, kind
+    and GPUs. What
+    sordino does not do is refused by name when set to other than Triton's default
+    (:data:`_REFUSED`, and an instance group's :data:`_GROUP_REFUSED`), rather than served
+    as if absent. The rest stays for the backend to read (a Python model gets all of it).
+    """
+    settings: dict[str, Any] = {}
+    backend = config.get("backend") or config.get("platform")
+    if backend:
+        settings["backend"] = str(backend)
+    if "max_batch_size" in config:
+        settings["max_batch_size"] = config["max_batch_size"]
+    if config.get("default_model_filename"):
+        settings["default_model_filename"] = str(config["default_model_filename"])
+    refused = [key for key, what in _REFUSED.items() if _asks(_field(config, what))]
+    policy = config.get("version_policy")
+    if isinstance(policy, Mapping) and policy:
+        settings["version_policy"] = {kind: dict(given or {}) for kind, given in policy.items()}
+    batching = config.get("dynamic_batching")
+    if isinstance(batching, Mapping):
+        settings["dynamic_batching"] = _dynamic_batching(batching)
+    sequences = config.get("sequence_batching")
+    if isinstance(sequences, Mapping):
+        settings["sequence_batching"] = _sequence_batching(sequences, source)
+        if batching is None:  # (Triton takes one of the two)
+            settings["dynamic_batching"] = _strategy_batching(sequences)
+    elif batching is None:
+        # Triton joins requests only under a dynamic (or sequence) batcher: without one
+        # each request is its own batch (the backend's auto_complete_config may still
+        # add the batcher: the loader reads that from the model's metadata).
+        settings["dynamic_batching"] = {"enabled": False}
+    if _asks(_field(config, ("response_cache", "enable"))):
+        settings["response_cache"] = True
+    warmup = config.get("model_warmup")
+    if warmup:
+        settings["model_warmup"] = [warmup] if isinstance(warmup, Mapping) else list(warmup)
+    groups = config.get("instance_group")
+    if groups:
+        settings.update(_instance_groups(groups, source))
+        for group in groups:
+            refused += [f"instance_group.{key}" for key in _GROUP_REFUSED if _asks(group.get(key))]
+        refused = sorted(set(refused))
+    if refused:
+        raise ConfigError(
+            f"{source}: sordino does not support {', '.join(sorted(refused))}; remove "
+            f"{'it' if len(refused) == 1 else 'them'} (docs/backends.md, config.pbtxt, says "
+            "what sordino takes)"
+        )
+    return settings
+
+
+_REFUSED = {
+    "dynamic_batching.preserve_ordering": ("dynamic_batching", "preserve_ordering"),
+    # Ragged batching's extra tensors, made by Triton's core for the model.
+    "batch_input": ("batch_input",),
+    "batch_output": ("batch_output",),
+    # Repository agents (checksums, decryption) run on the model's files at load.
+    "model_repository_agents": ("model_repository_agents",),
+}
+"""Triton fields sordino does not do (its name → where it is): refused when set."""
+_GROUP_REFUSED = ("host_policy", "secondary_devices", "passive", "profile")
+"""An instance group's fields sordino does not do. (``rate_limiter`` is read as Triton
+reads it without ``--rate-limit``, its default: not at all; sordino has no such mode.)"""
+_QUEUE_KEYS = (
+    "timeout_action",
+    "default_timeout_microseconds",
+    "allow_timeout_override",
+    "max_queue_size",
+)
+
+
+def _instance_groups(groups: list[Any], source: str) -> dict[str, Any]:
+    """The instances of Triton's ``instance_group`` entries as sordino's one group: the
+    counts of several groups of the CPU added up; several GPU groups of one count on
+    GPUs of their own joined; ConfigError for groups one kind of device and one count
+    a device cannot say (of several kinds, or other counts on other GPUs)."""
+    kinds = {_KINDS.get(str(g.get("kind", "KIND_AUTO")), "auto") for g in groups}
+    if len(kinds) != 1:
+        raise ConfigError(
+            f"{source}: instance groups of several kinds ({', '.join(sorted(kinds))}) are not "
+            "supported: sordino runs a model's instances on one kind of device"
+        )
+    (kind,) = kinds
+    counts = [int(g.get("count", 1)) for g in groups]
+    settings: dict[str, Any] = {"instance_kind": kind}
+    gpus = [list(g.get("gpus") or ()) for g in groups]
+    if len(groups) == 1:
+        settings["instance_count"] = counts[0]
+        if gpus[0]:
+            settings["gpus"] = tuple(gpus[0])
+        return settings
+    if kind != "gpu" or not any(gpus):
+        if kind == "gpu":
+            raise ConfigError(
+                f"{source}: several KIND_GPU groups without gpus are not supported; name "
+                "each group's gpus"
+            )
+        settings["instance_count"] = sum(counts)
+        return settings
+    joined = [gpu for ids in gpus for gpu in ids]
+    if not all(gpus) or len(set(counts)) != 1 or len(set(joined)) != len(joined):
+        raise ConfigError(
+            f"{source}: KIND_GPU groups are supported with the same count on GPUs of their "
+            f"own (got counts {counts} on gpus {gpus}): sordino runs one count on each GPU"
+        )
+    settings["instance_count"] = counts[0]
+    settings["gpus"] = tuple(joined)
+    return settings
+
+
+def _field(config: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    value: Any = config
+    for key in path:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return value
+
+
+def _dynamic_batching(section: Mapping[str, Any]) -> dict[str, Any]:
+    """sordino's ``dynamic_batching`` from Triton's (what it does not take is refused by
+    :func:`sordino_settings`).
+
+    ``max_queue_delay_microseconds`` unset is Triton's 0 (sordino's own default, the
+    scheduler's ``timeout_ms``, is for its own configuration). Other fields at their
+    protobuf default (0, false, absent) are as if unset, as Triton reads them:
+    ``priority_levels: 0`` is no priorities (sordino's default levels then, which a
+    request that names none does not see), ``max_queue_size: 0`` Triton's unbounded
+    queue (sordino's bounded default: it runs no unbounded queue). A level of
+    ``priority_queue_policy`` takes its own policy, whole. Given a
+    ``default_queue_policy``, ``allow_timeout_override`` is Triton's default (false)
+    unless set.
+    """
+    folded: dict[str, Any] = {}
+    if "preferred_batch_size" in section:
+        folded["preferred_batch_size"] = list(section["preferred_batch_size"])
+    # Unset, Triton's delay is 0: a batch of what is queued, no wait to fill it.
+    folded["max_queue_delay_microseconds"] = section.get("max_queue_delay_microseconds", 0)
+    for key in ("priority_levels", "default_priority_level"):
+        if _asks(section.get(key)):
+            folded[key] = section[key]
+    queue = section.get("default_queue_policy")
+    if isinstance(queue, Mapping):
+        folded["default_queue_policy"] = _queue_policy(queue)
+    levels = section.get("priority_queue_policy")
+    if isinstance(levels, Mapping) and levels:
+        # A level's policy is whole on its own, Triton's defaults where it says nothing
+        # (not the default policy's); its max_queue_size 0 is "no limit of its own".
+        folded["priority_queue_policy"] = {
+            int(level): _queue_policy(policy if isinstance(policy, Mapping) else {})
+            for level, policy in levels.items()
+        }
+    return folded
+
+
+def _queue_policy(queue: Mapping[str, Any]) -> dict[str, Any]:
+    """sordino's queue policy from Triton's (``allow_timeout_override`` Triton's false
+    unless set)."""
+    policy = {key: queue[key] for key in _QUEUE_KEYS if _asks(queue.get(key))}
+    policy.setdefault("allow_timeout_override", False)
+    return policy
+
+
+_STRATEGY_KEYS = {"direct": frozenset(), "oldest": frozenset({"max_candidate_sequences"})}
+"""What sordino's sequence batcher takes of each strategy of Triton's."""
+_STRATEGY_BATCHING = {
+    "direct": frozenset({"max_queue_delay_microseconds"}),
+    "oldest": frozenset({"max_queue_delay_microseconds", "preferred_batch_size"}),
+}
+"""What of each strategy is the batcher's that joins the sequences' requests (sordino's
+``dynamic_batching`` for the model: :func:`_strategy_batching`)."""
+_STATE_KEYS = frozenset({"input_name", "output_name"})
+_STATE_DESCRIPTIONS = frozenset({"data_type", "dims"})
+_ZEROS = frozenset({"zero_data", "data_type", "dims", "name"})
+"""An ``initial_state`` of zeros: what sordino starts every sequence's state from."""
+"""A state's datatype and shape: those of its output, which the model declares already."""
+
+
+def _zeros(initial: Any, state: Mapping[str, Any], where: str) -> bool:
+    """Whether ``initial`` (a ``state``'s ``initial_state``) starts it at zeros only
+    (``zero_data: true``); ConfigError when its type or shape is not the state's, which
+    Triton refuses too."""
+    entries = initial if isinstance(initial, list) else [initial] if initial else []
+    zeros = bool(entries) and all(
+        isinstance(entry, Mapping) and entry.get("zero_data") is True and set(entry) <= _ZEROS
+        for entry in entries
+    )
+    for entry in entries if zeros else ():
+        for key in ("data_type", "dims"):
+            if key in entry and key in state and entry[key] != state[key]:
+                raise ConfigError(
+                    f"{where}: state {state.get('input_name')!r}: initial_state {key} "
+                    f"{entry[key]} is not the state's ({state[key]}); give the same"
+                )
+    return zeros
+
+
+def _strategy_batching(section: Mapping[str, Any]) -> dict[str, Any]:
+    """The batcher that joins the requests of a sequence model's sequences, from its
+    strategy: its ``max_queue_delay_microseconds`` (unset, Triton's 0: no wait) and, for
+    ``oldest``, its ``preferred_batch_size``."""
+    for kind in ("oldest", "direct"):
+        strategy = section.get(kind)
+        if isinstance(strategy, Mapping):
+            folded: dict[str, Any] = {
+                "max_queue_delay_microseconds": strategy.get("max_queue_delay_microseconds", 0)
+            }
+            if kind == "oldest" and strategy.get("preferred_batch_size"):
+                folded["preferred_batch_size"] = list(strategy["preferred_batch_size"])
+            return folded
+    return {"max_queue_delay_microseconds": 0}  # Triton's default strategy is direct
+
+
+def _asks(value: Any) -> bool:
+    """Whether a field is set to other than its protobuf default (which asks for nothing)."""
+    return value not in (None, 0, 0.0, False, "", [], {})
+
+
+def _sequence_batching(section: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """sordino's ``sequence_batching`` from Triton's (``config/sequences.py``).
+
+    Taken: ``max_sequence_idle_microseconds``, the ``direct`` or ``oldest`` strategy
+    (``oldest.max_candidate_sequences``; its queue delay and preferred sizes are the
+    batcher's, :func:`_strategy_batching`), ``control_input`` and each ``state``'s
+    ``input_name``/``output_name``. Fields sordino does not implement are refused by
+    name when set to other than Triton's default (ordering or slot utilization, a
+    state's ``initial_state`` or buffer options, ``iterative_sequence``), rather than
+    served as if absent.
+    """
+    where = f"{source}: sequence_batching"
+    refused: list[str] = []
+    settings: dict[str, Any] = {}
+    for key, value in section.items():
+        if key == "max_sequence_idle_microseconds":
+            settings[key] = value
+        elif key in _STRATEGY_KEYS:
+            given = value if isinstance(value, Mapping) else {}
+            settings[key] = {k: v for k, v in given.items() if k in _STRATEGY_KEYS[key]}
+            taken = _STRATEGY_KEYS[key] | _STRATEGY_BATCHING[key]
+            refused += [f"{key}.{k}" for k, v in given.items() if k not in taken and _asks(v)]
+        elif key == "control_input":
+            settings[key] = list(value)
+        elif key == "state":
+            states = []
+            for state in value:
+                given = state if isinstance(state, Mapping) else {}
+                states.append({k: v for k, v in given.items() if k in _STATE_KEYS})
+                kept = _STATE_KEYS | _STATE_DESCRIPTIONS
+                if _zeros(given.get("initial_state"), given, where):
+                    kept = kept | {"initial_state"}
+                refused += [f"state.{k}" for k, v in given.items() if k not in kept and _asks(v)]
+            settings[key] = states
+        elif _asks(value):
+            refused.append(key)
+    if refused:
+        raise ConfigError(
+            f"{where}: sordino does not support {', '.join(sorted(set(refused)))}; remove "
+            "them (docs/configuration.md#sequence_batching says what it takes)"
+        )
+    return settings
