@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from sordino.config import RuntimeConfig
 from sordino.config.models import ModelConfig
-from sordino.errors import ModelLoadError
+from sordino.errors import ConfigError, ModelLoadError
 from sordino.models.repository import scan_repository
 from sordino.testing import RunningServer, serve_in_thread
 from tests.models import densenet_shaped_model, grid_model
@@ -277,3 +277,17 @@ output [ { name: "fc6_1" data_type: TYPE_FP32 dims: [ 1000 ]
         assert scores.shape == (1000,)
         np.testing.assert_allclose(scores[:3], [1.0, 2.0, 3.0], rtol=1e-5)
         client.close()
+
+
+def test_a_refused_reshape_in_a_repository_says_so_in_one_line(tmp_path: Path) -> None:
+    text = GRID.replace("dims: [ -1, 2, 2 ] reshape: { shape: [ -1, 4 ] } } ]",
+                        "dims: [ -1 ] reshape: { shape: [ -1, 4 ] } } ]", 1)  # fmt: skip
+    root = _model(tmp_path, "grid", text, grid_model)
+    with pytest.raises(ConfigError) as raised:
+        scan_repository(root)
+    said = str(raised.value)
+    assert said.endswith(
+        "config.pbtxt: the model: input GRID: dims [-1] and reshape [-1, 4] do not hold the "
+        "same elements (each run of sizes between -1s must hold as many on both sides)"
+    )
+    assert "\n" not in said and "pydantic" not in said

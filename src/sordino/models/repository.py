@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from sordino.backends.pbtxt import read_pbtxt
 from sordino.backends.registry import backend_kind, backend_kinds, kind_for_platform
@@ -307,6 +308,13 @@ def _from_triton(
         settings["triton_config"] = triton
     try:
         return ModelConfig(**settings)
+    except ValidationError as exc:  # one line a problem, where it is and what is wrong
+        problems = [
+            f"{'.'.join(str(part) for part in error['loc']) or 'the model'}: "
+            f"{error['msg'].removeprefix('Value error, ')}"
+            for error in exc.errors()
+        ]
+        raise ConfigError(f"{source}: " + "; ".join(problems)) from None
     except ValueError as exc:
         raise ConfigError(f"{source}: {exc}") from exc
 
