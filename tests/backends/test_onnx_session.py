@@ -61,6 +61,11 @@ def test_the_backends_parameters_become_the_models_settings(tmp_path: Path) -> N
     )
     memory = config.framework_memory
     assert (memory.cpu_arena, memory.shrink_after_rows) == (True, 1)
+    # The CUDA arena's settings are read, as Triton reads them, only for a GPU instance.
+    assert (memory.gpu_mem_limit, memory.gpu_arena_extend_strategy) == (None, None)
+    on_gpu = TUNED + "instance_group [ { kind: KIND_GPU } ]\n"
+    (source,) = scan_repository(_simple(tmp_path / "gpu", on_gpu))
+    memory = source.config.framework_memory
     assert (memory.gpu_mem_limit, memory.gpu_arena_extend_strategy) == (
         4294967296,
         "kSameAsRequested",
@@ -90,6 +95,7 @@ def test_a_value_triton_refuses_is_refused(tmp_path: Path, key: str, value: str,
     text = (
         'platform: "onnxruntime_onnx"\n'
         f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n'
+        "instance_group [ { kind: KIND_GPU } ]\n"  # (the CUDA arena's are read only there)
     )
     with pytest.raises(ConfigError, match=re.escape(said)):
         scan_repository(_simple(tmp_path, text))

@@ -76,8 +76,14 @@ _PARAMETERS = {
 """Triton's ONNX Runtime backend parameters sordino takes, and where each goes in its
 own configuration (:func:`_parameter` reads the value as Triton does)."""
 _TRUE, _FALSE = ("true", "1", "on", "yes"), ("false", "0", "off", "no")
-_CUDA_ONLY = ("cudnn_conv_algo_search", "do_copy_in_default_stream")
-"""Parameters Triton's backend reads only for an instance on a GPU (the CUDA provider's)."""
+_CUDA_ONLY = (
+    "cudnn_conv_algo_search",
+    "do_copy_in_default_stream",
+    "gpu_mem_limit",
+    "arena_extend_strategy",
+)
+"""Parameters Triton's backend reads only for an instance on a GPU (the CUDA provider's;
+sordino takes the last two, the CUDA arena's, into ``framework_memory``)."""
 
 
 def onnx_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any]:
