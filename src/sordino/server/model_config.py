@@ -7,6 +7,7 @@ from typing import Any
 from sordino.config.warmup import WarmupSample
 from sordino.datatypes import to_triton_type
 from sordino.inference import TensorSpec
+from sordino.records import LevelQueue, QueueSettings
 from sordino.server.pipelines import PipelineExecutor
 from sordino.server.runtime import LoadedModel
 
@@ -164,34 +165,37 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
     # A model whose requests never join (a config.pbtxt with no dynamic_batching) shows
     # none, as Triton shows such a model; one whose configuration has a batcher shows it
     # (a Python model's, as its backend completed it), even for batches of one.
-    asked = model.source.config.dynamic_batching.enabled or meta.extra.get("dynamic_batching")
-    if batched and (policy.max_batch > 1 or asked == "on" or asked is True):
+    asked = (
+        model.source.config.dynamic_batching.enabled is True
+        or meta.extra.get("dynamic_batching") == "on"
+    )
+    if batched and (policy.max_batch > 1 or asked):
         config["dynamic_batching"] = {
             "preferred_batch_size": list(policy.preferred),
             "max_queue_delay_microseconds": round(policy.max_delay_s * 1e6),
             "preserve_ordering": False,
             "priority_levels": queue.priority_levels,
             "default_priority_level": queue.default_priority,
-            "default_queue_policy": {
-                "timeout_action": queue.timeout_action,
-                "default_timeout_microseconds": round(queue.default_timeout_s * 1e6),
-                "allow_timeout_override": queue.allow_timeout_override,
-                "max_queue_size": queue.max_queue_size,
+            "default_queue_policy": _queue_policy_json(queue),
+            # Triton's map, its keys as text (uint64 in JSON); shown empty without levels
+            # of their own, as Triton shows it.
+            "priority_queue_policy": {
+                str(level): _queue_policy_json(own)
+                for level, own in enumerate(queue.levels, 1)
+                if own is not None
             },
         }
-        # Triton's map, its keys as text (uint64 in JSON); shown empty without levels
-        # of their own, as Triton shows it.
-        config["dynamic_batching"]["priority_queue_policy"] = {
-            str(level): {
-                "timeout_action": policy.timeout_action,
-                "default_timeout_microseconds": round(policy.default_timeout_s * 1e6),
-                "allow_timeout_override": policy.allow_timeout_override,
-                "max_queue_size": policy.max_queue_size,
-            }
-            for level, policy in enumerate(queue.levels, 1)
-            if policy is not None
-        }
     return _tritons_defaults(model, config)
+
+
+def _queue_policy_json(policy: QueueSettings | LevelQueue) -> dict[str, Any]:
+    """A ``ModelQueuePolicy`` as Triton's JSON writes it: the model's, or a level's own."""
+    return {
+        "timeout_action": policy.timeout_action,
+        "default_timeout_microseconds": round(policy.default_timeout_s * 1e6),
+        "allow_timeout_override": policy.allow_timeout_override,
+        "max_queue_size": policy.max_queue_size,
+    }
 
 
 _GENERATOR_SETTINGS = frozenset(
