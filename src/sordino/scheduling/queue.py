@@ -57,8 +57,9 @@ class RequestQueue:
         self.delay_expired = delay_expired
         self._limits: list[int] | None = None
         """Each level's own limit (0: none), where some level has one."""
-        self._delays: list[bool] | None = None
-        """Each level's own timeout action (True: DELAY), where some level has one."""
+        self._delays: list[bool | None] | None = None
+        """Each level's own timeout action (True: DELAY; None: the queue's
+        ``delay_expired``), where some level has one."""
 
     def set_levels(self, levels: tuple[LevelQueue | None, ...]) -> None:
         """Give levels policies of their own (``QueueSettings.levels``): a level's limit
@@ -67,9 +68,7 @@ class RequestQueue:
             self._limits = self._delays = None
             return
         self._limits = [0 if p is None else p.max_queue_size for p in levels]
-        self._delays = [
-            self.delay_expired if p is None else p.timeout_action == "DELAY" for p in levels
-        ]
+        self._delays = [None if p is None else p.timeout_action == "DELAY" for p in levels]
 
     def __len__(self) -> int:
         return len(self._queued)
@@ -146,8 +145,8 @@ class RequestQueue:
             if item not in self._queued or item.delayed:
                 continue
             self._levels[item.priority - 1].remove(item)
-            delays = self._delays
-            if self.delay_expired if delays is None else delays[item.priority - 1]:
+            own = None if self._delays is None else self._delays[item.priority - 1]
+            if self.delay_expired if own is None else own:
                 item.delayed = True
                 self._delayed[item.priority - 1].append(item)
             else:
