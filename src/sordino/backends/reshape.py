@@ -18,7 +18,7 @@ Reshaping only relabels an array's shape: no element is copied.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -86,21 +86,26 @@ class Reshapes:
         return bool(self.inputs or self.outputs)
 
     @classmethod
-    def of(cls, declared: Mapping[str, Sequence[Any]], *, batched: bool | None) -> Reshapes:
-        """From ``{"input": [...], "output": [...]}`` entries with ``name``, ``dims`` and
-        ``reshape`` (Triton's JSON form: ``{"shape": [...]}``; absent for none)."""
-        found: dict[str, tuple[Reshape, ...]] = {}
-        for kind in ("input", "output"):
-            found[kind] = tuple(
-                Reshape(
-                    str(entry["name"]),
-                    tuple(int(d) for d in entry.get("dims", ())),
-                    tuple(int(d) for d in (entry["reshape"] or {}).get("shape", ())),
-                )
-                for entry in declared.get(kind, ())
-                if entry.get("reshape") is not None
+    def of(
+        cls,
+        inputs: Iterable[tuple[str, Sequence[int], Sequence[int] | None]],
+        outputs: Iterable[tuple[str, Sequence[int], Sequence[int] | None]],
+        *,
+        batched: bool | None,
+    ) -> Reshapes:
+        """From each input's and output's ``(name, dims, reshape)``, the reshape None for
+        a tensor without one."""
+
+        def reshaped(
+            tensors: Iterable[tuple[str, Sequence[int], Sequence[int] | None]],
+        ) -> tuple[Reshape, ...]:
+            return tuple(
+                Reshape(name, tuple(dims), tuple(shape))
+                for name, dims, shape in tensors
+                if shape is not None
             )
-        return cls(found["input"], found["output"], batched)
+
+        return cls(reshaped(inputs), reshaped(outputs), batched)
 
     def inputs_to_model(self, batch: dict[str, Any]) -> dict[str, Any]:
         """``batch`` with each reshaped input in the model's shape."""
@@ -196,14 +201,10 @@ class Reshapes:
 def reshapes_of(config: Any) -> Reshapes | None:
     """The reshapes of a :class:`~sordino.config.ModelConfig`'s declared ``input`` and
     ``output`` tensors; None when it has none."""
-    declared = {
-        kind: [
-            {"name": t.name, "dims": t.dims, "reshape": {"shape": t.reshape}}
-            for t in getattr(config, kind)
-            if t.reshape is not None
-        ]
-        for kind in ("input", "output")
-    }
     limit = config.max_batch_size
-    reshapes = Reshapes.of(declared, batched=None if limit is None else limit > 0)
+    reshapes = Reshapes.of(
+        ((t.name, t.dims, t.reshape) for t in config.input),
+        ((t.name, t.dims, t.reshape) for t in config.output),
+        batched=None if limit is None else limit > 0,
+    )
     return reshapes or None

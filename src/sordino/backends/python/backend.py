@@ -219,7 +219,11 @@ class PythonBackend:
         inputs = _specs(config.get("input", ()), batched, where)
         outputs = _specs(config.get("output", ()), batched, where)
         self._config = config
-        self._reshapes = Reshapes.of(config, batched=batched)
+        self._reshapes = Reshapes.of(
+            ((s.name, s.item_shape if batched else s.shape, s.reshape) for s in inputs),
+            ((s.name, s.item_shape if batched else s.shape, s.reshape) for s in outputs),
+            batched=batched,
+        )
         batcher = config.get("dynamic_batching")
         gpu = device.startswith("cuda")
         args = {
