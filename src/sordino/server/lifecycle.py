@@ -33,6 +33,7 @@ from pathlib import Path
 
 from sordino.config import RuntimeConfig
 from sordino.models.repository import ModelSource
+from sordino.server.connection_guard import CLOSING_GRACE_S
 from sordino.server.frontends import Frontends
 from sordino.server.grpc_server import GrpcServer
 from sordino.server.load_publisher import LoadBoardPublisher
@@ -70,12 +71,15 @@ async def open_server(
     prepare: Callable[[Runtime], None] | None = None,
     on_journal: Callable[[Path], None] | None = None,
     on_loaded: Callable[[LoadedModel], None] | None = None,
+    closing_grace_s: float = CLOSING_GRACE_S,
 ) -> AsyncIterator[Server]:
     """Start a server for ``config`` serving ``sources``; stop it when the block ends.
 
     ``journal`` is the SQLite journal to write (None: none). ``prepare`` is called
     with the runtime before any model loads (tests install doubles there); ``on_journal``
     with the journal's path once it is open, ``on_loaded`` with each model once it serves.
+    ``closing_grace_s``: once stopping, how long kept-alive HTTP connections may still
+    send a request before the idle ones are closed (:meth:`HttpServer.stop`).
     """
     runtime = Runtime(config, sources)
     control = ModelControl(runtime)
@@ -136,7 +140,7 @@ async def open_server(
         await control.close()
         await runtime.stop(drain=True, timeout_s=config.server.shutdown_timeout)
         await grpc.stop()
-        await http.stop()
+        await http.stop(grace_s=closing_grace_s)
         if frontends is not None:
             await frontends.close()
         if board is not None:

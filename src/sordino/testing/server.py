@@ -23,7 +23,12 @@ from sordino.server.model_control import ModelControl
 from sordino.server.runtime import Runtime
 from sordino.server.serve import HttpServer
 
-__all__ = ["RunningServer", "serve_in_thread"]
+__all__ = ["TEST_CLOSING_GRACE_S", "RunningServer", "serve_in_thread"]
+
+TEST_CLOSING_GRACE_S = 0.1
+"""A test server's closing grace (:func:`serve_in_thread`): the server's own is
+``connection_guard.CLOSING_GRACE_S`` (2 s), which every test whose client stays
+connected to the end would otherwise wait out at its teardown."""
 
 
 @dataclass
@@ -70,6 +75,7 @@ def serve_in_thread(
     startup_timeout: float = 120.0,
     data_dir: Path | None = None,
     prepare: Callable[[Runtime], None] | None = None,
+    closing_grace_s: float = TEST_CLOSING_GRACE_S,
 ) -> Iterator[RunningServer]:
     """Run real HTTP and gRPC servers on 127.0.0.1 in a background thread while the block runs.
 
@@ -80,7 +86,10 @@ def serve_in_thread(
     before it starts (to install test doubles). A failure during start-up is raised
     here, after the workers already started are stopped; a start-up slower than
     ``startup_timeout`` seconds raises :class:`TimeoutError`. The event-loop lag rule
-    (``server.shed_loop_lag``) is off unless ``config`` sets it.
+    (``server.shed_loop_lag``) is off unless ``config`` sets it. ``closing_grace_s``: how
+    long, once stopping, kept-alive HTTP connections may still send a request before the
+    idle ones are closed; :data:`TEST_CLOSING_GRACE_S` unless given, so that a test
+    whose client keeps its connection open does not wait the server's 2 s for it.
     """
     config = config or RuntimeConfig()
     # Loopback and free ports, whatever the config says: tests never collide on a port.
@@ -106,6 +115,7 @@ def serve_in_thread(
                 chosen,
                 journal=data_dir / config.telemetry.journal_file if data_dir else None,
                 prepare=prepare,
+                closing_grace_s=closing_grace_s,
             ) as server:
                 holder["running"] = RunningServer(
                     server.url,
