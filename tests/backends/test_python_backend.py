@@ -20,6 +20,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from sordino.backends.base import ModelRunOptions
 from sordino.backends.registry import create_backend
 from sordino.config import RuntimeConfig
 from sordino.errors import ModelLoadError
@@ -483,7 +484,7 @@ def test_a_decoupled_model_loads_and_refuses_a_one_answer_call(tmp_path: Path) -
         "class TritonPythonModel:\n    def execute(self, requests):\n        return None\n"
     )
     backend = create_backend(
-        "python", name="repeat", version="1", providers=(), intra_op_threads=None
+        ModelRunOptions("python"), name="repeat", version="1", providers=(), intra_op_threads=None
     )
     backend.load(version / "model.py", "cpu")
     assert backend.metadata.decoupled

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from sordino.backends.base import ModelRunOptions
 from sordino.backends.registry import create_backend
 from sordino.config import load_config
 from sordino.errors import ModelLoadError
@@ -107,7 +108,7 @@ def test_a_model_imports_from_its_packed_environment_in_its_worker(
 
 def _load(folder: Path, *, own_process: bool = True) -> None:
     backend = create_backend(
-        "python",
+        ModelRunOptions("python"),
         name=folder.name,
         version="1",
         providers=(),

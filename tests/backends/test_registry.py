@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from sordino.backends.base import ModelRunOptions
 from sordino.backends.onnx import OnnxBackend
 from sordino.backends.registry import (
     backend_kinds,
@@ -21,7 +24,7 @@ from sordino.errors import ModelLoadError
 def test_onnxruntime_builds_an_onnx_backend() -> None:
     """The ``onnxruntime`` kind gives an unloaded ONNX Runtime backend."""
     backend = create_backend(
-        "onnxruntime",
+        ModelRunOptions("onnxruntime"),
         name="m",
         version="1",
         providers=("CPUExecutionProvider",),
@@ -31,10 +34,40 @@ def test_onnxruntime_builds_an_onnx_backend() -> None:
     assert "onnxruntime" in backend_kinds()
 
 
+def test_run_options_are_what_the_model_configuration_says() -> None:
+    """One value carries a model's options to each instance's backend, whichever
+    executor starts it (worker process, thread, Ray actor): none is left behind."""
+    from sordino.backends.registry import run_options
+    from sordino.config.models import ModelConfig
+
+    config = ModelConfig(
+        max_batch_size=4,
+        thread_spinning=True,
+        framework_memory={"arena_max": "64MB"},
+        onnxruntime={"inter_op_threads": 2},
+        input=[{"name": "X", "data_type": "TYPE_FP32", "dims": [4], "reshape": {"shape": [2, 2]}}],
+        triton_config={"name": "m", "max_batch_size": 4},
+    )
+    run = run_options(config)
+    assert run.backend == "onnxruntime" and run.thread_spinning
+    assert run.memory == config.framework_memory and run.memory.arena_max == 64 * 1024 * 1024
+    assert run.onnxruntime == config.onnxruntime
+    assert json.loads(run.triton_config or "") == {"name": "m", "max_batch_size": 4}
+    assert run.reshapes is not None and [r.name for r in run.reshapes.inputs] == ["X"]
+    assert run_options(ModelConfig()).reshapes is None
+    assert pickle.loads(pickle.dumps(run)) == run  # it crosses to a worker whole
+
+
 def test_an_unknown_kind_names_the_known_ones() -> None:
     """Asking for a backend this build lacks is a load error that lists what exists."""
     with pytest.raises(ModelLoadError, match=r"unknown backend 'tensorflow'.*onnxruntime"):
-        create_backend("tensorflow", name="m", version="1", providers=(), intra_op_threads=None)
+        create_backend(
+            ModelRunOptions("tensorflow"),
+            name="m",
+            version="1",
+            providers=(),
+            intra_op_threads=None,
+        )
 
 
 PLUGIN = """
@@ -95,7 +128,9 @@ def test_a_package_adds_a_backend_kind_through_its_entry_point(plugin: Path) -> 
     version.mkdir(parents=True)
     (version / "factor.txt").write_text("2")
     assert kinds["doubler"].model_file(version) == version / "factor.txt"
-    backend = create_backend("doubler", name="m", version="1", providers=(), intra_op_threads=None)
+    backend = create_backend(
+        ModelRunOptions("doubler"), name="m", version="1", providers=(), intra_op_threads=None
+    )
     backend.load(version / "factor.txt", "cpu")
     out = backend.infer({"x": np.array([1.0, 3.0], dtype=np.float32)})
     assert out["y"].tolist() == [2.0, 6.0]

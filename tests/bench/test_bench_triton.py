@@ -46,6 +46,7 @@ def test_the_python_model_opens_its_session_spinning_as_asked(
     Runtime's intra-op threads spin (``--session-spinning``), and its session does so."""
     from bench.models import mlp
 
+    from sordino.backends.base import ModelRunOptions
     from sordino.backends.registry import create_backend
 
     onnx = mlp(tmp_path / "mlp.onnx")
@@ -53,7 +54,11 @@ def test_the_python_model_opens_its_session_spinning_as_asked(
         tmp_path / "repo", [peers.Batching("w1", spinning=spinning)], onnx
     )
     backend = create_backend(
-        "python", name="w1", version="1", providers=["CPUExecutionProvider"], intra_op_threads=None
+        ModelRunOptions("python"),
+        name="w1",
+        version="1",
+        providers=["CPUExecutionProvider"],
+        intra_op_threads=None,
     )
     backend.load(repo / "w1" / "1" / "model.py")
     try:

@@ -12,6 +12,7 @@ from multiprocessing import shared_memory
 import numpy as np
 import pytest
 
+from sordino.backends.base import ModelRunOptions
 from sordino.clock import MonotonicClock
 from sordino.execution.faults import FaultAction
 from sordino.execution.messages import (
@@ -252,7 +253,7 @@ async def started(segment: shared_memory.SharedMemory) -> AsyncIterator[WorkerPr
         version=source.version,
         index=0,
         path=str(source.path),
-        backend="onnxruntime",
+        run=ModelRunOptions("onnxruntime"),
         providers=("CPUExecutionProvider",),
         target="cpu",
         intra_op_threads=1,

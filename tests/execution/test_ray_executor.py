@@ -489,6 +489,32 @@ def test_a_python_models_error_response_is_its_requests_answer_on_an_actor(
         server.call(server.runtime.unload("error_codes", "1", drain=False), timeout=60)
 
 
+def test_a_python_models_reshaped_tensors_on_an_actor(server: RunningServer) -> None:
+    """tests/fixtures/triton_python_answers/reshaped on an actor (its ``reshape`` reaches
+    the actor with the rest of the model's options): the client sends and reads GRID's
+    ``dims`` [n, 2, 2], the model sees [n, 4]; TOTAL is [1] to the client, as on Triton."""
+    folder = Path(__file__).parent.parent / "fixtures" / "triton_python_answers"
+    source = next(s for s in scan_repository(folder) if s.name == "reshaped")
+    config = source.config.model_copy(update={"ray": RayModelOptions(num_cpus=0)})
+    server.call(server.runtime.load(dataclasses.replace(source, config=config)), timeout=120)
+    try:
+        grid = np.arange(12, dtype=np.float32)
+        body = {
+            "inputs": [
+                {"name": "GRID", "datatype": "FP32", "shape": [1, 3, 2, 2], "data": grid.tolist()}
+            ]
+        }
+        answer = httpx.post(f"{server.url}/v2/models/reshaped/infer", json=body, timeout=60)
+        assert answer.status_code == 200, answer.text
+        outputs = {o["name"]: o for o in answer.json()["outputs"]}
+        assert outputs["TWICE"]["shape"] == [1, 3, 2, 2]
+        assert outputs["TWICE"]["data"] == (2 * grid).tolist()
+        assert (outputs["TOTAL"]["shape"], outputs["TOTAL"]["data"]) == ([1, 1], [66.0])
+        assert outputs["SEEN"]["data"] == [1, 3, 4]
+    finally:
+        server.call(server.runtime.unload("reshaped", "1", drain=False), timeout=60)
+
+
 def test_a_log_settings_change_reaches_every_actor(server: RunningServer) -> None:
     """/v2/logging reaches the Ray actors as it reaches worker processes: each logs by
     the new settings (asked of the actor itself)."""

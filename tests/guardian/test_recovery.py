@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from sordino.backends.base import ModelRunOptions
 from sordino.config.self_healing import RecoveryConfig
 from sordino.events import EventSink
 from sordino.execution.devices import Device
@@ -23,7 +24,7 @@ def _instance(index: int) -> ThreadInstance:
         "cpu",
         Device("cpu", ("CPUExecutionProvider",), None, 1),
         "m.onnx",
-        backend="onnxruntime",
+        run=ModelRunOptions("onnxruntime"),
     )
     instance.state = "ready"
     return instance

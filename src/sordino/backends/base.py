@@ -44,6 +44,7 @@ __all__ = [
     "BackendKind",
     "BackendOptions",
     "BackendStatistics",
+    "ModelRunOptions",
     "OutputPlacer",
     "ProfilingBackend",
     "RequestBatchBackend",
@@ -88,6 +89,25 @@ class Backend(Protocol):
     def statistics(self) -> BackendStatistics:
         """Return a snapshot of this backend's counters."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRunOptions:
+    """What a model's configuration tells each of its instances' backends, as one value
+    (picklable: it crosses whole to a worker process or a Ray actor), built once from
+    the :class:`~sordino.config.ModelConfig` by
+    :func:`sordino.backends.registry.run_options`.
+
+    ``backend`` is the kind (``ModelConfig.backend``); the rest are the fields of
+    :class:`BackendOptions` of the same names.
+    """
+
+    backend: str = "onnxruntime"
+    memory: FrameworkMemoryConfig | None = None
+    thread_spinning: bool = False
+    triton_config: str | None = None
+    onnxruntime: OnnxRuntimeOptions | None = None
+    reshapes: Reshapes | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,15 +13,18 @@ broken one is logged and skipped, so one bad plug-in never stops the built-in ki
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from importlib.metadata import entry_points
+from typing import TYPE_CHECKING
 
-from sordino.backends.base import Backend, BackendKind, BackendOptions
-from sordino.backends.reshape import Reshapes
-from sordino.config.memory import FrameworkMemoryConfig
-from sordino.config.onnxruntime import OnnxRuntimeOptions
+from sordino.backends.base import Backend, BackendKind, BackendOptions, ModelRunOptions
+from sordino.backends.reshape import reshapes_of
 from sordino.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from sordino.config.models import ModelConfig
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -31,6 +34,7 @@ __all__ = [
     "create_backend",
     "kind_for_platform",
     "reset_backend_kinds",
+    "run_options",
 ]
 
 log = logging.getLogger("sordino.backends")
@@ -138,43 +142,48 @@ def kind_for_platform(platform: str) -> BackendKind | None:
     return None
 
 
+def run_options(config: ModelConfig) -> ModelRunOptions:
+    """What ``config`` tells each of the model's instances' backends, in one value."""
+    return ModelRunOptions(
+        backend=config.backend,
+        memory=config.framework_memory,
+        thread_spinning=config.thread_spinning,
+        triton_config=None if config.triton_config is None else json.dumps(config.triton_config),
+        onnxruntime=config.onnxruntime,
+        reshapes=reshapes_of(config),
+    )
+
+
 def create_backend(
-    kind: str,
+    run: ModelRunOptions,
     *,
     name: str,
     version: str,
     providers: Sequence[str],
     intra_op_threads: int | None,
-    memory: FrameworkMemoryConfig | None = None,
-    thread_spinning: bool = False,
     index: int = 0,
-    triton_config: str | None = None,
     own_process: bool = False,
-    reshapes: Reshapes | None = None,
-    onnxruntime: OnnxRuntimeOptions | None = None,
 ) -> Backend:
-    """A new, unloaded backend of ``kind`` for model ``name`` (``load`` comes next).
+    """A new, unloaded backend of ``run.backend``'s kind for one instance (number
+    ``index``) of model ``name`` (``load`` comes next).
 
-    ``providers`` are the execution providers to try in order (for ONNX Runtime);
-    ``memory`` configures its arenas (only in a worker process of the model's own);
-    ``thread_spinning`` lets its threads busy-wait for work (``ModelConfig.thread_spinning``);
-    ``triton_config`` is a load's Triton configuration (JSON text) for its backend;
-    ``own_process``: the instance runs in a worker process of its own;
-    ``reshapes``: tensors clients see in another shape than the model's;
-    ``onnxruntime``: ONNX Runtime's session options (the model's ``onnxruntime``).
-    Raises :class:`ModelLoadError` for a kind this build does not know.
+    ``run`` is what the model's configuration says (:func:`run_options`); ``providers``
+    are the execution providers to try in order (for ONNX Runtime), ``intra_op_threads``
+    the device's thread count; ``own_process``: the instance runs in a process of its own
+    (a worker or a Ray actor). Raises :class:`ModelLoadError` for a kind this build does
+    not know.
     """
     options = BackendOptions(
         name=name,
         version=version,
         providers=tuple(providers),
         intra_op_threads=intra_op_threads,
-        memory=memory,
-        thread_spinning=thread_spinning,
+        memory=run.memory,
+        thread_spinning=run.thread_spinning,
         index=index,
-        triton_config=triton_config,
+        triton_config=run.triton_config,
         own_process=own_process,
-        reshapes=reshapes,
-        onnxruntime=onnxruntime,
+        reshapes=run.reshapes,
+        onnxruntime=run.onnxruntime,
     )
-    return backend_kind(kind, model=name).create(options)
+    return backend_kind(run.backend, model=name).create(options)

@@ -197,8 +197,9 @@ EXTEND_STRATEGIES: dict[str, int] = {"kNextPowerOfTwo": 0, "kSameAsRequested": 1
 class FrameworkMemoryConfig(Section):
     """A model's ``framework_memory``: ONNX Runtime's arenas inside its worker process.
 
-    Applies to ``isolation: process`` (each worker is one process with its own ONNX
-    Runtime); a thread-isolated model shares the server's and accepts only the defaults.
+    Applies to ``isolation: process`` and to Ray actors (each worker or actor is one
+    process with its own ONNX Runtime); a thread-isolated model shares the server's and
+    accepts only the defaults.
     """
 
     cpu_arena: bool = True

@@ -36,13 +36,12 @@ device switches, warm-up, chaos faults, profiling windows) and the statistics
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from sordino.backends.base import Backend
-from sordino.backends.reshape import reshapes_of
+from sordino.backends.registry import run_options
 from sordino.clock import Clock
 from sordino.config import ModelConfig, RuntimeConfig
 from sordino.errors import InferenceFailed
@@ -164,31 +163,22 @@ class ChainExecutor:
                 tier,
                 device,
                 str(path),
-                backend=config.backend,
-                thread_spinning=config.thread_spinning,
+                run=run_options(config),
                 calls=self._call_server,
-                triton_config=_json_or_none(config.triton_config),
-                reshapes=reshapes_of(config),
-                onnxruntime=config.onnxruntime,
             )
         spec = WorkerSpec(
             model=key.name,
             version=key.version,
             index=index,
             path=str(path),
-            backend=config.backend,
+            run=run_options(config),
             providers=device.providers,
             target=device.target,
             intra_op_threads=device.intra_op_threads,
             arena=self._arena.arena.name,
             heartbeat_s=max(0.02, min(1.0, self._settings.heartbeat_timeout / 5)),
             warmup_batches=self._settings.warmup_batches,
-            framework_memory=config.framework_memory,
-            thread_spinning=config.thread_spinning,
             nice=self._settings.nice,
-            triton_config=_json_or_none(config.triton_config),
-            reshapes=reshapes_of(config),
-            onnxruntime=config.onnxruntime,
         )
         return ProcessInstance(
             key,
@@ -437,8 +427,3 @@ class ChainExecutor:
             outliers=self._outliers.statistics(),
             arena_bytes=self._staging.bytes_copied,
         )
-
-
-def _json_or_none(config: dict[str, Any] | None) -> str | None:
-    """A load's Triton configuration as the JSON text an instance's backend reads."""
-    return None if config is None else json.dumps(config)

@@ -21,14 +21,13 @@ worker process.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sordino.backends.base import Backend, RequestBatchBackend, dummy_inputs
+from sordino.backends.base import Backend, ModelRunOptions, RequestBatchBackend, dummy_inputs
 from sordino.backends.registry import backend_kind, create_backend
 from sordino.config.executor import RayModelOptions
 from sordino.errors import Unavailable
@@ -109,22 +108,20 @@ class ModelActor:
 
         if spec.get("log"):  # log as the server does (Ray leaves the actor's log bare)
             configure_process_log(spec["log"])
+        run: ModelRunOptions = spec["run"]
         backend = create_backend(
-            spec["backend"],
+            run,
             name=spec["model"],
             version=spec["version"],
             providers=spec["providers"],
             intra_op_threads=spec["intra_op_threads"],
-            thread_spinning=bool(spec.get("thread_spinning", False)),
-            triton_config=json.dumps(spec["triton_config"]) if spec.get("triton_config") else None,
+            index=spec["index"],
             own_process=True,  # an actor is a process of one model instance
-            reshapes=spec.get("reshapes"),
-            onnxruntime=spec.get("onnxruntime"),
         )
         backend.load(Path(spec["path"]), spec["target"])
         # A decoupled model is not warmed up (the executor then refuses it by name), nor
         # one whose kind says not to (a Triton Python model acts on what it gets).
-        warm_up = backend_kind(spec["backend"], model=spec["model"]).warm_up
+        warm_up = backend_kind(run.backend, model=spec["model"]).warm_up
         warmups = int(spec["warmup_batches"]) if warm_up and not backend.metadata.decoupled else 0
         for _ in range(warmups):
             backend.infer(dummy_inputs(backend.metadata, 1))

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from sordino.backends.reshape import reshapes_of
+from sordino.backends.registry import run_options
 from sordino.clock import Clock
 from sordino.config import ModelConfig, WorkersConfig
 from sordino.config.executor import RayModelOptions
@@ -93,15 +93,12 @@ class RayInstance(InstanceBase):
             "model": key.name,
             "version": key.version,
             "path": str(path),
-            "backend": config.backend,
+            "index": index,
+            "run": run_options(config),
             "providers": tuple(device.providers),
             "target": device.target,
             "intra_op_threads": device.intra_op_threads,
-            "thread_spinning": config.thread_spinning,
-            "triton_config": None if config.triton_config is None else dict(config.triton_config),
             "warmup_batches": settings.warmup_batches,
-            "reshapes": reshapes_of(config),
-            "onnxruntime": config.onnxruntime,
         }
         self._options = config.ray or RayModelOptions()
         self._settings = settings

@@ -52,7 +52,7 @@ def worker_memory(instances: Iterable[Instance]) -> tuple[WorkerMemory, ...]:
         if not isinstance(instance, ProcessInstance):
             continue
         spec = instance.spec
-        memory = spec.framework_memory or FrameworkMemoryConfig()
+        memory = spec.run.memory or FrameworkMemoryConfig()
         pid = instance.pid
         rss: int | None = None
         if pid is not None:

@@ -9,12 +9,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from sordino.backends.base import Backend, ProfilingBackend, RequestBatchBackend
+from sordino.backends.base import Backend, ModelRunOptions, ProfilingBackend, RequestBatchBackend
 from sordino.backends.calls import CallingBackend
 from sordino.backends.decoupled import DecoupledBackend
 from sordino.backends.registry import create_backend
-from sordino.backends.reshape import Reshapes
-from sordino.config.onnxruntime import OnnxRuntimeOptions
 from sordino.errors import Unavailable
 from sordino.execution.decoupled import ThreadResponder
 from sordino.execution.devices import Device
@@ -42,14 +40,10 @@ class ThreadInstance(InstanceBase):
         device: Device,
         path: str,
         *,
-        backend: str,
-        thread_spinning: bool = False,
+        run: ModelRunOptions,
         calls: Callable[[], CallServer | None] | None = None,
-        triton_config: str | None = None,
-        reshapes: Reshapes | None = None,
-        onnxruntime: OnnxRuntimeOptions | None = None,
     ) -> None:
-        """Build the ``backend`` kind's backend (unloaded); :meth:`open` loads it.
+        """Build the backend ``run`` says (unloaded); :meth:`open` loads it.
 
         ``calls`` gives the answerer of the model's calls to other models (BLS).
 
@@ -58,16 +52,12 @@ class ThreadInstance(InstanceBase):
         super().__init__(key, index, tier, device)
         self._path = path
         self._backend = create_backend(
-            backend,
+            run,
             name=key.name,
             version=key.version,
             providers=device.providers,
             intra_op_threads=device.intra_op_threads,
-            thread_spinning=thread_spinning,
             index=index,
-            triton_config=triton_config,
-            reshapes=reshapes,
-            onnxruntime=onnxruntime,
         )
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sordino-{key.name}")
         self._calls = calls

@@ -35,12 +35,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from sordino.backends.base import RequestBatchBackend, dummy_inputs
+from sordino.backends.base import ModelRunOptions, RequestBatchBackend, dummy_inputs
 from sordino.backends.calls import CallingBackend
 from sordino.backends.decoupled import DecoupledBackend
-from sordino.backends.reshape import Reshapes
-from sordino.config.memory import FrameworkMemoryConfig
-from sordino.config.onnxruntime import OnnxRuntimeOptions
 from sordino.execution.messages import (
     HEARTBEAT,
     FrameError,
@@ -58,34 +55,24 @@ __all__ = ["MappedArena", "WorkerSpec", "worker_main"]
 class WorkerSpec:
     """Everything a worker needs to start (picklable).
 
-    ``backend`` is the backend kind (``ModelConfig.backend``), ``target`` the device
-    the backend loads onto (``cpu``, ``cuda:0``), ``arena`` the shared-memory
-    segment's name.
+    ``run`` is what the model's configuration tells its backend (its kind, arenas,
+    session options, reshapes), ``target`` the device the backend loads onto (``cpu``,
+    ``cuda:0``), ``arena`` the shared-memory segment's name.
     """
 
     model: str
     version: str
     index: int
     path: str
-    backend: str
+    run: ModelRunOptions
     providers: tuple[str, ...]
     target: str
     intra_op_threads: int | None
     arena: str
     heartbeat_s: float
     warmup_batches: int
-    framework_memory: FrameworkMemoryConfig | None = None
-    """ONNX Runtime's arenas in this process (the model's ``framework_memory``)."""
-    thread_spinning: bool = False
-    """Let ONNX Runtime's threads busy-wait for work (the model's ``thread_spinning``)."""
     nice: int = 0
     """Added to the niceness of every thread of the worker, first thing (``workers.nice``)."""
-    triton_config: str | None = None
-    """A model-control load's Triton configuration (JSON text) for the backend."""
-    onnxruntime: OnnxRuntimeOptions | None = None
-    """ONNX Runtime's session options (the model's ``onnxruntime``)."""
-    reshapes: Reshapes | None = None
-    """Tensors clients see in another shape than the model's (Triton's ``reshape``)."""
 
 
 def _heartbeat(link: WorkerLink, interval: float) -> None:
@@ -139,23 +126,18 @@ def worker_main(spec: WorkerSpec, conn: Connection, log: dict[str, Any] | None =
     try:
         started = time.perf_counter()
         backend = create_backend(
-            spec.backend,
+            spec.run,
             name=spec.model,
             version=spec.version,
             providers=spec.providers,
             intra_op_threads=spec.intra_op_threads,
-            memory=spec.framework_memory,
-            thread_spinning=spec.thread_spinning,
             index=spec.index,
-            triton_config=spec.triton_config,
             own_process=True,
-            reshapes=spec.reshapes,
-            onnxruntime=spec.onnxruntime,
         )
         if isinstance(backend, CallingBackend):
             backend.set_caller(link)  # the model's BLS calls go over the pipe
         backend.load(Path(spec.path), spec.target)
-        warm_up = backend_kind(spec.backend, model=spec.model).warm_up
+        warm_up = backend_kind(spec.run.backend, model=spec.model).warm_up
         # A decoupled model's responses would have nowhere to go: never warmed up.
         for _ in range(spec.warmup_batches if warm_up and not backend.metadata.decoupled else 0):
             backend.infer(dummy_inputs(backend.metadata, 1))
