@@ -130,7 +130,6 @@ def test_a_batch_size_for_a_model_that_cannot_batch_is_refused() -> None:
          "parameters.not_a_parameter"),
         ('optimization { execution_accelerators { cpu_execution_accelerator : [ { name : '
          '"openvino" } ] } }', "optimization.execution_accelerators"),
-        ('model_repository_agents { agents [ { name: "checksum" } ] }', "model_repository_agents"),
         ("model_transaction_policy { decoupled: true }", "model_transaction_policy.decoupled"),
     ],
 )  # fmt: skip
@@ -138,7 +137,7 @@ def test_what_sordino_does_not_do_is_refused_by_name(tmp_path: Path, extra: str,
     root = _repository(tmp_path, SIMPLE + extra + "\n")
     with pytest.raises(ConfigError, match=re.escape(said)) as raised:
         scan_repository(root)
-    # Said for an ONNX model, or for every backend (model_repository_agents).
+    # Said for an ONNX model, or for every backend.
     told = r"(for an ONNX model|sordino does not support \S+); remove it"
     assert re.search(told, str(raised.value))
 

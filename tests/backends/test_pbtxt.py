@@ -260,7 +260,6 @@ def test_protobuf_defaults_are_as_if_unset() -> None:
             'source_input: "X" } ]',
             "batch_input",
         ),
-        ('model_repository_agents { agents [ { name: "checksum" } ] }', "model_repository_agents"),
     ],
 )
 def test_what_sordino_does_not_do_is_refused_by_name(field: str, said: str) -> None:

@@ -45,6 +45,7 @@ _TAKEN = frozenset(
         "default_model_filename",
         "response_cache",
         "model_transaction_policy",
+        "model_repository_agents",
     }
 )
 """Fields read (or checked) here; any other one set is refused by name."""

@@ -51,6 +51,7 @@ REPEATED = frozenset(
         "cpu_execution_accelerator",
         "versions",
         "model_transaction_policy_values",
+        "agents",
     }
 )
 """Repeated fields of Triton's ``ModelConfig`` (and the messages inside it)."""

@@ -52,6 +52,9 @@ def sordino_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any
         # each request is its own batch (the backend's auto_complete_config may still
         # add the batcher: the loader reads that from the model's metadata).
         settings["dynamic_batching"] = {"enabled": False}
+    agents = config.get("model_repository_agents")
+    if _asks(agents):
+        settings["checksums"] = _checksums(agents, source)
     if _asks(_field(config, ("response_cache", "enable"))):
         settings["response_cache"] = True
     warmup = config.get("model_warmup")
@@ -77,8 +80,6 @@ _REFUSED = {
     # Ragged batching's extra tensors, made by Triton's core for the model.
     "batch_input": ("batch_input",),
     "batch_output": ("batch_output",),
-    # Repository agents (checksums, decryption) run on the model's files at load.
-    "model_repository_agents": ("model_repository_agents",),
 }
 """Triton fields sordino does not do (its name → where it is): refused when set."""
 _GROUP_REFUSED = ("host_policy", "secondary_devices", "passive", "profile")
@@ -237,6 +238,25 @@ def _strategy_batching(section: Mapping[str, Any]) -> dict[str, Any]:
 def _asks(value: Any) -> bool:
     """Whether a field is set to other than its protobuf default (which asks for nothing)."""
     return value not in (None, 0, 0.0, False, "", [], {})
+
+
+def _checksums(agents: Any, source: str) -> dict[str, str]:
+    """The file checksums of ``model_repository_agents``' ``checksum`` agents (Triton's
+    one repository agent that needs no service of its own: it checks the model's files
+    before each load, ``config/checksums.py``); ConfigError naming any other agent."""
+    checksums: dict[str, str] = {}
+    listed = agents.get("agents", []) if isinstance(agents, Mapping) else []
+    for agent in listed:
+        name = agent.get("name", "") if isinstance(agent, Mapping) else ""
+        if name != "checksum":
+            raise ConfigError(
+                f"{source}: model_repository_agents: sordino does not support the repository "
+                f"agent {name!r}; it runs Triton's 'checksum' agent only (remove the other, "
+                "or give the model its files as the agent would)"
+            )
+        parameters = agent.get("parameters") or {}
+        checksums.update({str(k): str(v) for k, v in dict(parameters).items()})
+    return checksums
 
 
 def _sequence_batching(section: Mapping[str, Any], source: str) -> dict[str, Any]:

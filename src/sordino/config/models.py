@@ -13,6 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from sordino.config.base import MAX_BATCH_SIZE, ExpandedPath, Section
+from sordino.config.checksums import Checksums, check_checksums
 from sordino.config.declared import DeclaredTensor, check_reshape
 from sordino.config.devices import ProviderName
 from sordino.config.executor import RayModelOptions
@@ -338,6 +339,12 @@ class ModelConfig(Section):
     model's folder (beside ``config.yaml``)."""
     framework_memory: FrameworkMemoryConfig = FrameworkMemoryConfig()
     """ONNX Runtime's CPU (and CUDA) arenas in the model's worker processes (docs/memory.md)."""
+    checksums: Annotated[dict[str, str], AfterValidator(check_checksums)] = Field(
+        default_factory=Checksums
+    )
+    """Files checked before every load of the model, as Triton's checksum repository
+    agent checks them: ``ALGORITHM:PATH`` (MD5; the path from the model's folder) →
+    the file's digest in hex. A file that differs fails the load."""
     triton_config: dict[str, Any] | None = Field(default=None, exclude=True)
     """Set by model control, not written: the Triton configuration (JSON form) a load's
     ``config`` parameter gave, which the model's backend reads instead of the folder's

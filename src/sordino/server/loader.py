@@ -27,6 +27,7 @@ from sordino.errors import ModelLoadError, SordinoError
 from sordino.events import EventSink
 from sordino.execution.chain import ChainExecutor
 from sordino.inference import ModelKey, ModelMetadata, StreamSpec, Tensor
+from sordino.models.checksums import verify_checksums
 from sordino.models.repository import ModelSource
 from sordino.records import SchedulerObserver
 from sordino.scheduling.modes import build_controller, measure_batch_curve
@@ -250,8 +251,11 @@ class ModelLoader:
         self, source: ModelSource, key: ModelKey
     ) -> tuple[ModelKey, ModelConfig, ModelMetadata]:
         """Start ``source``'s instances as ``key``: its key, its configuration (completed
-        by the backend's own) and its metadata."""
+        by the backend's own) and its metadata. Its files are checked against its
+        checksums first, as Triton's checksum agent checks them before each load."""
         config = source.config
+        if config.checksums:
+            await asyncio.to_thread(verify_checksums, source.name, config, source.path)
         metadata = await self._executor.load(key, source.path, config)
         if config.input or config.output:
             from sordino.backends.onnx_pbtxt import check_declared

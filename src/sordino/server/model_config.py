@@ -152,6 +152,9 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
                 config["parameters"][f"sordino_{key}"] = {"string_value": value}
     if model.source.config.response_cache:
         config["response_cache"] = {"enable": True}
+    if checksums := model.source.config.checksums:
+        agent = {"name": "checksum", "parameters": dict(checksums)}
+        config["model_repository_agents"] = {"agents": [agent]}
     executor = model.scheduler.executor
     if isinstance(executor, PipelineExecutor):
         # As Triton shows an ensemble: its steps, no instances, no batcher of its own.
