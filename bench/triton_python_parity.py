@@ -167,6 +167,11 @@ _LEVEL_ORDER = ((1, "A"), (2, "B"), (2, "C"), (3, "E"), (1, "D"))
 """(priority, name) of :data:`LEVEL_QUEUES`'s requests, in the order sent: A runs; B
 waits at level 2, whose queue is then full for C; E's 200 ms pass behind A; D waits."""
 
+ORDERED = "ordered"
+"""Responses in the order their batches started (``preserve_ordering``): two instances,
+each request sleeps X ms. A (600 ms) is sent, then B (10 ms) 0.1 s later, on another
+instance: B's answer must come after A's, as on Triton; sordino refused the field before."""
+
 QUIET_S = 2.0
 """After an error in a gRPC stream, how long to wait for more before taking the stream
 as ended (the client is not told whether the error was the request's last)."""
@@ -411,7 +416,7 @@ def _at_once(mod: Any, url: str, asked: list[Case]) -> list[dict[str, np.ndarray
 
 
 CONFIGURED = ("add_sub", "auto_complete", CACHED, OPTIONAL, WARMUP, REQUESTED_ONLY,
-              RESHAPED, LEVEL_QUEUES, *ENSEMBLES, REQUESTED_ONLY_ENSEMBLE)  # fmt: skip
+              RESHAPED, LEVEL_QUEUES, ORDERED, *ENSEMBLES, REQUESTED_ONLY_ENSEMBLE)  # fmt: skip
 """Models whose whole configuration (HTTP) is compared, as :func:`_config` keeps it:
 Python models and ensembles (their steps as written)."""
 
@@ -559,7 +564,7 @@ def compare(
                        _refuses_infer(ours, mod, model, arrays))  # fmt: skip
             check(f"{model} unary infer refused", protocol, refused == (True, True), str(refused))
         own = {ERROR_CODES, AS_MADE, STREAM_ERRORS_BLS, VERSIONS, COLD_START, WARMUP, CACHED,
-               REQUESTED_ONLY, REQUESTED_ONLY_ENSEMBLE, LEVEL_QUEUES}  # fmt: skip
+               REQUESTED_ONLY, REQUESTED_ONLY_ENSEMBLE, LEVEL_QUEUES, ORDERED}  # fmt: skip
         if WARMUP in models:  # asked first, over each protocol in turn: the same history
             ones: Case = (WARMUP, {"X": np.ones((1, 4), np.float32)}, ["CALLS", "ROWS", "TOTAL"])
             expected_run, got_run = _infer(mod, theirs, ones), _infer(mod, ours, ones)
@@ -623,6 +628,15 @@ def compare(
             expected_shaped, got_shaped = (_listed(_at_once(mod, url, together)) for url in urls)
             check(f"{RESHAPED} at once", protocol, expected_shaped == got_shaped,
                   f"{len(together)} requests")  # fmt: skip
+        if ORDERED in models:
+            urls = (
+                (triton.http, sordino_http)
+                if protocol == "http"
+                else (triton.grpc or "", sordino_grpc)
+            )
+            expected_order, got_order = (_ordered(mod, url) for url in urls)
+            check(f"{ORDERED} answered in order", protocol, expected_order == got_order,
+                  f"triton {expected_order}, sordino {got_order}")  # fmt: skip
         if LEVEL_QUEUES in models:
             urls = (
                 (triton.http, sordino_http)
@@ -720,6 +734,28 @@ def _level_queues(mod: Any, url: str) -> list[str]:
         return [f"{name} {fate}" for (_, name), fate in zip(_LEVEL_ORDER, fates, strict=True)]
 
 
+def _ordered(mod: Any, url: str) -> str:
+    """:data:`ORDERED`'s requests A (600 ms) and B (10 ms, sent 0.1 s after A): whether
+    B's answer came before A's, or with it (held: the two answers' own order is then
+    this client's threads')."""
+    done: dict[str, float] = {}
+
+    def ask(name: str, ms: int) -> None:
+        client = mod.InferenceServerClient(url.removeprefix("http://"))
+        tensor = mod.InferInput("X", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[ms]], np.int32))
+        client.infer(ORDERED, [tensor])
+        done[name] = time.monotonic()
+        client.close()
+
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(ask, "A", 600)
+        time.sleep(0.1)
+        second = pool.submit(ask, "B", 10)
+        first.result(), second.result()
+    return "B before A" if done["B"] < done["A"] - 0.2 else "B with or after A"
+
+
 def _cached(mod: Any, client: Any) -> list[tuple[list[float], int]]:
     """:data:`CACHED` asked X, X, another X, X: each answer's Y and RUNS."""
     seen = []
@@ -758,7 +794,7 @@ def repository(source: Path, into: Path) -> Path:
     ``bls_async`` is there without it, and the bench's :data:`ERROR_CODES`,
     :data:`AS_MADE`, :data:`STREAM_ERRORS`, :data:`STREAM_ERRORS_BLS`, :data:`VERSIONS`,
     :data:`COLD_START`, :data:`OPTIONAL`, :data:`WARMUP`, :data:`CACHED`, :data:`RESHAPED`,
-    :data:`LEVEL_QUEUES` and :data:`REQUESTED_ONLY` models (and
+    :data:`LEVEL_QUEUES`, :data:`ORDERED` and :data:`REQUESTED_ONLY` models (and
     :data:`REQUESTED_ONLY_ENSEMBLE`), with its :data:`ENSEMBLES` where their steps are."""
     repo = into / "models"
     shutil.copytree(source, repo)
@@ -767,7 +803,8 @@ def repository(source: Path, into: Path) -> Path:
         config = repo / "pytorch" / "config.pbtxt"
         config.write_text(config.read_text().replace('name: "add_sub"', 'name: "pytorch"'))
     own = (ERROR_CODES, AS_MADE, STREAM_ERRORS, STREAM_ERRORS_BLS, VERSIONS, COLD_START,
-           OPTIONAL, WARMUP, CACHED, REQUESTED_ONLY, RESHAPED, LEVEL_QUEUES)  # fmt: skip
+           OPTIONAL, WARMUP, CACHED, REQUESTED_ONLY, RESHAPED, LEVEL_QUEUES,
+           ORDERED)  # fmt: skip
     for name in own:
         shutil.copytree(OWN / name, repo / name)
     (repo / REQUESTED_ONLY_ENSEMBLE / "1").mkdir(parents=True)

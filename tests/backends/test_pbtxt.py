@@ -253,7 +253,6 @@ def test_protobuf_defaults_are_as_if_unset() -> None:
 @pytest.mark.parametrize(
     ("field", "said"),
     [
-        ("dynamic_batching { preserve_ordering: true }", "dynamic_batching.preserve_ordering"),
         ("instance_group [ { count: 1 passive: true } ]", "instance_group.passive"),
         (
             'batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "N" data_type: TYPE_FP32 '

@@ -76,7 +76,6 @@ def sordino_settings(config: Mapping[str, Any], *, source: str) -> dict[str, Any
 
 
 _REFUSED = {
-    "dynamic_batching.preserve_ordering": ("dynamic_batching", "preserve_ordering"),
     # Ragged batching's extra tensors, made by Triton's core for the model.
     "batch_input": ("batch_input",),
     "batch_output": ("batch_output",),
@@ -160,7 +159,7 @@ def _dynamic_batching(section: Mapping[str, Any]) -> dict[str, Any]:
         folded["preferred_batch_size"] = list(section["preferred_batch_size"])
     # Unset, Triton's delay is 0: a batch of what is queued, no wait to fill it.
     folded["max_queue_delay_microseconds"] = section.get("max_queue_delay_microseconds", 0)
-    for key in ("priority_levels", "default_priority_level"):
+    for key in ("priority_levels", "default_priority_level", "preserve_ordering"):
         if _asks(section.get(key)):
             folded[key] = section[key]
     queue = section.get("default_queue_policy")

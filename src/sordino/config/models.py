@@ -123,6 +123,9 @@ class DynamicBatchingConfig(Section):
     ] = Field(default_factory=lambda: _FrozenLevels())
     """A priority level's own queue policy, by level (Triton's ``priority_queue_policy``);
     levels not named follow ``default_queue_policy``."""
+    preserve_ordering: bool = False
+    """Answer requests in the order their batches started (Triton's ``preserve_ordering``):
+    a batch that ends before one started earlier (on another instance) waits for it."""
 
     @model_validator(mode="after")
     def _policies_of_levels(self) -> DynamicBatchingConfig:
@@ -418,6 +421,12 @@ class ModelConfig(Section):
                     f"response_cache is not supported for a model with {kind} (its answers "
                     "depend on more than its inputs); remove response_cache"
                 )
+        multi_step = next((k for k in ("streaming", "iterative") if getattr(self, k)), None)
+        if self.dynamic_batching.preserve_ordering and multi_step is not None:
+            raise ValueError(
+                f"dynamic_batching.preserve_ordering is not supported for a model with "
+                f"{multi_step} (a request runs in several batches); remove it"
+            )
         return self
 
     @model_validator(mode="after")

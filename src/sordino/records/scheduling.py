@@ -53,6 +53,10 @@ class QueueSettings:
     levels: tuple[LevelQueue | None, ...] = ()
     """Each level's own policy (index: level - 1), where it has one; the fields above
     are every other level's (and ``max_queue_size`` bounds all of them together)."""
+    preserve_ordering: bool = False
+    """Answer each batch's requests only once every batch started before it was answered
+    (Triton's ``preserve_ordering``): with several instances, a short batch waits for a
+    longer one started earlier."""
 
     def timeout_rule(self, priority: int) -> tuple[float, bool]:
         """The default deadline (seconds, 0: none) and whether a request may set its

@@ -72,8 +72,13 @@ class BatchRunner:
         cost: BatchCost,
         outcomes: Outcomes,
         steps: Steps,
+        ordered: bool = False,
     ) -> None:
         self.model = model
+        self.ordered = ordered
+        """Answer batches in the order they started (``preserve_ordering``)."""
+        # With ``ordered``: done once the batch started last has answered its requests.
+        self._last: asyncio.Future[None] | None = None
         self._executor = executor
         self._clock = clock
         self._cost = cost
@@ -96,19 +101,31 @@ class BatchRunner:
             return
         # Staging (the inputs into the arena) happens inside the executor's one call,
         # so its time counts as compute, and the Triton "compute_input" phase is 0.
+        before = mine = None
+        if self.ordered:  # taken before the first await: in the order batches start
+            before, mine = self._last, asyncio.get_running_loop().create_future()
+            self._last = mine
         try:
-            await self.run(live, computed=self.computed if _one_step(live) else None)
+            await self.run(live, computed=self.computed if _one_step(live) else None, before=before)
         finally:
+            if mine is not None:
+                mine.set_result(None)
             for item in live:
                 release_owned(item.inputs)
 
     async def run(
-        self, live: list[WorkItem], *, computed: Callable[[], None] | None = None
+        self,
+        live: list[WorkItem],
+        *,
+        computed: Callable[[], None] | None = None,
+        before: asyncio.Future[None] | None = None,
     ) -> None:
         """Run ``live`` (items of requests not ended) as one batch; answer its requests.
 
         ``computed`` is called once the executor's call returned with outputs, before the
         requests get them (a failed batch's reruns hold the instance until they end).
+        ``before``: done once the batch started before this one has answered; its
+        requests are answered (or failed) only then (``preserve_ordering``).
         """
         first_request = live[0].request
         if first_request is not None and first_request.decoupled:
@@ -130,6 +147,8 @@ class BatchRunner:
             raise
         except Exception as exc:  # the backend's failure is the requests' failure
             _unstop(live, cancels)
+            if before is not None:
+                await self._after(before, live, t0)
             await self._failures.failed(live, exc, rows, t0, t1)
             return
         _unstop(live, cancels)
@@ -137,6 +156,12 @@ class BatchRunner:
             computed()
         t2 = self._clock.now()
         self._cost.note(rows, t2 - t0, t2)
+        if before is not None and not before.done():
+            try:  # the instance is free meanwhile (computed)
+                await self._after(before, live, t0)
+            except asyncio.CancelledError:
+                outputs.release()
+                raise
         errors = absent = parameters = None
         if REQUEST_ERRORS in outputs or REQUEST_ABSENT in outputs or REQUEST_PARAMETERS in outputs:
             # Some requests' answers are errors (no rows), lack outputs (filler rows) or
@@ -176,6 +201,15 @@ class BatchRunner:
         self._outcomes.batches += 1
         self._outcomes.batched_rows += rows
         self._outcomes.batch_observed(rows, len(live), t1 - t0, t2 - t1, t3 - t2, ok=True)
+
+    async def _after(self, before: asyncio.Future[None], live: list[WorkItem], t0: float) -> None:
+        """Wait until the batch started before ``live``'s has answered; a cancellation
+        meanwhile (the scheduler stopping) ends ``live``'s requests as cancelled."""
+        try:
+            await asyncio.shield(before)
+        except asyncio.CancelledError:
+            self._failures.cancelled(live, t0)
+            raise
 
     async def _run_decoupled(self, live: list[WorkItem]) -> None:
         """Run a decoupled model's batch; its requests are answered as the model sends."""

@@ -113,6 +113,7 @@ class ModelScheduler:
             cost=cost,
             outcomes=self._outcomes,
             steps=self._steps,
+            ordered=settings.preserve_ordering,
         )
         self._shedder = Shedder(
             model,
@@ -198,6 +199,7 @@ class ModelScheduler:
         self._steps.controller = controller
         self._loop.controller = controller
         self._shedder.settings = settings
+        self._runner.ordered = settings.preserve_ordering
         self._queue.max_size = settings.max_queue_size
         self._queue.delay_expired = settings.timeout_action == "DELAY"
         self._queue.set_levels(settings.levels)

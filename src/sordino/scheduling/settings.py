@@ -120,6 +120,7 @@ def scheduling_for(
         allow_timeout_override=queue_policy.allow_timeout_override,
         shed_late=not frame_sync,
         levels=_levels(batching),
+        preserve_ordering=batching.preserve_ordering,
     )
     return ModelScheduling(mode, max_batch_size, policy, queue, scheduler.slo_p99_ms / 1000)
 

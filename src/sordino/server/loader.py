@@ -267,15 +267,19 @@ class ModelLoader:
                 raise
         return key, completed(config, metadata), metadata
 
-    def _check_cache(self, key: ModelKey, metadata: ModelMetadata) -> None:
-        """Refuse ``response_cache`` on a decoupled model, as Triton does; say when the
-        server has no cache to keep its answers in."""
-        if metadata.decoupled:
+    def _check_answers(self, key: ModelKey, config: ModelConfig, decoupled: bool) -> None:
+        """Refuse on a decoupled model (any number of responses) what needs one answer a
+        request: ``response_cache``, as Triton does, and ``preserve_ordering``; say when
+        the server has no cache to keep the model's answers in."""
+        ordered = config.dynamic_batching.preserve_ordering
+        asked = [name for name, on in (("response_cache", config.response_cache),
+                                       ("preserve_ordering", ordered)) if on]  # fmt: skip
+        if decoupled and asked:
             raise ModelLoadError(
-                f"model {key}: response_cache is not supported for a decoupled model (it "
-                "may send any number of responses); remove response_cache"
+                f"model {key}: {' and '.join(asked)} is not supported for a decoupled model "
+                f"(it may send any number of responses); remove {' and '.join(asked)}"
             )
-        if self._cache is None:
+        if config.response_cache and self._cache is None:
             warn_uncached(f"model {key}")
 
     async def _serve(
@@ -289,8 +293,7 @@ class ModelLoader:
             if config.streaming is not None:
                 spec = stream_spec_for(config.streaming, metadata)
                 metadata = dataclasses.replace(metadata, stream=spec)
-            if config.response_cache:
-                self._check_cache(key, metadata)
+            self._check_answers(key, config, metadata.decoupled)
             node = node_policy(self._config, source, batched=metadata.batched)
             scheduling = scheduling_for(
                 self._config.scheduler,

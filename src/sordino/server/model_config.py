@@ -176,7 +176,7 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
         config["dynamic_batching"] = {
             "preferred_batch_size": list(policy.preferred),
             "max_queue_delay_microseconds": round(policy.max_delay_s * 1e6),
-            "preserve_ordering": False,
+            "preserve_ordering": queue.preserve_ordering,
             "priority_levels": queue.priority_levels,
             "default_priority_level": queue.default_priority,
             "default_queue_policy": _queue_policy_json(queue),
