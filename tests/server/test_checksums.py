@@ -17,22 +17,11 @@ from tritonclient.utils import InferenceServerException
 
 from sordino.config import load_config
 from sordino.errors import ConfigError
-from sordino.models.repository import builtin_sources, scan_repository
+from sordino.models.repository import scan_repository
 from sordino.testing import RunningServer, serve_in_thread
+from tests.backends.test_onnx_pbtxt import SIMPLE, _repository
 
 EXAMPLES = Path(__file__).parent.parent / "fixtures" / "triton_python_examples"
-SIMPLE = """
-platform: "onnxruntime_onnx"
-max_batch_size: 8
-input [
-  { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] },
-  { name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] }
-]
-output [
-  { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] },
-  { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 16 ] }
-]
-"""
 
 
 def _md5(path: Path) -> str:
@@ -46,12 +35,8 @@ def _agent(*pairs: tuple[str, str]) -> str:
 
 def _simple(root: Path, agents: str) -> Path:
     """Triton's ``simple`` as an ONNX model folder, with a labels file beside its model."""
-    simple = next(s for s in builtin_sources() if s.name == "simple")
-    folder = root / "simple"
-    (folder / "1").mkdir(parents=True)
-    shutil.copyfile(simple.path, folder / "1" / "model.onnx")
+    folder = _repository(root, SIMPLE + agents) / "simple"
     (folder / "labels.txt").write_text("a\nb\n")
-    (folder / "config.pbtxt").write_text(SIMPLE + agents)
     return folder
 
 
