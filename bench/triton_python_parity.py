@@ -585,13 +585,11 @@ def compare(
             )
             refused = [_refuses(mod, client, case) for client in (theirs, ours)]
             check("bls_sync undefined_model refused", protocol, all(refused), str(refused))
+        # Each server's address for this protocol, for the checks with clients of their own.
+        http = protocol == "http"
+        urls = (triton.http, sordino_http) if http else (triton.grpc or "", sordino_grpc)
         if OPTIONAL in models:  # with and without BIAS at once: one batch may hold both
             mixed = cases([OPTIONAL])
-            urls = (
-                (triton.http, sordino_http)
-                if protocol == "http"
-                else (triton.grpc or "", sordino_grpc)
-            )
             expected_mixed, got_mixed = (_at_once(mod, url, mixed) for url in urls)
             same = all(
                 np.array_equal(e["Y"], g["Y"])
@@ -606,20 +604,10 @@ def compare(
         if REQUESTED_ONLY in models:  # one batch of three, each asking for other outputs
             asked = [(REQUESTED_ONLY, {"X": np.array([[v]], np.int32)}, names)
                      for v, names in ((1, ["A"]), (2, ["B"]), (3, ["A", "B", "C"]))]  # fmt: skip
-            urls = (
-                (triton.http, sordino_http)
-                if protocol == "http"
-                else (triton.grpc or "", sordino_grpc)
-            )
             expected_only, got_only = (_listed(_at_once(mod, url, asked)) for url in urls)
             check(f"{REQUESTED_ONLY} each its outputs, at once", protocol,
                   expected_only == got_only, str(got_only))  # fmt: skip
         if RESHAPED in models:  # several shapes at once: one batch of rows alike
-            urls = (
-                (triton.http, sordino_http)
-                if protocol == "http"
-                else (triton.grpc or "", sordino_grpc)
-            )
             together: list[Case] = [
                 (RESHAPED, {"GRID": np.full((rows, 2, 2, 2), rows, np.float32)},
                  ["TWICE", "TOTAL", "SEEN"])
@@ -629,20 +617,10 @@ def compare(
             check(f"{RESHAPED} at once", protocol, expected_shaped == got_shaped,
                   f"{len(together)} requests")  # fmt: skip
         if ORDERED in models:
-            urls = (
-                (triton.http, sordino_http)
-                if protocol == "http"
-                else (triton.grpc or "", sordino_grpc)
-            )
             expected_order, got_order = (_ordered(mod, url) for url in urls)
             check(f"{ORDERED} answered in order", protocol, expected_order == got_order,
                   f"triton {expected_order}, sordino {got_order}")  # fmt: skip
         if LEVEL_QUEUES in models:
-            urls = (
-                (triton.http, sordino_http)
-                if protocol == "http"
-                else (triton.grpc or "", sordino_grpc)
-            )
             expected_levels, got_levels = (_level_queues(mod, url) for url in urls)
             check(f"{LEVEL_QUEUES} answered or refused", protocol,
                   expected_levels == got_levels,
