@@ -154,9 +154,9 @@ def test_a_strategys_queue_delay_and_sizes_are_its_batchers(
         ("direct { minimum_slot_utilization: 0.5 }", "direct.minimum_slot_utilization"),
         ("oldest { preserve_ordering: true }", "oldest.preserve_ordering"),
         ("iterative_sequence: true", "iterative_sequence"),
-        (
+        (  # both: say one
             'state [ { input_name: "a" output_name: "b" initial_state { name: "z" '
-            'data_file: "z.bin" } } ]',
+            'data_file: "z.bin" zero_data: true } } ]',
             "state.initial_state",
         ),
         (
@@ -348,7 +348,8 @@ def test_a_levels_own_queue_policy_is_taken() -> None:
 
 def test_an_initial_state_of_zeros_is_sordinos_own_start() -> None:
     """``initial_state { zero_data: true }`` is what sordino starts each sequence's state
-    from (refused before); one read from a file stays refused (above)."""
+    from (refused before); one from a file is that file (tests/server/test_sequences.py
+    serves it)."""
     text = (
         "max_batch_size: 4\nsequence_batching { direct { }\n"
         '  state [ { input_name: "S_IN" output_name: "S_OUT" data_type: TYPE_FP32 '
@@ -359,6 +360,11 @@ def test_an_initial_state_of_zeros_is_sordinos_own_start() -> None:
     assert config.sequence_batching is not None
     (state,) = config.sequence_batching.state
     assert (state.input_name, state.output_name) == ("S_IN", "S_OUT")
+    assert state.initial_data_file is None
+    from_file = text.replace("zero_data: true", 'data_file: "start.bin"')
+    config = ModelConfig(**sordino_settings(parse_pbtxt(from_file), source="c"))
+    assert config.sequence_batching is not None
+    assert config.sequence_batching.state[0].initial_data_file == "start.bin"
     with pytest.raises(ConfigError, match=r"initial_state dims \[3\] is not the state's"):
         sordino_settings(
             parse_pbtxt(text.replace("dims: [ 2 ] zero", "dims: [ 3 ] zero")), source="c"

@@ -365,3 +365,81 @@ def test_a_state_output_the_model_did_not_return_is_a_clear_error(tmp_path: Path
             send(0, start=False)
         assert "did not return its state output 'STATE_OUT'" in caught.value.message()
         client.close()
+
+
+COUNTER = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            state = pb_utils.get_input_tensor_by_name(request, "STATE_IN").as_numpy()
+            total = (state + x).astype(np.int32)
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("Y", total), pb_utils.Tensor("STATE_OUT", total)]))
+        return responses
+"""
+
+
+def _counter(tmp_path: Path, initial: str) -> Path:
+    folder = tmp_path / "counter"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "X", data_type: TYPE_INT32, dims: [ 2 ] },\n'
+        '        { name: "STATE_IN", data_type: TYPE_INT32, dims: [ 2 ] } ]\n'
+        'output [ { name: "Y", data_type: TYPE_INT32, dims: [ 2 ] },\n'
+        '         { name: "STATE_OUT", data_type: TYPE_INT32, dims: [ 2 ] } ]\n'
+        'sequence_batching { state [ { input_name: "STATE_IN" output_name: "STATE_OUT"\n'
+        f"  data_type: TYPE_INT32 dims: [ 2 ] {initial} }} ] }}\n"
+    )
+    (folder / "1" / "model.py").write_text(COUNTER)
+    return folder
+
+
+def test_a_state_starts_from_its_initial_state_file(tmp_path: Path) -> None:
+    """``initial_state { data_file }``: each sequence's state starts from the raw elements
+    of that file of the model's ``initial_state/`` folder, as Triton reads it."""
+    folder = _counter(
+        tmp_path,
+        'initial_state { name: "start" data_type: TYPE_INT32 dims: [ 2 ] data_file: "start" }',
+    )
+    (folder / "initial_state").mkdir()
+    (folder / "initial_state" / "start").write_bytes(np.array([100, -5], np.int32).tobytes())
+    with serve_in_thread(sources=scan_repository(tmp_path)) as server:
+        client = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+
+        def send(value: int, sequence: int, *, start: bool, end: bool = False) -> list[int]:
+            tensor = httpclient.InferInput("X", [2], "INT32")
+            tensor.set_data_from_numpy(np.array([value, value], dtype=np.int32))
+            answer = client.infer(
+                "counter", [tensor], sequence_id=sequence, sequence_start=start, sequence_end=end
+            )
+            return [int(v) for v in answer.as_numpy("Y")]
+
+        assert send(3, 1, start=True) == [103, -2]
+        assert send(4, 1, start=False, end=True) == [107, 2]
+        assert send(1, 2, start=True) == [101, -4]  # the next sequence starts from it too
+        client.close()
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [(b"\x00" * 12, "holds 12 bytes; the state's 2 INT32 elements take 8"), (None, "cannot read")],
+)
+def test_an_initial_state_file_that_does_not_fit_stops_the_load(
+    tmp_path: Path, data: bytes | None, said: str
+) -> None:
+    folder = _counter(
+        tmp_path,
+        'initial_state { name: "start" data_type: TYPE_INT32 dims: [ 2 ] data_file: "start" }',
+    )
+    if data is not None:
+        (folder / "initial_state").mkdir()
+        (folder / "initial_state" / "start").write_bytes(data)
+    with pytest.raises(Exception, match=said), serve_in_thread(sources=scan_repository(tmp_path)):
+        pass

@@ -194,28 +194,36 @@ _STRATEGY_BATCHING = {
 ``dynamic_batching`` for the model: :func:`_strategy_batching`)."""
 _STATE_KEYS = frozenset({"input_name", "output_name"})
 _STATE_DESCRIPTIONS = frozenset({"data_type", "dims"})
-_ZEROS = frozenset({"zero_data", "data_type", "dims", "name"})
-"""An ``initial_state`` of zeros: what sordino starts every sequence's state from."""
+_INITIAL = frozenset({"zero_data", "data_file", "data_type", "dims", "name"})
+"""An ``initial_state`` sordino takes: zeros, or a file of the model's ``initial_state/``."""
 """A state's datatype and shape: those of its output, which the model declares already."""
 
 
-def _zeros(initial: Any, state: Mapping[str, Any], where: str) -> bool:
-    """Whether ``initial`` (a ``state``'s ``initial_state``) starts it at zeros only
-    (``zero_data: true``); ConfigError when its type or shape is not the state's, which
-    Triton refuses too."""
+def _initial(initial: Any, state: Mapping[str, Any], where: str) -> dict[str, Any] | None:
+    """What sordino takes of a ``state``'s ``initial_state``: ``{}`` for zeros (what it
+    starts every sequence's state from anyway), the file for ``data_file``; None when it
+    says more (refused by name). ConfigError when its type or shape is not the state's,
+    which Triton refuses too."""
     entries = initial if isinstance(initial, list) else [initial] if initial else []
-    zeros = bool(entries) and all(
-        isinstance(entry, Mapping) and entry.get("zero_data") is True and set(entry) <= _ZEROS
-        for entry in entries
-    )
-    for entry in entries if zeros else ():
-        for key in ("data_type", "dims"):
-            if key in entry and key in state and entry[key] != state[key]:
-                raise ConfigError(
-                    f"{where}: state {state.get('input_name')!r}: initial_state {key} "
-                    f"{entry[key]} is not the state's ({state[key]}); give the same"
-                )
-    return zeros
+    if len(entries) != 1 or not isinstance(entries[0], Mapping) or set(entries[0]) > _INITIAL:
+        return None
+    (entry,) = entries
+    if not entry.get("name"):  # as Triton refuses it
+        raise ConfigError(
+            f"{where}: state {state.get('input_name')!r}: initial_state needs its name; "
+            'give one (name: "...")'
+        )
+    for key in ("data_type", "dims"):
+        if key in entry and key in state and entry[key] != state[key]:
+            raise ConfigError(
+                f"{where}: state {state.get('input_name')!r}: initial_state {key} "
+                f"{entry[key]} is not the state's ({state[key]}); give the same"
+            )
+    if entry.get("zero_data") is True and "data_file" not in entry:
+        return {}
+    if entry.get("data_file") and entry.get("zero_data") is not True:
+        return {"initial_data_file": str(entry["data_file"])}
+    return None
 
 
 def _strategy_batching(section: Mapping[str, Any]) -> dict[str, Any]:
@@ -264,10 +272,10 @@ def _sequence_batching(section: Mapping[str, Any], source: str) -> dict[str, Any
     Taken: ``max_sequence_idle_microseconds``, the ``direct`` or ``oldest`` strategy
     (``oldest.max_candidate_sequences``; its queue delay and preferred sizes are the
     batcher's, :func:`_strategy_batching`), ``control_input`` and each ``state``'s
-    ``input_name``/``output_name``. Fields sordino does not implement are refused by
-    name when set to other than Triton's default (ordering or slot utilization, a
-    state's ``initial_state`` or buffer options, ``iterative_sequence``), rather than
-    served as if absent.
+    ``input_name``/``output_name`` and ``initial_state`` (:func:`_initial`). Fields
+    sordino does not implement are refused by name when set to other than Triton's
+    default (ordering or slot utilization, a state's buffer options,
+    ``iterative_sequence``), rather than served as if absent.
     """
     where = f"{source}: sequence_batching"
     refused: list[str] = []
@@ -286,10 +294,13 @@ def _sequence_batching(section: Mapping[str, Any], source: str) -> dict[str, Any
             states = []
             for state in value:
                 given = state if isinstance(state, Mapping) else {}
-                states.append({k: v for k, v in given.items() if k in _STATE_KEYS})
+                own = {k: v for k, v in given.items() if k in _STATE_KEYS}
                 kept = _STATE_KEYS | _STATE_DESCRIPTIONS
-                if _zeros(given.get("initial_state"), given, where):
+                initial = _initial(given.get("initial_state"), given, where)
+                if initial is not None:
+                    own.update(initial)
                     kept = kept | {"initial_state"}
+                states.append(own)
                 refused += [f"state.{k}" for k, v in given.items() if k not in kept and _asks(v)]
             settings[key] = states
         elif _asks(value):

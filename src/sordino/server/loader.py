@@ -27,7 +27,7 @@ from sordino.errors import ModelLoadError, SordinoError
 from sordino.events import EventSink
 from sordino.execution.chain import ChainExecutor
 from sordino.inference import ModelKey, ModelMetadata, StreamSpec, Tensor
-from sordino.models.checksums import verify_checksums
+from sordino.models.checksums import model_folder, verify_checksums
 from sordino.models.repository import ModelSource
 from sordino.records import SchedulerObserver
 from sordino.scheduling.modes import build_controller, measure_batch_curve
@@ -345,6 +345,7 @@ class ModelLoader:
                     max_batch_size=scheduling.max_batch_size,
                     instances=instances,
                     events=self._events,
+                    folder=model_folder(config, source.path),
                 )
             if config.iterative is not None:
                 if self._make_pipeline is None:

@@ -5,11 +5,12 @@ A request to a model with ``sequence_batching`` carries a correlation ID
 "no sequence" — or a non-empty string) and the flags
 ``sequence_start`` / ``sequence_end``. Per model, :class:`Sequences` keeps each live
 sequence (keyed by tenant and correlation ID): its implicit state (the ``state``
-outputs of its last request, fed to the ``state`` inputs of the next; zeros on the
-first) and a lock, so the requests of one sequence run one after another, in the order
-they arrive, while requests of different sequences are batched together by the
-model's ordinary dynamic batcher. Control inputs (START, END, READY, CORRID) are filled
-in by the runtime; the client sends neither them nor the state inputs.
+outputs of its last request, fed to the ``state`` inputs of the next; on the first,
+zeros or its ``initial_state`` file) and a lock, so the requests of one sequence run
+one after another, in the order they arrive, while requests of different sequences are
+batched together by the model's ordinary dynamic batcher. Control inputs (START, END,
+READY, CORRID) are filled in by the runtime; the client sends neither them nor the state
+inputs.
 
 Slots are bounded: a new sequence past the limit is refused with 503 until one ends, and
 one caller (its tenant on a tenanted server, its client address otherwise) may hold at
@@ -29,6 +30,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -71,8 +73,11 @@ def sequences_for(
     max_batch_size: int,
     instances: int,
     events: EventSink,
+    folder: Path | None = None,
 ) -> Sequences:
-    """Check ``config`` against the model; return its sequence batcher (ModelLoadError if wrong)."""
+    """Check ``config`` against the model; return its sequence batcher (ModelLoadError if
+    wrong). ``folder``: the model's, whose ``initial_state/`` holds its states' initial
+    data files."""
     model = metadata.name
     for control in config.control_input:
         if metadata.input(control.name) is None:
@@ -98,7 +103,41 @@ def sequences_for(
         slots = config.direct.max_sequences
     else:
         slots = max(1, max_batch_size) * instances
-    return Sequences(config, metadata, slots=slots, events=events)
+    initial = {
+        state.input_name: _initial_state(
+            metadata, state.input_name, state.initial_data_file, folder
+        )
+        for state in config.state
+        if state.initial_data_file is not None
+    }
+    return Sequences(config, metadata, slots=slots, events=events, initial=initial)
+
+
+def _initial_state(metadata: ModelMetadata, name: str, file: str, folder: Path | None) -> Any:
+    """A state's initial data, from ``file`` of ``folder``'s ``initial_state/``: as many
+    raw elements as the state holds a row (ModelLoadError naming what is wrong)."""
+    spec = metadata.input(name)
+    assert spec is not None  # checked above
+    shape = spec.item_shape if metadata.batched else spec.shape
+    where = f"model {metadata.name!r}: state {name!r}: initial_state data_file {file!r}"
+    if spec.datatype == "BYTES" or any(dim < 0 for dim in shape):
+        raise ModelLoadError(
+            f"{where}: an initial state from a file needs a state of fixed dims and a "
+            f"numeric datatype (it is {spec.datatype} {list(shape)}); use zero_data"
+        )
+    path = (folder or Path()) / "initial_state" / file
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ModelLoadError(f"{where}: cannot read {path}: {exc.strerror or exc}") from None
+    dtype = np.dtype(to_numpy_dtype(spec.datatype))
+    count = int(np.prod(shape))
+    if len(data) != count * dtype.itemsize:
+        raise ModelLoadError(
+            f"{where}: {path} holds {len(data)} bytes; the state's {count} {spec.datatype} "
+            f"elements take {count * dtype.itemsize}"
+        )
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
 class Sequences:
@@ -111,8 +150,11 @@ class Sequences:
         *,
         slots: int,
         events: EventSink,
+        initial: dict[str, np.ndarray] | None = None,
     ) -> None:
+        """``initial``: a state's first value a row, by input (zeros for the others)."""
         self.config = config
+        self._initial = initial or {}
         self.metadata = metadata
         self.slots = slots
         per_client = config.max_sequences_per_client
@@ -297,8 +339,11 @@ class Sequences:
         for spec in self.config.state:
             shape, datatype = self._shape(spec.input_name, rows)
             previous = state.get(spec.input_name)
+            first = self._initial.get(spec.input_name)
             if previous is not None and list(previous.shape) == shape:
                 inputs[spec.input_name] = previous
+            elif first is not None:
+                inputs[spec.input_name] = np.ascontiguousarray(np.broadcast_to(first, shape))
             else:
                 inputs[spec.input_name] = np.zeros(shape, dtype=to_numpy_dtype(datatype))
             request.input_datatypes[spec.input_name] = datatype
