@@ -8,6 +8,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from tritonclient.utils import InferenceServerException
 from sordino.config import ModelConfig, load_config
 from sordino.models.repository import scan_repository
 from sordino.testing import RunningServer, serve_in_thread
+from tests.waiting import wait_for
 
 ANSWERS = Path(__file__).parent.parent / "fixtures" / "triton_python_answers"
 EXAMPLES = Path(__file__).parent.parent / "fixtures" / "triton_python_examples"
@@ -104,6 +106,56 @@ def test_a_failed_batch_is_answered_in_its_turn_too(server: RunningServer) -> No
     done["B"] = time.monotonic()
     first.join(60)
     assert done["B"] >= done["A"] - 0.2
+
+
+def test_a_client_that_leaves_while_its_batch_waits_loses_nothing(server: RunningServer) -> None:
+    """B's client leaves while B's batch waits its turn behind A: A is answered, B ends
+    cancelled (every accepted request ends in one outcome), the arena gets B's rows
+    back, and the next requests are answered in order as before."""
+    arena = server.runtime.memory.statistics().arena
+    assert arena is not None
+    before = arena.in_use_bytes
+    cancelled = _scheduler(server).statistics().cancelled
+    answered: list[str] = []
+
+    def long() -> None:
+        client = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+        tensor = httpclient.InferInput("X", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[600]], np.int32))
+        client.infer("ordered", [tensor])
+        answered.append("A")
+
+    first = threading.Thread(target=long)
+    first.start()
+    time.sleep(0.1)
+    leaving = httpclient.InferenceServerClient(
+        server.url.removeprefix("http://"), network_timeout=0.2, connection_timeout=0.2
+    )
+    tensor = httpclient.InferInput("X", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[10]], np.int32))
+    with pytest.raises(Exception):  # noqa: B017 (the client's own timeout, whatever its type)
+        leaving.infer("ordered", [tensor])
+    leaving.close()
+    first.join(60)
+    assert answered == ["A"]
+
+    def settled() -> bool:
+        stats = _scheduler(server).statistics()
+        arena_now = server.runtime.memory.statistics().arena
+        return (
+            stats.in_flight == 0
+            and stats.accepted == stats.succeeded + stats.failed + stats.cancelled
+            and arena_now is not None
+            and arena_now.in_use_bytes == before
+        )
+
+    wait_for(settled, "B's end and its rows back in the arena")
+    assert _scheduler(server).statistics().cancelled == cancelled + 1
+    assert _order(server, "ordered", "http") == "B with or after A"
+
+
+def _scheduler(server: RunningServer) -> Any:
+    return server.runtime.registry.loaded("ordered", "1").scheduler
 
 
 def test_a_decoupled_model_or_one_of_several_steps_is_refused(tmp_path: Path) -> None:
