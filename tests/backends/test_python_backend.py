@@ -103,7 +103,7 @@ class TritonPythonModel:
 COUNTING_CONFIG = """
 backend: "python"
 max_batch_size: 8
-dynamic_batching { preferred_batch_size: [ 6 ] max_queue_delay_microseconds: 5000000 }
+dynamic_batching { preferred_batch_size: [ 6 ] max_queue_delay_microseconds: 30000000 }
 input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
 output [ { name: "N", data_type: TYPE_INT32, dims: [ 1 ] } ]
 """
@@ -114,9 +114,11 @@ ANSWERS = Path(__file__).parent.parent / "fixtures" / "triton_python_answers"
 ``error_codes`` answers ``X = -1 - code`` with that Triton error code, ``as_made``
 returns outputs in other datatypes than it declares."""
 
-# error_codes joining 3 requests a batch, as Triton's dynamic batcher would.
+# error_codes joining 3 requests a batch, as Triton's dynamic batcher would. The three
+# wait for each other up to 30 s: on a loaded machine (the suite's two processes beside
+# the README replay's installs) the last came more than 5 s after the first.
 BATCH_OF_3 = (
-    "dynamic_batching { preferred_batch_size: [ 3 ] max_queue_delay_microseconds: 5000000 }\n"
+    "dynamic_batching { preferred_batch_size: [ 3 ] max_queue_delay_microseconds: 30000000 }\n"
 )
 
 
@@ -148,7 +150,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         shutil.copytree(ANSWERS / "error_codes", root / name)
         config = root / name / "config.pbtxt"
         config.write_text(config.read_text() + BATCH_OF_3)
-    (root / "answering_thread" / "config.yaml").write_text("backend: python\nisolation: thread\n")
+    # A config.yaml is read instead of config.pbtxt (which the model still reads for its
+    # tensors): it says the batcher too, or the scheduler's default delay would join the
+    # three requests only when they come within it.
+    (root / "answering_thread" / "config.yaml").write_text(
+        "backend: python\nisolation: thread\ndynamic_batching:\n"
+        "  {preferred_batch_size: [3], max_queue_delay_microseconds: 30000000}\n"
+    )
     # The same model answering each request at once (no dynamic_batching: one a batch).
     shutil.copytree(ANSWERS / "error_codes", root / "answering_now")
     shutil.copytree(ANSWERS / "as_made", root / "as_made")
@@ -387,7 +395,7 @@ def test_execute_gets_the_requests_the_scheduler_batched(server: RunningServer) 
 
     with ThreadPoolExecutor(3) as pool:
         answers = list(pool.map(send, [1, 2, 3]))
-    # preferred_batch_size 6 and a 5 s delay: the three (6 rows) form one batch.
+    # preferred_batch_size 6 and a 30 s delay: the three (6 rows) form one batch.
     assert answers == [[301], [302, 302], [303, 303, 303]]
 
 

@@ -204,7 +204,7 @@ BATCHED_CONFIG = """
 backend: "python"
 max_batch_size: 8
 model_transaction_policy { decoupled: true }
-dynamic_batching { preferred_batch_size: [ 3 ] max_queue_delay_microseconds: 5000000 }
+dynamic_batching { preferred_batch_size: [ 3 ] max_queue_delay_microseconds: 30000000 }
 input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
 output [ { name: "Y", data_type: TYPE_INT32, dims: [ 2 ] } ]
 """
@@ -244,8 +244,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     (root / "stream_errors_thread" / "config.yaml").write_text(
         "backend: python\nisolation: thread\n"
     )
-    # manual: the batch waits (up to 5 s) for the three requests, as Triton's batcher does.
-    (root / "batched" / "config.yaml").write_text("backend: python\nscheduler_mode: manual\n")
+    # manual: the batch waits (up to 30 s) for the three requests, as Triton's batcher
+    # does. A config.yaml is read instead of config.pbtxt (which the model still reads for
+    # its tensors), so it says the batcher too: the scheduler's default delay (10 ms)
+    # would join the three only when they come within it.
+    (root / "batched" / "config.yaml").write_text(
+        "backend: python\nscheduler_mode: manual\ndynamic_batching:\n"
+        "  {preferred_batch_size: [3], max_queue_delay_microseconds: 30000000}\n"
+    )
     # A short execution timeout bounds a stream that never ends (never_final).
     config = RuntimeConfig.model_validate({"workers": {"execution_timeout": 3}})
     with serve_in_thread(config, scan_repository(root)) as running:

@@ -35,10 +35,12 @@ also serves on Triton itself."""
 ECHO = (FACTS / "echo_facts" / "1" / "model.py").read_text()
 ECHO_CONFIG = (FACTS / "echo_facts" / "config.pbtxt").read_text()
 
-# The four requests of the batching test wait for each other (up to 5 s; never that long).
+# The four requests of the batching test wait for each other (up to 30 s: on a loaded
+# machine the last of them came more than 5 s after the first).
 BATCHED_CONFIG = ECHO_CONFIG.replace(
     "input",
-    "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 5000000 }\ninput",
+    "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 30000000 }"
+    "\ninput",
     1,
 )
 
