@@ -159,6 +159,11 @@ def test_a_strategys_queue_delay_and_sizes_are_its_batchers(
             'data_file: "z.bin" zero_data: true } } ]',
             "state.initial_state",
         ),
+        (  # a field sordino does not know beside those it takes
+            'state [ { input_name: "a" output_name: "b" initial_state { name: "z" '
+            "zero_data: true pinned: true } } ]",
+            "state.initial_state",
+        ),
         (
             'state [ { input_name: "a" output_name: "b" use_growable_memory: true } ]',
             "state.use_growable_memory",

@@ -205,7 +205,7 @@ def _initial(initial: Any, state: Mapping[str, Any], where: str) -> dict[str, An
     says more (refused by name). ConfigError when its type or shape is not the state's,
     which Triton refuses too."""
     entries = initial if isinstance(initial, list) else [initial] if initial else []
-    if len(entries) != 1 or not isinstance(entries[0], Mapping) or set(entries[0]) > _INITIAL:
+    if len(entries) != 1 or not isinstance(entries[0], Mapping) or set(entries[0]) - _INITIAL:
         return None
     (entry,) = entries
     if not entry.get("name"):  # as Triton refuses it

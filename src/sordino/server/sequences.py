@@ -113,7 +113,9 @@ def sequences_for(
     return Sequences(config, metadata, slots=slots, events=events, initial=initial)
 
 
-def _initial_state(metadata: ModelMetadata, name: str, file: str, folder: Path | None) -> Any:
+def _initial_state(
+    metadata: ModelMetadata, name: str, file: str, folder: Path | None
+) -> np.ndarray:
     """A state's initial data, from ``file`` of ``folder``'s ``initial_state/``: as many
     raw elements as the state holds a row (ModelLoadError naming what is wrong)."""
     spec = metadata.input(name)
