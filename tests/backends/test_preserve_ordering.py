@@ -79,6 +79,10 @@ def test_the_configuration_says_it(server: RunningServer) -> None:
     client = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
     assert client.get_model_config("ordered")["dynamic_batching"]["preserve_ordering"] is True
     assert client.get_model_config("unordered")["dynamic_batching"]["preserve_ordering"] is False
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    ordered = grpc.get_model_config("ordered", as_json=True)["config"]["dynamic_batching"]
+    assert ordered["preserve_ordering"] is True
+    grpc.close()
 
 
 def test_a_failed_batch_is_answered_in_its_turn_too(server: RunningServer) -> None:

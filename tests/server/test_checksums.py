@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -85,10 +86,16 @@ def test_files_that_match_load_and_a_file_that_changed_stops_the_load(repository
         client = _client(server)
         client.load_model("simple")
         assert _answers(client)
-        agents = client.get_model_config("simple")["model_repository_agents"]["agents"]
-        assert [(a["name"], sorted(a["parameters"])) for a in agents] == [
-            ("checksum", ["MD5:1/model.onnx", "md5:labels.txt"])
-        ]
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+        for config in (
+            client.get_model_config("simple"),
+            grpc.get_model_config("simple", as_json=True)["config"],
+        ):
+            agents = config["model_repository_agents"]["agents"]
+            assert [(a["name"], sorted(a["parameters"])) for a in agents] == [
+                ("checksum", ["MD5:1/model.onnx", "md5:labels.txt"])
+            ]
+        grpc.close()
         expected = _md5(folder / "labels.txt")
         (folder / "labels.txt").write_text("a\nb\nc\n")
         with pytest.raises(InferenceServerException) as failed:
