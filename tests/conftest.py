@@ -40,18 +40,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     readme_replay.stop()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist, the README replay's test (and so its file) first: it runs for
-    minutes in its worker, which the other worker's files then balance; last, it was a
-    lane of its own after the rest had drained (one process starts the job beside the
-    suite instead, :func:`pytest_collection_finish`)."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return
-    replay = [item for item in items if item.nodeid.endswith(readme_replay.TEST_ID)]
-    if replay:
-        items[:] = replay + [item for item in items if item not in replay]
-
-
 @pytest.fixture(scope="session")
 def server() -> Iterator[RunningServer]:
     """The built-in models served by a real server for the whole session."""

@@ -18,8 +18,7 @@ stops a job still running (``-x``, Ctrl-C, a test run without it): SIGINT, as Ct
 terminal, which stops its servers and removes its copy; SIGKILL if that does not end it.
 
 Under pytest-xdist (``PYTEST_XDIST_WORKER`` set) the test starts the job itself: there,
-the worker it runs on is its own parallel lane, and the test goes first (its file the
-first one handed out), so the other worker's files fill the minutes it waits.
+the worker it runs on is its own parallel lane.
 """
 
 from __future__ import annotations
