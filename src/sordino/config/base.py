@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import UnionType
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, field_validator, model_validator
 
@@ -27,6 +27,7 @@ __all__ = [
     "MAX_POOL_SIZE",
     "MIN_POOL_SIZE",
     "ExpandedPath",
+    "HashedDict",
     "Section",
     "reject_repeated_names",
 ]
@@ -43,6 +44,17 @@ largest integer a float and a JSON reader hold exactly; sizes stop at 1 PiB belo
 
 ExpandedPath = Annotated[Path, AfterValidator(lambda path: path.expanduser())]
 """A path whose leading "~" is expanded."""
+
+_K = TypeVar("_K", int, str)
+_V = TypeVar("_V")
+
+
+class HashedDict(dict[_K, _V]):
+    """A mapping field's value in a frozen section, which must hash (by its items in the
+    order of their keys)."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted(self.items(), key=lambda item: item[0])))
 
 
 class Section(BaseModel):

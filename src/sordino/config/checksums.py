@@ -20,18 +20,13 @@ import re
 from collections.abc import Mapping
 from pathlib import PurePosixPath
 
-__all__ = ["ALGORITHMS", "Checksums", "check_checksums", "split_key"]
+from sordino.config.base import HashedDict
+
+__all__ = ["ALGORITHMS", "check_checksums", "split_key"]
 
 ALGORITHMS = {"md5": 32}
 """The digests a checksum may use (lower case) and the length of one in hex."""
 _HEX = re.compile(r"^[0-9a-fA-F]+$")
-
-
-class Checksums(dict[str, str]):
-    """A model's ``checksums``: a dict that hashes, as a frozen section must."""
-
-    def __hash__(self) -> int:  # type: ignore[override]
-        return hash(tuple(sorted(self.items())))
 
 
 def split_key(key: str) -> tuple[str, str]:
@@ -40,7 +35,7 @@ def split_key(key: str) -> tuple[str, str]:
     return algorithm.lower(), path
 
 
-def check_checksums(checksums: Mapping[str, str]) -> Checksums:
+def check_checksums(checksums: Mapping[str, str]) -> HashedDict[str, str]:
     """``checksums`` if each key names a digest sordino has and a file inside the model's
     folder, and each value is such a digest in hex; ValueError naming what to fix."""
     for key, value in checksums.items():
@@ -67,4 +62,4 @@ def check_checksums(checksums: Mapping[str, str]) -> Checksums:
                 f"checksum {key!r}: {value!r} is not an {algorithm.upper()} digest "
                 f"({size} hexadecimal digits)"
             )
-    return Checksums(checksums)
+    return HashedDict(checksums)

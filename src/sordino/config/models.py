@@ -12,8 +12,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
-from sordino.config.base import MAX_BATCH_SIZE, ExpandedPath, Section
-from sordino.config.checksums import Checksums, check_checksums
+from sordino.config.base import MAX_BATCH_SIZE, ExpandedPath, HashedDict, Section
+from sordino.config.checksums import check_checksums
 from sordino.config.declared import DeclaredTensor, check_reshape
 from sordino.config.devices import ProviderName
 from sordino.config.executor import RayModelOptions
@@ -74,13 +74,6 @@ class QueuePolicy(Section):
         return size
 
 
-class _FrozenLevels(dict[int, "LevelQueuePolicy"]):
-    """``priority_queue_policy``'s value: a dict that hashes, as a frozen section must."""
-
-    def __hash__(self) -> int:  # type: ignore[override]
-        return hash(tuple(sorted(self.items(), key=lambda item: item[0])))
-
-
 class LevelQueuePolicy(Section):
     """One priority level's own queue policy (Triton's ``priority_queue_policy``): its
     requests' deadlines, what happens at one, and how many of them may wait."""
@@ -119,8 +112,8 @@ class DynamicBatchingConfig(Section):
     """Level of requests that ask for none; when omitted, the middle level."""
     default_queue_policy: QueuePolicy = QueuePolicy()
     priority_queue_policy: Annotated[
-        dict[Annotated[int, Field(ge=1)], LevelQueuePolicy], AfterValidator(_FrozenLevels)
-    ] = Field(default_factory=lambda: _FrozenLevels())
+        dict[Annotated[int, Field(ge=1)], LevelQueuePolicy], AfterValidator(HashedDict)
+    ] = Field(default_factory=HashedDict)
     """A priority level's own queue policy, by level (Triton's ``priority_queue_policy``);
     levels not named follow ``default_queue_policy``."""
     preserve_ordering: bool = False
@@ -343,7 +336,7 @@ class ModelConfig(Section):
     framework_memory: FrameworkMemoryConfig = FrameworkMemoryConfig()
     """ONNX Runtime's CPU (and CUDA) arenas in the model's worker processes (docs/memory.md)."""
     checksums: Annotated[dict[str, str], AfterValidator(check_checksums)] = Field(
-        default_factory=Checksums
+        default_factory=HashedDict
     )
     """Files checked before every load of the model, as Triton's checksum repository
     agent checks them: ``ALGORITHM:PATH`` (MD5; the path from the model's folder) →
