@@ -4,34 +4,22 @@ repository agent; what the configuration may say: :mod:`sordino.config.checksums
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 from sordino.config.checksums import split_key
-from sordino.config.models import ModelConfig
 from sordino.errors import ModelLoadError
+from sordino.models.repository import ModelSource
 
-__all__ = ["model_folder", "verify_checksums"]
+__all__ = ["verify_checksums"]
 
 _CHUNK = 1 << 20
 
 
-def model_folder(config: ModelConfig, file: Path) -> Path:
-    """The folder a model's checksum paths start from: its repository folder (or the
-    folder its ``path`` names), else the folder of its model file."""
-    path = config.path
-    if path is not None and path.is_dir():
-        return path
-    return (path or file).parent
-
-
-def verify_checksums(name: str, config: ModelConfig, file: Path) -> None:
-    """Raise :class:`ModelLoadError` unless each file ``config.checksums`` names has its
-    digest (``file``: the version's model file, for a model without a folder)."""
-    if not config.checksums:
-        return
-    folder = model_folder(config, file)
+def verify_checksums(source: ModelSource) -> None:
+    """Raise :class:`ModelLoadError` unless each file ``source``'s checksums name (from
+    its folder, :attr:`ModelSource.folder`) has its digest."""
+    name, folder = source.name, source.folder
     inside = folder.resolve()
-    for key, expected in config.checksums.items():
+    for key, expected in source.config.checksums.items():
         algorithm, relative = split_key(key)
         target = folder / relative
         if not target.resolve().is_relative_to(inside):

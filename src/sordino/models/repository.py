@@ -84,6 +84,16 @@ class ModelSource:
     config: ModelConfig
     description: str = ""
 
+    @property
+    def folder(self) -> Path:
+        """The folder the model's other files are read from (warm-up data, initial states,
+        the files its checksums name): its repository folder, or the folder its ``path``
+        names, else the folder of its model file."""
+        path = self.config.path
+        if path is not None and path.is_dir():
+            return path
+        return (path or self.path).parent
+
 
 def builtin_sources() -> list[ModelSource]:
     """Return the demo models shipped inside the package."""

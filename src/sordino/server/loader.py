@@ -14,7 +14,6 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sordino.backends.base import dummy_inputs
@@ -27,7 +26,7 @@ from sordino.errors import ModelLoadError, SordinoError
 from sordino.events import EventSink
 from sordino.execution.chain import ChainExecutor
 from sordino.inference import ModelKey, ModelMetadata, StreamSpec, Tensor
-from sordino.models.checksums import model_folder, verify_checksums
+from sordino.models.checksums import verify_checksums
 from sordino.models.repository import ModelSource
 from sordino.records import SchedulerObserver
 from sordino.scheduling.modes import build_controller, measure_batch_curve
@@ -255,7 +254,7 @@ class ModelLoader:
         checksums first, as Triton's checksum agent checks them before each load."""
         config = source.config
         if config.checksums:
-            await asyncio.to_thread(verify_checksums, source.name, config, source.path)
+            await asyncio.to_thread(verify_checksums, source)
         metadata = await self._executor.load(key, source.path, config)
         if config.input or config.output:
             from sordino.backends.onnx_pbtxt import check_declared
@@ -320,7 +319,7 @@ class ModelLoader:
 
                 curve = await measure_batch_curve(run, self._clock, scheduling.policy.max_batch)
             if config.model_warmup:
-                await self._run_samples(key, config, metadata, scheduling.max_batch_size, instances)
+                await self._run_samples(key, source, metadata, scheduling.max_batch_size, instances)
             controller = build_controller(
                 scheduling.mode, scheduling.policy, scheduling.slo_s, curve
             )
@@ -345,7 +344,7 @@ class ModelLoader:
                     max_batch_size=scheduling.max_batch_size,
                     instances=instances,
                     events=self._events,
-                    folder=model_folder(config, source.path),
+                    folder=source.folder,
                 )
             if config.iterative is not None:
                 if self._make_pipeline is None:
@@ -374,7 +373,7 @@ class ModelLoader:
     async def _run_samples(
         self,
         key: ModelKey,
-        config: ModelConfig,
+        source: ModelSource,
         metadata: ModelMetadata,
         max_batch_size: int,
         instances: int,
@@ -387,13 +386,11 @@ class ModelLoader:
             raise ModelLoadError(
                 f"model {key}: model_warmup on a decoupled model is not supported; remove it"
             )
-        path = config.path if isinstance(config.path, Path) else None
-        folder = path if path is None or path.is_dir() else path.parent
         requests = warmup_requests(
-            config.model_warmup,
+            source.config.model_warmup,
             metadata,
             max_batch_size=max_batch_size,
-            folder=folder or Path("."),
+            folder=source.folder,
         )
         for request in requests:
             try:
