@@ -429,17 +429,28 @@ def test_a_state_starts_from_its_initial_state_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("data", "said"),
-    [(b"\x00" * 12, "holds 12 bytes; the state's 2 INT32 elements take 8"), (None, "cannot read")],
+    [
+        (b"\x00" * 12, "start holds 12 bytes, but 2 INT32 elements take 8"),
+        (None, "initial_state data_file 'start' is not a file in"),
+        ("link", "initial_state data_file 'start' is not a file in"),  # one that leads out
+    ],
 )
 def test_an_initial_state_file_that_does_not_fit_stops_the_load(
-    tmp_path: Path, data: bytes | None, said: str
+    tmp_path: Path, data: bytes | str | None, said: str
 ) -> None:
+    """The same rules as a warm-up sample's data file (``server/data_files.py``)."""
     folder = _counter(
         tmp_path,
         'initial_state { name: "start" data_type: TYPE_INT32 dims: [ 2 ] data_file: "start" }',
     )
     if data is not None:
         (folder / "initial_state").mkdir()
-        (folder / "initial_state" / "start").write_bytes(data)
+        if data == "link":
+            outside = tmp_path / "elsewhere.bin"
+            outside.write_bytes(b"\x00" * 8)  # the right size: refused for where it is
+            (folder / "initial_state" / "start").symlink_to(outside)
+        else:
+            assert isinstance(data, bytes)
+            (folder / "initial_state" / "start").write_bytes(data)
     with pytest.raises(Exception, match=said), serve_in_thread(sources=scan_repository(tmp_path)):
         pass

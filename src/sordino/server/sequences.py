@@ -47,6 +47,7 @@ from sordino.errors import (
 from sordino.events import EventSink
 from sordino.inference import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor
 from sordino.memory.refs import Tensors
+from sordino.server.data_files import raw_array, read_data_file
 
 __all__ = ["Sequences", "sequences_for"]
 
@@ -121,25 +122,14 @@ def _initial_state(
     spec = metadata.input(name)
     assert spec is not None  # checked above
     shape = spec.item_shape if metadata.batched else spec.shape
-    where = f"model {metadata.name!r}: state {name!r}: initial_state data_file {file!r}"
+    where = f"model {metadata.name!r}: state {name!r}"
     if spec.datatype == "BYTES" or any(dim < 0 for dim in shape):
         raise ModelLoadError(
             f"{where}: an initial state from a file needs a state of fixed dims and a "
             f"numeric datatype (it is {spec.datatype} {list(shape)}); use zero_data"
         )
-    path = (folder or Path()) / "initial_state" / file
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ModelLoadError(f"{where}: cannot read {path}: {exc.strerror or exc}") from None
-    dtype = np.dtype(to_numpy_dtype(spec.datatype))
-    count = int(np.prod(shape))
-    if len(data) != count * dtype.itemsize:
-        raise ModelLoadError(
-            f"{where}: {path} holds {len(data)} bytes; the state's {count} {spec.datatype} "
-            f"elements take {count * dtype.itemsize}"
-        )
-    return np.frombuffer(data, dtype=dtype).reshape(shape)
+    data = read_data_file(folder or Path(), "initial_state", file, "initial_state data_file", where)
+    return raw_array(data, spec.datatype, shape, file, where)
 
 
 class Sequences:

@@ -22,6 +22,7 @@ from sordino.config.warmup import WarmupInput, WarmupSample
 from sordino.datatypes import deserialize_bytes_tensor, from_triton_type, to_numpy_dtype
 from sordino.errors import ModelLoadError, TensorError
 from sordino.inference import ModelMetadata, Tensor, TensorSpec
+from sordino.server.data_files import raw_array, read_data_file
 
 __all__ = ["WarmupRequest", "warmup_requests"]
 
@@ -110,12 +111,7 @@ def _row(value: WarmupInput, spec: TensorSpec, batched: bool, folder: Path, wher
     dtype = to_numpy_dtype(datatype)
     if value.input_data_file is not None:
         data = _read(folder, value.input_data_file, where)
-        if len(data) != count * dtype.itemsize:
-            raise ModelLoadError(
-                f"{where}: {value.input_data_file} holds {len(data)} bytes, but "
-                f"{count} {spec.datatype} elements take {count * dtype.itemsize}"
-            )
-        return np.frombuffer(data, dtype=dtype.newbyteorder("<")).astype(dtype).reshape(dims)
+        return raw_array(data, spec.datatype, dims, value.input_data_file, where)
     if value.random_data:
         rng = np.random.default_rng(0)
         if dtype.kind == "f":
@@ -127,12 +123,5 @@ def _row(value: WarmupInput, spec: TensorSpec, batched: bool, folder: Path, wher
 
 
 def _read(folder: Path, name: str, where: str) -> bytes:
-    """The data file ``name`` of the model folder's ``warmup/``; never a file outside
-    the model folder (a path, or a symbolic link that leads out, is refused)."""
-    path = folder / "warmup" / name
-    inside = path.resolve().is_relative_to(folder.resolve())
-    if Path(name).name != name or not path.is_file() or not inside:
-        raise ModelLoadError(
-            f"{where}: input_data_file {name!r} is not a file in {folder / 'warmup'}"
-        )
-    return path.read_bytes()
+    """The data file ``name`` of the model folder's ``warmup/``."""
+    return read_data_file(folder, "warmup", name, "input_data_file", where)
