@@ -365,8 +365,10 @@ class InferenceServicer:
                 if shared:
                     self._shared.attach(request, self._service.tenant_of(request))
             empty_final = bool(request.parameters.pop(EMPTY_FINAL_RESPONSE, False))
+            ended = False  # a response flagged final was sent: no empty one after it
             async with aclosing(self._service.responses(request, route)) as responses:
                 async for response, final in responses:
+                    ended = final
                     if isinstance(response, SordinoError):
                         # The model's error response within its stream, as Triton sends it:
                         # the message, the request's id and model, and the stream goes on.
@@ -378,13 +380,12 @@ class InferenceServicer:
                         encoded = encode_infer_response(response, request)
                     finally:
                         response.release()
-                    encode_parameters(
-                        {FINAL_RESPONSE: final and not empty_final}, encoded.parameters
-                    )
+                    encode_parameters({FINAL_RESPONSE: final}, encoded.parameters)
                     model, version = encoded.model_name, encoded.model_version
                     await send(pb.ModelStreamInferResponse(infer_response=encoded))
-            if empty_final:
-                # As Triton 2.51's: the model's name and the request's id, no version.
+            if empty_final and not ended:
+                # The model's final flag came alone (Triton 2.51 sends an empty response
+                # for it when asked: the model's name and the request's id, no version).
                 last = pb.ModelInferResponse(model_name=model, id=request_id)
                 encode_parameters({FINAL_RESPONSE: True}, last.parameters)
                 await send(pb.ModelStreamInferResponse(infer_response=last))
