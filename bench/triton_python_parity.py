@@ -67,7 +67,7 @@ EXAMPLES = Path(__file__).parent.parent / "tests" / "fixtures" / "triton_python_
 
 Case = tuple[str, dict[str, np.ndarray], list[str]]
 
-DECOUPLED = {"repeat_int32", "square_int32", "stream_errors"}
+DECOUPLED = {"repeat_int32", "square_int32", "stream_errors", "iterative_stream"}
 """The decoupled examples: streamed, not asked once."""
 
 OWN = Path(__file__).parent.parent / "tests" / "fixtures" / "triton_python_answers"
@@ -172,6 +172,16 @@ ORDERED = "ordered"
 each request sleeps X ms. A (600 ms) is sent, then B (10 ms) 0.1 s later, on another
 instance: B's answer must come after A's, as on Triton; sordino refused the field before."""
 
+ITERATIVE = "iterative"
+"""Triton's iterative sequences: a request asks to be run X times and the model runs it
+again in later batches (request rescheduling) until then; four asked at once (X 3, 1,
+2, 4: the runs again join new requests' batches) and one alone. sordino refused
+``iterative_sequence`` and ``set_release_flags(..._RESCHEDULE)`` before."""
+
+ITERATIVE_STREAM = "iterative_stream"
+"""The decoupled form (the python_backend README's example): X responses counting down,
+one a run, the last sent with the final flag; streamed as the decoupled examples are."""
+
 QUIET_S = 2.0
 """After an error in a gRPC stream, how long to wait for more before taking the stream
 as ended (the client is not told whether the error was the request's last)."""
@@ -260,6 +270,8 @@ def stream_cases(models: list[str]) -> list[tuple[str, dict[str, np.ndarray]]]:
         out += [("square_int32", {"IN": np.array([n], np.int32)}) for n in (4, 0, 1)]
     if STREAM_ERRORS in models:
         out += [(STREAM_ERRORS, {"X": np.array([n], np.int32)}) for n in (0, 3, -1)]
+    if ITERATIVE_STREAM in models:
+        out += [(ITERATIVE_STREAM, {"IN": np.array([[n]], np.int32)}) for n in (3, 1)]
     return out
 
 
@@ -564,7 +576,8 @@ def compare(
                        _refuses_infer(ours, mod, model, arrays))  # fmt: skip
             check(f"{model} unary infer refused", protocol, refused == (True, True), str(refused))
         own = {ERROR_CODES, AS_MADE, STREAM_ERRORS_BLS, VERSIONS, COLD_START, WARMUP, CACHED,
-               REQUESTED_ONLY, REQUESTED_ONLY_ENSEMBLE, LEVEL_QUEUES, ORDERED}  # fmt: skip
+               REQUESTED_ONLY, REQUESTED_ONLY_ENSEMBLE, LEVEL_QUEUES, ORDERED,
+               ITERATIVE}  # fmt: skip
         if WARMUP in models:  # asked first, over each protocol in turn: the same history
             ones: Case = (WARMUP, {"X": np.ones((1, 4), np.float32)}, ["CALLS", "ROWS", "TOTAL"])
             expected_run, got_run = _infer(mod, theirs, ones), _infer(mod, ours, ones)
@@ -620,6 +633,10 @@ def compare(
             expected_order, got_order = (_ordered(mod, url) for url in urls)
             check(f"{ORDERED} answered in order", protocol, expected_order == got_order,
                   f"triton {expected_order}, sordino {got_order}")  # fmt: skip
+        if ITERATIVE in models:
+            expected_runs, got_runs = (_iterative(mod, url) for url in urls)
+            check(f"{ITERATIVE} runs again", protocol, expected_runs == got_runs,
+                  f"triton {expected_runs}, sordino {got_runs}")  # fmt: skip
         if LEVEL_QUEUES in models:
             expected_levels, got_levels = (_level_queues(mod, url) for url in urls)
             check(f"{LEVEL_QUEUES} answered or refused", protocol,
@@ -734,6 +751,26 @@ def _ordered(mod: Any, url: str) -> str:
     return "B before A" if done["B"] < done["A"] - 0.2 else "B with or after A"
 
 
+def _iterative(mod: Any, url: str) -> list[Any]:
+    """:data:`ITERATIVE`'s answers (runs, X, the last run's flags) to four requests at
+    once (X 3, 1, 2, 4), then to one alone (X 2)."""
+
+    def ask(x: int) -> Any:
+        client = mod.InferenceServerClient(url.removeprefix("http://"))
+        tensor = mod.InferInput("X", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[x]], np.int32))
+        try:
+            return client.infer(ITERATIVE, [tensor]).as_numpy("Y").tolist()
+        except InferenceServerException as error:
+            return f"error {error.status()}: {error.message()}"
+        finally:
+            client.close()
+
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(ask, (3, 1, 2, 4)))
+    return [*together, ask(2)]
+
+
 def _cached(mod: Any, client: Any) -> list[tuple[list[float], int]]:
     """:data:`CACHED` asked X, X, another X, X: each answer's Y and RUNS."""
     seen = []
@@ -772,7 +809,8 @@ def repository(source: Path, into: Path) -> Path:
     ``bls_async`` is there without it, and the bench's :data:`ERROR_CODES`,
     :data:`AS_MADE`, :data:`STREAM_ERRORS`, :data:`STREAM_ERRORS_BLS`, :data:`VERSIONS`,
     :data:`COLD_START`, :data:`OPTIONAL`, :data:`WARMUP`, :data:`CACHED`, :data:`RESHAPED`,
-    :data:`LEVEL_QUEUES`, :data:`ORDERED` and :data:`REQUESTED_ONLY` models (and
+    :data:`LEVEL_QUEUES`, :data:`ORDERED`, :data:`ITERATIVE`, :data:`ITERATIVE_STREAM`
+    and :data:`REQUESTED_ONLY` models (and
     :data:`REQUESTED_ONLY_ENSEMBLE`), with its :data:`ENSEMBLES` where their steps are."""
     repo = into / "models"
     shutil.copytree(source, repo)
@@ -782,7 +820,7 @@ def repository(source: Path, into: Path) -> Path:
         config.write_text(config.read_text().replace('name: "add_sub"', 'name: "pytorch"'))
     own = (ERROR_CODES, AS_MADE, STREAM_ERRORS, STREAM_ERRORS_BLS, VERSIONS, COLD_START,
            OPTIONAL, WARMUP, CACHED, REQUESTED_ONLY, RESHAPED, LEVEL_QUEUES,
-           ORDERED)  # fmt: skip
+           ORDERED, ITERATIVE, ITERATIVE_STREAM)  # fmt: skip
     for name in own:
         shutil.copytree(OWN / name, repo / name)
     (repo / REQUESTED_ONLY_ENSEMBLE / "1").mkdir(parents=True)

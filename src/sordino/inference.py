@@ -13,7 +13,7 @@ protocol, scheduling and execution layers all read it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ __all__ = [
     "REQUEST_ABSENT",
     "REQUEST_ERRORS",
     "REQUEST_PARAMETERS",
+    "REQUEST_RESCHEDULED",
     "InferRequest",
     "InferResponse",
     "ModelKey",
@@ -41,6 +42,7 @@ __all__ = [
     "decode_request_errors",
     "encode_request_absent",
     "encode_request_errors",
+    "encode_request_rescheduled",
     "release_owned",
 ]
 
@@ -101,6 +103,10 @@ class InferRequest:
     batching consumes) once its sequence took the request; 0 for none (Triton's)."""
     flags: int = 0
     """Triton's request flags, set with the correlation ID: sequence start (1), end (2)."""
+    again: dict[str, Tensor] | None = None
+    """Set (by its sequence batcher) for a request its model may run again in a later
+    batch (Triton's iterative sequences): the inputs that then differ — its START and
+    END controls, false; None for a request run once."""
     tenant: str | None = None
     """The tenant the server authenticated the request as, once it has (its key is
     hashed once a request); None until then, and on a server without tenants."""
@@ -317,6 +323,21 @@ def decode_request_errors(column: Tensor, count: int) -> list[ModelResponseError
             error = orjson.loads(entry)
             found[index] = model_response_error(str(error["message"]), int(error["code"]))
     return found
+
+
+REQUEST_RESCHEDULED = "sordino.request_rescheduled"
+"""The output in which such a backend says which requests the model asked to run again
+in a later batch (Triton's ``set_release_flags(TRITONSERVER_REQUEST_RELEASE_
+RESCHEDULE)``): a ``UINT8`` tensor with an element per request, 1 for those. They have
+no rows in the other outputs (as a request answered with an error). A decoupled model's
+request is rescheduled by a final response whose outputs are this name alone."""
+
+
+def encode_request_rescheduled(count: int, indices: Iterable[int]) -> Tensor:
+    """The :data:`REQUEST_RESCHEDULED` tensor of a batch of ``count`` requests."""
+    column = np.zeros(count, dtype=np.uint8)
+    column[list(indices)] = 1
+    return column
 
 
 REQUEST_ABSENT = "sordino.request_absent"

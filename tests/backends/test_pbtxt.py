@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from sordino.backends.pbtxt import parse_pbtxt
 from sordino.backends.pbtxt_settings import sordino_settings
@@ -148,12 +149,26 @@ def test_a_strategys_queue_delay_and_sizes_are_its_batchers(
     )
 
 
+def test_iterative_sequence_is_a_python_models_and_needs_no_state() -> None:
+    """Triton's iterative sequences are taken for a Python model (it reschedules its
+    requests); an ONNX model never does, and a state would need carrying between runs."""
+    text = "max_batch_size: 8\nsequence_batching { iterative_sequence: true }"
+    settings = sordino_settings(parse_pbtxt(text), source="c")
+    config = ModelConfig(**settings, backend="python")
+    assert config.sequence_batching is not None
+    assert config.sequence_batching.iterative_sequence
+    with pytest.raises(ValidationError, match="iterative_sequence needs a model that runs"):
+        ModelConfig(**settings)
+    stateful = text.replace("true", 'true state [ { input_name: "a" output_name: "b" } ]')
+    with pytest.raises(ValidationError, match="iterative_sequence with a state is not supported"):
+        ModelConfig(**sordino_settings(parse_pbtxt(stateful), source="c"), backend="python")
+
+
 @pytest.mark.parametrize(
     ("field", "said"),
     [
         ("direct { minimum_slot_utilization: 0.5 }", "direct.minimum_slot_utilization"),
         ("oldest { preserve_ordering: true }", "oldest.preserve_ordering"),
-        ("iterative_sequence: true", "iterative_sequence"),
         (  # both: say one
             'state [ { input_name: "a" output_name: "b" initial_state { name: "z" '
             'data_file: "z.bin" zero_data: true } } ]',

@@ -14,6 +14,7 @@ import tritonclient.http as httpclient
 
 from sordino.backends.python import bls
 from sordino.backends.python import triton_python_backend_utils as pb_utils
+from sordino.backends.python.decoupled import rescheduled
 from sordino.backends.python.model_dir import set_model_dir
 from sordino.config import load_config
 from sordino.models.repository import load_repository_model
@@ -49,11 +50,16 @@ def test_type_codes_are_triton_s() -> None:
     assert set(pb_utils.TRITON_STRING_TO_NUMPY) >= {"TYPE_BOOL", "TYPE_STRING"}
 
 
-def test_a_request_may_be_released_but_not_rescheduled() -> None:
-    request = pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[])
-    request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL)
-    with pytest.raises(pb_utils.TritonModelException, match=r"rescheduling .* is not supported"):
-        request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+def test_a_request_is_released_or_rescheduled_as_the_model_last_said() -> None:
+    requests = [
+        pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[])
+        for _ in range(3)
+    ]
+    requests[0].set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL)
+    requests[1].set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+    requests[2].set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+    requests[2].set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL)
+    assert rescheduled(requests) == [1]
 
 
 def test_a_model_in_a_worker_reads_its_folder_and_the_helpers(tmp_path: Path) -> None:

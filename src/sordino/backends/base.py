@@ -108,6 +108,7 @@ class ModelRunOptions:
     triton_config: str | None = None
     onnxruntime: OnnxRuntimeOptions | None = None
     reshapes: Reshapes | None = None
+    iterative_sequence: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +139,9 @@ class BackendOptions:
     own_process: bool = False
     """Whether the instance has a worker process of its own (it may change the process:
     a Python model's ``EXECUTION_ENV_PATH`` goes first on its ``sys.path``)."""
+    iterative_sequence: bool = False
+    """The model may run a request again in a later batch (``sequence_batching {
+    iterative_sequence: true }``: Triton's request rescheduling)."""
 
 
 @dataclass(frozen=True, slots=True)

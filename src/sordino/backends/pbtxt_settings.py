@@ -272,10 +272,10 @@ def _sequence_batching(section: Mapping[str, Any], source: str) -> dict[str, Any
     Taken: ``max_sequence_idle_microseconds``, the ``direct`` or ``oldest`` strategy
     (``oldest.max_candidate_sequences``; its queue delay and preferred sizes are the
     batcher's, :func:`_strategy_batching`), ``control_input`` and each ``state``'s
-    ``input_name``/``output_name`` and ``initial_state`` (:func:`_initial`). Fields
-    sordino does not implement are refused by name when set to other than Triton's
-    default (ordering or slot utilization, a state's buffer options,
-    ``iterative_sequence``), rather than served as if absent.
+    ``input_name``/``output_name`` and ``initial_state`` (:func:`_initial`), and
+    ``iterative_sequence`` (a Python model's request rescheduling). Fields sordino does
+    not implement are refused by name when set to other than Triton's default (ordering
+    or slot utilization, a state's buffer options), rather than served as if absent.
     """
     where = f"{source}: sequence_batching"
     refused: list[str] = []
@@ -290,6 +290,8 @@ def _sequence_batching(section: Mapping[str, Any], source: str) -> dict[str, Any
             refused += [f"{key}.{k}" for k, v in given.items() if k not in taken and _asks(v)]
         elif key == "control_input":
             settings[key] = list(value)
+        elif key == "iterative_sequence":
+            settings[key] = value is True or str(value).lower() == "true"
         elif key == "state":
             states = []
             for state in value:

@@ -144,6 +144,7 @@ def kind_for_platform(platform: str) -> BackendKind | None:
 
 def run_options(config: ModelConfig) -> ModelRunOptions:
     """What ``config`` tells each of the model's instances' backends, in one value."""
+    sequences = config.sequence_batching
     return ModelRunOptions(
         backend=config.backend,
         memory=config.framework_memory,
@@ -151,6 +152,7 @@ def run_options(config: ModelConfig) -> ModelRunOptions:
         triton_config=None if config.triton_config is None else json.dumps(config.triton_config),
         onnxruntime=config.onnxruntime,
         reshapes=reshapes_of(config),
+        iterative_sequence=sequences is not None and sequences.iterative_sequence,
     )
 
 
@@ -185,5 +187,6 @@ def create_backend(
         own_process=own_process,
         reshapes=run.reshapes,
         onnxruntime=run.onnxruntime,
+        iterative_sequence=run.iterative_sequence,
     )
     return backend_kind(run.backend, model=name).create(options)

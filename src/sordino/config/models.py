@@ -414,7 +414,17 @@ class ModelConfig(Section):
                     f"response_cache is not supported for a model with {kind} (its answers "
                     "depend on more than its inputs); remove response_cache"
                 )
+        sequences = self.sequence_batching
+        iterating = sequences is not None and sequences.iterative_sequence
+        if iterating and self.backend != "python":
+            raise ValueError(
+                "sequence_batching.iterative_sequence needs a model that runs its requests "
+                "again itself (Triton's request rescheduling: backend python); the "
+                f"{self.backend} backend never does, so remove iterative_sequence"
+            )
         multi_step = next((k for k in ("streaming", "iterative") if getattr(self, k)), None)
+        if multi_step is None and iterating:
+            multi_step = "sequence_batching.iterative_sequence"
         if self.dynamic_batching.preserve_ordering and multi_step is not None:
             raise ValueError(
                 f"dynamic_batching.preserve_ordering is not supported for a model with "

@@ -13,6 +13,10 @@ Written as in Triton's ``config.pbtxt``, in YAML::
           control: [{kind: CONTROL_SEQUENCE_CORRID, data_type: TYPE_UINT64}]
       state:
         - {input_name: STATE_IN, output_name: STATE_OUT}
+
+A Python model may take ``iterative_sequence: true`` instead of states: each request
+without a correlation ID is then a sequence of its own, which the model may run again
+in later batches (Triton's request rescheduling).
 """
 
 from __future__ import annotations
@@ -104,11 +108,21 @@ class SequenceBatchingConfig(Section):
     oldest: OldestStrategy | None = None
     control_input: tuple[ControlInput, ...] = ()
     state: tuple[SequenceState, ...] = ()
+    iterative_sequence: bool = False
+    """Triton's iterative sequences: a request without a correlation ID is a sequence of
+    its own (its ID assigned, 1, 2, ...), and the model may run it again in a later
+    batch (a Python model's ``set_release_flags(TRITONSERVER_REQUEST_RELEASE_
+    RESCHEDULE)``), its START and END controls false then. A Python model's only."""
 
     @model_validator(mode="after")
     def _one_strategy(self) -> SequenceBatchingConfig:
         if self.direct is not None and self.oldest is not None:
             raise ValueError("give direct or oldest, not both")
+        if self.iterative_sequence and self.state:
+            raise ValueError(
+                "iterative_sequence with a state is not supported by sordino (a request run "
+                "again would need its state carried between its runs); remove one of them"
+            )
         return self
 
     @property

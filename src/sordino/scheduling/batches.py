@@ -36,6 +36,7 @@ from sordino.inference import (
     REQUEST_ABSENT,
     REQUEST_ERRORS,
     REQUEST_PARAMETERS,
+    REQUEST_RESCHEDULED,
     ModelKey,
     RequestFacts,
     decode_request_absent,
@@ -53,7 +54,7 @@ from sordino.scheduling.work import Stamps, WorkItem
 
 __all__ = ["BatchRunner", "batch_context"]
 
-_BESIDE_OUTPUTS = (REQUEST_ERRORS, REQUEST_ABSENT, REQUEST_PARAMETERS)
+_BESIDE_OUTPUTS = (REQUEST_ERRORS, REQUEST_ABSENT, REQUEST_PARAMETERS, REQUEST_RESCHEDULED)
 """The columns a backend gives beside a batch's outputs, about its requests' answers."""
 
 
@@ -162,10 +163,12 @@ class BatchRunner:
             except asyncio.CancelledError:
                 outputs.release()
                 raise
-        errors = absent = parameters = None
-        if REQUEST_ERRORS in outputs or REQUEST_ABSENT in outputs or REQUEST_PARAMETERS in outputs:
+        errors = absent = parameters = again = None
+        if any(name in outputs for name in _BESIDE_OUTPUTS):
             # Some requests' answers are errors (no rows), lack outputs (filler rows) or
-            # carry their responses' parameters.
+            # carry their responses' parameters, or the model runs them again (no rows).
+            if REQUEST_RESCHEDULED in outputs:
+                again = outputs[REQUEST_RESCHEDULED].reshape(-1)[: len(live)].tolist()
             if REQUEST_ERRORS in outputs:
                 errors = decode_request_errors(outputs[REQUEST_ERRORS], len(live))
             if REQUEST_ABSENT in outputs:
@@ -183,6 +186,9 @@ class BatchRunner:
                 error = errors[index] if errors is not None else None
                 if error is not None:
                     self._steps.answered_with_error(item, error, t2 - t0)
+                    continue
+                if again is not None and again[index] and item.request is not None:
+                    self._steps.rescheduled(item.request, t2 - t0)
                     continue
                 if len(live) == 1:
                     result = outputs.share()
@@ -223,6 +229,9 @@ class BatchRunner:
                 return
             if isinstance(outputs, SordinoError):
                 self._steps.decoupled_error(request, outputs, final)
+            elif REQUEST_RESCHEDULED in outputs:  # the model runs it again (its final word here)
+                self._outcomes.unanswered(request)
+                self._steps.rescheduled(request, 0.0)
             else:
                 self._steps.decoupled_response(request, outputs, final)
 
@@ -268,9 +277,9 @@ class BatchRunner:
             )
             return
         finally:
-            for request in requests:
-                if request is not None:
-                    request.item = None
+            for item in live:
+                if item.request is not None and item.request.item is item:
+                    item.request.item = None  # (not a rescheduled request's next step)
         t2 = self._clock.now()
         self._cost.note(rows, t2 - t0, t2)
         self._outcomes.batches += 1
@@ -285,7 +294,9 @@ def _one_step(live: Sequence[WorkItem]) -> bool:
     """Whether every request of the batch ends with it (no next step to queue first)."""
     for item in live:
         request = item.request
-        if request is not None and (request.stream is not None or request.stepper is not None):
+        if request is not None and (
+            request.stream is not None or request.stepper is not None or request.again is not None
+        ):
             return False
     return True
 

@@ -67,6 +67,15 @@ class Outcomes:
         self._answering.add(request)
         self.answered.clear()
 
+    def unanswered(self, request: Request) -> None:
+        """A decoupled ``request`` goes back to the queue (its model runs it again): the
+        model of its last batch no longer answers it."""
+        request.stop = None
+        if request in self._answering:
+            self._answering.discard(request)
+            if not self._answering:
+                self.answered.set()
+
     def still_answering(self) -> list[Request]:
         """The decoupled requests being answered now."""
         return list(self._answering)

@@ -234,6 +234,7 @@ class ModelScheduler:
         owner: str = "",
         decoupled: bool = False,
         facts: RequestFacts | None = None,
+        again: Mapping[str, Tensor] | None = None,
     ) -> Request:
         """Accept one request and queue its first step; return the request.
 
@@ -249,6 +250,8 @@ class ModelScheduler:
         With a ``stepper`` (an iterative model) ``inputs`` are the first step's; after
         each step the stepper computes the next step's inputs (see :class:`Stepper`).
         ``decoupled``: the model sends its own responses (read them with :meth:`responses`).
+        ``again``: the model may run the request again in a later batch (Triton's
+        request rescheduling), with these inputs in place of its own (None: it may not).
         """
         if self._loop.closing:
             if self._replaced:
@@ -272,6 +275,7 @@ class ModelScheduler:
             owner=owner,
             decoupled=decoupled,
             facts=facts,
+            again=again,
         )
         item = self._steps.work_item(request, tensors, now)
         try:

@@ -12,6 +12,7 @@ the state waits in the queue, parked (see ``parking.py``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -156,6 +157,44 @@ class Steps:
             request.outputs.put_nowait(StepOutput(result, final, request.steps))
         if final:
             self._outcomes.finish(request, "success", "ok", now)
+
+    def rescheduled(self, request: Request, compute_s: float) -> None:
+        """The model asked to run ``request`` again in a later batch (Triton's request
+        rescheduling): its step counts as computed, and it is queued again at its
+        priority on its own inputs, ``again``'s in their place, its flags 0."""
+        if request.finished:
+            return
+        request.item = None
+        request.steps += 1
+        request.compute_s += compute_s
+        again = request.again
+        if again is None:  # (its backend answers such a request with an error itself)
+            self._outcomes.fail(
+                request,
+                InferenceFailed(
+                    f"model {self.model} asked to run a request again, but it is not "
+                    "configured for it (sequence_batching { iterative_sequence: true })"
+                ),
+            )
+            return
+        if self.aborting:
+            self._outcomes.fail(request, ShuttingDown("the model is being unloaded"))
+            return
+        facts = request.facts
+        if facts is not None and facts.flags:
+            request.facts = dataclasses.replace(facts, flags=0)
+        inputs = request.inputs
+        if again:
+            fresh = Tensors.of(again)
+            parts = {name: (fresh if name in again else inputs, name) for name in inputs}
+            following = Tensors.compose(parts)
+        else:
+            following = inputs.share()
+        self._queue.put_nowait(self.work_item(request, following, self._clock.now()), force=True)
+        following.park()  # it waits in the queue: defragmentation may move it
+        request.state = "queued"
+        self._outcomes.queue_changed()
+        self._wake()
 
     def _advance(self, request: Request, result: Tensors, now: float) -> None:
         """An iterative request's step ran: let its stepper compute the next one."""

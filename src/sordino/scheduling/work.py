@@ -182,6 +182,10 @@ class Request:
     trace: Stamps | None = None
     """Its trace when the server sampled it (``server/tracing.py``): its batch's
     moments are stamped on it."""
+    again: Mapping[str, Tensor] | None = None
+    """Set when its model may run it again in a later batch (Triton's request
+    rescheduling): the inputs that then replace its own (its START and END controls,
+    false). None: it runs once."""
 
     @property
     def max_steps(self) -> int:

@@ -22,11 +22,18 @@ request without ``sequence_start`` is then refused.
 
 ``direct`` and ``oldest`` differ here only in the slot limit: sordino carries the
 state itself, so a sequence is never pinned to a batch slot or an instance.
+
+With ``iterative_sequence`` (a Python model's request rescheduling) a request without a
+correlation ID is a sequence of its own (:meth:`Sequences.own`): its ID is the model's
+next (1, 2, ...), its START control true and its END control false, and it takes no
+slot. Whatever its ID, such a request carries ``again`` (its START and END controls
+false): the inputs the scheduler gives it each time its model runs it again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -80,6 +87,12 @@ def sequences_for(
     wrong). ``folder``: the model's, whose ``initial_state/`` holds its states' initial
     data files."""
     model = metadata.name
+    if metadata.decoupled and not config.iterative_sequence:
+        raise ModelLoadError(
+            f"model {model!r}: sequence_batching for a decoupled model is supported only with "
+            "iterative_sequence: true (each request a sequence of its own, its responses a "
+            "stream); sordino does not serve a decoupled model's sequences of requests"
+        )
     for control in config.control_input:
         if metadata.input(control.name) is None:
             raise ModelLoadError(
@@ -157,6 +170,10 @@ class Sequences:
         self._idle_s = config.max_sequence_idle_microseconds / 1e6
         self._live: dict[tuple[str, CorrelationId], _Sequence] = {}
         self._state_outputs = {s.output_name: s.input_name for s in config.state}
+        self.iterative = config.iterative_sequence
+        """Triton's iterative sequences: a request without a correlation ID is a
+        sequence of its own (:meth:`own`), and the model may run requests again."""
+        self._ids = itertools.count(1)
 
     @property
     def hidden_inputs(self) -> set[str]:
@@ -181,12 +198,10 @@ class Sequences:
         ``owner`` is the caller a new sequence is counted against (its tenant on a
         tenanted server, else its client address); None: ``tenant``.
         """
-        corrid, start, end = self._flags(request)
-        for name in ("sequence_id", "sequence_start", "sequence_end"):
-            request.parameters.pop(name, None)  # consumed here, not admission's to refuse
-        # A Python model reads them as Triton's correlation_id() and flags().
-        request.correlation_id = corrid
-        request.flags = (1 if start else 0) | (2 if end else 0)
+        if self.iterative and not _given(request):
+            self.own(request)
+            return await call(request)
+        corrid, start, end = self._take_flags(request)
         key = (tenant, corrid)
         sequence = self._live.get(key)
         if start:
@@ -254,6 +269,34 @@ class Sequences:
                     asyncio.get_running_loop().call_later(self._idle_s, self._expire, key, sequence)
         return response
 
+    def own(self, request: InferRequest) -> None:
+        """Make ``request`` to an iterative model a sequence of its own: its correlation
+        ID the client's, or else the model's next (START true, END false, as Triton's
+        iterative sequencer sets them); its control inputs filled. It takes no slot and
+        waits for no other request: it holds no state (the configuration refuses
+        ``state`` with ``iterative_sequence``)."""
+        if _given(request):
+            corrid, start, end = self._take_flags(request)
+        else:
+            corrid, start, end = next(self._ids), True, False
+            self._take_flags(request, check=False)
+            request.correlation_id, request.flags = corrid, 1
+        self._fill(request, corrid, start=start, end=end, state={})
+
+    def _take_flags(
+        self, request: InferRequest, *, check: bool = True
+    ) -> tuple[CorrelationId, bool, bool]:
+        """The request's correlation ID and START and END flags, taken out of its
+        parameters (consumed here, not admission's to refuse) and set on it."""
+        taken = self._flags(request) if check else (0, False, False)
+        for name in ("sequence_id", "sequence_start", "sequence_end"):
+            request.parameters.pop(name, None)
+        corrid, start, end = taken
+        # A Python model reads them as Triton's correlation_id() and flags().
+        request.correlation_id = corrid
+        request.flags = (1 if start else 0) | (2 if end else 0)
+        return taken
+
     def _flags(self, request: InferRequest) -> tuple[CorrelationId, bool, bool]:
         parameters = request.parameters
         corrid: Any = parameters.get("sequence_id", 0)
@@ -301,6 +344,8 @@ class Sequences:
             "CONTROL_SEQUENCE_END": end,
             "CONTROL_SEQUENCE_READY": True,
         }
+        # Run again (rescheduled), a request's START and END are false (Triton's flags 0).
+        again: dict[str, Tensor] = {}
         for control_input in self.config.control_input:
             control = control_input.control[0]
             shape, datatype = self._shape(control_input.name, rows)
@@ -325,9 +370,12 @@ class Sequences:
                 )
                 assert pair is not None  # checked by the config
                 value = pair[1] if signals[control.kind] else pair[0]
-            dtype = object if datatype == "BYTES" else to_numpy_dtype(datatype)
-            inputs[control_input.name] = np.full(shape, value, dtype=dtype)
+                if control.kind != "CONTROL_SEQUENCE_READY":
+                    again[control_input.name] = np.full(shape, pair[0], dtype=_dtype(datatype))
+            inputs[control_input.name] = np.full(shape, value, dtype=_dtype(datatype))
             request.input_datatypes[control_input.name] = datatype
+        if self.iterative:
+            request.again = again
         for spec in self.config.state:
             shape, datatype = self._shape(spec.input_name, rows)
             previous = state.get(spec.input_name)
@@ -387,3 +435,13 @@ class Sequences:
             return
         if time.monotonic() - sequence.last >= self._idle_s * 0.999:
             self._end(key, sequence, "idle")
+
+
+def _given(request: InferRequest) -> bool:
+    """Whether ``request`` names a sequence (a correlation ID other than 0 or "")."""
+    corrid = request.parameters.get("sequence_id", 0)
+    return isinstance(corrid, bool) or corrid not in (0, "")
+
+
+def _dtype(datatype: str) -> Any:
+    return object if datatype == "BYTES" else to_numpy_dtype(datatype)

@@ -235,6 +235,7 @@ class InferenceService:
             request_id=request.id,
             stream=route.metadata.stream,
             decoupled=route.metadata.decoupled,
+            again=request.again,
             tenant=share,
             weight=weight,
             owner=context.tenant,
@@ -394,8 +395,12 @@ class InferenceService:
                     yield answer
             return
         if route.way == "sequence":
-            yield await self.infer(request, route), True
-            return
+            sequences = route.model.sequences
+            assert sequences is not None
+            if not route.metadata.decoupled:
+                yield await self.infer(request, route), True
+                return
+            sequences.own(request)  # an iterative sequence's stream (sequences_for)
         try:
             accepted, ticket = await self._accept(request, route, one_shot=False)
         except Replaced:  # reloaded between its lookup and its queue (not accepted)

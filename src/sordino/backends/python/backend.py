@@ -48,7 +48,13 @@ from sordino.backends.base import BackendOptions, BackendStatistics, OutputPlace
 from sordino.backends.calls import ModelCaller
 from sordino.backends.decoupled import Responder
 from sordino.backends.python import bls
-from sordino.backends.python.decoupled import collect_sent, execute_decoupled, sent_responses
+from sordino.backends.python.decoupled import (
+    collect_sent,
+    execute_decoupled,
+    not_iterative,
+    rescheduled,
+    sent_responses,
+)
 from sordino.backends.python.environment import activate, execution_environment
 from sordino.backends.python.joining import (
     PythonModelError,
@@ -65,6 +71,7 @@ from sordino.inference import (
     REQUEST_ABSENT,
     REQUEST_ERRORS,
     REQUEST_PARAMETERS,
+    REQUEST_RESCHEDULED,
     ModelMetadata,
     RequestFacts,
     Tensor,
@@ -72,6 +79,7 @@ from sordino.inference import (
     encode_request_absent,
     encode_request_errors,
     encode_request_parameters,
+    encode_request_rescheduled,
 )
 
 __all__ = ["PLATFORM", "PythonBackend", "PythonModelError"]
@@ -381,9 +389,13 @@ class PythonBackend:
                 responses = bls.run_coroutine(responses, state)
             responses = sent_responses(responses, sent)
             given: dict[int, str] = {}
+            again = rescheduled(requests)
             parts, errors, absent = response_parts(
-                responses, len(requests), metadata, counts, given
+                responses, len(requests), metadata, counts, given, again
             )
+            if again and not self._options.iterative_sequence:
+                errors.update(dict.fromkeys(again, not_iterative(metadata.name)))
+                again = []
             layouts = output_layouts(parts, metadata.name)
             if place is None:
                 outputs = join_outputs(parts, {})
@@ -402,6 +414,8 @@ class PythonBackend:
             outputs.update((name, placed[name]) for name in placed if name in outputs)
         if errors:
             outputs[REQUEST_ERRORS] = encode_request_errors(len(requests), errors)
+        if again:
+            outputs[REQUEST_RESCHEDULED] = encode_request_rescheduled(len(requests), again)
         if absent:
             outputs[REQUEST_ABSENT] = encode_request_absent(len(requests), absent)
         if given:  # the responses' parameters, for their requests' answers
@@ -454,6 +468,7 @@ class PythonBackend:
                 request_for=request_for,
                 caller=self._caller,
                 reshapes=self._reshapes,
+                iterative=self._options.iterative_sequence,
             )
         except Exception as exc:
             with self._lock:

@@ -30,7 +30,7 @@ from sordino.backends.python import triton_python_backend_utils as utils
 from sordino.backends.python.joining import triton_code
 from sordino.backends.reshape import Reshapes
 from sordino.datatypes import from_numpy_dtype
-from sordino.inference import REQUEST_PARAMETERS, Tensor
+from sordino.inference import REQUEST_PARAMETERS, REQUEST_RESCHEDULED, Tensor
 
 __all__ = ["collect_sent", "execute_decoupled", "sent_responses"]
 
@@ -136,6 +136,7 @@ def execute_decoupled(
     request_for: Callable[[int, list[utils.Tensor]], utils.InferenceRequest],
     caller: ModelCaller | None = None,
     reshapes: Reshapes | None = None,
+    iterative: bool = False,
 ) -> None:
     """Call a decoupled model's ``execute`` with one request per entry of ``rows``.
 
@@ -145,7 +146,10 @@ def execute_decoupled(
     ``request_for(index, tensors)`` builds request ``index`` (with its facts); BLS calls
     made meanwhile go through ``caller`` and carry those requests' facts. ``reshapes``:
     tensors the model takes and gives in another shape than clients (Triton's
-    ``reshape``).
+    ``reshape``). A request the model rescheduled before ``execute`` returned
+    (``iterative``: the model may) gets a last response that says so
+    (:data:`~sordino.inference.REQUEST_RESCHEDULED` alone); one of a model that may not,
+    the error saying why.
     """
     if reshapes:
         batch = reshapes.inputs_to_model(batch)
@@ -180,6 +184,34 @@ def execute_decoupled(
         for sender in senders:
             sender.close()
         raise
+    for index in rescheduled(requests):
+        senders[index].close()  # its next run has a sender of its own
+        if iterative:
+            responder.respond(index, {REQUEST_RESCHEDULED: _AGAIN}, True)
+        else:
+            code, message = not_iterative(name)
+            responder.respond(index, None, True, message, code)
+
+
+_AGAIN = np.ones(1, dtype=np.uint8)
+
+
+def rescheduled(requests: Sequence[utils.InferenceRequest]) -> list[int]:
+    """The indices of the requests the model asked to run again (Triton's
+    ``set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)``)."""
+    flag = utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+    return [index for index, request in enumerate(requests) if request._release_flags & flag]
+
+
+def not_iterative(name: str) -> tuple[int, str]:
+    """The error (Triton's code, the message) of a request rescheduled by a model that
+    may not (Triton logs it and leaves the request unanswered)."""
+    return (
+        utils.TritonError.INTERNAL,
+        f"model {name} asked to run a request again (set_release_flags("
+        "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)), but it is not configured to handle such "
+        "a flag: give it sequence_batching { iterative_sequence: true }",
+    )
 
 
 def _asker(responder: Responder, index: int) -> Any:

@@ -13,7 +13,7 @@ worker placed (one copy each), or concatenates them where nothing was placed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,13 +34,15 @@ def response_parts(
     metadata: ModelMetadata,
     rows: Sequence[int],
     parameters: dict[int, str],
+    rescheduled: Collection[int] = (),
 ) -> tuple[dict[str, list[Tensor]], dict[int, tuple[int, str]], dict[int, list[str]]]:
     """Each declared output's tensors, one per response without an error, in request
     order; the errors of the others by request index (Triton's code, the message); and
     the outputs each answered request's response lacks, by request index. Else
     :class:`PythonModelError` saying what is wrong (a count that is not ``expected``,
     a missing response). ``parameters`` gets the parameters (JSON text) of each
-    answered response that has some, by request index.
+    answered response that has some, by request index. The requests ``rescheduled``
+    (the model runs them again) must have None in their place and get no rows.
 
     A response may lack a declared output (Triton answers its request without it: a
     model that returns only ``requested_output_names()`` does). An output no response
@@ -61,6 +63,13 @@ def response_parts(
     errors: dict[int, tuple[int, str]] = {}
     absent: dict[int, list[str]] = {}
     for index, response in enumerate(responses):
+        if index in rescheduled:
+            if response is not None:
+                raise PythonModelError(
+                    f"model {name}: Expected a None object in the execute function return "
+                    f"list for reschduled request, found type '{type(response)}'."
+                )
+            continue
         if response is None:
             raise PythonModelError(
                 f"model {name}: request {index} got no response (return one from "
@@ -89,7 +98,8 @@ def response_parts(
         for output in declared:
             parts[output].append(given.get(output, _ABSENT))
     if absent:
-        _fill_absent(parts, absent, [i for i in range(len(responses)) if i not in errors], rows)
+        answered = [i for i in range(len(responses)) if i not in errors and i not in rescheduled]
+        _fill_absent(parts, absent, answered, rows)
     return parts, errors, absent
 
 

@@ -232,6 +232,7 @@ class InferenceRequest:
         self._sender: InferenceResponseSender | None = None
         self._make_sender: Callable[[InferenceRequest], InferenceResponseSender] | None = None
         self._sordino_index = 0  # its place in execute's list (the backend's senders)
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         self._sordino_priority: int | None = None
         self._sordino_deadline: float | None = None
         self._sordino_tenant: str | None = None
@@ -259,6 +260,7 @@ class InferenceRequest:
         request._sender = None
         request._make_sender = None
         request._sordino_index = 0
+        request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         return request
 
     def inputs(self) -> list[Tensor]:
@@ -280,15 +282,11 @@ class InferenceRequest:
         self._flags = flags
 
     def set_release_flags(self, flags: int) -> None:
-        """``TRITONSERVER_REQUEST_RELEASE_ALL`` (the request ends with its response) is
-        taken; ``..._RESCHEDULE`` (run the request again: Triton's iterative sequences)
-        is refused, saying so."""
-        if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-            raise TritonModelException(
-                "request rescheduling (set_release_flags(TRITONSERVER_REQUEST_RELEASE_"
-                "RESCHEDULE)) is not supported by sordino: return the request's response, "
-                "and keep state between requests of a sequence with sequence batching"
-            )
+        """``TRITONSERVER_REQUEST_RELEASE_ALL`` (the request ends with its response), or
+        ``..._RESCHEDULE``: run the request again in a later batch once ``execute``
+        returns (Triton's iterative sequences; ``execute`` then returns None in its
+        place). The backend reads it when ``execute`` returns."""
+        self._release_flags = flags
 
     def timeout(self) -> int:
         return self._timeout
