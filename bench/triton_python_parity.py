@@ -182,6 +182,12 @@ ITERATIVE_STREAM = "iterative_stream"
 """The decoupled form (the python_backend README's example): X responses counting down,
 one a run, the last sent with the final flag; streamed as the decoupled examples are."""
 
+ITERATIVE_CONTROLS = "iterative_controls"
+"""Iterative sequences with control inputs the model does not declare in ``input`` (a
+Python model gets them so from Triton): each run's START, END, READY, CORRID, flags()
+and correlation ID, for requests asked one at a time (X 3, 1, then X 2 with a
+``sequence_id`` of the client's). sordino refused undeclared control inputs before."""
+
 QUIET_S = 2.0
 """After an error in a gRPC stream, how long to wait for more before taking the stream
 as ended (the client is not told whether the error was the request's last)."""
@@ -577,7 +583,7 @@ def compare(
             check(f"{model} unary infer refused", protocol, refused == (True, True), str(refused))
         own = {ERROR_CODES, AS_MADE, STREAM_ERRORS_BLS, VERSIONS, COLD_START, WARMUP, CACHED,
                REQUESTED_ONLY, REQUESTED_ONLY_ENSEMBLE, LEVEL_QUEUES, ORDERED,
-               ITERATIVE}  # fmt: skip
+               ITERATIVE, ITERATIVE_CONTROLS}  # fmt: skip
         if WARMUP in models:  # asked first, over each protocol in turn: the same history
             ones: Case = (WARMUP, {"X": np.ones((1, 4), np.float32)}, ["CALLS", "ROWS", "TOTAL"])
             expected_run, got_run = _infer(mod, theirs, ones), _infer(mod, ours, ones)
@@ -637,6 +643,11 @@ def compare(
             expected_runs, got_runs = (_iterative(mod, url) for url in urls)
             check(f"{ITERATIVE} runs again", protocol, expected_runs == got_runs,
                   f"triton {expected_runs}, sordino {got_runs}")  # fmt: skip
+        if ITERATIVE_CONTROLS in models:
+            expected_seen, got_seen = (_iterative_controls(mod, c) for c in (theirs, ours))
+            check(f"{ITERATIVE_CONTROLS} each run's controls", protocol,
+                  expected_seen == got_seen,
+                  f"triton {expected_seen}, sordino {got_seen}")  # fmt: skip
         if LEVEL_QUEUES in models:
             expected_levels, got_levels = (_level_queues(mod, url) for url in urls)
             check(f"{LEVEL_QUEUES} answered or refused", protocol,
@@ -771,6 +782,16 @@ def _iterative(mod: Any, url: str) -> list[Any]:
     return [*together, ask(2)]
 
 
+def _iterative_controls(mod: Any, client: Any) -> list[Any]:
+    """:data:`ITERATIVE_CONTROLS`'s answers: X 3 and 1 without a sequence, X 2 with one."""
+    answers = []
+    for x, options in ((3, {}), (1, {}), (2, {"sequence_id": 9, "sequence_start": True})):
+        tensor = mod.InferInput("X", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[x]], np.int32))
+        answers.append(client.infer(ITERATIVE_CONTROLS, [tensor], **options).as_numpy("Y").tolist())
+    return answers
+
+
 def _cached(mod: Any, client: Any) -> list[tuple[list[float], int]]:
     """:data:`CACHED` asked X, X, another X, X: each answer's Y and RUNS."""
     seen = []
@@ -809,8 +830,8 @@ def repository(source: Path, into: Path) -> Path:
     ``bls_async`` is there without it, and the bench's :data:`ERROR_CODES`,
     :data:`AS_MADE`, :data:`STREAM_ERRORS`, :data:`STREAM_ERRORS_BLS`, :data:`VERSIONS`,
     :data:`COLD_START`, :data:`OPTIONAL`, :data:`WARMUP`, :data:`CACHED`, :data:`RESHAPED`,
-    :data:`LEVEL_QUEUES`, :data:`ORDERED`, :data:`ITERATIVE`, :data:`ITERATIVE_STREAM`
-    and :data:`REQUESTED_ONLY` models (and
+    :data:`LEVEL_QUEUES`, :data:`ORDERED`, :data:`ITERATIVE`, :data:`ITERATIVE_STREAM`,
+    :data:`ITERATIVE_CONTROLS` and :data:`REQUESTED_ONLY` models (and
     :data:`REQUESTED_ONLY_ENSEMBLE`), with its :data:`ENSEMBLES` where their steps are."""
     repo = into / "models"
     shutil.copytree(source, repo)
@@ -820,7 +841,7 @@ def repository(source: Path, into: Path) -> Path:
         config.write_text(config.read_text().replace('name: "add_sub"', 'name: "pytorch"'))
     own = (ERROR_CODES, AS_MADE, STREAM_ERRORS, STREAM_ERRORS_BLS, VERSIONS, COLD_START,
            OPTIONAL, WARMUP, CACHED, REQUESTED_ONLY, RESHAPED, LEVEL_QUEUES,
-           ORDERED, ITERATIVE, ITERATIVE_STREAM)  # fmt: skip
+           ORDERED, ITERATIVE, ITERATIVE_STREAM, ITERATIVE_CONTROLS)  # fmt: skip
     for name in own:
         shutil.copytree(OWN / name, repo / name)
     (repo / REQUESTED_ONLY_ENSEMBLE / "1").mkdir(parents=True)

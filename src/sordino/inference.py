@@ -278,6 +278,10 @@ class ModelMetadata:
     """Inputs the model declines by name, each with why it is not supported (a served
     export's diffusers arguments sordino does not implement): a request with one is
     answered :class:`~sordino.errors.Unsupported` saying so, not "no such input"."""
+    filled: frozenset[str] = frozenset()
+    """Inputs the server fills in that the model's configuration does not declare (a
+    Python model's sequence control inputs, as Triton hands them): in ``inputs`` for
+    the runtime, never sent by clients, not shown in its metadata or configuration."""
 
     def input(self, name: str) -> TensorSpec | None:
         """Return the input called ``name``, or None."""

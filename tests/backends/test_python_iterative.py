@@ -82,8 +82,12 @@ def _again_model(root: Path, name: str, *, iterative: bool = True, returns: str 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     root = tmp_path_factory.mktemp("repository")
-    for name in ("iterative", "iterative_stream"):
+    for name in ("iterative", "iterative_stream", "iterative_controls"):
         shutil.copytree(ANSWERS / name, root / name)
+    # The same controls on a sequence model that is not iterative: a client's sequences.
+    shutil.copytree(ANSWERS / "iterative_controls", root / "controls")
+    config = root / "controls" / "config.pbtxt"
+    config.write_text(config.read_text().replace("iterative_sequence: true", "direct { }"))
     _again_model(root, "again")
     _again_model(root, "not_iterative", iterative=False)
     _again_model(root, "answers_too", returns="pb_utils.InferenceResponse([])")
@@ -144,6 +148,47 @@ def test_the_controls_say_start_on_the_first_run_only(server: RunningServer) -> 
     client.close()
     assert first == [[1, 1, "1"], [0, 0, "1"], [0, 0, "1"]]
     assert second == [[1, 1, "2"], [0, 0, "2"], [0, 0, "2"]]
+
+
+def _controls(server: RunningServer, model: str, x: int, **options: Any) -> list[int]:
+    client = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+    tensor = httpclient.InferInput("X", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[x]], np.int32))
+    try:
+        answer: list[int] = client.infer(model, [tensor], **options).as_numpy("Y")[0].tolist()
+        return answer
+    finally:
+        client.close()
+
+
+def test_control_inputs_a_python_model_does_not_declare_are_filled(
+    server: RunningServer,
+) -> None:
+    """As Triton hands them: START, END (FP32), READY (BOOL) and CORRID (UINT64) reach
+    the model without being in its ``input``; each run's [START, END, READY, CORRID,
+    flags(), correlation_id()]. Clients neither see them in the metadata and
+    configuration nor may send them."""
+    first = _controls(server, "iterative_controls", 2)
+    corrid = first[3]
+    assert corrid >= 1 and first == [1, 0, 1, corrid, 1, corrid, 0, 0, 1, corrid, 0, corrid]
+    assert _controls(server, "iterative_controls", 1, sequence_id=77, sequence_start=True) == [
+        1, 0, 1, 77, 1, 77
+    ]  # fmt: skip
+    # A sequence model that is not iterative: the client's start and end.
+    ones = {"sequence_id": 5}
+    assert _controls(server, "controls", 1, **ones, sequence_start=True) == [1, 0, 1, 5, 1, 5]
+    assert _controls(server, "controls", 1, **ones) == [0, 0, 1, 5, 0, 5]
+    assert _controls(server, "controls", 1, **ones, sequence_end=True) == [0, 1, 1, 5, 2, 5]
+    client = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+    assert [i["name"] for i in client.get_model_metadata("controls")["inputs"]] == ["X"]
+    assert [i["name"] for i in client.get_model_config("controls")["input"]] == ["X"]
+    x = httpclient.InferInput("X", [1, 1], "INT32")
+    x.set_data_from_numpy(np.array([[1]], np.int32))
+    start = httpclient.InferInput("START", [1, 1], "INT32")
+    start.set_data_from_numpy(np.array([[1]], np.int32))
+    with pytest.raises(InferenceServerException, match="filled in by the sequence batcher"):
+        client.infer("controls", [x, start], sequence_id=6, sequence_start=True)
+    client.close()
 
 
 def test_a_decoupled_model_streams_across_its_runs(server: RunningServer) -> None:

@@ -345,7 +345,9 @@ class ModelLoader:
                     instances=instances,
                     events=self._events,
                     folder=source.folder,
+                    undeclared=config.backend == "python",
                 )
+                model.metadata = model.sequences.metadata
             if config.iterative is not None:
                 if self._make_pipeline is None:
                     raise ModelLoadError(f"model {key}: iterative models are not supported here")

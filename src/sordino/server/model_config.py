@@ -21,7 +21,7 @@ def model_metadata_json(model: LoadedModel, versions: list[str]) -> dict[str, An
         "name": meta.name,
         "versions": versions,
         "platform": meta.platform,
-        "inputs": [_tensor(spec) for spec in meta.inputs],
+        "inputs": [_tensor(spec) for spec in meta.inputs if spec.name not in meta.filled],
         "outputs": [_tensor(spec) for spec in meta.outputs],
     }
 
@@ -126,7 +126,11 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
         "version_policy": _version_policy(model),
         # An iterative model's public tensors are one request's (the steps are batched).
         "max_batch_size": scheduling.max_batch_size if meta.batched else 0,
-        "input": [_config_tensor(spec, batched and meta.batched) for spec in meta.inputs],
+        "input": [
+            _config_tensor(spec, batched and meta.batched)
+            for spec in meta.inputs
+            if spec.name not in meta.filled
+        ],
         "output": [
             _config_tensor(spec, batched and meta.batched, output=True) for spec in meta.outputs
         ],

@@ -33,6 +33,7 @@ false): the inputs the scheduler gives it each time its model runs it again.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 from collections.abc import Awaitable, Callable
@@ -43,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from sordino.config.sequences import SequenceBatchingConfig
-from sordino.datatypes import to_numpy_dtype
+from sordino.datatypes import from_triton_type, to_numpy_dtype
 from sordino.errors import (
     InferenceFailed,
     InvalidRequest,
@@ -52,7 +53,14 @@ from sordino.errors import (
     RateLimited,
 )
 from sordino.events import EventSink
-from sordino.inference import InferRequest, InferResponse, ModelMetadata, RequestedOutput, Tensor
+from sordino.inference import (
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    RequestedOutput,
+    Tensor,
+    TensorSpec,
+)
 from sordino.memory.refs import Tensors
 from sordino.server.data_files import raw_array, read_data_file
 
@@ -82,11 +90,16 @@ def sequences_for(
     instances: int,
     events: EventSink,
     folder: Path | None = None,
+    undeclared: bool = False,
 ) -> Sequences:
     """Check ``config`` against the model; return its sequence batcher (ModelLoadError if
     wrong). ``folder``: the model's, whose ``initial_state/`` holds its states' initial
-    data files."""
+    data files. ``undeclared``: the model takes control inputs its configuration does not
+    declare (a Python model, as Triton hands them): they join its inputs, ``filled``
+    (the sequence batcher's ``metadata`` is then the model's to serve)."""
     model = metadata.name
+    if undeclared:
+        metadata = _with_controls(metadata, config)
     if metadata.decoupled and not config.iterative_sequence:
         raise ModelLoadError(
             f"model {model!r}: sequence_batching for a decoupled model is supported only with "
@@ -125,6 +138,33 @@ def sequences_for(
         if state.initial_data_file is not None
     }
     return Sequences(config, metadata, slots=slots, events=events, initial=initial)
+
+
+def _with_controls(metadata: ModelMetadata, config: SequenceBatchingConfig) -> ModelMetadata:
+    """``metadata`` with each control input it lacks, of the control's datatype and one
+    element a request (Triton's ``[1]``), among its ``filled`` inputs."""
+    added = []
+    for control_input in config.control_input:
+        if metadata.input(control_input.name) is not None:
+            continue
+        control = control_input.control[0]
+        if control.data_type is not None:
+            datatype = from_triton_type(control.data_type)
+        elif control.int32_false_true is not None:
+            datatype = "INT32"
+        elif control.fp32_false_true is not None:
+            datatype = "FP32"
+        else:
+            datatype = "BOOL"
+        shape = (-1, 1) if metadata.batched else (1,)
+        added.append(TensorSpec(control_input.name, datatype, shape))
+    if not added:
+        return metadata
+    return dataclasses.replace(
+        metadata,
+        inputs=(*metadata.inputs, *added),
+        filled=metadata.filled | {spec.name for spec in added},
+    )
 
 
 def _initial_state(
