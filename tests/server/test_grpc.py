@@ -160,12 +160,12 @@ def test_stream_empty_final_response(client: grpcclient.InferenceServerClient) -
         client.async_stream_infer(
             "countdown", [_input("COUNT", count, "INT32")], enable_empty_final_response=True
         )
-        # The last response is flagged final itself (as Triton's): no empty one follows.
         first, error = results.get(timeout=30)
         assert error is None and first.as_numpy("REMAINING").tolist() == [[0]]
-        assert first.get_response().parameters["triton_final_response"].bool_param
-        with pytest.raises(queue.Empty):
-            results.get(timeout=0.5)
+        assert not first.get_response().parameters["triton_final_response"].bool_param
+        last, error = results.get(timeout=30)
+        assert error is None and not last.get_response().outputs
+        assert last.get_response().parameters["triton_final_response"].bool_param
     finally:
         client.stop_stream()
 

@@ -365,10 +365,14 @@ class InferenceServicer:
                 if shared:
                     self._shared.attach(request, self._service.tenant_of(request))
             empty_final = bool(request.parameters.pop(EMPTY_FINAL_RESPONSE, False))
+            # A step model's last step (Triton's repeat and square backends, in sordino's
+            # ONNX form) ends with its outputs, where Triton's backend sends the final
+            # flag alone: asked for the empty final response, the client gets it after.
+            split = empty_final and route.metadata.stream is not None
             ended = False  # a response flagged final was sent: no empty one after it
             async with aclosing(self._service.responses(request, route)) as responses:
                 async for response, final in responses:
-                    ended = final
+                    ended = final and not split
                     if isinstance(response, SordinoError):
                         # The model's error response within its stream, as Triton sends it:
                         # the message, the request's id and model, and the stream goes on.
@@ -380,7 +384,7 @@ class InferenceServicer:
                         encoded = encode_infer_response(response, request)
                     finally:
                         response.release()
-                    encode_parameters({FINAL_RESPONSE: final}, encoded.parameters)
+                    encode_parameters({FINAL_RESPONSE: ended}, encoded.parameters)
                     model, version = encoded.model_name, encoded.model_version
                     await send(pb.ModelStreamInferResponse(infer_response=encoded))
             if empty_final and not ended:

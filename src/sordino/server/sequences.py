@@ -64,7 +64,7 @@ from sordino.inference import (
 from sordino.memory.refs import Tensors
 from sordino.server.data_files import raw_array, read_data_file
 
-__all__ = ["Sequences", "sequences_for"]
+__all__ = ["Sequences", "sequence_owner", "sequences_for"]
 
 CorrelationId = int | str
 
@@ -485,3 +485,12 @@ def _given(request: InferRequest) -> bool:
 
 def _dtype(datatype: str) -> Any:
     return object if datatype == "BYTES" else to_numpy_dtype(datatype)
+
+
+def sequence_owner(request: InferRequest, tenant: str, *, tenanted: bool) -> str:
+    """Whom a new sequence of ``request`` counts against: the tenant when its key names
+    it (``tenanted``: the server authenticates tenants); else the client address (a
+    claimed tenant name is anyone's to claim)."""
+    if tenanted or request.client is None:
+        return tenant
+    return request.client

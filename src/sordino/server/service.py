@@ -33,6 +33,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
+from functools import partial
 from typing import Any
 
 from sordino.admission.chain import AdmissionChain, AdmissionContext
@@ -52,6 +53,7 @@ from sordino.server.registry import ModelRegistry
 from sordino.server.request_facts import request_facts
 from sordino.server.response_cache import ResponseCache
 from sordino.server.route import Route, fill_initial_state, refuse_one_shot
+from sordino.server.sequences import sequence_owner
 from sordino.server.ticket import Ticket, Tickets
 from sordino.server.tracing import Trace, Tracer, traced
 from sordino.telemetry.hub import Telemetry
@@ -274,25 +276,14 @@ class InferenceService:
             except SordinoError as exc:  # a wrong key: refused before the sequence is touched
                 self._rejections.refused(request, exc.reason)
                 raise
-
-            async def one(request: InferRequest) -> InferResponse:
-                return await self._infer_one(request, route)
-
-            return await sequences.run(
-                request, tenant, one, owner=self._sequence_owner(request, tenant)
-            )
+            one = partial(self._infer_one, route=route)
+            tenanted = self._tenants is not None and self._tenants.enabled
+            owner = sequence_owner(request, tenant, tenanted=tenanted)
+            return await sequences.run(request, tenant, one, owner=owner)
         try:
             return await self._infer_one(request, route)
         except Replaced:  # reloaded between its lookup and its queue (not accepted)
             return await self._infer_one(request, self._route(request, None))
-
-    def _sequence_owner(self, request: InferRequest, tenant: str) -> str:
-        """Whom a new sequence of ``request`` counts against: the tenant when the key
-        names it; else the client address (a claimed tenant name is anyone's to claim)."""
-        tenants = self._tenants
-        if (tenants is not None and tenants.enabled) or request.client is None:
-            return tenant
-        return request.client
 
     async def _infer_one(
         self, request: InferRequest, route: Route, trace: Trace | None = None
@@ -394,13 +385,12 @@ class InferenceService:
                 async for answer in answered:
                     yield answer
             return
-        if route.way == "sequence":
-            sequences = route.model.sequences
-            assert sequences is not None
-            if not route.metadata.decoupled:
-                yield await self.infer(request, route), True
-                return
-            sequences.own(request)  # an iterative sequence's stream (sequences_for)
+        if route.way == "sequence" and not route.metadata.decoupled:
+            yield await self.infer(request, route), True
+            return
+        if route.way == "sequence":  # an iterative sequence's stream (sequences_for)
+            assert route.model.sequences is not None
+            route.model.sequences.own(request)
         try:
             accepted, ticket = await self._accept(request, route, one_shot=False)
         except Replaced:  # reloaded between its lookup and its queue (not accepted)
