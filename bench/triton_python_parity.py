@@ -434,9 +434,14 @@ def _at_once(mod: Any, url: str, asked: list[Case]) -> list[dict[str, np.ndarray
 
 
 CONFIGURED = ("add_sub", "auto_complete", CACHED, OPTIONAL, WARMUP, REQUESTED_ONLY,
-              RESHAPED, LEVEL_QUEUES, ORDERED, *ENSEMBLES, REQUESTED_ONLY_ENSEMBLE)  # fmt: skip
+              RESHAPED, LEVEL_QUEUES, ORDERED, *ENSEMBLES, REQUESTED_ONLY_ENSEMBLE,
+              ITERATIVE, ITERATIVE_STREAM, ITERATIVE_CONTROLS)  # fmt: skip
 """Models whose whole configuration (HTTP) is compared, as :func:`_config` keeps it:
 Python models and ensembles (their steps as written)."""
+
+
+SEQUENCED = (ITERATIVE, ITERATIVE_STREAM, ITERATIVE_CONTROLS)
+"""Models whose ``sequence_batching`` section is compared over gRPC too."""
 
 
 def _config(client: Any, model: str) -> dict[str, Any]:
@@ -667,6 +672,14 @@ def compare(
                 check(f"{model} config", protocol, not differing and expected_config == got_config,
                       ", ".join(f"{k}: triton {expected_config[k]}, sordino {got_config.get(k)}"
                                 for k in differing))  # fmt: skip
+        for model in SEQUENCED if protocol == "grpc" else ():
+            if model in models:  # the gRPC form (HTTP's is among the whole configurations)
+                expected_section, got_section = (
+                    c.get_model_config(model, as_json=True)["config"].get("sequence_batching")
+                    for c in (theirs, ours)
+                )
+                check(f"{model} sequence_batching", protocol, expected_section == got_section,
+                      str(got_section))  # fmt: skip
         if CACHED in models:
             expected_runs, got_runs = _cached(mod, theirs), _cached(mod, ours)
             check(f"{CACHED} answers", protocol, expected_runs == got_runs, str(got_runs))

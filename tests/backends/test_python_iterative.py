@@ -288,3 +288,21 @@ def test_iterative_sequences_are_refused_where_sordino_cannot_serve_them(
     refused = "supported only with iterative_sequence"
     with serve_in_thread(settings, []) as running, pytest.raises(ModelLoadError, match=refused):
         running.call(running.runtime.load(scan_repository(tmp_path)[0]), timeout=120)
+
+
+def test_the_configuration_shows_the_sequence_batcher(server: RunningServer) -> None:
+    """As Triton shows a sequence model: its ``sequence_batching`` (over HTTP and gRPC),
+    no ``dynamic_batching``, and only the inputs its configuration declares."""
+    http = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+    config = http.get_model_config("iterative_controls")
+    http.close()
+    assert "dynamic_batching" not in config
+    section = config["sequence_batching"]
+    assert section["iterative_sequence"] is True
+    assert [c["name"] for c in section["control_input"]] == ["START", "END", "READY", "CORRID"]
+    assert [i["name"] for i in config["input"]] == ["X"]
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    shown = grpc.get_model_config("controls", as_json=True)["config"]["sequence_batching"]
+    grpc.close()
+    assert shown["direct"] == {} and "iterative_sequence" not in shown  # (defaults: not shown)
+    assert shown["control_input"][3]["control"][0]["data_type"] == "TYPE_UINT64"

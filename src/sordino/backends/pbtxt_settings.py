@@ -200,8 +200,8 @@ _INITIAL = frozenset({"zero_data", "data_file", "data_type", "dims", "name"})
 
 
 def _initial(initial: Any, state: Mapping[str, Any], where: str) -> dict[str, Any] | None:
-    """What sordino takes of a ``state``'s ``initial_state``: ``{}`` for zeros (what it
-    starts every sequence's state from anyway), the file for ``data_file``; None when it
+    """What sordino takes of a ``state``'s ``initial_state``: its name, and the file for
+    ``data_file`` (none for zeros: what it starts every state from anyway); None when it
     says more (refused by name). ConfigError when its type or shape is not the state's,
     which Triton refuses too."""
     entries = initial if isinstance(initial, list) else [initial] if initial else []
@@ -219,10 +219,11 @@ def _initial(initial: Any, state: Mapping[str, Any], where: str) -> dict[str, An
                 f"{where}: state {state.get('input_name')!r}: initial_state {key} "
                 f"{entry[key]} is not the state's ({state[key]}); give the same"
             )
+    named = {"initial_name": str(entry["name"])}
     if entry.get("zero_data") is True and "data_file" not in entry:
-        return {}
+        return named
     if entry.get("data_file") and entry.get("zero_data") is not True:
-        return {"initial_data_file": str(entry["data_file"])}
+        return {**named, "initial_data_file": str(entry["data_file"])}
     return None
 
 

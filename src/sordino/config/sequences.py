@@ -79,6 +79,9 @@ class SequenceState(Section):
 
     input_name: str = Field(min_length=1)
     output_name: str = Field(min_length=1)
+    initial_name: str | None = None
+    """The name of its ``initial_state`` (Triton's; shown in its configuration); None:
+    none declared (zeros)."""
     initial_data_file: str | None = Field(default=None, pattern=r"^[^/\\]+$", max_length=255)
     """Each sequence's first state, read from this file of the model folder's
     ``initial_state/`` folder: the state's elements in row-major order, raw (Triton's

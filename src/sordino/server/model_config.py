@@ -10,6 +10,7 @@ from sordino.inference import TensorSpec
 from sordino.records import LevelQueue, QueueSettings
 from sordino.server.pipelines import PipelineExecutor
 from sordino.server.runtime import LoadedModel
+from sordino.server.sequence_config import sequence_batching_json
 
 __all__ = ["model_metadata_json", "triton_config_json"]
 
@@ -176,7 +177,10 @@ def triton_config_json(model: LoadedModel) -> dict[str, Any]:
         model.source.config.dynamic_batching.enabled is True
         or meta.extra.get("dynamic_batching") == "on"
     )
-    if batched and (policy.max_batch > 1 or asked):
+    sequences = model.source.config.sequence_batching
+    if sequences is not None:  # (its batcher is the sequence batcher's, as on Triton)
+        config["sequence_batching"] = sequence_batching_json(sequences, meta, policy)
+    elif batched and (policy.max_batch > 1 or asked):
         config["dynamic_batching"] = {
             "preferred_batch_size": list(policy.preferred),
             "max_queue_delay_microseconds": round(policy.max_delay_s * 1e6),
