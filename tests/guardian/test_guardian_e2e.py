@@ -185,8 +185,12 @@ def test_surge_scales_up_and_drop_alerts_while_a_dead_channel_changes_nothing() 
         finally:
             stop.set()
             baseline.join(30)
+        # Each action's verdict comes after its own verify window: the scale-up's (its
+        # instances ramped in first) may come after the drop alert's.
         wait_for(
-            lambda: any(r["action"] == "alert" for r in _records(server)), "the drop alert", 60
+            lambda: {"alert", "scale_workers +2"} <= {r["action"] for r in _records(server)},
+            "the drop alert and the scale-up's verdict",
+            60,
         )
         scaled = next(r for r in _records(server) if r["action"] == "scale_workers +2")
         assert scaled["parameters"] == {"model": "digits-classifier", "before": 1, "after": 3}
