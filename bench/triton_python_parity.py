@@ -188,6 +188,15 @@ Python model gets them so from Triton): each run's START, END, READY, CORRID, fl
 and correlation ID, for requests asked one at a time (X 3, 1, then X 2 with a
 ``sequence_id`` of the client's). sordino refused undeclared control inputs before."""
 
+SLOT_UTILIZATION = "slot_utilization"
+"""Triton's ``direct`` sequence strategy waiting for half of its 4 slots (up to 2 s):
+one sequence's request alone waits, two sequences' requests sent together run at once,
+in one batch. :data:`DIRECT_DELAY`, the same without ``minimum_slot_utilization``, runs
+a lone request at once. sordino refused the field before, and waited the delay for a
+fuller batch where Triton's direct strategy waits for nothing."""
+
+DIRECT_DELAY = "direct_delay"
+
 QUIET_S = 2.0
 """After an error in a gRPC stream, how long to wait for more before taking the stream
 as ended (the client is not told whether the error was the request's last)."""
@@ -588,7 +597,7 @@ def compare(
             check(f"{model} unary infer refused", protocol, refused == (True, True), str(refused))
         own = {ERROR_CODES, AS_MADE, STREAM_ERRORS_BLS, VERSIONS, COLD_START, WARMUP, CACHED,
                REQUESTED_ONLY, REQUESTED_ONLY_ENSEMBLE, LEVEL_QUEUES, ORDERED,
-               ITERATIVE, ITERATIVE_CONTROLS}  # fmt: skip
+               ITERATIVE, ITERATIVE_CONTROLS, SLOT_UTILIZATION, DIRECT_DELAY}  # fmt: skip
         if WARMUP in models:  # asked first, over each protocol in turn: the same history
             ones: Case = (WARMUP, {"X": np.ones((1, 4), np.float32)}, ["CALLS", "ROWS", "TOTAL"])
             expected_run, got_run = _infer(mod, theirs, ones), _infer(mod, ours, ones)
@@ -653,6 +662,16 @@ def compare(
             check(f"{ITERATIVE_CONTROLS} each run's controls", protocol,
                   expected_seen == got_seen,
                   f"triton {expected_seen}, sordino {got_seen}")  # fmt: skip
+        for model, together in ((SLOT_UTILIZATION, 1), (SLOT_UTILIZATION, 2), (DIRECT_DELAY, 1)):
+            if model in models:  # (three lone requests in turn: sordino's predictive batcher
+                # ran the first at once and waited the delay for a later one before)
+                rounds = 3 if model == DIRECT_DELAY else 1
+                expected_slots, got_slots = (
+                    [_slots(mod, url, model, together) for _ in range(rounds)] for url in urls
+                )
+                check(f"{model} {together} sequence(s) at once", protocol,
+                      expected_slots == got_slots,
+                      f"triton {expected_slots}, sordino {got_slots}")  # fmt: skip
         if LEVEL_QUEUES in models:
             expected_levels, got_levels = (_level_queues(mod, url) for url in urls)
             check(f"{LEVEL_QUEUES} answered or refused", protocol,
@@ -805,6 +824,26 @@ def _iterative_controls(mod: Any, client: Any) -> list[Any]:
     return answers
 
 
+def _slots(mod: Any, url: str, model: str, together: int) -> list[tuple[int, str]]:
+    """``together`` sequences' one request each (start and end), sent at once: each one's
+    batch size, and whether it waited (answered after 1 s) or ran at once."""
+
+    def ask(corrid: int) -> tuple[int, str]:
+        client = mod.InferenceServerClient(url.removeprefix("http://"))
+        tensor = mod.InferInput("X", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[corrid]], np.int32))
+        started = time.monotonic()
+        answer = client.infer(
+            model, [tensor], sequence_id=corrid, sequence_start=True, sequence_end=True
+        )
+        took = time.monotonic() - started
+        client.close()
+        return int(answer.as_numpy("BATCH")[0, 0]), "waited" if took > 1.0 else "at once"
+
+    with ThreadPoolExecutor(together) as pool:
+        return sorted(pool.map(ask, [100 * together + i for i in range(together)]))
+
+
 def _cached(mod: Any, client: Any) -> list[tuple[list[float], int]]:
     """:data:`CACHED` asked X, X, another X, X: each answer's Y and RUNS."""
     seen = []
@@ -844,7 +883,8 @@ def repository(source: Path, into: Path) -> Path:
     :data:`AS_MADE`, :data:`STREAM_ERRORS`, :data:`STREAM_ERRORS_BLS`, :data:`VERSIONS`,
     :data:`COLD_START`, :data:`OPTIONAL`, :data:`WARMUP`, :data:`CACHED`, :data:`RESHAPED`,
     :data:`LEVEL_QUEUES`, :data:`ORDERED`, :data:`ITERATIVE`, :data:`ITERATIVE_STREAM`,
-    :data:`ITERATIVE_CONTROLS` and :data:`REQUESTED_ONLY` models (and
+    :data:`ITERATIVE_CONTROLS`, :data:`SLOT_UTILIZATION`, :data:`DIRECT_DELAY` and
+    :data:`REQUESTED_ONLY` models (and
     :data:`REQUESTED_ONLY_ENSEMBLE`), with its :data:`ENSEMBLES` where their steps are."""
     repo = into / "models"
     shutil.copytree(source, repo)
@@ -854,7 +894,8 @@ def repository(source: Path, into: Path) -> Path:
         config.write_text(config.read_text().replace('name: "add_sub"', 'name: "pytorch"'))
     own = (ERROR_CODES, AS_MADE, STREAM_ERRORS, STREAM_ERRORS_BLS, VERSIONS, COLD_START,
            OPTIONAL, WARMUP, CACHED, REQUESTED_ONLY, RESHAPED, LEVEL_QUEUES,
-           ORDERED, ITERATIVE, ITERATIVE_STREAM, ITERATIVE_CONTROLS)  # fmt: skip
+           ORDERED, ITERATIVE, ITERATIVE_STREAM, ITERATIVE_CONTROLS, SLOT_UTILIZATION,
+           DIRECT_DELAY)  # fmt: skip
     for name in own:
         shutil.copytree(OWN / name, repo / name)
     (repo / REQUESTED_ONLY_ENSEMBLE / "1").mkdir(parents=True)

@@ -10,9 +10,10 @@ from pydantic import ValidationError
 
 from sordino.backends.pbtxt import parse_pbtxt
 from sordino.backends.pbtxt_settings import sordino_settings
-from sordino.config import ModelConfig
+from sordino.config import ModelConfig, load_config
 from sordino.errors import ConfigError, ModelLoadError
 from sordino.models.repository import scan_repository
+from sordino.scheduling.settings import scheduling_for
 
 TEXT = """
 # a comment
@@ -129,7 +130,6 @@ def test_an_empty_sequence_batcher_is_the_direct_strategy() -> None:
 @pytest.mark.parametrize(
     ("strategy", "delay", "preferred"),
     [
-        ("direct { max_queue_delay_microseconds: 100 }", 100, ()),
         ("oldest { max_candidate_sequences: 1024 max_queue_delay_microseconds: 10000 }", 10000,
          ()),
         ("oldest { preferred_batch_size: [ 2, 4 ] }", 0, (2, 4)),
@@ -147,6 +147,31 @@ def test_a_strategys_queue_delay_and_sizes_are_its_batchers(
         delay,
         preferred,
     )
+
+
+@pytest.mark.parametrize(
+    ("direct", "policy"),
+    [
+        # Triton's direct strategy waits only with both above 0 (core's
+        # sequence_batch_scheduler.cc): the delay alone runs what is ready at once.
+        ("max_queue_delay_microseconds: 100", (0.0, 1, ())),
+        ("minimum_slot_utilization: 0.5", (0.0, 1, ())),
+        ("max_queue_delay_microseconds: 2000000 minimum_slot_utilization: 0.5",
+         (2.0, 4, (4, 5, 6, 7, 8))),
+        ("max_queue_delay_microseconds: 1000 minimum_slot_utilization: 0.3", (0.001, 3,
+         (3, 4, 5, 6, 7, 8))),
+    ],
+)  # fmt: skip
+def test_the_direct_strategy_waits_for_its_slot_utilization(
+    direct: str, policy: tuple[float, int, tuple[int, ...]]
+) -> None:
+    """A batch of a direct-strategy sequence model runs once ``minimum_slot_utilization``
+    of its ``max_batch_size`` slots have a request ready (any size from there on), or
+    when ``max_queue_delay_microseconds`` passed."""
+    text = f"max_batch_size: 8\nsequence_batching {{ direct {{ {direct} }} }}"
+    config = ModelConfig(**sordino_settings(parse_pbtxt(text), source="c"))
+    made = scheduling_for(load_config(None, {}).scheduler, config, batched=True).policy
+    assert (made.max_delay_s, made.min_batch, made.preferred) == policy
 
 
 def test_iterative_sequence_is_a_python_models_and_needs_no_state() -> None:
@@ -167,7 +192,6 @@ def test_iterative_sequence_is_a_python_models_and_needs_no_state() -> None:
 @pytest.mark.parametrize(
     ("field", "said"),
     [
-        ("direct { minimum_slot_utilization: 0.5 }", "direct.minimum_slot_utilization"),
         ("oldest { preserve_ordering: true }", "oldest.preserve_ordering"),
         (  # both: say one
             'state [ { input_name: "a" output_name: "b" initial_state { name: "z" '

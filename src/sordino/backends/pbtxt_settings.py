@@ -184,10 +184,14 @@ def _queue_policy(queue: Mapping[str, Any]) -> dict[str, Any]:
     return policy
 
 
-_STRATEGY_KEYS = {"direct": frozenset(), "oldest": frozenset({"max_candidate_sequences"})}
-"""What sordino's sequence batcher takes of each strategy of Triton's."""
+_STRATEGY_KEYS = {
+    "direct": frozenset({"max_queue_delay_microseconds", "minimum_slot_utilization"}),
+    "oldest": frozenset({"max_candidate_sequences"}),
+}
+"""What sordino's sequence batcher takes of each strategy of Triton's (direct's wait is
+worked out from its pair by ``scheduling/settings.py``)."""
 _STRATEGY_BATCHING = {
-    "direct": frozenset({"max_queue_delay_microseconds"}),
+    "direct": frozenset(),
     "oldest": frozenset({"max_queue_delay_microseconds", "preferred_batch_size"}),
 }
 """What of each strategy is the batcher's that joins the sequences' requests (sordino's
@@ -229,18 +233,19 @@ def _initial(initial: Any, state: Mapping[str, Any], where: str) -> dict[str, An
 
 def _strategy_batching(section: Mapping[str, Any]) -> dict[str, Any]:
     """The batcher that joins the requests of a sequence model's sequences, from its
-    strategy: its ``max_queue_delay_microseconds`` (unset, Triton's 0: no wait) and, for
-    ``oldest``, its ``preferred_batch_size``."""
-    for kind in ("oldest", "direct"):
-        strategy = section.get(kind)
-        if isinstance(strategy, Mapping):
-            folded: dict[str, Any] = {
-                "max_queue_delay_microseconds": strategy.get("max_queue_delay_microseconds", 0)
-            }
-            if kind == "oldest" and strategy.get("preferred_batch_size"):
-                folded["preferred_batch_size"] = list(strategy["preferred_batch_size"])
-            return folded
-    return {"max_queue_delay_microseconds": 0}  # Triton's default strategy is direct
+    strategy: ``oldest``'s ``max_queue_delay_microseconds`` (unset, Triton's 0: no wait)
+    and ``preferred_batch_size``; no wait for ``direct``."""
+    strategy = section.get("oldest")
+    if isinstance(strategy, Mapping):
+        folded: dict[str, Any] = {
+            "max_queue_delay_microseconds": strategy.get("max_queue_delay_microseconds", 0)
+        }
+        if strategy.get("preferred_batch_size"):
+            folded["preferred_batch_size"] = list(strategy["preferred_batch_size"])
+        return folded
+    # Direct (Triton's default strategy): what is ready runs, unless its slot utilization
+    # says to wait (sequence_batching.direct, read by scheduling/settings.py).
+    return {"max_queue_delay_microseconds": 0}
 
 
 def _asks(value: Any) -> bool:

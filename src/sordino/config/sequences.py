@@ -96,6 +96,11 @@ class OldestStrategy(Section):
 class DirectStrategy(Section):
     max_sequences: int | None = Field(default=None, ge=1)
     """Sequences served at once (sordino's key); None: max_batch_size x instance_count."""
+    max_queue_delay_microseconds: int = Field(default=0, ge=0)
+    minimum_slot_utilization: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Triton's pair: with both above 0, a batch of the sequences' requests waits (up to
+    the delay) until this fraction of ``max_batch_size`` has a request ready; with
+    either at 0, the requests ready run at once (the delay alone waits for nothing)."""
 
 
 class SequenceBatchingConfig(Section):

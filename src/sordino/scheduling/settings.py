@@ -29,6 +29,7 @@ The rules, in one place:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from sordino.config import ModelConfig, SchedulerConfig
@@ -90,6 +91,9 @@ def scheduling_for(
         delay_s = strategy.timeout_ms / 1000
     min_batch = batching.min_batch_size or strategy.min_batch
     preferred = batching.preferred_batch_size or strategy.preferred_batch
+    slots = _slot_utilization(model, cap)
+    if slots is not None:  # Triton's direct strategy: wait for that many ready requests
+        delay_s, min_batch, preferred = slots
     policy = BatchPolicy(
         max_batch=cap,
         min_batch=min(min_batch, cap),
@@ -123,6 +127,21 @@ def scheduling_for(
         preserve_ordering=batching.preserve_ordering,
     )
     return ModelScheduling(mode, max_batch_size, policy, queue, scheduler.slo_p99_ms / 1000)
+
+
+def _slot_utilization(model: ModelConfig, cap: int) -> tuple[float, int, tuple[int, ...]] | None:
+    """A sequence model's ``direct`` wait as the batcher's (delay, minimum rows, preferred
+    sizes), when its ``max_queue_delay_microseconds`` and ``minimum_slot_utilization``
+    are both above 0: a batch runs once that fraction of ``cap`` is ready (any size from
+    it on), or the delay passed. None otherwise (its requests wait as configured)."""
+    sequences = model.sequence_batching
+    direct = sequences.direct if sequences is not None else None
+    if direct is None or not direct.max_queue_delay_microseconds:
+        return None
+    if not direct.minimum_slot_utilization:
+        return None
+    ready = max(1, math.ceil(direct.minimum_slot_utilization * cap - 1e-9))
+    return direct.max_queue_delay_microseconds / 1e6, ready, tuple(range(ready, cap + 1))
 
 
 def _levels(batching: DynamicBatchingConfig) -> tuple[LevelQueue | None, ...]:

@@ -1,8 +1,8 @@
 """A model's ``sequence_batching`` as Triton 2.51's configuration JSON writes it
 (``GET …/config``, and gRPC ``ModelConfig`` from the same document).
 
-sordino keeps less than it shows: the strategy's queue delay and preferred sizes are
-its batcher's (``scheduling.policy``), a state's datatype and dims its output's. What
+sordino keeps less than it shows: ``oldest``'s queue delay and preferred sizes are its
+batcher's (``scheduling.policy``), a state's datatype and dims its output's. What
 sordino refuses unless it is Triton's default (``minimum_slot_utilization``,
 ``preserve_ordering``, a state's buffer options) is shown at that default.
 """
@@ -34,7 +34,10 @@ def sequence_batching_json(
             "preserve_ordering": False,
         }
     elif config.direct is not None:
-        shown["direct"] = {"max_queue_delay_microseconds": delay, "minimum_slot_utilization": 0}
+        shown["direct"] = {
+            "max_queue_delay_microseconds": config.direct.max_queue_delay_microseconds,
+            "minimum_slot_utilization": _number(config.direct.minimum_slot_utilization),
+        }
     shown["max_sequence_idle_microseconds"] = config.max_sequence_idle_microseconds
     shown["control_input"] = [
         {"name": control.name, "control": [_control(control.control[0])]}
