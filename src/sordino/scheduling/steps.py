@@ -139,13 +139,7 @@ class Steps:
                 name: (result, by_input[name]) if name in by_input else (request.inputs, name)
                 for name in request.inputs
             }
-            state = Tensors.compose(parts)
-            next_item = self.work_item(request, state, now)
-            self._queue.put_nowait(next_item, force=True)
-            state.park()  # carried state waits in the queue: defragmentation may move it
-            request.state = "queued"
-            self._outcomes.queue_changed()
-            self._wake()
+            self._queue_next(request, Tensors.compose(parts), now)
         if spec is not None and spec.emit is not None and not np.any(result[spec.emit]):
             # A decoupled model's step that sends nothing; the end still tells the reader.
             result.release()
@@ -190,8 +184,14 @@ class Steps:
             following = Tensors.compose(parts)
         else:
             following = inputs.share()
-        self._queue.put_nowait(self.work_item(request, following, self._clock.now()), force=True)
-        following.park()  # it waits in the queue: defragmentation may move it
+        self._queue_next(request, following, self._clock.now())
+
+    def _queue_next(self, request: Request, inputs: Tensors, now: float) -> None:
+        """Queue ``request``'s next step on ``inputs`` (a stream's carried state, a
+        generation's next sample, a request run again), by its priority. They wait in the
+        queue parked: defragmentation may move them."""
+        self._queue.put_nowait(self.work_item(request, inputs, now), force=True)
+        inputs.park()
         request.state = "queued"
         self._outcomes.queue_changed()
         self._wake()
@@ -225,14 +225,10 @@ class Steps:
             # ``following``, in the arena) when its turn comes.
             request.inputs.release()
             request.inputs = following.share() if following.leases else following
-            self._queue.put_nowait(self.work_item(request, following, now), force=True)
-            # The state waits in the queue: defragmentation may move it (the stepper
-            # keeps its own copy of the sample, never an array taken from ``following``).
-            following.park()
+            # The state waits in the queue, parked (the stepper keeps its own copy of the
+            # sample, never an array taken from ``following``).
+            self._queue_next(request, following, now)
             request.inputs.park()
-            request.state = "queued"
-            self._outcomes.queue_changed()
-            self._wake()
         if delivered is not None:
             request.outputs.put_nowait(StepOutput(delivered, final, request.steps))
         if final:
