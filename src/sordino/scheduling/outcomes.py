@@ -71,10 +71,12 @@ class Outcomes:
         """A decoupled ``request`` goes back to the queue (its model runs it again): the
         model of its last batch no longer answers it."""
         request.stop = None
-        if request in self._answering:
-            self._answering.discard(request)
-            if not self._answering:
-                self.answered.set()
+        self._not_answering(request)
+
+    def _not_answering(self, request: Request) -> None:
+        self._answering.discard(request)
+        if not self._answering:
+            self.answered.set()
 
     def still_answering(self) -> list[Request]:
         """The decoupled requests being answered now."""
@@ -112,9 +114,7 @@ class Outcomes:
         stop, request.stop = request.stop, None
         if stop is not None:
             stop()  # a request that ended before the model did: the model is told
-            self._answering.discard(request)
-            if not self._answering:
-                self.answered.set()
+            self._not_answering(request)
         region = request.region
         if region is not None:
             region.close()  # back to the arena once its last outputs are released
