@@ -519,6 +519,31 @@ def test_a_python_models_error_response_is_its_requests_answer_on_an_actor(
         server.call(server.runtime.unload("error_codes", "1", drain=False), timeout=60)
 
 
+def test_a_python_models_is_ready_is_asked_on_its_actor(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    """A Triton Python model's ``is_ready()`` runs on its actor (a thread beside the
+    batch's and the heartbeat's): False makes the model and the server not ready."""
+    from tests.backends.test_python_is_ready import SYNC, _model
+
+    _model(tmp_path, "gate", SYNC)
+    source = next(s for s in scan_repository(tmp_path) if s.name == "gate")
+    config = source.config.model_copy(update={"ray": RayModelOptions(num_cpus=0)})
+    server.call(server.runtime.load(dataclasses.replace(source, config=config)), timeout=120)
+    try:
+        url = f"{server.url}/v2/models/gate/ready"
+        assert httpx.get(url, timeout=30).status_code == 200
+        (tmp_path / "gate" / "mode").write_text("not")
+        answer = httpx.get(url, timeout=30)
+        assert answer.status_code == 503
+        assert "instance 0: is_ready() returned False" in answer.json()["error"]
+        assert httpx.get(f"{server.url}/v2/health/ready", timeout=30).status_code == 503
+        (tmp_path / "gate" / "mode").write_text("ready")
+        assert httpx.get(url, timeout=30).status_code == 200
+    finally:
+        server.call(server.runtime.unload("gate", "1", drain=False), timeout=60)
+
+
 def test_a_python_models_reshaped_tensors_on_an_actor(server: RunningServer) -> None:
     """tests/fixtures/triton_python_answers/reshaped on an actor (its ``reshape`` reaches
     the actor with the rest of the model's options): the client sends and reads GRID's

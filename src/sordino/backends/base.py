@@ -47,6 +47,7 @@ __all__ = [
     "ModelRunOptions",
     "OutputPlacer",
     "ProfilingBackend",
+    "ReadinessBackend",
     "RequestBatchBackend",
 ]
 
@@ -255,6 +256,21 @@ class ProfilingBackend(Protocol):
     def stop_profiling(self) -> tuple[str, int]:
         """Stop tracing; return the trace file and the batches traced."""
         ...
+
+
+@runtime_checkable
+class ReadinessBackend(Protocol):
+    """A backend whose model may say itself whether it is ready (Triton's ``is_ready()``).
+
+    ``checks_readiness`` (a cheap flag, read once the model loaded) is False when the
+    model has no such check: it is then ready while its instance serves, and
+    ``readiness`` is never asked. ``readiness()`` runs the model's check on the calling
+    thread (never the batch's): None when ready, else why not."""
+
+    @property
+    def checks_readiness(self) -> bool: ...
+
+    def readiness(self) -> str | None: ...
 
 
 def dummy_inputs(metadata: ModelMetadata, rows: int) -> dict[str, Tensor]:

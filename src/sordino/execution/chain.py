@@ -36,6 +36,7 @@ device switches, warm-up, chaos faults, profiling windows) and the statistics
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -245,6 +246,21 @@ class ChainExecutor:
     def local_backends(self, model: ModelKey) -> list[Backend]:
         """The backends of ``model`` that run in this process (thread isolation), in order."""
         return self._pool.local_backends(model)
+
+    async def readiness(self, model: ModelKey) -> str | None:
+        """Why ``model`` is not ready by its own word (Triton's ``is_ready()``), or None.
+
+        Each serving instance whose model checks its readiness is asked, all at once; the
+        first (by index) that says no, fails or does not answer in time says why. Whether
+        any instance serves at all is :func:`sordino.server.guarding.unready`'s to say.
+        """
+        entry = self._pool.entry(model)
+        if entry is None:
+            return None
+        asked = [i for i in entry.instances() if i.serving and i.checks_ready]
+        answers = await asyncio.gather(*(i.readiness() for i in asked))
+        said = zip(asked, answers, strict=True)
+        return next((f"instance {i.index}: {why}" for i, why in said if why), None)
 
     # -- running ---------------------------------------------------------------------
 

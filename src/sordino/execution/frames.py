@@ -26,6 +26,8 @@ from sordino.execution.run_messages import (
     Heartbeat,
     LoadFailed,
     Ready,
+    ReadyAnswer,
+    ReadyCheck,
     Reply,
     Run,
     RunFailed,
@@ -385,6 +387,8 @@ def _decode(kind: int, data: bytes) -> ToWorker | FromWorker:
 _PICKLED_TYPES = (
     Call,
     Ready,
+    ReadyCheck,
+    ReadyAnswer,
     LoadFailed,
     Reply,
     CallFailed,

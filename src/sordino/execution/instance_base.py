@@ -5,13 +5,17 @@ and ``ray_instance.py`` (a Ray actor).
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from sordino.execution.devices import Device
 from sordino.inference import ModelKey
 from sordino.records import InstanceState, WorkerStatistics
 
-__all__ = ["InstanceBase"]
+__all__ = ["READY_CHECK_S", "InstanceBase"]
+
+READY_CHECK_S = 5.0
+"""How long a readiness check waits for the model's ``is_ready()`` (Triton's 5 s)."""
 
 
 class InstanceBase:
@@ -34,6 +38,7 @@ class InstanceBase:
         self.share = 1.0
         """The share of batches this instance is offered (below 1 while it ramps up)."""
         self.credit = 0.0
+        self._checking: asyncio.Future[str | None] | None = None
 
     @property
     def subject(self) -> str:
@@ -77,6 +82,38 @@ class InstanceBase:
         """Whether this instance serves from a profiling session now."""
         return False
 
+    @property
+    def checks_ready(self) -> bool:
+        """Whether the model serving here checks its own readiness (``is_ready()``)."""
+        return False
+
+    async def _check_ready(self) -> str | None:
+        """Ask the model serving here whether it is ready (only when :attr:`checks_ready`)."""
+        raise NotImplementedError
+
+    async def readiness(self) -> str | None:
+        """Why this instance is not ready, or None: not serving, or its model's own check
+        said no, failed or did not answer within :data:`READY_CHECK_S`.
+
+        As Triton does, one check at a time: a check asked while one runs waits for that
+        one's answer (a model's ``is_ready()`` that hangs is asked nothing more until it
+        answers, and every check meanwhile says not ready).
+        """
+        if not self.serving:
+            return f"the instance is {self.state}"
+        if not self.checks_ready:
+            return None
+        checking = self._checking
+        if checking is None or checking.done():
+            checking = self._checking = asyncio.ensure_future(self._check_ready())
+            checking.add_done_callback(_retrieved)  # (an answer nobody waited for)
+        try:
+            return await asyncio.wait_for(asyncio.shield(checking), READY_CHECK_S)
+        except TimeoutError:
+            return f"its is_ready() did not answer within {READY_CHECK_S:g} s"
+        except Exception as exc:  # the worker lost meanwhile, the actor gone, ...
+            return f"its readiness could not be checked: {exc}"
+
     def statistics(self) -> WorkerStatistics:
         return WorkerStatistics(
             model=self.key.name,
@@ -96,3 +133,8 @@ class InstanceBase:
             busy_s=self.busy_s,
             hop_bytes=self.hop_bytes,
         )
+
+
+def _retrieved(future: asyncio.Future[str | None]) -> None:
+    if not future.cancelled():
+        future.exception()

@@ -97,6 +97,17 @@ class ProcessInstance(InstanceBase):
     def serving(self) -> bool:
         return self.state == "ready" and self._worker is not None and self._worker.alive
 
+    @property
+    def checks_ready(self) -> bool:
+        worker = self._worker
+        return worker is not None and worker.checks_ready
+
+    async def _check_ready(self) -> str | None:
+        worker = self._worker
+        if worker is None:
+            raise WorkerLost("no worker serves now")
+        return await worker.check_ready()
+
     async def open(self) -> ModelMetadata:
         """Start the first worker; raise :class:`ModelLoadError` if it cannot load."""
         metadata = await self._start_worker()

@@ -59,6 +59,11 @@ worker. The server may send :class:`Cancel` at any time for such a request whose
 went away; the worker of a decoupled model reads its pipe on a thread of its own, so it
 sees the cancellation while the model runs, and ``is_cancelled()`` turns true.
 
+A model that checks its own readiness (Triton's ``is_ready()``, :attr:`Ready.checks_ready`)
+may be sent :class:`ReadyCheck` at any time, even while a batch runs: its worker reads
+the pipe on a thread of its own (as a decoupled model's does), runs the check on
+another, and answers :class:`ReadyAnswer` from there.
+
 :class:`Stop` asks the worker to exit. The server's end closing (end of file) means
 the same; the worker's end closing tells the server the process is gone.
 
@@ -89,6 +94,8 @@ from sordino.execution.run_messages import (
     ProfileStop,
     ProfileStopped,
     Ready,
+    ReadyAnswer,
+    ReadyCheck,
     Reply,
     Run,
     RunFailed,
@@ -120,6 +127,8 @@ __all__ = [
     "ProfileStop",
     "ProfileStopped",
     "Ready",
+    "ReadyAnswer",
+    "ReadyCheck",
     "Reply",
     "Respond",
     "Run",
@@ -129,7 +138,7 @@ __all__ = [
     "encode",
 ]
 
-ToWorker = Run | Allocated | Call | Stop | Cancel | ModelCallAnswer
+ToWorker = Run | Allocated | Call | Stop | Cancel | ModelCallAnswer | ReadyCheck
 
 FromWorker = (
     Ready
@@ -143,4 +152,5 @@ FromWorker = (
     | ModelCallStart
     | ModelCallCancel
     | Respond
+    | ReadyAnswer
 )

@@ -13,7 +13,8 @@ process, a hang stops it), as in a worker process. The server's side of an actor
 A request's cancellation (its client went away while the batch runs) reaches the
 actor as a :meth:`ModelActor.cancel` call, which runs on the actor's second thread
 while ``infer`` runs on the first: the model's ``is_cancelled()`` turns true, as in a
-worker process.
+worker process. A model's own readiness check (:meth:`ModelActor.readiness`) runs on a
+third.
 
 ``ray`` is imported only when an actor is made, so the module loads without it.
 """
@@ -27,7 +28,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sordino.backends.base import Backend, ModelRunOptions, RequestBatchBackend, dummy_inputs
+from sordino.backends.base import (
+    Backend,
+    ModelRunOptions,
+    ReadinessBackend,
+    RequestBatchBackend,
+    dummy_inputs,
+)
 from sordino.backends.registry import backend_kind, create_backend
 from sordino.config.executor import RayModelOptions
 from sordino.errors import Unavailable
@@ -102,8 +109,9 @@ class ModelActor:
         self._backend: Backend | None = None
         self._cancelled = _Cancelled()
 
-    def load(self, spec: Mapping[str, Any]) -> tuple[ModelMetadata, str, str, int]:
-        """Load and warm up the model; return its metadata, node id, node address, pid."""
+    def load(self, spec: Mapping[str, Any]) -> tuple[ModelMetadata, str, str, int, bool]:
+        """Load and warm up the model; return its metadata, node id, node address, pid and
+        whether the model checks its own readiness (:meth:`readiness`)."""
         import ray
 
         if spec.get("log"):  # log as the server does (Ray leaves the actor's log bare)
@@ -128,7 +136,8 @@ class ModelActor:
         self._backend = backend
         context = ray.get_runtime_context()
         address = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
-        return backend.metadata, context.get_node_id(), address, os.getpid()
+        checks = isinstance(backend, ReadinessBackend) and backend.checks_readiness
+        return backend.metadata, context.get_node_id(), address, os.getpid(), checks
 
     def infer(
         self,
@@ -174,6 +183,13 @@ class ModelActor:
         turns true (runs on the actor's second thread while the batch runs)."""
         self._cancelled.cancel(batch_id, index)
 
+    def readiness(self) -> str | None:
+        """The model's own readiness check (Triton's ``is_ready()``): None when ready, else
+        why not. Runs on a thread of its own, beside a batch and the heartbeat."""
+        backend = self._backend
+        assert isinstance(backend, ReadinessBackend), "load a model that checks readiness"
+        return backend.readiness()
+
     def ping(self) -> int:
         """The heartbeat: answered between and during batches (the actor has two threads)."""
         return os.getpid()
@@ -202,9 +218,10 @@ def actor_class() -> Any:
     global _remote
     if _remote is None:
         ray = import_ray()
-        # Two threads: the heartbeat and a request's cancellation are answered while a
-        # batch runs (the executor sends one batch at a time to an instance).
-        _remote = ray.remote(max_concurrency=2, max_restarts=0)(ModelActor)
+        # Three threads: the heartbeat and a request's cancellation are answered while a
+        # batch runs (the executor sends one batch at a time to an instance), and so is
+        # a readiness check, which may take the model its while (one at a time).
+        _remote = ray.remote(max_concurrency=3, max_restarts=0)(ModelActor)
     return _remote
 
 

@@ -125,12 +125,23 @@ class RayInstance(InstanceBase):
         """The Ray node id the current actor runs on (``ray list nodes`` shows it)."""
         self.node_address = ""
         self._pid_now: int | None = None
+        self._checks_ready = False
         self.load_s = 0.0
         self._batch_ids = itertools.count(1)
         """Numbers the batches that may be told of cancellations (ModelActor.cancel)."""
 
     def _pid(self) -> int | None:
         return self._pid_now
+
+    @property
+    def checks_ready(self) -> bool:
+        return self._checks_ready
+
+    async def _check_ready(self) -> str | None:
+        if self._actor is None:
+            raise RuntimeError("no actor serves now")
+        answer: str | None = await self._actor.readiness.remote()
+        return answer
 
     @property
     def serving(self) -> bool:
@@ -176,7 +187,7 @@ class RayInstance(InstanceBase):
             self._kill_actor(actor)
             raise ModelLoadError(f"{self.subject}: the Ray actor failed to load: {exc}") from None
         metadata: ModelMetadata
-        metadata, self.node, self.node_address, self._pid_now = result
+        metadata, self.node, self.node_address, self._pid_now, self._checks_ready = result
         self._metadata = metadata
         if self._pools is not None:
             try:

@@ -4,7 +4,8 @@ A batch: :class:`Run`, then :class:`Alloc`/:class:`Allocated` when an output nee
 space, ended by :class:`Done` or :class:`RunFailed`. A command between batches:
 :class:`Call` carrying a :data:`Command`, answered by :class:`Reply` or
 :class:`CallFailed`. The worker's life: :class:`Ready` or :class:`LoadFailed`,
-:class:`Heartbeat`, and :class:`Stop`.
+:class:`Heartbeat`, and :class:`Stop`. A model's own readiness, at any time (beside a
+batch): :class:`ReadyCheck`, answered by :class:`ReadyAnswer`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ __all__ = [
     "ProfileStop",
     "ProfileStopped",
     "Ready",
+    "ReadyAnswer",
+    "ReadyCheck",
     "Reply",
     "Run",
     "RunFailed",
@@ -124,6 +127,9 @@ class Ready:
     """Whether the backend runs a batch as its requests and takes their facts
     (:class:`~sordino.backends.base.RequestBatchBackend`): only then do batches carry
     them (:attr:`Run.requests`), so the hop of other models costs nothing more."""
+    checks_ready: bool = False
+    """Whether the model checks its own readiness (Triton's ``is_ready()``): only then
+    does the server send :class:`ReadyCheck`, which a thread of the worker reads."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,3 +196,20 @@ class CallFailed:
 
     call_id: int
     message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyCheck:
+    """Is the model ready? (Its ``is_ready()``; sent at any time, even while a batch runs,
+    to a worker whose :class:`Ready` said ``checks_ready``.)"""
+
+    check_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyAnswer:
+    """The answer to :class:`ReadyCheck` ``check_id``: ``why`` the model is not ready, or
+    None when it is."""
+
+    check_id: int
+    why: str | None

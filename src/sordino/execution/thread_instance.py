@@ -9,7 +9,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from sordino.backends.base import Backend, ModelRunOptions, ProfilingBackend, RequestBatchBackend
+from sordino.backends.base import (
+    Backend,
+    ModelRunOptions,
+    ProfilingBackend,
+    ReadinessBackend,
+    RequestBatchBackend,
+)
 from sordino.backends.calls import CallingBackend
 from sordino.backends.decoupled import DecoupledBackend
 from sordino.backends.registry import create_backend
@@ -66,6 +72,16 @@ class ThreadInstance(InstanceBase):
     def backend(self) -> Backend:
         """The in-process backend (tests hold batches on it; profiling swaps its session)."""
         return self._backend
+
+    @property
+    def checks_ready(self) -> bool:
+        backend = self._backend
+        return isinstance(backend, ReadinessBackend) and backend.checks_readiness
+
+    async def _check_ready(self) -> str | None:
+        # Not on the instance's own thread: a running batch must not delay the answer.
+        assert isinstance(self._backend, ReadinessBackend)
+        return await asyncio.to_thread(self._backend.readiness)
 
     async def open(self) -> ModelMetadata:
         loop = asyncio.get_running_loop()

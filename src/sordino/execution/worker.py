@@ -28,6 +28,11 @@ lost after the exchange ended fails the requests still open with the cause. A ba
 backend that takes each request's facts may get :class:`Cancel` frames too while it
 runs (its worker reads them when the model asks ``is_cancelled()``).
 
+A model that checks its own readiness (:attr:`WorkerProcess.checks_ready`) is asked at
+any time too (:meth:`WorkerProcess.check_ready`, a :class:`ReadyCheck` frame): its worker
+reads the pipe on a thread of its own and answers from another, so a running batch
+neither delays the answer nor sees the frame.
+
 Here: the process's life (start, a batch or command exchange, kill, stop, its exit); the
 pipe's reading and writing are :class:`~sordino.execution.worker_pipe.WorkerPipe`'s, the
 spawn apart from the embedding program ``worker_spawn.py``'s.
@@ -60,6 +65,7 @@ from sordino.execution.messages import (
     Command,
     FrameReader,
     ProfileStopped,
+    ReadyCheck,
     Run,
 )
 from sordino.execution.model_calls import CallServer
@@ -120,6 +126,7 @@ class WorkerProcess(WorkerPipe):
         self._allocate: dict[int, Allocate] = {}
         self._allocating: dict[int, asyncio.Task[None]] = {}
         self._calls: dict[int, asyncio.Future[ProfileStopped | None]] = {}
+        self._checks: dict[int, asyncio.Future[str | None]] = {}  # readiness, by check id
         self._channels: dict[int, ResponseChannel] = {}  # decoupled batches still answering
         self._turn = asyncio.Lock()  # one exchange on the pipe at a time (see above)
         self._call_server = calls
@@ -138,6 +145,8 @@ class WorkerProcess(WorkerPipe):
         self.load_s = 0.0
         self.per_request = False
         """Whether its backend takes each request's facts (its :class:`Ready` says)."""
+        self.checks_ready = False
+        """Whether its model checks its own readiness (its :class:`Ready` says)."""
 
     @property
     def alive(self) -> bool:
@@ -294,6 +303,23 @@ class WorkerProcess(WorkerPipe):
             finally:
                 self._calls.pop(call_id, None)
 
+    async def check_ready(self) -> str | None:
+        """Ask the model whether it is ready (its ``is_ready()``), even while a batch runs:
+        None when it is, else why not. Waits as long as the model takes (the caller
+        bounds it); raises :class:`WorkerLost` if the worker dies first."""
+        if not self.alive:
+            raise WorkerLost(self._lost_cause())
+        check_id = next(self._ids)
+        future: asyncio.Future[str | None] = self._loop.create_future()
+        self._checks[check_id] = future
+        try:
+            self._send(ReadyCheck(check_id))
+            return await future
+        except OSError as exc:
+            raise WorkerLost(f"the worker is gone ({exc.strerror or exc})") from None
+        finally:
+            self._checks.pop(check_id, None)
+
     def _cancel(self, batch_id: int, index: int) -> None:
         """Tell the worker the client of request ``index`` of ``batch_id`` went away."""
         channel = self._channels.get(batch_id)
@@ -386,7 +412,11 @@ class WorkerProcess(WorkerPipe):
     def _fail_pending(self, cause: str) -> None:
         for task in list(self._serving.values()):
             task.cancel()  # the model calls of a lost worker: nobody waits for them
-        futures: list[asyncio.Future[Any]] = [*self._pending.values(), *self._calls.values()]
+        futures: list[asyncio.Future[Any]] = [
+            *self._pending.values(),
+            *self._calls.values(),
+            *self._checks.values(),
+        ]
         for future in futures:
             if not future.done():
                 future.set_exception(WorkerLost(cause))

@@ -24,6 +24,7 @@ from sordino.execution.messages import (
     ModelCallAnswer,
     ModelCallCancel,
     ModelCallStart,
+    ReadyCheck,
     Stop,
     ToWorker,
     encode,
@@ -62,17 +63,24 @@ class WorkerLink:
         self._call_ids = itertools.count(1)
         self._pump: threading.Thread | None = None
         self._on_cancel: Callable[[Cancel], None] | None = None
+        self._on_ready_check: Callable[[ReadyCheck], None] | None = None
 
     def watch_cancels(self, on_cancel: Callable[[Cancel], None]) -> None:
         """Hand each :class:`Cancel` to ``on_cancel`` as it is read (never to :meth:`recv`,
         so none lands in a batch's ``Alloc`` exchange)."""
         self._on_cancel = on_cancel
 
-    def start_reader(self, on_cancel: Callable[[Cancel], None]) -> None:
-        """Read the pipe on a thread from now on (a decoupled model's worker): a
-        :class:`Cancel` goes to ``on_cancel`` at once, even while ``execute`` runs; other
-        messages wait for :meth:`recv` as before."""
-        self.watch_cancels(on_cancel)
+    def watch_ready_checks(self, on_check: Callable[[ReadyCheck], None]) -> None:
+        """Hand each :class:`ReadyCheck` to ``on_check`` as it is read (a model that checks
+        its own readiness; with :meth:`start_reader`, so that one is read while a batch
+        runs)."""
+        self._on_ready_check = on_check
+
+    def start_reader(self) -> None:
+        """Read the pipe on a thread from now on (a decoupled model's worker, or one whose
+        model checks its readiness): a :class:`Cancel` or :class:`ReadyCheck` goes to its
+        watcher at once, even while ``execute`` runs; other messages wait for
+        :meth:`recv` as before."""
         threading.Thread(target=self._read_always, daemon=True, name="pipe-reader").start()
 
     def poll(self) -> None:
@@ -171,6 +179,10 @@ class WorkerLink:
         if isinstance(message, Cancel):
             if self._on_cancel is not None:
                 self._on_cancel(message)
+            return
+        if isinstance(message, ReadyCheck):
+            if self._on_ready_check is not None:
+                self._on_ready_check(message)
             return
         if isinstance(message, Stop):
             self._fail_calls("the server is stopping")

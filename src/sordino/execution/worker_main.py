@@ -15,7 +15,10 @@ Its batches run through ``worker_loop._run_decoupled``; each response leaves as 
 run for it: a decoupled model's responses to made-up inputs would have nowhere to go.
 A worker whose backend takes each request's facts but is not decoupled gets its
 :class:`Cancel` frames too; it reads them when the model asks ``is_cancelled()``
-(:meth:`WorkerLink.poll`), so the hot path keeps its single reader.
+(:meth:`WorkerLink.poll`), so the hot path keeps its single reader. A model that checks
+its own readiness (Triton's ``is_ready()``) gets the pipe's reader thread too: a
+:class:`ReadyCheck` may come while a batch runs, and is answered from a thread of its
+own (``_check_ready``).
 
 Here: the process's start (signals, the arena mapped, the model loaded and warmed up,
 the heartbeat); the pipe's end is ``worker_link.py``, the run loop ``worker_loop.py``.
@@ -24,6 +27,7 @@ the heartbeat); the pipe's end is ``worker_link.py``, the run loop ``worker_loop
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import sys
@@ -35,7 +39,12 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from sordino.backends.base import ModelRunOptions, RequestBatchBackend, dummy_inputs
+from sordino.backends.base import (
+    ModelRunOptions,
+    ReadinessBackend,
+    RequestBatchBackend,
+    dummy_inputs,
+)
 from sordino.backends.calls import CallingBackend
 from sordino.backends.decoupled import DecoupledBackend
 from sordino.execution.messages import (
@@ -43,6 +52,8 @@ from sordino.execution.messages import (
     FrameError,
     LoadFailed,
     Ready,
+    ReadyAnswer,
+    ReadyCheck,
 )
 from sordino.execution.worker_link import WorkerLink
 from sordino.execution.worker_loop import Streams, serve
@@ -82,6 +93,21 @@ def _heartbeat(link: WorkerLink, interval: float) -> None:
             link.send(HEARTBEAT)
         except OSError:
             return
+
+
+def _check_ready(link: WorkerLink, backend: ReadinessBackend, check: ReadyCheck) -> None:
+    """Run the model's readiness check on a thread of its own (the pipe's reader hands it
+    over and goes on reading; a batch may be running); answer from there."""
+
+    def answer() -> None:
+        try:
+            why = backend.readiness()
+        except Exception as exc:  # (the model's own exceptions are its answer already)
+            why = f"the readiness check failed: {type(exc).__name__}: {exc}"
+        with contextlib.suppress(OSError):  # the server is gone: nobody asks any more
+            link.send(ReadyAnswer(check.check_id, why))
+
+    threading.Thread(target=answer, daemon=True, name="is-ready").start()
 
 
 def _lower_priority(by: int) -> None:
@@ -149,11 +175,16 @@ def worker_main(spec: WorkerSpec, conn: Connection, log: dict[str, Any] | None =
     ).start()
     per_request = isinstance(backend, RequestBatchBackend)
     streams = Streams(link) if per_request or isinstance(backend, DecoupledBackend) else None
-    if streams is not None and backend.metadata.decoupled:
-        link.start_reader(streams.cancel)
-    elif streams is not None:
-        link.watch_cancels(streams.cancel)  # read when the model asks (WorkerLink.poll)
-    link.send(Ready(backend.metadata, os.getpid(), time.perf_counter() - started, per_request))
+    if streams is not None:  # read when the model asks (WorkerLink.poll), or by the reader
+        link.watch_cancels(streams.cancel)
+    checks = False
+    if isinstance(backend, ReadinessBackend) and backend.checks_readiness:
+        checks = True
+        link.watch_ready_checks(functools.partial(_check_ready, link, backend))
+    if checks or (streams is not None and backend.metadata.decoupled):
+        link.start_reader()
+    load_s = time.perf_counter() - started
+    link.send(Ready(backend.metadata, os.getpid(), load_s, per_request, checks_ready=checks))
     try:
         serve(link, backend, mapped, streams)
     except FrameError as exc:

@@ -36,6 +36,7 @@ from sordino.execution.messages import (
     ModelCallStart,
     ProfileStopped,
     Ready,
+    ReadyAnswer,
     Reply,
     Respond,
     RunFailed,
@@ -87,6 +88,7 @@ class WorkerPipe:
     _allocate: dict[int, Allocate]
     _allocating: dict[int, asyncio.Task[None]]
     _calls: dict[int, asyncio.Future[ProfileStopped | None]]
+    _checks: dict[int, asyncio.Future[str | None]]
     _channels: dict[int, ResponseChannel]
     _call_server: Callable[[], CallServer | None] | None
     _serving: dict[int, asyncio.Task[None]]
@@ -96,6 +98,7 @@ class WorkerPipe:
     last_beat: float
     load_s: float
     per_request: bool
+    checks_ready: bool
 
     def kill(self, cause: str) -> None:
         """SIGKILL the process; fail its batch with ``cause`` (the process's own)."""
@@ -176,6 +179,7 @@ class WorkerPipe:
                 pass
             case Ready(metadata=metadata, pid=pid, load_s=load_s, per_request=per_request):
                 self.pid, self.load_s, self.per_request = pid, load_s, per_request
+                self.checks_ready = message.checks_ready
                 if not self._ready.done():
                     self._ready.set_result(metadata)
             case LoadFailed(message=text):
@@ -193,6 +197,10 @@ class WorkerPipe:
                 call = self._calls.get(call_id)
                 if call is not None and not call.done():
                     call.set_result(value)
+            case ReadyAnswer(check_id=check_id, why=why):
+                check = self._checks.get(check_id)
+                if check is not None and not check.done():
+                    check.set_result(why)
             case CallFailed(call_id=call_id, message=text):
                 call = self._calls.get(call_id)
                 if call is not None and not call.done():

@@ -35,7 +35,7 @@ from sordino.protocol.grpc_codec import (
     parse_message,
 )
 from sordino.protocol.pb import kserve_v2_pb2 as pb
-from sordino.server.guarding import unready
+from sordino.server.guarding import not_ready
 from sordino.server.http import EXTENSIONS
 from sordino.server.log_settings import tell_workers
 from sordino.server.model_config import model_metadata_json, triton_config_json
@@ -99,8 +99,10 @@ class InferenceServicer:
 
     async def ServerReady(self, raw: bytes, context: Any) -> pb.ServerReadyResponse:
         parse_message(pb.ServerReadyRequest, raw)
-        # As /v2/health/ready: not ready while a loaded model cannot serve (or is wedged).
-        return pb.ServerReadyResponse(ready=self.runtime.ready and not unready(self.runtime))
+        # As /v2/health/ready: not ready while a loaded model cannot serve (or is wedged),
+        # or says it is not ready (is_ready()).
+        ready = self.runtime.ready and not await not_ready(self.runtime)
+        return pb.ServerReadyResponse(ready=ready)
 
     async def ModelReady(self, raw: bytes, context: Any) -> pb.ModelReadyResponse:
         self._key(context)
@@ -110,7 +112,13 @@ class InferenceServicer:
         wanted = not request.version or request.version in versions
         ready = self.runtime.ready and bool(versions) and wanted
         if ready:
-            down = {tuple(key.rsplit("/", 1)) for key in unready(self.runtime)}
+            asked = [
+                m.key
+                for m in self.runtime.models()
+                if m.key.name == request.name
+                and (not request.version or m.key.version == request.version)
+            ]
+            down = {tuple(key.rsplit("/", 1)) for key in await not_ready(self.runtime, asked)}
             ready = not any(
                 name == request.name and (not request.version or version == request.version)
                 for name, version in down

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,7 @@ __all__ = [
     "guarded_models",
     "guardian_routes",
     "health_response",
+    "not_ready",
     "not_serving",
     "open_guardian",
     "unready",
@@ -165,6 +167,25 @@ def unready(runtime: Runtime) -> dict[str, str]:
     for key, reason in wedged(runtime).items():
         failing.setdefault(key, reason)
     return failing
+
+
+async def not_ready(runtime: Runtime, asked: Iterable[ModelKey] | None = None) -> dict[str, str]:
+    """The loaded models that are not ready, and why: :func:`unready`'s, and those of
+    ``asked`` (default: every model) whose own check says no (a Triton Python model's
+    ``is_ready()``; ``ChainExecutor.readiness``). Readiness (HTTP, gRPC, ``/health``)
+    is this being empty while the runtime is ready.
+
+    A pipeline (an ensemble) is not made unready by its steps' own checks, as on Triton
+    (whose ensembles have no check of their own).
+    """
+    found = unready(runtime)
+    keys = [m.key for m in runtime.models()] if asked is None else list(asked)
+    keys = [key for key in dict.fromkeys(keys) if str(key) not in found]
+    answers = await asyncio.gather(*(runtime.executor.readiness(key) for key in keys))
+    for key, why in zip(keys, answers, strict=True):
+        if why is not None:
+            found[str(key)] = f"{key} says it is not ready ({why})"
+    return found
 
 
 class _WorstInstance:
@@ -338,7 +359,7 @@ async def health_response(runtime: Runtime, request: Request) -> Response:
     deep = request.query_params.get("deep", "false").lower() in ("1", "true", "yes")
     if not runtime.ready:
         return _json({"ready": False, "reason": "the server is not serving"}, 503)
-    down = unready(runtime)
+    down = await not_ready(runtime)
     if down:
         reason = "; ".join(down.values())
         return _json({"ready": False, "reason": reason, "failing": down}, 503)

@@ -31,7 +31,6 @@ A decoupled model (``model_transaction_policy { decoupled: true }``) runs throug
 from __future__ import annotations
 
 import functools
-import importlib.util
 import inspect
 import json
 import sys
@@ -62,7 +61,8 @@ from sordino.backends.python.joining import (
     output_layouts,
     response_parts,
 )
-from sordino.backends.python.model_dir import set_model_dir
+from sordino.backends.python.model_dir import import_model
+from sordino.backends.python.readiness import model_readiness
 from sordino.backends.reshape import Reshapes
 from sordino.config.declared import check_reshape
 from sordino.datatypes import from_triton_type
@@ -206,7 +206,8 @@ class PythonBackend:
         folder = version_folder.parent if version_folder.name.isdigit() else version_folder
         config = self._read_config(folder, where)
         utils = _utils()
-        module = self._import(model_path, version_folder, where)
+        key = f"_sordino_python_model_{name}_{version}"
+        module = import_model(key, name, model_path, where)
         model_class = getattr(module, "TritonPythonModel", None)
         if model_class is None:
             raise ModelLoadError(f"{where}: {model_path} defines no class TritonPythonModel")
@@ -299,22 +300,6 @@ class PythonBackend:
         config.setdefault("input", [])
         config.setdefault("output", [])
         return config
-
-    def _import(self, path: Path, version_folder: Path, where: str) -> ModuleType:
-        key = f"_sordino_python_model_{self._options.name}_{self._options.version}"
-        spec = importlib.util.spec_from_file_location(key, path)
-        if spec is None or spec.loader is None:
-            raise ModelLoadError(f"{where}: cannot import {path}")
-        module = importlib.util.module_from_spec(spec)
-        set_model_dir(self._options.name, str(version_folder))  # pb_utils.get_model_dir()
-        # Triton puts the version folder on the path: model.py may import files beside it.
-        if str(version_folder) not in sys.path:
-            sys.path.insert(0, str(version_folder))
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
-            raise ModelLoadError(f"{where}: importing {path} raised {exc!r}") from exc
-        return module
 
     def infer(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         """Run ``batch`` as one request (the rows of each request are not known here)."""
@@ -486,6 +471,13 @@ class PythonBackend:
         if model is not None and hasattr(model, "finalize"):
             with bls.executing(bls.Executing(self._options.name, phase="finalize")):
                 model.finalize()
+
+    @property
+    def checks_readiness(self) -> bool:
+        return hasattr(self._model, "is_ready")  # (see readiness.py)
+
+    def readiness(self) -> str | None:
+        return model_readiness(self._model, self._options.name)
 
     def set_caller(self, caller: ModelCaller | None) -> None:
         """Carry the model's BLS calls with ``caller`` (one per process: the worker's pipe,

@@ -10,12 +10,17 @@ process has (code run while ``model.py`` is imported, a thread the model started
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import threading
+from pathlib import Path
+from types import ModuleType
 
 from sordino.backends.python import bls
 from sordino.backends.python.triton_errors import TritonModelException
+from sordino.errors import ModelLoadError
 
-__all__ = ["get_model_dir", "set_model_dir"]
+__all__ = ["get_model_dir", "import_model", "set_model_dir"]
 
 _DIRS: dict[str, str] = {}
 _LOCK = threading.Lock()
@@ -40,3 +45,22 @@ def get_model_dir() -> str:
         "get_model_dir(): this process runs several Python models and cannot tell which "
         f"asks from here ({known}); call it from initialize or execute"
     )
+
+
+def import_model(key: str, model: str, path: Path, where: str) -> ModuleType:
+    """Import ``model``'s ``model.py`` at ``path`` as module ``key``; its folder is then
+    the model's (:func:`get_model_dir`) and, as Triton puts it, first on ``sys.path``,
+    so that it may import the files beside it."""
+    spec = importlib.util.spec_from_file_location(key, path)
+    if spec is None or spec.loader is None:
+        raise ModelLoadError(f"{where}: cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    folder = str(path.parent)
+    set_model_dir(model, folder)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise ModelLoadError(f"{where}: importing {path} raised {exc!r}") from exc
+    return module
