@@ -6,7 +6,8 @@ When a model defines it, ``GET /v2/models/<m>/ready``, gRPC ``ModelReady`` and t
 server's readiness (HTTP, gRPC and ``/health``) ask it, on a thread that is not the
 batch's; a ``bool`` is its answer, anything else or an exception is "not ready"; one
 check at a time per instance, and one that takes longer than five seconds is "not
-ready" for that check. Inference is not refused meanwhile (Triton does not either).
+ready" for that check. Inference is not refused meanwhile (Triton does not either). A model's
+``pb_utils.is_model_ready`` says the same (Triton's asks the server's model readiness).
 """
 
 from __future__ import annotations
@@ -71,6 +72,19 @@ ASYNC = """    async def is_ready(self):
 """
 NONE = ""
 
+ASKER = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        ready = [pb_utils.is_model_ready(model_name="gate"),
+                 pb_utils.is_model_ready(model_name="gate", model_version="1")]
+        y = np.array(ready, dtype=np.float32)[:1] * 10 + np.array(ready, dtype=np.float32)[1:]
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)]) for _ in requests]
+"""
+
 CONFIG = """
 backend: "python"
 max_batch_size: 0
@@ -99,6 +113,8 @@ def server(root: Path) -> Iterator[RunningServer]:
     _model(root, "gate_thread", SYNC, thread=True)
     _model(root, "gate_async", ASYNC)
     _model(root, "plain", NONE)
+    _model(root, "asker", NONE)
+    (root / "asker" / "1" / "model.py").write_text(ASKER)
     with serve_in_thread(None, scan_repository(root)) as running:
         yield running
 
@@ -222,3 +238,23 @@ def test_a_hanging_is_ready_is_asked_once_and_not_ready_meanwhile(
     finally:
         _set(root, "gate", "ready")
     wait_for(lambda: _ready(server, "gate").status_code == 200, "ready once is_ready returns")
+
+
+def test_is_model_ready_from_a_model_asks_the_models_own_check(
+    server: RunningServer, root: Path
+) -> None:
+    """BLS ``is_model_ready`` (with and without a version) is False while the model's own
+    ``is_ready()`` says no, as Triton's asks the model's readiness, not only its load."""
+
+    def asked() -> list[float]:
+        answer = _infer(server, "asker")
+        assert answer.status_code == 200, answer.text
+        return list(answer.json()["outputs"][0]["data"])
+
+    assert asked() == [11.0]
+    _set(root, "gate", "not")
+    try:
+        assert asked() == [0.0]
+    finally:
+        _set(root, "gate", "ready")
+    assert asked() == [11.0]

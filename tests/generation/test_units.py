@@ -114,3 +114,30 @@ def test_the_result_cache_is_bounded_lru_per_tenant() -> None:
     off = ResultCache(entries=0)
     off.put("a", 1, result(1))
     assert off.get("a", 1) is None
+
+
+def test_a_denoiser_without_the_tensors_its_iterative_section_names_is_refused() -> None:
+    """``check_denoiser``: an input or the output the section names and the model lacks
+    fails the load, naming the setting and what the model has."""
+    from sordino.config.iterative import IterativeConfig
+    from sordino.errors import ModelLoadError
+    from sordino.generation.pipeline import check_denoiser
+    from sordino.inference import ModelKey, ModelMetadata, TensorSpec
+
+    def spec(name: str) -> TensorSpec:
+        return TensorSpec(name, "FP32", (-1, 64))
+
+    metadata = ModelMetadata(
+        name="d",
+        version="1",
+        platform="onnxruntime_onnx",
+        inputs=(spec("sample"), spec("timestep"), spec("condition")),
+        outputs=(spec("noise"),),
+        batched=True,
+    )
+    key = ModelKey("d", "1")
+    check_denoiser(key, IterativeConfig(), metadata)  # the defaults' names: all there
+    with pytest.raises(ModelLoadError, match=r"denoiser input 'latent'.*sample, timestep"):
+        check_denoiser(key, IterativeConfig(sample_input="latent"), metadata)
+    with pytest.raises(ModelLoadError, match=r"noise_output 'eps' is not an output.*noise"):
+        check_denoiser(key, IterativeConfig(noise_output="eps"), metadata)

@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sordino.config.iterative import IterativeConfig
-from sordino.errors import InvalidRequest, QueueTimeout, Shed, TensorError
+from sordino.errors import InvalidRequest, ModelLoadError, QueueTimeout, Shed, TensorError
 from sordino.generation.cohort import Cohort
 from sordino.generation.degrade import StepDegrader
 from sordino.generation.image import png_bytes, to_image
@@ -45,7 +45,7 @@ from sordino.memory.arena import Arena
 from sordino.memory.refs import Tensors
 from sordino.scheduling.scheduler import ModelScheduler
 
-__all__ = ["GenerateParams", "Generation", "Pipeline", "Progress"]
+__all__ = ["GenerateParams", "Generation", "Pipeline", "Progress", "check_denoiser"]
 
 RunModel = Callable[[str, Mapping[str, Tensor]], Awaitable[Tensors]]
 """Runs a loaded model (text encoder, decoder) once: name, inputs -> outputs."""
@@ -70,6 +70,25 @@ class Progress:
     step: int
     steps: int
     preview: npt.NDArray[np.uint8]
+
+
+def check_denoiser(key: ModelKey, config: IterativeConfig, denoiser: ModelMetadata) -> None:
+    """Raise :class:`ModelLoadError` unless ``denoiser`` has the inputs and the output its
+    ``iterative`` configuration names."""
+    for name in (config.sample_input, config.timestep_input, config.condition_input):
+        if denoiser.input(name) is None:
+            known = ", ".join(spec.name for spec in denoiser.inputs)
+            raise ModelLoadError(
+                f"model {key}: iterative needs the denoiser input {name!r}; the "
+                f"model's inputs are {known} (set iterative.sample_input, timestep_input "
+                "and condition_input)"
+            )
+    if denoiser.output(config.noise_output) is None:
+        known = ", ".join(spec.name for spec in denoiser.outputs)
+        raise ModelLoadError(
+            f"model {key}: iterative.noise_output {config.noise_output!r} is not an "
+            f"output of the model; its outputs are {known}"
+        )
 
 
 class Pipeline:

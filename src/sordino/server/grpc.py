@@ -35,7 +35,7 @@ from sordino.protocol.grpc_codec import (
     parse_message,
 )
 from sordino.protocol.pb import kserve_v2_pb2 as pb
-from sordino.server.guarding import not_ready
+from sordino.server.guarding import not_ready, versions_ready
 from sordino.server.http import EXTENSIONS
 from sordino.server.log_settings import tell_workers
 from sordino.server.model_config import model_metadata_json, triton_config_json
@@ -111,18 +111,8 @@ class InferenceServicer:
         versions = self.runtime.versions(request.name)
         wanted = not request.version or request.version in versions
         ready = self.runtime.ready and bool(versions) and wanted
-        if ready:
-            asked = [
-                m.key
-                for m in self.runtime.models()
-                if m.key.name == request.name
-                and (not request.version or m.key.version == request.version)
-            ]
-            down = {tuple(key.rsplit("/", 1)) for key in await not_ready(self.runtime, asked)}
-            ready = not any(
-                name == request.name and (not request.version or version == request.version)
-                for name, version in down
-            )
+        if ready:  # every version asked serves and none says it is not ready
+            ready = await versions_ready(self.runtime, request.name, request.version)
         return pb.ModelReadyResponse(ready=ready)
 
     async def ServerMetadata(self, raw: bytes, context: Any) -> pb.ServerMetadataResponse:

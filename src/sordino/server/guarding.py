@@ -54,6 +54,7 @@ __all__ = [
     "not_serving",
     "open_guardian",
     "unready",
+    "versions_ready",
     "wedged",
 ]
 
@@ -186,6 +187,18 @@ async def not_ready(runtime: Runtime, asked: Iterable[ModelKey] | None = None) -
         if why is not None:
             found[str(key)] = f"{key} says it is not ready ({why})"
     return found
+
+
+async def versions_ready(runtime: Runtime, name: str, version: str = "") -> bool:
+    """Whether no loaded version of model ``name`` (``version`` alone when given) is in
+    :func:`not_ready` — whether it is loaded at all is the caller's to ask."""
+    asked = [
+        m.key
+        for m in runtime.models()
+        if m.key.name == name and (not version or m.key.version == version)
+    ]
+    down = await not_ready(runtime, asked)
+    return not any(str(key) in down for key in asked)
 
 
 class _WorstInstance:

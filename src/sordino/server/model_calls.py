@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, Protocol
 
@@ -119,11 +119,19 @@ def _answer(response: InferResponse, final: bool) -> CallAnswer:
 class ModelCalls:
     """Answers models' calls to other models through the inference service."""
 
-    def __init__(self, service: InferenceService, registry: ModelRegistry) -> None:
+    def __init__(
+        self,
+        service: InferenceService,
+        registry: ModelRegistry,
+        readiness: Callable[[str, str], Awaitable[bool]] | None = None,
+    ) -> None:
         self._service = service
         self._registry = registry
         self.control: ModelLoading | None = None
         """Model control, once the server has started (the model loading API)."""
+        self.readiness = readiness
+        """Whether a loaded model (any version when "") is ready: serving, and its own
+        ``is_ready()`` says so (``guarding.versions_ready``); None: loaded is ready."""
         self._controls: set[asyncio.Task[None]] = set()
 
     async def __call__(self, call: ModelCall) -> AsyncIterator[CallAnswer]:
@@ -226,7 +234,10 @@ class ModelCalls:
         if call.control == "ready":
             registry = self._registry
             found = registry.contains if call.version else lambda name, _: registry.has(name)
-            return CallAnswer(parameters={"ready": found(call.model, call.version)})
+            ready = found(call.model, call.version)
+            if ready and self.readiness is not None:  # as the readiness endpoints say
+                ready = await self.readiness(call.model, call.version)
+            return CallAnswer(parameters={"ready": ready})
         control = self.control
         if control is None:
             return failed_answer(

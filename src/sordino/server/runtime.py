@@ -33,7 +33,7 @@ from sordino.execution.chain import ChainExecutor
 from sordino.execution.ray_executor import RayExecutor
 from sordino.generation.degrade import StepDegrader
 from sordino.generation.metrics import GenerationCollector
-from sordino.generation.pipeline import Pipeline
+from sordino.generation.pipeline import Pipeline, check_denoiser
 from sordino.guardian import Guardian
 from sordino.inference import InferRequest, InferResponse, ModelKey, Tensor
 from sordino.memory.manager import MemoryManager
@@ -43,7 +43,7 @@ from sordino.memory.segments import SEGMENTS_DIR, StaleSegment, remove_stale_seg
 from sordino.models.repository import ModelSource
 from sordino.records import SchedulerStatistics
 from sordino.server.ensemble_control import serve_pipeline
-from sordino.server.guarding import open_guardian
+from sordino.server.guarding import open_guardian, versions_ready
 from sordino.server.inference_parts import InferenceParts
 from sordino.server.loader import LOAD_CONCURRENCY, ModelLoader
 from sordino.server.model_calls import ModelCalls
@@ -214,7 +214,9 @@ class Runtime:
             self.result_cache, self.timings, config.server.max_request_size,
         )  # fmt: skip
         # Python models' calls to other models (BLS) take the service's path.
-        self.model_calls = ModelCalls(self.service, self.registry)  # model control: later
+        self.model_calls = ModelCalls(  # model control: later
+            self.service, self.registry, lambda name, version: versions_ready(self, name, version)
+        )
         serve_model_calls = getattr(self.executor, "serve_model_calls", None)
         if serve_model_calls is not None:  # not the Ray executor: its models cannot call
             serve_model_calls(self.model_calls)
@@ -256,20 +258,7 @@ class Runtime:
         config = model.source.config.iterative
         assert config is not None
         denoiser = model.metadata
-        for name in (config.sample_input, config.timestep_input, config.condition_input):
-            if denoiser.input(name) is None:
-                known = ", ".join(spec.name for spec in denoiser.inputs)
-                raise ModelLoadError(
-                    f"model {model.key}: iterative needs the denoiser input {name!r}; the "
-                    f"model's inputs are {known} (set iterative.sample_input, timestep_input "
-                    "and condition_input)"
-                )
-        if denoiser.output(config.noise_output) is None:
-            known = ", ".join(spec.name for spec in denoiser.outputs)
-            raise ModelLoadError(
-                f"model {model.key}: iterative.noise_output {config.noise_output!r} is not an "
-                f"output of the model; its outputs are {known}"
-            )
+        check_denoiser(model.key, config, denoiser)
         key = model.key
         if config.export is not None:
             from sordino.generation.stable_diffusion import StableDiffusion
