@@ -191,7 +191,7 @@ class ModelActor:
         return backend.readiness()
 
     def ping(self) -> int:
-        """The heartbeat: answered between and during batches (the actor has two threads)."""
+        """The heartbeat: answered between and during batches (the actor has three threads)."""
         return os.getpid()
 
     def log(self, settings: Mapping[str, Any]) -> dict[str, Any]:

@@ -316,6 +316,7 @@ class WorkerProcess(WorkerPipe):
             self._send(ReadyCheck(check_id))
             return await future
         except OSError as exc:
+            self._broken = True  # (as a command's send that fails: the pipe is gone)
             raise WorkerLost(f"the worker is gone ({exc.strerror or exc})") from None
         finally:
             self._checks.pop(check_id, None)
