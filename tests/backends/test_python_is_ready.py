@@ -258,3 +258,18 @@ def test_is_model_ready_from_a_model_asks_the_models_own_check(
     finally:
         _set(root, "gate", "ready")
     assert asked() == [11.0]
+
+
+def test_a_server_stops_while_a_thread_instances_is_ready_hangs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread instance's check runs on a daemon thread of its own: an ``is_ready()`` that
+    never returns does not hold up the server's exit (``asyncio.run`` waits for the
+    threads of the loop's default executor)."""
+    monkeypatch.setattr(instance_base, "READY_CHECK_S", 0.5)
+    _model(tmp_path, "stuck", SYNC, thread=True)
+    (tmp_path / "stuck" / "mode").write_text("hang")
+    with serve_in_thread(None, scan_repository(tmp_path)) as running:
+        assert _ready(running, "stuck").status_code == 503
+        stopping = time.monotonic()
+    assert time.monotonic() - stopping < 30  # (serve_in_thread gives up waiting at 60 s)

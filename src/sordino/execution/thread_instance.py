@@ -5,6 +5,8 @@ in the server process (see ``execution/instances.py``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -79,9 +81,34 @@ class ThreadInstance(InstanceBase):
         return isinstance(backend, ReadinessBackend) and backend.checks_readiness
 
     async def _check_ready(self) -> str | None:
-        # Not on the instance's own thread: a running batch must not delay the answer.
-        assert isinstance(self._backend, ReadinessBackend)
-        return await asyncio.to_thread(self._backend.readiness)
+        """The model's check, on a daemon thread of its own: not the instance's (a running
+        batch must not delay the answer), and not the loop's default executor, whose
+        threads ``asyncio.run`` waits for at exit (an ``is_ready()`` that never returns
+        would hold up the server's stop)."""
+        backend = self._backend
+        assert isinstance(backend, ReadinessBackend)
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[str | None] = loop.create_future()
+
+        def settle(why: str | None, error: BaseException | None) -> None:
+            if answer.done():
+                return
+            if error is not None:
+                answer.set_exception(error)
+            else:
+                answer.set_result(why)
+
+        def check() -> None:
+            why, error = None, None
+            try:
+                why = backend.readiness()
+            except Exception as exc:
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(settle, why, error)
+
+        threading.Thread(target=check, daemon=True, name=f"is-ready-{self.subject}").start()
+        return await answer
 
     async def open(self) -> ModelMetadata:
         loop = asyncio.get_running_loop()
