@@ -49,6 +49,7 @@ __all__ = [
     "ProfilingBackend",
     "ReadinessBackend",
     "RequestBatchBackend",
+    "readiness_of",
 ]
 
 WARMUP_SHAPE = "sordino.warmup_shape."
@@ -271,6 +272,15 @@ class ReadinessBackend(Protocol):
     def checks_readiness(self) -> bool: ...
 
     def readiness(self) -> str | None: ...
+
+
+def readiness_of(backend: ReadinessBackend) -> str | None:
+    """``backend.readiness()``, a failure of the check itself (not the model's: that is
+    its answer already) given as the reason — what every kind of instance answers."""
+    try:
+        return backend.readiness()
+    except Exception as exc:
+        return f"the readiness check failed: {type(exc).__name__}: {exc}"
 
 
 def dummy_inputs(metadata: ModelMetadata, rows: int) -> dict[str, Tensor]:

@@ -34,6 +34,7 @@ from sordino.backends.base import (
     ReadinessBackend,
     RequestBatchBackend,
     dummy_inputs,
+    readiness_of,
 )
 from sordino.backends.registry import backend_kind, create_backend
 from sordino.config.executor import RayModelOptions
@@ -188,7 +189,7 @@ class ModelActor:
         why not. Runs on a thread of its own, beside a batch and the heartbeat."""
         backend = self._backend
         assert isinstance(backend, ReadinessBackend), "load a model that checks readiness"
-        return backend.readiness()
+        return readiness_of(backend)
 
     def ping(self) -> int:
         """The heartbeat: answered between and during batches (the actor has three threads)."""

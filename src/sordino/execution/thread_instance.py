@@ -17,6 +17,7 @@ from sordino.backends.base import (
     ProfilingBackend,
     ReadinessBackend,
     RequestBatchBackend,
+    readiness_of,
 )
 from sordino.backends.calls import CallingBackend
 from sordino.backends.decoupled import DecoupledBackend
@@ -90,22 +91,14 @@ class ThreadInstance(InstanceBase):
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[str | None] = loop.create_future()
 
-        def settle(why: str | None, error: BaseException | None) -> None:
-            if answer.done():
-                return
-            if error is not None:
-                answer.set_exception(error)
-            else:
+        def settle(why: str | None) -> None:
+            if not answer.done():
                 answer.set_result(why)
 
         def check() -> None:
-            why, error = None, None
-            try:
-                why = backend.readiness()
-            except Exception as exc:
-                error = exc
+            why = readiness_of(backend)
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(settle, why, error)
+                loop.call_soon_threadsafe(settle, why)
 
         threading.Thread(target=check, daemon=True, name=f"is-ready-{self.subject}").start()
         return await answer

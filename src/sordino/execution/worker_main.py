@@ -44,6 +44,7 @@ from sordino.backends.base import (
     ReadinessBackend,
     RequestBatchBackend,
     dummy_inputs,
+    readiness_of,
 )
 from sordino.backends.calls import CallingBackend
 from sordino.backends.decoupled import DecoupledBackend
@@ -100,10 +101,7 @@ def _check_ready(link: WorkerLink, backend: ReadinessBackend, check: ReadyCheck)
     over and goes on reading; a batch may be running); answer from there."""
 
     def answer() -> None:
-        try:
-            why = backend.readiness()
-        except Exception as exc:  # (the model's own exceptions are its answer already)
-            why = f"the readiness check failed: {type(exc).__name__}: {exc}"
+        why = readiness_of(backend)
         with contextlib.suppress(OSError):  # the server is gone: nobody asks any more
             link.send(ReadyAnswer(check.check_id, why))
 
