@@ -57,11 +57,14 @@ class Window:
 
 
 def workers(server_pid: int) -> list[psutil.Process]:
-    """The server's worker processes (spawned children; not the resource tracker)."""
+    """The server's worker processes: the children of its forkserver (or its
+    ``spawn_main`` children without one); not the forkserver, not the resource tracker."""
     found = []
-    for child in psutil.Process(server_pid).children():
+    for child in psutil.Process(server_pid).children(recursive=True):
         try:
-            if any("spawn_main" in part for part in child.cmdline()):
+            command = " ".join(child.cmdline())
+            forked = "multiprocessing.forkserver" in command and child.ppid() != server_pid
+            if forked or "spawn_main" in command:
                 found.append(child)
         except psutil.NoSuchProcess:
             continue

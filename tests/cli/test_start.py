@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from tests.cli.conftest import DIGITS, ONE_MODEL, sordino_start
@@ -203,30 +205,16 @@ def _read_until(process: subprocess.Popen[str], needle: str, lines: list[str]) -
     raise AssertionError(f"sordino start ended before {needle!r}:\n" + "\n".join(lines))
 
 
-def _children(pid: int) -> set[int]:
-    """The processes whose parent is ``pid`` (from /proc)."""
+def _worker_side(pid: int) -> set[int]:
+    """The processes ``pid`` started for its models: the forkserver (multiprocessing's,
+    which imports for the workers) and the workers it forked, or ``spawn_main`` children
+    where there is no forkserver; not its resource tracker."""
     found = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # it ended meanwhile
-        if int(fields[1]) == pid:
-            found.add(int(stat.parent.name))
-    return found
-
-
-def _workers(pid: int) -> set[int]:
-    """The worker processes ``pid`` spawned (multiprocessing's ``spawn_main`` children;
-    not its resource tracker)."""
-    found = set()
-    for child in _children(pid):
-        try:
-            command = Path(f"/proc/{child}/cmdline").read_bytes()
-        except OSError:
-            continue  # it ended meanwhile
-        if b"spawn_main" in command:
-            found.add(child)
+    for child in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):  # it ended meanwhile
+            command = " ".join(child.cmdline())
+            if "multiprocessing.forkserver" in command or "spawn_main" in command:
+                found.add(child.pid)
     return found
 
 
@@ -237,11 +225,11 @@ def test_ctrl_c_during_start_up_says_interrupted_and_exits_130(tmp_path: Path) -
     )
     lines: list[str] = []
     try:
-        # The models' workers start together; Ctrl-C comes as soon as one exists, in its
-        # interpreter's start-up and imports, before any model is served.
+        # The models' workers start together; Ctrl-C comes as soon as the forkserver
+        # exists, in its interpreter's start-up and imports, before any model is served.
         _read_until(process, "journal at", lines)
         deadline = time.monotonic() + 60
-        while not _workers(process.pid):
+        while not _worker_side(process.pid):
             if time.monotonic() > deadline:
                 raise AssertionError("no model's worker was started within 60 s")
             threading.Event().wait(0.005)

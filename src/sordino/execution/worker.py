@@ -46,7 +46,6 @@ import contextlib
 import functools
 import itertools
 import logging
-import multiprocessing
 import os
 import signal
 from collections.abc import Callable
@@ -73,6 +72,8 @@ from sordino.execution.worker_main import WorkerSpec, worker_main
 from sordino.execution.worker_pipe import Allocate, WorkerError, WorkerLost, WorkerPipe
 from sordino.execution.worker_spawn import (
     LIVE_PIDS,
+    WORKER_CONTEXT,
+    Inherited,
     describe_exit,
     join_exit_code,
     start_apart_from_main,
@@ -84,8 +85,6 @@ from sordino.telemetry.log_settings import process_log_settings
 __all__ = ["WorkerError", "WorkerLost", "WorkerProcess"]
 
 log = logging.getLogger("sordino.workers")
-
-_SPAWN = multiprocessing.get_context("spawn")
 
 
 class WorkerProcess(WorkerPipe):
@@ -103,7 +102,7 @@ class WorkerProcess(WorkerPipe):
         self._loop = asyncio.get_running_loop()
         # A duplex Pipe is a socket pair; its Connection only carries the fd to the child
         # and closes it. Both ends write and read frames on the fd themselves.
-        self._conn, child = _SPAWN.Pipe(duplex=True)
+        self._conn, child = WORKER_CONTEXT.Pipe(duplex=True)
         self._fd = self._conn.fileno()
         # Writes never block the loop: a frame the socket cannot take at once (a large
         # BLS answer the worker has not read yet) waits in _outgoing for a writer callback.
@@ -112,10 +111,11 @@ class WorkerProcess(WorkerPipe):
         self._closed = False
         self._frames = FrameReader()
         self._child_conn: Connection | None = child
-        self._process = _SPAWN.Process(
+        self._process = WORKER_CONTEXT.Process(
             target=worker_main,
-            # The server's logging as it is now: a model's log lines follow it.
-            args=(spec, child, process_log_settings().current()),
+            # The server's logging, environment and streams as they are now: a model's
+            # log lines follow it, and a forked worker does not keep the forkserver's.
+            args=(spec, child, process_log_settings().current(), Inherited.now()),
             name=f"sordino-{spec.model}-{spec.index}",
             daemon=True,
         )

@@ -1,6 +1,8 @@
 """The worker process: one model instance, fed through the shared-memory arena.
 
-Started with the ``spawn`` method (fork after threads and onnxruntime is unsafe). It
+Forked from multiprocessing's forkserver, which has imported this module and what it
+needs but no model runtime (``execution/worker_spawn.py``; ``spawn`` where there is no
+forkserver); it takes the server's environment and standard streams first. It
 maps the arena, builds its backend (:func:`sordino.backends.registry.create_backend`
 with the spec's ``backend`` kind), loads and warms up the model, and then serves the
 pipe (binary frames on its fd) until told to stop: inputs are read in place from the
@@ -58,6 +60,7 @@ from sordino.execution.messages import (
 )
 from sordino.execution.worker_link import WorkerLink
 from sordino.execution.worker_loop import Streams, serve
+from sordino.execution.worker_spawn import Inherited
 from sordino.telemetry.log_settings import configure_process_log
 
 __all__ = ["MappedArena", "WorkerSpec", "worker_main"]
@@ -128,17 +131,25 @@ def _lower_priority(by: int) -> None:
             os.setpriority(os.PRIO_PROCESS, tid, target)
 
 
-def worker_main(spec: WorkerSpec, conn: Connection, log: dict[str, Any] | None = None) -> None:
+def worker_main(
+    spec: WorkerSpec,
+    conn: Connection,
+    log: dict[str, Any] | None = None,
+    inherited: Inherited | None = None,
+) -> None:
     """Entry point of the worker process; ``log`` is the server's logging settings
     (``LogSettings.current()``), which its log follows from the start (None: Python's
-    own, warnings only)."""
+    own, warnings only); ``inherited`` the server's environment and standard streams
+    at the worker's start, taken before anything uses them (None: the process's own)."""
     # Ctrl-C and SIGTERM reach the whole process group; the server decides when its
     # workers stop (a Stop message, or end of file on the pipe when it is gone). They
-    # arrive blocked from the spawning thread (see worker.py); one already pending is
+    # arrive blocked (see worker_spawn.py); one already pending is
     # discarded by SIG_IGN before they are unblocked.
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    if inherited is not None:
+        inherited.adopt()
     if log is not None:
         configure_process_log(log)
     if spec.nice:

@@ -1,0 +1,111 @@
+"""How a worker process starts: forked from multiprocessing's forkserver, which imported
+what every worker needs once and nothing that runs a thread, with the server's
+environment as it is at the worker's start (``execution/worker_spawn.py``).
+
+Each test runs in a fresh interpreter, so that its forkserver is started where the test
+says (the suite's own processes have had one since their first worker).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from sordino.execution.worker_spawn import PRELOAD, WORKER_CONTEXT
+
+MODEL = """
+import os
+import sys
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        print("probe: to the server's stderr", file=sys.stderr, flush=True)
+        seen = {
+            "probe": os.environ.get("SORDINO_TEST_PROBE", "<absent>"),
+            "gone": os.environ.get("SORDINO_TEST_GONE", "<absent>"),
+            "parent": open(f"/proc/{os.getppid()}/cmdline", "rb").read().decode(),
+        }
+        answer = np.array([repr(seen).encode()], dtype=np.object_)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", answer)]) for _ in requests]
+"""
+
+CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]
+output [ { name: "Y", data_type: TYPE_STRING, dims: [ 1 ] } ]
+"""
+
+SCRIPT = """
+import ast, json, multiprocessing.forkserver, os, sys
+from pathlib import Path
+import httpx
+from sordino.models.repository import scan_repository
+from sordino.testing import serve_in_thread
+
+os.environ["SORDINO_TEST_GONE"] = "set when the forkserver started"
+multiprocessing.forkserver.ensure_running()  # as an earlier server's first worker would
+del os.environ["SORDINO_TEST_GONE"]
+os.environ["SORDINO_TEST_PROBE"] = "set after it started"
+stderr = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT)
+os.dup2(stderr, 2)  # the server's stderr redirected since the forkserver started
+body = {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [0]}]}
+with serve_in_thread(None, scan_repository(Path(sys.argv[1]))) as server:
+    answer = httpx.post(f"{server.url}/v2/models/probe/infer", json=body, timeout=60)
+    answer.raise_for_status()
+print(json.dumps(ast.literal_eval(answer.json()["outputs"][0]["data"][0])))
+"""
+
+forkserver_only = pytest.mark.skipif(
+    WORKER_CONTEXT.get_start_method() != "forkserver", reason="this platform has no forkserver"
+)
+
+
+def _run(script: str, *args: str) -> dict[str, object]:
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    found: dict[str, object] = json.loads(done.stdout.splitlines()[-1])
+    return found
+
+
+@forkserver_only
+def test_a_worker_is_forked_with_the_servers_environment_as_at_its_start(tmp_path: Path) -> None:
+    """A variable set after the forkserver started reaches the worker; one removed since
+    does not; what the model prints goes where the server's stderr goes now: the worker
+    has what a spawned process would, not the forkserver's."""
+    (tmp_path / "probe" / "1").mkdir(parents=True)
+    (tmp_path / "probe" / "config.pbtxt").write_text(CONFIG)
+    (tmp_path / "probe" / "1" / "model.py").write_text(MODEL)
+    stderr = tmp_path / "stderr"
+    seen = _run(SCRIPT, str(tmp_path), str(stderr))
+    assert seen["probe"] == "set after it started"
+    assert seen["gone"] == "<absent>"
+    assert "multiprocessing.forkserver" in str(seen["parent"])  # forked, not spawned
+    assert "probe: to the server's stderr" in stderr.read_text()
+
+
+def test_the_forkserver_preloads_no_model_runtime_and_starts_no_thread() -> None:
+    """Forking is safe only from a process whose threads hold no lock: the preloaded
+    modules start no Python thread and import no model runtime (ONNX Runtime starts a
+    thread at import; each worker imports it after the fork)."""
+    script = f"""
+        import json, sys, threading
+        for name in {PRELOAD!r}:
+            __import__(name)
+        runtimes = [m for m in ("onnxruntime", "torch", "tensorflow", "grpc") if m in sys.modules]
+        print(json.dumps({{"threads": threading.active_count(), "runtimes": runtimes}}))
+    """
+    seen = _run(script)
+    assert seen == {"threads": 1, "runtimes": []}
