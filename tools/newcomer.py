@@ -32,7 +32,8 @@ variables, the working directory), with ``HOME`` a fresh folder:
     reader pastes the block (so the README must wait for it to be ready). It must exit
     0 either way, and a job still running at the end of its block is an error;
   - ``sordino monitor`` without ``--once`` watches for a few seconds, then gets Ctrl-C;
-  - ``pytest`` only collects the suite (this runs inside the suite; .ci/run runs it all);
+  - ``pytest`` only collects the suite (this runs inside the suite; .ci/run runs it all),
+    so the second terminal's pip is told not to byte-compile (``PIP_NO_COMPILE``);
   - ``curl`` fails on an HTTP error status (``--fail-with-body``).
 
 - any other block, and a block listed with ``--skip FIRST-LINE``, is not replayed; a
@@ -395,7 +396,11 @@ class Replay:
 
     def open_terminal(self, text: str) -> Terminal:
         """Run one command in a terminal of its own, beside the replay (quiet unless it fails)."""
-        env = {**self.env, "NEWCOMER_CMD": text, "NEWCOMER_CWD": str(self.cwd)}
+        # Its pip does not byte-compile what it installs: this terminal then only collects
+        # the suite, which compiles the few modules it imports (the install's other
+        # thousands of modules took a minute of CPU to compile, beside the suite).
+        env = {**self.env, "NEWCOMER_CMD": text, "NEWCOMER_CWD": str(self.cwd),
+               "PIP_NO_COMPILE": "1"}  # fmt: skip
         script = 'cd "$NEWCOMER_CWD" && eval "$NEWCOMER_CMD"'
         print("    (second terminal: runs beside the replay until its end)", flush=True)
         process = self.spawn("terminal 2", script, env, echo=False)
