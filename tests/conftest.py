@@ -18,6 +18,12 @@ from sordino.models.repository import ModelSource, builtin_sources
 from sordino.testing import RunningServer, serve_in_thread
 from tests import readme_replay
 
+# The suite's child processes (`sordino` commands, front ends, the workers' forkserver)
+# may keep the bytecode of what they import in __pycache__ (which git ignores). Where the
+# environment sets PYTHONDONTWRITEBYTECODE, as some CI images do, each of hundreds of them
+# compiled sordino's modules afresh: 0.15 s of CPU a process (docs/benchmarks.md).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the README replay beside the suite when this session runs it.
