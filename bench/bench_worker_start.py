@@ -78,7 +78,8 @@ with serve_in_thread(config) as server:
             continue
         start_cpu += times.user + times.system
     restarts = []
-    body = {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [1.0] * 64}]}
+    pixels = {"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [1.0] * 64}
+    body = {"inputs": [pixels]}
     for _ in range(KILLS):
         for _ in range(HEALTHY):  # a healthy worker restarts at once (no crash-loop backoff)
             httpx.post(f"{server.url}/v2/models/digits-classifier/infer", json=body,
@@ -145,10 +146,9 @@ def main() -> int:
             f"| {row['restart_s'] * 1000:.0f} ms | {row['restart_max_s'] * 1000:.0f} ms |"
         )
     a, b = rows["A"], rows["B"]
-    console.print(
-        f"B/A: start {b['start_s'] / a['start_s']:.2f}x, worker CPU "
-        f"{b['start_cpu_s'] / a['start_cpu_s']:.2f}x, restart {b['restart_s'] / a['restart_s']:.2f}x"
-    )
+    start, cpu = b["start_s"] / a["start_s"], b["start_cpu_s"] / a["start_cpu_s"]
+    restart = b["restart_s"] / a["restart_s"]
+    console.print(f"B/A: start {start:.2f}x, worker CPU {cpu:.2f}x, restart {restart:.2f}x")
     save("bench_worker_start", {"kills": args.kills, "runs": args.runs, "sides": rows})
     return 0
 

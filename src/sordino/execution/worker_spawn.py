@@ -5,8 +5,9 @@ Workers start from multiprocessing's ``forkserver`` where the platform has one
 started with the first worker, that has already imported what every worker imports
 (:data:`PRELOAD`: sordino's worker side, numpy, pydantic) and forks a worker from
 itself for each start. A worker so skips its interpreter's start-up and those imports —
-measured, the built-in models' five workers took 3.3 s of CPU to start with ``spawn``
-and 0.8 s with the forkserver, its own start included. Model runtimes (onnxruntime,
+measured, the built-in models' five workers took 3.5–4.2 s of CPU to start with
+``spawn`` and 0.9–1.1 s from the forkserver, its own start included
+(``python -m bench.bench_worker_start``). Model runtimes (onnxruntime,
 torch) are not preloaded: onnxruntime starts a thread at import, and a process that
 forks must not have threads that may hold a lock. A forked worker keeps the environment
 the forkserver started with, and its standard output and error, so each worker is
@@ -50,15 +51,18 @@ __all__ = [
 ]
 
 PRELOAD = ["sordino.execution.worker_main", "sordino.backends.registry", "sordino.backends.onnx"]
-"""What the forkserver imports once for every worker (none of it starts a thread but
-numpy's BLAS pool, which stops and restarts itself around a fork)."""
+"""What the forkserver imports once for every worker. None of it starts a thread but
+numpy's BLAS pool, which OpenBLAS shuts down before a fork and starts again after it,
+as for any numpy program that forks (tests/execution/test_worker_start.py checks that
+nothing here starts a Python thread or imports a model runtime)."""
 
 
 def _worker_context() -> ForkServerContext | SpawnContext:
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
-    # The module's one forkserver: the preload counts only if this process starts it.
+    # multiprocessing's one forkserver, shared with the embedding program: the preload
+    # counts only if it is not running yet, and is the program's too if it uses one.
     context.set_forkserver_preload(PRELOAD)
     return context
 
