@@ -109,3 +109,50 @@ def test_the_forkserver_preloads_no_model_runtime_and_starts_no_thread() -> None
     """
     seen = _run(script)
     assert seen == {"threads": 1, "runtimes": []}
+
+
+DRAWS = """
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        with open(os.path.join(args["model_repository"], "draws"), "a") as draws:
+            draws.write(f"{np.random.randint(2**62)}\\n")
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([]) for _ in requests]
+"""
+
+
+DRAWING = """
+import sys
+from pathlib import Path
+from sordino.execution.worker_spawn import PRELOAD, WORKER_CONTEXT
+from sordino.models.repository import scan_repository
+from sordino.testing import serve_in_thread
+
+# numpy 1.x imports numpy.random with numpy (2.x on first use): the forkserver then has
+# one global random state that every worker forked from it would share.
+WORKER_CONTEXT.set_forkserver_preload([*PRELOAD, "numpy.random"])
+with serve_in_thread(None, scan_repository(Path(sys.argv[1]))):
+    pass
+print("{}")
+"""
+
+
+@forkserver_only
+def test_each_worker_draws_its_own_numpy_random_numbers(tmp_path: Path) -> None:
+    """Forked from one forkserver that has numpy.random, a model's instances would share
+    numpy's global random state; each worker draws it afresh, as a spawned one did."""
+    (tmp_path / "draws" / "1").mkdir(parents=True)
+    (tmp_path / "draws" / "config.pbtxt").write_text(
+        CONFIG + "instance_group [ { count: 3, kind: KIND_CPU } ]\n"
+    )
+    (tmp_path / "draws" / "1" / "model.py").write_text(DRAWS)
+    _run(DRAWING, str(tmp_path))
+    draws = (tmp_path / "draws" / "draws").read_text().split()
+    assert len(draws) == 3 and len(set(draws)) == 3, draws

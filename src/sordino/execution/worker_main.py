@@ -60,7 +60,7 @@ from sordino.execution.messages import (
 )
 from sordino.execution.worker_link import WorkerLink
 from sordino.execution.worker_loop import Streams, serve
-from sordino.execution.worker_spawn import Inherited
+from sordino.execution.worker_spawn import Inherited, fresh_random_state
 from sordino.telemetry.log_settings import configure_process_log
 
 __all__ = ["MappedArena", "WorkerSpec", "worker_main"]
@@ -150,6 +150,7 @@ def worker_main(
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     if inherited is not None:
         inherited.adopt()
+    fresh_random_state()
     if log is not None:
         configure_process_log(log)
     if spec.nice:

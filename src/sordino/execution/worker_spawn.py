@@ -46,6 +46,7 @@ __all__ = [
     "WORKER_IGNORED_SIGNALS",
     "Inherited",
     "describe_exit",
+    "fresh_random_state",
     "join_exit_code",
     "start_apart_from_main",
 ]
@@ -105,6 +106,16 @@ class Inherited:
                         stream.flush()
                 os.dup2(fd, target)
                 os.close(fd)
+
+
+def fresh_random_state() -> None:
+    """In a worker: numpy's global random state drawn afresh from the OS, as a spawned
+    process has its own. A forked worker starts with the forkserver's, the same in every
+    worker, so unseeded ``np.random`` draws would repeat across a model's instances
+    (Python's ``random`` reseeds itself after a fork; numpy's global state does not)."""
+    import numpy
+
+    numpy.random.seed()
 
 
 def _open(fd: int) -> bool:
