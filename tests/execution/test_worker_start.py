@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from sordino.execution.worker_spawn import PRELOAD, WORKER_CONTEXT
+from sordino.models.repository import scan_repository
+from sordino.testing import serve_in_thread
 
 MODEL = """
 import os
@@ -156,3 +158,38 @@ def test_each_worker_draws_its_own_numpy_random_numbers(tmp_path: Path) -> None:
     _run(DRAWING, str(tmp_path))
     draws = (tmp_path / "draws" / "draws").read_text().split()
     assert len(draws) == 3 and len(set(draws)) == 3, draws
+
+
+ENDING = """
+import atexit
+import os
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.log = os.path.join(args["model_repository"], "ending")
+        atexit.register(self._write, "atexit")
+
+    def _write(self, what):
+        with open(self.log, "a") as log:
+            log.write(what + "\\n")
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([]) for _ in requests]
+
+    def finalize(self):
+        self._write("finalize")
+"""
+
+
+def test_a_models_atexit_handlers_run_when_its_worker_stops(tmp_path: Path) -> None:
+    """A spawned worker ran them at interpreter exit; a forked one is ended with
+    ``os._exit`` by multiprocessing, so the worker runs them itself, after ``finalize``."""
+    (tmp_path / "ending" / "1").mkdir(parents=True)
+    (tmp_path / "ending" / "config.pbtxt").write_text(CONFIG)
+    (tmp_path / "ending" / "1" / "model.py").write_text(ENDING)
+    with serve_in_thread(None, scan_repository(tmp_path)):
+        pass
+    assert (tmp_path / "ending" / "ending").read_text().split() == ["finalize", "atexit"]

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import signal
 import sys
@@ -60,10 +61,12 @@ from sordino.execution.messages import (
 )
 from sordino.execution.worker_link import WorkerLink
 from sordino.execution.worker_loop import Streams, serve
-from sordino.execution.worker_spawn import Inherited, fresh_random_state
+from sordino.execution.worker_spawn import Inherited, fresh_random_state, run_exit_handlers
 from sordino.telemetry.log_settings import configure_process_log
 
 __all__ = ["MappedArena", "WorkerSpec", "worker_main"]
+
+log = logging.getLogger("sordino.workers")
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +158,14 @@ def worker_main(
         configure_process_log(log)
     if spec.nice:
         _lower_priority(spec.nice)
+    try:
+        _serve_model(spec, conn)
+    finally:
+        run_exit_handlers()
+
+
+def _serve_model(spec: WorkerSpec, conn: Connection) -> None:
+    """Load the model, say so, serve the pipe until told to stop."""
     from sordino.backends.registry import backend_kind, create_backend
 
     link = WorkerLink(conn)
@@ -201,6 +212,11 @@ def worker_main(
         # The server's end is broken (here or inside a batch's Alloc exchange): leave,
         # saying why (exit code 1); the server sees the pipe close: a lost worker.
         sys.exit(f"sordino worker {spec.model}/{spec.index}: {exc}")
+    # Told to stop, or the server is gone: the model unloads (a Python model's finalize()).
+    try:
+        backend.unload()
+    except Exception as exc:
+        log.error("%s/%d: unloading raised %r", spec.model, spec.index, exc)
 
 
 class MappedArena:

@@ -12,7 +12,9 @@ torch) are not preloaded: onnxruntime starts a thread at import, and a process t
 forks must not have threads that may hold a lock. A forked worker keeps the environment
 the forkserver started with, and its standard output and error, so each worker is
 handed the server's as they are at the worker's start (:class:`Inherited`), as
-``spawn`` would give them.
+``spawn`` would give them; it draws numpy's global random state afresh
+(:func:`fresh_random_state`) and runs its ``atexit`` handlers as it ends
+(:func:`run_exit_handlers`), which a forked process would otherwise share and skip.
 
 Both re-import the parent's ``__main__`` and pass on the signal mask: a worker is
 started with the main script hidden and SIGINT/SIGTERM blocked
@@ -48,6 +50,7 @@ __all__ = [
     "describe_exit",
     "fresh_random_state",
     "join_exit_code",
+    "run_exit_handlers",
     "start_apart_from_main",
 ]
 
@@ -116,6 +119,14 @@ def fresh_random_state() -> None:
     import numpy
 
     numpy.random.seed()
+
+
+def run_exit_handlers() -> None:
+    """In a worker, as it ends: its ``atexit`` handlers (a Python model's among them), which
+    a spawned process runs at interpreter exit but a forked one, ended by multiprocessing
+    with ``os._exit``, would not."""
+    if WORKER_CONTEXT.get_start_method() == "forkserver":
+        atexit._run_exitfuncs()
 
 
 def _open(fd: int) -> bool:
