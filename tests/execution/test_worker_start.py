@@ -2,8 +2,8 @@
 what every worker needs once and nothing that runs a thread, with the server's
 environment as it is at the worker's start (``execution/worker_spawn.py``).
 
-Each test runs in a fresh interpreter, so that its forkserver is started where the test
-says (the suite's own processes have had one since their first worker).
+A test that needs its forkserver started at a given moment runs in a fresh interpreter
+(the suite's own processes have had one since their first worker).
 """
 
 from __future__ import annotations
@@ -72,6 +72,13 @@ forkserver_only = pytest.mark.skipif(
 )
 
 
+def _repository(root: Path, name: str, model: str, config: str = CONFIG) -> None:
+    """``root/name``: ``config.pbtxt`` and ``1/model.py``."""
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(config)
+    (root / name / "1" / "model.py").write_text(model)
+
+
 def _run(script: str, *args: str) -> dict[str, object]:
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script), *args],
@@ -87,9 +94,7 @@ def test_a_worker_is_forked_with_the_servers_environment_as_at_its_start(tmp_pat
     """A variable set after the forkserver started reaches the worker; one removed since
     does not; what the model prints goes where the server's stderr goes now: the worker
     has what a spawned process would, not the forkserver's."""
-    (tmp_path / "probe" / "1").mkdir(parents=True)
-    (tmp_path / "probe" / "config.pbtxt").write_text(CONFIG)
-    (tmp_path / "probe" / "1" / "model.py").write_text(MODEL)
+    _repository(tmp_path, "probe", MODEL)
     stderr = tmp_path / "stderr"
     seen = _run(SCRIPT, str(tmp_path), str(stderr))
     assert seen["probe"] == "set after it started"
@@ -150,11 +155,8 @@ print("{}")
 def test_each_worker_draws_its_own_numpy_random_numbers(tmp_path: Path) -> None:
     """Forked from one forkserver that has numpy.random, a model's instances would share
     numpy's global random state; each worker draws it afresh, as a spawned one did."""
-    (tmp_path / "draws" / "1").mkdir(parents=True)
-    (tmp_path / "draws" / "config.pbtxt").write_text(
-        CONFIG + "instance_group [ { count: 3, kind: KIND_CPU } ]\n"
-    )
-    (tmp_path / "draws" / "1" / "model.py").write_text(DRAWS)
+    instances = "instance_group [ { count: 3, kind: KIND_CPU } ]\n"
+    _repository(tmp_path, "draws", DRAWS, CONFIG + instances)
     _run(DRAWING, str(tmp_path))
     draws = (tmp_path / "draws" / "draws").read_text().split()
     assert len(draws) == 3 and len(set(draws)) == 3, draws
@@ -187,9 +189,7 @@ class TritonPythonModel:
 def test_a_models_atexit_handlers_run_when_its_worker_stops(tmp_path: Path) -> None:
     """A spawned worker ran them at interpreter exit; a forked one is ended with
     ``os._exit`` by multiprocessing, so the worker runs them itself, after ``finalize``."""
-    (tmp_path / "ending" / "1").mkdir(parents=True)
-    (tmp_path / "ending" / "config.pbtxt").write_text(CONFIG)
-    (tmp_path / "ending" / "1" / "model.py").write_text(ENDING)
+    _repository(tmp_path, "ending", ENDING)
     with serve_in_thread(None, scan_repository(tmp_path)):
         pass
     assert (tmp_path / "ending" / "ending").read_text().split() == ["finalize", "atexit"]

@@ -88,7 +88,7 @@ log = logging.getLogger("sordino.workers")
 
 
 class WorkerProcess(WorkerPipe):
-    """One spawned worker process and its pipe."""
+    """One worker process and its pipe."""
 
     def __init__(
         self,

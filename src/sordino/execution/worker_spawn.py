@@ -97,11 +97,8 @@ class Inherited:
 
     def adopt(self) -> None:
         """In the worker: take the environment and the streams, before anything uses them."""
-        for name in set(os.environ) - set(self.environment):
-            del os.environ[name]
-        for name, value in self.environment.items():
-            if os.environ.get(name) != value:
-                os.environ[name] = value
+        os.environ.clear()
+        os.environ.update(self.environment)
         for target, fd in self.streams.items():
             if fd != target:  # spawn passes the same descriptor; nothing to do
                 for stream in (sys.stdout, sys.stderr):
