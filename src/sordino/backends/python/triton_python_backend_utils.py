@@ -144,10 +144,12 @@ class Tensor:
         return True
 
     def to_dlpack(self) -> Any:
-        """A DLPack capsule of the data (numpy's; strings have none)."""
-        if self._array.dtype == np.object_:
+        """A DLPack capsule over the data (strings have none); a copy's for a read-only
+        array (``np.frombuffer`` of bytes), which numpy will not export, as Triton does."""
+        array = self._array
+        if array.dtype == np.object_:
             raise TritonModelException(f"tensor {self._name}: a string tensor has no DLPack form")
-        return self._array.__dlpack__()
+        return (array if array.flags.writeable else array.copy()).__dlpack__()
 
     @staticmethod
     def from_dlpack(name: str, dlpack: Any) -> Tensor:
