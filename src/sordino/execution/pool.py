@@ -10,6 +10,7 @@ makes actors. Running batches on them is the dispatcher's job (``execution/dispa
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,7 @@ class InstancePool:
             slot.instances.append(instance)
             self._started(key, instance, "model loaded")
         if metadata is None:
-            raise ModelLoadError(f"model {key} could not start on any device: {'; '.join(errors)}")
+            raise ModelLoadError(f"model {key} could not start on any device: {_listed(errors)}")
         tiers = [slot for slot in slots if slot.instances]
         self.models[key.slot] = PlacedModel(key, config.isolation, metadata, tiers, model_signal)
         self.sources[key.slot] = (path, config)
@@ -246,3 +247,9 @@ class InstancePool:
             isolation=instance.isolation,
             pid=instance.statistics().pid,
         )
+
+
+def _listed(errors: list[str]) -> str:
+    """Each instance's error once, with how many instances gave it when several did."""
+    counts = Counter(errors)
+    return "; ".join(e if counts[e] == 1 else f"{e} ({counts[e]} instances)" for e in counts)

@@ -61,6 +61,22 @@ def import_model(key: str, model: str, path: Path, where: str) -> ModuleType:
         sys.path.insert(0, folder)
     try:
         spec.loader.exec_module(module)
+    except ModuleNotFoundError as exc:
+        raise ModelLoadError(
+            f"{where}: importing {path} raised {exc!r}{_install_hint(exc)}"
+        ) from exc
     except Exception as exc:
         raise ModelLoadError(f"{where}: importing {path} raised {exc!r}") from exc
     return module
+
+
+def _install_hint(exc: ModuleNotFoundError) -> str:
+    """What to do about a package the model imports and the worker's Python lacks."""
+    if not exc.name:
+        return ""
+    package = exc.name.partition(".")[0]
+    return (
+        f"; install {package!r} into the Python environment sordino runs from "
+        f"({sys.executable} -m pip install …), or name a packed environment that has it "
+        "with the model's EXECUTION_ENV_PATH parameter"
+    )
