@@ -167,6 +167,9 @@ class BackendKind:
     datatype than it declares is answered in the datatype it has (Triton's Python
     backend reports what ``execute`` returned; sordino's own backends never differ,
     and an answer that does is otherwise refused as the server's failure).
+    ``profiling`` False: its models have no operators to trace, and ``sordino profile``
+    is refused up front; True asks the instances, whose backend must then be a
+    :class:`ProfilingBackend`.
     """
 
     name: str
@@ -179,6 +182,7 @@ class BackendKind:
     execution_providers: bool = False
     description: str = ""
     warm_up: bool = True
+    profiling: bool = True
 
     def model_file(self, folder: Path) -> Path | str:
         """The file of ``folder`` this kind serves, or why there is none (a message)."""

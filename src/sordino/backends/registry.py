@@ -83,6 +83,7 @@ BUILTIN: tuple[BackendKind, ...] = (
         outputs_as_made=True,
         description="a Triton Python-backend model.py (class TritonPythonModel)",
         warm_up=False,
+        profiling=False,
     ),
 )
 

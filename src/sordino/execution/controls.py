@@ -13,8 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sordino.backends.base import dummy_inputs
+from sordino.backends.registry import backend_kind
 from sordino.clock import Clock
-from sordino.errors import Unavailable
+from sordino.errors import Unavailable, Unsupported
 from sordino.execution.dispatch import Dispatcher
 from sordino.execution.faults import FaultRegistry, FaultSpec, check_target
 from sordino.execution.instances import ProcessInstance
@@ -141,10 +142,17 @@ class ExecutorControls:
 
         Worker processes and thread instances alike; zero-filled ``synthetic_batch()``
         batches run on the profiling instances (past the breakers and faults) when no
-        live batch ran. Raises :class:`Unavailable` when no instance left a trace, or
-        while ``model`` is being profiled already (one window at a time per model).
+        live batch ran. Raises :class:`Unsupported` for a model whose backend kind cannot
+        profile, :class:`Unavailable` when no instance left a trace, or while ``model``
+        is being profiled already (one window at a time per model).
         """
         entry = self._pool.model(model)
+        kind = self._pool.sources[model.slot][1].backend
+        if not backend_kind(kind, model=str(model)).profiling:
+            raise Unsupported(
+                f"model {model} runs on the {kind} backend, which has no operators to "
+                "profile: `sordino profile` traces ONNX Runtime's operators"
+            )
         if model in self._profiling:
             raise Unavailable(f"model {model} is being profiled already; retry when that ends")
         instances = entry.instances()
