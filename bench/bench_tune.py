@@ -24,6 +24,7 @@ from sordino.control.client import request_json
 from sordino.loadtest.tune import (
     Point,
     candidates,
+    live_settings,
     pareto,
     parse_objective,
     recommend,
@@ -65,13 +66,7 @@ def main() -> None:
             request_json("POST", f"{url}/v2/sordino/config", body, timeout=60)
 
         live = request_json("GET", f"{url}/v2/sordino/config", timeout=10)["models"][name]
-        restore = {
-            f"models.{name}.max_batch_size": live["max_batch_size"],
-            f"models.{name}.dynamic_batching.max_queue_delay_microseconds": live[
-                "dynamic_batching"
-            ]["max_queue_delay_microseconds"],
-            f"models.{name}.scheduler_mode": live["scheduler_mode"],
-        }
+        restore = live_settings(name, live)
         grid = candidates(spec["max_batch"], spec["delays"], spec["modes"])
         baseline, points = sweep(
             url, name, grid, rates=spec["rates"], seconds=args.seconds, objective=objective,

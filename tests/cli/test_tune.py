@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from sordino.cli.main import cli
@@ -42,15 +44,23 @@ def test_tune_sweeps_a_live_server_and_restores_it(tmp_path: Path) -> None:
         result = CliRunner().invoke(
             cli,
             ["tune", "--url", server.url, "--token", "tune-test-token",
-             "--model", "digits-classifier", "--max-batch", "1,16", "--delay-us", "0",
+             "--model", "digits-classifier", "--max-batch", "1,16,128", "--delay-us", "0",
              "--modes", "manual", "--rates", "50", "--seconds", "1", "--refine", "0",
              "--objective", "max throughput with p99<500ms"],
         )  # fmt: skip
         assert result.exit_code == 0, result.output
         assert "live settings (baseline)" in result.output
         assert "Pareto front" in result.output and "recommended for" in result.output
+        assert "skipping max_batch 128: above digits-classifier's max_batch_size 64" in (
+            result.output
+        )
         tuned = tmp_path / "tuned.yaml"
         tuned.write_text(result.output.split("# sordino reconfigure --file tuned.yaml\n")[1])
+        # The batch cap, not the rows a request may carry (max_batch_size): applying a
+        # smaller batch refuses no client's larger request.
+        recommended = yaml.safe_load(tuned.read_text())["models"][0]
+        assert "max_batch_size" not in recommended
+        assert recommended["dynamic_batching"]["max_batch"] in (1, 16)
         assert server.runtime.get("digits-classifier").scheduling == before
         applied = CliRunner().invoke(
             cli,
@@ -93,3 +103,29 @@ def test_tune_moves_a_poor_start_to_a_setting_that_meets_the_objective() -> None
         assert chosen["candidate"] == "max_batch 64, delay 0 µs, manual"
         assert chosen["throughput"] > 0 and chosen["p99_ms"] < 300
         assert server.runtime.get("digits-classifier").scheduling == start  # restored
+
+
+def test_a_smaller_batch_set_live_refuses_no_larger_request() -> None:
+    """What tune sweeps and recommends: ``dynamic_batching.max_batch`` changes live and
+    leaves the rows a request may carry alone. tune swept ``max_batch_size`` before, so
+    a client's 8-row request was refused (400) while a candidate of 1 ran, and after
+    its recommendation was applied."""
+    token = "tune-test-token"
+    config = load_config(None, {"server.admin_token": token})
+    digits = [s for s in builtin_sources() if s.name == "digits-classifier"]
+    with serve_in_thread(config, digits) as server:
+        applied = CliRunner().invoke(
+            cli,
+            ["reconfigure", "--url", server.url, "--token", token, "--verify-window", "0s",
+             "--set", "models.digits-classifier.dynamic_batching.max_batch=1"],
+        )  # fmt: skip
+        assert applied.exit_code == 0, applied.output
+        assert "dynamic_batching.max_batch: None -> 1  (live)" in applied.output
+        scheduling = server.runtime.get("digits-classifier").scheduling
+        assert (scheduling.policy.max_batch, scheduling.max_batch_size) == (1, 64)
+        rows = {"name": "pixels", "shape": [8, 64], "datatype": "FP32", "data": [0.0] * 512}
+        answer = httpx.post(
+            f"{server.url}/v2/models/digits-classifier/infer", json={"inputs": [rows]}
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["outputs"][0]["shape"] == [8, 10]

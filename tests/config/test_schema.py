@@ -249,6 +249,23 @@ def test_flat_alias_and_nested_key_conflict() -> None:
         ModelConfig.model_validate(data)
 
 
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"max_batch_size": 8, "dynamic_batching": {"max_batch": 16}},
+         r"dynamic_batching.max_batch \(16\) exceeds max_batch_size \(8\)"),
+        ({"dynamic_batching": {"max_batch": 4, "min_batch_size": 8}},
+         r"min_batch_size \(8\) exceeds dynamic_batching.max_batch \(4\)"),
+        ({"max_batch_size": 0, "dynamic_batching": {"max_batch": 4}},
+         "max_batch_size 0 means this model never batches"),
+        ({"dynamic_batching": {"max_batch": 0}}, "greater than or equal to 1"),
+    ],
+)  # fmt: skip
+def test_a_models_max_batch_must_fit(data: dict[str, object], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        ModelConfig.model_validate(data)
+
+
 def test_empty_dynamic_batching_section_means_defaults() -> None:
     """Triton's bare `dynamic_batching {}` written as `dynamic_batching:` loads as defaults."""
     assert ModelConfig.model_validate({"dynamic_batching": None}).dynamic_batching == (

@@ -31,6 +31,20 @@ def test_strategy_caps_a_larger_model_limit() -> None:
     assert (s.max_batch_size, s.policy.max_batch) == (64, 16)
 
 
+def test_a_models_max_batch_overrides_the_strategys_and_leaves_requests_alone() -> None:
+    """``dynamic_batching.max_batch`` sets the batch cap alone: the rows a request may
+    carry stay the model's ``max_batch_size`` (a lower cap refuses no request)."""
+    lower = ModelConfig(max_batch_size=64, dynamic_batching={"max_batch": 4})
+    s = scheduling_for(_scheduler(max_batch=16), lower, batched=True)
+    assert (s.max_batch_size, s.policy.max_batch) == (64, 4)
+    higher = ModelConfig(max_batch_size=64, dynamic_batching={"max_batch": 48})
+    s = scheduling_for(_scheduler(max_batch=16), higher, batched=True)
+    assert (s.max_batch_size, s.policy.max_batch) == (64, 48)
+    inherited = ModelConfig(dynamic_batching={"max_batch": 8})  # max_batch_size from max_batch
+    s = scheduling_for(_scheduler(max_batch=16), inherited, batched=True)
+    assert (s.max_batch_size, s.policy.max_batch) == (16, 8)
+
+
 def test_model_delay_overrides_strategy_timeout() -> None:
     model = ModelConfig(dynamic_batching={"max_queue_delay_microseconds": 2500})
     s = scheduling_for(_scheduler(timeout_ms=50), model, batched=True)

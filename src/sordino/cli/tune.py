@@ -13,7 +13,7 @@ from sordino.cli.server_url import server_url, token_option, url_option
 from sordino.errors import ConfigError
 
 if TYPE_CHECKING:
-    from sordino.loadtest.tune import Point
+    from sordino.loadtest.tune import Candidate, Point
 
 __all__ = ["tune"]
 
@@ -31,6 +31,23 @@ def _numbers(text: str, what: str, kind: type = int) -> list[Any]:
     if not values or any(v < 0 for v in values):
         _fail(f"{what} {text!r}: give one or more non-negative numbers", 2)
     return values
+
+
+def _within_limit(model: str, grid: list[Candidate], limit: int | None) -> list[Candidate]:
+    """The candidates whose batch the model can take: at least 1 row, and at most its
+    ``max_batch_size`` (the rows a request may carry, which tune leaves alone)."""
+    if limit == 0:
+        _fail(f"model {model!r} does not batch (max_batch_size 0): there is no batch to tune")
+    if any(c.max_batch < 1 for c in grid):
+        _fail("--max-batch: a batch holds at least 1 row", 2)
+    kept = [c for c in grid if limit is None or c.max_batch <= limit]
+    skipped = sorted({c.max_batch for c in grid} - {c.max_batch for c in kept})
+    if skipped:
+        sizes = ", ".join(map(str, skipped))
+        click.echo(f"skipping max_batch {sizes}: above {model}'s max_batch_size {limit}")
+    if not kept:
+        _fail(f"every --max-batch is above {model}'s max_batch_size {limit}", 2)
+    return kept
 
 
 def _row(point: Point) -> str:
@@ -88,13 +105,8 @@ def tune(
         _fail(
             f"no model {model!r} is served (served: {', '.join(sorted(live.get('models') or {}))})"
         )
-    restore = {
-        f"models.{model}.max_batch_size": config.get("max_batch_size"),
-        f"models.{model}.dynamic_batching.max_queue_delay_microseconds": (
-            config.get("dynamic_batching") or {}
-        ).get("max_queue_delay_microseconds"),
-        f"models.{model}.scheduler_mode": config.get("scheduler_mode"),
-    }
+    grid = _within_limit(model, grid, config.get("max_batch_size"))
+    restore = advisor.live_settings(model, config)
 
     def apply(settings: dict[str, Any]) -> None:
         body = {"set": settings, "verify_window": 0, "source": "tune"}
@@ -161,9 +173,11 @@ def tune(
     chosen = best.candidate
     entry = {
         "name": model,
-        "max_batch_size": chosen.max_batch,
         "scheduler_mode": chosen.mode,
-        "dynamic_batching": {"max_queue_delay_microseconds": chosen.delay_us},
+        "dynamic_batching": {
+            "max_batch": chosen.max_batch,
+            "max_queue_delay_microseconds": chosen.delay_us,
+        },
     }
     document = {"models": [entry]}
     click.echo("# sordino reconfigure --file tuned.yaml")

@@ -106,6 +106,10 @@ class DynamicBatchingConfig(Section):
     """Longest wait for a batch to fill (at most a minute); None inherits ``timeout_ms``."""
     min_batch_size: int | None = Field(default=None, ge=1, le=MAX_BATCH_SIZE)
     """Smallest batch worth running early (sordino extension); None inherits ``min_batch``."""
+    max_batch: int | None = Field(default=None, ge=1, le=MAX_BATCH_SIZE)
+    """Largest batch formed for this model (sordino extension); None inherits the
+    strategy's ``max_batch``. Unlike ``max_batch_size`` it leaves the rows a request may
+    carry alone, so it can be lowered live without refusing larger requests."""
     priority_levels: int = Field(default=3, ge=1, le=100)
     """Number of priority levels; level 1 is served first."""
     default_priority_level: int = 2
@@ -457,10 +461,24 @@ class ModelConfig(Section):
     @model_validator(mode="after")
     def _batching_fits_max_batch_size(self) -> ModelConfig:
         batching, limit = self.dynamic_batching, self.max_batch_size
-        if limit == 0 and (batching.preferred_batch_size or batching.min_batch_size is not None):
+        if limit == 0 and (
+            batching.preferred_batch_size
+            or batching.min_batch_size is not None
+            or batching.max_batch is not None
+        ):
             raise ValueError(
-                "max_batch_size 0 means this model never batches, so preferred_batch_size "
-                "and min_batch_size cannot apply; remove them or raise max_batch_size"
+                "max_batch_size 0 means this model never batches, so preferred_batch_size, "
+                "min_batch_size and max_batch cannot apply; remove them or raise max_batch_size"
+            )
+        cap = batching.max_batch
+        if (
+            cap is not None
+            and batching.min_batch_size is not None
+            and batching.min_batch_size > cap
+        ):
+            raise ValueError(
+                f"dynamic_batching.min_batch_size ({batching.min_batch_size}) exceeds "
+                f"dynamic_batching.max_batch ({cap})"
             )
         if limit:
             too_big = [size for size in batching.preferred_batch_size if size > limit]
@@ -469,5 +487,10 @@ class ModelConfig(Section):
             if batching.min_batch_size is not None and batching.min_batch_size > limit:
                 raise ValueError(
                     f"min_batch_size ({batching.min_batch_size}) exceeds max_batch_size ({limit})"
+                )
+            if cap is not None and cap > limit:
+                raise ValueError(
+                    f"dynamic_batching.max_batch ({cap}) exceeds max_batch_size ({limit}), "
+                    "which also bounds a batch"
                 )
         return self

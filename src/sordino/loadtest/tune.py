@@ -93,13 +93,27 @@ class Candidate:
         """The ``--set`` assignments of this candidate."""
         prefix = f"models.{model}"
         return {
-            f"{prefix}.max_batch_size": self.max_batch,
+            f"{prefix}.dynamic_batching.max_batch": self.max_batch,
             f"{prefix}.dynamic_batching.max_queue_delay_microseconds": self.delay_us,
             f"{prefix}.scheduler_mode": self.mode,
         }
 
     def label(self) -> str:
         return f"max_batch {self.max_batch}, delay {self.delay_us} µs, {self.mode}"
+
+
+def live_settings(model: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The keys a candidate sets, as ``config`` (the model's ``/v2/sordino/config``
+    entry) has them now: what a sweep restores at its end."""
+    batching = config.get("dynamic_batching") or {}
+    prefix = f"models.{model}"
+    return {
+        f"{prefix}.dynamic_batching.max_batch": batching.get("max_batch"),
+        f"{prefix}.dynamic_batching.max_queue_delay_microseconds": batching.get(
+            "max_queue_delay_microseconds"
+        ),
+        f"{prefix}.scheduler_mode": config.get("scheduler_mode"),
+    }
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,6 +52,7 @@ LIVE_KEYS: tuple[str, ...] = (
     "models.*.dynamic_batching.preferred_batch_size",
     "models.*.dynamic_batching.max_queue_delay_microseconds",
     "models.*.dynamic_batching.min_batch_size",
+    "models.*.dynamic_batching.max_batch",
     "models.*.dynamic_batching.default_priority_level",
     "models.*.dynamic_batching.default_queue_policy.*",
 )

@@ -83,7 +83,7 @@ def scheduling_for(
     enabled = strategy.enabled if batching.enabled is None else batching.enabled
     if node is not None and node.scheduler == "dynamic_batching":
         enabled = True
-    cap = min(max_batch_size, strategy.max_batch) if enabled else 1
+    cap = min(max_batch_size, batching.max_batch or strategy.max_batch) if enabled else 1
     cap = max(cap, 1)
     if batching.max_queue_delay_microseconds is not None:
         delay_s = batching.max_queue_delay_microseconds / 1e6
