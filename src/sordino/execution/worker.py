@@ -47,7 +47,6 @@ import functools
 import itertools
 import logging
 import os
-import signal
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -75,7 +74,9 @@ from sordino.execution.worker_spawn import (
     WORKER_CONTEXT,
     Inherited,
     describe_exit,
+    end_group,
     join_exit_code,
+    kill_tree,
     start_apart_from_main,
 )
 from sordino.inference import ModelMetadata, RequestFacts
@@ -363,8 +364,7 @@ class WorkerProcess(WorkerPipe):
             return
         self._kill_cause = cause
         if self.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
+            kill_tree(self.pid)
         self._fail_pending(cause)
 
     async def stop(self, timeout_s: float = 5.0) -> None:
@@ -386,6 +386,11 @@ class WorkerProcess(WorkerPipe):
         try:
             await asyncio.wait_for(asyncio.shield(self.dead), timeout_s)
         except TimeoutError:
+            log.warning(
+                "worker %s/%s did not end within %g s of being told to stop (its model's "
+                "finalize, or a process it started that it waits for): killed",
+                self.spec.model, self.spec.index, timeout_s,
+            )  # fmt: skip
             self.kill("did not stop in time")
             await asyncio.wait_for(asyncio.shield(self.dead), timeout_s)
 
@@ -397,6 +402,7 @@ class WorkerProcess(WorkerPipe):
     def _on_exit(self, code: int | None) -> None:
         if self._process.pid is not None:
             LIVE_PIDS.discard(self._process.pid)
+            end_group(self._process.pid)
         cause = self._kill_cause or describe_exit(code)
         self._fail_pending(cause)
         if self._outgoing:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import multiprocessing
 import os
 import signal
 import sys
@@ -61,7 +62,12 @@ from sordino.execution.messages import (
 )
 from sordino.execution.worker_link import WorkerLink
 from sordino.execution.worker_loop import Streams, serve
-from sordino.execution.worker_spawn import Inherited, fresh_random_state, run_exit_handlers
+from sordino.execution.worker_spawn import (
+    Inherited,
+    fresh_random_state,
+    lead_own_group,
+    run_exit_handlers,
+)
 from sordino.telemetry.log_settings import configure_process_log
 
 __all__ = ["MappedArena", "WorkerSpec", "worker_main"]
@@ -146,11 +152,16 @@ def worker_main(
     at the worker's start, taken before anything uses them (None: the process's own)."""
     # Ctrl-C and SIGTERM reach the whole process group; the server decides when its
     # workers stop (a Stop message, or end of file on the pipe when it is gone). They
-    # arrive blocked (see worker_spawn.py); one already pending is
-    # discarded by SIG_IGN before they are unblocked.
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, signal.SIG_IGN)
+    # arrive blocked (see worker_spawn.py); one already pending is discarded before they
+    # are unblocked. SIGTERM is caught and dropped rather than ignored: an ignored signal
+    # stays ignored in the processes a model starts, whose pool's terminate() (SIGTERM)
+    # would then never end them; a handler is reset by exec, and by _own_children's
+    # hook in a fork. Ctrl-C stays ignored in them too: the server decides.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _dropped)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    lead_own_group()
+    _own_children()
     if inherited is not None:
         inherited.adopt()
     fresh_random_state()
@@ -162,6 +173,21 @@ def worker_main(
         _serve_model(spec, conn)
     finally:
         run_exit_handlers()
+
+
+def _dropped(signum: int, frame: object) -> None:
+    """SIGTERM in a worker: nothing (the server decides when it stops)."""
+
+
+def _own_children() -> None:
+    """Let the model start processes of its own, as Triton's Python stub does (a
+    ``multiprocessing`` pool, a data loader's workers): the server starts the worker
+    daemonic, so that its exit never waits for it, and multiprocessing refuses a daemonic
+    process children. Those it forks get SIGTERM's default back."""
+    multiprocessing.current_process().daemon = False
+    os.register_at_fork(
+        after_in_child=functools.partial(signal.signal, signal.SIGTERM, signal.SIG_DFL)
+    )
 
 
 def _serve_model(spec: WorkerSpec, conn: Connection) -> None:

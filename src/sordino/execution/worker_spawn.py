@@ -48,8 +48,11 @@ __all__ = [
     "WORKER_IGNORED_SIGNALS",
     "Inherited",
     "describe_exit",
+    "end_group",
     "fresh_random_state",
     "join_exit_code",
+    "kill_tree",
+    "lead_own_group",
     "run_exit_handlers",
     "start_apart_from_main",
 ]
@@ -186,8 +189,31 @@ WORKER_IGNORED_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
 @atexit.register
 def _kill_leftover_workers() -> None:
     for pid in list(LIVE_PIDS):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+        kill_tree(pid)
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL worker ``pid`` and the processes its model started (a ``multiprocessing``
+    pool, a data loader's workers): a worker leads a process group of its own, which
+    they join (:func:`lead_own_group`)."""
+    for kill in (os.killpg, os.kill):  # os.kill: a worker killed before it made its group
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            kill(pid, signal.SIGKILL)
+
+
+def end_group(pid: int) -> None:
+    """Once worker ``pid`` has exited, SIGKILL what its model started and left running
+    (after a crash, or the kernel's OOM killer, nobody else would end it)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def lead_own_group() -> None:
+    """In a worker: a process group of its own, which the processes its model starts
+    join, so that :func:`kill_tree` and :func:`end_group` reach them even once the
+    worker is gone (a dead process's children are handed to init, out of reach)."""
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
 
 
 def start_apart_from_main(process: Any) -> None:

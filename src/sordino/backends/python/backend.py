@@ -9,7 +9,8 @@ The model folder is Triton's::
 :meth:`PythonBackend.load` reads ``config.pbtxt`` (optional when the model's
 ``auto_complete_config`` gives its inputs and outputs), puts
 :mod:`~sordino.backends.python.triton_python_backend_utils` in ``sys.modules`` under
-Triton's name, imports ``model.py`` with its version folder on ``sys.path``, calls
+Triton's name, imports ``model.py`` as Triton does (module ``1.model``, with its
+version folder on ``sys.path``: ``backends/python/model_dir.py``), calls
 ``auto_complete_config`` then ``initialize(args)`` with ``args`` as Triton passes them.
 The model's inputs and outputs are the configuration's (Triton's rules: with
 ``max_batch_size`` > 0 every tensor gets a leading batch dimension).
@@ -89,10 +90,15 @@ UTILS = "triton_python_backend_utils"
 
 
 def _utils() -> ModuleType:
-    """The utilities module, registered under Triton's name (once per process)."""
+    """The utilities module, registered under Triton's name (once per process), and
+    importable by it in the processes a model starts (``on_sys_path``), as Triton's
+    stub has its backend folder on ``sys.path``."""
     from sordino.backends.python import triton_python_backend_utils as utils
 
     sys.modules.setdefault(UTILS, utils)
+    folder = str(Path(__file__).parent / "on_sys_path")
+    if folder not in sys.path:
+        sys.path.append(folder)
     return sys.modules[UTILS]
 
 

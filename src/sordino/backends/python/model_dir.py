@@ -48,25 +48,38 @@ def get_model_dir() -> str:
 
 
 def import_model(key: str, model: str, path: Path, where: str) -> ModuleType:
-    """Import ``model``'s ``model.py`` at ``path`` as module ``key``; its folder is then
-    the model's (:func:`get_model_dir`) and, as Triton puts it, first on ``sys.path``,
-    so that it may import the files beside it."""
-    spec = importlib.util.spec_from_file_location(key, path)
+    """Import ``model``'s ``model.py`` at ``path``; its folder is then the model's
+    (:func:`get_model_dir`) and first on ``sys.path``, so that it may import the files
+    beside it. The module is named as Triton names it, ``<version>.<file>`` (``1.model``),
+    with the folder above the version folders on ``sys.path`` too: a function of it then
+    pickles by a name that the processes a model starts (a spawn or forkserver pool)
+    import again. Where that name is taken already (several Python models in the
+    server's own process, ``isolation: thread``), the module is ``key``."""
+    folder = str(path.parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    name = key
+    if path.parent.name.isdigit() and f"{path.parent.name}.{path.stem}" not in sys.modules:
+        name = f"{path.parent.name}.{path.stem}"
+        # Right after the version folder: ahead of any other model's folder that is on
+        # sys.path already (one of the server's own process, isolation: thread, passed
+        # on to the forkserver), whose "1" would otherwise be found first.
+        models = str(path.parent.parent)
+        if models in sys.path:
+            sys.path.remove(models)
+        sys.path.insert(sys.path.index(folder) + 1, models)
+    spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ModelLoadError(f"{where}: cannot import {path}")
     module = importlib.util.module_from_spec(spec)
-    folder = str(path.parent)
     set_model_dir(model, folder)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
+    sys.modules[name] = module  # before it runs, as an import does: pickle looks it up
     try:
         spec.loader.exec_module(module)
-    except ModuleNotFoundError as exc:
-        raise ModelLoadError(
-            f"{where}: importing {path} raised {exc!r}{_install_hint(exc)}"
-        ) from exc
     except Exception as exc:
-        raise ModelLoadError(f"{where}: importing {path} raised {exc!r}") from exc
+        del sys.modules[name]
+        hint = _install_hint(exc) if isinstance(exc, ModuleNotFoundError) else ""
+        raise ModelLoadError(f"{where}: importing {path} raised {exc!r}{hint}") from exc
     return module
 
 
