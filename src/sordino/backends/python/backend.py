@@ -62,7 +62,7 @@ from sordino.backends.python.joining import (
     output_layouts,
     response_parts,
 )
-from sordino.backends.python.model_dir import import_model
+from sordino.backends.python.model_dir import forget_model, import_model
 from sordino.backends.python.readiness import model_readiness
 from sordino.backends.reshape import Reshapes
 from sordino.config.declared import check_reshape
@@ -182,6 +182,7 @@ class PythonBackend:
     def __init__(self, options: BackendOptions) -> None:
         self._options = options
         self._model: Any = None
+        self._module: ModuleType | None = None
         self._config: dict[str, Any] = {}
         self._metadata: ModelMetadata | None = None
         self._caller: ModelCaller | None = None
@@ -257,7 +258,7 @@ class PythonBackend:
                     model.initialize(args)
             except Exception as exc:
                 raise ModelLoadError(f"{where}: initialize raised {exc!r}") from exc
-        self._model = model
+        self._model, self._module = model, module
         utils.publish_metrics()
         self._everything = tuple(sorted(spec.name for spec in outputs))
         self._metadata = ModelMetadata(
@@ -477,6 +478,8 @@ class PythonBackend:
         if model is not None and hasattr(model, "finalize"):
             with bls.executing(bls.Executing(self._options.name, phase="finalize")):
                 model.finalize()
+        module, self._module = self._module, None
+        forget_model(module)
 
     @property
     def checks_readiness(self) -> bool:

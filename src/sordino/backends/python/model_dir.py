@@ -20,7 +20,7 @@ from sordino.backends.python import bls
 from sordino.backends.python.triton_errors import TritonModelException
 from sordino.errors import ModelLoadError
 
-__all__ = ["get_model_dir", "import_model", "set_model_dir"]
+__all__ = ["forget_model", "get_model_dir", "import_model", "set_model_dir"]
 
 _DIRS: dict[str, str] = {}
 _LOCK = threading.Lock()
@@ -81,6 +81,14 @@ def import_model(key: str, model: str, path: Path, where: str) -> ModuleType:
         hint = _install_hint(exc) if isinstance(exc, ModuleNotFoundError) else ""
         raise ModelLoadError(f"{where}: importing {path} raised {exc!r}{hint}") from exc
     return module
+
+
+def forget_model(module: ModuleType | None) -> None:
+    """Once its model unloads, take ``module`` (:func:`import_model`'s) out of
+    ``sys.modules``: in the server's own process (``isolation: thread``) the name is
+    then free for the next model that loads, and the module goes with its last user."""
+    if module is not None and sys.modules.get(module.__name__) is module:
+        del sys.modules[module.__name__]
 
 
 def _install_hint(exc: ModuleNotFoundError) -> str:
