@@ -53,8 +53,8 @@ def collect_sources(
     from sordino.models.repositories import scan_repositories
     from sordino.models.repository import (
         builtin_sources,
-        model_from_spec,
         sources_for,
+        sources_from_spec,
         triton_example_sources,
     )  # fmt: skip
 
@@ -62,7 +62,7 @@ def collect_sources(
     for model in config.models:
         sources += sources_for(model)
     for spec in specs:
-        sources += sources_for(model_from_spec(spec))
+        sources += sources_from_spec(spec)
     if builtin or (builtin is None and not (sources or config.model_repository)):
         sources = builtin_sources() + sources
     if triton_examples:
@@ -204,7 +204,8 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
     "models",
     multiple=True,
     metavar="[NAME=]PATH",
-    help="An .onnx file or versioned folder to serve (repeatable).",
+    help="An .onnx file or versioned folder to serve, or a model folder with its "
+    "config.pbtxt or config.yaml (repeatable).",
 )
 @repository_option
 @click.option(

@@ -63,6 +63,7 @@ __all__ = [
     "repository_names",
     "scan_repository",
     "sources_for",
+    "sources_from_spec",
 ]
 
 log = logging.getLogger("sordino.models")
@@ -165,6 +166,25 @@ def model_from_spec(spec: str) -> ModelConfig:
         return ModelConfig(name=name, path=model_path)
     except ValueError as exc:
         raise ConfigError(f"--model {spec!r}: {exc}") from exc
+
+
+def sources_from_spec(spec: str) -> list[ModelSource]:
+    """A ``--model`` value's versions. A model folder with a configuration of its own
+    (``config.yaml``, or Triton's ``config.pbtxt``: a Python model's ``backend:
+    "python"``) is read as a repository's folder is; any other file or versioned folder
+    is served with the defaults."""
+    config = model_from_spec(spec)
+    folder = config.path
+    assert folder is not None and config.name is not None
+    own = folder.is_dir() and any((folder / f).is_file() for f in ("config.yaml", "config.pbtxt"))
+    if not own or _is_export(folder):
+        return sources_for(config)
+    if config.name != folder.name:
+        raise ConfigError(
+            f"--model {spec!r}: {folder} has a configuration of its own, which serves it as "
+            f"{folder.name!r}; give --model {folder}, or rename the folder"
+        )
+    return load_repository_model(folder.parent, folder.name)
 
 
 def sources_for(config: ModelConfig) -> list[ModelSource]:
