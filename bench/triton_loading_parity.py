@@ -211,8 +211,14 @@ def compare(python: Path, into: Path) -> list[dict[str, Any]]:
                         "--model-control-mode", "explicit"]) as ours,
     ):  # fmt: skip
         uploads = upload_run(triton.http), upload_run(ours.http)
-        loading = loading_run(triton.http), loading_run(ours.http)
         utilities = utilities_run(triton.http), utilities_run(ours.http)
+        try:  # last: Triton 2.51 may abort in it (see _settle)
+            theirs: list[Any] | None = loading_run(triton.http)
+        except OSError as exc:  # it ended: nothing answers on its port
+            print(f"SKIP loading API: Triton ended during its run ({exc}; its log: "
+                  f"{peers.PEERS / 'triton-server.log'})", flush=True)  # fmt: skip
+            theirs = None
+        loading = theirs, loading_run(ours.http)
     names = ["pb_utils type helpers and release flags"]
     names += [f"uploads: {what}" for what, _, _ in UPLOADS]
     names += [
@@ -220,8 +226,10 @@ def compare(python: Path, into: Path) -> list[dict[str, Any]]:
     ]
     names += ["loading API: initialize loads add_sub", "loading API: a model unloads itself"]
     checks = []
-    theirs_all = [utilities[0], *uploads[0], *loading[0]]
-    mine_all = [utilities[1], *uploads[1], *loading[1]]
+    if loading[0] is None:  # no comparison for those steps
+        names = names[: 1 + len(UPLOADS)]
+    theirs_all = [utilities[0], *uploads[0], *(loading[0] or [])]
+    mine_all = [utilities[1], *uploads[1], *(loading[1] if loading[0] is not None else [])]
     for name, theirs, mine in zip(names, theirs_all, mine_all, strict=True):
         same = theirs == mine
         check = {"check": name, "protocol": "http", "equal": same,
