@@ -13,12 +13,11 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from sordino.backends.base import ModelRunOptions
-from sordino.backends.registry import create_backend
 from sordino.config import load_config
 from sordino.errors import ModelLoadError
 from sordino.models.repository import load_repository_model
 from sordino.testing import serve_in_thread
+from tests.backends.python_models import load_python_backend
 
 VERSION = f"python{sys.version_info.major}.{sys.version_info.minor}"
 
@@ -107,15 +106,7 @@ def test_a_model_imports_from_its_packed_environment_in_its_worker(
 
 
 def _load(folder: Path, *, own_process: bool = True) -> None:
-    backend = create_backend(
-        ModelRunOptions("python"),
-        name=folder.name,
-        version="1",
-        providers=(),
-        intra_op_threads=None,
-        own_process=own_process,
-    )
-    backend.load(folder / "1" / "model.py", "cpu")
+    load_python_backend(folder, own_process=own_process)
 
 
 @pytest.fixture

@@ -11,11 +11,10 @@ from pathlib import Path
 import numpy as np
 import tritonclient.http as httpclient
 
-from sordino.backends.base import Backend, ModelRunOptions
-from sordino.backends.registry import create_backend
 from sordino.config import RuntimeConfig
 from sordino.models.repository import scan_repository
 from sordino.testing import serve_in_thread
+from tests.backends.python_models import load_python_backend
 
 MODEL = """
 import numpy as np
@@ -79,30 +78,17 @@ def test_a_model_in_the_servers_process_frees_its_name_when_it_unloads(
         folders.append(tmp_path / name)
     saved = sys.modules.pop("1.model", None)
     try:
-        first, second = (_backend(folder) for folder in folders)
+        first, second = (load_python_backend(folder, own_process=False) for folder in folders)
         assert sys.modules["1.model"].__file__ == str(folders[0] / "1" / "model.py")
         assert "_sordino_python_model_second_1" in sys.modules
         first.unload()
         second.unload()
         assert "1.model" not in sys.modules
         assert "_sordino_python_model_second_1" not in sys.modules
-        again = _backend(folders[1])
+        again = load_python_backend(folders[1], own_process=False)
         assert sys.modules["1.model"].__file__ == str(folders[1] / "1" / "model.py")
         again.unload()
     finally:
         sys.modules.pop("1.model", None)
         if saved is not None:
             sys.modules["1.model"] = saved
-
-
-def _backend(folder: Path) -> Backend:
-    backend = create_backend(
-        ModelRunOptions("python"),
-        name=folder.name,
-        version="1",
-        providers=(),
-        intra_op_threads=None,
-        own_process=False,
-    )
-    backend.load(folder / "1" / "model.py", "cpu")
-    return backend
