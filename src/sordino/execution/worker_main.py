@@ -143,10 +143,10 @@ def _lower_priority(by: int) -> None:
 def worker_main(
     spec: WorkerSpec,
     conn: Connection,
-    log: dict[str, Any] | None = None,
+    log_settings: dict[str, Any] | None = None,
     inherited: Inherited | None = None,
 ) -> None:
-    """Entry point of the worker process; ``log`` is the server's logging settings
+    """Entry point of the worker process; ``log_settings`` is the server's logging settings
     (``LogSettings.current()``), which its log follows from the start (None: Python's
     own, warnings only); ``inherited`` the server's environment and standard streams
     at the worker's start, taken before anything uses them (None: the process's own)."""
@@ -165,8 +165,8 @@ def worker_main(
     if inherited is not None:
         inherited.adopt()
     fresh_random_state()
-    if log is not None:
-        configure_process_log(log)
+    if log_settings is not None:
+        configure_process_log(log_settings)
     if spec.nice:
         _lower_priority(spec.nice)
     try:

@@ -196,14 +196,15 @@ def kill_tree(pid: int) -> None:
     """SIGKILL worker ``pid`` and the processes its model started (a ``multiprocessing``
     pool, a data loader's workers): a worker leads a process group of its own, which
     they join (:func:`lead_own_group`)."""
-    for kill in (os.killpg, os.kill):  # os.kill: a worker killed before it made its group
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            kill(pid, signal.SIGKILL)
+    end_group(pid)
+    with contextlib.suppress(ProcessLookupError):  # killed before it made its group
+        os.kill(pid, signal.SIGKILL)
 
 
 def end_group(pid: int) -> None:
-    """Once worker ``pid`` has exited, SIGKILL what its model started and left running
-    (after a crash, or the kernel's OOM killer, nobody else would end it)."""
+    """SIGKILL worker ``pid``'s process group: once the worker has exited, what its model
+    started and left running (after a crash, or the kernel's OOM killer, nobody else
+    would end it)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
 
