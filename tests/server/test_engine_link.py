@@ -219,6 +219,49 @@ async def test_a_front_end_whose_engine_is_gone_answers_503_at_once(tmp_path: Pa
     assert later.status == 503
 
 
+class _Writes(link_frames.BatchedWrites):
+    """The link's batched writes over a real transport, keeping what reached it."""
+
+    def __init__(self, transport: Any) -> None:
+        self.real, self.out, self.parts = transport, [], []
+        self.transport = cast(asyncio.Transport, self)
+
+    def is_closing(self) -> bool:
+        return bool(self.real.is_closing())
+
+    def writelines(self, parts: list[bytes]) -> None:
+        self.parts += parts
+        self.real.writelines(parts)
+
+
+async def test_a_frame_with_an_empty_part_is_written_whole_and_the_link_still_ends(
+    tmp_path: Path,
+) -> None:
+    """A request without a body encodes an empty part. asyncio's own transport keeps an
+    empty part of ``writelines`` in its buffer for ever on Python 3.12 and 3.13: the
+    link then never shut its writing down (an engine ending a link left the front end
+    waiting for the end) and polled to write on every turn of the loop."""
+    received: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def reader_end(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await received.put(await reader.read())  # everything, up to the end
+        writer.close()
+
+    path = str(tmp_path / "link")
+    server = await asyncio.start_unix_server(reader_end, path)
+    transport, _ = await asyncio.get_running_loop().create_unix_connection(asyncio.Protocol, path)
+    writes = _Writes(transport)
+    parts = link_frames.encode_request(_request(body=b""))
+    assert b"" in parts  # what this test is about
+    writes._write(parts)
+    await asyncio.sleep(0)  # the turn's writes go out at its end
+    assert writes.parts and all(writes.parts)  # whatever the Python: no empty part
+    cast(asyncio.WriteTransport, transport).write_eof()
+    assert await asyncio.wait_for(received.get(), 10) == b"".join(parts)
+    transport.close()
+    server.close()
+
+
 @pytest.mark.parametrize("value", [0, -1, "two"])
 def test_a_bad_frontends_value_is_a_clear_error(value: object) -> None:
     with pytest.raises(ValidationError, match="frontends"):

@@ -263,7 +263,11 @@ class BatchedWrites:
     def _flush(self) -> None:
         out, self.out = self.out, []
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.writelines(out)
+            # No empty parts: asyncio's selector transport on Python 3.12 and 3.13 keeps
+            # an empty part in its buffer for ever (its send of 0 bytes never pops it),
+            # so the transport polls to write with nothing to send and never reaches a
+            # write_eof's shutdown. (uvloop's transport is not affected.)
+            self.transport.writelines([part for part in out if part])
 
 
 class FrameReader:
