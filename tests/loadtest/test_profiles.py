@@ -80,7 +80,9 @@ def test_poisson_and_constant_schedules_follow_the_rate() -> None:
     for arrivals in ("poisson", "constant"):
         profile = ramp.model_copy(update={"arrivals": arrivals})
         schedule = make_schedule(profile, seed=3)
-        expected = float(np.trapezoid(profile.rate_at(np.linspace(0, 100, 10_001)), dx=0.01))
+        rates = profile.rate_at(np.linspace(0, 100, 10_001))
+        # The trapezoid rule by hand: np.trapezoid is numpy 2's (sordino takes 1.26 too).
+        expected = float((rates[1:] + rates[:-1]).sum() * 0.01 / 2)
         assert len(schedule) == pytest.approx(expected, rel=0.03)
         first, last = schedule.intended_rate(10.0)[[0, 8]]
         assert first < 40 and last > 150  # the climb shows
