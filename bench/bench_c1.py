@@ -2,6 +2,7 @@
 
     python -m bench.bench_c1                                   # this checkout alone
     python -m bench.bench_c1 --compare /work/main --pairs 5    # A = other checkout, B = this
+    python -m bench.bench_c1 --compare . --b-python /tmp/py313/bin/python  # B on another Python
 
 Each side is ``sordino start`` with bench_triton's "sordino" settings on W1 (max batch
 32, 10 ms wait, adaptive, 2 intra-op threads), its ``src/`` put first on ``PYTHONPATH``
@@ -9,6 +10,9 @@ Each side is ``sordino start`` with bench_triton's "sordino" settings on W1 (max
 the machine's state falls on both alike. Per cell: p50 / p99 over HTTP KServe binary at
 ``--concurrency`` (1 by default; "1,64" adds the c64 row), and CPU ms per request of the
 front end and the model process (psutil over the tree). Medians over the pairs.
+``--a-python``/``--b-python`` run a side on another interpreter (a virtual environment
+with sordino's dependencies installed: ``python3.13 -m venv /tmp/py313 &&
+/tmp/py313/bin/pip install .``); its ``src/`` still comes first.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1")
     parser.add_argument("--b-threads", type=int, default=2, help="B's intra-op threads")
     parser.add_argument("--env", action="append", default=[], help="B only: NAME=VALUE")
+    parser.add_argument("--a-python", help="A's interpreter (default: this one)")
+    parser.add_argument("--b-python", help="B's interpreter (default: this one)")
     args = parser.parse_args()
     import onnxruntime as ort
 
@@ -59,8 +65,11 @@ def main() -> None:
             config = configs[label]
             env = {"PYTHONPATH": f"{root / 'src'}{os.pathsep}{here}", **extra}
             s = stack.enter_context(
-                sordino_server(["--no-builtin", "--config", str(config)], env=env)
-            )
+                sordino_server(
+                    ["--no-builtin", "--config", str(config)], env=env,
+                    python=args.a_python if label == "A" else args.b_python,
+                )
+            )  # fmt: skip
             targets[label] = bench_triton.Target(
                 label, s.http, s.grpc, "w1", s.pid, bench_triton._root_is_front,
                 lambda u=s.http: bench_triton.sordino_batches(u, "w1"),

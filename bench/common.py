@@ -92,15 +92,19 @@ class Endpoints:
 
 @contextmanager
 def sordino_server(
-    args: list[str], env: dict[str, str] | None = None, prefix: list[str] | None = None
+    args: list[str],
+    env: dict[str, str] | None = None,
+    prefix: list[str] | None = None,
+    python: str | None = None,
 ) -> Iterator[Endpoints]:
     """Run ``sordino start`` (free ports, scratch data dir) in its own process.
 
     ``prefix`` goes before the command (``["taskset", "-c", "1"]`` pins the server and
-    the workers it starts to one core).
+    the workers it starts to one core); ``python`` is the interpreter to run it with
+    (another environment's, with sordino's dependencies installed; default this one's).
     """
     scratch = tempfile.TemporaryDirectory(prefix="sordino-bench-")
-    cmd = [*(prefix or []), sys.executable, "-m", "sordino", "start", "--http-port", "0",
+    cmd = [*(prefix or []), python or sys.executable, "-m", "sordino", "start", "--http-port", "0",
            "--grpc-port", "0",
            "--log-level", "warning", "--data-dir", scratch.name, *args]  # fmt: skip
     proc = subprocess.Popen(
