@@ -6,6 +6,7 @@ served with the defaults, its configuration unread: a Python model failed with
 
 from __future__ import annotations
 
+import shlex
 import shutil
 from pathlib import Path
 
@@ -63,3 +64,23 @@ def test_a_versioned_folder_without_one_keeps_the_defaults(tmp_path: Path) -> No
     shutil.copy(BUILTIN / "simple.onnx", tmp_path / "plain" / "1" / "model.onnx")
     (source,) = sources_from_spec(f"renamed={tmp_path / 'plain'}")
     assert (source.name, source.version, source.config.backend) == ("renamed", "1", "onnxruntime")
+
+
+def test_a_file_name_that_is_no_model_name_says_how_to_name_it(tmp_path: Path) -> None:
+    """A browser's download ("model (1).onnx") or a name in another script gave pydantic's
+    "String should match pattern '^[A-Za-z0-9][A-Za-z0-9_.-]*$'" and a link."""
+    folder = tmp_path / "dir with space"
+    folder.mkdir()
+    for name in ("model (1).onnx", "分类器.onnx"):
+        shutil.copy(BUILTIN / "digits-classifier.onnx", folder / name)
+        spec = str(folder / name)
+        with pytest.raises(ConfigError) as info:
+            sources_from_spec(spec)
+        message = str(info.value)
+        assert f"would name the model {Path(name).stem!r}, which is not a model name" in message
+        assert f"name it: --model {shlex.quote('NAME=' + spec)}" in message
+        assert "pydantic" not in message
+        [source] = sources_from_spec(f"digits={spec}")  # named, it serves
+        assert source.name == "digits"
+    with pytest.raises(ConfigError, match=r"'my model' is not a model name \(letters, digits"):
+        sources_from_spec(f"my model={folder / 'model (1).onnx'}")

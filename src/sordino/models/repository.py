@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shlex
 import shutil
 from dataclasses import dataclass
 from importlib import resources
@@ -160,8 +161,20 @@ def model_from_spec(spec: str) -> ModelConfig:
     if not sep:
         name, path = "", spec
     model_path = Path(path).expanduser()
-    if not name:
+    named = bool(name)
+    if not named:
         name = model_path.stem if model_path.suffix else model_path.name
+    if not is_model_name(name):
+        rule = (
+            f"letters, digits, '_', '.', '-', starting with a letter or digit, at most "
+            f"{MAX_NAME_LENGTH} characters"
+        )
+        if named:
+            raise ConfigError(f"--model {spec!r}: {name!r} is not a model name ({rule})")
+        raise ConfigError(
+            f"--model {spec!r}: its file name would name the model {name!r}, which is not a "
+            f"model name ({rule}); name it: --model {shlex.quote('NAME=' + path)}"
+        )
     try:
         return ModelConfig(name=name, path=model_path)
     except ValueError as exc:
