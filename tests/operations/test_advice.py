@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from sordino.cli.main import cli
-from sordino.config import load_config
+from sordino.config import ModelConfig, SchedulerConfig, load_config
 from sordino.control.client import request_json
 from sordino.models.repository import builtin_sources
-from sordino.operations.advice import advise
+from sordino.operations.advice import advise, batch_sizes
+from sordino.scheduling.settings import scheduling_for
 from sordino.testing import serve_in_thread
 
 
@@ -31,10 +34,40 @@ def test_a_batch_that_never_fills_and_serialization() -> None:
     assert found[1].settings == {"models.m.scheduler_mode": "ultra_low_latency"}
 
 
-def test_queueing_behind_full_batches_asks_for_larger_ones() -> None:
-    found = advise("m", _stats(100, 1600, 9e8, 1e6, 1e8), {"max_batch_size": 16})
+def _cap_after(config: dict[str, Any], settings: dict[str, Any]) -> int:
+    """The batch cap the scheduler resolves for ``config`` with ``settings`` applied."""
+    changed = dict(config)
+    for key, value in settings.items():
+        path = key.removeprefix("models.m.").split(".")
+        if len(path) == 2:
+            changed[path[0]] = {**changed.get(path[0], {}), path[1]: value}
+        else:
+            changed[path[0]] = value
+    model = ModelConfig(name="m", path=Path("m.onnx"), **changed)
+    return scheduling_for(SchedulerConfig(), model, batched=True).policy.max_batch
+
+
+@pytest.mark.parametrize(
+    ("config", "settings"),
+    [
+        # max_batch_size alone: both grow, the cap being at the rows a request may carry.
+        ({"max_batch_size": 16}, {"dynamic_batching.max_batch": 32, "max_batch_size": 32}),
+        # The defaults, which the scheduler's max_batch (32) sets: raising max_batch_size
+        # alone (as before) left the cap at 32, the change doing nothing.
+        ({}, {"dynamic_batching.max_batch": 64, "max_batch_size": 64}),
+        # A cap below max_batch_size: only the cap grows; clients' requests are untouched.
+        ({"max_batch_size": 64, "dynamic_batching": {"max_batch": 16}},
+         {"dynamic_batching.max_batch": 32}),
+    ],
+)  # fmt: skip
+def test_queueing_behind_full_batches_doubles_the_batch_cap(
+    config: dict[str, Any], settings: dict[str, Any]
+) -> None:
+    _, cap = batch_sizes(config, {})
+    found = advise("m", _stats(100, 100 * cap, 9e8, 1e6, 1e8), config, {"max_batch": 32})
     assert [f.title for f in found] == ["queue dominates with full batches"]
-    assert found[0].settings == {"models.m.max_batch_size": 32}
+    assert found[0].settings == {f"models.m.{key}": value for key, value in settings.items()}
+    assert _cap_after(config, found[0].settings) == 2 * _cap_after(config, {})
 
 
 def test_too_little_traffic_says_so() -> None:

@@ -21,9 +21,11 @@ def apply_advice(url: str | None, token: str | None, model: str) -> None:
     from sordino.operations.advice import advise
 
     stats = get_json(url, token, f"/v2/models/{model}/stats")["model_stats"][0]
-    config = (get_json(url, token, "/v2/sordino/config").get("models") or {}).get(model, {})
+    live = get_json(url, token, "/v2/sordino/config")
+    config = (live.get("models") or {}).get(model, {})
+    strategy = (live.get("scheduler") or {}).get("dynamic_batching") or {}
     settings: dict[str, object] = {}
-    for finding in advise(model, stats, config):
+    for finding in advise(model, stats, config, strategy):
         click.echo(f"finding: {finding.title}: {finding.detail}")
         settings.update(finding.settings)
     if not settings:

@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Finding", "advise"]
+from sordino.config.base import MAX_BATCH_SIZE
+
+__all__ = ["Finding", "advise", "batch_sizes"]
 
 MIN_BATCHES = 20
 """Fewer batches than this say nothing reliable: no finding."""
@@ -36,8 +38,29 @@ def _ns(stats: dict[str, Any], key: str) -> float:
     return float(entry.get("ns", 0))
 
 
-def advise(model: str, stats: dict[str, Any], config: dict[str, Any]) -> list[Finding]:
-    """Findings for ``model`` from one entry of ``model_stats`` and its live config."""
+def batch_sizes(config: dict[str, Any], strategy: dict[str, Any]) -> tuple[int, int]:
+    """``(max_batch_size, cap)`` of a model's live configuration ``config`` under the
+    scheduler's ``dynamic_batching`` section ``strategy``, as the scheduler resolves them
+    (``scheduling/settings.py``): a model's ``max_batch_size`` and its
+    ``dynamic_batching.max_batch`` inherit the scheduler's ``max_batch`` when unset."""
+    default = int(strategy.get("max_batch") or 32)
+    own = config.get("max_batch_size")
+    max_batch_size = default if own is None else int(own)
+    batching = config.get("dynamic_batching") or {}
+    enabled = batching.get("enabled")
+    if not (strategy.get("enabled", True) if enabled is None else enabled):
+        return max_batch_size, min(max_batch_size, 1)
+    return max_batch_size, min(max_batch_size, int(batching.get("max_batch") or default))
+
+
+def advise(
+    model: str,
+    stats: dict[str, Any],
+    config: dict[str, Any],
+    strategy: dict[str, Any] | None = None,
+) -> list[Finding]:
+    """Findings for ``model`` from one entry of ``model_stats``, its live config and the
+    scheduler's ``dynamic_batching`` section ``strategy``."""
     batches = int(stats.get("execution_count", 0))
     rows = int(stats.get("inference_count", 0))
     if batches < MIN_BATCHES:
@@ -52,7 +75,7 @@ def advise(model: str, stats: dict[str, Any], config: dict[str, Any]) -> list[Fi
     staging = _ns(inference, "compute_input") + _ns(inference, "compute_output")
     compute = _ns(inference, "compute_infer")
     mean_rows = rows / batches
-    cap = int(config.get("max_batch_size") or 0)
+    max_batch_size, cap = batch_sizes(config, strategy or {})
     prefix = f"models.{model}"
     findings: list[Finding] = []
     if staging > compute:
@@ -85,14 +108,20 @@ def advise(model: str, stats: dict[str, Any], config: dict[str, Any]) -> list[Fi
                     {f"{prefix}.dynamic_batching.max_queue_delay_microseconds": 2000},
                 )
             )
-    if queue > 2 * compute and mean_rows >= cap * 0.75 and cap >= 1:
+    if queue > 2 * compute and mean_rows >= cap * 0.75 and 1 <= cap < MAX_BATCH_SIZE:
+        # The batch cap is dynamic_batching.max_batch; max_batch_size, the rows a request
+        # may carry, is raised only where the cap would pass it (never lowered).
+        doubled = min(cap * 2, MAX_BATCH_SIZE)
+        larger = {f"{prefix}.dynamic_batching.max_batch": doubled}
+        if doubled > max_batch_size:
+            larger[f"{prefix}.max_batch_size"] = doubled
         findings.append(
             Finding(
                 "queue dominates with full batches",
                 f"requests waited {queue / 1e6:.1f} ms in all against {compute / 1e6:.1f} ms "
-                f"computing, with batches full ({mean_rows:.1f} of {cap}): allow larger "
-                "batches; more instances (instance_count) need a reload",
-                {f"{prefix}.max_batch_size": cap * 2},
+                f"computing, with batches full ({mean_rows:.1f} of {cap}): allow batches of "
+                f"{doubled}; more instances (instance_count) need a reload",
+                larger,
             )
         )
     if not findings:
