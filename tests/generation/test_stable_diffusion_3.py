@@ -17,6 +17,8 @@ import functools
 import io
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -235,3 +237,29 @@ def test_a_repository_folder_serves_sd3_and_a_missing_part_is_named(tmp_path: Pa
     (export / "tokenizer_3" / "tokenizer.json").unlink()
     with pytest.raises(ModelLoadError, match=r"has no tokenizer_3/tokenizer\.json"):
         scan_repository(tmp_path / "repo")
+
+
+def test_a_tokenizer_json_tokenizers_cannot_read_is_a_clear_error_at_start(
+    tmp_path: Path,
+) -> None:
+    """A tokenizer.json in a format newer than the installed ``tokenizers`` reads (as an
+    export saved by a newer transformers is, for tokenizers 0.15) ended ``sordino start``
+    in a traceback ("data did not match any variant of untagged enum ...")."""
+    export = tmp_path / "poster"
+    shutil.copytree(EXPORT, export)
+    file = export / "tokenizer_3" / "tokenizer.json"
+    saved = json.loads(file.read_text(encoding="utf-8"))
+    saved["pre_tokenizer"] = {"type": "FromAFutureRelease"}
+    file.write_text(json.dumps(saved), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"cannot be read by tokenizers .*pip install -U"):
+        T5Tokenizer(export / "tokenizer_3", 256)
+    result = subprocess.run(
+        [sys.executable, "-m", "sordino", "start", "--no-builtin", "--model",
+         f"poster={export}", "--http-port", "0", "--grpc-port", "0",
+         "--data-dir", str(tmp_path / "data")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "model 'poster': cannot read its tokenizer_3:" in result.stderr
+    assert "pip install -U tokenizers" in result.stderr

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from sordino.generation.tokenizer_file import read_tokenizer_json
+
 __all__ = ["ClipTokenizer"]
 
 _SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
@@ -49,7 +51,7 @@ class ClipTokenizer:
         unk = _token(settings, specials, "unk_token", eos)
         pad = _token(settings, specials, "pad_token", eos)
         if (folder / "tokenizer.json").is_file():
-            tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            tokenizer = read_tokenizer_json(folder / "tokenizer.json")
         else:
             vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
             lines = (folder / "merges.txt").read_text(encoding="utf-8").strip().split("\n")

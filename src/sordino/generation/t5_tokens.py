@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from sordino.generation.tokenizer_file import read_tokenizer_json
+
 __all__ = ["T5Tokenizer"]
 
 
@@ -25,8 +27,6 @@ class T5Tokenizer:
     """Prompts to ``input_ids`` [B, max_length] (INT64) the way diffusers tokenizes them for T5."""
 
     def __init__(self, folder: Path, max_length: int) -> None:
-        from tokenizers import Tokenizer
-
         file = folder / "tokenizer.json"
         if not file.is_file():
             raise ValueError(
@@ -34,7 +34,7 @@ class T5Tokenizer:
                 "read); save the tokenizer with transformers' T5TokenizerFast.save_pretrained, "
                 "as optimum's export does"
             )
-        tokenizer = Tokenizer.from_file(str(file))
+        tokenizer = read_tokenizer_json(file)
         pad = "<pad>"
         config = folder / "tokenizer_config.json"
         if config.is_file():
