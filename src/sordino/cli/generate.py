@@ -129,6 +129,9 @@ def generate(
     )  # fmt: skip
 
     console = Console(stderr=True)
+    # Off a terminal (a pipe, a log file) a bar is noise: the bar is disabled, and the
+    # console quiet, since rich before 15 still ended a disabled bar with a blank line.
+    console.quiet = not console.is_terminal
     try:
         with Progress(
             TextColumn("[bold]{task.description}"),
@@ -137,9 +140,7 @@ def generate(
             TimeElapsedColumn(),
             console=console,
             transient=True,
-            # Off a terminal (a pipe, a log file) a bar is noise: rich would still end
-            # it with a blank line on stderr.
-            disable=not console.is_terminal,
+            disable=console.quiet,
         ) as bar:
             task = bar.add_task(f"{model}: {prompt[:40]}", total=steps)
             for event in _events(endpoint, body):
