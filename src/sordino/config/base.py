@@ -60,7 +60,12 @@ class HashedDict(dict[_K, _V]):
 class Section(BaseModel):
     """Base of every configuration section: unknown keys are errors, values are frozen."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    # protected_namespaces=(): Triton's own names (model_warmup, model_repository,
+    # model_control_mode) are fields here; pydantic before 2.10 warned about each at
+    # every start.
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, use_attribute_docstrings=True, protected_namespaces=()
+    )
 
     @model_validator(mode="before")
     @classmethod
