@@ -8,10 +8,10 @@ versions ``>=`` promises to work with — the ones a user who adds sordino to an
 environment that already has them keeps. This builds a virtual environment with the
 test extra, then puts each dependency ``NAME>=X`` back to the newest ``X.*`` release
 that has a wheel (``>=1.26`` gives numpy 1.26.x; the floor's own line, not a later
-one), without its dependencies, and runs ``pytest`` there. Where the test extra needs
+one), with what those need, and runs ``pytest`` there. Where the test extra needs
 more than the floor (grpcio, which grpcio-tools pins), the floor is skipped and said so.
 About 15 minutes on two cores; not part of ``.ci/run``. Its last run is in
-docs/operations.md ("Dependency floors").
+docs/operations.md ("Python and dependency versions").
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SKIP = {"grpcio": "the test extra's grpcio-tools pins a newer grpcio"}
-WITH_DEPS = {"pydantic"}  # pins its pydantic-core exactly
 
 
 def _floors(specs: list[str]) -> dict[str, str]:
@@ -68,10 +67,9 @@ def main() -> int:
     steps = [
         [args.python, "-m", "venv", str(args.venv)],
         [str(python), "-m", "pip", "install", "-q", "-e", f"{ROOT}[test]"],
-        [str(python), "-m", "pip", "install", "-q", "--only-binary", ":all:", "--no-deps",
-         *pins],
-        [str(python), "-m", "pip", "install", "-q", "--only-binary", ":all:",
-         *(pin for pin in pins if pin.split("==")[0] in WITH_DEPS)],
+        # With their dependencies: what a floor needs comes too (ONNX Runtime 1.21's
+        # sympy), and what the newest releases left needs older ones (pandas for numpy 1.26).
+        [str(python), "-m", "pip", "install", "-q", "--only-binary", ":all:", *pins],
         [str(python), "-m", "pip", "list", "--format", "freeze"],
         [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *args.pytest_args],
     ]  # fmt: skip
