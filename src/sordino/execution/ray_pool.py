@@ -69,11 +69,12 @@ class PoolActor:
     """Runs on one node: owns that node's pool segment for as long as the server runs."""
 
     def __init__(self, capacity: int) -> None:
-        from multiprocessing import shared_memory
+        from sordino.memory.segments import create_segment
 
         # The resource tracker of this actor's process removes the segment when the
-        # actor ends, also when Ray kills it with the server.
-        self._shm = shared_memory.SharedMemory(create=True, size=capacity)
+        # actor ends, also when Ray kills it with the server. Its pages are reserved
+        # (create_segment): a full /dev/shm must not end the actor with SIGBUS.
+        self._shm, _ = create_segment(None, capacity)
 
     def segment(self) -> tuple[str, int]:
         """The segment's name and size in bytes."""

@@ -18,7 +18,6 @@ import copy
 import time
 from collections import deque
 from collections.abc import Callable
-from multiprocessing import shared_memory
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -26,7 +25,7 @@ import numpy as np
 
 from sordino.errors import OutOfMemory
 from sordino.memory.allocator import ALIGNMENT, Allocator, Block, Lifetime, Strategy
-from sordino.memory.segments import close_segment, create_recorded
+from sordino.memory.segments import close_segment, create_segment
 from sordino.records import ArenaStatistics, CompactionStep, DefragReport, ResizeReport
 
 if TYPE_CHECKING:
@@ -54,11 +53,8 @@ class Arena:
     ) -> None:
         """Create the segment; with ``registry``, record it there (see the module's doc)."""
         capacity = max(ALIGNMENT, capacity // ALIGNMENT * ALIGNMENT)
-        self._record: IO[str] | None = None
-        if registry is not None:
-            self._shm, self._record = create_recorded(registry, capacity)
-        else:
-            self._shm = shared_memory.SharedMemory(create=True, size=capacity)
+        self._record: IO[str] | None
+        self._shm, self._record = create_segment(registry, capacity)
         self._factory: Callable[[int], Strategy] = allocator or Allocator
         self._registry = registry
         self._allocator: Strategy = self._factory(capacity)
@@ -364,10 +360,7 @@ class Arena:
             placed.append(allocator.acquire_nowait(block.size, "long"))  # OutOfMemory: no change
         by_size = sorted(range(len(live)), key=lambda i: -live[i][2].size)
         new_blocks = {order: placed[n] for n, order in enumerate(by_size)}
-        if self._registry is not None:
-            shm, record = create_recorded(self._registry, capacity)
-        else:
-            shm, record = shared_memory.SharedMemory(create=True, size=capacity), None
+        shm, record = create_segment(self._registry, capacity)  # OutOfMemory: no change
         new_buffer = shm.buf
         assert new_buffer is not None
         old_buffer = np.frombuffer(self.buffer, np.uint8)

@@ -11,6 +11,7 @@ ownership of it.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -22,13 +23,17 @@ from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 from typing import IO, Any
 
+from sordino.errors import OutOfMemory
+
 __all__ = [
     "SEGMENTS_DIR",
     "StaleSegment",
     "attach_segment",
     "close_segment",
     "create_recorded",
+    "create_segment",
     "remove_stale_segments",
+    "reserve",
     "shm_free_bytes",
 ]
 
@@ -86,10 +91,60 @@ class StaleSegment:
     """False when the segment itself was already gone (only its record was left)."""
 
 
+def create_segment(
+    registry: Path | None, capacity: int
+) -> tuple[shared_memory.SharedMemory, IO[str] | None]:
+    """Create a segment of ``capacity`` bytes with every page backed now
+    (:func:`reserve`), recorded in ``registry`` where one is given (its record, or
+    None); ``OutOfMemory`` where ``/dev/shm`` has no room for it."""
+    if registry is None:
+        shm, record = shared_memory.SharedMemory(create=True, size=capacity), None
+    else:
+        shm, record = create_recorded(registry, capacity)
+    try:
+        reserve(shm.name, capacity)
+    except BaseException:
+        close_segment(shm, record)
+        raise
+    return shm, record
+
+
+def reserve(name: str, size: int) -> None:
+    """Back the first ``size`` bytes of the segment ``name`` with pages now
+    (``posix_fallocate``), or raise ``OutOfMemory`` saying /dev/shm is full.
+
+    A new segment is a hole: its pages are taken from /dev/shm (a tmpfs) when first
+    written. Had anything else filled /dev/shm by then (a client's shared-memory
+    region, another program, a container's 64 MB default), that first write would
+    raise SIGBUS and end the process that made it — the server or a worker — on the
+    spot. Reserved, the segment's writes cannot fail. Where the segment is no file in
+    /dev/shm (not Linux) or its file system cannot reserve, nothing changes."""
+    try:
+        fd = os.open(f"/dev/shm/{name.lstrip('/')}", os.O_RDWR)
+    except OSError:
+        return
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
+            log.debug("cannot reserve the pages of %s: %s", name, exc)
+            return
+        free = shm_free_bytes()
+        raise OutOfMemory(
+            f"/dev/shm has no room for a shared-memory segment of {size} bytes"
+            + (f" ({free} bytes free)" if free is not None else "")
+            + "; free /dev/shm (a container's is 64 MB unless run with --shm-size), or "
+            "lower workers.shared_memory"
+        ) from None
+    finally:
+        os.close(fd)
+
+
 def create_recorded(
     registry: Path, capacity: int
 ) -> tuple[shared_memory.SharedMemory, IO[str] | None]:
-    """Create a segment recorded in ``registry``; unrecorded if the folder is unusable."""
+    """Create a segment recorded in ``registry``; unrecorded if the folder is unusable.
+    Its pages are not reserved: :func:`create_segment` does both."""
     name = f"sordino-{os.getpid()}-{secrets.token_hex(4)}"  # <= 31 bytes with "/" (macOS)
     record: IO[str] | None = None
     try:

@@ -69,7 +69,7 @@ from typing import IO, Any, NamedTuple
 
 from sordino.errors import Shed
 from sordino.memo import Memo
-from sordino.memory.segments import attach_segment, close_segment, create_recorded
+from sordino.memory.segments import attach_segment, close_segment, create_segment
 from sordino.records import QueueSettings
 from sordino.scheduling.shedding import late_refusal
 
@@ -215,10 +215,7 @@ class LoadBoard:
         if not 1 <= slots <= 4096:
             raise ValueError(f"a load board has 1..4096 slots, not {slots}")
         size = HEADER_SIZE + slots * SLOT_SIZE
-        if registry is None:
-            shm, record = shared_memory.SharedMemory(create=True, size=size), None
-        else:
-            shm, record = create_recorded(registry, size)
+        shm, record = create_segment(registry, size)
         return cls(shm, record, owner=True)
 
     @classmethod
