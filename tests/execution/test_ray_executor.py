@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import queue
 import signal
 from collections.abc import Iterator
@@ -251,13 +252,19 @@ def test_sordino_start_serves_through_the_cluster(cluster: Any, tmp_path: Path) 
         encoding="utf-8",
     )
     args = ["--config", str(config), "--executor", "ray", "--ray-address", cluster.address]
+    before = set(os.listdir("/dev/shm"))
     with sordino_start(args, tmp_path, timeout=120) as running:
         path = "/v2/models/digits-classifier/infer"
         response = httpx.post(running.url + path, json=BODY, timeout=60)
         assert response.status_code == 200, response.text
+        pools = set(os.listdir("/dev/shm")) - before
+        assert pools, "each node's pool is a segment in /dev/shm"
         running.process.send_signal(signal.SIGTERM)
         assert running.process.wait(timeout=60) == 0
     assert "Traceback" not in "\n".join(running.lines)
+    # ray.kill alone left the node pools' segments behind (the kill took the resource
+    # tracker that would have removed them): each pool now removes its own first.
+    assert not pools & set(os.listdir("/dev/shm"))
 
 
 def test_guardian_scale_adds_and_removes_actors(server: RunningServer) -> None:
@@ -341,12 +348,20 @@ def test_a_cluster_too_small_for_a_model_is_named_at_once(server: RunningServer)
 
 
 def test_killing_the_second_node_under_load_costs_no_request(
-    server: RunningServer, cluster: Any
+    server: RunningServer, cluster: Any, request: pytest.FixtureRequest
 ) -> None:
     """Kill node two's raylet under load: batches retried, its actor re-placed, zero errors."""
     start = mark(server)
     gone = cluster.second.node_id
     assert gone in {a.node for a in _actors(server)}, "an actor runs on the second node"
+    pools = server.runtime.executor.pools
+    assert pools is not None
+    # A node that dies takes its /dev/shm with it; this "node" shares the machine's,
+    # where its pool's segment would stay: removed at the end.
+    pool = pools.get(gone)
+    assert pool is not None
+    segment = pool.segment
+    request.addfinalizer(lambda: Path(f"/dev/shm/{segment}").unlink(missing_ok=True))
     with Load(server.url, clients=6) as load:
         load.wait_ok(30)
         cluster.remove_node(cluster.second, allow_graceful=False)

@@ -36,6 +36,7 @@ node pool is never defragmented or resized.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -65,6 +66,10 @@ def _aligned(nbytes: int) -> int:
     return -(-max(nbytes, 1) // ALIGNMENT) * ALIGNMENT
 
 
+RELEASE_WAIT_S = 5.0
+"""How long :meth:`NodePools.close` waits for the pools to remove their segments."""
+
+
 class PoolActor:
     """Runs on one node: owns that node's pool segment for as long as the server runs."""
 
@@ -79,6 +84,15 @@ class PoolActor:
     def segment(self) -> tuple[str, int]:
         """The segment's name and size in bytes."""
         return self._shm.name, self._shm.size
+
+    def release(self) -> None:
+        """Remove the segment (the server is done with it). ``ray.kill`` alone left it
+        in the node's /dev/shm: the kill takes the resource tracker that would have
+        removed it too."""
+        with contextlib.suppress(BufferError):  # a view maps it: the unlink still frees it
+            self._shm.close()
+        with contextlib.suppress(FileNotFoundError):
+            self._shm.unlink()
 
 
 @dataclass(slots=True)
@@ -310,9 +324,20 @@ class NodePools:
         return [(pool.node, pool.address) for pool in self._pools.values()]
 
     def close(self) -> None:
-        """Kill the pool actors (each removes its segment as it ends)."""
+        """Remove each node's segment, then kill the pool actors."""
         import ray
 
+        releasing = []
+        for pool in self._pools.values():
+            try:
+                releasing.append(pool.actor.release.remote())
+            except Exception as exc:  # its node is gone already
+                log.debug("releasing a pool: %s", exc)
+        if releasing:
+            try:  # a node that does not answer in time keeps its segment
+                ray.wait(releasing, num_returns=len(releasing), timeout=RELEASE_WAIT_S)
+            except Exception as exc:
+                log.debug("releasing the pools: %s", exc)
         for pool in self._pools.values():
             try:
                 ray.kill(pool.actor, no_restart=True)
