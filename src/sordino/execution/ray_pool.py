@@ -76,8 +76,8 @@ class PoolActor:
     def __init__(self, capacity: int) -> None:
         from sordino.memory.segments import create_segment
 
-        # The resource tracker of this actor's process removes the segment when the
-        # actor ends, also when Ray kills it with the server. Its pages are reserved
+        # Removed by release() at the server's stop, before the actor is killed (the
+        # kill takes this process's resource tracker with it). Its pages are reserved
         # (create_segment): a full /dev/shm must not end the actor with SIGBUS.
         self._shm, _ = create_segment(None, capacity)
 
