@@ -17,6 +17,7 @@ import pytest
 
 import sordino
 from sordino.errors import OutOfMemory
+from sordino.memory import segments
 from sordino.memory.arena import Arena
 from sordino.memory.segments import create_segment, reserve
 from sordino.server.load_board import LoadBoard
@@ -42,16 +43,27 @@ def test_an_arena_and_a_load_board_hold_their_pages_from_the_start(tmp_path: Pat
         board.close()
 
 
-def test_no_room_is_a_clear_error_and_leaves_nothing(tmp_path: Path) -> None:
-    shm, record = create_segment(tmp_path / "shm", 4096)
+def test_no_room_is_a_clear_error() -> None:
+    board = LoadBoard.create(None)
     try:
         with pytest.raises(OutOfMemory, match=r"/dev/shm has no room .* --shm-size"):
-            reserve(shm.name, 1 << 60)  # more than any /dev/shm holds
+            reserve(board.name, 1 << 60)  # more than any /dev/shm holds (EFBIG at once)
     finally:
-        shm.close()
-        shm.unlink()
-        if record is not None:
-            record.close()
+        board.close()
+
+
+def test_a_segment_without_room_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(name: str, size: int) -> None:
+        raise OutOfMemory("/dev/shm has no room")
+
+    monkeypatch.setattr(segments, "reserve", full)
+    before = set(os.listdir("/dev/shm"))
+    with pytest.raises(OutOfMemory):
+        create_segment(tmp_path / "shm", 1 << 20)
+    assert set(os.listdir("/dev/shm")) == before
+    assert list((tmp_path / "shm").iterdir()) == []  # nor its record
 
 
 # Run inside a mount namespace of its own (``unshare -m``, private mounts: the host's
