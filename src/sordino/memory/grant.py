@@ -30,6 +30,7 @@ import numpy as np
 from sordino.errors import OutOfMemory
 from sordino.memory.allocator import Allocator, Block, Lifetime
 from sordino.memory.refs import Lease
+from sordino.memory.segments import segment_path
 
 if TYPE_CHECKING:
     from sordino.memory.arena import Arena
@@ -38,7 +39,6 @@ __all__ = ["GRANT_MAX", "Grant", "GrantSpace", "grant_size"]
 
 GRANT_MAX = 32 * 1024 * 1024
 """The most bytes of the arena one front end is granted."""
-_SHM_DIR = "/dev/shm"
 
 
 def grant_size(arena: Arena, frontends: int) -> int:
@@ -142,7 +142,7 @@ class GrantSpace:
 
     def __init__(self, segment: str, offset: int, size: int) -> None:
         start = offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
-        fd = os.open(os.path.join(_SHM_DIR, segment.lstrip("/")), os.O_RDWR)
+        fd = os.open(segment_path(segment), os.O_RDWR)
         try:
             self._map = mmap.mmap(fd, offset + size - start, offset=start)
         finally:

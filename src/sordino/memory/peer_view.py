@@ -17,9 +17,9 @@ from __future__ import annotations
 import mmap
 import os
 
-__all__ = ["ArenaView"]
+from sordino.memory.segments import segment_path
 
-_SHM_DIR = "/dev/shm"
+__all__ = ["ArenaView"]
 
 
 class ArenaView:
@@ -57,8 +57,7 @@ class ArenaView:
 
     def _remap(self, name: str) -> memoryview:
         self.close()
-        path = os.path.join(_SHM_DIR, name.lstrip("/"))
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(segment_path(name), os.O_RDONLY)
         try:
             mapped = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
         finally:

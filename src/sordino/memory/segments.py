@@ -27,6 +27,7 @@ from sordino.errors import OutOfMemory
 
 __all__ = [
     "SEGMENTS_DIR",
+    "SHM_DIR",
     "StaleSegment",
     "attach_segment",
     "close_segment",
@@ -34,8 +35,12 @@ __all__ = [
     "create_segment",
     "remove_stale_segments",
     "reserve",
+    "segment_path",
     "shm_free_bytes",
 ]
+
+SHM_DIR = "/dev/shm"
+"""Where Linux keeps POSIX shared-memory objects (a tmpfs)."""
 
 SEGMENTS_DIR = "shm"
 """The folder of ``server.data_dir`` where the arena records its segment."""
@@ -120,7 +125,7 @@ def reserve(name: str, size: int) -> None:
     spot. Reserved, the segment's writes cannot fail. Where the segment is no file in
     /dev/shm (not Linux) or its file system cannot reserve, nothing changes."""
     try:
-        fd = os.open(f"/dev/shm/{name.lstrip('/')}", os.O_RDWR)
+        fd = os.open(segment_path(name), os.O_RDWR)
     except OSError:
         return
     try:
@@ -138,6 +143,11 @@ def reserve(name: str, size: int) -> None:
         ) from None
     finally:
         os.close(fd)
+
+
+def segment_path(name: str) -> str:
+    """The file of the shared-memory object ``name`` (``/x`` or ``x``) in :data:`SHM_DIR`."""
+    return os.path.join(SHM_DIR, name.lstrip("/"))
 
 
 def create_recorded(
@@ -225,7 +235,7 @@ def _unlink_segment(name: str) -> bool:
 def shm_free_bytes() -> int | None:
     """Free bytes of /dev/shm, or None where it cannot be read."""
     try:
-        stat = os.statvfs("/dev/shm")
+        stat = os.statvfs(SHM_DIR)
     except OSError:
         return None
     return stat.f_bavail * stat.f_frsize

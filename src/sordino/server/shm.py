@@ -50,6 +50,7 @@ from sordino.datatypes import (
 )
 from sordino.errors import InvalidRequest, NotFound, TensorError, Unsupported
 from sordino.inference import InferRequest, InferResponse
+from sordino.memory.segments import SHM_DIR
 from sordino.protocol.extensions import shared_memory_parameters
 
 __all__ = [
@@ -60,7 +61,6 @@ __all__ = [
     "cuda_status",
 ]
 
-SHM_DIR = "/dev/shm"
 """Where POSIX shared-memory objects live on Linux."""
 
 MAX_REGIONS = 256
