@@ -74,6 +74,8 @@ MAX_NAME_LENGTH = 255
 """Longest model name: a folder name on common file systems."""
 
 _NAME = re.compile(MODEL_NAME_PATTERN)
+NAME_RULE = "letters, digits, '_', '.', '-', starting with a letter or digit"
+""":data:`MODEL_NAME_PATTERN` in words, for messages."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,10 +167,7 @@ def model_from_spec(spec: str) -> ModelConfig:
     if not named:
         name = model_path.stem if model_path.suffix else model_path.name
     if not is_model_name(name):
-        rule = (
-            f"letters, digits, '_', '.', '-', starting with a letter or digit, at most "
-            f"{MAX_NAME_LENGTH} characters"
-        )
+        rule = f"{NAME_RULE}, at most {MAX_NAME_LENGTH} characters"
         if named:
             raise ConfigError(f"--model {spec!r}: {name!r} is not a model name ({rule})")
         raise ConfigError(
@@ -246,10 +245,10 @@ def repository_names(root: Path, *, warn: bool = False) -> list[str]:
             names.append(folder.name)
         elif warn:
             log.warning(
-                "model repository %s: skipping folder %r, which is not a model name "
-                "(letters, digits, '_', '.', '-', starting with a letter or digit)",
+                "model repository %s: skipping folder %r, which is not a model name (%s)",
                 root,
                 folder.name,
+                NAME_RULE,
             )
     return names
 
