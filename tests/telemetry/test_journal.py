@@ -201,3 +201,37 @@ def test_refusals_round_trip_and_an_older_journal_still_reads(tmp_path: Path) ->
         rows = reader.window(0, now).series
     assert rows == [_row(now - 2), refused]
     assert (rows[1].client_errors, rows[1].refused, rows[1].received) == (7, 2, 19)
+
+
+def test_a_full_disk_is_said_once_and_its_end_too(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A journal that cannot be written (here SQLite's own limit on the file's pages; a
+    full disk gives the same "database or disk is full") is one error line, not a
+    traceback every second, and the line when it is written again counts what was lost."""
+    journal = Journal(tmp_path / "j.sqlite3")
+    journal.open()
+    journal.write_rows([_row(100)], None)
+    assert journal.flush()
+    conn = journal._conn
+    assert conn is not None
+    pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    conn.execute(f"PRAGMA max_page_count = {pages}")
+    big = {"text": "x" * 20_000}
+    with caplog.at_level("DEBUG", logger="sordino.journal"):
+        for i in range(5):
+            journal.write_event(Event("fault_injected", "worker:m", "chaos", big, time=101 + i))
+            assert journal.flush()
+        stats = journal.statistics()
+        assert (stats.failures, stats.items_lost, stats.events_written) == (5, 5, 0)
+        conn.execute("PRAGMA max_page_count = 1073741823")
+        journal.write_event(Event("fault_injected", "worker:m", "chaos", big, time=110))
+        assert journal.flush()
+    journal.close()
+    loud = [r for r in caplog.records if r.levelname in ("ERROR", "WARNING")]
+    assert [r.levelname for r in loud] == ["ERROR", "WARNING"]
+    assert "cannot be written (database or disk is full)" in loud[0].getMessage()
+    assert "free room on its disk or give --data-dir a writable folder" in loud[0].getMessage()
+    assert loud[0].exc_info is None  # no traceback for what the operator fixes
+    assert "is written again; 5 items" in loud[1].getMessage()
+    assert journal.statistics().events_written == 1

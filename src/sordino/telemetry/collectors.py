@@ -239,6 +239,11 @@ class TelemetryCollector(Collector):
             "sordino_journal_write_failures", "Journal transactions that failed."
         )
         failures.add_metric([], stats.failures)
+        lost = CounterMetricFamily(
+            "sordino_journal_items_lost",
+            "Series seconds and events dropped because their journal write failed.",
+        )
+        lost.add_metric([], stats.items_lost)
         pending = _gauge("sordino_journal_pending_items", "Items queued for the journal writer.")
         pending.add_metric([], stats.pending)
-        yield from (rows, events, failures, pending)
+        yield from (rows, events, failures, lost, pending)

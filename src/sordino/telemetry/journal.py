@@ -204,6 +204,8 @@ class JournalStatistics:
     pending: int
     pruned_rows: int
     failures: int
+    items_lost: int
+    """Queued items (a second's series, an event) whose transaction failed."""
     last_commit: float | None
 
 
@@ -228,6 +230,8 @@ class Journal:
         self._thread: threading.Thread | None = None
         self._conn: sqlite3.Connection | None = None
         self._rows = self._events = self._commits = self._pruned = self._failures = 0
+        self._lost = self._lost_before = 0  # items whose write failed, and before this run
+        self._failing_since: float | None = None  # wall time of a run of failures' first
         self._last_commit: float | None = None
         self._idle = threading.Condition()
         self._submitted = self._done = 0
@@ -337,10 +341,20 @@ class Journal:
                 self._conn.executemany(_SERIES_SQL, series)
                 self._conn.executemany(_RESOURCES_SQL, resources)
                 self._conn.executemany(_EVENTS_SQL, events)
-        except sqlite3.Error:
+        except sqlite3.Error as exc:
             self._failures += 1
-            log.exception("journal write of %d items failed; they are lost", len(items))
+            self._failed("write", exc)
+            self._lost += len(items)
         else:
+            if self._failing_since is not None:
+                log.warning(
+                    "the journal %s is written again; %d items (series seconds and events) "
+                    "were lost in the %.0f s it could not be",
+                    self.path,
+                    self._lost - self._lost_before,
+                    self._wall() - self._failing_since,
+                )
+                self._failing_since = None
             self._rows += len(series)
             self._events += len(events)
             self._commits += 1
@@ -381,9 +395,32 @@ class Journal:
                         f"DELETE FROM {table} WHERE t < ?", (cutoff,)
                     ).rowcount
             self._pruned += pruned
-        except sqlite3.Error:
+        except sqlite3.Error as exc:
             self._failures += 1
-            log.exception("journal pruning failed")
+            self._failed("pruning", exc)
+
+    def _failed(self, what: str, exc: sqlite3.Error) -> None:
+        """Say once that the journal cannot be written, not at every second it cannot.
+
+        A full disk, a read-only or vanished file (``OperationalError``) is the operator's
+        to fix: one line that says what is lost and where to look; another error is a
+        defect, so its first comes with the traceback. The server serves on either way.
+        """
+        if self._failing_since is not None:
+            log.debug("journal %s failed again: %s", what, exc)
+            return
+        self._failing_since = self._wall()
+        self._lost_before = self._lost
+        if isinstance(exc, sqlite3.OperationalError):
+            log.error(
+                "the journal %s cannot be written (%s): its series and events are lost "
+                "until it can be (sordino_journal_write_failures_total counts the "
+                "tries); free room on its disk or give --data-dir a writable folder",
+                self.path,
+                exc,
+            )
+        else:
+            log.exception("journal %s failed; series and events are lost until it works", what)
 
     def statistics(self) -> JournalStatistics:
         with self._idle:
@@ -397,4 +434,5 @@ class Journal:
             pruned_rows=self._pruned,
             failures=self._failures,
             last_commit=self._last_commit,
+            items_lost=self._lost,
         )
