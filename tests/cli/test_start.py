@@ -310,6 +310,39 @@ def test_a_second_server_on_the_same_data_dir_is_refused(tmp_path: Path) -> None
     assert "loaded" not in result.stdout
 
 
+@pytest.mark.parametrize("where", ["data dir", "journal"])
+def test_a_data_dir_that_cannot_be_written_says_what_to_do(tmp_path: Path, where: str) -> None:
+    """A data dir that cannot be made, or a journal that cannot be written in it (a full
+    disk, a read-only mount) answered "error: [Errno 28] No space left on device" and
+    nothing else. Here a file stands where the folder would go (what a root test can make
+    fail for real)."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file, not a folder", encoding="utf-8")
+    data_dir = tmp_path / "data"
+    if where == "data dir":
+        data_dir = blocker / "data"
+    else:  # the journal's lock file cannot be opened: a folder has its name
+        (data_dir / "journal.sqlite3.lock").mkdir(parents=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "sordino", "start", "--http-port", "0", "--data-dir",
+         str(data_dir)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "loaded" not in result.stdout
+    if where == "data dir":
+        assert result.stderr.strip() == (
+            f"error: the data dir {data_dir} cannot be made (Not a directory): give "
+            "--data-dir (server.data_dir) a folder this user can write"
+        )
+    else:
+        assert result.stderr.strip() == (
+            f"error: the journal {data_dir / 'journal.sqlite3'} cannot be written (Is a "
+            "directory): free room on its disk, give --data-dir a writable folder, or run "
+            "without a journal (telemetry.journal: false)"
+        )
+
+
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 def test_tls_urls_say_so_for_both_ports(tmp_path: Path) -> None:
     """Issue 27: with TLS the HTTP URL read https:// but the gRPC one plain grpc://."""

@@ -442,7 +442,7 @@ def start(
                          "with --load-model ('*' for all)")  # fmt: skip
         config = config.model_copy(update={"pipelines": ensembles})
         config = with_runtime_hints(config, [source.path for source in sources])
-        config.server.data_dir.mkdir(parents=True, exist_ok=True)
+        _make_data_dir(config.server.data_dir)
         raise_open_file_limit()
         status = _run(config, sources)
     except (SordinoError, OSError) as exc:
@@ -453,6 +453,16 @@ def start(
         sys.exit(INTERRUPTED)
     if status:
         sys.exit(status)
+
+
+def _make_data_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"the data dir {path} cannot be made ({exc.strerror or exc}): give --data-dir "
+            "(server.data_dir) a folder this user can write"
+        ) from exc
 
 
 def _free_grpc_port_with_free_http_port(config: RuntimeConfig) -> RuntimeConfig:

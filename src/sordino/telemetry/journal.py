@@ -114,6 +114,10 @@ class JournalInUse(OSError):
     """Another server writes this journal (its series and events would mix with ours)."""
 
 
+class JournalUnwritable(OSError):
+    """The journal's file or folder cannot be made or written (full disk, read-only)."""
+
+
 def lock_path(path: Path) -> Path:
     """The lock file next to the journal at ``path``."""
     return path.with_name(path.name + ".lock")
@@ -140,10 +144,14 @@ def _lock(path: Path) -> IO[str]:
             f"the journal {path} is in use by another sordino server ({who}); give this "
             "server its own --data-dir (or telemetry.journal: false)"
         ) from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(str(os.getpid()))
-    handle.flush()
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+    except OSError:
+        handle.close()
+        raise
     return handle
 
 
@@ -246,13 +254,26 @@ class Journal:
         """Lock the journal, create the file and tables, start the writer.
 
         Raises :class:`JournalInUse` when another server (any process) writes this
-        journal, OSError or sqlite3.Error when the file cannot be created.
+        journal, :class:`JournalUnwritable` when the file cannot be created or written.
         """
-        self._lock = _lock(self.path)
         try:
+            self._lock = _lock(self.path)
             self._conn = connect(self.path)
             self._seen = self._conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
             self._prune()
+        except JournalInUse:
+            raise
+        except (OSError, sqlite3.Error) as exc:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            self._unlock()
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise JournalUnwritable(
+                f"the journal {self.path} cannot be written ({reason}): free room on its "
+                "disk, give --data-dir a writable folder, or run without a journal "
+                "(telemetry.journal: false)"
+            ) from exc
         except BaseException:
             self._unlock()
             raise
