@@ -1,8 +1,8 @@
-"""``sordino start``: load models and serve them until Ctrl-C or SIGTERM.
+"""``sordino start``: load models and serve them until Ctrl-C, SIGTERM or SIGHUP.
 
 A signal during start-up cancels it (the workers already started are stopped): Ctrl-C
-prints ``interrupted`` and exits 130 (SIGTERM: ``terminated``, 143). Once serving, a
-signal stops the server gracefully.
+prints ``interrupted`` and exits 130 (SIGTERM: ``terminated``, 143; SIGHUP: ``hung up``,
+129). Once serving, a signal stops the server gracefully (``cli/stop_signals.py``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import resource
 import signal
 import sys
 from pathlib import Path
@@ -19,7 +18,9 @@ from typing import TYPE_CHECKING, Any, get_args
 import click
 
 from sordino.cli.cache_config import cache_size
+from sordino.cli.host_setup import make_data_dir, raise_open_file_limit
 from sordino.cli.repository_option import repository_option, repository_setting
+from sordino.cli.stop_signals import WORDS, leave_lost_terminal, stop_signals, terminal_streams
 from sordino.cli.switches import switch_option
 from sordino.cli.trace_config import trace_settings
 from sordino.config import RuntimeConfig, SchedulerMode, load_config
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from sordino.models.repository import ModelSource
     from sordino.server.registry import LoadedModel
 
-__all__ = ["collect_sources", "raise_open_file_limit", "start"]
+__all__ = ["collect_sources", "start"]
 
 log = logging.getLogger("sordino")
 
@@ -125,11 +126,12 @@ INTERRUPTED = 128 + signal.SIGINT
 
 
 async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
-    """Serve until SIGINT or SIGTERM; return the exit status.
+    """Serve until SIGINT, SIGTERM or SIGHUP; return the exit status.
 
-    During start-up either signal cancels it: what already started is stopped, one
-    line says so (``interrupted``, ``terminated``) and the status is 128 + the signal's
-    number (130 for Ctrl-C). Once serving, a signal starts the graceful stop (status 0).
+    During start-up a signal cancels it: what already started is stopped, one line
+    says so (``interrupted``, ``terminated``, ``hung up``) and the status is 128 + the
+    signal's number (130 for Ctrl-C). Once serving, a signal starts the graceful stop
+    (status 0).
     """
     from sordino.server.lifecycle import open_server
 
@@ -142,13 +144,16 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
 
     def on_signal(sig: signal.Signals) -> None:
         nonlocal interrupted_by
+        if sig == signal.SIGHUP:
+            leave_lost_terminal(terminal)
         if serving:
             stop.set()
         elif interrupted_by is None:  # later signals while start-up unwinds change nothing
             interrupted_by = sig
             main.cancel()
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    terminal = terminal_streams()
+    for sig in stop_signals():
         loop.add_signal_handler(sig, on_signal, sig)
     journal = config.server.data_dir / config.telemetry.journal_file
     try:
@@ -186,7 +191,7 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
     except asyncio.CancelledError:
         if interrupted_by is None or main.uncancel() > 0:
             raise
-        click.echo("interrupted" if interrupted_by == signal.SIGINT else "terminated", err=True)
+        click.echo(WORDS[interrupted_by], err=True)
         return 128 + interrupted_by
     click.echo("stopped", err=True)
     return 0
@@ -381,11 +386,12 @@ def start(
     ray_address: str | None,
     log_level: str,
 ) -> None:
-    """Load models and serve them over KServe v2 HTTP and gRPC until Ctrl-C or SIGTERM.
+    """Load models and serve them over KServe v2 HTTP and gRPC until Ctrl-C, SIGTERM or
+    a hang-up (SIGHUP, unless started under nohup).
 
     Exit status: 0 after a graceful stop, 2 when start-up fails (a bad configuration,
     a port or data dir in use, a model that cannot load), 130 after Ctrl-C (143 after
-    SIGTERM) while models are still loading.
+    SIGTERM, 129 after SIGHUP) while models are still loading.
     """
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -442,7 +448,7 @@ def start(
                          "with --load-model ('*' for all)")  # fmt: skip
         config = config.model_copy(update={"pipelines": ensembles})
         config = with_runtime_hints(config, [source.path for source in sources])
-        _make_data_dir(config.server.data_dir)
+        make_data_dir(config.server.data_dir)
         raise_open_file_limit()
         status = _run(config, sources)
     except (SordinoError, OSError) as exc:
@@ -455,16 +461,6 @@ def start(
         sys.exit(status)
 
 
-def _make_data_dir(path: Path) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(
-            f"the data dir {path} cannot be made ({exc.strerror or exc}): give --data-dir "
-            "(server.data_dir) a folder this user can write"
-        ) from exc
-
-
 def _free_grpc_port_with_free_http_port(config: RuntimeConfig) -> RuntimeConfig:
     """HTTP port 0 with no gRPC port given (flag or file): gRPC takes a free port too.
 
@@ -475,29 +471,6 @@ def _free_grpc_port_with_free_http_port(config: RuntimeConfig) -> RuntimeConfig:
     if server.http_port != 0 or "grpc_port" in server.model_fields_set:
         return config
     return config.model_copy(update={"server": server.model_copy(update={"grpc_port": 0})})
-
-
-def raise_open_file_limit() -> int:
-    """Raise the soft limit on open files to the hard one; return the limit now in force.
-
-    Each HTTP connection holds a descriptor, and a shell's usual soft limit (1,024)
-    would let that many idle connections lock every other client out. Where the hard
-    limit cannot be taken whole (macOS reports "unlimited" but caps it lower), the
-    highest of a few smaller values that the system accepts is used.
-    """
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    for target in (hard, 1 << 20, 1 << 16, 10240):
-        if target != resource.RLIM_INFINITY and hard != resource.RLIM_INFINITY:
-            target = min(target, hard)
-        if soft != resource.RLIM_INFINITY and target <= soft:
-            break
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        except (ValueError, OSError):
-            continue
-        log.debug("open-file limit raised from %s to %s", soft, target)
-        return target
-    return soft
 
 
 def _run(config: RuntimeConfig, sources: list[ModelSource]) -> int:

@@ -325,7 +325,7 @@ def _actor_ask(options: RayModelOptions) -> dict[str, float]:
     return {name: float(amount) for name, amount in ask.items() if amount}
 
 
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _signal_handlers() -> dict[signal.Signals, Any]:

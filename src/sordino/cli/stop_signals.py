@@ -1,0 +1,55 @@
+"""The signals that stop ``sordino start``, and a terminal that hangs up.
+
+SIGINT (Ctrl-C), SIGTERM (a service manager, ``kill``) and SIGHUP (the terminal or SSH
+session the server runs in goes away) each start the graceful stop. SIGHUP's default
+would end the process on the spot: the requests in flight lost, and the arena's
+segment left in ``/dev/shm`` (its pages reserved, so memory gone until a reboot; the
+resource tracker that would remove it shares the terminal and dies with it). A server
+started under ``nohup`` has SIGHUP ignored: it stays ignored.
+
+After a hang-up the terminal is gone and every write to it fails (``EIO``): the
+standard streams that were that terminal are pointed at ``/dev/null``, so the stop's
+lines and log are dropped rather than failing the stop. A stream redirected to a file
+or a pipe is kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+
+WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}
+"""The line ``sordino start`` prints when a signal ends its start-up."""
+
+
+def stop_signals() -> tuple[signal.Signals, ...]:
+    """The signals to stop on: SIGINT, SIGTERM, and SIGHUP unless it is ignored (nohup)."""
+    signals = [signal.SIGINT, signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signals.append(signal.SIGHUP)
+    return tuple(signals)
+
+
+def terminal_streams() -> tuple[int, ...]:
+    """The standard streams that are a terminal now (asked before any hang-up: a
+    hung-up terminal no longer answers as one)."""
+    return tuple(fd for fd in (0, 1, 2) if _isatty(fd))
+
+
+def leave_lost_terminal(streams: tuple[int, ...]) -> None:
+    """Point ``streams`` (:func:`terminal_streams`) at ``/dev/null`` (after SIGHUP)."""
+    if not streams:
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for fd in streams:
+            os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
+def _isatty(fd: int) -> bool:
+    with contextlib.suppress(OSError):
+        return os.isatty(fd)
+    return False

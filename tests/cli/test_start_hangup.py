@@ -1,0 +1,84 @@
+"""``sordino start`` in a terminal that goes away (an SSH session dropped, a closed tab).
+
+The kernel hangs the terminal up and sends SIGHUP to the server. Its default ended the
+process on the spot: requests in flight lost, and the arena's segment left in
+``/dev/shm`` with its pages reserved (the resource tracker that would have removed it
+shares the terminal and died with it). A hang-up now stops the server as SIGTERM does;
+under ``nohup`` (SIGHUP ignored) it keeps serving.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.cli.conftest import ONE_MODEL, sordino_start
+
+pytestmark = pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs /dev/shm")
+
+
+def _segments(pid: int) -> set[str]:
+    return {name for name in os.listdir("/dev/shm") if name.startswith(f"sordino-{pid}-")}
+
+
+def _in_a_terminal() -> None:  # the child: a session of its own whose terminal is the pty
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def test_a_terminal_that_hangs_up_stops_the_server_gracefully(tmp_path: Path) -> None:
+    master, slave = os.openpty()
+    command = [sys.executable, "-m", "sordino", "start", *ONE_MODEL, "--http-port", "0",
+               "--grpc-port", "0", "--data-dir", str(tmp_path / "data")]  # fmt: skip
+    process = subprocess.Popen(
+        command, stdin=slave, stdout=slave, stderr=slave, preexec_fn=_in_a_terminal
+    )
+    os.close(slave)
+    try:
+        printed = b""
+        deadline = time.monotonic() + 90
+        while b"grpc://" not in printed:  # read in this thread: a read held open elsewhere
+            assert time.monotonic() < deadline, printed.decode(errors="replace")
+            if select.select([master], [], [], 0.5)[0]:  # would keep the terminal alive
+                printed += os.read(master, 65536)
+        match = re.search(rb"listening on (http://\S+)", printed)
+        assert match is not None, printed
+        url = match.group(1).decode()
+        assert httpx.get(url + "/v2/health/ready").status_code == 200
+        segments = _segments(process.pid)
+        assert segments, "the arena is a segment named after the server's pid"
+        os.close(master)  # the terminal goes away: the kernel sends SIGHUP
+        master = -1
+        assert process.wait(timeout=60) == 0  # before: -1 (ended by SIGHUP)
+        assert not segments & _segments(process.pid)  # before: the arena stayed behind
+    finally:
+        if master >= 0:
+            os.close(master)
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
+
+
+def test_under_nohup_a_hang_up_changes_nothing(tmp_path: Path) -> None:
+    def ignore_hangups() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    with sordino_start(ONE_MODEL, tmp_path, preexec=ignore_hangups) as running:
+        running.process.send_signal(signal.SIGHUP)
+        time.sleep(1.0)
+        assert running.process.poll() is None
+        assert httpx.get(running.url + "/v2/health/ready").status_code == 200
+        running.process.send_signal(signal.SIGTERM)
+        assert running.process.wait(timeout=60) == 0
+    assert "Traceback" not in "\n".join(running.lines)
