@@ -48,6 +48,7 @@ from sordino.backends.base import BackendOptions, BackendStatistics, OutputPlace
 from sordino.backends.calls import ModelCaller
 from sordino.backends.decoupled import Responder
 from sordino.backends.python import bls
+from sordino.backends.python.config_specs import tensor_specs
 from sordino.backends.python.decoupled import (
     collect_sent,
     execute_decoupled,
@@ -63,10 +64,9 @@ from sordino.backends.python.joining import (
     response_parts,
 )
 from sordino.backends.python.model_dir import forget_model, import_model
+from sordino.backends.python.raised import raised
 from sordino.backends.python.readiness import model_readiness
 from sordino.backends.reshape import Reshapes
-from sordino.config.declared import check_reshape
-from sordino.datatypes import from_triton_type
 from sordino.errors import ModelLoadError
 from sordino.inference import (
     REQUEST_ABSENT,
@@ -76,7 +76,6 @@ from sordino.inference import (
     ModelMetadata,
     RequestFacts,
     Tensor,
-    TensorSpec,
     encode_request_absent,
     encode_request_errors,
     encode_request_parameters,
@@ -100,43 +99,6 @@ def _utils() -> ModuleType:
     if folder not in sys.path:
         sys.path.append(folder)
     return sys.modules[UTILS]
-
-
-def _datatype(triton_type: object, where: str) -> str:
-    text = str(triton_type)
-    if not text.startswith("TYPE_"):
-        raise ModelLoadError(f"{where}: data_type {text!r} is not a Triton type (TYPE_FP32, ...)")
-    return from_triton_type(text)
-
-
-_UNSUPPORTED = ("allow_ragged_batch", "is_shape_tensor", "is_non_linear_format_io")
-"""Tensor fields sordino does not do: refused when true."""
-
-
-def _specs(entries: Sequence[dict[str, Any]], batched: bool, where: str) -> tuple[TensorSpec, ...]:
-    specs = []
-    for entry in entries:
-        name = entry.get("name")
-        if not name:
-            raise ModelLoadError(f"{where}: every input and output needs a name")
-        dims = [int(d) for d in entry.get("dims", ())]
-        reshape = None
-        if entry.get("reshape") is not None:
-            reshape = tuple(int(d) for d in entry["reshape"].get("shape", ()))
-            try:
-                check_reshape(f"{where}: {name}", dims, reshape, batching=batched)
-            except ValueError as exc:
-                raise ModelLoadError(str(exc)) from None
-        for field in _UNSUPPORTED:
-            if entry.get(field) is True:
-                raise ModelLoadError(
-                    f"{where}: {name}: {field} is not supported by sordino; remove it"
-                )
-        shape = tuple([-1, *dims] if batched else dims)
-        datatype = _datatype(entry.get("data_type"), where)
-        optional = entry.get("optional") is True
-        specs.append(TensorSpec(str(name), datatype, shape, optional, reshape))
-    return tuple(specs)
 
 
 _NO_FACTS = RequestFacts()
@@ -192,6 +154,7 @@ class PythonBackend:
         self._decoupled = False
         self._reshapes = Reshapes()
         """Tensors clients see in another shape than the model (Triton's ``reshape``)."""
+        self._folder = Path()  # the model's folder (config.pbtxt, the version folders)
         self._everything: tuple[str, ...] = ()
         """Every output's name, sorted (the requested outputs of a request naming none)."""
 
@@ -211,6 +174,7 @@ class PythonBackend:
         where = f"model {name}"
         version_folder = model_path.parent
         folder = version_folder.parent if version_folder.name.isdigit() else version_folder
+        self._folder = folder
         config = self._read_config(folder, where)
         utils = _utils()
         key = f"_sordino_python_model_{name}_{version}"
@@ -223,7 +187,8 @@ class PythonBackend:
                 with bls.executing(bls.Executing(name, phase="auto_complete_config")):
                     completed = model_class.auto_complete_config(utils.ModelConfig(config))
             except Exception as exc:
-                raise ModelLoadError(f"{where}: auto_complete_config raised {exc!r}") from exc
+                told = raised(exc, folder)
+                raise ModelLoadError(f"{where}: auto_complete_config raised {told}") from exc
             config = completed.as_dict()
         self._decoupled = utils.using_decoupled_model_transaction_policy(config)
         if not config.get("input") and not config.get("output"):
@@ -232,8 +197,8 @@ class PythonBackend:
                 "or from auto_complete_config"
             )
         batched = int(config.get("max_batch_size", 0)) > 0
-        inputs = _specs(config.get("input", ()), batched, where)
-        outputs = _specs(config.get("output", ()), batched, where)
+        inputs = tensor_specs(config.get("input", ()), batched, where)
+        outputs = tensor_specs(config.get("output", ()), batched, where)
         self._config = config
         self._reshapes = Reshapes.of(
             ((s.name, s.item_shape if batched else s.shape, s.reshape) for s in inputs),
@@ -257,7 +222,8 @@ class PythonBackend:
                 with bls.executing(bls.Executing(name, phase="initialize")):
                     model.initialize(args)
             except Exception as exc:
-                raise ModelLoadError(f"{where}: initialize raised {exc!r}") from exc
+                told = raised(exc, folder)
+                raise ModelLoadError(f"{where}: initialize raised {told}") from exc
         self._model, self._module = model, module
         utils.publish_metrics()
         self._everything = tuple(sorted(spec.name for spec in outputs))
@@ -396,7 +362,8 @@ class PythonBackend:
                 self._failures += 1
             if isinstance(exc, PythonModelError):
                 raise
-            raise PythonModelError(f"model {metadata.name}: execute raised {exc!r}") from exc
+            told = raised(exc, self._folder)
+            raise PythonModelError(f"model {metadata.name}: execute raised {told}") from exc
         finally:
             utils.publish_metrics()
         if place is not None:
@@ -465,7 +432,8 @@ class PythonBackend:
         except Exception as exc:
             with self._lock:
                 self._failures += 1
-            raise PythonModelError(f"model {metadata.name}: execute raised {exc!r}") from exc
+            told = raised(exc, self._folder)
+            raise PythonModelError(f"model {metadata.name}: execute raised {told}") from exc
         finally:
             _utils().publish_metrics()
         with self._lock:

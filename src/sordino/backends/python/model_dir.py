@@ -17,6 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 from sordino.backends.python import bls
+from sordino.backends.python.raised import raised
 from sordino.backends.python.triton_errors import TritonModelException
 from sordino.errors import ModelLoadError
 
@@ -79,7 +80,8 @@ def import_model(key: str, model: str, path: Path, where: str) -> ModuleType:
     except Exception as exc:
         del sys.modules[name]
         hint = _install_hint(exc) if isinstance(exc, ModuleNotFoundError) else ""
-        raise ModelLoadError(f"{where}: importing {path} raised {exc!r}{hint}") from exc
+        told = raised(exc, path.parent.parent if path.parent.name.isdigit() else path.parent)
+        raise ModelLoadError(f"{where}: importing {path} raised {told}{hint}") from exc
     return module
 
 

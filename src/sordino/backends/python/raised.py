@@ -1,0 +1,31 @@
+"""How an exception a model's own code raised is told: what it was, and where.
+
+``repr`` alone drops what a user needs most: an ``OSError``'s file name
+(``FileNotFoundError(2, 'No such file or directory')``, but which file?) and the line
+of ``model.py`` that raised it. Triton's Python backend ends such a message with an
+``At:`` list of frames; sordino names the deepest frame in the model's own folder
+(``model.py`` or a module beside it), which is the line to fix.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+
+__all__ = ["raised"]
+
+
+def raised(exc: BaseException, folder: str | os.PathLike[str]) -> str:
+    """``exc`` as ``Type(message)``, with the deepest of its frames in ``folder``:
+    ``FileNotFoundError("[Errno 2] No such file or directory: 'w.bin'") at model.py:7
+    in initialize``."""
+    if isinstance(exc, OSError) and exc.filename is not None:
+        told = f"{type(exc).__name__}({str(exc)!r})"
+    else:
+        told = repr(exc)
+    root = os.path.realpath(folder) + os.sep
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = os.path.realpath(frame.filename)
+        if path.startswith(root):
+            return f"{told} at {path[len(root) :]}:{frame.lineno} in {frame.name}"
+    return told
