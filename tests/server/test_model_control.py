@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import threading
 from collections.abc import Iterator
@@ -258,6 +259,51 @@ async def test_poll_mode_follows_the_repository(repo: Path) -> None:
             wait_for, lambda: runtime.versions("simple") == ["4"], "the poll past them"
         )
         assert runtime.versions("chain") == [] and runtime.versions("broken") == []
+    finally:
+        await control.close()
+        await runtime.stop()
+
+
+def _cut_short(model: Path, size: int) -> None:
+    model.write_bytes(SIMPLE.read_bytes()[:size])
+
+
+async def test_a_poll_tries_a_broken_model_again_only_once_its_files_change(
+    repo: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A model file that cannot load (here cut short, as a copy still under way leaves
+    it) was loaded again at every poll, a worker started each time and the same error
+    logged: now it is tried again, and logged again, once its files change; the version
+    loaded before serves on meanwhile (as Triton's poll)."""
+    config = load_config(
+        None, {"model_repository": str(repo), "server.model_control_mode": "poll"}
+    )
+    runtime = Runtime(config, scan_repository(repo), clock=VirtualClock())
+    await runtime.start()
+    control = ModelControl(runtime)
+    model = repo / "simple" / "1" / "model.onnx"
+    try:
+        _cut_short(model, 300)
+        with caplog.at_level("ERROR", logger="sordino.control"):
+            for _ in range(3):
+                await control.poll_once()
+        said = [r.getMessage() for r in caplog.records if r.name == "sordino.control"]
+        assert len(said) == 1 and "could not start" in said[0], said
+        assert control.statistics().reloads == 1  # before: 3, one a poll
+        assert runtime.versions("simple") == ["1"]  # the first load serves on
+        _cut_short(model, 200)  # changed, and broken still
+        with caplog.at_level("ERROR", logger="sordino.control"):
+            await control.poll_once()
+        assert control.statistics().reloads == 2
+        assert len([r for r in caplog.records if r.name == "sordino.control"]) == 1  # same words
+        shutil.copyfile(SIMPLE, model)
+        os.utime(model, ns=(1, 1))  # a new stamp, whatever the clock's resolution
+        with caplog.at_level("ERROR", logger="sordino.control"):
+            await control.poll_once()
+            await control.poll_once()
+        assert control.statistics().reloads == 3  # loaded, then nothing more to do
+        assert control.statistics().failures == 2
+        assert len([r for r in caplog.records if r.name == "sordino.control"]) == 1
     finally:
         await control.close()
         await runtime.stop()

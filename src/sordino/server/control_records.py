@@ -13,7 +13,14 @@ from sordino.config import ModelConfig
 from sordino.errors import InvalidRequest, SordinoError
 from sordino.models.repository import ModelSource, is_model_name
 
-__all__ = ["IndexEntry", "ModelControlStatistics", "Stamp", "check_name", "stamp"]
+__all__ = [
+    "IndexEntry",
+    "ModelControlStatistics",
+    "PollFailures",
+    "Stamp",
+    "check_name",
+    "stamp",
+]
 
 
 _CONFIG_FILES = frozenset({"config.pbtxt", "config.yaml"})
@@ -143,3 +150,40 @@ def _triton(folder: Path) -> str:
         return str(exc)
     config.pop("instance_group", None)
     return json.dumps(config, sort_keys=True)
+
+
+class PollFailures:
+    """What a repository poll remembers of the models it could not follow.
+
+    As Triton's poll, a model whose files failed to load is tried again once they
+    change, not at every poll (each try starts a worker that fails the same way), and
+    a failure is logged once, not at every poll; its state says why meanwhile.
+    """
+
+    def __init__(self) -> None:
+        self._tried: dict[str, tuple[Stamp | None, ...]] = {}
+        self._said: dict[str, str] = {}
+
+    def unchanged(self, name: str, sources: list[ModelSource]) -> bool:
+        """Whether ``sources`` are the files that failed the last try (skip them)."""
+        tried = self._tried.get(name)
+        return tried is not None and tried == tuple(stamp(s) for s in sources)
+
+    def failed(self, name: str, sources: list[ModelSource] | None, message: str) -> bool:
+        """Note a failure (``sources`` None: its configuration could not be read);
+        return whether to log it: not when the last poll said the same."""
+        if sources is not None:
+            self._tried[name] = tuple(stamp(s) for s in sources)
+        said, self._said[name] = self._said.get(name), message
+        return said != message
+
+    def followed(self, name: str) -> None:
+        """The model's files loaded: forget its failure."""
+        self._tried.pop(name, None)
+        self._said.pop(name, None)
+
+    def keep(self, present: list[str]) -> None:
+        """Forget the models no longer in the repository (back, they are tried again)."""
+        for name in set(self._tried) | set(self._said):
+            if name not in present:
+                self.followed(name)

@@ -46,6 +46,7 @@ from sordino.models.repository import (
 from sordino.server.control_records import (
     IndexEntry,
     ModelControlStatistics,
+    PollFailures,
     Stamp,
     check_name,
     stamp,
@@ -79,6 +80,7 @@ class ModelControl:
         self.ensembles = EnsembleSet(runtime, self.repositories)
         self._transient: dict[tuple[str, str], str] = {}
         self._failed: dict[str, str] = {}
+        self._poll_failures = PollFailures()
         self._last_versions: dict[str, list[str]] = {}
         self._asked: set[str] = set()  # models loaded by name, not only as an ensemble's
         self._overrides: dict[str, dict[str, Any]] = {}  # a load's config, by model
@@ -354,17 +356,25 @@ class ModelControl:
             present = self._repository_names()
             ensembles: dict[str, PipelineConfig] = {}
             for name in present:
+                sources = None
                 try:
                     root = self.repositories.root_of(name)
                     assert root is not None  # (a name it lists)
                     if self.ensembles.owns(name):  # after the models it runs
                         ensembles[name] = ensemble_pipeline(root / name)
-                    elif await self._apply(name, load_repository_model(root, name)):
-                        self.ensembles.rebuild_users_of(name)
-                except SordinoError as exc:  # a broken config.pbtxt among them
-                    log.error("repository poll: model %r: %s", name, exc)
+                    else:
+                        sources = load_repository_model(root, name)
+                        if self._poll_failures.unchanged(name, sources):
+                            continue
+                        if await self._apply(name, sources):
+                            self.ensembles.rebuild_users_of(name)
+                    self._poll_failures.followed(name)
+                except SordinoError as exc:  # a broken config.pbtxt or model file
+                    if self._poll_failures.failed(name, sources, str(exc)):
+                        log.error("repository poll: model %r: %s", name, exc)
                     if name in self.ensembles.wanted:  # an unreadable one stays as it was
                         ensembles[name] = self.ensembles.wanted[name]
+            self._poll_failures.keep(present)
             for name in sorted(self._repository_loaded() - set(present)):
                 await self.ensembles.settle(leaving=[name])
                 await self._apply(name, [])
