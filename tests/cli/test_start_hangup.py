@@ -1,10 +1,13 @@
-"""``sordino start`` in a terminal that goes away (an SSH session dropped, a closed tab).
+"""``sordino start`` in a terminal that goes away (an SSH session dropped, a closed tab),
+or printing to a pipe whose reader goes away (``sordino start | head``).
 
 The kernel hangs the terminal up and sends SIGHUP to the server. Its default ended the
 process on the spot: requests in flight lost, and the arena's segment left in
 ``/dev/shm`` with its pages reserved (the resource tracker that would have removed it
 shares the terminal and died with it). A hang-up now stops the server as SIGTERM does;
-under ``nohup`` (SIGHUP ignored) it keeps serving.
+under ``nohup`` (SIGHUP ignored) it keeps serving. A pipe whose reader is gone failed
+the next line the server printed: start-up ended ("error: [Errno 32] Broken pipe"), or
+the stop did, with exit status 1; the server now serves on and prints nothing more.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import os
 import re
 import select
 import signal
+import socket
 import subprocess
 import sys
 import termios
@@ -24,6 +28,7 @@ import httpx
 import pytest
 
 from tests.cli.conftest import ONE_MODEL, sordino_start
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs /dev/shm")
 
@@ -82,3 +87,37 @@ def test_under_nohup_a_hang_up_changes_nothing(tmp_path: Path) -> None:
         running.process.send_signal(signal.SIGTERM)
         assert running.process.wait(timeout=60) == 0
     assert "Traceback" not in "\n".join(running.lines)
+
+
+def test_a_pipe_whose_reader_goes_away_leaves_the_server_serving(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "sordino", "start", *ONE_MODEL, "--http-port", str(port),
+               "--grpc-port", "0", "--data-dir", str(tmp_path / "data")]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().startswith(b"journal at")
+        process.stdout.close()  # as `| head -1` does: the "loaded" line finds no reader
+        url = f"http://127.0.0.1:{port}/v2/health/ready"
+
+        def ready() -> bool:
+            assert process.poll() is None, "the server ended"  # before: exit 2
+            try:
+                return httpx.get(url, timeout=5).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for(ready, "the server to serve", timeout=90)
+        # Ready answers as HTTP starts listening, a loop turn or so before start-up ends;
+        # a SIGTERM in between is a stop during start-up (exit 143), not this test's.
+        time.sleep(1.0)
+        segments = _segments(process.pid)
+        process.send_signal(signal.SIGTERM)  # "shutting down" and "stopped" go nowhere
+        assert process.wait(timeout=60) == 0
+        assert not segments & _segments(process.pid)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)

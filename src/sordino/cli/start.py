@@ -20,7 +20,13 @@ import click
 from sordino.cli.cache_config import cache_size
 from sordino.cli.host_setup import make_data_dir, raise_open_file_limit
 from sordino.cli.repository_option import repository_option, repository_setting
-from sordino.cli.stop_signals import WORDS, leave_lost_terminal, stop_signals, terminal_streams
+from sordino.cli.stop_signals import (
+    WORDS,
+    leave_lost_terminal,
+    say,
+    stop_signals,
+    terminal_streams,
+)
 from sordino.cli.switches import switch_option
 from sordino.cli.trace_config import trace_settings
 from sordino.config import RuntimeConfig, SchedulerMode, load_config
@@ -161,8 +167,8 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
             config,
             sources,
             journal=journal if config.telemetry.journal else None,
-            on_journal=lambda path: click.echo(f"journal at {path}"),
-            on_loaded=lambda model: click.echo(_describe(model)),
+            on_journal=lambda path: say(f"journal at {path}"),
+            on_loaded=lambda model: say(_describe(model)),
         ) as server:
             serving = True
             # Start-up leaves a large heap (libraries, models, routes) that lives as long as
@@ -174,26 +180,26 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
             if server.frontends is not None:
                 # Said once every front end listens: the lines below are true when printed.
                 pids = ", ".join(str(pid) for pid in server.frontends.pids())
-                click.echo(
+                say(
                     f"front ends: {server.frontends.count} processes (pids {pids}) read the "
                     "client connections; this engine process reads none"
                 )
-            click.echo(
+            say(
                 f"sordino listening on {server.url} (KServe v2 HTTP, metrics at "
                 f"{server.url}/metrics, dashboard at {server.url}/dashboard)"
             )
-            click.echo(
+            say(
                 f"sordino listening on {grpc_scheme}://{server.grpc.address} (KServe v2 gRPC, "
                 f"model control: {server.control.mode})"
             )
             await stop.wait()
-            click.echo("shutting down: finishing queued requests", err=True)
+            say("shutting down: finishing queued requests", err=True)
     except asyncio.CancelledError:
         if interrupted_by is None or main.uncancel() > 0:
             raise
-        click.echo(WORDS[interrupted_by], err=True)
+        say(WORDS[interrupted_by], err=True)
         return 128 + interrupted_by
-    click.echo("stopped", err=True)
+    say("stopped", err=True)
     return 0
 
 
@@ -452,10 +458,10 @@ def start(
         raise_open_file_limit()
         status = _run(config, sources)
     except (SordinoError, OSError) as exc:
-        click.echo(f"error: {exc}", err=True)
+        say(f"error: {exc}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:  # Ctrl-C before the event loop took the signal over
-        click.echo("interrupted", err=True)
+        say("interrupted", err=True)
         sys.exit(INTERRUPTED)
     if status:
         sys.exit(status)

@@ -1,4 +1,4 @@
-"""The signals that stop ``sordino start``, and a terminal that hangs up.
+"""The signals that stop ``sordino start``, and a terminal or pipe that goes away.
 
 SIGINT (Ctrl-C), SIGTERM (a service manager, ``kill``) and SIGHUP (the terminal or SSH
 session the server runs in goes away) each start the graceful stop. SIGHUP's default
@@ -10,14 +10,17 @@ started under ``nohup`` has SIGHUP ignored: it stays ignored.
 After a hang-up the terminal is gone and every write to it fails (``EIO``): the
 standard streams that were that terminal are pointed at ``/dev/null``, so the stop's
 lines and log are dropped rather than failing the stop. A stream redirected to a file
-or a pipe is kept.
+or a pipe is kept — until a write finds its reader gone (:func:`say`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
+
+import click
 
 WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}
 """The line ``sordino start`` prints when a signal ends its start-up."""
@@ -47,6 +50,18 @@ def leave_lost_terminal(streams: tuple[int, ...]) -> None:
             os.dup2(null, fd)
     finally:
         os.close(null)
+
+
+def say(text: str, *, err: bool = False) -> None:
+    """``click.echo`` for a server: a standard stream whose reader went away (``sordino
+    start | head``, a ``tee`` that was stopped; a hung-up terminal) is pointed at
+    ``/dev/null`` and the line dropped, instead of the write ending the server."""
+    try:
+        click.echo(text, err=err)
+    except OSError as exc:
+        if exc.errno not in (errno.EPIPE, errno.EIO):
+            raise
+        leave_lost_terminal((2 if err else 1,))
 
 
 def _isatty(fd: int) -> bool:
