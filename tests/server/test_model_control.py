@@ -275,9 +275,7 @@ async def test_a_poll_tries_a_broken_model_again_only_once_its_files_change(
     it) was loaded again at every poll, a worker started each time and the same error
     logged: now it is tried again, and logged again, once its files change; the version
     loaded before serves on meanwhile (as Triton's poll)."""
-    config = load_config(
-        None, {"model_repository": str(repo), "server.model_control_mode": "poll"}
-    )
+    config = load_config(None, {"model_repository": str(repo), "server.model_control_mode": "poll"})
     runtime = Runtime(config, scan_repository(repo), clock=VirtualClock())
     await runtime.start()
     control = ModelControl(runtime)
