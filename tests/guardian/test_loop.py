@@ -11,6 +11,9 @@ from hypothesis import strategies as st
 from sordino.config.self_healing import SelfHealingConfig
 from sordino.events import EventSink
 from sordino.guardian import Guardian
+from sordino.inference import ModelKey
+from sordino.records import QueueStatistics, RequestDone, SchedulerStatistics
+from sordino.telemetry.series import SeriesRecorder
 from sordino.testing import VirtualClock
 from sordino.testing.guardian import RecordingActions, ScriptedSeries
 
@@ -166,3 +169,53 @@ async def test_the_budget_holds_across_triggers(
     assert len(h.actions.applied) <= budget
     if any(e for e, _ in pattern[2:]) and budget:
         assert h.actions.applied  # the triggers do act when allowed
+
+
+async def test_a_wall_clock_set_back_leaves_the_guardian_watching() -> None:
+    """The series goes on from the new time after the wall clock is set back; the
+    guardian counted its windows from its start (a second now in the future), so it saw
+    no row and acted on nothing until the clock came back to it."""
+
+    class Wall:
+        t = 1000.5
+
+        def __call__(self) -> float:
+            return self.t
+
+    queue = QueueStatistics.__new__(QueueStatistics)
+    object.__setattr__(queue, "depth", 0)
+    stats = SchedulerStatistics.__new__(SchedulerStatistics)
+    for name, value in {"model": "m", "version": "1", "queue": queue}.items():
+        object.__setattr__(stats, name, value)
+    wall, clock = Wall(), VirtualClock(start=0.0)
+    series = SeriesRecorder(
+        models=lambda: [stats], instances=lambda key: 1, slo_s=lambda key: 1.0, wall=wall
+    )
+    actions = RecordingActions(clock.now, reversible=False)
+    guardian = Guardian(
+        _config(action="restart_worker"),
+        series=series,
+        make_action=actions,
+        events=EventSink(),
+        clock=clock,
+        wall=wall,
+    )
+
+    async def second(at: int, errors: int) -> None:
+        wall.t = at + 0.5
+        for n in range(20):
+            failed = n < errors
+            outcome, reason = ("failure", "model_error") if failed else ("success", "ok")
+            series.request_done(
+                RequestDone(ModelKey("m", "1"), outcome, reason, 2, 0.001, 0.001, 0.002)
+            )
+        series.close_until(at + 1)
+        await clock.advance(1.0)
+        guardian.evaluate()
+        await clock.settle()
+
+    for at in range(1000, 1004):
+        await second(at, errors=0)
+    for at in range(100, 106):  # set back 904 s, and now one request in two fails
+        await second(at, errors=10)
+    assert [a for _, a in actions.applied][:1] == ["restart_worker"]  # before: none

@@ -111,3 +111,31 @@ def test_recent_keeps_a_bounded_window_and_listeners_see_every_second() -> None:
     assert len(rec.recent(5)[KEY]) == 5
     assert sum(len(rows) for rows, _ in seen) == 100
     assert rec.statistics().last_closed == 98
+
+
+def test_a_clock_set_back_goes_on_from_the_new_time(caplog: pytest.LogCaptureFixture) -> None:
+    """Set back by NTP or by hand, the wall clock repeats seconds already closed. The
+    recorder waited for it to pass the last closed second again, dropping every request
+    meanwhile (an hour of series, and of the guardian's windows, for an hour's step)."""
+    wall = Wall(1000.5)
+    rec = _recorder(wall)
+    rec.close_until(1000)
+    for second in range(1000, 1004):
+        wall.t = second + 0.5
+        _done(rec, 0.01)
+        rec.close_until(second + 1)
+    wall.t = 1004.5
+    _done(rec, 0.01)  # in a second the jump leaves in the future: never closed
+    closed: list[tuple[int, int]] = []
+    with caplog.at_level("WARNING", logger="sordino.telemetry"):
+        for second in range(900, 904):
+            wall.t = second + 0.5
+            _done(rec, 0.01)
+            closed += [(r.t, r.requests) for r in rec.close_until(second + 1)]
+    assert closed == [(900, 1), (901, 1), (902, 1), (903, 1)]  # before: []
+    assert [r.getMessage() for r in caplog.records] == [
+        "the wall clock went back (by 103 s at least): the per-second series goes on from "
+        "the new time (the journal's rows of the seconds it repeats are written again)"
+    ]
+    # The in-memory window no longer holds the seconds that are now in the future.
+    assert [r.t for r in rec.recent()[KEY]] == [900, 901, 902, 903]

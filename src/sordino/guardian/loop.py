@@ -116,6 +116,7 @@ class Guardian:
         self._task: asyncio.Task[None] | None = None
         self._work: set[asyncio.Task[None]] = set()
         self._started_s = int(wall())
+        self._end_s = 0  # the last evaluation's end: a lower one is a clock set back
         self._budget_noted = False
         self._timing_rows: dict[str, Timings] = {}
         # Unique across restarts sharing a journal: the start time, then a counter.
@@ -158,6 +159,9 @@ class Guardian:
         now = self._clock.now()
         last = self._series.statistics().last_closed
         end_s = (last + 1) if last is not None else int(self._wall())
+        if end_s < self._end_s:
+            self._clock_went_back(end_s)
+        self._end_s = end_s
         # Enough seconds for the longest window (twice it for a change, plus verifying).
         keep = max(
             (2 * max(t.config.window_s, t.config.verify_s) for t in self._triggers), default=1
@@ -172,6 +176,18 @@ class Guardian:
         }
         for trigger in self._triggers:
             self._evaluate(trigger, now, end_s, rows, resources)
+
+    def _clock_went_back(self, end_s: int) -> None:
+        """The wall clock was set back and the series goes on from the new time: the
+        seconds the windows count from (the guardian's start, a trigger's last action,
+        an action being verified) move back to it, or the windows stay empty until
+        the clock comes back to those seconds."""
+        self._started_s = min(self._started_s, end_s - 1)
+        for trigger in self._triggers:
+            if trigger.since_s is not None and trigger.since_s >= end_s:
+                trigger.since_s = end_s - 1
+            for running in trigger.verifying:
+                running.applied_wall = min(running.applied_wall, end_s - 2.0)
 
     def _measure(
         self,

@@ -11,6 +11,7 @@ ticker, never by the request path.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -27,6 +28,8 @@ __all__ = ["ResourceRow", "SecondRow", "SeriesRecorder", "SeriesStatistics"]
 
 # A ticker that wakes after a long stall fills at most this many seconds of zero rows.
 _MAX_GAP_S = 120
+
+log = logging.getLogger("sordino.telemetry")
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +223,8 @@ class SeriesRecorder:
 
     def close_until(self, now_s: int, resources: ResourceSample | None = None) -> list[SecondRow]:
         """Close every second before ``now_s``; return the new rows, oldest first."""
+        if self._last_closed is not None and now_s - 1 < self._last_closed:
+            self._clock_went_back(now_s)
         first = now_s - 1 if self._last_closed is None else self._last_closed + 1
         first = max(first, now_s - _MAX_GAP_S)
         stats = {ModelKey(s.model, s.version): s for s in self._models()}
@@ -256,6 +261,29 @@ class SeriesRecorder:
         for key in [k for k, rows in self._rows.items() if k not in stats and rows[-1].t < stale]:
             del self._rows[key]
         return out
+
+    def _clock_went_back(self, now_s: int) -> None:
+        """The wall clock was set back (a step of NTP, a host's clock corrected): go on
+        from the new time. Waiting for it to reach the last closed second instead
+        dropped every request of the meantime — an hour of series, and of the
+        guardian's windows, for an hour's step. The rows of seconds now in the future
+        leave the in-memory windows; the journal's rows of those seconds are replaced
+        as they close again."""
+        assert self._last_closed is not None
+        log.warning(
+            "the wall clock went back (by %d s at least): the per-second series goes on "
+            "from the new time (the journal's rows of the seconds it repeats are written "
+            "again)",
+            self._last_closed + 1 - now_s,
+        )
+        cut = now_s - 1
+        for future in [k for k in self._buckets if k[1] > now_s]:
+            del self._buckets[future]
+        for key, rows in self._rows.items():
+            self._rows[key] = deque((r for r in rows if r.t < cut), maxlen=rows.maxlen)
+        kept = [r for r in self._resources if r.t < cut]
+        self._resources = deque(kept, maxlen=self._resources.maxlen)
+        self._last_closed = None
 
     def _row(
         self,
