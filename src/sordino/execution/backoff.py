@@ -9,10 +9,13 @@ failure in a row waits twice as long as the previous one (capped).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 
 from sordino.clock import Clock
 from sordino.events import EventSink
+
+log = logging.getLogger("sordino.workers")
 
 __all__ = ["RestartBackoff", "start_again"]
 
@@ -101,6 +104,9 @@ async def start_again(
             return
         except Exception as exc:
             retry = backoff.next_delay(clock.now())
+            log.warning(
+                "worker %s did not start again: %s; trying again in %g s", subject, exc, retry
+            )
             failed(f"restart failed: {exc}")
             events.emit("worker_start_failed", subject, str(exc), retry_in_s=retry)
             await clock.sleep(retry)

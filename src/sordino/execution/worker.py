@@ -75,6 +75,7 @@ from sordino.execution.worker_spawn import (
     Inherited,
     describe_exit,
     end_group,
+    end_stuck_forkserver,
     join_exit_code,
     kill_tree,
     start_apart_from_main,
@@ -84,6 +85,11 @@ from sordino.memory.tensors import TensorHandle
 from sordino.telemetry.log_settings import process_log_settings
 
 __all__ = ["WorkerError", "WorkerLost", "WorkerProcess"]
+
+SPAWN_S = 30.0
+"""The longest a worker's process may take to start (the forkserver's fork; the first
+start launches the forkserver too, a few seconds), apart from its model's load: one
+that takes longer waits on a forkserver that does not answer."""
 
 log = logging.getLogger("sordino.workers")
 
@@ -161,13 +167,15 @@ class WorkerProcess(WorkerPipe):
         """
         spawning = self._loop.run_in_executor(None, start_apart_from_main, self._process)
         try:
-            await asyncio.shield(spawning)
+            await asyncio.wait_for(asyncio.shield(spawning), min(timeout_s or 1e9, SPAWN_S))
         except asyncio.CancelledError:
             # The spawn goes on in its thread: wait for it (moments), then watch the child.
             with contextlib.suppress(Exception):
                 await spawning
             self._watch()
             raise
+        except TimeoutError:
+            await self._spawn_stuck(spawning, min(timeout_s or 1e9, SPAWN_S))
         self._watch()
         waiting: set[asyncio.Future[Any]] = {self._ready, self.dead}
         done, _ = await asyncio.wait(
@@ -185,6 +193,21 @@ class WorkerProcess(WorkerPipe):
         if self._ready.done() and self._ready.exception() is not None:
             raise self._ready.exception()  # type: ignore[misc]
         raise ModelLoadError(f"worker for {self.spec.model} {self.dead.result()} while starting")
+
+    async def _spawn_stuck(self, spawning: asyncio.Future[None], timeout_s: float) -> None:
+        """The process was not even started within ``timeout_s``: the forkserver does
+        not answer. It is ended (the next start makes a new one) — waiting on, this
+        start and every one after it would wait for ever."""
+        pid = end_stuck_forkserver()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(spawning, 10.0)  # its socket closed: it ends now
+        self._watch()  # a process that started after all is watched, and ended
+        self.kill(f"not started within {timeout_s:g} s")
+        raise ModelLoadError(
+            f"worker for {self.spec.model} was not started within {timeout_s:g} s: the "
+            f"forkserver{f' (pid {pid})' if pid else ''} that starts workers did not answer "
+            "(stopped or hung); it was ended and the next start makes a new one"
+        )
 
     def _watch(self) -> None:
         """Read the pipe of the spawned process from now on (nothing if it did not spawn)."""

@@ -217,6 +217,26 @@ def lead_own_group() -> None:
         os.setpgid(0, 0)
 
 
+def end_stuck_forkserver() -> int | None:
+    """SIGKILL multiprocessing's forkserver; return its pid (None: there is none).
+
+    Called when a worker's start waited on it past the start timeout: a forkserver that
+    is stopped or hung (``SIGSTOP``, a debugger, swapped out) never answers, and every
+    start after it waits too (they start one at a time). Workers it forked before go on:
+    they are its children, not its threads. The next start launches a new forkserver
+    (``multiprocessing`` reaps the dead one), and the start that waited gets end of file.
+    """
+    if WORKER_CONTEXT.get_start_method() != "forkserver":
+        return None
+    from multiprocessing import forkserver
+
+    pid: int | None = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return pid
+
+
 def start_apart_from_main(process: Any) -> None:
     """Start ``process`` without re-running the embedding program's main script in it.
 
