@@ -205,3 +205,30 @@ async def test_a_failed_start_gives_both_held_ports_back(tmp_path: Path) -> None
         with socket.socket() as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(("127.0.0.1", port))  # raises if the engine still held it
+
+
+def test_a_front_end_that_stops_answering_is_killed_and_replaced(
+    server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stopped (or hung) front end was never noticed: it lives, so it was not
+    restarted, and the kernel went on spreading new connections to it, which waited for
+    ever. Its link is silent (a front end beats every second): it is killed, replaced."""
+    from sordino.server import frontends
+
+    monkeypatch.setattr(frontends, "_SILENT_S", 2.0, raising=False)
+    assert server.frontends is not None
+    restarts = server.frontends.restarts
+    stopped, alive = server.frontends.pids()
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        wait_for(lambda: not psutil.pid_exists(stopped), "the silent front end to be ended")
+        wait_for(lambda: server.frontends.restarts == restarts + 1, "another to start")
+        wait_for(lambda: len(server.frontends.link.pids()) == 2, "it to say hello")
+        for _ in range(10):
+            connection = any_connection(server)
+            assert ask(connection, "GET", "/v2/health/ready")[0] == 200
+            connection.close()
+        assert alive in server.frontends.pids()  # the one that answered was left alone
+    finally:
+        if psutil.pid_exists(stopped):
+            os.kill(stopped, signal.SIGCONT)

@@ -82,17 +82,22 @@ class ConnectionTally:
 
 class ConnectionReporter:
     """In a front end: looks at ``source`` every ``every_s`` seconds and calls ``send``
-    with its figures when they differ from the last sent (at once on :meth:`start`)."""
+    with its figures when they differ from the last sent (at once on :meth:`start`),
+    and at least every ``beat_s`` seconds even when they do not: the engine takes a
+    front end it has not heard from in a while for hung (``server/frontends.py``)."""
 
     def __init__(
         self,
         source: Callable[[], ConnectionStatistics],
         send: Callable[[ConnectionStatistics], None],
         every_s: float,
+        beat_s: float = 1.0,
     ) -> None:
         self._source = source
         self._send = send
         self._every_s = every_s
+        self._beat = max(1, round(beat_s / every_s))  # looks between beats
+        self._quiet = 0
         self._last: ConnectionStatistics | None = None
         self._timer: asyncio.TimerHandle | None = None
 
@@ -102,8 +107,9 @@ class ConnectionReporter:
 
     def _tick(self) -> None:
         stats = self._source()
-        if stats != self._last:
-            self._last = stats
+        self._quiet += 1
+        if stats != self._last or self._quiet >= self._beat:
+            self._last, self._quiet = stats, 0
             self._send(stats)
         self._timer = asyncio.get_running_loop().call_later(self._every_s, self._tick)
 

@@ -30,6 +30,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
@@ -82,6 +83,8 @@ class _LinkConnection(link_frames.BatchedWrites, asyncio.Protocol):
         self.grant: Grant | None = None
         """The block of the arena the front end lays its inputs into (``GRANT``)."""
         self._freed: list[int] = []  # granted ranges let go of this turn: the next FREED
+        self.heard = time.monotonic()
+        """When the front end last sent anything (it beats at least once a second)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -101,6 +104,7 @@ class _LinkConnection(link_frames.BatchedWrites, asyncio.Protocol):
         self.transport = None
 
     def data_received(self, data: bytes) -> None:
+        self.heard = time.monotonic()
         try:
             frames = self.reader.feed(data)
             for kind, body in frames:
@@ -377,6 +381,10 @@ class EngineLink:
     def pids(self) -> set[int]:
         """The front ends connected now (their pids)."""
         return {c.pid for c in self.connections if c.pid is not None}
+
+    def heard(self) -> dict[int, float]:
+        """When each connected front end (by pid) last sent anything (``time.monotonic``)."""
+        return {c.pid: c.heard for c in self.connections if c.pid is not None}
 
     def _accept_handover(self) -> None:
         assert self._handover is not None

@@ -12,7 +12,9 @@ handed over for every other route. :class:`Frontends` keeps them running:
   and start-up returns once each has said hello, which it does once it listens on
   both ports (one that exits first stops start-up with its exit status): when
   ``sordino start`` says it is listening, every front end accepts;
-- a front end that ends while the server runs is started again (a warning says so):
+- a front end that ends while the server runs is started again (a warning says so),
+  and so is one that stops answering — its link silent for 10 s (each beats every
+  second), it is killed first:
   its connections are gone (and so is what the kernel had queued for it but it had
   not accepted), new ones go to the others; the engine and the other front ends go
   on unaffected. Were all of them restarting at once, the ports stay the engine's
@@ -37,6 +39,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from typing import TYPE_CHECKING
 
 from sordino.config.server import ServerConfig
@@ -54,6 +57,7 @@ log = logging.getLogger("sordino.frontends")
 _START_S = 60.0  # longest a front end may take to connect (imports on a busy machine)
 _WATCH_S = 0.25  # how often the processes are checked
 _STEADY_S = 10.0  # a front end that ran this long before it ended is restarted at once
+_SILENT_S = 10.0  # a front end that sent nothing this long is hung (it beats every second)
 
 
 def default_frontends(cores: int | None) -> int:
@@ -175,9 +179,12 @@ class Frontends:
         started = [loop.time()] * count
         failures = [0] * count  # ends in a row, each soon after its start
         due: list[float | None] = [None] * count  # when a dead one is started again
+        now = loop.time()
         while not self._stopping:
             await asyncio.sleep(_WATCH_S)
-            now = loop.time()
+            # After a stall of the engine's own loop the front ends' beats wait unread:
+            # no one is judged silent on a round that came that late.
+            late, now = loop.time() - now > 1.0 + _WATCH_S, loop.time()
             for index, process in enumerate(self.processes):
                 if self._stopping:
                     return
@@ -190,6 +197,8 @@ class Frontends:
                     continue
                 status = process.poll()
                 if status is None:
+                    if not late:
+                        self._end_if_silent(process)
                     continue
                 # One that keeps ending soon after its start is restarted less often.
                 failures[index] = failures[index] + 1 if now - started[index] < _STEADY_S else 0
@@ -201,6 +210,22 @@ class Frontends:
                     delay,
                 )
                 due[index] = now + delay
+
+    def _end_if_silent(self, process: subprocess.Popen[bytes]) -> None:
+        """SIGKILL a front end its link has not heard from in ``_SILENT_S`` (it beats
+        every second): stopped (``SIGSTOP``, a debugger) or hung, it no longer accepts,
+        yet the kernel goes on queueing the new connections it spreads to it, which
+        wait for ever. Once it is dead, the loop above starts another."""
+        heard = self.link.heard().get(process.pid)
+        silent = time.monotonic() - heard if heard is not None else 0.0
+        if silent > _SILENT_S:
+            log.warning(
+                "front-end process %d sent nothing for %.0f s (stopped or hung): killed",
+                process.pid,
+                silent,
+            )
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
 
     async def drain(self, timeout_s: float) -> None:
         """Stop every front end: they stop accepting, answer what is in flight, and end
