@@ -163,3 +163,21 @@ def test_an_empty_or_missing_journal_gives_a_clear_message(tmp_path: Path) -> No
     assert "Traceback" not in result.output
     bad = CliRunner().invoke(cli, ["diagnose", "--output", str(tmp_path / "r.txt")])
     assert bad.exit_code == 2 and ".html or .pdf" in bad.output
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("suffix", [".html", ".pdf"])
+def test_a_report_that_cannot_be_written_says_so(
+    recorded: dict[str, Any], tmp_path: Path, suffix: str
+) -> None:
+    """A read-only place or a full disk ended the command in a traceback (a PDF on a
+    full disk in a zlib error). A file standing where the report's folder would be is
+    the failure a test can make for real."""
+    (tmp_path / "a-file").write_text("not a folder", encoding="utf-8")
+    out = tmp_path / "a-file" / f"report{suffix}"
+    result = _diagnose(recorded["data_dir"], out)
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines()[-1] == (
+        f"error: cannot write {out}: a file stands where its folder would be; give another path"
+    )
+    assert result.exception is None or isinstance(result.exception, SystemExit)

@@ -12,7 +12,14 @@ from urllib.parse import urlencode
 import click
 
 from sordino.cli.client import ServerError, ServerUnreachable, get_json
-from sordino.cli.report_files import ReportFailure, check_output, open_journal, output_option
+from sordino.cli.report_files import (
+    ReportFailure,
+    check_output,
+    open_journal,
+    output_option,
+    write_output,
+    write_pdf,
+)
 from sordino.cli.server_url import URL_ENV, auth_headers, server_url, token_option
 from sordino.reports.timerange import parse_time_range
 from sordino.telemetry.profile_data import OperatorProfile
@@ -153,11 +160,10 @@ def diagnose(
             diagnosis = run(window, focus=focus, source=source, profiles=profiles, step=step)
             chart_list = draw_charts(diagnosis, step=step)
             progress.update(task, description=f"writing {output.name}")
-            output.parent.mkdir(parents=True, exist_ok=True)
             if suffix == ".pdf":
-                render_pdf(diagnosis, chart_list, output)
+                write_pdf(output, lambda target: render_pdf(diagnosis, chart_list, target))
             else:
-                output.write_text(render_html(diagnosis, chart_list), encoding="utf-8")
+                write_output(output, render_html(diagnosis, chart_list))
             progress.update(task, completed=_STEPS, description="done")
     except ReportFailure as exc:
         click.echo(f"error: {exc}", err=True)

@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from sordino.cli.report_files import ReportFailure, check_output, open_journal, output_option
+from sordino.cli.report_files import (
+    ReportFailure,
+    check_output,
+    open_journal,
+    output_option,
+    write_output,
+    write_pdf,
+)
 
 if TYPE_CHECKING:
     from sordino.reports.postmortem import Postmortem, Targets
@@ -167,8 +174,7 @@ def _build(
 def _write(report: Postmortem, chosen: list[Chart], output: Path) -> None:
     from sordino.reports.postmortem_render import render_postmortem_html, render_postmortem_pdf
 
-    output.parent.mkdir(parents=True, exist_ok=True)
     if output.suffix.lower() == ".pdf":
-        render_postmortem_pdf(report, chosen, output)
+        write_pdf(output, lambda target: render_postmortem_pdf(report, chosen, target))
     else:
-        output.write_text(render_postmortem_html(report, chosen), encoding="utf-8")
+        write_output(output, render_postmortem_html(report, chosen))

@@ -1,8 +1,13 @@
-"""What the report commands (``diagnose``, ``postmortem``) share: the ``--output`` option,
-its check, the journal opened with a clear message, and the failure they print."""
+"""What the report commands (``diagnose``, ``postmortem``, ``stress``) share: the
+``--output`` option, its check, the journal opened with a clear message, the report
+written (or a clear failure: a read-only place, a full disk), and the failure they
+print."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,7 +16,14 @@ import click
 if TYPE_CHECKING:
     from sordino.telemetry.journal_reader import JournalReader
 
-__all__ = ["ReportFailure", "check_output", "open_journal", "output_option"]
+__all__ = [
+    "ReportFailure",
+    "check_output",
+    "open_journal",
+    "output_option",
+    "write_output",
+    "write_pdf",
+]
 
 
 class ReportFailure(Exception):
@@ -45,3 +57,37 @@ def open_journal(path: Path) -> JournalReader:
         return JournalReader(path)
     except MissingJournal as exc:
         raise ReportFailure(str(exc)) from None
+
+
+def write_output(path: Path, content: str | bytes) -> None:
+    """Write a file the user named (its folder made); one that cannot be written — a
+    read-only place, a full disk — is a :class:`ReportFailure` that says which and
+    what to do, and a file this write began is not left behind half written."""
+    data = content.encode("utf-8") if isinstance(content, str) else content
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ReportFailure(
+            f"cannot write {path}: a file stands where its folder would be; give another path"
+        ) from None
+    except OSError:
+        pass  # said below, as the write fails the same way
+    try:
+        path.write_bytes(data)
+    except OSError as exc:
+        if not existed and path.is_file():  # only what this write began (never a device)
+            with contextlib.suppress(OSError):
+                path.unlink()
+        raise ReportFailure(
+            f"cannot write {path} ({exc.strerror or exc}): give another path, or free "
+            "room on its disk"
+        ) from None
+
+
+def write_pdf(path: Path, render: Callable[[io.BytesIO], None]) -> None:
+    """A PDF drawn whole in memory by ``render``, then written as :func:`write_output`
+    does (matplotlib writing to a full disk itself fails with a ``zlib`` error)."""
+    buffer = io.BytesIO()
+    render(buffer)
+    write_output(path, buffer.getvalue())

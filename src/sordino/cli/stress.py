@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from sordino.cli.report_files import ReportFailure, write_output
 from sordino.cli.server_url import URL_ENV, server_url
 from sordino.cli.stress_server import Failure, is_model_file, own_server
 from sordino.control.client import TOKEN_ENV
@@ -251,7 +252,7 @@ def stress_test(
             if model is not None and is_model_file(model):
                 raise Failure(f"--model {model} is a file; with --url give the model's name")
             status = _run(server_url(url), model, chosen, options)
-    except (Failure, ConfigError) as exc:
+    except (Failure, ConfigError, ReportFailure) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:
@@ -390,9 +391,8 @@ def _run(url: str, model: str | None, profile: Profile, o: _Options) -> int:
         click.echo(f"- {line}", err=human)
     output, json_path, apply_to = o.output, o.json_path, o.apply_to
     if output is not None:
-        output.parent.mkdir(parents=True, exist_ok=True)
         html = render_html(result, found, warnings, suggested, draw_charts(result))
-        output.write_text(html, encoding="utf-8")
+        write_output(output, html)
         click.echo(f"report written to {output}", err=human)
     if json_path is not None:
         document = result.to_json()
@@ -405,7 +405,7 @@ def _run(url: str, model: str | None, profile: Profile, o: _Options) -> int:
         if str(json_path) == "-":
             click.echo(text)
         else:
-            json_path.write_text(text, encoding="utf-8")
+            write_output(json_path, text)
     if apply_to is not None:
         if suggested:
             find.apply_suggestions(apply_to, suggested)

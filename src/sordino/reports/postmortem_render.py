@@ -12,7 +12,7 @@ import datetime as dt
 import html
 import io
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from sordino.reports.charts import has_data, no_data
 from sordino.reports.diagnose import when
@@ -418,7 +418,7 @@ def _table(text: _TextPages, header: list[str], rows: list[list[str]]) -> None:
         text.line(line, size=6.5, bold=n == 0, mono=True)
 
 
-def render_postmortem_pdf(pm: Postmortem, charts: list[Chart], path: Path) -> None:
+def render_postmortem_pdf(pm: Postmortem, charts: list[Chart], path: Path | BinaryIO) -> None:
     """The postmortem as a PDF: the target table, the sections, then the charts."""
     from matplotlib.backends.backend_pdf import PdfPages
 

@@ -14,7 +14,7 @@ from base64 import b64encode
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -349,7 +349,7 @@ def chart_pages(pdf: Any, charts: list[Chart]) -> None:
         pdf.savefig(fig)
 
 
-def render_pdf(diagnosis: Diagnosis, chart_list: list[Chart], path: Path) -> None:
+def render_pdf(diagnosis: Diagnosis, chart_list: list[Chart], path: Path | BinaryIO) -> None:
     """Write the report as a PDF: text pages, then the charts filling pages."""
     from matplotlib.backends.backend_pdf import PdfPages
 
