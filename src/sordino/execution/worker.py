@@ -86,9 +86,10 @@ from sordino.telemetry.log_settings import process_log_settings
 
 __all__ = ["WorkerError", "WorkerLost", "WorkerProcess"]
 
-SPAWN_S = 30.0
-"""The longest a worker's process may take to start (the forkserver's fork; the first
-start launches the forkserver too, a few seconds), apart from its model's load: one
+SPAWN_S, SPAWN_MIN_S = 30.0, 10.0
+"""The longest a worker's process may take to start, apart from its model's load: 30 s,
+or ``workers.start_timeout`` if shorter but never under 10 s (a fork from the forkserver
+takes milliseconds; the first start launches the forkserver too, a few seconds). One
 that takes longer waits on a forkserver that does not answer."""
 
 log = logging.getLogger("sordino.workers")
@@ -166,8 +167,9 @@ class WorkerProcess(WorkerPipe):
         that :meth:`stop` can end it.
         """
         spawning = self._loop.run_in_executor(None, start_apart_from_main, self._process)
+        bound = max(SPAWN_MIN_S, min(timeout_s or SPAWN_S, SPAWN_S))
         try:
-            await asyncio.wait_for(asyncio.shield(spawning), min(timeout_s or 1e9, SPAWN_S))
+            await asyncio.wait_for(asyncio.shield(spawning), bound)
         except asyncio.CancelledError:
             # The spawn goes on in its thread: wait for it (moments), then watch the child.
             with contextlib.suppress(Exception):
@@ -175,7 +177,7 @@ class WorkerProcess(WorkerPipe):
             self._watch()
             raise
         except TimeoutError:
-            await self._spawn_stuck(spawning, min(timeout_s or 1e9, SPAWN_S))
+            await self._spawn_stuck(spawning, bound)
         self._watch()
         waiting: set[asyncio.Future[Any]] = {self._ready, self.dead}
         done, _ = await asyncio.wait(
