@@ -47,6 +47,7 @@ import functools
 import itertools
 import logging
 import os
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -73,6 +74,7 @@ from sordino.execution.worker_spawn import (
     LIVE_PIDS,
     WORKER_CONTEXT,
     Inherited,
+    SpawnClock,
     describe_exit,
     end_group,
     end_stuck_forkserver,
@@ -86,11 +88,20 @@ from sordino.telemetry.log_settings import process_log_settings
 
 __all__ = ["WorkerError", "WorkerLost", "WorkerProcess"]
 
-SPAWN_S, SPAWN_MIN_S = 30.0, 10.0
-"""The longest a worker's process may take to start, apart from its model's load: 30 s,
-or ``workers.start_timeout`` if shorter but never under 10 s (a fork from the forkserver
-takes milliseconds; the first start launches the forkserver too, a few seconds). One
-that takes longer waits on a forkserver that does not answer."""
+SPAWN_S = 10.0
+"""The longest a running forkserver may take to fork a worker (milliseconds when it
+answers): one that takes longer does not answer. Not counted: the start's wait for a
+thread and for the start before it, and a forkserver's own launch."""
+
+
+async def _within(future: asyncio.Future[None], seconds: float) -> bool:
+    """Whether ``future`` is done within ``seconds`` (its exception raised if it failed)."""
+    try:
+        await asyncio.wait_for(asyncio.shield(future), seconds)
+    except TimeoutError:
+        return False
+    return True
+
 
 log = logging.getLogger("sordino.workers")
 
@@ -166,18 +177,19 @@ class WorkerProcess(WorkerPipe):
         If the caller is cancelled, a process already spawning is still watched, so
         that :meth:`stop` can end it.
         """
-        spawning = self._loop.run_in_executor(None, start_apart_from_main, self._process)
-        bound = max(SPAWN_MIN_S, min(timeout_s or SPAWN_S, SPAWN_S))
+        clock = SpawnClock()
+        spawning = self._loop.run_in_executor(None, start_apart_from_main, self._process, clock)
         try:
-            await asyncio.wait_for(asyncio.shield(spawning), bound)
+            while not await _within(spawning, 1.0):
+                since = clock.forking_since
+                if since is not None and time.monotonic() - since > SPAWN_S:
+                    await self._spawn_stuck(spawning)
         except asyncio.CancelledError:
             # The spawn goes on in its thread: wait for it (moments), then watch the child.
             with contextlib.suppress(Exception):
                 await spawning
             self._watch()
             raise
-        except TimeoutError:
-            await self._spawn_stuck(spawning, bound)
         self._watch()
         waiting: set[asyncio.Future[Any]] = {self._ready, self.dead}
         done, _ = await asyncio.wait(
@@ -196,17 +208,17 @@ class WorkerProcess(WorkerPipe):
             raise self._ready.exception()  # type: ignore[misc]
         raise ModelLoadError(f"worker for {self.spec.model} {self.dead.result()} while starting")
 
-    async def _spawn_stuck(self, spawning: asyncio.Future[None], timeout_s: float) -> None:
-        """The process was not even started within ``timeout_s``: the forkserver does
-        not answer. It is ended (the next start makes a new one) — waiting on, this
-        start and every one after it would wait for ever."""
+    async def _spawn_stuck(self, spawning: asyncio.Future[None]) -> None:
+        """The forkserver did not fork this worker within ``SPAWN_S``: it does not
+        answer. It is ended (the next start makes a new one) — waiting on, this start
+        and every one after it would wait for ever."""
         pid = end_stuck_forkserver()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(spawning, 10.0)  # its socket closed: it ends now
         self._watch()  # a process that started after all is watched, and ended
-        self.kill(f"not started within {timeout_s:g} s")
+        self.kill(f"not started within {SPAWN_S:g} s")
         raise ModelLoadError(
-            f"worker for {self.spec.model} was not started within {timeout_s:g} s: the "
+            f"worker for {self.spec.model} was not started within {SPAWN_S:g} s: the "
             f"forkserver{f' (pid {pid})' if pid else ''} that starts workers did not answer "
             "(stopped or hung); it was ended and the next start makes a new one"
         )

@@ -38,6 +38,8 @@ import time
 from multiprocessing import reduction
 from typing import TYPE_CHECKING, Any
 
+import psutil
+
 if TYPE_CHECKING:  # ForkServerContext exists only where the platform has a forkserver
     from multiprocessing.context import ForkServerContext, SpawnContext
 
@@ -217,27 +219,57 @@ def lead_own_group() -> None:
         os.setpgid(0, 0)
 
 
+def _forkserver_pid() -> int | None:
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    pid: int | None = getattr(server, "_forkserver_pid", None)
+    return pid
+
+
+def forkserver_running() -> bool:
+    """Whether multiprocessing's forkserver is up (launched, alive): a start then is a
+    fork request it answers in milliseconds. Otherwise the start launches one first
+    (its imports: seconds on a busy machine)."""
+    if WORKER_CONTEXT.get_start_method() != "forkserver":
+        return False
+    pid = _forkserver_pid()
+    if pid is None:
+        return False
+    try:  # not waitpid: that would reap it under multiprocessing's feet
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def end_stuck_forkserver() -> int | None:
     """SIGKILL multiprocessing's forkserver; return its pid (None: there is none).
 
-    Called when a worker's start waited on it past the start timeout: a forkserver that
-    is stopped or hung (``SIGSTOP``, a debugger, swapped out) never answers, and every
+    Called when a worker's start waited on it past its bound: a forkserver that is
+    stopped or hung (``SIGSTOP``, a debugger, swapped out) never answers, and every
     start after it waits too (they start one at a time). Workers it forked before go on:
     they are its children, not its threads. The next start launches a new forkserver
     (``multiprocessing`` reaps the dead one), and the start that waited gets end of file.
     """
     if WORKER_CONTEXT.get_start_method() != "forkserver":
         return None
-    from multiprocessing import forkserver
-
-    pid: int | None = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    pid = _forkserver_pid()
     if pid is not None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     return pid
 
 
-def start_apart_from_main(process: Any) -> None:
+class SpawnClock:
+    """When a start began asking a running forkserver to fork (None: not yet — queued
+    for a thread, waiting for another start, or launching the forkserver first). Only
+    that part is bounded: it takes milliseconds when the forkserver answers."""
+
+    def __init__(self) -> None:
+        self.forking_since: float | None = None
+
+
+def start_apart_from_main(process: Any, clock: SpawnClock | None = None) -> None:
     """Start ``process`` without re-running the embedding program's main script in it.
 
     ``spawn`` re-imports the parent's ``__main__`` in every child, so a script that
@@ -249,13 +281,15 @@ def start_apart_from_main(process: Any) -> None:
     main = sys.modules.get("__main__")
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_IGNORED_SIGNALS)
     try:
-        _start_without_main(process, main)
+        _start_without_main(process, main, clock)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
-def _start_without_main(process: Any, main: Any) -> None:
+def _start_without_main(process: Any, main: Any, clock: SpawnClock | None) -> None:
     with _MAIN_LOCK:
+        if clock is not None and forkserver_running():
+            clock.forking_since = time.monotonic()
         saved = {
             name: main.__dict__.pop(name)
             for name in ("__file__",)
