@@ -84,7 +84,8 @@ class _LinkConnection(link_frames.BatchedWrites, asyncio.Protocol):
         """The block of the arena the front end lays its inputs into (``GRANT``)."""
         self._freed: list[int] = []  # granted ranges let go of this turn: the next FREED
         self.heard = time.monotonic()
-        """When the front end last sent anything (it beats at least once a second)."""
+        """When the front end's last beat came (its connection figures, sent at least
+        once a second: the request path does not touch it)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -104,7 +105,6 @@ class _LinkConnection(link_frames.BatchedWrites, asyncio.Protocol):
         self.transport = None
 
     def data_received(self, data: bytes) -> None:
-        self.heard = time.monotonic()
         try:
             frames = self.reader.feed(data)
             for kind, body in frames:
@@ -125,7 +125,8 @@ class _LinkConnection(link_frames.BatchedWrites, asyncio.Protocol):
                     pending = self.pending.pop(link_frames.decode_id(body), None)
                     if pending is not None:
                         pending.cancel()
-                elif kind == link_frames.CONNECTIONS:
+                elif kind == link_frames.CONNECTIONS:  # at least once a second: its beat
+                    self.heard = time.monotonic()
                     self.link.tally.report(self, link_frames.decode_connections(body))
                 elif kind == link_frames.HELLO:
                     self.pid = link_frames.decode_id(body)
@@ -383,7 +384,7 @@ class EngineLink:
         return {c.pid for c in self.connections if c.pid is not None}
 
     def heard(self) -> dict[int, float]:
-        """When each connected front end (by pid) last sent anything (``time.monotonic``)."""
+        """When each connected front end (by pid) last beat (``time.monotonic``)."""
         return {c.pid: c.heard for c in self.connections if c.pid is not None}
 
     def _accept_handover(self) -> None:
