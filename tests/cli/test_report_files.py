@@ -9,14 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from sordino.cli.report_files import ReportFailure, write_output, write_pdf
+from sordino.cli.report_files import ReportFailure, write_output, write_report
 
 
 def test_a_report_lands_whole_with_its_folder(tmp_path: Path) -> None:
     write_output(tmp_path / "new" / "r.html", "<p>é</p>")
     assert (tmp_path / "new" / "r.html").read_text(encoding="utf-8") == "<p>é</p>"
-    write_pdf(tmp_path / "r.pdf", lambda target: target.write(b"%PDF-1.4 ..."))
+    for name in ("r.pdf", "r.html"):
+        write_report(tmp_path / name, lambda: "<p>html</p>", lambda t: t.write(b"%PDF-1.4 ..."))
     assert (tmp_path / "r.pdf").read_bytes() == b"%PDF-1.4 ..."
+    assert (tmp_path / "r.html").read_text(encoding="utf-8") == "<p>html</p>"
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")

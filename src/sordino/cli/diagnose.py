@@ -17,8 +17,7 @@ from sordino.cli.report_files import (
     check_output,
     open_journal,
     output_option,
-    write_output,
-    write_pdf,
+    write_report,
 )
 from sordino.cli.server_url import URL_ENV, auth_headers, server_url, token_option
 from sordino.reports.timerange import parse_time_range
@@ -126,7 +125,7 @@ def diagnose(
     journal needs its admin token (--token, else $SORDINO_ADMIN_TOKEN) unless the server
     runs on loopback without one.
     """
-    suffix = check_output(output)
+    check_output(output)
     if data_dir is not None and url is not None:
         click.echo("error: give --data-dir or --url, not both", err=True)
         sys.exit(2)
@@ -160,10 +159,11 @@ def diagnose(
             diagnosis = run(window, focus=focus, source=source, profiles=profiles, step=step)
             chart_list = draw_charts(diagnosis, step=step)
             progress.update(task, description=f"writing {output.name}")
-            if suffix == ".pdf":
-                write_pdf(output, lambda target: render_pdf(diagnosis, chart_list, target))
-            else:
-                write_output(output, render_html(diagnosis, chart_list))
+            write_report(
+                output,
+                lambda: render_html(diagnosis, chart_list),
+                lambda target: render_pdf(diagnosis, chart_list, target),
+            )
             progress.update(task, completed=_STEPS, description="done")
     except ReportFailure as exc:
         click.echo(f"error: {exc}", err=True)

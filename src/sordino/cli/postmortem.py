@@ -17,8 +17,7 @@ from sordino.cli.report_files import (
     check_output,
     open_journal,
     output_option,
-    write_output,
-    write_pdf,
+    write_report,
 )
 
 if TYPE_CHECKING:
@@ -174,7 +173,8 @@ def _build(
 def _write(report: Postmortem, chosen: list[Chart], output: Path) -> None:
     from sordino.reports.postmortem_render import render_postmortem_html, render_postmortem_pdf
 
-    if output.suffix.lower() == ".pdf":
-        write_pdf(output, lambda target: render_postmortem_pdf(report, chosen, target))
-    else:
-        write_output(output, render_postmortem_html(report, chosen))
+    write_report(
+        output,
+        lambda: render_postmortem_html(report, chosen),
+        lambda target: render_postmortem_pdf(report, chosen, target),
+    )

@@ -22,7 +22,7 @@ __all__ = [
     "open_journal",
     "output_option",
     "write_output",
-    "write_pdf",
+    "write_report",
 ]
 
 
@@ -85,9 +85,13 @@ def write_output(path: Path, content: str | bytes) -> None:
         ) from None
 
 
-def write_pdf(path: Path, render: Callable[[io.BytesIO], None]) -> None:
-    """A PDF drawn whole in memory by ``render``, then written as :func:`write_output`
-    does (matplotlib writing to a full disk itself fails with a ``zlib`` error)."""
+def write_report(path: Path, html: Callable[[], str], pdf: Callable[[io.BytesIO], None]) -> None:
+    """Write the report ``--output`` names: ``html()`` for .html, else the PDF ``pdf``
+    draws whole in memory (matplotlib writing to a full disk itself fails with a
+    ``zlib`` error), each as :func:`write_output` does."""
+    if path.suffix.lower() != ".pdf":
+        write_output(path, html())
+        return
     buffer = io.BytesIO()
-    render(buffer)
+    pdf(buffer)
     write_output(path, buffer.getvalue())
