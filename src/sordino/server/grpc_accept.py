@@ -30,6 +30,8 @@ from typing import Any
 
 import grpc
 
+from sordino.server.grpc_log import quiet_unfinished_calls
+
 __all__ = ["AcceptAhead", "accept_ahead_supported", "open_server"]
 
 log = logging.getLogger("sordino.grpc")
@@ -119,7 +121,10 @@ def open_server(options: Sequence[tuple[str, Any]], ahead: int) -> Any:
     """Return a ``grpc.aio`` server keeping ``ahead`` call requests outstanding.
 
     With ``ahead`` 1, or on a grpcio without the hook, it is ``grpc.aio.server``.
+    A call whose answer could not be sent (its client gone) is logged in one DEBUG
+    line, not grpc.aio's ERROR and traceback (``server/grpc_log.py``).
     """
+    quiet_unfinished_calls()
     if ahead <= 1 or not _SUPPORTED:
         if ahead > 1:
             log.info(
