@@ -121,3 +121,64 @@ def test_a_pipe_whose_reader_goes_away_leaves_the_server_serving(tmp_path: Path)
         if process.poll() is None:
             process.kill()
             process.wait(30)
+
+
+_PRINTING_MODEL = """
+import logging
+import sys
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        print("execute", len(requests))  # Triton's examples print
+        print("to stderr", file=sys.stderr, flush=True)
+        logging.getLogger("model").warning("a log line")
+        sys.stdout.flush()
+        return [
+            pb_utils.InferenceResponse([pb_utils.get_input_tensor_by_name(r, "IN")])
+            for r in requests
+        ]
+"""
+_PRINTING_CONFIG = """
+name: "printing"
+backend: "python"
+input [ { name: "IN", data_type: TYPE_FP32, dims: [ 2 ] } ]
+output [ { name: "IN", data_type: TYPE_FP32, dims: [ 2 ] } ]
+"""
+
+
+def test_a_python_model_that_prints_serves_on_after_the_pipe_closes(tmp_path: Path) -> None:
+    """The workers hold copies of the server's streams: a model's print, to a pipe whose
+    reader is gone, failed every request ("execute raised BrokenPipeError")."""
+    (tmp_path / "repo" / "printing" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "printing" / "config.pbtxt").write_text(_PRINTING_CONFIG)
+    (tmp_path / "repo" / "printing" / "1" / "model.py").write_text(_PRINTING_MODEL)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "sordino", "start", "--no-builtin", "--model-repository",
+               str(tmp_path / "repo"), "--http-port", str(port), "--grpc-port", "0",
+               "--data-dir", str(tmp_path / "data")]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert process.stdout is not None
+        printed = b""
+        while b"grpc://" not in printed:  # the model is loaded: its worker holds the pipe
+            line = process.stdout.readline()
+            assert line, printed.decode(errors="replace")
+            printed += line
+        process.stdout.close()  # the reader goes away
+        infer = f"http://127.0.0.1:{port}/v2/models/printing/infer"
+        body = {"inputs": [{"name": "IN", "shape": [2], "datatype": "FP32", "data": [1, 2]}]}
+        for _ in range(3):
+            answer = httpx.post(infer, json=body, timeout=30)
+            assert answer.status_code == 200, answer.text  # before: 500, BrokenPipeError
+            assert answer.json()["outputs"][0]["data"] == [1, 2]
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)

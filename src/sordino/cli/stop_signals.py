@@ -10,17 +10,19 @@ started under ``nohup`` has SIGHUP ignored: it stays ignored.
 After a hang-up the terminal is gone and every write to it fails (``EIO``): the
 standard streams that were that terminal are pointed at ``/dev/null``, so the stop's
 lines and log are dropped rather than failing the stop. A stream redirected to a file
-or a pipe is kept — until a write finds its reader gone (:func:`say`).
+or a pipe is kept — until a write finds its reader gone (:func:`say`; the workers'
+streams, which are copies of the server's, do the same: ``execution/lost_streams.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import signal
 
 import click
+
+from sordino.execution.lost_streams import LOST, point_at_null
 
 WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}
 """The line ``sordino start`` prints when a signal ends its start-up."""
@@ -42,14 +44,7 @@ def terminal_streams() -> tuple[int, ...]:
 
 def leave_lost_terminal(streams: tuple[int, ...]) -> None:
     """Point ``streams`` (:func:`terminal_streams`) at ``/dev/null`` (after SIGHUP)."""
-    if not streams:
-        return
-    null = os.open(os.devnull, os.O_RDWR)
-    try:
-        for fd in streams:
-            os.dup2(null, fd)
-    finally:
-        os.close(null)
+    point_at_null(streams)
 
 
 def say(text: str, *, err: bool = False) -> None:
@@ -59,7 +54,7 @@ def say(text: str, *, err: bool = False) -> None:
     try:
         click.echo(text, err=err)
     except OSError as exc:
-        if exc.errno not in (errno.EPIPE, errno.EIO):
+        if exc.errno not in LOST:
             raise
         leave_lost_terminal((2 if err else 1,))
 

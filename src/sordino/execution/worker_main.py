@@ -52,6 +52,7 @@ from sordino.backends.base import (
 )
 from sordino.backends.calls import CallingBackend
 from sordino.backends.decoupled import DecoupledBackend
+from sordino.execution.lost_streams import keep_standard_streams
 from sordino.execution.messages import (
     HEARTBEAT,
     FrameError,
@@ -164,6 +165,7 @@ def worker_main(
     _own_children()
     if inherited is not None:
         inherited.adopt()
+    keep_standard_streams()  # a model's print must not fail once the server's pipe closes
     fresh_random_state()
     if log_settings is not None:
         configure_process_log(log_settings)
