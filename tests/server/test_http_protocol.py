@@ -364,3 +364,48 @@ def test_requests_after_an_ignored_upgrade_are_parsed_as_before(server: RunningS
     assert [orjson.loads(body)["model_name"] for _, body in answers[:2] + answers[3:]] == [
         MODEL
     ] * 5
+
+
+def test_a_client_that_pipelines_without_reading_is_read_no_further(
+    server: RunningServer,
+) -> None:
+    """A client that sends request after request on one connection and reads none of the
+    answers: the server stops reading it once its answers are not being read, instead of
+    queueing what it sends (each answer let a whole read of requests more in, and the
+    answers piled up unsent: 4 GB in 40 s against `sordino start`). When the client
+    reads, every request it sent is answered, in order."""
+    rows = 32
+    body = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "pixels",
+                    "datatype": "FP32",
+                    "shape": [rows, 64],
+                    "data": [0.5] * (rows * 64),
+                }
+            ]
+        }  # fmt: skip
+    )
+    request = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    request_bytes = request.encode() + body
+    cap = 100 * 2**20
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect
+        sock.connect(("127.0.0.1", server.port))
+        sock.settimeout(3.0)
+        sent = 0
+        try:
+            while sent * len(request_bytes) < cap:
+                sock.sendall(request_bytes)
+                sent += 1
+        except TimeoutError:
+            pass  # the server stopped reading: what it has not read fills the buffers
+        # Before: the whole 100 MB went in (the server read on, whatever it could not send).
+        assert sent * len(request_bytes) < cap / 2, f"{sent} requests read"
+        sock.settimeout(30.0)
+        answers = _responses(sock, sent)  # the last one may be partly sent: not counted
+        assert [_status(head) for head, _ in answers] == [200] * sent
+        assert all(
+            len(orjson.loads(answer)["outputs"][0]["data"]) == rows * 10 for _, answer in answers
+        )

@@ -118,6 +118,7 @@ class HttpProtocol(IgnoredUpgrade, GuardedReads):
         self.read_paused = False
         self.write_paused = False
         self._writable: asyncio.Future[None] | None = None
+        self._next_after_drain = False  # an answer done while the client was not reading
         self._head_of: list[tuple[bytes, bytes]] | None = None
         self._head = b""
 
@@ -378,16 +379,30 @@ class HttpProtocol(IgnoredUpgrade, GuardedReads):
         self.tasks.add(task)
 
     def on_response_complete(self) -> None:
-        """An answer was written whole: start the next pipelined request, or wait idle."""
+        """An answer was written whole: start the next pipelined request, or wait idle —
+        once the client has read enough of its answers (see :meth:`resume_writing`)."""
         self.server_state.total_requests += 1
         self._running = None
         if self.transport.is_closing():
             return
+        if self.write_paused:
+            # The client is not reading its answers: read nothing more and start no
+            # pipelined request until it does, so that answers cannot pile up in this
+            # process (a client pipelining without reading grew it by 4 GB in 40 s).
+            self.pause_reading()
+            self._next_after_drain = True
+            return
+        self._next_request()
+
+    def _next_request(self) -> None:
         self._unset_keep_alive()
-        self.resume_reading()
         if self.pipeline:
+            # Read on only once the requests already read are answered (the one started
+            # reads the rest of its body itself): resumed here, every answer let a whole
+            # read of requests more in, and the queue grew without bound.
             self.start_task(self.pipeline.pop())
         else:
+            self.resume_reading()
             self._idle()
 
     def default_head(self) -> bytes:
@@ -458,6 +473,10 @@ class HttpProtocol(IgnoredUpgrade, GuardedReads):
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)
         self._writable = None
+        if self._next_after_drain:
+            self._next_after_drain = False
+            if not self.transport.is_closing():
+                self._next_request()
 
     async def drain(self) -> None:
         """Wait until the transport's write buffer is below its low-water mark."""
