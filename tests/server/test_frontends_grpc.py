@@ -440,6 +440,41 @@ def test_a_slow_stream_client_holds_the_engine_back_not_the_front_ends_memory(
     assert {r.infer_response.id for r in got} == {f"s{i}" for i in range(requests)}
 
 
+def test_a_stream_client_that_sends_ahead_waits_in_grpc_not_in_the_engine() -> None:
+    """The engine takes a forwarded stream's messages as its servicer reads them, and its
+    servicer at most ``server.max_requests_per_stream`` at once: at most
+    ``STREAM_WINDOW`` wait in the engine unread (before: every message the client sent
+    was forwarded as it came and read at once; 900 MB in 20 s against `sordino start
+    --frontends 2`)."""
+    config = RuntimeConfig.model_validate(
+        {"server": {"frontends": 2, "shutdown_timeout": 10, "max_requests_per_stream": 4}}
+    )
+    simple = [s for s in builtin_sources() if s.name == "simple"]
+    sent = 64
+    with (
+        serve_in_thread(config, thread_isolated(simple)) as running,
+        Gate(running, "simple") as gate,
+    ):
+        channel = grpc.insecure_channel(running.grpc_url)
+        messages = [_simple().SerializeToString() for _ in range(sent)]
+        responses = channel.stream_stream(SERVICE + "ModelStreamInfer")(iter(messages), timeout=120)
+        try:
+            wait_for(lambda: len(_stream_contexts(running)) == 1, "the stream to open")
+            (context,) = _stream_contexts(running)
+            assert gate.entered.wait(30)
+            time.sleep(0.5)  # before: the rest of the 64 reached the engine in milliseconds
+            # Read by the servicer (4 at most: server.max_requests_per_stream), or unread.
+            taken = sum(gate.rows) + running.runtime.get("simple").scheduler.queued
+            assert taken <= 4 and context.inbox.qsize() <= STREAM_WINDOW, (taken, context.inbox)
+            gate.release()
+            got = [pb.ModelStreamInferResponse.FromString(raw) for raw in responses]
+        finally:
+            responses.cancel()
+            channel.close()
+    assert len(got) == sent
+    assert all(r.error_message == "" for r in got)
+
+
 def test_a_stream_whose_servicer_fails_ends_as_the_engines_own(
     server: RunningServer,
     channels: tuple[grpc.Channel, grpc.Channel],

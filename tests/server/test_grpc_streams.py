@@ -15,6 +15,8 @@ from sordino.models.repository import builtin_sources
 from sordino.protocol.pb import kserve_v2_pb2 as pb
 from sordino.server.streams import StreamLimit, peer_address
 from sordino.testing import RunningServer, serve_in_thread
+from tests.conftest import thread_isolated
+from tests.server.helpers import Gate
 
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 
@@ -95,3 +97,40 @@ def test_a_stream_past_the_limit_is_refused_and_the_others_go_on(server: Running
                 await channel.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_a_stream_that_sends_without_reading_is_read_no_further() -> None:
+    """``server.max_requests_per_stream``: past it the stream's next message is read
+    once one of its requests is answered. Before, every message was read at once and
+    each became a task: a client that sent without reading grew the server without
+    bound (900 MB in 20 s against `sordino start`). Nothing is lost: once the model
+    runs, every request is answered."""
+    config = load_config(None, {"server": {"max_requests_per_stream": 4}})
+    sources = thread_isolated([s for s in builtin_sources() if s.name == "simple"])
+    sent = 40
+
+    with serve_in_thread(config, sources) as running, Gate(running, "simple") as gate:
+
+        def taken() -> int:
+            return sum(gate.rows) + running.runtime.get("simple").scheduler.queued
+
+        async def scenario() -> None:
+            async with grpc.aio.insecure_channel(running.grpc_url) as channel:
+                call = channel.stream_stream(
+                    STREAM, response_deserializer=pb.ModelStreamInferResponse.FromString
+                )()
+                for i in range(sent):  # small messages: all fit in gRPC's flow-control window
+                    await call.write(_simple(f"r{i}"))
+                assert await asyncio.to_thread(gate.entered.wait, 30)
+                await asyncio.sleep(0.5)  # before: all 40 were read within milliseconds
+                assert taken() <= 4, f"{taken()} requests of the stream taken in"
+                gate.release()
+                answers = [await call.read() for _ in range(sent)]
+                assert not [a.error_message for a in answers if a.error_message]
+                assert sorted(a.infer_response.id for a in answers) == sorted(
+                    f"r{i}" for i in range(sent)
+                )
+                await call.done_writing()
+                assert await call.read() == grpc.aio.EOF
+
+        asyncio.run(asyncio.wait_for(scenario(), 90))

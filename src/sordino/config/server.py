@@ -79,6 +79,10 @@ class ServerConfig(Section):
     max_streams_per_client: int = Field(default=256, ge=1)
     """Open gRPC ``ModelStreamInfer`` streams one client address may hold, over all its
     connections; past it a new stream is refused with RESOURCE_EXHAUSTED."""
+    max_requests_per_stream: int = Field(default=256, ge=1)
+    """Requests of one gRPC ``ModelStreamInfer`` stream in progress at once; past it the
+    stream's next message is read once one is answered (the client's sends wait in
+    gRPC's flow control), so a client that sends without reading cannot grow memory."""
     grpc_accept_ahead: int = Field(default=32, ge=1, le=4096)
     """gRPC calls requested from gRPC core ahead of their arrival, so that calls arriving
     while the event loop is busy are all accepted in one turn (server/grpc_accept.py);

@@ -68,6 +68,7 @@ class FrontendLink(link_frames.BatchedWrites, asyncio.Protocol):
         self.reader = FrameReader()
         self.waiting: dict[int, asyncio.Future[Reply]] = {}
         self.streams: dict[int, asyncio.Queue[bytes | Answer]] = {}  # ModelStreamInfer
+        self.windows: dict[int, StreamWindow] = {}  # each stream's messages it may send
         self.out: list[bytes] = []
         self.next_id = 0
         self.transport: asyncio.Transport | None = None
@@ -108,6 +109,7 @@ class FrontendLink(link_frames.BatchedWrites, asyncio.Protocol):
         streams, self.streams = self.streams, {}
         for ident, inbox in streams.items():
             inbox.put_nowait(gone_answer(ident))
+        self.windows.clear()
         self.held.clear()  # the engine releases them all when the link ends
         self.space = None  # and takes its grant back
         self._released.clear()
@@ -143,9 +145,16 @@ class FrontendLink(link_frames.BatchedWrites, asyncio.Protocol):
                     if inbox is not None:
                         inbox.put_nowait(raw)
                     continue
+                elif kind == link_tensors.STREAM_CREDIT:  # the engine read messages
+                    ident, count = link_tensors.decode_stream_credit(body)
+                    window = self.windows.get(ident)
+                    if window is not None:
+                        window.grant(count)
+                    continue
                 elif kind == link_frames.ANSWER:
                     reply = link_frames.decode_answer(body)
                     ident = reply.id
+                    self.windows.pop(ident, None)
                     ended = self.streams.pop(ident, None)
                     if ended is not None:  # a stream's end status
                         ended.put_nowait(reply)
@@ -246,12 +255,22 @@ class FrontendLink(link_frames.BatchedWrites, asyncio.Protocol):
             inbox.put_nowait(gone_answer(ident))
             return ident, inbox
         self.streams[ident] = inbox
+        self.windows[ident] = StreamWindow(link_tensors.STREAM_WINDOW)
         call = link_tensors.Call(ident, "ModelStreamInfer", peer, metadata, b"")
         self._write(link_tensors.encode_call(call, link_tensors.STREAM_OPEN))
         return ident, inbox
 
+    async def stream_room(self, ident: int) -> None:
+        """Wait until stream ``ident`` may forward one more message: at most
+        ``link_tensors.STREAM_WINDOW`` the engine has not read yet cross (``STREAM_CREDIT``
+        from the engine as it reads them), so a client that sends faster than the
+        engine takes its messages waits in gRPC's flow control, not in either memory."""
+        window = self.windows.get(ident)
+        if window is not None:
+            await window.take()
+
     def stream_message(self, ident: int, raw: bytes) -> None:
-        """Forward the client's next message on stream ``ident``."""
+        """Forward the client's next message on stream ``ident`` (after :meth:`stream_room`)."""
         if ident in self.streams:
             self._write(link_tensors.encode_stream_message(ident, raw))
 
@@ -268,6 +287,7 @@ class FrontendLink(link_frames.BatchedWrites, asyncio.Protocol):
 
     def cancel_stream(self, ident: int) -> None:
         """The client cancelled stream ``ident``: the engine cancels it; nothing follows."""
+        self.windows.pop(ident, None)
         if self.streams.pop(ident, None) is not None:
             self._write([link_frames.encode_cancel(ident)])
 
@@ -353,3 +373,28 @@ def hand_over(channel: socket.socket, sock: socket.socket, data: bytes) -> None:
     socket.send_fds(channel, [HANDOVER_HEAD.pack(len(data)) + first], [sock.fileno()])
     for at in range(len(first), len(data), HANDOVER_CHUNK):
         channel.sendall(data[at : at + HANDOVER_CHUNK])
+
+
+class StreamWindow:
+    """How many more messages of one forwarded stream may cross to the engine unread."""
+
+    __slots__ = ("_open", "left")
+
+    def __init__(self, size: int) -> None:
+        self.left = size
+        self._open: asyncio.Event | None = None  # made when a sender first waits
+
+    async def take(self) -> None:
+        """Wait for room for one message, and take it."""
+        while self.left <= 0:
+            if self._open is None:
+                self._open = asyncio.Event()
+            self._open.clear()
+            await self._open.wait()
+        self.left -= 1
+
+    def grant(self, count: int) -> None:
+        """The engine read ``count`` messages: as many more may cross."""
+        self.left += count
+        if self._open is not None:
+            self._open.set()

@@ -302,7 +302,8 @@ class InferenceServicer:
         return response
 
     async def ModelStreamInfer(self, context: Any) -> None:
-        """Serve one bidirectional stream: each request runs concurrently; errors stay in it.
+        """Serve one bidirectional stream: each request runs concurrently (at most
+        ``server.max_requests_per_stream`` at once); errors stay in it.
 
         Each request gets its responses (several for a streaming model), the last
         flagged ``triton_final_response``; a request that fails gets one response with
@@ -318,8 +319,14 @@ class InferenceServicer:
 
         tasks: set[asyncio.Task[None]] = set()
         caller = _Caller.of(context)  # the call's metadata: the same for every request
+        in_flight = self.runtime.config.server.max_requests_per_stream
         try:
             while True:
+                while len(tasks) >= in_flight:
+                    # Read no further until one is answered: a client that sends faster
+                    # than its answers go out (or never reads them) waits in gRPC's flow
+                    # control, instead of its requests and answers piling up here.
+                    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                 raw = await context.read()
                 if raw is grpc.aio.EOF:
                     break

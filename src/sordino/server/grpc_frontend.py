@@ -24,7 +24,9 @@ it:
   client's half-close is ``STREAM_END``, a cancel ``CANCEL``, and the stream ends with
   the engine's status (``ANSWER``). Each response gRPC takes for the client grants the
   engine one more (``STREAM_CREDIT``): at most ``link_tensors.STREAM_WINDOW`` wait
-  here for a client that reads slowly.
+  here for a client that reads slowly. The other way the same: each message the
+  engine's servicer reads grants the front end one more, so at most that many of a
+  client's messages wait in the engine unread.
 
 A decoded ``ModelInfer`` is first put to the engine's load board when the front end
 has one (``server/board_shed.py``): the rule the HTTP front end applies to headers is
@@ -190,8 +192,10 @@ def _stream(link: FrontendLink) -> Callable[[Any, Any], Awaitable[None]]:
         async def pump() -> None:
             async for raw in requests:
                 # A client that sends faster than the engine reads waits here, its
-                # messages unread by gRPC (HTTP/2 flow control), not in this memory.
+                # messages unread by gRPC (HTTP/2 flow control), not in this memory
+                # (the link's writes) nor in the engine's (the stream's window).
                 await link.writable()
+                await link.stream_room(ident)
                 link.stream_message(ident, raw)
             link.stream_end(ident)
 

@@ -202,15 +202,21 @@ class StreamContext(CallContext):
 
     :attr:`sent` counts the responses sent, :attr:`granted` the credit so far
     (``STREAM_WINDOW`` at open, plus each ``STREAM_CREDIT``): ``sent <= granted``
-    always, and ``write`` waits while they are equal (:attr:`starved`).
+    always, and ``write`` waits while they are equal (:attr:`starved`). Each message
+    ``read`` takes calls ``took``, which grants the front end one more message.
     """
 
     def __init__(
-        self, peer: str, metadata: Sequence[tuple[str, str]], send: Callable[[bytes], None]
+        self,
+        peer: str,
+        metadata: Sequence[tuple[str, str]],
+        send: Callable[[bytes], None],
+        took: Callable[[], None] = lambda: None,
     ) -> None:
         super().__init__(peer, metadata)
         self.inbox: asyncio.Queue[bytes | object] = asyncio.Queue()
         self._send = send
+        self._took = took
         self.sent = 0
         self.granted = STREAM_WINDOW
         self._credit = asyncio.Event()
@@ -226,7 +232,11 @@ class StreamContext(CallContext):
         self._credit.set()
 
     async def read(self) -> bytes | object:
-        return await self.inbox.get()
+        """The client's next message; the front end may then forward one more."""
+        item = await self.inbox.get()
+        if isinstance(item, bytes):
+            self._took()
+        return item
 
     async def write(self, message: Any) -> None:
         while self.starved:  # a cancel (the front end's client left) ends the wait
@@ -415,6 +425,7 @@ class GrpcCalls:
             call.peer,
             call.metadata,
             lambda raw: self._write(link_tensors.encode_stream_message(ident, raw)),
+            lambda: self._write([link_tensors.encode_stream_credit(ident, 1)]),
         )
         self.streams[ident] = context
 

@@ -57,7 +57,9 @@ read and written by the engine in the client's region.
     Responses are flow-controlled: the engine sends at most ``STREAM_WINDOW`` (16)
     more than the front end has granted; the front end grants one more
     (``STREAM_CREDIT``: ``<QI>``, the id and the count) each time gRPC has taken a
-    response from it for the client.
+    response from it for the client. Messages too, the other way: the front end
+    forwards at most ``STREAM_WINDOW`` the engine has not read, and the engine sends a
+    ``STREAM_CREDIT`` for each its servicer reads.
 
 ``REFUSED`` (front end → engine)
     requests the front end answered with an error itself (a malformed body, one too
@@ -131,7 +133,8 @@ STREAM_WINDOW = 16
 end has handed to gRPC for its client: the credit a stream opens with; each
 ``STREAM_CREDIT`` adds to it. A client that reads slowly thus holds at most this many
 responses in its front end's memory, and the engine's servicer waits (in its
-``context.write``) as it would for a slow client of its own."""
+``context.write``) as it would for a slow client of its own. The same bounds the
+client's messages the front end forwards beyond those the engine has read."""
 _CREDIT = struct.Struct("<QI")  # a stream's id, the responses granted
 _STREAM_HEAD = struct.Struct("<Q")  # a stream message's id
 _FACTS = struct.Struct("<QI")  # id, the facts' length
