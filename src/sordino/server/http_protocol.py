@@ -43,6 +43,7 @@ from sordino.server.connection_guard import (
 from sordino.server.fast_infer import INFER_PATH
 from sordino.server.guarded_reads import GuardedReads
 from sordino.server.http_cycle import HIGH_WATER, STATUS_LINE, Cycle, InferCycle
+from sordino.server.http_flow import HttpFlow
 from sordino.server.ignored_upgrade import IgnoredUpgrade
 from sordino.server.runtime import Runtime
 from sordino.server.tls_accept import client_address
@@ -77,7 +78,7 @@ def http_protocol(
     return Bound
 
 
-class HttpProtocol(IgnoredUpgrade, GuardedReads):
+class HttpProtocol(IgnoredUpgrade, HttpFlow, GuardedReads):
     """One HTTP/1.1 connection (see the module's docstring)."""
 
     guard: ClassVar[ConnectionGuard]
@@ -428,62 +429,6 @@ class HttpProtocol(IgnoredUpgrade, GuardedReads):
             self.transport.close()
         else:
             self.cycle.keep_alive = False
-
-    # -- keep-alive and flow control -------------------------------------------------
-
-    # The idle timer is armed lazily: going busy only clears ``_idle_at``, and a timer
-    # that finds the connection busy (or idle for less than the timeout) re-arms from
-    # the time it went idle. One timer a keep-alive period instead of a call_later and a
-    # cancel a request (docs/benchmarks.md, "The HTTP transport's cost per request").
-
-    def _idle(self) -> None:
-        self._idle_at = self.loop.time()
-        if self.keep_alive_task is None:
-            self.keep_alive_task = self.loop.call_later(self.keep_alive_s, self._keep_alive_expired)
-
-    def _unset_keep_alive(self) -> None:
-        self._idle_at = None
-
-    def _keep_alive_expired(self) -> None:
-        self.keep_alive_task = None
-        idle_at = self._idle_at
-        if idle_at is None or self.transport.is_closing():
-            return  # busy: the next idle moment arms it again
-        left = idle_at + self.keep_alive_s - self.loop.time()
-        if left > 0:
-            self.keep_alive_task = self.loop.call_later(left, self._keep_alive_expired)
-        else:
-            self.transport.close()
-
-    def pause_reading(self) -> None:
-        if not self.read_paused:
-            self.read_paused = True
-            self.transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        if self.read_paused:
-            self.read_paused = False
-            self.transport.resume_reading()
-
-    def pause_writing(self) -> None:
-        self.write_paused = True
-
-    def resume_writing(self) -> None:
-        self.write_paused = False
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
-        self._writable = None
-        if self._next_after_drain:
-            self._next_after_drain = False
-            if not self.transport.is_closing():
-                self._next_request()
-
-    async def drain(self) -> None:
-        """Wait until the transport's write buffer is below its low-water mark."""
-        if self.write_paused:
-            if self._writable is None:
-                self._writable = self.loop.create_future()
-            await asyncio.shield(self._writable)
 
 
 def _address(info: object) -> tuple[str, int] | None:
