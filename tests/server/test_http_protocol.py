@@ -385,7 +385,7 @@ def test_a_client_that_pipelines_without_reading_is_read_no_further(
                     "data": [0.5] * (rows * 64),
                 }
             ]
-        }  # fmt: skip
+        }
     )
     request = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
     request_bytes = request.encode() + body
@@ -409,3 +409,61 @@ def test_a_client_that_pipelines_without_reading_is_read_no_further(
         assert all(
             len(orjson.loads(answer)["outputs"][0]["data"]) == rows * 10 for _, answer in answers
         )
+
+
+def _head_refused(sock: socket.socket) -> bytes:
+    """What the server answered a head past the limit (it may reset the connection
+    after its answer, with bytes unread)."""
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return data
+
+
+@pytest.mark.parametrize("shape", ["many headers", "one long header", "a long url"])
+def test_a_head_past_the_limit_is_answered_431_and_closed(
+    server: RunningServer, shape: str
+) -> None:
+    """``server.max_header_size`` (64 KiB): httptools has no bound of its own, so a
+    client sending headers without end grew the server until the header timeout cut it
+    off (4.7 GB in those 10 s). The head is now refused as it passes the limit, whether
+    it comes in one read or many, in whole lines or in one that never ends."""
+    line = b"POST " + INFER.encode() + b" HTTP/1.1\r\n"
+    start, piece = {
+        "many headers": (line, b"x-filler: " + b"a" * 90 + b"\r\n"),
+        "one long header": (line + b"x-long: ", b"a" * 100),
+        "a long url": (b"GET /v2/health/ready?", b"a" * 100),
+    }[shape]
+    with _connect(server) as sock:
+        sock.sendall(start)
+        try:
+            for _ in range(2000):  # 200 KB: past the limit, in reads of ~1 KB to 200 KB
+                sock.sendall(piece * 10)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused and closed while this was still sending
+        answer = _head_refused(sock)
+    assert answer.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"), answer[:200]
+    assert b"server.max_header_size" in answer
+
+
+def test_a_head_past_the_limit_in_one_read_is_answered_431(server: RunningServer) -> None:
+    headers = b"".join(b"x-h%d: %s\r\n" % (i, b"b" * 200) for i in range(400))  # ~84 KB
+    with _connect(server) as sock:
+        sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\n" + headers + b"\r\n")
+        answer = _head_refused(sock)
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+
+
+def test_a_large_head_under_the_limit_is_served(server: RunningServer) -> None:
+    """60 KB of headers, sent in pieces and pipelined after another request: served."""
+    headers = "".join(f"x-h{i}: {'c' * 100}\r\n" for i in range(550))
+    with _connect(server) as sock:
+        request = _infer(headers)
+        sock.sendall(_infer() + request[:30_000])
+        time.sleep(0.05)  # another read (not needed to pass)
+        sock.sendall(request[30_000:])
+        answers = _responses(sock, 2)
+    assert [_status(head) for head, _ in answers] == [200, 200]

@@ -48,6 +48,8 @@ class ServerConfig(Section):
     """Where sordino keeps state (reports, caches); "~" is expanded."""
     max_request_size: Size = Field(default=parse_size("64MB"), ge=1)
     """Largest request body accepted; larger bodies get 413."""
+    max_header_size: Size = Field(default=parse_size("64KiB"), ge=1024, le=parse_size("16MiB"))
+    """Largest HTTP request line and headers accepted; larger: 431 and close."""
     header_timeout: Duration = Field(default=10.0, gt=0)
     """Longest an HTTP client may take to send a request's headers, from connecting (or
     from the first byte of a later request); then the connection is closed."""

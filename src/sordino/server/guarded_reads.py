@@ -50,6 +50,10 @@ class GuardedReads(asyncio.Protocol):
         self._shedding = False  # the current request was refused from its headers
         self._discard = 0  # bytes still to come of a body refused unread (_refuse_whole)
         self._asked = False  # the request the parser reads next was admitted unparsed
+        self._head_bytes = 0  # of the head being read, over its reads (head_grew)
+        self._head_seen = 0  # of its URL and whole header lines, as parsed
+        self._heads = 0  # heads read whole on this connection
+        self.head_too_large = False  # a parser callback saw the head pass the limit
 
     def forget(self) -> None:
         """Release what :meth:`ConnectionGuard.admit` counted for this connection (once)."""
@@ -148,6 +152,34 @@ class GuardedReads(asyncio.Protocol):
             return
         self.transport.write(response)
         self._arm("body")  # the body still has to arrive (and is dropped) in time
+
+    # -- the head's size -------------------------------------------------------------
+
+    def head_grew(self, size: int, phase_before: Phase | None, heads_before: int) -> bool:
+        """After a read of ``size`` bytes that left a request's head incomplete: count
+        them; past ``server.max_header_size`` answer 431 and close (True). The parser
+        holds an incomplete header line without a callback, so the bytes are counted
+        here; a read in which a head began counts from the next one (the bound is then
+        one read more)."""
+        if self._heads != heads_before or phase_before == "body":
+            self._head_bytes = 0
+            return False
+        self._head_bytes += size
+        if self._head_bytes <= self.guard.max_header_size:
+            return False
+        self.refuse_head()
+        return True
+
+    def refuse_head(self) -> None:
+        """Answer 431 for a request line and headers past the limit, and close."""
+        self._disarm()
+        limit = self.guard.max_header_size
+        self._answer(
+            431,
+            f"the request line and headers are larger than {limit} bytes "
+            "(server.max_header_size): send fewer or shorter headers, or a shorter URL",
+        )
+        self.transport.close()
 
     # -- timeouts and refusals -------------------------------------------------------
 

@@ -213,7 +213,8 @@ class HttpProtocol(IgnoredUpgrade, HttpFlow, GuardedReads):
             data = self._refuse_whole(data, shed)
             if not data:
                 return
-        if self._phase == "header":
+        phase, heads = self._phase, self._heads
+        if phase == "header":
             self._request_bytes = True
         self._unset_keep_alive()
         try:
@@ -221,7 +222,12 @@ class HttpProtocol(IgnoredUpgrade, HttpFlow, GuardedReads):
         except httptools.HttpParserUpgrade as upgrade:  # none is served: HTTP/1.1 goes on
             self._ignore_upgrade(data, upgrade.args[0])
         except httptools.HttpParserError:
-            self._bad_request("Invalid HTTP request received.")
+            if self.head_too_large:
+                self.refuse_head()
+            else:
+                self._bad_request("Invalid HTTP request received.")
+            return
+        if self._phase == "header" and self.head_grew(len(data), phase, heads):
             return
         if self._phase == "body" and self.guard.too_many_bodies():
             self.guard.evict_oldest_body()
@@ -244,6 +250,7 @@ class HttpProtocol(IgnoredUpgrade, HttpFlow, GuardedReads):
 
     def on_message_begin(self) -> None:
         self.url = b""
+        self._head_bytes = self._head_seen = 0
         self.expect_100_continue = False
         self.headers = []
         # A request that follows a refusal in the same read: the idle timer the refusal
@@ -255,15 +262,27 @@ class HttpProtocol(IgnoredUpgrade, HttpFlow, GuardedReads):
 
     def on_url(self, url: bytes) -> None:
         self.url += url
+        self._head_size(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_size(len(name) + len(value) + 4)
         name = name.lower()
         value = value.rstrip(b" \t")  # llhttp keeps trailing whitespace; RFC 9110 does not
         if name == b"expect" and value.lower() == b"100-continue":
             self.expect_100_continue = True
         self.headers.append((name, value))
 
+    def _head_size(self, size: int) -> None:
+        """Count ``size`` bytes of the head the parser has read whole lines of (a head
+        that comes in one read); past the limit end the parse (431)."""
+        self._head_seen += size
+        if self._head_seen > self.guard.max_header_size:
+            self.head_too_large = True
+            raise ValueError("the request's head is too large")  # the parser stops here
+
     def on_headers_complete(self) -> None:
+        self._heads += 1
+        self._head_bytes = self._head_seen = 0
         self._disarm()
         parser = self.parser
         method = parser.get_method()

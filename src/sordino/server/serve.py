@@ -94,6 +94,7 @@ class HttpServer:
             max_connections=settings.max_connections or default_max_connections(),
             max_per_client=settings.max_connections_per_client,
             header_timeout=settings.header_timeout,
+            max_header_size=settings.max_header_size,
             body_timeout=settings.body_timeout,
             max_pending_bodies=settings.max_pending_bodies,
             body_min_rate=settings.body_min_rate,
