@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -141,3 +144,27 @@ def test_event_marks_show_under_latest_events(tmp_path: Path) -> None:
         wait_for(shown, "the mark under the monitor's latest events")
         marks = running.runtime.events.recent("event_mark")
         assert [(e.subject, e.payload) for e in marks] == [("launch-42", {"edge": "start"})]
+
+
+def test_live_to_a_pipe_prints_a_snapshot_every_interval(server: RunningServer) -> None:
+    """``sordino monitor | tee log``: before, the full-screen view printed nothing until
+    it ended, and nothing at all when it was stopped; now a plain snapshot per interval."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sordino", "monitor", "--url", server.url, "--interval", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    stop = threading.Timer(60, process.kill)  # a monitor that prints nothing fails, not hangs
+    stop.start()
+    try:
+        assert process.stdout is not None
+        lines: list[bytes] = []
+        while sum(line.startswith(b"simple/1") for line in lines) < 2:
+            line = process.stdout.readline()
+            assert line, b"".join(lines).decode(errors="replace")
+            lines.append(line)
+    finally:
+        stop.cancel()
+        process.terminate()
+        process.wait(30)
+    assert any(line.startswith(b"digits-classifier/1") for line in lines)

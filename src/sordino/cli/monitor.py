@@ -29,7 +29,12 @@ def _metrics(value: str) -> list[str]:
 
 @click.command()
 @url_option
-@click.option("--live/--once", default=True, help="Full-screen view (default) or one snapshot.")
+@click.option(
+    "--live/--once",
+    default=True,
+    help="Full-screen view (default; to a pipe or file: a snapshot every interval) or one "
+    "snapshot.",
+)
 @click.option(
     "--metrics",
     "metric_list",
@@ -66,6 +71,9 @@ def monitor(
         click.echo(f"error: no server answered at {url}; start one with `sordino start`", err=True)
         sys.exit(1)
     console = Console()
+    if not console.is_terminal:
+        _plain_stream(url, path, metrics, interval)
+        return
     attempt = 0
     try:
         with Live(console=console, screen=True, auto_refresh=False) as view:
@@ -78,5 +86,26 @@ def monitor(
                     attempt += 1
                     view.update(unreachable_view(str(exc), url, attempt), refresh=True)
                 time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+
+
+def _plain_stream(url: str, path: str, metrics: list[str], interval: float) -> None:
+    """``--live`` with no terminal to draw on (a pipe, a file, a CI log): a plain
+    snapshot every ``interval``, as ``top -b`` does (a full-screen view drawn there showed
+    nothing until it ended, and nothing at all when it was stopped)."""
+    attempt = 0
+    try:
+        while True:
+            try:
+                snap = get_json(url, path)
+            except (ServerUnreachable, ServerError) as exc:
+                attempt += 1
+                click.echo(f"{exc} (retrying every {interval:g} s, attempt {attempt})", err=True)
+            else:
+                attempt = 0
+                click.echo(plain_snapshot(snap, metrics, url) + "\n")
+                sys.stdout.flush()
+            time.sleep(interval)
     except KeyboardInterrupt:
         pass
