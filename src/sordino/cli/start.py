@@ -19,6 +19,7 @@ import click
 
 from sordino.cli.cache_config import cache_size
 from sordino.cli.host_setup import make_data_dir, raise_open_file_limit
+from sordino.cli.model_sources import collect_sources
 from sordino.cli.repository_option import repository_option, repository_setting
 from sordino.cli.stop_signals import (
     WORDS,
@@ -41,73 +42,6 @@ if TYPE_CHECKING:
 __all__ = ["collect_sources", "start"]
 
 log = logging.getLogger("sordino")
-
-
-def collect_sources(
-    config: RuntimeConfig,
-    specs: tuple[str, ...],
-    builtin: bool | None,
-    triton_examples: bool = False,
-) -> list[ModelSource]:
-    """Every model version to load: config entries, ``--model`` specs, the repository.
-
-    The built-in models are added when ``builtin`` is true, or when it is None and no
-    model source was named at all; Triton's example models when ``triton_examples``
-    is true. A repository that holds no model is a
-    configuration error when nothing at all would be served (model control ``none``),
-    and a warning otherwise. Two models with the same name are a configuration error.
-    """
-    from sordino.models.repositories import scan_repositories
-    from sordino.models.repository import (
-        builtin_sources,
-        sources_for,
-        sources_from_spec,
-        triton_example_sources,
-    )  # fmt: skip
-
-    sources: list[ModelSource] = []
-    for model in config.models:
-        sources += sources_for(model)
-    for spec in specs:
-        sources += sources_from_spec(spec)
-    if builtin or (builtin is None and not (sources or config.model_repository)):
-        sources = builtin_sources() + sources
-    if triton_examples:
-        sources = triton_example_sources() + sources
-    if config.repositories:
-        found = scan_repositories(config.repositories)  # a name in two of them: refused
-        for root in config.repositories:
-            if not any(source.path.is_relative_to(root) for source in found):
-                _empty_repository(root, config.server.model_control_mode, sources + found)
-        sources += found
-    seen: dict[tuple[str, str], ModelSource] = {}
-    for source in sources:
-        key = (source.name, source.version)
-        if key in seen:
-            raise ConfigError(
-                f"model {source.name!r} version {source.version} is given twice "
-                f"({seen[key].path} and {source.path}); rename one with --model name=path"
-            )
-        seen[key] = source
-    if not sources and config.model_repository is None:
-        raise ConfigError("no models to serve: give --model, --model-repository or --builtin")
-    return sources
-
-
-def _empty_repository(root: Path, mode: str, others: list[ModelSource]) -> None:
-    """Refuse a repository without models when nothing would be served; warn otherwise."""
-    layout = f"one folder per model, such as {root / 'NAME' / '1' / 'model.onnx'}"
-    if mode == "none" and not others:
-        raise ConfigError(
-            f"model repository {root} holds no models, so there is nothing to serve: add "
-            f"{layout}; or pass --builtin for the demo models, or --model-control-mode "
-            "explicit or poll to add models while serving"
-        )
-    later = {
-        "poll": "; poll mode loads them as they appear",
-        "explicit": "; load them with `sordino models load NAME`",
-    }.get(mode, "")
-    log.warning("model repository %s holds no models (expected %s)%s", root, layout, later)
 
 
 def _describe(model: LoadedModel) -> str:
@@ -281,6 +215,16 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
     type=float,
     help="How often poll mode rescans the repository (default 15).",
 )
+@switch_option(
+    "--exit-on-error",
+    help="A model that fails to load ends start-up (default true, as Triton); false: it is "
+    "left out, UNAVAILABLE with its error, and the others serve (server.exit_on_error).",
+)
+@switch_option(
+    "--strict-readiness",
+    help="/v2/health/ready only while every model is loaded (default true, as Triton); "
+    "false: ready once start-up ends, models left out or not (server.strict_readiness).",
+)
 @click.option(
     "--data-dir",
     type=click.Path(path_type=Path, file_okay=False),
@@ -375,6 +319,8 @@ def start(
     cache_size: int | None,
     trace: dict[str, Any],
     repository_poll_secs: float | None,
+    exit_on_error: bool | None,
+    strict_readiness: bool | None,
     data_dir: Path | None,
     mode: str | None,
     memory_strategy: str | None,
@@ -396,8 +342,8 @@ def start(
     a hang-up (SIGHUP, unless started under nohup).
 
     Exit status: 0 after a graceful stop, 2 when start-up fails (a bad configuration,
-    a port or data dir in use, a model that cannot load), 130 after Ctrl-C (143 after
-    SIGTERM, 129 after SIGHUP) while models are still loading.
+    a port or data dir in use, a model that cannot load unless --exit-on-error false),
+    130 after Ctrl-C (143 after SIGTERM, 129 after SIGHUP) while models are still loading.
     """
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -413,6 +359,8 @@ def start(
         "server.frontends": frontends,
         "server.model_control_mode": model_control_mode,
         "server.repository_poll_secs": repository_poll_secs,
+        "server.exit_on_error": exit_on_error,
+        "server.strict_readiness": strict_readiness,
         "server.response_cache_size": cache_size,
         **{f"server.trace.{field}": value for field, value in trace.items()},
         "server.data_dir": str(data_dir) if data_dir else None,

@@ -50,6 +50,13 @@ class ServerConfig(Section):
     """Largest request body accepted; larger bodies get 413."""
     max_header_size: Size = Field(default=parse_size("64KiB"), ge=1024, le=parse_size("16MiB"))
     """Largest HTTP request line and headers accepted; larger: 431 and close."""
+    exit_on_error: bool = True
+    """A model that fails to load at start ends start-up (Triton's ``--exit-on-error``);
+    false: it is left out (UNAVAILABLE in the repository index, with its error) and the
+    others serve."""
+    strict_readiness: bool = True
+    """``/v2/health/ready`` only while every model left out at start has loaded since
+    (Triton's ``--strict-readiness``); false: ready once start-up ends."""
     header_timeout: Duration = Field(default=10.0, gt=0)
     """Longest an HTTP client may take to send a request's headers, from connecting (or
     from the first byte of a later request); then the connection is closed."""

@@ -101,7 +101,8 @@ class InferenceServicer:
         parse_message(pb.ServerReadyRequest, raw)
         # As /v2/health/ready: not ready while a loaded model cannot serve (or is wedged),
         # or says it is not ready (is_ready()).
-        ready = self.runtime.ready and not await not_ready(self.runtime)
+        runtime = self.runtime
+        ready = runtime.ready and not runtime.left_out() and not await not_ready(runtime)
         return pb.ServerReadyResponse(ready=ready)
 
     async def ModelReady(self, raw: bytes, context: Any) -> pb.ModelReadyResponse:

@@ -372,6 +372,10 @@ async def health_response(runtime: Runtime, request: Request) -> Response:
     deep = request.query_params.get("deep", "false").lower() in ("1", "true", "yes")
     if not runtime.ready:
         return _json({"ready": False, "reason": "the server is not serving"}, 503)
+    left = runtime.left_out()
+    if left:  # server.strict_readiness
+        reason = "; ".join(f"model {name} was left out at start: {e}" for name, e in left.items())
+        return _json({"ready": False, "reason": reason, "left_out": left}, 503)
     down = await not_ready(runtime)
     if down:
         reason = "; ".join(down.values())

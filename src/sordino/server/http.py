@@ -107,7 +107,7 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
             return await health_response(runtime, request)
         # Not ready while a loaded model cannot serve (all restarting, or wedged) or says
         # it is not ready (a Python model's is_ready()).
-        serving = runtime.ready and not await not_ready(runtime)
+        serving = runtime.ready and not runtime.left_out() and not await not_ready(runtime)
         return Response(status_code=200 if serving else 503)
 
     async def model_metadata(request: Request) -> Response:

@@ -21,7 +21,6 @@ from sordino.backends.registry import backend_kind
 from sordino.clock import Clock
 from sordino.config import RuntimeConfig
 from sordino.config.models import ModelConfig, StreamingConfig
-from sordino.config.nodes import NodePolicy
 from sordino.errors import ModelLoadError, SordinoError
 from sordino.events import EventSink
 from sordino.execution.chain import ChainExecutor
@@ -33,6 +32,7 @@ from sordino.scheduling.modes import build_controller, measure_batch_curve
 from sordino.scheduling.scheduler import ModelScheduler
 from sordino.scheduling.settings import scheduling_for
 from sordino.server.classification import read_labels
+from sordino.server.node_policy import node_policy
 from sordino.server.registry import LoadedModel, ModelRegistry
 from sordino.server.response_cache import ResponseCache, warn_uncached
 from sordino.server.sequences import sequences_for
@@ -49,39 +49,6 @@ LOAD_CONCURRENCY = 4
 """Models whose instances start at the same time in :meth:`ModelLoader.load_all`
 (Triton's default ``--model-load-thread-count``): enough to overlap the worker
 processes' start-up on a few cores without starting hundreds of processes at once."""
-
-
-def node_policy(config: RuntimeConfig, source: ModelSource, *, batched: bool) -> NodePolicy | None:
-    """The runtime policy of the node that runs ``source``'s model, checked against it.
-
-    Raises :class:`ModelLoadError` when the node asks what the model cannot do: dynamic
-    batching of a model that does not batch, a mode other than the model's own
-    ``scheduler_mode``, a priority level the model's queue does not have.
-    """
-    node = config.node_policies.get(source.name)
-    if node is None:
-        return None
-    where = f"node {node.node} (model {source.name})"
-    model = source.config
-    if node.scheduler == "dynamic_batching" and (not batched or model.max_batch_size == 0):
-        raise ModelLoadError(
-            f"{where}: scheduler dynamic_batching, but the model does not batch (no variable "
-            "first dimension, or max_batch_size 0); give the node a scheduler mode such as "
-            "ultra_low_latency, or leave scheduler out"
-        )
-    own = model.scheduler_mode
-    if node.scheduler not in (None, "dynamic_batching") and own not in (None, node.scheduler):
-        raise ModelLoadError(
-            f"{where}: scheduler {node.scheduler}, but the model's scheduler_mode is {own}; "
-            "keep one of them"
-        )
-    levels = model.dynamic_batching.priority_levels
-    if isinstance(node.priority, int) and node.priority > levels:
-        raise ModelLoadError(
-            f"{where}: priority {node.priority} is outside the model's priority levels "
-            f"1..{levels} (1 is highest)"
-        )
-    return node
 
 
 class ModelLoader:
@@ -180,6 +147,7 @@ class ModelLoader:
         on_loaded: Callable[[LoadedModel], None] | None = None,
         *,
         concurrency: int = LOAD_CONCURRENCY,
+        failed: dict[str, str] | None = None,
     ) -> list[LoadedModel]:
         """Load ``sources`` as :meth:`load` one after another would, in less time.
 
@@ -193,6 +161,9 @@ class ModelLoader:
         On a failure the first failing model in the order given is raised (its error
         names it; later failures are logged), the instances of every model not yet
         serving are stopped, and the models already serving stay (the caller stops them).
+        With ``failed`` (``server.exit_on_error`` false, as Triton's ``--exit-on-error``),
+        a model that fails is left out instead, its error logged and kept there by name,
+        and the others load.
         """
         seen: set[tuple[str, str]] = set()
         for source in sources:
@@ -214,13 +185,22 @@ class ModelLoader:
         try:
             results = await asyncio.gather(*starting, return_exceptions=True)
             failures = [r for r in results if isinstance(r, BaseException)]
-            for later in failures[1:]:
-                log.error("start-up: %s", later)
-            if failures:
-                raise failures[0]
+            if failed is None or any(not isinstance(r, Exception) for r in failures):
+                for later in failures[1:]:
+                    log.error("start-up: %s", later)
+                if failures:
+                    raise failures[0]
             for source, started in zip(sources, results, strict=True):
-                assert not isinstance(started, BaseException)
-                model = await self._serve(source, *started)
+                try:
+                    if isinstance(started, BaseException):
+                        raise started
+                    model = await self._serve(source, *started)
+                except Exception as exc:
+                    if failed is None:
+                        raise
+                    log.error("start-up: %s; serving the others (exit_on_error false)", exc)
+                    failed[source.name] = str(exc)
+                    continue
                 loaded.append(model)
                 if on_loaded is not None:
                     on_loaded(model)

@@ -5,7 +5,8 @@ are refused. ``explicit``: the load and unload endpoints (HTTP, gRPC, ``sordino
 models``) change what is served. ``poll``: the model repository is rescanned every
 ``server.repository_poll_secs`` and what is served follows it; load and unload are
 refused. As on Triton, ``none`` and ``poll`` start with every configured model loaded,
-``explicit`` with those ``--load-model`` names (``sordino start``).
+``explicit`` with those ``--load-model`` names (``sordino start``); a model left out at
+start (``server.exit_on_error`` false) is UNAVAILABLE with its error until it loads.
 
 Loading a model (re)reads its repository folder (or its start-up configuration) and
 brings the served versions in line with it: new versions are loaded first, versions
@@ -38,11 +39,7 @@ from sordino.config.pipelines import PipelineConfig
 from sordino.errors import ConfigError, NotFound, SordinoError, Unsupported
 from sordino.models.ensembles import ensemble_pipeline
 from sordino.models.repositories import Repositories
-from sordino.models.repository import (
-    ModelSource,
-    load_repository_model,
-    sources_for,
-)
+from sordino.models.repository import ModelSource, load_repository_model, sources_for
 from sordino.server.control_records import (
     IndexEntry,
     ModelControlStatistics,
@@ -106,6 +103,7 @@ class ModelControl:
                 # start-up for model control "none", which takes neither.)
                 self._stamps[key] = stamp(model.source) if self.mode != "none" else None
         self.ensembles.adopt()
+        self._failed.update(self.runtime.failed_at_start)  # left out at start: UNAVAILABLE
         steps = {n.model for c in self.ensembles.wanted.values() for n in c.nodes}
         self._asked |= {m.key.name for m in self.runtime.models()} - steps
         self._remember()
@@ -136,7 +134,7 @@ class ModelControl:
     def index(self, *, ready_only: bool = False) -> list[IndexEntry]:
         """Every model the server knows: loaded versions, and models it could load."""
         names = set(self._configs) | {m.key.name for m in self.runtime.models()}
-        names |= set(self._repository_names())
+        names |= set(self._repository_names()) | set(self._failed)
         twice = self.repositories.twice()
         entries: list[IndexEntry] = []
         for name in sorted(names):
@@ -478,6 +476,7 @@ class ModelControl:
             self._failed[name] = str(exc)
             raise
         self._failed.pop(name, None)
+        self.runtime.failed_at_start.pop(name, None)  # strict readiness: loaded since
         for version in sorted(loaded - set(wanted)):
             self._stamps.pop((name, version), None)
         return changed

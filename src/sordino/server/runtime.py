@@ -222,6 +222,9 @@ class Runtime:
             serve_model_calls(self.model_calls)
         self._sources = list(sources)
         self._started = False
+        self.failed_at_start: dict[str, str] = {}
+        """Models left out at start (``server.exit_on_error`` false): their errors by
+        name, until one loads (model control takes them in)."""
         self.metrics.watch_schedulers(self.registry.scheduler_statistics)
         self.metrics.registry.register(ExecutionCollector(self.executor.statistics))
         # Bandwidth through the arena and the worker hop, and each instance's busy share.
@@ -333,7 +336,8 @@ class Runtime:
         # The Ray executor checks that a model's actors fit beside those of the models
         # loaded before it (RayExecutor._check_fits): its models start one at a time.
         concurrency = 1 if self.config.executor.kind == "ray" else LOAD_CONCURRENCY
-        await self.loader.load_all(self._sources, on_loaded, concurrency=concurrency)
+        failed = None if self.config.server.exit_on_error else self.failed_at_start
+        await self.loader.load_all(self._sources, on_loaded, concurrency=concurrency, failed=failed)
         self._check_nodes()
         for pipeline in nodes_first(self.config.pipelines):
             serve_pipeline(self, pipeline)
@@ -433,8 +437,13 @@ class Runtime:
 
     @property
     def ready(self) -> bool:
-        """True once every model has loaded and until shutdown starts."""
+        """True once every model has loaded (or was left out) and until shutdown starts."""
         return self._started and not self.registry.stopping
+
+    def left_out(self) -> dict[str, str]:
+        """The models left out at start that keep the server not ready (Triton's
+        ``--strict-readiness``, ``server.strict_readiness``): their errors by name."""
+        return self.failed_at_start if self.config.server.strict_readiness else {}
 
     # -- delegates -------------------------------------------------------------------
 
