@@ -177,7 +177,7 @@ def encode(message: ToWorker | FromWorker) -> bytes:
             body = _DONE_HEAD.pack(message.batch_id, message.infer_s) + _handles(message.outputs)
             kind = _DONE
         case Allocated():
-            body = _ID.pack(message.batch_id) + _handles(message.space)
+            body = _ID.pack(message.batch_id) + _handles(message.space) + _text(message.refused)
             kind = _ALLOCATED
         case Alloc():
             parts = [_ID.pack(message.batch_id), _COUNT.pack(len(message.sizes))]
@@ -353,7 +353,7 @@ def _decode(kind: int, data: bytes) -> ToWorker | FromWorker:
             message = Done(batch_id, body.handles(), infer_s)
         case 2:  # _ALLOCATED
             (batch_id,) = body.unpack(_ID)
-            message = Allocated(batch_id, body.handles())
+            message = Allocated(batch_id, body.handles(), body.text())
         case 5:  # _ALLOC
             batch_id, count = body.unpack(_ID)[0], body.unpack(_COUNT)[0]
             sizes = {}

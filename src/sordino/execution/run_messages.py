@@ -65,10 +65,13 @@ class Run:
 
 @dataclass(frozen=True, slots=True)
 class Allocated:
-    """The answer to :class:`Alloc`: space for each output that asked for it."""
+    """The answer to :class:`Alloc`: space for each output that asked for it, or why
+    there is none (``refused``: the outputs are larger than the arena can hold); the
+    worker then fails that batch alone and serves on."""
 
     batch_id: int
     space: dict[str, TensorHandle]
+    refused: str = ""
 
 
 @dataclass(frozen=True, slots=True)

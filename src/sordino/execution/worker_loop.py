@@ -221,6 +221,11 @@ class _Stopping(Exception):
     """The server said Stop (or went away) while the worker asked it for output space."""
 
 
+class _Refused(Exception):
+    """The server has no room for the batch's outputs (larger than the arena): the
+    batch fails, the worker serves on."""
+
+
 class _Outputs:
     """Where a batch's outputs go in the arena: the space the server reserved with the
     batch, and more asked for with :class:`Alloc` (one exchange each time) when short."""
@@ -248,6 +253,8 @@ class _Outputs:
             raise _Stopping from None  # the server is gone
         if not isinstance(reply, Allocated):
             raise _Stopping  # Stop: the server is going away
+        if reply.refused:
+            raise _Refused(f"cannot place outputs: {reply.refused}")
         self.space.update(reply.space)
 
     def place(self, layouts: dict[str, tuple[np.dtype[Any], tuple[int, ...]]]) -> dict[str, Tensor]:
@@ -321,6 +328,9 @@ def _run(
         del batch
     except _Stopping:
         return False
+    except _Refused as exc:
+        link.send(RunFailed(batch_id, "error", str(exc)))
+        return True
     except MemoryError as exc:
         link.send(RunFailed(batch_id, "oom", f"MemoryError: {exc}"))
         return True
@@ -335,5 +345,8 @@ def _run(
         written = outputs.written(results)
     except _Stopping:
         return False
+    except _Refused as exc:
+        link.send(RunFailed(batch_id, "error", str(exc)))
+        return True
     link.send(Done(run.batch_id, written, infer_s))
     return True

@@ -251,11 +251,16 @@ class WorkerPipe:
     async def _serve_alloc(self, batch_id: int, allocate: Allocate, sizes: dict[str, int]) -> None:
         try:
             space = await allocate(sizes)
-            self._send(Allocated(batch_id, space))
         except Exception as exc:
-            future = self._pending.get(batch_id)
-            if future is not None and not future.done():
-                future.set_exception(WorkerError("error", f"cannot place outputs: {exc}"))
-            self.kill(f"output allocation failed: {exc}")
+            # No room (outputs larger than the arena): the worker fails this batch alone
+            # (RunFailed) and serves on; killing it made one request cost the model's
+            # instance a restart, and its backoff.
+            space, refused = {}, str(exc) or type(exc).__name__
+        else:
+            refused = ""
+        try:
+            self._send(Allocated(batch_id, space, refused))
+        except OSError:  # the worker is gone: its end is handled where its pipe ends
+            pass
         finally:
             self._allocating.pop(batch_id, None)
