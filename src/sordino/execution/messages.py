@@ -31,7 +31,8 @@ before the first has ended:
 - a batch: the server sends :class:`Run` with the input handles and output space it
   reserved for outputs of known size. If an output does not fit, the worker sends
   :class:`Alloc` with the sizes it needs and reads the pipe for the answer alone; the
-  server replies :class:`Allocated` (or :class:`Stop` when it is going away). The
+  server replies :class:`Allocated` (or :class:`Stop` when it is going away); an
+  ``Allocated`` whose ``refused`` says why there is no room fails the batch alone. The
   batch ends with :class:`Done` (the output handles and the model's time) or
   :class:`RunFailed` (the model raised; ``kind`` is ``"oom"`` for a MemoryError).
 - a command, between batches: the server sends :class:`Call` with a ``call_id`` and a
