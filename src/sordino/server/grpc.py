@@ -316,7 +316,10 @@ class InferenceServicer:
 
         async def send(message: pb.ModelStreamInferResponse) -> None:
             async with lock:
-                await context.write(message)
+                try:
+                    await context.write(message)
+                except Exception as exc:  # gRPC core refused the write: the client left
+                    raise _StreamGone from exc
 
         tasks: set[asyncio.Task[None]] = set()
         caller = _Caller.of(context)  # the call's metadata: the same for every request
@@ -400,6 +403,12 @@ class InferenceServicer:
                 encode_parameters({FINAL_RESPONSE: True}, last.parameters)
                 await send(pb.ModelStreamInferResponse(infer_response=last))
             return
+        except _StreamGone:
+            # Cancelled or disconnected as its answer went out: nobody is left to answer,
+            # and nothing is wrong with the server (it was logged as an error, traceback
+            # and all, whenever a client cancelled a stream mid-answer).
+            log.debug("stream request %r: the client left before its answer", request_id)
+            return
         except ModelResponseError as exc:
             # The model's error response with the final flag: Triton marks it final.
             failed = _error_response(str(exc), model, request_id, final=True)
@@ -415,6 +424,10 @@ class InferenceServicer:
         except Exception:
             # The stream itself is broken (the client is gone); nobody is left to answer.
             log.debug("could not send the error of stream request %r", request_id)
+
+
+class _StreamGone(Exception):
+    """A stream's write failed in gRPC core: its client cancelled or disconnected."""
 
 
 def _error_response(
