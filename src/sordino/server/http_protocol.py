@@ -262,23 +262,26 @@ class HttpProtocol(IgnoredUpgrade, HttpFlow, GuardedReads):
 
     def on_url(self, url: bytes) -> None:
         self.url += url
-        self._head_size(len(url))
+        self._head_seen += len(url)
+        if self._head_seen > self.guard.max_header_size:
+            self._head_too_large()
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._head_size(len(name) + len(value) + 4)
+        # The head's size, as parsed: a head that comes in one read (head_grew counts
+        # one that comes in several). Inline: this runs for every header.
+        self._head_seen += len(name) + len(value) + 4
+        if self._head_seen > self.guard.max_header_size:
+            self._head_too_large()
         name = name.lower()
         value = value.rstrip(b" \t")  # llhttp keeps trailing whitespace; RFC 9110 does not
         if name == b"expect" and value.lower() == b"100-continue":
             self.expect_100_continue = True
         self.headers.append((name, value))
 
-    def _head_size(self, size: int) -> None:
-        """Count ``size`` bytes of the head the parser has read whole lines of (a head
-        that comes in one read); past the limit end the parse (431)."""
-        self._head_seen += size
-        if self._head_seen > self.guard.max_header_size:
-            self.head_too_large = True
-            raise ValueError("the request's head is too large")  # the parser stops here
+    def _head_too_large(self) -> None:
+        """The head passed ``server.max_header_size``: end the parse (then 431)."""
+        self.head_too_large = True
+        raise ValueError("the request's head is too large")  # the parser stops here
 
     def on_headers_complete(self) -> None:
         self._heads += 1
