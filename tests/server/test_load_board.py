@@ -27,7 +27,7 @@ from sordino.config import RuntimeConfig
 from sordino.memory.segments import remove_stale_segments
 from sordino.models.repository import builtin_sources
 from sordino.records import QueueSettings
-from sordino.server.board_shed import BoardShed
+from sordino.server.board_shed import ENGINE_SILENT_S, BoardShed
 from sordino.server.load_board import MAX_LEVELS, STALE_S, LoadBoard, RouteLoad
 from sordino.server.load_publisher import LoadBoardPublisher
 from sordino.server.loop_lag import LoopLag
@@ -402,6 +402,53 @@ def test_the_engines_lag_share_refuses_lower_priorities_only(tmp_path: Path) -> 
         answers = [_refusal(shed, target, [(b"x-sordino-priority", b"high")]) for _ in range(4)]
         assert sum(a is None for a in answers) == 2
         own.close()
+    finally:
+        board.close()
+        writer.close()
+
+
+def test_a_board_silent_for_long_refuses_inference(tmp_path: Path) -> None:
+    """An engine stopped (SIGSTOP, a debugger) or stuck publishes nothing: past
+    ``ENGINE_SILENT_S`` a front end refuses inference with 503 rather than forwarding
+    requests that could only wait (before: forwarded, each waited until its client gave
+    up). Anything else still goes to the engine."""
+    clock = _Clock()
+    writer, board = _board(tmp_path, clock)
+    try:
+        shed = BoardShed(board, {})
+        tenant = [(b"x-sordino-tenant", b"acme")]
+        assert _refusal(shed, b"/v2/models/m/infer", tenant) is None  # served: it is idle
+        clock.now += STALE_S + 0.5  # stale: the board's rules refuse nothing
+        assert _refusal(shed, b"/v2/models/m/infer", tenant) is None
+        clock.now += ENGINE_SILENT_S
+        refused = _refusal(shed, b"/v2/models/m/infer", tenant)
+        assert refused is not None and refused[0] == 503, refused
+        assert b"the engine has not answered for 12 s (stopped or stuck)" in refused[1]
+        assert refused[2].get("Retry-After") == "1"
+        assert _refusal(shed, b"/v2/health/ready", []) is None  # not inference
+        assert shed.refused == {("m", None, "acme", "engine_silent"): 1}
+        # It publishes again: served again.
+        writer.write_header(
+            share=1.0, top_share=1.0, last_lag_s=0.0, tenants_required=False, stopping=False,
+            overflow=0, now=clock.now,
+        )  # fmt: skip
+        assert _refusal(shed, b"/v2/models/m/infer", tenant) is None
+    finally:
+        board.close()
+        writer.close()
+
+
+def test_a_stopping_engines_silence_refuses_nothing(tmp_path: Path) -> None:
+    clock = _Clock()
+    writer, board = _board(tmp_path, clock)
+    try:
+        writer.write_header(
+            share=1.0, top_share=1.0, last_lag_s=0.0, tenants_required=False, stopping=True,
+            overflow=0, now=clock.now,
+        )  # fmt: skip
+        shed = BoardShed(board, {})
+        clock.now += ENGINE_SILENT_S + 5
+        assert _refusal(shed, b"/v2/models/m/infer", []) is None
     finally:
         board.close()
         writer.close()

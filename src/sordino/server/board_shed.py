@@ -13,9 +13,14 @@ Lag: the engine loop's published shares are applied here (each front end keeps i
 own credit, so each admits that share of what it sees), and so is the front end's own
 :class:`~sordino.server.loop_lag.LoopLag` if it has one (its loop running late).
 
-It refuses nothing while the board is stale (not published for
+It refuses nothing by these rules while the board is stale (not published for
 :data:`~sordino.server.load_board.STALE_S`: the engine is stuck or gone — the
-forwarded request then meets the engine's own answer), while the engine requires
+forwarded request then meets the engine's own answer). Once the board has said nothing
+for :data:`ENGINE_SILENT_S` (an engine stopped, ``SIGSTOP`` or a debugger, or stuck),
+it refuses every inference request, 503 "the engine has not answered for N s …" with
+``Retry-After``, counted as ``engine_silent``: forwarded, they would only wait — the
+client until it gives up, and the engine, once it runs again, under a backlog nobody
+waits for any more. It refuses nothing by its rules while the engine requires
 tenants or is stopping, and for a route not on the board (unknown, overflowed, not
 ready). Refusals are counted here, per loop iteration, by (model, version, tenant,
 reason): ``on_refused`` receives each iteration's counts (a front end forwards them to
@@ -26,16 +31,27 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
-from sordino.server.early_shed import HeaderShed, ShedRoute
+from sordino.errors import Shed
+from sordino.server.early_shed import HeaderShed, ShedRoute, read_kind, refusal_response
 from sordino.server.load_board import STALE_S, BoardHeader, LoadBoard
 from sordino.server.loop_lag import LoopLag
 
-__all__ = ["BoardShed", "RefusalCounts", "attach_board_shed"]
+__all__ = ["ENGINE_SILENT_S", "BoardShed", "EngineSilent", "RefusalCounts", "attach_board_shed"]
+
+ENGINE_SILENT_S = 10.0
+"""How long the engine's board may say nothing before a front end refuses inference
+(the engine publishes every 5 ms when busy, every 100 ms when idle)."""
 
 RefusalCounts = Counter[tuple[str, str | None, str | None, str]]
 """(model, version as requested, tenant, reason) → requests refused."""
+
+
+class EngineSilent(Shed):
+    """Refused in a front end: the engine has published nothing for :data:`ENGINE_SILENT_S`."""
+
+    reason = "engine_silent"
 
 
 class BoardShed(HeaderShed):
@@ -59,6 +75,7 @@ class BoardShed(HeaderShed):
         self._seq = board.header_seq
         self._clock = board.clock
         self._stale_at = -math.inf  # the board's clock past which it is stale
+        self._published_at = math.nan  # the engine's last publish seen (nan: none)
         # The engine loop's lag, as published: a LoopLag never measured here, only
         # its admission by credit used (the same rule as in the engine's process).
         self._engine_lag = LoopLag(1.0)
@@ -77,6 +94,8 @@ class BoardShed(HeaderShed):
             self._stale_at = -math.inf  # iteration, and read again the next
             self._decided_at = math.nan
             return
+        # A stopping engine's silence is its stop's business, not a stuck engine's.
+        self._published_at = math.nan if header.stopping else header.published_at
         if header.tenants_required or header.stopping:
             self._stale_at = -math.inf  # refuse nothing this epoch
             return
@@ -84,6 +103,38 @@ class BoardShed(HeaderShed):
         engine = self._engine_lag
         engine.share, engine.top_share = header.share, header.top_share
         engine.last_lag_s = header.last_lag_s
+
+    def __call__(self, target: bytes, headers: Sequence[tuple[bytes, bytes]]) -> bytes | None:
+        refused = super().__call__(target, headers)
+        if refused is None and self._skipping:
+            silent_s = self._clock() - self._published_at
+            if silent_s > ENGINE_SILENT_S:  # never while nothing was published (nan)
+                return self._silent(target, headers, silent_s)
+        return refused
+
+    def _silent(
+        self, target: bytes, headers: Sequence[tuple[bytes, bytes]], silent_s: float
+    ) -> bytes | None:
+        """Refuse an inference request: the engine has said nothing for ``silent_s``."""
+        named = self._targets[target]
+        if named is None:
+            return None  # not inference: the engine answers it, as before
+        error = EngineSilent(
+            f"the engine has not answered for {silent_s:.0f} s (stopped or stuck): this "
+            "front end refuses requests until it does; retry later or on another replica",
+            retry_after_s=1.0,
+        )
+        response = refusal_response(error)
+        tenant = read_kind(target, headers)[1]
+        self.shed += 1
+        loop = self._loop
+        assert loop is not None  # set by the call above
+        self._refused_at = loop.time()
+        if not self._uncounted:
+            loop.call_soon(self._count)
+        self._uncounted[named[0], named[1], tenant, EngineSilent.reason] += 1
+        self._refused = (error, response)
+        return response
 
     def _skip(self) -> bool:
         # Asked each loop iteration, not each epoch: the epoch lasts while the engine

@@ -69,7 +69,14 @@ from sordino.server.loop_lag import LoopLag
 if TYPE_CHECKING:
     from sordino.server.runtime import Runtime
 
-__all__ = ["REFUSING_S", "EarlyShed", "HeaderShed", "ShedRoute"]
+__all__ = [
+    "REFUSING_S",
+    "EarlyShed",
+    "HeaderShed",
+    "ShedRoute",
+    "read_kind",
+    "refusal_response",
+]
 
 REFUSING_S = 1.0
 """How long after a refusal whole requests are tried without the HTTP parser
@@ -202,7 +209,7 @@ class HeaderShed:
         if headers is self._read_headers and target is self._read_target:
             key, tenant = self._read  # the same request again (a client's same head)
         else:
-            key, tenant = self._read = _read(target, headers)
+            key, tenant = self._read = read_kind(target, headers)
             self._read_headers, self._read_target = headers, target
         decision = self._decided.get(key)
         if decision is None:
@@ -285,7 +292,7 @@ class HeaderShed:
             late = route.late(chosen.priority, chosen.timeout_s)
         return _Decision(
             model_name, version, route.note, chosen.stated_lower,
-            (late, _response(late)) if late is not None else None,
+            (late, refusal_response(late)) if late is not None else None,
         )  # fmt: skip
 
     def _choose(
@@ -339,7 +346,7 @@ class HeaderShed:
                 f"highest priority admitted now; retry later"
             )
         error = Shed(message, retry_after_s=1.0)
-        refusal = self._lag_refusals[index, kind] = (error, _response(error))
+        refusal = self._lag_refusals[index, kind] = (error, refusal_response(error))
         return refusal
 
     def refusing(self) -> bool:
@@ -438,7 +445,7 @@ _Key = tuple[bytes, bytes | None, bytes | None, bytes | None]
 """(target, ``X-Sordino-Priority``, ``X-Sordino-Timeout``, ``X-Sordino-Tag``): a kind of request."""
 
 
-def _read(target: bytes, headers: Sequence[tuple[bytes, bytes]]) -> tuple[_Key, str | None]:
+def read_kind(target: bytes, headers: Sequence[tuple[bytes, bytes]]) -> tuple[_Key, str | None]:
     """What the rule reads of a request: its kind, and its tenant (None: none named)."""
     priority_value = tag = timeout_value = tenant = None
     for name, value in headers:
@@ -481,7 +488,8 @@ def _named(target: bytes) -> tuple[str, str | None] | None:
         return None
 
 
-def _response(error: SordinoError) -> bytes:
+def refusal_response(error: SordinoError) -> bytes:
+    """The whole HTTP response refusing a request with ``error`` (503, Retry-After)."""
     body = encode_error(str(error))
     retry = retry_after_header(error) or "1"
     return (
