@@ -24,7 +24,6 @@ from sordino.cli.repository_option import repository_option, repository_setting
 from sordino.cli.stop_signals import (
     WORDS,
     leave_lost_terminal,
-    say,
     stop_signals,
     terminal_streams,
 )
@@ -32,6 +31,7 @@ from sordino.cli.switches import switch_option
 from sordino.cli.trace_config import trace_settings
 from sordino.config import RuntimeConfig, SchedulerMode, load_config
 from sordino.errors import ConfigError, SordinoError
+from sordino.execution.lost_streams import keep_standard_streams
 
 # The server's modules (numpy, ONNX Runtime, gRPC, starlette) are imported when it starts,
 # not when this module is: `sordino --help` and `sordino start --help` stay quick.
@@ -101,8 +101,8 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
             config,
             sources,
             journal=journal if config.telemetry.journal else None,
-            on_journal=lambda path: say(f"journal at {path}"),
-            on_loaded=lambda model: say(_describe(model)),
+            on_journal=lambda path: click.echo(f"journal at {path}"),
+            on_loaded=lambda model: click.echo(_describe(model)),
         ) as server:
             serving = True
             # Start-up leaves a large heap (libraries, models, routes) that lives as long as
@@ -114,26 +114,26 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
             if server.frontends is not None:
                 # Said once every front end listens: the lines below are true when printed.
                 pids = ", ".join(str(pid) for pid in server.frontends.pids())
-                say(
+                click.echo(
                     f"front ends: {server.frontends.count} processes (pids {pids}) read the "
                     "client connections; this engine process reads none"
                 )
-            say(
+            click.echo(
                 f"sordino listening on {server.url} (KServe v2 HTTP, metrics at "
                 f"{server.url}/metrics, dashboard at {server.url}/dashboard)"
             )
-            say(
+            click.echo(
                 f"sordino listening on {grpc_scheme}://{server.grpc.address} (KServe v2 gRPC, "
                 f"model control: {server.control.mode})"
             )
             await stop.wait()
-            say("shutting down: finishing queued requests", err=True)
+            click.echo("shutting down: finishing queued requests", err=True)
     except asyncio.CancelledError:
         if interrupted_by is None or main.uncancel() > 0:
             raise
-        say(WORDS[interrupted_by], err=True)
+        click.echo(WORDS[interrupted_by], err=True)
         return 128 + interrupted_by
-    say("stopped", err=True)
+    click.echo("stopped", err=True)
     return 0
 
 
@@ -345,6 +345,10 @@ def start(
     a port or data dir in use, a model that cannot load unless --exit-on-error false),
     130 after Ctrl-C (143 after SIGTERM, 129 after SIGHUP) while models are still loading.
     """
+    # Before the log's handler takes sys.stderr: a pipe whose reader goes away (`sordino
+    # start | head`, a stopped tee) is then /dev/null for every line and log record that
+    # follows, instead of a write that ends start-up or the stop.
+    keep_standard_streams()
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -406,10 +410,10 @@ def start(
         raise_open_file_limit()
         status = _run(config, sources)
     except (SordinoError, OSError) as exc:
-        say(f"error: {exc}", err=True)
+        click.echo(f"error: {exc}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:  # Ctrl-C before the event loop took the signal over
-        say("interrupted", err=True)
+        click.echo("interrupted", err=True)
         sys.exit(INTERRUPTED)
     if status:
         sys.exit(status)

@@ -10,8 +10,9 @@ started under ``nohup`` has SIGHUP ignored: it stays ignored.
 After a hang-up the terminal is gone and every write to it fails (``EIO``): the
 standard streams that were that terminal are pointed at ``/dev/null``, so the stop's
 lines and log are dropped rather than failing the stop. A stream redirected to a file
-or a pipe is kept — until a write finds its reader gone (:func:`say`; the workers'
-streams, which are copies of the server's, do the same: ``execution/lost_streams.py``).
+or a pipe is kept — until a write finds its reader gone: the server's and its workers'
+``sys.stdout`` and ``sys.stderr`` then point themselves at ``/dev/null``
+(``execution/lost_streams.py``).
 """
 
 from __future__ import annotations
@@ -20,9 +21,7 @@ import contextlib
 import os
 import signal
 
-import click
-
-from sordino.execution.lost_streams import LOST, point_at_null
+from sordino.execution.lost_streams import point_at_null
 
 WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}
 """The line ``sordino start`` prints when a signal ends its start-up."""
@@ -45,18 +44,6 @@ def terminal_streams() -> tuple[int, ...]:
 def leave_lost_terminal(streams: tuple[int, ...]) -> None:
     """Point ``streams`` (:func:`terminal_streams`) at ``/dev/null`` (after SIGHUP)."""
     point_at_null(streams)
-
-
-def say(text: str, *, err: bool = False) -> None:
-    """``click.echo`` for a server: a standard stream whose reader went away (``sordino
-    start | head``, a ``tee`` that was stopped; a hung-up terminal) is pointed at
-    ``/dev/null`` and the line dropped, instead of the write ending the server."""
-    try:
-        click.echo(text, err=err)
-    except OSError as exc:
-        if exc.errno not in LOST:
-            raise
-        leave_lost_terminal((2 if err else 1,))
 
 
 def _isatty(fd: int) -> bool:

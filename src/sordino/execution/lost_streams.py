@@ -1,14 +1,13 @@
 """A standard stream whose reader went away, in the server and in its workers.
 
 ``sordino start | head``, a ``tee`` that was stopped, a terminal that hung up: every
-write to the stream then fails (``EPIPE``, ``EIO``). The server points such a stream at
-``/dev/null`` and serves on (``cli/stop_signals.py``). Its workers hold their own copy
-of the same stream, so a Python model that prints (Triton's examples do), or a model's
-log line, failed every request of the model after that: ``execute raised
-BrokenPipeError``. A worker's ``sys.stdout`` and ``sys.stderr`` are therefore
-:class:`KeptStream`: the first write that finds the reader gone points that stream at
-``/dev/null`` too, and the write, and every later one, is dropped there instead of
-failing the model.
+write to the stream then fails (``EPIPE``, ``EIO``): a line ``sordino start`` printed
+ended its start-up or its stop, and its workers, which hold their own copies of the
+same streams, failed every request of a Python model that prints (Triton's examples
+do) or logs: ``execute raised BrokenPipeError``. The server's and each worker's
+``sys.stdout`` and ``sys.stderr`` are therefore :class:`KeptStream`: the first write
+that finds the reader gone points that stream at ``/dev/null``, and the write, and
+every later one (a printed line, a log record), is dropped there instead of failing.
 """
 
 from __future__ import annotations
@@ -77,8 +76,8 @@ class KeptStream:
 
 
 def keep_standard_streams() -> None:
-    """In a worker: make ``sys.stdout`` and ``sys.stderr`` :class:`KeptStream` (before
-    its log's handler or a model takes a reference to them)."""
+    """Make ``sys.stdout`` and ``sys.stderr`` :class:`KeptStream` (in ``sordino start`` and
+    in a worker, before a log handler or a model takes a reference to them)."""
     for name, fd in (("stdout", 1), ("stderr", 2)):
         stream = getattr(sys, name)
         if stream is not None and not isinstance(stream, KeptStream):
