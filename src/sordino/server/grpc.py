@@ -35,7 +35,7 @@ from sordino.protocol.grpc_codec import (
     parse_message,
 )
 from sordino.protocol.pb import kserve_v2_pb2 as pb
-from sordino.server.guarding import not_ready, versions_ready
+from sordino.server.guarding import server_ready, versions_ready
 from sordino.server.http import EXTENSIONS
 from sordino.server.log_settings import tell_workers
 from sordino.server.model_config import model_metadata_json, triton_config_json
@@ -101,9 +101,7 @@ class InferenceServicer:
         parse_message(pb.ServerReadyRequest, raw)
         # As /v2/health/ready: not ready while a loaded model cannot serve (or is wedged),
         # or says it is not ready (is_ready()).
-        runtime = self.runtime
-        ready = runtime.ready and not runtime.left_out() and not await not_ready(runtime)
-        return pb.ServerReadyResponse(ready=ready)
+        return pb.ServerReadyResponse(ready=await server_ready(self.runtime))
 
     async def ModelReady(self, raw: bytes, context: Any) -> pb.ModelReadyResponse:
         self._key(context)

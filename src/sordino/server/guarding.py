@@ -53,6 +53,7 @@ __all__ = [
     "not_ready",
     "not_serving",
     "open_guardian",
+    "server_ready",
     "unready",
     "versions_ready",
     "wedged",
@@ -187,6 +188,13 @@ async def not_ready(runtime: Runtime, asked: Iterable[ModelKey] | None = None) -
         if why is not None:
             found[str(key)] = f"{key} says it is not ready ({why})"
     return found
+
+
+async def server_ready(runtime: Runtime) -> bool:
+    """The server's readiness, as ``/v2/health/ready`` and ``ServerReady`` answer it:
+    serving, no model left out at start while readiness is strict
+    (:meth:`Runtime.left_out`), and no loaded model in :func:`not_ready`."""
+    return runtime.ready and not runtime.left_out() and not await not_ready(runtime)
 
 
 async def versions_ready(runtime: Runtime, name: str, version: str = "") -> bool:

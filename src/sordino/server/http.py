@@ -25,7 +25,7 @@ from sordino.protocol.encode import encode_error, encode_json
 from sordino.server.auth import caller, me_routes, visible_metrics, with_authentication
 from sordino.server.fast_infer import error_parts, with_fast_infer
 from sordino.server.feedback_routes import feedback_routes
-from sordino.server.guarding import guardian_routes, health_response, not_ready
+from sordino.server.guarding import guardian_routes, health_response, not_ready, server_ready
 from sordino.server.http_routes import extra_routes
 from sordino.server.log_settings import log_routes
 from sordino.server.memory_routes import memory_routes
@@ -107,8 +107,7 @@ def build_app(runtime: Runtime, control: ModelControl | None = None) -> ASGIApp:
             return await health_response(runtime, request)
         # Not ready while a loaded model cannot serve (all restarting, or wedged) or says
         # it is not ready (a Python model's is_ready()).
-        serving = runtime.ready and not runtime.left_out() and not await not_ready(runtime)
-        return Response(status_code=200 if serving else 503)
+        return Response(status_code=200 if await server_ready(runtime) else 503)
 
     async def model_metadata(request: Request) -> Response:
         name, version = _model_params(request)
