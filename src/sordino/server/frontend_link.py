@@ -39,6 +39,7 @@ from sordino.server.link_frames import (
     FrameReader,
     LinkRequest,
 )
+from sordino.server.stream_window import StreamWindow
 
 __all__ = ["ENGINE_GONE", "FrontendLink", "Reply", "hand_over"]
 
@@ -373,28 +374,3 @@ def hand_over(channel: socket.socket, sock: socket.socket, data: bytes) -> None:
     socket.send_fds(channel, [HANDOVER_HEAD.pack(len(data)) + first], [sock.fileno()])
     for at in range(len(first), len(data), HANDOVER_CHUNK):
         channel.sendall(data[at : at + HANDOVER_CHUNK])
-
-
-class StreamWindow:
-    """How many more messages of one forwarded stream may cross to the engine unread."""
-
-    __slots__ = ("_open", "left")
-
-    def __init__(self, size: int) -> None:
-        self.left = size
-        self._open: asyncio.Event | None = None  # made when a sender first waits
-
-    async def take(self) -> None:
-        """Wait for room for one message, and take it."""
-        while self.left <= 0:
-            if self._open is None:
-                self._open = asyncio.Event()
-            self._open.clear()
-            await self._open.wait()
-        self.left -= 1
-
-    def grant(self, count: int) -> None:
-        """The engine read ``count`` messages: as many more may cross."""
-        self.left += count
-        if self._open is not None:
-            self._open.set()

@@ -56,6 +56,7 @@ from sordino.server.link_pending import Forwarded, Pending, watch
 from sordino.server.link_tensors import STREAM_WINDOW, Call, Decoded
 from sordino.server.route import Route
 from sordino.server.runtime import Runtime
+from sordino.server.stream_window import StreamWindow
 from sordino.server.streams import peer_address
 
 if TYPE_CHECKING:
@@ -219,7 +220,7 @@ class StreamContext(CallContext):
         self._took = took
         self.sent = 0
         self.granted = STREAM_WINDOW
-        self._credit = asyncio.Event()
+        self._room = StreamWindow(STREAM_WINDOW)
 
     @property
     def starved(self) -> bool:
@@ -229,7 +230,7 @@ class StreamContext(CallContext):
     def grant(self, count: int) -> None:
         """The front end handed ``count`` more responses to gRPC: send as many more."""
         self.granted += count
-        self._credit.set()
+        self._room.grant(count)
 
     async def read(self) -> bytes | object:
         """The client's next message; the front end may then forward one more."""
@@ -239,9 +240,7 @@ class StreamContext(CallContext):
         return item
 
     async def write(self, message: Any) -> None:
-        while self.starved:  # a cancel (the front end's client left) ends the wait
-            self._credit.clear()
-            await self._credit.wait()
+        await self._room.take()  # a cancel (the front end's client left) ends the wait
         self.sent += 1
         self._send(serialize(message))
 
