@@ -239,6 +239,44 @@ def test_slow_bodies_past_their_budget_make_room_for_new_clients(
             sock.close()
 
 
+def test_bodies_sent_but_for_their_end_cannot_fill_the_memory() -> None:
+    """Bodies sent fast but for their last byte each stay under every per-connection
+    limit: before server.max_pending_body_size, 48 of 60 MB grew the server by 3.4 GB.
+    Past the bytes limit the oldest are answered 408; the newest and a new client go on."""
+    size = 256 * 1024
+    for server in _serve(max_request_size=size, max_pending_body_size=3 * size, body_timeout="60s"):
+        held = [_connect(server) for _ in range(5)]
+        try:
+            for sock in held:
+                sock.sendall(_request(INFER, b"x" * (size - 1), length=size))
+                time.sleep(0.05)  # in order: the first sent waits longest
+            for sock in held[:2]:
+                evicted = _read_until_closed(sock)
+                assert _status(evicted) == 408, evicted
+                assert b"server.max_pending_body_size" in evicted
+            assert server.http is not None
+            guard = server.http.guard
+            wait_for(
+                lambda g=guard: g.pending_body_bytes == 3 * (size - 1), "three bodies held whole"
+            )
+            response = httpx.post(server.url + INFER, content=BODY, timeout=10)
+            assert response.status_code == 200, response.text
+            held[-1].sendall(b"x")  # the last byte: a whole body, answered (a bad one)
+            answer = held[-1].recv(65536)
+            assert _status(answer) == 400, answer
+        finally:
+            for sock in held:
+                sock.close()
+        wait_for(lambda g=guard: g.pending_body_bytes == 0, "the bodies given up released")
+
+
+def test_pending_bodies_must_fit_the_largest_request() -> None:
+    with pytest.raises(ValueError, match="raise max_pending_body_size to at least"):
+        RuntimeConfig.model_validate(
+            {"server": {"max_request_size": "2GB", "max_pending_body_size": "1GiB"}}
+        )
+
+
 def test_a_body_slower_than_the_minimum_rate_is_cut_off_after_the_grace() -> None:
     for server in _serve(body_timeout="60s", body_rate_grace="0.5s", body_min_rate="1KiB"):
         with _connect(server) as sock:

@@ -70,6 +70,11 @@ class ServerConfig(Section):
     max_pending_bodies: int = Field(default=256, ge=1, le=1_000_000)
     """HTTP connections that may wait for the rest of a request body at once; past it,
     the one that has waited longest is answered 408 and closed."""
+    max_pending_body_size: Size = Field(default=parse_size("1GiB"), ge=1)
+    """Bytes of request bodies still arriving that the server holds, over all HTTP
+    connections (each front-end process an equal share, at least ``max_request_size``);
+    past it, the connections that have waited longest for the rest of theirs are answered
+    408 and closed, so that bodies sent but for their end cannot fill the memory."""
     monitoring_connections: int = Field(default=8, ge=0, le=1024)
     """Connections kept past ``max_connections`` and ``max_connections_per_client`` for
     ``GET /metrics`` and ``/v2/health/*`` only; other requests on them get the 503."""
@@ -113,6 +118,17 @@ class ServerConfig(Section):
     admin_token: str | None = Field(default=None, min_length=MIN_TOKEN_LENGTH, repr=False)
     """Bearer token of the admin API and the protected endpoints (model control, profiling,
     the journal, the full telemetry view); env SORDINO_ADMIN_TOKEN if unset."""
+
+    @model_validator(mode="after")
+    def _pending_bodies_fit_a_request(self) -> ServerConfig:
+        if self.max_pending_body_size < self.max_request_size:
+            raise ValueError(
+                f"server.max_pending_body_size ({self.max_pending_body_size} bytes) is smaller "
+                f"than server.max_request_size ({self.max_request_size} bytes): a request of "
+                "the largest size accepted could never arrive whole; raise "
+                "max_pending_body_size to at least max_request_size"
+            )
+        return self
 
     @model_validator(mode="after")
     def _frontends_without_tls(self) -> ServerConfig:

@@ -60,6 +60,8 @@ class AsgiCycle(Cycle):
     async def run(self) -> None:
         try:
             result: object = await self.conn.app(self.scope, self.receive, self.send)  # type: ignore[func-returns-value]
+        except asyncio.CancelledError:  # the stop's grace ran out
+            self._cancelled_by_stop(self.scope["path"])
         except BaseException as exc:
             log.error("exception in the ASGI application", exc_info=exc)
             if not self.response_started:

@@ -145,6 +145,7 @@ class ConnectionGuard:
         body_timeout: float,
         max_header_size: int = 64 * 1024,
         max_pending_bodies: int = 256,
+        max_pending_body_size: int = 1 << 30,
         body_min_rate: float = 0.0,
         body_rate_grace: float = 10.0,
         monitoring_connections: int = 0,
@@ -155,6 +156,8 @@ class ConnectionGuard:
         self.max_header_size = max_header_size
         self.body_timeout = body_timeout
         self.max_pending_bodies = max_pending_bodies
+        self.max_pending_body_size = max_pending_body_size
+        self.pending_body_bytes = 0  # held of the bodies in pending_bodies (on_body)
         self.body_min_rate = body_min_rate
         self.body_rate_grace = body_rate_grace
         self.monitoring_connections = monitoring_connections
@@ -256,7 +259,27 @@ class ConnectionGuard:
                 del self._open[client]
 
     def too_many_bodies(self) -> bool:
-        return len(self.pending_bodies) > self.max_pending_bodies
+        return (
+            len(self.pending_bodies) > self.max_pending_bodies
+            or self.pending_body_bytes > self.max_pending_body_size
+        )
+
+    def evict_bodies(self) -> None:
+        """Answer 408 to the connections that have waited longest for the rest of a body
+        until the pending bodies are within both of their limits."""
+        while self.pending_bodies and len(self.pending_bodies) > self.max_pending_bodies:
+            self.evict_oldest_body()
+        while self.pending_bodies and self.pending_body_bytes > self.max_pending_body_size:
+            oldest = next(iter(self.pending_bodies))
+            oldest.expire(
+                oldest.loop.time(),
+                because=(
+                    "the request body was still incomplete when the bodies still arriving "
+                    f"held {self.pending_body_bytes} bytes, past {self.max_pending_body_size} "
+                    "(server.max_pending_body_size); send the body with its headers, or "
+                    "retry when the server is less busy"
+                ),
+            )
 
     def evict_oldest_body(self) -> None:
         """Answer 408 to the connection that has waited longest for the rest of a body."""

@@ -117,6 +117,9 @@ class Frontends:
                 "max_header_size": settings.max_header_size,
                 "body_timeout": settings.body_timeout,
                 "max_pending_bodies": settings.max_pending_bodies,
+                "max_pending_body_size": max(
+                    settings.max_pending_body_size // count, settings.max_request_size
+                ),
                 "body_min_rate": settings.body_min_rate,
                 "body_rate_grace": settings.body_rate_grace,
                 "monitoring_connections": settings.monitoring_connections,

@@ -43,6 +43,7 @@ class GuardedReads(asyncio.Protocol):
         self._refused_late = False  # a reserve connection answered 503: reads are dropped
         self._body_began = 0.0
         self._body_bytes = 0
+        self._held = 0  # of the body being read, buffered: in guard.pending_body_bytes
         self._phase: Phase | None = None
         self._timer: asyncio.TimerHandle | None = None  # a refused connection's linger
         self.deadline: float | None = None  # when the phase being read times out
@@ -111,7 +112,7 @@ class GuardedReads(asyncio.Protocol):
                 self._body_bytes = len(data) - end - 4
                 self._discard = following - len(data)
                 if self.guard.too_many_bodies():
-                    self.guard.evict_oldest_body()
+                    self.guard.evict_bodies()
                 return b""
             data = data[following:]
         if refused:
@@ -201,7 +202,11 @@ class GuardedReads(asyncio.Protocol):
 
     def _disarm(self) -> None:
         if self._phase == "body":
-            self.guard.pending_bodies.pop(self, None)
+            guard = self.guard
+            guard.pending_bodies.pop(self, None)
+            if self._held:
+                guard.pending_body_bytes -= self._held
+                self._held = 0
         self._phase = None
         self.deadline = None
         self._request_bytes = False
@@ -266,6 +271,24 @@ class GuardedReads(asyncio.Protocol):
         self.guard.unwatch(self)
         self.guard.refused(admission.scope, admission.client)
         self._timer = self.guard.refuse(self.transport, admission.refusal, self.loop)
+
+    def stop_reading_body(self) -> None:
+        """The server stops and the request being read has not sent its body whole: it
+        was not taken, and waiting for it would hold the stop (up to uvicorn's grace,
+        then a cancel); answer 503 now, and close."""
+        cycle = self.cycle
+        self._disarm()
+        if cycle is not None and not cycle.response_started:
+            cycle.disconnect()  # its task (if it has one) ends without an answer
+            self.transport.write(
+                connection_guard.error_response(
+                    503,
+                    "the server is stopping and the request body had not arrived whole; "
+                    "send the request again (to another instance)",
+                    retry_after=True,
+                )
+            )
+        self.transport.close()
 
     def _answer(self, status: int, message: str) -> None:
         self.transport.write(connection_guard.error_response(status, message))

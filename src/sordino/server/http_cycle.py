@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, ClassVar, TypeVar
 from sordino.errors import Cancelled
 from sordino.memo import Memo
 from sordino.protocol.encode import encode_error
+from sordino.server.connection_guard import error_response
 from sordino.server.disconnect import client_left
 from sordino.server.fast_infer import (
     Opened,
@@ -161,6 +162,24 @@ class Cycle:
             self.conn.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         self.waiting_for_100_continue = False
 
+    def _cancelled_by_stop(self, path: str) -> None:
+        """The stop's grace ran out with this request unanswered (its task was
+        cancelled): 503 if nothing was sent yet, and close; one line in the log."""
+        log.warning("request to %s cancelled: the server stopped before it was answered", path)
+        conn = self.conn
+        if not self.response_started and not self.disconnected:
+            self.response_started = True
+            conn.transport.write(
+                error_response(
+                    503,
+                    "the server stopped before the request was answered; send it again "
+                    "(to another instance)",
+                    retry_after=True,
+                )
+            )
+        self.response_complete = True
+        conn.transport.close()
+
     def _complete(self) -> None:
         """The answer is written whole: close, or go on to the next request."""
         self.response_complete = True
@@ -284,7 +303,9 @@ class InferCycle(Cycle):
     async def run(self) -> None:
         try:
             await self._answer()
-        except BaseException as exc:  # cancelled (the shutdown's grace ran out), or a defect
+        except asyncio.CancelledError:  # the stop's grace ran out
+            self._cancelled_by_stop(self.path)
+        except BaseException as exc:  # a defect
             # As uvicorn does for an ASGI app: logged, answered 500 if nothing was sent yet.
             log.error("inference request to %s ended without an answer", self.path, exc_info=exc)
             if not self.response_started:

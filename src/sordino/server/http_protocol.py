@@ -230,7 +230,7 @@ class HttpProtocol(IgnoredUpgrade, HttpFlow, GuardedReads):
         if self._phase == "header" and self.head_grew(len(data), phase, heads):
             return
         if self._phase == "body" and self.guard.too_many_bodies():
-            self.guard.evict_oldest_body()
+            self.guard.evict_bodies()
 
     def _bad_request(self, message: str) -> None:
         self.transport.write(
@@ -368,11 +368,14 @@ class HttpProtocol(IgnoredUpgrade, HttpFlow, GuardedReads):
         self._arm("body")  # on_message_complete follows at once when there is no body
 
     def on_body(self, body: bytes) -> None:
-        self._body_bytes += len(body)
-        if len(body) >= LARGE_READ:
-            self.guard.trimmer.note(self.loop, len(body))
+        size = len(body)
+        self._body_bytes += size
+        if size >= LARGE_READ:
+            self.guard.trimmer.note(self.loop, size)
         if self._shedding or self._refused_late:
             return
+        self._held += size  # GuardedReads.hold, inline: this runs for every body
+        self.guard.pending_body_bytes += size
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete and cycle.feed(body) > HIGH_WATER:
             self.pause_reading()
@@ -446,9 +449,12 @@ class HttpProtocol(IgnoredUpgrade, HttpFlow, GuardedReads):
             last.keep_alive = False
 
     def shutdown(self) -> None:
-        """uvicorn's graceful shutdown: close if idle, else after the current answer."""
+        """uvicorn's graceful shutdown: close if idle, 503 if the body is still to come
+        (:meth:`stop_reading_body`), else close after the current answer."""
         if self.cycle is None or self.cycle.response_complete:
             self.transport.close()
+        elif self._phase == "body" and not self.pipeline:
+            self.stop_reading_body()
         else:
             self.cycle.keep_alive = False
 

@@ -97,6 +97,7 @@ class HttpServer:
             max_header_size=settings.max_header_size,
             body_timeout=settings.body_timeout,
             max_pending_bodies=settings.max_pending_bodies,
+            max_pending_body_size=settings.max_pending_body_size,
             body_min_rate=settings.body_min_rate,
             body_rate_grace=settings.body_rate_grace,
             monitoring_connections=settings.monitoring_connections,
