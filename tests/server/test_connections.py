@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import grpc
 import httpx
 import orjson
 import pytest
@@ -208,6 +209,44 @@ def test_past_the_total_limit_a_new_connection_is_refused(crowded: RunningServer
         "sordino_http_connections_refused_total", {"scope": "total"}
     )
     assert refused is not None and refused >= 1
+
+
+_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+"""HTTP/2's connection preface and an empty SETTINGS frame: a gRPC connection begun."""
+
+
+def test_past_the_total_limit_a_new_grpc_connection_is_closed(crowded: RunningServer) -> None:
+    """server.max_connections holds the gRPC endpoint too (before, it had no limit: 5,000
+    idle connections held 5,000 descriptors); the connections open go on."""
+    held = [socket.create_connection(("127.0.0.1", crowded.grpc_port), timeout=10)]
+    try:
+        for _ in range(3):
+            held.append(socket.create_connection(("127.0.0.1", crowded.grpc_port), timeout=10))
+        for sock in held:
+            sock.sendall(_PREFACE)
+            assert sock.recv(9)[3:4] == b"\x04"  # the server's SETTINGS: served
+        with socket.create_connection(("127.0.0.1", crowded.grpc_port), timeout=10) as extra:
+            extra.sendall(_PREFACE)
+            assert _read_until_closed(extra) == b""  # closed at once, nothing served
+        with grpc.insecure_channel(crowded.grpc_url) as channel:
+            ready = channel.unary_unary("/inference.GRPCInferenceService/ServerReady")
+            with pytest.raises(grpc.RpcError) as refused:
+                ready(b"", timeout=5)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        for sock in held:
+            sock.close()
+    with grpc.insecure_channel(crowded.grpc_url) as channel:
+        ready = channel.unary_unary("/inference.GRPCInferenceService/ServerReady")
+        wait_for(lambda: _answers(ready), "a gRPC call once the connections closed")
+
+
+def _answers(call: grpc.UnaryUnaryMultiCallable) -> bool:
+    try:
+        call(b"", timeout=5)
+    except grpc.RpcError:
+        return False
+    return True
 
 
 @pytest.fixture(scope="module")

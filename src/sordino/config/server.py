@@ -85,8 +85,9 @@ class ServerConfig(Section):
     level, from their headers, while the server's event loop runs later than this for
     100 ms at a stretch (CoDel-style); 0 = off. See docs/http-api.md."""
     max_connections: int | None = Field(default=None, ge=1)
-    """Open HTTP connections at most; past it a new one is answered 503 and closed.
-    None: the open-file limit less 256 descriptors (kept for workers, gRPC, files)."""
+    """Open HTTP connections at most; past it a new one is answered 503 and closed (and
+    as many gRPC ones, past which gRPC core closes a new one). None: the open-file limit
+    less 256 descriptors (kept for workers, files)."""
     max_connections_per_client: int = Field(default=1024, ge=1)
     """Open HTTP connections one client address may hold; past it its new connections
     are answered 503 and closed (other clients are still served)."""

@@ -131,6 +131,7 @@ class Frontends:
                 "max_receive": settings.max_request_size,
                 "handshake_ms": max(1, round(settings.header_timeout * 1000)),
                 "accept_ahead": settings.grpc_accept_ahead,
+                "max_connections": settings.max_connections or _max_connections(),
             },
         )
         self.processes: list[subprocess.Popen[bytes]] = []

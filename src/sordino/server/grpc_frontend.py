@@ -262,7 +262,8 @@ async def open_frontend_grpc(
     """Bind ``host:port`` beside the other front ends (``SO_REUSEPORT``; the engine holds
     the port without listening) and start serving.
 
-    ``options``: ``max_receive`` (bytes), ``handshake_ms``, ``accept_ahead``; ``shed``
+    ``options``: ``max_receive`` (bytes), ``handshake_ms``, ``accept_ahead``,
+    ``max_connections``; ``shed``
     as :func:`frontend_handler` takes it. Raises OSError if the port cannot be bound.
     """
     server = open_server(
@@ -271,6 +272,11 @@ async def open_frontend_grpc(
             ("grpc.max_send_message_length", -1),
             ("grpc.so_reuseport", 1),
             ("grpc.server_handshake_timeout_ms", options.get("handshake_ms", 10_000)),
+            *(
+                [("grpc.max_allowed_incoming_connections", options["max_connections"])]
+                if "max_connections" in options
+                else []
+            ),
         ],
         options.get("accept_ahead", 1),
     )

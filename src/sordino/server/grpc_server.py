@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 from sordino.errors import SordinoError
+from sordino.server.connection_guard import default_max_connections
 from sordino.server.grpc import SERVICE, UNSUPPORTED_RPCS, InferenceServicer
 from sordino.server.grpc_accept import open_server
 from sordino.server.grpc_guard import UNARY_RPCS, abort_with, guard, serialize, unsupported
@@ -97,7 +98,8 @@ class GrpcServer:
             self.port = self._reserved.getsockname()[1]
             return
         check_port(self.host, self._requested_port, flag="--grpc-port", what=" for gRPC")
-        limit = self.runtime.config.server.max_request_size
+        settings = self.runtime.config.server
+        limit = settings.max_request_size
         server = open_server(
             [
                 ("grpc.max_receive_message_length", limit),
@@ -107,7 +109,12 @@ class GrpcServer:
                 # A connection that never starts HTTP/2 is closed like a silent HTTP one.
                 (
                     "grpc.server_handshake_timeout_ms",
-                    max(1, round(self.runtime.config.server.header_timeout * 1000)),
+                    max(1, round(settings.header_timeout * 1000)),
+                ),
+                # Past it gRPC core closes a new connection at once (as HTTP's 503).
+                (
+                    "grpc.max_allowed_incoming_connections",
+                    settings.max_connections or default_max_connections(),
                 ),
             ],
             self.runtime.config.server.grpc_accept_ahead,
