@@ -10,7 +10,9 @@ classifier, for ``--seconds`` or until it has sent ``--cap-mb``:
   buffer 4 KB), none of the answers read;
 - ``stream``: gRPC ``ModelStreamInfer`` messages of 32 rows on one stream, no answer read
   (``stream 2fe``: the same through ``--frontends 2``);
-- ``headers``: header lines without end on one connection.
+- ``headers``: header lines without end on one connection;
+- ``bodies``: connection after connection, each sending a 60 MB body but its last byte
+  (what it got in counts the bodies on connections the server still holds open).
 
 Per scenario: what the client got in (MB the server took, up to the cap), whether it
 stopped taking them (under 1 % more over the run's last 2 s), and the peak RSS of the
@@ -82,6 +84,51 @@ def _headers(http: str, sent: list[int], stop: threading.Event) -> None:
             sent[0] += len(lines)
 
 
+BODY_MB = 60
+"""A ``bodies`` body: under the default ``server.max_request_size`` (64 MB)."""
+
+
+def _bodies(http: str, sent: list[int], stop: threading.Event) -> None:
+    host, port = http.removeprefix("http://").rsplit(":", 1)
+    size = BODY_MB << 20
+    head = (
+        b"POST /v2/models/digits-classifier/infer HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % size
+    )
+    chunk = b" " * (1 << 20)
+    held: list[tuple[socket.socket, int]] = []
+    try:
+        while not stop.is_set():
+            sock = socket.create_connection((host, int(port)), timeout=5)
+            done = 0
+            with contextlib.suppress(OSError):  # closed under it: it holds nothing
+                sock.sendall(head)
+                while done < size - 1 and not stop.is_set():
+                    part = chunk[: min(len(chunk), size - 1 - done)]
+                    sock.sendall(part)
+                    done += len(part)
+            held.append((sock, done))
+            held = [(s, n) for s, n in held if _still_open(s)]
+            sent[0] = sum(n for _, n in held)
+    finally:
+        for sock, _ in held:
+            sock.close()
+
+
+def _still_open(sock: socket.socket) -> bool:
+    """Whether the server has neither answered (a 408) nor closed the connection."""
+    sock.setblocking(False)
+    try:
+        sock.recv(1, socket.MSG_PEEK)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.setblocking(True)
+    return False
+
+
 def _stream(grpc_address: str, sent: list[int], stop: threading.Event) -> None:
     import grpc
 
@@ -120,7 +167,7 @@ def _run(
         time.sleep(1.0)
         idle = peak = tree_rss()
         sent, stop = [0], threading.Event()
-        target = {"headers": _headers, "pipeline": _pipeline}.get(name, _stream)
+        target = {"headers": _headers, "pipeline": _pipeline, "bodies": _bodies}.get(name, _stream)
         address = server.grpc if target is _stream else server.http
 
         def client() -> None:
@@ -157,7 +204,7 @@ def main() -> None:
     parser.add_argument("--compare", help="another checkout: its src/ is side A")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--cap-mb", type=int, default=1024, help="stop a client past this")
-    parser.add_argument("--scenarios", default="pipeline,stream,stream 2fe,headers")
+    parser.add_argument("--scenarios", default="pipeline,stream,stream 2fe,headers,bodies")
     options = parser.parse_args()
     digits = importlib.resources.files("sordino.models.builtin") / "digits-classifier.onnx"
     model = ["--model", str(digits)]
