@@ -160,6 +160,28 @@ def test_a_chunked_request_body_is_read_for_inference(server: RunningServer) -> 
     assert _status(answer) == 200 and orjson.loads(body)["model_name"] == MODEL
 
 
+def test_a_body_of_tiny_chunks_is_kept_in_few_pieces(server: RunningServer) -> None:
+    """One-byte chunks were kept as a ``bytes`` object each (~40 times the body in
+    memory, and past what ``server.max_pending_body_size`` counts); now the small
+    pieces after the first are copied together."""
+    head = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+    chunks = b"".join(b"1\r\n%s\r\n" % BODY[i : i + 1] for i in range(len(BODY)))
+    assert server.http is not None
+    connections = server.http._server.server_state.connections
+
+    def reading() -> list[HttpProtocol]:
+        return [c for c in connections if c.cycle is not None and c.cycle.buffered == len(BODY)]
+
+    with _connect(server) as sock:
+        sock.sendall(head + chunks)
+        wait_for(lambda: reading(), "the body to be read but its last chunk")
+        [protocol] = reading()
+        assert protocol.cycle is not None and len(protocol.cycle.body) <= 2
+        sock.sendall(b"0\r\n\r\n")
+        [(answer, body)] = _responses(sock, 1)
+    assert _status(answer) == 200 and orjson.loads(body)["model_name"] == MODEL
+
+
 def test_a_malformed_request_is_answered_400_and_closed(server: RunningServer) -> None:
     with _connect(server) as sock:
         sock.sendall(b"POST /v2 HTTP/1.1\r\nContent-Length: x\r\n\r\n")

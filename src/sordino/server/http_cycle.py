@@ -44,6 +44,11 @@ log = logging.getLogger("sordino.http")
 HIGH_WATER = 65536
 """Body bytes buffered for a request that has not taken them before reading pauses."""
 
+COALESCE = 16384
+"""A piece of a body smaller than this, after the first, is copied onto the one before
+(a ``bytearray``): a chunked body of one-byte chunks kept a ``bytes`` object each, 40
+times its size in memory (and past ``server.max_pending_body_size``'s count)."""
+
 
 def _status_line(status: int) -> bytes:
     try:
@@ -93,7 +98,7 @@ class Cycle:
         self.response_started = False
         self.response_complete = False
         self.more_body = True
-        self.body: list[bytes] = []
+        self.body: list[bytes | bytearray] = []
         self.buffered = 0
         self.task: asyncio.Task[None] | None = None
         self._signalled = False
@@ -113,7 +118,15 @@ class Cycle:
 
     def feed(self, chunk: bytes) -> int:
         """Take a piece of the body; return the bytes buffered and not yet taken."""
-        self.body.append(chunk)
+        body = self.body
+        if body and len(chunk) < COALESCE:
+            last = body[-1]
+            if isinstance(last, bytearray):
+                last += chunk
+            else:
+                body.append(bytearray(chunk))
+        else:
+            body.append(chunk)
         self.buffered += len(chunk)
         self._signal()
         return self.buffered
@@ -151,7 +164,8 @@ class Cycle:
 
     def _take(self) -> bytes:
         body = self.body
-        data = body[0] if len(body) == 1 else b"".join(body)
+        first = body[0] if len(body) == 1 else None
+        data = first if isinstance(first, bytes) else b"".join(body)  # the first is bytes
         self.body = []
         self.buffered = 0
         return data
