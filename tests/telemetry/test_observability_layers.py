@@ -21,6 +21,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sordino.cli.main import cli
+from sordino.telemetry.feedback import MAX_REQUEST_ID
 from sordino.testing import RunningServer, serve_in_thread
 from tests.execution.load import BODY, digits
 from tests.waiting import wait_for
@@ -128,6 +129,22 @@ def test_feedback_is_validated_with_clear_errors(served: tuple[RunningServer, Pa
         assert first.json()["request"]["outcome"] == "success"
         again = client.post(url, json={"request_id": "checked-1", "rating": 5})
         assert again.status_code == 409 and "rated already" in again.json()["error"]
+
+
+def test_long_request_ids_are_served_but_not_kept(served: tuple[RunningServer, Path]) -> None:
+    """Ids of 1 MB, each kept among the last 10,000 for ratings, grew a server by 1 MB a
+    request; ids past MAX_REQUEST_ID characters are now served and not remembered."""
+    server, _ = served
+    recent = server.runtime.telemetry.recent_requests
+    kept, long = "k" * MAX_REQUEST_ID, "l" * (MAX_REQUEST_ID + 1)
+    with httpx.Client(timeout=60) as client:
+        _infer(client, server.url, long)
+        _infer(client, server.url, kept)
+        wait_for(lambda: recent.find(kept) is not None, "the request to be remembered")
+        assert recent.find(long) is None
+        response = client.post(f"{server.url}/v2/feedback", json={"request_id": long, "rating": 3})
+    assert response.status_code == 400, response.text
+    assert f"longer than {MAX_REQUEST_ID} characters" in response.json()["error"]
 
 
 def test_a_rating_appears_in_the_correlation_of_diagnose(

@@ -8,7 +8,8 @@ journaled as a ``feedback`` event with those figures beside it, so ``sordino dia
 and ``sordino postmortem`` correlate satisfaction with latency, degradation and errors
 (:mod:`sordino.telemetry.satisfaction`) from the journal alone.
 
-Decisions: a request id the server does not remember (never seen, older than
+Decisions: ids longer than ``MAX_REQUEST_ID`` are not remembered (a rating naming one is
+400); a request id the server does not remember (never seen, older than
 ``RECENT_S``, or pushed out by newer ones) is refused with 404 — a rating nobody can
 relate to a request would only add noise; a request is rated once (409 after); a tag
 rating carries no request figures and counts in the per-tag means only. Each client
@@ -32,6 +33,7 @@ from sordino.records import BatchDone, RequestDone
 __all__ = [
     "FEEDBACK_KIND",
     "KEEP",
+    "MAX_REQUEST_ID",
     "PER_CLIENT_PER_MIN",
     "RECENT_REQUESTS",
     "RECENT_S",
@@ -47,6 +49,10 @@ RECENT_S = 3600.0
 PER_CLIENT_PER_MIN = 60
 KEEP = 10_000
 MAX_TAG = 64
+MAX_REQUEST_ID = 256
+"""The longest request id kept for ratings: a request with a longer one is served as any
+other but not remembered (ids of 1 MB, each kept among the last ``RECENT_REQUESTS``,
+grew a server by 1 MB a request: 10 GB at the ring's size)."""
 _MAX_CLIENTS = 10_000
 _FIELDS = ("request_id", "tag", "rating")
 
@@ -86,7 +92,7 @@ class RecentRequests:
         self._facts: OrderedDict[str, RequestFacts] = OrderedDict()
 
     def request_done(self, done: RequestDone) -> None:
-        if done.request_id is None:
+        if done.request_id is None or len(done.request_id) > MAX_REQUEST_ID:
             return
         facts = RequestFacts(
             done.model.name,
@@ -232,6 +238,11 @@ def _parse(body: Mapping[str, Any]) -> tuple[int, str | None, str | None]:
         raise InvalidRequest("a rating needs 'request_id' (the inference request's id) or 'tag'")
     if request_id is not None and (not isinstance(request_id, str) or not request_id):
         raise InvalidRequest("'request_id' must be a non-empty string")
+    if request_id is not None and len(request_id) > MAX_REQUEST_ID:
+        raise InvalidRequest(
+            f"'request_id' is longer than {MAX_REQUEST_ID} characters: requests with longer "
+            "ids are served but not kept for ratings; give requests shorter ids, or rate a tag"
+        )
     if tag is not None and (not isinstance(tag, str) or not 0 < len(tag) <= MAX_TAG):
         raise InvalidRequest(f"'tag' must be a string of 1 to {MAX_TAG} characters")
     return rating, request_id, tag
