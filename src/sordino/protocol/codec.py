@@ -32,7 +32,7 @@ from sordino.errors import InvalidRequest, MalformedBody, TensorError
 from sordino.inference import InferRequest, ModelMetadata, RequestedOutput, SharedInput, Tensor
 from sordino.memo import Memo
 from sordino.protocol.extensions import refuse_output_extensions, shared_memory_parameters
-from sordino.protocol.validate import check_declared_shape
+from sordino.protocol.validate import check_declared_shape, check_json_size
 
 __all__ = ["HEADER_CONTENT_LENGTH", "decode_infer_request", "parse_header_length"]
 
@@ -94,6 +94,10 @@ def decode_infer_request(
     (:func:`~sordino.protocol.validate.check_declared_shape`); the full check against
     the model is :func:`~sordino.protocol.validate.validate_request`'s job.
     """
+    if metadata is not None:  # before parsing: a JSON far larger than the model takes
+        check_json_size(
+            metadata, max_batch_size, len(body) if header_length is None else header_length
+        )
     if header_length is not None and 0 <= header_length <= min(len(body), _MEMO_HEADER_BYTES):
         # A client sends the same JSON header request after request: read it once.
         parsed = _BINARY_HEADERS[bytes(memoryview(body)[:header_length])]
