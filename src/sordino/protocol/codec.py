@@ -95,9 +95,8 @@ def decode_infer_request(
     the model is :func:`~sordino.protocol.validate.validate_request`'s job.
     """
     if metadata is not None:  # before parsing: a JSON far larger than the model takes
-        check_json_size(
-            metadata, max_batch_size, len(body) if header_length is None else header_length
-        )
+        json_size = len(body) if header_length is None else min(header_length, len(body))
+        check_json_size(metadata, max_batch_size, json_size)
     if header_length is not None and 0 <= header_length <= min(len(body), _MEMO_HEADER_BYTES):
         # A client sends the same JSON header request after request: read it once.
         parsed = _BINARY_HEADERS[bytes(memoryview(body)[:header_length])]

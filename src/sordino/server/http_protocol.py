@@ -374,7 +374,7 @@ class HttpProtocol(IgnoredUpgrade, HttpFlow, GuardedReads):
             self.guard.trimmer.note(self.loop, size)
         if self._shedding or self._refused_late:
             return
-        self._held += size  # GuardedReads.hold, inline: this runs for every body
+        self._held += size  # counted until the body is whole or given up (_disarm)
         self.guard.pending_body_bytes += size
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete and cycle.feed(body) > HIGH_WATER:
