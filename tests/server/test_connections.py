@@ -280,7 +280,7 @@ def test_slow_bodies_past_their_budget_make_room_for_new_clients(
 
 def test_bodies_sent_but_for_their_end_cannot_fill_the_memory() -> None:
     """Bodies sent fast but for their last byte each stay under every per-connection
-    limit: before server.max_pending_body_size, 48 of 60 MB grew the server by 3.4 GB.
+    limit: before server.max_pending_body_size, 48 of 60 MB grew the server by 2.9 GB.
     Past the bytes limit the oldest are answered 408; the newest and a new client go on."""
     size = 256 * 1024
     for server in _serve(max_request_size=size, max_pending_body_size=3 * size, body_timeout="60s"):
