@@ -81,6 +81,25 @@ def test_chaos_at_the_onset_is_the_likely_cause() -> None:
     assert all(c.event.kind != "config_changed" for c in ranked.causes)  # after the window
 
 
+def test_a_fault_just_after_a_noisy_first_second_is_still_the_cause() -> None:
+    """A noisy second merged with the spike puts the window's start before the fault (as
+    on a loaded machine in CI: the window began 2.05 s before the injection), while a
+    worker started 3 s before the window: the fault on the model, cleared as the spike
+    ended, is the cause, not the worker's start."""
+    rows = _spiky(range(42, 50))
+    rows[40] = _row(40, 200.0)  # a noisy second, merged across the gap
+    (spike,) = latency_spikes(rows)
+    assert spike.start == 40
+    events = [
+        JournalEvent(37.0, "worker_started", "m/0", "model loaded", {"model": "m"}),
+        _fault(42.05, "fault_injected", "worker:m", "f1"),
+        _fault(49.8, "fault_cleared", "worker:m", "f1"),
+    ]
+    ranked = correlate(spike, events)
+    assert ranked.likely_cause is not None
+    assert ranked.likely_cause.event.kind == "fault_injected", ranked.causes
+
+
 def test_clearing_near_the_end_is_said_in_words_not_signs() -> None:
     """Said in words ("cleared 0.3 s before the anomaly ended"), never with a sign."""
     (spike,) = latency_spikes(_spiky(range(40, 50)))

@@ -333,7 +333,11 @@ def correlate(anomaly: Anomaly, events: Sequence[JournalEvent]) -> Anomaly:
             score *= 0.3
             why.append(f"concerns another model ({about})")
         lead = anomaly.start - event.t
-        if -2 <= lead <= 5:
+        # A window's first second may be a noisy one merged with the spike across a gap
+        # of up to MAX_GAP_S: an event that far into it may still be at the true onset
+        # (a fault injected 2.05 s into a window that began with two noisy seconds lost
+        # to a worker's start 3 s before it).
+        if -MAX_GAP_S <= lead <= 5:
             score *= 2
             why.append(f"{abs(lead):.1f} s {'before' if lead >= 0 else 'after'} the onset")
         elif lead < -2:
