@@ -3,7 +3,7 @@
 A front end that is not the engine (``server.frontends``) refuses a request the
 engine would shed without asking it: :class:`BoardShed` is
 :class:`~sordino.server.early_shed.HeaderShed` — the same rule as the engine's own
-:class:`~sordino.server.early_shed.EarlyShed`, admission's ``choose_priority`` and
+:class:`~sordino.server.engine_shed.EarlyShed`, admission's ``choose_priority`` and
 ``choose_timeout``, the scheduler's ``late_refusal`` — applied to what the engine last
 published (``server/load_board.py``) instead of to live schedulers. It is a
 :class:`~sordino.server.connection_guard.ShedCheck` (set it as the front end's
@@ -124,17 +124,8 @@ class BoardShed(HeaderShed):
             "front end refuses requests until it does; retry later or on another replica",
             retry_after_s=1.0,
         )
-        response = refusal_response(error)
-        tenant = read_kind(target, headers)[1]
-        self.shed += 1
-        loop = self._loop
-        assert loop is not None  # set by the call above
-        self._refused_at = loop.time()
-        if not self._uncounted:
-            loop.call_soon(self._count)
-        self._uncounted[named[0], named[1], tenant, EngineSilent.reason] += 1
-        self._refused = (error, response)
-        return response
+        counted = (named[0], named[1], read_kind(target, headers)[1], EngineSilent.reason)
+        return self._refuse(counted, (error, refusal_response(error)))
 
     def _skip(self) -> bool:
         # Asked each loop iteration, not each epoch: the epoch lasts while the engine

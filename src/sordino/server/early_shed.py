@@ -3,10 +3,10 @@
 Under overload most requests are refused, and a refusal after the body is read and
 decoded costs most of what serving one costs in Python (the ASGI task, the body, the
 JSON): at three times capacity the refusals alone fill the core and goodput collapses
-(docs/benchmarks.md, "Overload"). :class:`EarlyShed` decides from the request line and
-headers, in the httptools protocol before any ASGI task exists, and refuses with 503
-and ``Retry-After`` at once; the body is skipped unread (``http_protocol.py``). Two
-rules, in this order:
+(docs/benchmarks.md, "Overload"). ``EarlyShed`` (``server/engine_shed.py``) decides from
+the request line and headers, in the httptools protocol before any ASGI task exists, and
+refuses with 503 and ``Retry-After`` at once; the body is skipped unread
+(``http_protocol.py``). Two rules, in this order:
 
 - **the loop is late** (:class:`~sordino.server.loop_lag.LoopLag`,
   ``server.shed_loop_lag``): while the server's own event loop runs late — the HTTP
@@ -29,9 +29,9 @@ Both need the priority (and the second the deadline) before the body, from heade
 - ``X-Sordino-Timeout`` (microseconds, as ``parameters.timeout``), else the model's
   default timeout. A request with neither has no deadline and is never shed here.
 
-The rule lives once, in :class:`HeaderShed`: :class:`EarlyShed` applies it in the
-engine's process to the live schedulers; ``server/board_shed.py``'s ``BoardShed`` in a
-front-end process to what the engine published on its load board
+The rule lives once, in :class:`HeaderShed`: ``server/engine_shed.py``'s ``EarlyShed``
+applies it in the engine's process to the live schedulers; ``server/board_shed.py``'s
+``BoardShed`` in a front-end process to what the engine published on its load board
 (``server/load_board.py``), the two differing only in where a route's figures come
 from, where refusals are counted and how long a decision holds (one loop iteration
 here; until the next publish there).
@@ -50,7 +50,7 @@ import asyncio
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from sordino.admission.chain import (
     PRIORITY_HEADER,
@@ -59,19 +59,15 @@ from sordino.admission.chain import (
     choose_priority,
     choose_timeout,
 )
-from sordino.errors import NotFound, Shed, SordinoError, Unavailable
+from sordino.errors import Shed, SordinoError
 from sordino.memo import Memo
 from sordino.protocol.encode import encode_error
 from sordino.protocol.status import retry_after_header
 from sordino.records import QueueSettings
 from sordino.server.loop_lag import LoopLag
 
-if TYPE_CHECKING:
-    from sordino.server.runtime import Runtime
-
 __all__ = [
     "REFUSING_S",
-    "EarlyShed",
     "HeaderShed",
     "ShedRoute",
     "read_kind",
@@ -93,11 +89,11 @@ class HeaderShed:
     """The header rule, once for both places it runs: decides from a request's target
     and headers whether to refuse it unread.
 
-    :class:`EarlyShed` applies it in the engine's own process, to the live schedulers;
-    :class:`~sordino.server.board_shed.BoardShed` in a front-end process, to the
-    figures the engine published on its load board. A subclass says where a route's
-    facts come from (:meth:`_route`), when nothing is refused at all (:meth:`_skip`),
-    and where the refusals are counted (:meth:`_flush`).
+    ``EarlyShed`` (``server/engine_shed.py``) applies it in the engine's own process, to
+    the live schedulers; :class:`~sordino.server.board_shed.BoardShed` in a front-end
+    process, to the figures the engine published on its load board. A subclass says
+    where a route's facts come from (:meth:`_route`), when nothing is refused at all
+    (:meth:`_skip`), and where the refusals are counted (:meth:`_flush`).
     """
 
     def __init__(self, rules: Mapping[str, int | str], lag: LoopLag | None = None) -> None:
@@ -238,12 +234,15 @@ class HeaderShed:
             if decision.note is not None:
                 decision.note()
             counted = decision.counted(tenant, decision.reason)
+        return self._refuse(counted, refused)
+
+    def _refuse(self, counted: _Counted, refused: tuple[Shed, bytes]) -> bytes:
+        """Count ``refused`` under ``counted`` (this iteration's refusals); its bytes."""
         self.shed += 1
-        self._refused_at = now
-        uncounted = self._uncounted
-        if not uncounted:
-            loop.call_soon(self._count)
-        uncounted[counted] += 1
+        self._refused_at = self._now
+        if not self._uncounted:
+            asyncio.get_running_loop().call_soon(self._count)
+        self._uncounted[counted] += 1
         self._refused = refused
         return refused[1]
 
@@ -357,39 +356,6 @@ class HeaderShed:
     def _count(self) -> None:
         uncounted, self._uncounted = self._uncounted, Counter()
         self._flush(uncounted)
-
-
-class EarlyShed(HeaderShed):
-    """The header rule in the engine's own process, on its live schedulers."""
-
-    def __init__(self, runtime: Runtime, lag: LoopLag | None = None) -> None:
-        rules = {r.tag: r.priority for r in runtime.config.scheduler.priority_rules}
-        super().__init__(rules, lag)
-        self._runtime = runtime
-
-    def _skip(self) -> bool:
-        runtime = self._runtime
-        return runtime.tenants.required or runtime.stopping
-
-    def _route(self, model: str, version: str | None) -> ShedRoute | None:
-        runtime = self._runtime
-        try:
-            loaded = runtime.get(model, version)
-        except (NotFound, Unavailable):
-            return None  # the ordinary path answers an unknown model
-        scheduler = loaded.scheduler
-        return ShedRoute(
-            settings=loaded.scheduling.queue,
-            eligible=loaded.pipeline is None
-            and loaded.sequences is None
-            and not runtime.result_cache.active(model),
-            late=scheduler.shed_unread,
-            note=scheduler.note_unread_refusal,
-        )
-
-    def _flush(self, refused: Counter[tuple[str, str | None, str | None, str]]) -> None:
-        for (model, version, tenant, reason), count in refused.items():
-            self._runtime.service.refused_unread(model, version, tenant, reason, count)
 
 
 _SERVE = object()

@@ -25,7 +25,7 @@ from sordino.server.connection_guard import (
     drained,
 )
 from sordino.server.connection_tally import ConnectionTally
-from sordino.server.early_shed import EarlyShed
+from sordino.server.engine_shed import EarlyShed
 from sordino.server.frontends import frontend_count
 from sordino.server.http import build_app
 from sordino.server.http_protocol import HttpProtocol, http_protocol

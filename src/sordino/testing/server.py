@@ -16,7 +16,7 @@ from pathlib import Path
 from sordino.backends.base import Backend
 from sordino.config import RuntimeConfig
 from sordino.models.repository import ModelSource, builtin_sources
-from sordino.server.early_shed import EarlyShed
+from sordino.server.engine_shed import EarlyShed
 from sordino.server.frontends import Frontends
 from sordino.server.lifecycle import open_server
 from sordino.server.model_control import ModelControl
