@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import click
 from rich.console import Console
@@ -72,28 +74,39 @@ def monitor(
         sys.exit(1)
     console = Console()
     if not console.is_terminal:
-        _plain_stream(url, path, metrics, interval)
+        # No terminal to draw on (a pipe, a file, a CI log): a plain snapshot every
+        # interval, as ``top -b`` does (a full-screen view drawn there showed nothing
+        # until it ended, and nothing at all when it was stopped).
+        def printed(snap: dict[str, Any]) -> None:
+            click.echo(plain_snapshot(snap, metrics, url) + "\n")
+            sys.stdout.flush()
+
+        def retrying(message: str, attempt: int) -> None:
+            click.echo(f"{message} (retrying every {interval:g} s, attempt {attempt})", err=True)
+
+        _every(url, path, interval, printed, retrying)
         return
-    attempt = 0
-    try:
-        with Live(console=console, screen=True, auto_refresh=False) as view:
-            while True:
-                try:
-                    snap = get_json(url, path)
-                    attempt = 0
-                    view.update(live_view(snap, metrics, url, console.width), refresh=True)
-                except (ServerUnreachable, ServerError) as exc:
-                    attempt += 1
-                    view.update(unreachable_view(str(exc), url, attempt), refresh=True)
-                time.sleep(interval)
-    except KeyboardInterrupt:
-        pass
+    with Live(console=console, screen=True, auto_refresh=False) as view:
+        _every(
+            url,
+            path,
+            interval,
+            lambda snap: view.update(live_view(snap, metrics, url, console.width), refresh=True),
+            lambda message, attempt: view.update(
+                unreachable_view(message, url, attempt), refresh=True
+            ),
+        )
 
 
-def _plain_stream(url: str, path: str, metrics: list[str], interval: float) -> None:
-    """``--live`` with no terminal to draw on (a pipe, a file, a CI log): a plain
-    snapshot every ``interval``, as ``top -b`` does (a full-screen view drawn there showed
-    nothing until it ended, and nothing at all when it was stopped)."""
+def _every(
+    url: str,
+    path: str,
+    interval: float,
+    show: Callable[[dict[str, Any]], None],
+    failed: Callable[[str, int], None],
+) -> None:
+    """Read the snapshot every ``interval`` until Ctrl-C: ``show`` it, or say it
+    ``failed`` (the message, and how many attempts in a row)."""
     attempt = 0
     try:
         while True:
@@ -101,11 +114,10 @@ def _plain_stream(url: str, path: str, metrics: list[str], interval: float) -> N
                 snap = get_json(url, path)
             except (ServerUnreachable, ServerError) as exc:
                 attempt += 1
-                click.echo(f"{exc} (retrying every {interval:g} s, attempt {attempt})", err=True)
+                failed(str(exc), attempt)
             else:
                 attempt = 0
-                click.echo(plain_snapshot(snap, metrics, url) + "\n")
-                sys.stdout.flush()
+                show(snap)
             time.sleep(interval)
     except KeyboardInterrupt:
         pass

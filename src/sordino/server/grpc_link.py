@@ -225,7 +225,7 @@ class StreamContext(CallContext):
     @property
     def starved(self) -> bool:
         """Every response the credit allows has been sent: the next ``write`` waits."""
-        return self.sent >= self.granted
+        return self._room.left <= 0  # sent == granted
 
     def grant(self, count: int) -> None:
         """The front end handed ``count`` more responses to gRPC: send as many more."""

@@ -280,15 +280,15 @@ class GuardedReads(asyncio.Protocol):
         self._disarm()
         if cycle is not None and not cycle.response_started:
             cycle.disconnect()  # its task (if it has one) ends without an answer
-            self.transport.write(
-                connection_guard.error_response(
-                    503,
-                    "the server is stopping and the request body had not arrived whole; "
-                    "send the request again (to another instance)",
-                    retry_after=True,
-                )
+            self._answer(
+                503,
+                "the server is stopping and the request body had not arrived whole; "
+                "send the request again (to another instance)",
+                retry_after=True,
             )
         self.transport.close()
 
-    def _answer(self, status: int, message: str) -> None:
-        self.transport.write(connection_guard.error_response(status, message))
+    def _answer(self, status: int, message: str, *, retry_after: bool = False) -> None:
+        self.transport.write(
+            connection_guard.error_response(status, message, retry_after=retry_after)
+        )
