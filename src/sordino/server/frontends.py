@@ -103,6 +103,7 @@ class Frontends:
         """``servicer``: the engine's gRPC servicer, which answers the calls the front
         ends forward (their gRPC port is set in :attr:`spec` once the engine's is bound)."""
         settings = runtime.config.server
+        connections = settings.max_connections or _max_connections()  # HTTP's, and gRPC's
         self.count = count
         self.link = EngineLink(runtime, adopt, servicer)
         self.spec = FrontendSpec(
@@ -111,7 +112,7 @@ class Frontends:
             link=self.link.link_path,
             handover=self.link.handover_path,
             guard={
-                "max_connections": settings.max_connections or _max_connections(),
+                "max_connections": connections,
                 "max_per_client": settings.max_connections_per_client,
                 "header_timeout": settings.header_timeout,
                 "max_header_size": settings.max_header_size,
@@ -131,7 +132,7 @@ class Frontends:
                 "max_receive": settings.max_request_size,
                 "handshake_ms": max(1, round(settings.header_timeout * 1000)),
                 "accept_ahead": settings.grpc_accept_ahead,
-                "max_connections": settings.max_connections or _max_connections(),
+                "max_connections": connections,
             },
         )
         self.processes: list[subprocess.Popen[bytes]] = []
