@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import queue
 from typing import Any
 
@@ -202,10 +203,9 @@ def test_aio_client_infer_and_stream(server: RunningServer) -> None:
 def test_grpc_and_http_requests_share_a_batch(
     client: grpcclient.InferenceServerClient, server: RunningServer
 ) -> None:
-    http = httpclient.InferenceServerClient(server.url[len("http://") :], concurrency=2)
     a = np.ones((1, 16), dtype=np.int32)
     base = stats(server, "simple").accepted
-    with Gate(server, "simple") as gate:
+    with concurrent.futures.ThreadPoolExecutor(1) as pool, Gate(server, "simple") as gate:
         # The first request holds the only instance; the next two queue behind it.
         hold = client.async_infer(
             "simple",
@@ -219,21 +219,32 @@ def test_grpc_and_http_requests_share_a_batch(
             [_input("INPUT0", a, "INT32"), _input("INPUT1", a, "INT32")],
             lambda result, error: grpc_done.put((result, error)),
         )
-        h0 = httpclient.InferInput("INPUT0", [1, 16], "INT32")
-        h0.set_data_from_numpy(a)
-        h1 = httpclient.InferInput("INPUT1", [1, 16], "INT32")
-        h1.set_data_from_numpy(a)
-        via_http = http.async_infer("simple", [h0, h1])
+        # On a thread of its own: tritonclient.http's async_infer only sends when gevent's
+        # hub runs (a get_result), and waiting below with time.sleep never runs it.
+        via_http = pool.submit(_http_infer, server, a)
         wait_for(lambda: stats(server, "simple").queue.depth == 2, "both requests to queue")
         gate.release()
         result, error = grpc_done.get(timeout=30)
         assert error is None and result.as_numpy("OUTPUT0").tolist() == [[2] * 16]
-        assert via_http.get_result(timeout=30).as_numpy("OUTPUT0").tolist() == [[2] * 16]
+        assert via_http.result(timeout=30).tolist() == [[2] * 16]
         del hold
         assert gate.rows == [1, 2]
     assert gate.rows == [1, 2]  # the gRPC and the HTTP request ran as one batch of 2
     assert stats(server, "simple").accepted == base + 3
-    http.close()
+
+
+def _http_infer(server: RunningServer, a: np.ndarray) -> np.ndarray:
+    """``simple`` on ``a`` and ``a`` through tritonclient.http, on the calling thread."""
+    http = httpclient.InferenceServerClient(server.url[len("http://") :])
+    h0 = httpclient.InferInput("INPUT0", [1, 16], "INT32")
+    h0.set_data_from_numpy(a)
+    h1 = httpclient.InferInput("INPUT1", [1, 16], "INT32")
+    h1.set_data_from_numpy(a)
+    try:
+        out: np.ndarray = http.infer("simple", [h0, h1]).as_numpy("OUTPUT0")
+        return out
+    finally:
+        http.close()
 
 
 def test_trace_settings_without_a_trace_file_read_as_tritons(
