@@ -120,6 +120,14 @@ OPTIONAL = "optional_input"
 from threads, so they may meet in one batch); sordino refused a request without it
 before ("expects input 'BIAS'")."""
 
+OWN_OUTPUTS = "own_outputs"
+"""Its responses are not rows of one batch: outputs of variable length, FP32 or INT64
+from one request to the next, more rows than the request sent, and a string output of
+other objects. Eight requests at once; each answer's outputs (datatype, shape, values)
+compared, but for ``BATCH`` (how many requests ``execute`` got: the batchers differ).
+sordino failed such a batch and ran it again request by request before, widened the
+datatypes (FP32 answered as FP64), and ended its worker on the objects."""
+
 CACHED = "cached"
 """It enables ``response_cache`` and answers how many requests it has run; both servers
 start with a local cache of 1 MiB (:data:`CACHE`). Asked the same inputs again over
@@ -597,7 +605,8 @@ def compare(
             check(f"{model} unary infer refused", protocol, refused == (True, True), str(refused))
         own = {ERROR_CODES, AS_MADE, STREAM_ERRORS_BLS, VERSIONS, COLD_START, WARMUP, CACHED,
                REQUESTED_ONLY, REQUESTED_ONLY_ENSEMBLE, LEVEL_QUEUES, ORDERED,
-               ITERATIVE, ITERATIVE_CONTROLS, SLOT_UTILIZATION, DIRECT_DELAY}  # fmt: skip
+               ITERATIVE, ITERATIVE_CONTROLS, SLOT_UTILIZATION, DIRECT_DELAY,
+               OWN_OUTPUTS}  # fmt: skip
         if WARMUP in models:  # asked first, over each protocol in turn: the same history
             ones: Case = (WARMUP, {"X": np.ones((1, 4), np.float32)}, ["CALLS", "ROWS", "TOTAL"])
             expected_run, got_run = _infer(mod, theirs, ones), _infer(mod, ours, ones)
@@ -634,6 +643,10 @@ def compare(
                 same,
                 f"{len(mixed)} requests",
             )
+        if OWN_OUTPUTS in models:  # eight at once, each answer's tensors as its response's
+            expected_own, got_own = (_own_outputs(mod, url) for url in urls)
+            check(f"{OWN_OUTPUTS} each its own tensors, at once", protocol,
+                  expected_own == got_own, str(got_own[-1]))  # fmt: skip
         if REQUESTED_ONLY in models:  # one batch of three, each asking for other outputs
             asked = [(REQUESTED_ONLY, {"X": np.array([[v]], np.int32)}, names)
                      for v, names in ((1, ["A"]), (2, ["B"]), (3, ["A", "B", "C"]))]  # fmt: skip
@@ -876,6 +889,21 @@ def _refuses(mod: Any, client: Any, case: Case) -> bool:
     return False
 
 
+def _own_outputs(mod: Any, url: str) -> list[list[tuple[str, str, list[int], Any]]]:
+    """:data:`OWN_OUTPUTS`'s eight requests at once: each answer's outputs but ``BATCH``,
+    as (name, datatype, shape, values)."""
+    names = ["SEQ", "VAL", "ROWS", "NOTE"]
+    asked: list[Case] = [
+        (OWN_OUTPUTS, {"X": np.array([[length, length % 2, 2 * (length % 2)]], np.float32)},
+         names)
+        for length in range(1, 9)
+    ]  # fmt: skip
+    return [
+        [(n, str(a.dtype), list(a.shape), a.tolist()) for n, a in answer.items()]
+        for answer in _at_once(mod, url, asked)
+    ]
+
+
 def repository(source: Path, into: Path) -> Path:
     """A copy of ``source`` in ``into``, with the stand-in for the "pytorch" model that
     Triton's bls example calls (add_sub under that name: no torch here) when
@@ -883,8 +911,8 @@ def repository(source: Path, into: Path) -> Path:
     :data:`AS_MADE`, :data:`STREAM_ERRORS`, :data:`STREAM_ERRORS_BLS`, :data:`VERSIONS`,
     :data:`COLD_START`, :data:`OPTIONAL`, :data:`WARMUP`, :data:`CACHED`, :data:`RESHAPED`,
     :data:`LEVEL_QUEUES`, :data:`ORDERED`, :data:`ITERATIVE`, :data:`ITERATIVE_STREAM`,
-    :data:`ITERATIVE_CONTROLS`, :data:`SLOT_UTILIZATION`, :data:`DIRECT_DELAY` and
-    :data:`REQUESTED_ONLY` models (and
+    :data:`ITERATIVE_CONTROLS`, :data:`SLOT_UTILIZATION`, :data:`DIRECT_DELAY`,
+    :data:`OWN_OUTPUTS` and :data:`REQUESTED_ONLY` models (and
     :data:`REQUESTED_ONLY_ENSEMBLE`), with its :data:`ENSEMBLES` where their steps are."""
     repo = into / "models"
     shutil.copytree(source, repo)
@@ -895,7 +923,7 @@ def repository(source: Path, into: Path) -> Path:
     own = (ERROR_CODES, AS_MADE, STREAM_ERRORS, STREAM_ERRORS_BLS, VERSIONS, COLD_START,
            OPTIONAL, WARMUP, CACHED, REQUESTED_ONLY, RESHAPED, LEVEL_QUEUES,
            ORDERED, ITERATIVE, ITERATIVE_STREAM, ITERATIVE_CONTROLS, SLOT_UTILIZATION,
-           DIRECT_DELAY)  # fmt: skip
+           DIRECT_DELAY, OWN_OUTPUTS)  # fmt: skip
     for name in own:
         shutil.copytree(OWN / name, repo / name)
     (repo / REQUESTED_ONLY_ENSEMBLE / "1").mkdir(parents=True)

@@ -21,10 +21,12 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from sordino.datatypes import deserialize_bytes_tensor, serialize_bytes_tensor
 from sordino.errors import ModelResponseError, model_response_error
 
 __all__ = [
     "REQUEST_ABSENT",
+    "REQUEST_APART",
     "REQUEST_ERRORS",
     "REQUEST_PARAMETERS",
     "REQUEST_RESCHEDULED",
@@ -39,8 +41,10 @@ __all__ = [
     "Tensor",
     "TensorSpec",
     "decode_request_absent",
+    "decode_request_apart",
     "decode_request_errors",
     "encode_request_absent",
+    "encode_request_apart",
     "encode_request_errors",
     "encode_request_rescheduled",
     "release_owned",
@@ -393,4 +397,59 @@ def decode_request_parameters(column: Tensor, count: int) -> list[dict[str, Any]
     for index, entry in enumerate(column.reshape(-1)[:count]):
         if entry:
             found[index] = orjson.loads(entry)
+    return found
+
+
+REQUEST_APART = "sordino.request_apart"
+"""The output in which such a backend gives the outputs it could not join into the
+batch's rows (Triton answers each request with its response's tensors as they are:
+another datatype, other dimensions or another row count than the other requests'):
+a ``BYTES`` tensor with an element per request, empty, or :func:`encode_request_apart`'s
+record of that request's tensors. Those outputs are not in the other outputs; the
+scheduler takes the column out and adds each request's tensors to its answer."""
+
+
+def encode_request_apart(count: int, apart: Mapping[int, Mapping[str, Tensor]]) -> Tensor:
+    """The :data:`REQUEST_APART` tensor of a batch of ``count`` requests: ``apart`` maps
+    a request's index to its own tensors (numbers, bools, or ``object`` arrays of
+    strings), each recorded as its datatype, shape and bytes."""
+    column = np.empty(count, dtype=object)
+    for index in range(count):
+        tensors = apart.get(index)
+        if not tensors:
+            column[index] = b""
+            continue
+        heads: list[tuple[str, str, list[int], int]] = []
+        datas: list[bytes] = []
+        for name, array in tensors.items():
+            strings = array.dtype == np.object_
+            data = (
+                serialize_bytes_tensor(array) if strings else np.ascontiguousarray(array).tobytes()
+            )
+            heads.append(
+                (name, "BYTES" if strings else array.dtype.str, list(array.shape), len(data))
+            )
+            datas.append(data)
+        column[index] = orjson.dumps(heads) + b"\n" + b"".join(datas)
+    return column
+
+
+def decode_request_apart(column: Tensor, count: int) -> list[dict[str, Tensor] | None]:
+    """Each request's own tensors from a :data:`REQUEST_APART` tensor (None: none)."""
+    found: list[dict[str, Tensor] | None] = [None] * count
+    for index, entry in enumerate(column.reshape(-1)[:count]):
+        if not entry:
+            continue
+        head, _, data = bytes(entry).partition(b"\n")
+        tensors: dict[str, Tensor] = {}
+        at = 0
+        for name, dtype, shape, size in orjson.loads(head):
+            piece = data[at : at + size]
+            at += size
+            if dtype == "BYTES":
+                array = deserialize_bytes_tensor(piece, int(np.prod(shape)))
+            else:
+                array = np.frombuffer(piece, dtype=np.dtype(dtype))
+            tensors[str(name)] = array.reshape(shape)
+        found[index] = tensors
     return found

@@ -37,7 +37,7 @@ from sordino.execution.messages import (
 from sordino.execution.worker_link import WorkerLink
 from sordino.execution.worker_loop import Streams, serve
 from sordino.execution.worker_main import MappedArena
-from sordino.inference import RequestFacts
+from sordino.inference import REQUEST_APART, RequestFacts, decode_request_apart
 from sordino.memory import Arena, view_tensor, write_tensor
 from sordino.memory.tensors import TensorHandle
 
@@ -201,25 +201,67 @@ def test_outputs_larger_than_the_space_reserved_are_placed_after_one_alloc(
     del y, shaped
 
 
-def test_responses_whose_shapes_do_not_join_fail_the_batch_saying_why(worker: Worker) -> None:
-    """SHAPED is 1 wide for one request and 2 for the other: the batch fails naming the
-    output and both shapes, and the worker serves on."""
+def test_responses_whose_shapes_do_not_join_go_to_each_request_as_they_are(
+    worker: Worker,
+) -> None:
+    """SHAPED is 1 wide for one request and 2 for the other (Triton answers each with its
+    own): the others are joined into the arena, SHAPED is each request's own tensor in
+    REQUEST_APART, and the batch is not failed (it was, and was then run again request
+    by request)."""
     rows = [np.full((1, 2), 1, np.float32), np.full((1, 2), 2, np.float32)]
-    failed = worker.run(_batch(worker, rows, {}))
-    assert isinstance(failed, RunFailed)
-    assert "SHAPED tensors cannot be joined" in failed.message
-    assert "[1, 1]" in failed.message and "[1, 2]" in failed.message
-    done = worker.run(_batch(worker, [np.full((1, 2), -1, np.float32)], {}))
-    assert isinstance(done, Done)
+    done = worker.run(_batch(worker, rows, {}))
+    assert isinstance(done, Done), done
+    assert "SHAPED" not in done.outputs
+    y = view_tensor(worker.arena.buffer, done.outputs["Y"])
+    assert y.tolist() == [[1, 1], [2, 2]]
+    column = view_tensor(worker.arena.buffer, done.outputs[REQUEST_APART])
+    apart = decode_request_apart(column, 2)
+    assert [a["SHAPED"].shape if a else None for a in apart] == [(1, 1), (1, 2)]
+    assert all(a is not None and a["SHAPED"].dtype == np.int16 for a in apart)
+    del y, column
 
 
-def test_without_an_arena_the_outputs_are_joined_and_bad_shapes_named(worker: Worker) -> None:
+def test_without_an_arena_the_outputs_are_joined_and_the_others_set_apart(
+    worker: Worker,
+) -> None:
     """A thread instance or a Ray actor passes no ``place``: the outputs come back
-    joined; responses that cannot be joined fail the batch with the same message."""
-    from sordino.backends.python.backend import PythonModelError
-
+    joined, those that cannot be joined in REQUEST_APART."""
     x = np.array([[-1, -1], [-2, -2]], np.float32)
     outputs = worker.backend.infer_requests({"X": x}, (1, 1))
     assert outputs["Y"].tolist() == x.tolist() and outputs["SHAPED"].shape == (2, 1)
-    with pytest.raises(PythonModelError, match="SHAPED tensors cannot be joined"):
-        worker.backend.infer_requests({"X": np.array([[1, 1], [2, 2]], np.float32)}, (1, 1))
+    assert REQUEST_APART not in outputs
+    outputs = worker.backend.infer_requests({"X": np.array([[1, 1], [2, 2]], np.float32)}, (1, 1))
+    apart = decode_request_apart(outputs[REQUEST_APART], 2)
+    assert [a["SHAPED"].shape if a else None for a in apart] == [(1, 1), (1, 2)]
+    assert "SHAPED" not in outputs and outputs["Y"].shape == (2, 2)
+
+
+def test_an_output_the_worker_cannot_send_fails_its_batch_and_the_worker_serves_on(
+    worker: Worker,
+) -> None:
+    """An output the model made that cannot be written into the arena (here: a Tensor
+    whose array the model changed after making it, to elements that are not strings)
+    fails its batch saying why; the worker went on serving (it exited before)."""
+
+    class Odd:
+        def __str__(self) -> str:
+            raise ValueError("no text")
+
+    model = worker.backend._model
+    execute = model.execute
+
+    def spoiled(requests: Any) -> Any:
+        responses = execute(requests)
+        for response in responses:
+            response.output_tensors()[1].as_numpy()[0, 0] = Odd()  # LABEL
+        return responses
+
+    model.execute = spoiled
+    try:
+        failed = worker.run(_batch(worker, [np.full((1, 2), -1, np.float32)] * 2, {}))
+    finally:
+        model.execute = execute
+    assert isinstance(failed, RunFailed), failed
+    assert "cannot send the outputs" in failed.message and "BYTES element 0" in failed.message
+    done = worker.run(_batch(worker, [np.full((1, 2), -1, np.float32)], {}))
+    assert isinstance(done, Done)

@@ -226,7 +226,10 @@ class RequestBatchBackend(Protocol):
     request the model answered with an error has no rows in the outputs; the output
     :data:`~sordino.inference.REQUEST_ERRORS` then says which and why. An output
     some responses lack has filler rows for their requests, named in
-    :data:`~sordino.inference.REQUEST_ABSENT` (one no response has is left out).
+    :data:`~sordino.inference.REQUEST_ABSENT` (one no response has is left out). An
+    output whose requests' tensors are not rows of one tensor (other dimensions, another
+    datatype or row count) is left out too, each request's own in
+    :data:`~sordino.inference.REQUEST_APART`.
     """
 
     def infer_requests(

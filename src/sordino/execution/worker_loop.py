@@ -348,5 +348,10 @@ def _run(
     except _Refused as exc:
         link.send(RunFailed(batch_id, "error", str(exc)))
         return True
+    except (
+        Exception
+    ) as exc:  # an output that cannot be sent: the batch's error, not the worker's end
+        link.send(RunFailed(batch_id, "error", f"cannot send the outputs: {exc}"))
+        return True
     link.send(Done(run.batch_id, written, infer_s))
     return True

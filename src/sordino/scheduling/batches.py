@@ -34,12 +34,14 @@ from sordino.execution.decoupled import ResponseChannel
 from sordino.execution.executor import Executor
 from sordino.inference import (
     REQUEST_ABSENT,
+    REQUEST_APART,
     REQUEST_ERRORS,
     REQUEST_PARAMETERS,
     REQUEST_RESCHEDULED,
     ModelKey,
     RequestFacts,
     decode_request_absent,
+    decode_request_apart,
     decode_request_errors,
     decode_request_parameters,
     release_owned,
@@ -54,7 +56,13 @@ from sordino.scheduling.work import Stamps, WorkItem
 
 __all__ = ["BatchRunner", "batch_context"]
 
-_BESIDE_OUTPUTS = (REQUEST_ERRORS, REQUEST_ABSENT, REQUEST_PARAMETERS, REQUEST_RESCHEDULED)
+_BESIDE_OUTPUTS = (
+    REQUEST_ERRORS,
+    REQUEST_ABSENT,
+    REQUEST_APART,
+    REQUEST_PARAMETERS,
+    REQUEST_RESCHEDULED,
+)
 """The columns a backend gives beside a batch's outputs, about its requests' answers."""
 
 
@@ -163,16 +171,19 @@ class BatchRunner:
             except asyncio.CancelledError:
                 outputs.release()
                 raise
-        errors = absent = parameters = again = None
+        errors = absent = apart = parameters = again = None
         if any(name in outputs for name in _BESIDE_OUTPUTS):
-            # Some requests' answers are errors (no rows), lack outputs (filler rows) or
-            # carry their responses' parameters, or the model runs them again (no rows).
+            # Some requests' answers are errors (no rows), lack outputs (filler rows),
+            # have outputs of their own (not joined) or carry their responses'
+            # parameters, or the model runs them again (no rows).
             if REQUEST_RESCHEDULED in outputs:
                 again = outputs[REQUEST_RESCHEDULED].reshape(-1)[: len(live)].tolist()
             if REQUEST_ERRORS in outputs:
                 errors = decode_request_errors(outputs[REQUEST_ERRORS], len(live))
             if REQUEST_ABSENT in outputs:
                 absent = decode_request_absent(outputs[REQUEST_ABSENT], len(live))
+            if REQUEST_APART in outputs:
+                apart = decode_request_apart(outputs[REQUEST_APART], len(live))
             if REQUEST_PARAMETERS in outputs:
                 parameters = decode_request_parameters(outputs[REQUEST_PARAMETERS], len(live))
             answered = Tensors.compose(
@@ -197,6 +208,8 @@ class BatchRunner:
                 offset += item.rows
                 if absent is not None and absent[index]:
                     result = _without(result, absent[index])
+                if apart is not None and (own := apart[index]):
+                    result = _with(result, own)
                 if parameters is not None:
                     result.parameters = parameters[index]
                 request = item.request
@@ -345,6 +358,14 @@ def batch_context(live: Sequence[WorkItem]) -> BatchContext:
 def _without(result: Tensors, names: Sequence[str]) -> Tensors:
     """``result`` less the outputs ``names`` (its request's response lacked them)."""
     kept = Tensors.compose({n: (result, n) for n in result if n not in names})
+    result.release()
+    return kept
+
+
+def _with(result: Tensors, own: dict[str, np.ndarray]) -> Tensors:
+    """``result`` and the outputs ``own`` that are its request's alone (not joined)."""
+    extra = Tensors.of(own)
+    kept = Tensors.compose({**{n: (result, n) for n in result}, **{n: (extra, n) for n in extra}})
     result.release()
     return kept
 

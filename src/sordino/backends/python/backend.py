@@ -62,6 +62,7 @@ from sordino.backends.python.joining import (
     join_outputs,
     output_layouts,
     response_parts,
+    set_apart,
 )
 from sordino.backends.python.model_dir import forget_model, import_model
 from sordino.backends.python.raised import raised
@@ -70,6 +71,7 @@ from sordino.backends.reshape import Reshapes
 from sordino.errors import ModelLoadError
 from sordino.inference import (
     REQUEST_ABSENT,
+    REQUEST_APART,
     REQUEST_ERRORS,
     REQUEST_PARAMETERS,
     REQUEST_RESCHEDULED,
@@ -77,6 +79,7 @@ from sordino.inference import (
     RequestFacts,
     Tensor,
     encode_request_absent,
+    encode_request_apart,
     encode_request_errors,
     encode_request_parameters,
     encode_request_rescheduled,
@@ -295,7 +298,9 @@ class PythonBackend:
         requests answered with an error (``InferenceResponse(error=...)``) have no rows
         there, and their errors are in :data:`~sordino.inference.REQUEST_ERRORS`. An
         output no response has is left out; one some responses lack has filler rows
-        for those, named in :data:`~sordino.inference.REQUEST_ABSENT`.
+        for those, named in :data:`~sordino.inference.REQUEST_ABSENT`; one whose responses'
+        tensors are not the requests' rows of one tensor is each request's own, in
+        :data:`~sordino.inference.REQUEST_APART`.
         With ``place``, each numeric output is written into the array ``place`` gives
         for it (each response's tensor copied once, into its rows; see
         ``backends/python/joining.py``); what ``place`` raises propagates as it is.
@@ -351,6 +356,10 @@ class PythonBackend:
             parts, errors, absent = response_parts(
                 responses, len(requests), metadata, counts, given, again
             )
+            apart: dict[int, dict[str, Tensor]] = {}
+            if counts:  # outputs that are not the requests' rows go to each as they are
+                answered = [i for i in range(len(requests)) if i not in errors and i not in again]
+                apart = set_apart(parts, answered, counts, absent)
             if again and not self._options.iterative_sequence:
                 errors.update(dict.fromkeys(again, not_iterative(metadata.name)))
                 again = []
@@ -377,6 +386,8 @@ class PythonBackend:
             outputs[REQUEST_RESCHEDULED] = encode_request_rescheduled(len(requests), again)
         if absent:
             outputs[REQUEST_ABSENT] = encode_request_absent(len(requests), absent)
+        if apart:
+            outputs[REQUEST_APART] = encode_request_apart(len(requests), apart)
         if given:  # the responses' parameters, for their requests' answers
             outputs[REQUEST_PARAMETERS] = encode_request_parameters(len(requests), given)
         elapsed = time.perf_counter() - started

@@ -4,7 +4,8 @@
 takes each declared output's tensor from each (a response with an error is that
 request's answer: it is set apart, and the outputs hold the other requests' rows; an
 output a response lacks, as Triton allows, is left out of its answer, the rows it
-would have filled zeros),
+would have filled zeros), :func:`set_apart` takes out each output whose tensors are
+not the requests' rows of one tensor (each request gets its own, as on Triton),
 :func:`output_layouts` says the dtype and shape of each joined output that can be
 placed in the arena (numbers and bools),
 and :func:`join_outputs` writes each response's tensor into its rows of the array the
@@ -21,7 +22,14 @@ import numpy as np
 from sordino.backends.python.triton_python_backend_utils import InferenceResponse
 from sordino.inference import ModelMetadata, Tensor
 
-__all__ = ["PythonModelError", "join_outputs", "output_layouts", "response_parts", "triton_code"]
+__all__ = [
+    "PythonModelError",
+    "join_outputs",
+    "output_layouts",
+    "response_parts",
+    "set_apart",
+    "triton_code",
+]
 
 
 class PythonModelError(RuntimeError):
@@ -75,6 +83,11 @@ def response_parts(
                 f"model {name}: request {index} got no response (return one from "
                 "execute, or send one through its response sender before execute returns)"
             )
+        if type(response) is not InferenceResponse and not hasattr(response, "has_error"):
+            raise PythonModelError(
+                f"model {name}: Expected an 'InferenceResponse' object in the execute "
+                f"function return list, found type '{type(response)}'."
+            )
         if response.has_error():
             error = response.error()
             errors[index] = (triton_code(error), error.message())
@@ -105,6 +118,44 @@ def response_parts(
 
 _ABSENT: Any = None
 """Where a response lacks an output, until :func:`_fill_absent` fills or drops it."""
+
+
+def set_apart(
+    parts: dict[str, list[Tensor]],
+    answered: Sequence[int],
+    rows: Sequence[int],
+    absent: dict[int, list[str]],
+) -> dict[int, dict[str, Tensor]]:
+    """Take out of ``parts`` each output whose tensors are not the requests' rows of one
+    batch, and return them by request index (Triton answers each request with its
+    response's tensors as they are).
+
+    ``parts[name]`` holds a tensor for each request of ``answered`` (their indices, in
+    order); ``rows`` the row counts of every request of the batch. An output joins
+    when each tensor has the rows of its request, and all have one dtype and the same
+    other dimensions; else (another datatype, a variable length, more or fewer rows
+    than its request sent) it is set apart. A request whose response lacked the
+    output (named in ``absent``) gets none.
+    """
+    apart: dict[int, dict[str, Tensor]] = {}
+    for name, arrays in list(parts.items()):
+        if not arrays or _joins(arrays, answered, rows):
+            continue
+        del parts[name]
+        for array, request in zip(arrays, answered, strict=True):
+            if name not in absent.get(request, ()):
+                apart.setdefault(request, {})[name] = array
+    return apart
+
+
+def _joins(arrays: list[Tensor], answered: Sequence[int], rows: Sequence[int]) -> bool:
+    """Whether ``arrays`` are their requests' rows of one tensor (see :func:`set_apart`)."""
+    dtype, inner = arrays[0].dtype, arrays[0].shape[1:]
+    for array, request in zip(arrays, answered, strict=True):
+        shape = array.shape
+        if not shape or shape[0] != rows[request] or shape[1:] != inner or array.dtype != dtype:
+            return False
+    return True
 
 
 def _fill_absent(

@@ -115,6 +115,11 @@ class Tensor:
         array = data if type(data) is np.ndarray else np.asarray(data)
         if array.dtype.kind in "SU":
             array = array.astype(np.object_)
+        elif array.dtype == np.object_ and not all(isinstance(x, bytes | str) for x in array.flat):
+            # Triton serializes a BYTES tensor as it is made: any other element, its str().
+            made = np.empty(array.size, dtype=np.object_)
+            made[:] = [x if isinstance(x, bytes | str) else str(x) for x in array.flat]
+            array = made.reshape(array.shape)
         self._name = name
         self._array = array
 
