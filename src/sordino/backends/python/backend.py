@@ -358,7 +358,9 @@ class PythonBackend:
             )
             apart: dict[int, dict[str, Tensor]] = {}
             if counts:  # outputs that are not the requests' rows go to each as they are
-                answered = [i for i in range(len(requests)) if i not in errors and i not in again]
+                answered: Sequence[int] = range(len(requests))
+                if errors or again:
+                    answered = [i for i in answered if i not in errors and i not in again]
                 apart = set_apart(parts, answered, counts, absent)
             if again and not self._options.iterative_sequence:
                 errors.update(dict.fromkeys(again, not_iterative(metadata.name)))

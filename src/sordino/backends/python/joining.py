@@ -151,9 +151,13 @@ def set_apart(
 def _joins(arrays: list[Tensor], answered: Sequence[int], rows: Sequence[int]) -> bool:
     """Whether ``arrays`` are their requests' rows of one tensor (see :func:`set_apart`)."""
     dtype, inner = arrays[0].dtype, arrays[0].shape[1:]
-    for array, request in zip(arrays, answered, strict=True):
+    counts = rows if len(answered) == len(rows) else [rows[request] for request in answered]
+    for array, count in zip(arrays, counts, strict=True):
         shape = array.shape
-        if not shape or shape[0] != rows[request] or shape[1:] != inner or array.dtype != dtype:
+        if not shape or shape[0] != count or shape[1:] != inner:
+            return False
+        given = array.dtype
+        if given is not dtype and given != dtype:
             return False
     return True
 

@@ -113,9 +113,10 @@ class Tensor:
 
     def __init__(self, name: str, data: Any) -> None:
         array = data if type(data) is np.ndarray else np.asarray(data)
-        if array.dtype.kind in "SU":
+        kind = array.dtype.kind
+        if kind in "SU":
             array = array.astype(np.object_)
-        elif array.dtype == np.object_ and not all(isinstance(x, bytes | str) for x in array.flat):
+        elif kind == "O" and not all(isinstance(x, bytes | str) for x in array.flat):
             # Triton serializes a BYTES tensor as it is made: any other element, its str().
             made = np.empty(array.size, dtype=np.object_)
             made[:] = [x if isinstance(x, bytes | str) else str(x) for x in array.flat]
