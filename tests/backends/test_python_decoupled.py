@@ -71,19 +71,26 @@ class TritonPythonModel:
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
 
-# One response, then never the final flag.
+# One response, then never the final flag (its senders kept, as a model that streams on).
 NEVER_FINAL = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    def initialize(self, args):
+        self.kept = []
+
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
             sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([1], np.int32))]))
+            self.kept.append(sender)
         return None
 """
+
+# One response, then the sender let go of without the final flag.
+DROPPED = NEVER_FINAL.replace("self.kept.append(sender)", "del sender")
 
 # X = 1: one response, then the worker dies from the response thread. Else: X back, final.
 CRASHING = """
@@ -232,6 +239,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     assert in_execute != UNTIL_CANCELLED
     _model(root, "cancelled_in_execute", ONE_IN, in_execute)
     _model(root, "never_final", ONE_IN, NEVER_FINAL)
+    _model(root, "dropped", ONE_IN, DROPPED)
+    _model(root, "dropped_thread", ONE_IN, DROPPED)
+    (root / "dropped_thread" / "config.yaml").write_text("backend: python\nisolation: thread\n")
     _model(root, "crashing", ONE_IN, CRASHING)
     _model(root, "rules", ONE_IN, RULES)
     _model(root, "sender_one", ONE_IN.replace("model_transaction_policy", "#"), SENDER_ONE)
@@ -474,6 +484,23 @@ def test_a_model_that_never_finishes_is_ended_by_the_execution_timeout(stream: _
     stream.send("never_final", {"X": np.array([1], np.int32)})
     result, error = stream.answers.get(timeout=30)
     assert error is None and int(result.as_numpy("Y")[0]) == 1  # the same worker answers
+
+
+@pytest.mark.parametrize("model", ["dropped", "dropped_thread"])
+def test_a_sender_let_go_of_before_its_final_flag_ends_the_request_at_once(
+    stream: _Stream, model: str
+) -> None:
+    """It stayed open until workers.execution_timeout (in a worker process; for ever on a
+    thread, as on Triton): it now ends with an error saying why, and the model serves on."""
+    for _ in range(2):
+        stream.send(model, {"X": np.array([1], np.int32)})
+        result, error = stream.answers.get(timeout=30)
+        assert error is None and int(result.as_numpy("Y")[0]) == 1
+        _, error = stream.answers.get(timeout=2)  # not the execution timeout's 3 s
+        assert error is not None
+        assert "let go of this request's response sender without sending the final flag" in (
+            str(error)
+        )
 
 
 def test_a_worker_lost_mid_stream_ends_the_stream_with_an_error(

@@ -24,6 +24,7 @@ model loading API (``load_model``, ``unload_model``, ``is_model_ready``)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -458,6 +459,20 @@ class InferenceResponseSender:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def __del__(self) -> None:
+        # A decoupled request whose sender the model let go of before the final flag
+        # could never end (Triton leaves it open): it ends here, with an error saying why.
+        if self._decoupled and not self._closed:
+            # What fails here had ended otherwise (the server stopping, the worker going).
+            with contextlib.suppress(Exception):
+                self._emit(InferenceResponse(error=TritonError(_ABANDONED)), True)
+
+
+_ABANDONED = (
+    "the model let go of this request's response sender without sending the final flag "
+    "(send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)): its responses end here"
+)
 
 
 def using_decoupled_model_transaction_policy(model_config: Mapping[str, Any]) -> bool:
