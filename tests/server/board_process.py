@@ -38,6 +38,7 @@ def _route_dict(route: RouteLoad) -> dict[str, Any]:
         "default_timeout_s": s.default_timeout_s,
         "waits": list(route.waits),
         "rows_ahead": list(route.rows_ahead),
+        "json_values": route.json_values,
     }
 
 

@@ -107,6 +107,12 @@ def test_an_answer_through_a_front_end_equals_the_engines_own(
     assert {a[1] for a in through} == {200}
 
 
+TOO_MUCH_JSON = json.dumps(
+    {"inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": [1.0] * 120_000}]}
+).encode()
+"""600 kB of JSON, where a request to the digits classifier holds at most 64 rows of 64
+values (512 kB as JSON): a front end parsed it whole before (400, its element count)."""
+
 ERRORS: list[tuple[str, str, bytes | None, dict[str, str]]] = [
     ("POST", "/v2/models/nope/infer", digits_body(), {}),  # 404
     ("POST", "/v2/models/digits-classifier/versions/9/infer", digits_body(), {}),  # 404
@@ -114,6 +120,8 @@ ERRORS: list[tuple[str, str, bytes | None, dict[str, str]]] = [
     ("POST", "/v2/models/digits-classifier/infer", b'{"inputs": [{"name": "x"}]}', {}),  # 400
     ("GET", "/v2/models/digits-classifier/infer", None, {}),  # 405
     ("POST", "/v2/models/digits-classifier/infer", b"0" * (LIMIT + 1), {}),  # 413
+    # 413: more JSON than any request to the model needs, refused before it is parsed
+    ("POST", "/v2/models/digits-classifier/infer", TOO_MUCH_JSON, {}),
     # 503: the queue timeout has passed before the request is admitted
     ("POST", "/v2/models/digits-classifier/infer", digits_body(), {"X-Sordino-Timeout": "1"}),
 ]

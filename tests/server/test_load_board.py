@@ -127,6 +127,9 @@ def test_a_loaded_model_is_ready_on_the_board(reader: Reader) -> None:
     route = reader.route()
     assert route["ready"] and route["default"] and route["eligible"]
     assert route["priority_levels"] == 3 and len(route["waits"]) == 3
+    # What a request to it holds at most (64 rows of 64 pixels): a front end refuses more
+    # JSON than that before parsing it.
+    assert route["json_values"] == 64 * 64
 
 
 def test_a_backlog_refuses_the_low_priority_and_not_the_high(
@@ -228,6 +231,22 @@ def test_an_unloaded_model_leaves_the_board(server: RunningServer, reader: Reade
     server.call(server.runtime.loader.unload(MODEL, version, drain=True))
     assert reader.route() is None  # published on the unload, not at the next tick
     assert reader.shed(X_Sordino_Timeout="1") is None  # unknown now: the engine answers
+
+
+@pytest.mark.parametrize(("given", "read"), [(0, 0), (4096, 4096), (None, None), (1 << 40, None)])
+def test_a_routes_json_bound_is_read_as_written(
+    tmp_path: Path, given: int | None, read: int | None
+) -> None:
+    """None (no bound) and a count past what the slot holds both read as no bound."""
+    board = LoadBoard.create(tmp_path, slots=1)
+    try:
+        settings = QueueSettings(priority_levels=2, default_priority=1)
+        route = RouteLoad("m", "1", True, True, True, settings, (0.0, 0.0), (0, 0), given)
+        board.write_route(0, route)
+        found = board.route_at(0)
+        assert found is not None and found.json_values == read and found.name == "m"
+    finally:
+        board.close()
 
 
 def test_torn_reads_are_impossible(tmp_path: Path) -> None:

@@ -32,7 +32,12 @@ from sordino.errors import InvalidRequest, MalformedBody, TensorError
 from sordino.inference import InferRequest, ModelMetadata, RequestedOutput, SharedInput, Tensor
 from sordino.memo import Memo
 from sordino.protocol.extensions import refuse_output_extensions, shared_memory_parameters
-from sordino.protocol.validate import check_declared_shape, check_json_size
+from sordino.protocol.validate import (
+    JSON_ROOM,
+    check_declared_shape,
+    check_json_size,
+    refuse_json_over,
+)
 
 __all__ = ["HEADER_CONTENT_LENGTH", "decode_infer_request", "parse_header_length"]
 
@@ -79,6 +84,7 @@ def decode_infer_request(
     headers: Mapping[str, str] | None = None,
     metadata: ModelMetadata | None = None,
     max_batch_size: int = 0,
+    json_values: int | None = None,
 ) -> InferRequest:
     """Decode an inference request body into an :class:`InferRequest`.
 
@@ -92,11 +98,16 @@ def decode_infer_request(
     With the model's ``metadata`` (and its ``max_batch_size``), each input's declared
     shape is checked against the model and the body's size before any tensor is built
     (:func:`~sordino.protocol.validate.check_declared_shape`); the full check against
-    the model is :func:`~sordino.protocol.validate.validate_request`'s job.
+    the model is :func:`~sordino.protocol.validate.validate_request`'s job. A JSON part
+    larger than any request to the model needs (its metadata's, or ``json_values``
+    where a front end has only that) is refused before it is parsed.
     """
-    if metadata is not None:  # before parsing: a JSON far larger than the model takes
+    if metadata is not None or json_values is not None:
         json_size = len(body) if header_length is None else min(header_length, len(body))
-        check_json_size(metadata, max_batch_size, json_size)
+        if metadata is not None:  # before parsing: a JSON far larger than the model takes
+            check_json_size(metadata, max_batch_size, json_size)
+        elif json_size > JSON_ROOM:
+            refuse_json_over(json_size, model, json_values)
     if header_length is not None and 0 <= header_length <= min(len(body), _MEMO_HEADER_BYTES):
         # A client sends the same JSON header request after request: read it once.
         parsed = _BINARY_HEADERS[bytes(memoryview(body)[:header_length])]

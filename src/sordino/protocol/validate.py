@@ -26,7 +26,9 @@ __all__ = [
     "check_declared_shape",
     "check_json_size",
     "check_text_inputs",
+    "json_values",
     "refuse_declined",
+    "refuse_json_over",
     "validate_request",
 ]
 
@@ -39,26 +41,41 @@ JSON_ROOM = 256 * 1024
 a JSON part no larger is never checked by :func:`check_json_size`."""
 
 
-def check_json_size(metadata: ModelMetadata, max_batch_size: int, size: int) -> None:
-    """Refuse (413) a request whose JSON part of ``size`` bytes is larger than any request
-    to the model needs, before it is parsed: when each input has a fixed shape (but for
-    the batch dimension) and numbers, the model takes at most so many values. A 30 MB
-    JSON body sent to the digits classifier (64 values a row) took the serving loop 1.9
-    s and 450 MB to parse before its element count was refused."""
-    if size <= JSON_ROOM:
-        return
+def json_values(metadata: ModelMetadata, max_batch_size: int) -> int | None:
+    """The most values any request to the model holds, or None for no bound: when each
+    input has a fixed shape (but for the batch dimension) and numbers."""
     rows = max_batch_size if metadata.batched else 1
     values = 0
     for spec in metadata.inputs:
         dims = spec.shape[1:] if metadata.batched else spec.shape
         if spec.datatype == "BYTES" or rows <= 0 or any(d < 0 for d in dims):
-            return  # strings, or a dimension of any size: no bound but the body's
+            return None  # strings, or a dimension of any size: no bound but the body's
         values += rows * element_count(dims)
+    return values
+
+
+def check_json_size(metadata: ModelMetadata, max_batch_size: int, size: int) -> None:
+    """Refuse (413) a request whose JSON part of ``size`` bytes is larger than any request
+    to the model needs (its :func:`json_values`), before it is parsed. A 30 MB JSON body
+    sent to the digits classifier (64 values a row) took the serving loop 1.9 s and 450
+    MB to parse before its element count was refused."""
+    if size > JSON_ROOM:
+        refuse_json_over(size, metadata.name, json_values(metadata, max_batch_size))
+
+
+def refuse_json_over(size: int, model: str, values: int | None) -> None:
+    """Raise :class:`MalformedBody` (413) if ``size`` bytes of JSON are more than a
+    request of ``values`` values needs (None: no bound): at most
+    :data:`JSON_BYTES_PER_VALUE` a value and :data:`JSON_ROOM` besides. The words of
+    :func:`check_json_size`, also said by a front-end process, which reads ``values``
+    from the engine's load board."""
+    if values is None:
+        return
     bound = values * JSON_BYTES_PER_VALUE + JSON_ROOM
     if size > bound:
         raise MalformedBody(
             f"the request's JSON is {size} bytes, more than any request to model "
-            f"{metadata.name!r} needs: it takes at most {values} values (at most {bound} "
+            f"{model!r} needs: it takes at most {values} values (at most {bound} "
             "bytes as JSON); send fewer values, or the tensors as binary data "
             "(Inference-Header-Content-Length)",
             too_large=True,

@@ -144,6 +144,14 @@ class BoardShed(HeaderShed):
             return None  # the engine answers it (404, 503 while loading, …)
         return ShedRoute(route.settings, route.eligible, route.late, None)
 
+    def json_values(self, model: str, version: str | None) -> int | None:
+        """The most values a request to ``model`` holds, as the engine published it
+        (None: no bound, or not on the board): a larger JSON body is refused before it
+        is parsed, as the engine refuses it (``protocol/validate.check_json_size``)."""
+        header = self.board.header()
+        route = None if header is None else self.board.find(header, model, version)
+        return None if route is None else route.json_values
+
     def _flush(self, refused: RefusalCounts) -> None:
         if self._on_refused is not None:
             self._on_refused(refused)

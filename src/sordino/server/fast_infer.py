@@ -351,12 +351,15 @@ def decode_body(
     received_at: float | None,
     metadata: ModelMetadata | None = None,
     max_batch_size: int = 0,
+    json_values: int | None = None,
 ) -> InferRequest:
     """Decode step: ``body`` as an :class:`InferRequest` with the transport's facts.
 
     Without the model's ``metadata`` (a front-end process has none) the declared shapes
     are bounded by the body's size only; :func:`check_model_shapes` then does the rest
-    where the model is known. Raises SordinoError for a malformed body.
+    where the model is known. ``json_values`` (a front end's, from the engine's load
+    board) bounds the JSON part as the metadata would. Raises SordinoError for a
+    malformed body.
     """
     request = decode_infer_request(
         body,
@@ -368,6 +371,7 @@ def decode_body(
         headers=forwarded or None,
         metadata=metadata,
         max_batch_size=max_batch_size,
+        json_values=json_values,
     )
     if client:
         request.client = client

@@ -31,6 +31,8 @@ from typing import ClassVar
 from sordino.errors import SordinoError
 from sordino.memo import Memo
 from sordino.protocol.encode import encode_error
+from sordino.protocol.validate import JSON_ROOM
+from sordino.server.board_shed import BoardShed
 from sordino.server.connection_guard import ConnectionGuard
 from sordino.server.fast_infer import (
     INFER_PATH,
@@ -217,15 +219,22 @@ class FrontendInferCycle(InferCycle):
             body = await self.read_body()
             read_s = time.perf_counter() - arrived
             coding = facts.get("content-encoding")
+            data = body if coding is None else inflate(body, coding, conn.max_request_size)
+            shed = conn.guard.early_shed
+            values = None
+            if len(data) > JSON_ROOM and isinstance(shed, BoardShed):
+                # More JSON than any request to the model needs is refused before parsing.
+                values = shed.json_values(self.model, self.version)
             # A malformed body is answered here; it never reaches the engine.
             request = decode_body(
-                body if coding is None else inflate(body, coding, conn.max_request_size),
+                data,
                 self.model,
                 self.version,
                 header_length,
                 facts,
                 client=self.client,
                 received_at=self.received_at,
+                json_values=values,
             )
         except SordinoError as exc:
             # Counted by the engine as it counts one refused in its own process.

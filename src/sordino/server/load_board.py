@@ -12,7 +12,7 @@ removed at the next start; little-endian, offsets in bytes)::
 
     header, HEADER_SIZE (128) bytes
       0  magic        8s   b"SRDLOAD1"
-      8  layout       u32  LAYOUT (1)
+      8  layout       u32  LAYOUT (2)
      12  slots        u32  number of route slots that follow
      16  seq          u64  the header's seqlock (odd while it is written)
      24  generation   u64  bumped when a slot changes hands (a route loaded/unloaded)
@@ -31,7 +31,9 @@ removed at the next start; little-endian, offsets in bytes)::
      12  priority_levels  u16
      14  default_priority u16
      16  default_timeout  f64  seconds (0: none)
-     24  name_len, version_len  u8, u8 (then 6 bytes of padding)
+     24  name_len, version_len  u8, u8 (then 2 bytes of padding)
+     28  json_values      u32  1 + the most values a request holds (0: no bound;
+                               a front end refuses larger JSON before parsing it)
      32  name             96s  utf-8
     128  version          32s  utf-8
     160  waits            8 × f64  expected wait at priority 1..8 (NaN: unknown)
@@ -85,7 +87,7 @@ __all__ = [
 ]
 
 MAGIC = b"SRDLOAD1"
-LAYOUT = 1
+LAYOUT = 2
 HEADER_SIZE = 128
 SLOT_SIZE = 256
 MAX_LEVELS = 8
@@ -114,9 +116,11 @@ def _settings_of(policy: _Policy) -> QueueSettings:
 
 _HEAD = struct.Struct("<8sII")
 _HEADER = struct.Struct("<QddddIII")  # at 24
-_SLOT = struct.Struct(f"<IHHdBB6x{NAME_BYTES}s{VERSION_BYTES}s{MAX_LEVELS}d{MAX_LEVELS}I")  # at 8
+_SLOT = struct.Struct(f"<IHHdBB2xI{NAME_BYTES}s{VERSION_BYTES}s{MAX_LEVELS}d{MAX_LEVELS}I")  # at 8
 assert _HEADER.size + 24 <= HEADER_SIZE and _SLOT.size + 8 == SLOT_SIZE
 
+_NO_VALUES = 0xFFFFFFFF
+"""A route's ``json_values`` from here on is published as no bound (it must fit a u32)."""
 _TENANTS, _STOPPING = 1, 2
 _USED, _READY, _DEFAULT, _ELIGIBLE, _SHED_LATE, _OVERRIDE = 1, 2, 4, 8, 16, 32
 
@@ -152,6 +156,9 @@ class RouteLoad(NamedTuple):
     waits: tuple[float | None, ...]
     """Expected wait ahead at priority 1, 2, … (None: unknown), at most :data:`MAX_LEVELS`."""
     rows_ahead: tuple[int, ...]
+    json_values: int | None = None
+    """The most values a request to it holds (``protocol/validate.json_values``; None:
+    no bound): a front end refuses a larger JSON body before parsing it."""
 
     def late(self, priority: int, timeout_s: float | None) -> Shed | None:
         """The scheduler's arrival rule (``late_refusal``) on the published figures."""
@@ -263,7 +270,7 @@ class LoadBoard:
         """Publish ``route`` in ``slot`` (None: free it) under the slot's seqlock."""
         buf = self._view()
         if route is None:
-            fields: tuple[object, ...] = (0, 0, 0, 0.0, 0, 0, b"", b"")
+            fields: tuple[object, ...] = (0, 0, 0, 0.0, 0, 0, 0, b"", b"")
             fields += (math.nan,) * MAX_LEVELS + (0,) * MAX_LEVELS
         else:
             name, version = route.name.encode(), route.version.encode()
@@ -277,9 +284,11 @@ class LoadBoard:
             rows = list(route.rows_ahead[:MAX_LEVELS])
             waits += [waits[-1] if waits else math.nan] * (MAX_LEVELS - len(waits))
             rows += [rows[-1] if rows else 0] * (MAX_LEVELS - len(rows))
+            values = route.json_values
+            given = 0 if values is None or values >= _NO_VALUES else values + 1
             fields = (
                 flags, s.priority_levels, s.default_priority, s.default_timeout_s,
-                len(name), len(version), name, version, *waits, *rows,
+                len(name), len(version), given, name, version, *waits, *rows,
             )  # fmt: skip
         self._write(buf, HEADER_SIZE + slot * SLOT_SIZE, slot, _SLOT, fields)
 
@@ -347,9 +356,9 @@ class LoadBoard:
         if fields is None or not fields[0]:
             return None
         flags: int = fields[0]
-        levels, default_priority, timeout, name_len, version_len, name, version = fields[1:8]
-        waits = fields[8 : 8 + MAX_LEVELS]
-        rows = fields[8 + MAX_LEVELS :]
+        levels, default_priority, timeout, name_len, version_len, given, name, version = fields[1:9]
+        waits = fields[9 : 9 + MAX_LEVELS]
+        rows = fields[9 + MAX_LEVELS :]
         shown = min(levels, MAX_LEVELS)
         # One QueueSettings for each policy seen: the same object from one publish to
         # the next, so what a reader derived from it (admission's choices) is kept.
@@ -364,6 +373,7 @@ class LoadBoard:
             settings=settings,
             waits=tuple(None if math.isnan(w) else w for w in waits[:shown]),
             rows_ahead=tuple(rows[:shown]),
+            json_values=given - 1 if given else None,
         )
 
     def routes(self) -> list[RouteLoad]:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from sordino.events import Event
 from sordino.memory.segments import SEGMENTS_DIR
+from sordino.protocol.validate import json_values
 from sordino.server.load_board import (
     MAX_LEVELS,
     NAME_BYTES,
@@ -66,6 +67,8 @@ class LoadBoardPublisher:
         self._slots: dict[tuple[str, str], int] = {}  # route → slot
         self._defaults: dict[str, str] = {}  # name → its default version, as published
         self._overflow: set[tuple[str, str]] = set()
+        self._values: dict[tuple[str, str], tuple[LoadedModel, int | None]] = {}
+        """Each route's most values a request holds, with the model it was worked out for."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self.published = 0
@@ -150,6 +153,7 @@ class LoadBoardPublisher:
         moved = False
         for route in [r for r in self._slots if r not in live]:
             board.write_route(self._slots.pop(route), None)
+            self._values.pop(route, None)
             moved = True
         self._overflow &= set(live)
         taken = set(self._slots.values())
@@ -197,4 +201,14 @@ class LoadBoardPublisher:
             settings=settings,
             waits=tuple(scheduler.admission_wait(p) for p in levels),
             rows_ahead=tuple(scheduler.rows_ahead(p) for p in levels),
+            json_values=self._json_values(model),
         )
+
+    def _json_values(self, model: LoadedModel) -> int | None:
+        """The most values a request to ``model`` holds (worked out once a model)."""
+        route = (model.key.name, model.key.version)
+        known = self._values.get(route)
+        if known is None or known[0] is not model:  # a first publish, or reloaded
+            given = json_values(model.metadata, model.scheduling.max_batch_size)
+            known = self._values[route] = (model, given)
+        return known[1]
