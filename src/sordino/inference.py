@@ -409,47 +409,51 @@ record of that request's tensors. Those outputs are not in the other outputs; th
 scheduler takes the column out and adds each request's tensors to its answer."""
 
 
-def encode_request_apart(count: int, apart: Mapping[int, Mapping[str, Tensor]]) -> Tensor:
+def encode_request_apart(
+    count: int, apart: Mapping[int, Mapping[str, Tensor]], order: Sequence[str] = ()
+) -> Tensor:
     """The :data:`REQUEST_APART` tensor of a batch of ``count`` requests: ``apart`` maps
     a request's index to its own tensors (numbers, bools, or ``object`` arrays of
-    strings), each recorded as its datatype, shape and bytes."""
+    strings), each recorded as its datatype, shape and bytes, and its place among the
+    model's outputs ``order`` (an answer lists them in that order)."""
     column = np.empty(count, dtype=object)
     for index in range(count):
         tensors = apart.get(index)
         if not tensors:
             column[index] = b""
             continue
-        heads: list[tuple[str, str, list[int], int]] = []
+        heads: list[tuple[str, str, list[int], int, int]] = []
         datas: list[bytes] = []
         for name, array in tensors.items():
             strings = array.dtype == np.object_
             data = (
                 serialize_bytes_tensor(array) if strings else np.ascontiguousarray(array).tobytes()
             )
-            heads.append(
-                (name, "BYTES" if strings else array.dtype.str, list(array.shape), len(data))
-            )
+            place = order.index(name) if name in order else len(order)
+            kind = "BYTES" if strings else array.dtype.str
+            heads.append((name, kind, list(array.shape), len(data), place))
             datas.append(data)
         column[index] = orjson.dumps(heads) + b"\n" + b"".join(datas)
     return column
 
 
-def decode_request_apart(column: Tensor, count: int) -> list[dict[str, Tensor] | None]:
-    """Each request's own tensors from a :data:`REQUEST_APART` tensor (None: none)."""
-    found: list[dict[str, Tensor] | None] = [None] * count
+def decode_request_apart(column: Tensor, count: int) -> list[list[tuple[int, str, Tensor]] | None]:
+    """Each request's own tensors from a :data:`REQUEST_APART` tensor, as (place among
+    the model's outputs, name, tensor) in that order (None: none)."""
+    found: list[list[tuple[int, str, Tensor]] | None] = [None] * count
     for index, entry in enumerate(column.reshape(-1)[:count]):
         if not entry:
             continue
         head, _, data = bytes(entry).partition(b"\n")
-        tensors: dict[str, Tensor] = {}
+        tensors: list[tuple[int, str, Tensor]] = []
         at = 0
-        for name, dtype, shape, size in orjson.loads(head):
+        for name, dtype, shape, size, place in orjson.loads(head):
             piece = data[at : at + size]
             at += size
             if dtype == "BYTES":
                 array = deserialize_bytes_tensor(piece, int(np.prod(shape)))
             else:
                 array = np.frombuffer(piece, dtype=np.dtype(dtype))
-            tensors[str(name)] = array.reshape(shape)
-        found[index] = tensors
+            tensors.append((int(place), str(name), array.reshape(shape)))
+        found[index] = sorted(tensors, key=lambda t: t[0])
     return found

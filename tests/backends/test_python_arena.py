@@ -215,10 +215,17 @@ def test_responses_whose_shapes_do_not_join_go_to_each_request_as_they_are(
     y = view_tensor(worker.arena.buffer, done.outputs["Y"])
     assert y.tolist() == [[1, 1], [2, 2]]
     column = view_tensor(worker.arena.buffer, done.outputs[REQUEST_APART])
-    apart = decode_request_apart(column, 2)
-    assert [a["SHAPED"].shape if a else None for a in apart] == [(1, 1), (1, 2)]
-    assert all(a is not None and a["SHAPED"].dtype == np.int16 for a in apart)
+    apart = [_own(a) for a in decode_request_apart(column, 2)]
+    assert [a["SHAPED"].shape for a in apart] == [(1, 1), (1, 2)]
+    assert all(a["SHAPED"].dtype == np.int16 for a in apart)
     del y, column
+
+
+def _own(entry: list[tuple[int, str, np.ndarray]] | None) -> dict[str, np.ndarray]:
+    """A request's own tensors by name (its place among the outputs: SHAPED is the third)."""
+    assert entry is not None
+    assert [(place, name) for place, name, _ in entry] == [(2, "SHAPED")]
+    return {name: array for _, name, array in entry}
 
 
 def test_without_an_arena_the_outputs_are_joined_and_the_others_set_apart(
@@ -231,8 +238,8 @@ def test_without_an_arena_the_outputs_are_joined_and_the_others_set_apart(
     assert outputs["Y"].tolist() == x.tolist() and outputs["SHAPED"].shape == (2, 1)
     assert REQUEST_APART not in outputs
     outputs = worker.backend.infer_requests({"X": np.array([[1, 1], [2, 2]], np.float32)}, (1, 1))
-    apart = decode_request_apart(outputs[REQUEST_APART], 2)
-    assert [a["SHAPED"].shape if a else None for a in apart] == [(1, 1), (1, 2)]
+    apart = [_own(a) for a in decode_request_apart(outputs[REQUEST_APART], 2)]
+    assert [a["SHAPED"].shape for a in apart] == [(1, 1), (1, 2)]
     assert "SHAPED" not in outputs and outputs["Y"].shape == (2, 2)
 
 

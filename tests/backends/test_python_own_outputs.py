@@ -64,6 +64,9 @@ def test_each_request_gets_its_responses_tensors_in_one_batch(
             assert result.get_output("VAL")["datatype"] == ("FP32" if kind == 0 else "INT64")
             assert result.as_numpy("ROWS").tolist() == [[extra]] * (extra + 1)
             assert result.as_numpy("NOTE").tolist() == [[str(length).encode(), b"None"]]
+            # In the order the model declares them, as when they are joined.
+            names = [output["name"] for output in result.get_response()["outputs"]]
+            assert names == ["SEQ", "VAL", "ROWS", "NOTE", "BATCH"]
         stats = client.get_inference_statistics("own_outputs")["model_stats"][0]
         assert stats["execution_count"] == 1 and stats["inference_stats"]["fail"]["count"] == 0
         client.close()

@@ -221,6 +221,11 @@ class _Stopping(Exception):
     """The server said Stop (or went away) while the worker asked it for output space."""
 
 
+class _Unsendable(Exception):
+    """An output the model gave cannot be written into the arena (a string tensor of
+    other objects): the batch fails saying why, the worker serves on."""
+
+
 class _Refused(Exception):
     """The server has no room for the batch's outputs (larger than the arena): the
     batch fails, the worker serves on."""
@@ -281,11 +286,20 @@ class _Outputs:
                 handles[name] = placed[1]
             else:
                 rest[name] = array
-        self.reserve({name: tensor_nbytes(array) for name, array in rest.items()})
+        if not rest:
+            return handles
+        try:
+            sizes = {name: tensor_nbytes(array) for name, array in rest.items()}
+        except Exception as exc:  # an output the model made that cannot be sent
+            raise _Unsendable(f"cannot send the outputs: {exc}") from exc
+        self.reserve(sizes)
         for name, array in rest.items():
             space = self.space[name]
-            handles[name] = write_tensor(self._buffer, space.offset, space.capacity, array)
-        return handles
+            try:
+                handles[name] = write_tensor(self._buffer, space.offset, space.capacity, array)
+            except Exception as exc:
+                raise _Unsendable(f"cannot send the outputs: {exc}") from exc
+        return {name: handles[name] for name in results}  # in the model's order
 
 
 def _run(
@@ -348,10 +362,8 @@ def _run(
     except _Refused as exc:
         link.send(RunFailed(batch_id, "error", str(exc)))
         return True
-    except (
-        Exception
-    ) as exc:  # an output that cannot be sent: the batch's error, not the worker's end
-        link.send(RunFailed(batch_id, "error", f"cannot send the outputs: {exc}"))
+    except _Unsendable as exc:  # the batch's error, not the worker's end
+        link.send(RunFailed(batch_id, "error", str(exc)))
         return True
     link.send(Done(run.batch_id, written, infer_s))
     return True

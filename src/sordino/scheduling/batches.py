@@ -362,10 +362,14 @@ def _without(result: Tensors, names: Sequence[str]) -> Tensors:
     return kept
 
 
-def _with(result: Tensors, own: dict[str, np.ndarray]) -> Tensors:
-    """``result`` and the outputs ``own`` that are its request's alone (not joined)."""
-    extra = Tensors.of(own)
-    kept = Tensors.compose({**{n: (result, n) for n in result}, **{n: (extra, n) for n in extra}})
+def _with(result: Tensors, own: list[tuple[int, str, np.ndarray]]) -> Tensors:
+    """``result`` and the outputs ``own`` that are its request's alone (not joined), each
+    at its place among the model's outputs (``result`` holds the others in order)."""
+    extra = Tensors.of({name: array for _, name, array in own})
+    names: list[tuple[Tensors, str]] = [(result, n) for n in result]
+    for place, name, _ in own:  # by place, so each lands where the model declares it
+        names.insert(min(place, len(names)), (extra, name))
+    kept = Tensors.compose({n: (source, n) for source, n in names})
     result.release()
     return kept
 

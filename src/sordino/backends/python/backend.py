@@ -389,7 +389,8 @@ class PythonBackend:
         if absent:
             outputs[REQUEST_ABSENT] = encode_request_absent(len(requests), absent)
         if apart:
-            outputs[REQUEST_APART] = encode_request_apart(len(requests), apart)
+            order = [spec.name for spec in metadata.outputs]
+            outputs[REQUEST_APART] = encode_request_apart(len(requests), apart, order)
         if given:  # the responses' parameters, for their requests' answers
             outputs[REQUEST_PARAMETERS] = encode_request_parameters(len(requests), given)
         elapsed = time.perf_counter() - started
