@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,12 +49,16 @@ def check_output(output: Path) -> str:
     return suffix
 
 
-def open_journal(path: Path) -> JournalReader:
-    """The journal at ``path``; a missing or unreadable one is a :class:`ReportFailure`."""
+@contextlib.contextmanager
+def open_journal(path: Path) -> Iterator[JournalReader]:
+    """The journal at ``path``, closed after the block; a missing one, and one that
+    cannot be read (another database, damaged pages the block's reads find), is a
+    :class:`ReportFailure`."""
     from sordino.telemetry.journal_reader import JournalReader, MissingJournal
 
     try:
-        return JournalReader(path)
+        with JournalReader(path) as reader:
+            yield reader
     except MissingJournal as exc:
         raise ReportFailure(str(exc)) from None
 

@@ -31,6 +31,7 @@ from sordino.telemetry.collectors import TelemetryCollector, TelemetryView
 from sordino.telemetry.feedback import Feedback, RecentRequests
 from sordino.telemetry.forecast import Forecast, forecast_from_journal
 from sordino.telemetry.journal import Journal
+from sordino.telemetry.journal_reader import MissingJournal
 from sordino.telemetry.labels import MetricLabels
 from sordino.telemetry.profile_data import OperatorProfile
 from sordino.telemetry.resources import ResourceSampler
@@ -188,6 +189,8 @@ class Telemetry:
                 self.forecast = await loop.run_in_executor(
                     None, forecast_from_journal, journal.path
                 )
+            except MissingJournal as exc:  # damaged, or set aside a moment ago
+                log.warning("no forecast this time: %s", exc)
             except Exception:
                 log.exception("forecast from %s failed", journal.path)
             interval = self.config.forecast_interval

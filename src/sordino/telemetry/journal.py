@@ -21,7 +21,6 @@ them among its recent events too.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import queue
@@ -36,6 +35,17 @@ from typing import IO, Any
 import orjson
 
 from sordino.events import Event
+from sordino.telemetry.journal_file import (
+    SCHEMA,
+    JournalInUse,
+    JournalUnwritable,
+    NotAJournal,
+    connect,
+    damaged,
+    in_use,
+    lock,
+    lock_path,
+)
 from sordino.telemetry.series import ResourceRow, SecondRow
 
 MARK_KIND = "event_mark"
@@ -58,115 +68,11 @@ __all__ = [
 
 log = logging.getLogger("sordino.journal")
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS series (
-    t INTEGER NOT NULL, model TEXT NOT NULL, version TEXT NOT NULL,
-    requests INTEGER NOT NULL, errors INTEGER NOT NULL, errors_by_reason TEXT NOT NULL,
-    p50_ms REAL, p99_ms REAL, queue_ms REAL, compute_ms REAL,
-    batches INTEGER NOT NULL, batch_size REAL, queue_depth INTEGER NOT NULL,
-    busy REAL NOT NULL, slo_met INTEGER NOT NULL, fragmentation REAL, temperature_c REAL,
-    rejected_by_reason TEXT NOT NULL DEFAULT '{}',
-    PRIMARY KEY (t, model, version)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS resources (
-    t INTEGER PRIMARY KEY, rss_bytes INTEGER NOT NULL, cpu_percent REAL NOT NULL,
-    pool_reserved_bytes INTEGER, pool_in_use_bytes INTEGER, fragmentation REAL,
-    cpu_temp_c REAL, gpu_memory_used_bytes INTEGER, gpu_temp_c REAL, gpu_power_w REAL
-);
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL, kind TEXT NOT NULL,
-    subject TEXT NOT NULL, cause TEXT NOT NULL, payload TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_by_time ON events (t);
-CREATE INDEX IF NOT EXISTS events_by_kind ON events (kind, t);
-"""
-SCHEMA_VERSION = "1"
 
 _SERIES_SQL = f"INSERT OR REPLACE INTO series VALUES ({', '.join('?' * 18)})"
 _RESOURCES_SQL = f"INSERT OR REPLACE INTO resources VALUES ({', '.join('?' * 10)})"
 _EVENTS_SQL = "INSERT INTO events (t, kind, subject, cause, payload) VALUES (?, ?, ?, ?, ?)"
 _STOP = object()
-
-
-def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
-    """Open the journal at ``path`` (WAL mode; a writer also creates the tables)."""
-    if readonly:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
-        conn.execute("PRAGMA query_only = ON")
-        return conn
-    path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(str(path), timeout=10, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode = WAL")
-    # NORMAL in WAL mode: a commit survives a process crash; only power loss may undo
-    # the last transactions, and the file is never corrupt either way.
-    conn.execute("PRAGMA synchronous = NORMAL")
-    conn.executescript(SCHEMA)
-    columns = {row[1] for row in conn.execute("PRAGMA table_info(series)")}
-    if "rejected_by_reason" not in columns:  # a journal written before the column existed
-        conn.execute("ALTER TABLE series ADD COLUMN rejected_by_reason TEXT NOT NULL DEFAULT '{}'")
-    conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
-    conn.commit()
-    return conn
-
-
-class JournalInUse(OSError):
-    """Another server writes this journal (its series and events would mix with ours)."""
-
-
-class JournalUnwritable(OSError):
-    """The journal's file or folder cannot be made or written (full disk, read-only)."""
-
-
-def lock_path(path: Path) -> Path:
-    """The lock file next to the journal at ``path``."""
-    return path.with_name(path.name + ".lock")
-
-
-def _lock(path: Path) -> IO[str]:
-    """Hold an exclusive lock on the journal's lock file until the file is closed.
-
-    ``flock`` locks belong to the open file: another process, or another journal in
-    this one, fails to take it; the lock goes when the holder closes the file or exits,
-    however it exits, so a stale lock file never blocks a later start.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    target = lock_path(path)
-    handle = open(target, "a+", encoding="utf-8")  # noqa: SIM115 - held until close()
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip()
-        handle.close()
-        who = f"pid {holder}" if holder.isdigit() else "another process"
-        raise JournalInUse(
-            f"the journal {path} is in use by another sordino server ({who}); give this "
-            "server its own --data-dir (or telemetry.journal: false)"
-        ) from None
-    try:
-        handle.seek(0)
-        handle.truncate()
-        handle.write(str(os.getpid()))
-        handle.flush()
-    except OSError:
-        handle.close()
-        raise
-    return handle
-
-
-def in_use(path: Path) -> bool:
-    """Whether a server holds the journal at ``path`` now (takes and drops its lock)."""
-    target = lock_path(path)
-    if not target.is_file():
-        return False
-    with open(target, "a+", encoding="utf-8") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(handle, fcntl.LOCK_UN)
-    return False
 
 
 def encode_payload(payload: dict[str, Any]) -> str:
@@ -257,9 +163,13 @@ class Journal:
         journal, :class:`JournalUnwritable` when the file cannot be created or written.
         """
         try:
-            self._lock = _lock(self.path)
-            self._conn = connect(self.path)
-            self._seen = self._conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
+            self._lock = lock(self.path)
+            try:
+                self._conn = connect(self.path)
+                self._seen = self._conn.execute("SELECT MAX(id) FROM events").fetchone()[0] or 0
+            except sqlite3.DatabaseError as exc:
+                if not damaged(exc) or not self._set_aside(exc):
+                    raise
             self._prune()
         except JournalInUse:
             raise
@@ -268,17 +178,26 @@ class Journal:
                 self._conn.close()
                 self._conn = None
             self._unlock()
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            raise JournalUnwritable(
-                f"the journal {self.path} cannot be written ({reason}): free room on its "
-                "disk, give --data-dir a writable folder, or run without a journal "
-                "(telemetry.journal: false)"
-            ) from exc
+            raise JournalUnwritable(self._unwritable(exc)) from exc
         except BaseException:
             self._unlock()
             raise
         self._thread = threading.Thread(target=self._run, name="sordino-journal", daemon=True)
         self._thread.start()
+
+    def _unwritable(self, exc: OSError | sqlite3.Error) -> str:
+        """Why the journal cannot be opened, and what to do about it."""
+        without = "or run without a journal (telemetry.journal: false)"
+        if isinstance(exc, NotAJournal):
+            return (
+                f"the journal {self.path} is not a sordino journal (it has no {exc}): move "
+                f"it away, give --data-dir another folder, {without}"
+            )
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return (
+            f"the journal {self.path} cannot be written ({reason}): free room on its disk, "
+            f"give --data-dir a writable folder, {without}"
+        )
 
     def close(self, timeout: float = 10.0) -> None:
         """Commit what is queued, then stop the writer, close the file and unlock it."""
@@ -393,8 +312,11 @@ class Journal:
                 f"WHERE id > ? AND kind IN ({', '.join('?' * len(MARKS))}) ORDER BY id",
                 (self._seen, *MARKS),
             ).fetchall()
-        except sqlite3.Error:
-            log.exception("reading the events written by other processes failed")
+        except sqlite3.Error as exc:
+            if damaged(exc):
+                self._failed("reading", exc)
+            else:
+                log.exception("reading the events written by other processes failed")
             return
         for row_id, t, kind, subject, cause, payload in rows:
             self._seen = max(self._seen, row_id)
@@ -427,12 +349,14 @@ class Journal:
         to fix: one line that says what is lost and where to look; another error is a
         defect, so its first comes with the traceback. The server serves on either way.
         """
+        if damaged(exc) and self._set_aside(exc):
+            return
         if self._failing_since is not None:
             log.debug("journal %s failed again: %s", what, exc)
             return
         self._failing_since = self._wall()
         self._lost_before = self._lost
-        if isinstance(exc, sqlite3.OperationalError):
+        if isinstance(exc, sqlite3.OperationalError) or damaged(exc):
             log.error(
                 "the journal %s cannot be written (%s): its series and events are lost "
                 "until it can be (sordino_journal_write_failures_total counts the "
@@ -442,6 +366,35 @@ class Journal:
             )
         else:
             log.exception("journal %s failed; series and events are lost until it works", what)
+
+    def _set_aside(self, exc: sqlite3.Error) -> bool:
+        """Keep a damaged journal as ``<file>.damaged-<time>`` (its ``-wal`` and ``-shm``
+        beside it) and write a new one in its place, so that the series go on; False,
+        the file left where it is, when it cannot be moved or the new one made."""
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self._wall()))
+        aside = f"{self.path}.damaged-{stamp}"
+        if self._conn is not None:
+            self._conn.close()
+        try:
+            for part in ("", "-wal", "-shm"):
+                if os.path.exists(f"{self.path}{part}"):
+                    os.replace(f"{self.path}{part}", f"{aside}{part}")
+            self._conn = connect(self.path)
+        except (OSError, sqlite3.Error) as failed:
+            self._conn = sqlite3.connect(str(self.path), timeout=10, check_same_thread=False)
+            log.error(
+                "the journal %s is damaged (%s) and cannot be set aside: %s", self.path, exc, failed
+            )
+            return False
+        self._seen = 0
+        log.error(
+            "the journal %s was damaged (%s): it is kept as %s (`sqlite3 FILE .recover` "
+            "saves what it holds) and a new journal is written in its place",
+            self.path,
+            exc,
+            aside,
+        )
+        return True
 
     def statistics(self) -> JournalStatistics:
         with self._idle:

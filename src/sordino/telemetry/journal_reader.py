@@ -17,14 +17,47 @@ import orjson
 
 from sordino.telemetry.series import ResourceRow, SecondRow
 
-__all__ = ["JournalEvent", "JournalReader", "JournalWindow", "MissingJournal"]
+__all__ = [
+    "JournalEvent",
+    "JournalReader",
+    "JournalWindow",
+    "MissingJournal",
+    "missing_columns",
+]
 
 _SERIES_FIELDS = [f.name for f in fields(SecondRow)]
 _RESOURCE_FIELDS = [f.name for f in fields(ResourceRow)]
+_EVENT_FIELDS = ["t", "kind", "subject", "cause", "payload"]
+_DEFAULTED = {"rejected_by_reason"}
+"""Series columns a journal written before they existed may lack (read as defaults)."""
+_TABLES = {
+    "series": [name for name in _SERIES_FIELDS if name not in _DEFAULTED],
+    "resources": _RESOURCE_FIELDS,
+    "events": _EVENT_FIELDS,
+}
 
 
 class MissingJournal(FileNotFoundError):
     """There is no journal where one was expected; the message says where and why."""
+
+
+def missing_columns(conn: sqlite3.Connection) -> list[str]:
+    """The journal's columns (``table.column``) that ``conn``'s database lacks.
+
+    An empty list for a sordino journal, of this version or an older one; a database
+    something else made (tables of the same names, other columns) lists what it lacks.
+    Raises :class:`sqlite3.DatabaseError` for a file that is not a database at all.
+    """
+    lacking = []
+    for table, wanted in _TABLES.items():
+        have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        lacking += [f"{table}.{name}" for name in wanted if name not in have]
+    return lacking
+
+
+def _not_a_journal(path: Path, lacking: list[str]) -> str:
+    shown = ", ".join(lacking[:4]) + (f" and {len(lacking) - 4} more" if len(lacking) > 4 else "")
+    return f"{path} is not a sordino journal (it has no {shown})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,10 +120,28 @@ class JournalReader:
         self.path = path
         self._conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
         try:
-            self._conn.execute("SELECT 1 FROM series LIMIT 1")
+            lacking = missing_columns(self._conn)
         except sqlite3.DatabaseError as exc:
             self._conn.close()
             raise MissingJournal(f"{path} is not a sordino journal: {exc}") from exc
+        if lacking:
+            self._conn.close()
+            raise MissingJournal(
+                f"{_not_a_journal(path, lacking)}: give --data-dir the data folder of a "
+                "sordino server"
+            )
+
+    def _rows(self, sql: str, parameters: tuple[Any, ...] = ()) -> list[Any]:
+        """``sql``'s rows; a journal damaged where the query reads is a
+        :class:`MissingJournal` that says so, not a database error."""
+        try:
+            return self._conn.execute(sql, parameters).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise MissingJournal(
+                f"the journal {self.path} cannot be read ({exc}): it is damaged; "
+                "`sqlite3 FILE .recover` saves what it holds (a server writing it sets it "
+                "aside and starts a new one)"
+            ) from exc
 
     def close(self) -> None:
         self._conn.close()
@@ -103,17 +154,17 @@ class JournalReader:
 
     def span(self) -> tuple[float, float] | None:
         """The first and last second the journal has a series row for, or None if empty."""
-        first, last = self._conn.execute("SELECT MIN(t), MAX(t) FROM series").fetchone()
+        first, last = self._rows("SELECT MIN(t), MAX(t) FROM series")[0]
         return None if first is None else (float(first), float(last))
 
     def window(self, start: float, end: float) -> JournalWindow:
         """Every row and event with ``start <= t < end``, oldest first."""
-        columns = {row[1] for row in self._conn.execute("PRAGMA table_info(series)")}
+        columns = {row[1] for row in self._rows("PRAGMA table_info(series)")}
         # A journal written before a column existed reads as that column's default.
         selected = [name if name in columns else f"'{{}}' AS {name}" for name in _SERIES_FIELDS]
         series = [
             _series_row(r)
-            for r in self._conn.execute(
+            for r in self._rows(
                 f"SELECT {', '.join(selected)} FROM series WHERE t >= ? AND t < ? "
                 "ORDER BY t, model, version",
                 (int(start), end),
@@ -121,7 +172,7 @@ class JournalReader:
         ]
         resources = [
             ResourceRow(*r)
-            for r in self._conn.execute(
+            for r in self._rows(
                 f"SELECT {', '.join(_RESOURCE_FIELDS)} FROM resources WHERE t >= ? AND t < ? "
                 "ORDER BY t",
                 (int(start), end),
@@ -129,7 +180,7 @@ class JournalReader:
         ]
         events = [
             JournalEvent(t, kind, subject, cause, orjson.loads(payload))
-            for t, kind, subject, cause, payload in self._conn.execute(
+            for t, kind, subject, cause, payload in self._rows(
                 "SELECT t, kind, subject, cause, payload FROM events WHERE t >= ? AND t < ? "
                 "ORDER BY t, id",
                 (start, end),
@@ -139,17 +190,17 @@ class JournalReader:
 
     def latest_events(self, kind: str, before: float, limit: int = 5) -> list[JournalEvent]:
         """The last ``limit`` events of ``kind`` before ``before``, oldest first."""
-        rows = self._conn.execute(
+        rows = self._rows(
             "SELECT t, kind, subject, cause, payload FROM events WHERE kind = ? AND t < ? "
             "ORDER BY t DESC LIMIT ?",
             (kind, before, limit),
-        ).fetchall()
+        )
         return [JournalEvent(t, k, s, c, orjson.loads(p)) for t, k, s, c, p in reversed(rows)]
 
     def per_minute(self, since: float) -> dict[str, list[tuple[int, float]]]:
         """Mean QPS per minute of every model since ``since`` (minute start, qps)."""
         out: dict[str, list[tuple[int, float]]] = {}
-        for model, minute, total, seconds in self._conn.execute(
+        for model, minute, total, seconds in self._rows(
             "SELECT model, t / 60 AS m, SUM(requests), COUNT(DISTINCT t) FROM series "
             "WHERE t >= ? GROUP BY model, m ORDER BY model, m",
             (int(since),),
@@ -161,7 +212,7 @@ class JournalReader:
         """Mean process RSS (plus pool in use when larger) per minute since ``since``."""
         return [
             (int(minute) * 60, float(rss))
-            for minute, rss in self._conn.execute(
+            for minute, rss in self._rows(
                 "SELECT t / 60 AS m, AVG(MAX(rss_bytes, COALESCE(pool_in_use_bytes, 0))) "
                 "FROM resources WHERE t >= ? GROUP BY m ORDER BY m",
                 (int(since),),
