@@ -62,6 +62,7 @@ __all__ = [
     "Shed",
     "ShuttingDown",
     "SordinoError",
+    "StreamBacklogFull",
     "TensorError",
     "Unauthenticated",
     "Unavailable",
@@ -226,6 +227,12 @@ class RateLimited(SordinoError):
     def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class StreamBacklogFull(RateLimited):
+    """A streaming request's client fell too far behind its responses: ended, cancelled."""
+
+    reason = "stream_backlog"
 
 
 class Unsupported(SordinoError):

@@ -75,6 +75,14 @@ class ServerConfig(Section):
     connections (each front-end process an equal share, at least ``max_request_size``);
     past it, the connections that have waited longest for the rest of theirs are answered
     408 and closed, so that bodies sent but for their end cannot fill the memory."""
+    max_stream_backlog: Size = Field(default=parse_size("64MiB"), ge=1)
+    """Bytes of responses one streaming request (a decoupled model's) may have waiting
+    while its client does not read them; past it, the request is ended with an error
+    and its model told it is cancelled, so that a client that stops reading cannot make
+    the server hold everything the model sends."""
+    max_total_stream_backlog: Size = Field(default=parse_size("1GiB"), ge=1)
+    """The same bound over every streaming request of the server together: the request
+    whose response would pass it is ended."""
     monitoring_connections: int = Field(default=8, ge=0, le=1024)
     """Connections kept past ``max_connections`` and ``max_connections_per_client`` for
     ``GET /metrics`` and ``/v2/health/*`` only; other requests on them get the 503."""

@@ -216,7 +216,9 @@ class WorkerPipe:
                 if channel is not None:
                     channel.response(index, outputs, final, message.error, message.code)
                     if channel.finished and batch_id not in self._pending:
-                        del self._channels[batch_id]
+                        # (a response that ended its request may have cancelled it,
+                        # which forgets a finished channel already)
+                        self._channels.pop(batch_id, None)
             case Alloc(batch_id=batch_id, sizes=sizes):
                 allocate = self._allocate.get(batch_id)
                 if allocate is not None:

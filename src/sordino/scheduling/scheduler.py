@@ -52,6 +52,7 @@ from sordino.records import (
     SchedulerObserver,
     SchedulerStatistics,
 )
+from sordino.scheduling.backlog import MeteredOutbox, StreamBudget
 from sordino.scheduling.batches import BatchRunner
 from sordino.scheduling.estimate import ARRIVAL_WINDOW_S, Arrivals, BatchCost
 from sordino.scheduling.loop import SchedulingLoop
@@ -80,8 +81,12 @@ class ModelScheduler:
         settings: QueueSettings,
         clock: Clock,
         observers: Sequence[SchedulerObserver] = (),
+        stream_budget: StreamBudget | None = None,
     ) -> None:
+        """``stream_budget``: bounds the responses a decoupled model's requests hold
+        while their clients do not read them (None: unbounded)."""
         self.model = model
+        self.stream_budget = stream_budget
         self.batched = batched
         self.settings = settings
         self._executor = executor
@@ -277,6 +282,8 @@ class ModelScheduler:
             facts=facts,
             again=again,
         )
+        if decoupled and self.stream_budget is not None:
+            request.outputs = MeteredOutbox(self.stream_budget)
         item = self._steps.work_item(request, tensors, now)
         try:
             self._overflow.refuse_oversized(item)

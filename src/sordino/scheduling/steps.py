@@ -13,12 +13,19 @@ the state waits in the queue, parked (see ``parking.py``).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from sordino.clock import Clock
-from sordino.errors import InferenceFailed, QueueTimeout, ShuttingDown, SordinoError
+from sordino.errors import (
+    InferenceFailed,
+    QueueTimeout,
+    ShuttingDown,
+    SordinoError,
+    StreamBacklogFull,
+)
 from sordino.inference import (
     REQUEST_PARAMETERS,
     ModelKey,
@@ -28,11 +35,13 @@ from sordino.inference import (
 )
 from sordino.memory.refs import Tensors
 from sordino.scheduling.modes import ModeController
-from sordino.scheduling.outcomes import Outcomes
+from sordino.scheduling.outcomes import Outcomes, discard_outputs
 from sordino.scheduling.queue import RequestQueue
 from sordino.scheduling.work import Request, StepOutput, WorkItem, signature_of
 
 __all__ = ["Steps"]
+
+log = logging.getLogger("sordino.scheduler")
 
 
 class Steps:
@@ -241,6 +250,12 @@ class Steps:
         Its parameters, given beside its outputs (``REQUEST_PARAMETERS``), go with them."""
         request.steps += 1
         given = outputs.pop(REQUEST_PARAMETERS, None) if REQUEST_PARAMETERS in outputs else None
+        why = request.outputs.overflow(outputs)
+        if why is not None:  # its client is too far behind: cut it, not the server
+            log.warning("model %s: request %s: %s", self.model, request.id or "(no id)", why)
+            discard_outputs(request)
+            self._outcomes.fail(request, StreamBacklogFull(f"model {self.model}: {why}"))
+            return
         if outputs or given is not None:
             tensors = Tensors.of(outputs)
             if given is not None:

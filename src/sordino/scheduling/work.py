@@ -101,6 +101,11 @@ class Outbox:
     def empty(self) -> bool:
         return not self._items
 
+    def overflow(self, outputs: Mapping[str, Tensor]) -> str | None:
+        """Why a response of ``outputs`` may not wait here for its reader (its reader is
+        too far behind), or None: it may. An outbox without a budget takes all."""
+        return None
+
 
 class StepOutput(NamedTuple):
     """One step's outputs for one request; the receiver owns (and releases) ``outputs``."""

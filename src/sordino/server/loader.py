@@ -28,6 +28,7 @@ from sordino.inference import ModelKey, ModelMetadata, StreamSpec, Tensor
 from sordino.models.checksums import verify_checksums
 from sordino.models.repository import ModelSource
 from sordino.records import SchedulerObserver
+from sordino.scheduling.backlog import StreamBudget
 from sordino.scheduling.modes import build_controller, measure_batch_curve
 from sordino.scheduling.scheduler import ModelScheduler
 from sordino.scheduling.settings import scheduling_for
@@ -71,6 +72,9 @@ class ModelLoader:
         self._make_pipeline = make_pipeline
         self._cache = response_cache
         self._config = config
+        self._streams = StreamBudget(
+            config.server.max_stream_backlog, config.server.max_total_stream_backlog
+        )
         self._executor = executor
         self._registry = registry
         self._observers = tuple(observers)
@@ -81,6 +85,8 @@ class ModelLoader:
     def use_config(self, config: RuntimeConfig) -> None:
         """Schedule models loaded from now on under ``config`` (hot reconfiguration)."""
         self._config = config
+        self._streams.per_request = config.server.max_stream_backlog
+        self._streams.total = config.server.max_total_stream_backlog
 
     async def load(self, source: ModelSource) -> LoadedModel:
         """Load one model version, warm it up, and start its scheduler."""
@@ -311,6 +317,7 @@ class ModelLoader:
                 settings=scheduling.queue,
                 clock=self._clock,
                 observers=self._observers,
+                stream_budget=self._streams,
             )
             scheduler.start()
             model = LoadedModel(source, key, metadata, scheduling, scheduler, curve, instances)
