@@ -221,6 +221,7 @@ def prepare(
     classes = []
     metadata: dict[str, list[InputSpec]] = {}
     examples: dict[str, list[Payload] | None] = {}
+    decoupled: dict[str, bool] = {}
     used: list[str] = []
     _get(url + "/v2/health/ready", "the server is not ready", expect_json=False)
     for traffic in profile.mix:
@@ -236,15 +237,28 @@ def prepare(
                 "`sordino models list`)",
             )
             metadata[model] = [InputSpec.from_metadata(i) for i in doc.get("inputs", [])]
+            config = _config(url, model)
             examples[model] = (
                 example_payloads(metadata[model])
-                if _platform(url, model) == GENERATOR_PLATFORM
+                if config.get("platform") == GENERATOR_PLATFORM
                 else None
+            )
+            # Its answers are streams, which …/infer refuses; a generator's one image is
+            # answered by …/generate too (with its example prompts, above).
+            policy = config.get("model_transaction_policy")
+            decoupled[model] = (
+                isinstance(policy, dict)
+                and policy.get("decoupled") is True
+                and examples[model] is None
             )
         inputs = metadata[model]
         entries = read_data_file(data, inputs) if data is not None else None
         chosen = examples[model]
-        if traffic.stream:
+        stream = traffic.stream or decoupled[model]
+        if stream and not traffic.stream:
+            # Its only endpoints are the streams (…/infer refuses it): stream what was asked.
+            used.append(f"{model}: decoupled, so its requests are streams (generate_stream)")
+        if stream:
             payloads = build_stream_payloads(inputs, traffic.inputs, data=entries, seed=seed)
         elif entries is None and chosen is not None:
             payloads = chosen  # the model's example inputs: random ones it would refuse
@@ -252,21 +266,20 @@ def prepare(
         else:
             payloads = build_payloads(inputs, traffic.batch, data=entries, seed=seed)
         classes.append(
-            ClassPlan(traffic.label, model, traffic.tenant, traffic.tag, payloads, traffic.stream)
+            ClassPlan(traffic.label, model, traffic.tenant, traffic.tag, payloads, stream)
         )
     schedule = make_schedule(profile, seed=seed)
     described = "; ".join(dict.fromkeys(used)) or None
     return Plan(url, profile, schedule, classes, window_for(profile.duration), described)
 
 
-def _platform(url: str, model: str) -> str | None:
-    """The platform in the model's configuration, or None when the server has none to show."""
+def _config(url: str, model: str) -> dict[str, Any]:
+    """The model's configuration (``GET …/config``), or {} when the server has none to show."""
     try:
         doc = _get(f"{url}/v2/models/{model}/config", "no model configuration")
     except Unreachable:
-        return None
-    platform = doc.get("platform") if isinstance(doc, dict) else None
-    return platform if isinstance(platform, str) else None
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def _attainment(recorder: Recorder, key: tuple[str, str] | None, limit_ms: float) -> float | None:

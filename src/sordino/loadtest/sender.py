@@ -87,7 +87,12 @@ class SendStatistics:
     cpu_percent: list[float] = field(default_factory=list)  # client process, once a second
 
 
-_FAILURES = (aiohttp.ClientError, OSError, TimeoutError)
+_FAILURES = (
+    aiohttp.ClientError,
+    aiohttp.http_exceptions.HttpProcessingError,
+    OSError,
+    TimeoutError,
+)
 
 
 def _failure(exc: BaseException) -> str:
@@ -142,20 +147,52 @@ async def _post(
                 if answer.status == 200:
                     return "ok", None
                 return str(answer.status), _message(body)
-            events = 0
-            failed = False
-            async for line in answer.content:
-                if not line.startswith(b"data: "):
-                    continue
-                events += 1
-                if events == 1 and first is not None:
+            events = _Events()
+            async for chunk in answer.content.iter_any():
+                if events.feed(chunk) and first is not None:
                     first()
-                failed = failed or line.startswith(b'data: {"error"')
-            if failed:
+                    first = None
+            events.feed(b"\n")  # a last line without its newline
+            if events.failed:
                 return "stream-error", None
-            return ("ok" if events else "stream-empty"), None
+            return ("ok" if events.count else "stream-empty"), None
     except _FAILURES as exc:
         return _failure(exc), None
+
+
+class _Events:
+    """Counts a Server-Sent Events stream's ``data:`` lines as its bytes come, keeping
+    only the head of the line being read: an event may be megabytes (an image), more
+    than any line a reader would hold (aiohttp's ``readline`` stops at 512 KiB)."""
+
+    __slots__ = ("_head", "count", "failed")
+
+    def __init__(self) -> None:
+        self._head = b""
+        self.count = 0
+        self.failed = False
+
+    def feed(self, chunk: bytes) -> bool:
+        """Read ``chunk``; whether an event ended in it."""
+        ended = False
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            room = _HEAD - len(self._head)
+            if room > 0:
+                self._head += chunk[start : min(len(chunk) if end == -1 else end, start + room)]
+            if end == -1:
+                return ended
+            if self._head.startswith(b"data: "):
+                self.count += 1
+                self.failed = self.failed or self._head.startswith(b'data: {"error"')
+                ended = True
+            self._head = b""
+            start = end + 1
+
+
+_HEAD = 16
+"""Bytes of a line enough to tell an event (``data: ``) and an error event apart."""
 
 
 def _arrivals(schedule: Schedule, chunk: int = 8192) -> Iterator[tuple[float, int]]:
