@@ -5,7 +5,6 @@ goes on journaling; the report commands say which it is instead of a traceback."
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
 import subprocess
 import sys
@@ -29,8 +28,9 @@ def _foreign(path: Path) -> bytes:
 
 
 def _damaged(path: Path) -> None:
-    """A journal with rows, then every page after the first overwritten in part (the
-    header stays whole: SQLite opens it and finds the damage when it reads)."""
+    """A journal with rows, then the b-tree header of every page after the first made
+    invalid (the file's header stays whole: SQLite opens it and finds the damage when it
+    reads a table). Not random bytes: those may land where no read looks."""
     journal = Journal(path)
     journal.open()
     journal.write_rows([_row(t) for t in range(100, 400)], _resources(100))
@@ -40,8 +40,8 @@ def _damaged(path: Path) -> None:
     assert size > 3 * 4096
     with path.open("r+b") as handle:
         for offset in range(4096, size, 4096):
-            handle.seek(offset + 100)
-            handle.write(os.urandom(2000))
+            handle.seek(offset)
+            handle.write(b"\xff" * 12)
 
 
 def test_another_programs_database_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
