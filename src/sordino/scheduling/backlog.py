@@ -53,10 +53,6 @@ class MeteredOutbox(Outbox):
         self._budget = budget
         self._bytes = 0
 
-    @property
-    def waiting_bytes(self) -> int:
-        return self._bytes
-
     def overflow(self, outputs: Mapping[str, Tensor]) -> str | None:
         size = response_bytes(outputs) + RESPONSE_OVERHEAD
         budget = self._budget

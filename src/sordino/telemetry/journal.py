@@ -349,8 +349,8 @@ class Journal:
         to fix: one line that says what is lost and where to look; another error is a
         defect, so its first comes with the traceback. The server serves on either way.
         """
-        if damaged(exc) and self._set_aside(exc):
-            return
+        if damaged(exc) and self._failing_since is None and self._set_aside(exc):
+            return  # (tried once a run of failures: one that cannot be set aside says so once)
         if self._failing_since is not None:
             log.debug("journal %s failed again: %s", what, exc)
             return
