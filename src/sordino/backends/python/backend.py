@@ -47,6 +47,7 @@ import numpy as np
 from sordino.backends.base import BackendOptions, BackendStatistics, OutputPlacer
 from sordino.backends.calls import ModelCaller
 from sordino.backends.decoupled import Responder
+from sordino.backends.gpus import check_gpu
 from sordino.backends.python import bls
 from sordino.backends.python.config_specs import tensor_specs
 from sordino.backends.python.decoupled import (
@@ -210,6 +211,8 @@ class PythonBackend:
         )
         batcher = config.get("dynamic_batching")
         gpu = device.startswith("cuda")
+        if gpu:
+            check_gpu(where, device)
         args = {
             "model_config": json.dumps(config),
             "model_instance_kind": "GPU" if gpu else "CPU",
