@@ -94,3 +94,52 @@ def test_without_strict_readiness_ready_comes_once_start_up_ends(tmp_path: Path)
             "add_sub": "READY",
             "broken": "UNAVAILABLE",
         }
+
+
+def _unreadable(root: Path) -> None:
+    """Make ``broken``'s configuration one that does not parse (a '}' missing)."""
+    (root / "broken" / "config.pbtxt").write_text(
+        'backend: "python"\ninput [ { name: "X" data_type: TYPE_FP32 dims: [ 2 ]\n'
+    )
+
+
+def test_a_configuration_that_does_not_parse_is_left_out_too(tmp_path: Path) -> None:
+    """With --exit-on-error false, a model whose config.pbtxt does not parse is
+    UNAVAILABLE with the parser's words while the others serve, as one whose load
+    failed is (it ended start-up whatever the flag: the repository was read whole
+    before any load)."""
+    root = _repository(tmp_path)
+    _unreadable(root)
+    args = ["--no-builtin", "--model-repository", str(root), "--exit-on-error", "false"]
+    with sordino_start(args, tmp_path) as running, httpx.Client(base_url=running.url) as client:
+        assert client.post("/v2/models/add_sub/infer", json=_ADD_SUB_BODY).status_code == 200
+        index = {e["name"]: e for e in client.post("/v2/repository/index").json()}
+        assert index["broken"]["state"] == "UNAVAILABLE"
+        assert index["broken"]["reason"].endswith("config.pbtxt: line 2: missing '}'")
+        assert client.get("/v2/health/ready").status_code == 503  # strict readiness
+    assert not any("Traceback" in line for line in running.lines)
+
+
+def test_explicit_mode_reads_only_the_models_it_loads(tmp_path: Path) -> None:
+    """Explicit model control, --load-model add_sub: a repository model not named whose
+    configuration does not parse is said in one line and left out (start-up ended
+    there, as if it had been asked for); its load says why. Named, it ends start-up."""
+    root = _repository(tmp_path)
+    _unreadable(root)
+    base = ["--no-builtin", "--model-repository", str(root), "--model-control-mode", "explicit"]
+    started = sordino_start([*base, "--load-model", "add_sub"], tmp_path)
+    with started as running, httpx.Client(base_url=running.url) as client:
+        assert client.get("/v2/health/ready").status_code == 200
+        assert client.post("/v2/models/add_sub/infer", json=_ADD_SUB_BODY).status_code == 200
+        refused = client.post("/v2/repository/models/broken/load")
+        assert refused.status_code == 400
+        assert refused.json()["error"].endswith("config.pbtxt: line 2: missing '}'")
+    said = [line for line in running.lines if "model broken cannot be loaded as it is" in line]
+    assert len(said) == 1 and "`sordino models load broken`" in said[0], running.lines
+    command = [sys.executable, "-m", "sordino", "start", *base, "--load-model", "broken",
+               "--http-port", "0", "--grpc-port", "0",
+               "--data-dir", str(tmp_path / "d2")]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith("error: --load-model broken: ")
+    assert "Traceback" not in done.stderr

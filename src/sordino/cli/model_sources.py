@@ -23,6 +23,7 @@ def collect_sources(
     specs: tuple[str, ...],
     builtin: bool | None,
     triton_examples: bool = False,
+    broken: dict[str, str] | None = None,
 ) -> list[ModelSource]:
     """Every model version to load: config entries, ``--model`` specs, the repository.
 
@@ -31,6 +32,10 @@ def collect_sources(
     is true. A repository that holds no model is a
     configuration error when nothing at all would be served (model control ``none``),
     and a warning otherwise. Two models with the same name are a configuration error.
+
+    With ``broken`` (explicit model control, which reads only the models it loads: see
+    :func:`left_out`), a repository model that cannot be read is left out and its error
+    kept there by name, instead of raised.
     """
     from sordino.models.repositories import scan_repositories
     from sordino.models.repository import (
@@ -50,7 +55,7 @@ def collect_sources(
     if triton_examples:
         sources = triton_example_sources() + sources
     if config.repositories:
-        found = scan_repositories(config.repositories)  # a name in two of them: refused
+        found = scan_repositories(config.repositories, broken)  # a name in two: refused
         for root in config.repositories:
             if not any(source.path.is_relative_to(root) for source in found):
                 _empty_repository(root, config.server.model_control_mode, sources + found)
@@ -67,6 +72,38 @@ def collect_sources(
     if not sources and config.model_repository is None:
         raise ConfigError("no models to serve: give --model, --model-repository or --builtin")
     return sources
+
+
+def left_out(
+    broken: dict[str, str], config: RuntimeConfig, load_models: tuple[str, ...]
+) -> dict[str, str]:
+    """Repository folders that cannot be read at start-up (``broken``: their errors by
+    name), as Triton treats them; return those to show UNAVAILABLE with their error.
+
+    In explicit model control only what ``load_models`` names is read at start (as
+    Triton's ``--load-model``): another is said and left out, where the server would
+    have refused to start for a model it was not asked to load (its load says why). A
+    model the start-up loads ends start-up (:class:`ConfigError`), unless
+    ``server.exit_on_error`` is false: then it is left out UNAVAILABLE with its error
+    while the others serve, as a model whose load failed is.
+    """
+    explicit = config.server.model_control_mode == "explicit"
+    kept: dict[str, str] = {}
+    for name, why in broken.items():
+        if explicit and name not in load_models:
+            log.warning(
+                "model %s cannot be loaded as it is (%s); explicit model control serves on "
+                "without it: fix it, then `sordino models load %s`",
+                name,
+                why,
+                name,
+            )
+        elif config.server.exit_on_error:
+            raise ConfigError(f"--load-model {name}: {why}" if explicit else why)
+        else:
+            log.error("start-up: %s; serving the others (exit_on_error false)", why)
+            kept[name] = why
+    return kept
 
 
 def _empty_repository(root: Path, mode: str, others: list[ModelSource]) -> None:

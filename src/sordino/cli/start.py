@@ -19,7 +19,7 @@ import click
 
 from sordino.cli.cache_config import cache_size
 from sordino.cli.host_setup import make_data_dir, raise_open_file_limit
-from sordino.cli.model_sources import collect_sources
+from sordino.cli.model_sources import collect_sources, left_out
 from sordino.cli.repository_option import repository_option, repository_setting
 from sordino.cli.stop_signals import (
     WORDS,
@@ -65,8 +65,12 @@ INTERRUPTED = 128 + signal.SIGINT
 """The exit status after Ctrl-C, as a shell reports a process ended by SIGINT (130)."""
 
 
-async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
-    """Serve until SIGINT, SIGTERM or SIGHUP; return the exit status.
+async def _serve(
+    config: RuntimeConfig, sources: list[ModelSource], failed: dict[str, str] | None = None
+) -> int:
+    """Serve until SIGINT, SIGTERM or SIGHUP; return the exit status. ``failed``: the
+    repository models left out before loading (``left_out``), UNAVAILABLE with their
+    errors.
 
     During start-up a signal cancels it: what already started is stopped, one line
     says so (``interrupted``, ``terminated``, ``hung up``) and the status is 128 + the
@@ -103,6 +107,7 @@ async def _serve(config: RuntimeConfig, sources: list[ModelSource]) -> int:
             journal=journal if config.telemetry.journal else None,
             on_journal=lambda path: click.echo(f"journal at {path}"),
             on_loaded=lambda model: click.echo(_describe(model)),
+            prepare=lambda runtime: runtime.failed_at_start.update(failed or {}),
         ) as server:
             serving = True
             # Start-up leaves a large heap (libraries, models, routes) that lives as long as
@@ -396,8 +401,12 @@ def start(
         exposed = exposure_warning(config.server.host, admin_token(config.server.admin_token))
         if exposed is not None:
             log.warning("%s", exposed)
-        sources = collect_sources(config, models, builtin, triton_examples)
-        ensembles = with_ensembles(config.pipelines, config.repositories)
+        explicit = config.server.model_control_mode == "explicit" and "*" not in load_models
+        tolerant = explicit or not config.server.exit_on_error  # a folder that cannot be read
+        broken: dict[str, str] | None = {} if tolerant else None
+        sources = collect_sources(config, models, builtin, triton_examples, broken)
+        ensembles = with_ensembles(config.pipelines, config.repositories, broken)
+        failed = left_out(broken, config, load_models) if broken else {}
         if load_models or config.server.model_control_mode == "explicit":
             sources, ensembles = only_named(config, load_models, sources, ensembles)
             if not load_models and config.model_repository is not None:
@@ -408,7 +417,7 @@ def start(
         config = with_runtime_hints(config, [source.path for source in sources])
         make_data_dir(config.server.data_dir)
         raise_open_file_limit()
-        status = _run(config, sources)
+        status = _run(config, sources, failed)
     except (SordinoError, OSError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
@@ -431,9 +440,9 @@ def _free_grpc_port_with_free_http_port(config: RuntimeConfig) -> RuntimeConfig:
     return config.model_copy(update={"server": server.model_copy(update={"grpc_port": 0})})
 
 
-def _run(config: RuntimeConfig, sources: list[ModelSource]) -> int:
+def _run(config: RuntimeConfig, sources: list[ModelSource], failed: dict[str, str]) -> int:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
-        return asyncio.run(_serve(config, sources))
-    return uvloop.run(_serve(config, sources))
+        return asyncio.run(_serve(config, sources, failed))
+    return uvloop.run(_serve(config, sources, failed))

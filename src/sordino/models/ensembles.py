@@ -116,27 +116,38 @@ def _plain(exc: ValueError) -> str:
     return str(exc)
 
 
-def repository_ensembles(root: Path) -> list[PipelineConfig]:
-    """Every ensemble in the repository ``root``, as pipelines (sorted by name)."""
+def repository_ensembles(root: Path, broken: dict[str, str] | None = None) -> list[PipelineConfig]:
+    """Every ensemble in the repository ``root``, as pipelines (sorted by name).
+
+    With ``broken``, a folder whose configuration cannot be read is left out and its
+    error kept there by name (explicit model control reads only what it loads)."""
     from sordino.models.repository import repository_names
 
-    return [
-        ensemble_pipeline(root / name)
-        for name in repository_names(root)
-        if is_ensemble(root / name)
-    ]
+    found = []
+    for name in repository_names(root):
+        try:
+            if is_ensemble(root / name):
+                found.append(ensemble_pipeline(root / name))
+        except ConfigError as exc:
+            if broken is None:
+                raise
+            broken[name] = str(exc)
+    return found
 
 
 def with_ensembles(
-    pipelines: tuple[PipelineConfig, ...], roots: Path | Sequence[Path] | None
+    pipelines: tuple[PipelineConfig, ...],
+    roots: Path | Sequence[Path] | None,
+    broken: dict[str, str] | None = None,
 ) -> tuple[PipelineConfig, ...]:
     """``pipelines`` and the ensembles of the repository ``roots`` (one or several; a
-    name given twice is a :class:`ConfigError`)."""
+    name given twice is a :class:`ConfigError`); ``broken`` as for
+    :func:`repository_ensembles`."""
     given = () if roots is None else (roots,) if isinstance(roots, Path) else tuple(roots)
     present = [root for root in given if root.is_dir()]
     if not present:
         return pipelines
-    found = (*pipelines, *(e for root in present for e in repository_ensembles(root)))
+    found = (*pipelines, *(e for root in present for e in repository_ensembles(root, broken)))
     try:
         reject_repeated_names(
             (p.name for p in found),

@@ -12,8 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from sordino.errors import ModelLoadError
-from sordino.models.repository import ModelSource, repository_names, scan_repository
+from sordino.errors import ConfigError, ModelLoadError
+from sordino.models.repository import (
+    ModelSource,
+    load_repository_model,
+    repository_names,
+    scan_repository,
+)
 
 __all__ = ["Repositories", "scan_repositories"]
 
@@ -63,16 +68,34 @@ class Repositories:
         return any(path.is_relative_to(root) for root in self.roots)
 
 
-def scan_repositories(roots: Sequence[Path]) -> list[ModelSource]:
+def scan_repositories(
+    roots: Sequence[Path], broken: dict[str, str] | None = None
+) -> list[ModelSource]:
     """Every model version the repositories hold (:func:`scan_repository` of each); a
-    name in two of them is a ModelLoadError naming both."""
+    name in two of them is a ModelLoadError naming both.
+
+    With ``broken``, a model whose folder cannot be read (a configuration that does not
+    parse, no model file) is left out and its error kept there by name, instead of
+    raised: explicit model control reads only the models it loads.
+    """
     seen: dict[str, Path] = {}
     for root in roots:
         for name in repository_names(root):
             if name in seen:
                 raise ModelLoadError(_twice(name, [seen[name], root]))
             seen[name] = root
-    return [source for root in roots for source in scan_repository(root)]
+    if broken is None:
+        return [source for root in roots for source in scan_repository(root)]
+    from sordino.models.ensembles import is_ensemble
+
+    sources: list[ModelSource] = []
+    for name, root in seen.items():
+        try:
+            if not is_ensemble(root / name):
+                sources += load_repository_model(root, name)
+        except (ModelLoadError, ConfigError) as exc:
+            broken[name] = str(exc)
+    return sources
 
 
 def _twice(name: str, roots: Sequence[Path]) -> str:
