@@ -8,8 +8,8 @@ from sordino.backends.base import Backend, ModelRunOptions
 from sordino.backends.registry import create_backend
 
 
-def load_python_backend(folder: Path, *, own_process: bool = True) -> Backend:
-    """The Python backend for model folder ``folder`` (version 1), loaded."""
+def load_python_backend(folder: Path, *, own_process: bool = True, device: str = "cpu") -> Backend:
+    """The Python backend for model folder ``folder`` (version 1), loaded on ``device``."""
     backend = create_backend(
         ModelRunOptions("python"),
         name=folder.name,
@@ -18,5 +18,5 @@ def load_python_backend(folder: Path, *, own_process: bool = True) -> Backend:
         intra_op_threads=None,
         own_process=own_process,
     )
-    backend.load(folder / "1" / "model.py", "cpu")
+    backend.load(folder / "1" / "model.py", device)
     return backend

@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 
 from sordino.backends import gpus
-from sordino.backends.base import ModelRunOptions
-from sordino.backends.registry import create_backend
 from sordino.errors import ModelLoadError
 from sordino.models.repository import scan_repository
 from sordino.testing import serve_in_thread
+from tests.backends.python_models import load_python_backend
 
 CONFIG = """
 backend: "python"
@@ -52,25 +51,13 @@ def _model(root: Path) -> Path:
     return folder
 
 
-def _load(folder: Path, device: str) -> None:
-    backend = create_backend(
-        ModelRunOptions("python"),
-        name=folder.name,
-        version="1",
-        providers=(),
-        intra_op_threads=None,
-        own_process=True,
-    )
-    backend.load(folder / "1" / "model.py", device)
-
-
 def test_a_gpu_the_machine_does_not_show_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder = _model(tmp_path)
     monkeypatch.setattr(gpus, "_driver_count", lambda: 0)
     with pytest.raises(ModelLoadError) as caught:
-        _load(folder, "cuda:0")
+        load_python_backend(folder, device="cuda:0")
     assert str(caught.value) == (
         "model double: its instance_group (KIND_GPU) puts an instance on GPU 0, which this "
         "machine does not have (GPUs: none); give the group kind: KIND_CPU to run it on the "
@@ -80,7 +67,7 @@ def test_a_gpu_the_machine_does_not_show_is_refused(
     monkeypatch.setattr(gpus, "_driver_count", lambda: 2)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # one of the two is this process's
     with pytest.raises(ModelLoadError, match=r"GPU 1, which .* \(GPUs: 0\)"):
-        _load(folder, "cuda:1")
+        load_python_backend(folder, device="cuda:1")
 
 
 def test_a_gpu_the_machine_shows_is_told_to_the_model(
@@ -89,7 +76,7 @@ def test_a_gpu_the_machine_shows_is_told_to_the_model(
     folder = _model(tmp_path)
     monkeypatch.setattr(gpus, "_driver_count", lambda: 2)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    _load(folder, "cuda:1")
+    load_python_backend(folder, device="cuda:1")
     told = json.loads((tmp_path / "double" / "told.json").read_text())
     assert told == {"model_instance_kind": "GPU", "model_instance_device_id": "1"}
 
