@@ -310,7 +310,7 @@ def _started(args: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[RuntimeC
     """The configuration and models ``sordino start ARGS`` serves, as it parses them."""
     seen: list[tuple[RuntimeConfig, list[ModelSource]]] = []
 
-    def capture(config: RuntimeConfig, sources: list[ModelSource]) -> int:
+    def capture(config: RuntimeConfig, sources: list[ModelSource], failed: object) -> int:
         seen.append((config, sources))
         return 0
 

@@ -157,7 +157,7 @@ def _start(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, args: list[str], env: dict[str, str]
 ) -> Any:
     """``sordino start ARGS`` up to serving: ``_run`` is replaced, nothing binds a port."""
-    monkeypatch.setattr(start_command, "_run", lambda config, sources: 0)
+    monkeypatch.setattr(start_command, "_run", lambda config, sources, failed: 0)
     base = ["start", "--http-port", "0", "--data-dir", str(tmp_path / "data")]
     return CliRunner().invoke(cli, [*base, *args], env=env)
 
