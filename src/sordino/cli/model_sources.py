@@ -33,9 +33,10 @@ def collect_sources(
     configuration error when nothing at all would be served (model control ``none``),
     and a warning otherwise. Two models with the same name are a configuration error.
 
-    With ``broken`` (explicit model control, which reads only the models it loads: see
-    :func:`left_out`), a repository model that cannot be read is left out and its error
-    kept there by name, instead of raised.
+    With ``broken`` (explicit model control, or ``server.exit_on_error`` false: where a
+    folder that cannot be read need not end start-up, see :func:`left_out`), a
+    repository model that cannot be read is left out and its error kept there by name,
+    instead of raised.
     """
     from sordino.models.repositories import scan_repositories
     from sordino.models.repository import (

@@ -120,7 +120,7 @@ def repository_ensembles(root: Path, broken: dict[str, str] | None = None) -> li
     """Every ensemble in the repository ``root``, as pipelines (sorted by name).
 
     With ``broken``, a folder whose configuration cannot be read is left out and its
-    error kept there by name (explicit model control reads only what it loads)."""
+    error kept there by name (``cli/model_sources.left_out`` decides what becomes of it)."""
     from sordino.models.repository import repository_names
 
     found = []

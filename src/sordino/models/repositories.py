@@ -76,7 +76,7 @@ def scan_repositories(
 
     With ``broken``, a model whose folder cannot be read (a configuration that does not
     parse, no model file) is left out and its error kept there by name, instead of
-    raised: explicit model control reads only the models it loads.
+    raised (``cli/model_sources.left_out`` decides what becomes of it).
     """
     seen: dict[str, Path] = {}
     for root in roots:
