@@ -17,6 +17,7 @@ stalls the model's other requests.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -44,14 +45,19 @@ class StreamBudget:
 
 
 class MeteredOutbox(Outbox):
-    """A streaming request's outbox that counts the bytes waiting in it."""
+    """A streaming request's outbox that counts the bytes waiting in it.
 
-    __slots__ = ("_budget", "_bytes")
+    Each item's size is counted once, as it is put, and kept beside it until it is
+    taken: what is given back is what was counted, whatever becomes of the item.
+    """
+
+    __slots__ = ("_budget", "_bytes", "_sizes")
 
     def __init__(self, budget: StreamBudget) -> None:
         super().__init__()
         self._budget = budget
         self._bytes = 0
+        self._sizes: deque[int] = deque()
 
     def overflow(self, outputs: Mapping[str, Tensor]) -> str | None:
         size = response_bytes(outputs) + RESPONSE_OVERHEAD
@@ -72,23 +78,28 @@ class MeteredOutbox(Outbox):
         return None
 
     def put_nowait(self, item: StepOutput | SordinoError) -> None:
-        size = _size(item)
+        size = (
+            0
+            if isinstance(item, SordinoError)
+            else response_bytes(item.outputs) + RESPONSE_OVERHEAD
+        )
+        self._sizes.append(size)
         self._bytes += size
         self._budget.held += size
         super().put_nowait(item)
 
     def get_nowait(self) -> StepOutput | SordinoError:
         item = super().get_nowait()
-        self._taken(item)
+        self._taken()
         return item
 
     async def get(self) -> StepOutput | SordinoError:
         item = await super().get()
-        self._taken(item)
+        self._taken()
         return item
 
-    def _taken(self, item: StepOutput | SordinoError) -> None:
-        size = _size(item)
+    def _taken(self) -> None:
+        size = self._sizes.popleft()
         self._bytes -= size
         self._budget.held -= size
 
@@ -102,9 +113,3 @@ def response_bytes(tensors: Mapping[str, Tensor]) -> int:
         else:
             total += int(array.nbytes)
     return total
-
-
-def _size(item: StepOutput | SordinoError) -> int:
-    if isinstance(item, SordinoError):
-        return 0
-    return response_bytes(item.outputs) + RESPONSE_OVERHEAD
