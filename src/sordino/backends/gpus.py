@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sordino.errors import ModelLoadError
 
-__all__ = ["check_gpu", "gpus_present"]
+__all__ = ["check_gpu", "gpus_present", "nvml_count", "visible_count"]
 
 _DEVICE_FILE = re.compile(r"nvidia\d+")
 
@@ -24,18 +24,28 @@ _DEVICE_FILE = re.compile(r"nvidia\d+")
 def gpus_present() -> tuple[int, ...]:
     """The CUDA device indices a process here may use, in order; () without a GPU."""
     count = _driver_count()
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and count:
-        listed = 0
-        for entry in visible.split(","):
-            if not entry.strip() or entry.strip() == "-1":
-                break
-            listed += 1
+    listed = visible_count()
+    if listed is not None:
         count = min(count, listed)
     return tuple(range(count))
 
 
-def _driver_count() -> int:
+def visible_count() -> int | None:
+    """How many devices ``CUDA_VISIBLE_DEVICES`` lists (CUDA stops at the first ``-1``
+    or blank entry); None when it is not set."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return None
+    listed = 0
+    for entry in visible.split(","):
+        if not entry.strip() or entry.strip() == "-1":
+            break
+        listed += 1
+    return listed
+
+
+def nvml_count() -> int | None:
+    """NVML's count of the machine's GPUs; None without ``pynvml`` or a driver it loads."""
     try:
         import pynvml
 
@@ -44,9 +54,15 @@ def _driver_count() -> int:
             return int(pynvml.nvmlDeviceGetCount())
         finally:
             pynvml.nvmlShutdown()
-    except Exception:  # no library, or no driver for it to load: look at the files
-        pass
-    gpus = Path("/proc/driver/nvidia/gpus")
+    except Exception:  # no library, or no driver for it to load
+        return None
+
+
+def _driver_count() -> int:
+    counted = nvml_count()
+    if counted is not None:
+        return counted
+    gpus = Path("/proc/driver/nvidia/gpus")  # the driver's files, where NVML cannot count
     if gpus.is_dir():
         return sum(1 for _ in gpus.iterdir())
     dev = Path("/dev")

@@ -23,6 +23,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from sordino.backends.gpus import nvml_count, visible_count
 from sordino.config.devices import EXECUTION_PROVIDERS
 from sordino.errors import ModelLoadError
 
@@ -167,25 +168,13 @@ def accelerators_present() -> tuple[int, ...]:
     """
     if EXECUTION_PROVIDERS["cuda"] not in available_providers():
         return ()
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        count = 0
-        for entry in visible.split(","):
-            if not entry.strip() or entry.strip() == "-1":
-                break
-            count += 1
-        return tuple(range(count))
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            count = int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # no library or no driver: the provider is here, so try one device
+    listed = visible_count()
+    if listed is not None:
+        return tuple(range(listed))
+    counted = nvml_count()
+    if counted is None:  # no library or no driver: the provider is here, so try one device
         return (0,)
-    return tuple(range(count))
+    return tuple(range(counted))
 
 
 def model_tiers(model: ModelConfig, chain: list[Device] | None) -> list[Tier]:
