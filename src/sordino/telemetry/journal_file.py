@@ -15,7 +15,7 @@ import sqlite3
 from pathlib import Path
 from typing import IO
 
-from sordino.telemetry.journal_reader import missing_columns
+from sordino.telemetry.journal_reader import lacking_text, missing_columns
 
 __all__ = [
     "SCHEMA",
@@ -80,7 +80,7 @@ def _prepared(conn: sqlite3.Connection) -> sqlite3.Connection:
     if conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchone() is not None:
         lacking = missing_columns(conn)
         if lacking:
-            raise NotAJournal(", ".join(lacking[:4]) + (" …" if len(lacking) > 4 else ""))
+            raise NotAJournal(lacking_text(lacking))
     conn.execute("PRAGMA journal_mode = WAL")
     # NORMAL in WAL mode: a commit survives a process crash; only power loss may undo
     # the last transactions, and the file is never corrupt either way.

@@ -22,6 +22,7 @@ __all__ = [
     "JournalReader",
     "JournalWindow",
     "MissingJournal",
+    "lacking_text",
     "missing_columns",
 ]
 
@@ -55,9 +56,13 @@ def missing_columns(conn: sqlite3.Connection) -> list[str]:
     return lacking
 
 
+def lacking_text(lacking: list[str]) -> str:
+    """:func:`missing_columns`'s list as a message says it: the first four, then "…"."""
+    return ", ".join(lacking[:4]) + (" …" if len(lacking) > 4 else "")
+
+
 def _not_a_journal(path: Path, lacking: list[str]) -> str:
-    shown = ", ".join(lacking[:4]) + (f" and {len(lacking) - 4} more" if len(lacking) > 4 else "")
-    return f"{path} is not a sordino journal (it has no {shown})"
+    return f"{path} is not a sordino journal (it has no {lacking_text(lacking)})"
 
 
 @dataclass(frozen=True, slots=True)
