@@ -13,11 +13,13 @@ import signal
 from collections.abc import Iterator
 
 import httpx
+import numpy as np
 import pytest
 
 from sordino.config import RuntimeConfig
 from sordino.control.client import AdminClient
 from sordino.events import Event
+from sordino.memory.refs import Tensors
 from sordino.testing import RunningServer, serve_in_thread
 from tests.execution.load import BODY, Load, digits, events, mark, wait_until, worker
 from tests.metrics import counter_sum
@@ -235,6 +237,25 @@ def test_crash_on_the_only_instance_costs_the_client_no_error() -> None:
             return arena is not None and arena.in_use_bytes == 0
 
         wait_until(arena_empty, 30, "the arena to hold nothing once the response went out")
+
+
+def test_a_batch_sent_as_the_only_worker_is_replaced_waits_for_the_new_one() -> None:
+    """The guardian's restart_worker (or any kill) on the only instance, a batch sent at
+    once: the worker is gone before its supervisor sees the exit, and the batch waits
+    for the replacement instead of failing with "failed on every device it runs on"."""
+    config = RuntimeConfig.model_validate({"workers": {"restart_backoff": "0.1s"}})
+    with serve_in_thread(config, digits(instance_count=1)) as server:
+        executor = server.runtime.executor
+        key = server.runtime.get("digits-classifier").key
+        rows = Tensors.of({"pixels": np.zeros((1, 64), np.float32)})
+
+        async def replace_then_run() -> object:
+            assert await executor.restart_instance(key, 0, cause="replaced by the test")
+            return await executor.run(key, [rows])
+
+        outputs = server.call(replace_then_run())
+        outputs.release()  # type: ignore[attr-defined]
+        assert worker(server, 0).restarts == 1
 
 
 def test_every_worker_death_counts_once_in_worker_failures() -> None:

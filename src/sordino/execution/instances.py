@@ -24,6 +24,7 @@ both share ``instance_base.py``'s.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -156,9 +157,11 @@ class ProcessInstance(InstanceBase):
     def _lost(self, worker: WorkerProcess) -> None:
         """Stop routing to ``worker`` now that it is gone; the supervisor replaces it.
 
-        The supervisor hears of the exit a moment later; until then the instance must
-        not look "ready" with no live worker, or a batch retried at once would find no
-        instance to wait for.
+        Called by the worker itself (``on_gone``) as soon as it is killed, its pipe
+        breaks or it exits; the supervisor hears of the exit a moment later. Until then
+        the instance must not look "ready" with no live worker, or a batch sent or
+        retried meanwhile would find no instance to wait for and fail ("failed on every
+        device it runs on").
         """
         if worker is self._worker and not worker.alive and self.state == "ready":
             self.state = "restarting"
@@ -232,6 +235,7 @@ class ProcessInstance(InstanceBase):
     async def _start_worker(self) -> ModelMetadata:
         self.state = "starting"
         worker = WorkerProcess(self._spec, self._clock, self._calls)
+        worker.on_gone = functools.partial(self._lost, worker)
         self._worker = worker
         metadata = await worker.start(self._settings.start_timeout)
         self._backoff.started(self._clock.now())

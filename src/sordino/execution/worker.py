@@ -159,6 +159,9 @@ class WorkerProcess(WorkerPipe):
         self._watchdog_at: float | None = None
         self._kill_cause: str | None = None
         self._broken = False
+        self.on_gone: Callable[[], None] | None = None
+        """Called once, as soon as the worker is known not to serve any more (killed, its
+        pipe broken, exited): its instance stops routing to it before the exit is reaped."""
         self.pid: int | None = None
         self.last_beat = clock.now()
         self.load_s = 0.0
@@ -297,7 +300,7 @@ class WorkerProcess(WorkerPipe):
                 raise
             except OSError as exc:
                 # The process is gone; its exit and real cause come when the pipe closes.
-                self._broken = True
+                self._break()
                 raise WorkerLost(f"the worker is gone ({exc.strerror or exc})") from None
             finally:
                 if cancels is not None:
@@ -332,7 +335,7 @@ class WorkerProcess(WorkerPipe):
                 self._send(Call(call_id, command))
                 return await asyncio.wait_for(future, timeout_s)
             except OSError as exc:
-                self._broken = True
+                self._break()
                 raise WorkerLost(f"the worker is gone ({exc.strerror or exc})") from None
             except TimeoutError:
                 raise WorkerError(
@@ -354,7 +357,7 @@ class WorkerProcess(WorkerPipe):
             self._send(ReadyCheck(check_id))
             return await future
         except OSError as exc:
-            self._broken = True  # (as a command's send that fails: the pipe is gone)
+            self._break()  # (as a command's send that fails: the pipe is gone)
             raise WorkerLost(f"the worker is gone ({exc.strerror or exc})") from None
         finally:
             self._checks.pop(check_id, None)
@@ -402,7 +405,18 @@ class WorkerProcess(WorkerPipe):
         self._kill_cause = cause
         if self.pid is not None:
             kill_tree(self.pid)
+        self._gone()
         self._fail_pending(cause)
+
+    def _break(self) -> None:
+        """The pipe is gone (a send failed): the exit and its cause come when it closes."""
+        self._broken = True
+        self._gone()
+
+    def _gone(self) -> None:
+        on_gone, self.on_gone = self.on_gone, None
+        if on_gone is not None:
+            on_gone()
 
     async def stop(self, timeout_s: float = 5.0) -> None:
         """Ask the worker to exit; kill it if it has not within ``timeout_s``.
@@ -451,6 +465,7 @@ class WorkerProcess(WorkerPipe):
             self._ready.exception()
         if not self.dead.done():
             self.dead.set_result(cause)
+        self._gone()
         self._conn.close()
 
     def _fail_pending(self, cause: str) -> None:

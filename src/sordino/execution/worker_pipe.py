@@ -108,6 +108,10 @@ class WorkerPipe:
         """Wait for the process's exit once its pipe closed (the process's own)."""
         raise NotImplementedError
 
+    def _break(self) -> None:
+        """The pipe is gone: stop routing to the worker (the process's own)."""
+        raise NotImplementedError
+
     def _send(self, message: ToWorker) -> None:
         """Write ``message``'s frame now, or queue what the socket does not take yet.
 
@@ -160,6 +164,7 @@ class WorkerPipe:
         (empty), or a garbled frame (the worker is killed as lost)."""
         if not data:
             self._loop.remove_reader(self._fd)
+            self._break()  # nothing more comes: the worker exits (its reaping says how)
             self._loop.create_task(self._reap())
             return
         try:
