@@ -6,6 +6,7 @@ serves every test here; each counts events from its own starting mark.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -18,6 +19,7 @@ import pytest
 
 from sordino.config import RuntimeConfig
 from sordino.control.client import AdminClient
+from sordino.errors import InferenceFailed
 from sordino.events import Event
 from sordino.memory.refs import Tensors
 from sordino.testing import RunningServer, serve_in_thread
@@ -256,6 +258,31 @@ def test_a_batch_sent_as_the_only_worker_is_replaced_waits_for_the_new_one() -> 
         outputs = server.call(replace_then_run())
         outputs.release()  # type: ignore[attr-defined]
         assert worker(server, 0).restarts == 1
+
+
+def test_a_batch_waiting_for_a_replacement_ends_when_the_model_is_unloaded() -> None:
+    """The only worker lost before it served (its replacement waits out the 30 s backoff),
+    a batch waiting for it, the model unloaded: the batch ends with an error that says
+    so, at once, not after the backoff nor never."""
+    config = RuntimeConfig.model_validate({"workers": {"restart_backoff": "30s"}})
+    with serve_in_thread(config, digits(instance_count=1)) as server:
+        executor = server.runtime.executor
+        key = server.runtime.get("digits-classifier").key
+        rows = Tensors.of({"pixels": np.zeros((1, 64), np.float32)})
+
+        async def unload_under_it() -> str:
+            assert await executor.restart_instance(key, 0, cause="replaced by the test")
+            waiting = asyncio.ensure_future(executor.run(key, [rows]))
+            await asyncio.sleep(0.5)
+            assert not waiting.done()
+            await executor.unload(key)
+            with pytest.raises(InferenceFailed) as failed:
+                await asyncio.wait_for(waiting, 10)
+            return str(failed.value)
+
+        message = server.call(unload_under_it())
+    assert "has no instance left to run the batch" in str(message)
+    assert "unloaded" in str(message)
 
 
 def test_every_worker_death_counts_once_in_worker_failures() -> None:

@@ -340,4 +340,9 @@ class _Attempt:
                 f"model {key}: {self.last_error}, and no instance served again "
                 f"within {settings.start_timeout:g} s (workers.start_timeout)"
             )
+        if not self.last_error:  # it never ran: no instance was left to run it
+            return InferenceFailed(
+                f"model {key} has no instance left to run the batch (they were stopped: "
+                "the model is being unloaded or replaced); send it again"
+            )
         return self.error(f"model {key} failed on every device it runs on: {self.last_error}")
