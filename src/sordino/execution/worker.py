@@ -467,6 +467,10 @@ class WorkerProcess(WorkerPipe):
             self.dead.set_result(cause)
         self._gone()
         self._conn.close()
+        if code is not None:
+            # Its sentinel pipe, held otherwise until the collector finds the object.
+            with contextlib.suppress(ValueError):
+                self._process.close()
 
     def _fail_pending(self, cause: str) -> None:
         for task in list(self._serving.values()):
