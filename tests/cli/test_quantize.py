@@ -311,3 +311,22 @@ def test_start_with_a_bad_guard_sample_says_which_model_and_hint(
     assert done.returncode != 0, output
     assert "Aborted!" not in output and "Traceback" not in output, output
     assert "digits8" in output and "sordino.hints.guard_sample" in output, output
+
+
+@pytest.mark.parametrize("precision", ["--int8", "--int4"])
+def test_an_output_that_is_the_model_itself_is_refused(precision: str, tmp_path: Path) -> None:
+    """``-o`` naming MODEL replaced the float model with its copy, which then named itself
+    as the guard's float reference ("agreement 100%, max abs error 0", forever)."""
+    model = tmp_path / "model.onnx"
+    shutil.copyfile(DIGITS, model)
+    extra = ["--dynamic"] if precision == "--int8" else []
+    code, text = _cli("quantize", str(model), precision, *extra, "-o", str(tmp_path / "model.onnx"))
+    assert code == 2, text
+    assert "is the model itself" in text and "write the copy elsewhere" in text, text
+    assert model.read_bytes() == DIGITS.read_bytes()
+    code, text = _cli(
+        "quantize", str(model), precision, *extra, "-o", str(tmp_path / "no" / "q.onnx")
+    )
+    assert code == 2, text
+    assert "does not exist: create it" in text, text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]

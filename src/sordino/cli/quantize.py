@@ -56,6 +56,12 @@ def quantize(
         _fail("give exactly one of --int8 or --int4", 2)
     if not 0 < accuracy_bound <= 1:
         _fail(f"--accuracy-bound {accuracy_bound} must be in (0, 1], e.g. 0.99", 2)
+    from sordino.operations.quantize import check_target
+
+    try:
+        check_target(model, output)
+    except SordinoError as exc:
+        _fail(str(exc), 2)
     if int4:
         _int4(model, output, block_size, calibration, dynamic, sample, accuracy_bound)
         return

@@ -195,6 +195,7 @@ def quantize(
     Static quantization with ``calibration``, dynamic without. Existing hints of the
     source (batch size, mode) are kept.
     """
+    check_target(source, target)
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantType,
@@ -286,6 +287,7 @@ def quantize_int4(
     weight qualifies. A weight whose K is no multiple of ``block_size`` is zero-padded
     to whole blocks, as ONNX Runtime does.
     """
+    check_target(source, target)
     import onnx
     from onnx import helper, numpy_helper
 
@@ -409,6 +411,19 @@ def _pack_int4(weight: np.ndarray, block_size: int) -> tuple[np.ndarray, ...]:
     zero_points = np.zeros((cols, (blocks + 1) // 2), dtype=np.uint8)
     quantize_matmul_4bits(packed, weight, scales, zero_points, block_size, cols, rows, False)
     return packed, scales, zero_points
+
+
+def check_target(source: Path, target: Path) -> None:
+    """Refuse a ``target`` that would replace ``source`` (the float model is the guard's
+    reference: the copy would be compared with itself) or lies in no folder."""
+    if target.resolve() == source.resolve():
+        raise InvalidRequest(
+            f"the output {target} is the model itself: the float model stays as the "
+            "accuracy guard's reference (replaced, the quantized copy would be compared "
+            f"with itself); write the copy elsewhere, e.g. {source.stem}.int8.onnx"
+        )
+    if not target.resolve().parent.is_dir():
+        raise InvalidRequest(f"the output's folder {target.parent} does not exist: create it")
 
 
 def _reference_beside(source: Path, target: Path) -> str:
