@@ -68,7 +68,7 @@ def test_an_unreachable_server_gives_a_message_not_a_traceback() -> None:
             "--retries",
             "2",
             "--interval",
-            "0.01",
+            "0.1",
         ],
     )
     assert result.exit_code == 1
@@ -168,3 +168,35 @@ def test_live_to_a_pipe_prints_a_snapshot_every_interval(server: RunningServer) 
         process.terminate()
         process.wait(30)
     assert any(line.startswith(b"digits-classifier/1") for line in lines)
+
+
+def test_intervals_and_counts_out_of_range_are_refused_before_anything_runs() -> None:
+    """``--interval -1`` ended in a traceback (time.sleep), ``--interval 0`` read the
+    server thousands of times a second; ``--top``/``--seconds`` of profile likewise."""
+    for args, option in [
+        (["monitor", "--interval", "-1"], "--interval"),
+        (["monitor", "--interval", "0"], "--interval"),
+        (["monitor", "--history", "0"], "--history"),
+        (["monitor", "--once", "--retries", "0"], "--retries"),
+        (["profile", "--model", "m", "--seconds", "0"], "--seconds"),
+        (["profile", "--model", "m", "--seconds", "301"], "--seconds"),
+        (["profile", "--model", "m", "--top", "-3"], "--top"),
+    ]:
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert option in result.output and result.exception is not None, result.output
+        assert isinstance(result.exception, SystemExit), result.exception
+
+
+def test_live_ends_on_an_answer_asking_again_cannot_change(server: RunningServer) -> None:
+    """A --history past the server's window answered 400, and the live view retried it
+    every interval forever; now it ends, exit 1, with the server's words."""
+    process = subprocess.run(
+        [sys.executable, "-m", "sordino", "monitor", "--url", server.url, "--history", "100000"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert process.returncode == 1, process.stderr
+    assert "answered 400" in process.stderr and "between 1 and" in process.stderr
+    assert "retrying" not in process.stderr and "Traceback" not in process.stderr

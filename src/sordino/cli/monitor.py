@@ -44,10 +44,26 @@ def _metrics(value: str) -> list[str]:
     show_default=True,
     help=f"Comma-separated, from: {', '.join(METRICS)}.",
 )
-@click.option("--interval", default=1.0, show_default=True, help="Seconds between refreshes.")
-@click.option("--history", default=180, show_default=True, help="Seconds of sparkline history.")
 @click.option(
-    "--retries", default=3, show_default=True, help="With --once: attempts before giving up."
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=1.0,
+    show_default=True,
+    help="Seconds between refreshes (at least 0.1).",
+)
+@click.option(
+    "--history",
+    type=click.IntRange(min=1),
+    default=180,
+    show_default=True,
+    help="Seconds of sparkline history.",
+)
+@click.option(
+    "--retries",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="With --once: attempts before giving up.",
 )
 def monitor(
     url: str | None, live: bool, metric_list: str, interval: float, history: int, retries: int
@@ -55,9 +71,9 @@ def monitor(
     """Watch a running server: a row per model with sparklines, resources and events."""
     metrics = _metrics(metric_list)
     url = server_url(url)
-    path = f"/v2/sordino/telemetry?seconds={max(1, history)}&events=20"
+    path = f"/v2/sordino/telemetry?seconds={history}&events=20"
     if not live:
-        for attempt in range(1, max(1, retries) + 1):
+        for attempt in range(1, retries + 1):
             try:
                 snap = get_json(url, path)
             except ServerUnreachable as exc:
@@ -84,18 +100,23 @@ def monitor(
         def retrying(message: str, attempt: int) -> None:
             click.echo(f"{message} (retrying every {interval:g} s, attempt {attempt})", err=True)
 
-        _every(url, path, interval, printed, retrying)
-        return
-    with Live(console=console, screen=True, auto_refresh=False) as view:
-        _every(
-            url,
-            path,
-            interval,
-            lambda snap: view.update(live_view(snap, metrics, url, console.width), refresh=True),
-            lambda message, attempt: view.update(
-                unreachable_view(message, url, attempt), refresh=True
-            ),
-        )
+        refused = _every(url, path, interval, printed, retrying)
+    else:
+        with Live(console=console, screen=True, auto_refresh=False) as view:
+            refused = _every(
+                url,
+                path,
+                interval,
+                lambda snap: view.update(
+                    live_view(snap, metrics, url, console.width), refresh=True
+                ),
+                lambda message, attempt: view.update(
+                    unreachable_view(message, url, attempt), refresh=True
+                ),
+            )
+    if refused is not None:  # (after the full-screen view is gone, so that it stays)
+        click.echo(f"error: {refused}", err=True)
+        sys.exit(1)
 
 
 def _every(
@@ -104,15 +125,22 @@ def _every(
     interval: float,
     show: Callable[[dict[str, Any]], None],
     failed: Callable[[str, int], None],
-) -> None:
+) -> str | None:
     """Read the snapshot every ``interval`` until Ctrl-C: ``show`` it, or say it
-    ``failed`` (the message, and how many attempts in a row)."""
+    ``failed`` (the message, and how many attempts in a row). An answer that asking
+    again cannot change (a bad --history, a token refused) ends it: its message is
+    returned (None after Ctrl-C)."""
     attempt = 0
     try:
         while True:
             try:
                 snap = get_json(url, path)
-            except (ServerUnreachable, ServerError) as exc:
+            except ServerError as exc:
+                if exc.lasting:
+                    return str(exc)
+                attempt += 1
+                failed(str(exc), attempt)
+            except ServerUnreachable as exc:
                 attempt += 1
                 failed(str(exc), attempt)
             else:
@@ -120,4 +148,4 @@ def _every(
                 show(snap)
             time.sleep(interval)
     except KeyboardInterrupt:
-        pass
+        return None

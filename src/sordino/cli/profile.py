@@ -66,8 +66,20 @@ def profile_table(result: OperatorProfile, top: int) -> Table:
 @token_option
 @click.option("--model", required=True, help="The model to profile.")
 @click.option("--version", "model_version", default=None, help="Its version (default: latest).")
-@click.option("--seconds", default=10.0, show_default=True, help="How long to profile.")
-@click.option("--top", default=10, show_default=True, help="How many operators to print.")
+@click.option(
+    "--seconds",
+    type=click.FloatRange(0, 300, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="How long to profile (at most 300).",
+)
+@click.option(
+    "--top",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="How many operators to print.",
+)
 @click.option(
     "--apply",
     "apply_findings",

@@ -37,6 +37,18 @@ class ServerUnreachable(ClientError):
 class ServerError(ClientError):
     """The server answered with an error status; the message is its ``error`` field."""
 
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        """The HTTP status (None: the answer was not the JSON asked for)."""
+
+    @property
+    def lasting(self) -> bool:
+        """A refusal asking again does not change (a 4xx other than 408 and 429)."""
+        return (
+            self.status is not None and 400 <= self.status < 500 and self.status not in (408, 429)
+        )
+
 
 AdminError = ClientError
 """What :class:`AdminClient` raises: an unreachable server or an error answer."""
@@ -63,7 +75,7 @@ def request_json(
             message = json.loads(exc.read()).get("error", exc.reason)
         except (ValueError, AttributeError):
             message = exc.reason
-        raise ServerError(f"{url} answered {exc.code}: {message}") from None
+        raise ServerError(f"{url} answered {exc.code}: {message}", exc.code) from None
     except urllib.error.URLError as exc:
         reason = exc.reason.strerror if isinstance(exc.reason, OSError) else exc.reason
         raise ServerUnreachable(f"cannot reach {url}: {reason or exc.reason}") from None
