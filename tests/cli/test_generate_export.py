@@ -119,3 +119,19 @@ def test_mistakes_are_said_in_words(
     assert got == code, output
     assert says in output
     assert not (tmp_path / "cat.png").exists()
+
+
+def test_guidance_and_timeout_out_of_range_are_refused_by_the_cli() -> None:
+    """``--guidance nan`` was sent as JSON's invalid NaN ("the request body is not valid
+    JSON"); ``--timeout -5`` came back as "-5000 microseconds"."""
+    for value, option, words in [
+        (["--guidance", "nan"], "--guidance", "not a finite number"),
+        (["--guidance", "inf"], "--guidance", "not a finite number"),
+        (["--guidance", "-1"], "--guidance", "x>=0"),
+        (["--timeout", "-5"], "--timeout", "x>=0"),
+    ]:
+        result = CliRunner().invoke(
+            cli, ["generate", "7", *value, "--url", "http://127.0.0.1:9", "-o", "x.png"]
+        )
+        assert result.exit_code == 2, result.output
+        assert option in result.output and words in result.output, result.output

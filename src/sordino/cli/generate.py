@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import sys
 import time
 import urllib.error
@@ -31,13 +32,26 @@ from sordino.cli.server_url import server_url, url_option
 __all__ = ["generate"]
 
 
+def _finite(value: float | None, name: str) -> float | None:
+    """``value`` unless it is NaN or infinite, which JSON cannot carry."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number", param_hint=name)
+    return value
+
+
 @click.command(short_help="Generate an image for a prompt and write it as a PNG.")
 @url_option
 @click.argument("prompt")
 @click.option("--model", default="digits-diffusion", show_default=True, help="The model.")
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="Denoising steps.")
 @click.option("--seed", type=int, default=None, help="Seed (same seed, same image).")
-@click.option("--guidance", type=float, default=None, help="Classifier-free guidance scale.")
+@click.option(
+    "--guidance",
+    type=click.FloatRange(min=0),
+    default=None,
+    callback=lambda _ctx, _param, value: _finite(value, "--guidance"),
+    help="Classifier-free guidance scale.",
+)
 @click.option("--negative-prompt", default=None, help="What the image should not show.")
 @click.option("--width", type=click.IntRange(min=1), default=None, help="Image width (pixels).")
 @click.option("--height", type=click.IntRange(min=1), default=None, help="Image height (pixels).")
@@ -69,7 +83,13 @@ __all__ = ["generate"]
     help="Where to write the PNG.",
 )
 @click.option("--priority", default=None, help="Priority: high, normal, low or a level.")
-@click.option("--timeout", "timeout_ms", type=int, default=None, help="Deadline in ms.")
+@click.option(
+    "--timeout",
+    "timeout_ms",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Deadline in ms (0: none).",
+)
 def generate(
     url: str | None,
     prompt: str,
