@@ -136,6 +136,35 @@ output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ]
 """
 
 
+CALL_ON = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X")
+            call = pb_utils.InferenceRequest(
+                model_name={other!r}, inputs=[x], requested_output_names=["Y"]
+            )
+            answer = call.exec()
+            if answer.has_error():
+                error = pb_utils.TritonError(answer.error().message())
+                responses.append(pb_utils.InferenceResponse(error=error))
+            else:
+                y = pb_utils.get_output_tensor_by_name(answer, "Y")
+                responses.append(pb_utils.InferenceResponse([y]))
+        return responses
+"""
+"""Calls the model named ``other`` with its input, answers with its output or error."""
+
+CALL_ON_CONFIG = """
+backend: "python"
+input [ { name: "X", data_type: TYPE_FP32, dims: [ 4 ] } ]
+output [ { name: "Y", data_type: TYPE_FP32, dims: [ 4 ] } ]
+"""
+
 WIDE = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -252,6 +281,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     _model(root, "wide", WIDE, WIDE_CONFIG)
     _model(root, "wide_caller", WIDE_CALLER, WIDE_CALLER_CONFIG)
     _model(root, "repeat_sum", REPEAT_SUM, REPEAT_SUM_CONFIG)
+    for name, other in [("ping", "pong"), ("pong", "ping"), ("tri_a", "tri_b"),
+                        ("tri_b", "tri_c"), ("tri_c", "tri_a")]:  # fmt: skip
+        _model(root, name, CALL_ON.format(other=other), CALL_ON_CONFIG)
     config = RuntimeConfig.model_validate({"telemetry": {"tenant_labels": ["acme"]}})
     # Triton's decoupled repeat_int32 example (ONNX: a step model that streams).
     repeat = [s for s in triton_example_sources() if s.config.name == "repeat_int32"]
@@ -409,6 +441,29 @@ def test_a_model_calling_itself_from_its_only_instance_is_an_error_not_a_deadloc
     """Triton deadlocks here; sordino answers at once, saying why."""
     _, error, _ = _relay(client, "relay")
     assert "calls itself, and its only instance is the one calling" in error
+
+
+@pytest.mark.parametrize(
+    ("model", "cycle"),
+    [("ping", "pong -> ping -> pong"), ("tri_a", "tri_c -> tri_a -> tri_b -> tri_c")],
+)
+def test_models_calling_each_other_in_a_circle_get_an_error_not_a_wait(
+    client: Any, model: str, cycle: str
+) -> None:
+    """ping calls pong, which calls ping, one instance each: the last call waited until the
+    request's deadline (a minute by default; Triton, forever); now it is refused at once,
+    naming the circle, and the error reaches the client through both models."""
+    with pytest.raises(InferenceServerException) as refused:
+        _infer(client, model, {"X": A}, **_timeout(client, 30))
+    message = str(refused.value)
+    assert "a BLS cycle" in message and f"({cycle})" in message, message
+
+
+def _timeout(client: Any, seconds: int) -> dict[str, Any]:
+    """The client-side timeout keyword of ``client`` (tritonclient's two spell it apart)."""
+    if isinstance(client, httpclient.InferenceServerClient):
+        return {}  # (the client's network timeout is set when it is made)
+    return {"client_timeout": seconds}
 
 
 def test_decoupled_exec_on_a_model_that_is_not_decoupled_yields_its_one_response(

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, Protocol
@@ -133,6 +134,8 @@ class ModelCalls:
         """Whether a loaded model (any version when "") is ready: serving, and its own
         ``is_ready()`` says so (``guarding.versions_ready``); None: loaded is ready."""
         self._controls: set[asyncio.Task[None]] = set()
+        self._waiting: Counter[tuple[str, str]] = Counter()
+        """The calls models' ``execute`` waits on now, (caller, callee) by model name."""
 
     async def __call__(self, call: ModelCall) -> AsyncIterator[CallAnswer]:
         """Each response to ``call`` as it comes, the last one ``final``."""
@@ -151,6 +154,22 @@ class ModelCalls:
         if refused is not None:
             yield failed_answer(f"{where}: {refused[0]}", refused[1])
             return
+        edge = (call.caller, model.key.name)
+        if call.caller:
+            self._waiting[edge] += 1  # (its execute waits on it: a cycle back is seen)
+        try:
+            async for answer in self._answers(call, model, where):
+                yield answer
+        finally:
+            if call.caller:
+                self._waiting[edge] -= 1
+                if not self._waiting[edge]:
+                    del self._waiting[edge]
+
+    async def _answers(
+        self, call: ModelCall, model: LoadedModel, where: str
+    ) -> AsyncIterator[CallAnswer]:
+        """The answers to ``call`` of ``model`` (its refusals checked)."""
         request, wait_s = self._request(call, model)
         if wait_s is not None and wait_s <= 0:
             request.release()
@@ -195,6 +214,15 @@ class ModelCalls:
                 "Give the model more instances or call another model",
                 "UNAVAILABLE",
             )
+        cycle = self._cycle(call.caller, model)
+        if cycle is not None:
+            return (
+                f"model {call.caller!r} calls {model.key.name!r}, whose only instance waits "
+                f"on a call that leads back to {call.caller!r} ({' -> '.join(cycle)}): each "
+                "would wait for the next forever (a BLS cycle). Give one of them more "
+                "instances or break the cycle",
+                "UNAVAILABLE",
+            )
         if _streams(model) and not call.decoupled:
             return (
                 "the model is decoupled (it may send several responses): call it with "
@@ -202,6 +230,34 @@ class ModelCalls:
                 "INVALID_ARG",
             )
         return None
+
+    def _cycle(self, caller: str, model: LoadedModel) -> list[str] | None:
+        """The models of a wait that would never end if ``caller`` (one instance, in its
+        ``execute``) waited on ``model``: a path of calls that single-instance models'
+        ``execute`` waits on now, from ``model`` back to ``caller``; None if there is none.
+        """
+        if not caller or model.instances > 1 or self._instances(caller) > 1:
+            return None
+        paths = [[caller, model.key.name]]
+        seen = {model.key.name}
+        while paths:
+            path = paths.pop()
+            for waiter, callee in self._waiting:
+                if waiter != path[-1]:
+                    continue
+                if callee == caller:
+                    return [*path, callee]
+                if callee not in seen and self._instances(callee) <= 1:
+                    seen.add(callee)
+                    paths.append([*path, callee])
+        return None
+
+    def _instances(self, name: str) -> int:
+        """How many instances serve ``name`` (a model that is gone waits on nothing)."""
+        try:
+            return self._registry.get(name, None).instances
+        except SordinoError:
+            return 2
 
     def _request(self, call: ModelCall, model: LoadedModel) -> tuple[InferRequest, float | None]:
         """The request for ``call``, and how long to wait for it (None: no bound)."""
