@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
@@ -48,18 +48,22 @@ def sordino_start(
     timeout: float = 90.0,
     *,
     new_session: bool = False,
-    preexec: Callable[[], None] | None = None,
+    prelude: str = "",
 ) -> Iterator[ServerProcess]:
     """Start ``sordino start ARGS --http-port 0`` and yield once it prints its URL.
 
-    ``preexec`` runs in the child before ``sordino`` does (to lower a limit, say).
+    ``prelude`` (Python source) runs in the child before ``sordino`` does (to lower a
+    limit, say): a ``python -c`` that ends by exec'ing the server, so that nothing runs
+    between fork and exec (a ``preexec_fn`` there is unsafe in this threaded process).
     """
     cmd = [sys.executable, "-m", "sordino", "start", "--http-port", "0", "--grpc-port", "0",
            "--data-dir", str(tmp_path / "data"), *args]  # fmt: skip
+    if prelude:
+        cmd = [sys.executable, "-c", f"{prelude}\nimport os\nos.execv({cmd[0]!r}, {cmd!r})"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-        start_new_session=new_session, preexec_fn=preexec,
+        start_new_session=new_session,
     )  # fmt: skip
     lines: list[str] = []
     sink: queue.Queue[str | None] = queue.Queue()
@@ -69,7 +73,13 @@ def sordino_start(
         while url is None:
             line = sink.get(timeout=timeout)
             if line is None:
-                raise AssertionError("sordino start exited early:\n" + "\n".join(lines))
+                try:
+                    code: int | str | None = process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    code = "none yet (its output was closed)"
+                raise AssertionError(
+                    f"sordino start exited early (exit status {code}):\n" + "\n".join(lines)
+                )
             match = URL.search(line)
             if match:
                 url = match.group(1)

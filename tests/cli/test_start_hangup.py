@@ -76,10 +76,8 @@ def test_a_terminal_that_hangs_up_stops_the_server_gracefully(tmp_path: Path) ->
 
 
 def test_under_nohup_a_hang_up_changes_nothing(tmp_path: Path) -> None:
-    def ignore_hangups() -> None:
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-
-    with sordino_start(ONE_MODEL, tmp_path, preexec=ignore_hangups) as running:
+    ignore_hangups = "import signal\nsignal.signal(signal.SIGHUP, signal.SIG_IGN)"  # as nohup
+    with sordino_start(ONE_MODEL, tmp_path, prelude=ignore_hangups) as running:
         running.process.send_signal(signal.SIGHUP)
         time.sleep(1.0)
         assert running.process.poll() is None

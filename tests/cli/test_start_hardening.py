@@ -44,15 +44,17 @@ def test_a_restart_removes_the_segment_a_killed_server_left(tmp_path: Path) -> N
     assert list(records.iterdir()) == []  # a clean stop removes its own record
 
 
-def _low_open_file_limit() -> None:
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))
+LOW_OPEN_FILE_LIMIT = """
+import resource
+_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))
+"""
 
 
 def test_start_raises_the_soft_open_file_limit_to_the_hard_one(tmp_path: Path) -> None:
     """A shell's 1,024 (here 256) soft limit would cap the connections the server can hold."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    with sordino_start(ONE_MODEL, tmp_path, preexec=_low_open_file_limit) as server:
+    with sordino_start(ONE_MODEL, tmp_path, prelude=LOW_OPEN_FILE_LIMIT) as server:
         limits = Path(f"/proc/{server.process.pid}/limits").read_text()
     (line,) = [row for row in limits.splitlines() if row.startswith("Max open files")]
     soft = line.split()[3]
