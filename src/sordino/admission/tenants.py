@@ -177,10 +177,11 @@ class Tenants:
         matches = [key for key in current.keys if key.startswith(wanted)]
         if len(matches) != 1:
             listed = ", ".join(key_id(k) for k in current.keys) or "none"
-            what = "no key of tenant {!r} starts" if not matches else "several keys of tenant {!r} start"
+            what = "no key" if not matches else "several keys"
+            verb = "starts" if not matches else "start"
             raise InvalidRequest(
-                f"{what.format(name)} with {prefix!r}; its keys: {listed} (as `sordino "
-                "tenants list` shows them)"
+                f"{what} of tenant {name!r} {verb} with {prefix!r}; its keys: {listed} (as "
+                "`sordino tenants list` shows them)"
             )
         self._put(
             current.model_copy(update={"keys": tuple(k for k in current.keys if k != matches[0])})
