@@ -27,10 +27,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.cli.conftest import ONE_MODEL, sordino_start
+from sordino.control.client import AdminClient
+from tests.cli.conftest import DIGITS, ONE_MODEL, sordino_start
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs /dev/shm")
+
+TOKEN = "hangup-test-token"
 
 
 def _segments(pid: int) -> set[str]:
@@ -176,6 +179,40 @@ def test_a_python_model_that_prints_serves_on_after_the_pipe_closes(tmp_path: Pa
             assert answer.json()["outputs"][0]["data"] == [1, 2]
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
+
+
+def test_a_reader_that_does_not_read_does_not_stop_the_server(tmp_path: Path) -> None:
+    """``sordino start | less`` left at its first page, a terminal paused with Ctrl-S, a
+    log driver that blocks: the pipe fills. Before, the ~450th error line (a model
+    failing every request logs each) blocked the event loop in its write: the server
+    answered nothing more, health checks included, until the reader read."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "sordino", "start", *DIGITS, "--http-port", str(port),
+               "--grpc-port", "0", "--data-dir", str(tmp_path / "data")]  # fmt: skip
+    env = {**os.environ, "SORDINO_ADMIN_TOKEN": TOKEN}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        assert process.stdout is not None
+        while b"listening on http" not in process.stdout.readline():  # then never read
+            assert process.poll() is None, "the server ended"
+        AdminClient(url, TOKEN).inject("worker:digits-classifier", "error")
+        body = {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64],
+                            "data": [1.0] * 64}]}  # fmt: skip
+        with httpx.Client(base_url=url, timeout=30) as client:
+            for _ in range(1_500):  # ~200 KB of error lines into a 64 KiB pipe
+                assert (
+                    client.post("/v2/models/digits-classifier/infer", json=body).status_code == 500
+                )
+            assert client.get("/v2/health/ready").status_code == 200
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0  # (what still waits is given 2 s, then let go)
     finally:
         if process.poll() is None:
             process.kill()

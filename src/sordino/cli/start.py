@@ -8,6 +8,7 @@ prints ``interrupted`` and exits 130 (SIGTERM: ``terminated``, 143; SIGHUP: ``hu
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import signal
@@ -352,8 +353,11 @@ def start(
     """
     # Before the log's handler takes sys.stderr: a pipe whose reader goes away (`sordino
     # start | head`, a stopped tee) is then /dev/null for every line and log record that
-    # follows, instead of a write that ends start-up or the stop.
-    keep_standard_streams()
+    # follows, instead of a write that ends start-up or the stop; and one whose reader
+    # does not read (a paused terminal) holds the output's thread, not the server.
+    output = keep_standard_streams(background=True)
+    if output is not None:  # its lines are out before the command ends, however it ends
+        click.get_current_context().call_on_close(functools.partial(output.close, 2.0))
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
