@@ -182,7 +182,10 @@ async def serve(spec: FrontendSpec) -> None:
 
 def main(argv: list[str]) -> int:
     """The process's entry: ``argv[1]`` is the spec as JSON."""
+    from sordino.execution.lost_streams import keep_standard_streams
+
     _die_with_parent()
+    keep_standard_streams(background=True)  # a reader that does not read holds no loop
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
