@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any
 
 import httpx
+import numpy as np
 
-from sordino.config import ModelConfig
+from sordino.config import ModelConfig, RuntimeConfig
 from sordino.events import Event
+from sordino.inference import ModelKey
+from sordino.memory.refs import Tensors
 from sordino.models.repository import ModelSource, builtin_sources
-from sordino.testing import RunningServer
+from sordino.testing import RunningServer, serve_in_thread
 from tests.waiting import wait_for
 
 BODY = {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [1.0] * 64}]}
@@ -22,6 +27,32 @@ def digits(**config: object) -> list[ModelSource]:
     source = next(s for s in builtin_sources() if s.name == "digits-classifier")
     updated = ModelConfig.model_validate({**source.config.model_dump(), **config})
     return [replace(source, config=updated)]
+
+
+@dataclass
+class OnlyInstance:
+    """A server whose digits classifier has one worker, and what a test drives it with:
+    the executor (call its coroutines through ``server.call``), the model's key and a
+    one-row batch."""
+
+    server: RunningServer
+    executor: Any
+    key: ModelKey
+    rows: Tensors
+
+    async def replace(self) -> None:
+        """Have the only worker replaced (as the guardian's restart_worker does)."""
+        assert await self.executor.restart_instance(self.key, 0, cause="replaced by the test")
+
+
+@contextmanager
+def only_instance(restart_backoff: str) -> Iterator[OnlyInstance]:
+    """Serve the digits classifier with one worker and ``workers.restart_backoff``."""
+    config = RuntimeConfig.model_validate({"workers": {"restart_backoff": restart_backoff}})
+    with serve_in_thread(config, digits(instance_count=1)) as server:
+        key = server.runtime.get("digits-classifier").key
+        rows = Tensors.of({"pixels": np.zeros((1, 64), np.float32)})
+        yield OnlyInstance(server, server.runtime.executor, key, rows)
 
 
 class Load:

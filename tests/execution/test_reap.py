@@ -11,14 +11,10 @@ import signal
 import threading
 import time
 
-import numpy as np
 import pytest
 
-from sordino.config import RuntimeConfig
 from sordino.execution.worker_spawn import describe_exit, join_exit_code
-from sordino.memory.refs import Tensors
-from sordino.testing import serve_in_thread
-from tests.execution.load import digits
+from tests.execution.load import only_instance
 
 
 def _reaped_elsewhere(process: multiprocessing.process.BaseProcess) -> None:
@@ -75,23 +71,19 @@ def test_a_replaced_worker_leaves_no_pipe_open() -> None:
     """Each worker replaced (restart_worker, a crash, an unload) once left its process's
     sentinel pipe open until the collector found the object: hundreds of descriptors
     after a day of model loads and unloads. With the collector off, none may stay."""
-    config = RuntimeConfig.model_validate({"workers": {"restart_backoff": "0.05s"}})
-    with serve_in_thread(config, digits(instance_count=1)) as server:
-        executor = server.runtime.executor
-        key = server.runtime.get("digits-classifier").key
-        rows = Tensors.of({"pixels": np.zeros((1, 64), np.float32)})
+    with only_instance(restart_backoff="0.05s") as one:
 
         async def replace_and_run() -> None:
-            assert await executor.restart_instance(key, 0, cause="replaced by the test")
-            (await executor.run(key, [rows])).release()  # type: ignore[attr-defined]
+            await one.replace()
+            (await one.executor.run(one.key, [one.rows])).release()
 
-        server.call(replace_and_run())  # whatever a first restart opens for good
+        one.server.call(replace_and_run())  # whatever a first restart opens for good
         gc.collect()
         gc.disable()
         try:
             before = _pipes()
             for _ in range(6):
-                server.call(replace_and_run())
+                one.server.call(replace_and_run())
             after = _pipes()
         finally:
             gc.enable()

@@ -14,16 +14,23 @@ import signal
 from collections.abc import Iterator
 
 import httpx
-import numpy as np
 import pytest
 
 from sordino.config import RuntimeConfig
 from sordino.control.client import AdminClient
 from sordino.errors import InferenceFailed
 from sordino.events import Event
-from sordino.memory.refs import Tensors
 from sordino.testing import RunningServer, serve_in_thread
-from tests.execution.load import BODY, Load, digits, events, mark, wait_until, worker
+from tests.execution.load import (
+    BODY,
+    Load,
+    digits,
+    events,
+    mark,
+    only_instance,
+    wait_until,
+    worker,
+)
 from tests.metrics import counter_sum
 
 TOKEN = "test-admin-token"
@@ -245,42 +252,34 @@ def test_a_batch_sent_as_the_only_worker_is_replaced_waits_for_the_new_one() -> 
     """The guardian's restart_worker (or any kill) on the only instance, a batch sent at
     once: the worker is gone before its supervisor sees the exit, and the batch waits
     for the replacement instead of failing with "failed on every device it runs on"."""
-    config = RuntimeConfig.model_validate({"workers": {"restart_backoff": "0.1s"}})
-    with serve_in_thread(config, digits(instance_count=1)) as server:
-        executor = server.runtime.executor
-        key = server.runtime.get("digits-classifier").key
-        rows = Tensors.of({"pixels": np.zeros((1, 64), np.float32)})
+    with only_instance(restart_backoff="0.1s") as one:
 
         async def replace_then_run() -> object:
-            assert await executor.restart_instance(key, 0, cause="replaced by the test")
-            return await executor.run(key, [rows])
+            await one.replace()
+            return await one.executor.run(one.key, [one.rows])
 
-        outputs = server.call(replace_then_run())
+        outputs = one.server.call(replace_then_run())
         outputs.release()  # type: ignore[attr-defined]
-        assert worker(server, 0).restarts == 1
+        assert worker(one.server, 0).restarts == 1
 
 
 def test_a_batch_waiting_for_a_replacement_ends_when_the_model_is_unloaded() -> None:
     """The only worker lost before it served (its replacement waits out the 30 s backoff),
     a batch waiting for it, the model unloaded: the batch ends with an error that says
     so, at once, not after the backoff nor never."""
-    config = RuntimeConfig.model_validate({"workers": {"restart_backoff": "30s"}})
-    with serve_in_thread(config, digits(instance_count=1)) as server:
-        executor = server.runtime.executor
-        key = server.runtime.get("digits-classifier").key
-        rows = Tensors.of({"pixels": np.zeros((1, 64), np.float32)})
+    with only_instance(restart_backoff="30s") as one:
 
         async def unload_under_it() -> str:
-            assert await executor.restart_instance(key, 0, cause="replaced by the test")
-            waiting = asyncio.ensure_future(executor.run(key, [rows]))
+            await one.replace()
+            waiting = asyncio.ensure_future(one.executor.run(one.key, [one.rows]))
             await asyncio.sleep(0.5)
             assert not waiting.done()
-            await executor.unload(key)
+            await one.executor.unload(one.key)
             with pytest.raises(InferenceFailed) as failed:
                 await asyncio.wait_for(waiting, 10)
             return str(failed.value)
 
-        message = server.call(unload_under_it())
+        message = one.server.call(unload_under_it())
     assert "has no instance left to run the batch" in str(message)
     assert "unloaded" in str(message)
 
