@@ -135,12 +135,9 @@ def _every(
         while True:
             try:
                 snap = get_json(url, path)
-            except ServerError as exc:
-                if exc.lasting:
+            except (ServerUnreachable, ServerError) as exc:
+                if isinstance(exc, ServerError) and exc.lasting:
                     return str(exc)
-                attempt += 1
-                failed(str(exc), attempt)
-            except ServerUnreachable as exc:
                 attempt += 1
                 failed(str(exc), attempt)
             else:

@@ -236,7 +236,7 @@ class ModelCalls:
         ``execute``) waited on ``model``: a path of calls that single-instance models'
         ``execute`` waits on now, from ``model`` back to ``caller``; None if there is none.
         """
-        if not caller or model.instances > 1 or self._instances(caller) > 1:
+        if not caller or model.instances > 1 or not self._single(caller):
             return None
         paths = [[caller, model.key.name]]
         seen = {model.key.name}
@@ -247,17 +247,17 @@ class ModelCalls:
                     continue
                 if callee == caller:
                     return [*path, callee]
-                if callee not in seen and self._instances(callee) <= 1:
+                if callee not in seen and self._single(callee):
                     seen.add(callee)
                     paths.append([*path, callee])
         return None
 
-    def _instances(self, name: str) -> int:
-        """How many instances serve ``name`` (a model that is gone waits on nothing)."""
+    def _single(self, name: str) -> bool:
+        """Whether one instance serves ``name`` (a model that is gone waits on nothing)."""
         try:
-            return self._registry.get(name, None).instances
+            return self._registry.get(name, None).instances <= 1
         except SordinoError:
-            return 2
+            return False
 
     def _request(self, call: ModelCall, model: LoadedModel) -> tuple[InferRequest, float | None]:
         """The request for ``call``, and how long to wait for it (None: no bound)."""
