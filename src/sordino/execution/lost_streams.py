@@ -103,15 +103,17 @@ class BackgroundOutput:
     """One thread that writes the text of several streams in the order it was written.
 
     :meth:`put` never blocks: it queues the text, or drops it while ``limit``
-    characters already wait (the reader does not read); the drops are said on the
-    last stream's file once the thread gets to write again.
+    characters already wait (the reader does not read). A run of drops is said by a
+    line queued where the dropped text would have been (on the stream of its first
+    drop), so that what is kept and what is said about the rest keep their order.
     """
 
     def __init__(self, limit: int = OUTPUT_BACKLOG) -> None:
         self._limit = limit
-        self._items: deque[tuple[TextIO, str]] = deque()
+        self._items: deque[tuple[TextIO, str | _Dropped]] = deque()
         self._waiting = 0  # characters queued or being written
-        self._dropped = 0
+        self._writing = False
+        self._drops: _Dropped | None = None  # the run of drops still going on, if any
         self._closed = False
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="sordino-output", daemon=True)
@@ -123,8 +125,14 @@ class BackgroundOutput:
                 stream.write(text)
                 return
             if self._waiting + len(text) > self._limit:
-                self._dropped += len(text)
+                if self._drops is not None:  # the same run of drops
+                    self._drops.characters += len(text)
+                else:
+                    self._drops = _Dropped(len(text))
+                    self._items.append((stream, self._drops))
+                    self._changed.notify_all()
                 return
+            self._drops = None
             self._items.append((stream, text))
             self._waiting += len(text)
             self._changed.notify_all()
@@ -132,7 +140,7 @@ class BackgroundOutput:
     def drain(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for everything queued to be written; True if it was."""
         with self._changed:
-            return self._changed.wait_for(lambda: not self._waiting, timeout_s)
+            return self._changed.wait_for(lambda: not self._items and not self._writing, timeout_s)
 
     def close(self, timeout_s: float) -> None:
         """Give what is queued ``timeout_s`` to be written, then end the thread; later
@@ -150,27 +158,42 @@ class BackgroundOutput:
                     return
                 items = list(self._items)
                 self._items.clear()
+                self._writing = True
             written = 0
             streams: dict[int, TextIO] = {}
-            for stream, text in items:
+            for stream, item in items:
+                if isinstance(item, _Dropped):
+                    with self._changed:  # said now: later drops are another run
+                        if self._drops is item:
+                            self._drops = None
+                        text = str(item)
+                else:
+                    text = item
+                    written += len(text)
                 with contextlib.suppress(Exception):  # (a KeptStream drops a lost reader)
                     stream.write(text)
                 streams[id(stream)] = stream
-                written += len(text)
             for stream in streams.values():
                 with contextlib.suppress(Exception):
                     stream.flush()
             with self._changed:
                 self._waiting -= written
-                dropped, self._dropped = self._dropped, 0
+                self._writing = False
                 self._changed.notify_all()
-            if dropped:
-                with contextlib.suppress(Exception):
-                    items[-1][0].write(
-                        f"[sordino: {dropped} characters of output were dropped here: this "
-                        "stream was not read while they came]\n"
-                    )
-                    items[-1][0].flush()
+
+
+class _Dropped:
+    """Where a run of dropped output was, and how many characters it had (grown while it
+    is the last thing queued; taken by the output's thread, it no longer changes)."""
+
+    def __init__(self, characters: int) -> None:
+        self.characters = characters
+
+    def __str__(self) -> str:
+        return (
+            f"[sordino: {self.characters} characters of output were dropped here: this "
+            "stream was not read while they came]\n"
+        )
 
 
 class _Queued:
