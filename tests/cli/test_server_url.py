@@ -123,3 +123,21 @@ def test_a_malformed_address_is_a_usage_error(
         result = CliRunner().invoke(cli, [*command, *args], env=env)
         assert result.exit_code == 2, (command, result.output, result.exception)
         assert said in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["models", "load", ""],
+        ["models", "unload", " "],
+        ["profile", "--model", ""],
+        ["tune", "--model", ""],
+        ["generate", "--model", "", "a prompt"],
+        ["stress-test", "--model", "", "--duration", "1s"],
+    ],
+)
+def test_a_blank_model_name_is_refused_before_any_server_is_asked(args: list[str]) -> None:
+    result = CliRunner().invoke(cli, [*args, "--url", "http://127.0.0.1:1"])
+    assert result.exit_code == 2, result.output
+    assert "give a model's name (see `sordino models list`)" in result.output
+    assert "cannot reach" not in result.output and "is a file" not in result.output

@@ -27,7 +27,7 @@ from typing import Any
 import click
 
 from sordino.cli.client import ServerError, ServerUnreachable, get_json
-from sordino.cli.server_url import server_url, url_option
+from sordino.cli.server_url import model_name, server_url, url_option
 
 __all__ = ["generate"]
 
@@ -42,7 +42,9 @@ def _finite(value: float | None, name: str) -> float | None:
 @click.command(short_help="Generate an image for a prompt and write it as a PNG.")
 @url_option
 @click.argument("prompt")
-@click.option("--model", default="digits-diffusion", show_default=True, help="The model.")
+@click.option(
+    "--model", callback=model_name, default="digits-diffusion", show_default=True, help="The model."
+)
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="Denoising steps.")
 @click.option("--seed", type=int, default=None, help="Seed (same seed, same image).")
 @click.option(

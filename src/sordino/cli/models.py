@@ -20,7 +20,7 @@ from urllib.parse import quote
 import click
 
 from sordino.cli.group import Group
-from sordino.cli.server_url import auth_headers, server_url, token_option, url_option
+from sordino.cli.server_url import auth_headers, model_name, server_url, token_option, url_option
 from sordino.control.client import ClientError, request_json
 
 __all__ = ["models"]
@@ -75,7 +75,7 @@ def list_models(url: str | None, token: str | None, ready: bool, as_json: bool) 
 
 
 @models.command("load")
-@click.argument("name")
+@click.argument("name", callback=model_name)
 @click.option(
     "--config",
     "config_file",
@@ -130,7 +130,7 @@ def load_model(
 
 
 @models.command("unload")
-@click.argument("name")
+@click.argument("name", callback=model_name)
 @click.option(
     "--unload-dependents",
     is_flag=True,

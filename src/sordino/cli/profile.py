@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sordino.cli.client import ServerError, ServerUnreachable, post_json
-from sordino.cli.server_url import auth_headers, server_url, token_option, url_option
+from sordino.cli.server_url import auth_headers, model_name, server_url, token_option, url_option
 from sordino.telemetry.profile_data import OperatorProfile
 
 __all__ = ["apply_advice", "profile", "profile_header", "profile_table"]
@@ -64,7 +64,7 @@ def profile_table(result: OperatorProfile, top: int) -> Table:
 @click.command()
 @url_option
 @token_option
-@click.option("--model", required=True, help="The model to profile.")
+@click.option("--model", callback=model_name, required=True, help="The model to profile.")
 @click.option("--version", "model_version", default=None, help="Its version (default: latest).")
 @click.option(
     "--seconds",

@@ -28,6 +28,7 @@ __all__ = [
     "admin_client",
     "admin_options",
     "auth_headers",
+    "model_name",
     "or_exit",
     "server_url",
     "token_option",
@@ -73,6 +74,15 @@ def _checked(url: str, source: str) -> str:
             f"{source} {url!r} is not a server address ({problem}); give one like {DEFAULT_URL}"
         )
     return url.rstrip("/")
+
+
+def model_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A click callback for an argument or option naming a served model: refused when
+    empty or blank (it would name the collection, ``/v2/models/``, and come back as a
+    404 that names no model)."""
+    if value is not None and not value.strip():
+        raise click.BadParameter("give a model's name (see `sordino models list`)", ctx, param)
+    return value
 
 
 def url_option(command: F) -> F:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import click
 
 from sordino.cli.report_files import ReportFailure, write_output
-from sordino.cli.server_url import URL_ENV, server_url
+from sordino.cli.server_url import URL_ENV, model_name, server_url
 from sordino.cli.stress_server import Failure, is_model_file, own_server
 from sordino.control.client import TOKEN_ENV
 from sordino.errors import ConfigError
@@ -72,6 +72,7 @@ def _duration(value: str | None, option: str) -> float | None:
 )
 @click.option(
     "--model",
+    callback=model_name,
     default=None,
     metavar="NAME|PATH",
     help="The model to call: its name on the server, or a model file (then a server "

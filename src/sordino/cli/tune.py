@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from sordino.cli.reconfigure import change_config, get_json
-from sordino.cli.server_url import server_url, token_option, url_option
+from sordino.cli.server_url import model_name, server_url, token_option, url_option
 from sordino.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def _row(point: Point) -> str:
 
 
 @click.command(short_help="Sweep a model's live settings; print the Pareto front and a config.")
-@click.option("--model", required=True, help="The served model to tune.")
+@click.option("--model", callback=model_name, required=True, help="The served model to tune.")
 @click.option("--objective", default="max throughput with p99<50ms", show_default=True,
               help="'max throughput with p99<Nms', 'max throughput' or 'min p99'.")  # fmt: skip
 @click.option("--max-batch", "max_batch", default="1,8,32", show_default=True)
