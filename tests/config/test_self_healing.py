@@ -172,3 +172,22 @@ def test_a_block_without_triggers_stays_off(tmp_path: Path) -> None:
     assert load_config(path, {}).self_healing.enabled is False
     path.write_text("server: {}\n", encoding="utf-8")
     assert load_config(path, {}).self_healing.enabled is False
+
+
+@pytest.mark.parametrize("url", ["notaurl", "ftp://host/x", "http://", "http://host:port/x"])
+def test_a_webhook_channel_without_an_http_address_is_refused_guardian_on_or_off(
+    tmp_path: Path, url: str
+) -> None:
+    """Checked by the configuration, so a guardian left off does not hide it until the
+    day it is turned on."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"self_healing:\n  alert_channels: ['webhook:{url}']\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="the webhook URL must be http:// or https:// with a"):
+        load_config(path, {})
+    path.write_text(
+        "self_healing:\n  alert_channels: ['webhook:https://alerts.example.com/hook']\n",
+        encoding="utf-8",
+    )
+    assert load_config(path, {}).self_healing.alert_channels == (
+        "webhook:https://alerts.example.com/hook",
+    )

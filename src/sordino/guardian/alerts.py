@@ -64,6 +64,16 @@ class _Channel:
             if not rest.startswith(("http://", "https://")):
                 raise ConfigError(f"alert channel {spec!r}: the webhook URL must be http(s)://")
             self.url = rest
+        elif kind == "file":
+            # Found at start-up, not at the first alert (which would retry, then be dropped).
+            path = Path(rest).expanduser()
+            if path.is_dir():
+                raise ConfigError(f"alert channel {spec!r}: {path} is a folder; name a file")
+            if not path.parent.is_dir():
+                raise ConfigError(
+                    f"alert channel {spec!r}: the folder {path.parent} does not exist; "
+                    "create it, or name a file in a folder that exists"
+                )
         self.queue: asyncio.Queue[dict[str, Any]] | None = None
         self.sent = 0
         self.failed = 0

@@ -322,10 +322,11 @@ class Runtime:
         healing = self.config.guardian
         if not healing.enabled and (healing.triggers or healing.alert_channels):
             log.warning(
-                "self_healing lists %d trigger(s) but the guardian is off (enabled: false "
-                "or --guardian-mode false): drop that, or start with --guardian-mode true, "
-                "to run them",
+                "self_healing lists %d trigger(s) and %d alert channel(s) but the guardian "
+                "is off (enabled: false or --guardian-mode false), so none acts or is sent "
+                "to: drop them, or start with --guardian-mode true",
                 len(healing.triggers),
+                len(healing.alert_channels),
             )
         if healing.enabled:
             # Built first: an action this build cannot carry out fails start-up at once.
