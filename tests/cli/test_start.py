@@ -368,3 +368,20 @@ def test_tls_urls_say_so_for_both_ports(tmp_path: Path) -> None:
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_an_address_this_machine_does_not_have_is_named_as_the_host_not_the_port(
+    tmp_path: Path,
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "sordino", "start", "--host", "192.0.2.1", "--insecure",
+         "--http-port", "0", "--data-dir", str(tmp_path / "d")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert (
+        "error: cannot listen on 192.0.2.1:0: Cannot assign requested address (this machine "
+        "has no address 192.0.2.1); give --host one of its own addresses: 127.0.0.1 for "
+        "this machine only, 0.0.0.0 for all of them"
+    ) in result.stderr
+    assert "another port" not in result.stderr and "Traceback" not in result.stderr

@@ -15,6 +15,7 @@ connecting to something else.
 
 from __future__ import annotations
 
+import errno
 import socket
 
 __all__ = ["bind_socket", "check_port", "reserve_port"]
@@ -40,11 +41,20 @@ def _bound(
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise OSError(
-            f"cannot listen{what} on {host}:{port}: {exc.strerror}; pick another port with "
-            f"{flag} (0 picks a free one)"
-        ) from exc
+        raise OSError(f"cannot listen{what} on {host}:{port}: {_advice(exc, host, flag)}") from exc
     return sock
+
+
+def _advice(exc: OSError, host: str, flag: str) -> str:
+    """Why a bind failed, and what to change: the port, or the host."""
+    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+        return (
+            f"{exc.strerror} (this machine has no address {host}); give --host one of its "
+            "own addresses: 127.0.0.1 for this machine only, 0.0.0.0 for all of them"
+        )
+    if exc.errno == errno.EACCES:
+        return f"{exc.strerror} (a port below 1024 needs privileges); pick another with {flag}"
+    return f"{exc.strerror}; pick another port with {flag} (0 picks a free one)"
 
 
 def bind_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
