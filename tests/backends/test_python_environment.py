@@ -4,6 +4,8 @@ worker's ``sys.path`` (``backends/python/environment.py``)."""
 from __future__ import annotations
 
 import io
+import os
+import shutil
 import sys
 import tarfile
 import tempfile
@@ -151,3 +153,32 @@ def test_an_archive_is_unpacked_once(tmp_path: Path, scratch: Path) -> None:
         with pytest.raises(ModelLoadError):
             _load(folder)
     assert len(list(scratch.glob("sordino-python-env-*"))) == 1
+
+
+@pytest.mark.parametrize("owner", ["me", "another"])
+@pytest.mark.parametrize("mode", [0o777, 0o700])
+def test_a_folder_another_could_write_at_the_unpacked_place_is_not_used(
+    tmp_path: Path, scratch: Path, mode: int, owner: str
+) -> None:
+    """The temporary folder is every user's: a folder planted where the archive would be
+    unpacked (its name is predictable) is not imported from; the archive is unpacked
+    afresh, into a private folder."""
+    folder = _model(tmp_path, "m", "$$TRITON_MODEL_DIRECTORY/env.tar.gz")
+    _archive(folder / "env.tar.gz", _files())
+    _load(folder)  # where it goes, found by unpacking it once
+    (unpacked,) = scratch.glob("sordino-python-env-*")
+    shutil.rmtree(unpacked)
+    planted = unpacked / f"lib/{VERSION}/site-packages"
+    planted.mkdir(parents=True)
+    (planted / "envonly_package.py").write_text("raise SystemExit('the planted copy ran')\n")
+    unpacked.chmod(mode)
+    if owner == "another":
+        if os.getuid() != 0:
+            pytest.skip("only root can give a folder to another user")
+        os.chown(unpacked, 65534, 65534)
+    elif mode == 0o700:
+        pytest.skip("a private folder of this user's is one it unpacked: it is used")
+    _load(folder)  # loads: the planted copy would have failed it
+    assert len(list(scratch.glob("sordino-python-env-*"))) == 2
+    (fresh,) = (p for p in scratch.glob("sordino-python-env-*") if p != unpacked)
+    assert fresh.stat().st_mode & 0o077 == 0

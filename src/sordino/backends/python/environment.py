@@ -36,6 +36,7 @@ import hashlib
 import os
 import shutil
 import site
+import stat
 import sys
 import tarfile
 import tempfile
@@ -91,12 +92,12 @@ def execution_environment(
 
 def _unpacked(archive: Path, named: str) -> Path:
     """``archive`` unpacked in the temporary folder (once: a later load reuses it)."""
-    stat = archive.stat()
+    facts = archive.stat()
     digest = hashlib.sha256(
-        f"{archive.resolve()}:{stat.st_mtime_ns}:{stat.st_size}".encode()
+        f"{archive.resolve()}:{facts.st_mtime_ns}:{facts.st_size}".encode()
     ).hexdigest()[:16]
     target = Path(tempfile.gettempdir()) / f"sordino-python-env-{digest}"
-    if target.is_dir():
+    if _ours(target):
         return target
     staging = Path(tempfile.mkdtemp(prefix=f"{target.name}-", dir=target.parent))
     try:
@@ -108,10 +109,23 @@ def _unpacked(archive: Path, named: str) -> Path:
     try:
         os.rename(staging, target)
     except OSError:  # another worker of the model unpacked it first: theirs is used
+        if not _ours(target):  # or someone else put a folder there: ours is used
+            return staging
         shutil.rmtree(staging, ignore_errors=True)
-        if not target.is_dir():
-            raise
     return target
+
+
+def _ours(folder: Path) -> bool:
+    """Whether ``folder`` is a folder this user unpacked (as ``mkdtemp`` makes them: ours,
+    and nobody else may write in it): the temporary folder is shared with every user of
+    the machine, and the code in the folder is imported into the model's worker."""
+    try:
+        found = folder.lstat()
+    except OSError:
+        return False
+    return (
+        stat.S_ISDIR(found.st_mode) and found.st_uid == os.getuid() and not found.st_mode & 0o077
+    )
 
 
 def activate(packages: Path) -> None:
