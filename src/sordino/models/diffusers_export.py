@@ -47,10 +47,12 @@ latent size to warm up with (``sordino.warmup_shape.sample``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -277,12 +279,27 @@ def per_row_timestep(unet: Path, name: str) -> Path:
 def _cache_path(source: Path, folder: str, tag: str) -> Path:
     """Where the rewritten copy of ``source`` is kept: ``$SORDINO_CACHE_DIR/FOLDER/KEY``,
     the key naming ``tag`` (the rewrite's version) and the file's path, size and time."""
-    stat = source.stat()
-    identity = f"{tag}:{source.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
-    cache = Path(
-        os.environ.get("SORDINO_CACHE_DIR") or Path(tempfile.gettempdir()) / "sordino-cache"
-    )
+    facts = source.stat()
+    identity = f"{tag}:{source.resolve()}:{facts.st_size}:{facts.st_mtime_ns}".encode()
+    given = os.environ.get("SORDINO_CACHE_DIR")
+    cache = Path(given) if given else _own_cache()
     return cache / folder / hashlib.sha256(identity).hexdigest()[:24] / "model.onnx"
+
+
+def _own_cache() -> Path:
+    """The temporary folder's ``sordino-cache-UID``, made private to this user: the
+    temporary folder is every user's, and a model found in the cache is served as the
+    export's (another user must not be able to put one there)."""
+    cache = Path(tempfile.gettempdir()) / f"sordino-cache-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        cache.mkdir(mode=0o700)
+    found = cache.lstat()
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o022:
+        raise ModelLoadError(
+            f"the cache folder {cache} is not a folder of this user's that only it may "
+            "write in; remove it, or set SORDINO_CACHE_DIR to a folder of yours"
+        )
+    return cache
 
 
 def _write_cached(model: Any, source: Path, target: Path) -> Path:
