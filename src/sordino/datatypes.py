@@ -384,7 +384,13 @@ def tensor_from_json(
         with np.errstate(over="ignore"):
             result = np.array(flat, dtype=target)
     if target.kind == "f" and target.itemsize < 8 and np.isinf(result).any():
-        index = int(np.argmax(np.isinf(result.reshape(-1))))
+        # Infinity sent as such is a value (Triton's JSON reads it); a finite number too
+        # large for the datatype is not.
+        sent = np.asarray(data if array.dtype.kind == "f" else _flatten(data), dtype=np.float64)
+        overflow = np.isinf(result.reshape(-1)) & np.isfinite(sent.reshape(-1))
+        if not overflow.any():
+            return result.reshape(shape)
+        index = int(np.argmax(overflow))
         raise TensorError(
             f"input {name!r} has datatype {datatype} but element {index} is "
             f"{_flatten(data)[index]!r}, out of range (largest {np.finfo(target).max})"

@@ -15,6 +15,7 @@ answers are encoded in ``encode.py``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -231,7 +232,7 @@ def _parse_header(body: bytes, header_length: int | None) -> dict[str, Any]:
 
 def _header_object(text: bytes | memoryview, where: str) -> dict[str, Any]:
     try:
-        header = orjson.loads(text)
+        header = loads_json(text)
     except orjson.JSONDecodeError as exc:
         raise MalformedBody(f"{where} is not valid JSON: {exc}") from None
     if not isinstance(header, dict):
@@ -244,6 +245,24 @@ def _header_object(text: bytes | memoryview, where: str) -> dict[str, Any]:
             '{"inputs": [{"name": ..., "shape": [...], "datatype": ..., "data": [...]}]}'
         )
     return header
+
+
+def loads_json(text: bytes | memoryview) -> Any:
+    """``text`` read as JSON by orjson; where it fails on ``NaN``, ``Infinity`` or
+    ``-Infinity`` (not JSON, but what Triton reads and writes for such floats, and what
+    Python's ``json`` writes), read by Python's ``json``, which takes them. Raises
+    orjson's error otherwise."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raw = bytes(text)
+        if b"NaN" not in raw and b"Infinity" not in raw:
+            raise
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError):
+            pass
+        raise
 
 
 def _parameters(raw: object, owner: str) -> dict[str, Any]:

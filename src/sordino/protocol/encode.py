@@ -23,6 +23,7 @@ __all__ = [
     "encode_error",
     "encode_infer_response",
     "encode_json",
+    "non_finite_json",
     "output_datatype",
 ]
 
@@ -119,7 +120,10 @@ def _json_output(name: str, datatype: str, array: Tensor) -> object:
     flat = array.reshape(-1)
     if datatype != "BYTES":
         # orjson writes numeric arrays itself when they are native-endian and contiguous.
-        return np.ascontiguousarray(flat, dtype=flat.dtype.newbyteorder("="))
+        values = np.ascontiguousarray(flat, dtype=flat.dtype.newbyteorder("="))
+        if values.dtype.kind == "f" and not np.isfinite(values).all():
+            return non_finite_json(values)
+        return values
     strings: list[str] = []
     for index, item in enumerate(flat.tolist()):
         if isinstance(item, str):
@@ -138,6 +142,22 @@ def _json_output(name: str, datatype: str, array: Tensor) -> object:
                 "BYTES outputs must hold bytes or str"
             ) from None
     return strings
+
+
+def non_finite_json(values: np.ndarray[Any, Any], *, alone: bool = False) -> orjson.Fragment:
+    """The JSON list of the floats ``values`` (one dimension), some NaN or infinite,
+    written as Triton writes them: ``NaN``, ``Infinity``, ``-Infinity`` (JSON has no such
+    numbers, but Python's ``json``, and so ``tritonclient``, reads them); orjson would
+    write ``null``, losing which it was. The finite ones are written as orjson writes
+    them (float32's shortest form). ``alone``: one value is written as itself, not as a
+    list of one."""
+    tokens = orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].split(b",")
+    for index in np.flatnonzero(~np.isfinite(values)).tolist():
+        value = values[index]
+        tokens[index] = b"NaN" if np.isnan(value) else b"Infinity" if value > 0 else b"-Infinity"
+    if alone and len(tokens) == 1:
+        return orjson.Fragment(tokens[0])
+    return orjson.Fragment(b"[" + b",".join(tokens) + b"]")
 
 
 def encode_error(message: str) -> bytes:

@@ -27,7 +27,8 @@ import orjson
 from sordino.datatypes import brief_repr, tensor_from_json
 from sordino.errors import InvalidRequest, MalformedBody, TensorError
 from sordino.inference import InferRequest, InferResponse, ModelMetadata, Tensor, TensorSpec
-from sordino.protocol.encode import encode_json
+from sordino.protocol.codec import loads_json
+from sordino.protocol.encode import encode_json, non_finite_json
 from sordino.protocol.validate import refuse_declined
 
 __all__ = ["decode_generate_request", "encode_generate_response", "sse_event"]
@@ -45,7 +46,7 @@ def decode_generate_request(
     InvalidRequest for a malformed ``id`` or ``parameters``.
     """
     try:
-        document = orjson.loads(body or b"{}")
+        document = loads_json(body or b"{}")
     except orjson.JSONDecodeError as exc:
         raise MalformedBody(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(document, dict):
@@ -109,6 +110,10 @@ def encode_generate_response(
     if response.id is not None:
         document["id"] = response.id
     for name, array in response.outputs.items():
+        if array.dtype.kind == "f" and not np.isfinite(array).all():  # NaN as Triton writes it
+            values = np.ascontiguousarray(array.reshape(-1), dtype=np.float64)  # as tolist()
+            document[name] = non_finite_json(values, alone=True)
+            continue
         flat = array.reshape(-1).tolist()
         if name in base64_outputs:
             flat = [base64.b64encode(item).decode("ascii") for item in flat]

@@ -123,9 +123,7 @@ def _ours(folder: Path) -> bool:
         found = folder.lstat()
     except OSError:
         return False
-    return (
-        stat.S_ISDIR(found.st_mode) and found.st_uid == os.getuid() and not found.st_mode & 0o077
-    )
+    return stat.S_ISDIR(found.st_mode) and found.st_uid == os.getuid() and not found.st_mode & 0o077
 
 
 def activate(packages: Path) -> None:
