@@ -82,5 +82,7 @@ def test_a_file_name_that_is_no_model_name_says_how_to_name_it(tmp_path: Path) -
         assert "pydantic" not in message
         [source] = sources_from_spec(f"digits={spec}")  # named, it serves
         assert source.name == "digits"
-    with pytest.raises(ConfigError, match=r"'my model' is not a model name \(letters, digits"):
+    with pytest.raises(
+        ConfigError, match=r"'my model' is not a model name \(ASCII letters, digits"
+    ):
         sources_from_spec(f"my model={folder / 'model (1).onnx'}")

@@ -74,7 +74,7 @@ MAX_NAME_LENGTH = 255
 """Longest model name: a folder name on common file systems."""
 
 _NAME = re.compile(MODEL_NAME_PATTERN)
-NAME_RULE = "letters, digits, '_', '.', '-', starting with a letter or digit"
+NAME_RULE = "ASCII letters, digits, '_', '.', '-', starting with a letter or digit"
 """:data:`MODEL_NAME_PATTERN` in words, for messages."""
 
 

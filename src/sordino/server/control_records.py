@@ -86,7 +86,7 @@ def check_name(name: str) -> None:
     if not is_model_name(name):
         shown = repr(name) if len(name) <= 60 else repr(name[:57]) + "…"
         raise InvalidRequest(
-            f"{shown} is not a model name: use letters, digits, '_', '.' and '-', starting "
+            f"{shown} is not a model name: use ASCII letters, digits, '_', '.' and '-', starting "
             "with a letter or digit (no '/', no '..')"
         )
 
