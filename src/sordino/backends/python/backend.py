@@ -66,7 +66,7 @@ from sordino.backends.python.joining import (
     set_apart,
 )
 from sordino.backends.python.model_dir import forget_model, import_model
-from sordino.backends.python.raised import raised
+from sordino.backends.python.raised import models_own, raised
 from sordino.backends.python.readiness import model_readiness
 from sordino.backends.reshape import Reshapes
 from sordino.errors import ModelLoadError
@@ -190,7 +190,9 @@ class PythonBackend:
             try:
                 with bls.executing(bls.Executing(name, phase="auto_complete_config")):
                     completed = model_class.auto_complete_config(utils.ModelConfig(config))
-            except Exception as exc:
+            except BaseException as exc:
+                if not models_own(exc):
+                    raise
                 told = raised(exc, folder)
                 raise ModelLoadError(f"{where}: auto_complete_config raised {told}") from exc
             config = completed.as_dict()
@@ -227,7 +229,9 @@ class PythonBackend:
             try:
                 with bls.executing(bls.Executing(name, phase="initialize")):
                     model.initialize(args)
-            except Exception as exc:
+            except BaseException as exc:
+                if not models_own(exc):
+                    raise
                 told = raised(exc, folder)
                 raise ModelLoadError(f"{where}: initialize raised {told}") from exc
         self._model, self._module = model, module
@@ -371,7 +375,9 @@ class PythonBackend:
             layouts = output_layouts(parts, metadata.name)
             if place is None:
                 outputs = join_outputs(parts, {})
-        except Exception as exc:
+        except BaseException as exc:
+            if not models_own(exc):
+                raise
             with self._lock:
                 self._failures += 1
             if isinstance(exc, PythonModelError):
@@ -446,7 +452,9 @@ class PythonBackend:
                 reshapes=self._reshapes,
                 iterative=self._options.iterative_sequence,
             )
-        except Exception as exc:
+        except BaseException as exc:
+            if not models_own(exc):
+                raise
             with self._lock:
                 self._failures += 1
             told = raised(exc, self._folder)
@@ -462,7 +470,12 @@ class PythonBackend:
         model, self._model = self._model, None
         if model is not None and hasattr(model, "finalize"):
             with bls.executing(bls.Executing(self._options.name, phase="finalize")):
-                model.finalize()
+                try:
+                    model.finalize()
+                except BaseException as exc:
+                    if isinstance(exc, Exception) or not models_own(exc):
+                        raise
+                    raise PythonModelError(f"finalize raised {raised(exc, self._folder)}") from exc
         module, self._module = self._module, None
         forget_model(module)
 

@@ -10,9 +10,27 @@ of ``model.py`` that raised it. Triton's Python backend ends such a message with
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import traceback
 
-__all__ = ["raised"]
+__all__ = ["models_own", "raised"]
+
+
+def models_own(exc: BaseException) -> bool:
+    """Whether ``exc``, out of a model's code, is the model's failure, answered as the
+    call's error, rather than the process's to stop on: every ``Exception``, and the
+    ``KeyboardInterrupt``, ``SystemExit`` (``sys.exit()``) or ``GeneratorExit`` a model
+    raised, which Triton's stub answers as it answers any other. (Left to stop the
+    process: a ``KeyboardInterrupt`` that may be the user's Ctrl-C — in the main thread
+    of a process that takes SIGINT. A worker ignores SIGINT; a model run in the server's
+    threads never runs in its main thread.)"""
+    if isinstance(exc, KeyboardInterrupt):
+        return (
+            threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        )
+    return isinstance(exc, Exception | SystemExit | GeneratorExit)
 
 
 def raised(exc: BaseException, folder: str | os.PathLike[str]) -> str:

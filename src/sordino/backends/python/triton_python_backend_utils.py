@@ -300,6 +300,11 @@ class InferenceResponse:
         error: TritonError | None = None,
         parameters: Mapping[str, bool | int | str] | None = None,
     ) -> None:
+        if error is not None and not isinstance(error, TritonError):  # as Triton's refuses it
+            raise TypeError(
+                "InferenceResponse's error must be a pb_utils.TritonError (e.g. "
+                f"pb_utils.TritonError('what went wrong')), not {type(error).__name__}"
+            )
         self._outputs = list(output_tensors or [])
         self._error = error
         self._parameters: str
