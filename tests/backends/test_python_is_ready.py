@@ -50,6 +50,8 @@ class TritonPythonModel:
             time.sleep(0.05)
         if mode == "raise":
             raise RuntimeError("the feature store is down")
+        if mode == "interrupt":
+            raise KeyboardInterrupt()
         return {"ready": True, "not": False, "int": 1}[mode]
 
 IS_READY
@@ -273,3 +275,20 @@ def test_a_server_stops_while_a_thread_instances_is_ready_hangs(
         assert _ready(running, "stuck").status_code == 503
         stopping = time.monotonic()
     assert time.monotonic() - stopping < 30  # (serve_in_thread gives up waiting at 60 s)
+
+
+@pytest.mark.parametrize("name", ["gate", "gate_thread"])
+def test_is_ready_raising_what_is_not_an_exception_is_not_ready_and_asked_again(
+    server: RunningServer, root: Path, name: str
+) -> None:
+    """A ``KeyboardInterrupt`` out of ``is_ready`` is its answer (not ready, saying so),
+    as any exception: before, it ended the thread asking, whose answer never came (every
+    later check waited on it), and a worker's check ended the worker."""
+    _set(root, name, "interrupt")
+    try:
+        answer = _ready(server, name)
+        assert answer.status_code == 503
+        assert "is_ready() raised KeyboardInterrupt" in answer.json()["error"]
+    finally:
+        _set(root, name, "ready")
+    assert _ready(server, name).status_code == 200

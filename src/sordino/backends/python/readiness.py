@@ -20,6 +20,7 @@ import inspect
 from typing import Any
 
 from sordino.backends.python import bls
+from sordino.backends.python.raised import models_own
 
 __all__ = ["model_readiness"]
 
@@ -34,7 +35,9 @@ def model_readiness(model: Any, name: str) -> str | None:
             answer = model.is_ready()
             if inspect.iscoroutine(answer):  # async def is_ready, on the model's loop
                 answer = bls.run_coroutine(answer, state)
-    except Exception as exc:
+    except BaseException as exc:
+        if not models_own(exc):
+            raise
         return f"is_ready() raised {type(exc).__name__}: {exc}"
     if not isinstance(answer, bool):  # Triton's own check (a bool, nothing like one)
         return f"is_ready() must return a boolean value, not {type(answer).__name__}"
