@@ -102,3 +102,14 @@ def test_sys_exit_in_initialize_fails_the_load_saying_so(
     monkeypatch.setenv("RAISE_IN_INITIALIZE", "1")
     with pytest.raises(ModelLoadError, match=r"initialize raised SystemExit\(4\) at 1/model.py"):
         load_python_backend(_repository(tmp_path) / "m", own_process=False)
+
+
+def test_sys_exit_as_model_py_is_imported_fails_the_load_saying_so(tmp_path: Path) -> None:
+    """An argparse at the top of ``model.py`` ends in ``SystemExit(2)``."""
+    folder = _repository(tmp_path) / "m"
+    model = folder / "1" / "model.py"
+    model.write_text("import sys\nsys.exit(2)\n" + model.read_text())
+    with pytest.raises(
+        ModelLoadError, match=r"importing .* raised SystemExit\(2\) at 1/model.py:2"
+    ):
+        load_python_backend(folder, own_process=False)

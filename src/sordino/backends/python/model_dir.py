@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 from sordino.backends.python import bls
-from sordino.backends.python.raised import raised
+from sordino.backends.python.raised import models_own, raised
 from sordino.backends.python.triton_errors import TritonModelException
 from sordino.errors import ModelLoadError
 
@@ -77,8 +77,10 @@ def import_model(key: str, model: str, path: Path, where: str) -> ModuleType:
     sys.modules[name] = module  # before it runs, as an import does: pickle looks it up
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
+    except BaseException as exc:  # sys.exit() at the top of model.py included
         del sys.modules[name]
+        if not models_own(exc):
+            raise
         hint = _install_hint(exc) if isinstance(exc, ModuleNotFoundError) else ""
         told = raised(exc, path.parent.parent if path.parent.name.isdigit() else path.parent)
         raise ModelLoadError(f"{where}: importing {path} raised {told}{hint}") from exc
