@@ -1,6 +1,7 @@
 """A Triton Python model's tensors and the arena, in a worker's run loop.
 
-Inputs reach ``execute`` as views of the arena; each response's output tensor is copied
+Inputs reach ``execute`` as the model's own copy of the batch's rows in the arena (one
+copy a batch: the model may write into them, as on Triton); each response's output tensor is copied
 once, straight into its rows of the block the server reserved for the output (no joined
 batch made first). The worker's loop (``worker_loop.serve``) runs here in a thread of the
 test over a real pipe and a real shared-memory arena; the test plays the server's end
@@ -144,8 +145,10 @@ def _batch(worker: Worker, rows: list[np.ndarray], space: dict[str, int]) -> Run
     return Run(1, {"X": handle}, reserved, None, rows=tuple(len(r) for r in rows), requests=facts)
 
 
-def test_inputs_are_views_of_the_arena(worker: Worker) -> None:
-    """What ``execute`` reads as a request's input is its rows in the arena, not a copy."""
+def test_inputs_are_the_models_own_copies(worker: Worker) -> None:
+    """What ``execute`` reads as a request's input is a copy of its rows in the arena (one
+    copy of the batch's input), which the model may write into, as on Triton: the block
+    is read again after it (a pipeline's other steps, a batch run again)."""
     rows = [np.full((1, 4), -i, np.float32) for i in range(3)]
     done = worker.run(_batch(worker, rows, {}))
     assert isinstance(done, Done), done
@@ -153,15 +156,17 @@ def test_inputs_are_views_of_the_arena(worker: Worker) -> None:
     arena = np.frombuffer(worker.mapped.segment.buf, np.uint8)
     seen: list[Any] = worker.backend._model.inputs
     assert [x.tolist() for x in seen] == [r.tolist() for r in rows]
-    assert all(np.shares_memory(x, arena) for x in seen)
+    assert not any(np.shares_memory(x, arena) for x in seen)
+    assert all(x.flags.writeable for x in seen)
+    assert all(np.shares_memory(x, seen[0].base) for x in seen)  # one copy of the batch
     del arena, seen
     worker.backend._model.inputs = []
 
 
 def test_each_response_is_copied_once_straight_into_the_reserved_block(worker: Worker) -> None:
     """Eight requests of 2 MB each: the outputs lie in the block the server reserved, and
-    the worker allocates nothing near their size on the way (a joined batch of 16 MB,
-    then copied into the arena, was how outputs went before)."""
+    the worker allocates nothing near their size on the way beyond the inputs' copy (a
+    joined batch of 16 MB, then copied into the arena, was how outputs went before)."""
     width = MB // 2  # 2 MB of FP32 a request
     rows = [np.full((1, width), i - 8, np.float32) for i in range(8)]  # X[0, 0] <= 0
     total = 8 * width * 4
@@ -180,8 +185,9 @@ def test_each_response_is_copied_once_straight_into_the_reserved_block(worker: W
     assert np.array_equal(out, np.concatenate(rows))
     del out
     # The model's responses are views of its inputs: what the batch allocated is the
-    # requests, the responses and the frames, far below one output's 2 MB.
-    assert peak < MB, f"{peak} bytes allocated while the batch ran and was answered"
+    # inputs' one copy (the model's own, 16 MB), then the requests, the responses and the
+    # frames, far below one output's 2 MB — no joined output batch.
+    assert peak < total + MB, f"{peak} bytes allocated while the batch ran and was answered"
     labels = view_tensor(worker.arena.buffer, done.outputs["LABEL"])
     assert labels.shape == (8, 1) and labels[0, 0] == b"row"
 

@@ -68,6 +68,7 @@ from sordino.backends.python.joining import (
 from sordino.backends.python.model_dir import forget_model, import_model
 from sordino.backends.python.raised import models_own, raised
 from sordino.backends.python.readiness import model_readiness
+from sordino.backends.python.triton_tensor import private_inputs
 from sordino.backends.reshape import Reshapes
 from sordino.errors import ModelLoadError
 from sordino.inference import (
@@ -331,7 +332,7 @@ class PythonBackend:
             batch = reshapes.inputs_to_model(batch)
             if place is not None and reshapes.outputs:
                 place, placed = reshapes.placer(place)
-        inputs = list(batch.items())
+        inputs = list(private_inputs(batch).items())
         # Arrays that Tensor() would keep as they are (no numpy strings) skip its checks.
         plain = all(type(a) is np.ndarray and a.dtype.kind not in "SU" for _, a in inputs)
         tensor = utils.Tensor._of if plain else utils.Tensor

@@ -15,7 +15,18 @@ import numpy as np
 from sordino.backends.python.triton_errors import TritonModelException
 from sordino.backends.python.triton_types import numpy_to_triton_type
 
-__all__ = ["Tensor"]
+__all__ = ["Tensor", "private_inputs"]
+
+
+def private_inputs(batch: dict[str, Any]) -> dict[str, Any]:
+    """The batch's input arrays as the model's own copies (one copy of each input a
+    batch): a model may write into its inputs (``x /= 255``), as on Triton, whose stub
+    has its own copy, and what it writes must reach nobody else — the arena's blocks are
+    read again after it: by a pipeline's other steps, and by the batch's second run when
+    its worker was lost."""
+    return {
+        name: array.copy() if type(array) is np.ndarray else array for name, array in batch.items()
+    }
 
 
 class Tensor:
