@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +35,19 @@ from sordino.execution.worker import WorkerError
 from sordino.inference import ModelKey, ModelMetadata
 from sordino.memory.refs import TensorRef
 
-__all__ = ["ThreadInstance"]
+__all__ = ["UNLOAD_WAIT_S", "ThreadInstance"]
+
+log = logging.getLogger("sordino.workers")
+
+UNLOAD_WAIT_S = 5.0
+"""How long closing an instance waits for its model to unload, as a worker process is
+given as long to stop before it is killed."""
+
+
+def _unloaded(subject: str, unloading: asyncio.Future[None]) -> None:
+    """An unload that ended after its instance stopped waiting: say how, if it failed."""
+    if not unloading.cancelled() and (exc := unloading.exception()) is not None:
+        log.warning("instance %s unloaded late, failing: %s: %s", subject, type(exc).__name__, exc)
 
 
 class ThreadInstance(InstanceBase):
@@ -180,6 +194,22 @@ class ThreadInstance(InstanceBase):
         return await loop.run_in_executor(self._pool, profiler.stop_profiling)
 
     async def aclose(self) -> None:
+        """Unload the model in its own thread, after the batch it runs (a model's
+        ``finalize`` may take its time, or never return: it ran on the event loop before,
+        and one that hung wedged the whole server, health checks included). A thread
+        cannot be killed: one still unloading after :data:`UNLOAD_WAIT_S` is left to end
+        on its own, said in the log, as a worker process is killed then."""
         self.state = "stopped"
+        loop = asyncio.get_running_loop()
+        unloading = loop.run_in_executor(self._pool, self._backend.unload)
         self._pool.shutdown(wait=False)
-        self._backend.unload()
+        try:
+            await asyncio.wait_for(asyncio.shield(unloading), UNLOAD_WAIT_S)
+        except TimeoutError:
+            unloading.add_done_callback(functools.partial(_unloaded, self.subject))
+            log.warning(
+                "instance %s did not unload within %g s (its model's finalize, or a batch "
+                "still running): left to end in its thread",
+                self.subject,
+                UNLOAD_WAIT_S,
+            )

@@ -1,0 +1,90 @@
+"""A model run in the server's own threads (``isolation: thread``) whose ``finalize``
+never returns: unloading it answers once ``UNLOAD_WAIT_S`` passed, the server serving
+meanwhile, and ``sordino start`` ends on a signal. Before, ``finalize`` ran on the event
+loop: the unload never answered and the whole server stopped answering — liveness
+included; and a thread left running kept the process from exiting after "stopped"."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.cli.conftest import sordino_start
+from tests.waiting import wait_for
+
+TOKEN = "stuck-thread-test-token-0123456789"
+
+CONFIG = """backend: "python"
+max_batch_size: 0
+input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "Y", data_type: TYPE_INT32, dims: [ 1 ] } ]
+"""
+
+MODEL = """import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse(
+                [pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())]
+            )
+            for r in requests
+        ]
+
+    def finalize(self):
+        time.sleep(3600)
+"""
+
+
+def _folder(root: Path) -> Path:
+    (root / "stuck" / "1").mkdir(parents=True)
+    (root / "stuck" / "config.pbtxt").write_text(CONFIG)
+    (root / "stuck" / "1" / "model.py").write_text(MODEL)
+    (root / "runtime.yaml").write_text(
+        "models:\n  - {name: stuck, path: stuck, backend: python, isolation: thread}\n"
+    )
+    return root
+
+
+def test_a_finalize_that_never_returns_holds_neither_the_server_nor_its_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SORDINO_ADMIN_TOKEN", TOKEN)
+    root = _folder(tmp_path)
+    args = ["--config", str(root / "runtime.yaml"), "--model-control-mode", "explicit"]
+    with sordino_start(args, tmp_path) as server:
+        unloaded: list[httpx.Response] = []
+        started = time.monotonic()
+
+        def unload() -> None:
+            unloaded.append(
+                httpx.post(
+                    f"{server.url}/v2/repository/models/stuck/unload",
+                    headers={"Authorization": f"Bearer {TOKEN}"},
+                    timeout=60,
+                )
+            )
+
+        unloading = threading.Thread(target=unload)
+        unloading.start()
+        time.sleep(1.0)  # finalize is running now
+        assert httpx.get(f"{server.url}/v2/health/live", timeout=5).status_code == 200
+        unloading.join(60)
+        assert unloaded and unloaded[0].status_code == 200, unloaded
+        assert time.monotonic() - started < 30
+        server.process.send_signal(signal.SIGINT)
+        assert server.process.wait(timeout=60) == 0
+        wait_for(
+            lambda: any("still running" in line for line in server.lines), "its last lines", 10
+        )
+        output = "\n".join(server.lines)
+        assert "instance stuck/0 did not unload within 5 s" in output
+        assert "1 thread(s) of models still running (sordino-stuck_0)" in output
