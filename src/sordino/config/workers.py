@@ -42,7 +42,8 @@ class WorkersConfig(Section):
     heartbeat_timeout: Duration = 10.0
     """A worker silent this long is hung: it is killed, its batch retried, it is restarted."""
     execution_timeout: Duration = 60.0
-    """Longest one batch may run in a worker before the worker is replaced; 0 disables."""
+    """Longest one batch may run in a worker before the worker is replaced (a thread
+    instance: before the batch fails and it goes on in a new thread); 0 disables."""
     start_timeout: Duration = 120.0
     """Longest a worker may take to load its model and warm up."""
     restart_backoff: Duration = 1.0

@@ -166,6 +166,7 @@ class ChainExecutor:
                 str(path),
                 run=run_options(config),
                 calls=self._call_server,
+                execution_timeout=self._settings.execution_timeout,
             )
         spec = WorkerSpec(
             model=key.name,

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from sordino.backends.base import (
     Backend,
@@ -44,6 +45,13 @@ UNLOAD_WAIT_S = 5.0
 given as long to stop before it is killed."""
 
 
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """Read what a batch left to its thread ended with, so that nothing is reported as
+    never retrieved."""
+    if not future.cancelled():
+        future.exception()
+
+
 def _unloaded(subject: str, unloading: asyncio.Future[None]) -> None:
     """An unload that ended after its instance stopped waiting: say how, if it failed."""
     if not unloading.cancelled() and (exc := unloading.exception()) is not None:
@@ -65,10 +73,13 @@ class ThreadInstance(InstanceBase):
         *,
         run: ModelRunOptions,
         calls: Callable[[], CallServer | None] | None = None,
+        execution_timeout: float = 0.0,
     ) -> None:
         """Build the backend ``run`` says (unloaded); :meth:`open` loads it.
 
         ``calls`` gives the answerer of the model's calls to other models (BLS).
+        ``execution_timeout`` (0: none): a batch running longer fails, and the instance
+        goes on in a new thread (the batch's own cannot be stopped: it is left running).
 
         Raises :class:`ModelLoadError` for a backend kind this build does not know.
         """
@@ -84,6 +95,7 @@ class ThreadInstance(InstanceBase):
         )
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sordino-{key.name}")
         self._calls = calls
+        self._execution_timeout = execution_timeout
 
     @property
     def backend(self) -> Backend:
@@ -157,7 +169,14 @@ class ThreadInstance(InstanceBase):
         if cancels is not None:
             cancels.bind(cancelled.add)
         try:
-            return await loop.run_in_executor(self._pool, call)
+            running = loop.run_in_executor(self._pool, call)
+            if self._execution_timeout:
+                await asyncio.wait((running,), timeout=self._execution_timeout)
+                if not running.done():
+                    raise self._abandon(running)
+            return await running
+        except WorkerError:
+            raise
         except MemoryError as exc:
             self.failures += 1
             raise WorkerError("oom", f"MemoryError: {exc}") from None
@@ -170,6 +189,24 @@ class ThreadInstance(InstanceBase):
         finally:
             if cancels is not None:
                 cancels.bind(None)
+
+    def _abandon(self, running: asyncio.Future[dict[str, TensorRef]]) -> WorkerError:
+        """The batch ``running`` ran over the execution timeout: leave its thread to it,
+        go on in a new one, and say so (a worker process is killed and replaced then)."""
+        stuck, self._pool = (
+            self._pool,
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sordino-{self.key.name}"),
+        )
+        stuck.shutdown(wait=False)
+        running.add_done_callback(_retrieved)
+        self.failures += 1
+        message = (
+            f"the batch ran over {self._execution_timeout:g} s (workers.execution_timeout) "
+            "in its thread, which cannot be stopped: it is left running, and the instance "
+            "goes on in a new thread"
+        )
+        log.warning("instance %s: %s", self.subject, message)
+        return WorkerError("timeout", message)
 
     @property
     def profiling(self) -> bool:
