@@ -20,3 +20,19 @@ def load_python_backend(folder: Path, *, own_process: bool = True, device: str =
     )
     backend.load(folder / "1" / "model.py", device)
     return backend
+
+
+ONE_INT32 = """backend: "python"
+max_batch_size: 0
+input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "Y", data_type: TYPE_INT32, dims: [ 1 ] } ]
+"""
+"""A Python model's ``config.pbtxt``: one INT32 ``X`` in, one INT32 ``Y`` out, no batching."""
+
+
+def write_python_model(root: Path, name: str, source: str, config: str = ONE_INT32) -> Path:
+    """Write the model folder ``root/name``: ``config.pbtxt`` and ``1/model.py``."""
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(config)
+    (root / name / "1" / "model.py").write_text(source)
+    return root / name

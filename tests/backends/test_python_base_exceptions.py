@@ -21,13 +21,7 @@ from sordino.config import RuntimeConfig
 from sordino.errors import ModelLoadError
 from sordino.models.repository import scan_repository
 from sordino.testing import serve_in_thread
-from tests.backends.python_models import load_python_backend
-
-CONFIG = """backend: "python"
-max_batch_size: 0
-input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
-output [ { name: "Y", data_type: TYPE_INT32, dims: [ 1 ] } ]
-"""
+from tests.backends.python_models import load_python_backend, write_python_model
 
 MODEL = """import os
 import sys
@@ -57,9 +51,7 @@ class TritonPythonModel:
 
 
 def _repository(root: Path) -> Path:
-    (root / "m" / "1").mkdir(parents=True)
-    (root / "m" / "config.pbtxt").write_text(CONFIG)
-    (root / "m" / "1" / "model.py").write_text(MODEL)
+    write_python_model(root, "m", MODEL)
     return root
 
 

@@ -17,6 +17,7 @@ from sordino.config import RuntimeConfig, load_config
 from sordino.models.ensembles import with_ensembles
 from sordino.models.repository import scan_repository
 from sordino.testing import serve_in_thread
+from tests.backends.python_models import write_python_model
 
 CONFIG = """backend: "python"
 max_batch_size: 8
@@ -82,9 +83,7 @@ ensemble_scheduling {
 
 def _repository(root: Path) -> Path:
     for name, model in (("writer", WRITER), ("reader", READER)):
-        (root / name / "1").mkdir(parents=True)
-        (root / name / "config.pbtxt").write_text(CONFIG)
-        (root / name / "1" / "model.py").write_text(model)
+        write_python_model(root, name, model, CONFIG)
     (root / "both" / "1").mkdir(parents=True)
     (root / "both" / "config.pbtxt").write_text(ENSEMBLE)
     return root

@@ -14,16 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.backends.python_models import write_python_model
 from tests.cli.conftest import sordino_start
 from tests.waiting import wait_for
 
 TOKEN = "stuck-thread-test-token-0123456789"
-
-CONFIG = """backend: "python"
-max_batch_size: 0
-input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
-output [ { name: "Y", data_type: TYPE_INT32, dims: [ 1 ] } ]
-"""
 
 MODEL = """import time
 
@@ -45,9 +40,7 @@ class TritonPythonModel:
 
 
 def _folder(root: Path) -> Path:
-    (root / "stuck" / "1").mkdir(parents=True)
-    (root / "stuck" / "config.pbtxt").write_text(CONFIG)
-    (root / "stuck" / "1" / "model.py").write_text(MODEL)
+    write_python_model(root, "stuck", MODEL)
     (root / "runtime.yaml").write_text(
         "models:\n  - {name: stuck, path: stuck, backend: python, isolation: thread}\n"
     )

@@ -18,12 +18,7 @@ from tritonclient.utils import InferenceServerException
 from sordino.config import RuntimeConfig
 from sordino.models.repository import scan_repository
 from sordino.testing import serve_in_thread
-
-CONFIG = """backend: "python"
-max_batch_size: 0
-input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
-output [ { name: "Y", data_type: TYPE_INT32, dims: [ 1 ] } ]
-"""
+from tests.backends.python_models import write_python_model
 
 MODEL = """import os
 import time
@@ -46,9 +41,7 @@ class TritonPythonModel:
 
 
 def test_a_batch_past_the_execution_timeout_fails_and_the_next_ones_run(tmp_path: Path) -> None:
-    (tmp_path / "stuck" / "1").mkdir(parents=True)
-    (tmp_path / "stuck" / "config.pbtxt").write_text(CONFIG)
-    (tmp_path / "stuck" / "1" / "model.py").write_text(MODEL)
+    write_python_model(tmp_path, "stuck", MODEL)
     sources = [
         dataclasses.replace(s, config=s.config.model_copy(update={"isolation": "thread"}))
         for s in scan_repository(tmp_path)
