@@ -7,6 +7,8 @@ included; and a thread left running kept the process from exiting after "stopped
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -81,3 +83,28 @@ def test_a_finalize_that_never_returns_holds_neither_the_server_nor_its_exit(
         output = "\n".join(server.lines)
         assert "instance stuck/0 did not unload within 5 s" in output
         assert "1 thread(s) of models still running (sordino-stuck_0)" in output
+
+
+HANGS_IN_INITIALIZE = MODEL.replace("    def finalize(self):", "    def initialize(self, args):")
+
+
+def test_an_initialize_that_never_returns_fails_start_up_within_the_start_timeout(
+    tmp_path: Path,
+) -> None:
+    """``workers.start_timeout`` bounds a thread instance's load as a worker's: start-up
+    fails saying so, and the process exits (before: start-up waited forever)."""
+    write_python_model(tmp_path, "stuck", HANGS_IN_INITIALIZE)
+    (tmp_path / "runtime.yaml").write_text(
+        "workers: {start_timeout: 2s}\n"
+        "models:\n  - {name: stuck, path: stuck, backend: python, isolation: thread}\n"
+    )
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "sordino", "start", "--config", str(tmp_path / "runtime.yaml"),
+         "--http-port", "0", "--grpc-port", "0", "--data-dir", str(tmp_path / "data")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "stuck/0 did not load within 2 s in its thread" in result.stderr
+    assert "1 thread(s) of models still running (sordino-stuck_0)" in result.stderr
+    assert time.monotonic() - started < 60

@@ -427,9 +427,11 @@ def start(
         _leave_stuck_threads(status, output)
     except (SordinoError, OSError) as exc:
         click.echo(f"error: {exc}", err=True)
+        _leave_stuck_threads(2, output)
         sys.exit(2)
     except KeyboardInterrupt:  # Ctrl-C before the event loop took the signal over
         click.echo("interrupted", err=True)
+        _leave_stuck_threads(INTERRUPTED, output)
         sys.exit(INTERRUPTED)
     if status:
         sys.exit(status)

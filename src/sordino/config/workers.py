@@ -45,7 +45,7 @@ class WorkersConfig(Section):
     """Longest one batch may run in a worker before the worker is replaced (a thread
     instance: before the batch fails and it goes on in a new thread); 0 disables."""
     start_timeout: Duration = 120.0
-    """Longest a worker may take to load its model and warm up."""
+    """Longest a worker (or a thread instance) may take to load its model and warm up."""
     restart_backoff: Duration = 1.0
     """Delay before restarting a worker that failed while starting or before it was
     healthy (a crash loop); it doubles on each further such failure in a row. A healthy

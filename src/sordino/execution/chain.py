@@ -167,6 +167,7 @@ class ChainExecutor:
                 run=run_options(config),
                 calls=self._call_server,
                 execution_timeout=self._settings.execution_timeout,
+                start_timeout=self._settings.start_timeout,
             )
         spec = WorkerSpec(
             model=key.name,

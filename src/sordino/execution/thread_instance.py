@@ -25,7 +25,7 @@ from sordino.backends.base import (
 from sordino.backends.calls import CallingBackend
 from sordino.backends.decoupled import DecoupledBackend
 from sordino.backends.registry import create_backend
-from sordino.errors import Unavailable
+from sordino.errors import ModelLoadError, Unavailable
 from sordino.execution.decoupled import ThreadResponder
 from sordino.execution.devices import Device
 from sordino.execution.faults import FaultAction, InjectedFault, perform
@@ -74,12 +74,14 @@ class ThreadInstance(InstanceBase):
         run: ModelRunOptions,
         calls: Callable[[], CallServer | None] | None = None,
         execution_timeout: float = 0.0,
+        start_timeout: float = 0.0,
     ) -> None:
         """Build the backend ``run`` says (unloaded); :meth:`open` loads it.
 
         ``calls`` gives the answerer of the model's calls to other models (BLS).
         ``execution_timeout`` (0: none): a batch running longer fails, and the instance
         goes on in a new thread (the batch's own cannot be stopped: it is left running).
+        ``start_timeout`` (0: none): a load taking longer fails (its thread left running).
 
         Raises :class:`ModelLoadError` for a backend kind this build does not know.
         """
@@ -96,6 +98,7 @@ class ThreadInstance(InstanceBase):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sordino-{key.name}")
         self._calls = calls
         self._execution_timeout = execution_timeout
+        self._start_timeout = start_timeout
 
     @property
     def backend(self) -> Backend:
@@ -133,9 +136,20 @@ class ThreadInstance(InstanceBase):
         loop = asyncio.get_running_loop()
         if isinstance(self._backend, CallingBackend) and self._calls is not None:
             self._backend.set_caller(LoopCaller(loop, self._calls))
-        await loop.run_in_executor(
+        loading = loop.run_in_executor(
             self._pool, self._backend.load, Path(self._path), self.device.target
         )
+        if self._start_timeout:
+            await asyncio.wait((loading,), timeout=self._start_timeout)
+            if not loading.done():
+                loading.add_done_callback(_retrieved)
+                self._leave_thread()
+                raise ModelLoadError(
+                    f"{self.subject} did not load within {self._start_timeout:g} s in its "
+                    "thread, which cannot be stopped: it is left running; raise "
+                    "workers.start_timeout, or see what the model waits for"
+                )
+        await loading
         self.state = "ready"
         return self._backend.metadata
 
@@ -190,14 +204,18 @@ class ThreadInstance(InstanceBase):
             if cancels is not None:
                 cancels.bind(None)
 
-    def _abandon(self, running: asyncio.Future[dict[str, TensorRef]]) -> WorkerError:
-        """The batch ``running`` ran over the execution timeout: leave its thread to it,
-        go on in a new one, and say so (a worker process is killed and replaced then)."""
+    def _leave_thread(self) -> None:
+        """Go on in a new thread: the one running now is left to the model."""
         stuck, self._pool = (
             self._pool,
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sordino-{self.key.name}"),
         )
         stuck.shutdown(wait=False)
+
+    def _abandon(self, running: asyncio.Future[dict[str, TensorRef]]) -> WorkerError:
+        """The batch ``running`` ran over the execution timeout: leave its thread to it,
+        go on in a new one, and say so (a worker process is killed and replaced then)."""
+        self._leave_thread()
         running.add_done_callback(_retrieved)
         self.failures += 1
         message = (
