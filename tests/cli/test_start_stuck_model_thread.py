@@ -82,7 +82,7 @@ def test_a_finalize_that_never_returns_holds_neither_the_server_nor_its_exit(
         )
         output = "\n".join(server.lines)
         assert "instance stuck/0 did not unload within 5 s" in output
-        assert "1 thread(s) of models still running (sordino-stuck_0)" in output
+        assert "1 thread(s) still running after the stop (sordino-stuck_0;" in output
 
 
 HANGS_IN_INITIALIZE = MODEL.replace("    def finalize(self):", "    def initialize(self, args):")
@@ -106,5 +106,5 @@ def test_an_initialize_that_never_returns_fails_start_up_within_the_start_timeou
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
     assert "stuck/0 did not load within 2 s in its thread" in result.stderr
-    assert "1 thread(s) of models still running (sordino-stuck_0)" in result.stderr
+    assert "1 thread(s) still running after the stop (sordino-stuck_0;" in result.stderr
     assert time.monotonic() - started < 60

@@ -449,7 +449,8 @@ def _leave_stuck_threads(status: int, output: BackgroundOutput | None) -> None:
     if not stuck:
         return
     log.warning(
-        "%d thread(s) of models still running (%s): exiting without them",
+        "%d thread(s) still running after the stop (%s; a model's, run in the server's "
+        "own threads): exiting without them",
         len(stuck),
         ", ".join(sorted(stuck)),
     )
