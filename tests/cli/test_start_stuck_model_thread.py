@@ -2,7 +2,9 @@
 never returns: unloading it answers once ``UNLOAD_WAIT_S`` passed, the server serving
 meanwhile, and ``sordino start`` ends on a signal. Before, ``finalize`` ran on the event
 loop: the unload never answered and the whole server stopped answering — liveness
-included; and a thread left running kept the process from exiting after "stopped"."""
+included; and a model's thread left running kept the process from exiting after
+"stopped" (Python waits for a ``ThreadPoolExecutor``'s threads at exit; the model's
+thread is now a daemon)."""
 
 from __future__ import annotations
 
@@ -77,12 +79,9 @@ def test_a_finalize_that_never_returns_holds_neither_the_server_nor_its_exit(
         assert time.monotonic() - started < 30
         server.process.send_signal(signal.SIGINT)
         assert server.process.wait(timeout=60) == 0
-        wait_for(
-            lambda: any("still running" in line for line in server.lines), "its last lines", 10
-        )
+        wait_for(lambda: any("stopped" in line for line in server.lines), "its last lines", 10)
         output = "\n".join(server.lines)
         assert "instance stuck/0 did not unload within 5 s" in output
-        assert "1 thread(s) still running after the stop (sordino-stuck_0;" in output
 
 
 HANGS_IN_INITIALIZE = MODEL.replace("    def finalize(self):", "    def initialize(self, args):")
@@ -106,5 +105,4 @@ def test_an_initialize_that_never_returns_fails_start_up_within_the_start_timeou
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
     assert "stuck/0 did not load within 2 s in its thread" in result.stderr
-    assert "1 thread(s) still running after the stop (sordino-stuck_0;" in result.stderr
     assert time.monotonic() - started < 60

@@ -11,10 +11,8 @@ import asyncio
 import functools
 import gc
 import logging
-import os
 import signal
 import sys
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
@@ -34,7 +32,7 @@ from sordino.cli.switches import switch_option
 from sordino.cli.trace_config import trace_settings
 from sordino.config import RuntimeConfig, SchedulerMode, load_config
 from sordino.errors import ConfigError, SordinoError
-from sordino.execution.lost_streams import BackgroundOutput, keep_standard_streams
+from sordino.execution.lost_streams import keep_standard_streams
 
 # The server's modules (numpy, ONNX Runtime, gRPC, starlette) are imported when it starts,
 # not when this module is: `sordino --help` and `sordino start --help` stay quick.
@@ -424,40 +422,14 @@ def start(
         make_data_dir(config.server.data_dir)
         raise_open_file_limit()
         status = _run(config, sources, failed)
-        _leave_stuck_threads(status, output)
     except (SordinoError, OSError) as exc:
         click.echo(f"error: {exc}", err=True)
-        _leave_stuck_threads(2, output)
         sys.exit(2)
     except KeyboardInterrupt:  # Ctrl-C before the event loop took the signal over
         click.echo("interrupted", err=True)
-        _leave_stuck_threads(INTERRUPTED, output)
         sys.exit(INTERRUPTED)
     if status:
         sys.exit(status)
-
-
-def _leave_stuck_threads(status: int, output: BackgroundOutput | None) -> None:
-    """Exit now when a model's thread is still running once the server stopped (an
-    ``isolation: thread`` model whose ``finalize`` or ``execute`` never returns): Python
-    would wait for it at exit, forever. Said in the log; a worker process is killed."""
-    stuck = [
-        t.name
-        for t in threading.enumerate()
-        if t.is_alive() and not t.daemon and t is not threading.main_thread()
-    ]
-    if not stuck:
-        return
-    log.warning(
-        "%d thread(s) still running after the stop (%s; a model's, run in the server's "
-        "own threads): exiting without them",
-        len(stuck),
-        ", ".join(sorted(stuck)),
-    )
-    if output is not None:
-        output.close(2.0)
-    logging.shutdown()
-    os._exit(status)
 
 
 def _free_grpc_port_with_free_http_port(config: RuntimeConfig) -> RuntimeConfig:

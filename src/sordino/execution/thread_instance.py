@@ -10,7 +10,6 @@ import functools
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from sordino.execution.devices import Device
 from sordino.execution.faults import FaultAction, InjectedFault, perform
 from sordino.execution.instance_base import InstanceBase
 from sordino.execution.model_calls import CallServer, LoopCaller
+from sordino.execution.model_thread import ModelThread
 from sordino.execution.staging import StagedBatch
 from sordino.execution.worker import WorkerError
 from sordino.inference import ModelKey, ModelMetadata
@@ -95,7 +95,7 @@ class ThreadInstance(InstanceBase):
             intra_op_threads=device.intra_op_threads,
             index=index,
         )
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sordino-{key.name}")
+        self._pool = ModelThread(f"sordino-{key.name}")
         self._calls = calls
         self._execution_timeout = execution_timeout
         self._start_timeout = start_timeout
@@ -208,7 +208,7 @@ class ThreadInstance(InstanceBase):
         """Go on in a new thread: the one running now is left to the model."""
         stuck, self._pool = (
             self._pool,
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sordino-{self.key.name}"),
+            ModelThread(f"sordino-{self.key.name}"),
         )
         stuck.shutdown(wait=False)
 
