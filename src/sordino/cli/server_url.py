@@ -16,10 +16,10 @@ import os
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import click
 
+from sordino.config.addresses import http_url_problem
 from sordino.control.client import TOKEN_ENV, AdminClient, ClientError
 
 __all__ = [
@@ -58,17 +58,7 @@ def server_url(*given: str | None) -> str:
 
 def _checked(url: str, source: str) -> str:
     """``url`` if it is an http(s) address with a host (and a valid port), else a usage error."""
-    problem = None
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018  (raises ValueError for a port that is not a number)
-    except ValueError as exc:
-        problem = str(exc)
-    else:
-        if parts.scheme not in ("http", "https"):
-            problem = "it must start with http:// or https://"
-        elif not parts.hostname:
-            problem = "it names no host"
+    problem = http_url_problem(url)
     if problem is not None:
         raise click.UsageError(
             f"{source} {url!r} is not a server address ({problem}); give one like {DEFAULT_URL}"

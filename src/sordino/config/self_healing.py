@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
+from sordino.config.addresses import http_url_problem
 from sordino.config.base import Section
 from sordino.config.threshold import Threshold, parse_threshold
 from sordino.config.units import Duration
@@ -251,7 +251,7 @@ class SelfHealingConfig(Section):
                         f"alert channel {channel!r}: use 'slack:#channel', 'webhook:URL', "
                         "'file:PATH' or 'log'"
                     )
-                if kind == "webhook" and not _http_url(str(channel).partition(":")[2]):
+                if kind == "webhook" and http_url_problem(str(channel).partition(":")[2]):
                     raise ValueError(
                         f"alert channel {channel!r}: the webhook URL must be http:// or "
                         "https:// with a host, e.g. 'webhook:https://alerts.example.com/hook'"
@@ -265,13 +265,3 @@ class SelfHealingConfig(Section):
                 f"min_instances {self.min_instances} exceeds max_instances {self.max_instances}"
             )
         return self
-
-
-def _http_url(url: str) -> bool:
-    """Whether ``url`` is an http(s) address with a host."""
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018  (raises ValueError for a port that is not a number)
-    except ValueError:
-        return False
-    return parts.scheme in ("http", "https") and bool(parts.hostname)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from sordino.clock import Clock
+from sordino.config.addresses import http_url_problem
 from sordino.errors import ConfigError
 
 __all__ = ["SLACK_ENV", "AlertSender"]
@@ -61,8 +62,9 @@ class _Channel:
                     SLACK_ENV,
                 )
         elif kind == "webhook":
-            if not rest.startswith(("http://", "https://")):
-                raise ConfigError(f"alert channel {spec!r}: the webhook URL must be http(s)://")
+            problem = http_url_problem(rest)
+            if problem is not None:
+                raise ConfigError(f"alert channel {spec!r}: the webhook URL {rest!r}: {problem}")
             self.url = rest
         elif kind == "file":
             # Found at start-up, not at the first alert (which would retry, then be dropped).
