@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from sordino.execution.devices import Device
 from sordino.inference import ModelKey
 from sordino.records import InstanceState, WorkerStatistics
 
-__all__ = ["READY_CHECK_S", "InstanceBase"]
+__all__ = ["READY_CHECK_S", "InstanceBase", "retrieved"]
 
 READY_CHECK_S = 5.0
 """How long a readiness check waits for the model's ``is_ready()`` (Triton's 5 s)."""
@@ -106,7 +107,7 @@ class InstanceBase:
         checking = self._checking
         if checking is None or checking.done():
             checking = self._checking = asyncio.ensure_future(self._check_ready())
-            checking.add_done_callback(_retrieved)  # (an answer nobody waited for)
+            checking.add_done_callback(retrieved)  # (an answer nobody waited for)
         try:
             return await asyncio.wait_for(asyncio.shield(checking), READY_CHECK_S)
         except TimeoutError:
@@ -135,6 +136,8 @@ class InstanceBase:
         )
 
 
-def _retrieved(future: asyncio.Future[str | None]) -> None:
+def retrieved(future: asyncio.Future[Any]) -> None:
+    """Read what a future nobody awaits ended with (a done callback), so that asyncio
+    does not report its exception as never retrieved."""
     if not future.cancelled():
         future.exception()

@@ -11,7 +11,6 @@ import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from sordino.backends.base import (
     Backend,
@@ -28,7 +27,7 @@ from sordino.errors import ModelLoadError, Unavailable
 from sordino.execution.decoupled import ThreadResponder
 from sordino.execution.devices import Device
 from sordino.execution.faults import FaultAction, InjectedFault, perform
-from sordino.execution.instance_base import InstanceBase
+from sordino.execution.instance_base import InstanceBase, retrieved
 from sordino.execution.model_calls import CallServer, LoopCaller
 from sordino.execution.model_thread import ModelThread
 from sordino.execution.staging import StagedBatch
@@ -43,13 +42,6 @@ log = logging.getLogger("sordino.workers")
 UNLOAD_WAIT_S = 5.0
 """How long closing an instance waits for its model to unload, as a worker process is
 given as long to stop before it is killed."""
-
-
-def _retrieved(future: asyncio.Future[Any]) -> None:
-    """Read what a batch left to its thread ended with, so that nothing is reported as
-    never retrieved."""
-    if not future.cancelled():
-        future.exception()
 
 
 def _unloaded(subject: str, unloading: asyncio.Future[None]) -> None:
@@ -142,7 +134,7 @@ class ThreadInstance(InstanceBase):
         if self._start_timeout:
             await asyncio.wait((loading,), timeout=self._start_timeout)
             if not loading.done():
-                loading.add_done_callback(_retrieved)
+                loading.add_done_callback(retrieved)
                 self._leave_thread()
                 raise ModelLoadError(
                     f"{self.subject} did not load within {self._start_timeout:g} s in its "
@@ -216,7 +208,7 @@ class ThreadInstance(InstanceBase):
         """The batch ``running`` ran over the execution timeout: leave its thread to it,
         go on in a new one, and say so (a worker process is killed and replaced then)."""
         self._leave_thread()
-        running.add_done_callback(_retrieved)
+        running.add_done_callback(retrieved)
         self.failures += 1
         message = (
             f"the batch ran over {self._execution_timeout:g} s (workers.execution_timeout) "
