@@ -198,11 +198,8 @@ class ThreadInstance(InstanceBase):
 
     def _leave_thread(self) -> None:
         """Go on in a new thread: the one running now is left to the model."""
-        stuck, self._pool = (
-            self._pool,
-            ModelThread(f"sordino-{self.key.name}"),
-        )
-        stuck.shutdown(wait=False)
+        self._pool.shutdown(wait=False)  # (it ends once the model returns, if ever)
+        self._pool = ModelThread(f"sordino-{self.key.name}")
 
     def _abandon(self, running: asyncio.Future[dict[str, TensorRef]]) -> WorkerError:
         """The batch ``running`` ran over the execution timeout: leave its thread to it,
